@@ -1,0 +1,301 @@
+/*
+ * llmcl.h: the public API of llmcl, OpenCL C kernels for training large language models.
+ *
+ * A context (llmcl_ctx) binds one OpenCL device and queue. Tensors live on that device. Ops enqueue
+ * kernels on the context's queue and return when enqueued; llmcl_ctx_finish() waits. Every function
+ * returns an llmcl_status; on failure llmcl_last_error() tells why. A context is not thread-safe:
+ * use one per thread. Unless a comment says otherwise, functions borrow their pointer arguments for
+ * the duration of the call only.
+ */
+#ifndef LLMCL_H
+#define LLMCL_H
+
+#ifndef CL_TARGET_OPENCL_VERSION
+#define CL_TARGET_OPENCL_VERSION 120
+#endif
+#include <CL/cl.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llmcl_version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(LLMCL_BUILDING) && defined(__GNUC__)
+#define LLMCL_API __attribute__((visibility("default")))
+#else
+#define LLMCL_API
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Status codes. OpenCL's own negative codes pass through unchanged; llmcl's are below -1000.       */
+
+#define LLMCL_STATUS_LIST(X)                                                                      \
+    X(LLMCL_OK, 0, "success")                                                                     \
+    X(LLMCL_ERROR_INVALID_ARGUMENT, -1001, "invalid argument")                                    \
+    X(LLMCL_ERROR_SHAPE_MISMATCH, -1002, "shape mismatch")                                        \
+    X(LLMCL_ERROR_UNSUPPORTED_DTYPE, -1003, "unsupported dtype")                                  \
+    X(LLMCL_ERROR_OUT_OF_DEVICE_MEMORY, -1004, "out of device memory")                            \
+    X(LLMCL_ERROR_OUT_OF_HOST_MEMORY, -1005, "out of host memory")                                \
+    X(LLMCL_ERROR_BUILD_FAILURE, -1006, "kernel build failure")                                   \
+    X(LLMCL_ERROR_NO_DEVICE, -1007, "no matching OpenCL device")                                  \
+    X(LLMCL_ERROR_DEVICE_MISMATCH, -1008, "tensors belong to different contexts")                 \
+    X(LLMCL_ERROR_OVERFLOW, -1009, "size overflow")                                               \
+    X(LLMCL_ERROR_UNSUPPORTED, -1010, "unsupported on this device or configuration")              \
+    X(LLMCL_ERROR_IO, -1011, "file input/output error")                                           \
+    X(LLMCL_ERROR_MPI, -1012, "MPI failure")                                                      \
+    X(LLMCL_ERROR_TUNE_DB, -1013, "invalid tuning database")                                      \
+    X(LLMCL_ERROR_KERNEL_NOT_FOUND, -1014, "kernel source not found")
+
+typedef enum llmcl_status {
+#define LLMCL_STATUS_ENUM(name, value, text) name = value,
+    LLMCL_STATUS_LIST(LLMCL_STATUS_ENUM)
+#undef LLMCL_STATUS_ENUM
+} llmcl_status;
+
+/* A fixed description of a status code, llmcl's or OpenCL's ("CL_OUT_OF_RESOURCES"). */
+LLMCL_API const char *llmcl_status_str(int status);
+
+/* The library version as "MAJOR.MINOR.PATCH". */
+LLMCL_API const char *llmcl_version(void);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Devices.                                                                                       */
+
+typedef enum llmcl_vendor {
+    LLMCL_VENDOR_OTHER = 0,
+    LLMCL_VENDOR_NVIDIA,
+    LLMCL_VENDOR_AMD,
+    LLMCL_VENDOR_INTEL,
+    LLMCL_VENDOR_POCL,
+    LLMCL_VENDOR_MESA,
+} llmcl_vendor;
+
+/* Capabilities probed once per device; kernels choose their paths from these. */
+typedef struct llmcl_device_info {
+    char name[256];
+    char vendor[256];
+    char driver_version[128];
+    char device_version[128];
+    char opencl_c_version[128];
+    char platform_name[256];
+    char platform_version[256];
+    llmcl_vendor vendor_id;
+    int is_gpu;                 /* CL_DEVICE_TYPE_GPU */
+    int cl_c_major, cl_c_minor; /* OpenCL C version the device compiles */
+    uint32_t compute_units;
+    uint64_t global_mem_bytes;
+    uint64_t max_alloc_bytes;
+    uint64_t local_mem_bytes;
+    int local_mem_is_dedicated; /* CL_LOCAL, not emulated in global memory */
+    size_t max_work_group_size;
+    int has_fp16;       /* cl_khr_fp16 arithmetic; 16-bit storage works without it */
+    int has_fp64;       /* cl_khr_fp64 */
+    int has_subgroups;  /* cl_khr_subgroups or cl_intel_subgroups */
+    int simd_width;     /* warp or wavefront width where known, else 1 */
+    int nv_cc_major;    /* NVIDIA compute capability, 0 elsewhere */
+    int nv_cc_minor;
+    int has_inline_ptx; /* an inline PTX test kernel built (NVIDIA only) */
+} llmcl_device_info;
+
+/*
+ * Picks the device that llmcl_ctx_create() would use. LLMCL_PLATFORM and LLMCL_DEVICE take an index
+ * or a case-insensitive substring of the name; without them, the first GPU, else the first device.
+ * LLMCL_ERROR_NO_DEVICE when nothing matches; llmcl_last_error(NULL) then lists what exists.
+ */
+LLMCL_API llmcl_status llmcl_device_select(cl_platform_id *platform, cl_device_id *device);
+
+/* Probes a device's capabilities (builds a tiny program on NVIDIA to test inline PTX). */
+LLMCL_API llmcl_status llmcl_device_probe(cl_device_id device, llmcl_device_info *info);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Contexts.                                                                                      */
+
+typedef struct llmcl_ctx llmcl_ctx;
+
+/* Creates a context on the device llmcl_device_select() picks, with its own profiling queue. */
+LLMCL_API llmcl_status llmcl_ctx_create(llmcl_ctx **out);
+
+/*
+ * Creates a context on an application's OpenCL objects; all three are retained, not owned. Pass a
+ * queue created with CL_QUEUE_PROFILING_ENABLE to use the llmcl_profile_* calls.
+ */
+LLMCL_API llmcl_status llmcl_ctx_create_from_cl(cl_context context, cl_device_id device,
+                                                cl_command_queue queue, llmcl_ctx **out);
+
+/* Releases everything the context holds; tensors must be destroyed first. Accepts NULL. */
+LLMCL_API void llmcl_ctx_destroy(llmcl_ctx *ctx);
+
+/* Waits for all work enqueued on the context's queue. */
+LLMCL_API llmcl_status llmcl_ctx_finish(llmcl_ctx *ctx);
+
+/*
+ * The detail of the last failure on ctx (which argument, which shape, the OpenCL call), or with ctx
+ * NULL the last failure on this thread that had no context (context creation). Never NULL.
+ */
+LLMCL_API const char *llmcl_last_error(const llmcl_ctx *ctx);
+
+/* The build log and options of the last kernel build that failed on ctx, or "". */
+LLMCL_API const char *llmcl_build_log(const llmcl_ctx *ctx);
+
+LLMCL_API const llmcl_device_info *llmcl_ctx_device_info(const llmcl_ctx *ctx);
+LLMCL_API cl_context llmcl_ctx_cl_context(const llmcl_ctx *ctx);
+LLMCL_API cl_device_id llmcl_ctx_cl_device(const llmcl_ctx *ctx);
+LLMCL_API cl_command_queue llmcl_ctx_cl_queue(const llmcl_ctx *ctx);
+
+/* Program cache counters since the context was created, for tests and tools. */
+typedef struct llmcl_cache_stats {
+    uint64_t memory_hits;  /* program found in the in-memory cache */
+    uint64_t disk_hits;    /* program loaded from a binary in LLMCL_CACHE_DIR */
+    uint64_t disk_rejects; /* disk entries ignored as truncated, corrupt or foreign */
+    uint64_t builds;       /* programs compiled from source */
+} llmcl_cache_stats;
+
+LLMCL_API llmcl_status llmcl_cache_stats_get(const llmcl_ctx *ctx, llmcl_cache_stats *out);
+
+/* The on-disk program cache folder in use, or "" when disabled (LLMCL_CACHE_DIR=off). */
+LLMCL_API const char *llmcl_cache_dir(const llmcl_ctx *ctx);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Memory accounting: bytes of device memory the library allocated on this context.              */
+
+typedef struct llmcl_memory_stats {
+    uint64_t current_bytes;
+    uint64_t peak_bytes;
+    uint64_t limit_bytes; /* 0: no limit beyond the device's own */
+} llmcl_memory_stats;
+
+LLMCL_API llmcl_status llmcl_memory_stats_get(const llmcl_ctx *ctx, llmcl_memory_stats *out);
+
+/* Sets the peak to the current value, so that the next peak measures one region. */
+LLMCL_API llmcl_status llmcl_memory_reset_peak(llmcl_ctx *ctx);
+
+/*
+ * Caps the bytes the library may hold on ctx (0 removes the cap; LLMCL_MEMORY_LIMIT sets it at
+ * creation). An allocation past the cap fails with LLMCL_ERROR_OUT_OF_DEVICE_MEMORY.
+ */
+LLMCL_API llmcl_status llmcl_memory_set_limit(llmcl_ctx *ctx, uint64_t bytes);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Timing with OpenCL profiling events.                                                           */
+
+typedef struct llmcl_profile {
+    double kernel_ms;  /* sum of the kernels' own execution times */
+    double span_ms;    /* first kernel start to last kernel end */
+    uint32_t launches; /* kernels enqueued in the region */
+} llmcl_profile;
+
+/* Starts recording every kernel the context enqueues. Needs a profiling queue. */
+LLMCL_API llmcl_status llmcl_profile_begin(llmcl_ctx *ctx);
+
+/* Waits for the recorded kernels and reports their times; ends the region. */
+LLMCL_API llmcl_status llmcl_profile_end(llmcl_ctx *ctx, llmcl_profile *out);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Tensors: up to 4-D, element strides, 64-bit sizes and offsets.                                */
+
+typedef enum llmcl_dtype {
+    LLMCL_F32 = 0,
+    LLMCL_BF16, /* 16-bit storage, converted in kernels with round-to-nearest-even */
+    LLMCL_F16,  /* 16-bit storage through vload_half/vstore_half_rte: works without cl_khr_fp16 */
+    LLMCL_I32,
+    LLMCL_I64,
+    LLMCL_DTYPE_COUNT
+} llmcl_dtype;
+
+#define LLMCL_MAX_DIMS 4
+
+typedef struct llmcl_tensor llmcl_tensor;
+
+LLMCL_API const char *llmcl_dtype_name(llmcl_dtype dtype);
+LLMCL_API size_t llmcl_dtype_size(llmcl_dtype dtype); /* 0 for an invalid dtype */
+
+/* Allocates a contiguous row-major tensor; its contents are undefined. */
+LLMCL_API llmcl_status llmcl_tensor_create(llmcl_ctx *ctx, llmcl_dtype dtype, int ndim,
+                                           const int64_t *shape, llmcl_tensor **out);
+
+/*
+ * Wraps an application's buffer (retained, not owned, not counted in memory accounting). strides are
+ * in elements (NULL: contiguous); offset is in elements. The view must lie inside the buffer.
+ */
+LLMCL_API llmcl_status llmcl_tensor_wrap(llmcl_ctx *ctx, cl_mem buffer, llmcl_dtype dtype, int ndim,
+                                         const int64_t *shape, const int64_t *strides,
+                                         int64_t offset, llmcl_tensor **out);
+
+/* A view of base's storage with its own shape, strides and offset (in elements of base's dtype). */
+LLMCL_API llmcl_status llmcl_tensor_view(const llmcl_tensor *base, int ndim, const int64_t *shape,
+                                         const int64_t *strides, int64_t offset,
+                                         llmcl_tensor **out);
+
+/* Frees an owned tensor or drops a view or wrap. Accepts NULL. */
+LLMCL_API void llmcl_tensor_destroy(llmcl_tensor *t);
+
+/*
+ * Copies numel elements between host memory (contiguous, row-major, in the tensor's dtype) and the
+ * tensor, honouring its strides. bytes must equal numel * dtype size. Both block until done.
+ */
+LLMCL_API llmcl_status llmcl_tensor_upload(llmcl_tensor *t, const void *host, size_t bytes);
+LLMCL_API llmcl_status llmcl_tensor_download(const llmcl_tensor *t, void *host, size_t bytes);
+
+LLMCL_API llmcl_dtype llmcl_tensor_dtype(const llmcl_tensor *t);
+LLMCL_API int llmcl_tensor_ndim(const llmcl_tensor *t);
+LLMCL_API int64_t llmcl_tensor_dim(const llmcl_tensor *t, int axis);    /* -1 if out of range */
+LLMCL_API int64_t llmcl_tensor_stride(const llmcl_tensor *t, int axis); /* in elements */
+LLMCL_API int64_t llmcl_tensor_offset(const llmcl_tensor *t);           /* in elements */
+LLMCL_API int64_t llmcl_tensor_numel(const llmcl_tensor *t);
+LLMCL_API int llmcl_tensor_is_contiguous(const llmcl_tensor *t);
+LLMCL_API cl_mem llmcl_tensor_cl_mem(const llmcl_tensor *t); /* borrowed */
+LLMCL_API llmcl_ctx *llmcl_tensor_ctx(const llmcl_tensor *t);
+
+/* Host conversions with the same rounding the kernels use (round-to-nearest-even, NaN kept). */
+LLMCL_API uint16_t llmcl_f32_to_bf16(float x);
+LLMCL_API float llmcl_bf16_to_f32(uint16_t x);
+LLMCL_API uint16_t llmcl_f32_to_f16(float x);
+LLMCL_API float llmcl_f16_to_f32(uint16_t x);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Elementwise kernels. Any shape and strides; outputs may not overlap inputs unless identical.  */
+
+/* t[...] = value, converted to t's dtype (integers truncate toward zero). */
+LLMCL_API llmcl_status llmcl_fill(llmcl_ctx *ctx, llmcl_tensor *t, double value);
+
+/* dst = src; same dtype and shape. */
+LLMCL_API llmcl_status llmcl_copy(llmcl_ctx *ctx, const llmcl_tensor *src, llmcl_tensor *dst);
+
+/* dst = src converted between f32, bf16 and f16; same shape. */
+LLMCL_API llmcl_status llmcl_cast(llmcl_ctx *ctx, const llmcl_tensor *src, llmcl_tensor *dst);
+
+/* y += alpha * x; same floating dtype and shape; math in f32. */
+LLMCL_API llmcl_status llmcl_axpy(llmcl_ctx *ctx, float alpha, const llmcl_tensor *x,
+                                  llmcl_tensor *y);
+
+/* y = x * y, elementwise; same floating dtype and shape (a building block for unfused baselines). */
+LLMCL_API llmcl_status llmcl_mul(llmcl_ctx *ctx, const llmcl_tensor *x, llmcl_tensor *y);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Device ceilings, measured on the context's device for benchmark ratios.                       */
+
+/* Copy bandwidth in GB/s (bytes read + written) of a large f32 copy with the library's kernel. */
+LLMCL_API llmcl_status llmcl_measure_copy_bandwidth(llmcl_ctx *ctx, uint64_t bytes, double *gbs);
+
+/* fp32 FMA rate in TFLOP/s (2 FLOPs per FMA) of independent FMA chains in registers. */
+LLMCL_API llmcl_status llmcl_measure_fma_rate(llmcl_ctx *ctx, double *tflops);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Normalisation, RoPE and gated linear units (norm.cl, rope.cl, glu.cl).                        */
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Attention (attention.cl).                                                                      */
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Cross-entropy (cross_entropy.cl).                                                              */
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Tuning database.                                                                               */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LLMCL_H */

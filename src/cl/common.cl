@@ -1,0 +1,143 @@
+/*
+ * common.cl: prepended by the runtime to every kernel family. Storage types and their conversions,
+ * vector loads and stores, and work-group reductions.
+ *
+ * Storage is selected per tensor with a dtype macro (F32, BF16, F16, I32, I64) that the runtime
+ * passes as -D options, e.g. -DX_DT=BF16; kernels then write STORAGE(X_DT), LOAD(X_DT, p, i) and
+ * STORE(X_DT, p, i, v). 16-bit types are stored as ushort: bf16 is bit arithmetic with
+ * round-to-nearest-even, f16 goes through core vload_half/vstore_half_rte, so neither needs
+ * cl_khr_fp16. Math is always f32.
+ */
+
+#define LLMCL_CAT_(a, b) a##b
+#define LLMCL_CAT(a, b) LLMCL_CAT_(a, b)
+
+typedef float storage_F32;
+typedef ushort storage_BF16;
+typedef ushort storage_F16;
+typedef int storage_I32;
+typedef long storage_I64;
+
+#define STORAGE(DT) LLMCL_CAT(storage_, DT)
+#define LOAD(DT, p, i) LLMCL_CAT(load_, DT)((p), (i))
+#define STORE(DT, p, i, v) LLMCL_CAT(store_, DT)((p), (i), (v))
+#define LOAD4(DT, p, i) LLMCL_CAT(load4_, DT)((p), (i))
+#define STORE4(DT, p, i, v) LLMCL_CAT(store4_, DT)((p), (i), (v))
+
+inline float bf16_to_f32(ushort h) { return as_float((uint)h << 16); }
+
+inline ushort f32_to_bf16(float f)
+{
+    uint u = as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (ushort)((u >> 16) | 0x0040u); /* keep NaN a NaN: set the quiet bit */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (ushort)(u >> 16);
+}
+
+inline float4 bf16x4_to_f32(ushort4 h) { return as_float4(convert_uint4(h) << 16); }
+
+inline ushort4 f32x4_to_bf16(float4 f)
+{
+    return (ushort4)(f32_to_bf16(f.x), f32_to_bf16(f.y), f32_to_bf16(f.z), f32_to_bf16(f.w));
+}
+
+inline float load_F32(const __global float *p, long i) { return p[i]; }
+inline float load_BF16(const __global ushort *p, long i) { return bf16_to_f32(p[i]); }
+inline float load_F16(const __global ushort *p, long i)
+{
+    return vload_half(i, (const __global half *)p);
+}
+inline void store_F32(__global float *p, long i, float v) { p[i] = v; }
+inline void store_BF16(__global ushort *p, long i, float v) { p[i] = f32_to_bf16(v); }
+inline void store_F16(__global ushort *p, long i, float v)
+{
+    vstore_half_rte(v, i, (__global half *)p);
+}
+
+/* Four consecutive elements from p + i; p + i needs only the element's alignment. */
+inline float4 load4_F32(const __global float *p, long i) { return vload4(0, p + i); }
+inline float4 load4_BF16(const __global ushort *p, long i) { return bf16x4_to_f32(vload4(0, p + i)); }
+inline float4 load4_F16(const __global ushort *p, long i)
+{
+    return vload_half4(0, (const __global half *)(p + i));
+}
+inline void store4_F32(__global float *p, long i, float4 v) { vstore4(v, 0, p + i); }
+inline void store4_BF16(__global ushort *p, long i, float4 v) { vstore4(f32x4_to_bf16(v), 0, p + i); }
+inline void store4_F16(__global ushort *p, long i, float4 v)
+{
+    vstore_half4_rte(v, 0, (__global half *)(p + i));
+}
+
+/* Integers load as themselves; kernels on labels and positions use these. */
+inline long load_I32(const __global int *p, long i) { return p[i]; }
+inline long load_I64(const __global long *p, long i) { return p[i]; }
+inline void store_I32(__global int *p, long i, long v) { p[i] = (int)v; }
+inline void store_I64(__global long *p, long i, long v) { p[i] = v; }
+
+#ifdef LLMCL_NV_PTX
+/* NVIDIA: butterfly shuffles within a warp of 32 (inline PTX; the driver has no cl_khr_subgroups). */
+inline float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        float t;
+        asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(t) : "f"(v), "r"(o));
+        v += t;
+    }
+    return v;
+}
+
+inline float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        float t;
+        asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(t) : "f"(v), "r"(o));
+        v = fmax(v, t);
+    }
+    return v;
+}
+#endif
+
+/*
+ * Work-group reductions over dimension 0. Every work-item receives the result. scratch holds at
+ * least get_local_size(0) floats and may be reused right after the call returns.
+ */
+#define LLMCL_WG_REDUCE(NAME, OP, WARP_OP)                                                        \
+    inline float NAME(float v, __local float *scratch)                                            \
+    {                                                                                             \
+        const uint lid = get_local_id(0), n = get_local_size(0);                                  \
+        WARP_OP                                                                                   \
+        scratch[lid] = v;                                                                         \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                             \
+        for (uint s = (n & (n - 1)) ? (1u << (31 - clz(n))) : n / 2; s > 0; s >>= 1) {            \
+            if (lid < s && lid + s < n)                                                           \
+                scratch[lid] = OP(scratch[lid], scratch[lid + s]);                                \
+            barrier(CLK_LOCAL_MEM_FENCE);                                                         \
+        }                                                                                         \
+        const float r = scratch[0];                                                               \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                             \
+        return r;                                                                                 \
+    }
+
+#define LLMCL_ADD(a, b) ((a) + (b))
+
+#ifdef LLMCL_NV_PTX
+/* Warps reduce with shuffles first, so the local-memory tree runs over n / 32 values. */
+#define LLMCL_WARP_STAGE(WOP, OP)                                                                 \
+    if ((n & 31u) == 0) {                                                                         \
+        v = WOP(v);                                                                               \
+        if ((lid & 31u) == 0)                                                                     \
+            scratch[lid >> 5] = v;                                                                \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                             \
+        float r = scratch[0];                                                                     \
+        for (uint w = 1; w < (n >> 5); ++w)                                                       \
+            r = OP(r, scratch[w]);                                                                \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                             \
+        return r;                                                                                 \
+    }
+LLMCL_WG_REDUCE(wg_sum, LLMCL_ADD, LLMCL_WARP_STAGE(warp_sum, LLMCL_ADD))
+LLMCL_WG_REDUCE(wg_max, fmax, LLMCL_WARP_STAGE(warp_max, fmax))
+#else
+LLMCL_WG_REDUCE(wg_sum, LLMCL_ADD, )
+LLMCL_WG_REDUCE(wg_max, fmax, )
+#endif

@@ -1,0 +1,243 @@
+/*
+ * internal.h: the runtime's private types and helpers, shared by src/runtime/ and the op launchers
+ * in src/runtime/ops/. Nothing here is exported from libllmcl.
+ */
+#ifndef LLMCL_INTERNAL_H
+#define LLMCL_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+
+#include "llmcl.h"
+
+#define LLMCL__ERR_LEN 4096
+
+typedef struct llmcl__program llmcl__program;
+typedef struct llmcl__tune_db llmcl__tune_db;
+
+struct llmcl_ctx {
+    cl_context context;
+    cl_device_id device;
+    cl_command_queue queue;
+    llmcl_device_info info;
+    bool queue_profiling;
+
+    llmcl__program *programs; /* in-memory program cache, a list */
+    char cache_dir[1024];     /* "" when the disk cache is off */
+    llmcl_cache_stats cache_stats;
+
+    llmcl_memory_stats memory;
+
+    bool profiling;
+    cl_event *events;
+    size_t n_events, cap_events;
+
+    llmcl__tune_db *tune_db;
+
+    char last_error[LLMCL__ERR_LEN];
+    char *build_log; /* of the last failed build, malloc'd */
+};
+
+struct llmcl_tensor {
+    llmcl_ctx *ctx;
+    cl_mem mem;
+    bool owns;         /* allocated by the library, counted in ctx->memory */
+    uint64_t capacity; /* bytes of mem */
+    llmcl_dtype dtype;
+    int ndim;
+    int64_t shape[LLMCL_MAX_DIMS];
+    int64_t strides[LLMCL_MAX_DIMS];
+    int64_t offset;
+};
+
+/* ---- errors ---- */
+
+/* Records a formatted message on ctx (or the thread's slot when ctx is NULL) and returns status. */
+llmcl_status llmcl__fail(const llmcl_ctx *ctx, llmcl_status status, const char *file, int line,
+                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Maps an OpenCL error to a status (allocation failures become out-of-memory) and records it. */
+llmcl_status llmcl__fail_cl(const llmcl_ctx *ctx, cl_int err, const char *expr, const char *file,
+                            int line);
+
+#define LLMCL__FAIL(ctx, status, ...) llmcl__fail((ctx), (status), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Returns an invalid-argument status (or the given one) when cond is false. */
+#define LLMCL__REQUIRE(ctx, cond, status, ...)                                                    \
+    do {                                                                                          \
+        if (!(cond))                                                                              \
+            return llmcl__fail((ctx), (status), __FILE__, __LINE__, __VA_ARGS__);                 \
+    } while (0)
+
+/* Runs an OpenCL call; on error records "#expr" and returns the mapped status. */
+#define LLMCL__CL(ctx, expr)                                                                      \
+    do {                                                                                          \
+        cl_int llmcl__e = (expr);                                                                 \
+        if (llmcl__e != CL_SUCCESS)                                                               \
+            return llmcl__fail_cl((ctx), llmcl__e, #expr, __FILE__, __LINE__);                    \
+    } while (0)
+
+/* Propagates a failed status. */
+#define LLMCL__TRY(expr)                                                                          \
+    do {                                                                                          \
+        llmcl_status llmcl__s = (expr);                                                           \
+        if (llmcl__s != LLMCL_OK)                                                                 \
+            return llmcl__s;                                                                      \
+    } while (0)
+
+/* Sets st and jumps to label on a failed status: for functions that must release resources. */
+#define LLMCL__TRY_GOTO(st, expr, label)                                                          \
+    do {                                                                                          \
+        (st) = (expr);                                                                            \
+        if ((st) != LLMCL_OK)                                                                     \
+            goto label;                                                                           \
+    } while (0)
+
+/* ---- logging (LLMCL_LOG=1 prints to stderr; otherwise the library is silent) ---- */
+
+bool llmcl__log_enabled(void);
+void llmcl__log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- environment ---- */
+
+/* The variable's value, or NULL when unset or empty. */
+const char *llmcl__getenv(const char *name);
+
+/* ---- device ---- */
+
+llmcl_status llmcl__device_probe(llmcl_ctx *ctx, cl_platform_id platform, cl_device_id device,
+                                 llmcl_device_info *info);
+
+/* ---- memory ---- */
+
+/* Allocates a device buffer counted in ctx->memory; errors are reported as out of memory. */
+llmcl_status llmcl__buffer_alloc(llmcl_ctx *ctx, uint64_t bytes, cl_mem *out);
+void llmcl__buffer_free(llmcl_ctx *ctx, cl_mem mem, uint64_t bytes);
+
+/* A scratch tensor for an op's temporaries: llmcl_tensor_create plus a name for messages. */
+llmcl_status llmcl__scratch(llmcl_ctx *ctx, llmcl_dtype dtype, int ndim, const int64_t *shape,
+                            const char *what, llmcl_tensor **out);
+
+/* ---- kernel sources (embedded at build time; LLMCL_KERNEL_DIR overrides) ---- */
+
+/* The source of family (the .cl file stem), common.cl prepended. Caller frees *out. */
+llmcl_status llmcl__kernel_source(llmcl_ctx *ctx, const char *family, char **out, size_t *len);
+
+/* ---- build options: -D defines collected, then sorted into one string ---- */
+
+#define LLMCL__MAX_DEFINES 48
+
+typedef struct llmcl__defines {
+    int n;
+    char items[LLMCL__MAX_DEFINES][96]; /* "NAME=VALUE" or "NAME" */
+} llmcl__defines;
+
+void llmcl__define_int(llmcl__defines *d, const char *name, long long value);
+void llmcl__define_str(llmcl__defines *d, const char *name, const char *value);
+void llmcl__define_flag(llmcl__defines *d, const char *name);
+
+/* The storage name a kernel expects for a dtype in DT macros: F32, BF16, F16, I32, I64. */
+const char *llmcl__dtype_macro(llmcl_dtype dtype);
+
+/* ---- programs and kernels (two-level cache) ---- */
+
+/*
+ * The kernel `name` of family built with the given defines, from the in-memory cache, the disk
+ * cache or a fresh build. The kernel belongs to the cache; do not release it. Build failures return
+ * LLMCL_ERROR_BUILD_FAILURE with the log in llmcl_build_log().
+ */
+llmcl_status llmcl__kernel(llmcl_ctx *ctx, const char *family, const llmcl__defines *defines,
+                           const char *name, cl_kernel *out);
+
+void llmcl__programs_release(llmcl_ctx *ctx);
+
+/* ---- kernel arguments and launches ---- */
+
+typedef struct llmcl__args {
+    llmcl_ctx *ctx;
+    cl_kernel kernel;
+    cl_uint next;
+    cl_int err;
+    cl_uint err_index;
+} llmcl__args;
+
+llmcl__args llmcl__args_begin(llmcl_ctx *ctx, cl_kernel kernel);
+void llmcl__arg(llmcl__args *a, size_t size, const void *value);
+void llmcl__arg_local(llmcl__args *a, size_t bytes);
+/* A tensor as two arguments: its buffer and its element offset (ulong). */
+void llmcl__arg_tensor(llmcl__args *a, const llmcl_tensor *t);
+void llmcl__arg_i32(llmcl__args *a, int32_t v);
+void llmcl__arg_i64(llmcl__args *a, int64_t v);
+void llmcl__arg_f32(llmcl__args *a, float v);
+
+/*
+ * Enqueues the kernel once its arguments are set (reports the first failed argument by index).
+ * global sizes are rounded up to multiples of local; local may be NULL. Records a profiling event
+ * when a profile region is open.
+ */
+llmcl_status llmcl__launch(llmcl__args *a, cl_uint dims, const size_t *global, const size_t *local);
+
+/* ---- validation for op launchers ---- */
+
+/* t non-NULL, on ctx, dtype allowed by mask (1u << dtype), ndim in [min_dim, max_dim]. */
+llmcl_status llmcl__check_tensor(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name,
+                                 unsigned dtype_mask, int min_dim, int max_dim);
+
+/* a and b have the same shape. */
+llmcl_status llmcl__check_same_shape(llmcl_ctx *ctx, const llmcl_tensor *a, const char *an,
+                                     const llmcl_tensor *b, const char *bn);
+
+#define LLMCL__FLOAT_DTYPES ((1u << LLMCL_F32) | (1u << LLMCL_BF16) | (1u << LLMCL_F16))
+#define LLMCL__INT_DTYPES ((1u << LLMCL_I32) | (1u << LLMCL_I64))
+#define LLMCL__ALL_DTYPES (LLMCL__FLOAT_DTYPES | LLMCL__INT_DTYPES)
+
+/*
+ * The tensor as rows: all leading dimensions flattened into n_rows with one row stride, the last
+ * dimension unit-stride of length row_len. Fails when the leading strides cannot be flattened.
+ */
+typedef struct llmcl__rows {
+    int64_t n_rows, row_len, row_stride;
+} llmcl__rows;
+
+llmcl_status llmcl__as_rows(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name,
+                            llmcl__rows *out);
+
+/* Whether two tensors share a buffer and overlap in the byte ranges they span. */
+bool llmcl__overlaps(const llmcl_tensor *a, const llmcl_tensor *b);
+
+/* Same buffer, offset, shape and strides: an exact in-place pairing. */
+bool llmcl__same_view(const llmcl_tensor *a, const llmcl_tensor *b);
+
+/* ---- tuning parameters ---- */
+
+#define LLMCL__MAX_PARAMS 12
+
+typedef struct llmcl__params {
+    int n;
+    char names[LLMCL__MAX_PARAMS][32];
+    long values[LLMCL__MAX_PARAMS];
+} llmcl__params;
+
+void llmcl__param_set(llmcl__params *p, const char *name, long value);
+long llmcl__param_get(const llmcl__params *p, const char *name, long fallback);
+
+/*
+ * Overrides the launcher's heuristic defaults in p with the tuning database's entry for
+ * (device, kernel, dtype, shape_class), where one exists.
+ */
+void llmcl__params_lookup(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
+                          const char *shape_class, llmcl__params *p);
+
+/* A tuning shape class for a size key: "p<k>" for the smallest 2^k >= key (key >= 1). */
+void llmcl__shape_class(int64_t key, char out[16]);
+
+/* Adds every parameter as a -D define. */
+void llmcl__params_define(const llmcl__params *p, llmcl__defines *d);
+
+/* Smallest power of two >= x (x >= 1). */
+size_t llmcl__pow2_ceil(size_t x);
+
+/* ceil(a / b) for positive b. */
+static inline int64_t llmcl__div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+#endif /* LLMCL_INTERNAL_H */

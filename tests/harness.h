@@ -1,0 +1,92 @@
+/*
+ * harness.h: what every cmocka test executable shares. One context per process on the device the
+ * LLMCL_PLATFORM / LLMCL_DEVICE variables select (exit 77, a skip, when there is none), seeded random
+ * inputs, poisoned outputs, dtype rounding, and an abs + rel comparison against double references.
+ */
+#ifndef LLMCL_TEST_HARNESS_H
+#define LLMCL_TEST_HARNESS_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "llmcl.h"
+
+/* The shared context, created on first use. Exits 77 when no usable device exists. */
+llmcl_ctx *th_ctx(void);
+
+/* Releases the shared context; cmocka group teardowns call it (or the process exits). */
+int th_teardown(void **state);
+
+/* Runs a cmocka group with th_ctx() created first (so a missing device skips the whole file). */
+#define TH_RUN(tests) (th_ctx(), cmocka_run_group_tests((tests), NULL, th_teardown))
+
+/* ---- random inputs from fixed seeds (xoshiro256**) ---- */
+
+typedef struct th_rng {
+    uint64_t s[4];
+} th_rng;
+
+th_rng th_rng_new(uint64_t seed);
+double th_uniform(th_rng *r, double lo, double hi);
+double th_normal(th_rng *r);
+int64_t th_randint(th_rng *r, int64_t lo, int64_t hi); /* in [lo, hi) */
+void th_fill_uniform(th_rng *r, double *x, size_t n, double lo, double hi);
+void th_fill_normal(th_rng *r, double *x, size_t n, double scale);
+
+/* ---- dtypes ---- */
+
+/* x rounded to what dtype stores (round-to-nearest-even for bf16 and f16, truncation for ints). */
+double th_round(llmcl_dtype dtype, double x);
+
+/* x rounded in place, so references see exactly the inputs the device sees. */
+void th_round_all(llmcl_dtype dtype, double *x, size_t n);
+
+/* ---- tensors ---- */
+
+/* A new contiguous tensor, poisoned. Asserts on failure. */
+llmcl_tensor *th_tensor(llmcl_dtype dtype, int ndim, const int64_t *shape);
+
+/* A new contiguous tensor holding values rounded to dtype. */
+llmcl_tensor *th_tensor_from(llmcl_dtype dtype, int ndim, const int64_t *shape, const double *values);
+
+/* Fills every byte of t's whole buffer with 0xFF: NaN for floats, -1 for integers. */
+void th_poison(llmcl_tensor *t);
+
+/* Uploads / downloads numel values converted from / to double (strides honoured). */
+void th_upload(llmcl_tensor *t, const double *values);
+void th_download(const llmcl_tensor *t, double *values);
+
+/* ---- comparisons ---- */
+
+typedef struct th_tol {
+    double atol, rtol;
+} th_tol;
+
+/* Default tolerance for outputs stored in dtype, with f32 math inside. */
+th_tol th_tol_for(llmcl_dtype dtype);
+
+/*
+ * Counts elements with |got - ref| > atol + rtol * |ref| (a NaN in got fails unless ref is NaN; inf
+ * must match exactly). Prints the first few failures and the largest difference.
+ */
+size_t th_compare(const char *what, const double *ref, const double *got, size_t n, th_tol tol);
+
+#define TH_ASSERT_CLOSE(what, ref, got, n, tol) assert_int_equal(th_compare((what), (ref), (got), (n), (tol)), 0)
+
+/* Asserts a call succeeded, printing llmcl_last_error() when it did not. */
+#define TH_OK(expr) th_check_status((expr), LLMCL_OK, #expr, __FILE__, __LINE__)
+
+/* Asserts a call failed with exactly `expected` and left a non-empty message. */
+#define TH_FAILS(expr, expected) th_check_status((expr), (expected), #expr, __FILE__, __LINE__)
+
+void th_check_status(llmcl_status got, llmcl_status expected, const char *expr, const char *file,
+                     int line);
+
+/* calloc that asserts. */
+void *th_alloc(size_t bytes);
+
+#endif

@@ -1,0 +1,57 @@
+/*
+ * bench.h: the interface between llmcl-bench's driver (bench.c) and the per-family benchmark files
+ * (bench_<family>.c). A family runs its kernels at a representative size on the selected device,
+ * checks the output against the CPU reference in tests/ref/, times them with profiling events and
+ * adds one table row per kernel and direction.
+ */
+#ifndef LLMCL_BENCH_H
+#define LLMCL_BENCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "llmcl.h"
+
+typedef struct bench_env {
+    llmcl_ctx *ctx;
+    bool small;        /* a CPU device: shrink sizes so the whole run takes a minute or two */
+    double copy_gbs;   /* device copy bandwidth measured at start, bytes read + written */
+    double fma_tflops; /* device fp32 FMA rate measured at start */
+    int warmup, reps;
+} bench_env;
+
+typedef struct bench_row {
+    char kernel[40];     /* e.g. "rmsnorm" */
+    char direction[12];  /* "fwd", "bwd", "fwd+bwd" or "" */
+    char dtype[8];
+    char shape[48];
+    double ms;           /* median kernel time */
+    double bytes;        /* bytes moved (inputs read once + outputs written once), or 0 */
+    double flops;        /* FLOPs, or 0 */
+    double peak_mib;     /* peak device memory during the op through llmcl accounting, or -1 */
+    double baseline_ms;  /* the unfused or naive baseline's time, or 0 */
+    int check;           /* 1 matched the reference, 0 failed, -1 not checked */
+} bench_row;
+
+/* Adds a row to the table (GB/s, ratios and TFLOP/s are derived from it). */
+void bench_add(bench_env *env, const bench_row *row);
+
+/* An op to time: returns a status; arg is the family's own state. */
+typedef llmcl_status (*bench_op)(llmcl_ctx *ctx, void *arg);
+
+/*
+ * Median of env->reps runs of op, in milliseconds of kernel time, after env->warmup runs. Returns a
+ * negative value (and prints llmcl_last_error) when op fails.
+ */
+double bench_time(bench_env *env, bench_op op, void *arg);
+
+/* Peak device MiB held by the library while op runs once (beyond what was held before). */
+double bench_peak_mib(bench_env *env, bench_op op, void *arg);
+
+/* Prints a failure detail for a family's setup error and returns false. */
+bool bench_fail(bench_env *env, const char *what, llmcl_status st);
+
+/* Families: each adds its rows. */
+void bench_elementwise(bench_env *env);
+
+#endif
