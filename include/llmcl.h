@@ -291,6 +291,121 @@ LLMCL_API llmcl_status llmcl_measure_fma_rate(llmcl_ctx *ctx, double *tflops);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Cross-entropy (cross_entropy.cl).                                                              */
+/*
+ * Softmax cross-entropy over V classes in three forms: on materialised logits [N, V]; fused with
+ * the output projection and chunked over tokens (Liger's approach, CLBlast GEMMs); and fully fused
+ * (Cut Cross-Entropy's approach: hidden x W^T tiles in local memory, logits never stored).
+ *
+ * For row i with label y_i (rows with y_i == ignore_index are ignored: loss 0, gradient 0), z_ij the
+ * logits, x_ij = cap tanh(z_ij / cap) with a softcap (else z_ij), lse_i = log sum_j exp(x_ij), w_j
+ * the class weights (1 without), S_w = sum_j w_j, eps = label_smoothing, zs = lse_square_scale:
+ *   ce_i = (1 - eps) w_{y_i} (lse_i - x_{i,y_i}) + (eps / V) sum_j w_j (lse_i - x_ij)
+ *   z_i  = zs lse_i^2                           (the z-loss; not weighted)
+ * which is PyTorch's cross_entropy(weight, label_smoothing) plus Liger's z-loss. Reductions:
+ *   mean: loss = sum_i ce_i / D_w + sum_i z_i / D_n,  z_loss = sum_i z_i / D_n, where D_n counts
+ *         the non-ignored rows and D_w sums w_{y_i} over them (D_w = D_n without weights: PyTorch's
+ *         weighted mean). A term whose divisor is 0 is 0, so an all-ignored batch gives loss 0
+ *         (PyTorch gives NaN) and zero gradients.
+ *   sum:  loss = sum_i (ce_i + z_i),  z_loss = sum_i z_i
+ *   none: loss_i = ce_i + z_i,  z_loss_i = z_i  (0 on ignored rows)
+ * Gradients are those of the reduced loss; for none, of sum_i loss_i (an upstream gradient of
+ * ones). With upstream gradient g != 1 multiply them by g: llmcl_cross_entropy_grad_scale(), or the
+ * grad_loss argument of the fused backward. Per element:
+ *   dloss/dz_ij = (A_i p_ij - B_i [j == y_i] - C_i w_j) (1 - (x_ij / cap)^2 with a softcap)
+ *   p_ij = exp(x_ij - lse_i), A_i = c ((1-eps) w_{y_i} + eps S_w / V) + 2 zs lse_i c_z,
+ *   B_i = c (1-eps) w_{y_i}, C_i = c eps / V; c = 1/D_w and c_z = 1/D_n for mean (0 when the
+ *   divisor is 0), 1 otherwise.
+ * Labels are I32 or I64. A label outside [0, V) that is not ignore_index fails the call with
+ * LLMCL_ERROR_INVALID_ARGUMENT naming the first such row; the check runs on the device before any
+ * output is written, and nothing is written then (in-place logits stay intact). Reading that flag
+ * back makes each call wait for its own kernels.
+ */
+
+typedef enum llmcl_ce_reduction {
+    LLMCL_CE_MEAN = 0, /* over non-ignored rows (weighted, see above) */
+    LLMCL_CE_SUM,
+    LLMCL_CE_NONE, /* one loss per row */
+} llmcl_ce_reduction;
+
+/* Options shared by the three forms. A zero-initialised struct gives the defaults. */
+typedef struct llmcl_ce_options {
+    int use_ignore_index; /* 0: ignore_index is -100 (PyTorch's default); 1: use the field below */
+    int64_t ignore_index;
+    llmcl_ce_reduction reduction; /* default mean */
+    float label_smoothing;        /* eps in [0, 1]; default 0 */
+    float lse_square_scale;       /* z-loss scale zs >= 0; default 0 */
+    float softcap;                /* > 0: logits become cap tanh(z / cap); 0: off */
+    const llmcl_tensor *weight;   /* optional f32 [V] class weights, borrowed; NULL: all 1 */
+    int vocab_splits;      /* work-groups per row across the vocabulary; 0: chosen by size */
+    uint64_t chunk_bytes;  /* chunked linear CE: scratch budget per chunk; 0: 256 MiB */
+    int64_t chunk_rows;    /* chunked linear CE: tokens per chunk; 0: from chunk_bytes */
+    float grad_filter;     /* fused backward: skip tiles whose probabilities are all below this
+                              and that hold no target (never with smoothing); 0: off, exact */
+} llmcl_ce_options;
+
+/*
+ * Cross-entropy on logits [..., V] (f32, bf16 or f16; leading dimensions flattened to N rows, unit
+ * stride along V) with labels (I32 or I64, N elements, contiguous). Writes loss (f32, 1 element
+ * for mean and sum, N for none, contiguous); optionally z_loss (same layout as loss), lse (f32, N
+ * elements: each row's logsumexp of the capped logits, ignored rows included) and dlogits (the
+ * gradient, in logits' dtype: either logits itself, same view, for in place, or a separate tensor
+ * of the same shape that does not overlap it). Reads logits once for the LSE and once more for the
+ * gradient; extra memory is O(N) (O(N x splits) when the vocabulary is split).
+ */
+LLMCL_API llmcl_status llmcl_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tensor *logits,
+                                                   const llmcl_tensor *labels,
+                                                   const llmcl_ce_options *opts,
+                                                   llmcl_tensor *loss, llmcl_tensor *z_loss,
+                                                   llmcl_tensor *lse, llmcl_tensor *dlogits);
+
+/*
+ * grad *= grad_loss[0] (grad_loss f32 with one element, on the device; grad f32, bf16 or f16,
+ * contiguous): scales gradients computed with an upstream gradient of 1 (Liger's backward).
+ */
+LLMCL_API llmcl_status llmcl_cross_entropy_grad_scale(llmcl_ctx *ctx, const llmcl_tensor *grad_loss,
+                                                      llmcl_tensor *grad);
+
+/*
+ * Linear cross-entropy chunked over tokens: logits = hidden [N, H] x weight [V, H]^T (+ bias [V]),
+ * hidden, weight and bias of one dtype (f32, bf16, f16; unit stride along H), then the loss as
+ * llmcl_cross_entropy_forward with the gradients computed in the same call: dhidden (f32 [N, H]),
+ * dweight (f32 [V, H]) and dbias (f32 [V]), each optional (all NULL: loss only). The gradients are
+ * those of the loss with an upstream gradient of 1 (see llmcl_cross_entropy_grad_scale). Per chunk
+ * of tokens: CLBlast SGEMM for the logits (in f32; 16-bit inputs are cast chunk by chunk, W in
+ * vocabulary blocks of at most a quarter of the budget), the row kernel writing dlogits in place,
+ * then dhidden = dlogits x W and dweight += dlogits^T x hidden (SGEMM), dbias += column sums (in
+ * order, deterministic). Extra device memory: one chunk of f32 logits plus the f32 casts, within
+ * opts->chunk_bytes (default 256 MiB) unless opts->chunk_rows overrides it, plus O(N).
+ */
+LLMCL_API llmcl_status llmcl_linear_cross_entropy_forward(
+    llmcl_ctx *ctx, const llmcl_tensor *hidden, const llmcl_tensor *weight,
+    const llmcl_tensor *bias, const llmcl_tensor *labels, const llmcl_ce_options *opts,
+    llmcl_tensor *loss, llmcl_tensor *z_loss, llmcl_tensor *dhidden, llmcl_tensor *dweight,
+    llmcl_tensor *dbias);
+
+/*
+ * Fully fused linear cross-entropy, forward: the same loss as llmcl_linear_cross_entropy_forward
+ * with every logit computed in a T x T tile of local memory (fp32 FMA) and folded into an online
+ * LSE; nothing of size N x V is stored. Writes loss, optionally z_loss, and lse (f32, N elements,
+ * required: the backward reads it). Extra memory O(N x splits + V).
+ */
+LLMCL_API llmcl_status llmcl_fused_cross_entropy_forward(
+    llmcl_ctx *ctx, const llmcl_tensor *hidden, const llmcl_tensor *weight,
+    const llmcl_tensor *bias, const llmcl_tensor *labels, const llmcl_ce_options *opts,
+    llmcl_tensor *loss, llmcl_tensor *z_loss, llmcl_tensor *lse);
+
+/*
+ * Fully fused backward: recomputes the logit tiles from hidden, weight, bias and the forward's lse
+ * to write dhidden (f32 [N, H]; one work-group per row tile over every vocabulary tile), dweight
+ * (f32 [V, H]) and dbias (f32 [V]; one work-group per vocabulary tile over every row tile), each
+ * optional. Deterministic, no atomics. grad_loss (f32 on the device: 1 element, or N for reduction
+ * none) is the upstream gradient; NULL means 1. opts must match the forward's. Extra memory O(N).
+ */
+LLMCL_API llmcl_status llmcl_fused_cross_entropy_backward(
+    llmcl_ctx *ctx, const llmcl_tensor *hidden, const llmcl_tensor *weight,
+    const llmcl_tensor *bias, const llmcl_tensor *labels, const llmcl_tensor *lse,
+    const llmcl_tensor *grad_loss, const llmcl_ce_options *opts, llmcl_tensor *dhidden,
+    llmcl_tensor *dweight, llmcl_tensor *dbias);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Tuning database.                                                                               */

@@ -1,0 +1,997 @@
+/*
+ * cross_entropy.c: host launchers of cross_entropy.cl. The three public forms share one run state
+ * (checked options, labels, the stats and per-row scratch) and the same kernels for validation,
+ * per-row terms and the final reduction:
+ *   llmcl_cross_entropy_forward         ce_prepare, ce_rows or ce_partial/ce_combine/ce_grad, ce_finish
+ *   llmcl_linear_cross_entropy_forward  the same per chunk of tokens around CLBlast SGEMMs
+ *   llmcl_fused_cross_entropy_*         cce_fwd + ce_combine; cce_coefs, cce_bwd_dh, cce_bwd_dw
+ */
+#include <clblast_c.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../internal.h"
+
+#define CE_FAMILY "cross_entropy"
+#define CE_DEFAULT_IGNORE (-100)
+#define CE_DEFAULT_BUDGET (256ull << 20)
+
+/* One call's state: checked options and the scratch every form uses. */
+typedef struct ce_run {
+    llmcl_ctx *ctx;
+    llmcl_ce_options o;
+    int64_t ignore, n, v;
+    llmcl_dtype dt; /* storage of logits, or of hidden and W */
+    const llmcl_tensor *labels;
+    llmcl__params rp; /* row-kernel tunables (WG, UNROLL) */
+    llmcl_tensor *stats, *rows, *lse;
+} ce_run;
+
+static void ce_run_release(ce_run *r)
+{
+    llmcl_tensor_destroy(r->stats);
+    llmcl_tensor_destroy(r->rows);
+    llmcl_tensor_destroy(r->lse);
+}
+
+/* ---- argument checks ---- */
+
+static llmcl_status check_options(llmcl_ctx *ctx, const llmcl_ce_options *opts, int64_t v,
+                                  llmcl_ce_options *out)
+{
+    *out = opts ? *opts : (llmcl_ce_options){0};
+    const llmcl_ce_options *o = out;
+    LLMCL__REQUIRE(ctx, o->reduction >= LLMCL_CE_MEAN && o->reduction <= LLMCL_CE_NONE,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "opts->reduction %d is not a llmcl_ce_reduction",
+                   (int)o->reduction);
+    LLMCL__REQUIRE(ctx, o->label_smoothing >= 0.0f && o->label_smoothing <= 1.0f,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "opts->label_smoothing %g is outside [0, 1]",
+                   (double)o->label_smoothing);
+    LLMCL__REQUIRE(ctx, o->lse_square_scale >= 0.0f && isfinite(o->lse_square_scale),
+                   LLMCL_ERROR_INVALID_ARGUMENT, "opts->lse_square_scale %g must be finite and >= 0",
+                   (double)o->lse_square_scale);
+    LLMCL__REQUIRE(ctx, o->softcap >= 0.0f && isfinite(o->softcap), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "opts->softcap %g must be finite and >= 0 (0: off)", (double)o->softcap);
+    LLMCL__REQUIRE(ctx, o->grad_filter >= 0.0f && o->grad_filter <= 1.0f,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "opts->grad_filter %g is outside [0, 1]",
+                   (double)o->grad_filter);
+    LLMCL__REQUIRE(ctx, o->vocab_splits >= 0 && o->chunk_rows >= 0, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "opts->vocab_splits (%d) and opts->chunk_rows (%lld) must be >= 0",
+                   o->vocab_splits, (long long)o->chunk_rows);
+    if (o->weight) {
+        LLMCL__TRY(llmcl__check_tensor(ctx, o->weight, "opts->weight", 1u << LLMCL_F32, 1,
+                                       LLMCL_MAX_DIMS));
+        LLMCL__REQUIRE(ctx, llmcl_tensor_numel(o->weight) == v &&
+                                llmcl_tensor_is_contiguous(o->weight),
+                       LLMCL_ERROR_SHAPE_MISMATCH,
+                       "opts->weight must be contiguous with V = %lld elements (has %lld)",
+                       (long long)v, (long long)llmcl_tensor_numel(o->weight));
+    }
+    return LLMCL_OK;
+}
+
+/* A contiguous tensor of `dtypes` with exactly n elements. */
+static llmcl_status check_vec(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name,
+                              unsigned dtypes, int64_t n)
+{
+    LLMCL__TRY(llmcl__check_tensor(ctx, t, name, dtypes, 1, LLMCL_MAX_DIMS));
+    LLMCL__REQUIRE(ctx, llmcl_tensor_numel(t) == n, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "%s has %lld elements; expected %lld", name, (long long)llmcl_tensor_numel(t),
+                   (long long)n);
+    LLMCL__REQUIRE(ctx, llmcl_tensor_is_contiguous(t), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s must be contiguous", name);
+    return LLMCL_OK;
+}
+
+/* loss and z_loss: f32 with 1 element (mean, sum) or n (none); outputs must not alias inputs. */
+static llmcl_status check_outputs(llmcl_ctx *ctx, const llmcl_ce_options *o, int64_t n,
+                                  const llmcl_tensor *loss, const llmcl_tensor *z_loss,
+                                  const llmcl_tensor *const *inputs, const char *const *names,
+                                  int n_inputs)
+{
+    const int64_t want = o->reduction == LLMCL_CE_NONE ? n : 1;
+    LLMCL__TRY(check_vec(ctx, loss, "loss", 1u << LLMCL_F32, want));
+    if (z_loss) {
+        LLMCL__TRY(check_vec(ctx, z_loss, "z_loss", 1u << LLMCL_F32, want));
+        LLMCL__REQUIRE(ctx, !llmcl__overlaps(loss, z_loss), LLMCL_ERROR_INVALID_ARGUMENT,
+                       "loss and z_loss overlap");
+    }
+    for (int i = 0; i < n_inputs; ++i) {
+        if (!inputs[i])
+            continue;
+        LLMCL__REQUIRE(ctx, !llmcl__overlaps(loss, inputs[i]), LLMCL_ERROR_INVALID_ARGUMENT,
+                       "loss overlaps %s", names[i]);
+        LLMCL__REQUIRE(ctx, !z_loss || !llmcl__overlaps(z_loss, inputs[i]),
+                       LLMCL_ERROR_INVALID_ARGUMENT, "z_loss overlaps %s", names[i]);
+    }
+    return LLMCL_OK;
+}
+
+/* ---- shared setup and kernels ---- */
+
+static long floor_pow2(size_t x)
+{
+    long p = 1;
+    while ((size_t)p * 2 <= x)
+        p *= 2;
+    return p;
+}
+
+static void base_defines(const ce_run *r, llmcl__defines *d)
+{
+    llmcl__define_str(d, "DT", llmcl__dtype_macro(r->dt));
+    llmcl__define_str(d, "LABEL_DT", llmcl__dtype_macro(r->labels->dtype));
+    llmcl__define_int(d, "HAS_WEIGHT", r->o.weight != NULL);
+    llmcl__define_int(d, "SMOOTH", r->o.label_smoothing != 0.0f);
+    llmcl__define_int(d, "SOFTCAP", r->o.softcap != 0.0f);
+}
+
+/* A kernel of the row program: the base defines plus the row tunables. */
+static llmcl_status row_kernel(ce_run *r, const char *name, cl_kernel *k)
+{
+    llmcl__defines d = {0};
+    base_defines(r, &d);
+    llmcl__params_define(&r->rp, &d);
+    return llmcl__kernel(r->ctx, CE_FAMILY, &d, name, k);
+}
+
+static void arg_mem(llmcl__args *a, cl_mem m, int64_t off)
+{
+    const cl_ulong o = (cl_ulong)off;
+    llmcl__arg(a, sizeof m, &m);
+    llmcl__arg(a, sizeof o, &o);
+}
+
+/* A tensor or, when t is NULL, a NULL buffer with offset 0. */
+static void arg_opt(llmcl__args *a, const llmcl_tensor *t)
+{
+    if (t)
+        llmcl__arg_tensor(a, t);
+    else
+        arg_mem(a, NULL, 0);
+}
+
+static void arg_weight(llmcl__args *a, const ce_run *r) { arg_opt(a, r->o.weight); }
+
+/* A scratch buffer the kernel takes without an offset (stats, per-row terms, partials). */
+static void arg_buf(llmcl__args *a, cl_mem m) { llmcl__arg(a, sizeof m, &m); }
+
+/*
+ * Checks the options against V, picks the row tunables, allocates the stats and per-row scratch
+ * (lse too unless the caller has one) and enqueues ce_prepare.
+ */
+static llmcl_status ce_begin(ce_run *r, llmcl_ctx *ctx, llmcl_dtype dt,
+                             const llmcl_tensor *labels, int64_t n, int64_t v, bool need_lse)
+{
+    r->ctx = ctx;
+    r->dt = dt;
+    r->labels = labels;
+    r->n = n;
+    r->v = v;
+    r->ignore = r->o.use_ignore_index ? r->o.ignore_index : CE_DEFAULT_IGNORE;
+
+    const long wg_max = floor_pow2(ctx->info.max_work_group_size);
+    long wg = ctx->info.is_gpu ? 512 : 64;
+    llmcl__param_set(&r->rp, "WG", wg < wg_max ? wg : wg_max);
+    llmcl__param_set(&r->rp, "UNROLL", ctx->info.is_gpu ? 2 : 1);
+    char cls[16];
+    llmcl__shape_class(v, cls);
+    llmcl__params_lookup(ctx, "ce_rows", dt, cls, &r->rp);
+
+    const int64_t four = 4, two_n = 2 * n;
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_I32, 1, &four, "cross-entropy stats", &r->stats));
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &two_n, "cross-entropy per-row terms", &r->rows));
+    if (need_lse)
+        LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &n, "cross-entropy lse", &r->lse));
+
+    cl_kernel k;
+    LLMCL__TRY(row_kernel(r, "ce_prepare", &k));
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_tensor(&a, labels);
+    llmcl__arg_i64(&a, n);
+    llmcl__arg_i64(&a, v);
+    llmcl__arg_i64(&a, r->ignore);
+    arg_weight(&a, r);
+    arg_buf(&a, r->stats->mem);
+    const size_t g = (size_t)llmcl__param_get(&r->rp, "WG", 64);
+    return llmcl__launch(&a, 1, &g, &g);
+}
+
+/* Fails with the first out-of-range label when ce_prepare found one (waits for the queue). */
+static llmcl_status ce_check_labels(ce_run *r)
+{
+    llmcl_ctx *ctx = r->ctx;
+    cl_int bad = -1;
+    LLMCL__CL(ctx, clEnqueueReadBuffer(ctx->queue, r->stats->mem, CL_TRUE, 0, sizeof bad, &bad, 0,
+                                       NULL, NULL));
+    if (bad < 0)
+        return LLMCL_OK;
+    const size_t es = llmcl_dtype_size(r->labels->dtype);
+    int64_t value = 0;
+    int32_t v32 = 0;
+    LLMCL__CL(ctx, clEnqueueReadBuffer(ctx->queue, r->labels->mem, CL_TRUE,
+                                       (size_t)(r->labels->offset + bad) * es, es,
+                                       es == 4 ? (void *)&v32 : (void *)&value, 0, NULL, NULL));
+    if (es == 4)
+        value = v32;
+    return LLMCL__FAIL(ctx, LLMCL_ERROR_INVALID_ARGUMENT,
+                       "labels[%d] = %lld is outside [0, %lld) and is not ignore_index (%lld); "
+                       "nothing was written",
+                       (int)bad, (long long)value, (long long)r->v, (long long)r->ignore);
+}
+
+/* ce_finish: the per-row terms into loss (and z_loss). */
+static llmcl_status ce_finish(ce_run *r, llmcl_tensor *loss, llmcl_tensor *z_loss)
+{
+    cl_kernel k;
+    LLMCL__TRY(row_kernel(r, "ce_finish", &k));
+    llmcl__args a = llmcl__args_begin(r->ctx, k);
+    arg_buf(&a, r->rows->mem);
+    llmcl__arg_i64(&a, r->n);
+    arg_buf(&a, r->stats->mem);
+    llmcl__arg_i32(&a, (int32_t)r->o.reduction);
+    llmcl__arg_tensor(&a, loss);
+    arg_opt(&a, z_loss);
+    llmcl__arg_i32(&a, z_loss != NULL);
+    const size_t g = (size_t)llmcl__param_get(&r->rp, "WG", 64);
+    return llmcl__launch(&a, 1, &g, &g);
+}
+
+/* Work-groups per row across the vocabulary for the row kernels. */
+static int64_t row_splits(const ce_run *r, int64_t nrows)
+{
+    const int64_t wg = llmcl__param_get(&r->rp, "WG", 64);
+    const int64_t max_splits = r->v / (8 * wg * 2) > 1 ? r->v / (8 * wg * 2) : 1;
+    if (r->o.vocab_splits > 0)
+        return r->o.vocab_splits;
+    const int64_t want = (int64_t)r->ctx->info.compute_units * (r->ctx->info.is_gpu ? 4 : 1);
+    int64_t s = nrows >= want ? 1 : llmcl__div_up(want, nrows);
+    if (s > max_splits)
+        s = max_splits;
+    llmcl__params p = {0};
+    llmcl__param_set(&p, "SPLIT", (long)s);
+    char cls[16];
+    llmcl__shape_class(nrows, cls);
+    llmcl__params_lookup(r->ctx, "ce_split", r->dt, cls, &p);
+    s = llmcl__param_get(&p, "SPLIT", (long)s);
+    return s >= 1 ? s : 1;
+}
+
+/* Logits rows to process: nrows rows of x (row r is global row row0 + r), dlogits into dx. */
+typedef struct ce_rows_job {
+    cl_mem x, dx;
+    int64_t xoff, xstride, dxoff, dxstride, nrows, row0;
+    bool grad;
+    const llmcl_tensor *lse; /* indexed by global row */
+} ce_rows_job;
+
+/* One work-group per row, or the vocabulary split into several when rows are few. */
+static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
+{
+    llmcl_ctx *ctx = r->ctx;
+    const int64_t splits = row_splits(r, j->nrows);
+    const size_t wg = (size_t)llmcl__param_get(&r->rp, "WG", 64);
+    const llmcl_ce_options *o = &r->o;
+    cl_kernel k;
+    if (splits == 1) {
+        LLMCL__TRY(row_kernel(r, "ce_rows", &k));
+        llmcl__args a = llmcl__args_begin(ctx, k);
+        arg_mem(&a, j->x, j->xoff);
+        llmcl__arg_i64(&a, j->xstride);
+        llmcl__arg_i64(&a, r->v);
+        llmcl__arg_tensor(&a, r->labels);
+        llmcl__arg_i64(&a, j->row0);
+        arg_weight(&a, r);
+        arg_buf(&a, r->stats->mem);
+        llmcl__arg_i32(&a, (int32_t)o->reduction);
+        llmcl__arg_i64(&a, r->ignore);
+        llmcl__arg_f32(&a, o->label_smoothing);
+        llmcl__arg_f32(&a, o->lse_square_scale);
+        llmcl__arg_f32(&a, o->softcap);
+        llmcl__arg_tensor(&a, j->lse);
+        arg_buf(&a, r->rows->mem);
+        llmcl__arg_i64(&a, r->n);
+        llmcl__arg_i32(&a, j->grad);
+        arg_mem(&a, j->grad ? j->dx : NULL, j->dxoff);
+        llmcl__arg_i64(&a, j->dxstride);
+        const size_t g = (size_t)j->nrows * wg;
+        return llmcl__launch(&a, 1, &g, &wg);
+    }
+
+    llmcl_status st;
+    llmcl_tensor *part = NULL;
+    const int64_t np = j->nrows * splits * 3;
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &np, "cross-entropy vocabulary partials", &part));
+    const size_t g2[2] = {(size_t)splits * wg, (size_t)j->nrows}, l2[2] = {wg, 1};
+
+    LLMCL__TRY_GOTO(st, row_kernel(r, "ce_partial", &k), done);
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    arg_mem(&a, j->x, j->xoff);
+    llmcl__arg_i64(&a, j->xstride);
+    llmcl__arg_i64(&a, r->v);
+    arg_weight(&a, r);
+    arg_buf(&a, r->stats->mem);
+    llmcl__arg_f32(&a, o->softcap);
+    arg_buf(&a, part->mem);
+    LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
+
+    LLMCL__TRY_GOTO(st, row_kernel(r, "ce_combine", &k), done);
+    a = llmcl__args_begin(ctx, k);
+    arg_buf(&a, part->mem);
+    llmcl__arg_i64(&a, splits);
+    llmcl__arg_i64(&a, j->nrows);
+    arg_mem(&a, j->x, j->xoff);
+    llmcl__arg_i64(&a, j->xstride);
+    llmcl__arg_i32(&a, 0);
+    arg_buf(&a, NULL);
+    llmcl__arg_tensor(&a, r->labels);
+    llmcl__arg_i64(&a, j->row0);
+    arg_weight(&a, r);
+    arg_buf(&a, r->stats->mem);
+    llmcl__arg_i64(&a, r->v);
+    llmcl__arg_i64(&a, r->ignore);
+    llmcl__arg_f32(&a, o->label_smoothing);
+    llmcl__arg_f32(&a, o->lse_square_scale);
+    llmcl__arg_f32(&a, o->softcap);
+    llmcl__arg_tensor(&a, j->lse);
+    arg_buf(&a, r->rows->mem);
+    llmcl__arg_i64(&a, r->n);
+    const size_t g1 = (size_t)j->nrows, l1 = 64;
+    LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g1, &l1), done);
+
+    if (j->grad) {
+        LLMCL__TRY_GOTO(st, row_kernel(r, "ce_grad", &k), done);
+        a = llmcl__args_begin(ctx, k);
+        arg_mem(&a, j->x, j->xoff);
+        llmcl__arg_i64(&a, j->xstride);
+        llmcl__arg_i64(&a, r->v);
+        llmcl__arg_tensor(&a, r->labels);
+        llmcl__arg_i64(&a, j->row0);
+        arg_weight(&a, r);
+        arg_buf(&a, r->stats->mem);
+        llmcl__arg_i32(&a, (int32_t)o->reduction);
+        llmcl__arg_i64(&a, r->ignore);
+        llmcl__arg_f32(&a, o->label_smoothing);
+        llmcl__arg_f32(&a, o->lse_square_scale);
+        llmcl__arg_f32(&a, o->softcap);
+        llmcl__arg_tensor(&a, j->lse);
+        arg_mem(&a, j->dx, j->dxoff);
+        llmcl__arg_i64(&a, j->dxstride);
+        LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
+    }
+    st = LLMCL_OK;
+done:
+    llmcl_tensor_destroy(part);
+    return st;
+}
+
+/* ---- path 1: materialised logits ---- */
+
+llmcl_status llmcl_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tensor *logits,
+                                         const llmcl_tensor *labels, const llmcl_ce_options *opts,
+                                         llmcl_tensor *loss, llmcl_tensor *z_loss,
+                                         llmcl_tensor *lse, llmcl_tensor *dlogits)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    LLMCL__TRY(llmcl__check_tensor(ctx, logits, "logits", LLMCL__FLOAT_DTYPES, 1, LLMCL_MAX_DIMS));
+    llmcl__rows xr;
+    LLMCL__TRY(llmcl__as_rows(ctx, logits, "logits", &xr));
+    LLMCL__REQUIRE(ctx, xr.n_rows >= 1 && xr.row_len >= 1 && xr.n_rows <= INT_MAX,
+                   LLMCL_ERROR_SHAPE_MISMATCH,
+                   "logits must have 1 to 2^31-1 rows of V >= 1 (has %lld rows of %lld)",
+                   (long long)xr.n_rows, (long long)xr.row_len);
+    ce_run r = {0};
+    LLMCL__TRY(check_options(ctx, opts, xr.row_len, &r.o));
+    LLMCL__TRY(check_vec(ctx, labels, "labels", LLMCL__INT_DTYPES, xr.n_rows));
+    const llmcl_tensor *ins[] = {logits, labels, r.o.weight, dlogits, lse};
+    const char *names[] = {"logits", "labels", "opts->weight", "dlogits", "lse"};
+    LLMCL__TRY(check_outputs(ctx, &r.o, xr.n_rows, loss, z_loss, ins, names, 5));
+    if (lse) {
+        LLMCL__TRY(check_vec(ctx, lse, "lse", 1u << LLMCL_F32, xr.n_rows));
+        LLMCL__REQUIRE(ctx, !llmcl__overlaps(lse, logits) && !llmcl__overlaps(lse, labels) &&
+                                (!dlogits || !llmcl__overlaps(lse, dlogits)),
+                       LLMCL_ERROR_INVALID_ARGUMENT, "lse overlaps logits, labels or dlogits");
+    }
+    llmcl__rows dr = xr;
+    if (dlogits && !llmcl__same_view(logits, dlogits)) {
+        LLMCL__TRY(llmcl__check_tensor(ctx, dlogits, "dlogits", 1u << logits->dtype, 1,
+                                       LLMCL_MAX_DIMS));
+        LLMCL__TRY(llmcl__check_same_shape(ctx, logits, "logits", dlogits, "dlogits"));
+        LLMCL__TRY(llmcl__as_rows(ctx, dlogits, "dlogits", &dr));
+        LLMCL__REQUIRE(ctx, !llmcl__overlaps(logits, dlogits) && !llmcl__overlaps(labels, dlogits),
+                       LLMCL_ERROR_INVALID_ARGUMENT,
+                       "dlogits overlaps logits or labels without being logits itself");
+    } else if (dlogits) {
+        LLMCL__REQUIRE(ctx, dlogits->dtype == logits->dtype, LLMCL_ERROR_UNSUPPORTED_DTYPE,
+                       "in-place dlogits must have logits' dtype");
+    }
+
+    llmcl_status st;
+    LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, logits->dtype, labels, xr.n_rows, xr.row_len, !lse),
+                    done);
+    const ce_rows_job j = {
+        .x = logits->mem,
+        .xoff = logits->offset,
+        .xstride = xr.row_stride,
+        .dx = dlogits ? dlogits->mem : NULL,
+        .dxoff = dlogits ? dlogits->offset : 0,
+        .dxstride = dr.row_stride,
+        .nrows = xr.n_rows,
+        .row0 = 0,
+        .grad = dlogits != NULL,
+        .lse = lse ? lse : r.lse,
+    };
+    LLMCL__TRY_GOTO(st, ce_rows_run(&r, &j), done);
+    LLMCL__TRY_GOTO(st, ce_finish(&r, loss, z_loss), done);
+    st = ce_check_labels(&r);
+done:
+    ce_run_release(&r);
+    return st;
+}
+
+llmcl_status llmcl_cross_entropy_grad_scale(llmcl_ctx *ctx, const llmcl_tensor *grad_loss,
+                                            llmcl_tensor *grad)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    LLMCL__TRY(check_vec(ctx, grad_loss, "grad_loss", 1u << LLMCL_F32, 1));
+    LLMCL__TRY(llmcl__check_tensor(ctx, grad, "grad", LLMCL__FLOAT_DTYPES, 1, LLMCL_MAX_DIMS));
+    LLMCL__REQUIRE(ctx, llmcl_tensor_is_contiguous(grad), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "grad must be contiguous");
+    LLMCL__REQUIRE(ctx, !llmcl__overlaps(grad, grad_loss), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "grad overlaps grad_loss");
+    llmcl__defines d = {0};
+    llmcl__define_str(&d, "DT", llmcl__dtype_macro(grad->dtype));
+    cl_kernel k;
+    LLMCL__TRY(llmcl__kernel(ctx, CE_FAMILY, &d, "ce_scale", &k));
+    const int64_t n = llmcl_tensor_numel(grad);
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_tensor(&a, grad);
+    llmcl__arg_i64(&a, n);
+    llmcl__arg_tensor(&a, grad_loss);
+    const size_t g = (size_t)n, l = 256;
+    return llmcl__launch(&a, 1, &g, &l);
+}
+
+/* ---- linear forms: shared checks ---- */
+
+typedef struct ce_linear {
+    llmcl__rows h, w, dh, dw;
+} ce_linear;
+
+/* hidden [N, H], weight [V, H] and bias [V] of one float dtype; gradient outputs f32. */
+static llmcl_status check_linear(llmcl_ctx *ctx, const llmcl_tensor *hidden,
+                                 const llmcl_tensor *weight, const llmcl_tensor *bias,
+                                 const llmcl_tensor *labels, const llmcl_tensor *dhidden,
+                                 const llmcl_tensor *dweight, const llmcl_tensor *dbias,
+                                 ce_linear *out)
+{
+    LLMCL__TRY(llmcl__check_tensor(ctx, hidden, "hidden", LLMCL__FLOAT_DTYPES, 1, LLMCL_MAX_DIMS));
+    LLMCL__TRY(llmcl__as_rows(ctx, hidden, "hidden", &out->h));
+    LLMCL__TRY(llmcl__check_tensor(ctx, weight, "weight", 1u << hidden->dtype, 2, 2));
+    LLMCL__TRY(llmcl__as_rows(ctx, weight, "weight", &out->w));
+    LLMCL__REQUIRE(ctx, out->h.row_len == out->w.row_len && out->h.row_len >= 1,
+                   LLMCL_ERROR_SHAPE_MISMATCH,
+                   "hidden rows have H = %lld but weight is [%lld, %lld]; expected [V, H]",
+                   (long long)out->h.row_len, (long long)out->w.n_rows, (long long)out->w.row_len);
+    LLMCL__REQUIRE(ctx, out->h.n_rows >= 1 && out->h.n_rows <= INT_MAX && out->w.n_rows >= 1,
+                   LLMCL_ERROR_SHAPE_MISMATCH, "hidden needs 1 to 2^31-1 rows and weight V >= 1");
+    if (bias)
+        LLMCL__TRY(check_vec(ctx, bias, "bias", 1u << hidden->dtype, out->w.n_rows));
+    LLMCL__TRY(check_vec(ctx, labels, "labels", LLMCL__INT_DTYPES, out->h.n_rows));
+    const llmcl_tensor *ins[] = {hidden, weight, bias, labels};
+    const char *in_names[] = {"hidden", "weight", "bias", "labels"};
+    const llmcl_tensor *outs[] = {dhidden, dweight, dbias};
+    const char *out_names[] = {"dhidden", "dweight", "dbias"};
+    if (dhidden) {
+        LLMCL__TRY(llmcl__check_tensor(ctx, dhidden, "dhidden", 1u << LLMCL_F32, 1, LLMCL_MAX_DIMS));
+        LLMCL__TRY(llmcl__check_same_shape(ctx, hidden, "hidden", dhidden, "dhidden"));
+        LLMCL__TRY(llmcl__as_rows(ctx, dhidden, "dhidden", &out->dh));
+    }
+    if (dweight) {
+        LLMCL__TRY(llmcl__check_tensor(ctx, dweight, "dweight", 1u << LLMCL_F32, 2, 2));
+        LLMCL__TRY(llmcl__check_same_shape(ctx, weight, "weight", dweight, "dweight"));
+        LLMCL__TRY(llmcl__as_rows(ctx, dweight, "dweight", &out->dw));
+    }
+    if (dbias)
+        LLMCL__TRY(check_vec(ctx, dbias, "dbias", 1u << LLMCL_F32, out->w.n_rows));
+    for (int i = 0; i < 3; ++i) {
+        if (!outs[i])
+            continue;
+        for (int j = 0; j < 4; ++j)
+            LLMCL__REQUIRE(ctx, !ins[j] || !llmcl__overlaps(outs[i], ins[j]),
+                           LLMCL_ERROR_INVALID_ARGUMENT, "%s overlaps %s", out_names[i],
+                           in_names[j]);
+        for (int j = i + 1; j < 3; ++j)
+            LLMCL__REQUIRE(ctx, !outs[j] || !llmcl__overlaps(outs[i], outs[j]),
+                           LLMCL_ERROR_INVALID_ARGUMENT, "%s overlaps %s", out_names[i],
+                           out_names[j]);
+    }
+    return LLMCL_OK;
+}
+
+/* ---- path 2: chunked over tokens with CLBlast ---- */
+
+/* Keeps CLBlast's event in the profile region, like llmcl__launch does for kernels. */
+static llmcl_status record_event(llmcl_ctx *ctx, cl_event ev)
+{
+    if (ctx->n_events == ctx->cap_events) {
+        const size_t cap = ctx->cap_events ? ctx->cap_events * 2 : 64;
+        cl_event *grown = realloc(ctx->events, cap * sizeof *grown);
+        if (!grown) {
+            clReleaseEvent(ev);
+            return LLMCL__FAIL(ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "profiling event list");
+        }
+        ctx->events = grown;
+        ctx->cap_events = cap;
+    }
+    ctx->events[ctx->n_events++] = ev;
+    return LLMCL_OK;
+}
+
+typedef struct ce_mat {
+    cl_mem mem;
+    size_t off, ld;
+} ce_mat;
+
+/*
+ * Row-major C = alpha op(A) op(B) + beta C through CLBlast on ctx's queue. Its temporary buffer is
+ * allocated here so that memory accounting sees it.
+ */
+static llmcl_status sgemm(llmcl_ctx *ctx, bool ta, bool tb, size_t m, size_t n, size_t k,
+                          ce_mat a, ce_mat b, float beta, ce_mat c)
+{
+    const CLBlastTranspose at = ta ? CLBlastTransposeYes : CLBlastTransposeNo;
+    const CLBlastTranspose bt = tb ? CLBlastTransposeYes : CLBlastTransposeNo;
+    cl_command_queue q = ctx->queue;
+    size_t temp_bytes = 0;
+    CLBlastStatusCode cs = CLBlastSGemmTempBufferSize(CLBlastLayoutRowMajor, at, bt, m, n, k, a.off,
+                                                      a.ld, b.off, b.ld, c.off, c.ld, &q,
+                                                      &temp_bytes);
+    llmcl_tensor *temp = NULL;
+    if (cs == CLBlastSuccess && temp_bytes > 0) {
+        const int64_t words = (int64_t)llmcl__div_up((int64_t)temp_bytes, 4);
+        LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &words, "CLBlast GEMM temporary", &temp));
+    }
+    cl_event ev = NULL;
+    if (cs == CLBlastSuccess)
+        cs = CLBlastSgemmWithTempBuffer(CLBlastLayoutRowMajor, at, bt, m, n, k, 1.0f, a.mem, a.off,
+                                        a.ld, b.mem, b.off, b.ld, beta, c.mem, c.off, c.ld, &q,
+                                        ctx->profiling ? &ev : NULL, temp ? temp->mem : NULL);
+    llmcl_tensor_destroy(temp); /* OpenCL keeps it alive until the GEMM is done */
+    if (cs != CLBlastSuccess) {
+        if (cs > -1000)
+            return llmcl__fail_cl(ctx, (cl_int)cs, "CLBlastSgemm", __FILE__, __LINE__);
+        return LLMCL__FAIL(ctx, LLMCL_ERROR_UNSUPPORTED,
+                           "CLBlastSgemm(%zu x %zu x %zu) failed with CLBlast status %d", m, n, k,
+                           (int)cs);
+    }
+    return ctx->profiling && ev ? record_event(ctx, ev) : LLMCL_OK;
+}
+
+/* f32 copy of rows [r0, r0 + rows) of src ([*, cols], row stride ld) into dst's first rows. */
+static llmcl_status cast_rows(llmcl_ctx *ctx, const llmcl_tensor *src, int64_t ld, int64_t r0,
+                              int64_t rows, int64_t cols, llmcl_tensor *dst)
+{
+    const int64_t shape[2] = {rows, cols}, sstr[2] = {ld, 1};
+    llmcl_tensor *sv = NULL, *dv = NULL;
+    llmcl_status st = llmcl_tensor_view(src, 2, shape, sstr, src->offset + r0 * ld, &sv);
+    if (st == LLMCL_OK)
+        st = llmcl_tensor_view(dst, 2, shape, NULL, 0, &dv);
+    if (st == LLMCL_OK)
+        st = llmcl_cast(ctx, sv, dv);
+    llmcl_tensor_destroy(sv);
+    llmcl_tensor_destroy(dv);
+    return st;
+}
+
+llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tensor *hidden,
+                                                const llmcl_tensor *weight,
+                                                const llmcl_tensor *bias,
+                                                const llmcl_tensor *labels,
+                                                const llmcl_ce_options *opts, llmcl_tensor *loss,
+                                                llmcl_tensor *z_loss, llmcl_tensor *dhidden,
+                                                llmcl_tensor *dweight, llmcl_tensor *dbias)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    ce_linear lin;
+    LLMCL__TRY(check_linear(ctx, hidden, weight, bias, labels, dhidden, dweight, dbias, &lin));
+    const int64_t n = lin.h.n_rows, h = lin.h.row_len, v = lin.w.n_rows;
+    ce_run r = {0};
+    LLMCL__TRY(check_options(ctx, opts, v, &r.o));
+    const llmcl_tensor *ins[] = {hidden, weight, bias, labels, r.o.weight, dhidden, dweight, dbias};
+    const char *names[] = {"hidden", "weight", "bias", "labels", "opts->weight",
+                           "dhidden", "dweight", "dbias"};
+    LLMCL__TRY(check_outputs(ctx, &r.o, n, loss, z_loss, ins, names, 8));
+
+    /* Chunk sizes: W in f32 blocks of at most a quarter of the budget, then tokens. */
+    const bool cast_h = hidden->dtype != LLMCL_F32, cast_w = weight->dtype != LLMCL_F32;
+    const uint64_t budget = r.o.chunk_bytes ? r.o.chunk_bytes : CE_DEFAULT_BUDGET;
+    int64_t vb = v;
+    if (cast_w) {
+        vb = (int64_t)(budget / 4 / ((uint64_t)h * 4));
+        vb = vb < 1 ? 1 : vb > v ? v : vb;
+    }
+    const uint64_t wbytes = cast_w ? (uint64_t)vb * h * 4 : 0;
+    const uint64_t per_row = (uint64_t)v * 4 + (cast_h ? (uint64_t)h * 4 : 0);
+    int64_t c = r.o.chunk_rows;
+    if (!c)
+        c = budget > wbytes ? (int64_t)((budget - wbytes) / per_row) : 1;
+    c = c < 1 ? 1 : c > n ? n : c;
+    const bool grads = dhidden || dweight || dbias;
+
+    llmcl_status st;
+    llmcl_tensor *logits = NULL, *hc = NULL, *wb = NULL;
+    LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, LLMCL_F32, labels, n, v, true), done);
+    LLMCL__TRY_GOTO(st, ce_check_labels(&r), done); /* before any GEMM writes a gradient */
+    const int64_t lshape[2] = {c, v}, hshape[2] = {c, h}, wshape[2] = {vb, h};
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 2, lshape, "logits chunk", &logits), done);
+    if (cast_h)
+        LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 2, hshape, "f32 hidden chunk", &hc),
+                        done);
+    if (cast_w) {
+        LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 2, wshape, "f32 weight block", &wb),
+                        done);
+        if (vb == v) /* W fits: cast it once */
+            LLMCL__TRY_GOTO(st, cast_rows(ctx, weight, lin.w.row_stride, 0, v, h, wb), done);
+    }
+    cl_kernel kbias = NULL, kcol = NULL;
+    if (bias) {
+        llmcl__defines d = {0};
+        llmcl__define_str(&d, "DT", llmcl__dtype_macro(bias->dtype));
+        LLMCL__TRY_GOTO(st, llmcl__kernel(ctx, CE_FAMILY, &d, "ce_add_bias", &kbias), done);
+    }
+    if (dbias) {
+        llmcl__defines d = {0};
+        LLMCL__TRY_GOTO(st, llmcl__kernel(ctx, CE_FAMILY, &d, "ce_colsum", &kcol), done);
+    }
+    const ce_mat lg = {logits->mem, 0, (size_t)v};
+
+    for (int64_t r0 = 0; r0 < n; r0 += c) {
+        const int64_t rows = n - r0 < c ? n - r0 : c;
+        ce_mat a = {hidden->mem, (size_t)(hidden->offset + r0 * lin.h.row_stride),
+                    (size_t)lin.h.row_stride};
+        if (cast_h) {
+            LLMCL__TRY_GOTO(st, cast_rows(ctx, hidden, lin.h.row_stride, r0, rows, h, hc), done);
+            a = (ce_mat){hc->mem, 0, (size_t)h};
+        }
+        /* pass 0: logits; pass 1: dhidden and dweight from dlogits */
+        for (int pass = 0; pass < (grads ? 2 : 1); ++pass) {
+            if (pass == 1 && !dhidden && !dweight)
+                break;
+            for (int64_t v0 = 0; v0 < v; v0 += vb) {
+                const int64_t nb = v - v0 < vb ? v - v0 : vb;
+                ce_mat b = {weight->mem, (size_t)(weight->offset + v0 * lin.w.row_stride),
+                            (size_t)lin.w.row_stride};
+                if (cast_w) {
+                    if (vb < v)
+                        LLMCL__TRY_GOTO(st, cast_rows(ctx, weight, lin.w.row_stride, v0, nb, h, wb),
+                                        done);
+                    b = (ce_mat){wb->mem, 0, (size_t)h};
+                }
+                const ce_mat lb = {lg.mem, (size_t)v0, lg.ld};
+                if (pass == 0) {
+                    LLMCL__TRY_GOTO(st, sgemm(ctx, false, true, rows, nb, h, a, b, 0.0f, lb), done);
+                    continue;
+                }
+                if (dhidden) {
+                    const ce_mat dh = {dhidden->mem,
+                                       (size_t)(dhidden->offset + r0 * lin.dh.row_stride),
+                                       (size_t)lin.dh.row_stride};
+                    LLMCL__TRY_GOTO(st, sgemm(ctx, false, false, rows, h, nb, lb, b,
+                                              v0 ? 1.0f : 0.0f, dh),
+                                    done);
+                }
+                if (dweight) {
+                    const ce_mat dw = {dweight->mem,
+                                       (size_t)(dweight->offset + v0 * lin.dw.row_stride),
+                                       (size_t)lin.dw.row_stride};
+                    LLMCL__TRY_GOTO(st, sgemm(ctx, true, false, nb, h, rows, lb, a,
+                                              r0 ? 1.0f : 0.0f, dw),
+                                    done);
+                }
+            }
+            if (pass > 0)
+                continue;
+            if (bias) {
+                llmcl__args ab = llmcl__args_begin(ctx, kbias);
+                arg_buf(&ab, logits->mem);
+                llmcl__arg_i64(&ab, rows);
+                llmcl__arg_i64(&ab, v);
+                llmcl__arg_tensor(&ab, bias);
+                const size_t g[2] = {(size_t)v, (size_t)rows}, l[2] = {64, 1};
+                LLMCL__TRY_GOTO(st, llmcl__launch(&ab, 2, g, l), done);
+            }
+            const ce_rows_job j = {
+                .x = logits->mem, .xoff = 0, .xstride = v, .dx = logits->mem, .dxoff = 0,
+                .dxstride = v, .nrows = rows, .row0 = r0, .grad = grads, .lse = r.lse,
+            };
+            LLMCL__TRY_GOTO(st, ce_rows_run(&r, &j), done);
+            if (dbias) {
+                llmcl__args ac = llmcl__args_begin(ctx, kcol);
+                arg_buf(&ac, logits->mem);
+                llmcl__arg_i64(&ac, rows);
+                llmcl__arg_i64(&ac, v);
+                llmcl__arg_tensor(&ac, dbias);
+                llmcl__arg_i32(&ac, r0 > 0);
+                const size_t g = (size_t)v, l = 64;
+                LLMCL__TRY_GOTO(st, llmcl__launch(&ac, 1, &g, &l), done);
+            }
+        }
+    }
+    st = ce_finish(&r, loss, z_loss);
+done:
+    llmcl_tensor_destroy(logits);
+    llmcl_tensor_destroy(hc);
+    llmcl_tensor_destroy(wb);
+    ce_run_release(&r);
+    return st;
+}
+
+/* ---- path 3: fully fused tiles ---- */
+
+/* Local bytes a tile configuration needs (the larger of the forward and the backward). */
+static uint64_t tile_local_bytes(long t, long bk, long tn)
+{
+    const uint64_t fwd = 4u * (uint64_t)(2 * bk * t + 3 * t * (t / tn));
+    const uint64_t bwd = 4u * (uint64_t)(t * t + 2 * bk * t) + 16;
+    return fwd > bwd ? fwd : bwd;
+}
+
+static bool tile_ok(const llmcl_ctx *ctx, long t, long bk, long tm, long tn)
+{
+    if (t < 1 || bk < 1 || tm < 1 || tn < 1 || t % tm || t % tn || bk > t)
+        return false;
+    const long wg = (t / tm) * (t / tn);
+    return wg >= t && (size_t)wg <= ctx->info.max_work_group_size &&
+           tile_local_bytes(t, bk, tn) + 1024 <= ctx->info.local_mem_bytes;
+}
+
+/* Tile tunables for one fused kernel: device defaults, the database, then a fit check. */
+static llmcl_status tile_params(ce_run *r, const char *key, int64_t shape_key, llmcl__params *p)
+{
+    llmcl_ctx *ctx = r->ctx;
+    long t = ctx->info.is_gpu ? 64 : 32, tm = 4, tn = 4;
+    if (ctx->info.is_gpu && !strcmp(key, "cce_bwd_dh") &&
+        llmcl__div_up(r->n, 64) < 2 * (int64_t)ctx->info.compute_units) {
+        t = 32; /* few row tiles: smaller tiles keep more work-groups busy */
+        tm = tn = 2;
+    }
+    while (t > 16 && !tile_ok(ctx, t, 16, tm, tn))
+        t /= 2;
+    *p = (llmcl__params){0};
+    llmcl__param_set(p, "T", t);
+    llmcl__param_set(p, "BK", 16);
+    llmcl__param_set(p, "TM", tm);
+    llmcl__param_set(p, "TN", tn);
+    char cls[16];
+    llmcl__shape_class(shape_key, cls);
+    llmcl__params_lookup(ctx, key, r->dt, cls, p);
+    LLMCL__REQUIRE(ctx, tile_ok(ctx, llmcl__param_get(p, "T", 0), llmcl__param_get(p, "BK", 0),
+                                llmcl__param_get(p, "TM", 0), llmcl__param_get(p, "TN", 0)),
+                   LLMCL_ERROR_UNSUPPORTED,
+                   "%s: tile T=%ld BK=%ld TM=%ld TN=%ld does not fit this device (%zu work-items, "
+                   "%llu bytes of local memory)",
+                   key, llmcl__param_get(p, "T", 0), llmcl__param_get(p, "BK", 0),
+                   llmcl__param_get(p, "TM", 0), llmcl__param_get(p, "TN", 0),
+                   ctx->info.max_work_group_size, (unsigned long long)ctx->info.local_mem_bytes);
+    return LLMCL_OK;
+}
+
+static llmcl_status tile_kernel(ce_run *r, const llmcl__params *p, bool has_bias, const char *name,
+                                cl_kernel *k)
+{
+    llmcl__defines d = {0};
+    base_defines(r, &d);
+    llmcl__define_int(&d, "HAS_BIAS", has_bias);
+    llmcl__params_define(p, &d);
+    return llmcl__kernel(r->ctx, CE_FAMILY, &d, name, k);
+}
+
+/* The arguments every fused kernel starts with: hidden, W, bias, labels, class weights. */
+static void tile_args(llmcl__args *a, const ce_run *r, const llmcl_tensor *hidden,
+                      const ce_linear *lin, const llmcl_tensor *weight, const llmcl_tensor *bias)
+{
+    llmcl__arg_tensor(a, hidden);
+    llmcl__arg_i64(a, lin->h.row_stride);
+    llmcl__arg_i64(a, r->n);
+    llmcl__arg_i64(a, lin->h.row_len);
+    llmcl__arg_tensor(a, weight);
+    llmcl__arg_i64(a, lin->w.row_stride);
+    llmcl__arg_i64(a, r->v);
+    arg_opt(a, bias);
+    llmcl__arg_tensor(a, r->labels);
+    arg_weight(a, r);
+}
+
+llmcl_status llmcl_fused_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tensor *hidden,
+                                               const llmcl_tensor *weight,
+                                               const llmcl_tensor *bias,
+                                               const llmcl_tensor *labels,
+                                               const llmcl_ce_options *opts, llmcl_tensor *loss,
+                                               llmcl_tensor *z_loss, llmcl_tensor *lse)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    ce_linear lin;
+    LLMCL__TRY(check_linear(ctx, hidden, weight, bias, labels, NULL, NULL, NULL, &lin));
+    const int64_t n = lin.h.n_rows, v = lin.w.n_rows;
+    ce_run r = {0};
+    LLMCL__TRY(check_options(ctx, opts, v, &r.o));
+    LLMCL__TRY(check_vec(ctx, lse, "lse", 1u << LLMCL_F32, n));
+    const llmcl_tensor *ins[] = {hidden, weight, bias, labels, r.o.weight, lse};
+    const char *names[] = {"hidden", "weight", "bias", "labels", "opts->weight", "lse"};
+    LLMCL__TRY(check_outputs(ctx, &r.o, n, loss, z_loss, ins, names, 6));
+    for (int i = 0; i < 5; ++i)
+        LLMCL__REQUIRE(ctx, !ins[i] || !llmcl__overlaps(lse, ins[i]), LLMCL_ERROR_INVALID_ARGUMENT,
+                       "lse overlaps %s", names[i]);
+
+    llmcl_status st;
+    llmcl_tensor *part = NULL, *xyb = NULL;
+    llmcl__params tp;
+    LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, hidden->dtype, labels, n, v, false), done);
+    LLMCL__TRY_GOTO(st, tile_params(&r, "cce_fwd", v, &tp), done);
+    const long t = llmcl__param_get(&tp, "T", 32);
+    const size_t twg = (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
+    const int64_t rt = llmcl__div_up(n, t), vt = llmcl__div_up(v, t);
+    int64_t splits = r.o.vocab_splits;
+    if (!splits) {
+        const int64_t want = (int64_t)ctx->info.compute_units * (ctx->info.is_gpu ? 4 : 1);
+        splits = llmcl__div_up(want, rt);
+        llmcl__params sp = {0};
+        llmcl__param_set(&sp, "SPLIT", (long)splits);
+        char cls[16];
+        llmcl__shape_class(rt, cls);
+        llmcl__params_lookup(ctx, "cce_split", r.dt, cls, &sp);
+        splits = llmcl__param_get(&sp, "SPLIT", (long)splits);
+    }
+    splits = splits < 1 ? 1 : splits > vt ? vt : splits;
+    const int64_t np = n * splits * 3;
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &np, "fused CE partials", &part), done);
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n, "fused CE target logits", &xyb), done);
+
+    cl_kernel k;
+    LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, bias != NULL, "cce_fwd", &k), done);
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    tile_args(&a, &r, hidden, &lin, weight, bias);
+    arg_buf(&a, r.stats->mem);
+    llmcl__arg_i64(&a, r.ignore);
+    llmcl__arg_f32(&a, r.o.softcap);
+    arg_buf(&a, part->mem);
+    arg_buf(&a, xyb->mem);
+    const size_t g2[2] = {(size_t)splits * twg, (size_t)rt}, l2[2] = {twg, 1};
+    LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
+
+    LLMCL__TRY_GOTO(st, row_kernel(&r, "ce_combine", &k), done);
+    a = llmcl__args_begin(ctx, k);
+    arg_buf(&a, part->mem);
+    llmcl__arg_i64(&a, splits);
+    llmcl__arg_i64(&a, n);
+    arg_mem(&a, NULL, 0);
+    llmcl__arg_i64(&a, 0);
+    llmcl__arg_i32(&a, 1);
+    arg_buf(&a, xyb->mem);
+    llmcl__arg_tensor(&a, labels);
+    llmcl__arg_i64(&a, 0);
+    arg_weight(&a, &r);
+    arg_buf(&a, r.stats->mem);
+    llmcl__arg_i64(&a, v);
+    llmcl__arg_i64(&a, r.ignore);
+    llmcl__arg_f32(&a, r.o.label_smoothing);
+    llmcl__arg_f32(&a, r.o.lse_square_scale);
+    llmcl__arg_f32(&a, r.o.softcap);
+    llmcl__arg_tensor(&a, lse);
+    arg_buf(&a, r.rows->mem);
+    llmcl__arg_i64(&a, n);
+    const size_t g1 = (size_t)n, l1 = 64;
+    LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g1, &l1), done);
+    LLMCL__TRY_GOTO(st, ce_finish(&r, loss, z_loss), done);
+    st = ce_check_labels(&r);
+done:
+    llmcl_tensor_destroy(part);
+    llmcl_tensor_destroy(xyb);
+    ce_run_release(&r);
+    return st;
+}
+
+llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tensor *hidden,
+                                                const llmcl_tensor *weight,
+                                                const llmcl_tensor *bias,
+                                                const llmcl_tensor *labels,
+                                                const llmcl_tensor *lse,
+                                                const llmcl_tensor *grad_loss,
+                                                const llmcl_ce_options *opts,
+                                                llmcl_tensor *dhidden, llmcl_tensor *dweight,
+                                                llmcl_tensor *dbias)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    ce_linear lin;
+    LLMCL__TRY(check_linear(ctx, hidden, weight, bias, labels, dhidden, dweight, dbias, &lin));
+    const int64_t n = lin.h.n_rows, v = lin.w.n_rows;
+    ce_run r = {0};
+    LLMCL__TRY(check_options(ctx, opts, v, &r.o));
+    LLMCL__TRY(check_vec(ctx, lse, "lse", 1u << LLMCL_F32, n));
+    if (grad_loss)
+        LLMCL__TRY(check_vec(ctx, grad_loss, "grad_loss", 1u << LLMCL_F32,
+                             r.o.reduction == LLMCL_CE_NONE ? n : 1));
+    const llmcl_tensor *outs[] = {dhidden, dweight, dbias};
+    const char *out_names[] = {"dhidden", "dweight", "dbias"};
+    for (int i = 0; i < 3; ++i)
+        LLMCL__REQUIRE(ctx, !outs[i] || ((!grad_loss || !llmcl__overlaps(outs[i], grad_loss)) &&
+                                         !llmcl__overlaps(outs[i], lse) &&
+                                         (!r.o.weight || !llmcl__overlaps(outs[i], r.o.weight))),
+                       LLMCL_ERROR_INVALID_ARGUMENT, "%s overlaps lse, grad_loss or opts->weight",
+                       out_names[i]);
+
+    llmcl_status st;
+    llmcl_tensor *coef = NULL;
+    LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, hidden->dtype, labels, n, v, false), done);
+    LLMCL__TRY_GOTO(st, ce_check_labels(&r), done); /* before the outputs are zeroed */
+    const int64_t n4 = 4 * n;
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n4, "fused CE row coefficients", &coef),
+                    done);
+    cl_kernel k;
+    LLMCL__TRY_GOTO(st, row_kernel(&r, "cce_coefs", &k), done);
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_i64(&a, n);
+    llmcl__arg_i64(&a, v);
+    llmcl__arg_tensor(&a, labels);
+    arg_weight(&a, &r);
+    arg_buf(&a, r.stats->mem);
+    llmcl__arg_i32(&a, (int32_t)r.o.reduction);
+    llmcl__arg_i64(&a, r.ignore);
+    llmcl__arg_f32(&a, r.o.label_smoothing);
+    llmcl__arg_f32(&a, r.o.lse_square_scale);
+    llmcl__arg_tensor(&a, lse);
+    arg_opt(&a, grad_loss);
+    llmcl__arg_i32(&a, grad_loss != NULL);
+    arg_buf(&a, coef->mem);
+    const size_t g1 = (size_t)n, l1 = 64;
+    LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g1, &l1), done);
+
+    llmcl__params tp;
+    if (dhidden) {
+        LLMCL__TRY_GOTO(st, llmcl_fill(ctx, dhidden, 0.0), done);
+        LLMCL__TRY_GOTO(st, tile_params(&r, "cce_bwd_dh", n, &tp), done);
+        const long t = llmcl__param_get(&tp, "T", 32);
+        const size_t twg = (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
+        LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, bias != NULL, "cce_bwd_dh", &k), done);
+        a = llmcl__args_begin(ctx, k);
+        tile_args(&a, &r, hidden, &lin, weight, bias);
+        arg_buf(&a, r.stats->mem);
+        arg_buf(&a, coef->mem);
+        llmcl__arg_f32(&a, r.o.softcap);
+        llmcl__arg_f32(&a, r.o.grad_filter);
+        llmcl__arg_tensor(&a, dhidden);
+        llmcl__arg_i64(&a, lin.dh.row_stride);
+        const size_t g = (size_t)llmcl__div_up(n, t) * twg;
+        LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g, &twg), done);
+    }
+    if (dweight || dbias) {
+        if (dweight)
+            LLMCL__TRY_GOTO(st, llmcl_fill(ctx, dweight, 0.0), done);
+        LLMCL__TRY_GOTO(st, tile_params(&r, "cce_bwd_dw", v, &tp), done);
+        const long t = llmcl__param_get(&tp, "T", 32);
+        const size_t twg = (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
+        LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, bias != NULL, "cce_bwd_dw", &k), done);
+        a = llmcl__args_begin(ctx, k);
+        tile_args(&a, &r, hidden, &lin, weight, bias);
+        arg_buf(&a, r.stats->mem);
+        arg_buf(&a, coef->mem);
+        llmcl__arg_f32(&a, r.o.softcap);
+        llmcl__arg_f32(&a, r.o.grad_filter);
+        llmcl__arg_i32(&a, dweight != NULL);
+        arg_opt(&a, dweight);
+        llmcl__arg_i64(&a, dweight ? lin.dw.row_stride : 0);
+        llmcl__arg_i32(&a, dbias != NULL);
+        arg_opt(&a, dbias);
+        const size_t g = (size_t)llmcl__div_up(v, t) * twg;
+        LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g, &twg), done);
+    }
+    st = LLMCL_OK;
+done:
+    llmcl_tensor_destroy(coef);
+    ce_run_release(&r);
+    return st;
+}
