@@ -23,14 +23,16 @@
  * times 1 - (x_j/cap)^2 with a softcap. c, cz: 1/(weight sum), 1/count for mean (0 when that
  * divisor is 0), 1 for sum and none, times the upstream gradient where one is given.
  *
+ * Options that change the math are runtime flags (so one program serves them all; the branches are
+ * uniform): CE_WEIGHT per-class weights (f32 [V]), CE_SMOOTH label smoothing, CE_CAP softcap,
+ * CE_BIAS the fused path's bias [V].
+ *
  * Tunables (all kernels build standalone with the defaults):
  *   DT         storage of logits / hidden / W: F32, BF16, F16 (default F32)
  *   LABEL_DT   I32 or I64 (default I64)
- *   HAS_WEIGHT 0/1 per-class weights (f32 [V]); SMOOTH 0/1 label smoothing on; SOFTCAP 0/1
  *   WG         work-group size of the row kernels: a power of two in [32, max work-group size]
  *              (default 256; ce_prepare and ce_finish use it too)
  *   UNROLL     8-element chunks loaded per loop trip in the row kernels: 1, 2, 4 (default 2)
- *   HAS_BIAS   0/1 the fused path adds a bias [V]
  *   T          fused path tile edge (rows and vocab): 16, 32, 64, 128 (default 32)
  *   BK         fused path k-slice held in local memory: 8, 16, 32 (default 16)
  *   TM, TN     fused path register tile per work-item: 1, 2, 4, 8 (default 4, 4); T % TM == 0,
@@ -45,23 +47,11 @@
 #ifndef LABEL_DT
 #define LABEL_DT I64
 #endif
-#ifndef HAS_WEIGHT
-#define HAS_WEIGHT 0
-#endif
-#ifndef SMOOTH
-#define SMOOTH 0
-#endif
-#ifndef SOFTCAP
-#define SOFTCAP 0
-#endif
 #ifndef WG
 #define WG 256
 #endif
 #ifndef UNROLL
 #define UNROLL 2
-#endif
-#ifndef HAS_BIAS
-#define HAS_BIAS 0
 #endif
 #ifndef T
 #define T 32
@@ -79,6 +69,9 @@
 #define NTX (T / TN)
 #define NTY (T / TM)
 #define TWG (NTX * NTY)
+/* A work-item's rows and columns within a tile: contiguous runs, so local loads can be vectors. */
+#define RI(i) (ty * TM + (i))
+#define CJ(j) (tx * TN + (j))
 
 typedef STORAGE(DT) st_t;
 typedef STORAGE(LABEL_DT) label_t;
@@ -133,21 +126,15 @@ inline float hsum8(float8 v)
     return (a.x + a.y) + (a.z + a.w);
 }
 
-#if SOFTCAP
-#define CAP(x) (cap * tanh((x) * (1.0f / cap)))
-#define CAP_DERIV(xc) (1.0f - ((xc) / cap) * ((xc) / cap))
-#else
-#define CAP(x) (x)
-#define CAP_DERIV(xc) 1.0f
-#endif
+#define CE_WEIGHT 1
+#define CE_SMOOTH 2
+#define CE_CAP 4
+#define CE_BIAS 8
 
-#if HAS_WEIGHT
-#define WEIGHT1(j) weight[woff + (j)]
-#define WEIGHT8(j) vload8(0, weight + woff + (j))
-#else
-#define WEIGHT1(j) 1.0f
-#define WEIGHT8(j) ((float8)1.0f)
-#endif
+#define CAP(x) ((flags & CE_CAP) ? cap * tanh((x) * (1.0f / cap)) : (x))
+#define CAP_DERIV(xc) ((flags & CE_CAP) ? 1.0f - ((xc) / cap) * ((xc) / cap) : 1.0f)
+#define WEIGHT1(j) ((flags & CE_WEIGHT) ? weight[woff + (j)] : 1.0f)
+#define WEIGHT8(j) ((flags & CE_WEIGHT) ? vload8(0, weight + woff + (j)) : (float8)1.0f)
 
 /* ---- shared row formulas ---- */
 
@@ -171,10 +158,7 @@ inline float3 ce_coefs(float lse, float wy, float sw, long V, float eps, float z
 /* (ce, z) of a non-ignored row; ws = sum_j w_j x_j (used only with smoothing). */
 inline float2 ce_terms(float lse, float xy, float ws, float wy, float sw, long V, float eps, float zs)
 {
-    float ce = (1.0f - eps) * wy * (lse - xy);
-#if SMOOTH
-    ce += eps / (float)V * (sw * lse - ws);
-#endif
+    const float ce = (1.0f - eps) * wy * (lse - xy) + eps / (float)V * (sw * lse - ws);
     return (float2)(ce, zs * lse * lse);
 }
 
@@ -187,7 +171,7 @@ inline float2 ce_terms(float lse, float xy, float ws, float wy, float sw, long V
             m = x_;                                                                               \
         }                                                                                         \
         s += exp(x_ - m);                                                                         \
-        if (SMOOTH)                                                                               \
+        if (flags & CE_SMOOTH)                                                                     \
             ws += (wv) * x_;                                                                      \
     } while (0)
 
@@ -200,7 +184,7 @@ inline float2 ce_terms(float lse, float xy, float ws, float wy, float sw, long V
             m = mc_;                                                                              \
         }                                                                                         \
         s += hsum8(exp(x_ - m));                                                                  \
-        if (SMOOTH)                                                                               \
+        if (flags & CE_SMOOTH)                                                                     \
             ws += hsum8((wv) * x_);                                                               \
     } while (0)
 
@@ -254,22 +238,26 @@ inline ce_span ce_span_of(long base, long V, long sp, long ns)
     } while (0)
 
 /* Writes dlogits for this work-item's share of split sp of a row (coefficients q, label y). */
+/* dlogits of one element j of a row (coefficients q, label y). */
+#define GRAD1(x, base, dx, dbase, j, q, lse, y)                                                   \
+    do {                                                                                          \
+        const float xc_ = CAP(LOAD(DT, x, (base) + (j)));                                         \
+        float g_ = (q).x * exp(xc_ - (lse)) - (q).z * WEIGHT1(j);                                 \
+        if ((j) == (y))                                                                           \
+            g_ -= (q).y;                                                                          \
+        STORE(DT, dx, (dbase) + (j), g_ * CAP_DERIV(xc_));                                        \
+    } while (0)
+
+/* Writes dlogits for this work-item's share of split sp of a row (coefficients q, label y). */
 #define GRAD_ROW(x, base, dx, dbase, V, sp, ns, q, lse, y)                                        \
     do {                                                                                          \
         const ce_span sn_ = ce_span_of((base), (V), (sp), (ns));                                  \
         const long lid_ = get_local_id(0);                                                        \
-        long j1_ = -1;                                                                            \
         if ((sp) == 0 && lid_ < sn_.h)                                                            \
-            j1_ = lid_;                                                                           \
-        if ((sp) == (ns) - 1 && lid_ < 8 && sn_.h + 8 * sn_.nk + lid_ < (V))                      \
-            j1_ = sn_.h + 8 * sn_.nk + lid_;                                                      \
-        if (j1_ >= 0) {                                                                           \
-            const float xc_ = CAP(LOAD(DT, x, (base) + j1_));                                     \
-            float g_ = (q).x * exp(xc_ - (lse)) - (q).z * WEIGHT1(j1_);                           \
-            if (j1_ == (y))                                                                       \
-                g_ -= (q).y;                                                                      \
-            STORE(DT, dx, (dbase) + j1_, g_ * CAP_DERIV(xc_));                                    \
-        }                                                                                         \
+            GRAD1(x, base, dx, dbase, lid_, q, lse, y);                                           \
+        const long t_ = sn_.h + 8 * sn_.nk + lid_;                                                \
+        if ((sp) == (ns) - 1 && lid_ < 8 && t_ < (V))                                             \
+            GRAD1(x, base, dx, dbase, t_, q, lse, y);                                             \
         for (long k_ = sn_.k0 + lid_; k_ < sn_.k1; k_ += WG) {                                    \
             const long j_ = sn_.h + 8 * k_;                                                       \
             const float8 xc_ = CAP(LOAD8(x, (base) + j_));                                        \
@@ -315,7 +303,7 @@ inline long wg_sum_long(long v, __local long *scratch)
 
 /* One work-group of WG (a power of two): validates labels, counts and sums weights. */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-ce_prepare(const __global label_t *labels, ulong loff, long n, long V, long ignore_index,
+ce_prepare(int flags, const __global label_t *labels, ulong loff, long n, long V, long ignore_index,
            const __global float *weight, ulong woff, __global int *stats)
 {
     __local long lscratch[WG];
@@ -334,10 +322,9 @@ ce_prepare(const __global label_t *labels, ulong loff, long n, long V, long igno
         ++count;
         wsum += WEIGHT1(y);
     }
-#if HAS_WEIGHT
-    for (long j = lid; j < V; j += WG)
-        wall += weight[woff + j];
-#endif
+    if (flags & CE_WEIGHT)
+        for (long j = lid; j < V; j += WG)
+            wall += weight[woff + j];
     bad = wg_min_long(bad, lscratch);
     count = wg_sum_long(count, lscratch);
     wsum = wg_sum(wsum, fscratch);
@@ -345,8 +332,8 @@ ce_prepare(const __global label_t *labels, ulong loff, long n, long V, long igno
     if (lid == 0) {
         stats[0] = bad == LONG_MAX ? -1 : (int)bad;
         stats[1] = (int)count;
-        stats[2] = as_int(HAS_WEIGHT ? wsum : (float)count);
-        stats[3] = as_int(HAS_WEIGHT ? wall : (float)V);
+        stats[2] = as_int((flags & CE_WEIGHT) ? wsum : (float)count);
+        stats[3] = as_int((flags & CE_WEIGHT) ? wall : (float)V);
     }
 }
 
@@ -357,7 +344,7 @@ ce_prepare(const __global label_t *labels, ulong loff, long n, long V, long igno
  * overwrites it, and the target logit before any write.
  */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-ce_rows(__global st_t *x, ulong xoff, long xstride, long V, const __global label_t *labels,
+ce_rows(int flags, __global st_t *x, ulong xoff, long xstride, long V, const __global label_t *labels,
         ulong loff, long row0, const __global float *weight, ulong woff, const __global int *stats,
         int reduction, long ignore_index, float eps, float zs, float cap, __global float *lse_out,
         ulong lseoff, __global float *rows, long n_total, int grad, __global st_t *dx, ulong dxoff,
@@ -376,9 +363,7 @@ ce_rows(__global st_t *x, ulong xoff, long xstride, long V, const __global label
     SCAN_ROW(x, base, V, 0, 1);
     const float mx = wg_max(m, scratch);
     const float sum = wg_sum(m == -INFINITY ? 0.0f : s * exp(m - mx), scratch);
-#if SMOOTH
     ws = wg_sum(ws, scratch);
-#endif
     const float lse = mx + log(sum);
     const float wy = live ? WEIGHT1(y) : 0.0f, sw = as_float(stats[3]);
     if (get_local_id(0) == 0) {
@@ -396,7 +381,7 @@ ce_rows(__global st_t *x, ulong xoff, long xstride, long V, const __global label
 
 /* Split vocabulary, pass 1: work-group (split, r) writes part[(r * ns + split) * 3 + {m, s, ws}]. */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-ce_partial(const __global st_t *x, ulong xoff, long xstride, long V, const __global float *weight,
+ce_partial(int flags, const __global st_t *x, ulong xoff, long xstride, long V, const __global float *weight,
            ulong woff, const __global int *stats, float cap, __global float *part)
 {
     __local float scratch[WG];
@@ -408,9 +393,7 @@ ce_partial(const __global st_t *x, ulong xoff, long xstride, long V, const __glo
     SCAN_ROW(x, base, V, sp, ns);
     const float mx = wg_max(m, scratch);
     const float sum = wg_sum(m == -INFINITY ? 0.0f : s * exp(m - mx), scratch);
-#if SMOOTH
     ws = wg_sum(ws, scratch);
-#endif
     if (get_local_id(0) == 0) {
         __global float *p = part + (r * ns + sp) * 3;
         p[0] = mx;
@@ -424,7 +407,7 @@ ce_partial(const __global st_t *x, ulong xoff, long xstride, long V, const __glo
  * per-row terms. The target logit comes from x (materialised logits) or, with xy_buf, from xyb
  * indexed by the global row (the fused path, where it is already capped and biased).
  */
-__kernel void ce_combine(const __global float *part, long ns, long nrows, const __global st_t *x,
+__kernel void ce_combine(int flags, const __global float *part, long ns, long nrows, const __global st_t *x,
                          ulong xoff, long xstride, int xy_buf, const __global float *xyb,
                          const __global label_t *labels, ulong loff, long row0,
                          const __global float *weight, ulong woff, const __global int *stats,
@@ -459,7 +442,7 @@ __kernel void ce_combine(const __global float *part, long ns, long nrows, const 
 
 /* Split vocabulary, pass 3: work-group (split, r) writes dlogits of its share of row r. */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-ce_grad(const __global st_t *x, ulong xoff, long xstride, long V, const __global label_t *labels,
+ce_grad(int flags, const __global st_t *x, ulong xoff, long xstride, long V, const __global label_t *labels,
         ulong loff, long row0, const __global float *weight, ulong woff, const __global int *stats,
         int reduction, long ignore_index, float eps, float zs, float cap,
         const __global float *lse_in, ulong lseoff, __global st_t *dx, ulong dxoff, long dxstride)
@@ -568,9 +551,9 @@ inline void cce_tile(const __global st_t *hid, ulong hoff, long hs, long N, long
         for (int kk = 0; kk < BK; ++kk) {
             float a[TM], b[TN];
             for (int i = 0; i < TM; ++i)
-                a[i] = As[kk * T + ty + i * NTY];
+                a[i] = As[kk * T + RI(i)];
             for (int j = 0; j < TN; ++j)
-                b[j] = Bs[kk * T + tx + j * NTX];
+                b[j] = Bs[kk * T + CJ(j)];
             for (int i = 0; i < TM; ++i)
                 for (int j = 0; j < TN; ++j)
                     acc[i][j] = fma(a[i], b[j], acc[i][j]);
@@ -579,11 +562,7 @@ inline void cce_tile(const __global st_t *hid, ulong hoff, long hs, long N, long
     }
 }
 
-#if HAS_BIAS
-#define BIAS(v) LOAD(DT, bias, boff + (v))
-#else
-#define BIAS(v) 0.0f
-#endif
+#define BIAS(v) ((flags & CE_BIAS) ? LOAD(DT, bias, boff + (v)) : 0.0f)
 
 /*
  * Forward: work-group (split, row tile) scans its share of the vocabulary tiles with an online LSE
@@ -591,7 +570,7 @@ inline void cce_tile(const __global st_t *hid, ulong hoff, long hs, long N, long
  * target column writes its (biased, capped) logit to xyb[row].
  */
 __kernel __attribute__((reqd_work_group_size(TWG, 1, 1))) void
-cce_fwd(const __global st_t *hid, ulong hoff, long hs, long N, long H, const __global st_t *w,
+cce_fwd(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H, const __global st_t *w,
         ulong wo, long wst, long V, const __global st_t *bias, ulong boff,
         const __global label_t *labels, ulong loff, const __global float *weight, ulong woff,
         const __global int *stats, long ignore_index, float cap, __global float *part,
@@ -608,7 +587,7 @@ cce_fwd(const __global st_t *hid, ulong hoff, long hs, long N, long H, const __g
     long y[TM];
     float m[TM], s[TM], ws[TM];
     for (int i = 0; i < TM; ++i) {
-        const long row = r0 + ty + i * NTY;
+        const long row = r0 + RI(i);
         y[i] = row < N ? LABEL(labels, loff + row) : -1;
         if (y[i] == ignore_index)
             y[i] = -1;
@@ -623,28 +602,28 @@ cce_fwd(const __global st_t *hid, ulong hoff, long hs, long N, long H, const __g
         for (int i = 0; i < TM; ++i) {
             float mt = -INFINITY;
             for (int j = 0; j < TN; ++j) {
-                const long v = v0 + tx + j * NTX;
+                const long v = v0 + CJ(j);
                 acc[i][j] = v < V ? CAP(acc[i][j] + BIAS(v)) : -INFINITY;
                 mt = fmax(mt, acc[i][j]);
                 if (v == y[i])
-                    xyb[r0 + ty + i * NTY] = acc[i][j];
+                    xyb[r0 + RI(i)] = acc[i][j];
             }
             if (mt > m[i]) {
                 s[i] *= exp(m[i] - mt);
                 m[i] = mt;
             }
             for (int j = 0; j < TN; ++j) {
-                const long v = v0 + tx + j * NTX;
+                const long v = v0 + CJ(j);
                 if (v < V) {
                     s[i] += exp(acc[i][j] - m[i]);
-                    if (SMOOTH)
+                    if (flags & CE_SMOOTH)
                         ws[i] += WEIGHT1(v) * acc[i][j];
                 }
             }
         }
     }
     for (int i = 0; i < TM; ++i) {
-        const int mm = ty + i * NTY;
+        const int mm = RI(i);
         red[(0 * T + mm) * NTX + tx] = m[i];
         red[(1 * T + mm) * NTX + tx] = s[i];
         red[(2 * T + mm) * NTX + tx] = ws[i];
@@ -671,7 +650,7 @@ cce_fwd(const __global st_t *hid, ulong hoff, long hs, long N, long H, const __g
  * Backward, per row: coef[row * 4 + {0..3}] = (A, B, C, lse) with the upstream gradient folded
  * in (g: a scalar, or per row for reduction none; has_g 0 means 1).
  */
-__kernel void cce_coefs(long n, long V, const __global label_t *labels, ulong loff,
+__kernel void cce_coefs(int flags, long n, long V, const __global label_t *labels, ulong loff,
                         const __global float *weight, ulong woff, const __global int *stats,
                         int reduction, long ignore_index, float eps, float zs,
                         const __global float *lse_in, ulong lseoff, const __global float *g,
@@ -700,7 +679,7 @@ __kernel void cce_coefs(long n, long V, const __global label_t *labels, ulong lo
  * n]; zero outside [N, V]. Returns whether any entry must be kept: with filter > 0 a tile whose
  * probabilities are all below filter and that holds no target is skipped (exact when filter is 0).
  */
-inline bool cce_grad_tile(const __global st_t *hid, ulong hoff, long hs, long N, long H,
+inline bool cce_grad_tile(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H,
                           const __global st_t *w, ulong wo, long wst, long V,
                           const __global st_t *bias, ulong boff, const __global label_t *labels,
                           ulong loff, const __global float *weight, ulong woff,
@@ -716,7 +695,7 @@ inline bool cce_grad_tile(const __global st_t *hid, ulong hoff, long hs, long N,
     barrier(CLK_LOCAL_MEM_FENCE);
     bool mine = false;
     for (int i = 0; i < TM; ++i) {
-        const int mm = ty + i * NTY;
+        const int mm = RI(i);
         const long row = r0 + mm;
         float4 q = (float4)(0.0f);
         long y = -1;
@@ -725,7 +704,7 @@ inline bool cce_grad_tile(const __global st_t *hid, ulong hoff, long hs, long N,
             y = LABEL(labels, loff + row);
         }
         for (int j = 0; j < TN; ++j) {
-            const int nn = tx + j * NTX;
+            const int nn = CJ(j);
             const long v = v0 + nn;
             float g = 0.0f;
             if (row < N && v < V) {
@@ -754,7 +733,7 @@ inline bool cce_grad_tile(const __global st_t *hid, ulong hoff, long hs, long N,
  * needs no atomics and its order is fixed.
  */
 __kernel __attribute__((reqd_work_group_size(TWG, 1, 1))) void
-cce_bwd_dh(const __global st_t *hid, ulong hoff, long hs, long N, long H, const __global st_t *w,
+cce_bwd_dh(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H, const __global st_t *w,
            ulong wo, long wst, long V, const __global st_t *bias, ulong boff,
            const __global label_t *labels, ulong loff, const __global float *weight, ulong woff,
            const __global int *stats, const __global float *coef, float cap, float filter,
@@ -769,7 +748,7 @@ cce_bwd_dh(const __global st_t *hid, ulong hoff, long hs, long N, long H, const 
     const long nvt = (V + T - 1) / T;
     for (long vt = 0; vt < nvt; ++vt) {
         const long v0 = vt * T;
-        if (!cce_grad_tile(hid, hoff, hs, N, H, w, wo, wst, V, bias, boff, labels, loff, weight,
+        if (!cce_grad_tile(flags, hid, hoff, hs, N, H, w, wo, wst, V, bias, boff, labels, loff, weight,
                            woff, coef, cap, filter, r0, v0, As, Bs, Gs, &keep))
             continue;
         for (long h0 = 0; h0 < H; h0 += T) {
@@ -787,9 +766,9 @@ cce_bwd_dh(const __global st_t *hid, ulong hoff, long hs, long N, long H, const 
                 for (int kk = 0; kk < BK; ++kk) {
                     float a[TM], b[TN];
                     for (int i = 0; i < TM; ++i)
-                        a[i] = Gs[(ty + i * NTY) * T + k0 + kk];
+                        a[i] = Gs[(RI(i)) * T + k0 + kk];
                     for (int j = 0; j < TN; ++j)
-                        b[j] = Bs[kk * T + tx + j * NTX];
+                        b[j] = Bs[kk * T + CJ(j)];
                     for (int i = 0; i < TM; ++i)
                         for (int j = 0; j < TN; ++j)
                             acc[i][j] = fma(a[i], b[j], acc[i][j]);
@@ -797,9 +776,9 @@ cce_bwd_dh(const __global st_t *hid, ulong hoff, long hs, long N, long H, const 
                 barrier(CLK_LOCAL_MEM_FENCE);
             }
             for (int i = 0; i < TM; ++i) {
-                const long row = r0 + ty + i * NTY;
+                const long row = r0 + RI(i);
                 for (int j = 0; j < TN; ++j) {
-                    const long h = h0 + tx + j * NTX;
+                    const long h = h0 + CJ(j);
                     if (row < N && h < H)
                         dh[dhoff + row * dhs + h] += acc[i][j];
                 }
@@ -814,7 +793,7 @@ cce_bwd_dh(const __global st_t *hid, ulong hoff, long hs, long N, long H, const 
  * (each only when its has_ flag is set).
  */
 __kernel __attribute__((reqd_work_group_size(TWG, 1, 1))) void
-cce_bwd_dw(const __global st_t *hid, ulong hoff, long hs, long N, long H, const __global st_t *w,
+cce_bwd_dw(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H, const __global st_t *w,
            ulong wo, long wst, long V, const __global st_t *bias, ulong boff,
            const __global label_t *labels, ulong loff, const __global float *weight, ulong woff,
            const __global int *stats, const __global float *coef, float cap, float filter,
@@ -831,7 +810,7 @@ cce_bwd_dw(const __global st_t *hid, ulong hoff, long hs, long N, long H, const 
     float dbias = 0.0f;
     for (long rt = 0; rt < nrt; ++rt) {
         const long r0 = rt * T;
-        if (!cce_grad_tile(hid, hoff, hs, N, H, w, wo, wst, V, bias, boff, labels, loff, weight,
+        if (!cce_grad_tile(flags, hid, hoff, hs, N, H, w, wo, wst, V, bias, boff, labels, loff, weight,
                            woff, coef, cap, filter, r0, v0, As, Bs, Gs, &keep))
             continue;
         if (lid < T)
@@ -852,9 +831,9 @@ cce_bwd_dw(const __global st_t *hid, ulong hoff, long hs, long N, long H, const 
                 for (int kk = 0; kk < BK; ++kk) {
                     float a[TM], b[TN];
                     for (int i = 0; i < TM; ++i)
-                        a[i] = Gs[(k0 + kk) * T + ty + i * NTY];
+                        a[i] = Gs[(k0 + kk) * T + RI(i)];
                     for (int j = 0; j < TN; ++j)
-                        b[j] = As[kk * T + tx + j * NTX];
+                        b[j] = As[kk * T + CJ(j)];
                     for (int i = 0; i < TM; ++i)
                         for (int j = 0; j < TN; ++j)
                             acc[i][j] = fma(a[i], b[j], acc[i][j]);
@@ -862,9 +841,9 @@ cce_bwd_dw(const __global st_t *hid, ulong hoff, long hs, long N, long H, const 
                 barrier(CLK_LOCAL_MEM_FENCE);
             }
             for (int i = 0; i < TM; ++i) {
-                const long v = v0 + ty + i * NTY;
+                const long v = v0 + RI(i);
                 for (int j = 0; j < TN; ++j) {
-                    const long h = h0 + tx + j * NTX;
+                    const long h = h0 + CJ(j);
                     if (v < V && h < H)
                         dw[dwoff + v * dws + h] += acc[i][j];
                 }

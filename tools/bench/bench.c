@@ -17,6 +17,7 @@ typedef struct family {
 
 static const family families[] = {
     {"elementwise", bench_elementwise},
+    {"cross_entropy", bench_cross_entropy},
 };
 
 #define MAX_ROWS 256

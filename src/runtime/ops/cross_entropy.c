@@ -124,9 +124,13 @@ static void base_defines(const ce_run *r, llmcl__defines *d)
 {
     llmcl__define_str(d, "DT", llmcl__dtype_macro(r->dt));
     llmcl__define_str(d, "LABEL_DT", llmcl__dtype_macro(r->labels->dtype));
-    llmcl__define_int(d, "HAS_WEIGHT", r->o.weight != NULL);
-    llmcl__define_int(d, "SMOOTH", r->o.label_smoothing != 0.0f);
-    llmcl__define_int(d, "SOFTCAP", r->o.softcap != 0.0f);
+}
+
+/* The kernels' option flags (CE_WEIGHT, CE_SMOOTH, CE_CAP, CE_BIAS in cross_entropy.cl). */
+static int32_t ce_flags(const ce_run *r, bool has_bias)
+{
+    return (r->o.weight ? 1 : 0) | (r->o.label_smoothing != 0.0f ? 2 : 0) |
+           (r->o.softcap != 0.0f ? 4 : 0) | (has_bias ? 8 : 0);
 }
 
 /* A kernel of the row program: the base defines plus the row tunables. */
@@ -159,6 +163,20 @@ static void arg_weight(llmcl__args *a, const ce_run *r) { arg_opt(a, r->o.weight
 /* A scratch buffer the kernel takes without an offset (stats, per-row terms, partials). */
 static void arg_buf(llmcl__args *a, cl_mem m) { llmcl__arg(a, sizeof m, &m); }
 
+/* The row kernels' tunables for r->dt and r->v (shape class from V). */
+static void ce_row_params(ce_run *r)
+{
+    const llmcl_ctx *ctx = r->ctx;
+    const long wg_max = floor_pow2(ctx->info.max_work_group_size);
+    const long wg = ctx->info.is_gpu ? 512 : 64;
+    r->rp = (llmcl__params){0};
+    llmcl__param_set(&r->rp, "WG", wg < wg_max ? wg : wg_max);
+    llmcl__param_set(&r->rp, "UNROLL", ctx->info.is_gpu ? 2 : 1);
+    char cls[16];
+    llmcl__shape_class(r->v > 0 ? r->v : 1, cls);
+    llmcl__params_lookup(r->ctx, "ce_rows", r->dt, cls, &r->rp);
+}
+
 /*
  * Checks the options against V, picks the row tunables, allocates the stats and per-row scratch
  * (lse too unless the caller has one) and enqueues ce_prepare.
@@ -173,13 +191,7 @@ static llmcl_status ce_begin(ce_run *r, llmcl_ctx *ctx, llmcl_dtype dt,
     r->v = v;
     r->ignore = r->o.use_ignore_index ? r->o.ignore_index : CE_DEFAULT_IGNORE;
 
-    const long wg_max = floor_pow2(ctx->info.max_work_group_size);
-    long wg = ctx->info.is_gpu ? 512 : 64;
-    llmcl__param_set(&r->rp, "WG", wg < wg_max ? wg : wg_max);
-    llmcl__param_set(&r->rp, "UNROLL", ctx->info.is_gpu ? 2 : 1);
-    char cls[16];
-    llmcl__shape_class(v, cls);
-    llmcl__params_lookup(ctx, "ce_rows", dt, cls, &r->rp);
+    ce_row_params(r);
 
     const int64_t four = 4, two_n = 2 * n;
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_I32, 1, &four, "cross-entropy stats", &r->stats));
@@ -190,6 +202,7 @@ static llmcl_status ce_begin(ce_run *r, llmcl_ctx *ctx, llmcl_dtype dt,
     cl_kernel k;
     LLMCL__TRY(row_kernel(r, "ce_prepare", &k));
     llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_i32(&a, ce_flags(r, false));
     llmcl__arg_tensor(&a, labels);
     llmcl__arg_i64(&a, n);
     llmcl__arg_i64(&a, v);
@@ -279,6 +292,7 @@ static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
     if (splits == 1) {
         LLMCL__TRY(row_kernel(r, "ce_rows", &k));
         llmcl__args a = llmcl__args_begin(ctx, k);
+        llmcl__arg_i32(&a, ce_flags(r, false));
         arg_mem(&a, j->x, j->xoff);
         llmcl__arg_i64(&a, j->xstride);
         llmcl__arg_i64(&a, r->v);
@@ -309,6 +323,7 @@ static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
 
     LLMCL__TRY_GOTO(st, row_kernel(r, "ce_partial", &k), done);
     llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_i32(&a, ce_flags(r, false));
     arg_mem(&a, j->x, j->xoff);
     llmcl__arg_i64(&a, j->xstride);
     llmcl__arg_i64(&a, r->v);
@@ -320,6 +335,7 @@ static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
 
     LLMCL__TRY_GOTO(st, row_kernel(r, "ce_combine", &k), done);
     a = llmcl__args_begin(ctx, k);
+    llmcl__arg_i32(&a, ce_flags(r, false));
     arg_buf(&a, part->mem);
     llmcl__arg_i64(&a, splits);
     llmcl__arg_i64(&a, j->nrows);
@@ -345,6 +361,7 @@ static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
     if (j->grad) {
         LLMCL__TRY_GOTO(st, row_kernel(r, "ce_grad", &k), done);
         a = llmcl__args_begin(ctx, k);
+        llmcl__arg_i32(&a, ce_flags(r, false));
         arg_mem(&a, j->x, j->xoff);
         llmcl__arg_i64(&a, j->xstride);
         llmcl__arg_i64(&a, r->v);
@@ -442,8 +459,13 @@ llmcl_status llmcl_cross_entropy_grad_scale(llmcl_ctx *ctx, const llmcl_tensor *
                    "grad must be contiguous");
     LLMCL__REQUIRE(ctx, !llmcl__overlaps(grad, grad_loss), LLMCL_ERROR_INVALID_ARGUMENT,
                    "grad overlaps grad_loss");
+    /* the program of path 1 on this dtype with I64 labels, likely built already */
+    ce_run r = {.ctx = ctx, .dt = grad->dtype};
+    ce_row_params(&r);
     llmcl__defines d = {0};
     llmcl__define_str(&d, "DT", llmcl__dtype_macro(grad->dtype));
+    llmcl__define_str(&d, "LABEL_DT", "I64");
+    llmcl__params_define(&r.rp, &d);
     cl_kernel k;
     LLMCL__TRY(llmcl__kernel(ctx, CE_FAMILY, &d, "ce_scale", &k));
     const int64_t n = llmcl_tensor_numel(grad);
@@ -623,7 +645,7 @@ llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tens
     const bool grads = dhidden || dweight || dbias;
 
     llmcl_status st;
-    llmcl_tensor *logits = NULL, *hc = NULL, *wb = NULL;
+    llmcl_tensor *logits = NULL, *hc = NULL, *wb = NULL, *b32 = NULL;
     LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, LLMCL_F32, labels, n, v, true), done);
     LLMCL__TRY_GOTO(st, ce_check_labels(&r), done); /* before any GEMM writes a gradient */
     const int64_t lshape[2] = {c, v}, hshape[2] = {c, h}, wshape[2] = {vb, h};
@@ -637,16 +659,18 @@ llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tens
         if (vb == v) /* W fits: cast it once */
             LLMCL__TRY_GOTO(st, cast_rows(ctx, weight, lin.w.row_stride, 0, v, h, wb), done);
     }
+    /* the bias in f32, so that the helpers share the f32 row program */
+    const llmcl_tensor *bias32 = bias;
+    if (bias && bias->dtype != LLMCL_F32) {
+        LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &v, "f32 bias", &b32), done);
+        LLMCL__TRY_GOTO(st, cast_rows(ctx, bias, v, 0, 1, v, b32), done);
+        bias32 = b32;
+    }
     cl_kernel kbias = NULL, kcol = NULL;
-    if (bias) {
-        llmcl__defines d = {0};
-        llmcl__define_str(&d, "DT", llmcl__dtype_macro(bias->dtype));
-        LLMCL__TRY_GOTO(st, llmcl__kernel(ctx, CE_FAMILY, &d, "ce_add_bias", &kbias), done);
-    }
-    if (dbias) {
-        llmcl__defines d = {0};
-        LLMCL__TRY_GOTO(st, llmcl__kernel(ctx, CE_FAMILY, &d, "ce_colsum", &kcol), done);
-    }
+    if (bias)
+        LLMCL__TRY_GOTO(st, row_kernel(&r, "ce_add_bias", &kbias), done);
+    if (dbias)
+        LLMCL__TRY_GOTO(st, row_kernel(&r, "ce_colsum", &kcol), done);
     const ce_mat lg = {logits->mem, 0, (size_t)v};
 
     for (int64_t r0 = 0; r0 < n; r0 += c) {
@@ -700,7 +724,7 @@ llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tens
                 arg_buf(&ab, logits->mem);
                 llmcl__arg_i64(&ab, rows);
                 llmcl__arg_i64(&ab, v);
-                llmcl__arg_tensor(&ab, bias);
+                llmcl__arg_tensor(&ab, bias32);
                 const size_t g[2] = {(size_t)v, (size_t)rows}, l[2] = {64, 1};
                 LLMCL__TRY_GOTO(st, llmcl__launch(&ab, 2, g, l), done);
             }
@@ -726,6 +750,7 @@ done:
     llmcl_tensor_destroy(logits);
     llmcl_tensor_destroy(hc);
     llmcl_tensor_destroy(wb);
+    llmcl_tensor_destroy(b32);
     ce_run_release(&r);
     return st;
 }
@@ -780,12 +805,10 @@ static llmcl_status tile_params(ce_run *r, const char *key, int64_t shape_key, l
     return LLMCL_OK;
 }
 
-static llmcl_status tile_kernel(ce_run *r, const llmcl__params *p, bool has_bias, const char *name,
-                                cl_kernel *k)
+static llmcl_status tile_kernel(ce_run *r, const llmcl__params *p, const char *name, cl_kernel *k)
 {
     llmcl__defines d = {0};
     base_defines(r, &d);
-    llmcl__define_int(&d, "HAS_BIAS", has_bias);
     llmcl__params_define(p, &d);
     return llmcl__kernel(r->ctx, CE_FAMILY, &d, name, k);
 }
@@ -852,8 +875,9 @@ llmcl_status llmcl_fused_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tenso
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n, "fused CE target logits", &xyb), done);
 
     cl_kernel k;
-    LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, bias != NULL, "cce_fwd", &k), done);
+    LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, "cce_fwd", &k), done);
     llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_i32(&a, ce_flags(&r, bias != NULL));
     tile_args(&a, &r, hidden, &lin, weight, bias);
     arg_buf(&a, r.stats->mem);
     llmcl__arg_i64(&a, r.ignore);
@@ -865,6 +889,7 @@ llmcl_status llmcl_fused_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tenso
 
     LLMCL__TRY_GOTO(st, row_kernel(&r, "ce_combine", &k), done);
     a = llmcl__args_begin(ctx, k);
+    llmcl__arg_i32(&a, ce_flags(&r, false));
     arg_buf(&a, part->mem);
     llmcl__arg_i64(&a, splits);
     llmcl__arg_i64(&a, n);
@@ -934,6 +959,7 @@ llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tens
     cl_kernel k;
     LLMCL__TRY_GOTO(st, row_kernel(&r, "cce_coefs", &k), done);
     llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_i32(&a, ce_flags(&r, false));
     llmcl__arg_i64(&a, n);
     llmcl__arg_i64(&a, v);
     llmcl__arg_tensor(&a, labels);
@@ -956,8 +982,9 @@ llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tens
         LLMCL__TRY_GOTO(st, tile_params(&r, "cce_bwd_dh", n, &tp), done);
         const long t = llmcl__param_get(&tp, "T", 32);
         const size_t twg = (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
-        LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, bias != NULL, "cce_bwd_dh", &k), done);
+        LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, "cce_bwd_dh", &k), done);
         a = llmcl__args_begin(ctx, k);
+        llmcl__arg_i32(&a, ce_flags(&r, bias != NULL));
         tile_args(&a, &r, hidden, &lin, weight, bias);
         arg_buf(&a, r.stats->mem);
         arg_buf(&a, coef->mem);
@@ -974,8 +1001,9 @@ llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tens
         LLMCL__TRY_GOTO(st, tile_params(&r, "cce_bwd_dw", v, &tp), done);
         const long t = llmcl__param_get(&tp, "T", 32);
         const size_t twg = (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
-        LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, bias != NULL, "cce_bwd_dw", &k), done);
+        LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, "cce_bwd_dw", &k), done);
         a = llmcl__args_begin(ctx, k);
+        llmcl__arg_i32(&a, ce_flags(&r, bias != NULL));
         tile_args(&a, &r, hidden, &lin, weight, bias);
         arg_buf(&a, r.stats->mem);
         arg_buf(&a, coef->mem);

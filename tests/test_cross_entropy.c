@@ -1,0 +1,747 @@
+/*
+ * test_cross_entropy.c: the three cross-entropy forms against double references for every option
+ * and reduction (materialised logits, chunked linear with CLBlast, fully fused tiles), their edge
+ * cases (all tokens ignored, logits of +-1e4, V not a multiple of a tile, N = 1, V = 1, bad labels),
+ * agreement between the forms, memory bounds, and the bad-argument paths.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cross_entropy_ref.h"
+#include "harness.h"
+
+/* ---- helpers ---- */
+
+/* Labels in [0, v) with about one in `ignore_every` rows set to ignore (0: none). */
+static int64_t *make_labels(th_rng *rng, int64_t n, int64_t v, int ignore_every, int64_t ignore)
+{
+    int64_t *y = th_alloc((size_t)n * sizeof *y);
+    for (int64_t i = 0; i < n; ++i)
+        y[i] = (ignore_every && th_randint(rng, 0, ignore_every) == 0) ? ignore
+                                                                      : th_randint(rng, 0, v);
+    return y;
+}
+
+static llmcl_tensor *labels_tensor(llmcl_dtype dt, const int64_t *y, int64_t n)
+{
+    double *d = th_alloc((size_t)n * sizeof *d);
+    for (int64_t i = 0; i < n; ++i)
+        d[i] = (double)y[i];
+    llmcl_tensor *t = th_tensor_from(dt, 1, &n, d);
+    free(d);
+    return t;
+}
+
+static double *random_doubles(th_rng *rng, size_t n, double lo, double hi, llmcl_dtype dt)
+{
+    double *x = th_alloc(n * sizeof *x);
+    th_fill_uniform(rng, x, n, lo, hi);
+    th_round_all(dt, x, n);
+    return x;
+}
+
+static double *download(const llmcl_tensor *t)
+{
+    double *x = th_alloc((size_t)llmcl_tensor_numel(t) * sizeof *x);
+    th_download(t, x);
+    return x;
+}
+
+static double max_abs(const double *x, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; ++i)
+        m = fmax(m, fabs(x[i]));
+    return m;
+}
+
+/* Loss values: f32 math over V terms. */
+static const th_tol loss_tol = {1e-4, 2e-4};
+
+/* Gradients stored in dt: absolute slack relative to the largest entry, plus dt's rounding. */
+static th_tol grad_tol(llmcl_dtype dt, const double *ref, size_t n)
+{
+    const double m = max_abs(ref, n);
+    switch (dt) {
+    case LLMCL_BF16:
+        return (th_tol){8e-3 * m, 1.6e-2};
+    case LLMCL_F16:
+        return (th_tol){2e-3 * m, 4e-3};
+    default:
+        return (th_tol){2e-5 * m, 2e-4};
+    }
+}
+
+/* ---- the reference itself: its gradient against central differences of its loss ---- */
+
+static void test_ref_gradient(void **state)
+{
+    (void)state;
+    const int64_t n = 3, v = 5;
+    th_rng rng = th_rng_new(1);
+    double x[15], w[5], g[15], loss[3], z[3], lse[3];
+    th_fill_uniform(&rng, x, 15, -3, 3);
+    th_fill_uniform(&rng, w, 5, 0.5, 2);
+    const int64_t y[3] = {1, -100, 4};
+    for (int red = 0; red < 3; ++red) {
+        const ref_ce_opts o = {-100, red, 0.1, 0.01, 2.5, w};
+        ref_cross_entropy(x, y, n, v, &o, loss, z, lse, g);
+        for (int k = 0; k < 15; ++k) {
+            double lp[3], lm[3];
+            const double x0 = x[k], h = 1e-6;
+            x[k] = x0 + h;
+            ref_cross_entropy(x, y, n, v, &o, lp, z, lse, NULL);
+            x[k] = x0 - h;
+            ref_cross_entropy(x, y, n, v, &o, lm, z, lse, NULL);
+            x[k] = x0;
+            double fd = 0.0;
+            for (int i = 0; i < (red == 2 ? 3 : 1); ++i)
+                fd += (lp[i] - lm[i]) / (2 * h);
+            assert_true(fabs(fd - g[k]) < 1e-6);
+        }
+    }
+}
+
+/* ---- path 1: materialised logits ---- */
+
+typedef struct ce_case {
+    llmcl_dtype dt, label_dt;
+    int reduction;
+    float eps, zs, cap;
+    bool weighted;
+    int grad; /* 0 none, 1 in place, 2 separate */
+    int splits;
+    int64_t n, v;
+    double scale; /* logits uniform in [-scale, scale] */
+    int ignore_every;
+    int64_t ignore; /* ignore_index (use_ignore_index set when != -100) */
+} ce_case;
+
+static void run_case(const ce_case *c, uint64_t seed)
+{
+    llmcl_ctx *ctx = th_ctx();
+    th_rng rng = th_rng_new(seed);
+    const int64_t n = c->n, v = c->v, nv = n * v, shape[2] = {n, v};
+    double *x = random_doubles(&rng, (size_t)nv, -c->scale, c->scale, c->dt);
+    double *w = c->weighted ? random_doubles(&rng, (size_t)v, 0.25, 2.0, LLMCL_F32) : NULL;
+    int64_t *y = make_labels(&rng, n, v, c->ignore_every, c->ignore);
+    const int nl = c->reduction == 2 ? (int)n : 1;
+    double *rl = th_alloc((size_t)n * sizeof *rl), *rz = th_alloc((size_t)n * sizeof *rz);
+    double *rlse = th_alloc((size_t)n * sizeof *rlse), *rg = th_alloc((size_t)nv * sizeof *rg);
+    const ref_ce_opts ro = {c->ignore, c->reduction, c->eps, c->zs, c->cap, w};
+    assert_int_equal(ref_cross_entropy(x, y, n, v, &ro, rl, rz, rlse, rg), -1);
+
+    llmcl_tensor *tx = th_tensor_from(c->dt, 2, shape, x);
+    llmcl_tensor *ty = labels_tensor(c->label_dt, y, n);
+    llmcl_tensor *tw = w ? th_tensor_from(LLMCL_F32, 1, &v, w) : NULL;
+    const int64_t ln = nl;
+    llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &ln), *tz = th_tensor(LLMCL_F32, 1, &ln);
+    llmcl_tensor *tlse = th_tensor(LLMCL_F32, 1, &n);
+    llmcl_tensor *tg = c->grad == 2 ? th_tensor(c->dt, 2, shape) : c->grad == 1 ? tx : NULL;
+    llmcl_ce_options o = {.use_ignore_index = c->ignore != -100,
+                          .ignore_index = c->ignore,
+                          .reduction = (llmcl_ce_reduction)c->reduction,
+                          .label_smoothing = c->eps,
+                          .lse_square_scale = c->zs,
+                          .softcap = c->cap,
+                          .weight = tw,
+                          .vocab_splits = c->splits};
+    TH_OK(llmcl_cross_entropy_forward(ctx, tx, ty, &o, tl, tz, tlse, tg));
+    double *gl = download(tl), *gz = download(tz), *glse = download(tlse);
+    TH_ASSERT_CLOSE("loss", rl, gl, (size_t)nl, loss_tol);
+    TH_ASSERT_CLOSE("z_loss", rz, gz, (size_t)nl, loss_tol);
+    TH_ASSERT_CLOSE("lse", rlse, glse, (size_t)n, loss_tol);
+    if (tg) {
+        double *gg = download(tg);
+        /* f32 resolves lse only to |logits| x 2^-24: p carries that relative error */
+        th_tol tol = grad_tol(c->dt, rg, (size_t)nv);
+        tol.rtol += c->scale * 2.4e-7;
+        tol.atol += c->scale * 2.4e-7 * max_abs(rg, (size_t)nv);
+        TH_ASSERT_CLOSE("dlogits", rg, gg, (size_t)nv, tol);
+        free(gg);
+    }
+    if (c->grad == 2) {
+        double *x2 = download(tx); /* a separate gradient leaves the logits alone */
+        TH_ASSERT_CLOSE("logits untouched", x, x2, (size_t)nv, (th_tol){0, 0});
+        free(x2);
+        llmcl_tensor_destroy(tg);
+    }
+    free(gl), free(gz), free(glse);
+    llmcl_tensor_destroy(tx), llmcl_tensor_destroy(ty), llmcl_tensor_destroy(tw);
+    llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tz), llmcl_tensor_destroy(tlse);
+    free(x), free(w), free(y), free(rl), free(rz), free(rlse), free(rg);
+}
+
+static void test_ce_options(void **state)
+{
+    (void)state;
+    const ce_case cases[] = {
+        /* dt, label, red, eps, zs, cap, weighted, grad, splits, n, v, scale, ignore_every, ignore */
+        {LLMCL_F32, LLMCL_I64, 0, 0, 0, 0, false, 1, 0, 13, 1003, 4, 4, -100},
+        {LLMCL_F32, LLMCL_I32, 1, 0, 0, 0, false, 2, 0, 13, 1003, 4, 4, -100},
+        {LLMCL_F32, LLMCL_I64, 2, 0, 0, 0, false, 1, 0, 13, 1003, 4, 4, 7},
+        {LLMCL_F32, LLMCL_I64, 0, 0.1f, 0, 0, false, 1, 0, 13, 1003, 4, 4, -100},
+        {LLMCL_F32, LLMCL_I64, 0, 0, 1e-3f, 0, false, 1, 0, 13, 1003, 4, 4, -100},
+        {LLMCL_F32, LLMCL_I64, 1, 0, 0, 3.0f, false, 2, 0, 13, 1003, 8, 4, -100},
+        {LLMCL_F32, LLMCL_I64, 0, 0, 0, 0, true, 1, 0, 13, 1003, 4, 4, -100},
+        {LLMCL_F32, LLMCL_I32, 0, 0.2f, 1e-2f, 5.0f, true, 1, 0, 13, 1003, 6, 3, -1},
+        {LLMCL_F32, LLMCL_I32, 2, 0.2f, 1e-2f, 5.0f, true, 2, 3, 13, 1003, 6, 3, -1},
+        {LLMCL_F32, LLMCL_I64, 0, 0.05f, 1e-4f, 0, true, 1, 5, 7, 2051, 4, 3, -100},
+        {LLMCL_BF16, LLMCL_I64, 0, 0, 0, 0, false, 1, 0, 13, 1003, 4, 4, -100},
+        {LLMCL_BF16, LLMCL_I32, 1, 0.1f, 1e-3f, 4.0f, true, 1, 3, 9, 1003, 4, 4, -100},
+        {LLMCL_BF16, LLMCL_I64, 2, 0, 0, 0, false, 2, 0, 9, 517, 4, 4, -100},
+        {LLMCL_F16, LLMCL_I64, 0, 0, 0, 0, false, 1, 0, 13, 1003, 4, 4, -100},
+        {LLMCL_F16, LLMCL_I64, 1, 0.1f, 1e-3f, 0, true, 2, 2, 9, 1003, 4, 4, -100},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        printf("case %zu\n", i);
+        run_case(&cases[i], 100 + i);
+    }
+}
+
+static void test_ce_edges(void **state)
+{
+    (void)state;
+    const ce_case cases[] = {
+        /* all ignored: loss 0, gradients 0, never NaN */
+        {LLMCL_F32, LLMCL_I64, 0, 0.1f, 1e-3f, 0, true, 1, 0, 5, 300, 4, 1, -100},
+        {LLMCL_F32, LLMCL_I64, 0, 0, 0, 0, false, 1, 3, 5, 300, 4, 1, -100},
+        /* logits of +-1e4 */
+        {LLMCL_F32, LLMCL_I64, 0, 0.1f, 1e-4f, 0, false, 1, 0, 6, 257, 1e4, 0, -100},
+        {LLMCL_BF16, LLMCL_I64, 1, 0, 0, 0, false, 1, 2, 6, 257, 1e4, 0, -100},
+        /* N = 1 with a large vocabulary: the split path chosen automatically or forced */
+        {LLMCL_F32, LLMCL_I64, 0, 0, 1e-3f, 0, false, 1, 0, 1, 50001, 4, 0, -100},
+        {LLMCL_BF16, LLMCL_I64, 2, 0.1f, 0, 0, false, 2, 7, 1, 50001, 4, 0, -100},
+        /* V = 1 (loss 0 up to smoothing, gradient 0 without z-loss) and tiny V */
+        {LLMCL_F32, LLMCL_I64, 0, 0, 0, 0, false, 1, 0, 4, 1, 4, 0, -100},
+        {LLMCL_F32, LLMCL_I64, 1, 0, 1e-2f, 0, false, 2, 0, 4, 1, 4, 0, -100},
+        {LLMCL_BF16, LLMCL_I64, 0, 0.1f, 0, 0, false, 1, 0, 5, 3, 4, 0, -100},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        printf("edge %zu\n", i);
+        run_case(&cases[i], 200 + i);
+    }
+}
+
+/* A view with a row stride that is not a multiple of 8 elements: every row has its own head. */
+static void test_ce_strided_rows(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const int64_t n = 6, v = 301, ld = 311, pshape[2] = {n, ld}, shape[2] = {n, v};
+    const int64_t strides[2] = {ld, 1};
+    th_rng rng = th_rng_new(7);
+    double *px = random_doubles(&rng, (size_t)(n * ld), -3, 3, LLMCL_BF16);
+    double *x = th_alloc((size_t)(n * v) * sizeof *x);
+    for (int64_t i = 0; i < n; ++i)
+        memcpy(x + i * v, px + i * ld + 3, (size_t)v * sizeof *x);
+    int64_t *y = make_labels(&rng, n, v, 0, -100);
+    double rl, rz, rlse[6], *rg = th_alloc((size_t)(n * v) * sizeof *rg);
+    const ref_ce_opts ro = {-100, 1, 0, 0, 0, NULL};
+    ref_cross_entropy(x, y, n, v, &ro, &rl, &rz, rlse, rg);
+    llmcl_tensor *parent = th_tensor_from(LLMCL_BF16, 2, pshape, px), *view;
+    TH_OK(llmcl_tensor_view(parent, 2, shape, strides, 3, &view));
+    llmcl_tensor *ty = labels_tensor(LLMCL_I64, y, n);
+    const int64_t one = 1;
+    llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &one);
+    llmcl_ce_options o = {.reduction = LLMCL_CE_SUM};
+    TH_OK(llmcl_cross_entropy_forward(ctx, view, ty, &o, tl, NULL, NULL, view));
+    double gl, *gg = th_alloc((size_t)(n * v) * sizeof *gg), *gp = download(parent);
+    th_download(tl, &gl);
+    th_download(view, gg);
+    TH_ASSERT_CLOSE("loss", &rl, &gl, 1, loss_tol);
+    TH_ASSERT_CLOSE("dlogits", rg, gg, (size_t)(n * v), grad_tol(LLMCL_BF16, rg, (size_t)(n * v)));
+    for (int64_t i = 0; i < n; ++i) /* the gaps between rows are untouched */
+        for (int64_t j = 0; j < ld; ++j)
+            if (j < 3 || j >= 3 + v)
+                assert_true(gp[i * ld + j] == px[i * ld + j]);
+    llmcl_tensor_destroy(view), llmcl_tensor_destroy(parent), llmcl_tensor_destroy(ty);
+    llmcl_tensor_destroy(tl);
+    free(px), free(x), free(y), free(rg), free(gg), free(gp);
+}
+
+/* Out-of-range labels: a clear error naming the row, and nothing written. */
+static void test_ce_bad_labels(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const int64_t n = 8, v = 100, shape[2] = {n, v}, one = 1;
+    th_rng rng = th_rng_new(9);
+    double *x = random_doubles(&rng, (size_t)(n * v), -2, 2, LLMCL_F32);
+    llmcl_tensor *tx = th_tensor_from(LLMCL_F32, 2, shape, x), *tl = th_tensor(LLMCL_F32, 1, &one);
+    const int64_t bad_values[] = {100, -5, 1000000};
+    for (int b = 0; b < 3; ++b) {
+        int64_t *y = make_labels(&rng, n, v, 0, -100);
+        y[5] = bad_values[b];
+        y[6] = 100;
+        llmcl_tensor *ty = labels_tensor(b == 1 ? LLMCL_I32 : LLMCL_I64, y, n);
+        TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, NULL, tl, NULL, NULL, tx),
+                 LLMCL_ERROR_INVALID_ARGUMENT);
+        assert_non_null(strstr(llmcl_last_error(ctx), "labels[5]"));
+        double *x2 = download(tx), l;
+        th_download(tl, &l);
+        assert_true(isnan(l)); /* still poisoned */
+        TH_ASSERT_CLOSE("in-place logits intact", x, x2, (size_t)(n * v), (th_tol){0, 0});
+        free(x2);
+        llmcl_tensor_destroy(ty);
+        free(y);
+    }
+    llmcl_tensor_destroy(tx), llmcl_tensor_destroy(tl);
+    free(x);
+}
+
+static void test_ce_bad_args(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const int64_t shape[2] = {4, 10}, n = 4, one = 1, two = 2, eleven = 11;
+    llmcl_tensor *tx = th_tensor(LLMCL_F32, 2, shape), *tb = th_tensor(LLMCL_BF16, 2, shape);
+    llmcl_tensor *ty = th_tensor(LLMCL_I64, 1, &n), *tyf = th_tensor(LLMCL_F32, 1, &n);
+    llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &one), *tl2 = th_tensor(LLMCL_F32, 1, &two);
+    llmcl_tensor *tw = th_tensor(LLMCL_F32, 1, &eleven), *tyshort = th_tensor(LLMCL_I64, 1, &two);
+    TH_OK(llmcl_fill(ctx, ty, 1));
+    TH_FAILS(llmcl_cross_entropy_forward(NULL, tx, ty, NULL, tl, NULL, NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, NULL, ty, NULL, tl, NULL, NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, NULL, NULL, tl, NULL, NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, NULL, NULL, NULL, NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, ty, ty, NULL, tl, NULL, NULL, NULL),
+             LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, tyf, NULL, tl, NULL, NULL, NULL),
+             LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, tyshort, NULL, tl, NULL, NULL, NULL),
+             LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, NULL, tl2, NULL, NULL, NULL),
+             LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, NULL, tl, NULL, NULL, tb),
+             LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, NULL, tl, tl, NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    llmcl_ce_options o = {.weight = tw};
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, &o, tl, NULL, NULL, NULL),
+             LLMCL_ERROR_SHAPE_MISMATCH);
+    o = (llmcl_ce_options){.label_smoothing = 1.5f};
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, &o, tl, NULL, NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    o = (llmcl_ce_options){.softcap = -1.0f};
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, &o, tl, NULL, NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    o = (llmcl_ce_options){.reduction = (llmcl_ce_reduction)7};
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, &o, tl, NULL, NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    o = (llmcl_ce_options){.lse_square_scale = NAN};
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, &o, tl, NULL, NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    /* a dlogits view that overlaps the logits without being them */
+    llmcl_tensor *shifted;
+    const int64_t vshape[2] = {3, 10};
+    TH_OK(llmcl_tensor_view(tx, 2, vshape, NULL, 10, &shifted));
+    llmcl_tensor *tx3;
+    TH_OK(llmcl_tensor_view(tx, 2, vshape, NULL, 0, &tx3));
+    llmcl_tensor *ty3 = th_tensor(LLMCL_I64, 1, (const int64_t[]){3});
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx3, ty3, NULL, tl, NULL, NULL, shifted),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    /* grad_scale */
+    TH_FAILS(llmcl_cross_entropy_grad_scale(ctx, tl2, tx), LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_cross_entropy_grad_scale(ctx, tl, ty), LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    llmcl_tensor_destroy(shifted), llmcl_tensor_destroy(tx3), llmcl_tensor_destroy(ty3);
+    llmcl_tensor_destroy(tx), llmcl_tensor_destroy(tb), llmcl_tensor_destroy(ty);
+    llmcl_tensor_destroy(tyf), llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tl2);
+    llmcl_tensor_destroy(tw), llmcl_tensor_destroy(tyshort);
+}
+
+static void test_ce_grad_scale(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const int64_t n = 1000, one = 1;
+    th_rng rng = th_rng_new(3);
+    double *x = random_doubles(&rng, (size_t)n, -1, 1, LLMCL_BF16), g = -2.5;
+    llmcl_tensor *tx = th_tensor_from(LLMCL_BF16, 1, &n, x), *tg = th_tensor_from(LLMCL_F32, 1, &one, &g);
+    TH_OK(llmcl_cross_entropy_grad_scale(ctx, tg, tx));
+    double *got = download(tx);
+    for (int64_t i = 0; i < n; ++i)
+        x[i] = th_round(LLMCL_BF16, x[i] * g);
+    TH_ASSERT_CLOSE("scaled", x, got, (size_t)n, (th_tol){0, 0});
+    llmcl_tensor_destroy(tx), llmcl_tensor_destroy(tg);
+    free(x), free(got);
+}
+
+/* ---- linear forms ---- */
+
+typedef struct lin_problem {
+    int64_t n, h, v;
+    llmcl_dtype dt;
+    double *hid, *w, *b, *cw; /* b and cw may be NULL */
+    int64_t *y;
+    llmcl_tensor *th, *tw, *tb, *tcw, *ty;
+} lin_problem;
+
+static lin_problem lin_make(uint64_t seed, int64_t n, int64_t h, int64_t v, llmcl_dtype dt,
+                            bool bias, bool cweights, int ignore_every)
+{
+    lin_problem p = {n, h, v, dt, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    th_rng rng = th_rng_new(seed);
+    p.hid = random_doubles(&rng, (size_t)(n * h), -1, 1, dt);
+    p.w = random_doubles(&rng, (size_t)(v * h), -0.5, 0.5, dt);
+    p.b = bias ? random_doubles(&rng, (size_t)v, -1, 1, dt) : NULL;
+    p.cw = cweights ? random_doubles(&rng, (size_t)v, 0.5, 1.5, LLMCL_F32) : NULL;
+    p.y = make_labels(&rng, n, v, ignore_every, -100);
+    const int64_t hs[2] = {n, h}, ws[2] = {v, h};
+    p.th = th_tensor_from(dt, 2, hs, p.hid);
+    p.tw = th_tensor_from(dt, 2, ws, p.w);
+    p.tb = bias ? th_tensor_from(dt, 1, &v, p.b) : NULL;
+    p.tcw = cweights ? th_tensor_from(LLMCL_F32, 1, &v, p.cw) : NULL;
+    p.ty = labels_tensor(LLMCL_I64, p.y, n);
+    return p;
+}
+
+static void lin_free(lin_problem *p)
+{
+    free(p->hid), free(p->w), free(p->b), free(p->cw), free(p->y);
+    llmcl_tensor_destroy(p->th), llmcl_tensor_destroy(p->tw), llmcl_tensor_destroy(p->tb);
+    llmcl_tensor_destroy(p->tcw), llmcl_tensor_destroy(p->ty);
+}
+
+/* The reference: loss (1 or n values) and, scaled by gscale (per row for none), the gradients. */
+typedef struct lin_ref {
+    double *loss, *z, *lse, *dh, *dw, *db;
+} lin_ref;
+
+static lin_ref lin_reference(const lin_problem *p, const ref_ce_opts *o, const double *gscale)
+{
+    const int64_t n = p->n, h = p->h, v = p->v;
+    lin_ref r;
+    double *logits = th_alloc((size_t)(n * v) * sizeof *logits);
+    double *g = th_alloc((size_t)(n * v) * sizeof *g);
+    r.loss = th_alloc((size_t)n * sizeof *r.loss);
+    r.z = th_alloc((size_t)n * sizeof *r.z);
+    r.lse = th_alloc((size_t)n * sizeof *r.lse);
+    r.dh = th_alloc((size_t)(n * h) * sizeof *r.dh);
+    r.dw = th_alloc((size_t)(v * h) * sizeof *r.dw);
+    r.db = th_alloc((size_t)v * sizeof *r.db);
+    ref_linear(p->hid, p->w, p->b, n, h, v, logits);
+    assert_int_equal(ref_cross_entropy(logits, p->y, n, v, o, r.loss, r.z, r.lse, g), -1);
+    if (gscale)
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < v; ++j)
+                g[i * v + j] *= gscale[o->reduction == 2 ? i : 0];
+    ref_linear_backward(g, p->hid, p->w, n, h, v, r.dh, r.dw, r.db);
+    free(logits), free(g);
+    return r;
+}
+
+static void lin_ref_free(lin_ref *r) { free(r->loss), free(r->z), free(r->lse), free(r->dh), free(r->dw), free(r->db); }
+
+/* GEMM results in f32 over H or N terms: slack relative to the largest entry. */
+static th_tol mat_tol(const double *ref, size_t n) { return (th_tol){1e-4 * max_abs(ref, n) + 1e-7, 1e-3}; }
+
+typedef struct lin_grads {
+    llmcl_tensor *dh, *dw, *db;
+} lin_grads;
+
+static lin_grads lin_grads_new(const lin_problem *p, bool bias)
+{
+    const int64_t hs[2] = {p->n, p->h}, ws[2] = {p->v, p->h};
+    return (lin_grads){th_tensor(LLMCL_F32, 2, hs), th_tensor(LLMCL_F32, 2, ws),
+                       bias ? th_tensor(LLMCL_F32, 1, &p->v) : NULL};
+}
+
+static void lin_check(const lin_problem *p, const lin_ref *r, const lin_grads *g)
+{
+    double *dh = download(g->dh), *dw = download(g->dw);
+    TH_ASSERT_CLOSE("dhidden", r->dh, dh, (size_t)(p->n * p->h), mat_tol(r->dh, (size_t)(p->n * p->h)));
+    TH_ASSERT_CLOSE("dweight", r->dw, dw, (size_t)(p->v * p->h), mat_tol(r->dw, (size_t)(p->v * p->h)));
+    if (g->db) {
+        double *db = download(g->db);
+        TH_ASSERT_CLOSE("dbias", r->db, db, (size_t)p->v, mat_tol(r->db, (size_t)p->v));
+        free(db);
+    }
+    free(dh), free(dw);
+}
+
+static void lin_grads_free(lin_grads *g) { llmcl_tensor_destroy(g->dh), llmcl_tensor_destroy(g->dw), llmcl_tensor_destroy(g->db); }
+
+typedef struct lin_case {
+    llmcl_dtype dt;
+    int reduction;
+    float eps, zs, cap;
+    bool bias, cweights;
+    int64_t n, h, v;
+    int64_t chunk_rows;
+    uint64_t chunk_bytes;
+    int splits;
+} lin_case;
+
+static const lin_case lin_cases[] = {
+    /* dt, red, eps, zs, cap, bias, cweights, n, h, v, chunk_rows, chunk_bytes, splits */
+    {LLMCL_F32, 0, 0, 0, 0, false, false, 37, 40, 301, 0, 0, 0},
+    {LLMCL_F32, 1, 0.1f, 1e-3f, 0, true, false, 37, 40, 301, 8, 0, 3},
+    {LLMCL_F32, 2, 0, 0, 4.0f, true, true, 29, 33, 130, 7, 0, 0},
+    {LLMCL_BF16, 0, 0.1f, 1e-3f, 3.0f, true, true, 37, 40, 301, 0, 16384, 2},
+    {LLMCL_BF16, 1, 0, 0, 0, false, false, 1, 24, 77, 0, 0, 0},
+    {LLMCL_F16, 0, 0, 1e-2f, 0, true, false, 20, 17, 65, 6, 0, 5},
+    {LLMCL_F32, 0, 0, 0, 0, false, false, 9, 16, 1, 0, 0, 0},
+};
+
+static llmcl_ce_options lin_opts(const lin_case *c, const lin_problem *p)
+{
+    return (llmcl_ce_options){.reduction = (llmcl_ce_reduction)c->reduction,
+                              .label_smoothing = c->eps,
+                              .lse_square_scale = c->zs,
+                              .softcap = c->cap,
+                              .weight = p->tcw,
+                              .vocab_splits = c->splits,
+                              .chunk_rows = c->chunk_rows,
+                              .chunk_bytes = c->chunk_bytes};
+}
+
+static void test_linear_ce(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    for (size_t i = 0; i < sizeof lin_cases / sizeof lin_cases[0]; ++i) {
+        const lin_case *c = &lin_cases[i];
+        printf("linear case %zu\n", i);
+        lin_problem p = lin_make(300 + i, c->n, c->h, c->v, c->dt, c->bias, c->cweights, 5);
+        const ref_ce_opts ro = {-100, c->reduction, c->eps, c->zs, c->cap, p.cw};
+        lin_ref r = lin_reference(&p, &ro, NULL);
+        const int64_t nl = c->reduction == 2 ? c->n : 1;
+        llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &nl), *tz = th_tensor(LLMCL_F32, 1, &nl);
+        lin_grads g = lin_grads_new(&p, c->bias);
+        const llmcl_ce_options o = lin_opts(c, &p);
+        TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, tz, g.dh,
+                                                 g.dw, g.db));
+        double *gl = download(tl), *gz = download(tz);
+        TH_ASSERT_CLOSE("loss", r.loss, gl, (size_t)nl, loss_tol);
+        TH_ASSERT_CLOSE("z_loss", r.z, gz, (size_t)nl, loss_tol);
+        lin_check(&p, &r, &g);
+        /* loss only */
+        TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, NULL, NULL,
+                                                 NULL, NULL));
+        th_download(tl, gl);
+        TH_ASSERT_CLOSE("loss only", r.loss, gl, (size_t)nl, loss_tol);
+        free(gl), free(gz);
+        llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tz);
+        lin_grads_free(&g);
+        lin_ref_free(&r);
+        lin_free(&p);
+    }
+}
+
+static void test_fused_ce(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    for (size_t i = 0; i < sizeof lin_cases / sizeof lin_cases[0]; ++i) {
+        const lin_case *c = &lin_cases[i];
+        printf("fused case %zu\n", i);
+        lin_problem p = lin_make(300 + i, c->n, c->h, c->v, c->dt, c->bias, c->cweights, 5);
+        const int64_t nl = c->reduction == 2 ? c->n : 1;
+        double *gs = th_alloc((size_t)nl * sizeof *gs);
+        th_rng rng = th_rng_new(400 + i);
+        th_fill_uniform(&rng, gs, (size_t)nl, 0.5, 2.0);
+        const ref_ce_opts ro = {-100, c->reduction, c->eps, c->zs, c->cap, p.cw};
+        lin_ref r = lin_reference(&p, &ro, gs);
+        llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &nl), *tz = th_tensor(LLMCL_F32, 1, &nl);
+        llmcl_tensor *tlse = th_tensor(LLMCL_F32, 1, &p.n);
+        llmcl_tensor *tgs = th_tensor_from(LLMCL_F32, 1, &nl, gs);
+        lin_grads g = lin_grads_new(&p, c->bias);
+        const llmcl_ce_options o = lin_opts(c, &p);
+        TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, tz, tlse));
+        double *gl = download(tl), *gz = download(tz), *glse = download(tlse);
+        TH_ASSERT_CLOSE("loss", r.loss, gl, (size_t)nl, loss_tol);
+        TH_ASSERT_CLOSE("z_loss", r.z, gz, (size_t)nl, loss_tol);
+        TH_ASSERT_CLOSE("lse", r.lse, glse, (size_t)p.n, loss_tol);
+        TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, tgs, &o, g.dh,
+                                                 g.dw, g.db));
+        lin_check(&p, &r, &g);
+        /* deterministic: a second backward is bit-identical */
+        double *dh1 = download(g.dh), *dw1 = download(g.dw);
+        TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, tgs, &o, g.dh,
+                                                 g.dw, g.db));
+        double *dh2 = download(g.dh), *dw2 = download(g.dw);
+        assert_memory_equal(dh1, dh2, (size_t)(p.n * p.h) * sizeof *dh1);
+        assert_memory_equal(dw1, dw2, (size_t)(p.v * p.h) * sizeof *dw1);
+        free(dh1), free(dw1), free(dh2), free(dw2);
+        free(gl), free(gz), free(glse), free(gs);
+        llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tz), llmcl_tensor_destroy(tlse);
+        llmcl_tensor_destroy(tgs);
+        lin_grads_free(&g);
+        lin_ref_free(&r);
+        lin_free(&p);
+    }
+}
+
+/* Gradient filtering: off is exact (above); on, small skipped probabilities change little. */
+static void test_fused_filter(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    lin_problem p = lin_make(77, 40, 32, 500, LLMCL_F32, false, false, 0);
+    for (int64_t i = 0; i < p.n * p.h; ++i) /* peaked softmax: most tiles fall below the filter */
+        p.hid[i] *= 8.0;
+    th_upload(p.th, p.hid);
+    const ref_ce_opts ro = {-100, 0, 0, 0, 0, NULL};
+    lin_ref r = lin_reference(&p, &ro, NULL);
+    const int64_t one = 1;
+    llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &one), *tlse = th_tensor(LLMCL_F32, 1, &p.n);
+    lin_grads g = lin_grads_new(&p, false);
+    llmcl_ce_options o = {.grad_filter = 1e-6f};
+    TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, NULL, p.ty, &o, tl, NULL, tlse));
+    TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, NULL, p.ty, tlse, NULL, &o, g.dh,
+                                             g.dw, NULL));
+    double *dh = download(g.dh);
+    const th_tol tol = {1e-5 * max_abs(r.dh, (size_t)(p.n * p.h)) * 40, 1e-3};
+    TH_ASSERT_CLOSE("filtered dhidden", r.dh, dh, (size_t)(p.n * p.h), tol);
+    free(dh);
+    llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tlse);
+    lin_grads_free(&g);
+    lin_ref_free(&r);
+    lin_free(&p);
+}
+
+/* The three forms agree with each other on the same problem. */
+static void test_paths_agree(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    lin_problem p = lin_make(55, 33, 48, 257, LLMCL_F32, true, true, 4);
+    double *logits = th_alloc((size_t)(p.n * p.v) * sizeof *logits);
+    ref_linear(p.hid, p.w, p.b, p.n, p.h, p.v, logits);
+    th_round_all(LLMCL_F32, logits, (size_t)(p.n * p.v));
+    const int64_t one = 1, ls[2] = {p.n, p.v};
+    llmcl_tensor *tx = th_tensor_from(LLMCL_F32, 2, ls, logits);
+    llmcl_tensor *l1 = th_tensor(LLMCL_F32, 1, &one), *l2 = th_tensor(LLMCL_F32, 1, &one);
+    llmcl_tensor *l3 = th_tensor(LLMCL_F32, 1, &one), *tlse = th_tensor(LLMCL_F32, 1, &p.n);
+    const llmcl_ce_options o = {.label_smoothing = 0.05f, .lse_square_scale = 1e-3f,
+                                .softcap = 6.0f, .weight = p.tcw};
+    lin_grads g2 = lin_grads_new(&p, true), g3 = lin_grads_new(&p, true);
+    TH_OK(llmcl_cross_entropy_forward(ctx, tx, p.ty, &o, l1, NULL, NULL, NULL));
+    TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, l2, NULL, g2.dh,
+                                             g2.dw, g2.db));
+    TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, l3, NULL, tlse));
+    TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, &o, g3.dh,
+                                             g3.dw, g3.db));
+    double a, b, c;
+    th_download(l1, &a), th_download(l2, &b), th_download(l3, &c);
+    TH_ASSERT_CLOSE("path 2 vs path 1", &a, &b, 1, loss_tol);
+    TH_ASSERT_CLOSE("path 3 vs path 1", &a, &c, 1, loss_tol);
+    double *dh2 = download(g2.dh), *dh3 = download(g3.dh), *dw2 = download(g2.dw), *dw3 = download(g3.dw);
+    TH_ASSERT_CLOSE("dhidden 3 vs 2", dh2, dh3, (size_t)(p.n * p.h), mat_tol(dh2, (size_t)(p.n * p.h)));
+    TH_ASSERT_CLOSE("dweight 3 vs 2", dw2, dw3, (size_t)(p.v * p.h), mat_tol(dw2, (size_t)(p.v * p.h)));
+    free(dh2), free(dh3), free(dw2), free(dw3), free(logits);
+    llmcl_tensor_destroy(tx), llmcl_tensor_destroy(l1), llmcl_tensor_destroy(l2);
+    llmcl_tensor_destroy(l3), llmcl_tensor_destroy(tlse);
+    lin_grads_free(&g2), lin_grads_free(&g3);
+    lin_free(&p);
+}
+
+/* Peak extra memory: the fused form O(N + V), the chunked form within its budget. */
+static void test_memory(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    lin_problem p = lin_make(66, 256, 64, 4000, LLMCL_BF16, true, false, 0);
+    const int64_t one = 1;
+    llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &one), *tlse = th_tensor(LLMCL_F32, 1, &p.n);
+    lin_grads g = lin_grads_new(&p, true);
+    llmcl_memory_stats ms;
+
+    TH_OK(llmcl_memory_reset_peak(ctx));
+    TH_OK(llmcl_memory_stats_get(ctx, &ms));
+    const uint64_t base = ms.current_bytes;
+    TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, NULL, tl, NULL, tlse));
+    TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, NULL, g.dh,
+                                             g.dw, g.db));
+    TH_OK(llmcl_ctx_finish(ctx));
+    TH_OK(llmcl_memory_stats_get(ctx, &ms));
+    const uint64_t fused = ms.peak_bytes - base, nv_bytes = (uint64_t)p.n * p.v * 4;
+    printf("fused: %llu bytes extra (N x V f32 would be %llu)\n", (unsigned long long)fused,
+           (unsigned long long)nv_bytes);
+    assert_true(fused <= 64 * (uint64_t)(p.n + p.v) + 4096);
+    assert_int_equal(ms.current_bytes, base);
+
+    const uint64_t budget = 1u << 20;
+    const llmcl_ce_options o = {.chunk_bytes = budget};
+    TH_OK(llmcl_memory_reset_peak(ctx));
+    TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, NULL, g.dh, g.dw,
+                                             g.db));
+    TH_OK(llmcl_ctx_finish(ctx));
+    TH_OK(llmcl_memory_stats_get(ctx, &ms));
+    const uint64_t chunked = ms.peak_bytes - base;
+    printf("chunked: %llu bytes extra for a budget of %llu\n", (unsigned long long)chunked,
+           (unsigned long long)budget);
+    assert_true(chunked <= budget + 64 * (uint64_t)(p.n + p.v) + 4096);
+    assert_true(chunked < nv_bytes);
+    llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tlse);
+    lin_grads_free(&g);
+    lin_free(&p);
+}
+
+static void test_linear_bad_args(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    lin_problem p = lin_make(88, 6, 8, 20, LLMCL_F32, true, false, 0);
+    const int64_t one = 1, ws[2] = {20, 9}, hb[2] = {6, 8};
+    llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &one), *tlse = th_tensor(LLMCL_F32, 1, &p.n);
+    llmcl_tensor *wbad = th_tensor(LLMCL_F32, 2, ws), *hbf = th_tensor(LLMCL_BF16, 2, hb);
+    lin_grads g = lin_grads_new(&p, true);
+    TH_FAILS(llmcl_linear_cross_entropy_forward(ctx, p.th, wbad, NULL, p.ty, NULL, tl, NULL, NULL,
+                                                NULL, NULL),
+             LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_linear_cross_entropy_forward(ctx, hbf, p.tw, NULL, p.ty, NULL, tl, NULL, NULL,
+                                                NULL, NULL),
+             LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    TH_FAILS(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, NULL, tl, NULL, hbf,
+                                                NULL, NULL),
+             LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    TH_FAILS(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, NULL, tl, NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, tlse, NULL,
+                                                g.dh, NULL, NULL),
+             LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, NULL,
+                                                g.dw, NULL, NULL),
+             LLMCL_ERROR_SHAPE_MISMATCH);
+    /* out-of-range labels: every form refuses and writes nothing */
+    p.y[3] = 20;
+    llmcl_tensor *ybad = labels_tensor(LLMCL_I64, p.y, p.n);
+    TH_FAILS(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, ybad, NULL, tl, NULL, g.dh,
+                                                NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, ybad, NULL, tl, NULL, tlse),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, ybad, tlse, NULL, NULL,
+                                                g.dh, g.dw, g.db),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "labels[3]"));
+    double l, *dh = download(g.dh);
+    th_download(tl, &l);
+    assert_true(isnan(l) && isnan(dh[0]));
+    free(dh);
+    llmcl_tensor_destroy(ybad), llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tlse);
+    llmcl_tensor_destroy(wbad), llmcl_tensor_destroy(hbf);
+    lin_grads_free(&g);
+    lin_free(&p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ref_gradient),   cmocka_unit_test(test_ce_options),
+        cmocka_unit_test(test_ce_edges),       cmocka_unit_test(test_ce_strided_rows),
+        cmocka_unit_test(test_ce_bad_labels),  cmocka_unit_test(test_ce_bad_args),
+        cmocka_unit_test(test_ce_grad_scale),  cmocka_unit_test(test_linear_ce),
+        cmocka_unit_test(test_fused_ce),       cmocka_unit_test(test_fused_filter),
+        cmocka_unit_test(test_paths_agree),    cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_linear_bad_args),
+    };
+    return TH_RUN(tests);
+}
