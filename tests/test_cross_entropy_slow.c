@@ -36,8 +36,8 @@ static void test_far_logits(void **state)
     for (int splits = 0; splits <= 3; splits += 3) {
         th_fill_uniform(&rng, x, 2 * v, -4, 4);
         th_round_all(LLMCL_BF16, x, 2 * v);
-        llmcl_tensor *view, *ty = th_tensor_from(LLMCL_I64, 1, (const int64_t[]){2},
-                                                 (const double[]){17, 990});
+        llmcl_tensor *view,
+            *ty = th_tensor_from(LLMCL_I64, 1, (const int64_t[]){2}, (const double[]){17, 990});
         TH_OK(llmcl_tensor_view(big, 2, shape, strides, 3, &view));
         th_upload(view, x);
         llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &one);
@@ -78,7 +78,8 @@ static void test_far_hidden(void **state)
     llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &one), *tlse = th_tensor(LLMCL_F32, 1, &n);
     llmcl_tensor *dh = th_tensor(LLMCL_F32, 2, hshape), *dw = th_tensor(LLMCL_F32, 2, wshape);
     TH_OK(llmcl_fused_cross_entropy_forward(ctx, view, tw, NULL, ty, NULL, tl, NULL, tlse));
-    TH_OK(llmcl_fused_cross_entropy_backward(ctx, view, tw, NULL, ty, tlse, NULL, NULL, dh, dw, NULL));
+    TH_OK(llmcl_fused_cross_entropy_backward(ctx, view, tw, NULL, ty, tlse, NULL, NULL, dh, dw,
+                                             NULL));
     double got, gdh[80], rdh[80], rdw[77 * 40], rdb[77];
     th_download(tl, &got);
     th_download(dh, gdh);

@@ -73,6 +73,25 @@
 #define RI(i) (ty * TM + (i))
 #define CJ(j) (tx * TN + (j))
 
+/* n contiguous floats of local memory from p (16-byte aligned when n % 4 == 0) into dst[]. */
+#define LDS_RUN(dst, n, p)                                                                        \
+    do {                                                                                          \
+        if ((n) % 4 == 0) {                                                                       \
+            for (int q_ = 0; q_ < (n); q_ += 4) {                                                 \
+                const float4 t_ = *(const __local float4 *)((p) + q_);                            \
+                dst[q_] = t_.x;                                                                   \
+                dst[q_ + 1] = t_.y;                                                               \
+                dst[q_ + 2] = t_.z;                                                               \
+                dst[q_ + 3] = t_.w;                                                               \
+            }                                                                                     \
+        } else {                                                                                  \
+            for (int q_ = 0; q_ < (n); ++q_)                                                      \
+                dst[q_] = (p)[q_];                                                                \
+        }                                                                                         \
+    } while (0)
+
+#define LOCAL_ALIGNED __attribute__((aligned(16)))
+
 typedef STORAGE(DT) st_t;
 typedef STORAGE(LABEL_DT) label_t;
 
@@ -104,8 +123,10 @@ inline void store8_F32(__global float *p, long i, float8 v)
 }
 inline void store8_BF16(__global ushort *p, long i, float8 v)
 {
-    const uint4 lo = (uint4)(f32_to_bf16(v.s0), f32_to_bf16(v.s2), f32_to_bf16(v.s4), f32_to_bf16(v.s6));
-    const uint4 hi = (uint4)(f32_to_bf16(v.s1), f32_to_bf16(v.s3), f32_to_bf16(v.s5), f32_to_bf16(v.s7));
+    const uint4 lo =
+        (uint4)(f32_to_bf16(v.s0), f32_to_bf16(v.s2), f32_to_bf16(v.s4), f32_to_bf16(v.s6));
+    const uint4 hi =
+        (uint4)(f32_to_bf16(v.s1), f32_to_bf16(v.s3), f32_to_bf16(v.s5), f32_to_bf16(v.s7));
     *(__global uint4 *)(p + i) = lo | (hi << 16);
 }
 inline void store8_F16(__global ushort *p, long i, float8 v)
@@ -156,7 +177,8 @@ inline float3 ce_coefs(float lse, float wy, float sw, long V, float eps, float z
 }
 
 /* (ce, z) of a non-ignored row; ws = sum_j w_j x_j (used only with smoothing). */
-inline float2 ce_terms(float lse, float xy, float ws, float wy, float sw, long V, float eps, float zs)
+inline float2 ce_terms(float lse, float xy, float ws, float wy, float sw, long V, float eps,
+                       float zs)
 {
     const float ce = (1.0f - eps) * wy * (lse - xy) + eps / (float)V * (sw * lse - ws);
     return (float2)(ce, zs * lse * lse);
@@ -344,11 +366,11 @@ ce_prepare(int flags, const __global label_t *labels, ulong loff, long n, long V
  * overwrites it, and the target logit before any write.
  */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-ce_rows(int flags, __global st_t *x, ulong xoff, long xstride, long V, const __global label_t *labels,
-        ulong loff, long row0, const __global float *weight, ulong woff, const __global int *stats,
-        int reduction, long ignore_index, float eps, float zs, float cap, __global float *lse_out,
-        ulong lseoff, __global float *rows, long n_total, int grad, __global st_t *dx, ulong dxoff,
-        long dxstride)
+ce_rows(int flags, __global st_t *x, ulong xoff, long xstride, long V,
+        const __global label_t *labels, ulong loff, long row0, const __global float *weight,
+        ulong woff, const __global int *stats, int reduction, long ignore_index, float eps,
+        float zs, float cap, __global float *lse_out, ulong lseoff, __global float *rows,
+        long n_total, int grad, __global st_t *dx, ulong dxoff, long dxstride)
 {
     __local float scratch[WG];
     if (stats[0] >= 0)
@@ -379,10 +401,11 @@ ce_rows(int flags, __global st_t *x, ulong xoff, long xstride, long V, const __g
     }
 }
 
-/* Split vocabulary, pass 1: work-group (split, r) writes part[(r * ns + split) * 3 + {m, s, ws}]. */
+/* Split vocabulary, pass 1: work-group (split, r) writes part[(r ns + split) 3 + {m, s, ws}]. */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-ce_partial(int flags, const __global st_t *x, ulong xoff, long xstride, long V, const __global float *weight,
-           ulong woff, const __global int *stats, float cap, __global float *part)
+ce_partial(int flags, const __global st_t *x, ulong xoff, long xstride, long V,
+           const __global float *weight, ulong woff, const __global int *stats, float cap,
+           __global float *part)
 {
     __local float scratch[WG];
     if (stats[0] >= 0)
@@ -407,12 +430,13 @@ ce_partial(int flags, const __global st_t *x, ulong xoff, long xstride, long V, 
  * per-row terms. The target logit comes from x (materialised logits) or, with xy_buf, from xyb
  * indexed by the global row (the fused path, where it is already capped and biased).
  */
-__kernel void ce_combine(int flags, const __global float *part, long ns, long nrows, const __global st_t *x,
-                         ulong xoff, long xstride, int xy_buf, const __global float *xyb,
-                         const __global label_t *labels, ulong loff, long row0,
-                         const __global float *weight, ulong woff, const __global int *stats,
-                         long V, long ignore_index, float eps, float zs, float cap,
-                         __global float *lse_out, ulong lseoff, __global float *rows, long n_total)
+__kernel void ce_combine(int flags, const __global float *part, long ns, long nrows,
+                         const __global st_t *x, ulong xoff, long xstride, int xy_buf,
+                         const __global float *xyb, const __global label_t *labels, ulong loff,
+                         long row0, const __global float *weight, ulong woff,
+                         const __global int *stats, long V, long ignore_index, float eps, float zs,
+                         float cap, __global float *lse_out, ulong lseoff, __global float *rows,
+                         long n_total)
 {
     const long r = get_global_id(0);
     if (r >= nrows || stats[0] >= 0)
@@ -442,10 +466,11 @@ __kernel void ce_combine(int flags, const __global float *part, long ns, long nr
 
 /* Split vocabulary, pass 3: work-group (split, r) writes dlogits of its share of row r. */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-ce_grad(int flags, const __global st_t *x, ulong xoff, long xstride, long V, const __global label_t *labels,
-        ulong loff, long row0, const __global float *weight, ulong woff, const __global int *stats,
-        int reduction, long ignore_index, float eps, float zs, float cap,
-        const __global float *lse_in, ulong lseoff, __global st_t *dx, ulong dxoff, long dxstride)
+ce_grad(int flags, const __global st_t *x, ulong xoff, long xstride, long V,
+        const __global label_t *labels, ulong loff, long row0, const __global float *weight,
+        ulong woff, const __global int *stats, int reduction, long ignore_index, float eps,
+        float zs, float cap, const __global float *lse_in, ulong lseoff, __global st_t *dx,
+        ulong dxoff, long dxstride)
 {
     if (stats[0] >= 0)
         return;
@@ -544,16 +569,15 @@ inline void cce_tile(const __global st_t *hid, ulong hoff, long hs, long N, long
         for (int e = lid; e < T * BK; e += TWG) {
             const int mm = e / BK, kk = e % BK;
             const long k = k0 + kk;
-            As[kk * T + mm] = (r0 + mm < N && k < H) ? LOAD(DT, hid, hoff + (r0 + mm) * hs + k) : 0.0f;
+            As[kk * T + mm] =
+                (r0 + mm < N && k < H) ? LOAD(DT, hid, hoff + (r0 + mm) * hs + k) : 0.0f;
             Bs[kk * T + mm] = (v0 + mm < V && k < H) ? LOAD(DT, w, wo + (v0 + mm) * wst + k) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int kk = 0; kk < BK; ++kk) {
             float a[TM], b[TN];
-            for (int i = 0; i < TM; ++i)
-                a[i] = As[kk * T + RI(i)];
-            for (int j = 0; j < TN; ++j)
-                b[j] = Bs[kk * T + CJ(j)];
+            LDS_RUN(a, TM, As + kk * T + RI(0));
+            LDS_RUN(b, TN, Bs + kk * T + CJ(0));
             for (int i = 0; i < TM; ++i)
                 for (int j = 0; j < TN; ++j)
                     acc[i][j] = fma(a[i], b[j], acc[i][j]);
@@ -570,13 +594,13 @@ inline void cce_tile(const __global st_t *hid, ulong hoff, long hs, long N, long
  * target column writes its (biased, capped) logit to xyb[row].
  */
 __kernel __attribute__((reqd_work_group_size(TWG, 1, 1))) void
-cce_fwd(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H, const __global st_t *w,
-        ulong wo, long wst, long V, const __global st_t *bias, ulong boff,
+cce_fwd(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H,
+        const __global st_t *w, ulong wo, long wst, long V, const __global st_t *bias, ulong boff,
         const __global label_t *labels, ulong loff, const __global float *weight, ulong woff,
         const __global int *stats, long ignore_index, float cap, __global float *part,
         __global float *xyb)
 {
-    __local float As[BK * T], Bs[BK * T];
+    __local float As[BK * T] LOCAL_ALIGNED, Bs[BK * T] LOCAL_ALIGNED;
     __local float red[3 * T * NTX];
     if (stats[0] >= 0)
         return;
@@ -676,7 +700,8 @@ __kernel void cce_coefs(int flags, long n, long V, const __global label_t *label
 
 /*
  * The gradient tile G (w.r.t. the pre-cap logits) of rows r0.. and vocabulary v0.. into Gs[m * T +
- * n]; zero outside [N, V]. Returns whether any entry must be kept: with filter > 0 a tile whose
+ * n], or Gs[n * T + m] when transposed (so that each consumer reads contiguous runs); zero outside
+ * [N, V]. Returns whether any entry must be kept: with filter > 0 a tile whose
  * probabilities are all below filter and that holds no target is skipped (exact when filter is 0).
  */
 inline bool cce_grad_tile(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H,
@@ -685,7 +710,7 @@ inline bool cce_grad_tile(int flags, const __global st_t *hid, ulong hoff, long 
                           ulong loff, const __global float *weight, ulong woff,
                           const __global float *coef, float cap, float filter, long r0, long v0,
                           __local float *As, __local float *Bs, __local float *Gs,
-                          __local int *keep)
+                          int transposed, __local int *keep)
 {
     const int lid = get_local_id(0), tx = lid % NTX, ty = lid / NTX;
     float acc[TM][TN];
@@ -718,7 +743,7 @@ inline bool cce_grad_tile(int flags, const __global st_t *hid, ulong hoff, long 
                 g *= CAP_DERIV(xc);
                 mine |= p >= filter || q.z != 0.0f;
             }
-            Gs[mm * T + nn] = g;
+            Gs[transposed ? nn * T + mm : mm * T + nn] = g;
         }
     }
     if (mine && filter > 0.0f)
@@ -733,13 +758,13 @@ inline bool cce_grad_tile(int flags, const __global st_t *hid, ulong hoff, long 
  * needs no atomics and its order is fixed.
  */
 __kernel __attribute__((reqd_work_group_size(TWG, 1, 1))) void
-cce_bwd_dh(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H, const __global st_t *w,
-           ulong wo, long wst, long V, const __global st_t *bias, ulong boff,
-           const __global label_t *labels, ulong loff, const __global float *weight, ulong woff,
-           const __global int *stats, const __global float *coef, float cap, float filter,
-           __global float *dh, ulong dhoff, long dhs)
+cce_bwd_dh(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H,
+           const __global st_t *w, ulong wo, long wst, long V, const __global st_t *bias,
+           ulong boff, const __global label_t *labels, ulong loff, const __global float *weight,
+           ulong woff, const __global int *stats, const __global float *coef, float cap,
+           float filter, __global float *dh, ulong dhoff, long dhs)
 {
-    __local float As[BK * T], Bs[BK * T], Gs[T * T];
+    __local float As[BK * T] LOCAL_ALIGNED, Bs[BK * T] LOCAL_ALIGNED, Gs[T * T] LOCAL_ALIGNED;
     __local int keep;
     if (stats[0] >= 0)
         return;
@@ -748,8 +773,8 @@ cce_bwd_dh(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
     const long nvt = (V + T - 1) / T;
     for (long vt = 0; vt < nvt; ++vt) {
         const long v0 = vt * T;
-        if (!cce_grad_tile(flags, hid, hoff, hs, N, H, w, wo, wst, V, bias, boff, labels, loff, weight,
-                           woff, coef, cap, filter, r0, v0, As, Bs, Gs, &keep))
+        if (!cce_grad_tile(flags, hid, hoff, hs, N, H, w, wo, wst, V, bias, boff, labels, loff,
+                           weight, woff, coef, cap, filter, r0, v0, As, Bs, Gs, 1, &keep))
             continue;
         for (long h0 = 0; h0 < H; h0 += T) {
             float acc[TM][TN];
@@ -765,10 +790,8 @@ cce_bwd_dh(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
                 barrier(CLK_LOCAL_MEM_FENCE);
                 for (int kk = 0; kk < BK; ++kk) {
                     float a[TM], b[TN];
-                    for (int i = 0; i < TM; ++i)
-                        a[i] = Gs[(RI(i)) * T + k0 + kk];
-                    for (int j = 0; j < TN; ++j)
-                        b[j] = Bs[kk * T + CJ(j)];
+                    LDS_RUN(a, TM, Gs + (k0 + kk) * T + RI(0));
+                    LDS_RUN(b, TN, Bs + kk * T + CJ(0));
                     for (int i = 0; i < TM; ++i)
                         for (int j = 0; j < TN; ++j)
                             acc[i][j] = fma(a[i], b[j], acc[i][j]);
@@ -793,14 +816,14 @@ cce_bwd_dh(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
  * (each only when its has_ flag is set).
  */
 __kernel __attribute__((reqd_work_group_size(TWG, 1, 1))) void
-cce_bwd_dw(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H, const __global st_t *w,
-           ulong wo, long wst, long V, const __global st_t *bias, ulong boff,
-           const __global label_t *labels, ulong loff, const __global float *weight, ulong woff,
-           const __global int *stats, const __global float *coef, float cap, float filter,
-           int has_dw, __global float *dw, ulong dwoff, long dws, int has_db, __global float *db,
-           ulong dboff)
+cce_bwd_dw(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H,
+           const __global st_t *w, ulong wo, long wst, long V, const __global st_t *bias,
+           ulong boff, const __global label_t *labels, ulong loff, const __global float *weight,
+           ulong woff, const __global int *stats, const __global float *coef, float cap,
+           float filter, int has_dw, __global float *dw, ulong dwoff, long dws, int has_db,
+           __global float *db, ulong dboff)
 {
-    __local float As[BK * T], Bs[BK * T], Gs[T * T];
+    __local float As[BK * T] LOCAL_ALIGNED, Bs[BK * T] LOCAL_ALIGNED, Gs[T * T] LOCAL_ALIGNED;
     __local int keep;
     if (stats[0] >= 0)
         return;
@@ -810,8 +833,8 @@ cce_bwd_dw(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
     float dbias = 0.0f;
     for (long rt = 0; rt < nrt; ++rt) {
         const long r0 = rt * T;
-        if (!cce_grad_tile(flags, hid, hoff, hs, N, H, w, wo, wst, V, bias, boff, labels, loff, weight,
-                           woff, coef, cap, filter, r0, v0, As, Bs, Gs, &keep))
+        if (!cce_grad_tile(flags, hid, hoff, hs, N, H, w, wo, wst, V, bias, boff, labels, loff,
+                           weight, woff, coef, cap, filter, r0, v0, As, Bs, Gs, 0, &keep))
             continue;
         if (lid < T)
             for (int mm = 0; mm < T; ++mm)
@@ -825,15 +848,14 @@ cce_bwd_dw(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
                 for (int e = lid; e < T * BK; e += TWG) {
                     const int kk = e / T, hh = e % T;
                     const long row = r0 + k0 + kk, h = h0 + hh;
-                    As[kk * T + hh] = (row < N && h < H) ? LOAD(DT, hid, hoff + row * hs + h) : 0.0f;
+                    As[kk * T + hh] =
+                        (row < N && h < H) ? LOAD(DT, hid, hoff + row * hs + h) : 0.0f;
                 }
                 barrier(CLK_LOCAL_MEM_FENCE);
                 for (int kk = 0; kk < BK; ++kk) {
                     float a[TM], b[TN];
-                    for (int i = 0; i < TM; ++i)
-                        a[i] = Gs[(k0 + kk) * T + RI(i)];
-                    for (int j = 0; j < TN; ++j)
-                        b[j] = As[kk * T + CJ(j)];
+                    LDS_RUN(a, TM, Gs + (k0 + kk) * T + RI(0));
+                    LDS_RUN(b, TN, As + kk * T + CJ(0));
                     for (int i = 0; i < TM; ++i)
                         for (int j = 0; j < TN; ++j)
                             acc[i][j] = fma(a[i], b[j], acc[i][j]);

@@ -2,8 +2,8 @@
  * bench_cross_entropy.c: llmcl-bench rows for the cross-entropy family. Path 1 (materialised bf16
  * logits, forward and forward+backward in place, GB/s over 2 N V 2 bytes), path 2 (chunked linear
  * CE), path 3 (fully fused: TFLOP/s against the fp32 FMA ceiling) and a naive baseline (full f32
- * logits through CLBlast, CE with a separate dlogits buffer, then the two gradient GEMMs), each with
- * its peak device memory. Checks run against the double reference on a small problem, and the
+ * logits through CLBlast, CE with a separate dlogits buffer, then the two gradient GEMMs), each
+ * with its peak device memory. Checks run against the double reference on a small problem, and the
  * large runs of paths 2 and 3 must agree with the naive baseline's loss.
  */
 #include <clblast_c.h>
@@ -71,13 +71,14 @@ static llmcl_status download_f32(llmcl_ctx *ctx, const llmcl_tensor *t, double *
     const int64_t n = llmcl_tensor_numel(t);
     llmcl_tensor *tmp = NULL;
     float *h = malloc((size_t)n * sizeof *h);
-    llmcl_status st = h ? llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &tmp)
-                        : LLMCL_ERROR_OUT_OF_HOST_MEMORY;
+    llmcl_status st =
+        h ? llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &tmp) : LLMCL_ERROR_OUT_OF_HOST_MEMORY;
     llmcl_tensor *view = NULL;
     if (st == LLMCL_OK)
         st = llmcl_tensor_view(t, 1, &n, NULL, llmcl_tensor_offset(t), &view);
     if (st == LLMCL_OK)
-        st = llmcl_tensor_dtype(t) == LLMCL_F32 ? llmcl_copy(ctx, view, tmp) : llmcl_cast(ctx, view, tmp);
+        st = llmcl_tensor_dtype(t) == LLMCL_F32 ? llmcl_copy(ctx, view, tmp)
+                                                : llmcl_cast(ctx, view, tmp);
     if (st == LLMCL_OK)
         st = llmcl_tensor_download(tmp, h, (size_t)n * 4);
     for (int64_t i = 0; st == LLMCL_OK && i < n; ++i)
@@ -153,10 +154,10 @@ static llmcl_status gemm(llmcl_ctx *ctx, bool ta, bool tb, size_t m, size_t n, s
                          llmcl_tensor *c, size_t ldc)
 {
     cl_command_queue q = llmcl_ctx_cl_queue(ctx);
-    CLBlastStatusCode s = CLBlastSgemm(CLBlastLayoutRowMajor, ta ? CLBlastTransposeYes : CLBlastTransposeNo,
-                                       tb ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k, 1.0f,
-                                       llmcl_tensor_cl_mem(a), 0, lda, llmcl_tensor_cl_mem(b), 0, ldb,
-                                       0.0f, llmcl_tensor_cl_mem(c), 0, ldc, &q, NULL);
+    CLBlastStatusCode s = CLBlastSgemm(
+        CLBlastLayoutRowMajor, ta ? CLBlastTransposeYes : CLBlastTransposeNo,
+        tb ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k, 1.0f, llmcl_tensor_cl_mem(a), 0,
+        lda, llmcl_tensor_cl_mem(b), 0, ldb, 0.0f, llmcl_tensor_cl_mem(c), 0, ldc, &q, NULL);
     return s == CLBlastSuccess ? LLMCL_OK : LLMCL_ERROR_UNSUPPORTED;
 }
 
@@ -173,12 +174,14 @@ static llmcl_status op_naive(llmcl_ctx *ctx, void *arg)
     if (st == LLMCL_OK)
         st = llmcl_tensor_create(ctx, LLMCL_F32, 2, shape, &b->dfull);
     if (st == LLMCL_OK)
-        st = gemm(ctx, false, true, b->n, b->v, b->h, b->hidden, b->h, b->weight, b->h, b->full, b->v);
+        st = gemm(ctx, false, true, b->n, b->v, b->h, b->hidden, b->h, b->weight, b->h, b->full,
+                  b->v);
     if (st == LLMCL_OK)
         st = llmcl_cross_entropy_forward(ctx, b->full, b->labels, &b->opts, b->loss, NULL, b->lse,
                                          b->dfull);
     if (st == LLMCL_OK)
-        st = gemm(ctx, false, false, b->n, b->h, b->v, b->dfull, b->v, b->weight, b->h, b->dh, b->h);
+        st =
+            gemm(ctx, false, false, b->n, b->h, b->v, b->dfull, b->v, b->weight, b->h, b->dh, b->h);
     if (st == LLMCL_OK)
         st = gemm(ctx, true, false, b->v, b->h, b->n, b->dfull, b->v, b->hidden, b->h, b->dw, b->h);
     if (st == LLMCL_OK)
@@ -247,14 +250,16 @@ static int check_path1(bench_env *env, int64_t n, int64_t v)
         llmcl_tensor_create(env->ctx, LLMCL_F32, 1, &n, &b.lse) == LLMCL_OK &&
         download_f32(env->ctx, b.logits, x) == LLMCL_OK &&
         llmcl_tensor_download(b.labels, y, (size_t)n * sizeof *y) == LLMCL_OK &&
-        op_ce_fwd_bwd(env->ctx, &b) == LLMCL_OK && download_f32(env->ctx, b.logits, g) == LLMCL_OK &&
+        op_ce_fwd_bwd(env->ctx, &b) == LLMCL_OK &&
+        download_f32(env->ctx, b.logits, g) == LLMCL_OK &&
         download_f32(env->ctx, b.lse, glse) == LLMCL_OK) {
         const ref_ce_opts o = {-100, 0, 0, 0, 0, NULL};
         ref_cross_entropy(x, y, n, v, &o, rl, rz, lse, rg);
         double m = 0;
         for (int64_t i = 0; i < n * v; ++i)
             m = fmax(m, fabs(rg[i]));
-        ok = close_all(lse, glse, (size_t)n, 1e-4, 1e-4) && close_all(rl, &(double){loss_of(env, &b)}, 1, 1e-4, 1e-4) &&
+        ok = close_all(lse, glse, (size_t)n, 1e-4, 1e-4) &&
+             close_all(rl, &(double){loss_of(env, &b)}, 1, 1e-4, 1e-4) &&
              close_all(rg, g, (size_t)(n * v), 8e-3 * m, 1.6e-2);
     }
     llmcl_tensor_destroy(b.logits), llmcl_tensor_destroy(b.labels);
@@ -271,8 +276,10 @@ static int check_linear(bench_env *env, int path)
     int ok = 0;
     double *hid = malloc((size_t)(n * h) * sizeof *hid), *w = malloc((size_t)(v * h) * sizeof *w);
     double *lg = malloc((size_t)(n * v) * sizeof *lg), *g = malloc((size_t)(n * v) * sizeof *g);
-    double *rdh = malloc((size_t)(n * h) * sizeof *rdh), *rdw = malloc((size_t)(v * h) * sizeof *rdw);
-    double *gdh = malloc((size_t)(n * h) * sizeof *gdh), *gdw = malloc((size_t)(v * h) * sizeof *gdw);
+    double *rdh = malloc((size_t)(n * h) * sizeof *rdh),
+           *rdw = malloc((size_t)(v * h) * sizeof *rdw);
+    double *gdh = malloc((size_t)(n * h) * sizeof *gdh),
+           *gdw = malloc((size_t)(v * h) * sizeof *gdw);
     double rdb[700], rl, rz, lse[48];
     int64_t y[48];
     if (hid && w && lg && g && rdh && rdw && gdh && gdw &&
@@ -287,7 +294,8 @@ static int check_linear(bench_env *env, int path)
         download_f32(env->ctx, b.weight, w) == LLMCL_OK &&
         llmcl_tensor_download(b.labels, y, sizeof y) == LLMCL_OK &&
         (path == 2 ? op_linear(env->ctx, &b) : op_fused_both(env->ctx, &b)) == LLMCL_OK &&
-        download_f32(env->ctx, b.dh, gdh) == LLMCL_OK && download_f32(env->ctx, b.dw, gdw) == LLMCL_OK) {
+        download_f32(env->ctx, b.dh, gdh) == LLMCL_OK &&
+        download_f32(env->ctx, b.dw, gdw) == LLMCL_OK) {
         const ref_ce_opts o = {-100, 0, 0, 0, 0, NULL};
         ref_linear(hid, w, NULL, n, h, v, lg);
         ref_cross_entropy(lg, y, n, v, &o, &rl, &rz, lse, g);
@@ -314,8 +322,12 @@ static void add_row(bench_env *env, const char *kernel, const char *dir, llmcl_d
                     const char *shape, double ms, double bytes, double flops, double peak,
                     double base_ms, int check)
 {
-    bench_row r = {.ms = ms, .bytes = bytes, .flops = flops, .peak_mib = peak,
-                   .baseline_ms = base_ms, .check = check};
+    bench_row r = {.ms = ms,
+                   .bytes = bytes,
+                   .flops = flops,
+                   .peak_mib = peak,
+                   .baseline_ms = base_ms,
+                   .check = check};
     snprintf(r.kernel, sizeof r.kernel, "%s", kernel);
     snprintf(r.direction, sizeof r.direction, "%s", dir);
     snprintf(r.dtype, sizeof r.dtype, "%s", llmcl_dtype_name(dt));
@@ -385,15 +397,17 @@ static void bench_linear(bench_env *env, int64_t n, int64_t h, int64_t v, llmcl_
     }
     const double l2_ms = wall_time(env, op_linear, &b);
     const double l2 = loss_of(env, &b);
-    const int c2 = check_linear(env, 2) && (isnan(naive_loss) || fabs(l2 - naive_loss) < 1e-3 * fabs(naive_loss) + 1e-4);
+    const int c2 = check_linear(env, 2) &&
+                   (isnan(naive_loss) || fabs(l2 - naive_loss) < 1e-3 * fabs(naive_loss) + 1e-4);
     add_row(env, "ce_linear_chunked", "fwd+bwd", dt, s, l2_ms, 0, 3 * gemm,
             bench_peak_mib(env, op_linear, &b), naive_ms, c2);
 
     const double f_ms = bench_time(env, op_fused_fwd, &b);
     const double l3 = loss_of(env, &b);
-    const int c3 = check_linear(env, 3) && (isnan(naive_loss) || fabs(l3 - naive_loss) < 1e-3 * fabs(naive_loss) + 1e-4);
-    add_row(env, "ce_fused_tiles", "fwd", dt, s, f_ms, 0, gemm, bench_peak_mib(env, op_fused_fwd, &b),
-            0, c3);
+    const int c3 = check_linear(env, 3) &&
+                   (isnan(naive_loss) || fabs(l3 - naive_loss) < 1e-3 * fabs(naive_loss) + 1e-4);
+    add_row(env, "ce_fused_tiles", "fwd", dt, s, f_ms, 0, gemm,
+            bench_peak_mib(env, op_fused_fwd, &b), 0, c3);
     const double b_ms = bench_time(env, op_fused_bwd, &b);
     add_row(env, "ce_fused_tiles", "bwd", dt, s, b_ms, 0, 4 * gemm,
             bench_peak_mib(env, op_fused_bwd, &b), 0, c3);

@@ -2,8 +2,8 @@
  * cross_entropy.c: host launchers of cross_entropy.cl. The three public forms share one run state
  * (checked options, labels, the stats and per-row scratch) and the same kernels for validation,
  * per-row terms and the final reduction:
- *   llmcl_cross_entropy_forward         ce_prepare, ce_rows or ce_partial/ce_combine/ce_grad, ce_finish
- *   llmcl_linear_cross_entropy_forward  the same per chunk of tokens around CLBlast SGEMMs
+ *   llmcl_cross_entropy_forward         ce_prepare, ce_rows or ce_partial/ce_combine/ce_grad,
+ * ce_finish llmcl_linear_cross_entropy_forward  the same per chunk of tokens around CLBlast SGEMMs
  *   llmcl_fused_cross_entropy_*         cce_fwd + ce_combine; cce_coefs, cce_bwd_dh, cce_bwd_dw
  */
 #include <clblast_c.h>
@@ -51,7 +51,8 @@ static llmcl_status check_options(llmcl_ctx *ctx, const llmcl_ce_options *opts, 
                    LLMCL_ERROR_INVALID_ARGUMENT, "opts->label_smoothing %g is outside [0, 1]",
                    (double)o->label_smoothing);
     LLMCL__REQUIRE(ctx, o->lse_square_scale >= 0.0f && isfinite(o->lse_square_scale),
-                   LLMCL_ERROR_INVALID_ARGUMENT, "opts->lse_square_scale %g must be finite and >= 0",
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "opts->lse_square_scale %g must be finite and >= 0",
                    (double)o->lse_square_scale);
     LLMCL__REQUIRE(ctx, o->softcap >= 0.0f && isfinite(o->softcap), LLMCL_ERROR_INVALID_ARGUMENT,
                    "opts->softcap %g must be finite and >= 0 (0: off)", (double)o->softcap);
@@ -64,8 +65,8 @@ static llmcl_status check_options(llmcl_ctx *ctx, const llmcl_ce_options *opts, 
     if (o->weight) {
         LLMCL__TRY(llmcl__check_tensor(ctx, o->weight, "opts->weight", 1u << LLMCL_F32, 1,
                                        LLMCL_MAX_DIMS));
-        LLMCL__REQUIRE(ctx, llmcl_tensor_numel(o->weight) == v &&
-                                llmcl_tensor_is_contiguous(o->weight),
+        LLMCL__REQUIRE(ctx,
+                       llmcl_tensor_numel(o->weight) == v && llmcl_tensor_is_contiguous(o->weight),
                        LLMCL_ERROR_SHAPE_MISMATCH,
                        "opts->weight must be contiguous with V = %lld elements (has %lld)",
                        (long long)v, (long long)llmcl_tensor_numel(o->weight));
@@ -181,8 +182,8 @@ static void ce_row_params(ce_run *r)
  * Checks the options against V, picks the row tunables, allocates the stats and per-row scratch
  * (lse too unless the caller has one) and enqueues ce_prepare.
  */
-static llmcl_status ce_begin(ce_run *r, llmcl_ctx *ctx, llmcl_dtype dt,
-                             const llmcl_tensor *labels, int64_t n, int64_t v, bool need_lse)
+static llmcl_status ce_begin(ce_run *r, llmcl_ctx *ctx, llmcl_dtype dt, const llmcl_tensor *labels,
+                             int64_t n, int64_t v, bool need_lse)
 {
     r->ctx = ctx;
     r->dt = dt;
@@ -408,14 +409,15 @@ llmcl_status llmcl_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tensor *log
     LLMCL__TRY(check_outputs(ctx, &r.o, xr.n_rows, loss, z_loss, ins, names, 5));
     if (lse) {
         LLMCL__TRY(check_vec(ctx, lse, "lse", 1u << LLMCL_F32, xr.n_rows));
-        LLMCL__REQUIRE(ctx, !llmcl__overlaps(lse, logits) && !llmcl__overlaps(lse, labels) &&
-                                (!dlogits || !llmcl__overlaps(lse, dlogits)),
+        LLMCL__REQUIRE(ctx,
+                       !llmcl__overlaps(lse, logits) && !llmcl__overlaps(lse, labels) &&
+                           (!dlogits || !llmcl__overlaps(lse, dlogits)),
                        LLMCL_ERROR_INVALID_ARGUMENT, "lse overlaps logits, labels or dlogits");
     }
     llmcl__rows dr = xr;
     if (dlogits && !llmcl__same_view(logits, dlogits)) {
-        LLMCL__TRY(llmcl__check_tensor(ctx, dlogits, "dlogits", 1u << logits->dtype, 1,
-                                       LLMCL_MAX_DIMS));
+        LLMCL__TRY(
+            llmcl__check_tensor(ctx, dlogits, "dlogits", 1u << logits->dtype, 1, LLMCL_MAX_DIMS));
         LLMCL__TRY(llmcl__check_same_shape(ctx, logits, "logits", dlogits, "dlogits"));
         LLMCL__TRY(llmcl__as_rows(ctx, dlogits, "dlogits", &dr));
         LLMCL__REQUIRE(ctx, !llmcl__overlaps(logits, dlogits) && !llmcl__overlaps(labels, dlogits),
@@ -508,7 +510,8 @@ static llmcl_status check_linear(llmcl_ctx *ctx, const llmcl_tensor *hidden,
     const llmcl_tensor *outs[] = {dhidden, dweight, dbias};
     const char *out_names[] = {"dhidden", "dweight", "dbias"};
     if (dhidden) {
-        LLMCL__TRY(llmcl__check_tensor(ctx, dhidden, "dhidden", 1u << LLMCL_F32, 1, LLMCL_MAX_DIMS));
+        LLMCL__TRY(
+            llmcl__check_tensor(ctx, dhidden, "dhidden", 1u << LLMCL_F32, 1, LLMCL_MAX_DIMS));
         LLMCL__TRY(llmcl__check_same_shape(ctx, hidden, "hidden", dhidden, "dhidden"));
         LLMCL__TRY(llmcl__as_rows(ctx, dhidden, "dhidden", &out->dh));
     }
@@ -562,16 +565,16 @@ typedef struct ce_mat {
  * Row-major C = alpha op(A) op(B) + beta C through CLBlast on ctx's queue. Its temporary buffer is
  * allocated here so that memory accounting sees it.
  */
-static llmcl_status sgemm(llmcl_ctx *ctx, bool ta, bool tb, size_t m, size_t n, size_t k,
-                          ce_mat a, ce_mat b, float beta, ce_mat c)
+static llmcl_status sgemm(llmcl_ctx *ctx, bool ta, bool tb, size_t m, size_t n, size_t k, ce_mat a,
+                          ce_mat b, float beta, ce_mat c)
 {
     const CLBlastTranspose at = ta ? CLBlastTransposeYes : CLBlastTransposeNo;
     const CLBlastTranspose bt = tb ? CLBlastTransposeYes : CLBlastTransposeNo;
     cl_command_queue q = ctx->queue;
     size_t temp_bytes = 0;
-    CLBlastStatusCode cs = CLBlastSGemmTempBufferSize(CLBlastLayoutRowMajor, at, bt, m, n, k, a.off,
-                                                      a.ld, b.off, b.ld, c.off, c.ld, &q,
-                                                      &temp_bytes);
+    CLBlastStatusCode cs =
+        CLBlastSGemmTempBufferSize(CLBlastLayoutRowMajor, at, bt, m, n, k, a.off, a.ld, b.off, b.ld,
+                                   c.off, c.ld, &q, &temp_bytes);
     llmcl_tensor *temp = NULL;
     if (cs == CLBlastSuccess && temp_bytes > 0) {
         const int64_t words = (int64_t)llmcl__div_up((int64_t)temp_bytes, 4);
@@ -624,8 +627,8 @@ llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tens
     ce_run r = {0};
     LLMCL__TRY(check_options(ctx, opts, v, &r.o));
     const llmcl_tensor *ins[] = {hidden, weight, bias, labels, r.o.weight, dhidden, dweight, dbias};
-    const char *names[] = {"hidden", "weight", "bias", "labels", "opts->weight",
-                           "dhidden", "dweight", "dbias"};
+    const char *names[] = {"hidden",       "weight",  "bias",    "labels",
+                           "opts->weight", "dhidden", "dweight", "dbias"};
     LLMCL__TRY(check_outputs(ctx, &r.o, n, loss, z_loss, ins, names, 8));
 
     /* Chunk sizes: W in f32 blocks of at most a quarter of the budget, then tokens. */
@@ -704,17 +707,17 @@ llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tens
                     const ce_mat dh = {dhidden->mem,
                                        (size_t)(dhidden->offset + r0 * lin.dh.row_stride),
                                        (size_t)lin.dh.row_stride};
-                    LLMCL__TRY_GOTO(st, sgemm(ctx, false, false, rows, h, nb, lb, b,
-                                              v0 ? 1.0f : 0.0f, dh),
-                                    done);
+                    LLMCL__TRY_GOTO(
+                        st, sgemm(ctx, false, false, rows, h, nb, lb, b, v0 ? 1.0f : 0.0f, dh),
+                        done);
                 }
                 if (dweight) {
                     const ce_mat dw = {dweight->mem,
                                        (size_t)(dweight->offset + v0 * lin.dw.row_stride),
                                        (size_t)lin.dw.row_stride};
-                    LLMCL__TRY_GOTO(st, sgemm(ctx, true, false, nb, h, rows, lb, a,
-                                              r0 ? 1.0f : 0.0f, dw),
-                                    done);
+                    LLMCL__TRY_GOTO(
+                        st, sgemm(ctx, true, false, nb, h, rows, lb, a, r0 ? 1.0f : 0.0f, dw),
+                        done);
                 }
             }
             if (pass > 0)
@@ -729,8 +732,16 @@ llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tens
                 LLMCL__TRY_GOTO(st, llmcl__launch(&ab, 2, g, l), done);
             }
             const ce_rows_job j = {
-                .x = logits->mem, .xoff = 0, .xstride = v, .dx = logits->mem, .dxoff = 0,
-                .dxstride = v, .nrows = rows, .row0 = r0, .grad = grads, .lse = r.lse,
+                .x = logits->mem,
+                .xoff = 0,
+                .xstride = v,
+                .dx = logits->mem,
+                .dxoff = 0,
+                .dxstride = v,
+                .nrows = rows,
+                .row0 = r0,
+                .grad = grads,
+                .lse = r.lse,
             };
             LLMCL__TRY_GOTO(st, ce_rows_run(&r, &j), done);
             if (dbias) {
@@ -794,8 +805,9 @@ static llmcl_status tile_params(ce_run *r, const char *key, int64_t shape_key, l
     char cls[16];
     llmcl__shape_class(shape_key, cls);
     llmcl__params_lookup(ctx, key, r->dt, cls, p);
-    LLMCL__REQUIRE(ctx, tile_ok(ctx, llmcl__param_get(p, "T", 0), llmcl__param_get(p, "BK", 0),
-                                llmcl__param_get(p, "TM", 0), llmcl__param_get(p, "TN", 0)),
+    LLMCL__REQUIRE(ctx,
+                   tile_ok(ctx, llmcl__param_get(p, "T", 0), llmcl__param_get(p, "BK", 0),
+                           llmcl__param_get(p, "TM", 0), llmcl__param_get(p, "TN", 0)),
                    LLMCL_ERROR_UNSUPPORTED,
                    "%s: tile T=%ld BK=%ld TM=%ld TN=%ld does not fit this device (%zu work-items, "
                    "%llu bytes of local memory)",
@@ -830,8 +842,7 @@ static void tile_args(llmcl__args *a, const ce_run *r, const llmcl_tensor *hidde
 }
 
 llmcl_status llmcl_fused_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tensor *hidden,
-                                               const llmcl_tensor *weight,
-                                               const llmcl_tensor *bias,
+                                               const llmcl_tensor *weight, const llmcl_tensor *bias,
                                                const llmcl_tensor *labels,
                                                const llmcl_ce_options *opts, llmcl_tensor *loss,
                                                llmcl_tensor *z_loss, llmcl_tensor *lse)
@@ -856,7 +867,8 @@ llmcl_status llmcl_fused_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tenso
     LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, hidden->dtype, labels, n, v, false), done);
     LLMCL__TRY_GOTO(st, tile_params(&r, "cce_fwd", v, &tp), done);
     const long t = llmcl__param_get(&tp, "T", 32);
-    const size_t twg = (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
+    const size_t twg =
+        (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
     const int64_t rt = llmcl__div_up(n, t), vt = llmcl__div_up(v, t);
     int64_t splits = r.o.vocab_splits;
     if (!splits) {
@@ -872,7 +884,8 @@ llmcl_status llmcl_fused_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tenso
     splits = splits < 1 ? 1 : splits > vt ? vt : splits;
     const int64_t np = n * splits * 3;
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &np, "fused CE partials", &part), done);
-    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n, "fused CE target logits", &xyb), done);
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n, "fused CE target logits", &xyb),
+                    done);
 
     cl_kernel k;
     LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, "cce_fwd", &k), done);
@@ -923,12 +936,10 @@ done:
 llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tensor *hidden,
                                                 const llmcl_tensor *weight,
                                                 const llmcl_tensor *bias,
-                                                const llmcl_tensor *labels,
-                                                const llmcl_tensor *lse,
+                                                const llmcl_tensor *labels, const llmcl_tensor *lse,
                                                 const llmcl_tensor *grad_loss,
-                                                const llmcl_ce_options *opts,
-                                                llmcl_tensor *dhidden, llmcl_tensor *dweight,
-                                                llmcl_tensor *dbias)
+                                                const llmcl_ce_options *opts, llmcl_tensor *dhidden,
+                                                llmcl_tensor *dweight, llmcl_tensor *dbias)
 {
     LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
     ce_linear lin;
@@ -943,9 +954,10 @@ llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tens
     const llmcl_tensor *outs[] = {dhidden, dweight, dbias};
     const char *out_names[] = {"dhidden", "dweight", "dbias"};
     for (int i = 0; i < 3; ++i)
-        LLMCL__REQUIRE(ctx, !outs[i] || ((!grad_loss || !llmcl__overlaps(outs[i], grad_loss)) &&
-                                         !llmcl__overlaps(outs[i], lse) &&
-                                         (!r.o.weight || !llmcl__overlaps(outs[i], r.o.weight))),
+        LLMCL__REQUIRE(ctx,
+                       !outs[i] || ((!grad_loss || !llmcl__overlaps(outs[i], grad_loss)) &&
+                                    !llmcl__overlaps(outs[i], lse) &&
+                                    (!r.o.weight || !llmcl__overlaps(outs[i], r.o.weight))),
                        LLMCL_ERROR_INVALID_ARGUMENT, "%s overlaps lse, grad_loss or opts->weight",
                        out_names[i]);
 
@@ -981,7 +993,8 @@ llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tens
         LLMCL__TRY_GOTO(st, llmcl_fill(ctx, dhidden, 0.0), done);
         LLMCL__TRY_GOTO(st, tile_params(&r, "cce_bwd_dh", n, &tp), done);
         const long t = llmcl__param_get(&tp, "T", 32);
-        const size_t twg = (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
+        const size_t twg =
+            (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
         LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, "cce_bwd_dh", &k), done);
         a = llmcl__args_begin(ctx, k);
         llmcl__arg_i32(&a, ce_flags(&r, bias != NULL));
@@ -1000,7 +1013,8 @@ llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tens
             LLMCL__TRY_GOTO(st, llmcl_fill(ctx, dweight, 0.0), done);
         LLMCL__TRY_GOTO(st, tile_params(&r, "cce_bwd_dw", v, &tp), done);
         const long t = llmcl__param_get(&tp, "T", 32);
-        const size_t twg = (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
+        const size_t twg =
+            (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
         LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, "cce_bwd_dw", &k), done);
         a = llmcl__args_begin(ctx, k);
         llmcl__arg_i32(&a, ce_flags(&r, bias != NULL));
