@@ -55,6 +55,8 @@ static void usage(FILE *f)
             "  --warmup N          untimed runs first\n"
             "  --output FILE       write the tuning file (temporary file, then rename)\n"
             "  --merge             keep FILE's entries for this device that are not retuned\n"
+            "  --for-platform      write FILE for any device of this platform and type (for shipped\n"
+            "                      defaults such as data/tuning/pocl_cpu.json)\n"
             "  --platform P        as LLMCL_PLATFORM (index or name substring)\n"
             "  --device D          as LLMCL_DEVICE\n"
             "  --list              list the kernels and their parameter spaces\n");
@@ -163,23 +165,26 @@ static int plan(const llmcl_device_info *info, char **filters, int n_filters, un
 
 static void print_table(const tune_result *res, int n)
 {
-    printf("\n%-18s %-5s %-22s %-5s %10s %10s %8s  %-26s %s\n", "kernel", "dtype", "shape", "class",
-           "default ms", "best ms", "speedup", "best params (default)", "timed/tried, rejected");
+    printf("\n%-16s %-5s %-18s %-5s %-22s %10s %-22s %10s %8s  %s\n", "kernel", "dtype", "shape",
+           "class", "default", "ms", "best", "ms", "speedup", "timed/tried; rejected");
     for (int i = 0; i < n; ++i) {
         const tune_result *r = &res[i];
         if (!r->ok) {
-            printf("%-18s %-5s %-22s %-5s FAILED: %s\n", r->kernel->key, llmcl_dtype_name(r->dtype),
+            printf("%-16s %-5s %-18s %-5s FAILED: %s\n", r->kernel->key, llmcl_dtype_name(r->dtype),
                    r->shape, r->shape_class, r->error);
             continue;
         }
-        bool same = strcmp(r->best_params, r->default_params) == 0;
-        printf("%-18s %-5s %-22s %-5s %10.4f %10.4f %7.2fx  %-26s %d/%d, limits %d build %d wrong %d "
-               "adjusted %d error %d\n",
-               r->kernel->key, llmcl_dtype_name(r->dtype), r->shape, r->shape_class, r->default_ms,
-               r->best_ms, r->best_ms > 0 ? r->default_ms / r->best_ms : 1.0,
-               same ? "(default)" : r->best_params, r->timed, r->tried, r->rejected[TUNE_REJ_LIMITS],
-               r->rejected[TUNE_REJ_BUILD], r->rejected[TUNE_REJ_WRONG],
-               r->rejected[TUNE_REJ_ADJUSTED], r->rejected[TUNE_REJ_ERROR]);
+        char rejected[128] = "";
+        static const char *names[TUNE_REJ_COUNT] = {"limits", "build", "wrong", "adjusted", "error"};
+        for (int j = 0, len = 0; j < TUNE_REJ_COUNT; ++j)
+            if (r->rejected[j])
+                len += snprintf(rejected + len, sizeof rejected - (size_t)len, " %s %d", names[j],
+                                r->rejected[j]);
+        printf("%-16s %-5s %-18s %-5s %-22s %10.4f %-22s %10.4f %7.2fx  %d/%d;%s\n", r->kernel->key,
+               llmcl_dtype_name(r->dtype), r->shape, r->shape_class, r->default_params,
+               r->default_ms, strcmp(r->best_params, r->default_params) ? r->best_params : "(default)",
+               r->best_ms, r->best_ms > 0 ? r->default_ms / r->best_ms : 1.0, r->timed, r->tried,
+               rejected[0] ? rejected : " none");
     }
 }
 
@@ -189,7 +194,7 @@ int main(int argc, char **argv)
     int n_filters = 0, max_cand = -1, reps = -1, warmup = -1;
     const char *shape = NULL, *output = NULL;
     unsigned dtype_mask = 0;
-    bool quick = false, merge = false;
+    bool quick = false, merge = false, for_platform = false;
     double max_time = 0;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
@@ -199,6 +204,8 @@ int main(int argc, char **argv)
             quick = true, takes = false;
         else if (strcmp(a, "--merge") == 0)
             merge = true, takes = false;
+        else if (strcmp(a, "--for-platform") == 0)
+            for_platform = true, takes = false;
         else if (strcmp(a, "--list") == 0) {
             list_kernels();
             return 0;
@@ -264,6 +271,7 @@ int main(int argc, char **argv)
         o.reps = reps;
     if (warmup >= 0)
         o.warmup = warmup;
+    o.for_platform = for_platform;
 
     static plan_case cases[MAX_CASES];
     static tune_result results[MAX_CASES];

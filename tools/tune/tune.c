@@ -483,9 +483,16 @@ static void reject(tune_result *r, tune_reject why, const char *params, const ch
 {
     r->rejected[why]++;
     char *dst = r->last_reject[why];
-    size_t len = (size_t)snprintf(dst, TUNE_TEXT, "%s", params);
-    if (len + 2 < TUNE_TEXT)
-        snprintf(dst + len, TUNE_TEXT - len, ": %s", detail);
+    dst[0] = '\0';
+    const char *parts[3] = {params, ": ", detail};
+    size_t len = 0;
+    for (int i = 0; i < 3; ++i) { /* truncated, not overflowing: messages can be long */
+        size_t n = strlen(parts[i]);
+        n = n < TUNE_TEXT - 1 - len ? n : TUNE_TEXT - 1 - len;
+        memcpy(dst + len, parts[i], n);
+        len += n;
+        dst[len] = '\0';
+    }
 }
 
 static bool is_wg_name(const char *n)
@@ -736,7 +743,8 @@ bool tune_write_json(const char *path, llmcl_ctx *ctx, const tune_result *result
         json_t *odev = json_object_get(old, "device");
         const char *oname = json_string_value(json_object_get(odev, "name"));
         json_t *oentries = json_object_get(old, "entries");
-        if (oname && strcmp(oname, info->name) == 0 && json_is_array(oentries)) {
+        const char *want = o->for_platform ? "*" : info->name;
+        if (oname && strcmp(oname, want) == 0 && json_is_array(oentries)) {
             size_t i;
             json_t *e;
             json_array_foreach(oentries, i, e)
@@ -763,7 +771,16 @@ bool tune_write_json(const char *path, llmcl_ctx *ctx, const tune_result *result
     json_object_set_new(dev, "type", json_string(info->is_gpu ? "gpu" : "cpu"));
     json_object_set_new(dev, "driver_version", json_string(info->driver_version));
     json_object_set_new(dev, "device_version", json_string(info->device_version));
-    json_object_set_new(root, "device", dev);
+    if (o->for_platform) {
+        /* A device-class default: matched by platform and type; the exact device is a record. */
+        json_t *any = json_object();
+        json_object_set_new(any, "name", json_string("*"));
+        json_object_set_new(any, "platform", json_string(info->platform_name));
+        json_object_set_new(any, "type", json_string(info->is_gpu ? "gpu" : "cpu"));
+        json_object_set_new(root, "device", any);
+        json_object_set_new(root, "tuned_on", dev);
+    } else
+        json_object_set_new(root, "device", dev);
     json_object_set_new(root, "library_version", json_string(llmcl_version()));
     json_object_set_new(root, "date", json_string(date));
     json_t *tuner = json_object();

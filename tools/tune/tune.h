@@ -92,6 +92,7 @@ typedef struct tune_options {
     int warmup, reps;       /* runs before timing; timed runs (the median is kept) */
     double case_seconds;    /* stop trying candidates after this long in one case; 0: no limit */
     uint64_t rotate_bytes;  /* rotate buffer sets until they span this many bytes */
+    bool for_platform;      /* write the file for any device of this platform and type */
     /* Called after each candidate: done of total candidates of the current case. */
     void (*progress)(void *arg, int done, int total);
     void *progress_arg;
