@@ -316,8 +316,9 @@ LLMCL_API llmcl_status llmcl_measure_fma_rate(llmcl_ctx *ctx, double *tflops);
 
 /*
  * Writes kernel's parameters for (dtype, shape) into buf as "NAME=VALUE NAME=VALUE ..." sorted by
- * name. When ctx has launched the kernel with that dtype and class, these are the values that launch
- * used (heuristic defaults with the database applied) and *launched is 1; otherwise they are only
+ * name. When ctx has launched the kernel with that dtype and class, these are the values its last
+ * launch built with (heuristic defaults, the database applied, then any clamping of the launcher to
+ * the shape) and *launched is 1; otherwise they are only
  * the values the database would set (possibly none: "") and *launched is 0. launched may be NULL.
  * LLMCL_ERROR_INVALID_ARGUMENT when buf (size bytes) is too small.
  */

@@ -554,6 +554,21 @@ static void test_tool_end_to_end(void **state)
     assert_int_equal(launched, 1);
     llmcl_ctx_destroy(ctx);
     json_decref(root);
+
+    /* --merge keeps the entries of the file that were not retuned. */
+    snprintf(cmd, sizeof cmd, "'%s' --quick --kernel mul --merge --output '%s' >'%s' 2>&1", exe, out, log);
+    assert_int_equal(system(cmd), 0);
+    root = json_load_file(out, 0, &err);
+    assert_non_null(root);
+    entries = json_object_get(root, "entries");
+    assert_int_equal(json_array_size(entries), 3);
+    int seen = 0;
+    for (size_t i = 0; i < 3; ++i) {
+        const char *k = json_string_value(json_object_get(json_array_get(entries, i), "kernel"));
+        seen |= (strcmp(k, "copy") == 0) | (strcmp(k, "axpy") == 0) << 1 | (strcmp(k, "mul") == 0) << 2;
+    }
+    assert_int_equal(seen, 7);
+    json_decref(root);
 }
 
 int main(void)

@@ -46,6 +46,7 @@ void llmcl__shape_class(int64_t key, char out[16])
 
 void llmcl__params_define(const llmcl__params *p, llmcl__defines *d)
 {
+    llmcl__tune_db_defined(p);
     for (int i = 0; i < p->n; ++i)
         llmcl__define_int(d, p->names[i], p->values[i]);
 }

@@ -51,6 +51,17 @@ struct llmcl__tune_db {
     char warnings[WARN_CAP];
 };
 
+/*
+ * The latest lookup on this thread. Launchers may clamp looked-up values to the shape before
+ * building (a vector width the alignment does not allow); llmcl__params_define then records what
+ * the build really uses. One-shot, and forgotten when its database goes away.
+ */
+static _Thread_local struct {
+    llmcl__tune_db *db;
+    const llmcl__params *p;
+    size_t used; /* index into db->used */
+} pending;
+
 /* ---- warnings ---- */
 
 static void warn(llmcl__tune_db *db, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -286,18 +297,18 @@ static tune_used *find_used(const llmcl__tune_db *db, const char *kernel, int dt
     return NULL;
 }
 
-static void record_used(llmcl__tune_db *db, const char *kernel, int dtype, const char *cls,
-                        const llmcl__params *p)
+static tune_used *record_used(llmcl__tune_db *db, const char *kernel, int dtype, const char *cls,
+                              const llmcl__params *p)
 {
     tune_used *u = find_used(db, kernel, dtype, cls);
     if (u == NULL) {
         if (db->n_used == MAX_USED)
-            return;
+            return NULL;
         if (db->n_used == db->cap_used) {
             size_t cap = db->cap_used ? 2 * db->cap_used : 32;
             tune_used *grown = realloc(db->used, cap * sizeof *grown);
             if (grown == NULL)
-                return;
+                return NULL;
             db->used = grown;
             db->cap_used = cap;
         }
@@ -307,6 +318,7 @@ static void record_used(llmcl__tune_db *db, const char *kernel, int dtype, const
         snprintf(u->shape_class, sizeof u->shape_class, "%s", cls);
     }
     u->params = *p;
+    return u;
 }
 
 void llmcl__tune_db_apply(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
@@ -317,7 +329,17 @@ void llmcl__tune_db_apply(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
         return;
     const char *cls = shape_class ? shape_class : "";
     apply_entries(db, kernel, (int)dtype, cls, p, &ctx->info);
-    record_used(db, kernel, (int)dtype, cls, p);
+    const tune_used *u = record_used(db, kernel, (int)dtype, cls, p);
+    pending.db = u ? db : NULL;
+    pending.p = p;
+    pending.used = u ? (size_t)(u - db->used) : 0;
+}
+
+void llmcl__tune_db_defined(const llmcl__params *p)
+{
+    if (pending.db && pending.p == p && pending.used < pending.db->n_used)
+        pending.db->used[pending.used].params = *p;
+    pending.db = NULL;
 }
 
 /* ---- files ---- */
@@ -590,6 +612,8 @@ void llmcl__tune_db_destroy(llmcl__tune_db *db)
 {
     if (db == NULL)
         return;
+    if (pending.db == db)
+        pending.db = NULL;
     free(db->entries);
     free(db->used);
     free(db);
@@ -726,6 +750,7 @@ llmcl_status llmcl_tune_db_clear(llmcl_ctx *ctx)
     LLMCL__TRY(check_db(ctx));
     ctx->tune_db->n = 0;
     ctx->tune_db->n_used = 0;
+    pending.db = NULL;
     ctx->tune_db->warnings[0] = '\0';
     return LLMCL_OK;
 }

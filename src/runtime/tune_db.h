@@ -34,4 +34,10 @@ void llmcl__tune_db_destroy(llmcl__tune_db *db);
 void llmcl__tune_db_apply(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
                           const char *shape_class, llmcl__params *p);
 
+/*
+ * Called by llmcl__params_define: when p is the parameter set of the latest lookup on this thread,
+ * its values (after the launcher's own clamping to the shape) become the recorded ones in use.
+ */
+void llmcl__tune_db_defined(const llmcl__params *p);
+
 #endif

@@ -411,11 +411,15 @@ static bool outputs(llmcl_ctx *ctx, const tune_kernel *k, bufs *b, bool save, ch
 
 /* ---- running and timing ---- */
 
+/*
+ * Failures that mean "this candidate does not fit": the device refused the launch, or the launcher
+ * refused the values (the reference ran on the same tensors, so its arguments are fine).
+ */
 static bool is_limit_error(llmcl_status st)
 {
     return st == CL_INVALID_WORK_GROUP_SIZE || st == CL_INVALID_WORK_ITEM_SIZE ||
            st == CL_OUT_OF_RESOURCES || st == CL_INVALID_KERNEL_ARGS || st == CL_INVALID_ARG_SIZE ||
-           st == LLMCL_ERROR_UNSUPPORTED;
+           st == LLMCL_ERROR_UNSUPPORTED || st == LLMCL_ERROR_INVALID_ARGUMENT;
 }
 
 static double now_s(void)

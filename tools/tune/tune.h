@@ -100,7 +100,7 @@ typedef struct tune_options {
 
 /* Why candidates were dropped. */
 typedef enum tune_reject {
-    TUNE_REJ_LIMITS = 0, /* device limits: work-group size, local memory, launch refused */
+    TUNE_REJ_LIMITS = 0, /* device limits (work-group size, local memory), launch refused */
     TUNE_REJ_BUILD,      /* the kernel did not build */
     TUNE_REJ_WRONG,      /* output differs from the reference beyond tolerance */
     TUNE_REJ_ADJUSTED,   /* the launcher did not use the candidate as given */
