@@ -75,7 +75,7 @@ static const char *params_of(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dt,
     return buf;
 }
 
-#define ASSERT_PARAMS(ctx, kernel, dt, shape, want)                                               \
+#define ASSERT_PARAMS(ctx, kernel, dt, shape, want)                                                \
     assert_string_equal(params_of((ctx), (kernel), (dt), (shape), NULL), (want))
 
 static llmcl_ctx *ctx_with_env(const char *name, const char *value)
@@ -97,18 +97,24 @@ static void test_valid_precedence(void **state)
     const llmcl_device_info *info = llmcl_ctx_device_info(ctx);
     TH_OK(llmcl_tune_db_clear(ctx));
     char cls_dev[256];
-    snprintf(cls_dev, sizeof cls_dev, "{\"name\": \"*\", \"type\": \"%s\"}", info->is_gpu ? "gpu" : "cpu");
+    snprintf(cls_dev, sizeof cls_dev, "{\"name\": \"*\", \"type\": \"%s\"}",
+             info->is_gpu ? "gpu" : "cpu");
     /* Loaded from the most to the least specific device, so only specificity can order them. */
-    TH_OK(llmcl_tune_db_load(ctx, write_db("exact.json", this_device(),
-                                           "{\"kernel\": \"tst\", \"params\": {\"VEC\": 3}},"
-                                           "{\"kernel\": \"tst\", \"dtype\": \"f32\", \"params\": {\"ROWS\": 4}},"
-                                           "{\"kernel\": \"tst\", \"dtype\": \"f32\", \"shape_class\": \"p10\", \"params\": {\"WG\": 5}},"
-                                           "{\"kernel\": \"tst\", \"dtype\": \"f32\", \"shape_class\": \"p14\", \"params\": {\"WG\": 6}}")));
-    TH_OK(llmcl_tune_db_load(ctx, write_db("class.json", cls_dev,
-                                           "{\"kernel\": \"tst\", \"params\": {\"WG\": 2, \"VEC\": 2}}")));
-    TH_OK(llmcl_tune_db_load(ctx, write_db("any.json", "{\"name\": \"*\"}",
-                                           "{\"kernel\": \"tst\", \"dtype\": \"*\", \"shape_class\": \"*\","
-                                           " \"params\": {\"WG\": 1, \"VEC\": 1, \"ROWS\": 1}}")));
+    TH_OK(llmcl_tune_db_load(
+        ctx, write_db("exact.json", this_device(),
+                      "{\"kernel\": \"tst\", \"params\": {\"VEC\": 3}},"
+                      "{\"kernel\": \"tst\", \"dtype\": \"f32\", \"params\": {\"ROWS\": 4}},"
+                      "{\"kernel\": \"tst\", \"dtype\": \"f32\", \"shape_class\": \"p10\", "
+                      "\"params\": {\"WG\": 5}},"
+                      "{\"kernel\": \"tst\", \"dtype\": \"f32\", \"shape_class\": \"p14\", "
+                      "\"params\": {\"WG\": 6}}")));
+    TH_OK(llmcl_tune_db_load(
+        ctx, write_db("class.json", cls_dev,
+                      "{\"kernel\": \"tst\", \"params\": {\"WG\": 2, \"VEC\": 2}}")));
+    TH_OK(llmcl_tune_db_load(
+        ctx, write_db("any.json", "{\"name\": \"*\"}",
+                      "{\"kernel\": \"tst\", \"dtype\": \"*\", \"shape_class\": \"*\","
+                      " \"params\": {\"WG\": 1, \"VEC\": 1, \"ROWS\": 1}}")));
     ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p10", "ROWS=4 VEC=3 WG=5");
     ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "1024", "ROWS=4 VEC=3 WG=5"); /* a size key: class p10 */
     ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p11", "ROWS=4 VEC=3 WG=5");  /* nearest tuned class */
@@ -118,7 +124,8 @@ static void test_valid_precedence(void **state)
     ASSERT_PARAMS(ctx, "other", LLMCL_F32, "p10", "");
     /* At equal specificity the later file wins. */
     TH_OK(llmcl_tune_db_load(ctx, write_db("later.json", this_device(),
-                                           "{\"kernel\": \"tst\", \"dtype\": \"f32\", \"shape_class\": \"p10\", \"params\": {\"WG\": 7}}")));
+                                           "{\"kernel\": \"tst\", \"dtype\": \"f32\", "
+                                           "\"shape_class\": \"p10\", \"params\": {\"WG\": 7}}")));
     ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p10", "ROWS=4 VEC=3 WG=7");
     /* Overrides beat every file, replace each other, and go away. */
     TH_OK(llmcl_tune_override(ctx, "tst", LLMCL_BF16, "*", "WG=9"));
@@ -166,18 +173,25 @@ static void test_malformed_and_foreign(void **state)
     write_text(p, "{\"kernel_families\": {\"xgemm\": {\"best_parameters\": \"MWG=64\"}}}");
     expect_rejected(ctx, p, LLMCL_ERROR_TUNE_DB, "not a tuning file");
     p = tmp_path("future.json");
-    write_text(p, "{\"format\": \"llmcl-tuning\", \"version\": 99, \"device\": {\"name\": \"*\"}, \"entries\": []}");
+    write_text(p, "{\"format\": \"llmcl-tuning\", \"version\": 99, \"device\": {\"name\": \"*\"}, "
+                  "\"entries\": []}");
     expect_rejected(ctx, p, LLMCL_ERROR_TUNE_DB, "\"version\"");
     expect_rejected(ctx, tmp_path("missing.json"), LLMCL_ERROR_IO, "cannot open");
     /* A file for another device, or another vendor, platform or device type. */
     expect_rejected(ctx, write_db("h100.json", "{\"name\": \"NVIDIA H100 80GB HBM3\"}", ""),
                     LLMCL_ERROR_TUNE_DB, "NVIDIA H100 80GB HBM3");
-    expect_rejected(ctx, write_db("vendor.json", "{\"name\": \"*\", \"vendor\": \"No Such Vendor\"}", ""),
-                    LLMCL_ERROR_TUNE_DB, "No Such Vendor");
-    expect_rejected(ctx, write_db("platform.json", "{\"name\": \"*\", \"platform\": \"No Such Platform\"}", ""),
-                    LLMCL_ERROR_TUNE_DB, "No Such Platform");
+    expect_rejected(
+        ctx, write_db("vendor.json", "{\"name\": \"*\", \"vendor\": \"No Such Vendor\"}", ""),
+        LLMCL_ERROR_TUNE_DB, "No Such Vendor");
+    expect_rejected(
+        ctx, write_db("platform.json", "{\"name\": \"*\", \"platform\": \"No Such Platform\"}", ""),
+        LLMCL_ERROR_TUNE_DB, "No Such Platform");
     const bool gpu = llmcl_ctx_device_info(ctx)->is_gpu;
-    expect_rejected(ctx, write_db("type.json", gpu ? "{\"name\": \"*\", \"type\": \"cpu\"}" : "{\"name\": \"*\", \"type\": \"gpu\"}", ""),
+    expect_rejected(ctx,
+                    write_db("type.json",
+                             gpu ? "{\"name\": \"*\", \"type\": \"cpu\"}"
+                                 : "{\"name\": \"*\", \"type\": \"gpu\"}",
+                             ""),
                     LLMCL_ERROR_TUNE_DB, "device type");
     TH_FAILS(llmcl_tune_db_load(ctx, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_tune_db_load(NULL, p), LLMCL_ERROR_INVALID_ARGUMENT);
@@ -190,14 +204,17 @@ static void test_unknown_keys_ignored(void **state)
     llmcl_ctx *ctx = th_ctx();
     TH_OK(llmcl_tune_db_clear(ctx));
     char dev[640];
-    snprintf(dev, sizeof dev, "{\"name\": %s, \"memory_gib\": 80, \"notes\": [1, 2]}", dev_name_json());
+    snprintf(dev, sizeof dev, "{\"name\": %s, \"memory_gib\": 80, \"notes\": [1, 2]}",
+             dev_name_json());
     const char *p = tmp_path("unknown.json");
     char text[2048];
-    snprintf(text, sizeof text,
-             "{\"format\": \"llmcl-tuning\", \"version\": 1, \"comment\": \"from the future\","
-             " \"device\": %s, \"tuner\": {\"anything\": true}, \"entries\": ["
-             "{\"kernel\": \"tst\", \"dtype\": \"BF16\", \"params\": {\"WG\": 64}, \"time_ms\": 1.5,"
-             " \"extra\": {\"nested\": null}}]}", dev);
+    snprintf(
+        text, sizeof text,
+        "{\"format\": \"llmcl-tuning\", \"version\": 1, \"comment\": \"from the future\","
+        " \"device\": %s, \"tuner\": {\"anything\": true}, \"entries\": ["
+        "{\"kernel\": \"tst\", \"dtype\": \"BF16\", \"params\": {\"WG\": 64}, \"time_ms\": 1.5,"
+        " \"extra\": {\"nested\": null}}]}",
+        dev);
     write_text(p, text);
     TH_OK(llmcl_tune_db_load(ctx, p));
     ASSERT_PARAMS(ctx, "tst", LLMCL_BF16, "p3", "WG=64");
@@ -215,7 +232,8 @@ static void test_missing_fields(void **state)
     TH_FAILS(llmcl_tune_db_load(ctx, p), LLMCL_ERROR_TUNE_DB);
     assert_non_null(strstr(llmcl_last_error(ctx), "\"device\""));
     p = tmp_path("noname.json");
-    write_text(p, "{\"format\": \"llmcl-tuning\", \"version\": 1, \"device\": {\"vendor\": \"x\"}, \"entries\": []}");
+    write_text(p, "{\"format\": \"llmcl-tuning\", \"version\": 1, \"device\": {\"vendor\": \"x\"}, "
+                  "\"entries\": []}");
     TH_FAILS(llmcl_tune_db_load(ctx, p), LLMCL_ERROR_TUNE_DB);
     p = tmp_path("noentries.json");
     write_text(p, "{\"format\": \"llmcl-tuning\", \"version\": 1, \"device\": {\"name\": \"*\"}}");
@@ -225,15 +243,16 @@ static void test_missing_fields(void **state)
     write_text(p, "{\"format\": \"llmcl-tuning\", \"device\": {\"name\": \"*\"}, \"entries\": []}");
     TH_FAILS(llmcl_tune_db_load(ctx, p), LLMCL_ERROR_TUNE_DB);
     /* Bad entries are skipped with a warning naming them; the good ones in the file still apply. */
-    TH_OK(llmcl_tune_db_load(ctx, write_db("entries.json", this_device(),
-                                           "{\"kernel\": \"tst\"},"
-                                           "{\"params\": {\"WG\": 1}},"
-                                           "{\"kernel\": \"tst\", \"params\": {\"WG\": \"big\"}},"
-                                           "{\"kernel\": \"tst\", \"params\": {\"wg\": 8}},"
-                                           "{\"kernel\": \"tst\", \"dtype\": \"f64\", \"params\": {\"WG\": 8}},"
-                                           "{\"kernel\": \"tst\", \"shape_class\": \"huge\", \"params\": {\"WG\": 8}},"
-                                           "7,"
-                                           "{\"kernel\": \"tst\", \"params\": {\"WG\": 32}}")));
+    TH_OK(llmcl_tune_db_load(
+        ctx, write_db("entries.json", this_device(),
+                      "{\"kernel\": \"tst\"},"
+                      "{\"params\": {\"WG\": 1}},"
+                      "{\"kernel\": \"tst\", \"params\": {\"WG\": \"big\"}},"
+                      "{\"kernel\": \"tst\", \"params\": {\"wg\": 8}},"
+                      "{\"kernel\": \"tst\", \"dtype\": \"f64\", \"params\": {\"WG\": 8}},"
+                      "{\"kernel\": \"tst\", \"shape_class\": \"huge\", \"params\": {\"WG\": 8}},"
+                      "7,"
+                      "{\"kernel\": \"tst\", \"params\": {\"WG\": 32}}")));
     ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p5", "WG=32");
     const char *w = llmcl_tune_db_warnings(ctx);
     for (int i = 0; i <= 6; ++i) {
@@ -252,7 +271,8 @@ static void test_env_and_cache_dir(void **state)
 {
     (void)state;
     /* LLMCL_TUNE_DB: files and folders, ':'-separated. */
-    const char *a = write_db("env-a.json", this_device(), "{\"kernel\": \"tst\", \"params\": {\"WG\": 16}}");
+    const char *a =
+        write_db("env-a.json", this_device(), "{\"kernel\": \"tst\", \"params\": {\"WG\": 16}}");
     char sub[128], list[512];
     snprintf(sub, sizeof sub, "%s/envdir", tmp_dir);
     mkdir(sub, 0700);
@@ -266,7 +286,8 @@ static void test_env_and_cache_dir(void **state)
 
     /* A bad or foreign file there: a warning, the defaults, and a working context. */
     write_text(tmp_path("garbage.json"), "not json at all");
-    const char *other = write_db("other.json", "{\"name\": \"Some Other GPU\"}", "{\"kernel\": \"copy\", \"params\": {\"WG\": 1}}");
+    const char *other = write_db("other.json", "{\"name\": \"Some Other GPU\"}",
+                                 "{\"kernel\": \"copy\", \"params\": {\"WG\": 1}}");
     snprintf(list, sizeof list, "%s:%s", tmp_path("garbage.json"), other);
     ctx = ctx_with_env("LLMCL_TUNE_DB", list);
     const char *w = llmcl_tune_db_warnings(ctx);
@@ -287,13 +308,16 @@ static void test_env_and_cache_dir(void **state)
     char cache[128];
     snprintf(cache, sizeof cache, "%s/cache", tmp_dir);
     mkdir(cache, 0700);
-    write_db("cache/tuning-mine.json", this_device(), "{\"kernel\": \"tst\", \"params\": {\"WG\": 48}}");
+    write_db("cache/tuning-mine.json", this_device(),
+             "{\"kernel\": \"tst\", \"params\": {\"WG\": 48}}");
     write_db("cache/notes.json", this_device(), "{\"kernel\": \"tst3\", \"params\": {\"WG\": 1}}");
-    write_db("cache/tuning-other.json", "{\"name\": \"Some Other GPU\"}", "{\"kernel\": \"tst\", \"params\": {\"WG\": 1}}");
+    write_db("cache/tuning-other.json", "{\"name\": \"Some Other GPU\"}",
+             "{\"kernel\": \"tst\", \"params\": {\"WG\": 1}}");
     ctx = ctx_with_env("LLMCL_CACHE_DIR", cache);
     ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p4", "WG=48");
     ASSERT_PARAMS(ctx, "tst3", LLMCL_F32, "p4", "");
-    assert_string_equal(llmcl_tune_db_warnings(ctx), ""); /* other devices' files are normal there */
+    assert_string_equal(llmcl_tune_db_warnings(ctx),
+                        ""); /* other devices' files are normal there */
     llmcl_ctx_destroy(ctx);
 
     /* LLMCL_TUNE_DB=off: no database at all, not even the built-in one. */
@@ -352,19 +376,30 @@ static void test_override_reaches_launch(void **state)
 
     /* Bad arguments. */
     char buf[4];
-    TH_FAILS(llmcl_tune_params_get(NULL, "copy", LLMCL_F32, "p10", buf, sizeof buf, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
-    TH_FAILS(llmcl_tune_params_get(ctx, NULL, LLMCL_F32, "p10", buf, sizeof buf, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
-    TH_FAILS(llmcl_tune_params_get(ctx, "copy", LLMCL_DTYPE_COUNT, "p10", buf, sizeof buf, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
-    TH_FAILS(llmcl_tune_params_get(ctx, "copy", LLMCL_F32, "big", buf, sizeof buf, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
-    TH_FAILS(llmcl_tune_params_get(ctx, "copy", LLMCL_F32, "-5", buf, sizeof buf, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
-    TH_FAILS(llmcl_tune_params_get(ctx, "copy", LLMCL_F32, "p10", NULL, 8, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
-    TH_FAILS(llmcl_tune_params_get(ctx, "copy", LLMCL_F32, "p10", buf, sizeof buf, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_params_get(NULL, "copy", LLMCL_F32, "p10", buf, sizeof buf, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_params_get(ctx, NULL, LLMCL_F32, "p10", buf, sizeof buf, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_params_get(ctx, "copy", LLMCL_DTYPE_COUNT, "p10", buf, sizeof buf, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_params_get(ctx, "copy", LLMCL_F32, "big", buf, sizeof buf, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_params_get(ctx, "copy", LLMCL_F32, "-5", buf, sizeof buf, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_params_get(ctx, "copy", LLMCL_F32, "p10", NULL, 8, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_params_get(ctx, "copy", LLMCL_F32, "p10", buf, sizeof buf, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
     assert_non_null(strstr(llmcl_last_error(ctx), "buf holds 4 bytes"));
-    TH_FAILS(llmcl_tune_override(ctx, "copy", LLMCL_F32, "p10", "WG"), LLMCL_ERROR_INVALID_ARGUMENT);
-    TH_FAILS(llmcl_tune_override(ctx, "copy", LLMCL_F32, "p10", "WG=abc"), LLMCL_ERROR_INVALID_ARGUMENT);
-    TH_FAILS(llmcl_tune_override(ctx, "copy", LLMCL_F32, "p10", "wg=64"), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_override(ctx, "copy", LLMCL_F32, "p10", "WG"),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_override(ctx, "copy", LLMCL_F32, "p10", "WG=abc"),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_override(ctx, "copy", LLMCL_F32, "p10", "wg=64"),
+             LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_tune_override(ctx, "", LLMCL_F32, "p10", "WG=64"), LLMCL_ERROR_INVALID_ARGUMENT);
-    TH_FAILS(llmcl_tune_override(NULL, "copy", LLMCL_F32, "p10", "WG=64"), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_override(NULL, "copy", LLMCL_F32, "p10", "WG=64"),
+             LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_tune_shape_class(0, huge), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_OK(llmcl_tune_shape_class(4097, huge));
     assert_string_equal(huge, "p13");
@@ -393,15 +428,22 @@ static bool fits_planted(const llmcl_device_info *info, const tune_case *c, char
 {
     if (c->values[0] != 112)
         return true;
-    snprintf(why, n, "planted: needs %llu bytes of local memory", (unsigned long long)info->local_mem_bytes + 1);
+    snprintf(why, n, "planted: needs %llu bytes of local memory",
+             (unsigned long long)info->local_mem_bytes + 1);
     return false;
 }
 
 static const tune_kernel planted = {
-    .key = "copy", .family = "elementwise", .params = "WG=32,48,64,96,112,1000000",
-    .dtypes = 1u << LLMCL_F32, .size_key = "N", .shapes = "N=65536", .small_shapes = "N=65536",
+    .key = "copy",
+    .family = "elementwise",
+    .params = "WG=32,48,64,96,112,1000000",
+    .dtypes = 1u << LLMCL_F32,
+    .size_key = "N",
+    .shapes = "N=65536",
+    .small_shapes = "N=65536",
     .tensors = {{"src", TUNE_IN, "N"}, {"dst", TUNE_OUT, "N"}},
-    .run = run_planted, .fits = fits_planted,
+    .run = run_planted,
+    .fits = fits_planted,
 };
 
 /* A kernel directory whose elementwise.cl fails to build with WG=48 (and only then). */
@@ -455,8 +497,8 @@ static void test_tuner_rejects_planted(void **state)
     assert_int_equal(r.rejected[TUNE_REJ_ADJUSTED] + r.rejected[TUNE_REJ_ERROR], 0);
     assert_int_equal(r.timed, 2);
     assert_true(r.default_ms > 0 && r.best_ms > 0 && r.best_ms <= r.default_ms);
-    assert_true(strcmp(r.best_params, r.default_params) == 0 || strcmp(r.best_params, "WG=32") == 0 ||
-                strcmp(r.best_params, "WG=64") == 0);
+    assert_true(strcmp(r.best_params, r.default_params) == 0 ||
+                strcmp(r.best_params, "WG=32") == 0 || strcmp(r.best_params, "WG=64") == 0);
     /* No override is left behind. */
     run_copy_n(ctx, 65536);
     assert_string_equal(params_of(ctx, "copy", LLMCL_F32, "p16", NULL), r.default_params);
@@ -493,7 +535,8 @@ static void test_tool_end_to_end(void **state)
     }
     const char *out = tmp_path("e2e.json"), *log = tmp_path("e2e.log");
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s' --quick --kernel copy --kernel axpy --max-time 120 --output '%s' >'%s' 2>&1",
+    snprintf(cmd, sizeof cmd,
+             "'%s' --quick --kernel copy --kernel axpy --max-time 120 --output '%s' >'%s' 2>&1",
              exe, out, log);
     if (system(cmd) != 0) {
         snprintf(cmd, sizeof cmd, "cat '%s'", log);
@@ -509,8 +552,10 @@ static void test_tool_end_to_end(void **state)
     assert_int_equal(json_integer_value(json_object_get(root, "version")), 1);
     json_t *dev = json_object_get(root, "device");
     assert_string_equal(json_string_value(json_object_get(dev, "name")), info->name);
-    assert_string_equal(json_string_value(json_object_get(dev, "driver_version")), info->driver_version);
-    assert_string_equal(json_string_value(json_object_get(root, "library_version")), llmcl_version());
+    assert_string_equal(json_string_value(json_object_get(dev, "driver_version")),
+                        info->driver_version);
+    assert_string_equal(json_string_value(json_object_get(root, "library_version")),
+                        llmcl_version());
     assert_int_equal(strlen(json_string_value(json_object_get(root, "date"))), 20);
     json_t *entries = json_object_get(root, "entries");
     assert_int_equal(json_array_size(entries), 2);
@@ -556,7 +601,8 @@ static void test_tool_end_to_end(void **state)
     json_decref(root);
 
     /* --merge keeps the entries of the file that were not retuned. */
-    snprintf(cmd, sizeof cmd, "'%s' --quick --kernel mul --merge --output '%s' >'%s' 2>&1", exe, out, log);
+    snprintf(cmd, sizeof cmd, "'%s' --quick --kernel mul --merge --output '%s' >'%s' 2>&1", exe,
+             out, log);
     assert_int_equal(system(cmd), 0);
     root = json_load_file(out, 0, &err);
     assert_non_null(root);
@@ -565,7 +611,8 @@ static void test_tool_end_to_end(void **state)
     int seen = 0;
     for (size_t i = 0; i < 3; ++i) {
         const char *k = json_string_value(json_object_get(json_array_get(entries, i), "kernel"));
-        seen |= (strcmp(k, "copy") == 0) | (strcmp(k, "axpy") == 0) << 1 | (strcmp(k, "mul") == 0) << 2;
+        seen |=
+            (strcmp(k, "copy") == 0) | (strcmp(k, "axpy") == 0) << 1 | (strcmp(k, "mul") == 0) << 2;
     }
     assert_int_equal(seen, 7);
     json_decref(root);

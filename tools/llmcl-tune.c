@@ -40,26 +40,28 @@ static double now_s(void)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: llmcl-tune [options]\n"
-            "Tunes kernels on the device LLMCL_PLATFORM / LLMCL_DEVICE select and prints best against\n"
-            "default times; --output writes a tuning file that the runtime loads from LLMCL_TUNE_DB or\n"
-            "<cache dir>/tuning*.json.\n"
-            "  --kernel NAME       a kernel key or family (repeatable; default: all)\n"
-            "  --shape SPEC        tune at this shape, e.g. R=4096,C=4096 (default: representative)\n"
-            "  --dtype LIST        dtypes, e.g. f32,bf16 (default: each kernel's)\n"
-            "  --quick             bounded search for CI: one shape and dtype, 12 candidates, 5 reps\n"
-            "  --max-time SECONDS  stop the whole run after this long (cases share the time)\n"
-            "  --max-candidates N  candidates per case (a fixed sample; 0: all)\n"
-            "  --reps N            timed runs per candidate (median kept)\n"
-            "  --warmup N          untimed runs first\n"
-            "  --output FILE       write the tuning file (temporary file, then rename)\n"
-            "  --merge             keep FILE's entries for this device that are not retuned\n"
-            "  --for-platform      write FILE for any device of this platform and type (for shipped\n"
-            "                      defaults such as data/tuning/pocl_cpu.json)\n"
-            "  --platform P        as LLMCL_PLATFORM (index or name substring)\n"
-            "  --device D          as LLMCL_DEVICE\n"
-            "  --list              list the kernels and their parameter spaces\n");
+    fprintf(
+        f,
+        "usage: llmcl-tune [options]\n"
+        "Tunes kernels on the device LLMCL_PLATFORM / LLMCL_DEVICE select and prints best against\n"
+        "default times; --output writes a tuning file that the runtime loads from LLMCL_TUNE_DB "
+        "or\n"
+        "<cache dir>/tuning*.json.\n"
+        "  --kernel NAME       a kernel key or family (repeatable; default: all)\n"
+        "  --shape SPEC        tune at this shape, e.g. R=4096,C=4096 (default: representative)\n"
+        "  --dtype LIST        dtypes, e.g. f32,bf16 (default: each kernel's)\n"
+        "  --quick             bounded search for CI: one shape and dtype, 12 candidates, 5 reps\n"
+        "  --max-time SECONDS  stop the whole run after this long (cases share the time)\n"
+        "  --max-candidates N  candidates per case (a fixed sample; 0: all)\n"
+        "  --reps N            timed runs per candidate (median kept)\n"
+        "  --warmup N          untimed runs first\n"
+        "  --output FILE       write the tuning file (temporary file, then rename)\n"
+        "  --merge             keep FILE's entries for this device that are not retuned\n"
+        "  --for-platform      write FILE for any device of this platform and type (for shipped\n"
+        "                      defaults such as data/tuning/pocl_cpu.json)\n"
+        "  --platform P        as LLMCL_PLATFORM (index or name substring)\n"
+        "  --device D          as LLMCL_DEVICE\n"
+        "  --list              list the kernels and their parameter spaces\n");
 }
 
 static void fmt_time(double s, char *out, size_t n)
@@ -128,7 +130,8 @@ static bool parse_dtypes(const char *list, unsigned *mask)
 
 static void list_kernels(void)
 {
-    printf("%-20s %-14s %-10s %s\n", "kernel", "family", "size key", "parameter space (candidates)");
+    printf("%-20s %-14s %-10s %s\n", "kernel", "family", "size key",
+           "parameter space (candidates)");
     for (const tune_kernel *k = tune_kernels; k->key; ++k)
         printf("%-20s %-14s %-10s %s (%ld)\n", k->key, k->family, k->size_key, k->params,
                tune_space_size(k));
@@ -175,15 +178,17 @@ static void print_table(const tune_result *res, int n)
             continue;
         }
         char rejected[128] = "";
-        static const char *names[TUNE_REJ_COUNT] = {"limits", "build", "wrong", "adjusted", "error"};
+        static const char *names[TUNE_REJ_COUNT] = {"limits", "build", "wrong", "adjusted",
+                                                    "error"};
         for (int j = 0, len = 0; j < TUNE_REJ_COUNT; ++j)
             if (r->rejected[j])
                 len += snprintf(rejected + len, sizeof rejected - (size_t)len, " %s %d", names[j],
                                 r->rejected[j]);
         printf("%-16s %-5s %-18s %-5s %-22s %10.4f %-22s %10.4f %7.2fx  %d/%d;%s\n", r->kernel->key,
                llmcl_dtype_name(r->dtype), r->shape, r->shape_class, r->default_params,
-               r->default_ms, strcmp(r->best_params, r->default_params) ? r->best_params : "(default)",
-               r->best_ms, r->best_ms > 0 ? r->default_ms / r->best_ms : 1.0, r->timed, r->tried,
+               r->default_ms,
+               strcmp(r->best_params, r->default_params) ? r->best_params : "(default)", r->best_ms,
+               r->best_ms > 0 ? r->default_ms / r->best_ms : 1.0, r->timed, r->tried,
                rejected[0] ? rejected : " none");
     }
 }

@@ -81,7 +81,10 @@ static void warn(llmcl__tune_db *db, const char *fmt, ...)
 
 /* ---- small parsers ---- */
 
-static bool same_ci(const char *a, const char *b) { return strcasecmp(a, b) == 0; }
+static bool same_ci(const char *a, const char *b)
+{
+    return strcasecmp(a, b) == 0;
+}
 
 static bool contains_ci(const char *hay, const char *needle)
 {
@@ -287,7 +290,8 @@ static void apply_entries(const llmcl__tune_db *db, const char *kernel, int dtyp
         free(list);
 }
 
-static tune_used *find_used(const llmcl__tune_db *db, const char *kernel, int dtype, const char *cls)
+static tune_used *find_used(const llmcl__tune_db *db, const char *kernel, int dtype,
+                            const char *cls)
 {
     for (size_t i = 0; i < db->n_used; ++i) {
         tune_used *u = &db->used[i];

@@ -67,7 +67,8 @@ const tune_kernel tune_kernels[] = {
     /* Both near one, so that y = x * y repeated stays finite and away from denormals. */
     {.key = "mul", .family = "elementwise", .params = EW_WG, .dtypes = F32 | BF16,
      .size_key = "N", .shapes = EW_SHAPES, .small_shapes = EW_SMALL,
-     .tensors = {{"x", TUNE_IN, "N", 0, TUNE_INIT_NEAR_ONE}, {"y", TUNE_INOUT, "N", 0, TUNE_INIT_NEAR_ONE}},
+     .tensors = {{"x", TUNE_IN, "N", 0, TUNE_INIT_NEAR_ONE},
+                 {"y", TUNE_INOUT, "N", 0, TUNE_INIT_NEAR_ONE}},
      .run = run_mul},
     {0},
 };

@@ -19,11 +19,11 @@
 #include <jansson.h>
 
 #define MAX_SPACE 100000
-#define TRY(expr)                                                                                 \
-    do {                                                                                          \
-        llmcl_status try_st = (expr);                                                             \
-        if (try_st != LLMCL_OK)                                                                   \
-            return try_st;                                                                        \
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        llmcl_status try_st = (expr);                                                              \
+        if (try_st != LLMCL_OK)                                                                    \
+            return try_st;                                                                         \
     } while (0)
 #define MAX_SETS 8
 
@@ -170,9 +170,11 @@ static void text_set(char *text, size_t size, const char *name, long v)
     for (const char *p = text; *p;) {
         size_t w = strcspn(p, " ");
         if (strncmp(p, name, n) == 0 && p[n] == '=')
-            len += (size_t)snprintf(out + len, sizeof out - len, "%s%s=%ld", len ? " " : "", name, v);
+            len +=
+                (size_t)snprintf(out + len, sizeof out - len, "%s%s=%ld", len ? " " : "", name, v);
         else
-            len += (size_t)snprintf(out + len, sizeof out - len, "%s%.*s", len ? " " : "", (int)w, p);
+            len +=
+                (size_t)snprintf(out + len, sizeof out - len, "%s%.*s", len ? " " : "", (int)w, p);
         if (len >= sizeof out)
             len = sizeof out - 1;
         p += w;
@@ -254,7 +256,10 @@ static uint64_t rng_next(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
+static double rng_uniform(uint64_t *s)
+{
+    return (double)(rng_next(s) >> 11) * 0x1.0p-53;
+}
 
 /* ---- the buffers of a case ---- */
 
@@ -321,7 +326,8 @@ static llmcl_status bufs_create(llmcl_ctx *ctx, const tune_kernel *k, const tune
             else if (ts->init == TUNE_INIT_NEAR_ONE)
                 v = 0.9 + 0.2 * rng_uniform(&seed);
             else /* Box-Muller */
-                v = sqrt(-2.0 * log(1.0 - rng_uniform(&seed))) * cos(6.283185307179586 * rng_uniform(&seed));
+                v = sqrt(-2.0 * log(1.0 - rng_uniform(&seed))) *
+                    cos(6.283185307179586 * rng_uniform(&seed));
             to_storage(b->dtype[i], v, b->host[i] + (size_t)j * es);
         }
     }
@@ -337,7 +343,8 @@ static llmcl_status bufs_create(llmcl_ctx *ctx, const tune_kernel *k, const tune
         --b->n_sets;
     for (int s = 0; s < b->n_sets; ++s)
         for (int i = 0; i < b->n_tensors; ++i) {
-            llmcl_status st = llmcl_tensor_create(ctx, b->dtype[i], ndims[i], shapes[i], &b->t[s][i]);
+            llmcl_status st =
+                llmcl_tensor_create(ctx, b->dtype[i], ndims[i], shapes[i], &b->t[s][i]);
             if (st == LLMCL_OK)
                 st = llmcl_tensor_upload(b->t[s][i], b->host[i], b->bytes[i]);
             if (st != LLMCL_OK)
@@ -365,14 +372,23 @@ static llmcl_status bufs_reset(const tune_kernel *k, bufs *b)
 static void dtype_tol(llmcl_dtype dt, double *atol, double *rtol)
 {
     switch (dt) {
-    case LLMCL_F32: *atol = 1e-5, *rtol = 1e-4; break;
-    case LLMCL_BF16: *atol = 1e-2, *rtol = 1.6e-2; break;
-    case LLMCL_F16: *atol = 1e-3, *rtol = 2e-3; break;
-    default: *atol = 0, *rtol = 0; break;
+    case LLMCL_F32:
+        *atol = 1e-5, *rtol = 1e-4;
+        break;
+    case LLMCL_BF16:
+        *atol = 1e-2, *rtol = 1.6e-2;
+        break;
+    case LLMCL_F16:
+        *atol = 1e-3, *rtol = 2e-3;
+        break;
+    default:
+        *atol = 0, *rtol = 0;
+        break;
     }
 }
 
-/* Downloads set 0's outputs into ref (save) or compares them with ref; false with why on a mismatch. */
+/* Downloads set 0's outputs into ref (save) or compares them with ref; false with why on a
+ * mismatch. */
 static bool outputs(llmcl_ctx *ctx, const tune_kernel *k, bufs *b, bool save, char *why, size_t n)
 {
     double scale = k->tol_scale > 0 ? k->tol_scale : 1.0;
@@ -381,7 +397,8 @@ static bool outputs(llmcl_ctx *ctx, const tune_kernel *k, bufs *b, bool save, ch
             continue;
         unsigned char *dst = save ? b->ref[i] : b->got;
         if (llmcl_tensor_download(b->t[0][i], dst, b->bytes[i]) != LLMCL_OK) {
-            snprintf(why, n, "download of %s failed: %s", k->tensors[i].name, llmcl_last_error(ctx));
+            snprintf(why, n, "download of %s failed: %s", k->tensors[i].name,
+                     llmcl_last_error(ctx));
             return false;
         }
         if (save)
@@ -394,15 +411,19 @@ static bool outputs(llmcl_ctx *ctx, const tune_kernel *k, bufs *b, bool save, ch
             double want = from_storage(b->dtype[i], b->ref[i] + j * es);
             double got = from_storage(b->dtype[i], b->got + j * es);
             double d = fabs(got - want);
-            bool ok = isnan(want) ? isnan(got) : (isinf(want) ? got == want : d <= scale * (atol + rtol * fabs(want)));
+            bool ok = isnan(want)
+                          ? isnan(got)
+                          : (isinf(want) ? got == want : d <= scale * (atol + rtol * fabs(want)));
             if (!ok) {
                 first = bad++ ? first : j;
                 worst = isnan(d) || d > worst ? d : worst;
             }
         }
         if (bad) {
-            snprintf(why, n, "%s: %zu of %zu values differ from the reference (first at %zu, max diff %.3g)",
-                     k->tensors[i].name, bad, numel, first, worst);
+            snprintf(
+                why, n,
+                "%s: %zu of %zu values differ from the reference (first at %zu, max diff %.3g)",
+                k->tensors[i].name, bad, numel, first, worst);
             return false;
         }
     }
@@ -478,7 +499,6 @@ static llmcl_status check_run(llmcl_ctx *ctx, const tune_kernel *k, const tune_c
     return llmcl_ctx_finish(ctx);
 }
 
-
 tune_options tune_default_options(const llmcl_device_info *info, bool quick)
 {
     tune_options o = {0};
@@ -549,7 +569,8 @@ llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dty
         return fail(r, LLMCL_ERROR_INVALID_ARGUMENT, "bad shape \"%s\" (NAME=SIZE,...)", shape);
     int64_t key = dims_product(&c, k->size_key, NULL, NULL);
     if (key < 1)
-        return fail(r, LLMCL_ERROR_INVALID_ARGUMENT, "shape lacks the size key's dims (%s)", k->size_key);
+        return fail(r, LLMCL_ERROR_INVALID_ARGUMENT, "shape lacks the size key's dims (%s)",
+                    k->size_key);
     llmcl_tune_shape_class(key, c.shape_class);
     snprintf(r->shape_class, sizeof r->shape_class, "%s", c.shape_class);
     c.n_params = sp.n;
@@ -634,7 +655,8 @@ llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dty
         r->tried++;
         bool fits = true;
         for (int i = 0; i < sp.n && fits; ++i)
-            if (is_wg_name(sp.names[i]) && (c.values[i] < 1 || (size_t)c.values[i] > info->max_work_group_size)) {
+            if (is_wg_name(sp.names[i]) &&
+                (c.values[i] < 1 || (size_t)c.values[i] > info->max_work_group_size)) {
                 snprintf(why, sizeof why, "%s=%ld exceeds the device's work-group size %zu",
                          sp.names[i], c.values[i], info->max_work_group_size);
                 fits = false;
@@ -649,13 +671,14 @@ llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dty
         llmcl_status cst = check_run(ctx, k, &c, &b);
         if (cst != LLMCL_OK) {
             tune_reject kind = cst == LLMCL_ERROR_BUILD_FAILURE ? TUNE_REJ_BUILD
-                               : is_limit_error(cst)             ? TUNE_REJ_LIMITS
-                                                                 : TUNE_REJ_ERROR;
+                               : is_limit_error(cst)            ? TUNE_REJ_LIMITS
+                                                                : TUNE_REJ_ERROR;
             reject(r, kind, c.params_text, llmcl_last_error(ctx));
             continue;
         }
         char used[TUNE_TEXT];
-        if (llmcl_tune_params_get(ctx, k->key, dtype, c.shape_class, used, sizeof used, NULL) != LLMCL_OK ||
+        if (llmcl_tune_params_get(ctx, k->key, dtype, c.shape_class, used, sizeof used, NULL) !=
+                LLMCL_OK ||
             strcmp(used, full) != 0) {
             snprintf(why, sizeof why, "the launcher used %s", used);
             reject(r, TUNE_REJ_ADJUSTED, c.params_text, why);
@@ -736,8 +759,8 @@ static bool same_entry(json_t *e, const tune_result *r)
     const char *k = json_string_value(json_object_get(e, "kernel"));
     const char *d = json_string_value(json_object_get(e, "dtype"));
     const char *s = json_string_value(json_object_get(e, "shape_class"));
-    return k && d && s && strcmp(k, r->kernel->key) == 0 && strcasecmp(d, llmcl_dtype_name(r->dtype)) == 0 &&
-           strcmp(s, r->shape_class) == 0;
+    return k && d && s && strcmp(k, r->kernel->key) == 0 &&
+           strcasecmp(d, llmcl_dtype_name(r->dtype)) == 0 && strcmp(s, r->shape_class) == 0;
 }
 
 bool tune_write_json(const char *path, llmcl_ctx *ctx, const tune_result *results, int n,
@@ -758,11 +781,13 @@ bool tune_write_json(const char *path, llmcl_ctx *ctx, const tune_result *result
         json_object_set_new(e, "time_ms", json_real(r->best_ms));
         json_object_set_new(e, "default_params", params_json(r->default_params));
         json_object_set_new(e, "default_ms", json_real(r->default_ms));
-        json_object_set_new(e, "speedup", json_real(r->best_ms > 0 ? r->default_ms / r->best_ms : 1));
+        json_object_set_new(e, "speedup",
+                            json_real(r->best_ms > 0 ? r->default_ms / r->best_ms : 1));
         json_object_set_new(e, "candidates", json_integer(r->candidates));
         json_object_set_new(e, "timed", json_integer(r->timed));
         json_t *rej = json_object();
-        static const char *names[TUNE_REJ_COUNT] = {"limits", "build", "wrong", "adjusted", "error"};
+        static const char *names[TUNE_REJ_COUNT] = {"limits", "build", "wrong", "adjusted",
+                                                    "error"};
         for (int j = 0; j < TUNE_REJ_COUNT; ++j)
             json_object_set_new(rej, names[j], json_integer(r->rejected[j]));
         json_object_set_new(e, "rejected", rej);

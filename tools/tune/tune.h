@@ -38,10 +38,10 @@ typedef enum tune_init {
 #define TUNE_DT(d) ((int)(d) + 1)
 
 typedef struct tune_tensor_spec {
-    const char *name;      /* NULL ends the list */
+    const char *name; /* NULL ends the list */
     tune_role role;
-    const char *dims;      /* shape as dim names of the case, outermost first: "R,C" */
-    int fixed_dtype;       /* 0: the case's dtype; TUNE_DT(LLMCL_I64) and so on */
+    const char *dims; /* shape as dim names of the case, outermost first: "R,C" */
+    int fixed_dtype;  /* 0: the case's dtype; TUNE_DT(LLMCL_I64) and so on */
     tune_init init;
     const char *index_dim; /* TUNE_INIT_INDEX: values below this dim's size */
 } tune_tensor_spec;
@@ -67,9 +67,9 @@ typedef struct tune_kernel {
     const char *family; /* the .cl file stem: --kernel accepts either */
     /* Candidate values per tunable: "WG=64,128,256 VEC=1,4". */
     const char *params;
-    unsigned dtypes;     /* dtypes tuned by default: mask of 1u << llmcl_dtype */
-    const char *size_key; /* the dims whose product the launcher classes: "C" or "R*C" */
-    const char *shapes;   /* representative shapes on a GPU: "R=4096,C=4096;R=1024,C=8192" */
+    unsigned dtypes;          /* dtypes tuned by default: mask of 1u << llmcl_dtype */
+    const char *size_key;     /* the dims whose product the launcher classes: "C" or "R*C" */
+    const char *shapes;       /* representative shapes on a GPU: "R=4096,C=4096;R=1024,C=8192" */
     const char *small_shapes; /* the same on a CPU device */
     tune_tensor_spec tensors[TUNE_MAX_TENSORS];
     /* Runs the op once on tensors t (in the order of tensors[]). */
@@ -87,12 +87,12 @@ typedef struct tune_kernel {
 extern const tune_kernel tune_kernels[];
 
 typedef struct tune_options {
-    bool quick;             /* bounded search for CI */
-    int max_candidates;     /* candidates tried per case (a fixed-seed sample); 0: all */
-    int warmup, reps;       /* runs before timing; timed runs (the median is kept) */
-    double case_seconds;    /* stop trying candidates after this long in one case; 0: no limit */
-    uint64_t rotate_bytes;  /* rotate buffer sets until they span this many bytes */
-    bool for_platform;      /* write the file for any device of this platform and type */
+    bool quick;            /* bounded search for CI */
+    int max_candidates;    /* candidates tried per case (a fixed-seed sample); 0: all */
+    int warmup, reps;      /* runs before timing; timed runs (the median is kept) */
+    double case_seconds;   /* stop trying candidates after this long in one case; 0: no limit */
+    uint64_t rotate_bytes; /* rotate buffer sets until they span this many bytes */
+    bool for_platform;     /* write the file for any device of this platform and type */
     /* Called after each candidate: done of total candidates of the current case. */
     void (*progress)(void *arg, int done, int total);
     void *progress_arg;
@@ -111,17 +111,17 @@ typedef enum tune_reject {
 typedef struct tune_result {
     const tune_kernel *kernel;
     llmcl_dtype dtype;
-    char shape[96];       /* "R=4096,C=4096" */
+    char shape[96]; /* "R=4096,C=4096" */
     char shape_class[16];
     char default_params[TUNE_TEXT];
     double default_ms;
     char best_params[TUNE_TEXT];
     double best_ms;
-    int candidates;       /* in the space, after sampling */
-    int tried, timed;     /* tried: checked; timed: passed and timed */
+    int candidates;   /* in the space, after sampling */
+    int tried, timed; /* tried: checked; timed: passed and timed */
     int rejected[TUNE_REJ_COUNT];
     char last_reject[TUNE_REJ_COUNT][TUNE_TEXT]; /* an example per kind, for messages */
-    bool ok;              /* false: the case itself failed (error holds why) */
+    bool ok; /* false: the case itself failed (error holds why) */
     char error[512];
 } tune_result;
 
