@@ -304,7 +304,7 @@ LLMCL_API llmcl_status llmcl_measure_fma_rate(llmcl_ctx *ctx, double *tflops);
  * (':'-separated; "off" turns the whole database off), then llmcl_tune_db_load() and
  * llmcl_tune_override() in call order. The most specific match wins (exact device name, then
  * vendor/platform/type, then any device; then an exact dtype; then the exact shape class, the
- * nearest tuned class, any class). A bad or foreign
+ * nearest tuned class within a factor of 4, any class). A bad or foreign
  * file is skipped with a warning (llmcl_tune_db_warnings(); printed only with LLMCL_LOG=1).
  * docs/TUNING.md describes the file format and the llmcl-tune tool that writes it.
  *

@@ -119,6 +119,8 @@ static void test_valid_precedence(void **state)
     ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "1024", "ROWS=4 VEC=3 WG=5"); /* a size key: class p10 */
     ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p11", "ROWS=4 VEC=3 WG=5");  /* nearest tuned class */
     ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p13", "ROWS=4 VEC=3 WG=6");
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p16", "ROWS=4 VEC=3 WG=6");
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p17", "ROWS=4 VEC=3 WG=2"); /* too far from any */
     ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "*", "ROWS=4 VEC=3 WG=2");
     ASSERT_PARAMS(ctx, "tst", LLMCL_BF16, "p10", "ROWS=1 VEC=3 WG=2");
     ASSERT_PARAMS(ctx, "other", LLMCL_F32, "p10", "");

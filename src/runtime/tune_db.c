@@ -22,6 +22,7 @@
 #define ANY_DTYPE (-1)
 #define WARN_CAP 8192
 #define MAX_USED 4096
+#define MAX_CLASS_DISTANCE 2 /* in powers of two */
 
 /* How an entry's device was matched: higher is more specific. Overrides sit above every file. */
 enum { DEV_ANY = 0, DEV_CLASS = 1, DEV_NAME = 2, DEV_OVERRIDE = 3 };
@@ -219,12 +220,14 @@ static long entry_score(const tune_entry *e, const char *kernel, int dtype, cons
     else if (strcmp(e->shape_class, cls) == 0)
         class_score = 99;
     else {
-        /* A tuned neighbour beats no entry: the tuner covers representative shapes only. */
+        /*
+         * A tuned neighbour within a factor of 4 beats no entry (the tuner covers representative
+         * shapes only); farther away, the launcher's shape-aware heuristics know better.
+         */
         int a = class_exponent(e->shape_class), b = class_exponent(cls);
-        if (a < 0 || b < 0)
+        if (a < 0 || b < 0 || abs(a - b) > MAX_CLASS_DISTANCE)
             return -1;
-        int dist = abs(a - b);
-        class_score = 98 - (dist > 97 ? 97 : dist);
+        class_score = 98 - abs(a - b);
     }
     return e->device_level * 1000 + (e->dtype != ANY_DTYPE) * 100 + class_score;
 }

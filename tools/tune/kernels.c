@@ -14,7 +14,7 @@
 
 #define EW_WG "WG=32,64,128,256,512,1024"
 #define EW_SHAPES "N=67108864;N=4194304"
-#define EW_SMALL "N=4194304"
+#define EW_SMALL "N=4194304;N=262144"
 
 static llmcl_status run_fill(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
 {
