@@ -145,7 +145,7 @@ static int plan(const llmcl_device_info *info, char **filters, int n_filters, un
     for (const tune_kernel *k = tune_kernels; k->key; ++k) {
         if (!kernel_selected(k, filters, n_filters))
             continue;
-        unsigned mask = dtype_mask ? dtype_mask : k->dtypes;
+        unsigned mask = dtype_mask ? dtype_mask & k->dtypes : k->dtypes;
         if (quick && !dtype_mask)
             mask &= ~(mask - 1); /* the first dtype only */
         const char *shapes = shape ? shape : info->is_gpu ? k->shapes : k->small_shapes;

@@ -55,10 +55,14 @@ const tune_kernel tune_kernels[] = {
      .size_key = "N", .shapes = EW_SHAPES, .small_shapes = EW_SMALL,
      .tensors = {{"src", TUNE_IN, "N"}, {"dst", TUNE_OUT, "N"}},
      .run = run_copy},
-    /* The dtype of a cast is its destination's; the source is f32. */
+    /* The dtype of a cast is its destination's: narrowing from f32, and widening from bf16. */
     {.key = "cast", .family = "elementwise", .params = EW_WG, .dtypes = BF16 | F16,
      .size_key = "N", .shapes = EW_SHAPES, .small_shapes = EW_SMALL,
      .tensors = {{"src", TUNE_IN, "N", TUNE_DT(LLMCL_F32)}, {"dst", TUNE_OUT, "N"}},
+     .run = run_cast},
+    {.key = "cast", .family = "elementwise", .params = EW_WG, .dtypes = F32,
+     .size_key = "N", .shapes = EW_SHAPES, .small_shapes = EW_SMALL,
+     .tensors = {{"src", TUNE_IN, "N", TUNE_DT(LLMCL_BF16)}, {"dst", TUNE_OUT, "N"}},
      .run = run_cast},
     {.key = "axpy", .family = "elementwise", .params = EW_WG, .dtypes = F32 | BF16,
      .size_key = "N", .shapes = EW_SHAPES, .small_shapes = EW_SMALL,

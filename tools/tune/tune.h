@@ -67,7 +67,7 @@ typedef struct tune_kernel {
     const char *family; /* the .cl file stem: --kernel accepts either */
     /* Candidate values per tunable: "WG=64,128,256 VEC=1,4". */
     const char *params;
-    unsigned dtypes;          /* dtypes tuned by default: mask of 1u << llmcl_dtype */
+    unsigned dtypes;          /* dtypes to tune at (--dtype picks among them): 1u << dtype */
     const char *size_key;     /* the dims whose product the launcher classes: "C" or "R*C" */
     const char *shapes;       /* representative shapes on a GPU: "R=4096,C=4096;R=1024,C=8192" */
     const char *small_shapes; /* the same on a CPU device */
