@@ -133,7 +133,8 @@ static void list_kernels(void)
     printf("%-20s %-14s %-10s %s\n", "kernel", "family", "size key",
            "parameter space (candidates)");
     for (const tune_kernel *k = tune_kernels; k->key; ++k)
-        printf("%-20s %-14s %-10s %s (%ld)\n", k->key, k->family, k->size_key, k->params,
+        printf("%-20s %-14s %-10s %s (%ld)\n", k->key, k->family,
+               k->size_key_fn ? "(function)" : k->size_key, k->params,
                tune_space_size(k));
 }
 

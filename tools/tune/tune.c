@@ -567,10 +567,10 @@ llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dty
         return fail(r, LLMCL_ERROR_INVALID_ARGUMENT, "bad params in the table: \"%s\"", k->params);
     if (!parse_shape(shape, &c))
         return fail(r, LLMCL_ERROR_INVALID_ARGUMENT, "bad shape \"%s\" (NAME=SIZE,...)", shape);
-    int64_t key = dims_product(&c, k->size_key, NULL, NULL);
+    int64_t key = k->size_key_fn ? k->size_key_fn(&c) : dims_product(&c, k->size_key, NULL, NULL);
     if (key < 1)
-        return fail(r, LLMCL_ERROR_INVALID_ARGUMENT, "shape lacks the size key's dims (%s)",
-                    k->size_key);
+        return fail(r, LLMCL_ERROR_INVALID_ARGUMENT, "no size key from this shape (%s)",
+                    k->size_key ? k->size_key : "size_key_fn");
     llmcl_tune_shape_class(key, c.shape_class);
     snprintf(r->shape_class, sizeof r->shape_class, "%s", c.shape_class);
     c.n_params = sp.n;

@@ -69,6 +69,8 @@ typedef struct tune_kernel {
     const char *params;
     unsigned dtypes;          /* dtypes to tune at (--dtype picks among them): 1u << dtype */
     const char *size_key;     /* the dims whose product the launcher classes: "C" or "R*C" */
+    /* Optional, instead of size_key: the launcher's size key when it is no product of dims. */
+    int64_t (*size_key_fn)(const tune_case *c);
     const char *shapes;       /* representative shapes on a GPU: "R=4096,C=4096;R=1024,C=8192" */
     const char *small_shapes; /* the same on a CPU device */
     tune_tensor_spec tensors[TUNE_MAX_TENSORS];
