@@ -337,7 +337,9 @@ ce_prepare(int flags, const __global label_t *labels, ulong loff, long n, long V
         const long y = LABEL(labels, loff + i);
         if (y == ignore_index)
             continue;
-        if (y < 0 || y >= V) {
+        /* one unsigned compare: rusticl's llvmpipe (LLVM 15) folds y < 0 || y >= V wrongly when
+           y is a sign-extended int */
+        if ((ulong)y >= (ulong)V) {
             bad = min(bad, i);
             continue;
         }
