@@ -387,7 +387,8 @@ LLMCL_API llmcl_status llmcl_linear_cross_entropy_forward(
  * Fully fused linear cross-entropy, forward: the same loss as llmcl_linear_cross_entropy_forward
  * with every logit computed in a T x T tile of local memory (fp32 FMA) and folded into an online
  * LSE; nothing of size N x V is stored. Writes loss, optionally z_loss, and lse (f32, N elements,
- * required: the backward reads it). Extra memory O(N x splits + V).
+ * required: the backward reads it). Extra memory O(N x splits), splits being the work-groups per
+ * row tile across the vocabulary (opts->vocab_splits, or chosen from N and the compute units).
  */
 LLMCL_API llmcl_status llmcl_fused_cross_entropy_forward(
     llmcl_ctx *ctx, const llmcl_tensor *hidden, const llmcl_tensor *weight,
