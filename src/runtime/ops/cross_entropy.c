@@ -254,6 +254,17 @@ static llmcl_status ce_finish(ce_run *r, llmcl_tensor *loss, llmcl_tensor *z_los
     return llmcl__launch(&a, 1, &g, &g);
 }
 
+/*
+ * A host-side tunable (SPLIT) is no -D define, but the tuning database still records the value used
+ * (llmcl_tune_params_get): define it into a set that is thrown away.
+ */
+static void record_host_params(llmcl__params *p, int64_t split)
+{
+    llmcl__param_set(p, "SPLIT", (long)split);
+    llmcl__defines unused = {0};
+    llmcl__params_define(p, &unused);
+}
+
 /* Work-groups per row across the vocabulary for the row kernels. */
 static int64_t row_splits(const ce_run *r, int64_t nrows)
 {
@@ -271,7 +282,9 @@ static int64_t row_splits(const ce_run *r, int64_t nrows)
     llmcl__shape_class(nrows, cls);
     llmcl__params_lookup(r->ctx, "ce_split", r->dt, cls, &p);
     s = llmcl__param_get(&p, "SPLIT", (long)s);
-    return s >= 1 ? s : 1;
+    s = s >= 1 ? s : 1;
+    record_host_params(&p, s);
+    return s;
 }
 
 /* Logits rows to process: nrows rows of x (row r is global row row0 + r), dlogits into dx. */
@@ -870,6 +883,8 @@ llmcl_status llmcl_fused_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tenso
     const size_t twg =
         (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
     const int64_t rt = llmcl__div_up(n, t), vt = llmcl__div_up(v, t);
+    cl_kernel k;
+    LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, "cce_fwd", &k), done);
     int64_t splits = r.o.vocab_splits;
     if (!splits) {
         const int64_t want = (int64_t)ctx->info.compute_units * (ctx->info.is_gpu ? 4 : 1);
@@ -880,6 +895,8 @@ llmcl_status llmcl_fused_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tenso
         llmcl__shape_class(rt, cls);
         llmcl__params_lookup(ctx, "cce_split", r.dt, cls, &sp);
         splits = llmcl__param_get(&sp, "SPLIT", (long)splits);
+        splits = splits < 1 ? 1 : splits > vt ? vt : splits;
+        record_host_params(&sp, splits);
     }
     splits = splits < 1 ? 1 : splits > vt ? vt : splits;
     const int64_t np = n * splits * 3;
@@ -887,8 +904,6 @@ llmcl_status llmcl_fused_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tenso
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n, "fused CE target logits", &xyb),
                     done);
 
-    cl_kernel k;
-    LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, "cce_fwd", &k), done);
     llmcl__args a = llmcl__args_begin(ctx, k);
     llmcl__arg_i32(&a, ce_flags(&r, bias != NULL));
     tile_args(&a, &r, hidden, &lin, weight, bias);
