@@ -39,6 +39,11 @@
  *              T % TN == 0, BK <= T, T <= (T/TM)(T/TN) = the work-group size
  *              <= max work-group size; local memory of cce_bwd_* 4 (T*T + 2*BK*T)
  *              bytes and of cce_fwd 4 (2*BK*T + 3*T*T/TN) bytes <= the device's.
+ *
+ * Tuning keys (src/runtime/ops/cross_entropy.c): "ce_rows" (WG, UNROLL; shape class from V; every
+ * ce_* kernel and cce_coefs build with them), "ce_split" (SPLIT, host side: work-groups per row,
+ * class from the row count), "cce_fwd", "cce_bwd_dh", "cce_bwd_dw" (T, BK, TM, TN; classes from V,
+ * N and V) and "cce_split" (SPLIT, host side: vocabulary splits of cce_fwd, class from N / T).
  */
 
 #ifndef DT
