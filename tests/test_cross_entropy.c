@@ -226,6 +226,24 @@ static void test_ce_edges(void **state)
     }
 }
 
+/* The GPU's row-kernel shapes on any device: unrolled loads, other work-group sizes, forced splits.
+ */
+static void test_ce_tunables(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const char *params[] = {"WG=128 UNROLL=2", "WG=32 UNROLL=4", "WG=256 UNROLL=2"};
+    for (int i = 0; i < 3; ++i) {
+        TH_OK(llmcl_tune_override(ctx, "ce_rows", LLMCL_BF16, "*", params[i]));
+        TH_OK(
+            llmcl_tune_override(ctx, "ce_split", LLMCL_BF16, "*", i == 1 ? "SPLIT=3" : "SPLIT=1"));
+        const ce_case c = {LLMCL_BF16, LLMCL_I64, 0, 0.1f, 1e-3f, 4.0f, true,
+                           1,          0,         7, 5003, 4,     3,    -100};
+        run_case(&c, 500 + i);
+    }
+    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_BF16, NULL, NULL));
+}
+
 /* A view with a row stride that is not a multiple of 8 elements: every row has its own head. */
 static void test_ce_strided_rows(void **state)
 {
@@ -591,6 +609,36 @@ static void test_fused_ce(void **state)
     }
 }
 
+/* The GPU's default tiles on any device (64 x 64 with 4 x 4 per work-item; 32 x 32 with 2 x 2 for
+   dhidden when row tiles are few). */
+static void test_fused_gpu_tiles(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    TH_OK(llmcl_tune_override(ctx, "cce_fwd", LLMCL_F32, "*", "T=64 BK=16 TM=4 TN=4"));
+    TH_OK(llmcl_tune_override(ctx, "cce_bwd_dw", LLMCL_F32, "*", "T=64 BK=16 TM=4 TN=4"));
+    TH_OK(llmcl_tune_override(ctx, "cce_bwd_dh", LLMCL_F32, "*", "T=32 BK=16 TM=2 TN=2"));
+    const lin_case *c = &lin_cases[2]; /* none, softcap, bias, class weights */
+    lin_problem p = lin_make(600, 70, c->h, 200, LLMCL_F32, c->bias, c->cweights, 5);
+    const ref_ce_opts ro = {-100, c->reduction, c->eps, c->zs, c->cap, p.cw};
+    lin_ref r = lin_reference(&p, &ro, NULL);
+    llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &p.n), *tlse = th_tensor(LLMCL_F32, 1, &p.n);
+    lin_grads g = lin_grads_new(&p, c->bias);
+    const llmcl_ce_options o = lin_opts(c, &p);
+    TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, NULL, tlse));
+    TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, &o, g.dh,
+                                             g.dw, g.db));
+    double *gl = download(tl);
+    TH_ASSERT_CLOSE("loss", r.loss, gl, (size_t)p.n, loss_tol);
+    lin_check(&p, &r, &g);
+    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
+    free(gl);
+    llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tlse);
+    lin_grads_free(&g);
+    lin_ref_free(&r);
+    lin_free(&p);
+}
+
 /* Gradient filtering: off is exact (above); on, small skipped probabilities change little. */
 static void test_fused_filter(void **state)
 {
@@ -752,10 +800,11 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ref_gradient),    cmocka_unit_test(test_ce_options),
-        cmocka_unit_test(test_ce_edges),        cmocka_unit_test(test_ce_strided_rows),
-        cmocka_unit_test(test_ce_bad_labels),   cmocka_unit_test(test_ce_bad_args),
-        cmocka_unit_test(test_ce_grad_scale),   cmocka_unit_test(test_linear_ce),
-        cmocka_unit_test(test_fused_ce),        cmocka_unit_test(test_fused_filter),
+        cmocka_unit_test(test_ce_edges),        cmocka_unit_test(test_ce_tunables),
+        cmocka_unit_test(test_ce_strided_rows), cmocka_unit_test(test_ce_bad_labels),
+        cmocka_unit_test(test_ce_bad_args),     cmocka_unit_test(test_ce_grad_scale),
+        cmocka_unit_test(test_linear_ce),       cmocka_unit_test(test_fused_ce),
+        cmocka_unit_test(test_fused_gpu_tiles), cmocka_unit_test(test_fused_filter),
         cmocka_unit_test(test_paths_agree),     cmocka_unit_test(test_memory),
         cmocka_unit_test(test_linear_bad_args),
     };

@@ -141,6 +141,12 @@ inline void store8_F16(__global ushort *p, long i, float8 v)
 #define LOAD8(p, i) LLMCL_CAT(load8_, DT)((p), (i))
 #define STORE8(p, i, v) LLMCL_CAT(store8_, DT)((p), (i), (v))
 
+/* 1.0 in lane d of eight, 0 elsewhere. */
+inline float8 lane_onehot(int d)
+{
+    return convert_float8(-((int8)(0, 1, 2, 3, 4, 5, 6, 7) == (int8)d));
+}
+
 inline float hmax8(float8 v)
 {
     const float4 a = fmax(v.lo, v.hi);
@@ -285,14 +291,28 @@ inline ce_span ce_span_of(long base, long V, long sp, long ns)
         const long t_ = sn_.h + 8 * sn_.nk + lid_;                                                \
         if ((sp) == (ns) - 1 && lid_ < 8 && t_ < (V))                                             \
             GRAD1(x, base, dx, dbase, t_, q, lse, y);                                             \
-        for (long k_ = sn_.k0 + lid_; k_ < sn_.k1; k_ += WG) {                                    \
-            const long j_ = sn_.h + 8 * k_;                                                       \
-            const float8 xc_ = CAP(LOAD8(x, (base) + j_));                                        \
-            float8 g_ = (q).x * exp(xc_ - (lse)) - (q).z * WEIGHT8(j_);                           \
-            const long d_ = (y) - j_;                                                             \
-            if (d_ >= 0 && d_ < 8)                                                                \
-                g_ -= (q).y * convert_float8(-((int8)(0, 1, 2, 3, 4, 5, 6, 7) == (int8)(int)d_)); \
-            STORE8(dx, (dbase) + j_, g_ * CAP_DERIV(xc_));                                        \
+        /* UNROLL chunks loaded before any is stored: a work-item's chunks are distinct, so this  \
+           is safe in place and keeps more loads in flight */                                     \
+        for (long k_ = sn_.k0 + lid_; k_ < sn_.k1; k_ += (long)WG * UNROLL) {                     \
+            float8 v_[UNROLL];                                                                    \
+            _Pragma("unroll") for (int u_ = 0; u_ < UNROLL; ++u_)                                 \
+            {                                                                                     \
+                const long kk_ = k_ + (long)u_ * WG;                                              \
+                if (kk_ < sn_.k1)                                                                 \
+                    v_[u_] = LOAD8(x, (base) + sn_.h + 8 * kk_);                                  \
+            }                                                                                     \
+            _Pragma("unroll") for (int u_ = 0; u_ < UNROLL; ++u_)                                 \
+            {                                                                                     \
+                const long kk_ = k_ + (long)u_ * WG, j_ = sn_.h + 8 * kk_;                        \
+                if (kk_ >= sn_.k1)                                                                \
+                    break;                                                                        \
+                const float8 xc_ = CAP(v_[u_]);                                                   \
+                float8 g_ = (q).x * exp(xc_ - (lse)) - (q).z * WEIGHT8(j_);                       \
+                const long d_ = (y) - j_;                                                         \
+                if (d_ >= 0 && d_ < 8)                                                            \
+                    g_ -= (q).y * lane_onehot((int)d_);                                           \
+                STORE8(dx, (dbase) + j_, g_ * CAP_DERIV(xc_));                                    \
+            }                                                                                     \
         }                                                                                         \
     } while (0)
 
