@@ -804,8 +804,9 @@ static llmcl_status tile_params(ce_run *r, const char *key, int64_t shape_key, l
     llmcl_ctx *ctx = r->ctx;
     long t = ctx->info.is_gpu ? 64 : 32, tm = 4, tn = 4;
     if (ctx->info.is_gpu && !strcmp(key, "cce_bwd_dh") &&
-        llmcl__div_up(r->n, 64) < 2 * (int64_t)ctx->info.compute_units) {
-        t = 32; /* few row tiles: smaller tiles keep more work-groups busy */
+        2 * llmcl__div_up(r->n, 64) < (int64_t)ctx->info.compute_units) {
+        /* dhidden has one work-group per row tile: with few, smaller tiles keep more CUs busy */
+        t = 32;
         tm = tn = 2;
     }
     while (t > 16 && !tile_ok(ctx, t, 16, tm, tn))
