@@ -232,8 +232,8 @@ static void test_ce_tunables(void **state)
 {
     (void)state;
     llmcl_ctx *ctx = th_ctx();
-    const char *params[] = {"WG=128 UNROLL=2", "WG=32 UNROLL=4", "WG=256 UNROLL=2"};
-    for (int i = 0; i < 3; ++i) {
+    const char *params[] = {"WG=128 UNROLL=2", "WG=32 UNROLL=4"};
+    for (int i = 0; i < 2; ++i) {
         TH_OK(llmcl_tune_override(ctx, "ce_rows", LLMCL_BF16, "*", params[i]));
         TH_OK(
             llmcl_tune_override(ctx, "ce_split", LLMCL_BF16, "*", i == 1 ? "SPLIT=3" : "SPLIT=1"));

@@ -37,8 +37,8 @@
  *   BK         fused path k-slice held in local memory: 8, 16, 32 (default 16)
  *   TM, TN     fused path register tile per work-item: 1, 2, 4, 8 (default 4, 4); T % TM == 0,
  *              T % TN == 0, BK <= T, T <= (T/TM)(T/TN) = the work-group size
- *              <= max work-group size; local memory of cce_bwd_* 4 (T*T + 2*BK*T)
- *              bytes and of cce_fwd 4 (2*BK*T + 3*T*T/TN) bytes <= the device's.
+ *              <= max work-group size; local memory of cce_bwd_* 4 (T*T + 2*BK*(T+4))
+ *              bytes and of cce_fwd 4 (2*BK*(T+4) + 3*T*T/TN) bytes <= the device's.
  *
  * Tuning keys (src/runtime/ops/cross_entropy.c): "ce_rows" (WG, UNROLL; shape class from V; every
  * ce_* kernel and cce_coefs build with them), "ce_split" (SPLIT, host side: work-groups per row,
@@ -74,6 +74,9 @@
 #define NTX (T / TN)
 #define NTY (T / TM)
 #define TWG (NTX * NTY)
+/* Row pitch of the k-slices in local memory: 4 floats of padding spread the transposed stores of
+   cce_tile over the banks and keep rows 16-byte aligned. */
+#define LDT (T + 4)
 /* A work-item's rows and columns within a tile: contiguous runs, so local loads can be vectors. */
 #define RI(i) (ty * TM + (i))
 #define CJ(j) (tx * TN + (j))
@@ -596,15 +599,16 @@ inline void cce_tile(const __global st_t *hid, ulong hoff, long hs, long N, long
         for (int e = lid; e < T * BK; e += TWG) {
             const int mm = e / BK, kk = e % BK;
             const long k = k0 + kk;
-            As[kk * T + mm] =
+            As[kk * LDT + mm] =
                 (r0 + mm < N && k < H) ? LOAD(DT, hid, hoff + (r0 + mm) * hs + k) : 0.0f;
-            Bs[kk * T + mm] = (v0 + mm < V && k < H) ? LOAD(DT, w, wo + (v0 + mm) * wst + k) : 0.0f;
+            Bs[kk * LDT + mm] =
+                (v0 + mm < V && k < H) ? LOAD(DT, w, wo + (v0 + mm) * wst + k) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int kk = 0; kk < BK; ++kk) {
             float a[TM], b[TN];
-            LDS_RUN(a, TM, As + kk * T + RI(0));
-            LDS_RUN(b, TN, Bs + kk * T + CJ(0));
+            LDS_RUN(a, TM, As + kk * LDT + RI(0));
+            LDS_RUN(b, TN, Bs + kk * LDT + CJ(0));
             for (int i = 0; i < TM; ++i)
                 for (int j = 0; j < TN; ++j)
                     acc[i][j] = fma(a[i], b[j], acc[i][j]);
@@ -627,7 +631,7 @@ cce_fwd(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H
         const __global int *stats, long ignore_index, float cap, __global float *part,
         __global float *xyb)
 {
-    __local float As[BK * T] LOCAL_ALIGNED, Bs[BK * T] LOCAL_ALIGNED;
+    __local float As[BK * LDT] LOCAL_ALIGNED, Bs[BK * LDT] LOCAL_ALIGNED;
     __local float red[3 * T * NTX];
     if (stats[0] >= 0)
         return;
@@ -791,7 +795,7 @@ cce_bwd_dh(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
            ulong woff, const __global int *stats, const __global float *coef, float cap,
            float filter, __global float *dh, ulong dhoff, long dhs)
 {
-    __local float As[BK * T] LOCAL_ALIGNED, Bs[BK * T] LOCAL_ALIGNED, Gs[T * T] LOCAL_ALIGNED;
+    __local float As[BK * LDT] LOCAL_ALIGNED, Bs[BK * LDT] LOCAL_ALIGNED, Gs[T * T] LOCAL_ALIGNED;
     __local int keep;
     if (stats[0] >= 0)
         return;
@@ -850,7 +854,7 @@ cce_bwd_dw(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
            float filter, int has_dw, __global float *dw, ulong dwoff, long dws, int has_db,
            __global float *db, ulong dboff)
 {
-    __local float As[BK * T] LOCAL_ALIGNED, Bs[BK * T] LOCAL_ALIGNED, Gs[T * T] LOCAL_ALIGNED;
+    __local float As[BK * LDT] LOCAL_ALIGNED, Bs[BK * LDT] LOCAL_ALIGNED, Gs[T * T] LOCAL_ALIGNED;
     __local int keep;
     if (stats[0] >= 0)
         return;

@@ -784,8 +784,8 @@ done:
 /* Local bytes a tile configuration needs (the larger of the forward and the backward). */
 static uint64_t tile_local_bytes(long t, long bk, long tn)
 {
-    const uint64_t fwd = 4u * (uint64_t)(2 * bk * t + 3 * t * (t / tn));
-    const uint64_t bwd = 4u * (uint64_t)(t * t + 2 * bk * t) + 16;
+    const uint64_t fwd = 4u * (uint64_t)(2 * bk * (t + 4) + 3 * t * (t / tn));
+    const uint64_t bwd = 4u * (uint64_t)(t * t + 2 * bk * (t + 4)) + 16;
     return fwd > bwd ? fwd : bwd;
 }
 
