@@ -176,6 +176,12 @@ static void ce_row_params(ce_run *r)
     char cls[16];
     llmcl__shape_class(r->v > 0 ? r->v : 1, cls);
     llmcl__params_lookup(r->ctx, "ce_rows", r->dt, cls, &r->rp);
+    /* the reductions need a power of two of at least 32; unrolling is bounded */
+    const long w = llmcl__param_get(&r->rp, "WG", wg), u = llmcl__param_get(&r->rp, "UNROLL", 1);
+    if (w < 32 || w > wg_max || (w & (w - 1)))
+        llmcl__param_set(&r->rp, "WG", wg < wg_max ? wg : wg_max);
+    if (u < 1 || u > 8)
+        llmcl__param_set(&r->rp, "UNROLL", ctx->info.is_gpu ? 2 : 1);
 }
 
 /*
@@ -819,14 +825,19 @@ static llmcl_status tile_params(ce_run *r, const char *key, int64_t shape_key, l
     char cls[16];
     llmcl__shape_class(shape_key, cls);
     llmcl__params_lookup(ctx, key, r->dt, cls, p);
+    if (!tile_ok(ctx, llmcl__param_get(p, "T", 0), llmcl__param_get(p, "BK", 0),
+                 llmcl__param_get(p, "TM", 0), llmcl__param_get(p, "TN", 0))) {
+        /* an entry made for another device or shape: back to the defaults */
+        llmcl__param_set(p, "T", t);
+        llmcl__param_set(p, "BK", 16);
+        llmcl__param_set(p, "TM", tm);
+        llmcl__param_set(p, "TN", tn);
+    }
     LLMCL__REQUIRE(ctx,
                    tile_ok(ctx, llmcl__param_get(p, "T", 0), llmcl__param_get(p, "BK", 0),
                            llmcl__param_get(p, "TM", 0), llmcl__param_get(p, "TN", 0)),
                    LLMCL_ERROR_UNSUPPORTED,
-                   "%s: tile T=%ld BK=%ld TM=%ld TN=%ld does not fit this device (%zu work-items, "
-                   "%llu bytes of local memory)",
-                   key, llmcl__param_get(p, "T", 0), llmcl__param_get(p, "BK", 0),
-                   llmcl__param_get(p, "TM", 0), llmcl__param_get(p, "TN", 0),
+                   "%s: no tile fits this device (%zu work-items, %llu bytes of local memory)", key,
                    ctx->info.max_work_group_size, (unsigned long long)ctx->info.local_mem_bytes);
     return LLMCL_OK;
 }
