@@ -84,15 +84,23 @@ inline floatv vload_BF16(const __global ushort *p, long i)
 {
     return bf16v_to_f32(LLMCL_CAT(vload, VEC)(0, p + i));
 }
+/* f16 element by element: PoCL's vload_halfN / vstore_halfN fault on addresses that are not
+ * vector-aligned. */
 inline floatv vload_F16(const __global ushort *p, long i)
 {
-    return LLMCL_CAT(vload_half, VEC)(0, (const __global half *)(p + i));
+    float a[VEC];
+    for (int j = 0; j < VEC; ++j)
+        a[j] = vload_half(i + j, (const __global half *)p);
+    return LLMCL_CAT(vload, VEC)(0, a);
 }
 inline void vstore_F32(__global float *p, long i, floatv v) { LLMCL_CAT(vstore, VEC)(v, 0, p + i); }
 inline void vstore_BF16(__global ushort *p, long i, floatv v) { LLMCL_CAT(vstore, VEC)(f32v_to_bf16(v), 0, p + i); }
 inline void vstore_F16(__global ushort *p, long i, floatv v)
 {
-    LLMCL_CAT(LLMCL_CAT(vstore_half, VEC), _rte)(v, 0, (__global half *)(p + i));
+    float a[VEC];
+    LLMCL_CAT(vstore, VEC)(v, 0, a);
+    for (int j = 0; j < VEC; ++j)
+        vstore_half_rte(a[j], i + j, (__global half *)p);
 }
 #endif
 #endif
@@ -113,12 +121,29 @@ inline floatv act_bwd(floatv x, floatv *a)
     return s * (1.0f + x * (1.0f - s));
 }
 #elif ACT == 1
-inline floatv act_fwd(floatv x) { return 0.5f * x * (1.0f + tanh(GELU_K0 * (x + GELU_K1 * x * x * x))); }
+/*
+ * tanh(u) and 1 - tanh(u)^2 through e = exp(-2|u|): in the tails 1 - tanh^2 comes out as the tiny
+ * (or zero) 4e / (1 + e)^2 it is, where 1 - t * t with a tanh that rounds to 1 - ulp would be
+ * 1e-7, enough to spoil x^3-sized derivatives.
+ */
+inline floatv tanh_sech2(floatv u, floatv *sech2)
+{
+    const floatv e = exp(-2.0f * fabs(u));
+    const floatv r = 1.0f / (1.0f + e);
+    *sech2 = 4.0f * e * r * r;
+    return copysign((1.0f - e) * r, u);
+}
+inline floatv act_fwd(floatv x)
+{
+    floatv s2;
+    return 0.5f * x * (1.0f + tanh_sech2(GELU_K0 * (x + GELU_K1 * x * x * x), &s2));
+}
 inline floatv act_bwd(floatv x, floatv *a)
 {
-    const floatv t = tanh(GELU_K0 * (x + GELU_K1 * x * x * x));
+    floatv s2;
+    const floatv t = tanh_sech2(GELU_K0 * (x + GELU_K1 * x * x * x), &s2);
     *a = 0.5f * x * (1.0f + t);
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K0 * (1.0f + 3.0f * GELU_K1 * x * x);
+    return 0.5f * (1.0f + t) + 0.5f * x * s2 * GELU_K0 * (1.0f + 3.0f * GELU_K1 * x * x);
 }
 #else
 inline floatv act_fwd(floatv x) { return 0.5f * x * (1.0f + erf(x * SQRT1_2)); }

@@ -17,6 +17,8 @@ typedef struct family {
 
 static const family families[] = {
     {"elementwise", bench_elementwise},
+    {"rope", bench_rope},
+    {"glu", bench_glu},
 };
 
 #define MAX_ROWS 256
