@@ -413,44 +413,61 @@ static void test_packed_qkv(void **state)
     }
 }
 
-/* HF-style [T, rotary_dim] tables, used through a view of their first half. */
-static void test_hf_table_view(void **state)
+/*
+ * Tables as strided views: Hugging Face's [T, rotary_dim] tables (cat(freqs, freqs)) through a view
+ * of their first half, and views whose row stride and offset are not multiples of the vector width
+ * (the element-aligned table loads).
+ */
+static void run_table_view(llmcl_dtype dt, int64_t row_stride, int64_t offset, uint64_t seed)
 {
-    (void)state;
     llmcl_ctx *ctx = th_ctx();
-    const int64_t T = 6, D = 16, P = 8, shape[4] = {1, 2, T, D};
-    double x[2 * 6 * 16], ref[2 * 6 * 16], got[2 * 6 * 16], pos[6], inv[8];
-    double rc[6 * 8], rs[6 * 8], hc[6 * 16], hs[6 * 16];
-    th_rng r = th_rng_new(91);
-    th_fill_uniform(&r, x, 2 * T * D, -1.0, 1.0);
-    th_round_all(LLMCL_F32, x, 2 * T * D);
+    enum { T = 6, D = 16, P = 8, H = 3 };
+    const int64_t shape[4] = {1, H, T, D};
+    double x[H * T * D], ref[H * T * D], got[H * T * D], pos[T], inv[P], rc[T * P], rs[T * P];
+    const size_t nt = (size_t)(T * row_stride + offset);
+    double *hc = th_alloc(nt * sizeof(double)), *hs = th_alloc(nt * sizeof(double));
+    th_rng r = th_rng_new(seed);
+    th_fill_uniform(&r, x, H * T * D, -1.0, 1.0);
+    th_round_all(dt, x, H * T * D);
     for (int64_t t = 0; t < T; ++t)
         pos[t] = (double)t;
     rope_ref_inv_freq(inv, D, 10000.0, NULL);
     rope_ref_tables(rc, rs, pos, T, inv, P, 0);
     th_round_all(LLMCL_F32, rc, T * P);
     th_round_all(LLMCL_F32, rs, T * P);
+    for (size_t i = 0; i < nt; ++i) /* what the view must not read */
+        hc[i] = hs[i] = 7.0;
     for (int64_t t = 0; t < T; ++t)
-        for (int64_t i = 0; i < D; ++i) {
-            hc[t * D + i] = rc[t * P + i % P];
-            hs[t * D + i] = rs[t * P + i % P];
+        for (int64_t i = 0; i < row_stride - offset % row_stride && i < 2 * P; ++i) {
+            hc[offset + t * row_stride + i] = rc[t * P + i % P];
+            hs[offset + t * row_stride + i] = rs[t * P + i % P];
         }
-    const int64_t ts[2] = {T, D}, vs[2] = {T, P}, vst[2] = {D, 1};
-    llmcl_tensor *tc = th_tensor_from(LLMCL_F32, 2, ts, hc), *tsn = th_tensor_from(LLMCL_F32, 2, ts, hs);
-    llmcl_tensor *vc, *vsn, *q = th_tensor_from(LLMCL_F32, 4, shape, x);
-    TH_OK(llmcl_tensor_view(tc, 2, vs, vst, 0, &vc));
-    TH_OK(llmcl_tensor_view(tsn, 2, vs, vst, 0, &vsn));
+    const int64_t tn = (int64_t)nt, vs[2] = {T, P}, vst[2] = {row_stride, 1};
+    llmcl_tensor *tc = th_tensor_from(LLMCL_F32, 1, &tn, hc), *tsn = th_tensor_from(LLMCL_F32, 1, &tn, hs);
+    llmcl_tensor *vc, *vsn, *q = th_tensor_from(dt, 4, shape, x);
+    TH_OK(llmcl_tensor_view(tc, 2, vs, vst, offset, &vc));
+    TH_OK(llmcl_tensor_view(tsn, 2, vs, vst, offset, &vsn));
     llmcl_rope_options opt = {0};
     opt.cos = vc;
     opt.sin = vsn;
     TH_OK(llmcl_rope_forward(ctx, q, NULL, &opt));
     th_download(q, got);
     memcpy(ref, x, sizeof ref);
-    rope_ref_apply(ref, 1, 2, T, D, D, 0, rc, rs, 0, 0);
-    TH_ASSERT_CLOSE("rope with a view of an HF table", ref, got, 2 * (size_t)(T * D),
-                    th_tol_for(LLMCL_F32));
+    rope_ref_apply(ref, 1, H, T, D, D, 0, rc, rs, 0, 0);
+    TH_ASSERT_CLOSE("rope with table views", ref, got, (size_t)(H * T * D), th_tol_for(dt));
     llmcl_tensor_destroy(vc), llmcl_tensor_destroy(vsn), llmcl_tensor_destroy(tc);
     llmcl_tensor_destroy(tsn), llmcl_tensor_destroy(q);
+    free(hc), free(hs);
+}
+
+static void test_table_views(void **state)
+{
+    (void)state;
+    uint64_t seed = 90;
+    for (size_t d = 0; d < 3; ++d) {
+        run_table_view(DTYPES[d], 16, 0, seed++); /* HF's [T, rotary_dim] */
+        run_table_view(DTYPES[d], 11, 3, seed++); /* unaligned rows */
+    }
 }
 
 static void test_bad_inputs(void **state)
@@ -562,7 +579,7 @@ int main(void)
         cmocka_unit_test(test_llama3),
         cmocka_unit_test(test_large_positions),
         cmocka_unit_test(test_packed_qkv),
-        cmocka_unit_test(test_hf_table_view),
+        cmocka_unit_test(test_table_views),
         cmocka_unit_test(test_bad_inputs),
     };
     return TH_RUN(tests);

@@ -13,6 +13,7 @@
  *   ACT     0 SiLU, 1 GELU tanh form, 2 GELU exact (erf).
  *   HAS_UP  1: glu_fwd gives act(g) * u, glu_bwd gives dg and du; 0: the activation alone,
  *           glu_fwd gives act(g), glu_bwd gives dg = dy * act'(g).
+ *   FAST    1: native exp and reciprocal (the launcher sets it for 16-bit storage); 0: precise.
  *   ALIGNED 1: every row start is a multiple of VEC elements, so loads and stores are whole
  *           vectors (16 bytes for VEC 8 of 16-bit or VEC 4 of f32); 0: element-aligned vloadn
  *           with a scalar tail per row, for odd row lengths and strides.
@@ -33,6 +34,9 @@
 #endif
 #ifndef ALIGNED
 #define ALIGNED 0
+#endif
+#ifndef FAST
+#define FAST 0
 #endif
 #ifndef VEC
 #define VEC 8
@@ -112,11 +116,24 @@ inline void vstore_F16(__global ushort *p, long i, floatv v)
 #define SQRT1_2 0.7071067811865476f
 #define INV_SQRT_2PI 0.3989422804014327f
 
+/*
+ * FAST: native exp and reciprocal (a few ulps) where the output is 16-bit and its rounding (2^-9
+ * for bf16, 2^-12 for f16) hides them, sparing the ALU work of the precise forms, which on a GPU
+ * rivals the memory time; f32 outputs use the precise built-ins.
+ */
+#if FAST
+#define EXP(x) native_exp(x)
+#define RECIP(x) native_recip(x)
+#else
+#define EXP(x) exp(x)
+#define RECIP(x) (1.0f / (x))
+#endif
+
 #if ACT == 0
-inline floatv act_fwd(floatv x) { return x / (1.0f + exp(-x)); }
+inline floatv act_fwd(floatv x) { return x * RECIP(1.0f + EXP(-x)); }
 inline floatv act_bwd(floatv x, floatv *a)
 {
-    const floatv s = 1.0f / (1.0f + exp(-x));
+    const floatv s = RECIP(1.0f + EXP(-x));
     *a = x * s;
     return s * (1.0f + x * (1.0f - s));
 }
@@ -128,8 +145,8 @@ inline floatv act_bwd(floatv x, floatv *a)
  */
 inline floatv tanh_sech2(floatv u, floatv *sech2)
 {
-    const floatv e = exp(-2.0f * fabs(u));
-    const floatv r = 1.0f / (1.0f + e);
+    const floatv e = EXP(-2.0f * fabs(u));
+    const floatv r = RECIP(1.0f + e);
     *sech2 = 4.0f * e * r * r;
     return copysign((1.0f - e) * r, u);
 }
@@ -151,7 +168,7 @@ inline floatv act_bwd(floatv x, floatv *a)
 {
     const floatv cdf = 0.5f * (1.0f + erf(x * SQRT1_2));
     *a = x * cdf;
-    return cdf + x * INV_SQRT_2PI * exp(-0.5f * x * x);
+    return cdf + x * INV_SQRT_2PI * EXP(-0.5f * x * x);
 }
 #endif
 

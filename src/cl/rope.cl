@@ -18,6 +18,8 @@
  *   STYLE   0 half-split (Hugging Face / NeoX), 1 interleaved (GPT-J).
  *   SRC     0 f32 cos/sin tables indexed [b, t, i] by strides; 1 angles from positions.
  *   POS_DT  I32 or I64: the positions' storage (SRC 1).
+ *   TALIGNED 1: the tables' offsets and strides are multiples of VEC (whole-vector loads);
+ *           0: element-aligned vloadn.
  * Tunables:
  *   VEC     pairs per work-item: 1, 2, 4 or 8 (default 8). The launcher lowers it until the pair
  *           count and every offset and stride of q and k are multiples of it, so q and k move as
@@ -43,6 +45,9 @@
 #ifndef POS_DT
 #define POS_DT I32
 #endif
+#ifndef TALIGNED
+#define TALIGNED 0
+#endif
 #ifndef VEC
 #define VEC 8
 #endif
@@ -64,7 +69,11 @@ typedef LLMCL_CAT(uint, VEC) uintv;
 typedef LLMCL_CAT(int, VEC) intv;
 #define VLOAD(p, i) LLMCL_CAT(vload_, DT)((p), (i))
 #define VSTORE(p, i, v) LLMCL_CAT(vstore_, DT)((p), (i), (v))
-#define TLOAD(p) LLMCL_CAT(vload, VEC)(0, (p)) /* tables: element-aligned */
+#if TALIGNED
+#define TLOAD(p) (*(const __global floatv *)(p))
+#else
+#define TLOAD(p) LLMCL_CAT(vload, VEC)(0, (p))
+#endif
 
 inline ushortv f32v_to_bf16(floatv f)
 {

@@ -121,6 +121,7 @@ static llmcl_status glu_launch(llmcl_ctx *ctx, const char *key, const char *knam
     llmcl__define_int(&d, "ACT", (long long)act);
     llmcl__define_int(&d, "HAS_UP", has_up);
     llmcl__define_int(&d, "ALIGNED", aligned);
+    llmcl__define_int(&d, "FAST", dtype != LLMCL_F32);
     llmcl__params_define(&p, &d);
     cl_kernel kernel;
     LLMCL__TRY(llmcl__kernel(ctx, "glu", &d, kname, &kernel));

@@ -281,7 +281,7 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     llmcl__param_set(&p, "HPT", 4);
     char cls[16];
     llmcl__shape_class(c.pairs * heads, cls);
-    llmcl__params_lookup(ctx, "rope", dt, cls, &p);
+    llmcl__params_lookup(ctx, c.tables ? "rope" : "rope_pos", dt, cls, &p);
 
     long vec = llmcl__param_get(&p, "VEC", 4), hpt = llmcl__param_get(&p, "HPT", 4);
     LLMCL__REQUIRE(ctx, (vec == 1 || vec == 2 || vec == 4 || vec == 8) && hpt >= 1 && hpt <= 16,
@@ -289,8 +289,6 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
                    vec, hpt);
     while (vec > 1 && (c.pairs % vec || !rope_aligned(q, &c.vq, vec) || !rope_aligned(k, &c.vk, vec)))
         vec /= 2;
-    if (hpt > heads)
-        hpt = heads;
     llmcl__param_set(&p, "VEC", vec);
     llmcl__param_set(&p, "HPT", hpt);
 
@@ -298,8 +296,18 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     llmcl__define_str(&d, "DT", llmcl__dtype_macro(dt));
     llmcl__define_int(&d, "STYLE", o->style == LLMCL_ROPE_INTERLEAVED);
     llmcl__define_int(&d, "SRC", !c.tables);
-    if (!c.tables)
+    if (c.tables) {
+        const llmcl_tensor *tabs[2] = {o->cos, o->sin};
+        bool talign = true;
+        for (int i = 0; i < 2; ++i) {
+            const llmcl_tensor *t = tabs[i];
+            talign = talign && t->offset % vec == 0 && t->strides[t->ndim - 2] % vec == 0 &&
+                     (t->ndim == 2 || t->shape[0] <= 1 || t->strides[0] % vec == 0);
+        }
+        llmcl__define_int(&d, "TALIGNED", talign);
+    } else {
         llmcl__define_str(&d, "POS_DT", llmcl__dtype_macro(o->positions->dtype));
+    }
     llmcl__params_define(&p, &d);
     cl_kernel kernel;
     LLMCL__TRY(llmcl__kernel(ctx, "rope", &d, "rope", &kernel));
