@@ -267,7 +267,7 @@ static void test_sources_styles_layouts(void **state)
                 }
 }
 
-/* Odd sizes: H = 1 and 7, T = 1, D small and odd-paired, k absent, large H, partial rotary. */
+/* Odd sizes: H = 1, 7 and 4097, T = 1, D small and odd-paired, k absent, partial rotary, huge D. */
 static void test_shapes(void **state)
 {
     (void)state;
@@ -281,6 +281,9 @@ static void test_shapes(void **state)
         {1, 33, 7, 3, 128, 128, LLMCL_ROPE_BTHD, LLMCL_ROPE_HALF, SRC_TABLE, 10000.0, NO_L3, 0},
         {2, 2, 1, 3, 4097 * 2, 4096, LLMCL_ROPE_BHTD, LLMCL_ROPE_HALF, SRC_POS_I32, 10000.0, NO_L3, 0},
         {1, 1, 4097, 2, 4, 4, LLMCL_ROPE_BTHD, LLMCL_ROPE_INTERLEAVED, SRC_TABLE, 10000.0, NO_L3, 0},
+        /* cos/sin of 2^18 pairs exceed half of any device's local memory: computed per item */
+        {1, 1, 1, 2, 524290, 524288, LLMCL_ROPE_BHTD, LLMCL_ROPE_HALF, SRC_POS_I32, 10000.0, NO_L3,
+         0},
     };
     uint64_t seed = 1000;
     for (size_t d = 0; d < 3; ++d)

@@ -18,6 +18,8 @@
  *   STYLE   0 half-split (Hugging Face / NeoX), 1 interleaved (GPT-J).
  *   SRC     0 f32 cos/sin tables indexed [b, t, i] by strides; 1 angles from positions.
  *   POS_DT  I32 or I64: the positions' storage (SRC 1).
+ *   SHARE   1 (SRC 1 only): a work-group computes its tokens' cos/sin once into local memory
+ *           (8 * tpw * pairs bytes) and all its head groups share them; 0: per work-item.
  *   TALIGNED 1: the tables' offsets and strides are multiples of VEC (whole-vector loads);
  *           0: element-aligned vloadn.
  * Tunables:
@@ -47,6 +49,9 @@
 #endif
 #ifndef TALIGNED
 #define TALIGNED 0
+#endif
+#ifndef SHARE
+#define SHARE 0
 #endif
 #ifndef VEC
 #define VEC 8
@@ -143,6 +148,76 @@ inline float rope_inv_freq(int i, int rotary_dim, float theta, float l3_factor, 
     return inv;
 }
 
+/* The rotation of one work-item's VEC pairs (from pair i0) in its HPT heads (group hg) of token
+ * (b, t), with cos c and sin sn of those pairs. Loads every head before storing any. */
+inline void rope_heads(__global STORAGE(DT) *q, long q_off, long qsb, long qsh, long qst,
+                       __global STORAGE(DT) *k, long k_off, long ksb, long ksh, long kst, int hq,
+                       int nh, int pairs, long b, long t, int hg, int i0, floatv c, floatv sn)
+{
+#if STYLE == 0
+    const long e0 = i0, e1 = (long)i0 + pairs;
+#else
+    const long e0 = 2L * i0, e1 = 2L * i0 + VEC;
+#endif
+    long base[HPT];
+    __global STORAGE(DT) *ptr[HPT];
+    floatv va[HPT], vb[HPT];
+#pragma unroll
+    for (int j = 0; j < HPT; ++j) {
+        const int h = hg * HPT + j;
+        if (h < hq) {
+            ptr[j] = q;
+            base[j] = q_off + b * qsb + h * qsh + t * qst;
+        } else {
+            ptr[j] = k;
+            base[j] = k_off + b * ksb + (long)(h - hq) * ksh + t * kst;
+        }
+        if (h < nh) {
+            va[j] = VLOAD(ptr[j], base[j] + e0);
+            vb[j] = VLOAD(ptr[j], base[j] + e1);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < HPT; ++j) {
+        if (hg * HPT + j < nh) {
+            floatv x, y;
+#if STYLE == 0
+            x = va[j];
+            y = vb[j];
+#else
+            DEINT(va[j], vb[j], x, y);
+#endif
+            const floatv xr = x * c - y * sn, yr = y * c + x * sn;
+#if STYLE == 0
+            va[j] = xr;
+            vb[j] = yr;
+#else
+            REINT(xr, yr, va[j], vb[j]);
+#endif
+            VSTORE(ptr[j], base[j] + e0, va[j]);
+            VSTORE(ptr[j], base[j] + e1, vb[j]);
+        }
+    }
+}
+
+#if VEC == 1
+#define LLOAD(p) (*(p))
+#else
+#define LLOAD(p) LLMCL_CAT(vload, VEC)(0, (p))
+#endif
+
+#define ROPE_HEADS(i0, c, sn)                                                                     \
+    rope_heads(q, (long)q_off, qsb, qsh, qst, k, (long)k_off, ksb, ksh, kst, hq, nh, pairs, b, t, \
+               (int)s / cv, (i0), (c), (sn))
+
+/*
+ * One launch for all heads of q and k. A work-group takes tpw tokens at a time, `slots` items per
+ * token; each item owns the pairs chunk (s % cv) of head group (s / cv).
+ *
+ * SHARE (computed angles): the group first computes cos/sin of its tokens' pairs once into local
+ * memory (lcs, 2 * tpw * pairs floats), then every head group reads them there; otherwise each item
+ * loads (tables) or computes its chunk's cos/sin itself.
+ */
 __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, long qst,
                    __global STORAGE(DT) *k, ulong k_off, long ksb, long ksh, long kst,
                    int hq, int hk, int n_tok, long n_tokens, int pairs, int slots, int tpw,
@@ -150,22 +225,48 @@ __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, lon
                    long tsb, long tst,
                    const __global STORAGE(POS_DT) *pos, ulong p_off, long psb, long pst,
                    float theta, float l3_factor, float l3_low, float l3_high, float l3_orig,
-                   float l3_low_wl, float l3_high_wl, float sign)
+                   float l3_low_wl, float l3_high_wl, float sign, __local float *lcs)
 {
     const uint lid = get_local_id(0), wg = get_local_size(0);
     const uint sub = lid / (uint)slots; /* this item's token within the group */
-    const int cv = pairs / VEC;         /* chunks per head */
+    const uint s0 = lid - sub * (uint)slots;
+    const int cv = pairs / VEC; /* chunks per head */
     const int nh = hq + hk;
+
+#if SHARE
+    __local float *lc = lcs, *ls = lcs + tpw * pairs;
+    for (long blk = get_group_id(0); blk * tpw < n_tokens; blk += get_num_groups(0)) {
+        for (int e = (int)lid; e < tpw * pairs; e += (int)wg) {
+            const long tok = blk * tpw + e / pairs;
+            if (tok < n_tokens) {
+                const long b = tok / n_tok, t = tok - b * n_tok;
+                const float p = (float)LOAD(POS_DT, pos, p_off + b * psb + t * pst);
+                const float inv = rope_inv_freq(e % pairs, 2 * pairs, theta, l3_factor, l3_low,
+                                                l3_high, l3_orig, l3_low_wl, l3_high_wl);
+                float cosv;
+                ls[e] = sign * sincos(p * inv, &cosv);
+                lc[e] = cosv;
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const long tok = blk * tpw + sub;
+        if ((int)sub < tpw && tok < n_tokens) {
+            const long b = tok / n_tok, t = tok - b * n_tok;
+            for (uint s = s0; s < (uint)slots; s += wg) {
+                const int i0 = ((int)s % cv) * VEC;
+                ROPE_HEADS(i0, LLOAD(lc + sub * pairs + i0), LLOAD(ls + sub * pairs + i0));
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+#else
     if ((int)sub >= tpw)
         return;
-
     for (long tok = (long)get_group_id(0) * tpw + sub; tok < n_tokens;
          tok += (long)get_num_groups(0) * tpw) {
         const long b = tok / n_tok, t = tok - b * n_tok;
-        for (uint s = lid - sub * (uint)slots; s < (uint)slots; s += wg) {
-            const int chunk = (int)s % cv, hg = (int)s / cv;
-            const int i0 = chunk * VEC;
-
+        for (uint s = s0; s < (uint)slots; s += wg) {
+            const int i0 = ((int)s % cv) * VEC;
             floatv c, sn;
 #if SRC == 0
             c = TLOAD(ctab + c_off + b * tsb + t * tst + i0);
@@ -179,60 +280,11 @@ __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, lon
                                                 l3_high, l3_orig, l3_low_wl, l3_high_wl);
                 sa[v] = sincos(p * inv, &ca[v]);
             }
-#if VEC == 1
-            c = ca[0];
-            sn = sa[0];
-#else
-            c = LLMCL_CAT(vload, VEC)(0, ca);
-            sn = LLMCL_CAT(vload, VEC)(0, sa);
+            c = LLOAD(ca);
+            sn = LLOAD(sa);
 #endif
-#endif
-            sn *= sign;
-
-#if STYLE == 0
-            const long e0 = i0, e1 = (long)i0 + pairs;
-#else
-            const long e0 = 2L * i0, e1 = 2L * i0 + VEC;
-#endif
-            long base[HPT];
-            __global STORAGE(DT) *ptr[HPT];
-            floatv va[HPT], vb[HPT];
-#pragma unroll
-            for (int j = 0; j < HPT; ++j) {
-                const int h = hg * HPT + j;
-                if (h < hq) {
-                    ptr[j] = q;
-                    base[j] = (long)q_off + b * qsb + h * qsh + t * qst;
-                } else {
-                    ptr[j] = k;
-                    base[j] = (long)k_off + b * ksb + (long)(h - hq) * ksh + t * kst;
-                }
-                if (h < nh) {
-                    va[j] = VLOAD(ptr[j], base[j] + e0);
-                    vb[j] = VLOAD(ptr[j], base[j] + e1);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < HPT; ++j) {
-                if (hg * HPT + j < nh) {
-                    floatv x, y;
-#if STYLE == 0
-                    x = va[j];
-                    y = vb[j];
-#else
-                    DEINT(va[j], vb[j], x, y);
-#endif
-                    const floatv xr = x * c - y * sn, yr = y * c + x * sn;
-#if STYLE == 0
-                    va[j] = xr;
-                    vb[j] = yr;
-#else
-                    REINT(xr, yr, va[j], vb[j]);
-#endif
-                    VSTORE(ptr[j], base[j] + e0, va[j]);
-                    VSTORE(ptr[j], base[j] + e1, vb[j]);
-                }
-            }
+            ROPE_HEADS(i0, c, sign * sn);
         }
     }
+#endif
 }

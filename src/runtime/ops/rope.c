@@ -258,6 +258,19 @@ static bool rope_aligned(const llmcl_tensor *t, const rope_view *v, int64_t vec)
     return true;
 }
 
+/* Tokens per work-group: as many as fit the WG parameter (and the device), at least one. */
+static int64_t rope_tokens_per_group(const llmcl_ctx *ctx, const llmcl__params *p, int64_t slots,
+                                     int64_t n_tokens)
+{
+    int64_t wg = llmcl__param_get(p, "WG", 256);
+    if (wg > (int64_t)ctx->info.max_work_group_size)
+        wg = (int64_t)ctx->info.max_work_group_size;
+    int64_t tpw = wg / slots;
+    if (tpw < 1)
+        tpw = 1;
+    return tpw < n_tokens ? tpw : n_tokens;
+}
+
 static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, const char *qn,
                              llmcl_tensor *k, const char *kn, const llmcl_rope_options *opt,
                              float sign)
@@ -308,27 +321,29 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     } else {
         llmcl__define_str(&d, "POS_DT", llmcl__dtype_macro(o->positions->dtype));
     }
+    /* computed angles: shared through local memory when the group's tokens fit in half of it */
+    const int64_t slots = (c.pairs / vec) * llmcl__div_up(heads, hpt);
+    const int64_t tpw = rope_tokens_per_group(ctx, &p, slots, n_tokens);
+    const uint64_t share_bytes = 2 * sizeof(float) * (uint64_t)(tpw * c.pairs);
+    const bool share = !c.tables && share_bytes <= ctx->info.local_mem_bytes / 2;
+    llmcl__define_int(&d, "SHARE", share);
     llmcl__params_define(&p, &d);
     cl_kernel kernel;
     LLMCL__TRY(llmcl__kernel(ctx, "rope", &d, "rope", &kernel));
 
-    size_t wg_max = ctx->info.max_work_group_size, kernel_wg = 0;
-    if (clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
-                                 &kernel_wg, NULL) == CL_SUCCESS && kernel_wg > 0 &&
-        kernel_wg < wg_max)
-        wg_max = kernel_wg;
     size_t wg = (size_t)llmcl__param_get(&p, "WG", 256);
-    if (wg > wg_max)
-        wg = wg_max;
-
-    const int64_t slots = (c.pairs / vec) * llmcl__div_up(heads, hpt);
-    int64_t tpw = (int64_t)wg / slots;
-    if (tpw < 1)
-        tpw = 1;
-    if (tpw > n_tokens)
-        tpw = n_tokens;
-    const size_t local = tpw > 1 || slots <= (int64_t)wg ? (size_t)(tpw * slots) : wg;
-    int64_t groups = llmcl__div_up(n_tokens, tpw);
+    size_t kernel_wg = 0;
+    if (clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
+                                 &kernel_wg, NULL) == CL_SUCCESS && kernel_wg > 0 && kernel_wg < wg)
+        wg = kernel_wg;
+    /* the kernel may allow fewer items than planned: then one token per group, looping slots */
+    size_t local = tpw > 1 || slots <= (int64_t)wg ? (size_t)(tpw * slots) : wg;
+    int64_t tpg = tpw;
+    if (local > wg) {
+        tpg = 1;
+        local = wg;
+    }
+    int64_t groups = llmcl__div_up(n_tokens, tpg);
     const int64_t max_groups = (int64_t)(ctx->info.compute_units ? ctx->info.compute_units : 1) * 2048;
     if (groups > max_groups)
         groups = max_groups;
@@ -356,7 +371,7 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     llmcl__arg_i64(&a, n_tokens);
     llmcl__arg_i32(&a, (int32_t)c.pairs);
     llmcl__arg_i32(&a, (int32_t)slots);
-    llmcl__arg_i32(&a, (int32_t)tpw);
+    llmcl__arg_i32(&a, (int32_t)tpg);
     llmcl__arg_tensor(&a, ct);
     llmcl__arg_tensor(&a, st);
     llmcl__arg_i64(&a, tsb);
@@ -368,6 +383,7 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     for (int i = 0; i < 6; ++i)
         llmcl__arg_f32(&a, c.tables ? 0.0f : c.l3[i]);
     llmcl__arg_f32(&a, sign);
+    llmcl__arg_local(&a, share ? (size_t)share_bytes : sizeof(float));
     return llmcl__launch(&a, 1, &global, &local);
 }
 
