@@ -258,7 +258,11 @@ static bool rope_aligned(const llmcl_tensor *t, const rope_view *v, int64_t vec)
     return true;
 }
 
-/* Tokens per work-group: as many as fit the WG parameter (and the device), at least one. */
+/*
+ * Tokens per work-group: as many as fit the WG parameter (and the device), at least one; on SIMD
+ * devices the most that fill whole warps, when some count does (80 slots: 2 tokens, 160 items,
+ * rather than 3 tokens in 7.5 warps).
+ */
 static int64_t rope_tokens_per_group(const llmcl_ctx *ctx, const llmcl__params *p, int64_t slots,
                                      int64_t n_tokens)
 {
@@ -266,9 +270,15 @@ static int64_t rope_tokens_per_group(const llmcl_ctx *ctx, const llmcl__params *
     if (wg > (int64_t)ctx->info.max_work_group_size)
         wg = (int64_t)ctx->info.max_work_group_size;
     int64_t tpw = wg / slots;
-    if (tpw < 1)
-        tpw = 1;
-    return tpw < n_tokens ? tpw : n_tokens;
+    if (tpw > n_tokens)
+        tpw = n_tokens;
+    if (tpw <= 1)
+        return 1;
+    const int64_t simd = ctx->info.simd_width > 1 ? ctx->info.simd_width : 1;
+    for (int64_t t = tpw; t > 1 && simd > 1; --t)
+        if ((t * slots) % simd == 0)
+            return t;
+    return tpw;
 }
 
 static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, const char *qn,
