@@ -18,7 +18,8 @@
  *           vectors (16 bytes for VEC 8 of 16-bit or VEC 4 of f32); 0: element-aligned vloadn
  *           with a scalar tail per row, for odd row lengths and strides.
  * Tunables:
- *   VEC     columns per work-item: 1, 2, 4 or 8 (default 8).
+ *   VEC     columns per vector: 1, 2, 4 or 8 (default 8 for 16-bit storage, 4 for f32).
+ *   UNROLL  vectors per work-item, all loaded before any is stored: 1, 2 or 4 (default 1).
  *   WG      work-group size, a launch parameter (the launcher splits it into columns x rows):
  *           32 to the device's maximum, a power of two (default 256).
  */
@@ -40,6 +41,9 @@
 #endif
 #ifndef VEC
 #define VEC 8
+#endif
+#ifndef UNROLL
+#define UNROLL 1
 #endif
 
 /* ---- VEC-wide loads and stores: aligned vector pointers, or vloadn where alignment is unknown ---- */
@@ -198,29 +202,49 @@ inline float act_bwd1(float x, float *a)
 }
 #endif
 
+/*
+ * Both kernels: work-item (c0, r) takes vectors c0, c0 + S, ..., c0 + (UNROLL - 1) S of row r (S the
+ * grid's width), loading all of them before storing any; the item whose vector index equals `full`
+ * does the row's scalar tail.
+ */
+
 /* out = act(g) * u (HAS_UP) or act(g). */
 __kernel void glu_fwd(const __global STORAGE(DT) *g, ulong g_off, long g_rs,
                       const __global STORAGE(DT) *u, ulong u_off, long u_rs,
                       __global STORAGE(DT) *o, ulong o_off, long o_rs, long n_rows, long cols)
 {
-    const long full = cols / VEC, slots = full + TAIL_SLOTS(cols);
+    const long full = cols / VEC, slots = full + TAIL_SLOTS(cols), step = get_global_size(0);
     for (long r = get_global_id(1); r < n_rows; r += get_global_size(1)) {
         const long gr = g_off + r * g_rs, ur = u_off + r * u_rs, orow = o_off + r * o_rs;
-        for (long c = get_global_id(0); c < slots; c += get_global_size(0)) {
-            if (c < full) {
-                const long i = c * VEC;
-                floatv y = act_fwd(VLOAD(g, gr + i));
+        for (long c0 = get_global_id(0); c0 < slots; c0 += step * UNROLL) {
+            floatv gv[UNROLL], uv[UNROLL];
+#pragma unroll
+            for (int j = 0; j < UNROLL; ++j) {
+                const long c = c0 + j * step;
+                if (c < full) {
+                    gv[j] = VLOAD(g, gr + c * VEC);
 #if HAS_UP
-                y *= VLOAD(u, ur + i);
+                    uv[j] = VLOAD(u, ur + c * VEC);
 #endif
-                VSTORE(o, orow + i, y);
-            } else {
-                for (long i = full * VEC; i < cols; ++i) {
-                    float y = act_fwd1(LOAD(DT, g, gr + i));
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < UNROLL; ++j) {
+                const long c = c0 + j * step;
+                if (c < full) {
+                    floatv y = act_fwd(gv[j]);
 #if HAS_UP
-                    y *= LOAD(DT, u, ur + i);
+                    y *= uv[j];
 #endif
-                    STORE(DT, o, orow + i, y);
+                    VSTORE(o, orow + c * VEC, y);
+                } else if (c == full) {
+                    for (long i = full * VEC; i < cols; ++i) {
+                        float y = act_fwd1(LOAD(DT, g, gr + i));
+#if HAS_UP
+                        y *= LOAD(DT, u, ur + i);
+#endif
+                        STORE(DT, o, orow + i, y);
+                    }
                 }
             }
         }
@@ -234,35 +258,48 @@ __kernel void glu_bwd(const __global STORAGE(DT) *dy, ulong dy_off, long dy_rs,
                       __global STORAGE(DT) *dg, ulong dg_off, long dg_rs,
                       __global STORAGE(DT) *du, ulong du_off, long du_rs, long n_rows, long cols)
 {
-    const long full = cols / VEC, slots = full + TAIL_SLOTS(cols);
+    const long full = cols / VEC, slots = full + TAIL_SLOTS(cols), step = get_global_size(0);
     for (long r = get_global_id(1); r < n_rows; r += get_global_size(1)) {
         const long yr = dy_off + r * dy_rs, gr = g_off + r * g_rs, ur = u_off + r * u_rs;
         const long dgr = dg_off + r * dg_rs, dur = du_off + r * du_rs;
-        for (long c = get_global_id(0); c < slots; c += get_global_size(0)) {
-            if (c < full) {
-                const long i = c * VEC;
-                const floatv d = VLOAD(dy, yr + i);
-                floatv a;
-                const floatv da = act_bwd(VLOAD(g, gr + i), &a);
+        for (long c0 = get_global_id(0); c0 < slots; c0 += step * UNROLL) {
+            floatv dv[UNROLL], gv[UNROLL], uv[UNROLL];
+#pragma unroll
+            for (int j = 0; j < UNROLL; ++j) {
+                const long c = c0 + j * step;
+                if (c < full) {
+                    dv[j] = VLOAD(dy, yr + c * VEC);
+                    gv[j] = VLOAD(g, gr + c * VEC);
 #if HAS_UP
-                const floatv up = VLOAD(u, ur + i);
-                VSTORE(dg, dgr + i, d * up * da);
-                VSTORE(du, dur + i, d * a);
-#else
-                VSTORE(dg, dgr + i, d * da);
+                    uv[j] = VLOAD(u, ur + c * VEC);
 #endif
-            } else {
-                for (long i = full * VEC; i < cols; ++i) {
-                    const float d = LOAD(DT, dy, yr + i);
-                    float a;
-                    const float da = act_bwd1(LOAD(DT, g, gr + i), &a);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < UNROLL; ++j) {
+                const long c = c0 + j * step;
+                if (c < full) {
+                    floatv a;
+                    const floatv da = act_bwd(gv[j], &a);
 #if HAS_UP
-                    const float up = LOAD(DT, u, ur + i);
-                    STORE(DT, dg, dgr + i, d * up * da);
-                    STORE(DT, du, dur + i, d * a);
+                    VSTORE(dg, dgr + c * VEC, dv[j] * uv[j] * da);
+                    VSTORE(du, dur + c * VEC, dv[j] * a);
 #else
-                    STORE(DT, dg, dgr + i, d * da);
+                    VSTORE(dg, dgr + c * VEC, dv[j] * da);
 #endif
+                } else if (c == full) {
+                    for (long i = full * VEC; i < cols; ++i) {
+                        const float d = LOAD(DT, dy, yr + i);
+                        float a;
+                        const float da = act_bwd1(LOAD(DT, g, gr + i), &a);
+#if HAS_UP
+                        const float up = LOAD(DT, u, ur + i);
+                        STORE(DT, dg, dgr + i, d * up * da);
+                        STORE(DT, du, dur + i, d * a);
+#else
+                        STORE(DT, dg, dgr + i, d * da);
+#endif
+                    }
                 }
             }
         }

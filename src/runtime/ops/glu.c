@@ -105,13 +105,16 @@ static llmcl_status glu_launch(llmcl_ctx *ctx, const char *key, const char *knam
     llmcl__params p = {0};
     llmcl__param_set(&p, "WG", 256);
     llmcl__param_set(&p, "VEC", dtype == LLMCL_F32 ? 4 : 8);
+    llmcl__param_set(&p, "UNROLL", 1);
     char cls[16];
     llmcl__shape_class(cols, cls);
     llmcl__params_lookup(ctx, key, dtype, cls, &p);
 
     long vec = llmcl__param_get(&p, "VEC", 4);
-    LLMCL__REQUIRE(ctx, vec == 1 || vec == 2 || vec == 4 || vec == 8, LLMCL_ERROR_INVALID_ARGUMENT,
-                   "%s: tuned VEC %ld is not 1, 2, 4 or 8", key, vec);
+    const long unroll = llmcl__param_get(&p, "UNROLL", 1);
+    LLMCL__REQUIRE(ctx, (vec == 1 || vec == 2 || vec == 4 || vec == 8) && unroll >= 1 && unroll <= 8,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "%s: tuned VEC %ld or UNROLL %ld out of range",
+                   key, vec, unroll);
     bool aligned = cols % vec == 0;
     for (int i = 0; i < n_ops; ++i)
         aligned = aligned && ops[i].off % vec == 0 && ops[i].rs % vec == 0;
@@ -137,14 +140,14 @@ static llmcl_status glu_launch(llmcl_ctx *ctx, const char *key, const char *knam
     wg = wg < 1 ? 1 : wg;
 
     /* Columns first; narrow rows leave room in the work-group for several rows. */
-    const int64_t slots = cols / vec + (cols % vec && !aligned ? 1 : 0);
-    size_t l0 = llmcl__pow2_ceil((size_t)slots);
+    const int64_t slots = cols / vec + (cols % vec ? 1 : 0);
+    size_t l0 = llmcl__pow2_ceil((size_t)llmcl__div_up(slots, unroll));
     if (l0 > wg)
         l0 = wg;
     size_t l1 = wg / l0;
     if ((int64_t)l1 > n_rows)
         l1 = (size_t)n_rows;
-    const int64_t groups0 = llmcl__div_up(slots, (int64_t)l0);
+    const int64_t groups0 = llmcl__div_up(slots, (int64_t)l0 * unroll);
     int64_t groups1 = llmcl__div_up(n_rows, (int64_t)l1);
     if (groups1 > 65535) /* grid-stride over rows; some devices cap the second dimension */
         groups1 = 65535;
