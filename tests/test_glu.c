@@ -326,6 +326,27 @@ static void test_extremes(void **state)
     }
 }
 
+/* Non-default tunables (as the tuner forces them): vector widths, unrolling, small groups. */
+static void test_tunables(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const char *params[] = {"VEC=1 UNROLL=1 WG=64", "VEC=2 UNROLL=4 WG=32", "VEC=4 UNROLL=2 WG=128",
+                            "VEC=8 UNROLL=4 WG=256"};
+    const glu_case cases[] = {{5, 4097, false, 0, 0, 0}, {9, 64, true, 8, 8, 0}, {3, 13, false, 3, 5, 0}};
+    uint64_t seed = 500;
+    for (size_t i = 0; i < sizeof params / sizeof params[0]; ++i)
+        for (size_t d = 0; d < 2; ++d) {
+            TH_OK(llmcl_tune_override(ctx, "glu_fwd", DTYPES[d], "*", params[i]));
+            TH_OK(llmcl_tune_override(ctx, "glu_bwd", DTYPES[d], "*", params[i]));
+            for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
+                run_forward(DTYPES[d], LLMCL_ACT_SILU, &cases[c], seed++);
+                run_backward(DTYPES[d], LLMCL_ACT_GELU_ERF, &cases[c], seed++);
+            }
+        }
+    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
+}
+
 static void test_bad_inputs(void **state)
 {
     (void)state;
@@ -415,7 +436,7 @@ int main(void)
         cmocka_unit_test(test_forward_all), cmocka_unit_test(test_backward_all),
         cmocka_unit_test(test_strided),     cmocka_unit_test(test_in_place),
         cmocka_unit_test(test_activation),  cmocka_unit_test(test_extremes),
-        cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_tunables),    cmocka_unit_test(test_bad_inputs),
     };
     return TH_RUN(tests);
 }

@@ -473,6 +473,30 @@ static void test_table_views(void **state)
     }
 }
 
+/* Non-default tunables (as the tuner forces them): heads per item, vector widths, group sizes
+ * smaller than one token's items (the slot loop). */
+static void test_tunables(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const char *params[] = {"HPT=1 VEC=1 WG=32", "HPT=3 VEC=2 WG=64", "HPT=8 VEC=8 WG=128",
+                            "HPT=16 VEC=4 WG=1"};
+    const rope_case cases[] = {
+        {2, 5, 3, 7, 32, 32, LLMCL_ROPE_BHTD, LLMCL_ROPE_HALF, SRC_TABLE, 10000.0, NO_L3, 0},
+        {2, 5, 3, 7, 64, 48, LLMCL_ROPE_BTHD, LLMCL_ROPE_INTERLEAVED, SRC_POS_I64_BATCH, 10000.0,
+         NO_L3, 0},
+    };
+    uint64_t seed = 4000;
+    for (size_t i = 0; i < sizeof params / sizeof params[0]; ++i)
+        for (size_t d = 0; d < 2; ++d) {
+            TH_OK(llmcl_tune_override(ctx, "rope", DTYPES[d], "*", params[i]));
+            TH_OK(llmcl_tune_override(ctx, "rope_pos", DTYPES[d], "*", params[i]));
+            for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c)
+                run_case(DTYPES[d], &cases[c], seed++);
+        }
+    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
+}
+
 static void test_bad_inputs(void **state)
 {
     (void)state;
@@ -583,6 +607,7 @@ int main(void)
         cmocka_unit_test(test_large_positions),
         cmocka_unit_test(test_packed_qkv),
         cmocka_unit_test(test_table_views),
+        cmocka_unit_test(test_tunables),
         cmocka_unit_test(test_bad_inputs),
     };
     return TH_RUN(tests);
