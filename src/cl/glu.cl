@@ -17,9 +17,9 @@
  *   ALIGNED 1: every row start is a multiple of VEC elements, so loads and stores are whole
  *           vectors (16 bytes for VEC 8 of 16-bit or VEC 4 of f32); 0: element-aligned vloadn
  *           with a scalar tail per row, for odd row lengths and strides.
- * Tunables:
+ * Tunables (kernel keys glu_fwd, glu_bwd, act_fwd, act_bwd; size key: the row length):
  *   VEC     columns per vector: 1, 2, 4 or 8 (default 8 for 16-bit storage, 4 for f32).
- *   UNROLL  vectors per work-item, all loaded before any is stored: 1, 2 or 4 (default 1).
+ *   UNROLL  vectors per work-item, all loaded before any is stored: 1 to 8 (default 1).
  *   WG      work-group size, a launch parameter (the launcher splits it into columns x rows):
  *           32 to the device's maximum, a power of two (default 256).
  */

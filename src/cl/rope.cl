@@ -22,13 +22,15 @@
  *           (8 * tpw * pairs bytes) and all its head groups share them; 0: per work-item.
  *   TALIGNED 1: the tables' offsets and strides are multiples of VEC (whole-vector loads);
  *           0: element-aligned vloadn.
- * Tunables:
- *   VEC     pairs per work-item: 1, 2, 4 or 8 (default 8). The launcher lowers it until the pair
- *           count and every offset and stride of q and k are multiples of it, so q and k move as
- *           aligned vectors (16 bytes for 8 pairs of 16-bit halves).
+ * Tunables (kernel keys "rope" with tables, "rope_pos" with computed angles; size key
+ * rotary_dim / 2 * (Hq + Hk)):
+ *   VEC     pairs per work-item: 1, 2, 4 or 8 (default 8; 4 for f32). The launcher lowers it
+ *           until the pair count and every offset and stride of q and k are multiples of it, so q
+ *           and k move as aligned vectors (16 bytes for 8 pairs of 16-bit halves).
  *   HPT     heads per work-item sharing one cos/sin: 1 to 16 (default 4); registers grow with
  *           2 * HPT * VEC floats.
- *   WG      target work-group size, a launch parameter: tpw = max(1, WG / slots) tokens per group.
+ *   WG      target work-group size, a launch parameter (default 256): tpw = max(1, WG / slots)
+ *           tokens per group, lowered to fill whole warps where some count does.
  *
  * Precision (SRC 1): as in Hugging Face, inv_freq = 1 / theta^(2i / rotary_dim) and the angle
  * pos * inv_freq are f32, so the angle carries an error of about |pos| * 2^-23 rad; cos and sin of
