@@ -177,8 +177,9 @@ static void run_backward(llmcl_dtype dt, llmcl_activation act, const glu_case *c
         mat mg = mat_new(dt, c->n, c->cols, c->pad, c->off, g);
         mat mu = mat_new(dt, c->n, c->cols, c->pad, c->off, u);
         /* in_place 2 writes dgate over dout instead of over gate */
-        mat mdg = c->in_place == 1 ? mg : c->in_place == 2 ? mdy
-                                        : mat_new(dt, c->n, c->cols, c->pad, c->off, NULL);
+        mat mdg = c->in_place == 1   ? mg
+                  : c->in_place == 2 ? mdy
+                                     : mat_new(dt, c->n, c->cols, c->pad, c->off, NULL);
         mat mdu = c->in_place ? mu : mat_new(dt, c->n, c->cols, c->pad, c->off, NULL);
         TH_OK(llmcl_glu_backward(ctx, act, mdy.t, mg.t, mu.t, mdg.t, mdu.t));
         th_download(mdg.t, gdg);
@@ -200,8 +201,8 @@ static void test_forward_all(void **state)
 {
     (void)state;
     const glu_case cases[] = {
-        {5, 7, false, 0, 0, 0}, {3, 4097, false, 0, 0, 0}, {64, 1, false, 0, 0, 0},
-        {33, 96, false, 0, 0, 0}, {4, 7, true, 0, 0, 0}, {6, 256, true, 0, 0, 0},
+        {5, 7, false, 0, 0, 0},   {3, 4097, false, 0, 0, 0}, {64, 1, false, 0, 0, 0},
+        {33, 96, false, 0, 0, 0}, {4, 7, true, 0, 0, 0},     {6, 256, true, 0, 0, 0},
     };
     uint64_t seed = 1;
     for (size_t d = 0; d < 3; ++d)
@@ -214,8 +215,8 @@ static void test_backward_all(void **state)
 {
     (void)state;
     const glu_case cases[] = {
-        {5, 7, false, 0, 0, 0}, {3, 4097, false, 0, 0, 0}, {64, 1, false, 0, 0, 0},
-        {33, 96, false, 0, 0, 0}, {4, 7, true, 0, 0, 0}, {6, 256, true, 0, 0, 0},
+        {5, 7, false, 0, 0, 0},   {3, 4097, false, 0, 0, 0}, {64, 1, false, 0, 0, 0},
+        {33, 96, false, 0, 0, 0}, {4, 7, true, 0, 0, 0},     {6, 256, true, 0, 0, 0},
     };
     uint64_t seed = 100;
     for (size_t d = 0; d < 3; ++d)
@@ -229,7 +230,7 @@ static void test_strided(void **state)
 {
     (void)state;
     const glu_case cases[] = {
-        {9, 64, false, 8, 16, 0}, {9, 64, true, 8, 8, 0}, {7, 13, false, 3, 5, 0},
+        {9, 64, false, 8, 16, 0}, {9, 64, true, 8, 8, 0},     {7, 13, false, 3, 5, 0},
         {7, 40, true, 1, 1, 0},   {2, 1000, false, 24, 8, 0},
     };
     uint64_t seed = 200;
@@ -244,7 +245,9 @@ static void test_in_place(void **state)
 {
     (void)state;
     const glu_case cases[] = {
-        {6, 100, false, 0, 0, 1}, {6, 100, true, 0, 0, 1}, {5, 33, false, 3, 5, 1},
+        {6, 100, false, 0, 0, 1},
+        {6, 100, true, 0, 0, 1},
+        {5, 33, false, 3, 5, 1},
         {4, 64, false, 0, 0, 2},
     };
     uint64_t seed = 300;
@@ -333,7 +336,8 @@ static void test_tunables(void **state)
     llmcl_ctx *ctx = th_ctx();
     const char *params[] = {"VEC=1 UNROLL=1 WG=64", "VEC=2 UNROLL=4 WG=32", "VEC=4 UNROLL=2 WG=128",
                             "VEC=8 UNROLL=4 WG=256"};
-    const glu_case cases[] = {{5, 4097, false, 0, 0, 0}, {9, 64, true, 8, 8, 0}, {3, 13, false, 3, 5, 0}};
+    const glu_case cases[] = {
+        {5, 4097, false, 0, 0, 0}, {9, 64, true, 8, 8, 0}, {3, 13, false, 3, 5, 0}};
     uint64_t seed = 500;
     for (size_t i = 0; i < sizeof params / sizeof params[0]; ++i)
         for (size_t d = 0; d < 2; ++d) {

@@ -50,8 +50,8 @@ static void relayout(const rope_case *c, int64_t H, const double *src, double *d
         for (int64_t h = 0; h < H; ++h)
             for (int64_t t = 0; t < c->T; ++t) {
                 const int64_t bhtd = ((b * H + h) * c->T + t) * c->D;
-                const int64_t lay = c->layout == LLMCL_ROPE_BHTD ? bhtd
-                                                                 : ((b * c->T + t) * H + h) * c->D;
+                const int64_t lay =
+                    c->layout == LLMCL_ROPE_BHTD ? bhtd : ((b * c->T + t) * H + h) * c->D;
                 const double *s = src + (to_layout ? bhtd : lay);
                 double *d = dst + (to_layout ? lay : bhtd);
                 memcpy(d, s, (size_t)c->D * sizeof(double));
@@ -260,8 +260,11 @@ static void test_sources_styles_layouts(void **state)
         for (int layout = 0; layout < 2; ++layout)
             for (int style = 0; style < 2; ++style)
                 for (int src = 0; src < 4; ++src) {
-                    const rope_case c = {2, 4, 2, 9, 32, 32, (llmcl_rope_layout)layout,
-                                         (llmcl_rope_style)style, (enum src)src, 10000.0, NO_L3, 0};
+                    rope_case c = {
+                        .B = 2, .Hq = 4, .Hk = 2, .T = 9, .D = 32, .rd = 32, .theta = 10000.0};
+                    c.layout = (llmcl_rope_layout)layout;
+                    c.style = (llmcl_rope_style)style;
+                    c.src = (enum src)src;
                     run_case(DTYPES[d], &c, seed);
                     seed += 7;
                 }
@@ -274,13 +277,16 @@ static void test_shapes(void **state)
     const rope_case cases[] = {
         {1, 1, 1, 1, 2, 2, LLMCL_ROPE_BHTD, LLMCL_ROPE_HALF, SRC_TABLE, 10000.0, NO_L3, 0},
         {3, 7, 1, 5, 6, 6, LLMCL_ROPE_BTHD, LLMCL_ROPE_HALF, SRC_POS_I32, 10000.0, NO_L3, 0},
-        {2, 7, 0, 11, 64, 64, LLMCL_ROPE_BHTD, LLMCL_ROPE_INTERLEAVED, SRC_TABLE, 10000.0, NO_L3, 0},
+        {2, 7, 0, 11, 64, 64, LLMCL_ROPE_BHTD, LLMCL_ROPE_INTERLEAVED, SRC_TABLE, 10000.0, NO_L3,
+         0},
         {1, 5, 3, 4, 64, 24, LLMCL_ROPE_BTHD, LLMCL_ROPE_HALF, SRC_TABLE_BATCH, 10000.0, NO_L3, 0},
         {2, 3, 3, 6, 40, 10, LLMCL_ROPE_BHTD, LLMCL_ROPE_INTERLEAVED, SRC_POS_I64_BATCH, 500000.0,
          NO_L3, 0},
         {1, 33, 7, 3, 128, 128, LLMCL_ROPE_BTHD, LLMCL_ROPE_HALF, SRC_TABLE, 10000.0, NO_L3, 0},
-        {2, 2, 1, 3, 4097 * 2, 4096, LLMCL_ROPE_BHTD, LLMCL_ROPE_HALF, SRC_POS_I32, 10000.0, NO_L3, 0},
-        {1, 1, 4097, 2, 4, 4, LLMCL_ROPE_BTHD, LLMCL_ROPE_INTERLEAVED, SRC_TABLE, 10000.0, NO_L3, 0},
+        {2, 2, 1, 3, 4097 * 2, 4096, LLMCL_ROPE_BHTD, LLMCL_ROPE_HALF, SRC_POS_I32, 10000.0, NO_L3,
+         0},
+        {1, 1, 4097, 2, 4, 4, LLMCL_ROPE_BTHD, LLMCL_ROPE_INTERLEAVED, SRC_TABLE, 10000.0, NO_L3,
+         0},
         /* cos/sin of 2^18 pairs exceed half of any device's local memory: computed per item */
         {1, 1, 1, 2, 524290, 524288, LLMCL_ROPE_BHTD, LLMCL_ROPE_HALF, SRC_POS_I32, 10000.0, NO_L3,
          0},
@@ -297,7 +303,8 @@ static void test_strided(void **state)
     (void)state;
     const rope_case cases[] = {
         {2, 4, 2, 5, 32, 32, LLMCL_ROPE_BHTD, LLMCL_ROPE_HALF, SRC_TABLE, 10000.0, NO_L3, 3},
-        {2, 4, 2, 5, 32, 16, LLMCL_ROPE_BTHD, LLMCL_ROPE_INTERLEAVED, SRC_POS_I32, 10000.0, NO_L3, 8},
+        {2, 4, 2, 5, 32, 16, LLMCL_ROPE_BTHD, LLMCL_ROPE_INTERLEAVED, SRC_POS_I32, 10000.0, NO_L3,
+         8},
         {1, 3, 1, 7, 16, 16, LLMCL_ROPE_BTHD, LLMCL_ROPE_HALF, SRC_TABLE_BATCH, 10000.0, NO_L3, 1},
     };
     uint64_t seed = 2000;
@@ -399,8 +406,8 @@ static void test_packed_qkv(void **state)
         th_download(qkv, got);
 
         /* reference on the whole buffer read as [B, Ht, T, D]: rotate heads < Hq + Hk */
-        const rope_case c = {B, Ht, 0, T, D, D, opt.layout, LLMCL_ROPE_HALF, SRC_POS_I32, 10000.0,
-                             NO_L3, 0};
+        rope_case c = {.B = B, .Hq = Ht, .T = T, .D = D, .rd = D, .theta = 10000.0};
+        c.layout = opt.layout;
         double *bhtd = th_alloc(n * sizeof(double)), *gb = th_alloc(n * sizeof(double));
         double inv[8], rc[5 * 8], rs[5 * 8];
         relayout(&c, Ht, x, bhtd, false);
@@ -446,7 +453,8 @@ static void run_table_view(llmcl_dtype dt, int64_t row_stride, int64_t offset, u
             hs[offset + t * row_stride + i] = rs[t * P + i % P];
         }
     const int64_t tn = (int64_t)nt, vs[2] = {T, P}, vst[2] = {row_stride, 1};
-    llmcl_tensor *tc = th_tensor_from(LLMCL_F32, 1, &tn, hc), *tsn = th_tensor_from(LLMCL_F32, 1, &tn, hs);
+    llmcl_tensor *tc = th_tensor_from(LLMCL_F32, 1, &tn, hc),
+                 *tsn = th_tensor_from(LLMCL_F32, 1, &tn, hs);
     llmcl_tensor *vc, *vsn, *q = th_tensor_from(dt, 4, shape, x);
     TH_OK(llmcl_tensor_view(tc, 2, vs, vst, offset, &vc));
     TH_OK(llmcl_tensor_view(tsn, 2, vs, vst, offset, &vsn));
@@ -507,7 +515,7 @@ static void test_bad_inputs(void **state)
     const int64_t st[2] = {T, D / 2}, st_wide[2] = {T, D}, sbt[3] = {B, T, D / 2};
     const int64_t sp[1] = {T}, sp_bad[1] = {T + 1}, sp2[2] = {B + 1, T};
     double vals[2 * 3 * 4 * 8], pos[16] = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7},
-           tab[2 * 4 * 8];
+                                tab[2 * 4 * 8];
     for (int i = 0; i < 2 * 3 * 4 * 8; ++i)
         vals[i] = 0.125 * (i % 13) - 0.5;
     for (int i = 0; i < 2 * 4 * 8; ++i)
@@ -516,12 +524,15 @@ static void test_bad_inputs(void **state)
     llmcl_tensor *k_t = th_tensor(LLMCL_BF16, 4, sk_t), *k_d = th_tensor(LLMCL_BF16, 4, sk_d);
     llmcl_tensor *k_bthd = th_tensor(LLMCL_BF16, 4, sk_bthd), *k_f32 = th_tensor(LLMCL_F32, 4, sk);
     llmcl_tensor *q_i32 = th_tensor(LLMCL_I32, 4, sq), *q3 = th_tensor(LLMCL_BF16, 3, s3);
-    llmcl_tensor *c = th_tensor_from(LLMCL_F32, 2, st, tab), *s = th_tensor_from(LLMCL_F32, 2, st, tab);
+    llmcl_tensor *c = th_tensor_from(LLMCL_F32, 2, st, tab),
+                 *s = th_tensor_from(LLMCL_F32, 2, st, tab);
     llmcl_tensor *c_wide = th_tensor_from(LLMCL_F32, 2, st_wide, tab);
     llmcl_tensor *c_bf16 = th_tensor_from(LLMCL_BF16, 2, st, tab);
     llmcl_tensor *c_b = th_tensor_from(LLMCL_F32, 3, sbt, tab);
-    llmcl_tensor *p = th_tensor_from(LLMCL_I32, 1, sp, pos), *p_bad = th_tensor_from(LLMCL_I32, 1, sp_bad, pos);
-    llmcl_tensor *p_f32 = th_tensor_from(LLMCL_F32, 1, sp, pos), *p2 = th_tensor_from(LLMCL_I64, 2, sp2, pos);
+    llmcl_tensor *p = th_tensor_from(LLMCL_I32, 1, sp, pos),
+                 *p_bad = th_tensor_from(LLMCL_I32, 1, sp_bad, pos);
+    llmcl_tensor *p_f32 = th_tensor_from(LLMCL_F32, 1, sp, pos),
+                 *p2 = th_tensor_from(LLMCL_I64, 2, sp2, pos);
 
     llmcl_rope_options o = {0};
     o.positions = p;
@@ -591,8 +602,8 @@ static void test_bad_inputs(void **state)
     th_round_all(LLMCL_BF16, vals, 2 * 3 * 4 * 8);
     TH_ASSERT_CLOSE("q after failures", vals, back, 2 * 3 * 4 * 8, ((th_tol){0.0, 0.0}));
 
-    llmcl_tensor *ts[] = {q, k, k_t, k_d, k_bthd, k_f32, q_i32, q3, c, s, c_wide, c_bf16, c_b,
-                          p, p_bad, p_f32, p2};
+    llmcl_tensor *ts[] = {q, k,      k_t,    k_d, k_bthd, k_f32, q_i32, q3, c,
+                          s, c_wide, c_bf16, c_b, p,      p_bad, p_f32, p2};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; ++i)
         llmcl_tensor_destroy(ts[i]);
 }

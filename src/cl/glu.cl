@@ -5,8 +5,8 @@
  * element offset and a row stride (the last dimension is unit-stride). A packed [N, 2I] gate/up
  * tensor arrives as two such tensors on one buffer, the second offset by I, so the kernels have no
  * packed mode. Work-item (c, r) of a 2-D range handles VEC consecutive columns from c * VEC of row
- * r, striding over the grid in both dimensions (64-bit indices). Each work-item reads all its inputs
- * before it writes, so an output may be the same view as an input (in place).
+ * r, striding over the grid in both dimensions (64-bit indices). Each work-item reads all its
+ * inputs before it writes, so an output may be the same view as an input (in place).
  *
  * Defines (the launcher sets them):
  *   DT      storage of every tensor: F32, BF16 or F16 (math in f32).
@@ -46,7 +46,7 @@
 #define UNROLL 1
 #endif
 
-/* ---- VEC-wide loads and stores: aligned vector pointers, or vloadn where alignment is unknown ---- */
+/* ---- VEC-wide loads and stores: aligned vector pointers, or vloadn where unaligned ---- */
 
 #if VEC == 1
 typedef float floatv;
@@ -60,7 +60,10 @@ typedef LLMCL_CAT(int, VEC) intv;
 #define VLOAD(p, i) LLMCL_CAT(vload_, DT)((p), (i))
 #define VSTORE(p, i, v) LLMCL_CAT(vstore_, DT)((p), (i), (v))
 
-inline floatv bf16v_to_f32(ushortv h) { return LLMCL_CAT(as_float, VEC)(LLMCL_CAT(convert_uint, VEC)(h) << 16); }
+inline floatv bf16v_to_f32(ushortv h)
+{
+    return LLMCL_CAT(as_float, VEC)(LLMCL_CAT(convert_uint, VEC)(h) << 16);
+}
 
 inline ushortv f32v_to_bf16(floatv f)
 {
@@ -71,7 +74,10 @@ inline ushortv f32v_to_bf16(floatv f)
 }
 
 #if ALIGNED
-inline floatv vload_F32(const __global float *p, long i) { return *(const __global floatv *)(p + i); }
+inline floatv vload_F32(const __global float *p, long i)
+{
+    return *(const __global floatv *)(p + i);
+}
 inline floatv vload_BF16(const __global ushort *p, long i)
 {
     return bf16v_to_f32(*(const __global ushortv *)(p + i));
@@ -80,14 +86,23 @@ inline floatv vload_F16(const __global ushort *p, long i)
 {
     return LLMCL_CAT(vloada_half, VEC)(0, (const __global half *)(p + i));
 }
-inline void vstore_F32(__global float *p, long i, floatv v) { *(__global floatv *)(p + i) = v; }
-inline void vstore_BF16(__global ushort *p, long i, floatv v) { *(__global ushortv *)(p + i) = f32v_to_bf16(v); }
+inline void vstore_F32(__global float *p, long i, floatv v)
+{
+    *(__global floatv *)(p + i) = v;
+}
+inline void vstore_BF16(__global ushort *p, long i, floatv v)
+{
+    *(__global ushortv *)(p + i) = f32v_to_bf16(v);
+}
 inline void vstore_F16(__global ushort *p, long i, floatv v)
 {
     LLMCL_CAT(LLMCL_CAT(vstorea_half, VEC), _rte)(v, 0, (__global half *)(p + i));
 }
 #else
-inline floatv vload_F32(const __global float *p, long i) { return LLMCL_CAT(vload, VEC)(0, p + i); }
+inline floatv vload_F32(const __global float *p, long i)
+{
+    return LLMCL_CAT(vload, VEC)(0, p + i);
+}
 inline floatv vload_BF16(const __global ushort *p, long i)
 {
     return bf16v_to_f32(LLMCL_CAT(vload, VEC)(0, p + i));
@@ -101,8 +116,14 @@ inline floatv vload_F16(const __global ushort *p, long i)
         a[j] = vload_half(i + j, (const __global half *)p);
     return LLMCL_CAT(vload, VEC)(0, a);
 }
-inline void vstore_F32(__global float *p, long i, floatv v) { LLMCL_CAT(vstore, VEC)(v, 0, p + i); }
-inline void vstore_BF16(__global ushort *p, long i, floatv v) { LLMCL_CAT(vstore, VEC)(f32v_to_bf16(v), 0, p + i); }
+inline void vstore_F32(__global float *p, long i, floatv v)
+{
+    LLMCL_CAT(vstore, VEC)(v, 0, p + i);
+}
+inline void vstore_BF16(__global ushort *p, long i, floatv v)
+{
+    LLMCL_CAT(vstore, VEC)(f32v_to_bf16(v), 0, p + i);
+}
 inline void vstore_F16(__global ushort *p, long i, floatv v)
 {
     float a[VEC];
@@ -134,7 +155,10 @@ inline void vstore_F16(__global ushort *p, long i, floatv v)
 #endif
 
 #if ACT == 0
-inline floatv act_fwd(floatv x) { return x * RECIP(1.0f + EXP(-x)); }
+inline floatv act_fwd(floatv x)
+{
+    return x * RECIP(1.0f + EXP(-x));
+}
 inline floatv act_bwd(floatv x, floatv *a)
 {
     const floatv s = RECIP(1.0f + EXP(-x));
@@ -167,7 +191,10 @@ inline floatv act_bwd(floatv x, floatv *a)
     return 0.5f * (1.0f + t) + 0.5f * x * s2 * GELU_K0 * (1.0f + 3.0f * GELU_K1 * x * x);
 }
 #else
-inline floatv act_fwd(floatv x) { return 0.5f * x * (1.0f + erf(x * SQRT1_2)); }
+inline floatv act_fwd(floatv x)
+{
+    return 0.5f * x * (1.0f + erf(x * SQRT1_2));
+}
 inline floatv act_bwd(floatv x, floatv *a)
 {
     const floatv cdf = 0.5f * (1.0f + erf(x * SQRT1_2));
@@ -203,9 +230,9 @@ inline float act_bwd1(float x, float *a)
 #endif
 
 /*
- * Both kernels: work-item (c0, r) takes vectors c0, c0 + S, ..., c0 + (UNROLL - 1) S of row r (S the
- * grid's width), loading all of them before storing any; the item whose vector index equals `full`
- * does the row's scalar tail.
+ * Both kernels: work-item (c0, r) takes vectors c0, c0 + S, ..., c0 + (UNROLL - 1) S of row r (S
+ * the grid's width), loading all of them before storing any; the item whose vector index equals
+ * `full` does the row's scalar tail.
  */
 
 /* out = act(g) * u (HAS_UP) or act(g). */

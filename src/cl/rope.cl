@@ -90,7 +90,10 @@ inline ushortv f32v_to_bf16(floatv f)
     return LLMCL_CAT(convert_ushort, VEC)(select(r, (u >> 16) | 0x0040u, nan));
 }
 
-inline floatv vload_F32(const __global float *p, long i) { return *(const __global floatv *)(p + i); }
+inline floatv vload_F32(const __global float *p, long i)
+{
+    return *(const __global floatv *)(p + i);
+}
 inline floatv vload_BF16(const __global ushort *p, long i)
 {
     const ushortv h = *(const __global ushortv *)(p + i);
@@ -100,8 +103,14 @@ inline floatv vload_F16(const __global ushort *p, long i)
 {
     return LLMCL_CAT(vloada_half, VEC)(0, (const __global half *)(p + i));
 }
-inline void vstore_F32(__global float *p, long i, floatv v) { *(__global floatv *)(p + i) = v; }
-inline void vstore_BF16(__global ushort *p, long i, floatv v) { *(__global ushortv *)(p + i) = f32v_to_bf16(v); }
+inline void vstore_F32(__global float *p, long i, floatv v)
+{
+    *(__global floatv *)(p + i) = v;
+}
+inline void vstore_BF16(__global ushort *p, long i, floatv v)
+{
+    *(__global ushortv *)(p + i) = f32v_to_bf16(v);
+}
 inline void vstore_F16(__global ushort *p, long i, floatv v)
 {
     LLMCL_CAT(LLMCL_CAT(vstorea_half, VEC), _rte)(v, 0, (__global half *)(p + i));
@@ -120,12 +129,12 @@ inline void vstore_F16(__global ushort *p, long i, floatv v)
 #define REINT(x, y, a, b) (a = (float2)((x).s0, (y).s0), b = (float2)((x).s1, (y).s1))
 #elif VEC == 4
 #define DEINT(a, b, x, y) (x = (float4)((a).even, (b).even), y = (float4)((a).odd, (b).odd))
-#define REINT(x, y, a, b)                                                                       \
+#define REINT(x, y, a, b)                                                                          \
     (a = (float4)((x).s0, (y).s0, (x).s1, (y).s1), b = (float4)((x).s2, (y).s2, (x).s3, (y).s3))
 #else
 #define DEINT(a, b, x, y) (x = (float8)((a).even, (b).even), y = (float8)((a).odd, (b).odd))
-#define REINT(x, y, a, b)                                                                       \
-    (a = (float8)((x).s0, (y).s0, (x).s1, (y).s1, (x).s2, (y).s2, (x).s3, (y).s3),              \
+#define REINT(x, y, a, b)                                                                          \
+    (a = (float8)((x).s0, (y).s0, (x).s1, (y).s1, (x).s2, (y).s2, (x).s3, (y).s3),                 \
      b = (float8)((x).s4, (y).s4, (x).s5, (y).s5, (x).s6, (y).s6, (x).s7, (y).s7))
 #endif
 
@@ -208,8 +217,8 @@ inline void rope_heads(__global STORAGE(DT) *q, long q_off, long qsb, long qsh, 
 #define LLOAD(p) LLMCL_CAT(vload, VEC)(0, (p))
 #endif
 
-#define ROPE_HEADS(i0, c, sn)                                                                     \
-    rope_heads(q, (long)q_off, qsb, qsh, qst, k, (long)k_off, ksb, ksh, kst, hq, nh, pairs, b, t, \
+#define ROPE_HEADS(i0, c, sn)                                                                      \
+    rope_heads(q, (long)q_off, qsb, qsh, qst, k, (long)k_off, ksb, ksh, kst, hq, nh, pairs, b, t,  \
                (int)s / cv, (i0), (c), (sn))
 
 /*
@@ -221,13 +230,12 @@ inline void rope_heads(__global STORAGE(DT) *q, long q_off, long qsb, long qsh, 
  * loads (tables) or computes its chunk's cos/sin itself.
  */
 __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, long qst,
-                   __global STORAGE(DT) *k, ulong k_off, long ksb, long ksh, long kst,
-                   int hq, int hk, int n_tok, long n_tokens, int pairs, int slots, int tpw,
+                   __global STORAGE(DT) *k, ulong k_off, long ksb, long ksh, long kst, int hq,
+                   int hk, int n_tok, long n_tokens, int pairs, int slots, int tpw,
                    const __global float *ctab, ulong c_off, const __global float *stab, ulong s_off,
-                   long tsb, long tst,
-                   const __global STORAGE(POS_DT) *pos, ulong p_off, long psb, long pst,
-                   float theta, float l3_factor, float l3_low, float l3_high, float l3_orig,
-                   float l3_low_wl, float l3_high_wl, float sign, __local float *lcs)
+                   long tsb, long tst, const __global STORAGE(POS_DT) *pos, ulong p_off, long psb,
+                   long pst, float theta, float l3_factor, float l3_low, float l3_high,
+                   float l3_orig, float l3_low_wl, float l3_high_wl, float sign, __local float *lcs)
 {
     const uint lid = get_local_id(0), wg = get_local_size(0);
     const uint sub = lid / (uint)slots; /* this item's token within the group */
@@ -241,7 +249,7 @@ __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, lon
         for (int e = (int)lid; e < tpw * pairs; e += (int)wg) {
             const long tok = blk * tpw + e / pairs;
             if (tok < n_tokens) {
-                const long b = tok / n_tok, t = tok - b * n_tok;
+                const long b = (uint)tok / (uint)n_tok, t = tok - b * n_tok; /* B * T < 2^31 */
                 const float p = (float)LOAD(POS_DT, pos, p_off + b * psb + t * pst);
                 const float inv = rope_inv_freq(e % pairs, 2 * pairs, theta, l3_factor, l3_low,
                                                 l3_high, l3_orig, l3_low_wl, l3_high_wl);
@@ -253,7 +261,7 @@ __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, lon
         barrier(CLK_LOCAL_MEM_FENCE);
         const long tok = blk * tpw + sub;
         if ((int)sub < tpw && tok < n_tokens) {
-            const long b = tok / n_tok, t = tok - b * n_tok;
+            const long b = (uint)tok / (uint)n_tok, t = tok - b * n_tok; /* B * T < 2^31 */
             for (uint s = s0; s < (uint)slots; s += wg) {
                 const int i0 = ((int)s % cv) * VEC;
                 ROPE_HEADS(i0, LLOAD(lc + sub * pairs + i0), LLOAD(ls + sub * pairs + i0));
@@ -266,7 +274,7 @@ __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, lon
         return;
     for (long tok = (long)get_group_id(0) * tpw + sub; tok < n_tokens;
          tok += (long)get_num_groups(0) * tpw) {
-        const long b = tok / n_tok, t = tok - b * n_tok;
+        const long b = (uint)tok / (uint)n_tok, t = tok - b * n_tok; /* B * T < 2^31 */
         for (uint s = s0; s < (uint)slots; s += wg) {
             const int i0 = ((int)s % cv) * VEC;
             floatv c, sn;

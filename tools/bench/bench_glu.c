@@ -115,8 +115,8 @@ static bool glu_bench_init(bench_env *env, glu_bench *g, llmcl_activation act, l
 static bool download_bf16(bench_env *env, const llmcl_tensor *t, double *out, size_t n)
 {
     uint16_t *buf = malloc(n * sizeof(uint16_t));
-    llmcl_status st = buf ? llmcl_tensor_download(t, buf, n * sizeof(uint16_t))
-                          : LLMCL_ERROR_OUT_OF_HOST_MEMORY;
+    llmcl_status st =
+        buf ? llmcl_tensor_download(t, buf, n * sizeof(uint16_t)) : LLMCL_ERROR_OUT_OF_HOST_MEMORY;
     for (size_t i = 0; st == LLMCL_OK && i < n; ++i)
         out[i] = llmcl_bf16_to_f32(buf[i]);
     free(buf);

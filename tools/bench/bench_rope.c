@@ -16,7 +16,7 @@
 
 /* One of q or k with what the unfused baseline needs. */
 typedef struct rope_side {
-    llmcl_tensor *x, *x_lo, *x_hi;      /* the tensor and views of its two halves of D */
+    llmcl_tensor *x, *x_lo, *x_hi; /* the tensor and views of its two halves of D */
     llmcl_tensor *t1, *t2, *t2_lo, *t2_hi;
     llmcl_tensor *cos_full, *sin_fwd, *sin_bwd; /* bf16 tables broadcast to x's shape */
 } rope_side;
@@ -85,8 +85,8 @@ static void rope_bench_free(rope_bench *r)
 {
     for (int i = 0; i < 2; ++i) {
         rope_side *s = &r->s[i];
-        llmcl_tensor *ts[] = {s->x_lo, s->x_hi, s->x, s->t2_lo, s->t2_hi, s->t1, s->t2,
-                              s->cos_full, s->sin_fwd, s->sin_bwd};
+        llmcl_tensor *ts[] = {s->x_lo, s->x_hi, s->x,        s->t2_lo,   s->t2_hi,
+                              s->t1,   s->t2,   s->cos_full, s->sin_fwd, s->sin_bwd};
         for (size_t j = 0; j < sizeof ts / sizeof ts[0]; ++j)
             llmcl_tensor_destroy(ts[j]);
     }
@@ -124,14 +124,14 @@ static bool upload_f32(bench_env *env, llmcl_tensor *t, const double *v, size_t 
  * given, tables and positions; with baseline, the unfused baseline's tensors too.
  */
 static bool rope_bench_init(bench_env *env, rope_bench *r, int64_t B, int64_t Hq, int64_t Hk,
-                            int64_t T, int64_t D, const double *qv, const double *kv,
-                            bool baseline)
+                            int64_t T, int64_t D, const double *qv, const double *kv, bool baseline)
 {
     llmcl_ctx *ctx = env->ctx;
     memset(r, 0, sizeof *r);
     const int64_t P = D / 2;
     double *pos = malloc((size_t)T * sizeof(double)), *inv = malloc((size_t)P * sizeof(double));
-    double *c = malloc((size_t)(T * P) * sizeof(double)), *s = malloc((size_t)(T * P) * sizeof(double));
+    double *c = malloc((size_t)(T * P) * sizeof(double)),
+           *s = malloc((size_t)(T * P) * sizeof(double));
     bool ok = pos && inv && c && s;
     for (int64_t t = 0; ok && t < T; ++t)
         pos[t] = (double)t;
@@ -173,7 +173,7 @@ static bool rope_bench_init(bench_env *env, rope_bench *r, int64_t B, int64_t Hq
         free(rnd);
         if (!ok || !baseline)
             continue;
-        /* tables broadcast over (B, H): cos | cos and -sin | sin (forward), sin | -sin (backward) */
+        /* tables broadcast over (B, H): cos | cos, -sin | sin (forward), sin | -sin (backward) */
         double *cf = malloc((size_t)n * sizeof(double)), *sf = malloc((size_t)n * sizeof(double));
         double *sb = malloc((size_t)n * sizeof(double));
         ok = cf && sf && sb;

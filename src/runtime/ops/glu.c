@@ -37,8 +37,7 @@ static llmcl_status operand(llmcl_ctx *ctx, const llmcl_tensor *t, const char *n
 /* An output's rows may not overlap each other (a stride-0 or overlapping-row view is a race). */
 static llmcl_status check_output_rows(llmcl_ctx *ctx, const llmcl__rows *r, const char *name)
 {
-    LLMCL__REQUIRE(ctx, r->n_rows <= 1 || r->row_stride >= r->row_len,
-                   LLMCL_ERROR_INVALID_ARGUMENT,
+    LLMCL__REQUIRE(ctx, r->n_rows <= 1 || r->row_stride >= r->row_len, LLMCL_ERROR_INVALID_ARGUMENT,
                    "%s: row stride %lld is shorter than its rows (%lld): rows would overlap", name,
                    (long long)r->row_stride, (long long)r->row_len);
     return LLMCL_OK;
@@ -85,8 +84,8 @@ static llmcl_status check_packed(llmcl_ctx *ctx, const llmcl_tensor *packed, con
 
 static llmcl_status check_act(llmcl_ctx *ctx, llmcl_activation act)
 {
-    LLMCL__REQUIRE(ctx, act == LLMCL_ACT_SILU || act == LLMCL_ACT_GELU_TANH ||
-                            act == LLMCL_ACT_GELU_ERF,
+    LLMCL__REQUIRE(ctx,
+                   act == LLMCL_ACT_SILU || act == LLMCL_ACT_GELU_TANH || act == LLMCL_ACT_GELU_ERF,
                    LLMCL_ERROR_INVALID_ARGUMENT, "act %d is not an llmcl_activation", (int)act);
     return LLMCL_OK;
 }
@@ -112,7 +111,8 @@ static llmcl_status glu_launch(llmcl_ctx *ctx, const char *key, const char *knam
 
     long vec = llmcl__param_get(&p, "VEC", 4);
     const long unroll = llmcl__param_get(&p, "UNROLL", 1);
-    LLMCL__REQUIRE(ctx, (vec == 1 || vec == 2 || vec == 4 || vec == 8) && unroll >= 1 && unroll <= 8,
+    LLMCL__REQUIRE(ctx,
+                   (vec == 1 || vec == 2 || vec == 4 || vec == 8) && unroll >= 1 && unroll <= 8,
                    LLMCL_ERROR_INVALID_ARGUMENT, "%s: tuned VEC %ld or UNROLL %ld out of range",
                    key, vec, unroll);
     bool aligned = cols % vec == 0;
@@ -131,8 +131,8 @@ static llmcl_status glu_launch(llmcl_ctx *ctx, const char *key, const char *knam
 
     size_t wg_max = ctx->info.max_work_group_size, kernel_wg = 0;
     if (clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
-                                 &kernel_wg, NULL) == CL_SUCCESS && kernel_wg > 0 &&
-        kernel_wg < wg_max)
+                                 &kernel_wg, NULL) == CL_SUCCESS &&
+        kernel_wg > 0 && kernel_wg < wg_max)
         wg_max = kernel_wg;
     size_t wg = (size_t)llmcl__param_get(&p, "WG", 256);
     if (wg > wg_max)

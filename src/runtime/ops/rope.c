@@ -200,7 +200,8 @@ static llmcl_status rope_validate(llmcl_ctx *ctx, const char *fn, const llmcl_te
                        "%s: opt->cos and opt->sin must have the same strides", fn);
         const llmcl_tensor *tabs[2] = {o->cos, o->sin};
         for (int i = 0; i < 2; ++i)
-            LLMCL__REQUIRE(ctx, !llmcl__overlaps(tabs[i], q) && (!k || !llmcl__overlaps(tabs[i], k)),
+            LLMCL__REQUIRE(ctx,
+                           !llmcl__overlaps(tabs[i], q) && (!k || !llmcl__overlaps(tabs[i], k)),
                            LLMCL_ERROR_INVALID_ARGUMENT, "%s: opt->%s overlaps %s or %s", fn,
                            i ? "sin" : "cos", qn, kn);
         return LLMCL_OK;
@@ -212,13 +213,14 @@ static llmcl_status rope_validate(llmcl_ctx *ctx, const char *fn, const llmcl_te
     LLMCL__TRY(llmcl__check_tensor(ctx, p, "opt->positions", LLMCL__INT_DTYPES, 1, 2));
     char ps[96];
     shape_str(p, ps, sizeof ps);
-    LLMCL__REQUIRE(ctx,
-                   p->shape[p->ndim - 1] == c->vq.n[RT] && (p->ndim == 1 || p->shape[0] == c->vq.n[RB]),
-                   LLMCL_ERROR_SHAPE_MISMATCH,
-                   "%s: opt->positions is %s; expected [T] = [%lld] or [B, T] = [%lld, %lld]", fn, ps,
-                   (long long)c->vq.n[RT], (long long)c->vq.n[RB], (long long)c->vq.n[RT]);
+    LLMCL__REQUIRE(
+        ctx, p->shape[p->ndim - 1] == c->vq.n[RT] && (p->ndim == 1 || p->shape[0] == c->vq.n[RB]),
+        LLMCL_ERROR_SHAPE_MISMATCH,
+        "%s: opt->positions is %s; expected [T] = [%lld] or [B, T] = [%lld, %lld]", fn, ps,
+        (long long)c->vq.n[RT], (long long)c->vq.n[RB], (long long)c->vq.n[RT]);
     LLMCL__REQUIRE(ctx, !llmcl__overlaps(p, q) && (!k || !llmcl__overlaps(p, k)),
-                   LLMCL_ERROR_INVALID_ARGUMENT, "%s: opt->positions overlaps %s or %s", fn, qn, kn);
+                   LLMCL_ERROR_INVALID_ARGUMENT, "%s: opt->positions overlaps %s or %s", fn, qn,
+                   kn);
 
     const double theta = o->theta != 0.0 ? o->theta : 10000.0;
     LLMCL__REQUIRE(ctx, theta > 0.0 && isfinite(theta), LLMCL_ERROR_INVALID_ARGUMENT,
@@ -231,14 +233,15 @@ static llmcl_status rope_validate(llmcl_ctx *ctx, const char *fn, const llmcl_te
         const double hi = o->llama3_high_freq_factor != 0.0 ? o->llama3_high_freq_factor : 4.0;
         const double orig =
             o->llama3_original_max_position != 0.0 ? o->llama3_original_max_position : 8192.0;
-        LLMCL__REQUIRE(ctx, f > 0.0 && lo > 0.0 && hi > lo && orig > 0.0 && isfinite(f) &&
-                                isfinite(hi) && isfinite(orig),
+        LLMCL__REQUIRE(ctx,
+                       f > 0.0 && lo > 0.0 && hi > lo && orig > 0.0 && isfinite(f) &&
+                           isfinite(hi) && isfinite(orig),
                        LLMCL_ERROR_INVALID_ARGUMENT,
                        "%s: Llama 3 scaling needs factor > 0, 0 < low_freq_factor < "
                        "high_freq_factor and original_max_position > 0 (got %g, %g, %g, %g)",
                        fn, f, lo, hi, orig);
-        const float l3[6] = {(float)f, (float)lo, (float)hi, (float)orig, (float)(orig / lo),
-                             (float)(orig / hi)};
+        const float l3[6] = {(float)f,    (float)lo,          (float)hi,
+                             (float)orig, (float)(orig / lo), (float)(orig / hi)};
         for (int i = 0; i < 6; ++i)
             c->l3[i] = l3[i];
     }
@@ -310,7 +313,8 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     LLMCL__REQUIRE(ctx, (vec == 1 || vec == 2 || vec == 4 || vec == 8) && hpt >= 1 && hpt <= 16,
                    LLMCL_ERROR_INVALID_ARGUMENT, "%s: tuned VEC %ld / HPT %ld out of range", fn,
                    vec, hpt);
-    while (vec > 1 && (c.pairs % vec || !rope_aligned(q, &c.vq, vec) || !rope_aligned(k, &c.vk, vec)))
+    while (vec > 1 &&
+           (c.pairs % vec || !rope_aligned(q, &c.vq, vec) || !rope_aligned(k, &c.vk, vec)))
         vec /= 2;
     llmcl__param_set(&p, "VEC", vec);
     llmcl__param_set(&p, "HPT", hpt);
@@ -344,7 +348,8 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     size_t wg = (size_t)llmcl__param_get(&p, "WG", 256);
     size_t kernel_wg = 0;
     if (clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
-                                 &kernel_wg, NULL) == CL_SUCCESS && kernel_wg > 0 && kernel_wg < wg)
+                                 &kernel_wg, NULL) == CL_SUCCESS &&
+        kernel_wg > 0 && kernel_wg < wg)
         wg = kernel_wg;
     /* the kernel may allow fewer items than planned: then one token per group, looping slots */
     size_t local = tpw > 1 || slots <= (int64_t)wg ? (size_t)(tpw * slots) : wg;
@@ -354,7 +359,8 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
         local = wg;
     }
     int64_t groups = llmcl__div_up(n_tokens, tpg);
-    const int64_t max_groups = (int64_t)(ctx->info.compute_units ? ctx->info.compute_units : 1) * 2048;
+    const int64_t max_groups =
+        (int64_t)(ctx->info.compute_units ? ctx->info.compute_units : 1) * 2048;
     if (groups > max_groups)
         groups = max_groups;
     const size_t global = (size_t)groups * local;
@@ -363,7 +369,8 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     const llmcl_tensor *kt = k ? k : q;
     const llmcl_tensor *ct = c.tables ? o->cos : q, *st = c.tables ? o->sin : q;
     const llmcl_tensor *pt = c.tables ? q : o->positions;
-    const int64_t tsb = c.tables && o->cos->ndim == 3 && o->cos->shape[0] > 1 ? o->cos->strides[0] : 0;
+    const int64_t tsb =
+        c.tables && o->cos->ndim == 3 && o->cos->shape[0] > 1 ? o->cos->strides[0] : 0;
     const int64_t tst = c.tables ? o->cos->strides[o->cos->ndim - 2] : 0;
     const int64_t psb = !c.tables && pt->ndim == 2 && pt->shape[0] > 1 ? pt->strides[0] : 0;
     const int64_t pst = !c.tables ? pt->strides[pt->ndim - 1] : 0;
