@@ -351,6 +351,22 @@ static void test_tunables(void **state)
     TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
 }
 
+/* Empty tensors are valid and launch nothing. */
+static void test_empty(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const int64_t s[2] = {0, 7}, s2[2] = {0, 14};
+    llmcl_tensor *g = th_tensor(LLMCL_BF16, 2, s), *u = th_tensor(LLMCL_BF16, 2, s);
+    llmcl_tensor *o = th_tensor(LLMCL_BF16, 2, s), *x = th_tensor(LLMCL_BF16, 2, s2);
+    TH_OK(llmcl_glu_forward(ctx, LLMCL_ACT_SILU, g, u, o));
+    TH_OK(llmcl_glu_forward(ctx, LLMCL_ACT_GELU_ERF, x, NULL, o));
+    TH_OK(llmcl_glu_backward(ctx, LLMCL_ACT_GELU_TANH, o, g, u, g, u));
+    TH_OK(llmcl_activation_forward(ctx, LLMCL_ACT_SILU, g, o));
+    llmcl_tensor_destroy(g), llmcl_tensor_destroy(u), llmcl_tensor_destroy(o);
+    llmcl_tensor_destroy(x);
+}
+
 static void test_bad_inputs(void **state)
 {
     (void)state;
@@ -440,7 +456,8 @@ int main(void)
         cmocka_unit_test(test_forward_all), cmocka_unit_test(test_backward_all),
         cmocka_unit_test(test_strided),     cmocka_unit_test(test_in_place),
         cmocka_unit_test(test_activation),  cmocka_unit_test(test_extremes),
-        cmocka_unit_test(test_tunables),    cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_tunables),    cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_bad_inputs),
     };
     return TH_RUN(tests);
 }

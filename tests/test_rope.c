@@ -505,6 +505,28 @@ static void test_tunables(void **state)
     TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
 }
 
+/* Empty tensors (no tokens, or no q heads) are valid and launch nothing. */
+static void test_empty(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const int64_t sq[4] = {2, 3, 0, 8}, sk[4] = {2, 1, 0, 8}, t0 = 0, T = 4;
+    const int64_t sq2[4] = {2, 0, 4, 8}, sk2[4] = {2, 2, 4, 8};
+    const double pos[4] = {0, 1, 2, 3};
+    llmcl_tensor *q = th_tensor(LLMCL_BF16, 4, sq), *k = th_tensor(LLMCL_BF16, 4, sk);
+    llmcl_tensor *q2 = th_tensor(LLMCL_BF16, 4, sq2), *k2 = th_tensor(LLMCL_BF16, 4, sk2);
+    llmcl_tensor *p0 = th_tensor(LLMCL_I32, 1, &t0), *p = th_tensor_from(LLMCL_I32, 1, &T, pos);
+    llmcl_rope_options o = {0};
+    o.positions = p0;
+    TH_OK(llmcl_rope_forward(ctx, q, k, &o));
+    o.positions = p;
+    TH_OK(llmcl_rope_forward(ctx, q2, NULL, &o));
+    TH_OK(llmcl_rope_backward(ctx, q2, k2, &o));
+    llmcl_tensor *ts[] = {q, k, q2, k2, p0, p};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; ++i)
+        llmcl_tensor_destroy(ts[i]);
+}
+
 static void test_bad_inputs(void **state)
 {
     (void)state;
@@ -619,6 +641,7 @@ int main(void)
         cmocka_unit_test(test_packed_qkv),
         cmocka_unit_test(test_table_views),
         cmocka_unit_test(test_tunables),
+        cmocka_unit_test(test_empty),
         cmocka_unit_test(test_bad_inputs),
     };
     return TH_RUN(tests);

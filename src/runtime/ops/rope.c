@@ -44,6 +44,9 @@ static void shape_str(const llmcl_tensor *t, char *buf, size_t n)
  */
 static bool rope_no_self_overlap(const rope_view *v)
 {
+    for (int i = 0; i < 4; ++i)
+        if (v->n[i] == 0)
+            return true; /* empty: nothing is written */
     int order[4] = {0, 1, 2, 3};
     for (int i = 1; i < 4; ++i)
         for (int j = i; j > 0 && v->s[order[j]] < v->s[order[j - 1]]; --j) {
