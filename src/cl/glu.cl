@@ -107,14 +107,9 @@ inline floatv vload_BF16(const __global ushort *p, long i)
 {
     return bf16v_to_f32(LLMCL_CAT(vload, VEC)(0, p + i));
 }
-/* f16 element by element: PoCL's vload_halfN / vstore_halfN fault on addresses that are not
- * vector-aligned. */
 inline floatv vload_F16(const __global ushort *p, long i)
 {
-    float a[VEC];
-    for (int j = 0; j < VEC; ++j)
-        a[j] = vload_half(i + j, (const __global half *)p);
-    return LLMCL_CAT(vload, VEC)(0, a);
+    return LLMCL_CAT(vload_half, VEC)(0, (const __global half *)(p + i));
 }
 inline void vstore_F32(__global float *p, long i, floatv v)
 {
@@ -124,6 +119,8 @@ inline void vstore_BF16(__global ushort *p, long i, floatv v)
 {
     LLMCL_CAT(vstore, VEC)(f32v_to_bf16(v), 0, p + i);
 }
+/* f16 stores element by element: PoCL 3.1's vstore_half8_rte faults on addresses that are not
+ * 16-byte aligned. */
 inline void vstore_F16(__global ushort *p, long i, floatv v)
 {
     float a[VEC];
