@@ -17,6 +17,7 @@ typedef struct family {
 
 static const family families[] = {
     {"elementwise", bench_elementwise},
+    {"attention", bench_attention},
 };
 
 #define MAX_ROWS 256
