@@ -338,9 +338,9 @@ void bench_attention(bench_env *env)
 {
     attn_shape s = {4, 32, 8, 4096, 128, true, LLMCL_BF16};
     if (env->small)
-        s = (attn_shape){1, 8, 2, 1024, 128, true, LLMCL_BF16};
+        s = (attn_shape){1, 8, 2, 512, 128, true, LLMCL_BF16};
     bench_shape(env, s, 0);
-    s.T = env->small ? 512 : 2048;
+    s.T = env->small ? 256 : 2048;
     bench_baseline(env, s);
     const char *full = getenv("LLMCL_BENCH_FULL");
     if (env->small && full && strcmp(full, "1") == 0)
