@@ -36,9 +36,10 @@
  *   VARLEN    defined: packed sequences through cu_q / cu_k.
  *   ATTN_ONLY 1 attn_fwd, 2 attn_bwd_pre, 3 attn_bwd_dq, 4 attn_bwd_dkdv: build only that kernel
  *             (a kernel's local arrays are sized by the tiles of the one launched); unset: all.
- * Local memory (floats): attn_fwd (BLOCK_M + BLOCK_N)(D+1) + BLOCK_M (BLOCK_N + 1 + BLOCK_N / TN);
- * attn_bwd_dq 2 (BLOCK_M + BLOCK_N)(D+1) + BLOCK_M (BLOCK_N + 1); attn_bwd_dkdv
- * 2 (BLOCK_M + BLOCK_N)(D+1) + 2 BLOCK_N (BLOCK_M + 1) + 2 BLOCK_M.
+ * Local memory: operand tiles of (D+1)-element rows in the storage format (E bytes an element) and
+ * f32 score tiles. attn_fwd (BLOCK_M + BLOCK_N)(D+1) E + 4 BLOCK_M (BLOCK_N + 1 + BLOCK_N / TN);
+ * attn_bwd_dq 2 (BLOCK_M + BLOCK_N)(D+1) E + 4 BLOCK_M (BLOCK_N + 1); attn_bwd_dkdv
+ * 2 (BLOCK_M + BLOCK_N)(D+1) E + 4 (2 BLOCK_N (BLOCK_M + 1) + 2 BLOCK_M).
  */
 
 #ifndef D
@@ -135,16 +136,37 @@ inline void attn_query_range(int n0, int nn, int tq, int tk, int wl, int wr, int
     *hi = h;
 }
 
-/* nrows x D rows of src (row stride rs, zeros past valid) into dst with padded rows, f32. */
-inline void attn_load_tile(__local float *dst, const __global io_t *src, long base, long rs,
+/*
+ * Operand tiles stay in local memory in their storage format (16-bit storage halves the local
+ * memory a tile needs, so larger tiles fit); LREAD converts an element to f32.
+ */
+#define LT_F32 float
+#define LT_BF16 ushort
+#define LT_F16 ushort
+#define LT4_F32 float4
+#define LT4_BF16 ushort4
+#define LT4_F16 ushort4
+typedef LLMCL_CAT(LT_, IO_DT) lt_t;
+typedef LLMCL_CAT(LT4_, IO_DT) lt4_t;
+
+inline float lread_F32(const __local float *p, int i) { return p[i]; }
+inline float lread_BF16(const __local ushort *p, int i) { return as_float((uint)p[i] << 16); }
+inline float lread_F16(const __local ushort *p, int i)
+{
+    return vload_half(i, (const __local half *)p);
+}
+#define LREAD(p, i) LLMCL_CAT(lread_, IO_DT)((p), (i))
+
+/* nrows x D rows of src (row stride rs, zeros past valid) into dst with padded rows. */
+inline void attn_load_tile(__local lt_t *dst, const __global io_t *src, long base, long rs,
                            int valid, int nrows, int lid, int nthreads)
 {
     for (int idx = lid; idx < nrows * (D / 4); idx += nthreads) {
         const int r = idx / (D / 4), c = (idx - r * (D / 4)) * 4;
-        float4 x = (float4)(0.0f);
+        lt4_t x = 0; /* zero bits are 0.0 in every storage format */
         if (r < valid)
-            x = LOAD4(IO_DT, src, base + (long)r * rs + c);
-        __local float *d = dst + r * DP + c;
+            x = vload4(0, src + base + (long)r * rs + c);
+        __local lt_t *d = dst + r * DP + c;
         d[0] = x.x;
         d[1] = x.y;
         d[2] = x.z;
@@ -177,8 +199,8 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
          long sq_t, long sk_b, long sk_h, long sk_t, long sv_b, long sv_h, long sv_t, long so_b,
          long so_h, long so_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
 {
-    __local float qs[BLOCK_M * DP];
-    __local float kvs[BLOCK_N * DP]; /* K, then V, of the current tile */
+    __local lt_t qs[BLOCK_M * DP];
+    __local lt_t kvs[BLOCK_N * DP]; /* K, then V, of the current tile */
     __local float ps[BLOCK_M * NP];
     __local float red[BLOCK_M * CT];
 
@@ -216,9 +238,9 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
         for (int d = 0; d < D; ++d) {
             float qa[TM], kc[TN];
             for (int a = 0; a < TM; ++a)
-                qa[a] = qs[(ty + a * RT) * DP + d];
+                qa[a] = LREAD(qs, (ty + a * RT) * DP + d);
             for (int c = 0; c < TN; ++c)
-                kc[c] = kvs[(tx + c * CT) * DP + d];
+                kc[c] = LREAD(kvs, (tx + c * CT) * DP + d);
             for (int a = 0; a < TM; ++a)
                 for (int c = 0; c < TN; ++c)
                     s[a][c] = fma(qa[a], kc[c], s[a][c]);
@@ -264,7 +286,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
             for (int a = 0; a < TM; ++a)
                 pa[a] = ps[(ty + a * RT) * NP + j];
             for (int e = 0; e < DT; ++e)
-                vc[e] = kvs[j * DP + tx + e * CT];
+                vc[e] = LREAD(kvs, j * DP + tx + e * CT);
             for (int a = 0; a < TM; ++a)
                 for (int e = 0; e < DT; ++e)
                     acc[a][e] = fma(pa[a], vc[e], acc[a][e]);
@@ -329,10 +351,10 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
             long sv_b, long sv_h, long sv_t, long sd_b, long sd_h, long sd_t, long sg_b,
             long sg_h, long sg_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
 {
-    __local float qs[BLOCK_M * DP];
-    __local float dos[BLOCK_M * DP];
-    __local float ks[BLOCK_N * DP];
-    __local float vs[BLOCK_N * DP];
+    __local lt_t qs[BLOCK_M * DP];
+    __local lt_t dos[BLOCK_M * DP];
+    __local lt_t ks[BLOCK_N * DP];
+    __local lt_t vs[BLOCK_N * DP];
     __local float dss[BLOCK_M * NP];
 
     const int lid = get_local_id(0), tx = lid % CT, ty = lid / CT;
@@ -380,12 +402,12 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
         for (int d = 0; d < D; ++d) {
             float qa[TM], ga[TM], kc[TN], vc[TN];
             for (int a = 0; a < TM; ++a) {
-                qa[a] = qs[(ty + a * RT) * DP + d];
-                ga[a] = dos[(ty + a * RT) * DP + d];
+                qa[a] = LREAD(qs, (ty + a * RT) * DP + d);
+                ga[a] = LREAD(dos, (ty + a * RT) * DP + d);
             }
             for (int c = 0; c < TN; ++c) {
-                kc[c] = ks[(tx + c * CT) * DP + d];
-                vc[c] = vs[(tx + c * CT) * DP + d];
+                kc[c] = LREAD(ks, (tx + c * CT) * DP + d);
+                vc[c] = LREAD(vs, (tx + c * CT) * DP + d);
             }
             for (int a = 0; a < TM; ++a)
                 for (int c = 0; c < TN; ++c) {
@@ -411,7 +433,7 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
             for (int a = 0; a < TM; ++a)
                 sa[a] = dss[(ty + a * RT) * NP + j];
             for (int e = 0; e < DT; ++e)
-                kc[e] = ks[j * DP + tx + e * CT];
+                kc[e] = LREAD(ks, j * DP + tx + e * CT);
             for (int a = 0; a < TM; ++a)
                 for (int e = 0; e < DT; ++e)
                     acc[a][e] = fma(sa[a], kc[e], acc[a][e]);
@@ -440,10 +462,10 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
               long sd_h, long sd_t, long sgk_b, long sgk_h, long sgk_t, long sgv_b, long sgv_h,
               long sgv_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
 {
-    __local float ks[BLOCK_N * DP];
-    __local float vs[BLOCK_N * DP];
-    __local float qs[BLOCK_M * DP];
-    __local float dos[BLOCK_M * DP];
+    __local lt_t ks[BLOCK_N * DP];
+    __local lt_t vs[BLOCK_N * DP];
+    __local lt_t qs[BLOCK_M * DP];
+    __local lt_t dos[BLOCK_M * DP];
     __local float pts[BLOCK_N * MP];  /* P^T of the current tile */
     __local float dsts[BLOCK_N * MP]; /* dS^T, gradient of the raw products */
     __local float lse2s[BLOCK_M], dls[BLOCK_M];
@@ -496,12 +518,12 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
             for (int d = 0; d < D; ++d) {
                 float kr[TN], vr[TN], qc[TM], gc[TM];
                 for (int r = 0; r < TN; ++r) {
-                    kr[r] = ks[(ty + r * RT_KV) * DP + d];
-                    vr[r] = vs[(ty + r * RT_KV) * DP + d];
+                    kr[r] = LREAD(ks, (ty + r * RT_KV) * DP + d);
+                    vr[r] = LREAD(vs, (ty + r * RT_KV) * DP + d);
                 }
                 for (int c = 0; c < TM; ++c) {
-                    qc[c] = qs[(tx + c * CT_KV) * DP + d];
-                    gc[c] = dos[(tx + c * CT_KV) * DP + d];
+                    qc[c] = LREAD(qs, (tx + c * CT_KV) * DP + d);
+                    gc[c] = LREAD(dos, (tx + c * CT_KV) * DP + d);
                 }
                 for (int r = 0; r < TN; ++r)
                     for (int c = 0; c < TM; ++c) {
@@ -530,8 +552,8 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
                     sr[r] = dsts[(ty + r * RT_KV) * MP + i];
                 }
                 for (int e = 0; e < DT_KV; ++e) {
-                    gc[e] = dos[i * DP + tx + e * CT_KV];
-                    qc[e] = qs[i * DP + tx + e * CT_KV];
+                    gc[e] = LREAD(dos, i * DP + tx + e * CT_KV);
+                    qc[e] = LREAD(qs, i * DP + tx + e * CT_KV);
                 }
                 for (int r = 0; r < TN; ++r)
                     for (int e = 0; e < DT_KV; ++e) {

@@ -232,21 +232,20 @@ static int attn_cols(attn_kernel kern, attn_tiles t)
 }
 
 /* Local memory of a kernel in bytes, as attention.cl's header lists it. */
-static uint64_t attn_local_bytes(attn_kernel kern, int d, attn_tiles t)
+static uint64_t attn_local_bytes(attn_kernel kern, int d, llmcl_dtype dtype, attn_tiles t)
 {
     const uint64_t dp = (uint64_t)d + 1, m = (uint64_t)t.bm, n = (uint64_t)t.bn;
-    uint64_t floats = 0;
+    const uint64_t e = llmcl_dtype_size(dtype);
     if (kern == ATTN_FWD)
-        floats = (m + n) * dp + m * (n + 1 + n / (uint64_t)t.tn);
-    else if (kern == ATTN_DQ)
-        floats = 2 * (m + n) * dp + m * (n + 1);
-    else
-        floats = 2 * (m + n) * dp + 2 * n * (m + 1) + 2 * m;
-    return floats * sizeof(float);
+        return (m + n) * dp * e + 4 * m * (n + 1 + n / (uint64_t)t.tn);
+    if (kern == ATTN_DQ)
+        return 2 * (m + n) * dp * e + 4 * m * (n + 1);
+    return 2 * (m + n) * dp * e + 4 * (2 * n * (m + 1) + 2 * m);
 }
 
 /* Why tiles t cannot run kernel kern on this device, or NULL when they can. */
-static const char *attn_tiles_invalid(const llmcl_ctx *ctx, attn_kernel kern, int d, attn_tiles t)
+static const char *attn_tiles_invalid(const llmcl_ctx *ctx, attn_kernel kern, int d,
+                                      llmcl_dtype dtype, attn_tiles t)
 {
     if (t.bm < 1 || t.bn < 1 || t.tm < 1 || t.tn < 1 || t.bm % t.tm || t.bn % t.tn)
         return "BLOCK_M % TM and BLOCK_N % TN must be 0";
@@ -255,26 +254,29 @@ static const char *attn_tiles_invalid(const llmcl_ctx *ctx, attn_kernel kern, in
         return "the work-item columns must divide D and be at most 32";
     if ((size_t)(t.bm / t.tm) * (size_t)(t.bn / t.tn) > ctx->info.max_work_group_size)
         return "the work-group exceeds the device's maximum";
-    if (attn_local_bytes(kern, d, t) > ctx->info.local_mem_bytes)
+    if (attn_local_bytes(kern, d, dtype, t) > ctx->info.local_mem_bytes)
         return "the tiles exceed the device's local memory";
     return NULL;
 }
 
 /*
- * The heuristic tiles: the first candidate that fits the device, large tiles first (more reuse of
- * each operand loaded to local memory). The backward kernels hold four operand tiles.
+ * The heuristic tiles: the first candidate that fits the device. Larger tiles reuse each operand
+ * loaded to local memory more; larger register tiles (TM x TN) do more FMAs per local-memory read,
+ * which bounds the fp32 path on GPUs. The backward kernels hold four operand tiles.
  */
-static attn_tiles attn_default_tiles(const llmcl_ctx *ctx, attn_kernel kern, int d)
+static attn_tiles attn_default_tiles(const llmcl_ctx *ctx, attn_kernel kern, int d,
+                                     llmcl_dtype dtype)
 {
-    static const attn_tiles fwd[] = {{64, 64, 4, 4}, {64, 32, 4, 2}, {32, 32, 2, 2},
+    static const attn_tiles fwd[] = {{64, 64, 4, 4}, {64, 32, 4, 4}, {32, 32, 4, 4},
+                                     {32, 32, 2, 2}, {32, 16, 2, 2}, {16, 16, 2, 2},
+                                     {16, 8, 2, 1},  {8, 8, 1, 1},   {8, 4, 1, 1}, {4, 4, 1, 1}};
+    static const attn_tiles bwd[] = {{64, 32, 4, 2}, {32, 32, 4, 4}, {32, 32, 2, 2},
                                      {32, 16, 2, 2}, {16, 16, 2, 2}, {16, 8, 2, 1},
                                      {8, 8, 1, 1},   {8, 4, 1, 1},   {4, 4, 1, 1}};
-    static const attn_tiles bwd[] = {{64, 32, 4, 2}, {32, 32, 2, 2}, {16, 16, 2, 2},
-                                     {16, 8, 2, 1},  {8, 8, 1, 1},   {8, 4, 1, 1}, {4, 4, 1, 1}};
     const attn_tiles *list = kern == ATTN_FWD ? fwd : bwd;
     const size_t n = kern == ATTN_FWD ? sizeof fwd / sizeof *fwd : sizeof bwd / sizeof *bwd;
     for (size_t i = 0; i < n; ++i)
-        if (!attn_tiles_invalid(ctx, kern, d, list[i]))
+        if (!attn_tiles_invalid(ctx, kern, d, dtype, list[i]))
             return list[i];
     return list[n - 1];
 }
@@ -292,7 +294,7 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
     if (kern == ATTN_PRE) {
         llmcl__param_set(&p, "PRE_WG", ctx->info.max_work_group_size >= 64 ? 64 : 1);
     } else {
-        const attn_tiles t = attn_default_tiles(ctx, kern, g->D);
+        const attn_tiles t = attn_default_tiles(ctx, kern, g->D, g->dtype);
         llmcl__param_set(&p, "BLOCK_M", t.bm);
         llmcl__param_set(&p, "BLOCK_N", t.bn);
         llmcl__param_set(&p, "TM", t.tm);
@@ -310,7 +312,7 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
         const attn_tiles t = {(int)llmcl__param_get(&p, "BLOCK_M", 0),
                               (int)llmcl__param_get(&p, "BLOCK_N", 0),
                               (int)llmcl__param_get(&p, "TM", 0), (int)llmcl__param_get(&p, "TN", 0)};
-        const char *why = attn_tiles_invalid(ctx, kern, g->D, t);
+        const char *why = attn_tiles_invalid(ctx, kern, g->D, g->dtype, t);
         LLMCL__REQUIRE(ctx, !why, LLMCL_ERROR_UNSUPPORTED,
                        "attention: %s tiles BLOCK_M=%d BLOCK_N=%d TM=%d TN=%d with D=%d: %s",
                        attn_kernel_name[kern], t.bm, t.bn, t.tm, t.tn, g->D, why);
