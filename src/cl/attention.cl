@@ -207,7 +207,8 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
     const int lid = get_local_id(0), tx = lid % CT, ty = lid / CT;
     const int bh = get_group_id(1), b = bh / hq, h = bh - b * hq, hk = h / group;
     const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
-    const int m0 = get_group_id(0) * BLOCK_M;
+    /* Last query tiles first: under a causal mask they have the most keys (shorter tail). */
+    const int m0 = (get_num_groups(0) - 1 - get_group_id(0)) * BLOCK_M;
     if (m0 >= sq.tq)
         return;
 
@@ -360,7 +361,8 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
     const int lid = get_local_id(0), tx = lid % CT, ty = lid / CT;
     const int bh = get_group_id(1), b = bh / hq, h = bh - b * hq, hk = h / group;
     const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
-    const int m0 = get_group_id(0) * BLOCK_M;
+    /* Last query tiles first: under a causal mask they have the most keys (shorter tail). */
+    const int m0 = (get_num_groups(0) - 1 - get_group_id(0)) * BLOCK_M;
     if (m0 >= sq.tq)
         return;
 
