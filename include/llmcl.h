@@ -362,6 +362,65 @@ LLMCL_API llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tens
 /* ---------------------------------------------------------------------------------------------- */
 /* Tuning database.                                                                               */
 
+/*
+ * Kernels take their tunables (work-group size, rows per work-group, vector width, tile sizes) from
+ * a tuning database keyed device -> kernel -> dtype -> shape class, with a wildcard default at each
+ * level; parameters no entry sets keep the launcher's heuristic defaults for the device. The
+ * database of a context is, in rising priority: the built-in files (JSON files in data/tuning/,
+ * compiled in), then <cache dir>/tuning*.json, then the files or folders in LLMCL_TUNE_DB
+ * (':'-separated; "off" turns the whole database off), then llmcl_tune_db_load() and
+ * llmcl_tune_override() in call order. The most specific match wins (exact device name, then
+ * vendor/platform/type, then any device; then an exact dtype; then the exact shape class, the
+ * nearest tuned class within a factor of 4, any class). A bad or foreign
+ * file is skipped with a warning (llmcl_tune_db_warnings(); printed only with LLMCL_LOG=1).
+ * docs/TUNING.md describes the file format and the llmcl-tune tool that writes it.
+ *
+ * Kernel keys ("rmsnorm_fwd", "copy", ...) and their tunables are listed in each .cl file's header.
+ * A shape class is "p<k>" for the smallest power of two 2^k >= the kernel's size key (for example
+ * its row length); where a function takes `shape`, it accepts a class, a size key in decimal
+ * ("4096"), or "*" for any class.
+ */
+
+/*
+ * Writes kernel's parameters for (dtype, shape) into buf as "NAME=VALUE NAME=VALUE ..." sorted by
+ * name. When ctx has launched the kernel with that dtype and class, these are the values its last
+ * launch built with (heuristic defaults, the database applied, then any clamping of the launcher to
+ * the shape) and *launched is 1; otherwise they are only
+ * the values the database would set (possibly none: "") and *launched is 0. launched may be NULL.
+ * LLMCL_ERROR_INVALID_ARGUMENT when buf (size bytes) is too small.
+ */
+LLMCL_API llmcl_status llmcl_tune_params_get(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
+                                             const char *shape, char *buf, size_t size,
+                                             int *launched);
+
+/*
+ * Forces parameters ("NAME=VALUE ...", integers) for kernel at (dtype, shape) on ctx, above every
+ * file; the next launches build with them (the tuner uses this to try candidates). A new override
+ * for the same key replaces the old; params NULL removes it; kernel NULL removes every override.
+ * Names the kernel does not have are ignored. Values are not validated here: a value the kernel
+ * rejects makes its launch fail (a build failure or an OpenCL error).
+ */
+LLMCL_API llmcl_status llmcl_tune_override(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
+                                           const char *shape, const char *params);
+
+/*
+ * Merges a tuning file over ctx's database (above everything loaded before it). A malformed file,
+ * one in another format or one for another device fails with LLMCL_ERROR_TUNE_DB (LLMCL_ERROR_IO
+ * when unreadable) and changes nothing; entries that are individually bad are skipped with a
+ * warning while the rest load.
+ */
+LLMCL_API llmcl_status llmcl_tune_db_load(llmcl_ctx *ctx, const char *path);
+
+/* Empties ctx's database (built-in entries and overrides included) and its warnings: heuristic
+ * defaults only until something is loaded again. */
+LLMCL_API llmcl_status llmcl_tune_db_clear(llmcl_ctx *ctx);
+
+/* The warnings about skipped tuning files and entries since ctx was created, one a line, or "". */
+LLMCL_API const char *llmcl_tune_db_warnings(const llmcl_ctx *ctx);
+
+/* The shape class ("p<k>") of a size key >= 1, as launchers compute it. */
+LLMCL_API llmcl_status llmcl_tune_shape_class(int64_t size_key, char out[16]);
+
 #ifdef __cplusplus
 }
 #endif

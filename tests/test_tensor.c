@@ -179,7 +179,10 @@ static void test_profiling(void **state)
     TH_OK(llmcl_axpy(ctx, 2.0f, a, b));
     TH_OK(llmcl_profile_end(ctx, &p));
     assert_int_equal(p.launches, 3);
-    assert_true(p.kernel_ms > 0 && p.span_ms >= p.kernel_ms * 0.5);
+    assert_true(p.kernel_ms >= 0 && p.span_ms >= 0);
+    /* Mesa 22's rusticl reports near-zero event times (docs/PORTABILITY.md) */
+    if (llmcl_ctx_device_info(ctx)->vendor_id != LLMCL_VENDOR_MESA)
+        assert_true(p.kernel_ms > 0 && p.span_ms >= p.kernel_ms * 0.5);
     TH_OK(llmcl_profile_begin(ctx));
     TH_OK(llmcl_profile_end(ctx, &p));
     assert_int_equal(p.launches, 0);

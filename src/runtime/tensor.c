@@ -231,49 +231,46 @@ static llmcl_status read_span(const llmcl_tensor *t, int64_t *first, int64_t *co
     return LLMCL_OK;
 }
 
-llmcl_status llmcl_tensor_upload(llmcl_tensor *t, const void *host, size_t bytes)
+/* Copies between host (contiguous, row-major) and the tensor in either direction. */
+static llmcl_status transfer(const llmcl_tensor *t, void *host, size_t bytes, bool to_device)
 {
-    LLMCL__TRY(check_transfer(t, host, bytes));
     const size_t es = dtype_sizes[t->dtype];
     if (bytes == 0)
         return LLMCL_OK;
     if (llmcl_tensor_is_contiguous(t)) {
-        LLMCL__CL(t->ctx, clEnqueueWriteBuffer(t->ctx->queue, t->mem, CL_TRUE, (size_t)t->offset * es,
-                                               bytes, host, 0, NULL, NULL));
+        const size_t start = (size_t)t->offset * es;
+        LLMCL__CL(t->ctx, to_device ? clEnqueueWriteBuffer(t->ctx->queue, t->mem, CL_TRUE, start,
+                                                           bytes, host, 0, NULL, NULL)
+                                    : clEnqueueReadBuffer(t->ctx->queue, t->mem, CL_TRUE, start,
+                                                          bytes, host, 0, NULL, NULL));
         return LLMCL_OK;
     }
-    /* Read-modify-write keeps the elements between the strided ones intact. */
+    /* Strided: stage the span; an upload is a read-modify-write so the gaps stay intact. */
     int64_t first, count;
     char *span;
     LLMCL__TRY(read_span(t, &first, &count, &span));
     const int64_t n = llmcl_tensor_numel(t);
-    for (int64_t i = 0; i < n; ++i)
-        memcpy(span + strided_index(t, i, first) * es, (const char *)host + i * es, es);
-    cl_int err = clEnqueueWriteBuffer(t->ctx->queue, t->mem, CL_TRUE, (size_t)first * es,
-                                      (size_t)count * es, span, 0, NULL, NULL);
+    for (int64_t i = 0; i < n; ++i) {
+        char *dev = span + strided_index(t, i, first) * es, *h = (char *)host + i * es;
+        memcpy(to_device ? dev : h, to_device ? h : dev, es);
+    }
+    cl_int err = to_device ? clEnqueueWriteBuffer(t->ctx->queue, t->mem, CL_TRUE, (size_t)first * es,
+                                                  (size_t)count * es, span, 0, NULL, NULL)
+                           : CL_SUCCESS;
     free(span);
     if (err != CL_SUCCESS)
         return llmcl__fail_cl(t->ctx, err, "clEnqueueWriteBuffer", __FILE__, __LINE__);
     return LLMCL_OK;
 }
 
+llmcl_status llmcl_tensor_upload(llmcl_tensor *t, const void *host, size_t bytes)
+{
+    LLMCL__TRY(check_transfer(t, host, bytes));
+    return transfer(t, (void *)host, bytes, true); /* host is only read when to_device */
+}
+
 llmcl_status llmcl_tensor_download(const llmcl_tensor *t, void *host, size_t bytes)
 {
     LLMCL__TRY(check_transfer(t, host, bytes));
-    const size_t es = dtype_sizes[t->dtype];
-    if (bytes == 0)
-        return LLMCL_OK;
-    if (llmcl_tensor_is_contiguous(t)) {
-        LLMCL__CL(t->ctx, clEnqueueReadBuffer(t->ctx->queue, t->mem, CL_TRUE, (size_t)t->offset * es,
-                                              bytes, host, 0, NULL, NULL));
-        return LLMCL_OK;
-    }
-    int64_t first, count;
-    char *span;
-    LLMCL__TRY(read_span(t, &first, &count, &span));
-    const int64_t n = llmcl_tensor_numel(t);
-    for (int64_t i = 0; i < n; ++i)
-        memcpy((char *)host + i * es, span + strided_index(t, i, first) * es, es);
-    free(span);
-    return LLMCL_OK;
+    return transfer(t, host, bytes, false);
 }
