@@ -218,9 +218,11 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
     attn_load_tile(qs, q, qb, sq_t, sq.tq - m0, BLOCK_M, lid, RT * CT);
 
     float acc[TM][DT], m[TM], l[TM];
+#pragma unroll
     for (int a = 0; a < TM; ++a) {
         m[a] = -INFINITY;
         l[a] = 0.0f;
+#pragma unroll
         for (int e = 0; e < DT; ++e)
             acc[a][e] = 0.0f;
     }
@@ -233,23 +235,29 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
         barrier(CLK_LOCAL_MEM_FENCE);
 
         float s[TM][TN];
+#pragma unroll
         for (int a = 0; a < TM; ++a)
             for (int c = 0; c < TN; ++c)
                 s[a][c] = 0.0f;
         for (int d = 0; d < D; ++d) {
             float qa[TM], kc[TN];
+#pragma unroll
             for (int a = 0; a < TM; ++a)
                 qa[a] = LREAD(qs, (ty + a * RT) * DP + d);
+#pragma unroll
             for (int c = 0; c < TN; ++c)
                 kc[c] = LREAD(kvs, (tx + c * CT) * DP + d);
+#pragma unroll
             for (int a = 0; a < TM; ++a)
                 for (int c = 0; c < TN; ++c)
                     s[a][c] = fma(qa[a], kc[c], s[a][c]);
         }
 
         const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
+#pragma unroll
         for (int a = 0; a < TM; ++a) {
             float pm = -INFINITY;
+#pragma unroll
             for (int c = 0; c < TN; ++c) {
                 float x = attn_logit(s[a][c], scale, softcap) * M_LOG2E_F;
                 if (masked && !attn_visible(m0 + ty + a * RT, n0 + tx + c * CT, sq.tq, sq.tk, wl, wr))
@@ -269,6 +277,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
             const float mu = mn == -INFINITY ? 0.0f : mn; /* a row with no key yet: p = 0 */
             const float alpha = exp2(m[a] - mu);
             float ls = 0.0f;
+#pragma unroll
             for (int c = 0; c < TN; ++c) {
                 const float p = exp2(s[a][c] - mu);
                 ls += p;
@@ -276,6 +285,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
             }
             l[a] = l[a] * alpha + ls;
             m[a] = mn;
+#pragma unroll
             for (int e = 0; e < DT; ++e)
                 acc[a][e] *= alpha;
         }
@@ -284,10 +294,13 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
 
         for (int j = 0; j < BLOCK_N; ++j) {
             float pa[TM], vc[DT];
+#pragma unroll
             for (int a = 0; a < TM; ++a)
                 pa[a] = ps[(ty + a * RT) * NP + j];
+#pragma unroll
             for (int e = 0; e < DT; ++e)
                 vc[e] = LREAD(kvs, j * DP + tx + e * CT);
+#pragma unroll
             for (int a = 0; a < TM; ++a)
                 for (int e = 0; e < DT; ++e)
                     acc[a][e] = fma(pa[a], vc[e], acc[a][e]);
@@ -296,10 +309,12 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
 
     /* Each work-item summed its own columns; the row sum adds the CT partials in a fixed order. */
     barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
     for (int a = 0; a < TM; ++a)
         red[(ty + a * RT) * CT + tx] = l[a];
     barrier(CLK_LOCAL_MEM_FENCE);
     const long ob = o_off + b * so_b + h * so_h + (sq.q0 + m0) * so_t;
+#pragma unroll
     for (int a = 0; a < TM; ++a) {
         const int r = ty + a * RT;
         if (m0 + r >= sq.tq)
@@ -308,6 +323,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
         for (int t = 0; t < CT; ++t)
             lr += red[r * CT + t];
         const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+#pragma unroll
         for (int e = 0; e < DT; ++e)
             STORE(IO_DT, o, ob + r * so_t + tx + e * CT, acc[a][e] * inv);
         if (tx == 0)
@@ -375,6 +391,7 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
 
     /* LSE in log2 units; a row that saw no key (-inf) gets +inf so that every p is 0. */
     float lse2[TM], dl[TM], acc[TM][DT];
+#pragma unroll
     for (int a = 0; a < TM; ++a) {
         const int i = m0 + ty + a * RT;
         lse2[a] = INFINITY;
@@ -385,6 +402,7 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
             lse2[a] = x == -INFINITY ? INFINITY : x * M_LOG2E_F;
             dl[a] = delta[delta_off + li];
         }
+#pragma unroll
         for (int e = 0; e < DT; ++e)
             acc[a][e] = 0.0f;
     }
@@ -398,19 +416,23 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
         barrier(CLK_LOCAL_MEM_FENCE);
 
         float s[TM][TN], dp[TM][TN];
+#pragma unroll
         for (int a = 0; a < TM; ++a)
             for (int c = 0; c < TN; ++c)
                 s[a][c] = dp[a][c] = 0.0f;
         for (int d = 0; d < D; ++d) {
             float qa[TM], ga[TM], kc[TN], vc[TN];
+#pragma unroll
             for (int a = 0; a < TM; ++a) {
                 qa[a] = LREAD(qs, (ty + a * RT) * DP + d);
                 ga[a] = LREAD(dos, (ty + a * RT) * DP + d);
             }
+#pragma unroll
             for (int c = 0; c < TN; ++c) {
                 kc[c] = LREAD(ks, (tx + c * CT) * DP + d);
                 vc[c] = LREAD(vs, (tx + c * CT) * DP + d);
             }
+#pragma unroll
             for (int a = 0; a < TM; ++a)
                 for (int c = 0; c < TN; ++c) {
                     s[a][c] = fma(qa[a], kc[c], s[a][c]);
@@ -419,6 +441,7 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
         }
 
         const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
+#pragma unroll
         for (int a = 0; a < TM; ++a)
             for (int c = 0; c < TN; ++c) {
                 const float x = attn_logit(s[a][c], scale, softcap);
@@ -432,10 +455,13 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
 
         for (int j = 0; j < BLOCK_N; ++j) {
             float sa[TM], kc[DT];
+#pragma unroll
             for (int a = 0; a < TM; ++a)
                 sa[a] = dss[(ty + a * RT) * NP + j];
+#pragma unroll
             for (int e = 0; e < DT; ++e)
                 kc[e] = LREAD(ks, j * DP + tx + e * CT);
+#pragma unroll
             for (int a = 0; a < TM; ++a)
                 for (int e = 0; e < DT; ++e)
                     acc[a][e] = fma(sa[a], kc[e], acc[a][e]);
@@ -443,6 +469,7 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
     }
 
     const long gb = dq_off + b * sg_b + h * sg_h + (sq.q0 + m0) * sg_t;
+#pragma unroll
     for (int a = 0; a < TM; ++a) {
         const int r = ty + a * RT;
         if (m0 + r < sq.tq)
@@ -486,6 +513,7 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
                    BLOCK_N, lid, nthreads);
 
     float gk[TN][DT_KV], gv[TN][DT_KV];
+#pragma unroll
     for (int r = 0; r < TN; ++r)
         for (int e = 0; e < DT_KV; ++e)
             gk[r][e] = gv[r][e] = 0.0f;
@@ -514,19 +542,23 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
             barrier(CLK_LOCAL_MEM_FENCE);
 
             float s[TN][TM], dp[TN][TM];
+#pragma unroll
             for (int r = 0; r < TN; ++r)
                 for (int c = 0; c < TM; ++c)
                     s[r][c] = dp[r][c] = 0.0f;
             for (int d = 0; d < D; ++d) {
                 float kr[TN], vr[TN], qc[TM], gc[TM];
+#pragma unroll
                 for (int r = 0; r < TN; ++r) {
                     kr[r] = LREAD(ks, (ty + r * RT_KV) * DP + d);
                     vr[r] = LREAD(vs, (ty + r * RT_KV) * DP + d);
                 }
+#pragma unroll
                 for (int c = 0; c < TM; ++c) {
                     qc[c] = LREAD(qs, (tx + c * CT_KV) * DP + d);
                     gc[c] = LREAD(dos, (tx + c * CT_KV) * DP + d);
                 }
+#pragma unroll
                 for (int r = 0; r < TN; ++r)
                     for (int c = 0; c < TM; ++c) {
                         s[r][c] = fma(kr[r], qc[c], s[r][c]);
@@ -535,6 +567,7 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
             }
 
             const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
+#pragma unroll
             for (int r = 0; r < TN; ++r)
                 for (int c = 0; c < TM; ++c) {
                     const int j = ty + r * RT_KV, i = tx + c * CT_KV;
@@ -549,14 +582,17 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
 
             for (int i = 0; i < BLOCK_M; ++i) {
                 float pr[TN], sr[TN], gc[DT_KV], qc[DT_KV];
+#pragma unroll
                 for (int r = 0; r < TN; ++r) {
                     pr[r] = pts[(ty + r * RT_KV) * MP + i];
                     sr[r] = dsts[(ty + r * RT_KV) * MP + i];
                 }
+#pragma unroll
                 for (int e = 0; e < DT_KV; ++e) {
                     gc[e] = LREAD(dos, i * DP + tx + e * CT_KV);
                     qc[e] = LREAD(qs, i * DP + tx + e * CT_KV);
                 }
+#pragma unroll
                 for (int r = 0; r < TN; ++r)
                     for (int e = 0; e < DT_KV; ++e) {
                         gv[r][e] = fma(pr[r], gc[e], gv[r][e]);
@@ -568,6 +604,7 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
 
     const long kgb = dk_off + b * sgk_b + hk * sgk_h + (sq.k0 + n0) * sgk_t;
     const long vgb = dv_off + b * sgv_b + hk * sgv_h + (sq.k0 + n0) * sgv_t;
+#pragma unroll
     for (int r = 0; r < TN; ++r) {
         const int j = ty + r * RT_KV;
         if (n0 + j < sq.tk)
