@@ -12,10 +12,12 @@
  * Logits: s = x * scale, or softcap * tanh(x * scale / softcap) when softcap > 0 (x = q . k).
  *
  * Every kernel arranges its work-items as RT x CT over a (rows x cols) tile of scores: work-item
- * (ty, tx) owns rows ty + a * RT (a < TR) and columns tx + b * CT (b < TC), so the score tile is an
- * outer product accumulated in registers over d, and the same work-item owns its rows' output over
- * columns tx + e * CT of D. Operands sit in local memory with padded rows (conflict-free reads);
- * math is f32 and every reduction runs in a fixed order (deterministic, no atomics).
+ * (ty, tx) owns rows ty + a * RT and columns tx + b * CT of it (TM x TN of them in attn_fwd and
+ * attn_bwd_dq, TN x TM in attn_bwd_dkdv, whose rows are keys), so the score tile is an outer
+ * product accumulated in registers over d, and the same work-item owns its rows' output over
+ * columns tx + e * CT of D. These register-tile products are the places an mma path would take
+ * over. Operands sit in local memory with padded rows (conflict-free reads); math is f32 and every
+ * reduction runs in a fixed order (deterministic, no atomics).
  *
  *   attn_fwd       one work-group per (BLOCK_M query rows, b * Hq + h); online softmax over K/V
  *                  tiles of BLOCK_N keys; tiles outside the mask's band are skipped.
