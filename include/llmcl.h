@@ -396,6 +396,73 @@ LLMCL_API llmcl_status llmcl_activation_backward(llmcl_ctx *ctx, llmcl_activatio
 /* ---------------------------------------------------------------------------------------------- */
 /* Attention (attention.cl).                                                                      */
 
+/*
+ * Options of flash attention. A zero-initialised struct is full (non-causal) attention with scale
+ * 1/sqrt(D) over dense batches.
+ *
+ * Masking aligns the causal diagonal bottom-right as FlashAttention >= 2.1 does: query i of a
+ * sequence with tq queries and tk keys sees key j when j <= i + tk - tq. With use_window, it also
+ * needs i + tk - tq - window_left <= j <= i + tk - tq + window_right (a negative bound is
+ * unbounded), FlashAttention's window_size = (left, right); causal then caps window_right at 0. A
+ * query that sees no key (causal with tq > tk, or a narrow window) gets O = 0, LSE = -inf and
+ * zero gradients.
+ *
+ * Varlen (cu_seqlens_q and cu_seqlens_k both set, i32 [B + 1], FlashAttention's varlen API):
+ * sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] of a packed Q [total_q, Hq, D] and
+ * rows cu_seqlens_k[b] .. cu_seqlens_k[b+1] of K, V [total_k, Hkv, D]; each sequence attends only
+ * within itself. The offsets must start at 0, never decrease (empty sequences are allowed) and end
+ * at total_q (total_k). They are read back to the host to be validated, so varlen calls wait for
+ * the queue up to that point.
+ */
+typedef struct llmcl_attention_opts {
+    int causal;
+    int use_window;        /* 0: no sliding window; else window_left / window_right apply */
+    int window_left;       /* keys before the diagonal a query sees; -1: unbounded */
+    int window_right;      /* keys after the diagonal a query sees; -1: unbounded */
+    float softcap;         /* > 0: logits = softcap * tanh(logits / softcap); 0: off */
+    float scale;           /* logit scale; 0: 1 / sqrt(D) */
+    const llmcl_tensor *cu_seqlens_q; /* borrowed; NULL with cu_seqlens_k NULL: dense batches */
+    const llmcl_tensor *cu_seqlens_k;
+} llmcl_attention_opts;
+
+/*
+ * Flash attention forward: o = softmax(mask(logits(q . k^T))) . v with the softmax computed online
+ * in f32 over key tiles; memory stays linear in T (no T x T scores are stored).
+ *
+ * Dense: q and o [B, Hq, Tq, D], k and v [B, Hkv, Tk, D], any strides with a unit stride on D (so
+ * [B, T, H, D] storage is a strided view), lse f32 [B, Hq, Tq] with a unit last stride. Varlen:
+ * q, o [total_q, Hq, D], k, v [total_k, Hkv, D], lse [Hq, total_q]. Hq must be a multiple of Hkv
+ * (GQA, MQA): query head h reads KV head h / (Hq / Hkv). D is 32, 64, 96, 128 or 256. q, k, v, o
+ * share one dtype: f32, bf16 or f16; math is f32.
+ *
+ * Reads q, k, v (and the cu_seqlens); writes o and lse (natural-log sum of exponentials per
+ * query row, kept for the backward). opts may be NULL (the defaults). o and lse must not overlap
+ * the inputs or each other.
+ */
+LLMCL_API llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q,
+                                               const llmcl_tensor *k, const llmcl_tensor *v,
+                                               const llmcl_attention_opts *opts, llmcl_tensor *o,
+                                               llmcl_tensor *lse);
+
+/*
+ * Flash attention backward: dq, dk and dv from dout, given the forward's q, k, v, o and lse and the
+ * same opts. Recomputes the probabilities tile by tile from q, k and lse; dk and dv are summed over
+ * the query heads that share a KV head inside the kernel, in a fixed order, so results are the same
+ * bits on every run (no atomics). Extra device memory: one f32 per query row (delta =
+ * rowsum(dout * o)), counted in memory accounting and freed before returning.
+ *
+ * Shapes as in llmcl_attention_forward; dout and dq are shaped like q, dk and dv like k, all in
+ * q's dtype. Reads q, k, v, o, lse, dout; writes dq, dk, dv, which must not overlap the inputs or
+ * each other.
+ */
+LLMCL_API llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q,
+                                                const llmcl_tensor *k, const llmcl_tensor *v,
+                                                const llmcl_tensor *o, const llmcl_tensor *lse,
+                                                const llmcl_tensor *dout,
+                                                const llmcl_attention_opts *opts,
+                                                llmcl_tensor *dq, llmcl_tensor *dk,
+                                                llmcl_tensor *dv);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Cross-entropy (cross_entropy.cl).                                                              */
 

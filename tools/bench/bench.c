@@ -19,6 +19,7 @@ static const family families[] = {
     {"elementwise", bench_elementwise},
     {"rope", bench_rope},
     {"glu", bench_glu},
+    {"attention", bench_attention},
 };
 
 #define MAX_ROWS 256

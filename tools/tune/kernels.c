@@ -46,6 +46,87 @@ static llmcl_status run_mul(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_c
     return llmcl_mul(ctx, t[0], t[1]);
 }
 
+/*
+ * ---- attention.cl: tiles BLOCK_M, BLOCK_N, TM, TN (PRE_WG for the delta pass); the size key is
+ * the head dim D. Q, K and V are views of one [B, H + 2K, T, D] tensor (and dK, dV of one
+ * [B, 2K, T, D]) to stay within TUNE_MAX_TENSORS. The backward runs on random O and LSE: its
+ * outputs are then no gradients, but every candidate must still reproduce the reference's.
+ */
+
+#define ATTN_TILES "BLOCK_M=16,32,64,128 BLOCK_N=8,16,32,64 TM=1,2,4,8 TN=1,2,4,8"
+#define ATTN_SHAPES                                                                               \
+    "B=4,H=32,K=8,QKV=48,KV2=16,T=4096,D=128;B=4,H=32,K=8,QKV=48,KV2=16,T=4096,D=64"
+#define ATTN_SMALL "B=1,H=4,K=2,QKV=8,KV2=4,T=256,D=128;B=1,H=4,K=2,QKV=8,KV2=4,T=256,D=64"
+
+/* Views of rows [first, first + n) of axis 1 of a contiguous [B, N, T, D] tensor. */
+static llmcl_status attn_head_view(llmcl_tensor *base, const tune_case *c, int64_t first,
+                                   int64_t n, llmcl_tensor **out)
+{
+    const int64_t b = tune_dim(c, "B"), t = tune_dim(c, "T"), d = tune_dim(c, "D");
+    const int64_t heads = llmcl_tensor_dim(base, 1);
+    const int64_t shape[4] = {b, n, t, d}, strides[4] = {heads * t * d, t * d, d, 1};
+    return llmcl_tensor_view(base, 4, shape, strides, first * t * d, out);
+}
+
+/* The tensors of one attention call: q, k, v, dk, dv are views, destroyed by attn_views_free. */
+typedef struct attn_views {
+    llmcl_tensor *q, *k, *v, *dk, *dv;
+} attn_views;
+
+static void attn_views_free(attn_views *v)
+{
+    llmcl_tensor_destroy(v->q);
+    llmcl_tensor_destroy(v->k);
+    llmcl_tensor_destroy(v->v);
+    llmcl_tensor_destroy(v->dk);
+    llmcl_tensor_destroy(v->dv);
+}
+
+static llmcl_status attn_views_make(llmcl_tensor *qkv, llmcl_tensor *dkv, const tune_case *c,
+                                    attn_views *v)
+{
+    const int64_t h = tune_dim(c, "H"), k = tune_dim(c, "K");
+    *v = (attn_views){0};
+    llmcl_status st;
+    if ((st = attn_head_view(qkv, c, 0, h, &v->q)) || (st = attn_head_view(qkv, c, h, k, &v->k)) ||
+        (st = attn_head_view(qkv, c, h + k, k, &v->v)) ||
+        (dkv && ((st = attn_head_view(dkv, c, 0, k, &v->dk)) ||
+                 (st = attn_head_view(dkv, c, k, k, &v->dv)))))
+        attn_views_free(v);
+    return st;
+}
+
+static llmcl_status run_attention_fwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    attn_views v;
+    llmcl_status st = attn_views_make(t[0], NULL, c, &v);
+    const llmcl_attention_opts opts = {.causal = 1};
+    if (st == LLMCL_OK)
+        st = llmcl_attention_forward(ctx, v.q, v.k, v.v, &opts, t[1], t[2]);
+    attn_views_free(&v);
+    return st;
+}
+
+static llmcl_status run_attention_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    attn_views v;
+    llmcl_status st = attn_views_make(t[0], t[5], c, &v);
+    const llmcl_attention_opts opts = {.causal = 1};
+    if (st == LLMCL_OK)
+        st = llmcl_attention_backward(ctx, v.q, v.k, v.v, t[1], t[2], t[3], &opts, t[4], v.dk,
+                                      v.dv);
+    attn_views_free(&v);
+    return st;
+}
+
+#define ATTN_BWD_TENSORS                                                                          \
+    {{"qkv", TUNE_IN, "B,QKV,T,D"},                                                               \
+     {"o", TUNE_IN, "B,H,T,D"},                                                                   \
+     {"lse", TUNE_IN, "B,H,T", TUNE_DT(LLMCL_F32)},                                               \
+     {"dout", TUNE_IN, "B,H,T,D"},                                                                \
+     {"dq", TUNE_OUT, "B,H,T,D"},                                                                 \
+     {"dkv", TUNE_OUT, "B,KV2,T,D"}}
+
 const tune_kernel tune_kernels[] = {
     {.key = "fill", .family = "elementwise", .params = EW_WG, .dtypes = F32 | BF16,
      .size_key = "N", .shapes = EW_SHAPES, .small_shapes = EW_SMALL,
@@ -74,5 +155,20 @@ const tune_kernel tune_kernels[] = {
      .tensors = {{"x", TUNE_IN, "N", 0, TUNE_INIT_NEAR_ONE},
                  {"y", TUNE_INOUT, "N", 0, TUNE_INIT_NEAR_ONE}},
      .run = run_mul},
+    {.key = "attention_fwd", .family = "attention", .params = ATTN_TILES, .dtypes = F32 | BF16,
+     .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
+     .tensors = {{"qkv", TUNE_IN, "B,QKV,T,D"},
+                 {"o", TUNE_OUT, "B,H,T,D"},
+                 {"lse", TUNE_OUT, "B,H,T", TUNE_DT(LLMCL_F32)}},
+     .run = run_attention_fwd},
+    {.key = "attention_bwd_dq", .family = "attention", .params = ATTN_TILES, .dtypes = F32 | BF16,
+     .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
+     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4},
+    {.key = "attention_bwd_dkdv", .family = "attention", .params = ATTN_TILES,
+     .dtypes = F32 | BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
+     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4},
+    {.key = "attention_bwd_pre", .family = "attention", .params = "PRE_WG=32,64,128,256",
+     .dtypes = F32 | BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
+     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4},
     {0},
 };
