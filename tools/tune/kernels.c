@@ -46,6 +46,52 @@ static llmcl_status run_mul(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_c
     return llmcl_mul(ctx, t[0], t[1]);
 }
 
+/* ---- rope.cl: in place on q [B, HQ, T, D] and k [B, HK, T, D]; size key (D / 2) * (HQ + HK) ---- */
+
+#define ROPE_PARAMS "WG=32,64,128,256,512,1024 VEC=2,4,8 HPT=1,2,4,8"
+#define ROPE_SHAPES "B=4,HQ=32,HK=8,T=2048,D=128,P=64;B=1,HQ=32,HK=8,T=4096,D=64,P=32"
+#define ROPE_SMALL "B=1,HQ=8,HK=2,T=256,D=128,P=64"
+
+static int64_t rope_size_key(const tune_case *c)
+{
+    return tune_dim(c, "D") / 2 * (tune_dim(c, "HQ") + tune_dim(c, "HK"));
+}
+
+static llmcl_status run_rope(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    llmcl_rope_options o = {0};
+    o.cos = t[2];
+    o.sin = t[3];
+    return llmcl_rope_forward(ctx, t[0], t[1], &o);
+}
+
+static llmcl_status run_rope_pos(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    llmcl_rope_options o = {0};
+    o.positions = t[2];
+    return llmcl_rope_forward(ctx, t[0], t[1], &o);
+}
+
+/* ---- glu.cl: rows of I; the size key is the row length ---- */
+
+#define GLU_PARAMS "WG=64,128,256,512,1024 VEC=2,4,8 UNROLL=1,2,4"
+#define GLU_SHAPES "N=8192,I=14336;N=4096,I=4096"
+#define GLU_SMALL "N=256,I=1408"
+
+static llmcl_status run_glu_fwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    return llmcl_glu_forward(ctx, LLMCL_ACT_SILU, t[0], t[1], t[2]);
+}
+
+static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    return llmcl_glu_backward(ctx, LLMCL_ACT_SILU, t[0], t[1], t[2], t[3], t[4]);
+}
+
 /*
  * ---- attention.cl: tiles BLOCK_M, BLOCK_N, TM, TN (PRE_WG for the delta pass); the size key is
  * the head dim D. Q, K and V are views of one [B, H + 2K, T, D] tensor (and dK, dV of one
@@ -155,6 +201,26 @@ const tune_kernel tune_kernels[] = {
      .tensors = {{"x", TUNE_IN, "N", 0, TUNE_INIT_NEAR_ONE},
                  {"y", TUNE_INOUT, "N", 0, TUNE_INIT_NEAR_ONE}},
      .run = run_mul},
+    {.key = "rope", .family = "rope", .params = ROPE_PARAMS, .dtypes = F32 | BF16,
+     .size_key_fn = rope_size_key, .shapes = ROPE_SHAPES, .small_shapes = ROPE_SMALL,
+     .tensors = {{"q", TUNE_INOUT, "B,HQ,T,D"}, {"k", TUNE_INOUT, "B,HK,T,D"},
+                 {"cos", TUNE_IN, "T,P", TUNE_DT(LLMCL_F32), TUNE_INIT_NEAR_ONE},
+                 {"sin", TUNE_IN, "T,P", TUNE_DT(LLMCL_F32), TUNE_INIT_NEAR_ONE}},
+     .run = run_rope},
+    {.key = "rope_pos", .family = "rope", .params = ROPE_PARAMS, .dtypes = BF16,
+     .size_key_fn = rope_size_key, .shapes = ROPE_SHAPES, .small_shapes = ROPE_SMALL,
+     .tensors = {{"q", TUNE_INOUT, "B,HQ,T,D"}, {"k", TUNE_INOUT, "B,HK,T,D"},
+                 {"pos", TUNE_IN, "T", TUNE_DT(LLMCL_I32), TUNE_INIT_INDEX, "T"}},
+     .run = run_rope_pos},
+    {.key = "glu_fwd", .family = "glu", .params = GLU_PARAMS, .dtypes = F32 | BF16,
+     .size_key = "I", .shapes = GLU_SHAPES, .small_shapes = GLU_SMALL,
+     .tensors = {{"gate", TUNE_IN, "N,I"}, {"up", TUNE_IN, "N,I"}, {"out", TUNE_OUT, "N,I"}},
+     .run = run_glu_fwd},
+    {.key = "glu_bwd", .family = "glu", .params = GLU_PARAMS, .dtypes = F32 | BF16,
+     .size_key = "I", .shapes = GLU_SHAPES, .small_shapes = GLU_SMALL,
+     .tensors = {{"dout", TUNE_IN, "N,I"}, {"gate", TUNE_IN, "N,I"}, {"up", TUNE_IN, "N,I"},
+                 {"dgate", TUNE_OUT, "N,I"}, {"dup", TUNE_OUT, "N,I"}},
+     .run = run_glu_bwd},
     {.key = "attention_fwd", .family = "attention", .params = ATTN_TILES, .dtypes = F32 | BF16,
      .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
      .tensors = {{"qkv", TUNE_IN, "B,QKV,T,D"},
