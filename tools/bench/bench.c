@@ -17,6 +17,9 @@ typedef struct family {
 
 static const family families[] = {
     {"elementwise", bench_elementwise},
+    {"rope", bench_rope},
+    {"glu", bench_glu},
+    {"attention", bench_attention},
     {"cross_entropy", bench_cross_entropy},
 };
 
