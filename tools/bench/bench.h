@@ -53,5 +53,6 @@ bool bench_fail(bench_env *env, const char *what, llmcl_status st);
 
 /* Families: each adds its rows. */
 void bench_elementwise(bench_env *env);
+void bench_norm(bench_env *env);
 
 #endif

@@ -148,7 +148,7 @@ static llmcl_status norm_geometry(const norm_shape *s, const char *key, int cach
     llmcl__param_set(&g->p, "ROWS", (long)rows);
     llmcl__param_set(&g->p, "CACHE", cache);
     if (bwd)
-        llmcl__param_set(&g->p, "GROUPS_PER_CU", ctx->info.is_gpu ? 4 : 1);
+        llmcl__param_set(&g->p, "GROUPS_PER_CU", ctx->info.is_gpu ? 2 : 1);
     char cls[16];
     llmcl__shape_class(s->H, cls);
     llmcl__params_lookup(ctx, key, s->xdt, cls, &g->p);
