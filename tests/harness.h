@@ -7,6 +7,7 @@
 #define LLMCL_TEST_HARNESS_H
 
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -75,7 +76,9 @@ th_tol th_tol_for(llmcl_dtype dtype);
  */
 size_t th_compare(const char *what, const double *ref, const double *got, size_t n, th_tol tol);
 
-#define TH_ASSERT_CLOSE(what, ref, got, n, tol) assert_int_equal(th_compare((what), (ref), (got), (n), (tol)), 0)
+/* The tolerance is variadic so that a compound literal such as (th_tol){0, 0} can be passed. */
+#define TH_ASSERT_CLOSE(what, ref, got, n, ...)                                                   \
+    assert_int_equal(th_compare((what), (ref), (got), (n), (__VA_ARGS__)), 0)
 
 /* Asserts a call succeeded, printing llmcl_last_error() when it did not. */
 #define TH_OK(expr) th_check_status((expr), LLMCL_OK, #expr, __FILE__, __LINE__)

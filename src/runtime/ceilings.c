@@ -1,0 +1,105 @@
+/*
+ * ceilings.c: the device's own ceilings, measured in the same run as a benchmark so that kernel
+ * figures can be given as a ratio: copy bandwidth (the library's copy kernel) and fp32 FMA rate.
+ * Each is the best of several timed runs after a warm-up.
+ */
+#include "internal.h"
+
+#define CEILING_RUNS 5
+#define FMA_CHAINS 16 /* four float4 chains per work-item */
+
+/* Best kernel time of CEILING_RUNS timed runs of op, after one untimed run. */
+static llmcl_status best_of(llmcl_ctx *ctx, llmcl_status (*op)(llmcl_ctx *, void *), void *arg,
+                            double *best_ms)
+{
+    LLMCL__REQUIRE(ctx, ctx->queue_profiling, LLMCL_ERROR_UNSUPPORTED,
+                   "measuring a ceiling needs a profiling queue");
+    LLMCL__REQUIRE(ctx, !ctx->profiling, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "a profile region is open; end it before measuring ceilings");
+    LLMCL__TRY(op(ctx, arg));
+    *best_ms = 1e30;
+    for (int r = 0; r < CEILING_RUNS; ++r) {
+        LLMCL__TRY(llmcl_profile_begin(ctx));
+        llmcl_status st = op(ctx, arg);
+        llmcl_profile prof;
+        llmcl_status st2 = llmcl_profile_end(ctx, &prof);
+        LLMCL__TRY(st);
+        LLMCL__TRY(st2);
+        if (prof.kernel_ms < *best_ms)
+            *best_ms = prof.kernel_ms;
+    }
+    return LLMCL_OK;
+}
+
+typedef struct copy_arg {
+    llmcl_tensor *src, *dst;
+} copy_arg;
+
+static llmcl_status copy_op(llmcl_ctx *ctx, void *arg)
+{
+    copy_arg *c = arg;
+    return llmcl_copy(ctx, c->src, c->dst);
+}
+
+llmcl_status llmcl_measure_copy_bandwidth(llmcl_ctx *ctx, uint64_t bytes, double *gbs)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    LLMCL__REQUIRE(ctx, gbs, LLMCL_ERROR_INVALID_ARGUMENT, "gbs must not be NULL");
+    LLMCL__REQUIRE(ctx, bytes >= 1024, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "copy size %llu is too small to measure bandwidth", (unsigned long long)bytes);
+    const int64_t n = (int64_t)(bytes / 8); /* bytes read + written = 2 * 4 * n */
+    copy_arg c = {0};
+    double ms = 0;
+    llmcl_status st;
+    LLMCL__TRY_GOTO(st, llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &c.src), done);
+    LLMCL__TRY_GOTO(st, llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &c.dst), done);
+    LLMCL__TRY_GOTO(st, llmcl_fill(ctx, c.src, 1.5), done);
+    LLMCL__TRY_GOTO(st, best_of(ctx, copy_op, &c, &ms), done);
+    *gbs = (double)n * 8.0 / (ms * 1e-3) * 1e-9;
+done:
+    llmcl_tensor_destroy(c.src);
+    llmcl_tensor_destroy(c.dst);
+    return st;
+}
+
+typedef struct fma_arg {
+    cl_kernel kernel;
+    size_t global, local;
+} fma_arg;
+
+static llmcl_status fma_op(llmcl_ctx *ctx, void *arg)
+{
+    fma_arg *f = arg;
+    llmcl__args a = llmcl__args_begin(ctx, f->kernel);
+    return llmcl__launch(&a, 1, &f->global, &f->local);
+}
+
+llmcl_status llmcl_measure_fma_rate(llmcl_ctx *ctx, double *tflops)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    LLMCL__REQUIRE(ctx, tflops, LLMCL_ERROR_INVALID_ARGUMENT, "tflops must not be NULL");
+    const size_t wg = ctx->info.max_work_group_size < 256 ? ctx->info.max_work_group_size : 256;
+    llmcl__defines d = {0};
+    llmcl__define_int(&d, "WG", (long long)wg);
+    fma_arg f = {.local = wg};
+    LLMCL__TRY(llmcl__kernel(ctx, "ceilings", &d, "fma_peak", &f.kernel));
+    const size_t groups = (size_t)ctx->info.compute_units * (ctx->info.is_gpu ? 16 : 2);
+    const cl_int iters = ctx->info.is_gpu ? 8192 : 512;
+    f.global = groups * wg;
+    llmcl_tensor *out = NULL;
+    const int64_t n = (int64_t)f.global;
+    LLMCL__TRY(llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &out));
+    /* a and b keep the chains bounded (x -> 0.999 x + 0.001) so no value becomes inf or denormal */
+    const cl_float a = 0.999f, b = 0.001f;
+    cl_int err = clSetKernelArg(f.kernel, 0, sizeof(cl_mem), &out->mem);
+    err |= clSetKernelArg(f.kernel, 1, sizeof iters, &iters);
+    err |= clSetKernelArg(f.kernel, 2, sizeof a, &a);
+    err |= clSetKernelArg(f.kernel, 3, sizeof b, &b);
+    double ms = 0;
+    llmcl_status st = err != CL_SUCCESS ? llmcl__fail_cl(ctx, err, "clSetKernelArg", __FILE__, __LINE__)
+                                        : best_of(ctx, fma_op, &f, &ms);
+    llmcl_tensor_destroy(out);
+    LLMCL__TRY(st);
+    *tflops = (double)f.global * iters * FMA_CHAINS * 2.0 / (ms * 1e-3) * 1e-12;
+    return LLMCL_OK;
+}

@@ -1,0 +1,276 @@
+/*
+ * device.c: device selection from LLMCL_PLATFORM / LLMCL_DEVICE, and the capability probe that
+ * kernels choose their paths from.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define MAX_PLATFORMS 16
+#define MAX_DEVICES 64
+
+#define CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV 0x4000
+#define CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV 0x4001
+#define CL_DEVICE_WARP_SIZE_NV 0x4003
+#define CL_DEVICE_WAVEFRONT_WIDTH_AMD 0x4043
+
+typedef struct device_entry {
+    cl_platform_id platform;
+    cl_device_id device;
+    int platform_index, device_index; /* device_index: within its platform */
+    char platform_name[256], device_name[256];
+    cl_device_type type;
+} device_entry;
+
+static bool is_index(const char *s)
+{
+    for (const char *p = s; *p; ++p)
+        if (!isdigit((unsigned char)*p))
+            return false;
+    return *s != '\0';
+}
+
+static bool contains_nocase(const char *hay, const char *needle)
+{
+    size_t n = strlen(needle);
+    for (; *hay; ++hay) {
+        size_t i = 0;
+        while (i < n && hay[i] && tolower((unsigned char)hay[i]) == tolower((unsigned char)needle[i]))
+            ++i;
+        if (i == n)
+            return true;
+    }
+    return n == 0;
+}
+
+/* Every device of every platform, in platform order; platforms without devices contribute none. */
+static int list_devices(device_entry *out, int cap)
+{
+    cl_platform_id platforms[MAX_PLATFORMS];
+    cl_uint np = 0;
+    if (clGetPlatformIDs(MAX_PLATFORMS, platforms, &np) != CL_SUCCESS)
+        return 0;
+    int n = 0;
+    for (cl_uint p = 0; p < np && p < MAX_PLATFORMS; ++p) {
+        cl_device_id devices[MAX_DEVICES];
+        cl_uint nd = 0;
+        if (clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, MAX_DEVICES, devices, &nd) != CL_SUCCESS)
+            continue;
+        for (cl_uint d = 0; d < nd && d < MAX_DEVICES && n < cap; ++d, ++n) {
+            device_entry *e = &out[n];
+            memset(e, 0, sizeof *e);
+            e->platform = platforms[p];
+            e->device = devices[d];
+            e->platform_index = (int)p;
+            e->device_index = (int)d;
+            clGetPlatformInfo(platforms[p], CL_PLATFORM_NAME, sizeof e->platform_name,
+                              e->platform_name, NULL);
+            clGetDeviceInfo(devices[d], CL_DEVICE_NAME, sizeof e->device_name, e->device_name, NULL);
+            clGetDeviceInfo(devices[d], CL_DEVICE_TYPE, sizeof e->type, &e->type, NULL);
+        }
+    }
+    return n;
+}
+
+static bool platform_matches(const device_entry *e, const char *sel)
+{
+    if (!sel)
+        return true;
+    return is_index(sel) ? e->platform_index == atoi(sel) : contains_nocase(e->platform_name, sel);
+}
+
+/* Without LLMCL_PLATFORM a device index counts across all platforms, as llmcl-info lists them. */
+static bool device_matches(const device_entry *e, int global_index, const char *platform_sel,
+                           const char *sel)
+{
+    if (!sel)
+        return true;
+    if (is_index(sel))
+        return (platform_sel ? e->device_index : global_index) == atoi(sel);
+    return contains_nocase(e->device_name, sel);
+}
+
+static llmcl_status no_match(const device_entry *list, int n, const char *psel, const char *dsel)
+{
+    char avail[LLMCL__ERR_LEN / 2] = "";
+    size_t len = 0;
+    for (int i = 0; i < n && len < sizeof avail - 1; ++i)
+        len += (size_t)snprintf(avail + len, sizeof avail - len, "%s[%d] platform %d '%s': '%s'",
+                                i ? "; " : "", i, list[i].platform_index, list[i].platform_name,
+                                list[i].device_name);
+    return LLMCL__FAIL(NULL, LLMCL_ERROR_NO_DEVICE,
+                       "no device matches LLMCL_PLATFORM=%s LLMCL_DEVICE=%s; available: %s",
+                       psel ? psel : "(unset)", dsel ? dsel : "(unset)", n ? avail : "none");
+}
+
+llmcl_status llmcl_device_select(cl_platform_id *platform, cl_device_id *device)
+{
+    LLMCL__REQUIRE(NULL, platform && device, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "platform and device must not be NULL");
+    device_entry list[MAX_DEVICES];
+    const int n = list_devices(list, MAX_DEVICES);
+    const char *psel = llmcl__getenv("LLMCL_PLATFORM");
+    const char *dsel = llmcl__getenv("LLMCL_DEVICE");
+    int chosen = -1;
+    for (int i = 0; i < n && chosen < 0; ++i)
+        if (platform_matches(&list[i], psel) && device_matches(&list[i], i, psel, dsel) &&
+            (psel || dsel || (list[i].type & CL_DEVICE_TYPE_GPU)))
+            chosen = i;
+    for (int i = 0; i < n && chosen < 0 && !psel && !dsel; ++i)
+        chosen = i; /* no GPU anywhere: the first device */
+    if (chosen < 0)
+        return no_match(list, n, psel, dsel);
+    *platform = list[chosen].platform;
+    *device = list[chosen].device;
+    llmcl__log("selected '%s' on platform '%s'", list[chosen].device_name,
+               list[chosen].platform_name);
+    return LLMCL_OK;
+}
+
+static bool has_extension(const char *exts, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = strstr(exts, name); p; p = strstr(p + 1, name))
+        if ((p == exts || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\0'))
+            return true;
+    return false;
+}
+
+static llmcl_vendor classify_vendor(const char *platform_name, const char *vendor)
+{
+    if (contains_nocase(platform_name, "Portable Computing Language") ||
+        contains_nocase(platform_name, "pocl"))
+        return LLMCL_VENDOR_POCL;
+    if (contains_nocase(platform_name, "rusticl") || contains_nocase(platform_name, "clover") ||
+        contains_nocase(platform_name, "mesa"))
+        return LLMCL_VENDOR_MESA;
+    if (contains_nocase(vendor, "nvidia"))
+        return LLMCL_VENDOR_NVIDIA;
+    if (contains_nocase(vendor, "advanced micro devices") || contains_nocase(vendor, "amd"))
+        return LLMCL_VENDOR_AMD;
+    if (contains_nocase(vendor, "intel"))
+        return LLMCL_VENDOR_INTEL;
+    return LLMCL_VENDOR_OTHER;
+}
+
+/* Builds a kernel with an inline PTX shuffle: NVIDIA's compiler accepts it only where PTX works. */
+static bool inline_ptx_builds(cl_context context, cl_device_id device)
+{
+    static const char *src =
+        "__kernel void probe(__global float *x) {\n"
+        "  float v = x[get_global_id(0)], t;\n"
+        "  asm volatile(\"shfl.sync.bfly.b32 %0, %1, 1, 0x1f, 0xffffffff;\" : \"=f\"(t) : \"f\"(v));\n"
+        "  x[get_global_id(0)] = t;\n"
+        "}\n";
+    cl_int err;
+    cl_program prog = clCreateProgramWithSource(context, 1, &src, NULL, &err);
+    if (err != CL_SUCCESS)
+        return false;
+    bool ok = clBuildProgram(prog, 1, &device, "", NULL, NULL) == CL_SUCCESS;
+    clReleaseProgram(prog);
+    return ok;
+}
+
+static void device_string(cl_device_id d, cl_device_info what, char *buf, size_t len)
+{
+    if (clGetDeviceInfo(d, what, len, buf, NULL) != CL_SUCCESS)
+        snprintf(buf, len, "?");
+}
+
+static void probe_numbers(cl_device_id d, llmcl_device_info *info)
+{
+    cl_uint cu = 0;
+    cl_ulong gmem = 0, alloc = 0, lmem = 0;
+    cl_device_local_mem_type ltype = CL_GLOBAL;
+    cl_device_type type = 0;
+    cl_device_fp_config dbl = 0;
+    clGetDeviceInfo(d, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cu, &cu, NULL);
+    clGetDeviceInfo(d, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof gmem, &gmem, NULL);
+    clGetDeviceInfo(d, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof alloc, &alloc, NULL);
+    clGetDeviceInfo(d, CL_DEVICE_LOCAL_MEM_SIZE, sizeof lmem, &lmem, NULL);
+    clGetDeviceInfo(d, CL_DEVICE_LOCAL_MEM_TYPE, sizeof ltype, &ltype, NULL);
+    clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof info->max_work_group_size,
+                    &info->max_work_group_size, NULL);
+    clGetDeviceInfo(d, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    clGetDeviceInfo(d, CL_DEVICE_DOUBLE_FP_CONFIG, sizeof dbl, &dbl, NULL);
+    info->compute_units = cu;
+    info->global_mem_bytes = gmem;
+    info->max_alloc_bytes = alloc;
+    info->local_mem_bytes = lmem;
+    info->local_mem_is_dedicated = ltype == CL_LOCAL;
+    info->is_gpu = (type & CL_DEVICE_TYPE_GPU) != 0;
+    info->has_fp64 = dbl != 0;
+}
+
+static void probe_vendor_attributes(cl_device_id d, const char *exts, llmcl_device_info *info)
+{
+    info->simd_width = 1;
+    if (has_extension(exts, "cl_nv_device_attribute_query")) {
+        cl_uint major = 0, minor = 0, warp = 0;
+        clGetDeviceInfo(d, CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major, &major, NULL);
+        clGetDeviceInfo(d, CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV, sizeof minor, &minor, NULL);
+        clGetDeviceInfo(d, CL_DEVICE_WARP_SIZE_NV, sizeof warp, &warp, NULL);
+        info->nv_cc_major = (int)major;
+        info->nv_cc_minor = (int)minor;
+        info->simd_width = warp ? (int)warp : 32;
+    } else if (has_extension(exts, "cl_amd_device_attribute_query")) {
+        cl_uint wave = 0;
+        if (clGetDeviceInfo(d, CL_DEVICE_WAVEFRONT_WIDTH_AMD, sizeof wave, &wave, NULL) == CL_SUCCESS &&
+            wave)
+            info->simd_width = (int)wave;
+    }
+}
+
+llmcl_status llmcl__device_probe(llmcl_ctx *ctx, cl_platform_id platform, cl_device_id device,
+                                 llmcl_device_info *info)
+{
+    memset(info, 0, sizeof *info);
+    size_t ext_len = 0;
+    LLMCL__CL(ctx, clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, 0, NULL, &ext_len));
+    char *exts = calloc(ext_len + 1, 1);
+    LLMCL__REQUIRE(ctx, exts, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "device extension string");
+    clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, ext_len, exts, NULL);
+
+    device_string(device, CL_DEVICE_NAME, info->name, sizeof info->name);
+    device_string(device, CL_DEVICE_VENDOR, info->vendor, sizeof info->vendor);
+    device_string(device, CL_DRIVER_VERSION, info->driver_version, sizeof info->driver_version);
+    device_string(device, CL_DEVICE_VERSION, info->device_version, sizeof info->device_version);
+    device_string(device, CL_DEVICE_OPENCL_C_VERSION, info->opencl_c_version,
+                  sizeof info->opencl_c_version);
+    clGetPlatformInfo(platform, CL_PLATFORM_NAME, sizeof info->platform_name, info->platform_name, NULL);
+    clGetPlatformInfo(platform, CL_PLATFORM_VERSION, sizeof info->platform_version,
+                      info->platform_version, NULL);
+    if (sscanf(info->opencl_c_version, "OpenCL C %d.%d", &info->cl_c_major, &info->cl_c_minor) != 2) {
+        info->cl_c_major = 1;
+        info->cl_c_minor = 2;
+    }
+    info->vendor_id = classify_vendor(info->platform_name, info->vendor);
+    probe_numbers(device, info);
+    probe_vendor_attributes(device, exts, info);
+    info->has_fp16 = has_extension(exts, "cl_khr_fp16");
+    info->has_fp64 = info->has_fp64 || has_extension(exts, "cl_khr_fp64");
+    info->has_subgroups =
+        has_extension(exts, "cl_khr_subgroups") || has_extension(exts, "cl_intel_subgroups");
+    free(exts);
+
+    if (info->vendor_id == LLMCL_VENDOR_NVIDIA) {
+        cl_context context = ctx ? ctx->context : clCreateContext(NULL, 1, &device, NULL, NULL, NULL);
+        if (context)
+            info->has_inline_ptx = inline_ptx_builds(context, device);
+        if (context && !ctx)
+            clReleaseContext(context);
+    }
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl_device_probe(cl_device_id device, llmcl_device_info *info)
+{
+    LLMCL__REQUIRE(NULL, device && info, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "device and info must not be NULL");
+    cl_platform_id platform;
+    LLMCL__CL(NULL, clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL));
+    return llmcl__device_probe(NULL, platform, device, info);
+}

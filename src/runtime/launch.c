@@ -1,0 +1,204 @@
+/*
+ * launch.c: setting kernel arguments, enqueuing kernels (with profiling events when a region is
+ * open), and the argument checks every op launcher shares.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+llmcl__args llmcl__args_begin(llmcl_ctx *ctx, cl_kernel kernel)
+{
+    return (llmcl__args){.ctx = ctx, .kernel = kernel};
+}
+
+void llmcl__arg(llmcl__args *a, size_t size, const void *value)
+{
+    cl_int err = clSetKernelArg(a->kernel, a->next, size, value);
+    if (err != CL_SUCCESS && a->err == CL_SUCCESS) {
+        a->err = err;
+        a->err_index = a->next;
+    }
+    a->next++;
+}
+
+void llmcl__arg_local(llmcl__args *a, size_t bytes) { llmcl__arg(a, bytes, NULL); }
+
+void llmcl__arg_tensor(llmcl__args *a, const llmcl_tensor *t)
+{
+    cl_ulong offset = (cl_ulong)t->offset;
+    llmcl__arg(a, sizeof(cl_mem), &t->mem);
+    llmcl__arg(a, sizeof offset, &offset);
+}
+
+void llmcl__arg_i32(llmcl__args *a, int32_t v)
+{
+    cl_int x = v;
+    llmcl__arg(a, sizeof x, &x);
+}
+
+void llmcl__arg_i64(llmcl__args *a, int64_t v)
+{
+    cl_long x = v;
+    llmcl__arg(a, sizeof x, &x);
+}
+
+void llmcl__arg_f32(llmcl__args *a, float v)
+{
+    cl_float x = v;
+    llmcl__arg(a, sizeof x, &x);
+}
+
+static llmcl_status record_event(llmcl_ctx *ctx, cl_event ev)
+{
+    if (ctx->n_events == ctx->cap_events) {
+        size_t cap = ctx->cap_events ? ctx->cap_events * 2 : 64;
+        cl_event *grown = realloc(ctx->events, cap * sizeof *grown);
+        if (!grown) {
+            clReleaseEvent(ev);
+            return LLMCL__FAIL(ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "profiling event list");
+        }
+        ctx->events = grown;
+        ctx->cap_events = cap;
+    }
+    ctx->events[ctx->n_events++] = ev;
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl__launch(llmcl__args *a, cl_uint dims, const size_t *global, const size_t *local)
+{
+    llmcl_ctx *ctx = a->ctx;
+    if (a->err != CL_SUCCESS) {
+        char name[64] = "?";
+        clGetKernelInfo(a->kernel, CL_KERNEL_FUNCTION_NAME, sizeof name, name, NULL);
+        return LLMCL__FAIL(ctx, (llmcl_status)a->err, "kernel %s: setting argument %u failed (%s)",
+                           name, a->err_index, llmcl_status_str(a->err));
+    }
+    size_t g[3];
+    for (cl_uint i = 0; i < dims; ++i) {
+        g[i] = global[i];
+        if (local && local[i])
+            g[i] = (size_t)llmcl__div_up((int64_t)g[i], (int64_t)local[i]) * local[i];
+        if (g[i] == 0)
+            return LLMCL_OK; /* nothing to do: an empty tensor */
+    }
+    cl_event ev = NULL;
+    LLMCL__CL(ctx, clEnqueueNDRangeKernel(ctx->queue, a->kernel, dims, NULL, g, local, 0, NULL,
+                                          ctx->profiling ? &ev : NULL));
+    return ctx->profiling ? record_event(ctx, ev) : LLMCL_OK;
+}
+
+/* ---- argument checks ---- */
+
+llmcl_status llmcl__check_tensor(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name,
+                                 unsigned dtype_mask, int min_dim, int max_dim)
+{
+    LLMCL__REQUIRE(ctx, t, LLMCL_ERROR_INVALID_ARGUMENT, "%s must not be NULL", name);
+    LLMCL__REQUIRE(ctx, t->ctx == ctx, LLMCL_ERROR_DEVICE_MISMATCH,
+                   "%s belongs to another context", name);
+    LLMCL__REQUIRE(ctx, (dtype_mask >> t->dtype) & 1u, LLMCL_ERROR_UNSUPPORTED_DTYPE,
+                   "%s has dtype %s, which this op does not take", name, llmcl_dtype_name(t->dtype));
+    LLMCL__REQUIRE(ctx, t->ndim >= min_dim && t->ndim <= max_dim, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "%s has %d dimensions; expected %d to %d", name, t->ndim, min_dim, max_dim);
+    return LLMCL_OK;
+}
+
+static void shape_text(const llmcl_tensor *t, char *buf, size_t len)
+{
+    size_t n = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < t->ndim && n < len; ++i)
+        n += (size_t)snprintf(buf + n, len - n, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+    if (n < len)
+        snprintf(buf + n, len - n, "]");
+}
+
+llmcl_status llmcl__check_same_shape(llmcl_ctx *ctx, const llmcl_tensor *a, const char *an,
+                                     const llmcl_tensor *b, const char *bn)
+{
+    bool same = a->ndim == b->ndim;
+    for (int i = 0; same && i < a->ndim; ++i)
+        same = a->shape[i] == b->shape[i];
+    if (same)
+        return LLMCL_OK;
+    char sa[96], sb[96];
+    shape_text(a, sa, sizeof sa);
+    shape_text(b, sb, sizeof sb);
+    return LLMCL__FAIL(ctx, LLMCL_ERROR_SHAPE_MISMATCH, "%s has shape %s but %s has shape %s", an,
+                       sa, bn, sb);
+}
+
+llmcl_status llmcl__as_rows(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name,
+                            llmcl__rows *out)
+{
+    const int last = t->ndim - 1;
+    LLMCL__REQUIRE(ctx, t->ndim >= 1, LLMCL_ERROR_SHAPE_MISMATCH, "%s has no dimensions", name);
+    LLMCL__REQUIRE(ctx, t->strides[last] == 1 || t->shape[last] == 1, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s: the last dimension must have unit stride (has %lld)", name,
+                   (long long)t->strides[last]);
+    out->row_len = t->shape[last];
+    out->n_rows = 1;
+    out->row_stride = t->ndim >= 2 ? t->strides[last - 1] : t->shape[last];
+    /* Leading dimensions flatten when each outer stride is the inner stride times the inner size. */
+    int64_t expect = out->row_stride;
+    for (int i = last - 1; i >= 0; --i) {
+        LLMCL__REQUIRE(ctx, t->shape[i] == 1 || t->strides[i] == expect, LLMCL_ERROR_INVALID_ARGUMENT,
+                       "%s: dimensions 0..%d cannot be flattened into rows (stride %lld at axis %d)",
+                       name, last - 1, (long long)t->strides[i], i);
+        out->n_rows *= t->shape[i];
+        if (t->shape[i] != 1)
+            expect = t->strides[i] * t->shape[i];
+    }
+    if (out->n_rows <= 1)
+        out->row_stride = out->row_len;
+    return LLMCL_OK;
+}
+
+/* The byte range [lo, hi) a view spans in its buffer; empty views span nothing. */
+static void byte_span(const llmcl_tensor *t, uint64_t *lo, uint64_t *hi)
+{
+    const size_t es = llmcl_dtype_size(t->dtype);
+    int64_t first = t->offset, last = t->offset;
+    for (int i = 0; i < t->ndim; ++i) {
+        if (t->shape[i] == 0) {
+            *lo = *hi = 0;
+            return;
+        }
+        const int64_t reach = (t->shape[i] - 1) * t->strides[i];
+        if (reach < 0)
+            first += reach;
+        else
+            last += reach;
+    }
+    *lo = (uint64_t)first * es;
+    *hi = (uint64_t)(last + 1) * es;
+}
+
+bool llmcl__overlaps(const llmcl_tensor *a, const llmcl_tensor *b)
+{
+    if (a->mem != b->mem)
+        return false;
+    uint64_t alo, ahi, blo, bhi;
+    byte_span(a, &alo, &ahi);
+    byte_span(b, &blo, &bhi);
+    return alo < bhi && blo < ahi;
+}
+
+bool llmcl__same_view(const llmcl_tensor *a, const llmcl_tensor *b)
+{
+    if (a->mem != b->mem || a->offset != b->offset || a->ndim != b->ndim ||
+        llmcl_dtype_size(a->dtype) != llmcl_dtype_size(b->dtype))
+        return false;
+    for (int i = 0; i < a->ndim; ++i)
+        if (a->shape[i] != b->shape[i] || (a->shape[i] > 1 && a->strides[i] != b->strides[i]))
+            return false;
+    return true;
+}
+
+size_t llmcl__pow2_ceil(size_t x)
+{
+    size_t p = 1;
+    while (p < x)
+        p <<= 1;
+    return p;
+}

@@ -1,0 +1,78 @@
+/*
+ * memory.c: device allocations with accounting. Every buffer the library allocates goes through
+ * llmcl__buffer_alloc, which enforces the context's cap and the device's limits and reports any
+ * failure as out of device memory; current and peak bytes are readable through the API.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+llmcl_status llmcl__buffer_alloc(llmcl_ctx *ctx, uint64_t bytes, cl_mem *out)
+{
+    const uint64_t size = bytes ? bytes : 1; /* OpenCL refuses empty buffers */
+    llmcl_memory_stats *m = &ctx->memory;
+    LLMCL__REQUIRE(ctx, !m->limit_bytes || m->current_bytes + size <= m->limit_bytes,
+                   LLMCL_ERROR_OUT_OF_DEVICE_MEMORY,
+                   "allocating %llu bytes would exceed the memory limit (%llu of %llu bytes in use)",
+                   (unsigned long long)size, (unsigned long long)m->current_bytes,
+                   (unsigned long long)m->limit_bytes);
+    LLMCL__REQUIRE(ctx, size <= ctx->info.max_alloc_bytes, LLMCL_ERROR_OUT_OF_DEVICE_MEMORY,
+                   "allocating %llu bytes exceeds the device's largest single allocation (%llu)",
+                   (unsigned long long)size, (unsigned long long)ctx->info.max_alloc_bytes);
+    LLMCL__REQUIRE(ctx, m->current_bytes + size <= ctx->info.global_mem_bytes,
+                   LLMCL_ERROR_OUT_OF_DEVICE_MEMORY,
+                   "allocating %llu bytes exceeds the device's memory (%llu of %llu bytes in use)",
+                   (unsigned long long)size, (unsigned long long)m->current_bytes,
+                   (unsigned long long)ctx->info.global_mem_bytes);
+    cl_int err;
+    cl_mem mem = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, (size_t)size, NULL, &err);
+    if (err != CL_SUCCESS)
+        return LLMCL__FAIL(ctx, LLMCL_ERROR_OUT_OF_DEVICE_MEMORY,
+                           "clCreateBuffer of %llu bytes failed (%s)", (unsigned long long)size,
+                           llmcl_status_str(err));
+    m->current_bytes += size;
+    if (m->current_bytes > m->peak_bytes)
+        m->peak_bytes = m->current_bytes;
+    *out = mem;
+    return LLMCL_OK;
+}
+
+void llmcl__buffer_free(llmcl_ctx *ctx, cl_mem mem, uint64_t bytes)
+{
+    clReleaseMemObject(mem);
+    ctx->memory.current_bytes -= bytes ? bytes : 1;
+}
+
+llmcl_status llmcl__scratch(llmcl_ctx *ctx, llmcl_dtype dtype, int ndim, const int64_t *shape,
+                            const char *what, llmcl_tensor **out)
+{
+    llmcl_status st = llmcl_tensor_create(ctx, dtype, ndim, shape, out);
+    if (st == LLMCL_OK)
+        return LLMCL_OK;
+    char detail[LLMCL__ERR_LEN / 2];
+    memcpy(detail, ctx->last_error, sizeof detail - 1);
+    detail[sizeof detail - 1] = '\0';
+    return LLMCL__FAIL(ctx, st, "scratch for %s: %s", what, detail);
+}
+
+llmcl_status llmcl_memory_stats_get(const llmcl_ctx *ctx, llmcl_memory_stats *out)
+{
+    LLMCL__REQUIRE(NULL, ctx && out, LLMCL_ERROR_INVALID_ARGUMENT, "ctx and out must not be NULL");
+    *out = ctx->memory;
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl_memory_reset_peak(llmcl_ctx *ctx)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    ctx->memory.peak_bytes = ctx->memory.current_bytes;
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl_memory_set_limit(llmcl_ctx *ctx, uint64_t bytes)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    ctx->memory.limit_bytes = bytes;
+    return LLMCL_OK;
+}

@@ -1,0 +1,221 @@
+/*
+ * elementwise.c: host launchers of elementwise.cl (fill, copy, cast, axpy, mul). Contiguous
+ * operands take the vectorised kernels; any other layout takes the strided ones.
+ */
+#include <stdio.h>
+
+#include "../internal.h"
+
+/* Shape and strides as long4, padded with leading unit dimensions. */
+static void pad4(const llmcl_tensor *t, cl_long4 *shape, cl_long4 *stride)
+{
+    for (int i = 0; i < 4; ++i) {
+        const int axis = t->ndim - 4 + i;
+        shape->s[i] = axis >= 0 ? t->shape[axis] : 1;
+        stride->s[i] = axis >= 0 ? t->strides[axis] : 0;
+    }
+}
+
+/* DT names the storage; integer dtypes also get DT_IS_INT so the float-only kernels compile out. */
+static void define_dt(llmcl__defines *d, llmcl_dtype dtype)
+{
+    llmcl__define_str(d, "DT", llmcl__dtype_macro(dtype));
+    if ((LLMCL__INT_DTYPES >> dtype) & 1u)
+        llmcl__define_flag(d, "DT_IS_INT");
+}
+
+/* The work-group size and a grid-stride launch covering `items` work-items. */
+typedef struct grid {
+    size_t global, local;
+} grid;
+
+static grid plan_grid(const llmcl_ctx *ctx, const llmcl__params *p, int64_t items)
+{
+    const size_t wg = (size_t)llmcl__param_get(p, "WG", 256);
+    const int64_t groups_per_cu = ctx->info.is_gpu ? 8 : 4;
+    int64_t groups = llmcl__div_up(items > 0 ? items : 1, (int64_t)wg);
+    const int64_t cap = (int64_t)ctx->info.compute_units * groups_per_cu;
+    if (groups > cap)
+        groups = cap;
+    return (grid){(size_t)groups * wg, wg};
+}
+
+static llmcl_status get_kernel(llmcl_ctx *ctx, const char *key, llmcl_dtype dtype, int64_t n,
+                               llmcl__defines *d, const char *name, cl_kernel *k, grid *g,
+                               int64_t items)
+{
+    llmcl__params p = {0};
+    size_t wg = ctx->info.max_work_group_size < 256 ? ctx->info.max_work_group_size : 256;
+    llmcl__param_set(&p, "WG", (long)wg);
+    char cls[16];
+    llmcl__shape_class(n > 0 ? n : 1, cls);
+    llmcl__params_lookup(ctx, key, dtype, cls, &p);
+    llmcl__params_define(&p, d);
+    *g = plan_grid(ctx, &p, items);
+    return llmcl__kernel(ctx, "elementwise", d, name, k);
+}
+
+llmcl_status llmcl_fill(llmcl_ctx *ctx, llmcl_tensor *t, double value)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    LLMCL__TRY(llmcl__check_tensor(ctx, t, "t", LLMCL__ALL_DTYPES, 0, LLMCL_MAX_DIMS));
+    const bool is_int = (LLMCL__INT_DTYPES >> t->dtype) & 1u;
+    LLMCL__REQUIRE(ctx, !is_int || (value >= -9.2e18 && value <= 9.2e18), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "fill value %g does not fit in %s", value, llmcl_dtype_name(t->dtype));
+    const bool contig = llmcl_tensor_is_contiguous(t);
+    const int64_t n = llmcl_tensor_numel(t);
+    llmcl__defines d = {0};
+    define_dt(&d, t->dtype);
+    cl_kernel k;
+    grid g;
+    LLMCL__TRY(get_kernel(ctx, "fill", t->dtype, n, &d, contig ? "fill_contig" : "fill_strided", &k,
+                          &g, n));
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_tensor(&a, t);
+    llmcl__arg_i64(&a, n);
+    if (!contig) {
+        cl_long4 shape, stride;
+        pad4(t, &shape, &stride);
+        llmcl__arg(&a, sizeof shape, &shape);
+        llmcl__arg(&a, sizeof stride, &stride);
+    }
+    llmcl__arg_f32(&a, (float)value);
+    llmcl__arg_i64(&a, is_int ? (int64_t)value : 0);
+    return llmcl__launch(&a, 1, &g.global, &g.local);
+}
+
+/* Shared checks of the two-operand ops: both valid, same shape, dst not partly overlapping src. */
+static llmcl_status check_pair(llmcl_ctx *ctx, const llmcl_tensor *src, const char *sn,
+                               unsigned src_dtypes, const llmcl_tensor *dst, const char *dn,
+                               unsigned dst_dtypes)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    LLMCL__TRY(llmcl__check_tensor(ctx, src, sn, src_dtypes, 0, LLMCL_MAX_DIMS));
+    LLMCL__TRY(llmcl__check_tensor(ctx, dst, dn, dst_dtypes, 0, LLMCL_MAX_DIMS));
+    LLMCL__TRY(llmcl__check_same_shape(ctx, src, sn, dst, dn));
+    LLMCL__REQUIRE(ctx, !llmcl__overlaps(src, dst) || llmcl__same_view(src, dst),
+                   LLMCL_ERROR_INVALID_ARGUMENT, "%s and %s overlap without being the same view", sn,
+                   dn);
+    return LLMCL_OK;
+}
+
+/* Launches a two-operand strided kernel: (src, src_stride, dst, dst_stride, n, shape[, alpha]). */
+static llmcl_status launch_strided(llmcl_ctx *ctx, cl_kernel k, const grid *g,
+                                   const llmcl_tensor *src, llmcl_tensor *dst, const float *alpha)
+{
+    cl_long4 shape, sstride, dstride;
+    pad4(src, &shape, &sstride);
+    pad4(dst, &shape, &dstride);
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_tensor(&a, src);
+    llmcl__arg(&a, sizeof sstride, &sstride);
+    llmcl__arg_tensor(&a, dst);
+    llmcl__arg(&a, sizeof dstride, &dstride);
+    llmcl__arg_i64(&a, llmcl_tensor_numel(src));
+    llmcl__arg(&a, sizeof shape, &shape);
+    if (alpha)
+        llmcl__arg_f32(&a, *alpha);
+    return llmcl__launch(&a, 1, &g->global, &g->local);
+}
+
+llmcl_status llmcl_copy(llmcl_ctx *ctx, const llmcl_tensor *src, llmcl_tensor *dst)
+{
+    LLMCL__TRY(check_pair(ctx, src, "src", LLMCL__ALL_DTYPES, dst, "dst", LLMCL__ALL_DTYPES));
+    LLMCL__REQUIRE(ctx, src->dtype == dst->dtype, LLMCL_ERROR_UNSUPPORTED_DTYPE,
+                   "copy needs equal dtypes (src %s, dst %s); use llmcl_cast",
+                   llmcl_dtype_name(src->dtype), llmcl_dtype_name(dst->dtype));
+    if (llmcl__same_view(src, dst))
+        return LLMCL_OK;
+    const int64_t n = llmcl_tensor_numel(src);
+    const int64_t es = (int64_t)llmcl_dtype_size(src->dtype);
+    const bool contig = llmcl_tensor_is_contiguous(src) && llmcl_tensor_is_contiguous(dst);
+    const bool words = contig && (n * es) % 16 == 0 && (src->offset * es) % 16 == 0 &&
+                       (dst->offset * es) % 16 == 0;
+    llmcl__defines d = {0};
+    define_dt(&d, src->dtype);
+    cl_kernel k;
+    grid g;
+    if (words) {
+        const int64_t nw = n * es / 16;
+        LLMCL__TRY(get_kernel(ctx, "copy", src->dtype, n, &d, "copy_words", &k, &g, nw));
+        llmcl__args a = llmcl__args_begin(ctx, k);
+        llmcl__arg(&a, sizeof(cl_mem), &src->mem);
+        llmcl__arg_i64(&a, src->offset * es / 16);
+        llmcl__arg(&a, sizeof(cl_mem), &dst->mem);
+        llmcl__arg_i64(&a, dst->offset * es / 16);
+        llmcl__arg_i64(&a, nw);
+        return llmcl__launch(&a, 1, &g.global, &g.local);
+    }
+    if (contig) {
+        LLMCL__TRY(get_kernel(ctx, "copy", src->dtype, n, &d, "copy_elems", &k, &g, n));
+        llmcl__args a = llmcl__args_begin(ctx, k);
+        llmcl__arg_tensor(&a, src);
+        llmcl__arg_tensor(&a, dst);
+        llmcl__arg_i64(&a, n);
+        return llmcl__launch(&a, 1, &g.global, &g.local);
+    }
+    LLMCL__TRY(get_kernel(ctx, "copy", src->dtype, n, &d, "copy_strided", &k, &g, n));
+    return launch_strided(ctx, k, &g, src, dst, NULL);
+}
+
+llmcl_status llmcl_cast(llmcl_ctx *ctx, const llmcl_tensor *src, llmcl_tensor *dst)
+{
+    LLMCL__TRY(check_pair(ctx, src, "src", LLMCL__FLOAT_DTYPES, dst, "dst", LLMCL__FLOAT_DTYPES));
+    LLMCL__REQUIRE(ctx, !llmcl__overlaps(src, dst) || src->dtype == dst->dtype,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "cast between dtypes cannot run in place");
+    if (src->dtype == dst->dtype)
+        return llmcl_copy(ctx, src, dst);
+    const int64_t n = llmcl_tensor_numel(src);
+    const bool contig = llmcl_tensor_is_contiguous(src) && llmcl_tensor_is_contiguous(dst);
+    llmcl__defines d = {0};
+    llmcl__define_str(&d, "SRC_DT", llmcl__dtype_macro(src->dtype));
+    llmcl__define_str(&d, "DST_DT", llmcl__dtype_macro(dst->dtype));
+    cl_kernel k;
+    grid g;
+    LLMCL__TRY(get_kernel(ctx, "cast", dst->dtype, n, &d, contig ? "cast_contig" : "cast_strided", &k,
+                          &g, contig ? llmcl__div_up(n, 4) : n));
+    if (!contig)
+        return launch_strided(ctx, k, &g, src, dst, NULL);
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_tensor(&a, src);
+    llmcl__arg_tensor(&a, dst);
+    llmcl__arg_i64(&a, n);
+    return llmcl__launch(&a, 1, &g.global, &g.local);
+}
+
+/* axpy and mul: y = op(x, y). */
+static llmcl_status binary(llmcl_ctx *ctx, const char *op, float alpha, const llmcl_tensor *x,
+                           llmcl_tensor *y)
+{
+    LLMCL__TRY(check_pair(ctx, x, "x", LLMCL__FLOAT_DTYPES, y, "y", LLMCL__FLOAT_DTYPES));
+    LLMCL__REQUIRE(ctx, x->dtype == y->dtype, LLMCL_ERROR_UNSUPPORTED_DTYPE,
+                   "x is %s but y is %s; both must have one dtype", llmcl_dtype_name(x->dtype),
+                   llmcl_dtype_name(y->dtype));
+    const int64_t n = llmcl_tensor_numel(x);
+    const bool contig = llmcl_tensor_is_contiguous(x) && llmcl_tensor_is_contiguous(y);
+    llmcl__defines d = {0};
+    define_dt(&d, x->dtype);
+    char name[32];
+    snprintf(name, sizeof name, "%s_%s", op, contig ? "contig" : "strided");
+    cl_kernel k;
+    grid g;
+    LLMCL__TRY(get_kernel(ctx, op, x->dtype, n, &d, name, &k, &g, contig ? llmcl__div_up(n, 4) : n));
+    if (!contig)
+        return launch_strided(ctx, k, &g, x, y, &alpha);
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_tensor(&a, x);
+    llmcl__arg_tensor(&a, y);
+    llmcl__arg_i64(&a, n);
+    llmcl__arg_f32(&a, alpha);
+    return llmcl__launch(&a, 1, &g.global, &g.local);
+}
+
+llmcl_status llmcl_axpy(llmcl_ctx *ctx, float alpha, const llmcl_tensor *x, llmcl_tensor *y)
+{
+    return binary(ctx, "axpy", alpha, x, y);
+}
+
+llmcl_status llmcl_mul(llmcl_ctx *ctx, const llmcl_tensor *x, llmcl_tensor *y)
+{
+    return binary(ctx, "mul", 0.0f, x, y);
+}

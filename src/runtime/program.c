@@ -1,0 +1,437 @@
+/*
+ * program.c: kernel sources, build options, and the two-level program cache.
+ *
+ * In memory, programs are kept per context keyed by (family, options); a family's source is fixed
+ * for the context's life. On disk, program binaries live in the cache folder under a 128-bit hash of
+ * source, options, device name, driver version, platform version and library version. An entry holds
+ * a header (magic, the key hash, the descriptor text it was made for, the binary's length and
+ * checksum) and the binary; it is written to a temporary file and renamed, and any entry that does
+ * not check out in every field is ignored and rebuilt.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "embedded.h"
+#include "internal.h"
+
+#define MAX_KERNELS_PER_PROGRAM 32
+#define ENTRY_MAGIC "LLMCLPB1"
+
+typedef struct cached_kernel {
+    char name[64];
+    cl_kernel kernel;
+} cached_kernel;
+
+struct llmcl__program {
+    llmcl__program *next;
+    char family[32];
+    char *options;
+    cl_program program;
+    int n_kernels;
+    cached_kernel kernels[MAX_KERNELS_PER_PROGRAM];
+};
+
+typedef struct family_source {
+    char *text;
+    size_t len;
+} family_source;
+
+/* ---- sources ---- */
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = NULL;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long n = ftell(f);
+        if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
+            if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
+                buf[n] = '\0';
+                *len = (size_t)n;
+            } else {
+                free(buf);
+                buf = NULL;
+            }
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
+static llmcl_status load_one(llmcl_ctx *ctx, const char *family, family_source *out)
+{
+    const char *dir = llmcl__getenv("LLMCL_KERNEL_DIR");
+    if (dir) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s.cl", dir, family);
+        out->text = read_file(path, &out->len);
+        LLMCL__REQUIRE(ctx, out->text, LLMCL_ERROR_KERNEL_NOT_FOUND,
+                       "cannot read kernel source '%s' (LLMCL_KERNEL_DIR=%s): %s", path, dir,
+                       strerror(errno));
+        return LLMCL_OK;
+    }
+    for (const llmcl__embedded_source *s = llmcl__embedded_sources; s->family; ++s)
+        if (strcmp(s->family, family) == 0) {
+            out->text = malloc(s->size + 1);
+            LLMCL__REQUIRE(ctx, out->text, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "kernel source");
+            memcpy(out->text, s->data, s->size);
+            out->text[s->size] = '\0';
+            out->len = s->size;
+            return LLMCL_OK;
+        }
+    return LLMCL__FAIL(ctx, LLMCL_ERROR_KERNEL_NOT_FOUND, "no kernel family '%s' in this build",
+                       family);
+}
+
+llmcl_status llmcl__kernel_source(llmcl_ctx *ctx, const char *family, char **out, size_t *len)
+{
+    family_source common = {0}, body = {0};
+    LLMCL__TRY(load_one(ctx, "common", &common));
+    llmcl_status st = load_one(ctx, family, &body);
+    if (st != LLMCL_OK) {
+        free(common.text);
+        return st;
+    }
+    static const char sep[] = "\n#line 1\n";
+    *len = common.len + sizeof sep - 1 + body.len;
+    *out = malloc(*len + 1);
+    if (*out) {
+        memcpy(*out, common.text, common.len);
+        memcpy(*out + common.len, sep, sizeof sep - 1);
+        memcpy(*out + common.len + sizeof sep - 1, body.text, body.len);
+        (*out)[*len] = '\0';
+    }
+    free(common.text);
+    free(body.text);
+    LLMCL__REQUIRE(ctx, *out, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "kernel source");
+    return LLMCL_OK;
+}
+
+/* ---- options ---- */
+
+static void define_add(llmcl__defines *d, const char *text)
+{
+    if (d->n < LLMCL__MAX_DEFINES)
+        snprintf(d->items[d->n++], sizeof d->items[0], "%s", text);
+}
+
+void llmcl__define_int(llmcl__defines *d, const char *name, long long value)
+{
+    char buf[96];
+    snprintf(buf, sizeof buf, "%s=%lld", name, value);
+    define_add(d, buf);
+}
+
+void llmcl__define_str(llmcl__defines *d, const char *name, const char *value)
+{
+    char buf[96];
+    snprintf(buf, sizeof buf, "%s=%s", name, value);
+    define_add(d, buf);
+}
+
+void llmcl__define_flag(llmcl__defines *d, const char *name) { define_add(d, name); }
+
+const char *llmcl__dtype_macro(llmcl_dtype dtype)
+{
+    static const char *names[] = {"F32", "BF16", "F16", "I32", "I64"};
+    return (unsigned)dtype < LLMCL_DTYPE_COUNT ? names[dtype] : "INVALID";
+}
+
+static int cmp_define(const void *a, const void *b) { return strcmp(a, b); }
+
+/* Sorted -D options, the device's -cl-std, then LLMCL_BUILD_OPTIONS. */
+static char *build_options(const llmcl_ctx *ctx, const llmcl__defines *user)
+{
+    llmcl__defines d = user ? *user : (llmcl__defines){0};
+    if (ctx->info.has_inline_ptx)
+        define_add(&d, "LLMCL_NV_PTX");
+    qsort(d.items, (size_t)d.n, sizeof d.items[0], cmp_define);
+    const char *extra = llmcl__getenv("LLMCL_BUILD_OPTIONS");
+    size_t cap = (size_t)d.n * 100 + 64 + (extra ? strlen(extra) : 0);
+    char *s = malloc(cap);
+    if (!s)
+        return NULL;
+    size_t len = 0;
+    for (int i = 0; i < d.n; ++i)
+        len += (size_t)snprintf(s + len, cap - len, "-D%s ", d.items[i]);
+    len += (size_t)snprintf(s + len, cap - len, "-cl-std=CL%d.%d", ctx->info.cl_c_major,
+                            ctx->info.cl_c_minor);
+    if (extra)
+        snprintf(s + len, cap - len, " %s", extra);
+    return s;
+}
+
+/* ---- disk cache ---- */
+
+typedef struct disk_key {
+    XXH128_hash_t hash;
+    char path[1200];
+    char *descriptor; /* what the entry was made for, stored in it and compared on load */
+} disk_key;
+
+static bool disk_key_make(const llmcl_ctx *ctx, const char *source, size_t source_len,
+                          const char *options, disk_key *k)
+{
+    if (!ctx->cache_dir[0])
+        return false;
+    XXH64_hash_t src_hash = XXH3_64bits(source, source_len);
+    size_t cap = strlen(options) + 1200;
+    k->descriptor = malloc(cap);
+    if (!k->descriptor)
+        return false;
+    snprintf(k->descriptor, cap, "source %016llx\noptions %s\ndevice %s\ndriver %s\nplatform %s\nllmcl %s\n",
+             (unsigned long long)src_hash, options, ctx->info.name, ctx->info.driver_version,
+             ctx->info.platform_version, llmcl_version());
+    k->hash = XXH3_128bits(k->descriptor, strlen(k->descriptor));
+    snprintf(k->path, sizeof k->path, "%s/%016llx%016llx.bin", ctx->cache_dir,
+             (unsigned long long)k->hash.high64, (unsigned long long)k->hash.low64);
+    return true;
+}
+
+typedef struct entry_header {
+    char magic[8];
+    uint64_t hash_high, hash_low;
+    uint64_t descriptor_len;
+    uint64_t binary_len;
+    uint64_t binary_checksum;
+} entry_header;
+
+/* The binary stored for k, or NULL when absent or invalid (*rejected set for a bad entry). */
+static unsigned char *disk_read(const disk_key *k, size_t *len, bool *rejected)
+{
+    size_t n = 0;
+    unsigned char *buf = (unsigned char *)read_file(k->path, &n);
+    *rejected = buf != NULL;
+    if (!buf)
+        return NULL;
+    entry_header h;
+    const size_t dlen = strlen(k->descriptor);
+    bool ok = n >= sizeof h;
+    if (ok) {
+        memcpy(&h, buf, sizeof h);
+        ok = memcmp(h.magic, ENTRY_MAGIC, 8) == 0 && h.hash_high == k->hash.high64 &&
+             h.hash_low == k->hash.low64 && h.descriptor_len == dlen &&
+             h.binary_len > 0 && n == sizeof h + dlen + h.binary_len &&
+             memcmp(buf + sizeof h, k->descriptor, dlen) == 0 &&
+             XXH3_64bits(buf + sizeof h + dlen, h.binary_len) == h.binary_checksum;
+    }
+    if (!ok) {
+        free(buf);
+        return NULL;
+    }
+    memmove(buf, buf + sizeof h + dlen, h.binary_len);
+    *len = h.binary_len;
+    *rejected = false;
+    return buf;
+}
+
+static void make_dirs(const char *dir)
+{
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    for (char *p = tmp + 1; *p; ++p)
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(tmp, 0755);
+            *p = '/';
+        }
+    mkdir(tmp, 0755);
+}
+
+static void disk_write(const llmcl_ctx *ctx, const disk_key *k, const unsigned char *bin, size_t len)
+{
+    static unsigned counter;
+    make_dirs(ctx->cache_dir);
+    char tmp[1300];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", k->path, (long)getpid(), counter++);
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return;
+    entry_header h = {.hash_high = k->hash.high64,
+                      .hash_low = k->hash.low64,
+                      .descriptor_len = strlen(k->descriptor),
+                      .binary_len = len,
+                      .binary_checksum = XXH3_64bits(bin, len)};
+    memcpy(h.magic, ENTRY_MAGIC, 8);
+    bool ok = fwrite(&h, sizeof h, 1, f) == 1 &&
+              fwrite(k->descriptor, 1, h.descriptor_len, f) == h.descriptor_len &&
+              fwrite(bin, 1, len, f) == len;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, k->path) != 0)
+        remove(tmp);
+}
+
+static unsigned char *program_binary(cl_program prog, size_t *len)
+{
+    size_t size = 0;
+    if (clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL) != CL_SUCCESS ||
+        size == 0)
+        return NULL;
+    unsigned char *bin = malloc(size);
+    if (bin && clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bin, &bin, NULL) != CL_SUCCESS) {
+        free(bin);
+        return NULL;
+    }
+    *len = size;
+    return bin;
+}
+
+/* ---- building ---- */
+
+static void keep_build_log(llmcl_ctx *ctx, cl_program prog, const char *family, const char *options)
+{
+    size_t n = 0;
+    clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &n);
+    size_t cap = n + strlen(options) + strlen(family) + 64;
+    free(ctx->build_log);
+    ctx->build_log = malloc(cap);
+    if (!ctx->build_log)
+        return;
+    int head = snprintf(ctx->build_log, cap, "family: %s\noptions: %s\nlog:\n", family, options);
+    if (clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, n, ctx->build_log + head,
+                              NULL) != CL_SUCCESS)
+        ctx->build_log[head] = '\0';
+}
+
+static cl_program try_disk(llmcl_ctx *ctx, const disk_key *k)
+{
+    size_t len = 0;
+    bool rejected = false;
+    unsigned char *bin = disk_read(k, &len, &rejected);
+    cl_program prog = NULL;
+    if (bin) {
+        const unsigned char *bins[] = {bin};
+        cl_int status, err;
+        prog = clCreateProgramWithBinary(ctx->context, 1, &ctx->device, &len, bins, &status, &err);
+        if (err != CL_SUCCESS || status != CL_SUCCESS ||
+            clBuildProgram(prog, 1, &ctx->device, "", NULL, NULL) != CL_SUCCESS) {
+            if (prog)
+                clReleaseProgram(prog);
+            prog = NULL;
+            rejected = true;
+        }
+        free(bin);
+    }
+    if (rejected) {
+        ctx->cache_stats.disk_rejects++;
+        llmcl__log("ignored bad cache entry %s", k->path);
+    }
+    return prog;
+}
+
+static llmcl_status build_program(llmcl_ctx *ctx, const char *family, const char *options,
+                                  cl_program *out)
+{
+    char *source = NULL;
+    size_t len = 0;
+    LLMCL__TRY(llmcl__kernel_source(ctx, family, &source, &len));
+    disk_key key = {0};
+    bool use_disk = disk_key_make(ctx, source, len, options, &key);
+    cl_program prog = use_disk ? try_disk(ctx, &key) : NULL;
+    llmcl_status st = LLMCL_OK;
+    if (prog) {
+        ctx->cache_stats.disk_hits++;
+        llmcl__log("disk cache hit: %s [%s]", family, options);
+    } else {
+        cl_int err;
+        const char *src = source;
+        prog = clCreateProgramWithSource(ctx->context, 1, &src, &len, &err);
+        if (err != CL_SUCCESS) {
+            st = llmcl__fail_cl(ctx, err, "clCreateProgramWithSource", __FILE__, __LINE__);
+        } else if ((err = clBuildProgram(prog, 1, &ctx->device, options, NULL, NULL)) != CL_SUCCESS) {
+            keep_build_log(ctx, prog, family, options);
+            st = LLMCL__FAIL(ctx, LLMCL_ERROR_BUILD_FAILURE,
+                             "building kernel family '%s' with '%s' failed (%s); see llmcl_build_log()",
+                             family, options, llmcl_status_str(err));
+            clReleaseProgram(prog);
+            prog = NULL;
+        } else {
+            ctx->cache_stats.builds++;
+            llmcl__log("built %s [%s]", family, options);
+            size_t blen = 0;
+            unsigned char *bin = use_disk ? program_binary(prog, &blen) : NULL;
+            if (bin)
+                disk_write(ctx, &key, bin, blen);
+            free(bin);
+        }
+    }
+    free(key.descriptor);
+    free(source);
+    *out = prog;
+    return st;
+}
+
+static llmcl_status find_program(llmcl_ctx *ctx, const char *family, const llmcl__defines *defines,
+                                 llmcl__program **out)
+{
+    char *options = build_options(ctx, defines);
+    LLMCL__REQUIRE(ctx, options, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "build options");
+    for (llmcl__program *p = ctx->programs; p; p = p->next)
+        if (strcmp(p->family, family) == 0 && strcmp(p->options, options) == 0) {
+            free(options);
+            ctx->cache_stats.memory_hits++;
+            *out = p;
+            return LLMCL_OK;
+        }
+    llmcl__program *p = calloc(1, sizeof *p);
+    if (!p) {
+        free(options);
+        return LLMCL__FAIL(ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "program cache entry");
+    }
+    llmcl_status st = build_program(ctx, family, options, &p->program);
+    if (st != LLMCL_OK) {
+        free(options);
+        free(p);
+        return st;
+    }
+    snprintf(p->family, sizeof p->family, "%s", family);
+    p->options = options;
+    p->next = ctx->programs;
+    ctx->programs = p;
+    *out = p;
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl__kernel(llmcl_ctx *ctx, const char *family, const llmcl__defines *defines,
+                           const char *name, cl_kernel *out)
+{
+    llmcl__program *p = NULL;
+    LLMCL__TRY(find_program(ctx, family, defines, &p));
+    for (int i = 0; i < p->n_kernels; ++i)
+        if (strcmp(p->kernels[i].name, name) == 0) {
+            *out = p->kernels[i].kernel;
+            return LLMCL_OK;
+        }
+    LLMCL__REQUIRE(ctx, p->n_kernels < MAX_KERNELS_PER_PROGRAM, LLMCL_ERROR_UNSUPPORTED,
+                   "too many kernels from family '%s'", family);
+    cl_int err;
+    cl_kernel k = clCreateKernel(p->program, name, &err);
+    if (err != CL_SUCCESS)
+        return llmcl__fail_cl(ctx, err, "clCreateKernel", __FILE__, __LINE__);
+    snprintf(p->kernels[p->n_kernels].name, sizeof p->kernels[0].name, "%s", name);
+    p->kernels[p->n_kernels++].kernel = k;
+    *out = k;
+    return LLMCL_OK;
+}
+
+void llmcl__programs_release(llmcl_ctx *ctx)
+{
+    llmcl__program *p = ctx->programs;
+    while (p) {
+        llmcl__program *next = p->next;
+        for (int i = 0; i < p->n_kernels; ++i)
+            clReleaseKernel(p->kernels[i].kernel);
+        clReleaseProgram(p->program);
+        free(p->options);
+        free(p);
+        p = next;
+    }
+    ctx->programs = NULL;
+}

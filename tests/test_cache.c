@@ -1,0 +1,225 @@
+/*
+ * test_cache.c: the two-level program cache. Each test uses its own LLMCL_CACHE_DIR and fresh
+ * contexts: a build writes an entry, a new context loads it, other options build anew, truncated,
+ * corrupt and foreign entries are ignored and rebuilt, and "off" writes nothing.
+ */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static char cache_dir[64];
+
+static void make_cache_dir(void)
+{
+    snprintf(cache_dir, sizeof cache_dir, "/tmp/llmcl-cache-XXXXXX");
+    assert_non_null(mkdtemp(cache_dir));
+    setenv("LLMCL_CACHE_DIR", cache_dir, 1);
+}
+
+static void remove_cache_dir(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache_dir);
+    assert_int_equal(system(cmd), 0);
+    unsetenv("LLMCL_CACHE_DIR");
+}
+
+/* Entries (*.bin) in the cache folder; names of the first `cap` go to names. */
+static int list_entries(char names[][512], int cap)
+{
+    DIR *d = opendir(cache_dir);
+    if (!d)
+        return 0;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        const size_t len = strlen(e->d_name);
+        if (len > 4 && strcmp(e->d_name + len - 4, ".bin") == 0) {
+            if (n < cap)
+                snprintf(names[n], 512, "%s/%s", cache_dir, e->d_name);
+            ++n;
+        } else if (e->d_name[0] != '.') {
+            fail_msg("stray file in the cache: %s", e->d_name); /* temp files must be renamed */
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* In a fresh context: fill a tensor of dtype with 3 and check it; returns the cache counters. */
+static llmcl_cache_stats run_fill(llmcl_dtype dtype)
+{
+    llmcl_ctx *ctx = NULL;
+    TH_OK(llmcl_ctx_create(&ctx));
+    const int64_t shape[] = {1000};
+    llmcl_tensor *t = NULL;
+    TH_OK(llmcl_tensor_create(ctx, dtype, 1, shape, &t));
+    TH_OK(llmcl_fill(ctx, t, 3.0));
+    TH_OK(llmcl_fill(ctx, t, 3.0)); /* the second launch is a memory hit */
+    double *got = th_alloc(1000 * sizeof *got);
+    const size_t es = llmcl_dtype_size(dtype);
+    unsigned char *raw = th_alloc(1000 * es);
+    TH_OK(llmcl_tensor_download(t, raw, 1000 * es));
+    for (int i = 0; i < 1000; ++i) {
+        float f;
+        if (dtype == LLMCL_F32)
+            memcpy(&f, raw + 4 * i, 4);
+        else
+            f = llmcl_bf16_to_f32((uint16_t)(raw[2 * i] | raw[2 * i + 1] << 8));
+        assert_true(f == 3.0f);
+    }
+    llmcl_cache_stats s;
+    TH_OK(llmcl_cache_stats_get(ctx, &s));
+    free(raw);
+    free(got);
+    llmcl_tensor_destroy(t);
+    llmcl_ctx_destroy(ctx);
+    return s;
+}
+
+static void test_hit_after_build(void **state)
+{
+    (void)state;
+    make_cache_dir();
+    llmcl_cache_stats s = run_fill(LLMCL_F32);
+    assert_int_equal(s.builds, 1);
+    assert_int_equal(s.disk_hits, 0);
+    assert_int_equal(s.memory_hits, 1);
+    char names[4][512];
+    assert_int_equal(list_entries(names, 4), 1);
+    s = run_fill(LLMCL_F32);
+    assert_int_equal(s.builds, 0);
+    assert_int_equal(s.disk_hits, 1);
+    assert_int_equal(s.disk_rejects, 0);
+    /* other options (another dtype define) are another entry */
+    s = run_fill(LLMCL_BF16);
+    assert_int_equal(s.builds, 1);
+    assert_int_equal(list_entries(names, 4), 2);
+    remove_cache_dir();
+}
+
+static void overwrite(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    fclose(f);
+}
+
+static unsigned char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = th_alloc(*len);
+    assert_int_equal(fread(buf, 1, *len, f), *len);
+    fclose(f);
+    return buf;
+}
+
+/* A damaged entry is rejected, rebuilt and rewritten, so the run after it hits again. */
+static void expect_rejected_then_healed(llmcl_dtype dtype)
+{
+    llmcl_cache_stats s = run_fill(dtype);
+    assert_int_equal(s.disk_rejects, 1);
+    assert_int_equal(s.builds, 1);
+    s = run_fill(dtype);
+    assert_int_equal(s.disk_hits, 1);
+    assert_int_equal(s.disk_rejects, 0);
+}
+
+static void test_bad_entries_are_rebuilt(void **state)
+{
+    (void)state;
+    make_cache_dir();
+    run_fill(LLMCL_F32);
+    char names[4][512];
+    assert_int_equal(list_entries(names, 4), 1);
+    size_t len;
+    unsigned char *good = slurp(names[0], &len);
+
+    overwrite(names[0], good, len / 2); /* truncated */
+    expect_rejected_then_healed(LLMCL_F32);
+
+    unsigned char *bad = th_alloc(len);
+    memcpy(bad, good, len);
+    bad[len - 10] ^= 0x5a; /* one flipped byte in the binary: checksum */
+    overwrite(names[0], bad, len);
+    expect_rejected_then_healed(LLMCL_F32);
+
+    memset(bad, 0x33, len); /* garbage */
+    overwrite(names[0], bad, len);
+    expect_rejected_then_healed(LLMCL_F32);
+
+    overwrite(names[0], "", 0); /* empty */
+    expect_rejected_then_healed(LLMCL_F32);
+
+    /* a foreign entry: the bf16 program's file under the f32 program's name */
+    run_fill(LLMCL_BF16);
+    assert_int_equal(list_entries(names, 4), 2);
+    size_t l0, l1;
+    unsigned char *e0 = slurp(names[0], &l0), *e1 = slurp(names[1], &l1);
+    overwrite(names[0], e1, l1);
+    overwrite(names[1], e0, l0);
+    expect_rejected_then_healed(LLMCL_F32);
+    expect_rejected_then_healed(LLMCL_BF16);
+    free(e0);
+    free(e1);
+    free(bad);
+    free(good);
+    remove_cache_dir();
+}
+
+static void test_disabled(void **state)
+{
+    (void)state;
+    make_cache_dir();
+    setenv("LLMCL_CACHE_DIR", "off", 1);
+    llmcl_ctx *ctx = NULL;
+    TH_OK(llmcl_ctx_create(&ctx));
+    assert_string_equal(llmcl_cache_dir(ctx), "");
+    llmcl_ctx_destroy(ctx);
+    llmcl_cache_stats s = run_fill(LLMCL_F32);
+    assert_int_equal(s.builds, 1);
+    s = run_fill(LLMCL_F32);
+    assert_int_equal(s.builds, 1);
+    assert_int_equal(s.disk_hits, 0);
+    char names[4][512];
+    assert_int_equal(list_entries(names, 4), 0);
+    remove_cache_dir();
+}
+
+static void test_default_location(void **state)
+{
+    (void)state;
+    unsetenv("LLMCL_CACHE_DIR");
+    setenv("XDG_CACHE_HOME", "/tmp/llmcl-xdg-test", 1);
+    llmcl_ctx *ctx = NULL;
+    TH_OK(llmcl_ctx_create(&ctx));
+    assert_string_equal(llmcl_cache_dir(ctx), "/tmp/llmcl-xdg-test/llmcl");
+    llmcl_ctx_destroy(ctx);
+    unsetenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    if (home) {
+        char want[512];
+        snprintf(want, sizeof want, "%s/.cache/llmcl", home);
+        TH_OK(llmcl_ctx_create(&ctx));
+        assert_string_equal(llmcl_cache_dir(ctx), want);
+        llmcl_ctx_destroy(ctx);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hit_after_build),
+        cmocka_unit_test(test_bad_entries_are_rebuilt),
+        cmocka_unit_test(test_disabled),
+        cmocka_unit_test(test_default_location),
+    };
+    return TH_RUN(tests);
+}

@@ -1,0 +1,191 @@
+/*
+ * test_device.c: device selection through LLMCL_PLATFORM / LLMCL_DEVICE, the capability probe, and
+ * contexts built on an application's own OpenCL objects.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+/* Sets or unsets a variable for one call, restoring the previous value after. */
+typedef struct saved_env {
+    char name[32];
+    char *value;
+} saved_env;
+
+static saved_env env_set(const char *name, const char *value)
+{
+    saved_env s = {.value = NULL};
+    snprintf(s.name, sizeof s.name, "%s", name);
+    const char *old = getenv(name);
+    if (old)
+        s.value = strdup(old);
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+    return s;
+}
+
+static void env_restore(saved_env *s)
+{
+    if (s->value)
+        setenv(s->name, s->value, 1);
+    else
+        unsetenv(s->name);
+    free(s->value);
+}
+
+static void test_probe(void **state)
+{
+    (void)state;
+    const llmcl_device_info *info = llmcl_ctx_device_info(th_ctx());
+    assert_non_null(info);
+    assert_true(strlen(info->name) > 0);
+    assert_true(info->compute_units > 0);
+    assert_true(info->local_mem_bytes >= 16 * 1024);
+    assert_true(info->max_work_group_size >= 64);
+    assert_true(info->max_alloc_bytes > 0 && info->max_alloc_bytes <= info->global_mem_bytes);
+    assert_true(info->cl_c_major >= 1);
+    assert_true(info->simd_width >= 1);
+    if (info->vendor_id == LLMCL_VENDOR_NVIDIA)
+        assert_true(info->nv_cc_major >= 3);
+    else
+        assert_int_equal(info->has_inline_ptx, 0);
+    llmcl_device_info again;
+    TH_OK(llmcl_device_probe(llmcl_ctx_cl_device(th_ctx()), &again));
+    assert_string_equal(again.name, info->name);
+    assert_int_equal(again.has_inline_ptx, info->has_inline_ptx);
+    assert_int_equal(again.has_fp64, info->has_fp64);
+    TH_FAILS(llmcl_device_probe(NULL, &again), LLMCL_ERROR_INVALID_ARGUMENT);
+}
+
+static void test_select_by_name_substring(void **state)
+{
+    (void)state;
+    const llmcl_device_info *info = llmcl_ctx_device_info(th_ctx());
+    char upper[64];
+    snprintf(upper, sizeof upper, "%.12s", info->name);
+    for (char *p = upper; *p; ++p)
+        *p = (char)((*p >= 'a' && *p <= 'z') ? *p - 32 : *p);
+    saved_env d = env_set("LLMCL_DEVICE", upper);
+    cl_platform_id platform;
+    cl_device_id device;
+    TH_OK(llmcl_device_select(&platform, &device));
+    char name[256];
+    clGetDeviceInfo(device, CL_DEVICE_NAME, sizeof name, name, NULL);
+    assert_memory_equal(name, info->name, 12);
+    env_restore(&d);
+}
+
+static void test_select_no_match(void **state)
+{
+    (void)state;
+    cl_platform_id platform;
+    cl_device_id device;
+    saved_env d = env_set("LLMCL_DEVICE", "no-such-device-xyz");
+    assert_int_equal(llmcl_device_select(&platform, &device), LLMCL_ERROR_NO_DEVICE);
+    const char *msg = llmcl_last_error(NULL);
+    assert_non_null(strstr(msg, "no-such-device-xyz"));
+    assert_non_null(strstr(msg, llmcl_ctx_device_info(th_ctx())->name)); /* lists what exists */
+    llmcl_ctx *ctx = NULL;
+    assert_int_equal(llmcl_ctx_create(&ctx), LLMCL_ERROR_NO_DEVICE);
+    assert_null(ctx);
+    env_restore(&d);
+    saved_env p = env_set("LLMCL_PLATFORM", "99");
+    assert_int_equal(llmcl_device_select(&platform, &device), LLMCL_ERROR_NO_DEVICE);
+    env_restore(&p);
+    assert_int_equal(llmcl_device_select(NULL, &device), LLMCL_ERROR_INVALID_ARGUMENT);
+}
+
+static void test_select_by_index(void **state)
+{
+    (void)state;
+    /* the selected device's platform, by name, then device index 0 of it exists */
+    const llmcl_device_info *info = llmcl_ctx_device_info(th_ctx());
+    saved_env p = env_set("LLMCL_PLATFORM", info->platform_name);
+    saved_env d = env_set("LLMCL_DEVICE", "0");
+    cl_platform_id platform;
+    cl_device_id device;
+    TH_OK(llmcl_device_select(&platform, &device));
+    char pname[256];
+    clGetPlatformInfo(platform, CL_PLATFORM_NAME, sizeof pname, pname, NULL);
+    assert_string_equal(pname, info->platform_name);
+    env_restore(&d);
+    env_restore(&p);
+}
+
+static void test_bad_memory_limit_env(void **state)
+{
+    (void)state;
+    saved_env m = env_set("LLMCL_MEMORY_LIMIT", "12 bananas");
+    llmcl_ctx *ctx = NULL;
+    assert_int_equal(llmcl_ctx_create(&ctx), LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_null(ctx);
+    assert_non_null(strstr(llmcl_last_error(NULL), "LLMCL_MEMORY_LIMIT"));
+    env_restore(&m);
+    m = env_set("LLMCL_MEMORY_LIMIT", "3M");
+    TH_OK(llmcl_ctx_create(&ctx));
+    llmcl_memory_stats ms;
+    TH_OK(llmcl_memory_stats_get(ctx, &ms));
+    assert_int_equal(ms.limit_bytes, 3u << 20);
+    llmcl_ctx_destroy(ctx);
+    env_restore(&m);
+}
+
+static void test_application_objects(void **state)
+{
+    (void)state;
+    cl_device_id dev = llmcl_ctx_cl_device(th_ctx());
+    cl_int err;
+    cl_context context = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
+    assert_int_equal(err, CL_SUCCESS);
+    cl_command_queue queue = clCreateCommandQueue(context, dev, 0, &err); /* no profiling */
+    assert_int_equal(err, CL_SUCCESS);
+    llmcl_ctx *ctx = NULL;
+    TH_OK(llmcl_ctx_create_from_cl(context, dev, queue, &ctx));
+    assert_ptr_equal(llmcl_ctx_cl_queue(ctx), queue);
+    /* the application's buffer, wrapped, filled by the library */
+    cl_mem buf = clCreateBuffer(context, CL_MEM_READ_WRITE, 64 * sizeof(float), NULL, &err);
+    const int64_t shape[] = {8, 8};
+    llmcl_tensor *t = NULL;
+    TH_OK(llmcl_tensor_wrap(ctx, buf, LLMCL_F32, 2, shape, NULL, 0, &t));
+    TH_OK(llmcl_fill(ctx, t, 2.5));
+    float host[64];
+    assert_int_equal(clEnqueueReadBuffer(queue, buf, CL_TRUE, 0, sizeof host, host, 0, NULL, NULL),
+                     CL_SUCCESS);
+    for (int i = 0; i < 64; ++i)
+        assert_true(host[i] == 2.5f);
+    llmcl_memory_stats ms;
+    TH_OK(llmcl_memory_stats_get(ctx, &ms));
+    assert_int_equal(ms.current_bytes, 0); /* wrapped buffers are the application's */
+    assert_int_equal(llmcl_profile_begin(ctx), LLMCL_ERROR_UNSUPPORTED);
+    /* a buffer of the application's context cannot be wrapped into the shared test context */
+    assert_int_equal(llmcl_tensor_wrap(th_ctx(), buf, LLMCL_F32, 2, shape, NULL, 0, &t),
+                     LLMCL_ERROR_DEVICE_MISMATCH);
+    llmcl_tensor_destroy(t);
+    llmcl_ctx_destroy(ctx);
+    /* the context retained, not owned, the application's objects */
+    assert_int_equal(clReleaseMemObject(buf), CL_SUCCESS);
+    assert_int_equal(clFinish(queue), CL_SUCCESS);
+    /* a queue of another context is refused */
+    assert_int_equal(llmcl_ctx_create_from_cl(llmcl_ctx_cl_context(th_ctx()), dev, queue, &ctx),
+                     LLMCL_ERROR_DEVICE_MISMATCH);
+    assert_int_equal(llmcl_ctx_create_from_cl(context, dev, NULL, &ctx), LLMCL_ERROR_INVALID_ARGUMENT);
+    clReleaseCommandQueue(queue);
+    clReleaseContext(context);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_probe),
+        cmocka_unit_test(test_select_by_name_substring),
+        cmocka_unit_test(test_select_no_match),
+        cmocka_unit_test(test_select_by_index),
+        cmocka_unit_test(test_bad_memory_limit_env),
+        cmocka_unit_test(test_application_objects),
+    };
+    return TH_RUN(tests);
+}

@@ -1,0 +1,367 @@
+/*
+ * test_elementwise.c: fill, copy, cast, axpy and mul against double references, on contiguous and
+ * strided tensors of odd sizes in every dtype, plus their bad-input paths.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "elementwise_ref.h"
+#include "harness.h"
+
+static const llmcl_dtype float_types[] = {LLMCL_F32, LLMCL_BF16, LLMCL_F16};
+static const llmcl_dtype all_types[] = {LLMCL_F32, LLMCL_BF16, LLMCL_F16, LLMCL_I32, LLMCL_I64};
+
+typedef struct shape_case {
+    int ndim;
+    int64_t shape[4];
+} shape_case;
+
+static const shape_case shapes[] = {
+    {1, {1}}, {1, {7}}, {1, {4097}}, {3, {3, 5, 7}}, {4, {2, 3, 4, 5}}, {2, {64, 33}},
+};
+#define N_SHAPES (sizeof shapes / sizeof shapes[0])
+
+static size_t numel_of(const shape_case *s)
+{
+    size_t n = 1;
+    for (int i = 0; i < s->ndim; ++i)
+        n *= (size_t)s->shape[i];
+    return n;
+}
+
+static double *random_values(llmcl_dtype dt, size_t n, uint64_t seed)
+{
+    th_rng r = th_rng_new(seed);
+    double *x = th_alloc(n * sizeof *x);
+    const bool is_int = dt == LLMCL_I32 || dt == LLMCL_I64;
+    for (size_t i = 0; i < n; ++i)
+        x[i] = is_int ? (double)th_randint(&r, -100000, 100000) : th_uniform(&r, -4.0, 4.0);
+    th_round_all(dt, x, n);
+    return x;
+}
+
+/*
+ * A strided view of a shape: a larger parent whose last dimension is padded by 3 elements and whose
+ * first dimension is doubled (every other slice used), offset by 5. The gaps are poisoned.
+ */
+typedef struct strided {
+    llmcl_tensor *parent, *view;
+    size_t parent_n;
+} strided;
+
+static strided make_strided(llmcl_dtype dt, const shape_case *s)
+{
+    int64_t pshape[4] = {0}, strides[4] = {0};
+    for (int i = 0; i < s->ndim; ++i)
+        pshape[i] = s->shape[i];
+    pshape[s->ndim - 1] += 3;
+    pshape[0] *= 2;
+    int64_t st = 1;
+    for (int i = s->ndim - 1; i >= 0; --i) {
+        strides[i] = st;
+        st *= pshape[i];
+    }
+    strides[0] *= 2;
+    pshape[0] += 1; /* room for the offset */
+    strided r = {0};
+    r.parent = th_tensor(dt, s->ndim, pshape);
+    r.parent_n = (size_t)llmcl_tensor_numel(r.parent);
+    TH_OK(llmcl_tensor_view(r.parent, s->ndim, s->shape, strides, 5, &r.view));
+    if (numel_of(s) > 1)
+        assert_int_equal(llmcl_tensor_is_contiguous(r.view), 0);
+    return r;
+}
+
+static void free_strided(strided *s)
+{
+    llmcl_tensor_destroy(s->view);
+    llmcl_tensor_destroy(s->parent);
+}
+
+/* Every parent element outside the view is still NaN (poison) or -1 for integers. */
+static void assert_gaps_untouched(const strided *s, llmcl_dtype dt)
+{
+    double *all = th_alloc(s->parent_n * sizeof *all);
+    th_download(s->parent, all);
+    const size_t vn = (size_t)llmcl_tensor_numel(s->view);
+    unsigned char *in_view = th_alloc(s->parent_n);
+    const int nd = llmcl_tensor_ndim(s->view);
+    for (size_t i = 0; i < vn; ++i) {
+        size_t rem = i, off = (size_t)llmcl_tensor_offset(s->view);
+        for (int d = nd - 1; d >= 0; --d) {
+            off += (rem % (size_t)llmcl_tensor_dim(s->view, d)) * (size_t)llmcl_tensor_stride(s->view, d);
+            rem /= (size_t)llmcl_tensor_dim(s->view, d);
+        }
+        in_view[off] = 1;
+    }
+    const bool is_int = dt == LLMCL_I32 || dt == LLMCL_I64;
+    for (size_t i = 0; i < s->parent_n; ++i)
+        if (!in_view[i] && !(is_int ? all[i] == -1.0 : isnan(all[i])))
+            fail_msg("element %zu outside the view was written (%g)", i, all[i]);
+    free(in_view);
+    free(all);
+}
+
+static void test_fill(void **state)
+{
+    (void)state;
+    for (size_t t = 0; t < 5; ++t)
+        for (size_t s = 0; s < N_SHAPES; ++s) {
+            const llmcl_dtype dt = all_types[t];
+            const size_t n = numel_of(&shapes[s]);
+            const double value = (dt == LLMCL_I32 || dt == LLMCL_I64) ? -123457.0 : 3.14159;
+            double *ref = th_alloc(n * sizeof *ref), *got = th_alloc(n * sizeof *got);
+            for (size_t i = 0; i < n; ++i)
+                ref[i] = th_round(dt, value);
+            llmcl_tensor *x = th_tensor(dt, shapes[s].ndim, shapes[s].shape);
+            TH_OK(llmcl_fill(th_ctx(), x, value));
+            th_download(x, got);
+            TH_ASSERT_CLOSE("fill", ref, got, n, (th_tol){0, 0});
+            strided v = make_strided(dt, &shapes[s]);
+            TH_OK(llmcl_fill(th_ctx(), v.view, value));
+            th_download(v.view, got);
+            TH_ASSERT_CLOSE("fill strided", ref, got, n, (th_tol){0, 0});
+            assert_gaps_untouched(&v, dt);
+            free_strided(&v);
+            llmcl_tensor_destroy(x);
+            free(ref);
+            free(got);
+        }
+}
+
+static void test_copy(void **state)
+{
+    (void)state;
+    for (size_t t = 0; t < 5; ++t)
+        for (size_t s = 0; s < N_SHAPES; ++s) {
+            const llmcl_dtype dt = all_types[t];
+            const shape_case *sc = &shapes[s];
+            const size_t n = numel_of(sc);
+            double *x = random_values(dt, n, 100 + s), *got = th_alloc(n * sizeof *got);
+            llmcl_tensor *src = th_tensor_from(dt, sc->ndim, sc->shape, x);
+            llmcl_tensor *dst = th_tensor(dt, sc->ndim, sc->shape);
+            TH_OK(llmcl_copy(th_ctx(), src, dst));
+            th_download(dst, got);
+            TH_ASSERT_CLOSE("copy", x, got, n, (th_tol){0, 0});
+            /* contiguous -> strided -> contiguous */
+            strided v = make_strided(dt, sc);
+            TH_OK(llmcl_copy(th_ctx(), src, v.view));
+            th_poison(dst);
+            TH_OK(llmcl_copy(th_ctx(), v.view, dst));
+            th_download(dst, got);
+            TH_ASSERT_CLOSE("copy strided", x, got, n, (th_tol){0, 0});
+            assert_gaps_untouched(&v, dt);
+            free_strided(&v);
+            llmcl_tensor_destroy(src);
+            llmcl_tensor_destroy(dst);
+            free(x);
+            free(got);
+        }
+}
+
+static void test_cast(void **state)
+{
+    (void)state;
+    for (size_t a = 0; a < 3; ++a)
+        for (size_t b = 0; b < 3; ++b)
+            for (size_t s = 0; s < N_SHAPES; ++s) {
+                const llmcl_dtype from = float_types[a], to = float_types[b];
+                const shape_case *sc = &shapes[s];
+                const size_t n = numel_of(sc);
+                double *x = random_values(from, n, 7 * s + a), *ref = th_alloc(n * sizeof *ref);
+                double *got = th_alloc(n * sizeof *got);
+                for (size_t i = 0; i < n; ++i)
+                    ref[i] = th_round(to, x[i]); /* x is exact in f32, so one rounding */
+                llmcl_tensor *src = th_tensor_from(from, sc->ndim, sc->shape, x);
+                llmcl_tensor *dst = th_tensor(to, sc->ndim, sc->shape);
+                TH_OK(llmcl_cast(th_ctx(), src, dst));
+                th_download(dst, got);
+                TH_ASSERT_CLOSE("cast", ref, got, n, (th_tol){0, 0});
+                strided v = make_strided(to, sc);
+                TH_OK(llmcl_cast(th_ctx(), src, v.view));
+                th_download(v.view, got);
+                TH_ASSERT_CLOSE("cast strided", ref, got, n, (th_tol){0, 0});
+                assert_gaps_untouched(&v, to);
+                free_strided(&v);
+                llmcl_tensor_destroy(src);
+                llmcl_tensor_destroy(dst);
+                free(x);
+                free(ref);
+                free(got);
+            }
+}
+
+/* bf16 rounding of special values through the device: ties to even, NaN, infinities, subnormals. */
+static void test_cast_special_values(void **state)
+{
+    (void)state;
+    const float vals[] = {1.0f + 0x1p-8f,          /* tie, rounds down to even 1.0 */
+                          1.0f + 3 * 0x1p-8f,      /* tie, rounds up to even */
+                          1.0f + 0x1p-8f + 0x1p-20f, /* above the tie: rounds up */
+                          NAN, -NAN, INFINITY, -INFINITY, 0x1p-130f, -0x1p-140f, 3.0e38f,
+                          -0.0f, 65504.0f, 65520.0f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f};
+    const size_t n = sizeof vals / sizeof vals[0];
+    const int64_t shape[] = {(int64_t)n};
+    llmcl_tensor *src = NULL, *bf = th_tensor(LLMCL_BF16, 1, shape), *hf = th_tensor(LLMCL_F16, 1, shape);
+    TH_OK(llmcl_tensor_create(th_ctx(), LLMCL_F32, 1, shape, &src));
+    TH_OK(llmcl_tensor_upload(src, vals, sizeof vals));
+    TH_OK(llmcl_cast(th_ctx(), src, bf));
+    TH_OK(llmcl_cast(th_ctx(), src, hf));
+    uint16_t gb[32], gh[32];
+    TH_OK(llmcl_tensor_download(bf, gb, n * 2));
+    TH_OK(llmcl_tensor_download(hf, gh, n * 2));
+    for (size_t i = 0; i < n; ++i) {
+        const uint16_t eb = llmcl_f32_to_bf16(vals[i]), eh = llmcl_f32_to_f16(vals[i]);
+        if (isnan(vals[i])) {
+            assert_true(isnan(llmcl_bf16_to_f32(gb[i])));
+            assert_true(isnan(llmcl_f16_to_f32(gh[i])));
+        } else {
+            if (gb[i] != eb)
+                fail_msg("bf16 of %a: device 0x%04x, host 0x%04x", (double)vals[i], gb[i], eb);
+            if (gh[i] != eh)
+                fail_msg("f16 of %a: device 0x%04x, host 0x%04x", (double)vals[i], gh[i], eh);
+        }
+    }
+    assert_int_equal(gb[0], 0x3f80);
+    assert_int_equal(gb[1], 0x3f82);
+    assert_int_equal(gb[2], 0x3f81);
+    assert_int_equal(gh[12], 0x7c00); /* 65520 overflows f16 */
+    llmcl_tensor_destroy(src);
+    llmcl_tensor_destroy(bf);
+    llmcl_tensor_destroy(hf);
+}
+
+static void check_binary(bool is_axpy)
+{
+    for (size_t t = 0; t < 3; ++t)
+        for (size_t s = 0; s < N_SHAPES; ++s) {
+            const llmcl_dtype dt = float_types[t];
+            const shape_case *sc = &shapes[s];
+            const size_t n = numel_of(sc);
+            double *x = random_values(dt, n, 31 + s), *y = random_values(dt, n, 57 + s);
+            double *ref = th_alloc(n * sizeof *ref), *got = th_alloc(n * sizeof *got);
+            memcpy(ref, y, n * sizeof *ref);
+            const float alpha = -0.75f;
+            if (is_axpy)
+                ref_axpy(alpha, x, ref, n);
+            else
+                ref_mul(x, ref, n);
+            llmcl_tensor *tx = th_tensor_from(dt, sc->ndim, sc->shape, x);
+            llmcl_tensor *ty = th_tensor_from(dt, sc->ndim, sc->shape, y);
+            TH_OK(is_axpy ? llmcl_axpy(th_ctx(), alpha, tx, ty) : llmcl_mul(th_ctx(), tx, ty));
+            th_download(ty, got);
+            TH_ASSERT_CLOSE(is_axpy ? "axpy" : "mul", ref, got, n, th_tol_for(dt));
+            strided v = make_strided(dt, sc);
+            th_upload(v.view, y);
+            TH_OK(is_axpy ? llmcl_axpy(th_ctx(), alpha, tx, v.view) : llmcl_mul(th_ctx(), tx, v.view));
+            th_download(v.view, got);
+            TH_ASSERT_CLOSE(is_axpy ? "axpy strided" : "mul strided", ref, got, n, th_tol_for(dt));
+            assert_gaps_untouched(&v, dt);
+            free_strided(&v);
+            llmcl_tensor_destroy(tx);
+            llmcl_tensor_destroy(ty);
+            free(x);
+            free(y);
+            free(ref);
+            free(got);
+        }
+}
+
+static void test_axpy(void **state)
+{
+    (void)state;
+    check_binary(true);
+}
+
+static void test_mul(void **state)
+{
+    (void)state;
+    check_binary(false);
+}
+
+static void test_in_place_and_empty(void **state)
+{
+    (void)state;
+    const int64_t shape[] = {33};
+    double x[33], got[33], ref[33];
+    th_rng r = th_rng_new(9);
+    th_fill_uniform(&r, x, 33, -2, 2);
+    th_round_all(LLMCL_F32, x, 33);
+    llmcl_tensor *t = th_tensor_from(LLMCL_F32, 1, shape, x);
+    TH_OK(llmcl_axpy(th_ctx(), 2.0f, t, t)); /* y += 2y */
+    th_download(t, got);
+    for (int i = 0; i < 33; ++i)
+        ref[i] = 3 * x[i];
+    TH_ASSERT_CLOSE("axpy in place", ref, got, 33, th_tol_for(LLMCL_F32));
+    TH_OK(llmcl_copy(th_ctx(), t, t));
+    const int64_t empty[] = {4, 0};
+    llmcl_tensor *e1 = th_tensor(LLMCL_BF16, 2, empty), *e2 = th_tensor(LLMCL_BF16, 2, empty);
+    TH_OK(llmcl_fill(th_ctx(), e1, 1.0));
+    TH_OK(llmcl_copy(th_ctx(), e1, e2));
+    TH_OK(llmcl_axpy(th_ctx(), 1.0f, e1, e2));
+    TH_OK(llmcl_ctx_finish(th_ctx()));
+    llmcl_tensor_destroy(e1);
+    llmcl_tensor_destroy(e2);
+    llmcl_tensor_destroy(t);
+}
+
+static void test_bad_inputs(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const int64_t s4[] = {4}, s5[] = {5}, s8[] = {8};
+    llmcl_tensor *a = th_tensor(LLMCL_F32, 1, s4), *b = th_tensor(LLMCL_F32, 1, s5);
+    llmcl_tensor *h = th_tensor(LLMCL_BF16, 1, s4), *i32 = th_tensor(LLMCL_I32, 1, s4);
+    llmcl_tensor *big = th_tensor(LLMCL_F32, 1, s8), *v1 = NULL, *v2 = NULL;
+    TH_OK(llmcl_tensor_view(big, 1, s4, NULL, 0, &v1));
+    TH_OK(llmcl_tensor_view(big, 1, s4, NULL, 2, &v2));
+
+    TH_FAILS(llmcl_fill(NULL, a, 1.0), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_fill(ctx, NULL, 1.0), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_fill(ctx, i32, 1e30), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_copy(ctx, a, b), LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_copy(ctx, a, h), LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    TH_FAILS(llmcl_copy(ctx, v1, v2), LLMCL_ERROR_INVALID_ARGUMENT); /* partial overlap */
+    TH_FAILS(llmcl_cast(ctx, a, i32), LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    TH_FAILS(llmcl_cast(ctx, i32, a), LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    TH_FAILS(llmcl_axpy(ctx, 1.0f, a, h), LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    TH_FAILS(llmcl_axpy(ctx, 1.0f, a, b), LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_axpy(ctx, 1.0f, i32, i32), LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    TH_FAILS(llmcl_mul(ctx, a, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
+
+    /* a tensor of another context */
+    llmcl_ctx *other = NULL;
+    TH_OK(llmcl_ctx_create(&other));
+    llmcl_tensor *foreign = NULL;
+    TH_OK(llmcl_tensor_create(other, LLMCL_F32, 1, s4, &foreign));
+    TH_FAILS(llmcl_copy(ctx, foreign, a), LLMCL_ERROR_DEVICE_MISMATCH);
+    llmcl_tensor_destroy(foreign);
+    llmcl_ctx_destroy(other);
+
+    /* failed ops leave their inputs intact */
+    double vals[4] = {1, 2, 3, 4}, got[4];
+    th_upload(a, vals);
+    TH_FAILS(llmcl_axpy(ctx, 1.0f, b, a), LLMCL_ERROR_SHAPE_MISMATCH);
+    th_download(a, got);
+    TH_ASSERT_CLOSE("input after failure", vals, got, 4, (th_tol){0, 0});
+
+    llmcl_tensor *tensors[] = {a, b, h, i32, v1, v2, big};
+    for (size_t i = 0; i < 7; ++i)
+        llmcl_tensor_destroy(tensors[i]);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fill),
+        cmocka_unit_test(test_copy),
+        cmocka_unit_test(test_cast),
+        cmocka_unit_test(test_cast_special_values),
+        cmocka_unit_test(test_axpy),
+        cmocka_unit_test(test_mul),
+        cmocka_unit_test(test_in_place_and_empty),
+        cmocka_unit_test(test_bad_inputs),
+    };
+    return TH_RUN(tests);
+}

@@ -1,0 +1,183 @@
+/*
+ * bench.c: llmcl-bench, the driver. Measures the device's copy bandwidth and fp32 FMA rate, runs
+ * every kernel family's benchmark on the selected device, and prints one table: median kernel
+ * time, GB/s and its ratio to the copy bandwidth, TFLOP/s and its ratio to the FMA rate, peak
+ * memory, speedup over a baseline, and whether the output matched the CPU reference.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+typedef struct family {
+    const char *name;
+    void (*run)(bench_env *env);
+} family;
+
+static const family families[] = {
+    {"elementwise", bench_elementwise},
+    {"norm", bench_norm},
+};
+
+#define MAX_ROWS 256
+static bench_row rows[MAX_ROWS];
+static int n_rows, n_failed;
+
+void bench_add(bench_env *env, const bench_row *row)
+{
+    (void)env;
+    if (n_rows < MAX_ROWS)
+        rows[n_rows++] = *row;
+    if (row->check == 0)
+        ++n_failed;
+}
+
+bool bench_fail(bench_env *env, const char *what, llmcl_status st)
+{
+    fprintf(stderr, "llmcl-bench: %s failed: %s\n", what, llmcl_last_error(env->ctx));
+    (void)st;
+    ++n_failed;
+    return false;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double bench_time(bench_env *env, bench_op op, void *arg)
+{
+    for (int i = 0; i < env->warmup; ++i)
+        if (op(env->ctx, arg) != LLMCL_OK) {
+            bench_fail(env, "warm-up", LLMCL_OK);
+            return -1;
+        }
+    double times[64];
+    const int reps = env->reps < 64 ? env->reps : 64;
+    for (int i = 0; i < reps; ++i) {
+        llmcl_profile p;
+        if (llmcl_profile_begin(env->ctx) != LLMCL_OK)
+            return -1;
+        llmcl_status st = op(env->ctx, arg);
+        llmcl_status st2 = llmcl_profile_end(env->ctx, &p);
+        if (st != LLMCL_OK || st2 != LLMCL_OK) {
+            bench_fail(env, "timed run", st);
+            return -1;
+        }
+        times[i] = p.kernel_ms;
+    }
+    qsort(times, (size_t)reps, sizeof times[0], cmp_double);
+    return times[reps / 2];
+}
+
+double bench_peak_mib(bench_env *env, bench_op op, void *arg)
+{
+    llmcl_memory_stats before, after;
+    llmcl_memory_stats_get(env->ctx, &before);
+    llmcl_memory_reset_peak(env->ctx);
+    if (op(env->ctx, arg) != LLMCL_OK || llmcl_ctx_finish(env->ctx) != LLMCL_OK)
+        return -1;
+    llmcl_memory_stats_get(env->ctx, &after);
+    return (double)(after.peak_bytes - before.current_bytes) / (1 << 20);
+}
+
+static void print_table(const bench_env *env)
+{
+    printf("\n%-22s %-8s %-5s %-26s %9s %8s %6s %8s %5s %9s %7s %5s\n", "kernel", "dir", "dtype",
+           "shape", "ms", "GB/s", "%copy", "TFLOP/s", "%fma", "peak MiB", "speedup", "check");
+    for (int i = 0; i < n_rows; ++i) {
+        const bench_row *r = &rows[i];
+        char gbs[16] = "-", pc[16] = "-", tf[16] = "-", pf[16] = "-", peak[16] = "-", sp[16] = "-";
+        if (r->bytes > 0 && r->ms > 0) {
+            const double g = r->bytes / (r->ms * 1e-3) * 1e-9;
+            snprintf(gbs, sizeof gbs, "%.1f", g);
+            snprintf(pc, sizeof pc, "%.0f%%", 100.0 * g / env->copy_gbs);
+        }
+        if (r->flops > 0 && r->ms > 0) {
+            const double t = r->flops / (r->ms * 1e-3) * 1e-12;
+            snprintf(tf, sizeof tf, "%.2f", t);
+            snprintf(pf, sizeof pf, "%.0f%%", 100.0 * t / env->fma_tflops);
+        }
+        if (r->peak_mib >= 0)
+            snprintf(peak, sizeof peak, "%.1f", r->peak_mib);
+        if (r->baseline_ms > 0 && r->ms > 0)
+            snprintf(sp, sizeof sp, "%.2fx", r->baseline_ms / r->ms);
+        printf("%-22s %-8s %-5s %-26s %9.4f %8s %6s %8s %5s %9s %7s %5s\n", r->kernel, r->direction,
+               r->dtype, r->shape, r->ms, gbs, pc, tf, pf, peak, sp,
+               r->check < 0 ? "-" : r->check ? "ok" : "FAIL");
+    }
+}
+
+static void usage(void)
+{
+    printf("usage: llmcl-bench [--only FAMILY] [--reps N] [--small | --full]\n"
+           "Runs every kernel at a representative size on the selected device (LLMCL_PLATFORM,\n"
+           "LLMCL_DEVICE), checks each output against the CPU reference and prints a table.\n"
+           "--small shrinks sizes (the default on CPU devices); --full forces GPU sizes.\n"
+           "families:");
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; ++i)
+        printf(" %s", families[i].name);
+    printf("\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *only = NULL;
+    int reps = 0, force_small = -1;
+    for (int i = 1; i < argc; ++i) {
+        if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            only = argv[++i];
+        else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--small") == 0)
+            force_small = 1;
+        else if (strcmp(argv[i], "--full") == 0)
+            force_small = 0;
+        else {
+            usage();
+            return strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0 ? 0 : 2;
+        }
+    }
+    bench_env env = {0};
+    if (llmcl_ctx_create(&env.ctx) != LLMCL_OK) {
+        fprintf(stderr, "llmcl-bench: %s\n", llmcl_last_error(NULL));
+        return 1;
+    }
+    const llmcl_device_info *info = llmcl_ctx_device_info(env.ctx);
+    env.small = force_small >= 0 ? force_small : !info->is_gpu;
+    env.warmup = env.small ? 1 : 3;
+    env.reps = reps > 0 ? reps : env.small ? 3 : 20;
+    const uint64_t copy_bytes = env.small ? (64u << 20) : (1u << 30);
+    if (llmcl_measure_copy_bandwidth(env.ctx, copy_bytes, &env.copy_gbs) != LLMCL_OK ||
+        llmcl_measure_fma_rate(env.ctx, &env.fma_tflops) != LLMCL_OK) {
+        fprintf(stderr, "llmcl-bench: measuring the device's ceilings failed: %s\n",
+                llmcl_last_error(env.ctx));
+        llmcl_ctx_destroy(env.ctx);
+        return 1;
+    }
+    printf("llmcl %s on %s (%s, driver %s)\n", llmcl_version(), info->name, info->platform_name,
+           info->driver_version);
+    printf("ceilings: copy %.1f GB/s (read + write, %.0f MiB f32 copy), fp32 FMA %.2f TFLOP/s\n",
+           env.copy_gbs, (double)copy_bytes / (1 << 20), env.fma_tflops);
+    printf("sizes: %s; median of %d runs after %d warm-up\n", env.small ? "small (CPU)" : "full (GPU)",
+           env.reps, env.warmup);
+    fflush(stdout);
+    bool found = false;
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; ++i)
+        if (!only || strcmp(only, families[i].name) == 0) {
+            found = true;
+            families[i].run(&env);
+        }
+    if (!found) {
+        usage();
+        llmcl_ctx_destroy(env.ctx);
+        return 2;
+    }
+    print_table(&env);
+    llmcl_ctx_destroy(env.ctx);
+    if (n_failed)
+        printf("\n%d check(s) FAILED\n", n_failed);
+    return n_failed ? 1 : 0;
+}

@@ -1,0 +1,124 @@
+/*
+ * bench_elementwise.c: llmcl-bench rows for copy, cast, axpy and fill at a size well past the
+ * caches, each checked against the CPU reference.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "elementwise_ref.h"
+
+typedef struct ew_state {
+    llmcl_tensor *a, *b;
+    const char *op;
+} ew_state;
+
+static llmcl_status run_op(llmcl_ctx *ctx, void *arg)
+{
+    ew_state *s = arg;
+    if (strcmp(s->op, "copy") == 0)
+        return llmcl_copy(ctx, s->a, s->b);
+    if (strcmp(s->op, "cast") == 0)
+        return llmcl_cast(ctx, s->a, s->b);
+    if (strcmp(s->op, "axpy") == 0)
+        return llmcl_axpy(ctx, 0.5f, s->a, s->b);
+    return llmcl_fill(ctx, s->b, 0.25);
+}
+
+static float *host_values(int64_t n, float scale)
+{
+    float *x = malloc((size_t)n * sizeof *x);
+    for (int64_t i = 0; i < n && x; ++i)
+        x[i] = scale * (float)((i * 2654435761u) % 1000u) / 1000.0f - scale / 2;
+    return x;
+}
+
+/* Uploads f32 values into t of any float dtype through a temporary f32 tensor and a cast. */
+static llmcl_status upload_as(bench_env *env, llmcl_tensor *t, const float *x, int64_t n)
+{
+    llmcl_tensor *tmp = NULL;
+    llmcl_status st = llmcl_tensor_create(env->ctx, LLMCL_F32, 1, &n, &tmp);
+    if (st == LLMCL_OK)
+        st = llmcl_tensor_upload(tmp, x, (size_t)n * 4);
+    if (st == LLMCL_OK)
+        st = llmcl_cast(env->ctx, tmp, t);
+    llmcl_tensor_destroy(tmp);
+    return st;
+}
+
+static int check(bench_env *env, const char *op, const ew_state *s, const float *a, const float *b,
+                 int64_t n)
+{
+    llmcl_tensor *out = NULL;
+    float *got = malloc((size_t)n * sizeof *got);
+    int ok = 0;
+    if (got && llmcl_tensor_create(env->ctx, LLMCL_F32, 1, &n, &out) == LLMCL_OK &&
+        llmcl_cast(env->ctx, s->b, out) == LLMCL_OK &&
+        llmcl_tensor_download(out, got, (size_t)n * 4) == LLMCL_OK) {
+        const bool is16 = llmcl_tensor_dtype(s->a) != LLMCL_F32 || llmcl_tensor_dtype(s->b) != LLMCL_F32;
+        const double tol = is16 ? 1e-2 : 1e-6;
+        ok = 1;
+        for (int64_t i = 0; i < n && ok; ++i) {
+            double want = strcmp(op, "fill") == 0 ? 0.25 : a[i];
+            if (strcmp(op, "axpy") == 0) {
+                double y = b[i];
+                ref_axpy(0.5, &(double){a[i]}, &y, 1);
+                want = y;
+            }
+            ok = fabs(got[i] - want) <= tol + tol * fabs(want);
+        }
+    }
+    llmcl_tensor_destroy(out);
+    free(got);
+    return ok;
+}
+
+static void bench_one(bench_env *env, const char *op, llmcl_dtype in, llmcl_dtype outt, int64_t n)
+{
+    ew_state s = {.op = op};
+    float *a = host_values(n, 4.0f), *b = host_values(n, 2.0f);
+    llmcl_status st = LLMCL_OK;
+    if (!a || !b)
+        st = LLMCL_ERROR_OUT_OF_HOST_MEMORY;
+    if (st == LLMCL_OK)
+        st = llmcl_tensor_create(env->ctx, in, 1, &n, &s.a);
+    if (st == LLMCL_OK)
+        st = llmcl_tensor_create(env->ctx, outt, 1, &n, &s.b);
+    if (st == LLMCL_OK)
+        st = upload_as(env, s.a, a, n);
+    if (st == LLMCL_OK)
+        st = upload_as(env, s.b, b, n);
+    if (st != LLMCL_OK) {
+        bench_fail(env, op, st);
+    } else {
+        bench_row r = {.peak_mib = -1, .check = -1};
+        snprintf(r.kernel, sizeof r.kernel, "%s", op);
+        snprintf(r.dtype, sizeof r.dtype, "%s", llmcl_dtype_name(outt));
+        snprintf(r.shape, sizeof r.shape, "%lld", (long long)n);
+        /* the check runs once on fresh inputs; timing afterwards repeats the op */
+        if (run_op(env->ctx, &s) == LLMCL_OK)
+            r.check = check(env, op, &s, a, b, n);
+        r.ms = bench_time(env, run_op, &s);
+        const double in_bytes = strcmp(op, "fill") == 0 ? 0 : (double)n * (double)llmcl_dtype_size(in);
+        const double extra = strcmp(op, "axpy") == 0 ? (double)n * (double)llmcl_dtype_size(outt) : 0;
+        r.bytes = in_bytes + extra + (double)n * (double)llmcl_dtype_size(outt);
+        bench_add(env, &r);
+    }
+    llmcl_tensor_destroy(s.a);
+    llmcl_tensor_destroy(s.b);
+    free(a);
+    free(b);
+}
+
+void bench_elementwise(bench_env *env)
+{
+    const int64_t n = env->small ? (int64_t)4 << 20 : (int64_t)128 << 20;
+    bench_one(env, "copy", LLMCL_F32, LLMCL_F32, n);
+    bench_one(env, "copy", LLMCL_BF16, LLMCL_BF16, n);
+    bench_one(env, "cast", LLMCL_F32, LLMCL_BF16, n);
+    bench_one(env, "cast", LLMCL_BF16, LLMCL_F32, n);
+    bench_one(env, "axpy", LLMCL_BF16, LLMCL_BF16, n);
+    bench_one(env, "fill", LLMCL_F32, LLMCL_BF16, n);
+}
