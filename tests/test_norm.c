@@ -189,12 +189,13 @@ static void test_rmsnorm_strided(void **state)
 static void test_rmsnorm_long_rows(void **state)
 {
     (void)state;
-    /* Longer than WG * VEC * CACHE: the re-read path and memory-held dw partials. */
+    /* Longer than WG * VEC * CACHE (forward or backward): the re-read path, dw partials in memory. */
     const rms_case cs[] = {
         {LLMCL_F32, LLMCL_F32, 2, 40000, 0, 0, GEMMA, 0.0f, false},
         {LLMCL_BF16, LLMCL_BF16, 3, 40003, 0, 0, LLAMA, 1.0f, false},
+        {LLMCL_BF16, LLMCL_F32, 2, 66000, 0, 0, GEMMA, 0.0f, false},
     };
-    for (size_t i = 0; i < 2; ++i)
+    for (size_t i = 0; i < 3; ++i)
         run_rms(&cs[i]);
 }
 
@@ -330,6 +331,8 @@ static void test_residual_rmsnorm(void **state)
         {LLMCL_F16, LLMCL_F16, 33, 7, 0, GEMMA, true, 1, 1},
         {LLMCL_F32, LLMCL_F32, 3, 40000, 0, GEMMA, true, 2, 0},
         {LLMCL_BF16, LLMCL_BF16, 4, 40008, 0, LLAMA, true, 2, 2},
+        {LLMCL_F32, LLMCL_F32, 2, 66000, 0, GEMMA, true, 2, 1},
+        {LLMCL_BF16, LLMCL_BF16, 2, 40003, 0, LLAMA, false, 1, 0},
         {LLMCL_BF16, LLMCL_BF16, 11, 520, 8, LLAMA, true, 1, 2},
         {LLMCL_F32, LLMCL_F32, 50, 1, 3, GEMMA, true, 0, 1},
     };

@@ -183,6 +183,7 @@ rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, RES_ARGS const __
 
     vf c[CACHE];
     float ss = 0.0f;
+#pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
         vf v = 0.0f;
@@ -218,6 +219,7 @@ rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, RES_ARGS const __
         return;
     if (lid == 0)
         rstd[rstd_off + row] = rs;
+#pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
         if (j < nv)
@@ -274,6 +276,7 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
     for (int i = min(CACHE * WG, nv) * VEC + lid; i < H; i += WG)
         pr[i] = 0.0f;
     vf wc[CACHE], acc[CACHE];
+#pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
         wc[k] = j < nv ? VLOAD(W_DT, w, j * VEC) + offset : 0.0f;
@@ -291,6 +294,7 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
 
     vf cdy[CACHE], cx[CACHE];
     float d = 0.0f;
+#pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
         vf g = 0.0f, v = 0.0f;
@@ -311,7 +315,8 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
     const float cf = d * rs * rs / (float)H;
 
     if (live) {
-        for (int k = 0; k < CACHE; ++k) {
+    #pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
             const int j = lid + k * WG;
             if (j < nv) {
                 const vf m = RMS_M(VROUND, cdy[k], wc[k]);
@@ -334,6 +339,7 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
     }
     }
 
+#pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
         if (j < nv)
@@ -374,6 +380,7 @@ layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, const __global 
 
     vf c[CACHE];
     float s = 0.0f;
+#pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
         c[k] = j < nv ? VLOAD(X_DT, x, j * VEC) : 0.0f;
@@ -387,6 +394,7 @@ layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, const __global 
 
     /* The variance from deviations, not E[x^2] - mu^2: exact for rows with a large mean. */
     float q = 0.0f;
+#pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
         const vf dv = c[k] - mu;
@@ -407,6 +415,7 @@ layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, const __global 
         mean[mean_off + row] = mu;
         rstd[rstd_off + row] = rs;
     }
+#pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
         if (j < nv)
@@ -459,6 +468,7 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
 #ifdef HAS_B
     vf accb[CACHE];
 #endif
+#pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
         wc[k] = j < nv ? VLOAD(W_DT, w, j * VEC) : 0.0f;
@@ -476,6 +486,7 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
 
     vf cdy[CACHE], cx[CACHE];
     float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
         vf g = 0.0f, xh = 0.0f;
@@ -503,7 +514,8 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
     const float m2 = wg_sum(s2, sc) / (float)H;
 
     if (live) {
-        for (int k = 0; k < CACHE; ++k) {
+    #pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
             const int j = lid + k * WG;
             if (j < nv) {
                 VSTORE(X_DT, dxr, j * VEC, rs * (cdy[k] * wc[k] - m1 - cx[k] * m2));
@@ -534,6 +546,7 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
     }
     }
 
+#pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
         if (j < nv) {

@@ -122,8 +122,9 @@ typedef struct norm_geom {
 } norm_geom;
 
 /*
- * Heuristic defaults: about four chunks per work-item, so a row lives in registers; short rows
- * share a work-group (WG * ROWS about 128 work-items).
+ * Heuristic defaults: about four chunks per work-item in the forward and two in the backward (which
+ * holds dy, x, w and the dw sums in registers), so a row lives in registers; short rows share a
+ * work-group (WG * ROWS about 128 work-items).
  */
 static llmcl_status norm_geometry(const norm_shape *s, const char *key, int cache_max, bool bwd,
                                   norm_geom *g)
@@ -133,7 +134,7 @@ static llmcl_status norm_geometry(const norm_shape *s, const char *key, int cach
                                                                : 1024;
     g->vec = s->aligned && s->H >= 8 ? 8 : 1;
     const int64_t nv = llmcl__div_up(s->H, g->vec);
-    size_t wg = llmcl__pow2_ceil((size_t)llmcl__div_up(nv, 4));
+    size_t wg = llmcl__pow2_ceil((size_t)llmcl__div_up(nv, bwd ? 2 : 4));
     if (wg > max_wg)
         wg = max_wg;
     size_t rows = wg < 128 ? 128 / wg : 1;
