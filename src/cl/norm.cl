@@ -580,31 +580,3 @@ norm_dw_reduce(const __global float *part, ulong part_off, int n_slots, int H,
         STORE(W_DT, dw, dw_off + c, t);
     }
 }
-
-/* ---- Unfused baselines for llmcl-bench: one pass per kernel, as a framework without fusion does */
-
-/* rstd[row] = rsqrt(mean(x^2) + eps): the row reduction an unfused RMSNorm needs first. */
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-baseline_row_rstd(const __global X_T *x, ulong x_off, __global float *rstd, long n_rows, int H,
-                  float eps)
-{
-    __local float sc[WG];
-    const long row = get_group_id(1);
-    float s = 0.0f;
-    for (int i = get_local_id(0); i < H; i += WG) {
-        const float v = LOAD(X_DT, x, x_off + row * H + i);
-        s += v * v;
-    }
-    s = wg_sum(s, sc);
-    if (get_local_id(0) == 0)
-        rstd[row] = rsqrt(s / (float)H + eps);
-}
-
-/* y[row, i] = x[row, i] * rstd[row]: a row-broadcast scale (the library has no broadcast mul). */
-__kernel void baseline_row_scale(const __global X_T *x, __global const float *rstd,
-                                 __global X_T *y, long n, int H)
-{
-    const long i = get_global_id(0);
-    if (i < n)
-        STORE(X_DT, y, i, LOAD(X_DT, x, i) * rstd[i / H]);
-}
