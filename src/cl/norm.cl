@@ -26,7 +26,15 @@
  *   FX, FY norm_dw_reduce only: FX columns x FY slot lanes per work-group, FX * FY <= max size.
  * Feature switches: RMS_CAST_LLAMA (llama casting, else gemma), HAS_RES (residual add in the
  * forward), HAS_DR (an incoming gradient added to dx in the backward), HAS_B (LayerNorm bias).
+ * NORM_KERNEL (1 rmsnorm_fwd, 2 rmsnorm_bwd, 3 layernorm_fwd, 4 layernorm_bwd, 5 norm_dw_reduce)
+ * compiles only that kernel, so a build (and a program binary for the disk cache) holds one kernel;
+ * 0 or unset builds every kernel.
  */
+
+#ifndef NORM_KERNEL
+#define NORM_KERNEL 0
+#endif
+#define NORM_BUILDS(k) (NORM_KERNEL == 0 || NORM_KERNEL == (k))
 
 #ifndef X_DT
 #define X_DT F32
@@ -150,6 +158,7 @@ typedef float vf;
 #define RES_ARGS
 #endif
 
+#if NORM_BUILDS(1)
 __kernel __attribute__((reqd_work_group_size(WG, ROWS, 1))) void
 rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, RES_ARGS const __global W_T *w,
             ulong w_off, __global X_T *y, ulong y_off, long y_stride, __global float *rstd,
@@ -234,6 +243,7 @@ rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, RES_ARGS const __
 #undef AGAIN_V
 #undef AGAIN_S
 }
+#endif
 
 /* ---- RMSNorm backward: dx = rstd * (m - x * rstd^2 * mean(m * x)) [+ dr], m = dy * (w + offset) */
 
@@ -258,6 +268,7 @@ rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, RES_ARGS const __
         const bool live = row < n_rows;                                                           \
         const long rr = live ? row : n_rows - 1;
 
+#if NORM_BUILDS(2)
 __kernel __attribute__((reqd_work_group_size(WG, ROWS, 1))) void
 rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const __global X_T *x,
             ulong x_off, long x_stride, const __global W_T *w, ulong w_off,
@@ -346,6 +357,7 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
             VSTORE(F32, pr, j * VEC, acc[k]);
     }
 }
+#endif
 
 /* ---- LayerNorm forward: y = (x - mean) * rstd * w [+ b] ------------------------------------ */
 
@@ -359,6 +371,7 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
 #define B_S(i)
 #endif
 
+#if NORM_BUILDS(3)
 __kernel __attribute__((reqd_work_group_size(WG, ROWS, 1))) void
 layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, const __global W_T *w, ulong w_off,
               B_ARGS __global X_T *y, ulong y_off, long y_stride, __global float *mean,
@@ -427,6 +440,7 @@ layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, const __global 
     for (int i = nv * VEC + lid; i < H; i += WG)
         STORE(X_DT, y, i, (LOAD(X_DT, x, i) - mu) * rs * LOAD(W_DT, w, i) B_S(i));
 }
+#endif
 
 /*
  * ---- LayerNorm backward: with xh = (x - mean) * rstd and g = dy * w,
@@ -439,6 +453,7 @@ layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, const __global 
 #define DB_ARGS
 #endif
 
+#if NORM_BUILDS(4)
 __kernel __attribute__((reqd_work_group_size(WG, ROWS, 1))) void
 layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __global X_T *x,
               ulong x_off, long x_stride, const __global W_T *w, ulong w_off,
@@ -557,9 +572,11 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
         }
     }
 }
+#endif
 
 /* ---- Second stage: dw[c] = sum over slots of part[slot, c], in a fixed order ---------------- */
 
+#if NORM_BUILDS(5)
 __kernel __attribute__((reqd_work_group_size(FX, FY, 1))) void
 norm_dw_reduce(const __global float *part, ulong part_off, int n_slots, int H,
                __global W_T *dw, ulong dw_off)
@@ -580,3 +597,4 @@ norm_dw_reduce(const __global float *part, ulong part_off, int n_slots, int H,
         STORE(W_DT, dw, dw_off + c, t);
     }
 }
+#endif

@@ -168,9 +168,13 @@ static llmcl_status norm_geometry(const norm_shape *s, const char *key, int cach
     return LLMCL_OK;
 }
 
-static void norm_defines(const norm_shape *s, const norm_geom *g, llmcl__defines *d)
+/* Kernel numbers for NORM_KERNEL in norm.cl: a build holds only the kernel it is for. */
+enum { K_RMS_FWD = 1, K_RMS_BWD, K_LN_FWD, K_LN_BWD, K_DW_REDUCE };
+
+static void norm_defines(const norm_shape *s, const norm_geom *g, int kernel, llmcl__defines *d)
 {
     memset(d, 0, sizeof *d);
+    llmcl__define_int(d, "NORM_KERNEL", kernel);
     llmcl__define_str(d, "X_DT", llmcl__dtype_macro(s->xdt));
     llmcl__define_str(d, "W_DT", llmcl__dtype_macro(s->wdt));
     llmcl__define_int(d, "VEC", g->vec);
@@ -236,8 +240,8 @@ static llmcl_status dw_reduce_prepare(const norm_shape *s, dw_reduce *r)
                    "norm_dw_reduce: invalid parameters FX=%ld FY=%ld (max work-group %zu)", fx, fy,
                    max_wg);
     llmcl__defines d = {0};
-    llmcl__define_str(&d, "X_DT", llmcl__dtype_macro(s->xdt));
     llmcl__define_str(&d, "W_DT", llmcl__dtype_macro(s->wdt));
+    llmcl__define_int(&d, "NORM_KERNEL", K_DW_REDUCE);
     llmcl__params_define(&p, &d);
     LLMCL__TRY(llmcl__kernel(ctx, "norm", &d, "norm_dw_reduce", &r->kernel));
     r->local[0] = (size_t)fx;
@@ -294,7 +298,7 @@ static llmcl_status rms_forward(llmcl_ctx *ctx, const llmcl_tensor *x, const llm
     const char *key = res ? "residual_rmsnorm_fwd" : "rmsnorm_fwd";
     LLMCL__TRY(norm_geometry(&s, key, 8, false, &g));
     llmcl__defines d;
-    norm_defines(&s, &g, &d);
+    norm_defines(&s, &g, K_RMS_FWD, &d);
     rms_defines(&o, &d);
     if (res)
         llmcl__define_flag(&d, "HAS_RES");
@@ -356,7 +360,7 @@ static llmcl_status rms_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const l
     const char *key = dr ? "residual_rmsnorm_bwd" : "rmsnorm_bwd";
     LLMCL__TRY(norm_geometry(&s, key, 4, true, &g));
     llmcl__defines d;
-    norm_defines(&s, &g, &d);
+    norm_defines(&s, &g, K_RMS_BWD, &d);
     rms_defines(&o, &d);
     if (dr)
         llmcl__define_flag(&d, "HAS_DR");
@@ -465,7 +469,7 @@ llmcl_status llmcl_layernorm_forward(llmcl_ctx *ctx, const llmcl_tensor *x, cons
     norm_geom g;
     LLMCL__TRY(norm_geometry(&s, "layernorm_fwd", 8, false, &g));
     llmcl__defines d;
-    norm_defines(&s, &g, &d);
+    norm_defines(&s, &g, K_LN_FWD, &d);
     if (b)
         llmcl__define_flag(&d, "HAS_B");
     cl_kernel k;
@@ -521,7 +525,7 @@ llmcl_status llmcl_layernorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
     norm_geom g;
     LLMCL__TRY(norm_geometry(&s, "layernorm_bwd", 4, true, &g));
     llmcl__defines d;
-    norm_defines(&s, &g, &d);
+    norm_defines(&s, &g, K_LN_BWD, &d);
     if (db)
         llmcl__define_flag(&d, "HAS_B");
     cl_kernel k;
