@@ -286,6 +286,8 @@ LLMCL_API llmcl_status llmcl_measure_fma_rate(llmcl_ctx *ctx, double *tflops);
 /* ---------------------------------------------------------------------------------------------- */
 /* Normalisation, RoPE and gated linear units (norm.cl, rope.cl, glu.cl).                        */
 
+/* ---- RMSNorm and LayerNorm (norm.cl) ---- */
+
 /*
  * Shapes shared by the norm ops: x is any tensor of up to 4 dimensions whose last dimension (H, unit
  * stride) is normalised and whose leading dimensions flatten to N rows with one row stride (see
@@ -378,14 +380,247 @@ LLMCL_API llmcl_status llmcl_layernorm_backward(llmcl_ctx *ctx, const llmcl_tens
                                                 llmcl_tensor *dx, llmcl_tensor *dw,
                                                 llmcl_tensor *db);
 
+/* ---- RoPE (rope.cl) ---- */
+
+typedef enum llmcl_rope_style {
+    LLMCL_ROPE_HALF = 0,    /* Hugging Face / GPT-NeoX: element i pairs with i + rotary_dim/2 */
+    LLMCL_ROPE_INTERLEAVED, /* GPT-J / original: element 2i pairs with 2i + 1 */
+} llmcl_rope_style;
+
+typedef enum llmcl_rope_layout {
+    LLMCL_ROPE_BHTD = 0, /* q is [B, Hq, T, D], k is [B, Hk, T, D] */
+    LLMCL_ROPE_BTHD,     /* q is [B, T, Hq, D], k is [B, T, Hk, D] */
+} llmcl_rope_layout;
+
+/*
+ * Options of llmcl_rope_forward / llmcl_rope_backward; a zeroed struct is the default (half-split,
+ * BHTD, full rotary, theta 10000, no scaling) but names no angle source: set either the tables or
+ * the positions.
+ *
+ * Pair i (0 <= i < rotary_dim/2) turns by angle pos * inv_freq[i]:
+ *   x' = x cos - y sin,  y' = y cos + x sin  (backward: the inverse, sin negated)
+ * where (x, y) are elements (i, i + rotary_dim/2) for LLMCL_ROPE_HALF and (2i, 2i + 1) for
+ * LLMCL_ROPE_INTERLEAVED. Elements from rotary_dim to D are left untouched.
+ *
+ * Angles from tables: cos and sin are f32 [T, rotary_dim/2] (shared by the batch) or
+ * [B, T, rotary_dim/2] (per batch), any strides with a unit last stride. Hugging Face's
+ * [B, T, rotary_dim] tables (cat(freqs, freqs)) fit as a view of their first rotary_dim/2 columns.
+ *
+ * Angles computed in the kernel: from positions, i32 or i64 [T] (shared) or [B, T] (per-batch
+ * position ids), and inv_freq[i] = 1 / theta^(2i / rotary_dim), optionally rescaled as Llama 3.1
+ * does (Hugging Face rope_type "llama3"). As in Hugging Face, inv_freq and the angle pos * inv_freq
+ * are f32 and cos/sin are taken of that f32 angle with precise argument reduction: the angle's own
+ * error, about |pos| * 2^-23 radians, dominates at large positions.
+ */
+typedef struct llmcl_rope_options {
+    llmcl_rope_layout layout; /* how q's and k's dimensions read; any strides, D unit-stride */
+    llmcl_rope_style style;
+    int64_t rotary_dim;       /* leading elements of D that rotate; even, <= D; 0 means D */
+    const llmcl_tensor *cos;  /* tables (borrowed), both or neither */
+    const llmcl_tensor *sin;
+    const llmcl_tensor *positions; /* without tables (borrowed) */
+    double theta;                  /* frequency base; 0 means 10000 */
+    /* Llama 3 scaling, on when llama3_factor > 0; the other three then default (when 0) to Llama
+     * 3.1's 1, 4 and 8192. */
+    double llama3_factor;
+    double llama3_low_freq_factor;
+    double llama3_high_freq_factor;
+    double llama3_original_max_position;
+} llmcl_rope_options;
+
+/*
+ * Rotates q and, when k is not NULL, k in place. q and k share dtype (f32, bf16, f16), B, T and D;
+ * Hq and Hk may differ (GQA). q and k may be views of one packed QKV buffer as long as they share
+ * no element. Reads and writes q and k; reads the tables or positions named in opt (NULL: defaults).
+ */
+LLMCL_API llmcl_status llmcl_rope_forward(llmcl_ctx *ctx, llmcl_tensor *q, llmcl_tensor *k,
+                                          const llmcl_rope_options *opt);
+
+/* The gradient through RoPE: rotates dq and dk (k NULL allowed) back in place, same options. */
+LLMCL_API llmcl_status llmcl_rope_backward(llmcl_ctx *ctx, llmcl_tensor *dq, llmcl_tensor *dk,
+                                           const llmcl_rope_options *opt);
+
+/* ---- GLU (glu.cl) ---- */
+
+typedef enum llmcl_activation {
+    LLMCL_ACT_SILU = 0,  /* x * sigmoid(x): SwiGLU */
+    LLMCL_ACT_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GeGLU, tanh form */
+    LLMCL_ACT_GELU_ERF,  /* 0.5 x (1 + erf(x / sqrt(2))): GeGLU, exact */
+} llmcl_activation;
+
+/*
+ * Gated linear unit: out = act(gate) * up, elementwise over rows of I (f32, bf16, f16; f32 math).
+ * Two layouts:
+ *   separate: gate, up and out of one shape [..., I];
+ *   packed:   up NULL, gate [..., 2I] holding gate in columns [0, I) and up in [I, 2I) (the
+ *             output of one fused gate/up projection), out [..., I].
+ * Any leading dimensions that flatten into rows with one stride; the last dimension unit-stride.
+ * out may be the same view as gate or up (in place); otherwise it may not overlap them.
+ * Reads gate and up, writes out.
+ */
+LLMCL_API llmcl_status llmcl_glu_forward(llmcl_ctx *ctx, llmcl_activation act,
+                                         const llmcl_tensor *gate, const llmcl_tensor *up,
+                                         llmcl_tensor *out);
+
+/*
+ * The gradient of llmcl_glu_forward, recomputing act(gate):
+ *   dgate = dout * up * act'(gate),  dup = dout * act(gate).
+ * Separate: dgate and dup have gate's shape. Packed: up and dup NULL, gate and dgate [..., 2I],
+ * dgate receiving dgate in columns [0, I) and dup in [I, 2I). Each output may be the same view as
+ * one input (in place: dgate over gate, dup over up, packed dgate over packed gate, or either over
+ * dout); otherwise outputs overlap nothing. Reads dout, gate, up; writes dgate, dup.
+ */
+LLMCL_API llmcl_status llmcl_glu_backward(llmcl_ctx *ctx, llmcl_activation act,
+                                          const llmcl_tensor *dout, const llmcl_tensor *gate,
+                                          const llmcl_tensor *up, llmcl_tensor *dgate,
+                                          llmcl_tensor *dup);
+
+/*
+ * The activation alone, y = act(x), same shape (rows as above); y may be the same view as x.
+ * With llmcl_mul it builds the unfused GLU that llmcl-bench compares against.
+ */
+LLMCL_API llmcl_status llmcl_activation_forward(llmcl_ctx *ctx, llmcl_activation act,
+                                                const llmcl_tensor *x, llmcl_tensor *y);
+
+/* dx = dy * act'(x), same shape; dx may be the same view as dy or x. Reads x, dy; writes dx. */
+LLMCL_API llmcl_status llmcl_activation_backward(llmcl_ctx *ctx, llmcl_activation act,
+                                                 const llmcl_tensor *x, const llmcl_tensor *dy,
+                                                 llmcl_tensor *dx);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Attention (attention.cl).                                                                      */
+
+/*
+ * Options of flash attention. A zero-initialised struct is full (non-causal) attention with scale
+ * 1/sqrt(D) over dense batches.
+ *
+ * Masking aligns the causal diagonal bottom-right as FlashAttention >= 2.1 does: query i of a
+ * sequence with tq queries and tk keys sees key j when j <= i + tk - tq. With use_window, it also
+ * needs i + tk - tq - window_left <= j <= i + tk - tq + window_right (a negative bound is
+ * unbounded), FlashAttention's window_size = (left, right); causal then caps window_right at 0. A
+ * query that sees no key (causal with tq > tk, or a narrow window) gets O = 0, LSE = -inf and
+ * zero gradients.
+ *
+ * Varlen (cu_seqlens_q and cu_seqlens_k both set, i32 [B + 1], FlashAttention's varlen API):
+ * sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] of a packed Q [total_q, Hq, D] and
+ * rows cu_seqlens_k[b] .. cu_seqlens_k[b+1] of K, V [total_k, Hkv, D]; each sequence attends only
+ * within itself. The offsets must start at 0, never decrease (empty sequences are allowed) and end
+ * at total_q (total_k). They are read back to the host to be validated, so varlen calls wait for
+ * the queue up to that point.
+ */
+typedef struct llmcl_attention_opts {
+    int causal;
+    int use_window;        /* 0: no sliding window; else window_left / window_right apply */
+    int window_left;       /* keys before the diagonal a query sees; -1: unbounded */
+    int window_right;      /* keys after the diagonal a query sees; -1: unbounded */
+    float softcap;         /* > 0: logits = softcap * tanh(logits / softcap); 0: off */
+    float scale;           /* logit scale; 0: 1 / sqrt(D) */
+    const llmcl_tensor *cu_seqlens_q; /* borrowed; NULL with cu_seqlens_k NULL: dense batches */
+    const llmcl_tensor *cu_seqlens_k;
+} llmcl_attention_opts;
+
+/*
+ * Flash attention forward: o = softmax(mask(logits(q . k^T))) . v with the softmax computed online
+ * in f32 over key tiles; memory stays linear in T (no T x T scores are stored).
+ *
+ * Dense: q and o [B, Hq, Tq, D], k and v [B, Hkv, Tk, D], any strides with a unit stride on D (so
+ * [B, T, H, D] storage is a strided view), lse f32 [B, Hq, Tq] with a unit last stride. Varlen:
+ * q, o [total_q, Hq, D], k, v [total_k, Hkv, D], lse [Hq, total_q]. Hq must be a multiple of Hkv
+ * (GQA, MQA): query head h reads KV head h / (Hq / Hkv). D is 32, 64, 96, 128 or 256. q, k, v, o
+ * share one dtype: f32, bf16 or f16; math is f32.
+ *
+ * Reads q, k, v (and the cu_seqlens); writes o and lse (natural-log sum of exponentials per
+ * query row, kept for the backward). opts may be NULL (the defaults). o and lse must not overlap
+ * the inputs or each other.
+ */
+LLMCL_API llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q,
+                                               const llmcl_tensor *k, const llmcl_tensor *v,
+                                               const llmcl_attention_opts *opts, llmcl_tensor *o,
+                                               llmcl_tensor *lse);
+
+/*
+ * Flash attention backward: dq, dk and dv from dout, given the forward's q, k, v, o and lse and the
+ * same opts. Recomputes the probabilities tile by tile from q, k and lse; dk and dv are summed over
+ * the query heads that share a KV head inside the kernel, in a fixed order, so results are the same
+ * bits on every run (no atomics). Extra device memory: one f32 per query row (delta =
+ * rowsum(dout * o)), counted in memory accounting and freed before returning.
+ *
+ * Shapes as in llmcl_attention_forward; dout and dq are shaped like q, dk and dv like k, all in
+ * q's dtype. Reads q, k, v, o, lse, dout; writes dq, dk, dv, which must not overlap the inputs or
+ * each other.
+ */
+LLMCL_API llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q,
+                                                const llmcl_tensor *k, const llmcl_tensor *v,
+                                                const llmcl_tensor *o, const llmcl_tensor *lse,
+                                                const llmcl_tensor *dout,
+                                                const llmcl_attention_opts *opts,
+                                                llmcl_tensor *dq, llmcl_tensor *dk,
+                                                llmcl_tensor *dv);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Cross-entropy (cross_entropy.cl).                                                              */
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Tuning database.                                                                               */
+
+/*
+ * Kernels take their tunables (work-group size, rows per work-group, vector width, tile sizes) from
+ * a tuning database keyed device -> kernel -> dtype -> shape class, with a wildcard default at each
+ * level; parameters no entry sets keep the launcher's heuristic defaults for the device. The
+ * database of a context is, in rising priority: the built-in files (JSON files in data/tuning/,
+ * compiled in), then <cache dir>/tuning*.json, then the files or folders in LLMCL_TUNE_DB
+ * (':'-separated; "off" turns the whole database off), then llmcl_tune_db_load() and
+ * llmcl_tune_override() in call order. The most specific match wins (exact device name, then
+ * vendor/platform/type, then any device; then an exact dtype; then the exact shape class, the
+ * nearest tuned class within a factor of 4, any class). A bad or foreign
+ * file is skipped with a warning (llmcl_tune_db_warnings(); printed only with LLMCL_LOG=1).
+ * docs/TUNING.md describes the file format and the llmcl-tune tool that writes it.
+ *
+ * Kernel keys ("rmsnorm_fwd", "copy", ...) and their tunables are listed in each .cl file's header.
+ * A shape class is "p<k>" for the smallest power of two 2^k >= the kernel's size key (for example
+ * its row length); where a function takes `shape`, it accepts a class, a size key in decimal
+ * ("4096"), or "*" for any class.
+ */
+
+/*
+ * Writes kernel's parameters for (dtype, shape) into buf as "NAME=VALUE NAME=VALUE ..." sorted by
+ * name. When ctx has launched the kernel with that dtype and class, these are the values its last
+ * launch built with (heuristic defaults, the database applied, then any clamping of the launcher to
+ * the shape) and *launched is 1; otherwise they are only
+ * the values the database would set (possibly none: "") and *launched is 0. launched may be NULL.
+ * LLMCL_ERROR_INVALID_ARGUMENT when buf (size bytes) is too small.
+ */
+LLMCL_API llmcl_status llmcl_tune_params_get(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
+                                             const char *shape, char *buf, size_t size,
+                                             int *launched);
+
+/*
+ * Forces parameters ("NAME=VALUE ...", integers) for kernel at (dtype, shape) on ctx, above every
+ * file; the next launches build with them (the tuner uses this to try candidates). A new override
+ * for the same key replaces the old; params NULL removes it; kernel NULL removes every override.
+ * Names the kernel does not have are ignored. Values are not validated here: a value the kernel
+ * rejects makes its launch fail (a build failure or an OpenCL error).
+ */
+LLMCL_API llmcl_status llmcl_tune_override(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
+                                           const char *shape, const char *params);
+
+/*
+ * Merges a tuning file over ctx's database (above everything loaded before it). A malformed file,
+ * one in another format or one for another device fails with LLMCL_ERROR_TUNE_DB (LLMCL_ERROR_IO
+ * when unreadable) and changes nothing; entries that are individually bad are skipped with a
+ * warning while the rest load.
+ */
+LLMCL_API llmcl_status llmcl_tune_db_load(llmcl_ctx *ctx, const char *path);
+
+/* Empties ctx's database (built-in entries and overrides included) and its warnings: heuristic
+ * defaults only until something is loaded again. */
+LLMCL_API llmcl_status llmcl_tune_db_clear(llmcl_ctx *ctx);
+
+/* The warnings about skipped tuning files and entries since ctx was created, one a line, or "". */
+LLMCL_API const char *llmcl_tune_db_warnings(const llmcl_ctx *ctx);
+
+/* The shape class ("p<k>") of a size key >= 1, as launchers compute it. */
+LLMCL_API llmcl_status llmcl_tune_shape_class(int64_t size_key, char out[16]);
 
 #ifdef __cplusplus
 }

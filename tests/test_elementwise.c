@@ -306,6 +306,46 @@ static void test_in_place_and_empty(void **state)
     llmcl_tensor_destroy(t);
 }
 
+/* Contiguous views that start at odd element offsets: vector paths must not assume alignment. */
+static void test_misaligned_views(void **state)
+{
+    (void)state;
+    const int64_t n = 1003, offsets[] = {1, 3, 6};
+    for (size_t t = 0; t < 3; ++t)
+        for (size_t o = 0; o < 3; ++o) {
+            const llmcl_dtype dt = float_types[t];
+            const int64_t total = n + 8;
+            llmcl_tensor *px = th_tensor(dt, 1, &total), *py = th_tensor(dt, 1, &total);
+            llmcl_tensor *pf = th_tensor(LLMCL_F32, 1, &total);
+            llmcl_tensor *x = NULL, *y = NULL, *f = NULL;
+            TH_OK(llmcl_tensor_view(px, 1, &n, NULL, offsets[o], &x));
+            TH_OK(llmcl_tensor_view(py, 1, &n, NULL, offsets[(o + 1) % 3], &y));
+            TH_OK(llmcl_tensor_view(pf, 1, &n, NULL, offsets[(o + 2) % 3], &f));
+            double *vx = random_values(dt, (size_t)n, 400 + o), *vy = random_values(dt, (size_t)n, 500 + o);
+            double *ref = th_alloc((size_t)n * sizeof *ref), *got = th_alloc((size_t)n * sizeof *got);
+            th_upload(x, vx);
+            th_upload(y, vy);
+            memcpy(ref, vy, (size_t)n * sizeof *ref);
+            ref_axpy(0.5, vx, ref, (size_t)n);
+            TH_OK(llmcl_axpy(th_ctx(), 0.5f, x, y));
+            th_download(y, got);
+            TH_ASSERT_CLOSE("axpy misaligned", ref, got, (size_t)n, th_tol_for(dt));
+            TH_OK(llmcl_cast(th_ctx(), y, f));
+            th_download(f, ref);
+            TH_ASSERT_CLOSE("cast misaligned", got, ref, (size_t)n, (th_tol){0, 0});
+            TH_OK(llmcl_copy(th_ctx(), x, y));
+            th_download(y, got);
+            TH_ASSERT_CLOSE("copy misaligned", vx, got, (size_t)n, (th_tol){0, 0});
+            llmcl_tensor *views[] = {x, y, f, px, py, pf};
+            for (size_t i = 0; i < 6; ++i)
+                llmcl_tensor_destroy(views[i]);
+            free(vx);
+            free(vy);
+            free(ref);
+            free(got);
+        }
+}
+
 static void test_bad_inputs(void **state)
 {
     (void)state;
@@ -361,6 +401,7 @@ int main(void)
         cmocka_unit_test(test_axpy),
         cmocka_unit_test(test_mul),
         cmocka_unit_test(test_in_place_and_empty),
+        cmocka_unit_test(test_misaligned_views),
         cmocka_unit_test(test_bad_inputs),
     };
     return TH_RUN(tests);

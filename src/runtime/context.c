@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "tune_db.h"
 
 static void choose_cache_dir(llmcl_ctx *ctx)
 {
@@ -54,6 +55,7 @@ static llmcl_status ctx_init(llmcl_ctx *ctx, cl_platform_id platform)
     if (limit)
         LLMCL__TRY(parse_limit(ctx, limit, &ctx->memory.limit_bytes));
     LLMCL__TRY(llmcl__device_probe(ctx, platform, ctx->device, &ctx->info));
+    ctx->tune_db = llmcl__tune_db_create(ctx);
     llmcl__log("context on '%s' (%s), cache %s", ctx->info.name, ctx->info.platform_name,
                ctx->cache_dir[0] ? ctx->cache_dir : "off");
     return LLMCL_OK;
@@ -140,6 +142,7 @@ void llmcl_ctx_destroy(llmcl_ctx *ctx)
     if (ctx->device)
         clReleaseDevice(ctx->device);
     free(ctx->build_log);
+    llmcl__tune_db_destroy(ctx->tune_db);
     free(ctx);
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "tune_db.h"
 
 void llmcl__param_set(llmcl__params *p, const char *name, long value)
 {
@@ -32,11 +33,7 @@ long llmcl__param_get(const llmcl__params *p, const char *name, long fallback)
 void llmcl__params_lookup(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
                           const char *shape_class, llmcl__params *p)
 {
-    (void)ctx;
-    (void)kernel;
-    (void)dtype;
-    (void)shape_class;
-    (void)p;
+    llmcl__tune_db_apply(ctx, kernel, dtype, shape_class, p);
 }
 
 void llmcl__shape_class(int64_t key, char out[16])
@@ -49,6 +46,7 @@ void llmcl__shape_class(int64_t key, char out[16])
 
 void llmcl__params_define(const llmcl__params *p, llmcl__defines *d)
 {
+    llmcl__tune_db_defined(p);
     for (int i = 0; i < p->n; ++i)
         llmcl__define_int(d, p->names[i], p->values[i]);
 }

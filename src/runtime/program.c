@@ -300,6 +300,23 @@ static void keep_build_log(llmcl_ctx *ctx, cl_program prog, const char *family, 
         ctx->build_log[head] = '\0';
 }
 
+/* LLMCL_LOG=2 also prints the compiler's output of successful builds (NVIDIA: -cl-nv-verbose). */
+static void log_build_output(const llmcl_ctx *ctx, cl_program prog)
+{
+    const char *level = llmcl__getenv("LLMCL_LOG");
+    size_t n = 0;
+    if (!level || strcmp(level, "2") != 0 ||
+        clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &n) != CL_SUCCESS)
+        return;
+    char *text = malloc(n + 1);
+    if (text && clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, n, text, NULL) ==
+                    CL_SUCCESS) {
+        text[n] = '\0';
+        llmcl__log("build log:\n%s", text);
+    }
+    free(text);
+}
+
 static cl_program try_disk(llmcl_ctx *ctx, const disk_key *k)
 {
     size_t len = 0;
@@ -355,6 +372,7 @@ static llmcl_status build_program(llmcl_ctx *ctx, const char *family, const char
         } else {
             ctx->cache_stats.builds++;
             llmcl__log("built %s [%s]", family, options);
+            log_build_output(ctx, prog);
             size_t blen = 0;
             unsigned char *bin = use_disk ? program_binary(prog, &blen) : NULL;
             if (bin)

@@ -18,6 +18,9 @@ typedef struct family {
 static const family families[] = {
     {"elementwise", bench_elementwise},
     {"norm", bench_norm},
+    {"rope", bench_rope},
+    {"glu", bench_glu},
+    {"attention", bench_attention},
 };
 
 #define MAX_ROWS 256

@@ -1,0 +1,565 @@
+/*
+ * attention.c: host launcher of attention.cl, flash attention forward and backward. Validates
+ * every argument, folds the options into one mask band (wl, wr), picks the tiles for the device's
+ * local memory and work-group limits (the tuning database may override them), and enqueues
+ * attn_fwd, or attn_bwd_pre + attn_bwd_dkdv + attn_bwd_dq.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "src/runtime/internal.h"
+
+/* The kernels of attention.cl, numbered as its ATTN_ONLY switch. */
+typedef enum attn_kernel { ATTN_FWD = 1, ATTN_PRE, ATTN_DQ, ATTN_DKDV } attn_kernel;
+
+static const char *const attn_kernel_name[] = {"", "attn_fwd", "attn_bwd_pre", "attn_bwd_dq",
+                                               "attn_bwd_dkdv"};
+/* Tuning database keys. */
+static const char *const attn_tune_key[] = {"", "attention_fwd", "attention_bwd_pre",
+                                            "attention_bwd_dq", "attention_bwd_dkdv"};
+
+/* Everything the kernels need to know about one call, validated. */
+typedef struct attn_geom {
+    bool varlen;
+    llmcl_dtype dtype;
+    int B, Hq, Hkv, D;
+    int Tq, Tk; /* dense lengths, or the longest sequence in varlen mode */
+    int wl, wr; /* mask band around the diagonal, causal folded in; -1 unbounded */
+    float scale, softcap;
+    const llmcl_tensor *cu_q, *cu_k;
+} attn_geom;
+
+typedef struct attn_strides {
+    int64_t b, h, t;
+} attn_strides;
+
+typedef struct attn_tiles {
+    int bm, bn, tm, tn;
+} attn_tiles;
+
+/* ---- validation ---- */
+
+static bool attn_head_dim_ok(int64_t d) { return d == 32 || d == 64 || d == 96 || d == 128 || d == 256; }
+
+/* Unit stride on the last dimension and no negative strides: what the kernels' addressing needs. */
+static llmcl_status attn_check_layout(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name)
+{
+    for (int i = 0; i < t->ndim; ++i)
+        LLMCL__REQUIRE(ctx, t->strides[i] >= 0, LLMCL_ERROR_INVALID_ARGUMENT,
+                       "attention: %s has a negative stride on axis %d", name, i);
+    LLMCL__REQUIRE(ctx, t->strides[t->ndim - 1] == 1, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "attention: %s needs a unit stride on its last axis (got %lld)", name,
+                   (long long)t->strides[t->ndim - 1]);
+    return LLMCL_OK;
+}
+
+/* t has ref's shape and dtype and a usable layout. */
+static llmcl_status attn_check_like(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name,
+                                    const llmcl_tensor *ref, const char *ref_name)
+{
+    LLMCL__TRY(llmcl__check_tensor(ctx, t, name, LLMCL__FLOAT_DTYPES, ref->ndim, ref->ndim));
+    LLMCL__REQUIRE(ctx, t->dtype == ref->dtype, LLMCL_ERROR_UNSUPPORTED_DTYPE,
+                   "attention: %s is %s but %s is %s; they must match", name,
+                   llmcl_dtype_name(t->dtype), ref_name, llmcl_dtype_name(ref->dtype));
+    LLMCL__TRY(llmcl__check_same_shape(ctx, t, name, ref, ref_name));
+    return attn_check_layout(ctx, t, name);
+}
+
+/*
+ * Reads the offsets of a cu_seqlens tensor back and checks them: i32 [B + 1], starting at 0,
+ * non-decreasing, ending at total. Sets *max_len to the longest sequence.
+ */
+static llmcl_status attn_check_cu(llmcl_ctx *ctx, const llmcl_tensor *cu, const char *name,
+                                  int64_t batch, int64_t total, int *max_len)
+{
+    LLMCL__TRY(llmcl__check_tensor(ctx, cu, name, 1u << LLMCL_I32, 1, 1));
+    LLMCL__REQUIRE(ctx, cu->shape[0] == batch + 1, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "attention: %s has %lld offsets; cu_seqlens_q has %lld (both B + 1)", name,
+                   (long long)cu->shape[0], (long long)(batch + 1));
+    int32_t *h = malloc(sizeof(int32_t) * (size_t)cu->shape[0]);
+    LLMCL__REQUIRE(ctx, h, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "attention: %s: no host memory", name);
+    const llmcl_status st = llmcl_tensor_download(cu, h, sizeof(int32_t) * (size_t)cu->shape[0]);
+    if (st != LLMCL_OK) {
+        free(h);
+        return st;
+    }
+    int64_t bad = -1;
+    *max_len = 0;
+    for (int64_t b = 0; b < batch && bad < 0; ++b) {
+        if (h[b + 1] < h[b])
+            bad = b;
+        else if (h[b + 1] - h[b] > *max_len)
+            *max_len = h[b + 1] - h[b];
+    }
+    const int32_t first = h[0], last = h[batch];
+    free(h);
+    LLMCL__REQUIRE(ctx, first == 0, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "attention: %s[0] is %d; offsets start at 0", name, (int)first);
+    LLMCL__REQUIRE(ctx, bad < 0, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "attention: %s decreases after entry %lld; offsets must not decrease", name,
+                   (long long)bad);
+    LLMCL__REQUIRE(ctx, last == total, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "attention: %s ends at %d but the packed tensor has %lld rows", name, (int)last,
+                   (long long)total);
+    return LLMCL_OK;
+}
+
+/* Checks q, k, v and opts, and fills g. */
+static llmcl_status attn_check_inputs(llmcl_ctx *ctx, const llmcl_tensor *q, const llmcl_tensor *k,
+                                      const llmcl_tensor *v, const llmcl_attention_opts *opts,
+                                      attn_geom *g)
+{
+    static const llmcl_attention_opts defaults = {0};
+    if (!opts)
+        opts = &defaults;
+    LLMCL__REQUIRE(ctx, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "attention: ctx is NULL");
+    LLMCL__REQUIRE(ctx, (opts->cu_seqlens_q == NULL) == (opts->cu_seqlens_k == NULL),
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "attention: cu_seqlens_q and cu_seqlens_k must be both set or both NULL");
+    g->varlen = opts->cu_seqlens_q != NULL;
+    const int nd = g->varlen ? 3 : 4;
+    LLMCL__TRY(llmcl__check_tensor(ctx, q, "q", LLMCL__FLOAT_DTYPES, nd, nd));
+    LLMCL__TRY(attn_check_layout(ctx, q, "q"));
+    LLMCL__TRY(llmcl__check_tensor(ctx, k, "k", LLMCL__FLOAT_DTYPES, nd, nd));
+    LLMCL__TRY(attn_check_layout(ctx, k, "k"));
+    LLMCL__TRY(attn_check_like(ctx, v, "v", k, "k"));
+    LLMCL__REQUIRE(ctx, k->dtype == q->dtype, LLMCL_ERROR_UNSUPPORTED_DTYPE,
+                   "attention: k is %s but q is %s; they must match", llmcl_dtype_name(k->dtype),
+                   llmcl_dtype_name(q->dtype));
+
+    /* Dense [B, H, T, D]; varlen [total, H, D]. */
+    const int ax_h = 1, ax_t = g->varlen ? 0 : 2, ax_d = nd - 1;
+    const int64_t d = q->shape[ax_d], hq = q->shape[ax_h], hkv = k->shape[ax_h];
+    const int64_t tq = q->shape[ax_t], tk = k->shape[ax_t];
+    LLMCL__REQUIRE(ctx, attn_head_dim_ok(d), LLMCL_ERROR_UNSUPPORTED,
+                   "attention: head dim %lld is unsupported (32, 64, 96, 128 or 256)", (long long)d);
+    LLMCL__REQUIRE(ctx, k->shape[ax_d] == d, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "attention: k's head dim %lld differs from q's %lld", (long long)k->shape[ax_d],
+                   (long long)d);
+    LLMCL__REQUIRE(ctx, hkv > 0 && hq % hkv == 0, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "attention: q has %lld heads, not a multiple of k's %lld", (long long)hq,
+                   (long long)hkv);
+    LLMCL__REQUIRE(ctx, g->varlen || q->shape[0] == k->shape[0], LLMCL_ERROR_SHAPE_MISMATCH,
+                   "attention: q has batch %lld but k has %lld", (long long)q->shape[0],
+                   (long long)k->shape[0]);
+    LLMCL__REQUIRE(ctx, tq < INT32_MAX && tk < INT32_MAX && hq < INT32_MAX, LLMCL_ERROR_OVERFLOW,
+                   "attention: sequence lengths and head counts must fit in 31 bits");
+    LLMCL__REQUIRE(ctx, opts->window_left >= -1 && opts->window_right >= -1,
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "attention: window_left %d / window_right %d must be >= -1", opts->window_left,
+                   opts->window_right);
+    LLMCL__REQUIRE(ctx, isfinite(opts->softcap) && opts->softcap >= 0,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "attention: softcap %g must be finite and >= 0",
+                   (double)opts->softcap);
+    LLMCL__REQUIRE(ctx, isfinite(opts->scale) && opts->scale >= 0, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "attention: scale %g must be finite and >= 0", (double)opts->scale);
+
+    g->dtype = q->dtype;
+    g->D = (int)d;
+    g->Hq = (int)hq;
+    g->Hkv = (int)hkv;
+    g->cu_q = opts->cu_seqlens_q;
+    g->cu_k = opts->cu_seqlens_k;
+    if (g->varlen) {
+        LLMCL__TRY(llmcl__check_tensor(ctx, g->cu_q, "cu_seqlens_q", 1u << LLMCL_I32, 1, 1));
+        const int64_t batch = g->cu_q->shape[0] - 1;
+        LLMCL__REQUIRE(ctx, batch >= 1 && batch < INT32_MAX, LLMCL_ERROR_SHAPE_MISMATCH,
+                       "attention: cu_seqlens_q needs B + 1 >= 2 offsets");
+        LLMCL__TRY(attn_check_cu(ctx, g->cu_q, "cu_seqlens_q", batch, tq, &g->Tq));
+        LLMCL__TRY(attn_check_cu(ctx, g->cu_k, "cu_seqlens_k", batch, tk, &g->Tk));
+        g->B = (int)batch;
+    } else {
+        LLMCL__REQUIRE(ctx, q->shape[0] < INT32_MAX, LLMCL_ERROR_OVERFLOW,
+                       "attention: batch %lld must fit in 31 bits", (long long)q->shape[0]);
+        g->B = (int)q->shape[0];
+        g->Tq = (int)tq;
+        g->Tk = (int)tk;
+    }
+    LLMCL__REQUIRE(ctx, (int64_t)g->B * g->Hq < INT32_MAX, LLMCL_ERROR_OVERFLOW,
+                   "attention: B * Hq must fit in 31 bits");
+
+    g->wl = opts->use_window ? opts->window_left : -1;
+    g->wr = opts->use_window ? opts->window_right : -1;
+    if (opts->causal)
+        g->wr = 0; /* a window can only narrow causal's right bound, which is already 0 */
+    g->scale = opts->scale > 0 ? opts->scale : (float)(1.0 / sqrt((double)g->D));
+    g->softcap = opts->softcap;
+    return LLMCL_OK;
+}
+
+/* lse is f32 [B, Hq, Tq] (varlen [Hq, total_q]), contiguous like the backward's delta. */
+static llmcl_status attn_check_lse(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *q,
+                                   const llmcl_tensor *lse)
+{
+    const int nd = g->varlen ? 2 : 3;
+    LLMCL__TRY(llmcl__check_tensor(ctx, lse, "lse", 1u << LLMCL_F32, nd, nd));
+    LLMCL__REQUIRE(ctx, llmcl_tensor_is_contiguous(lse), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "attention: lse must be contiguous");
+    const bool ok = g->varlen ? lse->shape[0] == g->Hq && lse->shape[1] == q->shape[0]
+                              : lse->shape[0] == g->B && lse->shape[1] == g->Hq &&
+                                    lse->shape[2] == g->Tq;
+    LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "attention: lse must be %s = [%lld, %lld%s%lld]", g->varlen ? "[Hq, total_q]" : "[B, Hq, Tq]",
+                   (long long)(g->varlen ? g->Hq : g->B), (long long)(g->varlen ? q->shape[0] : g->Hq),
+                   g->varlen ? "" : ", ", g->varlen ? 0LL : (long long)g->Tq);
+    return LLMCL_OK;
+}
+
+/* Outputs must not overlap the inputs or each other. */
+static llmcl_status attn_check_disjoint(llmcl_ctx *ctx, const llmcl_tensor *const *outs,
+                                        const char *const *out_names, int n_out,
+                                        const llmcl_tensor *const *ins,
+                                        const char *const *in_names, int n_in)
+{
+    for (int i = 0; i < n_out; ++i) {
+        for (int j = 0; j < n_in; ++j)
+            LLMCL__REQUIRE(ctx, !llmcl__overlaps(outs[i], ins[j]), LLMCL_ERROR_INVALID_ARGUMENT,
+                           "attention: output %s overlaps input %s", out_names[i], in_names[j]);
+        for (int j = 0; j < i; ++j)
+            LLMCL__REQUIRE(ctx, !llmcl__overlaps(outs[i], outs[j]), LLMCL_ERROR_INVALID_ARGUMENT,
+                           "attention: outputs %s and %s overlap", out_names[i], out_names[j]);
+    }
+    return LLMCL_OK;
+}
+
+/* ---- tiles ---- */
+
+/* Columns of a kernel's work-item grid: they split D among the work-items of a row. */
+static int attn_cols(attn_kernel kern, attn_tiles t)
+{
+    return kern == ATTN_DKDV ? t.bm / t.tm : t.bn / t.tn;
+}
+
+/* Local memory of a kernel in bytes, as attention.cl's header lists it. */
+static uint64_t attn_local_bytes(attn_kernel kern, int d, llmcl_dtype dtype, attn_tiles t)
+{
+    const uint64_t dp = (uint64_t)d + 1, m = (uint64_t)t.bm, n = (uint64_t)t.bn;
+    const uint64_t e = llmcl_dtype_size(dtype);
+    if (kern == ATTN_FWD)
+        return (m + n) * dp * e + 4 * m * (n + 1 + n / (uint64_t)t.tn);
+    if (kern == ATTN_DQ)
+        return 2 * (m + n) * dp * e + 4 * m * (n + 1);
+    return 2 * (m + n) * dp * e + 4 * (2 * n * (m + 1) + 2 * m);
+}
+
+/* Why tiles t cannot run kernel kern on this device, or NULL when they can. */
+static const char *attn_tiles_invalid(const llmcl_ctx *ctx, attn_kernel kern, int d,
+                                      llmcl_dtype dtype, attn_tiles t)
+{
+    if (t.bm < 1 || t.bn < 1 || t.tm < 1 || t.tn < 1 || t.bm % t.tm || t.bn % t.tn)
+        return "BLOCK_M % TM and BLOCK_N % TN must be 0";
+    const int cols = attn_cols(kern, t);
+    if (cols > 32 || d % cols)
+        return "the work-item columns must divide D and be at most 32";
+    if ((size_t)(t.bm / t.tm) * (size_t)(t.bn / t.tn) > ctx->info.max_work_group_size)
+        return "the work-group exceeds the device's maximum";
+    if (attn_local_bytes(kern, d, dtype, t) > ctx->info.local_mem_bytes)
+        return "the tiles exceed the device's local memory";
+    return NULL;
+}
+
+/*
+ * The heuristic tiles: the first candidate that fits the device. Larger tiles reuse each operand
+ * loaded to local memory more; larger register tiles (TM x TN) do more FMAs per local-memory read,
+ * which bounds the fp32 path on GPUs. The backward kernels hold four operand tiles.
+ */
+static attn_tiles attn_default_tiles(const llmcl_ctx *ctx, attn_kernel kern, int d,
+                                     llmcl_dtype dtype)
+{
+    static const attn_tiles fwd[] = {{64, 64, 4, 4}, {64, 32, 4, 4}, {32, 32, 4, 4},
+                                     {32, 32, 2, 2}, {32, 16, 2, 2}, {16, 16, 2, 2},
+                                     {16, 8, 2, 1},  {8, 8, 1, 1},   {8, 4, 1, 1}, {4, 4, 1, 1}};
+    static const attn_tiles bwd[] = {{64, 32, 4, 2}, {32, 32, 4, 4}, {32, 32, 2, 2},
+                                     {32, 16, 2, 2}, {16, 16, 2, 2}, {16, 8, 2, 1},
+                                     {8, 8, 1, 1},   {8, 4, 1, 1},   {4, 4, 1, 1}};
+    const attn_tiles *list = kern == ATTN_FWD ? fwd : bwd;
+    const size_t n = kern == ATTN_FWD ? sizeof fwd / sizeof *fwd : sizeof bwd / sizeof *bwd;
+    for (size_t i = 0; i < n; ++i)
+        if (!attn_tiles_invalid(ctx, kern, d, dtype, list[i]))
+            return list[i];
+    return list[n - 1];
+}
+
+/*
+ * The built kernel with its tiles (heuristic defaults, then the tuning database) and its
+ * work-group size.
+ */
+static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
+                                    cl_kernel *out, attn_tiles *tiles, size_t *wg)
+{
+    llmcl__params p = {0};
+    char cls[16];
+    llmcl__shape_class(g->D, cls);
+    if (kern == ATTN_PRE) {
+        llmcl__param_set(&p, "PRE_WG", ctx->info.max_work_group_size >= 64 ? 64 : 1);
+    } else {
+        const attn_tiles t = attn_default_tiles(ctx, kern, g->D, g->dtype);
+        llmcl__param_set(&p, "BLOCK_M", t.bm);
+        llmcl__param_set(&p, "BLOCK_N", t.bn);
+        llmcl__param_set(&p, "TM", t.tm);
+        llmcl__param_set(&p, "TN", t.tn);
+    }
+    llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, &p);
+
+    if (kern == ATTN_PRE) {
+        const long w = llmcl__param_get(&p, "PRE_WG", 64);
+        LLMCL__REQUIRE(ctx, w >= 1 && (size_t)w <= ctx->info.max_work_group_size,
+                       LLMCL_ERROR_UNSUPPORTED, "attention: PRE_WG %ld is outside [1, %zu]", w,
+                       ctx->info.max_work_group_size);
+        *wg = (size_t)w;
+    } else {
+        const attn_tiles t = {(int)llmcl__param_get(&p, "BLOCK_M", 0),
+                              (int)llmcl__param_get(&p, "BLOCK_N", 0),
+                              (int)llmcl__param_get(&p, "TM", 0), (int)llmcl__param_get(&p, "TN", 0)};
+        const char *why = attn_tiles_invalid(ctx, kern, g->D, g->dtype, t);
+        LLMCL__REQUIRE(ctx, !why, LLMCL_ERROR_UNSUPPORTED,
+                       "attention: %s tiles BLOCK_M=%d BLOCK_N=%d TM=%d TN=%d with D=%d: %s",
+                       attn_kernel_name[kern], t.bm, t.bn, t.tm, t.tn, g->D, why);
+        *tiles = t;
+        *wg = (size_t)(t.bm / t.tm) * (size_t)(t.bn / t.tn);
+    }
+
+    llmcl__defines defs = {0};
+    llmcl__define_int(&defs, "D", g->D);
+    llmcl__define_str(&defs, "IO_DT", llmcl__dtype_macro(g->dtype));
+    llmcl__define_int(&defs, "ATTN_ONLY", kern);
+    if (g->varlen)
+        llmcl__define_flag(&defs, "VARLEN");
+    llmcl__params_define(&p, &defs);
+    /*
+     * The kernels declare reqd_work_group_size, so the compiler fits its register use to wg.
+     * CL_KERNEL_WORK_GROUP_SIZE is not consulted: rusticl reports 32 for kernels that run at 256.
+     */
+    return llmcl__kernel(ctx, "attention", &defs, attn_kernel_name[kern], out);
+}
+
+/* ---- launches ---- */
+
+static attn_strides attn_strides_of(const attn_geom *g, const llmcl_tensor *t)
+{
+    if (g->varlen)
+        return (attn_strides){0, t->strides[1], t->strides[0]};
+    return (attn_strides){t->strides[0], t->strides[1], t->strides[2]};
+}
+
+/* LSE and delta: (b, h) strides; the row index is added to them. */
+static attn_strides attn_lse_strides(const attn_geom *g, const llmcl_tensor *lse)
+{
+    if (g->varlen)
+        return (attn_strides){0, lse->strides[0], 1};
+    return (attn_strides){lse->strides[0], lse->strides[1], 1};
+}
+
+static void attn_arg_strides(llmcl__args *a, attn_strides s, bool with_t)
+{
+    llmcl__arg_i64(a, s.b);
+    llmcl__arg_i64(a, s.h);
+    if (with_t)
+        llmcl__arg_i64(a, s.t);
+}
+
+/* A cu_seqlens tensor, or a NULL buffer in dense mode (the kernels then never read it). */
+static void attn_arg_cu(llmcl__args *a, const llmcl_tensor *cu)
+{
+    if (cu) {
+        llmcl__arg_tensor(a, cu);
+        return;
+    }
+    const cl_mem none = NULL;
+    llmcl__arg(a, sizeof none, &none);
+    llmcl__arg_i64(a, 0);
+}
+
+/* The trailing scalars of every tiled kernel: logit scale, softcap and the mask band. */
+static void attn_arg_mask(llmcl__args *a, const attn_geom *g)
+{
+    llmcl__arg_f32(a, g->scale);
+    llmcl__arg_f32(a, g->softcap);
+    llmcl__arg_i32(a, g->wl);
+    llmcl__arg_i32(a, g->wr);
+}
+
+static llmcl_status attn_launch_fwd(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *q,
+                                    const llmcl_tensor *k, const llmcl_tensor *v, llmcl_tensor *o,
+                                    llmcl_tensor *lse)
+{
+    cl_kernel kern;
+    attn_tiles t;
+    size_t wg;
+    LLMCL__TRY(attn_kernel_get(ctx, g, ATTN_FWD, &kern, &t, &wg));
+    llmcl__args a = llmcl__args_begin(ctx, kern);
+    llmcl__arg_tensor(&a, q);
+    llmcl__arg_tensor(&a, k);
+    llmcl__arg_tensor(&a, v);
+    llmcl__arg_tensor(&a, o);
+    llmcl__arg_tensor(&a, lse);
+    attn_arg_cu(&a, g->cu_q);
+    attn_arg_cu(&a, g->cu_k);
+    llmcl__arg_i32(&a, g->Tq);
+    llmcl__arg_i32(&a, g->Tk);
+    llmcl__arg_i32(&a, g->Hq);
+    llmcl__arg_i32(&a, g->Hq / g->Hkv);
+    attn_arg_strides(&a, attn_strides_of(g, q), true);
+    attn_arg_strides(&a, attn_strides_of(g, k), true);
+    attn_arg_strides(&a, attn_strides_of(g, v), true);
+    attn_arg_strides(&a, attn_strides_of(g, o), true);
+    attn_arg_strides(&a, attn_lse_strides(g, lse), false);
+    attn_arg_mask(&a, g);
+    const size_t global[2] = {(size_t)llmcl__div_up(g->Tq, t.bm) * wg, (size_t)g->B * g->Hq};
+    const size_t local[2] = {wg, 1};
+    return llmcl__launch(&a, 2, global, local);
+}
+
+llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, const llmcl_tensor *k,
+                                     const llmcl_tensor *v, const llmcl_attention_opts *opts,
+                                     llmcl_tensor *o, llmcl_tensor *lse)
+{
+    attn_geom g;
+    LLMCL__TRY(attn_check_inputs(ctx, q, k, v, opts, &g));
+    LLMCL__TRY(attn_check_like(ctx, o, "o", q, "q"));
+    LLMCL__TRY(attn_check_lse(ctx, &g, q, lse));
+    const llmcl_tensor *outs[] = {o, lse}, *ins[] = {q, k, v};
+    const char *out_names[] = {"o", "lse"}, *in_names[] = {"q", "k", "v"};
+    LLMCL__TRY(attn_check_disjoint(ctx, outs, out_names, 2, ins, in_names, 3));
+    if ((int64_t)g.B * g.Hq * g.Tq == 0)
+        return LLMCL_OK;
+    return attn_launch_fwd(ctx, &g, q, k, v, o, lse);
+}
+
+static llmcl_status attn_launch_pre(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *o,
+                                    const llmcl_tensor *dout, llmcl_tensor *delta)
+{
+    cl_kernel kern;
+    attn_tiles t;
+    size_t wg;
+    LLMCL__TRY(attn_kernel_get(ctx, g, ATTN_PRE, &kern, &t, &wg));
+    llmcl__args a = llmcl__args_begin(ctx, kern);
+    llmcl__arg_tensor(&a, o);
+    llmcl__arg_tensor(&a, dout);
+    llmcl__arg_tensor(&a, delta);
+    attn_arg_cu(&a, g->cu_q);
+    llmcl__arg_i32(&a, g->Tq);
+    llmcl__arg_i32(&a, g->Hq);
+    attn_arg_strides(&a, attn_strides_of(g, o), true);
+    attn_arg_strides(&a, attn_strides_of(g, dout), true);
+    attn_arg_strides(&a, attn_lse_strides(g, delta), false);
+    const size_t global[2] = {(size_t)llmcl__div_up(g->Tq, (int64_t)wg) * wg, (size_t)g->B * g->Hq};
+    const size_t local[2] = {wg, 1};
+    return llmcl__launch(&a, 2, global, local);
+}
+
+static llmcl_status attn_launch_dq(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *q,
+                                   const llmcl_tensor *k, const llmcl_tensor *v,
+                                   const llmcl_tensor *dout, const llmcl_tensor *lse,
+                                   const llmcl_tensor *delta, llmcl_tensor *dq)
+{
+    cl_kernel kern;
+    attn_tiles t;
+    size_t wg;
+    LLMCL__TRY(attn_kernel_get(ctx, g, ATTN_DQ, &kern, &t, &wg));
+    llmcl__args a = llmcl__args_begin(ctx, kern);
+    llmcl__arg_tensor(&a, q);
+    llmcl__arg_tensor(&a, k);
+    llmcl__arg_tensor(&a, v);
+    llmcl__arg_tensor(&a, dout);
+    llmcl__arg_tensor(&a, lse);
+    llmcl__arg_tensor(&a, delta);
+    llmcl__arg_tensor(&a, dq);
+    attn_arg_cu(&a, g->cu_q);
+    attn_arg_cu(&a, g->cu_k);
+    llmcl__arg_i32(&a, g->Tq);
+    llmcl__arg_i32(&a, g->Tk);
+    llmcl__arg_i32(&a, g->Hq);
+    llmcl__arg_i32(&a, g->Hq / g->Hkv);
+    attn_arg_strides(&a, attn_strides_of(g, q), true);
+    attn_arg_strides(&a, attn_strides_of(g, k), true);
+    attn_arg_strides(&a, attn_strides_of(g, v), true);
+    attn_arg_strides(&a, attn_strides_of(g, dout), true);
+    attn_arg_strides(&a, attn_strides_of(g, dq), true);
+    attn_arg_strides(&a, attn_lse_strides(g, lse), false);
+    attn_arg_mask(&a, g);
+    const size_t global[2] = {(size_t)llmcl__div_up(g->Tq, t.bm) * wg, (size_t)g->B * g->Hq};
+    const size_t local[2] = {wg, 1};
+    return llmcl__launch(&a, 2, global, local);
+}
+
+static llmcl_status attn_launch_dkdv(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *q,
+                                     const llmcl_tensor *k, const llmcl_tensor *v,
+                                     const llmcl_tensor *dout, const llmcl_tensor *lse,
+                                     const llmcl_tensor *delta, llmcl_tensor *dk, llmcl_tensor *dv)
+{
+    cl_kernel kern;
+    attn_tiles t;
+    size_t wg;
+    LLMCL__TRY(attn_kernel_get(ctx, g, ATTN_DKDV, &kern, &t, &wg));
+    llmcl__args a = llmcl__args_begin(ctx, kern);
+    llmcl__arg_tensor(&a, q);
+    llmcl__arg_tensor(&a, k);
+    llmcl__arg_tensor(&a, v);
+    llmcl__arg_tensor(&a, dout);
+    llmcl__arg_tensor(&a, lse);
+    llmcl__arg_tensor(&a, delta);
+    llmcl__arg_tensor(&a, dk);
+    llmcl__arg_tensor(&a, dv);
+    attn_arg_cu(&a, g->cu_q);
+    attn_arg_cu(&a, g->cu_k);
+    llmcl__arg_i32(&a, g->Tq);
+    llmcl__arg_i32(&a, g->Tk);
+    llmcl__arg_i32(&a, g->Hkv);
+    llmcl__arg_i32(&a, g->Hq / g->Hkv);
+    attn_arg_strides(&a, attn_strides_of(g, q), true);
+    attn_arg_strides(&a, attn_strides_of(g, k), true);
+    attn_arg_strides(&a, attn_strides_of(g, v), true);
+    attn_arg_strides(&a, attn_strides_of(g, dout), true);
+    attn_arg_strides(&a, attn_strides_of(g, dk), true);
+    attn_arg_strides(&a, attn_strides_of(g, dv), true);
+    attn_arg_strides(&a, attn_lse_strides(g, lse), false);
+    attn_arg_mask(&a, g);
+    const size_t global[2] = {(size_t)llmcl__div_up(g->Tk, t.bn) * wg, (size_t)g->B * g->Hkv};
+    const size_t local[2] = {wg, 1};
+    return llmcl__launch(&a, 2, global, local);
+}
+
+llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q, const llmcl_tensor *k,
+                                      const llmcl_tensor *v, const llmcl_tensor *o,
+                                      const llmcl_tensor *lse, const llmcl_tensor *dout,
+                                      const llmcl_attention_opts *opts, llmcl_tensor *dq,
+                                      llmcl_tensor *dk, llmcl_tensor *dv)
+{
+    attn_geom g;
+    LLMCL__TRY(attn_check_inputs(ctx, q, k, v, opts, &g));
+    LLMCL__TRY(attn_check_like(ctx, o, "o", q, "q"));
+    LLMCL__TRY(attn_check_like(ctx, dout, "dout", q, "q"));
+    LLMCL__TRY(attn_check_lse(ctx, &g, q, lse));
+    LLMCL__TRY(attn_check_like(ctx, dq, "dq", q, "q"));
+    LLMCL__TRY(attn_check_like(ctx, dk, "dk", k, "k"));
+    LLMCL__TRY(attn_check_like(ctx, dv, "dv", k, "k"));
+    const llmcl_tensor *outs[] = {dq, dk, dv}, *ins[] = {q, k, v, o, lse, dout};
+    const char *out_names[] = {"dq", "dk", "dv"}, *in_names[] = {"q", "k", "v", "o", "lse", "dout"};
+    LLMCL__TRY(attn_check_disjoint(ctx, outs, out_names, 3, ins, in_names, 6));
+
+    /*
+     * Empty sides: with no queries dk and dv come out zero from attn_bwd_dkdv's empty loops, and
+     * with no keys dq from attn_bwd_dq's.
+     */
+    const bool rows = (int64_t)g.B * g.Hq * g.Tq > 0, keys = (int64_t)g.B * g.Hkv * g.Tk > 0;
+    if (!rows && !keys)
+        return LLMCL_OK;
+    if (!rows)
+        return attn_launch_dkdv(ctx, &g, q, k, v, dout, lse, lse, dk, dv); /* delta unread */
+
+    /* delta = rowsum(dout * o), f32 in lse's (contiguous) layout: the only extra memory. */
+    llmcl_tensor *delta = NULL;
+    const int64_t dense_shape[3] = {g.B, g.Hq, g.Tq}, var_shape[2] = {g.Hq, q->shape[0]};
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, g.varlen ? 2 : 3, g.varlen ? var_shape : dense_shape,
+                              "attention delta", &delta));
+    llmcl_status st = LLMCL_OK;
+    LLMCL__TRY_GOTO(st, attn_launch_pre(ctx, &g, o, dout, delta), done);
+    if (keys)
+        LLMCL__TRY_GOTO(st, attn_launch_dkdv(ctx, &g, q, k, v, dout, lse, delta, dk, dv), done);
+    LLMCL__TRY_GOTO(st, attn_launch_dq(ctx, &g, q, k, v, dout, lse, delta, dq), done);
+done:
+    llmcl_tensor_destroy(delta);
+    return st;
+}

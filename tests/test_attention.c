@@ -1,0 +1,538 @@
+/*
+ * test_attention.c: flash attention forward (O, LSE) and backward (dQ, dK, dV) against naive
+ * attention in double (tests/ref/attention_ref.c), for every option: causal with Tq = Tk, Tq < Tk
+ * and Tq > Tk, sliding windows (narrow, one-sided, wider than T, with causal), softcap, custom
+ * scale, GQA and MQA, both layouts, every head dim, T = 1, varlen batches with sequences of
+ * length 1, f32 / bf16 / f16 storage; plus determinism, extra memory and every bad-input path.
+ * Sequence lengths span several tiles on every device.
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention_ref.h"
+#include "harness.h"
+
+typedef struct attn_case {
+    llmcl_dtype dtype;
+    int B, Hq, Hkv, D, Tq, Tk;
+    bool bthd;                  /* [B, T, H, D] storage seen as [B, H, T, D] through strides */
+    const int32_t *cu_q, *cu_k; /* varlen offsets (B + 1 each), or NULL */
+    llmcl_attention_opts opts;  /* cu_seqlens are filled in by the runner */
+} attn_case;
+
+/* A device Q-like (heads = Hq) or K-like tensor of the case's layout, plus the storage it views. */
+typedef struct attn_io {
+    llmcl_tensor *base, *t;
+} attn_io;
+
+static attn_ref_cfg ref_cfg(const attn_case *c)
+{
+    attn_ref_cfg r = {c->B, c->Hq, c->Hkv, c->D, c->Tq, c->Tk, c->cu_q, c->cu_k,
+                      c->opts.causal, -1, -1, c->opts.softcap, c->opts.scale};
+    if (c->opts.use_window) {
+        r.window_left = c->opts.window_left;
+        r.window_right = c->opts.window_right;
+    }
+    return r;
+}
+
+static attn_io io_new(const attn_case *c, int heads, int T, int64_t total, const double *values)
+{
+    attn_io io = {0};
+    if (c->cu_q) {
+        const int64_t shape[3] = {total, heads, c->D};
+        io.base = th_tensor(c->dtype, 3, shape);
+        io.t = io.base;
+    } else if (c->bthd) {
+        const int64_t store[4] = {c->B, T, heads, c->D}, shape[4] = {c->B, heads, T, c->D};
+        const int64_t strides[4] = {(int64_t)T * heads * c->D, c->D, (int64_t)heads * c->D, 1};
+        io.base = th_tensor(c->dtype, 4, store);
+        TH_OK(llmcl_tensor_view(io.base, 4, shape, strides, 0, &io.t));
+    } else {
+        const int64_t shape[4] = {c->B, heads, T, c->D};
+        io.base = th_tensor(c->dtype, 4, shape);
+        io.t = io.base;
+    }
+    if (values)
+        th_upload(io.t, values);
+    return io;
+}
+
+static void io_free(attn_io io)
+{
+    if (io.t != io.base)
+        llmcl_tensor_destroy(io.t);
+    llmcl_tensor_destroy(io.base);
+}
+
+static th_tol tol_out(llmcl_dtype dt)
+{
+    return dt == LLMCL_F32 ? (th_tol){2e-5, 1e-4} : dt == LLMCL_BF16 ? (th_tol){1e-2, 1e-2}
+                                                                       : (th_tol){2e-3, 2e-3};
+}
+
+static th_tol tol_grad(llmcl_dtype dt)
+{
+    return dt == LLMCL_F32 ? (th_tol){1e-4, 1e-3} : dt == LLMCL_BF16 ? (th_tol){2e-2, 2e-2}
+                                                                       : (th_tol){4e-3, 4e-3};
+}
+
+/* The device buffers and host values of one case. */
+typedef struct attn_run {
+    attn_case c;
+    attn_ref_cfg cfg;
+    int64_t nq, nk, nl, total_q, total_k;
+    double *q, *k, *v, *dout;
+    attn_io dq_, dk_, dv_, q_, k_, v_, o_, do_;
+    llmcl_tensor *lse, *cu_q, *cu_k;
+} attn_run;
+
+static llmcl_tensor *cu_tensor(const int32_t *cu, int B)
+{
+    double *x = th_alloc(sizeof(double) * (size_t)(B + 1));
+    for (int i = 0; i <= B; ++i)
+        x[i] = cu[i];
+    const int64_t shape[1] = {B + 1};
+    llmcl_tensor *t = th_tensor_from(LLMCL_I32, 1, shape, x);
+    free(x);
+    return t;
+}
+
+static void run_setup(attn_run *r, const attn_case *c, uint64_t seed)
+{
+    memset(r, 0, sizeof *r);
+    r->c = *c;
+    r->cfg = ref_cfg(c);
+    r->nq = attn_ref_q_numel(&r->cfg);
+    r->nk = attn_ref_k_numel(&r->cfg);
+    r->nl = attn_ref_lse_numel(&r->cfg);
+    r->total_q = r->nq / ((int64_t)c->Hq * c->D);
+    r->total_k = r->nk / ((int64_t)c->Hkv * c->D);
+    th_rng rng = th_rng_new(seed);
+    r->q = th_alloc(sizeof(double) * (size_t)r->nq);
+    r->dout = th_alloc(sizeof(double) * (size_t)r->nq);
+    r->k = th_alloc(sizeof(double) * (size_t)r->nk);
+    r->v = th_alloc(sizeof(double) * (size_t)r->nk);
+    th_fill_normal(&rng, r->q, (size_t)r->nq, 1.0);
+    th_fill_normal(&rng, r->k, (size_t)r->nk, 1.0);
+    th_fill_normal(&rng, r->v, (size_t)r->nk, 1.0);
+    th_fill_normal(&rng, r->dout, (size_t)r->nq, 1.0);
+    th_round_all(c->dtype, r->q, (size_t)r->nq);
+    th_round_all(c->dtype, r->k, (size_t)r->nk);
+    th_round_all(c->dtype, r->v, (size_t)r->nk);
+    th_round_all(c->dtype, r->dout, (size_t)r->nq);
+
+    r->q_ = io_new(c, c->Hq, c->Tq, r->total_q, r->q);
+    r->k_ = io_new(c, c->Hkv, c->Tk, r->total_k, r->k);
+    r->v_ = io_new(c, c->Hkv, c->Tk, r->total_k, r->v);
+    r->do_ = io_new(c, c->Hq, c->Tq, r->total_q, r->dout);
+    r->o_ = io_new(c, c->Hq, c->Tq, r->total_q, NULL);
+    r->dq_ = io_new(c, c->Hq, c->Tq, r->total_q, NULL);
+    r->dk_ = io_new(c, c->Hkv, c->Tk, r->total_k, NULL);
+    r->dv_ = io_new(c, c->Hkv, c->Tk, r->total_k, NULL);
+    if (c->cu_q) {
+        const int64_t shape[2] = {c->Hq, r->total_q};
+        r->lse = th_tensor(LLMCL_F32, 2, shape);
+        r->cu_q = cu_tensor(c->cu_q, c->B);
+        r->cu_k = cu_tensor(c->cu_k, c->B);
+        r->c.opts.cu_seqlens_q = r->cu_q;
+        r->c.opts.cu_seqlens_k = r->cu_k;
+    } else {
+        const int64_t shape[3] = {c->B, c->Hq, c->Tq};
+        r->lse = th_tensor(LLMCL_F32, 3, shape);
+    }
+}
+
+static void run_free(attn_run *r)
+{
+    attn_io ios[] = {r->q_, r->k_, r->v_, r->do_, r->o_, r->dq_, r->dk_, r->dv_};
+    for (size_t i = 0; i < sizeof ios / sizeof *ios; ++i)
+        io_free(ios[i]);
+    llmcl_tensor_destroy(r->lse);
+    llmcl_tensor_destroy(r->cu_q);
+    llmcl_tensor_destroy(r->cu_k);
+    free(r->q);
+    free(r->k);
+    free(r->v);
+    free(r->dout);
+}
+
+static llmcl_status run_forward(attn_run *r)
+{
+    return llmcl_attention_forward(th_ctx(), r->q_.t, r->k_.t, r->v_.t, &r->c.opts, r->o_.t, r->lse);
+}
+
+static llmcl_status run_backward(attn_run *r)
+{
+    return llmcl_attention_backward(th_ctx(), r->q_.t, r->k_.t, r->v_.t, r->o_.t, r->lse,
+                                    r->do_.t, &r->c.opts, r->dq_.t, r->dk_.t, r->dv_.t);
+}
+
+static void compare(const char *what, const llmcl_tensor *t, const double *ref, int64_t n, th_tol tol)
+{
+    double *got = th_alloc(sizeof(double) * (size_t)n);
+    th_download(t, got);
+    TH_ASSERT_CLOSE(what, ref, got, (size_t)n, tol);
+    free(got);
+}
+
+/* Forward and backward of one case against the double reference. */
+static void check_case(attn_case c, uint64_t seed)
+{
+    attn_run r;
+    run_setup(&r, &c, seed);
+    double *o = th_alloc(sizeof(double) * (size_t)r.nq), *lse = th_alloc(sizeof(double) * (size_t)r.nl);
+    double *dq = th_alloc(sizeof(double) * (size_t)r.nq);
+    double *dk = th_alloc(sizeof(double) * (size_t)r.nk), *dv = th_alloc(sizeof(double) * (size_t)r.nk);
+    attn_ref_forward(&r.cfg, r.q, r.k, r.v, o, lse);
+    attn_ref_backward(&r.cfg, r.q, r.k, r.v, r.dout, dq, dk, dv);
+
+    TH_OK(run_forward(&r));
+    compare("o", r.o_.t, o, r.nq, tol_out(c.dtype));
+    compare("lse", r.lse, lse, r.nl, (th_tol){1e-4, 1e-5});
+    TH_OK(run_backward(&r));
+    compare("dq", r.dq_.t, dq, r.nq, tol_grad(c.dtype));
+    compare("dk", r.dk_.t, dk, r.nk, tol_grad(c.dtype));
+    compare("dv", r.dv_.t, dv, r.nk, tol_grad(c.dtype));
+
+    free(o);
+    free(lse);
+    free(dq);
+    free(dk);
+    free(dv);
+    run_free(&r);
+}
+
+static attn_case dense(llmcl_dtype dt, int B, int Hq, int Hkv, int D, int Tq, int Tk)
+{
+    return (attn_case){.dtype = dt, .B = B, .Hq = Hq, .Hkv = Hkv, .D = D, .Tq = Tq, .Tk = Tk};
+}
+
+static attn_case windowed(attn_case c, int left, int right)
+{
+    c.opts.use_window = 1;
+    c.opts.window_left = left;
+    c.opts.window_right = right;
+    return c;
+}
+
+static attn_case causal(attn_case c)
+{
+    c.opts.causal = 1;
+    return c;
+}
+
+static void test_full(void **state)
+{
+    (void)state;
+    check_case(dense(LLMCL_F32, 2, 2, 2, 64, 137, 137), 1);
+    check_case(dense(LLMCL_F32, 1, 2, 2, 64, 61, 150), 2);
+}
+
+static void test_causal(void **state)
+{
+    (void)state;
+    const attn_case cases[] = {
+        causal(dense(LLMCL_F32, 2, 2, 2, 64, 133, 133)),
+        causal(dense(LLMCL_F32, 1, 2, 2, 64, 47, 141)), /* Tq < Tk: bottom-right diagonal */
+        causal(dense(LLMCL_F32, 1, 2, 2, 64, 141, 47)), /* Tq > Tk: the first rows see nothing */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i)
+        check_case(cases[i], 10 + i);
+}
+
+static void test_window(void **state)
+{
+    (void)state;
+    const attn_case base = dense(LLMCL_F32, 1, 2, 2, 64, 150, 150);
+    const attn_case cases[] = {
+        windowed(base, 20, 7),
+        windowed(base, 9, -1),
+        windowed(base, -1, 0),
+        windowed(base, 500, 500),                     /* wider than T: full attention */
+        causal(windowed(base, 33, -1)),               /* sliding-window causal */
+        causal(windowed(dense(LLMCL_F32, 1, 2, 2, 64, 70, 150), 5, 3)), /* Tq < Tk */
+        windowed(dense(LLMCL_F32, 1, 2, 2, 64, 150, 40), 3, 2), /* rows that see no key */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i)
+        check_case(cases[i], 20 + i);
+}
+
+static void test_softcap_scale(void **state)
+{
+    (void)state;
+    attn_case c = causal(dense(LLMCL_F32, 1, 2, 2, 64, 129, 129));
+    c.opts.softcap = 1.5f;
+    c.opts.scale = 0.4f; /* large enough that the cap bends the logits */
+    check_case(c, 30);
+    c.opts.softcap = 0;
+    c.opts.scale = 0.05f;
+    check_case(c, 31);
+    c = windowed(dense(LLMCL_F32, 1, 2, 1, 64, 90, 100), 12, 12);
+    c.opts.softcap = 30;
+    check_case(c, 32);
+}
+
+static void test_head_dims(void **state)
+{
+    (void)state;
+    const int dims[] = {32, 64, 96, 128, 256};
+    for (size_t i = 0; i < sizeof dims / sizeof *dims; ++i) {
+        check_case(causal(dense(LLMCL_F32, 1, 2, 1, dims[i], 75, 75)), 40 + i);
+        check_case(dense(LLMCL_BF16, 1, 2, 2, dims[i], 33, 70), 45 + i);
+    }
+}
+
+static void test_gqa_mqa(void **state)
+{
+    (void)state;
+    check_case(causal(dense(LLMCL_F32, 2, 6, 2, 64, 77, 77)), 50);
+    check_case(dense(LLMCL_F32, 1, 4, 1, 64, 70, 97), 51);
+}
+
+static void test_layout_bthd(void **state)
+{
+    (void)state;
+    attn_case c = causal(dense(LLMCL_F32, 2, 4, 2, 64, 99, 99));
+    c.bthd = true;
+    check_case(c, 60);
+    c = windowed(dense(LLMCL_BF16, 1, 3, 1, 128, 40, 81), 10, 4);
+    c.bthd = true;
+    check_case(c, 61);
+}
+
+static void test_t1(void **state)
+{
+    (void)state;
+    check_case(dense(LLMCL_F32, 2, 2, 2, 64, 1, 1), 70);
+    check_case(causal(dense(LLMCL_F32, 2, 4, 2, 64, 1, 1)), 71);
+    check_case(causal(dense(LLMCL_F32, 1, 2, 2, 64, 1, 90)), 72); /* decode */
+    check_case(causal(dense(LLMCL_F32, 1, 2, 2, 64, 90, 1)), 73);
+}
+
+static void test_16bit(void **state)
+{
+    (void)state;
+    attn_case c = causal(dense(LLMCL_BF16, 2, 4, 2, 128, 111, 111));
+    check_case(c, 80);
+    c = windowed(dense(LLMCL_BF16, 1, 2, 2, 64, 90, 120), 30, -1);
+    c.opts.softcap = 5;
+    check_case(c, 81);
+    c = causal(dense(LLMCL_F16, 1, 4, 2, 64, 100, 100));
+    check_case(c, 82);
+}
+
+static void test_varlen(void **state)
+{
+    (void)state;
+    static const int32_t cu_a[] = {0, 1, 18, 23, 24, 154};
+    static const int32_t cu_q[] = {0, 3, 4, 24, 24, 100}, cu_k[] = {0, 10, 11, 18, 19, 150};
+    attn_case c = dense(LLMCL_F32, 5, 2, 2, 64, 0, 0);
+    c.cu_q = c.cu_k = cu_a;
+    check_case(c, 90);
+    c = causal(c);
+    check_case(c, 91);
+    c.cu_q = cu_q;
+    c.cu_k = cu_k;
+    check_case(c, 92); /* Tq != Tk per sequence, an empty query sequence */
+    c = windowed(c, 4, 6);
+    c.opts.causal = 0;
+    c.opts.softcap = 2;
+    check_case(c, 93);
+    c = causal(dense(LLMCL_BF16, 5, 4, 1, 128, 0, 0));
+    c.cu_q = c.cu_k = cu_a;
+    check_case(c, 94);
+}
+
+/* Downloads a tensor's raw storage. */
+static void *raw(const llmcl_tensor *t)
+{
+    const size_t bytes = (size_t)llmcl_tensor_numel(t) * llmcl_dtype_size(llmcl_tensor_dtype(t));
+    void *h = th_alloc(bytes);
+    TH_OK(llmcl_tensor_download(t, h, bytes));
+    return h;
+}
+
+static void assert_same_bits(const llmcl_tensor *t, const void *before, const char *what)
+{
+    void *now = raw(t);
+    const size_t bytes = (size_t)llmcl_tensor_numel(t) * llmcl_dtype_size(llmcl_tensor_dtype(t));
+    if (memcmp(now, before, bytes) != 0)
+        fail_msg("%s differs between two runs", what);
+    free(now);
+}
+
+static void test_determinism(void **state)
+{
+    (void)state;
+    const llmcl_dtype dts[] = {LLMCL_F32, LLMCL_BF16};
+    for (size_t i = 0; i < 2; ++i) {
+        const attn_case c = causal(dense(dts[i], 2, 8, 2, 64, 130, 130));
+        attn_run r;
+        run_setup(&r, &c, 100 + i);
+        TH_OK(run_forward(&r));
+        TH_OK(run_backward(&r));
+        void *o = raw(r.o_.t), *lse = raw(r.lse), *dq = raw(r.dq_.t), *dk = raw(r.dk_.t),
+             *dv = raw(r.dv_.t);
+        th_poison(r.o_.base);
+        th_poison(r.dq_.base);
+        th_poison(r.dk_.base);
+        th_poison(r.dv_.base);
+        TH_OK(run_forward(&r));
+        TH_OK(run_backward(&r));
+        assert_same_bits(r.o_.t, o, "o");
+        assert_same_bits(r.lse, lse, "lse");
+        assert_same_bits(r.dq_.t, dq, "dq");
+        assert_same_bits(r.dk_.t, dk, "dk");
+        assert_same_bits(r.dv_.t, dv, "dv");
+        free(o);
+        free(lse);
+        free(dq);
+        free(dk);
+        free(dv);
+        run_free(&r);
+    }
+}
+
+/* The backward holds one f32 per query row beyond its arguments, and frees it. */
+static void test_extra_memory(void **state)
+{
+    (void)state;
+    const attn_case c = causal(dense(LLMCL_F32, 2, 4, 2, 64, 300, 300));
+    attn_run r;
+    run_setup(&r, &c, 110);
+    TH_OK(run_forward(&r));
+    TH_OK(llmcl_ctx_finish(th_ctx()));
+    llmcl_memory_stats before, after;
+    TH_OK(llmcl_memory_stats_get(th_ctx(), &before));
+    TH_OK(llmcl_memory_reset_peak(th_ctx()));
+    TH_OK(run_backward(&r));
+    TH_OK(llmcl_ctx_finish(th_ctx()));
+    TH_OK(llmcl_memory_stats_get(th_ctx(), &after));
+    const uint64_t rows = 2 * 4 * 300 * sizeof(float);
+    assert_true(after.peak_bytes - before.current_bytes <= rows + 4096);
+    assert_int_equal(after.current_bytes, before.current_bytes);
+    run_free(&r);
+}
+
+/* Every validation path; each failure must leave the outputs as they were. */
+static void test_bad_inputs(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const attn_case c = dense(LLMCL_F32, 2, 4, 2, 64, 20, 24);
+    attn_run r;
+    run_setup(&r, &c, 120);
+    TH_OK(run_forward(&r));
+    TH_OK(llmcl_ctx_finish(ctx));
+    llmcl_tensor *q = r.q_.t, *k = r.k_.t, *v = r.v_.t, *o = r.o_.t, *lse = r.lse, *dout = r.do_.t;
+    llmcl_tensor *dq = r.dq_.t, *dk = r.dk_.t, *dv = r.dv_.t;
+    th_poison(dq);
+    void *o_before = raw(o), *dq_before = raw(dq);
+
+    TH_FAILS(llmcl_attention_forward(NULL, q, k, v, NULL, o, lse), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_attention_forward(ctx, NULL, k, v, NULL, o, lse), LLMCL_ERROR_INVALID_ARGUMENT);
+
+    /* Hq not a multiple of Hkv; unsupported head dim; mismatched shapes and dtypes. */
+    const int64_t s_q3[4] = {2, 3, 20, 64}, s_d48[4] = {2, 4, 20, 48}, s_k48[4] = {2, 2, 24, 48};
+    const int64_t s_v25[4] = {2, 2, 25, 64}, s_b1[4] = {1, 2, 24, 64}, s_lse[3] = {2, 4, 21};
+    llmcl_tensor *q3 = th_tensor(LLMCL_F32, 4, s_q3), *q48 = th_tensor(LLMCL_F32, 4, s_d48);
+    llmcl_tensor *k48 = th_tensor(LLMCL_F32, 4, s_k48), *v25 = th_tensor(LLMCL_F32, 4, s_v25);
+    llmcl_tensor *kb1 = th_tensor(LLMCL_F32, 4, s_b1), *lse21 = th_tensor(LLMCL_F32, 3, s_lse);
+    const int64_t s_k[4] = {2, 2, 24, 64};
+    llmcl_tensor *kbf = th_tensor(LLMCL_BF16, 4, s_k);
+    TH_FAILS(llmcl_attention_forward(ctx, q3, k, v, NULL, q48, lse), LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_attention_forward(ctx, q48, k48, k48, NULL, o, lse), LLMCL_ERROR_UNSUPPORTED);
+    TH_FAILS(llmcl_attention_forward(ctx, q, k48, k48, NULL, o, lse), LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_attention_forward(ctx, q, k, v25, NULL, o, lse), LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_attention_forward(ctx, q, kb1, kb1, NULL, o, lse), LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_attention_forward(ctx, q, k, v, NULL, o, lse21), LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_attention_forward(ctx, q, kbf, v, NULL, o, lse), LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    TH_FAILS(llmcl_attention_forward(ctx, q, k, v, NULL, q, lse), LLMCL_ERROR_INVALID_ARGUMENT);
+
+    llmcl_attention_opts bad = {.use_window = 1, .window_left = -2, .window_right = 0};
+    TH_FAILS(llmcl_attention_forward(ctx, q, k, v, &bad, o, lse), LLMCL_ERROR_INVALID_ARGUMENT);
+    bad = (llmcl_attention_opts){.softcap = -1};
+    TH_FAILS(llmcl_attention_forward(ctx, q, k, v, &bad, o, lse), LLMCL_ERROR_INVALID_ARGUMENT);
+    bad = (llmcl_attention_opts){.scale = NAN};
+    TH_FAILS(llmcl_attention_forward(ctx, q, k, v, &bad, o, lse), LLMCL_ERROR_INVALID_ARGUMENT);
+
+    TH_FAILS(llmcl_attention_backward(ctx, q, k, v, o, lse, dout, NULL, dq, v25, dv),
+             LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_attention_backward(ctx, q, k, v, o, lse, dout, NULL, dq, dk, kbf),
+             LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    TH_FAILS(llmcl_attention_backward(ctx, q, k, v, o, lse, dout, NULL, dq, dk, dk),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_attention_backward(ctx, q, k, v, o, lse, dout, NULL, dout, dk, dv),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_attention_backward(ctx, q, k, v, o, lse21, dout, NULL, dq, dk, dv),
+             LLMCL_ERROR_SHAPE_MISMATCH);
+
+    assert_same_bits(o, o_before, "o after failed calls");
+    assert_same_bits(dq, dq_before, "dq after failed calls");
+    free(o_before);
+    free(dq_before);
+    llmcl_tensor *owned[] = {q3, q48, k48, v25, kb1, lse21, kbf};
+    for (size_t i = 0; i < sizeof owned / sizeof *owned; ++i)
+        llmcl_tensor_destroy(owned[i]);
+    run_free(&r);
+}
+
+/* Varlen offsets that decrease, do not start at 0, or exceed / miss the packed length. */
+static void test_bad_varlen(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    static const int32_t cu[] = {0, 5, 9, 16};
+    attn_case c = dense(LLMCL_F32, 3, 2, 2, 32, 0, 0);
+    c.cu_q = c.cu_k = cu;
+    attn_run r;
+    run_setup(&r, &c, 130);
+    TH_OK(run_forward(&r));
+    TH_OK(llmcl_ctx_finish(ctx));
+    void *o_before = raw(r.o_.t);
+
+    static const int32_t decreasing[] = {0, 9, 5, 16}, late[] = {1, 5, 9, 16}, past[] = {0, 5, 9, 17};
+    static const int32_t short_[] = {0, 5, 9, 15}, two[] = {0, 16};
+    const int32_t *bad[] = {decreasing, late, past, short_};
+    const llmcl_status want[] = {LLMCL_ERROR_INVALID_ARGUMENT, LLMCL_ERROR_INVALID_ARGUMENT,
+                                 LLMCL_ERROR_SHAPE_MISMATCH, LLMCL_ERROR_SHAPE_MISMATCH};
+    for (size_t i = 0; i < 4; ++i) {
+        llmcl_tensor *cb = cu_tensor(bad[i], 3);
+        llmcl_attention_opts o1 = r.c.opts, o2 = r.c.opts;
+        o1.cu_seqlens_q = cb;
+        o2.cu_seqlens_k = cb;
+        TH_FAILS(llmcl_attention_forward(ctx, r.q_.t, r.k_.t, r.v_.t, &o1, r.o_.t, r.lse), want[i]);
+        TH_FAILS(llmcl_attention_forward(ctx, r.q_.t, r.k_.t, r.v_.t, &o2, r.o_.t, r.lse), want[i]);
+        llmcl_tensor_destroy(cb);
+    }
+    llmcl_tensor *c2 = cu_tensor(two, 1);
+    llmcl_attention_opts o3 = r.c.opts;
+    o3.cu_seqlens_k = c2; /* a different batch size */
+    TH_FAILS(llmcl_attention_forward(ctx, r.q_.t, r.k_.t, r.v_.t, &o3, r.o_.t, r.lse),
+             LLMCL_ERROR_SHAPE_MISMATCH);
+    o3 = r.c.opts;
+    o3.cu_seqlens_k = NULL;
+    TH_FAILS(llmcl_attention_forward(ctx, r.q_.t, r.k_.t, r.v_.t, &o3, r.o_.t, r.lse),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    llmcl_tensor_destroy(c2);
+    assert_same_bits(r.o_.t, o_before, "o after failed varlen calls");
+    free(o_before);
+    run_free(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full),         cmocka_unit_test(test_causal),
+        cmocka_unit_test(test_window),       cmocka_unit_test(test_softcap_scale),
+        cmocka_unit_test(test_head_dims),    cmocka_unit_test(test_gqa_mqa),
+        cmocka_unit_test(test_layout_bthd),  cmocka_unit_test(test_t1),
+        cmocka_unit_test(test_16bit),        cmocka_unit_test(test_varlen),
+        cmocka_unit_test(test_determinism),  cmocka_unit_test(test_extra_memory),
+        cmocka_unit_test(test_bad_inputs),   cmocka_unit_test(test_bad_varlen),
+    };
+    return TH_RUN(tests);
+}

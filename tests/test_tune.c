@@ -1,0 +1,645 @@
+/*
+ * test_tune.c: the tuning database and the tuner. Parsing (valid files and their precedence,
+ * malformed and foreign files, unknown keys, missing fields, another device), loading from
+ * LLMCL_TUNE_DB and the cache directory, overrides reaching real launches, the tuner's rejection
+ * of planted bad candidates (build failure, limits, wrong results), and llmcl-tune --quick end to
+ * end: its file is valid, a context picks it up, and the launches use its parameters.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "harness.h"
+#include "tune.h"
+
+static char tmp_dir[64];
+
+static const char *tmp_path(const char *name)
+{
+    static char paths[8][256];
+    static int next;
+    char *p = paths[next++ % 8];
+    snprintf(p, 256, "%s/%s", tmp_dir, name);
+    return p;
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The device's name as a JSON string literal. */
+static const char *dev_name_json(void)
+{
+    static char buf[512];
+    json_t *s = json_string(llmcl_ctx_device_info(th_ctx())->name);
+    char *text = json_dumps(s, JSON_ENCODE_ANY);
+    snprintf(buf, sizeof buf, "%s", text);
+    free(text);
+    json_decref(s);
+    return buf;
+}
+
+/* A tuning file for device (a JSON object literal) with the given entries (a JSON array body). */
+static const char *write_db(const char *name, const char *device, const char *entries)
+{
+    const char *path = tmp_path(name);
+    char text[8192];
+    snprintf(text, sizeof text,
+             "{\"format\": \"llmcl-tuning\", \"version\": 1, \"device\": %s, \"entries\": [%s]}",
+             device, entries);
+    write_text(path, text);
+    return path;
+}
+
+static const char *this_device(void)
+{
+    static char buf[640];
+    snprintf(buf, sizeof buf, "{\"name\": %s}", dev_name_json());
+    return buf;
+}
+
+/* The parameters of kernel at (dtype, shape) as text, and whether a launch used them. */
+static const char *params_of(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dt, const char *shape,
+                             int *launched)
+{
+    static char buf[256];
+    TH_OK(llmcl_tune_params_get(ctx, kernel, dt, shape, buf, sizeof buf, launched));
+    return buf;
+}
+
+#define ASSERT_PARAMS(ctx, kernel, dt, shape, want)                                                \
+    assert_string_equal(params_of((ctx), (kernel), (dt), (shape), NULL), (want))
+
+static llmcl_ctx *ctx_with_env(const char *name, const char *value)
+{
+    setenv(name, value, 1);
+    llmcl_ctx *ctx = NULL;
+    llmcl_status st = llmcl_ctx_create(&ctx);
+    unsetenv(name);
+    TH_OK(st);
+    return ctx;
+}
+
+/* ---- parsing ---- */
+
+static void test_valid_precedence(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const llmcl_device_info *info = llmcl_ctx_device_info(ctx);
+    TH_OK(llmcl_tune_db_clear(ctx));
+    char cls_dev[256];
+    snprintf(cls_dev, sizeof cls_dev, "{\"name\": \"*\", \"type\": \"%s\"}",
+             info->is_gpu ? "gpu" : "cpu");
+    /* Loaded from the most to the least specific device, so only specificity can order them. */
+    TH_OK(llmcl_tune_db_load(
+        ctx, write_db("exact.json", this_device(),
+                      "{\"kernel\": \"tst\", \"params\": {\"VEC\": 3}},"
+                      "{\"kernel\": \"tst\", \"dtype\": \"f32\", \"params\": {\"ROWS\": 4}},"
+                      "{\"kernel\": \"tst\", \"dtype\": \"f32\", \"shape_class\": \"p10\", "
+                      "\"params\": {\"WG\": 5}},"
+                      "{\"kernel\": \"tst\", \"dtype\": \"f32\", \"shape_class\": \"p14\", "
+                      "\"params\": {\"WG\": 6}}")));
+    TH_OK(llmcl_tune_db_load(
+        ctx, write_db("class.json", cls_dev,
+                      "{\"kernel\": \"tst\", \"params\": {\"WG\": 2, \"VEC\": 2}}")));
+    TH_OK(llmcl_tune_db_load(
+        ctx, write_db("any.json", "{\"name\": \"*\"}",
+                      "{\"kernel\": \"tst\", \"dtype\": \"*\", \"shape_class\": \"*\","
+                      " \"params\": {\"WG\": 1, \"VEC\": 1, \"ROWS\": 1}}")));
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p10", "ROWS=4 VEC=3 WG=5");
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "1024", "ROWS=4 VEC=3 WG=5"); /* a size key: class p10 */
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p11", "ROWS=4 VEC=3 WG=5");  /* nearest tuned class */
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p13", "ROWS=4 VEC=3 WG=6");
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p16", "ROWS=4 VEC=3 WG=6");
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p17", "ROWS=4 VEC=3 WG=2"); /* too far from any */
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "*", "ROWS=4 VEC=3 WG=2");
+    ASSERT_PARAMS(ctx, "tst", LLMCL_BF16, "p10", "ROWS=1 VEC=3 WG=2");
+    ASSERT_PARAMS(ctx, "other", LLMCL_F32, "p10", "");
+    /* At equal specificity the later file wins. */
+    TH_OK(llmcl_tune_db_load(ctx, write_db("later.json", this_device(),
+                                           "{\"kernel\": \"tst\", \"dtype\": \"f32\", "
+                                           "\"shape_class\": \"p10\", \"params\": {\"WG\": 7}}")));
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p10", "ROWS=4 VEC=3 WG=7");
+    /* Overrides beat every file, replace each other, and go away. */
+    TH_OK(llmcl_tune_override(ctx, "tst", LLMCL_BF16, "*", "WG=9"));
+    TH_OK(llmcl_tune_override(ctx, "tst", LLMCL_BF16, "*", "WG=10, ROWS=8"));
+    ASSERT_PARAMS(ctx, "tst", LLMCL_BF16, "p10", "ROWS=8 VEC=3 WG=10");
+    TH_OK(llmcl_tune_override(ctx, "tst", LLMCL_BF16, "*", NULL));
+    ASSERT_PARAMS(ctx, "tst", LLMCL_BF16, "p10", "ROWS=1 VEC=3 WG=2");
+    TH_OK(llmcl_tune_override(ctx, "tst", LLMCL_F32, "p10", "WG=11"));
+    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p10", "ROWS=4 VEC=3 WG=7");
+    assert_string_equal(llmcl_tune_db_warnings(ctx), "");
+    TH_OK(llmcl_tune_db_clear(ctx));
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p10", "");
+}
+
+static void expect_rejected(llmcl_ctx *ctx, const char *path, llmcl_status st, const char *needle)
+{
+    TH_FAILS(llmcl_tune_db_load(ctx, path), st);
+    if (strstr(llmcl_last_error(ctx), needle) == NULL)
+        fail_msg("loading %s: expected \"%s\" in \"%s\"", path, needle, llmcl_last_error(ctx));
+    assert_non_null(strstr(llmcl_tune_db_warnings(ctx), path));
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p10", "WG=3"); /* what was loaded before still holds */
+}
+
+static void test_malformed_and_foreign(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    TH_OK(llmcl_tune_db_clear(ctx));
+    TH_OK(llmcl_tune_db_load(ctx, write_db("base.json", this_device(),
+                                           "{\"kernel\": \"tst\", \"params\": {\"WG\": 3}}")));
+    const char *p = tmp_path("bad1.json");
+    write_text(p, "{\"format\": \"llmcl-tuning\", \"version\": 1, \"entries\": [");
+    expect_rejected(ctx, p, LLMCL_ERROR_TUNE_DB, "malformed JSON at line 1");
+    p = tmp_path("empty.json");
+    write_text(p, "");
+    expect_rejected(ctx, p, LLMCL_ERROR_TUNE_DB, "malformed JSON");
+    p = tmp_path("dup.json");
+    write_text(p, "{\"format\": \"llmcl-tuning\", \"format\": \"llmcl-tuning\"}");
+    expect_rejected(ctx, p, LLMCL_ERROR_TUNE_DB, "duplicate");
+    p = tmp_path("array.json");
+    write_text(p, "[1, 2, 3]");
+    expect_rejected(ctx, p, LLMCL_ERROR_TUNE_DB, "not a tuning file");
+    p = tmp_path("clblast.json"); /* someone else's JSON */
+    write_text(p, "{\"kernel_families\": {\"xgemm\": {\"best_parameters\": \"MWG=64\"}}}");
+    expect_rejected(ctx, p, LLMCL_ERROR_TUNE_DB, "not a tuning file");
+    p = tmp_path("future.json");
+    write_text(p, "{\"format\": \"llmcl-tuning\", \"version\": 99, \"device\": {\"name\": \"*\"}, "
+                  "\"entries\": []}");
+    expect_rejected(ctx, p, LLMCL_ERROR_TUNE_DB, "\"version\"");
+    expect_rejected(ctx, tmp_path("missing.json"), LLMCL_ERROR_IO, "cannot open");
+    /* A file for another device, or another vendor, platform or device type. */
+    expect_rejected(ctx, write_db("h100.json", "{\"name\": \"NVIDIA H100 80GB HBM3\"}", ""),
+                    LLMCL_ERROR_TUNE_DB, "NVIDIA H100 80GB HBM3");
+    expect_rejected(
+        ctx, write_db("vendor.json", "{\"name\": \"*\", \"vendor\": \"No Such Vendor\"}", ""),
+        LLMCL_ERROR_TUNE_DB, "No Such Vendor");
+    expect_rejected(
+        ctx, write_db("platform.json", "{\"name\": \"*\", \"platform\": \"No Such Platform\"}", ""),
+        LLMCL_ERROR_TUNE_DB, "No Such Platform");
+    const bool gpu = llmcl_ctx_device_info(ctx)->is_gpu;
+    expect_rejected(ctx,
+                    write_db("type.json",
+                             gpu ? "{\"name\": \"*\", \"type\": \"cpu\"}"
+                                 : "{\"name\": \"*\", \"type\": \"gpu\"}",
+                             ""),
+                    LLMCL_ERROR_TUNE_DB, "device type");
+    TH_FAILS(llmcl_tune_db_load(ctx, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_db_load(NULL, p), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_OK(llmcl_tune_db_clear(ctx));
+}
+
+static void test_unknown_keys_ignored(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    TH_OK(llmcl_tune_db_clear(ctx));
+    char dev[640];
+    snprintf(dev, sizeof dev, "{\"name\": %s, \"memory_gib\": 80, \"notes\": [1, 2]}",
+             dev_name_json());
+    const char *p = tmp_path("unknown.json");
+    char text[2048];
+    snprintf(
+        text, sizeof text,
+        "{\"format\": \"llmcl-tuning\", \"version\": 1, \"comment\": \"from the future\","
+        " \"device\": %s, \"tuner\": {\"anything\": true}, \"entries\": ["
+        "{\"kernel\": \"tst\", \"dtype\": \"BF16\", \"params\": {\"WG\": 64}, \"time_ms\": 1.5,"
+        " \"extra\": {\"nested\": null}}]}",
+        dev);
+    write_text(p, text);
+    TH_OK(llmcl_tune_db_load(ctx, p));
+    ASSERT_PARAMS(ctx, "tst", LLMCL_BF16, "p3", "WG=64");
+    assert_string_equal(llmcl_tune_db_warnings(ctx), "");
+    TH_OK(llmcl_tune_db_clear(ctx));
+}
+
+static void test_missing_fields(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    TH_OK(llmcl_tune_db_clear(ctx));
+    const char *p = tmp_path("nodevice.json");
+    write_text(p, "{\"format\": \"llmcl-tuning\", \"version\": 1, \"entries\": []}");
+    TH_FAILS(llmcl_tune_db_load(ctx, p), LLMCL_ERROR_TUNE_DB);
+    assert_non_null(strstr(llmcl_last_error(ctx), "\"device\""));
+    p = tmp_path("noname.json");
+    write_text(p, "{\"format\": \"llmcl-tuning\", \"version\": 1, \"device\": {\"vendor\": \"x\"}, "
+                  "\"entries\": []}");
+    TH_FAILS(llmcl_tune_db_load(ctx, p), LLMCL_ERROR_TUNE_DB);
+    p = tmp_path("noentries.json");
+    write_text(p, "{\"format\": \"llmcl-tuning\", \"version\": 1, \"device\": {\"name\": \"*\"}}");
+    TH_FAILS(llmcl_tune_db_load(ctx, p), LLMCL_ERROR_TUNE_DB);
+    assert_non_null(strstr(llmcl_last_error(ctx), "\"entries\""));
+    p = tmp_path("noversion.json");
+    write_text(p, "{\"format\": \"llmcl-tuning\", \"device\": {\"name\": \"*\"}, \"entries\": []}");
+    TH_FAILS(llmcl_tune_db_load(ctx, p), LLMCL_ERROR_TUNE_DB);
+    /* Bad entries are skipped with a warning naming them; the good ones in the file still apply. */
+    TH_OK(llmcl_tune_db_load(
+        ctx, write_db("entries.json", this_device(),
+                      "{\"kernel\": \"tst\"},"
+                      "{\"params\": {\"WG\": 1}},"
+                      "{\"kernel\": \"tst\", \"params\": {\"WG\": \"big\"}},"
+                      "{\"kernel\": \"tst\", \"params\": {\"wg\": 8}},"
+                      "{\"kernel\": \"tst\", \"dtype\": \"f64\", \"params\": {\"WG\": 8}},"
+                      "{\"kernel\": \"tst\", \"shape_class\": \"huge\", \"params\": {\"WG\": 8}},"
+                      "7,"
+                      "{\"kernel\": \"tst\", \"params\": {\"WG\": 32}}")));
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p5", "WG=32");
+    const char *w = llmcl_tune_db_warnings(ctx);
+    for (int i = 0; i <= 6; ++i) {
+        char needle[32];
+        snprintf(needle, sizeof needle, "entry %d skipped", i);
+        if (strstr(w, needle) == NULL)
+            fail_msg("no \"%s\" in warnings:\n%s", needle, w);
+    }
+    assert_null(strstr(w, "entry 7 skipped"));
+    TH_OK(llmcl_tune_db_clear(ctx));
+}
+
+/* ---- loading at context creation ---- */
+
+static void test_env_and_cache_dir(void **state)
+{
+    (void)state;
+    /* LLMCL_TUNE_DB: files and folders, ':'-separated. */
+    const char *a =
+        write_db("env-a.json", this_device(), "{\"kernel\": \"tst\", \"params\": {\"WG\": 16}}");
+    char sub[128], list[512];
+    snprintf(sub, sizeof sub, "%s/envdir", tmp_dir);
+    mkdir(sub, 0700);
+    write_db("envdir/b.json", this_device(), "{\"kernel\": \"tst2\", \"params\": {\"VEC\": 2}}");
+    snprintf(list, sizeof list, "%s:%s", a, sub);
+    llmcl_ctx *ctx = ctx_with_env("LLMCL_TUNE_DB", list);
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p4", "WG=16");
+    ASSERT_PARAMS(ctx, "tst2", LLMCL_F32, "p4", "VEC=2");
+    assert_string_equal(llmcl_tune_db_warnings(ctx), "");
+    llmcl_ctx_destroy(ctx);
+
+    /* A bad or foreign file there: a warning, the defaults, and a working context. */
+    write_text(tmp_path("garbage.json"), "not json at all");
+    const char *other = write_db("other.json", "{\"name\": \"Some Other GPU\"}",
+                                 "{\"kernel\": \"copy\", \"params\": {\"WG\": 1}}");
+    snprintf(list, sizeof list, "%s:%s", tmp_path("garbage.json"), other);
+    ctx = ctx_with_env("LLMCL_TUNE_DB", list);
+    const char *w = llmcl_tune_db_warnings(ctx);
+    assert_non_null(strstr(w, "garbage.json ignored: malformed JSON"));
+    assert_non_null(strstr(w, "Some Other GPU"));
+    int64_t n = 1000;
+    llmcl_tensor *x = NULL, *y = NULL;
+    TH_OK(llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &x));
+    TH_OK(llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &y));
+    TH_OK(llmcl_fill(ctx, x, 2.0));
+    TH_OK(llmcl_copy(ctx, x, y));
+    TH_OK(llmcl_ctx_finish(ctx));
+    llmcl_tensor_destroy(x);
+    llmcl_tensor_destroy(y);
+    llmcl_ctx_destroy(ctx);
+
+    /* <cache dir>/tuning*.json; other names there are not read. */
+    char cache[128];
+    snprintf(cache, sizeof cache, "%s/cache", tmp_dir);
+    mkdir(cache, 0700);
+    write_db("cache/tuning-mine.json", this_device(),
+             "{\"kernel\": \"tst\", \"params\": {\"WG\": 48}}");
+    write_db("cache/notes.json", this_device(), "{\"kernel\": \"tst3\", \"params\": {\"WG\": 1}}");
+    write_db("cache/tuning-other.json", "{\"name\": \"Some Other GPU\"}",
+             "{\"kernel\": \"tst\", \"params\": {\"WG\": 1}}");
+    ctx = ctx_with_env("LLMCL_CACHE_DIR", cache);
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p4", "WG=48");
+    ASSERT_PARAMS(ctx, "tst3", LLMCL_F32, "p4", "");
+    assert_string_equal(llmcl_tune_db_warnings(ctx),
+                        ""); /* other devices' files are normal there */
+    llmcl_ctx_destroy(ctx);
+
+    /* LLMCL_TUNE_DB=off: no database at all, not even the built-in one. */
+    ctx = ctx_with_env("LLMCL_TUNE_DB", "off");
+    ASSERT_PARAMS(ctx, "copy", LLMCL_F32, "p22", "");
+    llmcl_ctx_destroy(ctx);
+    /* The built-in file for PoCL's CPU device has tuned elementwise entries. */
+    if (strstr(llmcl_ctx_device_info(th_ctx())->platform_name, "Portable Computing Language")) {
+        ctx = ctx_with_env("LLMCL_CACHE_DIR", "off");
+        assert_string_not_equal(params_of(ctx, "copy", LLMCL_F32, "p22", NULL), "");
+        llmcl_ctx_destroy(ctx);
+    }
+}
+
+/* ---- parameters reaching launches ---- */
+
+static void run_copy_n(llmcl_ctx *ctx, int64_t n)
+{
+    llmcl_tensor *x = NULL, *y = NULL;
+    TH_OK(llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &x));
+    TH_OK(llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &y));
+    TH_OK(llmcl_fill(ctx, x, 1.0));
+    TH_OK(llmcl_copy(ctx, x, y));
+    TH_OK(llmcl_ctx_finish(ctx));
+    llmcl_tensor_destroy(x);
+    llmcl_tensor_destroy(y);
+}
+
+static void test_override_reaches_launch(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    TH_OK(llmcl_tune_db_clear(ctx));
+    int launched = -1;
+    assert_string_equal(params_of(ctx, "copy", LLMCL_F32, "1000", &launched), "");
+    assert_int_equal(launched, 0);
+    run_copy_n(ctx, 1000);
+    char defaults[256];
+    snprintf(defaults, sizeof defaults, "%s", params_of(ctx, "copy", LLMCL_F32, "1000", &launched));
+    assert_int_equal(launched, 1);
+    assert_non_null(strstr(defaults, "WG="));
+
+    TH_OK(llmcl_tune_override(ctx, "copy", LLMCL_F32, "1000", "WG=64"));
+    run_copy_n(ctx, 1000);
+    assert_string_equal(params_of(ctx, "copy", LLMCL_F32, "p10", &launched), "WG=64");
+    assert_int_equal(launched, 1);
+    /* Names the kernel lacks and work-group sizes out of range do not reach the build. */
+    TH_OK(llmcl_tune_override(ctx, "copy", LLMCL_F32, "1000", "WG=0 NOT_A_TUNABLE=3"));
+    run_copy_n(ctx, 1000);
+    assert_string_equal(params_of(ctx, "copy", LLMCL_F32, "p10", NULL), defaults);
+    char huge[64];
+    snprintf(huge, sizeof huge, "WG=%zu", 2 * llmcl_ctx_device_info(ctx)->max_work_group_size);
+    TH_OK(llmcl_tune_override(ctx, "copy", LLMCL_F32, "1000", huge));
+    run_copy_n(ctx, 1000);
+    assert_string_equal(params_of(ctx, "copy", LLMCL_F32, "p10", NULL), defaults);
+
+    /* Bad arguments. */
+    char buf[4];
+    TH_FAILS(llmcl_tune_params_get(NULL, "copy", LLMCL_F32, "p10", buf, sizeof buf, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_params_get(ctx, NULL, LLMCL_F32, "p10", buf, sizeof buf, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_params_get(ctx, "copy", LLMCL_DTYPE_COUNT, "p10", buf, sizeof buf, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_params_get(ctx, "copy", LLMCL_F32, "big", buf, sizeof buf, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_params_get(ctx, "copy", LLMCL_F32, "-5", buf, sizeof buf, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_params_get(ctx, "copy", LLMCL_F32, "p10", NULL, 8, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_params_get(ctx, "copy", LLMCL_F32, "p10", buf, sizeof buf, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "buf holds 4 bytes"));
+    TH_FAILS(llmcl_tune_override(ctx, "copy", LLMCL_F32, "p10", "WG"),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_override(ctx, "copy", LLMCL_F32, "p10", "WG=abc"),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_override(ctx, "copy", LLMCL_F32, "p10", "wg=64"),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_override(ctx, "", LLMCL_F32, "p10", "WG=64"), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_override(NULL, "copy", LLMCL_F32, "p10", "WG=64"),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_tune_shape_class(0, huge), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_OK(llmcl_tune_shape_class(4097, huge));
+    assert_string_equal(huge, "p13");
+    TH_OK(llmcl_tune_db_clear(ctx));
+}
+
+/* ---- the tuner rejects planted bad candidates ---- */
+
+/* WG=96 gives a wrong result: one output element overwritten after the copy. */
+static llmcl_status run_planted(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    llmcl_status st = llmcl_copy(ctx, t[0], t[1]);
+    if (st != LLMCL_OK || c->values[0] != 96)
+        return st;
+    int64_t one = 1;
+    llmcl_tensor *v = NULL;
+    st = llmcl_tensor_view(t[1], 1, &one, NULL, 7, &v);
+    if (st == LLMCL_OK)
+        st = llmcl_fill(ctx, v, 1234.0);
+    llmcl_tensor_destroy(v);
+    return st;
+}
+
+/* WG=112 "needs" more local memory than the device has. */
+static bool fits_planted(const llmcl_device_info *info, const tune_case *c, char *why, size_t n)
+{
+    if (c->values[0] != 112)
+        return true;
+    snprintf(why, n, "planted: needs %llu bytes of local memory",
+             (unsigned long long)info->local_mem_bytes + 1);
+    return false;
+}
+
+static const tune_kernel planted = {
+    .key = "copy",
+    .family = "elementwise",
+    .params = "WG=32,48,64,96,112,1000000",
+    .dtypes = 1u << LLMCL_F32,
+    .size_key = "N",
+    .shapes = "N=65536",
+    .small_shapes = "N=65536",
+    .tensors = {{"src", TUNE_IN, "N"}, {"dst", TUNE_OUT, "N"}},
+    .run = run_planted,
+    .fits = fits_planted,
+};
+
+/* A kernel directory whose elementwise.cl fails to build with WG=48 (and only then). */
+static void planted_kernel_dir(char *dir, size_t n)
+{
+    const char *src = getenv("LLMCL_KERNEL_DIR_FOR_TESTS");
+    assert_non_null(src);
+    snprintf(dir, n, "%s/kernels", tmp_dir);
+    mkdir(dir, 0700);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "cp '%s'/*.cl '%s'/", src, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s/elementwise.cl", dir);
+    FILE *f = fopen(cmd, "r");
+    assert_non_null(f);
+    static char body[1 << 20];
+    size_t len = fread(body, 1, sizeof body - 1, f);
+    fclose(f);
+    body[len] = '\0';
+    f = fopen(cmd, "w");
+    assert_non_null(f);
+    fprintf(f, "#if defined(WG) && WG == 48\n#error planted build failure\n#endif\n%s", body);
+    fclose(f);
+}
+
+static void test_tuner_rejects_planted(void **state)
+{
+    (void)state;
+    char dir[128];
+    planted_kernel_dir(dir, sizeof dir);
+    setenv("LLMCL_CACHE_DIR", "off", 1);
+    llmcl_ctx *ctx = ctx_with_env("LLMCL_KERNEL_DIR", dir);
+    setenv("LLMCL_KERNEL_DIR", dir, 1); /* sources are read at build time */
+    tune_options o = tune_default_options(llmcl_ctx_device_info(ctx), true);
+    o.reps = 3;
+    tune_result r;
+    llmcl_status st = tune_run_case(ctx, &planted, LLMCL_F32, "N=65536", &o, &r);
+    unsetenv("LLMCL_KERNEL_DIR");
+    unsetenv("LLMCL_CACHE_DIR");
+    if (st != LLMCL_OK)
+        fail_msg("case failed: %s", r.error);
+    assert_true(r.ok);
+    assert_int_equal(r.candidates, 6);
+    assert_int_equal(r.tried, 6); /* the default (256 here) is not among them */
+    assert_int_equal(r.rejected[TUNE_REJ_BUILD], 1);
+    assert_non_null(strstr(r.last_reject[TUNE_REJ_BUILD], "WG=48"));
+    assert_non_null(strstr(llmcl_build_log(ctx), "planted build failure"));
+    assert_int_equal(r.rejected[TUNE_REJ_LIMITS], 2); /* 112 (fits) and 1000000 (work-group size) */
+    assert_int_equal(r.rejected[TUNE_REJ_WRONG], 1);
+    assert_non_null(strstr(r.last_reject[TUNE_REJ_WRONG], "WG=96"));
+    assert_int_equal(r.rejected[TUNE_REJ_ADJUSTED] + r.rejected[TUNE_REJ_ERROR], 0);
+    assert_int_equal(r.timed, 2);
+    assert_true(r.default_ms > 0 && r.best_ms > 0 && r.best_ms <= r.default_ms);
+    assert_true(strcmp(r.best_params, r.default_params) == 0 ||
+                strcmp(r.best_params, "WG=32") == 0 || strcmp(r.best_params, "WG=64") == 0);
+    /* No override is left behind. */
+    run_copy_n(ctx, 65536);
+    assert_string_equal(params_of(ctx, "copy", LLMCL_F32, "p16", NULL), r.default_params);
+
+    /* A table entry naming a tunable the launcher lacks fails the case with a clear message. */
+    tune_kernel wrong = planted;
+    wrong.params = "NOPE=1,2";
+    assert_int_not_equal(tune_run_case(ctx, &wrong, LLMCL_F32, "N=4096", &o, &r), LLMCL_OK);
+    assert_non_null(strstr(r.error, "has no tunable NOPE"));
+    wrong = planted;
+    wrong.key = "not_a_kernel";
+    assert_int_not_equal(tune_run_case(ctx, &wrong, LLMCL_F32, "N=4096", &o, &r), LLMCL_OK);
+    assert_non_null(strstr(r.error, "did not look up kernel not_a_kernel"));
+    assert_int_not_equal(tune_run_case(ctx, &planted, LLMCL_F32, "M=4096", &o, &r), LLMCL_OK);
+    llmcl_ctx_destroy(ctx);
+}
+
+/* ---- llmcl-tune --quick end to end ---- */
+
+static long entry_wg(json_t *e)
+{
+    json_t *wg = json_object_get(json_object_get(e, "params"), "WG");
+    assert_true(json_is_integer(wg));
+    return (long)json_integer_value(wg);
+}
+
+static void test_tool_end_to_end(void **state)
+{
+    (void)state;
+    const char *exe = getenv("LLMCL_TUNE_EXE");
+    if (exe == NULL || access(exe, X_OK) != 0) {
+        print_message("LLMCL_TUNE_EXE not set or not executable: skipped\n");
+        skip();
+    }
+    const char *out = tmp_path("e2e.json"), *log = tmp_path("e2e.log");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "'%s' --quick --kernel copy --kernel axpy --max-time 120 --output '%s' >'%s' 2>&1",
+             exe, out, log);
+    if (system(cmd) != 0) {
+        snprintf(cmd, sizeof cmd, "cat '%s'", log);
+        (void)system(cmd);
+        fail_msg("llmcl-tune failed");
+    }
+    const llmcl_device_info *info = llmcl_ctx_device_info(th_ctx());
+    json_error_t err;
+    json_t *root = json_load_file(out, JSON_REJECT_DUPLICATES, &err);
+    if (root == NULL)
+        fail_msg("%s: %s", out, err.text);
+    assert_string_equal(json_string_value(json_object_get(root, "format")), "llmcl-tuning");
+    assert_int_equal(json_integer_value(json_object_get(root, "version")), 1);
+    json_t *dev = json_object_get(root, "device");
+    assert_string_equal(json_string_value(json_object_get(dev, "name")), info->name);
+    assert_string_equal(json_string_value(json_object_get(dev, "driver_version")),
+                        info->driver_version);
+    assert_string_equal(json_string_value(json_object_get(root, "library_version")),
+                        llmcl_version());
+    assert_int_equal(strlen(json_string_value(json_object_get(root, "date"))), 20);
+    json_t *entries = json_object_get(root, "entries");
+    assert_int_equal(json_array_size(entries), 2);
+    json_t *copy = NULL;
+    for (size_t i = 0; i < 2; ++i) {
+        json_t *e = json_array_get(entries, i);
+        const char *k = json_string_value(json_object_get(e, "kernel"));
+        assert_true(strcmp(k, "copy") == 0 || strcmp(k, "axpy") == 0);
+        copy = strcmp(k, "copy") == 0 ? e : copy;
+        assert_string_equal(json_string_value(json_object_get(e, "dtype")), "f32");
+        assert_true(json_number_value(json_object_get(e, "time_ms")) > 0);
+        assert_true(json_number_value(json_object_get(e, "default_ms")) > 0);
+        assert_true(json_is_object(json_object_get(e, "default_params")));
+        assert_true(entry_wg(e) >= 1);
+    }
+    assert_non_null(copy);
+    const char *cls = json_string_value(json_object_get(copy, "shape_class"));
+    const char *shape = json_string_value(json_object_get(copy, "shape"));
+    int64_t n = strtoll(shape + 2, NULL, 10); /* "N=..." */
+
+    /* The runtime picks the file up and the launch uses its parameters. */
+    llmcl_ctx *ctx = ctx_with_env("LLMCL_TUNE_DB", out);
+    assert_string_equal(llmcl_tune_db_warnings(ctx), "");
+    run_copy_n(ctx, n);
+    char want[64];
+    snprintf(want, sizeof want, "WG=%ld", entry_wg(copy));
+    int launched = 0;
+    assert_string_equal(params_of(ctx, "copy", LLMCL_F32, cls, &launched), want);
+    assert_int_equal(launched, 1);
+    llmcl_ctx_destroy(ctx);
+
+    /* The same file with a value no default has: it must be the one in use. */
+    long odd = entry_wg(copy) == 96 ? 160 : 96;
+    json_object_set_new(json_object_get(copy, "params"), "WG", json_integer(odd));
+    const char *edited = tmp_path("e2e-edited.json");
+    assert_int_equal(json_dump_file(root, edited, JSON_INDENT(2)), 0);
+    ctx = ctx_with_env("LLMCL_TUNE_DB", edited);
+    run_copy_n(ctx, n);
+    snprintf(want, sizeof want, "WG=%ld", odd);
+    assert_string_equal(params_of(ctx, "copy", LLMCL_F32, cls, &launched), want);
+    assert_int_equal(launched, 1);
+    llmcl_ctx_destroy(ctx);
+    json_decref(root);
+
+    /* --merge keeps the entries of the file that were not retuned. */
+    snprintf(cmd, sizeof cmd, "'%s' --quick --kernel mul --merge --output '%s' >'%s' 2>&1", exe,
+             out, log);
+    assert_int_equal(system(cmd), 0);
+    root = json_load_file(out, 0, &err);
+    assert_non_null(root);
+    entries = json_object_get(root, "entries");
+    assert_int_equal(json_array_size(entries), 3);
+    int seen = 0;
+    for (size_t i = 0; i < 3; ++i) {
+        const char *k = json_string_value(json_object_get(json_array_get(entries, i), "kernel"));
+        seen |=
+            (strcmp(k, "copy") == 0) | (strcmp(k, "axpy") == 0) << 1 | (strcmp(k, "mul") == 0) << 2;
+    }
+    assert_int_equal(seen, 7);
+    json_decref(root);
+}
+
+int main(void)
+{
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/llmcl-tune-test-XXXXXX");
+    if (mkdtemp(tmp_dir) == NULL)
+        return 1;
+    unsetenv("LLMCL_TUNE_DB");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_valid_precedence),
+        cmocka_unit_test(test_malformed_and_foreign),
+        cmocka_unit_test(test_unknown_keys_ignored),
+        cmocka_unit_test(test_missing_fields),
+        cmocka_unit_test(test_env_and_cache_dir),
+        cmocka_unit_test(test_override_reaches_launch),
+        cmocka_unit_test(test_tuner_rejects_planted),
+        cmocka_unit_test(test_tool_end_to_end),
+    };
+    int rc = TH_RUN(tests);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
+    if (system(cmd) != 0)
+        return 1;
+    return rc;
+}

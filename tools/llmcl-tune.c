@@ -1,0 +1,340 @@
+/*
+ * llmcl-tune: tunes llmcl's kernels on the selected device (LLMCL_PLATFORM / LLMCL_DEVICE, or
+ * --platform / --device) and writes a tuning file the runtime reads (docs/TUNING.md). The engine is
+ * in tools/tune/tune.c, the kernels and their parameter spaces in tools/tune/kernels.c.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tune.h"
+
+#define MAX_CASES 512
+#define MAX_FILTERS 32
+
+typedef struct plan_case {
+    const tune_kernel *k;
+    llmcl_dtype dtype;
+    char shape[96];
+} plan_case;
+
+typedef struct progress {
+    bool tty;
+    double start, deadline; /* deadline 0: none */
+    int case_index, n_cases;
+    const plan_case *pc;
+    long units_done, units_total; /* candidates over all cases */
+    int case_total;
+    int last_done;
+} progress;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(
+        f,
+        "usage: llmcl-tune [options]\n"
+        "Tunes kernels on the device LLMCL_PLATFORM / LLMCL_DEVICE select and prints best against\n"
+        "default times; --output writes a tuning file that the runtime loads from LLMCL_TUNE_DB "
+        "or\n"
+        "<cache dir>/tuning*.json.\n"
+        "  --kernel NAME       a kernel key or family (repeatable; default: all)\n"
+        "  --shape SPEC        tune at this shape, e.g. R=4096,C=4096 (default: representative)\n"
+        "  --dtype LIST        dtypes, e.g. f32,bf16 (default: each kernel's)\n"
+        "  --quick             bounded search for CI: one shape and dtype, 12 candidates, 5 reps\n"
+        "  --max-time SECONDS  stop the whole run after this long (cases share the time)\n"
+        "  --max-candidates N  candidates per case (a fixed sample; 0: all)\n"
+        "  --reps N            timed runs per candidate (median kept)\n"
+        "  --warmup N          untimed runs first\n"
+        "  --output FILE       write the tuning file (temporary file, then rename)\n"
+        "  --merge             keep FILE's entries for this device that are not retuned\n"
+        "  --for-platform      write FILE for any device of this platform and type (for shipped\n"
+        "                      defaults such as data/tuning/pocl_cpu.json)\n"
+        "  --platform P        as LLMCL_PLATFORM (index or name substring)\n"
+        "  --device D          as LLMCL_DEVICE\n"
+        "  --list              list the kernels and their parameter spaces\n");
+}
+
+static void fmt_time(double s, char *out, size_t n)
+{
+    if (s < 0 || s > 360000)
+        snprintf(out, n, "?");
+    else if (s >= 60)
+        snprintf(out, n, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else
+        snprintf(out, n, "%ds", (int)(s + 0.5));
+}
+
+static void on_progress(void *arg, int done, int total)
+{
+    progress *p = arg;
+    p->case_total = total;
+    p->units_done += done - p->last_done;
+    p->last_done = done;
+    if (!p->tty)
+        return;
+    double elapsed = now_s() - p->start;
+    double frac = p->units_total > 0 ? (double)p->units_done / (double)p->units_total : 0;
+    frac = frac > 1 ? 1 : frac;
+    double eta = frac > 0.01 ? elapsed / frac - elapsed : -1;
+    if (p->deadline > 0 && (eta < 0 || now_s() + eta > p->deadline))
+        eta = p->deadline - now_s();
+    char bar[31], eta_s[16];
+    int fill = (int)(frac * 30);
+    for (int i = 0; i < 30; ++i)
+        bar[i] = i < fill ? '#' : '.';
+    bar[30] = '\0';
+    fmt_time(eta, eta_s, sizeof eta_s);
+    fprintf(stderr, "\r[%s] %3d%% case %d/%d %-16.16s %-4s cand %d/%d ETA %-8s", bar,
+            (int)(frac * 100), p->case_index + 1, p->n_cases, p->pc->k->key,
+            llmcl_dtype_name(p->pc->dtype), done, total, eta_s);
+    fflush(stderr);
+}
+
+static bool kernel_selected(const tune_kernel *k, char **filters, int n)
+{
+    if (n == 0)
+        return true;
+    for (int i = 0; i < n; ++i)
+        if (strcmp(filters[i], k->key) == 0 || strcmp(filters[i], k->family) == 0)
+            return true;
+    return false;
+}
+
+static bool parse_dtypes(const char *list, unsigned *mask)
+{
+    *mask = 0;
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", list);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int found = -1;
+        for (int d = 0; d < LLMCL_DTYPE_COUNT; ++d)
+            if (strcasecmp(t, llmcl_dtype_name((llmcl_dtype)d)) == 0)
+                found = d;
+        if (found < 0)
+            return false;
+        *mask |= 1u << found;
+    }
+    return *mask != 0;
+}
+
+static void list_kernels(void)
+{
+    printf("%-20s %-14s %-10s %s\n", "kernel", "family", "size key",
+           "parameter space (candidates)");
+    for (const tune_kernel *k = tune_kernels; k->key; ++k)
+        printf("%-20s %-14s %-10s %s (%ld)\n", k->key, k->family,
+               k->size_key_fn ? "(function)" : k->size_key, k->params,
+               tune_space_size(k));
+}
+
+/* The cases to run: kernels x dtypes x shapes, bounded by --quick. */
+static int plan(const llmcl_device_info *info, char **filters, int n_filters, unsigned dtype_mask,
+                const char *shape, bool quick, plan_case *out)
+{
+    int n = 0;
+    for (const tune_kernel *k = tune_kernels; k->key; ++k) {
+        if (!kernel_selected(k, filters, n_filters))
+            continue;
+        unsigned mask = dtype_mask ? dtype_mask & k->dtypes : k->dtypes;
+        if (quick && !dtype_mask)
+            mask &= ~(mask - 1); /* the first dtype only */
+        const char *shapes = shape ? shape : info->is_gpu ? k->shapes : k->small_shapes;
+        for (int d = 0; d < LLMCL_DTYPE_COUNT; ++d) {
+            if (!(mask & (1u << d)))
+                continue;
+            for (const char *s = shapes; *s && n < MAX_CASES;) {
+                size_t len = strcspn(s, ";");
+                out[n] = (plan_case){k, (llmcl_dtype)d, ""};
+                snprintf(out[n].shape, sizeof out[n].shape, "%.*s", (int)len, s);
+                ++n;
+                if (quick)
+                    break;
+                s += len + (s[len] == ';');
+            }
+        }
+    }
+    return n;
+}
+
+static void print_table(const tune_result *res, int n)
+{
+    printf("\n%-16s %-5s %-18s %-5s %-22s %10s %-22s %10s %8s  %s\n", "kernel", "dtype", "shape",
+           "class", "default", "ms", "best", "ms", "speedup", "timed/tried; rejected");
+    for (int i = 0; i < n; ++i) {
+        const tune_result *r = &res[i];
+        if (!r->ok) {
+            printf("%-16s %-5s %-18s %-5s FAILED: %s\n", r->kernel->key, llmcl_dtype_name(r->dtype),
+                   r->shape, r->shape_class, r->error);
+            continue;
+        }
+        char rejected[128] = "";
+        static const char *names[TUNE_REJ_COUNT] = {"limits", "build", "wrong", "adjusted",
+                                                    "error"};
+        for (int j = 0, len = 0; j < TUNE_REJ_COUNT; ++j)
+            if (r->rejected[j])
+                len += snprintf(rejected + len, sizeof rejected - (size_t)len, " %s %d", names[j],
+                                r->rejected[j]);
+        printf("%-16s %-5s %-18s %-5s %-22s %10.4f %-22s %10.4f %7.2fx  %d/%d;%s\n", r->kernel->key,
+               llmcl_dtype_name(r->dtype), r->shape, r->shape_class, r->default_params,
+               r->default_ms,
+               strcmp(r->best_params, r->default_params) ? r->best_params : "(default)", r->best_ms,
+               r->best_ms > 0 ? r->default_ms / r->best_ms : 1.0, r->timed, r->tried,
+               rejected[0] ? rejected : " none");
+    }
+}
+
+int main(int argc, char **argv)
+{
+    char *filters[MAX_FILTERS];
+    int n_filters = 0, max_cand = -1, reps = -1, warmup = -1;
+    const char *shape = NULL, *output = NULL;
+    unsigned dtype_mask = 0;
+    bool quick = false, merge = false, for_platform = false;
+    double max_time = 0;
+    for (int i = 1; i < argc; ++i) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool takes = true;
+        if (strcmp(a, "--quick") == 0)
+            quick = true, takes = false;
+        else if (strcmp(a, "--merge") == 0)
+            merge = true, takes = false;
+        else if (strcmp(a, "--for-platform") == 0)
+            for_platform = true, takes = false;
+        else if (strcmp(a, "--list") == 0) {
+            list_kernels();
+            return 0;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (v == NULL) {
+            fprintf(stderr, "llmcl-tune: unknown option or missing value: %s\n", a);
+            usage(stderr);
+            return 2;
+        } else if (strcmp(a, "--kernel") == 0 && n_filters < MAX_FILTERS)
+            filters[n_filters++] = argv[i + 1];
+        else if (strcmp(a, "--shape") == 0)
+            shape = v;
+        else if (strcmp(a, "--output") == 0)
+            output = v;
+        else if (strcmp(a, "--dtype") == 0) {
+            if (!parse_dtypes(v, &dtype_mask)) {
+                fprintf(stderr, "llmcl-tune: bad --dtype %s (f32, bf16, f16, ...)\n", v);
+                return 2;
+            }
+        } else if (strcmp(a, "--max-time") == 0)
+            max_time = atof(v);
+        else if (strcmp(a, "--max-candidates") == 0)
+            max_cand = atoi(v);
+        else if (strcmp(a, "--reps") == 0)
+            reps = atoi(v);
+        else if (strcmp(a, "--warmup") == 0)
+            warmup = atoi(v);
+        else if (strcmp(a, "--platform") == 0)
+            setenv("LLMCL_PLATFORM", v, 1);
+        else if (strcmp(a, "--device") == 0)
+            setenv("LLMCL_DEVICE", v, 1);
+        else {
+            fprintf(stderr, "llmcl-tune: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+        i += takes;
+    }
+    for (int i = 0; i < n_filters; ++i) {
+        bool known = false;
+        for (const tune_kernel *k = tune_kernels; k->key; ++k)
+            known = known || strcmp(filters[i], k->key) == 0 || strcmp(filters[i], k->family) == 0;
+        if (!known) {
+            fprintf(stderr, "llmcl-tune: no kernel or family named %s (see --list)\n", filters[i]);
+            return 2;
+        }
+    }
+    /* Candidates would fill the program cache with binaries nobody reuses. */
+    setenv("LLMCL_CACHE_DIR", "off", 1);
+    llmcl_ctx *ctx = NULL;
+    llmcl_status st = llmcl_ctx_create(&ctx);
+    if (st != LLMCL_OK) {
+        fprintf(stderr, "llmcl-tune: %s: %s\n", llmcl_status_str(st), llmcl_last_error(NULL));
+        return 1;
+    }
+    const llmcl_device_info *info = llmcl_ctx_device_info(ctx);
+    tune_options o = tune_default_options(info, quick);
+    if (max_cand >= 0)
+        o.max_candidates = max_cand;
+    if (reps > 0)
+        o.reps = reps;
+    if (warmup >= 0)
+        o.warmup = warmup;
+    o.for_platform = for_platform;
+
+    static plan_case cases[MAX_CASES];
+    static tune_result results[MAX_CASES];
+    int n = plan(info, filters, n_filters, dtype_mask, shape, quick, cases);
+    progress p = {.tty = isatty(2), .start = now_s(), .n_cases = n};
+    p.deadline = max_time > 0 ? p.start + max_time : 0;
+    for (int i = 0; i < n; ++i) {
+        long size = tune_space_size(cases[i].k);
+        p.units_total += o.max_candidates > 0 && size > o.max_candidates ? o.max_candidates : size;
+    }
+    printf("llmcl-tune %s on %s (%s, driver %s): %d cases%s\n", llmcl_version(), info->name,
+           info->platform_name, info->driver_version, n, quick ? ", quick" : "");
+    fflush(stdout);
+    o.progress = on_progress;
+    o.progress_arg = &p;
+    int done = 0, failed = 0;
+    for (int i = 0; i < n; ++i) {
+        double left = p.deadline > 0 ? p.deadline - now_s() : 0;
+        if (p.deadline > 0 && left <= 0) {
+            fprintf(stderr, "%sllmcl-tune: --max-time reached; %d of %d cases not run\n",
+                    p.tty ? "\n" : "", n - i, n);
+            break;
+        }
+        o.case_seconds = p.deadline > 0 ? left / (n - i) : 0;
+        p.case_index = i;
+        p.pc = &cases[i];
+        p.last_done = 0;
+        if (!p.tty)
+            fprintf(stderr, "[%d/%d] %s %s %s\n", i + 1, n, cases[i].k->key,
+                    llmcl_dtype_name(cases[i].dtype), cases[i].shape);
+        tune_result *r = &results[done++];
+        st = tune_run_case(ctx, cases[i].k, cases[i].dtype, cases[i].shape, &o, r);
+        failed += st != LLMCL_OK;
+        if (!p.tty) {
+            if (r->ok)
+                fprintf(stderr, "  %d candidates, %d timed; best %s %.4f ms, default %.4f ms\n",
+                        r->candidates, r->timed, r->best_params, r->best_ms, r->default_ms);
+            else
+                fprintf(stderr, "  failed: %s\n", r->error);
+        }
+        for (int j = 0; j < TUNE_REJ_COUNT && getenv("LLMCL_TUNE_VERBOSE"); ++j)
+            if (r->rejected[j])
+                fprintf(stderr, "  rejected e.g. %s\n", r->last_reject[j]);
+    }
+    if (p.tty)
+        fprintf(stderr, "\n");
+    print_table(results, done);
+    int rc = failed ? 1 : 0;
+    if (output) {
+        char why[512];
+        if (tune_write_json(output, ctx, results, done, &o, merge, why, sizeof why))
+            printf("\nwrote %s (use it with LLMCL_TUNE_DB=%s)\n", output, output);
+        else {
+            fprintf(stderr, "llmcl-tune: %s\n", why);
+            rc = 1;
+        }
+    }
+    llmcl_ctx_destroy(ctx);
+    return rc;
+}
