@@ -286,6 +286,100 @@ LLMCL_API llmcl_status llmcl_measure_fma_rate(llmcl_ctx *ctx, double *tflops);
 /* ---------------------------------------------------------------------------------------------- */
 /* Normalisation, RoPE and gated linear units (norm.cl, rope.cl, glu.cl).                        */
 
+/* ---- RMSNorm and LayerNorm (norm.cl) ---- */
+
+/*
+ * Shapes shared by the norm ops: x is any tensor of up to 4 dimensions whose last dimension (H, unit
+ * stride) is normalised and whose leading dimensions flatten to N rows with one row stride (see
+ * llmcl_tensor_view: padded rows are fine). Activations (x, residual, r, y, dy, dr, dx) are f32,
+ * bf16 or f16, all of x's dtype and shape; w, b, dw and db are 1-D [H], unit stride, f32 or x's
+ * dtype (all four alike); rstd and mean are contiguous f32 with N elements (any shape). Math is in
+ * f32. Weight gradients are deterministic: per-row-slot partial sums in a scratch buffer (slots *
+ * H floats, freed once the kernels finish), summed in a fixed order by a second kernel; no atomics.
+ * Outputs may not overlap inputs or each other except where a comment allows an in-place pairing
+ * (the same view exactly).
+ */
+
+/* RMSNorm casting, as in Hugging Face transformers and Liger Kernel. */
+typedef enum llmcl_rmsnorm_casting {
+    LLMCL_RMSNORM_CAST_LLAMA = 0, /* x * rstd rounded to x's dtype, then times (w + offset) */
+    LLMCL_RMSNORM_CAST_GEMMA,     /* all in f32, rounded once when stored */
+} llmcl_rmsnorm_casting;
+
+/* RMSNorm options; a zero-initialised struct (or NULL) gives the defaults. */
+typedef struct llmcl_rmsnorm_options {
+    float eps;                     /* added to mean(x^2); 0 means the default 1e-6 */
+    float offset;                  /* added to w: 0 for Llama (default), 1 for Gemma */
+    llmcl_rmsnorm_casting casting; /* default LLMCL_RMSNORM_CAST_LLAMA */
+} llmcl_rmsnorm_options;
+
+/*
+ * y = x * rstd * (w + offset), rstd = 1 / sqrt(mean(x^2) + eps) per row. Reads x, w; writes y (x's
+ * dtype) and rstd. y may be x itself (in place).
+ */
+LLMCL_API llmcl_status llmcl_rmsnorm_forward(llmcl_ctx *ctx, const llmcl_tensor *x,
+                                             const llmcl_tensor *w, llmcl_tensor *y,
+                                             llmcl_tensor *rstd, const llmcl_rmsnorm_options *opt);
+
+/*
+ * The RMSNorm backward from the forward's x and rstd: writes dx and dw (overwritten, not
+ * accumulated). Reads dy, x, w, rstd. dx may be dy itself (in place).
+ */
+LLMCL_API llmcl_status llmcl_rmsnorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
+                                              const llmcl_tensor *x, const llmcl_tensor *w,
+                                              const llmcl_tensor *rstd, llmcl_tensor *dx,
+                                              llmcl_tensor *dw, const llmcl_rmsnorm_options *opt);
+
+/*
+ * Fused residual add and RMSNorm in one pass: r = x + residual (rounded to x's dtype), then y =
+ * rmsnorm(r). Reads x, residual, w; writes r, y, rstd. r may be x or residual itself (in place);
+ * y may be x or residual when r is neither.
+ */
+LLMCL_API llmcl_status llmcl_residual_rmsnorm_forward(llmcl_ctx *ctx, const llmcl_tensor *x,
+                                                      const llmcl_tensor *residual,
+                                                      const llmcl_tensor *w, llmcl_tensor *r,
+                                                      llmcl_tensor *y, llmcl_tensor *rstd,
+                                                      const llmcl_rmsnorm_options *opt);
+
+/*
+ * The backward of the fused residual RMSNorm. dr (may be NULL) is the gradient reaching r through
+ * the residual stream (the next block's residual add); the result drx = rmsnorm_backward(dy) + dr
+ * is the gradient of both x and residual. So a Llama block's backward chains: drx of block l+1
+ * is the dr of block l. Reads dy, dr, r, w, rstd; writes drx and dw (overwritten). drx may be dy or
+ * dr itself (in place).
+ */
+LLMCL_API llmcl_status llmcl_residual_rmsnorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
+                                                       const llmcl_tensor *dr,
+                                                       const llmcl_tensor *r, const llmcl_tensor *w,
+                                                       const llmcl_tensor *rstd, llmcl_tensor *drx,
+                                                       llmcl_tensor *dw,
+                                                       const llmcl_rmsnorm_options *opt);
+
+/* LayerNorm options; a zero-initialised struct (or NULL) gives the defaults. */
+typedef struct llmcl_layernorm_options {
+    float eps; /* added to the variance; 0 means the default 1e-5 */
+} llmcl_layernorm_options;
+
+/*
+ * y = (x - mean) * rstd * w + b per row, with the biased variance. b may be NULL (no bias). Reads x,
+ * w, b; writes y (x's dtype), mean and rstd. y may be x itself (in place).
+ */
+LLMCL_API llmcl_status llmcl_layernorm_forward(llmcl_ctx *ctx, const llmcl_tensor *x,
+                                               const llmcl_tensor *w, const llmcl_tensor *b,
+                                               llmcl_tensor *y, llmcl_tensor *mean,
+                                               llmcl_tensor *rstd,
+                                               const llmcl_layernorm_options *opt);
+
+/*
+ * The LayerNorm backward from the forward's x, mean and rstd: writes dx, dw and, when db is not
+ * NULL, db (overwritten). Reads dy, x, w, mean, rstd. dx may be dy itself (in place).
+ */
+LLMCL_API llmcl_status llmcl_layernorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
+                                                const llmcl_tensor *x, const llmcl_tensor *w,
+                                                const llmcl_tensor *mean, const llmcl_tensor *rstd,
+                                                llmcl_tensor *dx, llmcl_tensor *dw,
+                                                llmcl_tensor *db);
+
 /* ---- RoPE (rope.cl) ---- */
 
 typedef enum llmcl_rope_style {

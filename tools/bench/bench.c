@@ -17,6 +17,7 @@ typedef struct family {
 
 static const family families[] = {
     {"elementwise", bench_elementwise},
+    {"norm", bench_norm},
     {"rope", bench_rope},
     {"glu", bench_glu},
     {"attention", bench_attention},

@@ -53,6 +53,7 @@ bool bench_fail(bench_env *env, const char *what, llmcl_status st);
 
 /* Families: each adds its rows. */
 void bench_elementwise(bench_env *env);
+void bench_norm(bench_env *env);
 void bench_rope(bench_env *env);
 void bench_glu(bench_env *env);
 void bench_attention(bench_env *env);

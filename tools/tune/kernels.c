@@ -4,6 +4,9 @@
  * launcher's size key, representative shapes, its tensors and a small function that calls the op.
  * A family adds its kernels here; tune.h documents the fields.
  */
+#include <stdio.h>
+#include <string.h>
+
 #include "tune.h"
 
 #define F32 (1u << LLMCL_F32)
@@ -173,6 +176,110 @@ static llmcl_status run_attention_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, co
      {"dq", TUNE_OUT, "B,H,T,D"},                                                                 \
      {"dkv", TUNE_OUT, "B,KV2,T,D"}}
 
+/*
+ * ---- norm.cl: rows of C; the size key is the row length. Tensors past TUNE_MAX_TENSORS are
+ * packed in pairs ([TWO = 2, ...]) and split with views. rstd and mean hold random values in the
+ * backward: the outputs are then no gradients, but every candidate must reproduce the reference.
+ */
+
+#define NORM_FWD_PARAMS "WG=32,64,128,256,512,1024 ROWS=1,2,4 CACHE=1,2,4,8"
+#define NORM_BWD_PARAMS "WG=32,64,128,256,512,1024 ROWS=1,2 CACHE=1,2,4 GROUPS_PER_CU=1,2,3,4,8"
+#define NORM_SHAPES "TWO=2,R=8192,C=4096;TWO=2,R=4096,C=8192"
+#define NORM_SMALL "TWO=2,R=256,C=4096"
+
+/* WG * ROWS work-items in one work-group. */
+static bool norm_fits(const llmcl_device_info *info, const tune_case *c, char *why, size_t len)
+{
+    long wg = 1, rows = 1;
+    for (int i = 0; i < c->n_params; ++i) {
+        if (strcmp(c->param_names[i], "WG") == 0)
+            wg = c->values[i];
+        if (strcmp(c->param_names[i], "ROWS") == 0)
+            rows = c->values[i];
+    }
+    if ((size_t)(wg * rows) <= info->max_work_group_size)
+        return true;
+    snprintf(why, len, "WG * ROWS = %ld exceeds the work-group limit %zu", wg * rows,
+             info->max_work_group_size);
+    return false;
+}
+
+/* Item i of a tensor packed as [2, ...]. */
+static llmcl_status norm_half(llmcl_tensor *pair, int i, llmcl_tensor **out)
+{
+    const int nd = llmcl_tensor_ndim(pair) - 1;
+    int64_t shape[LLMCL_MAX_DIMS];
+    for (int d = 0; d < nd; ++d)
+        shape[d] = llmcl_tensor_dim(pair, d + 1);
+    return llmcl_tensor_view(pair, nd, shape, NULL, i * (llmcl_tensor_numel(pair) / 2), out);
+}
+
+static llmcl_status run_rmsnorm_fwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    return llmcl_rmsnorm_forward(ctx, t[0], t[1], t[2], t[3], NULL);
+}
+
+static llmcl_status run_rmsnorm_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    return llmcl_rmsnorm_backward(ctx, t[0], t[1], t[2], t[3], t[4], t[5], NULL);
+}
+
+static llmcl_status run_residual_fwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    return llmcl_residual_rmsnorm_forward(ctx, t[0], t[1], t[2], t[3], t[4], t[5], NULL);
+}
+
+static llmcl_status run_residual_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    llmcl_tensor *dy = NULL, *dr = NULL;
+    llmcl_status st = norm_half(t[0], 0, &dy);
+    if (st == LLMCL_OK)
+        st = norm_half(t[0], 1, &dr);
+    if (st == LLMCL_OK)
+        st = llmcl_residual_rmsnorm_backward(ctx, dy, dr, t[1], t[2], t[3], t[4], t[5], NULL);
+    llmcl_tensor_destroy(dy);
+    llmcl_tensor_destroy(dr);
+    return st;
+}
+
+static llmcl_status run_layernorm_fwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    return llmcl_layernorm_forward(ctx, t[0], t[1], t[2], t[3], t[4], t[5], NULL);
+}
+
+static llmcl_status run_layernorm_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    llmcl_tensor *mean = NULL, *rstd = NULL, *dw = NULL, *db = NULL;
+    llmcl_status st = norm_half(t[3], 0, &mean);
+    if (st == LLMCL_OK)
+        st = norm_half(t[3], 1, &rstd);
+    if (st == LLMCL_OK)
+        st = norm_half(t[5], 0, &dw);
+    if (st == LLMCL_OK)
+        st = norm_half(t[5], 1, &db);
+    if (st == LLMCL_OK)
+        st = llmcl_layernorm_backward(ctx, t[0], t[1], t[2], mean, rstd, t[4], dw, db);
+    llmcl_tensor_destroy(mean);
+    llmcl_tensor_destroy(rstd);
+    llmcl_tensor_destroy(dw);
+    llmcl_tensor_destroy(db);
+    return st;
+}
+
+#define NORM_RMS_BWD_TENSORS                                                                      \
+    {{"dy", TUNE_IN, "R,C"},                                                                      \
+     {"x", TUNE_IN, "R,C"},                                                                       \
+     {"w", TUNE_IN, "C"},                                                                         \
+     {"rstd", TUNE_IN, "R", TUNE_DT(LLMCL_F32), TUNE_INIT_NEAR_ONE},                              \
+     {"dx", TUNE_OUT, "R,C"},                                                                     \
+     {"dw", TUNE_OUT, "C"}}
+
 const tune_kernel tune_kernels[] = {
     {.key = "fill", .family = "elementwise", .params = EW_WG, .dtypes = F32 | BF16,
      .size_key = "N", .shapes = EW_SHAPES, .small_shapes = EW_SMALL,
@@ -236,5 +343,41 @@ const tune_kernel tune_kernels[] = {
     {.key = "attention_bwd_pre", .family = "attention", .params = "PRE_WG=32,64,128,256",
      .dtypes = F32 | BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4},
+    {.key = "rmsnorm_fwd", .family = "norm", .params = NORM_FWD_PARAMS, .dtypes = F32 | BF16,
+     .size_key = "C", .shapes = NORM_SHAPES, .small_shapes = NORM_SMALL,
+     .tensors = {{"x", TUNE_IN, "R,C"}, {"w", TUNE_IN, "C"}, {"y", TUNE_OUT, "R,C"},
+                 {"rstd", TUNE_OUT, "R", TUNE_DT(LLMCL_F32)}},
+     .run = run_rmsnorm_fwd, .fits = norm_fits},
+    {.key = "residual_rmsnorm_fwd", .family = "norm", .params = NORM_FWD_PARAMS,
+     .dtypes = F32 | BF16, .size_key = "C", .shapes = NORM_SHAPES, .small_shapes = NORM_SMALL,
+     .tensors = {{"x", TUNE_IN, "R,C"}, {"res", TUNE_IN, "R,C"}, {"w", TUNE_IN, "C"},
+                 {"r", TUNE_OUT, "R,C"}, {"y", TUNE_OUT, "R,C"},
+                 {"rstd", TUNE_OUT, "R", TUNE_DT(LLMCL_F32)}},
+     .run = run_residual_fwd, .fits = norm_fits},
+    {.key = "layernorm_fwd", .family = "norm", .params = NORM_FWD_PARAMS, .dtypes = F32 | BF16,
+     .size_key = "C", .shapes = NORM_SHAPES, .small_shapes = NORM_SMALL,
+     .tensors = {{"x", TUNE_IN, "R,C"}, {"w", TUNE_IN, "C"}, {"b", TUNE_IN, "C"},
+                 {"y", TUNE_OUT, "R,C"}, {"mean", TUNE_OUT, "R", TUNE_DT(LLMCL_F32)},
+                 {"rstd", TUNE_OUT, "R", TUNE_DT(LLMCL_F32)}},
+     .run = run_layernorm_fwd, .fits = norm_fits},
+    /* Backward weight gradients sum rows in an order set by the slot count: compare loosely. */
+    {.key = "rmsnorm_bwd", .family = "norm", .params = NORM_BWD_PARAMS, .dtypes = F32 | BF16,
+     .size_key = "C", .shapes = NORM_SHAPES, .small_shapes = NORM_SMALL,
+     .tensors = NORM_RMS_BWD_TENSORS, .run = run_rmsnorm_bwd, .fits = norm_fits, .tol_scale = 4},
+    {.key = "norm_dw_reduce", .family = "norm", .params = "FX=16,32,64,128 FY=1,2,4,8,16,32",
+     .dtypes = F32 | BF16, .size_key = "C", .shapes = NORM_SHAPES, .small_shapes = NORM_SMALL,
+     .tensors = NORM_RMS_BWD_TENSORS, .run = run_rmsnorm_bwd, .tol_scale = 4},
+    {.key = "residual_rmsnorm_bwd", .family = "norm", .params = NORM_BWD_PARAMS,
+     .dtypes = F32 | BF16, .size_key = "C", .shapes = NORM_SHAPES, .small_shapes = NORM_SMALL,
+     .tensors = {{"dy_dr", TUNE_IN, "TWO,R,C"}, {"r", TUNE_IN, "R,C"}, {"w", TUNE_IN, "C"},
+                 {"rstd", TUNE_IN, "R", TUNE_DT(LLMCL_F32), TUNE_INIT_NEAR_ONE},
+                 {"drx", TUNE_OUT, "R,C"}, {"dw", TUNE_OUT, "C"}},
+     .run = run_residual_bwd, .fits = norm_fits, .tol_scale = 4},
+    {.key = "layernorm_bwd", .family = "norm", .params = NORM_BWD_PARAMS, .dtypes = F32 | BF16,
+     .size_key = "C", .shapes = NORM_SHAPES, .small_shapes = NORM_SMALL,
+     .tensors = {{"dy", TUNE_IN, "R,C"}, {"x", TUNE_IN, "R,C"}, {"w", TUNE_IN, "C"},
+                 {"stats", TUNE_IN, "TWO,R", TUNE_DT(LLMCL_F32), TUNE_INIT_NEAR_ONE},
+                 {"dx", TUNE_OUT, "R,C"}, {"dwb", TUNE_OUT, "TWO,C"}},
+     .run = run_layernorm_bwd, .fits = norm_fits, .tol_scale = 4},
     {0},
 };

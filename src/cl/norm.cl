@@ -1,0 +1,600 @@
+/*
+ * norm.cl: RMSNorm (with an optional fused residual add) and LayerNorm, forward and backward, and
+ * the second-stage reduction of the weight gradients. Host side: src/runtime/ops/norm.c.
+ *
+ * Layout: a tensor is a set of rows of H elements (unit stride), row stride in elements. A
+ * work-group is WG x ROWS work-items: WG work-items share one row, ROWS rows per work-group (ROWS
+ * > 1 for short rows). A row is read in chunks of VEC elements; work-item lid owns chunks lid,
+ * lid + WG, ...; its first CACHE chunks stay in registers between the row reduction and the write,
+ * so a row that fits (H <= WG * VEC * CACHE) is read from memory once. Chunks past the cache are
+ * read again from global memory (a slower path for very long rows); the H % VEC tail is scalar.
+ *
+ * Backward kernels are persistent: get_num_groups(1) * ROWS row slots walk the rows with a fixed
+ * stride, and each slot accumulates its dw (and db) contributions in registers, then writes them as
+ * one row of a [slots, H] f32 partial buffer. norm_dw_reduce then sums the slots in a fixed order:
+ * the result is deterministic for a given slot count and does not use atomics.
+ *
+ * Dtype macros: X_DT for activations (x, residual, r, y, dy, dr, dx), W_DT for w, b, dw, db; rstd
+ * and mean are f32.
+ *
+ * Tunables (all kernels unless noted):
+ *   WG     work-items per row: 1..max work-group size, WG * ROWS <= max work-group size.
+ *   ROWS   rows per work-group: >= 1.
+ *   VEC    1 or 8. 8 needs every row base 16-byte aligned (the host checks) and uses 16-byte loads
+ *          for 16-bit storage (two for f32); 1 is the scalar path for any alignment.
+ *   CACHE  chunks per work-item kept in registers: 1..16 (the backward keeps two arrays of them).
+ *   FX, FY norm_dw_reduce only: FX columns x FY slot lanes per work-group, FX * FY <= max size.
+ * Feature switches: RMS_CAST_LLAMA (llama casting, else gemma), HAS_RES (residual add in the
+ * forward), HAS_DR (an incoming gradient added to dx in the backward), HAS_B (LayerNorm bias).
+ * NORM_KERNEL (1 rmsnorm_fwd, 2 rmsnorm_bwd, 3 layernorm_fwd, 4 layernorm_bwd, 5 norm_dw_reduce)
+ * compiles only that kernel, so a build (and a program binary for the disk cache) holds one kernel;
+ * 0 or unset builds every kernel.
+ */
+
+#ifndef NORM_KERNEL
+#define NORM_KERNEL 0
+#endif
+#define NORM_BUILDS(k) (NORM_KERNEL == 0 || NORM_KERNEL == (k))
+
+#ifndef X_DT
+#define X_DT F32
+#endif
+#ifndef W_DT
+#define W_DT F32
+#endif
+#ifndef WG
+#define WG 256
+#endif
+#ifndef ROWS
+#define ROWS 1
+#endif
+#ifndef VEC
+#define VEC 1
+#endif
+#ifndef CACHE
+#define CACHE 4
+#endif
+#ifndef FX
+#define FX 32
+#endif
+#ifndef FY
+#define FY 8
+#endif
+
+/* Values rounded to a storage type and back, as a cast to the input dtype would do. */
+inline float round_F32(float v) { return v; }
+inline float round_BF16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+inline float round_F16(float v)
+{
+    ushort h;
+    vstore_half_rte(v, 0, (__private half *)&h);
+    return vload_half(0, (const __private half *)&h);
+}
+
+inline ushort8 f32x8_to_bf16(float8 f)
+{
+    const uint8 u = as_uint8(f);
+    const uint8 rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint8 nan = (u >> 16) | 0x40u;
+    return convert_ushort8(select(rne, nan, (u & 0x7fffffffu) > 0x7f800000u));
+}
+
+inline float8 round8_F32(float8 v) { return v; }
+inline float8 round8_BF16(float8 v) { return as_float8(convert_uint8(f32x8_to_bf16(v)) << 16); }
+inline float8 round8_F16(float8 v)
+{
+    ushort8 h;
+    vstore_half8_rte(v, 0, (__private half *)&h);
+    return vload_half8(0, (const __private half *)&h);
+}
+
+/* Eight elements at p + i, which must be 16-byte aligned (VEC == 8). */
+inline float8 load8_F32(const __global float *p, long i)
+{
+    const __global float4 *q = (const __global float4 *)(p + i);
+    return (float8)(q[0], q[1]);
+}
+inline float8 load8_BF16(const __global ushort *p, long i)
+{
+    return as_float8(convert_uint8(*(const __global ushort8 *)(p + i)) << 16);
+}
+inline float8 load8_F16(const __global ushort *p, long i)
+{
+    return vload_half8(0, (const __global half *)(p + i));
+}
+inline void store8_F32(__global float *p, long i, float8 v)
+{
+    __global float4 *q = (__global float4 *)(p + i);
+    q[0] = v.lo;
+    q[1] = v.hi;
+}
+inline void store8_BF16(__global ushort *p, long i, float8 v)
+{
+    *(__global ushort8 *)(p + i) = f32x8_to_bf16(v);
+}
+inline void store8_F16(__global ushort *p, long i, float8 v)
+{
+    vstore_half8_rte(v, 0, (__global half *)(p + i));
+}
+
+#if VEC == 8
+typedef float8 vf;
+#define VLOAD(DT, p, i) LLMCL_CAT(load8_, DT)((p), (i))
+#define VSTORE(DT, p, i, v) LLMCL_CAT(store8_, DT)((p), (i), (v))
+#define VROUND(DT, v) LLMCL_CAT(round8_, DT)(v)
+#define VDOT(a, b) (dot((a).lo, (b).lo) + dot((a).hi, (b).hi))
+#elif VEC == 1
+typedef float vf;
+#define VLOAD(DT, p, i) LOAD(DT, p, i)
+#define VSTORE(DT, p, i, v) STORE(DT, p, i, v)
+#define VROUND(DT, v) LLMCL_CAT(round_, DT)(v)
+#define VDOT(a, b) ((a) * (b))
+#else
+#error "VEC must be 1 or 8"
+#endif
+#define SROUND(DT, v) LLMCL_CAT(round_, DT)(v)
+
+#define X_T STORAGE(X_DT)
+#define W_T STORAGE(W_DT)
+
+/* The normalised value times the weight; llama casting rounds x * rstd to the input dtype first. */
+#ifdef RMS_CAST_LLAMA
+#define RMS_Y(RND, v, rs, wo) (RND(X_DT, (v) * (rs)) * (wo))
+#define RMS_M(RND, dy, wo) RND(X_DT, (dy) * (wo))
+#define RMS_N(RND, v, rs) RND(X_DT, (v) * (rs))
+#else
+#define RMS_Y(RND, v, rs, wo) ((v) * (rs) * (wo))
+#define RMS_M(RND, dy, wo) ((dy) * (wo))
+#define RMS_N(RND, v, rs) ((v) * (rs))
+#endif
+
+/* ---- RMSNorm forward, optionally r = round(x + residual) first ------------------------------ */
+
+#ifdef HAS_RES
+#define RES_ARGS                                                                                  \
+    const __global X_T *res, ulong res_off, long res_stride, __global X_T *r, ulong r_off,         \
+        long r_stride,
+#else
+#define RES_ARGS
+#endif
+
+#if NORM_BUILDS(1)
+__kernel __attribute__((reqd_work_group_size(WG, ROWS, 1))) void
+rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, RES_ARGS const __global W_T *w,
+            ulong w_off, __global X_T *y, ulong y_off, long y_stride, __global float *rstd,
+            ulong rstd_off, long n_rows, int H, float eps, float offset)
+{
+    __local float scratch[WG * ROWS];
+    __local float *sc = scratch + get_local_id(1) * WG;
+    const int lid = get_local_id(0);
+    const long row = get_global_id(1);
+    const bool live = row < n_rows;
+    const long rr = live ? row : n_rows - 1; /* dead rows join the barriers on a valid row */
+    const int nv = H / VEC;
+
+    x += x_off + rr * x_stride;
+    y += y_off + rr * y_stride;
+    w += w_off;
+#ifdef HAS_RES
+    res += res_off + rr * res_stride;
+    r += r_off + rr * r_stride;
+    /* Reads after the first pass come from r: r may overwrite x or residual in place. */
+#define IN_V(j) VROUND(X_DT, VLOAD(X_DT, x, (j) * VEC) + VLOAD(X_DT, res, (j) * VEC))
+#define IN_S(i) SROUND(X_DT, LOAD(X_DT, x, i) + LOAD(X_DT, res, i))
+#define AGAIN_V(j) VLOAD(X_DT, r, (j) * VEC)
+#define AGAIN_S(i) LOAD(X_DT, r, i)
+#else
+#define IN_V(j) VLOAD(X_DT, x, (j) * VEC)
+#define IN_S(i) LOAD(X_DT, x, i)
+#define AGAIN_V(j) VLOAD(X_DT, x, (j) * VEC)
+#define AGAIN_S(i) LOAD(X_DT, x, i)
+#endif
+
+    vf c[CACHE];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+        const int j = lid + k * WG;
+        vf v = 0.0f;
+        if (j < nv) {
+            v = IN_V(j);
+#ifdef HAS_RES
+            if (live)
+                VSTORE(X_DT, r, j * VEC, v);
+#endif
+        }
+        c[k] = v;
+        ss += VDOT(v, v);
+    }
+    for (int j = lid + CACHE * WG; j < nv; j += WG) {
+        const vf v = IN_V(j);
+#ifdef HAS_RES
+        if (live)
+            VSTORE(X_DT, r, j * VEC, v);
+#endif
+        ss += VDOT(v, v);
+    }
+    for (int i = nv * VEC + lid; i < H; i += WG) {
+        const float v = IN_S(i);
+#ifdef HAS_RES
+        if (live)
+            STORE(X_DT, r, i, v);
+#endif
+        ss += v * v;
+    }
+    ss = wg_sum(ss, sc);
+    const float rs = rsqrt(ss / (float)H + eps);
+    if (!live)
+        return;
+    if (lid == 0)
+        rstd[rstd_off + row] = rs;
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+        const int j = lid + k * WG;
+        if (j < nv)
+            VSTORE(X_DT, y, j * VEC, RMS_Y(VROUND, c[k], rs, VLOAD(W_DT, w, j * VEC) + offset));
+    }
+    for (int j = lid + CACHE * WG; j < nv; j += WG)
+        VSTORE(X_DT, y, j * VEC, RMS_Y(VROUND, AGAIN_V(j), rs, VLOAD(W_DT, w, j * VEC) + offset));
+    for (int i = nv * VEC + lid; i < H; i += WG)
+        STORE(X_DT, y, i, RMS_Y(SROUND, AGAIN_S(i), rs, LOAD(W_DT, w, i) + offset));
+#undef IN_V
+#undef IN_S
+#undef AGAIN_V
+#undef AGAIN_S
+}
+#endif
+
+/* ---- RMSNorm backward: dx = rstd * (m - x * rstd^2 * mean(m * x)) [+ dr], m = dy * (w + offset) */
+
+#ifdef HAS_DR
+#define DR_ARGS const __global X_T *dr, ulong dr_off, long dr_stride,
+#define DR_V(j) +VLOAD(X_DT, drr, (j) * VEC)
+#define DR_S(i) +LOAD(X_DT, drr, i)
+#else
+#define DR_ARGS
+#define DR_V(j)
+#define DR_S(i)
+#endif
+
+/*
+ * Row slot bookkeeping shared by the backward kernels: the work-group walks row blocks of ROWS with
+ * a stride of all slots, so every work-item of a group runs the same number of iterations.
+ */
+#define SLOT_LOOP_BEGIN                                                                           \
+    for (long base = get_group_id(1) * ROWS; base < n_rows;                                       \
+         base += (long)get_num_groups(1) * ROWS) {                                                \
+        const long row = base + get_local_id(1);                                                  \
+        const bool live = row < n_rows;                                                           \
+        const long rr = live ? row : n_rows - 1;
+
+#if NORM_BUILDS(2)
+__kernel __attribute__((reqd_work_group_size(WG, ROWS, 1))) void
+rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const __global X_T *x,
+            ulong x_off, long x_stride, const __global W_T *w, ulong w_off,
+            const __global float *rstd, ulong rstd_off, __global X_T *dx, ulong dx_off,
+            long dx_stride, __global float *part, ulong part_off, long n_rows, int H, float offset)
+{
+    __local float scratch[WG * ROWS];
+    __local float *sc = scratch + get_local_id(1) * WG;
+    const int lid = get_local_id(0);
+    const int nv = H / VEC;
+    w += w_off;
+    rstd += rstd_off;
+
+    /* The slot's partial row: register accumulators for cached chunks, memory for the rest. */
+    __global float *pr = part + part_off + (get_group_id(1) * ROWS + get_local_id(1)) * (long)H;
+    for (int i = min(CACHE * WG, nv) * VEC + lid; i < H; i += WG)
+        pr[i] = 0.0f;
+    vf wc[CACHE], acc[CACHE];
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+        const int j = lid + k * WG;
+        wc[k] = j < nv ? VLOAD(W_DT, w, j * VEC) + offset : 0.0f;
+        acc[k] = 0.0f;
+    }
+
+    SLOT_LOOP_BEGIN
+    const __global X_T *dyr = dy + dy_off + rr * dy_stride;
+    const __global X_T *xr = x + x_off + rr * x_stride;
+#ifdef HAS_DR
+    const __global X_T *drr = dr + dr_off + rr * dr_stride;
+#endif
+    __global X_T *dxr = dx + dx_off + rr * dx_stride;
+    const float rs = rstd[rr];
+
+    vf cdy[CACHE], cx[CACHE];
+    float d = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+        const int j = lid + k * WG;
+        vf g = 0.0f, v = 0.0f;
+        if (j < nv) {
+            g = VLOAD(X_DT, dyr, j * VEC);
+            v = VLOAD(X_DT, xr, j * VEC);
+        }
+        cdy[k] = g;
+        cx[k] = v;
+        d += VDOT(RMS_M(VROUND, g, wc[k]), v);
+    }
+    for (int j = lid + CACHE * WG; j < nv; j += WG)
+        d += VDOT(RMS_M(VROUND, VLOAD(X_DT, dyr, j * VEC), VLOAD(W_DT, w, j * VEC) + offset),
+                  VLOAD(X_DT, xr, j * VEC));
+    for (int i = nv * VEC + lid; i < H; i += WG)
+        d += RMS_M(SROUND, LOAD(X_DT, dyr, i), LOAD(W_DT, w, i) + offset) * LOAD(X_DT, xr, i);
+    d = wg_sum(d, sc);
+    const float cf = d * rs * rs / (float)H;
+
+    if (live) {
+    #pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+            const int j = lid + k * WG;
+            if (j < nv) {
+                const vf m = RMS_M(VROUND, cdy[k], wc[k]);
+                VSTORE(X_DT, dxr, j * VEC, rs * (m - cx[k] * cf) DR_V(j));
+                acc[k] += cdy[k] * RMS_N(VROUND, cx[k], rs);
+            }
+        }
+        for (int j = lid + CACHE * WG; j < nv; j += WG) {
+            const vf g = VLOAD(X_DT, dyr, j * VEC), v = VLOAD(X_DT, xr, j * VEC);
+            const vf m = RMS_M(VROUND, g, VLOAD(W_DT, w, j * VEC) + offset);
+            VSTORE(X_DT, dxr, j * VEC, rs * (m - v * cf) DR_V(j));
+            VSTORE(F32, pr, j * VEC, VLOAD(F32, pr, j * VEC) + g * RMS_N(VROUND, v, rs));
+        }
+        for (int i = nv * VEC + lid; i < H; i += WG) {
+            const float g = LOAD(X_DT, dyr, i), v = LOAD(X_DT, xr, i);
+            const float m = RMS_M(SROUND, g, LOAD(W_DT, w, i) + offset);
+            STORE(X_DT, dxr, i, rs * (m - v * cf) DR_S(i));
+            pr[i] += g * RMS_N(SROUND, v, rs);
+        }
+    }
+    }
+
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+        const int j = lid + k * WG;
+        if (j < nv)
+            VSTORE(F32, pr, j * VEC, acc[k]);
+    }
+}
+#endif
+
+/* ---- LayerNorm forward: y = (x - mean) * rstd * w [+ b] ------------------------------------ */
+
+#ifdef HAS_B
+#define B_ARGS const __global W_T *b, ulong b_off,
+#define B_V(j) +VLOAD(W_DT, b, (j) * VEC)
+#define B_S(i) +LOAD(W_DT, b, i)
+#else
+#define B_ARGS
+#define B_V(j)
+#define B_S(i)
+#endif
+
+#if NORM_BUILDS(3)
+__kernel __attribute__((reqd_work_group_size(WG, ROWS, 1))) void
+layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, const __global W_T *w, ulong w_off,
+              B_ARGS __global X_T *y, ulong y_off, long y_stride, __global float *mean,
+              ulong mean_off, __global float *rstd, ulong rstd_off, long n_rows, int H, float eps)
+{
+    __local float scratch[WG * ROWS];
+    __local float *sc = scratch + get_local_id(1) * WG;
+    const int lid = get_local_id(0);
+    const long row = get_global_id(1);
+    const bool live = row < n_rows;
+    const long rr = live ? row : n_rows - 1;
+    const int nv = H / VEC;
+    x += x_off + rr * x_stride;
+    y += y_off + rr * y_stride;
+    w += w_off;
+#ifdef HAS_B
+    b += b_off;
+#endif
+
+    vf c[CACHE];
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+        const int j = lid + k * WG;
+        c[k] = j < nv ? VLOAD(X_DT, x, j * VEC) : 0.0f;
+        s += VDOT(c[k], (vf)1.0f);
+    }
+    for (int j = lid + CACHE * WG; j < nv; j += WG)
+        s += VDOT(VLOAD(X_DT, x, j * VEC), (vf)1.0f);
+    for (int i = nv * VEC + lid; i < H; i += WG)
+        s += LOAD(X_DT, x, i);
+    const float mu = wg_sum(s, sc) / (float)H;
+
+    /* The variance from deviations, not E[x^2] - mu^2: exact for rows with a large mean. */
+    float q = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+        const int j = lid + k * WG;
+        const vf dv = c[k] - mu;
+        q += j < nv ? VDOT(dv, dv) : 0.0f;
+    }
+    for (int j = lid + CACHE * WG; j < nv; j += WG) {
+        const vf dv = VLOAD(X_DT, x, j * VEC) - mu;
+        q += VDOT(dv, dv);
+    }
+    for (int i = nv * VEC + lid; i < H; i += WG) {
+        const float dv = LOAD(X_DT, x, i) - mu;
+        q += dv * dv;
+    }
+    const float rs = rsqrt(wg_sum(q, sc) / (float)H + eps);
+    if (!live)
+        return;
+    if (lid == 0) {
+        mean[mean_off + row] = mu;
+        rstd[rstd_off + row] = rs;
+    }
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+        const int j = lid + k * WG;
+        if (j < nv)
+            VSTORE(X_DT, y, j * VEC, (c[k] - mu) * rs * VLOAD(W_DT, w, j * VEC) B_V(j));
+    }
+    for (int j = lid + CACHE * WG; j < nv; j += WG)
+        VSTORE(X_DT, y, j * VEC,
+               (VLOAD(X_DT, x, j * VEC) - mu) * rs * VLOAD(W_DT, w, j * VEC) B_V(j));
+    for (int i = nv * VEC + lid; i < H; i += WG)
+        STORE(X_DT, y, i, (LOAD(X_DT, x, i) - mu) * rs * LOAD(W_DT, w, i) B_S(i));
+}
+#endif
+
+/*
+ * ---- LayerNorm backward: with xh = (x - mean) * rstd and g = dy * w,
+ * dx = rstd * (g - mean(g) - xh * mean(g * xh)), dw = sum dy * xh, db = sum dy.
+ */
+
+#ifdef HAS_B
+#define DB_ARGS __global float *dbpart, ulong dbpart_off,
+#else
+#define DB_ARGS
+#endif
+
+#if NORM_BUILDS(4)
+__kernel __attribute__((reqd_work_group_size(WG, ROWS, 1))) void
+layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __global X_T *x,
+              ulong x_off, long x_stride, const __global W_T *w, ulong w_off,
+              const __global float *mean, ulong mean_off, const __global float *rstd,
+              ulong rstd_off, __global X_T *dx, ulong dx_off, long dx_stride, __global float *part,
+              ulong part_off, DB_ARGS long n_rows, int H)
+{
+    __local float scratch[WG * ROWS];
+    __local float *sc = scratch + get_local_id(1) * WG;
+    const int lid = get_local_id(0);
+    const int nv = H / VEC;
+    w += w_off;
+    mean += mean_off;
+    rstd += rstd_off;
+    const long slot_row = (get_group_id(1) * ROWS + get_local_id(1)) * (long)H;
+    __global float *pr = part + part_off + slot_row;
+#ifdef HAS_B
+    __global float *pb = dbpart + dbpart_off + slot_row;
+#endif
+    for (int i = min(CACHE * WG, nv) * VEC + lid; i < H; i += WG) {
+        pr[i] = 0.0f;
+#ifdef HAS_B
+        pb[i] = 0.0f;
+#endif
+    }
+    vf wc[CACHE], acc[CACHE];
+#ifdef HAS_B
+    vf accb[CACHE];
+#endif
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+        const int j = lid + k * WG;
+        wc[k] = j < nv ? VLOAD(W_DT, w, j * VEC) : 0.0f;
+        acc[k] = 0.0f;
+#ifdef HAS_B
+        accb[k] = 0.0f;
+#endif
+    }
+
+    SLOT_LOOP_BEGIN
+    const __global X_T *dyr = dy + dy_off + rr * dy_stride;
+    const __global X_T *xr = x + x_off + rr * x_stride;
+    __global X_T *dxr = dx + dx_off + rr * dx_stride;
+    const float mu = mean[rr], rs = rstd[rr];
+
+    vf cdy[CACHE], cx[CACHE];
+    float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+        const int j = lid + k * WG;
+        vf g = 0.0f, xh = 0.0f;
+        if (j < nv) {
+            g = VLOAD(X_DT, dyr, j * VEC);
+            xh = (VLOAD(X_DT, xr, j * VEC) - mu) * rs;
+        }
+        cdy[k] = g;
+        cx[k] = xh;
+        const vf gw = g * wc[k];
+        s1 += VDOT(gw, (vf)1.0f);
+        s2 += VDOT(gw, xh);
+    }
+    for (int j = lid + CACHE * WG; j < nv; j += WG) {
+        const vf gw = VLOAD(X_DT, dyr, j * VEC) * VLOAD(W_DT, w, j * VEC);
+        s1 += VDOT(gw, (vf)1.0f);
+        s2 += VDOT(gw, (VLOAD(X_DT, xr, j * VEC) - mu) * rs);
+    }
+    for (int i = nv * VEC + lid; i < H; i += WG) {
+        const float gw = LOAD(X_DT, dyr, i) * LOAD(W_DT, w, i);
+        s1 += gw;
+        s2 += gw * (LOAD(X_DT, xr, i) - mu) * rs;
+    }
+    const float m1 = wg_sum(s1, sc) / (float)H;
+    const float m2 = wg_sum(s2, sc) / (float)H;
+
+    if (live) {
+    #pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+            const int j = lid + k * WG;
+            if (j < nv) {
+                VSTORE(X_DT, dxr, j * VEC, rs * (cdy[k] * wc[k] - m1 - cx[k] * m2));
+                acc[k] += cdy[k] * cx[k];
+#ifdef HAS_B
+                accb[k] += cdy[k];
+#endif
+            }
+        }
+        for (int j = lid + CACHE * WG; j < nv; j += WG) {
+            const vf g = VLOAD(X_DT, dyr, j * VEC);
+            const vf xh = (VLOAD(X_DT, xr, j * VEC) - mu) * rs;
+            VSTORE(X_DT, dxr, j * VEC, rs * (g * VLOAD(W_DT, w, j * VEC) - m1 - xh * m2));
+            VSTORE(F32, pr, j * VEC, VLOAD(F32, pr, j * VEC) + g * xh);
+#ifdef HAS_B
+            VSTORE(F32, pb, j * VEC, VLOAD(F32, pb, j * VEC) + g);
+#endif
+        }
+        for (int i = nv * VEC + lid; i < H; i += WG) {
+            const float g = LOAD(X_DT, dyr, i);
+            const float xh = (LOAD(X_DT, xr, i) - mu) * rs;
+            STORE(X_DT, dxr, i, rs * (g * LOAD(W_DT, w, i) - m1 - xh * m2));
+            pr[i] += g * xh;
+#ifdef HAS_B
+            pb[i] += g;
+#endif
+        }
+    }
+    }
+
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k) {
+        const int j = lid + k * WG;
+        if (j < nv) {
+            VSTORE(F32, pr, j * VEC, acc[k]);
+#ifdef HAS_B
+            VSTORE(F32, pb, j * VEC, accb[k]);
+#endif
+        }
+    }
+}
+#endif
+
+/* ---- Second stage: dw[c] = sum over slots of part[slot, c], in a fixed order ---------------- */
+
+#if NORM_BUILDS(5)
+__kernel __attribute__((reqd_work_group_size(FX, FY, 1))) void
+norm_dw_reduce(const __global float *part, ulong part_off, int n_slots, int H,
+               __global W_T *dw, ulong dw_off)
+{
+    __local float sc[FY][FX];
+    const int lx = get_local_id(0), ly = get_local_id(1);
+    const long c = get_global_id(0);
+    float s = 0.0f;
+    if (c < H)
+        for (int j = ly; j < n_slots; j += FY)
+            s += part[part_off + (long)j * H + c];
+    sc[ly][lx] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (ly == 0 && c < H) {
+        float t = 0.0f;
+        for (int k = 0; k < FY; ++k)
+            t += sc[k][lx];
+        STORE(W_DT, dw, dw_off + c, t);
+    }
+}
+#endif

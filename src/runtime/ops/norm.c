@@ -1,0 +1,576 @@
+/*
+ * norm.c: host launchers for the norm family (src/cl/norm.cl): RMSNorm, fused residual add +
+ * RMSNorm and LayerNorm, forward and backward. Each entry validates every argument first, picks
+ * the kernel's geometry (work-items per row, rows per work-group, register cache, vector width)
+ * from the row length and the device, lets the tuning database override it, then enqueues.
+ *
+ * Tuning keys (dtype = activations' dtype, shape class = llmcl__shape_class(H)):
+ *   rmsnorm_fwd, residual_rmsnorm_fwd, layernorm_fwd:  WG, ROWS, CACHE
+ *   rmsnorm_bwd, residual_rmsnorm_bwd, layernorm_bwd:  WG, ROWS, CACHE, GROUPS_PER_CU
+ *   norm_dw_reduce:                                    FX, FY
+ */
+#include <limits.h>
+#include <string.h>
+
+#include "../internal.h"
+
+#define NORM_ACT_DIMS 4
+
+/* The validated geometry of one call. */
+typedef struct norm_shape {
+    llmcl_ctx *ctx;
+    llmcl_dtype xdt, wdt;
+    int64_t n_rows;
+    int H;
+    bool aligned; /* every row base and w 16-byte aligned: VEC = 8 is allowed */
+} norm_shape;
+
+static bool aligned16(const llmcl_tensor *t, const llmcl__rows *r)
+{
+    const int64_t es = (int64_t)llmcl_dtype_size(t->dtype);
+    return (t->offset * es) % 16 == 0 && (r->n_rows == 1 || (r->row_stride * es) % 16 == 0);
+}
+
+/* The first activation tensor fixes dtype, N and H; the others must agree. */
+static llmcl_status check_first(llmcl_ctx *ctx, const llmcl_tensor *x, const char *name,
+                                norm_shape *s)
+{
+    LLMCL__REQUIRE(ctx, ctx != NULL, LLMCL_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+    LLMCL__TRY(llmcl__check_tensor(ctx, x, name, LLMCL__FLOAT_DTYPES, 1, NORM_ACT_DIMS));
+    llmcl__rows r;
+    LLMCL__TRY(llmcl__as_rows(ctx, x, name, &r));
+    LLMCL__REQUIRE(ctx, r.n_rows >= 1 && r.row_len >= 1, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s is empty (%lld rows of %lld)", name, (long long)r.n_rows,
+                   (long long)r.row_len);
+    LLMCL__REQUIRE(ctx, r.row_len <= INT_MAX / 2, LLMCL_ERROR_OVERFLOW,
+                   "%s: row length %lld is too long", name, (long long)r.row_len);
+    s->ctx = ctx;
+    s->xdt = x->dtype;
+    s->n_rows = r.n_rows;
+    s->H = (int)r.row_len;
+    s->aligned = aligned16(x, &r);
+    return LLMCL_OK;
+}
+
+static llmcl_status check_act(norm_shape *s, const llmcl_tensor *t, const char *name,
+                              const llmcl_tensor *x, const char *xname)
+{
+    LLMCL__TRY(llmcl__check_tensor(s->ctx, t, name, LLMCL__FLOAT_DTYPES, 1, NORM_ACT_DIMS));
+    LLMCL__REQUIRE(s->ctx, t->dtype == s->xdt, LLMCL_ERROR_UNSUPPORTED_DTYPE,
+                   "%s is %s but %s is %s", name, llmcl_dtype_name(t->dtype), xname,
+                   llmcl_dtype_name(s->xdt));
+    LLMCL__TRY(llmcl__check_same_shape(s->ctx, t, name, x, xname));
+    llmcl__rows r;
+    LLMCL__TRY(llmcl__as_rows(s->ctx, t, name, &r));
+    s->aligned = s->aligned && aligned16(t, &r);
+    return LLMCL_OK;
+}
+
+/* w, b, dw, db: 1-D [H], unit stride, f32 or the activations' dtype, all alike. */
+static llmcl_status check_param(norm_shape *s, const llmcl_tensor *t, const char *name, bool first)
+{
+    LLMCL__TRY(llmcl__check_tensor(s->ctx, t, name, LLMCL__FLOAT_DTYPES, 1, 1));
+    if (first) {
+        LLMCL__REQUIRE(s->ctx, t->dtype == LLMCL_F32 || t->dtype == s->xdt,
+                       LLMCL_ERROR_UNSUPPORTED_DTYPE, "%s is %s: it must be f32 or %s", name,
+                       llmcl_dtype_name(t->dtype), llmcl_dtype_name(s->xdt));
+        s->wdt = t->dtype;
+    }
+    LLMCL__REQUIRE(s->ctx, t->dtype == s->wdt, LLMCL_ERROR_UNSUPPORTED_DTYPE,
+                   "%s is %s but w is %s", name, llmcl_dtype_name(t->dtype),
+                   llmcl_dtype_name(s->wdt));
+    LLMCL__REQUIRE(s->ctx, t->shape[0] == s->H, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "%s has %lld elements but rows have H = %d", name, (long long)t->shape[0], s->H);
+    LLMCL__REQUIRE(s->ctx, t->strides[0] == 1, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s must have unit stride (stride %lld)", name, (long long)t->strides[0]);
+    s->aligned = s->aligned && (t->offset * (int64_t)llmcl_dtype_size(t->dtype)) % 16 == 0;
+    return LLMCL_OK;
+}
+
+/* rstd, mean: contiguous f32 with one element per row. */
+static llmcl_status check_stat(norm_shape *s, const llmcl_tensor *t, const char *name)
+{
+    LLMCL__TRY(llmcl__check_tensor(s->ctx, t, name, 1u << LLMCL_F32, 1, LLMCL_MAX_DIMS));
+    LLMCL__REQUIRE(s->ctx, llmcl_tensor_is_contiguous(t), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s must be contiguous", name);
+    LLMCL__REQUIRE(s->ctx, llmcl_tensor_numel(t) == s->n_rows, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "%s has %lld elements but there are %lld rows", name,
+                   (long long)llmcl_tensor_numel(t), (long long)s->n_rows);
+    return LLMCL_OK;
+}
+
+/* out must not overlap in, unless in-place is allowed and they are the same view. */
+static llmcl_status check_disjoint(llmcl_ctx *ctx, const llmcl_tensor *out, const char *on,
+                                   const llmcl_tensor *in, const char *in_name, bool in_place_ok)
+{
+    if (out == NULL || in == NULL)
+        return LLMCL_OK;
+    if (in_place_ok && llmcl__same_view(out, in))
+        return LLMCL_OK;
+    LLMCL__REQUIRE(ctx, !llmcl__overlaps(out, in), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s overlaps %s%s", on, in_name,
+                   in_place_ok ? " without being the same view" : "");
+    return LLMCL_OK;
+}
+
+/* ---- geometry ---- */
+
+typedef struct norm_geom {
+    llmcl__params p;
+    int vec;
+    size_t wg, rows;
+} norm_geom;
+
+/*
+ * Heuristic defaults: about four chunks per work-item in the forward and two in the backward (which
+ * holds dy, x, w and the dw sums in registers), so a row lives in registers; short rows share a
+ * work-group (WG * ROWS about 128 work-items).
+ */
+static llmcl_status norm_geometry(const norm_shape *s, const char *key, int cache_max, bool bwd,
+                                  norm_geom *g)
+{
+    llmcl_ctx *ctx = s->ctx;
+    const size_t max_wg = ctx->info.max_work_group_size < 1024 ? ctx->info.max_work_group_size
+                                                               : 1024;
+    g->vec = s->aligned && s->H >= 8 ? 8 : 1;
+    const int64_t nv = llmcl__div_up(s->H, g->vec);
+    size_t wg = llmcl__pow2_ceil((size_t)llmcl__div_up(nv, bwd ? 2 : 4));
+    if (wg > max_wg)
+        wg = max_wg;
+    size_t rows = wg < 128 ? 128 / wg : 1;
+    if (rows > max_wg / wg)
+        rows = max_wg / wg;
+    long cache = (long)llmcl__pow2_ceil((size_t)llmcl__div_up(nv, (int64_t)wg));
+    if (cache > cache_max)
+        cache = cache_max;
+
+    memset(&g->p, 0, sizeof g->p);
+    llmcl__param_set(&g->p, "WG", (long)wg);
+    llmcl__param_set(&g->p, "ROWS", (long)rows);
+    llmcl__param_set(&g->p, "CACHE", cache);
+    if (bwd)
+        llmcl__param_set(&g->p, "GROUPS_PER_CU", ctx->info.is_gpu ? 2 : 1);
+    char cls[16];
+    llmcl__shape_class(s->H, cls);
+    llmcl__params_lookup(ctx, key, s->xdt, cls, &g->p);
+
+    const long pwg = llmcl__param_get(&g->p, "WG", 0), prows = llmcl__param_get(&g->p, "ROWS", 0);
+    const long pcache = llmcl__param_get(&g->p, "CACHE", 0);
+    LLMCL__REQUIRE(ctx,
+                   pwg >= 1 && prows >= 1 && (size_t)(pwg * prows) <= ctx->info.max_work_group_size &&
+                       pcache >= 1 && pcache <= 16 &&
+                       (!bwd || llmcl__param_get(&g->p, "GROUPS_PER_CU", 0) >= 1),
+                   LLMCL_ERROR_TUNE_DB,
+                   "%s: invalid parameters WG=%ld ROWS=%ld CACHE=%ld (max work-group %zu)", key, pwg,
+                   prows, pcache, ctx->info.max_work_group_size);
+    g->wg = (size_t)pwg;
+    g->rows = (size_t)prows;
+    return LLMCL_OK;
+}
+
+/* Kernel numbers for NORM_KERNEL in norm.cl: a build holds only the kernel it is for. */
+enum { K_RMS_FWD = 1, K_RMS_BWD, K_LN_FWD, K_LN_BWD, K_DW_REDUCE };
+
+static void norm_defines(const norm_shape *s, const norm_geom *g, int kernel, llmcl__defines *d)
+{
+    memset(d, 0, sizeof *d);
+    llmcl__define_int(d, "NORM_KERNEL", kernel);
+    llmcl__define_str(d, "X_DT", llmcl__dtype_macro(s->xdt));
+    llmcl__define_str(d, "W_DT", llmcl__dtype_macro(s->wdt));
+    llmcl__define_int(d, "VEC", g->vec);
+    llmcl__params_define(&g->p, d);
+}
+
+static void rms_defines(const llmcl_rmsnorm_options *o, llmcl__defines *d)
+{
+    if (o->casting == LLMCL_RMSNORM_CAST_LLAMA)
+        llmcl__define_flag(d, "RMS_CAST_LLAMA");
+}
+
+static llmcl_status rms_options(llmcl_ctx *ctx, const llmcl_rmsnorm_options *opt,
+                                llmcl_rmsnorm_options *o)
+{
+    static const llmcl_rmsnorm_options defaults = {0};
+    *o = opt ? *opt : defaults;
+    if (o->eps == 0.0f)
+        o->eps = 1e-6f;
+    LLMCL__REQUIRE(ctx, o->eps > 0.0f, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "rmsnorm eps must be positive (%g)", (double)o->eps);
+    LLMCL__REQUIRE(ctx,
+                   o->casting == LLMCL_RMSNORM_CAST_LLAMA || o->casting == LLMCL_RMSNORM_CAST_GEMMA,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "unknown rmsnorm casting mode %d", (int)o->casting);
+    return LLMCL_OK;
+}
+
+/* ---- launches ---- */
+
+static llmcl_status launch_rows(llmcl__args *a, const norm_geom *g, size_t groups)
+{
+    const size_t local[2] = {g->wg, g->rows};
+    const size_t global[2] = {g->wg, groups * g->rows};
+    return llmcl__launch(a, 2, global, local);
+}
+
+/* Work-groups of a persistent backward kernel: enough to fill the device, at most one per block. */
+static size_t bwd_groups(const norm_shape *s, const norm_geom *g)
+{
+    const size_t blocks = (size_t)llmcl__div_up(s->n_rows, (int64_t)g->rows);
+    const size_t fill = (size_t)s->ctx->info.compute_units *
+                        (size_t)llmcl__param_get(&g->p, "GROUPS_PER_CU", 1);
+    return blocks < fill ? blocks : fill;
+}
+
+typedef struct dw_reduce {
+    cl_kernel kernel;
+    size_t local[2], global[2];
+} dw_reduce;
+
+static llmcl_status dw_reduce_prepare(const norm_shape *s, dw_reduce *r)
+{
+    llmcl_ctx *ctx = s->ctx;
+    llmcl__params p = {0};
+    const size_t max_wg = ctx->info.max_work_group_size;
+    llmcl__param_set(&p, "FX", 32);
+    llmcl__param_set(&p, "FY", max_wg >= 256 ? 8 : (long)(max_wg / 32 > 0 ? max_wg / 32 : 1));
+    char cls[16];
+    llmcl__shape_class(s->H, cls);
+    llmcl__params_lookup(ctx, "norm_dw_reduce", s->wdt, cls, &p);
+    const long fx = llmcl__param_get(&p, "FX", 0), fy = llmcl__param_get(&p, "FY", 0);
+    LLMCL__REQUIRE(ctx, fx >= 1 && fy >= 1 && (size_t)(fx * fy) <= max_wg, LLMCL_ERROR_TUNE_DB,
+                   "norm_dw_reduce: invalid parameters FX=%ld FY=%ld (max work-group %zu)", fx, fy,
+                   max_wg);
+    llmcl__defines d = {0};
+    llmcl__define_str(&d, "W_DT", llmcl__dtype_macro(s->wdt));
+    llmcl__define_int(&d, "NORM_KERNEL", K_DW_REDUCE);
+    llmcl__params_define(&p, &d);
+    LLMCL__TRY(llmcl__kernel(ctx, "norm", &d, "norm_dw_reduce", &r->kernel));
+    r->local[0] = (size_t)fx;
+    r->local[1] = (size_t)fy;
+    r->global[0] = (size_t)llmcl__div_up(s->H, fx) * (size_t)fx;
+    r->global[1] = (size_t)fy;
+    return LLMCL_OK;
+}
+
+static llmcl_status dw_reduce_launch(const norm_shape *s, const dw_reduce *r,
+                                     const llmcl_tensor *part, int n_slots, llmcl_tensor *dw)
+{
+    llmcl__args a = llmcl__args_begin(s->ctx, r->kernel);
+    llmcl__arg_tensor(&a, part);
+    llmcl__arg_i32(&a, n_slots);
+    llmcl__arg_i32(&a, s->H);
+    llmcl__arg_tensor(&a, dw);
+    return llmcl__launch(&a, 2, r->global, r->local);
+}
+
+/* ---- RMSNorm ---- */
+
+static llmcl_status rms_forward(llmcl_ctx *ctx, const llmcl_tensor *x, const llmcl_tensor *res,
+                                const llmcl_tensor *w, llmcl_tensor *r, llmcl_tensor *y,
+                                llmcl_tensor *rstd, const llmcl_rmsnorm_options *opt)
+{
+    norm_shape s;
+    llmcl_rmsnorm_options o;
+    LLMCL__TRY(check_first(ctx, x, "x", &s));
+    LLMCL__TRY(rms_options(ctx, opt, &o));
+    if (res) {
+        LLMCL__TRY(check_act(&s, res, "residual", x, "x"));
+        LLMCL__TRY(check_act(&s, r, "r", x, "x"));
+    }
+    LLMCL__TRY(check_param(&s, w, "w", true));
+    LLMCL__TRY(check_act(&s, y, "y", x, "x"));
+    LLMCL__TRY(check_stat(&s, rstd, "rstd"));
+    if (res) {
+        LLMCL__TRY(check_disjoint(ctx, r, "r", x, "x", true));
+        LLMCL__TRY(check_disjoint(ctx, r, "r", res, "residual", true));
+        LLMCL__TRY(check_disjoint(ctx, r, "r", w, "w", false));
+        LLMCL__TRY(check_disjoint(ctx, y, "y", r, "r", false));
+        LLMCL__TRY(check_disjoint(ctx, y, "y", res, "residual", true));
+        LLMCL__TRY(check_disjoint(ctx, rstd, "rstd", r, "r", false));
+        LLMCL__TRY(check_disjoint(ctx, rstd, "rstd", res, "residual", false));
+    }
+    LLMCL__TRY(check_disjoint(ctx, y, "y", x, "x", true));
+    LLMCL__TRY(check_disjoint(ctx, y, "y", w, "w", false));
+    LLMCL__TRY(check_disjoint(ctx, rstd, "rstd", x, "x", false));
+    LLMCL__TRY(check_disjoint(ctx, rstd, "rstd", y, "y", false));
+    LLMCL__TRY(check_disjoint(ctx, rstd, "rstd", w, "w", false));
+
+    norm_geom g;
+    const char *key = res ? "residual_rmsnorm_fwd" : "rmsnorm_fwd";
+    LLMCL__TRY(norm_geometry(&s, key, 8, false, &g));
+    llmcl__defines d;
+    norm_defines(&s, &g, K_RMS_FWD, &d);
+    rms_defines(&o, &d);
+    if (res)
+        llmcl__define_flag(&d, "HAS_RES");
+    cl_kernel k;
+    LLMCL__TRY(llmcl__kernel(ctx, "norm", &d, "rmsnorm_fwd", &k));
+
+    llmcl__rows xr, yr, rr = {0}, resr = {0};
+    LLMCL__TRY(llmcl__as_rows(ctx, x, "x", &xr));
+    LLMCL__TRY(llmcl__as_rows(ctx, y, "y", &yr));
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_tensor(&a, x);
+    llmcl__arg_i64(&a, xr.row_stride);
+    if (res) {
+        LLMCL__TRY(llmcl__as_rows(ctx, res, "residual", &resr));
+        LLMCL__TRY(llmcl__as_rows(ctx, r, "r", &rr));
+        llmcl__arg_tensor(&a, res);
+        llmcl__arg_i64(&a, resr.row_stride);
+        llmcl__arg_tensor(&a, r);
+        llmcl__arg_i64(&a, rr.row_stride);
+    }
+    llmcl__arg_tensor(&a, w);
+    llmcl__arg_tensor(&a, y);
+    llmcl__arg_i64(&a, yr.row_stride);
+    llmcl__arg_tensor(&a, rstd);
+    llmcl__arg_i64(&a, s.n_rows);
+    llmcl__arg_i32(&a, s.H);
+    llmcl__arg_f32(&a, o.eps);
+    llmcl__arg_f32(&a, o.offset);
+    return launch_rows(&a, &g, (size_t)llmcl__div_up(s.n_rows, (int64_t)g.rows));
+}
+
+static llmcl_status rms_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const llmcl_tensor *dr,
+                                 const llmcl_tensor *x, const char *xname, const llmcl_tensor *w,
+                                 const llmcl_tensor *rstd, llmcl_tensor *dx, const char *dxname,
+                                 llmcl_tensor *dw, const llmcl_rmsnorm_options *opt)
+{
+    norm_shape s;
+    llmcl_rmsnorm_options o;
+    LLMCL__TRY(check_first(ctx, dy, "dy", &s));
+    LLMCL__TRY(rms_options(ctx, opt, &o));
+    if (dr)
+        LLMCL__TRY(check_act(&s, dr, "dr", dy, "dy"));
+    LLMCL__TRY(check_act(&s, x, xname, dy, "dy"));
+    LLMCL__TRY(check_param(&s, w, "w", true));
+    LLMCL__TRY(check_stat(&s, rstd, "rstd"));
+    LLMCL__TRY(check_act(&s, dx, dxname, dy, "dy"));
+    LLMCL__TRY(check_param(&s, dw, "dw", false));
+    LLMCL__TRY(check_disjoint(ctx, dx, dxname, dy, "dy", true));
+    LLMCL__TRY(check_disjoint(ctx, dx, dxname, dr, "dr", true));
+    LLMCL__TRY(check_disjoint(ctx, dx, dxname, x, xname, false));
+    LLMCL__TRY(check_disjoint(ctx, dx, dxname, w, "w", false));
+    LLMCL__TRY(check_disjoint(ctx, dx, dxname, rstd, "rstd", false));
+    const llmcl_tensor *ins[] = {dy, dr, x, w, rstd, dx};
+    const char *in_names[] = {"dy", "dr", xname, "w", "rstd", dxname};
+    for (int i = 0; i < 6; ++i)
+        LLMCL__TRY(check_disjoint(ctx, dw, "dw", ins[i], in_names[i], false));
+
+    norm_geom g;
+    const char *key = dr ? "residual_rmsnorm_bwd" : "rmsnorm_bwd";
+    LLMCL__TRY(norm_geometry(&s, key, 4, true, &g));
+    llmcl__defines d;
+    norm_defines(&s, &g, K_RMS_BWD, &d);
+    rms_defines(&o, &d);
+    if (dr)
+        llmcl__define_flag(&d, "HAS_DR");
+    cl_kernel k;
+    dw_reduce red;
+    LLMCL__TRY(llmcl__kernel(ctx, "norm", &d, "rmsnorm_bwd", &k));
+    LLMCL__TRY(dw_reduce_prepare(&s, &red));
+
+    const size_t groups = bwd_groups(&s, &g);
+    const int n_slots = (int)(groups * g.rows);
+    llmcl__rows dyr, xr, dxr, drr = {0};
+    LLMCL__TRY(llmcl__as_rows(ctx, dy, "dy", &dyr));
+    LLMCL__TRY(llmcl__as_rows(ctx, x, xname, &xr));
+    LLMCL__TRY(llmcl__as_rows(ctx, dx, dxname, &dxr));
+    if (dr)
+        LLMCL__TRY(llmcl__as_rows(ctx, dr, "dr", &drr));
+    llmcl_tensor *part = NULL;
+    const int64_t pshape[2] = {n_slots, s.H};
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 2, pshape, "rmsnorm dw partial sums", &part));
+
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_tensor(&a, dy);
+    llmcl__arg_i64(&a, dyr.row_stride);
+    if (dr) {
+        llmcl__arg_tensor(&a, dr);
+        llmcl__arg_i64(&a, drr.row_stride);
+    }
+    llmcl__arg_tensor(&a, x);
+    llmcl__arg_i64(&a, xr.row_stride);
+    llmcl__arg_tensor(&a, w);
+    llmcl__arg_tensor(&a, rstd);
+    llmcl__arg_tensor(&a, dx);
+    llmcl__arg_i64(&a, dxr.row_stride);
+    llmcl__arg_tensor(&a, part);
+    llmcl__arg_i64(&a, s.n_rows);
+    llmcl__arg_i32(&a, s.H);
+    llmcl__arg_f32(&a, o.offset);
+    llmcl_status st = launch_rows(&a, &g, groups);
+    if (st == LLMCL_OK)
+        st = dw_reduce_launch(&s, &red, part, n_slots, dw);
+    llmcl_tensor_destroy(part); /* OpenCL keeps the buffer alive until the kernels finish */
+    return st;
+}
+
+llmcl_status llmcl_rmsnorm_forward(llmcl_ctx *ctx, const llmcl_tensor *x, const llmcl_tensor *w,
+                                   llmcl_tensor *y, llmcl_tensor *rstd,
+                                   const llmcl_rmsnorm_options *opt)
+{
+    return rms_forward(ctx, x, NULL, w, NULL, y, rstd, opt);
+}
+
+llmcl_status llmcl_rmsnorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const llmcl_tensor *x,
+                                    const llmcl_tensor *w, const llmcl_tensor *rstd,
+                                    llmcl_tensor *dx, llmcl_tensor *dw,
+                                    const llmcl_rmsnorm_options *opt)
+{
+    return rms_backward(ctx, dy, NULL, x, "x", w, rstd, dx, "dx", dw, opt);
+}
+
+llmcl_status llmcl_residual_rmsnorm_forward(llmcl_ctx *ctx, const llmcl_tensor *x,
+                                            const llmcl_tensor *residual, const llmcl_tensor *w,
+                                            llmcl_tensor *r, llmcl_tensor *y, llmcl_tensor *rstd,
+                                            const llmcl_rmsnorm_options *opt)
+{
+    LLMCL__REQUIRE(ctx, residual != NULL, LLMCL_ERROR_INVALID_ARGUMENT, "residual is NULL");
+    return rms_forward(ctx, x, residual, w, r, y, rstd, opt);
+}
+
+llmcl_status llmcl_residual_rmsnorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
+                                             const llmcl_tensor *dr, const llmcl_tensor *r,
+                                             const llmcl_tensor *w, const llmcl_tensor *rstd,
+                                             llmcl_tensor *drx, llmcl_tensor *dw,
+                                             const llmcl_rmsnorm_options *opt)
+{
+    return rms_backward(ctx, dy, dr, r, "r", w, rstd, drx, "drx", dw, opt);
+}
+
+/* ---- LayerNorm ---- */
+
+llmcl_status llmcl_layernorm_forward(llmcl_ctx *ctx, const llmcl_tensor *x, const llmcl_tensor *w,
+                                     const llmcl_tensor *b, llmcl_tensor *y, llmcl_tensor *mean,
+                                     llmcl_tensor *rstd, const llmcl_layernorm_options *opt)
+{
+    norm_shape s;
+    LLMCL__TRY(check_first(ctx, x, "x", &s));
+    const float eps = opt && opt->eps != 0.0f ? opt->eps : 1e-5f;
+    LLMCL__REQUIRE(ctx, eps > 0.0f, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "layernorm eps must be positive (%g)", (double)eps);
+    LLMCL__TRY(check_param(&s, w, "w", true));
+    if (b)
+        LLMCL__TRY(check_param(&s, b, "b", false));
+    LLMCL__TRY(check_act(&s, y, "y", x, "x"));
+    LLMCL__TRY(check_stat(&s, mean, "mean"));
+    LLMCL__TRY(check_stat(&s, rstd, "rstd"));
+    LLMCL__TRY(check_disjoint(ctx, y, "y", x, "x", true));
+    const llmcl_tensor *ins[] = {w, b, x, y};
+    const char *in_names[] = {"w", "b", "x", "y"};
+    for (int i = 0; i < 4; ++i) {
+        if (i < 2)
+            LLMCL__TRY(check_disjoint(ctx, y, "y", ins[i], in_names[i], false));
+        LLMCL__TRY(check_disjoint(ctx, mean, "mean", ins[i], in_names[i], false));
+        LLMCL__TRY(check_disjoint(ctx, rstd, "rstd", ins[i], in_names[i], false));
+    }
+    LLMCL__TRY(check_disjoint(ctx, rstd, "rstd", mean, "mean", false));
+
+    norm_geom g;
+    LLMCL__TRY(norm_geometry(&s, "layernorm_fwd", 8, false, &g));
+    llmcl__defines d;
+    norm_defines(&s, &g, K_LN_FWD, &d);
+    if (b)
+        llmcl__define_flag(&d, "HAS_B");
+    cl_kernel k;
+    LLMCL__TRY(llmcl__kernel(ctx, "norm", &d, "layernorm_fwd", &k));
+
+    llmcl__rows xr, yr;
+    LLMCL__TRY(llmcl__as_rows(ctx, x, "x", &xr));
+    LLMCL__TRY(llmcl__as_rows(ctx, y, "y", &yr));
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_tensor(&a, x);
+    llmcl__arg_i64(&a, xr.row_stride);
+    llmcl__arg_tensor(&a, w);
+    if (b)
+        llmcl__arg_tensor(&a, b);
+    llmcl__arg_tensor(&a, y);
+    llmcl__arg_i64(&a, yr.row_stride);
+    llmcl__arg_tensor(&a, mean);
+    llmcl__arg_tensor(&a, rstd);
+    llmcl__arg_i64(&a, s.n_rows);
+    llmcl__arg_i32(&a, s.H);
+    llmcl__arg_f32(&a, eps);
+    return launch_rows(&a, &g, (size_t)llmcl__div_up(s.n_rows, (int64_t)g.rows));
+}
+
+llmcl_status llmcl_layernorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
+                                      const llmcl_tensor *x, const llmcl_tensor *w,
+                                      const llmcl_tensor *mean, const llmcl_tensor *rstd,
+                                      llmcl_tensor *dx, llmcl_tensor *dw, llmcl_tensor *db)
+{
+    norm_shape s;
+    LLMCL__TRY(check_first(ctx, dy, "dy", &s));
+    LLMCL__TRY(check_act(&s, x, "x", dy, "dy"));
+    LLMCL__TRY(check_param(&s, w, "w", true));
+    LLMCL__TRY(check_stat(&s, mean, "mean"));
+    LLMCL__TRY(check_stat(&s, rstd, "rstd"));
+    LLMCL__TRY(check_act(&s, dx, "dx", dy, "dy"));
+    LLMCL__TRY(check_param(&s, dw, "dw", false));
+    if (db)
+        LLMCL__TRY(check_param(&s, db, "db", false));
+    LLMCL__TRY(check_disjoint(ctx, dx, "dx", dy, "dy", true));
+    const llmcl_tensor *ins[] = {x, w, mean, rstd};
+    const char *in_names[] = {"x", "w", "mean", "rstd"};
+    for (int i = 0; i < 4; ++i)
+        LLMCL__TRY(check_disjoint(ctx, dx, "dx", ins[i], in_names[i], false));
+    const llmcl_tensor *all[] = {dy, x, w, mean, rstd, dx};
+    const char *all_names[] = {"dy", "x", "w", "mean", "rstd", "dx"};
+    for (int i = 0; i < 6; ++i) {
+        LLMCL__TRY(check_disjoint(ctx, dw, "dw", all[i], all_names[i], false));
+        LLMCL__TRY(check_disjoint(ctx, db, "db", all[i], all_names[i], false));
+    }
+    LLMCL__TRY(check_disjoint(ctx, db, "db", dw, "dw", false));
+
+    norm_geom g;
+    LLMCL__TRY(norm_geometry(&s, "layernorm_bwd", 4, true, &g));
+    llmcl__defines d;
+    norm_defines(&s, &g, K_LN_BWD, &d);
+    if (db)
+        llmcl__define_flag(&d, "HAS_B");
+    cl_kernel k;
+    dw_reduce red;
+    LLMCL__TRY(llmcl__kernel(ctx, "norm", &d, "layernorm_bwd", &k));
+    LLMCL__TRY(dw_reduce_prepare(&s, &red));
+
+    const size_t groups = bwd_groups(&s, &g);
+    const int n_slots = (int)(groups * g.rows);
+    llmcl__rows dyr, xr, dxr;
+    LLMCL__TRY(llmcl__as_rows(ctx, dy, "dy", &dyr));
+    LLMCL__TRY(llmcl__as_rows(ctx, x, "x", &xr));
+    LLMCL__TRY(llmcl__as_rows(ctx, dx, "dx", &dxr));
+    /* One scratch tensor: dw partials in the first n_slots rows, db partials after them. */
+    llmcl_tensor *part = NULL, *dbpart = NULL;
+    const int64_t pshape[2] = {db ? 2 * (int64_t)n_slots : n_slots, s.H};
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 2, pshape, "layernorm dw/db partial sums", &part));
+    llmcl_status st = LLMCL_OK;
+    if (db) {
+        const int64_t half[2] = {n_slots, s.H};
+        st = llmcl_tensor_view(part, 2, half, NULL, (int64_t)n_slots * s.H, &dbpart);
+    }
+    if (st == LLMCL_OK) {
+        llmcl__args a = llmcl__args_begin(ctx, k);
+        llmcl__arg_tensor(&a, dy);
+        llmcl__arg_i64(&a, dyr.row_stride);
+        llmcl__arg_tensor(&a, x);
+        llmcl__arg_i64(&a, xr.row_stride);
+        llmcl__arg_tensor(&a, w);
+        llmcl__arg_tensor(&a, mean);
+        llmcl__arg_tensor(&a, rstd);
+        llmcl__arg_tensor(&a, dx);
+        llmcl__arg_i64(&a, dxr.row_stride);
+        llmcl__arg_tensor(&a, part);
+        if (db)
+            llmcl__arg_tensor(&a, dbpart);
+        llmcl__arg_i64(&a, s.n_rows);
+        llmcl__arg_i32(&a, s.H);
+        st = launch_rows(&a, &g, groups);
+    }
+    if (st == LLMCL_OK)
+        st = dw_reduce_launch(&s, &red, part, n_slots, dw);
+    if (st == LLMCL_OK && db)
+        st = dw_reduce_launch(&s, &red, dbpart, n_slots, db);
+    llmcl_tensor_destroy(dbpart);
+    llmcl_tensor_destroy(part);
+    return st;
+}
