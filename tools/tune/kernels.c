@@ -280,6 +280,57 @@ static llmcl_status run_layernorm_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, co
      {"dx", TUNE_OUT, "R,C"},                                                                     \
      {"dw", TUNE_OUT, "C"}}
 
+/*
+ * ---- cross_entropy.cl: the row kernels of path 1 (size key V) and the fused tiles of path 3
+ * (cce_fwd and cce_bwd_dw: V; cce_bwd_dh: N). O is a dim of size 1 for the loss.
+ */
+
+#define CE_ROWS "WG=64,128,256,512,1024 UNROLL=1,2,4"
+#define CE_ROW_SHAPES "N=4096,V=128256,O=1;N=4096,V=32000,O=1"
+#define CE_ROW_SMALL "N=64,V=32000,O=1"
+#define CCE_TILES "T=32,64,128 BK=8,16,32 TM=2,4,8 TN=2,4,8"
+#define CCE_SHAPES "N=4096,H=2048,V=32768,O=1"
+#define CCE_SMALL "N=128,H=256,V=2048,O=1"
+
+static llmcl_status run_ce_rows(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    const llmcl_ce_options o = {0};
+    return llmcl_cross_entropy_forward(ctx, t[0], t[1], &o, t[2], NULL, t[3], t[0]);
+}
+
+static llmcl_status run_cce_fwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    const llmcl_ce_options o = {0};
+    return llmcl_fused_cross_entropy_forward(ctx, t[0], t[1], NULL, t[2], &o, t[3], NULL, t[4]);
+}
+
+/* The backward needs a real LSE: the forward (fixed parameters) runs first on each call. */
+static llmcl_status run_cce_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    const llmcl_ce_options o = {0};
+    const int64_t one = 1;
+    llmcl_tensor *loss = NULL;
+    llmcl_status st = llmcl_tensor_create(ctx, LLMCL_F32, 1, &one, &loss);
+    if (st == LLMCL_OK)
+        st = llmcl_fused_cross_entropy_forward(ctx, t[0], t[1], NULL, t[2], &o, loss, NULL, t[3]);
+    if (st == LLMCL_OK)
+        st = llmcl_fused_cross_entropy_backward(ctx, t[0], t[1], NULL, t[2], t[3], NULL, &o, t[4],
+                                                t[5], NULL);
+    llmcl_tensor_destroy(loss);
+    return st;
+}
+
+#define CCE_BWD_TENSORS                                                                           \
+    {{"hidden", TUNE_IN, "N,H"},                                                                  \
+     {"w", TUNE_IN, "V,H"},                                                                       \
+     {"labels", TUNE_IN, "N", TUNE_DT(LLMCL_I64), TUNE_INIT_INDEX, "V"},                          \
+     {"lse", TUNE_OUT, "N", TUNE_DT(LLMCL_F32)},                                                  \
+     {"dhidden", TUNE_OUT, "N,H", TUNE_DT(LLMCL_F32)},                                            \
+     {"dw", TUNE_OUT, "V,H", TUNE_DT(LLMCL_F32)}}
+
 const tune_kernel tune_kernels[] = {
     {.key = "fill", .family = "elementwise", .params = EW_WG, .dtypes = F32 | BF16,
      .size_key = "N", .shapes = EW_SHAPES, .small_shapes = EW_SMALL,
@@ -379,5 +430,26 @@ const tune_kernel tune_kernels[] = {
                  {"stats", TUNE_IN, "TWO,R", TUNE_DT(LLMCL_F32), TUNE_INIT_NEAR_ONE},
                  {"dx", TUNE_OUT, "R,C"}, {"dwb", TUNE_OUT, "TWO,C"}},
      .run = run_layernorm_bwd, .fits = norm_fits, .tol_scale = 4},
+    {.key = "ce_rows", .family = "cross_entropy", .params = CE_ROWS, .dtypes = F32 | BF16,
+     .size_key = "V", .shapes = CE_ROW_SHAPES, .small_shapes = CE_ROW_SMALL,
+     .tensors = {{"logits", TUNE_INOUT, "N,V"},
+                 {"labels", TUNE_IN, "N", TUNE_DT(LLMCL_I64), TUNE_INIT_INDEX, "V"},
+                 {"loss", TUNE_OUT, "O", TUNE_DT(LLMCL_F32)},
+                 {"lse", TUNE_OUT, "N", TUNE_DT(LLMCL_F32)}},
+     .run = run_ce_rows},
+    {.key = "cce_fwd", .family = "cross_entropy", .params = CCE_TILES, .dtypes = F32 | BF16,
+     .size_key = "V", .shapes = CCE_SHAPES, .small_shapes = CCE_SMALL,
+     .tensors = {{"hidden", TUNE_IN, "N,H"},
+                 {"w", TUNE_IN, "V,H"},
+                 {"labels", TUNE_IN, "N", TUNE_DT(LLMCL_I64), TUNE_INIT_INDEX, "V"},
+                 {"loss", TUNE_OUT, "O", TUNE_DT(LLMCL_F32)},
+                 {"lse", TUNE_OUT, "N", TUNE_DT(LLMCL_F32)}},
+     .run = run_cce_fwd, .tol_scale = 4},
+    {.key = "cce_bwd_dh", .family = "cross_entropy", .params = CCE_TILES, .dtypes = F32 | BF16,
+     .size_key = "N", .shapes = CCE_SHAPES, .small_shapes = CCE_SMALL, .tensors = CCE_BWD_TENSORS,
+     .run = run_cce_bwd, .tol_scale = 4},
+    {.key = "cce_bwd_dw", .family = "cross_entropy", .params = CCE_TILES, .dtypes = F32 | BF16,
+     .size_key = "V", .shapes = CCE_SHAPES, .small_shapes = CCE_SMALL, .tensors = CCE_BWD_TENSORS,
+     .run = run_cce_bwd, .tol_scale = 4},
     {0},
 };
