@@ -36,6 +36,7 @@ typedef struct attn_strides {
 
 typedef struct attn_tiles {
     int bm, bn, tm, tn;
+    int lf32; /* operand tiles converted to f32 in local memory */
 } attn_tiles;
 
 /* ---- validation ---- */
@@ -234,13 +235,13 @@ static int attn_cols(attn_kernel kern, attn_tiles t)
 /* Local memory of a kernel in bytes, as attention.cl's header lists it. */
 static uint64_t attn_local_bytes(attn_kernel kern, int d, llmcl_dtype dtype, attn_tiles t)
 {
-    const uint64_t dp = (uint64_t)d + 1, m = (uint64_t)t.bm, n = (uint64_t)t.bn;
-    const uint64_t e = llmcl_dtype_size(dtype);
+    const uint64_t dp = (uint64_t)d + 4, m = (uint64_t)t.bm, n = (uint64_t)t.bn;
+    const uint64_t e = t.lf32 ? 4 : llmcl_dtype_size(dtype);
     if (kern == ATTN_FWD)
-        return (m + n) * dp * e + 4 * m * (n + 1 + n / (uint64_t)t.tn);
+        return (m + n) * dp * e + 4 * n * (m + 4) + 4 * m * (n / (uint64_t)t.tn);
     if (kern == ATTN_DQ)
-        return 2 * (m + n) * dp * e + 4 * m * (n + 1);
-    return 2 * (m + n) * dp * e + 4 * (2 * n * (m + 1) + 2 * m);
+        return 2 * (m + n) * dp * e + 4 * n * (m + 4);
+    return 2 * (m + n) * dp * e + 4 * (2 * m * (n + 4) + 2 * m);
 }
 
 /* Why tiles t cannot run kernel kern on this device, or NULL when they can. */
@@ -249,9 +250,11 @@ static const char *attn_tiles_invalid(const llmcl_ctx *ctx, attn_kernel kern, in
 {
     if (t.bm < 1 || t.bn < 1 || t.tm < 1 || t.tn < 1 || t.bm % t.tm || t.bn % t.tn)
         return "BLOCK_M % TM and BLOCK_N % TN must be 0";
+    if (t.lf32 != 0 && t.lf32 != 1)
+        return "LF32 must be 0 or 1";
     const int cols = attn_cols(kern, t);
-    if (cols > 32 || d % cols)
-        return "the work-item columns must divide D and be at most 32";
+    if (cols > 32 || d % (4 * cols))
+        return "4 x the work-item columns must divide D, and the columns be at most 32";
     if ((size_t)(t.bm / t.tm) * (size_t)(t.bn / t.tn) > ctx->info.max_work_group_size)
         return "the work-group exceeds the device's maximum";
     if (attn_local_bytes(kern, d, dtype, t) > ctx->info.local_mem_bytes)
@@ -299,6 +302,7 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
         llmcl__param_set(&p, "BLOCK_N", t.bn);
         llmcl__param_set(&p, "TM", t.tm);
         llmcl__param_set(&p, "TN", t.tn);
+        llmcl__param_set(&p, "LF32", t.lf32);
     }
     llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, &p);
 
@@ -311,11 +315,12 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
     } else {
         const attn_tiles t = {(int)llmcl__param_get(&p, "BLOCK_M", 0),
                               (int)llmcl__param_get(&p, "BLOCK_N", 0),
-                              (int)llmcl__param_get(&p, "TM", 0), (int)llmcl__param_get(&p, "TN", 0)};
+                              (int)llmcl__param_get(&p, "TM", 0), (int)llmcl__param_get(&p, "TN", 0),
+                              (int)llmcl__param_get(&p, "LF32", 0)};
         const char *why = attn_tiles_invalid(ctx, kern, g->D, g->dtype, t);
         LLMCL__REQUIRE(ctx, !why, LLMCL_ERROR_UNSUPPORTED,
-                       "attention: %s tiles BLOCK_M=%d BLOCK_N=%d TM=%d TN=%d with D=%d: %s",
-                       attn_kernel_name[kern], t.bm, t.bn, t.tm, t.tn, g->D, why);
+                       "attention: %s tiles BLOCK_M=%d BLOCK_N=%d TM=%d TN=%d LF32=%d with D=%d: %s",
+                       attn_kernel_name[kern], t.bm, t.bn, t.tm, t.tn, t.lf32, g->D, why);
         *tiles = t;
         *wg = (size_t)(t.bm / t.tm) * (size_t)(t.bn / t.tn);
     }
