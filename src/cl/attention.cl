@@ -43,12 +43,18 @@
  *   LF32      1: operand tiles are converted to f32 once, when staged into local memory (no
  *             conversion in the inner loops; 4-byte elements); 0: they stay in the storage format
  *             (half the local memory with 16-byte storage, larger tiles fit). Default 0.
+ *   KV_SEP    attn_fwd only. 1: K and V tiles get separate local buffers and load together (one
+ *             global-load wait per tile, one barrier fewer); 0: they share one. Default 0.
+ *   UNROLL    unroll factor of the register-tile products' loops over d and over a tile's keys or
+ *             queries: 0 leaves it to the compiler (default), n >= 1 asks for n.
+ * Under LLMCL_NV_PTX, attn_fwd takes its rows' running maxima with warp shuffles (no barrier)
+ * when BLOCK_N / TN is a power of two and the work-group a multiple of 32; same results.
  *   PRE_WG    work-group size of attn_bwd_pre (any value up to the device maximum).
  *   VARLEN    defined: packed sequences through cu_q / cu_k.
  *   ATTN_ONLY 1 attn_fwd, 2 attn_bwd_pre, 3 attn_bwd_dq, 4 attn_bwd_dkdv: build only that kernel
  *             (a kernel's local arrays are sized by the tiles of the one launched); unset: all.
  * Local memory: operand tiles of (D+4)-element rows (E bytes an element: 4 with LF32, else the
- * storage's) and f32 score tiles. attn_fwd (BLOCK_M + BLOCK_N)(D+4) E + 4 BLOCK_N (BLOCK_M + 4)
+ * storage's) and f32 score tiles. attn_fwd (BLOCK_M + (1 + KV_SEP) BLOCK_N)(D+4) E + 4 BLOCK_N (BLOCK_M + 4)
  * + 4 BLOCK_M BLOCK_N / TN; attn_bwd_dq 2 (BLOCK_M + BLOCK_N)(D+4) E + 4 BLOCK_N (BLOCK_M + 4);
  * attn_bwd_dkdv 2 (BLOCK_M + BLOCK_N)(D+4) E + 4 (2 BLOCK_M (BLOCK_N + 4) + 2 BLOCK_M).
  */
@@ -76,6 +82,21 @@
 #endif
 #ifndef LF32
 #define LF32 0
+#endif
+#ifndef KV_SEP
+#define KV_SEP 0
+#endif
+#ifndef UNROLL
+#define UNROLL 0
+#endif
+
+/* The products' loops: UNROLL's pragma, or none. */
+#define ATTN_STR(x) #x
+#define ATTN_PRAGMA(x) _Pragma(ATTN_STR(x))
+#if UNROLL > 0
+#define PRODUCT_LOOP ATTN_PRAGMA(unroll UNROLL)
+#else
+#define PRODUCT_LOOP
 #endif
 
 #define DP (D + 4)       /* padded local row of a D-wide operand */
@@ -216,6 +237,22 @@ inline void attn_read_col(float *x, const __local float *p, int n)
     }
 }
 
+#if defined(LLMCL_NV_PTX) && (CT & (CT - 1)) == 0 && (RT * CT) % 32 == 0
+#define ATTN_SHFL 1
+/* The maximum over the CT work-items of a row: consecutive lanes of one warp. */
+inline float attn_row_max(float v)
+{
+    for (int o = 1; o < CT; o <<= 1) {
+        float t;
+        asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(t) : "f"(v), "r"(o));
+        v = fmax(v, t);
+    }
+    return v;
+}
+#else
+#define ATTN_SHFL 0
+#endif
+
 /* The logit of a raw product x, natural-log units. */
 inline float attn_logit(float x, float scale, float softcap)
 {
@@ -242,7 +279,13 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
          long so_h, long so_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
 {
     LOCAL_TILE(lt_t, qs, BLOCK_M * DP);
+#if KV_SEP
+    LOCAL_TILE(lt_t, kvs, BLOCK_N * DP); /* K of the current tile */
+    LOCAL_TILE(lt_t, vs, BLOCK_N * DP);  /* V of the current tile */
+#else
     LOCAL_TILE(lt_t, kvs, BLOCK_N * DP); /* K, then V, of the current tile */
+#define vs kvs
+#endif
     LOCAL_TILE(float, pst, BLOCK_N * PM); /* P^T */
     __local float red[BLOCK_M * CT];
 
@@ -275,6 +318,9 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
     for (int n0 = n_lo; n0 < n_hi; n0 += BLOCK_N) {
         barrier(CLK_LOCAL_MEM_FENCE);
         attn_load_tile(kvs, k, kb + n0 * sk_t, sk_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
+#if KV_SEP
+        attn_load_tile(vs, v, vb + n0 * sv_t, sv_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
 
         float s[TM][TN];
@@ -282,6 +328,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
         for (int a = 0; a < TM; ++a)
             for (int c = 0; c < TN; ++c)
                 s[a][c] = 0.0f;
+        PRODUCT_LOOP
         for (int d = 0; d < D; d += 4) {
             float4 qa[TM], kc[TN];
 #pragma unroll
@@ -301,26 +348,35 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
         }
 
         const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
+        float pm[TM];
 #pragma unroll
         for (int a = 0; a < TM; ++a) {
-            float pm = -INFINITY;
+            pm[a] = -INFINITY;
 #pragma unroll
             for (int c = 0; c < TN; ++c) {
                 float x = attn_logit(s[a][c], scale, softcap) * M_LOG2E_F;
                 if (masked && !attn_visible(m0 + ty + a * RT, n0 + tx + c * CT, sq.tq, sq.tk, wl, wr))
                     x = -INFINITY;
                 s[a][c] = x;
-                pm = fmax(pm, x);
+                pm[a] = fmax(pm[a], x);
             }
-            red[(ty + a * RT) * CT + tx] = pm;
+#if !ATTN_SHFL
+            red[(ty + a * RT) * CT + tx] = pm[a];
+#endif
         }
+#if !ATTN_SHFL
         barrier(CLK_LOCAL_MEM_FENCE);
+#endif
 
         for (int a = 0; a < TM; ++a) {
+#if ATTN_SHFL
+            const float mn = fmax(m[a], attn_row_max(pm[a]));
+#else
             const int r = ty + a * RT;
             float mn = m[a];
             for (int t = 0; t < CT; ++t)
                 mn = fmax(mn, red[r * CT + t]);
+#endif
             const float mu = mn == -INFINITY ? 0.0f : mn; /* a row with no key yet: p = 0 */
             const float alpha = exp2(m[a] - mu);
             float ls = 0.0f;
@@ -336,16 +392,22 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
             for (int e = 0; e < DT4; ++e)
                 acc[a][e] *= alpha;
         }
+#if !KV_SEP
+#if ATTN_SHFL
+        barrier(CLK_LOCAL_MEM_FENCE); /* every work-item is done with K */
+#endif
         attn_load_tile(kvs, v, vb + n0 * sv_t, sv_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
 
+        PRODUCT_LOOP
         for (int j = 0; j < BLOCK_N; ++j) {
             float pa[TM];
             float4 vc[DT4];
             attn_read_col(pa, pst + j * PM + ty * TM, TM);
 #pragma unroll
             for (int e = 0; e < DT4; ++e)
-                vc[e] = LREAD4(kvs, j * DP + 4 * (tx + e * CT));
+                vc[e] = LREAD4(vs, j * DP + 4 * (tx + e * CT));
 #pragma unroll
             for (int a = 0; a < TM; ++a)
                 for (int e = 0; e < DT4; ++e)
@@ -377,6 +439,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
                 lr > 0.0f ? (m[a] + log2(lr)) * M_LN2_F : -INFINITY;
     }
 }
+#undef vs
 #endif
 
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 2
@@ -467,6 +530,7 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
         for (int a = 0; a < TM; ++a)
             for (int c = 0; c < TN; ++c)
                 s[a][c] = dp[a][c] = 0.0f;
+        PRODUCT_LOOP
         for (int d = 0; d < D; d += 4) {
             float4 qa[TM], ga[TM], kc[TN], vc[TN];
 #pragma unroll
@@ -506,6 +570,7 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
             }
         barrier(CLK_LOCAL_MEM_FENCE);
 
+        PRODUCT_LOOP
         for (int j = 0; j < BLOCK_N; ++j) {
             float sa[TM];
             float4 kc[DT4];
@@ -598,7 +663,8 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
             for (int r = 0; r < TN; ++r)
                 for (int c = 0; c < TM; ++c)
                     s[r][c] = dp[r][c] = 0.0f;
-            for (int d = 0; d < D; d += 4) {
+            PRODUCT_LOOP
+        for (int d = 0; d < D; d += 4) {
                 float4 kr[TN], vr[TN], qc[TM], gc[TM];
 #pragma unroll
                 for (int r = 0; r < TN; ++r) {
@@ -638,6 +704,7 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
                 }
             barrier(CLK_LOCAL_MEM_FENCE);
 
+            PRODUCT_LOOP
             for (int i = 0; i < BLOCK_M; ++i) {
                 float pr[TN], sr[TN];
                 float4 gc[DT4_KV], qc[DT4_KV];
