@@ -15,9 +15,14 @@
  * (ty, tx) owns rows ty + a * RT and columns tx + b * CT of it (TM x TN of them in attn_fwd and
  * attn_bwd_dq, TN x TM in attn_bwd_dkdv, whose rows are keys), so the score tile is an outer
  * product accumulated in registers over d, and the same work-item owns its rows' output over
- * columns tx + e * CT of D. These register-tile products are the places an mma path would take
- * over. Operands sit in local memory with padded rows (conflict-free reads); math is f32 and every
- * reduction runs in a fixed order (deterministic, no atomics).
+ * the 4-wide column groups 4 (tx + e * CT) of D. These register-tile products are the places an mma
+ * path would take over. Every operand read is 4 wide (along d in the score products, along the
+ * output's columns in the accumulating ones): a GPU's local memory serves a vector read in the
+ * time of a scalar one, so the register tiles do 4x the FMAs per read. Operand rows are padded to
+ * D + 4 elements (aligned, conflict-free vector reads). Score tiles sit transposed (a key's row
+ * holds the work-items' TM query rows contiguously, ty * TM + a for query row ty + a * RT) so the
+ * accumulating products read them 4 wide too. Math is f32 and every reduction runs in a fixed
+ * order (deterministic, no atomics).
  *
  *   attn_fwd       one work-group per (BLOCK_M query rows, b * Hq + h); online softmax over K/V
  *                  tiles of BLOCK_N keys; tiles outside the mask's band are skipped.
@@ -32,16 +37,26 @@
  *   BLOCK_M   query rows per tile (attn_fwd, attn_bwd_dq: work-group rows; attn_bwd_dkdv: columns).
  *   BLOCK_N   keys per tile (attn_fwd, attn_bwd_dq: columns; attn_bwd_dkdv: work-group rows).
  *   TM, TN    register tile: query rows and keys per work-item. BLOCK_M % TM == 0,
- *             BLOCK_N % TN == 0, and D divisible by the column count (BLOCK_N / TN for attn_fwd and
- *             attn_bwd_dq, BLOCK_M / TM for attn_bwd_dkdv). Work-group size (BLOCK_M/TM)*(BLOCK_N/TN).
+ *             BLOCK_N % TN == 0, and D divisible by 4 x the column count (BLOCK_N / TN for
+ *             attn_fwd and attn_bwd_dq, BLOCK_M / TM for attn_bwd_dkdv). Work-group size
+ *             (BLOCK_M / TM) * (BLOCK_N / TN).
+ *   LF32      1: operand tiles are converted to f32 once, when staged into local memory (no
+ *             conversion in the inner loops; 4-byte elements); 0: they stay in the storage format
+ *             (half the local memory with 16-byte storage, larger tiles fit). Default 0.
+ *   KV_SEP    attn_fwd only. 1: K and V tiles get separate local buffers and load together (one
+ *             global-load wait per tile, one barrier fewer); 0: they share one. Default 0.
+ *   UNROLL    unroll factor of the register-tile products' loops over d and over a tile's keys or
+ *             queries: 0 leaves it to the compiler (default), n >= 1 asks for n.
+ * Under LLMCL_NV_PTX, attn_fwd takes its rows' running maxima with warp shuffles (no barrier)
+ * when BLOCK_N / TN is a power of two and the work-group a multiple of 32; same results.
  *   PRE_WG    work-group size of attn_bwd_pre (any value up to the device maximum).
  *   VARLEN    defined: packed sequences through cu_q / cu_k.
  *   ATTN_ONLY 1 attn_fwd, 2 attn_bwd_pre, 3 attn_bwd_dq, 4 attn_bwd_dkdv: build only that kernel
  *             (a kernel's local arrays are sized by the tiles of the one launched); unset: all.
- * Local memory: operand tiles of (D+1)-element rows in the storage format (E bytes an element) and
- * f32 score tiles. attn_fwd (BLOCK_M + BLOCK_N)(D+1) E + 4 BLOCK_M (BLOCK_N + 1 + BLOCK_N / TN);
- * attn_bwd_dq 2 (BLOCK_M + BLOCK_N)(D+1) E + 4 BLOCK_M (BLOCK_N + 1); attn_bwd_dkdv
- * 2 (BLOCK_M + BLOCK_N)(D+1) E + 4 (2 BLOCK_N (BLOCK_M + 1) + 2 BLOCK_M).
+ * Local memory: operand tiles of (D+4)-element rows (E bytes an element: 4 with LF32, else the
+ * storage's) and f32 score tiles. attn_fwd (BLOCK_M + (1 + KV_SEP) BLOCK_N)(D+4) E + 4 BLOCK_N (BLOCK_M + 4)
+ * + 4 BLOCK_M BLOCK_N / TN; attn_bwd_dq 2 (BLOCK_M + BLOCK_N)(D+4) E + 4 BLOCK_N (BLOCK_M + 4);
+ * attn_bwd_dkdv 2 (BLOCK_M + BLOCK_N)(D+4) E + 4 (2 BLOCK_M (BLOCK_N + 4) + 2 BLOCK_M).
  */
 
 #ifndef D
@@ -65,21 +80,43 @@
 #ifndef PRE_WG
 #define PRE_WG 64
 #endif
+#ifndef LF32
+#define LF32 0
+#endif
+#ifndef KV_SEP
+#define KV_SEP 0
+#endif
+#ifndef UNROLL
+#define UNROLL 0
+#endif
 
-#define DP (D + 1)        /* padded local row of a D-wide operand */
-#define NP (BLOCK_N + 1)  /* padded local row of a score tile with BLOCK_N columns */
-#define MP (BLOCK_M + 1)  /* padded local row of a score tile with BLOCK_M columns */
+/* The products' loops: UNROLL's pragma, or none. */
+#define ATTN_STR(x) #x
+#define ATTN_PRAGMA(x) _Pragma(ATTN_STR(x))
+#if UNROLL > 0
+#define PRODUCT_LOOP ATTN_PRAGMA(unroll UNROLL)
+#else
+#define PRODUCT_LOOP
+#endif
+
+#define DP (D + 4)       /* padded local row of a D-wide operand */
+#define PM (BLOCK_M + 4) /* padded local row of a transposed score tile with BLOCK_M queries */
+#define PN (BLOCK_N + 4) /* padded local row of a transposed score tile with BLOCK_N keys */
 
 /* attn_fwd and attn_bwd_dq: rows are queries, columns keys. */
 #define RT (BLOCK_M / TM)
 #define CT (BLOCK_N / TN)
-#define DT (D / CT)
+#define DT4 (D / (4 * CT)) /* 4-wide output column groups per work-item */
 /* attn_bwd_dkdv: rows are keys, columns queries. */
 #define RT_KV (BLOCK_N / TN)
 #define CT_KV (BLOCK_M / TM)
-#define DT_KV (D / CT_KV)
+#define DT4_KV (D / (4 * CT_KV))
 
 typedef STORAGE(IO_DT) io_t;
+#define IO4_F32 float4
+#define IO4_BF16 ushort4
+#define IO4_F16 ushort4
+typedef LLMCL_CAT(IO4_, IO_DT) io4_t;
 
 /* Per-sequence geometry of a work-group: row offsets and lengths of its queries and keys. */
 typedef struct attn_seq {
@@ -139,25 +176,30 @@ inline void attn_query_range(int n0, int nn, int tq, int tk, int wl, int wr, int
 }
 
 /*
- * Operand tiles stay in local memory in their storage format (16-bit storage halves the local
- * memory a tile needs, so larger tiles fit); LREAD converts an element to f32.
+ * Operand tiles sit in local memory in their storage format (16-bit storage halves the local
+ * memory a tile needs, so larger tiles fit), or in f32 with LF32; LREAD4 reads 4 consecutive
+ * elements as f32.
  */
+#if LF32
+typedef float lt_t;
+#define LREAD4(p, i) vload4(0, (p) + (i))
+#else
 #define LT_F32 float
 #define LT_BF16 ushort
 #define LT_F16 ushort
-#define LT4_F32 float4
-#define LT4_BF16 ushort4
-#define LT4_F16 ushort4
 typedef LLMCL_CAT(LT_, IO_DT) lt_t;
-typedef LLMCL_CAT(LT4_, IO_DT) lt4_t;
 
-inline float lread_F32(const __local float *p, int i) { return p[i]; }
-inline float lread_BF16(const __local ushort *p, int i) { return as_float((uint)p[i] << 16); }
-inline float lread_F16(const __local ushort *p, int i)
+inline float4 lread4_F32(const __local float *p, int i) { return vload4(0, p + i); }
+inline float4 lread4_BF16(const __local ushort *p, int i) { return bf16x4_to_f32(vload4(0, p + i)); }
+inline float4 lread4_F16(const __local ushort *p, int i)
 {
-    return vload_half(i, (const __local half *)p);
+    return vload_half4(0, (const __local half *)(p + i));
 }
-#define LREAD(p, i) LLMCL_CAT(lread_, IO_DT)((p), (i))
+#define LREAD4(p, i) LLMCL_CAT(lread4_, IO_DT)((p), (i))
+#endif
+
+/* Operand tiles and transposed score tiles: 16-byte aligned for the vector reads. */
+#define LOCAL_TILE(type, name, n) __local type name[n]
 
 /* nrows x D rows of src (row stride rs, zeros past valid) into dst with padded rows. */
 inline void attn_load_tile(__local lt_t *dst, const __global io_t *src, long base, long rs,
@@ -165,16 +207,51 @@ inline void attn_load_tile(__local lt_t *dst, const __global io_t *src, long bas
 {
     for (int idx = lid; idx < nrows * (D / 4); idx += nthreads) {
         const int r = idx / (D / 4), c = (idx - r * (D / 4)) * 4;
-        lt4_t x = 0; /* zero bits are 0.0 in every storage format */
+#if LF32
+        float4 x = 0.0f;
+        if (r < valid)
+            x = LOAD4(IO_DT, src, base + (long)r * rs + c);
+#else
+        io4_t x = 0; /* zero bits are 0.0 in every storage format */
         if (r < valid)
             x = vload4(0, src + base + (long)r * rs + c);
-        __local lt_t *d = dst + r * DP + c;
-        d[0] = x.x;
-        d[1] = x.y;
-        d[2] = x.z;
-        d[3] = x.w;
+#endif
+        vstore4(x, 0, dst + r * DP + c);
     }
 }
+
+/* n (TM or TN) consecutive floats of a transposed score tile into x, 4 wide where n allows. */
+inline void attn_read_col(float *x, const __local float *p, int n)
+{
+    if (n % 4 == 0) {
+        for (int u = 0; u < n; u += 4) {
+            const float4 y = vload4(0, p + u);
+            x[u] = y.x;
+            x[u + 1] = y.y;
+            x[u + 2] = y.z;
+            x[u + 3] = y.w;
+        }
+    } else {
+        for (int u = 0; u < n; ++u)
+            x[u] = p[u];
+    }
+}
+
+#if defined(LLMCL_NV_PTX) && (CT & (CT - 1)) == 0 && (RT * CT) % 32 == 0
+#define ATTN_SHFL 1
+/* The maximum over the CT work-items of a row: consecutive lanes of one warp. */
+inline float attn_row_max(float v)
+{
+    for (int o = 1; o < CT; o <<= 1) {
+        float t;
+        asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(t) : "f"(v), "r"(o));
+        v = fmax(v, t);
+    }
+    return v;
+}
+#else
+#define ATTN_SHFL 0
+#endif
 
 /* The logit of a raw product x, natural-log units. */
 inline float attn_logit(float x, float scale, float softcap)
@@ -201,9 +278,15 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
          long sq_t, long sk_b, long sk_h, long sk_t, long sv_b, long sv_h, long sv_t, long so_b,
          long so_h, long so_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
 {
-    __local lt_t qs[BLOCK_M * DP];
-    __local lt_t kvs[BLOCK_N * DP]; /* K, then V, of the current tile */
-    __local float ps[BLOCK_M * NP];
+    LOCAL_TILE(lt_t, qs, BLOCK_M * DP);
+#if KV_SEP
+    LOCAL_TILE(lt_t, kvs, BLOCK_N * DP); /* K of the current tile */
+    LOCAL_TILE(lt_t, vs, BLOCK_N * DP);  /* V of the current tile */
+#else
+    LOCAL_TILE(lt_t, kvs, BLOCK_N * DP); /* K, then V, of the current tile */
+#define vs kvs
+#endif
+    LOCAL_TILE(float, pst, BLOCK_N * PM); /* P^T */
     __local float red[BLOCK_M * CT];
 
     const int lid = get_local_id(0), tx = lid % CT, ty = lid / CT;
@@ -219,13 +302,14 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
     const long vb = v_off + b * sv_b + hk * sv_h + sq.k0 * sv_t;
     attn_load_tile(qs, q, qb, sq_t, sq.tq - m0, BLOCK_M, lid, RT * CT);
 
-    float acc[TM][DT], m[TM], l[TM];
+    float4 acc[TM][DT4];
+    float m[TM], l[TM];
 #pragma unroll
     for (int a = 0; a < TM; ++a) {
         m[a] = -INFINITY;
         l[a] = 0.0f;
 #pragma unroll
-        for (int e = 0; e < DT; ++e)
+        for (int e = 0; e < DT4; ++e)
             acc[a][e] = 0.0f;
     }
 
@@ -234,6 +318,9 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
     for (int n0 = n_lo; n0 < n_hi; n0 += BLOCK_N) {
         barrier(CLK_LOCAL_MEM_FENCE);
         attn_load_tile(kvs, k, kb + n0 * sk_t, sk_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
+#if KV_SEP
+        attn_load_tile(vs, v, vb + n0 * sv_t, sv_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
 
         float s[TM][TN];
@@ -241,41 +328,55 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
         for (int a = 0; a < TM; ++a)
             for (int c = 0; c < TN; ++c)
                 s[a][c] = 0.0f;
-        for (int d = 0; d < D; ++d) {
-            float qa[TM], kc[TN];
+        PRODUCT_LOOP
+        for (int d = 0; d < D; d += 4) {
+            float4 qa[TM], kc[TN];
 #pragma unroll
             for (int a = 0; a < TM; ++a)
-                qa[a] = LREAD(qs, (ty + a * RT) * DP + d);
+                qa[a] = LREAD4(qs, (ty + a * RT) * DP + d);
 #pragma unroll
             for (int c = 0; c < TN; ++c)
-                kc[c] = LREAD(kvs, (tx + c * CT) * DP + d);
+                kc[c] = LREAD4(kvs, (tx + c * CT) * DP + d);
 #pragma unroll
             for (int a = 0; a < TM; ++a)
-                for (int c = 0; c < TN; ++c)
-                    s[a][c] = fma(qa[a], kc[c], s[a][c]);
+                for (int c = 0; c < TN; ++c) {
+                    s[a][c] = fma(qa[a].x, kc[c].x, s[a][c]);
+                    s[a][c] = fma(qa[a].y, kc[c].y, s[a][c]);
+                    s[a][c] = fma(qa[a].z, kc[c].z, s[a][c]);
+                    s[a][c] = fma(qa[a].w, kc[c].w, s[a][c]);
+                }
         }
 
         const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
+        float pm[TM];
 #pragma unroll
         for (int a = 0; a < TM; ++a) {
-            float pm = -INFINITY;
+            pm[a] = -INFINITY;
 #pragma unroll
             for (int c = 0; c < TN; ++c) {
                 float x = attn_logit(s[a][c], scale, softcap) * M_LOG2E_F;
                 if (masked && !attn_visible(m0 + ty + a * RT, n0 + tx + c * CT, sq.tq, sq.tk, wl, wr))
                     x = -INFINITY;
                 s[a][c] = x;
-                pm = fmax(pm, x);
+                pm[a] = fmax(pm[a], x);
             }
-            red[(ty + a * RT) * CT + tx] = pm;
+#if !ATTN_SHFL
+            red[(ty + a * RT) * CT + tx] = pm[a];
+#endif
         }
+#if !ATTN_SHFL
         barrier(CLK_LOCAL_MEM_FENCE);
+#endif
 
         for (int a = 0; a < TM; ++a) {
+#if ATTN_SHFL
+            const float mn = fmax(m[a], attn_row_max(pm[a]));
+#else
             const int r = ty + a * RT;
             float mn = m[a];
             for (int t = 0; t < CT; ++t)
                 mn = fmax(mn, red[r * CT + t]);
+#endif
             const float mu = mn == -INFINITY ? 0.0f : mn; /* a row with no key yet: p = 0 */
             const float alpha = exp2(m[a] - mu);
             float ls = 0.0f;
@@ -283,29 +384,34 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
             for (int c = 0; c < TN; ++c) {
                 const float p = exp2(s[a][c] - mu);
                 ls += p;
-                ps[r * NP + tx + c * CT] = p;
+                pst[(tx + c * CT) * PM + ty * TM + a] = p;
             }
             l[a] = l[a] * alpha + ls;
             m[a] = mn;
 #pragma unroll
-            for (int e = 0; e < DT; ++e)
+            for (int e = 0; e < DT4; ++e)
                 acc[a][e] *= alpha;
         }
+#if !KV_SEP
+#if ATTN_SHFL
+        barrier(CLK_LOCAL_MEM_FENCE); /* every work-item is done with K */
+#endif
         attn_load_tile(kvs, v, vb + n0 * sv_t, sv_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
 
+        PRODUCT_LOOP
         for (int j = 0; j < BLOCK_N; ++j) {
-            float pa[TM], vc[DT];
+            float pa[TM];
+            float4 vc[DT4];
+            attn_read_col(pa, pst + j * PM + ty * TM, TM);
+#pragma unroll
+            for (int e = 0; e < DT4; ++e)
+                vc[e] = LREAD4(vs, j * DP + 4 * (tx + e * CT));
 #pragma unroll
             for (int a = 0; a < TM; ++a)
-                pa[a] = ps[(ty + a * RT) * NP + j];
-#pragma unroll
-            for (int e = 0; e < DT; ++e)
-                vc[e] = LREAD(kvs, j * DP + tx + e * CT);
-#pragma unroll
-            for (int a = 0; a < TM; ++a)
-                for (int e = 0; e < DT; ++e)
-                    acc[a][e] = fma(pa[a], vc[e], acc[a][e]);
+                for (int e = 0; e < DT4; ++e)
+                    acc[a][e] = fma((float4)(pa[a]), vc[e], acc[a][e]);
         }
     }
 
@@ -326,13 +432,14 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
             lr += red[r * CT + t];
         const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
 #pragma unroll
-        for (int e = 0; e < DT; ++e)
-            STORE(IO_DT, o, ob + r * so_t + tx + e * CT, acc[a][e] * inv);
+        for (int e = 0; e < DT4; ++e)
+            STORE4(IO_DT, o, ob + r * so_t + 4 * (tx + e * CT), acc[a][e] * inv);
         if (tx == 0)
             lse[lse_off + b * sl_b + h * sl_h + sq.q0 + m0 + r] =
                 lr > 0.0f ? (m[a] + log2(lr)) * M_LN2_F : -INFINITY;
     }
 }
+#undef vs
 #endif
 
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 2
@@ -370,11 +477,11 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
             long sv_b, long sv_h, long sv_t, long sd_b, long sd_h, long sd_t, long sg_b,
             long sg_h, long sg_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
 {
-    __local lt_t qs[BLOCK_M * DP];
-    __local lt_t dos[BLOCK_M * DP];
-    __local lt_t ks[BLOCK_N * DP];
-    __local lt_t vs[BLOCK_N * DP];
-    __local float dss[BLOCK_M * NP];
+    LOCAL_TILE(lt_t, qs, BLOCK_M * DP);
+    LOCAL_TILE(lt_t, dos, BLOCK_M * DP);
+    LOCAL_TILE(lt_t, ks, BLOCK_N * DP);
+    LOCAL_TILE(lt_t, vs, BLOCK_N * DP);
+    LOCAL_TILE(float, dsst, BLOCK_N * PM); /* dS^T */
 
     const int lid = get_local_id(0), tx = lid % CT, ty = lid / CT;
     const int bh = get_group_id(1), b = bh / hq, h = bh - b * hq, hk = h / group;
@@ -392,7 +499,8 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
     const long vb = v_off + b * sv_b + hk * sv_h + sq.k0 * sv_t;
 
     /* LSE in log2 units; a row that saw no key (-inf) gets +inf so that every p is 0. */
-    float lse2[TM], dl[TM], acc[TM][DT];
+    float lse2[TM], dl[TM];
+    float4 acc[TM][DT4];
 #pragma unroll
     for (int a = 0; a < TM; ++a) {
         const int i = m0 + ty + a * RT;
@@ -405,7 +513,7 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
             dl[a] = delta[delta_off + li];
         }
 #pragma unroll
-        for (int e = 0; e < DT; ++e)
+        for (int e = 0; e < DT4; ++e)
             acc[a][e] = 0.0f;
     }
 
@@ -422,23 +530,30 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
         for (int a = 0; a < TM; ++a)
             for (int c = 0; c < TN; ++c)
                 s[a][c] = dp[a][c] = 0.0f;
-        for (int d = 0; d < D; ++d) {
-            float qa[TM], ga[TM], kc[TN], vc[TN];
+        PRODUCT_LOOP
+        for (int d = 0; d < D; d += 4) {
+            float4 qa[TM], ga[TM], kc[TN], vc[TN];
 #pragma unroll
             for (int a = 0; a < TM; ++a) {
-                qa[a] = LREAD(qs, (ty + a * RT) * DP + d);
-                ga[a] = LREAD(dos, (ty + a * RT) * DP + d);
+                qa[a] = LREAD4(qs, (ty + a * RT) * DP + d);
+                ga[a] = LREAD4(dos, (ty + a * RT) * DP + d);
             }
 #pragma unroll
             for (int c = 0; c < TN; ++c) {
-                kc[c] = LREAD(ks, (tx + c * CT) * DP + d);
-                vc[c] = LREAD(vs, (tx + c * CT) * DP + d);
+                kc[c] = LREAD4(ks, (tx + c * CT) * DP + d);
+                vc[c] = LREAD4(vs, (tx + c * CT) * DP + d);
             }
 #pragma unroll
             for (int a = 0; a < TM; ++a)
                 for (int c = 0; c < TN; ++c) {
-                    s[a][c] = fma(qa[a], kc[c], s[a][c]);
-                    dp[a][c] = fma(ga[a], vc[c], dp[a][c]);
+                    s[a][c] = fma(qa[a].x, kc[c].x, s[a][c]);
+                    s[a][c] = fma(qa[a].y, kc[c].y, s[a][c]);
+                    s[a][c] = fma(qa[a].z, kc[c].z, s[a][c]);
+                    s[a][c] = fma(qa[a].w, kc[c].w, s[a][c]);
+                    dp[a][c] = fma(ga[a].x, vc[c].x, dp[a][c]);
+                    dp[a][c] = fma(ga[a].y, vc[c].y, dp[a][c]);
+                    dp[a][c] = fma(ga[a].z, vc[c].z, dp[a][c]);
+                    dp[a][c] = fma(ga[a].w, vc[c].w, dp[a][c]);
                 }
         }
 
@@ -451,22 +566,22 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
                            attn_dlogit(x, scale, softcap);
                 if (masked && !attn_visible(m0 + ty + a * RT, n0 + tx + c * CT, sq.tq, sq.tk, wl, wr))
                     ds = 0.0f;
-                dss[(ty + a * RT) * NP + tx + c * CT] = ds;
+                dsst[(tx + c * CT) * PM + ty * TM + a] = ds;
             }
         barrier(CLK_LOCAL_MEM_FENCE);
 
+        PRODUCT_LOOP
         for (int j = 0; j < BLOCK_N; ++j) {
-            float sa[TM], kc[DT];
+            float sa[TM];
+            float4 kc[DT4];
+            attn_read_col(sa, dsst + j * PM + ty * TM, TM);
+#pragma unroll
+            for (int e = 0; e < DT4; ++e)
+                kc[e] = LREAD4(ks, j * DP + 4 * (tx + e * CT));
 #pragma unroll
             for (int a = 0; a < TM; ++a)
-                sa[a] = dss[(ty + a * RT) * NP + j];
-#pragma unroll
-            for (int e = 0; e < DT; ++e)
-                kc[e] = LREAD(ks, j * DP + tx + e * CT);
-#pragma unroll
-            for (int a = 0; a < TM; ++a)
-                for (int e = 0; e < DT; ++e)
-                    acc[a][e] = fma(sa[a], kc[e], acc[a][e]);
+                for (int e = 0; e < DT4; ++e)
+                    acc[a][e] = fma((float4)(sa[a]), kc[e], acc[a][e]);
         }
     }
 
@@ -475,8 +590,8 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
     for (int a = 0; a < TM; ++a) {
         const int r = ty + a * RT;
         if (m0 + r < sq.tq)
-            for (int e = 0; e < DT; ++e)
-                STORE(IO_DT, dq, gb + r * sg_t + tx + e * CT, acc[a][e]);
+            for (int e = 0; e < DT4; ++e)
+                STORE4(IO_DT, dq, gb + r * sg_t + 4 * (tx + e * CT), acc[a][e]);
     }
 }
 #endif
@@ -493,12 +608,12 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
               long sd_h, long sd_t, long sgk_b, long sgk_h, long sgk_t, long sgv_b, long sgv_h,
               long sgv_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
 {
-    __local lt_t ks[BLOCK_N * DP];
-    __local lt_t vs[BLOCK_N * DP];
-    __local lt_t qs[BLOCK_M * DP];
-    __local lt_t dos[BLOCK_M * DP];
-    __local float pts[BLOCK_N * MP];  /* P^T of the current tile */
-    __local float dsts[BLOCK_N * MP]; /* dS^T, gradient of the raw products */
+    LOCAL_TILE(lt_t, ks, BLOCK_N * DP);
+    LOCAL_TILE(lt_t, vs, BLOCK_N * DP);
+    LOCAL_TILE(lt_t, qs, BLOCK_M * DP);
+    LOCAL_TILE(lt_t, dos, BLOCK_M * DP);
+    LOCAL_TILE(float, pst, BLOCK_M * PN);  /* P of the current tile, a query per row */
+    LOCAL_TILE(float, dsst, BLOCK_M * PN); /* dS, gradient of the raw products */
     __local float lse2s[BLOCK_M], dls[BLOCK_M];
 
     const int lid = get_local_id(0), tx = lid % CT_KV, ty = lid / CT_KV;
@@ -514,10 +629,10 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
     attn_load_tile(vs, v, v_off + b * sv_b + hk * sv_h + (sq.k0 + n0) * sv_t, sv_t, sq.tk - n0,
                    BLOCK_N, lid, nthreads);
 
-    float gk[TN][DT_KV], gv[TN][DT_KV];
+    float4 gk[TN][DT4_KV], gv[TN][DT4_KV];
 #pragma unroll
     for (int r = 0; r < TN; ++r)
-        for (int e = 0; e < DT_KV; ++e)
+        for (int e = 0; e < DT4_KV; ++e)
             gk[r][e] = gv[r][e] = 0.0f;
 
     int m_lo, m_hi;
@@ -548,23 +663,30 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
             for (int r = 0; r < TN; ++r)
                 for (int c = 0; c < TM; ++c)
                     s[r][c] = dp[r][c] = 0.0f;
-            for (int d = 0; d < D; ++d) {
-                float kr[TN], vr[TN], qc[TM], gc[TM];
+            PRODUCT_LOOP
+        for (int d = 0; d < D; d += 4) {
+                float4 kr[TN], vr[TN], qc[TM], gc[TM];
 #pragma unroll
                 for (int r = 0; r < TN; ++r) {
-                    kr[r] = LREAD(ks, (ty + r * RT_KV) * DP + d);
-                    vr[r] = LREAD(vs, (ty + r * RT_KV) * DP + d);
+                    kr[r] = LREAD4(ks, (ty + r * RT_KV) * DP + d);
+                    vr[r] = LREAD4(vs, (ty + r * RT_KV) * DP + d);
                 }
 #pragma unroll
                 for (int c = 0; c < TM; ++c) {
-                    qc[c] = LREAD(qs, (tx + c * CT_KV) * DP + d);
-                    gc[c] = LREAD(dos, (tx + c * CT_KV) * DP + d);
+                    qc[c] = LREAD4(qs, (tx + c * CT_KV) * DP + d);
+                    gc[c] = LREAD4(dos, (tx + c * CT_KV) * DP + d);
                 }
 #pragma unroll
                 for (int r = 0; r < TN; ++r)
                     for (int c = 0; c < TM; ++c) {
-                        s[r][c] = fma(kr[r], qc[c], s[r][c]);
-                        dp[r][c] = fma(vr[r], gc[c], dp[r][c]);
+                        s[r][c] = fma(kr[r].x, qc[c].x, s[r][c]);
+                        s[r][c] = fma(kr[r].y, qc[c].y, s[r][c]);
+                        s[r][c] = fma(kr[r].z, qc[c].z, s[r][c]);
+                        s[r][c] = fma(kr[r].w, qc[c].w, s[r][c]);
+                        dp[r][c] = fma(vr[r].x, gc[c].x, dp[r][c]);
+                        dp[r][c] = fma(vr[r].y, gc[c].y, dp[r][c]);
+                        dp[r][c] = fma(vr[r].z, gc[c].z, dp[r][c]);
+                        dp[r][c] = fma(vr[r].w, gc[c].w, dp[r][c]);
                     }
             }
 
@@ -577,28 +699,27 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
                     float p = exp2(x * M_LOG2E_F - lse2s[i]);
                     if (masked && !attn_visible(m0 + i, n0 + j, sq.tq, sq.tk, wl, wr))
                         p = 0.0f;
-                    pts[j * MP + i] = p;
-                    dsts[j * MP + i] = p * (dp[r][c] - dls[i]) * attn_dlogit(x, scale, softcap);
+                    pst[i * PN + ty * TN + r] = p;
+                    dsst[i * PN + ty * TN + r] = p * (dp[r][c] - dls[i]) * attn_dlogit(x, scale, softcap);
                 }
             barrier(CLK_LOCAL_MEM_FENCE);
 
+            PRODUCT_LOOP
             for (int i = 0; i < BLOCK_M; ++i) {
-                float pr[TN], sr[TN], gc[DT_KV], qc[DT_KV];
+                float pr[TN], sr[TN];
+                float4 gc[DT4_KV], qc[DT4_KV];
+                attn_read_col(pr, pst + i * PN + ty * TN, TN);
+                attn_read_col(sr, dsst + i * PN + ty * TN, TN);
 #pragma unroll
-                for (int r = 0; r < TN; ++r) {
-                    pr[r] = pts[(ty + r * RT_KV) * MP + i];
-                    sr[r] = dsts[(ty + r * RT_KV) * MP + i];
-                }
-#pragma unroll
-                for (int e = 0; e < DT_KV; ++e) {
-                    gc[e] = LREAD(dos, i * DP + tx + e * CT_KV);
-                    qc[e] = LREAD(qs, i * DP + tx + e * CT_KV);
+                for (int e = 0; e < DT4_KV; ++e) {
+                    gc[e] = LREAD4(dos, i * DP + 4 * (tx + e * CT_KV));
+                    qc[e] = LREAD4(qs, i * DP + 4 * (tx + e * CT_KV));
                 }
 #pragma unroll
                 for (int r = 0; r < TN; ++r)
-                    for (int e = 0; e < DT_KV; ++e) {
-                        gv[r][e] = fma(pr[r], gc[e], gv[r][e]);
-                        gk[r][e] = fma(sr[r], qc[e], gk[r][e]);
+                    for (int e = 0; e < DT4_KV; ++e) {
+                        gv[r][e] = fma((float4)(pr[r]), gc[e], gv[r][e]);
+                        gk[r][e] = fma((float4)(sr[r]), qc[e], gk[r][e]);
                     }
             }
         }
@@ -610,9 +731,9 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
     for (int r = 0; r < TN; ++r) {
         const int j = ty + r * RT_KV;
         if (n0 + j < sq.tk)
-            for (int e = 0; e < DT_KV; ++e) {
-                STORE(IO_DT, dk, kgb + j * sgk_t + tx + e * CT_KV, gk[r][e]);
-                STORE(IO_DT, dv, vgb + j * sgv_t + tx + e * CT_KV, gv[r][e]);
+            for (int e = 0; e < DT4_KV; ++e) {
+                STORE4(IO_DT, dk, kgb + j * sgk_t + 4 * (tx + e * CT_KV), gk[r][e]);
+                STORE4(IO_DT, dv, vgb + j * sgv_t + 4 * (tx + e * CT_KV), gv[r][e]);
             }
     }
 }

@@ -96,13 +96,17 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
 }
 
 /*
- * ---- attention.cl: tiles BLOCK_M, BLOCK_N, TM, TN (PRE_WG for the delta pass); the size key is
- * the head dim D. Q, K and V are views of one [B, H + 2K, T, D] tensor (and dK, dV of one
- * [B, 2K, T, D]) to stay within TUNE_MAX_TENSORS. The backward runs on random O and LSE: its
- * outputs are then no gradients, but every candidate must still reproduce the reference's.
+ * ---- attention.cl: tiles BLOCK_M, BLOCK_N, TM, TN, LF32, UNROLL (and KV_SEP for the forward,
+ * PRE_WG for the delta pass); the size key is the head dim D. Q, K and V are views of one
+ * [B, H + 2K, T, D] tensor, and dK, dV the contiguous [B, K, T, D] halves of one [B, 2K, T, D]
+ * buffer (head views of it would interleave, which the backward's output-overlap check refuses),
+ * to stay within TUNE_MAX_TENSORS. The backward runs on random O and LSE: its outputs are then no
+ * gradients, but every candidate must still reproduce the reference's.
  */
 
-#define ATTN_TILES "BLOCK_M=16,32,64,128 BLOCK_N=8,16,32,64 TM=1,2,4,8 TN=1,2,4,8"
+#define ATTN_TILES                                                                                \
+    "BLOCK_M=16,32,64,128 BLOCK_N=8,16,32,64 TM=1,2,4,8 TN=1,2,4,8 LF32=0,1 UNROLL=0,2,4,8"
+#define ATTN_FWD_TILES ATTN_TILES " KV_SEP=0,1"
 #define ATTN_SHAPES                                                                               \
     "B=4,H=32,K=8,QKV=48,KV2=16,T=4096,D=128;B=4,H=32,K=8,QKV=48,KV2=16,T=4096,D=64"
 #define ATTN_SMALL "B=1,H=4,K=2,QKV=8,KV2=4,T=256,D=128;B=1,H=4,K=2,QKV=8,KV2=4,T=256,D=64"
@@ -115,6 +119,16 @@ static llmcl_status attn_head_view(llmcl_tensor *base, const tune_case *c, int64
     const int64_t heads = llmcl_tensor_dim(base, 1);
     const int64_t shape[4] = {b, n, t, d}, strides[4] = {heads * t * d, t * d, d, 1};
     return llmcl_tensor_view(base, 4, shape, strides, first * t * d, out);
+}
+
+/* Contiguous [B, K, T, D] half number `half` of a [B, 2K, T, D] buffer. */
+static llmcl_status attn_half_view(llmcl_tensor *base, const tune_case *c, int64_t half,
+                                   llmcl_tensor **out)
+{
+    const int64_t b = tune_dim(c, "B"), k = tune_dim(c, "K"), t = tune_dim(c, "T");
+    const int64_t d = tune_dim(c, "D");
+    const int64_t shape[4] = {b, k, t, d}, strides[4] = {k * t * d, t * d, d, 1};
+    return llmcl_tensor_view(base, 4, shape, strides, half * b * k * t * d, out);
 }
 
 /* The tensors of one attention call: q, k, v, dk, dv are views, destroyed by attn_views_free. */
@@ -139,8 +153,8 @@ static llmcl_status attn_views_make(llmcl_tensor *qkv, llmcl_tensor *dkv, const 
     llmcl_status st;
     if ((st = attn_head_view(qkv, c, 0, h, &v->q)) || (st = attn_head_view(qkv, c, h, k, &v->k)) ||
         (st = attn_head_view(qkv, c, h + k, k, &v->v)) ||
-        (dkv && ((st = attn_head_view(dkv, c, 0, k, &v->dk)) ||
-                 (st = attn_head_view(dkv, c, k, k, &v->dv)))))
+        (dkv && ((st = attn_half_view(dkv, c, 0, &v->dk)) ||
+                 (st = attn_half_view(dkv, c, 1, &v->dv)))))
         attn_views_free(v);
     return st;
 }
@@ -379,7 +393,7 @@ const tune_kernel tune_kernels[] = {
      .tensors = {{"dout", TUNE_IN, "N,I"}, {"gate", TUNE_IN, "N,I"}, {"up", TUNE_IN, "N,I"},
                  {"dgate", TUNE_OUT, "N,I"}, {"dup", TUNE_OUT, "N,I"}},
      .run = run_glu_bwd},
-    {.key = "attention_fwd", .family = "attention", .params = ATTN_TILES, .dtypes = F32 | BF16,
+    {.key = "attention_fwd", .family = "attention", .params = ATTN_FWD_TILES, .dtypes = F32 | BF16,
      .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
      .tensors = {{"qkv", TUNE_IN, "B,QKV,T,D"},
                  {"o", TUNE_OUT, "B,H,T,D"},

@@ -36,6 +36,9 @@ typedef struct attn_strides {
 
 typedef struct attn_tiles {
     int bm, bn, tm, tn;
+    int lf32;  /* operand tiles converted to f32 in local memory */
+    int kvsep; /* attn_fwd: separate K and V buffers */
+    int unroll; /* unroll factor of the products' loops, 0 the compiler's choice */
 } attn_tiles;
 
 /* ---- validation ---- */
@@ -234,13 +237,14 @@ static int attn_cols(attn_kernel kern, attn_tiles t)
 /* Local memory of a kernel in bytes, as attention.cl's header lists it. */
 static uint64_t attn_local_bytes(attn_kernel kern, int d, llmcl_dtype dtype, attn_tiles t)
 {
-    const uint64_t dp = (uint64_t)d + 1, m = (uint64_t)t.bm, n = (uint64_t)t.bn;
-    const uint64_t e = llmcl_dtype_size(dtype);
+    const uint64_t dp = (uint64_t)d + 4, m = (uint64_t)t.bm, n = (uint64_t)t.bn;
+    const uint64_t e = t.lf32 ? 4 : llmcl_dtype_size(dtype);
     if (kern == ATTN_FWD)
-        return (m + n) * dp * e + 4 * m * (n + 1 + n / (uint64_t)t.tn);
+        return (m + n * (1 + (uint64_t)t.kvsep)) * dp * e + 4 * n * (m + 4) +
+               4 * m * (n / (uint64_t)t.tn);
     if (kern == ATTN_DQ)
-        return 2 * (m + n) * dp * e + 4 * m * (n + 1);
-    return 2 * (m + n) * dp * e + 4 * (2 * n * (m + 1) + 2 * m);
+        return 2 * (m + n) * dp * e + 4 * n * (m + 4);
+    return 2 * (m + n) * dp * e + 4 * (2 * m * (n + 4) + 2 * m);
 }
 
 /* Why tiles t cannot run kernel kern on this device, or NULL when they can. */
@@ -249,9 +253,15 @@ static const char *attn_tiles_invalid(const llmcl_ctx *ctx, attn_kernel kern, in
 {
     if (t.bm < 1 || t.bn < 1 || t.tm < 1 || t.tn < 1 || t.bm % t.tm || t.bn % t.tn)
         return "BLOCK_M % TM and BLOCK_N % TN must be 0";
+    if (t.lf32 != 0 && t.lf32 != 1)
+        return "LF32 must be 0 or 1";
+    if (t.kvsep != 0 && t.kvsep != 1)
+        return "KV_SEP must be 0 or 1";
+    if (t.unroll < 0 || t.unroll > 64)
+        return "UNROLL must lie in [0, 64]";
     const int cols = attn_cols(kern, t);
-    if (cols > 32 || d % cols)
-        return "the work-item columns must divide D and be at most 32";
+    if (cols > 32 || d % (4 * cols))
+        return "4 x the work-item columns must divide D, and the columns be at most 32";
     if ((size_t)(t.bm / t.tm) * (size_t)(t.bn / t.tn) > ctx->info.max_work_group_size)
         return "the work-group exceeds the device's maximum";
     if (attn_local_bytes(kern, d, dtype, t) > ctx->info.local_mem_bytes)
@@ -262,17 +272,28 @@ static const char *attn_tiles_invalid(const llmcl_ctx *ctx, attn_kernel kern, in
 /*
  * The heuristic tiles: the first candidate that fits the device. Larger tiles reuse each operand
  * loaded to local memory more; larger register tiles (TM x TN) do more FMAs per local-memory read,
- * which bounds the fp32 path on GPUs. The backward kernels hold four operand tiles.
+ * which bounds the fp32 path on GPUs. The backward kernels hold four operand tiles. NVIDIA's list
+ * starts with the tiles measured best on an H100 (48 KiB of local memory, bf16, D = 128).
  */
 static attn_tiles attn_default_tiles(const llmcl_ctx *ctx, attn_kernel kern, int d,
                                      llmcl_dtype dtype)
 {
-    static const attn_tiles fwd[] = {{64, 64, 4, 4}, {64, 32, 4, 4}, {32, 32, 4, 4},
-                                     {32, 32, 2, 2}, {32, 16, 2, 2}, {16, 16, 2, 2},
-                                     {16, 8, 2, 1},  {8, 8, 1, 1},   {8, 4, 1, 1}, {4, 4, 1, 1}};
-    static const attn_tiles bwd[] = {{64, 32, 4, 2}, {32, 32, 4, 4}, {32, 32, 2, 2},
-                                     {32, 16, 2, 2}, {16, 16, 2, 2}, {16, 8, 2, 1},
-                                     {8, 8, 1, 1},   {8, 4, 1, 1},   {4, 4, 1, 1}};
+    static const attn_tiles nv_fwd = {64, 32, 8, 2, 0, 0, 4}, nv_dq = {32, 32, 4, 4, 0, 0, 0},
+                            nv_dkdv = {32, 32, 4, 4, 0, 0, 2};
+    static const attn_tiles fwd[] = {
+        {64, 64, 4, 4, 0, 0, 0}, {64, 32, 4, 4, 0, 0, 0}, {32, 32, 4, 4, 0, 0, 0},
+        {32, 32, 2, 2, 0, 0, 0}, {32, 16, 2, 2, 0, 0, 0}, {16, 16, 2, 2, 0, 0, 0},
+        {16, 8, 2, 1, 0, 0, 0},  {8, 8, 1, 1, 0, 0, 0},   {8, 4, 1, 1, 0, 0, 0},
+        {4, 4, 1, 1, 0, 0, 0}};
+    static const attn_tiles bwd[] = {
+        {64, 32, 4, 2, 0, 0, 0}, {32, 32, 4, 4, 0, 0, 0}, {32, 32, 2, 2, 0, 0, 0},
+        {32, 16, 2, 2, 0, 0, 0}, {16, 16, 2, 2, 0, 0, 0}, {16, 8, 2, 1, 0, 0, 0},
+        {8, 8, 1, 1, 0, 0, 0},   {8, 4, 1, 1, 0, 0, 0},   {4, 4, 1, 1, 0, 0, 0}};
+    if (ctx->info.vendor_id == LLMCL_VENDOR_NVIDIA) {
+        const attn_tiles nv = kern == ATTN_FWD ? nv_fwd : kern == ATTN_DQ ? nv_dq : nv_dkdv;
+        if (!attn_tiles_invalid(ctx, kern, d, dtype, nv))
+            return nv;
+    }
     const attn_tiles *list = kern == ATTN_FWD ? fwd : bwd;
     const size_t n = kern == ATTN_FWD ? sizeof fwd / sizeof *fwd : sizeof bwd / sizeof *bwd;
     for (size_t i = 0; i < n; ++i)
@@ -299,6 +320,10 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
         llmcl__param_set(&p, "BLOCK_N", t.bn);
         llmcl__param_set(&p, "TM", t.tm);
         llmcl__param_set(&p, "TN", t.tn);
+        llmcl__param_set(&p, "LF32", t.lf32);
+        llmcl__param_set(&p, "UNROLL", t.unroll);
+        if (kern == ATTN_FWD)
+            llmcl__param_set(&p, "KV_SEP", t.kvsep);
     }
     llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, &p);
 
@@ -311,11 +336,14 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
     } else {
         const attn_tiles t = {(int)llmcl__param_get(&p, "BLOCK_M", 0),
                               (int)llmcl__param_get(&p, "BLOCK_N", 0),
-                              (int)llmcl__param_get(&p, "TM", 0), (int)llmcl__param_get(&p, "TN", 0)};
+                              (int)llmcl__param_get(&p, "TM", 0), (int)llmcl__param_get(&p, "TN", 0),
+                              (int)llmcl__param_get(&p, "LF32", 0),
+                              kern == ATTN_FWD ? (int)llmcl__param_get(&p, "KV_SEP", 0) : 0,
+                              (int)llmcl__param_get(&p, "UNROLL", 0)};
         const char *why = attn_tiles_invalid(ctx, kern, g->D, g->dtype, t);
         LLMCL__REQUIRE(ctx, !why, LLMCL_ERROR_UNSUPPORTED,
-                       "attention: %s tiles BLOCK_M=%d BLOCK_N=%d TM=%d TN=%d with D=%d: %s",
-                       attn_kernel_name[kern], t.bm, t.bn, t.tm, t.tn, g->D, why);
+                       "attention: %s tiles BLOCK_M=%d BLOCK_N=%d TM=%d TN=%d LF32=%d with D=%d: %s",
+                       attn_kernel_name[kern], t.bm, t.bn, t.tm, t.tn, t.lf32, g->D, why);
         *tiles = t;
         *wg = (size_t)(t.bm / t.tm) * (size_t)(t.bn / t.tn);
     }
