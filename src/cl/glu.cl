@@ -17,11 +17,16 @@
  *   ALIGNED 1: every row start is a multiple of VEC elements, so loads and stores are whole
  *           vectors (16 bytes for VEC 8 of 16-bit or VEC 4 of f32); 0: element-aligned vloadn
  *           with a scalar tail per row, for odd row lengths and strides.
+ *   NOALIAS 1: no output shares a buffer with an input, so loads may take the read-only path.
  * Tunables (kernel keys glu_fwd, glu_bwd, act_fwd, act_bwd; size key: the row length):
  *   VEC     columns per vector: 1, 2, 4 or 8 (default 8 for 16-bit storage, 4 for f32).
  *   UNROLL  vectors per work-item, all loaded before any is stored: 1 to 8 (default 1).
  *   WG      work-group size, a launch parameter (the launcher splits it into columns x rows):
  *           32 to the device's maximum, a power of two (default 256).
+ *   HINT    NVIDIA only (LLMCL_NV_PTX), on aligned 16-byte vectors of bf16 or f32 (else ignored):
+ *           bit 0: loads without L1 allocation, through the read-only path when NOALIAS
+ *           (ld.global.nc.L1::no_allocate); bit 1: streaming stores (st.global.cs): 0 to 3
+ *           (default 0).
  */
 
 #ifndef DT
@@ -44,6 +49,40 @@
 #endif
 #ifndef UNROLL
 #define UNROLL 1
+#endif
+#ifndef HINT
+#define HINT 0
+#endif
+#ifndef NOALIAS
+#define NOALIAS 0
+#endif
+
+/* 16-byte accesses with NVIDIA's cache hints (HINT bits), or plain ones. */
+#if defined(LLMCL_NV_PTX) && (HINT & 1)
+inline uint4 ld16(const __global void *p)
+{
+    uint4 v;
+#if NOALIAS
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+#else
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+#endif
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"((ulong)p));
+    return v;
+}
+#else
+#define ld16(p) (*(const __global uint4 *)(p))
+#endif
+#if defined(LLMCL_NV_PTX) && (HINT & 2)
+inline void st16(__global void *p, uint4 v)
+{
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"((ulong)p), "r"(v.x),
+                 "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+#else
+#define st16(p, v) (*(__global uint4 *)(p) = (v))
 #endif
 
 /* ---- VEC-wide loads and stores: aligned vector pointers, or vloadn where unaligned ---- */
@@ -76,11 +115,19 @@ inline ushortv f32v_to_bf16(floatv f)
 #if ALIGNED
 inline floatv vload_F32(const __global float *p, long i)
 {
+#if VEC == 4
+    return as_float4(ld16(p + i));
+#else
     return *(const __global floatv *)(p + i);
+#endif
 }
 inline floatv vload_BF16(const __global ushort *p, long i)
 {
+#if VEC == 8
+    return bf16v_to_f32(as_ushort8(ld16(p + i)));
+#else
     return bf16v_to_f32(*(const __global ushortv *)(p + i));
+#endif
 }
 inline floatv vload_F16(const __global ushort *p, long i)
 {
@@ -88,11 +135,19 @@ inline floatv vload_F16(const __global ushort *p, long i)
 }
 inline void vstore_F32(__global float *p, long i, floatv v)
 {
+#if VEC == 4
+    st16(p + i, as_uint4(v));
+#else
     *(__global floatv *)(p + i) = v;
+#endif
 }
 inline void vstore_BF16(__global ushort *p, long i, floatv v)
 {
+#if VEC == 8
+    st16(p + i, as_uint4(f32v_to_bf16(v)));
+#else
     *(__global ushortv *)(p + i) = f32v_to_bf16(v);
+#endif
 }
 inline void vstore_F16(__global ushort *p, long i, floatv v)
 {
@@ -107,9 +162,14 @@ inline floatv vload_BF16(const __global ushort *p, long i)
 {
     return bf16v_to_f32(LLMCL_CAT(vload, VEC)(0, p + i));
 }
+/* f16 loads and stores go element by element: PoCL 3.1's vload_half8 and vstore_half8_rte use
+ * aligned vector instructions and fault on addresses that are not 16-byte aligned. */
 inline floatv vload_F16(const __global ushort *p, long i)
 {
-    return LLMCL_CAT(vload_half, VEC)(0, (const __global half *)(p + i));
+    float a[VEC];
+    for (int j = 0; j < VEC; ++j)
+        a[j] = vload_half(i + j, (const __global half *)p);
+    return LLMCL_CAT(vload, VEC)(0, a);
 }
 inline void vstore_F32(__global float *p, long i, floatv v)
 {
@@ -119,8 +179,6 @@ inline void vstore_BF16(__global ushort *p, long i, floatv v)
 {
     LLMCL_CAT(vstore, VEC)(f32v_to_bf16(v), 0, p + i);
 }
-/* f16 stores element by element: PoCL 3.1's vstore_half8_rte faults on addresses that are not
- * 16-byte aligned. */
 inline void vstore_F16(__global ushort *p, long i, floatv v)
 {
     float a[VEC];
