@@ -160,6 +160,37 @@ static void test_copy(void **state)
         }
 }
 
+/*
+ * copy_words under forced tunables (as the tuner sets them): words per pass, a capped grid that
+ * loops, an uncapped one, and the cache hints; sizes that leave partial passes.
+ */
+static void test_copy_tunables(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const char *params[] = {"UNROLL=8 GPC=1 WG=32 HINT=3", "UNROLL=2 GPC=0 WG=64 HINT=1",
+                            "UNROLL=4 GPC=16 WG=128 HINT=2", "UNROLL=1 GPC=2 WG=256"};
+    const int64_t sizes[] = {8, 4104, 100000};
+    for (size_t i = 0; i < sizeof params / sizeof params[0]; ++i) {
+        TH_OK(llmcl_tune_override(ctx, "copy", LLMCL_F32, "*", params[i]));
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; ++s) {
+            const int64_t n = sizes[s];
+            double *x = random_values(LLMCL_F32, (size_t)n, 700 + s);
+            double *got = th_alloc((size_t)n * sizeof *got);
+            llmcl_tensor *src = th_tensor_from(LLMCL_F32, 1, &n, x);
+            llmcl_tensor *dst = th_tensor(LLMCL_F32, 1, &n);
+            TH_OK(llmcl_copy(ctx, src, dst));
+            th_download(dst, got);
+            TH_ASSERT_CLOSE("copy tuned", x, got, (size_t)n, (th_tol){0, 0});
+            llmcl_tensor_destroy(src);
+            llmcl_tensor_destroy(dst);
+            free(x);
+            free(got);
+        }
+    }
+    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
+}
+
 static void test_cast(void **state)
 {
     (void)state;
@@ -396,6 +427,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fill),
         cmocka_unit_test(test_copy),
+        cmocka_unit_test(test_copy_tunables),
         cmocka_unit_test(test_cast),
         cmocka_unit_test(test_cast_special_values),
         cmocka_unit_test(test_axpy),

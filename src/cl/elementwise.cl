@@ -7,11 +7,26 @@
  * All indices are 64-bit.
  *
  * Defines: DT (storage of fill/copy, and of axpy/mul), SRC_DT and DST_DT (cast), DT_IS_INT (fill).
- * Tunables:
- *   WG   work-group size (any value the device allows; the launcher passes it as the local size)
+ * Tunables (every kernel key: fill, copy, cast, axpy, mul):
+ *   WG      work-group size (any value the device allows; the launcher passes it as the local size)
+ *   GPC     work-groups per compute unit that the grid is capped at (grid-stride loops cover the
+ *           rest): 0 (no cap: one pass) or 1 to 64 (default 8 on GPUs, 4 on CPUs; copy on
+ *           NVIDIA: 0). A launch parameter.
+ * Tunables of copy_words (key copy):
+ *   UNROLL  16-byte words per work-item per pass, all loaded before any is stored: 1, 2, 4 or 8
+ *           (default 1).
+ *   HINT    NVIDIA only (LLMCL_NV_PTX), ignored elsewhere; bit 0: loads through the read-only path
+ *           without L1 allocation (ld.global.nc.L1::no_allocate), bit 1: streaming stores
+ *           (st.global.cs): 0 to 3 (default 0).
  */
 #ifndef WG
 #define WG 256
+#endif
+#ifndef UNROLL
+#define UNROLL 1
+#endif
+#ifndef HINT
+#define HINT 0
 #endif
 
 inline long strided_offset(long i, long4 shape, long4 stride)
@@ -78,15 +93,53 @@ void copy_elems(__global const STORAGE(DT) *src, ulong src_off, __global STORAGE
 }
 #endif
 
-/* Byte copies in 16-byte words, for any dtype whose offsets and size are multiples of 16 bytes. */
+/* 16-byte words with NVIDIA's cache hints (HINT bits), or plain accesses. */
+#if defined(LLMCL_NV_PTX) && (HINT & 1)
+inline uint4 word_load(const __global uint4 *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"((ulong)p));
+    return v;
+}
+#else
+#define word_load(p) (*(p))
+#endif
+#if defined(LLMCL_NV_PTX) && (HINT & 2)
+inline void word_store(__global uint4 *p, uint4 v)
+{
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"((ulong)p), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+#else
+#define word_store(p, v) (*(p) = (v))
+#endif
+
+/*
+ * Byte copies in 16-byte words, for any dtype whose offsets and size are multiples of 16 bytes.
+ * A work-group moves a contiguous block of UNROLL * WG words per pass, item l taking words
+ * l, l + WG, ...: each access is coalesced across the group, and all UNROLL loads are issued
+ * before any store so that they are in flight at once. The grid strides over blocks.
+ */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void copy_words(__global const uint4 *src, ulong src_off, __global uint4 *dst, ulong dst_off,
                 long n)
 {
     src += src_off;
     dst += dst_off;
-    GRID_LOOP(i, n) {
-        dst[i] = src[i];
+    const long step = (long)get_num_groups(0) * WG * UNROLL;
+    for (long i = (long)get_group_id(0) * WG * UNROLL + get_local_id(0); i < n; i += step) {
+        uint4 v[UNROLL];
+#pragma unroll
+        for (int j = 0; j < UNROLL; ++j)
+            if (i + j * WG < n)
+                v[j] = word_load(src + i + j * WG);
+#pragma unroll
+        for (int j = 0; j < UNROLL; ++j)
+            if (i + j * WG < n)
+                word_store(dst + i + j * WG, v[j]);
     }
 }
 

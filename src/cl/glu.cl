@@ -17,11 +17,20 @@
  *   ALIGNED 1: every row start is a multiple of VEC elements, so loads and stores are whole
  *           vectors (16 bytes for VEC 8 of 16-bit or VEC 4 of f32); 0: element-aligned vloadn
  *           with a scalar tail per row, for odd row lengths and strides.
- * Tunables (kernel keys glu_fwd, glu_bwd, act_fwd, act_bwd; size key: the row length):
+ *   NOALIAS 1: no output shares a buffer with an input, so loads may take the read-only path.
+ * Tunables (kernel keys glu_fwd, glu_bwd, act_fwd, act_bwd; size key: the row length; rows that
+ * follow each other in every operand are launched as one long row):
  *   VEC     columns per vector: 1, 2, 4 or 8 (default 8 for 16-bit storage, 4 for f32).
  *   UNROLL  vectors per work-item, all loaded before any is stored: 1 to 8 (default 1).
  *   WG      work-group size, a launch parameter (the launcher splits it into columns x rows):
- *           32 to the device's maximum, a power of two (default 256).
+ *           32 to the device's maximum, a power of two (default 256; 128 on NVIDIA).
+ *   HINT    NVIDIA only (LLMCL_NV_PTX), on aligned 16-byte vectors of bf16 or f32 (else ignored):
+ *           bit 0: loads without L1 allocation, through the read-only path when NOALIAS
+ *           (ld.global.nc.L1::no_allocate); bit 1: streaming stores (st.global.cs): 0 to 3
+ *           (default 0; 2 on NVIDIA).
+ *   CVT     1: bf16 vectors of 8 round with NVIDIA's cvt.rn.bf16x2.f32 (LLMCL_NV_PTX, compute
+ *           capability 8.0 or later; the launcher keeps 0 elsewhere), 0: bit arithmetic (default
+ *           1 where available).
  */
 
 #ifndef DT
@@ -45,6 +54,43 @@
 #ifndef UNROLL
 #define UNROLL 1
 #endif
+#ifndef HINT
+#define HINT 0
+#endif
+#ifndef CVT
+#define CVT 0
+#endif
+#ifndef NOALIAS
+#define NOALIAS 0
+#endif
+
+/* 16-byte accesses with NVIDIA's cache hints (HINT bits), or plain ones. */
+#if defined(LLMCL_NV_PTX) && (HINT & 1)
+inline uint4 ld16(const __global void *p)
+{
+    uint4 v;
+#if NOALIAS
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+#else
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+#endif
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"((ulong)p));
+    return v;
+}
+#else
+#define ld16(p) (*(const __global uint4 *)(p))
+#endif
+#if defined(LLMCL_NV_PTX) && (HINT & 2)
+inline void st16(__global void *p, uint4 v)
+{
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"((ulong)p), "r"(v.x),
+                 "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+#else
+#define st16(p, v) (*(__global uint4 *)(p) = (v))
+#endif
 
 /* ---- VEC-wide loads and stores: aligned vector pointers, or vloadn where unaligned ---- */
 
@@ -65,6 +111,21 @@ inline floatv bf16v_to_f32(ushortv h)
     return LLMCL_CAT(as_float, VEC)(LLMCL_CAT(convert_uint, VEC)(h) << 16);
 }
 
+#if defined(LLMCL_NV_PTX) && CVT && VEC == 8
+/* NVIDIA sm_80+: one instruction rounds two floats to bf16, nearest even (a NaN becomes the
+ * canonical NaN), where the bit arithmetic below takes about six per element. */
+inline uint bf16x2(float lo, float hi)
+{
+    uint r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+inline ushortv f32v_to_bf16(floatv f)
+{
+    return as_ushort8((uint4)(bf16x2(f.s0, f.s1), bf16x2(f.s2, f.s3), bf16x2(f.s4, f.s5),
+                              bf16x2(f.s6, f.s7)));
+}
+#else
 inline ushortv f32v_to_bf16(floatv f)
 {
     const uintv u = LLMCL_CAT(as_uint, VEC)(f);
@@ -72,15 +133,24 @@ inline ushortv f32v_to_bf16(floatv f)
     const intv nan = (u & 0x7fffffffu) > 0x7f800000u;
     return LLMCL_CAT(convert_ushort, VEC)(select(r, (u >> 16) | 0x0040u, nan));
 }
+#endif
 
 #if ALIGNED
 inline floatv vload_F32(const __global float *p, long i)
 {
+#if VEC == 4
+    return as_float4(ld16(p + i));
+#else
     return *(const __global floatv *)(p + i);
+#endif
 }
 inline floatv vload_BF16(const __global ushort *p, long i)
 {
+#if VEC == 8
+    return bf16v_to_f32(as_ushort8(ld16(p + i)));
+#else
     return bf16v_to_f32(*(const __global ushortv *)(p + i));
+#endif
 }
 inline floatv vload_F16(const __global ushort *p, long i)
 {
@@ -88,11 +158,19 @@ inline floatv vload_F16(const __global ushort *p, long i)
 }
 inline void vstore_F32(__global float *p, long i, floatv v)
 {
+#if VEC == 4
+    st16(p + i, as_uint4(v));
+#else
     *(__global floatv *)(p + i) = v;
+#endif
 }
 inline void vstore_BF16(__global ushort *p, long i, floatv v)
 {
+#if VEC == 8
+    st16(p + i, as_uint4(f32v_to_bf16(v)));
+#else
     *(__global ushortv *)(p + i) = f32v_to_bf16(v);
+#endif
 }
 inline void vstore_F16(__global ushort *p, long i, floatv v)
 {
@@ -107,9 +185,14 @@ inline floatv vload_BF16(const __global ushort *p, long i)
 {
     return bf16v_to_f32(LLMCL_CAT(vload, VEC)(0, p + i));
 }
+/* f16 loads and stores go element by element: PoCL 3.1's vload_half8 and vstore_half8_rte use
+ * aligned vector instructions and fault on addresses that are not 16-byte aligned. */
 inline floatv vload_F16(const __global ushort *p, long i)
 {
-    return LLMCL_CAT(vload_half, VEC)(0, (const __global half *)(p + i));
+    float a[VEC];
+    for (int j = 0; j < VEC; ++j)
+        a[j] = vload_half(i + j, (const __global half *)p);
+    return LLMCL_CAT(vload, VEC)(0, a);
 }
 inline void vstore_F32(__global float *p, long i, floatv v)
 {
@@ -119,8 +202,6 @@ inline void vstore_BF16(__global ushort *p, long i, floatv v)
 {
     LLMCL_CAT(vstore, VEC)(f32v_to_bf16(v), 0, p + i);
 }
-/* f16 stores element by element: PoCL 3.1's vstore_half8_rte faults on addresses that are not
- * 16-byte aligned. */
 inline void vstore_F16(__global ushort *p, long i, floatv v)
 {
     float a[VEC];
@@ -227,9 +308,10 @@ inline float act_bwd1(float x, float *a)
 #endif
 
 /*
- * Both kernels: work-item (c0, r) takes vectors c0, c0 + S, ..., c0 + (UNROLL - 1) S of row r (S
- * the grid's width), loading all of them before storing any; the item whose vector index equals
- * `full` does the row's scalar tail.
+ * Both kernels: a work-group takes a contiguous block of UNROLL * L vectors of each of its rows (L
+ * its width in columns), item l vectors l, l + L, ..., l + (UNROLL - 1) L of the block, loading
+ * all of them before storing any (each access coalesced, UNROLL loads in flight); blocks stride
+ * over the grid. The item whose vector index equals `full` does the row's scalar tail.
  */
 
 /* out = act(g) * u (HAS_UP) or act(g). */
@@ -237,14 +319,16 @@ __kernel void glu_fwd(const __global STORAGE(DT) *g, ulong g_off, long g_rs,
                       const __global STORAGE(DT) *u, ulong u_off, long u_rs,
                       __global STORAGE(DT) *o, ulong o_off, long o_rs, long n_rows, long cols)
 {
-    const long full = cols / VEC, slots = full + TAIL_SLOTS(cols), step = get_global_size(0);
+    const long full = cols / VEC, slots = full + TAIL_SLOTS(cols);
+    const long l = get_local_size(0), step = get_global_size(0) * UNROLL;
+    const long first = get_group_id(0) * l * UNROLL + get_local_id(0);
     for (long r = get_global_id(1); r < n_rows; r += get_global_size(1)) {
         const long gr = g_off + r * g_rs, ur = u_off + r * u_rs, orow = o_off + r * o_rs;
-        for (long c0 = get_global_id(0); c0 < slots; c0 += step * UNROLL) {
+        for (long c0 = first; c0 < slots; c0 += step) {
             floatv gv[UNROLL], uv[UNROLL];
 #pragma unroll
             for (int j = 0; j < UNROLL; ++j) {
-                const long c = c0 + j * step;
+                const long c = c0 + j * l;
                 if (c < full) {
                     gv[j] = VLOAD(g, gr + c * VEC);
 #if HAS_UP
@@ -254,7 +338,7 @@ __kernel void glu_fwd(const __global STORAGE(DT) *g, ulong g_off, long g_rs,
             }
 #pragma unroll
             for (int j = 0; j < UNROLL; ++j) {
-                const long c = c0 + j * step;
+                const long c = c0 + j * l;
                 if (c < full) {
                     floatv y = act_fwd(gv[j]);
 #if HAS_UP
@@ -282,15 +366,17 @@ __kernel void glu_bwd(const __global STORAGE(DT) *dy, ulong dy_off, long dy_rs,
                       __global STORAGE(DT) *dg, ulong dg_off, long dg_rs,
                       __global STORAGE(DT) *du, ulong du_off, long du_rs, long n_rows, long cols)
 {
-    const long full = cols / VEC, slots = full + TAIL_SLOTS(cols), step = get_global_size(0);
+    const long full = cols / VEC, slots = full + TAIL_SLOTS(cols);
+    const long l = get_local_size(0), step = get_global_size(0) * UNROLL;
+    const long first = get_group_id(0) * l * UNROLL + get_local_id(0);
     for (long r = get_global_id(1); r < n_rows; r += get_global_size(1)) {
         const long yr = dy_off + r * dy_rs, gr = g_off + r * g_rs, ur = u_off + r * u_rs;
         const long dgr = dg_off + r * dg_rs, dur = du_off + r * du_rs;
-        for (long c0 = get_global_id(0); c0 < slots; c0 += step * UNROLL) {
+        for (long c0 = first; c0 < slots; c0 += step) {
             floatv dv[UNROLL], gv[UNROLL], uv[UNROLL];
 #pragma unroll
             for (int j = 0; j < UNROLL; ++j) {
-                const long c = c0 + j * step;
+                const long c = c0 + j * l;
                 if (c < full) {
                     dv[j] = VLOAD(dy, yr + c * VEC);
                     gv[j] = VLOAD(g, gr + c * VEC);
@@ -301,7 +387,7 @@ __kernel void glu_bwd(const __global STORAGE(DT) *dy, ulong dy_off, long dy_rs,
             }
 #pragma unroll
             for (int j = 0; j < UNROLL; ++j) {
-                const long c = c0 + j * step;
+                const long c = c0 + j * l;
                 if (c < full) {
                     floatv a;
                     const floatv da = act_bwd(gv[j], &a);

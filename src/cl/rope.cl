@@ -27,10 +27,20 @@
  *   VEC     pairs per work-item: 1, 2, 4 or 8 (default 8; 4 for f32). The launcher lowers it
  *           until the pair count and every offset and stride of q and k are multiples of it, so q
  *           and k move as aligned vectors (16 bytes for 8 pairs of 16-bit halves).
- *   HPT     heads per work-item sharing one cos/sin: 1 to 16 (default 4); registers grow with
- *           2 * HPT * VEC floats.
- *   WG      target work-group size, a launch parameter (default 256): tpw = max(1, WG / slots)
- *           tokens per group, lowered to fill whole warps where some count does.
+ *   HPT     heads per work-item sharing one cos/sin: 1 to 16 (default 4; 1 on NVIDIA); registers
+ *           grow with 2 * HPT * VEC floats.
+ *   WG      target work-group size, a launch parameter (default 256; 128 on NVIDIA with ORDER 1):
+ *           tpw = max(1, WG / slots) tokens per group, lowered to fill whole warps where some count
+ *           does, and to what the kernel allows.
+ *   ORDER   0 or 1, as above (default 0; on NVIDIA 1 where q's token stride is smaller than its
+ *           head stride).
+ *   HINT    NVIDIA only (LLMCL_NV_PTX), on 16-byte vectors (VEC 8 of bf16 or f16, VEC 4 of f32;
+ *           else ignored): bit 0: loads without L1 allocation (ld.global.L1::no_allocate; never
+ *           the read-only path, as q and k are written); bit 1: streaming stores (st.global.cs):
+ *           0 to 3 (default 0).
+ *   CVT     1: bf16 vectors of 8 round with NVIDIA's cvt.rn.bf16x2.f32 (LLMCL_NV_PTX, compute
+ *           capability 8.0 or later; the launcher keeps 0 elsewhere), 0: bit arithmetic (default
+ *           1 where available).
  *
  * Precision (SRC 1): as in Hugging Face, inv_freq = 1 / theta^(2i / rotary_dim) and the angle
  * pos * inv_freq are f32, so the angle carries an error of about |pos| * 2^-23 rad; cos and sin of
@@ -61,6 +71,39 @@
 #ifndef HPT
 #define HPT 4
 #endif
+#ifndef ORDER
+#define ORDER 0
+#endif
+#ifndef HINT
+#define HINT 0
+#endif
+#ifndef CVT
+#define CVT 0
+#endif
+
+/* 16-byte accesses with NVIDIA's cache hints (HINT bits), or plain ones. */
+#if defined(LLMCL_NV_PTX) && (HINT & 1)
+inline uint4 ld16(const __global void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"((ulong)p));
+    return v;
+}
+#else
+#define ld16(p) (*(const __global uint4 *)(p))
+#endif
+#if defined(LLMCL_NV_PTX) && (HINT & 2)
+inline void st16(__global void *p, uint4 v)
+{
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"((ulong)p), "r"(v.x),
+                 "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+#else
+#define st16(p, v) (*(__global uint4 *)(p) = (v))
+#endif
 
 /* ---- VEC-wide aligned loads and stores of q and k ---- */
 
@@ -82,6 +125,21 @@ typedef LLMCL_CAT(int, VEC) intv;
 #define TLOAD(p) LLMCL_CAT(vload, VEC)(0, (p))
 #endif
 
+#if defined(LLMCL_NV_PTX) && CVT && VEC == 8
+/* NVIDIA sm_80+: one instruction rounds two floats to bf16, nearest even (a NaN becomes the
+ * canonical NaN), where the bit arithmetic below takes about six per element. */
+inline uint bf16x2(float lo, float hi)
+{
+    uint r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+inline ushortv f32v_to_bf16(floatv f)
+{
+    return as_ushort8((uint4)(bf16x2(f.s0, f.s1), bf16x2(f.s2, f.s3), bf16x2(f.s4, f.s5),
+                              bf16x2(f.s6, f.s7)));
+}
+#else
 inline ushortv f32v_to_bf16(floatv f)
 {
     const uintv u = LLMCL_CAT(as_uint, VEC)(f);
@@ -89,14 +147,23 @@ inline ushortv f32v_to_bf16(floatv f)
     const intv nan = (u & 0x7fffffffu) > 0x7f800000u;
     return LLMCL_CAT(convert_ushort, VEC)(select(r, (u >> 16) | 0x0040u, nan));
 }
+#endif
 
 inline floatv vload_F32(const __global float *p, long i)
 {
+#if VEC == 4
+    return as_float4(ld16(p + i));
+#else
     return *(const __global floatv *)(p + i);
+#endif
 }
 inline floatv vload_BF16(const __global ushort *p, long i)
 {
+#if VEC == 8
+    const ushortv h = as_ushort8(ld16(p + i));
+#else
     const ushortv h = *(const __global ushortv *)(p + i);
+#endif
     return LLMCL_CAT(as_float, VEC)(LLMCL_CAT(convert_uint, VEC)(h) << 16);
 }
 inline floatv vload_F16(const __global ushort *p, long i)
@@ -105,11 +172,19 @@ inline floatv vload_F16(const __global ushort *p, long i)
 }
 inline void vstore_F32(__global float *p, long i, floatv v)
 {
+#if VEC == 4
+    st16(p + i, as_uint4(v));
+#else
     *(__global floatv *)(p + i) = v;
+#endif
 }
 inline void vstore_BF16(__global ushort *p, long i, floatv v)
 {
+#if VEC == 8
+    st16(p + i, as_uint4(f32v_to_bf16(v)));
+#else
     *(__global ushortv *)(p + i) = f32v_to_bf16(v);
+#endif
 }
 inline void vstore_F16(__global ushort *p, long i, floatv v)
 {
@@ -217,17 +292,48 @@ inline void rope_heads(__global STORAGE(DT) *q, long q_off, long qsb, long qsh, 
 #define LLOAD(p) LLMCL_CAT(vload, VEC)(0, (p))
 #endif
 
-#define ROPE_HEADS(i0, c, sn)                                                                      \
+#define ROPE_HEADS(hg, i0, c, sn)                                                                  \
     rope_heads(q, (long)q_off, qsb, qsh, qst, k, (long)k_off, ksb, ksh, kst, hq, nh, pairs, b, t,  \
-               (int)s / cv, (i0), (c), (sn))
+               (hg), (i0), (c), (sn))
+
+/* cos c and sin sn of pairs i0 .. i0 + VEC - 1 of token (b, t): from the tables, or computed. */
+#if SRC == 0
+#define ROPE_ANGLES(i0, c, sn)                                                                     \
+    do {                                                                                           \
+        c = TLOAD(ctab + c_off + b * tsb + t * tst + (i0));                                        \
+        sn = TLOAD(stab + s_off + b * tsb + t * tst + (i0));                                       \
+    } while (0)
+#else
+#define ROPE_ANGLES(i0, c, sn)                                                                     \
+    rope_angles((float)LOAD(POS_DT, pos, p_off + b * psb + t * pst), (i0), pairs, theta,          \
+                l3_factor, l3_low, l3_high, l3_orig, l3_low_wl, l3_high_wl, &(c), &(sn))
+
+inline void rope_angles(float p, int i0, int pairs, float theta, float l3_factor, float l3_low,
+                        float l3_high, float l3_orig, float l3_low_wl, float l3_high_wl,
+                        floatv *c, floatv *sn)
+{
+    float ca[VEC], sa[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const float inv = rope_inv_freq(i0 + v, 2 * pairs, theta, l3_factor, l3_low, l3_high,
+                                        l3_orig, l3_low_wl, l3_high_wl);
+        sa[v] = sincos(p * inv, &ca[v]);
+    }
+    *c = LLOAD(ca);
+    *sn = LLOAD(sa);
+}
+#endif
 
 /*
- * One launch for all heads of q and k. A work-group takes tpw tokens at a time, `slots` items per
- * token; each item owns the pairs chunk (s % cv) of head group (s / cv).
+ * One launch for all heads of q and k. ORDER 0: a work-group takes tpw tokens at a time, `slots`
+ * items per token; each item owns the pairs chunk (s % cv) of head group (s / cv). ORDER 1:
+ * `slots` is cv; a work-group takes tpw consecutive tokens of one head group at a time, an item
+ * owning one chunk of one token.
  *
  * SHARE (computed angles): the group first computes cos/sin of its tokens' pairs once into local
- * memory (lcs, 2 * tpw * pairs floats), then every head group reads them there; otherwise each item
- * loads (tables) or computes its chunk's cos/sin itself.
+ * memory (lcs, 2 * tpw * pairs floats), then every head group reads them there (ORDER 1: each item
+ * loops over the head groups); otherwise each item loads (tables) or computes its chunk's cos/sin
+ * itself.
  */
 __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, long qst,
                    __global STORAGE(DT) *k, ulong k_off, long ksb, long ksh, long kst, int hq,
@@ -263,13 +369,21 @@ __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, lon
         if ((int)sub < tpw && tok < n_tokens) {
             const long b = (uint)tok / (uint)n_tok, t = tok - b * n_tok; /* B * T < 2^31 */
             for (uint s = s0; s < (uint)slots; s += wg) {
+#if ORDER == 0
                 const int i0 = ((int)s % cv) * VEC;
-                ROPE_HEADS(i0, LLOAD(lc + sub * pairs + i0), LLOAD(ls + sub * pairs + i0));
+                ROPE_HEADS((int)s / cv, i0, LLOAD(lc + sub * pairs + i0),
+                           LLOAD(ls + sub * pairs + i0));
+#else
+                const int i0 = (int)s * VEC;
+                const floatv c = LLOAD(lc + sub * pairs + i0), sn = LLOAD(ls + sub * pairs + i0);
+                for (int hg = 0; hg * HPT < nh; ++hg)
+                    ROPE_HEADS(hg, i0, c, sn);
+#endif
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-#else
+#elif ORDER == 0
     if ((int)sub >= tpw)
         return;
     for (long tok = (long)get_group_id(0) * tpw + sub; tok < n_tokens;
@@ -278,22 +392,26 @@ __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, lon
         for (uint s = s0; s < (uint)slots; s += wg) {
             const int i0 = ((int)s % cv) * VEC;
             floatv c, sn;
-#if SRC == 0
-            c = TLOAD(ctab + c_off + b * tsb + t * tst + i0);
-            sn = TLOAD(stab + s_off + b * tsb + t * tst + i0);
+            ROPE_ANGLES(i0, c, sn);
+            ROPE_HEADS((int)s / cv, i0, c, sign * sn);
+        }
+    }
 #else
-            const float p = (float)LOAD(POS_DT, pos, p_off + b * psb + t * pst);
-            float ca[VEC], sa[VEC];
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                const float inv = rope_inv_freq(i0 + v, 2 * pairs, theta, l3_factor, l3_low,
-                                                l3_high, l3_orig, l3_low_wl, l3_high_wl);
-                sa[v] = sincos(p * inv, &ca[v]);
-            }
-            c = LLOAD(ca);
-            sn = LLOAD(sa);
-#endif
-            ROPE_HEADS(i0, c, sign * sn);
+    if ((int)sub >= tpw)
+        return;
+    const long n_tb = (n_tokens + tpw - 1) / tpw; /* token blocks per head group */
+    const long n_blk = n_tb * ((nh + HPT - 1) / HPT);
+    for (long blk = get_group_id(0); blk < n_blk; blk += get_num_groups(0)) {
+        const int hg = (int)(blk / n_tb);
+        const long tok = (blk - hg * n_tb) * tpw + sub;
+        if (tok >= n_tokens)
+            continue;
+        const long b = (uint)tok / (uint)n_tok, t = tok - b * n_tok; /* B * T < 2^31 */
+        for (uint s = s0; s < (uint)slots; s += wg) {
+            const int i0 = (int)s * VEC;
+            floatv c, sn;
+            ROPE_ANGLES(i0, c, sn);
+            ROPE_HEADS(hg, i0, c, sign * sn);
         }
     }
 #endif

@@ -13,9 +13,10 @@
 #define BF16 (1u << LLMCL_BF16)
 #define F16 (1u << LLMCL_F16)
 
-/* ---- elementwise.cl: one tunable, WG; the size key is the element count ---- */
+/* ---- elementwise.cl: WG, GPC (copy: UNROLL, HINT too); the size key is the element count ---- */
 
-#define EW_WG "WG=32,64,128,256,512,1024"
+#define EW_WG "WG=32,64,128,256,512,1024 GPC=0,4,8,16"
+#define COPY_PARAMS "WG=128,256,512,1024 GPC=0,8,16 UNROLL=1,2,4,8 HINT=0,1,2,3"
 #define EW_SHAPES "N=67108864;N=4194304"
 #define EW_SMALL "N=4194304;N=262144"
 
@@ -51,7 +52,7 @@ static llmcl_status run_mul(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_c
 
 /* ---- rope.cl: in place on q [B, HQ, T, D] and k [B, HK, T, D]; size key (D / 2) * (HQ + HK) ---- */
 
-#define ROPE_PARAMS "WG=32,64,128,256,512,1024 VEC=2,4,8 HPT=1,2,4,8"
+#define ROPE_PARAMS "WG=64,128,256,512,1024 VEC=4,8 HPT=1,2,4,8 ORDER=0,1 HINT=0,1,2,3 CVT=0,1"
 #define ROPE_SHAPES "B=4,HQ=32,HK=8,T=2048,D=128,P=64;B=1,HQ=32,HK=8,T=4096,D=64,P=32"
 #define ROPE_SMALL "B=1,HQ=8,HK=2,T=256,D=128,P=64"
 
@@ -79,7 +80,7 @@ static llmcl_status run_rope_pos(llmcl_ctx *ctx, llmcl_tensor *const *t, const t
 
 /* ---- glu.cl: rows of I; the size key is the row length ---- */
 
-#define GLU_PARAMS "WG=64,128,256,512,1024 VEC=2,4,8 UNROLL=1,2,4"
+#define GLU_PARAMS "WG=64,128,256,512,1024 VEC=4,8 UNROLL=1,2,4 HINT=0,1,2,3 CVT=0,1"
 #define GLU_SHAPES "N=8192,I=14336;N=4096,I=4096"
 #define GLU_SMALL "N=256,I=1408"
 
@@ -350,7 +351,7 @@ const tune_kernel tune_kernels[] = {
      .size_key = "N", .shapes = EW_SHAPES, .small_shapes = EW_SMALL,
      .tensors = {{"t", TUNE_OUT, "N"}},
      .run = run_fill},
-    {.key = "copy", .family = "elementwise", .params = EW_WG, .dtypes = F32 | BF16,
+    {.key = "copy", .family = "elementwise", .params = COPY_PARAMS, .dtypes = F32 | BF16,
      .size_key = "N", .shapes = EW_SHAPES, .small_shapes = EW_SMALL,
      .tensors = {{"src", TUNE_IN, "N"}, {"dst", TUNE_OUT, "N"}},
      .run = run_copy},

@@ -9,6 +9,12 @@
 
 #include "../internal.h"
 
+/* Whether bf16 rounding may use cvt.rn.bf16x2.f32 (inline PTX, compute capability 8.0+). */
+static bool bf16_cvt_available(const llmcl_ctx *ctx)
+{
+    return ctx->info.has_inline_ptx && ctx->info.nv_cc_major >= 8;
+}
+
 /* A q or k view read through the layout: sizes and element strides as (b, h, t, d). */
 typedef struct rope_view {
     int64_t n[4];
@@ -269,10 +275,9 @@ static bool rope_aligned(const llmcl_tensor *t, const rope_view *v, int64_t vec)
  * devices the most that fill whole warps, when some count does (80 slots: 2 tokens, 160 items,
  * rather than 3 tokens in 7.5 warps).
  */
-static int64_t rope_tokens_per_group(const llmcl_ctx *ctx, const llmcl__params *p, int64_t slots,
+static int64_t rope_tokens_per_group(const llmcl_ctx *ctx, int64_t wg, int64_t slots,
                                      int64_t n_tokens)
 {
-    int64_t wg = llmcl__param_get(p, "WG", 256);
     if (wg > (int64_t)ctx->info.max_work_group_size)
         wg = (int64_t)ctx->info.max_work_group_size;
     int64_t tpw = wg / slots;
@@ -305,17 +310,34 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
 
     const llmcl_dtype dt = q->dtype;
     llmcl__params p = {0};
-    llmcl__param_set(&p, "WG", 256);
+    /* NVIDIA (measured on an H100, docs/PERFORMANCE.md): [B, H, T, D] in token order (ORDER 1),
+     * one head per item in groups of 128, plain accesses: 2.6 TB/s where four heads per item in
+     * head order moved 1.9. Computed angles are then shared by a group's tokens, each item looping
+     * over the heads. Elsewhere the earlier defaults: four heads per item, head order. */
+    const bool nv = ctx->info.vendor_id == LLMCL_VENDOR_NVIDIA;
+    const bool bhtd = c.vq.n[RT] > 1 && c.vq.s[RT] < c.vq.s[RH];
+    llmcl__param_set(&p, "WG", nv && bhtd ? 128 : 256);
     llmcl__param_set(&p, "VEC", dt == LLMCL_F32 ? 4 : 8);
-    llmcl__param_set(&p, "HPT", 4);
+    llmcl__param_set(&p, "HPT", nv ? 1 : 4);
+    llmcl__param_set(&p, "ORDER", nv && bhtd);
+    llmcl__param_set(&p, "HINT", 0);
+    llmcl__param_set(&p, "CVT", bf16_cvt_available(ctx));
     char cls[16];
     llmcl__shape_class(c.pairs * heads, cls);
     llmcl__params_lookup(ctx, c.tables ? "rope" : "rope_pos", dt, cls, &p);
 
     long vec = llmcl__param_get(&p, "VEC", 4), hpt = llmcl__param_get(&p, "HPT", 4);
-    LLMCL__REQUIRE(ctx, (vec == 1 || vec == 2 || vec == 4 || vec == 8) && hpt >= 1 && hpt <= 16,
-                   LLMCL_ERROR_INVALID_ARGUMENT, "%s: tuned VEC %ld / HPT %ld out of range", fn,
-                   vec, hpt);
+    const long order = llmcl__param_get(&p, "ORDER", 0), hint = llmcl__param_get(&p, "HINT", 0);
+    const long cvt = llmcl__param_get(&p, "CVT", 0);
+    LLMCL__REQUIRE(ctx,
+                   (vec == 1 || vec == 2 || vec == 4 || vec == 8) && hpt >= 1 && hpt <= 16 &&
+                       (order == 0 || order == 1) && hint >= 0 && hint <= 3 &&
+                       (cvt == 0 || cvt == 1),
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s: tuned VEC %ld, HPT %ld, ORDER %ld, HINT %ld or CVT %ld out of range", fn,
+                   vec, hpt, order, hint, cvt);
+    if (!bf16_cvt_available(ctx))
+        llmcl__param_set(&p, "CVT", 0);
     while (vec > 1 &&
            (c.pairs % vec || !rope_aligned(q, &c.vq, vec) || !rope_aligned(k, &c.vk, vec)))
         vec /= 2;
@@ -338,9 +360,13 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     } else {
         llmcl__define_str(&d, "POS_DT", llmcl__dtype_macro(o->positions->dtype));
     }
-    /* computed angles: shared through local memory when the group's tokens fit in half of it */
-    const int64_t slots = (c.pairs / vec) * llmcl__div_up(heads, hpt);
-    const int64_t tpw = rope_tokens_per_group(ctx, &p, slots, n_tokens);
+    /* Items per token: every chunk of every head group (ORDER 0) or of one head group (ORDER 1).
+     * Computed angles are shared through local memory when the group's tokens fit in half of it;
+     * with ORDER 1 a group then loops over the head groups of its tokens. */
+    const int64_t head_groups = llmcl__div_up(heads, hpt);
+    const int64_t slots = (c.pairs / vec) * (order ? 1 : head_groups);
+    const int64_t tpw =
+        rope_tokens_per_group(ctx, llmcl__param_get(&p, "WG", 256), slots, n_tokens);
     const uint64_t share_bytes = 2 * sizeof(float) * (uint64_t)(tpw * c.pairs);
     const bool share = !c.tables && share_bytes <= ctx->info.local_mem_bytes / 2;
     llmcl__define_int(&d, "SHARE", share);
@@ -354,14 +380,13 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
                                  &kernel_wg, NULL) == CL_SUCCESS &&
         kernel_wg > 0 && kernel_wg < wg)
         wg = kernel_wg;
-    /* the kernel may allow fewer items than planned: then one token per group, looping slots */
-    size_t local = tpw > 1 || slots <= (int64_t)wg ? (size_t)(tpw * slots) : wg;
+    /* The kernel may allow fewer items than planned (registers): then as many tokens as fit, or
+     * one token per group looping over its slots. */
     int64_t tpg = tpw;
-    if (local > wg) {
-        tpg = 1;
-        local = wg;
-    }
-    int64_t groups = llmcl__div_up(n_tokens, tpg);
+    if (tpw * slots > (int64_t)wg)
+        tpg = rope_tokens_per_group(ctx, (int64_t)wg, slots, n_tokens);
+    const size_t local = tpg > 1 || slots <= (int64_t)wg ? (size_t)(tpg * slots) : wg;
+    int64_t groups = llmcl__div_up(n_tokens, tpg) * (order && !share ? head_groups : 1);
     const int64_t max_groups =
         (int64_t)(ctx->info.compute_units ? ctx->info.compute_units : 1) * 2048;
     if (groups > max_groups)
