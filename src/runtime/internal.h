@@ -183,6 +183,9 @@ llmcl_status llmcl__launch(llmcl__args *a, cl_uint dims, const size_t *global, c
 llmcl_status llmcl__check_tensor(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name,
                                  unsigned dtype_mask, int min_dim, int max_dim);
 
+/* The shape as text, "[2, 3, 4]", for messages. */
+void llmcl__shape_text(const llmcl_tensor *t, char *buf, size_t len);
+
 /* a and b have the same shape. */
 llmcl_status llmcl__check_same_shape(llmcl_ctx *ctx, const llmcl_tensor *a, const char *an,
                                      const llmcl_tensor *b, const char *bn);

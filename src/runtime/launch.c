@@ -104,7 +104,7 @@ llmcl_status llmcl__check_tensor(llmcl_ctx *ctx, const llmcl_tensor *t, const ch
     return LLMCL_OK;
 }
 
-static void shape_text(const llmcl_tensor *t, char *buf, size_t len)
+void llmcl__shape_text(const llmcl_tensor *t, char *buf, size_t len)
 {
     size_t n = (size_t)snprintf(buf, len, "[");
     for (int i = 0; i < t->ndim && n < len; ++i)
@@ -122,8 +122,8 @@ llmcl_status llmcl__check_same_shape(llmcl_ctx *ctx, const llmcl_tensor *a, cons
     if (same)
         return LLMCL_OK;
     char sa[96], sb[96];
-    shape_text(a, sa, sizeof sa);
-    shape_text(b, sb, sizeof sb);
+    llmcl__shape_text(a, sa, sizeof sa);
+    llmcl__shape_text(b, sb, sizeof sb);
     return LLMCL__FAIL(ctx, LLMCL_ERROR_SHAPE_MISMATCH, "%s has shape %s but %s has shape %s", an,
                        sa, bn, sb);
 }

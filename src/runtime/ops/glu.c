@@ -20,15 +20,6 @@ typedef struct glu_operand {
     int64_t off, rs;
 } glu_operand;
 
-static void shape_str(const llmcl_tensor *t, char *buf, size_t n)
-{
-    int len = snprintf(buf, n, "[");
-    for (int i = 0; i < t->ndim && len > 0 && (size_t)len < n; ++i)
-        len += snprintf(buf + len, n - (size_t)len, i ? ", %lld" : "%lld", (long long)t->shape[i]);
-    if (len > 0 && (size_t)len < n)
-        snprintf(buf + len, n - (size_t)len, "]");
-}
-
 /* Rows of t as an operand; `shift` columns to the right (the up half of a packed tensor). */
 static llmcl_status operand(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name, int64_t shift,
                             llmcl__rows *rows, glu_operand *op)
@@ -79,8 +70,8 @@ static llmcl_status check_packed(llmcl_ctx *ctx, const llmcl_tensor *packed, con
         ok = packed->shape[i] == half->shape[i];
     if (!ok) {
         char a[96], b[96];
-        shape_str(packed, a, sizeof a);
-        shape_str(half, b, sizeof b);
+        llmcl__shape_text(packed, a, sizeof a);
+        llmcl__shape_text(half, b, sizeof b);
         return LLMCL__FAIL(ctx, LLMCL_ERROR_SHAPE_MISMATCH,
                            "packed %s %s must be %s %s with its last dimension doubled (gate | up)",
                            pn, a, hn, b);

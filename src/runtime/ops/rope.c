@@ -35,15 +35,6 @@ static rope_view rope_view_of(const llmcl_tensor *t, llmcl_rope_layout layout)
     return v;
 }
 
-static void shape_str(const llmcl_tensor *t, char *buf, size_t n)
-{
-    int len = snprintf(buf, n, "[");
-    for (int i = 0; i < t->ndim && len > 0 && (size_t)len < n; ++i)
-        len += snprintf(buf + len, n - (size_t)len, i ? ", %lld" : "%lld", (long long)t->shape[i]);
-    if (len > 0 && (size_t)len < n)
-        snprintf(buf + len, n - (size_t)len, "]");
-}
-
 /*
  * Whether a written view maps distinct indices to distinct elements (a sufficient test): taken by
  * increasing stride, each stride reaches past everything the smaller dimensions span.
@@ -109,7 +100,7 @@ static llmcl_status check_table(llmcl_ctx *ctx, const llmcl_tensor *t, const cha
     LLMCL__TRY(llmcl__check_tensor(ctx, t, name, 1u << LLMCL_F32, 2, 3));
     const int nd = t->ndim;
     char sh[96];
-    shape_str(t, sh, sizeof sh);
+    llmcl__shape_text(t, sh, sizeof sh);
     LLMCL__REQUIRE(ctx,
                    t->shape[nd - 1] == pairs && t->shape[nd - 2] == vq->n[RT] &&
                        (nd == 2 || t->shape[0] == vq->n[RB]),
@@ -157,8 +148,8 @@ static llmcl_status rope_validate(llmcl_ctx *ctx, const char *fn, const llmcl_te
                        llmcl_dtype_name(k->dtype), qn, llmcl_dtype_name(q->dtype));
         c->vk = rope_view_of(k, o->layout);
         char qs[96], ks[96];
-        shape_str(q, qs, sizeof qs);
-        shape_str(k, ks, sizeof ks);
+        llmcl__shape_text(q, qs, sizeof qs);
+        llmcl__shape_text(k, ks, sizeof ks);
         LLMCL__REQUIRE(ctx,
                        c->vk.n[RB] == c->vq.n[RB] && c->vk.n[RT] == c->vq.n[RT] &&
                            c->vk.n[RD] == c->vq.n[RD],
@@ -221,7 +212,7 @@ static llmcl_status rope_validate(llmcl_ctx *ctx, const char *fn, const llmcl_te
                    "%s: no angle source: set opt->positions (or opt->cos and opt->sin)", fn);
     LLMCL__TRY(llmcl__check_tensor(ctx, p, "opt->positions", LLMCL__INT_DTYPES, 1, 2));
     char ps[96];
-    shape_str(p, ps, sizeof ps);
+    llmcl__shape_text(p, ps, sizeof ps);
     LLMCL__REQUIRE(
         ctx, p->shape[p->ndim - 1] == c->vq.n[RT] && (p->ndim == 1 || p->shape[0] == c->vq.n[RB]),
         LLMCL_ERROR_SHAPE_MISMATCH,
