@@ -364,7 +364,12 @@ static void test_override_reaches_launch(void **state)
 
     TH_OK(llmcl_tune_override(ctx, "copy", LLMCL_F32, "1000", "WG=64"));
     run_copy_n(ctx, 1000);
-    assert_string_equal(params_of(ctx, "copy", LLMCL_F32, "p10", &launched), "WG=64");
+    /* only WG changes: the other tunables keep the launcher's defaults */
+    char want[256];
+    const char *wg = strstr(defaults, "WG=");
+    const char *rest = strchr(wg, ' ');
+    snprintf(want, sizeof want, "%.*sWG=64%s", (int)(wg - defaults), defaults, rest ? rest : "");
+    assert_string_equal(params_of(ctx, "copy", LLMCL_F32, "p10", &launched), want);
     assert_int_equal(launched, 1);
     /* Names the kernel lacks and work-group sizes out of range do not reach the build. */
     TH_OK(llmcl_tune_override(ctx, "copy", LLMCL_F32, "1000", "WG=0 NOT_A_TUNABLE=3"));
@@ -527,6 +532,32 @@ static long entry_wg(json_t *e)
     return (long)json_integer_value(wg);
 }
 
+static int cmp_text(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* An entry's parameters as llmcl_tune_params_get renders them: "NAME=VALUE ..." sorted by name. */
+static void entry_params_text(json_t *e, char *buf, size_t len)
+{
+    json_t *params = json_object_get(e, "params");
+    const char *names[16];
+    size_t n = 0;
+    const char *key;
+    json_t *value;
+    json_object_foreach(params, key, value)
+    {
+        assert_true(n < 16 && json_is_integer(value));
+        names[n++] = key;
+    }
+    qsort(names, n, sizeof names[0], cmp_text);
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n; ++i)
+        used += (size_t)snprintf(buf + used, len - used, "%s%s=%lld", i ? " " : "", names[i],
+                                 (long long)json_integer_value(json_object_get(params, names[i])));
+}
+
 static void test_tool_end_to_end(void **state)
 {
     (void)state;
@@ -582,8 +613,8 @@ static void test_tool_end_to_end(void **state)
     llmcl_ctx *ctx = ctx_with_env("LLMCL_TUNE_DB", out);
     assert_string_equal(llmcl_tune_db_warnings(ctx), "");
     run_copy_n(ctx, n);
-    char want[64];
-    snprintf(want, sizeof want, "WG=%ld", entry_wg(copy));
+    char want[256];
+    entry_params_text(copy, want, sizeof want);
     int launched = 0;
     assert_string_equal(params_of(ctx, "copy", LLMCL_F32, cls, &launched), want);
     assert_int_equal(launched, 1);
@@ -596,7 +627,7 @@ static void test_tool_end_to_end(void **state)
     assert_int_equal(json_dump_file(root, edited, JSON_INDENT(2)), 0);
     ctx = ctx_with_env("LLMCL_TUNE_DB", edited);
     run_copy_n(ctx, n);
-    snprintf(want, sizeof want, "WG=%ld", odd);
+    entry_params_text(copy, want, sizeof want);
     assert_string_equal(params_of(ctx, "copy", LLMCL_F32, cls, &launched), want);
     assert_int_equal(launched, 1);
     llmcl_ctx_destroy(ctx);
