@@ -11,7 +11,8 @@
  *
  * Backward kernels are persistent: get_num_groups(1) * ROWS row slots walk the rows with a fixed
  * stride, and each slot accumulates its dw (and db) contributions in registers, then writes them as
- * one row of a [slots, H] f32 partial buffer. norm_dw_reduce then sums the slots in a fixed order:
+ * one row of a [slots, part_stride] f32 partial buffer; part_stride is H rounded up to a multiple of
+ * 8, so that every partial row is 32-byte aligned for the 8-wide stores whatever H is. norm_dw_reduce then sums the slots in a fixed order:
  * the result is deterministic for a given slot count and does not use atomics.
  *
  * Dtype macros: X_DT for activations (x, residual, r, y, dy, dr, dx), W_DT for w, b, dw, db; rstd
@@ -273,7 +274,8 @@ __kernel __attribute__((reqd_work_group_size(WG, ROWS, 1))) void
 rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const __global X_T *x,
             ulong x_off, long x_stride, const __global W_T *w, ulong w_off,
             const __global float *rstd, ulong rstd_off, __global X_T *dx, ulong dx_off,
-            long dx_stride, __global float *part, ulong part_off, long n_rows, int H, float offset)
+            long dx_stride, __global float *part, ulong part_off, long part_stride, long n_rows,
+            int H, float offset)
 {
     __local float scratch[WG * ROWS];
     __local float *sc = scratch + get_local_id(1) * WG;
@@ -283,7 +285,7 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
     rstd += rstd_off;
 
     /* The slot's partial row: register accumulators for cached chunks, memory for the rest. */
-    __global float *pr = part + part_off + (get_group_id(1) * ROWS + get_local_id(1)) * (long)H;
+    __global float *pr = part + part_off + (get_group_id(1) * ROWS + get_local_id(1)) * part_stride;
     for (int i = min(CACHE * WG, nv) * VEC + lid; i < H; i += WG)
         pr[i] = 0.0f;
     vf wc[CACHE], acc[CACHE];
@@ -459,7 +461,7 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
               ulong x_off, long x_stride, const __global W_T *w, ulong w_off,
               const __global float *mean, ulong mean_off, const __global float *rstd,
               ulong rstd_off, __global X_T *dx, ulong dx_off, long dx_stride, __global float *part,
-              ulong part_off, DB_ARGS long n_rows, int H)
+              ulong part_off, long part_stride, DB_ARGS long n_rows, int H)
 {
     __local float scratch[WG * ROWS];
     __local float *sc = scratch + get_local_id(1) * WG;
@@ -468,7 +470,7 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
     w += w_off;
     mean += mean_off;
     rstd += rstd_off;
-    const long slot_row = (get_group_id(1) * ROWS + get_local_id(1)) * (long)H;
+    const long slot_row = (get_group_id(1) * ROWS + get_local_id(1)) * part_stride;
     __global float *pr = part + part_off + slot_row;
 #ifdef HAS_B
     __global float *pb = dbpart + dbpart_off + slot_row;
@@ -578,7 +580,7 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
 
 #if NORM_BUILDS(5)
 __kernel __attribute__((reqd_work_group_size(FX, FY, 1))) void
-norm_dw_reduce(const __global float *part, ulong part_off, int n_slots, int H,
+norm_dw_reduce(const __global float *part, ulong part_off, long part_stride, int n_slots, int H,
                __global W_T *dw, ulong dw_off)
 {
     __local float sc[FY][FX];
@@ -587,7 +589,7 @@ norm_dw_reduce(const __global float *part, ulong part_off, int n_slots, int H,
     float s = 0.0f;
     if (c < H)
         for (int j = ly; j < n_slots; j += FY)
-            s += part[part_off + (long)j * H + c];
+            s += part[part_off + j * part_stride + c];
     sc[ly][lx] = s;
     barrier(CLK_LOCAL_MEM_FENCE);
     if (ly == 0 && c < H) {

@@ -220,6 +220,9 @@ static size_t bwd_groups(const norm_shape *s, const norm_geom *g)
     return blocks < fill ? blocks : fill;
 }
 
+/* Partial rows of the backward: H rounded up to 8 floats, so that 8-wide stores stay aligned. */
+static int64_t part_stride(const norm_shape *s) { return llmcl__div_up(s->H, 8) * 8; }
+
 typedef struct dw_reduce {
     cl_kernel kernel;
     size_t local[2], global[2];
@@ -256,6 +259,7 @@ static llmcl_status dw_reduce_launch(const norm_shape *s, const dw_reduce *r,
 {
     llmcl__args a = llmcl__args_begin(s->ctx, r->kernel);
     llmcl__arg_tensor(&a, part);
+    llmcl__arg_i64(&a, part_stride(s));
     llmcl__arg_i32(&a, n_slots);
     llmcl__arg_i32(&a, s->H);
     llmcl__arg_tensor(&a, dw);
@@ -378,7 +382,7 @@ static llmcl_status rms_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const l
     if (dr)
         LLMCL__TRY(llmcl__as_rows(ctx, dr, "dr", &drr));
     llmcl_tensor *part = NULL;
-    const int64_t pshape[2] = {n_slots, s.H};
+    const int64_t pshape[2] = {n_slots, part_stride(&s)};
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 2, pshape, "rmsnorm dw partial sums", &part));
 
     llmcl__args a = llmcl__args_begin(ctx, k);
@@ -395,6 +399,7 @@ static llmcl_status rms_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const l
     llmcl__arg_tensor(&a, dx);
     llmcl__arg_i64(&a, dxr.row_stride);
     llmcl__arg_tensor(&a, part);
+    llmcl__arg_i64(&a, part_stride(&s));
     llmcl__arg_i64(&a, s.n_rows);
     llmcl__arg_i32(&a, s.H);
     llmcl__arg_f32(&a, o.offset);
@@ -541,12 +546,13 @@ llmcl_status llmcl_layernorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
     LLMCL__TRY(llmcl__as_rows(ctx, dx, "dx", &dxr));
     /* One scratch tensor: dw partials in the first n_slots rows, db partials after them. */
     llmcl_tensor *part = NULL, *dbpart = NULL;
-    const int64_t pshape[2] = {db ? 2 * (int64_t)n_slots : n_slots, s.H};
+    const int64_t ps = part_stride(&s);
+    const int64_t pshape[2] = {db ? 2 * (int64_t)n_slots : n_slots, ps};
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 2, pshape, "layernorm dw/db partial sums", &part));
     llmcl_status st = LLMCL_OK;
     if (db) {
-        const int64_t half[2] = {n_slots, s.H};
-        st = llmcl_tensor_view(part, 2, half, NULL, (int64_t)n_slots * s.H, &dbpart);
+        const int64_t half[2] = {n_slots, ps};
+        st = llmcl_tensor_view(part, 2, half, NULL, (int64_t)n_slots * ps, &dbpart);
     }
     if (st == LLMCL_OK) {
         llmcl__args a = llmcl__args_begin(ctx, k);
@@ -560,6 +566,7 @@ llmcl_status llmcl_layernorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
         llmcl__arg_tensor(&a, dx);
         llmcl__arg_i64(&a, dxr.row_stride);
         llmcl__arg_tensor(&a, part);
+        llmcl__arg_i64(&a, ps);
         if (db)
             llmcl__arg_tensor(&a, dbpart);
         llmcl__arg_i64(&a, s.n_rows);
