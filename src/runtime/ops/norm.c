@@ -122,9 +122,11 @@ typedef struct norm_geom {
 } norm_geom;
 
 /*
- * Heuristic defaults: about four chunks per work-item in the forward and two in the backward (which
- * holds dy, x, w and the dw sums in registers), so a row lives in registers; short rows share a
- * work-group (WG * ROWS about 128 work-items).
+ * Heuristic defaults: about four chunks per work-item (two in the backward on CPUs), so a row lives
+ * in registers; short rows share a work-group (WG * ROWS about 128 work-items). On the H100 (bf16,
+ * H = 4096, llmcl-tune 2026-11-22) the backward's best is WG=128 CACHE=4 with two work-groups per
+ * compute unit: fewer, fuller work-items per row beat more rows in flight, as every row costs a
+ * work-group reduction.
  */
 static llmcl_status norm_geometry(const norm_shape *s, const char *key, int cache_max, bool bwd,
                                   norm_geom *g)
@@ -134,7 +136,8 @@ static llmcl_status norm_geometry(const norm_shape *s, const char *key, int cach
                                                                : 1024;
     g->vec = s->aligned && s->H >= 8 ? 8 : 1;
     const int64_t nv = llmcl__div_up(s->H, g->vec);
-    size_t wg = llmcl__pow2_ceil((size_t)llmcl__div_up(nv, bwd ? 2 : 4));
+    const int64_t per_item = bwd && !ctx->info.is_gpu ? 2 : 4;
+    size_t wg = llmcl__pow2_ceil((size_t)llmcl__div_up(nv, per_item));
     if (wg > max_wg)
         wg = max_wg;
     size_t rows = wg < 128 ? 128 / wg : 1;
