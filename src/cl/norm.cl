@@ -77,16 +77,19 @@ inline float round_F16(float v)
     return vload_half(0, (const __private half *)&h);
 }
 
-inline ushort8 f32x8_to_bf16(float8 f)
+/*
+ * Eight f32 rounded to bf16 (nearest even; NaN stays a quiet NaN), the bf16 bits in the upper half
+ * of each word: the integer work per element is about half that of a convert through ushort.
+ */
+inline uint8 bf16_bits8(float8 f)
 {
     const uint8 u = as_uint8(f);
-    const uint8 rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint8 nan = (u >> 16) | 0x40u;
-    return convert_ushort8(select(rne, nan, (u & 0x7fffffffu) > 0x7f800000u));
+    const uint8 r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return select(r, (u & 0xffff0000u) | 0x00400000u, (u & 0x7fffffffu) > 0x7f800000u);
 }
 
 inline float8 round8_F32(float8 v) { return v; }
-inline float8 round8_BF16(float8 v) { return as_float8(convert_uint8(f32x8_to_bf16(v)) << 16); }
+inline float8 round8_BF16(float8 v) { return as_float8(bf16_bits8(v)); }
 inline float8 round8_F16(float8 v)
 {
     ushort8 h;
@@ -116,7 +119,9 @@ inline void store8_F32(__global float *p, long i, float8 v)
 }
 inline void store8_BF16(__global ushort *p, long i, float8 v)
 {
-    *(__global ushort8 *)(p + i) = f32x8_to_bf16(v);
+    const uint8 b = bf16_bits8(v); /* element 2k in the low half of word k */
+    *(__global uint4 *)(p + i) = (uint4)(b.s0 >> 16 | b.s1, b.s2 >> 16 | b.s3, b.s4 >> 16 | b.s5,
+                                         b.s6 >> 16 | b.s7);
 }
 inline void store8_F16(__global ushort *p, long i, float8 v)
 {
