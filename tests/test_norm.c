@@ -419,6 +419,29 @@ static void test_layernorm(void **state)
         run_layernorm(&cs[i]);
 }
 
+/*
+ * Backward on 16-byte-aligned rows (8-wide path) whose length is not a multiple of 4: the dw / db
+ * partial rows must stay aligned too (NVIDIA faults on a misaligned 16-byte store; x86 does not).
+ */
+static void test_norm_bwd_aligned_odd_rows(void **state)
+{
+    (void)state;
+    const rms_case rc[] = {
+        {LLMCL_BF16, LLMCL_F32, 33, 1030, 10, 0, LLAMA, 0.0f, false},
+        {LLMCL_F32, LLMCL_F32, 33, 1034, 2, 0, GEMMA, 1.0f, true},
+    };
+    for (size_t i = 0; i < 2; ++i)
+        run_rms(&rc[i]);
+    const res_case sc = {LLMCL_BF16, LLMCL_BF16, 33, 1030, 10, LLAMA, true, 0, 0};
+    run_residual(&sc);
+    const ln_case lc[] = {
+        {LLMCL_BF16, LLMCL_BF16, 33, 1030, 10, true, false},
+        {LLMCL_F32, LLMCL_F32, 33, 1030, 2, true, false},
+    };
+    for (size_t i = 0; i < 2; ++i)
+        run_layernorm(&lc[i]);
+}
+
 /* ---- rejected arguments ---- */
 
 static void test_bad_inputs(void **state)
@@ -511,6 +534,7 @@ int main(void)
         cmocka_unit_test(test_rmsnorm_dw_deterministic),
         cmocka_unit_test(test_residual_rmsnorm),
         cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_norm_bwd_aligned_odd_rows),
         cmocka_unit_test(test_bad_inputs),
     };
     return TH_RUN(tests);

@@ -10,9 +10,13 @@
  * read again from global memory (a slower path for very long rows); the H % VEC tail is scalar.
  *
  * Backward kernels are persistent: get_num_groups(1) * ROWS row slots walk the rows with a fixed
- * stride, and each slot accumulates its dw (and db) contributions in registers, then writes them as
- * one row of a [slots, H] f32 partial buffer. norm_dw_reduce then sums the slots in a fixed order:
- * the result is deterministic for a given slot count and does not use atomics.
+ * stride. A slot keeps its current row (dy, x [, dr]) in registers as stored (bf16 packed two to a
+ * register) and loads its next row before the current row's reduction, so loads stay in flight
+ * across the barriers. Each slot accumulates its dw (and db) contributions in registers, then
+ * writes them as one row of a [slots, part_stride] f32 partial buffer; part_stride is H rounded up
+ * to a multiple of 8, so every partial row is 32-byte aligned for the 8-wide stores whatever H is.
+ * norm_dw_reduce then sums the slots in a fixed order: the result is deterministic for a given slot
+ * count and does not use atomics.
  *
  * Dtype macros: X_DT for activations (x, residual, r, y, dy, dr, dx), W_DT for w, b, dw, db; rstd
  * and mean are f32.
@@ -22,7 +26,9 @@
  *   ROWS   rows per work-group: >= 1.
  *   VEC    1 or 8. 8 needs every row base 16-byte aligned (the host checks) and uses 16-byte loads
  *          for 16-bit storage (two for f32); 1 is the scalar path for any alignment.
- *   CACHE  chunks per work-item kept in registers: 1..16 (the backward keeps two arrays of them).
+ *   CACHE  chunks per work-item kept in registers: 1..16 (the backward keeps four raw arrays of
+ *          them, this row's and the next row's dy and x, plus the dw sums in f32: registers are
+ *          what limits CACHE there; on the H100 WG=128 CACHE=4 is best for H = 4096).
  *   FX, FY norm_dw_reduce only: FX columns x FY slot lanes per work-group, FX * FY <= max size.
  * Feature switches: RMS_CAST_LLAMA (llama casting, else gemma), HAS_RES (residual add in the
  * forward), HAS_DR (an incoming gradient added to dx in the backward), HAS_B (LayerNorm bias).
@@ -71,16 +77,19 @@ inline float round_F16(float v)
     return vload_half(0, (const __private half *)&h);
 }
 
-inline ushort8 f32x8_to_bf16(float8 f)
+/*
+ * Eight f32 rounded to bf16 (nearest even; NaN stays a quiet NaN), the bf16 bits in the upper half
+ * of each word: the integer work per element is about half that of a convert through ushort.
+ */
+inline uint8 bf16_bits8(float8 f)
 {
     const uint8 u = as_uint8(f);
-    const uint8 rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint8 nan = (u >> 16) | 0x40u;
-    return convert_ushort8(select(rne, nan, (u & 0x7fffffffu) > 0x7f800000u));
+    const uint8 r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return select(r, (u & 0xffff0000u) | 0x00400000u, (u & 0x7fffffffu) > 0x7f800000u);
 }
 
 inline float8 round8_F32(float8 v) { return v; }
-inline float8 round8_BF16(float8 v) { return as_float8(convert_uint8(f32x8_to_bf16(v)) << 16); }
+inline float8 round8_BF16(float8 v) { return as_float8(bf16_bits8(v)); }
 inline float8 round8_F16(float8 v)
 {
     ushort8 h;
@@ -110,7 +119,9 @@ inline void store8_F32(__global float *p, long i, float8 v)
 }
 inline void store8_BF16(__global ushort *p, long i, float8 v)
 {
-    *(__global ushort8 *)(p + i) = f32x8_to_bf16(v);
+    const uint8 b = bf16_bits8(v); /* element 2k in the low half of word k */
+    *(__global uint4 *)(p + i) = (uint4)(b.s0 >> 16 | b.s1, b.s2 >> 16 | b.s3, b.s4 >> 16 | b.s5,
+                                         b.s6 >> 16 | b.s7);
 }
 inline void store8_F16(__global ushort *p, long i, float8 v)
 {
@@ -133,6 +144,42 @@ typedef float vf;
 #error "VEC must be 1 or 8"
 #endif
 #define SROUND(DT, v) LLMCL_CAT(round_, DT)(v)
+
+/*
+ * Raw chunks: register caches hold rows as stored, so bf16 rows take half the registers of f32
+ * ones (f16 is converted on load: vload_half from private memory would spill).
+ * RAW(DT) is the chunk type, RLOAD loads one, UNRAW converts it to f32.
+ */
+#if VEC == 8
+typedef float8 raw_F32;
+typedef uint4 raw_BF16; /* element 2i in the low half of word i: ushort8 would take 8 registers */
+typedef float8 raw_F16;
+inline uint4 rload_BF16(const __global ushort *p, long i)
+{
+    return *(const __global uint4 *)(p + i);
+}
+inline float8 unraw_BF16(uint4 r)
+{
+    const uint4 lo = r << 16, hi = r & 0xffff0000u;
+    return as_float8((uint8)(lo.x, hi.x, lo.y, hi.y, lo.z, hi.z, lo.w, hi.w));
+}
+#define RLOAD_F32 load8_F32
+#define RLOAD_F16 load8_F16
+#else
+typedef float raw_F32;
+typedef ushort raw_BF16;
+typedef float raw_F16;
+inline ushort rload_BF16(const __global ushort *p, long i) { return p[i]; }
+inline float unraw_BF16(ushort r) { return bf16_to_f32(r); }
+#define RLOAD_F32 load_F32
+#define RLOAD_F16 load_F16
+#endif
+#define unraw_F32(r) (r)
+#define unraw_F16(r) (r)
+#define RLOAD_BF16 rload_BF16
+#define RAW(DT) LLMCL_CAT(raw_, DT)
+#define RLOAD(DT, p, j) LLMCL_CAT(RLOAD_, DT)((p), (long)(j) * VEC)
+#define UNRAW(DT, r) LLMCL_CAT(unraw_, DT)(r)
 
 #define X_T STORAGE(X_DT)
 #define W_T STORAGE(W_DT)
@@ -183,28 +230,37 @@ rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, RES_ARGS const __
 #define IN_S(i) SROUND(X_DT, LOAD(X_DT, x, i) + LOAD(X_DT, res, i))
 #define AGAIN_V(j) VLOAD(X_DT, r, (j) * VEC)
 #define AGAIN_S(i) LOAD(X_DT, r, i)
+    /* The register cache holds r = round(x + residual) in f32, x alone as stored. */
+#define CACHE_T vf
+#define CACHE_IN(j) IN_V(j)
+#define CACHE_VAL(c) (c)
 #else
+#define CACHE_T RAW(X_DT)
+#define CACHE_IN(j) RLOAD(X_DT, x, j)
+#define CACHE_VAL(c) UNRAW(X_DT, c)
 #define IN_V(j) VLOAD(X_DT, x, (j) * VEC)
 #define IN_S(i) LOAD(X_DT, x, i)
 #define AGAIN_V(j) VLOAD(X_DT, x, (j) * VEC)
 #define AGAIN_S(i) LOAD(X_DT, x, i)
 #endif
 
-    vf c[CACHE];
+    /* w is loaded with the row, so its latency hides behind the reduction. */
+    CACHE_T c[CACHE];
+    RAW(W_DT) wr[CACHE];
     float ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
-        vf v = 0.0f;
         if (j < nv) {
-            v = IN_V(j);
+            wr[k] = RLOAD(W_DT, w, j);
+            c[k] = CACHE_IN(j);
+            const vf v = CACHE_VAL(c[k]);
 #ifdef HAS_RES
             if (live)
                 VSTORE(X_DT, r, j * VEC, v);
 #endif
+            ss += VDOT(v, v);
         }
-        c[k] = v;
-        ss += VDOT(v, v);
     }
     for (int j = lid + CACHE * WG; j < nv; j += WG) {
         const vf v = IN_V(j);
@@ -232,7 +288,8 @@ rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, RES_ARGS const __
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
         if (j < nv)
-            VSTORE(X_DT, y, j * VEC, RMS_Y(VROUND, c[k], rs, VLOAD(W_DT, w, j * VEC) + offset));
+            VSTORE(X_DT, y, j * VEC,
+                   RMS_Y(VROUND, CACHE_VAL(c[k]), rs, UNRAW(W_DT, wr[k]) + offset));
     }
     for (int j = lid + CACHE * WG; j < nv; j += WG)
         VSTORE(X_DT, y, j * VEC, RMS_Y(VROUND, AGAIN_V(j), rs, VLOAD(W_DT, w, j * VEC) + offset));
@@ -242,6 +299,9 @@ rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, RES_ARGS const __
 #undef IN_S
 #undef AGAIN_V
 #undef AGAIN_S
+#undef CACHE_T
+#undef CACHE_IN
+#undef CACHE_VAL
 }
 #endif
 
@@ -258,22 +318,34 @@ rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, RES_ARGS const __
 #endif
 
 /*
- * Row slot bookkeeping shared by the backward kernels: the work-group walks row blocks of ROWS with
- * a stride of all slots, so every work-item of a group runs the same number of iterations.
+ * Backward kernels: row slot r (of get_num_groups(1) * ROWS) takes rows r, r + step, ... While a
+ * row is reduced, the loads of the slot's next row are already in flight (its cached chunks go into
+ * the raw arrays n*, the current row's are c*), so the memory system never waits on a barrier.
+ * Every work-item of a group runs the same number of iterations (dead rows clamp to a valid row
+ * and skip their writes).
  */
 #define SLOT_LOOP_BEGIN                                                                           \
-    for (long base = get_group_id(1) * ROWS; base < n_rows;                                       \
-         base += (long)get_num_groups(1) * ROWS) {                                                \
-        const long row = base + get_local_id(1);                                                  \
+    const long step = (long)get_num_groups(1) * ROWS;                                             \
+    for (long row = get_group_id(1) * ROWS + get_local_id(1), base = get_group_id(1) * ROWS;      \
+         base < n_rows; row += step, base += step) {                                              \
         const bool live = row < n_rows;                                                           \
-        const long rr = live ? row : n_rows - 1;
+        const long rr = live ? row : n_rows - 1;                                                  \
+        const long nrow = min(row + step, n_rows - 1); /* the prefetch target */                  \
+        const bool more = base + step < n_rows;
+
+#ifdef HAS_DR
+#define DR_ADD(v, k) ((v) + UNRAW(X_DT, cdr[k]))
+#else
+#define DR_ADD(v, k) (v)
+#endif
 
 #if NORM_BUILDS(2)
 __kernel __attribute__((reqd_work_group_size(WG, ROWS, 1))) void
 rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const __global X_T *x,
             ulong x_off, long x_stride, const __global W_T *w, ulong w_off,
             const __global float *rstd, ulong rstd_off, __global X_T *dx, ulong dx_off,
-            long dx_stride, __global float *part, ulong part_off, long n_rows, int H, float offset)
+            long dx_stride, __global float *part, ulong part_off, long part_stride, long n_rows,
+            int H, float offset)
 {
     __local float scratch[WG * ROWS];
     __local float *sc = scratch + get_local_id(1) * WG;
@@ -281,42 +353,78 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
     const int nv = H / VEC;
     w += w_off;
     rstd += rstd_off;
+    dy += dy_off;
+    x += x_off;
+    dx += dx_off;
+#ifdef HAS_DR
+    dr += dr_off;
+#endif
 
     /* The slot's partial row: register accumulators for cached chunks, memory for the rest. */
-    __global float *pr = part + part_off + (get_group_id(1) * ROWS + get_local_id(1)) * (long)H;
+    __global float *pr = part + part_off + (get_group_id(1) * ROWS + get_local_id(1)) * part_stride;
     for (int i = min(CACHE * WG, nv) * VEC + lid; i < H; i += WG)
         pr[i] = 0.0f;
-    vf wc[CACHE], acc[CACHE];
+    RAW(W_DT) wc[CACHE];
+    RAW(X_DT) ndy[CACHE], nx[CACHE];
+#ifdef HAS_DR
+    RAW(X_DT) ndr[CACHE];
+#endif
+    vf acc[CACHE];
+    {
+        const long r0 = min((long)(get_group_id(1) * ROWS + get_local_id(1)), n_rows - 1);
 #pragma unroll
-    for (int k = 0; k < CACHE; ++k) {
-        const int j = lid + k * WG;
-        wc[k] = j < nv ? VLOAD(W_DT, w, j * VEC) + offset : 0.0f;
-        acc[k] = 0.0f;
+        for (int k = 0; k < CACHE; ++k) {
+            const int j = min(lid + k * WG, nv - 1); /* chunks past the row load a valid one */
+            wc[k] = RLOAD(W_DT, w, j);
+            ndy[k] = RLOAD(X_DT, dy + r0 * dy_stride, j);
+            nx[k] = RLOAD(X_DT, x + r0 * x_stride, j);
+#ifdef HAS_DR
+            ndr[k] = RLOAD(X_DT, dr + r0 * dr_stride, j);
+#endif
+            acc[k] = 0.0f;
+        }
     }
 
     SLOT_LOOP_BEGIN
-    const __global X_T *dyr = dy + dy_off + rr * dy_stride;
-    const __global X_T *xr = x + x_off + rr * x_stride;
+    const __global X_T *dyr = dy + rr * dy_stride;
+    const __global X_T *xr = x + rr * x_stride;
 #ifdef HAS_DR
-    const __global X_T *drr = dr + dr_off + rr * dr_stride;
+    const __global X_T *drr = dr + rr * dr_stride;
 #endif
-    __global X_T *dxr = dx + dx_off + rr * dx_stride;
+    __global X_T *dxr = dx + rr * dx_stride;
     const float rs = rstd[rr];
 
-    vf cdy[CACHE], cx[CACHE];
-    float d = 0.0f;
+    RAW(X_DT) cdy[CACHE], cx[CACHE];
+#ifdef HAS_DR
+    RAW(X_DT) cdr[CACHE];
+#endif
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
-        const int j = lid + k * WG;
-        vf g = 0.0f, v = 0.0f;
-        if (j < nv) {
-            g = VLOAD(X_DT, dyr, j * VEC);
-            v = VLOAD(X_DT, xr, j * VEC);
-        }
-        cdy[k] = g;
-        cx[k] = v;
-        d += VDOT(RMS_M(VROUND, g, wc[k]), v);
+        cdy[k] = ndy[k];
+        cx[k] = nx[k];
+#ifdef HAS_DR
+        cdr[k] = ndr[k];
+#endif
     }
+    if (more) {
+#pragma unroll
+        for (int k = 0; k < CACHE; ++k) {
+            const int j = min(lid + k * WG, nv - 1);
+            ndy[k] = RLOAD(X_DT, dy + nrow * dy_stride, j);
+            nx[k] = RLOAD(X_DT, x + nrow * x_stride, j);
+#ifdef HAS_DR
+            ndr[k] = RLOAD(X_DT, dr + nrow * dr_stride, j);
+#endif
+        }
+    }
+
+    float d = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k)
+        if (lid + k * WG < nv) {
+            const vf wo = UNRAW(W_DT, wc[k]) + offset;
+            d += VDOT(RMS_M(VROUND, UNRAW(X_DT, cdy[k]), wo), UNRAW(X_DT, cx[k]));
+        }
     for (int j = lid + CACHE * WG; j < nv; j += WG)
         d += VDOT(RMS_M(VROUND, VLOAD(X_DT, dyr, j * VEC), VLOAD(W_DT, w, j * VEC) + offset),
                   VLOAD(X_DT, xr, j * VEC));
@@ -326,13 +434,14 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
     const float cf = d * rs * rs / (float)H;
 
     if (live) {
-    #pragma unroll
-    for (int k = 0; k < CACHE; ++k) {
+#pragma unroll
+        for (int k = 0; k < CACHE; ++k) {
             const int j = lid + k * WG;
             if (j < nv) {
-                const vf m = RMS_M(VROUND, cdy[k], wc[k]);
-                VSTORE(X_DT, dxr, j * VEC, rs * (m - cx[k] * cf) DR_V(j));
-                acc[k] += cdy[k] * RMS_N(VROUND, cx[k], rs);
+                const vf g = UNRAW(X_DT, cdy[k]), v = UNRAW(X_DT, cx[k]);
+                const vf m = RMS_M(VROUND, g, UNRAW(W_DT, wc[k]) + offset);
+                VSTORE(X_DT, dxr, j * VEC, DR_ADD(rs * (m - v * cf), k));
+                acc[k] += g * RMS_N(VROUND, v, rs);
             }
         }
         for (int j = lid + CACHE * WG; j < nv; j += WG) {
@@ -358,6 +467,28 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
     }
 }
 #endif
+
+/* Two sums over the work-group in one pass of barriers (sc holds 2 * WG floats). */
+inline float2 wg_sum2(float2 v, __local float *sc)
+{
+#ifdef LLMCL_NV_PTX
+    if (WG % 32 == 0) {
+        const int lid = get_local_id(0);
+        v.x = warp_sum(v.x);
+        v.y = warp_sum(v.y);
+        if ((lid & 31) == 0)
+            vstore2(v, lid >> 5, sc);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float2 t = vload2(0, sc);
+        for (int i = 1; i < WG / 32; ++i)
+            t += vload2(i, sc);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        return t;
+    }
+#endif
+    const float a = wg_sum(v.x, sc);
+    return (float2)(a, wg_sum(v.y, sc));
+}
 
 /* ---- LayerNorm forward: y = (x - mean) * rstd * w [+ b] ------------------------------------ */
 
@@ -459,16 +590,19 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
               ulong x_off, long x_stride, const __global W_T *w, ulong w_off,
               const __global float *mean, ulong mean_off, const __global float *rstd,
               ulong rstd_off, __global X_T *dx, ulong dx_off, long dx_stride, __global float *part,
-              ulong part_off, DB_ARGS long n_rows, int H)
+              ulong part_off, long part_stride, DB_ARGS long n_rows, int H)
 {
-    __local float scratch[WG * ROWS];
-    __local float *sc = scratch + get_local_id(1) * WG;
+    __local float scratch[2 * WG * ROWS];
+    __local float *sc = scratch + get_local_id(1) * 2 * WG;
     const int lid = get_local_id(0);
     const int nv = H / VEC;
     w += w_off;
     mean += mean_off;
     rstd += rstd_off;
-    const long slot_row = (get_group_id(1) * ROWS + get_local_id(1)) * (long)H;
+    dy += dy_off;
+    x += x_off;
+    dx += dx_off;
+    const long slot_row = (get_group_id(1) * ROWS + get_local_id(1)) * part_stride;
     __global float *pr = part + part_off + slot_row;
 #ifdef HAS_B
     __global float *pb = dbpart + dbpart_off + slot_row;
@@ -479,42 +613,56 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
         pb[i] = 0.0f;
 #endif
     }
-    vf wc[CACHE], acc[CACHE];
+    RAW(W_DT) wc[CACHE];
+    RAW(X_DT) ndy[CACHE], nx[CACHE];
+    vf acc[CACHE];
 #ifdef HAS_B
     vf accb[CACHE];
 #endif
+    {
+        const long r0 = min((long)(get_group_id(1) * ROWS + get_local_id(1)), n_rows - 1);
 #pragma unroll
-    for (int k = 0; k < CACHE; ++k) {
-        const int j = lid + k * WG;
-        wc[k] = j < nv ? VLOAD(W_DT, w, j * VEC) : 0.0f;
-        acc[k] = 0.0f;
+        for (int k = 0; k < CACHE; ++k) {
+            const int j = min(lid + k * WG, nv - 1);
+            wc[k] = RLOAD(W_DT, w, j);
+            ndy[k] = RLOAD(X_DT, dy + r0 * dy_stride, j);
+            nx[k] = RLOAD(X_DT, x + r0 * x_stride, j);
+            acc[k] = 0.0f;
 #ifdef HAS_B
-        accb[k] = 0.0f;
+            accb[k] = 0.0f;
 #endif
+        }
     }
 
     SLOT_LOOP_BEGIN
-    const __global X_T *dyr = dy + dy_off + rr * dy_stride;
-    const __global X_T *xr = x + x_off + rr * x_stride;
-    __global X_T *dxr = dx + dx_off + rr * dx_stride;
+    const __global X_T *dyr = dy + rr * dy_stride;
+    const __global X_T *xr = x + rr * x_stride;
+    __global X_T *dxr = dx + rr * dx_stride;
     const float mu = mean[rr], rs = rstd[rr];
 
-    vf cdy[CACHE], cx[CACHE];
-    float s1 = 0.0f, s2 = 0.0f;
+    RAW(X_DT) cdy[CACHE], cx[CACHE];
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
-        const int j = lid + k * WG;
-        vf g = 0.0f, xh = 0.0f;
-        if (j < nv) {
-            g = VLOAD(X_DT, dyr, j * VEC);
-            xh = (VLOAD(X_DT, xr, j * VEC) - mu) * rs;
-        }
-        cdy[k] = g;
-        cx[k] = xh;
-        const vf gw = g * wc[k];
-        s1 += VDOT(gw, (vf)1.0f);
-        s2 += VDOT(gw, xh);
+        cdy[k] = ndy[k];
+        cx[k] = nx[k];
     }
+    if (more) {
+#pragma unroll
+        for (int k = 0; k < CACHE; ++k) {
+            const int j = min(lid + k * WG, nv - 1);
+            ndy[k] = RLOAD(X_DT, dy + nrow * dy_stride, j);
+            nx[k] = RLOAD(X_DT, x + nrow * x_stride, j);
+        }
+    }
+
+    float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CACHE; ++k)
+        if (lid + k * WG < nv) {
+            const vf gw = UNRAW(X_DT, cdy[k]) * UNRAW(W_DT, wc[k]);
+            s1 += VDOT(gw, (vf)1.0f);
+            s2 += VDOT(gw, (UNRAW(X_DT, cx[k]) - mu) * rs);
+        }
     for (int j = lid + CACHE * WG; j < nv; j += WG) {
         const vf gw = VLOAD(X_DT, dyr, j * VEC) * VLOAD(W_DT, w, j * VEC);
         s1 += VDOT(gw, (vf)1.0f);
@@ -525,18 +673,19 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
         s1 += gw;
         s2 += gw * (LOAD(X_DT, xr, i) - mu) * rs;
     }
-    const float m1 = wg_sum(s1, sc) / (float)H;
-    const float m2 = wg_sum(s2, sc) / (float)H;
+    const float2 m = wg_sum2((float2)(s1, s2), sc) / (float)H;
+    const float m1 = m.x, m2 = m.y;
 
     if (live) {
-    #pragma unroll
-    for (int k = 0; k < CACHE; ++k) {
+#pragma unroll
+        for (int k = 0; k < CACHE; ++k) {
             const int j = lid + k * WG;
             if (j < nv) {
-                VSTORE(X_DT, dxr, j * VEC, rs * (cdy[k] * wc[k] - m1 - cx[k] * m2));
-                acc[k] += cdy[k] * cx[k];
+                const vf g = UNRAW(X_DT, cdy[k]), xh = (UNRAW(X_DT, cx[k]) - mu) * rs;
+                VSTORE(X_DT, dxr, j * VEC, rs * (g * UNRAW(W_DT, wc[k]) - m1 - xh * m2));
+                acc[k] += g * xh;
 #ifdef HAS_B
-                accb[k] += cdy[k];
+                accb[k] += g;
 #endif
             }
         }
@@ -578,7 +727,7 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
 
 #if NORM_BUILDS(5)
 __kernel __attribute__((reqd_work_group_size(FX, FY, 1))) void
-norm_dw_reduce(const __global float *part, ulong part_off, int n_slots, int H,
+norm_dw_reduce(const __global float *part, ulong part_off, long part_stride, int n_slots, int H,
                __global W_T *dw, ulong dw_off)
 {
     __local float sc[FY][FX];
@@ -587,7 +736,7 @@ norm_dw_reduce(const __global float *part, ulong part_off, int n_slots, int H,
     float s = 0.0f;
     if (c < H)
         for (int j = ly; j < n_slots; j += FY)
-            s += part[part_off + (long)j * H + c];
+            s += part[part_off + j * part_stride + c];
     sc[ly][lx] = s;
     barrier(CLK_LOCAL_MEM_FENCE);
     if (ly == 0 && c < H) {

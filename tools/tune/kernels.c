@@ -198,7 +198,7 @@ static llmcl_status run_attention_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, co
  */
 
 #define NORM_FWD_PARAMS "WG=32,64,128,256,512,1024 ROWS=1,2,4 CACHE=1,2,4,8"
-#define NORM_BWD_PARAMS "WG=32,64,128,256,512,1024 ROWS=1,2 CACHE=1,2,4 GROUPS_PER_CU=1,2,3,4,8"
+#define NORM_BWD_PARAMS "WG=64,128,256,512,1024 ROWS=1,2 CACHE=1,2,4 GROUPS_PER_CU=1,2,3,4"
 #define NORM_SHAPES "TWO=2,R=8192,C=4096;TWO=2,R=4096,C=8192"
 #define NORM_SMALL "TWO=2,R=256,C=4096"
 

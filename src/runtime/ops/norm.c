@@ -122,9 +122,11 @@ typedef struct norm_geom {
 } norm_geom;
 
 /*
- * Heuristic defaults: about four chunks per work-item in the forward and two in the backward (which
- * holds dy, x, w and the dw sums in registers), so a row lives in registers; short rows share a
- * work-group (WG * ROWS about 128 work-items).
+ * Heuristic defaults: about four chunks per work-item (two in the backward on CPUs), so a row lives
+ * in registers; short rows share a work-group (WG * ROWS about 128 work-items). On the H100 (bf16,
+ * H = 4096, llmcl-tune 2026-11-22) the backward's best is WG=128 CACHE=4 with two work-groups per
+ * compute unit: fewer, fuller work-items per row beat more rows in flight, as every row costs a
+ * work-group reduction.
  */
 static llmcl_status norm_geometry(const norm_shape *s, const char *key, int cache_max, bool bwd,
                                   norm_geom *g)
@@ -134,7 +136,8 @@ static llmcl_status norm_geometry(const norm_shape *s, const char *key, int cach
                                                                : 1024;
     g->vec = s->aligned && s->H >= 8 ? 8 : 1;
     const int64_t nv = llmcl__div_up(s->H, g->vec);
-    size_t wg = llmcl__pow2_ceil((size_t)llmcl__div_up(nv, bwd ? 2 : 4));
+    const int64_t per_item = bwd && !ctx->info.is_gpu ? 2 : 4;
+    size_t wg = llmcl__pow2_ceil((size_t)llmcl__div_up(nv, per_item));
     if (wg > max_wg)
         wg = max_wg;
     size_t rows = wg < 128 ? 128 / wg : 1;
@@ -220,6 +223,9 @@ static size_t bwd_groups(const norm_shape *s, const norm_geom *g)
     return blocks < fill ? blocks : fill;
 }
 
+/* Partial rows of the backward: H rounded up to 8 floats, so that 8-wide stores stay aligned. */
+static int64_t part_stride(const norm_shape *s) { return llmcl__div_up(s->H, 8) * 8; }
+
 typedef struct dw_reduce {
     cl_kernel kernel;
     size_t local[2], global[2];
@@ -256,6 +262,7 @@ static llmcl_status dw_reduce_launch(const norm_shape *s, const dw_reduce *r,
 {
     llmcl__args a = llmcl__args_begin(s->ctx, r->kernel);
     llmcl__arg_tensor(&a, part);
+    llmcl__arg_i64(&a, part_stride(s));
     llmcl__arg_i32(&a, n_slots);
     llmcl__arg_i32(&a, s->H);
     llmcl__arg_tensor(&a, dw);
@@ -378,7 +385,7 @@ static llmcl_status rms_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const l
     if (dr)
         LLMCL__TRY(llmcl__as_rows(ctx, dr, "dr", &drr));
     llmcl_tensor *part = NULL;
-    const int64_t pshape[2] = {n_slots, s.H};
+    const int64_t pshape[2] = {n_slots, part_stride(&s)};
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 2, pshape, "rmsnorm dw partial sums", &part));
 
     llmcl__args a = llmcl__args_begin(ctx, k);
@@ -395,6 +402,7 @@ static llmcl_status rms_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const l
     llmcl__arg_tensor(&a, dx);
     llmcl__arg_i64(&a, dxr.row_stride);
     llmcl__arg_tensor(&a, part);
+    llmcl__arg_i64(&a, part_stride(&s));
     llmcl__arg_i64(&a, s.n_rows);
     llmcl__arg_i32(&a, s.H);
     llmcl__arg_f32(&a, o.offset);
@@ -541,12 +549,13 @@ llmcl_status llmcl_layernorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
     LLMCL__TRY(llmcl__as_rows(ctx, dx, "dx", &dxr));
     /* One scratch tensor: dw partials in the first n_slots rows, db partials after them. */
     llmcl_tensor *part = NULL, *dbpart = NULL;
-    const int64_t pshape[2] = {db ? 2 * (int64_t)n_slots : n_slots, s.H};
+    const int64_t ps = part_stride(&s);
+    const int64_t pshape[2] = {db ? 2 * (int64_t)n_slots : n_slots, ps};
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 2, pshape, "layernorm dw/db partial sums", &part));
     llmcl_status st = LLMCL_OK;
     if (db) {
-        const int64_t half[2] = {n_slots, s.H};
-        st = llmcl_tensor_view(part, 2, half, NULL, (int64_t)n_slots * s.H, &dbpart);
+        const int64_t half[2] = {n_slots, ps};
+        st = llmcl_tensor_view(part, 2, half, NULL, (int64_t)n_slots * ps, &dbpart);
     }
     if (st == LLMCL_OK) {
         llmcl__args a = llmcl__args_begin(ctx, k);
@@ -560,6 +569,7 @@ llmcl_status llmcl_layernorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
         llmcl__arg_tensor(&a, dx);
         llmcl__arg_i64(&a, dxr.row_stride);
         llmcl__arg_tensor(&a, part);
+        llmcl__arg_i64(&a, ps);
         if (db)
             llmcl__arg_tensor(&a, dbpart);
         llmcl__arg_i64(&a, s.n_rows);
