@@ -302,6 +302,26 @@ typedef struct ce_rows_job {
 } ce_rows_job;
 
 /* One work-group per row, or the vocabulary split into several when rows are few. */
+/* The arguments ce_rows and ce_grad share, in their order: rows, labels, options, LSE. */
+static void arg_row_terms(llmcl__args *a, const ce_run *r, const ce_rows_job *j)
+{
+    const llmcl_ce_options *o = &r->o;
+    llmcl__arg_i32(a, ce_flags(r, false));
+    arg_mem(a, j->x, j->xoff);
+    llmcl__arg_i64(a, j->xstride);
+    llmcl__arg_i64(a, r->v);
+    llmcl__arg_tensor(a, r->labels);
+    llmcl__arg_i64(a, j->row0);
+    arg_weight(a, r);
+    arg_buf(a, r->stats->mem);
+    llmcl__arg_i32(a, (int32_t)o->reduction);
+    llmcl__arg_i64(a, r->ignore);
+    llmcl__arg_f32(a, o->label_smoothing);
+    llmcl__arg_f32(a, o->lse_square_scale);
+    llmcl__arg_f32(a, o->softcap);
+    llmcl__arg_tensor(a, j->lse);
+}
+
 static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
 {
     llmcl_ctx *ctx = r->ctx;
@@ -312,20 +332,7 @@ static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
     if (splits == 1) {
         LLMCL__TRY(row_kernel(r, "ce_rows", &k));
         llmcl__args a = llmcl__args_begin(ctx, k);
-        llmcl__arg_i32(&a, ce_flags(r, false));
-        arg_mem(&a, j->x, j->xoff);
-        llmcl__arg_i64(&a, j->xstride);
-        llmcl__arg_i64(&a, r->v);
-        llmcl__arg_tensor(&a, r->labels);
-        llmcl__arg_i64(&a, j->row0);
-        arg_weight(&a, r);
-        arg_buf(&a, r->stats->mem);
-        llmcl__arg_i32(&a, (int32_t)o->reduction);
-        llmcl__arg_i64(&a, r->ignore);
-        llmcl__arg_f32(&a, o->label_smoothing);
-        llmcl__arg_f32(&a, o->lse_square_scale);
-        llmcl__arg_f32(&a, o->softcap);
-        llmcl__arg_tensor(&a, j->lse);
+        arg_row_terms(&a, r, j);
         arg_buf(&a, r->rows->mem);
         llmcl__arg_i64(&a, r->n);
         llmcl__arg_i32(&a, j->grad);
@@ -381,20 +388,7 @@ static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
     if (j->grad) {
         LLMCL__TRY_GOTO(st, row_kernel(r, "ce_grad", &k), done);
         a = llmcl__args_begin(ctx, k);
-        llmcl__arg_i32(&a, ce_flags(r, false));
-        arg_mem(&a, j->x, j->xoff);
-        llmcl__arg_i64(&a, j->xstride);
-        llmcl__arg_i64(&a, r->v);
-        llmcl__arg_tensor(&a, r->labels);
-        llmcl__arg_i64(&a, j->row0);
-        arg_weight(&a, r);
-        arg_buf(&a, r->stats->mem);
-        llmcl__arg_i32(&a, (int32_t)o->reduction);
-        llmcl__arg_i64(&a, r->ignore);
-        llmcl__arg_f32(&a, o->label_smoothing);
-        llmcl__arg_f32(&a, o->lse_square_scale);
-        llmcl__arg_f32(&a, o->softcap);
-        llmcl__arg_tensor(&a, j->lse);
+        arg_row_terms(&a, r, j);
         arg_mem(&a, j->dx, j->dxoff);
         llmcl__arg_i64(&a, j->dxstride);
         LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
