@@ -87,6 +87,25 @@ double bench_peak_mib(bench_env *env, bench_op op, void *arg)
     return (double)(after.peak_bytes - before.current_bytes) / (1 << 20);
 }
 
+void bench_add_timed(bench_env *env, const char *kernel, const char *dir, const char *dtype,
+                     const char *shape, double bytes, bench_op op, bench_op baseline, void *arg,
+                     int check)
+{
+    bench_row row = {.bytes = bytes, .check = check};
+    snprintf(row.kernel, sizeof row.kernel, "%s", kernel);
+    snprintf(row.direction, sizeof row.direction, "%s", dir);
+    snprintf(row.dtype, sizeof row.dtype, "%s", dtype);
+    snprintf(row.shape, sizeof row.shape, "%s", shape);
+    row.ms = bench_time(env, op, arg);
+    if (row.ms < 0)
+        return;
+    row.peak_mib = bench_peak_mib(env, op, arg);
+    row.baseline_ms = baseline ? bench_time(env, baseline, arg) : 0;
+    if (row.baseline_ms < 0)
+        row.baseline_ms = 0;
+    bench_add(env, &row);
+}
+
 static void print_table(const bench_env *env)
 {
     printf("\n%-22s %-8s %-5s %-26s %9s %8s %6s %8s %5s %9s %7s %5s\n", "kernel", "dir", "dtype",

@@ -48,6 +48,14 @@ double bench_time(bench_env *env, bench_op op, void *arg);
 /* Peak device MiB held by the library while op runs once (beyond what was held before). */
 double bench_peak_mib(bench_env *env, bench_op op, void *arg);
 
+/*
+ * Times op (and baseline, when not NULL) on arg, measures op's peak memory and adds the row; the
+ * row is dropped when op fails. dtype and shape are the row's labels; check as in bench_row.
+ */
+void bench_add_timed(bench_env *env, const char *kernel, const char *dir, const char *dtype,
+                     const char *shape, double bytes, bench_op op, bench_op baseline, void *arg,
+                     int check);
+
 /* Prints a failure detail for a family's setup error and returns false. */
 bool bench_fail(bench_env *env, const char *what, llmcl_status st);
 

@@ -157,26 +157,6 @@ static int glu_check(bench_env *env, llmcl_activation act)
     return ok;
 }
 
-static void add_row(bench_env *env, const char *kernel, const char *dir, const char *shape,
-                    double bytes, bench_op fused, bench_op unfused, glu_bench *g, int check)
-{
-    bench_row row = {0};
-    snprintf(row.kernel, sizeof row.kernel, "%s", kernel);
-    snprintf(row.direction, sizeof row.direction, "%s", dir);
-    snprintf(row.dtype, sizeof row.dtype, "bf16");
-    snprintf(row.shape, sizeof row.shape, "%s", shape);
-    row.ms = bench_time(env, fused, g);
-    if (row.ms < 0)
-        return;
-    row.bytes = bytes;
-    row.peak_mib = bench_peak_mib(env, fused, g);
-    row.baseline_ms = bench_time(env, unfused, g);
-    if (row.baseline_ms < 0)
-        row.baseline_ms = 0;
-    row.check = check;
-    bench_add(env, &row);
-}
-
 void bench_glu(bench_env *env)
 {
     const int64_t n = env->small ? 256 : 8192, cols = env->small ? 1408 : 14336;
@@ -194,11 +174,12 @@ void bench_glu(bench_env *env)
         if (!glu_bench_init(env, &g, kinds[k].act, LLMCL_BF16, n, cols, NULL))
             return;
         /* bytes: forward reads gate, up, writes out; backward reads dout, gate, up, writes two */
-        add_row(env, kinds[k].name, "fwd", shape, 3 * e, fused_fwd, unfused_fwd, &g, check);
-        add_row(env, kinds[k].name, "bwd", shape, 5 * e, fused_bwd, unfused_bwd, &g, check);
+        const char *name = kinds[k].name;
+        bench_add_timed(env, name, "fwd", "bf16", shape, 3 * e, fused_fwd, unfused_fwd, &g, check);
+        bench_add_timed(env, name, "bwd", "bf16", shape, 5 * e, fused_bwd, unfused_bwd, &g, check);
         if (kinds[k].act == LLMCL_ACT_SILU)
-            add_row(env, kinds[k].name, "fwd+bwd", shape, 8 * e, fused_both, unfused_both, &g,
-                    check);
+            bench_add_timed(env, name, "fwd+bwd", "bf16", shape, 8 * e, fused_both, unfused_both,
+                            &g, check);
         glu_bench_free(&g);
     }
 }

@@ -252,26 +252,6 @@ static int rope_check(bench_env *env)
     return ok;
 }
 
-static void add_row(bench_env *env, const char *kernel, const char *dir, const char *shape,
-                    double bytes, bench_op fused, bench_op baseline, rope_bench *r, int check)
-{
-    bench_row row = {0};
-    snprintf(row.kernel, sizeof row.kernel, "%s", kernel);
-    snprintf(row.direction, sizeof row.direction, "%s", dir);
-    snprintf(row.dtype, sizeof row.dtype, "bf16");
-    snprintf(row.shape, sizeof row.shape, "%s", shape);
-    row.ms = bench_time(env, fused, r);
-    if (row.ms < 0)
-        return;
-    row.bytes = bytes;
-    row.peak_mib = bench_peak_mib(env, fused, r);
-    row.baseline_ms = baseline ? bench_time(env, baseline, r) : 0;
-    if (row.baseline_ms < 0)
-        row.baseline_ms = 0;
-    row.check = check;
-    bench_add(env, &row);
-}
-
 void bench_rope(bench_env *env)
 {
     const int64_t B = env->small ? 1 : 4, Hq = env->small ? 8 : 32, Hk = env->small ? 2 : 8;
@@ -288,9 +268,11 @@ void bench_rope(bench_env *env)
     /* bytes: q and k read and written in place, plus the angle source read once */
     const double qk = 2.0 * (double)(B * (Hq + Hk) * T * D) * 2.0;
     const double tables = 2.0 * (double)(T * D / 2) * 4.0, positions = (double)T * 4.0;
-    add_row(env, "rope", "fwd", shape, qk + tables, fused_fwd, unfused_fwd, &r, check);
-    add_row(env, "rope", "bwd", shape, qk + tables, fused_bwd, unfused_bwd, &r, check);
-    add_row(env, "rope(positions)", "fwd", shape, qk + positions, fused_fwd_pos, unfused_fwd, &r,
-            check);
+    bench_add_timed(env, "rope", "fwd", "bf16", shape, qk + tables, fused_fwd, unfused_fwd, &r,
+                    check);
+    bench_add_timed(env, "rope", "bwd", "bf16", shape, qk + tables, fused_bwd, unfused_bwd, &r,
+                    check);
+    bench_add_timed(env, "rope(positions)", "fwd", "bf16", shape, qk + positions, fused_fwd_pos,
+                    unfused_fwd, &r, check);
     rope_bench_free(&r);
 }
