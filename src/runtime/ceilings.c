@@ -65,12 +65,19 @@ done:
 typedef struct fma_arg {
     cl_kernel kernel;
     size_t global, local;
+    llmcl_tensor *out;
+    int32_t iters;
 } fma_arg;
 
 static llmcl_status fma_op(llmcl_ctx *ctx, void *arg)
 {
     fma_arg *f = arg;
     llmcl__args a = llmcl__args_begin(ctx, f->kernel);
+    llmcl__arg(&a, sizeof(cl_mem), &f->out->mem);
+    llmcl__arg_i32(&a, f->iters);
+    /* x -> 0.999 x + 0.001 keeps the chains bounded: no value becomes inf or denormal */
+    llmcl__arg_f32(&a, 0.999f);
+    llmcl__arg_f32(&a, 0.001f);
     return llmcl__launch(&a, 1, &f->global, &f->local);
 }
 
@@ -84,22 +91,14 @@ llmcl_status llmcl_measure_fma_rate(llmcl_ctx *ctx, double *tflops)
     fma_arg f = {.local = wg};
     LLMCL__TRY(llmcl__kernel(ctx, "ceilings", &d, "fma_peak", &f.kernel));
     const size_t groups = (size_t)ctx->info.compute_units * (ctx->info.is_gpu ? 16 : 2);
-    const cl_int iters = ctx->info.is_gpu ? 8192 : 512;
+    f.iters = ctx->info.is_gpu ? 8192 : 512;
     f.global = groups * wg;
-    llmcl_tensor *out = NULL;
     const int64_t n = (int64_t)f.global;
-    LLMCL__TRY(llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &out));
-    /* a and b keep the chains bounded (x -> 0.999 x + 0.001) so no value becomes inf or denormal */
-    const cl_float a = 0.999f, b = 0.001f;
-    cl_int err = clSetKernelArg(f.kernel, 0, sizeof(cl_mem), &out->mem);
-    err |= clSetKernelArg(f.kernel, 1, sizeof iters, &iters);
-    err |= clSetKernelArg(f.kernel, 2, sizeof a, &a);
-    err |= clSetKernelArg(f.kernel, 3, sizeof b, &b);
+    LLMCL__TRY(llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &f.out));
     double ms = 0;
-    llmcl_status st = err != CL_SUCCESS ? llmcl__fail_cl(ctx, err, "clSetKernelArg", __FILE__, __LINE__)
-                                        : best_of(ctx, fma_op, &f, &ms);
-    llmcl_tensor_destroy(out);
+    llmcl_status st = best_of(ctx, fma_op, &f, &ms);
+    llmcl_tensor_destroy(f.out);
     LLMCL__TRY(st);
-    *tflops = (double)f.global * iters * FMA_CHAINS * 2.0 / (ms * 1e-3) * 1e-12;
+    *tflops = (double)f.global * f.iters * FMA_CHAINS * 2.0 / (ms * 1e-3) * 1e-12;
     return LLMCL_OK;
 }
