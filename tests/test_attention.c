@@ -8,8 +8,10 @@
  */
 #include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "attention_ref.h"
 #include "harness.h"
@@ -285,6 +287,39 @@ static void test_head_dims(void **state)
     }
 }
 
+/*
+ * A tuning file's tiles for D = 128 (class p7) reach D = 32 as the nearest tuned class, but 16
+ * work-item columns do not fit D = 32: the launcher keeps its defaults. The same tiles as an
+ * explicit override are refused, so that the tuner never times a substitute.
+ */
+static void test_tuned_tiles_for_other_head_dim(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    char path[] = "/tmp/llmcl-attn-tune-XXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char *text = "{\"format\": \"llmcl-tuning\", \"version\": 1, \"device\": {\"name\": \"*\"}, "
+                       "\"entries\": [{\"kernel\": \"attention_fwd\", \"dtype\": \"f32\", "
+                       "\"shape_class\": \"p7\", \"params\": {\"BLOCK_M\": 16, "
+                       "\"BLOCK_N\": 16, \"TM\": 4, \"TN\": 1}}]}";
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    TH_OK(llmcl_tune_db_load(ctx, path));
+    remove(path);
+    check_case(dense(LLMCL_F32, 1, 2, 1, 32, 40, 40), 60);
+
+    TH_OK(llmcl_tune_override(ctx, "attention_fwd", LLMCL_F32, "p5",
+                              "BLOCK_M=16 BLOCK_N=16 TM=4 TN=1"));
+    const attn_case c = dense(LLMCL_F32, 1, 2, 1, 32, 40, 40);
+    attn_run r;
+    run_setup(&r, &c, 61);
+    TH_FAILS(run_forward(&r), LLMCL_ERROR_UNSUPPORTED);
+    assert_non_null(strstr(llmcl_last_error(ctx), "columns"));
+    run_free(&r);
+    TH_OK(llmcl_tune_db_clear(ctx));
+}
+
 static void test_gqa_mqa(void **state)
 {
     (void)state;
@@ -533,6 +568,7 @@ int main(void)
         cmocka_unit_test(test_16bit),        cmocka_unit_test(test_varlen),
         cmocka_unit_test(test_determinism),  cmocka_unit_test(test_extra_memory),
         cmocka_unit_test(test_bad_inputs),   cmocka_unit_test(test_bad_varlen),
+        cmocka_unit_test(test_tuned_tiles_for_other_head_dim),
     };
     return TH_RUN(tests);
 }

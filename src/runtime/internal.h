@@ -226,9 +226,11 @@ long llmcl__param_get(const llmcl__params *p, const char *name, long fallback);
 
 /*
  * Overrides the launcher's heuristic defaults in p with the tuning database's entry for
- * (device, kernel, dtype, shape_class), where one exists.
+ * (device, kernel, dtype, shape_class), where one exists. Returns true when an explicit
+ * llmcl_tune_override took part: a launcher may replace file entries that do not fit the shape
+ * with its defaults, but must report overrides that do not fit.
  */
-void llmcl__params_lookup(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
+bool llmcl__params_lookup(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
                           const char *shape_class, llmcl__params *p);
 
 /* A tuning shape class for a size key: "p<k>" for the smallest 2^k >= key (key >= 1). */

@@ -30,10 +30,10 @@ long llmcl__param_get(const llmcl__params *p, const char *name, long fallback)
     return fallback;
 }
 
-void llmcl__params_lookup(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
+bool llmcl__params_lookup(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
                           const char *shape_class, llmcl__params *p)
 {
-    llmcl__tune_db_apply(ctx, kernel, dtype, shape_class, p);
+    return llmcl__tune_db_apply(ctx, kernel, dtype, shape_class, p);
 }
 
 void llmcl__shape_class(int64_t key, char out[16])

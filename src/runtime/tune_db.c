@@ -259,13 +259,14 @@ static bool is_wg_name(const char *n)
  * info (a launch), only the tunables the launcher declared are set, and work-group sizes outside
  * [1, the device's maximum] are ignored, so a database cannot break a launch that way.
  */
-static void apply_entries(const llmcl__tune_db *db, const char *kernel, int dtype, const char *cls,
+static bool apply_entries(const llmcl__tune_db *db, const char *kernel, int dtype, const char *cls,
                           llmcl__params *p, const llmcl_device_info *info)
 {
     scored stack[64];
     scored *list = db->n <= 64 ? stack : malloc(db->n * sizeof *list);
     if (list == NULL)
-        return;
+        return false;
+    bool overridden = false;
     size_t m = 0;
     for (size_t i = 0; i < db->n; ++i) {
         long s = entry_score(&db->entries[i], kernel, dtype, cls);
@@ -287,10 +288,12 @@ static void apply_entries(const llmcl__tune_db *db, const char *kernel, int dtyp
                 continue;
             }
             llmcl__param_set(p, q->names[j], q->values[j]);
+            overridden |= list[i].e->device_level == DEV_OVERRIDE;
         }
     }
     if (list != stack)
         free(list);
+    return overridden;
 }
 
 static tune_used *find_used(const llmcl__tune_db *db, const char *kernel, int dtype,
@@ -328,18 +331,19 @@ static tune_used *record_used(llmcl__tune_db *db, const char *kernel, int dtype,
     return u;
 }
 
-void llmcl__tune_db_apply(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
+bool llmcl__tune_db_apply(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
                           const char *shape_class, llmcl__params *p)
 {
     llmcl__tune_db *db = ctx->tune_db;
     if (db == NULL)
-        return;
+        return false;
     const char *cls = shape_class ? shape_class : "";
-    apply_entries(db, kernel, (int)dtype, cls, p, &ctx->info);
+    const bool overridden = apply_entries(db, kernel, (int)dtype, cls, p, &ctx->info);
     const tune_used *u = record_used(db, kernel, (int)dtype, cls, p);
     pending.db = u ? db : NULL;
     pending.p = p;
     pending.used = u ? (size_t)(u - db->used) : 0;
+    return overridden;
 }
 
 void llmcl__tune_db_defined(const llmcl__params *p)

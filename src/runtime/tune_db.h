@@ -29,9 +29,10 @@ void llmcl__tune_db_destroy(llmcl__tune_db *db);
 
 /*
  * Overwrites the parameters of p (the launcher's heuristic defaults) that the best matching entries
- * set, and records the result as the values in use for (kernel, dtype, shape_class).
+ * set, and records the result as the values in use for (kernel, dtype, shape_class). Returns
+ * true when an override (llmcl_tune_override) was among them.
  */
-void llmcl__tune_db_apply(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
+bool llmcl__tune_db_apply(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
                           const char *shape_class, llmcl__params *p);
 
 /*

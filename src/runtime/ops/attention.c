@@ -306,46 +306,79 @@ static attn_tiles attn_default_tiles(const llmcl_ctx *ctx, attn_kernel kern, int
  * The built kernel with its tiles (heuristic defaults, then the tuning database) and its
  * work-group size.
  */
+static void attn_tiles_to_params(attn_kernel kern, attn_tiles t, llmcl__params *p)
+{
+    llmcl__param_set(p, "BLOCK_M", t.bm);
+    llmcl__param_set(p, "BLOCK_N", t.bn);
+    llmcl__param_set(p, "TM", t.tm);
+    llmcl__param_set(p, "TN", t.tn);
+    llmcl__param_set(p, "LF32", t.lf32);
+    llmcl__param_set(p, "UNROLL", t.unroll);
+    if (kern == ATTN_FWD)
+        llmcl__param_set(p, "KV_SEP", t.kvsep);
+}
+
+static attn_tiles attn_tiles_of_params(attn_kernel kern, const llmcl__params *p)
+{
+    return (attn_tiles){(int)llmcl__param_get(p, "BLOCK_M", 0),
+                        (int)llmcl__param_get(p, "BLOCK_N", 0),
+                        (int)llmcl__param_get(p, "TM", 0),
+                        (int)llmcl__param_get(p, "TN", 0),
+                        (int)llmcl__param_get(p, "LF32", 0),
+                        kern == ATTN_FWD ? (int)llmcl__param_get(p, "KV_SEP", 0) : 0,
+                        (int)llmcl__param_get(p, "UNROLL", 0)};
+}
+
+/*
+ * The tiles of a tiled kernel: the heuristic defaults, then the tuning database. A file entry
+ * tuned for a neighbouring head dim may not fit this one; the defaults then stand. Overrides that
+ * do not fit are errors, so that the tuner rejects such candidates.
+ */
+static llmcl_status attn_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
+                                   llmcl__params *p, attn_tiles *tiles)
+{
+    char cls[16];
+    llmcl__shape_class(g->D, cls);
+    const attn_tiles def = attn_default_tiles(ctx, kern, g->D, g->dtype);
+    attn_tiles_to_params(kern, def, p);
+    const bool overridden = llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
+    attn_tiles t = attn_tiles_of_params(kern, p);
+    const char *why = attn_tiles_invalid(ctx, kern, g->D, g->dtype, t);
+    if (why && !overridden) {
+        llmcl__log("tuning: %s tiles BLOCK_M=%d BLOCK_N=%d TM=%d TN=%d do not fit D=%d (%s); "
+                   "the defaults are used",
+                   attn_kernel_name[kern], t.bm, t.bn, t.tm, t.tn, g->D, why);
+        t = def;
+        attn_tiles_to_params(kern, t, p);
+        why = attn_tiles_invalid(ctx, kern, g->D, g->dtype, t);
+    }
+    LLMCL__REQUIRE(ctx, !why, LLMCL_ERROR_UNSUPPORTED,
+                   "attention: %s tiles BLOCK_M=%d BLOCK_N=%d TM=%d TN=%d LF32=%d with D=%d: %s",
+                   attn_kernel_name[kern], t.bm, t.bn, t.tm, t.tn, t.lf32, g->D, why);
+    *tiles = t;
+    return LLMCL_OK;
+}
+
+/*
+ * The built kernel with its tiles and its work-group size.
+ */
 static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
                                     cl_kernel *out, attn_tiles *tiles, size_t *wg)
 {
     llmcl__params p = {0};
-    char cls[16];
-    llmcl__shape_class(g->D, cls);
     if (kern == ATTN_PRE) {
+        char cls[16];
+        llmcl__shape_class(g->D, cls);
         llmcl__param_set(&p, "PRE_WG", ctx->info.max_work_group_size >= 64 ? 64 : 1);
-    } else {
-        const attn_tiles t = attn_default_tiles(ctx, kern, g->D, g->dtype);
-        llmcl__param_set(&p, "BLOCK_M", t.bm);
-        llmcl__param_set(&p, "BLOCK_N", t.bn);
-        llmcl__param_set(&p, "TM", t.tm);
-        llmcl__param_set(&p, "TN", t.tn);
-        llmcl__param_set(&p, "LF32", t.lf32);
-        llmcl__param_set(&p, "UNROLL", t.unroll);
-        if (kern == ATTN_FWD)
-            llmcl__param_set(&p, "KV_SEP", t.kvsep);
-    }
-    llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, &p);
-
-    if (kern == ATTN_PRE) {
+        llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, &p);
         const long w = llmcl__param_get(&p, "PRE_WG", 64);
         LLMCL__REQUIRE(ctx, w >= 1 && (size_t)w <= ctx->info.max_work_group_size,
                        LLMCL_ERROR_UNSUPPORTED, "attention: PRE_WG %ld is outside [1, %zu]", w,
                        ctx->info.max_work_group_size);
         *wg = (size_t)w;
     } else {
-        const attn_tiles t = {(int)llmcl__param_get(&p, "BLOCK_M", 0),
-                              (int)llmcl__param_get(&p, "BLOCK_N", 0),
-                              (int)llmcl__param_get(&p, "TM", 0), (int)llmcl__param_get(&p, "TN", 0),
-                              (int)llmcl__param_get(&p, "LF32", 0),
-                              kern == ATTN_FWD ? (int)llmcl__param_get(&p, "KV_SEP", 0) : 0,
-                              (int)llmcl__param_get(&p, "UNROLL", 0)};
-        const char *why = attn_tiles_invalid(ctx, kern, g->D, g->dtype, t);
-        LLMCL__REQUIRE(ctx, !why, LLMCL_ERROR_UNSUPPORTED,
-                       "attention: %s tiles BLOCK_M=%d BLOCK_N=%d TM=%d TN=%d LF32=%d with D=%d: %s",
-                       attn_kernel_name[kern], t.bm, t.bn, t.tm, t.tn, t.lf32, g->D, why);
-        *tiles = t;
-        *wg = (size_t)(t.bm / t.tm) * (size_t)(t.bn / t.tn);
+        LLMCL__TRY(attn_tiles_get(ctx, g, kern, &p, tiles));
+        *wg = (size_t)(tiles->bm / tiles->tm) * (size_t)(tiles->bn / tiles->tn);
     }
 
     llmcl__defines defs = {0};
