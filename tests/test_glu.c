@@ -336,8 +336,8 @@ static void test_tunables(void **state)
     (void)state;
     llmcl_ctx *ctx = th_ctx();
     const char *params[] = {"VEC=1 UNROLL=1 WG=64", "VEC=2 UNROLL=4 WG=32 HINT=3",
-                            "VEC=4 UNROLL=2 WG=128 HINT=1", "VEC=8 UNROLL=4 WG=256 HINT=2 CVT=0",
-                            "VEC=8 UNROLL=1 WG=512 HINT=3 CVT=1", "VEC=4 UNROLL=1 WG=64 HINT=3"};
+                            "VEC=4 UNROLL=2 WG=128 HINT=1", "VEC=8 UNROLL=4 WG=256 HINT=2",
+                            "VEC=8 UNROLL=1 WG=512 HINT=3", "VEC=4 UNROLL=1 WG=64 HINT=3"};
     const glu_case cases[] = {
         {5, 4097, false, 0, 0, 0}, {9, 64, true, 8, 8, 0}, {3, 13, false, 3, 5, 0},
         {6, 100, false, 0, 0, 1}};

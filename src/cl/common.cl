@@ -7,6 +7,9 @@
  * STORE(X_DT, p, i, v). 16-bit types are stored as ushort: bf16 is bit arithmetic with
  * round-to-nearest-even, f16 goes through core vload_half/vstore_half_rte, so neither needs
  * cl_khr_fp16. Math is always f32.
+ *
+ * The runtime defines LLMCL_NV_PTX where NVIDIA's inline PTX builds, and LLMCL_NV_BF16_CVT where
+ * it also has cvt.rn.bf16x2.f32 (compute capability 8.0 or later).
  */
 
 #define LLMCL_CAT_(a, b) a##b
@@ -35,12 +38,60 @@ inline ushort f32_to_bf16(float f)
     return (ushort)(u >> 16);
 }
 
+inline float2 bf16x2_to_f32(ushort2 h) { return as_float2(convert_uint2(h) << 16); }
 inline float4 bf16x4_to_f32(ushort4 h) { return as_float4(convert_uint4(h) << 16); }
 
+inline ushort2 f32x2_to_bf16(float2 f) { return (ushort2)(f32_to_bf16(f.x), f32_to_bf16(f.y)); }
 inline ushort4 f32x4_to_bf16(float4 f)
 {
     return (ushort4)(f32_to_bf16(f.x), f32_to_bf16(f.y), f32_to_bf16(f.z), f32_to_bf16(f.w));
 }
+
+/*
+ * Eight bf16 packed two to a 32-bit word (element 2k in the low half of word k), as 16-byte loads
+ * and stores move them: a uint4 takes four registers where a ushort8 may take eight.
+ */
+inline float8 bf16x8_packed_to_f32(uint4 r)
+{
+    const uint4 lo = r << 16, hi = r & 0xffff0000u;
+    return as_float8((uint8)(lo.x, hi.x, lo.y, hi.y, lo.z, hi.z, lo.w, hi.w));
+}
+
+#ifdef LLMCL_NV_BF16_CVT
+/* NVIDIA sm_80+: one instruction rounds two floats (nearest even; a NaN becomes the canonical
+ * NaN), where the bit arithmetic takes about six per element. */
+inline uint bf16x2_rn(float lo, float hi)
+{
+    uint r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+inline uint4 f32x8_to_bf16_packed(float8 f)
+{
+    return (uint4)(bf16x2_rn(f.s0, f.s1), bf16x2_rn(f.s2, f.s3), bf16x2_rn(f.s4, f.s5),
+                   bf16x2_rn(f.s6, f.s7));
+}
+/* Eight values rounded to bf16 and back to f32, as a cast to bf16 would do. */
+inline float8 bf16x8_round(float8 f) { return bf16x8_packed_to_f32(f32x8_to_bf16_packed(f)); }
+#else
+/* Rounding (nearest even, NaN kept a quiet NaN) leaves the bf16 bits in the upper half of each
+ * word: that is the rounded f32 value, and packing takes one shift and one or a pair. */
+inline float8 bf16x8_round(float8 f)
+{
+    const uint8 u = as_uint8(f);
+    const uint8 r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return as_float8(
+        select(r, (u & 0xffff0000u) | 0x00400000u, (u & 0x7fffffffu) > 0x7f800000u));
+}
+inline uint4 f32x8_to_bf16_packed(float8 f)
+{
+    const uint8 b = as_uint8(bf16x8_round(f));
+    return (uint4)(b.s0 >> 16 | b.s1, b.s2 >> 16 | b.s3, b.s4 >> 16 | b.s5, b.s6 >> 16 | b.s7);
+}
+#endif
+
+inline float8 bf16x8_to_f32(ushort8 h) { return bf16x8_packed_to_f32(as_uint4(h)); }
+inline ushort8 f32x8_to_bf16(float8 f) { return as_ushort8(f32x8_to_bf16_packed(f)); }
 
 inline float load_F32(const __global float *p, long i) { return p[i]; }
 inline float load_BF16(const __global ushort *p, long i) { return bf16_to_f32(p[i]); }
@@ -76,6 +127,34 @@ inline void store_I32(__global int *p, long i, long v) { p[i] = (int)v; }
 inline void store_I64(__global long *p, long i, long v) { p[i] = v; }
 
 #ifdef LLMCL_NV_PTX
+/*
+ * NVIDIA: 16-byte global accesses with cache hints. Streamed operands skip L1 allocation (through
+ * the read-only path, .nc, only when nothing in the launch writes them); streaming stores (.cs)
+ * mark lines as first to evict.
+ */
+inline uint4 ld16_no_l1(const __global void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"((ulong)p));
+    return v;
+}
+inline uint4 ld16_nc_no_l1(const __global void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"((ulong)p));
+    return v;
+}
+inline void st16_streaming(__global void *p, uint4 v)
+{
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"((ulong)p), "r"(v.x),
+                 "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
 /* NVIDIA: butterfly shuffles within a warp of 32 (inline PTX; the driver has no cl_khr_subgroups). */
 inline float warp_sum(float v)
 {

@@ -95,24 +95,12 @@ void copy_elems(__global const STORAGE(DT) *src, ulong src_off, __global STORAGE
 
 /* 16-byte words with NVIDIA's cache hints (HINT bits), or plain accesses. */
 #if defined(LLMCL_NV_PTX) && (HINT & 1)
-inline uint4 word_load(const __global uint4 *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"((ulong)p));
-    return v;
-}
+#define word_load(p) ld16_nc_no_l1(p)
 #else
 #define word_load(p) (*(p))
 #endif
 #if defined(LLMCL_NV_PTX) && (HINT & 2)
-inline void word_store(__global uint4 *p, uint4 v)
-{
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"((ulong)p), "r"(v.x), "r"(v.y),
-                 "r"(v.z), "r"(v.w)
-                 : "memory");
-}
+#define word_store(p, v) st16_streaming((p), (v))
 #else
 #define word_store(p, v) (*(p) = (v))
 #endif

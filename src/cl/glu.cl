@@ -28,9 +28,6 @@
  *           bit 0: loads without L1 allocation, through the read-only path when NOALIAS
  *           (ld.global.nc.L1::no_allocate); bit 1: streaming stores (st.global.cs): 0 to 3
  *           (default 0; 2 on NVIDIA).
- *   CVT     1: bf16 vectors of 8 round with NVIDIA's cvt.rn.bf16x2.f32 (LLMCL_NV_PTX, compute
- *           capability 8.0 or later; the launcher keeps 0 elsewhere), 0: bit arithmetic (default
- *           1 where available).
  */
 
 #ifndef DT
@@ -57,37 +54,20 @@
 #ifndef HINT
 #define HINT 0
 #endif
-#ifndef CVT
-#define CVT 0
-#endif
 #ifndef NOALIAS
 #define NOALIAS 0
 #endif
 
 /* 16-byte accesses with NVIDIA's cache hints (HINT bits), or plain ones. */
-#if defined(LLMCL_NV_PTX) && (HINT & 1)
-inline uint4 ld16(const __global void *p)
-{
-    uint4 v;
-#if NOALIAS
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-#else
-    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-#endif
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"((ulong)p));
-    return v;
-}
+#if defined(LLMCL_NV_PTX) && (HINT & 1) && NOALIAS
+#define ld16(p) ld16_nc_no_l1(p)
+#elif defined(LLMCL_NV_PTX) && (HINT & 1)
+#define ld16(p) ld16_no_l1(p)
 #else
 #define ld16(p) (*(const __global uint4 *)(p))
 #endif
 #if defined(LLMCL_NV_PTX) && (HINT & 2)
-inline void st16(__global void *p, uint4 v)
-{
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"((ulong)p), "r"(v.x),
-                 "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
-}
+#define st16(p, v) st16_streaming((p), (v))
 #else
 #define st16(p, v) (*(__global uint4 *)(p) = (v))
 #endif
@@ -101,39 +81,11 @@ typedef float floatv;
 #else
 typedef LLMCL_CAT(float, VEC) floatv;
 typedef LLMCL_CAT(ushort, VEC) ushortv;
-typedef LLMCL_CAT(uint, VEC) uintv;
-typedef LLMCL_CAT(int, VEC) intv;
 #define VLOAD(p, i) LLMCL_CAT(vload_, DT)((p), (i))
 #define VSTORE(p, i, v) LLMCL_CAT(vstore_, DT)((p), (i), (v))
 
-inline floatv bf16v_to_f32(ushortv h)
-{
-    return LLMCL_CAT(as_float, VEC)(LLMCL_CAT(convert_uint, VEC)(h) << 16);
-}
-
-#if defined(LLMCL_NV_PTX) && CVT && VEC == 8
-/* NVIDIA sm_80+: one instruction rounds two floats to bf16, nearest even (a NaN becomes the
- * canonical NaN), where the bit arithmetic below takes about six per element. */
-inline uint bf16x2(float lo, float hi)
-{
-    uint r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-inline ushortv f32v_to_bf16(floatv f)
-{
-    return as_ushort8((uint4)(bf16x2(f.s0, f.s1), bf16x2(f.s2, f.s3), bf16x2(f.s4, f.s5),
-                              bf16x2(f.s6, f.s7)));
-}
-#else
-inline ushortv f32v_to_bf16(floatv f)
-{
-    const uintv u = LLMCL_CAT(as_uint, VEC)(f);
-    const uintv r = (u + (uintv)0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const intv nan = (u & 0x7fffffffu) > 0x7f800000u;
-    return LLMCL_CAT(convert_ushort, VEC)(select(r, (u >> 16) | 0x0040u, nan));
-}
-#endif
+#define bf16v_to_f32 LLMCL_CAT(LLMCL_CAT(bf16x, VEC), _to_f32)
+#define f32v_to_bf16 LLMCL_CAT(LLMCL_CAT(f32x, VEC), _to_bf16)
 
 #if ALIGNED
 inline floatv vload_F32(const __global float *p, long i)
@@ -147,7 +99,7 @@ inline floatv vload_F32(const __global float *p, long i)
 inline floatv vload_BF16(const __global ushort *p, long i)
 {
 #if VEC == 8
-    return bf16v_to_f32(as_ushort8(ld16(p + i)));
+    return bf16x8_packed_to_f32(ld16(p + i));
 #else
     return bf16v_to_f32(*(const __global ushortv *)(p + i));
 #endif
@@ -167,7 +119,7 @@ inline void vstore_F32(__global float *p, long i, floatv v)
 inline void vstore_BF16(__global ushort *p, long i, floatv v)
 {
 #if VEC == 8
-    st16(p + i, as_uint4(f32v_to_bf16(v)));
+    st16(p + i, f32x8_to_bf16_packed(v));
 #else
     *(__global ushortv *)(p + i) = f32v_to_bf16(v);
 #endif

@@ -77,19 +77,8 @@ inline float round_F16(float v)
     return vload_half(0, (const __private half *)&h);
 }
 
-/*
- * Eight f32 rounded to bf16 (nearest even; NaN stays a quiet NaN), the bf16 bits in the upper half
- * of each word: the integer work per element is about half that of a convert through ushort.
- */
-inline uint8 bf16_bits8(float8 f)
-{
-    const uint8 u = as_uint8(f);
-    const uint8 r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    return select(r, (u & 0xffff0000u) | 0x00400000u, (u & 0x7fffffffu) > 0x7f800000u);
-}
-
 inline float8 round8_F32(float8 v) { return v; }
-inline float8 round8_BF16(float8 v) { return as_float8(bf16_bits8(v)); }
+#define round8_BF16 bf16x8_round
 inline float8 round8_F16(float8 v)
 {
     ushort8 h;
@@ -105,7 +94,7 @@ inline float8 load8_F32(const __global float *p, long i)
 }
 inline float8 load8_BF16(const __global ushort *p, long i)
 {
-    return as_float8(convert_uint8(*(const __global ushort8 *)(p + i)) << 16);
+    return bf16x8_packed_to_f32(*(const __global uint4 *)(p + i));
 }
 inline float8 load8_F16(const __global ushort *p, long i)
 {
@@ -119,9 +108,7 @@ inline void store8_F32(__global float *p, long i, float8 v)
 }
 inline void store8_BF16(__global ushort *p, long i, float8 v)
 {
-    const uint8 b = bf16_bits8(v); /* element 2k in the low half of word k */
-    *(__global uint4 *)(p + i) = (uint4)(b.s0 >> 16 | b.s1, b.s2 >> 16 | b.s3, b.s4 >> 16 | b.s5,
-                                         b.s6 >> 16 | b.s7);
+    *(__global uint4 *)(p + i) = f32x8_to_bf16_packed(v);
 }
 inline void store8_F16(__global ushort *p, long i, float8 v)
 {
@@ -158,11 +145,7 @@ inline uint4 rload_BF16(const __global ushort *p, long i)
 {
     return *(const __global uint4 *)(p + i);
 }
-inline float8 unraw_BF16(uint4 r)
-{
-    const uint4 lo = r << 16, hi = r & 0xffff0000u;
-    return as_float8((uint8)(lo.x, hi.x, lo.y, hi.y, lo.z, hi.z, lo.w, hi.w));
-}
+#define unraw_BF16 bf16x8_packed_to_f32
 #define RLOAD_F32 load8_F32
 #define RLOAD_F16 load8_F16
 #else

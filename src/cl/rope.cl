@@ -34,13 +34,13 @@
  *           does, and to what the kernel allows.
  *   ORDER   0 or 1, as above (default 0; on NVIDIA 1 where q's token stride is smaller than its
  *           head stride).
+ *   HSPLIT  SHARE with ORDER 1 only (else 1): the head groups of a token block are split over
+ *           HSPLIT work-groups, each computing the block's cos/sin itself, so that the grid fills
+ *           the device. 1 to 64; the launcher picks it (tunable "HSPLIT", 0 = that choice).
  *   HINT    NVIDIA only (LLMCL_NV_PTX), on 16-byte vectors (VEC 8 of bf16 or f16, VEC 4 of f32;
  *           else ignored): bit 0: loads without L1 allocation (ld.global.L1::no_allocate; never
  *           the read-only path, as q and k are written); bit 1: streaming stores (st.global.cs):
  *           0 to 3 (default 0).
- *   CVT     1: bf16 vectors of 8 round with NVIDIA's cvt.rn.bf16x2.f32 (LLMCL_NV_PTX, compute
- *           capability 8.0 or later; the launcher keeps 0 elsewhere), 0: bit arithmetic (default
- *           1 where available).
  *
  * Precision (SRC 1): as in Hugging Face, inv_freq = 1 / theta^(2i / rotary_dim) and the angle
  * pos * inv_freq are f32, so the angle carries an error of about |pos| * 2^-23 rad; cos and sin of
@@ -77,30 +77,18 @@
 #ifndef HINT
 #define HINT 0
 #endif
-#ifndef CVT
-#define CVT 0
+#ifndef HSPLIT
+#define HSPLIT 1
 #endif
 
 /* 16-byte accesses with NVIDIA's cache hints (HINT bits), or plain ones. */
 #if defined(LLMCL_NV_PTX) && (HINT & 1)
-inline uint4 ld16(const __global void *p)
-{
-    uint4 v;
-    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"((ulong)p));
-    return v;
-}
+#define ld16(p) ld16_no_l1(p)
 #else
 #define ld16(p) (*(const __global uint4 *)(p))
 #endif
 #if defined(LLMCL_NV_PTX) && (HINT & 2)
-inline void st16(__global void *p, uint4 v)
-{
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"((ulong)p), "r"(v.x),
-                 "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
-}
+#define st16(p, v) st16_streaming((p), (v))
 #else
 #define st16(p, v) (*(__global uint4 *)(p) = (v))
 #endif
@@ -115,8 +103,6 @@ typedef float floatv;
 #else
 typedef LLMCL_CAT(float, VEC) floatv;
 typedef LLMCL_CAT(ushort, VEC) ushortv;
-typedef LLMCL_CAT(uint, VEC) uintv;
-typedef LLMCL_CAT(int, VEC) intv;
 #define VLOAD(p, i) LLMCL_CAT(vload_, DT)((p), (i))
 #define VSTORE(p, i, v) LLMCL_CAT(vstore_, DT)((p), (i), (v))
 #if TALIGNED
@@ -125,29 +111,8 @@ typedef LLMCL_CAT(int, VEC) intv;
 #define TLOAD(p) LLMCL_CAT(vload, VEC)(0, (p))
 #endif
 
-#if defined(LLMCL_NV_PTX) && CVT && VEC == 8
-/* NVIDIA sm_80+: one instruction rounds two floats to bf16, nearest even (a NaN becomes the
- * canonical NaN), where the bit arithmetic below takes about six per element. */
-inline uint bf16x2(float lo, float hi)
-{
-    uint r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-inline ushortv f32v_to_bf16(floatv f)
-{
-    return as_ushort8((uint4)(bf16x2(f.s0, f.s1), bf16x2(f.s2, f.s3), bf16x2(f.s4, f.s5),
-                              bf16x2(f.s6, f.s7)));
-}
-#else
-inline ushortv f32v_to_bf16(floatv f)
-{
-    const uintv u = LLMCL_CAT(as_uint, VEC)(f);
-    const uintv r = (u + (uintv)0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const intv nan = (u & 0x7fffffffu) > 0x7f800000u;
-    return LLMCL_CAT(convert_ushort, VEC)(select(r, (u >> 16) | 0x0040u, nan));
-}
-#endif
+#define bf16v_to_f32 LLMCL_CAT(LLMCL_CAT(bf16x, VEC), _to_f32)
+#define f32v_to_bf16 LLMCL_CAT(LLMCL_CAT(f32x, VEC), _to_bf16)
 
 inline floatv vload_F32(const __global float *p, long i)
 {
@@ -160,11 +125,10 @@ inline floatv vload_F32(const __global float *p, long i)
 inline floatv vload_BF16(const __global ushort *p, long i)
 {
 #if VEC == 8
-    const ushortv h = as_ushort8(ld16(p + i));
+    return bf16x8_packed_to_f32(ld16(p + i));
 #else
-    const ushortv h = *(const __global ushortv *)(p + i);
+    return bf16v_to_f32(*(const __global ushortv *)(p + i));
 #endif
-    return LLMCL_CAT(as_float, VEC)(LLMCL_CAT(convert_uint, VEC)(h) << 16);
 }
 inline floatv vload_F16(const __global ushort *p, long i)
 {
@@ -181,7 +145,7 @@ inline void vstore_F32(__global float *p, long i, floatv v)
 inline void vstore_BF16(__global ushort *p, long i, floatv v)
 {
 #if VEC == 8
-    st16(p + i, as_uint4(f32v_to_bf16(v)));
+    st16(p + i, f32x8_to_bf16_packed(v));
 #else
     *(__global ushortv *)(p + i) = f32v_to_bf16(v);
 #endif
@@ -332,7 +296,7 @@ inline void rope_angles(float p, int i0, int pairs, float theta, float l3_factor
  *
  * SHARE (computed angles): the group first computes cos/sin of its tokens' pairs once into local
  * memory (lcs, 2 * tpw * pairs floats), then every head group reads them there (ORDER 1: each item
- * loops over the head groups); otherwise each item loads (tables) or computes its chunk's cos/sin
+ * loops over its share of the head groups, 1 / HSPLIT of them); otherwise each item loads (tables) or computes its chunk's cos/sin
  * itself.
  */
 __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, long qst,
@@ -351,9 +315,11 @@ __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, lon
 
 #if SHARE
     __local float *lc = lcs, *ls = lcs + tpw * pairs;
-    for (long blk = get_group_id(0); blk * tpw < n_tokens; blk += get_num_groups(0)) {
+    const long n_tb = (n_tokens + tpw - 1) / tpw; /* token blocks */
+    for (long blk = get_group_id(0); blk < n_tb * HSPLIT; blk += get_num_groups(0)) {
+        const long tb = blk / HSPLIT;
         for (int e = (int)lid; e < tpw * pairs; e += (int)wg) {
-            const long tok = blk * tpw + e / pairs;
+            const long tok = tb * tpw + e / pairs;
             if (tok < n_tokens) {
                 const long b = (uint)tok / (uint)n_tok, t = tok - b * n_tok; /* B * T < 2^31 */
                 const float p = (float)LOAD(POS_DT, pos, p_off + b * psb + t * pst);
@@ -365,7 +331,7 @@ __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, lon
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        const long tok = blk * tpw + sub;
+        const long tok = tb * tpw + sub;
         if ((int)sub < tpw && tok < n_tokens) {
             const long b = (uint)tok / (uint)n_tok, t = tok - b * n_tok; /* B * T < 2^31 */
             for (uint s = s0; s < (uint)slots; s += wg) {
@@ -376,7 +342,9 @@ __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, lon
 #else
                 const int i0 = (int)s * VEC;
                 const floatv c = LLOAD(lc + sub * pairs + i0), sn = LLOAD(ls + sub * pairs + i0);
-                for (int hg = 0; hg * HPT < nh; ++hg)
+                const int n_hg = (nh + HPT - 1) / HPT, per = (n_hg + HSPLIT - 1) / HSPLIT;
+                const int hg0 = (int)(blk - tb * HSPLIT) * per;
+                for (int hg = hg0; hg < min(hg0 + per, n_hg); ++hg)
                     ROPE_HEADS(hg, i0, c, sn);
 #endif
             }

@@ -152,6 +152,8 @@ static char *build_options(const llmcl_ctx *ctx, const llmcl__defines *user)
     llmcl__defines d = user ? *user : (llmcl__defines){0};
     if (ctx->info.has_inline_ptx)
         define_add(&d, "LLMCL_NV_PTX");
+    if (ctx->info.has_inline_ptx && ctx->info.nv_cc_major >= 8)
+        define_add(&d, "LLMCL_NV_BF16_CVT");
     qsort(d.items, (size_t)d.n, sizeof d.items[0], cmp_define);
     const char *extra = llmcl__getenv("LLMCL_BUILD_OPTIONS");
     size_t cap = (size_t)d.n * 100 + 64 + (extra ? strlen(extra) : 0);

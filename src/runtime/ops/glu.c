@@ -8,12 +8,6 @@
 
 #include "../internal.h"
 
-/* Whether bf16 rounding may use cvt.rn.bf16x2.f32 (inline PTX, compute capability 8.0+). */
-static bool bf16_cvt_available(const llmcl_ctx *ctx)
-{
-    return ctx->info.has_inline_ptx && ctx->info.nv_cc_major >= 8;
-}
-
 /* One tensor operand as the kernels see it: buffer, element offset, row stride. */
 typedef struct glu_operand {
     cl_mem mem;
@@ -106,22 +100,17 @@ static llmcl_status glu_launch(llmcl_ctx *ctx, const char *key, const char *knam
     llmcl__param_set(&p, "VEC", dtype == LLMCL_F32 ? 4 : 8);
     llmcl__param_set(&p, "UNROLL", 1);
     llmcl__param_set(&p, "HINT", nv ? 2 : 0);
-    llmcl__param_set(&p, "CVT", bf16_cvt_available(ctx));
     char cls[16];
     llmcl__shape_class(cols, cls);
     llmcl__params_lookup(ctx, key, dtype, cls, &p);
 
     long vec = llmcl__param_get(&p, "VEC", 4);
     const long unroll = llmcl__param_get(&p, "UNROLL", 1), hint = llmcl__param_get(&p, "HINT", 0);
-    const long cvt = llmcl__param_get(&p, "CVT", 0);
     LLMCL__REQUIRE(ctx,
                    (vec == 1 || vec == 2 || vec == 4 || vec == 8) && unroll >= 1 && unroll <= 8 &&
-                       hint >= 0 && hint <= 3 && (cvt == 0 || cvt == 1),
-                   LLMCL_ERROR_INVALID_ARGUMENT,
-                   "%s: tuned VEC %ld, UNROLL %ld, HINT %ld or CVT %ld out of range", key, vec,
-                   unroll, hint, cvt);
-    if (!bf16_cvt_available(ctx))
-        llmcl__param_set(&p, "CVT", 0);
+                       hint >= 0 && hint <= 3,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "%s: tuned VEC %ld, UNROLL %ld or HINT %ld out of range",
+                   key, vec, unroll, hint);
 
     /* Rows that follow each other in every operand make one long row: a flat 1-D launch. */
     bool flat = n_rows > 1;
