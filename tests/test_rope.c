@@ -482,8 +482,7 @@ static void test_table_views(void **state)
 }
 
 /* Non-default tunables (as the tuner forces them): heads per item, vector widths, group sizes
- * smaller than one token's items (the slot loop), both item orders, the cache hints and head
- * groups split over work-groups (computed angles, ORDER 1; 64 is more splits than head groups). */
+ * smaller than one token's items (the slot loop), both item orders and the cache hints. */
 static void test_tunables(void **state)
 {
     (void)state;
@@ -491,9 +490,7 @@ static void test_tunables(void **state)
     const char *params[] = {"HPT=1 VEC=1 WG=32 ORDER=0", "HPT=3 VEC=2 WG=64 ORDER=1 HINT=1",
                             "HPT=8 VEC=8 WG=128 ORDER=0 HINT=3", "HPT=16 VEC=4 WG=1 ORDER=1",
                             "HPT=2 VEC=8 WG=16 ORDER=1 HINT=3",
-                            "HPT=4 VEC=4 WG=256 ORDER=1 HINT=2",
-                            "HPT=1 VEC=8 WG=64 ORDER=1 HSPLIT=3",
-                            "HPT=2 VEC=4 WG=128 ORDER=1 HSPLIT=64"};
+                            "HPT=4 VEC=4 WG=256 ORDER=1 HINT=2"};
     const rope_case cases[] = {
         {2, 5, 3, 7, 32, 32, LLMCL_ROPE_BHTD, LLMCL_ROPE_HALF, SRC_TABLE, 10000.0, NO_L3, 0},
         {2, 5, 3, 7, 64, 48, LLMCL_ROPE_BTHD, LLMCL_ROPE_INTERLEAVED, SRC_POS_I64_BATCH, 10000.0,

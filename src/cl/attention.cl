@@ -176,21 +176,32 @@ inline void attn_query_range(int n0, int nn, int tq, int tk, int wl, int wr, int
 }
 
 /*
+ * Reads of 4 elements at i, a multiple of 4, of a 16-byte aligned tile whose rows are multiples of
+ * 4 elements: whole-vector accesses. (vload4 promises only the element's alignment, and NVIDIA's
+ * compiler then splits it into four scalar reads.)
+ */
+inline float4 lread4_F32(const __local float *p, int i) { return *(const __local float4 *)(p + i); }
+
+/*
  * Operand tiles sit in local memory in their storage format (16-bit storage halves the local
  * memory a tile needs, so larger tiles fit), or in f32 with LF32; LREAD4 reads 4 consecutive
  * elements as f32.
  */
 #if LF32
 typedef float lt_t;
-#define LREAD4(p, i) vload4(0, (p) + (i))
+#define LREAD4(p, i) lread4_F32((p), (i))
 #else
 #define LT_F32 float
 #define LT_BF16 ushort
 #define LT_F16 ushort
 typedef LLMCL_CAT(LT_, IO_DT) lt_t;
 
-inline float4 lread4_F32(const __local float *p, int i) { return vload4(0, p + i); }
-inline float4 lread4_BF16(const __local ushort *p, int i) { return bf16x4_to_f32(vload4(0, p + i)); }
+/* Two packed words, two integer operations per pair: the inner loops convert every operand read. */
+inline float4 lread4_BF16(const __local ushort *p, int i)
+{
+    const uint2 w = *(const __local uint2 *)(p + i);
+    return as_float4((uint4)(w.x << 16, w.x & 0xffff0000u, w.y << 16, w.y & 0xffff0000u));
+}
 inline float4 lread4_F16(const __local ushort *p, int i)
 {
     return vload_half4(0, (const __local half *)(p + i));
@@ -199,7 +210,7 @@ inline float4 lread4_F16(const __local ushort *p, int i)
 #endif
 
 /* Operand tiles and transposed score tiles: 16-byte aligned for the vector reads. */
-#define LOCAL_TILE(type, name, n) __local type name[n]
+#define LOCAL_TILE(type, name, n) __local type name[n] __attribute__((aligned(16)))
 
 /* nrows x D rows of src (row stride rs, zeros past valid) into dst with padded rows. */
 inline void attn_load_tile(__local lt_t *dst, const __global io_t *src, long base, long rs,
@@ -216,16 +227,23 @@ inline void attn_load_tile(__local lt_t *dst, const __global io_t *src, long bas
         if (r < valid)
             x = vload4(0, src + base + (long)r * rs + c);
 #endif
-        vstore4(x, 0, dst + r * DP + c);
+#if LF32
+        *(__local float4 *)(dst + r * DP + c) = x;
+#else
+        *(__local io4_t *)(dst + r * DP + c) = x;
+#endif
     }
 }
 
-/* n (TM or TN) consecutive floats of a transposed score tile into x, 4 wide where n allows. */
-inline void attn_read_col(float *x, const __local float *p, int n)
+/*
+ * n (TM or TN) consecutive floats of a transposed score tile into x; 4 wide where n and the tile's
+ * row pitch are multiples of 4 (then p is 16-byte aligned).
+ */
+inline void attn_read_col(float *x, const __local float *p, int n, int pitch)
 {
-    if (n % 4 == 0) {
+    if (n % 4 == 0 && pitch % 4 == 0) {
         for (int u = 0; u < n; u += 4) {
-            const float4 y = vload4(0, p + u);
+            const float4 y = lread4_F32(p, u);
             x[u] = y.x;
             x[u + 1] = y.y;
             x[u + 2] = y.z;
@@ -404,7 +422,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
         for (int j = 0; j < BLOCK_N; ++j) {
             float pa[TM];
             float4 vc[DT4];
-            attn_read_col(pa, pst + j * PM + ty * TM, TM);
+            attn_read_col(pa, pst + j * PM + ty * TM, TM, PM);
 #pragma unroll
             for (int e = 0; e < DT4; ++e)
                 vc[e] = LREAD4(vs, j * DP + 4 * (tx + e * CT));
@@ -574,7 +592,7 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
         for (int j = 0; j < BLOCK_N; ++j) {
             float sa[TM];
             float4 kc[DT4];
-            attn_read_col(sa, dsst + j * PM + ty * TM, TM);
+            attn_read_col(sa, dsst + j * PM + ty * TM, TM, PM);
 #pragma unroll
             for (int e = 0; e < DT4; ++e)
                 kc[e] = LREAD4(ks, j * DP + 4 * (tx + e * CT));
@@ -708,8 +726,8 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
             for (int i = 0; i < BLOCK_M; ++i) {
                 float pr[TN], sr[TN];
                 float4 gc[DT4_KV], qc[DT4_KV];
-                attn_read_col(pr, pst + i * PN + ty * TN, TN);
-                attn_read_col(sr, dsst + i * PN + ty * TN, TN);
+                attn_read_col(pr, pst + i * PN + ty * TN, TN, PN);
+                attn_read_col(sr, dsst + i * PN + ty * TN, TN, PN);
 #pragma unroll
                 for (int e = 0; e < DT4_KV; ++e) {
                     gc[e] = LREAD4(dos, i * DP + 4 * (tx + e * CT_KV));

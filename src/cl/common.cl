@@ -53,8 +53,7 @@ inline ushort4 f32x4_to_bf16(float4 f)
  */
 inline float8 bf16x8_packed_to_f32(uint4 r)
 {
-    const uint4 lo = r << 16, hi = r & 0xffff0000u;
-    return as_float8((uint8)(lo.x, hi.x, lo.y, hi.y, lo.z, hi.z, lo.w, hi.w));
+    return as_float8(convert_uint8(as_ushort8(r)) << 16);
 }
 
 #ifdef LLMCL_NV_BF16_CVT

@@ -34,9 +34,6 @@
  *           does, and to what the kernel allows.
  *   ORDER   0 or 1, as above (default 0; on NVIDIA 1 where q's token stride is smaller than its
  *           head stride).
- *   HSPLIT  SHARE with ORDER 1 only (else 1): the head groups of a token block are split over
- *           HSPLIT work-groups, each computing the block's cos/sin itself, so that the grid fills
- *           the device. 1 to 64; the launcher picks it (tunable "HSPLIT", 0 = that choice).
  *   HINT    NVIDIA only (LLMCL_NV_PTX), on 16-byte vectors (VEC 8 of bf16 or f16, VEC 4 of f32;
  *           else ignored): bit 0: loads without L1 allocation (ld.global.L1::no_allocate; never
  *           the read-only path, as q and k are written); bit 1: streaming stores (st.global.cs):
@@ -76,9 +73,6 @@
 #endif
 #ifndef HINT
 #define HINT 0
-#endif
-#ifndef HSPLIT
-#define HSPLIT 1
 #endif
 
 /* 16-byte accesses with NVIDIA's cache hints (HINT bits), or plain ones. */
@@ -296,7 +290,7 @@ inline void rope_angles(float p, int i0, int pairs, float theta, float l3_factor
  *
  * SHARE (computed angles): the group first computes cos/sin of its tokens' pairs once into local
  * memory (lcs, 2 * tpw * pairs floats), then every head group reads them there (ORDER 1: each item
- * loops over its share of the head groups, 1 / HSPLIT of them); otherwise each item loads (tables) or computes its chunk's cos/sin
+ * loops over the head groups); otherwise each item loads (tables) or computes its chunk's cos/sin
  * itself.
  */
 __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, long qst,
@@ -315,11 +309,9 @@ __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, lon
 
 #if SHARE
     __local float *lc = lcs, *ls = lcs + tpw * pairs;
-    const long n_tb = (n_tokens + tpw - 1) / tpw; /* token blocks */
-    for (long blk = get_group_id(0); blk < n_tb * HSPLIT; blk += get_num_groups(0)) {
-        const long tb = blk / HSPLIT;
+    for (long blk = get_group_id(0); blk * tpw < n_tokens; blk += get_num_groups(0)) {
         for (int e = (int)lid; e < tpw * pairs; e += (int)wg) {
-            const long tok = tb * tpw + e / pairs;
+            const long tok = blk * tpw + e / pairs;
             if (tok < n_tokens) {
                 const long b = (uint)tok / (uint)n_tok, t = tok - b * n_tok; /* B * T < 2^31 */
                 const float p = (float)LOAD(POS_DT, pos, p_off + b * psb + t * pst);
@@ -331,7 +323,7 @@ __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, lon
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        const long tok = tb * tpw + sub;
+        const long tok = blk * tpw + sub;
         if ((int)sub < tpw && tok < n_tokens) {
             const long b = (uint)tok / (uint)n_tok, t = tok - b * n_tok; /* B * T < 2^31 */
             for (uint s = s0; s < (uint)slots; s += wg) {
@@ -342,9 +334,7 @@ __kernel void rope(__global STORAGE(DT) *q, ulong q_off, long qsb, long qsh, lon
 #else
                 const int i0 = (int)s * VEC;
                 const floatv c = LLOAD(lc + sub * pairs + i0), sn = LLOAD(ls + sub * pairs + i0);
-                const int n_hg = (nh + HPT - 1) / HPT, per = (n_hg + HSPLIT - 1) / HSPLIT;
-                const int hg0 = (int)(blk - tb * HSPLIT) * per;
-                for (int hg = hg0; hg < min(hg0 + per, n_hg); ++hg)
+                for (int hg = 0; hg * HPT < nh; ++hg)
                     ROPE_HEADS(hg, i0, c, sn);
 #endif
             }

@@ -53,7 +53,6 @@ static llmcl_status run_mul(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_c
 /* ---- rope.cl: in place on q [B, HQ, T, D] and k [B, HK, T, D]; size key (D / 2) * (HQ + HK) ---- */
 
 #define ROPE_PARAMS "WG=64,128,256,512,1024 VEC=4,8 HPT=1,2,4,8 ORDER=0,1 HINT=0,1,2,3"
-#define ROPE_POS_PARAMS ROPE_PARAMS " HSPLIT=0,1,2,4,8,16"
 #define ROPE_SHAPES "B=4,HQ=32,HK=8,T=2048,D=128,P=64;B=1,HQ=32,HK=8,T=4096,D=64,P=32"
 #define ROPE_SMALL "B=1,HQ=8,HK=2,T=256,D=128,P=64"
 
@@ -381,7 +380,7 @@ const tune_kernel tune_kernels[] = {
                  {"cos", TUNE_IN, "T,P", TUNE_DT(LLMCL_F32), TUNE_INIT_NEAR_ONE},
                  {"sin", TUNE_IN, "T,P", TUNE_DT(LLMCL_F32), TUNE_INIT_NEAR_ONE}},
      .run = run_rope},
-    {.key = "rope_pos", .family = "rope", .params = ROPE_POS_PARAMS, .dtypes = BF16,
+    {.key = "rope_pos", .family = "rope", .params = ROPE_PARAMS, .dtypes = BF16,
      .size_key_fn = rope_size_key, .shapes = ROPE_SHAPES, .small_shapes = ROPE_SMALL,
      .tensors = {{"q", TUNE_INOUT, "B,HQ,T,D"}, {"k", TUNE_INOUT, "B,HK,T,D"},
                  {"pos", TUNE_IN, "T", TUNE_DT(LLMCL_I32), TUNE_INIT_INDEX, "T"}},

@@ -277,26 +277,6 @@ static int64_t rope_tokens_per_group(const llmcl_ctx *ctx, int64_t wg, int64_t s
     return tpw;
 }
 
-/*
- * Work-groups sharing one token block's head groups (ORDER 1 with shared angles; else 1). A tuned
- * value is kept (up to the head groups); 0 picks enough groups to fill the device once, counting
- * 2048 work-items per compute unit: at 8192 tokens in blocks of 16, one group per block would
- * leave three quarters of an H100 idle. Each split computes the block's angles again, so more
- * than needed costs compute.
- */
-static int64_t rope_head_splits(const llmcl_ctx *ctx, int64_t tuned, bool split,
-                                int64_t head_groups, int64_t local, int64_t blocks)
-{
-    if (!split)
-        return 1;
-    int64_t h = tuned;
-    if (h <= 0) {
-        const int64_t cus = ctx->info.compute_units ? ctx->info.compute_units : 1;
-        h = llmcl__div_up(cus * (2048 / (local > 0 ? local : 1)), blocks);
-    }
-    return h < 1 ? 1 : h > head_groups ? head_groups : h;
-}
-
 static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, const char *qn,
                              llmcl_tensor *k, const char *kn, const llmcl_rope_options *opt,
                              float sign)
@@ -315,32 +295,30 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
 
     const llmcl_dtype dt = q->dtype;
     llmcl__params p = {0};
-    /* NVIDIA (measured on an H100, docs/PERFORMANCE.md): [B, H, T, D] in token order (ORDER 1),
-     * one head per item in groups of 128, plain accesses: 2.6 TB/s where four heads per item in
-     * head order moved 1.9. Computed angles are then shared by a group's tokens, each item looping
-     * over the heads. Elsewhere the earlier defaults: four heads per item, head order. */
+    /* NVIDIA (measured on an H100, docs/PERFORMANCE.md): with tables, [B, H, T, D] in token order
+     * (ORDER 1), one head per item in groups of 128, plain accesses: 2.6 TB/s where four heads per
+     * item in head order moved 1.9. With computed angles, head order and two heads per item in
+     * groups of 256, a group's token angles computed once into local memory: 2.56 TB/s where token
+     * order moved 2.2. Elsewhere four heads per item, head order. */
     const bool nv = ctx->info.vendor_id == LLMCL_VENDOR_NVIDIA;
-    const bool bhtd = c.vq.n[RT] > 1 && c.vq.s[RT] < c.vq.s[RH];
-    llmcl__param_set(&p, "WG", nv && bhtd ? 128 : 256);
+    const bool nv_order1 = nv && c.tables && c.vq.n[RT] > 1 && c.vq.s[RT] < c.vq.s[RH];
+    llmcl__param_set(&p, "WG", nv_order1 ? 128 : 256);
     llmcl__param_set(&p, "VEC", dt == LLMCL_F32 ? 4 : 8);
-    llmcl__param_set(&p, "HPT", nv ? 1 : 4);
-    llmcl__param_set(&p, "ORDER", nv && bhtd);
+    llmcl__param_set(&p, "HPT", !nv ? 4 : c.tables ? 1 : 2);
+    llmcl__param_set(&p, "ORDER", nv_order1);
     llmcl__param_set(&p, "HINT", 0);
-    llmcl__param_set(&p, "HSPLIT", 0);
     char cls[16];
     llmcl__shape_class(c.pairs * heads, cls);
     llmcl__params_lookup(ctx, c.tables ? "rope" : "rope_pos", dt, cls, &p);
 
     long vec = llmcl__param_get(&p, "VEC", 4), hpt = llmcl__param_get(&p, "HPT", 4);
     const long order = llmcl__param_get(&p, "ORDER", 0), hint = llmcl__param_get(&p, "HINT", 0);
-    const long hsplit_tuned = llmcl__param_get(&p, "HSPLIT", 0);
     LLMCL__REQUIRE(ctx,
                    (vec == 1 || vec == 2 || vec == 4 || vec == 8) && hpt >= 1 && hpt <= 16 &&
-                       (order == 0 || order == 1) && hint >= 0 && hint <= 3 &&
-                       hsplit_tuned >= 0 && hsplit_tuned <= 64,
+                       (order == 0 || order == 1) && hint >= 0 && hint <= 3,
                    LLMCL_ERROR_INVALID_ARGUMENT,
-                   "%s: tuned VEC %ld, HPT %ld, ORDER %ld, HINT %ld or HSPLIT %ld out of range", fn,
-                   vec, hpt, order, hint, hsplit_tuned);
+                   "%s: tuned VEC %ld, HPT %ld, ORDER %ld or HINT %ld out of range", fn, vec, hpt,
+                   order, hint);
     while (vec > 1 &&
            (c.pairs % vec || !rope_aligned(q, &c.vq, vec) || !rope_aligned(k, &c.vk, vec)))
         vec /= 2;
@@ -373,9 +351,6 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     const uint64_t share_bytes = 2 * sizeof(float) * (uint64_t)(tpw * c.pairs);
     const bool share = !c.tables && share_bytes <= ctx->info.local_mem_bytes / 2;
     llmcl__define_int(&d, "SHARE", share);
-    const int64_t hsplit = rope_head_splits(ctx, hsplit_tuned, order && share, head_groups,
-                                            tpw * slots, llmcl__div_up(n_tokens, tpw));
-    llmcl__param_set(&p, "HSPLIT", hsplit);
     llmcl__params_define(&p, &d);
     cl_kernel kernel;
     LLMCL__TRY(llmcl__kernel(ctx, "rope", &d, "rope", &kernel));
@@ -392,7 +367,7 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     if (tpw * slots > (int64_t)wg)
         tpg = rope_tokens_per_group(ctx, (int64_t)wg, slots, n_tokens);
     const size_t local = tpg > 1 || slots <= (int64_t)wg ? (size_t)(tpg * slots) : wg;
-    int64_t groups = llmcl__div_up(n_tokens, tpg) * (order && !share ? head_groups : hsplit);
+    int64_t groups = llmcl__div_up(n_tokens, tpg) * (order && !share ? head_groups : 1);
     const int64_t max_groups =
         (int64_t)(ctx->info.compute_units ? ctx->info.compute_units : 1) * 2048;
     if (groups > max_groups)
