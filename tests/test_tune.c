@@ -569,6 +569,21 @@ static void entry_params_text(json_t *e, char *buf, size_t len)
                                  (long long)json_integer_value(json_object_get(params, names[i])));
 }
 
+/* --space: named parameters take the given values, the rest keep the table's, and malformed text
+ * or too small an output is refused. */
+static void test_restrict_space(void **state)
+{
+    (void)state;
+    char out[128];
+    assert_int_equal(tune_restrict_space("WG=64,128 TM=1,2,4 TN=1", "TM=8,4 XX=3", out, sizeof out),
+                     1);
+    assert_string_equal(out, "WG=64,128 TM=8,4 TN=1");
+    assert_int_equal(tune_restrict_space("WG=64", "XX=3 WG=32", out, sizeof out), 2);
+    assert_string_equal(out, "WG=32");
+    assert_int_equal(tune_restrict_space("WG=64", "WG=", out, sizeof out), -1);
+    assert_int_equal(tune_restrict_space("WG=64", "WG=1,2", out, 4), -1);
+}
+
 static void test_tool_end_to_end(void **state)
 {
     (void)state;
@@ -676,7 +691,7 @@ int main(void)
         cmocka_unit_test(test_env_and_cache_dir),
         cmocka_unit_test(test_override_reaches_launch),
         cmocka_unit_test(test_tuner_rejects_planted),
-        cmocka_unit_test(test_tool_end_to_end),
+        cmocka_unit_test(test_restrict_space), cmocka_unit_test(test_tool_end_to_end),
     };
     int rc = TH_RUN(tests);
     char cmd[128];

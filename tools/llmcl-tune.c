@@ -19,6 +19,8 @@ typedef struct plan_case {
     const tune_kernel *k;
     llmcl_dtype dtype;
     char shape[96];
+    tune_kernel restricted; /* k with --space applied; k points here then */
+    char space[TUNE_TEXT * 2];
 } plan_case;
 
 typedef struct progress {
@@ -53,6 +55,8 @@ static void usage(FILE *f)
         "  --quick             bounded search for CI: one shape and dtype, 12 candidates, 5 reps\n"
         "  --max-time SECONDS  stop the whole run after this long (cases share the time)\n"
         "  --max-candidates N  candidates per case (a fixed sample; 0: all)\n"
+        "  --space SPEC        search only these values, e.g. \"TM=4,8 TN=2,4\"; parameters\n"
+        "                      it does not name keep the kernel's list (see --list)\n"
         "  --reps N            timed runs per candidate (median kept)\n"
         "  --warmup N          untimed runs first\n"
         "  --output FILE       write the tuning file (temporary file, then rename)\n"
@@ -155,7 +159,7 @@ static int plan(const llmcl_device_info *info, char **filters, int n_filters, un
                 continue;
             for (const char *s = shapes; *s && n < MAX_CASES;) {
                 size_t len = strcspn(s, ";");
-                out[n] = (plan_case){k, (llmcl_dtype)d, ""};
+                out[n] = (plan_case){.k = k, .dtype = (llmcl_dtype)d};
                 snprintf(out[n].shape, sizeof out[n].shape, "%.*s", (int)len, s);
                 ++n;
                 if (quick)
@@ -165,6 +169,34 @@ static int plan(const llmcl_device_info *info, char **filters, int n_filters, un
         }
     }
     return n;
+}
+
+/* Applies --space to every case; false (with a message) when it is malformed or names a
+ * parameter that no selected kernel has. */
+static bool restrict_cases(plan_case *cases, int n, const char *space)
+{
+    int used = 0;
+    for (int i = 0; i < n; ++i) {
+        plan_case *c = &cases[i];
+        const int u = tune_restrict_space(c->k->params, space, c->space, sizeof c->space);
+        if (u < 0) {
+            fprintf(stderr, "llmcl-tune: bad --space \"%s\" (NAME=V1,V2 ...)\n", space);
+            return false;
+        }
+        used |= u;
+        c->restricted = *c->k;
+        c->restricted.params = c->space;
+        c->k = &c->restricted;
+    }
+    int named = 0;
+    for (const char *p = space; *p; ++p)
+        named += *p == '=';
+    if (n > 0 && used != (1 << named) - 1) {
+        fprintf(stderr, "llmcl-tune: --space \"%s\" names a parameter no selected kernel has\n",
+                space);
+        return false;
+    }
+    return true;
 }
 
 static void print_table(const tune_result *res, int n)
@@ -198,7 +230,7 @@ int main(int argc, char **argv)
 {
     char *filters[MAX_FILTERS];
     int n_filters = 0, max_cand = -1, reps = -1, warmup = -1;
-    const char *shape = NULL, *output = NULL;
+    const char *shape = NULL, *output = NULL, *space = NULL;
     unsigned dtype_mask = 0;
     bool quick = false, merge = false, for_platform = false;
     double max_time = 0;
@@ -235,6 +267,8 @@ int main(int argc, char **argv)
             }
         } else if (strcmp(a, "--max-time") == 0)
             max_time = atof(v);
+        else if (strcmp(a, "--space") == 0)
+            space = v;
         else if (strcmp(a, "--max-candidates") == 0)
             max_cand = atoi(v);
         else if (strcmp(a, "--reps") == 0)
@@ -282,6 +316,10 @@ int main(int argc, char **argv)
     static plan_case cases[MAX_CASES];
     static tune_result results[MAX_CASES];
     int n = plan(info, filters, n_filters, dtype_mask, shape, quick, cases);
+    if (space && !restrict_cases(cases, n, space)) {
+        llmcl_ctx_destroy(ctx);
+        return 2;
+    }
     progress p = {.tty = isatty(2), .start = now_s(), .n_cases = n};
     p.deadline = max_time > 0 ? p.start + max_time : 0;
     for (int i = 0; i < n; ++i) {

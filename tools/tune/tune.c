@@ -70,6 +70,28 @@ static bool parse_space(const char *text, space *s)
     return s->n > 0;
 }
 
+int tune_restrict_space(const char *table, const char *restrict_to, char *out, size_t n)
+{
+    space t, r;
+    if (!parse_space(table, &t) || !parse_space(restrict_to, &r))
+        return -1;
+    int used = 0;
+    for (int i = 0; i < r.n; ++i)
+        for (int j = 0; j < t.n; ++j)
+            if (strcmp(r.names[i], t.names[j]) == 0) {
+                t.counts[j] = r.counts[i];
+                memcpy(t.values[j], r.values[i], sizeof t.values[j]);
+                used |= 1 << i;
+            }
+    size_t len = 0;
+    for (int j = 0; j < t.n && len < n; ++j) {
+        len += (size_t)snprintf(out + len, n - len, "%s%s=", j ? " " : "", t.names[j]);
+        for (int v = 0; v < t.counts[j] && len < n; ++v)
+            len += (size_t)snprintf(out + len, n - len, "%s%ld", v ? "," : "", t.values[j][v]);
+    }
+    return len < n ? used : -1;
+}
+
 long tune_space_size(const tune_kernel *k)
 {
     space s;

@@ -127,6 +127,13 @@ typedef struct tune_result {
     char error[512];
 } tune_result;
 
+/*
+ * table's space with the parameters that restrict_to names ("NAME=V1,V2 ...") taking its values
+ * instead, written to out. Returns a mask of the names the table has (bit i: the i-th name of
+ * restrict_to), or -1 when either text is malformed or out is too small.
+ */
+int tune_restrict_space(const char *table, const char *restrict_to, char *out, size_t n);
+
 /* Default options (full or quick) for a device. */
 tune_options tune_default_options(const llmcl_device_info *info, bool quick);
 
