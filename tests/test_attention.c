@@ -288,6 +288,46 @@ static void test_head_dims(void **state)
 }
 
 /*
+ * Non-default tiles as the tuner forces them, each against the double reference: f32 Q-side tiles
+ * with K and V as stored (LF32 2) and 8 x 4 register tiles, all operands f32 with separate K and V
+ * buffers (LF32 1, KV_SEP 1), and NVIDIA's defaults. Every set fits 32 KiB of local memory at D 64.
+ */
+static void test_tunables(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    static const char *const sets[][3] = {
+        {"BLOCK_M=32 BLOCK_N=64 TM=8 TN=4 LF32=2 UNROLL=2", "BLOCK_M=32 BLOCK_N=32 TM=4 TN=4 LF32=2",
+         "BLOCK_M=32 BLOCK_N=16 TM=4 TN=4 LF32=2"},
+        {"BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 LF32=1 KV_SEP=1", "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 LF32=1",
+         "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 LF32=1 UNROLL=2"},
+        {"BLOCK_M=64 BLOCK_N=32 TM=8 TN=2 UNROLL=4", "BLOCK_M=32 BLOCK_N=32 TM=4 TN=4",
+         "BLOCK_M=32 BLOCK_N=32 TM=4 TN=4 UNROLL=2"}};
+    static const char *const keys[3] = {"attention_fwd", "attention_bwd_dq", "attention_bwd_dkdv"};
+    const llmcl_dtype dts[2] = {LLMCL_BF16, LLMCL_F32};
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; ++i)
+        for (int d = 0; d < 2; ++d) {
+            for (int k = 0; k < 3; ++k)
+                TH_OK(llmcl_tune_override(ctx, keys[k], dts[d], "*", sets[i][k]));
+            check_case(causal(dense(dts[d], 1, 4, 2, 64, 77, 77)), 70 + i);
+            check_case(dense(dts[d], 2, 2, 1, 64, 33, 50), 80 + i);
+            for (int k = 0; k < 3; ++k) { /* the launches used the set */
+                char used[256];
+                int launched = 0;
+                TH_OK(llmcl_tune_params_get(ctx, keys[k], dts[d], "p6", used, sizeof used,
+                                            &launched));
+                assert_int_equal(launched, 1);
+                char want[128];
+                snprintf(want, sizeof want, "%s", sets[i][k]);
+                for (char *tok = strtok(want, " "); tok; tok = strtok(NULL, " "))
+                    if (strstr(used, tok) == NULL)
+                        fail_msg("%s launched with %s, not %s", keys[k], used, sets[i][k]);
+            }
+            TH_OK(llmcl_tune_override(ctx, NULL, dts[d], NULL, NULL));
+        }
+}
+
+/*
  * A tuning file's tiles for D = 128 (class p7) reach D = 32 as the nearest tuned class, but 16
  * work-item columns do not fit D = 32: the launcher keeps its defaults. The same tiles as an
  * explicit override are refused, so that the tuner never times a substitute.
@@ -568,7 +608,7 @@ int main(void)
         cmocka_unit_test(test_16bit),        cmocka_unit_test(test_varlen),
         cmocka_unit_test(test_determinism),  cmocka_unit_test(test_extra_memory),
         cmocka_unit_test(test_bad_inputs),   cmocka_unit_test(test_bad_varlen),
-        cmocka_unit_test(test_tuned_tiles_for_other_head_dim),
+        cmocka_unit_test(test_tunables), cmocka_unit_test(test_tuned_tiles_for_other_head_dim),
     };
     return TH_RUN(tests);
 }

@@ -42,7 +42,8 @@
  *             (BLOCK_M / TM) * (BLOCK_N / TN).
  *   LF32      1: operand tiles are converted to f32 once, when staged into local memory (no
  *             conversion in the inner loops; 4-byte elements); 0: they stay in the storage format
- *             (half the local memory with 16-byte storage, larger tiles fit). Default 0.
+ *             (half the local memory with 16-byte storage, larger tiles fit); 2: the Q side (Q,
+ *             dO) in f32, the K side (K, V) as stored. Default 0.
  *   KV_SEP    attn_fwd only. 1: K and V tiles get separate local buffers and load together (one
  *             global-load wait per tile, one barrier fewer); 0: they share one. Default 0.
  *   UNROLL    unroll factor of the register-tile products' loops over d and over a tile's keys or
@@ -53,10 +54,11 @@
  *   VARLEN    defined: packed sequences through cu_q / cu_k.
  *   ATTN_ONLY 1 attn_fwd, 2 attn_bwd_pre, 3 attn_bwd_dq, 4 attn_bwd_dkdv: build only that kernel
  *             (a kernel's local arrays are sized by the tiles of the one launched); unset: all.
- * Local memory: operand tiles of (D+4)-element rows (E bytes an element: 4 with LF32, else the
- * storage's) and f32 score tiles. attn_fwd (BLOCK_M + (1 + KV_SEP) BLOCK_N)(D+4) E + 4 BLOCK_N (BLOCK_M + 4)
- * + 4 BLOCK_M BLOCK_N / TN; attn_bwd_dq 2 (BLOCK_M + BLOCK_N)(D+4) E + 4 BLOCK_N (BLOCK_M + 4);
- * attn_bwd_dkdv 2 (BLOCK_M + BLOCK_N)(D+4) E + 4 (2 BLOCK_M (BLOCK_N + 4) + 2 BLOCK_M).
+ * Local memory: operand tiles of (D+4)-element rows (EQ bytes an element on the Q side, EK on the
+ * K side: 4 where LF32 makes them f32, else the storage's) and f32 score tiles. attn_fwd
+ * (BLOCK_M EQ + (1 + KV_SEP) BLOCK_N EK)(D+4) + 4 BLOCK_N (BLOCK_M + 4) + 4 BLOCK_M BLOCK_N / TN;
+ * attn_bwd_dq 2 (BLOCK_M EQ + BLOCK_N EK)(D+4) + 4 BLOCK_N (BLOCK_M + 4); attn_bwd_dkdv
+ * 2 (BLOCK_M EQ + BLOCK_N EK)(D+4) + 4 (2 BLOCK_M (BLOCK_N + 4) + 2 BLOCK_M).
  */
 
 #ifndef D
@@ -184,17 +186,14 @@ inline float4 lread4_F32(const __local float *p, int i) { return *(const __local
 
 /*
  * Operand tiles sit in local memory in their storage format (16-bit storage halves the local
- * memory a tile needs, so larger tiles fit), or in f32 with LF32; LREAD4 reads 4 consecutive
- * elements as f32.
+ * memory a tile needs, so larger tiles fit), or in f32 (converted once, when staged): the Q side
+ * (Q, dO) with LF32 >= 1, the K side (K, V) with LF32 == 1. LREADQ4 and LREADK4 read 4 consecutive
+ * elements of a tile of that side as f32; attn_load_q and attn_load_k stage tiles.
  */
-#if LF32
-typedef float lt_t;
-#define LREAD4(p, i) lread4_F32((p), (i))
-#else
 #define LT_F32 float
 #define LT_BF16 ushort
 #define LT_F16 ushort
-typedef LLMCL_CAT(LT_, IO_DT) lt_t;
+typedef LLMCL_CAT(LT_, IO_DT) lraw_t;
 
 /* Two packed words, two integer operations per pair: the inner loops convert every operand read. */
 inline float4 lread4_BF16(const __local ushort *p, int i)
@@ -206,34 +205,53 @@ inline float4 lread4_F16(const __local ushort *p, int i)
 {
     return vload_half4(0, (const __local half *)(p + i));
 }
-#define LREAD4(p, i) LLMCL_CAT(lread4_, IO_DT)((p), (i))
-#endif
 
 /* Operand tiles and transposed score tiles: 16-byte aligned for the vector reads. */
 #define LOCAL_TILE(type, name, n) __local type name[n] __attribute__((aligned(16)))
 
-/* nrows x D rows of src (row stride rs, zeros past valid) into dst with padded rows. */
-inline void attn_load_tile(__local lt_t *dst, const __global io_t *src, long base, long rs,
-                           int valid, int nrows, int lid, int nthreads)
+/* nrows x D rows of src (row stride rs, zeros past valid) into dst with padded rows: as f32, or
+ * as stored. */
+inline void attn_load_tile_f32(__local float *dst, const __global io_t *src, long base, long rs,
+                               int valid, int nrows, int lid, int nthreads)
 {
     for (int idx = lid; idx < nrows * (D / 4); idx += nthreads) {
         const int r = idx / (D / 4), c = (idx - r * (D / 4)) * 4;
-#if LF32
         float4 x = 0.0f;
         if (r < valid)
             x = LOAD4(IO_DT, src, base + (long)r * rs + c);
-#else
+        *(__local float4 *)(dst + r * DP + c) = x;
+    }
+}
+inline void attn_load_tile_raw(__local lraw_t *dst, const __global io_t *src, long base, long rs,
+                               int valid, int nrows, int lid, int nthreads)
+{
+    for (int idx = lid; idx < nrows * (D / 4); idx += nthreads) {
+        const int r = idx / (D / 4), c = (idx - r * (D / 4)) * 4;
         io4_t x = 0; /* zero bits are 0.0 in every storage format */
         if (r < valid)
             x = vload4(0, src + base + (long)r * rs + c);
-#endif
-#if LF32
-        *(__local float4 *)(dst + r * DP + c) = x;
-#else
         *(__local io4_t *)(dst + r * DP + c) = x;
-#endif
     }
 }
+
+#if LF32 >= 1
+typedef float lq_t;
+#define LREADQ4(p, i) lread4_F32((p), (i))
+#define attn_load_q attn_load_tile_f32
+#else
+typedef lraw_t lq_t;
+#define LREADQ4(p, i) LLMCL_CAT(lread4_, IO_DT)((p), (i))
+#define attn_load_q attn_load_tile_raw
+#endif
+#if LF32 == 1
+typedef float lk_t;
+#define LREADK4(p, i) lread4_F32((p), (i))
+#define attn_load_k attn_load_tile_f32
+#else
+typedef lraw_t lk_t;
+#define LREADK4(p, i) LLMCL_CAT(lread4_, IO_DT)((p), (i))
+#define attn_load_k attn_load_tile_raw
+#endif
 
 /*
  * n (TM or TN) consecutive floats of a transposed score tile into x; 4 wide where n and the tile's
@@ -296,12 +314,12 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
          long sq_t, long sk_b, long sk_h, long sk_t, long sv_b, long sv_h, long sv_t, long so_b,
          long so_h, long so_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
 {
-    LOCAL_TILE(lt_t, qs, BLOCK_M * DP);
+    LOCAL_TILE(lq_t, qs, BLOCK_M * DP);
 #if KV_SEP
-    LOCAL_TILE(lt_t, kvs, BLOCK_N * DP); /* K of the current tile */
-    LOCAL_TILE(lt_t, vs, BLOCK_N * DP);  /* V of the current tile */
+    LOCAL_TILE(lk_t, kvs, BLOCK_N * DP); /* K of the current tile */
+    LOCAL_TILE(lk_t, vs, BLOCK_N * DP);  /* V of the current tile */
 #else
-    LOCAL_TILE(lt_t, kvs, BLOCK_N * DP); /* K, then V, of the current tile */
+    LOCAL_TILE(lk_t, kvs, BLOCK_N * DP); /* K, then V, of the current tile */
 #define vs kvs
 #endif
     LOCAL_TILE(float, pst, BLOCK_N * PM); /* P^T */
@@ -318,7 +336,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
     const long qb = q_off + b * sq_b + h * sq_h + (sq.q0 + m0) * sq_t;
     const long kb = k_off + b * sk_b + hk * sk_h + sq.k0 * sk_t;
     const long vb = v_off + b * sv_b + hk * sv_h + sq.k0 * sv_t;
-    attn_load_tile(qs, q, qb, sq_t, sq.tq - m0, BLOCK_M, lid, RT * CT);
+    attn_load_q(qs, q, qb, sq_t, sq.tq - m0, BLOCK_M, lid, RT * CT);
 
     float4 acc[TM][DT4];
     float m[TM], l[TM];
@@ -335,9 +353,9 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
     attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
     for (int n0 = n_lo; n0 < n_hi; n0 += BLOCK_N) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        attn_load_tile(kvs, k, kb + n0 * sk_t, sk_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
+        attn_load_k(kvs, k, kb + n0 * sk_t, sk_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
 #if KV_SEP
-        attn_load_tile(vs, v, vb + n0 * sv_t, sv_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
+        attn_load_k(vs, v, vb + n0 * sv_t, sv_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
 
@@ -351,10 +369,10 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
             float4 qa[TM], kc[TN];
 #pragma unroll
             for (int a = 0; a < TM; ++a)
-                qa[a] = LREAD4(qs, (ty + a * RT) * DP + d);
+                qa[a] = LREADQ4(qs, (ty + a * RT) * DP + d);
 #pragma unroll
             for (int c = 0; c < TN; ++c)
-                kc[c] = LREAD4(kvs, (tx + c * CT) * DP + d);
+                kc[c] = LREADK4(kvs, (tx + c * CT) * DP + d);
 #pragma unroll
             for (int a = 0; a < TM; ++a)
                 for (int c = 0; c < TN; ++c) {
@@ -414,7 +432,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
 #if ATTN_SHFL
         barrier(CLK_LOCAL_MEM_FENCE); /* every work-item is done with K */
 #endif
-        attn_load_tile(kvs, v, vb + n0 * sv_t, sv_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
+        attn_load_k(kvs, v, vb + n0 * sv_t, sv_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
 
@@ -425,7 +443,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
             attn_read_col(pa, pst + j * PM + ty * TM, TM, PM);
 #pragma unroll
             for (int e = 0; e < DT4; ++e)
-                vc[e] = LREAD4(vs, j * DP + 4 * (tx + e * CT));
+                vc[e] = LREADK4(vs, j * DP + 4 * (tx + e * CT));
 #pragma unroll
             for (int a = 0; a < TM; ++a)
                 for (int e = 0; e < DT4; ++e)
@@ -495,10 +513,10 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
             long sv_b, long sv_h, long sv_t, long sd_b, long sd_h, long sd_t, long sg_b,
             long sg_h, long sg_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
 {
-    LOCAL_TILE(lt_t, qs, BLOCK_M * DP);
-    LOCAL_TILE(lt_t, dos, BLOCK_M * DP);
-    LOCAL_TILE(lt_t, ks, BLOCK_N * DP);
-    LOCAL_TILE(lt_t, vs, BLOCK_N * DP);
+    LOCAL_TILE(lq_t, qs, BLOCK_M * DP);
+    LOCAL_TILE(lq_t, dos, BLOCK_M * DP);
+    LOCAL_TILE(lk_t, ks, BLOCK_N * DP);
+    LOCAL_TILE(lk_t, vs, BLOCK_N * DP);
     LOCAL_TILE(float, dsst, BLOCK_N * PM); /* dS^T */
 
     const int lid = get_local_id(0), tx = lid % CT, ty = lid / CT;
@@ -509,9 +527,9 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
     if (m0 >= sq.tq)
         return;
 
-    attn_load_tile(qs, q, q_off + b * sq_b + h * sq_h + (sq.q0 + m0) * sq_t, sq_t, sq.tq - m0,
+    attn_load_q(qs, q, q_off + b * sq_b + h * sq_h + (sq.q0 + m0) * sq_t, sq_t, sq.tq - m0,
                    BLOCK_M, lid, RT * CT);
-    attn_load_tile(dos, dout, do_off + b * sd_b + h * sd_h + (sq.q0 + m0) * sd_t, sd_t,
+    attn_load_q(dos, dout, do_off + b * sd_b + h * sd_h + (sq.q0 + m0) * sd_t, sd_t,
                    sq.tq - m0, BLOCK_M, lid, RT * CT);
     const long kb = k_off + b * sk_b + hk * sk_h + sq.k0 * sk_t;
     const long vb = v_off + b * sv_b + hk * sv_h + sq.k0 * sv_t;
@@ -539,8 +557,8 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
     attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
     for (int n0 = n_lo; n0 < n_hi; n0 += BLOCK_N) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        attn_load_tile(ks, k, kb + n0 * sk_t, sk_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
-        attn_load_tile(vs, v, vb + n0 * sv_t, sv_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
+        attn_load_k(ks, k, kb + n0 * sk_t, sk_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
+        attn_load_k(vs, v, vb + n0 * sv_t, sv_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
         barrier(CLK_LOCAL_MEM_FENCE);
 
         float s[TM][TN], dp[TM][TN];
@@ -553,13 +571,13 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
             float4 qa[TM], ga[TM], kc[TN], vc[TN];
 #pragma unroll
             for (int a = 0; a < TM; ++a) {
-                qa[a] = LREAD4(qs, (ty + a * RT) * DP + d);
-                ga[a] = LREAD4(dos, (ty + a * RT) * DP + d);
+                qa[a] = LREADQ4(qs, (ty + a * RT) * DP + d);
+                ga[a] = LREADQ4(dos, (ty + a * RT) * DP + d);
             }
 #pragma unroll
             for (int c = 0; c < TN; ++c) {
-                kc[c] = LREAD4(ks, (tx + c * CT) * DP + d);
-                vc[c] = LREAD4(vs, (tx + c * CT) * DP + d);
+                kc[c] = LREADK4(ks, (tx + c * CT) * DP + d);
+                vc[c] = LREADK4(vs, (tx + c * CT) * DP + d);
             }
 #pragma unroll
             for (int a = 0; a < TM; ++a)
@@ -595,7 +613,7 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
             attn_read_col(sa, dsst + j * PM + ty * TM, TM, PM);
 #pragma unroll
             for (int e = 0; e < DT4; ++e)
-                kc[e] = LREAD4(ks, j * DP + 4 * (tx + e * CT));
+                kc[e] = LREADK4(ks, j * DP + 4 * (tx + e * CT));
 #pragma unroll
             for (int a = 0; a < TM; ++a)
                 for (int e = 0; e < DT4; ++e)
@@ -626,10 +644,10 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
               long sd_h, long sd_t, long sgk_b, long sgk_h, long sgk_t, long sgv_b, long sgv_h,
               long sgv_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
 {
-    LOCAL_TILE(lt_t, ks, BLOCK_N * DP);
-    LOCAL_TILE(lt_t, vs, BLOCK_N * DP);
-    LOCAL_TILE(lt_t, qs, BLOCK_M * DP);
-    LOCAL_TILE(lt_t, dos, BLOCK_M * DP);
+    LOCAL_TILE(lk_t, ks, BLOCK_N * DP);
+    LOCAL_TILE(lk_t, vs, BLOCK_N * DP);
+    LOCAL_TILE(lq_t, qs, BLOCK_M * DP);
+    LOCAL_TILE(lq_t, dos, BLOCK_M * DP);
     LOCAL_TILE(float, pst, BLOCK_M * PN);  /* P of the current tile, a query per row */
     LOCAL_TILE(float, dsst, BLOCK_M * PN); /* dS, gradient of the raw products */
     __local float lse2s[BLOCK_M], dls[BLOCK_M];
@@ -642,9 +660,9 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
     if (n0 >= sq.tk)
         return;
 
-    attn_load_tile(ks, k, k_off + b * sk_b + hk * sk_h + (sq.k0 + n0) * sk_t, sk_t, sq.tk - n0,
+    attn_load_k(ks, k, k_off + b * sk_b + hk * sk_h + (sq.k0 + n0) * sk_t, sk_t, sq.tk - n0,
                    BLOCK_N, lid, nthreads);
-    attn_load_tile(vs, v, v_off + b * sv_b + hk * sv_h + (sq.k0 + n0) * sv_t, sv_t, sq.tk - n0,
+    attn_load_k(vs, v, v_off + b * sv_b + hk * sv_h + (sq.k0 + n0) * sv_t, sv_t, sq.tk - n0,
                    BLOCK_N, lid, nthreads);
 
     float4 gk[TN][DT4_KV], gv[TN][DT4_KV];
@@ -662,8 +680,8 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
         const long lb = b * sl_b + h * sl_h + sq.q0;
         for (int m0 = m_lo; m0 < m_hi; m0 += BLOCK_M) {
             barrier(CLK_LOCAL_MEM_FENCE);
-            attn_load_tile(qs, q, qb + m0 * sq_t, sq_t, sq.tq - m0, BLOCK_M, lid, nthreads);
-            attn_load_tile(dos, dout, db + m0 * sd_t, sd_t, sq.tq - m0, BLOCK_M, lid, nthreads);
+            attn_load_q(qs, q, qb + m0 * sq_t, sq_t, sq.tq - m0, BLOCK_M, lid, nthreads);
+            attn_load_q(dos, dout, db + m0 * sd_t, sd_t, sq.tq - m0, BLOCK_M, lid, nthreads);
             for (int i = lid; i < BLOCK_M; i += nthreads) {
                 float x = INFINITY, y = 0.0f;
                 if (m0 + i < sq.tq) {
@@ -686,13 +704,13 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
                 float4 kr[TN], vr[TN], qc[TM], gc[TM];
 #pragma unroll
                 for (int r = 0; r < TN; ++r) {
-                    kr[r] = LREAD4(ks, (ty + r * RT_KV) * DP + d);
-                    vr[r] = LREAD4(vs, (ty + r * RT_KV) * DP + d);
+                    kr[r] = LREADK4(ks, (ty + r * RT_KV) * DP + d);
+                    vr[r] = LREADK4(vs, (ty + r * RT_KV) * DP + d);
                 }
 #pragma unroll
                 for (int c = 0; c < TM; ++c) {
-                    qc[c] = LREAD4(qs, (tx + c * CT_KV) * DP + d);
-                    gc[c] = LREAD4(dos, (tx + c * CT_KV) * DP + d);
+                    qc[c] = LREADQ4(qs, (tx + c * CT_KV) * DP + d);
+                    gc[c] = LREADQ4(dos, (tx + c * CT_KV) * DP + d);
                 }
 #pragma unroll
                 for (int r = 0; r < TN; ++r)
@@ -730,8 +748,8 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
                 attn_read_col(sr, dsst + i * PN + ty * TN, TN, PN);
 #pragma unroll
                 for (int e = 0; e < DT4_KV; ++e) {
-                    gc[e] = LREAD4(dos, i * DP + 4 * (tx + e * CT_KV));
-                    qc[e] = LREAD4(qs, i * DP + 4 * (tx + e * CT_KV));
+                    gc[e] = LREADQ4(dos, i * DP + 4 * (tx + e * CT_KV));
+                    qc[e] = LREADQ4(qs, i * DP + 4 * (tx + e * CT_KV));
                 }
 #pragma unroll
                 for (int r = 0; r < TN; ++r)

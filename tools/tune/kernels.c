@@ -106,7 +106,7 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
  */
 
 #define ATTN_TILES                                                                                \
-    "BLOCK_M=16,32,64,128 BLOCK_N=8,16,32,64 TM=1,2,4,8 TN=1,2,4,8 LF32=0,1 UNROLL=0,2,4,8"
+    "BLOCK_M=16,32,64,128 BLOCK_N=8,16,32,64 TM=1,2,4,8 TN=1,2,4,8 LF32=0,1,2 UNROLL=0,2,4,8"
 #define ATTN_FWD_TILES ATTN_TILES " KV_SEP=0,1"
 #define ATTN_SHAPES                                                                               \
     "B=4,H=32,K=8,QKV=48,KV2=16,T=4096,D=128;B=4,H=32,K=8,QKV=48,KV2=16,T=4096,D=64"

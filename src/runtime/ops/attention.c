@@ -36,7 +36,7 @@ typedef struct attn_strides {
 
 typedef struct attn_tiles {
     int bm, bn, tm, tn;
-    int lf32;  /* operand tiles converted to f32 in local memory */
+    int lf32;  /* operand tiles in f32 in local memory: 1 all, 2 the Q side */
     int kvsep; /* attn_fwd: separate K and V buffers */
     int unroll; /* unroll factor of the products' loops, 0 the compiler's choice */
 } attn_tiles;
@@ -238,13 +238,14 @@ static int attn_cols(attn_kernel kern, attn_tiles t)
 static uint64_t attn_local_bytes(attn_kernel kern, int d, llmcl_dtype dtype, attn_tiles t)
 {
     const uint64_t dp = (uint64_t)d + 4, m = (uint64_t)t.bm, n = (uint64_t)t.bn;
-    const uint64_t e = t.lf32 ? 4 : llmcl_dtype_size(dtype);
+    const uint64_t eq = t.lf32 >= 1 ? 4 : llmcl_dtype_size(dtype);
+    const uint64_t ek = t.lf32 == 1 ? 4 : llmcl_dtype_size(dtype);
     if (kern == ATTN_FWD)
-        return (m + n * (1 + (uint64_t)t.kvsep)) * dp * e + 4 * n * (m + 4) +
+        return (m * eq + n * (1 + (uint64_t)t.kvsep) * ek) * dp + 4 * n * (m + 4) +
                4 * m * (n / (uint64_t)t.tn);
     if (kern == ATTN_DQ)
-        return 2 * (m + n) * dp * e + 4 * n * (m + 4);
-    return 2 * (m + n) * dp * e + 4 * (2 * m * (n + 4) + 2 * m);
+        return 2 * (m * eq + n * ek) * dp + 4 * n * (m + 4);
+    return 2 * (m * eq + n * ek) * dp + 4 * (2 * m * (n + 4) + 2 * m);
 }
 
 /* Why tiles t cannot run kernel kern on this device, or NULL when they can. */
@@ -253,8 +254,8 @@ static const char *attn_tiles_invalid(const llmcl_ctx *ctx, attn_kernel kern, in
 {
     if (t.bm < 1 || t.bn < 1 || t.tm < 1 || t.tn < 1 || t.bm % t.tm || t.bn % t.tn)
         return "BLOCK_M % TM and BLOCK_N % TN must be 0";
-    if (t.lf32 != 0 && t.lf32 != 1)
-        return "LF32 must be 0 or 1";
+    if (t.lf32 < 0 || t.lf32 > 2)
+        return "LF32 must be 0, 1 or 2";
     if (t.kvsep != 0 && t.kvsep != 1)
         return "KV_SEP must be 0 or 1";
     if (t.unroll < 0 || t.unroll > 64)
