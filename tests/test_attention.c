@@ -290,19 +290,20 @@ static void test_head_dims(void **state)
 /*
  * Non-default tiles as the tuner forces them, each against the double reference: f32 Q-side tiles
  * with K and V as stored (LF32 2) and 8 x 4 register tiles, all operands f32 with separate K and V
- * buffers (LF32 1, KV_SEP 1), and NVIDIA's defaults. Every set fits 32 KiB of local memory at D 64.
+ * buffers (LF32 1, KV_SEP 1), and unrolled loops. Every set fits 32 KiB of local memory at D 64
+ * with f32 storage.
  */
 static void test_tunables(void **state)
 {
     (void)state;
     llmcl_ctx *ctx = th_ctx();
     static const char *const sets[][3] = {
-        {"BLOCK_M=32 BLOCK_N=64 TM=8 TN=4 LF32=2 UNROLL=2", "BLOCK_M=32 BLOCK_N=32 TM=4 TN=4 LF32=2",
-         "BLOCK_M=32 BLOCK_N=16 TM=4 TN=4 LF32=2"},
+        {"BLOCK_M=32 BLOCK_N=32 TM=8 TN=4 LF32=2 UNROLL=2", "BLOCK_M=16 BLOCK_N=32 TM=4 TN=4 LF32=2",
+         "BLOCK_M=16 BLOCK_N=16 TM=4 TN=4 LF32=2"},
         {"BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 LF32=1 KV_SEP=1", "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 LF32=1",
          "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 LF32=1 UNROLL=2"},
-        {"BLOCK_M=64 BLOCK_N=32 TM=8 TN=2 UNROLL=4", "BLOCK_M=32 BLOCK_N=32 TM=4 TN=4",
-         "BLOCK_M=32 BLOCK_N=32 TM=4 TN=4 UNROLL=2"}};
+        {"BLOCK_M=32 BLOCK_N=32 TM=8 TN=2 UNROLL=4", "BLOCK_M=16 BLOCK_N=32 TM=2 TN=4",
+         "BLOCK_M=16 BLOCK_N=32 TM=4 TN=4 UNROLL=2"}};
     static const char *const keys[3] = {"attention_fwd", "attention_bwd_dq", "attention_bwd_dkdv"};
     const llmcl_dtype dts[2] = {LLMCL_BF16, LLMCL_F32};
     for (size_t i = 0; i < sizeof sets / sizeof *sets; ++i)
@@ -336,6 +337,7 @@ static void test_tuned_tiles_for_other_head_dim(void **state)
 {
     (void)state;
     llmcl_ctx *ctx = th_ctx();
+    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
     char path[] = "/tmp/llmcl-attn-tune-XXXXXX";
     const int fd = mkstemp(path);
     assert_true(fd >= 0);

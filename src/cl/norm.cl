@@ -490,10 +490,12 @@ inline float2 wg_sum2(float2 v, __local float *sc)
 #define B_ARGS const __global W_T *b, ulong b_off,
 #define B_V(j) +VLOAD(W_DT, b, (j) * VEC)
 #define B_S(i) +LOAD(W_DT, b, i)
+#define B_RAW(r) +UNRAW(W_DT, r)
 #else
 #define B_ARGS
 #define B_V(j)
 #define B_S(i)
+#define B_RAW(r)
 #endif
 
 #if NORM_BUILDS(3)
@@ -516,13 +518,25 @@ layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, const __global 
     b += b_off;
 #endif
 
-    vf c[CACHE];
+    /* The row is cached as stored; w (and b) are loaded with it, so their latency hides behind
+     * the reductions. */
+    RAW(X_DT) c[CACHE];
+    RAW(W_DT) wr[CACHE];
+#ifdef HAS_B
+    RAW(W_DT) br[CACHE];
+#endif
     float s = 0.0f;
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
-        c[k] = j < nv ? VLOAD(X_DT, x, j * VEC) : 0.0f;
-        s += VDOT(c[k], (vf)1.0f);
+        if (j < nv) {
+            c[k] = RLOAD(X_DT, x, j);
+            wr[k] = RLOAD(W_DT, w, j);
+#ifdef HAS_B
+            br[k] = RLOAD(W_DT, b, j);
+#endif
+            s += VDOT(UNRAW(X_DT, c[k]), (vf)1.0f);
+        }
     }
     for (int j = lid + CACHE * WG; j < nv; j += WG)
         s += VDOT(VLOAD(X_DT, x, j * VEC), (vf)1.0f);
@@ -535,8 +549,10 @@ layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, const __global 
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
-        const vf dv = c[k] - mu;
-        q += j < nv ? VDOT(dv, dv) : 0.0f;
+        if (j < nv) {
+            const vf dv = UNRAW(X_DT, c[k]) - mu;
+            q += VDOT(dv, dv);
+        }
     }
     for (int j = lid + CACHE * WG; j < nv; j += WG) {
         const vf dv = VLOAD(X_DT, x, j * VEC) - mu;
@@ -557,7 +573,8 @@ layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, const __global 
     for (int k = 0; k < CACHE; ++k) {
         const int j = lid + k * WG;
         if (j < nv)
-            VSTORE(X_DT, y, j * VEC, (c[k] - mu) * rs * VLOAD(W_DT, w, j * VEC) B_V(j));
+            VSTORE(X_DT, y, j * VEC,
+                   (UNRAW(X_DT, c[k]) - mu) * rs * UNRAW(W_DT, wr[k]) B_RAW(br[k]));
     }
     for (int j = lid + CACHE * WG; j < nv; j += WG)
         VSTORE(X_DT, y, j * VEC,

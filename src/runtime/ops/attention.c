@@ -279,8 +279,9 @@ static const char *attn_tiles_invalid(const llmcl_ctx *ctx, attn_kernel kern, in
 static attn_tiles attn_default_tiles(const llmcl_ctx *ctx, attn_kernel kern, int d,
                                      llmcl_dtype dtype)
 {
-    static const attn_tiles nv_fwd = {64, 32, 8, 2, 0, 0, 4}, nv_dq = {32, 32, 4, 4, 0, 0, 0},
-                            nv_dkdv = {32, 32, 4, 4, 0, 0, 2};
+    static const attn_tiles nv_fwd = {32, 64, 8, 2, 2, 0, 2}; /* f32 Q tiles */
+    static const attn_tiles nv_dq = {32, 32, 4, 4, 0, 0, 0};
+    static const attn_tiles nv_dkdv = {32, 32, 4, 4, 0, 0, 2};
     static const attn_tiles fwd[] = {
         {64, 64, 4, 4, 0, 0, 0}, {64, 32, 4, 4, 0, 0, 0}, {32, 32, 4, 4, 0, 0, 0},
         {32, 32, 2, 2, 0, 0, 0}, {32, 16, 2, 2, 0, 0, 0}, {16, 16, 2, 2, 0, 0, 0},
