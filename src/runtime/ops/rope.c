@@ -295,17 +295,17 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
 
     const llmcl_dtype dt = q->dtype;
     llmcl__params p = {0};
-    /* NVIDIA (measured on an H100, docs/PERFORMANCE.md): with tables, [B, H, T, D] in token order
-     * (ORDER 1), one head per item in groups of 128, plain accesses: 2.6 TB/s where four heads per
-     * item in head order moved 1.9. With computed angles, head order and two heads per item in
-     * groups of 256, a group's token angles computed once into local memory: 2.56 TB/s where token
-     * order moved 2.2. Elsewhere four heads per item, head order. */
+    /* NVIDIA (measured on an H100 with [B, H, T, D], docs/PERFORMANCE.md): one head per item in
+     * groups of 128, plain accesses. With tables, token order (ORDER 1): 2.6 TB/s where four heads
+     * per item in head order moved 1.9. With computed angles, head order, a group's token angles
+     * computed once into local memory: 2.5 TB/s where token order moved 2.2. Elsewhere four heads
+     * per item, head order. */
     const bool nv = ctx->info.vendor_id == LLMCL_VENDOR_NVIDIA;
-    const bool nv_order1 = nv && c.tables && c.vq.n[RT] > 1 && c.vq.s[RT] < c.vq.s[RH];
-    llmcl__param_set(&p, "WG", nv_order1 ? 128 : 256);
+    const bool bhtd = c.vq.n[RT] > 1 && c.vq.s[RT] < c.vq.s[RH];
+    llmcl__param_set(&p, "WG", nv && bhtd ? 128 : 256);
     llmcl__param_set(&p, "VEC", dt == LLMCL_F32 ? 4 : 8);
-    llmcl__param_set(&p, "HPT", !nv ? 4 : c.tables ? 1 : 2);
-    llmcl__param_set(&p, "ORDER", nv_order1);
+    llmcl__param_set(&p, "HPT", nv ? 1 : 4);
+    llmcl__param_set(&p, "ORDER", nv && bhtd && c.tables);
     llmcl__param_set(&p, "HINT", 0);
     char cls[16];
     llmcl__shape_class(c.pairs * heads, cls);
