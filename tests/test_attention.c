@@ -20,6 +20,7 @@ typedef struct attn_case {
     llmcl_dtype dtype;
     int B, Hq, Hkv, D, Tq, Tk;
     bool bthd;                  /* [B, T, H, D] storage seen as [B, H, T, D] through strides */
+    int pad;                    /* dense [B, H, T, D] views starting pad elements into storage */
     const int32_t *cu_q, *cu_k; /* varlen offsets (B + 1 each), or NULL */
     llmcl_attention_opts opts;  /* cu_seqlens are filled in by the runner */
 } attn_case;
@@ -52,6 +53,12 @@ static attn_io io_new(const attn_case *c, int heads, int T, int64_t total, const
         const int64_t strides[4] = {(int64_t)T * heads * c->D, c->D, (int64_t)heads * c->D, 1};
         io.base = th_tensor(c->dtype, 4, store);
         TH_OK(llmcl_tensor_view(io.base, 4, shape, strides, 0, &io.t));
+    } else if (c->pad) {
+        const int64_t n = (int64_t)c->B * heads * T * c->D, store = n + c->pad;
+        const int64_t shape[4] = {c->B, heads, T, c->D};
+        const int64_t strides[4] = {(int64_t)heads * T * c->D, (int64_t)T * c->D, c->D, 1};
+        io.base = th_tensor(c->dtype, 1, &store);
+        TH_OK(llmcl_tensor_view(io.base, 4, shape, strides, c->pad, &io.t));
     } else {
         const int64_t shape[4] = {c->B, heads, T, c->D};
         io.base = th_tensor(c->dtype, 4, shape);
@@ -380,6 +387,20 @@ static void test_layout_bthd(void **state)
     check_case(c, 61);
 }
 
+/* Views that start 1 or 2 elements into their storage: tiles load element by element. */
+static void test_unaligned_views(void **state)
+{
+    (void)state;
+    for (int pad = 1; pad <= 2; ++pad) {
+        attn_case c = causal(dense(LLMCL_BF16, 2, 4, 2, 64, 45, 45));
+        c.pad = pad;
+        check_case(c, 90 + pad);
+        c = dense(LLMCL_F32, 1, 2, 1, 32, 20, 37);
+        c.pad = pad;
+        check_case(c, 95 + pad);
+    }
+}
+
 static void test_t1(void **state)
 {
     (void)state;
@@ -610,7 +631,7 @@ int main(void)
         cmocka_unit_test(test_16bit),        cmocka_unit_test(test_varlen),
         cmocka_unit_test(test_determinism),  cmocka_unit_test(test_extra_memory),
         cmocka_unit_test(test_bad_inputs),   cmocka_unit_test(test_bad_varlen),
-        cmocka_unit_test(test_tunables), cmocka_unit_test(test_tuned_tiles_for_other_head_dim),
+        cmocka_unit_test(test_tunables),     cmocka_unit_test(test_unaligned_views), cmocka_unit_test(test_tuned_tiles_for_other_head_dim),
     };
     return TH_RUN(tests);
 }
