@@ -131,22 +131,17 @@ inline void store_I64(__global long *p, long i, long v) { p[i] = v; }
  * the read-only path, .nc, only when nothing in the launch writes them); streaming stores (.cs)
  * mark lines as first to evict.
  */
-inline uint4 ld16_no_l1(const __global void *p)
-{
-    uint4 v;
-    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"((ulong)p));
-    return v;
-}
-inline uint4 ld16_nc_no_l1(const __global void *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"((ulong)p));
-    return v;
-}
+#define LLMCL_LD16(NAME, LD)                                                                      \
+    inline uint4 NAME(const __global void *p)                                                     \
+    {                                                                                             \
+        uint4 v;                                                                                  \
+        asm volatile(LD ".v4.u32 {%0, %1, %2, %3}, [%4];"                                         \
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)                                 \
+                     : "l"((ulong)p));                                                            \
+        return v;                                                                                 \
+    }
+LLMCL_LD16(ld16_no_l1, "ld.global.L1::no_allocate")
+LLMCL_LD16(ld16_nc_no_l1, "ld.global.nc.L1::no_allocate")
 inline void st16_streaming(__global void *p, uint4 v)
 {
     asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"((ulong)p), "r"(v.x),
