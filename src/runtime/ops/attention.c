@@ -443,33 +443,38 @@ static void attn_arg_mask(llmcl__args *a, const attn_geom *g)
     llmcl__arg_i32(a, g->wr);
 }
 
-static llmcl_status attn_launch_fwd(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *q,
-                                    const llmcl_tensor *k, const llmcl_tensor *v, llmcl_tensor *o,
-                                    llmcl_tensor *lse)
+/*
+ * A tiled kernel (attn_fwd, attn_bwd_dq, attn_bwd_dkdv) with its arguments in their common order:
+ * the tensors ts, cu_seqlens, lengths, heads and group size, the (b, h, t) strides of every tensor
+ * but lse and delta, lse's strides and the mask. attn_bwd_dkdv runs a work-group per key tile of a
+ * KV head, the others per query tile of a query head.
+ */
+static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, attn_kernel which,
+                                      const llmcl_tensor *const *ts, int n,
+                                      const llmcl_tensor *lse, const llmcl_tensor *delta)
 {
     cl_kernel kern;
     attn_tiles t;
     size_t wg;
-    LLMCL__TRY(attn_kernel_get(ctx, g, ATTN_FWD, &kern, &t, &wg));
+    LLMCL__TRY(attn_kernel_get(ctx, g, which, &kern, &t, &wg));
+    const bool by_keys = which == ATTN_DKDV;
+    const int heads = by_keys ? g->Hkv : g->Hq;
     llmcl__args a = llmcl__args_begin(ctx, kern);
-    llmcl__arg_tensor(&a, q);
-    llmcl__arg_tensor(&a, k);
-    llmcl__arg_tensor(&a, v);
-    llmcl__arg_tensor(&a, o);
-    llmcl__arg_tensor(&a, lse);
+    for (int i = 0; i < n; ++i)
+        llmcl__arg_tensor(&a, ts[i]);
     attn_arg_cu(&a, g->cu_q);
     attn_arg_cu(&a, g->cu_k);
     llmcl__arg_i32(&a, g->Tq);
     llmcl__arg_i32(&a, g->Tk);
-    llmcl__arg_i32(&a, g->Hq);
+    llmcl__arg_i32(&a, heads);
     llmcl__arg_i32(&a, g->Hq / g->Hkv);
-    attn_arg_strides(&a, attn_strides_of(g, q), true);
-    attn_arg_strides(&a, attn_strides_of(g, k), true);
-    attn_arg_strides(&a, attn_strides_of(g, v), true);
-    attn_arg_strides(&a, attn_strides_of(g, o), true);
+    for (int i = 0; i < n; ++i)
+        if (ts[i] != lse && ts[i] != delta)
+            attn_arg_strides(&a, attn_strides_of(g, ts[i]), true);
     attn_arg_strides(&a, attn_lse_strides(g, lse), false);
     attn_arg_mask(&a, g);
-    const size_t global[2] = {(size_t)llmcl__div_up(g->Tq, t.bm) * wg, (size_t)g->B * g->Hq};
+    const int64_t tiles = by_keys ? llmcl__div_up(g->Tk, t.bn) : llmcl__div_up(g->Tq, t.bm);
+    const size_t global[2] = {(size_t)tiles * wg, (size_t)g->B * (size_t)heads};
     const size_t local[2] = {wg, 1};
     return llmcl__launch(&a, 2, global, local);
 }
@@ -487,7 +492,8 @@ llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, cons
     LLMCL__TRY(attn_check_disjoint(ctx, outs, out_names, 2, ins, in_names, 3));
     if ((int64_t)g.B * g.Hq * g.Tq == 0)
         return LLMCL_OK;
-    return attn_launch_fwd(ctx, &g, q, k, v, o, lse);
+    const llmcl_tensor *ts[] = {q, k, v, o, lse};
+    return attn_launch_tiled(ctx, &g, ATTN_FWD, ts, 5, lse, NULL);
 }
 
 static llmcl_status attn_launch_pre(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *o,
@@ -517,34 +523,8 @@ static llmcl_status attn_launch_dq(llmcl_ctx *ctx, const attn_geom *g, const llm
                                    const llmcl_tensor *dout, const llmcl_tensor *lse,
                                    const llmcl_tensor *delta, llmcl_tensor *dq)
 {
-    cl_kernel kern;
-    attn_tiles t;
-    size_t wg;
-    LLMCL__TRY(attn_kernel_get(ctx, g, ATTN_DQ, &kern, &t, &wg));
-    llmcl__args a = llmcl__args_begin(ctx, kern);
-    llmcl__arg_tensor(&a, q);
-    llmcl__arg_tensor(&a, k);
-    llmcl__arg_tensor(&a, v);
-    llmcl__arg_tensor(&a, dout);
-    llmcl__arg_tensor(&a, lse);
-    llmcl__arg_tensor(&a, delta);
-    llmcl__arg_tensor(&a, dq);
-    attn_arg_cu(&a, g->cu_q);
-    attn_arg_cu(&a, g->cu_k);
-    llmcl__arg_i32(&a, g->Tq);
-    llmcl__arg_i32(&a, g->Tk);
-    llmcl__arg_i32(&a, g->Hq);
-    llmcl__arg_i32(&a, g->Hq / g->Hkv);
-    attn_arg_strides(&a, attn_strides_of(g, q), true);
-    attn_arg_strides(&a, attn_strides_of(g, k), true);
-    attn_arg_strides(&a, attn_strides_of(g, v), true);
-    attn_arg_strides(&a, attn_strides_of(g, dout), true);
-    attn_arg_strides(&a, attn_strides_of(g, dq), true);
-    attn_arg_strides(&a, attn_lse_strides(g, lse), false);
-    attn_arg_mask(&a, g);
-    const size_t global[2] = {(size_t)llmcl__div_up(g->Tq, t.bm) * wg, (size_t)g->B * g->Hq};
-    const size_t local[2] = {wg, 1};
-    return llmcl__launch(&a, 2, global, local);
+    const llmcl_tensor *ts[] = {q, k, v, dout, lse, delta, dq};
+    return attn_launch_tiled(ctx, g, ATTN_DQ, ts, 7, lse, delta);
 }
 
 static llmcl_status attn_launch_dkdv(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *q,
@@ -552,36 +532,8 @@ static llmcl_status attn_launch_dkdv(llmcl_ctx *ctx, const attn_geom *g, const l
                                      const llmcl_tensor *dout, const llmcl_tensor *lse,
                                      const llmcl_tensor *delta, llmcl_tensor *dk, llmcl_tensor *dv)
 {
-    cl_kernel kern;
-    attn_tiles t;
-    size_t wg;
-    LLMCL__TRY(attn_kernel_get(ctx, g, ATTN_DKDV, &kern, &t, &wg));
-    llmcl__args a = llmcl__args_begin(ctx, kern);
-    llmcl__arg_tensor(&a, q);
-    llmcl__arg_tensor(&a, k);
-    llmcl__arg_tensor(&a, v);
-    llmcl__arg_tensor(&a, dout);
-    llmcl__arg_tensor(&a, lse);
-    llmcl__arg_tensor(&a, delta);
-    llmcl__arg_tensor(&a, dk);
-    llmcl__arg_tensor(&a, dv);
-    attn_arg_cu(&a, g->cu_q);
-    attn_arg_cu(&a, g->cu_k);
-    llmcl__arg_i32(&a, g->Tq);
-    llmcl__arg_i32(&a, g->Tk);
-    llmcl__arg_i32(&a, g->Hkv);
-    llmcl__arg_i32(&a, g->Hq / g->Hkv);
-    attn_arg_strides(&a, attn_strides_of(g, q), true);
-    attn_arg_strides(&a, attn_strides_of(g, k), true);
-    attn_arg_strides(&a, attn_strides_of(g, v), true);
-    attn_arg_strides(&a, attn_strides_of(g, dout), true);
-    attn_arg_strides(&a, attn_strides_of(g, dk), true);
-    attn_arg_strides(&a, attn_strides_of(g, dv), true);
-    attn_arg_strides(&a, attn_lse_strides(g, lse), false);
-    attn_arg_mask(&a, g);
-    const size_t global[2] = {(size_t)llmcl__div_up(g->Tk, t.bn) * wg, (size_t)g->B * g->Hkv};
-    const size_t local[2] = {wg, 1};
-    return llmcl__launch(&a, 2, global, local);
+    const llmcl_tensor *ts[] = {q, k, v, dout, lse, delta, dk, dv};
+    return attn_launch_tiled(ctx, g, ATTN_DKDV, ts, 8, lse, delta);
 }
 
 llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q, const llmcl_tensor *k,
