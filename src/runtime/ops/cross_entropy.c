@@ -954,6 +954,34 @@ done:
     return st;
 }
 
+/*
+ * cce_bwd_dh (tiled over the n rows) or cce_bwd_dw (over the v classes), with the arguments both
+ * take first set in *a; the caller adds its outputs and launches over *global items in groups of
+ * *local.
+ */
+static llmcl_status cce_bwd_begin(ce_run *r, const char *name, int64_t size,
+                                  const llmcl_tensor *hidden, const ce_linear *lin,
+                                  const llmcl_tensor *weight, const llmcl_tensor *bias,
+                                  const llmcl_tensor *coef, llmcl__args *a, size_t *global,
+                                  size_t *local)
+{
+    llmcl__params tp;
+    cl_kernel k;
+    LLMCL__TRY(tile_params(r, name, size, &tp));
+    LLMCL__TRY(tile_kernel(r, &tp, name, &k));
+    const long t = llmcl__param_get(&tp, "T", 32);
+    *local = (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
+    *global = (size_t)llmcl__div_up(size, t) * *local;
+    *a = llmcl__args_begin(r->ctx, k);
+    llmcl__arg_i32(a, ce_flags(r, bias != NULL));
+    tile_args(a, r, hidden, lin, weight, bias);
+    arg_buf(a, r->stats->mem);
+    arg_buf(a, coef->mem);
+    llmcl__arg_f32(a, r->o.softcap);
+    llmcl__arg_f32(a, r->o.grad_filter);
+    return LLMCL_OK;
+}
+
 llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tensor *hidden,
                                                 const llmcl_tensor *weight,
                                                 const llmcl_tensor *bias,
@@ -1009,47 +1037,30 @@ llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tens
     const size_t g1 = (size_t)n, l1 = 64;
     LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g1, &l1), done);
 
-    llmcl__params tp;
     if (dhidden) {
         LLMCL__TRY_GOTO(st, llmcl_fill(ctx, dhidden, 0.0), done);
-        LLMCL__TRY_GOTO(st, tile_params(&r, "cce_bwd_dh", n, &tp), done);
-        const long t = llmcl__param_get(&tp, "T", 32);
-        const size_t twg =
-            (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
-        LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, "cce_bwd_dh", &k), done);
-        a = llmcl__args_begin(ctx, k);
-        llmcl__arg_i32(&a, ce_flags(&r, bias != NULL));
-        tile_args(&a, &r, hidden, &lin, weight, bias);
-        arg_buf(&a, r.stats->mem);
-        arg_buf(&a, coef->mem);
-        llmcl__arg_f32(&a, r.o.softcap);
-        llmcl__arg_f32(&a, r.o.grad_filter);
+        size_t g, twg;
+        LLMCL__TRY_GOTO(st,
+                        cce_bwd_begin(&r, "cce_bwd_dh", n, hidden, &lin, weight, bias, coef, &a,
+                                      &g, &twg),
+                        done);
         llmcl__arg_tensor(&a, dhidden);
         llmcl__arg_i64(&a, lin.dh.row_stride);
-        const size_t g = (size_t)llmcl__div_up(n, t) * twg;
         LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g, &twg), done);
     }
     if (dweight || dbias) {
         if (dweight)
             LLMCL__TRY_GOTO(st, llmcl_fill(ctx, dweight, 0.0), done);
-        LLMCL__TRY_GOTO(st, tile_params(&r, "cce_bwd_dw", v, &tp), done);
-        const long t = llmcl__param_get(&tp, "T", 32);
-        const size_t twg =
-            (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
-        LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, "cce_bwd_dw", &k), done);
-        a = llmcl__args_begin(ctx, k);
-        llmcl__arg_i32(&a, ce_flags(&r, bias != NULL));
-        tile_args(&a, &r, hidden, &lin, weight, bias);
-        arg_buf(&a, r.stats->mem);
-        arg_buf(&a, coef->mem);
-        llmcl__arg_f32(&a, r.o.softcap);
-        llmcl__arg_f32(&a, r.o.grad_filter);
+        size_t g, twg;
+        LLMCL__TRY_GOTO(st,
+                        cce_bwd_begin(&r, "cce_bwd_dw", v, hidden, &lin, weight, bias, coef, &a,
+                                      &g, &twg),
+                        done);
         llmcl__arg_i32(&a, dweight != NULL);
         arg_opt(&a, dweight);
         llmcl__arg_i64(&a, dweight ? lin.dw.row_stride : 0);
         llmcl__arg_i32(&a, dbias != NULL);
         arg_opt(&a, dbias);
-        const size_t g = (size_t)llmcl__div_up(v, t) * twg;
         LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g, &twg), done);
     }
     st = LLMCL_OK;
