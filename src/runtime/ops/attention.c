@@ -304,10 +304,7 @@ static attn_tiles attn_default_tiles(const llmcl_ctx *ctx, attn_kernel kern, int
     return list[n - 1];
 }
 
-/*
- * The built kernel with its tiles (heuristic defaults, then the tuning database) and its
- * work-group size.
- */
+/* Tiles as tuning parameters and back. */
 static void attn_tiles_to_params(attn_kernel kern, attn_tiles t, llmcl__params *p)
 {
     llmcl__param_set(p, "BLOCK_M", t.bm);
@@ -337,10 +334,8 @@ static attn_tiles attn_tiles_of_params(attn_kernel kern, const llmcl__params *p)
  * do not fit are errors, so that the tuner rejects such candidates.
  */
 static llmcl_status attn_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
-                                   llmcl__params *p, attn_tiles *tiles)
+                                   const char *cls, llmcl__params *p, attn_tiles *tiles)
 {
-    char cls[16];
-    llmcl__shape_class(g->D, cls);
     const attn_tiles def = attn_default_tiles(ctx, kern, g->D, g->dtype);
     attn_tiles_to_params(kern, def, p);
     const bool overridden = llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
@@ -361,16 +356,14 @@ static llmcl_status attn_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kern
     return LLMCL_OK;
 }
 
-/*
- * The built kernel with its tiles and its work-group size.
- */
+/* The built kernel with its tiles and its work-group size; the head dim is the tuning size key. */
 static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
                                     cl_kernel *out, attn_tiles *tiles, size_t *wg)
 {
     llmcl__params p = {0};
+    char cls[16];
+    llmcl__shape_class(g->D, cls);
     if (kern == ATTN_PRE) {
-        char cls[16];
-        llmcl__shape_class(g->D, cls);
         llmcl__param_set(&p, "PRE_WG", ctx->info.max_work_group_size >= 64 ? 64 : 1);
         llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, &p);
         const long w = llmcl__param_get(&p, "PRE_WG", 64);
@@ -379,7 +372,7 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
                        ctx->info.max_work_group_size);
         *wg = (size_t)w;
     } else {
-        LLMCL__TRY(attn_tiles_get(ctx, g, kern, &p, tiles));
+        LLMCL__TRY(attn_tiles_get(ctx, g, kern, cls, &p, tiles));
         *wg = (size_t)(tiles->bm / tiles->tm) * (size_t)(tiles->bn / tiles->tn);
     }
 
