@@ -52,6 +52,8 @@
  * when BLOCK_N / TN is a power of two and the work-group a multiple of 32; same results.
  *   PRE_WG    work-group size of attn_bwd_pre (any value up to the device maximum).
  *   VARLEN    defined: packed sequences through cu_q / cu_k.
+ *   ALIGNED4  1 (set by the launcher): every offset and stride of Q, K, V and dO is a multiple of
+ *             4 elements, so tiles load as whole vectors.
  *   ATTN_ONLY 1 attn_fwd, 2 attn_bwd_pre, 3 attn_bwd_dq, 4 attn_bwd_dkdv: build only that kernel
  *             (a kernel's local arrays are sized by the tiles of the one launched); unset: all.
  * Local memory: operand tiles of (D+4)-element rows (EQ bytes an element on the Q side, EK on the
@@ -90,6 +92,9 @@
 #endif
 #ifndef UNROLL
 #define UNROLL 0
+#endif
+#ifndef ALIGNED4
+#define ALIGNED4 0
 #endif
 
 /* The products' loops: UNROLL's pragma, or none. */
@@ -209,6 +214,19 @@ inline float4 lread4_F16(const __local ushort *p, int i)
 /* Operand tiles and transposed score tiles: 16-byte aligned for the vector reads. */
 #define LOCAL_TILE(type, name, n) __local type name[n] __attribute__((aligned(16)))
 
+/*
+ * 4 consecutive elements of a global operand: with ALIGNED4 (every offset and stride of Q, K, V and
+ * dO a multiple of 4 elements) one vector load, else vload4, which NVIDIA splits into scalar loads.
+ */
+#if ALIGNED4
+#define GLOAD4(p) (*(const __global io4_t *)(p))
+#else
+#define GLOAD4(p) vload4(0, (p))
+#endif
+inline float4 io4_to_f32_F32(float4 x) { return x; }
+inline float4 io4_to_f32_BF16(ushort4 x) { return bf16x4_to_f32(x); }
+inline float4 io4_to_f32_F16(ushort4 x) { return vload_half4(0, (const __private half *)&x); }
+
 /* nrows x D rows of src (row stride rs, zeros past valid) into dst with padded rows: as f32, or
  * as stored. */
 inline void attn_load_tile_f32(__local float *dst, const __global io_t *src, long base, long rs,
@@ -218,7 +236,7 @@ inline void attn_load_tile_f32(__local float *dst, const __global io_t *src, lon
         const int r = idx / (D / 4), c = (idx - r * (D / 4)) * 4;
         float4 x = 0.0f;
         if (r < valid)
-            x = LOAD4(IO_DT, src, base + (long)r * rs + c);
+            x = LLMCL_CAT(io4_to_f32_, IO_DT)(GLOAD4(src + base + (long)r * rs + c));
         *(__local float4 *)(dst + r * DP + c) = x;
     }
 }
@@ -229,7 +247,7 @@ inline void attn_load_tile_raw(__local lraw_t *dst, const __global io_t *src, lo
         const int r = idx / (D / 4), c = (idx - r * (D / 4)) * 4;
         io4_t x = 0; /* zero bits are 0.0 in every storage format */
         if (r < valid)
-            x = vload4(0, src + base + (long)r * rs + c);
+            x = GLOAD4(src + base + (long)r * rs + c);
         *(__local io4_t *)(dst + r * DP + c) = x;
     }
 }

@@ -28,7 +28,17 @@ typedef struct attn_geom {
     int wl, wr; /* mask band around the diagonal, causal folded in; -1 unbounded */
     float scale, softcap;
     const llmcl_tensor *cu_q, *cu_k;
+    bool aligned4; /* every offset and stride of the loaded operands a multiple of 4 elements */
 } attn_geom;
+
+/* Whether t's offset and strides (past the unit-stride last one) are multiples of 4 elements. */
+static bool attn_aligned4(const llmcl_tensor *t)
+{
+    bool ok = t->offset % 4 == 0;
+    for (int i = 0; i + 1 < t->ndim; ++i)
+        ok = ok && t->strides[i] % 4 == 0;
+    return ok;
+}
 
 typedef struct attn_strides {
     int64_t b, h, t;
@@ -380,6 +390,7 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
     llmcl__define_int(&defs, "D", g->D);
     llmcl__define_str(&defs, "IO_DT", llmcl__dtype_macro(g->dtype));
     llmcl__define_int(&defs, "ATTN_ONLY", kern);
+    llmcl__define_int(&defs, "ALIGNED4", g->aligned4);
     if (g->varlen)
         llmcl__define_flag(&defs, "VARLEN");
     llmcl__params_define(&p, &defs);
@@ -483,6 +494,7 @@ llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, cons
     const llmcl_tensor *outs[] = {o, lse}, *ins[] = {q, k, v};
     const char *out_names[] = {"o", "lse"}, *in_names[] = {"q", "k", "v"};
     LLMCL__TRY(attn_check_disjoint(ctx, outs, out_names, 2, ins, in_names, 3));
+    g.aligned4 = attn_aligned4(q) && attn_aligned4(k) && attn_aligned4(v);
     if ((int64_t)g.B * g.Hq * g.Tq == 0)
         return LLMCL_OK;
     const llmcl_tensor *ts[] = {q, k, v, o, lse};
@@ -546,6 +558,7 @@ llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q, con
     const llmcl_tensor *outs[] = {dq, dk, dv}, *ins[] = {q, k, v, o, lse, dout};
     const char *out_names[] = {"dq", "dk", "dv"}, *in_names[] = {"q", "k", "v", "o", "lse", "dout"};
     LLMCL__TRY(attn_check_disjoint(ctx, outs, out_names, 3, ins, in_names, 6));
+    g.aligned4 = attn_aligned4(q) && attn_aligned4(k) && attn_aligned4(v) && attn_aligned4(dout);
 
     /*
      * Empty sides: with no queries dk and dv come out zero from attn_bwd_dkdv's empty loops, and
