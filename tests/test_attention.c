@@ -297,21 +297,25 @@ static void test_head_dims(void **state)
 /*
  * Non-default tiles as the tuner forces them, each against the double reference: f32 Q-side tiles
  * with K and V as stored (LF32 2) and 8 x 4 register tiles, all operands f32 with separate K and V
- * buffers (LF32 1, KV_SEP 1), and unrolled loops. Every set fits 32 KiB of local memory at D 64
- * with f32 storage.
+ * buffers (LF32 1, KV_SEP 1), and unrolled loops; the first and last sets stage the next tiles
+ * through registers (PIPE) and hold dQ's K tile in f32 (KF32). The cases span several key and query tiles, GQA and a varlen batch
+ * (the pipelined loops cross sequence and head boundaries). Every set fits 32 KiB of local memory
+ * at D 64 with f32 storage.
  */
 static void test_tunables(void **state)
 {
     (void)state;
     llmcl_ctx *ctx = th_ctx();
     static const char *const sets[][3] = {
-        {"BLOCK_M=32 BLOCK_N=32 TM=8 TN=4 LF32=2 UNROLL=2", "BLOCK_M=16 BLOCK_N=32 TM=4 TN=4 LF32=2",
-         "BLOCK_M=16 BLOCK_N=16 TM=4 TN=4 LF32=2"},
+        {"BLOCK_M=32 BLOCK_N=32 TM=8 TN=4 LF32=2 UNROLL=2 PIPE=1",
+         "BLOCK_M=16 BLOCK_N=32 TM=4 TN=4 LF32=2 KF32=1 PIPE=1",
+         "BLOCK_M=16 BLOCK_N=16 TM=4 TN=4 LF32=2 PIPE=1"},
         {"BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 LF32=1 KV_SEP=1", "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 LF32=1",
          "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 LF32=1 UNROLL=2"},
-        {"BLOCK_M=32 BLOCK_N=32 TM=8 TN=2 UNROLL=4", "BLOCK_M=16 BLOCK_N=32 TM=2 TN=4",
-         "BLOCK_M=16 BLOCK_N=32 TM=4 TN=4 UNROLL=2"}};
+        {"BLOCK_M=32 BLOCK_N=32 TM=8 TN=2 UNROLL=4 PIPE=1", "BLOCK_M=16 BLOCK_N=32 TM=2 TN=4 KF32=1 PIPE=1",
+         "BLOCK_M=16 BLOCK_N=32 TM=4 TN=4 UNROLL=2 PIPE=1"}};
     static const char *const keys[3] = {"attention_fwd", "attention_bwd_dq", "attention_bwd_dkdv"};
+    static const int32_t cu[] = {0, 1, 40, 45, 110};
     const llmcl_dtype dts[2] = {LLMCL_BF16, LLMCL_F32};
     for (size_t i = 0; i < sizeof sets / sizeof *sets; ++i)
         for (int d = 0; d < 2; ++d) {
@@ -319,6 +323,9 @@ static void test_tunables(void **state)
                 TH_OK(llmcl_tune_override(ctx, keys[k], dts[d], "*", sets[i][k]));
             check_case(causal(dense(dts[d], 1, 4, 2, 64, 77, 77)), 70 + i);
             check_case(dense(dts[d], 2, 2, 1, 64, 33, 50), 80 + i);
+            attn_case c = causal(dense(dts[d], 4, 4, 2, 64, 0, 0));
+            c.cu_q = c.cu_k = cu;
+            check_case(c, 85 + i);
             for (int k = 0; k < 3; ++k) { /* the launches used the set */
                 char used[256];
                 int launched = 0;
@@ -333,6 +340,18 @@ static void test_tunables(void **state)
             }
             TH_OK(llmcl_tune_override(ctx, NULL, dts[d], NULL, NULL));
         }
+
+    /* PIPE stages K and V through one buffer: with KV_SEP the forward launches without it. */
+    TH_OK(llmcl_tune_override(ctx, "attention_fwd", LLMCL_F32, "*",
+                              "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 KV_SEP=1 PIPE=1"));
+    check_case(dense(LLMCL_F32, 1, 2, 1, 64, 40, 40), 89);
+    char used[256];
+    int launched = 0;
+    TH_OK(llmcl_tune_params_get(ctx, "attention_fwd", LLMCL_F32, "p6", used, sizeof used,
+                                &launched));
+    assert_non_null(strstr(used, "KV_SEP=1"));
+    assert_non_null(strstr(used, "PIPE=0"));
+    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
 }
 
 /*

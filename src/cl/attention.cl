@@ -48,19 +48,27 @@
  *             global-load wait per tile, one barrier fewer); 0: they share one. Default 0.
  *   UNROLL    unroll factor of the register-tile products' loops over d and over a tile's keys or
  *             queries: 0 leaves it to the compiler (default), n >= 1 asks for n.
- * Under LLMCL_NV_PTX, attn_fwd takes its rows' running maxima with warp shuffles (no barrier)
- * when BLOCK_N / TN is a power of two and the work-group a multiple of 32; same results.
+ *   KF32      attn_bwd_dq only. 1: its K tile, which both of its products read, is f32 in local
+ *             memory whatever LF32 says (no conversion in the inner loops). Default 0.
+ *   PIPE      1: the next tile's operands are fetched into registers during the current tile's
+ *             computation and stored to local memory after it, so that their latency is hidden
+ *             (attn_fwd: V under the softmax, the next K under P.V; attn_bwd_dq: the next V under
+ *             dS, the next K under dQ; attn_bwd_dkdv: the next dO under dS and dV, the next Q
+ *             under dK). Costs registers. Not with KV_SEP 1 (the launcher then passes 0). Default 0.
  *   PRE_WG    work-group size of attn_bwd_pre (any value up to the device maximum).
  *   VARLEN    defined: packed sequences through cu_q / cu_k.
  *   ALIGNED4  1 (set by the launcher): every offset and stride of Q, K, V and dO is a multiple of
  *             4 elements, so tiles load as whole vectors.
  *   ATTN_ONLY 1 attn_fwd, 2 attn_bwd_pre, 3 attn_bwd_dq, 4 attn_bwd_dkdv: build only that kernel
  *             (a kernel's local arrays are sized by the tiles of the one launched); unset: all.
+ * Under LLMCL_NV_PTX, attn_fwd takes its rows' running maxima with warp shuffles (no barrier)
+ * when BLOCK_N / TN is a power of two and the work-group a multiple of 32; same results.
  * Local memory: operand tiles of (D+4)-element rows (EQ bytes an element on the Q side, EK on the
  * K side: 4 where LF32 makes them f32, else the storage's) and f32 score tiles. attn_fwd
  * (BLOCK_M EQ + (1 + KV_SEP) BLOCK_N EK)(D+4) + 4 BLOCK_N (BLOCK_M + 4) + 4 BLOCK_M BLOCK_N / TN;
- * attn_bwd_dq 2 (BLOCK_M EQ + BLOCK_N EK)(D+4) + 4 BLOCK_N (BLOCK_M + 4); attn_bwd_dkdv
- * 2 (BLOCK_M EQ + BLOCK_N EK)(D+4) + 4 (2 BLOCK_M (BLOCK_N + 4) + 2 BLOCK_M).
+ * attn_bwd_dq (2 BLOCK_M EQ + BLOCK_N (EK + EKQ))(D+4) + 4 BLOCK_N (BLOCK_M + 4), where EKQ, its
+ * K tile's, is 4 with KF32 and else EK; attn_bwd_dkdv 2 (BLOCK_M EQ + BLOCK_N EK)(D+4) +
+ * 4 (2 BLOCK_M (BLOCK_N + 4) + 2 BLOCK_M).
  */
 
 #ifndef D
@@ -92,6 +100,15 @@
 #endif
 #ifndef UNROLL
 #define UNROLL 0
+#endif
+#ifndef PIPE
+#define PIPE 0
+#endif
+#ifndef KF32
+#define KF32 0
+#endif
+#if PIPE && KV_SEP
+#error "PIPE stages K and V through one buffer: it needs KV_SEP 0"
 #endif
 #ifndef ALIGNED4
 #define ALIGNED4 0
@@ -252,24 +269,135 @@ inline void attn_load_tile_raw(__local lraw_t *dst, const __global io_t *src, lo
     }
 }
 
+/*
+ * Register staging (PIPE): each work-item fetches its pieces of a tile of `rows` rows from global
+ * memory into registers early and puts them into local memory later, so that the loads' latency
+ * passes under computation. With `threads` work-items a tile takes NSTAGE(rows, threads) pieces
+ * each; 16-bit elements stay packed in pairs (half the registers of a ushort4).
+ */
+#define NSTAGE(rows, threads) (((rows) * (D / 4) + (threads)-1) / (threads))
+#define NSTAGE_KEYS NSTAGE(BLOCK_N, RT * CT)          /* attn_fwd, attn_bwd_dq: K, V tiles */
+#define NSTAGE_QUERIES NSTAGE(BLOCK_M, RT_KV * CT_KV) /* attn_bwd_dkdv: Q, dO tiles */
+#define STAGE_F32 float4
+#define STAGE_BF16 uint2
+#define STAGE_F16 uint2
+typedef LLMCL_CAT(STAGE_, IO_DT) stage_t;
+#define AS_STAGE_F32(x) (x)
+#define AS_STAGE_BF16(x) as_uint2(x)
+#define AS_STAGE_F16(x) as_uint2(x)
+#define AS_IO4_F32(x) (x)
+#define AS_IO4_BF16(x) as_ushort4(x)
+#define AS_IO4_F16(x) as_ushort4(x)
+
+inline void attn_fetch(stage_t *st, int nstage, int rows, int threads, const __global io_t *src,
+                       long base, long rs, int valid, int lid)
+{
+    /*
+     * When the work-group spans whole rows, a work-item's pieces lie `step` rows apart in one
+     * column and one pointer advances by a stride: a compiler that hoists each piece's own offset
+     * out of the tile loop would hold one 64-bit offset a piece in registers.
+     */
+    const bool whole = threads % (D / 4) == 0;
+    const int step = threads / (D / 4), r0 = lid / (D / 4);
+    const __global io_t *p = src + base + (long)r0 * rs + (lid - r0 * (D / 4)) * 4;
+#pragma unroll
+    for (int u = 0; u < nstage; ++u) {
+        const int idx = lid + u * threads, r = whole ? r0 + u * step : idx / (D / 4);
+        if (!whole)
+            p = src + base + (long)r * rs + (idx - r * (D / 4)) * 4;
+        stage_t x = 0;
+        if (r < valid && r < rows)
+#if ALIGNED4
+            x = *(const __global stage_t *)p;
+#else
+            x = LLMCL_CAT(AS_STAGE_, IO_DT)(vload4(0, p));
+#endif
+        st[u] = x;
+        if (whole)
+            p += step * rs;
+    }
+}
+
+/* The staged pieces of attn_fetch into a tile with padded rows: as f32, or as stored. */
+inline void attn_put_f32(__local float *dst, const stage_t *st, int nstage, int rows, int threads,
+                         int lid)
+{
+#pragma unroll
+    for (int u = 0; u < nstage; ++u) {
+        const int idx = lid + u * threads, r = idx / (D / 4), c = (idx - r * (D / 4)) * 4;
+        if (r < rows)
+            *(__local float4 *)(dst + r * DP + c) =
+                LLMCL_CAT(io4_to_f32_, IO_DT)(LLMCL_CAT(AS_IO4_, IO_DT)(st[u]));
+    }
+}
+inline void attn_put_raw(__local lraw_t *dst, const stage_t *st, int nstage, int rows,
+                         int threads, int lid)
+{
+#pragma unroll
+    for (int u = 0; u < nstage; ++u) {
+        const int idx = lid + u * threads, r = idx / (D / 4), c = (idx - r * (D / 4)) * 4;
+        if (r < rows)
+            *(__local stage_t *)(dst + r * DP + c) = st[u];
+    }
+}
+
 #if LF32 >= 1
 typedef float lq_t;
 #define LREADQ4(p, i) lread4_F32((p), (i))
 #define attn_load_q attn_load_tile_f32
+#define attn_put_q attn_put_f32
 #else
 typedef lraw_t lq_t;
 #define LREADQ4(p, i) LLMCL_CAT(lread4_, IO_DT)((p), (i))
 #define attn_load_q attn_load_tile_raw
+#define attn_put_q attn_put_raw
 #endif
 #if LF32 == 1
 typedef float lk_t;
 #define LREADK4(p, i) lread4_F32((p), (i))
 #define attn_load_k attn_load_tile_f32
+#define attn_put_k attn_put_f32
 #else
 typedef lraw_t lk_t;
 #define LREADK4(p, i) LLMCL_CAT(lread4_, IO_DT)((p), (i))
 #define attn_load_k attn_load_tile_raw
+#define attn_put_k attn_put_raw
 #endif
+
+/* Staging of the K and V tiles of attn_fwd and attn_bwd_dq, and the Q and dO tiles of
+ * attn_bwd_dkdv. */
+inline void attn_fetch_keys(stage_t *st, const __global io_t *src, long base, long rs, int valid,
+                            int lid)
+{
+    attn_fetch(st, NSTAGE_KEYS, BLOCK_N, RT * CT, src, base, rs, valid, lid);
+}
+inline void attn_put_keys(__local lk_t *dst, const stage_t *st, int lid)
+{
+    attn_put_k(dst, st, NSTAGE_KEYS, BLOCK_N, RT * CT, lid);
+}
+inline void attn_fetch_queries(stage_t *st, const __global io_t *src, long base, long rs,
+                               int valid, int lid)
+{
+    attn_fetch(st, NSTAGE_QUERIES, BLOCK_M, RT_KV * CT_KV, src, base, rs, valid, lid);
+}
+inline void attn_put_queries(__local lq_t *dst, const stage_t *st, int lid)
+{
+    attn_put_q(dst, st, NSTAGE_QUERIES, BLOCK_M, RT_KV * CT_KV, lid);
+}
+
+/* attn_bwd_dq's K tile: f32 with KF32, else as the K side. */
+#if KF32 || LF32 == 1
+typedef float lkdq_t;
+#define LREADKDQ4(p, i) lread4_F32((p), (i))
+#define attn_load_kdq attn_load_tile_f32
+#define attn_put_kdq attn_put_f32
+#else
+typedef lk_t lkdq_t;
+#define LREADKDQ4(p, i) LREADK4((p), (i))
+#define attn_load_kdq attn_load_k
+#define attn_put_kdq attn_put_k
+#endif
+
 
 /*
  * n (TM or TN) consecutive floats of a transposed score tile into x; 4 wide where n and the tile's
@@ -369,9 +497,18 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
 
     int n_lo, n_hi;
     attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
+#if PIPE
+    stage_t stage[NSTAGE_KEYS];
+    if (n_lo < n_hi)
+        attn_fetch_keys(stage, k, kb + n_lo * sk_t, sk_t, sq.tk - n_lo, lid);
+#endif
     for (int n0 = n_lo; n0 < n_hi; n0 += BLOCK_N) {
         barrier(CLK_LOCAL_MEM_FENCE);
+#if PIPE
+        attn_put_keys(kvs, stage, lid);
+#else
         attn_load_k(kvs, k, kb + n0 * sk_t, sk_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
+#endif
 #if KV_SEP
         attn_load_k(vs, v, vb + n0 * sv_t, sv_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
 #endif
@@ -382,15 +519,17 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
         for (int a = 0; a < TM; ++a)
             for (int c = 0; c < TN; ++c)
                 s[a][c] = 0.0f;
+        const __local lq_t *qrow = qs + ty * DP;
+        const __local lk_t *krow = kvs + tx * DP;
         PRODUCT_LOOP
-        for (int d = 0; d < D; d += 4) {
+        for (int d = 0; d < D; d += 4, qrow += 4, krow += 4) {
             float4 qa[TM], kc[TN];
 #pragma unroll
             for (int a = 0; a < TM; ++a)
-                qa[a] = LREADQ4(qs, (ty + a * RT) * DP + d);
+                qa[a] = LREADQ4(qrow, a * RT * DP);
 #pragma unroll
             for (int c = 0; c < TN; ++c)
-                kc[c] = LREADK4(kvs, (tx + c * CT) * DP + d);
+                kc[c] = LREADK4(krow, c * CT * DP);
 #pragma unroll
             for (int a = 0; a < TM; ++a)
                 for (int c = 0; c < TN; ++c) {
@@ -401,6 +540,9 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
                 }
         }
 
+#if PIPE
+        attn_fetch_keys(stage, v, vb + n0 * sv_t, sv_t, sq.tk - n0, lid);
+#endif
         const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
         float pm[TM];
 #pragma unroll
@@ -450,18 +592,29 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
 #if ATTN_SHFL
         barrier(CLK_LOCAL_MEM_FENCE); /* every work-item is done with K */
 #endif
+#if PIPE
+        attn_put_keys(kvs, stage, lid);
+#else
         attn_load_k(kvs, v, vb + n0 * sv_t, sv_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
 #endif
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
+#if PIPE
+        const int n1 = n0 + BLOCK_N;
+        if (n1 < n_hi)
+            attn_fetch_keys(stage, k, kb + n1 * sk_t, sk_t, sq.tk - n1, lid);
+#endif
 
+        const __local float *pcol = pst + ty * TM;
+        const __local lk_t *vrow = vs + 4 * tx;
         PRODUCT_LOOP
-        for (int j = 0; j < BLOCK_N; ++j) {
+        for (int j = 0; j < BLOCK_N; ++j, pcol += PM, vrow += DP) {
             float pa[TM];
             float4 vc[DT4];
-            attn_read_col(pa, pst + j * PM + ty * TM, TM, PM);
+            attn_read_col(pa, pcol, TM, PM);
 #pragma unroll
             for (int e = 0; e < DT4; ++e)
-                vc[e] = LREADK4(vs, j * DP + 4 * (tx + e * CT));
+                vc[e] = LREADK4(vrow, 4 * e * CT);
 #pragma unroll
             for (int a = 0; a < TM; ++a)
                 for (int e = 0; e < DT4; ++e)
@@ -533,7 +686,7 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
 {
     LOCAL_TILE(lq_t, qs, BLOCK_M * DP);
     LOCAL_TILE(lq_t, dos, BLOCK_M * DP);
-    LOCAL_TILE(lk_t, ks, BLOCK_N * DP);
+    LOCAL_TILE(lkdq_t, ks, BLOCK_N * DP);
     LOCAL_TILE(lk_t, vs, BLOCK_N * DP);
     LOCAL_TILE(float, dsst, BLOCK_N * PM); /* dS^T */
 
@@ -573,29 +726,42 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
 
     int n_lo, n_hi;
     attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
+#if PIPE
+    /* The next tile's V is fetched under dS, its K under the dQ product. */
+    stage_t stage[NSTAGE_KEYS];
+    if (n_lo < n_hi) {
+        attn_load_kdq(ks, k, kb + n_lo * sk_t, sk_t, sq.tk - n_lo, BLOCK_N, lid, RT * CT);
+        attn_load_k(vs, v, vb + n_lo * sv_t, sv_t, sq.tk - n_lo, BLOCK_N, lid, RT * CT);
+    }
+#endif
     for (int n0 = n_lo; n0 < n_hi; n0 += BLOCK_N) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        attn_load_k(ks, k, kb + n0 * sk_t, sk_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
+#if !PIPE
+        attn_load_kdq(ks, k, kb + n0 * sk_t, sk_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
         attn_load_k(vs, v, vb + n0 * sv_t, sv_t, sq.tk - n0, BLOCK_N, lid, RT * CT);
         barrier(CLK_LOCAL_MEM_FENCE);
+#endif
 
         float s[TM][TN], dp[TM][TN];
 #pragma unroll
         for (int a = 0; a < TM; ++a)
             for (int c = 0; c < TN; ++c)
                 s[a][c] = dp[a][c] = 0.0f;
+        const __local lq_t *qrow = qs + ty * DP, *grow = dos + ty * DP;
+        const __local lkdq_t *krow = ks + tx * DP;
+        const __local lk_t *vrow = vs + tx * DP;
         PRODUCT_LOOP
-        for (int d = 0; d < D; d += 4) {
+        for (int d = 0; d < D; d += 4, qrow += 4, grow += 4, krow += 4, vrow += 4) {
             float4 qa[TM], ga[TM], kc[TN], vc[TN];
 #pragma unroll
             for (int a = 0; a < TM; ++a) {
-                qa[a] = LREADQ4(qs, (ty + a * RT) * DP + d);
-                ga[a] = LREADQ4(dos, (ty + a * RT) * DP + d);
+                qa[a] = LREADQ4(qrow, a * RT * DP);
+                ga[a] = LREADQ4(grow, a * RT * DP);
             }
 #pragma unroll
             for (int c = 0; c < TN; ++c) {
-                kc[c] = LREADK4(ks, (tx + c * CT) * DP + d);
-                vc[c] = LREADK4(vs, (tx + c * CT) * DP + d);
+                kc[c] = LREADKDQ4(krow, c * CT * DP);
+                vc[c] = LREADK4(vrow, c * CT * DP);
             }
 #pragma unroll
             for (int a = 0; a < TM; ++a)
@@ -611,6 +777,11 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
                 }
         }
 
+#if PIPE
+        const int n1 = n0 + BLOCK_N;
+        if (n1 < n_hi)
+            attn_fetch_keys(stage, v, vb + n1 * sv_t, sv_t, sq.tk - n1, lid);
+#endif
         const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
 #pragma unroll
         for (int a = 0; a < TM; ++a)
@@ -623,20 +794,33 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
                 dsst[(tx + c * CT) * PM + ty * TM + a] = ds;
             }
         barrier(CLK_LOCAL_MEM_FENCE);
+#if PIPE
+        if (n1 < n_hi) {
+            attn_put_keys(vs, stage, lid);
+            attn_fetch_keys(stage, k, kb + n1 * sk_t, sk_t, sq.tk - n1, lid);
+        }
+#endif
 
+        const __local float *scol = dsst + ty * TM;
+        const __local lkdq_t *kj = ks + 4 * tx;
         PRODUCT_LOOP
-        for (int j = 0; j < BLOCK_N; ++j) {
+        for (int j = 0; j < BLOCK_N; ++j, scol += PM, kj += DP) {
             float sa[TM];
             float4 kc[DT4];
-            attn_read_col(sa, dsst + j * PM + ty * TM, TM, PM);
+            attn_read_col(sa, scol, TM, PM);
 #pragma unroll
             for (int e = 0; e < DT4; ++e)
-                kc[e] = LREADK4(ks, j * DP + 4 * (tx + e * CT));
+                kc[e] = LREADKDQ4(kj, 4 * e * CT);
 #pragma unroll
             for (int a = 0; a < TM; ++a)
                 for (int e = 0; e < DT4; ++e)
                     acc[a][e] = fma((float4)(sa[a]), kc[e], acc[a][e]);
         }
+#if PIPE
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (n1 < n_hi)
+            attn_put_kdq(ks, stage, NSTAGE_KEYS, BLOCK_N, RT * CT, lid);
+#endif
     }
 
     const long gb = dq_off + b * sg_b + h * sg_h + (sq.q0 + m0) * sg_t;
@@ -646,6 +830,37 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
         if (m0 + r < sq.tq)
             for (int e = 0; e < DT4; ++e)
                 STORE4(IO_DT, dq, gb + r * sg_t + 4 * (tx + e * CT), acc[a][e]);
+    }
+}
+#endif
+
+/* Element offset of row `row` of head h of sequence b. */
+inline long attn_row(long off, long s_b, long s_h, long s_t, int b, int h, int row)
+{
+    return off + b * s_b + h * s_h + row * s_t;
+}
+
+#if !defined(ATTN_ONLY) || ATTN_ONLY == 4
+/*
+ * attn_bwd_dkdv's accumulating product: acc (a work-item's TN key rows of dV or dK) += the tile's
+ * BLOCK_M queries of wcol (P or dS, transposed: a query per row, this work-item's keys from
+ * wcol[0]) times the rows of x (dO or Q, this work-item's columns from x[0]).
+ */
+inline void attn_dkdv_accumulate(float4 acc[TN][DT4_KV], const __local float *wcol,
+                                 const __local lq_t *x)
+{
+    PRODUCT_LOOP
+    for (int i = 0; i < BLOCK_M; ++i, wcol += PN, x += DP) {
+        float w[TN];
+        float4 xc[DT4_KV];
+        attn_read_col(w, wcol, TN, PN);
+#pragma unroll
+        for (int e = 0; e < DT4_KV; ++e)
+            xc[e] = LREADQ4(x, 4 * e * CT_KV);
+#pragma unroll
+        for (int r = 0; r < TN; ++r)
+            for (int e = 0; e < DT4_KV; ++e)
+                acc[r][e] = fma((float4)(w[r]), xc[e], acc[r][e]);
     }
 }
 #endif
@@ -691,92 +906,112 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
 
     int m_lo, m_hi;
     attn_query_range(n0, BLOCK_N, sq.tq, sq.tk, wl, wr, &m_lo, &m_hi);
-    for (int g = 0; g < group; ++g) {
-        const int h = hk * group + g;
-        const long qb = q_off + b * sq_b + h * sq_h + sq.q0 * sq_t;
-        const long db = do_off + b * sd_b + h * sd_h + sq.q0 * sd_t;
+    /* The (query head of the group, query tile) pairs, flattened: tile t is head t / ntiles. */
+    const int ntiles = m_hi > m_lo ? (m_hi - m_lo + BLOCK_M - 1) / BLOCK_M : 0;
+    const int nt = group * ntiles;
+#if PIPE
+    /* The next tile's dO is fetched under P, dS and the dV product, its Q under the dK product. */
+    stage_t stage[NSTAGE_QUERIES];
+    if (nt > 0) {
+        const int h = hk * group;
+        attn_load_q(qs, q, attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m_lo), sq_t,
+                    sq.tq - m_lo, BLOCK_M, lid, nthreads);
+        attn_load_q(dos, dout, attn_row(do_off, sd_b, sd_h, sd_t, b, h, sq.q0 + m_lo), sd_t,
+                    sq.tq - m_lo, BLOCK_M, lid, nthreads);
+    }
+#endif
+    for (int t = 0; t < nt; ++t) {
+        const int g = t / ntiles, m0 = m_lo + (t - g * ntiles) * BLOCK_M, h = hk * group + g;
         const long lb = b * sl_b + h * sl_h + sq.q0;
-        for (int m0 = m_lo; m0 < m_hi; m0 += BLOCK_M) {
-            barrier(CLK_LOCAL_MEM_FENCE);
-            attn_load_q(qs, q, qb + m0 * sq_t, sq_t, sq.tq - m0, BLOCK_M, lid, nthreads);
-            attn_load_q(dos, dout, db + m0 * sd_t, sd_t, sq.tq - m0, BLOCK_M, lid, nthreads);
-            for (int i = lid; i < BLOCK_M; i += nthreads) {
-                float x = INFINITY, y = 0.0f;
-                if (m0 + i < sq.tq) {
-                    x = lse[lse_off + lb + m0 + i];
-                    x = x == -INFINITY ? INFINITY : x * M_LOG2E_F;
-                    y = delta[delta_off + lb + m0 + i];
-                }
-                lse2s[i] = x;
-                dls[i] = y;
+        barrier(CLK_LOCAL_MEM_FENCE);
+#if !PIPE
+        attn_load_q(qs, q, attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0), sq_t, sq.tq - m0,
+                    BLOCK_M, lid, nthreads);
+        attn_load_q(dos, dout, attn_row(do_off, sd_b, sd_h, sd_t, b, h, sq.q0 + m0), sd_t,
+                    sq.tq - m0, BLOCK_M, lid, nthreads);
+#endif
+        for (int i = lid; i < BLOCK_M; i += nthreads) {
+            float x = INFINITY, y = 0.0f;
+            if (m0 + i < sq.tq) {
+                x = lse[lse_off + lb + m0 + i];
+                x = x == -INFINITY ? INFINITY : x * M_LOG2E_F;
+                y = delta[delta_off + lb + m0 + i];
             }
-            barrier(CLK_LOCAL_MEM_FENCE);
-
-            float s[TN][TM], dp[TN][TM];
-#pragma unroll
-            for (int r = 0; r < TN; ++r)
-                for (int c = 0; c < TM; ++c)
-                    s[r][c] = dp[r][c] = 0.0f;
-            PRODUCT_LOOP
-        for (int d = 0; d < D; d += 4) {
-                float4 kr[TN], vr[TN], qc[TM], gc[TM];
-#pragma unroll
-                for (int r = 0; r < TN; ++r) {
-                    kr[r] = LREADK4(ks, (ty + r * RT_KV) * DP + d);
-                    vr[r] = LREADK4(vs, (ty + r * RT_KV) * DP + d);
-                }
-#pragma unroll
-                for (int c = 0; c < TM; ++c) {
-                    qc[c] = LREADQ4(qs, (tx + c * CT_KV) * DP + d);
-                    gc[c] = LREADQ4(dos, (tx + c * CT_KV) * DP + d);
-                }
-#pragma unroll
-                for (int r = 0; r < TN; ++r)
-                    for (int c = 0; c < TM; ++c) {
-                        s[r][c] = fma(kr[r].x, qc[c].x, s[r][c]);
-                        s[r][c] = fma(kr[r].y, qc[c].y, s[r][c]);
-                        s[r][c] = fma(kr[r].z, qc[c].z, s[r][c]);
-                        s[r][c] = fma(kr[r].w, qc[c].w, s[r][c]);
-                        dp[r][c] = fma(vr[r].x, gc[c].x, dp[r][c]);
-                        dp[r][c] = fma(vr[r].y, gc[c].y, dp[r][c]);
-                        dp[r][c] = fma(vr[r].z, gc[c].z, dp[r][c]);
-                        dp[r][c] = fma(vr[r].w, gc[c].w, dp[r][c]);
-                    }
-            }
-
-            const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
-#pragma unroll
-            for (int r = 0; r < TN; ++r)
-                for (int c = 0; c < TM; ++c) {
-                    const int j = ty + r * RT_KV, i = tx + c * CT_KV;
-                    const float x = attn_logit(s[r][c], scale, softcap);
-                    float p = exp2(x * M_LOG2E_F - lse2s[i]);
-                    if (masked && !attn_visible(m0 + i, n0 + j, sq.tq, sq.tk, wl, wr))
-                        p = 0.0f;
-                    pst[i * PN + ty * TN + r] = p;
-                    dsst[i * PN + ty * TN + r] = p * (dp[r][c] - dls[i]) * attn_dlogit(x, scale, softcap);
-                }
-            barrier(CLK_LOCAL_MEM_FENCE);
-
-            PRODUCT_LOOP
-            for (int i = 0; i < BLOCK_M; ++i) {
-                float pr[TN], sr[TN];
-                float4 gc[DT4_KV], qc[DT4_KV];
-                attn_read_col(pr, pst + i * PN + ty * TN, TN, PN);
-                attn_read_col(sr, dsst + i * PN + ty * TN, TN, PN);
-#pragma unroll
-                for (int e = 0; e < DT4_KV; ++e) {
-                    gc[e] = LREADQ4(dos, i * DP + 4 * (tx + e * CT_KV));
-                    qc[e] = LREADQ4(qs, i * DP + 4 * (tx + e * CT_KV));
-                }
-#pragma unroll
-                for (int r = 0; r < TN; ++r)
-                    for (int e = 0; e < DT4_KV; ++e) {
-                        gv[r][e] = fma((float4)(pr[r]), gc[e], gv[r][e]);
-                        gk[r][e] = fma((float4)(sr[r]), qc[e], gk[r][e]);
-                    }
-            }
+            lse2s[i] = x;
+            dls[i] = y;
         }
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        float s[TN][TM], dp[TN][TM];
+#pragma unroll
+        for (int r = 0; r < TN; ++r)
+            for (int c = 0; c < TM; ++c)
+                s[r][c] = dp[r][c] = 0.0f;
+        const __local lk_t *krow = ks + ty * DP, *vrow = vs + ty * DP;
+        const __local lq_t *qrow = qs + tx * DP, *grow = dos + tx * DP;
+        PRODUCT_LOOP
+        for (int d = 0; d < D; d += 4, krow += 4, vrow += 4, qrow += 4, grow += 4) {
+            float4 kr[TN], vr[TN], qc[TM], gc[TM];
+#pragma unroll
+            for (int r = 0; r < TN; ++r) {
+                kr[r] = LREADK4(krow, r * RT_KV * DP);
+                vr[r] = LREADK4(vrow, r * RT_KV * DP);
+            }
+#pragma unroll
+            for (int c = 0; c < TM; ++c) {
+                qc[c] = LREADQ4(qrow, c * CT_KV * DP);
+                gc[c] = LREADQ4(grow, c * CT_KV * DP);
+            }
+#pragma unroll
+            for (int r = 0; r < TN; ++r)
+                for (int c = 0; c < TM; ++c) {
+                    s[r][c] = fma(kr[r].x, qc[c].x, s[r][c]);
+                    s[r][c] = fma(kr[r].y, qc[c].y, s[r][c]);
+                    s[r][c] = fma(kr[r].z, qc[c].z, s[r][c]);
+                    s[r][c] = fma(kr[r].w, qc[c].w, s[r][c]);
+                    dp[r][c] = fma(vr[r].x, gc[c].x, dp[r][c]);
+                    dp[r][c] = fma(vr[r].y, gc[c].y, dp[r][c]);
+                    dp[r][c] = fma(vr[r].z, gc[c].z, dp[r][c]);
+                    dp[r][c] = fma(vr[r].w, gc[c].w, dp[r][c]);
+                }
+        }
+
+#if PIPE
+        const int g1 = (t + 1) / ntiles, m1 = m_lo + (t + 1 - g1 * ntiles) * BLOCK_M;
+        const int h1 = hk * group + g1;
+        if (t + 1 < nt)
+            attn_fetch_queries(stage, dout, attn_row(do_off, sd_b, sd_h, sd_t, b, h1, sq.q0 + m1),
+                               sd_t, sq.tq - m1, lid);
+#endif
+        const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
+#pragma unroll
+        for (int r = 0; r < TN; ++r)
+            for (int c = 0; c < TM; ++c) {
+                const int j = ty + r * RT_KV, i = tx + c * CT_KV;
+                const float x = attn_logit(s[r][c], scale, softcap);
+                float p = exp2(x * M_LOG2E_F - lse2s[i]);
+                if (masked && !attn_visible(m0 + i, n0 + j, sq.tq, sq.tk, wl, wr))
+                    p = 0.0f;
+                pst[i * PN + ty * TN + r] = p;
+                dsst[i * PN + ty * TN + r] = p * (dp[r][c] - dls[i]) * attn_dlogit(x, scale, softcap);
+            }
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        attn_dkdv_accumulate(gv, pst + ty * TN, dos + 4 * tx);
+#if PIPE
+        barrier(CLK_LOCAL_MEM_FENCE); /* every work-item is done with dO */
+        if (t + 1 < nt) {
+            attn_put_queries(dos, stage, lid);
+            attn_fetch_queries(stage, q, attn_row(q_off, sq_b, sq_h, sq_t, b, h1, sq.q0 + m1), sq_t,
+                               sq.tq - m1, lid);
+        }
+#endif
+        attn_dkdv_accumulate(gk, dsst + ty * TN, qs + 4 * tx);
+#if PIPE
+        barrier(CLK_LOCAL_MEM_FENCE); /* every work-item is done with Q */
+        if (t + 1 < nt)
+            attn_put_queries(qs, stage, lid);
+#endif
     }
 
     const long kgb = dk_off + b * sgk_b + hk * sgk_h + (sq.k0 + n0) * sgk_t;

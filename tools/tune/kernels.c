@@ -97,8 +97,8 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
 }
 
 /*
- * ---- attention.cl: tiles BLOCK_M, BLOCK_N, TM, TN, LF32, UNROLL (and KV_SEP for the forward,
- * PRE_WG for the delta pass); the size key is the head dim D. Q, K and V are views of one
+ * ---- attention.cl: tiles BLOCK_M, BLOCK_N, TM, TN, LF32, UNROLL, PIPE (and KV_SEP for the
+ * forward, KF32 for dQ, PRE_WG for the delta pass); the size key is the head dim D. Q, K and V are views of one
  * [B, H + 2K, T, D] tensor, and dK, dV the contiguous [B, K, T, D] halves of one [B, 2K, T, D]
  * buffer (head views of it would interleave, which the backward's output-overlap check refuses),
  * to stay within TUNE_MAX_TENSORS. The backward runs on random O and LSE: its outputs are then no
@@ -106,8 +106,10 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
  */
 
 #define ATTN_TILES                                                                                \
-    "BLOCK_M=16,32,64,128 BLOCK_N=8,16,32,64 TM=1,2,4,8 TN=1,2,4,8 LF32=0,1,2 UNROLL=0,2,4,8"
+    "BLOCK_M=16,32,64,128 BLOCK_N=8,16,32,64 TM=1,2,4,8 TN=1,2,4,8 LF32=0,1,2 UNROLL=0,2,4,8 "     \
+    "PIPE=0,1"
 #define ATTN_FWD_TILES ATTN_TILES " KV_SEP=0,1"
+#define ATTN_DQ_TILES ATTN_TILES " KF32=0,1"
 #define ATTN_SHAPES                                                                               \
     "B=4,H=32,K=8,QKV=48,KV2=16,T=4096,D=128;B=4,H=32,K=8,QKV=48,KV2=16,T=4096,D=64"
 #define ATTN_SMALL "B=1,H=4,K=2,QKV=8,KV2=4,T=256,D=128;B=1,H=4,K=2,QKV=8,KV2=4,T=256,D=64"
@@ -400,7 +402,7 @@ const tune_kernel tune_kernels[] = {
                  {"o", TUNE_OUT, "B,H,T,D"},
                  {"lse", TUNE_OUT, "B,H,T", TUNE_DT(LLMCL_F32)}},
      .run = run_attention_fwd},
-    {.key = "attention_bwd_dq", .family = "attention", .params = ATTN_TILES, .dtypes = F32 | BF16,
+    {.key = "attention_bwd_dq", .family = "attention", .params = ATTN_DQ_TILES, .dtypes = F32 | BF16,
      .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4},
     {.key = "attention_bwd_dkdv", .family = "attention", .params = ATTN_TILES,
