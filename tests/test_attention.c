@@ -298,7 +298,8 @@ static void test_head_dims(void **state)
  * Non-default tiles as the tuner forces them, each against the double reference: f32 Q-side tiles
  * with K and V as stored (LF32 2) and 8 x 4 register tiles, all operands f32 with separate K and V
  * buffers (LF32 1, KV_SEP 1), and unrolled loops; the first and last sets stage the next tiles
- * through registers (PIPE) and hold dQ's K tile in f32 (KF32). The cases span several key and query tiles, GQA and a varlen batch
+ * through registers (PIPE) and hold dQ's K tile in f32 (KF32); the fourth stages with 12
+ * work-items, which do not span whole rows and leave the last piece partly past the tile. The cases span several key and query tiles, GQA and a varlen batch
  * (the pipelined loops cross sequence and head boundaries). Every set fits 32 KiB of local memory
  * at D 64 with f32 storage.
  */
@@ -313,7 +314,9 @@ static void test_tunables(void **state)
         {"BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 LF32=1 KV_SEP=1", "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 LF32=1",
          "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 LF32=1 UNROLL=2"},
         {"BLOCK_M=32 BLOCK_N=32 TM=8 TN=2 UNROLL=4 PIPE=1", "BLOCK_M=16 BLOCK_N=32 TM=2 TN=4 KF32=1 PIPE=1",
-         "BLOCK_M=16 BLOCK_N=32 TM=4 TN=4 UNROLL=2 PIPE=1"}};
+         "BLOCK_M=16 BLOCK_N=32 TM=4 TN=4 UNROLL=2 PIPE=1"},
+        {"BLOCK_M=12 BLOCK_N=16 TM=4 TN=4 PIPE=1", "BLOCK_M=12 BLOCK_N=16 TM=4 TN=4 PIPE=1",
+         "BLOCK_M=16 BLOCK_N=12 TM=4 TN=4 PIPE=1"}};
     static const char *const keys[3] = {"attention_fwd", "attention_bwd_dq", "attention_bwd_dkdv"};
     static const int32_t cu[] = {0, 1, 40, 45, 110};
     const llmcl_dtype dts[2] = {LLMCL_BF16, LLMCL_F32};
