@@ -419,6 +419,31 @@ inline void attn_read_col(float *x, const __local float *p, int n, int pitch)
     }
 }
 
+/*
+ * The accumulating register-tile products (attn_fwd's P.V, attn_bwd_dq's dS.K, attn_bwd_dkdv's
+ * P^T.dO and dS^T.Q), one definition per kernel: acc[ROWS][COLS4] += over the tile's N rows j,
+ * w's row j (a transposed score tile of row pitch WP, this work-item's ROWS scores from w[0])
+ * times x's row j (an operand tile of element type XT, this work-item's 4-wide column groups from
+ * x[0], CTS groups apart, read by READ4).
+ */
+#define ATTN_ACCUMULATE(NAME, ROWS, COLS4, CTS, WP, N, XT, READ4)                                 \
+    inline void NAME(float4 acc[ROWS][COLS4], const __local float *w, const __local XT *x)       \
+    {                                                                                             \
+        PRODUCT_LOOP                                                                              \
+        for (int j = 0; j < (N); ++j, w += (WP), x += DP) {                                       \
+            float wa[ROWS];                                                                       \
+            float4 xc[COLS4];                                                                     \
+            attn_read_col(wa, w, ROWS, WP);                                                       \
+            ATTN_PRAGMA(unroll)                                                                   \
+            for (int e = 0; e < (COLS4); ++e)                                                     \
+                xc[e] = READ4(x, 4 * e * (CTS));                                                  \
+            ATTN_PRAGMA(unroll)                                                                   \
+            for (int a = 0; a < (ROWS); ++a)                                                      \
+                for (int e = 0; e < (COLS4); ++e)                                                 \
+                    acc[a][e] = fma((float4)(wa[a]), xc[e], acc[a][e]);                           \
+        }                                                                                         \
+    }
+
 #if defined(LLMCL_NV_PTX) && (CT & (CT - 1)) == 0 && (RT * CT) % 32 == 0
 #define ATTN_SHFL 1
 /* The maximum over the CT work-items of a row: consecutive lanes of one warp. */
@@ -452,6 +477,8 @@ inline float attn_dlogit(float s, float scale, float softcap)
 }
 
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 1
+ATTN_ACCUMULATE(attn_fwd_pv, TM, DT4, CT, PM, BLOCK_N, lk_t, LREADK4) /* P.V into O */
+
 __kernel __attribute__((reqd_work_group_size(RT * CT, 1, 1))) void
 attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
          const __global io_t *v, ulong v_off, __global io_t *o, ulong o_off, __global float *lse,
@@ -605,21 +632,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
             attn_fetch_keys(stage, k, kb + n1 * sk_t, sk_t, sq.tk - n1, lid);
 #endif
 
-        const __local float *pcol = pst + ty * TM;
-        const __local lk_t *vrow = vs + 4 * tx;
-        PRODUCT_LOOP
-        for (int j = 0; j < BLOCK_N; ++j, pcol += PM, vrow += DP) {
-            float pa[TM];
-            float4 vc[DT4];
-            attn_read_col(pa, pcol, TM, PM);
-#pragma unroll
-            for (int e = 0; e < DT4; ++e)
-                vc[e] = LREADK4(vrow, 4 * e * CT);
-#pragma unroll
-            for (int a = 0; a < TM; ++a)
-                for (int e = 0; e < DT4; ++e)
-                    acc[a][e] = fma((float4)(pa[a]), vc[e], acc[a][e]);
-        }
+        attn_fwd_pv(acc, pst + ty * TM, vs + 4 * tx);
     }
 
     /* Each work-item summed its own columns; the row sum adds the CT partials in a fixed order. */
@@ -674,6 +687,8 @@ __kernel void attn_bwd_pre(const __global io_t *o, ulong o_off, const __global i
 #endif
 
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 3
+ATTN_ACCUMULATE(attn_dq_dsk, TM, DT4, CT, PM, BLOCK_N, lkdq_t, LREADKDQ4) /* dS.K into dQ */
+
 __kernel __attribute__((reqd_work_group_size(RT * CT, 1, 1))) void
 attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
             const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,
@@ -801,21 +816,7 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
         }
 #endif
 
-        const __local float *scol = dsst + ty * TM;
-        const __local lkdq_t *kj = ks + 4 * tx;
-        PRODUCT_LOOP
-        for (int j = 0; j < BLOCK_N; ++j, scol += PM, kj += DP) {
-            float sa[TM];
-            float4 kc[DT4];
-            attn_read_col(sa, scol, TM, PM);
-#pragma unroll
-            for (int e = 0; e < DT4; ++e)
-                kc[e] = LREADKDQ4(kj, 4 * e * CT);
-#pragma unroll
-            for (int a = 0; a < TM; ++a)
-                for (int e = 0; e < DT4; ++e)
-                    acc[a][e] = fma((float4)(sa[a]), kc[e], acc[a][e]);
-        }
+        attn_dq_dsk(acc, dsst + ty * TM, ks + 4 * tx);
 #if PIPE
         barrier(CLK_LOCAL_MEM_FENCE);
         if (n1 < n_hi)
@@ -841,31 +842,9 @@ inline long attn_row(long off, long s_b, long s_h, long s_t, int b, int h, int r
 }
 
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 4
-/*
- * attn_bwd_dkdv's accumulating product: acc (a work-item's TN key rows of dV or dK) += the tile's
- * BLOCK_M queries of wcol (P or dS, transposed: a query per row, this work-item's keys from
- * wcol[0]) times the rows of x (dO or Q, this work-item's columns from x[0]).
- */
-inline void attn_dkdv_accumulate(float4 acc[TN][DT4_KV], const __local float *wcol,
-                                 const __local lq_t *x)
-{
-    PRODUCT_LOOP
-    for (int i = 0; i < BLOCK_M; ++i, wcol += PN, x += DP) {
-        float w[TN];
-        float4 xc[DT4_KV];
-        attn_read_col(w, wcol, TN, PN);
-#pragma unroll
-        for (int e = 0; e < DT4_KV; ++e)
-            xc[e] = LREADQ4(x, 4 * e * CT_KV);
-#pragma unroll
-        for (int r = 0; r < TN; ++r)
-            for (int e = 0; e < DT4_KV; ++e)
-                acc[r][e] = fma((float4)(w[r]), xc[e], acc[r][e]);
-    }
-}
-#endif
+/* P^T.dO into dV and dS^T.Q into dK. */
+ATTN_ACCUMULATE(attn_dkdv_accumulate, TN, DT4_KV, CT_KV, PN, BLOCK_M, lq_t, LREADQ4)
 
-#if !defined(ATTN_ONLY) || ATTN_ONLY == 4
 __kernel __attribute__((reqd_work_group_size(RT_KV * CT_KV, 1, 1))) void
 attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
               const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,
