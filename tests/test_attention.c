@@ -299,24 +299,30 @@ static void test_head_dims(void **state)
  * with K and V as stored (LF32 2) and 8 x 4 register tiles, all operands f32 with separate K and V
  * buffers (LF32 1, KV_SEP 1), and unrolled loops; the first and last sets stage the next tiles
  * through registers (PIPE) and hold dQ's K tile in f32 (KF32); the fourth stages with 12
- * work-items, which do not span whole rows and leave the last piece partly past the tile. The cases span several key and query tiles, GQA and a varlen batch
- * (the pipelined loops cross sequence and head boundaries). Every set fits 32 KiB of local memory
- * at D 64 with f32 storage.
+ * work-items, which do not span whole rows and leave the last piece partly past the tile. The
+ * first, third and fourth order the grid in runs of 3, 2 and 100 tiles of a head (TILE_RUN: runs
+ * that leave a shorter last run, and one longer than any head's tile count). The cases span
+ * several key and query tiles, GQA and a varlen batch (the pipelined loops cross sequence and
+ * head boundaries). Every set fits 32 KiB of local memory at D 64 with f32 storage. Last, a
+ * TILE_RUN of 0 is refused, and one whose runs over every head overflow the kernels' 32-bit
+ * work-group counts.
  */
 static void test_tunables(void **state)
 {
     (void)state;
     llmcl_ctx *ctx = th_ctx();
     static const char *const sets[][3] = {
-        {"BLOCK_M=32 BLOCK_N=32 TM=8 TN=4 LF32=2 UNROLL=2 PIPE=1",
-         "BLOCK_M=16 BLOCK_N=32 TM=4 TN=4 LF32=2 KF32=1 PIPE=1",
-         "BLOCK_M=16 BLOCK_N=16 TM=4 TN=4 LF32=2 PIPE=1"},
+        {"BLOCK_M=32 BLOCK_N=32 TM=8 TN=4 LF32=2 UNROLL=2 PIPE=1 TILE_RUN=3",
+         "BLOCK_M=16 BLOCK_N=32 TM=4 TN=4 LF32=2 KF32=1 PIPE=1 TILE_RUN=3",
+         "BLOCK_M=16 BLOCK_N=16 TM=4 TN=4 LF32=2 PIPE=1 TILE_RUN=3"},
         {"BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 LF32=1 KV_SEP=1", "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 LF32=1",
          "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 LF32=1 UNROLL=2"},
-        {"BLOCK_M=32 BLOCK_N=32 TM=8 TN=2 UNROLL=4 PIPE=1", "BLOCK_M=16 BLOCK_N=32 TM=2 TN=4 KF32=1 PIPE=1",
-         "BLOCK_M=16 BLOCK_N=32 TM=4 TN=4 UNROLL=2 PIPE=1"},
-        {"BLOCK_M=12 BLOCK_N=16 TM=4 TN=4 PIPE=1", "BLOCK_M=12 BLOCK_N=16 TM=4 TN=4 PIPE=1",
-         "BLOCK_M=16 BLOCK_N=12 TM=4 TN=4 PIPE=1"}};
+        {"BLOCK_M=32 BLOCK_N=32 TM=8 TN=2 UNROLL=4 PIPE=1 TILE_RUN=2",
+         "BLOCK_M=16 BLOCK_N=32 TM=2 TN=4 KF32=1 PIPE=1 TILE_RUN=2",
+         "BLOCK_M=16 BLOCK_N=32 TM=4 TN=4 UNROLL=2 PIPE=1 TILE_RUN=2"},
+        {"BLOCK_M=12 BLOCK_N=16 TM=4 TN=4 PIPE=1 TILE_RUN=100",
+         "BLOCK_M=12 BLOCK_N=16 TM=4 TN=4 PIPE=1 TILE_RUN=100",
+         "BLOCK_M=16 BLOCK_N=12 TM=4 TN=4 PIPE=1 TILE_RUN=100"}};
     static const char *const keys[3] = {"attention_fwd", "attention_bwd_dq", "attention_bwd_dkdv"};
     static const int32_t cu[] = {0, 1, 40, 45, 110};
     const llmcl_dtype dts[2] = {LLMCL_BF16, LLMCL_F32};
@@ -354,6 +360,24 @@ static void test_tunables(void **state)
                                 &launched));
     assert_non_null(strstr(used, "KV_SEP=1"));
     assert_non_null(strstr(used, "PIPE=0"));
+
+    TH_OK(llmcl_tune_override(ctx, "attention_bwd_dkdv", LLMCL_F32, "*",
+                              "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 TILE_RUN=0"));
+    const attn_case c = dense(LLMCL_F32, 1, 2, 1, 64, 40, 40);
+    attn_run r;
+    run_setup(&r, &c, 90);
+    TH_OK(run_forward(&r));
+    TH_FAILS(run_backward(&r), LLMCL_ERROR_UNSUPPORTED);
+    assert_non_null(strstr(llmcl_last_error(ctx), "TILE_RUN"));
+    run_free(&r);
+    TH_OK(llmcl_tune_override(ctx, "attention_bwd_dkdv", LLMCL_F32, "*",
+                              "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 TILE_RUN=2147483647"));
+    const attn_case c3 = dense(LLMCL_F32, 3, 2, 1, 64, 40, 40); /* 3 KV heads in all */
+    run_setup(&r, &c3, 91);
+    TH_OK(run_forward(&r));
+    TH_FAILS(run_backward(&r), LLMCL_ERROR_OVERFLOW);
+    assert_non_null(strstr(llmcl_last_error(ctx), "TILE_RUN"));
+    run_free(&r);
     TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
 }
 

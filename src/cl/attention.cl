@@ -55,6 +55,9 @@
  *             (attn_fwd: V under the softmax, the next K under P.V; attn_bwd_dq: the next V under
  *             dS, the next K under dQ; attn_bwd_dkdv: the next dO under dS and dV, the next Q
  *             under dK). Costs registers. Not with KV_SEP 1 (the launcher then passes 0). Default 0.
+ *   TILE_RUN  grid order of the tiled kernels: runs of TILE_RUN tiles of one head, every head's
+ *             run before the next (1: tile-major, the heaviest tiles of every head first; the
+ *             tile count: head-major). Default 1.
  *   PRE_WG    work-group size of attn_bwd_pre (any value up to the device maximum).
  *   VARLEN    defined: packed sequences through cu_q / cu_k.
  *   ALIGNED4  1 (set by the launcher): every offset and stride of Q, K, V and dO is a multiple of
@@ -107,6 +110,9 @@
 #ifndef KF32
 #define KF32 0
 #endif
+#ifndef TILE_RUN
+#define TILE_RUN 1
+#endif
 #if PIPE && KV_SEP
 #error "PIPE stages K and V through one buffer: it needs KV_SEP 0"
 #endif
@@ -141,6 +147,27 @@ typedef STORAGE(IO_DT) io_t;
 #define IO4_BF16 ushort4
 #define IO4_F16 ushort4
 typedef LLMCL_CAT(IO4_, IO_DT) io4_t;
+
+/*
+ * A tiled kernel's work-group on its flat grid: runs of TILE_RUN consecutive tiles of one (batch,
+ * head) pair, every pair's run before the next run of tiles (the last run may be shorter).
+ * Work-groups start in grid order, so with the heaviest tiles first (the last query tiles, the
+ * first key tiles, under a causal mask) the lightest form the tail: ordered by head alone, a late
+ * head's heaviest tiles would run alone at the end. Longer runs keep a head's K/V (or Q/dO) in
+ * the cache for more of the work-groups that read it.
+ */
+typedef struct attn_place {
+    int tile, b, h;
+} attn_place;
+
+inline attn_place attn_place_of(int nb, int heads, bool last_first)
+{
+    const uint nbh = nb * heads, ntiles = (uint)get_num_groups(0) / nbh, g = get_group_id(0);
+    const uint run0 = g / (nbh * TILE_RUN) * TILE_RUN, len = min((uint)TILE_RUN, ntiles - run0);
+    const uint r = g - run0 * nbh, bh = r / len, ti = run0 + r - bh * len;
+    const attn_place p = {last_first ? ntiles - 1 - ti : ti, bh / heads, bh % heads};
+    return p;
+}
 
 /* Per-sequence geometry of a work-group: row offsets and lengths of its queries and keys. */
 typedef struct attn_seq {
@@ -483,7 +510,7 @@ __kernel __attribute__((reqd_work_group_size(RT * CT, 1, 1))) void
 attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
          const __global io_t *v, ulong v_off, __global io_t *o, ulong o_off, __global float *lse,
          ulong lse_off, const __global int *cu_q, ulong cu_q_off, const __global int *cu_k,
-         ulong cu_k_off, int tq_all, int tk_all, int hq, int group, long sq_b, long sq_h,
+         ulong cu_k_off, int tq_all, int tk_all, int nb, int hq, int group, long sq_b, long sq_h,
          long sq_t, long sk_b, long sk_h, long sk_t, long sv_b, long sv_h, long sv_t, long so_b,
          long so_h, long so_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
 {
@@ -499,10 +526,10 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
     __local float red[BLOCK_M * CT];
 
     const int lid = get_local_id(0), tx = lid % CT, ty = lid / CT;
-    const int bh = get_group_id(1), b = bh / hq, h = bh - b * hq, hk = h / group;
+    const attn_place at = attn_place_of(nb, hq, true);
+    const int b = at.b, h = at.h, hk = h / group;
     const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
-    /* Last query tiles first: under a causal mask they have the most keys (shorter tail). */
-    const int m0 = (get_num_groups(0) - 1 - get_group_id(0)) * BLOCK_M;
+    const int m0 = at.tile * BLOCK_M;
     if (m0 >= sq.tq)
         return;
 
@@ -695,9 +722,10 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
             const __global float *lse, ulong lse_off, const __global float *delta,
             ulong delta_off, __global io_t *dq, ulong dq_off, const __global int *cu_q,
             ulong cu_q_off, const __global int *cu_k, ulong cu_k_off, int tq_all, int tk_all,
-            int hq, int group, long sq_b, long sq_h, long sq_t, long sk_b, long sk_h, long sk_t,
-            long sv_b, long sv_h, long sv_t, long sd_b, long sd_h, long sd_t, long sg_b,
-            long sg_h, long sg_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
+            int nb, int hq, int group, long sq_b, long sq_h, long sq_t, long sk_b, long sk_h,
+            long sk_t, long sv_b, long sv_h, long sv_t, long sd_b, long sd_h, long sd_t,
+            long sg_b, long sg_h, long sg_t, long sl_b, long sl_h, float scale, float softcap,
+            int wl, int wr)
 {
     LOCAL_TILE(lq_t, qs, BLOCK_M * DP);
     LOCAL_TILE(lq_t, dos, BLOCK_M * DP);
@@ -706,10 +734,10 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
     LOCAL_TILE(float, dsst, BLOCK_N * PM); /* dS^T */
 
     const int lid = get_local_id(0), tx = lid % CT, ty = lid / CT;
-    const int bh = get_group_id(1), b = bh / hq, h = bh - b * hq, hk = h / group;
+    const attn_place at = attn_place_of(nb, hq, true);
+    const int b = at.b, h = at.h, hk = h / group;
     const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
-    /* Last query tiles first: under a causal mask they have the most keys (shorter tail). */
-    const int m0 = (get_num_groups(0) - 1 - get_group_id(0)) * BLOCK_M;
+    const int m0 = at.tile * BLOCK_M;
     if (m0 >= sq.tq)
         return;
 
@@ -851,7 +879,7 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
               const __global float *lse, ulong lse_off, const __global float *delta,
               ulong delta_off, __global io_t *dk, ulong dk_off, __global io_t *dv, ulong dv_off,
               const __global int *cu_q, ulong cu_q_off, const __global int *cu_k, ulong cu_k_off,
-              int tq_all, int tk_all, int hkv, int group, long sq_b, long sq_h, long sq_t,
+              int tq_all, int tk_all, int nb, int hkv, int group, long sq_b, long sq_h, long sq_t,
               long sk_b, long sk_h, long sk_t, long sv_b, long sv_h, long sv_t, long sd_b,
               long sd_h, long sd_t, long sgk_b, long sgk_h, long sgk_t, long sgv_b, long sgv_h,
               long sgv_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
@@ -866,9 +894,10 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
 
     const int lid = get_local_id(0), tx = lid % CT_KV, ty = lid / CT_KV;
     const int nthreads = RT_KV * CT_KV;
-    const int bh = get_group_id(1), b = bh / hkv, hk = bh - b * hkv;
+    const attn_place at = attn_place_of(nb, hkv, false);
+    const int b = at.b, hk = at.h;
     const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
-    const int n0 = get_group_id(0) * BLOCK_N;
+    const int n0 = at.tile * BLOCK_N;
     if (n0 >= sq.tk)
         return;
 

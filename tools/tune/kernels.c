@@ -97,17 +97,17 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
 }
 
 /*
- * ---- attention.cl: tiles BLOCK_M, BLOCK_N, TM, TN, LF32, UNROLL, PIPE (and KV_SEP for the
- * forward, KF32 for dQ, PRE_WG for the delta pass); the size key is the head dim D. Q, K and V are views of one
- * [B, H + 2K, T, D] tensor, and dK, dV the contiguous [B, K, T, D] halves of one [B, 2K, T, D]
- * buffer (head views of it would interleave, which the backward's output-overlap check refuses),
- * to stay within TUNE_MAX_TENSORS. The backward runs on random O and LSE: its outputs are then no
- * gradients, but every candidate must still reproduce the reference's.
+ * ---- attention.cl: tiles BLOCK_M, BLOCK_N, TM, TN, LF32, UNROLL, PIPE, TILE_RUN (and KV_SEP for
+ * the forward, KF32 for dQ, PRE_WG for the delta pass); the size key is the head dim D. Q, K and V
+ * are views of one [B, H + 2K, T, D] tensor, and dK, dV the contiguous [B, K, T, D] halves of one
+ * [B, 2K, T, D] buffer (head views of it would interleave, which the backward's output-overlap
+ * check refuses), to stay within TUNE_MAX_TENSORS. The backward runs on random O and LSE: its
+ * outputs are then no gradients, but every candidate must still reproduce the reference's.
  */
 
 #define ATTN_TILES                                                                                \
     "BLOCK_M=16,32,64,128 BLOCK_N=8,16,32,64 TM=1,2,4,8 TN=1,2,4,8 LF32=0,1,2 UNROLL=0,2,4,8 "     \
-    "PIPE=0,1"
+    "PIPE=0,1 TILE_RUN=1,8"
 #define ATTN_FWD_TILES ATTN_TILES " KV_SEP=0,1"
 #define ATTN_DQ_TILES ATTN_TILES " KF32=0,1"
 #define ATTN_SHAPES                                                                               \

@@ -16,7 +16,7 @@
 
 #include "llmcl.h"
 
-#define TUNE_MAX_PARAMS 8
+#define TUNE_MAX_PARAMS 12
 #define TUNE_MAX_VALUES 16
 #define TUNE_MAX_TENSORS 6
 #define TUNE_MAX_DIMS 8

@@ -51,6 +51,7 @@ typedef struct attn_tiles {
     int unroll; /* unroll factor of the products' loops, 0 the compiler's choice */
     int pipe;   /* stage the next tile's operands through registers */
     int kf32;   /* attn_bwd_dq: its K tile in f32 */
+    int run;    /* grid order: runs of this many tiles of one head (TILE_RUN) */
 } attn_tiles;
 
 /* ---- validation ---- */
@@ -277,6 +278,8 @@ static const char *attn_tiles_invalid(const llmcl_ctx *ctx, attn_kernel kern, in
         return "KF32 must be 0 or 1";
     if (t.unroll < 0 || t.unroll > 64)
         return "UNROLL must lie in [0, 64]";
+    if (t.run < 1)
+        return "TILE_RUN must be at least 1";
     const int cols = attn_cols(kern, t);
     if (cols > 32 || d % (4 * cols))
         return "4 x the work-item columns must divide D, and the columns be at most 32";
@@ -298,11 +301,11 @@ static const char *attn_tiles_invalid(const llmcl_ctx *ctx, attn_kernel kern, in
 static attn_tiles attn_default_tiles(const llmcl_ctx *ctx, attn_kernel kern, int d,
                                      llmcl_dtype dtype)
 {
-    static const attn_tiles nv_fwd = {32, 64, 8, 2, 2, 0, 2, 1, 0}; /* f32 Q tiles */
-    static const attn_tiles nv_dq = {32, 32, 4, 4, 0, 0, 0, 1, 1};     /* f32 K tiles */
-    static const attn_tiles nv_dkdv = {32, 32, 4, 4, 0, 0, 2, 1, 0};
+    static const attn_tiles nv_fwd = {32, 64, 8, 2, 2, 0, 2, 1, 0, 1}; /* f32 Q tiles */
+    static const attn_tiles nv_dq = {32, 32, 4, 4, 0, 0, 0, 1, 1, 1};     /* f32 K tiles */
+    static const attn_tiles nv_dkdv = {32, 32, 4, 4, 0, 0, 2, 1, 0, 1};
     /* Portable lists: plain tiles (operands as stored, one K/V buffer, no hints, no staging). */
-#define ATTN_PLAIN(bm, bn, tm, tn) {bm, bn, tm, tn, 0, 0, 0, 0, 0}
+#define ATTN_PLAIN(bm, bn, tm, tn) {bm, bn, tm, tn, 0, 0, 0, 0, 0, 1}
     static const attn_tiles fwd[] = {
         ATTN_PLAIN(64, 64, 4, 4), ATTN_PLAIN(64, 32, 4, 4), ATTN_PLAIN(32, 32, 4, 4),
         ATTN_PLAIN(32, 32, 2, 2), ATTN_PLAIN(32, 16, 2, 2), ATTN_PLAIN(16, 16, 2, 2),
@@ -339,6 +342,7 @@ static void attn_tiles_to_params(attn_kernel kern, attn_tiles t, llmcl__params *
     llmcl__param_set(p, "LF32", t.lf32);
     llmcl__param_set(p, "UNROLL", t.unroll);
     llmcl__param_set(p, "PIPE", t.pipe);
+    llmcl__param_set(p, "TILE_RUN", t.run);
     if (kern == ATTN_FWD)
         llmcl__param_set(p, "KV_SEP", t.kvsep);
     if (kern == ATTN_DQ)
@@ -355,7 +359,8 @@ static attn_tiles attn_tiles_of_params(attn_kernel kern, const llmcl__params *p)
                         kern == ATTN_FWD ? (int)llmcl__param_get(p, "KV_SEP", 0) : 0,
                         (int)llmcl__param_get(p, "UNROLL", 0),
                         (int)llmcl__param_get(p, "PIPE", 0),
-                        kern == ATTN_DQ ? (int)llmcl__param_get(p, "KF32", 0) : 0};
+                        kern == ATTN_DQ ? (int)llmcl__param_get(p, "KF32", 0) : 0,
+                        (int)llmcl__param_get(p, "TILE_RUN", 1)};
 }
 
 /*
@@ -473,9 +478,10 @@ static void attn_arg_mask(llmcl__args *a, const attn_geom *g)
 
 /*
  * A tiled kernel (attn_fwd, attn_bwd_dq, attn_bwd_dkdv) with its arguments in their common order:
- * the tensors ts, cu_seqlens, lengths, heads and group size, the (b, h, t) strides of every tensor
- * but lse and delta, lse's strides and the mask. attn_bwd_dkdv runs a work-group per key tile of a
- * KV head, the others per query tile of a query head.
+ * the tensors ts, cu_seqlens, lengths, batch size, heads and group size, the (b, h, t) strides of
+ * every tensor but lse and delta, lse's strides and the mask. attn_bwd_dkdv runs a work-group per
+ * key tile of a KV head, the others per query tile of a query head, on a flat grid that the
+ * kernels read tile-major (attn_place_of).
  */
 static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, attn_kernel which,
                                       const llmcl_tensor *const *ts, int n,
@@ -487,6 +493,12 @@ static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, attn_k
     LLMCL__TRY(attn_kernel_get(ctx, g, which, &kern, &t, &wg));
     const bool by_keys = which == ATTN_DKDV;
     const int heads = by_keys ? g->Hkv : g->Hq;
+    const int64_t tiles = by_keys ? llmcl__div_up(g->Tk, t.bn) : llmcl__div_up(g->Tq, t.bm);
+    /* The kernels count work-groups, and runs of TILE_RUN tiles of every head, in 32 bits. */
+    LLMCL__REQUIRE(ctx, (tiles > t.run ? tiles : t.run) * g->B * heads <= UINT32_MAX,
+                   LLMCL_ERROR_OVERFLOW,
+                   "attention: %lld tiles (TILE_RUN %d) x %d heads x batch %d exceed 2^32",
+                   (long long)tiles, t.run, heads, g->B);
     llmcl__args a = llmcl__args_begin(ctx, kern);
     for (int i = 0; i < n; ++i)
         llmcl__arg_tensor(&a, ts[i]);
@@ -494,6 +506,7 @@ static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, attn_k
     attn_arg_cu(&a, g->cu_k);
     llmcl__arg_i32(&a, g->Tq);
     llmcl__arg_i32(&a, g->Tk);
+    llmcl__arg_i32(&a, g->B);
     llmcl__arg_i32(&a, heads);
     llmcl__arg_i32(&a, g->Hq / g->Hkv);
     for (int i = 0; i < n; ++i)
@@ -501,10 +514,8 @@ static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, attn_k
             attn_arg_strides(&a, attn_strides_of(g, ts[i]), true);
     attn_arg_strides(&a, attn_lse_strides(g, lse), false);
     attn_arg_mask(&a, g);
-    const int64_t tiles = by_keys ? llmcl__div_up(g->Tk, t.bn) : llmcl__div_up(g->Tq, t.bm);
-    const size_t global[2] = {(size_t)tiles * wg, (size_t)g->B * (size_t)heads};
-    const size_t local[2] = {wg, 1};
-    return llmcl__launch(&a, 2, global, local);
+    const size_t global = (size_t)tiles * (size_t)g->B * (size_t)heads * wg;
+    return llmcl__launch(&a, 1, &global, &wg);
 }
 
 llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, const llmcl_tensor *k,
