@@ -169,6 +169,12 @@ inline attn_place attn_place_of(int nb, int heads, bool last_first)
     return p;
 }
 
+/* Element offset of row `row` of head h of sequence b. */
+inline long attn_row(long off, long s_b, long s_h, long s_t, int b, int h, int row)
+{
+    return off + b * s_b + h * s_h + row * s_t;
+}
+
 /* Per-sequence geometry of a work-group: row offsets and lengths of its queries and keys. */
 typedef struct attn_seq {
     int q0, k0, tq, tk;
@@ -425,7 +431,6 @@ typedef lk_t lkdq_t;
 #define attn_put_kdq attn_put_k
 #endif
 
-
 /*
  * n (TM or TN) consecutive floats of a transposed score tile into x; 4 wide where n and the tile's
  * row pitch are multiples of 4 (then p is 16-byte aligned).
@@ -444,6 +449,15 @@ inline void attn_read_col(float *x, const __local float *p, int n, int pitch)
         for (int u = 0; u < n; ++u)
             x[u] = p[u];
     }
+}
+
+/* acc + a . b, the four products in order: one 4-deep step of a score product. */
+inline float attn_dot4(float4 a, float4 b, float acc)
+{
+    acc = fma(a.x, b.x, acc);
+    acc = fma(a.y, b.y, acc);
+    acc = fma(a.z, b.z, acc);
+    return fma(a.w, b.w, acc);
 }
 
 /*
@@ -533,9 +547,9 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
     if (m0 >= sq.tq)
         return;
 
-    const long qb = q_off + b * sq_b + h * sq_h + (sq.q0 + m0) * sq_t;
-    const long kb = k_off + b * sk_b + hk * sk_h + sq.k0 * sk_t;
-    const long vb = v_off + b * sv_b + hk * sv_h + sq.k0 * sv_t;
+    const long qb = attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0);
+    const long kb = attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0);
+    const long vb = attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0);
     attn_load_q(qs, q, qb, sq_t, sq.tq - m0, BLOCK_M, lid, RT * CT);
 
     float4 acc[TM][DT4];
@@ -587,10 +601,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
 #pragma unroll
             for (int a = 0; a < TM; ++a)
                 for (int c = 0; c < TN; ++c) {
-                    s[a][c] = fma(qa[a].x, kc[c].x, s[a][c]);
-                    s[a][c] = fma(qa[a].y, kc[c].y, s[a][c]);
-                    s[a][c] = fma(qa[a].z, kc[c].z, s[a][c]);
-                    s[a][c] = fma(qa[a].w, kc[c].w, s[a][c]);
+                    s[a][c] = attn_dot4(qa[a], kc[c], s[a][c]);
                 }
         }
 
@@ -668,7 +679,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
     for (int a = 0; a < TM; ++a)
         red[(ty + a * RT) * CT + tx] = l[a];
     barrier(CLK_LOCAL_MEM_FENCE);
-    const long ob = o_off + b * so_b + h * so_h + (sq.q0 + m0) * so_t;
+    const long ob = attn_row(o_off, so_b, so_h, so_t, b, h, sq.q0 + m0);
 #pragma unroll
     for (int a = 0; a < TM; ++a) {
         const int r = ty + a * RT;
@@ -704,8 +715,8 @@ __kernel void attn_bwd_pre(const __global io_t *o, ulong o_off, const __global i
 #endif
     if (t >= tq)
         return;
-    const long ob = o_off + b * so_b + h * so_h + (q0 + t) * so_t;
-    const long db = do_off + b * sd_b + h * sd_h + (q0 + t) * sd_t;
+    const long ob = attn_row(o_off, so_b, so_h, so_t, b, h, q0 + t);
+    const long db = attn_row(do_off, sd_b, sd_h, sd_t, b, h, q0 + t);
     float4 sum = (float4)(0.0f);
     for (int c = 0; c < D; c += 4)
         sum = fma(LOAD4(IO_DT, o, ob + c), LOAD4(IO_DT, dout, db + c), sum);
@@ -741,12 +752,12 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
     if (m0 >= sq.tq)
         return;
 
-    attn_load_q(qs, q, q_off + b * sq_b + h * sq_h + (sq.q0 + m0) * sq_t, sq_t, sq.tq - m0,
-                   BLOCK_M, lid, RT * CT);
-    attn_load_q(dos, dout, do_off + b * sd_b + h * sd_h + (sq.q0 + m0) * sd_t, sd_t,
-                   sq.tq - m0, BLOCK_M, lid, RT * CT);
-    const long kb = k_off + b * sk_b + hk * sk_h + sq.k0 * sk_t;
-    const long vb = v_off + b * sv_b + hk * sv_h + sq.k0 * sv_t;
+    attn_load_q(qs, q, attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0), sq_t, sq.tq - m0,
+                BLOCK_M, lid, RT * CT);
+    attn_load_q(dos, dout, attn_row(do_off, sd_b, sd_h, sd_t, b, h, sq.q0 + m0), sd_t,
+                sq.tq - m0, BLOCK_M, lid, RT * CT);
+    const long kb = attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0);
+    const long vb = attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0);
 
     /* LSE in log2 units; a row that saw no key (-inf) gets +inf so that every p is 0. */
     float lse2[TM], dl[TM];
@@ -809,14 +820,8 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
 #pragma unroll
             for (int a = 0; a < TM; ++a)
                 for (int c = 0; c < TN; ++c) {
-                    s[a][c] = fma(qa[a].x, kc[c].x, s[a][c]);
-                    s[a][c] = fma(qa[a].y, kc[c].y, s[a][c]);
-                    s[a][c] = fma(qa[a].z, kc[c].z, s[a][c]);
-                    s[a][c] = fma(qa[a].w, kc[c].w, s[a][c]);
-                    dp[a][c] = fma(ga[a].x, vc[c].x, dp[a][c]);
-                    dp[a][c] = fma(ga[a].y, vc[c].y, dp[a][c]);
-                    dp[a][c] = fma(ga[a].z, vc[c].z, dp[a][c]);
-                    dp[a][c] = fma(ga[a].w, vc[c].w, dp[a][c]);
+                    s[a][c] = attn_dot4(qa[a], kc[c], s[a][c]);
+                    dp[a][c] = attn_dot4(ga[a], vc[c], dp[a][c]);
                 }
         }
 
@@ -852,7 +857,7 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
 #endif
     }
 
-    const long gb = dq_off + b * sg_b + h * sg_h + (sq.q0 + m0) * sg_t;
+    const long gb = attn_row(dq_off, sg_b, sg_h, sg_t, b, h, sq.q0 + m0);
 #pragma unroll
     for (int a = 0; a < TM; ++a) {
         const int r = ty + a * RT;
@@ -862,12 +867,6 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
     }
 }
 #endif
-
-/* Element offset of row `row` of head h of sequence b. */
-inline long attn_row(long off, long s_b, long s_h, long s_t, int b, int h, int row)
-{
-    return off + b * s_b + h * s_h + row * s_t;
-}
 
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 4
 /* P^T.dO into dV and dS^T.Q into dK. */
@@ -901,10 +900,10 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
     if (n0 >= sq.tk)
         return;
 
-    attn_load_k(ks, k, k_off + b * sk_b + hk * sk_h + (sq.k0 + n0) * sk_t, sk_t, sq.tk - n0,
-                   BLOCK_N, lid, nthreads);
-    attn_load_k(vs, v, v_off + b * sv_b + hk * sv_h + (sq.k0 + n0) * sv_t, sv_t, sq.tk - n0,
-                   BLOCK_N, lid, nthreads);
+    attn_load_k(ks, k, attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0 + n0), sk_t, sq.tk - n0,
+                BLOCK_N, lid, nthreads);
+    attn_load_k(vs, v, attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0 + n0), sv_t, sq.tk - n0,
+                BLOCK_N, lid, nthreads);
 
     float4 gk[TN][DT4_KV], gv[TN][DT4_KV];
 #pragma unroll
@@ -973,14 +972,8 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
 #pragma unroll
             for (int r = 0; r < TN; ++r)
                 for (int c = 0; c < TM; ++c) {
-                    s[r][c] = fma(kr[r].x, qc[c].x, s[r][c]);
-                    s[r][c] = fma(kr[r].y, qc[c].y, s[r][c]);
-                    s[r][c] = fma(kr[r].z, qc[c].z, s[r][c]);
-                    s[r][c] = fma(kr[r].w, qc[c].w, s[r][c]);
-                    dp[r][c] = fma(vr[r].x, gc[c].x, dp[r][c]);
-                    dp[r][c] = fma(vr[r].y, gc[c].y, dp[r][c]);
-                    dp[r][c] = fma(vr[r].z, gc[c].z, dp[r][c]);
-                    dp[r][c] = fma(vr[r].w, gc[c].w, dp[r][c]);
+                    s[r][c] = attn_dot4(kr[r], qc[c], s[r][c]);
+                    dp[r][c] = attn_dot4(vr[r], gc[c], dp[r][c]);
                 }
         }
 
@@ -1022,8 +1015,8 @@ attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong
 #endif
     }
 
-    const long kgb = dk_off + b * sgk_b + hk * sgk_h + (sq.k0 + n0) * sgk_t;
-    const long vgb = dv_off + b * sgv_b + hk * sgv_h + (sq.k0 + n0) * sgv_t;
+    const long kgb = attn_row(dk_off, sgk_b, sgk_h, sgk_t, b, hk, sq.k0 + n0);
+    const long vgb = attn_row(dv_off, sgv_b, sgv_h, sgv_t, b, hk, sq.k0 + n0);
 #pragma unroll
     for (int r = 0; r < TN; ++r) {
         const int j = ty + r * RT_KV;
