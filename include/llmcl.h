@@ -102,8 +102,11 @@ typedef struct llmcl_device_info {
 
 /*
  * Picks the device that llmcl_ctx_create() would use. LLMCL_PLATFORM and LLMCL_DEVICE take an index
- * or a case-insensitive substring of the name; without them, the first GPU, else the first device.
- * LLMCL_ERROR_NO_DEVICE when nothing matches; llmcl_last_error(NULL) then lists what exists.
+ * or a case-insensitive substring of the name; a platform substring is tried on every platform's
+ * name, then its vendor, then its version string (so "pocl" finds "Portable Computing Language",
+ * "mesa" finds rusticl, "cuda" finds "NVIDIA CUDA"). Without them, the first GPU, else the first
+ * device. LLMCL_ERROR_NO_DEVICE when nothing matches; llmcl_last_error(NULL) then lists what exists
+ * with the strings that were tried.
  */
 LLMCL_API llmcl_status llmcl_device_select(cl_platform_id *platform, cl_device_id *device);
 

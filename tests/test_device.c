@@ -116,6 +116,67 @@ static void test_select_by_index(void **state)
     env_restore(&p);
 }
 
+/* The first platform with a device whose `param` string contains `needle` (lower case), or NULL. */
+static cl_platform_id platform_with(cl_platform_info param, const char *needle)
+{
+    cl_platform_id ps[16];
+    cl_uint np = 0;
+    clGetPlatformIDs(16, ps, &np);
+    for (cl_uint i = 0; i < np && i < 16; ++i) {
+        char text[512] = "", low[512];
+        cl_uint nd = 0;
+        clGetPlatformInfo(ps[i], param, sizeof text, text, NULL);
+        for (size_t j = 0; j <= strlen(text); ++j)
+            low[j] = (char)((text[j] >= 'A' && text[j] <= 'Z') ? text[j] + 32 : text[j]);
+        if (strstr(low, needle) && clGetDeviceIDs(ps[i], CL_DEVICE_TYPE_ALL, 0, NULL, &nd) ==
+                                       CL_SUCCESS && nd > 0)
+            return ps[i];
+    }
+    return NULL;
+}
+
+/* The names people use for the implementations select them, whatever each platform calls itself:
+   PoCL is "Portable Computing Language" (vendor "The pocl project"), NVIDIA's is "NVIDIA CUDA",
+   Mesa's are "rusticl" and "Clover" (vendor "Mesa..."). Where PoCL's version string lists a CUDA
+   backend, "cuda" must still pick NVIDIA's platform by its name. */
+static void test_select_platform_aliases(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *sel;
+        cl_platform_info param;
+        const char *needle;
+    } cases[] = {
+        {"pocl", CL_PLATFORM_NAME, "portable computing language"},
+        {"PoCL", CL_PLATFORM_NAME, "portable computing language"},
+        {"nvidia", CL_PLATFORM_NAME, "nvidia"},
+        {"cuda", CL_PLATFORM_NAME, "nvidia cuda"},
+        {"rusticl", CL_PLATFORM_NAME, "rusticl"},
+        {"mesa", CL_PLATFORM_VENDOR, "mesa"},
+    };
+    int found = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
+        const cl_platform_id want = platform_with(cases[c].param, cases[c].needle);
+        saved_env p = env_set("LLMCL_PLATFORM", cases[c].sel);
+        saved_env d = env_set("LLMCL_DEVICE", NULL);
+        cl_platform_id platform = NULL;
+        cl_device_id device = NULL;
+        const llmcl_status st = llmcl_device_select(&platform, &device);
+        if (want) {
+            ++found;
+            TH_OK(st);
+            if (platform != want)
+                fail_msg("LLMCL_PLATFORM=%s selected another platform", cases[c].sel);
+        } else {
+            assert_int_equal(st, LLMCL_ERROR_NO_DEVICE);
+            assert_non_null(strstr(llmcl_last_error(NULL), "name / vendor / version"));
+        }
+        env_restore(&d);
+        env_restore(&p);
+    }
+    assert_true(found > 0); /* the platform under test answers to one of its usual names */
+}
+
 static void test_bad_memory_limit_env(void **state)
 {
     (void)state;
@@ -184,6 +245,7 @@ int main(void)
         cmocka_unit_test(test_select_by_name_substring),
         cmocka_unit_test(test_select_no_match),
         cmocka_unit_test(test_select_by_index),
+        cmocka_unit_test(test_select_platform_aliases),
         cmocka_unit_test(test_bad_memory_limit_env),
         cmocka_unit_test(test_application_objects),
     };

@@ -21,9 +21,16 @@ typedef struct device_entry {
     cl_platform_id platform;
     cl_device_id device;
     int platform_index, device_index; /* device_index: within its platform */
-    char platform_name[256], device_name[256];
+    /* what LLMCL_PLATFORM is matched against, in falling priority (see platform_field) */
+    char platform_name[256], platform_vendor[256], platform_version[256];
+    char device_name[256];
     cl_device_type type;
 } device_entry;
+
+/* PoCL's platform name is "Portable Computing Language"; people call it pocl, as its vendor and
+   version strings do. A name match beats a vendor match beats a version match, so that "cuda"
+   picks NVIDIA's "NVIDIA CUDA" even where PoCL's version string lists its CUDA backend. */
+enum { PLATFORM_FIELDS = 3 };
 
 static bool is_index(const char *s)
 {
@@ -68,6 +75,10 @@ static int list_devices(device_entry *out, int cap)
             e->device_index = (int)d;
             clGetPlatformInfo(platforms[p], CL_PLATFORM_NAME, sizeof e->platform_name,
                               e->platform_name, NULL);
+            clGetPlatformInfo(platforms[p], CL_PLATFORM_VENDOR, sizeof e->platform_vendor,
+                              e->platform_vendor, NULL);
+            clGetPlatformInfo(platforms[p], CL_PLATFORM_VERSION, sizeof e->platform_version,
+                              e->platform_version, NULL);
             clGetDeviceInfo(devices[d], CL_DEVICE_NAME, sizeof e->device_name, e->device_name, NULL);
             clGetDeviceInfo(devices[d], CL_DEVICE_TYPE, sizeof e->type, &e->type, NULL);
         }
@@ -75,11 +86,18 @@ static int list_devices(device_entry *out, int cap)
     return n;
 }
 
-static bool platform_matches(const device_entry *e, const char *sel)
+static const char *platform_field(const device_entry *e, int field)
+{
+    return field == 0 ? e->platform_name : field == 1 ? e->platform_vendor : e->platform_version;
+}
+
+/* An index selects by position (every field pass agrees); a name is tried on one field a pass. */
+static bool platform_matches(const device_entry *e, const char *sel, int field)
 {
     if (!sel)
         return true;
-    return is_index(sel) ? e->platform_index == atoi(sel) : contains_nocase(e->platform_name, sel);
+    return is_index(sel) ? e->platform_index == atoi(sel)
+                         : contains_nocase(platform_field(e, field), sel);
 }
 
 /* Without LLMCL_PLATFORM a device index counts across all platforms, as llmcl-info lists them. */
@@ -98,11 +116,14 @@ static llmcl_status no_match(const device_entry *list, int n, const char *psel, 
     char avail[LLMCL__ERR_LEN / 2] = "";
     size_t len = 0;
     for (int i = 0; i < n && len < sizeof avail - 1; ++i)
-        len += (size_t)snprintf(avail + len, sizeof avail - len, "%s[%d] platform %d '%s': '%s'",
-                                i ? "; " : "", i, list[i].platform_index, list[i].platform_name,
+        len += (size_t)snprintf(avail + len, sizeof avail - len,
+                                "%s[%d] platform %d '%s' / '%s' / '%s': '%s'", i ? "; " : "", i,
+                                list[i].platform_index, list[i].platform_name,
+                                list[i].platform_vendor, list[i].platform_version,
                                 list[i].device_name);
     return LLMCL__FAIL(NULL, LLMCL_ERROR_NO_DEVICE,
-                       "no device matches LLMCL_PLATFORM=%s LLMCL_DEVICE=%s; available: %s",
+                       "no device matches LLMCL_PLATFORM=%s LLMCL_DEVICE=%s (LLMCL_PLATFORM is "
+                       "matched against each platform's name / vendor / version); available: %s",
                        psel ? psel : "(unset)", dsel ? dsel : "(unset)", n ? avail : "none");
 }
 
@@ -115,10 +136,12 @@ llmcl_status llmcl_device_select(cl_platform_id *platform, cl_device_id *device)
     const char *psel = llmcl__getenv("LLMCL_PLATFORM");
     const char *dsel = llmcl__getenv("LLMCL_DEVICE");
     int chosen = -1;
-    for (int i = 0; i < n && chosen < 0; ++i)
-        if (platform_matches(&list[i], psel) && device_matches(&list[i], i, psel, dsel) &&
-            (psel || dsel || (list[i].type & CL_DEVICE_TYPE_GPU)))
-            chosen = i;
+    for (int field = 0; field < PLATFORM_FIELDS && chosen < 0; ++field)
+        for (int i = 0; i < n && chosen < 0; ++i)
+            if (platform_matches(&list[i], psel, field) &&
+                device_matches(&list[i], i, psel, dsel) &&
+                (psel || dsel || (list[i].type & CL_DEVICE_TYPE_GPU)))
+                chosen = i;
     for (int i = 0; i < n && chosen < 0 && !psel && !dsel; ++i)
         chosen = i; /* no GPU anywhere: the first device */
     if (chosen < 0)
