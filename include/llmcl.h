@@ -98,6 +98,8 @@ typedef struct llmcl_device_info {
     int nv_cc_major;    /* NVIDIA compute capability, 0 elsewhere */
     int nv_cc_minor;
     int has_inline_ptx; /* an inline PTX test kernel built (NVIDIA only) */
+    int has_mma;        /* tensor cores through inline PTX: compute capability 8.0 or later and a
+                           kernel with mma.sync, ldmatrix and cp.async built (NVIDIA only) */
 } llmcl_device_info;
 
 /*
@@ -559,6 +561,55 @@ LLMCL_API llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tens
                                                 const llmcl_attention_opts *opts,
                                                 llmcl_tensor *dq, llmcl_tensor *dk,
                                                 llmcl_tensor *dv);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Matrix multiply (matmul.cl).                                                                   */
+
+/* Where a bias is added: to every row (bias[N], a linear layer's bias) or down every column (bias[M]). */
+typedef enum llmcl_matmul_bias {
+    LLMCL_MATMUL_BIAS_ROW = 0, /* c[i, j] += bias[j] */
+    LLMCL_MATMUL_BIAS_COL,     /* c[i, j] += bias[i] */
+} llmcl_matmul_bias;
+
+/* Options of llmcl_matmul. A zero-initialised struct (or NULL) gives the defaults. */
+typedef struct llmcl_matmul_opts {
+    int trans_a, trans_b;         /* 1: op(a) = a^T, op(b) = b^T; 0: as stored */
+    const llmcl_tensor *bias;     /* optional, borrowed: 1-D, f32 or a's dtype, any stride */
+    llmcl_matmul_bias bias_mode;  /* default LLMCL_MATMUL_BIAS_ROW */
+    int allow_tf32;               /* f32 inputs may run on tensor cores in tf32 (10-bit mantissa
+                                     products, f32 sums) where the device has them; 0: exact f32 */
+    int split_k;                  /* slices of K summed in a fixed order by a second kernel;
+                                     0: chosen from the shape and the device; 1: off */
+} llmcl_matmul_opts;
+
+/*
+ * c = alpha op(a) op(b) + beta c + bias, with f32 accumulation (beta 0: c is not read, so it may
+ * hold anything; the bias is not scaled by alpha).
+ *
+ * op(a) is [M, K] and op(b) is [K, N]: a is [M, K] (or [K, M] with trans_a), b is [K, N] (or [N, K]
+ * with trans_b). The three products of a linear layer y = x w^T + b with w [out, in]:
+ *   y = x w^T        llmcl_matmul(ctx, 1, x, w, 0, y, {.trans_b = 1, .bias = b})
+ *   dx = dy w        llmcl_matmul(ctx, 1, dy, w, 0, dx, NULL)
+ *   dw += dy^T x     llmcl_matmul(ctx, 1, dy, x, 1, dw, {.trans_a = 1})
+ * Batched: c [batch, M, N] with a and b each [batch, ., .] or 2-D (the same matrix for every batch
+ * entry). Every tensor may have any element strides (views of per-head slices, transposed storage);
+ * the fast paths want a unit stride along one of each operand's two matrix dimensions.
+ *
+ * a and b share one dtype: f32, bf16 or f16. c is f32 or a's dtype; the bias (opts->bias, bias_mode
+ * picks its length N or M) is f32 or a's dtype. Reads a, b, the bias and (beta != 0) c; writes c,
+ * which must not overlap a, b or the bias (LLMCL_ERROR_INVALID_ARGUMENT), nor itself (no stride 0).
+ *
+ * Paths: on NVIDIA devices of compute capability 8.0 and later, bf16 and f16 (and f32 with
+ * allow_tf32) run on tensor cores (mma.sync with ldmatrix and a cp.async pipeline); f32 otherwise
+ * runs through CLBlast where the layout allows, and everything else through a portable tiled
+ * kernel. split_k > 1 (or the automatic choice for shapes with few output tiles and a long K)
+ * computes K slices into an f32 scratch of split_k * batch * M * N floats, counted in memory
+ * accounting and freed when the call returns; results are the same bits run after run.
+ * llmcl_tune_params_get(ctx, "mm_mma" or "mm_tiled", ...) reports the parameters of the path that ran.
+ */
+LLMCL_API llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a,
+                                    const llmcl_tensor *b, float beta, llmcl_tensor *c,
+                                    const llmcl_matmul_opts *opts);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Cross-entropy (cross_entropy.cl).                                                              */

@@ -53,10 +53,15 @@ static void test_probe(void **state)
         assert_true(info->nv_cc_major >= 3);
     else
         assert_int_equal(info->has_inline_ptx, 0);
+    /* tensor cores need inline PTX and sm_80; on an NVIDIA GPU of sm_80 or later they must probe */
+    assert_true(!info->has_mma || (info->has_inline_ptx && info->nv_cc_major >= 8));
+    if (info->has_inline_ptx && info->nv_cc_major >= 8)
+        assert_int_equal(info->has_mma, 1);
     llmcl_device_info again;
     TH_OK(llmcl_device_probe(llmcl_ctx_cl_device(th_ctx()), &again));
     assert_string_equal(again.name, info->name);
     assert_int_equal(again.has_inline_ptx, info->has_inline_ptx);
+    assert_int_equal(again.has_mma, info->has_mma);
     assert_int_equal(again.has_fp64, info->has_fp64);
     TH_FAILS(llmcl_device_probe(NULL, &again), LLMCL_ERROR_INVALID_ARGUMENT);
 }

@@ -119,6 +119,23 @@ inline void store4_F16(__global ushort *p, long i, float4 v)
     vstore_half4_rte(v, 0, (__global half *)(p + i));
 }
 
+/* n contiguous floats of local memory from p (16-byte aligned when n % 4 == 0) into dst[]. */
+#define LDS_RUN(dst, n, p)                                                                        \
+    do {                                                                                          \
+        if ((n) % 4 == 0) {                                                                       \
+            for (int q_ = 0; q_ < (n); q_ += 4) {                                                 \
+                const float4 t_ = *(const __local float4 *)((p) + q_);                            \
+                dst[q_] = t_.x;                                                                   \
+                dst[q_ + 1] = t_.y;                                                               \
+                dst[q_ + 2] = t_.z;                                                               \
+                dst[q_ + 3] = t_.w;                                                               \
+            }                                                                                     \
+        } else {                                                                                  \
+            for (int q_ = 0; q_ < (n); ++q_)                                                      \
+                dst[q_] = (p)[q_];                                                                \
+        }                                                                                         \
+    } while (0)
+
 /* Integers load as themselves; kernels on labels and positions use these. */
 inline long load_I32(const __global int *p, long i) { return p[i]; }
 inline long load_I64(const __global long *p, long i) { return p[i]; }

@@ -81,23 +81,6 @@
 #define RI(i) (ty * TM + (i))
 #define CJ(j) (tx * TN + (j))
 
-/* n contiguous floats of local memory from p (16-byte aligned when n % 4 == 0) into dst[]. */
-#define LDS_RUN(dst, n, p)                                                                        \
-    do {                                                                                          \
-        if ((n) % 4 == 0) {                                                                       \
-            for (int q_ = 0; q_ < (n); q_ += 4) {                                                 \
-                const float4 t_ = *(const __local float4 *)((p) + q_);                            \
-                dst[q_] = t_.x;                                                                   \
-                dst[q_ + 1] = t_.y;                                                               \
-                dst[q_ + 2] = t_.z;                                                               \
-                dst[q_ + 3] = t_.w;                                                               \
-            }                                                                                     \
-        } else {                                                                                  \
-            for (int q_ = 0; q_ < (n); ++q_)                                                      \
-                dst[q_] = (p)[q_];                                                                \
-        }                                                                                         \
-    } while (0)
-
 #define LOCAL_ALIGNED __attribute__((aligned(16)))
 
 typedef STORAGE(DT) st_t;

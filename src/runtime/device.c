@@ -197,6 +197,36 @@ static bool inline_ptx_builds(cl_context context, cl_device_id device)
     return ok;
 }
 
+/* The tensor-core block's instructions (mma.cl): NVIDIA's compiler takes them for sm_80 and later. */
+static bool mma_builds(cl_context context, cl_device_id device)
+{
+    static const char *src =
+        "__kernel void probe(__global const ushort *a, __global float *c) {\n"
+        "  __local ushort s[256] __attribute__((aligned(16)));\n"
+        "  const uint l = get_local_id(0), sa = (uint)(size_t)(s + (l % 16) * 16);\n"
+        "  asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, 16;\" :: \"r\"(sa),\n"
+        "               \"l\"(a + (l % 16) * 16));\n"
+        "  asm volatile(\"cp.async.commit_group;\");\n"
+        "  asm volatile(\"cp.async.wait_group 0;\");\n"
+        "  barrier(CLK_LOCAL_MEM_FENCE);\n"
+        "  uint a0, a1, a2, a3;\n"
+        "  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\"\n"
+        "               : \"=r\"(a0), \"=r\"(a1), \"=r\"(a2), \"=r\"(a3) : \"r\"(sa));\n"
+        "  float d0 = 0, d1 = 0, d2 = 0, d3 = 0;\n"
+        "  asm(\"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, \"\n"
+        "      \"{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\" : \"+f\"(d0), \"+f\"(d1), \"+f\"(d2),\n"
+        "      \"+f\"(d3) : \"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"r\"(a0), \"r\"(a1));\n"
+        "  c[l] = d0 + d1 + d2 + d3;\n"
+        "}\n";
+    cl_int err;
+    cl_program prog = clCreateProgramWithSource(context, 1, &src, NULL, &err);
+    if (err != CL_SUCCESS)
+        return false;
+    bool ok = clBuildProgram(prog, 1, &device, "", NULL, NULL) == CL_SUCCESS;
+    clReleaseProgram(prog);
+    return ok;
+}
+
 static void device_string(cl_device_id d, cl_device_info what, char *buf, size_t len)
 {
     if (clGetDeviceInfo(d, what, len, buf, NULL) != CL_SUCCESS)
@@ -283,6 +313,8 @@ llmcl_status llmcl__device_probe(llmcl_ctx *ctx, cl_platform_id platform, cl_dev
         cl_context context = ctx ? ctx->context : clCreateContext(NULL, 1, &device, NULL, NULL, NULL);
         if (context)
             info->has_inline_ptx = inline_ptx_builds(context, device);
+        if (context && info->has_inline_ptx && info->nv_cc_major >= 8)
+            info->has_mma = mma_builds(context, device);
         if (context && !ctx)
             clReleaseContext(context);
     }

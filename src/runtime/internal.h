@@ -177,6 +177,9 @@ void llmcl__arg_f32(llmcl__args *a, float v);
  */
 llmcl_status llmcl__launch(llmcl__args *a, cl_uint dims, const size_t *global, const size_t *local);
 
+/* Keeps an event of work enqueued outside llmcl__launch (CLBlast) in the open profile region. */
+llmcl_status llmcl__record_event(llmcl_ctx *ctx, cl_event ev);
+
 /* ---- validation for op launchers ---- */
 
 /* t non-NULL, on ctx, dtype allowed by mask (1u << dtype), ndim in [min_dim, max_dim]. */

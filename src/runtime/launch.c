@@ -50,7 +50,7 @@ void llmcl__arg_f32(llmcl__args *a, float v)
     llmcl__arg(a, sizeof x, &x);
 }
 
-static llmcl_status record_event(llmcl_ctx *ctx, cl_event ev)
+llmcl_status llmcl__record_event(llmcl_ctx *ctx, cl_event ev)
 {
     if (ctx->n_events == ctx->cap_events) {
         size_t cap = ctx->cap_events ? ctx->cap_events * 2 : 64;
@@ -86,7 +86,7 @@ llmcl_status llmcl__launch(llmcl__args *a, cl_uint dims, const size_t *global, c
     cl_event ev = NULL;
     LLMCL__CL(ctx, clEnqueueNDRangeKernel(ctx->queue, a->kernel, dims, NULL, g, local, 0, NULL,
                                           ctx->profiling ? &ev : NULL));
-    return ctx->profiling ? record_event(ctx, ev) : LLMCL_OK;
+    return ctx->profiling ? llmcl__record_event(ctx, ev) : LLMCL_OK;
 }
 
 /* ---- argument checks ---- */

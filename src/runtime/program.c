@@ -90,26 +90,41 @@ static llmcl_status load_one(llmcl_ctx *ctx, const char *family, family_source *
                        family);
 }
 
+/* Families built on the tensor-core block, which the runtime prepends after common.cl. */
+static bool uses_mma(const char *family) { return strcmp(family, "matmul") == 0; }
+
 llmcl_status llmcl__kernel_source(llmcl_ctx *ctx, const char *family, char **out, size_t *len)
 {
-    family_source common = {0}, body = {0};
-    LLMCL__TRY(load_one(ctx, "common", &common));
-    llmcl_status st = load_one(ctx, family, &body);
-    if (st != LLMCL_OK) {
-        free(common.text);
-        return st;
-    }
+    const char *names[3];
+    int n = 0;
+    names[n++] = "common";
+    if (uses_mma(family))
+        names[n++] = "mma";
+    names[n++] = family;
     static const char sep[] = "\n#line 1\n";
-    *len = common.len + sizeof sep - 1 + body.len;
-    *out = malloc(*len + 1);
+    family_source parts[3] = {{0}};
+    llmcl_status st = LLMCL_OK;
+    size_t total = 0;
+    for (int i = 0; i < n && st == LLMCL_OK; ++i) {
+        st = load_one(ctx, names[i], &parts[i]);
+        total += parts[i].len + sizeof sep - 1;
+    }
+    *out = st == LLMCL_OK ? malloc(total + 1) : NULL;
     if (*out) {
-        memcpy(*out, common.text, common.len);
-        memcpy(*out + common.len, sep, sizeof sep - 1);
-        memcpy(*out + common.len + sizeof sep - 1, body.text, body.len);
+        *len = 0;
+        for (int i = 0; i < n; ++i) {
+            if (i > 0) {
+                memcpy(*out + *len, sep, sizeof sep - 1);
+                *len += sizeof sep - 1;
+            }
+            memcpy(*out + *len, parts[i].text, parts[i].len);
+            *len += parts[i].len;
+        }
         (*out)[*len] = '\0';
     }
-    free(common.text);
-    free(body.text);
+    for (int i = 0; i < n; ++i)
+        free(parts[i].text);
+    LLMCL__TRY(st);
     LLMCL__REQUIRE(ctx, *out, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "kernel source");
     return LLMCL_OK;
 }
@@ -154,6 +169,8 @@ static char *build_options(const llmcl_ctx *ctx, const llmcl__defines *user)
         define_add(&d, "LLMCL_NV_PTX");
     if (ctx->info.has_inline_ptx && ctx->info.nv_cc_major >= 8)
         define_add(&d, "LLMCL_NV_BF16_CVT");
+    if (ctx->info.has_mma)
+        define_add(&d, "LLMCL_NV_MMA");
     qsort(d.items, (size_t)d.n, sizeof d.items[0], cmp_define);
     const char *extra = llmcl__getenv("LLMCL_BUILD_OPTIONS");
     size_t cap = (size_t)d.n * 100 + 64 + (extra ? strlen(extra) : 0);

@@ -1,0 +1,324 @@
+/*
+ * matmul.cl: c = alpha op(a) op(b) + beta c + bias with f32 accumulation (llmcl_matmul).
+ *   mm_tiled    portable: T x T output tiles from k-slices in local memory, TM x TN a work-item
+ *   mm_mma      NVIDIA tensor cores (mma.cl): BM x BN tiles, WM x WN warps, a STAGES-deep cp.async
+ *               pipeline of BK-wide slices, mma.sync m16n8k16 into f32 registers
+ *   mm_reduce   split K: sums the f32 slices in slice order and applies the epilogue
+ *   mm_bias     c += bias after a CLBlast GEMM
+ *
+ * Every operand arrives as element offset and strides of op's logical shape, so transposes and
+ * views need no copies: A(m, k) = a[aoff + z sab + m sam + k sak], B(k, n) = b[boff + z sbb +
+ * k sbk + n sbn], C(m, n) = c[coff + z scb + m scm + n scn] for batch entry z (a stride 0
+ * broadcasts a 2-D operand). bias_mode: 0 none, 1 bias[n] (a row bias), 2 bias[m].
+ *
+ * Grid: dimension 0 the output tiles, 1 the batch, 2 the K slices. With SPLITK each slice
+ * writes its raw sums to ws[((slice * batch + z) * M + m) * N + n] and mm_reduce finishes; the
+ * order of every sum is fixed, so results are the same bits run after run.
+ *
+ * Tunables:
+ *   DT          a and b: F32, BF16, F16 (mm_mma: BF16, F16)
+ *   C_DT        c: F32 or DT;  BIAS_DT  bias: F32 or DT
+ *   A_KC, B_KC  1 when A's (B's) unit stride runs along k: chooses the loads (mm_tiled) and the
+ *               tile layout and ldmatrix form (mm_mma, which needs a unit stride along m or k of
+ *               A and along k or n of B)
+ *   SPLITK      1: write raw slice sums to ws
+ *   mm_tiled:   T (tile edge, default 64), BK (k-slice, 16), TM, TN (per work-item, 4 x 4);
+ *               T % TM == T % TN == 0, (T/TM)(T/TN) >= T work-items, BK <= T
+ *   mm_mma:     BM, BN (64, 128 or 256), BK (32 or 64), WM x WN warps, each owning a
+ *               (BM/WM) x (BN/WN) block, a multiple of 16 x 16; STAGES 2..4;
+ *               GROUP_M: tile rows a group walks column by column (L2 reuse);
+ *               ALIGN_A, ALIGN_B: offsets and leading strides are multiples of 8 elements, so
+ *               tiles move by cp.async (else by element loads). Local memory
+ *               STAGES (BM + BN) BK 2 bytes: 48 KiB for 128 x 128 x 32 in 3 stages.
+ */
+
+#ifndef DT
+#define DT F32
+#endif
+#ifndef C_DT
+#define C_DT DT
+#endif
+#ifndef BIAS_DT
+#define BIAS_DT DT
+#endif
+#ifndef A_KC
+#define A_KC 1
+#endif
+#ifndef B_KC
+#define B_KC 0
+#endif
+#ifndef SPLITK
+#define SPLITK 0
+#endif
+#ifndef T
+#define T 64
+#endif
+#ifndef BK
+#define BK 16
+#endif
+#ifndef TM
+#define TM 4
+#endif
+#ifndef TN
+#define TN 4
+#endif
+#ifndef BM
+#define BM 128
+#endif
+#ifndef BN
+#define BN 128
+#endif
+#ifndef WM
+#define WM 2
+#endif
+#ifndef WN
+#define WN 2
+#endif
+#ifndef STAGES
+#define STAGES 3
+#endif
+#ifndef GROUP_M
+#define GROUP_M 8
+#endif
+#ifndef ALIGN_A
+#define ALIGN_A 0
+#endif
+#ifndef ALIGN_B
+#define ALIGN_B 0
+#endif
+
+typedef STORAGE(DT) ab_t;
+typedef STORAGE(C_DT) c_t;
+typedef STORAGE(BIAS_DT) bias_t;
+
+/* The arguments every product kernel takes, in one order. */
+#define MM_PARAMS                                                                                 \
+    const __global ab_t *a, ulong aoff, long sam, long sak, long sab, const __global ab_t *b,     \
+        ulong boff, long sbk, long sbn, long sbb, __global c_t *c, ulong coff, long scm,          \
+        long scn, long scb, const __global bias_t *bias, ulong biasoff, long sbias,               \
+        int bias_mode, long M, long N, long K, long kslice, float alpha, float beta,              \
+        __global float *ws
+
+/*
+ * One output element: alpha acc + bias + beta c (c unread when beta is 0), or with SPLITK the raw
+ * sum into the slice's workspace.
+ */
+inline void mm_out(__global c_t *c, long coff, long scm, long scn, const __global bias_t *bias,
+                   long sbias, int bias_mode, float alpha, float beta, __global float *ws,
+                   long wsoff, long N, long m, long n, float acc)
+{
+    if (SPLITK) {
+        ws[wsoff + m * N + n] = acc;
+        return;
+    }
+    float v = alpha * acc;
+    if (bias_mode)
+        v += LOAD(BIAS_DT, bias, (bias_mode == 1 ? n : m) * sbias);
+    const long ci = coff + m * scm + n * scn;
+    if (beta != 0.0f)
+        v += beta * LOAD(C_DT, c, ci);
+    STORE(C_DT, c, ci, v);
+}
+
+/* The slice's K range and workspace offset of this work-group. */
+#define MM_SLICE()                                                                                \
+    const long z = get_group_id(1), sl = get_group_id(2);                                         \
+    const long k_lo = sl * kslice, k_hi = min(K, k_lo + kslice);                                  \
+    const long wsoff = (sl * get_num_groups(1) + z) * M * N;                                      \
+    a += aoff + z * sab;                                                                          \
+    b += boff + z * sbb;                                                                          \
+    coff += z * scb;                                                                              \
+    bias += biasoff
+
+/* ---- portable ---- */
+
+#define NTX (T / TN)
+#define NTY (T / TM)
+#define TWG (NTX * NTY)
+/* 4 floats of padding spread the transposed tile stores over the banks and keep rows aligned. */
+#define LDT (T + 4)
+
+__kernel __attribute__((reqd_work_group_size(TWG, 1, 1))) void mm_tiled(MM_PARAMS)
+{
+    __local float As[BK * LDT] __attribute__((aligned(16)));
+    __local float Bs[BK * LDT] __attribute__((aligned(16)));
+    MM_SLICE();
+    const int lid = get_local_id(0), tx = lid % NTX, ty = lid / NTX;
+    const long ntn = (N + T - 1) / T, tile = get_group_id(0);
+    const long m0 = (tile / ntn) * T, n0 = (tile % ntn) * T;
+    float acc[TM][TN];
+    for (int i = 0; i < TM; ++i)
+        for (int j = 0; j < TN; ++j)
+            acc[i][j] = 0.0f;
+    for (long k0 = k_lo; k0 < k_hi; k0 += BK) {
+        /* consecutive work-items walk each operand's unit-stride dimension */
+        for (int e = lid; e < T * BK; e += TWG) {
+            const int am = A_KC ? e / BK : e % T, ak = A_KC ? e % BK : e / T;
+            const int bn = B_KC ? e / BK : e % T, bk = B_KC ? e % BK : e / T;
+            const long m = m0 + am, n = n0 + bn, ka = k0 + ak, kb = k0 + bk;
+            As[ak * LDT + am] = m < M && ka < k_hi ? LOAD(DT, a, m * sam + ka * sak) : 0.0f;
+            Bs[bk * LDT + bn] = n < N && kb < k_hi ? LOAD(DT, b, kb * sbk + n * sbn) : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int kk = 0; kk < BK; ++kk) {
+            float av[TM], bv[TN];
+            LDS_RUN(av, TM, As + kk * LDT + ty * TM);
+            LDS_RUN(bv, TN, Bs + kk * LDT + tx * TN);
+            for (int i = 0; i < TM; ++i)
+                for (int j = 0; j < TN; ++j)
+                    acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    for (int i = 0; i < TM; ++i)
+        for (int j = 0; j < TN; ++j) {
+            const long m = m0 + ty * TM + i, n = n0 + tx * TN + j;
+            if (m < M && n < N)
+                mm_out(c, coff, scm, scn, bias, sbias, bias_mode, alpha, beta, ws, wsoff, N, m, n,
+                       acc[i][j]);
+        }
+}
+
+/* ---- split K and CLBlast helpers ---- */
+
+/* One work-item per element of c over (n, m, z): the slices' sums in slice order, then the
+   epilogue. */
+__kernel void mm_reduce(__global c_t *c, ulong coff, long scm, long scn, long scb,
+                        const __global bias_t *bias, ulong biasoff, long sbias, int bias_mode,
+                        long M, long N, long nslices, long batch, float alpha, float beta,
+                        const __global float *ws)
+{
+    const long n = get_global_id(0), m = get_global_id(1), z = get_global_id(2);
+    if (n >= N || m >= M)
+        return;
+    float acc = 0.0f;
+    for (long s = 0; s < nslices; ++s)
+        acc += ws[((s * batch + z) * M + m) * N + n];
+    float v = alpha * acc;
+    if (bias_mode)
+        v += LOAD(BIAS_DT, bias, biasoff + (bias_mode == 1 ? n : m) * sbias);
+    const long ci = coff + z * scb + m * scm + n * scn;
+    if (beta != 0.0f)
+        v += beta * LOAD(C_DT, c, ci);
+    STORE(C_DT, c, ci, v);
+}
+
+/* c[m, n] += bias (after a CLBlast GEMM, which has no bias), over (n, m, z). */
+__kernel void mm_bias(__global c_t *c, ulong coff, long scm, long scn, long scb,
+                      const __global bias_t *bias, ulong biasoff, long sbias, int bias_mode,
+                      long M, long N)
+{
+    const long n = get_global_id(0), m = get_global_id(1), z = get_global_id(2);
+    if (n >= N || m >= M)
+        return;
+    const long ci = coff + z * scb + m * scm + n * scn;
+    STORE(C_DT, c, ci,
+          LOAD(C_DT, c, ci) + LOAD(BIAS_DT, bias, biasoff + (bias_mode == 1 ? n : m) * sbias));
+}
+
+/* ---- NVIDIA tensor cores (built with MM_MMA, where the runtime defines LLMCL_NV_MMA) ---- */
+
+#if defined(LLMCL_NV_MMA) && defined(MM_MMA)
+
+#define NT (32 * WM * WN)
+#define WTM (BM / WM)
+#define WTN (BN / WN)
+#define MI (WTM / 16)
+#define NI (WTN / 8)
+#define STAGE_A (BM * BK * 2)
+#define STAGE_B (BN * BK * 2)
+#define MMA LLMCL_CAT(mma_16816_, DT)
+
+/* Tile kt (k from k_lo + kt BK) of A and B into stage s, asynchronously where aligned. */
+inline void mm_load_stage(uint sa, const __global ushort *a, long sam, long sak,
+                          const __global ushort *b, long sbk, long sbn, long M, long N, long m0,
+                          long n0, long k0, long k_hi, int tid)
+{
+    const int kv = (int)min((long)BK, k_hi - k0);
+    const int mv = (int)min((long)BM, M - m0), nv = (int)min((long)BN, N - n0);
+    const uint sb = sa + STAGE_A;
+    if (A_KC)
+        mma_load_tile(sa, a + m0 * sam + k0, sam, BM, BK / 8, mv, kv, tid, NT, ALIGN_A);
+    else
+        mma_load_tile(sa, a + k0 * sak + m0, sak, BK, BM / 8, kv, mv, tid, NT, ALIGN_A);
+    if (B_KC)
+        mma_load_tile(sb, b + n0 * sbn + k0, sbn, BN, BK / 8, nv, kv, tid, NT, ALIGN_B);
+    else
+        mma_load_tile(sb, b + k0 * sbk + n0, sbk, BK, BN / 8, kv, nv, tid, NT, ALIGN_B);
+}
+
+/*
+ * Output tile order: groups of GROUP_M tile rows, column by column inside a group, so that the
+ * work-groups resident at once share their A rows and B columns in L2.
+ */
+__kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS)
+{
+    __local uint4 smem[STAGES * (STAGE_A + STAGE_B) / 16];
+    MM_SLICE();
+    const uint base = mma_smem(smem);
+    const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WN, wn = warp % WN;
+    const int ntm = (int)((M + BM - 1) / BM), ntn = (int)((N + BN - 1) / BN);
+    const int pid = get_group_id(0), per_group = GROUP_M * ntn, first = pid / per_group * GROUP_M;
+    const int rows = min(ntm - first, GROUP_M), in_group = pid % per_group;
+    const long m0 = (long)(first + in_group % rows) * BM, n0 = (long)(in_group / rows) * BN;
+    const int nk = (int)((k_hi - k_lo + BK - 1) / BK);
+
+    float4 acc[MI][NI];
+    for (int i = 0; i < MI; ++i)
+        for (int j = 0; j < NI; ++j)
+            acc[i][j] = (float4)(0.0f);
+
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < nk)
+            mm_load_stage(base + s * (STAGE_A + STAGE_B), a, sam, sak, b, sbk, sbn, M, N, m0, n0,
+                          k_lo + (long)s * BK, k_hi, tid);
+        mma_cp_commit();
+    }
+    for (int kt = 0; kt < nk; ++kt) {
+        mma_cp_wait(STAGES - 2);
+        /* tile kt has landed for every work-item, and stage (kt - 1) % STAGES is free again */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const int next = kt + STAGES - 1;
+        if (next < nk)
+            mm_load_stage(base + (next % STAGES) * (STAGE_A + STAGE_B), a, sam, sak, b, sbk, sbn,
+                          M, N, m0, n0, k_lo + (long)next * BK, k_hi, tid);
+        mma_cp_commit();
+        const uint sa = base + (kt % STAGES) * (STAGE_A + STAGE_B), sb = sa + STAGE_A;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            uint4 af[MI], bf[NI / 2];
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+                af[i] = mma_frag_a(sa, wm * WTM + i * 16, kk, A_KC ? BK / 8 : BM / 8, A_KC, lane);
+#pragma unroll
+            for (int j = 0; j < NI / 2; ++j)
+                bf[j] = mma_frag_b2(sb, wn * WTN + j * 16, kk, B_KC ? BK / 8 : BN / 8, B_KC, lane);
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NI / 2; ++j) {
+                    acc[i][2 * j] = MMA(acc[i][2 * j], af[i], bf[j].xy);
+                    acc[i][2 * j + 1] = MMA(acc[i][2 * j + 1], af[i], bf[j].zw);
+                }
+        }
+    }
+
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j) {
+            const long m = m0 + wm * WTM + i * 16 + g, n = n0 + wn * WTN + j * 8 + 2 * t;
+            const float v[4] = {acc[i][j].x, acc[i][j].y, acc[i][j].z, acc[i][j].w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const long mm = m + (e >> 1) * 8, nn = n + (e & 1);
+                if (mm < M && nn < N)
+                    mm_out(c, coff, scm, scn, bias, sbias, bias_mode, alpha, beta, ws, wsoff, N,
+                           mm, nn, v[e]);
+            }
+        }
+}
+
+#endif

@@ -1,0 +1,489 @@
+/*
+ * matmul.c: the host side of matmul.cl (llmcl_matmul). Checks the tensors, describes every operand
+ * as an element offset and strides of op's logical shape (so transposes and views cost nothing),
+ * picks the path (tensor cores, CLBlast, the portable kernel), its tiles and the K split, and
+ * launches.
+ */
+#include <clblast_c.h>
+#include <limits.h>
+#include <stdio.h>
+
+#include "../internal.h"
+
+#define MM_FAMILY "matmul"
+/* The split-K scratch stays below this unless the caller asks for the split. */
+#define MM_AUTO_SPLIT_BYTES (256ull << 20)
+
+/* An operand as the kernels see it: offset, strides of its logical (rows, cols), batch stride. */
+typedef struct mm_operand {
+    const llmcl_tensor *t;
+    int64_t off, s0, s1, sb;
+} mm_operand;
+
+typedef struct mm_problem {
+    llmcl_ctx *ctx;
+    int64_t M, N, K, batch;
+    mm_operand a, b, c; /* A (m, k), B (k, n), C (m, n) */
+    const llmcl_tensor *bias;
+    int bias_mode; /* 0 none, 1 bias[n], 2 bias[m] */
+    int64_t sbias;
+    float alpha, beta;
+    llmcl_matmul_opts o;
+} mm_problem;
+
+/* The last two dimensions of t (transposed with trans) and its batch stride (0 when 2-D). */
+static mm_operand operand_of(const llmcl_tensor *t, int trans)
+{
+    const int r = t->ndim - 2;
+    mm_operand o = {.t = t, .off = t->offset, .sb = t->ndim == 3 ? t->strides[0] : 0};
+    int64_t rows = t->shape[r], cols = t->shape[r + 1];
+    o.s0 = t->strides[r];
+    o.s1 = t->strides[r + 1];
+    if (trans) {
+        const int64_t s = o.s0, n = rows;
+        o.s0 = o.s1;
+        o.s1 = s;
+        rows = cols;
+        cols = n;
+    }
+    /* a dimension of extent 1 may take any stride: give it the unit one the other lacks */
+    if (rows == 1 && o.s1 != 1)
+        o.s0 = 1;
+    else if (cols == 1 && o.s0 != 1)
+        o.s1 = 1;
+    return o;
+}
+
+static int64_t rows_of(const llmcl_tensor *t, int trans) { return t->shape[t->ndim - 2 + !!trans]; }
+static int64_t cols_of(const llmcl_tensor *t, int trans) { return t->shape[t->ndim - 1 - !!trans]; }
+
+/* No two elements of t share storage (a stride 0 or interleaved dimensions would race). */
+static bool distinct_elements(const llmcl_tensor *t)
+{
+    int order[LLMCL_MAX_DIMS], n = 0;
+    for (int i = 0; i < t->ndim; ++i)
+        if (t->shape[i] > 1)
+            order[n++] = i;
+    for (int i = 1; i < n; ++i) /* by stride, ascending */
+        for (int j = i; j > 0 && t->strides[order[j]] < t->strides[order[j - 1]]; --j) {
+            const int x = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = x;
+        }
+    int64_t reach = 1;
+    for (int i = 0; i < n; ++i) {
+        if (t->strides[order[i]] < reach)
+            return false;
+        reach = t->strides[order[i]] * t->shape[order[i]];
+    }
+    return true;
+}
+
+static llmcl_status check_problem(mm_problem *p, const llmcl_tensor *a, const llmcl_tensor *b,
+                                  llmcl_tensor *c, const llmcl_matmul_opts *opts)
+{
+    llmcl_ctx *ctx = p->ctx;
+    p->o = opts ? *opts : (llmcl_matmul_opts){0};
+    const llmcl_matmul_opts *o = &p->o;
+    LLMCL__TRY(llmcl__check_tensor(ctx, a, "a", LLMCL__FLOAT_DTYPES, 2, 3));
+    LLMCL__TRY(llmcl__check_tensor(ctx, b, "b", LLMCL__FLOAT_DTYPES, 2, 3));
+    LLMCL__TRY(llmcl__check_tensor(ctx, c, "c", LLMCL__FLOAT_DTYPES, 2, 3));
+    LLMCL__REQUIRE(ctx, b->dtype == a->dtype, LLMCL_ERROR_UNSUPPORTED_DTYPE,
+                   "matmul: a is %s but b is %s; they must share a dtype", llmcl_dtype_name(a->dtype),
+                   llmcl_dtype_name(b->dtype));
+    LLMCL__REQUIRE(ctx, c->dtype == LLMCL_F32 || c->dtype == a->dtype, LLMCL_ERROR_UNSUPPORTED_DTYPE,
+                   "matmul: c is %s; it must be f32 or a's dtype %s", llmcl_dtype_name(c->dtype),
+                   llmcl_dtype_name(a->dtype));
+    LLMCL__REQUIRE(ctx, (o->trans_a == 0 || o->trans_a == 1) && (o->trans_b == 0 || o->trans_b == 1) &&
+                       (o->allow_tf32 == 0 || o->allow_tf32 == 1) && o->split_k >= 0,
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "matmul: trans_a %d, trans_b %d, allow_tf32 %d must be 0 or 1 and split_k %d >= 0",
+                   o->trans_a, o->trans_b, o->allow_tf32, o->split_k);
+
+    p->batch = c->ndim == 3 ? c->shape[0] : 1;
+    LLMCL__REQUIRE(ctx, c->ndim == 3 || (a->ndim == 2 && b->ndim == 2), LLMCL_ERROR_SHAPE_MISMATCH,
+                   "matmul: a batched a or b needs a batched c [batch, M, N]");
+    LLMCL__REQUIRE(ctx, (a->ndim == 2 || a->shape[0] == p->batch) &&
+                       (b->ndim == 2 || b->shape[0] == p->batch),
+                   LLMCL_ERROR_SHAPE_MISMATCH,
+                   "matmul: a and b must have c's batch %lld (or be 2-D)", (long long)p->batch);
+    p->M = rows_of(a, o->trans_a);
+    p->K = cols_of(a, o->trans_a);
+    p->N = cols_of(b, o->trans_b);
+    char sa[96], sb[96], sc[96];
+    llmcl__shape_text(a, sa, sizeof sa);
+    llmcl__shape_text(b, sb, sizeof sb);
+    llmcl__shape_text(c, sc, sizeof sc);
+    LLMCL__REQUIRE(ctx, rows_of(b, o->trans_b) == p->K, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "matmul: op(a) of %s%s has K = %lld but op(b) of %s%s has %lld rows", sa,
+                   o->trans_a ? "^T" : "", (long long)p->K, sb, o->trans_b ? "^T" : "",
+                   (long long)rows_of(b, o->trans_b));
+    LLMCL__REQUIRE(ctx, rows_of(c, 0) == p->M && cols_of(c, 0) == p->N, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "matmul: c is %s; op(a) op(b) is [%lld, %lld]", sc, (long long)p->M,
+                   (long long)p->N);
+    LLMCL__REQUIRE(ctx, p->M < INT_MAX && p->N < INT_MAX && p->K < INT_MAX && p->batch < 65536,
+                   LLMCL_ERROR_OVERFLOW,
+                   "matmul: M, N and K must be below 2^31 and the batch below 65536");
+
+    if (o->bias) {
+        const llmcl_tensor *bias = o->bias;
+        LLMCL__REQUIRE(ctx, o->bias_mode == LLMCL_MATMUL_BIAS_ROW || o->bias_mode == LLMCL_MATMUL_BIAS_COL,
+                       LLMCL_ERROR_INVALID_ARGUMENT, "matmul: bias_mode %d is not a llmcl_matmul_bias",
+                       (int)o->bias_mode);
+        LLMCL__TRY(llmcl__check_tensor(ctx, bias, "bias", LLMCL__FLOAT_DTYPES, 1, 1));
+        LLMCL__REQUIRE(ctx, bias->dtype == LLMCL_F32 || bias->dtype == a->dtype,
+                       LLMCL_ERROR_UNSUPPORTED_DTYPE, "matmul: bias is %s; it must be f32 or %s",
+                       llmcl_dtype_name(bias->dtype), llmcl_dtype_name(a->dtype));
+        const int64_t want = o->bias_mode == LLMCL_MATMUL_BIAS_ROW ? p->N : p->M;
+        LLMCL__REQUIRE(ctx, bias->shape[0] == want, LLMCL_ERROR_SHAPE_MISMATCH,
+                       "matmul: bias has %lld elements; a %s bias needs %lld",
+                       (long long)bias->shape[0],
+                       o->bias_mode == LLMCL_MATMUL_BIAS_ROW ? "row (N)" : "column (M)",
+                       (long long)want);
+        p->bias = bias;
+        p->bias_mode = o->bias_mode == LLMCL_MATMUL_BIAS_ROW ? 1 : 2;
+        p->sbias = bias->strides[0];
+    }
+    const llmcl_tensor *ins[] = {a, b, p->bias};
+    const char *names[] = {"a", "b", "bias"};
+    for (int i = 0; i < 3; ++i)
+        LLMCL__REQUIRE(ctx, !ins[i] || !llmcl__overlaps(c, ins[i]), LLMCL_ERROR_INVALID_ARGUMENT,
+                       "matmul: c overlaps %s; the output must be separate storage", names[i]);
+    LLMCL__REQUIRE(ctx, distinct_elements(c), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "matmul: c's strides make elements share storage");
+
+    p->a = operand_of(a, o->trans_a);
+    p->b = operand_of(b, o->trans_b);
+    p->c = operand_of(c, 0);
+    return LLMCL_OK;
+}
+
+/* ---- launches ---- */
+
+static void arg_operand(llmcl__args *g, const mm_operand *o, bool rows_first)
+{
+    llmcl__arg_tensor(g, o->t);
+    llmcl__arg_i64(g, rows_first ? o->s0 : o->s1);
+    llmcl__arg_i64(g, rows_first ? o->s1 : o->s0);
+    llmcl__arg_i64(g, o->sb);
+}
+
+/* c, the bias (or c's buffer in its place) and bias_mode: the epilogue's arguments. */
+static void arg_epilogue(llmcl__args *g, const mm_problem *p)
+{
+    arg_operand(g, &p->c, true);
+    llmcl__arg_tensor(g, p->bias ? p->bias : p->c.t);
+    llmcl__arg_i64(g, p->sbias);
+    llmcl__arg_i32(g, p->bias_mode);
+}
+
+static void base_defines(const mm_problem *p, llmcl__defines *d)
+{
+    llmcl__define_str(d, "DT", llmcl__dtype_macro(p->a.t->dtype));
+    llmcl__define_str(d, "C_DT", llmcl__dtype_macro(p->c.t->dtype));
+    llmcl__define_str(d, "BIAS_DT", llmcl__dtype_macro(p->bias ? p->bias->dtype : LLMCL_F32));
+}
+
+/* Launches mm_reduce over the slices in ws. */
+static llmcl_status reduce_slices(const mm_problem *p, int64_t slices, const llmcl_tensor *ws)
+{
+    llmcl__defines d = {0};
+    base_defines(p, &d);
+    cl_kernel k;
+    LLMCL__TRY(llmcl__kernel(p->ctx, MM_FAMILY, &d, "mm_reduce", &k));
+    llmcl__args g = llmcl__args_begin(p->ctx, k);
+    arg_epilogue(&g, p);
+    llmcl__arg_i64(&g, p->M);
+    llmcl__arg_i64(&g, p->N);
+    llmcl__arg_i64(&g, slices);
+    llmcl__arg_i64(&g, p->batch);
+    llmcl__arg_f32(&g, p->alpha);
+    llmcl__arg_f32(&g, p->beta);
+    llmcl__arg(&g, sizeof ws->mem, &ws->mem);
+    const size_t global[3] = {(size_t)p->N, (size_t)p->M, (size_t)p->batch}, local[3] = {64, 1, 1};
+    return llmcl__launch(&g, 3, global, local);
+}
+
+/*
+ * K slices: the caller's split_k, or on GPUs enough slices to give every compute unit two
+ * work-groups when the output has fewer tiles than that, each slice at least 8 k-steps long and
+ * the f32 scratch within MM_AUTO_SPLIT_BYTES. Returns the slice length (a multiple of bk).
+ */
+static int64_t k_slice(const mm_problem *p, int64_t tiles, int64_t bk, int64_t *slices)
+{
+    const int64_t ksteps = llmcl__div_up(p->K, bk) > 0 ? llmcl__div_up(p->K, bk) : 1;
+    int64_t s = p->o.split_k;
+    if (s == 0) {
+        s = 1;
+        const int64_t want = 2 * (int64_t)p->ctx->info.compute_units;
+        const uint64_t per_slice = (uint64_t)p->batch * p->M * p->N * 4;
+        if (p->ctx->info.is_gpu && tiles * 2 <= want) {
+            s = want / tiles;
+            s = s < ksteps / 8 ? s : ksteps / 8;
+            while (s > 1 && per_slice * (uint64_t)s > MM_AUTO_SPLIT_BYTES)
+                --s;
+            s = s > 1 ? s : 1;
+        }
+    }
+    s = s < ksteps ? s : ksteps;
+    const int64_t len = llmcl__div_up(ksteps, s) * bk;
+    *slices = llmcl__div_up(p->K, len) > 0 ? llmcl__div_up(p->K, len) : 1;
+    return len;
+}
+
+/*
+ * A product kernel over (tiles, batch, slices); with more than one slice into an f32 scratch that
+ * mm_reduce then finishes.
+ */
+static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const char *name,
+                              int64_t tiles, size_t wg, int64_t bk)
+{
+    int64_t slices;
+    const int64_t len = k_slice(p, tiles, bk, &slices);
+    llmcl_tensor *ws = NULL;
+    if (slices > 1) {
+        const int64_t n = slices * p->batch * p->M * p->N;
+        LLMCL__TRY(llmcl__scratch(p->ctx, LLMCL_F32, 1, &n, "matmul split-K slices", &ws));
+    }
+    llmcl__define_int(d, "SPLITK", slices > 1);
+    cl_kernel k;
+    llmcl_status st = llmcl__kernel(p->ctx, MM_FAMILY, d, name, &k);
+    if (st == LLMCL_OK) {
+        llmcl__args g = llmcl__args_begin(p->ctx, k);
+        arg_operand(&g, &p->a, true);
+        arg_operand(&g, &p->b, true);
+        arg_epilogue(&g, p);
+        llmcl__arg_i64(&g, p->M);
+        llmcl__arg_i64(&g, p->N);
+        llmcl__arg_i64(&g, p->K);
+        llmcl__arg_i64(&g, len);
+        llmcl__arg_f32(&g, p->alpha);
+        llmcl__arg_f32(&g, p->beta);
+        cl_mem wmem = ws ? ws->mem : p->c.t->mem;
+        llmcl__arg(&g, sizeof wmem, &wmem);
+        const size_t global[3] = {(size_t)tiles * wg, (size_t)p->batch, (size_t)slices};
+        const size_t local[3] = {wg, 1, 1};
+        st = llmcl__launch(&g, 3, global, local);
+    }
+    if (st == LLMCL_OK && slices > 1)
+        st = reduce_slices(p, slices, ws);
+    llmcl_tensor_destroy(ws); /* OpenCL keeps it until the kernels are done */
+    return st;
+}
+
+static bool pow2_in(long v, long lo, long hi) { return v >= lo && v <= hi && (v & (v - 1)) == 0; }
+
+/* The tensor-core tiles: BM, BN, BK, WM, WN, STAGES fit the kernel and the device. */
+static bool mma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
+{
+    const long bm = llmcl__param_get(t, "BM", 0), bn = llmcl__param_get(t, "BN", 0);
+    const long bk = llmcl__param_get(t, "BK", 0), wm = llmcl__param_get(t, "WM", 0);
+    const long wn = llmcl__param_get(t, "WN", 0), st = llmcl__param_get(t, "STAGES", 0);
+    if (!pow2_in(bm, 64, 256) || !pow2_in(bn, 64, 256) || !pow2_in(bk, 32, 64) ||
+        !pow2_in(wm, 1, 8) || !pow2_in(wn, 1, 8) || st < 2 || st > 4)
+        return false;
+    const long wtm = bm / wm, wtn = bn / wn;
+    return wtm >= 16 && wtn >= 16 && wtm % 16 == 0 && wtn % 16 == 0 &&
+           (size_t)(32 * wm * wn) <= ctx->info.max_work_group_size &&
+           (uint64_t)st * (bm + bn) * bk * 2 <= ctx->info.local_mem_bytes;
+}
+
+/* The unit-stride dimension of an operand: 1 along k, 0 along m (A) or n (B), -1 neither. */
+static int unit_dim(const mm_operand *o, bool k_is_cols)
+{
+    if ((k_is_cols ? o->s1 : o->s0) == 1)
+        return 1;
+    return (k_is_cols ? o->s0 : o->s1) == 1 ? 0 : -1;
+}
+
+/*
+ * cp.async moves 16-byte chunks: offset, leading stride (the one that is not the unit stride) and
+ * batch stride multiples of 8 elements.
+ */
+static bool aligned8(const mm_operand *o, int64_t batch, int kc, bool k_is_cols)
+{
+    const bool unit_along_cols = kc == (int)k_is_cols;
+    const int64_t ld = unit_along_cols ? o->s0 : o->s1;
+    return o->off % 8 == 0 && ld % 8 == 0 && (batch == 1 || o->sb % 8 == 0);
+}
+
+static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc)
+{
+    llmcl_ctx *ctx = p->ctx;
+    llmcl__params t = {0};
+    llmcl__param_set(&t, "BM", 128);
+    llmcl__param_set(&t, "BN", 128);
+    llmcl__param_set(&t, "BK", 32);
+    llmcl__param_set(&t, "WM", 2);
+    llmcl__param_set(&t, "WN", 2);
+    llmcl__param_set(&t, "STAGES", 3);
+    llmcl__param_set(&t, "GROUP_M", 8);
+    const llmcl__params defaults = t;
+    char cls[16];
+    llmcl__shape_class(p->M > p->N ? p->M : p->N, cls);
+    const bool forced = llmcl__params_lookup(ctx, "mm_mma", p->a.t->dtype, cls, &t);
+    if (!mma_tiles_ok(ctx, &t)) {
+        LLMCL__REQUIRE(ctx, !forced, LLMCL_ERROR_UNSUPPORTED,
+                       "matmul: mm_mma tiles BM %ld BN %ld BK %ld WM %ld WN %ld STAGES %ld do not "
+                       "fit the kernel or the device",
+                       llmcl__param_get(&t, "BM", 0), llmcl__param_get(&t, "BN", 0),
+                       llmcl__param_get(&t, "BK", 0), llmcl__param_get(&t, "WM", 0),
+                       llmcl__param_get(&t, "WN", 0), llmcl__param_get(&t, "STAGES", 0));
+        t = defaults;
+    }
+    LLMCL__REQUIRE(ctx, llmcl__param_get(&t, "GROUP_M", 8) >= 1, LLMCL_ERROR_UNSUPPORTED,
+                   "matmul: GROUP_M %ld must be >= 1", llmcl__param_get(&t, "GROUP_M", 8));
+    const int64_t bm = llmcl__param_get(&t, "BM", 128), bn = llmcl__param_get(&t, "BN", 128);
+    const int64_t tiles = llmcl__div_up(p->M, bm) * llmcl__div_up(p->N, bn);
+    LLMCL__REQUIRE(ctx, tiles < INT_MAX / 2, LLMCL_ERROR_OVERFLOW,
+                   "matmul: %lld output tiles overflow the kernel's 32-bit tile index",
+                   (long long)tiles);
+    llmcl__defines d = {0};
+    base_defines(p, &d);
+    llmcl__define_flag(&d, "MM_MMA");
+    llmcl__define_int(&d, "A_KC", a_kc);
+    llmcl__define_int(&d, "B_KC", b_kc);
+    llmcl__define_int(&d, "ALIGN_A", aligned8(&p->a, p->batch, a_kc, true));
+    llmcl__define_int(&d, "ALIGN_B", aligned8(&p->b, p->batch, b_kc, false));
+    llmcl__params_define(&t, &d);
+    const size_t wg = 32 * (size_t)llmcl__param_get(&t, "WM", 2) * llmcl__param_get(&t, "WN", 2);
+    return run_tiles(p, &d, "mm_mma", tiles, wg, llmcl__param_get(&t, "BK", 32));
+}
+
+static bool tiled_ok(const llmcl_ctx *ctx, const llmcl__params *t)
+{
+    const long tt = llmcl__param_get(t, "T", 0), bk = llmcl__param_get(t, "BK", 0);
+    const long tm = llmcl__param_get(t, "TM", 0), tn = llmcl__param_get(t, "TN", 0);
+    if (tt < 1 || bk < 1 || tm < 1 || tn < 1 || tt % tm || tt % tn || bk > tt)
+        return false;
+    const long wg = (tt / tm) * (tt / tn);
+    return wg >= tt && (size_t)wg <= ctx->info.max_work_group_size &&
+           8u * (uint64_t)bk * (tt + 4) + 1024 <= ctx->info.local_mem_bytes;
+}
+
+static llmcl_status run_tiled(const mm_problem *p)
+{
+    llmcl_ctx *ctx = p->ctx;
+    llmcl__params t = {0};
+    const bool gpu = ctx->info.is_gpu;
+    llmcl__param_set(&t, "T", gpu ? 64 : 32);
+    llmcl__param_set(&t, "BK", 16);
+    llmcl__param_set(&t, "TM", 4);
+    llmcl__param_set(&t, "TN", 4);
+    const llmcl__params defaults = t;
+    char cls[16];
+    llmcl__shape_class(p->M > p->N ? p->M : p->N, cls);
+    const bool forced = llmcl__params_lookup(ctx, "mm_tiled", p->a.t->dtype, cls, &t);
+    if (!tiled_ok(ctx, &t)) {
+        LLMCL__REQUIRE(ctx, !forced, LLMCL_ERROR_UNSUPPORTED,
+                       "matmul: mm_tiled T %ld BK %ld TM %ld TN %ld do not fit the device",
+                       llmcl__param_get(&t, "T", 0), llmcl__param_get(&t, "BK", 0),
+                       llmcl__param_get(&t, "TM", 0), llmcl__param_get(&t, "TN", 0));
+        t = defaults;
+    }
+    const int64_t tt = llmcl__param_get(&t, "T", 64);
+    const int64_t tiles = llmcl__div_up(p->M, tt) * llmcl__div_up(p->N, tt);
+    llmcl__defines d = {0};
+    base_defines(p, &d);
+    llmcl__define_int(&d, "A_KC", unit_dim(&p->a, true) == 1);
+    llmcl__define_int(&d, "B_KC", unit_dim(&p->b, false) == 1);
+    llmcl__params_define(&t, &d);
+    const size_t wg = (size_t)(tt / llmcl__param_get(&t, "TM", 4)) * (tt / llmcl__param_get(&t, "TN", 4));
+    return run_tiles(p, &d, "mm_tiled", tiles, wg, llmcl__param_get(&t, "BK", 16));
+}
+
+/* ---- CLBlast (f32, one matrix, row-major C) ---- */
+
+static llmcl_status run_bias(const mm_problem *p)
+{
+    llmcl__defines d = {0};
+    base_defines(p, &d);
+    cl_kernel k;
+    LLMCL__TRY(llmcl__kernel(p->ctx, MM_FAMILY, &d, "mm_bias", &k));
+    llmcl__args g = llmcl__args_begin(p->ctx, k);
+    arg_epilogue(&g, p);
+    llmcl__arg_i64(&g, p->M);
+    llmcl__arg_i64(&g, p->N);
+    const size_t global[3] = {(size_t)p->N, (size_t)p->M, (size_t)p->batch}, local[3] = {64, 1, 1};
+    return llmcl__launch(&g, 3, global, local);
+}
+
+/* CLBlast's row-major view of a rows x cols operand: transposed or not, its leading dimension. */
+static bool blas_view(const mm_operand *o, int64_t rows, int64_t cols, CLBlastTranspose *tr,
+                      size_t *ld)
+{
+    if (o->s1 == 1 && o->s0 >= cols) {
+        *tr = CLBlastTransposeNo;
+        *ld = (size_t)o->s0;
+        return true;
+    }
+    if (o->s0 == 1 && o->s1 >= rows) {
+        *tr = CLBlastTransposeYes;
+        *ld = (size_t)o->s1;
+        return true;
+    }
+    return false;
+}
+
+/* Runs the product through CLBlast's SGEMM when the layout allows; *done says whether it did. */
+static llmcl_status run_clblast(const mm_problem *p, bool *done)
+{
+    llmcl_ctx *ctx = p->ctx;
+    CLBlastTranspose ta, tb, tc;
+    size_t lda, ldb, ldc;
+    *done = false;
+    if (p->batch != 1 || !blas_view(&p->a, p->M, p->K, &ta, &lda) ||
+        !blas_view(&p->b, p->K, p->N, &tb, &ldb) || !blas_view(&p->c, p->M, p->N, &tc, &ldc) ||
+        tc != CLBlastTransposeNo)
+        return LLMCL_OK;
+    cl_command_queue q = ctx->queue;
+    size_t temp_bytes = 0;
+    CLBlastStatusCode cs = CLBlastSGemmTempBufferSize(
+        CLBlastLayoutRowMajor, ta, tb, (size_t)p->M, (size_t)p->N, (size_t)p->K, (size_t)p->a.off,
+        lda, (size_t)p->b.off, ldb, (size_t)p->c.off, ldc, &q, &temp_bytes);
+    llmcl_tensor *temp = NULL;
+    if (cs == CLBlastSuccess && temp_bytes > 0) {
+        const int64_t words = llmcl__div_up((int64_t)temp_bytes, 4);
+        LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &words, "CLBlast GEMM temporary", &temp));
+    }
+    cl_event ev = NULL;
+    if (cs == CLBlastSuccess)
+        cs = CLBlastSgemmWithTempBuffer(CLBlastLayoutRowMajor, ta, tb, (size_t)p->M, (size_t)p->N,
+                                        (size_t)p->K, p->alpha, p->a.t->mem, (size_t)p->a.off, lda,
+                                        p->b.t->mem, (size_t)p->b.off, ldb, p->beta, p->c.t->mem,
+                                        (size_t)p->c.off, ldc, &q, ctx->profiling ? &ev : NULL,
+                                        temp ? temp->mem : NULL);
+    llmcl_tensor_destroy(temp); /* OpenCL keeps it alive until the GEMM is done */
+    if (cs != CLBlastSuccess) {
+        if (cs > -1000)
+            return llmcl__fail_cl(ctx, (cl_int)cs, "CLBlastSgemm", __FILE__, __LINE__);
+        return LLMCL__FAIL(ctx, LLMCL_ERROR_UNSUPPORTED,
+                           "CLBlastSgemm(%lld x %lld x %lld) failed with CLBlast status %d",
+                           (long long)p->M, (long long)p->N, (long long)p->K, (int)cs);
+    }
+    *done = true;
+    if (ctx->profiling && ev)
+        LLMCL__TRY(llmcl__record_event(ctx, ev));
+    return p->bias ? run_bias(p) : LLMCL_OK;
+}
+
+llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, const llmcl_tensor *b,
+                          float beta, llmcl_tensor *c, const llmcl_matmul_opts *opts)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "matmul: ctx must not be NULL");
+    mm_problem p = {.ctx = ctx, .alpha = alpha, .beta = beta};
+    LLMCL__TRY(check_problem(&p, a, b, c, opts));
+    if (p.M == 0 || p.N == 0 || p.batch == 0)
+        return LLMCL_OK;
+    const llmcl_dtype dt = a->dtype;
+    const int a_kc = unit_dim(&p.a, true), b_kc = unit_dim(&p.b, false);
+    if (ctx->info.has_mma && dt != LLMCL_F32 && a_kc >= 0 && b_kc >= 0)
+        return run_mma(&p, a_kc, b_kc);
+    if (dt == LLMCL_F32 && p.o.split_k <= 1 && p.K > 0) {
+        bool done;
+        LLMCL__TRY(run_clblast(&p, &done));
+        if (done)
+            return LLMCL_OK;
+    }
+    return run_tiled(&p);
+}

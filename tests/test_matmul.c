@@ -1,0 +1,542 @@
+/*
+ * test_matmul.c: llmcl_matmul against the double reference for every transpose combination, dtype,
+ * alpha, beta, bias, stride and batch layout, at sizes that are not tile multiples; the split-K
+ * path against the plain one; the tensor-core path where the device has one (skipped with a
+ * message elsewhere) and the portable kernel's tunables; every bad input, with c left intact.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "matmul_ref.h"
+
+/* ---- operands in any layout ---- */
+
+/*
+ * A tensor of view shape [batch,] rows x cols holding v[z][r][c], stored row-major or
+ * column-major with pad elements after each stored line, offset elements into a buffer whose
+ * other elements hold random values (kept in *fill so a test can check them afterwards).
+ */
+typedef struct mm_tensor {
+    llmcl_tensor *view, *storage;
+    double *fill; /* the storage as uploaded */
+    int64_t n_storage, batch, rows, cols, ld, per, offset;
+    int colmajor, batched;
+} mm_tensor;
+
+static int64_t mm_index(const mm_tensor *t, int64_t z, int64_t r, int64_t c)
+{
+    return t->offset + z * t->per + (t->colmajor ? c * t->ld + r : r * t->ld + c);
+}
+
+static mm_tensor mm_make(th_rng *rng, llmcl_dtype dt, int batched, int64_t batch, int64_t rows,
+                         int64_t cols, int colmajor, int64_t pad, int64_t offset, const double *v)
+{
+    mm_tensor t = {.batch = batched ? batch : 1, .rows = rows, .cols = cols, .offset = offset,
+                   .colmajor = colmajor, .batched = batched};
+    t.ld = (colmajor ? rows : cols) + pad;
+    t.per = (colmajor ? cols : rows) * t.ld;
+    t.n_storage = offset + t.batch * t.per + 1;
+    t.fill = th_alloc((size_t)t.n_storage * sizeof *t.fill);
+    th_fill_uniform(rng, t.fill, (size_t)t.n_storage, -3.0, 3.0);
+    th_round_all(dt, t.fill, (size_t)t.n_storage);
+    for (int64_t z = 0; z < t.batch; ++z)
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < cols; ++c)
+                t.fill[mm_index(&t, z, r, c)] = v[(z * rows + r) * cols + c];
+    t.storage = th_tensor_from(dt, 1, &t.n_storage, t.fill);
+    const int64_t shape[3] = {t.batch, rows, cols};
+    const int64_t strides[3] = {t.per, colmajor ? 1 : t.ld, colmajor ? t.ld : 1};
+    TH_OK(llmcl_tensor_view(t.storage, batched ? 3 : 2, shape + !batched, strides + !batched,
+                            offset, &t.view));
+    return t;
+}
+
+static void mm_free(mm_tensor *t)
+{
+    llmcl_tensor_destroy(t->view);
+    llmcl_tensor_destroy(t->storage);
+    free(t->fill);
+}
+
+/* Values of t's view out of its storage, and a check that nothing outside the view changed. */
+static double *mm_read(const mm_tensor *t)
+{
+    double *all = th_alloc((size_t)t->n_storage * sizeof *all);
+    th_download(t->storage, all);
+    bool *inside = th_alloc((size_t)t->n_storage);
+    const size_t n = (size_t)(t->batch * t->rows * t->cols);
+    double *v = th_alloc(n * sizeof *v);
+    for (int64_t z = 0; z < t->batch; ++z)
+        for (int64_t r = 0; r < t->rows; ++r)
+            for (int64_t c = 0; c < t->cols; ++c) {
+                const int64_t i = mm_index(t, z, r, c);
+                inside[i] = true;
+                v[(z * t->rows + r) * t->cols + c] = all[i];
+            }
+    for (int64_t i = 0; i < t->n_storage; ++i)
+        if (!inside[i] && !(all[i] == t->fill[i]))
+            fail_msg("storage element %lld outside the output view changed: %g -> %g",
+                     (long long)i, t->fill[i], all[i]);
+    free(inside);
+    free(all);
+    return v;
+}
+
+/* op-logical values [batch][rows][cols] from view values (transposed when trans). */
+static double *op_values(const double *v, int64_t batch, int64_t rows, int64_t cols, int trans)
+{
+    double *o = th_alloc((size_t)(batch * rows * cols) * sizeof *o);
+    for (int64_t z = 0; z < batch; ++z)
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < cols; ++c)
+                o[(z * rows + r) * cols + c] =
+                    trans ? v[(z * cols + c) * rows + r] : v[(z * rows + r) * cols + c];
+    return o;
+}
+
+/* ---- one product against the reference ---- */
+
+typedef struct mm_case {
+    int64_t m, n, k, batch;
+    llmcl_dtype dt, cdt, biasdt;
+    int trans_a, trans_b;
+    int a_batched, b_batched;      /* with batch > 1 */
+    int a_col, b_col, c_col;       /* column-major storage of the view */
+    int64_t pad, offset;           /* extra per stored line, elements before each view */
+    double alpha, beta;
+    int bias;                      /* 0 none, 1 row bias [N], 2 column bias [M] */
+    int split_k;
+    int allow_tf32;
+} mm_case;
+
+/*
+ * Products of 16-bit inputs are exact in f32; f32 sums of K terms in any order stay within a few
+ * units of 2^-24 times sqrt(K) of the largest output's sum of magnitudes (the worst case, K units,
+ * never comes near with random signs); tf32 rounds each input to 11 bits; the output rounds once
+ * to its dtype.
+ */
+static th_tol mm_tol(const mm_case *c, double magnitude)
+{
+    const double in = c->dt == LLMCL_F32 && c->allow_tf32 ? 1.0 / 1024 : 0.0;
+    const double sum = 6e-8 * (8.0 + 4.0 * sqrt((double)c->k)) + in;
+    return (th_tol){sum * magnitude + 1e-30, th_tol_for(c->cdt).rtol};
+}
+
+/* Runs the case and returns the output values (view order) with the reference in *ref_out. */
+static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol *tol)
+{
+    th_rng rng = th_rng_new(seed);
+    const int64_t b = c->batch, m = c->m, n = c->n, k = c->k;
+    const int64_t na = (c->a_batched ? b : 1) * m * k, nb = (c->b_batched ? b : 1) * k * n;
+    double *av = th_alloc((size_t)na * sizeof *av), *bv = th_alloc((size_t)nb * sizeof *bv);
+    double *cv = th_alloc((size_t)(b * m * n) * sizeof *cv), *biasv = NULL;
+    th_fill_uniform(&rng, av, (size_t)na, -1.0, 1.0);
+    th_fill_uniform(&rng, bv, (size_t)nb, -1.0, 1.0);
+    th_round_all(c->dt, av, (size_t)na);
+    th_round_all(c->dt, bv, (size_t)nb);
+    th_fill_uniform(&rng, cv, (size_t)(b * m * n), -2.0, 2.0);
+    th_round_all(c->cdt, cv, (size_t)(b * m * n));
+    if (c->beta == 0.0)
+        for (int64_t i = 0; i < b * m * n; ++i)
+            cv[i] = NAN; /* poison: beta 0 must not read c */
+
+    /* the view shapes are op's transposed where trans is set */
+    double *av_view = op_values(av, c->a_batched ? b : 1, c->trans_a ? k : m, c->trans_a ? m : k,
+                                c->trans_a);
+    double *bv_view = op_values(bv, c->b_batched ? b : 1, c->trans_b ? n : k, c->trans_b ? k : n,
+                                c->trans_b);
+    mm_tensor ta = mm_make(&rng, c->dt, c->a_batched, b, c->trans_a ? k : m, c->trans_a ? m : k,
+                           c->a_col, c->pad, c->offset, av_view);
+    mm_tensor tb = mm_make(&rng, c->dt, c->b_batched, b, c->trans_b ? n : k, c->trans_b ? k : n,
+                           c->b_col, c->pad, c->offset + 3, bv_view);
+    mm_tensor tc = mm_make(&rng, c->cdt, b > 1, b, m, n, c->c_col, c->pad, c->offset + 5, cv);
+    llmcl_tensor *bias = NULL;
+    if (c->bias) {
+        const int64_t len = c->bias == 1 ? n : m;
+        biasv = th_alloc((size_t)len * sizeof *biasv);
+        th_fill_uniform(&rng, biasv, (size_t)len, -4.0, 4.0);
+        th_round_all(c->biasdt, biasv, (size_t)len);
+        bias = th_tensor_from(c->biasdt, 1, &len, biasv);
+    }
+    const llmcl_matmul_opts opts = {.trans_a = c->trans_a,
+                                    .trans_b = c->trans_b,
+                                    .bias = bias,
+                                    .bias_mode = c->bias == 2 ? LLMCL_MATMUL_BIAS_COL
+                                                              : LLMCL_MATMUL_BIAS_ROW,
+                                    .allow_tf32 = c->allow_tf32,
+                                    .split_k = c->split_k};
+    TH_OK(llmcl_matmul(th_ctx(), (float)c->alpha, ta.view, tb.view, (float)c->beta, tc.view, &opts));
+    double *got = mm_read(&tc);
+
+    double *ref = th_alloc((size_t)(b * m * n) * sizeof *ref), *mag = th_alloc((size_t)(b * m * n) * sizeof *mag);
+    memcpy(ref, cv, (size_t)(b * m * n) * sizeof *ref);
+    matmul_ref(b, m, n, k, c->alpha, av, c->a_batched, bv, c->b_batched, c->beta, biasv, c->bias, ref);
+    matmul_ref_abs(b, m, n, k, av, c->a_batched, bv, c->b_batched, mag);
+    double big = 1e-30;
+    for (int64_t i = 0; i < b * m * n; ++i)
+        big = fmax(big, fabs(c->alpha) * mag[i] + (c->beta != 0.0 ? fabs(c->beta * cv[i]) : 0.0));
+    *tol = mm_tol(c, big);
+    *ref_out = ref;
+
+    mm_free(&ta);
+    mm_free(&tb);
+    mm_free(&tc);
+    llmcl_tensor_destroy(bias);
+    free(av);
+    free(bv);
+    free(cv);
+    free(biasv);
+    free(av_view);
+    free(bv_view);
+    free(mag);
+    return got;
+}
+
+static void mm_check(const char *what, const mm_case *c, uint64_t seed)
+{
+    double *ref, *got;
+    th_tol tol;
+    got = mm_run(c, seed, &ref, &tol);
+    char label[160];
+    snprintf(label, sizeof label,
+             "%s: %s->%s %lldx%lldx%lld b%lld ta%d tb%d a%d%d b%d%d c%d pad%lld alpha %g beta %g "
+             "bias %d split %d",
+             what, llmcl_dtype_name(c->dt), llmcl_dtype_name(c->cdt), (long long)c->m,
+             (long long)c->n, (long long)c->k, (long long)c->batch, c->trans_a, c->trans_b,
+             c->a_batched, c->a_col, c->b_batched, c->b_col, c->c_col, (long long)c->pad, c->alpha,
+             c->beta, c->bias, c->split_k);
+    TH_ASSERT_CLOSE(label, ref, got, (size_t)(c->batch * c->m * c->n), tol);
+    free(ref);
+    free(got);
+}
+
+static mm_case plain(llmcl_dtype dt, int64_t m, int64_t n, int64_t k)
+{
+    return (mm_case){.m = m, .n = n, .k = k, .batch = 1, .dt = dt, .cdt = dt, .biasdt = dt,
+                     .alpha = 1.0};
+}
+
+static const llmcl_dtype float_dtypes[] = {LLMCL_F32, LLMCL_BF16, LLMCL_F16};
+
+/* ---- tests ---- */
+
+/* Every transpose combination and dtype at sizes that are not tile multiples, K = 1 included. */
+static void test_transposes(void **state)
+{
+    (void)state;
+    static const int64_t sizes[][3] = {{1, 1, 1}, {7, 17, 1}, {17, 7, 129}, {129, 17, 7},
+                                       {33, 65, 300}};
+    for (int d = 0; d < 3; ++d)
+        for (int t = 0; t < 4; ++t)
+            for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; ++s) {
+                mm_case c = plain(float_dtypes[d], sizes[s][0], sizes[s][1], sizes[s][2]);
+                c.trans_a = t & 1;
+                c.trans_b = t >> 1;
+                c.cdt = s % 2 ? c.dt : LLMCL_F32;
+                mm_check("transposes", &c, 100 + 10 * d + t + 1000 * s);
+            }
+}
+
+/* alpha, beta != 0 (c read and scaled), bias along rows and columns in f32 and a's dtype. */
+static void test_alpha_beta_bias(void **state)
+{
+    (void)state;
+    for (int d = 0; d < 3; ++d)
+        for (int v = 0; v < 4; ++v) {
+            mm_case c = plain(float_dtypes[d], 37, 45, 70);
+            c.alpha = v == 0 ? 0.0 : -0.75;
+            c.beta = v == 1 ? 0.0 : 1.5;
+            c.bias = v % 3;
+            c.biasdt = v == 3 ? LLMCL_F32 : c.dt;
+            c.cdt = v % 2 ? LLMCL_F32 : c.dt;
+            c.trans_b = v == 2;
+            mm_check("alpha/beta/bias", &c, 200 + 10 * d + v);
+        }
+}
+
+/* Padded lines, offsets, column-major views of every operand, batches and broadcast operands. */
+static void test_layouts_and_batches(void **state)
+{
+    (void)state;
+    for (int d = 0; d < 3; ++d)
+        for (int v = 0; v < 6; ++v) {
+            mm_case c = plain(float_dtypes[d], 19 + v, 23, 41);
+            c.cdt = v % 2 ? LLMCL_F32 : c.dt;
+            c.pad = v % 3 == 0 ? 5 : 8;
+            c.offset = v % 2 ? 8 : 3;
+            c.a_col = v & 1;
+            c.b_col = (v >> 1) & 1;
+            c.c_col = v == 5;
+            c.trans_a = v == 3;
+            c.batch = v >= 2 ? 3 : 1;
+            c.a_batched = c.batch > 1 && v != 4;
+            c.b_batched = c.batch > 1 && v != 2;
+            c.beta = v == 4 ? 0.5 : 0.0;
+            c.bias = v == 5 ? 1 : 0;
+            mm_check("layouts", &c, 300 + 10 * d + v);
+        }
+}
+
+/* Long K over few output tiles: the split-K path, explicit and automatic, against one slice and
+   against itself (the same bits on every run). */
+static void test_split_k(void **state)
+{
+    (void)state;
+    for (int d = 0; d < 3; ++d) {
+        mm_case c = plain(float_dtypes[d], 24, 40, 4095);
+        c.cdt = LLMCL_F32;
+        c.beta = 0.25;
+        c.bias = 2;
+        c.biasdt = LLMCL_F32;
+        for (int split = 0; split <= 5; split += (split ? 2 : 1)) { /* 0 (auto), 1, 3, 5 */
+            c.split_k = split;
+            mm_check("split-K", &c, 400 + d);
+        }
+        c.split_k = 3;
+        c.batch = 2;
+        c.a_batched = c.b_batched = 1;
+        double *ref1, *ref2, *got1, *got2;
+        th_tol tol;
+        got1 = mm_run(&c, 450 + d, &ref1, &tol);
+        got2 = mm_run(&c, 450 + d, &ref2, &tol);
+        assert_memory_equal(got1, got2, (size_t)(c.batch * c.m * c.n) * sizeof *got1);
+        TH_ASSERT_CLOSE("split-K batched", ref1, got1, (size_t)(c.batch * c.m * c.n), tol);
+        free(ref1);
+        free(ref2);
+        free(got1);
+        free(got2);
+    }
+}
+
+/* Edges: a sum over K = 0 (c = beta c + bias), one row, one column, M or N of 4095. */
+static void test_edges(void **state)
+{
+    (void)state;
+    for (int d = 0; d < 3; ++d) {
+        mm_case c = plain(float_dtypes[d], 5, 6, 0);
+        c.beta = -2.0;
+        c.bias = 1;
+        mm_check("K = 0", &c, 500 + d);
+        c = plain(float_dtypes[d], 1, 4095, 9);
+        c.trans_b = 1;
+        mm_check("M = 1", &c, 510 + d);
+        c = plain(float_dtypes[d], 4095, 1, 17);
+        c.trans_a = 1;
+        mm_check("N = 1", &c, 520 + d);
+        c = plain(float_dtypes[d], 3, 2, 4095);
+        mm_check("long K", &c, 530 + d);
+    }
+    /* empty outputs are no work and no error */
+    const int64_t s0[2] = {0, 4}, s1[2] = {4, 3}, s2[2] = {0, 3};
+    llmcl_tensor *a = th_tensor(LLMCL_F32, 2, s0), *b = th_tensor(LLMCL_F32, 2, s1),
+                 *c = th_tensor(LLMCL_F32, 2, s2);
+    TH_OK(llmcl_matmul(th_ctx(), 1.0f, a, b, 0.0f, c, NULL));
+    llmcl_tensor_destroy(a);
+    llmcl_tensor_destroy(b);
+    llmcl_tensor_destroy(c);
+}
+
+/* The portable kernel's tunables (f32 batches run it on every device): tiles other than the
+   defaults give the same products, and a forced set that cannot run is an error. */
+static void test_tiled_tunables(void **state)
+{
+    (void)state;
+    static const char *sets[] = {"T=16 BK=8 TM=2 TN=2", "T=32 BK=32 TM=2 TN=4",
+                                 "T=64 BK=16 TM=8 TN=4", "T=8 BK=8 TM=1 TN=1"};
+    mm_case c = plain(LLMCL_F32, 45, 70, 33);
+    c.batch = 2;
+    c.a_batched = c.b_batched = 1;
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; ++i) {
+        TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "*", sets[i]));
+        c.trans_a = (int)i & 1;
+        c.b_col = (int)(i >> 1) & 1;
+        mm_check(sets[i], &c, 600 + i);
+        char buf[128], got[136], want[16];
+        int launched = 0, tile = 0;
+        TH_OK(llmcl_tune_params_get(th_ctx(), "mm_tiled", LLMCL_F32, "70", buf, sizeof buf,
+                                    &launched));
+        assert_int_equal(launched, 1);
+        sscanf(sets[i], "T=%d", &tile);
+        snprintf(want, sizeof want, " T=%d ", tile);
+        snprintf(got, sizeof got, " %s ", buf);
+        assert_non_null(strstr(got, want));
+    }
+    TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "*", "T=64 BK=16 TM=3 TN=4"));
+    const int64_t s[3] = {2, 9, 9};
+    llmcl_tensor *a = th_tensor(LLMCL_F32, 3, s), *b = th_tensor(LLMCL_F32, 3, s),
+                 *cc = th_tensor(LLMCL_F32, 3, s);
+    TH_FAILS(llmcl_matmul(th_ctx(), 1.0f, a, b, 0.0f, cc, NULL), LLMCL_ERROR_UNSUPPORTED);
+    TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "*", NULL));
+    llmcl_tensor_destroy(a);
+    llmcl_tensor_destroy(b);
+    llmcl_tensor_destroy(cc);
+}
+
+/* The tensor-core path (NVIDIA sm_80+): every layout at sizes that cross tile edges, operands
+   that cp.async cannot move (odd leading strides), and every tile configuration shape. */
+static void test_tensor_cores(void **state)
+{
+    (void)state;
+    if (!llmcl_ctx_device_info(th_ctx())->has_mma) {
+        print_message("no tensor cores on this device: the portable path ran the other tests\n");
+        skip();
+    }
+    static const int64_t sizes[][3] = {{257, 129, 1000}, {128, 128, 32}, {300, 77, 77}};
+    for (int d = 1; d < 3; ++d)
+        for (int t = 0; t < 4; ++t)
+            for (int s = 0; s < 3; ++s) {
+                mm_case c = plain(float_dtypes[d], sizes[s][0], sizes[s][1], sizes[s][2]);
+                c.trans_a = t & 1;
+                c.trans_b = t >> 1;
+                c.cdt = s == 1 ? c.dt : LLMCL_F32;
+                c.pad = s == 2 ? 3 : 0;
+                c.split_k = 1;
+                mm_check("tensor cores", &c, 700 + 100 * d + 10 * t + s);
+                char buf[160];
+                int launched = 0;
+                TH_OK(llmcl_tune_params_get(th_ctx(), "mm_mma", c.dt, "257", buf, sizeof buf,
+                                            &launched));
+                if (s == 0)
+                    assert_int_equal(launched, 1);
+            }
+    static const char *sets[] = {"BM=64 BN=64 BK=32 WM=2 WN=2 STAGES=2",
+                                 "BM=128 BN=256 BK=32 WM=2 WN=4 STAGES=2",
+                                 "BM=256 BN=128 BK=32 WM=4 WN=2 STAGES=2",
+                                 "BM=64 BN=128 BK=64 WM=1 WN=4 STAGES=2",
+                                 "BM=128 BN=64 BK=32 WM=4 WN=1 STAGES=4 GROUP_M=3"};
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; ++i) {
+        TH_OK(llmcl_tune_override(th_ctx(), "mm_mma", LLMCL_BF16, "*", sets[i]));
+        mm_case c = plain(LLMCL_BF16, 333, 650, 200);
+        c.trans_a = (int)i & 1;
+        c.trans_b = (int)(i >> 1) & 1;
+        c.cdt = LLMCL_F32;
+        c.split_k = 1;
+        mm_check(sets[i], &c, 800 + i);
+    }
+    TH_OK(llmcl_tune_override(th_ctx(), "mm_mma", LLMCL_BF16, "*",
+                              "BM=256 BN=256 BK=64 WM=2 WN=2 STAGES=4"));
+    const int64_t s[2] = {64, 64};
+    llmcl_tensor *a = th_tensor(LLMCL_BF16, 2, s), *b = th_tensor(LLMCL_BF16, 2, s),
+                 *cc = th_tensor(LLMCL_BF16, 2, s);
+    TH_FAILS(llmcl_matmul(th_ctx(), 1.0f, a, b, 0.0f, cc, NULL), LLMCL_ERROR_UNSUPPORTED);
+    TH_OK(llmcl_tune_override(th_ctx(), "mm_mma", LLMCL_BF16, "*", NULL));
+    llmcl_tensor_destroy(a);
+    llmcl_tensor_destroy(b);
+    llmcl_tensor_destroy(cc);
+}
+
+/* ---- bad input: a clear status, and c untouched ---- */
+
+typedef struct bad_env {
+    llmcl_tensor *c;
+    double *before;
+    size_t n;
+} bad_env;
+
+static void expect_fail(bad_env *e, llmcl_status want, llmcl_status got, const char *what)
+{
+    if (got != want)
+        fail_msg("%s: expected %s, got %s (%s)", what, llmcl_status_str(want),
+                 llmcl_status_str(got), llmcl_last_error(th_ctx()));
+    assert_true(strlen(llmcl_last_error(th_ctx())) > 0);
+    double *after = th_alloc(e->n * sizeof *after);
+    th_download(e->c, after);
+    for (size_t i = 0; i < e->n; ++i)
+        if (!(after[i] == e->before[i]))
+            fail_msg("%s: c changed at %zu", what, i);
+    free(after);
+}
+
+static void test_bad_input(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    th_rng rng = th_rng_new(900);
+    const int64_t s45[2] = {4, 5}, s53[2] = {5, 3}, s63[2] = {6, 3}, s43[2] = {4, 3};
+    const int64_t s243[3] = {2, 4, 3}, s345[3] = {3, 4, 5}, s4d[4] = {1, 1, 4, 3};
+    double vals[64];
+    th_fill_uniform(&rng, vals, 64, -1, 1);
+    llmcl_tensor *a = th_tensor_from(LLMCL_F32, 2, s45, vals), *b = th_tensor_from(LLMCL_F32, 2, s53, vals);
+    llmcl_tensor *c = th_tensor_from(LLMCL_F32, 2, s43, vals);
+    bad_env e = {.c = c, .n = 12, .before = th_alloc(12 * sizeof(double))};
+    th_download(c, e.before);
+    llmcl_tensor *b63 = th_tensor(LLMCL_F32, 2, s63), *bbf = th_tensor(LLMCL_BF16, 2, s53);
+    llmcl_tensor *abf = th_tensor(LLMCL_BF16, 2, s45), *ai = th_tensor(LLMCL_I32, 2, s45);
+    llmcl_tensor *c3 = th_tensor(LLMCL_F32, 3, s243), *a3 = th_tensor(LLMCL_F32, 3, s345);
+    llmcl_tensor *c4 = th_tensor(LLMCL_F32, 4, s4d);
+    llmcl_tensor *cf16 = th_tensor(LLMCL_F16, 2, s43);
+
+    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(NULL, 1, a, b, 0, c, NULL), "NULL ctx");
+    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, NULL, b, 0, c, NULL), "NULL a");
+    expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b63, 0, c, NULL), "inner dims");
+    llmcl_matmul_opts tr = {.trans_a = 1};
+    expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b, 0, c, &tr), "transposed inner dims");
+    expect_fail(&e, LLMCL_ERROR_UNSUPPORTED_DTYPE, llmcl_matmul(ctx, 1, a, bbf, 0, c, NULL), "f32 x bf16");
+    expect_fail(&e, LLMCL_ERROR_UNSUPPORTED_DTYPE, llmcl_matmul(ctx, 1, ai, b, 0, c, NULL), "i32 a");
+    TH_FAILS(llmcl_matmul(ctx, 1, abf, bbf, 0, cf16, NULL), LLMCL_ERROR_UNSUPPORTED_DTYPE); /* f16 c for bf16 */
+    expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a3, b, 0, c, NULL), "batched a, 2-D c");
+    TH_FAILS(llmcl_matmul(ctx, 1, a3, b, 0, c3, NULL), LLMCL_ERROR_SHAPE_MISMATCH); /* batch 3 vs 2 */
+    TH_FAILS(llmcl_matmul(ctx, 1, a, b, 0, c4, NULL), LLMCL_ERROR_SHAPE_MISMATCH);   /* 4-D c */
+    llmcl_matmul_opts bad = {.trans_a = 2};
+    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a, b, 0, c, &bad), "trans_a 2");
+    bad = (llmcl_matmul_opts){.split_k = -1};
+    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a, b, 0, c, &bad), "split_k -1");
+
+    /* biases: wrong length, dtype, rank, mode */
+    const int64_t n4 = 4, n3 = 3;
+    llmcl_tensor *bias4 = th_tensor(LLMCL_F32, 1, &n4), *bias3h = th_tensor(LLMCL_F16, 1, &n3);
+    bad = (llmcl_matmul_opts){.bias = bias4};
+    expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b, 0, c, &bad), "row bias of M");
+    bad = (llmcl_matmul_opts){.bias = bias3h};
+    expect_fail(&e, LLMCL_ERROR_UNSUPPORTED_DTYPE, llmcl_matmul(ctx, 1, a, b, 0, c, &bad), "f16 bias, f32 a");
+    bad = (llmcl_matmul_opts){.bias = bias4, .bias_mode = (llmcl_matmul_bias)7};
+    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a, b, 0, c, &bad), "bias_mode 7");
+    bad = (llmcl_matmul_opts){.bias = c};
+    expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b, 0, c, &bad), "2-D bias");
+
+    /* outputs that overlap an input or themselves */
+    const int64_t sq[2] = {4, 4};
+    llmcl_tensor *sqa = th_tensor(LLMCL_F32, 2, sq), *sqb = th_tensor(LLMCL_F32, 2, sq), *alias = NULL;
+    TH_OK(llmcl_tensor_view(sqa, 2, sq, NULL, 0, &alias));
+    TH_FAILS(llmcl_matmul(ctx, 1, sqa, sqb, 0, alias, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_matmul(ctx, 1, sqa, sqb, 0, sqb, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
+    llmcl_tensor *row0 = NULL;
+    const int64_t zero_stride[2] = {0, 1};
+    TH_OK(llmcl_tensor_view(c, 2, s43, zero_stride, 0, &row0));
+    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a, b, 0, row0, NULL), "c with stride 0");
+
+    /* sizes past the kernels' 32-bit tile counts */
+    const int64_t huge[2] = {(int64_t)1 << 31, 1}, one[2] = {1, 1}, hstr[2] = {0, 0};
+    llmcl_tensor *ha = NULL, *hc = NULL, *ob = th_tensor(LLMCL_F32, 2, one);
+    TH_OK(llmcl_tensor_view(a, 2, huge, hstr, 0, &ha));
+    TH_OK(llmcl_tensor_view(c, 2, huge, hstr, 0, &hc));
+    expect_fail(&e, LLMCL_ERROR_OVERFLOW, llmcl_matmul(ctx, 1, ha, ob, 0, hc, NULL), "M = 2^31");
+
+    /* another context's tensor */
+    llmcl_ctx *other = NULL;
+    TH_OK(llmcl_ctx_create(&other));
+    llmcl_tensor *foreign = NULL;
+    TH_OK(llmcl_tensor_create(other, LLMCL_F32, 2, s53, &foreign));
+    expect_fail(&e, LLMCL_ERROR_DEVICE_MISMATCH, llmcl_matmul(ctx, 1, a, foreign, 0, c, NULL), "foreign b");
+    llmcl_tensor_destroy(foreign);
+    llmcl_ctx_destroy(other);
+
+    llmcl_tensor *all[] = {a, b, c, b63, bbf, abf, ai, c3, a3, c4, cf16, bias4, bias3h, sqa, sqb, alias, row0, ha, hc, ob};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
+        llmcl_tensor_destroy(all[i]);
+    free(e.before);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_transposes),        cmocka_unit_test(test_alpha_beta_bias),
+        cmocka_unit_test(test_layouts_and_batches), cmocka_unit_test(test_split_k),
+        cmocka_unit_test(test_edges),             cmocka_unit_test(test_tiled_tunables),
+        cmocka_unit_test(test_tensor_cores),      cmocka_unit_test(test_bad_input),
+    };
+    return TH_RUN(tests);
+}
