@@ -288,6 +288,13 @@ LLMCL_API llmcl_status llmcl_measure_copy_bandwidth(llmcl_ctx *ctx, uint64_t byt
 /* fp32 FMA rate in TFLOP/s (2 FLOPs per FMA) of independent FMA chains in registers. */
 LLMCL_API llmcl_status llmcl_measure_fma_rate(llmcl_ctx *ctx, double *tflops);
 
+/*
+ * Tensor-core rate in TFLOP/s of independent bf16 mma.sync m16n8k16 chains in registers (f32
+ * accumulation): the ceiling of llmcl's tensor-core kernels. LLMCL_ERROR_UNSUPPORTED where
+ * llmcl_device_info.has_mma is 0.
+ */
+LLMCL_API llmcl_status llmcl_measure_mma_rate(llmcl_ctx *ctx, double *tflops);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Normalisation, RoPE and gated linear units (norm.cl, rope.cl, glu.cl).                        */
 

@@ -1,7 +1,8 @@
 /*
  * ceilings.c: the device's own ceilings, measured in the same run as a benchmark so that kernel
- * figures can be given as a ratio: copy bandwidth (the library's copy kernel) and fp32 FMA rate.
- * Each is the best of several timed runs after a warm-up.
+ * figures can be given as a ratio: copy bandwidth (the library's copy kernel), fp32 FMA rate and,
+ * on NVIDIA tensor cores, the bf16 mma.sync rate. Each is the best of several timed runs after a
+ * warm-up.
  */
 #include "internal.h"
 
@@ -62,23 +63,41 @@ done:
     return st;
 }
 
-typedef struct fma_arg {
+typedef struct rate_arg {
     cl_kernel kernel;
     size_t global, local;
     llmcl_tensor *out;
     int32_t iters;
-} fma_arg;
+    bool fma; /* fma_peak takes the chains' coefficients too */
+} rate_arg;
 
-static llmcl_status fma_op(llmcl_ctx *ctx, void *arg)
+static llmcl_status rate_op(llmcl_ctx *ctx, void *arg)
 {
-    fma_arg *f = arg;
+    rate_arg *f = arg;
     llmcl__args a = llmcl__args_begin(ctx, f->kernel);
     llmcl__arg(&a, sizeof(cl_mem), &f->out->mem);
     llmcl__arg_i32(&a, f->iters);
-    /* x -> 0.999 x + 0.001 keeps the chains bounded: no value becomes inf or denormal */
-    llmcl__arg_f32(&a, 0.999f);
-    llmcl__arg_f32(&a, 0.001f);
+    if (f->fma) {
+        /* x -> 0.999 x + 0.001 keeps the chains bounded: no value becomes inf or denormal */
+        llmcl__arg_f32(&a, 0.999f);
+        llmcl__arg_f32(&a, 0.001f);
+    }
     return llmcl__launch(&a, 1, &f->global, &f->local);
+}
+
+/* Best time of `kernel` over groups work-groups of wg; *ms on success. */
+static llmcl_status time_rate(llmcl_ctx *ctx, const char *kernel, size_t wg, size_t groups,
+                              int32_t iters, bool fma, double *ms)
+{
+    llmcl__defines d = {0};
+    llmcl__define_int(&d, "WG", (long long)wg);
+    rate_arg f = {.local = wg, .global = groups * wg, .iters = iters, .fma = fma};
+    LLMCL__TRY(llmcl__kernel(ctx, "ceilings", &d, kernel, &f.kernel));
+    const int64_t n = (int64_t)f.global;
+    LLMCL__TRY(llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &f.out));
+    llmcl_status st = best_of(ctx, rate_op, &f, ms);
+    llmcl_tensor_destroy(f.out);
+    return st;
 }
 
 llmcl_status llmcl_measure_fma_rate(llmcl_ctx *ctx, double *tflops)
@@ -86,19 +105,26 @@ llmcl_status llmcl_measure_fma_rate(llmcl_ctx *ctx, double *tflops)
     LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
     LLMCL__REQUIRE(ctx, tflops, LLMCL_ERROR_INVALID_ARGUMENT, "tflops must not be NULL");
     const size_t wg = ctx->info.max_work_group_size < 256 ? ctx->info.max_work_group_size : 256;
-    llmcl__defines d = {0};
-    llmcl__define_int(&d, "WG", (long long)wg);
-    fma_arg f = {.local = wg};
-    LLMCL__TRY(llmcl__kernel(ctx, "ceilings", &d, "fma_peak", &f.kernel));
     const size_t groups = (size_t)ctx->info.compute_units * (ctx->info.is_gpu ? 16 : 2);
-    f.iters = ctx->info.is_gpu ? 8192 : 512;
-    f.global = groups * wg;
-    const int64_t n = (int64_t)f.global;
-    LLMCL__TRY(llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &f.out));
+    const int32_t iters = ctx->info.is_gpu ? 8192 : 512;
     double ms = 0;
-    llmcl_status st = best_of(ctx, fma_op, &f, &ms);
-    llmcl_tensor_destroy(f.out);
-    LLMCL__TRY(st);
-    *tflops = (double)f.global * f.iters * FMA_CHAINS * 2.0 / (ms * 1e-3) * 1e-12;
+    LLMCL__TRY(time_rate(ctx, "fma_peak", wg, groups, iters, true, &ms));
+    *tflops = (double)(groups * wg) * iters * FMA_CHAINS * 2.0 / (ms * 1e-3) * 1e-12;
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl_measure_mma_rate(llmcl_ctx *ctx, double *tflops)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    LLMCL__REQUIRE(ctx, tflops, LLMCL_ERROR_INVALID_ARGUMENT, "tflops must not be NULL");
+    LLMCL__REQUIRE(ctx, ctx->info.has_mma, LLMCL_ERROR_UNSUPPORTED,
+                   "this device has no tensor cores that llmcl can use (has_mma is 0)");
+    const size_t wg = 256, groups = (size_t)ctx->info.compute_units * 8;
+    const int32_t iters = 4096;
+    double ms = 0;
+    LLMCL__TRY(time_rate(ctx, "mma_peak", wg, groups, iters, false, &ms));
+    /* 8 chains of 16 x 8 x 16 multiply-adds a warp each trip */
+    const double flops = (double)(groups * wg / 32) * iters * 8 * (2.0 * 16 * 8 * 16);
+    *tflops = flops / (ms * 1e-3) * 1e-12;
     return LLMCL_OK;
 }

@@ -91,7 +91,10 @@ static llmcl_status load_one(llmcl_ctx *ctx, const char *family, family_source *
 }
 
 /* Families built on the tensor-core block, which the runtime prepends after common.cl. */
-static bool uses_mma(const char *family) { return strcmp(family, "matmul") == 0; }
+static bool uses_mma(const char *family)
+{
+    return strcmp(family, "matmul") == 0 || strcmp(family, "ceilings") == 0;
+}
 
 llmcl_status llmcl__kernel_source(llmcl_ctx *ctx, const char *family, char **out, size_t *len)
 {

@@ -22,6 +22,7 @@ static const family families[] = {
     {"glu", bench_glu},
     {"attention", bench_attention},
     {"cross_entropy", bench_cross_entropy},
+    {"matmul", bench_matmul},
 };
 
 #define MAX_ROWS 256
@@ -106,10 +107,36 @@ void bench_add_timed(bench_env *env, const char *kernel, const char *dir, const 
     bench_add(env, &row);
 }
 
+llmcl_status bench_upload_random(llmcl_tensor *t, uint64_t seed)
+{
+    const int64_t n = llmcl_tensor_numel(t);
+    const size_t es = llmcl_dtype_size(llmcl_tensor_dtype(t));
+    unsigned char *h = malloc((size_t)n * es);
+    if (!h)
+        return LLMCL_ERROR_OUT_OF_HOST_MEMORY;
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (int64_t i = 0; i < n; ++i) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        const float f = (float)((x >> 40) * (1.0 / (1ull << 24)) * 2.0 - 1.0);
+        if (es == 4)
+            memcpy(h + i * 4, &f, 4);
+        else {
+            const uint16_t b = llmcl_tensor_dtype(t) == LLMCL_BF16 ? llmcl_f32_to_bf16(f)
+                                                                   : llmcl_f32_to_f16(f);
+            memcpy(h + i * 2, &b, 2);
+        }
+    }
+    const llmcl_status st = llmcl_tensor_upload(t, h, (size_t)n * es);
+    free(h);
+    return st;
+}
+
 static void print_table(const bench_env *env)
 {
-    printf("\n%-22s %-8s %-5s %-26s %9s %8s %6s %8s %5s %9s %7s %5s\n", "kernel", "dir", "dtype",
-           "shape", "ms", "GB/s", "%copy", "TFLOP/s", "%fma", "peak MiB", "speedup", "check");
+    printf("\n%-22s %-8s %-5s %-26s %9s %8s %6s %8s %6s %9s %7s %5s\n", "kernel", "dir", "dtype",
+           "shape", "ms", "GB/s", "%copy", "TFLOP/s", "%peak", "peak MiB", "speedup", "check");
     for (int i = 0; i < n_rows; ++i) {
         const bench_row *r = &rows[i];
         char gbs[16] = "-", pc[16] = "-", tf[16] = "-", pf[16] = "-", peak[16] = "-", sp[16] = "-";
@@ -121,13 +148,14 @@ static void print_table(const bench_env *env)
         if (r->flops > 0 && r->ms > 0) {
             const double t = r->flops / (r->ms * 1e-3) * 1e-12;
             snprintf(tf, sizeof tf, "%.2f", t);
-            snprintf(pf, sizeof pf, "%.0f%%", 100.0 * t / env->fma_tflops);
+            snprintf(pf, sizeof pf, "%.0f%%%s", 100.0 * t / (r->on_mma ? env->mma_tflops : env->fma_tflops),
+                     r->on_mma ? "m" : "");
         }
         if (r->peak_mib >= 0)
             snprintf(peak, sizeof peak, "%.1f", r->peak_mib);
         if (r->baseline_ms > 0 && r->ms > 0)
             snprintf(sp, sizeof sp, "%.2fx", r->baseline_ms / r->ms);
-        printf("%-22s %-8s %-5s %-26s %9.4f %8s %6s %8s %5s %9s %7s %5s\n", r->kernel, r->direction,
+        printf("%-22s %-8s %-5s %-26s %9.4f %8s %6s %8s %6s %9s %7s %5s\n", r->kernel, r->direction,
                r->dtype, r->shape, r->ms, gbs, pc, tf, pf, peak, sp,
                r->check < 0 ? "-" : r->check ? "ok" : "FAIL");
     }
@@ -182,8 +210,17 @@ int main(int argc, char **argv)
     }
     printf("llmcl %s on %s (%s, driver %s)\n", llmcl_version(), info->name, info->platform_name,
            info->driver_version);
-    printf("ceilings: copy %.1f GB/s (read + write, %.0f MiB f32 copy), fp32 FMA %.2f TFLOP/s\n",
+    if (info->has_mma && llmcl_measure_mma_rate(env.ctx, &env.mma_tflops) != LLMCL_OK) {
+        fprintf(stderr, "llmcl-bench: measuring the tensor-core rate failed: %s\n",
+                llmcl_last_error(env.ctx));
+        llmcl_ctx_destroy(env.ctx);
+        return 1;
+    }
+    printf("ceilings: copy %.1f GB/s (read + write, %.0f MiB f32 copy), fp32 FMA %.2f TFLOP/s",
            env.copy_gbs, (double)copy_bytes / (1 << 20), env.fma_tflops);
+    if (env.mma_tflops > 0)
+        printf(", bf16 mma.sync %.1f TFLOP/s", env.mma_tflops);
+    printf("\n%%peak: of the FMA rate, or with 'm' of the mma.sync rate (tensor-core rows)\n");
     printf("sizes: %s; median of %d runs after %d warm-up\n", env.small ? "small (CPU)" : "full (GPU)",
            env.reps, env.warmup);
     fflush(stdout);

@@ -17,6 +17,7 @@ typedef struct bench_env {
     bool small;        /* a CPU device: shrink sizes so the whole run takes a minute or two */
     double copy_gbs;   /* device copy bandwidth measured at start, bytes read + written */
     double fma_tflops; /* device fp32 FMA rate measured at start */
+    double mma_tflops; /* bf16 tensor-core rate measured at start, 0 without tensor cores */
     int warmup, reps;
 } bench_env;
 
@@ -28,6 +29,7 @@ typedef struct bench_row {
     double ms;           /* median kernel time */
     double bytes;        /* bytes moved (inputs read once + outputs written once), or 0 */
     double flops;        /* FLOPs, or 0 */
+    bool on_mma;         /* ran on tensor cores: TFLOP/s against the mma rate, not the FMA rate */
     double peak_mib;     /* peak device memory during the op through llmcl accounting, or -1 */
     double baseline_ms;  /* the unfused or naive baseline's time, or 0 */
     int check;           /* 1 matched the reference, 0 failed, -1 not checked */
@@ -56,6 +58,10 @@ void bench_add_timed(bench_env *env, const char *kernel, const char *dir, const 
                      const char *shape, double bytes, bench_op op, bench_op baseline, void *arg,
                      int check);
 
+/* Random values in [-1, 1) from a fixed seed, converted to the tensor's dtype (contiguous) and
+   uploaded. */
+llmcl_status bench_upload_random(llmcl_tensor *t, uint64_t seed);
+
 /* Prints a failure detail for a family's setup error and returns false. */
 bool bench_fail(bench_env *env, const char *what, llmcl_status st);
 
@@ -66,5 +72,6 @@ void bench_rope(bench_env *env);
 void bench_glu(bench_env *env);
 void bench_attention(bench_env *env);
 void bench_cross_entropy(bench_env *env);
+void bench_matmul(bench_env *env);
 
 #endif

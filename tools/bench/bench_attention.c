@@ -36,33 +36,6 @@ static double attn_flops(attn_shape s)
     return s.causal ? f / 2 : f;
 }
 
-/* Random values in [-1, 1) from a fixed seed, converted to the tensor's dtype and uploaded. */
-static llmcl_status upload_random(llmcl_tensor *t, uint64_t seed)
-{
-    const int64_t n = llmcl_tensor_numel(t);
-    const size_t es = llmcl_dtype_size(llmcl_tensor_dtype(t));
-    unsigned char *h = malloc((size_t)n * es);
-    if (!h)
-        return LLMCL_ERROR_OUT_OF_HOST_MEMORY;
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-    for (int64_t i = 0; i < n; ++i) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        const float f = (float)((x >> 40) * (1.0 / (1ull << 24)) * 2.0 - 1.0);
-        if (es == 4)
-            memcpy(h + i * 4, &f, 4);
-        else {
-            const uint16_t b = llmcl_tensor_dtype(t) == LLMCL_BF16 ? llmcl_f32_to_bf16(f)
-                                                                   : llmcl_f32_to_f16(f);
-            memcpy(h + i * 2, &b, 2);
-        }
-    }
-    const llmcl_status st = llmcl_tensor_upload(t, h, (size_t)n * es);
-    free(h);
-    return st;
-}
-
 static void attn_state_free(attn_state *a)
 {
     llmcl_tensor *all[] = {a->q, a->k, a->v, a->o, a->lse, a->dout, a->dq, a->dk, a->dv};
@@ -87,9 +60,9 @@ static llmcl_status attn_state_init(llmcl_ctx *ctx, attn_state *a, attn_shape s)
         (st = llmcl_tensor_create(ctx, s.dtype, 4, qs, &a->dout)) ||
         (st = llmcl_tensor_create(ctx, s.dtype, 4, qs, &a->dq)) ||
         (st = llmcl_tensor_create(ctx, s.dtype, 4, ks, &a->dk)) ||
-        (st = llmcl_tensor_create(ctx, s.dtype, 4, ks, &a->dv)) || (st = upload_random(a->q, 1)) ||
-        (st = upload_random(a->k, 2)) || (st = upload_random(a->v, 3)) ||
-        (st = upload_random(a->dout, 4)))
+        (st = llmcl_tensor_create(ctx, s.dtype, 4, ks, &a->dv)) || (st = bench_upload_random(a->q, 1)) ||
+        (st = bench_upload_random(a->k, 2)) || (st = bench_upload_random(a->v, 3)) ||
+        (st = bench_upload_random(a->dout, 4)))
         attn_state_free(a);
     return st;
 }

@@ -1,0 +1,129 @@
+/*
+ * bench_matmul.c: llmcl-bench rows for llmcl_matmul: a square bf16 GEMM (8192^3) and the linear
+ * layers of Llama-3-8B at 8192 tokens (4096->4096, 4096->14336, 14336->4096), each as the forward
+ * y = x w^T, dx = dy w and dw += dy^T x (f32, beta 1), in TFLOP/s against the device's tensor-core
+ * rate where they ran on tensor cores, else its fp32 FMA rate. CPU devices run the same shapes
+ * divided by 16. Each output is checked at 256 sampled elements against double dot products of the
+ * downloaded operands. tools/bench/yardstick_matmul.py times PyTorch on the same shapes.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+typedef struct mm_bench {
+    llmcl_tensor *a, *b, *c;
+    llmcl_matmul_opts opts;
+    float beta;
+} mm_bench;
+
+static llmcl_status op_matmul(llmcl_ctx *ctx, void *arg)
+{
+    mm_bench *m = arg;
+    return llmcl_matmul(ctx, 1.0f, m->a, m->b, m->beta, m->c, &m->opts);
+}
+
+/* A tensor's values as f32 on the host (16-bit types converted). */
+static float *host_f32(const llmcl_tensor *t)
+{
+    const int64_t n = llmcl_tensor_numel(t);
+    const llmcl_dtype dt = llmcl_tensor_dtype(t);
+    const size_t es = llmcl_dtype_size(dt);
+    void *raw = malloc((size_t)n * es);
+    float *f = malloc((size_t)n * sizeof *f);
+    if (!raw || !f || llmcl_tensor_download(t, raw, (size_t)n * es) != LLMCL_OK) {
+        free(raw);
+        free(f);
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; ++i)
+        f[i] = dt == LLMCL_F32    ? ((float *)raw)[i]
+               : dt == LLMCL_BF16 ? llmcl_bf16_to_f32(((uint16_t *)raw)[i])
+                                  : llmcl_f16_to_f32(((uint16_t *)raw)[i]);
+    free(raw);
+    return f;
+}
+
+/*
+ * c (row-major [M, N], from beta 0) against sum_k op(a)[m][k] op(b)[k][n] in double at 256 sampled
+ * elements, within f32 summation error plus c's rounding.
+ */
+static int check_sampled(const mm_bench *m, int64_t M, int64_t N, int64_t K)
+{
+    float *a = host_f32(m->a), *b = host_f32(m->b), *c = host_f32(m->c);
+    int ok = a && b && c;
+    const double rtol = llmcl_tensor_dtype(m->c) == LLMCL_F32 ? 1e-5 : 1e-2;
+    uint64_t x = 12345;
+    for (int s = 0; ok && s < 256; ++s) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const int64_t i = (int64_t)((x >> 33) % (uint64_t)M), j = (int64_t)((x >> 13) % (uint64_t)N);
+        double ref = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+            const double av = m->opts.trans_a ? a[k * M + i] : a[i * K + k];
+            const double bv = m->opts.trans_b ? b[j * K + k] : b[k * N + j];
+            ref += av * bv;
+            mag += fabs(av * bv);
+        }
+        ok = fabs(c[i * N + j] - ref) <= 1e-6 * sqrt((double)K) * mag + rtol * fabs(ref) + 1e-6;
+        if (!ok)
+            fprintf(stderr, "llmcl-bench: matmul c[%lld, %lld] = %g, expected %g\n", (long long)i,
+                    (long long)j, c[i * N + j], ref);
+    }
+    free(a);
+    free(b);
+    free(c);
+    return ok;
+}
+
+/* One row: c [M, N] = op(a) op(b) with a, b in dt; c in cdt; beta as the row asks. */
+static void bench_one(bench_env *env, const char *dir, int64_t M, int64_t N, int64_t K,
+                      llmcl_dtype dt, llmcl_dtype cdt, int trans_a, int trans_b, float beta)
+{
+    llmcl_ctx *ctx = env->ctx;
+    mm_bench m = {.opts = {.trans_a = trans_a, .trans_b = trans_b}};
+    const int64_t as[2] = {trans_a ? K : M, trans_a ? M : K};
+    const int64_t bs[2] = {trans_b ? N : K, trans_b ? K : N}, cs[2] = {M, N};
+    llmcl_status st;
+    if ((st = llmcl_tensor_create(ctx, dt, 2, as, &m.a)) ||
+        (st = llmcl_tensor_create(ctx, dt, 2, bs, &m.b)) ||
+        (st = llmcl_tensor_create(ctx, cdt, 2, cs, &m.c)) || (st = bench_upload_random(m.a, 1)) ||
+        (st = bench_upload_random(m.b, 2)) || (st = op_matmul(ctx, &m))) {
+        bench_fail(env, "matmul setup", st);
+    } else {
+        const int check = check_sampled(&m, M, N, K);
+        m.beta = beta;
+        char shape[48];
+        snprintf(shape, sizeof shape, "%lldx%lldx%lld%s%s", (long long)M, (long long)N,
+                 (long long)K, trans_a ? " aT" : "", trans_b ? " bT" : "");
+        bench_row r = {.bytes = 0, .check = check};
+        snprintf(r.kernel, sizeof r.kernel, "matmul");
+        snprintf(r.direction, sizeof r.direction, "%s", dir);
+        snprintf(r.dtype, sizeof r.dtype, "%s", llmcl_dtype_name(dt));
+        snprintf(r.shape, sizeof r.shape, "%s", shape);
+        r.flops = 2.0 * M * N * K;
+        r.on_mma = llmcl_ctx_device_info(ctx)->has_mma && dt != LLMCL_F32;
+        r.ms = bench_time(env, op_matmul, &m);
+        r.peak_mib = bench_peak_mib(env, op_matmul, &m);
+        if (r.ms > 0)
+            bench_add(env, &r);
+    }
+    llmcl_tensor_destroy(m.a);
+    llmcl_tensor_destroy(m.b);
+    llmcl_tensor_destroy(m.c);
+}
+
+void bench_matmul(bench_env *env)
+{
+    const int64_t div = env->small ? 16 : 1, tokens = 8192 / div;
+    const llmcl_dtype bf = LLMCL_BF16;
+    bench_one(env, "gemm", 8192 / div, 8192 / div, 8192 / div, bf, bf, 0, 0, 0.0f);
+    static const int64_t layers[][2] = {{4096, 4096}, {4096, 14336}, {14336, 4096}};
+    for (size_t i = 0; i < sizeof layers / sizeof layers[0]; ++i) {
+        const int64_t in = layers[i][0] / div, out = layers[i][1] / div;
+        bench_one(env, "fwd", tokens, out, in, bf, bf, 0, 1, 0.0f);     /* x w^T */
+        bench_one(env, "dX", tokens, in, out, bf, bf, 0, 0, 0.0f);      /* dy w */
+        bench_one(env, "dW", out, in, tokens, bf, LLMCL_F32, 1, 0, 1.0f); /* dw += dy^T x */
+    }
+}

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""PyTorch's torch.matmul (cuBLAS) on llmcl-bench's matmul shapes: a yardstick to run beside
+llmcl-bench in the same session on a CUDA machine, never a dependency of llmcl.
+
+usage: python3 tools/bench/yardstick_matmul.py
+Prints one line per row: direction, M x N x K, median ms and TFLOP/s (triton.testing.do_bench
+when Triton is present, else CUDA events). Every product is bf16 in and out (PyTorch's autograd
+of a bf16 linear layer), where llmcl's dW row accumulates into f32."""
+import torch
+
+try:
+    from triton.testing import do_bench
+except ImportError:
+    do_bench = None
+
+
+def median_ms(fn):
+    if do_bench:
+        return do_bench(fn, warmup=25, rep=200, return_mode="median")
+    times = []
+    for _ in range(23):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    return sorted(times[3:])[len(times[3:]) // 2]
+
+
+def row(direction, m, n, k, fn):
+    ms = median_ms(fn)
+    print(f"torch {direction:5s} {m}x{n}x{k}: {ms:.4f} ms, {2 * m * n * k / ms / 1e9:.1f} TFLOP/s",
+          flush=True)
+
+
+def main():
+    dev, bf = "cuda", torch.bfloat16
+    a = torch.randn(8192, 8192, device=dev, dtype=bf)
+    b = torch.randn(8192, 8192, device=dev, dtype=bf)
+    row("gemm", 8192, 8192, 8192, lambda: a @ b)
+    t = 8192
+    for d_in, d_out in ((4096, 4096), (4096, 14336), (14336, 4096)):
+        x = torch.randn(t, d_in, device=dev, dtype=bf)
+        w = torch.randn(d_out, d_in, device=dev, dtype=bf)
+        dy = torch.randn(t, d_out, device=dev, dtype=bf)
+        row("fwd", t, d_out, d_in, lambda: x @ w.t())
+        row("dX", t, d_in, d_out, lambda: dy @ w)
+        row("dW", d_out, d_in, t, lambda: dy.t() @ x)
+
+
+if __name__ == "__main__":
+    main()
