@@ -24,7 +24,7 @@
  *   SPLITK      1: write raw slice sums to ws
  *   mm_tiled:   T (tile edge, default 64), BK (k-slice, 16), TM, TN (per work-item, 4 x 4);
  *               T % TM == T % TN == 0, (T/TM)(T/TN) >= T work-items, BK <= T
- *   mm_mma:     BM, BN (64, 128 or 256), BK (32 or 64), WM x WN warps, each owning a
+ *   mm_mma:     BM, BN (64, 128 or 256), BK (32 or 64: an even number of k16 steps), WM x WN warps, each owning a
  *               (BM/WM) x (BN/WN) block, a multiple of 16 x 16; STAGES 2..4;
  *               GROUP_M: tile rows a group walks column by column (L2 reuse);
  *               ALIGN_A, ALIGN_B: offsets and leading strides are multiples of 8 elements, so
@@ -247,9 +247,25 @@ inline void mm_load_stage(uint sa, const __global ushort *a, long sam, long sak,
         mma_load_tile(sb, b + k0 * sbk + n0, sbk, BK, BN / 8, kv, nv, tid, NT, ALIGN_B);
 }
 
+/* The fragments of k16 step ks of the stage at sa: MI of A, NI / 2 pairs of B. */
+inline void mm_frags(uint sa, int ks, int wm, int wn, int lane, uint4 *af, uint4 *bf)
+{
+    for (int i = 0; i < MI; ++i)
+        af[i] = mma_frag_a(sa, wm * WTM + i * 16, ks * 16, A_KC ? BK / 8 : BM / 8, A_KC, lane);
+    for (int j = 0; j < NI / 2; ++j)
+        bf[j] = mma_frag_b2(sa + STAGE_A, wn * WTN + j * 16, ks * 16, B_KC ? BK / 8 : BN / 8, B_KC,
+                            lane);
+}
+
 /*
  * Output tile order: groups of GROUP_M tile rows, column by column inside a group, so that the
  * work-groups resident at once share their A rows and B columns in L2.
+ *
+ * Pipeline: tile kt + STAGES - 1 is requested at the top of step kt into the stage that tile
+ * kt - 1 used; fragments are double-buffered in registers, so the ldmatrix of k16 step ks + 1
+ * overlaps the mma of step ks; the one barrier of a step sits before its last k16 step, when
+ * every warp has read all of its stage and the next tile must have landed. BK / 16 is even, so
+ * the register buffer of each k16 step is known at compile time.
  */
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS)
 {
@@ -263,6 +279,8 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS)
     const int rows = min(ntm - first, GROUP_M), in_group = pid % per_group;
     const long m0 = (long)(first + in_group % rows) * BM, n0 = (long)(in_group / rows) * BN;
     const int nk = (int)((k_hi - k_lo + BK - 1) / BK);
+#define KS (BK / 16)
+#define STAGE(i) (base + ((i) % STAGES) * (STAGE_A + STAGE_B))
 
     float4 acc[MI][NI];
     for (int i = 0; i < MI; ++i)
@@ -271,38 +289,40 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS)
 
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < nk)
-            mm_load_stage(base + s * (STAGE_A + STAGE_B), a, sam, sak, b, sbk, sbn, M, N, m0, n0,
-                          k_lo + (long)s * BK, k_hi, tid);
+            mm_load_stage(STAGE(s), a, sam, sak, b, sbk, sbn, M, N, m0, n0, k_lo + (long)s * BK,
+                          k_hi, tid);
         mma_cp_commit();
     }
+    mma_cp_wait(STAGES - 2);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint4 af[2][MI], bf[2][NI / 2];
+    mm_frags(STAGE(0), 0, wm, wn, lane, af[0], bf[0]);
     for (int kt = 0; kt < nk; ++kt) {
-        mma_cp_wait(STAGES - 2);
-        /* tile kt has landed for every work-item, and stage (kt - 1) % STAGES is free again */
-        barrier(CLK_LOCAL_MEM_FENCE);
         const int next = kt + STAGES - 1;
         if (next < nk)
-            mm_load_stage(base + (next % STAGES) * (STAGE_A + STAGE_B), a, sam, sak, b, sbk, sbn,
-                          M, N, m0, n0, k_lo + (long)next * BK, k_hi, tid);
+            mm_load_stage(STAGE(next), a, sam, sak, b, sbk, sbn, M, N, m0, n0,
+                          k_lo + (long)next * BK, k_hi, tid);
         mma_cp_commit();
-        const uint sa = base + (kt % STAGES) * (STAGE_A + STAGE_B), sb = sa + STAGE_A;
 #pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            uint4 af[MI], bf[NI / 2];
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-                af[i] = mma_frag_a(sa, wm * WTM + i * 16, kk, A_KC ? BK / 8 : BM / 8, A_KC, lane);
-#pragma unroll
-            for (int j = 0; j < NI / 2; ++j)
-                bf[j] = mma_frag_b2(sb, wn * WTN + j * 16, kk, B_KC ? BK / 8 : BN / 8, B_KC, lane);
+        for (int ks = 0; ks < KS; ++ks) {
+            if (ks == KS - 1) {
+                mma_cp_wait(STAGES - 2);
+                barrier(CLK_LOCAL_MEM_FENCE);
+                mm_frags(STAGE(kt + 1), 0, wm, wn, lane, af[(ks + 1) & 1], bf[(ks + 1) & 1]);
+            } else {
+                mm_frags(STAGE(kt), ks + 1, wm, wn, lane, af[(ks + 1) & 1], bf[(ks + 1) & 1]);
+            }
 #pragma unroll
             for (int i = 0; i < MI; ++i)
 #pragma unroll
                 for (int j = 0; j < NI / 2; ++j) {
-                    acc[i][2 * j] = MMA(acc[i][2 * j], af[i], bf[j].xy);
-                    acc[i][2 * j + 1] = MMA(acc[i][2 * j + 1], af[i], bf[j].zw);
+                    acc[i][2 * j] = MMA(acc[i][2 * j], af[ks & 1][i], bf[ks & 1][j].xy);
+                    acc[i][2 * j + 1] = MMA(acc[i][2 * j + 1], af[ks & 1][i], bf[ks & 1][j].zw);
                 }
         }
     }
+#undef KS
+#undef STAGE
 
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll

@@ -348,6 +348,55 @@ static llmcl_status run_cce_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
      {"dhidden", TUNE_OUT, "N,H", TUNE_DT(LLMCL_F32)},                                            \
      {"dw", TUNE_OUT, "V,H", TUNE_DT(LLMCL_F32)}}
 
+/*
+ * ---- matmul.cl: c [Z, M, N] = a [Z, M, K] b [Z, N, K]^T (a linear layer's forward); size key
+ * max(M, N). mm_mma runs 2-D bf16 and f16 products on tensor cores; mm_tiled is tuned on f32
+ * batches, which every device runs on it (2-D f32 goes to CLBlast).
+ */
+
+#define MM_MMA_TILES                                                                              \
+    "BM=64,128,256 BN=64,128,256 BK=32,64 WM=1,2,4 WN=1,2,4 STAGES=2,3,4 GROUP_M=4,8,16"
+#define MM_MMA_SHAPES "Z=1,M=8192,N=8192,K=8192;Z=1,M=8192,N=14336,K=4096"
+#define MM_TILED_TILES "T=16,32,64,128 BK=8,16,32 TM=1,2,4,8 TN=1,2,4,8"
+#define MM_TILED_SHAPES "Z=2,M=2048,N=2048,K=2048"
+#define MM_SMALL "Z=2,M=256,N=320,K=192"
+
+static int64_t mm_size_key(const tune_case *c)
+{
+    const int64_t m = tune_dim(c, "M"), n = tune_dim(c, "N");
+    return m > n ? m : n;
+}
+
+static llmcl_status run_matmul(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    const llmcl_matmul_opts o = {.trans_b = 1};
+    return llmcl_matmul(ctx, 1.0f, t[0], t[1], 0.0f, t[2], &o);
+}
+
+/* Tensor-core tiles within the warps' registers and the device's local memory. */
+static bool mm_mma_fits(const llmcl_device_info *info, const tune_case *c, char *why, size_t len)
+{
+    long v[7] = {0};
+    static const char *names[7] = {"BM", "BN", "BK", "WM", "WN", "STAGES", "GROUP_M"};
+    for (int i = 0; i < c->n_params; ++i)
+        for (int j = 0; j < 7; ++j)
+            if (strcmp(c->param_names[i], names[j]) == 0)
+                v[j] = c->values[i];
+    const long wtm = v[0] / (v[3] ? v[3] : 1), wtn = v[1] / (v[4] ? v[4] : 1);
+    const uint64_t local = (uint64_t)v[5] * (v[0] + v[1]) * v[2] * 2;
+    if (wtm < 16 || wtn < 16 || wtm * wtn > 64 * 64 || local > info->local_mem_bytes ||
+        (size_t)(32 * v[3] * v[4]) > info->max_work_group_size) {
+        snprintf(why, len, "warp tile %ldx%ld, %llu bytes of local memory, %ld threads", wtm, wtn,
+                 (unsigned long long)local, 32 * v[3] * v[4]);
+        return false;
+    }
+    return true;
+}
+
+#define MM_TENSORS                                                                                \
+    {{"a", TUNE_IN, "Z,M,K"}, {"b", TUNE_IN, "Z,N,K"}, {"c", TUNE_OUT, "Z,M,N"}}
+
 const tune_kernel tune_kernels[] = {
     {.key = "fill", .family = "elementwise", .params = EW_WG, .dtypes = F32 | BF16,
      .size_key = "N", .shapes = EW_SHAPES, .small_shapes = EW_SMALL,
@@ -468,5 +517,11 @@ const tune_kernel tune_kernels[] = {
     {.key = "cce_bwd_dw", .family = "cross_entropy", .params = CCE_TILES, .dtypes = F32 | BF16,
      .size_key = "V", .shapes = CCE_SHAPES, .small_shapes = CCE_SMALL, .tensors = CCE_BWD_TENSORS,
      .run = run_cce_bwd, .tol_scale = 4},
+    {.key = "mm_mma", .family = "matmul", .params = MM_MMA_TILES, .dtypes = BF16 | F16,
+     .size_key_fn = mm_size_key, .shapes = MM_MMA_SHAPES, .small_shapes = MM_SMALL,
+     .tensors = MM_TENSORS, .run = run_matmul, .fits = mm_mma_fits},
+    {.key = "mm_tiled", .family = "matmul", .params = MM_TILED_TILES, .dtypes = F32,
+     .size_key_fn = mm_size_key, .shapes = MM_TILED_SHAPES, .small_shapes = MM_SMALL,
+     .tensors = MM_TENSORS, .run = run_matmul},
     {0},
 };
