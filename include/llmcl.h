@@ -644,6 +644,15 @@ LLMCL_API llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_ten
  *   p_ij = exp(x_ij - lse_i), A_i = c ((1-eps) w_{y_i} + eps S_w / V) + 2 zs lse_i c_z,
  *   B_i = c (1-eps) w_{y_i}, C_i = c eps / V; c = 1/D_w and c_z = 1/D_n for mean (0 when the
  *   divisor is 0), 1 otherwise.
+ * -inf logits (masked classes) follow PyTorch: p_ij = 0, so the gradient at a -inf logit is
+ * -B_i [j == y_i] - C_i w_j, 0 unless it is the target or smoothing is on, and the loss stays
+ * finite unless the target is -inf (ce_i = +inf, finite gradient) or, with smoothing, a class of
+ * nonzero weight is -inf (ce_i = +inf). A row whose logits are all -inf has lse_i = -inf, ce_i =
+ * +inf (as a -inf target), z_i = +inf if zs > 0, and a zero gradient; ignored, it adds nothing.
+ * Where PyTorch would multiply 0 by an infinity and give NaN, a factor of 0 (w_j, w_{y_i}, 1 - eps,
+ * eps, zs, or a mean's 1/D_w) makes its term 0: a -inf class of weight 0 adds nothing, even with
+ * smoothing. A softcap maps -inf to -cap, so every result is finite then. +inf and NaN logits give
+ * NaN.
  * Labels are I32 or I64. A label outside [0, V) that is not ignore_index fails the call with
  * LLMCL_ERROR_INVALID_ARGUMENT naming the first such row; the check runs on the device before any
  * output is written, and nothing is written then (in-place logits stay intact). Reading that flag

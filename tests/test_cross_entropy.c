@@ -1,8 +1,8 @@
 /*
  * test_cross_entropy.c: the three cross-entropy forms against double references for every option
  * and reduction (materialised logits, chunked linear with CLBlast, fully fused tiles), their edge
- * cases (all tokens ignored, logits of +-1e4, V not a multiple of a tile, N = 1, V = 1, bad
- * labels), agreement between the forms, memory bounds, and the bad-argument paths.
+ * cases (all tokens ignored, logits of +-1e4, -inf logits, V not a multiple of a tile, N = 1,
+ * V = 1, bad labels), agreement between the forms, memory bounds, and the bad-argument paths.
  */
 #include <math.h>
 #include <stdio.h>
@@ -55,6 +55,61 @@ static double max_abs(const double *x, size_t n)
     for (size_t i = 0; i < n; ++i)
         m = fmax(m, fabs(x[i]));
     return m;
+}
+
+/* References never give NaN, so that th_compare (where NaN matches NaN) rejects any NaN output. */
+static void assert_no_nan(const double *x, size_t n)
+{
+    for (size_t i = 0; i < n; ++i)
+        assert_false(isnan(x[i]));
+}
+
+/*
+ * Where a case puts -inf: in the logits of every row (path 1) or in the bias (paths 2 and 3), at
+ * columns start, start + every, ... below end (every 0: none). Labels that land there move to the
+ * next finite column; `rows` adds the NINF_* cases.
+ */
+typedef struct ninf_spec {
+    int64_t start, end, every;
+    int rows;
+} ninf_spec;
+
+enum {
+    NINF_TARGET = 1,      /* row 0's label on column start: +inf loss, finite gradient */
+    NINF_ROW = 2,         /* row 1 entirely -inf (path 1) */
+    NINF_ROW_IGNORED = 4, /* row 2 entirely -inf and ignored (path 1) */
+    NINF_ZERO_WEIGHT = 8, /* class weight 0 on the -inf columns */
+};
+
+static bool ninf_col(const ninf_spec *m, int64_t j)
+{
+    return m->every && j >= m->start && j < m->end && (j - m->start) % m->every == 0;
+}
+
+/* Applies m to x (nx rows of v: logits, or a bias with nx = 1), labels y [n] and weights w. */
+static void ninf_apply(const ninf_spec *m, double *x, int64_t nx, int64_t v, int64_t *y, int64_t n,
+                       int64_t ignore, double *w)
+{
+    for (int64_t j = 0; j < v; ++j) {
+        if (!ninf_col(m, j))
+            continue;
+        for (int64_t i = 0; i < nx; ++i)
+            x[i * v + j] = -INFINITY;
+        if (w && (m->rows & NINF_ZERO_WEIGHT))
+            w[j] = 0.0;
+    }
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t k = 0; k < v && y[i] != ignore && ninf_col(m, y[i]); ++k)
+            y[i] = (y[i] + 1) % v;
+    if (m->rows & NINF_TARGET)
+        y[0] = m->start;
+    for (int r = 1; r <= 2; ++r) {
+        if (!(m->rows & (r == 1 ? NINF_ROW : NINF_ROW_IGNORED)))
+            continue;
+        for (int64_t j = 0; j < v; ++j)
+            x[r * v + j] = -INFINITY;
+        y[r] = r == 2 ? ignore : y[r] == ignore ? 0 : y[r];
+    }
 }
 
 /* Loss values: f32 math over V terms. */
@@ -119,19 +174,18 @@ typedef struct ce_case {
     int64_t ignore; /* ignore_index (use_ignore_index set when != -100) */
 } ce_case;
 
-static void run_case(const ce_case *c, uint64_t seed)
+/* Case c on logits x [n, v] (rounded to c->dt), labels y and class weights w (or NULL). */
+static void check_case(const ce_case *c, const double *x, const int64_t *y, const double *w)
 {
     llmcl_ctx *ctx = th_ctx();
-    th_rng rng = th_rng_new(seed);
     const int64_t n = c->n, v = c->v, nv = n * v, shape[2] = {n, v};
-    double *x = random_doubles(&rng, (size_t)nv, -c->scale, c->scale, c->dt);
-    double *w = c->weighted ? random_doubles(&rng, (size_t)v, 0.25, 2.0, LLMCL_F32) : NULL;
-    int64_t *y = make_labels(&rng, n, v, c->ignore_every, c->ignore);
     const int nl = c->reduction == 2 ? (int)n : 1;
     double *rl = th_alloc((size_t)n * sizeof *rl), *rz = th_alloc((size_t)n * sizeof *rz);
     double *rlse = th_alloc((size_t)n * sizeof *rlse), *rg = th_alloc((size_t)nv * sizeof *rg);
     const ref_ce_opts ro = {c->ignore, c->reduction, c->eps, c->zs, c->cap, w};
     assert_int_equal(ref_cross_entropy(x, y, n, v, &ro, rl, rz, rlse, rg), -1);
+    assert_no_nan(rl, (size_t)nl), assert_no_nan(rz, (size_t)nl);
+    assert_no_nan(rlse, (size_t)n), assert_no_nan(rg, (size_t)nv);
 
     llmcl_tensor *tx = th_tensor_from(c->dt, 2, shape, x);
     llmcl_tensor *ty = labels_tensor(c->label_dt, y, n);
@@ -171,7 +225,21 @@ static void run_case(const ce_case *c, uint64_t seed)
     free(gl), free(gz), free(glse);
     llmcl_tensor_destroy(tx), llmcl_tensor_destroy(ty), llmcl_tensor_destroy(tw);
     llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tz), llmcl_tensor_destroy(tlse);
-    free(x), free(w), free(y), free(rl), free(rz), free(rlse), free(rg);
+    free(rl), free(rz), free(rlse), free(rg);
+}
+
+/* Case c on random inputs from seed, with -inf placed by m (NULL: none). */
+static void run_case(const ce_case *c, const ninf_spec *m, uint64_t seed)
+{
+    th_rng rng = th_rng_new(seed);
+    const int64_t n = c->n, v = c->v;
+    double *x = random_doubles(&rng, (size_t)(n * v), -c->scale, c->scale, c->dt);
+    double *w = c->weighted ? random_doubles(&rng, (size_t)v, 0.25, 2.0, LLMCL_F32) : NULL;
+    int64_t *y = make_labels(&rng, n, v, c->ignore_every, c->ignore);
+    if (m)
+        ninf_apply(m, x, n, v, y, n, c->ignore, w);
+    check_case(c, x, y, w);
+    free(x), free(w), free(y);
 }
 
 static void test_ce_options(void **state)
@@ -198,7 +266,7 @@ static void test_ce_options(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
         printf("case %zu\n", i);
-        run_case(&cases[i], 100 + i);
+        run_case(&cases[i], NULL, 100 + i);
     }
 }
 
@@ -222,7 +290,102 @@ static void test_ce_edges(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
         printf("edge %zu\n", i);
-        run_case(&cases[i], 200 + i);
+        run_case(&cases[i], NULL, 200 + i);
+    }
+}
+
+/*
+ * Issue 12's first example: N(0,1) logits of V = 257 with every fifth column from 1 at -inf, label
+ * 0, reduction none. The row kernel met the tail (column 256, -inf) first: exp(-inf + inf).
+ */
+static void test_ce_ninf_issue(void **state)
+{
+    (void)state;
+    const ce_case c = {LLMCL_F32, LLMCL_I64, 2, 0, 0, 0, false, 2, 0, 1, 257, 4, 0, -100};
+    const ninf_spec m = {1, 257, 5, 0};
+    th_rng rng = th_rng_new(12);
+    double x[257], rl, rz, rlse, rg[257];
+    int64_t y = 0;
+    th_fill_normal(&rng, x, 257, 1.0);
+    th_round_all(LLMCL_F32, x, 257);
+    ninf_apply(&m, x, 1, 257, &y, 1, -100, NULL);
+    assert_int_equal(y, 0);
+    const ref_ce_opts ro = {-100, 2, 0, 0, 0, NULL};
+    ref_cross_entropy(x, &y, 1, 257, &ro, &rl, &rz, &rlse, rg);
+    printf("loss %.4f\n", rl);
+    assert_true(isfinite(rl) && isfinite(rlse));
+    check_case(&c, x, &y, NULL);
+}
+
+/* 0 inf is 0: a -inf target of weight 0 adds nothing, and a mean over a weight sum of 0 is 0 even
+   with an infinite term (PyTorch gives NaN for both). */
+static void test_ce_ninf_zero_weight(void **state)
+{
+    (void)state;
+    const int64_t y[2] = {0, 1};
+    double x[2 * 16], w[16];
+    th_rng rng = th_rng_new(13);
+    th_fill_uniform(&rng, x, 2 * 16, -3, 3);
+    th_round_all(LLMCL_F32, x, 2 * 16);
+    for (int j = 0; j < 16; ++j)
+        w[j] = j < 2 ? 0.0 : 1.0;
+    x[0] = x[16 + 5] = -INFINITY; /* row 0: its target; row 1: a class of weight 1 */
+    for (int k = 0; k < 6; ++k) {
+        const float eps = k < 3 ? 0.0f : 0.1f;
+        const ce_case c = {LLMCL_F32, LLMCL_I64, k % 3, eps, 0, 0, true, 1, 0, 2, 16, 3, 0, -100};
+        check_case(&c, x, y, w);
+    }
+}
+
+/* -inf logits at the start, middle and end of rows, inside and across chunks, work-group passes
+   (WG 64 x 8 columns on CPUs) and vocabulary splits; -inf targets, smoothing, rows all -inf. */
+static void test_ce_ninf(void **state)
+{
+    (void)state;
+    const struct {
+        ce_case c;
+        ninf_spec m;
+    } cases[] = {
+        /* the issue's second example: the first half of V = 2003 */
+        {{LLMCL_F32, LLMCL_I64, 2, 0, 0, 0, false, 1, 0, 3, 2003, 4, 0, -100}, {0, 1002, 1, 0}},
+        /* start: the first work-group pass; the first 8 of V = 9 */
+        {{LLMCL_F32, LLMCL_I64, 0, 0, 1e-3f, 0, false, 2, 0, 5, 1003, 4, 4, -100}, {0, 512, 1, 0}},
+        {{LLMCL_F32, LLMCL_I64, 1, 0, 0, 0, false, 1, 0, 4, 9, 4, 0, -100}, {0, 8, 1, 0}},
+        /* middle: split 1 of 3 exactly on row 0 (chunks 42 to 83), then across split boundaries */
+        {{LLMCL_F32, LLMCL_I32, 1, 0, 0, 0, true, 1, 3, 5, 1003, 4, 0, -100}, {336, 672, 1, 0}},
+        {{LLMCL_BF16, LLMCL_I64, 0, 0, 1e-3f, 0, false, 1, 5, 5, 2051, 4, 4, -100},
+         {300, 1500, 2, 0}},
+        /* end: the last chunk and the scalar tail; tails alone (V < 8 and V = 8k + 1) */
+        {{LLMCL_F16, LLMCL_I64, 2, 0, 0, 0, false, 2, 0, 5, 1003, 4, 0, -100}, {992, 1003, 1, 0}},
+        {{LLMCL_F32, LLMCL_I64, 2, 0, 0, 0, false, 1, 0, 3, 7, 4, 0, -100}, {4, 7, 1, 0}},
+        {{LLMCL_BF16, LLMCL_I64, 0, 0, 0, 0, false, 1, 0, 4, 17, 4, 0, -100}, {1, 17, 2, 0}},
+        /* -inf targets: +inf loss, finite gradients */
+        {{LLMCL_F32, LLMCL_I64, 0, 0, 1e-3f, 0, true, 1, 0, 6, 257, 4, 0, -100},
+         {1, 257, 5, NINF_TARGET}},
+        {{LLMCL_BF16, LLMCL_I64, 2, 0, 0, 0, false, 2, 2, 6, 1003, 4, 0, -100},
+         {1, 1003, 5, NINF_TARGET}},
+        /* smoothing: +inf loss where a -inf column has a nonzero weight, finite without one */
+        {{LLMCL_F32, LLMCL_I64, 0, 0.1f, 0, 0, true, 1, 0, 6, 257, 4, 0, -100}, {1, 257, 5, 0}},
+        {{LLMCL_F16, LLMCL_I64, 1, 0.1f, 1e-3f, 0, true, 1, 3, 6, 1003, 4, 0, -100},
+         {0, 600, 3, NINF_ZERO_WEIGHT}},
+        /* rows all -inf beside normal rows: lse -inf, loss +inf unless ignored, gradient 0 */
+        {{LLMCL_F32, LLMCL_I64, 0, 0, 1e-3f, 0, false, 1, 0, 6, 257, 4, 0, -100},
+         {1, 257, 5, NINF_ROW | NINF_ROW_IGNORED}},
+        {{LLMCL_BF16, LLMCL_I64, 2, 0.1f, 1e-3f, 0, true, 2, 3, 6, 1003, 4, 0, -100},
+         {0, 0, 0, NINF_ROW | NINF_ROW_IGNORED}},
+        {{LLMCL_F16, LLMCL_I64, 0, 0, 1e-3f, 0, true, 1, 0, 6, 257, 4, 0, -100},
+         {0, 100, 1, NINF_ROW_IGNORED}},
+        {{LLMCL_F32, LLMCL_I64, 0, 0.1f, 0, 0, true, 1, 2, 6, 1003, 4, 0, -100},
+         {0, 0, 0, NINF_ROW_IGNORED}},
+        /* softcap: -inf becomes -cap, so every result is finite */
+        {{LLMCL_F32, LLMCL_I64, 0, 0.1f, 1e-3f, 5.0f, true, 1, 0, 6, 1003, 6, 0, -100},
+         {0, 512, 1, NINF_ROW | NINF_TARGET}},
+        {{LLMCL_BF16, LLMCL_I64, 2, 0, 0, 4.0f, false, 2, 3, 6, 1003, 6, 0, -100},
+         {1, 1003, 3, NINF_ROW}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        printf("-inf case %zu\n", i);
+        run_case(&cases[i].c, &cases[i].m, 250 + i);
     }
 }
 
@@ -239,7 +402,11 @@ static void test_ce_tunables(void **state)
             llmcl_tune_override(ctx, "ce_split", LLMCL_BF16, "*", i == 1 ? "SPLIT=3" : "SPLIT=1"));
         const ce_case c = {LLMCL_BF16, LLMCL_I64, 0, 0.1f, 1e-3f, 4.0f, true,
                            1,          0,         7, 5003, 4,     3,    -100};
-        run_case(&c, 500 + i);
+        run_case(&c, NULL, 500 + i);
+        /* -inf over the first trip of WG=128 UNROLL=2 (2048 columns) and split 0 of SPLIT=3 */
+        const ce_case cn = {LLMCL_BF16, LLMCL_I64, 0, 0, 1e-3f, 0, true, 1, 0, 7, 5003, 4, 3, -100};
+        const ninf_spec m = {0, 2048, 1, NINF_ROW_IGNORED};
+        run_case(&cn, &m, 510 + i);
     }
     TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_BF16, NULL, NULL));
 }
@@ -532,80 +699,153 @@ static llmcl_ce_options lin_opts(const lin_case *c, const lin_problem *p)
                               .chunk_bytes = c->chunk_bytes};
 }
 
+/* A problem of case c from seed with -inf placed in its bias by m (NULL: none). */
+static lin_problem lin_make_case(const lin_case *c, const ninf_spec *m, uint64_t seed)
+{
+    lin_problem p = lin_make(seed, c->n, c->h, c->v, c->dt, c->bias, c->cweights, 5);
+    if (m) {
+        ninf_apply(m, p.b, 1, p.v, p.y, p.n, -100, p.cw);
+        th_upload(p.tb, p.b);
+        if (p.tcw)
+            th_upload(p.tcw, p.cw);
+        llmcl_tensor_destroy(p.ty);
+        p.ty = labels_tensor(LLMCL_I64, p.y, p.n);
+    }
+    return p;
+}
+
+static void lin_ref_no_nan(const lin_problem *p, const lin_ref *r, int64_t nl)
+{
+    assert_no_nan(r->loss, (size_t)nl), assert_no_nan(r->z, (size_t)nl);
+    assert_no_nan(r->lse, (size_t)p->n), assert_no_nan(r->dh, (size_t)(p->n * p->h));
+    assert_no_nan(r->dw, (size_t)(p->v * p->h)), assert_no_nan(r->db, (size_t)p->v);
+}
+
+/* Path 2 on case c. */
+static void run_linear(const lin_case *c, const ninf_spec *m, uint64_t seed)
+{
+    llmcl_ctx *ctx = th_ctx();
+    lin_problem p = lin_make_case(c, m, seed);
+    const ref_ce_opts ro = {-100, c->reduction, c->eps, c->zs, c->cap, p.cw};
+    lin_ref r = lin_reference(&p, &ro, NULL);
+    const int64_t nl = c->reduction == 2 ? c->n : 1;
+    lin_ref_no_nan(&p, &r, nl);
+    llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &nl), *tz = th_tensor(LLMCL_F32, 1, &nl);
+    lin_grads g = lin_grads_new(&p, c->bias);
+    const llmcl_ce_options o = lin_opts(c, &p);
+    TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, tz, g.dh, g.dw,
+                                             g.db));
+    double *gl = download(tl), *gz = download(tz);
+    TH_ASSERT_CLOSE("loss", r.loss, gl, (size_t)nl, loss_tol);
+    TH_ASSERT_CLOSE("z_loss", r.z, gz, (size_t)nl, loss_tol);
+    lin_check(&p, &r, &g);
+    /* loss only */
+    TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, NULL, NULL, NULL,
+                                             NULL));
+    th_download(tl, gl);
+    TH_ASSERT_CLOSE("loss only", r.loss, gl, (size_t)nl, loss_tol);
+    free(gl), free(gz);
+    llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tz);
+    lin_grads_free(&g);
+    lin_ref_free(&r);
+    lin_free(&p);
+}
+
+/* Path 3 on case c, with an upstream gradient from seed + 100. */
+static void run_fused(const lin_case *c, const ninf_spec *m, uint64_t seed)
+{
+    llmcl_ctx *ctx = th_ctx();
+    lin_problem p = lin_make_case(c, m, seed);
+    const int64_t nl = c->reduction == 2 ? c->n : 1;
+    double *gs = th_alloc((size_t)nl * sizeof *gs);
+    th_rng rng = th_rng_new(seed + 100);
+    th_fill_uniform(&rng, gs, (size_t)nl, 0.5, 2.0);
+    const ref_ce_opts ro = {-100, c->reduction, c->eps, c->zs, c->cap, p.cw};
+    lin_ref r = lin_reference(&p, &ro, gs);
+    lin_ref_no_nan(&p, &r, nl);
+    llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &nl), *tz = th_tensor(LLMCL_F32, 1, &nl);
+    llmcl_tensor *tlse = th_tensor(LLMCL_F32, 1, &p.n);
+    llmcl_tensor *tgs = th_tensor_from(LLMCL_F32, 1, &nl, gs);
+    lin_grads g = lin_grads_new(&p, c->bias);
+    const llmcl_ce_options o = lin_opts(c, &p);
+    TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, tz, tlse));
+    double *gl = download(tl), *gz = download(tz), *glse = download(tlse);
+    TH_ASSERT_CLOSE("loss", r.loss, gl, (size_t)nl, loss_tol);
+    TH_ASSERT_CLOSE("z_loss", r.z, gz, (size_t)nl, loss_tol);
+    TH_ASSERT_CLOSE("lse", r.lse, glse, (size_t)p.n, loss_tol);
+    TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, tgs, &o, g.dh,
+                                             g.dw, g.db));
+    lin_check(&p, &r, &g);
+    /* deterministic: a second backward is bit-identical */
+    double *dh1 = download(g.dh), *dw1 = download(g.dw);
+    TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, tgs, &o, g.dh,
+                                             g.dw, g.db));
+    double *dh2 = download(g.dh), *dw2 = download(g.dw);
+    assert_memory_equal(dh1, dh2, (size_t)(p.n * p.h) * sizeof *dh1);
+    assert_memory_equal(dw1, dw2, (size_t)(p.v * p.h) * sizeof *dw1);
+    free(dh1), free(dw1), free(dh2), free(dw2);
+    free(gl), free(gz), free(glse), free(gs);
+    llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tz), llmcl_tensor_destroy(tlse);
+    llmcl_tensor_destroy(tgs);
+    lin_grads_free(&g);
+    lin_ref_free(&r);
+    lin_free(&p);
+}
+
 static void test_linear_ce(void **state)
 {
     (void)state;
-    llmcl_ctx *ctx = th_ctx();
     for (size_t i = 0; i < sizeof lin_cases / sizeof lin_cases[0]; ++i) {
-        const lin_case *c = &lin_cases[i];
         printf("linear case %zu\n", i);
-        lin_problem p = lin_make(300 + i, c->n, c->h, c->v, c->dt, c->bias, c->cweights, 5);
-        const ref_ce_opts ro = {-100, c->reduction, c->eps, c->zs, c->cap, p.cw};
-        lin_ref r = lin_reference(&p, &ro, NULL);
-        const int64_t nl = c->reduction == 2 ? c->n : 1;
-        llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &nl), *tz = th_tensor(LLMCL_F32, 1, &nl);
-        lin_grads g = lin_grads_new(&p, c->bias);
-        const llmcl_ce_options o = lin_opts(c, &p);
-        TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, tz, g.dh,
-                                                 g.dw, g.db));
-        double *gl = download(tl), *gz = download(tz);
-        TH_ASSERT_CLOSE("loss", r.loss, gl, (size_t)nl, loss_tol);
-        TH_ASSERT_CLOSE("z_loss", r.z, gz, (size_t)nl, loss_tol);
-        lin_check(&p, &r, &g);
-        /* loss only */
-        TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, NULL, NULL,
-                                                 NULL, NULL));
-        th_download(tl, gl);
-        TH_ASSERT_CLOSE("loss only", r.loss, gl, (size_t)nl, loss_tol);
-        free(gl), free(gz);
-        llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tz);
-        lin_grads_free(&g);
-        lin_ref_free(&r);
-        lin_free(&p);
+        run_linear(&lin_cases[i], NULL, 300 + i);
     }
 }
 
 static void test_fused_ce(void **state)
 {
     (void)state;
-    llmcl_ctx *ctx = th_ctx();
     for (size_t i = 0; i < sizeof lin_cases / sizeof lin_cases[0]; ++i) {
-        const lin_case *c = &lin_cases[i];
         printf("fused case %zu\n", i);
-        lin_problem p = lin_make(300 + i, c->n, c->h, c->v, c->dt, c->bias, c->cweights, 5);
-        const int64_t nl = c->reduction == 2 ? c->n : 1;
-        double *gs = th_alloc((size_t)nl * sizeof *gs);
-        th_rng rng = th_rng_new(400 + i);
-        th_fill_uniform(&rng, gs, (size_t)nl, 0.5, 2.0);
-        const ref_ce_opts ro = {-100, c->reduction, c->eps, c->zs, c->cap, p.cw};
-        lin_ref r = lin_reference(&p, &ro, gs);
-        llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &nl), *tz = th_tensor(LLMCL_F32, 1, &nl);
-        llmcl_tensor *tlse = th_tensor(LLMCL_F32, 1, &p.n);
-        llmcl_tensor *tgs = th_tensor_from(LLMCL_F32, 1, &nl, gs);
-        lin_grads g = lin_grads_new(&p, c->bias);
-        const llmcl_ce_options o = lin_opts(c, &p);
-        TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, tz, tlse));
-        double *gl = download(tl), *gz = download(tz), *glse = download(tlse);
-        TH_ASSERT_CLOSE("loss", r.loss, gl, (size_t)nl, loss_tol);
-        TH_ASSERT_CLOSE("z_loss", r.z, gz, (size_t)nl, loss_tol);
-        TH_ASSERT_CLOSE("lse", r.lse, glse, (size_t)p.n, loss_tol);
-        TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, tgs, &o, g.dh,
-                                                 g.dw, g.db));
-        lin_check(&p, &r, &g);
-        /* deterministic: a second backward is bit-identical */
-        double *dh1 = download(g.dh), *dw1 = download(g.dw);
-        TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, tgs, &o, g.dh,
-                                                 g.dw, g.db));
-        double *dh2 = download(g.dh), *dw2 = download(g.dw);
-        assert_memory_equal(dh1, dh2, (size_t)(p.n * p.h) * sizeof *dh1);
-        assert_memory_equal(dw1, dw2, (size_t)(p.v * p.h) * sizeof *dw1);
-        free(dh1), free(dw1), free(dh2), free(dw2);
-        free(gl), free(gz), free(glse), free(gs);
-        llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tz), llmcl_tensor_destroy(tlse);
-        llmcl_tensor_destroy(tgs);
-        lin_grads_free(&g);
-        lin_ref_free(&r);
-        lin_free(&p);
+        run_fused(&lin_cases[i], NULL, 300 + i);
+    }
+}
+
+/*
+ * -inf bias entries on paths 2 and 3 (the only way a logit of theirs is -inf): the issue's example,
+ * the fused path's T = 32 tiles covered whole, straddled and the last partial one, -inf targets,
+ * smoothing, softcap, and every class -inf.
+ */
+static void test_linear_ninf(void **state)
+{
+    (void)state;
+    const struct {
+        lin_case c;
+        ninf_spec m;
+    } cases[] = {
+        /* dt, red, eps, zs, cap, bias, cweights, n, h, v, chunk_rows, chunk_bytes, splits */
+        /* the issue's example: the first 300 of 1000 classes, with the z-loss */
+        {{LLMCL_F32, 0, 0, 1e-3f, 0, true, false, 9, 40, 1000, 0, 0, 0}, {0, 300, 1, 0}},
+        /* tile 2 exactly, tiles 2 and 3 straddled, the last partial tile */
+        {{LLMCL_F32, 1, 0, 0, 0, true, false, 37, 40, 301, 8, 0, 3}, {64, 96, 1, 0}},
+        {{LLMCL_BF16, 0, 0, 1e-3f, 0, true, true, 37, 40, 301, 0, 0, 2}, {80, 120, 1, 0}},
+        {{LLMCL_F16, 2, 0, 0, 0, true, false, 29, 33, 301, 7, 0, 0}, {288, 301, 1, 0}},
+        /* a -inf target: +inf loss, finite gradients */
+        {{LLMCL_F32, 0, 0, 1e-3f, 0, true, true, 20, 17, 130, 0, 0, 0}, {1, 130, 2, NINF_TARGET}},
+        /* smoothing: +inf loss, finite where the -inf classes weigh 0 */
+        {{LLMCL_F32, 0, 0.1f, 0, 0, true, false, 20, 17, 130, 0, 0, 0}, {3, 100, 7, 0}},
+        {{LLMCL_BF16, 2, 0.1f, 1e-3f, 0, true, true, 20, 17, 130, 6, 0, 0},
+         {3, 100, 7, NINF_ZERO_WEIGHT}},
+        /* softcap: -inf becomes -cap, the -inf target too */
+        {{LLMCL_F32, 0, 0.1f, 1e-3f, 4.0f, true, true, 20, 17, 130, 0, 0, 0},
+         {0, 130, 3, NINF_TARGET}},
+        /* every class -inf: lse -inf, loss +inf, zero gradients */
+        {{LLMCL_F32, 0, 0, 1e-3f, 0, true, false, 9, 16, 70, 0, 0, 0}, {0, 70, 1, 0}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        printf("-inf linear case %zu\n", i);
+        run_linear(&cases[i].c, &cases[i].m, 700 + i);
+        printf("-inf fused case %zu\n", i);
+        run_fused(&cases[i].c, &cases[i].m, 700 + i);
     }
 }
 
@@ -800,10 +1040,13 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ref_gradient),    cmocka_unit_test(test_ce_options),
-        cmocka_unit_test(test_ce_edges),        cmocka_unit_test(test_ce_tunables),
+        cmocka_unit_test(test_ce_edges),        cmocka_unit_test(test_ce_ninf_issue),
+        cmocka_unit_test(test_ce_ninf),         cmocka_unit_test(test_ce_ninf_zero_weight),
+        cmocka_unit_test(test_ce_tunables),
         cmocka_unit_test(test_ce_strided_rows), cmocka_unit_test(test_ce_bad_labels),
         cmocka_unit_test(test_ce_bad_args),     cmocka_unit_test(test_ce_grad_scale),
         cmocka_unit_test(test_linear_ce),       cmocka_unit_test(test_fused_ce),
+        cmocka_unit_test(test_linear_ninf),
         cmocka_unit_test(test_fused_gpu_tiles), cmocka_unit_test(test_fused_filter),
         cmocka_unit_test(test_paths_agree),     cmocka_unit_test(test_memory),
         cmocka_unit_test(test_linear_bad_args),

@@ -23,6 +23,12 @@
  * times 1 - (x_j/cap)^2 with a softcap. c, cz: 1/(weight sum), 1/count for mean (0 when that
  * divisor is 0), 1 for sum and none, times the upstream gradient where one is given.
  *
+ * -inf logits (include/llmcl.h has the results): the online LSE starts its running max at -FLT_MAX,
+ * not -inf, so that a -inf logit adds exp(-inf) = 0 wherever it comes, never exp(-inf + inf); a row
+ * of -inf logits then ends with sum 0 and lse = -FLT_MAX + log 0 = -inf. Such a row has p = 0
+ * (lse_p) and A = B = C = 0. In the terms and the reduction a factor of 0 (eps 0 or 1, a weight of
+ * 0, zs 0, a divisor of 0) zeroes its term even when the other factor is infinite.
+ *
  * Options that change the math are runtime flags (so one program serves them all; the branches are
  * uniform): CE_WEIGHT per-class weights (f32 [V]), CE_SMOOTH label smoothing, CE_CAP softcap,
  * CE_BIAS the fused path's bias [V].
@@ -165,23 +171,42 @@ inline float2 ce_scales(const __global int *stats, int reduction)
     return (float2)(dw != 0.0f ? 1.0f / dw : 0.0f, dn != 0.0f ? 1.0f / dn : 0.0f);
 }
 
-/* (A, B, C) of a non-ignored row. */
+/* (A, B, C) of a non-ignored row; 0 when its logits are all -inf (its gradient is 0). */
 inline float3 ce_coefs(float lse, float wy, float sw, long V, float eps, float zs, float2 c)
 {
+    if (lse == -INFINITY)
+        return (float3)(0.0f);
     const float e = eps / (float)V;
     return (float3)(c.x * ((1.0f - eps) * wy + e * sw) + 2.0f * zs * lse * c.y,
                     c.x * (1.0f - eps) * wy, c.x * e);
 }
 
-/* (ce, z) of a non-ignored row; ws = sum_j w_j x_j (used only with smoothing). */
+/* a b, but 0 when a is 0 even if b is infinite. */
+inline float mul0(float a, float b)
+{
+    return a != 0.0f ? a * b : 0.0f;
+}
+
+/*
+ * (ce, z) of a non-ignored row; ws = sum_j w_j x_j (used only with smoothing). A row of -inf logits
+ * has lse - x_j = +inf: its p_j are 0 like those of any -inf logit.
+ */
 inline float2 ce_terms(float lse, float xy, float ws, float wy, float sw, long V, float eps,
                        float zs)
 {
-    const float ce = (1.0f - eps) * wy * (lse - xy) + eps / (float)V * (sw * lse - ws);
-    return (float2)(ce, zs * lse * lse);
+    const bool all_ninf = lse == -INFINITY;
+    const float ty = all_ninf ? INFINITY : lse - xy, ts = all_ninf ? INFINITY : sw * lse - ws;
+    return (float2)(mul0((1.0f - eps) * wy, ty) + mul0(eps / (float)V, ts), mul0(zs, lse * lse));
 }
 
-/* Online logsumexp state of one work-item: running max m, sum of exp(x - m), and sum w_j x_j. */
+/* The lse of p_j = exp(x_j - lse): +inf on a row of -inf logits, so that p is 0, not exp(NaN). */
+inline float lse_p(float lse)
+{
+    return lse == -INFINITY ? INFINITY : lse;
+}
+
+/* Online logsumexp state of one work-item: running max m (from -FLT_MAX), sum of exp(x - m), and
+   sum w_j x_j (a class of weight 0 adds 0 even where its logit is -inf). */
 #define ACC1(xv, wv)                                                                              \
     do {                                                                                          \
         const float x_ = (xv);                                                                    \
@@ -191,7 +216,7 @@ inline float2 ce_terms(float lse, float xy, float ws, float wy, float sw, long V
         }                                                                                         \
         s += exp(x_ - m);                                                                         \
         if (flags & CE_SMOOTH)                                                                     \
-            ws += (wv) * x_;                                                                      \
+            ws += mul0(wv, x_);                                                                   \
     } while (0)
 
 #define ACC8(xv, wv)                                                                              \
@@ -204,7 +229,7 @@ inline float2 ce_terms(float lse, float xy, float ws, float wy, float sw, long V
         }                                                                                         \
         s += hsum8(exp(x_ - m));                                                                  \
         if (flags & CE_SMOOTH)                                                                     \
-            ws += hsum8((wv) * x_);                                                               \
+            ws += hsum8(select((float8)0.0f, (wv) * x_, (wv) != 0.0f));                           \
     } while (0)
 
 /*
@@ -394,10 +419,10 @@ ce_rows(int flags, __global st_t *x, ulong xoff, long xstride, long V,
     const bool live = y != ignore_index;
     const float xy = live ? CAP(LOAD(DT, x, base + y)) : 0.0f;
 
-    float m = -INFINITY, s = 0.0f, ws = 0.0f;
+    float m = -FLT_MAX, s = 0.0f, ws = 0.0f;
     SCAN_ROW(x, base, V, 0, 1);
     const float mx = wg_max(m, scratch);
-    const float sum = wg_sum(m == -INFINITY ? 0.0f : s * exp(m - mx), scratch);
+    const float sum = wg_sum(s * exp(m - mx), scratch);
     ws = wg_sum(ws, scratch);
     const float lse = mx + log(sum);
     const float wy = live ? WEIGHT1(y) : 0.0f, sw = as_float(stats[3]);
@@ -410,7 +435,8 @@ ce_rows(int flags, __global st_t *x, ulong xoff, long xstride, long V,
     if (grad) {
         const float3 q = live ? ce_coefs(lse, wy, sw, V, eps, zs, ce_scales(stats, reduction))
                               : (float3)(0.0f);
-        GRAD_ROW(x, base, dx, dxoff + r * dxstride, V, 0, 1, q, lse, y);
+        const float lp = lse_p(lse);
+        GRAD_ROW(x, base, dx, dxoff + r * dxstride, V, 0, 1, q, lp, y);
     }
 }
 
@@ -425,10 +451,10 @@ ce_partial(int flags, const __global st_t *x, ulong xoff, long xstride, long V,
         return;
     const long sp = get_group_id(0), ns = get_num_groups(0), r = get_group_id(1);
     const long base = xoff + r * xstride;
-    float m = -INFINITY, s = 0.0f, ws = 0.0f;
+    float m = -FLT_MAX, s = 0.0f, ws = 0.0f;
     SCAN_ROW(x, base, V, sp, ns);
     const float mx = wg_max(m, scratch);
-    const float sum = wg_sum(m == -INFINITY ? 0.0f : s * exp(m - mx), scratch);
+    const float sum = wg_sum(s * exp(m - mx), scratch);
     ws = wg_sum(ws, scratch);
     if (get_local_id(0) == 0) {
         __global float *p = part + (r * ns + sp) * 3;
@@ -461,8 +487,7 @@ __kernel void ce_combine(int flags, const __global float *part, long ns, long nr
         mx = fmax(mx, p[i * 3]);
     float sum = 0.0f, ws = 0.0f;
     for (long i = 0; i < ns; ++i) {
-        if (p[i * 3] != -INFINITY)
-            sum += p[i * 3 + 1] * exp(p[i * 3] - mx);
+        sum += p[i * 3 + 1] * exp(p[i * 3] - mx);
         ws += p[i * 3 + 2];
     }
     const float lse = mx + log(sum);
@@ -494,7 +519,8 @@ ce_grad(int flags, const __global st_t *x, ulong xoff, long xstride, long V,
     const float3 q = y != ignore_index ? ce_coefs(lse, WEIGHT1(y), as_float(stats[3]), V, eps, zs,
                                                   ce_scales(stats, reduction))
                                        : (float3)(0.0f);
-    GRAD_ROW(x, xoff + r * xstride, dx, dxoff + r * dxstride, V, sp, ns, q, lse, y);
+    const float lp = lse_p(lse);
+    GRAD_ROW(x, xoff + r * xstride, dx, dxoff + r * dxstride, V, sp, ns, q, lp, y);
 }
 
 /*
@@ -526,7 +552,7 @@ ce_finish(const __global float *rows, long n, const __global int *stats, int red
     z = wg_sum(z, scratch);
     if (lid == 0) {
         const float2 c = ce_scales(stats, reduction);
-        loss[lossoff] = ce * c.x + z * c.y;
+        loss[lossoff] = mul0(c.x, ce) + z * c.y;
         if (has_z)
             zloss[zoff] = z * c.y;
     }
@@ -629,7 +655,7 @@ cce_fwd(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H
         y[i] = row < N ? LABEL(labels, loff + row) : -1;
         if (y[i] == ignore_index)
             y[i] = -1;
-        m[i] = -INFINITY;
+        m[i] = -FLT_MAX;
         s[i] = 0.0f;
         ws[i] = 0.0f;
     }
@@ -655,7 +681,7 @@ cce_fwd(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H
                 if (v < V) {
                     s[i] += exp(acc[i][j] - m[i]);
                     if (flags & CE_SMOOTH)
-                        ws[i] += WEIGHT1(v) * acc[i][j];
+                        ws[i] += mul0(WEIGHT1(v), acc[i][j]);
                 }
             }
         }
@@ -672,9 +698,7 @@ cce_fwd(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H
         for (int t = 0; t < NTX; ++t)
             mx = fmax(mx, red[lid * NTX + t]);
         for (int t = 0; t < NTX; ++t) {
-            const float mt = red[lid * NTX + t];
-            if (mt != -INFINITY)
-                sum += red[(T + lid) * NTX + t] * exp(mt - mx);
+            sum += red[(T + lid) * NTX + t] * exp(red[lid * NTX + t] - mx);
             wsum += red[(2 * T + lid) * NTX + t];
         }
         __global float *p = part + ((r0 + lid) * ns + sp) * 3;
@@ -685,8 +709,8 @@ cce_fwd(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H
 }
 
 /*
- * Backward, per row: coef[row * 4 + {0..3}] = (A, B, C, lse) with the upstream gradient folded
- * in (g: a scalar, or per row for reduction none; has_g 0 means 1).
+ * Backward, per row: coef[row * 4 + {0..3}] = (A, B, C, lse_p(lse)) with the upstream gradient
+ * folded in (g: a scalar, or per row for reduction none; has_g 0 means 1).
  */
 __kernel void cce_coefs(int flags, long n, long V, const __global label_t *labels, ulong loff,
                         const __global float *weight, ulong woff, const __global int *stats,
@@ -709,7 +733,7 @@ __kernel void cce_coefs(int flags, long n, long V, const __global label_t *label
     coef[row * 4 + 0] = q.x;
     coef[row * 4 + 1] = q.y;
     coef[row * 4 + 2] = q.z;
-    coef[row * 4 + 3] = lse;
+    coef[row * 4 + 3] = lse_p(lse);
 }
 
 /*

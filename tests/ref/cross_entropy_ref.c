@@ -1,10 +1,17 @@
 /* cross_entropy_ref.c: CPU references in double for cross_entropy.cl, written from PyTorch's
  * definition (log-softmax, nll with weights, smoothing over all classes) rather than the kernels'
- * rearranged coefficients. */
+ * rearranged coefficients, with llmcl.h's rules for -inf logits: a term with a factor of 0 is 0,
+ * and a row of -inf logits has lse -inf, -log p_j = +inf and a zero gradient. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "cross_entropy_ref.h"
+
+/* a b, but 0 when a is 0 even if b is infinite. */
+static double mul0(double a, double b) { return a == 0.0 ? 0.0 : a * b; }
+
+/* -log p of logit x in a row of logsumexp l: +inf on a row of -inf logits (l = -inf). */
+static double neg_log_p(double x, double l) { return l == -INFINITY ? INFINITY : l - x; }
 
 int64_t ref_cross_entropy(const double *logits, const int64_t *labels, int64_t n, int64_t v,
                           const ref_ce_opts *o, double *loss, double *zloss, double *lse,
@@ -34,7 +41,7 @@ int64_t ref_cross_entropy(const double *logits, const int64_t *labels, int64_t n
             x[j] = o->cap > 0.0 ? o->cap * tanh(zr[j] / o->cap) : zr[j];
             mx = fmax(mx, x[j]);
         }
-        for (int64_t j = 0; j < v; ++j)
+        for (int64_t j = 0; j < v && mx != -INFINITY; ++j)
             s += exp(x[j] - mx);
         const double l = mx + log(s);
         lse[i] = l;
@@ -44,9 +51,10 @@ int64_t ref_cross_entropy(const double *logits, const int64_t *labels, int64_t n
             const double wy = o->weight ? o->weight[y] : 1.0;
             double smooth = 0.0;
             for (int64_t j = 0; j < v; ++j)
-                smooth += (o->weight ? o->weight[j] : 1.0) * -(x[j] - l); /* -w_j log p_j */
-            ce[i] = (1.0 - o->eps) * wy * -(x[y] - l) + o->eps / (double)v * smooth;
-            z[i] = o->zs * l * l;
+                smooth += mul0(o->weight ? o->weight[j] : 1.0, neg_log_p(x[j], l));
+            ce[i] = mul0((1.0 - o->eps) * wy, neg_log_p(x[y], l)) +
+                    mul0(o->eps / (double)v, smooth);
+            z[i] = mul0(o->zs, l * l);
         }
         total_ce += ce[i];
         total_z += z[i];
@@ -54,7 +62,7 @@ int64_t ref_cross_entropy(const double *logits, const int64_t *labels, int64_t n
             continue;
         for (int64_t j = 0; j < v; ++j) {
             double g = 0.0;
-            if (live) {
+            if (live && l != -INFINITY) {
                 const double p = exp(x[j] - l), wj = o->weight ? o->weight[j] : 1.0;
                 const double wy = o->weight ? o->weight[y] : 1.0;
                 const double d_nll = wy * (p - (j == y ? 1.0 : 0.0));
@@ -73,8 +81,8 @@ int64_t ref_cross_entropy(const double *logits, const int64_t *labels, int64_t n
             zloss[i] = z[i];
         }
     } else {
-        loss[0] = total_ce * c + total_z * cz;
-        zloss[0] = total_z * cz;
+        loss[0] = mul0(c, total_ce) + mul0(cz, total_z);
+        zloss[0] = mul0(cz, total_z);
     }
     free(x);
     free(ce);
