@@ -622,7 +622,7 @@ LLMCL_API llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_ten
 /* Cross-entropy (cross_entropy.cl).                                                              */
 /*
  * Softmax cross-entropy over V classes in three forms: on materialised logits [N, V]; fused with
- * the output projection and chunked over tokens (Liger's approach, CLBlast GEMMs); and fully fused
+ * the output projection and chunked over tokens (Liger's approach, llmcl_matmul); and fully fused
  * (Cut Cross-Entropy's approach: hidden x W^T tiles in local memory, logits never stored).
  *
  * For row i with label y_i (rows with y_i == ignore_index are ignored: loss 0, gradient 0), z_ij the
@@ -709,11 +709,12 @@ LLMCL_API llmcl_status llmcl_cross_entropy_grad_scale(llmcl_ctx *ctx, const llmc
  * llmcl_cross_entropy_forward with the gradients computed in the same call: dhidden (f32 [N, H]),
  * dweight (f32 [V, H]) and dbias (f32 [V]), each optional (all NULL: loss only). The gradients are
  * those of the loss with an upstream gradient of 1 (see llmcl_cross_entropy_grad_scale). Per chunk
- * of tokens: CLBlast SGEMM for the logits (in f32; 16-bit inputs are cast chunk by chunk, W in
- * vocabulary blocks of at most a quarter of the budget), the row kernel writing dlogits in place,
- * then dhidden = dlogits x W and dweight += dlogits^T x hidden (SGEMM), dbias += column sums (in
- * order, deterministic). Extra device memory: one chunk of f32 logits plus the f32 casts, within
- * opts->chunk_bytes (default 256 MiB) unless opts->chunk_rows overrides it, plus O(N).
+ * of tokens, through llmcl_matmul (tensor cores where the device has them): the f32 logits with
+ * the bias, the row kernel writing dlogits in place, then dhidden = dlogits x W and dweight +=
+ * dlogits^T x hidden with dlogits rounded to hidden's dtype when that is 16-bit (as Liger does),
+ * and dbias += column sums (in order, deterministic). Extra device memory: one chunk of f32 logits
+ * (and of 16-bit dlogits when gradients of 16-bit inputs are asked for), within opts->chunk_bytes
+ * (default 256 MiB) unless opts->chunk_rows overrides it, plus O(N).
  */
 LLMCL_API llmcl_status llmcl_linear_cross_entropy_forward(
     llmcl_ctx *ctx, const llmcl_tensor *hidden, const llmcl_tensor *weight,

@@ -6,7 +6,7 @@
  *   ce_rows               materialised logits, one work-group per row: online LSE, then dlogits
  *   ce_partial/ce_combine/ce_grad   the same with the vocabulary split over several work-groups
  *   ce_finish             per-row terms -> loss (mean/sum reduced in a fixed order, or per row)
- *   ce_add_bias, ce_colsum, ce_scale   helpers of the chunked linear path and of backward scaling
+ *   ce_colsum, ce_scale   helpers of the chunked linear path and of backward scaling
  *   cce_fwd, cce_coefs, cce_bwd_dh, cce_bwd_dw   the fully fused path: hidden x W^T tiles in local
  *                         memory, never stored; dhidden and dW recomputed, deterministic
  *
@@ -559,15 +559,6 @@ ce_finish(const __global float *rows, long n, const __global int *stats, int red
 }
 
 /* ---- helpers of the chunked linear path ---- */
-
-/* x[r, j] += bias[j] for an f32 [rows, V] block (x contiguous with row stride V). */
-__kernel void ce_add_bias(__global float *x, long nrows, long V, const __global st_t *bias,
-                          ulong boff)
-{
-    const long j = get_global_id(0), r = get_global_id(1);
-    if (j < V && r < nrows)
-        x[r * V + j] += LOAD(DT, bias, boff + j);
-}
 
 /* acc[j] (+)= sum_r g[r, j] over an f32 [rows, V] block, rows in order: deterministic. */
 __kernel void ce_colsum(const __global float *g, long nrows, long V, __global float *acc,

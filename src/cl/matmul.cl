@@ -229,7 +229,10 @@ __kernel void mm_bias(__global c_t *c, ulong coff, long scm, long scn, long scb,
 #define STAGE_B (BN * BK * 2)
 #define MMA LLMCL_CAT(mma_16816_, DT)
 
-/* Tile kt (k from k_lo + kt BK) of A and B into stage s, asynchronously where aligned. */
+/*
+ * The A and B tiles from k0 into the stage at local address sa, asynchronously where aligned; the
+ * fast copy where a tile lies wholly inside its matrix.
+ */
 inline void mm_load_stage(uint sa, const __global ushort *a, long sam, long sak,
                           const __global ushort *b, long sbk, long sbn, long M, long N, long m0,
                           long n0, long k0, long k_hi, int tid)
@@ -237,6 +240,17 @@ inline void mm_load_stage(uint sa, const __global ushort *a, long sam, long sak,
     const int kv = (int)min((long)BK, k_hi - k0);
     const int mv = (int)min((long)BM, M - m0), nv = (int)min((long)BN, N - n0);
     const uint sb = sa + STAGE_A;
+    if (ALIGN_A && ALIGN_B && kv == BK && mv == BM && nv == BN) {
+        if (A_KC)
+            mma_copy_tile(sa, a + m0 * sam + k0, sam, BM, BK / 8, tid, NT);
+        else
+            mma_copy_tile(sa, a + k0 * sak + m0, sak, BK, BM / 8, tid, NT);
+        if (B_KC)
+            mma_copy_tile(sb, b + n0 * sbn + k0, sbn, BN, BK / 8, tid, NT);
+        else
+            mma_copy_tile(sb, b + k0 * sbk + n0, sbk, BK, BN / 8, tid, NT);
+        return;
+    }
     if (A_KC)
         mma_load_tile(sa, a + m0 * sam + k0, sam, BM, BK / 8, mv, kv, tid, NT, ALIGN_A);
     else

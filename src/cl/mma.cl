@@ -87,6 +87,22 @@ inline void mma_load_tile(uint dst, const __global ushort *src, long ld, int row
     }
 }
 
+/*
+ * The same copy for a tile that lies wholly inside its matrix, with src and ld multiples of 8
+ * elements: work-item tid copies chunks tid + i nt, which share one chunk column (nt is a multiple
+ * of R), so one pointer walks them by a fixed row step and nothing is bounds-checked.
+ */
+inline void mma_copy_tile(uint dst, const __global ushort *src, long ld, int rows, int R, int tid,
+                          int nt)
+{
+    const int c = tid % R, r0 = tid / R, step = nt / R;
+    const __global ushort *p = src + (long)r0 * ld + c * 8;
+    const long pstep = (long)step * ld;
+    for (int i = 0; i < (rows * R + nt - 1) / nt; ++i, p += pstep)
+        if ((rows * R) % nt == 0 || tid + i * nt < rows * R)
+            mma_cp16(dst + mma_chunk(r0 + i * step, c, R) * 16u, p, 16u);
+}
+
 inline uint4 mma_ldsm_x4(uint addr)
 {
     uint4 r;

@@ -3,10 +3,10 @@
  * (checked options, labels, the stats and per-row scratch) and the same kernels for validation,
  * per-row terms and the final reduction:
  *   llmcl_cross_entropy_forward         ce_prepare, ce_rows or ce_partial/ce_combine/ce_grad,
- * ce_finish llmcl_linear_cross_entropy_forward  the same per chunk of tokens around CLBlast SGEMMs
+ *                                       ce_finish
+ *   llmcl_linear_cross_entropy_forward  the same per chunk of tokens around llmcl_matmul
  *   llmcl_fused_cross_entropy_*         cce_fwd + ce_combine; cce_coefs, cce_bwd_dh, cce_bwd_dw
  */
-#include <clblast_c.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -550,78 +550,75 @@ static llmcl_status check_linear(llmcl_ctx *ctx, const llmcl_tensor *hidden,
     return LLMCL_OK;
 }
 
-/* ---- path 2: chunked over tokens with CLBlast ---- */
+/* ---- path 2: chunked over tokens through llmcl_matmul ---- */
 
-/* Keeps CLBlast's event in the profile region, like llmcl__launch does for kernels. */
-static llmcl_status record_event(llmcl_ctx *ctx, cl_event ev)
+/* A 2-D view of rows [r0, r0 + rows) of t seen as rows r. */
+static llmcl_status rows_view(const llmcl_tensor *t, const llmcl__rows *r, int64_t r0, int64_t rows,
+                              llmcl_tensor **out)
 {
-    if (ctx->n_events == ctx->cap_events) {
-        const size_t cap = ctx->cap_events ? ctx->cap_events * 2 : 64;
-        cl_event *grown = realloc(ctx->events, cap * sizeof *grown);
-        if (!grown) {
-            clReleaseEvent(ev);
-            return LLMCL__FAIL(ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "profiling event list");
-        }
-        ctx->events = grown;
-        ctx->cap_events = cap;
-    }
-    ctx->events[ctx->n_events++] = ev;
-    return LLMCL_OK;
+    const int64_t shape[2] = {rows, r->row_len}, strides[2] = {r->row_stride, 1};
+    return llmcl_tensor_view(t, 2, shape, strides, t->offset + r0 * r->row_stride, out);
 }
 
-typedef struct ce_mat {
-    cl_mem mem;
-    size_t off, ld;
-} ce_mat;
+/* The first rows of a contiguous [*, cols] scratch tensor as a [rows, cols] view. */
+static llmcl_status head_view(const llmcl_tensor *t, int64_t rows, int64_t cols, llmcl_tensor **out)
+{
+    const int64_t shape[2] = {rows, cols};
+    return llmcl_tensor_view(t, 2, shape, NULL, t->offset, out);
+}
 
 /*
- * Row-major C = alpha op(A) op(B) + beta C through CLBlast on ctx's queue. Its temporary buffer is
- * allocated here so that memory accounting sees it.
+ * One chunk of rows [r0, r0 + rows): logits (f32) = hidden x W^T + bias, the row kernels (LSE,
+ * per-row terms, dlogits in place), dbias += column sums, then dhidden = G W and dweight (+)= G^T
+ * hidden with G the dlogits in the operands' dtype (gcast: a 16-bit copy of the f32 dlogits).
  */
-static llmcl_status sgemm(llmcl_ctx *ctx, bool ta, bool tb, size_t m, size_t n, size_t k, ce_mat a,
-                          ce_mat b, float beta, ce_mat c)
+static llmcl_status linear_chunk(ce_run *r, const ce_linear *lin, const llmcl_tensor *hidden,
+                                 const llmcl_tensor *w2, const llmcl_tensor *bias,
+                                 llmcl_tensor *logits, llmcl_tensor *gcast, llmcl_tensor *dhidden,
+                                 llmcl_tensor *dweight, llmcl_tensor *dbias, cl_kernel kcol,
+                                 int64_t r0, int64_t rows)
 {
-    const CLBlastTranspose at = ta ? CLBlastTransposeYes : CLBlastTransposeNo;
-    const CLBlastTranspose bt = tb ? CLBlastTransposeYes : CLBlastTransposeNo;
-    cl_command_queue q = ctx->queue;
-    size_t temp_bytes = 0;
-    CLBlastStatusCode cs =
-        CLBlastSGemmTempBufferSize(CLBlastLayoutRowMajor, at, bt, m, n, k, a.off, a.ld, b.off, b.ld,
-                                   c.off, c.ld, &q, &temp_bytes);
-    llmcl_tensor *temp = NULL;
-    if (cs == CLBlastSuccess && temp_bytes > 0) {
-        const int64_t words = (int64_t)llmcl__div_up((int64_t)temp_bytes, 4);
-        LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &words, "CLBlast GEMM temporary", &temp));
+    llmcl_ctx *ctx = r->ctx;
+    const int64_t v = r->v;
+    const bool grads = dhidden || dweight || dbias;
+    llmcl_tensor *hv = NULL, *lv = NULL, *gv = NULL, *dhv = NULL;
+    llmcl_status st;
+    LLMCL__TRY_GOTO(st, rows_view(hidden, &lin->h, r0, rows, &hv), done);
+    LLMCL__TRY_GOTO(st, head_view(logits, rows, v, &lv), done);
+    const llmcl_matmul_opts logit_opts = {.trans_b = 1, .bias = bias, .split_k = 1};
+    LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, hv, w2, 0.0f, lv, &logit_opts), done);
+    const ce_rows_job j = {.x = logits->mem, .xstride = v, .dx = logits->mem, .dxstride = v,
+                           .nrows = rows, .row0 = r0, .grad = grads, .lse = r->lse};
+    LLMCL__TRY_GOTO(st, ce_rows_run(r, &j), done);
+    if (dbias) {
+        llmcl__args ac = llmcl__args_begin(ctx, kcol);
+        arg_buf(&ac, logits->mem);
+        llmcl__arg_i64(&ac, rows);
+        llmcl__arg_i64(&ac, v);
+        llmcl__arg_tensor(&ac, dbias);
+        llmcl__arg_i32(&ac, r0 > 0);
+        const size_t g = (size_t)v, l = 64;
+        LLMCL__TRY_GOTO(st, llmcl__launch(&ac, 1, &g, &l), done);
     }
-    cl_event ev = NULL;
-    if (cs == CLBlastSuccess)
-        cs = CLBlastSgemmWithTempBuffer(CLBlastLayoutRowMajor, at, bt, m, n, k, 1.0f, a.mem, a.off,
-                                        a.ld, b.mem, b.off, b.ld, beta, c.mem, c.off, c.ld, &q,
-                                        ctx->profiling ? &ev : NULL, temp ? temp->mem : NULL);
-    llmcl_tensor_destroy(temp); /* OpenCL keeps it alive until the GEMM is done */
-    if (cs != CLBlastSuccess) {
-        if (cs > -1000)
-            return llmcl__fail_cl(ctx, (cl_int)cs, "CLBlastSgemm", __FILE__, __LINE__);
-        return LLMCL__FAIL(ctx, LLMCL_ERROR_UNSUPPORTED,
-                           "CLBlastSgemm(%zu x %zu x %zu) failed with CLBlast status %d", m, n, k,
-                           (int)cs);
+    const llmcl_tensor *g = lv;
+    if (gcast && (dhidden || dweight)) {
+        LLMCL__TRY_GOTO(st, head_view(gcast, rows, v, &gv), done);
+        LLMCL__TRY_GOTO(st, llmcl_cast(ctx, lv, gv), done);
+        g = gv;
     }
-    return ctx->profiling && ev ? record_event(ctx, ev) : LLMCL_OK;
-}
-
-/* f32 copy of rows [r0, r0 + rows) of src ([*, cols], row stride ld) into dst's first rows. */
-static llmcl_status cast_rows(llmcl_ctx *ctx, const llmcl_tensor *src, int64_t ld, int64_t r0,
-                              int64_t rows, int64_t cols, llmcl_tensor *dst)
-{
-    const int64_t shape[2] = {rows, cols}, sstr[2] = {ld, 1};
-    llmcl_tensor *sv = NULL, *dv = NULL;
-    llmcl_status st = llmcl_tensor_view(src, 2, shape, sstr, src->offset + r0 * ld, &sv);
-    if (st == LLMCL_OK)
-        st = llmcl_tensor_view(dst, 2, shape, NULL, 0, &dv);
-    if (st == LLMCL_OK)
-        st = llmcl_cast(ctx, sv, dv);
-    llmcl_tensor_destroy(sv);
-    llmcl_tensor_destroy(dv);
+    const llmcl_matmul_opts plain = {.split_k = 1}, transposed = {.trans_a = 1};
+    if (dhidden) {
+        LLMCL__TRY_GOTO(st, rows_view(dhidden, &lin->dh, r0, rows, &dhv), done);
+        LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, g, w2, 0.0f, dhv, &plain), done);
+    }
+    if (dweight)
+        LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, g, hv, r0 ? 1.0f : 0.0f, dweight, &transposed),
+                        done);
+done:
+    llmcl_tensor_destroy(hv);
+    llmcl_tensor_destroy(lv);
+    llmcl_tensor_destroy(gv);
+    llmcl_tensor_destroy(dhv);
     return st;
 }
 
@@ -636,7 +633,7 @@ llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tens
     LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
     ce_linear lin;
     LLMCL__TRY(check_linear(ctx, hidden, weight, bias, labels, dhidden, dweight, dbias, &lin));
-    const int64_t n = lin.h.n_rows, h = lin.h.row_len, v = lin.w.n_rows;
+    const int64_t n = lin.h.n_rows, v = lin.w.n_rows;
     ce_run r = {0};
     LLMCL__TRY(check_options(ctx, opts, v, &r.o));
     const llmcl_tensor *ins[] = {hidden, weight, bias, labels, r.o.weight, dhidden, dweight, dbias};
@@ -644,137 +641,37 @@ llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tens
                            "opts->weight", "dhidden", "dweight", "dbias"};
     LLMCL__TRY(check_outputs(ctx, &r.o, n, loss, z_loss, ins, names, 8));
 
-    /* Chunk sizes: W in f32 blocks of at most a quarter of the budget, then tokens. */
-    const bool cast_h = hidden->dtype != LLMCL_F32, cast_w = weight->dtype != LLMCL_F32;
+    /* Tokens per chunk: f32 logits, plus their copy in the operands' dtype for the gradient
+       products when that dtype is 16-bit. */
+    const bool gcast_needed = (dhidden || dweight) && hidden->dtype != LLMCL_F32;
     const uint64_t budget = r.o.chunk_bytes ? r.o.chunk_bytes : CE_DEFAULT_BUDGET;
-    int64_t vb = v;
-    if (cast_w) {
-        vb = (int64_t)(budget / 4 / ((uint64_t)h * 4));
-        vb = vb < 1 ? 1 : vb > v ? v : vb;
-    }
-    const uint64_t wbytes = cast_w ? (uint64_t)vb * h * 4 : 0;
-    const uint64_t per_row = (uint64_t)v * 4 + (cast_h ? (uint64_t)h * 4 : 0);
-    int64_t c = r.o.chunk_rows;
-    if (!c)
-        c = budget > wbytes ? (int64_t)((budget - wbytes) / per_row) : 1;
+    const uint64_t per_row = (uint64_t)v * (4 + (gcast_needed ? 2 : 0));
+    int64_t c = r.o.chunk_rows ? r.o.chunk_rows : (int64_t)(budget / per_row);
     c = c < 1 ? 1 : c > n ? n : c;
-    const bool grads = dhidden || dweight || dbias;
 
     llmcl_status st;
-    llmcl_tensor *logits = NULL, *hc = NULL, *wb = NULL, *b32 = NULL;
+    llmcl_tensor *logits = NULL, *gcast = NULL, *w2 = NULL;
+    cl_kernel kcol = NULL;
     LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, LLMCL_F32, labels, n, v, true), done);
-    LLMCL__TRY_GOTO(st, ce_check_labels(&r), done); /* before any GEMM writes a gradient */
-    const int64_t lshape[2] = {c, v}, hshape[2] = {c, h}, wshape[2] = {vb, h};
+    LLMCL__TRY_GOTO(st, ce_check_labels(&r), done); /* before any product writes a gradient */
+    const int64_t lshape[2] = {c, v};
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 2, lshape, "logits chunk", &logits), done);
-    if (cast_h)
-        LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 2, hshape, "f32 hidden chunk", &hc),
-                        done);
-    if (cast_w) {
-        LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 2, wshape, "f32 weight block", &wb),
-                        done);
-        if (vb == v) /* W fits: cast it once */
-            LLMCL__TRY_GOTO(st, cast_rows(ctx, weight, lin.w.row_stride, 0, v, h, wb), done);
-    }
-    /* the bias in f32, so that the helpers share the f32 row program */
-    const llmcl_tensor *bias32 = bias;
-    if (bias && bias->dtype != LLMCL_F32) {
-        LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &v, "f32 bias", &b32), done);
-        LLMCL__TRY_GOTO(st, cast_rows(ctx, bias, v, 0, 1, v, b32), done);
-        bias32 = b32;
-    }
-    cl_kernel kbias = NULL, kcol = NULL;
-    if (bias)
-        LLMCL__TRY_GOTO(st, row_kernel(&r, "ce_add_bias", &kbias), done);
+    if (gcast_needed)
+        LLMCL__TRY_GOTO(
+            st, llmcl__scratch(ctx, hidden->dtype, 2, lshape, "16-bit dlogits chunk", &gcast), done);
+    LLMCL__TRY_GOTO(st, rows_view(weight, &lin.w, 0, v, &w2), done);
     if (dbias)
         LLMCL__TRY_GOTO(st, row_kernel(&r, "ce_colsum", &kcol), done);
-    const ce_mat lg = {logits->mem, 0, (size_t)v};
-
-    for (int64_t r0 = 0; r0 < n; r0 += c) {
-        const int64_t rows = n - r0 < c ? n - r0 : c;
-        ce_mat a = {hidden->mem, (size_t)(hidden->offset + r0 * lin.h.row_stride),
-                    (size_t)lin.h.row_stride};
-        if (cast_h) {
-            LLMCL__TRY_GOTO(st, cast_rows(ctx, hidden, lin.h.row_stride, r0, rows, h, hc), done);
-            a = (ce_mat){hc->mem, 0, (size_t)h};
-        }
-        /* pass 0: logits; pass 1: dhidden and dweight from dlogits */
-        for (int pass = 0; pass < (grads ? 2 : 1); ++pass) {
-            if (pass == 1 && !dhidden && !dweight)
-                break;
-            for (int64_t v0 = 0; v0 < v; v0 += vb) {
-                const int64_t nb = v - v0 < vb ? v - v0 : vb;
-                ce_mat b = {weight->mem, (size_t)(weight->offset + v0 * lin.w.row_stride),
-                            (size_t)lin.w.row_stride};
-                if (cast_w) {
-                    if (vb < v)
-                        LLMCL__TRY_GOTO(st, cast_rows(ctx, weight, lin.w.row_stride, v0, nb, h, wb),
-                                        done);
-                    b = (ce_mat){wb->mem, 0, (size_t)h};
-                }
-                const ce_mat lb = {lg.mem, (size_t)v0, lg.ld};
-                if (pass == 0) {
-                    LLMCL__TRY_GOTO(st, sgemm(ctx, false, true, rows, nb, h, a, b, 0.0f, lb), done);
-                    continue;
-                }
-                if (dhidden) {
-                    const ce_mat dh = {dhidden->mem,
-                                       (size_t)(dhidden->offset + r0 * lin.dh.row_stride),
-                                       (size_t)lin.dh.row_stride};
-                    LLMCL__TRY_GOTO(
-                        st, sgemm(ctx, false, false, rows, h, nb, lb, b, v0 ? 1.0f : 0.0f, dh),
+    for (int64_t r0 = 0; r0 < n; r0 += c)
+        LLMCL__TRY_GOTO(st,
+                        linear_chunk(&r, &lin, hidden, w2, bias, logits, gcast, dhidden, dweight,
+                                     dbias, kcol, r0, n - r0 < c ? n - r0 : c),
                         done);
-                }
-                if (dweight) {
-                    const ce_mat dw = {dweight->mem,
-                                       (size_t)(dweight->offset + v0 * lin.dw.row_stride),
-                                       (size_t)lin.dw.row_stride};
-                    LLMCL__TRY_GOTO(
-                        st, sgemm(ctx, true, false, nb, h, rows, lb, a, r0 ? 1.0f : 0.0f, dw),
-                        done);
-                }
-            }
-            if (pass > 0)
-                continue;
-            if (bias) {
-                llmcl__args ab = llmcl__args_begin(ctx, kbias);
-                arg_buf(&ab, logits->mem);
-                llmcl__arg_i64(&ab, rows);
-                llmcl__arg_i64(&ab, v);
-                llmcl__arg_tensor(&ab, bias32);
-                const size_t g[2] = {(size_t)v, (size_t)rows}, l[2] = {64, 1};
-                LLMCL__TRY_GOTO(st, llmcl__launch(&ab, 2, g, l), done);
-            }
-            const ce_rows_job j = {
-                .x = logits->mem,
-                .xoff = 0,
-                .xstride = v,
-                .dx = logits->mem,
-                .dxoff = 0,
-                .dxstride = v,
-                .nrows = rows,
-                .row0 = r0,
-                .grad = grads,
-                .lse = r.lse,
-            };
-            LLMCL__TRY_GOTO(st, ce_rows_run(&r, &j), done);
-            if (dbias) {
-                llmcl__args ac = llmcl__args_begin(ctx, kcol);
-                arg_buf(&ac, logits->mem);
-                llmcl__arg_i64(&ac, rows);
-                llmcl__arg_i64(&ac, v);
-                llmcl__arg_tensor(&ac, dbias);
-                llmcl__arg_i32(&ac, r0 > 0);
-                const size_t g = (size_t)v, l = 64;
-                LLMCL__TRY_GOTO(st, llmcl__launch(&ac, 1, &g, &l), done);
-            }
-        }
-    }
     st = ce_finish(&r, loss, z_loss);
 done:
     llmcl_tensor_destroy(logits);
-    llmcl_tensor_destroy(hc);
-    llmcl_tensor_destroy(wb);
-    llmcl_tensor_destroy(b32);
+    llmcl_tensor_destroy(gcast);
+    llmcl_tensor_destroy(w2);
     ce_run_release(&r);
     return st;
 }
