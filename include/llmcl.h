@@ -677,8 +677,12 @@ typedef struct llmcl_ce_options {
     int vocab_splits;      /* work-groups per row across the vocabulary; 0: chosen by size */
     uint64_t chunk_bytes;  /* chunked linear CE: scratch budget per chunk; 0: 256 MiB */
     int64_t chunk_rows;    /* chunked linear CE: tokens per chunk; 0: from chunk_bytes */
-    float grad_filter;     /* fused backward: skip tiles whose probabilities are all below this
-                              and that hold no target (never with smoothing); 0: off, exact */
+    float grad_filter;     /* fused backward in tiles: skip tiles whose probabilities are all
+                              below this and that hold no target (never with smoothing); 0: off,
+                              exact. The chunked form computes every gradient. */
+    int64_t vocab_chunk;   /* fused path: > 0 runs it in vocabulary chunks of this many classes;
+                              0: chunks where the device has tensor cores (classes from
+                              chunk_bytes, default 64 MiB), tiles elsewhere; -1: tiles */
 } llmcl_ce_options;
 
 /*

@@ -523,6 +523,9 @@ static void test_ce_bad_args(void **state)
     o = (llmcl_ce_options){.lse_square_scale = NAN};
     TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, &o, tl, NULL, NULL, NULL),
              LLMCL_ERROR_INVALID_ARGUMENT);
+    o = (llmcl_ce_options){.vocab_chunk = -2};
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, &o, tl, NULL, NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
     /* a dlogits view that overlaps the logits without being them */
     llmcl_tensor *shifted;
     const int64_t vshape[2] = {3, 10};
@@ -756,8 +759,13 @@ static void run_linear(const lin_case *c, const ninf_spec *m, uint64_t seed)
     lin_free(&p);
 }
 
-/* Path 3 on case c, with an upstream gradient from seed + 100. */
-static void run_fused(const lin_case *c, const ninf_spec *m, uint64_t seed)
+/* The chunked fused form's width in tests: odd, so chunk edges cross the 8-class vector groups
+   and the last chunk is partial. */
+#define FUSED_CHUNK 37
+
+/* Path 3 on case c, with an upstream gradient from seed + 100, in tiles (vocab_chunk -1) or in
+   chunks of vocab_chunk classes. */
+static void run_fused(const lin_case *c, const ninf_spec *m, uint64_t seed, int64_t vocab_chunk)
 {
     llmcl_ctx *ctx = th_ctx();
     lin_problem p = lin_make_case(c, m, seed);
@@ -772,7 +780,8 @@ static void run_fused(const lin_case *c, const ninf_spec *m, uint64_t seed)
     llmcl_tensor *tlse = th_tensor(LLMCL_F32, 1, &p.n);
     llmcl_tensor *tgs = th_tensor_from(LLMCL_F32, 1, &nl, gs);
     lin_grads g = lin_grads_new(&p, c->bias);
-    const llmcl_ce_options o = lin_opts(c, &p);
+    llmcl_ce_options o = lin_opts(c, &p);
+    o.vocab_chunk = vocab_chunk;
     TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, tz, tlse));
     double *gl = download(tl), *gz = download(tz), *glse = download(tlse);
     TH_ASSERT_CLOSE("loss", r.loss, gl, (size_t)nl, loss_tol);
@@ -780,7 +789,7 @@ static void run_fused(const lin_case *c, const ninf_spec *m, uint64_t seed)
     TH_ASSERT_CLOSE("lse", r.lse, glse, (size_t)p.n, loss_tol);
     TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, tgs, &o, g.dh,
                                              g.dw, g.db));
-    lin_check(&p, &r, &g, LLMCL_F32);
+    lin_check(&p, &r, &g, vocab_chunk > 0 ? p.dt : LLMCL_F32);
     /* deterministic: a second backward is bit-identical */
     double *dh1 = download(g.dh), *dw1 = download(g.dw);
     TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, tgs, &o, g.dh,
@@ -810,8 +819,9 @@ static void test_fused_ce(void **state)
 {
     (void)state;
     for (size_t i = 0; i < sizeof lin_cases / sizeof lin_cases[0]; ++i) {
-        printf("fused case %zu\n", i);
-        run_fused(&lin_cases[i], NULL, 300 + i);
+        printf("fused case %zu, tiles and chunks\n", i);
+        run_fused(&lin_cases[i], NULL, 300 + i, -1);
+        run_fused(&lin_cases[i], NULL, 300 + i, FUSED_CHUNK);
     }
 }
 
@@ -849,8 +859,9 @@ static void test_linear_ninf(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
         printf("-inf linear case %zu\n", i);
         run_linear(&cases[i].c, &cases[i].m, 700 + i);
-        printf("-inf fused case %zu\n", i);
-        run_fused(&cases[i].c, &cases[i].m, 700 + i);
+        printf("-inf fused case %zu, tiles and chunks\n", i);
+        run_fused(&cases[i].c, &cases[i].m, 700 + i, -1);
+        run_fused(&cases[i].c, &cases[i].m, 700 + i, FUSED_CHUNK);
     }
 }
 
@@ -869,7 +880,8 @@ static void test_fused_gpu_tiles(void **state)
     lin_ref r = lin_reference(&p, &ro, NULL);
     llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &p.n), *tlse = th_tensor(LLMCL_F32, 1, &p.n);
     lin_grads g = lin_grads_new(&p, c->bias);
-    const llmcl_ce_options o = lin_opts(c, &p);
+    llmcl_ce_options o = lin_opts(c, &p);
+    o.vocab_chunk = -1; /* the tile kernels, whatever the device */
     TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, NULL, tlse));
     TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, &o, g.dh,
                                              g.dw, g.db));
@@ -898,7 +910,7 @@ static void test_fused_filter(void **state)
     const int64_t one = 1;
     llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &one), *tlse = th_tensor(LLMCL_F32, 1, &p.n);
     lin_grads g = lin_grads_new(&p, false);
-    llmcl_ce_options o = {.grad_filter = 1e-6f};
+    llmcl_ce_options o = {.grad_filter = 1e-6f, .vocab_chunk = -1}; /* filtering skips tiles */
     TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, NULL, p.ty, &o, tl, NULL, tlse));
     TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, NULL, p.ty, tlse, NULL, &o, g.dh,
                                              g.dw, NULL));
@@ -965,15 +977,29 @@ static void test_memory(void **state)
     TH_OK(llmcl_memory_reset_peak(ctx));
     TH_OK(llmcl_memory_stats_get(ctx, &ms));
     const uint64_t base = ms.current_bytes;
-    TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, NULL, tl, NULL, tlse));
-    TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, NULL, g.dh,
+    const llmcl_ce_options tiles = {.vocab_chunk = -1};
+    TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &tiles, tl, NULL, tlse));
+    TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, &tiles, g.dh,
                                              g.dw, g.db));
     TH_OK(llmcl_ctx_finish(ctx));
     TH_OK(llmcl_memory_stats_get(ctx, &ms));
     const uint64_t fused = ms.peak_bytes - base, nv_bytes = (uint64_t)p.n * p.v * 4;
-    printf("fused: %llu bytes extra (N x V f32 would be %llu)\n", (unsigned long long)fused,
-           (unsigned long long)nv_bytes);
+    printf("fused in tiles: %llu bytes extra (N x V f32 would be %llu)\n",
+           (unsigned long long)fused, (unsigned long long)nv_bytes);
     assert_true(fused <= 64 * (uint64_t)(p.n + p.v) + 4096);
+    assert_int_equal(ms.current_bytes, base);
+
+    /* in chunks: one chunk of f32 logits and its 16-bit copy */
+    const llmcl_ce_options chunks = {.vocab_chunk = 500};
+    TH_OK(llmcl_memory_reset_peak(ctx));
+    TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &chunks, tl, NULL, tlse));
+    TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, &chunks,
+                                             g.dh, g.dw, g.db));
+    TH_OK(llmcl_ctx_finish(ctx));
+    TH_OK(llmcl_memory_stats_get(ctx, &ms));
+    const uint64_t in_chunks = ms.peak_bytes - base;
+    printf("fused in chunks of 500 classes: %llu bytes extra\n", (unsigned long long)in_chunks);
+    assert_true(in_chunks <= (uint64_t)p.n * 500 * 6 + 64 * (uint64_t)(p.n + p.v) + 4096);
     assert_int_equal(ms.current_bytes, base);
 
     const uint64_t budget = 1u << 20;

@@ -440,11 +440,14 @@ ce_rows(int flags, __global st_t *x, ulong xoff, long xstride, long V,
     }
 }
 
-/* Split vocabulary, pass 1: work-group (split, r) writes part[(r ns + split) 3 + {m, s, ws}]. */
+/*
+ * Split vocabulary, pass 1: work-group (split, r) writes part[(r nslots + slot0 + split) 3 +
+ * {m, s, ws}] (slot0 > 0: the fused path's later vocabulary chunks).
+ */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
 ce_partial(int flags, const __global st_t *x, ulong xoff, long xstride, long V,
            const __global float *weight, ulong woff, const __global int *stats, float cap,
-           __global float *part)
+           __global float *part, long slot0, long nslots)
 {
     __local float scratch[WG];
     if (stats[0] >= 0)
@@ -457,7 +460,7 @@ ce_partial(int flags, const __global st_t *x, ulong xoff, long xstride, long V,
     const float sum = wg_sum(s * exp(m - mx), scratch);
     ws = wg_sum(ws, scratch);
     if (get_local_id(0) == 0) {
-        __global float *p = part + (r * ns + sp) * 3;
+        __global float *p = part + (r * nslots + slot0 + sp) * 3;
         p[0] = mx;
         p[1] = sum;
         p[2] = ws;
@@ -579,6 +582,41 @@ __kernel void ce_scale(__global st_t *y, ulong yoff, long n, const __global floa
     const long i = get_global_id(0);
     if (i < n)
         STORE(DT, y, yoff + i, LOAD(DT, y, yoff + i) * g[goff]);
+}
+
+/* ---- fused path in vocabulary chunks (logits of one chunk at a time, from llmcl_matmul) ---- */
+
+/* The capped target logit of each row whose label falls in the chunk x [nrows, vc] of classes
+   from v0 (x biased), into xyb[row]. */
+__kernel void ce_pick(int flags, const __global st_t *x, ulong xoff, long xstride, long v0,
+                      long vc, const __global label_t *labels, ulong loff, long nrows,
+                      long ignore_index, const __global int *stats, float cap,
+                      __global float *xyb)
+{
+    const long r = get_global_id(0);
+    if (r >= nrows || stats[0] >= 0)
+        return;
+    const long y = LABEL(labels, loff + r);
+    if (y != ignore_index && y >= v0 && y < v0 + vc)
+        xyb[r] = CAP(LOAD(DT, x, xoff + r * xstride + y - v0));
+}
+
+/*
+ * dlogits of the chunk x [nrows, vc] of classes from v0, in place, from cce_coefs' per-row
+ * coefficients (upstream gradient folded in); work-group (split, r). woff already points at the
+ * chunk's first class weight.
+ */
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
+cce_chunk_grad(int flags, __global st_t *x, ulong xoff, long xstride, long v0, long vc,
+               const __global label_t *labels, ulong loff, const __global float *weight,
+               ulong woff, const __global int *stats, float cap, const __global float *coef)
+{
+    if (stats[0] >= 0)
+        return;
+    const long sp = get_group_id(0), ns = get_num_groups(0), r = get_group_id(1);
+    const float4 c = vload4(r, coef);
+    const long y = LABEL(labels, loff + r) - v0;
+    GRAD_ROW(x, xoff + r * xstride, x, xoff + r * xstride, vc, sp, ns, c.xyz, c.w, y);
 }
 
 /* ---- fully fused path: logits tiles of hidden [N, H] x W [V, H]^T in local memory ---- */

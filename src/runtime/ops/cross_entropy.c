@@ -62,6 +62,9 @@ static llmcl_status check_options(llmcl_ctx *ctx, const llmcl_ce_options *opts, 
     LLMCL__REQUIRE(ctx, o->vocab_splits >= 0 && o->chunk_rows >= 0, LLMCL_ERROR_INVALID_ARGUMENT,
                    "opts->vocab_splits (%d) and opts->chunk_rows (%lld) must be >= 0",
                    o->vocab_splits, (long long)o->chunk_rows);
+    LLMCL__REQUIRE(ctx, o->vocab_chunk >= -1, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "opts->vocab_chunk %lld must be >= -1 (-1: tiles, 0: chosen, > 0: classes)",
+                   (long long)o->vocab_chunk);
     if (o->weight) {
         LLMCL__TRY(llmcl__check_tensor(ctx, o->weight, "opts->weight", 1u << LLMCL_F32, 1,
                                        LLMCL_MAX_DIMS));
@@ -358,6 +361,8 @@ static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
     arg_buf(&a, r->stats->mem);
     llmcl__arg_f32(&a, o->softcap);
     arg_buf(&a, part->mem);
+    llmcl__arg_i64(&a, 0);
+    llmcl__arg_i64(&a, splits);
     LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
 
     LLMCL__TRY_GOTO(st, row_kernel(r, "ce_combine", &k), done);
@@ -606,7 +611,7 @@ static llmcl_status linear_chunk(ce_run *r, const ce_linear *lin, const llmcl_te
         LLMCL__TRY_GOTO(st, llmcl_cast(ctx, lv, gv), done);
         g = gv;
     }
-    const llmcl_matmul_opts plain = {.split_k = 1}, transposed = {.trans_a = 1};
+    const llmcl_matmul_opts plain = {.split_k = 1}, transposed = {.trans_a = 1, .split_k = 1};
     if (dhidden) {
         LLMCL__TRY_GOTO(st, rows_view(dhidden, &lin->dh, r0, rows, &dhv), done);
         LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, g, w2, 0.0f, dhv, &plain), done);
@@ -673,6 +678,283 @@ done:
     llmcl_tensor_destroy(gcast);
     llmcl_tensor_destroy(w2);
     ce_run_release(&r);
+    return st;
+}
+
+/*
+ * The fused forms' last forward step: each row's partials (m, s, ws) over nslots slots and its
+ * target logit from xyb into lse and the per-row terms.
+ */
+static llmcl_status fused_combine(ce_run *r, const llmcl_tensor *part, int64_t nslots,
+                                  const llmcl_tensor *xyb, llmcl_tensor *lse)
+{
+    cl_kernel k;
+    LLMCL__TRY(row_kernel(r, "ce_combine", &k));
+    llmcl__args a = llmcl__args_begin(r->ctx, k);
+    llmcl__arg_i32(&a, ce_flags(r, false));
+    arg_buf(&a, part->mem);
+    llmcl__arg_i64(&a, nslots);
+    llmcl__arg_i64(&a, r->n);
+    arg_mem(&a, NULL, 0);
+    llmcl__arg_i64(&a, 0);
+    llmcl__arg_i32(&a, 1);
+    arg_buf(&a, xyb->mem);
+    llmcl__arg_tensor(&a, r->labels);
+    llmcl__arg_i64(&a, 0);
+    arg_weight(&a, r);
+    arg_buf(&a, r->stats->mem);
+    llmcl__arg_i64(&a, r->v);
+    llmcl__arg_i64(&a, r->ignore);
+    llmcl__arg_f32(&a, r->o.label_smoothing);
+    llmcl__arg_f32(&a, r->o.lse_square_scale);
+    llmcl__arg_f32(&a, r->o.softcap);
+    llmcl__arg_tensor(&a, lse);
+    arg_buf(&a, r->rows->mem);
+    llmcl__arg_i64(&a, r->n);
+    const size_t g1 = (size_t)r->n, l1 = 64;
+    return llmcl__launch(&a, 1, &g1, &l1);
+}
+
+/* The fused backward's per-row coefficients (A, B, C, lse) with the upstream gradient in. */
+static llmcl_status fused_coefs(ce_run *r, const llmcl_tensor *lse, const llmcl_tensor *grad_loss,
+                                const llmcl_tensor *coef)
+{
+    cl_kernel k;
+    LLMCL__TRY(row_kernel(r, "cce_coefs", &k));
+    llmcl__args a = llmcl__args_begin(r->ctx, k);
+    llmcl__arg_i32(&a, ce_flags(r, false));
+    llmcl__arg_i64(&a, r->n);
+    llmcl__arg_i64(&a, r->v);
+    llmcl__arg_tensor(&a, r->labels);
+    arg_weight(&a, r);
+    arg_buf(&a, r->stats->mem);
+    llmcl__arg_i32(&a, (int32_t)r->o.reduction);
+    llmcl__arg_i64(&a, r->ignore);
+    llmcl__arg_f32(&a, r->o.label_smoothing);
+    llmcl__arg_f32(&a, r->o.lse_square_scale);
+    llmcl__arg_tensor(&a, lse);
+    arg_opt(&a, grad_loss);
+    llmcl__arg_i32(&a, grad_loss != NULL);
+    arg_buf(&a, coef->mem);
+    const size_t g1 = (size_t)r->n, l1 = 64;
+    return llmcl__launch(&a, 1, &g1, &l1);
+}
+
+/* ---- path 3 in vocabulary chunks: the logits of one chunk at a time from llmcl_matmul ---- */
+
+#define CE_FUSED_BUDGET (64ull << 20)
+
+/* Chunks where the device has tensor cores (or vocab_chunk asks), else the tile kernels. */
+static bool fused_chunked(const llmcl_ctx *ctx, const llmcl_ce_options *o)
+{
+    return o->vocab_chunk > 0 || (o->vocab_chunk == 0 && ctx->info.has_mma);
+}
+
+/*
+ * Classes per chunk: f32 logits of every row, plus their 16-bit copy for the gradient products
+ * (gcast), within the budget; whole multiples of 128 where that leaves any, for whole tiles.
+ */
+static int64_t fused_chunk_cols(const ce_run *r, bool gcast)
+{
+    int64_t c = r->o.vocab_chunk;
+    if (c <= 0) {
+        const uint64_t budget = r->o.chunk_bytes ? r->o.chunk_bytes : CE_FUSED_BUDGET;
+        c = (int64_t)(budget / ((uint64_t)r->n * (gcast ? 6 : 4)));
+        c = c >= 256 ? c / 128 * 128 : c;
+    }
+    return c < 1 ? 1 : c > r->v ? r->v : c;
+}
+
+/* One chunk of classes [v0, v0 + w): its W rows, bias slice and [n, w] logits in the scratch. */
+typedef struct ce_chunk {
+    int64_t v0, w;
+    llmcl_tensor *weight, *bias, *logits;
+} ce_chunk;
+
+static void chunk_free(ce_chunk *c)
+{
+    llmcl_tensor_destroy(c->weight);
+    llmcl_tensor_destroy(c->bias);
+    llmcl_tensor_destroy(c->logits);
+    *c = (ce_chunk){0};
+}
+
+/* The chunk's views, then its logits = hidden W[v0..]^T + bias[v0..] in f32. */
+static llmcl_status chunk_logits(ce_run *r, const ce_linear *lin, const llmcl_tensor *hv,
+                                 const llmcl_tensor *weight, const llmcl_tensor *bias,
+                                 const llmcl_tensor *scratch, ce_chunk *c)
+{
+    LLMCL__TRY(rows_view(weight, &lin->w, c->v0, c->w, &c->weight));
+    LLMCL__TRY(head_view(scratch, r->n, c->w, &c->logits));
+    if (bias) {
+        const int64_t stride = bias->strides[bias->ndim - 1];
+        LLMCL__TRY(llmcl_tensor_view(bias, 1, &c->w, &stride, bias->offset + c->v0 * stride,
+                                     &c->bias));
+    }
+    const llmcl_matmul_opts o = {.trans_b = 1, .bias = c->bias, .split_k = 1};
+    return llmcl_matmul(r->ctx, 1.0f, hv, c->weight, 0.0f, c->logits, &o);
+}
+
+/* The class weights from the chunk's first class on (a NULL buffer without weights). */
+static void arg_chunk_weight(llmcl__args *a, const ce_run *r, int64_t v0)
+{
+    if (r->o.weight)
+        arg_mem(a, r->o.weight->mem, r->o.weight->offset + v0);
+    else
+        arg_mem(a, NULL, 0);
+}
+
+/*
+ * Forward: per chunk, the logits, each row's online-LSE partial in slot `chunk` (ce_partial) and
+ * the target logits that fall in it (ce_pick); then the common combine.
+ */
+static llmcl_status fused_forward_chunks(ce_run *r, const ce_linear *lin,
+                                         const llmcl_tensor *hidden, const llmcl_tensor *weight,
+                                         const llmcl_tensor *bias, llmcl_tensor *lse)
+{
+    llmcl_ctx *ctx = r->ctx;
+    const int64_t n = r->n, vc = fused_chunk_cols(r, false), nchunks = llmcl__div_up(r->v, vc);
+    const int64_t lshape[2] = {n, vc}, np = n * nchunks * 3;
+    const size_t wg = (size_t)llmcl__param_get(&r->rp, "WG", 64);
+    llmcl_tensor *logits = NULL, *part = NULL, *xyb = NULL, *hv = NULL;
+    ce_chunk c = {0};
+    cl_kernel kpart, kpick;
+    llmcl_status st;
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 2, lshape, "logits chunk", &logits), done);
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &np, "fused CE partials", &part), done);
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n, "fused CE target logits", &xyb),
+                    done);
+    LLMCL__TRY_GOTO(st, rows_view(hidden, &lin->h, 0, n, &hv), done);
+    LLMCL__TRY_GOTO(st, row_kernel(r, "ce_partial", &kpart), done);
+    LLMCL__TRY_GOTO(st, row_kernel(r, "ce_pick", &kpick), done);
+    for (int64_t ci = 0; ci < nchunks; ++ci) {
+        c.v0 = ci * vc;
+        c.w = r->v - c.v0 < vc ? r->v - c.v0 : vc;
+        LLMCL__TRY_GOTO(st, chunk_logits(r, lin, hv, weight, bias, logits, &c), done);
+        llmcl__args a = llmcl__args_begin(ctx, kpart);
+        llmcl__arg_i32(&a, ce_flags(r, false));
+        arg_mem(&a, logits->mem, 0);
+        llmcl__arg_i64(&a, c.w);
+        llmcl__arg_i64(&a, c.w);
+        arg_chunk_weight(&a, r, c.v0);
+        arg_buf(&a, r->stats->mem);
+        llmcl__arg_f32(&a, r->o.softcap);
+        arg_buf(&a, part->mem);
+        llmcl__arg_i64(&a, ci);
+        llmcl__arg_i64(&a, nchunks);
+        const size_t g2[2] = {wg, (size_t)n}, l2[2] = {wg, 1};
+        LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
+        a = llmcl__args_begin(ctx, kpick);
+        llmcl__arg_i32(&a, ce_flags(r, false));
+        arg_mem(&a, logits->mem, 0);
+        llmcl__arg_i64(&a, c.w);
+        llmcl__arg_i64(&a, c.v0);
+        llmcl__arg_i64(&a, c.w);
+        llmcl__arg_tensor(&a, r->labels);
+        llmcl__arg_i64(&a, n);
+        llmcl__arg_i64(&a, r->ignore);
+        arg_buf(&a, r->stats->mem);
+        llmcl__arg_f32(&a, r->o.softcap);
+        arg_buf(&a, xyb->mem);
+        const size_t g1 = (size_t)n, l1 = 64;
+        LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g1, &l1), done);
+        chunk_free(&c);
+    }
+    st = fused_combine(r, part, nchunks, xyb, lse);
+done:
+    chunk_free(&c);
+    llmcl_tensor_destroy(logits);
+    llmcl_tensor_destroy(part);
+    llmcl_tensor_destroy(xyb);
+    llmcl_tensor_destroy(hv);
+    return st;
+}
+
+/*
+ * Backward: per chunk, the logits again, dlogits in place from the row coefficients
+ * (cce_chunk_grad), dbias over the chunk's classes, then dhidden (+)= G W[chunk] and dweight[chunk]
+ * = G^T hidden, G in hidden's dtype (rounded from f32 when that is 16-bit).
+ */
+static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
+                                          const llmcl_tensor *hidden, const llmcl_tensor *weight,
+                                          const llmcl_tensor *bias, const llmcl_tensor *coef,
+                                          llmcl_tensor *dhidden, llmcl_tensor *dweight,
+                                          llmcl_tensor *dbias)
+{
+    llmcl_ctx *ctx = r->ctx;
+    const bool gcast_needed = (dhidden || dweight) && hidden->dtype != LLMCL_F32;
+    const int64_t n = r->n, vc = fused_chunk_cols(r, gcast_needed);
+    const int64_t nchunks = llmcl__div_up(r->v, vc), lshape[2] = {n, vc};
+    const size_t wg = (size_t)llmcl__param_get(&r->rp, "WG", 64);
+    llmcl_tensor *logits = NULL, *gcast = NULL, *hv = NULL, *gv = NULL, *dhv = NULL, *dwv = NULL;
+    ce_chunk c = {0};
+    cl_kernel kgrad, kcol = NULL;
+    llmcl_status st;
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 2, lshape, "logits chunk", &logits), done);
+    if (gcast_needed)
+        LLMCL__TRY_GOTO(
+            st, llmcl__scratch(ctx, hidden->dtype, 2, lshape, "16-bit dlogits chunk", &gcast), done);
+    LLMCL__TRY_GOTO(st, rows_view(hidden, &lin->h, 0, n, &hv), done);
+    if (dhidden)
+        LLMCL__TRY_GOTO(st, rows_view(dhidden, &lin->dh, 0, n, &dhv), done);
+    LLMCL__TRY_GOTO(st, row_kernel(r, "cce_chunk_grad", &kgrad), done);
+    if (dbias)
+        LLMCL__TRY_GOTO(st, row_kernel(r, "ce_colsum", &kcol), done);
+    const llmcl_matmul_opts plain = {.split_k = 1}, transposed = {.trans_a = 1, .split_k = 1};
+    for (int64_t ci = 0; ci < nchunks; ++ci) {
+        c.v0 = ci * vc;
+        c.w = r->v - c.v0 < vc ? r->v - c.v0 : vc;
+        LLMCL__TRY_GOTO(st, chunk_logits(r, lin, hv, weight, bias, logits, &c), done);
+        llmcl__args a = llmcl__args_begin(ctx, kgrad);
+        llmcl__arg_i32(&a, ce_flags(r, false));
+        arg_mem(&a, logits->mem, 0);
+        llmcl__arg_i64(&a, c.w);
+        llmcl__arg_i64(&a, c.v0);
+        llmcl__arg_i64(&a, c.w);
+        llmcl__arg_tensor(&a, r->labels);
+        arg_chunk_weight(&a, r, c.v0);
+        arg_buf(&a, r->stats->mem);
+        llmcl__arg_f32(&a, r->o.softcap);
+        arg_buf(&a, coef->mem);
+        const size_t g2[2] = {wg, (size_t)n}, l2[2] = {wg, 1};
+        LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
+        if (dbias) {
+            a = llmcl__args_begin(ctx, kcol);
+            arg_buf(&a, logits->mem);
+            llmcl__arg_i64(&a, n);
+            llmcl__arg_i64(&a, c.w);
+            arg_mem(&a, dbias->mem, dbias->offset + c.v0);
+            llmcl__arg_i32(&a, 0);
+            const size_t g = (size_t)c.w, l = 64;
+            LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g, &l), done);
+        }
+        const llmcl_tensor *g = c.logits;
+        if (gcast && (dhidden || dweight)) {
+            LLMCL__TRY_GOTO(st, head_view(gcast, n, c.w, &gv), done);
+            LLMCL__TRY_GOTO(st, llmcl_cast(ctx, c.logits, gv), done);
+            g = gv;
+        }
+        if (dhidden)
+            LLMCL__TRY_GOTO(
+                st, llmcl_matmul(ctx, 1.0f, g, c.weight, ci ? 1.0f : 0.0f, dhv, &plain), done);
+        if (dweight) {
+            LLMCL__TRY_GOTO(st, rows_view(dweight, &lin->dw, c.v0, c.w, &dwv), done);
+            LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, g, hv, 0.0f, dwv, &transposed), done);
+        }
+        llmcl_tensor_destroy(gv);
+        llmcl_tensor_destroy(dwv);
+        gv = dwv = NULL;
+        chunk_free(&c);
+    }
+    st = LLMCL_OK;
+done:
+    chunk_free(&c);
+    llmcl_tensor_destroy(logits);
+    llmcl_tensor_destroy(gcast);
+    llmcl_tensor_destroy(hv);
+    llmcl_tensor_destroy(gv);
+    llmcl_tensor_destroy(dhv);
+    llmcl_tensor_destroy(dwv);
     return st;
 }
 
@@ -757,6 +1039,61 @@ static void tile_args(llmcl__args *a, const ce_run *r, const llmcl_tensor *hidde
     arg_weight(a, r);
 }
 
+
+/* Forward in tiles: cce_fwd's vocabulary splits of every row tile, then the common combine. */
+static llmcl_status fused_forward_tiles(ce_run *r, const ce_linear *lin,
+                                        const llmcl_tensor *hidden, const llmcl_tensor *weight,
+                                        const llmcl_tensor *bias, llmcl_tensor *lse)
+{
+    llmcl_ctx *ctx = r->ctx;
+    const int64_t n = r->n, v = r->v;
+    llmcl_status st;
+    llmcl_tensor *part = NULL, *xyb = NULL;
+    llmcl__params tp;
+    LLMCL__TRY_GOTO(st, tile_params(r, "cce_fwd", v, &tp), done);
+    const long t = llmcl__param_get(&tp, "T", 32);
+    const size_t twg =
+        (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
+    const int64_t rt = llmcl__div_up(n, t), vt = llmcl__div_up(v, t);
+    cl_kernel k;
+    LLMCL__TRY_GOTO(st, tile_kernel(r, &tp, "cce_fwd", &k), done);
+    int64_t splits = r->o.vocab_splits;
+    if (!splits) {
+        const int64_t want = (int64_t)ctx->info.compute_units * (ctx->info.is_gpu ? 4 : 1);
+        splits = llmcl__div_up(want, rt);
+        llmcl__params sp = {0};
+        llmcl__param_set(&sp, "SPLIT", (long)splits);
+        char cls[16];
+        llmcl__shape_class(rt, cls);
+        llmcl__params_lookup(ctx, "cce_split", r->dt, cls, &sp);
+        splits = llmcl__param_get(&sp, "SPLIT", (long)splits);
+        splits = splits < 1 ? 1 : splits > vt ? vt : splits;
+        record_host_params(&sp, splits);
+    }
+    splits = splits < 1 ? 1 : splits > vt ? vt : splits;
+    const int64_t np = n * splits * 3;
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &np, "fused CE partials", &part), done);
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n, "fused CE target logits", &xyb),
+                    done);
+
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_i32(&a, ce_flags(r, bias != NULL));
+    tile_args(&a, r, hidden, lin, weight, bias);
+    arg_buf(&a, r->stats->mem);
+    llmcl__arg_i64(&a, r->ignore);
+    llmcl__arg_f32(&a, r->o.softcap);
+    arg_buf(&a, part->mem);
+    arg_buf(&a, xyb->mem);
+    const size_t g2[2] = {(size_t)splits * twg, (size_t)rt}, l2[2] = {twg, 1};
+    LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
+
+    LLMCL__TRY_GOTO(st, fused_combine(r, part, splits, xyb, lse), done);
+done:
+    llmcl_tensor_destroy(part);
+    llmcl_tensor_destroy(xyb);
+    return st;
+}
+
 llmcl_status llmcl_fused_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tensor *hidden,
                                                const llmcl_tensor *weight, const llmcl_tensor *bias,
                                                const llmcl_tensor *labels,
@@ -778,78 +1115,21 @@ llmcl_status llmcl_fused_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tenso
                        "lse overlaps %s", names[i]);
 
     llmcl_status st;
-    llmcl_tensor *part = NULL, *xyb = NULL;
-    llmcl__params tp;
-    LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, hidden->dtype, labels, n, v, false), done);
-    LLMCL__TRY_GOTO(st, tile_params(&r, "cce_fwd", v, &tp), done);
-    const long t = llmcl__param_get(&tp, "T", 32);
-    const size_t twg =
-        (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
-    const int64_t rt = llmcl__div_up(n, t), vt = llmcl__div_up(v, t);
-    cl_kernel k;
-    LLMCL__TRY_GOTO(st, tile_kernel(&r, &tp, "cce_fwd", &k), done);
-    int64_t splits = r.o.vocab_splits;
-    if (!splits) {
-        const int64_t want = (int64_t)ctx->info.compute_units * (ctx->info.is_gpu ? 4 : 1);
-        splits = llmcl__div_up(want, rt);
-        llmcl__params sp = {0};
-        llmcl__param_set(&sp, "SPLIT", (long)splits);
-        char cls[16];
-        llmcl__shape_class(rt, cls);
-        llmcl__params_lookup(ctx, "cce_split", r.dt, cls, &sp);
-        splits = llmcl__param_get(&sp, "SPLIT", (long)splits);
-        splits = splits < 1 ? 1 : splits > vt ? vt : splits;
-        record_host_params(&sp, splits);
-    }
-    splits = splits < 1 ? 1 : splits > vt ? vt : splits;
-    const int64_t np = n * splits * 3;
-    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &np, "fused CE partials", &part), done);
-    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n, "fused CE target logits", &xyb),
+    LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, fused_chunked(ctx, &r.o) ? LLMCL_F32 : hidden->dtype,
+                                 labels, n, v, false),
                     done);
-
-    llmcl__args a = llmcl__args_begin(ctx, k);
-    llmcl__arg_i32(&a, ce_flags(&r, bias != NULL));
-    tile_args(&a, &r, hidden, &lin, weight, bias);
-    arg_buf(&a, r.stats->mem);
-    llmcl__arg_i64(&a, r.ignore);
-    llmcl__arg_f32(&a, r.o.softcap);
-    arg_buf(&a, part->mem);
-    arg_buf(&a, xyb->mem);
-    const size_t g2[2] = {(size_t)splits * twg, (size_t)rt}, l2[2] = {twg, 1};
-    LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
-
-    LLMCL__TRY_GOTO(st, row_kernel(&r, "ce_combine", &k), done);
-    a = llmcl__args_begin(ctx, k);
-    llmcl__arg_i32(&a, ce_flags(&r, false));
-    arg_buf(&a, part->mem);
-    llmcl__arg_i64(&a, splits);
-    llmcl__arg_i64(&a, n);
-    arg_mem(&a, NULL, 0);
-    llmcl__arg_i64(&a, 0);
-    llmcl__arg_i32(&a, 1);
-    arg_buf(&a, xyb->mem);
-    llmcl__arg_tensor(&a, labels);
-    llmcl__arg_i64(&a, 0);
-    arg_weight(&a, &r);
-    arg_buf(&a, r.stats->mem);
-    llmcl__arg_i64(&a, v);
-    llmcl__arg_i64(&a, r.ignore);
-    llmcl__arg_f32(&a, r.o.label_smoothing);
-    llmcl__arg_f32(&a, r.o.lse_square_scale);
-    llmcl__arg_f32(&a, r.o.softcap);
-    llmcl__arg_tensor(&a, lse);
-    arg_buf(&a, r.rows->mem);
-    llmcl__arg_i64(&a, n);
-    const size_t g1 = (size_t)n, l1 = 64;
-    LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g1, &l1), done);
+    LLMCL__TRY_GOTO(st,
+                    fused_chunked(ctx, &r.o)
+                        ? fused_forward_chunks(&r, &lin, hidden, weight, bias, lse)
+                        : fused_forward_tiles(&r, &lin, hidden, weight, bias, lse),
+                    done);
     LLMCL__TRY_GOTO(st, ce_finish(&r, loss, z_loss), done);
     st = ce_check_labels(&r);
 done:
-    llmcl_tensor_destroy(part);
-    llmcl_tensor_destroy(xyb);
     ce_run_release(&r);
     return st;
 }
+
 
 /*
  * cce_bwd_dh (tiled over the n rows) or cce_bwd_dw (over the v classes), with the arguments both
@@ -876,6 +1156,39 @@ static llmcl_status cce_bwd_begin(ce_run *r, const char *name, int64_t size,
     arg_buf(a, coef->mem);
     llmcl__arg_f32(a, r->o.softcap);
     llmcl__arg_f32(a, r->o.grad_filter);
+    return LLMCL_OK;
+}
+
+/* Backward in tiles: cce_bwd_dh over row tiles and cce_bwd_dw over vocabulary tiles. */
+static llmcl_status fused_backward_tiles(ce_run *r, const ce_linear *lin,
+                                         const llmcl_tensor *hidden, const llmcl_tensor *weight,
+                                         const llmcl_tensor *bias, const llmcl_tensor *coef,
+                                         llmcl_tensor *dhidden, llmcl_tensor *dweight,
+                                         llmcl_tensor *dbias)
+{
+    llmcl_ctx *ctx = r->ctx;
+    const int64_t n = r->n, v = r->v;
+    llmcl__args a;
+    if (dhidden) {
+        LLMCL__TRY(llmcl_fill(ctx, dhidden, 0.0));
+        size_t g, twg;
+        LLMCL__TRY(cce_bwd_begin(r, "cce_bwd_dh", n, hidden, lin, weight, bias, coef, &a, &g, &twg));
+        llmcl__arg_tensor(&a, dhidden);
+        llmcl__arg_i64(&a, lin->dh.row_stride);
+        LLMCL__TRY(llmcl__launch(&a, 1, &g, &twg));
+    }
+    if (dweight || dbias) {
+        if (dweight)
+            LLMCL__TRY(llmcl_fill(ctx, dweight, 0.0));
+        size_t g, twg;
+        LLMCL__TRY(cce_bwd_begin(r, "cce_bwd_dw", v, hidden, lin, weight, bias, coef, &a, &g, &twg));
+        llmcl__arg_i32(&a, dweight != NULL);
+        arg_opt(&a, dweight);
+        llmcl__arg_i64(&a, dweight ? lin->dw.row_stride : 0);
+        llmcl__arg_i32(&a, dbias != NULL);
+        arg_opt(&a, dbias);
+        LLMCL__TRY(llmcl__launch(&a, 1, &g, &twg));
+    }
     return LLMCL_OK;
 }
 
@@ -909,57 +1222,21 @@ llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tens
 
     llmcl_status st;
     llmcl_tensor *coef = NULL;
-    LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, hidden->dtype, labels, n, v, false), done);
+    LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, fused_chunked(ctx, &r.o) ? LLMCL_F32 : hidden->dtype,
+                                 labels, n, v, false),
+                    done);
     LLMCL__TRY_GOTO(st, ce_check_labels(&r), done); /* before the outputs are zeroed */
     const int64_t n4 = 4 * n;
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n4, "fused CE row coefficients", &coef),
                     done);
-    cl_kernel k;
-    LLMCL__TRY_GOTO(st, row_kernel(&r, "cce_coefs", &k), done);
-    llmcl__args a = llmcl__args_begin(ctx, k);
-    llmcl__arg_i32(&a, ce_flags(&r, false));
-    llmcl__arg_i64(&a, n);
-    llmcl__arg_i64(&a, v);
-    llmcl__arg_tensor(&a, labels);
-    arg_weight(&a, &r);
-    arg_buf(&a, r.stats->mem);
-    llmcl__arg_i32(&a, (int32_t)r.o.reduction);
-    llmcl__arg_i64(&a, r.ignore);
-    llmcl__arg_f32(&a, r.o.label_smoothing);
-    llmcl__arg_f32(&a, r.o.lse_square_scale);
-    llmcl__arg_tensor(&a, lse);
-    arg_opt(&a, grad_loss);
-    llmcl__arg_i32(&a, grad_loss != NULL);
-    arg_buf(&a, coef->mem);
-    const size_t g1 = (size_t)n, l1 = 64;
-    LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g1, &l1), done);
-
-    if (dhidden) {
-        LLMCL__TRY_GOTO(st, llmcl_fill(ctx, dhidden, 0.0), done);
-        size_t g, twg;
-        LLMCL__TRY_GOTO(st,
-                        cce_bwd_begin(&r, "cce_bwd_dh", n, hidden, &lin, weight, bias, coef, &a,
-                                      &g, &twg),
-                        done);
-        llmcl__arg_tensor(&a, dhidden);
-        llmcl__arg_i64(&a, lin.dh.row_stride);
-        LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g, &twg), done);
-    }
-    if (dweight || dbias) {
-        if (dweight)
-            LLMCL__TRY_GOTO(st, llmcl_fill(ctx, dweight, 0.0), done);
-        size_t g, twg;
-        LLMCL__TRY_GOTO(st,
-                        cce_bwd_begin(&r, "cce_bwd_dw", v, hidden, &lin, weight, bias, coef, &a,
-                                      &g, &twg),
-                        done);
-        llmcl__arg_i32(&a, dweight != NULL);
-        arg_opt(&a, dweight);
-        llmcl__arg_i64(&a, dweight ? lin.dw.row_stride : 0);
-        llmcl__arg_i32(&a, dbias != NULL);
-        arg_opt(&a, dbias);
-        LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g, &twg), done);
-    }
+    LLMCL__TRY_GOTO(st, fused_coefs(&r, lse, grad_loss, coef), done);
+    LLMCL__TRY_GOTO(st,
+                    fused_chunked(ctx, &r.o)
+                        ? fused_backward_chunks(&r, &lin, hidden, weight, bias, coef, dhidden,
+                                                dweight, dbias)
+                        : fused_backward_tiles(&r, &lin, hidden, weight, bias, coef, dhidden,
+                                               dweight, dbias),
+                    done);
     st = LLMCL_OK;
 done:
     llmcl_tensor_destroy(coef);
