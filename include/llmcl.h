@@ -622,8 +622,9 @@ LLMCL_API llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_ten
 /* Cross-entropy (cross_entropy.cl).                                                              */
 /*
  * Softmax cross-entropy over V classes in three forms: on materialised logits [N, V]; fused with
- * the output projection and chunked over tokens (Liger's approach, llmcl_matmul); and fully fused
- * (Cut Cross-Entropy's approach: hidden x W^T tiles in local memory, logits never stored).
+ * the output projection and chunked over tokens (Liger's approach, llmcl_matmul); and fully fused,
+ * never holding all N x V logits (Cut Cross-Entropy's aim: chunks of the vocabulary through
+ * llmcl_matmul, or hidden x W^T tiles in local memory).
  *
  * For row i with label y_i (rows with y_i == ignore_index are ignored: loss 0, gradient 0), z_ij the
  * logits, x_ij = cap tanh(z_ij / cap) with a softcap (else z_ij), lse_i = log sum_j exp(x_ij), w_j
@@ -728,10 +729,15 @@ LLMCL_API llmcl_status llmcl_linear_cross_entropy_forward(
 
 /*
  * Fully fused linear cross-entropy, forward: the same loss as llmcl_linear_cross_entropy_forward
- * with every logit computed in a T x T tile of local memory (fp32 FMA) and folded into an online
- * LSE; nothing of size N x V is stored. Writes loss, optionally z_loss, and lse (f32, N elements,
- * required: the backward reads it). Extra memory O(N x splits), splits being the work-groups per
- * row tile across the vocabulary (opts->vocab_splits, or chosen from N and the compute units).
+ * without ever holding all N x V logits, in one of two forms (opts->vocab_chunk):
+ *   chunks (the default where the device has tensor cores): the logits of one chunk of classes at
+ *     a time, for all rows, through llmcl_matmul, folded into a running LSE per row and chunk;
+ *     extra memory one chunk of f32 logits, the chunk width chosen from opts->chunk_bytes (default
+ *     64 MiB) unless vocab_chunk gives it;
+ *   tiles (elsewhere): every logit computed in a T x T tile of local memory (fp32 FMA); extra
+ *     memory O(N x splits), splits being the work-groups per row tile across the vocabulary
+ *     (opts->vocab_splits, or chosen from N and the compute units).
+ * Writes loss, optionally z_loss, and lse (f32, N elements, required: the backward reads it).
  */
 LLMCL_API llmcl_status llmcl_fused_cross_entropy_forward(
     llmcl_ctx *ctx, const llmcl_tensor *hidden, const llmcl_tensor *weight,
@@ -739,11 +745,15 @@ LLMCL_API llmcl_status llmcl_fused_cross_entropy_forward(
     llmcl_tensor *loss, llmcl_tensor *z_loss, llmcl_tensor *lse);
 
 /*
- * Fully fused backward: recomputes the logit tiles from hidden, weight, bias and the forward's lse
- * to write dhidden (f32 [N, H]; one work-group per row tile over every vocabulary tile), dweight
- * (f32 [V, H]) and dbias (f32 [V]; one work-group per vocabulary tile over every row tile), each
- * optional. Deterministic, no atomics. grad_loss (f32 on the device: 1 element, or N for reduction
- * none) is the upstream gradient; NULL means 1. opts must match the forward's. Extra memory O(N).
+ * Fully fused backward: recomputes the logits from hidden, weight, bias and the forward's lse to
+ * write dhidden (f32 [N, H]), dweight (f32 [V, H]) and dbias (f32 [V]), each optional, in the
+ * forward's form: in chunks, per chunk the logits again, the gradient in place, dbias of its
+ * classes and the products dhidden += G W[chunk] and dweight[chunk] = G^T hidden (G rounded to
+ * hidden's dtype when that is 16-bit; extra memory one chunk of f32 logits and of G); in tiles,
+ * one work-group per row tile over every vocabulary tile for dhidden and one per vocabulary tile
+ * over every row tile for dweight and dbias (extra memory O(N)). Deterministic, no atomics.
+ * grad_loss (f32 on the device: 1 element, or N for reduction none) is the upstream gradient; NULL
+ * means 1. opts must match the forward's.
  */
 LLMCL_API llmcl_status llmcl_fused_cross_entropy_backward(
     llmcl_ctx *ctx, const llmcl_tensor *hidden, const llmcl_tensor *weight,
