@@ -2,9 +2,10 @@
  * test_attention.c: flash attention forward (O, LSE) and backward (dQ, dK, dV) against naive
  * attention in double (tests/ref/attention_ref.c), for every option: causal with Tq = Tk, Tq < Tk
  * and Tq > Tk, sliding windows (narrow, one-sided, wider than T, with causal), softcap, custom
- * scale, GQA and MQA, both layouts, every head dim, T = 1, varlen batches with sequences of
- * length 1, f32 / bf16 / f16 storage; plus determinism, extra memory and every bad-input path.
- * Sequence lengths span several tiles on every device.
+ * scale, GQA and MQA, both layouts, every head dim (the multiples of 8 from 32 to 256), T = 1,
+ * varlen batches with sequences of length 1, f32 / bf16 / f16 storage; plus determinism, extra
+ * memory, tuning overrides and files, and every bad-input path. Sequence lengths span several
+ * tiles on every device, but in the loop over every head dim.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -284,14 +285,35 @@ static void test_softcap_scale(void **state)
     check_case(c, 32);
 }
 
+/*
+ * The head dims the tiles were measured at and the ones models use beside them (Phi-2's 80,
+ * DeepSeek's 192), several of whose quarters the launcher's power-of-two column counts do not
+ * divide: causal with GQA and an odd T, not causal with Tq < Tk, and a varlen batch at D = 112.
+ */
 static void test_head_dims(void **state)
 {
     (void)state;
-    const int dims[] = {32, 64, 96, 128, 256};
+    const int dims[] = {32, 40, 64, 80, 96, 112, 128, 160, 192, 256};
     for (size_t i = 0; i < sizeof dims / sizeof *dims; ++i) {
-        check_case(causal(dense(LLMCL_F32, 1, 2, 1, dims[i], 75, 75)), 40 + i);
-        check_case(dense(LLMCL_BF16, 1, 2, 2, dims[i], 33, 70), 45 + i);
+        check_case(causal(dense(LLMCL_F32, 1, 2, 1, dims[i], 75, 75)), 140 + i);
+        check_case(dense(LLMCL_BF16, 1, 2, 2, dims[i], 33, 70), 160 + i);
     }
+    static const int32_t cu[] = {0, 1, 37, 70};
+    attn_case c = causal(dense(LLMCL_F16, 3, 4, 2, 112, 0, 0));
+    c.cu_q = c.cu_k = cu;
+    check_case(c, 180);
+}
+
+/*
+ * Every head dim the API takes, with the launcher's own tiles, at a size where the builds are the
+ * cost: each builds and matches the reference forward and backward. f32 and bf16 alternate (they
+ * leave the tiles different local memory), so that test_head_dims's dims reuse its programs.
+ */
+static void test_every_head_dim(void **state)
+{
+    (void)state;
+    for (int d = 32; d <= 256; d += 8)
+        check_case(causal(dense(d % 16 ? LLMCL_BF16 : LLMCL_F32, 1, 2, 1, d, 7, 7)), 200 + d);
 }
 
 /*
@@ -579,7 +601,21 @@ static void test_bad_inputs(void **state)
     TH_FAILS(llmcl_attention_forward(NULL, q, k, v, NULL, o, lse), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_attention_forward(ctx, NULL, k, v, NULL, o, lse), LLMCL_ERROR_INVALID_ARGUMENT);
 
-    /* Hq not a multiple of Hkv; unsupported head dim; mismatched shapes and dtypes. */
+    /*
+     * Head dims that are no multiple of 8, below 32 or above 256, refused with the rule in the
+     * message; Hq not a multiple of Hkv; mismatched shapes and dtypes.
+     */
+    const int bad_dims[] = {36, 24, 264};
+    for (size_t i = 0; i < sizeof bad_dims / sizeof *bad_dims; ++i) {
+        const int64_t sq[4] = {2, 4, 20, bad_dims[i]}, sk[4] = {2, 2, 24, bad_dims[i]};
+        llmcl_tensor *qd = th_tensor(LLMCL_F32, 4, sq), *kd = th_tensor(LLMCL_F32, 4, sk);
+        TH_FAILS(llmcl_attention_forward(ctx, qd, kd, kd, NULL, o, lse), LLMCL_ERROR_UNSUPPORTED);
+        assert_non_null(strstr(llmcl_last_error(ctx), "a multiple of 8 from 32 to 256"));
+        TH_FAILS(llmcl_attention_backward(ctx, qd, kd, kd, o, lse, dout, NULL, dq, dk, dv),
+                 LLMCL_ERROR_UNSUPPORTED);
+        llmcl_tensor_destroy(qd);
+        llmcl_tensor_destroy(kd);
+    }
     const int64_t s_q3[4] = {2, 3, 20, 64}, s_d48[4] = {2, 4, 20, 48}, s_k48[4] = {2, 2, 24, 48};
     const int64_t s_v25[4] = {2, 2, 25, 64}, s_b1[4] = {1, 2, 24, 64}, s_lse[3] = {2, 4, 21};
     llmcl_tensor *q3 = th_tensor(LLMCL_F32, 4, s_q3), *q48 = th_tensor(LLMCL_F32, 4, s_d48);
@@ -588,7 +624,7 @@ static void test_bad_inputs(void **state)
     const int64_t s_k[4] = {2, 2, 24, 64};
     llmcl_tensor *kbf = th_tensor(LLMCL_BF16, 4, s_k);
     TH_FAILS(llmcl_attention_forward(ctx, q3, k, v, NULL, q48, lse), LLMCL_ERROR_SHAPE_MISMATCH);
-    TH_FAILS(llmcl_attention_forward(ctx, q48, k48, k48, NULL, o, lse), LLMCL_ERROR_UNSUPPORTED);
+    TH_FAILS(llmcl_attention_forward(ctx, q48, k48, k48, NULL, o, lse), LLMCL_ERROR_SHAPE_MISMATCH);
     TH_FAILS(llmcl_attention_forward(ctx, q, k48, k48, NULL, o, lse), LLMCL_ERROR_SHAPE_MISMATCH);
     TH_FAILS(llmcl_attention_forward(ctx, q, k, v25, NULL, o, lse), LLMCL_ERROR_SHAPE_MISMATCH);
     TH_FAILS(llmcl_attention_forward(ctx, q, kb1, kb1, NULL, o, lse), LLMCL_ERROR_SHAPE_MISMATCH);
@@ -670,14 +706,24 @@ static void test_bad_varlen(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_full),         cmocka_unit_test(test_causal),
-        cmocka_unit_test(test_window),       cmocka_unit_test(test_softcap_scale),
-        cmocka_unit_test(test_head_dims),    cmocka_unit_test(test_gqa_mqa),
-        cmocka_unit_test(test_layout_bthd),  cmocka_unit_test(test_t1),
-        cmocka_unit_test(test_16bit),        cmocka_unit_test(test_varlen),
-        cmocka_unit_test(test_determinism),  cmocka_unit_test(test_extra_memory),
-        cmocka_unit_test(test_bad_inputs),   cmocka_unit_test(test_bad_varlen),
-        cmocka_unit_test(test_tunables),     cmocka_unit_test(test_unaligned_views), cmocka_unit_test(test_tuned_tiles_for_other_head_dim),
+        cmocka_unit_test(test_full),
+        cmocka_unit_test(test_causal),
+        cmocka_unit_test(test_window),
+        cmocka_unit_test(test_softcap_scale),
+        cmocka_unit_test(test_head_dims),
+        cmocka_unit_test(test_every_head_dim),
+        cmocka_unit_test(test_gqa_mqa),
+        cmocka_unit_test(test_layout_bthd),
+        cmocka_unit_test(test_t1),
+        cmocka_unit_test(test_16bit),
+        cmocka_unit_test(test_varlen),
+        cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_extra_memory),
+        cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_bad_varlen),
+        cmocka_unit_test(test_tunables),
+        cmocka_unit_test(test_unaligned_views),
+        cmocka_unit_test(test_tuned_tiles_for_other_head_dim),
     };
     return TH_RUN(tests);
 }
