@@ -316,6 +316,33 @@ static void test_every_head_dim(void **state)
         check_case(causal(dense(d % 16 ? LLMCL_BF16 : LLMCL_F32, 1, 2, 1, d, 7, 7)), 200 + d);
 }
 
+/* The parameters of kernel's last launch at (dtype, class or size key cls). */
+static void params_used(const char *kernel, llmcl_dtype dt, const char *cls, char *buf, size_t n)
+{
+    int launched = 0;
+    TH_OK(llmcl_tune_params_get(th_ctx(), kernel, dt, cls, buf, n, &launched));
+    assert_int_equal(launched, 1);
+}
+
+/* Kernel's last launch at (dtype, cls) built with every NAME=VALUE of set. */
+static void assert_launched_with(const char *kernel, llmcl_dtype dt, const char *cls,
+                                 const char *set)
+{
+    char used[256], want[128];
+    params_used(kernel, dt, cls, used, sizeof used);
+    snprintf(want, sizeof want, "%s", set);
+    for (char *tok = strtok(want, " "); tok; tok = strtok(NULL, " "))
+        if (strstr(used, tok) == NULL)
+            fail_msg("%s launched with %s, not %s", kernel, used, set);
+}
+
+/* Teardown of the tests that force tiles: no override outlives them, even when they fail. */
+static int clear_overrides(void **state)
+{
+    (void)state;
+    return llmcl_tune_override(th_ctx(), NULL, LLMCL_F32, NULL, NULL) != LLMCL_OK;
+}
+
 /*
  * Non-default tiles as the tuner forces them, each against the double reference: f32 Q-side tiles
  * with K and V as stored (LF32 2) and 8 x 4 register tiles, all operands f32 with separate K and V
@@ -357,18 +384,8 @@ static void test_tunables(void **state)
             attn_case c = causal(dense(dts[d], 4, 4, 2, 64, 0, 0));
             c.cu_q = c.cu_k = cu;
             check_case(c, 85 + i);
-            for (int k = 0; k < 3; ++k) { /* the launches used the set */
-                char used[256];
-                int launched = 0;
-                TH_OK(llmcl_tune_params_get(ctx, keys[k], dts[d], "p6", used, sizeof used,
-                                            &launched));
-                assert_int_equal(launched, 1);
-                char want[128];
-                snprintf(want, sizeof want, "%s", sets[i][k]);
-                for (char *tok = strtok(want, " "); tok; tok = strtok(NULL, " "))
-                    if (strstr(used, tok) == NULL)
-                        fail_msg("%s launched with %s, not %s", keys[k], used, sets[i][k]);
-            }
+            for (int k = 0; k < 3; ++k) /* the launches used the set */
+                assert_launched_with(keys[k], dts[d], "p6", sets[i][k]);
             TH_OK(llmcl_tune_override(ctx, NULL, dts[d], NULL, NULL));
         }
 
@@ -376,12 +393,7 @@ static void test_tunables(void **state)
     TH_OK(llmcl_tune_override(ctx, "attention_fwd", LLMCL_F32, "*",
                               "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 KV_SEP=1 PIPE=1"));
     check_case(dense(LLMCL_F32, 1, 2, 1, 64, 40, 40), 89);
-    char used[256];
-    int launched = 0;
-    TH_OK(llmcl_tune_params_get(ctx, "attention_fwd", LLMCL_F32, "p6", used, sizeof used,
-                                &launched));
-    assert_non_null(strstr(used, "KV_SEP=1"));
-    assert_non_null(strstr(used, "PIPE=0"));
+    assert_launched_with("attention_fwd", LLMCL_F32, "p6", "KV_SEP=1 PIPE=0");
 
     TH_OK(llmcl_tune_override(ctx, "attention_bwd_dkdv", LLMCL_F32, "*",
                               "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 TILE_RUN=0"));
@@ -400,19 +412,47 @@ static void test_tunables(void **state)
     TH_FAILS(run_backward(&r), LLMCL_ERROR_OVERFLOW);
     assert_non_null(strstr(llmcl_last_error(ctx), "TILE_RUN"));
     run_free(&r);
-    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
 }
 
 /*
- * A tuning file's tiles for D = 128 (class p7) reach D = 32 as the nearest tuned class, but 16
- * work-item columns do not fit D = 32: the launcher keeps its defaults. The same tiles as an
- * explicit override are refused, so that the tuner never times a substitute.
+ * Overrides at D = 80, whose quarter, 20, takes work-item columns that are no power of two: 10, 5
+ * and 10 columns, staged (PIPE; dK/dV's 50 work-items do not span whole rows of Q and dO), with
+ * f32 Q-side tiles and dQ's K tile in f32, against the double reference with GQA over several
+ * tiles.
+ */
+static void test_tunables_other_head_dim(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    static const char *const set[3] = {"BLOCK_M=16 BLOCK_N=20 TM=4 TN=2 LF32=2 PIPE=1",
+                                       "BLOCK_M=16 BLOCK_N=20 TM=2 TN=4 KF32=1 PIPE=1",
+                                       "BLOCK_M=20 BLOCK_N=10 TM=2 TN=2 PIPE=1 TILE_RUN=2"};
+    static const char *const keys[3] = {"attention_fwd", "attention_bwd_dq", "attention_bwd_dkdv"};
+    for (int k = 0; k < 3; ++k)
+        TH_OK(llmcl_tune_override(ctx, keys[k], LLMCL_F32, "p7", set[k]));
+    check_case(causal(dense(LLMCL_F32, 1, 4, 2, 80, 77, 77)), 75);
+    for (int k = 0; k < 3; ++k)
+        assert_launched_with(keys[k], LLMCL_F32, "p7", set[k]);
+}
+
+/*
+ * A tuning file's tiles for D = 128 (class p7) reach D = 32 as the nearest tuned class, D = 80 in
+ * the same class and D = 160 as the nearest, but their 16 work-item columns divide none of their
+ * quarters: the launcher keeps its defaults, the tiles it launches with no file. The same tiles as
+ * an explicit override are refused, so that the tuner never times a substitute.
  */
 static void test_tuned_tiles_for_other_head_dim(void **state)
 {
     (void)state;
     llmcl_ctx *ctx = th_ctx();
     TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
+    const int dims[] = {80, 160};
+    const char *const cls[] = {"p7", "p8"};
+    char defaults[2][256];
+    for (int i = 0; i < 2; ++i) {
+        check_case(dense(LLMCL_F32, 1, 2, 1, dims[i], 40, 40), 62 + i);
+        params_used("attention_fwd", LLMCL_F32, cls[i], defaults[i], sizeof defaults[i]);
+    }
     char path[] = "/tmp/llmcl-attn-tune-XXXXXX";
     const int fd = mkstemp(path);
     assert_true(fd >= 0);
@@ -425,15 +465,24 @@ static void test_tuned_tiles_for_other_head_dim(void **state)
     TH_OK(llmcl_tune_db_load(ctx, path));
     remove(path);
     check_case(dense(LLMCL_F32, 1, 2, 1, 32, 40, 40), 60);
+    for (int i = 0; i < 2; ++i) {
+        check_case(dense(LLMCL_F32, 1, 2, 1, dims[i], 40, 40), 62 + i);
+        char used[256];
+        params_used("attention_fwd", LLMCL_F32, cls[i], used, sizeof used);
+        assert_string_equal(used, defaults[i]);
+    }
 
-    TH_OK(llmcl_tune_override(ctx, "attention_fwd", LLMCL_F32, "p5",
+    TH_OK(llmcl_tune_override(ctx, "attention_fwd", LLMCL_F32, "*",
                               "BLOCK_M=16 BLOCK_N=16 TM=4 TN=1"));
-    const attn_case c = dense(LLMCL_F32, 1, 2, 1, 32, 40, 40);
-    attn_run r;
-    run_setup(&r, &c, 61);
-    TH_FAILS(run_forward(&r), LLMCL_ERROR_UNSUPPORTED);
-    assert_non_null(strstr(llmcl_last_error(ctx), "columns"));
-    run_free(&r);
+    const int refused[] = {32, 80};
+    for (int i = 0; i < 2; ++i) {
+        const attn_case c = dense(LLMCL_F32, 1, 2, 1, refused[i], 40, 40);
+        attn_run r;
+        run_setup(&r, &c, 61);
+        TH_FAILS(run_forward(&r), LLMCL_ERROR_UNSUPPORTED);
+        assert_non_null(strstr(llmcl_last_error(ctx), "columns"));
+        run_free(&r);
+    }
     TH_OK(llmcl_tune_db_clear(ctx));
 }
 
@@ -721,7 +770,8 @@ int main(void)
         cmocka_unit_test(test_extra_memory),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_bad_varlen),
-        cmocka_unit_test(test_tunables),
+        cmocka_unit_test_teardown(test_tunables, clear_overrides),
+        cmocka_unit_test_teardown(test_tunables_other_head_dim, clear_overrides),
         cmocka_unit_test(test_unaligned_views),
         cmocka_unit_test(test_tuned_tiles_for_other_head_dim),
     };
