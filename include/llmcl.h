@@ -538,8 +538,9 @@ typedef struct llmcl_attention_opts {
  * Dense: q and o [B, Hq, Tq, D], k and v [B, Hkv, Tk, D], any strides with a unit stride on D (so
  * [B, T, H, D] storage is a strided view), lse f32 [B, Hq, Tq] with a unit last stride. Varlen:
  * q, o [total_q, Hq, D], k, v [total_k, Hkv, D], lse [Hq, total_q]. Hq must be a multiple of Hkv
- * (GQA, MQA): query head h reads KV head h / (Hq / Hkv). D is 32, 64, 96, 128 or 256. q, k, v, o
- * share one dtype: f32, bf16 or f16; math is f32.
+ * (GQA, MQA): query head h reads KV head h / (Hq / Hkv). D is a multiple of 8 from 32 to 256
+ * (others fail with LLMCL_ERROR_UNSUPPORTED). q, k, v, o share one dtype: f32, bf16 or f16; math
+ * is f32.
  *
  * Reads q, k, v (and the cu_seqlens); writes o and lse (natural-log sum of exponentials per
  * query row, kept for the backward). opts may be NULL (the defaults). o and lse must not overlap

@@ -2,9 +2,10 @@
  * test_attention.c: flash attention forward (O, LSE) and backward (dQ, dK, dV) against naive
  * attention in double (tests/ref/attention_ref.c), for every option: causal with Tq = Tk, Tq < Tk
  * and Tq > Tk, sliding windows (narrow, one-sided, wider than T, with causal), softcap, custom
- * scale, GQA and MQA, both layouts, every head dim, T = 1, varlen batches with sequences of
- * length 1, f32 / bf16 / f16 storage; plus determinism, extra memory and every bad-input path.
- * Sequence lengths span several tiles on every device.
+ * scale, GQA and MQA, both layouts, every head dim (the multiples of 8 from 32 to 256), T = 1,
+ * varlen batches with sequences of length 1, f32 / bf16 / f16 storage; plus determinism, extra
+ * memory, tuning overrides and files, and every bad-input path. Sequence lengths span several
+ * tiles on every device, but in the loop over every head dim.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -284,14 +285,62 @@ static void test_softcap_scale(void **state)
     check_case(c, 32);
 }
 
+/*
+ * The head dims the tiles were measured at and the ones models use beside them (Phi-2's 80,
+ * DeepSeek's 192), several of whose quarters the launcher's power-of-two column counts do not
+ * divide: causal with GQA and an odd T, not causal with Tq < Tk, and a varlen batch at D = 112.
+ */
 static void test_head_dims(void **state)
 {
     (void)state;
-    const int dims[] = {32, 64, 96, 128, 256};
+    const int dims[] = {32, 40, 64, 80, 96, 112, 128, 160, 192, 256};
     for (size_t i = 0; i < sizeof dims / sizeof *dims; ++i) {
-        check_case(causal(dense(LLMCL_F32, 1, 2, 1, dims[i], 75, 75)), 40 + i);
-        check_case(dense(LLMCL_BF16, 1, 2, 2, dims[i], 33, 70), 45 + i);
+        check_case(causal(dense(LLMCL_F32, 1, 2, 1, dims[i], 75, 75)), 140 + i);
+        check_case(dense(LLMCL_BF16, 1, 2, 2, dims[i], 33, 70), 160 + i);
     }
+    static const int32_t cu[] = {0, 1, 37, 70};
+    attn_case c = causal(dense(LLMCL_F16, 3, 4, 2, 112, 0, 0));
+    c.cu_q = c.cu_k = cu;
+    check_case(c, 180);
+}
+
+/*
+ * Every head dim the API takes, with the launcher's own tiles, at a size where the builds are the
+ * cost: each builds and matches the reference forward and backward. f32 and bf16 alternate (they
+ * leave the tiles different local memory), so that test_head_dims's dims reuse its programs.
+ */
+static void test_every_head_dim(void **state)
+{
+    (void)state;
+    for (int d = 32; d <= 256; d += 8)
+        check_case(causal(dense(d % 16 ? LLMCL_BF16 : LLMCL_F32, 1, 2, 1, d, 7, 7)), 200 + d);
+}
+
+/* The parameters of kernel's last launch at (dtype, class or size key cls). */
+static void params_used(const char *kernel, llmcl_dtype dt, const char *cls, char *buf, size_t n)
+{
+    int launched = 0;
+    TH_OK(llmcl_tune_params_get(th_ctx(), kernel, dt, cls, buf, n, &launched));
+    assert_int_equal(launched, 1);
+}
+
+/* Kernel's last launch at (dtype, cls) built with every NAME=VALUE of set. */
+static void assert_launched_with(const char *kernel, llmcl_dtype dt, const char *cls,
+                                 const char *set)
+{
+    char used[256], want[128];
+    params_used(kernel, dt, cls, used, sizeof used);
+    snprintf(want, sizeof want, "%s", set);
+    for (char *tok = strtok(want, " "); tok; tok = strtok(NULL, " "))
+        if (strstr(used, tok) == NULL)
+            fail_msg("%s launched with %s, not %s", kernel, used, set);
+}
+
+/* Teardown of the tests that force tiles: no override outlives them, even when they fail. */
+static int clear_overrides(void **state)
+{
+    (void)state;
+    return llmcl_tune_override(th_ctx(), NULL, LLMCL_F32, NULL, NULL) != LLMCL_OK;
 }
 
 /*
@@ -335,18 +384,8 @@ static void test_tunables(void **state)
             attn_case c = causal(dense(dts[d], 4, 4, 2, 64, 0, 0));
             c.cu_q = c.cu_k = cu;
             check_case(c, 85 + i);
-            for (int k = 0; k < 3; ++k) { /* the launches used the set */
-                char used[256];
-                int launched = 0;
-                TH_OK(llmcl_tune_params_get(ctx, keys[k], dts[d], "p6", used, sizeof used,
-                                            &launched));
-                assert_int_equal(launched, 1);
-                char want[128];
-                snprintf(want, sizeof want, "%s", sets[i][k]);
-                for (char *tok = strtok(want, " "); tok; tok = strtok(NULL, " "))
-                    if (strstr(used, tok) == NULL)
-                        fail_msg("%s launched with %s, not %s", keys[k], used, sets[i][k]);
-            }
+            for (int k = 0; k < 3; ++k) /* the launches used the set */
+                assert_launched_with(keys[k], dts[d], "p6", sets[i][k]);
             TH_OK(llmcl_tune_override(ctx, NULL, dts[d], NULL, NULL));
         }
 
@@ -354,12 +393,7 @@ static void test_tunables(void **state)
     TH_OK(llmcl_tune_override(ctx, "attention_fwd", LLMCL_F32, "*",
                               "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 KV_SEP=1 PIPE=1"));
     check_case(dense(LLMCL_F32, 1, 2, 1, 64, 40, 40), 89);
-    char used[256];
-    int launched = 0;
-    TH_OK(llmcl_tune_params_get(ctx, "attention_fwd", LLMCL_F32, "p6", used, sizeof used,
-                                &launched));
-    assert_non_null(strstr(used, "KV_SEP=1"));
-    assert_non_null(strstr(used, "PIPE=0"));
+    assert_launched_with("attention_fwd", LLMCL_F32, "p6", "KV_SEP=1 PIPE=0");
 
     TH_OK(llmcl_tune_override(ctx, "attention_bwd_dkdv", LLMCL_F32, "*",
                               "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 TILE_RUN=0"));
@@ -378,19 +412,47 @@ static void test_tunables(void **state)
     TH_FAILS(run_backward(&r), LLMCL_ERROR_OVERFLOW);
     assert_non_null(strstr(llmcl_last_error(ctx), "TILE_RUN"));
     run_free(&r);
-    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
 }
 
 /*
- * A tuning file's tiles for D = 128 (class p7) reach D = 32 as the nearest tuned class, but 16
- * work-item columns do not fit D = 32: the launcher keeps its defaults. The same tiles as an
- * explicit override are refused, so that the tuner never times a substitute.
+ * Overrides at D = 80, whose quarter, 20, takes work-item columns that are no power of two: 10, 5
+ * and 10 columns, staged (PIPE; dK/dV's 50 work-items do not span whole rows of Q and dO), with
+ * f32 Q-side tiles and dQ's K tile in f32, against the double reference with GQA over several
+ * tiles.
+ */
+static void test_tunables_other_head_dim(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    static const char *const set[3] = {"BLOCK_M=16 BLOCK_N=20 TM=4 TN=2 LF32=2 PIPE=1",
+                                       "BLOCK_M=16 BLOCK_N=20 TM=2 TN=4 KF32=1 PIPE=1",
+                                       "BLOCK_M=20 BLOCK_N=10 TM=2 TN=2 PIPE=1 TILE_RUN=2"};
+    static const char *const keys[3] = {"attention_fwd", "attention_bwd_dq", "attention_bwd_dkdv"};
+    for (int k = 0; k < 3; ++k)
+        TH_OK(llmcl_tune_override(ctx, keys[k], LLMCL_F32, "p7", set[k]));
+    check_case(causal(dense(LLMCL_F32, 1, 4, 2, 80, 77, 77)), 75);
+    for (int k = 0; k < 3; ++k)
+        assert_launched_with(keys[k], LLMCL_F32, "p7", set[k]);
+}
+
+/*
+ * A tuning file's tiles for D = 128 (class p7) reach D = 32 as the nearest tuned class, D = 80 in
+ * the same class and D = 160 as the nearest, but their 16 work-item columns divide none of their
+ * quarters: the launcher keeps its defaults, the tiles it launches with no file. The same tiles as
+ * an explicit override are refused, so that the tuner never times a substitute.
  */
 static void test_tuned_tiles_for_other_head_dim(void **state)
 {
     (void)state;
     llmcl_ctx *ctx = th_ctx();
     TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
+    const int dims[] = {80, 160};
+    const char *const cls[] = {"p7", "p8"};
+    char defaults[2][256];
+    for (int i = 0; i < 2; ++i) {
+        check_case(dense(LLMCL_F32, 1, 2, 1, dims[i], 40, 40), 62 + i);
+        params_used("attention_fwd", LLMCL_F32, cls[i], defaults[i], sizeof defaults[i]);
+    }
     char path[] = "/tmp/llmcl-attn-tune-XXXXXX";
     const int fd = mkstemp(path);
     assert_true(fd >= 0);
@@ -403,15 +465,24 @@ static void test_tuned_tiles_for_other_head_dim(void **state)
     TH_OK(llmcl_tune_db_load(ctx, path));
     remove(path);
     check_case(dense(LLMCL_F32, 1, 2, 1, 32, 40, 40), 60);
+    for (int i = 0; i < 2; ++i) {
+        check_case(dense(LLMCL_F32, 1, 2, 1, dims[i], 40, 40), 62 + i);
+        char used[256];
+        params_used("attention_fwd", LLMCL_F32, cls[i], used, sizeof used);
+        assert_string_equal(used, defaults[i]);
+    }
 
-    TH_OK(llmcl_tune_override(ctx, "attention_fwd", LLMCL_F32, "p5",
+    TH_OK(llmcl_tune_override(ctx, "attention_fwd", LLMCL_F32, "*",
                               "BLOCK_M=16 BLOCK_N=16 TM=4 TN=1"));
-    const attn_case c = dense(LLMCL_F32, 1, 2, 1, 32, 40, 40);
-    attn_run r;
-    run_setup(&r, &c, 61);
-    TH_FAILS(run_forward(&r), LLMCL_ERROR_UNSUPPORTED);
-    assert_non_null(strstr(llmcl_last_error(ctx), "columns"));
-    run_free(&r);
+    const int refused[] = {32, 80};
+    for (int i = 0; i < 2; ++i) {
+        const attn_case c = dense(LLMCL_F32, 1, 2, 1, refused[i], 40, 40);
+        attn_run r;
+        run_setup(&r, &c, 61);
+        TH_FAILS(run_forward(&r), LLMCL_ERROR_UNSUPPORTED);
+        assert_non_null(strstr(llmcl_last_error(ctx), "columns"));
+        run_free(&r);
+    }
     TH_OK(llmcl_tune_db_clear(ctx));
 }
 
@@ -579,7 +650,21 @@ static void test_bad_inputs(void **state)
     TH_FAILS(llmcl_attention_forward(NULL, q, k, v, NULL, o, lse), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_attention_forward(ctx, NULL, k, v, NULL, o, lse), LLMCL_ERROR_INVALID_ARGUMENT);
 
-    /* Hq not a multiple of Hkv; unsupported head dim; mismatched shapes and dtypes. */
+    /*
+     * Head dims that are no multiple of 8, below 32 or above 256, refused with the rule in the
+     * message; Hq not a multiple of Hkv; mismatched shapes and dtypes.
+     */
+    const int bad_dims[] = {36, 24, 264};
+    for (size_t i = 0; i < sizeof bad_dims / sizeof *bad_dims; ++i) {
+        const int64_t sq[4] = {2, 4, 20, bad_dims[i]}, sk[4] = {2, 2, 24, bad_dims[i]};
+        llmcl_tensor *qd = th_tensor(LLMCL_F32, 4, sq), *kd = th_tensor(LLMCL_F32, 4, sk);
+        TH_FAILS(llmcl_attention_forward(ctx, qd, kd, kd, NULL, o, lse), LLMCL_ERROR_UNSUPPORTED);
+        assert_non_null(strstr(llmcl_last_error(ctx), "a multiple of 8 from 32 to 256"));
+        TH_FAILS(llmcl_attention_backward(ctx, qd, kd, kd, o, lse, dout, NULL, dq, dk, dv),
+                 LLMCL_ERROR_UNSUPPORTED);
+        llmcl_tensor_destroy(qd);
+        llmcl_tensor_destroy(kd);
+    }
     const int64_t s_q3[4] = {2, 3, 20, 64}, s_d48[4] = {2, 4, 20, 48}, s_k48[4] = {2, 2, 24, 48};
     const int64_t s_v25[4] = {2, 2, 25, 64}, s_b1[4] = {1, 2, 24, 64}, s_lse[3] = {2, 4, 21};
     llmcl_tensor *q3 = th_tensor(LLMCL_F32, 4, s_q3), *q48 = th_tensor(LLMCL_F32, 4, s_d48);
@@ -588,7 +673,7 @@ static void test_bad_inputs(void **state)
     const int64_t s_k[4] = {2, 2, 24, 64};
     llmcl_tensor *kbf = th_tensor(LLMCL_BF16, 4, s_k);
     TH_FAILS(llmcl_attention_forward(ctx, q3, k, v, NULL, q48, lse), LLMCL_ERROR_SHAPE_MISMATCH);
-    TH_FAILS(llmcl_attention_forward(ctx, q48, k48, k48, NULL, o, lse), LLMCL_ERROR_UNSUPPORTED);
+    TH_FAILS(llmcl_attention_forward(ctx, q48, k48, k48, NULL, o, lse), LLMCL_ERROR_SHAPE_MISMATCH);
     TH_FAILS(llmcl_attention_forward(ctx, q, k48, k48, NULL, o, lse), LLMCL_ERROR_SHAPE_MISMATCH);
     TH_FAILS(llmcl_attention_forward(ctx, q, k, v25, NULL, o, lse), LLMCL_ERROR_SHAPE_MISMATCH);
     TH_FAILS(llmcl_attention_forward(ctx, q, kb1, kb1, NULL, o, lse), LLMCL_ERROR_SHAPE_MISMATCH);
@@ -670,14 +755,25 @@ static void test_bad_varlen(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_full),         cmocka_unit_test(test_causal),
-        cmocka_unit_test(test_window),       cmocka_unit_test(test_softcap_scale),
-        cmocka_unit_test(test_head_dims),    cmocka_unit_test(test_gqa_mqa),
-        cmocka_unit_test(test_layout_bthd),  cmocka_unit_test(test_t1),
-        cmocka_unit_test(test_16bit),        cmocka_unit_test(test_varlen),
-        cmocka_unit_test(test_determinism),  cmocka_unit_test(test_extra_memory),
-        cmocka_unit_test(test_bad_inputs),   cmocka_unit_test(test_bad_varlen),
-        cmocka_unit_test(test_tunables),     cmocka_unit_test(test_unaligned_views), cmocka_unit_test(test_tuned_tiles_for_other_head_dim),
+        cmocka_unit_test(test_full),
+        cmocka_unit_test(test_causal),
+        cmocka_unit_test(test_window),
+        cmocka_unit_test(test_softcap_scale),
+        cmocka_unit_test(test_head_dims),
+        cmocka_unit_test(test_every_head_dim),
+        cmocka_unit_test(test_gqa_mqa),
+        cmocka_unit_test(test_layout_bthd),
+        cmocka_unit_test(test_t1),
+        cmocka_unit_test(test_16bit),
+        cmocka_unit_test(test_varlen),
+        cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_extra_memory),
+        cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_bad_varlen),
+        cmocka_unit_test_teardown(test_tunables, clear_overrides),
+        cmocka_unit_test_teardown(test_tunables_other_head_dim, clear_overrides),
+        cmocka_unit_test(test_unaligned_views),
+        cmocka_unit_test(test_tuned_tiles_for_other_head_dim),
     };
     return TH_RUN(tests);
 }

@@ -32,7 +32,8 @@
  *                  dK = dS^T . Q over every query head of the KV head's group and its query tiles.
  *
  * Tunables (-D):
- *   D         head dim: 32, 64, 96, 128 or 256 (any multiple of 4 and of CT works).
+ *   D         head dim: any multiple of 4 x the work-item columns (see TM, TN); the launcher
+ *             takes the multiples of 8 from 32 to 256 and picks columns that divide D / 4.
  *   IO_DT     storage of Q, K, V, O, dO, dQ, dK, dV: F32, BF16 or F16.
  *   BLOCK_M   query rows per tile (attn_fwd, attn_bwd_dq: work-group rows; attn_bwd_dkdv: columns).
  *   BLOCK_N   keys per tile (attn_fwd, attn_bwd_dq: columns; attn_bwd_dkdv: work-group rows).

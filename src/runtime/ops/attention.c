@@ -56,7 +56,8 @@ typedef struct attn_tiles {
 
 /* ---- validation ---- */
 
-static bool attn_head_dim_ok(int64_t d) { return d == 32 || d == 64 || d == 96 || d == 128 || d == 256; }
+/* FlashAttention-2's head dims (multiples of 8 up to 256) from 32, the range the tests cover. */
+static bool attn_head_dim_ok(int64_t d) { return d % 8 == 0 && d >= 32 && d <= 256; }
 
 /* Unit stride on the last dimension and no negative strides: what the kernels' addressing needs. */
 static llmcl_status attn_check_layout(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name)
@@ -149,7 +150,8 @@ static llmcl_status attn_check_inputs(llmcl_ctx *ctx, const llmcl_tensor *q, con
     const int64_t d = q->shape[ax_d], hq = q->shape[ax_h], hkv = k->shape[ax_h];
     const int64_t tq = q->shape[ax_t], tk = k->shape[ax_t];
     LLMCL__REQUIRE(ctx, attn_head_dim_ok(d), LLMCL_ERROR_UNSUPPORTED,
-                   "attention: head dim %lld is unsupported (32, 64, 96, 128 or 256)", (long long)d);
+                   "attention: head dim %lld is unsupported (a multiple of 8 from 32 to 256)",
+                   (long long)d);
     LLMCL__REQUIRE(ctx, k->shape[ax_d] == d, LLMCL_ERROR_SHAPE_MISMATCH,
                    "attention: k's head dim %lld differs from q's %lld", (long long)k->shape[ax_d],
                    (long long)d);
@@ -291,6 +293,32 @@ static const char *attn_tiles_invalid(const llmcl_ctx *ctx, attn_kernel kern, in
 }
 
 /*
+ * t with its work-item columns set to the divisor of D / 4 nearest them by ratio (the smaller on a
+ * tie), at most 32, and its tile's columns with them: the register tile stays, and the work-group
+ * and the tile change by the same factor. The nearest rather than the largest below: D / 4 = 2p
+ * with p prime (D = 88: 22) has no divisor between 2 and p, and 2 columns would leave work-groups
+ * of a few work-items.
+ */
+static attn_tiles attn_fit_cols(attn_kernel kern, int d, attn_tiles t)
+{
+    const int want = attn_cols(kern, t);
+    int best = 1, best_hi = want, best_lo = 1; /* best's ratio to want: best_hi / best_lo */
+    for (int c = 2; c <= 32; ++c) {
+        const int hi = c > want ? c : want, lo = c > want ? want : c;
+        if ((d / 4) % c == 0 && hi * best_lo < best_hi * lo) {
+            best = c;
+            best_hi = hi;
+            best_lo = lo;
+        }
+    }
+    if (kern == ATTN_DKDV)
+        t.bm = best * t.tm;
+    else
+        t.bn = best * t.tn;
+    return t;
+}
+
+/*
  * The heuristic tiles: the first candidate that fits the device. Larger tiles reuse each operand
  * loaded to local memory more; larger register tiles (TM x TN) do more FMAs per local-memory read,
  * which bounds the fp32 path on GPUs. The backward kernels hold four operand tiles. NVIDIA's list
@@ -298,6 +326,11 @@ static const char *attn_tiles_invalid(const llmcl_ctx *ctx, attn_kernel kern, in
  * PIPE: there the next tile's loads in flight under computation gained 7-10% per kernel, and dQ's
  * K tile in f32 (KF32) another 3% of the backward. Every list runs the grid tile-major
  * (TILE_RUN 1): on the H100 the heaviest causal tiles of every head first cut the backward by 8%.
+ * The work-item columns of the lists are powers of two from 4 to 32. For D a multiple of 32 the
+ * 8-column candidates divide D / 4 and a candidate that does not is passed over for the next (the
+ * H100's figures rest on these choices). For other D the portable candidates take the column
+ * count nearest theirs that divides D / 4 (attn_fit_cols); NVIDIA's, measured at D = 128, are
+ * taken only where they fit as they stand.
  */
 static attn_tiles attn_default_tiles(const llmcl_ctx *ctx, attn_kernel kern, int d,
                                      llmcl_dtype dtype)
@@ -325,10 +358,12 @@ static attn_tiles attn_default_tiles(const llmcl_ctx *ctx, attn_kernel kern, int
     }
     const attn_tiles *list = kern == ATTN_FWD ? fwd : bwd;
     const size_t n = kern == ATTN_FWD ? sizeof fwd / sizeof *fwd : sizeof bwd / sizeof *bwd;
-    size_t i = 0;
-    while (i + 1 < n && attn_tiles_invalid(ctx, kern, d, dtype, list[i]))
-        ++i;
-    attn_tiles t = list[i];
+    attn_tiles t = list[0];
+    for (size_t i = 0; i < n; ++i) {
+        t = d % 32 ? attn_fit_cols(kern, d, list[i]) : list[i];
+        if (!attn_tiles_invalid(ctx, kern, d, dtype, t))
+            break;
+    }
     t.pipe = nvidia; /* no local memory of its own: the tiles still fit */
     return t;
 }
