@@ -611,7 +611,8 @@ static llmcl_status linear_chunk(ce_run *r, const ce_linear *lin, const llmcl_te
         LLMCL__TRY_GOTO(st, llmcl_cast(ctx, lv, gv), done);
         g = gv;
     }
-    const llmcl_matmul_opts plain = {.split_k = 1}, transposed = {.trans_a = 1, .split_k = 1};
+    /* dhidden of one chunk has few row tiles and a long K (the vocabulary): split K may help */
+    const llmcl_matmul_opts plain = {0}, transposed = {.trans_a = 1, .split_k = 1};
     if (dhidden) {
         LLMCL__TRY_GOTO(st, rows_view(dhidden, &lin->dh, r0, rows, &dhv), done);
         LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, g, w2, 0.0f, dhv, &plain), done);
@@ -752,14 +753,20 @@ static bool fused_chunked(const llmcl_ctx *ctx, const llmcl_ce_options *o)
 
 /*
  * Classes per chunk: f32 logits of every row, plus their 16-bit copy for the gradient products
- * (gcast), within the budget; whole multiples of 128 where that leaves any, for whole tiles.
+ * (gcast), and the forward's partials (3 floats a row and chunk) within the budget; whole
+ * multiples of 128 where that leaves any, for whole tiles.
  */
 static int64_t fused_chunk_cols(const ce_run *r, bool gcast)
 {
     int64_t c = r->o.vocab_chunk;
     if (c <= 0) {
         const uint64_t budget = r->o.chunk_bytes ? r->o.chunk_bytes : CE_FUSED_BUDGET;
-        c = (int64_t)(budget / ((uint64_t)r->n * (gcast ? 6 : 4)));
+        const uint64_t per_col = (uint64_t)r->n * (gcast ? 6 : 4);
+        c = (int64_t)(budget / per_col);
+        while (c > 1 && per_col * (uint64_t)c + (uint64_t)r->n * 12 * llmcl__div_up(r->v, c) +
+                                (uint64_t)r->n * 20 >
+                            budget)
+            c -= c > 256 ? 128 : 1;
         c = c >= 256 ? c / 128 * 128 : c;
     }
     return c < 1 ? 1 : c > r->v ? r->v : c;
