@@ -90,43 +90,43 @@ static llmcl_status load_one(llmcl_ctx *ctx, const char *family, family_source *
                        family);
 }
 
-/* Families built on the tensor-core block, which the runtime prepends after common.cl. */
-static bool uses_mma(const char *family)
+/* Families built on the tensor-core block, which the runtime prepends after common.cl on devices
+   that have tensor cores (mma.cl is empty elsewhere). */
+static bool uses_mma(const llmcl_ctx *ctx, const char *family)
 {
-    return strcmp(family, "matmul") == 0 || strcmp(family, "ceilings") == 0;
+    return ctx && ctx->info.has_mma &&
+           (strcmp(family, "matmul") == 0 || strcmp(family, "ceilings") == 0);
 }
 
 llmcl_status llmcl__kernel_source(llmcl_ctx *ctx, const char *family, char **out, size_t *len)
 {
-    const char *names[3];
-    int n = 0;
-    names[n++] = "common";
-    if (uses_mma(family))
-        names[n++] = "mma";
-    names[n++] = family;
+    /* the family first, so that a family missing from LLMCL_KERNEL_DIR is the one named */
+    family_source body = {0}, common = {0}, mma = {0};
+    llmcl_status st = load_one(ctx, family, &body);
+    if (st == LLMCL_OK)
+        st = load_one(ctx, "common", &common);
+    if (st == LLMCL_OK && uses_mma(ctx, family))
+        st = load_one(ctx, "mma", &mma);
+    const family_source *parts[3] = {&common, &mma, &body}; /* in build order */
     static const char sep[] = "\n#line 1\n";
-    family_source parts[3] = {{0}};
-    llmcl_status st = LLMCL_OK;
-    size_t total = 0;
-    for (int i = 0; i < n && st == LLMCL_OK; ++i) {
-        st = load_one(ctx, names[i], &parts[i]);
-        total += parts[i].len + sizeof sep - 1;
-    }
-    *out = st == LLMCL_OK ? malloc(total + 1) : NULL;
+    *out = st == LLMCL_OK ? malloc(common.len + mma.len + body.len + 2 * sizeof sep + 1) : NULL;
     if (*out) {
         *len = 0;
-        for (int i = 0; i < n; ++i) {
-            if (i > 0) {
+        for (int i = 0; i < 3; ++i) {
+            if (!parts[i]->text)
+                continue;
+            if (*len > 0) {
                 memcpy(*out + *len, sep, sizeof sep - 1);
                 *len += sizeof sep - 1;
             }
-            memcpy(*out + *len, parts[i].text, parts[i].len);
-            *len += parts[i].len;
+            memcpy(*out + *len, parts[i]->text, parts[i]->len);
+            *len += parts[i]->len;
         }
         (*out)[*len] = '\0';
     }
-    for (int i = 0; i < n; ++i)
-        free(parts[i].text);
+    free(body.text);
+    free(common.text);
+    free(mma.text);
     LLMCL__TRY(st);
     LLMCL__REQUIRE(ctx, *out, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "kernel source");
     return LLMCL_OK;
