@@ -584,8 +584,6 @@ typedef struct llmcl_matmul_opts {
     int trans_a, trans_b;         /* 1: op(a) = a^T, op(b) = b^T; 0: as stored */
     const llmcl_tensor *bias;     /* optional, borrowed: 1-D, f32 or a's dtype, any stride */
     llmcl_matmul_bias bias_mode;  /* default LLMCL_MATMUL_BIAS_ROW */
-    int allow_tf32;               /* f32 inputs may run on tensor cores in tf32 (10-bit mantissa
-                                     products, f32 sums) where the device has them; 0: exact f32 */
     int split_k;                  /* slices of K summed in a fixed order by a second kernel;
                                      0: chosen from the shape and the device; 1: off */
 } llmcl_matmul_opts;
@@ -607,10 +605,9 @@ typedef struct llmcl_matmul_opts {
  * picks its length N or M) is f32 or a's dtype. Reads a, b, the bias and (beta != 0) c; writes c,
  * which must not overlap a, b or the bias (LLMCL_ERROR_INVALID_ARGUMENT), nor itself (no stride 0).
  *
- * Paths: on NVIDIA devices of compute capability 8.0 and later, bf16 and f16 (and f32 with
- * allow_tf32) run on tensor cores (mma.sync with ldmatrix and a cp.async pipeline); f32 otherwise
- * runs through CLBlast where the layout allows, and everything else through a portable tiled
- * kernel. split_k > 1 (or the automatic choice for shapes with few output tiles and a long K)
+ * Paths: on NVIDIA devices of compute capability 8.0 and later, bf16 and f16 run on tensor cores
+ * (mma.sync with ldmatrix and a cp.async pipeline); f32 runs in f32 (never tf32) through CLBlast
+ * where the layout allows, and everything else through a portable tiled kernel. split_k > 1 (or the automatic choice for shapes with few output tiles and a long K)
  * computes K slices into an f32 scratch of split_k * batch * M * N floats, counted in memory
  * accounting and freed when the call returns; results are the same bits run after run.
  * llmcl_tune_params_get(ctx, "mm_mma" or "mm_tiled", ...) reports the parameters of the path that ran.

@@ -109,19 +109,16 @@ typedef struct mm_case {
     double alpha, beta;
     int bias;                      /* 0 none, 1 row bias [N], 2 column bias [M] */
     int split_k;
-    int allow_tf32;
 } mm_case;
 
 /*
  * Products of 16-bit inputs are exact in f32; f32 sums of K terms in any order stay within a few
  * units of 2^-24 times sqrt(K) of the largest output's sum of magnitudes (the worst case, K units,
- * never comes near with random signs); tf32 rounds each input to 11 bits; the output rounds once
- * to its dtype.
+ * never comes near with random signs); the output rounds once to its dtype.
  */
 static th_tol mm_tol(const mm_case *c, double magnitude)
 {
-    const double in = c->dt == LLMCL_F32 && c->allow_tf32 ? 1.0 / 1024 : 0.0;
-    const double sum = 6e-8 * (8.0 + 4.0 * sqrt((double)c->k)) + in;
+    const double sum = 6e-8 * (8.0 + 4.0 * sqrt((double)c->k));
     return (th_tol){sum * magnitude + 1e-30, th_tol_for(c->cdt).rtol};
 }
 
@@ -166,7 +163,6 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
                                     .bias = bias,
                                     .bias_mode = c->bias == 2 ? LLMCL_MATMUL_BIAS_COL
                                                               : LLMCL_MATMUL_BIAS_ROW,
-                                    .allow_tf32 = c->allow_tf32,
                                     .split_k = c->split_k};
     TH_OK(llmcl_matmul(th_ctx(), (float)c->alpha, ta.view, tb.view, (float)c->beta, tc.view, &opts));
     double *got = mm_read(&tc);

@@ -94,11 +94,12 @@ static llmcl_status check_problem(mm_problem *p, const llmcl_tensor *a, const ll
     LLMCL__REQUIRE(ctx, c->dtype == LLMCL_F32 || c->dtype == a->dtype, LLMCL_ERROR_UNSUPPORTED_DTYPE,
                    "matmul: c is %s; it must be f32 or a's dtype %s", llmcl_dtype_name(c->dtype),
                    llmcl_dtype_name(a->dtype));
-    LLMCL__REQUIRE(ctx, (o->trans_a == 0 || o->trans_a == 1) && (o->trans_b == 0 || o->trans_b == 1) &&
-                       (o->allow_tf32 == 0 || o->allow_tf32 == 1) && o->split_k >= 0,
+    LLMCL__REQUIRE(ctx,
+                   (o->trans_a == 0 || o->trans_a == 1) && (o->trans_b == 0 || o->trans_b == 1) &&
+                       o->split_k >= 0,
                    LLMCL_ERROR_INVALID_ARGUMENT,
-                   "matmul: trans_a %d, trans_b %d, allow_tf32 %d must be 0 or 1 and split_k %d >= 0",
-                   o->trans_a, o->trans_b, o->allow_tf32, o->split_k);
+                   "matmul: trans_a %d and trans_b %d must be 0 or 1 and split_k %d >= 0",
+                   o->trans_a, o->trans_b, o->split_k);
 
     p->batch = c->ndim == 3 ? c->shape[0] : 1;
     LLMCL__REQUIRE(ctx, c->ndim == 3 || (a->ndim == 2 && b->ndim == 2), LLMCL_ERROR_SHAPE_MISMATCH,
