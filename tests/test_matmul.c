@@ -335,6 +335,21 @@ static void test_edges(void **state)
     llmcl_tensor_destroy(c);
 }
 
+/* A forced tile set that cannot run is an error, not a silent substitute (a batch of 2 with
+   ndim 3, else one matrix). */
+static void expect_refused(const char *key, llmcl_dtype dt, int ndim, const char *params)
+{
+    TH_OK(llmcl_tune_override(th_ctx(), key, dt, "*", params));
+    const int64_t s[3] = {2, 64, 64};
+    llmcl_tensor *a = th_tensor(dt, ndim, s + 3 - ndim), *b = th_tensor(dt, ndim, s + 3 - ndim),
+                 *c = th_tensor(dt, ndim, s + 3 - ndim);
+    TH_FAILS(llmcl_matmul(th_ctx(), 1.0f, a, b, 0.0f, c, NULL), LLMCL_ERROR_UNSUPPORTED);
+    TH_OK(llmcl_tune_override(th_ctx(), key, dt, "*", NULL));
+    llmcl_tensor_destroy(a);
+    llmcl_tensor_destroy(b);
+    llmcl_tensor_destroy(c);
+}
+
 /* The portable kernel's tunables (f32 batches run it on every device): tiles other than the
    defaults give the same products, and a forced set that cannot run is an error. */
 static void test_tiled_tunables(void **state)
@@ -360,15 +375,7 @@ static void test_tiled_tunables(void **state)
         snprintf(got, sizeof got, " %s ", buf);
         assert_non_null(strstr(got, want));
     }
-    TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "*", "T=64 BK=16 TM=3 TN=4"));
-    const int64_t s[3] = {2, 9, 9};
-    llmcl_tensor *a = th_tensor(LLMCL_F32, 3, s), *b = th_tensor(LLMCL_F32, 3, s),
-                 *cc = th_tensor(LLMCL_F32, 3, s);
-    TH_FAILS(llmcl_matmul(th_ctx(), 1.0f, a, b, 0.0f, cc, NULL), LLMCL_ERROR_UNSUPPORTED);
-    TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "*", NULL));
-    llmcl_tensor_destroy(a);
-    llmcl_tensor_destroy(b);
-    llmcl_tensor_destroy(cc);
+    expect_refused("mm_tiled", LLMCL_F32, 3, "T=64 BK=16 TM=3 TN=4");
 }
 
 /* The tensor-core path (NVIDIA sm_80+): every layout at sizes that cross tile edges, operands
@@ -412,16 +419,7 @@ static void test_tensor_cores(void **state)
         c.split_k = 1;
         mm_check(sets[i], &c, 800 + i);
     }
-    TH_OK(llmcl_tune_override(th_ctx(), "mm_mma", LLMCL_BF16, "*",
-                              "BM=256 BN=256 BK=64 WM=2 WN=2 STAGES=4"));
-    const int64_t s[2] = {64, 64};
-    llmcl_tensor *a = th_tensor(LLMCL_BF16, 2, s), *b = th_tensor(LLMCL_BF16, 2, s),
-                 *cc = th_tensor(LLMCL_BF16, 2, s);
-    TH_FAILS(llmcl_matmul(th_ctx(), 1.0f, a, b, 0.0f, cc, NULL), LLMCL_ERROR_UNSUPPORTED);
-    TH_OK(llmcl_tune_override(th_ctx(), "mm_mma", LLMCL_BF16, "*", NULL));
-    llmcl_tensor_destroy(a);
-    llmcl_tensor_destroy(b);
-    llmcl_tensor_destroy(cc);
+    expect_refused("mm_mma", LLMCL_BF16, 2, "BM=256 BN=256 BK=64 WM=2 WN=2 STAGES=4");
 }
 
 /* ---- bad input: a clear status, and c untouched ---- */

@@ -106,23 +106,18 @@ inline void mma_copy_tile(uint dst, const __global ushort *src, long ld, int row
             mma_cp16(dst + mma_chunk(r0 + i * step, c, R) * 16u, p, 16u);
 }
 
-inline uint4 mma_ldsm_x4(uint addr)
-{
-    uint4 r;
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "r"(addr));
-    return r;
-}
-
-inline uint4 mma_ldsm_x4_trans(uint addr)
-{
-    uint4 r;
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "r"(addr));
-    return r;
-}
+/* Four 8 x 8 matrices of 16-bit elements from local memory into the mma fragment registers. */
+#define LLMCL_LDSM(NAME, FORM)                                                                    \
+    inline uint4 NAME(uint addr)                                                                  \
+    {                                                                                             \
+        uint4 r;                                                                                  \
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4" FORM ".shared.b16 {%0, %1, %2, %3}, [%4];"  \
+                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)                                 \
+                     : "r"(addr));                                                                \
+        return r;                                                                                 \
+    }
+LLMCL_LDSM(mma_ldsm_x4, "")
+LLMCL_LDSM(mma_ldsm_x4_trans, ".trans")
 
 /*
  * The A fragment (16 x 16) at rows m0, columns k0 of the A tile at local address tile: k_contig

@@ -179,6 +179,18 @@ static llmcl_vendor classify_vendor(const char *platform_name, const char *vendo
     return LLMCL_VENDOR_OTHER;
 }
 
+/* Whether the device's compiler takes src. */
+static bool source_builds(cl_context context, cl_device_id device, const char *src)
+{
+    cl_int err;
+    cl_program prog = clCreateProgramWithSource(context, 1, &src, NULL, &err);
+    if (err != CL_SUCCESS)
+        return false;
+    bool ok = clBuildProgram(prog, 1, &device, "", NULL, NULL) == CL_SUCCESS;
+    clReleaseProgram(prog);
+    return ok;
+}
+
 /* Builds a kernel with an inline PTX shuffle: NVIDIA's compiler accepts it only where PTX works. */
 static bool inline_ptx_builds(cl_context context, cl_device_id device)
 {
@@ -188,13 +200,7 @@ static bool inline_ptx_builds(cl_context context, cl_device_id device)
         "  asm volatile(\"shfl.sync.bfly.b32 %0, %1, 1, 0x1f, 0xffffffff;\" : \"=f\"(t) : \"f\"(v));\n"
         "  x[get_global_id(0)] = t;\n"
         "}\n";
-    cl_int err;
-    cl_program prog = clCreateProgramWithSource(context, 1, &src, NULL, &err);
-    if (err != CL_SUCCESS)
-        return false;
-    bool ok = clBuildProgram(prog, 1, &device, "", NULL, NULL) == CL_SUCCESS;
-    clReleaseProgram(prog);
-    return ok;
+    return source_builds(context, device, src);
 }
 
 /* The tensor-core block's instructions (mma.cl): NVIDIA's compiler takes them for sm_80 and later. */
@@ -218,13 +224,7 @@ static bool mma_builds(cl_context context, cl_device_id device)
         "      \"+f\"(d3) : \"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"r\"(a0), \"r\"(a1));\n"
         "  c[l] = d0 + d1 + d2 + d3;\n"
         "}\n";
-    cl_int err;
-    cl_program prog = clCreateProgramWithSource(context, 1, &src, NULL, &err);
-    if (err != CL_SUCCESS)
-        return false;
-    bool ok = clBuildProgram(prog, 1, &device, "", NULL, NULL) == CL_SUCCESS;
-    clReleaseProgram(prog);
-    return ok;
+    return source_builds(context, device, src);
 }
 
 static void device_string(cl_device_id d, cl_device_info what, char *buf, size_t len)

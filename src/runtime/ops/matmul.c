@@ -185,24 +185,40 @@ static void base_defines(const mm_problem *p, llmcl__defines *d)
     llmcl__define_str(d, "BIAS_DT", llmcl__dtype_macro(p->bias ? p->bias->dtype : LLMCL_F32));
 }
 
-/* Launches mm_reduce over the slices in ws. */
-static llmcl_status reduce_slices(const mm_problem *p, int64_t slices, const llmcl_tensor *ws)
+/*
+ * An element-wise epilogue kernel (mm_reduce, mm_bias) with its leading arguments set: c, the
+ * bias, M and N. It runs over (n, m, batch) with element_launch.
+ */
+static llmcl_status element_kernel(const mm_problem *p, const char *name, llmcl__args *g)
 {
     llmcl__defines d = {0};
     base_defines(p, &d);
     cl_kernel k;
-    LLMCL__TRY(llmcl__kernel(p->ctx, MM_FAMILY, &d, "mm_reduce", &k));
-    llmcl__args g = llmcl__args_begin(p->ctx, k);
-    arg_epilogue(&g, p);
-    llmcl__arg_i64(&g, p->M);
-    llmcl__arg_i64(&g, p->N);
+    LLMCL__TRY(llmcl__kernel(p->ctx, MM_FAMILY, &d, name, &k));
+    *g = llmcl__args_begin(p->ctx, k);
+    arg_epilogue(g, p);
+    llmcl__arg_i64(g, p->M);
+    llmcl__arg_i64(g, p->N);
+    return LLMCL_OK;
+}
+
+static llmcl_status element_launch(const mm_problem *p, llmcl__args *g)
+{
+    const size_t global[3] = {(size_t)p->N, (size_t)p->M, (size_t)p->batch}, local[3] = {64, 1, 1};
+    return llmcl__launch(g, 3, global, local);
+}
+
+/* Launches mm_reduce over the slices in ws. */
+static llmcl_status reduce_slices(const mm_problem *p, int64_t slices, const llmcl_tensor *ws)
+{
+    llmcl__args g;
+    LLMCL__TRY(element_kernel(p, "mm_reduce", &g));
     llmcl__arg_i64(&g, slices);
     llmcl__arg_i64(&g, p->batch);
     llmcl__arg_f32(&g, p->alpha);
     llmcl__arg_f32(&g, p->beta);
     llmcl__arg(&g, sizeof ws->mem, &ws->mem);
-    const size_t global[3] = {(size_t)p->N, (size_t)p->M, (size_t)p->batch}, local[3] = {64, 1, 1};
-    return llmcl__launch(&g, 3, global, local);
+    return element_launch(p, &g);
 }
 
 /*
@@ -272,6 +288,30 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const char
     return st;
 }
 
+/*
+ * The database's tiles for key over the launcher's defaults in *t (classed by max(M, N)): a file
+ * entry that does not fit gives way to the defaults, a forced override that does not fit is an
+ * error (so that the tuner never times a substitute).
+ */
+static llmcl_status pick_tiles(const mm_problem *p, const char *key,
+                               bool (*fits)(const llmcl_ctx *, const llmcl__params *),
+                               llmcl__params *t)
+{
+    const llmcl__params defaults = *t;
+    char cls[16], text[256] = "";
+    llmcl__shape_class(p->M > p->N ? p->M : p->N, cls);
+    const bool forced = llmcl__params_lookup(p->ctx, key, p->a.t->dtype, cls, t);
+    if (fits(p->ctx, t))
+        return LLMCL_OK;
+    size_t n = 0;
+    for (int i = 0; i < t->n && n < sizeof text; ++i)
+        n += (size_t)snprintf(text + n, sizeof text - n, " %s=%ld", t->names[i], t->values[i]);
+    LLMCL__REQUIRE(p->ctx, !forced, LLMCL_ERROR_UNSUPPORTED,
+                   "matmul: %s tiles%s do not fit the kernel or the device", key, text);
+    *t = defaults;
+    return LLMCL_OK;
+}
+
 static bool pow2_in(long v, long lo, long hi) { return v >= lo && v <= hi && (v & (v - 1)) == 0; }
 
 /* The tensor-core tiles: BM, BN, BK, WM, WN, STAGES fit the kernel and the device. */
@@ -319,19 +359,7 @@ static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc)
     llmcl__param_set(&t, "WN", 2);
     llmcl__param_set(&t, "STAGES", 3);
     llmcl__param_set(&t, "GROUP_M", 8);
-    const llmcl__params defaults = t;
-    char cls[16];
-    llmcl__shape_class(p->M > p->N ? p->M : p->N, cls);
-    const bool forced = llmcl__params_lookup(ctx, "mm_mma", p->a.t->dtype, cls, &t);
-    if (!mma_tiles_ok(ctx, &t)) {
-        LLMCL__REQUIRE(ctx, !forced, LLMCL_ERROR_UNSUPPORTED,
-                       "matmul: mm_mma tiles BM %ld BN %ld BK %ld WM %ld WN %ld STAGES %ld do not "
-                       "fit the kernel or the device",
-                       llmcl__param_get(&t, "BM", 0), llmcl__param_get(&t, "BN", 0),
-                       llmcl__param_get(&t, "BK", 0), llmcl__param_get(&t, "WM", 0),
-                       llmcl__param_get(&t, "WN", 0), llmcl__param_get(&t, "STAGES", 0));
-        t = defaults;
-    }
+    LLMCL__TRY(pick_tiles(p, "mm_mma", mma_tiles_ok, &t));
     LLMCL__REQUIRE(ctx, llmcl__param_get(&t, "GROUP_M", 8) >= 1, LLMCL_ERROR_UNSUPPORTED,
                    "matmul: GROUP_M %ld must be >= 1", llmcl__param_get(&t, "GROUP_M", 8));
     const int64_t bm = llmcl__param_get(&t, "BM", 128), bn = llmcl__param_get(&t, "BN", 128);
@@ -371,17 +399,7 @@ static llmcl_status run_tiled(const mm_problem *p)
     llmcl__param_set(&t, "BK", 16);
     llmcl__param_set(&t, "TM", 4);
     llmcl__param_set(&t, "TN", 4);
-    const llmcl__params defaults = t;
-    char cls[16];
-    llmcl__shape_class(p->M > p->N ? p->M : p->N, cls);
-    const bool forced = llmcl__params_lookup(ctx, "mm_tiled", p->a.t->dtype, cls, &t);
-    if (!tiled_ok(ctx, &t)) {
-        LLMCL__REQUIRE(ctx, !forced, LLMCL_ERROR_UNSUPPORTED,
-                       "matmul: mm_tiled T %ld BK %ld TM %ld TN %ld do not fit the device",
-                       llmcl__param_get(&t, "T", 0), llmcl__param_get(&t, "BK", 0),
-                       llmcl__param_get(&t, "TM", 0), llmcl__param_get(&t, "TN", 0));
-        t = defaults;
-    }
+    LLMCL__TRY(pick_tiles(p, "mm_tiled", tiled_ok, &t));
     const int64_t tt = llmcl__param_get(&t, "T", 64);
     const int64_t tiles = llmcl__div_up(p->M, tt) * llmcl__div_up(p->N, tt);
     llmcl__defines d = {0};
@@ -397,16 +415,9 @@ static llmcl_status run_tiled(const mm_problem *p)
 
 static llmcl_status run_bias(const mm_problem *p)
 {
-    llmcl__defines d = {0};
-    base_defines(p, &d);
-    cl_kernel k;
-    LLMCL__TRY(llmcl__kernel(p->ctx, MM_FAMILY, &d, "mm_bias", &k));
-    llmcl__args g = llmcl__args_begin(p->ctx, k);
-    arg_epilogue(&g, p);
-    llmcl__arg_i64(&g, p->M);
-    llmcl__arg_i64(&g, p->N);
-    const size_t global[3] = {(size_t)p->N, (size_t)p->M, (size_t)p->batch}, local[3] = {64, 1, 1};
-    return llmcl__launch(&g, 3, global, local);
+    llmcl__args g;
+    LLMCL__TRY(element_kernel(p, "mm_bias", &g));
+    return element_launch(p, &g);
 }
 
 /* CLBlast's row-major view of a rows x cols operand: transposed or not, its leading dimension. */
