@@ -223,8 +223,9 @@ static llmcl_status reduce_slices(const mm_problem *p, int64_t slices, const llm
 
 /*
  * K slices: the caller's split_k, or on GPUs enough slices to give every compute unit two
- * work-groups when the output has fewer tiles than that, each slice at least 8 k-steps long and
- * the f32 scratch within MM_AUTO_SPLIT_BYTES. Returns the slice length (a multiple of bk).
+ * work-groups when the output (all batch entries) has fewer tiles than that, each slice at least
+ * 8 k-steps long and the f32 scratch within MM_AUTO_SPLIT_BYTES. Returns the slice length (a
+ * multiple of bk).
  */
 static int64_t k_slice(const mm_problem *p, int64_t tiles, int64_t bk, int64_t *slices)
 {
@@ -232,10 +233,10 @@ static int64_t k_slice(const mm_problem *p, int64_t tiles, int64_t bk, int64_t *
     int64_t s = p->o.split_k;
     if (s == 0) {
         s = 1;
-        const int64_t want = 2 * (int64_t)p->ctx->info.compute_units;
+        const int64_t want = 2 * (int64_t)p->ctx->info.compute_units, groups = tiles * p->batch;
         const uint64_t per_slice = (uint64_t)p->batch * p->M * p->N * 4;
-        if (p->ctx->info.is_gpu && tiles * 2 <= want) {
-            s = want / tiles;
+        if (p->ctx->info.is_gpu && groups * 2 <= want) {
+            s = want / groups;
             s = s < ksteps / 8 ? s : ksteps / 8;
             while (s > 1 && per_slice * (uint64_t)s > MM_AUTO_SPLIT_BYTES)
                 --s;
