@@ -573,6 +573,50 @@ static llmcl_status head_view(const llmcl_tensor *t, int64_t rows, int64_t cols,
 }
 
 /*
+ * dbias[v0 + j] (+)= sum over rows of g[r, j] for the f32 block g [rows, cols] (row stride cols)
+ * through ce_colsum, rows in order: deterministic.
+ */
+static llmcl_status colsum(llmcl_ctx *ctx, cl_kernel kcol, const llmcl_tensor *g, int64_t rows,
+                           int64_t cols, const llmcl_tensor *dbias, int64_t v0, bool accumulate)
+{
+    llmcl__args a = llmcl__args_begin(ctx, kcol);
+    arg_buf(&a, g->mem);
+    llmcl__arg_i64(&a, rows);
+    llmcl__arg_i64(&a, cols);
+    arg_mem(&a, dbias->mem, dbias->offset + v0);
+    llmcl__arg_i32(&a, accumulate);
+    const size_t global = (size_t)cols, local = 64;
+    return llmcl__launch(&a, 1, &global, &local);
+}
+
+/*
+ * The gradient products of one chunk: dh = G w + dh_beta dh and dw = G^T h + dw_beta dw, each
+ * where not NULL, with G the f32 dlogits g32 or, given gcast (16-bit scratch at least as large),
+ * their copy rounded to the operands' dtype. dh_split is the dh product's split_k.
+ */
+static llmcl_status grad_products(llmcl_ctx *ctx, const llmcl_tensor *g32, llmcl_tensor *gcast,
+                                  const llmcl_tensor *w, const llmcl_tensor *h, llmcl_tensor *dh,
+                                  float dh_beta, int dh_split, llmcl_tensor *dw, float dw_beta)
+{
+    llmcl_tensor *gv = NULL;
+    const llmcl_tensor *g = g32;
+    llmcl_status st = LLMCL_OK;
+    if (gcast && (dh || dw)) {
+        LLMCL__TRY_GOTO(st, head_view(gcast, g32->shape[0], g32->shape[1], &gv), done);
+        LLMCL__TRY_GOTO(st, llmcl_cast(ctx, g32, gv), done);
+        g = gv;
+    }
+    const llmcl_matmul_opts plain = {.split_k = dh_split}, transposed = {.trans_a = 1, .split_k = 1};
+    if (dh)
+        LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, g, w, dh_beta, dh, &plain), done);
+    if (dw)
+        LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, g, h, dw_beta, dw, &transposed), done);
+done:
+    llmcl_tensor_destroy(gv);
+    return st;
+}
+
+/*
  * One chunk of rows [r0, r0 + rows): logits (f32) = hidden x W^T + bias, the row kernels (LSE,
  * per-row terms, dlogits in place), dbias += column sums, then dhidden = G W and dweight (+)= G^T
  * hidden with G the dlogits in the operands' dtype (gcast: a 16-bit copy of the f32 dlogits).
@@ -586,7 +630,7 @@ static llmcl_status linear_chunk(ce_run *r, const ce_linear *lin, const llmcl_te
     llmcl_ctx *ctx = r->ctx;
     const int64_t v = r->v;
     const bool grads = dhidden || dweight || dbias;
-    llmcl_tensor *hv = NULL, *lv = NULL, *gv = NULL, *dhv = NULL;
+    llmcl_tensor *hv = NULL, *lv = NULL, *dhv = NULL;
     llmcl_status st;
     LLMCL__TRY_GOTO(st, rows_view(hidden, &lin->h, r0, rows, &hv), done);
     LLMCL__TRY_GOTO(st, head_view(logits, rows, v, &lv), done);
@@ -595,35 +639,15 @@ static llmcl_status linear_chunk(ce_run *r, const ce_linear *lin, const llmcl_te
     const ce_rows_job j = {.x = logits->mem, .xstride = v, .dx = logits->mem, .dxstride = v,
                            .nrows = rows, .row0 = r0, .grad = grads, .lse = r->lse};
     LLMCL__TRY_GOTO(st, ce_rows_run(r, &j), done);
-    if (dbias) {
-        llmcl__args ac = llmcl__args_begin(ctx, kcol);
-        arg_buf(&ac, logits->mem);
-        llmcl__arg_i64(&ac, rows);
-        llmcl__arg_i64(&ac, v);
-        llmcl__arg_tensor(&ac, dbias);
-        llmcl__arg_i32(&ac, r0 > 0);
-        const size_t g = (size_t)v, l = 64;
-        LLMCL__TRY_GOTO(st, llmcl__launch(&ac, 1, &g, &l), done);
-    }
-    const llmcl_tensor *g = lv;
-    if (gcast && (dhidden || dweight)) {
-        LLMCL__TRY_GOTO(st, head_view(gcast, rows, v, &gv), done);
-        LLMCL__TRY_GOTO(st, llmcl_cast(ctx, lv, gv), done);
-        g = gv;
-    }
-    /* dhidden of one chunk has few row tiles and a long K (the vocabulary): split K may help */
-    const llmcl_matmul_opts plain = {0}, transposed = {.trans_a = 1, .split_k = 1};
-    if (dhidden) {
+    if (dbias)
+        LLMCL__TRY_GOTO(st, colsum(ctx, kcol, logits, rows, v, dbias, 0, r0 > 0), done);
+    if (dhidden)
         LLMCL__TRY_GOTO(st, rows_view(dhidden, &lin->dh, r0, rows, &dhv), done);
-        LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, g, w2, 0.0f, dhv, &plain), done);
-    }
-    if (dweight)
-        LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, g, hv, r0 ? 1.0f : 0.0f, dweight, &transposed),
-                        done);
+    /* dhidden of one chunk has few row tiles and a long K (the vocabulary): split K may help */
+    st = grad_products(ctx, lv, gcast, w2, hv, dhv, 0.0f, 0, dweight, r0 ? 1.0f : 0.0f);
 done:
     llmcl_tensor_destroy(hv);
     llmcl_tensor_destroy(lv);
-    llmcl_tensor_destroy(gv);
     llmcl_tensor_destroy(dhv);
     return st;
 }
@@ -786,11 +810,13 @@ static void chunk_free(ce_chunk *c)
     *c = (ce_chunk){0};
 }
 
-/* The chunk's views, then its logits = hidden W[v0..]^T + bias[v0..] in f32. */
+/* Chunk ci of vc classes: its views, then its logits = hidden W[v0..]^T + bias[v0..] in f32. */
 static llmcl_status chunk_logits(ce_run *r, const ce_linear *lin, const llmcl_tensor *hv,
                                  const llmcl_tensor *weight, const llmcl_tensor *bias,
-                                 const llmcl_tensor *scratch, ce_chunk *c)
+                                 const llmcl_tensor *scratch, int64_t ci, int64_t vc, ce_chunk *c)
 {
+    c->v0 = ci * vc;
+    c->w = r->v - c->v0 < vc ? r->v - c->v0 : vc;
     LLMCL__TRY(rows_view(weight, &lin->w, c->v0, c->w, &c->weight));
     LLMCL__TRY(head_view(scratch, r->n, c->w, &c->logits));
     if (bias) {
@@ -835,9 +861,7 @@ static llmcl_status fused_forward_chunks(ce_run *r, const ce_linear *lin,
     LLMCL__TRY_GOTO(st, row_kernel(r, "ce_partial", &kpart), done);
     LLMCL__TRY_GOTO(st, row_kernel(r, "ce_pick", &kpick), done);
     for (int64_t ci = 0; ci < nchunks; ++ci) {
-        c.v0 = ci * vc;
-        c.w = r->v - c.v0 < vc ? r->v - c.v0 : vc;
-        LLMCL__TRY_GOTO(st, chunk_logits(r, lin, hv, weight, bias, logits, &c), done);
+        LLMCL__TRY_GOTO(st, chunk_logits(r, lin, hv, weight, bias, logits, ci, vc, &c), done);
         llmcl__args a = llmcl__args_begin(ctx, kpart);
         llmcl__arg_i32(&a, ce_flags(r, false));
         arg_mem(&a, logits->mem, 0);
@@ -893,7 +917,7 @@ static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
     const int64_t n = r->n, vc = fused_chunk_cols(r, gcast_needed);
     const int64_t nchunks = llmcl__div_up(r->v, vc), lshape[2] = {n, vc};
     const size_t wg = (size_t)llmcl__param_get(&r->rp, "WG", 64);
-    llmcl_tensor *logits = NULL, *gcast = NULL, *hv = NULL, *gv = NULL, *dhv = NULL, *dwv = NULL;
+    llmcl_tensor *logits = NULL, *gcast = NULL, *hv = NULL, *dhv = NULL, *dwv = NULL;
     ce_chunk c = {0};
     cl_kernel kgrad, kcol = NULL;
     llmcl_status st;
@@ -907,11 +931,8 @@ static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
     LLMCL__TRY_GOTO(st, row_kernel(r, "cce_chunk_grad", &kgrad), done);
     if (dbias)
         LLMCL__TRY_GOTO(st, row_kernel(r, "ce_colsum", &kcol), done);
-    const llmcl_matmul_opts plain = {.split_k = 1}, transposed = {.trans_a = 1, .split_k = 1};
     for (int64_t ci = 0; ci < nchunks; ++ci) {
-        c.v0 = ci * vc;
-        c.w = r->v - c.v0 < vc ? r->v - c.v0 : vc;
-        LLMCL__TRY_GOTO(st, chunk_logits(r, lin, hv, weight, bias, logits, &c), done);
+        LLMCL__TRY_GOTO(st, chunk_logits(r, lin, hv, weight, bias, logits, ci, vc, &c), done);
         llmcl__args a = llmcl__args_begin(ctx, kgrad);
         llmcl__arg_i32(&a, ce_flags(r, false));
         arg_mem(&a, logits->mem, 0);
@@ -925,32 +946,16 @@ static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
         arg_buf(&a, coef->mem);
         const size_t g2[2] = {wg, (size_t)n}, l2[2] = {wg, 1};
         LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
-        if (dbias) {
-            a = llmcl__args_begin(ctx, kcol);
-            arg_buf(&a, logits->mem);
-            llmcl__arg_i64(&a, n);
-            llmcl__arg_i64(&a, c.w);
-            arg_mem(&a, dbias->mem, dbias->offset + c.v0);
-            llmcl__arg_i32(&a, 0);
-            const size_t g = (size_t)c.w, l = 64;
-            LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g, &l), done);
-        }
-        const llmcl_tensor *g = c.logits;
-        if (gcast && (dhidden || dweight)) {
-            LLMCL__TRY_GOTO(st, head_view(gcast, n, c.w, &gv), done);
-            LLMCL__TRY_GOTO(st, llmcl_cast(ctx, c.logits, gv), done);
-            g = gv;
-        }
-        if (dhidden)
-            LLMCL__TRY_GOTO(
-                st, llmcl_matmul(ctx, 1.0f, g, c.weight, ci ? 1.0f : 0.0f, dhv, &plain), done);
-        if (dweight) {
+        if (dbias)
+            LLMCL__TRY_GOTO(st, colsum(ctx, kcol, logits, n, c.w, dbias, c.v0, false), done);
+        if (dweight)
             LLMCL__TRY_GOTO(st, rows_view(dweight, &lin->dw, c.v0, c.w, &dwv), done);
-            LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, g, hv, 0.0f, dwv, &transposed), done);
-        }
-        llmcl_tensor_destroy(gv);
+        LLMCL__TRY_GOTO(st,
+                        grad_products(ctx, c.logits, gcast, c.weight, hv, dhv, ci ? 1.0f : 0.0f,
+                                      1, dwv, 0.0f),
+                        done);
         llmcl_tensor_destroy(dwv);
-        gv = dwv = NULL;
+        dwv = NULL;
         chunk_free(&c);
     }
     st = LLMCL_OK;
@@ -959,7 +964,6 @@ done:
     llmcl_tensor_destroy(logits);
     llmcl_tensor_destroy(gcast);
     llmcl_tensor_destroy(hv);
-    llmcl_tensor_destroy(gv);
     llmcl_tensor_destroy(dhv);
     llmcl_tensor_destroy(dwv);
     return st;
