@@ -760,6 +760,82 @@ LLMCL_API llmcl_status llmcl_fused_cross_entropy_backward(
     llmcl_tensor *dweight, llmcl_tensor *dbias);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Embeddings (embedding.cl).                                                                     */
+
+/*
+ * out[i, :] = weight[ids[i], :]: ids (I32 or I64, N elements, any stride), weight [V, H] and out
+ * [N, H] of one dtype (f32, bf16, f16; unit stride along H). An id outside [0, V) fails the call
+ * with LLMCL_ERROR_INVALID_ARGUMENT naming the first such position, checked on the device before
+ * out is written (the call then waits for its kernels).
+ */
+LLMCL_API llmcl_status llmcl_embedding_forward(llmcl_ctx *ctx, const llmcl_tensor *ids,
+                                               const llmcl_tensor *weight, llmcl_tensor *out);
+
+/*
+ * dweight[v, :] += sum over positions i with ids[i] == v of dout[i, :], in increasing i: the same
+ * bits run after run, no atomics. dout [N, H] (f32, bf16 or f16), dweight [V, H] f32 (accumulated
+ * into, as a tied output head's gradient is). Rows of ids that do not occur are not touched. Each
+ * position scans the ids before it to find whether it is its id's first occurrence, so the cost
+ * grows as N^2 / H: fine for the tokens of a micro-batch (tens of thousands).
+ */
+LLMCL_API llmcl_status llmcl_embedding_backward(llmcl_ctx *ctx, const llmcl_tensor *ids,
+                                                const llmcl_tensor *dout, llmcl_tensor *dweight);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Optimizer (optim.cl): a multi-tensor AdamW and a deterministic global gradient norm.           */
+
+/*
+ * One tensor of an AdamW step. param is what the model computes with (f32, bf16 or f16); master,
+ * if not NULL, holds its f32 master weights: the update runs on master and param receives the
+ * result rounded to its dtype in the same pass. Without master, an f32 param is updated directly
+ * and a 16-bit one with stochastic rounding (llm.c's choice; opts->seed and the step fix the
+ * random bits, so results repeat). grad (f32, bf16 or f16), m and v (f32) have param's shape.
+ * All tensors contiguous. Tensors that are views of the same buffers (one flat buffer each for
+ * params, masters, grads, m and v, as a sharded or flattened parameter set has) are updated in one
+ * launch; others in one launch per set of buffers.
+ */
+typedef struct llmcl_adamw_tensor {
+    llmcl_tensor *param;
+    llmcl_tensor *master; /* optional */
+    const llmcl_tensor *grad;
+    llmcl_tensor *m, *v;
+    int no_weight_decay; /* 1: skip the decoupled weight decay (norm weights, biases) */
+} llmcl_adamw_tensor;
+
+/* AdamW hyperparameters. A zero field takes the default given. */
+typedef struct llmcl_adamw_opts {
+    float lr;                /* learning rate; 0 is allowed and moves nothing */
+    float beta1, beta2;      /* defaults 0.9, 0.999 */
+    float eps;               /* default 1e-8 */
+    float weight_decay;      /* decoupled: w -= lr * wd * w; default 0 */
+    int64_t step;            /* 1-based step for the bias correction; required >= 1 */
+    float grad_scale;        /* gradients are multiplied by this first (1 / micro-batches); 0: 1 */
+    const llmcl_tensor *grad_norm; /* optional f32 [1] on the device (llmcl_grad_norm): with
+                                      max_grad_norm > 0, gradients are further scaled by
+                                      min(1, max_grad_norm / (norm + 1e-6)), read on the device */
+    float max_grad_norm;
+    uint64_t seed;           /* stochastic rounding of 16-bit params without master */
+} llmcl_adamw_opts;
+
+/*
+ * One AdamW step (PyTorch's torch.optim.AdamW semantics) over count tensors:
+ *   g = grad * scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ *   w = w - lr (wd w) - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+ * Reads grad (and grad_norm); writes param, master, m, v. Every argument is validated before
+ * anything is enqueued.
+ */
+LLMCL_API llmcl_status llmcl_adamw_step(llmcl_ctx *ctx, const llmcl_adamw_tensor *tensors,
+                                        int count, const llmcl_adamw_opts *opts);
+
+/*
+ * out[0] = sqrt(sum of squares of every element of every tensor) (squared != 0: the sum of
+ * squares itself, for a sum across ranks), in f32 with a fixed order of summation: the same bits
+ * run after run. grads f32, bf16 or f16, contiguous; out f32 with one element on the device.
+ */
+LLMCL_API llmcl_status llmcl_grad_norm(llmcl_ctx *ctx, const llmcl_tensor *const *grads, int count,
+                                       int squared, llmcl_tensor *out);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Tuning database.                                                                               */
 
 /*
