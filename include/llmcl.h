@@ -682,6 +682,10 @@ typedef struct llmcl_ce_options {
     int64_t vocab_chunk;   /* fused path: > 0 runs it in vocabulary chunks of this many classes;
                               0: chunks where the device has tensor cores (classes from
                               chunk_bytes, default 64 MiB), tiles elsewhere; -1: tiles */
+    int accumulate_weight_grad; /* linear and fused forms: 1 adds dweight and dbias to the
+                                   tensors' contents (gradient accumulation over micro-batches, an
+                                   output head tied to the embeddings); 0 overwrites them. dhidden
+                                   is always overwritten. */
 } llmcl_ce_options;
 
 /*

@@ -924,6 +924,64 @@ static void test_fused_filter(void **state)
     lin_free(&p);
 }
 
+/* The linear form (vocab_chunk 0) or the fused form (tiles -1, chunks > 0) into g with opts o. */
+static void lin_grads_run(const lin_problem *p, llmcl_ce_options o, int64_t vocab_chunk,
+                          const lin_grads *g)
+{
+    llmcl_ctx *ctx = th_ctx();
+    const int64_t one = 1;
+    llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &one), *tlse = th_tensor(LLMCL_F32, 1, &p->n);
+    if (vocab_chunk == 0) {
+        TH_OK(llmcl_linear_cross_entropy_forward(ctx, p->th, p->tw, p->tb, p->ty, &o, tl, NULL,
+                                                 g->dh, g->dw, g->db));
+    } else {
+        o.vocab_chunk = vocab_chunk;
+        TH_OK(llmcl_fused_cross_entropy_forward(ctx, p->th, p->tw, p->tb, p->ty, &o, tl, NULL,
+                                                tlse));
+        TH_OK(llmcl_fused_cross_entropy_backward(ctx, p->th, p->tw, p->tb, p->ty, tlse, NULL, &o,
+                                                 g->dh, g->dw, g->db));
+    }
+    llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tlse);
+}
+
+/* accumulate_weight_grad adds dweight and dbias to what they hold; dhidden is still overwritten. */
+static void test_accumulate(void **state)
+{
+    (void)state;
+    const int64_t chunks[] = {0, -1, FUSED_CHUNK};
+    for (int dti = 0; dti < 2; ++dti) {
+        lin_problem p = lin_make(61 + dti, 23, 40, 131, dti ? LLMCL_BF16 : LLMCL_F32, true, false, 4);
+        const size_t nh = (size_t)(p.n * p.h), nw = (size_t)(p.v * p.h), nv = (size_t)p.v;
+        th_rng rng = th_rng_new(62);
+        double *pw = random_doubles(&rng, nw, -1, 1, LLMCL_F32);
+        double *pb = random_doubles(&rng, nv, -1, 1, LLMCL_F32);
+        for (int ci = 0; ci < 3; ++ci) {
+            printf("%s, vocab_chunk %lld\n", llmcl_dtype_name(p.dt), (long long)chunks[ci]);
+            const llmcl_ce_options base = {.label_smoothing = 0.1f};
+            lin_grads g = lin_grads_new(&p, true), ga = lin_grads_new(&p, true);
+            lin_grads_run(&p, base, chunks[ci], &g);
+            llmcl_ce_options acc = base;
+            acc.accumulate_weight_grad = 1;
+            th_poison(ga.dh);
+            th_upload(ga.dw, pw), th_upload(ga.db, pb);
+            lin_grads_run(&p, acc, chunks[ci], &ga);
+            double *dh = download(g.dh), *dw = download(g.dw), *db = download(g.db);
+            double *dha = download(ga.dh), *dwa = download(ga.dw), *dba = download(ga.db);
+            for (size_t i = 0; i < nw; ++i)
+                dw[i] += pw[i];
+            for (size_t i = 0; i < nv; ++i)
+                db[i] += pb[i];
+            TH_ASSERT_CLOSE("dhidden", dh, dha, nh, (th_tol){0, 0});
+            TH_ASSERT_CLOSE("dweight accumulated", dw, dwa, nw, (th_tol){1e-6, 1e-6});
+            TH_ASSERT_CLOSE("dbias accumulated", db, dba, nv, (th_tol){1e-6, 1e-6});
+            free(dh), free(dw), free(db), free(dha), free(dwa), free(dba);
+            lin_grads_free(&g), lin_grads_free(&ga);
+        }
+        free(pw), free(pb);
+        lin_free(&p);
+    }
+}
+
 /* The three forms agree with each other on the same problem. */
 static void test_paths_agree(void **state)
 {
@@ -1079,7 +1137,7 @@ int main(void)
         cmocka_unit_test(test_linear_ce),       cmocka_unit_test(test_fused_ce),
         cmocka_unit_test(test_linear_ninf),
         cmocka_unit_test(test_fused_gpu_tiles), cmocka_unit_test(test_fused_filter),
-        cmocka_unit_test(test_paths_agree),     cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_paths_agree),     cmocka_unit_test(test_accumulate),     cmocka_unit_test(test_memory),
         cmocka_unit_test(test_linear_bad_args),
     };
     return TH_RUN(tests);

@@ -879,8 +879,8 @@ cce_bwd_dh(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
 
 /*
  * dW and dbias: work-group per vocabulary tile, over every row tile in order; dw (f32 [V, H],
- * zeroed first) += G^T x hidden and dbias[v] = sum over rows of G, both owned by this work-group
- * (each only when its has_ flag is set).
+ * zeroed first unless accumulating) += G^T x hidden and dbias[v] = sum over rows of G (has_db 1)
+ * or += it (has_db 2), both owned by this work-group (each only when its has_ flag is set).
  */
 __kernel __attribute__((reqd_work_group_size(TWG, 1, 1))) void
 cce_bwd_dw(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H,
@@ -940,5 +940,5 @@ cce_bwd_dw(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
         }
     }
     if (has_db && lid < T && v0 + lid < V)
-        db[dboff + v0 + lid] = dbias;
+        db[dboff + v0 + lid] = (has_db == 2 ? db[dboff + v0 + lid] : 0.0f) + dbias;
 }

@@ -639,12 +639,13 @@ static llmcl_status linear_chunk(ce_run *r, const ce_linear *lin, const llmcl_te
     const ce_rows_job j = {.x = logits->mem, .xstride = v, .dx = logits->mem, .dxstride = v,
                            .nrows = rows, .row0 = r0, .grad = grads, .lse = r->lse};
     LLMCL__TRY_GOTO(st, ce_rows_run(r, &j), done);
+    const bool acc = r0 > 0 || r->o.accumulate_weight_grad;
     if (dbias)
-        LLMCL__TRY_GOTO(st, colsum(ctx, kcol, logits, rows, v, dbias, 0, r0 > 0), done);
+        LLMCL__TRY_GOTO(st, colsum(ctx, kcol, logits, rows, v, dbias, 0, acc), done);
     if (dhidden)
         LLMCL__TRY_GOTO(st, rows_view(dhidden, &lin->dh, r0, rows, &dhv), done);
     /* dhidden of one chunk has few row tiles and a long K (the vocabulary): split K may help */
-    st = grad_products(ctx, lv, gcast, w2, hv, dhv, 0.0f, 0, dweight, r0 ? 1.0f : 0.0f);
+    st = grad_products(ctx, lv, gcast, w2, hv, dhv, 0.0f, 0, dweight, acc ? 1.0f : 0.0f);
 done:
     llmcl_tensor_destroy(hv);
     llmcl_tensor_destroy(lv);
@@ -947,12 +948,15 @@ static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
         const size_t g2[2] = {wg, (size_t)n}, l2[2] = {wg, 1};
         LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
         if (dbias)
-            LLMCL__TRY_GOTO(st, colsum(ctx, kcol, logits, n, c.w, dbias, c.v0, false), done);
+            LLMCL__TRY_GOTO(st,
+                            colsum(ctx, kcol, logits, n, c.w, dbias, c.v0,
+                                   r->o.accumulate_weight_grad),
+                            done);
         if (dweight)
             LLMCL__TRY_GOTO(st, rows_view(dweight, &lin->dw, c.v0, c.w, &dwv), done);
         LLMCL__TRY_GOTO(st,
                         grad_products(ctx, c.logits, gcast, c.weight, hv, dhv, ci ? 1.0f : 0.0f,
-                                      1, dwv, 0.0f),
+                                      1, dwv, r->o.accumulate_weight_grad ? 1.0f : 0.0f),
                         done);
         llmcl_tensor_destroy(dwv);
         dwv = NULL;
@@ -1189,14 +1193,14 @@ static llmcl_status fused_backward_tiles(ce_run *r, const ce_linear *lin,
         LLMCL__TRY(llmcl__launch(&a, 1, &g, &twg));
     }
     if (dweight || dbias) {
-        if (dweight)
+        if (dweight && !r->o.accumulate_weight_grad)
             LLMCL__TRY(llmcl_fill(ctx, dweight, 0.0));
         size_t g, twg;
         LLMCL__TRY(cce_bwd_begin(r, "cce_bwd_dw", v, hidden, lin, weight, bias, coef, &a, &g, &twg));
         llmcl__arg_i32(&a, dweight != NULL);
         arg_opt(&a, dweight);
         llmcl__arg_i64(&a, dweight ? lin->dw.row_stride : 0);
-        llmcl__arg_i32(&a, dbias != NULL);
+        llmcl__arg_i32(&a, dbias ? 1 + r->o.accumulate_weight_grad : 0);
         arg_opt(&a, dbias);
         LLMCL__TRY(llmcl__launch(&a, 1, &g, &twg));
     }
