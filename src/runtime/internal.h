@@ -114,6 +114,12 @@ llmcl_status llmcl__device_probe(llmcl_ctx *ctx, cl_platform_id platform, cl_dev
 llmcl_status llmcl__buffer_alloc(llmcl_ctx *ctx, uint64_t bytes, cl_mem *out);
 void llmcl__buffer_free(llmcl_ctx *ctx, cl_mem mem, uint64_t bytes);
 
+/*
+ * The same, holding a copy of bytes from init (at least 1 byte) taken at creation: small host
+ * tables reach the device without a transfer on the queue, so nothing waits for it.
+ */
+llmcl_status llmcl__buffer_alloc_init(llmcl_ctx *ctx, uint64_t bytes, const void *init, cl_mem *out);
+
 /* A scratch tensor for an op's temporaries: llmcl_tensor_create plus a name for messages. */
 llmcl_status llmcl__scratch(llmcl_ctx *ctx, llmcl_dtype dtype, int ndim, const int64_t *shape,
                             const char *what, llmcl_tensor **out);

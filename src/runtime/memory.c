@@ -10,6 +10,11 @@
 
 llmcl_status llmcl__buffer_alloc(llmcl_ctx *ctx, uint64_t bytes, cl_mem *out)
 {
+    return llmcl__buffer_alloc_init(ctx, bytes, NULL, out);
+}
+
+llmcl_status llmcl__buffer_alloc_init(llmcl_ctx *ctx, uint64_t bytes, const void *init, cl_mem *out)
+{
     const uint64_t size = bytes ? bytes : 1; /* OpenCL refuses empty buffers */
     llmcl_memory_stats *m = &ctx->memory;
     LLMCL__REQUIRE(ctx, !m->limit_bytes || m->current_bytes + size <= m->limit_bytes,
@@ -26,7 +31,8 @@ llmcl_status llmcl__buffer_alloc(llmcl_ctx *ctx, uint64_t bytes, cl_mem *out)
                    (unsigned long long)size, (unsigned long long)m->current_bytes,
                    (unsigned long long)ctx->info.global_mem_bytes);
     cl_int err;
-    cl_mem mem = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, (size_t)size, NULL, &err);
+    const cl_mem_flags flags = CL_MEM_READ_WRITE | (init ? CL_MEM_COPY_HOST_PTR : 0);
+    cl_mem mem = clCreateBuffer(ctx->context, flags, (size_t)size, (void *)init, &err);
     if (err != CL_SUCCESS)
         return LLMCL__FAIL(ctx, LLMCL_ERROR_OUT_OF_DEVICE_MEMORY,
                            "clCreateBuffer of %llu bytes failed (%s)", (unsigned long long)size,
