@@ -47,7 +47,8 @@ extern "C" {
     X(LLMCL_ERROR_IO, -1011, "file input/output error")                                           \
     X(LLMCL_ERROR_MPI, -1012, "MPI failure")                                                      \
     X(LLMCL_ERROR_TUNE_DB, -1013, "invalid tuning database")                                      \
-    X(LLMCL_ERROR_KERNEL_NOT_FOUND, -1014, "kernel source not found")
+    X(LLMCL_ERROR_KERNEL_NOT_FOUND, -1014, "kernel source not found")                             \
+    X(LLMCL_ERROR_BAD_FILE, -1015, "malformed file")
 
 typedef enum llmcl_status {
 #define LLMCL_STATUS_ENUM(name, value, text) name = value,
@@ -762,6 +763,124 @@ LLMCL_API llmcl_status llmcl_fused_cross_entropy_backward(
     const llmcl_tensor *bias, const llmcl_tensor *labels, const llmcl_tensor *lse,
     const llmcl_tensor *grad_loss, const llmcl_ce_options *opts, llmcl_tensor *dhidden,
     llmcl_tensor *dweight, llmcl_tensor *dbias);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* safetensors files: Hugging Face's checkpoint format, read memory-mapped, written atomically.   */
+/*
+ * A file is an 8-byte little-endian header length N, N bytes of JSON mapping each tensor name to
+ * {"dtype", "shape", "data_offsets": [begin, end]} (plus an optional "__metadata__" object of
+ * strings), then the raw little-endian, row-major data; offsets count from the end of the header.
+ *
+ * Errors of the reader (except llmcl_safetensors_load) and of the writer go to
+ * llmcl_last_error(NULL), naming the file, the tensor and what is wrong: LLMCL_ERROR_IO when the
+ * file cannot be opened, mapped, written or renamed, LLMCL_ERROR_BAD_FILE for a malformed file.
+ */
+
+#define LLMCL_SAFETENSORS_MAX_DIMS 8
+
+typedef struct llmcl_safetensors llmcl_safetensors;
+
+/*
+ * Opens path read-only and maps it (mmap): tensor data is never copied into the reader, so a 16 GB
+ * file costs page cache, not twice the RAM. The whole header is validated up front, as the
+ * reference implementation does: the header length within the file and at most 100,000,000 bytes;
+ * valid UTF-8 JSON whose top level is an object; no duplicate names; every tensor an object with a
+ * known dtype (BOOL, F4, F6_E2M3, F6_E3M2, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, I16, U16, F16, BF16,
+ * I32, U32, F32, C64, F64, I64, U64), a shape of at most LLMCL_SAFETENSORS_MAX_DIMS non-negative
+ * integers and two integer offsets with begin <= end; end - begin equal to the element count times
+ * the element size; and, taken in offset order, the tensors tiling the data section exactly: the
+ * first begins at 0, each begins where the previous ends (no hole, no overlap) and the last ends at
+ * the end of the file (no truncated data, no trailing bytes). Sizes and offsets are 64-bit.
+ * "__metadata__", if present, must be an object of strings. On failure *out is NULL. As with any
+ * mapping, another process truncating the file while it is open makes reads of the lost pages fault
+ * (SIGBUS); the writer below never does that, it replaces files by renaming.
+ */
+LLMCL_API llmcl_status llmcl_safetensors_open(const char *path, llmcl_safetensors **out);
+
+/* Unmaps the file and frees the reader; pointers it handed out become invalid. Accepts NULL. */
+LLMCL_API void llmcl_safetensors_close(llmcl_safetensors *st);
+
+/* The number of tensors (-1 for NULL). */
+LLMCL_API int64_t llmcl_safetensors_count(const llmcl_safetensors *st);
+
+/*
+ * The name of tensor i, 0 <= i < count, in the order of their data in the file (the reference
+ * implementation's order); NULL when i is out of range. Borrowed until close.
+ */
+LLMCL_API const char *llmcl_safetensors_name(const llmcl_safetensors *st, int64_t i);
+
+/* One tensor of a file, as its header describes it. */
+typedef struct llmcl_safetensors_info {
+    llmcl_dtype dtype;      /* LLMCL_DTYPE_COUNT when llmcl has no such dtype (U8, F64, ...) */
+    const char *dtype_name; /* as in the file: "BF16", "U8", ...; static */
+    int ndim;               /* 0 for a scalar */
+    int64_t shape[LLMCL_SAFETENSORS_MAX_DIMS];
+    uint64_t bytes;   /* end - begin */
+    uint64_t offset;  /* begin, from the start of the data section */
+    const void *data; /* the raw bytes, borrowed from the mapping until close */
+} llmcl_safetensors_info;
+
+/*
+ * Describes the tensor called name, whatever its dtype (raw bytes of any dtype are readable through
+ * info.data). A name the file lacks gives LLMCL_ERROR_INVALID_ARGUMENT. Lookup is a linear scan.
+ */
+LLMCL_API llmcl_status llmcl_safetensors_find(const llmcl_safetensors *st, const char *name,
+                                              llmcl_safetensors_info *out);
+
+/* The value of key in the file's "__metadata__", or NULL when absent. Borrowed until close. */
+LLMCL_API const char *llmcl_safetensors_metadata(const llmcl_safetensors *st, const char *key);
+
+/*
+ * Uploads the tensor called name into dst (on ctx, any strides), which must have exactly its shape
+ * (LLMCL_ERROR_SHAPE_MISMATCH naming both). The same dtype copies the bits straight from the
+ * mapping; between F32, BF16 and F16 the values are converted on the host with llmcl_f32_to_bf16
+ * and its siblings (round-to-nearest-even, as llmcl_cast), in pieces of at most 16 MiB for a
+ * contiguous dst (a strided dst takes one host buffer of its size). Integer dtypes load only into
+ * their own dtype; dtypes llmcl has no tensor for give LLMCL_ERROR_UNSUPPORTED_DTYPE. Errors go to
+ * ctx (llmcl_last_error(ctx)).
+ */
+LLMCL_API llmcl_status llmcl_safetensors_load(llmcl_ctx *ctx, const llmcl_safetensors *st,
+                                              const char *name, llmcl_tensor *dst);
+
+typedef struct llmcl_safetensors_writer llmcl_safetensors_writer;
+
+/* A writer that will create path; the disk is untouched until llmcl_safetensors_writer_finish. */
+LLMCL_API llmcl_status llmcl_safetensors_writer_create(const char *path,
+                                                       llmcl_safetensors_writer **out);
+
+/* Adds key = value to "__metadata__" (both copied; a key given twice is refused). */
+LLMCL_API llmcl_status llmcl_safetensors_writer_metadata(llmcl_safetensors_writer *w,
+                                                         const char *key, const char *value);
+
+/*
+ * Adds a tensor from host memory: contiguous row-major, ndim in 0..LLMCL_SAFETENSORS_MAX_DIMS, any
+ * llmcl dtype. name and shape are copied; data is borrowed until finish (never copied, so a model
+ * in host memory is not held twice). Names must be unique and not "__metadata__".
+ */
+LLMCL_API llmcl_status llmcl_safetensors_writer_add_host(llmcl_safetensors_writer *w,
+                                                         const char *name, llmcl_dtype dtype,
+                                                         int ndim, const int64_t *shape,
+                                                         const void *data);
+
+/*
+ * Adds a device tensor (any strides), borrowed until finish, which downloads it then: a contiguous
+ * tensor in pieces of at most 16 MiB, a strided one through one host buffer of its size.
+ */
+LLMCL_API llmcl_status llmcl_safetensors_writer_add_tensor(llmcl_safetensors_writer *w,
+                                                           const char *name,
+                                                           const llmcl_tensor *t);
+
+/*
+ * Writes the file as the reference writer does: tensors ordered by falling dtype alignment, then
+ * name; compact JSON with "__metadata__" first; the header padded with spaces to a multiple of 8
+ * bytes; then the data. It goes to "<path>.tmp", is flushed to disk, then renamed onto path, so
+ * path holds either the old file or the whole new one; on failure the temporary file is removed. A
+ * writer finishes once.
+ */
+LLMCL_API llmcl_status llmcl_safetensors_writer_finish(llmcl_safetensors_writer *w);
+
+/* Frees the writer; an unfinished one leaves no file behind. Accepts NULL. */
+LLMCL_API void llmcl_safetensors_writer_destroy(llmcl_safetensors_writer *w);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Embeddings (embedding.cl).                                                                     */

@@ -194,6 +194,7 @@ llmcl_status llmcl__check_tensor(llmcl_ctx *ctx, const llmcl_tensor *t, const ch
 
 /* The shape as text, "[2, 3, 4]", for messages. */
 void llmcl__shape_text(const llmcl_tensor *t, char *buf, size_t len);
+void llmcl__dims_text(int ndim, const int64_t *shape, char *buf, size_t len);
 
 /* a and b have the same shape. */
 llmcl_status llmcl__check_same_shape(llmcl_ctx *ctx, const llmcl_tensor *a, const char *an,

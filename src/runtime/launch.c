@@ -104,13 +104,18 @@ llmcl_status llmcl__check_tensor(llmcl_ctx *ctx, const llmcl_tensor *t, const ch
     return LLMCL_OK;
 }
 
-void llmcl__shape_text(const llmcl_tensor *t, char *buf, size_t len)
+void llmcl__dims_text(int ndim, const int64_t *shape, char *buf, size_t len)
 {
     size_t n = (size_t)snprintf(buf, len, "[");
-    for (int i = 0; i < t->ndim && n < len; ++i)
-        n += (size_t)snprintf(buf + n, len - n, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+    for (int i = 0; i < ndim && n < len; ++i)
+        n += (size_t)snprintf(buf + n, len - n, i ? ", %lld" : "%lld", (long long)shape[i]);
     if (n < len)
         snprintf(buf + n, len - n, "]");
+}
+
+void llmcl__shape_text(const llmcl_tensor *t, char *buf, size_t len)
+{
+    llmcl__dims_text(t->ndim, t->shape, buf, len);
 }
 
 llmcl_status llmcl__check_same_shape(llmcl_ctx *ctx, const llmcl_tensor *a, const char *an,
