@@ -1,0 +1,46 @@
+/*
+ * data.h: training tokens for llmcl-train. A byte-level tokenizer over any text file (vocabulary
+ * 256), token files in llm.c's format (a header of 256 int32: magic 20240520 with version 1 for
+ * uint16 tokens, or magic 20240801 with version 7 for uint32 tokens, then header[2] tokens), and a
+ * built-in corpus generated from a fixed seed so that the default run needs no download. A loader
+ * walks the tokens in windows of b x (t + 1), each rank of a job at its own offset.
+ */
+#ifndef LLMCL_TRAIN_DATA_H
+#define LLMCL_TRAIN_DATA_H
+
+#include <stdint.h>
+
+typedef struct token_data {
+    int32_t *tokens;
+    int64_t n;
+    int vocab;       /* the tokenizer's vocabulary: 256 for bytes, from the format otherwise */
+    int byte_level;  /* tokens are bytes: samples print as text */
+    char source[256];
+} token_data;
+
+/* Reads path (llm.c tokens when the header says so, otherwise the bytes of a text file). Dies
+   with a clear message when the file is missing, unreadable, empty or truncated. */
+void data_load(const char *path, token_data *out);
+
+/* The built-in corpus: simple English sentences from a small grammar, `bytes` long. */
+void data_builtin(uint64_t seed, int64_t bytes, token_data *out);
+
+/* Moves the last `fraction` of d's tokens into val (a held-out split). */
+void data_split(token_data *d, double fraction, token_data *val);
+
+void data_free(token_data *d);
+
+/* Windows of b x t inputs and their next-token targets. */
+typedef struct loader {
+    const token_data *d;
+    int b, t, rank, world;
+    int64_t pos;
+} loader;
+
+/* Dies when the data holds fewer than b x t + 1 tokens. */
+void loader_init(loader *l, const token_data *d, int b, int t, int rank, int world);
+
+/* The next window (wrapping to the start at the end of the data). */
+void loader_next(loader *l, int32_t *ids, int32_t *targets);
+
+#endif

@@ -1,0 +1,581 @@
+/*
+ * model.c: the Llama-style model of llmcl-train (see model.h): parameter layout and
+ * initialisation, activation buffers, forward, backward and greedy next-token prediction, every
+ * step an llmcl call. Activations are views of buffers sized for the largest micro-batch, so the
+ * same buffers serve training, evaluation and sampling.
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+struct layer_acts {
+    llmcl_tensor *h1, *rstd1, *q, *k, *v, *o, *lse, *xmid, *h2, *rstd2, *gate, *up, *act;
+};
+
+/* ---- configuration ---- */
+
+const char *model_config_error(const model_config *c)
+{
+    static char msg[256];
+    if (c->vocab < 2 || c->dim < 1 || c->layers < 1 || c->heads < 1 || c->kv_heads < 1 ||
+        c->ffn < 1 || c->max_seq < 1)
+        return "vocab must be >= 2 and dim, layers, heads, kv-heads, ffn and seq >= 1";
+    if (c->dim % c->heads) {
+        snprintf(msg, sizeof msg, "%d heads do not divide the width %d", c->heads, c->dim);
+        return msg;
+    }
+    if (c->heads % c->kv_heads) {
+        snprintf(msg, sizeof msg, "%d key/value heads do not divide the %d query heads",
+                 c->kv_heads, c->heads);
+        return msg;
+    }
+    const int d = c->dim / c->heads;
+    if (d % 8 || d < 32 || d > 256) {
+        snprintf(msg, sizeof msg,
+                 "head dimension %d (width %d / %d heads) must be a multiple of 8 from 32 to 256",
+                 d, c->dim, c->heads);
+        return msg;
+    }
+    if (c->dtype != LLMCL_F32 && c->dtype != LLMCL_BF16 && c->dtype != LLMCL_F16)
+        return "dtype must be f32, bf16 or f16";
+    return NULL;
+}
+
+/* ---- views, collected per call and dropped at its end ---- */
+
+typedef struct arena {
+    llmcl_tensor *t[512];
+    int n;
+} arena;
+
+static void arena_clear(arena *a)
+{
+    for (int i = 0; i < a->n; ++i)
+        llmcl_tensor_destroy(a->t[i]);
+    a->n = 0;
+}
+
+static llmcl_tensor *view(arena *a, const llmcl_tensor *base, int ndim, const int64_t *shape,
+                          const int64_t *strides, int64_t offset)
+{
+    if (a->n == (int)(sizeof a->t / sizeof a->t[0]))
+        die("model: too many views in one call");
+    llmcl_tensor *v = NULL;
+    CHECK(llmcl_tensor_view(base, ndim, shape, strides, offset, &v), llmcl_tensor_ctx(base));
+    a->t[a->n++] = v;
+    return v;
+}
+
+/* The first n rows of a 2-D buffer. */
+static llmcl_tensor *rows(arena *a, const llmcl_tensor *t, int64_t n)
+{
+    const int64_t shape[2] = {n, llmcl_tensor_dim(t, 1)};
+    return view(a, t, 2, shape, NULL, llmcl_tensor_offset(t));
+}
+
+/* The first n elements of a 1-D buffer. */
+static llmcl_tensor *head(arena *a, const llmcl_tensor *t, int64_t n)
+{
+    return view(a, t, 1, &n, NULL, llmcl_tensor_offset(t));
+}
+
+/* Rows [N = b t, h d] as [b, h, t, d] (attention's view of [b, t, h, d] storage). */
+static llmcl_tensor *bhtd(arena *a, const llmcl_tensor *t, int b, int tt, int h, int d)
+{
+    const int64_t shape[4] = {b, h, tt, d}, strides[4] = {(int64_t)tt * h * d, d, (int64_t)h * d, 1};
+    return view(a, t, 4, shape, strides, 0);
+}
+
+/* Rows [N = b t, h d] as contiguous [b, t, h, d] (RoPE's layout). */
+static llmcl_tensor *bthd(arena *a, const llmcl_tensor *t, int b, int tt, int h, int d)
+{
+    const int64_t shape[4] = {b, tt, h, d};
+    return view(a, t, 4, shape, NULL, 0);
+}
+
+/* ---- parameters ---- */
+
+static const char *kind_name[P_KINDS] = {
+    "model.embed_tokens.weight",       "input_layernorm.weight", "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",         "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "post_attention_layernorm.weight", "mlp.gate_proj.weight",   "mlp.up_proj.weight",
+    "mlp.down_proj.weight",            "model.norm.weight",      "lm_head.weight",
+};
+
+static void param_shape(const model_config *c, int kind, int64_t shape[2], int *ndim)
+{
+    const int64_t d = c->dim / c->heads, q = (int64_t)c->heads * d, kv = (int64_t)c->kv_heads * d;
+    const int64_t shapes[P_KINDS][2] = {
+        {c->vocab, c->dim}, {c->dim, 0}, {q, c->dim},   {kv, c->dim},   {kv, c->dim},
+        {c->dim, q},        {c->dim, 0}, {c->ffn, c->dim}, {c->ffn, c->dim}, {c->dim, c->ffn},
+        {c->dim, 0},        {c->vocab, c->dim},
+    };
+    shape[0] = shapes[kind][0];
+    shape[1] = shapes[kind][1];
+    *ndim = shape[1] ? 2 : 1;
+}
+
+static void add_param(model *m, int kind, int layer)
+{
+    model_param *p = &m->params[m->n_params++];
+    memset(p, 0, sizeof *p);
+    p->kind = kind;
+    p->layer = layer;
+    if (layer >= 0)
+        snprintf(p->name, sizeof p->name, "model.layers.%d.%s", layer, kind_name[kind]);
+    else
+        snprintf(p->name, sizeof p->name, "%s", kind_name[kind]);
+    param_shape(&m->cfg, kind, p->shape, &p->ndim);
+    p->numel = p->shape[0] * (p->ndim == 2 ? p->shape[1] : 1);
+    p->is_norm = p->ndim == 1;
+    p->offset = m->total;
+    m->total += (p->numel + 63) / 64 * 64; /* 128-byte aligned views for the fast paths */
+}
+
+static llmcl_tensor *param_view(const model_param *p, llmcl_tensor *flat)
+{
+    llmcl_tensor *v = NULL;
+    CHECK(llmcl_tensor_view(flat, p->ndim, p->shape, NULL, p->offset, &v), llmcl_tensor_ctx(flat));
+    return v;
+}
+
+static llmcl_tensor *new_tensor(llmcl_ctx *ctx, llmcl_dtype dt, int ndim, int64_t d0, int64_t d1)
+{
+    const int64_t shape[2] = {d0, d1};
+    llmcl_tensor *t = NULL;
+    CHECK(llmcl_tensor_create(ctx, dt, ndim, shape, &t), ctx);
+    return t;
+}
+
+/* Normal(0, 0.02) matrices and unit norm weights, from a fixed seed, into the master buffer. */
+static void init_params(model *m, uint64_t seed)
+{
+    rng r = rng_new(seed);
+    for (int i = 0; i < m->n_params; ++i) {
+        const model_param *p = &m->params[i];
+        float *host = xmalloc((size_t)p->numel * sizeof *host);
+        for (int64_t j = 0; j < p->numel; ++j)
+            host[j] = p->is_norm ? 1.0f : 0.02f * (float)rng_normal(&r);
+        CHECK(llmcl_tensor_upload(p->master, host, (size_t)p->numel * sizeof *host), m->ctx);
+        free(host);
+    }
+}
+
+llmcl_status model_sync_compute(model *m)
+{
+    if (!m->flat_compute)
+        return LLMCL_OK;
+    return llmcl_cast(m->ctx, m->flat_master, m->flat_compute);
+}
+
+llmcl_status model_create(llmcl_ctx *ctx, const model_config *cfg, uint64_t seed, model **out)
+{
+    model *m = xcalloc(1, sizeof *m);
+    m->ctx = ctx;
+    m->cfg = *cfg;
+    m->head_dim = cfg->dim / cfg->heads;
+    m->params = xcalloc((size_t)(cfg->layers * 9 + 3), sizeof *m->params);
+    add_param(m, P_EMBED, -1);
+    for (int l = 0; l < cfg->layers; ++l)
+        for (int k = P_ATTN_NORM; k <= P_WDOWN; ++k)
+            add_param(m, k, l);
+    add_param(m, P_FINAL_NORM, -1);
+    if (!cfg->tied)
+        add_param(m, P_HEAD, -1);
+
+    llmcl_tensor **flats[] = {&m->flat_master, &m->flat_grad, &m->flat_m, &m->flat_v};
+    for (int i = 0; i < 4; ++i)
+        CHECK(llmcl_tensor_create(ctx, LLMCL_F32, 1, &m->total, flats[i]), ctx);
+    if (cfg->dtype != LLMCL_F32)
+        CHECK(llmcl_tensor_create(ctx, cfg->dtype, 1, &m->total, &m->flat_compute), ctx);
+    for (int i = 0; i < m->n_params; ++i) {
+        model_param *p = &m->params[i];
+        p->master = param_view(p, m->flat_master);
+        p->grad = param_view(p, m->flat_grad);
+        p->m = param_view(p, m->flat_m);
+        p->v = param_view(p, m->flat_v);
+        p->w16 = m->flat_compute ? param_view(p, m->flat_compute) : NULL;
+        p->w = p->is_norm || !p->w16 ? param_view(p, m->flat_master) : param_view(p, m->flat_compute);
+    }
+    init_params(m, seed);
+    CHECK(llmcl_fill(ctx, m->flat_m, 0.0), ctx);
+    CHECK(llmcl_fill(ctx, m->flat_v, 0.0), ctx);
+    CHECK(llmcl_fill(ctx, m->flat_grad, 0.0), ctx);
+    CHECK(model_sync_compute(m), ctx);
+    *out = m;
+    return LLMCL_OK;
+}
+
+int64_t model_param_count(const model *m)
+{
+    int64_t n = 0;
+    for (int i = 0; i < m->n_params; ++i)
+        n += m->params[i].numel;
+    return n;
+}
+
+double model_flops_per_token(const model *m, int t)
+{
+    /* the input embedding is a gather; with a tied head its matrix multiplies once, as the head */
+    const model_config *c = &m->cfg;
+    const double multiplying = (double)model_param_count(m) - (c->tied ? 0.0 : (double)c->vocab * c->dim);
+    return 6.0 * multiplying + 6.0 * c->layers * (double)t * c->dim;
+}
+
+/* The parameter of kind in layer (-1 for the global ones); the tied head is the embedding. */
+static model_param *param(model *m, int kind, int layer)
+{
+    if (kind == P_HEAD && m->cfg.tied)
+        kind = P_EMBED;
+    if (layer < 0)
+        return kind == P_EMBED ? &m->params[0]
+                               : &m->params[kind == P_FINAL_NORM ? 1 + 9 * m->cfg.layers
+                                                                 : 2 + 9 * m->cfg.layers];
+    return &m->params[1 + 9 * layer + (kind - P_ATTN_NORM)];
+}
+
+/* ---- activations ---- */
+
+static void acts_alloc(model *m, layer_acts *A, int64_t n, int b, int t)
+{
+    llmcl_ctx *ctx = m->ctx;
+    const model_config *c = &m->cfg;
+    const llmcl_dtype dt = c->dtype;
+    const int64_t q = (int64_t)c->heads * m->head_dim, kv = (int64_t)c->kv_heads * m->head_dim;
+    A->h1 = new_tensor(ctx, dt, 2, n, c->dim);
+    A->rstd1 = new_tensor(ctx, LLMCL_F32, 1, n, 0);
+    A->q = new_tensor(ctx, dt, 2, n, q);
+    A->k = new_tensor(ctx, dt, 2, n, kv);
+    A->v = new_tensor(ctx, dt, 2, n, kv);
+    A->o = new_tensor(ctx, dt, 2, n, q);
+    A->lse = new_tensor(ctx, LLMCL_F32, 1, (int64_t)b * c->heads * t, 0);
+    A->xmid = new_tensor(ctx, dt, 2, n, c->dim);
+    A->h2 = new_tensor(ctx, dt, 2, n, c->dim);
+    A->rstd2 = new_tensor(ctx, LLMCL_F32, 1, n, 0);
+    A->gate = new_tensor(ctx, dt, 2, n, c->ffn);
+    A->up = new_tensor(ctx, dt, 2, n, c->ffn);
+    A->act = new_tensor(ctx, dt, 2, n, c->ffn);
+}
+
+static void acts_free(layer_acts *A)
+{
+    llmcl_tensor *all[] = {A->h1, A->rstd1, A->q, A->k, A->v, A->o, A->lse,
+                           A->xmid, A->h2, A->rstd2, A->gate, A->up, A->act};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
+        llmcl_tensor_destroy(all[i]);
+}
+
+static void free_acts(model *m)
+{
+    if (m->xs)
+        for (int l = 0; l <= m->cfg.layers; ++l)
+            llmcl_tensor_destroy(m->xs[l]);
+    free(m->xs);
+    m->xs = NULL;
+    const int nacts = m->recompute ? 1 : m->cfg.layers;
+    for (int l = 0; m->acts && l < nacts; ++l)
+        acts_free(&m->acts[l]);
+    free(m->acts);
+    m->acts = NULL;
+    llmcl_tensor **bufs[] = {&m->hfinal, &m->rstd_final, &m->lse_ce, &m->loss, &m->ids,
+                             &m->targets, &m->positions, &m->dres, &m->dh, &m->dh32, &m->da,
+                             &m->dattn, &m->dq, &m->dk, &m->dv, &m->dnorm_w, &m->logits_last};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i) {
+        llmcl_tensor_destroy(*bufs[i]);
+        *bufs[i] = NULL;
+    }
+}
+
+llmcl_status model_alloc_acts(model *m, int b, int t, bool recompute)
+{
+    free_acts(m);
+    llmcl_ctx *ctx = m->ctx;
+    const model_config *c = &m->cfg;
+    const llmcl_dtype dt = c->dtype;
+    const int64_t n = (int64_t)b * t, q = (int64_t)c->heads * m->head_dim,
+                  kv = (int64_t)c->kv_heads * m->head_dim;
+    m->max_b = b;
+    m->max_t = t;
+    m->recompute = recompute;
+    m->xs = xcalloc((size_t)c->layers + 1, sizeof *m->xs);
+    for (int l = 0; l <= c->layers; ++l)
+        m->xs[l] = new_tensor(ctx, dt, 2, n, c->dim);
+    const int nacts = recompute ? 1 : c->layers;
+    m->acts = xcalloc((size_t)nacts, sizeof *m->acts);
+    for (int l = 0; l < nacts; ++l)
+        acts_alloc(m, &m->acts[l], n, b, t);
+    m->hfinal = new_tensor(ctx, dt, 2, n, c->dim);
+    m->rstd_final = new_tensor(ctx, LLMCL_F32, 1, n, 0);
+    m->lse_ce = new_tensor(ctx, LLMCL_F32, 1, n, 0);
+    m->loss = new_tensor(ctx, LLMCL_F32, 1, 1, 0);
+    m->ids = new_tensor(ctx, LLMCL_I32, 1, n, 0);
+    m->targets = new_tensor(ctx, LLMCL_I32, 1, n, 0);
+    m->positions = new_tensor(ctx, LLMCL_I32, 1, t, 0);
+    int32_t *pos = xmalloc((size_t)t * sizeof *pos);
+    for (int i = 0; i < t; ++i)
+        pos[i] = i;
+    CHECK(llmcl_tensor_upload(m->positions, pos, (size_t)t * sizeof *pos), ctx);
+    free(pos);
+    m->dres = new_tensor(ctx, dt, 2, n, c->dim);
+    m->dh = new_tensor(ctx, dt, 2, n, c->dim);
+    m->dh32 = new_tensor(ctx, LLMCL_F32, 2, n, c->dim);
+    m->da = new_tensor(ctx, dt, 2, n, c->ffn);
+    m->dattn = new_tensor(ctx, dt, 2, n, q);
+    m->dq = new_tensor(ctx, dt, 2, n, q);
+    m->dk = new_tensor(ctx, dt, 2, n, kv);
+    m->dv = new_tensor(ctx, dt, 2, n, kv);
+    m->dnorm_w = new_tensor(ctx, LLMCL_F32, 1, c->dim, 0);
+    m->logits_last = new_tensor(ctx, LLMCL_F32, 2, 1, c->vocab);
+    return LLMCL_OK;
+}
+
+void model_destroy(model *m)
+{
+    if (!m)
+        return;
+    free_acts(m);
+    for (int i = 0; i < m->n_params; ++i) {
+        model_param *p = &m->params[i];
+        llmcl_tensor *vs[] = {p->w, p->master, p->grad, p->m, p->v, p->w16};
+        for (int j = 0; j < 6; ++j)
+            llmcl_tensor_destroy(vs[j]);
+    }
+    free(m->params);
+    llmcl_tensor *flats[] = {m->flat_compute, m->flat_master, m->flat_grad, m->flat_m, m->flat_v};
+    for (int i = 0; i < 5; ++i)
+        llmcl_tensor_destroy(flats[i]);
+    free(m);
+}
+
+/* ---- building blocks ---- */
+
+static llmcl_rmsnorm_options norm_opts(const model *m)
+{
+    return (llmcl_rmsnorm_options){.eps = m->cfg.norm_eps};
+}
+
+static llmcl_rope_options rope_opts(const model *m, arena *a, int t)
+{
+    return (llmcl_rope_options){.layout = LLMCL_ROPE_BTHD,
+                                .positions = head(a, m->positions, t),
+                                .theta = m->cfg.rope_theta,
+                                .llama3_factor = m->cfg.rope_llama3_factor};
+}
+
+/* y = x w^T (beta 0) or y += x w^T (beta 1). */
+static llmcl_status linear(llmcl_ctx *ctx, const llmcl_tensor *x, const llmcl_tensor *w, float beta,
+                           llmcl_tensor *y)
+{
+    const llmcl_matmul_opts o = {.trans_b = 1};
+    return llmcl_matmul(ctx, 1.0f, x, w, beta, y, &o);
+}
+
+/* dx (+)= dy w, and grad += dy^T x: the two gradient products of y = x w^T. */
+static llmcl_status linear_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const llmcl_tensor *x,
+                                    const model_param *p, float dx_beta, llmcl_tensor *dx)
+{
+    const llmcl_matmul_opts t = {.trans_a = 1};
+    if (dx)
+        TRY(llmcl_matmul(ctx, 1.0f, dy, p->w, dx_beta, dx, NULL));
+    return llmcl_matmul(ctx, 1.0f, dy, x, 1.0f, p->grad, &t);
+}
+
+/* ---- forward ---- */
+
+/* A block's forward from x; xout (NULL when recomputing for the backward) receives its output. */
+static llmcl_status layer_forward(model *m, arena *a, int l, layer_acts *A, llmcl_tensor *x,
+                                  llmcl_tensor *xout, int b, int t)
+{
+    llmcl_ctx *ctx = m->ctx;
+    const model_config *c = &m->cfg;
+    const int64_t n = (int64_t)b * t;
+    const int d = m->head_dim;
+    const llmcl_rmsnorm_options no = norm_opts(m);
+    llmcl_tensor *h1 = rows(a, A->h1, n), *q = rows(a, A->q, n), *k = rows(a, A->k, n),
+                 *v = rows(a, A->v, n), *xmid = rows(a, A->xmid, n), *h2 = rows(a, A->h2, n);
+    TRY(llmcl_rmsnorm_forward(ctx, x, param(m, P_ATTN_NORM, l)->w, h1, head(a, A->rstd1, n), &no));
+    TRY(linear(ctx, h1, param(m, P_WQ, l)->w, 0, q));
+    TRY(linear(ctx, h1, param(m, P_WK, l)->w, 0, k));
+    TRY(linear(ctx, h1, param(m, P_WV, l)->w, 0, v));
+    const llmcl_rope_options ro = rope_opts(m, a, t);
+    TRY(llmcl_rope_forward(ctx, bthd(a, A->q, b, t, c->heads, d), bthd(a, A->k, b, t, c->kv_heads, d), &ro));
+    const llmcl_attention_opts ao = {.causal = 1};
+    const int64_t lshape[3] = {b, c->heads, t};
+    TRY(llmcl_attention_forward(ctx, bhtd(a, A->q, b, t, c->heads, d),
+                                       bhtd(a, A->k, b, t, c->kv_heads, d),
+                                       bhtd(a, A->v, b, t, c->kv_heads, d), &ao,
+                                       bhtd(a, A->o, b, t, c->heads, d),
+                                       view(a, A->lse, 3, lshape, NULL, 0)));
+    TRY(llmcl_copy(ctx, x, xmid));
+    TRY(linear(ctx, rows(a, A->o, n), param(m, P_WO, l)->w, 1, xmid));
+    TRY(llmcl_rmsnorm_forward(ctx, xmid, param(m, P_MLP_NORM, l)->w, h2, head(a, A->rstd2, n), &no));
+    llmcl_tensor *gate = rows(a, A->gate, n), *up = rows(a, A->up, n), *act = rows(a, A->act, n);
+    TRY(linear(ctx, h2, param(m, P_WGATE, l)->w, 0, gate));
+    TRY(linear(ctx, h2, param(m, P_WUP, l)->w, 0, up));
+    TRY(llmcl_glu_forward(ctx, LLMCL_ACT_SILU, gate, up, act));
+    if (!xout)
+        return LLMCL_OK;
+    TRY(llmcl_copy(ctx, xmid, xout));
+    return linear(ctx, act, param(m, P_WDOWN, l)->w, 1, xout);
+}
+
+static layer_acts *acts_of(model *m, int l) { return &m->acts[m->recompute ? 0 : l]; }
+
+static llmcl_ce_options ce_opts(void)
+{
+    return (llmcl_ce_options){.accumulate_weight_grad = 1};
+}
+
+/* Embedding, blocks and final norm over b x t tokens: m->hfinal holds the result. */
+static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, int b, int t)
+{
+    llmcl_ctx *ctx = m->ctx;
+    const int64_t n = (int64_t)b * t;
+    if (b > m->max_b || t > m->max_t || b < 1 || t < 1)
+        die("model: %d x %d tokens exceed the activations' %d x %d", b, t, m->max_b, m->max_t);
+    llmcl_tensor *tids = head(a, m->ids, n);
+    TRY(llmcl_tensor_upload(tids, ids, (size_t)n * sizeof *ids));
+    TRY(llmcl_embedding_forward(ctx, tids, param(m, P_EMBED, -1)->w, rows(a, m->xs[0], n)));
+    for (int l = 0; l < m->cfg.layers; ++l)
+        TRY(layer_forward(m, a, l, acts_of(m, l), rows(a, m->xs[l], n),
+                                 rows(a, m->xs[l + 1], n), b, t));
+    const llmcl_rmsnorm_options no = norm_opts(m);
+    return llmcl_rmsnorm_forward(ctx, rows(a, m->xs[m->cfg.layers], n),
+                                 param(m, P_FINAL_NORM, -1)->w, rows(a, m->hfinal, n),
+                                 head(a, m->rstd_final, n), &no);
+}
+
+llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets, int b, int t)
+{
+    arena a = {0};
+    const int64_t n = (int64_t)b * t;
+    llmcl_status st = trunk_forward(m, &a, ids, b, t);
+    llmcl_tensor *tt = head(&a, m->targets, n);
+    if (st == LLMCL_OK)
+        st = llmcl_tensor_upload(tt, targets, (size_t)n * sizeof *targets);
+    const llmcl_ce_options co = ce_opts();
+    if (st == LLMCL_OK)
+        st = llmcl_fused_cross_entropy_forward(m->ctx, rows(&a, m->hfinal, n),
+                                               param(m, P_HEAD, -1)->w, NULL, tt, &co, m->loss,
+                                               NULL, head(&a, m->lse_ce, n));
+    arena_clear(&a);
+    return st;
+}
+
+/* ---- backward ---- */
+
+/* A block's backward: dres holds d(output) on entry and d(input) on return. */
+static llmcl_status layer_backward(model *m, arena *a, int l, layer_acts *A, llmcl_tensor *x,
+                                   int b, int t)
+{
+    llmcl_ctx *ctx = m->ctx;
+    const model_config *c = &m->cfg;
+    const int64_t n = (int64_t)b * t;
+    const int d = m->head_dim;
+    const llmcl_rmsnorm_options no = norm_opts(m);
+    llmcl_tensor *dres = rows(a, m->dres, n), *dh = rows(a, m->dh, n), *da = rows(a, m->da, n);
+    llmcl_tensor *gate = rows(a, A->gate, n), *up = rows(a, A->up, n), *h2 = rows(a, A->h2, n);
+    /* MLP */
+    TRY(linear_backward(ctx, dres, rows(a, A->act, n), param(m, P_WDOWN, l), 0, da));
+    TRY(llmcl_glu_backward(ctx, LLMCL_ACT_SILU, da, gate, up, gate, up));
+    TRY(linear_backward(ctx, gate, h2, param(m, P_WGATE, l), 0, dh));
+    TRY(linear_backward(ctx, up, h2, param(m, P_WUP, l), 1, dh));
+    TRY(llmcl_residual_rmsnorm_backward(ctx, dh, dres, rows(a, A->xmid, n),
+                                               param(m, P_MLP_NORM, l)->w, head(a, A->rstd2, n),
+                                               dres, m->dnorm_w, &no));
+    TRY(llmcl_axpy(ctx, 1.0f, m->dnorm_w, param(m, P_MLP_NORM, l)->grad));
+    /* attention */
+    llmcl_tensor *h1 = rows(a, A->h1, n);
+    TRY(linear_backward(ctx, dres, rows(a, A->o, n), param(m, P_WO, l), 0, rows(a, m->dattn, n)));
+    const llmcl_attention_opts ao = {.causal = 1};
+    const int64_t lshape[3] = {b, c->heads, t};
+    TRY(llmcl_attention_backward(
+        ctx, bhtd(a, A->q, b, t, c->heads, d), bhtd(a, A->k, b, t, c->kv_heads, d),
+        bhtd(a, A->v, b, t, c->kv_heads, d), bhtd(a, A->o, b, t, c->heads, d),
+        view(a, A->lse, 3, lshape, NULL, 0), bhtd(a, m->dattn, b, t, c->heads, d), &ao,
+        bhtd(a, m->dq, b, t, c->heads, d), bhtd(a, m->dk, b, t, c->kv_heads, d),
+        bhtd(a, m->dv, b, t, c->kv_heads, d)));
+    const llmcl_rope_options ro = rope_opts(m, a, t);
+    TRY(llmcl_rope_backward(ctx, bthd(a, m->dq, b, t, c->heads, d),
+                                   bthd(a, m->dk, b, t, c->kv_heads, d), &ro));
+    TRY(linear_backward(ctx, rows(a, m->dq, n), h1, param(m, P_WQ, l), 0, dh));
+    TRY(linear_backward(ctx, rows(a, m->dk, n), h1, param(m, P_WK, l), 1, dh));
+    TRY(linear_backward(ctx, rows(a, m->dv, n), h1, param(m, P_WV, l), 1, dh));
+    TRY(llmcl_residual_rmsnorm_backward(ctx, dh, dres, x, param(m, P_ATTN_NORM, l)->w,
+                                               head(a, A->rstd1, n), dres, m->dnorm_w, &no));
+    return llmcl_axpy(ctx, 1.0f, m->dnorm_w, param(m, P_ATTN_NORM, l)->grad);
+}
+
+static llmcl_status backward(model *m, arena *a, int b, int t)
+{
+    llmcl_ctx *ctx = m->ctx;
+    const int L = m->cfg.layers;
+    const int64_t n = (int64_t)b * t;
+    const llmcl_ce_options co = ce_opts();
+    llmcl_tensor *hf = rows(a, m->hfinal, n), *dh32 = rows(a, m->dh32, n), *dres = rows(a, m->dres, n);
+    model_param *headp = param(m, P_HEAD, -1), *fnorm = param(m, P_FINAL_NORM, -1);
+    TRY(llmcl_fused_cross_entropy_backward(ctx, hf, headp->w, NULL, head(a, m->targets, n),
+                                                  head(a, m->lse_ce, n), NULL, &co, dh32,
+                                                  headp->grad, NULL));
+    llmcl_tensor *dy = dh32;
+    if (m->cfg.dtype != LLMCL_F32) {
+        dy = rows(a, m->dh, n);
+        TRY(llmcl_cast(ctx, dh32, dy));
+    }
+    const llmcl_rmsnorm_options no = norm_opts(m);
+    TRY(llmcl_rmsnorm_backward(ctx, dy, rows(a, m->xs[L], n), fnorm->w,
+                                      head(a, m->rstd_final, n), dres, m->dnorm_w, &no));
+    TRY(llmcl_axpy(ctx, 1.0f, m->dnorm_w, fnorm->grad));
+    for (int l = L - 1; l >= 0; --l) {
+        llmcl_tensor *x = rows(a, m->xs[l], n);
+        if (m->recompute)
+            TRY(layer_forward(m, a, l, acts_of(m, l), x, NULL, b, t));
+        TRY(layer_backward(m, a, l, acts_of(m, l), x, b, t));
+        arena_clear(a); /* views of one block at a time */
+    }
+    return llmcl_embedding_backward(ctx, head(a, m->ids, n), rows(a, m->dres, n),
+                                    param(m, P_EMBED, -1)->grad);
+}
+
+llmcl_status model_backward(model *m, int b, int t)
+{
+    arena a = {0};
+    const llmcl_status st = backward(m, &a, b, t);
+    arena_clear(&a);
+    return st;
+}
+
+/* ---- logits and sampling ---- */
+
+llmcl_status model_logits(model *m, int64_t row0, int64_t rows, llmcl_tensor *out)
+{
+    arena a = {0};
+    const int64_t shape[2] = {rows, m->cfg.dim};
+    llmcl_tensor *h = view(&a, m->hfinal, 2, shape, NULL, row0 * m->cfg.dim);
+    const llmcl_status st = linear(m->ctx, h, param(m, P_HEAD, -1)->w, 0, out);
+    arena_clear(&a);
+    return st;
+}
+
+llmcl_status model_next_token(model *m, const int32_t *ids, int t, int32_t *next)
+{
+    arena a = {0};
+    llmcl_status st = trunk_forward(m, &a, ids, 1, t);
+    arena_clear(&a);
+    TRY(st);
+    TRY(model_logits(m, t - 1, 1, m->logits_last));
+    float *logits = xmalloc((size_t)m->cfg.vocab * sizeof *logits);
+    st = llmcl_tensor_download(m->logits_last, logits, (size_t)m->cfg.vocab * sizeof *logits);
+    int best = 0;
+    for (int i = 1; i < m->cfg.vocab; ++i)
+        if (logits[i] > logits[best])
+            best = i;
+    *next = best;
+    free(logits);
+    return st;
+}

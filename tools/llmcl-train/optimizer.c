@@ -1,0 +1,52 @@
+/* optimizer.c: AdamW over a whole model through llmcl's multi-tensor step (optimizer.h). */
+#include "optimizer.h"
+
+#include <stdlib.h>
+
+#include "util.h"
+
+llmcl_status optimizer_create(model *m, const adamw_hparams *hp, optimizer *out)
+{
+    *out = (optimizer){.m = m, .hp = *hp};
+    out->tensors = xcalloc((size_t)m->n_params, sizeof *out->tensors);
+    out->grads = xcalloc((size_t)m->n_params, sizeof *out->grads);
+    for (int i = 0; i < m->n_params; ++i) {
+        model_param *p = &m->params[i];
+        /* 16-bit models: AdamW updates the master and writes the rounded copy in the same pass */
+        out->tensors[i] = (llmcl_adamw_tensor){.param = p->w16 ? p->w16 : p->master,
+                                               .master = p->w16 ? p->master : NULL,
+                                               .grad = p->grad, .m = p->m, .v = p->v,
+                                               .no_weight_decay = p->is_norm};
+        out->grads[i] = p->grad;
+    }
+    const int64_t one = 1;
+    return llmcl_tensor_create(m->ctx, LLMCL_F32, 1, &one, &out->grad_norm);
+}
+
+void optimizer_destroy(optimizer *o)
+{
+    free(o->tensors);
+    free(o->grads);
+    llmcl_tensor_destroy(o->grad_norm);
+    *o = (optimizer){0};
+}
+
+llmcl_status optimizer_step(optimizer *o, float lr, int64_t step, int micro)
+{
+    model *m = o->m;
+    TRY(llmcl_grad_norm(m->ctx, o->grads, m->n_params, 0, o->grad_norm));
+    const llmcl_adamw_opts ao = {.lr = lr, .beta1 = o->hp.beta1, .beta2 = o->hp.beta2,
+                                 .eps = o->hp.eps, .weight_decay = o->hp.weight_decay,
+                                 .step = step, .grad_scale = 1.0f / (float)micro,
+                                 .grad_norm = o->hp.clip > 0 ? o->grad_norm : NULL,
+                                 .max_grad_norm = o->hp.clip, .seed = o->hp.seed};
+    return llmcl_adamw_step(m->ctx, o->tensors, m->n_params, &ao);
+}
+
+llmcl_status optimizer_last_norm(optimizer *o, int micro, double *norm)
+{
+    float g = 0;
+    TRY(llmcl_tensor_download(o->grad_norm, &g, sizeof g));
+    *norm = g / micro;
+    return LLMCL_OK;
+}

@@ -1,0 +1,37 @@
+/*
+ * optimizer.h: llmcl-train's optimizer: every parameter of a model in one llmcl_adamw_step call
+ * (the flat buffers make it one launch), global-norm clipping read on the device, and the
+ * hyperparameters of a run.
+ */
+#ifndef LLMCL_TRAIN_OPTIMIZER_H
+#define LLMCL_TRAIN_OPTIMIZER_H
+
+#include "model.h"
+
+typedef struct adamw_hparams {
+    float beta1, beta2, eps, weight_decay;
+    float clip; /* max global gradient norm; 0: off */
+    uint64_t seed;
+} adamw_hparams;
+
+typedef struct optimizer {
+    model *m;
+    adamw_hparams hp;
+    llmcl_adamw_tensor *tensors;
+    const llmcl_tensor **grads;
+    llmcl_tensor *grad_norm; /* f32 [1]: the norm of the accumulated gradients */
+} optimizer;
+
+llmcl_status optimizer_create(model *m, const adamw_hparams *hp, optimizer *out);
+void optimizer_destroy(optimizer *o);
+
+/*
+ * One step at learning rate lr (step counts from 1) on gradients accumulated over `micro`
+ * micro-batches (each a mean loss, so they are scaled by 1 / micro), clipped to hp.clip.
+ */
+llmcl_status optimizer_step(optimizer *o, float lr, int64_t step, int micro);
+
+/* The global norm of the last step's gradients, scaled as the update saw them (waits). */
+llmcl_status optimizer_last_norm(optimizer *o, int micro, double *norm);
+
+#endif

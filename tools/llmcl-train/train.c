@@ -1,0 +1,461 @@
+/*
+ * train.c: llmcl-train, a Llama-style decoder trained end to end on llmcl: options, the training
+ * loop (gradient accumulation, global-norm clipping, warmup + cosine learning rate, the fused
+ * AdamW), held-out evaluation, the progress line and a greedy sample at the end.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h"
+#include "data.h"
+#include "model.h"
+#include "optimizer.h"
+#include "util.h"
+
+typedef struct options {
+    model_config model;
+    const char *data, *val;
+    int batch, seq, accum, steps, warmup;
+    float lr, min_lr_frac, weight_decay, clip, beta1, beta2, eps;
+    int eval_every, eval_batches, log_every, sample_tokens;
+    const char *prompt;
+    int recompute;
+    const char *save, *resume;
+    int save_every, save_on_interrupt;
+    uint64_t seed;
+    double peak_tflops;
+} options;
+
+static void usage(FILE *f)
+{
+    fputs("usage: llmcl-train [options]\n"
+          "Trains a Llama-style decoder on llmcl's kernels. Without --data it trains a tiny model on a\n"
+          "built-in corpus, small enough for a CPU OpenCL device.\n"
+          "data:\n"
+          "  --data FILE          text (byte-level tokens) or an llm.c token file (.bin)\n"
+          "  --val FILE           held-out tokens (default: the last 5% of --data)\n"
+          "model:\n"
+          "  --preset NAME        tiny (default) or llama-1b (Llama-3.2-1B's shape)\n"
+          "  --dim N --layers N --heads N --kv-heads N --ffn N --vocab N\n"
+          "  --untied             a separate output head (default: tied to the embeddings)\n"
+          "  --rope-theta X       RoPE base (default 10000; llama-1b 500000)\n"
+          "  --rope-llama3 X      Llama 3 RoPE scaling factor (0: off)\n"
+          "  --dtype T            bf16 (default), f16 or f32 compute; master weights are f32\n"
+          "training:\n"
+          "  --batch B --seq T    micro-batch of B sequences of T tokens\n"
+          "  --accum K            micro-batches per step (gradient accumulation)\n"
+          "  --steps N --lr X --min-lr F (fraction of lr at the end) --warmup N\n"
+          "  --weight-decay X --clip X (global gradient norm; 0: off) --beta1 X --beta2 X --eps X\n"
+          "  --recompute          activation checkpointing: keep only each layer's input\n"
+          "  --seed N\n"
+          "output:\n"
+          "  --eval-every N --eval-batches N --log-every N\n"
+          "  --sample N           greedy tokens generated at the end (0: none)\n"
+          "  --prompt TEXT        the sample's start (byte-level data)\n"
+          "  --peak-tflops X      the device peak for MFU (default: measured)\n"
+          "checkpoints (safetensors: f32 weights under Hugging Face names, AdamW moments, step):\n"
+          "  --save FILE          written at the end (and every --save-every N steps)\n"
+          "  --save-on-interrupt  Ctrl-C writes --save before exiting\n"
+          "  --resume FILE        continue from a checkpoint of the same model shape\n",
+          f);
+}
+
+static void preset(options *o, const char *name)
+{
+    if (strcmp(name, "tiny") == 0) {
+        o->model = (model_config){.vocab = 256, .dim = 128, .layers = 4, .heads = 4, .kv_heads = 2,
+                                  .ffn = 384, .tied = 1, .norm_eps = 1e-5f, .rope_theta = 10000,
+                                  .dtype = LLMCL_BF16};
+        o->batch = 8, o->seq = 64;
+    } else if (strcmp(name, "llama-1b") == 0) {
+        o->model = (model_config){.vocab = 128256, .dim = 2048, .layers = 16, .heads = 32,
+                                  .kv_heads = 8, .ffn = 8192, .tied = 1, .norm_eps = 1e-5f,
+                                  .rope_theta = 500000, .rope_llama3_factor = 32,
+                                  .dtype = LLMCL_BF16};
+        o->batch = 4, o->seq = 2048;
+    } else {
+        die("unknown --preset %s (tiny, llama-1b)", name);
+    }
+}
+
+static llmcl_dtype parse_dtype(const char *s)
+{
+    if (strcmp(s, "bf16") == 0)
+        return LLMCL_BF16;
+    if (strcmp(s, "f16") == 0)
+        return LLMCL_F16;
+    if (strcmp(s, "f32") == 0)
+        return LLMCL_F32;
+    die("--dtype %s: expected bf16, f16 or f32", s);
+}
+
+static long parse_int(const char *name, const char *s, long lo, long hi)
+{
+    char *end;
+    const long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < lo || v > hi)
+        die("--%s %s: expected an integer in [%ld, %ld]", name, s, lo, hi);
+    return v;
+}
+
+static double parse_num(const char *name, const char *s, double lo)
+{
+    char *end;
+    const double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || !(v >= lo) || !isfinite(v))
+        die("--%s %s: expected a number >= %g", name, s, lo);
+    return v;
+}
+
+static void parse_options(int argc, char **argv, options *o)
+{
+    *o = (options){.accum = 1, .steps = 200, .warmup = 20, .lr = 3e-3f, .min_lr_frac = 0.1f,
+                   .weight_decay = 0.1f, .clip = 1.0f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                   .eval_every = 50, .eval_batches = 4, .log_every = 10, .sample_tokens = 200,
+                   .prompt = "The cat", .seed = 1337};
+    preset(o, "tiny");
+    static const struct option longs[] = {
+        {"data", 1, 0, 'D'}, {"val", 1, 0, 'V'}, {"preset", 1, 0, 'P'}, {"dim", 1, 0, 'd'},
+        {"layers", 1, 0, 'L'}, {"heads", 1, 0, 'H'}, {"kv-heads", 1, 0, 'K'}, {"ffn", 1, 0, 'F'},
+        {"vocab", 1, 0, 'v'}, {"untied", 0, 0, 'u'}, {"rope-theta", 1, 0, 'r'},
+        {"rope-llama3", 1, 0, 'R'}, {"dtype", 1, 0, 't'}, {"batch", 1, 0, 'b'}, {"seq", 1, 0, 's'},
+        {"accum", 1, 0, 'a'}, {"steps", 1, 0, 'n'}, {"lr", 1, 0, 'l'}, {"min-lr", 1, 0, 'm'},
+        {"warmup", 1, 0, 'w'}, {"weight-decay", 1, 0, 'W'}, {"clip", 1, 0, 'c'},
+        {"beta1", 1, 0, '1'}, {"beta2", 1, 0, '2'}, {"eps", 1, 0, 'e'}, {"recompute", 0, 0, 'C'},
+        {"seed", 1, 0, 'S'}, {"eval-every", 1, 0, 'E'}, {"eval-batches", 1, 0, 'B'},
+        {"log-every", 1, 0, 'g'}, {"sample", 1, 0, 'o'}, {"prompt", 1, 0, 'p'},
+        {"peak-tflops", 1, 0, 'T'}, {"save", 1, 0, 'Y'}, {"save-every", 1, 0, 'y'},
+        {"save-on-interrupt", 0, 0, 'I'}, {"resume", 1, 0, 'Z'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
+    /* a preset first, so that the other options refine it whatever their order */
+    for (int i = 1; i + 1 < argc; ++i)
+        if (strcmp(argv[i], "--preset") == 0)
+            preset(o, argv[i + 1]);
+    int c;
+    while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+        switch (c) {
+        case 'D': o->data = optarg; break;
+        case 'V': o->val = optarg; break;
+        case 'P': break;
+        case 'd': o->model.dim = (int)parse_int("dim", optarg, 1, 1 << 20); break;
+        case 'L': o->model.layers = (int)parse_int("layers", optarg, 1, 4096); break;
+        case 'H': o->model.heads = (int)parse_int("heads", optarg, 1, 4096); break;
+        case 'K': o->model.kv_heads = (int)parse_int("kv-heads", optarg, 1, 4096); break;
+        case 'F': o->model.ffn = (int)parse_int("ffn", optarg, 1, 1 << 22); break;
+        case 'v': o->model.vocab = (int)parse_int("vocab", optarg, 2, 1 << 24); break;
+        case 'u': o->model.tied = 0; break;
+        case 'r': o->model.rope_theta = parse_num("rope-theta", optarg, 1); break;
+        case 'R': o->model.rope_llama3_factor = parse_num("rope-llama3", optarg, 0); break;
+        case 't': o->model.dtype = parse_dtype(optarg); break;
+        case 'b': o->batch = (int)parse_int("batch", optarg, 1, 1 << 20); break;
+        case 's': o->seq = (int)parse_int("seq", optarg, 1, 1 << 22); break;
+        case 'a': o->accum = (int)parse_int("accum", optarg, 1, 1 << 20); break;
+        case 'n': o->steps = (int)parse_int("steps", optarg, 0, 1 << 30); break;
+        case 'l': o->lr = (float)parse_num("lr", optarg, 0); break;
+        case 'm': o->min_lr_frac = (float)parse_num("min-lr", optarg, 0); break;
+        case 'w': o->warmup = (int)parse_int("warmup", optarg, 0, 1 << 30); break;
+        case 'W': o->weight_decay = (float)parse_num("weight-decay", optarg, 0); break;
+        case 'c': o->clip = (float)parse_num("clip", optarg, 0); break;
+        case '1': o->beta1 = (float)parse_num("beta1", optarg, 0); break;
+        case '2': o->beta2 = (float)parse_num("beta2", optarg, 0); break;
+        case 'e': o->eps = (float)parse_num("eps", optarg, 0); break;
+        case 'C': o->recompute = 1; break;
+        case 'S': o->seed = (uint64_t)parse_int("seed", optarg, 0, 1L << 62); break;
+        case 'E': o->eval_every = (int)parse_int("eval-every", optarg, 0, 1 << 30); break;
+        case 'B': o->eval_batches = (int)parse_int("eval-batches", optarg, 1, 1 << 20); break;
+        case 'g': o->log_every = (int)parse_int("log-every", optarg, 1, 1 << 30); break;
+        case 'o': o->sample_tokens = (int)parse_int("sample", optarg, 0, 1 << 20); break;
+        case 'p': o->prompt = optarg; break;
+        case 'T': o->peak_tflops = parse_num("peak-tflops", optarg, 0); break;
+        case 'Y': o->save = optarg; break;
+        case 'y': o->save_every = (int)parse_int("save-every", optarg, 0, 1 << 30); break;
+        case 'I': o->save_on_interrupt = 1; break;
+        case 'Z': o->resume = optarg; break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); exit(2);
+        }
+    }
+    if (optind < argc)
+        die("unexpected argument '%s' (see --help)", argv[optind]);
+    if (o->beta1 >= 1 || o->beta2 >= 1)
+        die("--beta1 and --beta2 must be below 1");
+    if ((o->save_every || o->save_on_interrupt) && !o->save)
+        die("--save-every and --save-on-interrupt need --save FILE");
+    o->model.max_seq = o->seq;
+}
+
+/* ---- the learning rate: linear warmup, then cosine down to min_lr_frac * lr ---- */
+
+static float learning_rate(const options *o, int step)
+{
+    if (step < o->warmup)
+        return o->lr * (float)(step + 1) / (float)o->warmup;
+    const int span = o->steps - o->warmup;
+    const double progress = span > 0 ? (double)(step - o->warmup) / span : 1.0;
+    const double cosine = 0.5 * (1.0 + cos(3.141592653589793 * (progress > 1 ? 1 : progress)));
+    return (float)(o->lr * (o->min_lr_frac + (1.0 - o->min_lr_frac) * cosine));
+}
+
+/* ---- the pieces of a step ---- */
+
+typedef struct trainer {
+    llmcl_ctx *ctx;
+    options o;
+    model *m;
+    token_data train, val;
+    loader tl;
+    int32_t *ids, *targets;
+    llmcl_tensor *loss_sum;
+    optimizer opt;
+    double peak_tflops;
+} trainer;
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+static void check_tokens(const token_data *d, int vocab)
+{
+    for (int64_t i = 0; i < d->n; ++i)
+        if (d->tokens[i] < 0 || d->tokens[i] >= vocab)
+            die("%s: token %lld is %d, outside the model's vocabulary of %d (set --vocab)",
+                d->source, (long long)i, d->tokens[i], vocab);
+}
+
+static void load_data(trainer *tr)
+{
+    options *o = &tr->o;
+    if (o->data)
+        data_load(o->data, &tr->train);
+    else
+        data_builtin(o->seed, 400000, &tr->train);
+    if (o->val)
+        data_load(o->val, &tr->val);
+    else
+        data_split(&tr->train, 0.05, &tr->val);
+    if (tr->train.vocab > o->model.vocab && !tr->train.byte_level)
+        o->model.vocab = tr->train.vocab;
+    check_tokens(&tr->train, o->model.vocab);
+    check_tokens(&tr->val, o->model.vocab);
+    loader_init(&tr->tl, &tr->train, o->batch, o->seq, 0, 1);
+}
+
+static void setup_optimizer(trainer *tr)
+{
+    const options *o = &tr->o;
+    const adamw_hparams hp = {.beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
+                              .weight_decay = o->weight_decay, .clip = o->clip, .seed = o->seed};
+    CHECK(optimizer_create(tr->m, &hp, &tr->opt), tr->ctx);
+    const int64_t one = 1;
+    CHECK(llmcl_tensor_create(tr->ctx, LLMCL_F32, 1, &one, &tr->loss_sum), tr->ctx);
+}
+
+/* Mean loss over eval_batches windows of the held-out tokens. */
+static double evaluate(trainer *tr)
+{
+    const options *o = &tr->o;
+    loader vl;
+    loader_init(&vl, &tr->val, o->batch, o->seq, 0, 1);
+    double sum = 0;
+    for (int i = 0; i < o->eval_batches; ++i) {
+        loader_next(&vl, tr->ids, tr->targets);
+        CHECK(model_forward(tr->m, tr->ids, tr->targets, o->batch, o->seq), tr->ctx);
+        float loss;
+        CHECK(llmcl_tensor_download(tr->m->loss, &loss, sizeof loss), tr->ctx);
+        sum += loss;
+    }
+    return sum / o->eval_batches;
+}
+
+/* One optimizer step over accum micro-batches; returns the mean loss and the gradient norm. */
+static void train_step(trainer *tr, int step, double *loss, double *norm)
+{
+    const options *o = &tr->o;
+    model *m = tr->m;
+    llmcl_ctx *ctx = tr->ctx;
+    CHECK(llmcl_fill(ctx, m->flat_grad, 0.0), ctx);
+    CHECK(llmcl_fill(ctx, tr->loss_sum, 0.0), ctx);
+    for (int k = 0; k < o->accum; ++k) {
+        loader_next(&tr->tl, tr->ids, tr->targets);
+        CHECK(model_forward(m, tr->ids, tr->targets, o->batch, o->seq), ctx);
+        CHECK(llmcl_axpy(ctx, 1.0f / (float)o->accum, m->loss, tr->loss_sum), ctx);
+        CHECK(model_backward(m, o->batch, o->seq), ctx);
+    }
+    CHECK(optimizer_step(&tr->opt, learning_rate(o, step), step + 1, o->accum), ctx);
+    float l;
+    CHECK(llmcl_tensor_download(tr->loss_sum, &l, sizeof l), ctx);
+    *loss = l;
+    CHECK(optimizer_last_norm(&tr->opt, o->accum, norm), ctx);
+}
+
+/* ---- output ---- */
+
+static void format_eta(double seconds, char *buf, size_t len)
+{
+    const long s = (long)(seconds + 0.5);
+    if (s >= 3600)
+        snprintf(buf, len, "%ldh%02ldm", s / 3600, s / 60 % 60);
+    else
+        snprintf(buf, len, "%ldm%02lds", s / 60, s % 60);
+}
+
+static double device_mib(llmcl_ctx *ctx)
+{
+    llmcl_memory_stats ms;
+    CHECK(llmcl_memory_stats_get(ctx, &ms), ctx);
+    return (double)ms.current_bytes / (1024.0 * 1024.0);
+}
+
+/* step_s: the mean time of the steps since the last line. */
+static void progress(trainer *tr, int step, double loss, double norm, double step_s, double eta)
+{
+    const options *o = &tr->o;
+    const double tokens = (double)o->batch * o->seq * o->accum, tps = tokens / step_s;
+    const double mfu = 100.0 * tps * model_flops_per_token(tr->m, o->seq) / (tr->peak_tflops * 1e12);
+    char eta_s[32];
+    format_eta(eta, eta_s, sizeof eta_s);
+    printf("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1fk tok/s | MFU %.1f%% | mem %.1f MiB | "
+           "ETA %s\n",
+           step + 1, o->steps, loss, norm, learning_rate(o, step), tps / 1e3, mfu,
+           device_mib(tr->ctx), eta_s);
+    fflush(stdout);
+}
+
+static void print_token(const token_data *d, int32_t tok)
+{
+    if (d->byte_level)
+        putchar(tok == '\n' || (tok >= 32 && tok < 127) ? tok : '?');
+    else
+        printf("[%d]", tok);
+}
+
+static void sample(trainer *tr)
+{
+    const options *o = &tr->o;
+    const int max_t = o->seq;
+    int32_t *ctx_ids = xmalloc((size_t)max_t * sizeof *ctx_ids);
+    int t = 0;
+    if (tr->train.byte_level)
+        for (const char *p = o->prompt; *p && t < max_t - 1; ++p)
+            ctx_ids[t++] = (unsigned char)*p;
+    if (t == 0)
+        ctx_ids[t++] = tr->train.tokens[0];
+    printf("sample (greedy, %d tokens):\n", o->sample_tokens);
+    for (int i = 0; i < t; ++i)
+        print_token(&tr->train, ctx_ids[i]);
+    for (int i = 0; i < o->sample_tokens; ++i) {
+        int32_t next;
+        CHECK(model_next_token(tr->m, ctx_ids, t, &next), tr->ctx);
+        print_token(&tr->train, next);
+        if (t == max_t) { /* slide the window: the model never saw longer contexts */
+            memmove(ctx_ids, ctx_ids + 1, (size_t)(max_t - 1) * sizeof *ctx_ids);
+            --t;
+        }
+        ctx_ids[t++] = next;
+    }
+    putchar('\n');
+    free(ctx_ids);
+}
+
+static void save(trainer *tr, int steps_done)
+{
+    const train_state s = {steps_done, tr->tl.pos};
+    CHECK(checkpoint_save(tr->m, &s, tr->o.save), tr->ctx);
+    printf("saved %s at step %d\n", tr->o.save, steps_done);
+}
+
+static double measured_peak(llmcl_ctx *ctx, llmcl_dtype dt)
+{
+    double tflops = 0;
+    const llmcl_device_info *info = llmcl_ctx_device_info(ctx);
+    if (dt != LLMCL_F32 && info->has_mma)
+        CHECK(llmcl_measure_mma_rate(ctx, &tflops), ctx);
+    else
+        CHECK(llmcl_measure_fma_rate(ctx, &tflops), ctx);
+    return tflops;
+}
+
+int main(int argc, char **argv)
+{
+    trainer tr = {0};
+    parse_options(argc, argv, &tr.o);
+    options *o = &tr.o;
+    load_data(&tr);
+    const char *bad = model_config_error(&o->model);
+    if (bad)
+        die("bad model configuration: %s", bad);
+    if (o->steps > 0 && o->warmup >= o->steps)
+        o->warmup = o->steps / 10;
+
+    CHECK(llmcl_ctx_create(&tr.ctx), NULL);
+    const llmcl_device_info *info = llmcl_ctx_device_info(tr.ctx);
+    tr.peak_tflops = o->peak_tflops > 0 ? o->peak_tflops : measured_peak(tr.ctx, o->model.dtype);
+    CHECK(model_create(tr.ctx, &o->model, o->seed, &tr.m), tr.ctx);
+    CHECK(model_alloc_acts(tr.m, o->batch, o->seq, o->recompute), tr.ctx);
+    setup_optimizer(&tr);
+    tr.ids = xmalloc((size_t)o->batch * o->seq * sizeof *tr.ids);
+    tr.targets = xmalloc((size_t)o->batch * o->seq * sizeof *tr.targets);
+
+    const model_config *c = &o->model;
+    printf("device: %s (%s), peak %.1f TFLOP/s%s\n", info->name, info->platform_name,
+           tr.peak_tflops, o->peak_tflops > 0 ? " (given)" : " (measured)");
+    printf("model: %.2fM parameters, dim %d, %d layers, %d/%d heads, ffn %d, vocab %d, %s, %s%s\n",
+           (double)model_param_count(tr.m) / 1e6, c->dim, c->layers, c->heads, c->kv_heads, c->ffn,
+           c->vocab, c->tied ? "tied head" : "untied head", llmcl_dtype_name(c->dtype),
+           o->recompute ? ", activation checkpointing" : "");
+    printf("data: %s, %lld training and %lld held-out tokens; batch %d x %d x %d\n",
+           tr.train.source, (long long)tr.train.n, (long long)tr.val.n, o->batch, o->seq, o->accum);
+    int first = 0;
+    if (o->resume) {
+        train_state s;
+        const char *why;
+        if (checkpoint_load(tr.m, o->resume, &s, &why) != LLMCL_OK)
+            die("cannot resume: %s", why);
+        first = (int)s.step;
+        tr.tl.pos = s.data_pos;
+        printf("resumed from %s at step %d\n", o->resume, first);
+    }
+    signal(SIGINT, on_sigint);
+
+    double train_s = 0, interval_s = 0; /* time in training steps, evaluations excluded */
+    int step = first, interval_steps = 0;
+    for (; step < o->steps && !interrupted; ++step) {
+        double loss, norm;
+        const double t0 = now_seconds();
+        train_step(&tr, step, &loss, &norm);
+        const double dt = now_seconds() - t0;
+        train_s += dt, interval_s += dt, ++interval_steps;
+        if (step % o->log_every == 0 || step + 1 == o->steps) {
+            const double per_step = train_s / (step + 1 - first);
+            progress(&tr, step, loss, norm, interval_s / interval_steps,
+                     per_step * (o->steps - step - 1));
+            interval_s = 0, interval_steps = 0;
+        }
+        if (o->eval_every && ((step + 1) % o->eval_every == 0 || step + 1 == o->steps))
+            printf("step %5d/%d | held-out loss %.4f\n", step + 1, o->steps, evaluate(&tr));
+        if (o->save_every && (step + 1) % o->save_every == 0)
+            save(&tr, step + 1);
+    }
+    if (o->save && (!interrupted || o->save_on_interrupt))
+        save(&tr, step);
+    if (interrupted)
+        printf("interrupted at step %d\n", step);
+    else if (o->sample_tokens > 0)
+        sample(&tr);
+
+    free(tr.ids), free(tr.targets);
+    optimizer_destroy(&tr.opt);
+    llmcl_tensor_destroy(tr.loss_sum);
+    model_destroy(tr.m);
+    data_free(&tr.train), data_free(&tr.val);
+    llmcl_ctx_destroy(tr.ctx);
+    return interrupted ? 130 : 0;
+}

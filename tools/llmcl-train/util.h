@@ -1,0 +1,45 @@
+/*
+ * util.h: what every part of llmcl-train shares: fatal errors with llmcl's message, checked
+ * allocation, a seeded random generator, wall-clock time.
+ */
+#ifndef LLMCL_TRAIN_UTIL_H
+#define LLMCL_TRAIN_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llmcl.h"
+
+/* Prints "llmcl-train: <message>" to stderr and exits with status 1. */
+void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+/* Dies naming the call, the status and llmcl's last error on ctx when expr failed. */
+#define CHECK(expr, ctx) check_status((expr), (ctx), #expr, __FILE__, __LINE__)
+void check_status(llmcl_status st, const llmcl_ctx *ctx, const char *expr, const char *file,
+                  int line);
+
+/* Returns a failed status from the enclosing function. */
+#define TRY(expr)                                                                                 \
+    do {                                                                                          \
+        llmcl_status try_st_ = (expr);                                                            \
+        if (try_st_ != LLMCL_OK)                                                                  \
+            return try_st_;                                                                       \
+    } while (0)
+
+void *xmalloc(size_t bytes);
+void *xcalloc(size_t n, size_t size);
+
+/* xoshiro256** from a splitmix64-expanded seed. */
+typedef struct rng {
+    uint64_t s[4];
+} rng;
+
+rng rng_new(uint64_t seed);
+uint64_t rng_next(rng *r);
+double rng_uniform(rng *r); /* [0, 1) */
+double rng_normal(rng *r);  /* standard normal (Box-Muller) */
+
+/* Seconds on a monotonic clock. */
+double now_seconds(void);
+
+#endif
