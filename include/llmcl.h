@@ -192,8 +192,8 @@ LLMCL_API llmcl_status llmcl_memory_set_limit(llmcl_ctx *ctx, uint64_t bytes);
  * An engine (llmcl_offload) owns a pool of pinned host memory (CL_MEM_ALLOC_HOST_PTR buffers,
  * mapped once, as many as the device's largest allocation needs) and a second in-order command
  * queue for copies on the context's device. Copies and the context's queue (the compute queue) are
- * ordered only through events, and the host never waits for either in save, prefetch, restore,
- * fence or release:
+ * ordered only through events, and the host never waits for either in save (unless the pool is
+ * full), prefetch, restore, fence or release:
  *   save     marker on the compute queue (after the kernel that produced t); the device-to-host
  *            copy waits for it on the copy queue.
  *   prefetch host-to-device copy into a new device tensor on the copy queue (after the save's copy,
@@ -299,6 +299,13 @@ LLMCL_API llmcl_status llmcl_offload_restore(llmcl_offload *off, llmcl_offload_h
  * have ended (never waits); frees a prefetched tensor that was not restored.
  */
 LLMCL_API llmcl_status llmcl_offload_release(llmcl_offload *off, llmcl_offload_handle h);
+
+/*
+ * Waits on the host for every copy the engine has enqueued (and so for the compute queue's work up
+ * to the last save), then frees what released handles held. For tests, checkpoints and exact
+ * statistics; a training loop does not need it.
+ */
+LLMCL_API llmcl_status llmcl_offload_finish(llmcl_offload *off);
 
 /* Reads the engine's counters (never waits; see llmcl_offload_stats for what is counted when). */
 LLMCL_API llmcl_status llmcl_offload_stats_get(llmcl_offload *off, llmcl_offload_stats *out);

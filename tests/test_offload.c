@@ -130,12 +130,25 @@ static void test_many_in_flight_out_of_order(void **state)
     llmcl_tensor *t[N];
     unsigned char *want[N];
     llmcl_offload_handle h[N];
+    uint64_t bytes = 0, pinned = 0;
     for (int i = 0; i < N; ++i) {
         const int64_t shape[] = {1 + i % 5, 97 * (i + 1)};
         t[i] = th_tensor((llmcl_dtype)(i % LLMCL_DTYPE_COUNT), 2, shape);
         want[i] = random_bytes(t[i], 1000 + (uint64_t)i);
         TH_OK(llmcl_offload_save(off, t[i], &h[i]));
+        const uint64_t b = (uint64_t)llmcl_tensor_numel(t[i]) * llmcl_dtype_size(i % LLMCL_DTYPE_COUNT);
+        bytes += b;
+        pinned += (b + 255) / 256 * 256;
     }
+    llmcl_offload_stats s;
+    TH_OK(llmcl_offload_finish(off));
+    TH_OK(llmcl_offload_stats_get(off, &s));
+    assert_int_equal(s.live_handles, N);
+    assert_int_equal(s.copies_in_flight, 0);
+    assert_int_equal(s.bytes_saved, bytes);
+    assert_int_equal(s.bytes_restored, 0);
+    assert_int_equal(s.pinned_in_use, pinned);
+    assert_int_equal(s.peak_pinned_in_use, pinned);
     /* prefetch a few ahead, restore in a shuffled order, some twice */
     for (int i = 0; i < N; i += 7)
         TH_OK(llmcl_offload_prefetch(off, h[i]));
@@ -157,9 +170,10 @@ static void test_many_in_flight_out_of_order(void **state)
         llmcl_tensor_destroy(t[k]);
         free(want[k]);
     }
-    llmcl_offload_stats s;
+    TH_OK(llmcl_offload_finish(off));
     TH_OK(llmcl_offload_stats_get(off, &s));
     assert_int_equal(s.live_handles, 0);
+    assert_int_equal(s.pinned_in_use, 0);
     llmcl_offload_destroy(off);
 }
 
@@ -240,7 +254,7 @@ static void test_pool_limit(void **state)
     TH_FAILS(llmcl_offload_save(off, too_big, &a), LLMCL_ERROR_OUT_OF_HOST_MEMORY);
     TH_OK(llmcl_offload_release(off, b));
     TH_OK(llmcl_offload_release(off, c));
-    TH_OK(llmcl_ctx_finish(ctx));
+    TH_OK(llmcl_offload_finish(off));
     TH_OK(llmcl_offload_stats_get(off, &s));
     assert_int_equal(s.pinned_in_use, 0);
     assert_int_equal(s.peak_pinned_in_use, 2 * 24064);
@@ -295,7 +309,8 @@ static void test_bad_inputs(void **state)
     TH_FAILS(llmcl_offload_release(off, h), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_offload_prefetch(off, h), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_offload_fence(off, h), LLMCL_ERROR_INVALID_ARGUMENT);
-    TH_OK(llmcl_ctx_finish(ctx));
+    TH_FAILS(llmcl_offload_finish(NULL), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_OK(llmcl_offload_finish(off)); /* h's slot is free again: the next save takes it */
     llmcl_offload_handle again;
     TH_OK(llmcl_offload_save(off, t, &again));
     assert_true(again.id != h.id);

@@ -568,6 +568,14 @@ llmcl_status llmcl_offload_release(llmcl_offload *off, llmcl_offload_handle h)
     return LLMCL_OK;
 }
 
+llmcl_status llmcl_offload_finish(llmcl_offload *off)
+{
+    LLMCL__REQUIRE(NULL, off, LLMCL_ERROR_INVALID_ARGUMENT, "off must not be NULL");
+    LLMCL__CL(off->ctx, clFinish(off->copyq));
+    reap(off);
+    return LLMCL_OK;
+}
+
 llmcl_status llmcl_offload_stats_get(llmcl_offload *off, llmcl_offload_stats *out)
 {
     LLMCL__REQUIRE(NULL, off && out, LLMCL_ERROR_INVALID_ARGUMENT, "off and out must not be NULL");

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench.h"
 
@@ -77,6 +78,29 @@ double bench_time(bench_env *env, bench_op op, void *arg)
     }
     qsort(times, (size_t)reps, sizeof times[0], cmp_double);
     return times[reps / 2];
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+double bench_wall_time(bench_env *env, bench_op op, void *arg, int max_reps)
+{
+    double t[16];
+    int reps = env->reps < max_reps ? env->reps : max_reps;
+    reps = reps < 1 ? 1 : reps > 16 ? 16 : reps;
+    for (int i = -1; i < reps; ++i) {
+        const double start = now_ms();
+        if (op(env->ctx, arg) != LLMCL_OK || llmcl_ctx_finish(env->ctx) != LLMCL_OK)
+            return -1;
+        if (i >= 0)
+            t[i] = now_ms() - start;
+    }
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    return t[reps / 2];
 }
 
 double bench_peak_mib(bench_env *env, bench_op op, void *arg)

@@ -50,6 +50,13 @@ typedef llmcl_status (*bench_op)(llmcl_ctx *ctx, void *arg);
  */
 double bench_time(bench_env *env, bench_op op, void *arg);
 
+/*
+ * Median wall time in milliseconds of min(env->reps, max_reps, 16) runs of op, each to the end of
+ * its work (llmcl_ctx_finish), after one warm-up: for ops with work outside llmcl's profile
+ * (CLBlast, other queues). Returns a negative value when op fails.
+ */
+double bench_wall_time(bench_env *env, bench_op op, void *arg, int max_reps);
+
 /* Peak device MiB held by the library while op runs once (beyond what was held before). */
 double bench_peak_mib(bench_env *env, bench_op op, void *arg);
 

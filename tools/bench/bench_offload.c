@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bench.h"
 
@@ -156,36 +155,6 @@ static llmcl_status step_offloaded(llmcl_ctx *ctx, void *arg)
     return st;
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Median wall time of reps steps, each to the end of its work, after one warm-up; -1 on failure. */
-static double time_step(bench_env *env, bench_op step, ob *b, int reps)
-{
-    double t[16];
-    for (int r = -1; r < reps; ++r) {
-        const double start = now_ms();
-        if (step(env->ctx, b) != LLMCL_OK || llmcl_ctx_finish(env->ctx) != LLMCL_OK) {
-            bench_fail(env, "offload step", LLMCL_OK);
-            return -1;
-        }
-        if (r >= 0)
-            t[r] = now_ms() - start;
-    }
-    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
-    return t[reps / 2];
-}
-
 static bool setup(bench_env *env, ob *b)
 {
     llmcl_ctx *ctx = env->ctx;
@@ -250,33 +219,34 @@ static void add_row(bench_env *env, const char *kernel, const char *dir, const c
 /* The on-device and offloaded steps, their comparison rows and the summary line. */
 static void bench_steps(bench_env *env, ob *b)
 {
-    const int reps = env->reps < 5 ? env->reps : 5;
     size_t gbytes = 0;
-    const double dev_ms = time_step(env, step_on_device, b, reps);
+    const double dev_ms = bench_wall_time(env, step_on_device, b, 5);
     unsigned char *want = dev_ms > 0 ? grads(b, &gbytes) : NULL;
     const double dev_peak = bench_peak_mib(env, step_on_device, b);
-    llmcl_offload_stats s0, s1;
-    llmcl_offload_stats_get(b->off, &s0);
-    const double off_ms = time_step(env, step_offloaded, b, reps);
-    llmcl_offload_stats_get(b->off, &s1);
+    const double off_ms = bench_wall_time(env, step_offloaded, b, 5);
     unsigned char *got = off_ms > 0 ? grads(b, &gbytes) : NULL;
+    llmcl_offload_stats s0, s1; /* over the one step that measures the peak */
+    llmcl_offload_stats_get(b->off, &s0);
     const double off_peak = bench_peak_mib(env, step_offloaded, b);
-    if (!want || !got) {
+    llmcl_offload_finish(b->off);
+    llmcl_offload_stats_get(b->off, &s1);
+    if (!want || !got || dev_peak < 0 || off_peak < 0) {
         free(want);
         free(got);
+        bench_fail(env, "the offload steps", LLMCL_OK);
         return;
     }
     const int check = memcmp(want, got, gbytes) == 0;
     char shape[48];
     snprintf(shape, sizeof shape, "L=%d T=%lld H=%lld F=%lld", b->L, (long long)b->T,
              (long long)b->H, (long long)b->F);
-    const double steps = reps + 1, saved = (double)(s1.bytes_saved - s0.bytes_saved) / steps;
-    const double restored = (double)(s1.bytes_restored - s0.bytes_restored) / steps;
+    const double saved = (double)(s1.bytes_saved - s0.bytes_saved);
+    const double restored = (double)(s1.bytes_restored - s0.bytes_restored);
     add_row(env, "offload save", "d2h", "bf16", shape,
-            (bench_row){.ms = (s1.save_ms - s0.save_ms) / steps, .bytes = saved,
+            (bench_row){.ms = s1.save_ms - s0.save_ms, .bytes = saved,
                         .link_gbs = env->host_d2h_gbs, .peak_mib = -1, .check = -1});
     add_row(env, "offload restore", "h2d", "bf16", shape,
-            (bench_row){.ms = (s1.restore_ms - s0.restore_ms) / steps, .bytes = restored,
+            (bench_row){.ms = s1.restore_ms - s0.restore_ms, .bytes = restored,
                         .link_gbs = env->host_h2d_gbs, .peak_mib = -1, .check = -1});
     add_row(env, "offload step", "fwd+bwd", "bf16", shape,
             (bench_row){.ms = off_ms, .baseline_ms = dev_ms, .peak_mib = off_peak, .check = check});
@@ -284,7 +254,7 @@ static void bench_steps(bench_env *env, ob *b)
             (bench_row){.ms = dev_ms, .peak_mib = dev_peak, .check = -1});
     printf("offload: step %.2f ms offloaded vs %.2f ms on device (%+.1f%%), stall %.3f ms a step, "
            "device memory saved %.1f MiB (peak %.1f -> %.1f MiB), prefetch distance %d\n",
-           off_ms, dev_ms, 100.0 * (off_ms - dev_ms) / dev_ms, (s1.stall_ms - s0.stall_ms) / steps,
+           off_ms, dev_ms, 100.0 * (off_ms - dev_ms) / dev_ms, s1.stall_ms - s0.stall_ms,
            dev_peak - off_peak, dev_peak, off_peak, PREFETCH);
     fflush(stdout);
     free(want);
@@ -301,7 +271,7 @@ void bench_offload(bench_env *env)
     add_row(env, "host link", "h2d", "-", "pinned",
             (bench_row){.ms = bytes / env->host_h2d_gbs * 1e-6, .bytes = bytes,
                         .link_gbs = env->host_h2d_gbs, .peak_mib = -1, .check = -1});
-    ob b = env->small ? (ob){.T = 256, .H = 128, .F = 448, .L = 4}
+    ob b = env->small ? (ob){.T = 256, .H = 128, .F = 256, .L = 6}
                       : (ob){.T = 8192, .H = 4096, .F = 14336, .L = 16};
     if (setup(env, &b))
         bench_steps(env, &b);
