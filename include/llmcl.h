@@ -207,8 +207,8 @@ LLMCL_API llmcl_status llmcl_memory_set_limit(llmcl_ctx *ctx, uint64_t bytes);
 
 /*
  * Pinned host link bandwidth in GB/s each way, device to host (d2h) and host to device (h2d): the
- * best of several timed copies of `bytes` between a device buffer and a mapped CL_MEM_ALLOC_HOST_PTR
- * buffer on the context's queue (profiling events; needs a profiling queue).
+ * best of several timed copies of `bytes` between a device buffer and a mapped
+ * CL_MEM_ALLOC_HOST_PTR buffer on the context's queue (profiling events; needs a profiling queue).
  */
 LLMCL_API llmcl_status llmcl_measure_host_bandwidth(llmcl_ctx *ctx, uint64_t bytes, double *d2h_gbs,
                                                     double *h2d_gbs);

@@ -136,7 +136,8 @@ static void test_many_in_flight_out_of_order(void **state)
         t[i] = th_tensor((llmcl_dtype)(i % LLMCL_DTYPE_COUNT), 2, shape);
         want[i] = random_bytes(t[i], 1000 + (uint64_t)i);
         TH_OK(llmcl_offload_save(off, t[i], &h[i]));
-        const uint64_t b = (uint64_t)llmcl_tensor_numel(t[i]) * llmcl_dtype_size(i % LLMCL_DTYPE_COUNT);
+        const uint64_t b =
+            (uint64_t)llmcl_tensor_numel(t[i]) * llmcl_dtype_size(llmcl_tensor_dtype(t[i]));
         bytes += b;
         pinned += (b + 255) / 256 * 256;
     }

@@ -136,14 +136,18 @@ static llmcl_status time_host_copy(llmcl_ctx *ctx, cl_mem dev, void *host, size_
     *best_ms = 1e30;
     for (int r = 0; r <= CEILING_RUNS; ++r) {
         cl_event ev;
-        LLMCL__CL(ctx, to_device ? clEnqueueWriteBuffer(ctx->queue, dev, CL_FALSE, 0, bytes, host, 0,
-                                                        NULL, &ev)
-                                 : clEnqueueReadBuffer(ctx->queue, dev, CL_FALSE, 0, bytes, host, 0,
-                                                       NULL, &ev));
+        cl_int err;
+        if (to_device)
+            err = clEnqueueWriteBuffer(ctx->queue, dev, CL_FALSE, 0, bytes, host, 0, NULL, &ev);
+        else
+            err = clEnqueueReadBuffer(ctx->queue, dev, CL_FALSE, 0, bytes, host, 0, NULL, &ev);
+        if (err != CL_SUCCESS)
+            return llmcl__fail_cl(ctx, err, "enqueueing a host copy", __FILE__, __LINE__);
         cl_ulong start = 0, end = 0;
-        cl_int err = clWaitForEvents(1, &ev);
+        err = clWaitForEvents(1, &ev);
         if (err == CL_SUCCESS)
-            err = clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof start, &start, NULL);
+            err = clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof start, &start,
+                                          NULL);
         if (err == CL_SUCCESS)
             err = clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, sizeof end, &end, NULL);
         clReleaseEvent(ev);

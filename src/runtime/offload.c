@@ -293,7 +293,8 @@ static llmcl_status find_slot(llmcl_offload *off, llmcl_offload_handle h, slot *
     LLMCL__REQUIRE(ctx, h.id != 0, LLMCL_ERROR_INVALID_ARGUMENT,
                    "the offload handle is zero: it was not returned by llmcl_offload_save");
     LLMCL__REQUIRE(ctx, serial == off->serial, LLMCL_ERROR_INVALID_ARGUMENT,
-                   "offload handle %#llx belongs to another offload engine", (unsigned long long)h.id);
+                   "offload handle %#llx belongs to another offload engine",
+                   (unsigned long long)h.id);
     LLMCL__REQUIRE(ctx, index < off->n_slots && off->slots[index].state == SLOT_LIVE &&
                             off->slots[index].generation == generation,
                    LLMCL_ERROR_INVALID_ARGUMENT,
@@ -428,7 +429,8 @@ static llmcl_status save_source(llmcl_offload *off, const llmcl_tensor *t, llmcl
 {
     if (llmcl_tensor_is_contiguous(t))
         return llmcl_tensor_view(t, t->ndim, t->shape, t->strides, t->offset, out);
-    LLMCL__TRY(llmcl__scratch(off->ctx, t->dtype, t->ndim, t->shape, "packing a strided view", out));
+    LLMCL__TRY(
+        llmcl__scratch(off->ctx, t->dtype, t->ndim, t->shape, "packing a strided view", out));
     llmcl_status st = llmcl_copy(off->ctx, t, *out);
     if (st != LLMCL_OK) {
         llmcl_tensor_destroy(*out);
@@ -474,7 +476,8 @@ static llmcl_status start_save(llmcl_offload *off, slot *s)
     return LLMCL_OK;
 }
 
-llmcl_status llmcl_offload_save(llmcl_offload *off, const llmcl_tensor *t, llmcl_offload_handle *out)
+llmcl_status llmcl_offload_save(llmcl_offload *off, const llmcl_tensor *t,
+                                llmcl_offload_handle *out)
 {
     LLMCL__REQUIRE(NULL, off, LLMCL_ERROR_INVALID_ARGUMENT, "off must not be NULL");
     llmcl_ctx *ctx = off->ctx;
@@ -583,7 +586,8 @@ llmcl_status llmcl_offload_stats_get(llmcl_offload *off, llmcl_offload_stats *ou
     *out = off->stats;
     for (uint32_t i = 0; i < off->n_slots; ++i) {
         const slot *s = &off->slots[i];
-        out->copies_in_flight += (s->saved && !complete(s->saved)) + (s->loaded && !complete(s->loaded));
+        out->copies_in_flight += (s->saved && !complete(s->saved)) +
+                                 (s->loaded && !complete(s->loaded));
         out->live_handles += s->state == SLOT_LIVE;
     }
     return LLMCL_OK;

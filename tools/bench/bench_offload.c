@@ -35,7 +35,7 @@
 typedef struct ob {
     int64_t T, H, F;
     int L;
-    llmcl_tensor *x0, *dtop;               /* the step's input and the gradient arriving at the top */
+    llmcl_tensor *x0, *dtop;               /* the step's input, the gradient arriving at the top */
     llmcl_tensor *wn, *w1, *w2;            /* shared by every layer: only time and memory matter */
     llmcl_tensor *dwn, *dw1, *dw2;
     llmcl_tensor *y, *rstd, *a, *da, *dy;  /* per-layer temporaries */
@@ -158,7 +158,8 @@ static llmcl_status step_offloaded(llmcl_ctx *ctx, void *arg)
 static bool setup(bench_env *env, ob *b)
 {
     llmcl_ctx *ctx = env->ctx;
-    const int64_t th[] = {b->T, b->H}, tf[] = {b->T, b->F}, fh[] = {b->F, b->H}, hf[] = {b->H, b->F};
+    const int64_t th[] = {b->T, b->H}, tf[] = {b->T, b->F};
+    const int64_t fh[] = {b->F, b->H}, hf[] = {b->H, b->F};
     llmcl_tensor **bf16_th[] = {&b->x0, &b->dtop, &b->y, &b->dy, &b->dbuf[0], &b->dbuf[1]};
     for (size_t i = 0; i < sizeof bf16_th / sizeof bf16_th[0]; ++i)
         if (llmcl_tensor_create(ctx, LLMCL_BF16, 2, th, bf16_th[i]) != LLMCL_OK)
