@@ -185,6 +185,133 @@ LLMCL_API llmcl_status llmcl_memory_reset_peak(llmcl_ctx *ctx);
 LLMCL_API llmcl_status llmcl_memory_set_limit(llmcl_ctx *ctx, uint64_t bytes);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Host offload: device tensors saved to pinned host memory and restored, on a second queue.      */
+/*
+ * Made for activation checkpointing: the forward saves each layer's input and drops it from the
+ * device, the backward restores the inputs in reverse order with prefetch a layer or two ahead.
+ *
+ * An engine (llmcl_offload) owns a pool of pinned host memory (CL_MEM_ALLOC_HOST_PTR buffers,
+ * mapped once, as many as the device's largest allocation needs) and a second in-order command
+ * queue for copies on the context's device. Copies and the context's queue (the compute queue) are
+ * ordered only through events, and the host never waits for either in save (unless the pool is
+ * full), prefetch, restore, fence or release:
+ *   save     marker on the compute queue (after the kernel that produced t); the device-to-host
+ *            copy waits for it on the copy queue.
+ *   prefetch host-to-device copy into a new device tensor on the copy queue (after the save's copy,
+ *            the copy queue being in order).
+ *   restore  barrier on the compute queue that waits for that copy, so later kernels read the
+ *            restored tensor only once it has arrived.
+ *   fence    barrier on the compute queue that waits for a save's copy: call it before a kernel
+ *            overwrites the saved tensor's memory.
+ * The engine must be destroyed before its context. Not thread-safe, like the context.
+ */
+
+/*
+ * Pinned host link bandwidth in GB/s each way, device to host (d2h) and host to device (h2d): the
+ * best of several timed copies of `bytes` between a device buffer and a mapped
+ * CL_MEM_ALLOC_HOST_PTR buffer on the context's queue (profiling events; needs a profiling queue).
+ */
+LLMCL_API llmcl_status llmcl_measure_host_bandwidth(llmcl_ctx *ctx, uint64_t bytes, double *d2h_gbs,
+                                                    double *h2d_gbs);
+
+typedef struct llmcl_tensor llmcl_tensor; /* declared again with the tensors below (C11) */
+typedef struct llmcl_offload llmcl_offload;
+
+/*
+ * A saved tensor. Opaque: the engine's serial, a slot and the slot's generation, so a released,
+ * foreign (another engine's) or zero-initialised handle is refused with
+ * LLMCL_ERROR_INVALID_ARGUMENT instead of reaching another tensor's data.
+ */
+typedef struct llmcl_offload_handle {
+    uint64_t id;
+} llmcl_offload_handle;
+
+typedef struct llmcl_offload_stats {
+    uint64_t bytes_saved;      /* device to host, every save enqueued */
+    uint64_t bytes_restored;   /* host to device, every prefetch enqueued */
+    double save_ms;            /* sum of the completed device-to-host copies' own times */
+    double restore_ms;         /* sum of the completed host-to-device copies' own times */
+    double stall_ms;           /* time the compute queue waited at the engine's barriers (restore,
+                                  fence): per barrier, the copy's end minus the moment the compute
+                                  queue reached the barrier, if positive, from profiling events;
+                                  barriers whose events have not completed are not counted yet, and
+                                  nothing is counted on a compute queue without profiling */
+    uint32_t copies_in_flight; /* copies enqueued and not complete when the stats were read */
+    uint32_t live_handles;     /* saved and not released */
+    uint64_t pinned_bytes;     /* the pool's size */
+    uint64_t pinned_in_use;    /* bytes held by live handles or by copies still reading them */
+    uint64_t peak_pinned_in_use;
+} llmcl_offload_stats;
+
+/*
+ * Creates an engine on ctx with a pinned pool of pool_bytes (> 0). The pool is allocated and mapped
+ * here and reused until llmcl_offload_destroy; each save takes its bytes rounded up to 256.
+ * Borrows ctx for the engine's life.
+ */
+LLMCL_API llmcl_status llmcl_offload_create(llmcl_ctx *ctx, uint64_t pool_bytes,
+                                            llmcl_offload **out);
+
+/*
+ * Waits for the engine's copies in flight (the copy queue only), then frees everything: the pool,
+ * the copy queue, tensors prefetched and not restored, and every handle still live (they become
+ * invalid). Tensors returned by restore are the caller's and stay valid. Accepts NULL.
+ */
+LLMCL_API void llmcl_offload_destroy(llmcl_offload *off);
+
+/*
+ * Starts copying t (any dtype, shape and strides, at least one element, on the engine's context)
+ * to the pool and returns its handle; never waits. Reads t once all work enqueued on the compute
+ * queue before the call has finished. A strided (non-contiguous) t is first packed by llmcl_copy
+ * into a contiguous temporary on the compute queue (device memory, counted, held until the copy
+ * ends); the copy then reads that temporary, so t itself is free as soon as save returns.
+ * A contiguous t is read in place: t may be destroyed at once (the engine keeps its buffer alive
+ * until the copy ends), but a kernel that writes its memory must come after
+ * llmcl_offload_fence(off, handle). LLMCL_ERROR_OUT_OF_HOST_MEMORY when the pool has no free block
+ * large enough (the message gives sizes); released blocks whose copies are still in flight are
+ * waited for (a host wait on the copy queue only) before that is reported.
+ */
+LLMCL_API llmcl_status llmcl_offload_save(llmcl_offload *off, const llmcl_tensor *t,
+                                          llmcl_offload_handle *out);
+
+/*
+ * Makes work enqueued on the compute queue after this call wait until the save's copy has read its
+ * source, without blocking the host: call before overwriting a contiguous saved tensor's memory.
+ */
+LLMCL_API llmcl_status llmcl_offload_fence(llmcl_offload *off, llmcl_offload_handle h);
+
+/*
+ * Starts copying the saved data into a new contiguous device tensor (shape and dtype of the saved
+ * tensor, allocated through the context's accounting) on the copy queue; never waits. Does nothing
+ * if a prefetched tensor is already waiting for restore.
+ */
+LLMCL_API llmcl_status llmcl_offload_prefetch(llmcl_offload *off, llmcl_offload_handle h);
+
+/*
+ * Returns the saved data as a contiguous device tensor, prefetching first if needed, and makes work
+ * enqueued on the compute queue after this call wait for its copy (a barrier, not a host wait).
+ * *out is the caller's (llmcl_tensor_destroy). The handle stays valid: restoring it again copies
+ * the data again.
+ */
+LLMCL_API llmcl_status llmcl_offload_restore(llmcl_offload *off, llmcl_offload_handle h,
+                                             llmcl_tensor **out);
+
+/*
+ * Invalidates the handle and returns its pinned memory to the pool, once the copies that use it
+ * have ended (never waits); frees a prefetched tensor that was not restored.
+ */
+LLMCL_API llmcl_status llmcl_offload_release(llmcl_offload *off, llmcl_offload_handle h);
+
+/*
+ * Waits on the host for every copy the engine has enqueued (and so for the compute queue's work up
+ * to the last save), then frees what released handles held. For tests, checkpoints and exact
+ * statistics; a training loop does not need it.
+ */
+LLMCL_API llmcl_status llmcl_offload_finish(llmcl_offload *off);
+
+/* Reads the engine's counters (never waits; see llmcl_offload_stats for what is counted when). */
+LLMCL_API llmcl_status llmcl_offload_stats_get(llmcl_offload *off, llmcl_offload_stats *out);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Timing with OpenCL profiling events.                                                           */
 
 typedef struct llmcl_profile {

@@ -1,8 +1,8 @@
 /*
  * ceilings.c: the device's own ceilings, measured in the same run as a benchmark so that kernel
  * figures can be given as a ratio: copy bandwidth (the library's copy kernel), fp32 FMA rate and,
- * on NVIDIA tensor cores, the bf16 mma.sync rate. Each is the best of several timed runs after a
- * warm-up.
+ * on NVIDIA tensor cores, the bf16 mma.sync rate; and the pinned host link each way, for the
+ * offload engine. Each is the best of several timed runs after a warm-up.
  */
 #include "internal.h"
 
@@ -127,4 +127,66 @@ llmcl_status llmcl_measure_mma_rate(llmcl_ctx *ctx, double *tflops)
     const double flops = (double)(groups * wg / 32) * iters * 8 * (2.0 * 16 * 8 * 16);
     *tflops = flops / (ms * 1e-3) * 1e-12;
     return LLMCL_OK;
+}
+
+/* Best time of CEILING_RUNS copies between dev and the pinned host pointer, after one untimed. */
+static llmcl_status time_host_copy(llmcl_ctx *ctx, cl_mem dev, void *host, size_t bytes,
+                                   bool to_device, double *best_ms)
+{
+    *best_ms = 1e30;
+    for (int r = 0; r <= CEILING_RUNS; ++r) {
+        cl_event ev;
+        cl_int err;
+        if (to_device)
+            err = clEnqueueWriteBuffer(ctx->queue, dev, CL_FALSE, 0, bytes, host, 0, NULL, &ev);
+        else
+            err = clEnqueueReadBuffer(ctx->queue, dev, CL_FALSE, 0, bytes, host, 0, NULL, &ev);
+        if (err != CL_SUCCESS)
+            return llmcl__fail_cl(ctx, err, "enqueueing a host copy", __FILE__, __LINE__);
+        cl_ulong start = 0, end = 0;
+        err = clWaitForEvents(1, &ev);
+        if (err == CL_SUCCESS)
+            err = clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof start, &start,
+                                          NULL);
+        if (err == CL_SUCCESS)
+            err = clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, sizeof end, &end, NULL);
+        clReleaseEvent(ev);
+        if (err != CL_SUCCESS)
+            return llmcl__fail_cl(ctx, err, "timing a host copy", __FILE__, __LINE__);
+        const double ms = (double)(end - start) * 1e-6;
+        if (r > 0 && ms < *best_ms)
+            *best_ms = ms;
+    }
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl_measure_host_bandwidth(llmcl_ctx *ctx, uint64_t bytes, double *d2h_gbs,
+                                          double *h2d_gbs)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    LLMCL__REQUIRE(ctx, d2h_gbs && h2d_gbs, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "d2h_gbs and h2d_gbs must not be NULL");
+    LLMCL__REQUIRE(ctx, bytes >= 1024, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "copy size %llu is too small to measure bandwidth", (unsigned long long)bytes);
+    LLMCL__REQUIRE(ctx, ctx->queue_profiling, LLMCL_ERROR_UNSUPPORTED,
+                   "measuring a ceiling needs a profiling queue");
+    const int64_t n = (int64_t)(bytes / 4);
+    const size_t size = (size_t)n * 4;
+    llmcl_tensor *dev = NULL;
+    cl_mem pinned = NULL;
+    void *host = NULL;
+    double d2h_ms = 0, h2d_ms = 0;
+    llmcl_status st;
+    LLMCL__TRY_GOTO(st, llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &dev), done);
+    LLMCL__TRY_GOTO(st, llmcl_fill(ctx, dev, 1.5), done);
+    LLMCL__TRY_GOTO(st, llmcl__pinned_alloc(ctx, ctx->queue, size, &pinned, &host), done);
+    LLMCL__TRY_GOTO(st, time_host_copy(ctx, dev->mem, host, size, false, &d2h_ms), done);
+    LLMCL__TRY_GOTO(st, time_host_copy(ctx, dev->mem, host, size, true, &h2d_ms), done);
+    *d2h_gbs = (double)size / (d2h_ms * 1e-3) * 1e-9;
+    *h2d_gbs = (double)size / (h2d_ms * 1e-3) * 1e-9;
+done:
+    if (pinned)
+        llmcl__pinned_free(ctx->queue, pinned, host);
+    llmcl_tensor_destroy(dev);
+    return st;
 }

@@ -124,6 +124,15 @@ llmcl_status llmcl__buffer_alloc_init(llmcl_ctx *ctx, uint64_t bytes, const void
 llmcl_status llmcl__scratch(llmcl_ctx *ctx, llmcl_dtype dtype, int ndim, const int64_t *shape,
                             const char *what, llmcl_tensor **out);
 
+/*
+ * A pinned host buffer (CL_MEM_ALLOC_HOST_PTR), mapped once through queue for reading and writing;
+ * not counted in ctx->memory (host memory). Failures are reported as out of host memory.
+ * llmcl__pinned_free unmaps it, waits for queue and releases it.
+ */
+llmcl_status llmcl__pinned_alloc(llmcl_ctx *ctx, cl_command_queue queue, uint64_t bytes,
+                                 cl_mem *mem, void **host);
+void llmcl__pinned_free(cl_command_queue queue, cl_mem mem, void *host);
+
 /* ---- kernel sources (embedded at build time; LLMCL_KERNEL_DIR overrides) ---- */
 
 /* The source of family (the .cl file stem), common.cl prepended. Caller frees *out. */

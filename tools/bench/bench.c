@@ -1,12 +1,14 @@
 /*
- * bench.c: llmcl-bench, the driver. Measures the device's copy bandwidth and fp32 FMA rate, runs
- * every kernel family's benchmark on the selected device, and prints one table: median kernel
- * time, GB/s and its ratio to the copy bandwidth, TFLOP/s and its ratio to the FMA rate, peak
- * memory, speedup over a baseline, and whether the output matched the CPU reference.
+ * bench.c: llmcl-bench, the driver. Measures the device's copy bandwidth, fp32 FMA rate and pinned
+ * host link, runs every kernel family's benchmark on the selected device, and prints one table:
+ * median kernel time, GB/s and its ratio to the copy bandwidth (or host link), TFLOP/s and its
+ * ratio to the FMA rate, peak memory, speedup over a baseline, and whether the output matched the
+ * CPU reference.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench.h"
 
@@ -23,6 +25,7 @@ static const family families[] = {
     {"attention", bench_attention},
     {"cross_entropy", bench_cross_entropy},
     {"matmul", bench_matmul},
+    {"offload", bench_offload},
 };
 
 #define MAX_ROWS 256
@@ -75,6 +78,29 @@ double bench_time(bench_env *env, bench_op op, void *arg)
     }
     qsort(times, (size_t)reps, sizeof times[0], cmp_double);
     return times[reps / 2];
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+double bench_wall_time(bench_env *env, bench_op op, void *arg, int max_reps)
+{
+    double t[16];
+    int reps = env->reps < max_reps ? env->reps : max_reps;
+    reps = reps < 1 ? 1 : reps > 16 ? 16 : reps;
+    for (int i = -1; i < reps; ++i) {
+        const double start = now_ms();
+        if (op(env->ctx, arg) != LLMCL_OK || llmcl_ctx_finish(env->ctx) != LLMCL_OK)
+            return -1;
+        if (i >= 0)
+            t[i] = now_ms() - start;
+    }
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    return t[reps / 2];
 }
 
 double bench_peak_mib(bench_env *env, bench_op op, void *arg)
@@ -143,7 +169,10 @@ static void print_table(const bench_env *env)
         if (r->bytes > 0 && r->ms > 0) {
             const double g = r->bytes / (r->ms * 1e-3) * 1e-9;
             snprintf(gbs, sizeof gbs, "%.1f", g);
-            snprintf(pc, sizeof pc, "%.0f%%", 100.0 * g / env->copy_gbs);
+            if (r->link_gbs > 0)
+                snprintf(pc, sizeof pc, "%.0f%%h", 100.0 * g / r->link_gbs);
+            else
+                snprintf(pc, sizeof pc, "%.0f%%", 100.0 * g / env->copy_gbs);
         }
         if (r->flops > 0 && r->ms > 0) {
             const double t = r->flops / (r->ms * 1e-3) * 1e-12;
@@ -201,8 +230,11 @@ int main(int argc, char **argv)
     env.warmup = env.small ? 1 : 3;
     env.reps = reps > 0 ? reps : env.small ? 3 : 20;
     const uint64_t copy_bytes = env.small ? (64u << 20) : (1u << 30);
+    env.host_bytes = (double)copy_bytes;
     if (llmcl_measure_copy_bandwidth(env.ctx, copy_bytes, &env.copy_gbs) != LLMCL_OK ||
-        llmcl_measure_fma_rate(env.ctx, &env.fma_tflops) != LLMCL_OK) {
+        llmcl_measure_fma_rate(env.ctx, &env.fma_tflops) != LLMCL_OK ||
+        llmcl_measure_host_bandwidth(env.ctx, copy_bytes, &env.host_d2h_gbs, &env.host_h2d_gbs) !=
+            LLMCL_OK) {
         fprintf(stderr, "llmcl-bench: measuring the device's ceilings failed: %s\n",
                 llmcl_last_error(env.ctx));
         llmcl_ctx_destroy(env.ctx);
@@ -220,7 +252,10 @@ int main(int argc, char **argv)
            env.copy_gbs, (double)copy_bytes / (1 << 20), env.fma_tflops);
     if (env.mma_tflops > 0)
         printf(", bf16 mma.sync %.1f TFLOP/s", env.mma_tflops);
-    printf("\n%%peak: of the FMA rate, or with 'm' of the mma.sync rate (tensor-core rows)\n");
+    printf("\nhost link (pinned, %.0f MiB): device to host %.1f GB/s, host to device %.1f GB/s\n",
+           (double)copy_bytes / (1 << 20), env.host_d2h_gbs, env.host_h2d_gbs);
+    printf("%%peak: of the FMA rate, or with 'm' of the mma.sync rate (tensor-core rows); %%copy:\n"
+           "of the copy bandwidth, or with 'h' of the host link (offload rows)\n");
     printf("sizes: %s; median of %d runs after %d warm-up\n", env.small ? "small (CPU)" : "full (GPU)",
            env.reps, env.warmup);
     fflush(stdout);

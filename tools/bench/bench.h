@@ -18,6 +18,8 @@ typedef struct bench_env {
     double copy_gbs;   /* device copy bandwidth measured at start, bytes read + written */
     double fma_tflops; /* device fp32 FMA rate measured at start */
     double mma_tflops; /* bf16 tensor-core rate measured at start, 0 without tensor cores */
+    double host_d2h_gbs, host_h2d_gbs; /* pinned host link measured at start, each way */
+    double host_bytes;                 /* the size those copies had */
     int warmup, reps;
 } bench_env;
 
@@ -30,6 +32,7 @@ typedef struct bench_row {
     double bytes;        /* bytes moved (inputs read once + outputs written once), or 0 */
     double flops;        /* FLOPs, or 0 */
     bool on_mma;         /* ran on tensor cores: TFLOP/s against the mma rate, not the FMA rate */
+    double link_gbs;     /* host copies: the %copy column is of this host link bandwidth ('h') */
     double peak_mib;     /* peak device memory during the op through llmcl accounting, or -1 */
     double baseline_ms;  /* the unfused or naive baseline's time, or 0 */
     int check;           /* 1 matched the reference, 0 failed, -1 not checked */
@@ -46,6 +49,13 @@ typedef llmcl_status (*bench_op)(llmcl_ctx *ctx, void *arg);
  * negative value (and prints llmcl_last_error) when op fails.
  */
 double bench_time(bench_env *env, bench_op op, void *arg);
+
+/*
+ * Median wall time in milliseconds of min(env->reps, max_reps, 16) runs of op, each to the end of
+ * its work (llmcl_ctx_finish), after one warm-up: for ops with work outside llmcl's profile
+ * (CLBlast, other queues). Returns a negative value when op fails.
+ */
+double bench_wall_time(bench_env *env, bench_op op, void *arg, int max_reps);
 
 /* Peak device MiB held by the library while op runs once (beyond what was held before). */
 double bench_peak_mib(bench_env *env, bench_op op, void *arg);
@@ -73,5 +83,6 @@ void bench_glu(bench_env *env);
 void bench_attention(bench_env *env);
 void bench_cross_entropy(bench_env *env);
 void bench_matmul(bench_env *env);
+void bench_offload(bench_env *env);
 
 #endif

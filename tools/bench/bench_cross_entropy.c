@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bench.h"
 #include "cross_entropy_ref.h"
@@ -192,37 +191,6 @@ static llmcl_status op_naive(llmcl_ctx *ctx, void *arg)
     return st;
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
-/* Median wall time of op (for ops whose kernels are partly outside llmcl's profile). */
-static double wall_time(bench_env *env, bench_op op, void *arg)
-{
-    double t[16];
-    int reps = env->reps < 16 ? env->reps : 16;
-    if (reps < 1)
-        reps = 1;
-    if (op(env->ctx, arg) != LLMCL_OK || llmcl_ctx_finish(env->ctx) != LLMCL_OK)
-        return -1;
-    for (int i = 0; i < reps; ++i) {
-        const double t0 = now_ms();
-        if (op(env->ctx, arg) != LLMCL_OK || llmcl_ctx_finish(env->ctx) != LLMCL_OK)
-            return -1;
-        t[i] = now_ms() - t0;
-    }
-    for (int i = 1; i < reps; ++i) /* insertion sort: a handful of values */
-        for (int j = i; j > 0 && t[j] < t[j - 1]; --j) {
-            const double x = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = x;
-        }
-    return t[reps / 2];
-}
-
 static double loss_of(bench_env *env, const ce_bench *b)
 {
     double l = NAN;
@@ -390,12 +358,12 @@ static void bench_linear(bench_env *env, int64_t n, int64_t h, int64_t v, llmcl_
     /* naive baseline (f32 only: CLBlast has no bf16), then the fused forms against its loss */
     double naive_ms = 0, naive_loss = NAN;
     if (dt == LLMCL_F32) {
-        naive_ms = wall_time(env, op_naive, &b);
+        naive_ms = bench_wall_time(env, op_naive, &b, 16);
         naive_loss = loss_of(env, &b);
         add_row(env, "ce_naive_clblast", "fwd+bwd", dt, s, naive_ms, 0, 3 * gemm,
                 bench_peak_mib(env, op_naive, &b), 0, -1);
     }
-    const double l2_ms = wall_time(env, op_linear, &b);
+    const double l2_ms = bench_wall_time(env, op_linear, &b, 16);
     const double l2 = loss_of(env, &b);
     const int c2 = check_linear(env, 2) &&
                    (isnan(naive_loss) || fabs(l2 - naive_loss) < 1e-3 * fabs(naive_loss) + 1e-4);
@@ -405,7 +373,7 @@ static void bench_linear(bench_env *env, int64_t n, int64_t h, int64_t v, llmcl_
     /* wall time: CLBlast's event covers only one of the kernels an SGEMM enqueues */
     const bool chunks = llmcl_ctx_device_info(env->ctx)->has_mma;
     const char *fused = chunks ? "ce_fused_chunks" : "ce_fused_tiles";
-    const double f_ms = wall_time(env, op_fused_fwd, &b);
+    const double f_ms = bench_wall_time(env, op_fused_fwd, &b, 16);
     const double l3 = loss_of(env, &b);
     const int c3 = check_linear(env, 3) &&
                    (isnan(naive_loss) || fabs(l3 - naive_loss) < 1e-3 * fabs(naive_loss) + 1e-4);
@@ -413,7 +381,7 @@ static void bench_linear(bench_env *env, int64_t n, int64_t h, int64_t v, llmcl_
     /* executed products: chunks recompute the logits once, tiles once for dhidden and once for
        dW */
     const double bwd_gemms = chunks ? 3 : 4;
-    const double b_ms = wall_time(env, op_fused_bwd, &b);
+    const double b_ms = bench_wall_time(env, op_fused_bwd, &b, 16);
     add_row(env, fused, "bwd", dt, s, b_ms, 0, bwd_gemms * gemm,
             bench_peak_mib(env, op_fused_bwd, &b), 0, c3);
     add_row(env, fused, "fwd+bwd", dt, s, f_ms + b_ms, 0, (1 + bwd_gemms) * gemm,
