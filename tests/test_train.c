@@ -2,8 +2,9 @@
  * test_train.c: llmcl-train's model and optimizer against the independent PyTorch reference
  * (tools/llmcl-train/reference.py, computed in float64). For each fixture (tied and untied output
  * head) and compute dtype (f32, bf16), from the fixture's weights and batch: the logits, the mean
- * cross-entropy and every parameter's gradient, with and without activation checkpointing (which
- * must give the same bits), and the losses of ten AdamW steps with clipping and weight decay.
+ * cross-entropy and every parameter's gradient, without and with activation checkpointing and
+ * offload (which must give the same bits), and the losses of ten AdamW steps with clipping and
+ * weight decay.
  */
 #include <math.h>
 #include <stdio.h>
@@ -103,11 +104,11 @@ static th_tol rel_max_tol(llmcl_dtype dt, const double *ref, size_t n)
     return (th_tol){r * max_abs(ref, n) + 1e-7, r};
 }
 
-static model *fixture_model(const fixture *f, bool recompute)
+static model *fixture_model(const fixture *f, bool recompute, bool offload)
 {
     model *m = NULL;
     TH_OK(model_create(th_ctx(), &f->cfg, 1, &m));
-    TH_OK(model_alloc_acts(m, f->b, f->t, recompute));
+    TH_OK(model_alloc_acts(m, f->b, f->t, recompute, offload));
     load_weights(m, f);
     return m;
 }
@@ -136,9 +137,9 @@ static void check_forward_backward(const char *file, llmcl_dtype dt)
 {
     printf("%s, %s\n", file, llmcl_dtype_name(dt));
     fixture f = fixture_open(file, dt);
-    model *m = fixture_model(&f, false);
+    model *m = fixture_model(&f, false, false);
     const size_t nlog = (size_t)f.b * f.t * f.cfg.vocab;
-    TH_OK(model_forward(m, f.ids, f.targets, f.b, f.t));
+    TH_OK(model_forward(m, f.ids, f.targets, f.b, f.t, true));
     double loss, *ref_lossp = fixture_doubles(&f, "loss", 1), ref_loss = *ref_lossp;
     free(ref_lossp);
     th_download(m->loss, &loss);
@@ -163,14 +164,17 @@ static void check_forward_backward(const char *file, llmcl_dtype dt)
         free(gref);
     }
 
-    /* activation checkpointing recomputes the same kernels on the same inputs: the same bits */
-    model *mr = fixture_model(&f, true);
-    TH_OK(model_forward(mr, f.ids, f.targets, f.b, f.t));
-    double **gr = gradients(mr);
-    for (int i = 0; i < m->n_params; ++i)
-        assert_memory_equal(g[i], gr[i], (size_t)m->params[i].numel * sizeof *g[i]);
-    free_gradients(mr, gr);
-    model_destroy(mr);
+    /* activation checkpointing recomputes the same kernels on the same inputs, and offloading
+       brings them back bit for bit: the same gradients exactly */
+    for (int off = 0; off < 2; ++off) {
+        model *mr = fixture_model(&f, true, off);
+        TH_OK(model_forward(mr, f.ids, f.targets, f.b, f.t, true));
+        double **gr = gradients(mr);
+        for (int i = 0; i < m->n_params; ++i)
+            assert_memory_equal(g[i], gr[i], (size_t)m->params[i].numel * sizeof *g[i]);
+        free_gradients(mr, gr);
+        model_destroy(mr);
+    }
 
     free_gradients(m, g);
     free(got), free(ref);
@@ -183,14 +187,14 @@ static void check_adamw(const char *file, llmcl_dtype dt)
 {
     printf("%s, %s: AdamW\n", file, llmcl_dtype_name(dt));
     fixture f = fixture_open(file, dt);
-    model *m = fixture_model(&f, false);
+    model *m = fixture_model(&f, false, false);
     optimizer opt;
     TH_OK(optimizer_create(m, &f.hp, &opt));
     double *ref = fixture_doubles(&f, "adamw_losses", (size_t)f.steps);
     double *got = th_alloc((size_t)f.steps * sizeof *got);
     for (int s = 0; s < f.steps; ++s) {
         TH_OK(llmcl_fill(m->ctx, m->flat_grad, 0.0));
-        TH_OK(model_forward(m, f.ids, f.targets, f.b, f.t));
+        TH_OK(model_forward(m, f.ids, f.targets, f.b, f.t, true));
         th_download(m->loss, &got[s]);
         TH_OK(model_backward(m, f.b, f.t));
         TH_OK(optimizer_step(&opt, f.lr, s + 1, 1));

@@ -270,11 +270,31 @@ static void acts_free(layer_acts *A)
         llmcl_tensor_destroy(all[i]);
 }
 
+/* Stream tensors: one per layer input and the output, or a ring of two when offloading. */
+static int stream_count(const model *m) { return m->off ? 2 : m->cfg.layers + 1; }
+
+/* Drops the host copies of a forward that no backward consumed. */
+static llmcl_status release_saved(model *m)
+{
+    for (int l = 0; m->saved && l < m->cfg.layers; ++l)
+        if (m->saved[l].id) {
+            TRY(llmcl_offload_release(m->off, m->saved[l]));
+            m->saved[l].id = 0;
+        }
+    return LLMCL_OK;
+}
+
 static void free_acts(model *m)
 {
-    if (m->xs)
-        for (int l = 0; l <= m->cfg.layers; ++l)
-            llmcl_tensor_destroy(m->xs[l]);
+    if (m->off) {
+        release_saved(m);
+        llmcl_offload_destroy(m->off);
+    }
+    for (int l = 0; m->xs && l < stream_count(m); ++l)
+        llmcl_tensor_destroy(m->xs[l]);
+    m->off = NULL;
+    free(m->saved);
+    m->saved = NULL;
     free(m->xs);
     m->xs = NULL;
     const int nacts = m->recompute ? 1 : m->cfg.layers;
@@ -291,7 +311,7 @@ static void free_acts(model *m)
     }
 }
 
-llmcl_status model_alloc_acts(model *m, int b, int t, bool recompute)
+llmcl_status model_alloc_acts(model *m, int b, int t, bool recompute, bool offload)
 {
     free_acts(m);
     llmcl_ctx *ctx = m->ctx;
@@ -301,11 +321,17 @@ llmcl_status model_alloc_acts(model *m, int b, int t, bool recompute)
                   kv = (int64_t)c->kv_heads * m->head_dim;
     m->max_b = b;
     m->max_t = t;
-    m->recompute = recompute;
-    m->xs = xcalloc((size_t)c->layers + 1, sizeof *m->xs);
-    for (int l = 0; l <= c->layers; ++l)
+    m->recompute = recompute || offload;
+    if (offload) {
+        /* every layer's input, each rounded up to the pool's 256-byte blocks */
+        const uint64_t one = ((uint64_t)n * c->dim * llmcl_dtype_size(dt) + 255) / 256 * 256;
+        TRY(llmcl_offload_create(ctx, one * (uint64_t)c->layers, &m->off));
+        m->saved = xcalloc((size_t)c->layers, sizeof *m->saved);
+    }
+    m->xs = xcalloc((size_t)stream_count(m), sizeof *m->xs);
+    for (int l = 0; l < stream_count(m); ++l)
         m->xs[l] = new_tensor(ctx, dt, 2, n, c->dim);
-    const int nacts = recompute ? 1 : c->layers;
+    const int nacts = m->recompute ? 1 : c->layers;
     m->acts = xcalloc((size_t)nacts, sizeof *m->acts);
     for (int l = 0; l < nacts; ++l)
         acts_alloc(m, &m->acts[l], n, b, t);
@@ -431,30 +457,48 @@ static llmcl_ce_options ce_opts(void)
     return (llmcl_ce_options){.accumulate_weight_grad = 1};
 }
 
+/* The stream tensor that holds layer l's input (l = layers: the last layer's output). */
+static llmcl_tensor *stream(model *m, int l) { return m->xs[m->off ? l % 2 : l]; }
+
+/*
+ * Block l's forward, offloading its input first when a backward follows. Its output overwrites
+ * the ring slot of layer l-1's input, so that copy must have finished (a fence, not a host wait).
+ */
+static llmcl_status block_forward(model *m, arena *a, int l, int64_t n, int b, int t, bool save)
+{
+    llmcl_tensor *x = rows(a, stream(m, l), n);
+    if (m->off && save)
+        TRY(llmcl_offload_save(m->off, x, &m->saved[l]));
+    if (m->off && l > 0 && m->saved[l - 1].id)
+        TRY(llmcl_offload_fence(m->off, m->saved[l - 1]));
+    return layer_forward(m, a, l, acts_of(m, l), x, rows(a, stream(m, l + 1), n), b, t);
+}
+
 /* Embedding, blocks and final norm over b x t tokens: m->hfinal holds the result. */
-static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, int b, int t)
+static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, int b, int t, bool save)
 {
     llmcl_ctx *ctx = m->ctx;
     const int64_t n = (int64_t)b * t;
     if (b > m->max_b || t > m->max_t || b < 1 || t < 1)
         die("model: %d x %d tokens exceed the activations' %d x %d", b, t, m->max_b, m->max_t);
+    TRY(release_saved(m));
     llmcl_tensor *tids = head(a, m->ids, n);
     TRY(llmcl_tensor_upload(tids, ids, (size_t)n * sizeof *ids));
-    TRY(llmcl_embedding_forward(ctx, tids, param(m, P_EMBED, -1)->w, rows(a, m->xs[0], n)));
+    TRY(llmcl_embedding_forward(ctx, tids, param(m, P_EMBED, -1)->w, rows(a, stream(m, 0), n)));
     for (int l = 0; l < m->cfg.layers; ++l)
-        TRY(layer_forward(m, a, l, acts_of(m, l), rows(a, m->xs[l], n),
-                                 rows(a, m->xs[l + 1], n), b, t));
+        TRY(block_forward(m, a, l, n, b, t, save));
     const llmcl_rmsnorm_options no = norm_opts(m);
-    return llmcl_rmsnorm_forward(ctx, rows(a, m->xs[m->cfg.layers], n),
+    return llmcl_rmsnorm_forward(ctx, rows(a, stream(m, m->cfg.layers), n),
                                  param(m, P_FINAL_NORM, -1)->w, rows(a, m->hfinal, n),
                                  head(a, m->rstd_final, n), &no);
 }
 
-llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets, int b, int t)
+llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets, int b, int t,
+                           bool backward_follows)
 {
     arena a = {0};
     const int64_t n = (int64_t)b * t;
-    llmcl_status st = trunk_forward(m, &a, ids, b, t);
+    llmcl_status st = trunk_forward(m, &a, ids, b, t, backward_follows);
     llmcl_tensor *tt = head(&a, m->targets, n);
     if (st == LLMCL_OK)
         st = llmcl_tensor_upload(tt, targets, (size_t)n * sizeof *targets);
@@ -511,6 +555,37 @@ static llmcl_status layer_backward(model *m, arena *a, int l, layer_acts *A, llm
     return llmcl_axpy(ctx, 1.0f, m->dnorm_w, param(m, P_ATTN_NORM, l)->grad);
 }
 
+/*
+ * Block l's backward from its input: kept on the device, or brought back from the host with the
+ * next block's input prefetched meanwhile. Recomputes the block first when activations were not
+ * kept.
+ */
+static llmcl_status block_backward(model *m, arena *a, int l, int64_t n, int b, int t)
+{
+    llmcl_tensor *restored = NULL, *x;
+    if (m->off) {
+        if (l > 0)
+            TRY(llmcl_offload_prefetch(m->off, m->saved[l - 1]));
+        TRY(llmcl_offload_restore(m->off, m->saved[l], &restored));
+        x = rows(a, restored, n);
+    } else {
+        x = rows(a, stream(m, l), n);
+    }
+    llmcl_status st = LLMCL_OK;
+    if (m->recompute)
+        st = layer_forward(m, a, l, acts_of(m, l), x, NULL, b, t);
+    if (st == LLMCL_OK)
+        st = layer_backward(m, a, l, acts_of(m, l), x, b, t);
+    if (m->off) {
+        arena_clear(a); /* the views of the restored tensor go before it */
+        llmcl_tensor_destroy(restored);
+        if (st == LLMCL_OK)
+            st = llmcl_offload_release(m->off, m->saved[l]);
+        m->saved[l].id = 0;
+    }
+    return st;
+}
+
 static llmcl_status backward(model *m, arena *a, int b, int t)
 {
     llmcl_ctx *ctx = m->ctx;
@@ -528,14 +603,11 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
         TRY(llmcl_cast(ctx, dh32, dy));
     }
     const llmcl_rmsnorm_options no = norm_opts(m);
-    TRY(llmcl_rmsnorm_backward(ctx, dy, rows(a, m->xs[L], n), fnorm->w,
-                                      head(a, m->rstd_final, n), dres, m->dnorm_w, &no));
+    TRY(llmcl_rmsnorm_backward(ctx, dy, rows(a, stream(m, L), n), fnorm->w,
+                               head(a, m->rstd_final, n), dres, m->dnorm_w, &no));
     TRY(llmcl_axpy(ctx, 1.0f, m->dnorm_w, fnorm->grad));
     for (int l = L - 1; l >= 0; --l) {
-        llmcl_tensor *x = rows(a, m->xs[l], n);
-        if (m->recompute)
-            TRY(layer_forward(m, a, l, acts_of(m, l), x, NULL, b, t));
-        TRY(layer_backward(m, a, l, acts_of(m, l), x, b, t));
+        TRY(block_backward(m, a, l, n, b, t));
         arena_clear(a); /* views of one block at a time */
     }
     return llmcl_embedding_backward(ctx, head(a, m->ids, n), rows(a, m->dres, n),
@@ -565,7 +637,7 @@ llmcl_status model_logits(model *m, int64_t row0, int64_t rows, llmcl_tensor *ou
 llmcl_status model_next_token(model *m, const int32_t *ids, int t, int32_t *next)
 {
     arena a = {0};
-    llmcl_status st = trunk_forward(m, &a, ids, 1, t);
+    llmcl_status st = trunk_forward(m, &a, ids, 1, t, false);
     arena_clear(&a);
     TRY(st);
     TRY(model_logits(m, t - 1, 1, m->logits_last));

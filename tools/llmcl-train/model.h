@@ -58,7 +58,10 @@ typedef struct model {
     /* activations for micro-batches of up to max_b x max_t tokens */
     int max_b, max_t;
     bool recompute;        /* activation checkpointing: keep layer inputs only */
-    llmcl_tensor **xs;     /* layers + 1 residual-stream tensors [N, dim] */
+    llmcl_offload *off;    /* with recompute: layer inputs go to pinned host memory */
+    llmcl_offload_handle *saved; /* per layer: its input on the host, while a backward follows */
+    llmcl_tensor **xs;     /* residual stream [N, dim]: layers + 1 tensors, or a ring of two when
+                              offloading */
     layer_acts *acts;      /* one per layer, or one shared when recomputing */
     llmcl_tensor *hfinal, *rstd_final, *lse_ce, *loss, *ids, *targets, *positions;
     llmcl_tensor *dres, *dh, *dh32, *da, *dattn, *dq, *dk, *dv, *dnorm_w, *logits_last;
@@ -70,8 +73,12 @@ llmcl_status model_create(llmcl_ctx *ctx, const model_config *cfg, uint64_t seed
 /* Rounds the f32 master weights into the compute copy (after loading or changing them). */
 llmcl_status model_sync_compute(model *m);
 
-/* Allocates activations for micro-batches of b x t tokens; recompute keeps layer inputs only. */
-llmcl_status model_alloc_acts(model *m, int b, int t, bool recompute);
+/*
+ * Allocates activations for micro-batches of b x t tokens. recompute keeps only each layer's input
+ * and recomputes the layer in the backward; offload (with recompute) moves those inputs to pinned
+ * host memory during the forward and brings them back, one layer ahead, in the backward.
+ */
+llmcl_status model_alloc_acts(model *m, int b, int t, bool recompute, bool offload);
 
 void model_destroy(model *m);
 
@@ -83,9 +90,11 @@ double model_flops_per_token(const model *m, int t);
 
 /*
  * Forward over b x t tokens (ids and targets uploaded from host int32 arrays); writes the mean
- * cross-entropy into m->loss (on the device) and keeps what the backward needs.
+ * cross-entropy into m->loss (on the device). With backward_follows it keeps what the backward
+ * needs (offloading layer inputs where asked); without, it is an evaluation.
  */
-llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets, int b, int t);
+llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets, int b, int t,
+                           bool backward_follows);
 
 /* Backward of the last forward: adds every parameter's gradient to m->flat_grad. */
 llmcl_status model_backward(model *m, int b, int t);

@@ -23,7 +23,7 @@ typedef struct options {
     float lr, min_lr_frac, weight_decay, clip, beta1, beta2, eps;
     int eval_every, eval_batches, log_every, sample_tokens;
     const char *prompt;
-    int recompute;
+    int recompute, offload;
     const char *save, *resume;
     int save_every, save_on_interrupt;
     uint64_t seed;
@@ -51,6 +51,7 @@ static void usage(FILE *f)
           "  --steps N --lr X --min-lr F (fraction of lr at the end) --warmup N\n"
           "  --weight-decay X --clip X (global gradient norm; 0: off) --beta1 X --beta2 X --eps X\n"
           "  --recompute          activation checkpointing: keep only each layer's input\n"
+          "  --offload            with --recompute, keep those inputs in pinned host memory\n"
           "  --seed N\n"
           "output:\n"
           "  --eval-every N --eval-batches N --log-every N\n"
@@ -125,7 +126,7 @@ static void parse_options(int argc, char **argv, options *o)
         {"rope-llama3", 1, 0, 'R'}, {"dtype", 1, 0, 't'}, {"batch", 1, 0, 'b'}, {"seq", 1, 0, 's'},
         {"accum", 1, 0, 'a'}, {"steps", 1, 0, 'n'}, {"lr", 1, 0, 'l'}, {"min-lr", 1, 0, 'm'},
         {"warmup", 1, 0, 'w'}, {"weight-decay", 1, 0, 'W'}, {"clip", 1, 0, 'c'},
-        {"beta1", 1, 0, '1'}, {"beta2", 1, 0, '2'}, {"eps", 1, 0, 'e'}, {"recompute", 0, 0, 'C'},
+        {"beta1", 1, 0, '1'}, {"beta2", 1, 0, '2'}, {"eps", 1, 0, 'e'}, {"recompute", 0, 0, 'C'}, {"offload", 0, 0, 'O'},
         {"seed", 1, 0, 'S'}, {"eval-every", 1, 0, 'E'}, {"eval-batches", 1, 0, 'B'},
         {"log-every", 1, 0, 'g'}, {"sample", 1, 0, 'o'}, {"prompt", 1, 0, 'p'},
         {"peak-tflops", 1, 0, 'T'}, {"save", 1, 0, 'Y'}, {"save-every", 1, 0, 'y'},
@@ -164,6 +165,7 @@ static void parse_options(int argc, char **argv, options *o)
         case '2': o->beta2 = (float)parse_num("beta2", optarg, 0); break;
         case 'e': o->eps = (float)parse_num("eps", optarg, 0); break;
         case 'C': o->recompute = 1; break;
+        case 'O': o->offload = 1; break;
         case 'S': o->seed = (uint64_t)parse_int("seed", optarg, 0, 1L << 62); break;
         case 'E': o->eval_every = (int)parse_int("eval-every", optarg, 0, 1 << 30); break;
         case 'B': o->eval_batches = (int)parse_int("eval-batches", optarg, 1, 1 << 20); break;
@@ -183,6 +185,8 @@ static void parse_options(int argc, char **argv, options *o)
         die("unexpected argument '%s' (see --help)", argv[optind]);
     if (o->beta1 >= 1 || o->beta2 >= 1)
         die("--beta1 and --beta2 must be below 1");
+    if (o->offload && !o->recompute)
+        die("--offload moves the layer inputs that --recompute keeps: give both");
     if ((o->save_every || o->save_on_interrupt) && !o->save)
         die("--save-every and --save-on-interrupt need --save FILE");
     o->model.max_seq = o->seq;
@@ -267,7 +271,7 @@ static double evaluate(trainer *tr)
     double sum = 0;
     for (int i = 0; i < o->eval_batches; ++i) {
         loader_next(&vl, tr->ids, tr->targets);
-        CHECK(model_forward(tr->m, tr->ids, tr->targets, o->batch, o->seq), tr->ctx);
+        CHECK(model_forward(tr->m, tr->ids, tr->targets, o->batch, o->seq, false), tr->ctx);
         float loss;
         CHECK(llmcl_tensor_download(tr->m->loss, &loss, sizeof loss), tr->ctx);
         sum += loss;
@@ -285,7 +289,7 @@ static void train_step(trainer *tr, int step, double *loss, double *norm)
     CHECK(llmcl_fill(ctx, tr->loss_sum, 0.0), ctx);
     for (int k = 0; k < o->accum; ++k) {
         loader_next(&tr->tl, tr->ids, tr->targets);
-        CHECK(model_forward(m, tr->ids, tr->targets, o->batch, o->seq), ctx);
+        CHECK(model_forward(m, tr->ids, tr->targets, o->batch, o->seq, true), ctx);
         CHECK(llmcl_axpy(ctx, 1.0f / (float)o->accum, m->loss, tr->loss_sum), ctx);
         CHECK(model_backward(m, o->batch, o->seq), ctx);
     }
@@ -365,6 +369,17 @@ static void sample(trainer *tr)
     free(ctx_ids);
 }
 
+static void offload_summary(llmcl_offload *off)
+{
+    llmcl_offload_stats s;
+    CHECK(llmcl_offload_finish(off), NULL);
+    CHECK(llmcl_offload_stats_get(off, &s), NULL);
+    printf("offload: %.1f MiB to the host and %.1f MiB back (%.1f + %.1f ms of copies), the compute "
+           "queue waited %.1f ms, %.1f MiB pinned\n",
+           (double)s.bytes_saved / 1048576.0, (double)s.bytes_restored / 1048576.0, s.save_ms,
+           s.restore_ms, s.stall_ms, (double)s.pinned_bytes / 1048576.0);
+}
+
 static void save(trainer *tr, int steps_done)
 {
     const train_state s = {steps_done, tr->tl.pos};
@@ -399,7 +414,7 @@ int main(int argc, char **argv)
     const llmcl_device_info *info = llmcl_ctx_device_info(tr.ctx);
     tr.peak_tflops = o->peak_tflops > 0 ? o->peak_tflops : measured_peak(tr.ctx, o->model.dtype);
     CHECK(model_create(tr.ctx, &o->model, o->seed, &tr.m), tr.ctx);
-    CHECK(model_alloc_acts(tr.m, o->batch, o->seq, o->recompute), tr.ctx);
+    CHECK(model_alloc_acts(tr.m, o->batch, o->seq, o->recompute, o->offload), tr.ctx);
     setup_optimizer(&tr);
     tr.ids = xmalloc((size_t)o->batch * o->seq * sizeof *tr.ids);
     tr.targets = xmalloc((size_t)o->batch * o->seq * sizeof *tr.targets);
@@ -410,7 +425,8 @@ int main(int argc, char **argv)
     printf("model: %.2fM parameters, dim %d, %d layers, %d/%d heads, ffn %d, vocab %d, %s, %s%s\n",
            (double)model_param_count(tr.m) / 1e6, c->dim, c->layers, c->heads, c->kv_heads, c->ffn,
            c->vocab, c->tied ? "tied head" : "untied head", llmcl_dtype_name(c->dtype),
-           o->recompute ? ", activation checkpointing" : "");
+           o->offload ? ", activation checkpointing with offload"
+                      : o->recompute ? ", activation checkpointing" : "");
     printf("data: %s, %lld training and %lld held-out tokens; batch %d x %d x %d\n",
            tr.train.source, (long long)tr.train.n, (long long)tr.val.n, o->batch, o->seq, o->accum);
     int first = 0;
@@ -446,6 +462,8 @@ int main(int argc, char **argv)
     }
     if (o->save && (!interrupted || o->save_on_interrupt))
         save(&tr, step);
+    if (tr.m->off)
+        offload_summary(tr.m->off);
     if (interrupted)
         printf("interrupted at step %d\n", step);
     else if (o->sample_tokens > 0)
