@@ -17,6 +17,34 @@ struct layer_acts {
     llmcl_tensor *h1, *rstd1, *q, *k, *v, *o, *lse, *xmid, *h2, *rstd2, *gate, *up, *act;
 };
 
+/* ---- per-family kernel time (model->profiling) ---- */
+
+static const char *family_names[F_FAMILIES] = {"matmul", "attention", "norm", "rope", "glu",
+                                               "cross_entropy", "embedding", "elementwise",
+                                               "optimizer"};
+
+const char *model_family_name(int family) { return family_names[family]; }
+
+void model_prof_begin(model *m)
+{
+    if (m->profiling)
+        CHECK(llmcl_profile_begin(m->ctx), m->ctx);
+}
+
+llmcl_status model_prof_end(model *m, int family, llmcl_status st)
+{
+    if (!m->profiling)
+        return st;
+    llmcl_profile p;
+    CHECK(llmcl_profile_end(m->ctx, &p), m->ctx);
+    m->prof_ms[family] += p.kernel_ms;
+    return st;
+}
+
+/* An op's status, its kernels' time added to its family's when profiling. */
+#define PROF(family, expr) model_prof_end(m, (family), (model_prof_begin(m), (expr)))
+#define OP(family, expr) TRY(PROF(family, expr))
+
 /* ---- configuration ---- */
 
 const char *model_config_error(const model_config *c)
@@ -424,30 +452,30 @@ static llmcl_status layer_forward(model *m, arena *a, int l, layer_acts *A, llmc
     const llmcl_rmsnorm_options no = norm_opts(m);
     llmcl_tensor *h1 = rows(a, A->h1, n), *q = rows(a, A->q, n), *k = rows(a, A->k, n),
                  *v = rows(a, A->v, n), *xmid = rows(a, A->xmid, n), *h2 = rows(a, A->h2, n);
-    TRY(llmcl_rmsnorm_forward(ctx, x, param(m, P_ATTN_NORM, l)->w, h1, head(a, A->rstd1, n), &no));
-    TRY(linear(ctx, h1, param(m, P_WQ, l)->w, 0, q));
-    TRY(linear(ctx, h1, param(m, P_WK, l)->w, 0, k));
-    TRY(linear(ctx, h1, param(m, P_WV, l)->w, 0, v));
+    OP(F_NORM, llmcl_rmsnorm_forward(ctx, x, param(m, P_ATTN_NORM, l)->w, h1, head(a, A->rstd1, n), &no));
+    OP(F_MATMUL, linear(ctx, h1, param(m, P_WQ, l)->w, 0, q));
+    OP(F_MATMUL, linear(ctx, h1, param(m, P_WK, l)->w, 0, k));
+    OP(F_MATMUL, linear(ctx, h1, param(m, P_WV, l)->w, 0, v));
     const llmcl_rope_options ro = rope_opts(m, a, t);
-    TRY(llmcl_rope_forward(ctx, bthd(a, A->q, b, t, c->heads, d), bthd(a, A->k, b, t, c->kv_heads, d), &ro));
+    OP(F_ROPE, llmcl_rope_forward(ctx, bthd(a, A->q, b, t, c->heads, d), bthd(a, A->k, b, t, c->kv_heads, d), &ro));
     const llmcl_attention_opts ao = {.causal = 1};
     const int64_t lshape[3] = {b, c->heads, t};
-    TRY(llmcl_attention_forward(ctx, bhtd(a, A->q, b, t, c->heads, d),
+    OP(F_ATTENTION, llmcl_attention_forward(ctx, bhtd(a, A->q, b, t, c->heads, d),
                                        bhtd(a, A->k, b, t, c->kv_heads, d),
                                        bhtd(a, A->v, b, t, c->kv_heads, d), &ao,
                                        bhtd(a, A->o, b, t, c->heads, d),
                                        view(a, A->lse, 3, lshape, NULL, 0)));
-    TRY(llmcl_copy(ctx, x, xmid));
-    TRY(linear(ctx, rows(a, A->o, n), param(m, P_WO, l)->w, 1, xmid));
-    TRY(llmcl_rmsnorm_forward(ctx, xmid, param(m, P_MLP_NORM, l)->w, h2, head(a, A->rstd2, n), &no));
+    OP(F_ELEMENTWISE, llmcl_copy(ctx, x, xmid));
+    OP(F_MATMUL, linear(ctx, rows(a, A->o, n), param(m, P_WO, l)->w, 1, xmid));
+    OP(F_NORM, llmcl_rmsnorm_forward(ctx, xmid, param(m, P_MLP_NORM, l)->w, h2, head(a, A->rstd2, n), &no));
     llmcl_tensor *gate = rows(a, A->gate, n), *up = rows(a, A->up, n), *act = rows(a, A->act, n);
-    TRY(linear(ctx, h2, param(m, P_WGATE, l)->w, 0, gate));
-    TRY(linear(ctx, h2, param(m, P_WUP, l)->w, 0, up));
-    TRY(llmcl_glu_forward(ctx, LLMCL_ACT_SILU, gate, up, act));
+    OP(F_MATMUL, linear(ctx, h2, param(m, P_WGATE, l)->w, 0, gate));
+    OP(F_MATMUL, linear(ctx, h2, param(m, P_WUP, l)->w, 0, up));
+    OP(F_GLU, llmcl_glu_forward(ctx, LLMCL_ACT_SILU, gate, up, act));
     if (!xout)
         return LLMCL_OK;
-    TRY(llmcl_copy(ctx, xmid, xout));
-    return linear(ctx, act, param(m, P_WDOWN, l)->w, 1, xout);
+    OP(F_ELEMENTWISE, llmcl_copy(ctx, xmid, xout));
+    return PROF(F_MATMUL, linear(ctx, act, param(m, P_WDOWN, l)->w, 1, xout));
 }
 
 static layer_acts *acts_of(model *m, int l) { return &m->acts[m->recompute ? 0 : l]; }
@@ -484,13 +512,13 @@ static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, int b,
     TRY(release_saved(m));
     llmcl_tensor *tids = head(a, m->ids, n);
     TRY(llmcl_tensor_upload(tids, ids, (size_t)n * sizeof *ids));
-    TRY(llmcl_embedding_forward(ctx, tids, param(m, P_EMBED, -1)->w, rows(a, stream(m, 0), n)));
+    OP(F_EMBEDDING, llmcl_embedding_forward(ctx, tids, param(m, P_EMBED, -1)->w, rows(a, stream(m, 0), n)));
     for (int l = 0; l < m->cfg.layers; ++l)
         TRY(block_forward(m, a, l, n, b, t, save));
     const llmcl_rmsnorm_options no = norm_opts(m);
-    return llmcl_rmsnorm_forward(ctx, rows(a, stream(m, m->cfg.layers), n),
+    return PROF(F_NORM, llmcl_rmsnorm_forward(ctx, rows(a, stream(m, m->cfg.layers), n),
                                  param(m, P_FINAL_NORM, -1)->w, rows(a, m->hfinal, n),
-                                 head(a, m->rstd_final, n), &no);
+                                 head(a, m->rstd_final, n), &no));
 }
 
 llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets, int b, int t,
@@ -504,9 +532,10 @@ llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets,
         st = llmcl_tensor_upload(tt, targets, (size_t)n * sizeof *targets);
     const llmcl_ce_options co = ce_opts();
     if (st == LLMCL_OK)
-        st = llmcl_fused_cross_entropy_forward(m->ctx, rows(&a, m->hfinal, n),
-                                               param(m, P_HEAD, -1)->w, NULL, tt, &co, m->loss,
-                                               NULL, head(&a, m->lse_ce, n));
+        st = PROF(F_CROSS_ENTROPY,
+                  llmcl_fused_cross_entropy_forward(m->ctx, rows(&a, m->hfinal, n),
+                                                    param(m, P_HEAD, -1)->w, NULL, tt, &co, m->loss,
+                                                    NULL, head(&a, m->lse_ce, n)));
     arena_clear(&a);
     return st;
 }
@@ -525,34 +554,34 @@ static llmcl_status layer_backward(model *m, arena *a, int l, layer_acts *A, llm
     llmcl_tensor *dres = rows(a, m->dres, n), *dh = rows(a, m->dh, n), *da = rows(a, m->da, n);
     llmcl_tensor *gate = rows(a, A->gate, n), *up = rows(a, A->up, n), *h2 = rows(a, A->h2, n);
     /* MLP */
-    TRY(linear_backward(ctx, dres, rows(a, A->act, n), param(m, P_WDOWN, l), 0, da));
-    TRY(llmcl_glu_backward(ctx, LLMCL_ACT_SILU, da, gate, up, gate, up));
-    TRY(linear_backward(ctx, gate, h2, param(m, P_WGATE, l), 0, dh));
-    TRY(linear_backward(ctx, up, h2, param(m, P_WUP, l), 1, dh));
-    TRY(llmcl_residual_rmsnorm_backward(ctx, dh, dres, rows(a, A->xmid, n),
+    OP(F_MATMUL, linear_backward(ctx, dres, rows(a, A->act, n), param(m, P_WDOWN, l), 0, da));
+    OP(F_GLU, llmcl_glu_backward(ctx, LLMCL_ACT_SILU, da, gate, up, gate, up));
+    OP(F_MATMUL, linear_backward(ctx, gate, h2, param(m, P_WGATE, l), 0, dh));
+    OP(F_MATMUL, linear_backward(ctx, up, h2, param(m, P_WUP, l), 1, dh));
+    OP(F_NORM, llmcl_residual_rmsnorm_backward(ctx, dh, dres, rows(a, A->xmid, n),
                                                param(m, P_MLP_NORM, l)->w, head(a, A->rstd2, n),
                                                dres, m->dnorm_w, &no));
-    TRY(llmcl_axpy(ctx, 1.0f, m->dnorm_w, param(m, P_MLP_NORM, l)->grad));
+    OP(F_ELEMENTWISE, llmcl_axpy(ctx, 1.0f, m->dnorm_w, param(m, P_MLP_NORM, l)->grad));
     /* attention */
     llmcl_tensor *h1 = rows(a, A->h1, n);
-    TRY(linear_backward(ctx, dres, rows(a, A->o, n), param(m, P_WO, l), 0, rows(a, m->dattn, n)));
+    OP(F_MATMUL, linear_backward(ctx, dres, rows(a, A->o, n), param(m, P_WO, l), 0, rows(a, m->dattn, n)));
     const llmcl_attention_opts ao = {.causal = 1};
     const int64_t lshape[3] = {b, c->heads, t};
-    TRY(llmcl_attention_backward(
+    OP(F_ATTENTION, llmcl_attention_backward(
         ctx, bhtd(a, A->q, b, t, c->heads, d), bhtd(a, A->k, b, t, c->kv_heads, d),
         bhtd(a, A->v, b, t, c->kv_heads, d), bhtd(a, A->o, b, t, c->heads, d),
         view(a, A->lse, 3, lshape, NULL, 0), bhtd(a, m->dattn, b, t, c->heads, d), &ao,
         bhtd(a, m->dq, b, t, c->heads, d), bhtd(a, m->dk, b, t, c->kv_heads, d),
         bhtd(a, m->dv, b, t, c->kv_heads, d)));
     const llmcl_rope_options ro = rope_opts(m, a, t);
-    TRY(llmcl_rope_backward(ctx, bthd(a, m->dq, b, t, c->heads, d),
+    OP(F_ROPE, llmcl_rope_backward(ctx, bthd(a, m->dq, b, t, c->heads, d),
                                    bthd(a, m->dk, b, t, c->kv_heads, d), &ro));
-    TRY(linear_backward(ctx, rows(a, m->dq, n), h1, param(m, P_WQ, l), 0, dh));
-    TRY(linear_backward(ctx, rows(a, m->dk, n), h1, param(m, P_WK, l), 1, dh));
-    TRY(linear_backward(ctx, rows(a, m->dv, n), h1, param(m, P_WV, l), 1, dh));
-    TRY(llmcl_residual_rmsnorm_backward(ctx, dh, dres, x, param(m, P_ATTN_NORM, l)->w,
+    OP(F_MATMUL, linear_backward(ctx, rows(a, m->dq, n), h1, param(m, P_WQ, l), 0, dh));
+    OP(F_MATMUL, linear_backward(ctx, rows(a, m->dk, n), h1, param(m, P_WK, l), 1, dh));
+    OP(F_MATMUL, linear_backward(ctx, rows(a, m->dv, n), h1, param(m, P_WV, l), 1, dh));
+    OP(F_NORM, llmcl_residual_rmsnorm_backward(ctx, dh, dres, x, param(m, P_ATTN_NORM, l)->w,
                                                head(a, A->rstd1, n), dres, m->dnorm_w, &no));
-    return llmcl_axpy(ctx, 1.0f, m->dnorm_w, param(m, P_ATTN_NORM, l)->grad);
+    return PROF(F_ELEMENTWISE, llmcl_axpy(ctx, 1.0f, m->dnorm_w, param(m, P_ATTN_NORM, l)->grad));
 }
 
 /*
@@ -594,24 +623,24 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
     const llmcl_ce_options co = ce_opts();
     llmcl_tensor *hf = rows(a, m->hfinal, n), *dh32 = rows(a, m->dh32, n), *dres = rows(a, m->dres, n);
     model_param *headp = param(m, P_HEAD, -1), *fnorm = param(m, P_FINAL_NORM, -1);
-    TRY(llmcl_fused_cross_entropy_backward(ctx, hf, headp->w, NULL, head(a, m->targets, n),
+    OP(F_CROSS_ENTROPY, llmcl_fused_cross_entropy_backward(ctx, hf, headp->w, NULL, head(a, m->targets, n),
                                                   head(a, m->lse_ce, n), NULL, &co, dh32,
                                                   headp->grad, NULL));
     llmcl_tensor *dy = dh32;
     if (m->cfg.dtype != LLMCL_F32) {
         dy = rows(a, m->dh, n);
-        TRY(llmcl_cast(ctx, dh32, dy));
+        OP(F_ELEMENTWISE, llmcl_cast(ctx, dh32, dy));
     }
     const llmcl_rmsnorm_options no = norm_opts(m);
-    TRY(llmcl_rmsnorm_backward(ctx, dy, rows(a, stream(m, L), n), fnorm->w,
+    OP(F_NORM, llmcl_rmsnorm_backward(ctx, dy, rows(a, stream(m, L), n), fnorm->w,
                                head(a, m->rstd_final, n), dres, m->dnorm_w, &no));
-    TRY(llmcl_axpy(ctx, 1.0f, m->dnorm_w, fnorm->grad));
+    OP(F_ELEMENTWISE, llmcl_axpy(ctx, 1.0f, m->dnorm_w, fnorm->grad));
     for (int l = L - 1; l >= 0; --l) {
         TRY(block_backward(m, a, l, n, b, t));
         arena_clear(a); /* views of one block at a time */
     }
-    return llmcl_embedding_backward(ctx, head(a, m->ids, n), rows(a, m->dres, n),
-                                    param(m, P_EMBED, -1)->grad);
+    return PROF(F_EMBEDDING, llmcl_embedding_backward(ctx, head(a, m->ids, n), rows(a, m->dres, n),
+                                    param(m, P_EMBED, -1)->grad));
 }
 
 llmcl_status model_backward(model *m, int b, int t)

@@ -44,6 +44,10 @@ typedef struct model_param {
     llmcl_tensor *w16;     /* view of the 16-bit compute buffer, NULL for norms and f32 models */
 } model_param;
 
+/* Op families for the per-family split of a step's kernel time. */
+enum { F_MATMUL, F_ATTENTION, F_NORM, F_ROPE, F_GLU, F_CROSS_ENTROPY, F_EMBEDDING, F_ELEMENTWISE,
+       F_OPTIMIZER, F_FAMILIES };
+
 typedef struct layer_acts layer_acts;
 
 typedef struct model {
@@ -65,7 +69,19 @@ typedef struct model {
     layer_acts *acts;      /* one per layer, or one shared when recomputing */
     llmcl_tensor *hfinal, *rstd_final, *lse_ce, *loss, *ids, *targets, *positions;
     llmcl_tensor *dres, *dh, *dh32, *da, *dattn, *dq, *dk, *dv, *dnorm_w, *logits_last;
+
+    /* profiling: every op a profiling region of its own (so each waits for its kernels), its
+       kernel time added to prof_ms of its family */
+    bool profiling;
+    double prof_ms[F_FAMILIES];
 } model;
+
+const char *model_family_name(int family);
+
+/* Opens a profiling region when m->profiling; the end adds its kernel time to the family's and
+   passes st through. */
+void model_prof_begin(model *m);
+llmcl_status model_prof_end(model *m, int family, llmcl_status st);
 
 /* Creates the parameters (initialised from seed as Llama does: normal(0, 0.02), norms 1). */
 llmcl_status model_create(llmcl_ctx *ctx, const model_config *cfg, uint64_t seed, model **out);

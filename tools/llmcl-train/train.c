@@ -23,7 +23,7 @@ typedef struct options {
     float lr, min_lr_frac, weight_decay, clip, beta1, beta2, eps;
     int eval_every, eval_batches, log_every, sample_tokens;
     const char *prompt;
-    int recompute, offload;
+    int recompute, offload, profile;
     const char *save, *resume;
     int save_every, save_on_interrupt;
     uint64_t seed;
@@ -58,6 +58,8 @@ static void usage(FILE *f)
           "  --sample N           greedy tokens generated at the end (0: none)\n"
           "  --prompt TEXT        the sample's start (byte-level data)\n"
           "  --peak-tflops X      the device peak for MFU (default: measured)\n"
+          "  --profile            after training, one more step with each op timed on its own:\n"
+          "                       its kernel time split by op family\n"
           "checkpoints (safetensors: f32 weights under Hugging Face names, AdamW moments, step):\n"
           "  --save FILE          written at the end (and every --save-every N steps)\n"
           "  --save-on-interrupt  Ctrl-C writes --save before exiting\n"
@@ -126,7 +128,7 @@ static void parse_options(int argc, char **argv, options *o)
         {"rope-llama3", 1, 0, 'R'}, {"dtype", 1, 0, 't'}, {"batch", 1, 0, 'b'}, {"seq", 1, 0, 's'},
         {"accum", 1, 0, 'a'}, {"steps", 1, 0, 'n'}, {"lr", 1, 0, 'l'}, {"min-lr", 1, 0, 'm'},
         {"warmup", 1, 0, 'w'}, {"weight-decay", 1, 0, 'W'}, {"clip", 1, 0, 'c'},
-        {"beta1", 1, 0, '1'}, {"beta2", 1, 0, '2'}, {"eps", 1, 0, 'e'}, {"recompute", 0, 0, 'C'}, {"offload", 0, 0, 'O'},
+        {"beta1", 1, 0, '1'}, {"beta2", 1, 0, '2'}, {"eps", 1, 0, 'e'}, {"recompute", 0, 0, 'C'}, {"offload", 0, 0, 'O'}, {"profile", 0, 0, 'Q'},
         {"seed", 1, 0, 'S'}, {"eval-every", 1, 0, 'E'}, {"eval-batches", 1, 0, 'B'},
         {"log-every", 1, 0, 'g'}, {"sample", 1, 0, 'o'}, {"prompt", 1, 0, 'p'},
         {"peak-tflops", 1, 0, 'T'}, {"save", 1, 0, 'Y'}, {"save-every", 1, 0, 'y'},
@@ -166,6 +168,7 @@ static void parse_options(int argc, char **argv, options *o)
         case 'e': o->eps = (float)parse_num("eps", optarg, 0); break;
         case 'C': o->recompute = 1; break;
         case 'O': o->offload = 1; break;
+        case 'Q': o->profile = 1; break;
         case 'S': o->seed = (uint64_t)parse_int("seed", optarg, 0, 1L << 62); break;
         case 'E': o->eval_every = (int)parse_int("eval-every", optarg, 0, 1 << 30); break;
         case 'B': o->eval_batches = (int)parse_int("eval-batches", optarg, 1, 1 << 20); break;
@@ -293,7 +296,10 @@ static void train_step(trainer *tr, int step, double *loss, double *norm)
         CHECK(llmcl_axpy(ctx, 1.0f / (float)o->accum, m->loss, tr->loss_sum), ctx);
         CHECK(model_backward(m, o->batch, o->seq), ctx);
     }
-    CHECK(optimizer_step(&tr->opt, learning_rate(o, step), step + 1, o->accum), ctx);
+    model_prof_begin(m);
+    CHECK(model_prof_end(m, F_OPTIMIZER,
+                         optimizer_step(&tr->opt, learning_rate(o, step), step + 1, o->accum)),
+          ctx);
     float l;
     CHECK(llmcl_tensor_download(tr->loss_sum, &l, sizeof l), ctx);
     *loss = l;
@@ -367,6 +373,27 @@ static void sample(trainer *tr)
     }
     putchar('\n');
     free(ctx_ids);
+}
+
+/* One more step with every op a profiling region of its own: kernel time per op family. */
+static void profile_step(trainer *tr, int step)
+{
+    model *m = tr->m;
+    double loss, norm, total = 0;
+    memset(m->prof_ms, 0, sizeof m->prof_ms);
+    m->profiling = true;
+    const double t0 = now_seconds();
+    train_step(tr, step, &loss, &norm);
+    const double wall = 1e3 * (now_seconds() - t0);
+    m->profiling = false;
+    for (int f = 0; f < F_FAMILIES; ++f)
+        total += m->prof_ms[f];
+    printf("profile of one step (%.1f ms of kernels, %.1f ms wall with a wait after every op):\n",
+           total, wall);
+    for (int f = 0; f < F_FAMILIES; ++f)
+        if (m->prof_ms[f] > 0)
+            printf("  %-14s %9.2f ms %5.1f%%\n", model_family_name(f), m->prof_ms[f],
+                   100.0 * m->prof_ms[f] / total);
 }
 
 static void offload_summary(llmcl_offload *off)
@@ -462,6 +489,8 @@ int main(int argc, char **argv)
     }
     if (o->save && (!interrupted || o->save_on_interrupt))
         save(&tr, step);
+    if (o->profile && !interrupted)
+        profile_step(&tr, step);
     if (tr.m->off)
         offload_summary(tr.m->off);
     if (interrupted)
