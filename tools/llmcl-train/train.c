@@ -489,6 +489,9 @@ int main(int argc, char **argv)
     }
     if (o->save && (!interrupted || o->save_on_interrupt))
         save(&tr, step);
+    llmcl_memory_stats ms;
+    CHECK(llmcl_memory_stats_get(tr.ctx, &ms), tr.ctx);
+    printf("device memory: peak %.1f MiB (llmcl's accounting)\n", (double)ms.peak_bytes / 1048576.0);
     if (o->profile && !interrupted)
         profile_step(&tr, step);
     if (tr.m->off)

@@ -52,7 +52,7 @@ static uint64_t splitmix64(uint64_t *x)
 
 rng rng_new(uint64_t seed)
 {
-    rng r;
+    rng r = {.has_spare = 0};
     for (int i = 0; i < 4; ++i)
         r.s[i] = splitmix64(&seed);
     return r;
@@ -77,8 +77,14 @@ double rng_uniform(rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }
 
 double rng_normal(rng *r)
 {
-    const double u1 = 1.0 - rng_uniform(r), u2 = rng_uniform(r);
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    if (r->has_spare) { /* Box-Muller makes two: the second waits for the next call */
+        r->has_spare = 0;
+        return r->spare;
+    }
+    const double u1 = 1.0 - rng_uniform(r), u2 = rng_uniform(r), rad = sqrt(-2.0 * log(u1));
+    r->spare = rad * sin(6.283185307179586 * u2);
+    r->has_spare = 1;
+    return rad * cos(6.283185307179586 * u2);
 }
 
 double now_seconds(void)

@@ -32,6 +32,8 @@ void *xcalloc(size_t n, size_t size);
 /* xoshiro256** from a splitmix64-expanded seed. */
 typedef struct rng {
     uint64_t s[4];
+    double spare; /* rng_normal's second value */
+    int has_spare;
 } rng;
 
 rng rng_new(uint64_t seed);
