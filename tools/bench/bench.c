@@ -23,6 +23,7 @@ static const family families[] = {
     {"attention", bench_attention},
     {"cross_entropy", bench_cross_entropy},
     {"matmul", bench_matmul},
+    {"optim", bench_optim},
 };
 
 #define MAX_ROWS 256
