@@ -53,15 +53,14 @@ static void plan_free(plan *pl)
     free(pl->table);
 }
 
-/* WG, UNROLL and GPC for the call: defaults, then the tuning database, then range checks. */
+/* WG, UNROLL and GPC for the call: the given defaults, then the tuning database, then checks. */
 static llmcl_status plan_params(llmcl_ctx *ctx, const char *key, llmcl_dtype dtype, int64_t numel,
-                                plan *pl)
+                                long unroll_default, long gpc_default, plan *pl)
 {
-    const bool nv = ctx->info.vendor_id == LLMCL_VENDOR_NVIDIA;
-    llmcl__param_set(&pl->p, "WG", ctx->info.max_work_group_size < 256 ? (long)ctx->info.max_work_group_size : 256);
-    llmcl__param_set(&pl->p, "UNROLL", 4);
-    /* One work-group per chunk on NVIDIA, as its copy is fastest in one pass (elementwise.c). */
-    llmcl__param_set(&pl->p, "GPC", ctx->info.is_gpu ? (nv ? 0 : 8) : 4);
+    const size_t max_wg = ctx->info.max_work_group_size;
+    llmcl__param_set(&pl->p, "WG", max_wg < 256 ? (long)max_wg : 256);
+    llmcl__param_set(&pl->p, "UNROLL", unroll_default);
+    llmcl__param_set(&pl->p, "GPC", gpc_default);
     char cls[16];
     llmcl__shape_class(numel > 0 ? numel : 1, cls);
     llmcl__params_lookup(ctx, key, dtype, cls, &pl->p);
@@ -395,7 +394,11 @@ llmcl_status llmcl_adamw_step(llmcl_ctx *ctx, const llmcl_adamw_tensor *tensors,
     int64_t numel = 0;
     for (int i = 0; i < count; ++i)
         numel += llmcl_tensor_numel(e[i].op[OP_PARAM]);
-    LLMCL__TRY_GOTO(st, plan_params(ctx, "adamw", e[0].op[OP_PARAM]->dtype, numel, &pl), done);
+    /* One work-group per chunk: on PoCL 6 to 8 times faster than a grid-stride loop (llmcl-tune),
+     * and NVIDIA's copy is fastest in one pass too (elementwise.c). */
+    const long unroll = ctx->info.is_gpu ? 4 : 2;
+    LLMCL__TRY_GOTO(st, plan_params(ctx, "adamw", e[0].op[OP_PARAM]->dtype, numel, unroll, 0, &pl),
+                    done);
     LLMCL__TRY_GOTO(st, plan_groups(ctx, e, count, &pl), done);
     for (int g = 0; g < pl.n_groups; ++g)
         LLMCL__TRY_GOTO(st,
@@ -496,7 +499,10 @@ llmcl_status llmcl_grad_norm(llmcl_ctx *ctx, const llmcl_tensor *const *grads, i
     int64_t numel = 0;
     for (int i = 0; i < count; ++i)
         numel += llmcl_tensor_numel(grads[i]);
-    LLMCL__TRY_GOTO(st, plan_params(ctx, "grad_norm", grads[0]->dtype, numel, &pl), done);
+    /* A grid-stride loop amortises the work-group reductions on CPUs (twice as fast on PoCL). */
+    const bool nv = ctx->info.vendor_id == LLMCL_VENDOR_NVIDIA;
+    const long gpc = ctx->info.is_gpu ? (nv ? 0 : 8) : 4;
+    LLMCL__TRY_GOTO(st, plan_params(ctx, "grad_norm", grads[0]->dtype, numel, 4, gpc, &pl), done);
     LLMCL__TRY_GOTO(st, plan_groups(ctx, e, count, &pl), done);
     for (int g = 0; g < pl.n_groups; ++g)
         LLMCL__TRY_GOTO(st,
