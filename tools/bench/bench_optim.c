@@ -4,7 +4,7 @@
  * with --small, as views of one flat buffer per operand, so each call is one launch. Rows:
  *   adamw f32:       f32 params, PyTorch's fused AdamW case: 28 bytes a parameter (param, m and v
  *                    read and written, grad read);
- *   adamw bf16+f32m: bf16 params with f32 master weights, f32 grads: 30 bytes (master, m and v read
+ *   adamw bf16+m:    bf16 params with f32 master weights, f32 grads: 30 bytes (master, m and v read
  *                    and written, grad read, param written);
  *   grad_norm f32:   the global norm of the f32 grads: 4 bytes (each read once).
  * Each is checked on a sample (a matrix and a norm weight) against tests/ref/optim_ref.c.
@@ -237,5 +237,5 @@ static void bench_adamw(bench_env *env, llmcl_dtype pdt, bool master, const char
 void bench_optim(bench_env *env)
 {
     bench_adamw(env, LLMCL_F32, false, "f32", 28.0, true);
-    bench_adamw(env, LLMCL_BF16, true, "bf16m", 30.0, false);
+    bench_adamw(env, LLMCL_BF16, true, "bf16+m", 30.0, false);
 }

@@ -96,25 +96,28 @@ static bool same_buffers(const entry *a, const entry *b)
  * Groups the non-empty entries and writes the table: every tensor's offsets, numel, first chunk in
  * its group, and first element and first chunk in the call (which do not depend on the grouping).
  */
+/* Where a tensor starts in the whole call. */
+typedef struct call_pos {
+    int64_t elem, chunk;
+} call_pos;
+
 static llmcl_status plan_groups(llmcl_ctx *ctx, const entry *e, int n, plan *pl)
 {
     int *group_of = malloc((size_t)n * sizeof *group_of);
-    int64_t *base = malloc((size_t)n * 2 * sizeof *base);
+    call_pos *pos = malloc((size_t)n * sizeof *pos);
     pl->groups = calloc((size_t)n, sizeof *pl->groups);
     pl->table = malloc((size_t)n * T_FIELDS * sizeof *pl->table);
-    if (!group_of || !base || !pl->groups || !pl->table) {
+    if (!group_of || !pos || !pl->groups || !pl->table) {
         free(group_of);
-        free(base);
+        free(pos);
         return LLMCL__FAIL(ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "optimizer tables for %d tensors", n);
     }
-    int64_t elems = 0;
-    pl->total_chunks = 0;
+    call_pos at = {0, 0};
     for (int i = 0; i < n; ++i) {
         const int64_t numel = llmcl_tensor_numel(e[i].op[OP_GRAD]);
-        base[2 * i] = elems;
-        base[2 * i + 1] = pl->total_chunks;
-        elems += numel;
-        pl->total_chunks += llmcl__div_up(numel, pl->chunk);
+        pos[i] = at;
+        at.elem += numel;
+        at.chunk += llmcl__div_up(numel, pl->chunk);
         group_of[i] = -1;
         if (numel == 0)
             continue;
@@ -138,15 +141,16 @@ static llmcl_status plan_groups(llmcl_ctx *ctx, const entry *e, int n, plan *pl)
             }
             row[T_NUMEL] = llmcl_tensor_numel(e[i].op[OP_GRAD]);
             row[T_CHUNK] = gr->n_chunks;
-            row[T_BASE] = base[2 * i];
-            row[T_SLOT] = base[2 * i + 1];
+            row[T_BASE] = pos[i].elem;
+            row[T_SLOT] = pos[i].chunk;
             row[T_DECAY] = e[i].decay;
             gr->n_chunks += llmcl__div_up(row[T_NUMEL], pl->chunk);
             gr->count++;
         }
     }
+    pl->total_chunks = at.chunk;
     free(group_of);
-    free(base);
+    free(pos);
     return LLMCL_OK;
 }
 
@@ -160,12 +164,12 @@ static size_t plan_global(const llmcl_ctx *ctx, const plan *pl, int64_t n_chunks
     return (size_t)groups * pl->wg;
 }
 
-/* The table on the device, counted in the memory statistics. */
+/* The table (of at least one row) on the device, counted in the memory statistics. */
+static uint64_t table_bytes(const plan *pl) { return (uint64_t)pl->n_rows * T_FIELDS * sizeof(int64_t); }
+
 static llmcl_status table_upload(llmcl_ctx *ctx, const plan *pl, cl_mem *out)
 {
-    const int64_t zero = 0;
-    const uint64_t bytes = pl->n_rows ? (uint64_t)pl->n_rows * T_FIELDS * sizeof(int64_t) : sizeof zero;
-    return llmcl__buffer_alloc_init(ctx, bytes, pl->n_rows ? (const void *)pl->table : &zero, out);
+    return llmcl__buffer_alloc_init(ctx, table_bytes(pl), pl->table, out);
 }
 
 /* ---- validation ---- */
@@ -412,7 +416,7 @@ llmcl_status llmcl_adamw_step(llmcl_ctx *ctx, const llmcl_adamw_tensor *tensors,
                         done);
 done:
     if (table) /* OpenCL keeps the buffer alive until the kernels finish */
-        llmcl__buffer_free(ctx, table, (uint64_t)pl.n_rows * T_FIELDS * sizeof(int64_t));
+        llmcl__buffer_free(ctx, table, table_bytes(&pl));
     plan_free(&pl);
     free(e);
     return st;
@@ -527,7 +531,7 @@ llmcl_status llmcl_grad_norm(llmcl_ctx *ctx, const llmcl_tensor *const *grads, i
     st = norm_final(ctx, &pl, final, partials, out, squared);
 done:
     if (table)
-        llmcl__buffer_free(ctx, table, (uint64_t)pl.n_rows * T_FIELDS * sizeof(int64_t));
+        llmcl__buffer_free(ctx, table, table_bytes(&pl));
     llmcl_tensor_destroy(partials);
     plan_free(&pl);
     free(e);
