@@ -92,14 +92,15 @@ static bool same_buffers(const entry *a, const entry *b)
     return true;
 }
 
-/*
- * Groups the non-empty entries and writes the table: every tensor's offsets, numel, first chunk in
- * its group, and first element and first chunk in the call (which do not depend on the grouping).
- */
 /* Where a tensor starts in the whole call. */
 typedef struct call_pos {
     int64_t elem, chunk;
 } call_pos;
+
+/*
+ * Groups the non-empty entries and writes the table: every tensor's offsets, numel, first chunk in
+ * its group, and first element and first chunk in the call (which do not depend on the grouping).
+ */
 
 static llmcl_status plan_groups(llmcl_ctx *ctx, const entry *e, int n, plan *pl)
 {
