@@ -1060,10 +1060,12 @@ typedef struct llmcl_adamw_opts {
     float weight_decay;      /* decoupled: w -= lr * wd * w; default 0 */
     int64_t step;            /* 1-based step for the bias correction; required >= 1 */
     float grad_scale;        /* gradients are multiplied by this first (1 / micro-batches); 0: 1 */
-    const llmcl_tensor *grad_norm; /* optional f32 [1] on the device (llmcl_grad_norm): with
-                                      max_grad_norm > 0, gradients are further scaled by
-                                      min(1, max_grad_norm / (norm + 1e-6)), read on the device */
-    float max_grad_norm;
+    const llmcl_tensor *grad_norm; /* optional f32 [1] on the device: llmcl_grad_norm (not
+                                      squared) of the gradients as given. With max_grad_norm > 0,
+                                      gradients are further scaled by min(1, max_grad_norm /
+                                      (grad_scale * norm + 1e-6)), torch's clip_grad_norm_ of the
+                                      scaled gradients, computed on the device (no host wait) */
+    float max_grad_norm;     /* 0: no clipping; > 0 needs grad_norm */
     uint64_t seed;           /* stochastic rounding of 16-bit params without master */
 } llmcl_adamw_opts;
 
@@ -1071,8 +1073,15 @@ typedef struct llmcl_adamw_opts {
  * One AdamW step (PyTorch's torch.optim.AdamW semantics) over count tensors:
  *   g = grad * scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  *   w = w - lr (wd w) - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
- * Reads grad (and grad_norm); writes param, master, m, v. Every argument is validated before
- * anything is enqueued.
+ * in f32, in the order of torch's single-tensor AdamW (w *= 1 - lr wd first, then m.lerp_,
+ * v.mul_().addcmul_(), w.addcdiv_(m, sqrt(v) / sqrt(1 - b2^t) + eps, -lr / (1 - b1^t))). The
+ * options are checked as torch checks them: lr, eps, weight_decay >= 0 (eps > 0), betas in [0, 1),
+ * step >= 1, grad_scale > 0, all finite. Tensors with no elements are skipped. Stochastic rounding
+ * counts elements across the whole call (tensor 0's first, then tensor 1's, ...), so the same
+ * tensors give the same bits whether they are views of one buffer or separate buffers.
+ * Reads grad (and grad_norm); writes param, master, m, v: none of these may overlap another
+ * operand of the call (grads and grad_norm may be shared, being only read). Every argument is
+ * validated before anything is enqueued; returns when enqueued.
  */
 LLMCL_API llmcl_status llmcl_adamw_step(llmcl_ctx *ctx, const llmcl_adamw_tensor *tensors,
                                         int count, const llmcl_adamw_opts *opts);
@@ -1080,7 +1089,10 @@ LLMCL_API llmcl_status llmcl_adamw_step(llmcl_ctx *ctx, const llmcl_adamw_tensor
 /*
  * out[0] = sqrt(sum of squares of every element of every tensor) (squared != 0: the sum of
  * squares itself, for a sum across ranks), in f32 with a fixed order of summation: the same bits
- * run after run. grads f32, bf16 or f16, contiguous; out f32 with one element on the device.
+ * run after run, and whether the tensors are views of one buffer or separate buffers (each chunk
+ * of a tensor sums into its own partial, in a scratch counted in memory accounting; one
+ * work-group then adds the partials in order). grads f32, bf16 or f16, contiguous, possibly
+ * empty; out f32 with one element on the device, overlapping no grad. Returns when enqueued.
  */
 LLMCL_API llmcl_status llmcl_grad_norm(llmcl_ctx *ctx, const llmcl_tensor *const *grads, int count,
                                        int squared, llmcl_tensor *out);

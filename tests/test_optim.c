@@ -432,6 +432,12 @@ static void test_grad_norm(void **state)
     TH_OK(llmcl_memory_stats_get(th_ctx(), &m1));
     assert_true(m1.current_bytes == m0.current_bytes);
     assert_true(m1.peak_bytes > m0.current_bytes); /* partials and table were counted */
+    /* only empty tensors: a norm of zero */
+    double zero;
+    th_poison(out);
+    TH_OK(llmcl_grad_norm(th_ctx(), (const llmcl_tensor *const *)&g[5], 1, 0, out));
+    th_download(out, &zero);
+    assert_true(zero == 0.0);
     for (int i = 0; i < n; ++i)
         llmcl_tensor_destroy(g[i]);
     llmcl_tensor_destroy(out);

@@ -26,9 +26,10 @@
  * a multiple of 4 elements: aligned vector accesses).
  * Tunables (keys adamw, grad_norm):
  *   WG      work-group size (any value the device allows)
- *   UNROLL  4-element vectors per work-item per chunk: 1, 2, 4 or 8 (default 4)
- *   GPC     work-groups per compute unit that the grid is capped at: 0 (one per chunk) or 1 to 64.
- *           A launch parameter.
+ *   UNROLL  4-element vectors per work-item per chunk: 1, 2, 4 or 8 (launcher default 4; adamw on
+ *           CPUs 2)
+ *   GPC     work-groups per compute unit that the grid is capped at: 0 (one per chunk) or 1 to 64
+ *           (launcher default 0; grad_norm 8 on non-NVIDIA GPUs, 4 on CPUs). A launch parameter.
  */
 #ifndef WG
 #define WG 256

@@ -26,6 +26,7 @@ static const family families[] = {
     {"cross_entropy", bench_cross_entropy},
     {"matmul", bench_matmul},
     {"offload", bench_offload},
+    {"optim", bench_optim},
 };
 
 #define MAX_ROWS 256

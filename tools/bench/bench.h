@@ -84,5 +84,6 @@ void bench_attention(bench_env *env);
 void bench_cross_entropy(bench_env *env);
 void bench_matmul(bench_env *env);
 void bench_offload(bench_env *env);
+void bench_optim(bench_env *env);
 
 #endif

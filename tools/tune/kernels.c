@@ -50,6 +50,29 @@ static llmcl_status run_mul(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_c
     return llmcl_mul(ctx, t[0], t[1]);
 }
 
+/* ---- optim.cl: WG, UNROLL, GPC; one tensor; the size key is the element count ---- */
+
+#define OPTIM_PARAMS "WG=64,128,256,512,1024 UNROLL=1,2,4,8 GPC=0,4,8,16"
+#define OPTIM_SHAPES "N=268435456,O=1;N=16777216,O=1"
+#define OPTIM_SMALL "N=4194304,O=1;N=262144,O=1"
+
+/* A 16-bit param without master rounds stochastically: the bits depend on the seed, the step
+ * and the element's index only, so every candidate must reproduce them. */
+static llmcl_status run_adamw(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    const llmcl_adamw_tensor a = {t[0], NULL, t[1], t[2], t[3], 0};
+    const llmcl_adamw_opts o = {.lr = 1e-3f, .weight_decay = 0.1f, .step = 1, .seed = 1};
+    return llmcl_adamw_step(ctx, &a, 1, &o);
+}
+
+static llmcl_status run_grad_norm(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    const llmcl_tensor *g = t[0];
+    return llmcl_grad_norm(ctx, &g, 1, 0, t[1]);
+}
+
 /* ---- rope.cl: in place on q [B, HQ, T, D] and k [B, HK, T, D]; size key (D / 2) * (HQ + HK) ---- */
 
 #define ROPE_PARAMS "WG=64,128,256,512,1024 VEC=4,8 HPT=1,2,4,8 ORDER=0,1 HINT=0,1,2,3"
@@ -425,6 +448,18 @@ const tune_kernel tune_kernels[] = {
      .tensors = {{"x", TUNE_IN, "N", 0, TUNE_INIT_NEAR_ONE},
                  {"y", TUNE_INOUT, "N", 0, TUNE_INIT_NEAR_ONE}},
      .run = run_mul},
+    /* v near one: positive, as a second moment is */
+    {.key = "adamw", .family = "optim", .params = OPTIM_PARAMS, .dtypes = F32 | BF16,
+     .size_key = "N", .shapes = OPTIM_SHAPES, .small_shapes = OPTIM_SMALL,
+     .tensors = {{"param", TUNE_INOUT, "N"},
+                 {"grad", TUNE_IN, "N", TUNE_DT(LLMCL_F32)},
+                 {"m", TUNE_INOUT, "N", TUNE_DT(LLMCL_F32)},
+                 {"v", TUNE_INOUT, "N", TUNE_DT(LLMCL_F32), TUNE_INIT_NEAR_ONE}},
+     .run = run_adamw},
+    {.key = "grad_norm", .family = "optim", .params = OPTIM_PARAMS, .dtypes = F32 | BF16,
+     .size_key = "N", .shapes = OPTIM_SHAPES, .small_shapes = OPTIM_SMALL,
+     .tensors = {{"grad", TUNE_IN, "N"}, {"out", TUNE_OUT, "O", TUNE_DT(LLMCL_F32)}},
+     .run = run_grad_norm, .tol_scale = 10},
     {.key = "rope", .family = "rope", .params = ROPE_PARAMS, .dtypes = F32 | BF16,
      .size_key_fn = rope_size_key, .shapes = ROPE_SHAPES, .small_shapes = ROPE_SMALL,
      .tensors = {{"q", TUNE_INOUT, "B,HQ,T,D"}, {"k", TUNE_INOUT, "B,HK,T,D"},
