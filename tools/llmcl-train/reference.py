@@ -22,7 +22,7 @@ import torch
 
 CONFIG = dict(vocab=64, dim=64, layers=2, heads=2, kv_heads=1, ffn=96, batch=2, seq=16,
               norm_eps=1e-5, rope_theta=500000.0, rope_llama3_factor=32.0,
-              lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=0.5, steps=10)
+              lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=0.5, steps=10)
 
 
 def inv_freq_llama3(d, theta, factor, low=1.0, high=4.0, original=8192):
