@@ -24,6 +24,7 @@ typedef struct options {
     int eval_every, eval_batches, log_every, sample_tokens;
     const char *prompt;
     int recompute, offload, profile;
+    int vocab_given;
     const char *save, *resume;
     int save_every, save_on_interrupt;
     uint64_t seed;
@@ -149,7 +150,10 @@ static void parse_options(int argc, char **argv, options *o)
         case 'H': o->model.heads = (int)parse_int("heads", optarg, 1, 4096); break;
         case 'K': o->model.kv_heads = (int)parse_int("kv-heads", optarg, 1, 4096); break;
         case 'F': o->model.ffn = (int)parse_int("ffn", optarg, 1, 1 << 22); break;
-        case 'v': o->model.vocab = (int)parse_int("vocab", optarg, 2, 1 << 24); break;
+        case 'v':
+            o->model.vocab = (int)parse_int("vocab", optarg, 2, 1 << 24);
+            o->vocab_given = 1;
+            break;
         case 'u': o->model.tied = 0; break;
         case 'r': o->model.rope_theta = parse_num("rope-theta", optarg, 1); break;
         case 'R': o->model.rope_llama3_factor = parse_num("rope-llama3", optarg, 0); break;
@@ -248,7 +252,7 @@ static void load_data(trainer *tr)
         data_load(o->val, &tr->val);
     else
         data_split(&tr->train, 0.05, &tr->val);
-    if (tr->train.vocab > o->model.vocab && !tr->train.byte_level)
+    if (!o->vocab_given && !tr->train.byte_level) /* the tokenizer's, as its format says */
         o->model.vocab = tr->train.vocab;
     check_tokens(&tr->train, o->model.vocab);
     check_tokens(&tr->val, o->model.vocab);
