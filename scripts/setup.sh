@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's first command: installs the Debian packages llmcl needs, builds it in build/, checks
-# that an outside program builds against the installed library through pkg-config, and runs
-# llmcl-bench on the default device (PoCL's CPU device where there is no GPU).
+# that an outside program builds against the installed library through pkg-config, trains a tiny
+# model with llmcl-train and runs llmcl-bench on the default device (PoCL's CPU device where there
+# is no GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +33,9 @@ PKG_CONFIG_PATH="$prefix/lib/pkgconfig" cc -std=c11 -Wall -Werror examples/basic
     $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs llmcl) -o "$prefix/basic"
 LD_LIBRARY_PATH="$prefix/lib" "$prefix/basic"
 rm -rf "$prefix" build-install
+
+echo "== llmcl-train: a tiny Llama-style model on a generated corpus, on the default device"
+build/tools/llmcl-train
 
 echo "== llmcl-bench on the default device"
 build/tools/llmcl-bench

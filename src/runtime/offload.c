@@ -575,6 +575,14 @@ llmcl_status llmcl_offload_finish(llmcl_offload *off)
 {
     LLMCL__REQUIRE(NULL, off, LLMCL_ERROR_INVALID_ARGUMENT, "off must not be NULL");
     LLMCL__CL(off->ctx, clFinish(off->copyq));
+    /* rusticl may report an event complete a moment after clFinish returns: wait on each too,
+       so that the statistics read next count nothing in flight */
+    for (uint32_t i = 0; i < off->n_slots; ++i) {
+        cl_event evs[2] = {off->slots[i].saved, off->slots[i].loaded};
+        for (int k = 0; k < 2; ++k)
+            if (evs[k])
+                LLMCL__CL(off->ctx, clWaitForEvents(1, &evs[k]));
+    }
     reap(off);
     return LLMCL_OK;
 }
