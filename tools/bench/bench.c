@@ -23,6 +23,9 @@ static const family families[] = {
     {"attention", bench_attention},
     {"cross_entropy", bench_cross_entropy},
     {"matmul", bench_matmul},
+#ifdef LLMCL_BENCH_DIST
+    {"dist", bench_dist},
+#endif
 };
 
 #define MAX_ROWS 256

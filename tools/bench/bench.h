@@ -73,5 +73,8 @@ void bench_glu(bench_env *env);
 void bench_attention(bench_env *env);
 void bench_cross_entropy(bench_env *env);
 void bench_matmul(bench_env *env);
+#ifdef LLMCL_BENCH_DIST
+void bench_dist(bench_env *env); /* built with MPI; run under mpiexec */
+#endif
 
 #endif
