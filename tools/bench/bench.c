@@ -27,6 +27,9 @@ static const family families[] = {
     {"matmul", bench_matmul},
     {"offload", bench_offload},
     {"optim", bench_optim},
+#ifdef LLMCL_BENCH_DIST
+    {"dist", bench_dist},
+#endif
 };
 
 #define MAX_ROWS 256

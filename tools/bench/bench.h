@@ -85,5 +85,8 @@ void bench_cross_entropy(bench_env *env);
 void bench_matmul(bench_env *env);
 void bench_offload(bench_env *env);
 void bench_optim(bench_env *env);
+#ifdef LLMCL_BENCH_DIST
+void bench_dist(bench_env *env); /* built with MPI; run under mpiexec */
+#endif
 
 #endif

@@ -1,0 +1,192 @@
+/*
+ * llmcl_dist.h: sharded training over MPI (ZeRO stages 1, 2 and 3), part of libllmcl when it was
+ * built with MPI (MPICH). pkg-config: `pkg-config --cflags --libs llmcl-dist`.
+ *
+ * The application initialises MPI and hands llmcl a communicator; every rank has its own llmcl_ctx
+ * (its own device). A parameter set, named tensors in layer groups, is registered on every rank in
+ * the same order, then flattened group by group and partitioned evenly across the ranks, with
+ * padding: each rank owns 1/world of every group (its shard). Every rank keeps its shard of the f32
+ * master weights and of AdamW's m and v. Stage 1 also keeps the full compute-dtype parameters and
+ * the full f32 gradients; stage 2 keeps the full parameters and only its shard of the gradients,
+ * reduce-scattered group by group while the backward runs; stage 3 also shards the parameters and
+ * all-gathers a group before its forward and its backward (the next group prefetched).
+ *
+ * A training step, for every micro-batch:
+ *   forward:  for g = 0 .. groups-1: gather(g); compute with llmcl_dist_param views; release(g)
+ *   backward: for g = groups-1 .. 0: gather(g); add gradients into llmcl_dist_grad views (+=);
+ *             grads_ready(g); release(g)
+ * then llmcl_dist_step, then llmcl_dist_zero_grads. gather and release are needed by stage 3 only
+ * and cost nothing in the others; grads_ready starts the reduction of stages 2 and 3.
+ *
+ * Gradients are summed over the ranks (not averaged): with every rank's loss a mean over its own
+ * micro-batch, pass llmcl_adamw_opts.grad_scale = 1 / (micro-batches * world size).
+ *
+ * Collective calls (marked so) must be made by every rank of the communicator in the same order
+ * with the same arguments, as MPI collectives are. Results do not depend on timing: the same world
+ * size gives the same bits run after run.
+ *
+ * Errors go to llmcl_last_error(ctx) of the dist's context. Calls that take part in a training step
+ * (gather, release, grads_ready, zero_grads, step) cannot leave the other ranks waiting: when one
+ * fails on a rank, that rank prints "llmcl_dist: rank R of N: <call>: <status>: <detail>" to
+ * stderr (the library's one print outside LLMCL_LOG, since the job ends) and calls MPI_Abort on the
+ * communicator, unless llmcl_dist_opts.return_on_error is set. create, setup, save and load agree
+ * on their outcome across the ranks and return the same status everywhere instead.
+ */
+#ifndef LLMCL_DIST_H
+#define LLMCL_DIST_H
+
+#include <mpi.h>
+
+#include "llmcl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct llmcl_dist llmcl_dist;
+
+/* Options of llmcl_dist_create. A zero-initialised struct with stage set gives the defaults. */
+typedef struct llmcl_dist_opts {
+    int stage;                /* 1, 2 or 3 */
+    llmcl_dtype param_dtype;  /* the compute copy: f32 (default), bf16 or f16 */
+    llmcl_dtype reduce_dtype; /* the gradients on the wire: f32 (default) or bf16 (summed as bf16
+                                 pairs with f32 arithmetic: MPI has no bf16; stages 2 and 3 then
+                                 keep their gradient shard in bf16) */
+    int return_on_error;      /* 1: a failing step call returns its status instead of MPI_Abort */
+} llmcl_dist_opts;
+
+/*
+ * Creates a dist on ctx (borrowed for the dist's life) over comm (duplicated, so llmcl's messages
+ * never mix with the application's). Collective. Adds a second command queue on ctx's device for
+ * the copies to and from host memory.
+ */
+LLMCL_API llmcl_status llmcl_dist_create(llmcl_ctx *ctx, MPI_Comm comm,
+                                         const llmcl_dist_opts *opts, llmcl_dist **out);
+
+/* Waits for outstanding communication and frees everything. Collective. Accepts NULL. */
+LLMCL_API void llmcl_dist_destroy(llmcl_dist *d);
+
+/*
+ * Registers a parameter (name copied, at most 127 bytes) in layer group `group`: groups in forward
+ * order, 0 first, each registered in one run (group equal to the previous one or one more).
+ * no_weight_decay: 1 for norm weights and biases. Before llmcl_dist_setup only.
+ */
+LLMCL_API llmcl_status llmcl_dist_add_param(llmcl_dist *d, const char *name, int group, int ndim,
+                                            const int64_t *shape, int no_weight_decay);
+
+/*
+ * Lays the parameters out and allocates (collective). Every group is flattened in registration
+ * order (each parameter starting at a multiple of 16 elements) and padded to a multiple of 16 x
+ * world elements; rank r owns elements [r, r + 1) x padded / world of every group. A hash of the
+ * parameter set (names, shapes, groups, weight decay flags), the stage and the dtypes is compared
+ * across ranks with one MPI_Allgather: a difference fails setup on every rank with
+ * LLMCL_ERROR_INVALID_ARGUMENT naming the ranks. Device memory, all through llmcl_tensor_create (so
+ * llmcl_memory_stats_get counts it), with S the rank's shard, F the padded total, G the largest
+ * padded group (llmcl_dist_info), p the param dtype's size and w the reduce dtype's:
+ *   every stage: master, m, v 12 S; the global norm 4 bytes; with bf16 reduction, 2 x 2 G (wire)
+ *   stage 1: params p F; gradients 4 F
+ *   stage 2: params p F; gradient shard w S; two f32 gradient buckets 2 x 4 G
+ *   stage 3: param shard p S; gradient shard w S; buckets 2 x 4 G; two gather buffers 2 x p G
+ * So stage 3 with bf16 params and bf16 reduction holds (2 + 2 + 12) S + 16 G + 4 bytes. Every
+ * element starts at 0.
+ */
+LLMCL_API llmcl_status llmcl_dist_setup(llmcl_dist *d);
+
+/* The layout after setup, for tests and accounting (element counts). */
+typedef struct llmcl_dist_info {
+    int rank, world, stage, groups, params;
+    int64_t numel;         /* the parameters' elements, without padding */
+    int64_t padded_numel;  /* F */
+    int64_t shard_numel;   /* S = F / world */
+    int64_t max_group;     /* G */
+    uint64_t host_bytes;   /* pinned host staging buffers */
+} llmcl_dist_info;
+
+LLMCL_API llmcl_status llmcl_dist_info_get(const llmcl_dist *d, llmcl_dist_info *out);
+
+/*
+ * Sets a parameter from host f32 values (numel of them, row-major); every rank passes the same
+ * values and keeps its shard (master exact, the compute copy rounded to nearest even). Not
+ * collective; blocks until uploaded.
+ */
+LLMCL_API llmcl_status llmcl_dist_init_param(llmcl_dist *d, const char *name,
+                                             const float *values);
+
+/*
+ * Copies a parameter's f32 master values, gathered from every rank, into values (numel floats).
+ * Collective (one all-gather of the parameter's group).
+ */
+LLMCL_API llmcl_status llmcl_dist_get_param(llmcl_dist *d, const char *name, float *values);
+
+/*
+ * Stage 3: all-gathers group's parameters (unless still resident from the forward) and starts the
+ * prefetch of the next group in the current direction (up in the forward, down once a group at or
+ * below the last one is gathered again). Other stages: returns. Collective.
+ */
+LLMCL_API llmcl_status llmcl_dist_gather(llmcl_dist *d, int group);
+
+/* Stage 3: the group's gather buffer may be reused once the kernels enqueued so far are done. */
+LLMCL_API llmcl_status llmcl_dist_release(llmcl_dist *d, int group);
+
+/*
+ * A view of the full compute-dtype parameter, in the parameter's shape: borrowed (owned by d),
+ * valid until the group's release (stage 3) or for d's life (stages 1 and 2). Read-only for the
+ * model: llmcl_dist_step writes the parameters.
+ */
+LLMCL_API llmcl_status llmcl_dist_param(llmcl_dist *d, const char *name, llmcl_tensor **view);
+
+/*
+ * An f32 view, in the parameter's shape, that the backward adds its gradient into (for example
+ * llmcl_matmul with beta = 1); it holds 0 or the sum of this step's earlier micro-batches (stage 1)
+ * or 0 (stages 2 and 3: a bucket zeroed when the group's first view is asked for). Borrowed, owned
+ * by d, valid until llmcl_dist_grads_ready(group).
+ */
+LLMCL_API llmcl_status llmcl_dist_grad(llmcl_dist *d, const char *name, llmcl_tensor **view);
+
+/*
+ * The group's gradients of this micro-batch are complete (enqueued): stages 2 and 3 start their
+ * reduce-scatter now (device-to-host copy on the copy queue after the kernels enqueued so far,
+ * then a nonblocking MPI_Ireduce_scatter_block), overlapping with the rest of the backward.
+ * Collective.
+ */
+LLMCL_API llmcl_status llmcl_dist_grads_ready(llmcl_dist *d, int group);
+
+/* Sets every gradient (stage 1) or the gradient shard (stages 2, 3) to 0. Collective. */
+LLMCL_API llmcl_status llmcl_dist_zero_grads(llmcl_dist *d);
+
+/*
+ * One optimizer step (collective): finishes the reductions (stage 1 reduce-scatters now); with
+ * opts->max_grad_norm > 0 or grad_norm not NULL, the global gradient norm (llmcl_grad_norm squared
+ * on each shard, gathered and summed in rank order: the same on every rank); llmcl_adamw_step on
+ * the shard (master, m, v and the compute copy, with opts->grad_norm replaced by the global norm);
+ * then stages 1 and 2 all-gather the updated parameters. opts->step is remembered for
+ * llmcl_dist_save. *grad_norm (may be NULL) receives the norm of the scaled gradients.
+ */
+LLMCL_API llmcl_status llmcl_dist_step(llmcl_dist *d, const llmcl_adamw_opts *opts,
+                                       float *grad_norm);
+
+/*
+ * Saves the optimizer state to the folder dir (collective): every rank writes
+ * shard-RANK.safetensors with "master", "m" and "v", its flat f32 shard; rank 0 writes
+ * manifest.json (format, world size, stage, dtypes, step and AdamW hyperparameters of the last
+ * llmcl_dist_step, the parameters with their shapes, groups and offsets, the groups' padded sizes,
+ * and every shard file's size and xxHash64). Everything goes to "dir.tmp", renamed onto dir when
+ * complete (an existing dir is replaced). The compute copy is not saved: it is the master rounded.
+ */
+LLMCL_API llmcl_status llmcl_dist_save(llmcl_dist *d, const char *dir);
+
+/*
+ * Loads a checkpoint saved by any world size and stage (collective). The manifest must name
+ * exactly the registered parameters with the same shapes; each rank checks the size and checksum
+ * of the shard files it needs and reads from them (memory-mapped) only the ranges of its new
+ * shard. Everything is validated, on every rank, before any state changes: a truncated, corrupt or
+ * mismatched checkpoint fails on every rank (LLMCL_ERROR_BAD_FILE, LLMCL_ERROR_IO or
+ * LLMCL_ERROR_INVALID_ARGUMENT) with the live state untouched. hyper (may be NULL) receives the
+ * saved step and hyperparameters (lr, beta1, beta2, eps, weight_decay, grad_scale, max_grad_norm).
+ */
+LLMCL_API llmcl_status llmcl_dist_load(llmcl_dist *d, const char *dir, llmcl_adamw_opts *hyper);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LLMCL_DIST_H */

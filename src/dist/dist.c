@@ -1,0 +1,469 @@
+/*
+ * dist.c: the llmcl_dist object: creation over a duplicated communicator, parameter registration,
+ * the sharded layout (groups flattened, padded and split evenly over the ranks), the cross-rank
+ * check of the parameter set, the allocations of each stage, and initial values.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "dist.h"
+
+dist_param *llmcl__dist_find(llmcl_dist *d, const char *name)
+{
+    for (int i = 0; name && i < d->n_params; ++i)
+        if (strcmp(d->params[i].name, name) == 0)
+            return &d->params[i];
+    return NULL;
+}
+
+llmcl_status llmcl__dist_fault(llmcl_dist *d, const char *call, llmcl_status st)
+{
+    if (st == LLMCL_OK || d->opts.return_on_error)
+        return st;
+    /* The other ranks would wait forever in their next collective: end the job, saying why. */
+    fprintf(stderr, "llmcl_dist: rank %d of %d: %s: %s: %s\n", d->rank, d->world, call,
+            llmcl_status_str(st), llmcl_last_error(d->ctx));
+    fflush(stderr);
+    MPI_Abort(d->comm, 1);
+    return st;
+}
+
+llmcl_status llmcl__dist_agree(llmcl_dist *d, llmcl_status st)
+{
+    int mine = st, all = st;
+    if (MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, d->comm) != MPI_SUCCESS)
+        return LLMCL__FAIL(d->ctx, LLMCL_ERROR_MPI, "MPI_Allreduce of the ranks' status failed");
+    if (all != LLMCL_OK && st == LLMCL_OK)
+        return LLMCL__FAIL(d->ctx, (llmcl_status)all, "another rank failed with %s",
+                           llmcl_status_str(all));
+    return (llmcl_status)all;
+}
+
+llmcl_status llmcl__dist_view(const llmcl_tensor *t, int64_t off, int64_t count, llmcl_tensor **out)
+{
+    return llmcl_tensor_view(t, 1, &count, NULL, off, out);
+}
+
+bool llmcl__dist_segment(const llmcl_dist *d, const dist_param *p, int64_t *lo, int64_t *hi)
+{
+    const dist_group *g = &d->groups[p->group];
+    const int64_t s0 = d->rank * g->shard, s1 = s0 + g->shard;
+    *lo = p->offset > s0 ? p->offset : s0;
+    *hi = p->offset + p->numel < s1 ? p->offset + p->numel : s1;
+    return *lo < *hi;
+}
+
+/* bf16 values summed pairwise in f32, rounded back: MPI has no bf16 type of its own. */
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; ++i)
+        b[i] = llmcl_f32_to_bf16(llmcl_bf16_to_f32(a[i]) + llmcl_bf16_to_f32(b[i]));
+}
+
+static MPI_Datatype mpi_type(llmcl_dtype dt)
+{
+    return dt == LLMCL_F32 ? MPI_FLOAT : MPI_UINT16_T;
+}
+
+static llmcl_status check_opts(llmcl_ctx *ctx, const llmcl_dist_opts *o)
+{
+    LLMCL__REQUIRE(ctx, o, LLMCL_ERROR_INVALID_ARGUMENT, "opts must not be NULL");
+    LLMCL__REQUIRE(ctx, o->stage >= 1 && o->stage <= 3, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "stage %d is not 1, 2 or 3", o->stage);
+    LLMCL__REQUIRE(ctx, o->param_dtype == LLMCL_F32 || o->param_dtype == LLMCL_BF16 ||
+                            o->param_dtype == LLMCL_F16,
+                   LLMCL_ERROR_UNSUPPORTED_DTYPE, "param_dtype must be f32, bf16 or f16");
+    LLMCL__REQUIRE(ctx, o->reduce_dtype == LLMCL_F32 || o->reduce_dtype == LLMCL_BF16,
+                   LLMCL_ERROR_UNSUPPORTED_DTYPE, "reduce_dtype must be f32 or bf16");
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl_dist_create(llmcl_ctx *ctx, MPI_Comm comm, const llmcl_dist_opts *opts,
+                               llmcl_dist **out)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    LLMCL__REQUIRE(ctx, out, LLMCL_ERROR_INVALID_ARGUMENT, "out must not be NULL");
+    *out = NULL;
+    llmcl_status st = check_opts(ctx, opts);
+    llmcl_dist *d = st == LLMCL_OK ? calloc(1, sizeof *d) : NULL;
+    if (st == LLMCL_OK && !d)
+        st = LLMCL__FAIL(ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "llmcl_dist");
+    /* Duplicate even on failure, so that every rank makes the same collective calls. */
+    MPI_Comm dup = MPI_COMM_NULL;
+    if (MPI_Comm_dup(comm, &dup) != MPI_SUCCESS && st == LLMCL_OK)
+        st = LLMCL__FAIL(ctx, LLMCL_ERROR_MPI, "MPI_Comm_dup failed");
+    if (d) {
+        d->ctx = ctx;
+        d->comm = dup;
+        d->opts = *opts;
+        d->last_gathered = -1;
+        d->direction = 1;
+        for (int s = 0; s < DIST_SLOTS; ++s)
+            d->slot_group[s] = -1;
+        MPI_Comm_rank(dup, &d->rank);
+        MPI_Comm_size(dup, &d->world);
+        d->wire_type = mpi_type(opts->reduce_dtype);
+        d->param_type = mpi_type(opts->param_dtype);
+        MPI_Op_create(bf16_sum, 1, &d->bf16_sum);
+        cl_int err = CL_SUCCESS;
+        if (st == LLMCL_OK) {
+            d->copyq = clCreateCommandQueue(ctx->context, ctx->device, 0, &err);
+            if (err != CL_SUCCESS)
+                st = llmcl__fail_cl(ctx, err, "clCreateCommandQueue (copy queue)", __FILE__,
+                                    __LINE__);
+        }
+        st = llmcl__dist_agree(d, st);
+        if (st != LLMCL_OK) {
+            llmcl_dist_destroy(d);
+            return st;
+        }
+        *out = d;
+        return LLMCL_OK;
+    }
+    /* Still take part in the agreement the other ranks are waiting in. */
+    int mine = st, all;
+    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, dup);
+    MPI_Comm_free(&dup);
+    return st;
+}
+
+static void free_tensors(llmcl_dist *d)
+{
+    for (int i = 0; i < d->n_params; ++i) {
+        llmcl_tensor_destroy(d->params[i].param);
+        llmcl_tensor_destroy(d->params[i].grad);
+        d->params[i].param = d->params[i].grad = NULL;
+    }
+    llmcl_tensor *all[] = {d->master, d->m, d->v, d->norm, d->params_full, d->grads_full,
+                           d->param_shard, d->grad_shard};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
+        llmcl_tensor_destroy(all[i]);
+    d->master = d->m = d->v = d->norm = NULL;
+    d->params_full = d->grads_full = d->param_shard = d->grad_shard = NULL;
+    for (int s = 0; s < DIST_SLOTS; ++s) {
+        llmcl_tensor_destroy(d->bucket[s]);
+        llmcl_tensor_destroy(d->wire[s]);
+        llmcl_tensor_destroy(d->slot[s]);
+        d->bucket[s] = d->wire[s] = d->slot[s] = NULL;
+        if (d->slot_free[s])
+            clReleaseEvent(d->slot_free[s]);
+        d->slot_free[s] = NULL;
+    }
+}
+
+void llmcl_dist_destroy(llmcl_dist *d)
+{
+    if (!d)
+        return;
+    if (d->ready)
+        llmcl__dist_drain(d);
+    llmcl__dist_channels_destroy(d);
+    free_tensors(d);
+    if (d->copyq)
+        clReleaseCommandQueue(d->copyq);
+    MPI_Op_free(&d->bf16_sum);
+    MPI_Comm_free(&d->comm);
+    free(d->params);
+    free(d->groups);
+    free(d);
+}
+
+llmcl_status llmcl_dist_add_param(llmcl_dist *d, const char *name, int group, int ndim,
+                                  const int64_t *shape, int no_weight_decay)
+{
+    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
+    llmcl_ctx *ctx = d->ctx;
+    LLMCL__REQUIRE(ctx, !d->ready, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "llmcl_dist_add_param after llmcl_dist_setup");
+    LLMCL__REQUIRE(ctx, name && *name && strlen(name) < DIST_NAME_MAX, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "name must be 1 to %d bytes", DIST_NAME_MAX - 1);
+    LLMCL__REQUIRE(ctx, !llmcl__dist_find(d, name), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "parameter '%s' registered twice", name);
+    const int prev = d->n_params ? d->params[d->n_params - 1].group : -1;
+    LLMCL__REQUIRE(ctx, group == (prev < 0 ? 0 : prev) || group == prev + 1,
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "'%s': group %d after group %d (groups run 0, 1, 2, ... in registration order)",
+                   name, group, prev);
+    LLMCL__REQUIRE(ctx, ndim >= 1 && ndim <= LLMCL_MAX_DIMS && shape, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "'%s': ndim %d is not in [1, %d]", name, ndim, LLMCL_MAX_DIMS);
+    int64_t numel = 1;
+    for (int k = 0; k < ndim; ++k) {
+        LLMCL__REQUIRE(ctx, shape[k] >= 1 && numel <= INT64_MAX / shape[k],
+                       LLMCL_ERROR_INVALID_ARGUMENT, "'%s': dimension %d is %" PRId64, name, k,
+                       shape[k]);
+        numel *= shape[k];
+    }
+    if (d->n_params == d->cap_params) {
+        const int cap = d->cap_params ? 2 * d->cap_params : 16;
+        dist_param *p = realloc(d->params, (size_t)cap * sizeof *p);
+        LLMCL__REQUIRE(ctx, p, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "parameter table");
+        d->params = p;
+        d->cap_params = cap;
+    }
+    dist_param *p = &d->params[d->n_params++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->group = group;
+    p->ndim = ndim;
+    p->no_weight_decay = no_weight_decay != 0;
+    memcpy(p->shape, shape, (size_t)ndim * sizeof *shape);
+    p->numel = numel;
+    return LLMCL_OK;
+}
+
+/* Offsets of the parameters in their groups and of the groups in the full and shard layouts. */
+static llmcl_status layout(llmcl_dist *d)
+{
+    d->n_groups = d->n_params ? d->params[d->n_params - 1].group + 1 : 0;
+    d->groups = calloc((size_t)(d->n_groups ? d->n_groups : 1), sizeof *d->groups);
+    LLMCL__REQUIRE(d->ctx, d->groups, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "group table");
+    const int64_t quantum = (int64_t)DIST_ALIGN * d->world;
+    for (int i = 0; i < d->n_params; ++i) {
+        dist_param *p = &d->params[i];
+        dist_group *g = &d->groups[p->group];
+        if (g->count++ == 0)
+            g->first = i;
+        p->offset = g->numel;
+        g->numel += llmcl__div_up(p->numel, DIST_ALIGN) * DIST_ALIGN;
+        d->numel += p->numel;
+    }
+    for (int k = 0; k < d->n_groups; ++k) {
+        dist_group *g = &d->groups[k];
+        g->numel = llmcl__div_up(g->numel, quantum) * quantum;
+        g->shard = g->numel / d->world;
+        g->flat_off = d->padded;
+        g->shard_off = d->shard;
+        g->slot = g->bucket = -1;
+        d->padded += g->numel;
+        d->shard += g->shard;
+        if (g->numel > d->max_group)
+            d->max_group = g->numel;
+    }
+    /* MPI counts are ints: a group's shard must fit (2^31 elements a rank per group). */
+    LLMCL__REQUIRE(d->ctx, d->max_group / d->world <= INT32_MAX, LLMCL_ERROR_OVERFLOW,
+                   "a group of %" PRId64 " elements is too large for %d ranks (split it)",
+                   d->max_group, d->world);
+    return LLMCL_OK;
+}
+
+/* A hash of everything that must agree across ranks. */
+static uint64_t set_hash(const llmcl_dist *d)
+{
+    XXH64_state_t *s = XXH64_createState();
+    XXH64_reset(s, 0);
+    const int32_t head[3] = {d->opts.stage, d->opts.param_dtype, d->opts.reduce_dtype};
+    XXH64_update(s, head, sizeof head);
+    for (int i = 0; i < d->n_params; ++i) {
+        const dist_param *p = &d->params[i];
+        XXH64_update(s, p->name, strlen(p->name) + 1);
+        const int64_t fields[3] = {p->group, p->ndim, p->no_weight_decay};
+        XXH64_update(s, fields, sizeof fields);
+        XXH64_update(s, p->shape, (size_t)p->ndim * sizeof *p->shape);
+    }
+    const uint64_t h = XXH64_digest(s);
+    XXH64_freeState(s);
+    return h;
+}
+
+/* One all-gather of every rank's hash; every rank sees the same list, so all decide alike. */
+static llmcl_status check_same_set(llmcl_dist *d)
+{
+    uint64_t mine = set_hash(d);
+    uint64_t *all = malloc((size_t)d->world * sizeof *all);
+    if (!all) /* out of host memory on one rank: the job cannot continue in step */
+        return llmcl__dist_fault(d, "llmcl_dist_setup",
+                                 LLMCL__FAIL(d->ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "hashes"));
+    llmcl_status st = LLMCL_OK;
+    if (MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, d->comm) != MPI_SUCCESS)
+        st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_MPI, "MPI_Allgather of the parameter set hashes");
+    for (int r = 1; st == LLMCL_OK && r < d->world; ++r)
+        if (all[r] != all[0])
+            st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_INVALID_ARGUMENT,
+                             "llmcl_dist_setup: rank %d registered a different parameter set, "
+                             "stage or dtypes than rank 0 (hash %016" PRIx64 " against %016" PRIx64
+                             "; this is rank %d, %d parameters)",
+                             r, all[r], all[0], d->rank, d->n_params);
+    free(all);
+    return st;
+}
+
+static llmcl_status alloc_zero(llmcl_dist *d, llmcl_dtype dt, int64_t n, llmcl_tensor **out)
+{
+    LLMCL__TRY(llmcl_tensor_create(d->ctx, dt, 1, &n, out));
+    return llmcl_fill(d->ctx, *out, 0.0);
+}
+
+static llmcl_status allocate(llmcl_dist *d)
+{
+    const int stage = d->opts.stage;
+    const llmcl_dtype pt = d->opts.param_dtype, rt = d->opts.reduce_dtype;
+    const int64_t one = 1;
+    LLMCL__TRY(alloc_zero(d, LLMCL_F32, d->shard, &d->master));
+    LLMCL__TRY(alloc_zero(d, LLMCL_F32, d->shard, &d->m));
+    LLMCL__TRY(alloc_zero(d, LLMCL_F32, d->shard, &d->v));
+    LLMCL__TRY(llmcl_tensor_create(d->ctx, LLMCL_F32, 1, &one, &d->norm));
+    if (stage < 3)
+        LLMCL__TRY(alloc_zero(d, pt, d->padded, &d->params_full));
+    else
+        LLMCL__TRY(alloc_zero(d, pt, d->shard, &d->param_shard));
+    if (stage == 1)
+        LLMCL__TRY(alloc_zero(d, LLMCL_F32, d->padded, &d->grads_full));
+    else
+        LLMCL__TRY(alloc_zero(d, rt, d->shard, &d->grad_shard));
+    for (int s = 0; s < DIST_SLOTS; ++s) {
+        if (stage > 1)
+            LLMCL__TRY(alloc_zero(d, LLMCL_F32, d->max_group, &d->bucket[s]));
+        if (rt != LLMCL_F32)
+            LLMCL__TRY(alloc_zero(d, rt, d->max_group, &d->wire[s]));
+        if (stage == 3)
+            LLMCL__TRY(alloc_zero(d, pt, d->max_group, &d->slot[s]));
+    }
+    return LLMCL_OK;
+}
+
+/* Stages 1-2: the parameter and gradient views never move, so they are made once. */
+static llmcl_status fixed_views(llmcl_dist *d)
+{
+    for (int i = 0; d->opts.stage < 3 && i < d->n_params; ++i) {
+        dist_param *p = &d->params[i];
+        const int64_t at = d->groups[p->group].flat_off + p->offset;
+        LLMCL__TRY(llmcl_tensor_view(d->params_full, p->ndim, p->shape, NULL, at, &p->param));
+        if (d->opts.stage == 1)
+            LLMCL__TRY(llmcl_tensor_view(d->grads_full, p->ndim, p->shape, NULL, at, &p->grad));
+    }
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl_dist_setup(llmcl_dist *d)
+{
+    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
+    LLMCL__REQUIRE(d->ctx, !d->ready, LLMCL_ERROR_INVALID_ARGUMENT, "llmcl_dist_setup called twice");
+    llmcl_status st = check_same_set(d);
+    if (st == LLMCL_OK)
+        st = layout(d);
+    if (st == LLMCL_OK)
+        st = allocate(d);
+    if (st == LLMCL_OK)
+        st = fixed_views(d);
+    if (st == LLMCL_OK)
+        st = llmcl__dist_channels_create(d);
+    if (st == LLMCL_OK)
+        st = llmcl_ctx_finish(d->ctx);
+    st = llmcl__dist_agree(d, st);
+    if (st != LLMCL_OK) {
+        llmcl__dist_channels_destroy(d);
+        free_tensors(d);
+        free(d->groups);
+        d->groups = NULL;
+        d->n_groups = 0;
+        d->numel = d->padded = d->shard = d->max_group = 0;
+        return st;
+    }
+    d->ready = true;
+    if (d->rank == 0)
+        llmcl__log("llmcl_dist: stage %d, %d ranks, %d parameters in %d groups, %" PRId64
+                   " elements (%" PRId64 " padded, %" PRId64 " a rank)",
+                   d->opts.stage, d->world, d->n_params, d->n_groups, d->numel, d->padded, d->shard);
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl_dist_info_get(const llmcl_dist *d, llmcl_dist_info *out)
+{
+    LLMCL__REQUIRE(NULL, d && out, LLMCL_ERROR_INVALID_ARGUMENT, "d and out must not be NULL");
+    uint64_t host = 0;
+    for (int s = 0; s < DIST_SLOTS; ++s)
+        host += d->reduce_host[s].bytes + d->gather_host[s].bytes;
+    *out = (llmcl_dist_info){
+        .rank = d->rank, .world = d->world, .stage = d->opts.stage, .groups = d->n_groups,
+        .params = d->n_params, .numel = d->numel, .padded_numel = d->padded,
+        .shard_numel = d->shard, .max_group = d->max_group, .host_bytes = host,
+    };
+    return LLMCL_OK;
+}
+
+/* values[lo - p->offset, hi - p->offset) converted to dt, uploaded into t at element at. */
+static llmcl_status upload_part(llmcl_dist *d, llmcl_tensor *t, int64_t at, const float *values,
+                                int64_t count)
+{
+    const llmcl_dtype dt = llmcl_tensor_dtype(t);
+    const size_t es = llmcl_dtype_size(dt);
+    void *buf = dt == LLMCL_F32 ? (void *)values : malloc((size_t)count * es);
+    LLMCL__REQUIRE(d->ctx, buf, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "conversion buffer");
+    for (int64_t i = 0; dt != LLMCL_F32 && i < count; ++i)
+        ((uint16_t *)buf)[i] = dt == LLMCL_BF16 ? llmcl_f32_to_bf16(values[i])
+                                                : llmcl_f32_to_f16(values[i]);
+    llmcl_tensor *view = NULL;
+    llmcl_status st = llmcl__dist_view(t, at, count, &view);
+    if (st == LLMCL_OK)
+        st = llmcl_tensor_upload(view, buf, (size_t)count * es);
+    llmcl_tensor_destroy(view);
+    if (buf != values)
+        free(buf);
+    return st;
+}
+
+llmcl_status llmcl_dist_init_param(llmcl_dist *d, const char *name, const float *values)
+{
+    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
+    LLMCL__REQUIRE(d->ctx, d->ready, LLMCL_ERROR_INVALID_ARGUMENT, "call llmcl_dist_setup first");
+    dist_param *p = llmcl__dist_find(d, name);
+    LLMCL__REQUIRE(d->ctx, p && values, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "no parameter '%s' (or values NULL)", name ? name : "(null)");
+    const dist_group *g = &d->groups[p->group];
+    LLMCL__TRY(llmcl__dist_drain(d));
+    if (d->opts.stage < 3)
+        LLMCL__TRY(upload_part(d, d->params_full, g->flat_off + p->offset, values, p->numel));
+    int64_t lo, hi;
+    if (llmcl__dist_segment(d, p, &lo, &hi)) {
+        const int64_t at = g->shard_off + lo - d->rank * g->shard;
+        LLMCL__TRY(upload_part(d, d->master, at, values + (lo - p->offset), hi - lo));
+        if (d->opts.stage == 3)
+            LLMCL__TRY(upload_part(d, d->param_shard, at, values + (lo - p->offset), hi - lo));
+    }
+    /* Gathered copies of the old values are stale now. */
+    if (g->slot >= 0 && !g->gathered) {
+        d->slot_group[g->slot] = -1;
+        d->groups[p->group].slot = -1;
+    }
+    return LLMCL_OK;
+}
+
+/* The whole group's f32 masters from every rank: one all-gather. host holds g->numel floats. */
+static llmcl_status gather_master(llmcl_dist *d, const dist_group *g, float *host)
+{
+    llmcl_tensor *view = NULL;
+    float *mine = host + d->rank * g->shard;
+    llmcl_status st = llmcl__dist_view(d->master, g->shard_off, g->shard, &view);
+    if (st == LLMCL_OK)
+        st = llmcl_tensor_download(view, mine, (size_t)g->shard * sizeof(float));
+    llmcl_tensor_destroy(view);
+    /* Take part even after a local failure, then agree: no rank is left waiting. */
+    if (MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, host, (int)g->shard, MPI_FLOAT,
+                      d->comm) != MPI_SUCCESS && st == LLMCL_OK)
+        st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_MPI, "MPI_Allgather of a group's masters");
+    return llmcl__dist_agree(d, st);
+}
+
+llmcl_status llmcl_dist_get_param(llmcl_dist *d, const char *name, float *values)
+{
+    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
+    LLMCL__REQUIRE(d->ctx, d->ready, LLMCL_ERROR_INVALID_ARGUMENT, "call llmcl_dist_setup first");
+    dist_param *p = llmcl__dist_find(d, name);
+    LLMCL__REQUIRE(d->ctx, p && values, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "no parameter '%s' (or values NULL)", name ? name : "(null)");
+    const dist_group *g = &d->groups[p->group];
+    float *host = malloc((size_t)g->numel * sizeof *host);
+    LLMCL__REQUIRE(d->ctx, host, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "group of '%s'", name);
+    llmcl_status st = gather_master(d, g, host);
+    if (st == LLMCL_OK)
+        memcpy(values, host + p->offset, (size_t)p->numel * sizeof *values);
+    free(host);
+    return st;
+}

@@ -1,0 +1,486 @@
+/*
+ * zero.c: the ZeRO stages' hooks into a training loop (gather, release, parameter and gradient
+ * views, grads_ready, zero_grads) and the sharded optimizer step.
+ *
+ * Stage 1 adds the backward's gradients into full f32 buffers and reduce-scatters them in the step.
+ * Stages 2 and 3 add them into one of two f32 buckets the size of the largest group, reduce-scatter
+ * a bucket as soon as its group is ready and add the rank's part into the gradient shard; a bucket
+ * is reused two groups later, after its reduction has landed. Stage 3 gathers a group's parameters
+ * into one of two gather buffers and prefetches the next group into the other.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "dist.h"
+
+#define FAULT(call, expr)                                                                         \
+    do {                                                                                          \
+        llmcl_status fault_st = (expr);                                                           \
+        if (fault_st != LLMCL_OK)                                                                 \
+            return llmcl__dist_fault(d, (call), fault_st);                                        \
+    } while (0)
+
+static llmcl_status check_group(llmcl_dist *d, int group)
+{
+    LLMCL__REQUIRE(d->ctx, d->ready, LLMCL_ERROR_INVALID_ARGUMENT, "call llmcl_dist_setup first");
+    LLMCL__REQUIRE(d->ctx, group >= 0 && group < d->n_groups, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "group %d is not in [0, %d)", group, d->n_groups);
+    return LLMCL_OK;
+}
+
+/* Two temporary views, freed together. */
+typedef struct views {
+    llmcl_tensor *a, *b;
+} views;
+
+static void views_free(views *v)
+{
+    llmcl_tensor_destroy(v->a);
+    llmcl_tensor_destroy(v->b);
+}
+
+/* ---- reductions ---- */
+
+llmcl_status llmcl__dist_finish_reduce(llmcl_dist *d, int ch)
+{
+    dist_op *op = &d->reduce_op[ch];
+    if (op->state == OP_IDLE)
+        return LLMCL_OK;
+    const dist_group *g = &d->groups[op->group];
+    LLMCL__TRY(llmcl__dist_complete(d, op));
+    const bool bf16 = d->opts.reduce_dtype != LLMCL_F32;
+    if (d->opts.stage == 1 && !bf16)
+        return LLMCL_OK; /* the host-to-device copy wrote the rank's part in place */
+    views v = {0};
+    llmcl_status st = llmcl__dist_view(bf16 ? d->wire[ch] : d->bucket[ch], 0, g->shard, &v.a);
+    if (st == LLMCL_OK && d->opts.stage == 1)
+        st = llmcl__dist_view(d->grads_full, g->flat_off + d->rank * g->shard, g->shard, &v.b);
+    else if (st == LLMCL_OK)
+        st = llmcl__dist_view(d->grad_shard, g->shard_off, g->shard, &v.b);
+    if (st == LLMCL_OK)
+        st = d->opts.stage == 1 ? llmcl_cast(d->ctx, v.a, v.b) : llmcl_axpy(d->ctx, 1.0f, v.a, v.b);
+    views_free(&v);
+    return st;
+}
+
+/* The group's f32 gradients (count elements of src from off), cast for the wire when bf16. */
+static llmcl_status reduce_group(llmcl_dist *d, int ch, int group, const llmcl_tensor *src,
+                                 int64_t off, const llmcl_tensor *dst, int64_t dst_off)
+{
+    const dist_group *g = &d->groups[group];
+    if (d->opts.reduce_dtype == LLMCL_F32)
+        return llmcl__dist_reduce_start(d, ch, group, src, off, g->numel, dst, dst_off);
+    views v = {0};
+    llmcl_status st = llmcl__dist_view(src, off, g->numel, &v.a);
+    if (st == LLMCL_OK)
+        st = llmcl__dist_view(d->wire[ch], 0, g->numel, &v.b);
+    if (st == LLMCL_OK)
+        st = llmcl_cast(d->ctx, v.a, v.b);
+    views_free(&v);
+    LLMCL__TRY(st);
+    return llmcl__dist_reduce_start(d, ch, group, d->wire[ch], 0, g->numel, d->wire[ch], 0);
+}
+
+llmcl_status llmcl__dist_drain(llmcl_dist *d)
+{
+    for (int s = 0; s < DIST_SLOTS; ++s)
+        LLMCL__TRY(llmcl__dist_finish_reduce(d, s));
+    for (int s = 0; s < DIST_SLOTS; ++s)
+        LLMCL__TRY(llmcl__dist_complete(d, &d->gather_op[s]));
+    return LLMCL_OK;
+}
+
+/* Stages 2-3: a zeroed bucket for group's gradients and the views into it. */
+static llmcl_status assign_bucket(llmcl_dist *d, int group)
+{
+    dist_group *g = &d->groups[group];
+    const int b = d->next_bucket;
+    for (int k = 0; k < d->n_groups; ++k)
+        LLMCL__REQUIRE(d->ctx, d->groups[k].bucket != b, LLMCL_ERROR_INVALID_ARGUMENT,
+                       "gradients of group %d asked for while groups %d and another are not "
+                       "ready: at most %d groups' gradients may be open at once",
+                       group, k, DIST_SLOTS);
+    d->next_bucket = (b + 1) % DIST_SLOTS;
+    LLMCL__TRY(llmcl__dist_finish_reduce(d, b));
+    llmcl_tensor *zero = NULL;
+    llmcl_status st = llmcl__dist_view(d->bucket[b], 0, g->numel, &zero);
+    if (st == LLMCL_OK)
+        st = llmcl_fill(d->ctx, zero, 0.0);
+    llmcl_tensor_destroy(zero);
+    LLMCL__TRY(st);
+    for (int i = g->first; i < g->first + g->count; ++i) {
+        dist_param *p = &d->params[i];
+        llmcl_tensor_destroy(p->grad);
+        p->grad = NULL;
+        LLMCL__TRY(llmcl_tensor_view(d->bucket[b], p->ndim, p->shape, NULL, p->offset, &p->grad));
+    }
+    g->bucket = b;
+    return LLMCL_OK;
+}
+
+static llmcl_status grads_ready(llmcl_dist *d, int group)
+{
+    LLMCL__TRY(check_group(d, group));
+    LLMCL__TRY(llmcl__dist_progress(d));
+    if (d->opts.stage == 1)
+        return LLMCL_OK;
+    dist_group *g = &d->groups[group];
+    if (g->bucket < 0) /* no gradient asked for: its zeros still take part, as on other ranks */
+        LLMCL__TRY(assign_bucket(d, group));
+    const int b = g->bucket;
+    g->bucket = -1;
+    return reduce_group(d, b, group, d->bucket[b], 0, d->bucket[b], 0);
+}
+
+llmcl_status llmcl_dist_grads_ready(llmcl_dist *d, int group)
+{
+    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
+    FAULT("llmcl_dist_grads_ready", grads_ready(d, group));
+    return LLMCL_OK;
+}
+
+static llmcl_status zero_grads(llmcl_dist *d)
+{
+    LLMCL__REQUIRE(d->ctx, d->ready, LLMCL_ERROR_INVALID_ARGUMENT, "call llmcl_dist_setup first");
+    /* Reductions still in flight would land after the zeros. */
+    LLMCL__TRY(llmcl__dist_drain(d));
+    return llmcl_fill(d->ctx, d->opts.stage == 1 ? d->grads_full : d->grad_shard, 0.0);
+}
+
+llmcl_status llmcl_dist_zero_grads(llmcl_dist *d)
+{
+    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
+    FAULT("llmcl_dist_zero_grads", zero_grads(d));
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl_dist_grad(llmcl_dist *d, const char *name, llmcl_tensor **view)
+{
+    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
+    LLMCL__REQUIRE(d->ctx, d->ready && view, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "call llmcl_dist_setup first; view must not be NULL");
+    dist_param *p = llmcl__dist_find(d, name);
+    LLMCL__REQUIRE(d->ctx, p, LLMCL_ERROR_INVALID_ARGUMENT, "no parameter '%s'",
+                   name ? name : "(null)");
+    if (d->opts.stage > 1 && d->groups[p->group].bucket < 0)
+        FAULT("llmcl_dist_grad", assign_bucket(d, p->group));
+    *view = p->grad;
+    return LLMCL_OK;
+}
+
+/* ---- stage 3 parameters ---- */
+
+/* A gather buffer for group: not holding a gathered group, nor `keep` if another is free. */
+static int free_slot(const llmcl_dist *d, int keep)
+{
+    int found = -1;
+    for (int s = 0; s < DIST_SLOTS; ++s) {
+        const int held = d->slot_group[s];
+        if (held >= 0 && d->groups[held].gathered)
+            continue;
+        if (found < 0 || d->slot_group[found] == keep)
+            found = s;
+    }
+    return found;
+}
+
+/* Starts the all-gather of group into slot s (evicting what it held). */
+static llmcl_status fetch(llmcl_dist *d, int group, int s)
+{
+    LLMCL__TRY(llmcl__dist_complete(d, &d->gather_op[s]));
+    if (d->slot_group[s] >= 0)
+        d->groups[d->slot_group[s]].slot = -1;
+    d->slot_group[s] = group;
+    d->groups[group].slot = s;
+    return llmcl__dist_gather_start(d, s, group, d->param_shard, d->groups[group].shard_off,
+                                    d->slot[s], 0, d->slot_free[s]);
+}
+
+static llmcl_status slot_views(llmcl_dist *d, const dist_group *g)
+{
+    for (int i = g->first; i < g->first + g->count; ++i) {
+        dist_param *p = &d->params[i];
+        llmcl_tensor_destroy(p->param);
+        p->param = NULL;
+        LLMCL__TRY(llmcl_tensor_view(d->slot[g->slot], p->ndim, p->shape, NULL, p->offset,
+                                     &p->param));
+    }
+    return LLMCL_OK;
+}
+
+/* Up through the forward; down once a group at or below the last one comes again. */
+static int next_direction(const llmcl_dist *d, int group)
+{
+    if (d->last_gathered < 0 || group > d->last_gathered)
+        return 1;
+    return group < d->last_gathered ? -1 : -d->direction;
+}
+
+static llmcl_status gather(llmcl_dist *d, int group)
+{
+    LLMCL__TRY(check_group(d, group));
+    LLMCL__TRY(llmcl__dist_progress(d));
+    if (d->opts.stage < 3)
+        return LLMCL_OK;
+    dist_group *g = &d->groups[group];
+    LLMCL__REQUIRE(d->ctx, !g->gathered, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "group %d gathered twice without release", group);
+    if (g->slot < 0) {
+        const int s = free_slot(d, d->last_gathered);
+        LLMCL__REQUIRE(d->ctx, s >= 0, LLMCL_ERROR_INVALID_ARGUMENT,
+                       "group %d: %d groups are gathered already (release one first)", group,
+                       DIST_SLOTS);
+        LLMCL__TRY(fetch(d, group, s));
+    }
+    LLMCL__TRY(llmcl__dist_complete(d, &d->gather_op[g->slot]));
+    LLMCL__TRY(slot_views(d, g));
+    g->gathered = true;
+    d->direction = next_direction(d, group);
+    d->last_gathered = group;
+    const int next = group + d->direction;
+    if (next >= 0 && next < d->n_groups && d->groups[next].slot < 0) {
+        const int s = free_slot(d, group);
+        if (s >= 0)
+            LLMCL__TRY(fetch(d, next, s));
+    }
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl_dist_gather(llmcl_dist *d, int group)
+{
+    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
+    FAULT("llmcl_dist_gather", gather(d, group));
+    return LLMCL_OK;
+}
+
+static llmcl_status release(llmcl_dist *d, int group)
+{
+    LLMCL__TRY(check_group(d, group));
+    LLMCL__TRY(llmcl__dist_progress(d));
+    dist_group *g = &d->groups[group];
+    if (d->opts.stage < 3)
+        return LLMCL_OK;
+    LLMCL__REQUIRE(d->ctx, g->gathered, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "group %d released without gather", group);
+    g->gathered = false;
+    /* The next gather into this buffer waits for the kernels that read it. */
+    if (d->slot_free[g->slot])
+        clReleaseEvent(d->slot_free[g->slot]);
+    d->slot_free[g->slot] = NULL;
+    return llmcl__dist_marker(d, &d->slot_free[g->slot]);
+}
+
+llmcl_status llmcl_dist_release(llmcl_dist *d, int group)
+{
+    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
+    FAULT("llmcl_dist_release", release(d, group));
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl_dist_param(llmcl_dist *d, const char *name, llmcl_tensor **view)
+{
+    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
+    LLMCL__REQUIRE(d->ctx, d->ready && view, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "call llmcl_dist_setup first; view must not be NULL");
+    dist_param *p = llmcl__dist_find(d, name);
+    LLMCL__REQUIRE(d->ctx, p, LLMCL_ERROR_INVALID_ARGUMENT, "no parameter '%s'",
+                   name ? name : "(null)");
+    LLMCL__REQUIRE(d->ctx, d->opts.stage < 3 || d->groups[p->group].gathered,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "'%s': its group %d is not gathered", name,
+                   p->group);
+    *view = p->param;
+    return LLMCL_OK;
+}
+
+/* ---- the step ---- */
+
+/* The rank's part of the full layout (stages 1-2) or of the shard, at param p's segment. */
+static int64_t full_at(const llmcl_dist *d, const dist_param *p, int64_t lo)
+{
+    return d->groups[p->group].flat_off + lo;
+}
+
+static int64_t shard_at(const llmcl_dist *d, const dist_param *p, int64_t lo)
+{
+    const dist_group *g = &d->groups[p->group];
+    return g->shard_off + lo - d->rank * g->shard;
+}
+
+/*
+ * The global norm of the unscaled gradients: each rank's sum of squares, gathered, summed in rank
+ * order in double on every rank (the same number everywhere, whatever MPI's algorithms), uploaded.
+ */
+static llmcl_status global_norm(llmcl_dist *d, float *norm)
+{
+    const int n = d->opts.stage == 1 ? d->n_groups : 1;
+    llmcl_tensor **grads = calloc((size_t)n, sizeof *grads);
+    LLMCL__REQUIRE(d->ctx, grads, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "gradient list");
+    llmcl_status st = LLMCL_OK;
+    for (int k = 0; st == LLMCL_OK && k < n; ++k) {
+        const dist_group *g = &d->groups[k];
+        st = d->opts.stage == 1
+                 ? llmcl__dist_view(d->grads_full, g->flat_off + d->rank * g->shard, g->shard,
+                                    &grads[k])
+                 : llmcl__dist_view(d->grad_shard, 0, d->shard, &grads[k]);
+    }
+    float mine = 0.0f;
+    if (st == LLMCL_OK)
+        st = llmcl_grad_norm(d->ctx, (const llmcl_tensor *const *)grads, n, 1, d->norm);
+    if (st == LLMCL_OK)
+        st = llmcl_tensor_download(d->norm, &mine, sizeof mine);
+    for (int k = 0; k < n; ++k)
+        llmcl_tensor_destroy(grads[k]);
+    free(grads);
+    LLMCL__TRY(st);
+    float *all = malloc((size_t)d->world * sizeof *all);
+    LLMCL__REQUIRE(d->ctx, all, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "norms");
+    if (MPI_Allgather(&mine, 1, MPI_FLOAT, all, 1, MPI_FLOAT, d->comm) != MPI_SUCCESS) {
+        free(all);
+        return LLMCL__FAIL(d->ctx, LLMCL_ERROR_MPI, "MPI_Allgather of the gradient norms");
+    }
+    double sum = 0.0;
+    for (int r = 0; r < d->world; ++r)
+        sum += all[r];
+    free(all);
+    *norm = (float)sqrt(sum);
+    return llmcl_tensor_upload(d->norm, norm, sizeof *norm);
+}
+
+/* The AdamW tensors of the rank's segments, as views (count may be 0: a shard of padding). */
+static llmcl_status adamw_shard(llmcl_dist *d, const llmcl_adamw_opts *opts)
+{
+    llmcl_adamw_tensor *t = calloc((size_t)(d->n_params ? d->n_params : 1), sizeof *t);
+    LLMCL__REQUIRE(d->ctx, t, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "optimizer list");
+    int n = 0;
+    llmcl_status st = LLMCL_OK;
+    for (int i = 0; st == LLMCL_OK && i < d->n_params; ++i) {
+        const dist_param *p = &d->params[i];
+        int64_t lo, hi;
+        if (!llmcl__dist_segment(d, p, &lo, &hi))
+            continue;
+        const int64_t at = shard_at(d, p, lo), len = hi - lo;
+        llmcl_adamw_tensor *e = &t[n++];
+        llmcl_tensor *grad = NULL;
+        e->no_weight_decay = p->no_weight_decay;
+        st = d->opts.stage < 3 ? llmcl__dist_view(d->params_full, full_at(d, p, lo), len, &e->param)
+                               : llmcl__dist_view(d->param_shard, at, len, &e->param);
+        if (st == LLMCL_OK)
+            st = d->opts.stage == 1 ? llmcl__dist_view(d->grads_full, full_at(d, p, lo), len, &grad)
+                                    : llmcl__dist_view(d->grad_shard, at, len, &grad);
+        e->grad = grad;
+        if (st == LLMCL_OK)
+            st = llmcl__dist_view(d->master, at, len, &e->master);
+        if (st == LLMCL_OK)
+            st = llmcl__dist_view(d->m, at, len, &e->m);
+        if (st == LLMCL_OK)
+            st = llmcl__dist_view(d->v, at, len, &e->v);
+    }
+    if (st == LLMCL_OK && n > 0)
+        st = llmcl_adamw_step(d->ctx, t, n, opts);
+    for (int i = 0; i < n; ++i) {
+        llmcl_tensor_destroy(t[i].param);
+        llmcl_tensor_destroy(t[i].master);
+        llmcl_tensor_destroy((llmcl_tensor *)t[i].grad);
+        llmcl_tensor_destroy(t[i].m);
+        llmcl_tensor_destroy(t[i].v);
+    }
+    free(t);
+    return st;
+}
+
+/* Stages 1-2: every group's updated shard to every rank, in place in the full parameters. */
+static llmcl_status gather_all(llmcl_dist *d)
+{
+    for (int k = 0; k < d->n_groups; ++k) {
+        const dist_group *g = &d->groups[k];
+        const int s = k % DIST_SLOTS;
+        LLMCL__TRY(llmcl__dist_complete(d, &d->gather_op[s]));
+        LLMCL__TRY(llmcl__dist_gather_start(d, s, k, d->params_full,
+                                            g->flat_off + d->rank * g->shard, d->params_full,
+                                            g->flat_off, NULL));
+    }
+    return llmcl__dist_drain(d);
+}
+
+/* Stage 3: gathered copies are stale once the shards change. */
+static void forget_slots(llmcl_dist *d)
+{
+    for (int s = 0; s < DIST_SLOTS; ++s) {
+        if (d->slot_group[s] >= 0)
+            d->groups[d->slot_group[s]].slot = -1;
+        d->slot_group[s] = -1;
+    }
+    d->last_gathered = -1;
+    d->direction = 1;
+}
+
+static llmcl_status reduce_all(llmcl_dist *d)
+{
+    for (int k = d->n_groups - 1; k >= 0; --k) {
+        const dist_group *g = &d->groups[k];
+        const int ch = d->next_bucket;
+        d->next_bucket = (ch + 1) % DIST_SLOTS;
+        LLMCL__TRY(llmcl__dist_finish_reduce(d, ch));
+        LLMCL__TRY(reduce_group(d, ch, k, d->grads_full, g->flat_off, d->grads_full,
+                                g->flat_off + d->rank * g->shard));
+    }
+    return LLMCL_OK;
+}
+
+static llmcl_status step(llmcl_dist *d, const llmcl_adamw_opts *opts, float *grad_norm)
+{
+    LLMCL__REQUIRE(d->ctx, d->ready && opts, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "call llmcl_dist_setup first; opts must not be NULL");
+    for (int k = 0; k < d->n_groups; ++k)
+        LLMCL__REQUIRE(d->ctx, !d->groups[k].gathered, LLMCL_ERROR_INVALID_ARGUMENT,
+                       "group %d is still gathered: release it before the step", k);
+    if (d->opts.stage == 1)
+        LLMCL__TRY(reduce_all(d));
+    LLMCL__TRY(llmcl__dist_drain(d));
+    llmcl_adamw_opts o = *opts;
+    o.grad_norm = NULL;
+    if (opts->max_grad_norm > 0.0f || grad_norm) {
+        float norm;
+        LLMCL__TRY(global_norm(d, &norm));
+        if (opts->max_grad_norm > 0.0f)
+            o.grad_norm = d->norm;
+        if (grad_norm)
+            *grad_norm = norm * (opts->grad_scale != 0.0f ? opts->grad_scale : 1.0f);
+    }
+    LLMCL__TRY(adamw_shard(d, &o));
+    o.grad_norm = NULL;
+    d->last = o;
+    if (d->opts.stage == 3) {
+        forget_slots(d);
+        return LLMCL_OK;
+    }
+    return gather_all(d);
+}
+
+llmcl_status llmcl_dist_step(llmcl_dist *d, const llmcl_adamw_opts *opts, float *grad_norm)
+{
+    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
+    FAULT("llmcl_dist_step", step(d, opts, grad_norm));
+    return LLMCL_OK;
+}
+
+/* The compute copy from the master shard: cast in place, then stages 1-2 gather it. */
+llmcl_status llmcl__dist_refresh_params(llmcl_dist *d)
+{
+    if (d->opts.stage == 3) {
+        forget_slots(d);
+        return llmcl_cast(d->ctx, d->master, d->param_shard);
+    }
+    for (int k = 0; k < d->n_groups; ++k) {
+        const dist_group *g = &d->groups[k];
+        views v = {0};
+        llmcl_status st = llmcl__dist_view(d->master, g->shard_off, g->shard, &v.a);
+        if (st == LLMCL_OK)
+            st = llmcl__dist_view(d->params_full, g->flat_off + d->rank * g->shard, g->shard, &v.b);
+        if (st == LLMCL_OK)
+            st = llmcl_cast(d->ctx, v.a, v.b);
+        views_free(&v);
+        LLMCL__TRY(st);
+    }
+    return gather_all(d);
+}

@@ -1,0 +1,595 @@
+/*
+ * test_dist.c: ZeRO over MPI (suite mpi), run by Meson under mpiexec -n 1, 2, 3 and 4.
+ *
+ * A three-layer MLP (llmcl_matmul, SiLU, a squared error) trains for a few steps with gradient
+ * accumulation, weight decay and clipping by the global norm, through llmcl_dist at every stage,
+ * and through plain tensors and llmcl_adamw_step on one device (the single-rank reference). Cases:
+ * the parameters match the reference (f32: |d| <= 2e-5 + 1e-4 |ref|; bf16 params and reduction:
+ * 5e-3 + 1e-2 |ref|; f16 params: 2e-3 + 2e-3 |ref|) and repeat bit for bit; device memory after setup equals the documented
+ * formulas; a stage-3 checkpoint saved on all ranks loads on 2 and 1 ranks at stages 1 and 2 with
+ * the same bits and continues on the uninterrupted trajectory; corrupt, truncated and mismatched
+ * checkpoints fail on every rank and leave the run bit-identical to one that never tried;
+ * different parameter sets on different ranks fail setup on every rank. With --abort, rank 1
+ * fails inside a step and the job must end through MPI_Abort (Meson expects the failure).
+ *
+ * Not cmocka: a failed assertion on one rank would leave the others waiting in a collective, so
+ * every check ends the whole job through MPI_Abort instead.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "llmcl.h"
+#include "llmcl_dist.h"
+
+static int rank, world;
+static llmcl_ctx *ctx;
+
+#define CHECK(cond, ...)                                                                          \
+    do {                                                                                          \
+        if (!(cond)) {                                                                            \
+            fprintf(stderr, "rank %d: %s:%d: %s: ", rank, __FILE__, __LINE__, #cond);             \
+            fprintf(stderr, __VA_ARGS__);                                                         \
+            fprintf(stderr, "\n");                                                                \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                                         \
+        }                                                                                         \
+    } while (0)
+
+#define OK(expr)                                                                                  \
+    do {                                                                                          \
+        llmcl_status ok_st = (expr);                                                              \
+        CHECK(ok_st == LLMCL_OK, "%s: %s", llmcl_status_str(ok_st), llmcl_last_error(ctx));       \
+    } while (0)
+
+/* ---- the model: 8 -> 12 -> 10 -> 6, SiLU between, one group per layer ---- */
+
+enum { LAYERS = 3, NP = 2 * LAYERS, BATCH = 12, MICRO = 2 };
+static const int64_t dims[LAYERS + 1] = {8, 12, 10, 6};
+static char names[NP][16];
+static int64_t shapes[NP][2];
+static int64_t numels[NP];
+
+static void model_init(void)
+{
+    for (int k = 0; k < LAYERS; ++k) {
+        snprintf(names[2 * k], sizeof names[0], "l%d.w", k);
+        snprintf(names[2 * k + 1], sizeof names[0], "l%d.b", k);
+        shapes[2 * k][0] = dims[k + 1];
+        shapes[2 * k][1] = dims[k];
+        shapes[2 * k + 1][0] = dims[k + 1];
+        numels[2 * k] = dims[k + 1] * dims[k];
+        numels[2 * k + 1] = dims[k + 1];
+    }
+}
+
+/* Deterministic values in [-scale, scale) from a seed. */
+static void fill(float *x, int64_t n, uint64_t seed, float scale)
+{
+    uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (int64_t i = 0; i < n; ++i) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = scale * (float)((double)(s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    }
+}
+
+static llmcl_adamw_opts hyper(int64_t step)
+{
+    return (llmcl_adamw_opts){.lr = 1e-2f, .weight_decay = 0.1f, .step = step,
+                              .grad_scale = 1.0f / (BATCH * MICRO), .max_grad_norm = 0.5f};
+}
+
+/* A trainer: through a dist, or (d NULL) plain tensors on this rank alone. */
+typedef struct net {
+    llmcl_dist *d;
+    MPI_Comm comm;
+    int rank, world;
+    llmcl_dtype pt;
+    llmcl_tensor *p[NP], *g[NP], *master[NP], *m[NP], *v[NP], *norm;
+} net;
+
+static llmcl_tensor *tensor(llmcl_dtype dt, int64_t r, int64_t c)
+{
+    const int64_t shape[2] = {r, c};
+    llmcl_tensor *t;
+    OK(llmcl_tensor_create(ctx, dt, 2, shape, &t));
+    return t;
+}
+
+static llmcl_tensor *param(net *n, int i)
+{
+    llmcl_tensor *t = n->p[i];
+    if (n->d)
+        OK(llmcl_dist_param(n->d, names[i], &t));
+    return t;
+}
+
+static llmcl_tensor *grad(net *n, int i)
+{
+    llmcl_tensor *t = n->g[i];
+    if (n->d)
+        OK(llmcl_dist_grad(n->d, names[i], &t));
+    return t;
+}
+
+static void upload_as(llmcl_tensor *t, const float *x, int64_t count)
+{
+    if (llmcl_tensor_dtype(t) == LLMCL_F32) {
+        OK(llmcl_tensor_upload(t, x, (size_t)count * 4));
+        return;
+    }
+    uint16_t *h = malloc((size_t)count * 2);
+    for (int64_t i = 0; i < count; ++i)
+        h[i] = llmcl_tensor_dtype(t) == LLMCL_BF16 ? llmcl_f32_to_bf16(x[i]) : llmcl_f32_to_f16(x[i]);
+    OK(llmcl_tensor_upload(t, h, (size_t)count * 2));
+    free(h);
+}
+
+static void init_values(float *x, int i)
+{
+    fill(x, numels[i], 100 + (uint64_t)i, i % 2 ? 0.1f : 0.5f);
+}
+
+static void net_create(net *n, MPI_Comm comm, int stage, llmcl_dtype pt, llmcl_dtype rt)
+{
+    memset(n, 0, sizeof *n);
+    n->comm = comm;
+    n->pt = pt;
+    MPI_Comm_rank(comm, &n->rank);
+    MPI_Comm_size(comm, &n->world);
+    float *x = malloc(sizeof(float) * 1024);
+    if (stage > 0) {
+        const llmcl_dist_opts o = {.stage = stage, .param_dtype = pt, .reduce_dtype = rt};
+        OK(llmcl_dist_create(ctx, comm, &o, &n->d));
+        for (int i = 0; i < NP; ++i)
+            OK(llmcl_dist_add_param(n->d, names[i], i / 2, i % 2 ? 1 : 2, shapes[i], i % 2));
+        OK(llmcl_dist_setup(n->d));
+        for (int i = 0; i < NP; ++i) {
+            init_values(x, i);
+            OK(llmcl_dist_init_param(n->d, names[i], x));
+        }
+        free(x);
+        return;
+    }
+    for (int i = 0; i < NP; ++i) {
+        const int nd = i % 2 ? 1 : 2;
+        OK(llmcl_tensor_create(ctx, pt, nd, shapes[i], &n->p[i]));
+        OK(llmcl_tensor_create(ctx, LLMCL_F32, nd, shapes[i], &n->g[i]));
+        OK(llmcl_tensor_create(ctx, LLMCL_F32, nd, shapes[i], &n->master[i]));
+        OK(llmcl_tensor_create(ctx, LLMCL_F32, nd, shapes[i], &n->m[i]));
+        OK(llmcl_tensor_create(ctx, LLMCL_F32, nd, shapes[i], &n->v[i]));
+        init_values(x, i);
+        upload_as(n->p[i], x, numels[i]);
+        OK(llmcl_tensor_upload(n->master[i], x, (size_t)numels[i] * 4));
+        OK(llmcl_fill(ctx, n->g[i], 0.0));
+        OK(llmcl_fill(ctx, n->m[i], 0.0));
+        OK(llmcl_fill(ctx, n->v[i], 0.0));
+    }
+    const int64_t one = 1;
+    OK(llmcl_tensor_create(ctx, LLMCL_F32, 1, &one, &n->norm));
+    free(x);
+}
+
+static void net_destroy(net *n)
+{
+    llmcl_dist_destroy(n->d);
+    for (int i = 0; i < NP; ++i) {
+        llmcl_tensor_destroy(n->p[i]);
+        llmcl_tensor_destroy(n->g[i]);
+        llmcl_tensor_destroy(n->master[i]);
+        llmcl_tensor_destroy(n->m[i]);
+        llmcl_tensor_destroy(n->v[i]);
+    }
+    llmcl_tensor_destroy(n->norm);
+}
+
+/* t in dtype dt: t itself, or a cast into *tmp (the caller frees it). */
+static llmcl_tensor *as_dtype(llmcl_tensor *t, llmcl_dtype dt, llmcl_tensor **tmp)
+{
+    *tmp = NULL;
+    if (llmcl_tensor_dtype(t) == dt)
+        return t;
+    *tmp = tensor(dt, llmcl_tensor_dim(t, 0), llmcl_tensor_dim(t, 1));
+    OK(llmcl_cast(ctx, t, *tmp));
+    return *tmp;
+}
+
+/* One micro-batch: this rank's rows of the global batch (step, micro), forward and backward. */
+static void micro_batch(net *n, int64_t step, int micro)
+{
+    const int64_t rows = BATCH / n->world, first = n->rank * rows;
+    float *x = malloc(sizeof(float) * BATCH * (size_t)(dims[0] + dims[LAYERS]));
+    float *y = x + BATCH * dims[0];
+    fill(x, BATCH * dims[0], (uint64_t)(1000 * step + micro), 1.0f);
+    fill(y, BATCH * dims[LAYERS], (uint64_t)(5000 * step + micro), 1.0f);
+    llmcl_tensor *in[LAYERS], *h[LAYERS], *tmp = NULL;
+    in[0] = tensor(n->pt, rows, dims[0]);
+    upload_as(in[0], x + first * dims[0], rows * dims[0]);
+    for (int k = 0; k < LAYERS; ++k) {
+        if (n->d)
+            OK(llmcl_dist_gather(n->d, k));
+        h[k] = tensor(LLMCL_F32, rows, dims[k + 1]);
+        const llmcl_matmul_opts mo = {.trans_b = 1, .bias = param(n, 2 * k + 1)};
+        OK(llmcl_matmul(ctx, 1.0f, in[k], param(n, 2 * k), 0.0f, h[k], &mo));
+        if (k + 1 < LAYERS) {
+            llmcl_tensor *a = tensor(LLMCL_F32, rows, dims[k + 1]);
+            OK(llmcl_activation_forward(ctx, LLMCL_ACT_SILU, h[k], a));
+            in[k + 1] = tensor(n->pt, rows, dims[k + 1]);
+            OK(llmcl_cast(ctx, a, in[k + 1]));
+            llmcl_tensor_destroy(a);
+        }
+        if (n->d)
+            OK(llmcl_dist_release(n->d, k));
+    }
+    /* d loss / d out = out - y for loss = sum 0.5 (out - y)^2 */
+    llmcl_tensor *target = tensor(LLMCL_F32, rows, dims[LAYERS]);
+    OK(llmcl_tensor_upload(target, y + first * dims[LAYERS], (size_t)(rows * dims[LAYERS]) * 4));
+    llmcl_tensor *dy = h[LAYERS - 1];
+    OK(llmcl_axpy(ctx, -1.0f, target, dy));
+    llmcl_tensor *ones = tensor(n->pt, 1, rows);
+    OK(llmcl_fill(ctx, ones, 1.0));
+    for (int k = LAYERS - 1; k >= 0; --k) {
+        if (n->d)
+            OK(llmcl_dist_gather(n->d, k));
+        llmcl_tensor *dyp = as_dtype(dy, n->pt, &tmp);
+        const llmcl_matmul_opts ta = {.trans_a = 1};
+        OK(llmcl_matmul(ctx, 1.0f, dyp, in[k], 1.0f, grad(n, 2 * k), &ta));
+        llmcl_tensor *gb = grad(n, 2 * k + 1), *gb2;
+        const int64_t row_shape[2] = {1, dims[k + 1]};
+        OK(llmcl_tensor_view(gb, 2, row_shape, NULL, llmcl_tensor_offset(gb), &gb2));
+        OK(llmcl_matmul(ctx, 1.0f, ones, dyp, 1.0f, gb2, NULL));
+        llmcl_tensor_destroy(gb2);
+        if (k > 0) {
+            llmcl_tensor *dx = tensor(LLMCL_F32, rows, dims[k]);
+            OK(llmcl_matmul(ctx, 1.0f, dyp, param(n, 2 * k), 0.0f, dx, NULL));
+            OK(llmcl_activation_backward(ctx, LLMCL_ACT_SILU, h[k - 1], dx, h[k - 1]));
+            llmcl_tensor_destroy(dx);
+        }
+        llmcl_tensor_destroy(tmp);
+        if (n->d) {
+            OK(llmcl_dist_grads_ready(n->d, k));
+            OK(llmcl_dist_release(n->d, k));
+        }
+        dy = k > 0 ? h[k - 1] : NULL;
+    }
+    for (int k = 0; k < LAYERS; ++k) {
+        llmcl_tensor_destroy(in[k]);
+        llmcl_tensor_destroy(h[k]);
+    }
+    llmcl_tensor_destroy(target);
+    llmcl_tensor_destroy(ones);
+    free(x);
+}
+
+static void train_step(net *n, int64_t step)
+{
+    for (int mb = 0; mb < MICRO; ++mb)
+        micro_batch(n, step, mb);
+    llmcl_adamw_opts o = hyper(step);
+    if (n->d) {
+        float norm;
+        OK(llmcl_dist_step(n->d, &o, &norm));
+        CHECK(isfinite(norm) && norm > 0.0f, "norm %g", norm);
+        OK(llmcl_dist_zero_grads(n->d));
+        return;
+    }
+    llmcl_adamw_tensor t[NP];
+    for (int i = 0; i < NP; ++i)
+        t[i] = (llmcl_adamw_tensor){n->p[i], n->master[i], n->g[i], n->m[i], n->v[i], i % 2};
+    OK(llmcl_grad_norm(ctx, (const llmcl_tensor *const *)n->g, NP, 0, n->norm));
+    o.grad_norm = n->norm;
+    OK(llmcl_adamw_step(ctx, t, NP, &o));
+    for (int i = 0; i < NP; ++i)
+        OK(llmcl_fill(ctx, n->g[i], 0.0));
+}
+
+enum { TOTAL = 1024 };
+
+/* Every parameter's f32 master values, concatenated. */
+static void read_params(net *n, float *out)
+{
+    for (int i = 0; i < NP; ++i) {
+        if (n->d)
+            OK(llmcl_dist_get_param(n->d, names[i], out));
+        else
+            OK(llmcl_tensor_download(n->master[i], out, (size_t)numels[i] * 4));
+        out += numels[i];
+    }
+}
+
+static int64_t total_numel(void)
+{
+    int64_t t = 0;
+    for (int i = 0; i < NP; ++i)
+        t += numels[i];
+    return t;
+}
+
+static void expect_close(const char *what, const float *ref, const float *got, double atol,
+                         double rtol)
+{
+    double worst = 0.0;
+    int bad = -1;
+    for (int64_t i = 0; i < total_numel(); ++i) {
+        const double diff = fabs((double)got[i] - ref[i]);
+        if (diff > worst)
+            worst = diff;
+        if (bad < 0 && !(diff <= atol + rtol * fabs(ref[i])))
+            bad = (int)i;
+    }
+    CHECK(bad < 0, "%s: element %d is %.9g, reference %.9g (largest difference %.3g)", what, bad,
+          got[bad], ref[bad], worst);
+    if (rank == 0)
+        printf("  %s: largest difference %.3g\n", what, worst);
+}
+
+static void expect_same(const char *what, const float *a, const float *b)
+{
+    CHECK(memcmp(a, b, (size_t)total_numel() * 4) == 0, "%s: not the same bits", what);
+}
+
+/* K steps from the initial values; the final parameters into out. */
+static void run(MPI_Comm comm, int stage, llmcl_dtype pt, llmcl_dtype rt, int steps, float *out)
+{
+    net n;
+    net_create(&n, comm, stage, pt, rt);
+    for (int s = 1; s <= steps; ++s)
+        train_step(&n, s);
+    read_params(&n, out);
+    net_destroy(&n);
+}
+
+/* ---- cases ---- */
+
+enum { K = 3 };
+
+static void test_stages(void)
+{
+    static float ref[TOTAL], got[TOTAL], again[TOTAL];
+    run(MPI_COMM_SELF, 0, LLMCL_F32, LLMCL_F32, K, ref);
+    for (int stage = 1; stage <= 3; ++stage) {
+        char what[64];
+        run(MPI_COMM_WORLD, stage, LLMCL_F32, LLMCL_F32, K, got);
+        snprintf(what, sizeof what, "stage %d f32 on %d ranks", stage, world);
+        expect_close(what, ref, got, 2e-5, 1e-4);
+        run(MPI_COMM_WORLD, stage, LLMCL_F32, LLMCL_F32, K, again);
+        expect_same(what, got, again);
+    }
+    run(MPI_COMM_SELF, 0, LLMCL_BF16, LLMCL_F32, K, ref);
+    run(MPI_COMM_WORLD, 3, LLMCL_BF16, LLMCL_BF16, K, got);
+    expect_close("stage 3 bf16 params, bf16 reduction", ref, got, 5e-3, 1e-2);
+    run(MPI_COMM_WORLD, 2, LLMCL_F16, LLMCL_F32, K, got);
+    run(MPI_COMM_SELF, 0, LLMCL_F16, LLMCL_F32, K, ref);
+    expect_close("stage 2 f16 params", ref, got, 2e-3, 2e-3);
+}
+
+/* Device bytes held after setup, against llmcl_dist.h's formulas. */
+static void test_memory(void)
+{
+    for (int stage = 1; stage <= 3; ++stage)
+        for (int half = 0; half < 2; ++half) {
+            const llmcl_dtype pt = half ? LLMCL_BF16 : LLMCL_F32, rt = pt;
+            llmcl_memory_stats before, after;
+            OK(llmcl_memory_stats_get(ctx, &before));
+            net n;
+            net_create(&n, MPI_COMM_WORLD, stage, pt, rt);
+            OK(llmcl_memory_stats_get(ctx, &after));
+            llmcl_dist_info in;
+            OK(llmcl_dist_info_get(n.d, &in));
+            const uint64_t S = (uint64_t)in.shard_numel, F = (uint64_t)in.padded_numel;
+            const uint64_t G = (uint64_t)in.max_group, p = half ? 2 : 4, w = p;
+            uint64_t want = 12 * S + 4 + (half ? 2 * 2 * G : 0);
+            if (stage == 1)
+                want += p * F + 4 * F;
+            if (stage == 2)
+                want += p * F + w * S + 2 * 4 * G;
+            if (stage == 3)
+                want += p * S + w * S + 2 * 4 * G + 2 * p * G;
+            const uint64_t held = after.current_bytes - before.current_bytes;
+            CHECK(held == want, "stage %d %s: %llu bytes held, formula %llu", stage,
+                  half ? "bf16" : "f32", (unsigned long long)held, (unsigned long long)want);
+            CHECK(in.padded_numel % in.world == 0 && in.shard_numel * in.world == in.padded_numel &&
+                      in.numel == total_numel(),
+                  "layout");
+            if (stage == 3 && half && rank == 0)
+                printf("  stage 3 bf16: (2 + 2 + 12) x %lld + 16 x %lld + 4 = %llu bytes a rank "
+                       "(%lld parameters, %d ranks)\n",
+                       (long long)S, (long long)G, (unsigned long long)held, (long long)in.numel,
+                       world);
+            net_destroy(&n);
+        }
+}
+
+static void test_mismatch(void)
+{
+    llmcl_dist *d;
+    const llmcl_dist_opts o = {.stage = 2};
+    OK(llmcl_dist_create(ctx, MPI_COMM_WORLD, &o, &d));
+    for (int i = 0; i < NP; ++i) {
+        int64_t shape[2] = {shapes[i][0], shapes[i][1]};
+        if (i == 2 && rank == world - 1 && world > 1)
+            shape[1] += 1;
+        OK(llmcl_dist_add_param(d, names[i], i / 2, i % 2 ? 1 : 2, shape, i % 2));
+    }
+    const llmcl_status st = llmcl_dist_setup(d);
+    if (world > 1)
+        CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "rank"),
+              "setup with different parameter sets gave %s: %s", llmcl_status_str(st),
+              llmcl_last_error(ctx));
+    else
+        CHECK(st == LLMCL_OK, "%s", llmcl_last_error(ctx));
+    llmcl_dist_destroy(d);
+}
+
+static char folder[256];
+
+static void path(char *out, const char *name)
+{
+    snprintf(out, 512, "%s/%s", folder, name);
+}
+
+/* Rank 0 copies a checkpoint folder and damages one file of the copy. */
+static void damaged_copy(const char *from, const char *to, const char *file, int truncate)
+{
+    if (rank == 0) {
+        char cmd[2048], victim[1024];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
+        CHECK(system(cmd) == 0, "%s", cmd);
+        snprintf(victim, sizeof victim, "%s/%s", to, file);
+        FILE *f = fopen(victim, "r+b");
+        CHECK(f, "%s", victim);
+        fseek(f, 0, SEEK_END);
+        const long size = ftell(f);
+        if (truncate) {
+            CHECK(ftruncate(fileno(f), size / 2) == 0, "truncate");
+        } else {
+            fseek(f, size - 5, SEEK_SET);
+            const int c = fgetc(f);
+            fseek(f, size - 5, SEEK_SET);
+            fputc(c ^ 0x40, f);
+        }
+        fclose(f);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+static void expect_refused(net *n, const char *dir, llmcl_status want)
+{
+    static float before[TOTAL], after[TOTAL];
+    read_params(n, before);
+    llmcl_adamw_opts h = {.step = -7};
+    const llmcl_status st = llmcl_dist_load(n->d, dir, &h);
+    CHECK(st == want, "load of '%s' gave %s, not %s: %s", dir, llmcl_status_str(st),
+          llmcl_status_str(want), llmcl_last_error(ctx));
+    CHECK(h.step == -7, "hyperparameters written by a failed load");
+    read_params(n, after);
+    expect_same("parameters after a refused load", before, after);
+}
+
+enum { K1 = 2, K2 = 2 };
+
+static void test_checkpoint(void)
+{
+    static float straight[TOTAL], saved[TOTAL], got[TOTAL], loaded[TOTAL];
+    char dir[512], bad[512];
+    path(dir, "ckpt");
+    run(MPI_COMM_WORLD, 3, LLMCL_F32, LLMCL_F32, K1 + K2, straight);
+
+    net n;
+    net_create(&n, MPI_COMM_WORLD, 3, LLMCL_F32, LLMCL_F32);
+    for (int s = 1; s <= K1; ++s)
+        train_step(&n, s);
+    OK(llmcl_dist_save(n.d, dir));
+    OK(llmcl_dist_save(n.d, dir)); /* replacing an existing checkpoint */
+    read_params(&n, saved);
+    char shard[64];
+    snprintf(shard, sizeof shard, "shard-%05d.safetensors", world - 1);
+    path(bad, "corrupt");
+    damaged_copy(dir, bad, shard, 0);
+    expect_refused(&n, bad, LLMCL_ERROR_BAD_FILE);
+    path(bad, "truncated");
+    damaged_copy(dir, bad, "manifest.json", 1);
+    expect_refused(&n, bad, LLMCL_ERROR_BAD_FILE);
+    for (int s = K1 + 1; s <= K1 + K2; ++s)
+        train_step(&n, s);
+    read_params(&n, got);
+    expect_same("after refused loads, the uninterrupted trajectory", straight, got);
+    net_destroy(&n);
+
+    /* Another parameter set: refused. */
+    llmcl_dist *d;
+    const llmcl_dist_opts o = {.stage = 1};
+    OK(llmcl_dist_create(ctx, MPI_COMM_WORLD, &o, &d));
+    OK(llmcl_dist_add_param(d, names[0], 0, 2, shapes[0], 0));
+    OK(llmcl_dist_setup(d));
+    const llmcl_status st = llmcl_dist_load(d, dir, NULL);
+    CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT, "a mismatched checkpoint gave %s",
+          llmcl_status_str(st));
+    llmcl_dist_destroy(d);
+
+    /* Load on 2 ranks (stage 1) and on 1 (stage 2), continue. */
+    for (int size = 2; size >= 1; --size) {
+        if (size > world)
+            continue;
+        MPI_Comm sub;
+        MPI_Comm_split(MPI_COMM_WORLD, rank < size ? 0 : MPI_UNDEFINED, rank, &sub);
+        if (sub == MPI_COMM_NULL)
+            continue;
+        net_create(&n, sub, size == 2 ? 1 : 2, LLMCL_F32, LLMCL_F32);
+        llmcl_adamw_opts h;
+        OK(llmcl_dist_load(n.d, dir, &h));
+        CHECK(h.step == K1 && h.lr == hyper(K1).lr && h.max_grad_norm == hyper(K1).max_grad_norm,
+              "loaded step %lld", (long long)h.step);
+        read_params(&n, loaded);
+        expect_same("parameters loaded on fewer ranks", saved, loaded);
+        for (int s = K1 + 1; s <= K1 + K2; ++s)
+            train_step(&n, s);
+        read_params(&n, got);
+        char what[64];
+        snprintf(what, sizeof what, "saved on %d ranks, continued on %d", world, size);
+        expect_close(what, straight, got, 2e-5, 1e-4);
+        net_destroy(&n);
+        MPI_Comm_free(&sub);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+/* Rank 1 runs out of device memory inside the step: the job must end, not hang. */
+static int test_abort(void)
+{
+    net n;
+    net_create(&n, MPI_COMM_WORLD, 2, LLMCL_F32, LLMCL_F32);
+    micro_batch(&n, 1, 0);
+    llmcl_memory_stats ms;
+    OK(llmcl_memory_stats_get(ctx, &ms));
+    if (rank == 1)
+        OK(llmcl_memory_set_limit(ctx, ms.current_bytes));
+    const llmcl_adamw_opts o = hyper(1);
+    llmcl_dist_step(n.d, &o, NULL);
+    fprintf(stderr, "rank %d: the step returned instead of aborting\n", rank);
+    net_destroy(&n);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (llmcl_ctx_create(&ctx) != LLMCL_OK) {
+        fprintf(stderr, "rank %d: no device: %s\n", rank, llmcl_last_error(NULL));
+        MPI_Finalize();
+        return 77;
+    }
+    model_init();
+    const int abort_case = argc > 1 && strcmp(argv[1], "--abort") == 0;
+    if (abort_case) {
+        CHECK(world >= 2, "--abort needs 2 ranks");
+        const int rc = test_abort();
+        llmcl_ctx_destroy(ctx);
+        MPI_Finalize();
+        return rc;
+    }
+    if (rank == 0) {
+        snprintf(folder, sizeof folder, "/tmp/llmcl_test_dist_XXXXXX");
+        CHECK(mkdtemp(folder), "mkdtemp");
+    }
+    MPI_Bcast(folder, sizeof folder, MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (rank == 0)
+        printf("test_dist on %d ranks\n", world);
+    test_mismatch();
+    test_memory();
+    test_stages();
+    test_checkpoint();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", folder);
+        CHECK(system(cmd) == 0, "%s", cmd);
+        printf("test_dist: all cases passed on %d ranks\n", world);
+    }
+    llmcl_ctx_destroy(ctx);
+    MPI_Finalize();
+    return 0;
+}

@@ -1,0 +1,233 @@
+/*
+ * bench_dist.c: the dist family of llmcl-bench (built where MPI is found; run it as
+ * `mpiexec -n 2 llmcl-bench --only dist`). It measures the host link itself (pinned device-to-host
+ * and host-to-device copies on this rank's device: llmcl has no public measure of it yet), then
+ * through llmcl_dist: the throughput of a gradient reduce-scatter and of a stage-3 parameter
+ * all-gather through host memory, against the slower direction of the link; and the exposed
+ * communication of a backward that reduces each group's gradients while the next group computes
+ * (exposed = time with reductions - time without, against the reductions' own time). Wall-clock
+ * times (MPI_Wtime, after the device finished), median of env->reps. Ranks other than 0 are
+ * silent; the table rows carry the times, the GB/s against the link are printed here.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <mpi.h>
+
+#include "bench.h"
+#include "llmcl_dist.h"
+
+typedef struct dist_bench {
+    bench_env *env;
+    llmcl_dist *d;
+    int groups;
+    int64_t rows, cols; /* one group: a weight [rows, cols] */
+    llmcl_tensor *x, *dy; /* the backward's operands: dW += dy^T x */
+    llmcl_tensor *plain;  /* dW of the backward without communication */
+    int reduce, compute;  /* what the backward does */
+} dist_bench;
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median wall-clock milliseconds of env->reps runs (after warm-up), every rank in step. */
+static double wall_ms(bench_env *env, llmcl_status (*fn)(dist_bench *), dist_bench *b)
+{
+    double t[64];
+    const int reps = env->reps < 64 ? env->reps : 64;
+    for (int i = -env->warmup; i < reps; ++i) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        const double t0 = MPI_Wtime();
+        if (fn(b) != LLMCL_OK || llmcl_ctx_finish(env->ctx) != LLMCL_OK)
+            return -1.0;
+        const double t1 = MPI_Wtime();
+        if (i >= 0)
+            t[i] = (t1 - t0) * 1e3;
+    }
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    /* The slowest rank's median: the collective is as fast as its last rank. */
+    double med = t[reps / 2], worst;
+    MPI_Allreduce(&med, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return worst;
+}
+
+/* Pinned-copy bandwidth of this rank's device in GB/s, each direction, median of 5. */
+static int host_link(bench_env *env, size_t bytes, double *d2h, double *h2d)
+{
+    cl_context cx = llmcl_ctx_cl_context(env->ctx);
+    cl_command_queue q = llmcl_ctx_cl_queue(env->ctx);
+    cl_int err;
+    cl_mem dev = clCreateBuffer(cx, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    cl_mem pin = clCreateBuffer(cx, CL_MEM_ALLOC_HOST_PTR, bytes, NULL, &err);
+    void *host = pin ? clEnqueueMapBuffer(q, pin, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, bytes, 0,
+                                          NULL, NULL, &err)
+                     : NULL;
+    if (!dev || !host) {
+        if (dev)
+            clReleaseMemObject(dev);
+        if (pin)
+            clReleaseMemObject(pin);
+        return -1;
+    }
+    double t[2][5];
+    for (int i = 0; i < 6; ++i)
+        for (int dir = 0; dir < 2; ++dir) {
+            const double t0 = MPI_Wtime();
+            err = dir == 0 ? clEnqueueReadBuffer(q, dev, CL_TRUE, 0, bytes, host, 0, NULL, NULL)
+                           : clEnqueueWriteBuffer(q, dev, CL_TRUE, 0, bytes, host, 0, NULL, NULL);
+            if (i > 0) /* the first is a warm-up */
+                t[dir][i - 1] = MPI_Wtime() - t0;
+        }
+    clEnqueueUnmapMemObject(q, pin, host, 0, NULL, NULL);
+    clFinish(q);
+    clReleaseMemObject(pin);
+    clReleaseMemObject(dev);
+    qsort(t[0], 5, sizeof t[0][0], cmp_double);
+    qsort(t[1], 5, sizeof t[1][0], cmp_double);
+    *d2h = (double)bytes / t[0][2] * 1e-9;
+    *h2d = (double)bytes / t[1][2] * 1e-9;
+    return err == CL_SUCCESS ? 0 : -1;
+}
+
+static llmcl_status make_dist(dist_bench *b, int stage)
+{
+    char name[32];
+    const llmcl_dist_opts o = {.stage = stage};
+    const int64_t shape[2] = {b->rows, b->cols};
+    llmcl_status st = llmcl_dist_create(b->env->ctx, MPI_COMM_WORLD, &o, &b->d);
+    for (int g = 0; st == LLMCL_OK && g < b->groups; ++g) {
+        snprintf(name, sizeof name, "w%d", g);
+        st = llmcl_dist_add_param(b->d, name, g, 2, shape, 0);
+    }
+    return st == LLMCL_OK ? llmcl_dist_setup(b->d) : st;
+}
+
+/* A stage-3 forward: every group gathered (the next prefetched) and released. */
+static llmcl_status gather_pass(dist_bench *b)
+{
+    for (int g = 0; g < b->groups; ++g) {
+        llmcl_status st = llmcl_dist_gather(b->d, g);
+        if (st == LLMCL_OK)
+            st = llmcl_dist_release(b->d, g);
+        if (st != LLMCL_OK)
+            return st;
+    }
+    return LLMCL_OK;
+}
+
+/* A stage-2 backward: per group, dW += dy^T x (compute) and its reduce-scatter (reduce). */
+static llmcl_status backward(dist_bench *b)
+{
+    char name[32];
+    const llmcl_matmul_opts ta = {.trans_a = 1};
+    for (int g = b->groups - 1; g >= 0; --g) {
+        llmcl_tensor *grad = b->plain;
+        snprintf(name, sizeof name, "w%d", g);
+        llmcl_status st = b->reduce ? llmcl_dist_grad(b->d, name, &grad) : LLMCL_OK;
+        if (st == LLMCL_OK && b->compute)
+            st = llmcl_matmul(b->env->ctx, 1.0f, b->dy, b->x, 1.0f, grad, &ta);
+        if (st == LLMCL_OK && b->reduce)
+            st = llmcl_dist_grads_ready(b->d, g);
+        if (st != LLMCL_OK)
+            return st;
+    }
+    return b->reduce ? llmcl_dist_zero_grads(b->d) : LLMCL_OK;
+}
+
+static void add_row(bench_env *env, const char *what, const char *shape, double ms)
+{
+    bench_row row = {.ms = ms, .peak_mib = -1, .check = -1};
+    snprintf(row.kernel, sizeof row.kernel, "dist %s", what);
+    snprintf(row.dtype, sizeof row.dtype, "f32");
+    snprintf(row.shape, sizeof row.shape, "%s", shape);
+    bench_add(env, &row);
+}
+
+static void run(bench_env *env)
+{
+    int rank, world;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (rank != 0) {
+        fflush(stdout);
+        if (!freopen("/dev/null", "w", stdout))
+            return;
+    }
+    dist_bench b = {.env = env, .groups = 4, .rows = env->small ? 256 : 4096,
+                    .cols = env->small ? 1024 : 4096};
+    const double group_bytes = (double)b.rows * b.cols * 4;
+    double d2h, h2d;
+    if (host_link(env, (size_t)group_bytes, &d2h, &h2d) != 0) {
+        bench_fail(env, "dist: measuring the host link", LLMCL_ERROR_OUT_OF_DEVICE_MEMORY);
+        return;
+    }
+    const double link = d2h < h2d ? d2h : h2d;
+    char shape[48];
+    snprintf(shape, sizeof shape, "%d x [%lld, %lld] / %d ranks", b.groups, (long long)b.rows,
+             (long long)b.cols, world);
+    printf("dist: %d ranks; host link (pinned, this rank's device, measured here): "
+           "d2h %.1f GB/s, h2d %.1f GB/s\n", world, d2h, h2d);
+
+    /* Reduce-scatter and overlap: stage 2; all-gather: stage 3. */
+    if (make_dist(&b, 2) != LLMCL_OK) {
+        bench_fail(env, "dist: stage 2 setup", LLMCL_ERROR_MPI);
+        goto done;
+    }
+    const int64_t tokens = env->small ? 64 : 1024;
+    const int64_t xs[2] = {tokens, b.cols}, dys[2] = {tokens, b.rows}, ws[2] = {b.rows, b.cols};
+    if (llmcl_tensor_create(env->ctx, LLMCL_F32, 2, xs, &b.x) != LLMCL_OK ||
+        llmcl_tensor_create(env->ctx, LLMCL_F32, 2, ws, &b.plain) != LLMCL_OK ||
+        llmcl_fill(env->ctx, b.plain, 0.0) != LLMCL_OK ||
+        llmcl_tensor_create(env->ctx, LLMCL_F32, 2, dys, &b.dy) != LLMCL_OK ||
+        bench_upload_random(b.x, 1) != LLMCL_OK || bench_upload_random(b.dy, 2) != LLMCL_OK) {
+        bench_fail(env, "dist: operands", LLMCL_ERROR_OUT_OF_DEVICE_MEMORY);
+        goto done;
+    }
+    b.reduce = 1;
+    const double comm_ms = wall_ms(env, backward, &b);
+    b.compute = 1;
+    const double both_ms = wall_ms(env, backward, &b);
+    b.reduce = 0;
+    const double compute_ms = wall_ms(env, backward, &b);
+    llmcl_dist_destroy(b.d);
+    b.d = NULL;
+    if (comm_ms > 0 && both_ms > 0 && compute_ms > 0) {
+        const double gbs = b.groups * group_bytes / (comm_ms * 1e-3) * 1e-9;
+        const double exposed = both_ms - compute_ms > 0 ? both_ms - compute_ms : 0;
+        add_row(env, "reduce-scatter", shape, comm_ms);
+        add_row(env, "backward, no comm", shape, compute_ms);
+        add_row(env, "backward + reduce", shape, both_ms);
+        printf("dist reduce-scatter: %.2f GB/s of gradients through the host, %.0f%% of the "
+               "host link\n", gbs, 100.0 * gbs / link);
+        printf("dist overlap: exposed communication %.3f ms of %.3f ms (%.0f%%)\n", exposed,
+               comm_ms, 100.0 * exposed / comm_ms);
+    }
+    if (make_dist(&b, 3) != LLMCL_OK) {
+        bench_fail(env, "dist: stage 3 setup", LLMCL_ERROR_MPI);
+        goto done;
+    }
+    /* Every pass gathers each group anew: two gather buffers for four groups. */
+    const double gather_ms = wall_ms(env, gather_pass, &b);
+    if (gather_ms > 0) {
+        const double gbs = b.groups * group_bytes / (gather_ms * 1e-3) * 1e-9;
+        add_row(env, "all-gather", shape, gather_ms);
+        printf("dist all-gather: %.2f GB/s of parameters through the host, %.0f%% of the host "
+               "link\n", gbs, 100.0 * gbs / link);
+    }
+done:
+    llmcl_dist_destroy(b.d);
+    llmcl_tensor_destroy(b.x);
+    llmcl_tensor_destroy(b.dy);
+    llmcl_tensor_destroy(b.plain);
+}
+
+void bench_dist(bench_env *env)
+{
+    /* llmcl-bench is no MPI program otherwise: MPI lives for this family only. */
+    MPI_Init(NULL, NULL);
+    run(env);
+    MPI_Finalize();
+}
