@@ -1,8 +1,7 @@
 /*
  * bench_dist.c: the dist family of llmcl-bench (built where MPI is found; run it as
- * `mpiexec -n 2 llmcl-bench --only dist`). It measures the host link itself (pinned device-to-host
- * and host-to-device copies on this rank's device: llmcl has no public measure of it yet), then
- * through llmcl_dist: the throughput of a gradient reduce-scatter and of a stage-3 parameter
+ * `mpiexec -n 2 llmcl-bench --only dist`). It measures the host link of this rank's device
+ * (llmcl_measure_host_bandwidth), then through llmcl_dist: the throughput of a gradient reduce-scatter and of a stage-3 parameter
  * all-gather through host memory, against the slower direction of the link; and the exposed
  * communication of a backward that reduces each group's gradients while the next group computes
  * (exposed = time with reductions - time without, against the reductions' own time). Wall-clock
@@ -52,44 +51,6 @@ static double wall_ms(bench_env *env, llmcl_status (*fn)(dist_bench *), dist_ben
     double med = t[reps / 2], worst;
     MPI_Allreduce(&med, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return worst;
-}
-
-/* Pinned-copy bandwidth of this rank's device in GB/s, each direction, median of 5. */
-static int host_link(bench_env *env, size_t bytes, double *d2h, double *h2d)
-{
-    cl_context cx = llmcl_ctx_cl_context(env->ctx);
-    cl_command_queue q = llmcl_ctx_cl_queue(env->ctx);
-    cl_int err;
-    cl_mem dev = clCreateBuffer(cx, CL_MEM_READ_WRITE, bytes, NULL, &err);
-    cl_mem pin = clCreateBuffer(cx, CL_MEM_ALLOC_HOST_PTR, bytes, NULL, &err);
-    void *host = pin ? clEnqueueMapBuffer(q, pin, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, bytes, 0,
-                                          NULL, NULL, &err)
-                     : NULL;
-    if (!dev || !host) {
-        if (dev)
-            clReleaseMemObject(dev);
-        if (pin)
-            clReleaseMemObject(pin);
-        return -1;
-    }
-    double t[2][5];
-    for (int i = 0; i < 6; ++i)
-        for (int dir = 0; dir < 2; ++dir) {
-            const double t0 = MPI_Wtime();
-            err = dir == 0 ? clEnqueueReadBuffer(q, dev, CL_TRUE, 0, bytes, host, 0, NULL, NULL)
-                           : clEnqueueWriteBuffer(q, dev, CL_TRUE, 0, bytes, host, 0, NULL, NULL);
-            if (i > 0) /* the first is a warm-up */
-                t[dir][i - 1] = MPI_Wtime() - t0;
-        }
-    clEnqueueUnmapMemObject(q, pin, host, 0, NULL, NULL);
-    clFinish(q);
-    clReleaseMemObject(pin);
-    clReleaseMemObject(dev);
-    qsort(t[0], 5, sizeof t[0][0], cmp_double);
-    qsort(t[1], 5, sizeof t[1][0], cmp_double);
-    *d2h = (double)bytes / t[0][2] * 1e-9;
-    *h2d = (double)bytes / t[1][2] * 1e-9;
-    return err == CL_SUCCESS ? 0 : -1;
 }
 
 static llmcl_status make_dist(dist_bench *b, int stage)
@@ -160,15 +121,16 @@ static void run(bench_env *env)
                     .cols = env->small ? 1024 : 4096};
     const double group_bytes = (double)b.rows * b.cols * 4;
     double d2h, h2d;
-    if (host_link(env, (size_t)group_bytes, &d2h, &h2d) != 0) {
-        bench_fail(env, "dist: measuring the host link", LLMCL_ERROR_OUT_OF_DEVICE_MEMORY);
+    const llmcl_status hs = llmcl_measure_host_bandwidth(env->ctx, (uint64_t)group_bytes, &d2h, &h2d);
+    if (hs != LLMCL_OK) {
+        bench_fail(env, "dist: measuring the host link", hs);
         return;
     }
     const double link = d2h < h2d ? d2h : h2d;
     char shape[48];
     snprintf(shape, sizeof shape, "%d x [%lld, %lld] / %d ranks", b.groups, (long long)b.rows,
              (long long)b.cols, world);
-    printf("dist: %d ranks; host link (pinned, this rank's device, measured here): "
+    printf("dist: %d ranks; host link (pinned, this rank's device, llmcl_measure_host_bandwidth): "
            "d2h %.1f GB/s, h2d %.1f GB/s\n", world, d2h, h2d);
 
     /* Reduce-scatter and overlap: stage 2; all-gather: stage 3. */
