@@ -336,6 +336,12 @@ static void assert_launched_with(const char *kernel, llmcl_dtype dt, const char 
             fail_msg("%s launched with %s, not %s", kernel, used, set);
 }
 
+/* Whether calls of dt at D = 64 take the tensor-core kernels on this device. */
+static bool on_tensor_cores(llmcl_dtype dt)
+{
+    return llmcl_ctx_device_info(th_ctx())->has_mma && dt != LLMCL_F32;
+}
+
 /* Teardown of the tests that force tiles: no override outlives them, even when they fail. */
 static int clear_overrides(void **state)
 {
@@ -384,7 +390,8 @@ static void test_tunables(void **state)
             attn_case c = causal(dense(dts[d], 4, 4, 2, 64, 0, 0));
             c.cu_q = c.cu_k = cu;
             check_case(c, 85 + i);
-            for (int k = 0; k < 3; ++k) /* the launches used the set */
+            /* the launches used the set (16-bit calls run on tensor cores where there are) */
+            for (int k = 0; k < 3 && !on_tensor_cores(dts[d]); ++k)
                 assert_launched_with(keys[k], dts[d], "p6", sets[i][k]);
             TH_OK(llmcl_tune_override(ctx, NULL, dts[d], NULL, NULL));
         }
@@ -525,6 +532,65 @@ static void test_t1(void **state)
     check_case(causal(dense(LLMCL_F32, 2, 4, 2, 64, 1, 1)), 71);
     check_case(causal(dense(LLMCL_F32, 1, 2, 2, 64, 1, 90)), 72); /* decode */
     check_case(causal(dense(LLMCL_F32, 1, 2, 2, 64, 90, 1)), 73);
+}
+
+/*
+ * The cases the tensor-core kernels make risky, in bf16 and f16 at each of their head dims: lengths
+ * that are no multiple of a tile (1, 17, 333), Tq != Tk under the causal mask, a window narrower
+ * than a tile, GQA, [B, T, H, D] storage, varlen with sequences of length 0 and 1, forced smaller
+ * tiles (GQA across several key and query tiles), and a view that is not 8-element aligned (the
+ * portable kernels then run). On a device with tensor cores the tuning report says which kernels
+ * ran; elsewhere the portable ones run every case.
+ */
+static void test_fast_path(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    static const int32_t cu[] = {0, 0, 1, 71, 72, 140};
+    static const char *const mma_keys[3] = {"attention_fwd_mma", "attention_bwd_dq_mma",
+                                            "attention_bwd_dkdv_mma"};
+    static const char *const mma_sets[3] = {"BLOCK_M=32 BLOCK_N=16", "BLOCK_M=16 BLOCK_N=32",
+                                            "BLOCK_M=16 BLOCK_N=32"};
+    const int dims[] = {32, 64, 128};
+    for (int di = 0; di < 3; ++di)
+        for (int f16 = 0; f16 < 2; ++f16) {
+            const llmcl_dtype dt = f16 ? LLMCL_F16 : LLMCL_BF16;
+            const int d = dims[di];
+            char cls[16];
+            snprintf(cls, sizeof cls, "%d", d);
+            attn_case cases[] = {
+                causal(dense(dt, 1, 2, 1, d, 1, 1)),
+                causal(dense(dt, 2, 4, 2, d, 17, 17)),
+                causal(dense(dt, 1, 4, 1, d, 333, 333)),
+                causal(dense(dt, 1, 2, 2, d, 17, 100)),
+                causal(dense(dt, 1, 2, 2, d, 100, 17)),
+                windowed(dense(dt, 1, 2, 1, d, 150, 150), 5, 0),
+                dense(dt, 2, 2, 2, d, 70, 70),
+                causal(dense(dt, 5, 4, 2, d, 0, 0)),
+            };
+            cases[6].bthd = true;
+            cases[7].cu_q = cases[7].cu_k = cu;
+            for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
+                check_case(cases[i], 300 + 10 * di + i);
+                for (int kk = 0; kk < 3; ++kk) {
+                    int launched = 0;
+                    char used[128];
+                    TH_OK(llmcl_tune_params_get(ctx, mma_keys[kk], dt, cls, used, sizeof used,
+                                                &launched));
+                    assert_int_equal(launched, on_tensor_cores(dt));
+                }
+            }
+            for (int kk = 0; kk < 3; ++kk)
+                TH_OK(llmcl_tune_override(ctx, mma_keys[kk], dt, "*", mma_sets[kk]));
+            check_case(causal(dense(dt, 1, 2, 1, d, 77, 77)), 350 + di);
+            check_case(dense(dt, 1, 4, 2, d, 45, 90), 355 + di);
+            for (int kk = 0; kk < 3 && on_tensor_cores(dt); ++kk)
+                assert_launched_with(mma_keys[kk], dt, cls, mma_sets[kk]);
+            TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
+        }
+    attn_case c = causal(dense(LLMCL_BF16, 1, 2, 1, 64, 40, 40));
+    c.pad = 4; /* 4 elements into the storage: not 16-byte rows */
+    check_case(c, 360);
 }
 
 static void test_16bit(void **state)
@@ -758,6 +824,7 @@ int main(void)
         cmocka_unit_test(test_full),
         cmocka_unit_test(test_causal),
         cmocka_unit_test(test_window),
+        cmocka_unit_test(test_fast_path),
         cmocka_unit_test(test_softcap_scale),
         cmocka_unit_test(test_head_dims),
         cmocka_unit_test(test_every_head_dim),

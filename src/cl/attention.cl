@@ -486,18 +486,27 @@ inline float attn_dot4(float4 a, float4 b, float acc)
         }                                                                                         \
     }
 
+#ifdef LLMCL_NV_PTX
+/* The maximum, and the sum, over groups of `lanes` consecutive lanes of a warp (a power of two). */
+#define ATTN_LANES(NAME, OP)                                                                      \
+    inline float NAME(float v, int lanes)                                                         \
+    {                                                                                             \
+        for (int o = 1; o < lanes; o <<= 1) {                                                     \
+            float t;                                                                              \
+            asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;"                       \
+                         : "=f"(t)                                                                \
+                         : "f"(v), "r"(o));                                                       \
+            v = OP(v, t);                                                                         \
+        }                                                                                         \
+        return v;                                                                                 \
+    }
+ATTN_LANES(attn_lanes_max, fmax)
+ATTN_LANES(attn_lanes_sum, LLMCL_ADD)
+#endif
+
+/* attn_fwd's rows of CT work-items are consecutive lanes of one warp: shuffles find their maxima. */
 #if defined(LLMCL_NV_PTX) && (CT & (CT - 1)) == 0 && (RT * CT) % 32 == 0
 #define ATTN_SHFL 1
-/* The maximum over the CT work-items of a row: consecutive lanes of one warp. */
-inline float attn_row_max(float v)
-{
-    for (int o = 1; o < CT; o <<= 1) {
-        float t;
-        asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(t) : "f"(v), "r"(o));
-        v = fmax(v, t);
-    }
-    return v;
-}
 #else
 #define ATTN_SHFL 0
 #endif
@@ -632,7 +641,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
 
         for (int a = 0; a < TM; ++a) {
 #if ATTN_SHFL
-            const float mn = fmax(m[a], attn_row_max(pm[a]));
+            const float mn = fmax(m[a], attn_lanes_max(pm[a], CT));
 #else
             const int r = ty + a * RT;
             float mn = m[a];
@@ -699,6 +708,501 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
     }
 }
 #undef vs
+#endif
+
+#if defined(LLMCL_NV_MMA) && (!defined(ATTN_ONLY) || ATTN_ONLY >= 5)
+/*
+ * The tensor-core kernels (mma.cl; bf16 or f16, D 32, 64 or 128, every offset and stride of the
+ * loaded operands a multiple of 8 elements) follow FlashAttention-2.
+ *
+ * attn_fwd_mma: a work-group of
+ * BLOCK_M / 16 warps takes BLOCK_M query rows, each warp 16 of them with their Q fragments in
+ * registers. K and V tiles of BLOCK_N keys pass through swizzled local tiles by cp.async: V's copy
+ * runs under S = Q K^T and the softmax, the next K's under O += P V. S and O accumulate in f32
+ * registers; P goes from S's accumulators into A fragments (rounded to the storage dtype, as
+ * FlashAttention does) without touching local memory. A lane holds rows g and g + 8 of its warp's
+ * 16: quad shuffles give the rows' maxima, and the sums stay per lane until the end.
+ */
+#define MMA_RD (D / 8)       /* 16-byte chunks a row: D a power of two from 32 */
+#define MMA_NT (BLOCK_N / 8) /* 8-key column tiles of S */
+#define MMA_OT (D / 8)       /* 8-wide column tiles of O */
+#define MMA_THREADS (32 * (BLOCK_M / 16)) /* a warp per 16 query rows (per 16 keys in dK/dV) */
+#define MMA_K_THREADS (32 * (BLOCK_N / 16))
+#define attn_mma LLMCL_CAT(mma_16816_, IO_DT)
+
+inline uint attn_pack2_BF16(float lo, float hi) { return bf16x2_rn(lo, hi); }
+inline uint attn_pack2_F16(float lo, float hi)
+{
+    uint r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#define attn_pack2 LLMCL_CAT(attn_pack2_, IO_DT)
+
+/*
+ * rows x D elements from src (row stride ld) into the swizzled tile at dst, zeros past valid rows;
+ * nt work-items share the copy. Complete after mma_cp_commit and mma_cp_wait.
+ */
+inline void attn_mma_tile(uint dst, const __global ushort *src, long ld, int rows, int valid,
+                          int lid, int nt)
+{
+    if (valid >= rows)
+        mma_copy_tile(dst, src, ld, rows, MMA_RD, lid, nt);
+    else
+        mma_load_tile(dst, src, ld, rows, MMA_RD, max(valid, 0), D, lid, nt, 1);
+}
+
+/*
+ * The A fragment of 16 rows x 16 columns of a matrix held in two 16 x 8 accumulator tiles (the
+ * lane's (g, 2t..) and (g + 8, 2t..) of columns 0-7 in lo, of columns 8-15 in hi), rounded to the
+ * storage dtype: how P and dS feed the next product without a trip through local memory.
+ */
+inline uint4 attn_acc_to_a(float4 lo, float4 hi)
+{
+    return (uint4)(attn_pack2(lo.x, lo.y), attn_pack2(lo.z, lo.w), attn_pack2(hi.x, hi.y),
+                   attn_pack2(hi.z, hi.w));
+}
+
+#if !defined(ATTN_ONLY) || ATTN_ONLY == 5
+__kernel __attribute__((reqd_work_group_size(MMA_THREADS, 1, 1))) void
+attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
+             const __global io_t *v, ulong v_off, __global io_t *o, ulong o_off,
+             __global float *lse, ulong lse_off, const __global int *cu_q, ulong cu_q_off,
+             const __global int *cu_k, ulong cu_k_off, int tq_all, int tk_all, int nb, int hq,
+             int group, long sq_b, long sq_h, long sq_t, long sk_b, long sk_h, long sk_t,
+             long sv_b, long sv_h, long sv_t, long so_b, long so_h, long so_t, long sl_b,
+             long sl_h, float scale, float softcap, int wl, int wr)
+{
+    __local ushort qs[BLOCK_M * D] __attribute__((aligned(128)));
+    __local ushort ks[BLOCK_N * D] __attribute__((aligned(128)));
+    __local ushort vs[BLOCK_N * D] __attribute__((aligned(128)));
+    const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
+    const attn_place at = attn_place_of(nb, hq, true);
+    const int b = at.b, h = at.h, hk = h / group;
+    const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
+    const int m0 = at.tile * BLOCK_M;
+    if (m0 >= sq.tq)
+        return;
+    const long qb = attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0);
+    const long kb = attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0);
+    const long vb = attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0);
+    const uint qa = mma_smem(qs), ka = mma_smem(ks), va = mma_smem(vs);
+
+    int n_lo, n_hi;
+    attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
+    attn_mma_tile(qa, q + qb, sq_t, BLOCK_M, sq.tq - m0, lid, MMA_THREADS);
+    if (n_lo < n_hi)
+        attn_mma_tile(ka, k + kb + n_lo * sk_t, sk_t, BLOCK_N, sq.tk - n_lo, lid, MMA_THREADS);
+    mma_cp_commit();
+    mma_cp_wait(0);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint4 qf[D / 16];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        qf[kk] = mma_frag_a(qa, warp * 16, kk * 16, MMA_RD, 1, lane);
+
+    float4 acc[MMA_OT];
+#pragma unroll
+    for (int e = 0; e < MMA_OT; ++e)
+        acc[e] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+    const int r0 = m0 + warp * 16 + g; /* this lane's rows: r0 and r0 + 8 */
+
+    for (int n0 = n_lo; n0 < n_hi; n0 += BLOCK_N) {
+        attn_mma_tile(va, v + vb + n0 * sv_t, sv_t, BLOCK_N, sq.tk - n0, lid, MMA_THREADS);
+        mma_cp_commit();
+
+        float4 s[MMA_NT];
+#pragma unroll
+        for (int j = 0; j < MMA_NT; ++j)
+            s[j] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+            for (int j = 0; j < MMA_NT; j += 2) {
+                const uint4 bf = mma_frag_b2(ka, j * 8, kk * 16, MMA_RD, 1, lane);
+                s[j] = attn_mma(s[j], qf[kk], bf.xy);
+                s[j + 1] = attn_mma(s[j + 1], qf[kk], bf.zw);
+            }
+
+        const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < MMA_NT; ++j) {
+            float x[4] = {s[j].x, s[j].y, s[j].z, s[j].w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = r0 + (e >> 1) * 8, col = n0 + j * 8 + 2 * t4 + (e & 1);
+                x[e] = attn_logit(x[e], scale, softcap) * M_LOG2E_F;
+                if (masked && !attn_visible(row, col, sq.tq, sq.tk, wl, wr))
+                    x[e] = -INFINITY;
+                mx[e >> 1] = fmax(mx[e >> 1], x[e]);
+            }
+            s[j] = (float4)(x[0], x[1], x[2], x[3]);
+        }
+        float mu[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const float mn = fmax(mrow[i], attn_lanes_max(mx[i], 4));
+            mu[i] = mn == -INFINITY ? 0.0f : mn; /* a row with no key yet: p = 0 */
+            const float alpha = exp2(mrow[i] - mu[i]);
+            lrow[i] *= alpha;
+            mrow[i] = mn;
+#pragma unroll
+            for (int e = 0; e < MMA_OT; ++e) {
+                if (i == 0)
+                    acc[e].xy *= alpha;
+                else
+                    acc[e].zw *= alpha;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < MMA_NT; ++j) {
+            s[j] = (float4)(exp2(s[j].x - mu[0]), exp2(s[j].y - mu[0]), exp2(s[j].z - mu[1]),
+                            exp2(s[j].w - mu[1]));
+            lrow[0] += s[j].x + s[j].y;
+            lrow[1] += s[j].z + s[j].w;
+        }
+        uint4 pf[BLOCK_N / 16];
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 16; ++j)
+            pf[j] = attn_acc_to_a(s[2 * j], s[2 * j + 1]);
+
+        mma_cp_wait(0); /* V is in, and after the barrier no warp reads K any more */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (n0 + BLOCK_N < n_hi)
+            attn_mma_tile(ka, k + kb + (n0 + BLOCK_N) * sk_t, sk_t, BLOCK_N,
+                          sq.tk - n0 - BLOCK_N, lid, MMA_THREADS);
+        mma_cp_commit();
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 16; ++j)
+#pragma unroll
+            for (int e = 0; e < MMA_OT; e += 2) {
+                const uint4 bf = mma_frag_b2(va, e * 8, j * 16, MMA_RD, 0, lane);
+                acc[e] = attn_mma(acc[e], pf[j], bf.xy);
+                acc[e + 1] = attn_mma(acc[e + 1], pf[j], bf.zw);
+            }
+        mma_cp_wait(0); /* the next K is in, and no warp reads V any more */
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+
+    const long ob = attn_row(o_off, so_b, so_h, so_t, b, h, sq.q0);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int row = r0 + i * 8;
+        const float lr = attn_lanes_sum(lrow[i], 4);
+        if (row >= sq.tq)
+            continue;
+        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+#pragma unroll
+        for (int e = 0; e < MMA_OT; ++e) {
+            const float2 x = (i ? acc[e].zw : acc[e].xy) * inv;
+            const long at_o = ob + row * so_t + e * 8 + 2 * t4;
+            STORE(IO_DT, o, at_o, x.x);
+            STORE(IO_DT, o, at_o + 1, x.y);
+        }
+        if (t4 == 0)
+            lse[lse_off + b * sl_b + h * sl_h + sq.q0 + row] =
+                lr > 0.0f ? (mrow[i] + log2(lr)) * M_LN2_F : -INFINITY;
+    }
+}
+#endif
+
+/* Row statistics of the backward in log2 units: lse (+inf where no key is seen, so p = 0). */
+inline float attn_lse2(float x) { return x == -INFINITY ? INFINITY : x * M_LOG2E_F; }
+
+/* dS of one score: p (dp - delta) times the logit's derivative, from the raw product x. */
+inline float2 attn_p_ds(float x, float lse2, float dp, float dl, float scale, float softcap,
+                        bool visible)
+{
+    const float logit = attn_logit(x, scale, softcap);
+    const float p = visible ? exp2(logit * M_LOG2E_F - lse2) : 0.0f;
+    return (float2)(p, p * (dp - dl) * attn_dlogit(logit, scale, softcap));
+}
+
+#if !defined(ATTN_ONLY) || ATTN_ONLY == 7
+/*
+ * attn_bwd_dq_mma: dQ = dS K for BLOCK_M query rows of one head, a warp per 16 of them with their
+ * Q and dO fragments in registers (staged once through local memory). Per tile of BLOCK_N keys:
+ * S = Q K^T and dP = dO V^T on tensor cores, P and dS in registers, dS (rounded to the storage
+ * dtype) into A fragments, dQ += dS K. The next tile's K and V are copied while the current dQ
+ * product runs.
+ */
+__kernel __attribute__((reqd_work_group_size(MMA_THREADS, 1, 1))) void
+attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
+                const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,
+                const __global float *lse, ulong lse_off, const __global float *delta,
+                ulong delta_off, __global io_t *dq, ulong dq_off, const __global int *cu_q,
+                ulong cu_q_off, const __global int *cu_k, ulong cu_k_off, int tq_all, int tk_all,
+                int nb, int hq, int group, long sq_b, long sq_h, long sq_t, long sk_b, long sk_h,
+                long sk_t, long sv_b, long sv_h, long sv_t, long sd_b, long sd_h, long sd_t,
+                long sg_b, long sg_h, long sg_t, long sl_b, long sl_h, float scale, float softcap,
+                int wl, int wr)
+{
+    __local ushort qs[BLOCK_M * D] __attribute__((aligned(128)));
+    __local ushort ks[BLOCK_N * D] __attribute__((aligned(128)));
+    __local ushort vs[BLOCK_N * D] __attribute__((aligned(128)));
+    const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
+    const attn_place at = attn_place_of(nb, hq, true);
+    const int b = at.b, h = at.h, hk = h / group;
+    const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
+    const int m0 = at.tile * BLOCK_M;
+    if (m0 >= sq.tq)
+        return;
+    const long kb = attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0);
+    const long vb = attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0);
+    const uint qa = mma_smem(qs), ka = mma_smem(ks), va = mma_smem(vs);
+
+    uint4 qf[D / 16], df[D / 16];
+    attn_mma_tile(qa, q + attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0), sq_t, BLOCK_M,
+                  sq.tq - m0, lid, MMA_THREADS);
+    mma_cp_commit();
+    mma_cp_wait(0);
+    barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        qf[kk] = mma_frag_a(qa, warp * 16, kk * 16, MMA_RD, 1, lane);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    attn_mma_tile(qa, dout + attn_row(do_off, sd_b, sd_h, sd_t, b, h, sq.q0 + m0), sd_t, BLOCK_M,
+                  sq.tq - m0, lid, MMA_THREADS);
+    int n_lo, n_hi;
+    attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
+    if (n_lo < n_hi) {
+        attn_mma_tile(ka, k + kb + n_lo * sk_t, sk_t, BLOCK_N, sq.tk - n_lo, lid, MMA_THREADS);
+        attn_mma_tile(va, v + vb + n_lo * sv_t, sv_t, BLOCK_N, sq.tk - n_lo, lid, MMA_THREADS);
+    }
+    mma_cp_commit();
+    mma_cp_wait(0);
+    barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        df[kk] = mma_frag_a(qa, warp * 16, kk * 16, MMA_RD, 1, lane);
+
+    const int r0 = m0 + warp * 16 + g; /* this lane's rows: r0 and r0 + 8 */
+    const long lb = lse_off + b * sl_b + h * sl_h + sq.q0, db = delta_off + b * sl_b + h * sl_h + sq.q0;
+    float lse2[2], dl[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int row = r0 + 8 * i;
+        lse2[i] = row < sq.tq ? attn_lse2(lse[lb + row]) : INFINITY;
+        dl[i] = row < sq.tq ? delta[db + row] : 0.0f;
+    }
+    float4 acc[MMA_OT];
+#pragma unroll
+    for (int e = 0; e < MMA_OT; ++e)
+        acc[e] = 0.0f;
+
+    for (int n0 = n_lo; n0 < n_hi; n0 += BLOCK_N) {
+        float4 s[MMA_NT], dp[MMA_NT];
+#pragma unroll
+        for (int j = 0; j < MMA_NT; ++j)
+            s[j] = dp[j] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+            for (int j = 0; j < MMA_NT; j += 2) {
+                const uint4 kf = mma_frag_b2(ka, j * 8, kk * 16, MMA_RD, 1, lane);
+                const uint4 vf = mma_frag_b2(va, j * 8, kk * 16, MMA_RD, 1, lane);
+                s[j] = attn_mma(s[j], qf[kk], kf.xy);
+                s[j + 1] = attn_mma(s[j + 1], qf[kk], kf.zw);
+                dp[j] = attn_mma(dp[j], df[kk], vf.xy);
+                dp[j + 1] = attn_mma(dp[j + 1], df[kk], vf.zw);
+            }
+        const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
+#pragma unroll
+        for (int j = 0; j < MMA_NT; ++j) {
+            float x[4] = {s[j].x, s[j].y, s[j].z, s[j].w}, y[4] = {dp[j].x, dp[j].y, dp[j].z, dp[j].w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = e >> 1, row = r0 + 8 * i, col = n0 + j * 8 + 2 * t4 + (e & 1);
+                const bool vis = !masked || attn_visible(row, col, sq.tq, sq.tk, wl, wr);
+                x[e] = attn_p_ds(x[e], lse2[i], y[e], dl[i], scale, softcap, vis).y;
+            }
+            s[j] = (float4)(x[0], x[1], x[2], x[3]); /* now dS */
+        }
+        uint4 dsf[BLOCK_N / 16];
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 16; ++j)
+            dsf[j] = attn_acc_to_a(s[2 * j], s[2 * j + 1]);
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 16; ++j)
+#pragma unroll
+            for (int e = 0; e < MMA_OT; e += 2) {
+                const uint4 bf = mma_frag_b2(ka, e * 8, j * 16, MMA_RD, 0, lane);
+                acc[e] = attn_mma(acc[e], dsf[j], bf.xy);
+                acc[e + 1] = attn_mma(acc[e + 1], dsf[j], bf.zw);
+            }
+        barrier(CLK_LOCAL_MEM_FENCE); /* no warp reads this tile's K and V any more */
+        if (n0 + BLOCK_N < n_hi) {
+            attn_mma_tile(ka, k + kb + (n0 + BLOCK_N) * sk_t, sk_t, BLOCK_N, sq.tk - n0 - BLOCK_N,
+                          lid, MMA_THREADS);
+            attn_mma_tile(va, v + vb + (n0 + BLOCK_N) * sv_t, sv_t, BLOCK_N, sq.tk - n0 - BLOCK_N,
+                          lid, MMA_THREADS);
+        }
+        mma_cp_commit();
+        mma_cp_wait(0);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+
+    const long gb = attn_row(dq_off, sg_b, sg_h, sg_t, b, h, sq.q0);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int row = r0 + 8 * i;
+        if (row >= sq.tq)
+            continue;
+#pragma unroll
+        for (int e = 0; e < MMA_OT; ++e) {
+            const float2 x = i ? acc[e].zw : acc[e].xy;
+            const long at_g = gb + row * sg_t + e * 8 + 2 * t4;
+            STORE(IO_DT, dq, at_g, x.x);
+            STORE(IO_DT, dq, at_g + 1, x.y);
+        }
+    }
+}
+#endif
+
+#if !defined(ATTN_ONLY) || ATTN_ONLY == 6
+/*
+ * attn_bwd_dkdv_mma: dK and dV for BLOCK_N keys of one KV head, a warp per 16 of them with their K
+ * and V fragments in registers, over every query head of the group and every query tile of
+ * BLOCK_M rows (fixed order: deterministic). Per tile, on tensor cores: S^T = K Q^T and
+ * dP^T = V dO^T, then P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q.
+ */
+#define MMA_MT (BLOCK_M / 8) /* 8-query column tiles of S^T */
+__kernel __attribute__((reqd_work_group_size(MMA_K_THREADS, 1, 1))) void
+attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
+                  const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,
+                  const __global float *lse, ulong lse_off, const __global float *delta,
+                  ulong delta_off, __global io_t *dk, ulong dk_off, __global io_t *dv,
+                  ulong dv_off, const __global int *cu_q, ulong cu_q_off, const __global int *cu_k,
+                  ulong cu_k_off, int tq_all, int tk_all, int nb, int hkv, int group, long sq_b,
+                  long sq_h, long sq_t, long sk_b, long sk_h, long sk_t, long sv_b, long sv_h,
+                  long sv_t, long sd_b, long sd_h, long sd_t, long sgk_b, long sgk_h,
+                  long sgk_t, long sgv_b, long sgv_h, long sgv_t, long sl_b, long sl_h,
+                  float scale, float softcap, int wl, int wr)
+{
+    /* Q and dO tiles, one after the other; K and V pass through them once, at the start */
+    __local ushort qd[2 * BLOCK_M * D] __attribute__((aligned(128)));
+    __local float lse2s[BLOCK_M], dls[BLOCK_M];
+    const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
+    const attn_place at = attn_place_of(nb, hkv, false);
+    const int b = at.b, hk = at.h;
+    const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
+    const int n0 = at.tile * BLOCK_N;
+    if (n0 >= sq.tk)
+        return;
+    const uint qa = mma_smem(qd), da = qa + BLOCK_M * D * 2;
+
+    uint4 kf[D / 16], vf[D / 16];
+    attn_mma_tile(qa, k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0 + n0), sk_t, BLOCK_N,
+                  sq.tk - n0, lid, MMA_K_THREADS);
+    mma_cp_commit();
+    mma_cp_wait(0);
+    barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        kf[kk] = mma_frag_a(qa, warp * 16, kk * 16, MMA_RD, 1, lane);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    attn_mma_tile(qa, v + attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0 + n0), sv_t, BLOCK_N,
+                  sq.tk - n0, lid, MMA_K_THREADS);
+    mma_cp_commit();
+    mma_cp_wait(0);
+    barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        vf[kk] = mma_frag_a(qa, warp * 16, kk * 16, MMA_RD, 1, lane);
+
+    float4 gk[MMA_OT], gv[MMA_OT];
+#pragma unroll
+    for (int e = 0; e < MMA_OT; ++e)
+        gk[e] = gv[e] = 0.0f;
+    const int c0 = n0 + warp * 16 + g; /* this lane's keys: c0 and c0 + 8 */
+    int m_lo, m_hi;
+    attn_query_range(n0, BLOCK_N, sq.tq, sq.tk, wl, wr, &m_lo, &m_hi);
+    const int ntiles = m_hi > m_lo ? (m_hi - m_lo + BLOCK_M - 1) / BLOCK_M : 0;
+    for (int t = 0; t < group * ntiles; ++t) {
+        const int gi = t / ntiles, m0 = m_lo + (t - gi * ntiles) * BLOCK_M, h = hk * group + gi;
+        const long lb = b * sl_b + h * sl_h + sq.q0;
+        barrier(CLK_LOCAL_MEM_FENCE); /* no warp reads the last tiles any more */
+        attn_mma_tile(qa, q + attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0), sq_t, BLOCK_M,
+                      sq.tq - m0, lid, MMA_K_THREADS);
+        attn_mma_tile(da, dout + attn_row(do_off, sd_b, sd_h, sd_t, b, h, sq.q0 + m0), sd_t,
+                      BLOCK_M, sq.tq - m0, lid, MMA_K_THREADS);
+        mma_cp_commit();
+        for (int i = lid; i < BLOCK_M; i += MMA_K_THREADS) {
+            const bool in = m0 + i < sq.tq;
+            lse2s[i] = in ? attn_lse2(lse[lse_off + lb + m0 + i]) : INFINITY;
+            dls[i] = in ? delta[delta_off + lb + m0 + i] : 0.0f;
+        }
+        mma_cp_wait(0);
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        float4 st[MMA_MT], dpt[MMA_MT];
+#pragma unroll
+        for (int j = 0; j < MMA_MT; ++j)
+            st[j] = dpt[j] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+            for (int j = 0; j < MMA_MT; j += 2) {
+                const uint4 qb2 = mma_frag_b2(qa, j * 8, kk * 16, MMA_RD, 1, lane);
+                const uint4 db2 = mma_frag_b2(da, j * 8, kk * 16, MMA_RD, 1, lane);
+                st[j] = attn_mma(st[j], kf[kk], qb2.xy);
+                st[j + 1] = attn_mma(st[j + 1], kf[kk], qb2.zw);
+                dpt[j] = attn_mma(dpt[j], vf[kk], db2.xy);
+                dpt[j + 1] = attn_mma(dpt[j + 1], vf[kk], db2.zw);
+            }
+        const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
+#pragma unroll
+        for (int j = 0; j < MMA_MT; ++j) {
+            float x[4] = {st[j].x, st[j].y, st[j].z, st[j].w};
+            float y[4] = {dpt[j].x, dpt[j].y, dpt[j].z, dpt[j].w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = c0 + (e >> 1) * 8, i = j * 8 + 2 * t4 + (e & 1);
+                const bool vis = !masked || attn_visible(m0 + i, key, sq.tq, sq.tk, wl, wr);
+                const float2 pds = attn_p_ds(x[e], lse2s[i], y[e], dls[i], scale, softcap, vis);
+                x[e] = pds.x;
+                y[e] = pds.y;
+            }
+            st[j] = (float4)(x[0], x[1], x[2], x[3]);   /* P^T */
+            dpt[j] = (float4)(y[0], y[1], y[2], y[3]); /* dS^T */
+        }
+#pragma unroll
+        for (int j = 0; j < BLOCK_M / 16; ++j) {
+            const uint4 pf = attn_acc_to_a(st[2 * j], st[2 * j + 1]);
+            const uint4 sf = attn_acc_to_a(dpt[2 * j], dpt[2 * j + 1]);
+#pragma unroll
+            for (int e = 0; e < MMA_OT; e += 2) {
+                const uint4 dob = mma_frag_b2(da, e * 8, j * 16, MMA_RD, 0, lane);
+                const uint4 qbf = mma_frag_b2(qa, e * 8, j * 16, MMA_RD, 0, lane);
+                gv[e] = attn_mma(gv[e], pf, dob.xy);
+                gv[e + 1] = attn_mma(gv[e + 1], pf, dob.zw);
+                gk[e] = attn_mma(gk[e], sf, qbf.xy);
+                gk[e + 1] = attn_mma(gk[e + 1], sf, qbf.zw);
+            }
+        }
+    }
+
+    const long kgb = attn_row(dk_off, sgk_b, sgk_h, sgk_t, b, hk, sq.k0);
+    const long vgb = attn_row(dv_off, sgv_b, sgv_h, sgv_t, b, hk, sq.k0);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int key = c0 + 8 * i;
+        if (key >= sq.tk)
+            continue;
+#pragma unroll
+        for (int e = 0; e < MMA_OT; ++e) {
+            const float2 x = i ? gk[e].zw : gk[e].xy, y = i ? gv[e].zw : gv[e].xy;
+            const long ak = kgb + key * sgk_t + e * 8 + 2 * t4, av = vgb + key * sgv_t + e * 8 + 2 * t4;
+            STORE(IO_DT, dk, ak, x.x);
+            STORE(IO_DT, dk, ak + 1, x.y);
+            STORE(IO_DT, dv, av, y.x);
+            STORE(IO_DT, dv, av + 1, y.y);
+        }
+    }
+}
+#endif
 #endif
 
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 2

@@ -95,7 +95,8 @@ static llmcl_status load_one(llmcl_ctx *ctx, const char *family, family_source *
 static bool uses_mma(const llmcl_ctx *ctx, const char *family)
 {
     return ctx && ctx->info.has_mma &&
-           (strcmp(family, "matmul") == 0 || strcmp(family, "ceilings") == 0);
+           (strcmp(family, "matmul") == 0 || strcmp(family, "ceilings") == 0 ||
+            strcmp(family, "attention") == 0);
 }
 
 llmcl_status llmcl__kernel_source(llmcl_ctx *ctx, const char *family, char **out, size_t *len)

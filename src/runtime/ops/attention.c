@@ -11,13 +11,23 @@
 #include "src/runtime/internal.h"
 
 /* The kernels of attention.cl, numbered as its ATTN_ONLY switch. */
-typedef enum attn_kernel { ATTN_FWD = 1, ATTN_PRE, ATTN_DQ, ATTN_DKDV } attn_kernel;
+typedef enum attn_kernel {
+    ATTN_FWD = 1,
+    ATTN_PRE,
+    ATTN_DQ,
+    ATTN_DKDV,
+    ATTN_FWD_MMA,
+    ATTN_DKDV_MMA,
+    ATTN_DQ_MMA
+} attn_kernel;
 
-static const char *const attn_kernel_name[] = {"", "attn_fwd", "attn_bwd_pre", "attn_bwd_dq",
-                                               "attn_bwd_dkdv"};
+static const char *const attn_kernel_name[] = {
+    "", "attn_fwd", "attn_bwd_pre", "attn_bwd_dq", "attn_bwd_dkdv", "attn_fwd_mma",
+    "attn_bwd_dkdv_mma", "attn_bwd_dq_mma"};
 /* Tuning database keys. */
-static const char *const attn_tune_key[] = {"", "attention_fwd", "attention_bwd_pre",
-                                            "attention_bwd_dq", "attention_bwd_dkdv"};
+static const char *const attn_tune_key[] = {
+    "", "attention_fwd", "attention_bwd_pre", "attention_bwd_dq", "attention_bwd_dkdv",
+    "attention_fwd_mma", "attention_bwd_dkdv_mma", "attention_bwd_dq_mma"};
 
 /* Everything the kernels need to know about one call, validated. */
 typedef struct attn_geom {
@@ -29,14 +39,16 @@ typedef struct attn_geom {
     float scale, softcap;
     const llmcl_tensor *cu_q, *cu_k;
     bool aligned4; /* every offset and stride of the loaded operands a multiple of 4 elements */
+    bool aligned8; /* ... of 8 elements: 16-byte rows for cp.async */
+    bool mma;      /* the backward runs on tensor cores */
 } attn_geom;
 
-/* Whether t's offset and strides (past the unit-stride last one) are multiples of 4 elements. */
-static bool attn_aligned4(const llmcl_tensor *t)
+/* Whether t's offset and strides (past the unit-stride last one) are multiples of n elements. */
+static bool attn_aligned(const llmcl_tensor *t, int64_t n)
 {
-    bool ok = t->offset % 4 == 0;
+    bool ok = t->offset % n == 0;
     for (int i = 0; i + 1 < t->ndim; ++i)
-        ok = ok && t->strides[i] % 4 == 0;
+        ok = ok && t->strides[i] % n == 0;
     return ok;
 }
 
@@ -431,6 +443,60 @@ static llmcl_status attn_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kern
     return LLMCL_OK;
 }
 
+/*
+ * The tensor-core kernels: bf16 or f16 on a device with tensor cores, a head dim whose rows are a
+ * power of two of 16-byte chunks (32, 64, 128), and loaded operands whose rows start on 16 bytes
+ * for cp.async. Other calls take the portable kernels (LLMCL_LOG says so).
+ */
+static bool attn_mma_fits(const llmcl_ctx *ctx, const attn_geom *g)
+{
+    const bool fits = ctx->info.has_mma && g->dtype != LLMCL_F32 &&
+                      (g->D == 32 || g->D == 64 || g->D == 128) && g->aligned8;
+    if (!fits && ctx->info.has_mma)
+        llmcl__log("attention: the portable kernels run (%s, D=%d, %s)",
+                   llmcl_dtype_name(g->dtype), g->D,
+                   g->aligned8 ? "rows aligned" : "offsets or strides not multiples of 8");
+    return fits;
+}
+
+/*
+ * The tiles of a tensor-core kernel: BLOCK_M query rows and BLOCK_N keys, multiples of 16, a warp
+ * per 16 rows (16 keys in attn_bwd_dkdv_mma), within local memory and the work-group limit; the
+ * defaults keep the registers of D = 128 in bounds. Tuned values that do not fit fall back to the
+ * defaults unless overridden.
+ */
+static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
+                                       const char *cls, llmcl__params *p, attn_tiles *tiles)
+{
+    const bool dkdv = kern == ATTN_DKDV_MMA, wide = g->D > 64;
+    const long def_m = kern == ATTN_FWD_MMA ? (wide ? 64 : 128) : dkdv && wide ? 32 : 64;
+    const long def_n = kern == ATTN_DQ_MMA && wide ? 32 : 64;
+    llmcl__param_set(p, "BLOCK_M", def_m);
+    llmcl__param_set(p, "BLOCK_N", def_n);
+    const bool overridden = llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
+    long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
+    const uint64_t d2 = 2u * (uint64_t)g->D;
+    const uint64_t bytes = dkdv ? d2 * 2u * (uint64_t)bm + 8u * (uint64_t)bm
+                                : d2 * (uint64_t)(bm + 2 * bn);
+    const long warps = (dkdv ? bn : bm) / 16;
+    bool ok = bm >= 16 && bm % 16 == 0 && bn >= 16 && bn % 16 == 0 &&
+              (size_t)warps * 32 <= ctx->info.max_work_group_size &&
+              bytes <= ctx->info.local_mem_bytes && (!dkdv || bn <= 2 * bm);
+    if (!ok && !overridden) {
+        bm = def_m, bn = def_n, ok = true;
+        llmcl__param_set(p, "BLOCK_M", bm);
+        llmcl__param_set(p, "BLOCK_N", bn);
+    }
+    LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
+                   "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld with D=%d need multiples of 16, "
+                   "at most %zu work-items and %llu bytes of local memory%s",
+                   attn_kernel_name[kern], bm, bn, g->D, ctx->info.max_work_group_size,
+                   (unsigned long long)ctx->info.local_mem_bytes,
+                   dkdv ? ", and BLOCK_N <= 2 BLOCK_M" : "");
+    *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = 16, .tn = (int)bn, .run = 1};
+    return LLMCL_OK;
+}
+
 /* The built kernel with its tiles and its work-group size; the head dim is the tuning size key. */
 static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
                                     cl_kernel *out, attn_tiles *tiles, size_t *wg)
@@ -446,6 +512,9 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
                        LLMCL_ERROR_UNSUPPORTED, "attention: PRE_WG %ld is outside [1, %zu]", w,
                        ctx->info.max_work_group_size);
         *wg = (size_t)w;
+    } else if (kern >= ATTN_FWD_MMA) {
+        LLMCL__TRY(attn_mma_tiles_get(ctx, g, kern, cls, &p, tiles));
+        *wg = (size_t)((kern == ATTN_DKDV_MMA ? tiles->bn : tiles->bm) / 16) * 32;
     } else {
         LLMCL__TRY(attn_tiles_get(ctx, g, kern, cls, &p, tiles));
         *wg = (size_t)(tiles->bm / tiles->tm) * (size_t)(tiles->bn / tiles->tn);
@@ -527,7 +596,7 @@ static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, attn_k
     attn_tiles t;
     size_t wg;
     LLMCL__TRY(attn_kernel_get(ctx, g, which, &kern, &t, &wg));
-    const bool by_keys = which == ATTN_DKDV;
+    const bool by_keys = which == ATTN_DKDV || which == ATTN_DKDV_MMA;
     const int heads = by_keys ? g->Hkv : g->Hq;
     const int64_t tiles = by_keys ? llmcl__div_up(g->Tk, t.bn) : llmcl__div_up(g->Tq, t.bm);
     /* The kernels count work-groups, and runs of TILE_RUN tiles of every head, in 32 bits. */
@@ -565,11 +634,13 @@ llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, cons
     const llmcl_tensor *outs[] = {o, lse}, *ins[] = {q, k, v};
     const char *out_names[] = {"o", "lse"}, *in_names[] = {"q", "k", "v"};
     LLMCL__TRY(attn_check_disjoint(ctx, outs, out_names, 2, ins, in_names, 3));
-    g.aligned4 = attn_aligned4(q) && attn_aligned4(k) && attn_aligned4(v);
+    g.aligned4 = attn_aligned(q, 4) && attn_aligned(k, 4) && attn_aligned(v, 4);
+    g.aligned8 = attn_aligned(q, 8) && attn_aligned(k, 8) && attn_aligned(v, 8);
     if ((int64_t)g.B * g.Hq * g.Tq == 0)
         return LLMCL_OK;
     const llmcl_tensor *ts[] = {q, k, v, o, lse};
-    return attn_launch_tiled(ctx, &g, ATTN_FWD, ts, 5, lse, NULL);
+    return attn_launch_tiled(ctx, &g, attn_mma_fits(ctx, &g) ? ATTN_FWD_MMA : ATTN_FWD, ts, 5, lse,
+                             NULL);
 }
 
 static llmcl_status attn_launch_pre(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *o,
@@ -600,7 +671,7 @@ static llmcl_status attn_launch_dq(llmcl_ctx *ctx, const attn_geom *g, const llm
                                    const llmcl_tensor *delta, llmcl_tensor *dq)
 {
     const llmcl_tensor *ts[] = {q, k, v, dout, lse, delta, dq};
-    return attn_launch_tiled(ctx, g, ATTN_DQ, ts, 7, lse, delta);
+    return attn_launch_tiled(ctx, g, g->mma ? ATTN_DQ_MMA : ATTN_DQ, ts, 7, lse, delta);
 }
 
 static llmcl_status attn_launch_dkdv(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *q,
@@ -609,7 +680,7 @@ static llmcl_status attn_launch_dkdv(llmcl_ctx *ctx, const attn_geom *g, const l
                                      const llmcl_tensor *delta, llmcl_tensor *dk, llmcl_tensor *dv)
 {
     const llmcl_tensor *ts[] = {q, k, v, dout, lse, delta, dk, dv};
-    return attn_launch_tiled(ctx, g, ATTN_DKDV, ts, 8, lse, delta);
+    return attn_launch_tiled(ctx, g, g->mma ? ATTN_DKDV_MMA : ATTN_DKDV, ts, 8, lse, delta);
 }
 
 llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q, const llmcl_tensor *k,
@@ -629,7 +700,11 @@ llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q, con
     const llmcl_tensor *outs[] = {dq, dk, dv}, *ins[] = {q, k, v, o, lse, dout};
     const char *out_names[] = {"dq", "dk", "dv"}, *in_names[] = {"q", "k", "v", "o", "lse", "dout"};
     LLMCL__TRY(attn_check_disjoint(ctx, outs, out_names, 3, ins, in_names, 6));
-    g.aligned4 = attn_aligned4(q) && attn_aligned4(k) && attn_aligned4(v) && attn_aligned4(dout);
+    g.aligned4 =
+        attn_aligned(q, 4) && attn_aligned(k, 4) && attn_aligned(v, 4) && attn_aligned(dout, 4);
+    g.aligned8 =
+        attn_aligned(q, 8) && attn_aligned(k, 8) && attn_aligned(v, 8) && attn_aligned(dout, 8);
+    g.mma = attn_mma_fits(ctx, &g);
 
     /*
      * Empty sides: with no queries dk and dv come out zero from attn_bwd_dkdv's empty loops, and
