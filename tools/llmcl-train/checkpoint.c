@@ -33,7 +33,7 @@ static int shape_entries(const model_config *c, shape_entry e[10])
 
 static llmcl_status add_state(llmcl_safetensors_writer *w, const model_param *p)
 {
-    char name[96];
+    char name[128];
     TRY(llmcl_safetensors_writer_add_tensor(w, p->name, p->master));
     snprintf(name, sizeof name, "optimizer.m.%s", p->name);
     TRY(llmcl_safetensors_writer_add_tensor(w, name, p->m));
@@ -90,7 +90,7 @@ static llmcl_status check_compatible(const llmcl_safetensors *st, const model *m
     for (int i = 0; i < m->n_params; ++i) {
         const model_param *p = &m->params[i];
         for (int k = 0; k < 3; ++k) {
-            char name[96];
+            char name[128];
             llmcl_safetensors_info info;
             snprintf(name, sizeof name, "%s%s", prefixes[k], p->name);
             if (llmcl_safetensors_find(st, name, &info) != LLMCL_OK || info.ndim != p->ndim ||
@@ -114,7 +114,7 @@ static int64_t meta_int(const llmcl_safetensors *st, const char *key)
 
 static llmcl_status load_state(model *m, const llmcl_safetensors *st)
 {
-    char name[96];
+    char name[128];
     for (int i = 0; i < m->n_params; ++i) {
         const model_param *p = &m->params[i];
         TRY(llmcl_safetensors_load(m->ctx, st, p->name, p->master));

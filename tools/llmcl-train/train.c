@@ -292,7 +292,7 @@ static void train_step(trainer *tr, int step, double *loss, double *norm)
     const options *o = &tr->o;
     model *m = tr->m;
     llmcl_ctx *ctx = tr->ctx;
-    CHECK(llmcl_fill(ctx, m->flat_grad, 0.0), ctx);
+    CHECK(llmcl_fill(ctx, m->trainable.grad, 0.0), ctx);
     CHECK(llmcl_fill(ctx, tr->loss_sum, 0.0), ctx);
     for (int k = 0; k < o->accum; ++k) {
         loader_next(&tr->tl, tr->ids, tr->targets);
