@@ -243,8 +243,10 @@ static void set_alloc(llmcl_ctx *ctx, param_set *s, llmcl_dtype compute, bool ma
         return;
     if (compute != LLMCL_F32)
         s->compute = new_tensor(ctx, compute, 1, s->total, 0);
-    if (master)
+    if (master) { /* zeros between tensors too, so the checkpoints' fingerprint is repeatable */
         s->master = new_tensor(ctx, LLMCL_F32, 1, s->total, 0);
+        CHECK(llmcl_fill(ctx, s->master, 0.0), ctx);
+    }
     if (!train)
         return;
     llmcl_tensor **state[] = {&s->grad, &s->m, &s->v};

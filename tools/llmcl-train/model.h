@@ -82,6 +82,7 @@ typedef struct model {
     model_param *params;   /* the base weights in layout order, then the adapters */
     param_set trainable, frozen;
     float lora_scale;      /* lora_alpha / lora_rank */
+    uint64_t frozen_fingerprint; /* checkpoint.c's hash of the frozen weights; 0: not yet taken */
 
     /* activations for micro-batches of up to max_b x max_t tokens */
     int max_b, max_t;
