@@ -1,6 +1,7 @@
 /*
  * test_lora.c: llmcl-train's LoRA and Hugging Face interop (tools/llmcl-train/model.c, hf.c). One
- * adapted projection's output and gradients against a double reference of y = x W^T + s (x A^T) B^T;
+ * adapted projection's output and gradients against a double reference of
+ * y = x W^T + s (x A^T) B^T;
  * a whole model with B = 0 giving the base model's loss and logits bit for bit, and after one AdamW
  * step a new loss with the base weights bit-identical; LoRA gradients the same bits with activation
  * checkpointing and offload; export then --init-from giving the same bits (f32) or the bf16
@@ -123,14 +124,15 @@ static void check_projection(llmcl_dtype dt)
 
     th_rng r = th_rng_new(5);
     const int64_t xs[2] = {N, in}, ys[2] = {N, out}, us[2] = {N, R};
-    double *x = th_alloc((size_t)(N * in) * sizeof *x), *dy = th_alloc((size_t)(N * out) * sizeof *dy);
+    double *x = th_alloc((size_t)(N * in) * sizeof *x);
+    double *dy = th_alloc((size_t)(N * out) * sizeof *dy);
     th_fill_normal(&r, x, (size_t)(N * in), 1.0);
     th_fill_normal(&r, dy, (size_t)(N * out), 1.0);
     th_round_all(dt, x, (size_t)(N * in));
     th_round_all(dt, dy, (size_t)(N * out));
     llmcl_tensor *tx = th_tensor_from(dt, 2, xs, x), *tdy = th_tensor_from(dt, 2, ys, dy);
-    llmcl_tensor *ty = th_tensor(dt, 2, ys), *tdx = th_tensor(dt, 2, xs), *tu = th_tensor(dt, 2, us),
-                 *tdu = th_tensor(dt, 2, us);
+    llmcl_tensor *ty = th_tensor(dt, 2, ys), *tdx = th_tensor(dt, 2, xs);
+    llmcl_tensor *tu = th_tensor(dt, 2, us), *tdu = th_tensor(dt, 2, us);
     th_poison(ty), th_poison(tdx), th_poison(tu), th_poison(tdu);
     TH_OK(model_proj_forward(m, p, tx, 0, ty, tu));
     TH_OK(model_proj_backward(m, p, tdy, tx, tu, 0, tdx, tdu));
@@ -139,10 +141,11 @@ static void check_projection(llmcl_dtype dt)
     double *W = download(p->w, out * in), *A = download(p->lora_a->w, R * in),
            *B = download(p->lora_b->w, out * R);
     const double s = m->lora_scale;
-    double *u = th_alloc((size_t)(N * R) * sizeof *u), *y = th_alloc((size_t)(N * out) * sizeof *y),
-           *t = th_alloc((size_t)(N * (out > in ? out : in)) * sizeof *t),
-           *du = th_alloc((size_t)(N * R) * sizeof *du), *dx = th_alloc((size_t)(N * in) * sizeof *dx),
-           *dA = th_alloc((size_t)(R * in) * sizeof *dA), *dB = th_alloc((size_t)(out * R) * sizeof *dB);
+    const size_t d = sizeof(double);
+    double *u = th_alloc((size_t)(N * R) * d), *y = th_alloc((size_t)(N * out) * d),
+           *t = th_alloc((size_t)(N * (out > in ? out : in)) * d),
+           *du = th_alloc((size_t)(N * R) * d), *dx = th_alloc((size_t)(N * in) * d),
+           *dA = th_alloc((size_t)(R * in) * d), *dB = th_alloc((size_t)(out * R) * d);
     ref_mm(x, in, 1, A, 1, in, u, N, R, in, 1);         /* u = x A^T */
     ref_mm(x, in, 1, W, 1, in, y, N, out, in, 1);       /* x W^T */
     ref_mm(u, R, 1, B, 1, R, t, N, out, R, s);          /* s u B^T */
@@ -195,7 +198,8 @@ static void test_projection_bf16(void **state)
 /* Loss and logits of the fixture's batch. */
 static void forward(model *m, llmcl_safetensors *st, float *loss, float *logits)
 {
-    TH_OK(model_forward(m, fixture_ints(st, "input_ids"), fixture_ints(st, "targets"), 2, 16, true));
+    const int32_t *ids = fixture_ints(st, "input_ids"), *targets = fixture_ints(st, "targets");
+    TH_OK(model_forward(m, ids, targets, 2, 16, true));
     TH_OK(llmcl_tensor_download(m->loss, loss, sizeof *loss));
     const int64_t shape[2] = {32, m->cfg.vocab};
     llmcl_tensor *t = th_tensor(LLMCL_F32, 2, shape);
@@ -281,7 +285,8 @@ static double *lora_gradients(llmcl_safetensors *st, bool recompute, bool offloa
         if (m->params[i].kind == P_LORA_B)
             randomize(m, &m->params[i], 100 + i, 0.05);
     TH_OK(llmcl_fill(m->ctx, m->trainable.grad, 0.0));
-    TH_OK(model_forward(m, fixture_ints(st, "input_ids"), fixture_ints(st, "targets"), 2, 16, true));
+    const int32_t *ids = fixture_ints(st, "input_ids"), *targets = fixture_ints(st, "targets");
+    TH_OK(model_forward(m, ids, targets, 2, 16, true));
     TH_OK(model_backward(m, 2, 16));
     double *g = download(m->trainable.grad, m->trainable.total);
     model_destroy(m);
@@ -420,7 +425,8 @@ static void test_merged_and_adapter_export(void **state)
         double *got = exported(file, p->name, p->numel), *w = download(p->master, p->numel);
         if (p->lora_a) { /* W + s B A on the host */
             const int64_t out = p->shape[0], in = p->shape[1], r = 4;
-            double *A = download(p->lora_a->master, r * in), *B = download(p->lora_b->master, out * r);
+            double *A = download(p->lora_a->master, r * in);
+            double *B = download(p->lora_b->master, out * r);
             double *ba = th_alloc((size_t)(out * in) * sizeof *ba);
             ref_mm(B, r, 1, A, in, 1, ba, out, in, r, m->lora_scale);
             for (int64_t j = 0; j < out * in; ++j)
@@ -435,7 +441,8 @@ static void test_merged_and_adapter_export(void **state)
     eo.merge = false; /* PEFT's adapter files: the adapters' f32 bits under their names */
     hf_export(m, dir, &eo);
     snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
-    const model_param *a = model_find(m, "base_model.model.model.layers.1.mlp.down_proj.lora_A.weight");
+    const model_param *a =
+        model_find(m, "base_model.model.model.layers.1.mlp.down_proj.lora_A.weight");
     assert_non_null(a);
     double *got = exported(file, a->name, a->numel), *want = download(a->master, a->numel);
     assert_memory_equal(want, got, (size_t)a->numel * sizeof *got);

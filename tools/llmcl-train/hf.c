@@ -158,7 +158,8 @@ static double rope_scaling(const json_t *root, const char *path)
         type = json_object_get(rs, "type");
     if (!json_is_string(type) || strcmp(json_string_value(type), "llama3") != 0)
         die("%s: rope_scaling of a type other than llama3 is not supported", path);
-    if (number(rs, "low_freq_factor", 1, path) != 1 || number(rs, "high_freq_factor", 4, path) != 4 ||
+    if (number(rs, "low_freq_factor", 1, path) != 1 ||
+        number(rs, "high_freq_factor", 4, path) != 4 ||
         number(rs, "original_max_position_embeddings", 8192, path) != 8192)
         die("%s: llama3 rope_scaling needs low_freq_factor 1, high_freq_factor 4 and "
             "original_max_position_embeddings 8192 (Llama 3.1's)", path);
@@ -190,7 +191,8 @@ bool hf_read_config(const hf_checkpoint *c, model_config *cfg, int *max_position
     cfg->rope_llama3_factor = rope_scaling(root, p);
     cfg->tied = boolean(root, "tie_word_embeddings", false, p);
     *max_positions = integer(root, "max_position_embeddings", 2048, p);
-    if (cfg->heads > 0 && integer(root, "head_dim", cfg->dim / cfg->heads, p) * cfg->heads != cfg->dim)
+    const int head_dim = cfg->heads > 0 ? integer(root, "head_dim", cfg->dim / cfg->heads, p) : 0;
+    if (head_dim * cfg->heads != cfg->dim)
         die("%s: head_dim must be hidden_size / num_attention_heads", p);
     json_decref(root);
     return true;
@@ -354,17 +356,17 @@ static void write_config(const model *m, const char *dir, const hf_export_opts *
     json_object_set_new(r, "max_position_embeddings", json_integer(o->max_positions));
     json_object_set_new(r, "rms_norm_eps", float_json(c->norm_eps));
     json_object_set_new(r, "rope_theta", json_real(c->rope_theta));
-    json_object_set_new(r, "rope_scaling",
-                        c->rope_llama3_factor > 0
-                            ? json_pack("{s:f, s:f, s:f, s:i, s:s}", "factor", c->rope_llama3_factor,
-                                        "low_freq_factor", 1.0, "high_freq_factor", 4.0,
-                                        "original_max_position_embeddings", 8192, "rope_type",
-                                        "llama3")
-                            : json_null());
+    json_t *scaling = json_null();
+    if (c->rope_llama3_factor > 0)
+        scaling = json_pack("{s:f, s:f, s:f, s:i, s:s}", "factor", c->rope_llama3_factor,
+                            "low_freq_factor", 1.0, "high_freq_factor", 4.0,
+                            "original_max_position_embeddings", 8192, "rope_type", "llama3");
+    json_object_set_new(r, "rope_scaling", scaling);
     json_object_set_new(r, "attention_bias", json_false());
     json_object_set_new(r, "mlp_bias", json_false());
     json_object_set_new(r, "tie_word_embeddings", json_boolean(c->tied));
-    json_object_set_new(r, "torch_dtype", json_string(o->dtype == LLMCL_BF16 ? "bfloat16" : "float32"));
+    json_object_set_new(r, "torch_dtype",
+                        json_string(o->dtype == LLMCL_BF16 ? "bfloat16" : "float32"));
     json_object_set_new(r, "bos_token_id", json_null());
     json_object_set_new(r, "eos_token_id", json_null());
     write_json(r, dir, "config.json");

@@ -9,7 +9,7 @@
  * on q/k weights in Hugging Face's layout, so the weights move to and from Hugging Face files
  * unchanged. Meta's original checkpoints (consolidated.*.pth) rotate interleaved pairs (2i, 2i+1);
  * transformers' convert_llama_weights_to_hf.py permutes the rows of q_proj and k_proj of each head
- * (row 2i + j becomes row i + j d/2) when converting, so such weights must be converted by it first.
+ * (row 2i + j becomes row i + j d/2) when converting, so such weights must go through it first.
  *
  * Errors here are a user's files or options: they end the program with a message naming the file,
  * the tensor or the key (util.h's die).

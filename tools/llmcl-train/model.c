@@ -174,9 +174,9 @@ static model_param *add_param(model *m, int kind, int layer, const model_param *
     p->kind = kind;
     p->layer = layer;
     if (base) { /* A [r, in], B [out, r] under PEFT's names */
+        const char *block = base->kind < P_MLP_NORM ? "self_attn" : "mlp";
         snprintf(p->name, sizeof p->name, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight",
-                 layer, base->kind < P_MLP_NORM ? "self_attn" : "mlp", model_module_name(base->kind),
-                 kind == P_LORA_A ? 'A' : 'B');
+                 layer, block, model_module_name(base->kind), kind == P_LORA_A ? 'A' : 'B');
         p->ndim = 2;
         p->shape[0] = kind == P_LORA_A ? m->cfg.lora_rank : base->shape[0];
         p->shape[1] = kind == P_LORA_A ? base->shape[1] : m->cfg.lora_rank;
@@ -732,7 +732,8 @@ static llmcl_status layer_backward(model *m, arena *a, int l, layer_acts *A, llm
     TRY(model_proj_backward(m, param(m, P_WDOWN, l), dres, rows(a, A->act, n),
                             u_rows(a, A, P_WDOWN, n), 0, da, du));
     OP(F_GLU, llmcl_glu_backward(ctx, LLMCL_ACT_SILU, da, gate, up, gate, up));
-    TRY(model_proj_backward(m, param(m, P_WGATE, l), gate, h2, u_rows(a, A, P_WGATE, n), 0, dh, du));
+    TRY(model_proj_backward(m, param(m, P_WGATE, l), gate, h2, u_rows(a, A, P_WGATE, n), 0, dh,
+                            du));
     TRY(model_proj_backward(m, param(m, P_WUP, l), up, h2, u_rows(a, A, P_WUP, n), 1, dh, du));
     OP(F_NORM, llmcl_residual_rmsnorm_backward(ctx, dh, dres, rows(a, A->xmid, n),
                                                param(m, P_MLP_NORM, l)->w, head(a, A->rstd2, n),

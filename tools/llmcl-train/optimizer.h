@@ -1,7 +1,7 @@
 /*
  * optimizer.h: llmcl-train's optimizer: every trainable parameter of a model in one
- * llmcl_adamw_step call (the trainable set's flat buffers make it one launch), global-norm clipping read on the device, and the
- * hyperparameters of a run.
+ * llmcl_adamw_step call (the trainable set's flat buffers make it one launch), global-norm
+ * clipping read on the device, and the hyperparameters of a run.
  */
 #ifndef LLMCL_TRAIN_OPTIMIZER_H
 #define LLMCL_TRAIN_OPTIMIZER_H

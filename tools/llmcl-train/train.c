@@ -58,15 +58,15 @@ static void usage(FILE *f)
           "  --rope-llama3 X      Llama 3 RoPE scaling factor (0: off)\n"
           "  --dtype T            bf16 (default), f16 or f32 compute; master weights are f32\n"
           "  --init-from PATH     start from a Hugging Face LlamaForCausalLM checkpoint: a folder\n"
-          "                       (config.json + model.safetensors or its sharded index; the config\n"
-          "                       sets the shape, options that contradict it are errors) or one\n"
-          "                       .safetensors file (the options set the shape)\n"
+          "                       (config.json + model.safetensors or its shards' index; the\n"
+          "                       config sets the shape, options that contradict it are errors)\n"
+          "                       or one .safetensors file (the options set the shape)\n"
           "LoRA (base weights, embeddings and norms frozen; adapters trained):\n"
           "  --lora R             adapters of rank R (0: off, full fine-tuning)\n"
           "  --lora-alpha A       scale A / R (default A = R)\n"
           "  --lora-targets LIST  of q,k,v,o,gate,up,down (default: all seven)\n"
           "  --lora-dtype T       f32 (default: f32 masters, products in the compute dtype) or\n"
-          "                       bf16 (bf16 adapters only, stochastic rounding; needs --dtype bf16)\n"
+          "                       bf16 (bf16 adapters only, stochastic rounding; bf16 models)\n"
           "training:\n"
           "  --batch B --seq T    micro-batch of B sequences of T tokens\n"
           "  --accum K            micro-batches per step (gradient accumulation)\n"
@@ -138,7 +138,8 @@ static unsigned parse_targets(const char *s)
         while (i < 7 && !(strlen(names[i]) == len && strncmp(p, names[i], len) == 0))
             ++i;
         if (i == 7)
-            die("--lora-targets %s: '%.*s' is not one of q, k, v, o, gate, up, down", s, (int)len, p);
+            die("--lora-targets %s: '%.*s' is not one of q, k, v, o, gate, up, down", s,
+                (int)len, p);
         bits |= 1u << kinds[i];
         p += len + (p[len] == ',');
     }
@@ -563,7 +564,8 @@ static void dump_logits(trainer *tr)
     loader_init(&vl, &tr->val, o->batch, o->seq, 0, 1);
     loader_next(&vl, tr->ids, tr->targets);
     CHECK(model_forward(tr->m, tr->ids, tr->targets, o->batch, o->seq, false), tr->ctx);
-    const int64_t shape[3] = {o->batch, o->seq, o->model.vocab}, rows[2] = {shape[0] * shape[1], shape[2]};
+    const int64_t shape[3] = {o->batch, o->seq, o->model.vocab};
+    const int64_t rows[2] = {shape[0] * shape[1], shape[2]};
     llmcl_tensor *logits = NULL;
     CHECK(llmcl_tensor_create(tr->ctx, LLMCL_F32, 2, rows, &logits), tr->ctx);
     CHECK(model_logits(tr->m, 0, rows[0], logits), tr->ctx);
