@@ -36,9 +36,6 @@ static model_config small_config(llmcl_dtype dt, int rank, unsigned targets)
                           .lora_dtype = LLMCL_F32};
 }
 
-static const unsigned ALL = (1u << P_WQ) | (1u << P_WK) | (1u << P_WV) | (1u << P_WO) |
-                            (1u << P_WGATE) | (1u << P_WUP) | (1u << P_WDOWN);
-
 /* Base weights from the fixture, and the fixture's batch. */
 static model *fixture_model(const model_config *cfg, llmcl_safetensors *st, bool recompute,
                             bool offload)
@@ -225,7 +222,7 @@ static void check_zero_b(llmcl_dtype dt)
     printf("B = 0 is the base model, %s\n", llmcl_dtype_name(dt));
     llmcl_safetensors *st = NULL;
     TH_OK(llmcl_safetensors_open(fixture_path("train_fixture_untied.safetensors"), &st));
-    const model_config base_cfg = small_config(dt, 0, 0), lora_cfg = small_config(dt, 8, ALL);
+    const model_config base_cfg = small_config(dt, 0, 0), lora_cfg = small_config(dt, 8, LORA_ALL_TARGETS);
     model *base = fixture_model(&base_cfg, st, false, false);
     model *lora = fixture_model(&lora_cfg, st, false, false);
     const size_t nl = (size_t)32 * 64;
@@ -279,7 +276,7 @@ static void test_zero_b_bf16(void **state)
 /* Adapter gradients of the fixture's batch (B random so that every gradient is nonzero). */
 static double *lora_gradients(llmcl_safetensors *st, bool recompute, bool offload)
 {
-    const model_config cfg = small_config(LLMCL_BF16, 8, ALL);
+    const model_config cfg = small_config(LLMCL_BF16, 8, LORA_ALL_TARGETS);
     model *m = fixture_model(&cfg, st, recompute, offload);
     for (int i = 0; i < m->n_params; ++i)
         if (m->params[i].kind == P_LORA_B)
@@ -298,7 +295,7 @@ static void test_recompute_same_bits(void **state)
     (void)state;
     llmcl_safetensors *st = NULL;
     TH_OK(llmcl_safetensors_open(fixture_path("train_fixture_untied.safetensors"), &st));
-    const model_config cfg = small_config(LLMCL_BF16, 8, ALL);
+    const model_config cfg = small_config(LLMCL_BF16, 8, LORA_ALL_TARGETS);
     model *m = NULL;
     TH_OK(model_create(th_ctx(), &cfg, 1, &m));
     const size_t n = (size_t)m->trainable.total;

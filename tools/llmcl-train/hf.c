@@ -238,7 +238,9 @@ static void load_param(model *m, const hf_checkpoint *c, const model_param *p)
 void hf_load(model *m, const hf_checkpoint *c)
 {
     llmcl_safetensors_info info;
-    if (m->cfg.tied && find(c, "lm_head.weight", &info) >= 0)
+    /* with tie_word_embeddings, transformers ignores a stored lm_head.weight; without a config
+       the model is tied only because no --untied was given */
+    if (m->cfg.tied && !c->config[0] && find(c, "lm_head.weight", &info) >= 0)
         die("--init-from %s holds lm_head.weight but the model ties its head to the embeddings "
             "(give --untied)", c->path);
     for (int i = 0; i < m->n_params; ++i)

@@ -74,8 +74,7 @@ const char *model_config_error(const model_config *c)
         return "dtype must be f32, bf16 or f16";
     if (c->lora_rank < 0 || (c->lora_rank > 0 && !(c->lora_alpha > 0)))
         return "the LoRA rank must be >= 0 and its alpha > 0";
-    if (c->lora_rank > 0 && (c->lora_targets == 0 ||
-                             (c->lora_targets & ~(unsigned)((2u << P_WDOWN) - (1u << P_WQ)))))
+    if (c->lora_rank > 0 && (c->lora_targets == 0 || (c->lora_targets & ~LORA_ALL_TARGETS)))
         return "LoRA needs one or more targets among q, k, v, o, gate, up, down";
     if (c->lora_rank > 0 && c->lora_dtype != LLMCL_F32 &&
         (c->lora_dtype != LLMCL_BF16 || c->dtype != LLMCL_BF16))

@@ -42,6 +42,11 @@ const char *model_config_error(const model_config *cfg);
 enum { P_EMBED, P_ATTN_NORM, P_WQ, P_WK, P_WV, P_WO, P_MLP_NORM, P_WGATE, P_WUP, P_WDOWN, P_FINAL_NORM,
        P_HEAD, P_LORA_A, P_LORA_B, P_KINDS };
 
+/* Every projection LoRA may adapt, as model_config.lora_targets bits. */
+#define LORA_ALL_TARGETS                                                                          \
+    ((1u << P_WQ) | (1u << P_WK) | (1u << P_WV) | (1u << P_WO) | (1u << P_WGATE) | (1u << P_WUP) | \
+     (1u << P_WDOWN))
+
 /* The projections LoRA may adapt, by kind: "q_proj", ... ("" for the others). */
 const char *model_module_name(int kind);
 

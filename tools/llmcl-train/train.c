@@ -193,7 +193,7 @@ static void parse_options(int argc, char **argv, options *o)
     for (int i = 1; i + 1 < argc; ++i)
         if (strcmp(argv[i], "--preset") == 0)
             preset(o, argv[i + 1]);
-    o->model.lora_targets = parse_targets("q,k,v,o,gate,up,down");
+    o->model.lora_targets = LORA_ALL_TARGETS;
     o->model.lora_dtype = LLMCL_F32;
     int c;
     while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
