@@ -116,7 +116,7 @@ static model *fixture_model(const fixture *f, bool recompute, bool offload)
 /* Every gradient of the last forward, downloaded into one host array per parameter. */
 static double **gradients(model *m)
 {
-    TH_OK(llmcl_fill(m->ctx, m->flat_grad, 0.0));
+    TH_OK(llmcl_fill(m->ctx, m->trainable.grad, 0.0));
     TH_OK(model_backward(m, m->max_b, m->max_t));
     double **g = th_alloc((size_t)m->n_params * sizeof *g);
     for (int i = 0; i < m->n_params; ++i) {
@@ -156,7 +156,7 @@ static void check_forward_backward(const char *file, llmcl_dtype dt)
 
     double **g = gradients(m);
     for (int i = 0; i < m->n_params; ++i) {
-        char name[96];
+        char name[128];
         const size_t n = (size_t)m->params[i].numel;
         snprintf(name, sizeof name, "grad.%s", m->params[i].name);
         double *gref = fixture_doubles(&f, name, n);
@@ -193,7 +193,7 @@ static void check_adamw(const char *file, llmcl_dtype dt)
     double *ref = fixture_doubles(&f, "adamw_losses", (size_t)f.steps);
     double *got = th_alloc((size_t)f.steps * sizeof *got);
     for (int s = 0; s < f.steps; ++s) {
-        TH_OK(llmcl_fill(m->ctx, m->flat_grad, 0.0));
+        TH_OK(llmcl_fill(m->ctx, m->trainable.grad, 0.0));
         TH_OK(model_forward(m, f.ids, f.targets, f.b, f.t, true));
         th_download(m->loss, &got[s]);
         TH_OK(model_backward(m, f.b, f.t));

@@ -2,10 +2,14 @@
 """test_train_cli.py: llmcl-train as a user runs it. Bad configurations, missing and malformed
 files and bad options fail with a clear message and status 1 (2 for unknown options); llm.c token
 files train; a run resumed from a checkpoint ends with the same bits as an uninterrupted one;
-Ctrl-C with --save-on-interrupt writes a checkpoint and exits 130.
+Ctrl-C with --save-on-interrupt writes a checkpoint and exits 130. Hugging Face checkpoints: an f32
+export read back by --init-from (one file or shards) exports the same bytes; missing tensors, wrong
+shapes, configs that contradict the options fail naming them; LoRA runs resume bit for bit, only on
+their own base, and export PEFT's files or the merged model.
 
     python3 tests/test_train_cli.py build/tools/llmcl-train
 """
+import json
 import os
 import shutil
 import signal
@@ -48,6 +52,147 @@ def llmc_file(path, tokens, magic=20240520, version=1, count=None, width="H"):
     with open(path, "wb") as f:
         f.write(struct.pack("<256i", *header))
         f.write(struct.pack(f"<{len(tokens)}{width}", *tokens))
+
+
+def read_st(path):
+    """A safetensors file as (metadata, {name: (dtype, shape, bytes)})."""
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    body = data[8 + n:]
+    return meta, {k: (v["dtype"], v["shape"], body[v["data_offsets"][0]:v["data_offsets"][1]])
+                  for k, v in header.items()}
+
+
+def write_st(path, tensors, meta=None):
+    header, blobs, offset = {"__metadata__": meta or {}}, [], 0
+    for name in sorted(tensors):
+        dtype, shape, blob = tensors[name]
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def same_files(what, a, b):
+    same = os.path.exists(a) and os.path.exists(b) and open(a, "rb").read() == open(b, "rb").read()
+    print(f"{'ok  ' if same else 'FAIL'} {what}")
+    if not same:
+        failures.append(what)
+
+
+def hugging_face(p):
+    """--init-from and --export."""
+    expect_ok("train and export f32", TINY + ["--steps", "3", "--export", p("e1"),
+                                              "--export-dtype", "f32"])
+    expect_ok("init from the export", TINY + ["--steps", "0", "--init-from", p("e1"), "--export",
+                                              p("e2"), "--export-dtype", "f32"])
+    same_files("export -> --init-from -> export is bit-exact",
+               p("e1/model.safetensors"), p("e2/model.safetensors"))
+    meta, tensors = read_st(p("e1/model.safetensors"))
+    os.mkdir(p("shards"))
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[::2],
+              "model-00002-of-00002.safetensors": names[1::2]}
+    for file, part in halves.items():
+        write_st(os.path.join(p("shards"), file), {n: tensors[n] for n in part}, meta)
+    with open(p("shards/model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": {n: fl for fl, part in halves.items()
+                                                  for n in part}}, f)
+    shutil.copy(p("e1/config.json"), p("shards/config.json"))
+    expect_ok("init from shards", TINY + ["--steps", "0", "--init-from", p("shards"), "--export",
+                                          p("e3"), "--export-dtype", "f32"])
+    same_files("sharded --init-from exports the same bytes",
+               p("e1/model.safetensors"), p("e3/model.safetensors"))
+
+    missing = dict(tensors)
+    del missing["model.layers.0.mlp.up_proj.weight"]
+    write_st(p("missing.safetensors"), missing)
+    expect_error("a missing tensor", TINY + ["--init-from", p("missing.safetensors")],
+                 "missing tensor model.layers.0.mlp.up_proj.weight")
+    expect_error("a tensor of another shape", TINY + ["--ffn", "128", "--init-from",
+                                                      p("e1/model.safetensors")],
+                 "gate_proj.weight is [96, 64] there, the model expects [128, 64]")
+    expect_error("an option that contradicts config.json", TINY + ["--dim", "128", "--init-from",
+                                                                   p("e1")],
+                 "--dim 128 conflicts with hidden_size = 64")
+    expect_error("a sequence beyond max_position_embeddings", TINY + ["--seq", "32", "--init-from",
+                                                                      p("e1")],
+                 "exceeds max_position_embeddings = 16")
+    untied = dict(tensors)
+    untied["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+    write_st(p("untied.safetensors"), untied)
+    expect_error("lm_head.weight for a tied head", TINY + ["--init-from", p("untied.safetensors")],
+                 "give --untied")
+    os.mkdir(p("yarn"))
+    config = json.load(open(p("e1/config.json")))
+    config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    json.dump(config, open(p("yarn/config.json"), "w"))
+    shutil.copy(p("e1/model.safetensors"), p("yarn/model.safetensors"))
+    expect_error("an unsupported rope_scaling", TINY + ["--init-from", p("yarn")],
+                 "rope_scaling of a type other than llama3 is not supported")
+    expect_ok("dump the logits", TINY + ["--steps", "0", "--init-from", p("e1"), "--dump-logits",
+                                         p("logits.st")])
+    meta, dump = read_st(p("logits.st"))
+    ok = dump["logits"][1] == [2, 16, 256] and dump["input_ids"][1] == [2, 16] and "loss" in meta
+    print(f"{'ok  ' if ok else 'FAIL'} --dump-logits writes logits [2, 16, 256], tokens and loss")
+    if not ok:
+        failures.append("dump-logits")
+
+
+def lora(p):
+    """LoRA runs on the exported base of hugging_face()."""
+    base = TINY + ["--init-from", p("e1"), "--lora", "4", "--lora-targets", "q,v,down"]
+    expect_error("an unknown LoRA target", base + ["--lora-targets", "q,x"], "'x' is not one of")
+    expect_error("--lora-merge without LoRA", TINY + ["--lora-merge"], "give --lora R")
+    expect_error("bf16 adapters on an f32 model", base + ["--dtype", "f32", "--lora-dtype", "bf16"],
+                 "the LoRA dtype must be f32, or bf16 with a bf16 model")
+    expect_ok("LoRA 6 steps", base + ["--steps", "6", "--save", p("lora.st")])
+    expect_ok("LoRA 3 steps", base + ["--steps", "6", "--save", p("lora_half.st"),
+                                      "--save-every", "3"])
+    expect_ok("LoRA resume for 3 more", base + ["--steps", "6", "--resume", p("lora_half.st"),
+                                                "--save", p("lora_resumed.st")])
+    same_files("a resumed LoRA checkpoint identical to the uninterrupted one",
+               p("lora.st"), p("lora_resumed.st"))
+    _, ck = read_st(p("lora.st"))
+    ok = all(n.startswith(("base_model.model.", "optimizer.")) for n in ck) and len(ck) == 18
+    print(f"{'ok  ' if ok else 'FAIL'} a LoRA checkpoint holds the adapters and their moments only")
+    if not ok:
+        failures.append("lora checkpoint contents")
+    expect_error("a LoRA resume on another base", TINY + ["--lora", "4", "--lora-targets",
+                                                          "q,v,down", "--resume", p("lora.st")],
+                 "adapts other base weights")
+    expect_error("a LoRA checkpoint resumed without LoRA", TINY + ["--resume", p("lora.st")],
+                 "is a LoRA checkpoint and this run does not use LoRA")
+    expect_ok("bf16 adapters", base + ["--lora-dtype", "bf16", "--steps", "2", "--save",
+                                       p("lora16.st")])
+    _, ck = read_st(p("lora16.st"))
+    ok = ck["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"][0] == "BF16"
+    print(f"{'ok  ' if ok else 'FAIL'} bf16 adapters are saved in bf16")
+    if not ok:
+        failures.append("bf16 adapters")
+    expect_ok("LoRA adapters exported", base + ["--steps", "2", "--export", p("adapters")])
+    _, ad = read_st(p("adapters/adapter_model.safetensors"))
+    config = json.load(open(p("adapters/adapter_config.json")))
+    ok = ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in ad and len(ad) == 6
+          and config["r"] == 4 and config["target_modules"] == ["q_proj", "v_proj", "down_proj"]
+          and config["peft_type"] == "LORA")
+    print(f"{'ok  ' if ok else 'FAIL'} PEFT's adapter files")
+    if not ok:
+        failures.append("adapter export")
+    expect_ok("LoRA merged export", base + ["--steps", "2", "--export", p("merged"),
+                                            "--lora-merge"])
+    _, merged = read_st(p("merged/model.safetensors"))
+    ok = sorted(merged) == sorted(read_st(p("e1/model.safetensors"))[1])
+    print(f"{'ok  ' if ok else 'FAIL'} the merged export has the base model's tensors")
+    if not ok:
+        failures.append("merged export")
 
 
 def main():
@@ -113,6 +258,8 @@ def main():
         print(out[-1000:], err[-1000:])
         failures.append("interrupt")
 
+    hugging_face(p)
+    lora(p)
     shutil.rmtree(tmp)
     if failures:
         print("failed:", ", ".join(failures))

@@ -12,29 +12,71 @@
 
 static char why_buf[512];
 
+/* A 64-bit hash of the frozen set's f32 weights, read from the device once per model. */
+static uint64_t frozen_fingerprint(model *m)
+{
+    if (m->frozen_fingerprint)
+        return m->frozen_fingerprint;
+    const int64_t piece = 1 << 22;
+    uint32_t *host = xmalloc((size_t)piece * sizeof *host);
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    for (int64_t at = 0; at < m->frozen.total; at += piece) {
+        int64_t n = m->frozen.total - at < piece ? m->frozen.total - at : piece;
+        llmcl_tensor *v = NULL;
+        CHECK(llmcl_tensor_view(m->frozen.master, 1, &n, NULL, at, &v), m->ctx);
+        CHECK(llmcl_tensor_download(v, host, (size_t)n * sizeof *host), m->ctx);
+        llmcl_tensor_destroy(v);
+        for (int64_t i = 0; i < n; ++i) /* multiply-xorshift per word: order and value matter */
+            h = (h ^ host[i]) * 0xff51afd7ed558ccdull, h ^= h >> 32;
+    }
+    free(host);
+    m->frozen_fingerprint = h ? h : 1;
+    return m->frozen_fingerprint;
+}
+
 /* The model's shape as metadata entries, in a fixed order. */
 typedef struct shape_entry {
     const char *key;
     char value[64];
 } shape_entry;
 
-static int shape_entries(const model_config *c, shape_entry e[10])
+/* The base entries, then with LoRA its own (a LoRA checkpoint also names the fingerprint of the
+   frozen weights, which it does not hold: see checkpoint.h). */
+static int shape_entries(model *m, shape_entry e[16])
 {
+    const model_config *c = &m->cfg;
     const char *keys[] = {"vocab", "dim", "layers", "heads", "kv_heads", "ffn", "tied",
-                          "norm_eps", "rope_theta", "rope_llama3_factor"};
+                          "norm_eps", "rope_theta", "rope_llama3_factor", "lora_rank",
+                          "lora_alpha"};
     const double vals[] = {c->vocab, c->dim, c->layers, c->heads, c->kv_heads, c->ffn, c->tied,
-                           c->norm_eps, c->rope_theta, c->rope_llama3_factor};
-    for (int i = 0; i < 10; ++i) {
+                           c->norm_eps, c->rope_theta, c->rope_llama3_factor, c->lora_rank,
+                           c->lora_alpha};
+    const int n = c->lora_rank > 0 ? 12 : 10;
+    for (int i = 0; i < n; ++i) {
         e[i].key = keys[i];
         snprintf(e[i].value, sizeof e[i].value, "%.9g", vals[i]);
     }
-    return 10;
+    if (c->lora_rank == 0)
+        return n;
+    e[n] = (shape_entry){.key = "lora_targets"};
+    for (int k = P_WQ; k <= P_WDOWN; ++k)
+        if (c->lora_targets & (1u << k))
+            snprintf(e[n].value + strlen(e[n].value), sizeof e[n].value - strlen(e[n].value),
+                     "%s%s", e[n].value[0] ? "," : "", model_module_name(k));
+    e[n + 1] = (shape_entry){.key = "lora_dtype"};
+    snprintf(e[n + 1].value, sizeof e[n + 1].value, "%s", llmcl_dtype_name(c->lora_dtype));
+    e[n + 2].key = "base_fingerprint";
+    snprintf(e[n + 2].value, sizeof e[n + 2].value, "%016" PRIx64, frozen_fingerprint(m));
+    return n + 3;
 }
+
+/* What a parameter is saved from and loaded into: its master, else its 16-bit copy. */
+static llmcl_tensor *stored(const model_param *p) { return p->master ? p->master : p->w16; }
 
 static llmcl_status add_state(llmcl_safetensors_writer *w, const model_param *p)
 {
-    char name[96];
-    TRY(llmcl_safetensors_writer_add_tensor(w, p->name, p->master));
+    char name[128];
+    TRY(llmcl_safetensors_writer_add_tensor(w, p->name, stored(p)));
     snprintf(name, sizeof name, "optimizer.m.%s", p->name);
     TRY(llmcl_safetensors_writer_add_tensor(w, name, p->m));
     snprintf(name, sizeof name, "optimizer.v.%s", p->name);
@@ -45,15 +87,16 @@ static llmcl_status write_checkpoint(llmcl_safetensors_writer *w, model *m, cons
 {
     char num[32];
     TRY(llmcl_safetensors_writer_metadata(w, "format", CHECKPOINT_FORMAT));
-    shape_entry e[10];
-    for (int i = 0, n = shape_entries(&m->cfg, e); i < n; ++i)
+    shape_entry e[16];
+    for (int i = 0, n = shape_entries(m, e); i < n; ++i)
         TRY(llmcl_safetensors_writer_metadata(w, e[i].key, e[i].value));
     snprintf(num, sizeof num, "%" PRId64, s->step);
     TRY(llmcl_safetensors_writer_metadata(w, "step", num));
     snprintf(num, sizeof num, "%" PRId64, s->data_pos);
     TRY(llmcl_safetensors_writer_metadata(w, "data_pos", num));
     for (int i = 0; i < m->n_params; ++i)
-        TRY(add_state(w, &m->params[i]));
+        if (m->params[i].trainable)
+            TRY(add_state(w, &m->params[i]));
     return llmcl_safetensors_writer_finish(w);
 }
 
@@ -68,7 +111,7 @@ llmcl_status checkpoint_save(model *m, const train_state *s, const char *path)
 }
 
 /* The checkpoint's format and shape against m's; a message in why_buf when they differ. */
-static llmcl_status check_compatible(const llmcl_safetensors *st, const model *m, const char *path)
+static llmcl_status check_compatible(const llmcl_safetensors *st, model *m, const char *path)
 {
     const char *format = llmcl_safetensors_metadata(st, "format");
     if (!format || strcmp(format, CHECKPOINT_FORMAT) != 0) {
@@ -76,9 +119,21 @@ static llmcl_status check_compatible(const llmcl_safetensors *st, const model *m
                  path, format ? format : "none");
         return LLMCL_ERROR_INVALID_ARGUMENT;
     }
-    shape_entry e[10];
-    for (int i = 0, n = shape_entries(&m->cfg, e); i < n; ++i) {
+    const char *rank = llmcl_safetensors_metadata(st, "lora_rank");
+    if ((rank && strcmp(rank, "0") != 0) != (m->cfg.lora_rank > 0)) {
+        snprintf(why_buf, sizeof why_buf, "%s is %s LoRA checkpoint and this run %s LoRA", path,
+                 rank ? "a" : "not a", m->cfg.lora_rank > 0 ? "uses" : "does not use");
+        return LLMCL_ERROR_SHAPE_MISMATCH;
+    }
+    shape_entry e[16];
+    for (int i = 0, n = shape_entries(m, e); i < n; ++i) {
         const char *v = llmcl_safetensors_metadata(st, e[i].key);
+        if (v && strcmp(e[i].key, "base_fingerprint") == 0 && strcmp(v, e[i].value) != 0) {
+            snprintf(why_buf, sizeof why_buf,
+                     "%s adapts other base weights (fingerprint %s there, %s here): give the "
+                     "--init-from of the run that wrote it", path, v, e[i].value);
+            return LLMCL_ERROR_SHAPE_MISMATCH;
+        }
         if (!v || strcmp(v, e[i].value) != 0) {
             snprintf(why_buf, sizeof why_buf,
                      "%s holds a model of another shape: %s is %s there and %s here", path,
@@ -89,8 +144,8 @@ static llmcl_status check_compatible(const llmcl_safetensors *st, const model *m
     static const char *prefixes[] = {"", "optimizer.m.", "optimizer.v."};
     for (int i = 0; i < m->n_params; ++i) {
         const model_param *p = &m->params[i];
-        for (int k = 0; k < 3; ++k) {
-            char name[96];
+        for (int k = 0; k < 3 && p->trainable; ++k) {
+            char name[128];
             llmcl_safetensors_info info;
             snprintf(name, sizeof name, "%s%s", prefixes[k], p->name);
             if (llmcl_safetensors_find(st, name, &info) != LLMCL_OK || info.ndim != p->ndim ||
@@ -114,10 +169,12 @@ static int64_t meta_int(const llmcl_safetensors *st, const char *key)
 
 static llmcl_status load_state(model *m, const llmcl_safetensors *st)
 {
-    char name[96];
+    char name[128];
     for (int i = 0; i < m->n_params; ++i) {
         const model_param *p = &m->params[i];
-        TRY(llmcl_safetensors_load(m->ctx, st, p->name, p->master));
+        if (!p->trainable)
+            continue;
+        TRY(llmcl_safetensors_load(m->ctx, st, p->name, stored(p)));
         snprintf(name, sizeof name, "optimizer.m.%s", p->name);
         TRY(llmcl_safetensors_load(m->ctx, st, name, p->m));
         snprintf(name, sizeof name, "optimizer.v.%s", p->name);

@@ -1,9 +1,15 @@
 /*
- * checkpoint.h: llmcl-train's checkpoints, one safetensors file: each parameter's f32 master
- * weights under its Hugging Face name (so the file is also a set of weights other tools read),
- * the AdamW moments as "optimizer.m.<name>" and "optimizer.v.<name>", and in "__metadata__" the
- * model's shape, the step and the data position. The file is complete or absent: the writer goes
- * through a temporary file renamed into place.
+ * checkpoint.h: llmcl-train's checkpoints, one safetensors file: each trainable parameter's f32
+ * master weights under its Hugging Face name (so the file is also a set of weights other tools
+ * read), the AdamW moments as "optimizer.m.<name>" and "optimizer.v.<name>", and in "__metadata__"
+ * the model's shape, the step and the data position. The file is complete or absent: the writer
+ * goes through a temporary file renamed into place.
+ *
+ * A LoRA run saves only what it trains: the adapters under PEFT's names (bf16-only adapters in
+ * bf16) with their moments. The frozen base weights are not in the file; a resume takes them from
+ * the same --init-from again, and the metadata holds the LoRA settings and a 64-bit fingerprint of
+ * the frozen f32 weights (a hash of their bits in layout order), so a resume on another base, or a
+ * LoRA checkpoint resumed without LoRA (or the reverse), is refused.
  */
 #ifndef LLMCL_TRAIN_CHECKPOINT_H
 #define LLMCL_TRAIN_CHECKPOINT_H

@@ -15,6 +15,7 @@
 
 struct layer_acts {
     llmcl_tensor *h1, *rstd1, *q, *k, *v, *o, *lse, *xmid, *h2, *rstd2, *gate, *up, *act;
+    llmcl_tensor *u[P_KINDS]; /* per adapted projection: x A^T [N, rank] */
 };
 
 /* ---- per-family kernel time (model->profiling) ---- */
@@ -71,6 +72,13 @@ const char *model_config_error(const model_config *c)
     }
     if (c->dtype != LLMCL_F32 && c->dtype != LLMCL_BF16 && c->dtype != LLMCL_F16)
         return "dtype must be f32, bf16 or f16";
+    if (c->lora_rank < 0 || (c->lora_rank > 0 && !(c->lora_alpha > 0)))
+        return "the LoRA rank must be >= 0 and its alpha > 0";
+    if (c->lora_rank > 0 && (c->lora_targets == 0 || (c->lora_targets & ~LORA_ALL_TARGETS)))
+        return "LoRA needs one or more targets among q, k, v, o, gate, up, down";
+    if (c->lora_rank > 0 && c->lora_dtype != LLMCL_F32 &&
+        (c->lora_dtype != LLMCL_BF16 || c->dtype != LLMCL_BF16))
+        return "the LoRA dtype must be f32, or bf16 with a bf16 model (--dtype bf16)";
     return NULL;
 }
 
@@ -128,17 +136,26 @@ static llmcl_tensor *bthd(arena *a, const llmcl_tensor *t, int b, int tt, int h,
 
 /* ---- parameters ---- */
 
-static const char *kind_name[P_KINDS] = {
+static const char *kind_name[P_LORA_A] = {
     "model.embed_tokens.weight",       "input_layernorm.weight", "self_attn.q_proj.weight",
     "self_attn.k_proj.weight",         "self_attn.v_proj.weight", "self_attn.o_proj.weight",
     "post_attention_layernorm.weight", "mlp.gate_proj.weight",   "mlp.up_proj.weight",
     "mlp.down_proj.weight",            "model.norm.weight",      "lm_head.weight",
 };
 
+const char *model_module_name(int kind)
+{
+    static const char *names[P_KINDS] = {[P_WQ] = "q_proj",       [P_WK] = "k_proj",
+                                         [P_WV] = "v_proj",       [P_WO] = "o_proj",
+                                         [P_WGATE] = "gate_proj", [P_WUP] = "up_proj",
+                                         [P_WDOWN] = "down_proj"};
+    return kind >= 0 && kind < P_KINDS && names[kind] ? names[kind] : "";
+}
+
 static void param_shape(const model_config *c, int kind, int64_t shape[2], int *ndim)
 {
     const int64_t d = c->dim / c->heads, q = (int64_t)c->heads * d, kv = (int64_t)c->kv_heads * d;
-    const int64_t shapes[P_KINDS][2] = {
+    const int64_t shapes[P_LORA_A][2] = {
         {c->vocab, c->dim}, {c->dim, 0}, {q, c->dim},   {kv, c->dim},   {kv, c->dim},
         {c->dim, q},        {c->dim, 0}, {c->ffn, c->dim}, {c->ffn, c->dim}, {c->dim, c->ffn},
         {c->dim, 0},        {c->vocab, c->dim},
@@ -148,25 +165,63 @@ static void param_shape(const model_config *c, int kind, int64_t shape[2], int *
     *ndim = shape[1] ? 2 : 1;
 }
 
-static void add_param(model *m, int kind, int layer)
+/* Appends a parameter to its set's layout: a base weight (base NULL) or an adapter of base. */
+static model_param *add_param(model *m, int kind, int layer, const model_param *base)
 {
     model_param *p = &m->params[m->n_params++];
     memset(p, 0, sizeof *p);
     p->kind = kind;
     p->layer = layer;
-    if (layer >= 0)
-        snprintf(p->name, sizeof p->name, "model.layers.%d.%s", layer, kind_name[kind]);
-    else
-        snprintf(p->name, sizeof p->name, "%s", kind_name[kind]);
-    param_shape(&m->cfg, kind, p->shape, &p->ndim);
+    if (base) { /* A [r, in], B [out, r] under PEFT's names */
+        const char *block = base->kind < P_MLP_NORM ? "self_attn" : "mlp";
+        snprintf(p->name, sizeof p->name, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight",
+                 layer, block, model_module_name(base->kind), kind == P_LORA_A ? 'A' : 'B');
+        p->ndim = 2;
+        p->shape[0] = kind == P_LORA_A ? m->cfg.lora_rank : base->shape[0];
+        p->shape[1] = kind == P_LORA_A ? base->shape[1] : m->cfg.lora_rank;
+    } else {
+        if (layer >= 0)
+            snprintf(p->name, sizeof p->name, "model.layers.%d.%s", layer, kind_name[kind]);
+        else
+            snprintf(p->name, sizeof p->name, "%s", kind_name[kind]);
+        param_shape(&m->cfg, kind, p->shape, &p->ndim);
+    }
     p->numel = p->shape[0] * (p->ndim == 2 ? p->shape[1] : 1);
     p->is_norm = p->ndim == 1;
-    p->offset = m->total;
-    m->total += (p->numel + 63) / 64 * 64; /* 128-byte aligned views for the fast paths */
+    p->trainable = base || m->cfg.lora_rank == 0;
+    param_set *s = p->trainable ? &m->trainable : &m->frozen;
+    p->offset = s->total;
+    s->total += (p->numel + 63) / 64 * 64; /* 128-byte aligned views for the fast paths */
+    return p;
+}
+
+/* Every base weight in layout order, then each adapted projection's A and B. */
+static void layout_params(model *m)
+{
+    const model_config *c = &m->cfg;
+    const int targets = __builtin_popcount(c->lora_targets);
+    m->params = xcalloc((size_t)(c->layers * (9 + 2 * targets) + 3), sizeof *m->params);
+    add_param(m, P_EMBED, -1, NULL);
+    for (int l = 0; l < c->layers; ++l)
+        for (int k = P_ATTN_NORM; k <= P_WDOWN; ++k)
+            add_param(m, k, l, NULL);
+    add_param(m, P_FINAL_NORM, -1, NULL);
+    if (!c->tied)
+        add_param(m, P_HEAD, -1, NULL);
+    const int n_base = m->n_params;
+    for (int i = 0; c->lora_rank > 0 && i < n_base; ++i) {
+        model_param *p = &m->params[i];
+        if (c->lora_targets & (1u << p->kind)) {
+            p->lora_a = add_param(m, P_LORA_A, p->layer, p);
+            p->lora_b = add_param(m, P_LORA_B, p->layer, p);
+        }
+    }
 }
 
 static llmcl_tensor *param_view(const model_param *p, llmcl_tensor *flat)
 {
+    if (!flat)
+        return NULL;
     llmcl_tensor *v = NULL;
     CHECK(llmcl_tensor_view(flat, p->ndim, p->shape, NULL, p->offset, &v), llmcl_tensor_ctx(flat));
     return v;
@@ -180,25 +235,74 @@ static llmcl_tensor *new_tensor(llmcl_ctx *ctx, llmcl_dtype dt, int ndim, int64_
     return t;
 }
 
-/* Normal(0, 0.02) matrices and unit norm weights, from a fixed seed, into the master buffer. */
+/* A set's buffers: compute (16-bit models), master (unless bf16-only), grads and moments. */
+static void set_alloc(llmcl_ctx *ctx, param_set *s, llmcl_dtype compute, bool master, bool train)
+{
+    if (s->total == 0)
+        return;
+    if (compute != LLMCL_F32)
+        s->compute = new_tensor(ctx, compute, 1, s->total, 0);
+    if (master) { /* zeros between tensors too, so the checkpoints' fingerprint is repeatable */
+        s->master = new_tensor(ctx, LLMCL_F32, 1, s->total, 0);
+        CHECK(llmcl_fill(ctx, s->master, 0.0), ctx);
+    }
+    if (!train)
+        return;
+    llmcl_tensor **state[] = {&s->grad, &s->m, &s->v};
+    for (int i = 0; i < 3; ++i) {
+        *state[i] = new_tensor(ctx, LLMCL_F32, 1, s->total, 0);
+        CHECK(llmcl_fill(ctx, *state[i], 0.0), ctx);
+    }
+}
+
+static void set_free(param_set *s)
+{
+    llmcl_tensor *all[] = {s->compute, s->master, s->grad, s->m, s->v};
+    for (int i = 0; i < 5; ++i)
+        llmcl_tensor_destroy(all[i]);
+}
+
+/* A host f32 array into p: its master, or its 16-bit copy when it has no master. */
+static void param_upload(const model_param *p, const float *host)
+{
+    const size_t n = (size_t)p->numel;
+    if (p->master) {
+        CHECK(llmcl_tensor_upload(p->master, host, n * sizeof *host), llmcl_tensor_ctx(p->master));
+        return;
+    }
+    uint16_t *h16 = xmalloc(n * sizeof *h16);
+    for (size_t j = 0; j < n; ++j)
+        h16[j] = llmcl_f32_to_bf16(host[j]);
+    CHECK(llmcl_tensor_upload(p->w16, h16, n * sizeof *h16), llmcl_tensor_ctx(p->w16));
+    free(h16);
+}
+
+/* Normal(0, 0.02) matrices and unit norm weights (then the adapters: A uniform in +-1/sqrt(in),
+   B zero), from a fixed seed. */
 static void init_params(model *m, uint64_t seed)
 {
     rng r = rng_new(seed);
     for (int i = 0; i < m->n_params; ++i) {
         const model_param *p = &m->params[i];
         float *host = xmalloc((size_t)p->numel * sizeof *host);
+        const double bound = 1.0 / sqrt((double)p->shape[1]);
         for (int64_t j = 0; j < p->numel; ++j)
-            host[j] = p->is_norm ? 1.0f : 0.02f * (float)rng_normal(&r);
-        CHECK(llmcl_tensor_upload(p->master, host, (size_t)p->numel * sizeof *host), m->ctx);
+            host[j] = p->is_norm ? 1.0f
+                      : p->kind == P_LORA_A ? (float)(bound * (2.0 * rng_uniform(&r) - 1.0))
+                      : p->kind == P_LORA_B ? 0.0f
+                                            : 0.02f * (float)rng_normal(&r);
+        param_upload(p, host);
         free(host);
     }
 }
 
 llmcl_status model_sync_compute(model *m)
 {
-    if (!m->flat_compute)
-        return LLMCL_OK;
-    return llmcl_cast(m->ctx, m->flat_master, m->flat_compute);
+    param_set *sets[] = {&m->trainable, &m->frozen};
+    for (int i = 0; i < 2; ++i)
+        if (sets[i]->compute && sets[i]->master)
+            TRY(llmcl_cast(m->ctx, sets[i]->master, sets[i]->compute));
+    return LLMCL_OK;
 }
 
 llmcl_status model_create(llmcl_ctx *ctx, const model_config *cfg, uint64_t seed, model **out)
@@ -207,36 +311,33 @@ llmcl_status model_create(llmcl_ctx *ctx, const model_config *cfg, uint64_t seed
     m->ctx = ctx;
     m->cfg = *cfg;
     m->head_dim = cfg->dim / cfg->heads;
-    m->params = xcalloc((size_t)(cfg->layers * 9 + 3), sizeof *m->params);
-    add_param(m, P_EMBED, -1);
-    for (int l = 0; l < cfg->layers; ++l)
-        for (int k = P_ATTN_NORM; k <= P_WDOWN; ++k)
-            add_param(m, k, l);
-    add_param(m, P_FINAL_NORM, -1);
-    if (!cfg->tied)
-        add_param(m, P_HEAD, -1);
-
-    llmcl_tensor **flats[] = {&m->flat_master, &m->flat_grad, &m->flat_m, &m->flat_v};
-    for (int i = 0; i < 4; ++i)
-        CHECK(llmcl_tensor_create(ctx, LLMCL_F32, 1, &m->total, flats[i]), ctx);
-    if (cfg->dtype != LLMCL_F32)
-        CHECK(llmcl_tensor_create(ctx, cfg->dtype, 1, &m->total, &m->flat_compute), ctx);
+    m->lora_scale = cfg->lora_rank > 0 ? cfg->lora_alpha / (float)cfg->lora_rank : 0.0f;
+    layout_params(m);
+    const bool lora = cfg->lora_rank > 0;
+    set_alloc(ctx, &m->trainable, cfg->dtype, !lora || cfg->lora_dtype == LLMCL_F32, true);
+    set_alloc(ctx, &m->frozen, cfg->dtype, true, false);
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
-        p->master = param_view(p, m->flat_master);
-        p->grad = param_view(p, m->flat_grad);
-        p->m = param_view(p, m->flat_m);
-        p->v = param_view(p, m->flat_v);
-        p->w16 = m->flat_compute ? param_view(p, m->flat_compute) : NULL;
-        p->w = p->is_norm || !p->w16 ? param_view(p, m->flat_master) : param_view(p, m->flat_compute);
+        param_set *s = p->trainable ? &m->trainable : &m->frozen;
+        p->master = param_view(p, s->master);
+        p->grad = param_view(p, s->grad);
+        p->m = param_view(p, s->m);
+        p->v = param_view(p, s->v);
+        p->w16 = param_view(p, s->compute);
+        p->w = p->is_norm || !p->w16 ? param_view(p, s->master) : param_view(p, s->compute);
     }
     init_params(m, seed);
-    CHECK(llmcl_fill(ctx, m->flat_m, 0.0), ctx);
-    CHECK(llmcl_fill(ctx, m->flat_v, 0.0), ctx);
-    CHECK(llmcl_fill(ctx, m->flat_grad, 0.0), ctx);
     CHECK(model_sync_compute(m), ctx);
     *out = m;
     return LLMCL_OK;
+}
+
+model_param *model_find(model *m, const char *name)
+{
+    for (int i = 0; i < m->n_params; ++i)
+        if (strcmp(m->params[i].name, name) == 0)
+            return &m->params[i];
+    return NULL;
 }
 
 int64_t model_param_count(const model *m)
@@ -247,12 +348,25 @@ int64_t model_param_count(const model *m)
     return n;
 }
 
+int64_t model_trainable_count(const model *m)
+{
+    int64_t n = 0;
+    for (int i = 0; i < m->n_params; ++i)
+        n += m->params[i].trainable ? m->params[i].numel : 0;
+    return n;
+}
+
 double model_flops_per_token(const model *m, int t)
 {
     /* the input embedding is a gather; with a tied head its matrix multiplies once, as the head */
     const model_config *c = &m->cfg;
-    const double multiplying = (double)model_param_count(m) - (c->tied ? 0.0 : (double)c->vocab * c->dim);
-    return 6.0 * multiplying + 6.0 * c->layers * (double)t * c->dim;
+    double flops = 6.0 * c->layers * (double)t * c->dim;
+    for (int i = 0; i < m->n_params; ++i) {
+        const model_param *p = &m->params[i];
+        if (!(p->kind == P_EMBED && !c->tied))
+            flops += (p->trainable ? 6.0 : 4.0) * (double)p->numel;
+    }
+    return flops;
 }
 
 /* The parameter of kind in layer (-1 for the global ones); the tied head is the embedding. */
@@ -288,6 +402,9 @@ static void acts_alloc(model *m, layer_acts *A, int64_t n, int b, int t)
     A->gate = new_tensor(ctx, dt, 2, n, c->ffn);
     A->up = new_tensor(ctx, dt, 2, n, c->ffn);
     A->act = new_tensor(ctx, dt, 2, n, c->ffn);
+    for (int k = P_WQ; k <= P_WDOWN; ++k)
+        if (c->lora_rank > 0 && (c->lora_targets & (1u << k)))
+            A->u[k] = new_tensor(ctx, dt, 2, n, c->lora_rank);
 }
 
 static void acts_free(layer_acts *A)
@@ -296,6 +413,8 @@ static void acts_free(layer_acts *A)
                            A->xmid, A->h2, A->rstd2, A->gate, A->up, A->act};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
         llmcl_tensor_destroy(all[i]);
+    for (int k = 0; k < P_KINDS; ++k)
+        llmcl_tensor_destroy(A->u[k]);
 }
 
 /* Stream tensors: one per layer input and the output, or a ring of two when offloading. */
@@ -332,7 +451,8 @@ static void free_acts(model *m)
     m->acts = NULL;
     llmcl_tensor **bufs[] = {&m->hfinal, &m->rstd_final, &m->lse_ce, &m->loss, &m->ids,
                              &m->targets, &m->positions, &m->dres, &m->dh, &m->dh32, &m->da,
-                             &m->dattn, &m->dq, &m->dk, &m->dv, &m->dnorm_w, &m->logits_last};
+                             &m->dattn, &m->dq, &m->dk, &m->dv, &m->dnorm_w, &m->logits_last,
+                             &m->du};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i) {
         llmcl_tensor_destroy(*bufs[i]);
         *bufs[i] = NULL;
@@ -385,6 +505,8 @@ llmcl_status model_alloc_acts(model *m, int b, int t, bool recompute, bool offlo
     m->dv = new_tensor(ctx, dt, 2, n, kv);
     m->dnorm_w = new_tensor(ctx, LLMCL_F32, 1, c->dim, 0);
     m->logits_last = new_tensor(ctx, LLMCL_F32, 2, 1, c->vocab);
+    if (c->lora_rank > 0)
+        m->du = new_tensor(ctx, dt, 2, n, c->lora_rank);
     return LLMCL_OK;
 }
 
@@ -400,9 +522,8 @@ void model_destroy(model *m)
             llmcl_tensor_destroy(vs[j]);
     }
     free(m->params);
-    llmcl_tensor *flats[] = {m->flat_compute, m->flat_master, m->flat_grad, m->flat_m, m->flat_v};
-    for (int i = 0; i < 5; ++i)
-        llmcl_tensor_destroy(flats[i]);
+    set_free(&m->trainable);
+    set_free(&m->frozen);
     free(m);
 }
 
@@ -429,14 +550,63 @@ static llmcl_status linear(llmcl_ctx *ctx, const llmcl_tensor *x, const llmcl_te
     return llmcl_matmul(ctx, 1.0f, x, w, beta, y, &o);
 }
 
-/* dx (+)= dy w, and grad += dy^T x: the two gradient products of y = x w^T. */
-static llmcl_status linear_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const llmcl_tensor *x,
-                                    const model_param *p, float dx_beta, llmcl_tensor *dx)
+/*
+ * LoRA costs two thin products more than the base projection in the forward and four in the
+ * backward, and passes are saved where Unsloth saves them: u = x A^T is kept from the forward
+ * (never recomputed), s u B^T and du A are accumulated into y and dx by the matmul's beta = 1
+ * (no [N, out] or [N, in] temporary and no separate add pass), the scale s rides in the matmul's
+ * alpha (no scaling pass), and frozen base weights skip their weight-gradient product entirely.
+ */
+llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tensor *x, float beta,
+                                llmcl_tensor *y, llmcl_tensor *u)
 {
+    OP(F_MATMUL, linear(m->ctx, x, p->w, beta, y));
+    if (!p->lora_a)
+        return LLMCL_OK;
+    OP(F_MATMUL, linear(m->ctx, x, p->lora_a->w, 0, u));
+    const llmcl_matmul_opts o = {.trans_b = 1};
+    return PROF(F_MATMUL, llmcl_matmul(m->ctx, m->lora_scale, u, p->lora_b->w, 1, y, &o));
+}
+
+llmcl_status model_proj_backward(model *m, const model_param *p, const llmcl_tensor *dy,
+                                 const llmcl_tensor *x, const llmcl_tensor *u, float dx_beta,
+                                 llmcl_tensor *dx, llmcl_tensor *du)
+{
+    llmcl_ctx *ctx = m->ctx;
     const llmcl_matmul_opts t = {.trans_a = 1};
+    const float s = m->lora_scale;
     if (dx)
-        TRY(llmcl_matmul(ctx, 1.0f, dy, p->w, dx_beta, dx, NULL));
-    return llmcl_matmul(ctx, 1.0f, dy, x, 1.0f, p->grad, &t);
+        OP(F_MATMUL, llmcl_matmul(ctx, 1.0f, dy, p->w, dx_beta, dx, NULL));
+    if (p->trainable)
+        OP(F_MATMUL, llmcl_matmul(ctx, 1.0f, dy, x, 1.0f, p->grad, &t));
+    if (!p->lora_a)
+        return LLMCL_OK;
+    OP(F_MATMUL, llmcl_matmul(ctx, s, dy, u, 1.0f, p->lora_b->grad, &t));
+    OP(F_MATMUL, llmcl_matmul(ctx, s, dy, p->lora_b->w, 0.0f, du, NULL));
+    OP(F_MATMUL, llmcl_matmul(ctx, 1.0f, du, x, 1.0f, p->lora_a->grad, &t));
+    if (dx)
+        OP(F_MATMUL, llmcl_matmul(ctx, 1.0f, du, p->lora_a->w, 1.0f, dx, NULL));
+    return LLMCL_OK;
+}
+
+/* The first n rows of layer activations A's u for the projection of kind, or NULL. */
+static llmcl_tensor *u_rows(arena *a, const layer_acts *A, int kind, int64_t n)
+{
+    return A->u[kind] ? rows(a, A->u[kind], n) : NULL;
+}
+
+/* The first n rows of the adapters' du scratch, or NULL. */
+static llmcl_tensor *du_rows(model *m, arena *a, int64_t n)
+{
+    return m->du ? rows(a, m->du, n) : NULL;
+}
+
+/* Adds a norm's weight gradient (left in m->dnorm_w) when the norm is trained. */
+static llmcl_status norm_grad(model *m, const model_param *p)
+{
+    if (!p->trainable)
+        return LLMCL_OK;
+    return PROF(F_ELEMENTWISE, llmcl_axpy(m->ctx, 1.0f, m->dnorm_w, p->grad));
 }
 
 /* ---- forward ---- */
@@ -453,9 +623,9 @@ static llmcl_status layer_forward(model *m, arena *a, int l, layer_acts *A, llmc
     llmcl_tensor *h1 = rows(a, A->h1, n), *q = rows(a, A->q, n), *k = rows(a, A->k, n),
                  *v = rows(a, A->v, n), *xmid = rows(a, A->xmid, n), *h2 = rows(a, A->h2, n);
     OP(F_NORM, llmcl_rmsnorm_forward(ctx, x, param(m, P_ATTN_NORM, l)->w, h1, head(a, A->rstd1, n), &no));
-    OP(F_MATMUL, linear(ctx, h1, param(m, P_WQ, l)->w, 0, q));
-    OP(F_MATMUL, linear(ctx, h1, param(m, P_WK, l)->w, 0, k));
-    OP(F_MATMUL, linear(ctx, h1, param(m, P_WV, l)->w, 0, v));
+    TRY(model_proj_forward(m, param(m, P_WQ, l), h1, 0, q, u_rows(a, A, P_WQ, n)));
+    TRY(model_proj_forward(m, param(m, P_WK, l), h1, 0, k, u_rows(a, A, P_WK, n)));
+    TRY(model_proj_forward(m, param(m, P_WV, l), h1, 0, v, u_rows(a, A, P_WV, n)));
     const llmcl_rope_options ro = rope_opts(m, a, t);
     OP(F_ROPE, llmcl_rope_forward(ctx, bthd(a, A->q, b, t, c->heads, d), bthd(a, A->k, b, t, c->kv_heads, d), &ro));
     const llmcl_attention_opts ao = {.causal = 1};
@@ -466,16 +636,19 @@ static llmcl_status layer_forward(model *m, arena *a, int l, layer_acts *A, llmc
                                        bhtd(a, A->o, b, t, c->heads, d),
                                        view(a, A->lse, 3, lshape, NULL, 0)));
     OP(F_ELEMENTWISE, llmcl_copy(ctx, x, xmid));
-    OP(F_MATMUL, linear(ctx, rows(a, A->o, n), param(m, P_WO, l)->w, 1, xmid));
+    TRY(model_proj_forward(m, param(m, P_WO, l), rows(a, A->o, n), 1, xmid, u_rows(a, A, P_WO, n)));
     OP(F_NORM, llmcl_rmsnorm_forward(ctx, xmid, param(m, P_MLP_NORM, l)->w, h2, head(a, A->rstd2, n), &no));
     llmcl_tensor *gate = rows(a, A->gate, n), *up = rows(a, A->up, n), *act = rows(a, A->act, n);
-    OP(F_MATMUL, linear(ctx, h2, param(m, P_WGATE, l)->w, 0, gate));
-    OP(F_MATMUL, linear(ctx, h2, param(m, P_WUP, l)->w, 0, up));
+    TRY(model_proj_forward(m, param(m, P_WGATE, l), h2, 0, gate, u_rows(a, A, P_WGATE, n)));
+    TRY(model_proj_forward(m, param(m, P_WUP, l), h2, 0, up, u_rows(a, A, P_WUP, n)));
     OP(F_GLU, llmcl_glu_forward(ctx, LLMCL_ACT_SILU, gate, up, act));
-    if (!xout)
-        return LLMCL_OK;
+    const model_param *down = param(m, P_WDOWN, l);
+    if (!xout) /* recomputing for the backward: of the last projection only its adapter's u */
+        return down->lora_a ? PROF(F_MATMUL, linear(ctx, act, down->lora_a->w, 0,
+                                                    u_rows(a, A, P_WDOWN, n)))
+                            : LLMCL_OK;
     OP(F_ELEMENTWISE, llmcl_copy(ctx, xmid, xout));
-    return PROF(F_MATMUL, linear(ctx, act, param(m, P_WDOWN, l)->w, 1, xout));
+    return model_proj_forward(m, down, act, 1, xout, u_rows(a, A, P_WDOWN, n));
 }
 
 static layer_acts *acts_of(model *m, int l) { return &m->acts[m->recompute ? 0 : l]; }
@@ -553,18 +726,22 @@ static llmcl_status layer_backward(model *m, arena *a, int l, layer_acts *A, llm
     const llmcl_rmsnorm_options no = norm_opts(m);
     llmcl_tensor *dres = rows(a, m->dres, n), *dh = rows(a, m->dh, n), *da = rows(a, m->da, n);
     llmcl_tensor *gate = rows(a, A->gate, n), *up = rows(a, A->up, n), *h2 = rows(a, A->h2, n);
+    llmcl_tensor *du = du_rows(m, a, n);
     /* MLP */
-    OP(F_MATMUL, linear_backward(ctx, dres, rows(a, A->act, n), param(m, P_WDOWN, l), 0, da));
+    TRY(model_proj_backward(m, param(m, P_WDOWN, l), dres, rows(a, A->act, n),
+                            u_rows(a, A, P_WDOWN, n), 0, da, du));
     OP(F_GLU, llmcl_glu_backward(ctx, LLMCL_ACT_SILU, da, gate, up, gate, up));
-    OP(F_MATMUL, linear_backward(ctx, gate, h2, param(m, P_WGATE, l), 0, dh));
-    OP(F_MATMUL, linear_backward(ctx, up, h2, param(m, P_WUP, l), 1, dh));
+    TRY(model_proj_backward(m, param(m, P_WGATE, l), gate, h2, u_rows(a, A, P_WGATE, n), 0, dh,
+                            du));
+    TRY(model_proj_backward(m, param(m, P_WUP, l), up, h2, u_rows(a, A, P_WUP, n), 1, dh, du));
     OP(F_NORM, llmcl_residual_rmsnorm_backward(ctx, dh, dres, rows(a, A->xmid, n),
                                                param(m, P_MLP_NORM, l)->w, head(a, A->rstd2, n),
                                                dres, m->dnorm_w, &no));
-    OP(F_ELEMENTWISE, llmcl_axpy(ctx, 1.0f, m->dnorm_w, param(m, P_MLP_NORM, l)->grad));
+    TRY(norm_grad(m, param(m, P_MLP_NORM, l)));
     /* attention */
     llmcl_tensor *h1 = rows(a, A->h1, n);
-    OP(F_MATMUL, linear_backward(ctx, dres, rows(a, A->o, n), param(m, P_WO, l), 0, rows(a, m->dattn, n)));
+    TRY(model_proj_backward(m, param(m, P_WO, l), dres, rows(a, A->o, n), u_rows(a, A, P_WO, n), 0,
+                            rows(a, m->dattn, n), du));
     const llmcl_attention_opts ao = {.causal = 1};
     const int64_t lshape[3] = {b, c->heads, t};
     OP(F_ATTENTION, llmcl_attention_backward(
@@ -576,12 +753,15 @@ static llmcl_status layer_backward(model *m, arena *a, int l, layer_acts *A, llm
     const llmcl_rope_options ro = rope_opts(m, a, t);
     OP(F_ROPE, llmcl_rope_backward(ctx, bthd(a, m->dq, b, t, c->heads, d),
                                    bthd(a, m->dk, b, t, c->kv_heads, d), &ro));
-    OP(F_MATMUL, linear_backward(ctx, rows(a, m->dq, n), h1, param(m, P_WQ, l), 0, dh));
-    OP(F_MATMUL, linear_backward(ctx, rows(a, m->dk, n), h1, param(m, P_WK, l), 1, dh));
-    OP(F_MATMUL, linear_backward(ctx, rows(a, m->dv, n), h1, param(m, P_WV, l), 1, dh));
+    TRY(model_proj_backward(m, param(m, P_WQ, l), rows(a, m->dq, n), h1, u_rows(a, A, P_WQ, n), 0,
+                            dh, du));
+    TRY(model_proj_backward(m, param(m, P_WK, l), rows(a, m->dk, n), h1, u_rows(a, A, P_WK, n), 1,
+                            dh, du));
+    TRY(model_proj_backward(m, param(m, P_WV, l), rows(a, m->dv, n), h1, u_rows(a, A, P_WV, n), 1,
+                            dh, du));
     OP(F_NORM, llmcl_residual_rmsnorm_backward(ctx, dh, dres, x, param(m, P_ATTN_NORM, l)->w,
                                                head(a, A->rstd1, n), dres, m->dnorm_w, &no));
-    return PROF(F_ELEMENTWISE, llmcl_axpy(ctx, 1.0f, m->dnorm_w, param(m, P_ATTN_NORM, l)->grad));
+    return norm_grad(m, param(m, P_ATTN_NORM, l));
 }
 
 /*
@@ -625,7 +805,7 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
     model_param *headp = param(m, P_HEAD, -1), *fnorm = param(m, P_FINAL_NORM, -1);
     OP(F_CROSS_ENTROPY, llmcl_fused_cross_entropy_backward(ctx, hf, headp->w, NULL, head(a, m->targets, n),
                                                   head(a, m->lse_ce, n), NULL, &co, dh32,
-                                                  headp->grad, NULL));
+                                                  headp->trainable ? headp->grad : NULL, NULL));
     llmcl_tensor *dy = dh32;
     if (m->cfg.dtype != LLMCL_F32) {
         dy = rows(a, m->dh, n);
@@ -634,13 +814,16 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
     const llmcl_rmsnorm_options no = norm_opts(m);
     OP(F_NORM, llmcl_rmsnorm_backward(ctx, dy, rows(a, stream(m, L), n), fnorm->w,
                                head(a, m->rstd_final, n), dres, m->dnorm_w, &no));
-    OP(F_ELEMENTWISE, llmcl_axpy(ctx, 1.0f, m->dnorm_w, fnorm->grad));
+    TRY(norm_grad(m, fnorm));
     for (int l = L - 1; l >= 0; --l) {
         TRY(block_backward(m, a, l, n, b, t));
         arena_clear(a); /* views of one block at a time */
     }
+    const model_param *embed = param(m, P_EMBED, -1);
+    if (!embed->trainable)
+        return LLMCL_OK;
     return PROF(F_EMBEDDING, llmcl_embedding_backward(ctx, head(a, m->ids, n), rows(a, m->dres, n),
-                                    param(m, P_EMBED, -1)->grad));
+                                                      embed->grad));
 }
 
 llmcl_status model_backward(model *m, int b, int t)

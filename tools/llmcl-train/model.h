@@ -3,9 +3,13 @@
  * RMSNorm, RoPE (optionally with Llama 3 scaling), grouped-query causal attention, a SwiGLU MLP,
  * a tied or untied output head and the fused linear cross-entropy; the backward of all of it.
  *
- * Parameters live in flat device buffers, every tensor a view into them (so one AdamW launch
- * updates them all): the compute copy (bf16 or f32), f32 master weights, f32 gradients and the
- * two f32 moments. Norm weights have no compute copy: they are used in f32 from the master buffer.
+ * Parameters live in flat device buffers, every tensor a view into them: the compute copy (bf16 or
+ * f32), f32 master weights, f32 gradients and the two f32 moments. Norm weights have no compute
+ * copy: they are used in f32 from the master buffer. Two such sets: the trainable one (one AdamW
+ * launch updates it all) and the frozen one, which has no gradients or moments. Without LoRA every
+ * weight is trainable; with LoRA (model_config.lora_rank > 0) the base weights are frozen, as PEFT
+ * freezes them (embeddings and norms included), and the trainable set holds the adapters: per
+ * adapted projection y = x W^T, A [r, in] and B [out, r], and y = x W^T + (alpha / r) (x A^T) B^T.
  */
 #ifndef LLMCL_TRAIN_MODEL_H
 #define LLMCL_TRAIN_MODEL_H
@@ -23,26 +27,51 @@ typedef struct model_config {
     double rope_theta;
     double rope_llama3_factor; /* > 0: Llama 3 scaling with Llama 3.1's other constants */
     llmcl_dtype dtype;        /* compute dtype of matrices and activations: bf16, f16 or f32 */
+    int lora_rank;            /* > 0: LoRA adapters of this rank, the base weights frozen */
+    float lora_alpha;         /* the adapters' scale is lora_alpha / lora_rank */
+    unsigned lora_targets;    /* the adapted projections: bit (1u << P_WQ) ... (1u << P_WDOWN) */
+    llmcl_dtype lora_dtype;   /* f32: adapters keep f32 masters (their products still run in the
+                                 compute dtype, as under autocast); bf16: adapters are bf16 only,
+                                 AdamW rounds them stochastically (needs a bf16 model) */
 } model_config;
 
 /* A readable reason why cfg is unusable, or NULL. */
 const char *model_config_error(const model_config *cfg);
 
-/* Parameters per tensor kind, in the order they are laid out. */
+/* Parameters per tensor kind, in the order they are laid out; then the adapters' two kinds. */
 enum { P_EMBED, P_ATTN_NORM, P_WQ, P_WK, P_WV, P_WO, P_MLP_NORM, P_WGATE, P_WUP, P_WDOWN, P_FINAL_NORM,
-       P_HEAD, P_KINDS };
+       P_HEAD, P_LORA_A, P_LORA_B, P_KINDS };
 
-typedef struct model_param {
-    char name[64];         /* Hugging Face LlamaForCausalLM name */
+/* Every projection LoRA may adapt, as model_config.lora_targets bits. */
+#define LORA_ALL_TARGETS                                                                          \
+    ((1u << P_WQ) | (1u << P_WK) | (1u << P_WV) | (1u << P_WO) | (1u << P_WGATE) | (1u << P_WUP) | \
+     (1u << P_WDOWN))
+
+/* The projections LoRA may adapt, by kind: "q_proj", ... ("" for the others). */
+const char *model_module_name(int kind);
+
+/* Flat device buffers that a set of parameters views. */
+typedef struct param_set {
+    int64_t total;              /* elements, every tensor at a 64-element boundary */
+    llmcl_tensor *compute;      /* the 16-bit copy the forward uses; NULL for f32 */
+    llmcl_tensor *master;       /* f32 weights; NULL for bf16-only adapters */
+    llmcl_tensor *grad, *m, *v; /* f32; NULL for the frozen set */
+} param_set;
+
+typedef struct model_param model_param;
+struct model_param {
+    char name[96];         /* Hugging Face LlamaForCausalLM name, PEFT's for adapters */
     int kind, layer;
     int ndim;
     int64_t shape[2];
-    int64_t numel, offset; /* elements; offset into the flat buffers */
+    int64_t numel, offset; /* elements; offset into its set's flat buffers */
     bool is_norm;          /* f32 only, no weight decay */
+    bool trainable;        /* in the trainable set: grad, m and v exist */
     llmcl_tensor *w;       /* what the forward computes with (a view of compute or master) */
-    llmcl_tensor *master, *grad, *m, *v; /* f32 views */
+    llmcl_tensor *master, *grad, *m, *v; /* f32 views (NULL where the set has no such buffer) */
     llmcl_tensor *w16;     /* view of the 16-bit compute buffer, NULL for norms and f32 models */
-} model_param;
+    model_param *lora_a, *lora_b; /* a projection's adapter, or NULL */
+};
 
 /* Op families for the per-family split of a step's kernel time. */
 enum { F_MATMUL, F_ATTENTION, F_NORM, F_ROPE, F_GLU, F_CROSS_ENTROPY, F_EMBEDDING, F_ELEMENTWISE,
@@ -55,9 +84,10 @@ typedef struct model {
     model_config cfg;
     int head_dim;
     int n_params;
-    model_param *params;
-    int64_t total;         /* elements in the flat buffers */
-    llmcl_tensor *flat_compute, *flat_master, *flat_grad, *flat_m, *flat_v;
+    model_param *params;   /* the base weights in layout order, then the adapters */
+    param_set trainable, frozen;
+    float lora_scale;      /* lora_alpha / lora_rank */
+    uint64_t frozen_fingerprint; /* checkpoint.c's hash of the frozen weights; 0: not yet taken */
 
     /* activations for micro-batches of up to max_b x max_t tokens */
     int max_b, max_t;
@@ -69,6 +99,7 @@ typedef struct model {
     layer_acts *acts;      /* one per layer, or one shared when recomputing */
     llmcl_tensor *hfinal, *rstd_final, *lse_ce, *loss, *ids, *targets, *positions;
     llmcl_tensor *dres, *dh, *dh32, *da, *dattn, *dq, *dk, *dv, *dnorm_w, *logits_last;
+    llmcl_tensor *du;      /* an adapter's d(x A^T) [N, rank] */
 
     /* profiling: every op a profiling region of its own (so each waits for its kernels), its
        kernel time added to prof_ms of its family */
@@ -83,11 +114,18 @@ const char *model_family_name(int family);
 void model_prof_begin(model *m);
 llmcl_status model_prof_end(model *m, int family, llmcl_status st);
 
-/* Creates the parameters (initialised from seed as Llama does: normal(0, 0.02), norms 1). */
+/*
+ * Creates the parameters, initialised from seed as Llama does (normal(0, 0.02), norms 1) and the
+ * adapters as PEFT does (A uniform in +-1/sqrt(in), which is kaiming_uniform_(a = sqrt(5)); B zero,
+ * so the adapted model starts as the base model).
+ */
 llmcl_status model_create(llmcl_ctx *ctx, const model_config *cfg, uint64_t seed, model **out);
 
 /* Rounds the f32 master weights into the compute copy (after loading or changing them). */
 llmcl_status model_sync_compute(model *m);
+
+/* The parameter called name (Hugging Face's or PEFT's), or NULL. */
+model_param *model_find(model *m, const char *name);
 
 /*
  * Allocates activations for micro-batches of b x t tokens. recompute keeps only each layer's input
@@ -98,11 +136,29 @@ llmcl_status model_alloc_acts(model *m, int b, int t, bool recompute, bool offlo
 
 void model_destroy(model *m);
 
-/* The number of parameters (the tied head counted once). */
+/* The number of parameters (the tied head counted once), and of those trained. */
 int64_t model_param_count(const model *m);
+int64_t model_trainable_count(const model *m);
 
-/* Training FLOPs per token: 6 x (parameters that multiply) + causal attention, forward+backward. */
+/* Training FLOPs per token: 6 x trained and 4 x frozen parameters that multiply (no weight
+   gradient), + causal attention, forward+backward. */
 double model_flops_per_token(const model *m, int t);
+
+/*
+ * The projection p (a base matrix [out, in]) on x [N, in]: y = x w^T (beta 0) or y += x w^T
+ * (beta 1), and with an adapter u = x A^T [N, rank] (kept for the backward) and y += s u B^T.
+ */
+llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tensor *x, float beta,
+                                llmcl_tensor *y, llmcl_tensor *u);
+
+/*
+ * Its backward from dy [N, out]: dx = dy w (dx_beta 0) or dx += dy w (dx NULL: not wanted),
+ * p->grad += dy^T x when p is trainable; with an adapter dB += s dy^T u, du = s dy B (du [N, rank]
+ * scratch), dA += du^T x and dx += du A.
+ */
+llmcl_status model_proj_backward(model *m, const model_param *p, const llmcl_tensor *dy,
+                                 const llmcl_tensor *x, const llmcl_tensor *u, float dx_beta,
+                                 llmcl_tensor *dx, llmcl_tensor *du);
 
 /*
  * Forward over b x t tokens (ids and targets uploaded from host int32 arrays); writes the mean
@@ -112,7 +168,7 @@ double model_flops_per_token(const model *m, int t);
 llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets, int b, int t,
                            bool backward_follows);
 
-/* Backward of the last forward: adds every parameter's gradient to m->flat_grad. */
+/* Backward of the last forward: adds every trainable parameter's gradient to m->trainable.grad. */
 llmcl_status model_backward(model *m, int b, int t);
 
 /* out (f32 [rows, vocab]) = the logits of rows [row0, row0 + rows) of the last forward's tokens. */

@@ -1,4 +1,5 @@
-/* optimizer.c: AdamW over a whole model through llmcl's multi-tensor step (optimizer.h). */
+/* optimizer.c: AdamW over a model's trainable set through llmcl's multi-tensor step
+   (optimizer.h); frozen weights have neither gradients nor moments. */
 #include "optimizer.h"
 
 #include <stdlib.h>
@@ -12,12 +13,15 @@ llmcl_status optimizer_create(model *m, const adamw_hparams *hp, optimizer *out)
     out->grads = xcalloc((size_t)m->n_params, sizeof *out->grads);
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
-        /* 16-bit models: AdamW updates the master and writes the rounded copy in the same pass */
-        out->tensors[i] = (llmcl_adamw_tensor){.param = p->w16 ? p->w16 : p->master,
-                                               .master = p->w16 ? p->master : NULL,
-                                               .grad = p->grad, .m = p->m, .v = p->v,
-                                               .no_weight_decay = p->is_norm};
-        out->grads[i] = p->grad;
+        if (!p->trainable)
+            continue;
+        /* 16-bit models: AdamW updates the master and writes the rounded copy in the same pass;
+           bf16-only adapters (no master) are rounded stochastically */
+        out->tensors[out->count] = (llmcl_adamw_tensor){.param = p->w16 ? p->w16 : p->master,
+                                                        .master = p->w16 ? p->master : NULL,
+                                                        .grad = p->grad, .m = p->m, .v = p->v,
+                                                        .no_weight_decay = p->is_norm};
+        out->grads[out->count++] = p->grad;
     }
     const int64_t one = 1;
     return llmcl_tensor_create(m->ctx, LLMCL_F32, 1, &one, &out->grad_norm);
@@ -34,13 +38,13 @@ void optimizer_destroy(optimizer *o)
 llmcl_status optimizer_step(optimizer *o, float lr, int64_t step, int micro)
 {
     model *m = o->m;
-    TRY(llmcl_grad_norm(m->ctx, o->grads, m->n_params, 0, o->grad_norm));
+    TRY(llmcl_grad_norm(m->ctx, o->grads, o->count, 0, o->grad_norm));
     const llmcl_adamw_opts ao = {.lr = lr, .beta1 = o->hp.beta1, .beta2 = o->hp.beta2,
                                  .eps = o->hp.eps, .weight_decay = o->hp.weight_decay,
                                  .step = step, .grad_scale = 1.0f / (float)micro,
                                  .grad_norm = o->hp.clip > 0 ? o->grad_norm : NULL,
                                  .max_grad_norm = o->hp.clip, .seed = o->hp.seed};
-    return llmcl_adamw_step(m->ctx, o->tensors, m->n_params, &ao);
+    return llmcl_adamw_step(m->ctx, o->tensors, o->count, &ao);
 }
 
 llmcl_status optimizer_last_norm(optimizer *o, int micro, double *norm)

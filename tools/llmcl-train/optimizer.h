@@ -1,7 +1,7 @@
 /*
- * optimizer.h: llmcl-train's optimizer: every parameter of a model in one llmcl_adamw_step call
- * (the flat buffers make it one launch), global-norm clipping read on the device, and the
- * hyperparameters of a run.
+ * optimizer.h: llmcl-train's optimizer: every trainable parameter of a model in one
+ * llmcl_adamw_step call (the trainable set's flat buffers make it one launch), global-norm
+ * clipping read on the device, and the hyperparameters of a run.
  */
 #ifndef LLMCL_TRAIN_OPTIMIZER_H
 #define LLMCL_TRAIN_OPTIMIZER_H
@@ -17,6 +17,7 @@ typedef struct adamw_hparams {
 typedef struct optimizer {
     model *m;
     adamw_hparams hp;
+    int count;                  /* trainable tensors */
     llmcl_adamw_tensor *tensors;
     const llmcl_tensor **grads;
     llmcl_tensor *grad_norm; /* f32 [1]: the norm of the accumulated gradients */

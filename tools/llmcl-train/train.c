@@ -1,7 +1,8 @@
 /*
  * train.c: llmcl-train, a Llama-style decoder trained end to end on llmcl: options, the training
  * loop (gradient accumulation, global-norm clipping, warmup + cosine learning rate, the fused
- * AdamW), held-out evaluation, the progress line and a greedy sample at the end.
+ * AdamW), held-out evaluation, the progress line and a greedy sample at the end; a Hugging Face
+ * checkpoint in (--init-from, its config.json setting the shape) and out (--export), LoRA.
  */
 #include <getopt.h>
 #include <math.h>
@@ -12,9 +13,14 @@
 
 #include "checkpoint.h"
 #include "data.h"
+#include "hf.h"
 #include "model.h"
 #include "optimizer.h"
 #include "util.h"
+
+/* Shape options that an --init-from config.json also sets. */
+enum { OPT_DIM, OPT_LAYERS, OPT_HEADS, OPT_KV_HEADS, OPT_FFN, OPT_VOCAB, OPT_UNTIED, OPT_ROPE_THETA,
+       OPT_ROPE_LLAMA3 };
 
 typedef struct options {
     model_config model;
@@ -25,6 +31,11 @@ typedef struct options {
     const char *prompt;
     int recompute, offload, profile;
     int vocab_given;
+    unsigned given;        /* shape options given explicitly: bits (1u << OPT_DIM) ... */
+    const char *init_from, *export_dir, *dump_logits;
+    llmcl_dtype export_dtype;
+    int lora_merge;
+    int max_positions;     /* config.json's max_position_embeddings; 0: the run's --seq */
     const char *save, *resume;
     int save_every, save_on_interrupt;
     uint64_t seed;
@@ -46,6 +57,16 @@ static void usage(FILE *f)
           "  --rope-theta X       RoPE base (default 10000; llama-1b 500000)\n"
           "  --rope-llama3 X      Llama 3 RoPE scaling factor (0: off)\n"
           "  --dtype T            bf16 (default), f16 or f32 compute; master weights are f32\n"
+          "  --init-from PATH     start from a Hugging Face LlamaForCausalLM checkpoint: a folder\n"
+          "                       (config.json + model.safetensors or its shards' index; the\n"
+          "                       config sets the shape, options that contradict it are errors)\n"
+          "                       or one .safetensors file (the options set the shape)\n"
+          "LoRA (base weights, embeddings and norms frozen; adapters trained):\n"
+          "  --lora R             adapters of rank R (0: off, full fine-tuning)\n"
+          "  --lora-alpha A       scale A / R (default A = R)\n"
+          "  --lora-targets LIST  of q,k,v,o,gate,up,down (default: all seven)\n"
+          "  --lora-dtype T       f32 (default: f32 masters, products in the compute dtype) or\n"
+          "                       bf16 (bf16 adapters only, stochastic rounding; bf16 models)\n"
           "training:\n"
           "  --batch B --seq T    micro-batch of B sequences of T tokens\n"
           "  --accum K            micro-batches per step (gradient accumulation)\n"
@@ -64,7 +85,15 @@ static void usage(FILE *f)
           "checkpoints (safetensors: f32 weights under Hugging Face names, AdamW moments, step):\n"
           "  --save FILE          written at the end (and every --save-every N steps)\n"
           "  --save-on-interrupt  Ctrl-C writes --save before exiting\n"
-          "  --resume FILE        continue from a checkpoint of the same model shape\n",
+          "  --resume FILE        continue from a checkpoint of the same model shape (with LoRA:\n"
+          "                       adapters only, the same --init-from must give the base)\n"
+          "export (Hugging Face's layout, at the end of the run):\n"
+          "  --export DIR         model.safetensors + config.json; with LoRA PEFT's\n"
+          "                       adapter_model.safetensors + adapter_config.json\n"
+          "  --export-dtype T     bf16 (default) or f32\n"
+          "  --lora-merge         with LoRA: export W + (alpha / R) B A as a whole model instead\n"
+          "  --dump-logits FILE   (checks) the f32 logits of the first held-out batch at the end,\n"
+          "                       with its tokens and loss, as safetensors\n",
           f);
 }
 
@@ -86,15 +115,37 @@ static void preset(options *o, const char *name)
     }
 }
 
-static llmcl_dtype parse_dtype(const char *s)
+static llmcl_dtype parse_dtype(const char *name, const char *s, bool f16)
 {
     if (strcmp(s, "bf16") == 0)
         return LLMCL_BF16;
-    if (strcmp(s, "f16") == 0)
+    if (f16 && strcmp(s, "f16") == 0)
         return LLMCL_F16;
     if (strcmp(s, "f32") == 0)
         return LLMCL_F32;
-    die("--dtype %s: expected bf16, f16 or f32", s);
+    die("--%s %s: expected bf16%s or f32", name, s, f16 ? ", f16" : "");
+}
+
+/* A comma-separated list of q, k, v, o, gate, up, down as model.h's target bits. */
+static unsigned parse_targets(const char *s)
+{
+    static const char *names[] = {"q", "k", "v", "o", "gate", "up", "down"};
+    static const int kinds[] = {P_WQ, P_WK, P_WV, P_WO, P_WGATE, P_WUP, P_WDOWN};
+    unsigned bits = 0;
+    for (const char *p = s; *p;) {
+        const size_t len = strcspn(p, ",");
+        int i = 0;
+        while (i < 7 && !(strlen(names[i]) == len && strncmp(p, names[i], len) == 0))
+            ++i;
+        if (i == 7)
+            die("--lora-targets %s: '%.*s' is not one of q, k, v, o, gate, up, down", s,
+                (int)len, p);
+        bits |= 1u << kinds[i];
+        p += len + (p[len] == ',');
+    }
+    if (!bits)
+        die("--lora-targets: name at least one projection");
+    return bits;
 }
 
 static long parse_int(const char *name, const char *s, long lo, long hi)
@@ -120,7 +171,7 @@ static void parse_options(int argc, char **argv, options *o)
     *o = (options){.accum = 1, .steps = 200, .warmup = 20, .lr = 3e-3f, .min_lr_frac = 0.1f,
                    .weight_decay = 0.1f, .clip = 1.0f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                    .eval_every = 50, .eval_batches = 4, .log_every = 10, .sample_tokens = 200,
-                   .prompt = "The cat", .seed = 1337};
+                   .prompt = "The cat", .seed = 1337, .export_dtype = LLMCL_BF16};
     preset(o, "tiny");
     static const struct option longs[] = {
         {"data", 1, 0, 'D'}, {"val", 1, 0, 'V'}, {"preset", 1, 0, 'P'}, {"dim", 1, 0, 'd'},
@@ -134,30 +185,69 @@ static void parse_options(int argc, char **argv, options *o)
         {"log-every", 1, 0, 'g'}, {"sample", 1, 0, 'o'}, {"prompt", 1, 0, 'p'},
         {"peak-tflops", 1, 0, 'T'}, {"save", 1, 0, 'Y'}, {"save-every", 1, 0, 'y'},
         {"save-on-interrupt", 0, 0, 'I'}, {"resume", 1, 0, 'Z'}, {"help", 0, 0, 'h'},
+        {"init-from", 1, 0, 'i'}, {"export", 1, 0, 'x'}, {"export-dtype", 1, 0, 'X'},
+        {"lora", 1, 0, 'k'}, {"lora-alpha", 1, 0, 'A'}, {"lora-targets", 1, 0, 'G'},
+        {"lora-dtype", 1, 0, 'U'}, {"lora-merge", 0, 0, 'M'}, {"dump-logits", 1, 0, 'J'},
         {0, 0, 0, 0}};
     /* a preset first, so that the other options refine it whatever their order */
     for (int i = 1; i + 1 < argc; ++i)
         if (strcmp(argv[i], "--preset") == 0)
             preset(o, argv[i + 1]);
+    o->model.lora_targets = LORA_ALL_TARGETS;
+    o->model.lora_dtype = LLMCL_F32;
     int c;
     while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (c) {
         case 'D': o->data = optarg; break;
         case 'V': o->val = optarg; break;
         case 'P': break;
-        case 'd': o->model.dim = (int)parse_int("dim", optarg, 1, 1 << 20); break;
-        case 'L': o->model.layers = (int)parse_int("layers", optarg, 1, 4096); break;
-        case 'H': o->model.heads = (int)parse_int("heads", optarg, 1, 4096); break;
-        case 'K': o->model.kv_heads = (int)parse_int("kv-heads", optarg, 1, 4096); break;
-        case 'F': o->model.ffn = (int)parse_int("ffn", optarg, 1, 1 << 22); break;
+        case 'd':
+            o->model.dim = (int)parse_int("dim", optarg, 1, 1 << 20);
+            o->given |= 1u << OPT_DIM;
+            break;
+        case 'L':
+            o->model.layers = (int)parse_int("layers", optarg, 1, 4096);
+            o->given |= 1u << OPT_LAYERS;
+            break;
+        case 'H':
+            o->model.heads = (int)parse_int("heads", optarg, 1, 4096);
+            o->given |= 1u << OPT_HEADS;
+            break;
+        case 'K':
+            o->model.kv_heads = (int)parse_int("kv-heads", optarg, 1, 4096);
+            o->given |= 1u << OPT_KV_HEADS;
+            break;
+        case 'F':
+            o->model.ffn = (int)parse_int("ffn", optarg, 1, 1 << 22);
+            o->given |= 1u << OPT_FFN;
+            break;
         case 'v':
             o->model.vocab = (int)parse_int("vocab", optarg, 2, 1 << 24);
             o->vocab_given = 1;
+            o->given |= 1u << OPT_VOCAB;
             break;
-        case 'u': o->model.tied = 0; break;
-        case 'r': o->model.rope_theta = parse_num("rope-theta", optarg, 1); break;
-        case 'R': o->model.rope_llama3_factor = parse_num("rope-llama3", optarg, 0); break;
-        case 't': o->model.dtype = parse_dtype(optarg); break;
+        case 'u':
+            o->model.tied = 0;
+            o->given |= 1u << OPT_UNTIED;
+            break;
+        case 'r':
+            o->model.rope_theta = parse_num("rope-theta", optarg, 1);
+            o->given |= 1u << OPT_ROPE_THETA;
+            break;
+        case 'R':
+            o->model.rope_llama3_factor = parse_num("rope-llama3", optarg, 0);
+            o->given |= 1u << OPT_ROPE_LLAMA3;
+            break;
+        case 't': o->model.dtype = parse_dtype("dtype", optarg, true); break;
+        case 'i': o->init_from = optarg; break;
+        case 'x': o->export_dir = optarg; break;
+        case 'X': o->export_dtype = parse_dtype("export-dtype", optarg, false); break;
+        case 'k': o->model.lora_rank = (int)parse_int("lora", optarg, 0, 1 << 16); break;
+        case 'A': o->model.lora_alpha = (float)parse_num("lora-alpha", optarg, 0); break;
+        case 'G': o->model.lora_targets = parse_targets(optarg); break;
+        case 'U': o->model.lora_dtype = parse_dtype("lora-dtype", optarg, false); break;
+        case 'M': o->lora_merge = 1; break;
+        case 'J': o->dump_logits = optarg; break;
         case 'b': o->batch = (int)parse_int("batch", optarg, 1, 1 << 20); break;
         case 's': o->seq = (int)parse_int("seq", optarg, 1, 1 << 22); break;
         case 'a': o->accum = (int)parse_int("accum", optarg, 1, 1 << 20); break;
@@ -196,7 +286,44 @@ static void parse_options(int argc, char **argv, options *o)
         die("--offload moves the layer inputs that --recompute keeps: give both");
     if ((o->save_every || o->save_on_interrupt) && !o->save)
         die("--save-every and --save-on-interrupt need --save FILE");
+    if (o->lora_merge && !o->model.lora_rank)
+        die("--lora-merge merges LoRA adapters: give --lora R");
+    if (o->model.lora_rank && o->model.lora_alpha == 0)
+        o->model.lora_alpha = (float)o->model.lora_rank;
     o->model.max_seq = o->seq;
+}
+
+/* One shape field from config.json: an explicit option must agree with it. */
+static void from_config(const options *o, int opt, const char *option, const char *key,
+                        double given, double config, const char *path)
+{
+    if ((o->given & (1u << opt)) && given != config)
+        die("--%s %g conflicts with %s = %g in %s", option, given, key, config, path);
+}
+
+/* The shape of --init-from's config.json, where it has one, over the preset's. */
+static void apply_config(options *o, const hf_checkpoint *ck)
+{
+    model_config hc = o->model;
+    if (!hf_read_config(ck, &hc, &o->max_positions))
+        return;
+    const model_config *mc = &o->model;
+    const char *p = ck->config;
+    from_config(o, OPT_DIM, "dim", "hidden_size", mc->dim, hc.dim, p);
+    from_config(o, OPT_LAYERS, "layers", "num_hidden_layers", mc->layers, hc.layers, p);
+    from_config(o, OPT_HEADS, "heads", "num_attention_heads", mc->heads, hc.heads, p);
+    from_config(o, OPT_KV_HEADS, "kv-heads", "num_key_value_heads", mc->kv_heads, hc.kv_heads, p);
+    from_config(o, OPT_FFN, "ffn", "intermediate_size", mc->ffn, hc.ffn, p);
+    from_config(o, OPT_VOCAB, "vocab", "vocab_size", mc->vocab, hc.vocab, p);
+    if ((o->given & (1u << OPT_UNTIED)) && hc.tied)
+        die("--untied conflicts with tie_word_embeddings = true in %s", p);
+    from_config(o, OPT_ROPE_THETA, "rope-theta", "rope_theta", mc->rope_theta, hc.rope_theta, p);
+    from_config(o, OPT_ROPE_LLAMA3, "rope-llama3", "rope_scaling.factor", mc->rope_llama3_factor,
+                hc.rope_llama3_factor, p);
+    if (o->seq > o->max_positions)
+        die("--seq %d exceeds max_position_embeddings = %d in %s", o->seq, o->max_positions, p);
+    o->model = hc;
+    o->vocab_given = 1; /* the model's vocabulary, whatever the token file's format says */
 }
 
 /* ---- the learning rate: linear warmup, then cosine down to min_lr_frac * lr ---- */
@@ -292,7 +419,7 @@ static void train_step(trainer *tr, int step, double *loss, double *norm)
     const options *o = &tr->o;
     model *m = tr->m;
     llmcl_ctx *ctx = tr->ctx;
-    CHECK(llmcl_fill(ctx, m->flat_grad, 0.0), ctx);
+    CHECK(llmcl_fill(ctx, m->trainable.grad, 0.0), ctx);
     CHECK(llmcl_fill(ctx, tr->loss_sum, 0.0), ctx);
     for (int k = 0; k < o->accum; ++k) {
         loader_next(&tr->tl, tr->ids, tr->targets);
@@ -429,11 +556,68 @@ static double measured_peak(llmcl_ctx *ctx, llmcl_dtype dt)
     return tflops;
 }
 
+/* The logits of the first held-out batch, its tokens and its loss, for hf_check.py. */
+static void dump_logits(trainer *tr)
+{
+    const options *o = &tr->o;
+    loader vl;
+    loader_init(&vl, &tr->val, o->batch, o->seq, 0, 1);
+    loader_next(&vl, tr->ids, tr->targets);
+    CHECK(model_forward(tr->m, tr->ids, tr->targets, o->batch, o->seq, false), tr->ctx);
+    const int64_t shape[3] = {o->batch, o->seq, o->model.vocab};
+    const int64_t rows[2] = {shape[0] * shape[1], shape[2]};
+    llmcl_tensor *logits = NULL;
+    CHECK(llmcl_tensor_create(tr->ctx, LLMCL_F32, 2, rows, &logits), tr->ctx);
+    CHECK(model_logits(tr->m, 0, rows[0], logits), tr->ctx);
+    float *host = xmalloc((size_t)(rows[0] * rows[1]) * sizeof *host), loss;
+    CHECK(llmcl_tensor_download(logits, host, (size_t)(rows[0] * rows[1]) * sizeof *host), tr->ctx);
+    CHECK(llmcl_tensor_download(tr->m->loss, &loss, sizeof loss), tr->ctx);
+    char num[32];
+    snprintf(num, sizeof num, "%.9g", loss);
+    llmcl_safetensors_writer *w = NULL;
+    CHECK(llmcl_safetensors_writer_create(o->dump_logits, &w), NULL);
+    CHECK(llmcl_safetensors_writer_metadata(w, "loss", num), NULL);
+    CHECK(llmcl_safetensors_writer_add_host(w, "logits", LLMCL_F32, 3, shape, host), NULL);
+    CHECK(llmcl_safetensors_writer_add_host(w, "input_ids", LLMCL_I32, 2, shape, tr->ids), NULL);
+    CHECK(llmcl_safetensors_writer_add_host(w, "targets", LLMCL_I32, 2, shape, tr->targets), NULL);
+    CHECK(llmcl_safetensors_writer_finish(w), NULL);
+    llmcl_safetensors_writer_destroy(w);
+    llmcl_tensor_destroy(logits);
+    free(host);
+    printf("logits of the first held-out batch (loss %s) in %s\n", num, o->dump_logits);
+}
+
+static void export_model(trainer *tr)
+{
+    const options *o = &tr->o;
+    const hf_export_opts eo = {.dtype = o->export_dtype, .merge = o->lora_merge,
+                               .max_positions = o->max_positions ? o->max_positions : o->seq};
+    hf_export(tr->m, o->export_dir, &eo);
+    printf("exported %s to %s (%s)\n",
+           o->model.lora_rank && !o->lora_merge ? "the LoRA adapters" : "the model", o->export_dir,
+           llmcl_dtype_name(o->export_dtype));
+}
+
+static void print_lora(const model_config *c, int64_t trained)
+{
+    printf("LoRA: rank %d, alpha %g, %s adapters on", c->lora_rank, c->lora_alpha,
+           llmcl_dtype_name(c->lora_dtype));
+    for (int k = P_WQ; k <= P_WDOWN; ++k)
+        if (c->lora_targets & (1u << k))
+            printf(" %s", model_module_name(k));
+    printf(": %.3fM trained parameters, the base frozen\n", (double)trained / 1e6);
+}
+
 int main(int argc, char **argv)
 {
     trainer tr = {0};
     parse_options(argc, argv, &tr.o);
     options *o = &tr.o;
+    hf_checkpoint init = {0};
+    if (o->init_from) {
+        hf_open(o->init_from, &init);
+        apply_config(o, &init);
+    }
     load_data(&tr);
     const char *bad = model_config_error(&o->model);
     if (bad)
@@ -445,6 +629,10 @@ int main(int argc, char **argv)
     const llmcl_device_info *info = llmcl_ctx_device_info(tr.ctx);
     tr.peak_tflops = o->peak_tflops > 0 ? o->peak_tflops : measured_peak(tr.ctx, o->model.dtype);
     CHECK(model_create(tr.ctx, &o->model, o->seed, &tr.m), tr.ctx);
+    if (o->init_from) {
+        hf_load(tr.m, &init);
+        hf_close(&init);
+    }
     CHECK(model_alloc_acts(tr.m, o->batch, o->seq, o->recompute, o->offload), tr.ctx);
     setup_optimizer(&tr);
     tr.ids = xmalloc((size_t)o->batch * o->seq * sizeof *tr.ids);
@@ -458,6 +646,10 @@ int main(int argc, char **argv)
            c->vocab, c->tied ? "tied head" : "untied head", llmcl_dtype_name(c->dtype),
            o->offload ? ", activation checkpointing with offload"
                       : o->recompute ? ", activation checkpointing" : "");
+    if (c->lora_rank)
+        print_lora(c, model_trainable_count(tr.m));
+    if (o->init_from)
+        printf("weights: %s\n", o->init_from);
     printf("data: %s, %lld training and %lld held-out tokens; batch %d x %d x %d\n",
            tr.train.source, (long long)tr.train.n, (long long)tr.val.n, o->batch, o->seq, o->accum);
     int first = 0;
@@ -493,6 +685,10 @@ int main(int argc, char **argv)
     }
     if (o->save && (!interrupted || o->save_on_interrupt))
         save(&tr, step);
+    if (o->export_dir && !interrupted)
+        export_model(&tr);
+    if (o->dump_logits && !interrupted)
+        dump_logits(&tr);
     llmcl_memory_stats ms;
     CHECK(llmcl_memory_stats_get(tr.ctx, &ms), tr.ctx);
     printf("device memory: peak %.1f MiB (llmcl's accounting)\n", (double)ms.peak_bytes / 1048576.0);

@@ -1,0 +1,432 @@
+/* hf.c: Hugging Face checkpoints in and out of llmcl-train (hf.h), JSON through jansson. */
+#include "hf.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <jansson.h>
+
+#include "util.h"
+
+/* ---- opening ---- */
+
+static bool is_dir(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static bool exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static void add_file(hf_checkpoint *c, const char *path)
+{
+    for (int i = 0; i < c->n_files; ++i)
+        if (strcmp(c->file_names[i], path) == 0)
+            return;
+    llmcl_safetensors *st = NULL;
+    if (llmcl_safetensors_open(path, &st) != LLMCL_OK)
+        die("--init-from: %s", llmcl_last_error(NULL));
+    c->files = realloc(c->files, (size_t)(c->n_files + 1) * sizeof *c->files);
+    c->file_names = realloc(c->file_names, (size_t)(c->n_files + 1) * sizeof *c->file_names);
+    if (!c->files || !c->file_names)
+        die("out of host memory");
+    c->files[c->n_files] = st;
+    c->file_names[c->n_files++] = strdup(path);
+}
+
+static json_t *load_json(const char *path)
+{
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    if (!root)
+        die("%s: %s (line %d)", path, err.text, err.line);
+    if (!json_is_object(root))
+        die("%s: not a JSON object", path);
+    return root;
+}
+
+/* The shards that model.safetensors.index.json's weight_map names, each opened once. */
+static void open_index(hf_checkpoint *c, const char *dir, const char *index)
+{
+    json_t *root = load_json(index);
+    json_t *map = json_object_get(root, "weight_map");
+    if (!json_is_object(map))
+        die("%s: no weight_map object", index);
+    const char *name;
+    json_t *file;
+    json_object_foreach(map, name, file) {
+        char path[2200];
+        if (!json_is_string(file) || strchr(json_string_value(file), '/'))
+            die("%s: %s maps to something other than a file name of the folder", index, name);
+        snprintf(path, sizeof path, "%s/%s", dir, json_string_value(file));
+        add_file(c, path);
+    }
+    json_decref(root);
+}
+
+void hf_open(const char *path, hf_checkpoint *out)
+{
+    *out = (hf_checkpoint){0};
+    snprintf(out->path, sizeof out->path, "%s", path);
+    if (!is_dir(path)) {
+        if (!exists(path))
+            die("--init-from %s: no such file or folder", path);
+        add_file(out, path);
+        return;
+    }
+    char file[1100];
+    snprintf(out->config, sizeof out->config, "%s/config.json", path);
+    if (!exists(out->config))
+        out->config[0] = '\0';
+    snprintf(file, sizeof file, "%s/model.safetensors", path);
+    if (exists(file)) {
+        add_file(out, file);
+        return;
+    }
+    snprintf(file, sizeof file, "%s/model.safetensors.index.json", path);
+    if (!exists(file))
+        die("--init-from %s: the folder holds neither model.safetensors nor "
+            "model.safetensors.index.json", path);
+    open_index(out, path, file);
+}
+
+void hf_close(hf_checkpoint *c)
+{
+    for (int i = 0; i < c->n_files; ++i) {
+        llmcl_safetensors_close(c->files[i]);
+        free(c->file_names[i]);
+    }
+    free(c->files);
+    free(c->file_names);
+    *c = (hf_checkpoint){0};
+}
+
+/* ---- config.json ---- */
+
+static double number(const json_t *root, const char *key, double absent, const char *path)
+{
+    const json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v))
+        return absent;
+    if (!json_is_number(v))
+        die("%s: %s is not a number", path, key);
+    return json_number_value(v);
+}
+
+static int integer(const json_t *root, const char *key, int absent, const char *path)
+{
+    const double v = number(root, key, absent, path);
+    if (v != floor(v) || v < 0 || v > 1 << 30)
+        die("%s: %s = %g is not a count", path, key, v);
+    return (int)v;
+}
+
+static bool boolean(const json_t *root, const char *key, bool absent, const char *path)
+{
+    const json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v))
+        return absent;
+    if (!json_is_boolean(v))
+        die("%s: %s is not true or false", path, key);
+    return json_is_true(v);
+}
+
+/* A string key that must hold one value (when present). */
+static void require_string(const json_t *root, const char *key, const char *want, const char *path)
+{
+    const json_t *v = json_object_get(root, key);
+    if (v && !json_is_null(v) && (!json_is_string(v) || strcmp(json_string_value(v), want) != 0))
+        die("%s: %s must be \"%s\" for llmcl-train's Llama model", path, key, want);
+}
+
+/* rope_scaling: null, or llama3 with Llama 3.1's constants; returns its factor (0: none). */
+static double rope_scaling(const json_t *root, const char *path)
+{
+    const json_t *rs = json_object_get(root, "rope_scaling");
+    if (!rs || json_is_null(rs))
+        return 0;
+    const json_t *type = json_object_get(rs, "rope_type");
+    if (!type)
+        type = json_object_get(rs, "type");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "llama3") != 0)
+        die("%s: rope_scaling of a type other than llama3 is not supported", path);
+    if (number(rs, "low_freq_factor", 1, path) != 1 ||
+        number(rs, "high_freq_factor", 4, path) != 4 ||
+        number(rs, "original_max_position_embeddings", 8192, path) != 8192)
+        die("%s: llama3 rope_scaling needs low_freq_factor 1, high_freq_factor 4 and "
+            "original_max_position_embeddings 8192 (Llama 3.1's)", path);
+    const double factor = number(rs, "factor", 0, path);
+    if (!(factor > 0))
+        die("%s: rope_scaling.factor must be > 0", path);
+    return factor;
+}
+
+bool hf_read_config(const hf_checkpoint *c, model_config *cfg, int *max_positions)
+{
+    if (!c->config[0])
+        return false;
+    const char *p = c->config;
+    json_t *root = load_json(p);
+    require_string(root, "model_type", "llama", p);
+    require_string(root, "hidden_act", "silu", p);
+    if (boolean(root, "attention_bias", false, p) || boolean(root, "mlp_bias", false, p))
+        die("%s: biases in attention or MLP are not supported", p);
+    /* absent keys take LlamaConfig's defaults */
+    cfg->vocab = integer(root, "vocab_size", 32000, p);
+    cfg->dim = integer(root, "hidden_size", 4096, p);
+    cfg->ffn = integer(root, "intermediate_size", 11008, p);
+    cfg->layers = integer(root, "num_hidden_layers", 32, p);
+    cfg->heads = integer(root, "num_attention_heads", 32, p);
+    cfg->kv_heads = integer(root, "num_key_value_heads", cfg->heads, p);
+    cfg->norm_eps = (float)number(root, "rms_norm_eps", 1e-6, p);
+    cfg->rope_theta = number(root, "rope_theta", 10000, p);
+    cfg->rope_llama3_factor = rope_scaling(root, p);
+    cfg->tied = boolean(root, "tie_word_embeddings", false, p);
+    *max_positions = integer(root, "max_position_embeddings", 2048, p);
+    const int head_dim = cfg->heads > 0 ? integer(root, "head_dim", cfg->dim / cfg->heads, p) : 0;
+    if (head_dim * cfg->heads != cfg->dim)
+        die("%s: head_dim must be hidden_size / num_attention_heads", p);
+    json_decref(root);
+    return true;
+}
+
+/* ---- loading ---- */
+
+static void shape_text(int ndim, const int64_t *shape, char *buf, size_t len)
+{
+    int at = snprintf(buf, len, "[");
+    for (int i = 0; i < ndim; ++i)
+        at += snprintf(buf + at, len - (size_t)at, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    snprintf(buf + at, len - (size_t)at, "]");
+}
+
+/* The file of c holding name, or -1. */
+static int find(const hf_checkpoint *c, const char *name, llmcl_safetensors_info *info)
+{
+    for (int i = 0; i < c->n_files; ++i)
+        if (llmcl_safetensors_find(c->files[i], name, info) == LLMCL_OK)
+            return i;
+    return -1;
+}
+
+static void load_param(model *m, const hf_checkpoint *c, const model_param *p)
+{
+    llmcl_safetensors_info info;
+    const int f = find(c, p->name, &info);
+    if (f < 0)
+        die("--init-from %s: missing tensor %s", c->path, p->name);
+    char want[64], got[64];
+    shape_text(p->ndim, p->shape, want, sizeof want);
+    shape_text(info.ndim, info.shape, got, sizeof got);
+    if (strcmp(want, got) != 0)
+        die("--init-from %s: %s is %s there, the model expects %s", c->file_names[f], p->name,
+            got, want);
+    if (info.dtype != LLMCL_F32 && info.dtype != LLMCL_BF16 && info.dtype != LLMCL_F16)
+        die("--init-from %s: %s is %s, not f32, bf16 or f16", c->file_names[f], p->name,
+            info.dtype_name);
+    CHECK(llmcl_safetensors_load(m->ctx, c->files[f], p->name, p->master), m->ctx);
+}
+
+void hf_load(model *m, const hf_checkpoint *c)
+{
+    llmcl_safetensors_info info;
+    /* with tie_word_embeddings, transformers ignores a stored lm_head.weight; without a config
+       the model is tied only because no --untied was given */
+    if (m->cfg.tied && !c->config[0] && find(c, "lm_head.weight", &info) >= 0)
+        die("--init-from %s holds lm_head.weight but the model ties its head to the embeddings "
+            "(give --untied)", c->path);
+    for (int i = 0; i < m->n_params; ++i)
+        if (m->params[i].kind < P_LORA_A)
+            load_param(m, c, &m->params[i]);
+    CHECK(model_sync_compute(m), m->ctx);
+}
+
+/* ---- export ---- */
+
+/* The tensors of one file, their host data freed after the writer finishes. */
+typedef struct export_file {
+    llmcl_safetensors_writer *w;
+    void **bufs;
+    int n;
+} export_file;
+
+/* p's values as f32 on the host: its master, or its bf16 copy widened. */
+static float *download_f32(const model_param *p)
+{
+    const size_t n = (size_t)p->numel;
+    float *host = xmalloc(n * sizeof *host);
+    if (p->master) {
+        CHECK(llmcl_tensor_download(p->master, host, n * sizeof *host), NULL);
+        return host;
+    }
+    uint16_t *h16 = xmalloc(n * sizeof *h16);
+    CHECK(llmcl_tensor_download(p->w16, h16, n * sizeof *h16), NULL);
+    for (size_t i = 0; i < n; ++i)
+        host[i] = llmcl_bf16_to_f32(h16[i]);
+    free(h16);
+    return host;
+}
+
+/* W + s B A in f32 on the device (the adapters' masters, or their bf16 copies, into an f32 c). */
+static float *merged_f32(model *m, const model_param *p)
+{
+    const model_param *a = p->lora_a, *b = p->lora_b;
+    llmcl_tensor *w = NULL;
+    CHECK(llmcl_tensor_create(m->ctx, LLMCL_F32, 2, p->shape, &w), m->ctx);
+    CHECK(llmcl_copy(m->ctx, p->master, w), m->ctx);
+    CHECK(llmcl_matmul(m->ctx, m->lora_scale, b->master ? b->master : b->w16,
+                       a->master ? a->master : a->w16, 1.0f, w, NULL),
+          m->ctx);
+    float *host = xmalloc((size_t)p->numel * sizeof *host);
+    CHECK(llmcl_tensor_download(w, host, (size_t)p->numel * sizeof *host), m->ctx);
+    llmcl_tensor_destroy(w);
+    return host;
+}
+
+/* Adds name with the f32 values host (taken over) in dtype. */
+static void add(export_file *f, const char *name, const model_param *p, float *host, llmcl_dtype dt)
+{
+    void *data = host;
+    if (dt == LLMCL_BF16) {
+        uint16_t *h16 = xmalloc((size_t)p->numel * sizeof *h16);
+        for (int64_t i = 0; i < p->numel; ++i)
+            h16[i] = llmcl_f32_to_bf16(host[i]);
+        free(host);
+        data = h16;
+    }
+    f->bufs = realloc(f->bufs, (size_t)(f->n + 1) * sizeof *f->bufs);
+    if (!f->bufs)
+        die("out of host memory");
+    f->bufs[f->n++] = data;
+    CHECK(llmcl_safetensors_writer_add_host(f->w, name, dt, p->ndim, p->shape, data), NULL);
+}
+
+static void finish(export_file *f)
+{
+    CHECK(llmcl_safetensors_writer_metadata(f->w, "format", "pt"), NULL);
+    CHECK(llmcl_safetensors_writer_finish(f->w), NULL);
+    llmcl_safetensors_writer_destroy(f->w);
+    for (int i = 0; i < f->n; ++i)
+        free(f->bufs[i]);
+    free(f->bufs);
+}
+
+static void write_json(json_t *root, const char *dir, const char *name)
+{
+    char path[2200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (json_dump_file(root, path, JSON_INDENT(2) | JSON_REAL_PRECISION(15)) != 0)
+        die("cannot write %s", path);
+    json_decref(root);
+}
+
+/* The shortest decimal that reads back as the same float, as a JSON number. */
+static json_t *float_json(float x)
+{
+    char buf[32];
+    for (int digits = 1; digits <= 9; ++digits) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)x);
+        if (strtof(buf, NULL) == x)
+            break;
+    }
+    return json_real(strtod(buf, NULL));
+}
+
+/* config.json in LlamaConfig's layout. */
+static void write_config(const model *m, const char *dir, const hf_export_opts *o)
+{
+    const model_config *c = &m->cfg;
+    json_t *r = json_object();
+    json_object_set_new(r, "architectures", json_pack("[s]", "LlamaForCausalLM"));
+    json_object_set_new(r, "model_type", json_string("llama"));
+    json_object_set_new(r, "vocab_size", json_integer(c->vocab));
+    json_object_set_new(r, "hidden_size", json_integer(c->dim));
+    json_object_set_new(r, "intermediate_size", json_integer(c->ffn));
+    json_object_set_new(r, "num_hidden_layers", json_integer(c->layers));
+    json_object_set_new(r, "num_attention_heads", json_integer(c->heads));
+    json_object_set_new(r, "num_key_value_heads", json_integer(c->kv_heads));
+    json_object_set_new(r, "head_dim", json_integer(m->head_dim));
+    json_object_set_new(r, "hidden_act", json_string("silu"));
+    json_object_set_new(r, "max_position_embeddings", json_integer(o->max_positions));
+    json_object_set_new(r, "rms_norm_eps", float_json(c->norm_eps));
+    json_object_set_new(r, "rope_theta", json_real(c->rope_theta));
+    json_t *scaling = json_null();
+    if (c->rope_llama3_factor > 0)
+        scaling = json_pack("{s:f, s:f, s:f, s:i, s:s}", "factor", c->rope_llama3_factor,
+                            "low_freq_factor", 1.0, "high_freq_factor", 4.0,
+                            "original_max_position_embeddings", 8192, "rope_type", "llama3");
+    json_object_set_new(r, "rope_scaling", scaling);
+    json_object_set_new(r, "attention_bias", json_false());
+    json_object_set_new(r, "mlp_bias", json_false());
+    json_object_set_new(r, "tie_word_embeddings", json_boolean(c->tied));
+    json_object_set_new(r, "torch_dtype",
+                        json_string(o->dtype == LLMCL_BF16 ? "bfloat16" : "float32"));
+    json_object_set_new(r, "bos_token_id", json_null());
+    json_object_set_new(r, "eos_token_id", json_null());
+    write_json(r, dir, "config.json");
+}
+
+/* adapter_config.json as PEFT's LoraConfig writes it. */
+static void write_adapter_config(const model *m, const char *dir)
+{
+    const model_config *c = &m->cfg;
+    json_t *targets = json_array();
+    for (int k = P_WQ; k <= P_WDOWN; ++k)
+        if (c->lora_targets & (1u << k))
+            json_array_append_new(targets, json_string(model_module_name(k)));
+    json_t *r = json_object();
+    json_object_set_new(r, "peft_type", json_string("LORA"));
+    json_object_set_new(r, "task_type", json_string("CAUSAL_LM"));
+    json_object_set_new(r, "base_model_name_or_path", json_null());
+    json_object_set_new(r, "r", json_integer(c->lora_rank));
+    json_object_set_new(r, "lora_alpha", c->lora_alpha == floorf(c->lora_alpha)
+                                             ? json_integer((json_int_t)c->lora_alpha)
+                                             : float_json(c->lora_alpha));
+    json_object_set_new(r, "target_modules", targets);
+    json_object_set_new(r, "lora_dropout", json_real(0.0));
+    json_object_set_new(r, "bias", json_string("none"));
+    json_object_set_new(r, "fan_in_fan_out", json_false());
+    json_object_set_new(r, "use_rslora", json_false());
+    json_object_set_new(r, "init_lora_weights", json_true());
+    json_object_set_new(r, "inference_mode", json_true());
+    json_object_set_new(r, "modules_to_save", json_null());
+    write_json(r, dir, "adapter_config.json");
+}
+
+static void writer(export_file *f, const char *dir, const char *name)
+{
+    char path[2200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    *f = (export_file){0};
+    CHECK(llmcl_safetensors_writer_create(path, &f->w), NULL);
+}
+
+void hf_export(model *m, const char *dir, const hf_export_opts *o)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        die("--export: cannot create the folder %s: %s", dir, strerror(errno));
+    if (!is_dir(dir))
+        die("--export %s: not a folder", dir);
+    export_file f;
+    const bool adapters = m->cfg.lora_rank > 0 && !o->merge;
+    writer(&f, dir, adapters ? "adapter_model.safetensors" : "model.safetensors");
+    for (int i = 0; i < m->n_params; ++i) {
+        const model_param *p = &m->params[i];
+        if (adapters != (p->kind >= P_LORA_A))
+            continue;
+        add(&f, p->name, p, p->lora_a && o->merge ? merged_f32(m, p) : download_f32(p), o->dtype);
+    }
+    finish(&f);
+    if (adapters)
+        write_adapter_config(m, dir);
+    else
+        write_config(m, dir, o);
+}

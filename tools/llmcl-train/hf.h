@@ -1,0 +1,66 @@
+/*
+ * hf.h: Hugging Face interoperability of llmcl-train. Reads a LlamaForCausalLM checkpoint (a
+ * model.safetensors file, or a folder with config.json and model.safetensors or the shards of
+ * model.safetensors.index.json) into a model, and exports one: model.safetensors and a config.json
+ * in LlamaConfig's layout, or, for a LoRA run, PEFT's adapter_model.safetensors and
+ * adapter_config.json, or the adapters merged into the weights.
+ *
+ * RoPE: the model rotates each head's pairs (i, i + d/2), Hugging Face's rotate_half convention,
+ * on q/k weights in Hugging Face's layout, so the weights move to and from Hugging Face files
+ * unchanged. Meta's original checkpoints (consolidated.*.pth) rotate interleaved pairs (2i, 2i+1);
+ * transformers' convert_llama_weights_to_hf.py permutes the rows of q_proj and k_proj of each head
+ * (row 2i + j becomes row i + j d/2) when converting, so such weights must go through it first.
+ *
+ * Errors here are a user's files or options: they end the program with a message naming the file,
+ * the tensor or the key (util.h's die).
+ */
+#ifndef LLMCL_TRAIN_HF_H
+#define LLMCL_TRAIN_HF_H
+
+#include <stdbool.h>
+
+#include "model.h"
+
+typedef struct hf_checkpoint {
+    char path[1024];        /* as given */
+    char config[1100];      /* its config.json, "" when there is none */
+    int n_files;
+    llmcl_safetensors **files; /* the single file or every shard */
+    char **file_names;
+} hf_checkpoint;
+
+/* Opens path: a .safetensors file (no config: the options give the shape) or a folder. */
+void hf_open(const char *path, hf_checkpoint *out);
+void hf_close(hf_checkpoint *c);
+
+/*
+ * The model shape in c's config.json (LlamaConfig's defaults for absent keys) into cfg's shape
+ * fields, and max_position_embeddings into *max_positions. Returns false when c has no config.
+ * Dies on a config that llmcl-train's model cannot express (another model type or activation,
+ * biases, rope scaling other than llama3 with Llama 3.1's constants, a head_dim that is not
+ * hidden_size / num_attention_heads).
+ */
+bool hf_read_config(const hf_checkpoint *c, model_config *cfg, int *max_positions);
+
+/*
+ * Loads every base weight of m from c (converting bf16, f16 or f32 to the f32 masters, then the
+ * compute copy). A tensor missing, of another shape or of a non-float dtype ends the program
+ * naming it, and so does an lm_head.weight for a tied head unless config.json ties it (then it is
+ * ignored, as transformers does).
+ */
+void hf_load(model *m, const hf_checkpoint *c);
+
+typedef struct hf_export_opts {
+    llmcl_dtype dtype;  /* LLMCL_BF16 or LLMCL_F32 */
+    bool merge;         /* LoRA: W + s B A into model.safetensors instead of the adapters */
+    int max_positions;  /* config.json's max_position_embeddings */
+} hf_export_opts;
+
+/*
+ * Writes m into the folder dir (created if needed): model.safetensors and config.json, or with
+ * LoRA and no merge adapter_model.safetensors and adapter_config.json (PEFT's names; the base is
+ * whatever --init-from gave, so base_model_name_or_path is null).
+ */
+void hf_export(model *m, const char *dir, const hf_export_opts *o);
+
+#endif

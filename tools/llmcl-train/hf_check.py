@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""hf_check.py: llmcl-train's Hugging Face interop checked against transformers (device only).
+
+    make DIR      a random small LlamaForCausalLM saved with save_pretrained into DIR, a token file
+                  DIR/tokens.bin (llm.c's format) for llmcl-train's --data/--val, and the loss
+                  transformers computes on its first batch: what `llmcl-train --init-from DIR
+                  --data DIR/tokens.bin --val DIR/tokens.bin` must print as its first step's loss
+                  (the first training and held-out windows are both the file's first B x T tokens).
+    logits DIR DUMP
+                  loads DIR with LlamaForCausalLM.from_pretrained (an --export folder, or a base
+                  model plus, with --adapter, an adapter-only export through PEFT), runs the tokens
+                  of llmcl-train's --dump-logits file DUMP and prints the largest logit difference,
+                  relative to the largest logit, and both losses; fails above --tol.
+
+transformers runs in float32 with eager attention and TF32 off, so the difference is llmcl's own
+rounding: about 1e-5 of the largest logit with --dtype f32, about 1e-2 with bf16 compute.
+docs/PORTABILITY.md lists the commands. Needs PyTorch and transformers; never a dependency of
+the library or of CI.
+"""
+import argparse
+import json
+import math
+import struct
+import sys
+
+import torch
+from safetensors.torch import load_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def first_batch(tokens, batch, seq):
+    """llmcl-train's first window: B rows of T inputs, each target the next token of the file."""
+    t = torch.tensor(tokens[: batch * seq + 1], dtype=torch.long)
+    return t[:-1].view(batch, seq), t[1:].view(batch, seq)
+
+
+def loss_of(model, ids, targets):
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             targets.reshape(-1))
+    return logits, loss.item()
+
+
+def make(args):
+    torch.manual_seed(args.seed)
+    cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.dim, intermediate_size=args.ffn,
+                      num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                      num_key_value_heads=args.kv_heads, max_position_embeddings=4096,
+                      rms_norm_eps=1e-5, rope_theta=500000.0,
+                      rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 8192},
+                      tie_word_embeddings=not args.untied, initializer_range=0.06,
+                      attn_implementation="eager")
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # norms away from 1, so that their weights matter
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    model.to(getattr(torch, args.save_dtype)).save_pretrained(args.dir, safe_serialization=True)
+    model.float()  # the weights as saved, rounded where bfloat16
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    n = args.batch * args.seq * 4 + 1
+    tokens = torch.randint(0, args.vocab, (n,), generator=gen).tolist()
+    with open(f"{args.dir}/tokens.bin", "wb") as f:  # llm.c: magic, version 1 (uint16), count
+        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+        f.write(struct.pack(f"<{n}H", *tokens))
+    ids, targets = first_batch(tokens, args.batch, args.seq)
+    _, loss = loss_of(model, ids, targets)
+    print(f"{args.dir}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
+          f"{args.save_dtype}; tokens.bin holds {n} tokens")
+    print(f"transformers loss of the first {args.batch} x {args.seq} batch: {loss:.6f} "
+          f"(ln V = {math.log(args.vocab):.4f})")
+
+
+def logits(args):
+    dump = load_file(args.dump)
+    ids, targets = dump["input_ids"].long(), dump["targets"].long()
+    with open(args.dump, "rb") as f:  # the loss is in the file's metadata
+        n = struct.unpack("<Q", f.read(8))[0]
+        llmcl_loss = float(json.loads(f.read(n))["__metadata__"]["loss"])
+    model = LlamaForCausalLM.from_pretrained(args.dir, torch_dtype=torch.float32,
+                                             attn_implementation="eager")
+    if args.adapter:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, args.adapter)
+    model.eval()
+    got, loss = loss_of(model, ids, targets)
+    ref = dump["logits"].float()
+    diff = (got - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    ok = diff <= args.tol * scale
+    print(f"logits {list(ref.shape)}: max |transformers - llmcl| = {diff:.3e}, max |logit| = "
+          f"{scale:.3f}, relative {diff / scale:.3e} (tolerance {args.tol:g}): "
+          f"{'PASS' if ok else 'FAIL'}")
+    print(f"loss: transformers {loss:.6f}, llmcl-train {llmcl_loss:.6f}, "
+          f"difference {abs(loss - llmcl_loss):.3e}")
+    return 0 if ok else 1
+
+
+def main():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    mk = sub.add_parser("make", help="a random LlamaForCausalLM, its tokens and its loss")
+    mk.add_argument("dir")
+    mk.add_argument("--vocab", type=int, default=1024)
+    mk.add_argument("--dim", type=int, default=256)
+    mk.add_argument("--layers", type=int, default=2)
+    mk.add_argument("--heads", type=int, default=4)
+    mk.add_argument("--kv-heads", type=int, default=2)
+    mk.add_argument("--ffn", type=int, default=688)
+    mk.add_argument("--untied", action="store_true")
+    mk.add_argument("--batch", type=int, default=4)
+    mk.add_argument("--seq", type=int, default=128)
+    mk.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32")
+    mk.add_argument("--seed", type=int, default=1234)
+    lg = sub.add_parser("logits", help="transformers' logits against llmcl-train's dump")
+    lg.add_argument("dir", help="an --export folder, or the base model with --adapter")
+    lg.add_argument("dump", help="llmcl-train --dump-logits FILE")
+    lg.add_argument("--adapter", help="an adapter-only --export folder, loaded with PEFT")
+    lg.add_argument("--tol", type=float, default=1e-4,
+                    help="allowed difference relative to the largest logit")
+    args = ap.parse_args()
+    if args.cmd == "make":
+        make(args)
+        return 0
+    return logits(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
