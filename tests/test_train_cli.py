@@ -136,7 +136,29 @@ def hugging_face(p):
     json.dump(config, open(p("yarn/config.json"), "w"))
     shutil.copy(p("e1/model.safetensors"), p("yarn/model.safetensors"))
     expect_error("an unsupported rope_scaling", TINY + ["--init-from", p("yarn")],
-                 "rope_scaling of a type other than llama3 is not supported")
+                 "rope_scaling of a type other than default or llama3 is not supported")
+    # transformers 5 writes RoPE's base and scaling as rope_parameters: the same model as the
+    # legacy rope_theta + rope_scaling keys
+    for name, rope in (("legacy", None), ("v5", "rope_parameters")):
+        os.mkdir(p(name))
+        config = json.load(open(p("e1/config.json")))
+        config.pop("rope_scaling", None)
+        config["max_position_embeddings"] = 131072
+        scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        if rope:
+            config.pop("rope_theta", None)
+            config[rope] = dict(scaling, rope_theta=500000.0)
+        else:
+            config["rope_theta"], config["rope_scaling"] = 500000.0, scaling
+        json.dump(config, open(p(name + "/config.json"), "w"))
+        shutil.copy(p("e1/model.safetensors"), p(name + "/model.safetensors"))
+        expect_ok(f"RoPE from {name} keys", TINY + ["--steps", "0", "--init-from", p(name),
+                                                   "--dump-logits", p(name + ".st")])
+    same = open(p("legacy.st"), "rb").read() == open(p("v5.st"), "rb").read()
+    print(f"{'ok  ' if same else 'FAIL'} rope_parameters and rope_scaling give the same logits")
+    if not same:
+        failures.append("rope_parameters")
     expect_ok("dump the logits", TINY + ["--steps", "0", "--init-from", p("e1"), "--dump-logits",
                                          p("logits.st")])
     meta, dump = read_st(p("logits.st"))

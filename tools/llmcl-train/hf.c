@@ -147,17 +147,30 @@ static void require_string(const json_t *root, const char *key, const char *want
         die("%s: %s must be \"%s\" for llmcl-train's Llama model", path, key, want);
 }
 
-/* rope_scaling: null, or llama3 with Llama 3.1's constants; returns its factor (0: none). */
-static double rope_scaling(const json_t *root, const char *path)
+/*
+ * RoPE's scaling: transformers 5 saves it with the base in "rope_parameters" (rope_type "default"
+ * or "llama3"); earlier versions in "rope_scaling" (null, or llama3) beside "rope_theta". Llama 3
+ * scaling must have Llama 3.1's constants. Returns the factor (0: none) and sets *theta.
+ */
+static double rope_scaling(const json_t *root, const char *path, double *theta)
 {
-    const json_t *rs = json_object_get(root, "rope_scaling");
+    const json_t *rs = json_object_get(root, "rope_parameters");
+    const char *key = "rope_parameters";
+    if (rs && json_is_object(rs)) {
+        *theta = number(rs, "rope_theta", *theta, path);
+    } else {
+        rs = json_object_get(root, "rope_scaling");
+        key = "rope_scaling";
+    }
     if (!rs || json_is_null(rs))
         return 0;
     const json_t *type = json_object_get(rs, "rope_type");
     if (!type)
         type = json_object_get(rs, "type");
+    if (json_is_string(type) && strcmp(json_string_value(type), "default") == 0)
+        return 0;
     if (!json_is_string(type) || strcmp(json_string_value(type), "llama3") != 0)
-        die("%s: rope_scaling of a type other than llama3 is not supported", path);
+        die("%s: %s of a type other than default or llama3 is not supported", path, key);
     if (number(rs, "low_freq_factor", 1, path) != 1 ||
         number(rs, "high_freq_factor", 4, path) != 4 ||
         number(rs, "original_max_position_embeddings", 8192, path) != 8192)
@@ -188,7 +201,7 @@ bool hf_read_config(const hf_checkpoint *c, model_config *cfg, int *max_position
     cfg->kv_heads = integer(root, "num_key_value_heads", cfg->heads, p);
     cfg->norm_eps = (float)number(root, "rms_norm_eps", 1e-6, p);
     cfg->rope_theta = number(root, "rope_theta", 10000, p);
-    cfg->rope_llama3_factor = rope_scaling(root, p);
+    cfg->rope_llama3_factor = rope_scaling(root, p, &cfg->rope_theta);
     cfg->tied = boolean(root, "tie_word_embeddings", false, p);
     *max_positions = integer(root, "max_position_embeddings", 2048, p);
     const int head_dim = cfg->heads > 0 ? integer(root, "head_dim", cfg->dim / cfg->heads, p) : 0;
@@ -355,7 +368,11 @@ static void write_config(const model *m, const char *dir, const hf_export_opts *
     json_object_set_new(r, "num_key_value_heads", json_integer(c->kv_heads));
     json_object_set_new(r, "head_dim", json_integer(m->head_dim));
     json_object_set_new(r, "hidden_act", json_string("silu"));
-    json_object_set_new(r, "max_position_embeddings", json_integer(o->max_positions));
+    /* transformers wants Llama 3 scaling's original context (8192) below the model's */
+    const int positions = c->rope_llama3_factor > 0 && o->max_positions <= 8192
+                              ? (int)(8192 * c->rope_llama3_factor)
+                              : o->max_positions;
+    json_object_set_new(r, "max_position_embeddings", json_integer(positions));
     json_object_set_new(r, "rms_norm_eps", float_json(c->norm_eps));
     json_object_set_new(r, "rope_theta", json_real(c->rope_theta));
     json_t *scaling = json_null();

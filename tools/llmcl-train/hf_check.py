@@ -46,7 +46,7 @@ def make(args):
     torch.manual_seed(args.seed)
     cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.dim, intermediate_size=args.ffn,
                       num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                      num_key_value_heads=args.kv_heads, max_position_embeddings=4096,
+                      num_key_value_heads=args.kv_heads, max_position_embeddings=131072,
                       rms_norm_eps=1e-5, rope_theta=500000.0,
                       rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                     "high_freq_factor": 4.0,
