@@ -109,14 +109,19 @@ static void random_bytes(th_rng *r, void *p, size_t n)
         ((unsigned char *)p)[i] = (unsigned char)th_randint(r, 0, 256);
 }
 
-/* ---- the committed fixture ---- */
+/* ---- the committed fixtures ---- */
 
-static void test_fixture(void **state)
+/*
+ * One fixture file: fixture.safetensors comes from the standard-library writer in
+ * make_safetensors_fixture.py, fixture_torch.safetensors from Hugging Face's own
+ * safetensors.torch.save_file (the same script with --torch, run where PyTorch exists).
+ */
+static void check_fixture(const char *file)
 {
-    (void)state;
     char path[1024];
     const char *dir = getenv("LLMCL_TEST_DATA_DIR");
-    snprintf(path, sizeof path, "%s/fixture.safetensors", dir ? dir : "tests/data");
+    snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/data", file);
+    printf("%s\n", file);
     llmcl_safetensors *st = NULL;
     ST_OK(llmcl_safetensors_open(path, &st));
     const char *order[] = {"step", "empty", "model.norm.weight", "model.embed.weight",
@@ -177,6 +182,13 @@ static void test_fixture(void **state)
                  th_ctx(), "'mask' is U8", NULL);
     llmcl_tensor_destroy(u8);
     llmcl_safetensors_close(st);
+}
+
+static void test_fixture(void **state)
+{
+    (void)state;
+    check_fixture("fixture.safetensors");
+    check_fixture("fixture_torch.safetensors");
 }
 
 /* ---- llmcl's writer against bytes laid out as the reference writer lays them out ---- */

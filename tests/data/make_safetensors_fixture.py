@@ -10,6 +10,9 @@ safetensors writer (safetensors.torch.save_file) lays it out, using only the sta
 
 test_safetensors.c reads the committed file and checks every value listed here. Run it again only
 if the fixture must change: python3 tests/data/make_safetensors_fixture.py
+
+With --torch (where PyTorch and the safetensors package exist) the same tensors go through Hugging
+Face's own safetensors.torch.save_file into fixture_torch.safetensors, which the test reads too.
 """
 import json
 import os
@@ -51,8 +54,27 @@ def serialize(tensors, metadata):
     return struct.pack("<Q", len(text)) + text + b"".join(tensors[n][2] for n in names)
 
 
+def save_with_torch(path):
+    import torch
+    from safetensors.torch import save_file
+
+    codes = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16,
+             "I64": torch.int64, "U8": torch.uint8}
+    tensors = {}
+    for name, (dtype, shape, data) in TENSORS.items():
+        t = torch.frombuffer(bytearray(data), dtype=codes[dtype]) if data else torch.empty(0)
+        tensors[name] = t.to(codes[dtype]).reshape(shape)
+    save_file(tensors, path, metadata=METADATA)
+
+
 if __name__ == "__main__":
     here = os.path.dirname(os.path.abspath(__file__))
-    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "fixture.safetensors")
-    with open(path, "wb") as f:
-        f.write(serialize(TENSORS, METADATA))
+    torch_mode = "--torch" in sys.argv
+    args = [a for a in sys.argv[1:] if a != "--torch"]
+    name = "fixture_torch.safetensors" if torch_mode else "fixture.safetensors"
+    path = args[0] if args else os.path.join(here, name)
+    if torch_mode:
+        save_with_torch(path)
+    else:
+        with open(path, "wb") as f:
+            f.write(serialize(TENSORS, METADATA))
