@@ -44,19 +44,19 @@ static void run_case(const emb_case *c, uint64_t seed)
 {
     llmcl_ctx *ctx = th_ctx();
     th_rng rng = th_rng_new(seed);
-    const int64_t n = c->n, v = c->v, h = c->h, rs = h + c->row_pad;
+    const int64_t n = c->n, v = c->v, h = c->h, rs = h + c->row_pad, nrows = n ? n : 1;
     int64_t *ids = random_ids(&rng, n, v);
-    double *w = th_alloc((size_t)(v * h) * sizeof *w), *dout = th_alloc((size_t)(n * rs + 1) * 8);
+    double *w = th_alloc((size_t)(v * h) * sizeof *w), *dout = th_alloc((size_t)(nrows * rs) * 8);
     double *dw0 = th_alloc((size_t)(v * h) * sizeof *dw0);
     th_fill_uniform(&rng, w, (size_t)(v * h), -1, 1);
     th_round_all(c->dt, w, (size_t)(v * h));
-    th_fill_uniform(&rng, dout, (size_t)(n * rs + 1), -1, 1);
-    th_round_all(c->dt, dout, (size_t)(n * rs + 1));
+    th_fill_uniform(&rng, dout, (size_t)(nrows * rs), -1, 1);
+    th_round_all(c->dt, dout, (size_t)(nrows * rs));
     th_fill_uniform(&rng, dw0, (size_t)(v * h), -1, 1);
     th_round_all(LLMCL_F32, dw0, (size_t)(v * h));
 
     llmcl_tensor *ibase, *tids = ids_tensor(c->id_dt, ids, n, c->id_stride, &ibase);
-    const int64_t ws[2] = {v, h}, obase[2] = {n ? n : 1, rs}, os[2] = {n, h}, ost[2] = {rs, 1};
+    const int64_t ws[2] = {v, h}, obase[2] = {nrows, rs}, os[2] = {n, h}, ost[2] = {rs, 1};
     llmcl_tensor *tw = th_tensor_from(c->dt, 2, ws, w);
     llmcl_tensor *outb = th_tensor(c->dt, 2, obase), *out = NULL;
     TH_OK(llmcl_tensor_view(outb, 2, os, ost, 0, &out));
