@@ -148,7 +148,7 @@ static int plan(const llmcl_device_info *info, char **filters, int n_filters, un
 {
     int n = 0;
     for (const tune_kernel *k = tune_kernels; k->key; ++k) {
-        if (!kernel_selected(k, filters, n_filters))
+        if (!kernel_selected(k, filters, n_filters) || (k->runs_on && !k->runs_on(info)))
             continue;
         unsigned mask = dtype_mask ? dtype_mask & k->dtypes : k->dtypes;
         if (quick && !dtype_mask)

@@ -137,6 +137,12 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
     "B=4,H=32,K=8,QKV=48,KV2=16,T=4096,D=128;B=4,H=32,K=8,QKV=48,KV2=16,T=4096,D=64"
 #define ATTN_SMALL "B=1,H=4,K=2,QKV=8,KV2=4,T=256,D=128;B=1,H=4,K=2,QKV=8,KV2=4,T=256,D=64"
 
+/* The tensor-core kernels (attn_*_mma) tile by warps of 16 rows; only devices with tensor cores
+   run them. */
+#define ATTN_MMA_TILES "BLOCK_M=16,32,64,128 BLOCK_N=16,32,64,128"
+
+static bool has_tensor_cores(const llmcl_device_info *info) { return info->has_mma; }
+
 /* Views of rows [first, first + n) of axis 1 of a contiguous [B, N, T, D] tensor. */
 static llmcl_status attn_head_view(llmcl_tensor *base, const tune_case *c, int64_t first,
                                    int64_t n, llmcl_tensor **out)
@@ -492,6 +498,20 @@ const tune_kernel tune_kernels[] = {
     {.key = "attention_bwd_dkdv", .family = "attention", .params = ATTN_TILES,
      .dtypes = F32 | BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4},
+    {.key = "attention_fwd_mma", .family = "attention", .params = ATTN_MMA_TILES, .dtypes = BF16,
+     .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
+     .tensors = {{"qkv", TUNE_IN, "B,QKV,T,D"},
+                 {"o", TUNE_OUT, "B,H,T,D"},
+                 {"lse", TUNE_OUT, "B,H,T", TUNE_DT(LLMCL_F32)}},
+     .run = run_attention_fwd, .runs_on = has_tensor_cores},
+    {.key = "attention_bwd_dq_mma", .family = "attention", .params = ATTN_MMA_TILES,
+     .dtypes = BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
+     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4,
+     .runs_on = has_tensor_cores},
+    {.key = "attention_bwd_dkdv_mma", .family = "attention", .params = ATTN_MMA_TILES,
+     .dtypes = BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
+     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4,
+     .runs_on = has_tensor_cores},
     {.key = "attention_bwd_pre", .family = "attention", .params = "PRE_WG=32,64,128,256",
      .dtypes = F32 | BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4},
@@ -554,7 +574,7 @@ const tune_kernel tune_kernels[] = {
      .run = run_cce_bwd, .tol_scale = 4},
     {.key = "mm_mma", .family = "matmul", .params = MM_MMA_TILES, .dtypes = BF16 | F16,
      .size_key_fn = mm_size_key, .shapes = MM_MMA_SHAPES, .small_shapes = MM_SMALL,
-     .tensors = MM_TENSORS, .run = run_matmul, .fits = mm_mma_fits},
+     .tensors = MM_TENSORS, .run = run_matmul, .fits = mm_mma_fits, .runs_on = has_tensor_cores},
     {.key = "mm_tiled", .family = "matmul", .params = MM_TILED_TILES, .dtypes = F32,
      .size_key_fn = mm_size_key, .shapes = MM_TILED_SHAPES, .small_shapes = MM_SMALL,
      .tensors = MM_TENSORS, .run = run_matmul},

@@ -83,6 +83,8 @@ typedef struct tune_kernel {
      */
     bool (*fits)(const llmcl_device_info *info, const tune_case *c, char *why, size_t why_len);
     double tol_scale; /* multiplies the dtype's comparison tolerance; 0 means 1 */
+    /* Optional: false on devices whose launcher never uses this kernel (its cases are skipped). */
+    bool (*runs_on)(const llmcl_device_info *info);
 } tune_kernel;
 
 /* The table in kernels.c, terminated by an entry whose key is NULL. */
