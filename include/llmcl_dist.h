@@ -147,7 +147,10 @@ LLMCL_API llmcl_status llmcl_dist_grad(llmcl_dist *d, const char *name, llmcl_te
  * The group's gradients of this micro-batch are complete (enqueued): stages 2 and 3 start their
  * reduce-scatter now (device-to-host copy on the copy queue after the kernels enqueued so far,
  * then a nonblocking MPI_Ireduce_scatter_block), overlapping with the rest of the backward.
- * Collective.
+ * A group's gradients may come in parts within one micro-batch (a tied embedding's from the head
+ * before the layers' backward, from the embedding after them): after grads_ready, llmcl_dist_grad
+ * opens a fresh zeroed bucket (stages 2-3) and the next grads_ready adds its reduction to the same
+ * gradients. Collective.
  */
 LLMCL_API llmcl_status llmcl_dist_grads_ready(llmcl_dist *d, int group);
 

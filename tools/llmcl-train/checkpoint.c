@@ -2,13 +2,19 @@
 #include "checkpoint.h"
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "util.h"
+#ifdef LLMCL_TRAIN_MPI
+#include "zero.h"
+#endif
 
 #define CHECKPOINT_FORMAT "llmcl-train checkpoint 1"
+#define ZERO_FORMAT "llmcl-train zero checkpoint 1"
 
 static char why_buf[512];
 
@@ -83,25 +89,63 @@ static llmcl_status add_state(llmcl_safetensors_writer *w, const model_param *p)
     return llmcl_safetensors_writer_add_tensor(w, name, p->v);
 }
 
-static llmcl_status write_checkpoint(llmcl_safetensors_writer *w, model *m, const train_state *s)
+/* The format, the model's shape, the step and the data position as metadata. */
+static llmcl_status write_metadata(llmcl_safetensors_writer *w, model *m, const train_state *s,
+                                   const char *format)
 {
     char num[32];
-    TRY(llmcl_safetensors_writer_metadata(w, "format", CHECKPOINT_FORMAT));
+    TRY(llmcl_safetensors_writer_metadata(w, "format", format));
     shape_entry e[16];
     for (int i = 0, n = shape_entries(m, e); i < n; ++i)
         TRY(llmcl_safetensors_writer_metadata(w, e[i].key, e[i].value));
     snprintf(num, sizeof num, "%" PRId64, s->step);
     TRY(llmcl_safetensors_writer_metadata(w, "step", num));
     snprintf(num, sizeof num, "%" PRId64, s->data_pos);
-    TRY(llmcl_safetensors_writer_metadata(w, "data_pos", num));
+    return llmcl_safetensors_writer_metadata(w, "data_pos", num);
+}
+
+static llmcl_status write_checkpoint(llmcl_safetensors_writer *w, model *m, const train_state *s)
+{
+    TRY(write_metadata(w, m, s, CHECKPOINT_FORMAT));
     for (int i = 0; i < m->n_params; ++i)
         if (m->params[i].trainable)
             TRY(add_state(w, &m->params[i]));
     return llmcl_safetensors_writer_finish(w);
 }
 
+#ifdef LLMCL_TRAIN_MPI
+/*
+ * Under --zero a checkpoint is a folder: llmcl_dist's shard files and manifest, which reshard onto
+ * any number of ranks, and train.safetensors (no tensors) with the metadata of a one-file
+ * checkpoint, written by rank 0 once the folder is in place. The data position is the whole job's
+ * (every rank derives its own from it), so a resume may use another number of ranks.
+ */
+static llmcl_status zero_save(model *m, const train_state *s, const char *dir)
+{
+    TRY(llmcl_dist_save(m->zero->dist, dir));
+    llmcl_dist_info info;
+    TRY(llmcl_dist_info_get(m->zero->dist, &info));
+    if (info.rank != 0)
+        return LLMCL_OK;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/train.safetensors", dir);
+    llmcl_safetensors_writer *w = NULL;
+    llmcl_status st = llmcl_safetensors_writer_create(path, &w);
+    if (st == LLMCL_OK)
+        st = write_metadata(w, m, s, ZERO_FORMAT);
+    if (st == LLMCL_OK)
+        st = llmcl_safetensors_writer_finish(w);
+    llmcl_safetensors_writer_destroy(w);
+    return st;
+}
+#endif
+
 llmcl_status checkpoint_save(model *m, const train_state *s, const char *path)
 {
+#ifdef LLMCL_TRAIN_MPI
+    if (m->zero)
+        return zero_save(m, s, path);
+#endif
     llmcl_safetensors_writer *w = NULL;
     llmcl_status st = llmcl_safetensors_writer_create(path, &w);
     if (st == LLMCL_OK)
@@ -110,11 +154,19 @@ llmcl_status checkpoint_save(model *m, const train_state *s, const char *path)
     return st;
 }
 
-/* The checkpoint's format and shape against m's; a message in why_buf when they differ. */
-static llmcl_status check_compatible(const llmcl_safetensors *st, model *m, const char *path)
+/* The metadata's format and shape against m's; a message in why_buf when they differ. */
+static llmcl_status check_shape(const llmcl_safetensors *st, model *m, const char *path,
+                                const char *want)
 {
     const char *format = llmcl_safetensors_metadata(st, "format");
-    if (!format || strcmp(format, CHECKPOINT_FORMAT) != 0) {
+    if (format && strcmp(format, want) != 0 &&
+        (strcmp(format, ZERO_FORMAT) == 0 || strcmp(format, CHECKPOINT_FORMAT) == 0)) {
+        snprintf(why_buf, sizeof why_buf,
+                 "%s was written %s --zero: a one-file checkpoint and a --zero folder do not "
+                 "resume as each other", path, strcmp(format, ZERO_FORMAT) == 0 ? "with" : "without");
+        return LLMCL_ERROR_INVALID_ARGUMENT;
+    }
+    if (!format || strcmp(format, want) != 0) {
         snprintf(why_buf, sizeof why_buf, "%s is not an llmcl-train checkpoint (format '%s')",
                  path, format ? format : "none");
         return LLMCL_ERROR_INVALID_ARGUMENT;
@@ -141,6 +193,13 @@ static llmcl_status check_compatible(const llmcl_safetensors *st, model *m, cons
             return LLMCL_ERROR_SHAPE_MISMATCH;
         }
     }
+    return LLMCL_OK;
+}
+
+/* The checkpoint's format, shape and tensors against m's; a message in why_buf when they differ. */
+static llmcl_status check_compatible(const llmcl_safetensors *st, model *m, const char *path)
+{
+    TRY(check_shape(st, m, path, CHECKPOINT_FORMAT));
     static const char *prefixes[] = {"", "optimizer.m.", "optimizer.v."};
     for (int i = 0; i < m->n_params; ++i) {
         const model_param *p = &m->params[i];
@@ -183,28 +242,82 @@ static llmcl_status load_state(model *m, const llmcl_safetensors *st)
     return model_sync_compute(m);
 }
 
+static bool is_dir(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* Opens path; the reason in why_buf when it cannot. */
+static llmcl_status open_file(const char *path, llmcl_safetensors **st)
+{
+    const llmcl_status status = llmcl_safetensors_open(path, st);
+    if (status != LLMCL_OK)
+        snprintf(why_buf, sizeof why_buf, "%s", llmcl_last_error(NULL));
+    return status;
+}
+
+/* The step and data position of an opened checkpoint whose shape passed. */
+static llmcl_status read_state(const llmcl_safetensors *st, const char *path, train_state *s)
+{
+    *s = (train_state){meta_int(st, "step"), meta_int(st, "data_pos")};
+    if (s->step >= 0 && s->data_pos >= 0)
+        return LLMCL_OK;
+    snprintf(why_buf, sizeof why_buf, "%s lacks its step or data position", path);
+    return LLMCL_ERROR_INVALID_ARGUMENT;
+}
+
+#ifdef LLMCL_TRAIN_MPI
+/* train.safetensors first, then llmcl_dist_load, which agrees across the ranks. */
+static llmcl_status zero_load(model *m, const char *dir, train_state *s)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/train.safetensors", dir);
+    llmcl_safetensors *st = NULL;
+    if (!is_dir(dir)) {
+        snprintf(why_buf, sizeof why_buf,
+                 "%s is not a --zero checkpoint folder (a one-file checkpoint resumes without "
+                 "--zero)", dir);
+        return LLMCL_ERROR_INVALID_ARGUMENT;
+    }
+    TRY(open_file(path, &st));
+    llmcl_status status = check_shape(st, m, path, ZERO_FORMAT);
+    if (status == LLMCL_OK)
+        status = read_state(st, path, s);
+    llmcl_safetensors_close(st);
+    TRY(status);
+    status = llmcl_dist_load(m->zero->dist, dir, NULL);
+    if (status != LLMCL_OK)
+        snprintf(why_buf, sizeof why_buf, "%s: %s", dir, llmcl_last_error(m->ctx));
+    return status;
+}
+#endif
+
 llmcl_status checkpoint_load(model *m, const char *path, train_state *s, const char **why)
 {
     llmcl_safetensors *st = NULL;
     *why = why_buf;
-    llmcl_status status = llmcl_safetensors_open(path, &st);
-    if (status != LLMCL_OK) {
-        snprintf(why_buf, sizeof why_buf, "%s", llmcl_last_error(NULL));
-        return status;
+#ifdef LLMCL_TRAIN_MPI
+    if (m->zero)
+        return zero_load(m, path, s);
+#endif
+    if (is_dir(path)) {
+        snprintf(why_buf, sizeof why_buf,
+                 "%s is a folder: a --zero checkpoint resumes under mpiexec with --zero", path);
+        return LLMCL_ERROR_INVALID_ARGUMENT;
     }
-    status = check_compatible(st, m, path);
-    const int64_t step = meta_int(st, "step"), pos = meta_int(st, "data_pos");
-    if (status == LLMCL_OK && (step < 0 || pos < 0)) {
-        snprintf(why_buf, sizeof why_buf, "%s lacks its step or data position", path);
-        status = LLMCL_ERROR_INVALID_ARGUMENT;
-    }
+    TRY(open_file(path, &st));
+    llmcl_status status = check_compatible(st, m, path);
+    train_state state;
+    if (status == LLMCL_OK)
+        status = read_state(st, path, &state);
     if (status == LLMCL_OK) {
         status = load_state(m, st);
         if (status != LLMCL_OK)
             snprintf(why_buf, sizeof why_buf, "%s: %s", path, llmcl_last_error(m->ctx));
     }
     if (status == LLMCL_OK)
-        *s = (train_state){step, pos};
+        *s = state;
     llmcl_safetensors_close(st);
     return status;
 }

@@ -10,6 +10,11 @@
  * the same --init-from again, and the metadata holds the LoRA settings and a 64-bit fingerprint of
  * the frozen f32 weights (a hash of their bits in layout order), so a resume on another base, or a
  * LoRA checkpoint resumed without LoRA (or the reverse), is refused.
+ *
+ * Under --zero (model.zero) the path is a folder instead: llmcl_dist's checkpoint (shard files and
+ * manifest, resharded on load for any number of ranks) and train.safetensors with the metadata
+ * alone. Both calls are then collective. A one-file checkpoint and a folder are not interchangeable:
+ * resuming one as the other is refused with a message saying so.
  */
 #ifndef LLMCL_TRAIN_CHECKPOINT_H
 #define LLMCL_TRAIN_CHECKPOINT_H

@@ -150,10 +150,14 @@ void loader_init(loader *l, const token_data *d, int b, int t, int rank, int wor
     *l = (loader){d, b, t, rank, world, (int64_t)rank * b * t};
 }
 
+int64_t loader_tell(const loader *l) { return l->pos - (int64_t)l->rank * l->b * l->t; }
+
+void loader_seek(loader *l, int64_t pos) { l->pos = pos + (int64_t)l->rank * l->b * l->t; }
+
 void loader_next(loader *l, int32_t *ids, int32_t *targets)
 {
     const int64_t span = (int64_t)l->b * l->t;
-    if (l->pos + span + 1 > l->d->n)
+    if (loader_tell(l) + span * l->world + 1 > l->d->n)
         l->pos = (int64_t)l->rank * span;
     memcpy(ids, l->d->tokens + l->pos, (size_t)span * sizeof *ids);
     memcpy(targets, l->d->tokens + l->pos + 1, (size_t)span * sizeof *targets);

@@ -40,7 +40,15 @@ typedef struct loader {
 /* Dies when the data holds fewer than b x t + 1 tokens. */
 void loader_init(loader *l, const token_data *d, int b, int t, int rank, int world);
 
-/* The next window (wrapping to the start at the end of the data). */
+/*
+ * The next window (wrapping to the start at the end of the data). The ranks' windows of one step
+ * are consecutive, rank 0 first, so a job of N ranks at batch b reads the rows that one rank reads
+ * at batch N b, in the same order; the ranks wrap together.
+ */
 void loader_next(loader *l, int32_t *ids, int32_t *targets);
+
+/* The whole job's position (rank 0's), which a checkpoint stores, and a seek to one. */
+int64_t loader_tell(const loader *l);
+void loader_seek(loader *l, int64_t pos);
 
 #endif

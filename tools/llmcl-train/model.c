@@ -12,6 +12,9 @@
 #include <string.h>
 
 #include "util.h"
+#ifdef LLMCL_TRAIN_MPI
+#include "zero.h"
+#endif
 
 struct layer_acts {
     llmcl_tensor *h1, *rstd1, *q, *k, *v, *o, *lse, *xmid, *h2, *rstd2, *gate, *up, *act;
@@ -76,10 +79,40 @@ const char *model_config_error(const model_config *c)
         return "the LoRA rank must be >= 0 and its alpha > 0";
     if (c->lora_rank > 0 && (c->lora_targets == 0 || (c->lora_targets & ~LORA_ALL_TARGETS)))
         return "LoRA needs one or more targets among q, k, v, o, gate, up, down";
+    if (c->zero_stage < 0 || c->zero_stage > 3)
+        return "the ZeRO stage must be 1, 2 or 3";
+#ifndef LLMCL_TRAIN_MPI
+    if (c->zero_stage)
+        return "--zero needs llmcl-train built with MPI (MPICH was not found at setup)";
+#endif
+    if (c->zero_stage && c->lora_rank)
+        return "LoRA is not supported under --zero (train the adapters on one device)";
     if (c->lora_rank > 0 && c->lora_dtype != LLMCL_F32 &&
         (c->lora_dtype != LLMCL_BF16 || c->dtype != LLMCL_BF16))
         return "the LoRA dtype must be f32, or bf16 with a bf16 model (--dtype bf16)";
     return NULL;
+}
+
+/* ---- layer groups: under --zero (zero.h) parameters exist while their group is open ---- */
+
+static llmcl_status group_open(model *m, int group, int mode)
+{
+#ifdef LLMCL_TRAIN_MPI
+    if (m->zero)
+        return zero_open(m, group, mode);
+#endif
+    (void)m, (void)group, (void)mode;
+    return LLMCL_OK;
+}
+
+static llmcl_status group_close(model *m, int group, int mode)
+{
+#ifdef LLMCL_TRAIN_MPI
+    if (m->zero)
+        return zero_close(m, group, mode);
+#endif
+    (void)m, (void)group, (void)mode;
+    return LLMCL_OK;
 }
 
 /* ---- views, collected per call and dropped at its end ---- */
@@ -263,9 +296,17 @@ static void set_free(param_set *s)
 }
 
 /* A host f32 array into p: its master, or its 16-bit copy when it has no master. */
-static void param_upload(const model_param *p, const float *host)
+static void param_upload(model *m, const model_param *p, const float *host)
 {
     const size_t n = (size_t)p->numel;
+#ifdef LLMCL_TRAIN_MPI
+    if (m->zero) {
+        CHECK(zero_init_param(m, p, host), m->ctx);
+        return;
+    }
+#else
+    (void)m;
+#endif
     if (p->master) {
         CHECK(llmcl_tensor_upload(p->master, host, n * sizeof *host), llmcl_tensor_ctx(p->master));
         return;
@@ -291,7 +332,7 @@ static void init_params(model *m, uint64_t seed)
                       : p->kind == P_LORA_A ? (float)(bound * (2.0 * rng_uniform(&r) - 1.0))
                       : p->kind == P_LORA_B ? 0.0f
                                             : 0.02f * (float)rng_normal(&r);
-        param_upload(p, host);
+        param_upload(m, p, host);
         free(host);
     }
 }
@@ -305,17 +346,13 @@ llmcl_status model_sync_compute(model *m)
     return LLMCL_OK;
 }
 
-llmcl_status model_create(llmcl_ctx *ctx, const model_config *cfg, uint64_t seed, model **out)
+/* The two sets' buffers and every parameter's views into them. */
+static void alloc_params(model *m)
 {
-    model *m = xcalloc(1, sizeof *m);
-    m->ctx = ctx;
-    m->cfg = *cfg;
-    m->head_dim = cfg->dim / cfg->heads;
-    m->lora_scale = cfg->lora_rank > 0 ? cfg->lora_alpha / (float)cfg->lora_rank : 0.0f;
-    layout_params(m);
+    const model_config *cfg = &m->cfg;
     const bool lora = cfg->lora_rank > 0;
-    set_alloc(ctx, &m->trainable, cfg->dtype, !lora || cfg->lora_dtype == LLMCL_F32, true);
-    set_alloc(ctx, &m->frozen, cfg->dtype, true, false);
+    set_alloc(m->ctx, &m->trainable, cfg->dtype, !lora || cfg->lora_dtype == LLMCL_F32, true);
+    set_alloc(m->ctx, &m->frozen, cfg->dtype, true, false);
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
         param_set *s = p->trainable ? &m->trainable : &m->frozen;
@@ -326,6 +363,31 @@ llmcl_status model_create(llmcl_ctx *ctx, const model_config *cfg, uint64_t seed
         p->w16 = param_view(p, s->compute);
         p->w = p->is_norm || !p->w16 ? param_view(p, s->master) : param_view(p, s->compute);
     }
+}
+
+/* Under --zero: the parameters in an llmcl_dist instead (the sets stay empty). */
+static void attach_zero(model *m)
+{
+#ifdef LLMCL_TRAIN_MPI
+    CHECK(zero_attach(m, m->cfg.zero_stage), m->ctx);
+#else
+    (void)m;
+    die("--zero needs llmcl-train built with MPI");
+#endif
+}
+
+llmcl_status model_create(llmcl_ctx *ctx, const model_config *cfg, uint64_t seed, model **out)
+{
+    model *m = xcalloc(1, sizeof *m);
+    m->ctx = ctx;
+    m->cfg = *cfg;
+    m->head_dim = cfg->dim / cfg->heads;
+    m->lora_scale = cfg->lora_rank > 0 ? cfg->lora_alpha / (float)cfg->lora_rank : 0.0f;
+    layout_params(m);
+    if (cfg->zero_stage)
+        attach_zero(m);
+    else
+        alloc_params(m);
     init_params(m, seed);
     CHECK(model_sync_compute(m), ctx);
     *out = m;
@@ -515,6 +577,9 @@ void model_destroy(model *m)
     if (!m)
         return;
     free_acts(m);
+#ifdef LLMCL_TRAIN_MPI
+    zero_detach(m); /* its views, which the parameters point at while a group is open, go too */
+#endif
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
         llmcl_tensor *vs[] = {p->w, p->master, p->grad, p->m, p->v, p->w16};
@@ -672,10 +737,15 @@ static llmcl_status block_forward(model *m, arena *a, int l, int64_t n, int b, i
         TRY(llmcl_offload_save(m->off, x, &m->saved[l]));
     if (m->off && l > 0 && m->saved[l - 1].id)
         TRY(llmcl_offload_fence(m->off, m->saved[l - 1]));
-    return layer_forward(m, a, l, acts_of(m, l), x, rows(a, stream(m, l + 1), n), b, t);
+    TRY(group_open(m, l + 1, GROUP_PARAMS));
+    TRY(layer_forward(m, a, l, acts_of(m, l), x, rows(a, stream(m, l + 1), n), b, t));
+    return group_close(m, l + 1, GROUP_PARAMS);
 }
 
-/* Embedding, blocks and final norm over b x t tokens: m->hfinal holds the result. */
+/*
+ * Embedding, blocks and final norm over b x t tokens: m->hfinal holds the result. Group 0 (the
+ * final norm's and the head's) is left open for the caller to close.
+ */
 static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, int b, int t, bool save)
 {
     llmcl_ctx *ctx = m->ctx;
@@ -685,9 +755,12 @@ static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, int b,
     TRY(release_saved(m));
     llmcl_tensor *tids = head(a, m->ids, n);
     TRY(llmcl_tensor_upload(tids, ids, (size_t)n * sizeof *ids));
+    TRY(group_open(m, 0, GROUP_PARAMS));
     OP(F_EMBEDDING, llmcl_embedding_forward(ctx, tids, param(m, P_EMBED, -1)->w, rows(a, stream(m, 0), n)));
+    TRY(group_close(m, 0, GROUP_PARAMS));
     for (int l = 0; l < m->cfg.layers; ++l)
         TRY(block_forward(m, a, l, n, b, t, save));
+    TRY(group_open(m, 0, GROUP_PARAMS));
     const llmcl_rmsnorm_options no = norm_opts(m);
     return PROF(F_NORM, llmcl_rmsnorm_forward(ctx, rows(a, stream(m, m->cfg.layers), n),
                                  param(m, P_FINAL_NORM, -1)->w, rows(a, m->hfinal, n),
@@ -709,6 +782,8 @@ llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets,
                   llmcl_fused_cross_entropy_forward(m->ctx, rows(&a, m->hfinal, n),
                                                     param(m, P_HEAD, -1)->w, NULL, tt, &co, m->loss,
                                                     NULL, head(&a, m->lse_ce, n)));
+    if (st == LLMCL_OK && !backward_follows)
+        st = group_close(m, 0, GROUP_PARAMS);
     arena_clear(&a);
     return st;
 }
@@ -780,11 +855,13 @@ static llmcl_status block_backward(model *m, arena *a, int l, int64_t n, int b, 
     } else {
         x = rows(a, stream(m, l), n);
     }
-    llmcl_status st = LLMCL_OK;
-    if (m->recompute)
+    llmcl_status st = group_open(m, l + 1, GROUP_PARAMS | GROUP_GRADS);
+    if (st == LLMCL_OK && m->recompute)
         st = layer_forward(m, a, l, acts_of(m, l), x, NULL, b, t);
     if (st == LLMCL_OK)
         st = layer_backward(m, a, l, acts_of(m, l), x, b, t);
+    if (st == LLMCL_OK)
+        st = group_close(m, l + 1, GROUP_PARAMS | GROUP_GRADS);
     if (m->off) {
         arena_clear(a); /* the views of the restored tensor go before it */
         llmcl_tensor_destroy(restored);
@@ -803,6 +880,7 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
     const llmcl_ce_options co = ce_opts();
     llmcl_tensor *hf = rows(a, m->hfinal, n), *dh32 = rows(a, m->dh32, n), *dres = rows(a, m->dres, n);
     model_param *headp = param(m, P_HEAD, -1), *fnorm = param(m, P_FINAL_NORM, -1);
+    TRY(group_open(m, 0, GROUP_GRADS)); /* its parameters are still open from the forward */
     OP(F_CROSS_ENTROPY, llmcl_fused_cross_entropy_backward(ctx, hf, headp->w, NULL, head(a, m->targets, n),
                                                   head(a, m->lse_ce, n), NULL, &co, dh32,
                                                   headp->trainable ? headp->grad : NULL, NULL));
@@ -815,6 +893,7 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
     OP(F_NORM, llmcl_rmsnorm_backward(ctx, dy, rows(a, stream(m, L), n), fnorm->w,
                                head(a, m->rstd_final, n), dres, m->dnorm_w, &no));
     TRY(norm_grad(m, fnorm));
+    TRY(group_close(m, 0, GROUP_PARAMS | GROUP_GRADS));
     for (int l = L - 1; l >= 0; --l) {
         TRY(block_backward(m, a, l, n, b, t));
         arena_clear(a); /* views of one block at a time */
@@ -822,8 +901,11 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
     const model_param *embed = param(m, P_EMBED, -1);
     if (!embed->trainable)
         return LLMCL_OK;
-    return PROF(F_EMBEDDING, llmcl_embedding_backward(ctx, head(a, m->ids, n), rows(a, m->dres, n),
-                                                      embed->grad));
+    /* a second part of group 0's gradients: a tied head's came before the layers' */
+    TRY(group_open(m, 0, GROUP_GRADS));
+    OP(F_EMBEDDING, llmcl_embedding_backward(ctx, head(a, m->ids, n), rows(a, m->dres, n),
+                                             embed->grad));
+    return group_close(m, 0, GROUP_GRADS);
 }
 
 llmcl_status model_backward(model *m, int b, int t)
@@ -836,7 +918,8 @@ llmcl_status model_backward(model *m, int b, int t)
 
 /* ---- logits and sampling ---- */
 
-llmcl_status model_logits(model *m, int64_t row0, int64_t rows, llmcl_tensor *out)
+/* model_logits with the head's group open. */
+static llmcl_status head_logits(model *m, int64_t row0, int64_t rows, llmcl_tensor *out)
 {
     arena a = {0};
     const int64_t shape[2] = {rows, m->cfg.dim};
@@ -846,13 +929,21 @@ llmcl_status model_logits(model *m, int64_t row0, int64_t rows, llmcl_tensor *ou
     return st;
 }
 
+llmcl_status model_logits(model *m, int64_t row0, int64_t rows, llmcl_tensor *out)
+{
+    TRY(group_open(m, 0, GROUP_PARAMS));
+    TRY(head_logits(m, row0, rows, out));
+    return group_close(m, 0, GROUP_PARAMS);
+}
+
 llmcl_status model_next_token(model *m, const int32_t *ids, int t, int32_t *next)
 {
     arena a = {0};
     llmcl_status st = trunk_forward(m, &a, ids, 1, t, false);
     arena_clear(&a);
     TRY(st);
-    TRY(model_logits(m, t - 1, 1, m->logits_last));
+    TRY(head_logits(m, t - 1, 1, m->logits_last));
+    TRY(group_close(m, 0, GROUP_PARAMS));
     float *logits = xmalloc((size_t)m->cfg.vocab * sizeof *logits);
     st = llmcl_tensor_download(m->logits_last, logits, (size_t)m->cfg.vocab * sizeof *logits);
     int best = 0;

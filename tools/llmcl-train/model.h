@@ -33,6 +33,8 @@ typedef struct model_config {
     llmcl_dtype lora_dtype;   /* f32: adapters keep f32 masters (their products still run in the
                                  compute dtype, as under autocast); bf16: adapters are bf16 only,
                                  AdamW rounds them stochastically (needs a bf16 model) */
+    int zero_stage;           /* > 0: the parameters sharded over MPI_COMM_WORLD by ZeRO stage
+                                 1, 2 or 3 (zero.h; llmcl-train built with MPI, no LoRA) */
 } model_config;
 
 /* A readable reason why cfg is unusable, or NULL. */
@@ -78,6 +80,10 @@ enum { F_MATMUL, F_ATTENTION, F_NORM, F_ROPE, F_GLU, F_CROSS_ENTROPY, F_EMBEDDIN
        F_OPTIMIZER, F_FAMILIES };
 
 typedef struct layer_acts layer_acts;
+typedef struct zero zero;
+
+/* What a layer group is opened for under --zero: its parameters (w), its gradients (grad). */
+enum { GROUP_PARAMS = 1, GROUP_GRADS = 2 };
 
 typedef struct model {
     llmcl_ctx *ctx;
@@ -88,6 +94,8 @@ typedef struct model {
     param_set trainable, frozen;
     float lora_scale;      /* lora_alpha / lora_rank */
     uint64_t frozen_fingerprint; /* checkpoint.c's hash of the frozen weights; 0: not yet taken */
+    zero *zero;            /* with zero_stage: the parameters' owner; w and grad are its views,
+                              set only while their layer group is open (zero.h) */
 
     /* activations for micro-batches of up to max_b x max_t tokens */
     int max_b, max_t;
@@ -117,7 +125,8 @@ llmcl_status model_prof_end(model *m, int family, llmcl_status st);
 /*
  * Creates the parameters, initialised from seed as Llama does (normal(0, 0.02), norms 1) and the
  * adapters as PEFT does (A uniform in +-1/sqrt(in), which is kaiming_uniform_(a = sqrt(5)); B zero,
- * so the adapted model starts as the base model).
+ * so the adapted model starts as the base model). With cfg->zero_stage they go into an llmcl_dist
+ * (collective), and every call below that computes is collective too.
  */
 llmcl_status model_create(llmcl_ctx *ctx, const model_config *cfg, uint64_t seed, model **out);
 
@@ -163,7 +172,8 @@ llmcl_status model_proj_backward(model *m, const model_param *p, const llmcl_ten
 /*
  * Forward over b x t tokens (ids and targets uploaded from host int32 arrays); writes the mean
  * cross-entropy into m->loss (on the device). With backward_follows it keeps what the backward
- * needs (offloading layer inputs where asked); without, it is an evaluation.
+ * needs (offloading layer inputs where asked; under --zero the head's group stays open for
+ * model_backward, which must come next); without, it is an evaluation.
  */
 llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets, int b, int t,
                            bool backward_follows);

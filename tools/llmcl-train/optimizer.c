@@ -5,6 +5,9 @@
 #include <stdlib.h>
 
 #include "util.h"
+#ifdef LLMCL_TRAIN_MPI
+#include "zero.h"
+#endif
 
 llmcl_status optimizer_create(model *m, const adamw_hparams *hp, optimizer *out)
 {
@@ -13,7 +16,7 @@ llmcl_status optimizer_create(model *m, const adamw_hparams *hp, optimizer *out)
     out->grads = xcalloc((size_t)m->n_params, sizeof *out->grads);
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
-        if (!p->trainable)
+        if (!p->trainable || m->zero) /* under --zero llmcl_dist holds the state */
             continue;
         /* 16-bit models: AdamW updates the master and writes the rounded copy in the same pass;
            bf16-only adapters (no master) are rounded stochastically */
@@ -35,20 +38,44 @@ void optimizer_destroy(optimizer *o)
     *o = (optimizer){0};
 }
 
+#ifdef LLMCL_TRAIN_MPI
+/* Under --zero: gradients summed over the ranks, so the scale averages over them too; the norm
+   (already scaled) kept for optimizer_last_norm. */
+static llmcl_status zero_step(optimizer *o, const llmcl_adamw_opts *ao, int micro)
+{
+    llmcl_dist *d = o->m->zero->dist;
+    llmcl_dist_info info;
+    TRY(llmcl_dist_info_get(d, &info));
+    llmcl_adamw_opts z = *ao;
+    z.grad_scale = 1.0f / (float)(micro * info.world);
+    z.grad_norm = NULL;
+    TRY(llmcl_dist_step(d, &z, &o->zero_norm));
+    return llmcl_dist_zero_grads(d);
+}
+#endif
+
 llmcl_status optimizer_step(optimizer *o, float lr, int64_t step, int micro)
 {
     model *m = o->m;
-    TRY(llmcl_grad_norm(m->ctx, o->grads, o->count, 0, o->grad_norm));
     const llmcl_adamw_opts ao = {.lr = lr, .beta1 = o->hp.beta1, .beta2 = o->hp.beta2,
                                  .eps = o->hp.eps, .weight_decay = o->hp.weight_decay,
                                  .step = step, .grad_scale = 1.0f / (float)micro,
                                  .grad_norm = o->hp.clip > 0 ? o->grad_norm : NULL,
                                  .max_grad_norm = o->hp.clip, .seed = o->hp.seed};
+#ifdef LLMCL_TRAIN_MPI
+    if (m->zero)
+        return zero_step(o, &ao, micro);
+#endif
+    TRY(llmcl_grad_norm(m->ctx, o->grads, o->count, 0, o->grad_norm));
     return llmcl_adamw_step(m->ctx, o->tensors, o->count, &ao);
 }
 
 llmcl_status optimizer_last_norm(optimizer *o, int micro, double *norm)
 {
+    if (o->m->zero) {
+        *norm = o->zero_norm;
+        return LLMCL_OK;
+    }
     float g = 0;
     TRY(llmcl_tensor_download(o->grad_norm, &g, sizeof g));
     *norm = g / micro;

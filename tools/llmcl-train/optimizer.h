@@ -21,6 +21,7 @@ typedef struct optimizer {
     llmcl_adamw_tensor *tensors;
     const llmcl_tensor **grads;
     llmcl_tensor *grad_norm; /* f32 [1]: the norm of the accumulated gradients */
+    float zero_norm;         /* under --zero: the last step's norm, from llmcl_dist_step */
 } optimizer;
 
 llmcl_status optimizer_create(model *m, const adamw_hparams *hp, optimizer *out);
@@ -28,7 +29,9 @@ void optimizer_destroy(optimizer *o);
 
 /*
  * One step at learning rate lr (step counts from 1) on gradients accumulated over `micro`
- * micro-batches (each a mean loss, so they are scaled by 1 / micro), clipped to hp.clip.
+ * micro-batches (each a mean loss, so they are scaled by 1 / micro), clipped to hp.clip. Under
+ * --zero: llmcl_dist_step (collective) on the gradients summed over the ranks, scaled by
+ * 1 / (micro x ranks), then llmcl_dist_zero_grads.
  */
 llmcl_status optimizer_step(optimizer *o, float lr, int64_t step, int micro);
 

@@ -2,7 +2,8 @@
  * train.c: llmcl-train, a Llama-style decoder trained end to end on llmcl: options, the training
  * loop (gradient accumulation, global-norm clipping, warmup + cosine learning rate, the fused
  * AdamW), held-out evaluation, the progress line and a greedy sample at the end; a Hugging Face
- * checkpoint in (--init-from, its config.json setting the shape) and out (--export), LoRA.
+ * checkpoint in (--init-from, its config.json setting the shape) and out (--export), LoRA; with
+ * --zero under mpiexec, ZeRO over MPI ranks (zero.h), each rank training on its slice of the batch.
  */
 #include <getopt.h>
 #include <math.h>
@@ -17,6 +18,9 @@
 #include "model.h"
 #include "optimizer.h"
 #include "util.h"
+#ifdef LLMCL_TRAIN_MPI
+#include <mpi.h>
+#endif
 
 /* Shape options that an --init-from config.json also sets. */
 enum { OPT_DIM, OPT_LAYERS, OPT_HEADS, OPT_KV_HEADS, OPT_FFN, OPT_VOCAB, OPT_UNTIED, OPT_ROPE_THETA,
@@ -75,6 +79,9 @@ static void usage(FILE *f)
           "  --recompute          activation checkpointing: keep only each layer's input\n"
           "  --offload            with --recompute, keep those inputs in pinned host memory\n"
           "  --seed N\n"
+          "  --zero S             under mpiexec -n N: ZeRO stage 1, 2 or 3 over the N ranks, each\n"
+          "                       on its own --batch (the step's batch is N x --batch); checkpoints\n"
+          "                       become folders that resume on any number of ranks\n"
           "output:\n"
           "  --eval-every N --eval-batches N --log-every N\n"
           "  --sample N           greedy tokens generated at the end (0: none)\n"
@@ -188,7 +195,7 @@ static void parse_options(int argc, char **argv, options *o)
         {"init-from", 1, 0, 'i'}, {"export", 1, 0, 'x'}, {"export-dtype", 1, 0, 'X'},
         {"lora", 1, 0, 'k'}, {"lora-alpha", 1, 0, 'A'}, {"lora-targets", 1, 0, 'G'},
         {"lora-dtype", 1, 0, 'U'}, {"lora-merge", 0, 0, 'M'}, {"dump-logits", 1, 0, 'J'},
-        {0, 0, 0, 0}};
+        {"zero", 1, 0, 'z'}, {0, 0, 0, 0}};
     /* a preset first, so that the other options refine it whatever their order */
     for (int i = 1; i + 1 < argc; ++i)
         if (strcmp(argv[i], "--preset") == 0)
@@ -248,6 +255,7 @@ static void parse_options(int argc, char **argv, options *o)
         case 'U': o->model.lora_dtype = parse_dtype("lora-dtype", optarg, false); break;
         case 'M': o->lora_merge = 1; break;
         case 'J': o->dump_logits = optarg; break;
+        case 'z': o->model.zero_stage = (int)parse_int("zero", optarg, 1, 3); break;
         case 'b': o->batch = (int)parse_int("batch", optarg, 1, 1 << 20); break;
         case 's': o->seq = (int)parse_int("seq", optarg, 1, 1 << 22); break;
         case 'a': o->accum = (int)parse_int("accum", optarg, 1, 1 << 20); break;
@@ -290,6 +298,8 @@ static void parse_options(int argc, char **argv, options *o)
         die("--lora-merge merges LoRA adapters: give --lora R");
     if (o->model.lora_rank && o->model.lora_alpha == 0)
         o->model.lora_alpha = (float)o->model.lora_rank;
+    if (o->model.zero_stage && (o->init_from || o->export_dir || o->dump_logits))
+        die("--init-from, --export and --dump-logits are not supported under --zero yet");
     o->model.max_seq = o->seq;
 }
 
@@ -350,6 +360,8 @@ typedef struct trainer {
     llmcl_tensor *loss_sum;
     optimizer opt;
     double peak_tflops;
+    int rank, world;       /* the MPI job under --zero; 0 and 1 otherwise */
+    bool stop;             /* under --zero: some rank was interrupted, as of the last all-reduce */
 } trainer;
 
 static volatile sig_atomic_t interrupted;
@@ -358,6 +370,30 @@ static void on_sigint(int sig)
 {
     (void)sig;
     interrupted = 1;
+}
+
+/*
+ * The mean of x over the ranks. Under --zero one all-reduce, which also tells every rank whether
+ * any was interrupted, so that all stop after the same step instead of leaving the others waiting.
+ */
+static double rank_mean(trainer *tr, double x)
+{
+    if (!tr->o.model.zero_stage)
+        return x;
+#ifdef LLMCL_TRAIN_MPI
+    double v[2] = {x, interrupted};
+    if (MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS)
+        die("MPI_Allreduce failed");
+    tr->stop = v[1] > 0;
+    x = v[0] / tr->world;
+#endif
+    return x;
+}
+
+/* Whether to stop: Ctrl-C here, or under --zero on any rank (as of the last all-reduce). */
+static bool stopping(const trainer *tr)
+{
+    return tr->o.model.zero_stage ? tr->stop : interrupted;
 }
 
 static void check_tokens(const token_data *d, int vocab)
@@ -383,7 +419,7 @@ static void load_data(trainer *tr)
         o->model.vocab = tr->train.vocab;
     check_tokens(&tr->train, o->model.vocab);
     check_tokens(&tr->val, o->model.vocab);
-    loader_init(&tr->tl, &tr->train, o->batch, o->seq, 0, 1);
+    loader_init(&tr->tl, &tr->train, o->batch, o->seq, tr->rank, tr->world);
 }
 
 static void setup_optimizer(trainer *tr)
@@ -396,12 +432,12 @@ static void setup_optimizer(trainer *tr)
     CHECK(llmcl_tensor_create(tr->ctx, LLMCL_F32, 1, &one, &tr->loss_sum), tr->ctx);
 }
 
-/* Mean loss over eval_batches windows of the held-out tokens. */
+/* Mean loss over eval_batches windows of the held-out tokens (each rank its slice of them). */
 static double evaluate(trainer *tr)
 {
     const options *o = &tr->o;
     loader vl;
-    loader_init(&vl, &tr->val, o->batch, o->seq, 0, 1);
+    loader_init(&vl, &tr->val, o->batch, o->seq, tr->rank, tr->world);
     double sum = 0;
     for (int i = 0; i < o->eval_batches; ++i) {
         loader_next(&vl, tr->ids, tr->targets);
@@ -410,7 +446,7 @@ static double evaluate(trainer *tr)
         CHECK(llmcl_tensor_download(tr->m->loss, &loss, sizeof loss), tr->ctx);
         sum += loss;
     }
-    return sum / o->eval_batches;
+    return rank_mean(tr, sum / o->eval_batches);
 }
 
 /* One optimizer step over accum micro-batches; returns the mean loss and the gradient norm. */
@@ -419,7 +455,8 @@ static void train_step(trainer *tr, int step, double *loss, double *norm)
     const options *o = &tr->o;
     model *m = tr->m;
     llmcl_ctx *ctx = tr->ctx;
-    CHECK(llmcl_fill(ctx, m->trainable.grad, 0.0), ctx);
+    if (!m->zero) /* llmcl_dist zeroes its gradients after each step */
+        CHECK(llmcl_fill(ctx, m->trainable.grad, 0.0), ctx);
     CHECK(llmcl_fill(ctx, tr->loss_sum, 0.0), ctx);
     for (int k = 0; k < o->accum; ++k) {
         loader_next(&tr->tl, tr->ids, tr->targets);
@@ -433,7 +470,7 @@ static void train_step(trainer *tr, int step, double *loss, double *norm)
           ctx);
     float l;
     CHECK(llmcl_tensor_download(tr->loss_sum, &l, sizeof l), ctx);
-    *loss = l;
+    *loss = rank_mean(tr, l);
     CHECK(optimizer_last_norm(&tr->opt, o->accum, norm), ctx);
 }
 
@@ -459,8 +496,9 @@ static double device_mib(llmcl_ctx *ctx)
 static void progress(trainer *tr, int step, double loss, double norm, double step_s, double eta)
 {
     const options *o = &tr->o;
-    const double tokens = (double)o->batch * o->seq * o->accum, tps = tokens / step_s;
-    const double mfu = 100.0 * tps * model_flops_per_token(tr->m, o->seq) / (tr->peak_tflops * 1e12);
+    const double tokens = (double)o->batch * o->seq * o->accum * tr->world, tps = tokens / step_s;
+    const double mfu = 100.0 * tps * model_flops_per_token(tr->m, o->seq) /
+                       (tr->peak_tflops * 1e12 * tr->world);
     char eta_s[32];
     format_eta(eta, eta_s, sizeof eta_s);
     printf("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1fk tok/s | MFU %.1f%% | mem %.1f MiB | "
@@ -540,7 +578,7 @@ static void offload_summary(llmcl_offload *off)
 
 static void save(trainer *tr, int steps_done)
 {
-    const train_state s = {steps_done, tr->tl.pos};
+    const train_state s = {steps_done, loader_tell(&tr->tl)};
     CHECK(checkpoint_save(tr->m, &s, tr->o.save), tr->ctx);
     printf("saved %s at step %d\n", tr->o.save, steps_done);
 }
@@ -608,10 +646,43 @@ static void print_lora(const model_config *c, int64_t trained)
     printf(": %.3fM trained parameters, the base frozen\n", (double)trained / 1e6);
 }
 
+/*
+ * Under --zero: MPI (MPICH's singleton init serves a run without mpiexec), this rank's place in
+ * the job, and stdout for rank 0 alone, so that the job prints one progress line a step.
+ */
+static void join_job(trainer *tr, int *argc, char ***argv)
+{
+    tr->world = 1;
+    if (!tr->o.model.zero_stage)
+        return;
+#ifdef LLMCL_TRAIN_MPI
+    if (MPI_Init(argc, argv) != MPI_SUCCESS)
+        die("MPI_Init failed");
+    MPI_Comm_rank(MPI_COMM_WORLD, &tr->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &tr->world);
+    if (tr->rank != 0 && !freopen("/dev/null", "w", stdout))
+        die("cannot silence rank %d's stdout", tr->rank);
+#else
+    (void)argc, (void)argv;
+    die("--zero needs llmcl-train built with MPI (MPICH was not found at setup)");
+#endif
+}
+
+static void leave_job(const trainer *tr)
+{
+#ifdef LLMCL_TRAIN_MPI
+    if (tr->o.model.zero_stage)
+        MPI_Finalize();
+#else
+    (void)tr;
+#endif
+}
+
 int main(int argc, char **argv)
 {
     trainer tr = {0};
     parse_options(argc, argv, &tr.o);
+    join_job(&tr, &argc, &argv);
     options *o = &tr.o;
     hf_checkpoint init = {0};
     if (o->init_from) {
@@ -648,6 +719,9 @@ int main(int argc, char **argv)
                       : o->recompute ? ", activation checkpointing" : "");
     if (c->lora_rank)
         print_lora(c, model_trainable_count(tr.m));
+    if (c->zero_stage)
+        printf("ZeRO stage %d over %d rank(s): the step's batch is %d x %d x %d\n", c->zero_stage,
+               tr.world, tr.world, o->batch, o->seq);
     if (o->init_from)
         printf("weights: %s\n", o->init_from);
     printf("data: %s, %lld training and %lld held-out tokens; batch %d x %d x %d\n",
@@ -659,14 +733,14 @@ int main(int argc, char **argv)
         if (checkpoint_load(tr.m, o->resume, &s, &why) != LLMCL_OK)
             die("cannot resume: %s", why);
         first = (int)s.step;
-        tr.tl.pos = s.data_pos;
+        loader_seek(&tr.tl, s.data_pos);
         printf("resumed from %s at step %d\n", o->resume, first);
     }
     signal(SIGINT, on_sigint);
 
     double train_s = 0, interval_s = 0; /* time in training steps, evaluations excluded */
     int step = first, interval_steps = 0;
-    for (; step < o->steps && !interrupted; ++step) {
+    for (; step < o->steps && !stopping(&tr); ++step) {
         double loss, norm;
         const double t0 = now_seconds();
         train_step(&tr, step, &loss, &norm);
@@ -683,23 +757,24 @@ int main(int argc, char **argv)
         if (o->save_every && (step + 1) % o->save_every == 0)
             save(&tr, step + 1);
     }
-    if (o->save && (!interrupted || o->save_on_interrupt))
+    const bool stopped = stopping(&tr);
+    if (o->save && (!stopped || o->save_on_interrupt))
         save(&tr, step);
-    if (o->export_dir && !interrupted)
+    if (o->export_dir && !stopped)
         export_model(&tr);
-    if (o->dump_logits && !interrupted)
+    if (o->dump_logits && !stopped)
         dump_logits(&tr);
     llmcl_memory_stats ms;
     CHECK(llmcl_memory_stats_get(tr.ctx, &ms), tr.ctx);
     printf("device memory: peak %.1f MiB (llmcl's accounting)\n", (double)ms.peak_bytes / 1048576.0);
-    if (o->profile && !interrupted)
+    if (o->profile && !stopped)
         profile_step(&tr, step);
     if (tr.m->off)
         offload_summary(tr.m->off);
-    if (interrupted)
+    if (stopped)
         printf("interrupted at step %d\n", step);
     else if (o->sample_tokens > 0)
-        sample(&tr);
+        sample(&tr); /* every rank: under stage 3 the forward gathers */
 
     free(tr.ids), free(tr.targets);
     optimizer_destroy(&tr.opt);
@@ -707,5 +782,6 @@ int main(int argc, char **argv)
     model_destroy(tr.m);
     data_free(&tr.train), data_free(&tr.val);
     llmcl_ctx_destroy(tr.ctx);
-    return interrupted ? 130 : 0;
+    leave_job(&tr);
+    return stopped ? 130 : 0;
 }

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""test_train_zero.py: llmcl-train --zero under mpiexec (suite mpi). A job of N ranks at --batch b
+reads the rows that one process reads at --batch N b, in the same order, so its per-step losses
+(the mean over the ranks) must match that single run's: ZeRO stages 1, 2 and 3 on 2 ranks and
+stage 3 on 3, f32 compute, within LOSS_TOL (only the order of the gradient sums differs). A
+checkpoint saved on 2 ranks at step 3 resumes on 1 rank and on 3 and continues as the
+uninterrupted run; a checkpoint of another shape, and a one-file checkpoint given to --zero (or a
+folder without it), are refused with a clear message and end the job, under a timeout.
+
+    python3 tests/test_train_zero.py build/tools/llmcl-train mpiexec
+"""
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+TRAIN, MPIEXEC = sys.argv[1], sys.argv[2]
+LOSS_TOL = 1e-3  # the printed losses (4 decimals) of f32 runs
+# a constant learning rate after the warmup (--min-lr 1), so that a run of 3 steps is the first
+# half of a run of 6
+TINY = ["--dim", "64", "--heads", "2", "--kv-heads", "1", "--ffn", "96", "--layers", "2",
+        "--seq", "16", "--dtype", "f32", "--warmup", "2", "--min-lr", "1", "--eval-every", "0",
+        "--sample", "0", "--log-every", "1"]
+failures = []
+
+
+def run(ranks, args):
+    cmd = [TRAIN] + TINY + args
+    if ranks:
+        cmd = [MPIEXEC, "-n", str(ranks)] + cmd
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, -1, "", "timed out (a hang)")
+
+
+def check(what, ok, detail=""):
+    print(f"{'ok  ' if ok else 'FAIL'} {what}{': ' + detail if detail else ''}")
+    if not ok:
+        failures.append(what)
+
+
+def losses(what, ranks, args):
+    r = run(ranks, args)
+    found = {int(s): float(l) for s, l in re.findall(r"^step +(\d+)/\d+ \| loss ([0-9.]+)",
+                                                     r.stdout, re.M)}
+    if r.returncode != 0 or not found:
+        check(what, False, f"status {r.returncode}\n{r.stdout[-1500:]}{r.stderr[-1500:]}")
+        return {}
+    return found
+
+
+def compare(what, got, want):
+    diff = max((abs(got[s] - want[s]) for s in want if s in got), default=float("inf"))
+    ok = bool(got) and set(got) == set(want) and diff <= LOSS_TOL
+    check(what, ok, f"max |loss difference| {diff:.2g} over steps {sorted(got)}")
+
+
+def expect_refusal(what, ranks, args, needle):
+    """Every rank refuses (the check reads the same files everywhere) and exits; mpiexec may end
+    the others before they print, so one message is what is sure to arrive."""
+    r = run(ranks, args)
+    lines = [l for l in r.stderr.splitlines() if needle in l]
+    ok = r.returncode not in (0, -1) and len(lines) >= 1
+    check(what, ok, f"status {r.returncode}, {len(lines)} rank(s) said: "
+                    f"{lines[0][:150] if lines else r.stderr.strip()[-300:]}")
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="llmcl_train_zero_")
+    try:
+        one4 = losses("one process, batch 4", 0, ["--steps", "6", "--batch", "4"])
+        for stage in (1, 2, 3):
+            compare(f"2 ranks x batch 2, stage {stage}, against one process at batch 4",
+                    losses(f"stage {stage}", 2, ["--steps", "6", "--batch", "2", "--zero",
+                                                 str(stage)]), one4)
+        one6 = losses("one process, batch 6", 0, ["--steps", "6", "--batch", "6"])
+        compare("3 ranks x batch 2, stage 3, against one process at batch 6",
+                losses("stage 3 on 3 ranks", 3, ["--steps", "6", "--batch", "2", "--zero", "3"]),
+                one6)
+
+        ck = tmp + "/ck"
+        half = losses("save at step 3 on 2 ranks", 2, ["--steps", "3", "--batch", "3", "--zero",
+                                                       "2", "--save", ck])
+        compare("the first 3 steps", half, {s: one6[s] for s in (1, 2, 3)})
+        rest = {s: one6[s] for s in (4, 5, 6)}
+        compare("resumed on 1 rank (stage 1, batch 6)",
+                losses("resume on 1", 1, ["--steps", "6", "--batch", "6", "--zero", "1",
+                                          "--resume", ck]), rest)
+        compare("resumed on 3 ranks (stage 3, batch 2)",
+                losses("resume on 3", 3, ["--steps", "6", "--batch", "2", "--zero", "3",
+                                          "--resume", ck]), rest)
+
+        expect_refusal("a checkpoint of another shape", 2,
+                       ["--steps", "6", "--batch", "3", "--zero", "2", "--ffn", "128",
+                        "--resume", ck], "another shape")
+        expect_refusal("a --zero folder resumed without --zero", 0,
+                       ["--steps", "6", "--batch", "6", "--resume", ck], "--zero")
+        one_file = tmp + "/one.st"
+        losses("a one-file checkpoint", 0, ["--steps", "1", "--batch", "4", "--save", one_file])
+        expect_refusal("a one-file checkpoint resumed under --zero", 2,
+                       ["--steps", "6", "--batch", "2", "--zero", "1", "--resume", one_file],
+                       "not a --zero checkpoint folder")
+        expect_refusal("LoRA under --zero", 2, ["--steps", "1", "--batch", "2", "--zero", "1",
+                                                 "--lora", "4"], "LoRA is not supported")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{len(failures)} failure(s)" + (": " + ", ".join(failures) if failures else ""))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+/*
+ * zero.h: llmcl-train under --zero (built only with MPI): the model's parameters live in an
+ * llmcl_dist over MPI_COMM_WORLD instead of the model's own flat buffers, sharded by ZeRO stage 1,
+ * 2 or 3. model.c opens a layer group before it computes with it and closes it after, which is
+ * where llmcl_dist gathers (stage 3) and reduce-scatters gradients (stages 2, 3).
+ *
+ * Groups, in forward order: 0 holds the embedding, the final norm and an untied head (the tied
+ * head is the embedding); group l + 1 holds layer l. Group 0 is used at both ends of the forward:
+ * the forward opens it for the embedding, then again for the final norm and the head, and keeps it
+ * open into the backward's start (cross-entropy and final norm), so stage 3 gathers it twice a
+ * micro-batch. Its gradients are reduced in two parts: the head's and the final norm's before the
+ * layers' backward, the embedding's after it (a reduction is a sum, so the parts add up in the
+ * gradient shard).
+ *
+ * Norm weights are registered like every other parameter; in a 16-bit model their compute copy is
+ * 16-bit, and since llmcl_rmsnorm wants f32 weights beside an f32 weight gradient, opening a group
+ * casts each norm weight into an f32 copy that the model computes with.
+ */
+#ifndef LLMCL_TRAIN_ZERO_H
+#define LLMCL_TRAIN_ZERO_H
+
+#include "llmcl_dist.h"
+#include "model.h"
+
+struct zero {
+    llmcl_dist *dist;
+    llmcl_tensor **w32; /* per parameter: the f32 copy of a 16-bit model's norm weight, or NULL */
+};
+
+/* The layer group of a parameter. */
+int zero_group(const model_param *p);
+
+/* Registers m's parameters with a new dist of `stage` and sets it up (collective). */
+llmcl_status zero_attach(model *m, int stage);
+
+/* Frees the dist (collective). */
+void zero_detach(model *m);
+
+/* Sets a parameter from host f32 values (every rank passes the same). */
+llmcl_status zero_init_param(model *m, const model_param *p, const float *host);
+
+/* Opens group for use (mode: GROUP_PARAMS and/or GROUP_GRADS; collective): gathers it, points the
+   parameters' w and grad at the dist's views, valid until zero_close. */
+llmcl_status zero_open(model *m, int group, int mode);
+
+/* Closes group: its gradients are complete (GROUP_GRADS), its parameters released (GROUP_PARAMS). */
+llmcl_status zero_close(model *m, int group, int mode);
+
+#endif
