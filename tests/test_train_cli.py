@@ -175,11 +175,13 @@ def lora(p):
     expect_error("--lora-merge without LoRA", TINY + ["--lora-merge"], "give --lora R")
     expect_error("bf16 adapters on an f32 model", base + ["--dtype", "f32", "--lora-dtype", "bf16"],
                  "the LoRA dtype must be f32, or bf16 with a bf16 model")
-    expect_ok("LoRA 6 steps", base + ["--steps", "6", "--save", p("lora.st")])
-    expect_ok("LoRA 3 steps", base + ["--steps", "6", "--save", p("lora_half.st"),
-                                      "--save-every", "3"])
-    expect_ok("LoRA resume for 3 more", base + ["--steps", "6", "--resume", p("lora_half.st"),
-                                                "--save", p("lora_resumed.st")])
+    flat = base + ["--min-lr", "1"]
+    expect_ok("LoRA 6 steps", flat + ["--steps", "6", "--save", p("lora.st")])
+    expect_ok("LoRA 3 steps", flat + ["--steps", "3", "--save", p("lora_half.st")])
+    r = expect_ok("LoRA resume for 3 more", flat + ["--steps", "6", "--resume", p("lora_half.st"),
+                                                     "--save", p("lora_resumed.st")])
+    if "at step 3" not in r.stdout:
+        failures.append("LoRA resume from step 3")
     same_files("a resumed LoRA checkpoint identical to the uninterrupted one",
                p("lora.st"), p("lora_resumed.st"))
     _, ck = read_st(p("lora.st"))
@@ -247,14 +249,17 @@ def main():
     expect_error("an unknown option", TINY + ["--frobnicate"], "", code=2)
     expect_error("offload without recompute", TINY + ["--offload"], "give both")
 
-    # resuming: 3 + 3 steps end with the bits of 6 uninterrupted ones (the file's whole bytes)
-    expect_ok("6 steps", TINY + ["--steps", "6", "--save", p("straight.st")])
-    expect_ok("3 steps", TINY + ["--steps", "6", "--save", p("half.st"), "--save-every", "3"])
-    r = expect_ok("resume for 3 more", TINY + ["--steps", "6", "--resume", p("half.st"),
+    # resuming: 3 + 3 steps end with the bits of 6 uninterrupted ones (the file's whole bytes);
+    # a constant learning rate (--min-lr 1) makes a 3-step run the first half of a 6-step one
+    flat = TINY + ["--min-lr", "1"]
+    expect_ok("6 steps", flat + ["--steps", "6", "--save", p("straight.st")])
+    expect_ok("3 steps", flat + ["--steps", "3", "--save", p("half.st")])
+    r = expect_ok("resume for 3 more", flat + ["--steps", "6", "--resume", p("half.st"),
                                                 "--save", p("resumed.st")])
     same = open(p("straight.st"), "rb").read() == open(p("resumed.st"), "rb").read()
+    differs = open(p("straight.st"), "rb").read() != open(p("half.st"), "rb").read()
     print(f"{'ok  ' if same else 'FAIL'} resumed checkpoint identical to the uninterrupted one")
-    if not same or "resumed from" not in r.stdout:
+    if not same or not differs or "at step 3" not in r.stdout:
         failures.append("resume")
     expect_error("a checkpoint of another shape", TINY + ["--ffn", "128", "--resume",
                                                           p("straight.st")], "another shape")
