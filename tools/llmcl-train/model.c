@@ -718,9 +718,9 @@ static llmcl_status layer_forward(model *m, arena *a, int l, layer_acts *A, llmc
 
 static layer_acts *acts_of(model *m, int l) { return &m->acts[m->recompute ? 0 : l]; }
 
-static llmcl_ce_options ce_opts(void)
+static llmcl_ce_options ce_opts(const model *m)
 {
-    return (llmcl_ce_options){.accumulate_weight_grad = 1};
+    return (llmcl_ce_options){.accumulate_weight_grad = 1, .chunk_bytes = m->cfg.ce_chunk_bytes};
 }
 
 /* The stream tensor that holds layer l's input (l = layers: the last layer's output). */
@@ -776,7 +776,7 @@ llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets,
     llmcl_tensor *tt = head(&a, m->targets, n);
     if (st == LLMCL_OK)
         st = llmcl_tensor_upload(tt, targets, (size_t)n * sizeof *targets);
-    const llmcl_ce_options co = ce_opts();
+    const llmcl_ce_options co = ce_opts(m);
     if (st == LLMCL_OK)
         st = PROF(F_CROSS_ENTROPY,
                   llmcl_fused_cross_entropy_forward(m->ctx, rows(&a, m->hfinal, n),
@@ -877,7 +877,7 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
     llmcl_ctx *ctx = m->ctx;
     const int L = m->cfg.layers;
     const int64_t n = (int64_t)b * t;
-    const llmcl_ce_options co = ce_opts();
+    const llmcl_ce_options co = ce_opts(m);
     llmcl_tensor *hf = rows(a, m->hfinal, n), *dh32 = rows(a, m->dh32, n), *dres = rows(a, m->dres, n);
     model_param *headp = param(m, P_HEAD, -1), *fnorm = param(m, P_FINAL_NORM, -1);
     TRY(group_open(m, 0, GROUP_GRADS)); /* its parameters are still open from the forward */

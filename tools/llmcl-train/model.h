@@ -27,6 +27,8 @@ typedef struct model_config {
     double rope_theta;
     double rope_llama3_factor; /* > 0: Llama 3 scaling with Llama 3.1's other constants */
     llmcl_dtype dtype;        /* compute dtype of matrices and activations: bf16, f16 or f32 */
+    uint64_t ce_chunk_bytes;  /* the fused cross-entropy's scratch for one chunk of the
+                                 vocabulary (llmcl_ce_options.chunk_bytes); 0: the library's */
     int lora_rank;            /* > 0: LoRA adapters of this rank, the base weights frozen */
     float lora_alpha;         /* the adapters' scale is lora_alpha / lora_rank */
     unsigned lora_targets;    /* the adapted projections: bit (1u << P_WQ) ... (1u << P_WDOWN) */

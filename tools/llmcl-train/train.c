@@ -87,6 +87,8 @@ static void usage(FILE *f)
           "  --sample N           greedy tokens generated at the end (0: none)\n"
           "  --prompt TEXT        the sample's start (byte-level data)\n"
           "  --peak-tflops X      the device peak for MFU (default: measured)\n"
+          "  --ce-chunk-mib N     scratch of the fused cross-entropy per vocabulary chunk (default\n"
+          "                       1024): larger chunks, fewer and larger products\n"
           "  --profile            after training, one more step with each op timed on its own:\n"
           "                       its kernel time split by op family\n"
           "checkpoints (safetensors: f32 weights under Hugging Face names, AdamW moments, step):\n"
@@ -104,6 +106,13 @@ static void usage(FILE *f)
           f);
 }
 
+/*
+ * The fused cross-entropy's chunk scratch: at the 1B preset on the H100, 1 GiB chunks take 57 ms a
+ * step where the library's 64 MiB take 101 ms (fewer, larger products; docs/PERFORMANCE.md), for
+ * 1 GB more at the peak.
+ */
+#define TRAIN_CE_CHUNK_BYTES (1024ull << 20)
+
 static void preset(options *o, const char *name)
 {
     if (strcmp(name, "tiny") == 0) {
@@ -120,6 +129,7 @@ static void preset(options *o, const char *name)
     } else {
         die("unknown --preset %s (tiny, llama-1b)", name);
     }
+    o->model.ce_chunk_bytes = TRAIN_CE_CHUNK_BYTES;
 }
 
 static llmcl_dtype parse_dtype(const char *name, const char *s, bool f16)
@@ -188,6 +198,7 @@ static void parse_options(int argc, char **argv, options *o)
         {"accum", 1, 0, 'a'}, {"steps", 1, 0, 'n'}, {"lr", 1, 0, 'l'}, {"min-lr", 1, 0, 'm'},
         {"warmup", 1, 0, 'w'}, {"weight-decay", 1, 0, 'W'}, {"clip", 1, 0, 'c'},
         {"beta1", 1, 0, '1'}, {"beta2", 1, 0, '2'}, {"eps", 1, 0, 'e'}, {"recompute", 0, 0, 'C'}, {"offload", 0, 0, 'O'}, {"profile", 0, 0, 'Q'},
+        {"ce-chunk-mib", 1, 0, 'q'},
         {"seed", 1, 0, 'S'}, {"eval-every", 1, 0, 'E'}, {"eval-batches", 1, 0, 'B'},
         {"log-every", 1, 0, 'g'}, {"sample", 1, 0, 'o'}, {"prompt", 1, 0, 'p'},
         {"peak-tflops", 1, 0, 'T'}, {"save", 1, 0, 'Y'}, {"save-every", 1, 0, 'y'},
@@ -271,6 +282,10 @@ static void parse_options(int argc, char **argv, options *o)
         case 'C': o->recompute = 1; break;
         case 'O': o->offload = 1; break;
         case 'Q': o->profile = 1; break;
+        case 'q':
+            o->model.ce_chunk_bytes =
+                (uint64_t)parse_int("ce-chunk-mib", optarg, 1, 1 << 20) << 20;
+            break;
         case 'S': o->seed = (uint64_t)parse_int("seed", optarg, 0, 1L << 62); break;
         case 'E': o->eval_every = (int)parse_int("eval-every", optarg, 0, 1 << 30); break;
         case 'B': o->eval_batches = (int)parse_int("eval-batches", optarg, 1, 1 << 20); break;
@@ -738,18 +753,18 @@ int main(int argc, char **argv)
     }
     signal(SIGINT, on_sigint);
 
-    double train_s = 0, interval_s = 0; /* time in training steps, evaluations excluded */
+    /* Time in training steps, evaluations excluded. The ETA takes the last interval's steps: the
+       first step also builds the kernels, which can take longer than the rest of a short run. */
+    double interval_s = 0;
     int step = first, interval_steps = 0;
     for (; step < o->steps && !stopping(&tr); ++step) {
         double loss, norm;
         const double t0 = now_seconds();
         train_step(&tr, step, &loss, &norm);
-        const double dt = now_seconds() - t0;
-        train_s += dt, interval_s += dt, ++interval_steps;
+        interval_s += now_seconds() - t0, ++interval_steps;
         if (step % o->log_every == 0 || step + 1 == o->steps) {
-            const double per_step = train_s / (step + 1 - first);
-            progress(&tr, step, loss, norm, interval_s / interval_steps,
-                     per_step * (o->steps - step - 1));
+            const double per_step = interval_s / interval_steps;
+            progress(&tr, step, loss, norm, per_step, per_step * (o->steps - step - 1));
             interval_s = 0, interval_steps = 0;
         }
         if (o->eval_every && ((step + 1) % o->eval_every == 0 || step + 1 == o->steps))
