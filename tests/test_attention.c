@@ -535,12 +535,12 @@ static void test_t1(void **state)
 }
 
 /*
- * The cases the tensor-core kernels make risky, in bf16 and f16 at each of their head dims: lengths
- * that are no multiple of a tile (1, 17, 333), Tq != Tk under the causal mask, a window narrower
- * than a tile, GQA, [B, T, H, D] storage, varlen with sequences of length 0 and 1, forced smaller
- * tiles (GQA across several key and query tiles), and a view that is not 8-element aligned (the
- * portable kernels then run). On a device with tensor cores the tuning report says which kernels
- * ran; elsewhere the portable ones run every case.
+ * The cases the tensor-core kernels make risky, in bf16 and f16 at head dims 32, 64, 96 and 128
+ * (and 48, 80, 112 once each): lengths that are no multiple of a tile (1, 17, 333), Tq != Tk under
+ * the causal mask, a window narrower than a tile, GQA, [B, T, H, D] storage, varlen with sequences
+ * of length 0 and 1, forced smaller tiles (GQA across several key and query tiles), and a view that
+ * is not 8-element aligned (the portable kernels then run). On a device with tensor cores the
+ * tuning report says which kernels ran; elsewhere the portable ones run the bf16 cases at D 64.
  */
 static void test_fast_path(void **state)
 {
@@ -554,8 +554,8 @@ static void test_fast_path(void **state)
     /* Without tensor cores the portable kernels run these cases: one head dim and dtype covers
        them there (the other dims and f16 have their own tests) and keeps CI's cold builds few. */
     const bool mma = llmcl_ctx_device_info(ctx)->has_mma;
-    const int dims[] = {64, 32, 128};
-    for (int di = 0; di < (mma ? 3 : 1); ++di)
+    const int dims[] = {64, 32, 96, 128};
+    for (int di = 0; di < (mma ? 4 : 1); ++di)
         for (int f16 = 0; f16 < (mma ? 2 : 1); ++f16) {
             const llmcl_dtype dt = f16 ? LLMCL_F16 : LLMCL_BF16;
             const int d = dims[di];
@@ -586,14 +586,22 @@ static void test_fast_path(void **state)
             for (int kk = 0; kk < 3; ++kk)
                 TH_OK(llmcl_tune_override(ctx, mma_keys[kk], dt, "*", mma_sets[kk]));
             check_case(causal(dense(dt, 1, 2, 1, d, 77, 77)), 350 + di);
-            check_case(dense(dt, 1, 4, 2, d, 45, 90), 355 + di);
+            check_case(dense(dt, 1, 4, 2, d, 45, 90), 360 + di);
             for (int kk = 0; kk < 3 && on_tensor_cores(dt); ++kk)
                 assert_launched_with(mma_keys[kk], dt, cls, mma_sets[kk]);
             TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
         }
+    /* the other multiples of 16: local rows padded to a power of two of 16-byte chunks */
+    for (int d = 48; d <= 112 && mma; d += 32) {
+        char cls[16];
+        snprintf(cls, sizeof cls, "%d", d);
+        check_case(causal(dense(LLMCL_BF16, 1, 4, 2, d, 70, 70)), 370 + d);
+        for (int kk = 0; kk < 3; ++kk)
+            assert_launched_with(mma_keys[kk], LLMCL_BF16, cls, "BLOCK_M=");
+    }
     attn_case c = causal(dense(LLMCL_BF16, 1, 2, 1, 64, 40, 40));
     c.pad = 4; /* 4 elements into the storage: not 16-byte rows */
-    check_case(c, 360);
+    check_case(c, 369);
 }
 
 static void test_16bit(void **state)

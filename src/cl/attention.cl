@@ -712,8 +712,8 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
 
 #if defined(LLMCL_NV_MMA) && (!defined(ATTN_ONLY) || ATTN_ONLY >= 5)
 /*
- * The tensor-core kernels (mma.cl; bf16 or f16, D 32, 64 or 128, every offset and stride of the
- * loaded operands a multiple of 8 elements) follow FlashAttention-2.
+ * The tensor-core kernels (mma.cl; bf16 or f16, D a multiple of 16 from 32 to 128, every offset and
+ * stride of the loaded operands a multiple of 8 elements) follow FlashAttention-2.
  *
  * attn_fwd_mma: a work-group of
  * BLOCK_M / 16 warps takes BLOCK_M query rows, each warp 16 of them with their Q fragments in
@@ -723,7 +723,9 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
  * FlashAttention does) without touching local memory. A lane holds rows g and g + 8 of its warp's
  * 16: quad shuffles give the rows' maxima, and the sums stay per lane until the end.
  */
-#define MMA_RD (D / 8)       /* 16-byte chunks a row: D a power of two from 32 */
+/* Local rows padded to a power of two of 16-byte chunks (the swizzle's), D a multiple of 16 */
+#define MMA_DP (D <= 32 ? 32 : D <= 64 ? 64 : 128)
+#define MMA_RD (MMA_DP / 8)
 #define MMA_NT (BLOCK_N / 8) /* 8-key column tiles of S */
 #define MMA_OT (D / 8)       /* 8-wide column tiles of O */
 #define MMA_THREADS (32 * (BLOCK_M / 16)) /* a warp per 16 query rows (per 16 keys in dK/dV) */
@@ -746,10 +748,10 @@ inline uint attn_pack2_F16(float lo, float hi)
 inline void attn_mma_tile(uint dst, const __global ushort *src, long ld, int rows, int valid,
                           int lid, int nt)
 {
-    if (valid >= rows)
+    if (valid >= rows && D == MMA_DP)
         mma_copy_tile(dst, src, ld, rows, MMA_RD, lid, nt);
     else
-        mma_load_tile(dst, src, ld, rows, MMA_RD, max(valid, 0), D, lid, nt, 1);
+        mma_load_tile(dst, src, ld, rows, MMA_RD, clamp(valid, 0, rows), D, lid, nt, 1);
 }
 
 /*
@@ -773,9 +775,9 @@ attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong 
              long sv_b, long sv_h, long sv_t, long so_b, long so_h, long so_t, long sl_b,
              long sl_h, float scale, float softcap, int wl, int wr)
 {
-    __local ushort qs[BLOCK_M * D] __attribute__((aligned(128)));
-    __local ushort ks[BLOCK_N * D] __attribute__((aligned(128)));
-    __local ushort vs[BLOCK_N * D] __attribute__((aligned(128)));
+    __local ushort qs[BLOCK_M * MMA_DP] __attribute__((aligned(128)));
+    __local ushort ks[BLOCK_N * MMA_DP] __attribute__((aligned(128)));
+    __local ushort vs[BLOCK_N * MMA_DP] __attribute__((aligned(128)));
     const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
     const attn_place at = attn_place_of(nb, hq, true);
     const int b = at.b, h = at.h, hk = h / group;
@@ -939,9 +941,9 @@ attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulo
                 long sg_b, long sg_h, long sg_t, long sl_b, long sl_h, float scale, float softcap,
                 int wl, int wr)
 {
-    __local ushort qs[BLOCK_M * D] __attribute__((aligned(128)));
-    __local ushort ks[BLOCK_N * D] __attribute__((aligned(128)));
-    __local ushort vs[BLOCK_N * D] __attribute__((aligned(128)));
+    __local ushort qs[BLOCK_M * MMA_DP] __attribute__((aligned(128)));
+    __local ushort ks[BLOCK_N * MMA_DP] __attribute__((aligned(128)));
+    __local ushort vs[BLOCK_N * MMA_DP] __attribute__((aligned(128)));
     const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
     const attn_place at = attn_place_of(nb, hq, true);
     const int b = at.b, h = at.h, hk = h / group;
@@ -1082,7 +1084,7 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
                   float scale, float softcap, int wl, int wr)
 {
     /* Q and dO tiles, one after the other; K and V pass through them once, at the start */
-    __local ushort qd[2 * BLOCK_M * D] __attribute__((aligned(128)));
+    __local ushort qd[2 * BLOCK_M * MMA_DP] __attribute__((aligned(128)));
     __local float lse2s[BLOCK_M], dls[BLOCK_M];
     const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
     const attn_place at = attn_place_of(nb, hkv, false);
@@ -1091,7 +1093,7 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
     const int n0 = at.tile * BLOCK_N;
     if (n0 >= sq.tk)
         return;
-    const uint qa = mma_smem(qd), da = qa + BLOCK_M * D * 2;
+    const uint qa = mma_smem(qd), da = qa + BLOCK_M * MMA_DP * 2;
 
     uint4 kf[D / 16], vf[D / 16];
     attn_mma_tile(qa, k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0 + n0), sk_t, BLOCK_N,

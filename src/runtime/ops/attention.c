@@ -449,14 +449,14 @@ static llmcl_status attn_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kern
 }
 
 /*
- * The tensor-core kernels: bf16 or f16 on a device with tensor cores, a head dim whose rows are a
- * power of two of 16-byte chunks (32, 64, 128), and loaded operands whose rows start on 16 bytes
- * for cp.async. Other calls take the portable kernels (LLMCL_LOG says so).
+ * The tensor-core kernels: bf16 or f16 on a device with tensor cores, a head dim that is a multiple
+ * of 16 (the mma's k) from 32 to 128, and loaded operands whose rows start on 16 bytes for
+ * cp.async. Other calls take the portable kernels (LLMCL_LOG says so).
  */
 static bool attn_mma_fits(const llmcl_ctx *ctx, const attn_geom *g)
 {
-    const bool fits = ctx->info.has_mma && g->dtype != LLMCL_F32 &&
-                      (g->D == 32 || g->D == 64 || g->D == 128) && g->aligned8;
+    const bool fits = ctx->info.has_mma && g->dtype != LLMCL_F32 && g->D % 16 == 0 &&
+                      g->D >= 32 && g->D <= 128 && g->aligned8;
     if (!fits && ctx->info.has_mma)
         llmcl__log("attention: the portable kernels run (%s, D=%d, %s)",
                    llmcl_dtype_name(g->dtype), g->D,
@@ -480,7 +480,7 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
     llmcl__param_set(p, "BLOCK_N", def_n);
     const bool overridden = llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
     long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
-    const uint64_t d2 = 2u * (uint64_t)g->D;
+    const uint64_t d2 = 2u * llmcl__pow2_ceil((size_t)g->D); /* local rows are padded so */
     const uint64_t bytes = dkdv ? d2 * 2u * (uint64_t)bm + 8u * (uint64_t)bm
                                 : d2 * (uint64_t)(bm + 2 * bn);
     const long warps = (dkdv ? bn : bm) / 16;
