@@ -741,6 +741,10 @@ inline uint attn_pack2_F16(float lo, float hi)
 }
 #define attn_pack2 LLMCL_CAT(attn_pack2_, IO_DT)
 
+/* 2^x by the hardware's approximation (ex2.approx, a few ulp): P is rounded to 16 bits next, so
+   the exact exp2's longer sequence buys nothing, as FlashAttention's fast-math builds know. */
+#define attn_exp2 native_exp2
+
 /*
  * rows x D elements from src (row stride ld) into the swizzled tile at dst, zeros past valid rows;
  * nt work-items share the copy. Complete after mma_cp_commit and mma_cp_wait.
@@ -847,7 +851,7 @@ attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong 
         for (int i = 0; i < 2; ++i) {
             const float mn = fmax(mrow[i], attn_lanes_max(mx[i], 4));
             mu[i] = mn == -INFINITY ? 0.0f : mn; /* a row with no key yet: p = 0 */
-            const float alpha = exp2(mrow[i] - mu[i]);
+            const float alpha = attn_exp2(mrow[i] - mu[i]);
             lrow[i] *= alpha;
             mrow[i] = mn;
 #pragma unroll
@@ -860,8 +864,8 @@ attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong 
         }
 #pragma unroll
         for (int j = 0; j < MMA_NT; ++j) {
-            s[j] = (float4)(exp2(s[j].x - mu[0]), exp2(s[j].y - mu[0]), exp2(s[j].z - mu[1]),
-                            exp2(s[j].w - mu[1]));
+            s[j] = (float4)(attn_exp2(s[j].x - mu[0]), attn_exp2(s[j].y - mu[0]),
+                            attn_exp2(s[j].z - mu[1]), attn_exp2(s[j].w - mu[1]));
             lrow[0] += s[j].x + s[j].y;
             lrow[1] += s[j].z + s[j].w;
         }
@@ -918,7 +922,7 @@ inline float2 attn_p_ds(float x, float lse2, float dp, float dl, float scale, fl
                         bool visible)
 {
     const float logit = attn_logit(x, scale, softcap);
-    const float p = visible ? exp2(logit * M_LOG2E_F - lse2) : 0.0f;
+    const float p = visible ? attn_exp2(logit * M_LOG2E_F - lse2) : 0.0f;
     return (float2)(p, p * (dp - dl) * attn_dlogit(logit, scale, softcap));
 }
 
