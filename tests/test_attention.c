@@ -536,7 +536,7 @@ static void test_t1(void **state)
 
 /*
  * The cases the tensor-core kernels make risky, in bf16 and f16 at head dims 32, 64, 96 and 128
- * (and 48, 80, 112 once each): lengths that are no multiple of a tile (1, 17, 333), Tq != Tk under
+ * (and 48, 80, 112 once each; the forward alone at 192 and 256): lengths that are no multiple of a tile (1, 17, 333), Tq != Tk under
  * the causal mask, a window narrower than a tile, GQA, [B, T, H, D] storage, varlen with sequences
  * of length 0 and 1, forced smaller tiles (GQA across several key and query tiles), and a view that
  * is not 8-element aligned (the portable kernels then run). On a device with tensor cores the
@@ -598,6 +598,13 @@ static void test_fast_path(void **state)
         check_case(causal(dense(LLMCL_BF16, 1, 4, 2, d, 70, 70)), 370 + d);
         for (int kk = 0; kk < 3; ++kk)
             assert_launched_with(mma_keys[kk], LLMCL_BF16, cls, "BLOCK_M=");
+    }
+    /* past 128 the forward alone runs on tensor cores (rows padded to 256), the backward portably */
+    for (int d = 192; d <= 256 && mma; d += 64) {
+        char cls[16];
+        snprintf(cls, sizeof cls, "%d", d);
+        check_case(causal(dense(LLMCL_BF16, 1, 4, 2, d, 70, 70)), 380 + d);
+        assert_launched_with(mma_keys[0], LLMCL_BF16, cls, "BLOCK_M=");
     }
     attn_case c = causal(dense(LLMCL_BF16, 1, 2, 1, 64, 40, 40));
     c.pad = 4; /* 4 elements into the storage: not 16-byte rows */

@@ -712,8 +712,9 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
 
 #if defined(LLMCL_NV_MMA) && (!defined(ATTN_ONLY) || ATTN_ONLY >= 5)
 /*
- * The tensor-core kernels (mma.cl; bf16 or f16, D a multiple of 16 from 32 to 128, every offset and
- * stride of the loaded operands a multiple of 8 elements) follow FlashAttention-2.
+ * The tensor-core kernels (mma.cl; bf16 or f16, D a multiple of 16 from 32 to 128, and to 256 for
+ * the forward; every offset and stride of the loaded operands a multiple of 8 elements) follow
+ * FlashAttention-2.
  *
  * attn_fwd_mma: a work-group of
  * BLOCK_M / 16 warps takes BLOCK_M query rows, each warp 16 of them with their Q fragments in
@@ -724,7 +725,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
  * 16: quad shuffles give the rows' maxima, and the sums stay per lane until the end.
  */
 /* Local rows padded to a power of two of 16-byte chunks (the swizzle's), D a multiple of 16 */
-#define MMA_DP (D <= 32 ? 32 : D <= 64 ? 64 : 128)
+#define MMA_DP (D <= 32 ? 32 : D <= 64 ? 64 : D <= 128 ? 128 : 256)
 #define MMA_RD (MMA_DP / 8)
 #define MMA_NT (BLOCK_N / 8) /* 8-key column tiles of S */
 #define MMA_OT (D / 8)       /* 8-wide column tiles of O */

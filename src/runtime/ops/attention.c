@@ -450,16 +450,17 @@ static llmcl_status attn_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kern
 
 /*
  * The tensor-core kernels: bf16 or f16 on a device with tensor cores, a head dim that is a multiple
- * of 16 (the mma's k) from 32 to 128, and loaded operands whose rows start on 16 bytes for
- * cp.async. Other calls take the portable kernels (LLMCL_LOG says so).
+ * of 16 (the mma's k) from 32 to 128 (to 256 for the forward: the backward's per-warp K and V
+ * fragments and two D-wide accumulators would not fit the registers), and loaded operands whose
+ * rows start on 16 bytes for cp.async. Other calls take the portable kernels (LLMCL_LOG says so).
  */
-static bool attn_mma_fits(const llmcl_ctx *ctx, const attn_geom *g)
+static bool attn_mma_fits(const llmcl_ctx *ctx, const attn_geom *g, bool forward)
 {
     const bool fits = ctx->info.has_mma && g->dtype != LLMCL_F32 && g->D % 16 == 0 &&
-                      g->D >= 32 && g->D <= 128 && g->aligned8;
+                      g->D >= 32 && g->D <= (forward ? 256 : 128) && g->aligned8;
     if (!fits && ctx->info.has_mma)
-        llmcl__log("attention: the portable kernels run (%s, D=%d, %s)",
-                   llmcl_dtype_name(g->dtype), g->D,
+        llmcl__log("attention: the portable %s runs (%s, D=%d, %s)",
+                   forward ? "forward" : "backward", llmcl_dtype_name(g->dtype), g->D,
                    g->aligned8 ? "rows aligned" : "offsets or strides not multiples of 8");
     return fits;
 }
@@ -473,9 +474,10 @@ static bool attn_mma_fits(const llmcl_ctx *ctx, const attn_geom *g)
 static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
                                        const char *cls, llmcl__params *p, attn_tiles *tiles)
 {
-    const bool dkdv = kern == ATTN_DKDV_MMA, wide = g->D > 64;
-    const long def_m = kern == ATTN_FWD_MMA ? (wide ? 64 : 128) : dkdv && wide ? 32 : 64;
-    const long def_n = kern == ATTN_DQ_MMA && wide ? 32 : 64;
+    const bool dkdv = kern == ATTN_DKDV_MMA, wide = g->D > 64, widest = g->D > 128;
+    const long def_m = kern == ATTN_FWD_MMA ? (widest ? 32 : wide ? 64 : 128)
+                                            : dkdv && wide ? 32 : 64;
+    const long def_n = (kern == ATTN_DQ_MMA && wide) || widest ? 32 : 64;
     llmcl__param_set(p, "BLOCK_M", def_m);
     llmcl__param_set(p, "BLOCK_N", def_n);
     const bool overridden = llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
@@ -644,8 +646,8 @@ llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, cons
     if ((int64_t)g.B * g.Hq * g.Tq == 0)
         return LLMCL_OK;
     const llmcl_tensor *ts[] = {q, k, v, o, lse};
-    return attn_launch_tiled(ctx, &g, attn_mma_fits(ctx, &g) ? ATTN_FWD_MMA : ATTN_FWD, ts, 5, lse,
-                             NULL);
+    return attn_launch_tiled(ctx, &g, attn_mma_fits(ctx, &g, true) ? ATTN_FWD_MMA : ATTN_FWD, ts, 5,
+                             lse, NULL);
 }
 
 static llmcl_status attn_launch_pre(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *o,
@@ -709,7 +711,7 @@ llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q, con
         attn_aligned(q, 4) && attn_aligned(k, 4) && attn_aligned(v, 4) && attn_aligned(dout, 4);
     g.aligned8 =
         attn_aligned(q, 8) && attn_aligned(k, 8) && attn_aligned(v, 8) && attn_aligned(dout, 8);
-    g.mma = attn_mma_fits(ctx, &g);
+    g.mma = attn_mma_fits(ctx, &g, false);
 
     /*
      * Empty sides: with no queries dk and dv come out zero from attn_bwd_dkdv's empty loops, and
