@@ -20,6 +20,18 @@ dist_param *llmcl__dist_find(llmcl_dist *d, const char *name)
     return NULL;
 }
 
+llmcl_status llmcl__dist_lookup(llmcl_dist *d, const char *name, const void *out,
+                                dist_param **p)
+{
+    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
+    LLMCL__REQUIRE(d->ctx, d->ready && out, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "call llmcl_dist_setup first; the output must not be NULL");
+    *p = llmcl__dist_find(d, name);
+    LLMCL__REQUIRE(d->ctx, *p, LLMCL_ERROR_INVALID_ARGUMENT, "no parameter '%s'",
+                   name ? name : "(null)");
+    return LLMCL_OK;
+}
+
 llmcl_status llmcl__dist_fault(llmcl_dist *d, const char *call, llmcl_status st)
 {
     if (st == LLMCL_OK || d->opts.return_on_error)
@@ -411,11 +423,8 @@ static llmcl_status upload_part(llmcl_dist *d, llmcl_tensor *t, int64_t at, cons
 
 llmcl_status llmcl_dist_init_param(llmcl_dist *d, const char *name, const float *values)
 {
-    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
-    LLMCL__REQUIRE(d->ctx, d->ready, LLMCL_ERROR_INVALID_ARGUMENT, "call llmcl_dist_setup first");
-    dist_param *p = llmcl__dist_find(d, name);
-    LLMCL__REQUIRE(d->ctx, p && values, LLMCL_ERROR_INVALID_ARGUMENT,
-                   "no parameter '%s' (or values NULL)", name ? name : "(null)");
+    dist_param *p;
+    LLMCL__TRY(llmcl__dist_lookup(d, name, values, &p));
     const dist_group *g = &d->groups[p->group];
     LLMCL__TRY(llmcl__dist_drain(d));
     if (d->opts.stage < 3)
@@ -453,11 +462,8 @@ static llmcl_status gather_master(llmcl_dist *d, const dist_group *g, float *hos
 
 llmcl_status llmcl_dist_get_param(llmcl_dist *d, const char *name, float *values)
 {
-    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
-    LLMCL__REQUIRE(d->ctx, d->ready, LLMCL_ERROR_INVALID_ARGUMENT, "call llmcl_dist_setup first");
-    dist_param *p = llmcl__dist_find(d, name);
-    LLMCL__REQUIRE(d->ctx, p && values, LLMCL_ERROR_INVALID_ARGUMENT,
-                   "no parameter '%s' (or values NULL)", name ? name : "(null)");
+    dist_param *p;
+    LLMCL__TRY(llmcl__dist_lookup(d, name, values, &p));
     const dist_group *g = &d->groups[p->group];
     float *host = malloc((size_t)g->numel * sizeof *host);
     LLMCL__REQUIRE(d->ctx, host, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "group of '%s'", name);

@@ -101,6 +101,11 @@ struct llmcl_dist {
 
 dist_param *llmcl__dist_find(llmcl_dist *d, const char *name);
 
+/* The registered parameter called name, for the entry points that take one: d set up, out (the
+   caller's output) not NULL, and the name known, each refused with its own message. */
+llmcl_status llmcl__dist_lookup(llmcl_dist *d, const char *name, const void *out,
+                                dist_param **p);
+
 /*
  * A failure inside a training step: MPI_Abort with the rank and the error, or the status returned
  * when opts.return_on_error is set.

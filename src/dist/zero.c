@@ -156,12 +156,8 @@ llmcl_status llmcl_dist_zero_grads(llmcl_dist *d)
 
 llmcl_status llmcl_dist_grad(llmcl_dist *d, const char *name, llmcl_tensor **view)
 {
-    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
-    LLMCL__REQUIRE(d->ctx, d->ready && view, LLMCL_ERROR_INVALID_ARGUMENT,
-                   "call llmcl_dist_setup first; view must not be NULL");
-    dist_param *p = llmcl__dist_find(d, name);
-    LLMCL__REQUIRE(d->ctx, p, LLMCL_ERROR_INVALID_ARGUMENT, "no parameter '%s'",
-                   name ? name : "(null)");
+    dist_param *p;
+    LLMCL__TRY(llmcl__dist_lookup(d, name, view, &p));
     if (d->opts.stage > 1 && d->groups[p->group].bucket < 0)
         FAULT("llmcl_dist_grad", assign_bucket(d, p->group));
     *view = p->grad;
@@ -279,12 +275,8 @@ llmcl_status llmcl_dist_release(llmcl_dist *d, int group)
 
 llmcl_status llmcl_dist_param(llmcl_dist *d, const char *name, llmcl_tensor **view)
 {
-    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
-    LLMCL__REQUIRE(d->ctx, d->ready && view, LLMCL_ERROR_INVALID_ARGUMENT,
-                   "call llmcl_dist_setup first; view must not be NULL");
-    dist_param *p = llmcl__dist_find(d, name);
-    LLMCL__REQUIRE(d->ctx, p, LLMCL_ERROR_INVALID_ARGUMENT, "no parameter '%s'",
-                   name ? name : "(null)");
+    dist_param *p;
+    LLMCL__TRY(llmcl__dist_lookup(d, name, view, &p));
     LLMCL__REQUIRE(d->ctx, d->opts.stage < 3 || d->groups[p->group].gathered,
                    LLMCL_ERROR_INVALID_ARGUMENT, "'%s': its group %d is not gathered", name,
                    p->group);
