@@ -670,6 +670,13 @@ typedef struct llmcl_attention_opts {
  * (others fail with LLMCL_ERROR_UNSUPPORTED). q, k, v, o share one dtype: f32, bf16 or f16; math
  * is f32.
  *
+ * On devices with tensor cores (llmcl_device_info.has_mma), bf16 and f16 calls whose D is a
+ * multiple of 16 up to 128 (256 for the forward) and whose q, k, v (and dout) offsets and strides
+ * are multiples of 8 elements run on them: the products take 16-bit inputs with f32
+ * accumulation, so P (and in the backward dS) is rounded to q's dtype before its product, as
+ * FlashAttention does, and the softmax's exponentials use the hardware approximation. Other calls
+ * run the portable kernels; llmcl_tune_params_get(ctx, "attention_fwd_mma", ...) says which ran.
+ *
  * Reads q, k, v (and the cu_seqlens); writes o and lse (natural-log sum of exponentials per
  * query row, kept for the backward). opts may be NULL (the defaults). o and lse must not overlap
  * the inputs or each other.
