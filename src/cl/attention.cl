@@ -938,8 +938,8 @@ inline float2 attn_p_ds(float x, float lse2, float dp, float dl, float scale, fl
  * attn_bwd_dq_mma: dQ = dS K for BLOCK_M query rows of one head, a warp per 16 of them with their
  * Q and dO fragments in registers (staged once through local memory). Per tile of BLOCK_N keys:
  * S = Q K^T and dP = dO V^T on tensor cores, P and dS in registers, dS (rounded to the storage
- * dtype) into A fragments, dQ += dS K. The next tile's K and V are copied while the current dQ
- * product runs.
+ * dtype) into A fragments, dQ += dS K. K and V tiles are double-buffered: the next tile's copy
+ * runs under the current tile's three products.
  */
 __kernel __attribute__((reqd_work_group_size(MMA_THREADS, 1, 1))) void
 attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
@@ -953,8 +953,8 @@ attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulo
                 int wl, int wr)
 {
     __local ushort qs[BLOCK_M * MMA_DP] __attribute__((aligned(128)));
-    __local ushort ks[BLOCK_N * MMA_DP] __attribute__((aligned(128)));
-    __local ushort vs[BLOCK_N * MMA_DP] __attribute__((aligned(128)));
+    __local ushort ks[2 * BLOCK_N * MMA_DP] __attribute__((aligned(128)));
+    __local ushort vs[2 * BLOCK_N * MMA_DP] __attribute__((aligned(128)));
     const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
     const attn_place at = attn_place_of(nb, hq, true);
     const int b = at.b, h = at.h, hk = h / group;
@@ -1005,15 +1005,24 @@ attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulo
     for (int e = 0; e < MMA_OT; ++e)
         acc[e] = 0.0f;
 
-    for (int n0 = n_lo; n0 < n_hi; n0 += BLOCK_N) {
+    for (int n0 = n_lo, stage = 0; n0 < n_hi; n0 += BLOCK_N, stage ^= 1) {
+        const uint kt = ka + stage * (BLOCK_N * MMA_DP * 2), vt = va + stage * (BLOCK_N * MMA_DP * 2);
+        if (n0 + BLOCK_N < n_hi) {
+            const uint off = (stage ^ 1) * (BLOCK_N * MMA_DP * 2);
+            attn_mma_tile(ka + off, k + kb + (n0 + BLOCK_N) * sk_t, sk_t, BLOCK_N,
+                          sq.tk - n0 - BLOCK_N, lid, MMA_THREADS);
+            attn_mma_tile(va + off, v + vb + (n0 + BLOCK_N) * sv_t, sv_t, BLOCK_N,
+                          sq.tk - n0 - BLOCK_N, lid, MMA_THREADS);
+        }
+        mma_cp_commit();
         float4 s[MMA_NT], dp[MMA_NT];
 #pragma unroll
         for (int j = 0; j < MMA_NT; ++j)
             s[j] = dp[j] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            attn_mma_step(s, qf[kk], ka, kk * 16, MMA_NT, 1, lane);
-            attn_mma_step(dp, df[kk], va, kk * 16, MMA_NT, 1, lane);
+            attn_mma_step(s, qf[kk], kt, kk * 16, MMA_NT, 1, lane);
+            attn_mma_step(dp, df[kk], vt, kk * 16, MMA_NT, 1, lane);
         }
         const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
 #pragma unroll
@@ -1033,16 +1042,8 @@ attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulo
             dsf[j] = attn_acc_to_a(s[2 * j], s[2 * j + 1]);
 #pragma unroll
         for (int j = 0; j < BLOCK_N / 16; ++j)
-            attn_mma_step(acc, dsf[j], ka, j * 16, MMA_OT, 0, lane);
-        barrier(CLK_LOCAL_MEM_FENCE); /* no warp reads this tile's K and V any more */
-        if (n0 + BLOCK_N < n_hi) {
-            attn_mma_tile(ka, k + kb + (n0 + BLOCK_N) * sk_t, sk_t, BLOCK_N, sq.tk - n0 - BLOCK_N,
-                          lid, MMA_THREADS);
-            attn_mma_tile(va, v + vb + (n0 + BLOCK_N) * sv_t, sv_t, BLOCK_N, sq.tk - n0 - BLOCK_N,
-                          lid, MMA_THREADS);
-        }
-        mma_cp_commit();
-        mma_cp_wait(0);
+            attn_mma_step(acc, dsf[j], kt, j * 16, MMA_OT, 0, lane);
+        mma_cp_wait(0); /* the next tile is in, and after the barrier no warp reads this one */
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
@@ -1068,9 +1069,35 @@ attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulo
  * attn_bwd_dkdv_mma: dK and dV for BLOCK_N keys of one KV head, a warp per 16 of them with their K
  * and V fragments in registers, over every query head of the group and every query tile of
  * BLOCK_M rows (fixed order: deterministic). Per tile, on tensor cores: S^T = K Q^T and
- * dP^T = V dO^T, then P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q.
+ * dP^T = V dO^T, then P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q. Q and dO tiles
+ * are double-buffered: the next tile's copy runs under the current tile's four products.
  */
 #define MMA_MT (BLOCK_M / 8) /* 8-query column tiles of S^T */
+#define MMA_DKDV_STAGE (2 * BLOCK_M * MMA_DP * 2) /* bytes of one stage: Q, then dO */
+
+/*
+ * The Q and dO tiles of BLOCK_M queries from m0 of head h into the stage at local address qa (by
+ * cp.async, complete after mma_cp_wait), and their log2 LSE and delta into ls and ds (plain
+ * stores, visible after the next barrier).
+ */
+inline void attn_dkdv_stage(uint qa, __local float *ls, __local float *ds,
+                            const __global io_t *q, ulong q_off, const __global io_t *dout,
+                            ulong do_off, const __global float *lse, ulong lse_off,
+                            const __global float *delta, ulong delta_off, int b, int h, int m0,
+                            attn_seq sq, long sq_b, long sq_h, long sq_t, long sd_b, long sd_h,
+                            long sd_t, long sl_b, long sl_h, int lid)
+{
+    const long lb = b * sl_b + h * sl_h + sq.q0 + m0;
+    attn_mma_tile(qa, q + attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0), sq_t, BLOCK_M,
+                  sq.tq - m0, lid, MMA_K_THREADS);
+    attn_mma_tile(qa + BLOCK_M * MMA_DP * 2, dout + attn_row(do_off, sd_b, sd_h, sd_t, b, h,
+                  sq.q0 + m0), sd_t, BLOCK_M, sq.tq - m0, lid, MMA_K_THREADS);
+    for (int i = lid; i < BLOCK_M; i += MMA_K_THREADS) {
+        const bool in = m0 + i < sq.tq;
+        ls[i] = in ? attn_lse2(lse[lse_off + lb + i]) : INFINITY;
+        ds[i] = in ? delta[delta_off + lb + i] : 0.0f;
+    }
+}
 __kernel __attribute__((reqd_work_group_size(MMA_K_THREADS, 1, 1))) void
 attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
                   const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,
@@ -1083,9 +1110,9 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
                   long sgk_t, long sgv_b, long sgv_h, long sgv_t, long sl_b, long sl_h,
                   float scale, float softcap, int wl, int wr)
 {
-    /* Q and dO tiles, one after the other; K and V pass through them once, at the start */
-    __local ushort qd[2 * BLOCK_M * MMA_DP] __attribute__((aligned(128)));
-    __local float lse2s[BLOCK_M], dls[BLOCK_M];
+    /* Two stages of Q and dO tiles, one after the other; K and V pass through them at the start */
+    __local ushort qd[4 * BLOCK_M * MMA_DP] __attribute__((aligned(128)));
+    __local float lse2s[2 * BLOCK_M], dls[2 * BLOCK_M];
     const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
     const attn_place at = attn_place_of(nb, hkv, false);
     const int b = at.b, hk = at.h;
@@ -1093,26 +1120,27 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
     const int n0 = at.tile * BLOCK_N;
     if (n0 >= sq.tk)
         return;
-    const uint qa = mma_smem(qd), da = qa + BLOCK_M * MMA_DP * 2;
+    const uint qd0 = mma_smem(qd);
 
     uint4 kf[D / 16], vf[D / 16];
-    attn_mma_tile(qa, k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0 + n0), sk_t, BLOCK_N,
+    attn_mma_tile(qd0, k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0 + n0), sk_t, BLOCK_N,
                   sq.tk - n0, lid, MMA_K_THREADS);
     mma_cp_commit();
     mma_cp_wait(0);
     barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-        kf[kk] = mma_frag_a(qa, warp * 16, kk * 16, MMA_RD, 1, lane);
+        kf[kk] = mma_frag_a(qd0, warp * 16, kk * 16, MMA_RD, 1, lane);
     barrier(CLK_LOCAL_MEM_FENCE);
-    attn_mma_tile(qa, v + attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0 + n0), sv_t, BLOCK_N,
+    attn_mma_tile(qd0, v + attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0 + n0), sv_t, BLOCK_N,
                   sq.tk - n0, lid, MMA_K_THREADS);
     mma_cp_commit();
     mma_cp_wait(0);
     barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-        vf[kk] = mma_frag_a(qa, warp * 16, kk * 16, MMA_RD, 1, lane);
+        vf[kk] = mma_frag_a(qd0, warp * 16, kk * 16, MMA_RD, 1, lane);
+    barrier(CLK_LOCAL_MEM_FENCE); /* no warp reads K or V from local memory any more */
 
     float4 gk[MMA_OT], gv[MMA_OT];
 #pragma unroll
@@ -1122,22 +1150,25 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
     int m_lo, m_hi;
     attn_query_range(n0, BLOCK_N, sq.tq, sq.tk, wl, wr, &m_lo, &m_hi);
     const int ntiles = m_hi > m_lo ? (m_hi - m_lo + BLOCK_M - 1) / BLOCK_M : 0;
+    if (ntiles > 0)
+        attn_dkdv_stage(qd0, lse2s, dls, q, q_off, dout, do_off, lse, lse_off, delta, delta_off,
+                        b, hk * group, m_lo, sq, sq_b, sq_h, sq_t, sd_b, sd_h, sd_t, sl_b, sl_h, lid);
+    mma_cp_commit();
     for (int t = 0; t < group * ntiles; ++t) {
-        const int gi = t / ntiles, m0 = m_lo + (t - gi * ntiles) * BLOCK_M, h = hk * group + gi;
-        const long lb = b * sl_b + h * sl_h + sq.q0;
-        barrier(CLK_LOCAL_MEM_FENCE); /* no warp reads the last tiles any more */
-        attn_mma_tile(qa, q + attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0), sq_t, BLOCK_M,
-                      sq.tq - m0, lid, MMA_K_THREADS);
-        attn_mma_tile(da, dout + attn_row(do_off, sd_b, sd_h, sd_t, b, h, sq.q0 + m0), sd_t,
-                      BLOCK_M, sq.tq - m0, lid, MMA_K_THREADS);
+        const int gi = t / ntiles, m0 = m_lo + (t - gi * ntiles) * BLOCK_M;
+        const int stage = t & 1, next = t + 1, gn = next / ntiles;
+        /* The next tile's copies run under this tile's products */
+        if (next < group * ntiles)
+            attn_dkdv_stage(qd0 + (stage ^ 1) * MMA_DKDV_STAGE, lse2s + (stage ^ 1) * BLOCK_M,
+                            dls + (stage ^ 1) * BLOCK_M, q, q_off, dout, do_off, lse, lse_off,
+                            delta, delta_off, b, hk * group + gn,
+                            m_lo + (next - gn * ntiles) * BLOCK_M, sq, sq_b, sq_h, sq_t, sd_b,
+                            sd_h, sd_t, sl_b, sl_h, lid);
         mma_cp_commit();
-        for (int i = lid; i < BLOCK_M; i += MMA_K_THREADS) {
-            const bool in = m0 + i < sq.tq;
-            lse2s[i] = in ? attn_lse2(lse[lse_off + lb + m0 + i]) : INFINITY;
-            dls[i] = in ? delta[delta_off + lb + m0 + i] : 0.0f;
-        }
-        mma_cp_wait(0);
+        mma_cp_wait(1);
         barrier(CLK_LOCAL_MEM_FENCE);
+        const uint qa = qd0 + stage * MMA_DKDV_STAGE, da = qa + BLOCK_M * MMA_DP * 2;
+        const __local float *ls = lse2s + stage * BLOCK_M, *ds = dls + stage * BLOCK_M;
 
         float4 st[MMA_MT], dpt[MMA_MT];
 #pragma unroll
@@ -1165,7 +1196,7 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
             for (int e = 0; e < 4; ++e) {
                 const int key = c0 + (e >> 1) * 8, i = j * 8 + 2 * t4 + (e & 1);
                 const bool vis = !masked || attn_visible(m0 + i, key, sq.tq, sq.tk, wl, wr);
-                const float2 pds = attn_p_ds(x[e], lse2s[i], y[e], dls[i], scale, softcap, vis);
+                const float2 pds = attn_p_ds(x[e], ls[i], y[e], ds[i], scale, softcap, vis);
                 x[e] = pds.x;
                 y[e] = pds.y;
             }
@@ -1186,6 +1217,7 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
                 gk[e + 1] = attn_mma(gk[e + 1], sf, qbf.zw);
             }
         }
+        barrier(CLK_LOCAL_MEM_FENCE); /* no warp reads this stage any more: the next copy may */
     }
 
     const long kgb = attn_row(dk_off, sgk_b, sgk_h, sgk_t, b, hk, sq.k0);

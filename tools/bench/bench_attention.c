@@ -5,7 +5,8 @@
  * peak memory; an f32 forward against a naive baseline (CLBlast SGEMM for Q.K^T, a masked
  * softmax kernel of this file, CLBlast SGEMM for P.V) at a size whose T x T scores fit in memory.
  * Outputs are checked against tests/ref/attention_ref.c at a reduced size with the same options.
- * LLMCL_BENCH_FULL=1 on a CPU device adds the issue's T=2048, D=128 row.
+ * On GPUs, FlashAttention's sweep follows (tools/bench/yardstick_attention.py times PyTorch's
+ * SDPA on the same shapes). LLMCL_BENCH_FULL=1 on a CPU device adds the issue's T=2048, D=128 row.
  */
 #include <clblast_c.h>
 #include <math.h>
@@ -315,6 +316,17 @@ void bench_attention(bench_env *env)
     bench_shape(env, s, 0);
     s.T = env->small ? 256 : 2048;
     bench_baseline(env, s);
+    if (!env->small) {
+        /* FlashAttention's sweep: 16k tokens a batch at every length, other head dims, no mask. */
+        static const attn_shape sweep[] = {
+            {16, 32, 8, 1024, 128, true, LLMCL_BF16}, {8, 32, 8, 2048, 128, true, LLMCL_BF16},
+            {2, 32, 8, 8192, 128, true, LLMCL_BF16},  {1, 32, 8, 16384, 128, true, LLMCL_BF16},
+            {4, 32, 8, 4096, 64, true, LLMCL_BF16},   {2, 16, 4, 4096, 256, true, LLMCL_BF16},
+            {4, 32, 8, 4096, 128, false, LLMCL_BF16},
+        };
+        for (size_t i = 0; i < sizeof sweep / sizeof *sweep; ++i)
+            bench_shape(env, sweep[i], 0);
+    }
     const char *full = getenv("LLMCL_BENCH_FULL");
     if (env->small && full && strcmp(full, "1") == 0) {
         /* The CPU size: one timed run, no warm-up (minutes on a 2-core host). */

@@ -483,8 +483,9 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
     const bool overridden = llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
     long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
     const uint64_t d2 = 2u * llmcl__pow2_ceil((size_t)g->D); /* local rows are padded so */
-    const uint64_t bytes = dkdv ? d2 * 2u * (uint64_t)bm + 8u * (uint64_t)bm
-                                : d2 * (uint64_t)(bm + 2 * bn);
+    /* dK/dV double-buffers its Q and dO tiles, dQ its K and V tiles */
+    const uint64_t rows = dkdv ? 4 * bm : bm + (kern == ATTN_DQ_MMA ? 4 : 2) * bn;
+    const uint64_t bytes = d2 * rows + (dkdv ? 16u * (uint64_t)bm : 0);
     const long warps = (dkdv ? bn : bm) / 16;
     bool ok = bm >= 16 && bm % 16 == 0 && bn >= 16 && bn % 16 == 0 &&
               (size_t)warps * 32 <= ctx->info.max_work_group_size &&
