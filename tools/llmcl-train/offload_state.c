@@ -80,8 +80,12 @@ llmcl_status offload_state_create(llmcl_ctx *ctx, int64_t total, uint64_t chunk_
     offload_state *s = xcalloc(1, sizeof *s);
     s->ctx = ctx;
     s->total = total;
-    s->chunk = (int64_t)(chunk_bytes / (ROWS * sizeof(float))) / 64 * 64;
-    s->chunk = s->chunk < 64 ? 64 : s->chunk > total ? total : s->chunk;
+    /* at most an eighth of the layout, so that the two buffers hold a quarter of the state at
+       most (a small model's would otherwise take more device memory than the state itself) */
+    const int64_t budget = (int64_t)(chunk_bytes / (ROWS * sizeof(float))) / 64 * 64;
+    const int64_t eighth = (total / 8 + 63) / 64 * 64;
+    s->chunk = budget < eighth ? budget : eighth;
+    s->chunk = s->chunk < 64 ? 64 : s->chunk;
     s->n_chunks = (int)((total + s->chunk - 1) / s->chunk);
     s->h = xcalloc((size_t)s->n_chunks, sizeof *s->h);
     const llmcl_status st = build(s);

@@ -19,8 +19,8 @@ typedef struct offload_state offload_state;
 
 /*
  * State for a layout of total elements (a multiple of 64), all zero, in chunks of at most
- * chunk_bytes of state (a multiple of 64 elements, at least 64). Borrows ctx. *out is NULL on
- * failure.
+ * chunk_bytes of state and about an eighth of the layout (a multiple of 64 elements, at least 64).
+ * Borrows ctx. *out is NULL on failure.
  */
 llmcl_status offload_state_create(llmcl_ctx *ctx, int64_t total, uint64_t chunk_bytes,
                                   offload_state **out);
