@@ -55,12 +55,28 @@ static llmcl_status store(offload_state *s, int c)
     return st;
 }
 
-/* The engine, its pool of total x 12 bytes, the two buffers and a zero handle per chunk. */
+/*
+ * The pool: the state's bytes (every block a multiple of 3 x 64 x 4 bytes, so the pool's 256-byte
+ * rounding wastes none), and where the pool needs several pinned buffers, each at most the
+ * device's largest allocation, a block more per buffer, since a block never spans two and each may
+ * leave less than one unused at its end.
+ */
+static uint64_t pool_bytes(const offload_state *s)
+{
+    const uint64_t state = (uint64_t)s->total * ROWS * sizeof(float);
+    const uint64_t block = (uint64_t)s->chunk * ROWS * sizeof(float);
+    const uint64_t most = llmcl_ctx_device_info(s->ctx)->max_alloc_bytes / 256 * 256;
+    if (state <= most || block >= most) /* one buffer; or no buffer holds a block at all */
+        return state;
+    const uint64_t buffers = (state + most - block - 1) / (most - block);
+    return state + buffers * block;
+}
+
+/* The engine, its pool, the two buffers and a zero handle per chunk. */
 static llmcl_status build(offload_state *s)
 {
     const int64_t rows = ROWS * s->chunk;
-    /* every block a multiple of 3 x 64 x 4 bytes, so the pool's 256-byte rounding wastes none */
-    TRY(llmcl_offload_create(s->ctx, (uint64_t)s->total * ROWS * sizeof(float), &s->off));
+    TRY(llmcl_offload_create(s->ctx, pool_bytes(s), &s->off));
     for (int k = 0; k < 2; ++k)
         TRY(llmcl_tensor_create(s->ctx, LLMCL_F32, 1, &rows, &s->buf[k]));
     TRY(llmcl_fill(s->ctx, s->buf[0], 0.0));
