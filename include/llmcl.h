@@ -201,8 +201,11 @@ LLMCL_API llmcl_status llmcl_memory_set_limit(llmcl_ctx *ctx, uint64_t bytes);
  *            the copy queue being in order).
  *   restore  barrier on the compute queue that waits for that copy, so later kernels read the
  *            restored tensor only once it has arrived.
- *   fence    barrier on the compute queue that waits for a save's copy: call it before a kernel
+ *   fence    barrier on the compute queue that waits for a handle's copies: call it before a kernel
  *            overwrites the saved tensor's memory.
+ * A handle can also hold persistent state, such as an optimizer's moments streamed through a few
+ * device buffers: prefetch_into copies it into the caller's device tensor and save_into copies a
+ * device tensor back over it, neither allocating anything.
  * The engine must be destroyed before its context. Not thread-safe, like the context.
  */
 
@@ -274,10 +277,24 @@ LLMCL_API llmcl_status llmcl_offload_save(llmcl_offload *off, const llmcl_tensor
                                           llmcl_offload_handle *out);
 
 /*
- * Makes work enqueued on the compute queue after this call wait until the save's copy has read its
- * source, without blocking the host: call before overwriting a contiguous saved tensor's memory.
+ * Makes work enqueued on the compute queue after this call wait until every copy of h enqueued so
+ * far has ended (the save's read of its source, and the latest save_into or prefetch_into), without
+ * blocking the host: call before overwriting a contiguous saved tensor's memory, and before reading
+ * the destination of llmcl_offload_prefetch_into.
  */
 LLMCL_API llmcl_status llmcl_offload_fence(llmcl_offload *off, llmcl_offload_handle h);
+
+/*
+ * Copies t over h's saved data, which h keeps (h stays valid and the pool's block is reused): for
+ * state that lives in the pool and is updated on the device. t: on the engine's context, the dtype
+ * and element count of the saved tensor (any shape and strides; a strided t is packed first, as by
+ * save). The copy reads t once the work enqueued on the compute queue before the call has finished,
+ * and follows h's earlier copies (a prefetch enqueued before still reads the old data); never
+ * waits. A contiguous t is read in place: llmcl_offload_fence(off, h) before a kernel overwrites
+ * it. LLMCL_ERROR_SHAPE_MISMATCH for another dtype or size.
+ */
+LLMCL_API llmcl_status llmcl_offload_save_into(llmcl_offload *off, const llmcl_tensor *t,
+                                               llmcl_offload_handle h);
 
 /*
  * Starts copying the saved data into a new contiguous device tensor (shape and dtype of the saved
@@ -285,6 +302,18 @@ LLMCL_API llmcl_status llmcl_offload_fence(llmcl_offload *off, llmcl_offload_han
  * if a prefetched tensor is already waiting for restore.
  */
 LLMCL_API llmcl_status llmcl_offload_prefetch(llmcl_offload *off, llmcl_offload_handle h);
+
+/*
+ * Starts copying h's saved data into dst, the caller's device tensor (contiguous, the dtype and
+ * element count of the saved tensor), on the copy queue; allocates nothing and never waits. The
+ * copy starts once the work enqueued on the compute queue before the call has finished (that work
+ * may still read or write dst) and after every copy enqueued before it (a save_into still reading
+ * dst included). Work on the compute queue that reads dst must follow llmcl_offload_fence(off, h).
+ * With two or more device buffers in turn, a loop copies the next handle in while the compute
+ * queue works on the current one and the previous one goes back by save_into.
+ */
+LLMCL_API llmcl_status llmcl_offload_prefetch_into(llmcl_offload *off, llmcl_offload_handle h,
+                                                   llmcl_tensor *dst);
 
 /*
  * Returns the saved data as a contiguous device tensor, prefetching first if needed, and makes work

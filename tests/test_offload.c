@@ -2,7 +2,9 @@
  * test_offload.c: the host offload engine and the host link measurement. Bit-exact round trips
  * (every dtype, strided views), restores out of order with many handles in flight, ordering with
  * kernels on the compute queue (a kernel writes, save, restore, a kernel reads), the pool limit,
- * statistics, every bad input, and destroying an engine with copies in flight.
+ * statistics, every bad input, and destroying an engine with copies in flight. Persistent state:
+ * handles streamed through a ring of two device buffers by prefetch_into and save_into, round after
+ * round, without allocating anything.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -226,6 +228,85 @@ static void test_ordering_with_kernels(void **state)
     llmcl_offload_destroy(off);
 }
 
+/*
+ * Six handles of state streamed through two device buffers for three rounds, as an optimizer
+ * streams its moments: the next handle comes in while a kernel adds 1 to the current one, which
+ * then goes back over its own data. Copies of 4 MiB, long enough to be caught half-done.
+ */
+static void test_state_streamed_through_a_ring(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    llmcl_offload *off = engine(POOL);
+    enum { HANDLES = 6, ROUNDS = 3 };
+    const int64_t n = 1 << 20;
+    llmcl_tensor *ring[2] = {th_tensor(LLMCL_F32, 1, &n), th_tensor(LLMCL_F32, 1, &n)};
+    llmcl_tensor *one = th_tensor(LLMCL_F32, 1, &n);
+    TH_OK(llmcl_fill(ctx, one, 1.0));
+    llmcl_offload_handle h[HANDLES];
+    for (int i = 0; i < HANDLES; ++i) { /* handle i starts at 10 i */
+        if (i >= 2)
+            TH_OK(llmcl_offload_fence(off, h[i - 2])); /* its save has read the buffer */
+        TH_OK(llmcl_fill(ctx, ring[i % 2], 10.0 * i));
+        TH_OK(llmcl_offload_save(off, ring[i % 2], &h[i]));
+    }
+    llmcl_offload_stats before;
+    llmcl_memory_stats mem_before, mem_after;
+    TH_OK(llmcl_offload_stats_get(off, &before));
+    TH_OK(llmcl_memory_stats_get(ctx, &mem_before));
+    for (int r = 0; r < ROUNDS; ++r) {
+        TH_OK(llmcl_offload_prefetch_into(off, h[0], ring[0]));
+        for (int i = 0; i < HANDLES; ++i) {
+            if (i + 1 < HANDLES) /* into the buffer of i - 1, whose save_into is ahead of it */
+                TH_OK(llmcl_offload_prefetch_into(off, h[i + 1], ring[(i + 1) % 2]));
+            TH_OK(llmcl_offload_fence(off, h[i]));
+            TH_OK(llmcl_axpy(ctx, 1.0f, one, ring[i % 2]));
+            TH_OK(llmcl_offload_save_into(off, ring[i % 2], h[i]));
+        }
+    }
+    TH_OK(llmcl_memory_stats_get(ctx, &mem_after));
+    assert_int_equal(mem_after.peak_bytes, mem_before.peak_bytes); /* nothing allocated */
+    float *got = th_alloc((size_t)n * sizeof *got);
+    for (int i = 0; i < HANDLES; ++i) {
+        TH_OK(llmcl_offload_prefetch_into(off, h[i], ring[0]));
+        TH_OK(llmcl_offload_fence(off, h[i]));
+        TH_OK(llmcl_tensor_download(ring[0], got, (size_t)n * sizeof *got));
+        for (int64_t j = 0; j < n; ++j)
+            if (got[j] != 10.0f * i + ROUNDS)
+                fail_msg("handle %d: element %lld is %g, expected %g", i, (long long)j,
+                         (double)got[j], 10.0 * i + ROUNDS);
+    }
+    TH_OK(llmcl_offload_finish(off));
+    llmcl_offload_stats s;
+    TH_OK(llmcl_offload_stats_get(off, &s));
+    const uint64_t bytes = (uint64_t)n * 4, copies = (uint64_t)HANDLES * ROUNDS;
+    assert_int_equal(s.bytes_saved - before.bytes_saved, copies * bytes);
+    assert_int_equal(s.bytes_restored - before.bytes_restored, (copies + HANDLES) * bytes);
+    assert_int_equal(s.pinned_in_use, before.pinned_in_use); /* the same blocks all along */
+    assert_int_equal(s.live_handles, HANDLES);
+    assert_int_equal(s.copies_in_flight, 0);
+    assert_true(s.save_ms >= before.save_ms && s.restore_ms > 0);
+    /* a strided view saved into a handle is packed first; restore gives it back contiguous */
+    const int64_t vshape[] = {512, 2048}, vstrides[] = {1, 512};
+    llmcl_tensor *view = NULL;
+    TH_OK(llmcl_tensor_view(ring[1], 2, vshape, vstrides, 0, &view));
+    free(random_bytes(ring[1], 41));
+    unsigned char *want = contents(view);
+    TH_OK(llmcl_offload_save_into(off, view, h[0]));
+    TH_OK(llmcl_fill(ctx, ring[1], 0.0)); /* the packed copy is what is read: no fence needed */
+    const int64_t flat = n;
+    assert_restores_as(off, h[0], LLMCL_F32, 1, &flat, want);
+    for (int i = 0; i < HANDLES; ++i)
+        TH_OK(llmcl_offload_release(off, h[i]));
+    free(want);
+    free(got);
+    llmcl_tensor_destroy(view);
+    llmcl_tensor_destroy(one);
+    llmcl_tensor_destroy(ring[0]);
+    llmcl_tensor_destroy(ring[1]);
+    llmcl_offload_destroy(off);
+}
+
 static void test_pool_limit(void **state)
 {
     (void)state;
@@ -310,6 +391,8 @@ static void test_bad_inputs(void **state)
     TH_FAILS(llmcl_offload_release(off, h), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_offload_prefetch(off, h), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_offload_fence(off, h), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_offload_save_into(off, t, h), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_offload_prefetch_into(off, h, t), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_offload_finish(NULL), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_OK(llmcl_offload_finish(off)); /* h's slot is free again: the next save takes it */
     llmcl_offload_handle again;
@@ -317,6 +400,27 @@ static void test_bad_inputs(void **state)
     assert_true(again.id != h.id);
     TH_FAILS(llmcl_offload_restore(off, h, &r), LLMCL_ERROR_INVALID_ARGUMENT);
     assert_null(r);
+    /* the _into calls: a live handle, and a tensor of its dtype and size (contiguous for dst) */
+    const int64_t n2 = 2 * n;
+    llmcl_tensor *longer = th_tensor(LLMCL_BF16, 1, &n2), *f32 = th_tensor(LLMCL_F32, 1, &n);
+    TH_FAILS(llmcl_offload_save_into(NULL, t, again), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_offload_save_into(off, NULL, again), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_offload_save_into(off, longer, again), LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_offload_save_into(off, f32, again), LLMCL_ERROR_SHAPE_MISMATCH);
+    assert_non_null(strstr(llmcl_last_error(ctx), "dtype and size"));
+    TH_FAILS(llmcl_offload_save_into(off, t, foreign), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_offload_prefetch_into(NULL, again, t), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_offload_prefetch_into(off, again, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_offload_prefetch_into(off, again, f32), LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_offload_prefetch_into(off, null_handle, t), LLMCL_ERROR_INVALID_ARGUMENT);
+    llmcl_tensor *half = NULL;
+    const int64_t hshape[] = {n}, hstride[] = {2};
+    TH_OK(llmcl_tensor_view(longer, 1, hshape, hstride, 0, &half));
+    TH_FAILS(llmcl_offload_prefetch_into(off, again, half), LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "contiguous"));
+    llmcl_tensor_destroy(half);
+    llmcl_tensor_destroy(longer);
+    llmcl_tensor_destroy(f32);
     /* a tensor of another context */
     llmcl_ctx *ctx2 = NULL;
     TH_OK(llmcl_ctx_create(&ctx2));
@@ -382,6 +486,7 @@ int main(void)
         cmocka_unit_test(test_strided_views),
         cmocka_unit_test(test_many_in_flight_out_of_order),
         cmocka_unit_test(test_ordering_with_kernels),
+        cmocka_unit_test(test_state_streamed_through_a_ring),
         cmocka_unit_test(test_pool_limit),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_destroy_with_copies_in_flight),

@@ -5,12 +5,15 @@ files train; a run resumed from a checkpoint ends with the same bits as an unint
 Ctrl-C with --save-on-interrupt writes a checkpoint and exits 130. Hugging Face checkpoints: an f32
 export read back by --init-from (one file or shards) exports the same bytes; missing tensors, wrong
 shapes, configs that contradict the options fail naming them; LoRA runs resume bit for bit, only on
-their own base, and export PEFT's files or the merged model.
+their own base, and export PEFT's files or the merged model. --offload-optimizer: the losses and
+checkpoints of the run without it, bit for bit (with --recompute --offload too, and resumed across
+the flag both ways), and a lower peak of device memory.
 
     python3 tests/test_train_cli.py build/tools/llmcl-train
 """
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -78,6 +81,24 @@ def write_st(path, tensors, meta=None):
     text += b" " * (-len(text) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def check(what, ok):
+    print(f"{'ok  ' if ok else 'FAIL'} {what}")
+    if not ok:
+        failures.append(what)
+
+
+def losses(out):
+    """The progress lines' loss and gradient norm, as printed."""
+    return re.findall(r"^step +\d+/\d+ \| (loss \S+ \| norm \S+)", out, re.M)
+
+
+def memory(out):
+    """The peak of device memory and the last progress line's, in MiB."""
+    peak = re.search(r"device memory: peak ([\d.]+) MiB", out)
+    last = re.findall(r"\| mem ([\d.]+) MiB", out)
+    return float(peak.group(1)) if peak else 0.0, float(last[-1]) if last else 0.0
 
 
 def same_files(what, a, b):
@@ -219,6 +240,45 @@ def lora(p):
         failures.append("merged export")
 
 
+def offload_optimizer(p, flat, straight):
+    """--offload-optimizer against the 6- and 3-step runs of main() (straight: the 6 steps')."""
+    # 0.05 MiB: 11 chunks of 4352 elements, the embedding split over four of them
+    off = ["--offload-optimizer", "--offload-chunk-mib", "0.05"]
+    r = expect_ok("--offload-optimizer 6 steps", flat + off + ["--steps", "6", "--save", p("oo.st")])
+    check("--offload-optimizer: the same losses and norms",
+          len(losses(r.stdout)) == 6 and losses(r.stdout) == losses(straight.stdout))
+    same_files("--offload-optimizer: the same checkpoint", p("straight.st"), p("oo.st"))
+    peak, mem = memory(r.stdout)
+    base_peak, base_mem = memory(straight.stdout)
+    check(f"--offload-optimizer: less device memory (peak {peak} < {base_peak} MiB, "
+          f"progress line {mem} < {base_mem} MiB)", 0 < peak < base_peak and 0 < mem < base_mem)
+    r = expect_ok("--recompute --offload --offload-optimizer",
+                  flat + off + ["--recompute", "--offload", "--steps", "6", "--save", p("oo_rec.st")])
+    check("--recompute --offload --offload-optimizer: the same losses and norms",
+          losses(r.stdout) == losses(straight.stdout))
+    same_files("--recompute --offload --offload-optimizer: the same checkpoint", p("straight.st"),
+               p("oo_rec.st"))
+    r = expect_ok("a checkpoint without the flag resumed with it",
+                  flat + off + ["--steps", "6", "--resume", p("half.st"), "--save", p("oo_r1.st")])
+    check("resumed with --offload-optimizer: steps 4-6 as before",
+          losses(r.stdout) == losses(straight.stdout)[3:])
+    same_files("resumed with --offload-optimizer: the same checkpoint", p("straight.st"),
+               p("oo_r1.st"))
+    expect_ok("--offload-optimizer 3 steps", flat + off + ["--steps", "3", "--save", p("oo_half.st")])
+    r = expect_ok("a checkpoint with the flag resumed without it",
+                  flat + ["--steps", "6", "--resume", p("oo_half.st"), "--save", p("oo_r2.st")])
+    check("resumed without --offload-optimizer: steps 4-6 as before",
+          losses(r.stdout) == losses(straight.stdout)[3:])
+    same_files("resumed without --offload-optimizer: the same checkpoint", p("straight.st"),
+               p("oo_r2.st"))
+    expect_error("--offload-optimizer under --zero", TINY + off + ["--zero", "1"],
+                 "ZeRO already shards the optimizer state")
+    expect_error("--offload-optimizer on an f32 model", TINY + off + ["--dtype", "f32"],
+                 "give --dtype bf16 or f16")
+    expect_error("--offload-optimizer with LoRA", TINY + off + ["--lora", "4"], "full training")
+    expect_error("--offload-chunk-mib alone", TINY + ["--offload-chunk-mib", "1"], "give both")
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="llmcl-train-cli.")
     p = lambda name: os.path.join(tmp, name)
@@ -252,7 +312,7 @@ def main():
     # resuming: 3 + 3 steps end with the bits of 6 uninterrupted ones (the file's whole bytes);
     # a constant learning rate (--min-lr 1) makes a 3-step run the first half of a 6-step one
     flat = TINY + ["--min-lr", "1"]
-    expect_ok("6 steps", flat + ["--steps", "6", "--save", p("straight.st")])
+    straight = expect_ok("6 steps", flat + ["--steps", "6", "--save", p("straight.st")])
     expect_ok("3 steps", flat + ["--steps", "3", "--save", p("half.st")])
     r = expect_ok("resume for 3 more", flat + ["--steps", "6", "--resume", p("half.st"),
                                                 "--save", p("resumed.st")])
@@ -268,6 +328,7 @@ def main():
     with open(p("cut.st"), "wb") as f:
         f.write(data[: len(data) // 2])
     expect_error("a truncated checkpoint", TINY + ["--resume", p("cut.st")], "cannot resume")
+    offload_optimizer(p, flat, straight)
 
     # Ctrl-C with --save-on-interrupt
     proc = subprocess.Popen([TRAIN] + TINY + ["--steps", "1000000", "--save", p("int.st"),

@@ -5,7 +5,8 @@
  * waits on the compute path. The pool is a first-fit free list over pinned chunks that are mapped
  * once. Handles carry the engine's serial, a slot and its generation; a released slot drains (keeps
  * its pinned block and device temporaries) until the copies that use them have completed, which
- * is polled, never waited for, except when the pool is full.
+ * is polled, never waited for, except when the pool is full. A handle can also stay in the pool as
+ * persistent state, copied into and out of the caller's device buffers (save_into, prefetch_into).
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -40,9 +41,19 @@ typedef struct slot {
     cl_event saved;            /* the device-to-host copy */
     cl_event loaded;           /* the latest host-to-device copy, or NULL */
     bool loaded_counted;       /* its time is in the statistics */
+    bool loaded_last;          /* the latest copy of the slot is `loaded`, not `saved` */
     llmcl_tensor *source;      /* what the save's copy reads, held until it completes */
     llmcl_tensor *prefetched;  /* waiting for restore, or NULL */
 } slot;
+
+/*
+ * A copy that its slot replaced by a newer one (save_into, prefetch_into) before it was counted:
+ * its time is added, and a save's source freed, once it completes.
+ */
+typedef struct retired {
+    cl_event copy;
+    llmcl_tensor *source; /* what a save read; NULL for a host-to-device copy */
+} retired;
 
 /* One barrier on the compute queue: when the queue reached it, and the copy it waited for. */
 typedef struct probe {
@@ -61,6 +72,8 @@ struct llmcl_offload {
     uint32_t n_slots, cap_slots;
     probe *probes;
     size_t n_probes, cap_probes;
+    retired *retired;
+    size_t n_retired, cap_retired;
     llmcl_offload_stats stats;
 };
 
@@ -228,9 +241,63 @@ static void slot_clear(llmcl_offload *off, slot *s)
     *s = (slot){.generation = s->generation};
 }
 
+/* The slot's latest copy: the copy queue is in order, so every earlier one has ended with it. */
+static cl_event latest(const slot *s) { return s->loaded_last ? s->loaded : s->saved; }
+
+/* Adds the time of each retired copy that has completed and frees its source. */
+static void reap_retired(llmcl_offload *off)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < off->n_retired; ++i) {
+        retired *r = &off->retired[i];
+        if (!complete(r->copy)) {
+            off->retired[kept++] = *r;
+            continue;
+        }
+        *(r->source ? &off->stats.save_ms : &off->stats.restore_ms) += event_ms(r->copy);
+        llmcl_tensor_destroy(r->source);
+        clReleaseEvent(r->copy);
+    }
+    off->n_retired = kept;
+}
+
+/* Room for the two copies a slot may retire, taken before anything is enqueued. */
+static llmcl_status reserve_retired(llmcl_offload *off)
+{
+    for (int i = 0; i < 2; ++i)
+        LLMCL__REQUIRE(off->ctx,
+                       grow((void **)&off->retired, sizeof *off->retired, off->n_retired + (size_t)i,
+                            &off->cap_retired),
+                       LLMCL_ERROR_OUT_OF_HOST_MEMORY, "offload copy table");
+    return LLMCL_OK;
+}
+
+/* Lets the slot take a new save: its current one, if not counted yet, is retired. */
+static void retire_save(llmcl_offload *off, slot *s)
+{
+    if (s->source)
+        off->retired[off->n_retired++] = (retired){s->saved, s->source};
+    else
+        release_event(&s->saved);
+    s->saved = NULL;
+    s->source = NULL;
+}
+
+/* The same for a new host-to-device copy. */
+static void retire_load(llmcl_offload *off, slot *s)
+{
+    count_loaded(off, s);
+    if (s->loaded && !s->loaded_counted)
+        off->retired[off->n_retired++] = (retired){s->loaded, NULL};
+    else
+        release_event(&s->loaded);
+    s->loaded = NULL;
+}
+
 /* Adds each completed copy's time once, then drops what completed copies no longer need. */
 static void reap(llmcl_offload *off)
 {
+    reap_retired(off);
     for (uint32_t i = 0; i < off->n_slots; ++i) {
         slot *s = &off->slots[i];
         if (s->state == SLOT_FREE)
@@ -271,7 +338,7 @@ static void drain(llmcl_offload *off)
         slot *s = &off->slots[i];
         if (s->state != SLOT_DRAINING)
             continue;
-        cl_event last = s->loaded ? s->loaded : s->saved; /* the copy queue is in order */
+        cl_event last = latest(s);
         clWaitForEvents(1, &last);
     }
     reap(off);
@@ -413,6 +480,10 @@ void llmcl_offload_destroy(llmcl_offload *off)
         clReleaseEvent(off->probes[i].arrive);
         clReleaseEvent(off->probes[i].copy);
     }
+    for (size_t i = 0; i < off->n_retired; ++i) {
+        llmcl_tensor_destroy(off->retired[i].source);
+        clReleaseEvent(off->retired[i].copy);
+    }
     for (uint32_t i = 0; i < off->n_chunks; ++i)
         llmcl__pinned_free(off->copyq, off->chunks[i].mem, off->chunks[i].host);
     if (off->copyq)
@@ -421,6 +492,7 @@ void llmcl_offload_destroy(llmcl_offload *off)
     free(off->free);
     free(off->slots);
     free(off->probes);
+    free(off->retired);
     free(off);
 }
 
@@ -456,23 +528,72 @@ static llmcl_status take_block(llmcl_offload *off, uint64_t bytes, block *out)
     return LLMCL_OK;
 }
 
-/* Enqueues the device-to-host copy of s->source after everything enqueued on the compute queue. */
+/* A marker after everything enqueued on the compute queue so far, for the copy queue to wait on. */
+static llmcl_status compute_marker(llmcl_offload *off, cl_event *out)
+{
+    llmcl_ctx *ctx = off->ctx;
+    LLMCL__CL(ctx, clEnqueueMarkerWithWaitList(ctx->queue, 0, NULL, out));
+    /* the copy queue waits on this marker, so the compute queue must reach the device */
+    const cl_int err = clFlush(ctx->queue);
+    if (err == CL_SUCCESS)
+        return LLMCL_OK;
+    clReleaseEvent(*out);
+    return llmcl__fail_cl(ctx, err, "clFlush", __FILE__, __LINE__);
+}
+
+/*
+ * Enqueues the device-to-host copy of s->source after everything enqueued on the compute queue;
+ * s->saved must be free (a new slot, or retire_save).
+ */
 static llmcl_status start_save(llmcl_offload *off, slot *s)
 {
     llmcl_ctx *ctx = off->ctx;
     cl_event produced;
-    LLMCL__CL(ctx, clEnqueueMarkerWithWaitList(ctx->queue, 0, NULL, &produced));
-    /* the copy queue waits on this marker, so the compute queue must reach the device */
-    cl_int err = clFlush(ctx->queue);
+    LLMCL__TRY(compute_marker(off, &produced));
     const size_t start = (size_t)s->source->offset * llmcl_dtype_size(s->dtype);
-    if (err == CL_SUCCESS)
-        err = clEnqueueReadBuffer(off->copyq, s->source->mem, CL_FALSE, start, (size_t)s->bytes,
-                                  block_host(off, s->blk), 1, &produced, &s->saved);
+    cl_int err = clEnqueueReadBuffer(off->copyq, s->source->mem, CL_FALSE, start, (size_t)s->bytes,
+                                     block_host(off, s->blk), 1, &produced, &s->saved);
     clReleaseEvent(produced);
     if (err == CL_SUCCESS)
         err = clFlush(off->copyq);
     if (err != CL_SUCCESS)
         return llmcl__fail_cl(ctx, err, "enqueueing the save's copy", __FILE__, __LINE__);
+    s->loaded_last = false;
+    off->stats.bytes_saved += s->bytes;
+    return LLMCL_OK;
+}
+
+/*
+ * Enqueues the host-to-device copy of s's data into dst (contiguous, s's bytes), after the compute
+ * queue's work so far when dst may be in use there; it becomes the slot's latest copy. The copy
+ * queue is in order, so it also follows every copy enqueued before (the save that filled the
+ * block, or one that still reads dst).
+ */
+static llmcl_status start_load(llmcl_offload *off, slot *s, const llmcl_tensor *dst,
+                               bool after_compute)
+{
+    llmcl_ctx *ctx = off->ctx;
+    cl_event produced = NULL, loaded = NULL;
+    if (after_compute)
+        LLMCL__TRY(compute_marker(off, &produced));
+    const size_t start = (size_t)dst->offset * llmcl_dtype_size(s->dtype);
+    cl_int err = clEnqueueWriteBuffer(off->copyq, dst->mem, CL_FALSE, start, (size_t)s->bytes,
+                                      block_host(off, s->blk), produced ? 1 : 0,
+                                      produced ? &produced : NULL, &loaded);
+    if (produced)
+        clReleaseEvent(produced);
+    if (err == CL_SUCCESS)
+        err = clFlush(off->copyq);
+    if (err != CL_SUCCESS) {
+        if (loaded)
+            clReleaseEvent(loaded);
+        return llmcl__fail_cl(ctx, err, "enqueueing the host-to-device copy", __FILE__, __LINE__);
+    }
+    retire_load(off, s);
+    s->loaded = loaded;
+    s->loaded_counted = false;
+    s->loaded_last = true;
+    off->stats.bytes_restored += s->bytes;
     return LLMCL_OK;
 }
 
@@ -499,7 +620,6 @@ llmcl_status llmcl_offload_save(llmcl_offload *off, const llmcl_tensor *t,
     LLMCL__TRY_GOTO(st, save_source(off, t, &s->source), fail);
     LLMCL__TRY_GOTO(st, start_save(off, s), fail);
     s->state = SLOT_LIVE;
-    off->stats.bytes_saved += s->bytes;
     *out = make_handle(off, index);
     return LLMCL_OK;
 fail:
@@ -508,12 +628,46 @@ fail:
     return st;
 }
 
+/* A live slot for h, and t of its saved tensor's dtype and size (for the _into calls). */
+static llmcl_status slot_like(llmcl_offload *off, llmcl_offload_handle h, const llmcl_tensor *t,
+                              const char *name, slot **out)
+{
+    llmcl_ctx *ctx = off->ctx;
+    LLMCL__TRY(find_slot(off, h, out));
+    LLMCL__TRY(llmcl__check_tensor(ctx, t, name, LLMCL__ALL_DTYPES, 0, LLMCL_MAX_DIMS));
+    const slot *s = *out;
+    const int64_t numel = llmcl_tensor_numel(t);
+    LLMCL__REQUIRE(ctx, t->dtype == s->dtype && (uint64_t)numel * llmcl_dtype_size(t->dtype) ==
+                                                    s->bytes,
+                   LLMCL_ERROR_SHAPE_MISMATCH,
+                   "%s (%s, %lld elements) is not of the saved tensor's dtype and size (%s, %llu "
+                   "elements)", name, llmcl_dtype_name(t->dtype), (long long)numel,
+                   llmcl_dtype_name(s->dtype),
+                   (unsigned long long)(s->bytes / llmcl_dtype_size(s->dtype)));
+    /* room to retire the slot's copies, so that nothing fails once a copy is enqueued */
+    return reserve_retired(off);
+}
+
+llmcl_status llmcl_offload_save_into(llmcl_offload *off, const llmcl_tensor *t,
+                                     llmcl_offload_handle h)
+{
+    LLMCL__REQUIRE(NULL, off, LLMCL_ERROR_INVALID_ARGUMENT, "off must not be NULL");
+    slot *s;
+    LLMCL__TRY(slot_like(off, h, t, "t", &s));
+    reap(off);
+    llmcl_tensor *source;
+    LLMCL__TRY(save_source(off, t, &source));
+    retire_save(off, s);
+    s->source = source;
+    return start_save(off, s);
+}
+
 llmcl_status llmcl_offload_fence(llmcl_offload *off, llmcl_offload_handle h)
 {
     LLMCL__REQUIRE(NULL, off, LLMCL_ERROR_INVALID_ARGUMENT, "off must not be NULL");
     slot *s;
     LLMCL__TRY(find_slot(off, h, &s));
-    return wait_on_compute(off, s->saved);
+    return wait_on_compute(off, latest(s));
 }
 
 llmcl_status llmcl_offload_prefetch(llmcl_offload *off, llmcl_offload_handle h)
@@ -524,26 +678,28 @@ llmcl_status llmcl_offload_prefetch(llmcl_offload *off, llmcl_offload_handle h)
     if (s->prefetched)
         return LLMCL_OK;
     reap(off);
-    llmcl_ctx *ctx = off->ctx;
+    LLMCL__TRY(reserve_retired(off));
     llmcl_tensor *t;
-    LLMCL__TRY(llmcl_tensor_create(ctx, s->dtype, s->ndim, s->shape, &t));
-    cl_event loaded;
-    /* the copy queue is in order: this copy starts after the save's copy filled the block */
-    cl_int err = clEnqueueWriteBuffer(off->copyq, t->mem, CL_FALSE, 0, (size_t)s->bytes,
-                                      block_host(off, s->blk), 0, NULL, &loaded);
-    if (err == CL_SUCCESS)
-        err = clFlush(off->copyq);
-    if (err != CL_SUCCESS) {
+    LLMCL__TRY(llmcl_tensor_create(off->ctx, s->dtype, s->ndim, s->shape, &t));
+    const llmcl_status st = start_load(off, s, t, false); /* t is new: nothing uses it yet */
+    if (st != LLMCL_OK) {
         llmcl_tensor_destroy(t);
-        return llmcl__fail_cl(ctx, err, "enqueueing the prefetch's copy", __FILE__, __LINE__);
+        return st;
     }
-    count_loaded(off, s);
-    release_event(&s->loaded);
-    s->loaded = loaded;
-    s->loaded_counted = false;
     s->prefetched = t;
-    off->stats.bytes_restored += s->bytes;
     return LLMCL_OK;
+}
+
+llmcl_status llmcl_offload_prefetch_into(llmcl_offload *off, llmcl_offload_handle h,
+                                         llmcl_tensor *dst)
+{
+    LLMCL__REQUIRE(NULL, off, LLMCL_ERROR_INVALID_ARGUMENT, "off must not be NULL");
+    slot *s;
+    LLMCL__TRY(slot_like(off, h, dst, "dst", &s));
+    LLMCL__REQUIRE(off->ctx, llmcl_tensor_is_contiguous(dst), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "dst must be contiguous");
+    reap(off);
+    return start_load(off, s, dst, true);
 }
 
 llmcl_status llmcl_offload_restore(llmcl_offload *off, llmcl_offload_handle h, llmcl_tensor **out)
@@ -583,6 +739,8 @@ llmcl_status llmcl_offload_finish(llmcl_offload *off)
             if (evs[k])
                 LLMCL__CL(off->ctx, clWaitForEvents(1, &evs[k]));
     }
+    for (size_t i = 0; i < off->n_retired; ++i)
+        LLMCL__CL(off->ctx, clWaitForEvents(1, &off->retired[i].copy));
     reap(off);
     return LLMCL_OK;
 }
@@ -598,5 +756,6 @@ llmcl_status llmcl_offload_stats_get(llmcl_offload *off, llmcl_offload_stats *ou
                                  (s->loaded && !complete(s->loaded));
         out->live_handles += s->state == SLOT_LIVE;
     }
+    out->copies_in_flight += (uint32_t)off->n_retired; /* reap kept only those not complete */
     return LLMCL_OK;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "offload_state.h"
 #include "util.h"
 #ifdef LLMCL_TRAIN_MPI
 #include "zero.h"
@@ -76,17 +77,56 @@ static int shape_entries(model *m, shape_entry e[16])
     return n + 3;
 }
 
-/* What a parameter is saved from and loaded into: its master, else its 16-bit copy. */
-static llmcl_tensor *stored(const model_param *p) { return p->master ? p->master : p->w16; }
+/* A trainable parameter's three tensors in a checkpoint: its weights and its two moments. */
+enum { STATE_WEIGHTS, STATE_M, STATE_V, STATE_KINDS };
+static const char *state_prefix[STATE_KINDS] = {"", "optimizer.m.", "optimizer.v."};
 
-static llmcl_status add_state(llmcl_safetensors_writer *w, const model_param *p)
+static void state_name(const model_param *p, int kind, char name[128])
+{
+    snprintf(name, 128, "%s%s", state_prefix[kind], p->name);
+}
+
+/* What a kind is saved from and loaded into on the device: the weights' master, else their 16-bit
+   copy; the moments. */
+static llmcl_tensor *state_tensor(const model_param *p, int kind)
+{
+    llmcl_tensor *t[STATE_KINDS] = {p->master ? p->master : p->w16, p->m, p->v};
+    return t[kind];
+}
+
+/*
+ * Under --offload-optimizer the masters and moments are read from pinned memory into host images
+ * of the layout (12 bytes a trained parameter), which the writer borrows until it finishes.
+ */
+typedef struct host_state {
+    float *image[STATE_KINDS];
+} host_state;
+
+static host_state host_state_alloc(const model *m)
+{
+    host_state h = {{NULL}};
+    for (int k = 0; m->trainable.offloaded && k < STATE_KINDS; ++k)
+        h.image[k] = xcalloc((size_t)m->trainable.total, sizeof(float));
+    return h;
+}
+
+static void host_state_free(host_state *h)
+{
+    for (int k = 0; k < STATE_KINDS; ++k)
+        free(h->image[k]);
+}
+
+static llmcl_status add_state(llmcl_safetensors_writer *w, const model_param *p,
+                              const host_state *h)
 {
     char name[128];
-    TRY(llmcl_safetensors_writer_add_tensor(w, p->name, stored(p)));
-    snprintf(name, sizeof name, "optimizer.m.%s", p->name);
-    TRY(llmcl_safetensors_writer_add_tensor(w, name, p->m));
-    snprintf(name, sizeof name, "optimizer.v.%s", p->name);
-    return llmcl_safetensors_writer_add_tensor(w, name, p->v);
+    for (int k = 0; k < STATE_KINDS; ++k) {
+        state_name(p, k, name);
+        TRY(h->image[k] ? llmcl_safetensors_writer_add_host(w, name, LLMCL_F32, p->ndim, p->shape,
+                                                             h->image[k] + p->offset)
+                        : llmcl_safetensors_writer_add_tensor(w, name, state_tensor(p, k)));
+    }
+    return LLMCL_OK;
 }
 
 /* The format, the model's shape, the step and the data position as metadata. */
@@ -107,10 +147,18 @@ static llmcl_status write_metadata(llmcl_safetensors_writer *w, model *m, const 
 static llmcl_status write_checkpoint(llmcl_safetensors_writer *w, model *m, const train_state *s)
 {
     TRY(write_metadata(w, m, s, CHECKPOINT_FORMAT));
-    for (int i = 0; i < m->n_params; ++i)
+    host_state h = host_state_alloc(m);
+    llmcl_status st = LLMCL_OK;
+    if (m->trainable.offloaded)
+        st = offload_state_read(m->trainable.offloaded, h.image[STATE_WEIGHTS], h.image[STATE_M],
+                                h.image[STATE_V]);
+    for (int i = 0; st == LLMCL_OK && i < m->n_params; ++i)
         if (m->params[i].trainable)
-            TRY(add_state(w, &m->params[i]));
-    return llmcl_safetensors_writer_finish(w);
+            st = add_state(w, &m->params[i], &h);
+    if (st == LLMCL_OK)
+        st = llmcl_safetensors_writer_finish(w);
+    host_state_free(&h);
+    return st;
 }
 
 #ifdef LLMCL_TRAIN_MPI
@@ -200,13 +248,12 @@ static llmcl_status check_shape(const llmcl_safetensors *st, model *m, const cha
 static llmcl_status check_compatible(const llmcl_safetensors *st, model *m, const char *path)
 {
     TRY(check_shape(st, m, path, CHECKPOINT_FORMAT));
-    static const char *prefixes[] = {"", "optimizer.m.", "optimizer.v."};
     for (int i = 0; i < m->n_params; ++i) {
         const model_param *p = &m->params[i];
-        for (int k = 0; k < 3 && p->trainable; ++k) {
+        for (int k = 0; k < STATE_KINDS && p->trainable; ++k) {
             char name[128];
             llmcl_safetensors_info info;
-            snprintf(name, sizeof name, "%s%s", prefixes[k], p->name);
+            state_name(p, k, name);
             if (llmcl_safetensors_find(st, name, &info) != LLMCL_OK || info.ndim != p->ndim ||
                 info.shape[0] != p->shape[0] || (p->ndim == 2 && info.shape[1] != p->shape[1]) ||
                 (info.dtype != LLMCL_F32 && info.dtype != LLMCL_BF16 && info.dtype != LLMCL_F16)) {
@@ -226,20 +273,28 @@ static int64_t meta_int(const llmcl_safetensors *st, const char *key)
     return v ? strtoll(v, NULL, 10) : -1;
 }
 
+/* The trainable weights and moments from st into the device tensors, or when offloaded through
+   host images (zeros between tensors, as on the device); then the compute copy. */
 static llmcl_status load_state(model *m, const llmcl_safetensors *st)
 {
     char name[128];
-    for (int i = 0; i < m->n_params; ++i) {
+    host_state h = host_state_alloc(m);
+    llmcl_status status = LLMCL_OK;
+    for (int i = 0; status == LLMCL_OK && i < m->n_params; ++i) {
         const model_param *p = &m->params[i];
-        if (!p->trainable)
-            continue;
-        TRY(llmcl_safetensors_load(m->ctx, st, p->name, stored(p)));
-        snprintf(name, sizeof name, "optimizer.m.%s", p->name);
-        TRY(llmcl_safetensors_load(m->ctx, st, name, p->m));
-        snprintf(name, sizeof name, "optimizer.v.%s", p->name);
-        TRY(llmcl_safetensors_load(m->ctx, st, name, p->v));
+        for (int k = 0; k < STATE_KINDS && p->trainable && status == LLMCL_OK; ++k) {
+            state_name(p, k, name);
+            if (h.image[k])
+                safetensors_to_host(st, name, h.image[k] + p->offset, p->numel);
+            else
+                status = llmcl_safetensors_load(m->ctx, st, name, state_tensor(p, k));
+        }
     }
-    return model_sync_compute(m);
+    if (status == LLMCL_OK && m->trainable.offloaded)
+        status = offload_state_write(m->trainable.offloaded, h.image[STATE_WEIGHTS],
+                                     h.image[STATE_M], h.image[STATE_V]);
+    host_state_free(&h);
+    return status == LLMCL_OK ? model_sync_compute(m) : status;
 }
 
 static bool is_dir(const char *path)

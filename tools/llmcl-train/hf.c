@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 
+#include "offload_state.h"
 #include "util.h"
 
 /* ---- opening ---- */
@@ -230,7 +231,8 @@ static int find(const hf_checkpoint *c, const char *name, llmcl_safetensors_info
     return -1;
 }
 
-static void load_param(model *m, const hf_checkpoint *c, const model_param *p)
+/* p from c into its master, or into image (the layout's masters on the host) when offloaded. */
+static void load_param(model *m, const hf_checkpoint *c, const model_param *p, float *image)
 {
     llmcl_safetensors_info info;
     const int f = find(c, p->name, &info);
@@ -245,7 +247,10 @@ static void load_param(model *m, const hf_checkpoint *c, const model_param *p)
     if (info.dtype != LLMCL_F32 && info.dtype != LLMCL_BF16 && info.dtype != LLMCL_F16)
         die("--init-from %s: %s is %s, not f32, bf16 or f16", c->file_names[f], p->name,
             info.dtype_name);
-    CHECK(llmcl_safetensors_load(m->ctx, c->files[f], p->name, p->master), m->ctx);
+    if (image)
+        safetensors_to_host(c->files[f], p->name, image + p->offset, p->numel);
+    else
+        CHECK(llmcl_safetensors_load(m->ctx, c->files[f], p->name, p->master), m->ctx);
 }
 
 void hf_load(model *m, const hf_checkpoint *c)
@@ -256,9 +261,16 @@ void hf_load(model *m, const hf_checkpoint *c)
     if (m->cfg.tied && !c->config[0] && find(c, "lm_head.weight", &info) >= 0)
         die("--init-from %s holds lm_head.weight but the model ties its head to the embeddings "
             "(give --untied)", c->path);
+    /* offloaded masters (no LoRA then: every base weight is trained) go through a host image,
+       the moments starting at zero */
+    offload_state *off = m->trainable.offloaded;
+    float *image = off ? xcalloc((size_t)m->trainable.total, sizeof *image) : NULL;
     for (int i = 0; i < m->n_params; ++i)
         if (m->params[i].kind < P_LORA_A)
-            load_param(m, c, &m->params[i]);
+            load_param(m, c, &m->params[i], image);
+    if (image)
+        CHECK(offload_state_write(off, image, NULL, NULL), m->ctx);
+    free(image);
     CHECK(model_sync_compute(m), m->ctx);
 }
 
@@ -271,11 +283,16 @@ typedef struct export_file {
     int n;
 } export_file;
 
-/* p's values as f32 on the host: its master, or its bf16 copy widened. */
-static float *download_f32(const model_param *p)
+/* p's values as f32 on the host: its master (from image when offloaded), or its bf16 copy
+   widened. */
+static float *download_f32(const model_param *p, const float *image)
 {
     const size_t n = (size_t)p->numel;
     float *host = xmalloc(n * sizeof *host);
+    if (image) {
+        memcpy(host, image + p->offset, n * sizeof *host);
+        return host;
+    }
     if (p->master) {
         CHECK(llmcl_tensor_download(p->master, host, n * sizeof *host), NULL);
         return host;
@@ -435,12 +452,18 @@ void hf_export(model *m, const char *dir, const hf_export_opts *o)
     export_file f;
     const bool adapters = m->cfg.lora_rank > 0 && !o->merge;
     writer(&f, dir, adapters ? "adapter_model.safetensors" : "model.safetensors");
+    offload_state *off = m->trainable.offloaded; /* the masters from pinned memory, no LoRA */
+    float *image = off ? xmalloc((size_t)m->trainable.total * sizeof *image) : NULL;
+    if (image)
+        CHECK(offload_state_read(off, image, NULL, NULL), m->ctx);
     for (int i = 0; i < m->n_params; ++i) {
         const model_param *p = &m->params[i];
         if (adapters != (p->kind >= P_LORA_A))
             continue;
-        add(&f, p->name, p, p->lora_a && o->merge ? merged_f32(m, p) : download_f32(p), o->dtype);
+        add(&f, p->name, p, p->lora_a && o->merge ? merged_f32(m, p) : download_f32(p, image),
+            o->dtype);
     }
+    free(image);
     finish(&f);
     if (adapters)
         write_adapter_config(m, dir);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "offload_state.h"
 #include "util.h"
 #ifdef LLMCL_TRAIN_MPI
 #include "zero.h"
@@ -90,6 +91,12 @@ const char *model_config_error(const model_config *c)
     if (c->lora_rank > 0 && c->lora_dtype != LLMCL_F32 &&
         (c->lora_dtype != LLMCL_BF16 || c->dtype != LLMCL_BF16))
         return "the LoRA dtype must be f32, or bf16 with a bf16 model (--dtype bf16)";
+    if (c->offload_chunk_bytes && c->dtype == LLMCL_F32)
+        return "--offload-optimizer moves the f32 master weights to the host, and an f32 model "
+               "computes with them: give --dtype bf16 or f16";
+    if (c->offload_chunk_bytes && c->lora_rank)
+        return "--offload-optimizer is for full training: with LoRA the optimizer state is the "
+               "adapters' and small";
     return NULL;
 }
 
@@ -268,21 +275,27 @@ static llmcl_tensor *new_tensor(llmcl_ctx *ctx, llmcl_dtype dt, int ndim, int64_
     return t;
 }
 
-/* A set's buffers: compute (16-bit models), master (unless bf16-only), grads and moments. */
-static void set_alloc(llmcl_ctx *ctx, param_set *s, llmcl_dtype compute, bool master, bool train)
+/*
+ * A set's buffers: compute (16-bit models), master (unless bf16-only), grads and moments; with
+ * offload_bytes the masters and moments in pinned host memory instead (all zero there too).
+ */
+static void set_alloc(llmcl_ctx *ctx, param_set *s, llmcl_dtype compute, bool master, bool train,
+                      uint64_t offload_bytes)
 {
     if (s->total == 0)
         return;
     if (compute != LLMCL_F32)
         s->compute = new_tensor(ctx, compute, 1, s->total, 0);
-    if (master) { /* zeros between tensors too, so the checkpoints' fingerprint is repeatable */
+    if (offload_bytes)
+        CHECK(offload_state_create(ctx, s->total, offload_bytes, &s->offloaded), ctx);
+    else if (master) { /* zeros between tensors too, so the checkpoints' fingerprint is repeatable */
         s->master = new_tensor(ctx, LLMCL_F32, 1, s->total, 0);
         CHECK(llmcl_fill(ctx, s->master, 0.0), ctx);
     }
     if (!train)
         return;
     llmcl_tensor **state[] = {&s->grad, &s->m, &s->v};
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < (offload_bytes ? 1 : 3); ++i) {
         *state[i] = new_tensor(ctx, LLMCL_F32, 1, s->total, 0);
         CHECK(llmcl_fill(ctx, *state[i], 0.0), ctx);
     }
@@ -293,6 +306,7 @@ static void set_free(param_set *s)
     llmcl_tensor *all[] = {s->compute, s->master, s->grad, s->m, s->v};
     for (int i = 0; i < 5; ++i)
         llmcl_tensor_destroy(all[i]);
+    offload_state_destroy(s->offloaded);
 }
 
 /* A host f32 array into p: its master, or its 16-bit copy when it has no master. */
@@ -318,27 +332,78 @@ static void param_upload(model *m, const model_param *p, const float *host)
     free(h16);
 }
 
-/* Normal(0, 0.02) matrices and unit norm weights (then the adapters: A uniform in +-1/sqrt(in),
-   B zero), from a fixed seed. */
+/*
+ * Normal(0, 0.02) matrices and unit norm weights (then the adapters: A uniform in +-1/sqrt(in),
+ * B zero), from a fixed seed. Offloaded masters are drawn into a host image of the layout (zeros
+ * between tensors, as on the device), which then goes to pinned memory.
+ */
 static void init_params(model *m, uint64_t seed)
 {
     rng r = rng_new(seed);
+    offload_state *off = m->trainable.offloaded; /* all weights are trainable then: no LoRA */
+    float *image = off ? xcalloc((size_t)m->trainable.total, sizeof *image) : NULL;
     for (int i = 0; i < m->n_params; ++i) {
         const model_param *p = &m->params[i];
-        float *host = xmalloc((size_t)p->numel * sizeof *host);
+        float *host = image ? image + p->offset : xmalloc((size_t)p->numel * sizeof *host);
         const double bound = 1.0 / sqrt((double)p->shape[1]);
         for (int64_t j = 0; j < p->numel; ++j)
             host[j] = p->is_norm ? 1.0f
                       : p->kind == P_LORA_A ? (float)(bound * (2.0 * rng_uniform(&r) - 1.0))
                       : p->kind == P_LORA_B ? 0.0f
                                             : 0.02f * (float)rng_normal(&r);
-        param_upload(m, p, host);
-        free(host);
+        if (!image) {
+            param_upload(m, p, host);
+            free(host);
+        }
     }
+    if (image)
+        CHECK(offload_state_write(off, image, NULL, NULL), m->ctx);
+    free(image);
+}
+
+int64_t model_param_within(const model_param *p, int64_t at, int64_t len, int64_t *first)
+{
+    const int64_t lo = p->offset > at ? p->offset : at;
+    const int64_t hi = p->offset + p->numel < at + len ? p->offset + p->numel : at + len;
+    *first = lo;
+    return hi > lo ? hi - lo : 0;
+}
+
+llmcl_status model_norms_from(model *m, int64_t at, int64_t len, const llmcl_tensor *master)
+{
+    for (int i = 0; i < m->n_params; ++i) {
+        const model_param *p = &m->params[i];
+        int64_t first;
+        const int64_t n = p->is_norm ? model_param_within(p, at, len, &first) : 0;
+        if (n == 0)
+            continue;
+        llmcl_tensor *from = tensor_slice(master, first - at, n);
+        llmcl_tensor *to = tensor_slice(p->w, first - p->offset, n);
+        const llmcl_status st = llmcl_copy(m->ctx, from, to);
+        llmcl_tensor_destroy(from);
+        llmcl_tensor_destroy(to);
+        TRY(st);
+    }
+    return LLMCL_OK;
+}
+
+/* A chunk of offloaded masters rounded into the compute copy and copied into the norms'. */
+static llmcl_status sync_chunk(void *arg, int64_t at, int64_t len, llmcl_tensor *master,
+                               llmcl_tensor *mom, llmcl_tensor *var)
+{
+    model *m = arg;
+    (void)mom, (void)var;
+    llmcl_tensor *compute = tensor_slice(m->trainable.compute, at, len);
+    const llmcl_status st = llmcl_cast(m->ctx, master, compute);
+    llmcl_tensor_destroy(compute);
+    TRY(st);
+    return model_norms_from(m, at, len, master);
 }
 
 llmcl_status model_sync_compute(model *m)
 {
+    if (m->trainable.offloaded) /* then the loop below finds no trainable master */
+        TRY(offload_state_stream(m->trainable.offloaded, false, sync_chunk, m));
     param_set *sets[] = {&m->trainable, &m->frozen};
     for (int i = 0; i < 2; ++i)
         if (sets[i]->compute && sets[i]->master)
@@ -351,8 +416,9 @@ static void alloc_params(model *m)
 {
     const model_config *cfg = &m->cfg;
     const bool lora = cfg->lora_rank > 0;
-    set_alloc(m->ctx, &m->trainable, cfg->dtype, !lora || cfg->lora_dtype == LLMCL_F32, true);
-    set_alloc(m->ctx, &m->frozen, cfg->dtype, true, false);
+    set_alloc(m->ctx, &m->trainable, cfg->dtype, !lora || cfg->lora_dtype == LLMCL_F32, true,
+              cfg->offload_chunk_bytes);
+    set_alloc(m->ctx, &m->frozen, cfg->dtype, true, false, 0);
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
         param_set *s = p->trainable ? &m->trainable : &m->frozen;
@@ -361,7 +427,10 @@ static void alloc_params(model *m)
         p->m = param_view(p, s->m);
         p->v = param_view(p, s->v);
         p->w16 = param_view(p, s->compute);
-        p->w = p->is_norm || !p->w16 ? param_view(p, s->master) : param_view(p, s->compute);
+        if (p->is_norm && s->offloaded) /* used in f32, and the masters are on the host */
+            p->w = new_tensor(m->ctx, LLMCL_F32, 1, p->numel, 0);
+        else
+            p->w = p->is_norm || !p->w16 ? param_view(p, s->master) : param_view(p, s->compute);
     }
 }
 

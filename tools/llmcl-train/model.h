@@ -10,6 +10,8 @@
  * weight is trainable; with LoRA (model_config.lora_rank > 0) the base weights are frozen, as PEFT
  * freezes them (embeddings and norms included), and the trainable set holds the adapters: per
  * adapted projection y = x W^T, A [r, in] and B [out, r], and y = x W^T + (alpha / r) (x A^T) B^T.
+ * Under --offload-optimizer the trainable set's masters and moments live in pinned host memory
+ * (offload_state.h), and each norm keeps an f32 copy of its weights on the device.
  */
 #ifndef LLMCL_TRAIN_MODEL_H
 #define LLMCL_TRAIN_MODEL_H
@@ -37,6 +39,9 @@ typedef struct model_config {
                                  AdamW rounds them stochastically (needs a bf16 model) */
     int zero_stage;           /* > 0: the parameters sharded over MPI_COMM_WORLD by ZeRO stage
                                  1, 2 or 3 (zero.h; llmcl-train built with MPI, no LoRA) */
+    uint64_t offload_chunk_bytes; /* > 0: the trainable set's masters and moments in pinned host
+                                     memory, streamed through the device in chunks of this many
+                                     bytes (offload_state.h; a 16-bit model, no LoRA, no ZeRO) */
 } model_config;
 
 /* A readable reason why cfg is unusable, or NULL. */
@@ -54,12 +59,18 @@ enum { P_EMBED, P_ATTN_NORM, P_WQ, P_WK, P_WV, P_WO, P_MLP_NORM, P_WGATE, P_WUP,
 /* The projections LoRA may adapt, by kind: "q_proj", ... ("" for the others). */
 const char *model_module_name(int kind);
 
-/* Flat device buffers that a set of parameters views. */
+typedef struct offload_state offload_state;
+
+/*
+ * Flat device buffers that a set of parameters views. Under --offload-optimizer the trainable
+ * set's masters and moments are in pinned host memory instead (offloaded; master, m and v NULL).
+ */
 typedef struct param_set {
     int64_t total;              /* elements, every tensor at a 64-element boundary */
     llmcl_tensor *compute;      /* the 16-bit copy the forward uses; NULL for f32 */
     llmcl_tensor *master;       /* f32 weights; NULL for bf16-only adapters */
     llmcl_tensor *grad, *m, *v; /* f32; NULL for the frozen set */
+    offload_state *offloaded;   /* the masters and moments on the host, or NULL */
 } param_set;
 
 typedef struct model_param model_param;
@@ -71,7 +82,8 @@ struct model_param {
     int64_t numel, offset; /* elements; offset into its set's flat buffers */
     bool is_norm;          /* f32 only, no weight decay */
     bool trainable;        /* in the trainable set: grad, m and v exist */
-    llmcl_tensor *w;       /* what the forward computes with (a view of compute or master) */
+    llmcl_tensor *w;       /* what the forward computes with (a view of compute or master; a
+                              norm's own f32 copy when the masters are offloaded) */
     llmcl_tensor *master, *grad, *m, *v; /* f32 views (NULL where the set has no such buffer) */
     llmcl_tensor *w16;     /* view of the 16-bit compute buffer, NULL for norms and f32 models */
     model_param *lora_a, *lora_b; /* a projection's adapter, or NULL */
@@ -134,6 +146,18 @@ llmcl_status model_create(llmcl_ctx *ctx, const model_config *cfg, uint64_t seed
 
 /* Rounds the f32 master weights into the compute copy (after loading or changing them). */
 llmcl_status model_sync_compute(model *m);
+
+/*
+ * The part of p within elements [at, at + len) of its set's layout: returns how many of its
+ * elements are there (0: none) and sets *first to the first one's place in the layout.
+ */
+int64_t model_param_within(const model_param *p, int64_t at, int64_t len, int64_t *first);
+
+/*
+ * Under --offload-optimizer: copies the norms' weights among elements [at, at + len) of the
+ * trainable set from master (f32 [len], their masters on the device) into their f32 copies.
+ */
+llmcl_status model_norms_from(model *m, int64_t at, int64_t len, const llmcl_tensor *master);
 
 /* The parameter called name (Hugging Face's or PEFT's), or NULL. */
 model_param *model_find(model *m, const char *name);

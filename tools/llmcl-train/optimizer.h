@@ -1,7 +1,9 @@
 /*
  * optimizer.h: llmcl-train's optimizer: every trainable parameter of a model in one
  * llmcl_adamw_step call (the trainable set's flat buffers make it one launch), global-norm
- * clipping read on the device, and the hyperparameters of a run.
+ * clipping read on the device, and the hyperparameters of a run. Under --offload-optimizer one
+ * call per chunk of the masters and moments streamed through the device (offload_state.h), after
+ * the one norm of all gradients.
  */
 #ifndef LLMCL_TRAIN_OPTIMIZER_H
 #define LLMCL_TRAIN_OPTIMIZER_H
@@ -18,7 +20,7 @@ typedef struct optimizer {
     model *m;
     adamw_hparams hp;
     int count;                  /* trainable tensors */
-    llmcl_adamw_tensor *tensors;
+    llmcl_adamw_tensor *tensors; /* the step's; with offloaded state a chunk's, made per chunk */
     const llmcl_tensor **grads;
     llmcl_tensor *grad_norm; /* f32 [1]: the norm of the accumulated gradients */
     float zero_norm;         /* under --zero: the last step's norm, from llmcl_dist_step */

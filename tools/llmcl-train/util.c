@@ -1,10 +1,12 @@
-/* util.c: fatal errors, allocation, random numbers and time for llmcl-train (see util.h). */
+/* util.c: fatal errors, allocation, random numbers, time, slices and safetensors values on the
+   host for llmcl-train (see util.h). */
 #include "util.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 void die(const char *fmt, ...)
@@ -92,4 +94,27 @@ double now_seconds(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+llmcl_tensor *tensor_slice(const llmcl_tensor *t, int64_t at, int64_t n)
+{
+    llmcl_tensor *v = NULL;
+    CHECK(llmcl_tensor_view(t, 1, &n, NULL, llmcl_tensor_offset(t) + at, &v), llmcl_tensor_ctx(t));
+    return v;
+}
+
+void safetensors_to_host(const llmcl_safetensors *st, const char *name, float *host, int64_t n)
+{
+    llmcl_safetensors_info info;
+    CHECK(llmcl_safetensors_find(st, name, &info), NULL);
+    const char *data = info.data;
+    if (info.dtype == LLMCL_F32) {
+        memcpy(host, data, (size_t)n * sizeof *host);
+        return;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        uint16_t x; /* the file need not align 16-bit values */
+        memcpy(&x, data + 2 * i, sizeof x);
+        host[i] = info.dtype == LLMCL_BF16 ? llmcl_bf16_to_f32(x) : llmcl_f16_to_f32(x);
+    }
 }

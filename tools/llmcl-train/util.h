@@ -1,6 +1,7 @@
 /*
  * util.h: what every part of llmcl-train shares: fatal errors with llmcl's message, checked
- * allocation, a seeded random generator, wall-clock time.
+ * allocation, a seeded random generator, wall-clock time, 1-D slices of device tensors and
+ * safetensors values read into host memory.
  */
 #ifndef LLMCL_TRAIN_UTIL_H
 #define LLMCL_TRAIN_UTIL_H
@@ -43,5 +44,14 @@ double rng_normal(rng *r);  /* standard normal (Box-Muller) */
 
 /* Seconds on a monotonic clock. */
 double now_seconds(void);
+
+/* A 1-D view of n elements of contiguous t from its element at (dies on a bad range). */
+llmcl_tensor *tensor_slice(const llmcl_tensor *t, int64_t at, int64_t n);
+
+/*
+ * The n values of the tensor called name in st (f32, bf16 or f16, checked by the caller) as f32
+ * in host memory, converted as llmcl_safetensors_load converts them.
+ */
+void safetensors_to_host(const llmcl_safetensors *st, const char *name, float *host, int64_t n);
 
 #endif
