@@ -11,8 +11,9 @@
  * formulas; a stage-3 checkpoint saved on all ranks loads on 2 and 1 ranks at stages 1 and 2 with
  * the same bits and continues on the uninterrupted trajectory; corrupt, truncated and mismatched
  * checkpoints fail on every rank and leave the run bit-identical to one that never tried;
- * different parameter sets or chunk sizes on different ranks fail setup on every rank. With --abort, rank 1
- * fails inside a step and the job must end through MPI_Abort (Meson expects the failure).
+ * different parameter sets or chunk sizes on different ranks fail setup on every rank. With
+ * --abort, rank 1 fails inside a step and the job must end through MPI_Abort (Meson expects the
+ * failure).
  *
  * Not cmocka: a failed assertion on one rank would leave the others waiting in a collective, so
  * every check ends the whole job through MPI_Abort instead.

@@ -397,7 +397,8 @@ static void test_sum_rows_in_place(void **state)
         for (int beta = 0; beta <= 1; ++beta) {
             const llmcl_dtype dt = float_types[t];
             double *x = random_values(dt, (size_t)(rows * n), 40 + t);
-            double *ref = th_alloc((size_t)n * sizeof *ref), *got = th_alloc((size_t)n * sizeof *got);
+            double *ref = th_alloc((size_t)n * sizeof *ref);
+            double *got = th_alloc((size_t)n * sizeof *got);
             memcpy(ref, x + 2 * n, (size_t)n * sizeof *ref);
             ref_sum_rows(x, (size_t)rows, (size_t)n, beta, ref, (size_t)n);
             llmcl_tensor *parent = NULL, *tx = rows_view(dt, rows, n, &parent), *row = NULL;

@@ -69,7 +69,8 @@ static void release_event(cl_event *e)
 static int64_t piece_for(const llmcl_dist *d, size_t es)
 {
     const int64_t peers = d->world > 1 ? d->world - 1 : 1;
-    const int64_t piece = (int64_t)(d->opts.chunk_bytes / es) / peers, max = d->max_group / d->world;
+    const int64_t piece = (int64_t)(d->opts.chunk_bytes / es) / peers;
+    const int64_t max = d->max_group / d->world;
     return piece < 1 ? 1 : piece < max ? piece : max;
 }
 

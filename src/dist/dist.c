@@ -296,8 +296,8 @@ static llmcl_status check_same_set(llmcl_dist *d)
         if (all[r] != all[0])
             st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_INVALID_ARGUMENT,
                              "llmcl_dist_setup: rank %d registered a different parameter set, "
-                             "stage, dtypes or chunk size than rank 0 (hash %016" PRIx64 " against %016" PRIx64
-                             "; this is rank %d, %d parameters)",
+                             "stage, dtypes or chunk size than rank 0 (hash %016" PRIx64
+                             " against %016" PRIx64 "; this is rank %d, %d parameters)",
                              r, all[r], all[0], d->rank, d->n_params);
     free(all);
     return st;

@@ -80,7 +80,7 @@ typedef struct dist_op {
     size_t src_off, dst_off;          /* bytes: src's block 0 (reduce; src == dst) or the rank's
                                          shard (gather); dst's block 0 */
     cl_event ready;                   /* the source may be read after this */
-    cl_event dst_free;                /* the destination may be written after this (NULL: at once) */
+    cl_event dst_free;                /* dst may be written after this (NULL: at once) */
     MPI_Datatype type;
     dist_pinned host;                 /* the slots' areas */
     int *args;                        /* the slots' MPI arguments */

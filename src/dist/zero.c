@@ -5,9 +5,10 @@
  * Stage 1 adds the backward's gradients into full f32 buffers and reduce-scatters them in the step.
  * Stages 2 and 3 add them into one of two f32 buckets the size of the largest group, reduce-scatter
  * a bucket as soon as its group is ready and add the rank's part into the gradient shard; a bucket
- * is reused two groups later, after its reduction has landed. A reduce-scatter exchanges the blocks
- * in place (collectives.c), then llmcl_sum_rows adds the P ranks' parts in rank order. Stage 3 gathers a group's parameters
- * into one of two gather buffers and prefetches the next group into the other.
+ * is reused two groups later, after its reduction has landed. A reduce-scatter exchanges the
+ * blocks in place (collectives.c), then llmcl_sum_rows adds the P ranks' parts in rank order.
+ * Stage 3 gathers a group's parameters into one of two gather buffers and prefetches the next group
+ * into the other.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -83,7 +84,7 @@ llmcl_status llmcl__dist_finish_reduce(llmcl_dist *d, int ch)
     return st;
 }
 
-/* Starts the reduce-scatter of group's gradients on channel ch, cast for the wire first when bf16. */
+/* Starts the reduce-scatter of group's gradients on channel ch, cast first for a bf16 wire. */
 static llmcl_status reduce_group(llmcl_dist *d, int ch, int group)
 {
     const dist_group *g = &d->groups[group];

@@ -248,7 +248,7 @@ llmcl_status llmcl_mul(llmcl_ctx *ctx, const llmcl_tensor *x, llmcl_tensor *y)
     return binary(ctx, "mul", 0.0f, x, y);
 }
 
-/* y is exactly row k of x, whose rows do not overlap one another: sum_rows may then run in place. */
+/* y is exactly one row of x, whose rows do not overlap: sum_rows may then run in place. */
 static bool is_row_of(const llmcl_tensor *x, const llmcl_tensor *y)
 {
     const int64_t d = y->offset - x->offset, stride = x->strides[0];
