@@ -251,18 +251,19 @@ static llmcl_status gather(llmcl_dist *d, int group)
                        DIST_SLOTS);
         LLMCL__TRY(fetch(d, group, s));
     }
-    LLMCL__TRY(llmcl__dist_complete(d, &d->gather_op[g->slot]));
-    LLMCL__TRY(slot_views(d, g));
-    g->gathered = true;
+    g->gathered = true; /* its buffer is taken: the prefetch goes to the other one */
     d->direction = next_direction(d, group);
     d->last_gathered = group;
+    /* The prefetch starts before the wait for this group, so that its chunks follow this group's
+       through the host link without a gap. */
     const int next = group + d->direction;
     if (next >= 0 && next < d->n_groups && d->groups[next].slot < 0) {
         const int s = free_slot(d, group);
         if (s >= 0)
             LLMCL__TRY(fetch(d, next, s));
     }
-    return LLMCL_OK;
+    LLMCL__TRY(llmcl__dist_complete(d, &d->gather_op[g->slot]));
+    return slot_views(d, g);
 }
 
 llmcl_status llmcl_dist_gather(llmcl_dist *d, int group)
