@@ -65,13 +65,14 @@ static void release_event(cl_event *e)
 }
 
 /* Elements of a block in one chunk: chunk_bytes over the pieces a chunk receives (P - 1), at most
-   the largest shard. */
+   the largest shard, at least 1. */
 static int64_t piece_for(const llmcl_dist *d, size_t es)
 {
     const int64_t peers = d->world > 1 ? d->world - 1 : 1;
     const int64_t piece = (int64_t)(d->opts.chunk_bytes / es) / peers;
     const int64_t max = d->max_group / d->world;
-    return piece < 1 ? 1 : piece < max ? piece : max;
+    const int64_t capped = piece < max ? piece : max;
+    return capped > 1 ? capped : 1;
 }
 
 /* The other ranks in rank order: the j-th is rank j, or j + 1 from this rank on. */
