@@ -65,13 +65,16 @@ static void release_event(cl_event *e)
 }
 
 /* Elements of a block in one chunk: chunk_bytes over the pieces a chunk receives (P - 1), at most
-   the largest shard, at least 1. */
+   the largest shard, at least 1; a multiple of DIST_ALIGN where it can be, so that with the shards
+   (multiples of it too) every copy starts aligned on the device and in host memory. */
 static int64_t piece_for(const llmcl_dist *d, size_t es)
 {
     const int64_t peers = d->world > 1 ? d->world - 1 : 1;
     const int64_t piece = (int64_t)(d->opts.chunk_bytes / es) / peers;
     const int64_t max = d->max_group / d->world;
     const int64_t capped = piece < max ? piece : max;
+    if (capped > DIST_ALIGN)
+        return capped - capped % DIST_ALIGN;
     return capped > 1 ? capped : 1;
 }
 
