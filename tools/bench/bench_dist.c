@@ -5,9 +5,10 @@
  * reduce-scatter and of a stage-3 parameter all-gather through host memory (4 groups of f32, each
  * a 4096 x 4096 weight), against the slower direction of the link; and the exposed communication
  * of a backward that reduces each group's gradients while the next group computes (exposed = time
- * with reductions - time without, against the reductions' own time). Wall-clock times (MPI_Wtime,
- * after the device finished), median of env->reps. Ranks other than 0 are silent; the table rows
- * carry the times, the GB/s against the link are printed here.
+ * with reductions - time without, against the reductions' own time); then both collectives in
+ * chunks of 1/64 and 1/4 of a group (1 and 16 MiB at full size) beside the default 4 MiB
+ * (llmcl_dist_opts.chunk_bytes), to choose it on a device. Wall-clock times (MPI_Wtime, after the device finished), median of env->reps. Ranks other
+ * than 0 are silent; the table rows carry the times, the GB/s against the link are printed here.
  *
  * The backward is the trainer's for a linear layer: dX = dy W and dW += dy^T x, bf16 operands
  * (tensor cores where the device has them) into the f32 gradients, at 8192 tokens as the matmul
@@ -33,7 +34,8 @@ typedef struct dist_bench {
     llmcl_tensor *x, *dy, *w; /* the backward's bf16 operands: dX = dy W, dW += dy^T x */
     llmcl_tensor *dx;         /* bf16 */
     llmcl_tensor *plain;      /* f32 dW of the backward without communication */
-    int reduce, compute;  /* what the backward does */
+    int reduce, compute;      /* what the backward does */
+    uint64_t chunk;           /* llmcl_dist_opts.chunk_bytes (0: the default) */
 } dist_bench;
 
 static int cmp_double(const void *a, const void *b)
@@ -66,7 +68,7 @@ static double wall_ms(bench_env *env, llmcl_status (*fn)(dist_bench *), dist_ben
 static llmcl_status make_dist(dist_bench *b, int stage)
 {
     char name[32];
-    const llmcl_dist_opts o = {.stage = stage};
+    const llmcl_dist_opts o = {.stage = stage, .chunk_bytes = b->chunk};
     const int64_t shape[2] = {b->rows, b->cols};
     llmcl_status st = llmcl_dist_create(b->env->ctx, MPI_COMM_WORLD, &o, &b->d);
     for (int g = 0; st == LLMCL_OK && g < b->groups; ++g) {
@@ -108,6 +110,31 @@ static llmcl_status backward(dist_bench *b)
             return st;
     }
     return b->reduce ? llmcl_dist_zero_grads(b->d) : LLMCL_OK;
+}
+
+/* Both collectives' throughput in chunks of 1/64 and 1/4 of a group. */
+static void chunk_sweep(dist_bench *b, double link)
+{
+    const uint64_t group = (uint64_t)(b->rows * b->cols) * 4, sizes[2] = {group / 64, group / 4};
+    const double bytes = (double)b->groups * (double)group;
+    b->reduce = 1;
+    b->compute = 0;
+    for (size_t i = 0; i < 2; ++i) {
+        double ms[2] = {-1.0, -1.0};
+        b->chunk = sizes[i];
+        for (int stage = 2; stage <= 3; ++stage) {
+            if (make_dist(b, stage) == LLMCL_OK)
+                ms[stage - 2] = wall_ms(b->env, stage == 2 ? backward : gather_pass, b);
+            llmcl_dist_destroy(b->d);
+            b->d = NULL;
+        }
+        const double rs = bytes / (ms[0] * 1e-3) * 1e-9, ag = bytes / (ms[1] * 1e-3) * 1e-9;
+        if (ms[0] > 0 && ms[1] > 0)
+            printf("dist in chunks of %llu KiB: reduce-scatter %.2f GB/s (%.0f%% of the host "
+                   "link), all-gather %.2f GB/s (%.0f%%)\n", (unsigned long long)(sizes[i] >> 10),
+                   rs, 100.0 * rs / link, ag, 100.0 * ag / link);
+    }
+    b->chunk = 0;
 }
 
 static void add_row(bench_env *env, const char *what, const char *dtype, const char *shape,
@@ -197,6 +224,9 @@ static void run(bench_env *env)
         printf("dist all-gather: %.2f GB/s of parameters through the host, %.0f%% of the host "
                "link\n", gbs, 100.0 * gbs / link);
     }
+    llmcl_dist_destroy(b.d);
+    b.d = NULL;
+    chunk_sweep(&b, link);
 done:
     llmcl_dist_destroy(b.d);
     llmcl_tensor_destroy(b.x);
