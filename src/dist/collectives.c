@@ -94,14 +94,17 @@ static llmcl_status op_create(llmcl_dist *d, dist_op *op, int kind, llmcl_dtype 
     op->es = llmcl_dtype_size(dt);
     op->type = type;
     op->piece = piece_for(d, op->es);
+    /* Slots beyond the chunks of the largest shard would never be used. */
+    const int64_t chunks = llmcl__div_up(d->max_group / P, op->piece);
+    op->depth = chunks < 1 ? 1 : chunks < DIST_DEPTH ? (int)chunks : DIST_DEPTH;
     if (P == 1)
         return LLMCL_OK; /* nothing to exchange */
     const size_t recv = (size_t)(P - 1) * (size_t)op->piece * op->es;
     const size_t send = kind == OP_REDUCE ? recv : (size_t)op->piece * op->es;
-    op->args = calloc((size_t)(3 * P * DIST_DEPTH), sizeof *op->args);
+    op->args = calloc((size_t)(3 * P * op->depth), sizeof *op->args);
     LLMCL__REQUIRE(d->ctx, op->args, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "MPI arguments");
-    LLMCL__TRY(pinned_create(d, DIST_DEPTH * (send + recv), &op->host));
-    for (int k = 0; k < DIST_DEPTH; ++k) {
+    LLMCL__TRY(pinned_create(d, (size_t)op->depth * (send + recv), &op->host));
+    for (int k = 0; k < op->depth; ++k) {
         dist_slot *s = &op->slot[k];
         s->send = op->host.host + k * (send + recv);
         s->recv = s->send + send;
@@ -125,10 +128,16 @@ llmcl_status llmcl__dist_channels_create(llmcl_dist *d)
     return LLMCL_OK;
 }
 
+/* Chunk c's slot. */
+static dist_slot *slot_of(dist_op *op, int64_t c)
+{
+    return &op->slot[c % op->depth];
+}
+
 static void op_destroy(llmcl_dist *d, dist_op *op)
 {
     for (int64_t c = op->landed; op->active && c < op->exchanged; ++c)
-        MPI_Wait(&op->slot[c % DIST_DEPTH].req, MPI_STATUS_IGNORE);
+        MPI_Wait(&slot_of(op, c)->req, MPI_STATUS_IGNORE);
     for (int k = 0; k < DIST_DEPTH; ++k) {
         release_event(&op->slot[k].d2h);
         release_event(&op->slot[k].h2d);
@@ -214,7 +223,7 @@ llmcl_status llmcl__dist_gather_start(llmcl_dist *d, int channel, int group, con
 static llmcl_status copy_out(llmcl_dist *d, dist_op *op)
 {
     const int64_t c = op->copied;
-    dist_slot *s = &op->slot[c % DIST_DEPTH];
+    dist_slot *s = slot_of(op, c);
     const size_t len = (size_t)chunk_len(op, c) * op->es, at = (size_t)(c * op->piece) * op->es;
     const int pieces = op->kind == OP_REDUCE ? d->world - 1 : 1;
     for (int j = 0; j < pieces; ++j) {
@@ -237,7 +246,7 @@ static llmcl_status copy_out(llmcl_dist *d, dist_op *op)
 static llmcl_status copy_back(llmcl_dist *d, dist_op *op)
 {
     const int64_t c = op->landed;
-    dist_slot *s = &op->slot[c % DIST_DEPTH];
+    dist_slot *s = slot_of(op, c);
     const size_t len = (size_t)chunk_len(op, c) * op->es;
     for (int j = 0; j < d->world - 1; ++j) {
         const size_t at = (size_t)(peer(d, j) * op->shard + c * op->piece) * op->es;
@@ -297,7 +306,7 @@ static llmcl_status land(llmcl_dist *d)
         const int64_t before = op->landed;
         while (op->active && op->landed < op->exchanged) {
             int done = 0;
-            LLMCL__REQUIRE(d->ctx, MPI_Test(&op->slot[op->landed % DIST_DEPTH].req, &done,
+            LLMCL__REQUIRE(d->ctx, MPI_Test(&slot_of(op, op->landed)->req, &done,
                                             MPI_STATUS_IGNORE) == MPI_SUCCESS,
                            LLMCL_ERROR_MPI, "MPI_Test of group %d failed", op->group);
             if (!done)
@@ -319,7 +328,7 @@ static llmcl_status fill_slots(llmcl_dist *d)
         dist_op *op = op_with_seq(d, seq);
         if (!op)
             break;
-        while (op->copied < op->chunks && op->copied - op->landed < DIST_DEPTH) {
+        while (op->copied < op->chunks && op->copied - op->landed < op->depth) {
             LLMCL__TRY(copy_out(d, op));
             any = true;
         }
@@ -339,7 +348,7 @@ static llmcl_status exchange(llmcl_dist *d)
         dist_op *op = op_with_seq(d, d->next_mpi_seq);
         if (!op || op->exchanged == op->copied)
             return LLMCL_OK;
-        dist_slot *s = &op->slot[op->exchanged % DIST_DEPTH];
+        dist_slot *s = slot_of(op, op->exchanged);
         bool copied, recv_free;
         LLMCL__TRY(poll_event(d, op, &s->d2h, &copied));
         LLMCL__TRY(poll_event(d, op, &s->h2d, &recv_free));
@@ -376,7 +385,7 @@ static llmcl_status wait_oldest(llmcl_dist *d)
             op = o;
     }
     LLMCL__REQUIRE(d->ctx, op, LLMCL_ERROR_MPI, "internal: no op to wait for");
-    dist_slot *s = &op->slot[op->landed % DIST_DEPTH];
+    dist_slot *s = slot_of(op, op->landed);
     if (op->landed < op->exchanged) {
         LLMCL__REQUIRE(d->ctx, MPI_Wait(&s->req, MPI_STATUS_IGNORE) == MPI_SUCCESS,
                        LLMCL_ERROR_MPI, "MPI_Wait of group %d failed", op->group);
@@ -407,7 +416,7 @@ llmcl_status llmcl__dist_complete(llmcl_dist *d, dist_op *op)
     if (op->chunks == 0)
         return LLMCL_OK;
     /* The h2d queue is in order: its last chunk's copy back completes after all the others. */
-    LLMCL__CL(d->ctx, clEnqueueBarrierWithWaitList(
-                          d->ctx->queue, 1, &op->slot[(op->chunks - 1) % DIST_DEPTH].h2d, NULL));
+    LLMCL__CL(d->ctx, clEnqueueBarrierWithWaitList(d->ctx->queue, 1,
+                                                   &slot_of(op, op->chunks - 1)->h2d, NULL));
     return LLMCL_OK;
 }

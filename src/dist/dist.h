@@ -75,6 +75,7 @@ typedef struct dist_op {
     int64_t chunks;                   /* 0 on one rank: nothing to exchange */
     int64_t copied, exchanged, landed; /* chunks copied out (enqueued), in MPI, copied back */
     int64_t shard, piece;             /* elements of a block; of a block in one chunk */
+    int depth;                        /* slots: DIST_DEPTH, fewer if no shard needs them all */
     size_t es;
     cl_mem src, dst;
     size_t src_off, dst_off;          /* bytes: src's block 0 (reduce; src == dst) or the rank's
