@@ -436,6 +436,17 @@ LLMCL_API llmcl_status llmcl_axpy(llmcl_ctx *ctx, float alpha, const llmcl_tenso
 /* y = x * y, elementwise; same floating dtype and shape (a building block for unfused baselines). */
 LLMCL_API llmcl_status llmcl_mul(llmcl_ctx *ctx, const llmcl_tensor *x, llmcl_tensor *y);
 
+/*
+ * y = (x[0] + x[1] + ... + x[R-1]) + beta * y for x of shape [R, n] (unit-stride rows, any row
+ * stride) and a contiguous y of shape [n]: the rows summed in row order in f32, then beta * y
+ * added, rounded once to y's dtype; beta = 0 leaves y unread. x and y may differ in dtype (f32,
+ * bf16, f16). y may be one of x's rows (when the rows do not overlap), any other overlap is
+ * refused. The order is fixed, so the bits do not depend on the device's grid: llmcl_dist sums the
+ * ranks' blocks of a reduce-scatter with it.
+ */
+LLMCL_API llmcl_status llmcl_sum_rows(llmcl_ctx *ctx, const llmcl_tensor *x, float beta,
+                                      llmcl_tensor *y);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Device ceilings, measured on the context's device for benchmark ratios.                       */
 

@@ -23,7 +23,14 @@
  *
  * Collective calls (marked so) must be made by every rank of the communicator in the same order
  * with the same arguments, as MPI collectives are. Results do not depend on timing: the same world
- * size gives the same bits run after run.
+ * size gives the same bits run after run (MPI only moves data; the sums over ranks run on the
+ * device, in rank order, with llmcl_sum_rows).
+ *
+ * Collectives go through pinned host memory: each is a pipeline of chunks (chunk_bytes), each
+ * chunk copied from the device, exchanged with MPI_Ialltoallv and copied back while the next is
+ * copied out, on two copy queues beside the compute queue. A rank's own part of a group never
+ * leaves the device. Pinned host memory: at most 32 x chunk_bytes (less for small groups, none on
+ * one rank), llmcl_dist_info.host_bytes.
  *
  * Errors go to llmcl_last_error(ctx) of the dist's context. Calls that take part in a training step
  * (gather, release, grads_ready, zero_grads, step) cannot leave the other ranks waiting: when one
@@ -49,16 +56,19 @@ typedef struct llmcl_dist llmcl_dist;
 typedef struct llmcl_dist_opts {
     int stage;                /* 1, 2 or 3 */
     llmcl_dtype param_dtype;  /* the compute copy: f32 (default), bf16 or f16 */
-    llmcl_dtype reduce_dtype; /* the gradients on the wire: f32 (default) or bf16 (summed as bf16
-                                 pairs with f32 arithmetic: MPI has no bf16; stages 2 and 3 then
-                                 keep their gradient shard in bf16) */
+    llmcl_dtype reduce_dtype; /* the gradients on the wire: f32 (default) or bf16 (the ranks' bf16
+                                 parts summed in f32 on the device; stages 2 and 3 then keep their
+                                 gradient shard in bf16) */
     int return_on_error;      /* 1: a failing step call returns its status instead of MPI_Abort */
+    uint64_t chunk_bytes;     /* collectives move through host memory in chunks of at most this
+                                 many bytes each way (0: 4 MiB; at most 1 GiB), so that copies to
+                                 the host, MPI and copies back overlap; the same on every rank */
 } llmcl_dist_opts;
 
 /*
  * Creates a dist on ctx (borrowed for the dist's life) over comm (duplicated, so llmcl's messages
- * never mix with the application's). Collective. Adds a second command queue on ctx's device for
- * the copies to and from host memory.
+ * never mix with the application's). Collective. Adds two command queues on ctx's device for the
+ * copies to and from host memory.
  */
 LLMCL_API llmcl_status llmcl_dist_create(llmcl_ctx *ctx, MPI_Comm comm,
                                          const llmcl_dist_opts *opts, llmcl_dist **out);
@@ -78,7 +88,8 @@ LLMCL_API llmcl_status llmcl_dist_add_param(llmcl_dist *d, const char *name, int
  * Lays the parameters out and allocates (collective). Every group is flattened in registration
  * order (each parameter starting at a multiple of 16 elements) and padded to a multiple of 16 x
  * world elements; rank r owns elements [r, r + 1) x padded / world of every group. A hash of the
- * parameter set (names, shapes, groups, weight decay flags), the stage and the dtypes is compared
+ * parameter set (names, shapes, groups, weight decay flags), the stage, the dtypes and the chunk
+ * size is compared
  * across ranks with one MPI_Allgather: a difference fails setup on every rank with
  * LLMCL_ERROR_INVALID_ARGUMENT naming the ranks. Device memory, all through llmcl_tensor_create (so
  * llmcl_memory_stats_get counts it), with S the rank's shard, F the padded total, G the largest
@@ -145,8 +156,9 @@ LLMCL_API llmcl_status llmcl_dist_grad(llmcl_dist *d, const char *name, llmcl_te
 
 /*
  * The group's gradients of this micro-batch are complete (enqueued): stages 2 and 3 start their
- * reduce-scatter now (device-to-host copy on the copy queue after the kernels enqueued so far,
- * then a nonblocking MPI_Ireduce_scatter_block), overlapping with the rest of the backward.
+ * reduce-scatter now (chunks copied to the host after the kernels enqueued so far, exchanged with
+ * MPI_Ialltoallv, copied back and summed on the device), overlapping with the rest of the
+ * backward: every dist call moves the pipeline on.
  * A group's gradients may come in parts within one micro-batch (a tied embedding's from the head
  * before the layers' backward, from the embedding after them): after grads_ready, llmcl_dist_grad
  * opens a fresh zeroed bucket (stages 2-3) and the next grads_ready adds its reduction to the same

@@ -4,13 +4,16 @@
  * A three-layer MLP (llmcl_matmul, SiLU, a squared error) trains for a few steps with gradient
  * accumulation, weight decay and clipping by the global norm, through llmcl_dist at every stage,
  * and through plain tensors and llmcl_adamw_step on one device (the single-rank reference). Cases:
- * the parameters match the reference (f32: |d| <= 2e-5 + 1e-4 |ref|; bf16 params and reduction:
- * 5e-3 + 1e-2 |ref|; f16 params: 2e-3 + 2e-3 |ref|) and repeat bit for bit; device memory after setup equals the documented
+ * the parameters match the reference (f32: |d| <= 2e-5 + 1e-4 |ref|; bf16 reduction, bf16 params:
+ * 5e-3 + 1e-2 |ref|; f16 params: 2e-3 + 2e-3 |ref|) and repeat bit for bit, also when the
+ * collectives run in chunks of a few elements (more chunks than the pipeline holds, the last one
+ * short, groups that are multiples of neither); device memory after setup equals the documented
  * formulas; a stage-3 checkpoint saved on all ranks loads on 2 and 1 ranks at stages 1 and 2 with
  * the same bits and continues on the uninterrupted trajectory; corrupt, truncated and mismatched
  * checkpoints fail on every rank and leave the run bit-identical to one that never tried;
- * different parameter sets on different ranks fail setup on every rank. With --abort, rank 1
- * fails inside a step and the job must end through MPI_Abort (Meson expects the failure).
+ * different parameter sets or chunk sizes on different ranks fail setup on every rank. With
+ * --abort, rank 1 fails inside a step and the job must end through MPI_Abort (Meson expects the
+ * failure).
  *
  * Not cmocka: a failed assertion on one rank would leave the others waiting in a collective, so
  * every check ends the whole job through MPI_Abort instead.
@@ -131,6 +134,9 @@ static void init_values(float *x, int i)
     fill(x, numels[i], 100 + (uint64_t)i, i % 2 ? 0.1f : 0.5f);
 }
 
+/* llmcl_dist_opts.chunk_bytes of the nets created next (0: the default). */
+static uint64_t chunk;
+
 static void net_create(net *n, MPI_Comm comm, int stage, llmcl_dtype pt, llmcl_dtype rt)
 {
     memset(n, 0, sizeof *n);
@@ -140,7 +146,8 @@ static void net_create(net *n, MPI_Comm comm, int stage, llmcl_dtype pt, llmcl_d
     MPI_Comm_size(comm, &n->world);
     float *x = malloc(sizeof(float) * 1024);
     if (stage > 0) {
-        const llmcl_dist_opts o = {.stage = stage, .param_dtype = pt, .reduce_dtype = rt};
+        const llmcl_dist_opts o = {.stage = stage, .param_dtype = pt, .reduce_dtype = rt,
+                                   .chunk_bytes = chunk};
         OK(llmcl_dist_create(ctx, comm, &o, &n->d));
         for (int i = 0; i < NP; ++i)
             OK(llmcl_dist_add_param(n->d, names[i], i / 2, i % 2 ? 1 : 2, shapes[i], i % 2));
@@ -344,6 +351,23 @@ static void run(MPI_Comm comm, int stage, llmcl_dtype pt, llmcl_dtype rt, int st
 
 enum { K = 3 };
 
+/* Chunks of 28 bytes from each other rank: pieces of 7 f32 or 14 bf16 elements, so up to 12
+   chunks where the pipeline holds 4, and shards of 32 to 80 elements, no multiple of them. */
+enum { SMALL_CHUNK = 28 };
+
+/* Run a second time in small chunks: the same bits as got. */
+static void expect_same_chunked(const char *what, int stage, llmcl_dtype pt, llmcl_dtype rt,
+                                const float *got)
+{
+    static float chunked[TOTAL];
+    char name[96];
+    chunk = SMALL_CHUNK * (uint64_t)(world > 1 ? world - 1 : 1);
+    run(MPI_COMM_WORLD, stage, pt, rt, K, chunked);
+    snprintf(name, sizeof name, "%s, in chunks of %llu bytes", what, (unsigned long long)chunk);
+    chunk = 0;
+    expect_same(name, got, chunked);
+}
+
 static void test_stages(void)
 {
     static float ref[TOTAL], got[TOTAL], again[TOTAL];
@@ -355,10 +379,15 @@ static void test_stages(void)
         expect_close(what, ref, got, 2e-5, 1e-4);
         run(MPI_COMM_WORLD, stage, LLMCL_F32, LLMCL_F32, K, again);
         expect_same(what, got, again);
+        expect_same_chunked(what, stage, LLMCL_F32, LLMCL_F32, got);
     }
+    /* Stage 1 sums a bf16 wire copy into its f32 gradients; stages 2-3 into a bf16 shard. */
+    run(MPI_COMM_WORLD, 1, LLMCL_F32, LLMCL_BF16, K, got);
+    expect_close("stage 1 f32 params, bf16 reduction", ref, got, 5e-3, 1e-2);
     run(MPI_COMM_SELF, 0, LLMCL_BF16, LLMCL_F32, K, ref);
     run(MPI_COMM_WORLD, 3, LLMCL_BF16, LLMCL_BF16, K, got);
     expect_close("stage 3 bf16 params, bf16 reduction", ref, got, 5e-3, 1e-2);
+    expect_same_chunked("stage 3 bf16 params, bf16 reduction", 3, LLMCL_BF16, LLMCL_BF16, got);
     run(MPI_COMM_WORLD, 2, LLMCL_F16, LLMCL_F32, K, got);
     run(MPI_COMM_SELF, 0, LLMCL_F16, LLMCL_F32, K, ref);
     expect_close("stage 2 f16 params", ref, got, 2e-3, 2e-3);
@@ -392,6 +421,8 @@ static void test_memory(void)
             CHECK(in.padded_numel % in.world == 0 && in.shard_numel * in.world == in.padded_numel &&
                       in.numel == total_numel(),
                   "layout");
+            CHECK((in.host_bytes == 0) == (world == 1) && in.host_bytes <= 32ull * (4u << 20),
+                  "%llu bytes of pinned host memory", (unsigned long long)in.host_bytes);
             if (stage == 3 && half && rank == 0)
                 printf("  stage 3 bf16: (2 + 2 + 12) x %lld + 16 x %lld + 4 = %llu bytes a rank "
                        "(%lld parameters, %d ranks)\n",
@@ -401,25 +432,29 @@ static void test_memory(void)
         }
 }
 
+/* The last rank registers one shape differently (odd case), or asks for other chunks (even). */
 static void test_mismatch(void)
 {
-    llmcl_dist *d;
-    const llmcl_dist_opts o = {.stage = 2};
-    OK(llmcl_dist_create(ctx, MPI_COMM_WORLD, &o, &d));
-    for (int i = 0; i < NP; ++i) {
-        int64_t shape[2] = {shapes[i][0], shapes[i][1]};
-        if (i == 2 && rank == world - 1 && world > 1)
-            shape[1] += 1;
-        OK(llmcl_dist_add_param(d, names[i], i / 2, i % 2 ? 1 : 2, shape, i % 2));
+    for (int c = 0; c < 2; ++c) {
+        const int odd_one = rank == world - 1 && world > 1;
+        llmcl_dist *d;
+        const llmcl_dist_opts o = {.stage = 2, .chunk_bytes = c == 1 && odd_one ? 64 : 0};
+        OK(llmcl_dist_create(ctx, MPI_COMM_WORLD, &o, &d));
+        for (int i = 0; i < NP; ++i) {
+            int64_t shape[2] = {shapes[i][0], shapes[i][1]};
+            if (c == 0 && i == 2 && odd_one)
+                shape[1] += 1;
+            OK(llmcl_dist_add_param(d, names[i], i / 2, i % 2 ? 1 : 2, shape, i % 2));
+        }
+        const llmcl_status st = llmcl_dist_setup(d);
+        if (world > 1)
+            CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "rank"),
+                  "setup with different %s gave %s: %s", c ? "chunk sizes" : "parameter sets",
+                  llmcl_status_str(st), llmcl_last_error(ctx));
+        else
+            CHECK(st == LLMCL_OK, "%s", llmcl_last_error(ctx));
+        llmcl_dist_destroy(d);
     }
-    const llmcl_status st = llmcl_dist_setup(d);
-    if (world > 1)
-        CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "rank"),
-              "setup with different parameter sets gave %s: %s", llmcl_status_str(st),
-              llmcl_last_error(ctx));
-    else
-        CHECK(st == LLMCL_OK, "%s", llmcl_last_error(ctx));
-    llmcl_dist_destroy(d);
 }
 
 static char folder[256];

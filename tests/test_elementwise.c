@@ -1,8 +1,9 @@
 /*
- * test_elementwise.c: fill, copy, cast, axpy and mul against double references, on contiguous and
- * strided tensors of odd sizes in every dtype, plus their bad-input paths.
+ * test_elementwise.c: fill, copy, cast, axpy, mul and sum_rows against double references, on
+ * contiguous and strided tensors of odd sizes in every dtype, plus their bad-input paths.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -311,6 +312,110 @@ static void test_mul(void **state)
     check_binary(false);
 }
 
+/* x [rows, n] at a row stride of n + 3 from element 5 of a poisoned parent: misaligned rows. */
+static llmcl_tensor *rows_view(llmcl_dtype dt, int64_t rows, int64_t n, llmcl_tensor **parent)
+{
+    const int64_t total = 5 + rows * (n + 3), shape[2] = {rows, n}, strides[2] = {n + 3, 1};
+    llmcl_tensor *x = NULL;
+    *parent = th_tensor(dt, 1, &total);
+    TH_OK(llmcl_tensor_view(*parent, 2, shape, strides, 5, &x));
+    return x;
+}
+
+/* The f32 sum in row order that the kernel promises, bit for bit (beta 0 or 1: no rounding of
+ * beta * y). */
+static void expect_row_order(const double *x, size_t rows, size_t n, double beta, const double *y,
+                             const double *got)
+{
+    for (size_t i = 0; i < n; ++i) {
+        float s = (float)x[i];
+        for (size_t q = 1; q < rows; ++q)
+            s += (float)x[q * n + i];
+        if (beta != 0.0)
+            s += (float)y[i];
+        if ((double)s != got[i])
+            fail_msg("sum_rows: element %zu is %.9g, the f32 sum in row order %.9g", i, got[i],
+                     (double)s);
+    }
+}
+
+static void check_sum_rows(llmcl_dtype xt, llmcl_dtype yt, int64_t rows, int64_t n, double beta)
+{
+    const size_t nn = (size_t)n, all = (size_t)rows * nn;
+    double *x = random_values(xt, all, 900 + (uint64_t)(rows * n)), *y = random_values(yt, nn, 77);
+    double *ref = th_alloc(nn * sizeof *ref), *got = th_alloc(nn * sizeof *got);
+    llmcl_tensor *parent = NULL, *tx = rows_view(xt, rows, n, &parent);
+    th_upload(tx, x);
+    llmcl_tensor *ty = beta != 0.0 ? th_tensor_from(yt, 1, &n, y) : th_tensor(yt, 1, &n);
+    memcpy(ref, y, nn * sizeof *ref);
+    ref_sum_rows(x, (size_t)rows, nn, beta, ref, nn);
+    TH_OK(llmcl_sum_rows(th_ctx(), tx, (float)beta, ty));
+    th_download(ty, got);
+    char what[64];
+    snprintf(what, sizeof what, "sum_rows %s -> %s, %lld x %lld, beta %g", llmcl_dtype_name(xt),
+             llmcl_dtype_name(yt), (long long)rows, (long long)n, beta);
+    TH_ASSERT_CLOSE(what, ref, got, nn, th_tol_for(yt));
+    if (xt == LLMCL_F32 && yt == LLMCL_F32 && (beta == 0.0 || beta == 1.0))
+        expect_row_order(x, (size_t)rows, nn, beta, y, got);
+    /* the gaps between the rows are still poison */
+    const int64_t total = llmcl_tensor_numel(parent);
+    double *p = th_alloc((size_t)total * sizeof *p);
+    th_download(parent, p);
+    for (int64_t i = 0; i < total; ++i)
+        if (i < 5 || (i - 5) % (n + 3) >= n)
+            assert_true(isnan(p[i]));
+    free(p);
+    llmcl_tensor_destroy(tx);
+    llmcl_tensor_destroy(parent);
+    llmcl_tensor_destroy(ty);
+    free(x);
+    free(y);
+    free(ref);
+    free(got);
+}
+
+/* Rows of any dtype into y of any dtype, 1 to 5 rows of odd lengths, y read or not (beta 0). */
+static void test_sum_rows(void **state)
+{
+    (void)state;
+    const int64_t rows[] = {1, 2, 3, 5}, lengths[] = {1, 7, 1003, 4097};
+    const double betas[] = {0.0, 1.0, -0.5};
+    for (size_t a = 0; a < 3; ++a)
+        for (size_t b = 0; b < 3; ++b)
+            for (size_t r = 0; r < 4; ++r)
+                for (size_t l = 0; l < 4; ++l)
+                    check_sum_rows(float_types[a], float_types[b], rows[r], lengths[l],
+                                   betas[(a + b + r + l) % 3]);
+}
+
+/* y as one of x's rows: each element is read before it is written. */
+static void test_sum_rows_in_place(void **state)
+{
+    (void)state;
+    const int64_t rows = 3, n = 1001;
+    for (size_t t = 0; t < 2; ++t)
+        for (int beta = 0; beta <= 1; ++beta) {
+            const llmcl_dtype dt = float_types[t];
+            double *x = random_values(dt, (size_t)(rows * n), 40 + t);
+            double *ref = th_alloc((size_t)n * sizeof *ref);
+            double *got = th_alloc((size_t)n * sizeof *got);
+            memcpy(ref, x + 2 * n, (size_t)n * sizeof *ref);
+            ref_sum_rows(x, (size_t)rows, (size_t)n, beta, ref, (size_t)n);
+            llmcl_tensor *parent = NULL, *tx = rows_view(dt, rows, n, &parent), *row = NULL;
+            th_upload(tx, x);
+            TH_OK(llmcl_tensor_view(parent, 1, &n, NULL, 5 + 2 * (n + 3), &row));
+            TH_OK(llmcl_sum_rows(th_ctx(), tx, (float)beta, row));
+            th_download(row, got);
+            TH_ASSERT_CLOSE("sum_rows into its last row", ref, got, (size_t)n, th_tol_for(dt));
+            llmcl_tensor_destroy(row);
+            llmcl_tensor_destroy(tx);
+            llmcl_tensor_destroy(parent);
+            free(x);
+            free(ref);
+            free(got);
+        }
+}
+
 static void test_in_place_and_empty(void **state)
 {
     (void)state;
@@ -400,6 +505,20 @@ static void test_bad_inputs(void **state)
     TH_FAILS(llmcl_axpy(ctx, 1.0f, a, b), LLMCL_ERROR_SHAPE_MISMATCH);
     TH_FAILS(llmcl_axpy(ctx, 1.0f, i32, i32), LLMCL_ERROR_UNSUPPORTED_DTYPE);
     TH_FAILS(llmcl_mul(ctx, a, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
+    const int64_t s24[] = {2, 4}, s42[] = {4, 2}, st[] = {1, 2}, s2[] = {2};
+    llmcl_tensor *m = th_tensor(LLMCL_F32, 2, s24), *two = th_tensor(LLMCL_F32, 1, s2);
+    llmcl_tensor *rows_strided = NULL, *inside = NULL;
+    TH_OK(llmcl_tensor_view(big, 2, s42, st, 0, &rows_strided));
+    TH_OK(llmcl_tensor_view(m, 1, s4, NULL, 1, &inside));
+    TH_FAILS(llmcl_sum_rows(ctx, a, 1.0f, a), LLMCL_ERROR_SHAPE_MISMATCH); /* x not 2-D */
+    TH_FAILS(llmcl_sum_rows(ctx, m, 1.0f, b), LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_sum_rows(ctx, rows_strided, 0.0f, two), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_sum_rows(ctx, m, 0.0f, inside), LLMCL_ERROR_INVALID_ARGUMENT); /* not a row */
+    TH_FAILS(llmcl_sum_rows(ctx, m, 0.0f, i32), LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    llmcl_tensor_destroy(inside);
+    llmcl_tensor_destroy(rows_strided);
+    llmcl_tensor_destroy(m);
+    llmcl_tensor_destroy(two);
 
     /* a tensor of another context */
     llmcl_ctx *other = NULL;
@@ -432,6 +551,8 @@ int main(void)
         cmocka_unit_test(test_cast_special_values),
         cmocka_unit_test(test_axpy),
         cmocka_unit_test(test_mul),
+        cmocka_unit_test(test_sum_rows),
+        cmocka_unit_test(test_sum_rows_in_place),
         cmocka_unit_test(test_in_place_and_empty),
         cmocka_unit_test(test_misaligned_views),
         cmocka_unit_test(test_bad_inputs),

@@ -1,13 +1,15 @@
 /*
- * elementwise.cl: fill, copy, cast, axpy and mul over tensors of any shape.
+ * elementwise.cl: fill, copy, cast, axpy and mul over tensors of any shape, and sum_rows (the rows
+ * of a matrix summed in order: llmcl_dist's sum of the ranks' blocks).
  *
  * Contiguous tensors take the *_contig kernels: a grid-stride loop over groups of 4 elements with
  * 16-byte-or-narrower vector accesses and a scalar tail. Other layouts take the *_strided kernels,
  * which map a linear index to up to 4-D coordinates (shape and strides padded to 4 from the front).
  * All indices are 64-bit.
  *
- * Defines: DT (storage of fill/copy, and of axpy/mul), SRC_DT and DST_DT (cast), DT_IS_INT (fill).
- * Tunables (every kernel key: fill, copy, cast, axpy, mul):
+ * Defines: DT (storage of fill/copy, and of axpy/mul), SRC_DT and DST_DT (cast, sum_rows),
+ * DT_IS_INT (fill).
+ * Tunables (every kernel key: fill, copy, cast, axpy, mul, sum_rows):
  *   WG      work-group size (any value the device allows; the launcher passes it as the local size)
  *   GPC     work-groups per compute unit that the grid is capped at (grid-stride loops cover the
  *           rest): 0 (no cap: one pass) or 1 to 64 (default 8 on GPUs, 4 on CPUs; copy on
@@ -156,6 +158,37 @@ void cast_strided(__global const STORAGE(SRC_DT) *src, ulong src_off, long4 src_
     GRID_LOOP(i, n) {
         STORE(DST_DT, dst, strided_offset(i, shape, dst_stride),
               LOAD(SRC_DT, src, strided_offset(i, shape, src_stride)));
+    }
+}
+
+/*
+ * y = (x_0 + x_1 + ... + x_{rows-1}) + beta y over n elements, row q at x + q x_stride: one order
+ * for every element, so the bits never depend on the grid. beta 0 leaves y unread (it may hold
+ * poison). y may be one of the rows: each element is read by the work-item that writes it.
+ */
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void sum_rows(__global const STORAGE(SRC_DT) *x, ulong x_off, long x_stride, int rows,
+              __global STORAGE(DST_DT) *y, ulong y_off, long n, float beta)
+{
+    x += x_off;
+    y += y_off;
+    const long n4 = n / 4;
+    GRID_LOOP(i, n4) {
+        float4 s = LOAD4(SRC_DT, x, 4 * i);
+        for (int q = 1; q < rows; ++q)
+            s += LOAD4(SRC_DT, x, q * x_stride + 4 * i);
+        if (beta != 0.0f)
+            s += beta * LOAD4(DST_DT, y, 4 * i);
+        STORE4(DST_DT, y, 4 * i, s);
+    }
+    GRID_LOOP(i, n - 4 * n4) {
+        const long j = 4 * n4 + i;
+        float s = LOAD(SRC_DT, x, j);
+        for (int q = 1; q < rows; ++q)
+            s += LOAD(SRC_DT, x, q * x_stride + j);
+        if (beta != 0.0f)
+            s += beta * LOAD(DST_DT, y, j);
+        STORE(DST_DT, y, j, s);
     }
 }
 #endif

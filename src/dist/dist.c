@@ -69,16 +69,6 @@ bool llmcl__dist_segment(const llmcl_dist *d, const dist_param *p, int64_t *lo, 
     return *lo < *hi;
 }
 
-/* bf16 values summed pairwise in f32, rounded back: MPI has no bf16 type of its own. */
-static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
-{
-    (void)type;
-    const uint16_t *a = in;
-    uint16_t *b = inout;
-    for (int i = 0; i < *len; ++i)
-        b[i] = llmcl_f32_to_bf16(llmcl_bf16_to_f32(a[i]) + llmcl_bf16_to_f32(b[i]));
-}
-
 static MPI_Datatype mpi_type(llmcl_dtype dt)
 {
     return dt == LLMCL_F32 ? MPI_FLOAT : MPI_UINT16_T;
@@ -94,6 +84,9 @@ static llmcl_status check_opts(llmcl_ctx *ctx, const llmcl_dist_opts *o)
                    LLMCL_ERROR_UNSUPPORTED_DTYPE, "param_dtype must be f32, bf16 or f16");
     LLMCL__REQUIRE(ctx, o->reduce_dtype == LLMCL_F32 || o->reduce_dtype == LLMCL_BF16,
                    LLMCL_ERROR_UNSUPPORTED_DTYPE, "reduce_dtype must be f32 or bf16");
+    /* MPI's counts and displacements are ints: a chunk's pieces must fit. */
+    LLMCL__REQUIRE(ctx, o->chunk_bytes <= (1u << 30), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "chunk_bytes %llu is over 1 GiB", (unsigned long long)o->chunk_bytes);
     return LLMCL_OK;
 }
 
@@ -115,6 +108,8 @@ llmcl_status llmcl_dist_create(llmcl_ctx *ctx, MPI_Comm comm, const llmcl_dist_o
         d->ctx = ctx;
         d->comm = dup;
         d->opts = *opts;
+        if (!d->opts.chunk_bytes)
+            d->opts.chunk_bytes = DIST_CHUNK_BYTES;
         d->last_gathered = -1;
         d->direction = 1;
         for (int s = 0; s < DIST_SLOTS; ++s)
@@ -123,14 +118,13 @@ llmcl_status llmcl_dist_create(llmcl_ctx *ctx, MPI_Comm comm, const llmcl_dist_o
         MPI_Comm_size(dup, &d->world);
         d->wire_type = mpi_type(opts->reduce_dtype);
         d->param_type = mpi_type(opts->param_dtype);
-        MPI_Op_create(bf16_sum, 1, &d->bf16_sum);
         cl_int err = CL_SUCCESS;
-        if (st == LLMCL_OK) {
-            d->copyq = clCreateCommandQueue(ctx->context, ctx->device, 0, &err);
-            if (err != CL_SUCCESS)
-                st = llmcl__fail_cl(ctx, err, "clCreateCommandQueue (copy queue)", __FILE__,
-                                    __LINE__);
-        }
+        if (st == LLMCL_OK)
+            d->d2hq = clCreateCommandQueue(ctx->context, ctx->device, 0, &err);
+        if (st == LLMCL_OK && err == CL_SUCCESS)
+            d->h2dq = clCreateCommandQueue(ctx->context, ctx->device, 0, &err);
+        if (st == LLMCL_OK && err != CL_SUCCESS)
+            st = llmcl__fail_cl(ctx, err, "clCreateCommandQueue (copy queues)", __FILE__, __LINE__);
         st = llmcl__dist_agree(d, st);
         if (st != LLMCL_OK) {
             llmcl_dist_destroy(d);
@@ -178,9 +172,10 @@ void llmcl_dist_destroy(llmcl_dist *d)
         llmcl__dist_drain(d);
     llmcl__dist_channels_destroy(d);
     free_tensors(d);
-    if (d->copyq)
-        clReleaseCommandQueue(d->copyq);
-    MPI_Op_free(&d->bf16_sum);
+    if (d->d2hq)
+        clReleaseCommandQueue(d->d2hq);
+    if (d->h2dq)
+        clReleaseCommandQueue(d->h2dq);
     MPI_Comm_free(&d->comm);
     free(d->params);
     free(d->groups);
@@ -270,7 +265,9 @@ static uint64_t set_hash(const llmcl_dist *d)
 {
     XXH64_state_t *s = XXH64_createState();
     XXH64_reset(s, 0);
-    const int32_t head[3] = {d->opts.stage, d->opts.param_dtype, d->opts.reduce_dtype};
+    /* The chunk size too: it sets every chunk's MPI call. */
+    const int64_t head[4] = {d->opts.stage, d->opts.param_dtype, d->opts.reduce_dtype,
+                             (int64_t)d->opts.chunk_bytes};
     XXH64_update(s, head, sizeof head);
     for (int i = 0; i < d->n_params; ++i) {
         const dist_param *p = &d->params[i];
@@ -299,8 +296,8 @@ static llmcl_status check_same_set(llmcl_dist *d)
         if (all[r] != all[0])
             st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_INVALID_ARGUMENT,
                              "llmcl_dist_setup: rank %d registered a different parameter set, "
-                             "stage or dtypes than rank 0 (hash %016" PRIx64 " against %016" PRIx64
-                             "; this is rank %d, %d parameters)",
+                             "stage, dtypes or chunk size than rank 0 (hash %016" PRIx64
+                             " against %016" PRIx64 "; this is rank %d, %d parameters)",
                              r, all[r], all[0], d->rank, d->n_params);
     free(all);
     return st;
@@ -391,7 +388,7 @@ llmcl_status llmcl_dist_info_get(const llmcl_dist *d, llmcl_dist_info *out)
     LLMCL__REQUIRE(NULL, d && out, LLMCL_ERROR_INVALID_ARGUMENT, "d and out must not be NULL");
     uint64_t host = 0;
     for (int s = 0; s < DIST_SLOTS; ++s)
-        host += d->reduce_host[s].bytes + d->gather_host[s].bytes;
+        host += d->reduce_op[s].host.bytes + d->gather_op[s].host.bytes;
     *out = (llmcl_dist_info){
         .rank = d->rank, .world = d->world, .stage = d->opts.stage, .groups = d->n_groups,
         .params = d->n_params, .numel = d->numel, .padded_numel = d->padded,

@@ -38,25 +38,6 @@ typedef struct dist_group {
     int bucket;        /* stages 2-3: bucket accumulating its gradients, -1 */
 } dist_group;
 
-enum { OP_IDLE, OP_COPY_IN, OP_MPI, OP_COPY_OUT };
-enum { OP_REDUCE, OP_GATHER };
-
-/*
- * One collective in flight: device -> pinned host (copy queue) -> MPI -> device (copy queue).
- * Ops start their MPI part in the order they were issued (seq), which is the same program order on
- * every rank, as MPI requires of collectives.
- */
-typedef struct dist_op {
-    int kind, state, group;
-    uint64_t seq;
-    char *host; /* the channel's pinned staging */
-    cl_event d2h, h2d;
-    cl_event dst_free; /* the destination may be written after this (NULL: at once) */
-    MPI_Request req;
-    cl_mem dst;
-    size_t dst_off, dst_bytes;
-} dist_op;
-
 /* A pinned host buffer, mapped once for the dist's life. */
 typedef struct dist_pinned {
     cl_mem mem;
@@ -64,13 +45,55 @@ typedef struct dist_pinned {
     size_t bytes;
 } dist_pinned;
 
+enum { OP_REDUCE, OP_GATHER };
+
+/* Chunks of one op in flight: the copy out of one, the exchange of another and the copy back of a
+   third overlap, with one to spare. */
+#define DIST_DEPTH 4
+/* llmcl_dist_opts.chunk_bytes when 0. */
+#define DIST_CHUNK_BYTES (4u << 20)
+
+/* A staging slot of an op: pinned send and receive areas for one chunk, and that chunk's state. */
+typedef struct dist_slot {
+    char *send, *recv;
+    int *counts, *sdispls, *rdispls; /* MPI_Ialltoallv's arguments, which MPI reads until done */
+    cl_event d2h;                    /* the chunk's pieces are in send */
+    cl_event h2d;                    /* recv may be written again after this (outlives the op) */
+    MPI_Request req;
+} dist_slot;
+
+/*
+ * One collective, a pipeline of chunks: device -> pinned host (d2h queue) -> MPI_Ialltoallv ->
+ * device (h2d queue). A group is P blocks of `shard` elements, block q rank q's; chunk c is the
+ * elements [c piece, (c + 1) piece) of every block. Chunks enter MPI in issue order (seq, then
+ * chunk), the same program order on every rank, as MPI requires of collectives.
+ */
+typedef struct dist_op {
+    int kind, group;
+    bool active;                      /* started, not yet completed */
+    uint64_t seq;                     /* issue order among ops with chunks */
+    int64_t chunks;                   /* 0 on one rank: nothing to exchange */
+    int64_t copied, exchanged, landed; /* chunks copied out (enqueued), in MPI, copied back */
+    int64_t shard, piece;             /* elements of a block; of a block in one chunk */
+    int depth;                        /* slots: DIST_DEPTH, fewer if no shard needs them all */
+    size_t es;
+    cl_mem src, dst;
+    size_t src_off, dst_off;          /* bytes: src's block 0 (reduce; src == dst) or the rank's
+                                         shard (gather); dst's block 0 */
+    cl_event ready;                   /* the source may be read after this */
+    cl_event dst_free;                /* dst may be written after this (NULL: at once) */
+    MPI_Datatype type;
+    dist_pinned host;                 /* the slots' areas */
+    int *args;                        /* the slots' MPI arguments */
+    dist_slot slot[DIST_DEPTH];
+} dist_op;
+
 struct llmcl_dist {
     llmcl_ctx *ctx;
     MPI_Comm comm;
     int rank, world;
     llmcl_dist_opts opts;
-    cl_command_queue copyq;
-    MPI_Op bf16_sum;
+    cl_command_queue d2hq, h2dq; /* copies to and from host memory, one direction each */
     MPI_Datatype wire_type, param_type;
 
     int n_params, cap_params, n_groups;
@@ -90,7 +113,6 @@ struct llmcl_dist {
     cl_event slot_free[DIST_SLOTS];         /* marker after the kernels that read it */
     int next_bucket, last_gathered, direction;
 
-    dist_pinned reduce_host[DIST_SLOTS], gather_host[DIST_SLOTS];
     dist_op reduce_op[DIST_SLOTS], gather_op[DIST_SLOTS];
     uint64_t next_seq, next_mpi_seq;
 
@@ -127,16 +149,19 @@ llmcl_status llmcl__dist_channels_create(llmcl_dist *d);
 void llmcl__dist_channels_destroy(llmcl_dist *d);
 
 /*
- * Starts the reduce-scatter of `count` elements of src (wire dtype) from element src_off: after the
- * kernels enqueued so far, copied to host, reduced, and the rank's part copied to dst at dst_off.
+ * Starts the exchange of a reduce-scatter of group: the P blocks of src (wire dtype) from element
+ * src_off, after the kernels enqueued so far. Each block of another rank goes to that rank, and
+ * that rank's part of this rank's block comes back in its place, so that once the op completes
+ * src holds the P ranks' parts of this rank's block in rank order, for llmcl_sum_rows. The rank's
+ * own block never leaves the device.
  */
 llmcl_status llmcl__dist_reduce_start(llmcl_dist *d, int channel, int group, const llmcl_tensor *src,
-                                      int64_t src_off, int64_t count, const llmcl_tensor *dst,
-                                      int64_t dst_off);
+                                      int64_t src_off);
 
 /*
  * Starts the all-gather of group's shard (param dtype) from src at element src_off into dst at
- * dst_off (the whole group), written once dst_free (may be NULL) has completed.
+ * dst_off (the whole group), written once dst_free (may be NULL) has completed. The rank's own
+ * shard is copied on the device (not at all when src is already its place in dst).
  */
 llmcl_status llmcl__dist_gather_start(llmcl_dist *d, int channel, int group, const llmcl_tensor *src,
                                       int64_t src_off, const llmcl_tensor *dst, int64_t dst_off,

@@ -5,8 +5,10 @@
  * Stage 1 adds the backward's gradients into full f32 buffers and reduce-scatters them in the step.
  * Stages 2 and 3 add them into one of two f32 buckets the size of the largest group, reduce-scatter
  * a bucket as soon as its group is ready and add the rank's part into the gradient shard; a bucket
- * is reused two groups later, after its reduction has landed. Stage 3 gathers a group's parameters
- * into one of two gather buffers and prefetches the next group into the other.
+ * is reused two groups later, after its reduction has landed. A reduce-scatter exchanges the
+ * blocks in place (collectives.c), then llmcl_sum_rows adds the P ranks' parts in rank order.
+ * Stage 3 gathers a group's parameters into one of two gather buffers and prefetches the next group
+ * into the other.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -41,44 +43,65 @@ static void views_free(views *v)
 
 /* ---- reductions ---- */
 
+/* Group g's f32 gradients on channel ch, from element *off: a bucket (stages 2-3) or the group's
+   part of the full gradients (stage 1). */
+static llmcl_tensor *group_grads(llmcl_dist *d, int ch, const dist_group *g, int64_t *off)
+{
+    *off = d->opts.stage == 1 ? g->flat_off : 0;
+    return d->opts.stage == 1 ? d->grads_full : d->bucket[ch];
+}
+
+/* What a reduce-scatter exchanges in place: the f32 gradients, or their bf16 copy for the wire. */
+static llmcl_tensor *reduce_buffer(llmcl_dist *d, int ch, const dist_group *g, int64_t *off)
+{
+    if (d->opts.reduce_dtype == LLMCL_F32)
+        return group_grads(d, ch, g, off);
+    *off = 0;
+    return d->wire[ch];
+}
+
 llmcl_status llmcl__dist_finish_reduce(llmcl_dist *d, int ch)
 {
     dist_op *op = &d->reduce_op[ch];
-    if (op->state == OP_IDLE)
+    if (!op->active)
         return LLMCL_OK;
     const dist_group *g = &d->groups[op->group];
     LLMCL__TRY(llmcl__dist_complete(d, op));
-    const bool bf16 = d->opts.reduce_dtype != LLMCL_F32;
-    if (d->opts.stage == 1 && !bf16)
-        return LLMCL_OK; /* the host-to-device copy wrote the rank's part in place */
+    /* The ranks' parts of this rank's block, in rank order, summed into the gradient shard
+       (stages 2-3: micro-batches accumulate there) or over the rank's own part (stage 1). */
+    int64_t off;
+    llmcl_tensor *buf = reduce_buffer(d, ch, g, &off);
+    const int64_t shape[2] = {d->world, g->shard}, strides[2] = {g->shard, 1};
     views v = {0};
-    llmcl_status st = llmcl__dist_view(bf16 ? d->wire[ch] : d->bucket[ch], 0, g->shard, &v.a);
+    llmcl_status st = llmcl_tensor_view(buf, 2, shape, strides, off, &v.a);
     if (st == LLMCL_OK && d->opts.stage == 1)
         st = llmcl__dist_view(d->grads_full, g->flat_off + d->rank * g->shard, g->shard, &v.b);
     else if (st == LLMCL_OK)
         st = llmcl__dist_view(d->grad_shard, g->shard_off, g->shard, &v.b);
     if (st == LLMCL_OK)
-        st = d->opts.stage == 1 ? llmcl_cast(d->ctx, v.a, v.b) : llmcl_axpy(d->ctx, 1.0f, v.a, v.b);
+        st = llmcl_sum_rows(d->ctx, v.a, d->opts.stage == 1 ? 0.0f : 1.0f, v.b);
     views_free(&v);
     return st;
 }
 
-/* The group's f32 gradients (count elements of src from off), cast for the wire when bf16. */
-static llmcl_status reduce_group(llmcl_dist *d, int ch, int group, const llmcl_tensor *src,
-                                 int64_t off, const llmcl_tensor *dst, int64_t dst_off)
+/* Starts the reduce-scatter of group's gradients on channel ch, cast first for a bf16 wire. */
+static llmcl_status reduce_group(llmcl_dist *d, int ch, int group)
 {
     const dist_group *g = &d->groups[group];
-    if (d->opts.reduce_dtype == LLMCL_F32)
-        return llmcl__dist_reduce_start(d, ch, group, src, off, g->numel, dst, dst_off);
-    views v = {0};
-    llmcl_status st = llmcl__dist_view(src, off, g->numel, &v.a);
-    if (st == LLMCL_OK)
-        st = llmcl__dist_view(d->wire[ch], 0, g->numel, &v.b);
-    if (st == LLMCL_OK)
-        st = llmcl_cast(d->ctx, v.a, v.b);
-    views_free(&v);
-    LLMCL__TRY(st);
-    return llmcl__dist_reduce_start(d, ch, group, d->wire[ch], 0, g->numel, d->wire[ch], 0);
+    int64_t off, grads_off;
+    llmcl_tensor *buf = reduce_buffer(d, ch, g, &off);
+    llmcl_tensor *grads = group_grads(d, ch, g, &grads_off);
+    if (buf != grads) {
+        views v = {0};
+        llmcl_status st = llmcl__dist_view(grads, grads_off, g->numel, &v.a);
+        if (st == LLMCL_OK)
+            st = llmcl__dist_view(buf, off, g->numel, &v.b);
+        if (st == LLMCL_OK)
+            st = llmcl_cast(d->ctx, v.a, v.b);
+        views_free(&v);
+        LLMCL__TRY(st);
+    }
+    return llmcl__dist_reduce_start(d, ch, group, buf, off);
 }
 
 llmcl_status llmcl__dist_drain(llmcl_dist *d)
@@ -129,7 +152,7 @@ static llmcl_status grads_ready(llmcl_dist *d, int group)
         LLMCL__TRY(assign_bucket(d, group));
     const int b = g->bucket;
     g->bucket = -1;
-    return reduce_group(d, b, group, d->bucket[b], 0, d->bucket[b], 0);
+    return reduce_group(d, b, group);
 }
 
 llmcl_status llmcl_dist_grads_ready(llmcl_dist *d, int group)
@@ -228,18 +251,19 @@ static llmcl_status gather(llmcl_dist *d, int group)
                        DIST_SLOTS);
         LLMCL__TRY(fetch(d, group, s));
     }
-    LLMCL__TRY(llmcl__dist_complete(d, &d->gather_op[g->slot]));
-    LLMCL__TRY(slot_views(d, g));
-    g->gathered = true;
+    g->gathered = true; /* its buffer is taken: the prefetch goes to the other one */
     d->direction = next_direction(d, group);
     d->last_gathered = group;
+    /* The prefetch starts before the wait for this group, so that its chunks follow this group's
+       through the host link without a gap. */
     const int next = group + d->direction;
     if (next >= 0 && next < d->n_groups && d->groups[next].slot < 0) {
         const int s = free_slot(d, group);
         if (s >= 0)
             LLMCL__TRY(fetch(d, next, s));
     }
-    return LLMCL_OK;
+    LLMCL__TRY(llmcl__dist_complete(d, &d->gather_op[g->slot]));
+    return slot_views(d, g);
 }
 
 llmcl_status llmcl_dist_gather(llmcl_dist *d, int group)
@@ -409,12 +433,10 @@ static void forget_slots(llmcl_dist *d)
 static llmcl_status reduce_all(llmcl_dist *d)
 {
     for (int k = d->n_groups - 1; k >= 0; --k) {
-        const dist_group *g = &d->groups[k];
         const int ch = d->next_bucket;
         d->next_bucket = (ch + 1) % DIST_SLOTS;
         LLMCL__TRY(llmcl__dist_finish_reduce(d, ch));
-        LLMCL__TRY(reduce_group(d, ch, k, d->grads_full, g->flat_off, d->grads_full,
-                                g->flat_off + d->rank * g->shard));
+        LLMCL__TRY(reduce_group(d, ch, k));
     }
     return LLMCL_OK;
 }

@@ -1,12 +1,22 @@
 /*
  * bench_dist.c: the dist family of llmcl-bench (built where MPI is found; run it as
  * `mpiexec -n 2 llmcl-bench --only dist`). It measures the host link of this rank's device
- * (llmcl_measure_host_bandwidth), then through llmcl_dist: the throughput of a gradient reduce-scatter and of a stage-3 parameter
- * all-gather through host memory, against the slower direction of the link; and the exposed
- * communication of a backward that reduces each group's gradients while the next group computes
- * (exposed = time with reductions - time without, against the reductions' own time). Wall-clock
- * times (MPI_Wtime, after the device finished), median of env->reps. Ranks other than 0 are
- * silent; the table rows carry the times, the GB/s against the link are printed here.
+ * (llmcl_measure_host_bandwidth), then through llmcl_dist: the throughput of a gradient
+ * reduce-scatter and of a stage-3 parameter all-gather through host memory (4 groups of f32, each
+ * a 4096 x 4096 weight), against the slower direction of the link; and the exposed communication
+ * of a backward that reduces each group's gradients while the next group computes (exposed = time
+ * with reductions - time without, against the reductions' own time); then both collectives in
+ * chunks of 1/64 and 1/4 of a group (1 and 16 MiB at full size) beside the default 4 MiB
+ * (llmcl_dist_opts.chunk_bytes), to choose it on a device. Wall-clock times (MPI_Wtime, after the device finished), median of env->reps. Ranks other
+ * than 0 are silent; the table rows carry the times, the GB/s against the link are printed here.
+ *
+ * The backward is the trainer's for a linear layer: dX = dy W and dW += dy^T x, bf16 operands
+ * (tensor cores where the device has them) into the f32 gradients, at 8192 tokens as the matmul
+ * rows (64 with --small). It replaced dW alone in f32 at 1024 tokens, which no training step
+ * runs; it is no easier on the figure: on the H100 it computes about 1.6 ms a group
+ * (docs/PERFORMANCE.md's 4096->4096 dX and dW rows) where the f32 one took about 2.6. The last
+ * group's reduction has nothing left to hide under, so at least 1 / 4 of the communication stays
+ * exposed with 4 groups whatever the overlap.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,10 +30,12 @@ typedef struct dist_bench {
     bench_env *env;
     llmcl_dist *d;
     int groups;
-    int64_t rows, cols; /* one group: a weight [rows, cols] */
-    llmcl_tensor *x, *dy; /* the backward's operands: dW += dy^T x */
-    llmcl_tensor *plain;  /* dW of the backward without communication */
-    int reduce, compute;  /* what the backward does */
+    int64_t rows, cols;       /* one group: a weight [rows, cols] */
+    llmcl_tensor *x, *dy, *w; /* the backward's bf16 operands: dX = dy W, dW += dy^T x */
+    llmcl_tensor *dx;         /* bf16 */
+    llmcl_tensor *plain;      /* f32 dW of the backward without communication */
+    int reduce, compute;      /* what the backward does */
+    uint64_t chunk;           /* llmcl_dist_opts.chunk_bytes (0: the default) */
 } dist_bench;
 
 static int cmp_double(const void *a, const void *b)
@@ -56,7 +68,7 @@ static double wall_ms(bench_env *env, llmcl_status (*fn)(dist_bench *), dist_ben
 static llmcl_status make_dist(dist_bench *b, int stage)
 {
     char name[32];
-    const llmcl_dist_opts o = {.stage = stage};
+    const llmcl_dist_opts o = {.stage = stage, .chunk_bytes = b->chunk};
     const int64_t shape[2] = {b->rows, b->cols};
     llmcl_status st = llmcl_dist_create(b->env->ctx, MPI_COMM_WORLD, &o, &b->d);
     for (int g = 0; st == LLMCL_OK && g < b->groups; ++g) {
@@ -79,7 +91,7 @@ static llmcl_status gather_pass(dist_bench *b)
     return LLMCL_OK;
 }
 
-/* A stage-2 backward: per group, dW += dy^T x (compute) and its reduce-scatter (reduce). */
+/* A stage-2 backward: per group, dX and dW (compute) and dW's reduce-scatter (reduce). */
 static llmcl_status backward(dist_bench *b)
 {
     char name[32];
@@ -88,6 +100,8 @@ static llmcl_status backward(dist_bench *b)
         llmcl_tensor *grad = b->plain;
         snprintf(name, sizeof name, "w%d", g);
         llmcl_status st = b->reduce ? llmcl_dist_grad(b->d, name, &grad) : LLMCL_OK;
+        if (st == LLMCL_OK && b->compute)
+            st = llmcl_matmul(b->env->ctx, 1.0f, b->dy, b->w, 0.0f, b->dx, NULL);
         if (st == LLMCL_OK && b->compute)
             st = llmcl_matmul(b->env->ctx, 1.0f, b->dy, b->x, 1.0f, grad, &ta);
         if (st == LLMCL_OK && b->reduce)
@@ -98,11 +112,37 @@ static llmcl_status backward(dist_bench *b)
     return b->reduce ? llmcl_dist_zero_grads(b->d) : LLMCL_OK;
 }
 
-static void add_row(bench_env *env, const char *what, const char *shape, double ms)
+/* Both collectives' throughput in chunks of 1/64 and 1/4 of a group. */
+static void chunk_sweep(dist_bench *b, double link)
+{
+    const uint64_t group = (uint64_t)(b->rows * b->cols) * 4, sizes[2] = {group / 64, group / 4};
+    const double bytes = (double)b->groups * (double)group;
+    b->reduce = 1;
+    b->compute = 0;
+    for (size_t i = 0; i < 2; ++i) {
+        double ms[2] = {-1.0, -1.0};
+        b->chunk = sizes[i];
+        for (int stage = 2; stage <= 3; ++stage) {
+            if (make_dist(b, stage) == LLMCL_OK)
+                ms[stage - 2] = wall_ms(b->env, stage == 2 ? backward : gather_pass, b);
+            llmcl_dist_destroy(b->d);
+            b->d = NULL;
+        }
+        const double rs = bytes / (ms[0] * 1e-3) * 1e-9, ag = bytes / (ms[1] * 1e-3) * 1e-9;
+        if (ms[0] > 0 && ms[1] > 0)
+            printf("dist in chunks of %llu KiB: reduce-scatter %.2f GB/s (%.0f%% of the host "
+                   "link), all-gather %.2f GB/s (%.0f%%)\n", (unsigned long long)(sizes[i] >> 10),
+                   rs, 100.0 * rs / link, ag, 100.0 * ag / link);
+    }
+    b->chunk = 0;
+}
+
+static void add_row(bench_env *env, const char *what, const char *dtype, const char *shape,
+                    double ms)
 {
     bench_row row = {.ms = ms, .peak_mib = -1, .check = -1};
     snprintf(row.kernel, sizeof row.kernel, "dist %s", what);
-    snprintf(row.dtype, sizeof row.dtype, "f32");
+    snprintf(row.dtype, sizeof row.dtype, "%s", dtype);
     snprintf(row.shape, sizeof row.shape, "%s", shape);
     bench_add(env, &row);
 }
@@ -138,13 +178,16 @@ static void run(bench_env *env)
         bench_fail(env, "dist: stage 2 setup", LLMCL_ERROR_MPI);
         goto done;
     }
-    const int64_t tokens = env->small ? 64 : 1024;
+    const int64_t tokens = env->small ? 64 : 8192;
     const int64_t xs[2] = {tokens, b.cols}, dys[2] = {tokens, b.rows}, ws[2] = {b.rows, b.cols};
-    if (llmcl_tensor_create(env->ctx, LLMCL_F32, 2, xs, &b.x) != LLMCL_OK ||
+    if (llmcl_tensor_create(env->ctx, LLMCL_BF16, 2, xs, &b.x) != LLMCL_OK ||
+        llmcl_tensor_create(env->ctx, LLMCL_BF16, 2, xs, &b.dx) != LLMCL_OK ||
+        llmcl_tensor_create(env->ctx, LLMCL_BF16, 2, ws, &b.w) != LLMCL_OK ||
         llmcl_tensor_create(env->ctx, LLMCL_F32, 2, ws, &b.plain) != LLMCL_OK ||
         llmcl_fill(env->ctx, b.plain, 0.0) != LLMCL_OK ||
-        llmcl_tensor_create(env->ctx, LLMCL_F32, 2, dys, &b.dy) != LLMCL_OK ||
-        bench_upload_random(b.x, 1) != LLMCL_OK || bench_upload_random(b.dy, 2) != LLMCL_OK) {
+        llmcl_tensor_create(env->ctx, LLMCL_BF16, 2, dys, &b.dy) != LLMCL_OK ||
+        bench_upload_random(b.x, 1) != LLMCL_OK || bench_upload_random(b.dy, 2) != LLMCL_OK ||
+        bench_upload_random(b.w, 3) != LLMCL_OK) {
         bench_fail(env, "dist: operands", LLMCL_ERROR_OUT_OF_DEVICE_MEMORY);
         goto done;
     }
@@ -159,13 +202,15 @@ static void run(bench_env *env)
     if (comm_ms > 0 && both_ms > 0 && compute_ms > 0) {
         const double gbs = b.groups * group_bytes / (comm_ms * 1e-3) * 1e-9;
         const double exposed = both_ms - compute_ms > 0 ? both_ms - compute_ms : 0;
-        add_row(env, "reduce-scatter", shape, comm_ms);
-        add_row(env, "backward, no comm", shape, compute_ms);
-        add_row(env, "backward + reduce", shape, both_ms);
+        char tok[64];
+        snprintf(tok, sizeof tok, "%s, %lld tokens", shape, (long long)tokens);
+        add_row(env, "reduce-scatter", "f32", shape, comm_ms);
+        add_row(env, "backward, no comm", "bf16", tok, compute_ms);
+        add_row(env, "backward + reduce", "bf16", tok, both_ms);
         printf("dist reduce-scatter: %.2f GB/s of gradients through the host, %.0f%% of the "
                "host link\n", gbs, 100.0 * gbs / link);
-        printf("dist overlap: exposed communication %.3f ms of %.3f ms (%.0f%%)\n", exposed,
-               comm_ms, 100.0 * exposed / comm_ms);
+        printf("dist overlap: exposed communication %.3f ms of %.3f ms (%.0f%%; backward %.3f ms "
+               "without it)\n", exposed, comm_ms, 100.0 * exposed / comm_ms, compute_ms);
     }
     if (make_dist(&b, 3) != LLMCL_OK) {
         bench_fail(env, "dist: stage 3 setup", LLMCL_ERROR_MPI);
@@ -175,13 +220,18 @@ static void run(bench_env *env)
     const double gather_ms = wall_ms(env, gather_pass, &b);
     if (gather_ms > 0) {
         const double gbs = b.groups * group_bytes / (gather_ms * 1e-3) * 1e-9;
-        add_row(env, "all-gather", shape, gather_ms);
+        add_row(env, "all-gather", "f32", shape, gather_ms);
         printf("dist all-gather: %.2f GB/s of parameters through the host, %.0f%% of the host "
                "link\n", gbs, 100.0 * gbs / link);
     }
+    llmcl_dist_destroy(b.d);
+    b.d = NULL;
+    chunk_sweep(&b, link);
 done:
     llmcl_dist_destroy(b.d);
     llmcl_tensor_destroy(b.x);
+    llmcl_tensor_destroy(b.dx);
+    llmcl_tensor_destroy(b.w);
     llmcl_tensor_destroy(b.dy);
     llmcl_tensor_destroy(b.plain);
 }

@@ -50,6 +50,12 @@ static llmcl_status run_mul(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_c
     return llmcl_mul(ctx, t[0], t[1]);
 }
 
+static llmcl_status run_sum_rows(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    return llmcl_sum_rows(ctx, t[0], 1.0f, t[1]);
+}
+
 /* ---- optim.cl: WG, UNROLL, GPC; one tensor; the size key is the element count ---- */
 
 #define OPTIM_PARAMS "WG=64,128,256,512,1024 UNROLL=1,2,4,8 GPC=0,4,8,16"
@@ -454,6 +460,12 @@ const tune_kernel tune_kernels[] = {
      .tensors = {{"x", TUNE_IN, "N", 0, TUNE_INIT_NEAR_ONE},
                  {"y", TUNE_INOUT, "N", 0, TUNE_INIT_NEAR_ONE}},
      .run = run_mul},
+    /* llmcl_dist's sum of two ranks' parts of a group's shard (a 4096 x 4096 weight, a smaller). */
+    {.key = "sum_rows", .family = "elementwise", .params = EW_WG, .dtypes = F32 | BF16,
+     .size_key = "N", .shapes = "R=2,N=8388608;R=2,N=1048576",
+     .small_shapes = "R=2,N=1048576;R=2,N=65536",
+     .tensors = {{"x", TUNE_IN, "R,N"}, {"y", TUNE_INOUT, "N"}},
+     .run = run_sum_rows},
     /* v near one: positive, as a second moment is */
     {.key = "adamw", .family = "optim", .params = OPTIM_PARAMS, .dtypes = F32 | BF16,
      .size_key = "N", .shapes = OPTIM_SHAPES, .small_shapes = OPTIM_SMALL,

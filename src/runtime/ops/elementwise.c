@@ -1,6 +1,6 @@
 /*
- * elementwise.c: host launchers of elementwise.cl (fill, copy, cast, axpy, mul). Contiguous
- * operands take the vectorised kernels; any other layout takes the strided ones.
+ * elementwise.c: host launchers of elementwise.cl (fill, copy, cast, axpy, mul, sum_rows).
+ * Contiguous operands take the vectorised kernels; any other layout takes the strided ones.
  */
 #include <stdio.h>
 #include <string.h>
@@ -246,4 +246,46 @@ llmcl_status llmcl_axpy(llmcl_ctx *ctx, float alpha, const llmcl_tensor *x, llmc
 llmcl_status llmcl_mul(llmcl_ctx *ctx, const llmcl_tensor *x, llmcl_tensor *y)
 {
     return binary(ctx, "mul", 0.0f, x, y);
+}
+
+/* y is exactly one row of x, whose rows do not overlap: sum_rows may then run in place. */
+static bool is_row_of(const llmcl_tensor *x, const llmcl_tensor *y)
+{
+    const int64_t d = y->offset - x->offset, stride = x->strides[0];
+    return y->mem == x->mem && stride > 0 && stride >= x->shape[1] && d >= 0 && d % stride == 0 &&
+           d / stride < x->shape[0];
+}
+
+llmcl_status llmcl_sum_rows(llmcl_ctx *ctx, const llmcl_tensor *x, float beta, llmcl_tensor *y)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    LLMCL__TRY(llmcl__check_tensor(ctx, x, "x", LLMCL__FLOAT_DTYPES, 2, 2));
+    LLMCL__TRY(llmcl__check_tensor(ctx, y, "y", LLMCL__FLOAT_DTYPES, 1, 1));
+    const int64_t rows = x->shape[0], n = x->shape[1];
+    LLMCL__REQUIRE(ctx, y->shape[0] == n, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "y has %lld elements but x's rows have %lld", (long long)y->shape[0],
+                   (long long)n);
+    LLMCL__REQUIRE(ctx, rows >= 1 && rows <= INT32_MAX, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "x has %lld rows (1 to 2^31 - 1)", (long long)rows);
+    LLMCL__REQUIRE(ctx, (n <= 1 || x->strides[1] == 1) && llmcl_tensor_is_contiguous(y),
+                   LLMCL_ERROR_INVALID_ARGUMENT, "x's rows must be unit-stride and y contiguous");
+    LLMCL__REQUIRE(ctx, !llmcl__overlaps(x, y) || is_row_of(x, y), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "y overlaps x without being one of its rows");
+    if (n == 0)
+        return LLMCL_OK;
+    llmcl__defines d = {0};
+    llmcl__define_str(&d, "SRC_DT", llmcl__dtype_macro(x->dtype));
+    llmcl__define_str(&d, "DST_DT", llmcl__dtype_macro(y->dtype));
+    cl_kernel k;
+    grid g;
+    LLMCL__TRY(get_kernel(ctx, "sum_rows", y->dtype, n, &d, "sum_rows", &k, &g,
+                          llmcl__div_up(n, 4)));
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_tensor(&a, x);
+    llmcl__arg_i64(&a, x->strides[0]);
+    llmcl__arg_i32(&a, (int32_t)rows);
+    llmcl__arg_tensor(&a, y);
+    llmcl__arg_i64(&a, n);
+    llmcl__arg_f32(&a, beta);
+    return llmcl__launch(&a, 1, &g.global, &g.local);
 }
