@@ -61,7 +61,7 @@ typedef struct llmcl_dist_opts {
                                  gradient shard in bf16) */
     int return_on_error;      /* 1: a failing step call returns its status instead of MPI_Abort */
     uint64_t chunk_bytes;     /* collectives move through host memory in chunks of at most this
-                                 many bytes each way (0: 4 MiB; at most 1 GiB), so that copies to
+                                 many bytes each way (0: 1 MiB; at most 1 GiB), so that copies to
                                  the host, MPI and copies back overlap; the same on every rank */
 } llmcl_dist_opts;
 

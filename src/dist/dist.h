@@ -51,7 +51,7 @@ enum { OP_REDUCE, OP_GATHER };
    third overlap, with one to spare. */
 #define DIST_DEPTH 4
 /* llmcl_dist_opts.chunk_bytes when 0. */
-#define DIST_CHUNK_BYTES (4u << 20)
+#define DIST_CHUNK_BYTES (1u << 20)
 
 /* A staging slot of an op: pinned send and receive areas for one chunk, and that chunk's state. */
 typedef struct dist_slot {

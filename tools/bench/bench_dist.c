@@ -6,7 +6,7 @@
  * a 4096 x 4096 weight), against the slower direction of the link; and the exposed communication
  * of a backward that reduces each group's gradients while the next group computes (exposed = time
  * with reductions - time without, against the reductions' own time); then both collectives in
- * chunks of 1/64 and 1/4 of a group (1 and 16 MiB at full size) beside the default 4 MiB
+ * chunks of 1/256 and 1/16 of a group (256 KiB and 4 MiB at full size) beside the default 1 MiB
  * (llmcl_dist_opts.chunk_bytes), to choose it on a device. Wall-clock times (MPI_Wtime, after the device finished), median of env->reps. Ranks other
  * than 0 are silent; the table rows carry the times, the GB/s against the link are printed here.
  *
@@ -112,10 +112,10 @@ static llmcl_status backward(dist_bench *b)
     return b->reduce ? llmcl_dist_zero_grads(b->d) : LLMCL_OK;
 }
 
-/* Both collectives' throughput in chunks of 1/64 and 1/4 of a group. */
+/* Both collectives' throughput in chunks of 1/256 and 1/16 of a group. */
 static void chunk_sweep(dist_bench *b, double link)
 {
-    const uint64_t group = (uint64_t)(b->rows * b->cols) * 4, sizes[2] = {group / 64, group / 4};
+    const uint64_t group = (uint64_t)(b->rows * b->cols) * 4, sizes[2] = {group / 256, group / 16};
     const double bytes = (double)b->groups * (double)group;
     b->reduce = 1;
     b->compute = 0;
