@@ -6,15 +6,12 @@ CUDA machine, never a dependency of llmcl.
 usage: python3 tools/bench/yardstick_attention.py
 Prints one line per shape and backend: forward and forward+backward median ms and TFLOP/s in
 FlashAttention's convention (4 B Hq T^2 D, halved for causal; the backward 2.5x the forward).
-Grouped-query shapes repeat K and V per query head (enable_gqa where PyTorch has it)."""
+Grouped-query shapes repeat K and V per query head, outside the timed region."""
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-try:
-    from triton.testing import do_bench
-except ImportError:
-    do_bench = None
+from yardstick_timing import median_ms
 
 SHAPES = [  # B, Hq, Hkv, T, D, causal: llmcl-bench's rows, in its order
     (4, 32, 8, 4096, 128, True), (16, 32, 8, 1024, 128, True), (8, 32, 8, 2048, 128, True),
@@ -22,20 +19,6 @@ SHAPES = [  # B, Hq, Hkv, T, D, causal: llmcl-bench's rows, in its order
     (2, 16, 4, 4096, 256, True), (4, 32, 8, 4096, 128, False),
 ]
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-
-
-def median_ms(fn):
-    if do_bench:
-        return do_bench(fn, warmup=10, rep=100, return_mode="median")
-    times = []
-    for _ in range(13):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    return sorted(times[3:])[len(times[3:]) // 2]
 
 
 def run(b, hq, hkv, t, d, causal, backend):

@@ -8,24 +8,7 @@ when Triton is present, else CUDA events). Every product is bf16 in and out (PyT
 of a bf16 linear layer), where llmcl's dW row accumulates into f32."""
 import torch
 
-try:
-    from triton.testing import do_bench
-except ImportError:
-    do_bench = None
-
-
-def median_ms(fn):
-    if do_bench:
-        return do_bench(fn, warmup=25, rep=200, return_mode="median")
-    times = []
-    for _ in range(23):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    return sorted(times[3:])[len(times[3:]) // 2]
+from yardstick_timing import median_ms
 
 
 def row(direction, m, n, k, fn):
