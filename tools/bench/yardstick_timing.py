@@ -8,9 +8,10 @@ except ImportError:
     do_bench = None
 
 
-def median_ms(fn, runs=20):
+def median_ms(fn, warmup=25, rep=200, runs=20):
+    """do_bench's warmup and rep are in ms; the CUDA-event fallback times runs calls."""
     if do_bench:
-        return do_bench(fn, warmup=max(runs // 4, 5), rep=10 * runs, return_mode="median")
+        return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
     times = []
     for _ in range(runs + 3):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
