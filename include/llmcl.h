@@ -896,7 +896,8 @@ LLMCL_API llmcl_status llmcl_cross_entropy_grad_scale(llmcl_ctx *ctx, const llmc
  * dlogits^T x hidden with dlogits rounded to hidden's dtype when that is 16-bit (as Liger does),
  * and dbias += column sums (in order, deterministic). Extra device memory: one chunk of f32 logits
  * (and of 16-bit dlogits when gradients of 16-bit inputs are asked for), within opts->chunk_bytes
- * (default 256 MiB) unless opts->chunk_rows overrides it, plus O(N).
+ * (default 256 MiB; a budget of 128 tokens or more is taken in whole multiples of 128) unless
+ * opts->chunk_rows overrides it, plus O(N).
  */
 LLMCL_API llmcl_status llmcl_linear_cross_entropy_forward(
     llmcl_ctx *ctx, const llmcl_tensor *hidden, const llmcl_tensor *weight,

@@ -77,7 +77,9 @@ static void run_case(const emb_case *c, uint64_t seed)
     llmcl_tensor *tdw = th_tensor_from(LLMCL_F32, 2, ws, dw0);
     TH_OK(llmcl_embedding_backward(ctx, tids, tdo, tdw));
     th_download(tdw, dgot);
-    TH_ASSERT_CLOSE("backward", dref, dgot, (size_t)(v * h), (th_tol){1e-6, 1e-6});
+    /* each row sums about n / v values in f32 */
+    const double tol = 1e-6 * (double)(n / (v ? v : 1) + 1);
+    TH_ASSERT_CLOSE("backward", dref, dgot, (size_t)(v * h), (th_tol){tol, tol});
     /* the same bits again from the same start */
     double *again = th_alloc((size_t)(v * h) * sizeof *again);
     th_upload(tdw, dw0);
@@ -103,6 +105,8 @@ static void test_embedding_cases(void **state)
         {LLMCL_F32, LLMCL_I32, 1, 1, 1, 1, 0},
         {LLMCL_BF16, LLMCL_I64, 0, 9, 16, 1, 0},
         {LLMCL_F32, LLMCL_I64, 513, 1000, 7, 1, 0},
+        {LLMCL_F32, LLMCL_I64, 3000, 3, 9, 1, 0},   /* ~1000 positions an id: the owner's list */
+        {LLMCL_BF16, LLMCL_I32, 4500, 2, 5, 2, 3},  /* more than LIST (2048): the rescan */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
         printf("case %zu: %s ids %s, n %lld, V %lld, H %lld\n", i, llmcl_dtype_name(cases[i].dt),

@@ -113,10 +113,10 @@ static model *fixture_model(const fixture *f, bool recompute, bool offload)
     return m;
 }
 
-/* Every gradient of the last forward, downloaded into one host array per parameter. */
+/* Every gradient of the last forward (which started from zeroed gradients: the head's are
+   written by the forward), downloaded into one host array per parameter. */
 static double **gradients(model *m)
 {
-    TH_OK(llmcl_fill(m->ctx, m->trainable.grad, 0.0));
     TH_OK(model_backward(m, m->max_b, m->max_t));
     double **g = th_alloc((size_t)m->n_params * sizeof *g);
     for (int i = 0; i < m->n_params; ++i) {
@@ -139,6 +139,7 @@ static void check_forward_backward(const char *file, llmcl_dtype dt)
     fixture f = fixture_open(file, dt);
     model *m = fixture_model(&f, false, false);
     const size_t nlog = (size_t)f.b * f.t * f.cfg.vocab;
+    TH_OK(llmcl_fill(m->ctx, m->trainable.grad, 0.0));
     TH_OK(model_forward(m, f.ids, f.targets, f.b, f.t, true));
     double loss, *ref_lossp = fixture_doubles(&f, "loss", 1), ref_loss = *ref_lossp;
     free(ref_lossp);
@@ -168,6 +169,7 @@ static void check_forward_backward(const char *file, llmcl_dtype dt)
        brings them back bit for bit: the same gradients exactly */
     for (int off = 0; off < 2; ++off) {
         model *mr = fixture_model(&f, true, off);
+        TH_OK(llmcl_fill(mr->ctx, mr->trainable.grad, 0.0));
         TH_OK(model_forward(mr, f.ids, f.targets, f.b, f.t, true));
         double **gr = gradients(mr);
         for (int i = 0; i < m->n_params; ++i)

@@ -35,6 +35,8 @@
  *
  * Tunables (all kernels build standalone with the defaults):
  *   DT         storage of logits / hidden / W: F32, BF16, F16 (default F32)
+ *   DX_DT      storage of the dlogits the row kernels write (default DT): the linear forms write
+ *              16-bit dlogits of f32 logits straight into the products' operand
  *   LABEL_DT   I32 or I64 (default I64)
  *   WG         work-group size of the row kernels: a power of two in [32, max work-group size]
  *              (default 256; ce_prepare and ce_finish use it too)
@@ -54,6 +56,9 @@
 
 #ifndef DT
 #define DT F32
+#endif
+#ifndef DX_DT
+#define DX_DT DT
 #endif
 #ifndef LABEL_DT
 #define LABEL_DT I64
@@ -90,6 +95,7 @@
 #define LOCAL_ALIGNED __attribute__((aligned(16)))
 
 typedef STORAGE(DT) st_t;
+typedef STORAGE(DX_DT) dx_t;
 typedef STORAGE(LABEL_DT) label_t;
 
 #define LABEL(p, i) LOAD(LABEL_DT, p, i)
@@ -131,7 +137,7 @@ inline void store8_F16(__global ushort *p, long i, float8 v)
     vstorea_half8_rte(v, 0, (__global half *)(p + i));
 }
 #define LOAD8(p, i) LLMCL_CAT(load8_, DT)((p), (i))
-#define STORE8(p, i, v) LLMCL_CAT(store8_, DT)((p), (i), (v))
+#define STORE8DX(p, i, v) LLMCL_CAT(store8_, DX_DT)((p), (i), (v))
 
 /* 1.0 in lane d of eight, 0 elsewhere. */
 inline float8 lane_onehot(int d)
@@ -289,7 +295,7 @@ inline ce_span ce_span_of(long base, long V, long sp, long ns)
         float g_ = (q).x * exp(xc_ - (lse)) - (q).z * WEIGHT1(j);                                 \
         if ((j) == (y))                                                                           \
             g_ -= (q).y;                                                                          \
-        STORE(DT, dx, (dbase) + (j), g_ * CAP_DERIV(xc_));                                        \
+        STORE(DX_DT, dx, (dbase) + (j), g_ * CAP_DERIV(xc_));                                        \
     } while (0)
 
 /* Writes dlogits for this work-item's share of split sp of a row (coefficients q, label y). */
@@ -322,7 +328,7 @@ inline ce_span ce_span_of(long base, long V, long sp, long ns)
                 const long d_ = (y) - j_;                                                         \
                 if (d_ >= 0 && d_ < 8)                                                            \
                     g_ -= (q).y * lane_onehot((int)d_);                                           \
-                STORE8(dx, (dbase) + j_, g_ * CAP_DERIV(xc_));                                    \
+                STORE8DX(dx, (dbase) + j_, g_ * CAP_DERIV(xc_));                                  \
             }                                                                                     \
         }                                                                                         \
     } while (0)
@@ -408,7 +414,7 @@ ce_rows(int flags, __global st_t *x, ulong xoff, long xstride, long V,
         const __global label_t *labels, ulong loff, long row0, const __global float *weight,
         ulong woff, const __global int *stats, int reduction, long ignore_index, float eps,
         float zs, float cap, __global float *lse_out, ulong lseoff, __global float *rows,
-        long n_total, int grad, __global st_t *dx, ulong dxoff, long dxstride)
+        long n_total, int grad, __global dx_t *dx, ulong dxoff, long dxstride)
 {
     __local float scratch[WG];
     if (stats[0] >= 0)
@@ -510,7 +516,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
 ce_grad(int flags, const __global st_t *x, ulong xoff, long xstride, long V,
         const __global label_t *labels, ulong loff, long row0, const __global float *weight,
         ulong woff, const __global int *stats, int reduction, long ignore_index, float eps,
-        float zs, float cap, const __global float *lse_in, ulong lseoff, __global st_t *dx,
+        float zs, float cap, const __global float *lse_in, ulong lseoff, __global dx_t *dx,
         ulong dxoff, long dxstride)
 {
     if (stats[0] >= 0)
@@ -602,21 +608,22 @@ __kernel void ce_pick(int flags, const __global st_t *x, ulong xoff, long xstrid
 }
 
 /*
- * dlogits of the chunk x [nrows, vc] of classes from v0, in place, from cce_coefs' per-row
- * coefficients (upstream gradient folded in); work-group (split, r). woff already points at the
- * chunk's first class weight.
+ * dlogits of the chunk x [nrows, vc] of classes from v0 into dx (x itself, in place, or a buffer
+ * of DX_DT with x's layout), from cce_coefs' per-row coefficients (upstream gradient folded in);
+ * work-group (split, r). woff already points at the chunk's first class weight.
  */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
 cce_chunk_grad(int flags, __global st_t *x, ulong xoff, long xstride, long v0, long vc,
                const __global label_t *labels, ulong loff, const __global float *weight,
-               ulong woff, const __global int *stats, float cap, const __global float *coef)
+               ulong woff, const __global int *stats, float cap, const __global float *coef,
+               __global dx_t *dx)
 {
     if (stats[0] >= 0)
         return;
     const long sp = get_group_id(0), ns = get_num_groups(0), r = get_group_id(1);
     const float4 c = vload4(r, coef);
     const long y = LABEL(labels, loff + r) - v0;
-    GRAD_ROW(x, xoff + r * xstride, x, xoff + r * xstride, vc, sp, ns, c.xyz, c.w, y);
+    GRAD_ROW(x, xoff + r * xstride, dx, xoff + r * xstride, vc, sp, ns, c.xyz, c.w, y);
 }
 
 /* ---- fully fused path: logits tiles of hidden [N, H] x W [V, H]^T in local memory ---- */

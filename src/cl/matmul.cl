@@ -272,6 +272,126 @@ inline void mm_frags(uint sa, int ks, int wm, int wn, int lane, uint4 *af, uint4
 }
 
 /*
+ * The epilogue: each warp passes its f32 sums through its own slice of local memory (free once
+ * the main loop is done), EPI_R rows of its block at a time, then takes four consecutive columns
+ * of one row a lane, so that it writes whole rows instead of the fragments' scattered pairs: one
+ * vector store where the tile lies inside C with rows of 4-element aligned vectors (the
+ * workspace's rows with SPLITK), else four checked element stores. Only warp barriers: the sums
+ * leave the registers fragment row by fragment row, as the direct stores did. Rows are EPI_LD
+ * floats apart, so the float2 stores of a half-warp meet every bank once.
+ */
+#define EPI_LD (WTN + 8)
+#define EPI_R (WM * WN * 16 * EPI_LD * 4 <= STAGES * (STAGE_A + STAGE_B) ? 16 : 8)
+
+/* Four consecutive elements at p + i, which is 4-element aligned, as one vector access. */
+inline float4 mm_load4_F32(const __global float *p, long i) { return *(const __global float4 *)(p + i); }
+inline float4 mm_load4_BF16(const __global ushort *p, long i)
+{
+    return bf16x4_to_f32(as_ushort4(*(const __global uint2 *)(p + i)));
+}
+inline float4 mm_load4_F16(const __global ushort *p, long i) { return load4_F16(p, i); }
+inline void mm_store4_F32(__global float *p, long i, float4 v) { *(__global float4 *)(p + i) = v; }
+inline void mm_store4_BF16(__global ushort *p, long i, float4 v)
+{
+    *(__global uint2 *)(p + i) = as_uint2(f32x4_to_bf16(v));
+}
+inline void mm_store4_F16(__global ushort *p, long i, float4 v) { store4_F16(p, i, v); }
+#define MM_LOAD4(DT, p, i) LLMCL_CAT(mm_load4_, DT)((p), (i))
+#define MM_STORE4(DT, p, i, v) LLMCL_CAT(mm_store4_, DT)((p), (i), (v))
+
+/* Columns n .. n + 3 of row m, 4-element aligned: alpha acc + bias + beta c in mm_out's order,
+   or the raw sums. */
+inline void mm_out4(__global c_t *c, long coff, long scm, const __global bias_t *bias, long sbias,
+                    int bias_mode, float alpha, float beta, __global float *ws, long wsoff, long N,
+                    long m, long n, float4 acc)
+{
+    if (SPLITK) {
+        *(__global float4 *)(ws + wsoff + m * N + n) = acc;
+        return;
+    }
+    float4 v = alpha * acc;
+    if (bias_mode == 1)
+        v += (float4)(LOAD(BIAS_DT, bias, n * sbias), LOAD(BIAS_DT, bias, (n + 1) * sbias),
+                      LOAD(BIAS_DT, bias, (n + 2) * sbias), LOAD(BIAS_DT, bias, (n + 3) * sbias));
+    else if (bias_mode == 2)
+        v += LOAD(BIAS_DT, bias, m * sbias);
+    const long ci = coff + m * scm + n;
+    if (beta != 0.0f)
+        v += beta * MM_LOAD4(C_DT, c, ci);
+    MM_STORE4(C_DT, c, ci, v);
+}
+
+/* The EPI_R rows of the warp's slice at ws_at (EPI_LD floats a row, WTN columns) to C
+   rows from m, columns from n. */
+__attribute__((always_inline)) inline void
+mm_epilogue_rows(uint ws_at, int lane, __global c_t *c, long coff, long scm, long scn,
+                 const __global bias_t *bias, long sbias, int bias_mode, float alpha, float beta,
+                 __global float *ws, long wsoff, long M, long N, long m, long n, bool vec)
+{
+#pragma unroll
+    for (int q = 0; q < EPI_R * WTN / 4 / 32; ++q) {
+        const int id = q * 32 + lane, r = id / (WTN / 4), c4 = id % (WTN / 4);
+        float4 v;
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                     : "r"(ws_at + (uint)(r * EPI_LD + c4 * 4) * 4u)
+                     : "memory");
+        const long mm = m + r, nn = n + c4 * 4;
+        if (vec) {
+            mm_out4(c, coff, scm, bias, sbias, bias_mode, alpha, beta, ws, wsoff, N, mm, nn, v);
+            continue;
+        }
+        const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (mm < M && nn + k < N)
+                mm_out(c, coff, scm, scn, bias, sbias, bias_mode, alpha, beta, ws, wsoff, N, mm,
+                       nn + k, e[k]);
+    }
+}
+
+inline void mm_st_shared2(uint at, float x, float y)
+{
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(at), "f"(x), "f"(y) : "memory");
+}
+
+__attribute__((always_inline)) inline void
+mm_epilogue(float4 acc[MI][NI], uint base, int wm, int wn, int lane, int warp, __global c_t *c,
+            long coff, long scm, long scn, const __global bias_t *bias, long sbias, int bias_mode,
+            float alpha, float beta, __global float *ws, long wsoff, long M, long N, long m0,
+            long n0)
+{
+    const int g = lane >> 2, t = lane & 3;
+    const bool vec = m0 + BM <= M && n0 + BN <= N &&
+                     (SPLITK ? (N & 3) == 0 : scn == 1 && ((coff | scm) & 3) == 0);
+    const uint ws_at = base + (uint)(warp * EPI_R * EPI_LD) * 4u;
+    const long mw = m0 + wm * WTM, nw = n0 + wn * WTN;
+    mma_cp_wait(0);
+    barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done with the stages */
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int h = 0; h < 16 / EPI_R; ++h) {
+#pragma unroll
+            for (int j = 0; j < NI; ++j) {
+                const uint at = ws_at + (uint)(g * EPI_LD + j * 8 + 2 * t) * 4u;
+                if (EPI_R == 16) {
+                    mm_st_shared2(at, acc[i][j].x, acc[i][j].y);
+                    mm_st_shared2(at + 8u * EPI_LD * 4u, acc[i][j].z, acc[i][j].w);
+                } else if (h == 0) {
+                    mm_st_shared2(at, acc[i][j].x, acc[i][j].y);
+                } else {
+                    mm_st_shared2(at, acc[i][j].z, acc[i][j].w);
+                }
+            }
+            asm volatile("bar.warp.sync -1;" ::: "memory");
+            mm_epilogue_rows(ws_at, lane, c, coff, scm, scn, bias, sbias, bias_mode, alpha, beta,
+                             ws, wsoff, M, N, mw + i * 16 + h * 8, nw, vec);
+            asm volatile("bar.warp.sync -1;" ::: "memory");
+        }
+}
+
+/*
  * Output tile order: groups of GROUP_M tile rows, column by column inside a group, so that the
  * work-groups resident at once share their A rows and B columns in L2.
  *
@@ -338,21 +458,8 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS)
 #undef KS
 #undef STAGE
 
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NI; ++j) {
-            const long m = m0 + wm * WTM + i * 16 + g, n = n0 + wn * WTN + j * 8 + 2 * t;
-            const float v[4] = {acc[i][j].x, acc[i][j].y, acc[i][j].z, acc[i][j].w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const long mm = m + (e >> 1) * 8, nn = n + (e & 1);
-                if (mm < M && nn < N)
-                    mm_out(c, coff, scm, scn, bias, sbias, bias_mode, alpha, beta, ws, wsoff, N,
-                           mm, nn, v[e]);
-            }
-        }
+    mm_epilogue(acc, base, wm, wn, lane, warp, c, coff, scm, scn, bias, sbias, bias_mode, alpha,
+                beta, ws, wsoff, M, N, m0, n0);
 }
 
 #endif

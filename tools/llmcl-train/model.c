@@ -24,9 +24,10 @@ struct layer_acts {
 
 /* ---- per-family kernel time (model->profiling) ---- */
 
-static const char *family_names[F_FAMILIES] = {"matmul", "attention", "norm", "rope", "glu",
-                                               "cross_entropy", "embedding", "elementwise",
-                                               "optimizer"};
+static const char *family_names[F_FAMILIES] = {
+    "matmul y=xW^T", "matmul dx=dyW", "matmul dW+=dy^Tx", "attention fwd", "attention bwd",
+    "norm",          "rope",          "glu",              "cross_entropy fwd", "cross_entropy bwd",
+    "embedding fwd", "embedding bwd", "elementwise",      "optimizer"};
 
 const char *model_family_name(int family) { return family_names[family]; }
 
@@ -694,12 +695,12 @@ static llmcl_status linear(llmcl_ctx *ctx, const llmcl_tensor *x, const llmcl_te
 llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tensor *x, float beta,
                                 llmcl_tensor *y, llmcl_tensor *u)
 {
-    OP(F_MATMUL, linear(m->ctx, x, p->w, beta, y));
+    OP(F_MATMUL_FWD, linear(m->ctx, x, p->w, beta, y));
     if (!p->lora_a)
         return LLMCL_OK;
-    OP(F_MATMUL, linear(m->ctx, x, p->lora_a->w, 0, u));
+    OP(F_MATMUL_FWD, linear(m->ctx, x, p->lora_a->w, 0, u));
     const llmcl_matmul_opts o = {.trans_b = 1};
-    return PROF(F_MATMUL, llmcl_matmul(m->ctx, m->lora_scale, u, p->lora_b->w, 1, y, &o));
+    return PROF(F_MATMUL_FWD, llmcl_matmul(m->ctx, m->lora_scale, u, p->lora_b->w, 1, y, &o));
 }
 
 llmcl_status model_proj_backward(model *m, const model_param *p, const llmcl_tensor *dy,
@@ -710,16 +711,16 @@ llmcl_status model_proj_backward(model *m, const model_param *p, const llmcl_ten
     const llmcl_matmul_opts t = {.trans_a = 1};
     const float s = m->lora_scale;
     if (dx)
-        OP(F_MATMUL, llmcl_matmul(ctx, 1.0f, dy, p->w, dx_beta, dx, NULL));
+        OP(F_MATMUL_DX, llmcl_matmul(ctx, 1.0f, dy, p->w, dx_beta, dx, NULL));
     if (p->trainable)
-        OP(F_MATMUL, llmcl_matmul(ctx, 1.0f, dy, x, 1.0f, p->grad, &t));
+        OP(F_MATMUL_DW, llmcl_matmul(ctx, 1.0f, dy, x, 1.0f, p->grad, &t));
     if (!p->lora_a)
         return LLMCL_OK;
-    OP(F_MATMUL, llmcl_matmul(ctx, s, dy, u, 1.0f, p->lora_b->grad, &t));
-    OP(F_MATMUL, llmcl_matmul(ctx, s, dy, p->lora_b->w, 0.0f, du, NULL));
-    OP(F_MATMUL, llmcl_matmul(ctx, 1.0f, du, x, 1.0f, p->lora_a->grad, &t));
+    OP(F_MATMUL_DW, llmcl_matmul(ctx, s, dy, u, 1.0f, p->lora_b->grad, &t));
+    OP(F_MATMUL_DX, llmcl_matmul(ctx, s, dy, p->lora_b->w, 0.0f, du, NULL));
+    OP(F_MATMUL_DW, llmcl_matmul(ctx, 1.0f, du, x, 1.0f, p->lora_a->grad, &t));
     if (dx)
-        OP(F_MATMUL, llmcl_matmul(ctx, 1.0f, du, p->lora_a->w, 1.0f, dx, NULL));
+        OP(F_MATMUL_DX, llmcl_matmul(ctx, 1.0f, du, p->lora_a->w, 1.0f, dx, NULL));
     return LLMCL_OK;
 }
 
@@ -764,7 +765,7 @@ static llmcl_status layer_forward(model *m, arena *a, int l, layer_acts *A, llmc
     OP(F_ROPE, llmcl_rope_forward(ctx, bthd(a, A->q, b, t, c->heads, d), bthd(a, A->k, b, t, c->kv_heads, d), &ro));
     const llmcl_attention_opts ao = {.causal = 1};
     const int64_t lshape[3] = {b, c->heads, t};
-    OP(F_ATTENTION, llmcl_attention_forward(ctx, bhtd(a, A->q, b, t, c->heads, d),
+    OP(F_ATTENTION_FWD, llmcl_attention_forward(ctx, bhtd(a, A->q, b, t, c->heads, d),
                                        bhtd(a, A->k, b, t, c->kv_heads, d),
                                        bhtd(a, A->v, b, t, c->kv_heads, d), &ao,
                                        bhtd(a, A->o, b, t, c->heads, d),
@@ -778,7 +779,7 @@ static llmcl_status layer_forward(model *m, arena *a, int l, layer_acts *A, llmc
     OP(F_GLU, llmcl_glu_forward(ctx, LLMCL_ACT_SILU, gate, up, act));
     const model_param *down = param(m, P_WDOWN, l);
     if (!xout) /* recomputing for the backward: of the last projection only its adapter's u */
-        return down->lora_a ? PROF(F_MATMUL, linear(ctx, act, down->lora_a->w, 0,
+        return down->lora_a ? PROF(F_MATMUL_FWD, linear(ctx, act, down->lora_a->w, 0,
                                                     u_rows(a, A, P_WDOWN, n)))
                             : LLMCL_OK;
     OP(F_ELEMENTWISE, llmcl_copy(ctx, xmid, xout));
@@ -825,7 +826,7 @@ static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, int b,
     llmcl_tensor *tids = head(a, m->ids, n);
     TRY(llmcl_tensor_upload(tids, ids, (size_t)n * sizeof *ids));
     TRY(group_open(m, 0, GROUP_PARAMS));
-    OP(F_EMBEDDING, llmcl_embedding_forward(ctx, tids, param(m, P_EMBED, -1)->w, rows(a, stream(m, 0), n)));
+    OP(F_EMBEDDING_FWD, llmcl_embedding_forward(ctx, tids, param(m, P_EMBED, -1)->w, rows(a, stream(m, 0), n)));
     TRY(group_close(m, 0, GROUP_PARAMS));
     for (int l = 0; l < m->cfg.layers; ++l)
         TRY(block_forward(m, a, l, n, b, t, save));
@@ -836,21 +837,38 @@ static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, int b,
                                  head(a, m->rstd_final, n), &no));
 }
 
+/*
+ * The loss of the batch in m->hfinal. When a backward follows and the model does not ask for the
+ * fused form, one pass over chunks of tokens also writes the head's part of the gradients
+ * (m->dh32 and the head's weight gradient, group 0's gradients opened here): three products of
+ * the head where the fused form's forward and backward take four.
+ */
+static llmcl_status head_loss(model *m, arena *a, int64_t n, bool backward_follows)
+{
+    const llmcl_ce_options co = ce_opts(m);
+    const model_param *headp = param(m, P_HEAD, -1);
+    llmcl_tensor *hf = rows(a, m->hfinal, n), *tt = head(a, m->targets, n);
+    if (!backward_follows || m->cfg.fused_ce)
+        return PROF(F_CROSS_ENTROPY_FWD,
+                    llmcl_fused_cross_entropy_forward(m->ctx, hf, headp->w, NULL, tt, &co, m->loss,
+                                                      NULL, head(a, m->lse_ce, n)));
+    TRY(group_open(m, 0, GROUP_GRADS));
+    return PROF(F_CROSS_ENTROPY_FWD,
+                llmcl_linear_cross_entropy_forward(m->ctx, hf, headp->w, NULL, tt, &co, m->loss,
+                                                   NULL, rows(a, m->dh32, n),
+                                                   headp->trainable ? headp->grad : NULL, NULL));
+}
+
 llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets, int b, int t,
                            bool backward_follows)
 {
     arena a = {0};
     const int64_t n = (int64_t)b * t;
     llmcl_status st = trunk_forward(m, &a, ids, b, t, backward_follows);
-    llmcl_tensor *tt = head(&a, m->targets, n);
     if (st == LLMCL_OK)
-        st = llmcl_tensor_upload(tt, targets, (size_t)n * sizeof *targets);
-    const llmcl_ce_options co = ce_opts(m);
+        st = llmcl_tensor_upload(head(&a, m->targets, n), targets, (size_t)n * sizeof *targets);
     if (st == LLMCL_OK)
-        st = PROF(F_CROSS_ENTROPY,
-                  llmcl_fused_cross_entropy_forward(m->ctx, rows(&a, m->hfinal, n),
-                                                    param(m, P_HEAD, -1)->w, NULL, tt, &co, m->loss,
-                                                    NULL, head(&a, m->lse_ce, n)));
+        st = head_loss(m, &a, n, backward_follows);
     if (st == LLMCL_OK && !backward_follows)
         st = group_close(m, 0, GROUP_PARAMS);
     arena_clear(&a);
@@ -888,7 +906,7 @@ static llmcl_status layer_backward(model *m, arena *a, int l, layer_acts *A, llm
                             rows(a, m->dattn, n), du));
     const llmcl_attention_opts ao = {.causal = 1};
     const int64_t lshape[3] = {b, c->heads, t};
-    OP(F_ATTENTION, llmcl_attention_backward(
+    OP(F_ATTENTION_BWD, llmcl_attention_backward(
         ctx, bhtd(a, A->q, b, t, c->heads, d), bhtd(a, A->k, b, t, c->kv_heads, d),
         bhtd(a, A->v, b, t, c->kv_heads, d), bhtd(a, A->o, b, t, c->heads, d),
         view(a, A->lse, 3, lshape, NULL, 0), bhtd(a, m->dattn, b, t, c->heads, d), &ao,
@@ -949,10 +967,13 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
     const llmcl_ce_options co = ce_opts(m);
     llmcl_tensor *hf = rows(a, m->hfinal, n), *dh32 = rows(a, m->dh32, n), *dres = rows(a, m->dres, n);
     model_param *headp = param(m, P_HEAD, -1), *fnorm = param(m, P_FINAL_NORM, -1);
-    TRY(group_open(m, 0, GROUP_GRADS)); /* its parameters are still open from the forward */
-    OP(F_CROSS_ENTROPY, llmcl_fused_cross_entropy_backward(ctx, hf, headp->w, NULL, head(a, m->targets, n),
-                                                  head(a, m->lse_ce, n), NULL, &co, dh32,
-                                                  headp->trainable ? headp->grad : NULL, NULL));
+    if (m->cfg.fused_ce) { /* group 0's parameters are still open from the forward */
+        TRY(group_open(m, 0, GROUP_GRADS));
+        OP(F_CROSS_ENTROPY_BWD,
+           llmcl_fused_cross_entropy_backward(ctx, hf, headp->w, NULL, head(a, m->targets, n),
+                                              head(a, m->lse_ce, n), NULL, &co, dh32,
+                                              headp->trainable ? headp->grad : NULL, NULL));
+    }
     llmcl_tensor *dy = dh32;
     if (m->cfg.dtype != LLMCL_F32) {
         dy = rows(a, m->dh, n);
@@ -972,7 +993,7 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
         return LLMCL_OK;
     /* a second part of group 0's gradients: a tied head's came before the layers' */
     TRY(group_open(m, 0, GROUP_GRADS));
-    OP(F_EMBEDDING, llmcl_embedding_backward(ctx, head(a, m->ids, n), rows(a, m->dres, n),
+    OP(F_EMBEDDING_BWD, llmcl_embedding_backward(ctx, head(a, m->ids, n), rows(a, m->dres, n),
                                              embed->grad));
     return group_close(m, 0, GROUP_GRADS);
 }

@@ -29,8 +29,12 @@ typedef struct model_config {
     double rope_theta;
     double rope_llama3_factor; /* > 0: Llama 3 scaling with Llama 3.1's other constants */
     llmcl_dtype dtype;        /* compute dtype of matrices and activations: bf16, f16 or f32 */
-    uint64_t ce_chunk_bytes;  /* the fused cross-entropy's scratch for one chunk of the
-                                 vocabulary (llmcl_ce_options.chunk_bytes); 0: the library's */
+    uint64_t ce_chunk_bytes;  /* the cross-entropy's scratch for one chunk of tokens (of the
+                                 vocabulary with fused_ce; llmcl_ce_options.chunk_bytes); 0: the
+                                 library's */
+    int fused_ce;             /* training steps use the fused cross-entropy (forward, then a
+                                 backward that recomputes the logits): less scratch, a product
+                                 more; 0: one pass over chunks of tokens with the gradients */
     int lora_rank;            /* > 0: LoRA adapters of this rank, the base weights frozen */
     float lora_alpha;         /* the adapters' scale is lora_alpha / lora_rank */
     unsigned lora_targets;    /* the adapted projections: bit (1u << P_WQ) ... (1u << P_WDOWN) */
@@ -90,8 +94,9 @@ struct model_param {
 };
 
 /* Op families for the per-family split of a step's kernel time. */
-enum { F_MATMUL, F_ATTENTION, F_NORM, F_ROPE, F_GLU, F_CROSS_ENTROPY, F_EMBEDDING, F_ELEMENTWISE,
-       F_OPTIMIZER, F_FAMILIES };
+enum { F_MATMUL_FWD, F_MATMUL_DX, F_MATMUL_DW, F_ATTENTION_FWD, F_ATTENTION_BWD, F_NORM, F_ROPE,
+       F_GLU, F_CROSS_ENTROPY_FWD, F_CROSS_ENTROPY_BWD, F_EMBEDDING_FWD, F_EMBEDDING_BWD,
+       F_ELEMENTWISE, F_OPTIMIZER, F_FAMILIES };
 
 typedef struct layer_acts layer_acts;
 typedef struct zero zero;

@@ -87,8 +87,9 @@ static void usage(FILE *f)
           "                       device for each step (bf16 or f16 models; not with LoRA or --zero)\n"
           "  --offload-chunk-mib X  state per chunk of that stream (default 256, at most an\n"
           "                       eighth of the state); two chunks are on the device at a time\n"
-          "  --seed N\n"
-          "  --zero S             under mpiexec -n N: ZeRO stage 1, 2 or 3 over the N ranks, each\n"
+          "  --seed N\n",
+          f);
+    fputs("  --zero S             under mpiexec -n N: ZeRO stage 1, 2 or 3 over the N ranks, each\n"
           "                       on its own --batch (the step's batch is N x --batch); checkpoints\n"
           "                       become folders that resume on any number of ranks\n"
           "output:\n"
@@ -96,8 +97,11 @@ static void usage(FILE *f)
           "  --sample N           greedy tokens generated at the end (0: none)\n"
           "  --prompt TEXT        the sample's start (byte-level data)\n"
           "  --peak-tflops X      the device peak for MFU (default: measured)\n"
-          "  --ce-chunk-mib N     scratch of the fused cross-entropy per vocabulary chunk (default\n"
-          "                       1024): larger chunks, fewer and larger products\n"
+          "  --ce-chunk-mib N     scratch of the cross-entropy per chunk of tokens (default 1536):\n"
+          "                       larger chunks, fewer and larger products\n"
+          "  --fused-ce           the fused cross-entropy in chunks of the vocabulary: a forward,\n"
+          "                       then a backward that computes the logits again (a product more,\n"
+          "                       and --ce-chunk-mib can be as small as 64)\n"
           "  --profile            after training, one more step with each op timed on its own:\n"
           "                       its kernel time split by op family\n"
           "checkpoints (safetensors: f32 weights under Hugging Face names, AdamW moments, step):\n"
@@ -116,11 +120,12 @@ static void usage(FILE *f)
 }
 
 /*
- * The fused cross-entropy's chunk scratch: at the 1B preset on the H100, 1 GiB chunks take 57 ms a
- * step where the library's 64 MiB take 101 ms (fewer, larger products; docs/PERFORMANCE.md), for
- * 1 GB more at the peak.
+ * The cross-entropy's chunk scratch: 2048 tokens of f32 logits and their bf16 copy at the 1B
+ * preset's vocabulary, so that each chunk's dhidden product fills the H100 (docs/PERFORMANCE.md).
+ * Small chunks cost speed: the fused form took 101 ms a step with the library's 64 MiB and 57 ms
+ * with 1 GiB.
  */
-#define TRAIN_CE_CHUNK_BYTES (1024ull << 20)
+#define TRAIN_CE_CHUNK_BYTES (1536ull << 20)
 
 /*
  * --offload-optimizer's chunk of state: a 256 MiB copy takes about 10 ms at 25 GB/s, long beside a
@@ -214,7 +219,7 @@ static void parse_options(int argc, char **argv, options *o)
         {"accum", 1, 0, 'a'}, {"steps", 1, 0, 'n'}, {"lr", 1, 0, 'l'}, {"min-lr", 1, 0, 'm'},
         {"warmup", 1, 0, 'w'}, {"weight-decay", 1, 0, 'W'}, {"clip", 1, 0, 'c'},
         {"beta1", 1, 0, '1'}, {"beta2", 1, 0, '2'}, {"eps", 1, 0, 'e'}, {"recompute", 0, 0, 'C'}, {"offload", 0, 0, 'O'}, {"profile", 0, 0, 'Q'},
-        {"ce-chunk-mib", 1, 0, 'q'},
+        {"ce-chunk-mib", 1, 0, 'q'}, {"fused-ce", 0, 0, 'j'},
         {"seed", 1, 0, 'S'}, {"eval-every", 1, 0, 'E'}, {"eval-batches", 1, 0, 'B'},
         {"log-every", 1, 0, 'g'}, {"sample", 1, 0, 'o'}, {"prompt", 1, 0, 'p'},
         {"peak-tflops", 1, 0, 'T'}, {"save", 1, 0, 'Y'}, {"save-every", 1, 0, 'y'},
@@ -301,6 +306,7 @@ static void parse_options(int argc, char **argv, options *o)
         case 'f': o->offload_optimizer = 1; break;
         case 'N': o->offload_chunk_mib = parse_num("offload-chunk-mib", optarg, 0.001); break;
         case 'Q': o->profile = 1; break;
+        case 'j': o->model.fused_ce = 1; break;
         case 'q':
             o->model.ce_chunk_bytes =
                 (uint64_t)parse_int("ce-chunk-mib", optarg, 1, 1 << 20) << 20;
@@ -604,7 +610,7 @@ static void profile_step(trainer *tr, int step)
            total, wall);
     for (int f = 0; f < F_FAMILIES; ++f)
         if (m->prof_ms[f] > 0)
-            printf("  %-14s %9.2f ms %5.1f%%\n", model_family_name(f), m->prof_ms[f],
+            printf("  %-18s %9.2f ms %5.1f%%\n", model_family_name(f), m->prof_ms[f],
                    100.0 * m->prof_ms[f] / total);
 }
 

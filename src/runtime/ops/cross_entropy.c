@@ -24,7 +24,9 @@ typedef struct ce_run {
     llmcl_ctx *ctx;
     llmcl_ce_options o;
     int64_t ignore, n, v;
-    llmcl_dtype dt; /* storage of logits, or of hidden and W */
+    llmcl_dtype dt;    /* storage of logits, or of hidden and W */
+    llmcl_dtype dx_dt; /* storage of the dlogits the row kernels write (DX_DT): dt, or a linear
+                          form's 16-bit product operand written straight from f32 logits */
     const llmcl_tensor *labels;
     llmcl__params rp; /* row-kernel tunables (WG, UNROLL) */
     llmcl_tensor *stats, *rows, *lse;
@@ -127,6 +129,8 @@ static long floor_pow2(size_t x)
 static void base_defines(const ce_run *r, llmcl__defines *d)
 {
     llmcl__define_str(d, "DT", llmcl__dtype_macro(r->dt));
+    if (r->dx_dt != r->dt)
+        llmcl__define_str(d, "DX_DT", llmcl__dtype_macro(r->dx_dt));
     llmcl__define_str(d, "LABEL_DT", llmcl__dtype_macro(r->labels->dtype));
 }
 
@@ -196,6 +200,7 @@ static llmcl_status ce_begin(ce_run *r, llmcl_ctx *ctx, llmcl_dtype dt, const ll
 {
     r->ctx = ctx;
     r->dt = dt;
+    r->dx_dt = dt;
     r->labels = labels;
     r->n = n;
     r->v = v;
@@ -557,6 +562,9 @@ static llmcl_status check_linear(llmcl_ctx *ctx, const llmcl_tensor *hidden,
 
 /* ---- path 2: chunked over tokens through llmcl_matmul ---- */
 
+/* Budgeted chunks are a multiple of this many tokens (the tensor-core products' row tile). */
+#define CE_CHUNK_ROW_TILE 128
+
 /* A 2-D view of rows [r0, r0 + rows) of t seen as rows r. */
 static llmcl_status rows_view(const llmcl_tensor *t, const llmcl__rows *r, int64_t r0, int64_t rows,
                               llmcl_tensor **out)
@@ -590,30 +598,36 @@ static llmcl_status colsum(llmcl_ctx *ctx, cl_kernel kcol, const llmcl_tensor *g
 }
 
 /*
- * The gradient products of one chunk: dh = G w + dh_beta dh and dw = G^T h + dw_beta dw, each
- * where not NULL, with G the f32 dlogits g32 or, given gcast (16-bit scratch at least as large),
- * their copy rounded to the operands' dtype. dh_split is the dh product's split_k.
+ * The gradient products of one chunk: dh = g w + dh_beta dh and dw = g^T h + dw_beta dw, each
+ * where not NULL. dh_split is the dh product's split_k.
  */
-static llmcl_status grad_products(llmcl_ctx *ctx, const llmcl_tensor *g32, llmcl_tensor *gcast,
-                                  const llmcl_tensor *w, const llmcl_tensor *h, llmcl_tensor *dh,
-                                  float dh_beta, int dh_split, llmcl_tensor *dw, float dw_beta)
+static llmcl_status grad_products(llmcl_ctx *ctx, const llmcl_tensor *g, const llmcl_tensor *w,
+                                  const llmcl_tensor *h, llmcl_tensor *dh, float dh_beta,
+                                  int dh_split, llmcl_tensor *dw, float dw_beta)
 {
-    llmcl_tensor *gv = NULL;
-    const llmcl_tensor *g = g32;
-    llmcl_status st = LLMCL_OK;
-    if (gcast && (dh || dw)) {
-        LLMCL__TRY_GOTO(st, head_view(gcast, g32->shape[0], g32->shape[1], &gv), done);
-        LLMCL__TRY_GOTO(st, llmcl_cast(ctx, g32, gv), done);
-        g = gv;
-    }
     const llmcl_matmul_opts plain = {.split_k = dh_split}, transposed = {.trans_a = 1, .split_k = 1};
     if (dh)
-        LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, g, w, dh_beta, dh, &plain), done);
+        LLMCL__TRY(llmcl_matmul(ctx, 1.0f, g, w, dh_beta, dh, &plain));
     if (dw)
-        LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, g, h, dw_beta, dw, &transposed), done);
-done:
-    llmcl_tensor_destroy(gv);
-    return st;
+        LLMCL__TRY(llmcl_matmul(ctx, 1.0f, g, h, dw_beta, dw, &transposed));
+    return LLMCL_OK;
+}
+
+/*
+ * The products' dlogits operand of a chunk whose f32 dlogits are g32 [rows, cols]: g32 itself,
+ * or the head of the 16-bit scratch gcast, where the row kernel wrote them (direct) or where they
+ * are cast now. *view is the view to destroy.
+ */
+static llmcl_status dlogits_operand(llmcl_ctx *ctx, const llmcl_tensor *g32, llmcl_tensor *gcast,
+                                    bool direct, const llmcl_tensor **g, llmcl_tensor **view)
+{
+    *g = g32;
+    *view = NULL;
+    if (!gcast)
+        return LLMCL_OK;
+    LLMCL__TRY(head_view(gcast, g32->shape[0], g32->shape[1], view));
+    *g = *view;
+    return direct ? LLMCL_OK : llmcl_cast(ctx, g32, *view);
 }
 
 /*
@@ -630,13 +644,15 @@ static llmcl_status linear_chunk(ce_run *r, const ce_linear *lin, const llmcl_te
     llmcl_ctx *ctx = r->ctx;
     const int64_t v = r->v;
     const bool grads = dhidden || dweight || dbias;
-    llmcl_tensor *hv = NULL, *lv = NULL, *dhv = NULL;
+    llmcl_tensor *hv = NULL, *lv = NULL, *dhv = NULL, *gv = NULL;
     llmcl_status st;
     LLMCL__TRY_GOTO(st, rows_view(hidden, &lin->h, r0, rows, &hv), done);
     LLMCL__TRY_GOTO(st, head_view(logits, rows, v, &lv), done);
     const llmcl_matmul_opts logit_opts = {.trans_b = 1, .bias = bias, .split_k = 1};
     LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, hv, w2, 0.0f, lv, &logit_opts), done);
-    const ce_rows_job j = {.x = logits->mem, .xstride = v, .dx = logits->mem, .dxstride = v,
+    const bool direct = r->dx_dt != r->dt;
+    const ce_rows_job j = {.x = logits->mem, .xstride = v,
+                           .dx = direct ? gcast->mem : logits->mem, .dxstride = v,
                            .nrows = rows, .row0 = r0, .grad = grads, .lse = r->lse};
     LLMCL__TRY_GOTO(st, ce_rows_run(r, &j), done);
     const bool acc = r0 > 0 || r->o.accumulate_weight_grad;
@@ -644,12 +660,17 @@ static llmcl_status linear_chunk(ce_run *r, const ce_linear *lin, const llmcl_te
         LLMCL__TRY_GOTO(st, colsum(ctx, kcol, logits, rows, v, dbias, 0, acc), done);
     if (dhidden)
         LLMCL__TRY_GOTO(st, rows_view(dhidden, &lin->dh, r0, rows, &dhv), done);
+    if (!dhidden && !dweight)
+        goto done;
+    const llmcl_tensor *g;
+    LLMCL__TRY_GOTO(st, dlogits_operand(ctx, lv, gcast, direct, &g, &gv), done);
     /* dhidden of one chunk has few row tiles and a long K (the vocabulary): split K may help */
-    st = grad_products(ctx, lv, gcast, w2, hv, dhv, 0.0f, 0, dweight, acc ? 1.0f : 0.0f);
+    st = grad_products(ctx, g, w2, hv, dhv, 0.0f, 0, dweight, acc ? 1.0f : 0.0f);
 done:
     llmcl_tensor_destroy(hv);
     llmcl_tensor_destroy(lv);
     llmcl_tensor_destroy(dhv);
+    llmcl_tensor_destroy(gv);
     return st;
 }
 
@@ -679,11 +700,16 @@ llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tens
     const uint64_t per_row = (uint64_t)v * (4 + (gcast_needed ? 2 : 0));
     int64_t c = r.o.chunk_rows ? r.o.chunk_rows : (int64_t)(budget / per_row);
     c = c < 1 ? 1 : c > n ? n : c;
+    /* whole 128-row tiles of the products, so that no chunk ends in a sliver of a tile */
+    if (!r.o.chunk_rows && c < n && c >= CE_CHUNK_ROW_TILE)
+        c -= c % CE_CHUNK_ROW_TILE;
 
     llmcl_status st;
     llmcl_tensor *logits = NULL, *gcast = NULL, *w2 = NULL;
     cl_kernel kcol = NULL;
     LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, LLMCL_F32, labels, n, v, true), done);
+    if (gcast_needed && !dbias) /* dbias sums the f32 dlogits */
+        r.dx_dt = hidden->dtype;
     LLMCL__TRY_GOTO(st, ce_check_labels(&r), done); /* before any product writes a gradient */
     const int64_t lshape[2] = {c, v};
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 2, lshape, "logits chunk", &logits), done);
@@ -918,7 +944,7 @@ static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
     const int64_t n = r->n, vc = fused_chunk_cols(r, gcast_needed);
     const int64_t nchunks = llmcl__div_up(r->v, vc), lshape[2] = {n, vc};
     const size_t wg = (size_t)llmcl__param_get(&r->rp, "WG", 64);
-    llmcl_tensor *logits = NULL, *gcast = NULL, *hv = NULL, *dhv = NULL, *dwv = NULL;
+    llmcl_tensor *logits = NULL, *gcast = NULL, *hv = NULL, *dhv = NULL, *dwv = NULL, *gv = NULL;
     ce_chunk c = {0};
     cl_kernel kgrad, kcol = NULL;
     llmcl_status st;
@@ -929,6 +955,9 @@ static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
     LLMCL__TRY_GOTO(st, rows_view(hidden, &lin->h, 0, n, &hv), done);
     if (dhidden)
         LLMCL__TRY_GOTO(st, rows_view(dhidden, &lin->dh, 0, n, &dhv), done);
+    const bool direct = gcast && !dbias; /* dbias sums the f32 dlogits */
+    if (direct)
+        r->dx_dt = hidden->dtype;
     LLMCL__TRY_GOTO(st, row_kernel(r, "cce_chunk_grad", &kgrad), done);
     if (dbias)
         LLMCL__TRY_GOTO(st, row_kernel(r, "ce_colsum", &kcol), done);
@@ -945,6 +974,7 @@ static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
         arg_buf(&a, r->stats->mem);
         llmcl__arg_f32(&a, r->o.softcap);
         arg_buf(&a, coef->mem);
+        arg_buf(&a, direct ? gcast->mem : logits->mem);
         const size_t g2[2] = {wg, (size_t)n}, l2[2] = {wg, 1};
         LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
         if (dbias)
@@ -954,12 +984,15 @@ static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
                             done);
         if (dweight)
             LLMCL__TRY_GOTO(st, rows_view(dweight, &lin->dw, c.v0, c.w, &dwv), done);
+        const llmcl_tensor *g;
+        LLMCL__TRY_GOTO(st, dlogits_operand(ctx, c.logits, gcast, direct, &g, &gv), done);
         LLMCL__TRY_GOTO(st,
-                        grad_products(ctx, c.logits, gcast, c.weight, hv, dhv, ci ? 1.0f : 0.0f,
-                                      1, dwv, r->o.accumulate_weight_grad ? 1.0f : 0.0f),
+                        grad_products(ctx, g, c.weight, hv, dhv, ci ? 1.0f : 0.0f, 1, dwv,
+                                      r->o.accumulate_weight_grad ? 1.0f : 0.0f),
                         done);
         llmcl_tensor_destroy(dwv);
-        dwv = NULL;
+        llmcl_tensor_destroy(gv);
+        dwv = gv = NULL;
         chunk_free(&c);
     }
     st = LLMCL_OK;
@@ -970,6 +1003,7 @@ done:
     llmcl_tensor_destroy(hv);
     llmcl_tensor_destroy(dhv);
     llmcl_tensor_destroy(dwv);
+    llmcl_tensor_destroy(gv);
     return st;
 }
 

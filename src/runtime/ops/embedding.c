@@ -15,8 +15,6 @@ typedef struct emb_ids {
 
 /* The kernels' grid: rows of positions, capped so that the second dimension fits every device. */
 #define EMB_MAX_GROUPS 65535
-/* The backward's work-groups, one per position up to this many, then grid-stride. */
-#define EMB_MAX_BWD_GROUPS (1 << 20)
 
 static llmcl_status check_ids(llmcl_ctx *ctx, const llmcl_tensor *ids, emb_ids *out)
 {
@@ -63,6 +61,15 @@ static llmcl_status emb_kernel(llmcl_ctx *ctx, const char *name, llmcl_dtype id_
     llmcl__params_define(&p, &d);
     *wg = (size_t)w;
     return llmcl__kernel(ctx, "embedding", &d, name, k);
+}
+
+/* Both kernels' grid: a work-item per column of a row, a row of work-groups per position. */
+static llmcl_status launch_rows(llmcl__args *a, int64_t n, int64_t h, size_t wg)
+{
+    const int64_t cols = llmcl__div_up(h, (int64_t)wg);
+    const int64_t rows = n < EMB_MAX_GROUPS ? n : EMB_MAX_GROUPS;
+    const size_t global[2] = {(size_t)cols * wg, (size_t)rows}, local[2] = {wg, 1};
+    return llmcl__launch(a, 2, global, local);
 }
 
 static void arg_ids(llmcl__args *a, const emb_ids *ids)
@@ -145,10 +152,7 @@ llmcl_status llmcl_embedding_forward(llmcl_ctx *ctx, const llmcl_tensor *ids,
     llmcl__arg_i64(&a, wr.row_len);
     llmcl__arg_tensor(&a, out);
     llmcl__arg_i64(&a, orows.row_stride);
-    const int64_t cols = llmcl__div_up(wr.row_len, (int64_t)wg);
-    const int64_t rows = in.n < EMB_MAX_GROUPS ? in.n : EMB_MAX_GROUPS;
-    const size_t global[2] = {(size_t)cols * wg, (size_t)rows}, local[2] = {wg, 1};
-    return llmcl__launch(&a, 2, global, local);
+    return launch_rows(&a, in.n, wr.row_len, wg);
 }
 
 llmcl_status llmcl_embedding_backward(llmcl_ctx *ctx, const llmcl_tensor *ids,
@@ -181,7 +185,6 @@ llmcl_status llmcl_embedding_backward(llmcl_ctx *ctx, const llmcl_tensor *ids,
     llmcl__arg_i64(&a, wr.row_len);
     llmcl__arg_tensor(&a, dweight);
     llmcl__arg_i64(&a, wr.row_stride);
-    const int64_t groups = in.n < EMB_MAX_BWD_GROUPS ? in.n : EMB_MAX_BWD_GROUPS;
-    const size_t global = (size_t)groups * wg;
-    return llmcl__launch(&a, 1, &global, &wg);
+    /* a work-item a column: long lists of one id are the pole, not the owner checks */
+    return launch_rows(&a, in.n, wr.row_len, wg);
 }

@@ -222,27 +222,43 @@ static llmcl_status reduce_slices(const mm_problem *p, int64_t slices, const llm
 }
 
 /*
- * K slices: the caller's split_k, or on GPUs enough slices to give every compute unit two
- * work-groups when the output (all batch entries) has fewer tiles than that, each slice at least
- * 8 k-steps long and the f32 scratch within MM_AUTO_SPLIT_BYTES. Returns the slice length (a
- * multiple of bk).
+ * Automatic K slices for `groups` output tiles on a GPU holding `slots` work-groups at once: the
+ * count with the fewest waves per slice, ceil(groups s / slots) / s, among those that leave each
+ * slice at least 8 k-steps and keep the f32 scratch within MM_AUTO_SPLIT_BYTES, and only when it
+ * saves a tenth of the time (the slices' sums cost a pass over the output). 176 tiles on 264
+ * slots run 0.67 of a wave unsplit and exactly two waves as three slices.
+ */
+static int64_t auto_slices(int64_t groups, int64_t slots, int64_t ksteps, uint64_t per_slice)
+{
+    if (groups >= 2 * slots)
+        return 1;
+    int64_t best = 1;
+    double best_cost = (double)llmcl__div_up(groups, slots);
+    for (int64_t s = 2; s <= slots && s <= ksteps / 8; ++s) {
+        if (per_slice * (uint64_t)s > MM_AUTO_SPLIT_BYTES)
+            break;
+        const double cost = (double)llmcl__div_up(groups * s, slots) / (double)s;
+        if (cost < best_cost - 1e-9) {
+            best = s;
+            best_cost = cost;
+        }
+    }
+    return best_cost < 0.9 * (double)llmcl__div_up(groups, slots) ? best : 1;
+}
+
+/*
+ * K slices: the caller's split_k, or on GPUs auto_slices with two work-groups a compute unit.
+ * Returns the slice length (a multiple of bk).
  */
 static int64_t k_slice(const mm_problem *p, int64_t tiles, int64_t bk, int64_t *slices)
 {
     const int64_t ksteps = llmcl__div_up(p->K, bk) > 0 ? llmcl__div_up(p->K, bk) : 1;
     int64_t s = p->o.split_k;
-    if (s == 0) {
-        s = 1;
-        const int64_t want = 2 * (int64_t)p->ctx->info.compute_units, groups = tiles * p->batch;
-        const uint64_t per_slice = (uint64_t)p->batch * p->M * p->N * 4;
-        if (p->ctx->info.is_gpu && groups * 2 <= want) {
-            s = want / groups;
-            s = s < ksteps / 8 ? s : ksteps / 8;
-            while (s > 1 && per_slice * (uint64_t)s > MM_AUTO_SPLIT_BYTES)
-                --s;
-            s = s > 1 ? s : 1;
-        }
-    }
+    if (s == 0)
+        s = p->ctx->info.is_gpu
+                ? auto_slices(tiles * p->batch, 2 * (int64_t)p->ctx->info.compute_units, ksteps,
+                              (uint64_t)p->batch * p->M * p->N * 4)
+                : 1;
     s = s < ksteps ? s : ksteps;
     const int64_t len = llmcl__div_up(ksteps, s) * bk;
     *slices = llmcl__div_up(p->K, len) > 0 ? llmcl__div_up(p->K, len) : 1;
