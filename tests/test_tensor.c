@@ -165,6 +165,51 @@ static void test_memory_accounting(void **state)
     assert_int_equal(m.current_bytes, m0.current_bytes);
 }
 
+/* An op's scratch buffer is kept for the next op of its size, counted as cached, not in use. */
+static void test_scratch_cache(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    TH_OK(llmcl_memory_release_cached(ctx));
+    llmcl_memory_stats m0, m1, m2;
+    TH_OK(llmcl_memory_stats_get(ctx, &m0));
+    assert_int_equal(m0.cached_bytes, 0);
+    TH_OK(llmcl_memory_reset_peak(ctx));
+    const int64_t as[2] = {7, 300}, bs[2] = {300, 5}, cs[2] = {7, 5};
+    llmcl_tensor *a = th_tensor(LLMCL_F32, 2, as), *b = th_tensor(LLMCL_F32, 2, bs),
+                 *c = th_tensor(LLMCL_F32, 2, cs);
+    TH_OK(llmcl_fill(ctx, a, 0.5));
+    TH_OK(llmcl_fill(ctx, b, 2.0));
+    const llmcl_matmul_opts split = {.split_k = 3}; /* three f32 slices of c in a scratch */
+    const uint64_t slices = 3 * 7 * 5 * 4, tensors = (7 * 300 + 300 * 5 + 7 * 5) * 4;
+    TH_OK(llmcl_matmul(ctx, 1.0f, a, b, 0.0f, c, &split));
+    TH_OK(llmcl_memory_stats_get(ctx, &m1));
+    assert_int_equal(m1.current_bytes - m0.current_bytes, tensors);
+    assert_int_equal(m1.cached_bytes, slices);
+    assert_int_equal(m1.peak_reserved_bytes - m0.current_bytes, tensors + slices);
+    /* the second product takes the cached buffer: nothing new is allocated */
+    TH_OK(llmcl_matmul(ctx, 1.0f, a, b, 0.0f, c, &split));
+    TH_OK(llmcl_memory_stats_get(ctx, &m2));
+    assert_int_equal(m2.cached_bytes, slices);
+    assert_int_equal(m2.peak_reserved_bytes, m1.peak_reserved_bytes);
+    double got[35];
+    th_download(c, got);
+    for (int i = 0; i < 35; ++i)
+        assert_true(got[i] == 300.0);
+    /* a cap empties the cache; so does the call */
+    TH_OK(llmcl_memory_set_limit(ctx, m2.current_bytes + slices));
+    TH_OK(llmcl_memory_stats_get(ctx, &m2));
+    assert_int_equal(m2.cached_bytes, 0);
+    TH_OK(llmcl_matmul(ctx, 1.0f, a, b, 0.0f, c, &split));
+    TH_OK(llmcl_memory_set_limit(ctx, 0));
+    TH_OK(llmcl_memory_release_cached(ctx));
+    TH_OK(llmcl_memory_stats_get(ctx, &m2));
+    assert_int_equal(m2.cached_bytes, 0);
+    llmcl_tensor_destroy(a), llmcl_tensor_destroy(b), llmcl_tensor_destroy(c);
+    TH_OK(llmcl_memory_stats_get(ctx, &m2));
+    assert_int_equal(m2.current_bytes, m0.current_bytes);
+}
+
 static void test_profiling(void **state)
 {
     (void)state;
@@ -210,6 +255,7 @@ int main(void)
         cmocka_unit_test(test_views_and_strides),
         cmocka_unit_test(test_bad_layouts),
         cmocka_unit_test(test_memory_accounting),
+        cmocka_unit_test(test_scratch_cache),
         cmocka_unit_test(test_profiling),
         cmocka_unit_test(test_ceilings),
     };

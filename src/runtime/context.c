@@ -131,6 +131,7 @@ void llmcl_ctx_destroy(llmcl_ctx *ctx)
         return;
     if (ctx->queue)
         clFinish(ctx->queue);
+    llmcl__cache_drain(ctx);
     for (size_t i = 0; i < ctx->n_events; ++i)
         clReleaseEvent(ctx->events[i]);
     free(ctx->events);

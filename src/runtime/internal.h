@@ -15,6 +15,9 @@
 typedef struct llmcl__program llmcl__program;
 typedef struct llmcl__tune_db llmcl__tune_db;
 
+/* Scratch buffers a context keeps for reuse (llmcl_memory_stats). */
+#define LLMCL__CACHE_SLOTS 32
+
 struct llmcl_ctx {
     cl_context context;
     cl_device_id device;
@@ -27,6 +30,11 @@ struct llmcl_ctx {
     llmcl_cache_stats cache_stats;
 
     llmcl_memory_stats memory;
+    struct {
+        cl_mem mem;
+        uint64_t bytes;
+    } cache[LLMCL__CACHE_SLOTS]; /* freed scratch buffers, memory.cached_bytes in all */
+    int n_cached;
 
     bool profiling;
     cl_event *events;
@@ -42,6 +50,7 @@ struct llmcl_tensor {
     llmcl_ctx *ctx;
     cl_mem mem;
     bool owns;         /* allocated by the library, counted in ctx->memory */
+    bool scratch;      /* an op's temporary: its buffer goes to the context's cache */
     uint64_t capacity; /* bytes of mem */
     llmcl_dtype dtype;
     int ndim;
@@ -120,9 +129,23 @@ void llmcl__buffer_free(llmcl_ctx *ctx, cl_mem mem, uint64_t bytes);
  */
 llmcl_status llmcl__buffer_alloc_init(llmcl_ctx *ctx, uint64_t bytes, const void *init, cl_mem *out);
 
-/* A scratch tensor for an op's temporaries: llmcl_tensor_create plus a name for messages. */
+/*
+ * A scratch tensor for an op's temporaries, used on the context's queue only: its buffer comes
+ * from the context's cache when one fits and goes back there when it is destroyed, so no view of
+ * it may be used after that (the in-order queue runs what was enqueued before the next op that
+ * takes the buffer). `what` names it in messages.
+ */
 llmcl_status llmcl__scratch(llmcl_ctx *ctx, llmcl_dtype dtype, int ndim, const int64_t *shape,
                             const char *what, llmcl_tensor **out);
+
+/* A cached buffer of at least bytes (and at most twice), counted as in use again; false: none. */
+bool llmcl__cache_take(llmcl_ctx *ctx, uint64_t bytes, cl_mem *mem, uint64_t *got);
+
+/* Keeps a freed scratch buffer for reuse; false (the caller frees it) when the cache is full. */
+bool llmcl__cache_put(llmcl_ctx *ctx, cl_mem mem, uint64_t bytes);
+
+/* Frees every cached buffer. */
+void llmcl__cache_drain(llmcl_ctx *ctx);
 
 /*
  * A pinned host buffer (CL_MEM_ALLOC_HOST_PTR), mapped once through queue for reading and writing;

@@ -1,7 +1,8 @@
 /*
  * memory.c: device allocations with accounting. Every buffer the library allocates goes through
  * llmcl__buffer_alloc, which enforces the context's cap and the device's limits and reports any
- * failure as out of device memory; current and peak bytes are readable through the API.
+ * failure as out of device memory; current and peak bytes are readable through the API. Freed
+ * scratch buffers wait in the context's cache for the next op of the same size.
  */
 #include <stdio.h>
 #include <string.h>
@@ -17,6 +18,10 @@ llmcl_status llmcl__buffer_alloc_init(llmcl_ctx *ctx, uint64_t bytes, const void
 {
     const uint64_t size = bytes ? bytes : 1; /* OpenCL refuses empty buffers */
     llmcl_memory_stats *m = &ctx->memory;
+    const uint64_t held = m->current_bytes + m->cached_bytes + size;
+    if (m->cached_bytes && ((m->limit_bytes && held > m->limit_bytes) ||
+                            held > ctx->info.global_mem_bytes))
+        llmcl__cache_drain(ctx);
     LLMCL__REQUIRE(ctx, !m->limit_bytes || m->current_bytes + size <= m->limit_bytes,
                    LLMCL_ERROR_OUT_OF_DEVICE_MEMORY,
                    "allocating %llu bytes would exceed the memory limit (%llu of %llu bytes in use)",
@@ -33,6 +38,10 @@ llmcl_status llmcl__buffer_alloc_init(llmcl_ctx *ctx, uint64_t bytes, const void
     cl_int err;
     const cl_mem_flags flags = CL_MEM_READ_WRITE | (init ? CL_MEM_COPY_HOST_PTR : 0);
     cl_mem mem = clCreateBuffer(ctx->context, flags, (size_t)size, (void *)init, &err);
+    if (err != CL_SUCCESS && m->cached_bytes) {
+        llmcl__cache_drain(ctx);
+        mem = clCreateBuffer(ctx->context, flags, (size_t)size, (void *)init, &err);
+    }
     if (err != CL_SUCCESS)
         return LLMCL__FAIL(ctx, LLMCL_ERROR_OUT_OF_DEVICE_MEMORY,
                            "clCreateBuffer of %llu bytes failed (%s)", (unsigned long long)size,
@@ -40,6 +49,8 @@ llmcl_status llmcl__buffer_alloc_init(llmcl_ctx *ctx, uint64_t bytes, const void
     m->current_bytes += size;
     if (m->current_bytes > m->peak_bytes)
         m->peak_bytes = m->current_bytes;
+    if (m->current_bytes + m->cached_bytes > m->peak_reserved_bytes)
+        m->peak_reserved_bytes = m->current_bytes + m->cached_bytes;
     *out = mem;
     return LLMCL_OK;
 }
@@ -50,16 +61,51 @@ void llmcl__buffer_free(llmcl_ctx *ctx, cl_mem mem, uint64_t bytes)
     ctx->memory.current_bytes -= bytes ? bytes : 1;
 }
 
-llmcl_status llmcl__scratch(llmcl_ctx *ctx, llmcl_dtype dtype, int ndim, const int64_t *shape,
-                            const char *what, llmcl_tensor **out)
+bool llmcl__cache_take(llmcl_ctx *ctx, uint64_t bytes, cl_mem *mem, uint64_t *got)
 {
-    llmcl_status st = llmcl_tensor_create(ctx, dtype, ndim, shape, out);
-    if (st == LLMCL_OK)
-        return LLMCL_OK;
-    char detail[LLMCL__ERR_LEN / 2];
-    memcpy(detail, ctx->last_error, sizeof detail - 1);
-    detail[sizeof detail - 1] = '\0';
-    return LLMCL__FAIL(ctx, st, "scratch for %s: %s", what, detail);
+    const uint64_t need = bytes ? bytes : 1;
+    int best = -1;
+    for (int i = 0; i < ctx->n_cached; ++i)
+        if (ctx->cache[i].bytes >= need && ctx->cache[i].bytes / 2 <= need &&
+            (best < 0 || ctx->cache[i].bytes < ctx->cache[best].bytes))
+            best = i;
+    if (best < 0)
+        return false;
+    *mem = ctx->cache[best].mem;
+    *got = ctx->cache[best].bytes;
+    ctx->cache[best] = ctx->cache[--ctx->n_cached];
+    ctx->memory.cached_bytes -= *got;
+    ctx->memory.current_bytes += *got;
+    if (ctx->memory.current_bytes > ctx->memory.peak_bytes)
+        ctx->memory.peak_bytes = ctx->memory.current_bytes;
+    return true;
+}
+
+bool llmcl__cache_put(llmcl_ctx *ctx, cl_mem mem, uint64_t bytes)
+{
+    if (ctx->n_cached == LLMCL__CACHE_SLOTS)
+        return false;
+    const uint64_t held = bytes ? bytes : 1;
+    ctx->cache[ctx->n_cached].mem = mem;
+    ctx->cache[ctx->n_cached++].bytes = held;
+    ctx->memory.current_bytes -= held;
+    ctx->memory.cached_bytes += held;
+    return true;
+}
+
+void llmcl__cache_drain(llmcl_ctx *ctx)
+{
+    for (int i = 0; i < ctx->n_cached; ++i)
+        clReleaseMemObject(ctx->cache[i].mem);
+    ctx->n_cached = 0;
+    ctx->memory.cached_bytes = 0;
+}
+
+llmcl_status llmcl_memory_release_cached(llmcl_ctx *ctx)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    llmcl__cache_drain(ctx);
+    return LLMCL_OK;
 }
 
 llmcl_status llmcl_memory_stats_get(const llmcl_ctx *ctx, llmcl_memory_stats *out)
@@ -73,12 +119,14 @@ llmcl_status llmcl_memory_reset_peak(llmcl_ctx *ctx)
 {
     LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
     ctx->memory.peak_bytes = ctx->memory.current_bytes;
+    ctx->memory.peak_reserved_bytes = ctx->memory.current_bytes + ctx->memory.cached_bytes;
     return LLMCL_OK;
 }
 
 llmcl_status llmcl_memory_set_limit(llmcl_ctx *ctx, uint64_t bytes)
 {
     LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    llmcl__cache_drain(ctx); /* the cap then holds from the next allocation on */
     ctx->memory.limit_bytes = bytes;
     return LLMCL_OK;
 }

@@ -501,8 +501,8 @@ static llmcl_status save_source(llmcl_offload *off, const llmcl_tensor *t, llmcl
 {
     if (llmcl_tensor_is_contiguous(t))
         return llmcl_tensor_view(t, t->ndim, t->shape, t->strides, t->offset, out);
-    LLMCL__TRY(
-        llmcl__scratch(off->ctx, t->dtype, t->ndim, t->shape, "packing a strided view", out));
+    /* not a scratch tensor: the copy queue reads it, and the cache serves the compute queue */
+    LLMCL__TRY(llmcl_tensor_create(off->ctx, t->dtype, t->ndim, t->shape, out));
     llmcl_status st = llmcl_copy(off->ctx, t, *out);
     if (st != LLMCL_OK) {
         llmcl_tensor_destroy(*out);

@@ -64,8 +64,9 @@ static void set_layout(llmcl_tensor *t, int ndim, const int64_t *shape, const in
     }
 }
 
-llmcl_status llmcl_tensor_create(llmcl_ctx *ctx, llmcl_dtype dtype, int ndim, const int64_t *shape,
-                                 llmcl_tensor **out)
+/* A new tensor of its own buffer: a scratch one's from the context's cache when one fits. */
+static llmcl_status tensor_new(llmcl_ctx *ctx, llmcl_dtype dtype, int ndim, const int64_t *shape,
+                               bool scratch, llmcl_tensor **out)
 {
     LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
     LLMCL__REQUIRE(ctx, out, LLMCL_ERROR_INVALID_ARGUMENT, "out must not be NULL");
@@ -75,17 +76,38 @@ llmcl_status llmcl_tensor_create(llmcl_ctx *ctx, llmcl_dtype dtype, int ndim, co
     llmcl_tensor *t = calloc(1, sizeof *t);
     LLMCL__REQUIRE(ctx, t, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "tensor");
     t->capacity = (uint64_t)extent * dtype_sizes[dtype];
-    llmcl_status st = llmcl__buffer_alloc(ctx, t->capacity, &t->mem);
-    if (st != LLMCL_OK) {
-        free(t);
-        return st;
+    if (!scratch || !llmcl__cache_take(ctx, t->capacity, &t->mem, &t->capacity)) {
+        const llmcl_status st = llmcl__buffer_alloc(ctx, t->capacity, &t->mem);
+        if (st != LLMCL_OK) {
+            free(t);
+            return st;
+        }
     }
     t->ctx = ctx;
     t->owns = true;
+    t->scratch = scratch;
     t->dtype = dtype;
     set_layout(t, ndim, shape, NULL);
     *out = t;
     return LLMCL_OK;
+}
+
+llmcl_status llmcl_tensor_create(llmcl_ctx *ctx, llmcl_dtype dtype, int ndim, const int64_t *shape,
+                                 llmcl_tensor **out)
+{
+    return tensor_new(ctx, dtype, ndim, shape, false, out);
+}
+
+llmcl_status llmcl__scratch(llmcl_ctx *ctx, llmcl_dtype dtype, int ndim, const int64_t *shape,
+                            const char *what, llmcl_tensor **out)
+{
+    const llmcl_status st = tensor_new(ctx, dtype, ndim, shape, true, out);
+    if (st == LLMCL_OK)
+        return LLMCL_OK;
+    char detail[LLMCL__ERR_LEN / 2];
+    memcpy(detail, ctx->last_error, sizeof detail - 1);
+    detail[sizeof detail - 1] = '\0';
+    return LLMCL__FAIL(ctx, st, "scratch for %s: %s", what, detail);
 }
 
 static llmcl_status make_view(llmcl_ctx *ctx, cl_mem mem, uint64_t capacity, llmcl_dtype dtype,
@@ -140,10 +162,10 @@ void llmcl_tensor_destroy(llmcl_tensor *t)
 {
     if (!t)
         return;
-    if (t->owns)
-        llmcl__buffer_free(t->ctx, t->mem, t->capacity);
-    else
+    if (!t->owns)
         clReleaseMemObject(t->mem);
+    else if (!(t->scratch && llmcl__cache_put(t->ctx, t->mem, t->capacity)))
+        llmcl__buffer_free(t->ctx, t->mem, t->capacity);
     free(t);
 }
 

@@ -828,7 +828,9 @@ int main(int argc, char **argv)
         dump_logits(&tr);
     llmcl_memory_stats ms;
     CHECK(llmcl_memory_stats_get(tr.ctx, &ms), tr.ctx);
-    printf("device memory: peak %.1f MiB (llmcl's accounting)\n", (double)ms.peak_bytes / 1048576.0);
+    printf("device memory: peak %.1f MiB in use, %.1f MiB with the ops' cached scratch (llmcl's "
+           "accounting)\n",
+           (double)ms.peak_bytes / 1048576.0, (double)ms.peak_reserved_bytes / 1048576.0);
     if (o->profile && !stopped)
         profile_step(&tr, step);
     if (tr.m->off)
