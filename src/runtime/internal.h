@@ -138,7 +138,8 @@ llmcl_status llmcl__buffer_alloc_init(llmcl_ctx *ctx, uint64_t bytes, const void
 llmcl_status llmcl__scratch(llmcl_ctx *ctx, llmcl_dtype dtype, int ndim, const int64_t *shape,
                             const char *what, llmcl_tensor **out);
 
-/* A cached buffer of at least bytes (and at most twice), counted as in use again; false: none. */
+/* A cached buffer of at least bytes (and at most an eighth more), counted as in use again;
+   false: none. */
 bool llmcl__cache_take(llmcl_ctx *ctx, uint64_t bytes, cl_mem *mem, uint64_t *got);
 
 /* Keeps a freed scratch buffer for reuse; false (the caller frees it) when the cache is full. */

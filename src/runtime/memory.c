@@ -66,7 +66,7 @@ bool llmcl__cache_take(llmcl_ctx *ctx, uint64_t bytes, cl_mem *mem, uint64_t *go
     const uint64_t need = bytes ? bytes : 1;
     int best = -1;
     for (int i = 0; i < ctx->n_cached; ++i)
-        if (ctx->cache[i].bytes >= need && ctx->cache[i].bytes / 2 <= need &&
+        if (ctx->cache[i].bytes >= need && ctx->cache[i].bytes - need <= need / 8 &&
             (best < 0 || ctx->cache[i].bytes < ctx->cache[best].bytes))
             best = i;
     if (best < 0)
