@@ -295,7 +295,7 @@ inline ce_span ce_span_of(long base, long V, long sp, long ns)
         float g_ = (q).x * exp(xc_ - (lse)) - (q).z * WEIGHT1(j);                                 \
         if ((j) == (y))                                                                           \
             g_ -= (q).y;                                                                          \
-        STORE(DX_DT, dx, (dbase) + (j), g_ * CAP_DERIV(xc_));                                        \
+        STORE(DX_DT, dx, (dbase) + (j), g_ * CAP_DERIV(xc_));                                     \
     } while (0)
 
 /* Writes dlogits for this work-item's share of split sp of a row (coefficients q, label y). */

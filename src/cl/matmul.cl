@@ -284,7 +284,10 @@ inline void mm_frags(uint sa, int ks, int wm, int wn, int lane, uint4 *af, uint4
 #define EPI_R (WM * WN * 16 * EPI_LD * 4 <= STAGES * (STAGE_A + STAGE_B) ? 16 : 8)
 
 /* Four consecutive elements at p + i, which is 4-element aligned, as one vector access. */
-inline float4 mm_load4_F32(const __global float *p, long i) { return *(const __global float4 *)(p + i); }
+inline float4 mm_load4_F32(const __global float *p, long i)
+{
+    return *(const __global float4 *)(p + i);
+}
 inline float4 mm_load4_BF16(const __global ushort *p, long i)
 {
     return bf16x4_to_f32(as_ushort4(*(const __global uint2 *)(p + i)));

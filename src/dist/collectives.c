@@ -57,13 +57,6 @@ static void pinned_destroy(llmcl_dist *d, dist_pinned *p)
     memset(p, 0, sizeof *p);
 }
 
-static void release_event(cl_event *e)
-{
-    if (*e)
-        clReleaseEvent(*e);
-    *e = NULL;
-}
-
 /* Elements of a block in one chunk: chunk_bytes over the pieces a chunk receives (P - 1), at most
    the largest shard, at least 1; a multiple of DIST_ALIGN where it can be, so that with the shards
    (multiples of it too) every copy starts aligned on the device and in host memory. */
@@ -139,11 +132,11 @@ static void op_destroy(llmcl_dist *d, dist_op *op)
     for (int64_t c = op->landed; op->active && c < op->exchanged; ++c)
         MPI_Wait(&slot_of(op, c)->req, MPI_STATUS_IGNORE);
     for (int k = 0; k < DIST_DEPTH; ++k) {
-        release_event(&op->slot[k].d2h);
-        release_event(&op->slot[k].h2d);
+        llmcl__release_event(&op->slot[k].d2h);
+        llmcl__release_event(&op->slot[k].h2d);
     }
-    release_event(&op->ready);
-    release_event(&op->dst_free);
+    llmcl__release_event(&op->ready);
+    llmcl__release_event(&op->dst_free);
     pinned_destroy(d, &op->host);
     free(op->args);
     memset(op, 0, sizeof *op);
@@ -236,7 +229,7 @@ static llmcl_status copy_out(llmcl_dist *d, dist_op *op)
         if (err != CL_SUCCESS)
             return llmcl__fail_cl(d->ctx, err, "clEnqueueReadBuffer (to host staging)", __FILE__,
                                   __LINE__);
-        release_event(&op->ready);
+        llmcl__release_event(&op->ready);
     }
     op->copied++;
     return LLMCL_OK;
@@ -258,7 +251,7 @@ static llmcl_status copy_back(llmcl_dist *d, dist_op *op)
         if (err != CL_SUCCESS)
             return llmcl__fail_cl(d->ctx, err, "clEnqueueWriteBuffer (from host staging)",
                                   __FILE__, __LINE__);
-        release_event(&op->dst_free);
+        llmcl__release_event(&op->dst_free);
     }
     op->landed++;
     return LLMCL_OK;
@@ -294,7 +287,7 @@ static llmcl_status poll_event(llmcl_dist *d, const dist_op *op, cl_event *e, bo
                    llmcl_status_str(status));
     *done = status == CL_COMPLETE;
     if (*done)
-        release_event(e);
+        llmcl__release_event(e);
     return LLMCL_OK;
 }
 
@@ -412,7 +405,7 @@ llmcl_status llmcl__dist_complete(llmcl_dist *d, dist_op *op)
         LLMCL__TRY(llmcl__dist_progress(d));
     }
     op->active = false;
-    release_event(&op->dst_free);
+    llmcl__release_event(&op->dst_free);
     if (op->chunks == 0)
         return LLMCL_OK;
     /* The h2d queue is in order: its last chunk's copy back completes after all the others. */

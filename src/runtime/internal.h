@@ -288,4 +288,12 @@ size_t llmcl__pow2_ceil(size_t x);
 /* ceil(a / b) for positive b. */
 static inline int64_t llmcl__div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* Releases *ev if it is set and clears it. */
+static inline void llmcl__release_event(cl_event *ev)
+{
+    if (*ev)
+        clReleaseEvent(*ev);
+    *ev = NULL;
+}
+
 #endif /* LLMCL_INTERNAL_H */

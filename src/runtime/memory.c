@@ -9,6 +9,16 @@
 
 #include "internal.h"
 
+/* Counts bytes as in use again (a new buffer, or one taken from the cache) and moves the peaks. */
+static void count_in_use(llmcl_memory_stats *m, uint64_t bytes)
+{
+    m->current_bytes += bytes;
+    if (m->current_bytes > m->peak_bytes)
+        m->peak_bytes = m->current_bytes;
+    if (m->current_bytes + m->cached_bytes > m->peak_reserved_bytes)
+        m->peak_reserved_bytes = m->current_bytes + m->cached_bytes;
+}
+
 llmcl_status llmcl__buffer_alloc(llmcl_ctx *ctx, uint64_t bytes, cl_mem *out)
 {
     return llmcl__buffer_alloc_init(ctx, bytes, NULL, out);
@@ -46,11 +56,7 @@ llmcl_status llmcl__buffer_alloc_init(llmcl_ctx *ctx, uint64_t bytes, const void
         return LLMCL__FAIL(ctx, LLMCL_ERROR_OUT_OF_DEVICE_MEMORY,
                            "clCreateBuffer of %llu bytes failed (%s)", (unsigned long long)size,
                            llmcl_status_str(err));
-    m->current_bytes += size;
-    if (m->current_bytes > m->peak_bytes)
-        m->peak_bytes = m->current_bytes;
-    if (m->current_bytes + m->cached_bytes > m->peak_reserved_bytes)
-        m->peak_reserved_bytes = m->current_bytes + m->cached_bytes;
+    count_in_use(m, size);
     *out = mem;
     return LLMCL_OK;
 }
@@ -75,9 +81,7 @@ bool llmcl__cache_take(llmcl_ctx *ctx, uint64_t bytes, cl_mem *mem, uint64_t *go
     *got = ctx->cache[best].bytes;
     ctx->cache[best] = ctx->cache[--ctx->n_cached];
     ctx->memory.cached_bytes -= *got;
-    ctx->memory.current_bytes += *got;
-    if (ctx->memory.current_bytes > ctx->memory.peak_bytes)
-        ctx->memory.peak_bytes = ctx->memory.current_bytes;
+    count_in_use(&ctx->memory, *got);
     return true;
 }
 

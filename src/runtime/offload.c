@@ -144,13 +144,6 @@ static double event_ms(cl_event ev)
     return end > start ? (double)(end - start) * 1e-6 : 0.0;
 }
 
-static void release_event(cl_event *ev)
-{
-    if (*ev)
-        clReleaseEvent(*ev);
-    *ev = NULL;
-}
-
 /* ---- the pool: first fit over a sorted free list ---- */
 
 static void pool_put(llmcl_offload *off, block b)
@@ -235,8 +228,8 @@ static void slot_clear(llmcl_offload *off, slot *s)
 {
     llmcl_tensor_destroy(s->source);
     llmcl_tensor_destroy(s->prefetched);
-    release_event(&s->saved);
-    release_event(&s->loaded);
+    llmcl__release_event(&s->saved);
+    llmcl__release_event(&s->loaded);
     pool_put(off, s->blk);
     *s = (slot){.generation = s->generation};
 }
@@ -278,7 +271,7 @@ static void retire_save(llmcl_offload *off, slot *s)
     if (s->source)
         off->retired[off->n_retired++] = (retired){s->saved, s->source};
     else
-        release_event(&s->saved);
+        llmcl__release_event(&s->saved);
     s->saved = NULL;
     s->source = NULL;
 }
@@ -290,7 +283,7 @@ static void retire_load(llmcl_offload *off, slot *s)
     if (s->loaded && !s->loaded_counted)
         off->retired[off->n_retired++] = (retired){s->loaded, NULL};
     else
-        release_event(&s->loaded);
+        llmcl__release_event(&s->loaded);
     s->loaded = NULL;
 }
 

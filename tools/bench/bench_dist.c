@@ -7,8 +7,9 @@
  * of a backward that reduces each group's gradients while the next group computes (exposed = time
  * with reductions - time without, against the reductions' own time); then both collectives in
  * chunks of 1/256 and 1/16 of a group (256 KiB and 4 MiB at full size) beside the default 1 MiB
- * (llmcl_dist_opts.chunk_bytes), to choose it on a device. Wall-clock times (MPI_Wtime, after the device finished), median of env->reps. Ranks other
- * than 0 are silent; the table rows carry the times, the GB/s against the link are printed here.
+ * (llmcl_dist_opts.chunk_bytes), to choose it on a device. Wall-clock times (MPI_Wtime, after
+ * the device finished), median of env->reps. Ranks other than 0 are silent; the table rows carry
+ * the times, the GB/s against the link are printed here.
  *
  * The backward is the trainer's for a linear layer: dX = dy W and dW += dy^T x, bf16 operands
  * (tensor cores where the device has them) into the f32 gradients, at 8192 tokens as the matmul

@@ -766,10 +766,10 @@ static llmcl_status layer_forward(model *m, arena *a, int l, layer_acts *A, llmc
     const llmcl_attention_opts ao = {.causal = 1};
     const int64_t lshape[3] = {b, c->heads, t};
     OP(F_ATTENTION_FWD, llmcl_attention_forward(ctx, bhtd(a, A->q, b, t, c->heads, d),
-                                       bhtd(a, A->k, b, t, c->kv_heads, d),
-                                       bhtd(a, A->v, b, t, c->kv_heads, d), &ao,
-                                       bhtd(a, A->o, b, t, c->heads, d),
-                                       view(a, A->lse, 3, lshape, NULL, 0)));
+                                                bhtd(a, A->k, b, t, c->kv_heads, d),
+                                                bhtd(a, A->v, b, t, c->kv_heads, d), &ao,
+                                                bhtd(a, A->o, b, t, c->heads, d),
+                                                view(a, A->lse, 3, lshape, NULL, 0)));
     OP(F_ELEMENTWISE, llmcl_copy(ctx, x, xmid));
     TRY(model_proj_forward(m, param(m, P_WO, l), rows(a, A->o, n), 1, xmid, u_rows(a, A, P_WO, n)));
     OP(F_NORM, llmcl_rmsnorm_forward(ctx, xmid, param(m, P_MLP_NORM, l)->w, h2, head(a, A->rstd2, n), &no));
@@ -826,7 +826,8 @@ static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, int b,
     llmcl_tensor *tids = head(a, m->ids, n);
     TRY(llmcl_tensor_upload(tids, ids, (size_t)n * sizeof *ids));
     TRY(group_open(m, 0, GROUP_PARAMS));
-    OP(F_EMBEDDING_FWD, llmcl_embedding_forward(ctx, tids, param(m, P_EMBED, -1)->w, rows(a, stream(m, 0), n)));
+    OP(F_EMBEDDING_FWD,
+       llmcl_embedding_forward(ctx, tids, param(m, P_EMBED, -1)->w, rows(a, stream(m, 0), n)));
     TRY(group_close(m, 0, GROUP_PARAMS));
     for (int l = 0; l < m->cfg.layers; ++l)
         TRY(block_forward(m, a, l, n, b, t, save));
@@ -994,7 +995,7 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
     /* a second part of group 0's gradients: a tied head's came before the layers' */
     TRY(group_open(m, 0, GROUP_GRADS));
     OP(F_EMBEDDING_BWD, llmcl_embedding_backward(ctx, head(a, m->ids, n), rows(a, m->dres, n),
-                                             embed->grad));
+                                                 embed->grad));
     return group_close(m, 0, GROUP_GRADS);
 }
 

@@ -8,9 +8,9 @@
  * head is the embedding); group l + 1 holds layer l. Group 0 is used at both ends of the forward:
  * the forward opens it for the embedding, then again for the final norm and the head (with its
  * gradients, which the forward's cross-entropy writes), and keeps it open into the backward's
- * start (the final norm), so stage 3 gathers it twice a micro-batch. Its gradients are reduced in two parts: the head's and the final norm's before the
- * layers' backward, the embedding's after it (a reduction is a sum, so the parts add up in the
- * gradient shard).
+ * start (the final norm), so stage 3 gathers it twice a micro-batch. Its gradients are reduced
+ * in two parts: the head's and the final norm's before the layers' backward, the embedding's
+ * after it (a reduction is a sum, so the parts add up in the gradient shard).
  *
  * Norm weights are registered like every other parameter; in a 16-bit model their compute copy is
  * 16-bit, and since llmcl_rmsnorm wants f32 weights beside an f32 weight gradient, opening a group
