@@ -906,9 +906,10 @@ LLMCL_API llmcl_status llmcl_cross_entropy_grad_scale(llmcl_ctx *ctx, const llmc
  * dweight (f32 [V, H]) and dbias (f32 [V]), each optional (all NULL: loss only). The gradients are
  * those of the loss with an upstream gradient of 1 (see llmcl_cross_entropy_grad_scale). Per chunk
  * of tokens, through llmcl_matmul (tensor cores where the device has them): the f32 logits with
- * the bias, the row kernel writing dlogits in place, then dhidden = dlogits x W and dweight +=
- * dlogits^T x hidden with dlogits rounded to hidden's dtype when that is 16-bit (as Liger does),
- * and dbias += column sums (in order, deterministic). Extra device memory: one chunk of f32 logits
+ * the bias, the row kernel writing dlogits (in place, or rounded to hidden's dtype when that is
+ * 16-bit, as Liger does, straight into the 16-bit copy unless dbias needs the f32 values), then
+ * dhidden = dlogits x W and dweight += dlogits^T x hidden, and dbias += column sums (in order,
+ * deterministic). Extra device memory: one chunk of f32 logits
  * (and of 16-bit dlogits when gradients of 16-bit inputs are asked for), within opts->chunk_bytes
  * (default 256 MiB; a budget of 128 tokens or more is taken in whole multiples of 128) unless
  * opts->chunk_rows overrides it, plus O(N).
@@ -939,11 +940,12 @@ LLMCL_API llmcl_status llmcl_fused_cross_entropy_forward(
 /*
  * Fully fused backward: recomputes the logits from hidden, weight, bias and the forward's lse to
  * write dhidden (f32 [N, H]), dweight (f32 [V, H]) and dbias (f32 [V]), each optional, in the
- * forward's form: in chunks, per chunk the logits again, the gradient in place, dbias of its
- * classes and the products dhidden += G W[chunk] and dweight[chunk] = G^T hidden (G rounded to
- * hidden's dtype when that is 16-bit; extra memory one chunk of f32 logits and of G); in tiles,
- * one work-group per row tile over every vocabulary tile for dhidden and one per vocabulary tile
- * over every row tile for dweight and dbias (extra memory O(N)). Deterministic, no atomics.
+ * forward's form: in chunks, per chunk the logits again, the gradient G (in place, or written
+ * rounded to hidden's dtype when that is 16-bit), dbias of its classes and the products
+ * dhidden += G W[chunk] and dweight[chunk] = G^T hidden (extra memory one chunk of f32 logits
+ * and of G); in tiles, one work-group per row tile over every vocabulary tile for dhidden and one
+ * per vocabulary tile over every row tile for dweight and dbias (extra memory O(N)).
+ * Deterministic, no atomics.
  * grad_loss (f32 on the device: 1 element, or N for reduction none) is the upstream gradient; NULL
  * means 1. opts must match the forward's.
  */
