@@ -65,7 +65,8 @@ static void usage(FILE *f)
         "                      defaults such as data/tuning/pocl_cpu.json)\n"
         "  --platform P        as LLMCL_PLATFORM (index or name substring)\n"
         "  --device D          as LLMCL_DEVICE\n"
-        "  --list              list the kernels and their parameter spaces\n");
+        "  --list              list the kernels and their parameter spaces\n"
+        "  --verbose           print each candidate's time, or why it was dropped\n");
 }
 
 static void fmt_time(double s, char *out, size_t n)
@@ -232,7 +233,7 @@ int main(int argc, char **argv)
     int n_filters = 0, max_cand = -1, reps = -1, warmup = -1;
     const char *shape = NULL, *output = NULL, *space = NULL;
     unsigned dtype_mask = 0;
-    bool quick = false, merge = false, for_platform = false;
+    bool quick = false, merge = false, for_platform = false, verbose = false;
     double max_time = 0;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
@@ -244,6 +245,8 @@ int main(int argc, char **argv)
             merge = true, takes = false;
         else if (strcmp(a, "--for-platform") == 0)
             for_platform = true, takes = false;
+        else if (strcmp(a, "--verbose") == 0)
+            verbose = true, takes = false;
         else if (strcmp(a, "--list") == 0) {
             list_kernels();
             return 0;
@@ -312,6 +315,7 @@ int main(int argc, char **argv)
     if (warmup >= 0)
         o.warmup = warmup;
     o.for_platform = for_platform;
+    o.trace = verbose ? stdout : NULL;
 
     static plan_case cases[MAX_CASES];
     static tune_result results[MAX_CASES];

@@ -60,11 +60,17 @@
  *             run before the next (1: tile-major, the heaviest tiles of every head first; the
  *             tile count: head-major). Default 1.
  *   PRE_WG    work-group size of attn_bwd_pre (any value up to the device maximum).
+ *   WM        attn_fwd_mma only: 16-row query tiles a warp takes (1 or 2; BLOCK_M a multiple of
+ *             16 WM). Two tiles share each K and V fragment read from local memory. Default 1.
+ *   QREG      attn_fwd_mma only. 1: Q's fragments stay in registers; 0: they are read from the
+ *             staged Q tile each step, which leaves the registers to two tiles a warp at D = 128.
+ *             Default 1.
  *   VARLEN    defined: packed sequences through cu_q / cu_k.
  *   ALIGNED4  1 (set by the launcher): every offset and stride of Q, K, V and dO is a multiple of
  *             4 elements, so tiles load as whole vectors.
- *   ATTN_ONLY 1 attn_fwd, 2 attn_bwd_pre, 3 attn_bwd_dq, 4 attn_bwd_dkdv: build only that kernel
- *             (a kernel's local arrays are sized by the tiles of the one launched); unset: all.
+ *   ATTN_ONLY 1 attn_fwd, 2 attn_bwd_pre, 3 attn_bwd_dq, 4 attn_bwd_dkdv, 5 attn_fwd_mma,
+ *             6 attn_bwd_dkdv_mma, 7 attn_bwd_dq_mma: build only that kernel (a kernel's local
+ *             arrays are sized by the tiles of the one launched); unset: all.
  * Under LLMCL_NV_PTX, attn_fwd takes its rows' running maxima with warp shuffles (no barrier)
  * when BLOCK_N / TN is a power of two and the work-group a multiple of 32; same results.
  * Local memory: operand tiles of (D+4)-element rows (EQ bytes an element on the Q side, EK on the
@@ -716,13 +722,13 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
  * the forward; every offset and stride of the loaded operands a multiple of 8 elements) follow
  * FlashAttention-2.
  *
- * attn_fwd_mma: a work-group of
- * BLOCK_M / 16 warps takes BLOCK_M query rows, each warp 16 of them with their Q fragments in
- * registers. K and V tiles of BLOCK_N keys pass through swizzled local tiles by cp.async: V's copy
- * runs under S = Q K^T and the softmax, the next K's under O += P V. S and O accumulate in f32
- * registers; P goes from S's accumulators into A fragments (rounded to the storage dtype, as
- * FlashAttention does) without touching local memory. A lane holds rows g and g + 8 of its warp's
- * 16: quad shuffles give the rows' maxima, and the sums stay per lane until the end.
+ * attn_fwd_mma: a work-group of BLOCK_M / (16 WM) warps takes BLOCK_M query rows, each warp WM
+ * tiles of 16 of them, with their Q fragments in registers (QREG) or read from the staged Q tile.
+ * K and V tiles of BLOCK_N keys pass through swizzled local tiles by cp.async: V's copy runs under
+ * S = Q K^T and the softmax, the next K's under O += P V. S and O accumulate in f32 registers; P
+ * goes from S's accumulators into A fragments (rounded to the storage dtype, as FlashAttention
+ * does) without touching local memory. A lane holds rows g and g + 8 of each of its warp's tiles:
+ * quad shuffles give the rows' maxima, and the sums stay per lane until the end.
  */
 /* Local rows padded to a power of two of 16-byte chunks (the swizzle's), D a multiple of 16 */
 #define MMA_DP (D <= 32 ? 32 : D <= 64 ? 64 : D <= 128 ? 128 : 256)
@@ -742,9 +748,19 @@ inline uint attn_pack2_F16(float lo, float hi)
 }
 #define attn_pack2 LLMCL_CAT(attn_pack2_, IO_DT)
 
-/* 2^x by the hardware's approximation (ex2.approx, a few ulp): P is rounded to 16 bits next, so
-   the exact exp2's longer sequence buys nothing, as FlashAttention's fast-math builds know. */
-#define attn_exp2 native_exp2
+/* 2^x by the hardware's approximation (ex2.approx, a few ulp; subnormal results flush to zero): P
+   is rounded to 16 bits next, so the exact exp2's longer sequence buys nothing, as FlashAttention's
+   fast-math builds know. */
+inline float attn_exp2(float x)
+{
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+inline float4 attn_exp4(float4 x)
+{
+    return (float4)(attn_exp2(x.x), attn_exp2(x.y), attn_exp2(x.z), attn_exp2(x.w));
+}
 
 /*
  * rows x D elements from src (row stride ld) into the swizzled tile at dst, zeros past valid rows;
@@ -786,8 +802,139 @@ inline uint4 attn_acc_to_a(float4 lo, float4 hi)
                    attn_pack2(hi.z, hi.w));
 }
 
+/*
+ * Sets the elements of n 16 x 8 accumulator tiles that the mask hides to fill. The lane's element
+ * e of tile j sits at (a0 + 8 (e >> 1), b0 + 8 j + 2 t4 + (e & 1)); a is the query and b the key,
+ * or the reverse when keys_rows (the transposed tiles of attn_bwd_dkdv_mma).
+ */
+__attribute__((always_inline)) inline void attn_mask_tiles(float4 *x, int n, float fill, int a0,
+                                                           int b0, bool keys_rows, attn_seq sq,
+                                                           int wl, int wr, int t4)
+{
+#pragma unroll
+    for (int j = 0; j < n; ++j) {
+        float v[4] = {x[j].x, x[j].y, x[j].z, x[j].w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int a = a0 + 8 * (e >> 1), b = b0 + 8 * j + 2 * t4 + (e & 1);
+            if (!(keys_rows ? attn_visible(b, a, sq.tq, sq.tk, wl, wr)
+                            : attn_visible(a, b, sq.tq, sq.tk, wl, wr)))
+                v[e] = fill;
+        }
+        x[j] = (float4)(v[0], v[1], v[2], v[3]);
+    }
+}
+
+/*
+ * P and dS of n accumulator tiles in place: s (raw Q K^T products) becomes P and dp (dO V^T)
+ * becomes dS = P (dP - delta) times the logit's derivative; lse2 (log2 units) and dl are each
+ * element's query statistics. The softcap takes one uniform branch for the whole tile, and the
+ * mask is applied by the caller on the tiles that need it.
+ */
+__attribute__((always_inline)) inline void attn_p_ds_tiles(float4 *s, float4 *dp,
+                                                           const float4 *lse2, const float4 *dl,
+                                                           int n, float scale, float softcap)
+{
+    if (softcap > 0.0f) {
+        const float in = scale / softcap, out = softcap * M_LOG2E_F;
+#pragma unroll
+        for (int j = 0; j < n; ++j) {
+            const float4 t = tanh(s[j] * in); /* the logit over softcap */
+            const float4 p = attn_exp4(out * t - lse2[j]);
+            dp[j] = p * (dp[j] - dl[j]) * (scale * (1.0f - t * t));
+            s[j] = p;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < n; ++j) {
+            const float4 p = attn_exp4(s[j] * (scale * M_LOG2E_F) - lse2[j]);
+            dp[j] = p * (dp[j] - dl[j]) * scale;
+            s[j] = p;
+        }
+    }
+}
+
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 5
-__kernel __attribute__((reqd_work_group_size(MMA_THREADS, 1, 1))) void
+#ifndef WM
+#define WM 1 /* 16-row tiles a warp of attn_fwd_mma takes */
+#endif
+#ifndef QREG
+#define QREG 1 /* attn_fwd_mma keeps Q's fragments in registers; 0: reads them each step */
+#endif
+#define MMA_FWD_THREADS (MMA_THREADS / WM)
+
+/*
+ * A row's running maximum moves only when a tile's maximum passes it by more than this (log2
+ * units): until then P takes values up to 2^8, harmless in f32 sums and in 16-bit P (whose
+ * precision is relative), and the O accumulators need no rescaling, which otherwise costs two
+ * multiplies per score at D = 128. The sums and O share the stale maximum, so O / l and the LSE are
+ * the same (FlashAttention-4 rescales lazily too).
+ */
+#define ATTN_MAX_SLACK 8.0f
+
+/*
+ * The online softmax of one 16-row tile's scores s (raw products in; P as A fragments out for
+ * O += P V), rows r0 and r0 + 8 of the lane: the running maxima and sums move on, and the tile's O
+ * accumulators are rescaled when a maximum moves. The softcap and the mask take uniform branches,
+ * so the common tile pays a multiply, a maximum, an exp2 and a sum per score.
+ */
+__attribute__((always_inline)) inline void
+attn_fwd_softmax(float4 *s, float4 *acc, float *mrow, float *lrow, uint4 *pf, int r0, int n0,
+                 bool masked, attn_seq sq, float scale, float softcap, int wl, int wr, int t4)
+{
+    if (softcap > 0.0f) {
+        const float in = scale / softcap, out = softcap * M_LOG2E_F;
+#pragma unroll
+        for (int j = 0; j < MMA_NT; ++j)
+            s[j] = out * tanh(s[j] * in);
+    } else {
+#pragma unroll
+        for (int j = 0; j < MMA_NT; ++j)
+            s[j] *= scale * M_LOG2E_F;
+    }
+    if (masked)
+        attn_mask_tiles(s, MMA_NT, -INFINITY, r0, n0, false, sq, wl, wr, t4);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < MMA_NT; ++j) {
+        mx[0] = fmax(mx[0], fmax(s[j].x, s[j].y));
+        mx[1] = fmax(mx[1], fmax(s[j].z, s[j].w));
+    }
+    float alpha[2], mu[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float mn = attn_lanes_max(mx[i], 4);
+        alpha[i] = 1.0f;
+        if (mn > mrow[i] + ATTN_MAX_SLACK) { /* also the first visible key: mrow is -inf */
+            alpha[i] = attn_exp2(mrow[i] - mn);
+            mrow[i] = mn;
+        }
+        mu[i] = mrow[i] == -INFINITY ? 0.0f : mrow[i]; /* a row with no key yet: p = 0 */
+        lrow[i] *= alpha[i];
+    }
+    if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
+#pragma unroll
+        for (int e = 0; e < MMA_OT; ++e)
+            acc[e] *= (float4)(alpha[0], alpha[0], alpha[1], alpha[1]);
+    }
+#pragma unroll
+    for (int j = 0; j < MMA_NT; ++j) {
+        s[j] = (float4)(attn_exp2(s[j].x - mu[0]), attn_exp2(s[j].y - mu[0]),
+                        attn_exp2(s[j].z - mu[1]), attn_exp2(s[j].w - mu[1]));
+        lrow[0] += s[j].x + s[j].y;
+        lrow[1] += s[j].z + s[j].w;
+    }
+#pragma unroll
+    for (int j = 0; j < BLOCK_N / 16; ++j)
+        pf[j] = attn_acc_to_a(s[2 * j], s[2 * j + 1]);
+}
+
+/*
+ * attn_fwd_mma: WM 16-row tiles a warp (WM = 2 halves the local-memory reads of K and V per
+ * product, which bound one tile a warp); Q's fragments stay in registers (QREG) or are read from
+ * the staged Q tile each step, which frees the registers two tiles a warp need at D = 128.
+ */
+__kernel __attribute__((reqd_work_group_size(MMA_FWD_THREADS, 1, 1))) void
 attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
              const __global io_t *v, ulong v_off, __global io_t *o, ulong o_off,
              __global float *lse, ulong lse_off, const __global int *cu_q, ulong cu_q_off,
@@ -803,7 +950,7 @@ attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong 
     const attn_place at = attn_place_of(nb, hq, true);
     const int b = at.b, h = at.h, hk = h / group;
     const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
-    const int m0 = at.tile * BLOCK_M;
+    const int m0 = at.tile * BLOCK_M, w0 = warp * 16 * WM; /* the warp's first row in the tile */
     if (m0 >= sq.tq)
         return;
     const long qb = attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0);
@@ -813,125 +960,116 @@ attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong 
 
     int n_lo, n_hi;
     attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
-    attn_mma_tile(qa, q + qb, sq_t, BLOCK_M, sq.tq - m0, lid, MMA_THREADS);
+    attn_mma_tile(qa, q + qb, sq_t, BLOCK_M, sq.tq - m0, lid, MMA_FWD_THREADS);
     if (n_lo < n_hi)
-        attn_mma_tile(ka, k + kb + n_lo * sk_t, sk_t, BLOCK_N, sq.tk - n_lo, lid, MMA_THREADS);
+        attn_mma_tile(ka, k + kb + n_lo * sk_t, sk_t, BLOCK_N, sq.tk - n_lo, lid, MMA_FWD_THREADS);
     mma_cp_commit();
     mma_cp_wait(0);
     barrier(CLK_LOCAL_MEM_FENCE);
-    uint4 qf[D / 16];
+#if QREG
+    uint4 qf[WM][D / 16];
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-        qf[kk] = mma_frag_a(qa, warp * 16, kk * 16, MMA_RD, 1, lane);
-
-    float4 acc[MMA_OT];
-#pragma unroll
-    for (int e = 0; e < MMA_OT; ++e)
-        acc[e] = 0.0f;
-    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
-    const int r0 = m0 + warp * 16 + g; /* this lane's rows: r0 and r0 + 8 */
-
-    for (int n0 = n_lo; n0 < n_hi; n0 += BLOCK_N) {
-        attn_mma_tile(va, v + vb + n0 * sv_t, sv_t, BLOCK_N, sq.tk - n0, lid, MMA_THREADS);
-        mma_cp_commit();
-
-        float4 s[MMA_NT];
-#pragma unroll
-        for (int j = 0; j < MMA_NT; ++j)
-            s[j] = 0.0f;
+    for (int i = 0; i < WM; ++i)
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            attn_mma_step(s, qf[kk], ka, kk * 16, MMA_NT, 1, lane);
+            qf[i][kk] = mma_frag_a(qa, w0 + 16 * i, kk * 16, MMA_RD, 1, lane);
+#endif
+
+    float4 acc[WM][MMA_OT];
+    float mrow[WM][2], lrow[WM][2];
+#pragma unroll
+    for (int i = 0; i < WM; ++i) {
+#pragma unroll
+        for (int e = 0; e < MMA_OT; ++e)
+            acc[i][e] = 0.0f;
+        mrow[i][0] = mrow[i][1] = -INFINITY;
+        lrow[i][0] = lrow[i][1] = 0.0f;
+    }
+    const int r0 = m0 + w0 + g; /* this lane's rows: r0 + 16 i and r0 + 16 i + 8 */
+
+    for (int n0 = n_lo; n0 < n_hi; n0 += BLOCK_N) {
+        attn_mma_tile(va, v + vb + n0 * sv_t, sv_t, BLOCK_N, sq.tk - n0, lid, MMA_FWD_THREADS);
+        mma_cp_commit();
+
+        float4 s[WM][MMA_NT];
+#pragma unroll
+        for (int i = 0; i < WM; ++i)
+#pragma unroll
+            for (int j = 0; j < MMA_NT; ++j)
+                s[i][j] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint4 a[WM];
+#pragma unroll
+            for (int i = 0; i < WM; ++i)
+#if QREG
+                a[i] = qf[i][kk];
+#else
+                a[i] = mma_frag_a(qa, w0 + 16 * i, kk * 16, MMA_RD, 1, lane);
+#endif
+#pragma unroll
+            for (int j = 0; j < MMA_NT; j += 2) {
+                const uint4 kb2 = mma_frag_b2(ka, j * 8, kk * 16, MMA_RD, 1, lane);
+#pragma unroll
+                for (int i = 0; i < WM; ++i) {
+                    s[i][j] = attn_mma(s[i][j], a[i], kb2.xy);
+                    s[i][j + 1] = attn_mma(s[i][j + 1], a[i], kb2.zw);
+                }
+            }
+        }
 
         const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
-        float mx[2] = {-INFINITY, -INFINITY};
+        uint4 pf[WM][BLOCK_N / 16];
 #pragma unroll
-        for (int j = 0; j < MMA_NT; ++j) {
-            float x[4] = {s[j].x, s[j].y, s[j].z, s[j].w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = r0 + (e >> 1) * 8, col = n0 + j * 8 + 2 * t4 + (e & 1);
-                x[e] = attn_logit(x[e], scale, softcap) * M_LOG2E_F;
-                if (masked && !attn_visible(row, col, sq.tq, sq.tk, wl, wr))
-                    x[e] = -INFINITY;
-                mx[e >> 1] = fmax(mx[e >> 1], x[e]);
-            }
-            s[j] = (float4)(x[0], x[1], x[2], x[3]);
-        }
-        float mu[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const float mn = fmax(mrow[i], attn_lanes_max(mx[i], 4));
-            mu[i] = mn == -INFINITY ? 0.0f : mn; /* a row with no key yet: p = 0 */
-            const float alpha = attn_exp2(mrow[i] - mu[i]);
-            lrow[i] *= alpha;
-            mrow[i] = mn;
-#pragma unroll
-            for (int e = 0; e < MMA_OT; ++e) {
-                if (i == 0)
-                    acc[e].xy *= alpha;
-                else
-                    acc[e].zw *= alpha;
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < MMA_NT; ++j) {
-            s[j] = (float4)(attn_exp2(s[j].x - mu[0]), attn_exp2(s[j].y - mu[0]),
-                            attn_exp2(s[j].z - mu[1]), attn_exp2(s[j].w - mu[1]));
-            lrow[0] += s[j].x + s[j].y;
-            lrow[1] += s[j].z + s[j].w;
-        }
-        uint4 pf[BLOCK_N / 16];
-#pragma unroll
-        for (int j = 0; j < BLOCK_N / 16; ++j)
-            pf[j] = attn_acc_to_a(s[2 * j], s[2 * j + 1]);
+        for (int i = 0; i < WM; ++i)
+            attn_fwd_softmax(s[i], acc[i], mrow[i], lrow[i], pf[i], r0 + 16 * i, n0, masked, sq,
+                             scale, softcap, wl, wr, t4);
 
         mma_cp_wait(0); /* V is in, and after the barrier no warp reads K any more */
         barrier(CLK_LOCAL_MEM_FENCE);
         if (n0 + BLOCK_N < n_hi)
             attn_mma_tile(ka, k + kb + (n0 + BLOCK_N) * sk_t, sk_t, BLOCK_N,
-                          sq.tk - n0 - BLOCK_N, lid, MMA_THREADS);
+                          sq.tk - n0 - BLOCK_N, lid, MMA_FWD_THREADS);
         mma_cp_commit();
 #pragma unroll
         for (int j = 0; j < BLOCK_N / 16; ++j)
-            attn_mma_step(acc, pf[j], va, j * 16, MMA_OT, 0, lane);
+#pragma unroll
+            for (int e = 0; e < MMA_OT; e += 2) {
+                const uint4 vb2 = mma_frag_b2(va, e * 8, j * 16, MMA_RD, 0, lane);
+#pragma unroll
+                for (int i = 0; i < WM; ++i) {
+                    acc[i][e] = attn_mma(acc[i][e], pf[i][j], vb2.xy);
+                    acc[i][e + 1] = attn_mma(acc[i][e + 1], pf[i][j], vb2.zw);
+                }
+            }
         mma_cp_wait(0); /* the next K is in, and no warp reads V any more */
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
     const long ob = attn_row(o_off, so_b, so_h, so_t, b, h, sq.q0);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 2 * WM; ++i) {
         const int row = r0 + i * 8;
-        const float lr = attn_lanes_sum(lrow[i], 4);
+        const float lr = attn_lanes_sum(lrow[i / 2][i % 2], 4);
         if (row >= sq.tq)
             continue;
         const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
 #pragma unroll
         for (int e = 0; e < MMA_OT; ++e) {
-            const float2 x = (i ? acc[e].zw : acc[e].xy) * inv;
-            const long at_o = ob + row * so_t + e * 8 + 2 * t4;
-            STORE(IO_DT, o, at_o, x.x);
-            STORE(IO_DT, o, at_o + 1, x.y);
+            const float4 a4 = acc[i / 2][e];
+            const float2 x = (i % 2 ? a4.zw : a4.xy) * inv;
+            /* rows start on 8 elements (the fast path's condition): a pair is one 32-bit store */
+            *(__global uint *)(o + ob + row * so_t + e * 8 + 2 * t4) = attn_pack2(x.x, x.y);
         }
         if (t4 == 0)
             lse[lse_off + b * sl_b + h * sl_h + sq.q0 + row] =
-                lr > 0.0f ? (mrow[i] + log2(lr)) * M_LN2_F : -INFINITY;
+                lr > 0.0f ? (mrow[i / 2][i % 2] + log2(lr)) * M_LN2_F : -INFINITY;
     }
 }
 #endif
 
 /* Row statistics of the backward in log2 units: lse (+inf where no key is seen, so p = 0). */
 inline float attn_lse2(float x) { return x == -INFINITY ? INFINITY : x * M_LOG2E_F; }
-
-/* dS of one score: p (dp - delta) times the logit's derivative, from the raw product x. */
-inline float2 attn_p_ds(float x, float lse2, float dp, float dl, float scale, float softcap,
-                        bool visible)
-{
-    const float logit = attn_logit(x, scale, softcap);
-    const float p = visible ? attn_exp2(logit * M_LOG2E_F - lse2) : 0.0f;
-    return (float2)(p, p * (dp - dl) * attn_dlogit(logit, scale, softcap));
-}
 
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 7
 /*
@@ -1024,22 +1162,19 @@ attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulo
             attn_mma_step(s, qf[kk], kt, kk * 16, MMA_NT, 1, lane);
             attn_mma_step(dp, df[kk], vt, kk * 16, MMA_NT, 1, lane);
         }
-        const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
+        float4 l4[MMA_NT], d4[MMA_NT];
 #pragma unroll
         for (int j = 0; j < MMA_NT; ++j) {
-            float x[4] = {s[j].x, s[j].y, s[j].z, s[j].w}, y[4] = {dp[j].x, dp[j].y, dp[j].z, dp[j].w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = e >> 1, row = r0 + 8 * i, col = n0 + j * 8 + 2 * t4 + (e & 1);
-                const bool vis = !masked || attn_visible(row, col, sq.tq, sq.tk, wl, wr);
-                x[e] = attn_p_ds(x[e], lse2[i], y[e], dl[i], scale, softcap, vis).y;
-            }
-            s[j] = (float4)(x[0], x[1], x[2], x[3]); /* now dS */
+            l4[j] = (float4)(lse2[0], lse2[0], lse2[1], lse2[1]);
+            d4[j] = (float4)(dl[0], dl[0], dl[1], dl[1]);
         }
+        attn_p_ds_tiles(s, dp, l4, d4, MMA_NT, scale, softcap);
+        if (attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr))
+            attn_mask_tiles(dp, MMA_NT, 0.0f, r0, n0, false, sq, wl, wr, t4);
         uint4 dsf[BLOCK_N / 16];
 #pragma unroll
         for (int j = 0; j < BLOCK_N / 16; ++j)
-            dsf[j] = attn_acc_to_a(s[2 * j], s[2 * j + 1]);
+            dsf[j] = attn_acc_to_a(dp[2 * j], dp[2 * j + 1]);
 #pragma unroll
         for (int j = 0; j < BLOCK_N / 16; ++j)
             attn_mma_step(acc, dsf[j], kt, j * 16, MMA_OT, 0, lane);
@@ -1187,21 +1322,17 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
                 dpt[j] = attn_mma(dpt[j], vf[kk], db2.xy);
                 dpt[j + 1] = attn_mma(dpt[j + 1], vf[kk], db2.zw);
             }
-        const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
+        float4 l4[MMA_MT], d4[MMA_MT];
 #pragma unroll
         for (int j = 0; j < MMA_MT; ++j) {
-            float x[4] = {st[j].x, st[j].y, st[j].z, st[j].w};
-            float y[4] = {dpt[j].x, dpt[j].y, dpt[j].z, dpt[j].w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = c0 + (e >> 1) * 8, i = j * 8 + 2 * t4 + (e & 1);
-                const bool vis = !masked || attn_visible(m0 + i, key, sq.tq, sq.tk, wl, wr);
-                const float2 pds = attn_p_ds(x[e], ls[i], y[e], ds[i], scale, softcap, vis);
-                x[e] = pds.x;
-                y[e] = pds.y;
-            }
-            st[j] = (float4)(x[0], x[1], x[2], x[3]);   /* P^T */
-            dpt[j] = (float4)(y[0], y[1], y[2], y[3]); /* dS^T */
+            const float2 l = vload2(0, ls + j * 8 + 2 * t4), d = vload2(0, ds + j * 8 + 2 * t4);
+            l4[j] = (float4)(l, l);
+            d4[j] = (float4)(d, d);
+        }
+        attn_p_ds_tiles(st, dpt, l4, d4, MMA_MT, scale, softcap); /* P^T and dS^T */
+        if (attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr)) {
+            attn_mask_tiles(st, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
+            attn_mask_tiles(dpt, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
         }
 #pragma unroll
         for (int j = 0; j < BLOCK_M / 16; ++j) {

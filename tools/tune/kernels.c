@@ -143,9 +143,11 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
     "B=4,H=32,K=8,QKV=48,KV2=16,T=4096,D=128;B=4,H=32,K=8,QKV=48,KV2=16,T=4096,D=64"
 #define ATTN_SMALL "B=1,H=4,K=2,QKV=8,KV2=4,T=256,D=128;B=1,H=4,K=2,QKV=8,KV2=4,T=256,D=64"
 
-/* The tensor-core kernels (attn_*_mma) tile by warps of 16 rows; only devices with tensor cores
-   run them. */
+/* The tensor-core kernels (attn_*_mma) tile by warps of 16 rows (WM x 16 in the forward, which
+   may read Q's fragments from local memory each step: QREG 0); only devices with tensor cores run
+   them. */
 #define ATTN_MMA_TILES "BLOCK_M=16,32,64,128 BLOCK_N=16,32,64,128"
+#define ATTN_FWD_MMA_TILES ATTN_MMA_TILES " WM=1,2 QREG=0,1"
 
 static bool has_tensor_cores(const llmcl_device_info *info) { return info->has_mma; }
 
@@ -510,7 +512,8 @@ const tune_kernel tune_kernels[] = {
     {.key = "attention_bwd_dkdv", .family = "attention", .params = ATTN_TILES,
      .dtypes = F32 | BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4},
-    {.key = "attention_fwd_mma", .family = "attention", .params = ATTN_MMA_TILES, .dtypes = BF16,
+    {.key = "attention_fwd_mma", .family = "attention", .params = ATTN_FWD_MMA_TILES,
+     .dtypes = BF16,
      .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
      .tensors = {{"qkv", TUNE_IN, "B,QKV,T,D"},
                  {"o", TUNE_OUT, "B,H,T,D"},

@@ -532,8 +532,11 @@ tune_options tune_default_options(const llmcl_device_info *info, bool quick)
     return o;
 }
 
-static void reject(tune_result *r, tune_reject why, const char *params, const char *detail)
+static void reject(const tune_options *o, tune_result *r, tune_reject why, const char *params,
+                   const char *detail)
 {
+    if (o->trace)
+        fprintf(o->trace, "  %s: dropped: %s\n", params, detail);
     r->rejected[why]++;
     char *dst = r->last_reject[why];
     dst[0] = '\0';
@@ -686,7 +689,7 @@ llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dty
         if (fits && k->fits)
             fits = k->fits(info, &c, why, sizeof why);
         if (!fits) {
-            reject(r, TUNE_REJ_LIMITS, c.params_text, why);
+            reject(o, r, TUNE_REJ_LIMITS, c.params_text, why);
             continue;
         }
         llmcl_tune_override(ctx, k->key, dtype, c.shape_class, c.params_text);
@@ -695,7 +698,7 @@ llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dty
             tune_reject kind = cst == LLMCL_ERROR_BUILD_FAILURE ? TUNE_REJ_BUILD
                                : is_limit_error(cst)            ? TUNE_REJ_LIMITS
                                                                 : TUNE_REJ_ERROR;
-            reject(r, kind, c.params_text, llmcl_last_error(ctx));
+            reject(o, r, kind, c.params_text, llmcl_last_error(ctx));
             continue;
         }
         char used[TUNE_TEXT];
@@ -703,21 +706,24 @@ llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dty
                 LLMCL_OK ||
             strcmp(used, full) != 0) {
             snprintf(why, sizeof why, "the launcher used %s", used);
-            reject(r, TUNE_REJ_ADJUSTED, c.params_text, why);
+            reject(o, r, TUNE_REJ_ADJUSTED, c.params_text, why);
             continue;
         }
         if (!outputs(ctx, k, &b, false, why, sizeof why)) {
-            reject(r, TUNE_REJ_WRONG, c.params_text, why);
+            reject(o, r, TUNE_REJ_WRONG, c.params_text, why);
             continue;
         }
         double ms;
         cst = measure(ctx, k, &c, &b, o, 1.5 * r->best_ms, &ms);
         if (cst != LLMCL_OK) {
-            reject(r, is_limit_error(cst) ? TUNE_REJ_LIMITS : TUNE_REJ_ERROR, c.params_text,
+            reject(o, r, is_limit_error(cst) ? TUNE_REJ_LIMITS : TUNE_REJ_ERROR, c.params_text,
                    llmcl_last_error(ctx));
             continue;
         }
         r->timed++;
+        if (o->trace)
+            fprintf(o->trace, "  %s: %.4f ms%s\n", c.params_text, ms,
+                    ms >= 1.5 * r->best_ms ? " (stopped early: slower than 1.5x the best)" : "");
         if (ms < r->best_ms) {
             r->best_ms = ms;
             snprintf(r->best_params, sizeof r->best_params, "%s", full);

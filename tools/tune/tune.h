@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "llmcl.h"
 
@@ -97,6 +98,7 @@ typedef struct tune_options {
     double case_seconds;   /* stop trying candidates after this long in one case; 0: no limit */
     uint64_t rotate_bytes; /* rotate buffer sets until they span this many bytes */
     bool for_platform;     /* write the file for any device of this platform and type */
+    FILE *trace;           /* a line per candidate (its time, or why it was dropped); NULL: none */
     /* Called after each candidate: done of total candidates of the current case. */
     void (*progress)(void *arg, int done, int total);
     void *progress_arg;

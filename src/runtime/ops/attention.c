@@ -467,41 +467,56 @@ static bool attn_mma_fits(const llmcl_ctx *ctx, const attn_geom *g, bool forward
 
 /*
  * The tiles of a tensor-core kernel: BLOCK_M query rows and BLOCK_N keys, multiples of 16, a warp
- * per 16 rows (16 keys in attn_bwd_dkdv_mma), within local memory and the work-group limit; the
- * defaults keep the registers of D = 128 in bounds. Tuned values that do not fit fall back to the
- * defaults unless overridden.
+ * per 16 rows (16 keys in attn_bwd_dkdv_mma; WM x 16 rows in attn_fwd_mma), within local memory and
+ * the work-group limit; the defaults keep the registers of D = 128 in bounds. Tuned values that do
+ * not fit fall back to the defaults unless overridden.
  */
 static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
                                        const char *cls, llmcl__params *p, attn_tiles *tiles)
 {
-    const bool dkdv = kern == ATTN_DKDV_MMA, wide = g->D > 64, widest = g->D > 128;
-    const long def_m = kern == ATTN_FWD_MMA ? (widest ? 32 : wide ? 64 : 128)
-                                            : dkdv && wide ? 32 : 64;
-    const long def_n = (kern == ATTN_DQ_MMA && wide) || widest ? 32 : 64;
+    const bool dkdv = kern == ATTN_DKDV_MMA, fwd = kern == ATTN_FWD_MMA, wide = g->D > 64,
+               widest = g->D > 128;
+    /* the forward: two 16-row tiles a warp up to D = 128, with Q read from local memory past 64 */
+    const long def_m = fwd ? (widest ? 32 : wide ? 128 : 64) : dkdv && wide ? 32 : 64;
+    const long def_n = ((kern == ATTN_DQ_MMA || fwd) && wide) || widest ? 32 : 64;
+    const long def_wm = fwd && !widest ? 2 : 1, def_qreg = !(fwd && wide && !widest);
     llmcl__param_set(p, "BLOCK_M", def_m);
     llmcl__param_set(p, "BLOCK_N", def_n);
+    if (fwd) {
+        llmcl__param_set(p, "WM", def_wm);
+        llmcl__param_set(p, "QREG", def_qreg);
+    }
     const bool overridden = llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
     long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
+    long wm = fwd ? llmcl__param_get(p, "WM", def_wm) : 1;
+    long qreg = fwd ? llmcl__param_get(p, "QREG", def_qreg) : 1;
     const uint64_t d2 = 2u * llmcl__pow2_ceil((size_t)g->D); /* local rows are padded so */
     /* dK/dV double-buffers its Q and dO tiles, dQ its K and V tiles */
     const uint64_t rows = dkdv ? 4 * bm : bm + (kern == ATTN_DQ_MMA ? 4 : 2) * bn;
     const uint64_t bytes = d2 * rows + (dkdv ? 16u * (uint64_t)bm : 0);
-    const long warps = (dkdv ? bn : bm) / 16;
-    bool ok = bm >= 16 && bm % 16 == 0 && bn >= 16 && bn % 16 == 0 &&
+    const long warps = (dkdv ? bn : bm) / (16 * wm);
+    bool ok = bm >= 16 && bm % 16 == 0 && bn >= 16 && bn % 16 == 0 && (wm == 1 || wm == 2) &&
+              (qreg == 0 || qreg == 1) && (dkdv ? bn : bm) % (16 * wm) == 0 &&
               (size_t)warps * 32 <= ctx->info.max_work_group_size &&
               bytes <= ctx->info.local_mem_bytes && (!dkdv || bn <= 2 * bm);
     if (!ok && !overridden) {
-        bm = def_m, bn = def_n, ok = true;
+        bm = def_m, bn = def_n, wm = def_wm, qreg = def_qreg, ok = true;
         llmcl__param_set(p, "BLOCK_M", bm);
         llmcl__param_set(p, "BLOCK_N", bn);
+        if (fwd) {
+            llmcl__param_set(p, "WM", wm);
+            llmcl__param_set(p, "QREG", qreg);
+        }
     }
     LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
-                   "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld with D=%d need multiples of 16, "
-                   "at most %zu work-items and %llu bytes of local memory%s",
-                   attn_kernel_name[kern], bm, bn, g->D, ctx->info.max_work_group_size,
+                   "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld WM=%ld QREG=%ld with D=%d need "
+                   "multiples of 16 (of 16 WM rows), WM 1 or 2, QREG 0 or 1, at most %zu "
+                   "work-items and %llu bytes of local memory%s",
+                   attn_kernel_name[kern], bm, bn, wm, qreg, g->D, ctx->info.max_work_group_size,
                    (unsigned long long)ctx->info.local_mem_bytes,
                    dkdv ? ", and BLOCK_N <= 2 BLOCK_M" : "");
-    *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = 16, .tn = (int)bn, .run = 1};
+    *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = (int)(16 * wm), .tn = (int)bn,
+                          .run = 1};
     return LLMCL_OK;
 }
 
@@ -522,7 +537,7 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
         *wg = (size_t)w;
     } else if (kern >= ATTN_FWD_MMA) {
         LLMCL__TRY(attn_mma_tiles_get(ctx, g, kern, cls, &p, tiles));
-        *wg = (size_t)((kern == ATTN_DKDV_MMA ? tiles->bn : tiles->bm) / 16) * 32;
+        *wg = (size_t)(kern == ATTN_DKDV_MMA ? tiles->bn / 16 : tiles->bm / tiles->tm) * 32;
     } else {
         LLMCL__TRY(attn_tiles_get(ctx, g, kern, cls, &p, tiles));
         *wg = (size_t)(tiles->bm / tiles->tm) * (size_t)(tiles->bn / tiles->tn);
