@@ -549,7 +549,7 @@ static void test_fast_path(void **state)
     static const int32_t cu[] = {0, 0, 1, 71, 72, 140};
     static const char *const mma_keys[3] = {"attention_fwd_mma", "attention_bwd_dq_mma",
                                             "attention_bwd_dkdv_mma"};
-    static const char *const mma_sets[3] = {"BLOCK_M=32 BLOCK_N=16 WM=1 QREG=0",
+    static const char *const mma_sets[3] = {"BLOCK_M=32 BLOCK_N=16 WM=1 QREG=1 STAGES=2",
                                             "BLOCK_M=16 BLOCK_N=32", "BLOCK_M=16 BLOCK_N=32"};
     /* Without tensor cores the portable kernels run these cases: one head dim and dtype covers
        them there (the other dims and f16 have their own tests) and keeps CI's cold builds few. */

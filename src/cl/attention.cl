@@ -861,7 +861,11 @@ __attribute__((always_inline)) inline void attn_p_ds_tiles(float4 *s, float4 *dp
 #ifndef QREG
 #define QREG 1 /* attn_fwd_mma keeps Q's fragments in registers; 0: reads them each step */
 #endif
+#ifndef STAGES
+#define STAGES 1 /* attn_fwd_mma's K and V buffers: 2 loads the next tile under the current one */
+#endif
 #define MMA_FWD_THREADS (MMA_THREADS / WM)
+#define MMA_KV_BYTES (BLOCK_N * MMA_DP * 2) /* one K or V tile in local memory */
 
 /*
  * A row's running maximum moves only when a tile's maximum passes it by more than this (log2
@@ -944,8 +948,8 @@ attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong 
              long sl_h, float scale, float softcap, int wl, int wr)
 {
     __local ushort qs[BLOCK_M * MMA_DP] __attribute__((aligned(128)));
-    __local ushort ks[BLOCK_N * MMA_DP] __attribute__((aligned(128)));
-    __local ushort vs[BLOCK_N * MMA_DP] __attribute__((aligned(128)));
+    __local ushort ks[STAGES * BLOCK_N * MMA_DP] __attribute__((aligned(128)));
+    __local ushort vs[STAGES * BLOCK_N * MMA_DP] __attribute__((aligned(128)));
     const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
     const attn_place at = attn_place_of(nb, hq, true);
     const int b = at.b, h = at.h, hk = h / group;
@@ -961,8 +965,12 @@ attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong 
     int n_lo, n_hi;
     attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
     attn_mma_tile(qa, q + qb, sq_t, BLOCK_M, sq.tq - m0, lid, MMA_FWD_THREADS);
-    if (n_lo < n_hi)
+    if (n_lo < n_hi) {
         attn_mma_tile(ka, k + kb + n_lo * sk_t, sk_t, BLOCK_N, sq.tk - n_lo, lid, MMA_FWD_THREADS);
+        if (STAGES > 1)
+            attn_mma_tile(va, v + vb + n_lo * sv_t, sv_t, BLOCK_N, sq.tk - n_lo, lid,
+                          MMA_FWD_THREADS);
+    }
     mma_cp_commit();
     mma_cp_wait(0);
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -987,8 +995,23 @@ attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong 
     }
     const int r0 = m0 + w0 + g; /* this lane's rows: r0 + 16 i and r0 + 16 i + 8 */
 
-    for (int n0 = n_lo; n0 < n_hi; n0 += BLOCK_N) {
-        attn_mma_tile(va, v + vb + n0 * sv_t, sv_t, BLOCK_N, sq.tk - n0, lid, MMA_FWD_THREADS);
+    /*
+     * STAGES 1: V's copy runs under S and the softmax, the next K's under O += P V, with a wait and
+     * a barrier before each product. STAGES 2: the next K and V load into the other stage under
+     * the whole step, with one wait and one barrier a step.
+     */
+    for (int n0 = n_lo, st = 0; n0 < n_hi; n0 += BLOCK_N, st ^= STAGES - 1) {
+        const uint kt = ka + st * MMA_KV_BYTES, vt = va + st * MMA_KV_BYTES;
+        const bool more = n0 + BLOCK_N < n_hi;
+        if (STAGES == 1)
+            attn_mma_tile(va, v + vb + n0 * sv_t, sv_t, BLOCK_N, sq.tk - n0, lid, MMA_FWD_THREADS);
+        else if (more) {
+            const uint nx = (st ^ 1) * MMA_KV_BYTES;
+            attn_mma_tile(ka + nx, k + kb + (n0 + BLOCK_N) * sk_t, sk_t, BLOCK_N,
+                          sq.tk - n0 - BLOCK_N, lid, MMA_FWD_THREADS);
+            attn_mma_tile(va + nx, v + vb + (n0 + BLOCK_N) * sv_t, sv_t, BLOCK_N,
+                          sq.tk - n0 - BLOCK_N, lid, MMA_FWD_THREADS);
+        }
         mma_cp_commit();
 
         float4 s[WM][MMA_NT];
@@ -1009,7 +1032,7 @@ attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong 
 #endif
 #pragma unroll
             for (int j = 0; j < MMA_NT; j += 2) {
-                const uint4 kb2 = mma_frag_b2(ka, j * 8, kk * 16, MMA_RD, 1, lane);
+                const uint4 kb2 = mma_frag_b2(kt, j * 8, kk * 16, MMA_RD, 1, lane);
 #pragma unroll
                 for (int i = 0; i < WM; ++i) {
                     s[i][j] = attn_mma(s[i][j], a[i], kb2.xy);
@@ -1025,24 +1048,26 @@ attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong 
             attn_fwd_softmax(s[i], acc[i], mrow[i], lrow[i], pf[i], r0 + 16 * i, n0, masked, sq,
                              scale, softcap, wl, wr, t4);
 
-        mma_cp_wait(0); /* V is in, and after the barrier no warp reads K any more */
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (n0 + BLOCK_N < n_hi)
-            attn_mma_tile(ka, k + kb + (n0 + BLOCK_N) * sk_t, sk_t, BLOCK_N,
-                          sq.tk - n0 - BLOCK_N, lid, MMA_FWD_THREADS);
-        mma_cp_commit();
+        if (STAGES == 1) {
+            mma_cp_wait(0); /* V is in, and after the barrier no warp reads K any more */
+            barrier(CLK_LOCAL_MEM_FENCE);
+            if (more)
+                attn_mma_tile(ka, k + kb + (n0 + BLOCK_N) * sk_t, sk_t, BLOCK_N,
+                              sq.tk - n0 - BLOCK_N, lid, MMA_FWD_THREADS);
+            mma_cp_commit();
+        }
 #pragma unroll
         for (int j = 0; j < BLOCK_N / 16; ++j)
 #pragma unroll
             for (int e = 0; e < MMA_OT; e += 2) {
-                const uint4 vb2 = mma_frag_b2(va, e * 8, j * 16, MMA_RD, 0, lane);
+                const uint4 vb2 = mma_frag_b2(vt, e * 8, j * 16, MMA_RD, 0, lane);
 #pragma unroll
                 for (int i = 0; i < WM; ++i) {
                     acc[i][e] = attn_mma(acc[i][e], pf[i][j], vb2.xy);
                     acc[i][e + 1] = attn_mma(acc[i][e + 1], pf[i][j], vb2.zw);
                 }
             }
-        mma_cp_wait(0); /* the next K is in, and no warp reads V any more */
+        mma_cp_wait(0); /* the next tiles are in, and no warp reads this step's any more */
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 

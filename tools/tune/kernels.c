@@ -147,7 +147,7 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
    may read Q's fragments from local memory each step: QREG 0); only devices with tensor cores run
    them. */
 #define ATTN_MMA_TILES "BLOCK_M=16,32,64,128 BLOCK_N=16,32,64,128"
-#define ATTN_FWD_MMA_TILES ATTN_MMA_TILES " WM=1,2 QREG=0,1"
+#define ATTN_FWD_MMA_TILES ATTN_MMA_TILES " WM=1,2 QREG=0,1 STAGES=1,2"
 
 static bool has_tensor_cores(const llmcl_device_info *info) { return info->has_mma; }
 

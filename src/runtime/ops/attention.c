@@ -476,43 +476,52 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
 {
     const bool dkdv = kern == ATTN_DKDV_MMA, fwd = kern == ATTN_FWD_MMA, wide = g->D > 64,
                widest = g->D > 128;
-    /* the forward: two 16-row tiles a warp up to D = 128, with Q read from local memory past 64 */
-    const long def_m = fwd ? (widest ? 32 : wide ? 128 : 64) : dkdv && wide ? 32 : 64;
-    const long def_n = ((kern == ATTN_DQ_MMA || fwd) && wide) || widest ? 32 : 64;
-    const long def_wm = fwd && !widest ? 2 : 1, def_qreg = !(fwd && wide && !widest);
+    /*
+     * The forward (tuned on the H100): two 16-row tiles a warp up to D = 128, Q's fragments read
+     * from local memory past D = 64, double-buffered K and V tiles where they fit beside Q.
+     */
+    const long def_m = fwd ? (wide && !widest ? 128 : 64) : dkdv && wide ? 32 : 64;
+    const long def_n = fwd ? (widest ? 16 : wide ? 32 : 64) : kern == ATTN_DQ_MMA && wide ? 32 : 64;
+    const long def_wm = fwd && !widest ? 2 : 1, def_qreg = !(fwd && wide);
+    const long def_stages = fwd && !wide ? 2 : 1;
     llmcl__param_set(p, "BLOCK_M", def_m);
     llmcl__param_set(p, "BLOCK_N", def_n);
     if (fwd) {
         llmcl__param_set(p, "WM", def_wm);
         llmcl__param_set(p, "QREG", def_qreg);
+        llmcl__param_set(p, "STAGES", def_stages);
     }
     const bool overridden = llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
     long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
     long wm = fwd ? llmcl__param_get(p, "WM", def_wm) : 1;
     long qreg = fwd ? llmcl__param_get(p, "QREG", def_qreg) : 1;
+    long stages = fwd ? llmcl__param_get(p, "STAGES", def_stages) : 1;
     const uint64_t d2 = 2u * llmcl__pow2_ceil((size_t)g->D); /* local rows are padded so */
     /* dK/dV double-buffers its Q and dO tiles, dQ its K and V tiles */
-    const uint64_t rows = dkdv ? 4 * bm : bm + (kern == ATTN_DQ_MMA ? 4 : 2) * bn;
+    const uint64_t rows = dkdv ? 4 * bm : bm + (kern == ATTN_DQ_MMA ? 4 : 2 * stages) * bn;
     const uint64_t bytes = d2 * rows + (dkdv ? 16u * (uint64_t)bm : 0);
     const long warps = (dkdv ? bn : bm) / (16 * wm);
     bool ok = bm >= 16 && bm % 16 == 0 && bn >= 16 && bn % 16 == 0 && (wm == 1 || wm == 2) &&
-              (qreg == 0 || qreg == 1) && (dkdv ? bn : bm) % (16 * wm) == 0 &&
+              (qreg == 0 || qreg == 1) && (stages == 1 || stages == 2) &&
+              (dkdv ? bn : bm) % (16 * wm) == 0 &&
               (size_t)warps * 32 <= ctx->info.max_work_group_size &&
               bytes <= ctx->info.local_mem_bytes && (!dkdv || bn <= 2 * bm);
     if (!ok && !overridden) {
-        bm = def_m, bn = def_n, wm = def_wm, qreg = def_qreg, ok = true;
+        bm = def_m, bn = def_n, wm = def_wm, qreg = def_qreg, stages = def_stages, ok = true;
         llmcl__param_set(p, "BLOCK_M", bm);
         llmcl__param_set(p, "BLOCK_N", bn);
         if (fwd) {
             llmcl__param_set(p, "WM", wm);
             llmcl__param_set(p, "QREG", qreg);
+            llmcl__param_set(p, "STAGES", stages);
         }
     }
     LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
-                   "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld WM=%ld QREG=%ld with D=%d need "
-                   "multiples of 16 (of 16 WM rows), WM 1 or 2, QREG 0 or 1, at most %zu "
-                   "work-items and %llu bytes of local memory%s",
-                   attn_kernel_name[kern], bm, bn, wm, qreg, g->D, ctx->info.max_work_group_size,
+                   "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld WM=%ld QREG=%ld STAGES=%ld with "
+                   "D=%d need multiples of 16 (of 16 WM rows), WM and STAGES 1 or 2, QREG 0 or 1, "
+                   "at most %zu work-items and %llu bytes of local memory%s",
+                   attn_kernel_name[kern], bm, bn, wm, qreg, stages, g->D,
+                   ctx->info.max_work_group_size,
                    (unsigned long long)ctx->info.local_mem_bytes,
                    dkdv ? ", and BLOCK_N <= 2 BLOCK_M" : "");
     *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = (int)(16 * wm), .tn = (int)bn,
