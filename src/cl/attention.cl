@@ -65,6 +65,8 @@
  *   QREG      attn_fwd_mma only. 1: Q's fragments stay in registers; 0: they are read from the
  *             staged Q tile each step, which leaves the registers to two tiles a warp at D = 128.
  *             Default 1.
+ *   STAGES    attn_fwd_mma only. 2: K and V tiles are double-buffered, the next ones loading under
+ *             the whole step (one barrier a step); 1: one buffer each. Default 1.
  *   VARLEN    defined: packed sequences through cu_q / cu_k.
  *   ALIGNED4  1 (set by the launcher): every offset and stride of Q, K, V and dO is a multiple of
  *             4 elements, so tiles load as whole vectors.
@@ -862,7 +864,7 @@ __attribute__((always_inline)) inline void attn_p_ds_tiles(float4 *s, float4 *dp
 #define QREG 1 /* attn_fwd_mma keeps Q's fragments in registers; 0: reads them each step */
 #endif
 #ifndef STAGES
-#define STAGES 1 /* attn_fwd_mma's K and V buffers: 2 loads the next tile under the current one */
+#define STAGES 1
 #endif
 #define MMA_FWD_THREADS (MMA_THREADS / WM)
 #define MMA_KV_BYTES (BLOCK_N * MMA_DP * 2) /* one K or V tile in local memory */
