@@ -737,6 +737,7 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
 #define MMA_RD (MMA_DP / 8)
 #define MMA_NT (BLOCK_N / 8) /* 8-key column tiles of S */
 #define MMA_OT (D / 8)       /* 8-wide column tiles of O */
+#define MMA_KV_BYTES (BLOCK_N * MMA_DP * 2) /* one K or V tile in local memory */
 #define MMA_THREADS (32 * (BLOCK_M / 16)) /* a warp per 16 query rows (per 16 keys in dK/dV) */
 #define MMA_K_THREADS (32 * (BLOCK_N / 16))
 #define attn_mma LLMCL_CAT(mma_16816_, IO_DT)
@@ -867,7 +868,6 @@ __attribute__((always_inline)) inline void attn_p_ds_tiles(float4 *s, float4 *dp
 #define STAGES 1
 #endif
 #define MMA_FWD_THREADS (MMA_THREADS / WM)
-#define MMA_KV_BYTES (BLOCK_N * MMA_DP * 2) /* one K or V tile in local memory */
 
 /*
  * A row's running maximum moves only when a tile's maximum passes it by more than this (log2
@@ -1171,9 +1171,9 @@ attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulo
         acc[e] = 0.0f;
 
     for (int n0 = n_lo, stage = 0; n0 < n_hi; n0 += BLOCK_N, stage ^= 1) {
-        const uint kt = ka + stage * (BLOCK_N * MMA_DP * 2), vt = va + stage * (BLOCK_N * MMA_DP * 2);
+        const uint kt = ka + stage * MMA_KV_BYTES, vt = va + stage * MMA_KV_BYTES;
         if (n0 + BLOCK_N < n_hi) {
-            const uint off = (stage ^ 1) * (BLOCK_N * MMA_DP * 2);
+            const uint off = (stage ^ 1) * MMA_KV_BYTES;
             attn_mma_tile(ka + off, k + kb + (n0 + BLOCK_N) * sk_t, sk_t, BLOCK_N,
                           sq.tk - n0 - BLOCK_N, lid, MMA_THREADS);
             attn_mma_tile(va + off, v + vb + (n0 + BLOCK_N) * sv_t, sv_t, BLOCK_N,

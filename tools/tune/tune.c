@@ -480,11 +480,14 @@ static int by_double(const void *a, const void *b)
 
 /*
  * Median kernel time of o->reps runs after o->warmup, rotating over the buffer sets. Stops early,
- * returning the minimum seen, when three runs all exceed cutoff_ms (0: no cutoff).
+ * returning the minimum seen and setting *stopped (if not NULL), when three runs all exceed
+ * cutoff_ms (0: no cutoff).
  */
 static llmcl_status measure(llmcl_ctx *ctx, const tune_kernel *k, const tune_case *c, const bufs *b,
-                            const tune_options *o, double cutoff_ms, double *ms)
+                            const tune_options *o, double cutoff_ms, double *ms, bool *stopped)
 {
+    if (stopped)
+        *stopped = false;
     int next = 0;
     for (int w = 0; w < o->warmup; ++w, ++next)
         TRY(k->run(ctx, b->t[next % b->n_sets], c));
@@ -505,6 +508,8 @@ static llmcl_status measure(llmcl_ctx *ctx, const tune_kernel *k, const tune_cas
         t[n] = prof.kernel_ms > 1e-3 * wall_ms ? prof.kernel_ms : wall_ms;
         if (cutoff_ms > 0 && n == 2 && t[0] > cutoff_ms && t[1] > cutoff_ms && t[2] > cutoff_ms) {
             n = 3;
+            if (stopped)
+                *stopped = true;
             break;
         }
     }
@@ -638,7 +643,7 @@ llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dty
             st = LLMCL_ERROR_INVALID_ARGUMENT;
             goto done;
         }
-    st = measure(ctx, k, &c, &b, o, 0, &r->default_ms);
+    st = measure(ctx, k, &c, &b, o, 0, &r->default_ms, NULL);
     if (st != LLMCL_OK) {
         fail(r, st, "timing the reference failed: %s", llmcl_last_error(ctx));
         goto done;
@@ -714,7 +719,8 @@ llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dty
             continue;
         }
         double ms;
-        cst = measure(ctx, k, &c, &b, o, 1.5 * r->best_ms, &ms);
+        bool stopped;
+        cst = measure(ctx, k, &c, &b, o, 1.5 * r->best_ms, &ms, &stopped);
         if (cst != LLMCL_OK) {
             reject(o, r, is_limit_error(cst) ? TUNE_REJ_LIMITS : TUNE_REJ_ERROR, c.params_text,
                    llmcl_last_error(ctx));
@@ -723,7 +729,7 @@ llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dty
         r->timed++;
         if (o->trace)
             fprintf(o->trace, "  %s: %.4f ms%s\n", c.params_text, ms,
-                    ms >= 1.5 * r->best_ms ? " (stopped early: slower than 1.5x the best)" : "");
+                    stopped ? " (stopped early: slower than 1.5x the best)" : "");
         if (ms < r->best_ms) {
             r->best_ms = ms;
             snprintf(r->best_params, sizeof r->best_params, "%s", full);
@@ -741,10 +747,10 @@ llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dty
         double td = 1e300, tb = 1e300, t;
         for (int round = 0; round < 3; ++round) {
             llmcl_tune_override(ctx, k->key, dtype, c.shape_class, NULL);
-            if (measure(ctx, k, &c, &b, o, 0, &t) == LLMCL_OK)
+            if (measure(ctx, k, &c, &b, o, 0, &t, NULL) == LLMCL_OK)
                 td = t < td ? t : td;
             llmcl_tune_override(ctx, k->key, dtype, c.shape_class, r->best_params);
-            if (measure(ctx, k, &c, &b, o, 0, &t) == LLMCL_OK)
+            if (measure(ctx, k, &c, &b, o, 0, &t, NULL) == LLMCL_OK)
                 tb = t < tb ? t : tb;
         }
         if (td < 1e300 && tb < 1e300) {

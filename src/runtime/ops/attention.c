@@ -471,6 +471,19 @@ static bool attn_mma_fits(const llmcl_ctx *ctx, const attn_geom *g, bool forward
  * the work-group limit; the defaults keep the registers of D = 128 in bounds. Tuned values that do
  * not fit fall back to the defaults unless overridden.
  */
+/* A tensor-core kernel's tile parameters into p (the forward's WM, QREG and STAGES too). */
+static void attn_mma_params_set(llmcl__params *p, bool fwd, long bm, long bn, long wm, long qreg,
+                                long stages)
+{
+    llmcl__param_set(p, "BLOCK_M", bm);
+    llmcl__param_set(p, "BLOCK_N", bn);
+    if (fwd) {
+        llmcl__param_set(p, "WM", wm);
+        llmcl__param_set(p, "QREG", qreg);
+        llmcl__param_set(p, "STAGES", stages);
+    }
+}
+
 static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
                                        const char *cls, llmcl__params *p, attn_tiles *tiles)
 {
@@ -484,13 +497,7 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
     const long def_n = fwd ? (widest ? 16 : wide ? 32 : 64) : kern == ATTN_DQ_MMA && wide ? 32 : 64;
     const long def_wm = fwd && !widest ? 2 : 1, def_qreg = !(fwd && wide);
     const long def_stages = fwd && !wide ? 2 : 1;
-    llmcl__param_set(p, "BLOCK_M", def_m);
-    llmcl__param_set(p, "BLOCK_N", def_n);
-    if (fwd) {
-        llmcl__param_set(p, "WM", def_wm);
-        llmcl__param_set(p, "QREG", def_qreg);
-        llmcl__param_set(p, "STAGES", def_stages);
-    }
+    attn_mma_params_set(p, fwd, def_m, def_n, def_wm, def_qreg, def_stages);
     const bool overridden = llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
     long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
     long wm = fwd ? llmcl__param_get(p, "WM", def_wm) : 1;
@@ -508,13 +515,7 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
               bytes <= ctx->info.local_mem_bytes && (!dkdv || bn <= 2 * bm);
     if (!ok && !overridden) {
         bm = def_m, bn = def_n, wm = def_wm, qreg = def_qreg, stages = def_stages, ok = true;
-        llmcl__param_set(p, "BLOCK_M", bm);
-        llmcl__param_set(p, "BLOCK_N", bn);
-        if (fwd) {
-            llmcl__param_set(p, "WM", wm);
-            llmcl__param_set(p, "QREG", qreg);
-            llmcl__param_set(p, "STAGES", stages);
-        }
+        attn_mma_params_set(p, fwd, bm, bn, wm, qreg, stages);
     }
     LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
                    "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld WM=%ld QREG=%ld STAGES=%ld with "
