@@ -725,7 +725,7 @@ typedef struct llmcl_attention_opts {
  * is f32.
  *
  * On devices with tensor cores (llmcl_device_info.has_mma), bf16 and f16 calls whose D is a
- * multiple of 16 up to 128 (256 for the forward) and whose q, k, v (and dout) offsets and strides
+ * multiple of 16 up to 256 and whose q, k, v (and dout) offsets and strides
  * are multiples of 8 elements run on them: the products take 16-bit inputs with f32
  * accumulation, so P (and in the backward dS) is rounded to q's dtype before its product, as
  * FlashAttention does, and the softmax's exponentials use the hardware approximation. Other calls

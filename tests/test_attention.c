@@ -535,12 +535,13 @@ static void test_t1(void **state)
 }
 
 /*
- * The cases the tensor-core kernels make risky, in bf16 and f16 at head dims 32, 64, 96 and 128
- * (and 48, 80, 112 once each; the forward alone at 192 and 256): lengths that are no multiple of a tile (1, 17, 333), Tq != Tk under
- * the causal mask, a window narrower than a tile, GQA, [B, T, H, D] storage, varlen with sequences
- * of length 0 and 1, forced smaller tiles (GQA across several key and query tiles), and a view that
- * is not 8-element aligned (the portable kernels then run). On a device with tensor cores the
- * tuning report says which kernels ran; elsewhere the portable ones run the bf16 cases at D 64.
+ * The cases the tensor-core kernels make risky, in bf16 and f16 at head dims 32, 64, 96, 128 and
+ * 256 (and 48, 80, 112 and 192 once each): lengths that are no multiple of a tile (1, 17, 333),
+ * Tq != Tk under the causal mask, a window narrower than a tile, GQA, [B, T, H, D] storage, varlen
+ * with sequences of length 0 and 1, forced smaller tiles (GQA across several key and query tiles),
+ * a softcap at D 256 and a view that is not 8-element aligned (the portable kernels then run). On a
+ * device with tensor cores the tuning report says which kernels ran; elsewhere the portable ones
+ * run the bf16 cases at D 64.
  */
 static void test_fast_path(void **state)
 {
@@ -551,11 +552,14 @@ static void test_fast_path(void **state)
                                             "attention_bwd_dkdv_mma"};
     static const char *const mma_sets[3] = {"BLOCK_M=32 BLOCK_N=16 WM=1 QREG=1 STAGES=2",
                                             "BLOCK_M=16 BLOCK_N=32", "BLOCK_M=16 BLOCK_N=32"};
+    /* past D = 128 the backward's 16 x 16 tiles are the only ones that fit 48 KiB */
+    static const char *const wide_sets[3] = {"BLOCK_M=32 BLOCK_N=16 WM=1 QREG=0 STAGES=2",
+                                             "BLOCK_M=16 BLOCK_N=16", "BLOCK_M=16 BLOCK_N=16"};
     /* Without tensor cores the portable kernels run these cases: one head dim and dtype covers
        them there (the other dims and f16 have their own tests) and keeps CI's cold builds few. */
     const bool mma = llmcl_ctx_device_info(ctx)->has_mma;
-    const int dims[] = {64, 32, 96, 128};
-    for (int di = 0; di < (mma ? 4 : 1); ++di)
+    const int dims[] = {64, 32, 96, 128, 256};
+    for (int di = 0; di < (mma ? 5 : 1); ++di)
         for (int f16 = 0; f16 < (mma ? 2 : 1); ++f16) {
             const llmcl_dtype dt = f16 ? LLMCL_F16 : LLMCL_BF16;
             const int d = dims[di];
@@ -583,12 +587,13 @@ static void test_fast_path(void **state)
                     assert_int_equal(launched, on_tensor_cores(dt));
                 }
             }
+            const char *const *sets = d > 128 ? wide_sets : mma_sets;
             for (int kk = 0; kk < 3; ++kk)
-                TH_OK(llmcl_tune_override(ctx, mma_keys[kk], dt, "*", mma_sets[kk]));
+                TH_OK(llmcl_tune_override(ctx, mma_keys[kk], dt, "*", sets[kk]));
             check_case(causal(dense(dt, 1, 2, 1, d, 77, 77)), 350 + di);
             check_case(dense(dt, 1, 4, 2, d, 45, 90), 360 + di);
             for (int kk = 0; kk < 3 && on_tensor_cores(dt); ++kk)
-                assert_launched_with(mma_keys[kk], dt, cls, mma_sets[kk]);
+                assert_launched_with(mma_keys[kk], dt, cls, sets[kk]);
             TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
         }
     /* the other multiples of 16: local rows padded to a power of two of 16-byte chunks */
@@ -599,12 +604,15 @@ static void test_fast_path(void **state)
         for (int kk = 0; kk < 3; ++kk)
             assert_launched_with(mma_keys[kk], LLMCL_BF16, cls, "BLOCK_M=");
     }
-    /* past 128 the forward alone runs on tensor cores (rows padded to 256), the backward portably */
-    for (int d = 192; d <= 256 && mma; d += 64) {
-        char cls[16];
-        snprintf(cls, sizeof cls, "%d", d);
-        check_case(causal(dense(LLMCL_BF16, 1, 4, 2, d, 70, 70)), 380 + d);
-        assert_launched_with(mma_keys[0], LLMCL_BF16, cls, "BLOCK_M=");
+    /* D = 192 (local rows padded to 256, the backward's operands in local memory), and D = 256
+       with a softcap, as Gemma 2 runs it */
+    if (mma) {
+        check_case(causal(dense(LLMCL_BF16, 1, 4, 2, 192, 70, 70)), 572);
+        attn_case c = causal(dense(LLMCL_BF16, 1, 4, 2, 256, 90, 90));
+        c.opts.softcap = 5;
+        check_case(c, 573);
+        for (int kk = 0; kk < 3; ++kk)
+            assert_launched_with(mma_keys[kk], LLMCL_BF16, "192", "BLOCK_M=");
     }
     attn_case c = causal(dense(LLMCL_BF16, 1, 2, 1, 64, 40, 40));
     c.pad = 4; /* 4 elements into the storage: not 16-byte rows */

@@ -740,6 +740,8 @@ attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_of
 #define MMA_KV_BYTES (BLOCK_N * MMA_DP * 2) /* one K or V tile in local memory */
 #define MMA_THREADS (32 * (BLOCK_M / 16)) /* a warp per 16 query rows (per 16 keys in dK/dV) */
 #define MMA_K_THREADS (32 * (BLOCK_N / 16))
+/* Past D = 128 the backward holds no D-wide operand in registers: they stay in local memory */
+#define MMA_WIDE (D > 128)
 #define attn_mma LLMCL_CAT(mma_16816_, IO_DT)
 
 inline uint attn_pack2_BF16(float lo, float hi) { return bf16x2_rn(lo, hi); }
@@ -778,6 +780,13 @@ inline void attn_mma_tile(uint dst, const __global ushort *src, long ld, int row
         mma_load_tile(dst, src, ld, rows, MMA_RD, clamp(valid, 0, rows), D, lid, nt, 1);
 }
 
+/* acc[0] and acc[1], two adjacent 16 x 8 tiles, += a times b2's two B fragments. */
+__attribute__((always_inline)) inline void attn_mma_pair(float4 *acc, uint4 a, uint4 b2)
+{
+    acc[0] = attn_mma(acc[0], a, b2.xy);
+    acc[1] = attn_mma(acc[1], a, b2.zw);
+}
+
 /*
  * One k-step of a warp's product: acc[0..cols) (8-wide column tiles, cols even) += a (16 rows x the
  * 16 k at k0) times the B operand of the local tile: its rows are n with k along them (k_contig 1:
@@ -787,11 +796,8 @@ inline void attn_mma_step(float4 *acc, uint4 a, uint tile, int k0, int cols, int
                           int lane)
 {
 #pragma unroll
-    for (int j = 0; j < cols; j += 2) {
-        const uint4 b = mma_frag_b2(tile, j * 8, k0, MMA_RD, k_contig, lane);
-        acc[j] = attn_mma(acc[j], a, b.xy);
-        acc[j + 1] = attn_mma(acc[j + 1], a, b.zw);
-    }
+    for (int j = 0; j < cols; j += 2)
+        attn_mma_pair(acc + j, a, mma_frag_b2(tile, j * 8, k0, MMA_RD, k_contig, lane));
 }
 
 /*
@@ -1101,7 +1107,8 @@ inline float attn_lse2(float x) { return x == -INFINITY ? INFINITY : x * M_LOG2E
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 7
 /*
  * attn_bwd_dq_mma: dQ = dS K for BLOCK_M query rows of one head, a warp per 16 of them with their
- * Q and dO fragments in registers (staged once through local memory). Per tile of BLOCK_N keys:
+ * Q and dO fragments in registers (staged once through local memory; past D = 128 read from
+ * their local tiles at every step). Per tile of BLOCK_N keys:
  * S = Q K^T and dP = dO V^T on tensor cores, P and dS in registers, dS (rounded to the storage
  * dtype) into A fragments, dQ += dS K. K and V tiles are double-buffered: the next tile's copy
  * runs under the current tile's three products.
@@ -1117,7 +1124,7 @@ attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulo
                 long sg_b, long sg_h, long sg_t, long sl_b, long sl_h, float scale, float softcap,
                 int wl, int wr)
 {
-    __local ushort qs[BLOCK_M * MMA_DP] __attribute__((aligned(128)));
+    __local ushort qs[(1 + MMA_WIDE) * BLOCK_M * MMA_DP] __attribute__((aligned(128)));
     __local ushort ks[2 * BLOCK_N * MMA_DP] __attribute__((aligned(128)));
     __local ushort vs[2 * BLOCK_N * MMA_DP] __attribute__((aligned(128)));
     const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
@@ -1130,10 +1137,12 @@ attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulo
     const long kb = attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0);
     const long vb = attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0);
     const uint qa = mma_smem(qs), ka = mma_smem(ks), va = mma_smem(vs);
+    const uint da = qa + MMA_WIDE * BLOCK_M * MMA_DP * 2; /* dO's tile: Q's until Q is read */
 
-    uint4 qf[D / 16], df[D / 16];
     attn_mma_tile(qa, q + attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0), sq_t, BLOCK_M,
                   sq.tq - m0, lid, MMA_THREADS);
+#if !MMA_WIDE
+    uint4 qf[D / 16], df[D / 16];
     mma_cp_commit();
     mma_cp_wait(0);
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -1141,7 +1150,8 @@ attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulo
     for (int kk = 0; kk < D / 16; ++kk)
         qf[kk] = mma_frag_a(qa, warp * 16, kk * 16, MMA_RD, 1, lane);
     barrier(CLK_LOCAL_MEM_FENCE);
-    attn_mma_tile(qa, dout + attn_row(do_off, sd_b, sd_h, sd_t, b, h, sq.q0 + m0), sd_t, BLOCK_M,
+#endif
+    attn_mma_tile(da, dout + attn_row(do_off, sd_b, sd_h, sd_t, b, h, sq.q0 + m0), sd_t, BLOCK_M,
                   sq.tq - m0, lid, MMA_THREADS);
     int n_lo, n_hi;
     attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
@@ -1152,9 +1162,11 @@ attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulo
     mma_cp_commit();
     mma_cp_wait(0);
     barrier(CLK_LOCAL_MEM_FENCE);
+#if !MMA_WIDE
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-        df[kk] = mma_frag_a(qa, warp * 16, kk * 16, MMA_RD, 1, lane);
+        df[kk] = mma_frag_a(da, warp * 16, kk * 16, MMA_RD, 1, lane);
+#endif
 
     const int r0 = m0 + warp * 16 + g; /* this lane's rows: r0 and r0 + 8 */
     const long lb = lse_off + b * sl_b + h * sl_h + sq.q0, db = delta_off + b * sl_b + h * sl_h + sq.q0;
@@ -1186,8 +1198,14 @@ attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulo
             s[j] = dp[j] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            attn_mma_step(s, qf[kk], kt, kk * 16, MMA_NT, 1, lane);
-            attn_mma_step(dp, df[kk], vt, kk * 16, MMA_NT, 1, lane);
+#if MMA_WIDE
+            const uint4 qfrag = mma_frag_a(qa, warp * 16, kk * 16, MMA_RD, 1, lane);
+            const uint4 dfrag = mma_frag_a(da, warp * 16, kk * 16, MMA_RD, 1, lane);
+#else
+            const uint4 qfrag = qf[kk], dfrag = df[kk];
+#endif
+            attn_mma_step(s, qfrag, kt, kk * 16, MMA_NT, 1, lane);
+            attn_mma_step(dp, dfrag, vt, kk * 16, MMA_NT, 1, lane);
         }
         float4 l4[MMA_NT], d4[MMA_NT];
 #pragma unroll
@@ -1233,33 +1251,70 @@ attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulo
  * BLOCK_M rows (fixed order: deterministic). Per tile, on tensor cores: S^T = K Q^T and
  * dP^T = V dO^T, then P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q. Q and dO tiles
  * are double-buffered: the next tile's copy runs under the current tile's four products.
+ *
+ * Past D = 128 two D-wide accumulators do not fit a warp's registers, so a launch takes one of
+ * them (DKDV_PART 1: dV from S^T alone, 2: dK), K and V stay in local memory, and the rows'
+ * statistics come from global memory (their local copies would not fit beside the tiles).
  */
+#ifndef DKDV_PART
+#define DKDV_PART 0 /* 0: dK and dV; 1: dV only; 2: dK only */
+#endif
+#if MMA_WIDE && DKDV_PART == 0
+#error "attn_bwd_dkdv_mma past D = 128 takes dK and dV in separate launches (DKDV_PART 1, 2)"
+#endif
+#define DKDV_V (DKDV_PART != 2)
+#define DKDV_K (DKDV_PART != 1)
 #define MMA_MT (BLOCK_M / 8) /* 8-query column tiles of S^T */
 #define MMA_DKDV_STAGE (2 * BLOCK_M * MMA_DP * 2) /* bytes of one stage: Q, then dO */
 
 /*
  * The Q and dO tiles of BLOCK_M queries from m0 of head h into the stage at local address qa (by
- * cp.async, complete after mma_cp_wait), and their log2 LSE and delta into ls and ds (plain
- * stores, visible after the next barrier).
+ * cp.async, complete after mma_cp_wait).
  */
-inline void attn_dkdv_stage(uint qa, __local float *ls, __local float *ds,
-                            const __global io_t *q, ulong q_off, const __global io_t *dout,
-                            ulong do_off, const __global float *lse, ulong lse_off,
-                            const __global float *delta, ulong delta_off, int b, int h, int m0,
+inline void attn_dkdv_stage(uint qa, const __global io_t *q, ulong q_off,
+                            const __global io_t *dout, ulong do_off, int b, int h, int m0,
                             attn_seq sq, long sq_b, long sq_h, long sq_t, long sd_b, long sd_h,
-                            long sd_t, long sl_b, long sl_h, int lid)
+                            long sd_t, int lid)
 {
-    const long lb = b * sl_b + h * sl_h + sq.q0 + m0;
     attn_mma_tile(qa, q + attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0), sq_t, BLOCK_M,
                   sq.tq - m0, lid, MMA_K_THREADS);
     attn_mma_tile(qa + BLOCK_M * MMA_DP * 2, dout + attn_row(do_off, sd_b, sd_h, sd_t, b, h,
                   sq.q0 + m0), sd_t, BLOCK_M, sq.tq - m0, lid, MMA_K_THREADS);
+}
+
+/*
+ * The log2 LSE and delta of the BLOCK_M queries from m0 at lse + at and delta + at (at: the
+ * head's first query), +inf and 0 past the sequence, into a stage's ls and ds (plain stores,
+ * visible after the next barrier).
+ */
+inline void attn_dkdv_stats(__local float *ls, __local float *ds, const __global float *lse,
+                            const __global float *delta, long at, int m0, int tq, int lid)
+{
     for (int i = lid; i < BLOCK_M; i += MMA_K_THREADS) {
-        const bool in = m0 + i < sq.tq;
-        ls[i] = in ? attn_lse2(lse[lse_off + lb + i]) : INFINITY;
-        ds[i] = in ? delta[delta_off + lb + i] : 0.0f;
+        const bool in = m0 + i < tq;
+        ls[i] = in ? attn_lse2(lse[at + m0 + i]) : INFINITY;
+        ds[i] = in ? delta[at + m0 + i] : 0.0f;
     }
 }
+
+/* The same statistics of the lane's columns of S^T, straight from global memory. */
+inline void attn_dkdv_lane_stats(float4 *l4, float4 *d4, const __global float *lse,
+                                 const __global float *delta, long at, int m0, int tq, int t4)
+{
+#pragma unroll
+    for (int j = 0; j < MMA_MT; ++j) {
+        float l[2], d[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int row = m0 + j * 8 + 2 * t4 + e;
+            l[e] = row < tq ? attn_lse2(lse[at + row]) : INFINITY;
+            d[e] = row < tq ? (DKDV_K ? delta[at + row] : 0.0f) : 0.0f;
+        }
+        l4[j] = (float4)(l[0], l[1], l[0], l[1]);
+        d4[j] = (float4)(d[0], d[1], d[0], d[1]);
+    }
+}
+
 __kernel __attribute__((reqd_work_group_size(MMA_K_THREADS, 1, 1))) void
 attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
                   const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,
@@ -1272,9 +1327,14 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
                   long sgk_t, long sgv_b, long sgv_h, long sgv_t, long sl_b, long sl_h,
                   float scale, float softcap, int wl, int wr)
 {
-    /* Two stages of Q and dO tiles, one after the other; K and V pass through them at the start */
+    /* Two stages of Q and dO tiles, one after the other; K and V pass through them at the start
+       on their way to registers, or stay in their own tiles past D = 128 */
     __local ushort qd[4 * BLOCK_M * MMA_DP] __attribute__((aligned(128)));
+#if MMA_WIDE
+    __local ushort kvs[(1 + DKDV_K) * BLOCK_N * MMA_DP] __attribute__((aligned(128)));
+#else
     __local float lse2s[2 * BLOCK_M], dls[2 * BLOCK_M];
+#endif
     const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
     const attn_place at = attn_place_of(nb, hkv, false);
     const int b = at.b, hk = at.h;
@@ -1283,10 +1343,17 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
     if (n0 >= sq.tk)
         return;
     const uint qd0 = mma_smem(qd);
+    const long kr = attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0 + n0);
+    const long vr = attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0 + n0);
 
+#if MMA_WIDE
+    const uint ka = mma_smem(kvs), va = ka + BLOCK_N * MMA_DP * 2;
+    attn_mma_tile(ka, k + kr, sk_t, BLOCK_N, sq.tk - n0, lid, MMA_K_THREADS);
+    if (DKDV_K)
+        attn_mma_tile(va, v + vr, sv_t, BLOCK_N, sq.tk - n0, lid, MMA_K_THREADS);
+#else
     uint4 kf[D / 16], vf[D / 16];
-    attn_mma_tile(qd0, k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0 + n0), sk_t, BLOCK_N,
-                  sq.tk - n0, lid, MMA_K_THREADS);
+    attn_mma_tile(qd0, k + kr, sk_t, BLOCK_N, sq.tk - n0, lid, MMA_K_THREADS);
     mma_cp_commit();
     mma_cp_wait(0);
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -1294,8 +1361,7 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
     for (int kk = 0; kk < D / 16; ++kk)
         kf[kk] = mma_frag_a(qd0, warp * 16, kk * 16, MMA_RD, 1, lane);
     barrier(CLK_LOCAL_MEM_FENCE);
-    attn_mma_tile(qd0, v + attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0 + n0), sv_t, BLOCK_N,
-                  sq.tk - n0, lid, MMA_K_THREADS);
+    attn_mma_tile(qd0, v + vr, sv_t, BLOCK_N, sq.tk - n0, lid, MMA_K_THREADS);
     mma_cp_commit();
     mma_cp_wait(0);
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -1303,34 +1369,44 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
     for (int kk = 0; kk < D / 16; ++kk)
         vf[kk] = mma_frag_a(qd0, warp * 16, kk * 16, MMA_RD, 1, lane);
     barrier(CLK_LOCAL_MEM_FENCE); /* no warp reads K or V from local memory any more */
+#endif
 
     float4 gk[MMA_OT], gv[MMA_OT];
 #pragma unroll
     for (int e = 0; e < MMA_OT; ++e)
         gk[e] = gv[e] = 0.0f;
     const int c0 = n0 + warp * 16 + g; /* this lane's keys: c0 and c0 + 8 */
+    const long lb = b * sl_b + sq.q0; /* the batch entry's first row of lse and delta */
     int m_lo, m_hi;
     attn_query_range(n0, BLOCK_N, sq.tq, sq.tk, wl, wr, &m_lo, &m_hi);
     const int ntiles = m_hi > m_lo ? (m_hi - m_lo + BLOCK_M - 1) / BLOCK_M : 0;
-    if (ntiles > 0)
-        attn_dkdv_stage(qd0, lse2s, dls, q, q_off, dout, do_off, lse, lse_off, delta, delta_off,
-                        b, hk * group, m_lo, sq, sq_b, sq_h, sq_t, sd_b, sd_h, sd_t, sl_b, sl_h, lid);
+    if (ntiles > 0) {
+        attn_dkdv_stage(qd0, q, q_off, dout, do_off, b, hk * group, m_lo, sq, sq_b, sq_h, sq_t,
+                        sd_b, sd_h, sd_t, lid);
+#if !MMA_WIDE
+        attn_dkdv_stats(lse2s, dls, lse + lse_off, delta + delta_off, lb + hk * group * sl_h,
+                        m_lo, sq.tq, lid);
+#endif
+    }
     mma_cp_commit();
     for (int t = 0; t < group * ntiles; ++t) {
         const int gi = t / ntiles, m0 = m_lo + (t - gi * ntiles) * BLOCK_M;
         const int stage = t & 1, next = t + 1, gn = next / ntiles;
         /* The next tile's copies run under this tile's products */
-        if (next < group * ntiles)
-            attn_dkdv_stage(qd0 + (stage ^ 1) * MMA_DKDV_STAGE, lse2s + (stage ^ 1) * BLOCK_M,
-                            dls + (stage ^ 1) * BLOCK_M, q, q_off, dout, do_off, lse, lse_off,
-                            delta, delta_off, b, hk * group + gn,
-                            m_lo + (next - gn * ntiles) * BLOCK_M, sq, sq_b, sq_h, sq_t, sd_b,
-                            sd_h, sd_t, sl_b, sl_h, lid);
+        if (next < group * ntiles) {
+            const int mn = m_lo + (next - gn * ntiles) * BLOCK_M;
+            attn_dkdv_stage(qd0 + (stage ^ 1) * MMA_DKDV_STAGE, q, q_off, dout, do_off, b,
+                            hk * group + gn, mn, sq, sq_b, sq_h, sq_t, sd_b, sd_h, sd_t, lid);
+#if !MMA_WIDE
+            attn_dkdv_stats(lse2s + (stage ^ 1) * BLOCK_M, dls + (stage ^ 1) * BLOCK_M,
+                            lse + lse_off, delta + delta_off, lb + (hk * group + gn) * sl_h, mn,
+                            sq.tq, lid);
+#endif
+        }
         mma_cp_commit();
         mma_cp_wait(1);
         barrier(CLK_LOCAL_MEM_FENCE);
         const uint qa = qd0 + stage * MMA_DKDV_STAGE, da = qa + BLOCK_M * MMA_DP * 2;
-        const __local float *ls = lse2s + stage * BLOCK_M, *ds = dls + stage * BLOCK_M;
 
         float4 st[MMA_MT], dpt[MMA_MT];
 #pragma unroll
@@ -1339,27 +1415,41 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
         /* The products interleave by hand here: through attn_mma_step, one product after the
            other, this kernel spilled 124 bytes at D = 128 on the H100 instead of 96. */
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
+        for (int kk = 0; kk < D / 16; ++kk) {
+#if MMA_WIDE
+            const uint4 kfrag = mma_frag_a(ka, warp * 16, kk * 16, MMA_RD, 1, lane);
+            const uint4 vfrag =
+                DKDV_K ? mma_frag_a(va, warp * 16, kk * 16, MMA_RD, 1, lane) : kfrag;
+#else
+            const uint4 kfrag = kf[kk], vfrag = vf[kk];
+#endif
 #pragma unroll
             for (int j = 0; j < MMA_MT; j += 2) {
-                const uint4 qb2 = mma_frag_b2(qa, j * 8, kk * 16, MMA_RD, 1, lane);
-                const uint4 db2 = mma_frag_b2(da, j * 8, kk * 16, MMA_RD, 1, lane);
-                st[j] = attn_mma(st[j], kf[kk], qb2.xy);
-                st[j + 1] = attn_mma(st[j + 1], kf[kk], qb2.zw);
-                dpt[j] = attn_mma(dpt[j], vf[kk], db2.xy);
-                dpt[j + 1] = attn_mma(dpt[j + 1], vf[kk], db2.zw);
+                attn_mma_pair(st + j, kfrag, mma_frag_b2(qa, j * 8, kk * 16, MMA_RD, 1, lane));
+                if (DKDV_K)
+                    attn_mma_pair(dpt + j, vfrag,
+                                  mma_frag_b2(da, j * 8, kk * 16, MMA_RD, 1, lane));
             }
+        }
         float4 l4[MMA_MT], d4[MMA_MT];
+#if MMA_WIDE
+        attn_dkdv_lane_stats(l4, d4, lse + lse_off, delta + delta_off,
+                             lb + (hk * group + gi) * sl_h, m0, sq.tq, t4);
+#else
+        const __local float *ls = lse2s + stage * BLOCK_M, *ds = dls + stage * BLOCK_M;
 #pragma unroll
         for (int j = 0; j < MMA_MT; ++j) {
             const float2 l = vload2(0, ls + j * 8 + 2 * t4), d = vload2(0, ds + j * 8 + 2 * t4);
             l4[j] = (float4)(l, l);
             d4[j] = (float4)(d, d);
         }
+#endif
         attn_p_ds_tiles(st, dpt, l4, d4, MMA_MT, scale, softcap); /* P^T and dS^T */
         if (attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr)) {
-            attn_mask_tiles(st, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
-            attn_mask_tiles(dpt, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
+            if (DKDV_V)
+                attn_mask_tiles(st, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
+            if (DKDV_K)
+                attn_mask_tiles(dpt, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
         }
 #pragma unroll
         for (int j = 0; j < BLOCK_M / 16; ++j) {
@@ -1367,12 +1457,10 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
             const uint4 sf = attn_acc_to_a(dpt[2 * j], dpt[2 * j + 1]);
 #pragma unroll
             for (int e = 0; e < MMA_OT; e += 2) {
-                const uint4 dob = mma_frag_b2(da, e * 8, j * 16, MMA_RD, 0, lane);
-                const uint4 qbf = mma_frag_b2(qa, e * 8, j * 16, MMA_RD, 0, lane);
-                gv[e] = attn_mma(gv[e], pf, dob.xy);
-                gv[e + 1] = attn_mma(gv[e + 1], pf, dob.zw);
-                gk[e] = attn_mma(gk[e], sf, qbf.xy);
-                gk[e + 1] = attn_mma(gk[e + 1], sf, qbf.zw);
+                if (DKDV_V)
+                    attn_mma_pair(gv + e, pf, mma_frag_b2(da, e * 8, j * 16, MMA_RD, 0, lane));
+                if (DKDV_K)
+                    attn_mma_pair(gk + e, sf, mma_frag_b2(qa, e * 8, j * 16, MMA_RD, 0, lane));
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE); /* no warp reads this stage any more: the next copy may */
@@ -1389,10 +1477,14 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
         for (int e = 0; e < MMA_OT; ++e) {
             const float2 x = i ? gk[e].zw : gk[e].xy, y = i ? gv[e].zw : gv[e].xy;
             const long ak = kgb + key * sgk_t + e * 8 + 2 * t4, av = vgb + key * sgv_t + e * 8 + 2 * t4;
-            STORE(IO_DT, dk, ak, x.x);
-            STORE(IO_DT, dk, ak + 1, x.y);
-            STORE(IO_DT, dv, av, y.x);
-            STORE(IO_DT, dv, av + 1, y.y);
+            if (DKDV_K) {
+                STORE(IO_DT, dk, ak, x.x);
+                STORE(IO_DT, dk, ak + 1, x.y);
+            }
+            if (DKDV_V) {
+                STORE(IO_DT, dv, av, y.x);
+                STORE(IO_DT, dv, av + 1, y.y);
+            }
         }
     }
 }

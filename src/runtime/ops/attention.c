@@ -41,6 +41,7 @@ typedef struct attn_geom {
     bool aligned4; /* every offset and stride of the loaded operands a multiple of 4 elements */
     bool aligned8; /* ... of 8 elements: 16-byte rows for cp.async */
     bool mma;      /* the backward runs on tensor cores */
+    int dkdv_part; /* past D = 128: which of dK (2) and dV (1) attn_bwd_dkdv_mma takes */
 } attn_geom;
 
 /* Whether t's offset and strides (past the unit-stride last one) are multiples of n elements. */
@@ -142,6 +143,7 @@ static llmcl_status attn_check_inputs(llmcl_ctx *ctx, const llmcl_tensor *q, con
     static const llmcl_attention_opts defaults = {0};
     if (!opts)
         opts = &defaults;
+    *g = (attn_geom){0};
     LLMCL__REQUIRE(ctx, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "attention: ctx is NULL");
     LLMCL__REQUIRE(ctx, (opts->cu_seqlens_q == NULL) == (opts->cu_seqlens_k == NULL),
                    LLMCL_ERROR_INVALID_ARGUMENT,
@@ -450,14 +452,13 @@ static llmcl_status attn_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kern
 
 /*
  * The tensor-core kernels: bf16 or f16 on a device with tensor cores, a head dim that is a multiple
- * of 16 (the mma's k) from 32 to 128 (to 256 for the forward: the backward's per-warp K and V
- * fragments and two D-wide accumulators would not fit the registers), and loaded operands whose
- * rows start on 16 bytes for cp.async. Other calls take the portable kernels (LLMCL_LOG says so).
+ * of 16 (the mma's k) from 32 to 256, and loaded operands whose rows start on 16 bytes for
+ * cp.async. Other calls take the portable kernels (LLMCL_LOG says so).
  */
 static bool attn_mma_fits(const llmcl_ctx *ctx, const attn_geom *g, bool forward)
 {
     const bool fits = ctx->info.has_mma && g->dtype != LLMCL_F32 && g->D % 16 == 0 &&
-                      g->D >= 32 && g->D <= (forward ? 256 : 128) && g->aligned8;
+                      g->D >= 32 && g->D <= 256 && g->aligned8;
     if (!fits && ctx->info.has_mma)
         llmcl__log("attention: the portable %s runs (%s, D=%d, %s)",
                    forward ? "forward" : "backward", llmcl_dtype_name(g->dtype), g->D,
@@ -468,8 +469,10 @@ static bool attn_mma_fits(const llmcl_ctx *ctx, const attn_geom *g, bool forward
 /*
  * The tiles of a tensor-core kernel: BLOCK_M query rows and BLOCK_N keys, multiples of 16, a warp
  * per 16 rows (16 keys in attn_bwd_dkdv_mma; WM x 16 rows in attn_fwd_mma), within local memory and
- * the work-group limit; the defaults keep the registers of D = 128 in bounds. Tuned values that do
- * not fit fall back to the defaults unless overridden.
+ * the work-group limit; the defaults keep the registers of D = 128 in bounds. Past D = 128 the
+ * backward keeps its operands in local memory (Q and dO beside K and V in dQ, K and V beside the
+ * stages in dK/dV), whose 48 KiB on NVIDIA take 16 x 16 tiles. Tuned values that do not fit fall
+ * back to the defaults unless overridden.
  */
 /* A tensor-core kernel's tile parameters into p (the forward's WM, QREG and STAGES too). */
 static void attn_mma_params_set(llmcl__params *p, bool fwd, long bm, long bn, long wm, long qreg,
@@ -493,8 +496,11 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
      * The forward (tuned on the H100): two 16-row tiles a warp up to D = 128, Q's fragments read
      * from local memory past D = 64, double-buffered K and V tiles where they fit beside Q.
      */
-    const long def_m = fwd ? (wide && !widest ? 128 : 64) : dkdv && wide ? 32 : 64;
-    const long def_n = fwd ? (widest ? 16 : wide ? 32 : 64) : kern == ATTN_DQ_MMA && wide ? 32 : 64;
+    const long def_m = fwd ? (wide && !widest ? 128 : 64) : widest ? 16 : dkdv && wide ? 32 : 64;
+    const long def_n = fwd       ? (widest ? 16 : wide ? 32 : 64)
+                       : widest ? 16
+                       : kern == ATTN_DQ_MMA && wide ? 32
+                                                     : 64;
     const long def_wm = fwd && !widest ? 2 : 1, def_qreg = !(fwd && wide);
     const long def_stages = fwd && !wide ? 2 : 1;
     attn_mma_params_set(p, fwd, def_m, def_n, def_wm, def_qreg, def_stages);
@@ -504,9 +510,13 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
     long qreg = fwd ? llmcl__param_get(p, "QREG", def_qreg) : 1;
     long stages = fwd ? llmcl__param_get(p, "STAGES", def_stages) : 1;
     const uint64_t d2 = 2u * llmcl__pow2_ceil((size_t)g->D); /* local rows are padded so */
-    /* dK/dV double-buffers its Q and dO tiles, dQ its K and V tiles */
-    const uint64_t rows = dkdv ? 4 * bm : bm + (kern == ATTN_DQ_MMA ? 4 : 2 * stages) * bn;
-    const uint64_t bytes = d2 * rows + (dkdv ? 16u * (uint64_t)bm : 0);
+    /* dK/dV double-buffers its Q and dO tiles, dQ its K and V tiles; past D = 128 dK/dV keeps K
+       and V (K alone for dV) and dQ keeps dO beside Q, and dK/dV's row statistics stay global */
+    const uint64_t kv_rows = (uint64_t)(g->dkdv_part == 1 ? 1 : 2) * bn;
+    const uint64_t rows = dkdv ? 4 * (uint64_t)bm + (widest ? kv_rows : 0)
+                               : (uint64_t)((widest && !fwd ? 2 : 1) * bm +
+                                            (kern == ATTN_DQ_MMA ? 4 : 2 * stages) * bn);
+    const uint64_t bytes = d2 * rows + (dkdv && !widest ? 16u * (uint64_t)bm : 0);
     const long warps = (dkdv ? bn : bm) / (16 * wm);
     bool ok = bm >= 16 && bm % 16 == 0 && bn >= 16 && bn % 16 == 0 && (wm == 1 || wm == 2) &&
               (qreg == 0 || qreg == 1) && (stages == 1 || stages == 2) &&
@@ -557,6 +567,8 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
     llmcl__define_int(&defs, "D", g->D);
     llmcl__define_str(&defs, "IO_DT", llmcl__dtype_macro(g->dtype));
     llmcl__define_int(&defs, "ATTN_ONLY", kern);
+    if (kern == ATTN_DKDV_MMA && g->dkdv_part)
+        llmcl__define_int(&defs, "DKDV_PART", g->dkdv_part);
     llmcl__define_int(&defs, "ALIGNED4", g->aligned4);
     if (g->varlen)
         llmcl__define_flag(&defs, "VARLEN");
@@ -713,7 +725,13 @@ static llmcl_status attn_launch_dkdv(llmcl_ctx *ctx, const attn_geom *g, const l
                                      const llmcl_tensor *delta, llmcl_tensor *dk, llmcl_tensor *dv)
 {
     const llmcl_tensor *ts[] = {q, k, v, dout, lse, delta, dk, dv};
-    return attn_launch_tiled(ctx, g, g->mma ? ATTN_DKDV_MMA : ATTN_DKDV, ts, 8, lse, delta);
+    if (!g->mma || g->D <= 128)
+        return attn_launch_tiled(ctx, g, g->mma ? ATTN_DKDV_MMA : ATTN_DKDV, ts, 8, lse, delta);
+    /* Past D = 128 a warp's registers hold one D-wide accumulator: dV, then dK */
+    attn_geom part = *g;
+    for (part.dkdv_part = 1; part.dkdv_part <= 2; ++part.dkdv_part)
+        LLMCL__TRY(attn_launch_tiled(ctx, &part, ATTN_DKDV_MMA, ts, 8, lse, delta));
+    return LLMCL_OK;
 }
 
 llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q, const llmcl_tensor *k,
