@@ -471,8 +471,8 @@ static bool attn_mma_fits(const llmcl_ctx *ctx, const attn_geom *g, bool forward
  * per 16 rows (16 keys in attn_bwd_dkdv_mma; WM x 16 rows in attn_fwd_mma), within local memory and
  * the work-group limit; the defaults keep the registers of D = 128 in bounds. Past D = 128 the
  * backward keeps its operands in local memory (Q and dO beside K and V in dQ, K and V beside the
- * stages in dK/dV), whose 48 KiB on NVIDIA take 16 x 16 tiles. Tuned values that do not fit fall
- * back to the defaults unless overridden.
+ * stages in dK/dV), whose 48 KiB on NVIDIA take 16 x 16 tiles (16 x 32 in the dV launch). Tuned
+ * values that do not fit fall back to the defaults unless overridden.
  */
 /* A tensor-core kernel's tile parameters into p (the forward's WM, QREG and STAGES too). */
 static void attn_mma_params_set(llmcl__params *p, bool fwd, long bm, long bn, long wm, long qreg,
@@ -498,7 +498,7 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
      */
     const long def_m = fwd ? (wide && !widest ? 128 : 64) : widest ? 16 : dkdv && wide ? 32 : 64;
     const long def_n = fwd       ? (widest ? 16 : wide ? 32 : 64)
-                       : widest ? 16
+                       : widest ? (g->dkdv_part == 1 ? 32 : 16) /* dV alone leaves V's room */
                        : kern == ATTN_DQ_MMA && wide ? 32
                                                      : 64;
     const long def_wm = fwd && !widest ? 2 : 1, def_qreg = !(fwd && wide);
