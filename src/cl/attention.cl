@@ -1042,10 +1042,8 @@ attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong 
             for (int j = 0; j < MMA_NT; j += 2) {
                 const uint4 kb2 = mma_frag_b2(kt, j * 8, kk * 16, MMA_RD, 1, lane);
 #pragma unroll
-                for (int i = 0; i < WM; ++i) {
-                    s[i][j] = attn_mma(s[i][j], a[i], kb2.xy);
-                    s[i][j + 1] = attn_mma(s[i][j + 1], a[i], kb2.zw);
-                }
+                for (int i = 0; i < WM; ++i)
+                    attn_mma_pair(s[i] + j, a[i], kb2);
             }
         }
 
@@ -1070,10 +1068,8 @@ attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong 
             for (int e = 0; e < MMA_OT; e += 2) {
                 const uint4 vb2 = mma_frag_b2(vt, e * 8, j * 16, MMA_RD, 0, lane);
 #pragma unroll
-                for (int i = 0; i < WM; ++i) {
-                    acc[i][e] = attn_mma(acc[i][e], pf[i][j], vb2.xy);
-                    acc[i][e + 1] = attn_mma(acc[i][e + 1], pf[i][j], vb2.zw);
-                }
+                for (int i = 0; i < WM; ++i)
+                    attn_mma_pair(acc[i] + e, pf[i][j], vb2);
             }
         mma_cp_wait(0); /* the next tiles are in, and no warp reads this step's any more */
         barrier(CLK_LOCAL_MEM_FENCE);

@@ -496,11 +496,11 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
      * The forward (tuned on the H100): two 16-row tiles a warp up to D = 128, Q's fragments read
      * from local memory past D = 64, double-buffered K and V tiles where they fit beside Q.
      */
-    const long def_m = fwd ? (wide && !widest ? 128 : 64) : widest ? 16 : dkdv && wide ? 32 : 64;
-    const long def_n = fwd       ? (widest ? 16 : wide ? 32 : 64)
-                       : widest ? (g->dkdv_part == 1 ? 32 : 16) /* dV alone leaves V's room */
-                       : kern == ATTN_DQ_MMA && wide ? 32
-                                                     : 64;
+    long def_m = dkdv && wide ? 32 : 64, def_n = kern == ATTN_DQ_MMA && wide ? 32 : 64;
+    if (fwd)
+        def_m = wide && !widest ? 128 : 64, def_n = widest ? 16 : wide ? 32 : 64;
+    else if (widest) /* the dV launch keeps no V tile: room for 32 keys */
+        def_m = 16, def_n = g->dkdv_part == 1 ? 32 : 16;
     const long def_wm = fwd && !widest ? 2 : 1, def_qreg = !(fwd && wide);
     const long def_stages = fwd && !wide ? 2 : 1;
     attn_mma_params_set(p, fwd, def_m, def_n, def_wm, def_qreg, def_stages);
@@ -510,12 +510,14 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
     long qreg = fwd ? llmcl__param_get(p, "QREG", def_qreg) : 1;
     long stages = fwd ? llmcl__param_get(p, "STAGES", def_stages) : 1;
     const uint64_t d2 = 2u * llmcl__pow2_ceil((size_t)g->D); /* local rows are padded so */
-    /* dK/dV double-buffers its Q and dO tiles, dQ its K and V tiles; past D = 128 dK/dV keeps K
-       and V (K alone for dV) and dQ keeps dO beside Q, and dK/dV's row statistics stay global */
-    const uint64_t kv_rows = (uint64_t)(g->dkdv_part == 1 ? 1 : 2) * bn;
-    const uint64_t rows = dkdv ? 4 * (uint64_t)bm + (widest ? kv_rows : 0)
-                               : (uint64_t)((widest && !fwd ? 2 : 1) * bm +
-                                            (kern == ATTN_DQ_MMA ? 4 : 2 * stages) * bn);
+    /* Local rows: dK/dV double-buffers its Q and dO tiles, past D = 128 beside K and V (K alone
+       for dV), its row statistics then staying global; dQ double-buffers its K and V tiles, past
+       D = 128 beside dO's as well as Q's; the forward has Q and STAGES of K and V. */
+    uint64_t rows = (uint64_t)(bm + 2 * stages * bn);
+    if (dkdv)
+        rows = 4 * (uint64_t)bm + (widest ? (uint64_t)(g->dkdv_part == 1 ? 1 : 2) * bn : 0);
+    else if (!fwd)
+        rows = (uint64_t)((widest ? 2 : 1) * bm + 4 * bn);
     const uint64_t bytes = d2 * rows + (dkdv && !widest ? 16u * (uint64_t)bm : 0);
     const long warps = (dkdv ? bn : bm) / (16 * wm);
     bool ok = bm >= 16 && bm % 16 == 0 && bn >= 16 && bn % 16 == 0 && (wm == 1 || wm == 2) &&
