@@ -89,7 +89,10 @@ typedef struct llmcl_device_info {
     uint32_t compute_units;
     uint64_t global_mem_bytes;
     uint64_t max_alloc_bytes;
-    uint64_t local_mem_bytes;
+    uint64_t local_mem_bytes;   /* CL_DEVICE_LOCAL_MEM_SIZE: what local kernel arguments may take */
+    uint64_t local_mem_static_bytes; /* what __local arrays declared in a kernel may take: more than
+                                        local_mem_bytes on NVIDIA sm_70 and later (the shared memory
+                                        a block may opt into), which llmcl's kernels use */
     int local_mem_is_dedicated; /* CL_LOCAL, not emulated in global memory */
     size_t max_work_group_size;
     int has_fp16;       /* cl_khr_fp16 arithmetic; 16-bit storage works without it */

@@ -45,6 +45,7 @@ static void test_probe(void **state)
     assert_true(strlen(info->name) > 0);
     assert_true(info->compute_units > 0);
     assert_true(info->local_mem_bytes >= 16 * 1024);
+    assert_true(info->local_mem_static_bytes >= info->local_mem_bytes);
     assert_true(info->max_work_group_size >= 64);
     assert_true(info->max_alloc_bytes > 0 && info->max_alloc_bytes <= info->global_mem_bytes);
     assert_true(info->cl_c_major >= 1);

@@ -58,6 +58,9 @@ static void print_info(const llmcl_device_info *i)
            (double)i->global_mem_bytes / (1 << 30), (double)i->max_alloc_bytes / (1 << 30));
     printf("  local memory         %llu KiB%s\n", (unsigned long long)(i->local_mem_bytes >> 10),
            i->local_mem_is_dedicated ? "" : " (emulated in global memory)");
+    if (i->local_mem_static_bytes != i->local_mem_bytes)
+        printf("  local arrays         %llu KiB (a kernel's __local arrays may take more)\n",
+               (unsigned long long)(i->local_mem_static_bytes >> 10));
     printf("  max work-group       %zu\n", i->max_work_group_size);
     printf("  SIMD width           %d\n", i->simd_width);
     printf("  fp16 arithmetic      %s (16-bit storage works regardless)\n", i->has_fp16 ? "yes" : "no");

@@ -29,7 +29,8 @@
  *               GROUP_M: tile rows a group walks column by column (L2 reuse);
  *               ALIGN_A, ALIGN_B: offsets and leading strides are multiples of 8 elements, so
  *               tiles move by cp.async (else by element loads). Local memory
- *               STAGES (BM + BN) BK 2 bytes: 48 KiB for 128 x 128 x 32 in 3 stages.
+ *               STAGES (BM + BN) BK 2 bytes: 48 KiB for 128 x 128 x 32 in 3 stages, 144 KiB
+ *               for 256 x 128 x 64.
  */
 
 #ifndef DT

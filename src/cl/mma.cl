@@ -8,8 +8,8 @@
  * R 16-byte chunks (8 16-bit elements a chunk, R a power of two). Chunk c of row r is stored at
  * chunk r R + (c ^ x(r)), an XOR swizzle chosen so that the 8 rows one ldmatrix phase reads, and
  * the 8 chunks one cp.async phase writes, fall in 8 different 16-byte bank groups: no bank
- * conflicts and no padding, so three stages of 128 x 32 tiles of A and B fill exactly the 48 KiB a
- * work-group may have on NVIDIA's OpenCL.
+ * conflicts and no padding: three stages of 128 x 32 tiles of A and B fill exactly 48 KiB, three
+ * of 256 x 64 and 128 x 64 take 144 KiB of the 226 KiB a kernel's local arrays may have on sm_90.
  *
  * Fragments follow PTX's mma.m16n8k16 layouts (lane = 4 g + t): A (16 x 16, row) as four 32-bit
  * registers holding (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..); B (16 x 8, col) as two,

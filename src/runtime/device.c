@@ -203,6 +203,38 @@ static bool inline_ptx_builds(cl_context context, cl_device_id device)
     return source_builds(context, device, src);
 }
 
+/*
+ * The shared memory a block may opt into, by NVIDIA compute capability (CUDA's
+ * cudaDevAttrMaxSharedMemoryPerBlockOptin), less 1 KiB for what the compiler adds; 0 where unknown.
+ * NVIDIA's OpenCL reports 48 KiB as CL_DEVICE_LOCAL_MEM_SIZE and holds local kernel arguments to it,
+ * but builds and runs kernels whose __local arrays take up to this much (measured on the H100).
+ */
+static uint64_t nv_optin_local_bytes(int major, int minor)
+{
+    const uint64_t kib = major == 7 ? (minor == 5 ? 64 : 96)
+                         : major == 8 ? (minor == 0 || minor == 7 ? 163 : 99)
+                         : major == 9 || major == 10 ? 227
+                         : major >= 11 ? 99
+                                       : 0;
+    return kib > 1 ? (kib - 1) * 1024 : 0;
+}
+
+/* Whether a kernel with a __local array of `bytes` builds. */
+static bool static_local_builds(cl_context context, cl_device_id device, uint64_t bytes)
+{
+    char src[512];
+    snprintf(src, sizeof src,
+             "__kernel void probe(__global uint *x) {\n"
+             "  __local uint s[%llu];\n"
+             "  const uint n = %llu, l = get_local_id(0);\n"
+             "  for (uint i = l; i < n; i += get_local_size(0)) s[i] = x[i];\n"
+             "  barrier(CLK_LOCAL_MEM_FENCE);\n"
+             "  x[l] = s[n - 1 - l];\n"
+             "}\n",
+             (unsigned long long)(bytes / 4), (unsigned long long)(bytes / 4));
+    return source_builds(context, device, src);
+}
+
 /* The tensor-core block's instructions (mma.cl): NVIDIA's compiler takes them for sm_80 and later. */
 static bool mma_builds(cl_context context, cl_device_id device)
 {
@@ -253,6 +285,7 @@ static void probe_numbers(cl_device_id d, llmcl_device_info *info)
     info->global_mem_bytes = gmem;
     info->max_alloc_bytes = alloc;
     info->local_mem_bytes = lmem;
+    info->local_mem_static_bytes = lmem;
     info->local_mem_is_dedicated = ltype == CL_LOCAL;
     info->is_gpu = (type & CL_DEVICE_TYPE_GPU) != 0;
     info->has_fp64 = dbl != 0;
@@ -315,6 +348,9 @@ llmcl_status llmcl__device_probe(llmcl_ctx *ctx, cl_platform_id platform, cl_dev
             info->has_inline_ptx = inline_ptx_builds(context, device);
         if (context && info->has_inline_ptx && info->nv_cc_major >= 8)
             info->has_mma = mma_builds(context, device);
+        const uint64_t optin = nv_optin_local_bytes(info->nv_cc_major, info->nv_cc_minor);
+        if (context && optin > info->local_mem_bytes && static_local_builds(context, device, optin))
+            info->local_mem_static_bytes = optin;
         if (context && !ctx)
             clReleaseContext(context);
     }

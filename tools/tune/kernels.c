@@ -422,7 +422,7 @@ static bool mm_mma_fits(const llmcl_device_info *info, const tune_case *c, char 
                 v[j] = c->values[i];
     const long wtm = v[0] / (v[3] ? v[3] : 1), wtn = v[1] / (v[4] ? v[4] : 1);
     const uint64_t local = (uint64_t)v[5] * (v[0] + v[1]) * v[2] * 2;
-    if (wtm < 16 || wtn < 16 || wtm * wtn > 64 * 64 || local > info->local_mem_bytes ||
+    if (wtm < 16 || wtn < 16 || wtm * wtn > 64 * 64 || local > info->local_mem_static_bytes ||
         (size_t)(32 * v[3] * v[4]) > info->max_work_group_size) {
         snprintf(why, len, "warp tile %ldx%ld, %llu bytes of local memory, %ld threads", wtm, wtn,
                  (unsigned long long)local, 32 * v[3] * v[4]);

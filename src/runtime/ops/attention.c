@@ -301,7 +301,7 @@ static const char *attn_tiles_invalid(const llmcl_ctx *ctx, attn_kernel kern, in
         return "4 x the work-item columns must divide D, and the columns be at most 32";
     if ((size_t)(t.bm / t.tm) * (size_t)(t.bn / t.tn) > ctx->info.max_work_group_size)
         return "the work-group exceeds the device's maximum";
-    if (attn_local_bytes(kern, d, dtype, t) > ctx->info.local_mem_bytes)
+    if (attn_local_bytes(kern, d, dtype, t) > ctx->info.local_mem_static_bytes)
         return "the tiles exceed the device's local memory";
     return NULL;
 }
@@ -471,8 +471,9 @@ static bool attn_mma_fits(const llmcl_ctx *ctx, const attn_geom *g, bool forward
  * per 16 rows (16 keys in attn_bwd_dkdv_mma; WM x 16 rows in attn_fwd_mma), within local memory and
  * the work-group limit; the defaults keep the registers of D = 128 in bounds. Past D = 128 the
  * backward keeps its operands in local memory (Q and dO beside K and V in dQ, K and V beside the
- * stages in dK/dV), whose 48 KiB on NVIDIA take 16 x 16 tiles (16 x 32 in the dV launch). Tuned
- * values that do not fit fall back to the defaults unless overridden.
+ * stages in dK/dV): 48 KiB take 16 x 16 tiles (16 x 32 in the dV launch), the 226 KiB of local
+ * arrays on sm_90 64 x 16 for dQ and 32 x 64 for dK/dV. Tuned values that do not fit fall back to
+ * the defaults unless overridden.
  */
 /* A tensor-core kernel's tile parameters into p (the forward's WM, QREG and STAGES too). */
 static void attn_mma_params_set(llmcl__params *p, bool fwd, long bm, long bn, long wm, long qreg,
@@ -487,44 +488,64 @@ static void attn_mma_params_set(llmcl__params *p, bool fwd, long bm, long bn, lo
     }
 }
 
+/* Local bytes of a tensor-core kernel's tiles: dK/dV double-buffers its Q and dO tiles, past
+   D = 128 beside K and V (K alone for dV), its row statistics then staying global; dQ
+   double-buffers its K and V tiles, past D = 128 beside dO's as well as Q's; the forward has Q and
+   STAGES of K and V. Rows are padded to a power of two of 16-byte chunks. */
+static uint64_t attn_mma_local_bytes(const attn_geom *g, attn_kernel kern, long bm, long bn,
+                                     long stages)
+{
+    const bool widest = g->D > 128;
+    const uint64_t d2 = 2u * llmcl__pow2_ceil((size_t)g->D);
+    if (kern == ATTN_DKDV_MMA)
+        return d2 * (4 * (uint64_t)bm + (widest ? (uint64_t)(g->dkdv_part == 1 ? 1 : 2) * bn : 0)) +
+               (widest ? 0 : 16u * (uint64_t)bm);
+    if (kern == ATTN_DQ_MMA)
+        return d2 * (uint64_t)((widest ? 2 : 1) * bm + 4 * bn);
+    return d2 * (uint64_t)(bm + 2 * stages * bn);
+}
+
 static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
                                        const char *cls, llmcl__params *p, attn_tiles *tiles)
 {
     const bool dkdv = kern == ATTN_DKDV_MMA, fwd = kern == ATTN_FWD_MMA, wide = g->D > 64,
                widest = g->D > 128;
+    const uint64_t local = ctx->info.local_mem_static_bytes;
     /*
      * The forward (tuned on the H100): two 16-row tiles a warp up to D = 128, Q's fragments read
-     * from local memory past D = 64, double-buffered K and V tiles where they fit beside Q.
+     * from local memory past D = 64, double-buffered K and V tiles where they fit beside Q. Past
+     * D = 128, and for the forward's second K and V stage at D = 128, the larger tiles need more
+     * than 48 KiB, which NVIDIA's OpenCL grants a kernel's local arrays on sm_90; elsewhere the
+     * tiles that fit 48 KiB.
      */
     long def_m = dkdv && wide ? 32 : 64, def_n = kern == ATTN_DQ_MMA && wide ? 32 : 64;
-    if (fwd)
+    long def_stages = fwd && !wide ? 2 : 1;
+    if (fwd) {
         def_m = wide && !widest ? 128 : 64, def_n = widest ? 16 : wide ? 32 : 64;
-    else if (widest) /* the dV launch keeps no V tile: room for 32 keys */
-        def_m = 16, def_n = g->dkdv_part == 1 ? 32 : 16;
+        if (widest && attn_mma_local_bytes(g, kern, 128, 32, 1) <= local)
+            def_m = 128, def_n = 32;
+        if (wide && !widest && attn_mma_local_bytes(g, kern, 128, 32, 2) <= local)
+            def_stages = 2;
+    } else if (widest) {
+        const long big_m = dkdv ? 32 : 64, big_n = dkdv ? 64 : 16;
+        def_m = 16, def_n = g->dkdv_part == 1 ? 32 : 16; /* the dV launch keeps no V tile */
+        if (attn_mma_local_bytes(g, kern, big_m, big_n, 1) <= local)
+            def_m = big_m, def_n = big_n;
+    }
     const long def_wm = fwd && !widest ? 2 : 1, def_qreg = !(fwd && wide);
-    const long def_stages = fwd && !wide ? 2 : 1;
     attn_mma_params_set(p, fwd, def_m, def_n, def_wm, def_qreg, def_stages);
     const bool overridden = llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
     long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
     long wm = fwd ? llmcl__param_get(p, "WM", def_wm) : 1;
     long qreg = fwd ? llmcl__param_get(p, "QREG", def_qreg) : 1;
     long stages = fwd ? llmcl__param_get(p, "STAGES", def_stages) : 1;
-    const uint64_t d2 = 2u * llmcl__pow2_ceil((size_t)g->D); /* local rows are padded so */
-    /* Local rows: dK/dV double-buffers its Q and dO tiles, past D = 128 beside K and V (K alone
-       for dV), its row statistics then staying global; dQ double-buffers its K and V tiles, past
-       D = 128 beside dO's as well as Q's; the forward has Q and STAGES of K and V. */
-    uint64_t rows = (uint64_t)(bm + 2 * stages * bn);
-    if (dkdv)
-        rows = 4 * (uint64_t)bm + (widest ? (uint64_t)(g->dkdv_part == 1 ? 1 : 2) * bn : 0);
-    else if (!fwd)
-        rows = (uint64_t)((widest ? 2 : 1) * bm + 4 * bn);
-    const uint64_t bytes = d2 * rows + (dkdv && !widest ? 16u * (uint64_t)bm : 0);
+    const uint64_t bytes = attn_mma_local_bytes(g, kern, bm, bn, stages);
     const long warps = (dkdv ? bn : bm) / (16 * wm);
     bool ok = bm >= 16 && bm % 16 == 0 && bn >= 16 && bn % 16 == 0 && (wm == 1 || wm == 2) &&
               (qreg == 0 || qreg == 1) && (stages == 1 || stages == 2) &&
               (dkdv ? bn : bm) % (16 * wm) == 0 &&
               (size_t)warps * 32 <= ctx->info.max_work_group_size &&
-              bytes <= ctx->info.local_mem_bytes && (!dkdv || bn <= 2 * bm);
+              bytes <= local && (!dkdv || bn <= 2 * bm);
     if (!ok && !overridden) {
         bm = def_m, bn = def_n, wm = def_wm, qreg = def_qreg, stages = def_stages, ok = true;
         attn_mma_params_set(p, fwd, bm, bn, wm, qreg, stages);
@@ -535,8 +556,7 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
                    "at most %zu work-items and %llu bytes of local memory%s",
                    attn_kernel_name[kern], bm, bn, wm, qreg, stages, g->D,
                    ctx->info.max_work_group_size,
-                   (unsigned long long)ctx->info.local_mem_bytes,
-                   dkdv ? ", and BLOCK_N <= 2 BLOCK_M" : "");
+                   (unsigned long long)local, dkdv ? ", and BLOCK_N <= 2 BLOCK_M" : "");
     *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = (int)(16 * wm), .tn = (int)bn,
                           .run = 1};
     return LLMCL_OK;

@@ -1023,7 +1023,7 @@ static bool tile_ok(const llmcl_ctx *ctx, long t, long bk, long tm, long tn)
         return false;
     const long wg = (t / tm) * (t / tn);
     return wg >= t && (size_t)wg <= ctx->info.max_work_group_size &&
-           tile_local_bytes(t, bk, tn) + 1024 <= ctx->info.local_mem_bytes;
+           tile_local_bytes(t, bk, tn) + 1024 <= ctx->info.local_mem_static_bytes;
 }
 
 /* Tile tunables for one fused kernel: device defaults, the database, then a fit check. */
@@ -1060,7 +1060,7 @@ static llmcl_status tile_params(ce_run *r, const char *key, int64_t shape_key, l
                            llmcl__param_get(p, "TM", 0), llmcl__param_get(p, "TN", 0)),
                    LLMCL_ERROR_UNSUPPORTED,
                    "%s: no tile fits this device (%zu work-items, %llu bytes of local memory)", key,
-                   ctx->info.max_work_group_size, (unsigned long long)ctx->info.local_mem_bytes);
+                   ctx->info.max_work_group_size, (unsigned long long)ctx->info.local_mem_static_bytes);
     return LLMCL_OK;
 }
 
