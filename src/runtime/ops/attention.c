@@ -466,15 +466,6 @@ static bool attn_mma_fits(const llmcl_ctx *ctx, const attn_geom *g, bool forward
     return fits;
 }
 
-/*
- * The tiles of a tensor-core kernel: BLOCK_M query rows and BLOCK_N keys, multiples of 16, a warp
- * per 16 rows (16 keys in attn_bwd_dkdv_mma; WM x 16 rows in attn_fwd_mma), within local memory and
- * the work-group limit; the defaults keep the registers of D = 128 in bounds. Past D = 128 the
- * backward keeps its operands in local memory (Q and dO beside K and V in dQ, K and V beside the
- * stages in dK/dV): 48 KiB take 16 x 16 tiles (16 x 32 in the dV launch), the 226 KiB of local
- * arrays on sm_90 64 x 16 for dQ and 32 x 64 for dK/dV. Tuned values that do not fit fall back to
- * the defaults unless overridden.
- */
 /* A tensor-core kernel's tile parameters into p (the forward's WM, QREG and STAGES too). */
 static void attn_mma_params_set(llmcl__params *p, bool fwd, long bm, long bn, long wm, long qreg,
                                 long stages)
@@ -505,6 +496,15 @@ static uint64_t attn_mma_local_bytes(const attn_geom *g, attn_kernel kern, long 
     return d2 * (uint64_t)(bm + 2 * stages * bn);
 }
 
+/*
+ * The tiles of a tensor-core kernel: BLOCK_M query rows and BLOCK_N keys, multiples of 16, a warp
+ * per 16 rows (16 keys in attn_bwd_dkdv_mma; WM x 16 rows in attn_fwd_mma), within local memory and
+ * the work-group limit; the defaults keep the registers of D = 128 in bounds. Past D = 128 the
+ * backward keeps its operands in local memory (Q and dO beside K and V in dQ, K and V beside the
+ * stages in dK/dV): 48 KiB take 16 x 16 tiles (16 x 32 in the dV launch), the 226 KiB of local
+ * arrays on sm_90 64 x 16 for dQ and 32 x 64 for dK/dV. Tuned values that do not fit fall back to
+ * the defaults unless overridden.
+ */
 static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
                                        const char *cls, llmcl__params *p, attn_tiles *tiles)
 {

@@ -365,26 +365,31 @@ static bool aligned8(const mm_operand *o, int64_t batch, int kc, bool k_is_cols)
     return o->off % 8 == 0 && ld % 8 == 0 && (batch == 1 || o->sb % 8 == 0);
 }
 
+/*
+ * The default tiles: 256 x 128 x 64 in three stages (large; 144 KiB of local arrays, which
+ * NVIDIA's OpenCL grants on sm_90) read a quarter fewer bytes from L2 per product than
+ * 128 x 128 x 32, which bound the kernel: 2.74 -> 2.41 ms at 8192^3 on the H100.
+ */
+static void mma_default_tiles(llmcl__params *t, bool large)
+{
+    llmcl__param_set(t, "BM", large ? 256 : 128);
+    llmcl__param_set(t, "BN", 128);
+    llmcl__param_set(t, "BK", large ? 64 : 32);
+    llmcl__param_set(t, "WM", large ? 4 : 2);
+    llmcl__param_set(t, "WN", 2);
+    llmcl__param_set(t, "STAGES", 3);
+    llmcl__param_set(t, "GROUP_M", 8);
+}
+
 static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc)
 {
     llmcl_ctx *ctx = p->ctx;
-    /*
-     * 256 x 128 x 64 tiles in three stages (144 KiB of local arrays, which NVIDIA's OpenCL grants
-     * on sm_90) read a quarter fewer bytes from L2 per product than 128 x 128 x 32 tiles, which bound
-     * the kernel: 2.74 -> 2.41 ms at 8192^3 on the H100. The smaller tiles where they do not fit,
-     * or where the output has under two waves of the large ones.
-     */
-    const bool big = 3u * (256 + 128) * 64 * 2 <= ctx->info.local_mem_static_bytes &&
-                     llmcl__div_up(p->M, 256) * llmcl__div_up(p->N, 128) * p->batch >=
-                         2 * (int64_t)ctx->info.compute_units;
     llmcl__params t = {0};
-    llmcl__param_set(&t, "BM", big ? 256 : 128);
-    llmcl__param_set(&t, "BN", 128);
-    llmcl__param_set(&t, "BK", big ? 64 : 32);
-    llmcl__param_set(&t, "WM", big ? 4 : 2);
-    llmcl__param_set(&t, "WN", 2);
-    llmcl__param_set(&t, "STAGES", 3);
-    llmcl__param_set(&t, "GROUP_M", 8);
+    /* The large tiles where they fit and the output has two waves of them */
+    mma_default_tiles(&t, true);
+    if (!mma_tiles_ok(ctx, &t) || llmcl__div_up(p->M, 256) * llmcl__div_up(p->N, 128) * p->batch <
+                                      2 * (int64_t)ctx->info.compute_units)
+        mma_default_tiles(&t, false);
     LLMCL__TRY(pick_tiles(p, "mm_mma", mma_tiles_ok, &t));
     LLMCL__REQUIRE(ctx, llmcl__param_get(&t, "GROUP_M", 8) >= 1, LLMCL_ERROR_UNSUPPORTED,
                    "matmul: GROUP_M %ld must be >= 1", llmcl__param_get(&t, "GROUP_M", 8));
