@@ -927,9 +927,12 @@ LLMCL_API llmcl_status llmcl_linear_cross_entropy_forward(
  * Fully fused linear cross-entropy, forward: the same loss as llmcl_linear_cross_entropy_forward
  * without ever holding all N x V logits, in one of two forms (opts->vocab_chunk):
  *   chunks (the default where the device has tensor cores): the logits of one chunk of classes at
- *     a time, for all rows, through llmcl_matmul, folded into a running LSE per row and chunk;
- *     extra memory one chunk of f32 logits, the chunk width chosen from opts->chunk_bytes (default
- *     64 MiB) unless vocab_chunk gives it;
+ *     a time, for all rows, folded into a running LSE per row and chunk. On tensor cores with
+ *     16-bit hidden and weight the logits product's epilogue reduces each row's logits to LSE
+ *     partials, so no logits are stored (extra memory the partials, 12 bytes a row per 64
+ *     classes of a chunk); otherwise the chunk's f32 logits come from llmcl_matmul (extra memory
+ *     one chunk of them). The chunk width comes from opts->chunk_bytes (default 64 MiB) unless
+ *     vocab_chunk gives it;
  *   tiles (elsewhere): every logit computed in a T x T tile of local memory (fp32 FMA); extra
  *     memory O(N x splits), splits being the work-groups per row tile across the vocabulary
  *     (opts->vocab_splits, or chosen from N and the compute units).
@@ -946,7 +949,8 @@ LLMCL_API llmcl_status llmcl_fused_cross_entropy_forward(
  * forward's form: in chunks, per chunk the logits again, the gradient G (in place, or written
  * rounded to hidden's dtype when that is 16-bit), dbias of its classes and the products
  * dhidden += G W[chunk] and dweight[chunk] = G^T hidden (extra memory one chunk of f32 logits
- * and of G); in tiles, one work-group per row tile over every vocabulary tile for dhidden and one
+ * and of G; on tensor cores with 16-bit inputs and no dbias the logits product's epilogue writes
+ * G itself, and the chunk holds only G); in tiles, one work-group per row tile over every vocabulary tile for dhidden and one
  * per vocabulary tile over every row tile for dweight and dbias (extra memory O(N)).
  * Deterministic, no atomics.
  * grad_loss (f32 on the device: 1 element, or N for reduction none) is the upstream gradient; NULL

@@ -764,7 +764,9 @@ static void run_linear(const lin_case *c, const ninf_spec *m, uint64_t seed)
 #define FUSED_CHUNK 37
 
 /* Path 3 on case c, with an upstream gradient from seed + 100, in tiles (vocab_chunk -1) or in
-   chunks of vocab_chunk classes. */
+   chunks of vocab_chunk classes (0: chunks where the device has tensor cores). With a bias the
+   backward runs again without dbias: on tensor cores its products' epilogue then writes the
+   dlogits (with dbias they stay in f32 for the column sums). */
 static void run_fused(const lin_case *c, const ninf_spec *m, uint64_t seed, int64_t vocab_chunk)
 {
     llmcl_ctx *ctx = th_ctx();
@@ -789,7 +791,17 @@ static void run_fused(const lin_case *c, const ninf_spec *m, uint64_t seed, int6
     TH_ASSERT_CLOSE("lse", r.lse, glse, (size_t)p.n, loss_tol);
     TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, tgs, &o, g.dh,
                                              g.dw, g.db));
-    lin_check(&p, &r, &g, vocab_chunk > 0 ? p.dt : LLMCL_F32);
+    const bool chunks =
+        vocab_chunk > 0 || (vocab_chunk == 0 && llmcl_ctx_device_info(ctx)->has_mma);
+    lin_check(&p, &r, &g, chunks ? p.dt : LLMCL_F32);
+    if (c->bias) {
+        lin_grads nb = lin_grads_new(&p, false);
+        th_poison(nb.dh), th_poison(nb.dw);
+        TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, tgs, &o, nb.dh,
+                                                 nb.dw, NULL));
+        lin_check(&p, &r, &nb, chunks ? p.dt : LLMCL_F32);
+        lin_grads_free(&nb);
+    }
     /* deterministic: a second backward is bit-identical */
     double *dh1 = download(g.dh), *dw1 = download(g.dw);
     TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, tgs, &o, g.dh,
@@ -922,6 +934,24 @@ static void test_fused_filter(void **state)
     lin_grads_free(&g);
     lin_ref_free(&r);
     lin_free(&p);
+}
+
+/*
+ * Path 3 in chunks at a size where the tensor-core logits products take their large tiles (256 x
+ * 128, at least two waves of them on an H100): the default chunks, with every option. Where the
+ * device has no tensor cores the chunks run on the portable products, which the cases above test.
+ */
+static void test_fused_large_tiles(void **state)
+{
+    (void)state;
+    if (!llmcl_ctx_device_info(th_ctx())->has_mma) {
+        printf("skipped: no tensor cores on this device\n");
+        return;
+    }
+    const lin_case c = {LLMCL_BF16, 0, 0.1f, 1e-3f, 5.0f, true, true, 1100, 72, 7000, 0, 0, 0};
+    run_fused(&c, NULL, 811, 0);
+    const lin_case plain = {LLMCL_BF16, 1, 0, 0, 0, false, false, 1100, 72, 7000, 0, 0, 0};
+    run_fused(&plain, NULL, 812, 0);
 }
 
 /* The linear form (vocab_chunk 0) or the fused form (tiles -1, chunks > 0) into g with opts o. */
@@ -1137,6 +1167,7 @@ int main(void)
         cmocka_unit_test(test_linear_ce),       cmocka_unit_test(test_fused_ce),
         cmocka_unit_test(test_linear_ninf),
         cmocka_unit_test(test_fused_gpu_tiles), cmocka_unit_test(test_fused_filter),
+        cmocka_unit_test(test_fused_large_tiles),
         cmocka_unit_test(test_paths_agree),     cmocka_unit_test(test_accumulate),     cmocka_unit_test(test_memory),
         cmocka_unit_test(test_linear_bad_args),
     };

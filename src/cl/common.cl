@@ -166,10 +166,13 @@ inline void st16_streaming(__global void *p, uint4 v)
                  : "memory");
 }
 
-/* NVIDIA: butterfly shuffles within a warp of 32 (inline PTX; the driver has no cl_khr_subgroups). */
-inline float warp_sum(float v)
+/*
+ * NVIDIA: butterfly shuffles within a warp of 32 (inline PTX; the driver has no cl_khr_subgroups).
+ * The _in forms reduce within aligned groups of `width` lanes (a power of two up to 32).
+ */
+inline float warp_sum_in(float v, int width)
 {
-    for (int o = 16; o > 0; o >>= 1) {
+    for (int o = width / 2; o > 0; o >>= 1) {
         float t;
         asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(t) : "f"(v), "r"(o));
         v += t;
@@ -177,15 +180,18 @@ inline float warp_sum(float v)
     return v;
 }
 
-inline float warp_max(float v)
+inline float warp_max_in(float v, int width)
 {
-    for (int o = 16; o > 0; o >>= 1) {
+    for (int o = width / 2; o > 0; o >>= 1) {
         float t;
         asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(t) : "f"(v), "r"(o));
         v = fmax(v, t);
     }
     return v;
 }
+
+inline float warp_sum(float v) { return warp_sum_in(v, 32); }
+inline float warp_max(float v) { return warp_max_in(v, 32); }
 #endif
 
 /*
@@ -231,3 +237,25 @@ LLMCL_WG_REDUCE(wg_max, fmax, LLMCL_WARP_STAGE(warp_max, fmax))
 LLMCL_WG_REDUCE(wg_sum, LLMCL_ADD, )
 LLMCL_WG_REDUCE(wg_max, fmax, )
 #endif
+
+/*
+ * Cross-entropy's per-logit rules, shared by cross_entropy.cl and the logits products' epilogues
+ * in matmul.cl (the formulas are in cross_entropy.cl's header). Options are runtime flags; CAP and
+ * CAP_DERIV read the caller's `flags` and `cap`.
+ */
+#define CE_WEIGHT 1
+#define CE_SMOOTH 2
+#define CE_CAP 4
+#define CE_BIAS 8
+
+#define CAP(x) ((flags & CE_CAP) ? cap * tanh((x) * (1.0f / cap)) : (x))
+#define CAP_DERIV(xc) ((flags & CE_CAP) ? 1.0f - ((xc) / cap) * ((xc) / cap) : 1.0f)
+
+/* dlogit of the capped logit xc: A p - B [target] - C w, q = (A, B, C), lp the row's lse_p. */
+inline float ce_dlogit(int flags, float cap, float xc, float3 q, float lp, float w, bool target)
+{
+    float g = q.x * exp(xc - lp) - q.z * w;
+    if (target)
+        g -= q.y;
+    return g * CAP_DERIV(xc);
+}

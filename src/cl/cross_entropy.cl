@@ -5,6 +5,9 @@
  *   ce_prepare            labels -> stats: first bad label, non-ignored count and weight sum
  *   ce_rows               materialised logits, one work-group per row: online LSE, then dlogits
  *   ce_partial/ce_combine/ce_grad   the same with the vocabulary split over several work-groups
+ *   ce_fold               merges a vocabulary chunk's partials from the tensor-core logits product
+ *                         (matmul.cl's MM_CE epilogues do this family's row math on tensor cores:
+ *                         the LSE partials in the forward, the dlogits in the backward)
  *   ce_finish             per-row terms -> loss (mean/sum reduced in a fixed order, or per row)
  *   ce_colsum, ce_scale   helpers of the chunked linear path and of backward scaling
  *   cce_fwd, cce_coefs, cce_bwd_dh, cce_bwd_dw   the fully fused path: hidden x W^T tiles in local
@@ -156,13 +159,6 @@ inline float hsum8(float8 v)
     return (a.x + a.y) + (a.z + a.w);
 }
 
-#define CE_WEIGHT 1
-#define CE_SMOOTH 2
-#define CE_CAP 4
-#define CE_BIAS 8
-
-#define CAP(x) ((flags & CE_CAP) ? cap * tanh((x) * (1.0f / cap)) : (x))
-#define CAP_DERIV(xc) ((flags & CE_CAP) ? 1.0f - ((xc) / cap) * ((xc) / cap) : 1.0f)
 #define WEIGHT1(j) ((flags & CE_WEIGHT) ? weight[woff + (j)] : 1.0f)
 #define WEIGHT8(j) ((flags & CE_WEIGHT) ? vload8(0, weight + woff + (j)) : (float8)1.0f)
 
@@ -287,16 +283,10 @@ inline ce_span ce_span_of(long base, long V, long sp, long ns)
         }                                                                                         \
     } while (0)
 
-/* Writes dlogits for this work-item's share of split sp of a row (coefficients q, label y). */
 /* dlogits of one element j of a row (coefficients q, label y). */
 #define GRAD1(x, base, dx, dbase, j, q, lse, y)                                                   \
-    do {                                                                                          \
-        const float xc_ = CAP(LOAD(DT, x, (base) + (j)));                                         \
-        float g_ = (q).x * exp(xc_ - (lse)) - (q).z * WEIGHT1(j);                                 \
-        if ((j) == (y))                                                                           \
-            g_ -= (q).y;                                                                          \
-        STORE(DX_DT, dx, (dbase) + (j), g_ * CAP_DERIV(xc_));                                     \
-    } while (0)
+    STORE(DX_DT, dx, (dbase) + (j),                                                               \
+          ce_dlogit(flags, cap, CAP(LOAD(DT, x, (base) + (j))), q, lse, WEIGHT1(j), (j) == (y)))
 
 /* Writes dlogits for this work-item's share of split sp of a row (coefficients q, label y). */
 #define GRAD_ROW(x, base, dx, dbase, V, sp, ns, q, lse, y)                                        \
@@ -473,6 +463,34 @@ ce_partial(int flags, const __global st_t *x, ulong xoff, long xstride, long V,
     }
 }
 
+/* ns online-LSE partials (max, sum, sum w x) at p, three floats each, merged in order. */
+inline float3 ce_merge(const __global float *p, long ns)
+{
+    float mx = -INFINITY;
+    for (long i = 0; i < ns; ++i)
+        mx = fmax(mx, p[i * 3]);
+    float sum = 0.0f, ws = 0.0f;
+    for (long i = 0; i < ns; ++i) {
+        sum += p[i * 3 + 1] * exp(p[i * 3] - mx);
+        ws += p[i * 3 + 2];
+    }
+    return (float3)(mx, sum, ws);
+}
+
+/*
+ * The tensor-core forward's chunks: row r's ns partials of one vocabulary chunk (from the logits
+ * product's epilogue) merged into slot `slot` of the row's nslots in part, for ce_combine.
+ */
+__kernel void ce_fold(const __global float *chunk, long ns, long nrows, const __global int *stats,
+                      __global float *part, long slot, long nslots)
+{
+    const long r = get_global_id(0);
+    if (r >= nrows || stats[0] >= 0)
+        return;
+    const float3 t = ce_merge(chunk + r * ns * 3, ns);
+    vstore3(t, 0, part + (r * nslots + slot) * 3);
+}
+
 /*
  * Split vocabulary, pass 2: one work-item per row combines its ns partials into the LSE and the
  * per-row terms. The target logit comes from x (materialised logits) or, with xy_buf, from xyb
@@ -490,16 +508,8 @@ __kernel void ce_combine(int flags, const __global float *part, long ns, long nr
     if (r >= nrows || stats[0] >= 0)
         return;
     const long row = row0 + r;
-    const __global float *p = part + r * ns * 3;
-    float mx = -INFINITY;
-    for (long i = 0; i < ns; ++i)
-        mx = fmax(mx, p[i * 3]);
-    float sum = 0.0f, ws = 0.0f;
-    for (long i = 0; i < ns; ++i) {
-        sum += p[i * 3 + 1] * exp(p[i * 3] - mx);
-        ws += p[i * 3 + 2];
-    }
-    const float lse = mx + log(sum);
+    const float3 merged = ce_merge(part + r * ns * 3, ns);
+    const float lse = merged.x + log(merged.y), ws = merged.z;
     const long y = LABEL(labels, loff + row);
     float2 t = (float2)(0.0f);
     if (y != ignore_index) {

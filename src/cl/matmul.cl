@@ -31,6 +31,8 @@
  *               tiles move by cp.async (else by element loads). Local memory
  *               STAGES (BM + BN) BK 2 bytes: 48 KiB for 128 x 128 x 32 in 3 stages, 144 KiB
  *               for 256 x 128 x 64.
+ *   MM_CE       mm_mma as the fused cross-entropy's logits product (below): 1 the forward's LSE
+ *               partials, 2 the backward's dlogits; LABEL_DT the labels' storage (I32 or I64)
  */
 
 #ifndef DT
@@ -87,10 +89,17 @@
 #ifndef ALIGN_B
 #define ALIGN_B 0
 #endif
+#ifndef MM_CE
+#define MM_CE 0
+#endif
+#ifndef LABEL_DT
+#define LABEL_DT I64
+#endif
 
 typedef STORAGE(DT) ab_t;
 typedef STORAGE(C_DT) c_t;
 typedef STORAGE(BIAS_DT) bias_t;
+typedef STORAGE(LABEL_DT) label_t;
 
 /* The arguments every product kernel takes, in one order. */
 #define MM_PARAMS                                                                                 \
@@ -359,11 +368,139 @@ inline void mm_st_shared2(uint at, float x, float y)
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(at), "f"(x), "f"(y) : "memory");
 }
 
+/*
+ * The fused cross-entropy's logits product (llmcl__matmul_ce): C's rows are tokens, its columns
+ * the classes of one vocabulary chunk from class v0 (labels, weight and coef already point at the
+ * launch's first row and class), and the epilogue turns each logit x = alpha acc + bias, capped,
+ * into
+ *   MM_CE 1: the online-LSE partial (max, sum of exp(x - max), sum w x with smoothing) of each
+ *            row's WTN columns of a warp, part[(m nslots + n / WTN) 3 + {0, 1, 2}] with nslots =
+ *            ceil(N / WTN), and the row's target logit, xyb[m], from the lane that holds it;
+ *   MM_CE 2: its dlogit (ce_dlogit with coef[m] = (A, B, C, lse_p)), stored to C.
+ * So neither pass stores f32 logits, and the backward's dlogits leave in the products' dtype.
+ */
+typedef struct mm_ce {
+    int flags;
+    float cap;
+    const __global label_t *labels;
+    long v0, ignore;
+    const __global float *weight, *coef;
+    __global float *part, *xyb;
+} mm_ce;
+
+#if MM_CE && WTN > 128
+#error "the cross-entropy epilogue reduces a row of a warp's slice within one pass of 32 lanes"
+#endif
+
+/* The lanes that share one row of a warp's slice in the epilogue, four columns each. */
+#define EPI_LANES (WTN / 4)
+
+/* The EPI_R rows of the warp's slice at ws_at through the cross-entropy epilogue (MM_CE). */
+__attribute__((always_inline)) inline void
+mm_ce_rows(uint ws_at, int lane, const mm_ce *ce, __global c_t *c, long coff, long scm, long scn,
+           const __global bias_t *bias, long sbias, int bias_mode, float alpha, long M, long N,
+           long m, long n, bool vec)
+{
+    const int flags = ce->flags;
+    const float cap = ce->cap;
+#pragma unroll 1
+    for (int q = 0; q < EPI_R * WTN / 4 / 32; ++q) {
+        const int id = q * 32 + lane, r = id / EPI_LANES, c4 = id % EPI_LANES;
+        const long mm = m + r, nn = n + c4 * 4;
+        const bool row_ok = mm < M;
+        /* the row's global loads before the (volatile) local one, so that they overlap */
+        const long label = row_ok ? LOAD(LABEL_DT, ce->labels, mm) : ce->ignore;
+#if MM_CE != 1
+        const float4 cf = row_ok ? vload4(mm, ce->coef) : (float4)(0.0f);
+#endif
+        float4 v;
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                     : "r"(ws_at + (uint)(r * EPI_LD + c4 * 4) * 4u)
+                     : "memory");
+        const long y = label == ce->ignore ? -1 : label - ce->v0;
+        const float e[4] = {v.x, v.y, v.z, v.w};
+        float x[4], w[4];
+        bool ok[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            ok[k] = row_ok && nn + k < N;
+            float t = alpha * e[k];
+            if (bias_mode == 1 && ok[k])
+                t += LOAD(BIAS_DT, bias, (nn + k) * sbias);
+            x[k] = CAP(t);
+            w[k] = (flags & CE_WEIGHT) && ok[k] ? ce->weight[nn + k] : 1.0f;
+        }
+#if MM_CE == 1
+        float mx = -FLT_MAX;
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (ok[k])
+                mx = fmax(mx, x[k]);
+        mx = warp_max_in(mx, EPI_LANES);
+        float s = 0.0f, ws = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (ok[k]) {
+                s += exp(x[k] - mx);
+                if ((flags & CE_SMOOTH) && w[k] != 0.0f)
+                    ws += w[k] * x[k];
+            }
+        s = warp_sum_in(s, EPI_LANES);
+        if (flags & CE_SMOOTH)
+            ws = warp_sum_in(ws, EPI_LANES);
+        if (row_ok && c4 == 0 && n < N) { /* a warp wholly past N owns no slot */
+            __global float *p = ce->part + (mm * ((N + WTN - 1) / WTN) + n / WTN) * 3;
+            p[0] = mx;
+            p[1] = s;
+            p[2] = ws;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (ok[k] && nn + k == y)
+                ce->xyb[mm] = x[k];
+#else
+        float4 g;
+        g.x = ce_dlogit(flags, cap, x[0], cf.xyz, cf.w, w[0], nn == y);
+        g.y = ce_dlogit(flags, cap, x[1], cf.xyz, cf.w, w[1], nn + 1 == y);
+        g.z = ce_dlogit(flags, cap, x[2], cf.xyz, cf.w, w[2], nn + 2 == y);
+        g.w = ce_dlogit(flags, cap, x[3], cf.xyz, cf.w, w[3], nn + 3 == y);
+        if (vec) {
+            MM_STORE4(C_DT, c, coff + mm * scm + nn, g);
+            continue;
+        }
+        const float gk[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (ok[k])
+                STORE(C_DT, c, coff + mm * scm + (nn + k) * scn, gk[k]);
+#endif
+    }
+}
+
+/* Pass (i, h) of the epilogue: the warp's fragment rows i 16 + h 8 .. + EPI_R into its slice. */
+__attribute__((always_inline)) inline void mm_stage_rows(float4 acc[MI][NI], uint ws_at, int g,
+                                                         int t, int i, int h)
+{
+#pragma unroll
+    for (int j = 0; j < NI; ++j) {
+        const uint at = ws_at + (uint)(g * EPI_LD + j * 8 + 2 * t) * 4u;
+        if (EPI_R == 16) {
+            mm_st_shared2(at, acc[i][j].x, acc[i][j].y);
+            mm_st_shared2(at + 8u * EPI_LD * 4u, acc[i][j].z, acc[i][j].w);
+        } else if (h == 0) {
+            mm_st_shared2(at, acc[i][j].x, acc[i][j].y);
+        } else {
+            mm_st_shared2(at, acc[i][j].z, acc[i][j].w);
+        }
+    }
+}
+
 __attribute__((always_inline)) inline void
 mm_epilogue(float4 acc[MI][NI], uint base, int wm, int wn, int lane, int warp, __global c_t *c,
             long coff, long scm, long scn, const __global bias_t *bias, long sbias, int bias_mode,
             float alpha, float beta, __global float *ws, long wsoff, long M, long N, long m0,
-            long n0)
+            long n0, const mm_ce *ce)
 {
     const int g = lane >> 2, t = lane & 3;
     const bool vec = m0 + BM <= M && n0 + BN <= N &&
@@ -372,22 +509,29 @@ mm_epilogue(float4 acc[MI][NI], uint base, int wm, int wn, int lane, int warp, _
     const long mw = m0 + wm * WTM, nw = n0 + wn * WTN;
     mma_cp_wait(0);
     barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done with the stages */
+    if (MM_CE) {
+        /* One copy of the cross-entropy rows in a rolled loop: unrolled like the plain epilogue,
+           its copies outgrew the instruction cache (the forward 34 -> 23 ms on the H100). */
+#pragma unroll 1
+        for (int p = 0; p < MI * (16 / EPI_R); ++p) {
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int h = 0; h < 16 / EPI_R; ++h)
+                    if (p == i * (16 / EPI_R) + h)
+                        mm_stage_rows(acc, ws_at, g, t, i, h);
+            asm volatile("bar.warp.sync -1;" ::: "memory");
+            mm_ce_rows(ws_at, lane, ce, c, coff, scm, scn, bias, sbias, bias_mode, alpha, M, N,
+                       mw + p * EPI_R, nw, vec);
+            asm volatile("bar.warp.sync -1;" ::: "memory");
+        }
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int h = 0; h < 16 / EPI_R; ++h) {
-#pragma unroll
-            for (int j = 0; j < NI; ++j) {
-                const uint at = ws_at + (uint)(g * EPI_LD + j * 8 + 2 * t) * 4u;
-                if (EPI_R == 16) {
-                    mm_st_shared2(at, acc[i][j].x, acc[i][j].y);
-                    mm_st_shared2(at + 8u * EPI_LD * 4u, acc[i][j].z, acc[i][j].w);
-                } else if (h == 0) {
-                    mm_st_shared2(at, acc[i][j].x, acc[i][j].y);
-                } else {
-                    mm_st_shared2(at, acc[i][j].z, acc[i][j].w);
-                }
-            }
+            mm_stage_rows(acc, ws_at, g, t, i, h);
             asm volatile("bar.warp.sync -1;" ::: "memory");
             mm_epilogue_rows(ws_at, lane, c, coff, scm, scn, bias, sbias, bias_mode, alpha, beta,
                              ws, wsoff, M, N, mw + i * 16 + h * 8, nw, vec);
@@ -405,9 +549,25 @@ mm_epilogue(float4 acc[MI][NI], uint base, int wm, int wn, int lane, int warp, _
  * every warp has read all of its stage and the next tile must have landed. BK / 16 is even, so
  * the register buffer of each k16 step is known at compile time.
  */
-__kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS)
+#if MM_CE
+#define MM_CE_PARAMS                                                                              \
+    , int flags, float cap, const __global label_t *labels, ulong loff, long v0,                  \
+        long ignore_index, const __global float *weight, ulong woff, const __global int *stats,   \
+        const __global float *coef, __global float *part, __global float *xyb
+#else
+#define MM_CE_PARAMS
+#endif
+
+__kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS MM_CE_PARAMS)
 {
     __local uint4 smem[STAGES * (STAGE_A + STAGE_B) / 16];
+#if MM_CE
+    if (stats[0] >= 0) /* a bad label: the op fails and writes nothing */
+        return;
+    const mm_ce ce = {flags, cap, labels + loff, v0, ignore_index, weight + woff, coef, part, xyb};
+#else
+    const mm_ce ce = {0};
+#endif
     MM_SLICE();
     const uint base = mma_smem(smem);
     const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
@@ -463,7 +623,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS)
 #undef STAGE
 
     mm_epilogue(acc, base, wm, wn, lane, warp, c, coff, scm, scn, bias, sbias, bias_mode, alpha,
-                beta, ws, wsoff, M, N, m0, n0);
+                beta, ws, wsoff, M, N, m0, n0, &ce);
 }
 
 #endif

@@ -254,6 +254,34 @@ bool llmcl__overlaps(const llmcl_tensor *a, const llmcl_tensor *b);
 /* Same buffer, offset, shape and strides: an exact in-place pairing. */
 bool llmcl__same_view(const llmcl_tensor *a, const llmcl_tensor *b);
 
+/* ---- the fused cross-entropy's logits product on tensor cores (ops/matmul.c) ---- */
+
+/* Columns of one LSE partial of llmcl__matmul_ce's forward epilogue (a warp's slice of a tile). */
+#define LLMCL__MM_CE_SLOT 64
+
+/*
+ * The cross-entropy epilogue of c = a b^T + bias for one vocabulary chunk (matmul.cl, MM_CE):
+ * mode 1 writes part[(row * slots + col / LLMCL__MM_CE_SLOT) * 3 + {max, sum exp, sum w x}]
+ * (slots = ceil(N / LLMCL__MM_CE_SLOT)) and each row's target logit to xyb[row]; mode 2 writes
+ * the dlogits from coef (A, B, C, lse_p a row) into c. Labels and weight are those of the whole
+ * vocabulary; v0 is the chunk's first class.
+ */
+typedef struct llmcl__mm_ce {
+    int mode, flags;
+    float cap;
+    const llmcl_tensor *labels, *weight; /* weight: f32 [V] or NULL */
+    int64_t v0, ignore_index;
+    cl_mem stats, coef, part, xyb;
+} llmcl__mm_ce;
+
+/* Whether llmcl__matmul_ce runs on this device for operands of dtype dt. */
+bool llmcl__matmul_ce_available(const llmcl_ctx *ctx, llmcl_dtype dt);
+
+/* a [M, K] and b [N, K] (16-bit, unit stride along K), bias [N] or NULL, c [M, N] in a's dtype
+   (mode 2; mode 1 ignores it). */
+llmcl_status llmcl__matmul_ce(llmcl_ctx *ctx, const llmcl_tensor *a, const llmcl_tensor *b,
+                              const llmcl_tensor *bias, llmcl_tensor *c, const llmcl__mm_ce *ce);
+
 /* ---- tuning parameters ---- */
 
 #define LLMCL__MAX_PARAMS 12

@@ -837,22 +837,133 @@ static void chunk_free(ce_chunk *c)
     *c = (ce_chunk){0};
 }
 
-/* Chunk ci of vc classes: its views, then its logits = hidden W[v0..]^T + bias[v0..] in f32. */
-static llmcl_status chunk_logits(ce_run *r, const ce_linear *lin, const llmcl_tensor *hv,
-                                 const llmcl_tensor *weight, const llmcl_tensor *bias,
-                                 const llmcl_tensor *scratch, int64_t ci, int64_t vc, ce_chunk *c)
+/* Chunk ci of vc classes: its W rows, its bias slice and the head of scratch as its [n, w]
+   output. */
+static llmcl_status chunk_views(const ce_run *r, const ce_linear *lin, const llmcl_tensor *weight,
+                                const llmcl_tensor *bias, const llmcl_tensor *scratch, int64_t ci,
+                                int64_t vc, ce_chunk *c)
 {
     c->v0 = ci * vc;
     c->w = r->v - c->v0 < vc ? r->v - c->v0 : vc;
     LLMCL__TRY(rows_view(weight, &lin->w, c->v0, c->w, &c->weight));
-    LLMCL__TRY(head_view(scratch, r->n, c->w, &c->logits));
+    if (scratch)
+        LLMCL__TRY(head_view(scratch, r->n, c->w, &c->logits));
     if (bias) {
         const int64_t stride = bias->strides[bias->ndim - 1];
         LLMCL__TRY(llmcl_tensor_view(bias, 1, &c->w, &stride, bias->offset + c->v0 * stride,
                                      &c->bias));
     }
+    return LLMCL_OK;
+}
+
+/* Chunk ci of vc classes: its views, then its logits = hidden W[v0..]^T + bias[v0..] in f32. */
+static llmcl_status chunk_logits(ce_run *r, const ce_linear *lin, const llmcl_tensor *hv,
+                                 const llmcl_tensor *weight, const llmcl_tensor *bias,
+                                 const llmcl_tensor *scratch, int64_t ci, int64_t vc, ce_chunk *c)
+{
+    LLMCL__TRY(chunk_views(r, lin, weight, bias, scratch, ci, vc, c));
     const llmcl_matmul_opts o = {.trans_b = 1, .bias = c->bias, .split_k = 1};
     return llmcl_matmul(r->ctx, 1.0f, hv, c->weight, 0.0f, c->logits, &o);
+}
+
+/* ---- path 3 in vocabulary chunks on tensor cores: the products' epilogues do the row math ---- */
+
+/* The epilogue's arguments for this run (mode 1: forward partials, 2: dlogits). */
+static llmcl__mm_ce epilogue_of(const ce_run *r, int mode)
+{
+    return (llmcl__mm_ce){.mode = mode, .flags = ce_flags(r, false), .cap = r->o.softcap,
+                          .labels = r->labels, .weight = r->o.weight, .ignore_index = r->ignore,
+                          .stats = r->stats->mem};
+}
+
+/* Rounds classes per chunk down to whole 128-column tiles where that leaves any, within [1, V]. */
+static int64_t whole_tiles(const ce_run *r, int64_t c)
+{
+    c = c >= 256 ? c / 128 * 128 : c;
+    return c < 1 ? 1 : c > r->v ? r->v : c;
+}
+
+/*
+ * Classes per chunk of the tensor-core forward: the chunk's partials (3 floats a row per
+ * LLMCL__MM_CE_SLOT classes), the per-chunk slots, the target logits and the per-row terms
+ * within the budget.
+ */
+static int64_t epilogue_fwd_cols(const ce_run *r)
+{
+    if (r->o.vocab_chunk > 0)
+        return whole_tiles(r, r->o.vocab_chunk);
+    const uint64_t budget = r->o.chunk_bytes ? r->o.chunk_bytes : CE_FUSED_BUDGET;
+    const uint64_t row = (uint64_t)r->n * 12;
+    int64_t c = (int64_t)(budget / row) * LLMCL__MM_CE_SLOT;
+    while (c > LLMCL__MM_CE_SLOT &&
+           row * (uint64_t)(llmcl__div_up(c, LLMCL__MM_CE_SLOT) + llmcl__div_up(r->v, c)) +
+                   (uint64_t)r->n * 12 >
+               budget)
+        c -= LLMCL__MM_CE_SLOT;
+    return whole_tiles(r, c);
+}
+
+/*
+ * Classes per chunk of the tensor-core backward: the chunk's 16-bit dlogits, beside the row
+ * coefficients and statistics (8 floats a row), within the budget; whole multiples of 512 from
+ * 1024 on (on the H100 at N 8192, V 128256: 3584 classes took 68.0 ms, 3840 69.7, 3968 74.3).
+ */
+static int64_t epilogue_bwd_cols(const ce_run *r, llmcl_dtype dt)
+{
+    if (r->o.vocab_chunk > 0)
+        return whole_tiles(r, r->o.vocab_chunk);
+    const uint64_t budget = r->o.chunk_bytes ? r->o.chunk_bytes : CE_FUSED_BUDGET;
+    const uint64_t rows = (uint64_t)r->n * 32;
+    const uint64_t left = budget > rows ? budget - rows : 0;
+    const int64_t c = (int64_t)(left / ((uint64_t)r->n * llmcl_dtype_size(dt)));
+    return whole_tiles(r, c >= 1024 ? c / 512 * 512 : c);
+}
+
+/*
+ * Backward: per chunk, the logits product whose epilogue writes the dlogits G in hidden's dtype
+ * (llmcl__matmul_ce, mode 2), then dhidden (+)= G W[chunk] and dweight[chunk] (+)= G^T hidden.
+ */
+static llmcl_status fused_backward_epilogue(ce_run *r, const ce_linear *lin,
+                                            const llmcl_tensor *hidden,
+                                            const llmcl_tensor *weight, const llmcl_tensor *bias,
+                                            const llmcl_tensor *coef, llmcl_tensor *dhidden,
+                                            llmcl_tensor *dweight)
+{
+    llmcl_ctx *ctx = r->ctx;
+    const int64_t n = r->n, vc = epilogue_bwd_cols(r, hidden->dtype);
+    const int64_t nchunks = llmcl__div_up(r->v, vc), gshape[2] = {n, vc};
+    llmcl_tensor *g = NULL, *hv = NULL, *dhv = NULL, *dwv = NULL;
+    ce_chunk c = {0};
+    llmcl_status st;
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, hidden->dtype, 2, gshape, "16-bit dlogits chunk", &g),
+                    done);
+    LLMCL__TRY_GOTO(st, rows_view(hidden, &lin->h, 0, n, &hv), done);
+    if (dhidden)
+        LLMCL__TRY_GOTO(st, rows_view(dhidden, &lin->dh, 0, n, &dhv), done);
+    llmcl__mm_ce ce = epilogue_of(r, 2);
+    ce.coef = coef->mem;
+    for (int64_t ci = 0; ci < nchunks; ++ci) {
+        LLMCL__TRY_GOTO(st, chunk_views(r, lin, weight, bias, g, ci, vc, &c), done);
+        ce.v0 = c.v0;
+        LLMCL__TRY_GOTO(st, llmcl__matmul_ce(ctx, hv, c.weight, c.bias, c.logits, &ce), done);
+        if (dweight)
+            LLMCL__TRY_GOTO(st, rows_view(dweight, &lin->dw, c.v0, c.w, &dwv), done);
+        LLMCL__TRY_GOTO(st,
+                        grad_products(ctx, c.logits, c.weight, hv, dhv, ci ? 1.0f : 0.0f, 1, dwv,
+                                      r->o.accumulate_weight_grad ? 1.0f : 0.0f),
+                        done);
+        llmcl_tensor_destroy(dwv);
+        dwv = NULL;
+        chunk_free(&c);
+    }
+    st = LLMCL_OK;
+done:
+    chunk_free(&c);
+    llmcl_tensor_destroy(g);
+    llmcl_tensor_destroy(hv);
+    llmcl_tensor_destroy(dhv);
+    llmcl_tensor_destroy(dwv);
+    return st;
 }
 
 /* The class weights from the chunk's first class on (a NULL buffer without weights). */
@@ -864,66 +975,120 @@ static void arg_chunk_weight(llmcl__args *a, const ce_run *r, int64_t v0)
         arg_mem(a, NULL, 0);
 }
 
+/* What one forward chunk needs: the row kernels of its form and the buffers they fill. */
+typedef struct fwd_chunks {
+    bool epilogue;             /* tensor cores: the product's epilogue writes the partials */
+    int64_t vc, nchunks;
+    cl_kernel k1, k2;          /* ce_fold; or ce_partial and ce_pick */
+    llmcl_tensor *buf;         /* the chunk's LSE partials (epilogue) or f32 logits */
+    llmcl_tensor *part, *xyb;  /* every chunk's slot a row, and the target logits */
+} fwd_chunks;
+
+/* Chunk ci on tensor cores: the product writes its partials, ce_fold merges them into slot ci. */
+static llmcl_status forward_chunk_epilogue(ce_run *r, const fwd_chunks *f, const ce_linear *lin,
+                                           const llmcl_tensor *hv, const llmcl_tensor *weight,
+                                           const llmcl_tensor *bias, int64_t ci, ce_chunk *c)
+{
+    LLMCL__TRY(chunk_views(r, lin, weight, bias, NULL, ci, f->vc, c));
+    llmcl__mm_ce ce = epilogue_of(r, 1);
+    ce.v0 = c->v0;
+    ce.part = f->buf->mem;
+    ce.xyb = f->xyb->mem;
+    LLMCL__TRY(llmcl__matmul_ce(r->ctx, hv, c->weight, c->bias, NULL, &ce));
+    llmcl__args a = llmcl__args_begin(r->ctx, f->k1);
+    arg_buf(&a, f->buf->mem);
+    llmcl__arg_i64(&a, llmcl__div_up(c->w, LLMCL__MM_CE_SLOT));
+    llmcl__arg_i64(&a, r->n);
+    arg_buf(&a, r->stats->mem);
+    arg_buf(&a, f->part->mem);
+    llmcl__arg_i64(&a, ci);
+    llmcl__arg_i64(&a, f->nchunks);
+    const size_t g1 = (size_t)r->n, l1 = 64;
+    return llmcl__launch(&a, 1, &g1, &l1);
+}
+
+/* Chunk ci elsewhere: its f32 logits, each row's partial in slot ci (ce_partial) and the target
+   logits that fall in it (ce_pick). */
+static llmcl_status forward_chunk_rows(ce_run *r, const fwd_chunks *f, const ce_linear *lin,
+                                       const llmcl_tensor *hv, const llmcl_tensor *weight,
+                                       const llmcl_tensor *bias, int64_t ci, ce_chunk *c)
+{
+    const size_t wg = (size_t)llmcl__param_get(&r->rp, "WG", 64);
+    LLMCL__TRY(chunk_logits(r, lin, hv, weight, bias, f->buf, ci, f->vc, c));
+    llmcl__args a = llmcl__args_begin(r->ctx, f->k1);
+    llmcl__arg_i32(&a, ce_flags(r, false));
+    arg_mem(&a, f->buf->mem, 0);
+    llmcl__arg_i64(&a, c->w);
+    llmcl__arg_i64(&a, c->w);
+    arg_chunk_weight(&a, r, c->v0);
+    arg_buf(&a, r->stats->mem);
+    llmcl__arg_f32(&a, r->o.softcap);
+    arg_buf(&a, f->part->mem);
+    llmcl__arg_i64(&a, ci);
+    llmcl__arg_i64(&a, f->nchunks);
+    const size_t g2[2] = {wg, (size_t)r->n}, l2[2] = {wg, 1};
+    LLMCL__TRY(llmcl__launch(&a, 2, g2, l2));
+    a = llmcl__args_begin(r->ctx, f->k2);
+    llmcl__arg_i32(&a, ce_flags(r, false));
+    arg_mem(&a, f->buf->mem, 0);
+    llmcl__arg_i64(&a, c->w);
+    llmcl__arg_i64(&a, c->v0);
+    llmcl__arg_i64(&a, c->w);
+    llmcl__arg_tensor(&a, r->labels);
+    llmcl__arg_i64(&a, r->n);
+    llmcl__arg_i64(&a, r->ignore);
+    arg_buf(&a, r->stats->mem);
+    llmcl__arg_f32(&a, r->o.softcap);
+    arg_buf(&a, f->xyb->mem);
+    const size_t g1 = (size_t)r->n, l1 = 64;
+    return llmcl__launch(&a, 1, &g1, &l1);
+}
+
 /*
- * Forward: per chunk, the logits, each row's online-LSE partial in slot `chunk` (ce_partial) and
- * the target logits that fall in it (ce_pick); then the common combine.
+ * Forward: per chunk, each row's online-LSE partial into slot `chunk` and the target logits that
+ * fall in the chunk, then the common combine. On tensor cores with 16-bit operands the logits
+ * product's epilogue computes the partials (llmcl__matmul_ce, mode 1), so no logits are stored;
+ * elsewhere the chunk's f32 logits go through the row kernels.
  */
 static llmcl_status fused_forward_chunks(ce_run *r, const ce_linear *lin,
                                          const llmcl_tensor *hidden, const llmcl_tensor *weight,
                                          const llmcl_tensor *bias, llmcl_tensor *lse)
 {
     llmcl_ctx *ctx = r->ctx;
-    const int64_t n = r->n, vc = fused_chunk_cols(r, false), nchunks = llmcl__div_up(r->v, vc);
-    const int64_t lshape[2] = {n, vc}, np = n * nchunks * 3;
-    const size_t wg = (size_t)llmcl__param_get(&r->rp, "WG", 64);
-    llmcl_tensor *logits = NULL, *part = NULL, *xyb = NULL, *hv = NULL;
+    const int64_t n = r->n;
+    fwd_chunks f = {.epilogue = llmcl__matmul_ce_available(ctx, hidden->dtype)};
+    f.vc = f.epilogue ? epilogue_fwd_cols(r) : fused_chunk_cols(r, false);
+    f.nchunks = llmcl__div_up(r->v, f.vc);
+    const int64_t np = n * f.nchunks * 3, lshape[2] = {n, f.vc};
+    const int64_t ncp = n * llmcl__div_up(f.vc, LLMCL__MM_CE_SLOT) * 3;
+    llmcl_tensor *hv = NULL;
     ce_chunk c = {0};
-    cl_kernel kpart, kpick;
     llmcl_status st;
-    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 2, lshape, "logits chunk", &logits), done);
-    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &np, "fused CE partials", &part), done);
-    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n, "fused CE target logits", &xyb),
+    LLMCL__TRY_GOTO(st,
+                    f.epilogue
+                        ? llmcl__scratch(ctx, LLMCL_F32, 1, &ncp, "fused CE chunk partials", &f.buf)
+                        : llmcl__scratch(ctx, LLMCL_F32, 2, lshape, "logits chunk", &f.buf),
+                    done);
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &np, "fused CE partials", &f.part), done);
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n, "fused CE target logits", &f.xyb),
                     done);
     LLMCL__TRY_GOTO(st, rows_view(hidden, &lin->h, 0, n, &hv), done);
-    LLMCL__TRY_GOTO(st, row_kernel(r, "ce_partial", &kpart), done);
-    LLMCL__TRY_GOTO(st, row_kernel(r, "ce_pick", &kpick), done);
-    for (int64_t ci = 0; ci < nchunks; ++ci) {
-        LLMCL__TRY_GOTO(st, chunk_logits(r, lin, hv, weight, bias, logits, ci, vc, &c), done);
-        llmcl__args a = llmcl__args_begin(ctx, kpart);
-        llmcl__arg_i32(&a, ce_flags(r, false));
-        arg_mem(&a, logits->mem, 0);
-        llmcl__arg_i64(&a, c.w);
-        llmcl__arg_i64(&a, c.w);
-        arg_chunk_weight(&a, r, c.v0);
-        arg_buf(&a, r->stats->mem);
-        llmcl__arg_f32(&a, r->o.softcap);
-        arg_buf(&a, part->mem);
-        llmcl__arg_i64(&a, ci);
-        llmcl__arg_i64(&a, nchunks);
-        const size_t g2[2] = {wg, (size_t)n}, l2[2] = {wg, 1};
-        LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
-        a = llmcl__args_begin(ctx, kpick);
-        llmcl__arg_i32(&a, ce_flags(r, false));
-        arg_mem(&a, logits->mem, 0);
-        llmcl__arg_i64(&a, c.w);
-        llmcl__arg_i64(&a, c.v0);
-        llmcl__arg_i64(&a, c.w);
-        llmcl__arg_tensor(&a, r->labels);
-        llmcl__arg_i64(&a, n);
-        llmcl__arg_i64(&a, r->ignore);
-        arg_buf(&a, r->stats->mem);
-        llmcl__arg_f32(&a, r->o.softcap);
-        arg_buf(&a, xyb->mem);
-        const size_t g1 = (size_t)n, l1 = 64;
-        LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g1, &l1), done);
+    LLMCL__TRY_GOTO(st, row_kernel(r, f.epilogue ? "ce_fold" : "ce_partial", &f.k1), done);
+    if (!f.epilogue)
+        LLMCL__TRY_GOTO(st, row_kernel(r, "ce_pick", &f.k2), done);
+    for (int64_t ci = 0; ci < f.nchunks; ++ci) {
+        LLMCL__TRY_GOTO(st,
+                        f.epilogue ? forward_chunk_epilogue(r, &f, lin, hv, weight, bias, ci, &c)
+                                   : forward_chunk_rows(r, &f, lin, hv, weight, bias, ci, &c),
+                        done);
         chunk_free(&c);
     }
-    st = fused_combine(r, part, nchunks, xyb, lse);
+    st = fused_combine(r, f.part, f.nchunks, f.xyb, lse);
 done:
     chunk_free(&c);
-    llmcl_tensor_destroy(logits);
-    llmcl_tensor_destroy(part);
-    llmcl_tensor_destroy(xyb);
+    llmcl_tensor_destroy(f.buf);
+    llmcl_tensor_destroy(f.part);
+    llmcl_tensor_destroy(f.xyb);
     llmcl_tensor_destroy(hv);
     return st;
 }
@@ -940,6 +1105,8 @@ static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
                                           llmcl_tensor *dbias)
 {
     llmcl_ctx *ctx = r->ctx;
+    if (!dbias && llmcl__matmul_ce_available(ctx, hidden->dtype)) /* dbias sums f32 dlogits */
+        return fused_backward_epilogue(r, lin, hidden, weight, bias, coef, dhidden, dweight);
     const bool gcast_needed = (dhidden || dweight) && hidden->dtype != LLMCL_F32;
     const int64_t n = r->n, vc = fused_chunk_cols(r, gcast_needed);
     const int64_t nchunks = llmcl__div_up(r->v, vc), lshape[2] = {n, vc};

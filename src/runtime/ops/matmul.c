@@ -269,8 +269,24 @@ static int64_t k_slice(const mm_problem *p, int64_t tiles, int64_t bk, int64_t *
  * A product kernel over (tiles, batch, slices); with more than one slice into an f32 scratch that
  * mm_reduce then finishes.
  */
+/* The cross-entropy epilogue's arguments (mm_mma's MM_CE_PARAMS). */
+static void arg_ce(llmcl__args *g, const llmcl__mm_ce *ce)
+{
+    llmcl__arg_i32(g, ce->flags);
+    llmcl__arg_f32(g, ce->cap);
+    llmcl__arg_tensor(g, ce->labels);
+    llmcl__arg_i64(g, ce->v0);
+    llmcl__arg_i64(g, ce->ignore_index);
+    const cl_mem wmem = ce->weight ? ce->weight->mem : NULL;
+    llmcl__arg(g, sizeof wmem, &wmem);
+    llmcl__arg_i64(g, ce->weight ? ce->weight->offset + ce->v0 : 0);
+    const cl_mem bufs[4] = {ce->stats, ce->coef, ce->part, ce->xyb};
+    for (int i = 0; i < 4; ++i)
+        llmcl__arg(g, sizeof bufs[i], &bufs[i]);
+}
+
 static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const char *name,
-                              int64_t tiles, size_t wg, int64_t bk)
+                              int64_t tiles, size_t wg, int64_t bk, const llmcl__mm_ce *ce)
 {
     int64_t slices;
     const int64_t len = k_slice(p, tiles, bk, &slices);
@@ -295,6 +311,8 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const char
         llmcl__arg_f32(&g, p->beta);
         cl_mem wmem = ws ? ws->mem : p->c.t->mem;
         llmcl__arg(&g, sizeof wmem, &wmem);
+        if (ce)
+            arg_ce(&g, ce);
         const size_t global[3] = {(size_t)tiles * wg, (size_t)p->batch, (size_t)slices};
         const size_t local[3] = {wg, 1, 1};
         st = llmcl__launch(&g, 3, global, local);
@@ -381,7 +399,9 @@ static void mma_default_tiles(llmcl__params *t, bool large)
     llmcl__param_set(t, "GROUP_M", 8);
 }
 
-static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc)
+/* With a cross-entropy epilogue (ce) the default tiles only: both give warps LLMCL__MM_CE_SLOT
+   columns. */
+static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc, const llmcl__mm_ce *ce)
 {
     llmcl_ctx *ctx = p->ctx;
     llmcl__params t = {0};
@@ -390,7 +410,8 @@ static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc)
     if (!mma_tiles_ok(ctx, &t) || llmcl__div_up(p->M, 256) * llmcl__div_up(p->N, 128) * p->batch <
                                       2 * (int64_t)ctx->info.compute_units)
         mma_default_tiles(&t, false);
-    LLMCL__TRY(pick_tiles(p, "mm_mma", mma_tiles_ok, &t));
+    if (!ce)
+        LLMCL__TRY(pick_tiles(p, "mm_mma", mma_tiles_ok, &t));
     LLMCL__REQUIRE(ctx, llmcl__param_get(&t, "GROUP_M", 8) >= 1, LLMCL_ERROR_UNSUPPORTED,
                    "matmul: GROUP_M %ld must be >= 1", llmcl__param_get(&t, "GROUP_M", 8));
     const int64_t bm = llmcl__param_get(&t, "BM", 128), bn = llmcl__param_get(&t, "BN", 128);
@@ -405,9 +426,13 @@ static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc)
     llmcl__define_int(&d, "B_KC", b_kc);
     llmcl__define_int(&d, "ALIGN_A", aligned8(&p->a, p->batch, a_kc, true));
     llmcl__define_int(&d, "ALIGN_B", aligned8(&p->b, p->batch, b_kc, false));
+    if (ce) {
+        llmcl__define_int(&d, "MM_CE", ce->mode);
+        llmcl__define_str(&d, "LABEL_DT", llmcl__dtype_macro(ce->labels->dtype));
+    }
     llmcl__params_define(&t, &d);
     const size_t wg = 32 * (size_t)llmcl__param_get(&t, "WM", 2) * llmcl__param_get(&t, "WN", 2);
-    return run_tiles(p, &d, "mm_mma", tiles, wg, llmcl__param_get(&t, "BK", 32));
+    return run_tiles(p, &d, "mm_mma", tiles, wg, llmcl__param_get(&t, "BK", 32), ce);
 }
 
 static bool tiled_ok(const llmcl_ctx *ctx, const llmcl__params *t)
@@ -439,7 +464,7 @@ static llmcl_status run_tiled(const mm_problem *p)
     llmcl__define_int(&d, "B_KC", unit_dim(&p->b, false) == 1);
     llmcl__params_define(&t, &d);
     const size_t wg = (size_t)(tt / llmcl__param_get(&t, "TM", 4)) * (tt / llmcl__param_get(&t, "TN", 4));
-    return run_tiles(p, &d, "mm_tiled", tiles, wg, llmcl__param_get(&t, "BK", 16));
+    return run_tiles(p, &d, "mm_tiled", tiles, wg, llmcl__param_get(&t, "BK", 16), NULL);
 }
 
 /* ---- CLBlast (f32, one matrix, row-major C) ---- */
@@ -521,7 +546,7 @@ llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, co
     const llmcl_dtype dt = a->dtype;
     const int a_kc = unit_dim(&p.a, true), b_kc = unit_dim(&p.b, false);
     if (ctx->info.has_mma && dt != LLMCL_F32 && a_kc >= 0 && b_kc >= 0)
-        return run_mma(&p, a_kc, b_kc);
+        return run_mma(&p, a_kc, b_kc, NULL);
     if (dt == LLMCL_F32 && p.o.split_k <= 1 && p.K > 0) {
         bool done;
         LLMCL__TRY(run_clblast(&p, &done));
@@ -529,4 +554,32 @@ llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, co
             return LLMCL_OK;
     }
     return run_tiled(&p);
+}
+
+/* ---- the fused cross-entropy's logits product ---- */
+
+bool llmcl__matmul_ce_available(const llmcl_ctx *ctx, llmcl_dtype dt)
+{
+    return ctx->info.has_mma && dt != LLMCL_F32;
+}
+
+llmcl_status llmcl__matmul_ce(llmcl_ctx *ctx, const llmcl_tensor *a, const llmcl_tensor *b,
+                              const llmcl_tensor *bias, llmcl_tensor *c, const llmcl__mm_ce *ce)
+{
+    mm_problem p = {.ctx = ctx, .M = a->shape[0], .N = b->shape[0], .K = a->shape[1], .batch = 1,
+                    .alpha = 1.0f, .bias = bias, .bias_mode = bias ? 1 : 0,
+                    .sbias = bias ? bias->strides[0] : 0, .o = {.split_k = 1}};
+    p.a = operand_of(a, 0);
+    p.b = operand_of(b, 1);
+    p.c = operand_of(ce->mode == 2 ? c : a, 0); /* mode 1 stores no C */
+    const int a_kc = unit_dim(&p.a, true), b_kc = unit_dim(&p.b, false);
+    LLMCL__REQUIRE(ctx,
+                   llmcl__matmul_ce_available(ctx, a->dtype) && a_kc >= 0 && b_kc >= 0 &&
+                       p.M < INT_MAX && p.N < INT_MAX && p.K < INT_MAX,
+                   LLMCL_ERROR_UNSUPPORTED,
+                   "cross-entropy logits product: needs tensor cores, 16-bit operands with a unit "
+                   "stride and sizes below 2^31");
+    if (p.M == 0 || p.N == 0)
+        return LLMCL_OK;
+    return run_mma(&p, a_kc, b_kc, ce);
 }
