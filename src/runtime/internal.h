@@ -274,8 +274,9 @@ typedef struct llmcl__mm_ce {
     cl_mem stats, coef, part, xyb;
 } llmcl__mm_ce;
 
-/* Whether llmcl__matmul_ce runs on this device for operands of dtype dt. */
-bool llmcl__matmul_ce_available(const llmcl_ctx *ctx, llmcl_dtype dt);
+/* Whether products of dtype dt run on tensor cores here (llmcl_matmul's mm_mma and
+   llmcl__matmul_ce). */
+bool llmcl__mma_available(const llmcl_ctx *ctx, llmcl_dtype dt);
 
 /* a [M, K] and b [N, K] (16-bit, unit stride along K), bias [N] or NULL, c [M, N] in a's dtype
    (mode 2; mode 1 ignores it). */

@@ -977,7 +977,6 @@ static void arg_chunk_weight(llmcl__args *a, const ce_run *r, int64_t v0)
 
 /* What one forward chunk needs: the row kernels of its form and the buffers they fill. */
 typedef struct fwd_chunks {
-    bool epilogue;             /* tensor cores: the product's epilogue writes the partials */
     int64_t vc, nchunks;
     cl_kernel k1, k2;          /* ce_fold; or ce_partial and ce_pick */
     llmcl_tensor *buf;         /* the chunk's LSE partials (epilogue) or f32 logits */
@@ -1056,8 +1055,9 @@ static llmcl_status fused_forward_chunks(ce_run *r, const ce_linear *lin,
 {
     llmcl_ctx *ctx = r->ctx;
     const int64_t n = r->n;
-    fwd_chunks f = {.epilogue = llmcl__matmul_ce_available(ctx, hidden->dtype)};
-    f.vc = f.epilogue ? epilogue_fwd_cols(r) : fused_chunk_cols(r, false);
+    /* tensor cores: the product's epilogue writes the partials */
+    const bool epilogue = llmcl__mma_available(ctx, hidden->dtype);
+    fwd_chunks f = {.vc = epilogue ? epilogue_fwd_cols(r) : fused_chunk_cols(r, false)};
     f.nchunks = llmcl__div_up(r->v, f.vc);
     const int64_t np = n * f.nchunks * 3, lshape[2] = {n, f.vc};
     const int64_t ncp = n * llmcl__div_up(f.vc, LLMCL__MM_CE_SLOT) * 3;
@@ -1065,7 +1065,7 @@ static llmcl_status fused_forward_chunks(ce_run *r, const ce_linear *lin,
     ce_chunk c = {0};
     llmcl_status st;
     LLMCL__TRY_GOTO(st,
-                    f.epilogue
+                    epilogue
                         ? llmcl__scratch(ctx, LLMCL_F32, 1, &ncp, "fused CE chunk partials", &f.buf)
                         : llmcl__scratch(ctx, LLMCL_F32, 2, lshape, "logits chunk", &f.buf),
                     done);
@@ -1073,12 +1073,12 @@ static llmcl_status fused_forward_chunks(ce_run *r, const ce_linear *lin,
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n, "fused CE target logits", &f.xyb),
                     done);
     LLMCL__TRY_GOTO(st, rows_view(hidden, &lin->h, 0, n, &hv), done);
-    LLMCL__TRY_GOTO(st, row_kernel(r, f.epilogue ? "ce_fold" : "ce_partial", &f.k1), done);
-    if (!f.epilogue)
+    LLMCL__TRY_GOTO(st, row_kernel(r, epilogue ? "ce_fold" : "ce_partial", &f.k1), done);
+    if (!epilogue)
         LLMCL__TRY_GOTO(st, row_kernel(r, "ce_pick", &f.k2), done);
     for (int64_t ci = 0; ci < f.nchunks; ++ci) {
         LLMCL__TRY_GOTO(st,
-                        f.epilogue ? forward_chunk_epilogue(r, &f, lin, hv, weight, bias, ci, &c)
+                        epilogue ? forward_chunk_epilogue(r, &f, lin, hv, weight, bias, ci, &c)
                                    : forward_chunk_rows(r, &f, lin, hv, weight, bias, ci, &c),
                         done);
         chunk_free(&c);
@@ -1105,7 +1105,7 @@ static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
                                           llmcl_tensor *dbias)
 {
     llmcl_ctx *ctx = r->ctx;
-    if (!dbias && llmcl__matmul_ce_available(ctx, hidden->dtype)) /* dbias sums f32 dlogits */
+    if (!dbias && llmcl__mma_available(ctx, hidden->dtype)) /* dbias sums f32 dlogits */
         return fused_backward_epilogue(r, lin, hidden, weight, bias, coef, dhidden, dweight);
     const bool gcast_needed = (dhidden || dweight) && hidden->dtype != LLMCL_F32;
     const int64_t n = r->n, vc = fused_chunk_cols(r, gcast_needed);

@@ -265,10 +265,6 @@ static int64_t k_slice(const mm_problem *p, int64_t tiles, int64_t bk, int64_t *
     return len;
 }
 
-/*
- * A product kernel over (tiles, batch, slices); with more than one slice into an f32 scratch that
- * mm_reduce then finishes.
- */
 /* The cross-entropy epilogue's arguments (mm_mma's MM_CE_PARAMS). */
 static void arg_ce(llmcl__args *g, const llmcl__mm_ce *ce)
 {
@@ -285,6 +281,10 @@ static void arg_ce(llmcl__args *g, const llmcl__mm_ce *ce)
         llmcl__arg(g, sizeof bufs[i], &bufs[i]);
 }
 
+/*
+ * A product kernel over (tiles, batch, slices); with more than one slice into an f32 scratch that
+ * mm_reduce then finishes.
+ */
 static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const char *name,
                               int64_t tiles, size_t wg, int64_t bk, const llmcl__mm_ce *ce)
 {
@@ -535,6 +535,11 @@ static llmcl_status run_clblast(const mm_problem *p, bool *done)
     return p->bias ? run_bias(p) : LLMCL_OK;
 }
 
+bool llmcl__mma_available(const llmcl_ctx *ctx, llmcl_dtype dt)
+{
+    return ctx->info.has_mma && dt != LLMCL_F32;
+}
+
 llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, const llmcl_tensor *b,
                           float beta, llmcl_tensor *c, const llmcl_matmul_opts *opts)
 {
@@ -545,7 +550,7 @@ llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, co
         return LLMCL_OK;
     const llmcl_dtype dt = a->dtype;
     const int a_kc = unit_dim(&p.a, true), b_kc = unit_dim(&p.b, false);
-    if (ctx->info.has_mma && dt != LLMCL_F32 && a_kc >= 0 && b_kc >= 0)
+    if (llmcl__mma_available(ctx, dt) && a_kc >= 0 && b_kc >= 0)
         return run_mma(&p, a_kc, b_kc, NULL);
     if (dt == LLMCL_F32 && p.o.split_k <= 1 && p.K > 0) {
         bool done;
@@ -558,11 +563,6 @@ llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, co
 
 /* ---- the fused cross-entropy's logits product ---- */
 
-bool llmcl__matmul_ce_available(const llmcl_ctx *ctx, llmcl_dtype dt)
-{
-    return ctx->info.has_mma && dt != LLMCL_F32;
-}
-
 llmcl_status llmcl__matmul_ce(llmcl_ctx *ctx, const llmcl_tensor *a, const llmcl_tensor *b,
                               const llmcl_tensor *bias, llmcl_tensor *c, const llmcl__mm_ce *ce)
 {
@@ -574,7 +574,7 @@ llmcl_status llmcl__matmul_ce(llmcl_ctx *ctx, const llmcl_tensor *a, const llmcl
     p.c = operand_of(ce->mode == 2 ? c : a, 0); /* mode 1 stores no C */
     const int a_kc = unit_dim(&p.a, true), b_kc = unit_dim(&p.b, false);
     LLMCL__REQUIRE(ctx,
-                   llmcl__matmul_ce_available(ctx, a->dtype) && a_kc >= 0 && b_kc >= 0 &&
+                   llmcl__mma_available(ctx, a->dtype) && a_kc >= 0 && b_kc >= 0 &&
                        p.M < INT_MAX && p.N < INT_MAX && p.K < INT_MAX,
                    LLMCL_ERROR_UNSUPPORTED,
                    "cross-entropy logits product: needs tensor cores, 16-bit operands with a unit "
