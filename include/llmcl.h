@@ -802,7 +802,8 @@ typedef struct llmcl_matmul_opts {
  * where the layout allows, and everything else through a portable tiled kernel. split_k > 1 (or the automatic choice for shapes with few output tiles and a long K)
  * computes K slices into an f32 scratch of split_k * batch * M * N floats, counted in memory
  * accounting and freed when the call returns; results are the same bits run after run.
- * llmcl_tune_params_get(ctx, "mm_mma" or "mm_tiled", ...) reports the parameters of the path that ran.
+ * llmcl_tune_params_get(ctx, "mm_mma", "mm_mma_at" (tensor cores with a transposed) or "mm_tiled",
+ * ...) reports the parameters of the path that ran.
  */
 LLMCL_API llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a,
                                     const llmcl_tensor *b, float beta, llmcl_tensor *c,

@@ -400,8 +400,8 @@ static void test_tensor_cores(void **state)
                 mm_check("tensor cores", &c, 700 + 100 * d + 10 * t + s);
                 char buf[160];
                 int launched = 0;
-                TH_OK(llmcl_tune_params_get(th_ctx(), "mm_mma", c.dt, "257", buf, sizeof buf,
-                                            &launched));
+                TH_OK(llmcl_tune_params_get(th_ctx(), c.trans_a ? "mm_mma_at" : "mm_mma", c.dt,
+                                            "257", buf, sizeof buf, &launched));
                 if (s == 0)
                     assert_int_equal(launched, 1);
             }
@@ -409,16 +409,27 @@ static void test_tensor_cores(void **state)
                                  "BM=128 BN=256 BK=32 WM=2 WN=4 STAGES=2",
                                  "BM=256 BN=128 BK=32 WM=4 WN=2 STAGES=2",
                                  "BM=64 BN=128 BK=64 WM=1 WN=4 STAGES=2",
-                                 "BM=128 BN=64 BK=32 WM=4 WN=1 STAGES=4 GROUP_M=3"};
+                                 "BM=128 BN=64 BK=32 WM=4 WN=1 STAGES=4 GROUP_M=3",
+                                 "BM=256 BN=128 BK=32 WM=4 WN=2 STAGES=4"}; /* dW's default */
     for (size_t i = 0; i < sizeof sets / sizeof sets[0]; ++i) {
-        TH_OK(llmcl_tune_override(th_ctx(), "mm_mma", LLMCL_BF16, "*", sets[i]));
         mm_case c = plain(LLMCL_BF16, 333, 650, 200);
         c.trans_a = (int)i & 1;
+        const char *key = c.trans_a ? "mm_mma_at" : "mm_mma";
+        TH_OK(llmcl_tune_override(th_ctx(), key, LLMCL_BF16, "*", sets[i]));
         c.trans_b = (int)(i >> 1) & 1;
         c.cdt = LLMCL_F32;
         c.split_k = 1;
         mm_check(sets[i], &c, 800 + i);
+        char used[160], want[64];
+        int launched = 0;
+        TH_OK(llmcl_tune_params_get(th_ctx(), key, LLMCL_BF16, "650", used, sizeof used,
+                                    &launched));
+        snprintf(want, sizeof want, "%s", sets[i]);
+        for (char *tok = strtok(want, " "); tok; tok = strtok(NULL, " "))
+            if (!strstr(used, tok))
+                fail_msg("%s launched with %s, not %s", key, used, sets[i]);
     }
+    TH_OK(llmcl_tune_override(th_ctx(), "mm_mma_at", LLMCL_BF16, "*", NULL));
     expect_refused("mm_mma", LLMCL_BF16, 2, "BM=256 BN=256 BK=64 WM=2 WN=2 STAGES=4");
 }
 

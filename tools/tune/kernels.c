@@ -387,13 +387,15 @@ static llmcl_status run_cce_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
 
 /*
  * ---- matmul.cl: c [Z, M, N] = a [Z, M, K] b [Z, N, K]^T (a linear layer's forward); size key
- * max(M, N). mm_mma runs 2-D bf16 and f16 products on tensor cores; mm_tiled is tuned on f32
- * batches, which every device runs on it (2-D f32 goes to CLBlast).
+ * max(M, N). mm_mma runs 2-D bf16 and f16 products on tensor cores, mm_mma_at those with a
+ * transposed (weight gradients, c = a^T b with a [Z, K, M]); mm_tiled is tuned on f32 batches,
+ * which every device runs on it (2-D f32 goes to CLBlast).
  */
 
 #define MM_MMA_TILES                                                                              \
     "BM=64,128,256 BN=64,128,256 BK=32,64 WM=1,2,4 WN=1,2,4 STAGES=2,3,4 GROUP_M=4,8,16"
 #define MM_MMA_SHAPES "Z=1,M=8192,N=8192,K=8192;Z=1,M=8192,N=14336,K=4096"
+#define MM_MMA_AT_SHAPES "Z=1,M=4096,N=4096,K=8192;Z=1,M=14336,N=4096,K=8192"
 #define MM_TILED_TILES "T=16,32,64,128 BK=8,16,32 TM=1,2,4,8 TN=1,2,4,8"
 #define MM_TILED_SHAPES "Z=2,M=2048,N=2048,K=2048"
 #define MM_SMALL "Z=2,M=256,N=320,K=192"
@@ -408,6 +410,14 @@ static llmcl_status run_matmul(llmcl_ctx *ctx, llmcl_tensor *const *t, const tun
 {
     (void)c;
     const llmcl_matmul_opts o = {.trans_b = 1};
+    return llmcl_matmul(ctx, 1.0f, t[0], t[1], 0.0f, t[2], &o);
+}
+
+/* A weight gradient's product: c [Z, M, N] = a [Z, K, M]^T b [Z, K, N]. */
+static llmcl_status run_matmul_at(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    const llmcl_matmul_opts o = {.trans_a = 1};
     return llmcl_matmul(ctx, 1.0f, t[0], t[1], 0.0f, t[2], &o);
 }
 
@@ -433,6 +443,8 @@ static bool mm_mma_fits(const llmcl_device_info *info, const tune_case *c, char 
 
 #define MM_TENSORS                                                                                \
     {{"a", TUNE_IN, "Z,M,K"}, {"b", TUNE_IN, "Z,N,K"}, {"c", TUNE_OUT, "Z,M,N"}}
+#define MM_AT_TENSORS                                                                             \
+    {{"a", TUNE_IN, "Z,K,M"}, {"b", TUNE_IN, "Z,K,N"}, {"c", TUNE_OUT, "Z,M,N"}}
 
 const tune_kernel tune_kernels[] = {
     {.key = "fill", .family = "elementwise", .params = EW_WG, .dtypes = F32 | BF16,
@@ -590,6 +602,10 @@ const tune_kernel tune_kernels[] = {
     {.key = "mm_mma", .family = "matmul", .params = MM_MMA_TILES, .dtypes = BF16 | F16,
      .size_key_fn = mm_size_key, .shapes = MM_MMA_SHAPES, .small_shapes = MM_SMALL,
      .tensors = MM_TENSORS, .run = run_matmul, .fits = mm_mma_fits, .runs_on = has_tensor_cores},
+    {.key = "mm_mma_at", .family = "matmul", .params = MM_MMA_TILES, .dtypes = BF16 | F16,
+     .size_key_fn = mm_size_key, .shapes = MM_MMA_AT_SHAPES, .small_shapes = MM_SMALL,
+     .tensors = MM_AT_TENSORS, .run = run_matmul_at, .fits = mm_mma_fits,
+     .runs_on = has_tensor_cores},
     {.key = "mm_tiled", .family = "matmul", .params = MM_TILED_TILES, .dtypes = F32,
      .size_key_fn = mm_size_key, .shapes = MM_TILED_SHAPES, .small_shapes = MM_SMALL,
      .tensors = MM_TENSORS, .run = run_matmul},

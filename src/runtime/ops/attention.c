@@ -480,16 +480,17 @@ static void attn_mma_params_set(llmcl__params *p, bool fwd, long bm, long bn, lo
 }
 
 /* Local bytes of a tensor-core kernel's tiles: dK/dV double-buffers its Q and dO tiles, past
-   D = 128 beside K and V (K alone for dV), its row statistics then staying global; dQ
-   double-buffers its K and V tiles, past D = 128 beside dO's as well as Q's; the forward has Q and
-   STAGES of K and V. Rows are padded to a power of two of 16-byte chunks. */
+   D = 96 beside K and V (K alone in the dV launch), past D = 128 its row statistics staying
+   global; dQ double-buffers its K and V tiles, past D = 128 beside dO's as well as Q's; the
+   forward has Q and STAGES of K and V. Rows are padded to a power of two of 16-byte chunks. */
 static uint64_t attn_mma_local_bytes(const attn_geom *g, attn_kernel kern, long bm, long bn,
                                      long stages)
 {
-    const bool widest = g->D > 128;
+    const bool widest = g->D > 128, kv_local = g->D > 96;
     const uint64_t d2 = 2u * llmcl__pow2_ceil((size_t)g->D);
     if (kern == ATTN_DKDV_MMA)
-        return d2 * (4 * (uint64_t)bm + (widest ? (uint64_t)(g->dkdv_part == 1 ? 1 : 2) * bn : 0)) +
+        return d2 * (4 * (uint64_t)bm +
+                     (kv_local ? (uint64_t)(g->dkdv_part == 1 ? 1 : 2) * bn : 0)) +
                (widest ? 0 : 16u * (uint64_t)bm);
     if (kern == ATTN_DQ_MMA)
         return d2 * (uint64_t)((widest ? 2 : 1) * bm + 4 * bn);
@@ -502,8 +503,9 @@ static uint64_t attn_mma_local_bytes(const attn_geom *g, attn_kernel kern, long 
  * the work-group limit; the defaults keep the registers of D = 128 in bounds. Past D = 128 the
  * backward keeps its operands in local memory (Q and dO beside K and V in dQ, K and V beside the
  * stages in dK/dV): 48 KiB take 16 x 16 tiles (16 x 32 in the dV launch), the 226 KiB of local
- * arrays on sm_90 64 x 16 for dQ and 32 x 64 for dK/dV. Tuned values that do not fit fall back to
- * the defaults unless overridden.
+ * arrays on sm_90 64 x 16 for dQ and 32 x 64 for dK/dV. Past D = 96 dK/dV keeps K and V in local
+ * memory as well, where 48 KiB take 16 x 32 tiles. Tuned values that do not fit fall back to the
+ * defaults unless overridden.
  */
 static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
                                        const char *cls, llmcl__params *p, attn_tiles *tiles)
@@ -531,6 +533,8 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
         def_m = 16, def_n = g->dkdv_part == 1 ? 32 : 16; /* the dV launch keeps no V tile */
         if (attn_mma_local_bytes(g, kern, big_m, big_n, 1) <= local)
             def_m = big_m, def_n = big_n;
+    } else if (dkdv && g->D > 96 && attn_mma_local_bytes(g, kern, def_m, def_n, 1) > local) {
+        def_m = 16, def_n = 32; /* K and V in local memory beside the stages, within 48 KiB */
     }
     const long def_wm = fwd && !widest ? 2 : 1, def_qreg = !(fwd && wide);
     attn_mma_params_set(p, fwd, def_m, def_n, def_wm, def_qreg, def_stages);

@@ -386,18 +386,26 @@ static bool aligned8(const mm_operand *o, int64_t batch, int kc, bool k_is_cols)
 /*
  * The default tiles: 256 x 128 x 64 in three stages (large; 144 KiB of local arrays, which
  * NVIDIA's OpenCL grants on sm_90) read a quarter fewer bytes from L2 per product than
- * 128 x 128 x 32, which bound the kernel: 2.74 -> 2.41 ms at 8192^3 on the H100.
+ * 128 x 128 x 32, which bound the kernel: 2.74 -> 2.41 ms at 8192^3 on the H100. With A
+ * transposed (a weight gradient, dY^T X), whose fragments come through ldmatrix.trans, four
+ * stages of 32-deep slices ran 1.5-2% faster on the H100 (398-401 -> 404-409 TFLOP/s at Llama's
+ * dW shapes); with A as stored they ran 10% slower.
  */
-static void mma_default_tiles(llmcl__params *t, bool large)
+static void mma_default_tiles(llmcl__params *t, bool large, int a_kc)
 {
+    const bool shallow = large && !a_kc;
     llmcl__param_set(t, "BM", large ? 256 : 128);
     llmcl__param_set(t, "BN", 128);
-    llmcl__param_set(t, "BK", large ? 64 : 32);
+    llmcl__param_set(t, "BK", large && !shallow ? 64 : 32);
     llmcl__param_set(t, "WM", large ? 4 : 2);
     llmcl__param_set(t, "WN", 2);
-    llmcl__param_set(t, "STAGES", 3);
+    llmcl__param_set(t, "STAGES", shallow ? 4 : 3);
     llmcl__param_set(t, "GROUP_M", 8);
 }
+
+/* The tuning key of a tensor-core product: A transposed (a weight gradient) tunes apart, since its
+   best tiles differ (mma_default_tiles). */
+static const char *mma_key(int a_kc) { return a_kc ? "mm_mma" : "mm_mma_at"; }
 
 /* With a cross-entropy epilogue (ce) the default tiles only: both give warps LLMCL__MM_CE_SLOT
    columns. */
@@ -406,12 +414,12 @@ static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc, const llmcl
     llmcl_ctx *ctx = p->ctx;
     llmcl__params t = {0};
     /* The large tiles where they fit and the output has two waves of them */
-    mma_default_tiles(&t, true);
+    mma_default_tiles(&t, true, a_kc);
     if (!mma_tiles_ok(ctx, &t) || llmcl__div_up(p->M, 256) * llmcl__div_up(p->N, 128) * p->batch <
                                       2 * (int64_t)ctx->info.compute_units)
-        mma_default_tiles(&t, false);
+        mma_default_tiles(&t, false, a_kc);
     if (!ce)
-        LLMCL__TRY(pick_tiles(p, "mm_mma", mma_tiles_ok, &t));
+        LLMCL__TRY(pick_tiles(p, mma_key(a_kc), mma_tiles_ok, &t));
     LLMCL__REQUIRE(ctx, llmcl__param_get(&t, "GROUP_M", 8) >= 1, LLMCL_ERROR_UNSUPPORTED,
                    "matmul: GROUP_M %ld must be >= 1", llmcl__param_get(&t, "GROUP_M", 8));
     const int64_t bm = llmcl__param_get(&t, "BM", 128), bn = llmcl__param_get(&t, "BN", 128);
