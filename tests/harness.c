@@ -136,6 +136,23 @@ void th_check_status(llmcl_status got, llmcl_status expected, const char *expr, 
         fail_msg("%s:%d: %s failed without a message", file, line, expr);
 }
 
+void th_params_used(const char *kernel, llmcl_dtype dt, const char *cls, char *buf, size_t n)
+{
+    int launched = 0;
+    TH_OK(llmcl_tune_params_get(th_ctx(), kernel, dt, cls, buf, n, &launched));
+    assert_int_equal(launched, 1);
+}
+
+void th_assert_launched_with(const char *kernel, llmcl_dtype dt, const char *cls, const char *set)
+{
+    char used[256], want[128];
+    th_params_used(kernel, dt, cls, used, sizeof used);
+    snprintf(want, sizeof want, "%s", set);
+    for (char *tok = strtok(want, " "); tok; tok = strtok(NULL, " "))
+        if (strstr(used, tok) == NULL)
+            fail_msg("%s launched with %s, not %s", kernel, used, set);
+}
+
 void th_poison(llmcl_tensor *t)
 {
     cl_mem mem = llmcl_tensor_cl_mem(t);

@@ -89,6 +89,13 @@ size_t th_compare(const char *what, const double *ref, const double *got, size_t
 void th_check_status(llmcl_status got, llmcl_status expected, const char *expr, const char *file,
                      int line);
 
+/* The parameters of kernel's last launch at (dtype, class or size key cls) into buf; asserts it
+   launched. */
+void th_params_used(const char *kernel, llmcl_dtype dt, const char *cls, char *buf, size_t n);
+
+/* Asserts kernel's last launch at (dtype, cls) was built with every NAME=VALUE of set. */
+void th_assert_launched_with(const char *kernel, llmcl_dtype dt, const char *cls, const char *set);
+
 /* calloc that asserts. */
 void *th_alloc(size_t bytes);
 

@@ -316,26 +316,6 @@ static void test_every_head_dim(void **state)
         check_case(causal(dense(d % 16 ? LLMCL_BF16 : LLMCL_F32, 1, 2, 1, d, 7, 7)), 200 + d);
 }
 
-/* The parameters of kernel's last launch at (dtype, class or size key cls). */
-static void params_used(const char *kernel, llmcl_dtype dt, const char *cls, char *buf, size_t n)
-{
-    int launched = 0;
-    TH_OK(llmcl_tune_params_get(th_ctx(), kernel, dt, cls, buf, n, &launched));
-    assert_int_equal(launched, 1);
-}
-
-/* Kernel's last launch at (dtype, cls) built with every NAME=VALUE of set. */
-static void assert_launched_with(const char *kernel, llmcl_dtype dt, const char *cls,
-                                 const char *set)
-{
-    char used[256], want[128];
-    params_used(kernel, dt, cls, used, sizeof used);
-    snprintf(want, sizeof want, "%s", set);
-    for (char *tok = strtok(want, " "); tok; tok = strtok(NULL, " "))
-        if (strstr(used, tok) == NULL)
-            fail_msg("%s launched with %s, not %s", kernel, used, set);
-}
-
 /* Whether calls of dt at D = 64 take the tensor-core kernels on this device. */
 static bool on_tensor_cores(llmcl_dtype dt)
 {
@@ -392,7 +372,7 @@ static void test_tunables(void **state)
             check_case(c, 85 + i);
             /* the launches used the set (16-bit calls run on tensor cores where there are) */
             for (int k = 0; k < 3 && !on_tensor_cores(dts[d]); ++k)
-                assert_launched_with(keys[k], dts[d], "p6", sets[i][k]);
+                th_assert_launched_with(keys[k], dts[d], "p6", sets[i][k]);
             TH_OK(llmcl_tune_override(ctx, NULL, dts[d], NULL, NULL));
         }
 
@@ -400,7 +380,7 @@ static void test_tunables(void **state)
     TH_OK(llmcl_tune_override(ctx, "attention_fwd", LLMCL_F32, "*",
                               "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 KV_SEP=1 PIPE=1"));
     check_case(dense(LLMCL_F32, 1, 2, 1, 64, 40, 40), 89);
-    assert_launched_with("attention_fwd", LLMCL_F32, "p6", "KV_SEP=1 PIPE=0");
+    th_assert_launched_with("attention_fwd", LLMCL_F32, "p6", "KV_SEP=1 PIPE=0");
 
     TH_OK(llmcl_tune_override(ctx, "attention_bwd_dkdv", LLMCL_F32, "*",
                               "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 TILE_RUN=0"));
@@ -439,7 +419,7 @@ static void test_tunables_other_head_dim(void **state)
         TH_OK(llmcl_tune_override(ctx, keys[k], LLMCL_F32, "p7", set[k]));
     check_case(causal(dense(LLMCL_F32, 1, 4, 2, 80, 77, 77)), 75);
     for (int k = 0; k < 3; ++k)
-        assert_launched_with(keys[k], LLMCL_F32, "p7", set[k]);
+        th_assert_launched_with(keys[k], LLMCL_F32, "p7", set[k]);
 }
 
 /*
@@ -458,7 +438,7 @@ static void test_tuned_tiles_for_other_head_dim(void **state)
     char defaults[2][256];
     for (int i = 0; i < 2; ++i) {
         check_case(dense(LLMCL_F32, 1, 2, 1, dims[i], 40, 40), 62 + i);
-        params_used("attention_fwd", LLMCL_F32, cls[i], defaults[i], sizeof defaults[i]);
+        th_params_used("attention_fwd", LLMCL_F32, cls[i], defaults[i], sizeof defaults[i]);
     }
     char path[] = "/tmp/llmcl-attn-tune-XXXXXX";
     const int fd = mkstemp(path);
@@ -475,7 +455,7 @@ static void test_tuned_tiles_for_other_head_dim(void **state)
     for (int i = 0; i < 2; ++i) {
         check_case(dense(LLMCL_F32, 1, 2, 1, dims[i], 40, 40), 62 + i);
         char used[256];
-        params_used("attention_fwd", LLMCL_F32, cls[i], used, sizeof used);
+        th_params_used("attention_fwd", LLMCL_F32, cls[i], used, sizeof used);
         assert_string_equal(used, defaults[i]);
     }
 
@@ -594,7 +574,7 @@ static void test_fast_path(void **state)
             check_case(causal(dense(dt, 1, 2, 1, d, 77, 77)), 350 + di);
             check_case(dense(dt, 1, 4, 2, d, 45, 90), 360 + di);
             for (int kk = 0; kk < 3 && on_tensor_cores(dt); ++kk)
-                assert_launched_with(mma_keys[kk], dt, cls, sets[kk]);
+                th_assert_launched_with(mma_keys[kk], dt, cls, sets[kk]);
             TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
         }
     /* the other multiples of 16: local rows padded to a power of two of 16-byte chunks */
@@ -603,7 +583,7 @@ static void test_fast_path(void **state)
         snprintf(cls, sizeof cls, "%d", d);
         check_case(causal(dense(LLMCL_BF16, 1, 4, 2, d, 70, 70)), 370 + d);
         for (int kk = 0; kk < 3; ++kk)
-            assert_launched_with(mma_keys[kk], LLMCL_BF16, cls, "BLOCK_M=");
+            th_assert_launched_with(mma_keys[kk], LLMCL_BF16, cls, "BLOCK_M=");
     }
     /* D = 192 (local rows padded to 256, the backward's operands in local memory), and D = 256
        with a softcap, as Gemma 2 runs it */
@@ -613,7 +593,7 @@ static void test_fast_path(void **state)
         c.opts.softcap = 5;
         check_case(c, 573);
         for (int kk = 0; kk < 3; ++kk)
-            assert_launched_with(mma_keys[kk], LLMCL_BF16, "192", "BLOCK_M=");
+            th_assert_launched_with(mma_keys[kk], LLMCL_BF16, "192", "BLOCK_M=");
     }
     attn_case c = causal(dense(LLMCL_BF16, 1, 2, 1, 64, 40, 40));
     c.pad = 4; /* 4 elements into the storage: not 16-byte rows */

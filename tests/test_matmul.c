@@ -420,14 +420,7 @@ static void test_tensor_cores(void **state)
         c.cdt = LLMCL_F32;
         c.split_k = 1;
         mm_check(sets[i], &c, 800 + i);
-        char used[160], want[64];
-        int launched = 0;
-        TH_OK(llmcl_tune_params_get(th_ctx(), key, LLMCL_BF16, "650", used, sizeof used,
-                                    &launched));
-        snprintf(want, sizeof want, "%s", sets[i]);
-        for (char *tok = strtok(want, " "); tok; tok = strtok(NULL, " "))
-            if (!strstr(used, tok))
-                fail_msg("%s launched with %s, not %s", key, used, sets[i]);
+        th_assert_launched_with(key, LLMCL_BF16, "650", sets[i]);
     }
     TH_OK(llmcl_tune_override(th_ctx(), "mm_mma_at", LLMCL_BF16, "*", NULL));
     expect_refused("mm_mma", LLMCL_BF16, 2, "BM=256 BN=256 BK=64 WM=2 WN=2 STAGES=4");

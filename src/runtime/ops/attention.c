@@ -479,6 +479,9 @@ static void attn_mma_params_set(llmcl__params *p, bool fwd, long bm, long bn, lo
     }
 }
 
+/* Whether attn_bwd_dkdv_mma keeps K and V in local tiles (its DKDV_KV_LOCAL). */
+static bool attn_dkdv_kv_local(const attn_geom *g) { return g->D > 96; }
+
 /* Local bytes of a tensor-core kernel's tiles: dK/dV double-buffers its Q and dO tiles, past
    D = 96 beside K and V (K alone in the dV launch), past D = 128 its row statistics staying
    global; dQ double-buffers its K and V tiles, past D = 128 beside dO's as well as Q's; the
@@ -486,7 +489,7 @@ static void attn_mma_params_set(llmcl__params *p, bool fwd, long bm, long bn, lo
 static uint64_t attn_mma_local_bytes(const attn_geom *g, attn_kernel kern, long bm, long bn,
                                      long stages)
 {
-    const bool widest = g->D > 128, kv_local = g->D > 96;
+    const bool widest = g->D > 128, kv_local = attn_dkdv_kv_local(g);
     const uint64_t d2 = 2u * llmcl__pow2_ceil((size_t)g->D);
     if (kern == ATTN_DKDV_MMA)
         return d2 * (4 * (uint64_t)bm +
@@ -533,7 +536,8 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
         def_m = 16, def_n = g->dkdv_part == 1 ? 32 : 16; /* the dV launch keeps no V tile */
         if (attn_mma_local_bytes(g, kern, big_m, big_n, 1) <= local)
             def_m = big_m, def_n = big_n;
-    } else if (dkdv && g->D > 96 && attn_mma_local_bytes(g, kern, def_m, def_n, 1) > local) {
+    } else if (dkdv && attn_dkdv_kv_local(g) &&
+               attn_mma_local_bytes(g, kern, def_m, def_n, 1) > local) {
         def_m = 16, def_n = 32; /* K and V in local memory beside the stages, within 48 KiB */
     }
     const long def_wm = fwd && !widest ? 2 : 1, def_qreg = !(fwd && wide);

@@ -396,7 +396,7 @@ static void mma_default_tiles(llmcl__params *t, bool large, int a_kc)
     const bool shallow = large && !a_kc;
     llmcl__param_set(t, "BM", large ? 256 : 128);
     llmcl__param_set(t, "BN", 128);
-    llmcl__param_set(t, "BK", large && !shallow ? 64 : 32);
+    llmcl__param_set(t, "BK", large && a_kc ? 64 : 32);
     llmcl__param_set(t, "WM", large ? 4 : 2);
     llmcl__param_set(t, "WN", 2);
     llmcl__param_set(t, "STAGES", shallow ? 4 : 3);
