@@ -104,6 +104,8 @@ typedef struct llmcl_device_info {
     int has_inline_ptx; /* an inline PTX test kernel built (NVIDIA only) */
     int has_mma;        /* tensor cores through inline PTX: compute capability 8.0 or later and a
                            kernel with mma.sync, ldmatrix and cp.async built (NVIDIA only) */
+    int has_wgmma;      /* Hopper's wgmma: compute capability 9.0, and a wgmma kernel, built as PTX
+                           retargeted to sm_90a, gave the right product (NVIDIA only) */
 } llmcl_device_info;
 
 /*
@@ -797,13 +799,15 @@ typedef struct llmcl_matmul_opts {
  * picks its length N or M) is f32 or a's dtype. Reads a, b, the bias and (beta != 0) c; writes c,
  * which must not overlap a, b or the bias (LLMCL_ERROR_INVALID_ARGUMENT), nor itself (no stride 0).
  *
- * Paths: on NVIDIA devices of compute capability 8.0 and later, bf16 and f16 run on tensor cores
- * (mma.sync with ldmatrix and a cp.async pipeline); f32 runs in f32 (never tf32) through CLBlast
- * where the layout allows, and everything else through a portable tiled kernel. split_k > 1 (or the automatic choice for shapes with few output tiles and a long K)
+ * Paths: on NVIDIA devices of compute capability 8.0 and later, bf16 and f16 run on tensor cores:
+ * Hopper's wgmma where the device has it (llmcl_device_info.has_wgmma, sm_90), else mma.sync with
+ * ldmatrix, both fed by a cp.async pipeline; f32 runs in f32 (never tf32) through CLBlast where
+ * the layout allows, and everything else through a portable tiled kernel. split_k > 1 (or the
+ * automatic choice for shapes with few output tiles and a long K)
  * computes K slices into an f32 scratch of split_k * batch * M * N floats, counted in memory
  * accounting and freed when the call returns; results are the same bits run after run.
- * llmcl_tune_params_get(ctx, "mm_mma", "mm_mma_at" (tensor cores with a transposed) or "mm_tiled",
- * ...) reports the parameters of the path that ran.
+ * llmcl_tune_params_get(ctx, "mm_wgmma", "mm_mma", "mm_mma_at" (mma.sync with a transposed) or
+ * "mm_tiled", ...) reports the parameters of the path that ran.
  */
 LLMCL_API llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a,
                                     const llmcl_tensor *b, float beta, llmcl_tensor *c,

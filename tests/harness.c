@@ -20,6 +20,16 @@ llmcl_ctx *th_ctx(void)
     return shared_ctx;
 }
 
+void th_mma_sync_option(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--mma-sync") != 0)
+        return;
+    setenv("LLMCL_WGMMA", "0", 1);
+    const llmcl_device_info *info = llmcl_ctx_device_info(th_ctx());
+    if (!info->has_mma || info->nv_cc_major != 9 || info->nv_cc_minor != 0)
+        exit(77);
+}
+
 int th_teardown(void **state)
 {
     (void)state;

@@ -22,6 +22,13 @@ llmcl_ctx *th_ctx(void);
 /* Releases the shared context; cmocka group teardowns call it (or the process exits). */
 int th_teardown(void **state);
 
+/*
+ * --mma-sync (the suites' second run of the tensor-core tests, matmul_mma_sync and
+ * cross_entropy_mma_sync): the products on mma.sync where wgmma would run (LLMCL_WGMMA=0). Exits
+ * 77, a skip, where that run would repeat the plain one, on devices that have no wgmma.
+ */
+void th_mma_sync_option(int argc, char **argv);
+
 /* Runs a cmocka group with th_ctx() created first (so a missing device skips the whole file). */
 #define TH_RUN(tests) (th_ctx(), cmocka_run_group_tests((tests), NULL, th_teardown))
 

@@ -1155,8 +1155,9 @@ static void test_linear_bad_args(void **state)
     lin_free(&p);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    th_mma_sync_option(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ref_gradient),    cmocka_unit_test(test_ce_options),
         cmocka_unit_test(test_ce_edges),        cmocka_unit_test(test_ce_ninf_issue),

@@ -378,8 +378,28 @@ static void test_tiled_tunables(void **state)
     expect_refused("mm_tiled", LLMCL_F32, 3, "T=64 BK=16 TM=3 TN=4");
 }
 
-/* The tensor-core path (NVIDIA sm_80+): every layout at sizes that cross tile edges, operands
-   that cp.async cannot move (odd leading strides), and every tile configuration shape. */
+/* The tuning key of a tensor-core product: wgmma's where the device has it, else mma.sync's. */
+static const char *mma_key(int trans_a)
+{
+    if (llmcl_ctx_device_info(th_ctx())->has_wgmma)
+        return "mm_wgmma";
+    return trans_a ? "mm_mma_at" : "mm_mma";
+}
+
+/* Forced tile sets: wgmma's (BM and STAGES), or mma.sync's shapes. */
+static const char *const wgmma_sets[] = {"BM=64 STAGES=3", "BM=128 STAGES=4 GROUP_M=3",
+                                         "BM=192 STAGES=3", "BM=64 STAGES=5",
+                                         "BM=128 STAGES=3 GROUP_M=1", "BM=192 STAGES=4"};
+static const char *const mma_sets[] = {"BM=64 BN=64 BK=32 WM=2 WN=2 STAGES=2",
+                                       "BM=128 BN=256 BK=32 WM=2 WN=4 STAGES=2",
+                                       "BM=256 BN=128 BK=32 WM=4 WN=2 STAGES=2",
+                                       "BM=64 BN=128 BK=64 WM=1 WN=4 STAGES=2",
+                                       "BM=128 BN=64 BK=32 WM=4 WN=1 STAGES=4 GROUP_M=3",
+                                       "BM=256 BN=128 BK=32 WM=4 WN=2 STAGES=4"}; /* dW's default */
+
+/* The tensor-core path (NVIDIA sm_80+; wgmma on sm_90, mma.sync when the suite runs again with
+   LLMCL_WGMMA=0): every layout at sizes that cross tile edges, operands that cp.async cannot move
+   (odd leading strides), and every tile configuration shape. */
 static void test_tensor_cores(void **state)
 {
     (void)state;
@@ -387,6 +407,7 @@ static void test_tensor_cores(void **state)
         print_message("no tensor cores on this device: the portable path ran the other tests\n");
         skip();
     }
+    const bool wgmma = llmcl_ctx_device_info(th_ctx())->has_wgmma;
     static const int64_t sizes[][3] = {{257, 129, 1000}, {128, 128, 32}, {300, 77, 77}};
     for (int d = 1; d < 3; ++d)
         for (int t = 0; t < 4; ++t)
@@ -400,30 +421,31 @@ static void test_tensor_cores(void **state)
                 mm_check("tensor cores", &c, 700 + 100 * d + 10 * t + s);
                 char buf[160];
                 int launched = 0;
-                TH_OK(llmcl_tune_params_get(th_ctx(), c.trans_a ? "mm_mma_at" : "mm_mma", c.dt,
-                                            "257", buf, sizeof buf, &launched));
+                TH_OK(llmcl_tune_params_get(th_ctx(), mma_key(c.trans_a), c.dt, "257", buf,
+                                            sizeof buf, &launched));
                 if (s == 0)
                     assert_int_equal(launched, 1);
             }
-    static const char *sets[] = {"BM=64 BN=64 BK=32 WM=2 WN=2 STAGES=2",
-                                 "BM=128 BN=256 BK=32 WM=2 WN=4 STAGES=2",
-                                 "BM=256 BN=128 BK=32 WM=4 WN=2 STAGES=2",
-                                 "BM=64 BN=128 BK=64 WM=1 WN=4 STAGES=2",
-                                 "BM=128 BN=64 BK=32 WM=4 WN=1 STAGES=4 GROUP_M=3",
-                                 "BM=256 BN=128 BK=32 WM=4 WN=2 STAGES=4"}; /* dW's default */
-    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; ++i) {
+    const char *const *sets = wgmma ? wgmma_sets : mma_sets;
+    for (size_t i = 0; i < 6; ++i) {
         mm_case c = plain(LLMCL_BF16, 333, 650, 200);
         c.trans_a = (int)i & 1;
-        const char *key = c.trans_a ? "mm_mma_at" : "mm_mma";
+        const char *key = mma_key(c.trans_a);
         TH_OK(llmcl_tune_override(th_ctx(), key, LLMCL_BF16, "*", sets[i]));
         c.trans_b = (int)(i >> 1) & 1;
         c.cdt = LLMCL_F32;
         c.split_k = 1;
         mm_check(sets[i], &c, 800 + i);
         th_assert_launched_with(key, LLMCL_BF16, "650", sets[i]);
+        TH_OK(llmcl_tune_override(th_ctx(), key, LLMCL_BF16, "*", NULL));
     }
-    TH_OK(llmcl_tune_override(th_ctx(), "mm_mma_at", LLMCL_BF16, "*", NULL));
-    expect_refused("mm_mma", LLMCL_BF16, 2, "BM=256 BN=256 BK=64 WM=2 WN=2 STAGES=4");
+    if (wgmma) {
+        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=256 STAGES=4");
+        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 STAGES=2");
+        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=192 STAGES=5"); /* 280 KiB */
+    } else {
+        expect_refused("mm_mma", LLMCL_BF16, 2, "BM=256 BN=256 BK=64 WM=2 WN=2 STAGES=4");
+    }
 }
 
 /* ---- bad input: a clear status, and c untouched ---- */
@@ -528,8 +550,9 @@ static void test_bad_input(void **state)
     free(e.before);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    th_mma_sync_option(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transposes),        cmocka_unit_test(test_alpha_beta_bias),
         cmocka_unit_test(test_layouts_and_batches), cmocka_unit_test(test_split_k),

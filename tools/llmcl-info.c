@@ -70,6 +70,7 @@ static void print_info(const llmcl_device_info *i)
         printf("  compute capability   %d.%d\n", i->nv_cc_major, i->nv_cc_minor);
     printf("  inline PTX           %s\n", i->has_inline_ptx ? "yes (NVIDIA fast paths on)" : "no");
     printf("  tensor cores         %s\n", i->has_mma ? "yes (mma.sync, ldmatrix, cp.async)" : "no");
+    printf("  wgmma (sm_90a)       %s\n", i->has_wgmma ? "yes (PTX retargeted to sm_90a)" : "no");
 }
 
 int main(int argc, char **argv)

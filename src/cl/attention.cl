@@ -775,9 +775,9 @@ inline void attn_mma_tile(uint dst, const __global ushort *src, long ld, int row
                           int lid, int nt)
 {
     if (valid >= rows && D == MMA_DP)
-        mma_copy_tile(dst, src, ld, rows, MMA_RD, lid, nt);
+        mma_copy_tile(dst, src, ld, rows, MMA_RD, lid, nt, 0);
     else
-        mma_load_tile(dst, src, ld, rows, MMA_RD, clamp(valid, 0, rows), D, lid, nt, 1);
+        mma_load_tile(dst, src, ld, rows, MMA_RD, clamp(valid, 0, rows), D, lid, nt, 1, 0);
 }
 
 /* acc[0] and acc[1], two adjacent 16 x 8 tiles, += a times b2's two B fragments. */

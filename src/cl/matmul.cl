@@ -3,6 +3,8 @@
  *   mm_tiled    portable: T x T output tiles from k-slices in local memory, TM x TN a work-item
  *   mm_mma      NVIDIA tensor cores (mma.cl): BM x BN tiles, WM x WN warps, a STAGES-deep cp.async
  *               pipeline of BK-wide slices, mma.sync m16n8k16 into f32 registers
+ *   mm_wgmma    Hopper's wgmma (sm_90a, mma.cl): BM x 256 tiles, a warpgroup each 64 rows, both
+ *               operands read by wgmma from 128-byte swizzled local tiles
  *   mm_reduce   split K: sums the f32 slices in slice order and applies the epilogue
  *   mm_bias     c += bias after a CLBlast GEMM
  *
@@ -31,8 +33,10 @@
  *               tiles move by cp.async (else by element loads). Local memory
  *               STAGES (BM + BN) BK 2 bytes: 48 KiB for 128 x 128 x 32 in 3 stages, 144 KiB
  *               for 256 x 128 x 64.
- *   MM_CE       mm_mma as the fused cross-entropy's logits product (below): 1 the forward's LSE
- *               partials, 2 the backward's dlogits; LABEL_DT the labels' storage (I32 or I64)
+ *   MM_WGMMA    1: build mm_wgmma (BN 256, BK 64, WM = BM / 16, WN 1) instead of mm_mma
+ *   MM_CE       mm_mma or mm_wgmma as the fused cross-entropy's logits product (below): 1 the
+ *               forward's LSE partials, 2 the backward's dlogits; LABEL_DT the labels' storage
+ *               (I32 or I64); CE_SLOT the columns of a row that one LSE partial covers
  */
 
 #ifndef DT
@@ -94,6 +98,12 @@
 #endif
 #ifndef LABEL_DT
 #define LABEL_DT I64
+#endif
+#ifndef MM_WGMMA
+#define MM_WGMMA 0
+#endif
+#ifndef CE_SLOT
+#define CE_SLOT 64
 #endif
 
 typedef STORAGE(DT) ab_t;
@@ -238,6 +248,8 @@ __kernel void mm_bias(__global c_t *c, ulong coff, long scm, long scn, long scb,
 #define STAGE_A (BM * BK * 2)
 #define STAGE_B (BN * BK * 2)
 #define MMA LLMCL_CAT(mma_16816_, DT)
+/* mm_wgmma's tiles are in wgmma's layout (mma.cl) */
+#define MM_ATOMS MM_WGMMA
 
 /*
  * The A and B tiles from k0 into the stage at local address sa, asynchronously where aligned; the
@@ -252,23 +264,23 @@ inline void mm_load_stage(uint sa, const __global ushort *a, long sam, long sak,
     const uint sb = sa + STAGE_A;
     if (ALIGN_A && ALIGN_B && kv == BK && mv == BM && nv == BN) {
         if (A_KC)
-            mma_copy_tile(sa, a + m0 * sam + k0, sam, BM, BK / 8, tid, NT);
+            mma_copy_tile(sa, a + m0 * sam + k0, sam, BM, BK / 8, tid, NT, MM_ATOMS);
         else
-            mma_copy_tile(sa, a + k0 * sak + m0, sak, BK, BM / 8, tid, NT);
+            mma_copy_tile(sa, a + k0 * sak + m0, sak, BK, BM / 8, tid, NT, MM_ATOMS);
         if (B_KC)
-            mma_copy_tile(sb, b + n0 * sbn + k0, sbn, BN, BK / 8, tid, NT);
+            mma_copy_tile(sb, b + n0 * sbn + k0, sbn, BN, BK / 8, tid, NT, MM_ATOMS);
         else
-            mma_copy_tile(sb, b + k0 * sbk + n0, sbk, BK, BN / 8, tid, NT);
+            mma_copy_tile(sb, b + k0 * sbk + n0, sbk, BK, BN / 8, tid, NT, MM_ATOMS);
         return;
     }
     if (A_KC)
-        mma_load_tile(sa, a + m0 * sam + k0, sam, BM, BK / 8, mv, kv, tid, NT, ALIGN_A);
+        mma_load_tile(sa, a + m0 * sam + k0, sam, BM, BK / 8, mv, kv, tid, NT, ALIGN_A, MM_ATOMS);
     else
-        mma_load_tile(sa, a + k0 * sak + m0, sak, BK, BM / 8, kv, mv, tid, NT, ALIGN_A);
+        mma_load_tile(sa, a + k0 * sak + m0, sak, BK, BM / 8, kv, mv, tid, NT, ALIGN_A, MM_ATOMS);
     if (B_KC)
-        mma_load_tile(sb, b + n0 * sbn + k0, sbn, BN, BK / 8, nv, kv, tid, NT, ALIGN_B);
+        mma_load_tile(sb, b + n0 * sbn + k0, sbn, BN, BK / 8, nv, kv, tid, NT, ALIGN_B, MM_ATOMS);
     else
-        mma_load_tile(sb, b + k0 * sbk + n0, sbk, BK, BN / 8, kv, nv, tid, NT, ALIGN_B);
+        mma_load_tile(sb, b + k0 * sbk + n0, sbk, BK, BN / 8, kv, nv, tid, NT, ALIGN_B, MM_ATOMS);
 }
 
 /* The fragments of k16 step ks of the stage at sa: MI of A, NI / 2 pairs of B. */
@@ -374,8 +386,9 @@ inline void mm_st_shared2(uint at, float x, float y)
  * launch's first row and class), and the epilogue turns each logit x = alpha acc + bias, capped,
  * into
  *   MM_CE 1: the online-LSE partial (max, sum of exp(x - max), sum w x with smoothing) of each
- *            row's WTN columns of a warp, part[(m nslots + n / WTN) 3 + {0, 1, 2}] with nslots =
- *            ceil(N / WTN), and the row's target logit, xyb[m], from the lane that holds it;
+ *            row's slots of CE_SLOT columns, part[(m nslots + n / CE_SLOT) 3 + {0, 1, 2}] with
+ *            nslots = ceil(N / CE_SLOT), and the row's target logit, xyb[m], from the lane that
+ *            holds it;
  *   MM_CE 2: its dlogit (ce_dlogit with coef[m] = (A, B, C, lse_p)), stored to C.
  * So neither pass stores f32 logits, and the backward's dlogits leave in the products' dtype.
  */
@@ -388,12 +401,12 @@ typedef struct mm_ce {
     __global float *part, *xyb;
 } mm_ce;
 
-#if MM_CE && WTN > 128
-#error "the cross-entropy epilogue reduces a row of a warp's slice within one pass of 32 lanes"
+#if MM_CE && (WTN % CE_SLOT || CE_SLOT > 128)
+#error "the cross-entropy epilogue reduces each slot of a row within one pass of 32 lanes"
 #endif
 
-/* The lanes that share one row of a warp's slice in the epilogue, four columns each. */
-#define EPI_LANES (WTN / 4)
+/* The lanes that share one slot of a row in the cross-entropy epilogue, four columns each. */
+#define EPI_LANES (CE_SLOT / 4)
 
 /* The EPI_R rows of the warp's slice at ws_at through the cross-entropy epilogue (MM_CE). */
 __attribute__((always_inline)) inline void
@@ -405,7 +418,7 @@ mm_ce_rows(uint ws_at, int lane, const mm_ce *ce, __global c_t *c, long coff, lo
     const float cap = ce->cap;
 #pragma unroll 1
     for (int q = 0; q < EPI_R * WTN / 4 / 32; ++q) {
-        const int id = q * 32 + lane, r = id / EPI_LANES, c4 = id % EPI_LANES;
+        const int id = q * 32 + lane, r = id / (WTN / 4), c4 = id % (WTN / 4);
         const long mm = m + r, nn = n + c4 * 4;
         const bool row_ok = mm < M;
         /* the row's global loads before the (volatile) local one, so that they overlap */
@@ -451,8 +464,8 @@ mm_ce_rows(uint ws_at, int lane, const mm_ce *ce, __global c_t *c, long coff, lo
         s = warp_sum_in(s, EPI_LANES);
         if (flags & CE_SMOOTH)
             ws = warp_sum_in(ws, EPI_LANES);
-        if (row_ok && c4 == 0 && n < N) { /* a warp wholly past N owns no slot */
-            __global float *p = ce->part + (mm * ((N + WTN - 1) / WTN) + n / WTN) * 3;
+        if (row_ok && c4 % EPI_LANES == 0 && nn < N) { /* a slot wholly past N is none */
+            __global float *p = ce->part + (mm * ((N + CE_SLOT - 1) / CE_SLOT) + nn / CE_SLOT) * 3;
             p[0] = mx;
             p[1] = s;
             p[2] = ws;
@@ -544,7 +557,17 @@ mm_epilogue(float4 acc[MI][NI], uint base, int wm, int wn, int lane, int warp, _
 /*
  * Output tile order: groups of GROUP_M tile rows, column by column inside a group, so that the
  * work-groups resident at once share their A rows and B columns in L2.
- *
+ */
+inline void mm_tile_origin(long M, long N, long *m0, long *n0)
+{
+    const int ntm = (int)((M + BM - 1) / BM), ntn = (int)((N + BN - 1) / BN);
+    const int pid = get_group_id(0), per_group = GROUP_M * ntn, first = pid / per_group * GROUP_M;
+    const int rows = min(ntm - first, GROUP_M), in_group = pid % per_group;
+    *m0 = (long)(first + in_group % rows) * BM;
+    *n0 = (long)(in_group / rows) * BN;
+}
+
+/*
  * Pipeline: tile kt + STAGES - 1 is requested at the top of step kt into the stage that tile
  * kt - 1 used; fragments are double-buffered in registers, so the ldmatrix of k16 step ks + 1
  * overlaps the mma of step ks; the one barrier of a step sits before its last k16 step, when
@@ -560,24 +583,28 @@ mm_epilogue(float4 acc[MI][NI], uint base, int wm, int wn, int lane, int warp, _
 #define MM_CE_PARAMS
 #endif
 
+/* The cross-entropy epilogue's state from MM_CE_PARAMS; a bad label (stats[0] >= 0) fails the op,
+   which then writes nothing. */
+#if MM_CE
+#define MM_CE_BEGIN()                                                                             \
+    if (stats[0] >= 0)                                                                            \
+        return;                                                                                   \
+    const mm_ce ce = {flags, cap, labels + loff, v0, ignore_index, weight + woff, coef, part, xyb}
+#else
+#define MM_CE_BEGIN() const mm_ce ce = {0}
+#endif
+
+#if !MM_WGMMA
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS MM_CE_PARAMS)
 {
     __local uint4 smem[STAGES * (STAGE_A + STAGE_B) / 16];
-#if MM_CE
-    if (stats[0] >= 0) /* a bad label: the op fails and writes nothing */
-        return;
-    const mm_ce ce = {flags, cap, labels + loff, v0, ignore_index, weight + woff, coef, part, xyb};
-#else
-    const mm_ce ce = {0};
-#endif
+    MM_CE_BEGIN();
     MM_SLICE();
     const uint base = mma_smem(smem);
     const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WN, wn = warp % WN;
-    const int ntm = (int)((M + BM - 1) / BM), ntn = (int)((N + BN - 1) / BN);
-    const int pid = get_group_id(0), per_group = GROUP_M * ntn, first = pid / per_group * GROUP_M;
-    const int rows = min(ntm - first, GROUP_M), in_group = pid % per_group;
-    const long m0 = (long)(first + in_group % rows) * BM, n0 = (long)(in_group / rows) * BN;
+    long m0, n0;
+    mm_tile_origin(M, N, &m0, &n0);
     const int nk = (int)((k_hi - k_lo + BK - 1) / BK);
 #define KS (BK / 16)
 #define STAGE(i) (base + ((i) % STAGES) * (STAGE_A + STAGE_B))
@@ -627,5 +654,89 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS M
     mm_epilogue(acc, base, wm, wn, lane, warp, c, coff, scm, scn, bias, sbias, bias_mode, alpha,
                 beta, ws, wsoff, M, N, m0, n0, &ce);
 }
+#endif
+
+/*
+ * mm_wgmma: the product on Hopper's wgmma (sm_90a, LLMCL_NV_WGMMA). BM / 64 warpgroups each own
+ * 64 rows of a BM x 256 output tile (WM = BM / 16 warps of 16 rows, WN = 1, as the epilogue sees
+ * them), whose 128 f32 accumulators a lane holds; BK is 64. Every work-item issues the cp.async
+ * copies of a STAGES-deep pipeline, loads run STAGES - 2 slices ahead, and each warpgroup keeps
+ * one slice's wgmma running while the next one is issued: the barrier at the top of step kt, after
+ * every warpgroup has waited for its wgmma of slice kt - 2, frees that slice's stage for the load
+ * of slice kt + STAGES - 2.
+ */
+#if MM_WGMMA && defined(LLMCL_NV_WGMMA)
+
+#if BN != 256 || BK != 64 || WN != 1 || BM % 64 || STAGES < 3
+#error "mm_wgmma: 64 x 256 tiles a warpgroup, BK 64, WN 1, three stages or more"
+#endif
+
+#define MM_WG_TA LLMCL_CAT(MM_WG_T, A_KC)
+#define MM_WG_TB LLMCL_CAT(MM_WG_T, B_KC)
+#define MM_WG_T0 "1"
+#define MM_WG_T1 "0"
+LLMCL_WG_MMA_N256(mm_wg_mma_BF16, "bf16", MM_WG_TA, MM_WG_TB)
+LLMCL_WG_MMA_N256(mm_wg_mma_F16, "f16", MM_WG_TA, MM_WG_TB)
+
+/* Adds warpgroup wg's product of k16 step ks of the stage at sa to d. */
+inline void mm_wg_step(float *d, uint sa, int ks, int wg)
+{
+    const uint sb = sa + STAGE_A;
+    const ulong da = A_KC ? wg_desc(sa + wg * 64 * 128 + ks * 32, 16, 1024)
+                          : wg_desc(sa + wg * BK * 128 + ks * 16 * 128, BK * 128, 1024);
+    const ulong db = B_KC ? wg_desc(sb + ks * 32, 16, 1024)
+                          : wg_desc(sb + ks * 16 * 128, BK * 128, 1024);
+    LLMCL_CAT(mm_wg_mma_, DT)(d, da, db);
+}
+
+__kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_wgmma(MM_PARAMS MM_CE_PARAMS)
+{
+    __local uint4 smem[STAGES * (STAGE_A + STAGE_B) / 16] __attribute__((aligned(1024)));
+    MM_CE_BEGIN();
+    MM_SLICE();
+    const uint base = mma_smem(smem);
+    const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    long m0, n0;
+    mm_tile_origin(M, N, &m0, &n0);
+    const int nk = (int)((k_hi - k_lo + BK - 1) / BK);
+#define STAGE(i) (base + ((i) % STAGES) * (STAGE_A + STAGE_B))
+
+    float d[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i)
+        d[i] = 0.0f;
+    for (int s = 0; s < STAGES - 2; ++s) {
+        if (s < nk)
+            mm_load_stage(STAGE(s), a, sam, sak, b, sbk, sbn, M, N, m0, n0, k_lo + (long)s * BK,
+                          k_hi, tid);
+        mma_cp_commit();
+    }
+    for (int kt = 0; kt < nk; ++kt) {
+        mma_cp_wait(STAGES - 3);
+        wg_proxy_fence();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const int next = kt + STAGES - 2;
+        if (next < nk)
+            mm_load_stage(STAGE(next), a, sam, sak, b, sbk, sbn, M, N, m0, n0,
+                          k_lo + (long)next * BK, k_hi, tid);
+        mma_cp_commit();
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ++ks)
+            mm_wg_step(d, STAGE(kt), ks, wg);
+        wg_commit();
+        wg_wait(1);
+    }
+    wg_wait(0);
+#undef STAGE
+
+    float4 acc[1][32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+        acc[0][j] = (float4)(d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
+    mm_epilogue(acc, base, warp, 0, lane, warp, c, coff, scm, scn, bias, sbias, bias_mode, alpha,
+                beta, ws, wsoff, M, N, m0, n0, &ce);
+}
+#endif
 
 #endif

@@ -27,6 +27,21 @@ inline uint mma_chunk(uint r, uint c, uint R)
     return r * R + (c ^ x);
 }
 
+/*
+ * The same chunk in wgmma's layout (the sm_90a block below), whose rows are 8 chunks (R a multiple
+ * of 8): a longer row is cut into atoms of 8 chunks, each atom's `rows` rows stored together.
+ */
+inline uint wg_chunk(uint r, uint c, uint rows)
+{
+    return (c >> 3) * rows * 8u + r * 8u + ((c & 7u) ^ (r & 7u));
+}
+
+/* The chunk in either layout: atoms 1 for wgmma's. */
+inline uint mma_tile_chunk(uint r, uint c, uint R, uint rows, int atoms)
+{
+    return atoms ? wg_chunk(r, c, rows) : mma_chunk(r, c, R);
+}
+
 /* The .shared address of a __local pointer. */
 inline uint mma_smem(const __local void *p) { return (uint)(size_t)p; }
 
@@ -66,18 +81,18 @@ inline void mma_st16(uint dst, uint4 v)
 
 /*
  * Copies a tile of `rows` x 8R 16-bit elements (row r from src + r ld) into the swizzled tile at
- * local address dst, with zeros past rows_valid rows and cols_valid columns; nt work-items share
- * it. aligned (src and ld multiples of 8 elements): cp.async, complete after mma_cp_wait; else
- * element loads, complete on return.
+ * local address dst (in wgmma's layout where atoms is 1), with zeros past rows_valid rows and
+ * cols_valid columns; nt work-items share it. aligned (src and ld multiples of 8 elements): cp.async, complete
+ * after mma_cp_wait; else element loads, complete on return.
  */
 inline void mma_load_tile(uint dst, const __global ushort *src, long ld, int rows, int R,
-                          int rows_valid, int cols_valid, int tid, int nt, int aligned)
+                          int rows_valid, int cols_valid, int tid, int nt, int aligned, int atoms)
 {
     for (int id = tid; id < rows * R; id += nt) {
         const int r = id / R, c = id % R;
         const int left = r < rows_valid ? clamp(cols_valid - c * 8, 0, 8) : 0;
         const __global ushort *p = src + (long)r * ld + c * 8;
-        const uint d = dst + mma_chunk(r, c, R) * 16u;
+        const uint d = dst + mma_tile_chunk(r, c, R, rows, atoms) * 16u;
         if (aligned) {
             mma_cp16(d, left ? p : src, (uint)left * 2u);
         } else {
@@ -96,14 +111,14 @@ inline void mma_load_tile(uint dst, const __global ushort *src, long ld, int row
  * of R), so one pointer walks them by a fixed row step and nothing is bounds-checked.
  */
 inline void mma_copy_tile(uint dst, const __global ushort *src, long ld, int rows, int R, int tid,
-                          int nt)
+                          int nt, int atoms)
 {
     const int c = tid % R, r0 = tid / R, step = nt / R;
     const __global ushort *p = src + (long)r0 * ld + c * 8;
     const long pstep = (long)step * ld;
     for (int i = 0; i < (rows * R + nt - 1) / nt; ++i, p += pstep)
         if ((rows * R) % nt == 0 || tid + i * nt < rows * R)
-            mma_cp16(dst + mma_chunk(r0 + i * step, c, R) * 16u, p, 16u);
+            mma_cp16(dst + mma_tile_chunk(r0 + i * step, c, R, rows, atoms) * 16u, p, 16u);
 }
 
 /* Four 8 x 8 matrices of 16-bit elements from local memory into the mma fragment registers. */
@@ -157,5 +172,89 @@ inline uint4 mma_frag_b2(uint tile, int n0, int k0, int R, int k_contig, int lan
     }
 LLMCL_MMA_16816(BF16, "bf16")
 LLMCL_MMA_16816(F16, "f16")
+
+#endif
+
+/*
+ * The sm_90a block: wgmma, Hopper's warpgroup matrix multiply, which reads both operands from
+ * local memory. NVIDIA's OpenCL compiles for sm_90 and rejects sm_90a's instructions, but it builds
+ * PTX whose target says sm_90a when that PTX is handed back as a program binary. So these
+ * instructions are written as PTX comments that start with "// @sm90a "; where the runtime defines
+ * LLMCL_NV_WGMMA (compute capability 9.0, and a probe built that way ran), it builds the program,
+ * retargets the PTX to sm_90a with the markers removed, and builds that (program.c). The inline
+ * asm operands are substituted inside the comments, so the retargeted instructions name the
+ * right registers.
+ *
+ * Operand tiles use wgmma's 128-byte swizzle: rows of 128 bytes (64 16-bit elements), chunk c of
+ * row r at c ^ (r % 8) within each 8-row, 1024-byte block. A tile whose rows are longer is cut into
+ * atoms of 64 columns, each atom's rows stored together (wg_chunk). A k-major operand (unit stride
+ * along k, BK = 64) is then rows of one k slice; an mn-major one (unit stride along m or n) is atoms
+ * of 64 m or n by BK rows of k, which wgmma reads transposed.
+ */
+#ifdef LLMCL_NV_WGMMA
+
+/*
+ * The matrix descriptor of a 128-byte swizzled operand at local address addr (1024-byte aligned
+ * blocks): lbo, the bytes between atoms along m or n (mn-major only), sbo, the bytes between 8-row
+ * blocks.
+ */
+inline ulong wg_desc(uint addr, uint lbo, uint sbo)
+{
+    return (ulong)((addr & 0x3FFFFu) >> 4) | (ulong)(lbo >> 4) << 16 | (ulong)(sbo >> 4) << 32 |
+           (ulong)1 << 62;
+}
+
+/* Local memory written by the work-items (cp.async included) becomes visible to wgmma's reads. */
+inline void wg_proxy_fence(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+/* Orders the accumulators' register writes before the wgmma that follow. */
+inline void wg_fence(void) { asm volatile("// @sm90a wgmma.fence.sync.aligned;" ::: "memory"); }
+
+inline void wg_commit(void)
+{
+    asm volatile("// @sm90a wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+/* Waits until at most n (0 or 1) committed wgmma groups of the warpgroup are still running. */
+inline void wg_wait(int n)
+{
+    if (n <= 0)
+        asm volatile("// @sm90a wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    else
+        asm volatile("// @sm90a wgmma.wait_group.sync.aligned 1;" ::: "memory");
+}
+
+/* The 128 f32 accumulators of an m64n256 tile, as asm operands 0..127. */
+#define WG_D8(i)                                                                                  \
+    "+f"(d[(i)]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]),         \
+        "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define WG_D64(i)                                                                                 \
+    WG_D8(i), WG_D8((i) + 8), WG_D8((i) + 16), WG_D8((i) + 24), WG_D8((i) + 32), WG_D8((i) + 40), \
+        WG_D8((i) + 48), WG_D8((i) + 56)
+#define WG_D_LIST                                                                                  \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                       \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "             \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "             \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "             \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "             \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "             \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+
+/*
+ * NAME(d, da, db): d (64 x 256, f32, in the accumulator layout: lane 4 g + t of warp w of the
+ * warpgroup holds rows 16 w + g and + 8 of columns 8 j + 2 t, + 1 in d[4 j .. 4 j + 3], as
+ * mma.sync's m16n8 tiles) += A (64 x 16, descriptor da) B (16 x 256, db), TY bf16 or f16; TA and
+ * TB the transpose flags ("1": the operand is mn-major).
+ */
+#define LLMCL_WG_MMA_N256(NAME, TY, TA, TB)                                                       \
+    inline void NAME(float *d, ulong da, ulong db)                                                \
+    {                                                                                             \
+        asm volatile("// @sm90a { .reg .pred p; setp.ne.b32 p, %130, 0; "                        \
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {" WG_D_LIST     \
+                     "}, %128, %129, p, 1, 1, " TA ", " TB "; }"                                  \
+                     : WG_D64(0), WG_D64(64)                                                      \
+                     : "l"(da), "l"(db), "r"(1));                                                 \
+    }
 
 #endif

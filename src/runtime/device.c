@@ -259,6 +259,72 @@ static bool mma_builds(cl_context context, cl_device_id device)
     return source_builds(context, device, src);
 }
 
+/* LLMCL_WGMMA=0 keeps the kernels on mma.sync (to compare, or should a driver break the route). */
+static bool wgmma_switched_off(void)
+{
+    const char *v = llmcl__getenv("LLMCL_WGMMA");
+    return v && strcmp(v, "0") == 0;
+}
+
+/*
+ * Whether wgmma runs through PTX retargeted to sm_90a (mma.cl): one warpgroup multiplies a 64 x 64
+ * tile of ones by an 8 x 64 tile whose row n holds n + 1, from 128-byte swizzled local tiles (the
+ * layout's permutation leaves such rows alike), and every work-item checks its four sums, 16 (n + 1).
+ */
+static bool wgmma_runs(cl_context context, cl_device_id device)
+{
+    static const char *src =
+        "__kernel __attribute__((reqd_work_group_size(128, 1, 1)))\n"
+        "void probe(__global int *ok) {\n"
+        "  __local ushort s[72 * 64] __attribute__((aligned(1024)));\n"
+        "  const uint l = get_local_id(0), g = (l % 32) / 4, t = l % 4;\n"
+        "  for (uint i = l; i < 72 * 64; i += 128) /* bf16 1.0, then n + 1 */\n"
+        "    s[i] = i < 64 * 64 ? 0x3f80 : as_uint((float)((i - 64 * 64) / 64 + 1)) >> 16;\n"
+        "  asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");\n"
+        "  barrier(CLK_LOCAL_MEM_FENCE);\n"
+        "  const uint a = (uint)(size_t)s, b = a + 64 * 128;\n"
+        "  const ulong da = (ulong)(a >> 4) | 1 << 16 | (ulong)64 << 32 | (ulong)1 << 62;\n"
+        "  const ulong db = (ulong)(b >> 4) | 1 << 16 | (ulong)64 << 32 | (ulong)1 << 62;\n"
+        "  float d0 = 0, d1 = 0, d2 = 0, d3 = 0;\n"
+        "  asm volatile(\"" LLMCL__SM90A_MARKER "wgmma.fence.sync.aligned;\" ::: \"memory\");\n"
+        "  asm volatile(\"" LLMCL__SM90A_MARKER "{ .reg .pred p; setp.ne.b32 p, %6, 0; \"\n"
+        "    \"wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0; }\"\n"
+        "    : \"+f\"(d0), \"+f\"(d1), \"+f\"(d2), \"+f\"(d3) : \"l\"(da), \"l\"(db), \"r\"(1));\n"
+        "  asm volatile(\"" LLMCL__SM90A_MARKER "wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n"
+        "  asm volatile(\"" LLMCL__SM90A_MARKER "wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");\n"
+        "  const float want = 16.0f * (2 * t + 1);\n"
+        "  ok[l] = d0 == want && d1 == want + 16.0f && d2 == d0 && d3 == d1;\n"
+        "}\n";
+    cl_int err;
+    cl_program built = clCreateProgramWithSource(context, 1, &src, NULL, &err);
+    if (err != CL_SUCCESS)
+        return false;
+    cl_program prog = clBuildProgram(built, 1, &device, "", NULL, NULL) == CL_SUCCESS
+                          ? llmcl__nv_retarget_sm90a(context, device, built)
+                          : NULL;
+    clReleaseProgram(built);
+    cl_kernel k = prog ? clCreateKernel(prog, "probe", &err) : NULL;
+    cl_command_queue q = k ? clCreateCommandQueue(context, device, 0, &err) : NULL;
+    cl_mem buf = q ? clCreateBuffer(context, CL_MEM_READ_WRITE, 128 * sizeof(cl_int), NULL, &err)
+                   : NULL;
+    cl_int ok[128] = {0};
+    const size_t n = 128;
+    bool runs = buf && clSetKernelArg(k, 0, sizeof buf, &buf) == CL_SUCCESS &&
+                clEnqueueNDRangeKernel(q, k, 1, NULL, &n, &n, 0, NULL, NULL) == CL_SUCCESS &&
+                clEnqueueReadBuffer(q, buf, CL_TRUE, 0, sizeof ok, ok, 0, NULL, NULL) == CL_SUCCESS;
+    for (int i = 0; runs && i < 128; ++i)
+        runs = ok[i] == 1;
+    if (buf)
+        clReleaseMemObject(buf);
+    if (q)
+        clReleaseCommandQueue(q);
+    if (k)
+        clReleaseKernel(k);
+    if (prog)
+        clReleaseProgram(prog);
+    return runs;
+}
+
 static void device_string(cl_device_id d, cl_device_info what, char *buf, size_t len)
 {
     if (clGetDeviceInfo(d, what, len, buf, NULL) != CL_SUCCESS)
@@ -348,6 +414,10 @@ llmcl_status llmcl__device_probe(llmcl_ctx *ctx, cl_platform_id platform, cl_dev
             info->has_inline_ptx = inline_ptx_builds(context, device);
         if (context && info->has_inline_ptx && info->nv_cc_major >= 8)
             info->has_mma = mma_builds(context, device);
+        /* sm_90a's instructions exist on compute capability 9.0 only */
+        if (context && info->has_mma && info->nv_cc_major == 9 && info->nv_cc_minor == 0 &&
+            !wgmma_switched_off())
+            info->has_wgmma = wgmma_runs(context, device);
         const uint64_t optin = nv_optin_local_bytes(info->nv_cc_major, info->nv_cc_minor);
         if (context && optin > info->local_mem_bytes && static_local_builds(context, device, optin))
             info->local_mem_static_bytes = optin;

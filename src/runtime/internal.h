@@ -278,6 +278,14 @@ typedef struct llmcl__mm_ce {
    llmcl__matmul_ce). */
 bool llmcl__mma_available(const llmcl_ctx *ctx, llmcl_dtype dt);
 
+/*
+ * sm_90a's instructions are written in kernels as PTX comments behind this marker (mma.cl).
+ * llmcl__nv_retarget_sm90a builds `built`'s PTX again with the target sm_90a and the markers
+ * removed; NULL where that fails.
+ */
+#define LLMCL__SM90A_MARKER "// @sm90a "
+cl_program llmcl__nv_retarget_sm90a(cl_context context, cl_device_id device, cl_program built);
+
 /* a [M, K] and b [N, K] (16-bit, unit stride along K), bias [N] or NULL, c [M, N] in a's dtype
    (mode 2; mode 1 ignores it). */
 llmcl_status llmcl__matmul_ce(llmcl_ctx *ctx, const llmcl_tensor *a, const llmcl_tensor *b,

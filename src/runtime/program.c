@@ -175,6 +175,8 @@ static char *build_options(const llmcl_ctx *ctx, const llmcl__defines *user)
         define_add(&d, "LLMCL_NV_BF16_CVT");
     if (ctx->info.has_mma)
         define_add(&d, "LLMCL_NV_MMA");
+    if (ctx->info.has_wgmma)
+        define_add(&d, "LLMCL_NV_WGMMA");
     qsort(d.items, (size_t)d.n, sizeof d.items[0], cmp_define);
     const char *extra = llmcl__getenv("LLMCL_BUILD_OPTIONS");
     size_t cap = (size_t)d.n * 100 + 64 + (extra ? strlen(extra) : 0);
@@ -308,6 +310,83 @@ static unsigned char *program_binary(cl_program prog, size_t *len)
 
 /* ---- building ---- */
 
+/* The program's binary as NUL-terminated text (NVIDIA's is PTX); NULL if there is none. */
+static char *program_text(cl_program prog)
+{
+    size_t len = 0;
+    unsigned char *bin = program_binary(prog, &len);
+    char *text = bin ? realloc(bin, len + 1) : NULL;
+    if (!text) {
+        free(bin);
+        return NULL;
+    }
+    text[len] = '\0';
+    return text;
+}
+
+/* Removes every `mark` from s, in place. */
+static void remove_all(char *s, const char *mark)
+{
+    const size_t n = strlen(mark);
+    char *w = s;
+    for (const char *r = s; *r;)
+        if (strncmp(r, mark, n) == 0)
+            r += n;
+        else
+            *w++ = *r++;
+    *w = '\0';
+}
+
+cl_program llmcl__nv_retarget_sm90a(cl_context context, cl_device_id device, cl_program built)
+{
+    static const char from[] = "\n.target sm_90,";
+    char *ptx = program_text(built);
+    char *target = ptx ? strstr(ptx, from) : NULL;
+    char *text = target ? malloc(strlen(ptx) + 2) : NULL;
+    cl_program prog = NULL;
+    if (text) {
+        const size_t head = (size_t)(target - ptx) + sizeof from - 2; /* up to "sm_90" */
+        memcpy(text, ptx, head);
+        text[head] = 'a';
+        strcpy(text + head + 1, ptx + head);
+        remove_all(text, LLMCL__SM90A_MARKER);
+        size_t n = strlen(text) + 1;
+        const unsigned char *bins[] = {(const unsigned char *)text};
+        cl_int status, err;
+        prog = clCreateProgramWithBinary(context, 1, &device, &n, bins, &status, &err);
+        if (err != CL_SUCCESS || status != CL_SUCCESS ||
+            clBuildProgram(prog, 1, &device, "", NULL, NULL) != CL_SUCCESS) {
+            if (prog)
+                clReleaseProgram(prog);
+            prog = NULL;
+        }
+    }
+    free(text);
+    free(ptx);
+    return prog;
+}
+
+/*
+ * A program whose PTX holds sm_90a instructions behind their markers (mma.cl) is rebuilt from
+ * that PTX retargeted to sm_90a; prog is released then. NULL with *st set on failure.
+ */
+static cl_program retarget_if_marked(llmcl_ctx *ctx, const char *family, const char *options,
+                                     cl_program prog, llmcl_status *st)
+{
+    char *ptx = ctx->info.has_wgmma ? program_text(prog) : NULL;
+    const bool marked = ptx && strstr(ptx, LLMCL__SM90A_MARKER);
+    free(ptx);
+    if (!marked)
+        return prog;
+    cl_program out = llmcl__nv_retarget_sm90a(ctx->context, ctx->device, prog);
+    clReleaseProgram(prog);
+    if (!out)
+        *st = LLMCL__FAIL(ctx, LLMCL_ERROR_BUILD_FAILURE,
+                          "building kernel family '%s' with '%s' for sm_90a failed", family,
+                          options);
+    return out;
+}
+
 static void keep_build_log(llmcl_ctx *ctx, cl_program prog, const char *family, const char *options)
 {
     size_t n = 0;
@@ -393,6 +472,9 @@ static llmcl_status build_program(llmcl_ctx *ctx, const char *family, const char
             clReleaseProgram(prog);
             prog = NULL;
         } else {
+            prog = retarget_if_marked(ctx, family, options, prog, &st);
+        }
+        if (prog) {
             ctx->cache_stats.builds++;
             llmcl__log("built %s [%s]", family, options);
             log_build_output(ctx, prog);

@@ -151,6 +151,14 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
 
 static bool has_tensor_cores(const llmcl_device_info *info) { return info->has_mma; }
 
+/* mma.sync's products run where the device has no wgmma (or LLMCL_WGMMA=0 turned it off). */
+static bool has_mma_sync_products(const llmcl_device_info *info)
+{
+    return info->has_mma && !info->has_wgmma;
+}
+
+static bool has_wgmma(const llmcl_device_info *info) { return info->has_wgmma; }
+
 /* Views of rows [first, first + n) of axis 1 of a contiguous [B, N, T, D] tensor. */
 static llmcl_status attn_head_view(llmcl_tensor *base, const tune_case *c, int64_t first,
                                    int64_t n, llmcl_tensor **out)
@@ -241,16 +249,19 @@ static llmcl_status run_attention_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, co
 #define NORM_SHAPES "TWO=2,R=8192,C=4096;TWO=2,R=4096,C=8192"
 #define NORM_SMALL "TWO=2,R=256,C=4096"
 
+/* The case's value of parameter name, or fallback where the space has no such parameter. */
+static long case_param(const tune_case *c, const char *name, long fallback)
+{
+    for (int i = 0; i < c->n_params; ++i)
+        if (strcmp(c->param_names[i], name) == 0)
+            return c->values[i];
+    return fallback;
+}
+
 /* WG * ROWS work-items in one work-group. */
 static bool norm_fits(const llmcl_device_info *info, const tune_case *c, char *why, size_t len)
 {
-    long wg = 1, rows = 1;
-    for (int i = 0; i < c->n_params; ++i) {
-        if (strcmp(c->param_names[i], "WG") == 0)
-            wg = c->values[i];
-        if (strcmp(c->param_names[i], "ROWS") == 0)
-            rows = c->values[i];
-    }
+    const long wg = case_param(c, "WG", 1), rows = case_param(c, "ROWS", 1);
     if ((size_t)(wg * rows) <= info->max_work_group_size)
         return true;
     snprintf(why, len, "WG * ROWS = %ld exceeds the work-group limit %zu", wg * rows,
@@ -387,15 +398,17 @@ static llmcl_status run_cce_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
 
 /*
  * ---- matmul.cl: c [Z, M, N] = a [Z, M, K] b [Z, N, K]^T (a linear layer's forward); size key
- * max(M, N). mm_mma runs 2-D bf16 and f16 products on tensor cores, mm_mma_at those with a
- * transposed (weight gradients, c = a^T b with a [Z, K, M]); mm_tiled is tuned on f32 batches,
- * which every device runs on it (2-D f32 goes to CLBlast).
+ * max(M, N). mm_wgmma runs bf16 and f16 products on devices with wgmma (sm_90); elsewhere with
+ * tensor cores mm_mma runs them, and mm_mma_at those with a transposed (weight gradients,
+ * c = a^T b with a [Z, K, M]); mm_tiled is tuned on f32 batches, which every device runs on it
+ * (2-D f32 goes to CLBlast).
  */
 
 #define MM_MMA_TILES                                                                              \
     "BM=64,128,256 BN=64,128,256 BK=32,64 WM=1,2,4 WN=1,2,4 STAGES=2,3,4 GROUP_M=4,8,16"
 #define MM_MMA_SHAPES "Z=1,M=8192,N=8192,K=8192;Z=1,M=8192,N=14336,K=4096"
 #define MM_MMA_AT_SHAPES "Z=1,M=4096,N=4096,K=8192;Z=1,M=14336,N=4096,K=8192"
+#define MM_WGMMA_TILES "BM=64,128,192 STAGES=3,4,5 GROUP_M=4,8,16"
 #define MM_TILED_TILES "T=16,32,64,128 BK=8,16,32 TM=1,2,4,8 TN=1,2,4,8"
 #define MM_TILED_SHAPES "Z=2,M=2048,N=2048,K=2048"
 #define MM_SMALL "Z=2,M=256,N=320,K=192"
@@ -419,6 +432,18 @@ static llmcl_status run_matmul_at(llmcl_ctx *ctx, llmcl_tensor *const *t, const 
     (void)c;
     const llmcl_matmul_opts o = {.trans_a = 1};
     return llmcl_matmul(ctx, 1.0f, t[0], t[1], 0.0f, t[2], &o);
+}
+
+/* wgmma's tiles (BM x 256 x 64 in STAGES) within the device's local memory. */
+static bool mm_wgmma_fits(const llmcl_device_info *info, const tune_case *c, char *why, size_t len)
+{
+    const long bm = case_param(c, "BM", 128), stages = case_param(c, "STAGES", 4);
+    const uint64_t local = (uint64_t)stages * (bm + 256) * 64 * 2;
+    if (local > info->local_mem_static_bytes) {
+        snprintf(why, len, "%llu bytes of local memory", (unsigned long long)local);
+        return false;
+    }
+    return true;
 }
 
 /* Tensor-core tiles within the warps' registers and the device's local memory. */
@@ -599,13 +624,17 @@ const tune_kernel tune_kernels[] = {
     {.key = "cce_bwd_dw", .family = "cross_entropy", .params = CCE_TILES, .dtypes = F32 | BF16,
      .size_key = "V", .shapes = CCE_SHAPES, .small_shapes = CCE_SMALL, .tensors = CCE_BWD_TENSORS,
      .run = run_cce_bwd, .tol_scale = 4},
+    {.key = "mm_wgmma", .family = "matmul", .params = MM_WGMMA_TILES, .dtypes = BF16 | F16,
+     .size_key_fn = mm_size_key, .shapes = MM_MMA_SHAPES, .small_shapes = MM_SMALL,
+     .tensors = MM_TENSORS, .run = run_matmul, .fits = mm_wgmma_fits, .runs_on = has_wgmma},
     {.key = "mm_mma", .family = "matmul", .params = MM_MMA_TILES, .dtypes = BF16 | F16,
      .size_key_fn = mm_size_key, .shapes = MM_MMA_SHAPES, .small_shapes = MM_SMALL,
-     .tensors = MM_TENSORS, .run = run_matmul, .fits = mm_mma_fits, .runs_on = has_tensor_cores},
+     .tensors = MM_TENSORS, .run = run_matmul, .fits = mm_mma_fits,
+     .runs_on = has_mma_sync_products},
     {.key = "mm_mma_at", .family = "matmul", .params = MM_MMA_TILES, .dtypes = BF16 | F16,
      .size_key_fn = mm_size_key, .shapes = MM_MMA_AT_SHAPES, .small_shapes = MM_SMALL,
      .tensors = MM_AT_TENSORS, .run = run_matmul_at, .fits = mm_mma_fits,
-     .runs_on = has_tensor_cores},
+     .runs_on = has_mma_sync_products},
     {.key = "mm_tiled", .family = "matmul", .params = MM_TILED_TILES, .dtypes = F32,
      .size_key_fn = mm_size_key, .shapes = MM_TILED_SHAPES, .small_shapes = MM_SMALL,
      .tensors = MM_TENSORS, .run = run_matmul},

@@ -407,8 +407,46 @@ static void mma_default_tiles(llmcl__params *t, bool large, int a_kc)
    best tiles differ (mma_default_tiles). */
 static const char *mma_key(int a_kc) { return a_kc ? "mm_mma" : "mm_mma_at"; }
 
-/* With a cross-entropy epilogue (ce) the default tiles only: both give warps LLMCL__MM_CE_SLOT
-   columns. */
+/* The cross-entropy epilogue's defines, where there is one. */
+static void define_ce(llmcl__defines *d, const llmcl__mm_ce *ce)
+{
+    if (!ce)
+        return;
+    llmcl__define_int(d, "MM_CE", ce->mode);
+    llmcl__define_str(d, "LABEL_DT", llmcl__dtype_macro(ce->labels->dtype));
+    llmcl__define_int(d, "CE_SLOT", LLMCL__MM_CE_SLOT);
+}
+
+/* The output tiles of BM x bn (the kernels index them in 32 bits), GROUP_M checked. */
+static llmcl_status mma_tiles(const mm_problem *p, const llmcl__params *t, int64_t bn,
+                              int64_t *tiles)
+{
+    const long group_m = llmcl__param_get(t, "GROUP_M", 8);
+    LLMCL__REQUIRE(p->ctx, group_m >= 1, LLMCL_ERROR_UNSUPPORTED,
+                   "matmul: GROUP_M %ld must be >= 1", group_m);
+    *tiles = llmcl__div_up(p->M, llmcl__param_get(t, "BM", 128)) * llmcl__div_up(p->N, bn);
+    LLMCL__REQUIRE(p->ctx, *tiles < INT_MAX / 2, LLMCL_ERROR_OVERFLOW,
+                   "matmul: %lld output tiles overflow the kernel's 32-bit tile index",
+                   (long long)*tiles);
+    return LLMCL_OK;
+}
+
+/* The defines of a tensor-core product (mm_mma or mm_wgmma) with tiles t. */
+static void mma_defines(const mm_problem *p, int a_kc, int b_kc, const llmcl__mm_ce *ce,
+                        const llmcl__params *t, llmcl__defines *d)
+{
+    base_defines(p, d);
+    llmcl__define_flag(d, "MM_MMA");
+    llmcl__define_int(d, "A_KC", a_kc);
+    llmcl__define_int(d, "B_KC", b_kc);
+    llmcl__define_int(d, "ALIGN_A", aligned8(&p->a, p->batch, a_kc, true));
+    llmcl__define_int(d, "ALIGN_B", aligned8(&p->b, p->batch, b_kc, false));
+    define_ce(d, ce);
+    llmcl__params_define(t, d);
+}
+
+/* With a cross-entropy epilogue (ce) the default tiles only: both give warps a multiple of
+   LLMCL__MM_CE_SLOT columns. */
 static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc, const llmcl__mm_ce *ce)
 {
     llmcl_ctx *ctx = p->ctx;
@@ -420,27 +458,54 @@ static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc, const llmcl
         mma_default_tiles(&t, false, a_kc);
     if (!ce)
         LLMCL__TRY(pick_tiles(p, mma_key(a_kc), mma_tiles_ok, &t));
-    LLMCL__REQUIRE(ctx, llmcl__param_get(&t, "GROUP_M", 8) >= 1, LLMCL_ERROR_UNSUPPORTED,
-                   "matmul: GROUP_M %ld must be >= 1", llmcl__param_get(&t, "GROUP_M", 8));
-    const int64_t bm = llmcl__param_get(&t, "BM", 128), bn = llmcl__param_get(&t, "BN", 128);
-    const int64_t tiles = llmcl__div_up(p->M, bm) * llmcl__div_up(p->N, bn);
-    LLMCL__REQUIRE(ctx, tiles < INT_MAX / 2, LLMCL_ERROR_OVERFLOW,
-                   "matmul: %lld output tiles overflow the kernel's 32-bit tile index",
-                   (long long)tiles);
+    int64_t tiles;
+    LLMCL__TRY(mma_tiles(p, &t, llmcl__param_get(&t, "BN", 128), &tiles));
     llmcl__defines d = {0};
-    base_defines(p, &d);
-    llmcl__define_flag(&d, "MM_MMA");
-    llmcl__define_int(&d, "A_KC", a_kc);
-    llmcl__define_int(&d, "B_KC", b_kc);
-    llmcl__define_int(&d, "ALIGN_A", aligned8(&p->a, p->batch, a_kc, true));
-    llmcl__define_int(&d, "ALIGN_B", aligned8(&p->b, p->batch, b_kc, false));
-    if (ce) {
-        llmcl__define_int(&d, "MM_CE", ce->mode);
-        llmcl__define_str(&d, "LABEL_DT", llmcl__dtype_macro(ce->labels->dtype));
-    }
-    llmcl__params_define(&t, &d);
+    mma_defines(p, a_kc, b_kc, ce, &t, &d);
     const size_t wg = 32 * (size_t)llmcl__param_get(&t, "WM", 2) * llmcl__param_get(&t, "WN", 2);
     return run_tiles(p, &d, "mm_mma", tiles, wg, llmcl__param_get(&t, "BK", 32), ce);
+}
+
+/* wgmma's tiles: BM (64, 128 or 192: one warpgroup a 64 rows) x 256 x 64 in STAGES (3 to 6). */
+static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
+{
+    const long bm = llmcl__param_get(t, "BM", 0), st = llmcl__param_get(t, "STAGES", 0);
+    return (bm == 64 || bm == 128 || bm == 192) && st >= 3 && st <= 6 &&
+           (size_t)(2 * bm) <= ctx->info.max_work_group_size &&
+           (uint64_t)st * (bm + 256) * 64 * 2 <= ctx->info.local_mem_static_bytes;
+}
+
+/*
+ * The product on Hopper's wgmma (mm_wgmma): 128 x 256 x 64 tiles in four stages by default, two
+ * warpgroups.
+ */
+static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llmcl__mm_ce *ce)
+{
+    llmcl__params t = {0};
+    llmcl__param_set(&t, "BM", 128);
+    llmcl__param_set(&t, "STAGES", 4);
+    llmcl__param_set(&t, "GROUP_M", 8);
+    if (!ce)
+        LLMCL__TRY(pick_tiles(p, "mm_wgmma", wgmma_tiles_ok, &t));
+    int64_t tiles;
+    LLMCL__TRY(mma_tiles(p, &t, 256, &tiles));
+    const int64_t bm = llmcl__param_get(&t, "BM", 128);
+    llmcl__defines d = {0};
+    mma_defines(p, a_kc, b_kc, ce, &t, &d);
+    llmcl__define_int(&d, "MM_WGMMA", 1);
+    llmcl__define_int(&d, "BN", 256);
+    llmcl__define_int(&d, "BK", 64);
+    llmcl__define_int(&d, "WM", bm / 16);
+    llmcl__define_int(&d, "WN", 1);
+    return run_tiles(p, &d, "mm_wgmma", tiles, (size_t)(2 * bm), 64, ce);
+}
+
+/* wgmma where the device has it (every product measured faster, docs/PERFORMANCE.md), else
+   mma.sync. */
+static llmcl_status run_tensor_cores(const mm_problem *p, int a_kc, int b_kc,
+                                     const llmcl__mm_ce *ce)
+{
+    return p->ctx->info.has_wgmma ? run_wgmma(p, a_kc, b_kc, ce) : run_mma(p, a_kc, b_kc, ce);
 }
 
 static bool tiled_ok(const llmcl_ctx *ctx, const llmcl__params *t)
@@ -559,7 +624,7 @@ llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, co
     const llmcl_dtype dt = a->dtype;
     const int a_kc = unit_dim(&p.a, true), b_kc = unit_dim(&p.b, false);
     if (llmcl__mma_available(ctx, dt) && a_kc >= 0 && b_kc >= 0)
-        return run_mma(&p, a_kc, b_kc, NULL);
+        return run_tensor_cores(&p, a_kc, b_kc, NULL);
     if (dt == LLMCL_F32 && p.o.split_k <= 1 && p.K > 0) {
         bool done;
         LLMCL__TRY(run_clblast(&p, &done));
@@ -589,5 +654,5 @@ llmcl_status llmcl__matmul_ce(llmcl_ctx *ctx, const llmcl_tensor *a, const llmcl
                    "stride and sizes below 2^31");
     if (p.M == 0 || p.N == 0)
         return LLMCL_OK;
-    return run_mma(&p, a_kc, b_kc, ce);
+    return run_tensor_cores(&p, a_kc, b_kc, ce);
 }
