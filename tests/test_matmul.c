@@ -387,10 +387,10 @@ static const char *mma_key(int trans_a)
 }
 
 /* Forced tile sets: wgmma's (BM and STAGES), or mma.sync's shapes. */
-static const char *const wgmma_sets[] = {"BM=64 STAGES=3", "BM=128 STAGES=4 GROUP_M=3",
+static const char *const wgmma_sets[6] = {"BM=64 STAGES=3", "BM=128 STAGES=4 GROUP_M=3",
                                          "BM=192 STAGES=3", "BM=64 STAGES=5",
                                          "BM=128 STAGES=3 GROUP_M=1", "BM=192 STAGES=4"};
-static const char *const mma_sets[] = {"BM=64 BN=64 BK=32 WM=2 WN=2 STAGES=2",
+static const char *const mma_sets[6] = {"BM=64 BN=64 BK=32 WM=2 WN=2 STAGES=2",
                                        "BM=128 BN=256 BK=32 WM=2 WN=4 STAGES=2",
                                        "BM=256 BN=128 BK=32 WM=4 WN=2 STAGES=2",
                                        "BM=64 BN=128 BK=64 WM=1 WN=4 STAGES=2",
@@ -427,7 +427,7 @@ static void test_tensor_cores(void **state)
                     assert_int_equal(launched, 1);
             }
     const char *const *sets = wgmma ? wgmma_sets : mma_sets;
-    for (size_t i = 0; i < 6; ++i) {
+    for (size_t i = 0; i < sizeof mma_sets / sizeof mma_sets[0]; ++i) {
         mm_case c = plain(LLMCL_BF16, 333, 650, 200);
         c.trans_a = (int)i & 1;
         const char *key = mma_key(c.trans_a);

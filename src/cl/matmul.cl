@@ -567,6 +567,22 @@ inline void mm_tile_origin(long M, long N, long *m0, long *n0)
     *n0 = (long)(in_group / rows) * BN;
 }
 
+/* The cross-entropy epilogue's kernel arguments after MM_PARAMS, and its state from them; a bad
+   label (stats[0] >= 0) fails the op, which then writes nothing. */
+#if MM_CE
+#define MM_CE_PARAMS                                                                              \
+    , int flags, float cap, const __global label_t *labels, ulong loff, long v0,                  \
+        long ignore_index, const __global float *weight, ulong woff, const __global int *stats,   \
+        const __global float *coef, __global float *part, __global float *xyb
+#define MM_CE_BEGIN()                                                                             \
+    if (stats[0] >= 0)                                                                            \
+        return;                                                                                   \
+    const mm_ce ce = {flags, cap, labels + loff, v0, ignore_index, weight + woff, coef, part, xyb}
+#else
+#define MM_CE_PARAMS
+#define MM_CE_BEGIN() const mm_ce ce = {0}
+#endif
+
 /*
  * Pipeline: tile kt + STAGES - 1 is requested at the top of step kt into the stage that tile
  * kt - 1 used; fragments are double-buffered in registers, so the ldmatrix of k16 step ks + 1
@@ -574,26 +590,6 @@ inline void mm_tile_origin(long M, long N, long *m0, long *n0)
  * every warp has read all of its stage and the next tile must have landed. BK / 16 is even, so
  * the register buffer of each k16 step is known at compile time.
  */
-#if MM_CE
-#define MM_CE_PARAMS                                                                              \
-    , int flags, float cap, const __global label_t *labels, ulong loff, long v0,                  \
-        long ignore_index, const __global float *weight, ulong woff, const __global int *stats,   \
-        const __global float *coef, __global float *part, __global float *xyb
-#else
-#define MM_CE_PARAMS
-#endif
-
-/* The cross-entropy epilogue's state from MM_CE_PARAMS; a bad label (stats[0] >= 0) fails the op,
-   which then writes nothing. */
-#if MM_CE
-#define MM_CE_BEGIN()                                                                             \
-    if (stats[0] >= 0)                                                                            \
-        return;                                                                                   \
-    const mm_ce ce = {flags, cap, labels + loff, v0, ignore_index, weight + woff, coef, part, xyb}
-#else
-#define MM_CE_BEGIN() const mm_ce ce = {0}
-#endif
-
 #if !MM_WGMMA
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS MM_CE_PARAMS)
 {

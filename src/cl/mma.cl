@@ -82,8 +82,8 @@ inline void mma_st16(uint dst, uint4 v)
 /*
  * Copies a tile of `rows` x 8R 16-bit elements (row r from src + r ld) into the swizzled tile at
  * local address dst (in wgmma's layout where atoms is 1), with zeros past rows_valid rows and
- * cols_valid columns; nt work-items share it. aligned (src and ld multiples of 8 elements): cp.async, complete
- * after mma_cp_wait; else element loads, complete on return.
+ * cols_valid columns; nt work-items share it. aligned (src and ld multiples of 8 elements):
+ * cp.async, complete after mma_cp_wait; else element loads, complete on return.
  */
 inline void mma_load_tile(uint dst, const __global ushort *src, long ld, int rows, int R,
                           int rows_valid, int cols_valid, int tid, int nt, int aligned, int atoms)

@@ -277,7 +277,7 @@ static bool wgmma_runs(cl_context context, cl_device_id device)
         "__kernel __attribute__((reqd_work_group_size(128, 1, 1)))\n"
         "void probe(__global int *ok) {\n"
         "  __local ushort s[72 * 64] __attribute__((aligned(1024)));\n"
-        "  const uint l = get_local_id(0), g = (l % 32) / 4, t = l % 4;\n"
+        "  const uint l = get_local_id(0), t = l % 4;\n"
         "  for (uint i = l; i < 72 * 64; i += 128) /* bf16 1.0, then n + 1 */\n"
         "    s[i] = i < 64 * 64 ? 0x3f80 : as_uint((float)((i - 64 * 64) / 64 + 1)) >> 16;\n"
         "  asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");\n"
@@ -299,10 +299,12 @@ static bool wgmma_runs(cl_context context, cl_device_id device)
     cl_program built = clCreateProgramWithSource(context, 1, &src, NULL, &err);
     if (err != CL_SUCCESS)
         return false;
-    cl_program prog = clBuildProgram(built, 1, &device, "", NULL, NULL) == CL_SUCCESS
-                          ? llmcl__nv_retarget_sm90a(context, device, built)
-                          : NULL;
+    char *ptx = clBuildProgram(built, 1, &device, "", NULL, NULL) == CL_SUCCESS
+                    ? llmcl__program_text(built)
+                    : NULL;
     clReleaseProgram(built);
+    cl_program prog = ptx ? llmcl__nv_retarget_sm90a(context, device, ptx) : NULL;
+    free(ptx);
     cl_kernel k = prog ? clCreateKernel(prog, "probe", &err) : NULL;
     cl_command_queue q = k ? clCreateCommandQueue(context, device, 0, &err) : NULL;
     cl_mem buf = q ? clCreateBuffer(context, CL_MEM_READ_WRITE, 128 * sizeof(cl_int), NULL, &err)

@@ -256,7 +256,8 @@ bool llmcl__same_view(const llmcl_tensor *a, const llmcl_tensor *b);
 
 /* ---- the fused cross-entropy's logits product on tensor cores (ops/matmul.c) ---- */
 
-/* Columns of one LSE partial of llmcl__matmul_ce's forward epilogue (a warp's slice of a tile). */
+/* Columns of one LSE partial of llmcl__matmul_ce's forward epilogue (a warp's slice of a tile
+   holds one or more). */
 #define LLMCL__MM_CE_SLOT 64
 
 /*
@@ -274,17 +275,20 @@ typedef struct llmcl__mm_ce {
     cl_mem stats, coef, part, xyb;
 } llmcl__mm_ce;
 
-/* Whether products of dtype dt run on tensor cores here (llmcl_matmul's mm_mma and
+/* Whether products of dtype dt run on tensor cores here (llmcl_matmul's mm_wgmma or mm_mma, and
    llmcl__matmul_ce). */
 bool llmcl__mma_available(const llmcl_ctx *ctx, llmcl_dtype dt);
 
 /*
  * sm_90a's instructions are written in kernels as PTX comments behind this marker (mma.cl).
- * llmcl__nv_retarget_sm90a builds `built`'s PTX again with the target sm_90a and the markers
- * removed; NULL where that fails.
+ * llmcl__nv_retarget_sm90a builds a program from ptx (a built program's llmcl__program_text) with
+ * the target sm_90a and the markers removed; NULL where that fails.
  */
 #define LLMCL__SM90A_MARKER "// @sm90a "
-cl_program llmcl__nv_retarget_sm90a(cl_context context, cl_device_id device, cl_program built);
+cl_program llmcl__nv_retarget_sm90a(cl_context context, cl_device_id device, const char *ptx);
+
+/* A built program's binary as NUL-terminated text (NVIDIA's is PTX), to free; NULL if none. */
+char *llmcl__program_text(cl_program prog);
 
 /* a [M, K] and b [N, K] (16-bit, unit stride along K), bias [N] or NULL, c [M, N] in a's dtype
    (mode 2; mode 1 ignores it). */

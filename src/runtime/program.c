@@ -310,8 +310,22 @@ static unsigned char *program_binary(cl_program prog, size_t *len)
 
 /* ---- building ---- */
 
-/* The program's binary as NUL-terminated text (NVIDIA's is PTX); NULL if there is none. */
-static char *program_text(cl_program prog)
+/* A program built from a binary (NVIDIA: PTX); NULL if the driver refuses it. */
+static cl_program program_from_binary(cl_context context, cl_device_id device,
+                                      const unsigned char *bin, size_t len)
+{
+    cl_int status, err;
+    cl_program prog = clCreateProgramWithBinary(context, 1, &device, &len, &bin, &status, &err);
+    if (err != CL_SUCCESS || status != CL_SUCCESS ||
+        clBuildProgram(prog, 1, &device, "", NULL, NULL) != CL_SUCCESS) {
+        if (prog)
+            clReleaseProgram(prog);
+        return NULL;
+    }
+    return prog;
+}
+
+char *llmcl__program_text(cl_program prog)
 {
     size_t len = 0;
     unsigned char *bin = program_binary(prog, &len);
@@ -337,11 +351,10 @@ static void remove_all(char *s, const char *mark)
     *w = '\0';
 }
 
-cl_program llmcl__nv_retarget_sm90a(cl_context context, cl_device_id device, cl_program built)
+cl_program llmcl__nv_retarget_sm90a(cl_context context, cl_device_id device, const char *ptx)
 {
     static const char from[] = "\n.target sm_90,";
-    char *ptx = program_text(built);
-    char *target = ptx ? strstr(ptx, from) : NULL;
+    const char *target = strstr(ptx, from);
     char *text = target ? malloc(strlen(ptx) + 2) : NULL;
     cl_program prog = NULL;
     if (text) {
@@ -350,19 +363,10 @@ cl_program llmcl__nv_retarget_sm90a(cl_context context, cl_device_id device, cl_
         text[head] = 'a';
         strcpy(text + head + 1, ptx + head);
         remove_all(text, LLMCL__SM90A_MARKER);
-        size_t n = strlen(text) + 1;
-        const unsigned char *bins[] = {(const unsigned char *)text};
-        cl_int status, err;
-        prog = clCreateProgramWithBinary(context, 1, &device, &n, bins, &status, &err);
-        if (err != CL_SUCCESS || status != CL_SUCCESS ||
-            clBuildProgram(prog, 1, &device, "", NULL, NULL) != CL_SUCCESS) {
-            if (prog)
-                clReleaseProgram(prog);
-            prog = NULL;
-        }
+        prog = program_from_binary(context, device, (const unsigned char *)text,
+                                   strlen(text) + 1);
     }
     free(text);
-    free(ptx);
     return prog;
 }
 
@@ -373,12 +377,13 @@ cl_program llmcl__nv_retarget_sm90a(cl_context context, cl_device_id device, cl_
 static cl_program retarget_if_marked(llmcl_ctx *ctx, const char *family, const char *options,
                                      cl_program prog, llmcl_status *st)
 {
-    char *ptx = ctx->info.has_wgmma ? program_text(prog) : NULL;
-    const bool marked = ptx && strstr(ptx, LLMCL__SM90A_MARKER);
-    free(ptx);
-    if (!marked)
+    char *ptx = ctx->info.has_wgmma ? llmcl__program_text(prog) : NULL;
+    if (!ptx || !strstr(ptx, LLMCL__SM90A_MARKER)) {
+        free(ptx);
         return prog;
-    cl_program out = llmcl__nv_retarget_sm90a(ctx->context, ctx->device, prog);
+    }
+    cl_program out = llmcl__nv_retarget_sm90a(ctx->context, ctx->device, ptx);
+    free(ptx);
     clReleaseProgram(prog);
     if (!out)
         *st = LLMCL__FAIL(ctx, LLMCL_ERROR_BUILD_FAILURE,
@@ -426,16 +431,8 @@ static cl_program try_disk(llmcl_ctx *ctx, const disk_key *k)
     unsigned char *bin = disk_read(k, &len, &rejected);
     cl_program prog = NULL;
     if (bin) {
-        const unsigned char *bins[] = {bin};
-        cl_int status, err;
-        prog = clCreateProgramWithBinary(ctx->context, 1, &ctx->device, &len, bins, &status, &err);
-        if (err != CL_SUCCESS || status != CL_SUCCESS ||
-            clBuildProgram(prog, 1, &ctx->device, "", NULL, NULL) != CL_SUCCESS) {
-            if (prog)
-                clReleaseProgram(prog);
-            prog = NULL;
-            rejected = true;
-        }
+        prog = program_from_binary(ctx->context, ctx->device, bin, len);
+        rejected = !prog;
         free(bin);
     }
     if (rejected) {

@@ -265,7 +265,7 @@ static int64_t k_slice(const mm_problem *p, int64_t tiles, int64_t bk, int64_t *
     return len;
 }
 
-/* The cross-entropy epilogue's arguments (mm_mma's MM_CE_PARAMS). */
+/* The cross-entropy epilogue's arguments (MM_CE_PARAMS of mm_mma and mm_wgmma). */
 static void arg_ce(llmcl__args *g, const llmcl__mm_ce *ce)
 {
     llmcl__arg_i32(g, ce->flags);
