@@ -322,6 +322,13 @@ static bool on_tensor_cores(llmcl_dtype dt)
     return llmcl_ctx_device_info(th_ctx())->has_mma && dt != LLMCL_F32;
 }
 
+/* The forward's tensor-core kernel at head dim d: wgmma's where the device has it (D 64, 128). */
+static const char *fwd_mma_key(int d)
+{
+    const bool wgmma = llmcl_ctx_device_info(th_ctx())->has_wgmma && (d == 64 || d == 128);
+    return wgmma ? "attention_fwd_wgmma" : "attention_fwd_mma";
+}
+
 /* Teardown of the tests that force tiles: no override outlives them, even when they fail. */
 static int clear_overrides(void **state)
 {
@@ -520,8 +527,9 @@ static void test_t1(void **state)
  * Tq != Tk under the causal mask, a window narrower than a tile, GQA, [B, T, H, D] storage, varlen
  * with sequences of length 0 and 1, forced smaller tiles (GQA across several key and query tiles),
  * a softcap at D 256 and a view that is not 8-element aligned (the portable kernels then run). On a
- * device with tensor cores the tuning report says which kernels ran; elsewhere the portable ones
- * run the bf16 cases at D 64.
+ * device with tensor cores the tuning report says which kernels ran (wgmma's forward at D 64 and
+ * 128 where the device has it: with forced small tiles, 333 keys run its pipeline past its
+ * stages); elsewhere the portable ones run the bf16 cases at D 64.
  */
 static void test_fast_path(void **state)
 {
@@ -532,6 +540,7 @@ static void test_fast_path(void **state)
                                             "attention_bwd_dkdv_mma"};
     static const char *const mma_sets[3] = {"BLOCK_M=32 BLOCK_N=16 WM=1 QREG=1 STAGES=2",
                                             "BLOCK_M=16 BLOCK_N=32", "BLOCK_M=16 BLOCK_N=32"};
+    static const char *const wgmma_set = "BLOCK_M=128 BLOCK_N=64 STAGES=4";
     /* past D = 128 the backward's 16 x 16 tiles, the ones that fit 48 KiB (the defaults are
        larger where a kernel's local arrays may take more, as on sm_90) */
     static const char *const wide_sets[3] = {"BLOCK_M=32 BLOCK_N=16 WM=1 QREG=0 STAGES=2",
@@ -544,6 +553,7 @@ static void test_fast_path(void **state)
         for (int f16 = 0; f16 < (mma ? 2 : 1); ++f16) {
             const llmcl_dtype dt = f16 ? LLMCL_F16 : LLMCL_BF16;
             const int d = dims[di];
+            const char *keys[3] = {fwd_mma_key(d), mma_keys[1], mma_keys[2]};
             char cls[16];
             snprintf(cls, sizeof cls, "%d", d);
             attn_case cases[] = {
@@ -563,18 +573,22 @@ static void test_fast_path(void **state)
                 for (int kk = 0; kk < 3; ++kk) {
                     int launched = 0;
                     char used[128];
-                    TH_OK(llmcl_tune_params_get(ctx, mma_keys[kk], dt, cls, used, sizeof used,
+                    TH_OK(llmcl_tune_params_get(ctx, keys[kk], dt, cls, used, sizeof used,
                                                 &launched));
                     assert_int_equal(launched, on_tensor_cores(dt));
                 }
             }
-            const char *const *sets = d > 128 ? wide_sets : mma_sets;
+            const bool wgmma = keys[0] != mma_keys[0];
+            const char *const *base = d > 128 ? wide_sets : mma_sets;
+            const char *const sets[3] = {wgmma ? wgmma_set : base[0], base[1], base[2]};
             for (int kk = 0; kk < 3; ++kk)
-                TH_OK(llmcl_tune_override(ctx, mma_keys[kk], dt, "*", sets[kk]));
+                TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", sets[kk]));
             check_case(causal(dense(dt, 1, 2, 1, d, 77, 77)), 350 + di);
             check_case(dense(dt, 1, 4, 2, d, 45, 90), 360 + di);
+            if (wgmma)
+                check_case(causal(dense(dt, 1, 2, 1, d, 333, 333)), 365 + di);
             for (int kk = 0; kk < 3 && on_tensor_cores(dt); ++kk)
-                th_assert_launched_with(mma_keys[kk], dt, cls, sets[kk]);
+                th_assert_launched_with(keys[kk], dt, cls, sets[kk]);
             TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
         }
     /* the other multiples of 16: local rows padded to a power of two of 16-byte chunks */
@@ -825,8 +839,9 @@ static void test_bad_varlen(void **state)
     run_free(&r);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    th_mma_sync_option(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full),
         cmocka_unit_test(test_causal),

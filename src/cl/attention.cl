@@ -65,14 +65,16 @@
  *   QREG      attn_fwd_mma only. 1: Q's fragments stay in registers; 0: they are read from the
  *             staged Q tile each step, which leaves the registers to two tiles a warp at D = 128.
  *             Default 1.
- *   STAGES    attn_fwd_mma only. 2: K and V tiles are double-buffered, the next ones loading under
- *             the whole step (one barrier a step); 1: one buffer each. Default 1.
+ *   STAGES    attn_fwd_mma: 2: K and V tiles are double-buffered, the next ones loading under
+ *             the whole step (one barrier a step); 1: one buffer each. Default 1. attn_fwd_wgmma:
+ *             its buffers of K and V, 3 to 5.
  *   VARLEN    defined: packed sequences through cu_q / cu_k.
  *   ALIGNED4  1 (set by the launcher): every offset and stride of Q, K, V and dO is a multiple of
  *             4 elements, so tiles load as whole vectors.
  *   ATTN_ONLY 1 attn_fwd, 2 attn_bwd_pre, 3 attn_bwd_dq, 4 attn_bwd_dkdv, 5 attn_fwd_mma,
  *             6 attn_bwd_dkdv_mma, 7 attn_bwd_dq_mma: build only that kernel (a kernel's local
- *             arrays are sized by the tiles of the one launched); unset: all.
+ *             arrays are sized by the tiles of the one launched); unset: all but 8. 8:
+ *             attn_fwd_wgmma alone (D and BLOCK_N 64 or 128, BLOCK_M 64 or 128: its wgmma shapes).
  * Under LLMCL_NV_PTX, attn_fwd takes its rows' running maxima with warp shuffles (no barrier)
  * when BLOCK_N / TN is a power of two and the work-group a multiple of 32; same results.
  * Local memory: operand tiles of (D+4)-element rows (EQ bytes an element on the Q side, EK on the
@@ -768,16 +770,24 @@ inline float4 attn_exp4(float4 x)
 }
 
 /*
- * rows x D elements from src (row stride ld) into the swizzled tile at dst, zeros past valid rows;
- * nt work-items share the copy. Complete after mma_cp_commit and mma_cp_wait.
+ * rows x D elements from src (row stride ld) into the swizzled tile at dst (in wgmma's layout where
+ * atoms is 1), zeros past valid rows; nt work-items share the copy. Complete after mma_cp_commit
+ * and mma_cp_wait.
  */
+inline void attn_copy_rows(uint dst, const __global ushort *src, long ld, int rows, int valid,
+                           int lid, int nt, int atoms)
+{
+    if (valid >= rows && D == MMA_DP)
+        mma_copy_tile(dst, src, ld, rows, MMA_RD, lid, nt, atoms);
+    else
+        mma_load_tile(dst, src, ld, rows, MMA_RD, clamp(valid, 0, rows), D, lid, nt, 1, atoms);
+}
+
+/* The same in mma.sync's layout (mma.cl). */
 inline void attn_mma_tile(uint dst, const __global ushort *src, long ld, int rows, int valid,
                           int lid, int nt)
 {
-    if (valid >= rows && D == MMA_DP)
-        mma_copy_tile(dst, src, ld, rows, MMA_RD, lid, nt, 0);
-    else
-        mma_load_tile(dst, src, ld, rows, MMA_RD, clamp(valid, 0, rows), D, lid, nt, 1, 0);
+    attn_copy_rows(dst, src, ld, rows, valid, lid, nt, 0);
 }
 
 /* acc[0] and acc[1], two adjacent 16 x 8 tiles, += a times b2's two B fragments. */
@@ -863,7 +873,7 @@ __attribute__((always_inline)) inline void attn_p_ds_tiles(float4 *s, float4 *dp
     }
 }
 
-#if !defined(ATTN_ONLY) || ATTN_ONLY == 5
+#if !defined(ATTN_ONLY) || ATTN_ONLY == 5 || ATTN_ONLY == 8
 #ifndef WM
 #define WM 1 /* 16-row tiles a warp of attn_fwd_mma takes */
 #endif
@@ -886,12 +896,13 @@ __attribute__((always_inline)) inline void attn_p_ds_tiles(float4 *s, float4 *dp
 
 /*
  * The online softmax of one 16-row tile's scores s (raw products in; P as A fragments out for
- * O += P V), rows r0 and r0 + 8 of the lane: the running maxima and sums move on, and the tile's O
- * accumulators are rescaled when a maximum moves. The softcap and the mask take uniform branches,
- * so the common tile pays a multiply, a maximum, an exp2 and a sum per score.
+ * O += P V), rows r0 and r0 + 8 of the lane: the running maxima and sums move on, and alpha gets
+ * the factors by which the rows' O accumulators must be rescaled (attn_rescale; 1 where a maximum
+ * stayed). The softcap and the mask take uniform branches, so the common tile pays a multiply, a
+ * maximum, an exp2 and a sum per score.
  */
 __attribute__((always_inline)) inline void
-attn_fwd_softmax(float4 *s, float4 *acc, float *mrow, float *lrow, uint4 *pf, int r0, int n0,
+attn_fwd_softmax(float4 *s, float *alpha, float *mrow, float *lrow, uint4 *pf, int r0, int n0,
                  bool masked, attn_seq sq, float scale, float softcap, int wl, int wr, int t4)
 {
     if (softcap > 0.0f) {
@@ -912,7 +923,7 @@ attn_fwd_softmax(float4 *s, float4 *acc, float *mrow, float *lrow, uint4 *pf, in
         mx[0] = fmax(mx[0], fmax(s[j].x, s[j].y));
         mx[1] = fmax(mx[1], fmax(s[j].z, s[j].w));
     }
-    float alpha[2], mu[2];
+    float mu[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const float mn = attn_lanes_max(mx[i], 4);
@@ -923,11 +934,6 @@ attn_fwd_softmax(float4 *s, float4 *acc, float *mrow, float *lrow, uint4 *pf, in
         }
         mu[i] = mrow[i] == -INFINITY ? 0.0f : mrow[i]; /* a row with no key yet: p = 0 */
         lrow[i] *= alpha[i];
-    }
-    if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
-#pragma unroll
-        for (int e = 0; e < MMA_OT; ++e)
-            acc[e] *= (float4)(alpha[0], alpha[0], alpha[1], alpha[1]);
     }
 #pragma unroll
     for (int j = 0; j < MMA_NT; ++j) {
@@ -941,6 +947,43 @@ attn_fwd_softmax(float4 *s, float4 *acc, float *mrow, float *lrow, uint4 *pf, in
         pf[j] = attn_acc_to_a(s[2 * j], s[2 * j + 1]);
 }
 
+/* A 16-row tile's O accumulators times the factors attn_fwd_softmax found for its two rows. */
+__attribute__((always_inline)) inline void attn_rescale(float4 *acc, const float *alpha)
+{
+    if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
+#pragma unroll
+        for (int e = 0; e < MMA_OT; ++e)
+            acc[e] *= (float4)(alpha[0], alpha[0], alpha[1], alpha[1]);
+    }
+}
+
+/*
+ * Stores rows r0 and r0 + 8 of O (the lane's of a 16-row tile's accumulators acc, over their sums
+ * lrow) at o + ob and their LSE at lse + lb, rows past tq skipped.
+ */
+__attribute__((always_inline)) inline void
+attn_fwd_store(__global io_t *o, long ob, long so_t, __global float *lse, long lb,
+               const float4 *acc, const float *mrow, const float *lrow, int r0, int tq, int t4)
+{
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int row = r0 + i * 8;
+        const float lr = attn_lanes_sum(lrow[i], 4);
+        if (row >= tq)
+            continue;
+        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+#pragma unroll
+        for (int e = 0; e < MMA_OT; ++e) {
+            const float2 x = (i ? acc[e].zw : acc[e].xy) * inv;
+            /* rows start on 8 elements (the fast path's condition): a pair is one 32-bit store */
+            *(__global uint *)(o + ob + row * so_t + e * 8 + 2 * t4) = attn_pack2(x.x, x.y);
+        }
+        if (t4 == 0)
+            lse[lb + row] = lr > 0.0f ? (mrow[i] + log2(lr)) * M_LN2_F : -INFINITY;
+    }
+}
+
+#if !defined(ATTN_ONLY) || ATTN_ONLY == 5
 /*
  * attn_fwd_mma: WM 16-row tiles a warp (WM = 2 halves the local-memory reads of K and V per
  * product, which bound one tile a warp); Q's fragments stay in registers (QREG) or are read from
@@ -1050,9 +1093,12 @@ attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong 
         const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
         uint4 pf[WM][BLOCK_N / 16];
 #pragma unroll
-        for (int i = 0; i < WM; ++i)
-            attn_fwd_softmax(s[i], acc[i], mrow[i], lrow[i], pf[i], r0 + 16 * i, n0, masked, sq,
+        for (int i = 0; i < WM; ++i) {
+            float alpha[2];
+            attn_fwd_softmax(s[i], alpha, mrow[i], lrow[i], pf[i], r0 + 16 * i, n0, masked, sq,
                              scale, softcap, wl, wr, t4);
+            attn_rescale(acc[i], alpha);
+        }
 
         if (STAGES == 1) {
             mma_cp_wait(0); /* V is in, and after the barrier no warp reads K any more */
@@ -1077,24 +1123,192 @@ attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong 
 
     const long ob = attn_row(o_off, so_b, so_h, so_t, b, h, sq.q0);
 #pragma unroll
-    for (int i = 0; i < 2 * WM; ++i) {
-        const int row = r0 + i * 8;
-        const float lr = attn_lanes_sum(lrow[i / 2][i % 2], 4);
-        if (row >= sq.tq)
-            continue;
-        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+    for (int i = 0; i < WM; ++i)
+        attn_fwd_store(o, ob, so_t, lse, lse_off + b * sl_b + h * sl_h + sq.q0, acc[i], mrow[i],
+                       lrow[i], r0 + 16 * i, sq.tq, t4);
+}
+#endif
+
+#if defined(LLMCL_NV_WGMMA) && defined(ATTN_ONLY) && ATTN_ONLY == 8
+/*
+ * attn_fwd_wgmma: the forward on Hopper's wgmma (sm_90a, mma.cl), FlashAttention-3's schedule
+ * without its producer warps. BLOCK_M / 64 warpgroups each own 64 query rows (a warp 16 of them,
+ * as in attn_fwd_mma, whose softmax and stores it shares). The Q, K and V tiles sit in wgmma's
+ * layout: rows of queries or keys, D in atoms of 64 columns, so K is S = Q K^T's k-major B and V
+ * is O += P V's mn-major B; P goes from S's accumulators to wgmma's A registers. STAGES buffers of
+ * K and V: at the top of step n, once the barrier shows every warpgroup done with tile n - 1, all
+ * work-items issue the copies of tile n + STAGES - 1 into its buffer. Step n issues S of tile
+ * n + 1, then O += P V of tile n, and runs tile n + 1's softmax while the latter runs; O's rescale
+ * waits for it.
+ */
+#if (D != 64 && D != 128) || (BLOCK_N != 64 && BLOCK_N != 128) || BLOCK_M % 64 || STAGES < 3 || \
+    STAGES > 5
+#error "attn_fwd_wgmma: D and BLOCK_N 64 or 128, BLOCK_M a multiple of 64, STAGES 3 to 5"
+#endif
+#define WG_THREADS (2 * BLOCK_M)          /* a warpgroup per 64 rows */
+#define WG_TILE_BYTES (BLOCK_N * D * 2) /* one K or V tile */
+LLMCL_WG_MMA_SS(attn_wg_qk_BF16, "bf16", BLOCK_N, "0", "0")
+LLMCL_WG_MMA_SS(attn_wg_qk_F16, "f16", BLOCK_N, "0", "0")
+LLMCL_WG_MMA_RS(attn_wg_pv_BF16, "bf16", D, "1")
+LLMCL_WG_MMA_RS(attn_wg_pv_F16, "f16", D, "1")
+
+/* Keys n0 .. n0 + BLOCK_N of K and V into the buffers at kt and vt, zeros past tk. */
+__attribute__((always_inline)) inline void
+attn_wg_kv(uint kt, uint vt, const __global io_t *k, long sk_t, const __global io_t *v, long sv_t,
+           int n0, int tk, int lid)
+{
+    attn_copy_rows(kt, k + n0 * sk_t, sk_t, BLOCK_N, tk - n0, lid, WG_THREADS, 1);
+    attn_copy_rows(vt, v + n0 * sv_t, sv_t, BLOCK_N, tk - n0, lid, WG_THREADS, 1);
+}
+
+/* Issues s += warpgroup wg's 64 rows of the Q tile at qa times the K tile at kt, transposed. */
+__attribute__((always_inline)) inline void attn_wg_scores(float *s, uint qa, uint kt, int wg)
+{
 #pragma unroll
-        for (int e = 0; e < MMA_OT; ++e) {
-            const float4 a4 = acc[i / 2][e];
-            const float2 x = (i % 2 ? a4.zw : a4.xy) * inv;
-            /* rows start on 8 elements (the fast path's condition): a pair is one 32-bit store */
-            *(__global uint *)(o + ob + row * so_t + e * 8 + 2 * t4) = attn_pack2(x.x, x.y);
-        }
-        if (t4 == 0)
-            lse[lse_off + b * sl_b + h * sl_h + sq.q0 + row] =
-                lr > 0.0f ? (mrow[i / 2][i % 2] + log2(lr)) * M_LN2_F : -INFINITY;
+    for (int ks = 0; ks < D / 16; ++ks) {
+        const uint atom = ks / 4, col = ks % 4 * 32;
+        const ulong dq = wg_desc(qa + atom * BLOCK_M * 128 + wg * 64 * 128 + col, 16, 1024);
+        const ulong dk = wg_desc(kt + atom * BLOCK_N * 128 + col, 16, 1024);
+        LLMCL_CAT(attn_wg_qk_, IO_DT)(s, dq, dk);
     }
 }
+
+/* Issues o += P (the warp's A fragments pf, 16 keys each) times the V tile at vt. */
+__attribute__((always_inline)) inline void attn_wg_pv(float *o, const uint4 *pf, uint vt)
+{
+#pragma unroll
+    for (int j = 0; j < BLOCK_N / 16; ++j)
+        LLMCL_CAT(attn_wg_pv_, IO_DT)(o, pf[j], wg_desc(vt + j * 16 * 128, BLOCK_N * 128, 1024));
+}
+
+/* attn_fwd_softmax on scores s whose wgmma has been waited for. */
+__attribute__((always_inline)) inline void
+attn_wg_softmax(float *s, float *alpha, float *mrow, float *lrow, uint4 *pf, int r0, int n0,
+                int m0, attn_seq sq, float scale, float softcap, int wl, int wr, int t4)
+{
+    float4 s4[MMA_NT];
+#pragma unroll
+    for (int j = 0; j < MMA_NT; ++j) {
+        for (int e = 0; e < 4; ++e)
+            wg_keep_f(s + 4 * j + e);
+        s4[j] = (float4)(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+    }
+    const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
+    attn_fwd_softmax(s4, alpha, mrow, lrow, pf, r0, n0, masked, sq, scale, softcap, wl, wr, t4);
+}
+
+__kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1))) void
+attn_fwd_wgmma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
+               const __global io_t *v, ulong v_off, __global io_t *o, ulong o_off,
+               __global float *lse, ulong lse_off, const __global int *cu_q, ulong cu_q_off,
+               const __global int *cu_k, ulong cu_k_off, int tq_all, int tk_all, int nb, int hq,
+               int group, long sq_b, long sq_h, long sq_t, long sk_b, long sk_h, long sk_t,
+               long sv_b, long sv_h, long sv_t, long so_b, long so_h, long so_t, long sl_b,
+               long sl_h, float scale, float softcap, int wl, int wr)
+{
+    __local ushort qs[BLOCK_M * D] __attribute__((aligned(1024)));
+    __local ushort ks[STAGES * BLOCK_N * D] __attribute__((aligned(1024)));
+    __local ushort vs[STAGES * BLOCK_N * D] __attribute__((aligned(1024)));
+    const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
+    const attn_place at = attn_place_of(nb, hq, true);
+    const int b = at.b, h = at.h, hk = h / group;
+    const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
+    const int m0 = at.tile * BLOCK_M;
+    if (m0 >= sq.tq)
+        return;
+    const __global io_t *kh = k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0);
+    const __global io_t *vh = v + attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0);
+    const uint qa = mma_smem(qs), ka = mma_smem(ks), va = mma_smem(vs);
+    int n_lo, n_hi;
+    attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
+    const int nt = n_lo < n_hi ? (n_hi - n_lo + BLOCK_N - 1) / BLOCK_N : 0;
+#define WG_K(n) (ka + (n) % STAGES * WG_TILE_BYTES)
+#define WG_V(n) (va + (n) % STAGES * WG_TILE_BYTES)
+
+    attn_copy_rows(qa, q + attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0), sq_t, BLOCK_M,
+                   sq.tq - m0, lid, WG_THREADS, 1);
+    for (int n = 0; n < STAGES - 1; ++n) {
+        if (n < nt)
+            attn_wg_kv(WG_K(n), WG_V(n), kh, sk_t, vh, sv_t, n_lo + n * BLOCK_N, sq.tk, lid);
+        mma_cp_commit();
+    }
+    mma_cp_wait(STAGES - 2);
+    wg_proxy_fence();
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    const int wg = warp / 4, r0 = m0 + 16 * warp + g; /* the lane's rows: r0 and r0 + 8 */
+    float acc[D / 2], s[BLOCK_N / 2], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+    uint4 pf[BLOCK_N / 16];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i)
+        acc[i] = 0.0f;
+    if (nt > 0) {
+#pragma unroll
+        for (int i = 0; i < BLOCK_N / 2; ++i)
+            s[i] = 0.0f;
+        wg_fence();
+        attn_wg_scores(s, qa, WG_K(0), wg);
+        wg_commit();
+        wg_wait(0);
+        float alpha[2]; /* O is still zero */
+        attn_wg_softmax(s, alpha, mrow, lrow, pf, r0, n_lo, m0, sq, scale, softcap, wl, wr, t4);
+    }
+    for (int n = 0; n < nt; ++n) {
+        mma_cp_wait(STAGES - 3); /* tile n + 1 is in */
+        wg_proxy_fence();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const int next = n + STAGES - 1;
+        if (next < nt)
+            attn_wg_kv(WG_K(next), WG_V(next), kh, sk_t, vh, sv_t, n_lo + next * BLOCK_N, sq.tk,
+                       lid);
+        mma_cp_commit();
+        const bool more = n + 1 < nt;
+#pragma unroll
+        for (int i = 0; i < BLOCK_N / 2; ++i)
+            s[i] = 0.0f;
+        wg_fence();
+        if (more)
+            attn_wg_scores(s, qa, WG_K(n + 1), wg);
+        wg_commit(); /* empty after the last tile: ptxas serialises wgmma behind a conditional
+                        wait or a conditional write of the accumulators */
+        attn_wg_pv(acc, pf, WG_V(n));
+        wg_commit();
+        float alpha[2] = {1.0f, 1.0f};
+        uint4 pn[BLOCK_N / 16];
+        wg_wait(1);
+        if (more) {
+            attn_wg_softmax(s, alpha, mrow, lrow, pn, r0, n_lo + (n + 1) * BLOCK_N, m0, sq, scale,
+                            softcap, wl, wr, t4);
+        }
+        wg_wait(0);
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i)
+            wg_keep_f(acc + i);
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 16; ++j) {
+            wg_keep_u4(pf + j); /* P of tile n stayed in its registers until now */
+            if (more)
+                pf[j] = pn[j];
+        }
+#pragma unroll
+        for (int e = 0; e < MMA_OT; ++e) {
+            acc[4 * e] *= alpha[0];
+            acc[4 * e + 1] *= alpha[0];
+            acc[4 * e + 2] *= alpha[1];
+            acc[4 * e + 3] *= alpha[1];
+        }
+    }
+#undef WG_K
+#undef WG_V
+
+    float4 acc4[MMA_OT];
+#pragma unroll
+    for (int e = 0; e < MMA_OT; ++e)
+        acc4[e] = (float4)(acc[4 * e], acc[4 * e + 1], acc[4 * e + 2], acc[4 * e + 3]);
+    attn_fwd_store(o, attn_row(o_off, so_b, so_h, so_t, b, h, sq.q0), so_t, lse,
+                   lse_off + b * sl_b + h * sl_h + sq.q0, acc4, mrow, lrow, r0, sq.tq, t4);
+}
+#endif
 #endif
 
 /* Row statistics of the backward in log2 units: lse (+inf where no key is seen, so p = 0). */

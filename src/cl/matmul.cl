@@ -671,8 +671,8 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS M
 #define MM_WG_TB LLMCL_CAT(MM_WG_T, B_KC)
 #define MM_WG_T0 "1"
 #define MM_WG_T1 "0"
-LLMCL_WG_MMA_N256(mm_wg_mma_BF16, "bf16", MM_WG_TA, MM_WG_TB)
-LLMCL_WG_MMA_N256(mm_wg_mma_F16, "f16", MM_WG_TA, MM_WG_TB)
+LLMCL_WG_MMA_SS(mm_wg_mma_BF16, "bf16", 256, MM_WG_TA, MM_WG_TB)
+LLMCL_WG_MMA_SS(mm_wg_mma_F16, "f16", 256, MM_WG_TA, MM_WG_TB)
 
 /* Adds warpgroup wg's product of k16 step ks of the stage at sa to d. */
 inline void mm_wg_step(float *d, uint sa, int ks, int wg)

@@ -224,37 +224,78 @@ inline void wg_wait(int n)
         asm volatile("// @sm90a wgmma.wait_group.sync.aligned 1;" ::: "memory");
 }
 
-/* The 128 f32 accumulators of an m64n256 tile, as asm operands 0..127. */
+/*
+ * Accumulator operands of the m64nN shapes the kernels use (N / 2 f32 registers a lane): WG_LIST_N
+ * names them in the instruction (WG_Rc lists %16c .. %16c+15), WG_OPS_N binds d[0 .. N / 2) to
+ * them, and WG_SS_N and WG_RS_N name the operands that follow: A's descriptor and B's, or A's four
+ * registers and B's descriptor.
+ */
+#define WG_R0 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define WG_R1 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define WG_R2 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define WG_R3 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define WG_R4 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
+#define WG_R5 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define WG_R6 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111"
+#define WG_R7 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define WG_LIST_64 WG_R0 ", " WG_R1
+#define WG_LIST_128 WG_LIST_64 ", " WG_R2 ", " WG_R3
+#define WG_LIST_256 WG_LIST_128 ", " WG_R4 ", " WG_R5 ", " WG_R6 ", " WG_R7
 #define WG_D8(i)                                                                                  \
     "+f"(d[(i)]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]),         \
         "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
-#define WG_D64(i)                                                                                 \
-    WG_D8(i), WG_D8((i) + 8), WG_D8((i) + 16), WG_D8((i) + 24), WG_D8((i) + 32), WG_D8((i) + 40), \
-        WG_D8((i) + 48), WG_D8((i) + 56)
-#define WG_D_LIST                                                                                  \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                       \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "             \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "             \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "             \
-    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "             \
-    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "             \
-    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
-    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define WG_D32(i) WG_D8(i), WG_D8((i) + 8), WG_D8((i) + 16), WG_D8((i) + 24)
+#define WG_OPS_64 WG_D32(0)
+#define WG_OPS_128 WG_OPS_64, WG_D32(32)
+#define WG_OPS_256 WG_OPS_128, WG_D32(64), WG_D32(96)
+#define WG_SS_64 "%32, %33"
+#define WG_SS_128 "%64, %65"
+#define WG_SS_256 "%128, %129"
+#define WG_RS_64 "{%32, %33, %34, %35}, %36"
+#define WG_RS_128 "{%64, %65, %66, %67}, %68"
 
 /*
- * NAME(d, da, db): d (64 x 256, f32, in the accumulator layout: lane 4 g + t of warp w of the
+ * NAME(d, da, db): d (64 x N, f32, in the accumulator layout: lane 4 g + t of warp w of the
  * warpgroup holds rows 16 w + g and + 8 of columns 8 j + 2 t, + 1 in d[4 j .. 4 j + 3], as
- * mma.sync's m16n8 tiles) += A (64 x 16, descriptor da) B (16 x 256, db), TY bf16 or f16; TA and
- * TB the transpose flags ("1": the operand is mn-major).
+ * mma.sync's m16n8 tiles) += A (64 x 16, descriptor da) B (16 x N, db); TY bf16 or f16, TA and TB
+ * the transpose flags ("1": the operand is mn-major); N 64, 128 or 256 (a macro is expanded).
  */
-#define LLMCL_WG_MMA_N256(NAME, TY, TA, TB)                                                       \
+#define LLMCL_WG_MMA_SS(NAME, TY, N, TA, TB) LLMCL_WG_MMA_SS_(NAME, TY, N, TA, TB)
+#define LLMCL_WG_MMA_SS_(NAME, TY, N, TA, TB)                                                     \
     inline void NAME(float *d, ulong da, ulong db)                                                \
     {                                                                                             \
-        asm volatile("// @sm90a { .reg .pred p; setp.ne.b32 p, %130, 0; "                        \
-                     "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {" WG_D_LIST     \
-                     "}, %128, %129, p, 1, 1, " TA ", " TB "; }"                                  \
-                     : WG_D64(0), WG_D64(64)                                                      \
-                     : "l"(da), "l"(db), "r"(1));                                                 \
+        asm volatile("// @sm90a { .reg .pred p; setp.ne.b32 p, 1, 0; "                            \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" WG_LIST_##N \
+                     "}, " WG_SS_##N ", p, 1, 1, " TA ", " TB "; }"                               \
+                     : WG_OPS_##N                                                                 \
+                     : "l"(da), "l"(db));                                                         \
     }
+
+/*
+ * The same with A from registers: a is the warp's 16 rows of A as an mma.sync A fragment
+ * (mma_frag_a's layout, which is also an accumulator tile pair's, attn_acc_to_a); N 64 or 128.
+ * wgmma reads a until the group's wait: a later value must not take its registers before then.
+ */
+#define LLMCL_WG_MMA_RS(NAME, TY, N, TB) LLMCL_WG_MMA_RS_(NAME, TY, N, TB)
+#define LLMCL_WG_MMA_RS_(NAME, TY, N, TB)                                                         \
+    inline void NAME(float *d, uint4 a, ulong db)                                                 \
+    {                                                                                             \
+        asm volatile("// @sm90a { .reg .pred p; setp.ne.b32 p, 1, 0; "                            \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" WG_LIST_##N \
+                     "}, " WG_RS_##N ", p, 1, 1, " TB "; }"                                       \
+                     : WG_OPS_##N                                                                 \
+                     : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(db));                          \
+    }
+
+/*
+ * Orders the compiler's reads and writes of x after the wgmma.wait that precedes this: wgmma's
+ * registers look written (or read) at its issue to the compiler, which could otherwise move their
+ * next access above the wait.
+ */
+inline void wg_keep_f(float *x) { asm volatile("" : "+f"(*x)::"memory"); }
+inline void wg_keep_u4(uint4 *x)
+{
+    asm volatile("" : "+r"(x->x), "+r"(x->y), "+r"(x->z), "+r"(x->w)::"memory");
+}
 
 #endif

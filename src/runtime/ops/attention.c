@@ -2,7 +2,8 @@
  * attention.c: host launcher of attention.cl, flash attention forward and backward. Validates
  * every argument, folds the options into one mask band (wl, wr), picks the tiles for the device's
  * local memory and work-group limits (the tuning database may override them), and enqueues
- * attn_fwd, or attn_bwd_pre + attn_bwd_dkdv + attn_bwd_dq.
+ * attn_fwd, or attn_bwd_pre + attn_bwd_dkdv + attn_bwd_dq (their tensor-core versions where they
+ * fit, and the forward on wgmma where the device has it).
  */
 #include <math.h>
 #include <stdio.h>
@@ -18,16 +19,17 @@ typedef enum attn_kernel {
     ATTN_DKDV,
     ATTN_FWD_MMA,
     ATTN_DKDV_MMA,
-    ATTN_DQ_MMA
+    ATTN_DQ_MMA,
+    ATTN_FWD_WG
 } attn_kernel;
 
 static const char *const attn_kernel_name[] = {
     "", "attn_fwd", "attn_bwd_pre", "attn_bwd_dq", "attn_bwd_dkdv", "attn_fwd_mma",
-    "attn_bwd_dkdv_mma", "attn_bwd_dq_mma"};
+    "attn_bwd_dkdv_mma", "attn_bwd_dq_mma", "attn_fwd_wgmma"};
 /* Tuning database keys. */
 static const char *const attn_tune_key[] = {
     "", "attention_fwd", "attention_bwd_pre", "attention_bwd_dq", "attention_bwd_dkdv",
-    "attention_fwd_mma", "attention_bwd_dkdv_mma", "attention_bwd_dq_mma"};
+    "attention_fwd_mma", "attention_bwd_dkdv_mma", "attention_bwd_dq_mma", "attention_fwd_wgmma"};
 
 /* Everything the kernels need to know about one call, validated. */
 typedef struct attn_geom {
@@ -570,6 +572,51 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
     return LLMCL_OK;
 }
 
+/* attn_fwd_wgmma's local bytes: Q, and STAGES of K and V, rows of D 16-bit elements. */
+static uint64_t attn_wg_local_bytes(const attn_geom *g, long bm, long bn, long stages)
+{
+    return 2u * (uint64_t)g->D * (uint64_t)(bm + 2 * stages * bn);
+}
+
+/*
+ * attn_fwd_wgmma's tiles: BLOCK_M 64 or 128 query rows (a warpgroup per 64), BLOCK_N 64 or 128
+ * keys, STAGES 3 to 5 buffers of K and V. The defaults, tuned on the H100: at D = 128 two
+ * warpgroups on 128 x 128 tiles in 3 stages (224 KiB), at D = 64 one on 64 x 64 tiles, three
+ * work-groups to a multiprocessor, which overlap one's softmax with another's products (1.14x
+ * over 128 x 128); 64 x 64 where the larger tiles do not fit. Tuned values that do not fit fall
+ * back to the defaults unless overridden.
+ */
+static llmcl_status attn_wg_tiles_get(llmcl_ctx *ctx, const attn_geom *g, const char *cls,
+                                      llmcl__params *p, attn_tiles *tiles)
+{
+    const uint64_t local = ctx->info.local_mem_static_bytes;
+    long def_m = 128, def_n = 128;
+    if (g->D <= 64 || attn_wg_local_bytes(g, def_m, def_n, 3) > local)
+        def_m = 64, def_n = 64;
+    llmcl__param_set(p, "BLOCK_M", def_m);
+    llmcl__param_set(p, "BLOCK_N", def_n);
+    llmcl__param_set(p, "STAGES", 3);
+    const bool overridden =
+        llmcl__params_lookup(ctx, attn_tune_key[ATTN_FWD_WG], g->dtype, cls, p);
+    long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
+    long stages = llmcl__param_get(p, "STAGES", 3);
+    bool ok = (bm == 64 || bm == 128) && (bn == 64 || bn == 128) && stages >= 3 && stages <= 5 &&
+              attn_wg_local_bytes(g, bm, bn, stages) <= local;
+    if (!ok && !overridden) {
+        bm = def_m, bn = def_n, stages = 3, ok = true;
+        llmcl__param_set(p, "BLOCK_M", bm);
+        llmcl__param_set(p, "BLOCK_N", bn);
+        llmcl__param_set(p, "STAGES", stages);
+    }
+    LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
+                   "attention: attn_fwd_wgmma tiles BLOCK_M=%ld BLOCK_N=%ld STAGES=%ld with D=%d "
+                   "need BLOCK_M and BLOCK_N 64 or 128, STAGES 3 to 5 and at most %llu bytes of "
+                   "local memory",
+                   bm, bn, stages, g->D, (unsigned long long)local);
+    *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = 64, .tn = (int)bn, .run = 1};
+    return LLMCL_OK;
+}
+
 /* The built kernel with its tiles and its work-group size; the head dim is the tuning size key. */
 static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
                                     cl_kernel *out, attn_tiles *tiles, size_t *wg)
@@ -585,6 +632,9 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
                        LLMCL_ERROR_UNSUPPORTED, "attention: PRE_WG %ld is outside [1, %zu]", w,
                        ctx->info.max_work_group_size);
         *wg = (size_t)w;
+    } else if (kern == ATTN_FWD_WG) {
+        LLMCL__TRY(attn_wg_tiles_get(ctx, g, cls, &p, tiles));
+        *wg = (size_t)tiles->bm * 2; /* 128 work-items a warpgroup, one per 64 rows */
     } else if (kern >= ATTN_FWD_MMA) {
         LLMCL__TRY(attn_mma_tiles_get(ctx, g, kern, cls, &p, tiles));
         *wg = (size_t)(kern == ATTN_DKDV_MMA ? tiles->bn / 16 : tiles->bm / tiles->tm) * 32;
@@ -714,8 +764,10 @@ llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, cons
     if ((int64_t)g.B * g.Hq * g.Tq == 0)
         return LLMCL_OK;
     const llmcl_tensor *ts[] = {q, k, v, o, lse};
-    return attn_launch_tiled(ctx, &g, attn_mma_fits(ctx, &g, true) ? ATTN_FWD_MMA : ATTN_FWD, ts, 5,
-                             lse, NULL);
+    attn_kernel kern = ATTN_FWD;
+    if (attn_mma_fits(ctx, &g, true))
+        kern = ctx->info.has_wgmma && (g.D == 64 || g.D == 128) ? ATTN_FWD_WG : ATTN_FWD_MMA;
+    return attn_launch_tiled(ctx, &g, kern, ts, 5, lse, NULL);
 }
 
 static llmcl_status attn_launch_pre(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *o,
