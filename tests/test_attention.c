@@ -322,11 +322,10 @@ static bool on_tensor_cores(llmcl_dtype dt)
     return llmcl_ctx_device_info(th_ctx())->has_mma && dt != LLMCL_F32;
 }
 
-/* The forward's tensor-core kernel at head dim d: wgmma's where the device has it (D 64, 128). */
-static const char *fwd_mma_key(int d)
+/* Whether the forward and dQ run on wgmma at head dim d on this device (D 64 and 128 on sm_90). */
+static bool on_wgmma(int d)
 {
-    const bool wgmma = llmcl_ctx_device_info(th_ctx())->has_wgmma && (d == 64 || d == 128);
-    return wgmma ? "attention_fwd_wgmma" : "attention_fwd_mma";
+    return llmcl_ctx_device_info(th_ctx())->has_wgmma && (d == 64 || d == 128);
 }
 
 /* Teardown of the tests that force tiles: no override outlives them, even when they fail. */
@@ -527,9 +526,9 @@ static void test_t1(void **state)
  * Tq != Tk under the causal mask, a window narrower than a tile, GQA, [B, T, H, D] storage, varlen
  * with sequences of length 0 and 1, forced smaller tiles (GQA across several key and query tiles),
  * a softcap at D 256 and a view that is not 8-element aligned (the portable kernels then run). On a
- * device with tensor cores the tuning report says which kernels ran (wgmma's forward at D 64 and
- * 128 where the device has it: with forced small tiles, 333 keys run its pipeline past its
- * stages); elsewhere the portable ones run the bf16 cases at D 64.
+ * device with tensor cores the tuning report says which kernels ran (wgmma's forward and dQ at
+ * D 64 and 128 where the device has it: with forced tiles, 333 keys run the forward's pipeline
+ * past its stages); elsewhere the portable ones run the bf16 cases at D 64.
  */
 static void test_fast_path(void **state)
 {
@@ -540,7 +539,9 @@ static void test_fast_path(void **state)
                                             "attention_bwd_dkdv_mma"};
     static const char *const mma_sets[3] = {"BLOCK_M=32 BLOCK_N=16 WM=1 QREG=1 STAGES=2",
                                             "BLOCK_M=16 BLOCK_N=32", "BLOCK_M=16 BLOCK_N=32"};
-    static const char *const wgmma_set = "BLOCK_M=128 BLOCK_N=64 STAGES=4";
+    static const char *const wgmma_keys[2] = {"attention_fwd_wgmma", "attention_bwd_dq_wgmma"};
+    static const char *const wgmma_sets[2] = {"BLOCK_M=128 BLOCK_N=64 STAGES=4",
+                                              "BLOCK_M=128 BLOCK_N=128"};
     /* past D = 128 the backward's 16 x 16 tiles, the ones that fit 48 KiB (the defaults are
        larger where a kernel's local arrays may take more, as on sm_90) */
     static const char *const wide_sets[3] = {"BLOCK_M=32 BLOCK_N=16 WM=1 QREG=0 STAGES=2",
@@ -553,7 +554,9 @@ static void test_fast_path(void **state)
         for (int f16 = 0; f16 < (mma ? 2 : 1); ++f16) {
             const llmcl_dtype dt = f16 ? LLMCL_F16 : LLMCL_BF16;
             const int d = dims[di];
-            const char *keys[3] = {fwd_mma_key(d), mma_keys[1], mma_keys[2]};
+            const bool wgmma = on_wgmma(d);
+            const char *const keys[3] = {wgmma ? wgmma_keys[0] : mma_keys[0],
+                                         wgmma ? wgmma_keys[1] : mma_keys[1], mma_keys[2]};
             char cls[16];
             snprintf(cls, sizeof cls, "%d", d);
             attn_case cases[] = {
@@ -578,9 +581,9 @@ static void test_fast_path(void **state)
                     assert_int_equal(launched, on_tensor_cores(dt));
                 }
             }
-            const bool wgmma = keys[0] != mma_keys[0];
             const char *const *base = d > 128 ? wide_sets : mma_sets;
-            const char *const sets[3] = {wgmma ? wgmma_set : base[0], base[1], base[2]};
+            const char *const sets[3] = {wgmma ? wgmma_sets[0] : base[0],
+                                         wgmma ? wgmma_sets[1] : base[1], base[2]};
             for (int kk = 0; kk < 3; ++kk)
                 TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", sets[kk]));
             check_case(causal(dense(dt, 1, 2, 1, d, 77, 77)), 350 + di);

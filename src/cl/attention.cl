@@ -67,14 +67,15 @@
  *             Default 1.
  *   STAGES    attn_fwd_mma: 2: K and V tiles are double-buffered, the next ones loading under
  *             the whole step (one barrier a step); 1: one buffer each. Default 1. attn_fwd_wgmma:
- *             its buffers of K and V, 3 to 5.
+ *             its buffers of K and V, 3 to 5 (attn_bwd_dq_wgmma double-buffers them).
  *   VARLEN    defined: packed sequences through cu_q / cu_k.
  *   ALIGNED4  1 (set by the launcher): every offset and stride of Q, K, V and dO is a multiple of
  *             4 elements, so tiles load as whole vectors.
  *   ATTN_ONLY 1 attn_fwd, 2 attn_bwd_pre, 3 attn_bwd_dq, 4 attn_bwd_dkdv, 5 attn_fwd_mma,
  *             6 attn_bwd_dkdv_mma, 7 attn_bwd_dq_mma: build only that kernel (a kernel's local
- *             arrays are sized by the tiles of the one launched); unset: all but 8. 8:
- *             attn_fwd_wgmma alone (D and BLOCK_N 64 or 128, BLOCK_M 64 or 128: its wgmma shapes).
+ *             arrays are sized by the tiles of the one launched); unset: all but 8 and 9.
+ *             8 attn_fwd_wgmma, 9 attn_bwd_dq_wgmma: only when asked for (D, BLOCK_M and BLOCK_N
+ *             64 or 128: their wgmma shapes).
  * Under LLMCL_NV_PTX, attn_fwd takes its rows' running maxima with warp shuffles (no barrier)
  * when BLOCK_N / TN is a power of two and the work-group a multiple of 32; same results.
  * Local memory: operand tiles of (D+4)-element rows (EQ bytes an element on the Q side, EK on the
@@ -873,6 +874,70 @@ __attribute__((always_inline)) inline void attn_p_ds_tiles(float4 *s, float4 *dp
     }
 }
 
+#if defined(LLMCL_NV_WGMMA) && defined(ATTN_ONLY) && (ATTN_ONLY == 8 || ATTN_ONLY == 9)
+/*
+ * The wgmma kernels (Hopper, sm_90a: mma.cl's block), attn_fwd_wgmma and attn_bwd_dq_wgmma, for D
+ * 64 and 128: BLOCK_M / 64 warpgroups each own 64 query rows, BLOCK_N keys a tile (both 64 or
+ * 128: their wgmma shapes). The Q (dO) and K, V tiles sit in wgmma's layout: rows of queries or
+ * keys, D in atoms of 64 columns, so K and V are the k-major B of S = Q K^T and dP = dO V^T, and
+ * V and K the mn-major B of O += P V and dQ += dS K, whose A (P, dS) goes from the accumulators
+ * of S or dP to wgmma's A registers.
+ */
+#if (D != 64 && D != 128) || (BLOCK_N != 64 && BLOCK_N != 128) || (BLOCK_M != 64 && BLOCK_M != 128)
+#error "attn_*_wgmma: D, BLOCK_M and BLOCK_N 64 or 128"
+#endif
+#define WG_THREADS (2 * BLOCK_M)        /* a warpgroup per 64 rows */
+#define WG_TILE_BYTES (BLOCK_N * D * 2) /* one K or V tile */
+LLMCL_WG_MMA_SS(attn_wg_qk_BF16, "bf16", BLOCK_N, "0", "0")
+LLMCL_WG_MMA_SS(attn_wg_qk_F16, "f16", BLOCK_N, "0", "0")
+LLMCL_WG_MMA_RS(attn_wg_pv_BF16, "bf16", D, "1")
+LLMCL_WG_MMA_RS(attn_wg_pv_F16, "f16", D, "1")
+
+/* Keys n0 .. n0 + BLOCK_N of K and V into the buffers at kt and vt, zeros past tk. */
+__attribute__((always_inline)) inline void
+attn_wg_kv(uint kt, uint vt, const __global io_t *k, long sk_t, const __global io_t *v, long sv_t,
+           int n0, int tk, int lid)
+{
+    attn_copy_rows(kt, k + n0 * sk_t, sk_t, BLOCK_N, tk - n0, lid, WG_THREADS, 1);
+    attn_copy_rows(vt, v + n0 * sv_t, sv_t, BLOCK_N, tk - n0, lid, WG_THREADS, 1);
+}
+
+/*
+ * Issues s += warpgroup wg's 64 rows of the query-side tile at qa (Q or dO) times the key-side
+ * tile at kt (K or V), transposed.
+ */
+__attribute__((always_inline)) inline void attn_wg_scores(float *s, uint qa, uint kt, int wg)
+{
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+        const uint atom = ks / 4, col = ks % 4 * 32;
+        const ulong dq = wg_desc(qa + atom * BLOCK_M * 128 + wg * 64 * 128 + col, 16, 1024);
+        const ulong dk = wg_desc(kt + atom * BLOCK_N * 128 + col, 16, 1024);
+        LLMCL_CAT(attn_wg_qk_, IO_DT)(s, dq, dk);
+    }
+}
+
+/* Issues o += P (the warp's A fragments pf, 16 keys each) times the V (or K) tile at vt. */
+__attribute__((always_inline)) inline void attn_wg_pv(float *o, const uint4 *pf, uint vt)
+{
+#pragma unroll
+    for (int j = 0; j < BLOCK_N / 16; ++j)
+        LLMCL_CAT(attn_wg_pv_, IO_DT)(o, pf[j], wg_desc(vt + j * 16 * 128, BLOCK_N * 128, 1024));
+}
+
+/* n float4 from the accumulator registers x, read once the wgmma that wrote them was waited for. */
+__attribute__((always_inline)) inline void attn_wg_acc4(float4 *y, float *x, int n)
+{
+#pragma unroll
+    for (int j = 0; j < n; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            wg_keep_f(x + 4 * j + e);
+        y[j] = (float4)(x[4 * j], x[4 * j + 1], x[4 * j + 2], x[4 * j + 3]);
+    }
+}
+#endif
+
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 5 || ATTN_ONLY == 8
 #ifndef WM
 #define WM 1 /* 16-row tiles a warp of attn_fwd_mma takes */
@@ -1131,55 +1196,17 @@ attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong 
 
 #if defined(LLMCL_NV_WGMMA) && defined(ATTN_ONLY) && ATTN_ONLY == 8
 /*
- * attn_fwd_wgmma: the forward on Hopper's wgmma (sm_90a, mma.cl), FlashAttention-3's schedule
- * without its producer warps. BLOCK_M / 64 warpgroups each own 64 query rows (a warp 16 of them,
- * as in attn_fwd_mma, whose softmax and stores it shares). The Q, K and V tiles sit in wgmma's
- * layout: rows of queries or keys, D in atoms of 64 columns, so K is S = Q K^T's k-major B and V
- * is O += P V's mn-major B; P goes from S's accumulators to wgmma's A registers. STAGES buffers of
- * K and V: at the top of step n, once the barrier shows every warpgroup done with tile n - 1, all
+ * attn_fwd_wgmma: the forward on Hopper's wgmma, FlashAttention-3's schedule without its producer
+ * warps: a warpgroup per 64 query rows (a warp 16 of them, as in attn_fwd_mma, whose softmax and
+ * stores it shares), P from S's accumulators into wgmma's A registers. STAGES buffers of K and V:
+ * at the top of step n, once the barrier shows every warpgroup done with tile n - 1, all
  * work-items issue the copies of tile n + STAGES - 1 into its buffer. Step n issues S of tile
  * n + 1, then O += P V of tile n, and runs tile n + 1's softmax while the latter runs; O's rescale
  * waits for it.
  */
-#if (D != 64 && D != 128) || (BLOCK_N != 64 && BLOCK_N != 128) || BLOCK_M % 64 || STAGES < 3 || \
-    STAGES > 5
-#error "attn_fwd_wgmma: D and BLOCK_N 64 or 128, BLOCK_M a multiple of 64, STAGES 3 to 5"
+#if STAGES < 3 || STAGES > 5
+#error "attn_fwd_wgmma: STAGES 3 to 5"
 #endif
-#define WG_THREADS (2 * BLOCK_M)          /* a warpgroup per 64 rows */
-#define WG_TILE_BYTES (BLOCK_N * D * 2) /* one K or V tile */
-LLMCL_WG_MMA_SS(attn_wg_qk_BF16, "bf16", BLOCK_N, "0", "0")
-LLMCL_WG_MMA_SS(attn_wg_qk_F16, "f16", BLOCK_N, "0", "0")
-LLMCL_WG_MMA_RS(attn_wg_pv_BF16, "bf16", D, "1")
-LLMCL_WG_MMA_RS(attn_wg_pv_F16, "f16", D, "1")
-
-/* Keys n0 .. n0 + BLOCK_N of K and V into the buffers at kt and vt, zeros past tk. */
-__attribute__((always_inline)) inline void
-attn_wg_kv(uint kt, uint vt, const __global io_t *k, long sk_t, const __global io_t *v, long sv_t,
-           int n0, int tk, int lid)
-{
-    attn_copy_rows(kt, k + n0 * sk_t, sk_t, BLOCK_N, tk - n0, lid, WG_THREADS, 1);
-    attn_copy_rows(vt, v + n0 * sv_t, sv_t, BLOCK_N, tk - n0, lid, WG_THREADS, 1);
-}
-
-/* Issues s += warpgroup wg's 64 rows of the Q tile at qa times the K tile at kt, transposed. */
-__attribute__((always_inline)) inline void attn_wg_scores(float *s, uint qa, uint kt, int wg)
-{
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-        const uint atom = ks / 4, col = ks % 4 * 32;
-        const ulong dq = wg_desc(qa + atom * BLOCK_M * 128 + wg * 64 * 128 + col, 16, 1024);
-        const ulong dk = wg_desc(kt + atom * BLOCK_N * 128 + col, 16, 1024);
-        LLMCL_CAT(attn_wg_qk_, IO_DT)(s, dq, dk);
-    }
-}
-
-/* Issues o += P (the warp's A fragments pf, 16 keys each) times the V tile at vt. */
-__attribute__((always_inline)) inline void attn_wg_pv(float *o, const uint4 *pf, uint vt)
-{
-#pragma unroll
-    for (int j = 0; j < BLOCK_N / 16; ++j)
-        LLMCL_CAT(attn_wg_pv_, IO_DT)(o, pf[j], wg_desc(vt + j * 16 * 128, BLOCK_N * 128, 1024));
-}
 
 /* attn_fwd_softmax on scores s whose wgmma has been waited for. */
 __attribute__((always_inline)) inline void
@@ -1187,12 +1214,7 @@ attn_wg_softmax(float *s, float *alpha, float *mrow, float *lrow, uint4 *pf, int
                 int m0, attn_seq sq, float scale, float softcap, int wl, int wr, int t4)
 {
     float4 s4[MMA_NT];
-#pragma unroll
-    for (int j = 0; j < MMA_NT; ++j) {
-        for (int e = 0; e < 4; ++e)
-            wg_keep_f(s + 4 * j + e);
-        s4[j] = (float4)(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
-    }
+    attn_wg_acc4(s4, s, MMA_NT);
     const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
     attn_fwd_softmax(s4, alpha, mrow, lrow, pf, r0, n0, masked, sq, scale, softcap, wl, wr, t4);
 }
@@ -1313,6 +1335,25 @@ attn_fwd_wgmma(const __global io_t *q, ulong q_off, const __global io_t *k, ulon
 
 /* Row statistics of the backward in log2 units: lse (+inf where no key is seen, so p = 0). */
 inline float attn_lse2(float x) { return x == -INFINITY ? INFINITY : x * M_LOG2E_F; }
+
+/* Rows r0 and r0 + 8 of dQ (the lane's of a 16-row tile's accumulators acc) at dq + gb. */
+__attribute__((always_inline)) inline void attn_dq_store(__global io_t *dq, long gb, long sg_t,
+                                                         const float4 *acc, int r0, int tq, int t4)
+{
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int row = r0 + 8 * i;
+        if (row >= tq)
+            continue;
+#pragma unroll
+        for (int e = 0; e < MMA_OT; ++e) {
+            const float2 x = i ? acc[e].zw : acc[e].xy;
+            const long at_g = gb + row * sg_t + e * 8 + 2 * t4;
+            STORE(IO_DT, dq, at_g, x.x);
+            STORE(IO_DT, dq, at_g + 1, x.y);
+        }
+    }
+}
 
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 7
 /*
@@ -1437,20 +1478,118 @@ attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulo
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-    const long gb = attn_row(dq_off, sg_b, sg_h, sg_t, b, h, sq.q0);
+    attn_dq_store(dq, attn_row(dq_off, sg_b, sg_h, sg_t, b, h, sq.q0), sg_t, acc, r0, sq.tq, t4);
+}
+#endif
+
+#if defined(LLMCL_NV_WGMMA) && defined(ATTN_ONLY) && ATTN_ONLY == 9
+/*
+ * attn_bwd_dq_wgmma: attn_bwd_dq_mma on wgmma. Q and dO stay in local memory, K and V tiles are
+ * double-buffered (the next tile's copy, issued once the barrier shows every warpgroup done with
+ * the buffer, runs under this tile's three products). Per tile: S = Q K^T and dP = dO V^T, P and
+ * dS in registers, dQ += dS K with dS as A registers.
+ */
+__kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1))) void
+attn_bwd_dq_wgmma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
+                  const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,
+                  const __global float *lse, ulong lse_off, const __global float *delta,
+                  ulong delta_off, __global io_t *dq, ulong dq_off, const __global int *cu_q,
+                  ulong cu_q_off, const __global int *cu_k, ulong cu_k_off, int tq_all,
+                  int tk_all, int nb, int hq, int group, long sq_b, long sq_h, long sq_t,
+                  long sk_b, long sk_h, long sk_t, long sv_b, long sv_h, long sv_t, long sd_b,
+                  long sd_h, long sd_t, long sg_b, long sg_h, long sg_t, long sl_b, long sl_h,
+                  float scale, float softcap, int wl, int wr)
+{
+    __local ushort qs[BLOCK_M * D] __attribute__((aligned(1024)));
+    __local ushort ds[BLOCK_M * D] __attribute__((aligned(1024)));
+    __local ushort ks[2 * BLOCK_N * D] __attribute__((aligned(1024)));
+    __local ushort vs[2 * BLOCK_N * D] __attribute__((aligned(1024)));
+    const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
+    const attn_place at = attn_place_of(nb, hq, true);
+    const int b = at.b, h = at.h, hk = h / group;
+    const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
+    const int m0 = at.tile * BLOCK_M;
+    if (m0 >= sq.tq)
+        return;
+    const __global io_t *kh = k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0);
+    const __global io_t *vh = v + attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0);
+    const uint qa = mma_smem(qs), da = mma_smem(ds), ka = mma_smem(ks), va = mma_smem(vs);
+    int n_lo, n_hi;
+    attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
+    const int nt = n_lo < n_hi ? (n_hi - n_lo + BLOCK_N - 1) / BLOCK_N : 0;
+
+    attn_copy_rows(qa, q + attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0), sq_t, BLOCK_M,
+                   sq.tq - m0, lid, WG_THREADS, 1);
+    attn_copy_rows(da, dout + attn_row(do_off, sd_b, sd_h, sd_t, b, h, sq.q0 + m0), sd_t, BLOCK_M,
+                   sq.tq - m0, lid, WG_THREADS, 1);
+    if (nt > 0)
+        attn_wg_kv(ka, va, kh, sk_t, vh, sv_t, n_lo, sq.tk, lid);
+    mma_cp_commit();
+
+    const int wg = warp / 4, r0 = m0 + 16 * warp + g; /* the lane's rows: r0 and r0 + 8 */
+    const long lb = lse_off + b * sl_b + h * sl_h + sq.q0, db = delta_off + b * sl_b + h * sl_h + sq.q0;
+    float lse2[2], dl[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int row = r0 + 8 * i;
-        if (row >= sq.tq)
-            continue;
-#pragma unroll
-        for (int e = 0; e < MMA_OT; ++e) {
-            const float2 x = i ? acc[e].zw : acc[e].xy;
-            const long at_g = gb + row * sg_t + e * 8 + 2 * t4;
-            STORE(IO_DT, dq, at_g, x.x);
-            STORE(IO_DT, dq, at_g + 1, x.y);
-        }
+        lse2[i] = row < sq.tq ? attn_lse2(lse[lb + row]) : INFINITY;
+        dl[i] = row < sq.tq ? delta[db + row] : 0.0f;
     }
+    float acc[D / 2], s[BLOCK_N / 2], dp[BLOCK_N / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i)
+        acc[i] = 0.0f;
+
+    for (int n = 0; n < nt; ++n) {
+        const int n0 = n_lo + n * BLOCK_N;
+        const uint kt = ka + n % 2 * WG_TILE_BYTES, vt = va + n % 2 * WG_TILE_BYTES;
+        mma_cp_wait(0); /* tile n is in */
+        wg_proxy_fence();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (n + 1 < nt)
+            attn_wg_kv(ka + (n + 1) % 2 * WG_TILE_BYTES, va + (n + 1) % 2 * WG_TILE_BYTES, kh,
+                       sk_t, vh, sv_t, n0 + BLOCK_N, sq.tk, lid);
+        mma_cp_commit();
+#pragma unroll
+        for (int i = 0; i < BLOCK_N / 2; ++i)
+            s[i] = dp[i] = 0.0f;
+        wg_fence();
+        attn_wg_scores(s, qa, kt, wg);
+        attn_wg_scores(dp, da, vt, wg);
+        wg_commit();
+        wg_wait(0);
+        float4 s4[MMA_NT], dp4[MMA_NT], l4[MMA_NT], d4[MMA_NT];
+        attn_wg_acc4(s4, s, MMA_NT);
+        attn_wg_acc4(dp4, dp, MMA_NT);
+#pragma unroll
+        for (int j = 0; j < MMA_NT; ++j) {
+            l4[j] = (float4)(lse2[0], lse2[0], lse2[1], lse2[1]);
+            d4[j] = (float4)(dl[0], dl[0], dl[1], dl[1]);
+        }
+        attn_p_ds_tiles(s4, dp4, l4, d4, MMA_NT, scale, softcap);
+        if (attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr))
+            attn_mask_tiles(dp4, MMA_NT, 0.0f, r0, n0, false, sq, wl, wr, t4);
+        uint4 dsf[BLOCK_N / 16];
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 16; ++j)
+            dsf[j] = attn_acc_to_a(dp4[2 * j], dp4[2 * j + 1]);
+        wg_fence();
+        attn_wg_pv(acc, dsf, kt);
+        wg_commit();
+        wg_wait(0);
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i)
+            wg_keep_f(acc + i);
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 16; ++j)
+            wg_keep_u4(dsf + j); /* dS stayed in its registers until the product was done */
+    }
+
+    float4 acc4[MMA_OT];
+#pragma unroll
+    for (int e = 0; e < MMA_OT; ++e)
+        acc4[e] = (float4)(acc[4 * e], acc[4 * e + 1], acc[4 * e + 2], acc[4 * e + 3]);
+    attn_dq_store(dq, attn_row(dq_off, sg_b, sg_h, sg_t, b, h, sq.q0), sg_t, acc4, r0, sq.tq, t4);
 }
 #endif
 

@@ -3,7 +3,7 @@
  * every argument, folds the options into one mask band (wl, wr), picks the tiles for the device's
  * local memory and work-group limits (the tuning database may override them), and enqueues
  * attn_fwd, or attn_bwd_pre + attn_bwd_dkdv + attn_bwd_dq (their tensor-core versions where they
- * fit, and the forward on wgmma where the device has it).
+ * fit, and the forward and dQ on wgmma where the device has it).
  */
 #include <math.h>
 #include <stdio.h>
@@ -20,16 +20,19 @@ typedef enum attn_kernel {
     ATTN_FWD_MMA,
     ATTN_DKDV_MMA,
     ATTN_DQ_MMA,
-    ATTN_FWD_WG
+    ATTN_FWD_WG,
+    ATTN_DQ_WG
 } attn_kernel;
 
 static const char *const attn_kernel_name[] = {
     "", "attn_fwd", "attn_bwd_pre", "attn_bwd_dq", "attn_bwd_dkdv", "attn_fwd_mma",
-    "attn_bwd_dkdv_mma", "attn_bwd_dq_mma", "attn_fwd_wgmma"};
+    "attn_bwd_dkdv_mma", "attn_bwd_dq_mma", "attn_fwd_wgmma",
+    "attn_bwd_dq_wgmma"};
 /* Tuning database keys. */
 static const char *const attn_tune_key[] = {
     "", "attention_fwd", "attention_bwd_pre", "attention_bwd_dq", "attention_bwd_dkdv",
-    "attention_fwd_mma", "attention_bwd_dkdv_mma", "attention_bwd_dq_mma", "attention_fwd_wgmma"};
+    "attention_fwd_mma", "attention_bwd_dkdv_mma", "attention_bwd_dq_mma", "attention_fwd_wgmma",
+    "attention_bwd_dq_wgmma"};
 
 /* Everything the kernels need to know about one call, validated. */
 typedef struct attn_geom {
@@ -572,47 +575,62 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
     return LLMCL_OK;
 }
 
-/* attn_fwd_wgmma's local bytes: Q, and STAGES of K and V, rows of D 16-bit elements. */
-static uint64_t attn_wg_local_bytes(const attn_geom *g, long bm, long bn, long stages)
+/* Whether the device's wgmma kernels take this call (D 64 and 128, where mma.sync's would run). */
+static bool attn_wgmma_fits(const llmcl_ctx *ctx, const attn_geom *g)
 {
-    return 2u * (uint64_t)g->D * (uint64_t)(bm + 2 * stages * bn);
+    return ctx->info.has_wgmma && (g->D == 64 || g->D == 128);
+}
+
+/* Local bytes of a wgmma kernel: the forward's Q and STAGES of K and V, dQ's Q and dO and two
+   stages of K and V; rows of D 16-bit elements. */
+static uint64_t attn_wg_local_bytes(const attn_geom *g, attn_kernel kern, long bm, long bn,
+                                    long stages)
+{
+    const long rows = kern == ATTN_FWD_WG ? bm + 2 * stages * bn : 2 * bm + 4 * bn;
+    return 2u * (uint64_t)g->D * (uint64_t)rows;
 }
 
 /*
- * attn_fwd_wgmma's tiles: BLOCK_M 64 or 128 query rows (a warpgroup per 64), BLOCK_N 64 or 128
- * keys, STAGES 3 to 5 buffers of K and V. The defaults, tuned on the H100: at D = 128 two
- * warpgroups on 128 x 128 tiles in 3 stages (224 KiB), at D = 64 one on 64 x 64 tiles, three
- * work-groups to a multiprocessor, which overlap one's softmax with another's products (1.14x
- * over 128 x 128); 64 x 64 where the larger tiles do not fit. Tuned values that do not fit fall
- * back to the defaults unless overridden.
+ * The tiles of a wgmma kernel: BLOCK_M 64 or 128 query rows (a warpgroup per 64), BLOCK_N 64 or
+ * 128 keys; the forward's STAGES 3 to 5 buffers of K and V. The defaults, tuned on the H100: the
+ * forward at D = 128 two warpgroups on 128 x 128 tiles in 3 stages (224 KiB), at D = 64 one on
+ * 64 x 64 tiles, three work-groups to a multiprocessor, which overlap one's softmax with
+ * another's products (1.14x over 128 x 128); dQ one warpgroup on 64 x 64 tiles; 64 x 64 where the
+ * larger tiles do not fit. Tuned values that do not fit fall back to the defaults unless
+ * overridden.
  */
-static llmcl_status attn_wg_tiles_get(llmcl_ctx *ctx, const attn_geom *g, const char *cls,
-                                      llmcl__params *p, attn_tiles *tiles)
+static llmcl_status attn_wg_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
+                                      const char *cls, llmcl__params *p, attn_tiles *tiles)
 {
     const uint64_t local = ctx->info.local_mem_static_bytes;
+    const bool fwd = kern == ATTN_FWD_WG;
     long def_m = 128, def_n = 128;
-    if (g->D <= 64 || attn_wg_local_bytes(g, def_m, def_n, 3) > local)
+    if (!fwd || g->D <= 64 || attn_wg_local_bytes(g, kern, def_m, def_n, 3) > local)
         def_m = 64, def_n = 64;
     llmcl__param_set(p, "BLOCK_M", def_m);
     llmcl__param_set(p, "BLOCK_N", def_n);
-    llmcl__param_set(p, "STAGES", 3);
-    const bool overridden =
-        llmcl__params_lookup(ctx, attn_tune_key[ATTN_FWD_WG], g->dtype, cls, p);
+    if (fwd)
+        llmcl__param_set(p, "STAGES", 3);
+    const bool overridden = llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
     long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
-    long stages = llmcl__param_get(p, "STAGES", 3);
-    bool ok = (bm == 64 || bm == 128) && (bn == 64 || bn == 128) && stages >= 3 && stages <= 5 &&
-              attn_wg_local_bytes(g, bm, bn, stages) <= local;
+    long stages = fwd ? llmcl__param_get(p, "STAGES", 3) : 2;
+    bool ok = (bm == 64 || bm == 128) && (bn == 64 || bn == 128) && stages >= 2 && stages <= 5 &&
+              (!fwd || stages >= 3) && attn_wg_local_bytes(g, kern, bm, bn, stages) <= local;
     if (!ok && !overridden) {
-        bm = def_m, bn = def_n, stages = 3, ok = true;
+        bm = def_m, bn = def_n, stages = fwd ? 3 : 2, ok = true;
         llmcl__param_set(p, "BLOCK_M", bm);
         llmcl__param_set(p, "BLOCK_N", bn);
-        llmcl__param_set(p, "STAGES", stages);
+        if (fwd)
+            llmcl__param_set(p, "STAGES", stages);
     }
+    char st[32] = "";
+    if (fwd)
+        snprintf(st, sizeof st, " STAGES=%ld", stages);
     LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
-                   "attention: attn_fwd_wgmma tiles BLOCK_M=%ld BLOCK_N=%ld STAGES=%ld with D=%d "
-                   "need BLOCK_M and BLOCK_N 64 or 128, STAGES 3 to 5 and at most %llu bytes of "
-                   "local memory",
-                   bm, bn, stages, g->D, (unsigned long long)local);
+                   "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld%s with D=%d need BLOCK_M and "
+                   "BLOCK_N 64 or 128%s and at most %llu bytes of local memory",
+                   attn_kernel_name[kern], bm, bn, st, g->D, fwd ? ", STAGES 3 to 5" : "",
+                   (unsigned long long)local);
     *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = 64, .tn = (int)bn, .run = 1};
     return LLMCL_OK;
 }
@@ -632,8 +650,8 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
                        LLMCL_ERROR_UNSUPPORTED, "attention: PRE_WG %ld is outside [1, %zu]", w,
                        ctx->info.max_work_group_size);
         *wg = (size_t)w;
-    } else if (kern == ATTN_FWD_WG) {
-        LLMCL__TRY(attn_wg_tiles_get(ctx, g, cls, &p, tiles));
+    } else if (kern >= ATTN_FWD_WG) {
+        LLMCL__TRY(attn_wg_tiles_get(ctx, g, kern, cls, &p, tiles));
         *wg = (size_t)tiles->bm * 2; /* 128 work-items a warpgroup, one per 64 rows */
     } else if (kern >= ATTN_FWD_MMA) {
         LLMCL__TRY(attn_mma_tiles_get(ctx, g, kern, cls, &p, tiles));
@@ -766,7 +784,7 @@ llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, cons
     const llmcl_tensor *ts[] = {q, k, v, o, lse};
     attn_kernel kern = ATTN_FWD;
     if (attn_mma_fits(ctx, &g, true))
-        kern = ctx->info.has_wgmma && (g.D == 64 || g.D == 128) ? ATTN_FWD_WG : ATTN_FWD_MMA;
+        kern = attn_wgmma_fits(ctx, &g) ? ATTN_FWD_WG : ATTN_FWD_MMA;
     return attn_launch_tiled(ctx, &g, kern, ts, 5, lse, NULL);
 }
 
@@ -798,7 +816,10 @@ static llmcl_status attn_launch_dq(llmcl_ctx *ctx, const attn_geom *g, const llm
                                    const llmcl_tensor *delta, llmcl_tensor *dq)
 {
     const llmcl_tensor *ts[] = {q, k, v, dout, lse, delta, dq};
-    return attn_launch_tiled(ctx, g, g->mma ? ATTN_DQ_MMA : ATTN_DQ, ts, 7, lse, delta);
+    attn_kernel kern = ATTN_DQ;
+    if (g->mma)
+        kern = attn_wgmma_fits(ctx, g) ? ATTN_DQ_WG : ATTN_DQ_MMA;
+    return attn_launch_tiled(ctx, g, kern, ts, 7, lse, delta);
 }
 
 static llmcl_status attn_launch_dkdv(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *q,
