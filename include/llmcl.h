@@ -734,8 +734,8 @@ typedef struct llmcl_attention_opts {
  * are multiples of 8 elements run on them: the products take 16-bit inputs with f32
  * accumulation, so P (and in the backward dS) is rounded to q's dtype before its product, as
  * FlashAttention does, and the softmax's exponentials use the hardware approximation. Where the
- * device has Hopper's wgmma (llmcl_device_info.has_wgmma), the forward at D 64 and 128 runs on
- * it. Other calls run the portable kernels; llmcl_tune_params_get(ctx, "attention_fwd_wgmma",
+ * device has Hopper's wgmma (llmcl_device_info.has_wgmma), calls at D 64 and 128 run on it. Other
+ * calls run the portable kernels; llmcl_tune_params_get(ctx, "attention_fwd_wgmma",
  * "attention_fwd_mma", ...) says which ran.
  *
  * Reads q, k, v (and the cu_seqlens); writes o and lse (natural-log sum of exponentials per

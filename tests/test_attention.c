@@ -322,7 +322,7 @@ static bool on_tensor_cores(llmcl_dtype dt)
     return llmcl_ctx_device_info(th_ctx())->has_mma && dt != LLMCL_F32;
 }
 
-/* Whether the forward and dQ run on wgmma at head dim d on this device (D 64 and 128 on sm_90). */
+/* Whether the tensor-core kernels at head dim d are wgmma's on this device (D 64 and 128, sm_90). */
 static bool on_wgmma(int d)
 {
     return llmcl_ctx_device_info(th_ctx())->has_wgmma && (d == 64 || d == 128);
@@ -526,9 +526,9 @@ static void test_t1(void **state)
  * Tq != Tk under the causal mask, a window narrower than a tile, GQA, [B, T, H, D] storage, varlen
  * with sequences of length 0 and 1, forced smaller tiles (GQA across several key and query tiles),
  * a softcap at D 256 and a view that is not 8-element aligned (the portable kernels then run). On a
- * device with tensor cores the tuning report says which kernels ran (wgmma's forward and dQ at
- * D 64 and 128 where the device has it: with forced tiles, 333 keys run the forward's pipeline
- * past its stages); elsewhere the portable ones run the bf16 cases at D 64.
+ * device with tensor cores the tuning report says which kernels ran (wgmma's at D 64 and 128
+ * where the device has it: with forced tiles, 333 keys run the forward's pipeline past its
+ * stages); elsewhere the portable ones run the bf16 cases at D 64.
  */
 static void test_fast_path(void **state)
 {
@@ -539,9 +539,10 @@ static void test_fast_path(void **state)
                                             "attention_bwd_dkdv_mma"};
     static const char *const mma_sets[3] = {"BLOCK_M=32 BLOCK_N=16 WM=1 QREG=1 STAGES=2",
                                             "BLOCK_M=16 BLOCK_N=32", "BLOCK_M=16 BLOCK_N=32"};
-    static const char *const wgmma_keys[2] = {"attention_fwd_wgmma", "attention_bwd_dq_wgmma"};
-    static const char *const wgmma_sets[2] = {"BLOCK_M=128 BLOCK_N=64 STAGES=4",
-                                              "BLOCK_M=128 BLOCK_N=128"};
+    static const char *const wgmma_keys[3] = {"attention_fwd_wgmma", "attention_bwd_dq_wgmma",
+                                              "attention_bwd_dkdv_wgmma"};
+    static const char *const wgmma_sets[3] = {"BLOCK_M=128 BLOCK_N=64 STAGES=4",
+                                              "BLOCK_M=128 BLOCK_N=128", "BLOCK_M=64 BLOCK_N=64"};
     /* past D = 128 the backward's 16 x 16 tiles, the ones that fit 48 KiB (the defaults are
        larger where a kernel's local arrays may take more, as on sm_90) */
     static const char *const wide_sets[3] = {"BLOCK_M=32 BLOCK_N=16 WM=1 QREG=0 STAGES=2",
@@ -555,8 +556,7 @@ static void test_fast_path(void **state)
             const llmcl_dtype dt = f16 ? LLMCL_F16 : LLMCL_BF16;
             const int d = dims[di];
             const bool wgmma = on_wgmma(d);
-            const char *const keys[3] = {wgmma ? wgmma_keys[0] : mma_keys[0],
-                                         wgmma ? wgmma_keys[1] : mma_keys[1], mma_keys[2]};
+            const char *const *keys = wgmma ? wgmma_keys : mma_keys;
             char cls[16];
             snprintf(cls, sizeof cls, "%d", d);
             attn_case cases[] = {
@@ -581,9 +581,7 @@ static void test_fast_path(void **state)
                     assert_int_equal(launched, on_tensor_cores(dt));
                 }
             }
-            const char *const *base = d > 128 ? wide_sets : mma_sets;
-            const char *const sets[3] = {wgmma ? wgmma_sets[0] : base[0],
-                                         wgmma ? wgmma_sets[1] : base[1], base[2]};
+            const char *const *sets = wgmma ? wgmma_sets : d > 128 ? wide_sets : mma_sets;
             for (int kk = 0; kk < 3; ++kk)
                 TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", sets[kk]));
             check_case(causal(dense(dt, 1, 2, 1, d, 77, 77)), 350 + di);

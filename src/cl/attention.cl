@@ -874,55 +874,71 @@ __attribute__((always_inline)) inline void attn_p_ds_tiles(float4 *s, float4 *dp
     }
 }
 
-#if defined(LLMCL_NV_WGMMA) && defined(ATTN_ONLY) && (ATTN_ONLY == 8 || ATTN_ONLY == 9)
+#if defined(LLMCL_NV_WGMMA) && defined(ATTN_ONLY) && ATTN_ONLY >= 8
 /*
- * The wgmma kernels (Hopper, sm_90a: mma.cl's block), attn_fwd_wgmma and attn_bwd_dq_wgmma, for D
- * 64 and 128: BLOCK_M / 64 warpgroups each own 64 query rows, BLOCK_N keys a tile (both 64 or
- * 128: their wgmma shapes). The Q (dO) and K, V tiles sit in wgmma's layout: rows of queries or
- * keys, D in atoms of 64 columns, so K and V are the k-major B of S = Q K^T and dP = dO V^T, and
- * V and K the mn-major B of O += P V and dQ += dS K, whose A (P, dS) goes from the accumulators
- * of S or dP to wgmma's A registers.
+ * The wgmma kernels (Hopper, sm_90a: mma.cl's block), attn_fwd_wgmma, attn_bwd_dq_wgmma and
+ * attn_bwd_dkdv_wgmma, for D 64 and 128. A warpgroup owns 64 rows of the score tiles: query rows
+ * (BLOCK_M of them a work-group) in the forward and dQ, keys (BLOCK_N) in dK/dV, whose score
+ * tiles are transposed; the other side's tiles (keys, or queries) stream through local memory.
+ * BLOCK_M and BLOCK_N are 64 or 128: their wgmma shapes. Every tile sits in wgmma's layout: rows
+ * of queries or keys, D in atoms of 64 columns, so each score product (S = Q K^T, dP = dO V^T;
+ * S^T = K Q^T, dP^T = V dO^T) reads k-major operands, and each accumulating product (O += P V,
+ * dQ += dS K; dV += P^T dO, dK += dS^T Q) takes its A from the score accumulators as registers
+ * and reads its B mn-major.
  */
 #if (D != 64 && D != 128) || (BLOCK_N != 64 && BLOCK_N != 128) || (BLOCK_M != 64 && BLOCK_M != 128)
 #error "attn_*_wgmma: D, BLOCK_M and BLOCK_N 64 or 128"
 #endif
-#define WG_THREADS (2 * BLOCK_M)        /* a warpgroup per 64 rows */
-#define WG_TILE_BYTES (BLOCK_N * D * 2) /* one K or V tile */
-LLMCL_WG_MMA_SS(attn_wg_qk_BF16, "bf16", BLOCK_N, "0", "0")
-LLMCL_WG_MMA_SS(attn_wg_qk_F16, "f16", BLOCK_N, "0", "0")
+#if ATTN_ONLY == 10
+#define WG_ROWS BLOCK_N /* score rows of a work-group: keys */
+#define WG_COLS BLOCK_M /* score columns of a streamed tile: queries */
+#else
+#define WG_ROWS BLOCK_M
+#define WG_COLS BLOCK_N
+#endif
+#define WG_THREADS (2 * WG_ROWS)        /* a warpgroup per 64 rows */
+#define WG_TILE_BYTES (WG_COLS * D * 2) /* one streamed tile */
+LLMCL_WG_MMA_SS(attn_wg_qk_BF16, "bf16", WG_COLS, "0", "0")
+LLMCL_WG_MMA_SS(attn_wg_qk_F16, "f16", WG_COLS, "0", "0")
 LLMCL_WG_MMA_RS(attn_wg_pv_BF16, "bf16", D, "1")
 LLMCL_WG_MMA_RS(attn_wg_pv_F16, "f16", D, "1")
 
-/* Keys n0 .. n0 + BLOCK_N of K and V into the buffers at kt and vt, zeros past tk. */
+/*
+ * Rows n0 .. n0 + WG_COLS of two streamed operands (K and V, or Q and dO) into the buffers at kt
+ * and vt, zeros past n_all.
+ */
 __attribute__((always_inline)) inline void
 attn_wg_kv(uint kt, uint vt, const __global io_t *k, long sk_t, const __global io_t *v, long sv_t,
-           int n0, int tk, int lid)
+           int n0, int n_all, int lid)
 {
-    attn_copy_rows(kt, k + n0 * sk_t, sk_t, BLOCK_N, tk - n0, lid, WG_THREADS, 1);
-    attn_copy_rows(vt, v + n0 * sv_t, sv_t, BLOCK_N, tk - n0, lid, WG_THREADS, 1);
+    attn_copy_rows(kt, k + n0 * sk_t, sk_t, WG_COLS, n_all - n0, lid, WG_THREADS, 1);
+    attn_copy_rows(vt, v + n0 * sv_t, sv_t, WG_COLS, n_all - n0, lid, WG_THREADS, 1);
 }
 
 /*
- * Issues s += warpgroup wg's 64 rows of the query-side tile at qa (Q or dO) times the key-side
- * tile at kt (K or V), transposed.
+ * Issues s += warpgroup wg's 64 rows of the resident tile at qa (Q or dO; K or V in dK/dV) times
+ * the streamed tile at kt (K or V; Q or dO), transposed.
  */
 __attribute__((always_inline)) inline void attn_wg_scores(float *s, uint qa, uint kt, int wg)
 {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
         const uint atom = ks / 4, col = ks % 4 * 32;
-        const ulong dq = wg_desc(qa + atom * BLOCK_M * 128 + wg * 64 * 128 + col, 16, 1024);
-        const ulong dk = wg_desc(kt + atom * BLOCK_N * 128 + col, 16, 1024);
+        const ulong dq = wg_desc(qa + atom * WG_ROWS * 128 + wg * 64 * 128 + col, 16, 1024);
+        const ulong dk = wg_desc(kt + atom * WG_COLS * 128 + col, 16, 1024);
         LLMCL_CAT(attn_wg_qk_, IO_DT)(s, dq, dk);
     }
 }
 
-/* Issues o += P (the warp's A fragments pf, 16 keys each) times the V (or K) tile at vt. */
+/*
+ * Issues o += P (the warp's A fragments pf, 16 score columns each) times the streamed tile at vt
+ * (V or K; dO or Q).
+ */
 __attribute__((always_inline)) inline void attn_wg_pv(float *o, const uint4 *pf, uint vt)
 {
 #pragma unroll
-    for (int j = 0; j < BLOCK_N / 16; ++j)
-        LLMCL_CAT(attn_wg_pv_, IO_DT)(o, pf[j], wg_desc(vt + j * 16 * 128, BLOCK_N * 128, 1024));
+    for (int j = 0; j < WG_COLS / 16; ++j)
+        LLMCL_CAT(attn_wg_pv_, IO_DT)(o, pf[j], wg_desc(vt + j * 16 * 128, WG_COLS * 128, 1024));
 }
 
 /* n float4 from the accumulator registers x, read once the wgmma that wrote them was waited for. */
@@ -1593,7 +1609,7 @@ attn_bwd_dq_wgmma(const __global io_t *q, ulong q_off, const __global io_t *k, u
 }
 #endif
 
-#if !defined(ATTN_ONLY) || ATTN_ONLY == 6
+#if !defined(ATTN_ONLY) || ATTN_ONLY == 6 || ATTN_ONLY == 10
 /*
  * attn_bwd_dkdv_mma: dK and dV for BLOCK_N keys of one KV head, a warp per 16 of them, over every
  * query head of the group and every query tile of BLOCK_M rows (fixed order: deterministic). Per
@@ -1637,13 +1653,13 @@ inline void attn_dkdv_stage(uint qa, const __global io_t *q, ulong q_off,
 
 /*
  * The log2 LSE and delta of the BLOCK_M queries from m0 at lse + at and delta + at (at: the
- * head's first query), +inf and 0 past the sequence, into a stage's ls and ds (plain stores,
- * visible after the next barrier).
+ * head's first query), +inf and 0 past the sequence, into a stage's ls and ds (plain stores by nt
+ * work-items, visible after the next barrier).
  */
 inline void attn_dkdv_stats(__local float *ls, __local float *ds, const __global float *lse,
-                            const __global float *delta, long at, int m0, int tq, int lid)
+                            const __global float *delta, long at, int m0, int tq, int lid, int nt)
 {
-    for (int i = lid; i < BLOCK_M; i += MMA_K_THREADS) {
+    for (int i = lid; i < BLOCK_M; i += nt) {
         const bool in = m0 + i < tq;
         ls[i] = in ? attn_lse2(lse[at + m0 + i]) : INFINITY;
         ds[i] = in ? delta[at + m0 + i] : 0.0f;
@@ -1668,6 +1684,36 @@ inline void attn_dkdv_lane_stats(float4 *l4, float4 *d4, const __global float *l
     }
 }
 
+/*
+ * Keys c0 and c0 + 8 of dK and dV (the lane's of a 16-key tile's accumulators gk and gv) at
+ * dk + kgb and dv + vgb, keys past tk skipped.
+ */
+__attribute__((always_inline)) inline void
+attn_dkdv_store(__global io_t *dk, long kgb, long sgk_t, __global io_t *dv, long vgb, long sgv_t,
+                const float4 *gk, const float4 *gv, int c0, int tk, int t4)
+{
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int key = c0 + 8 * i;
+        if (key >= tk)
+            continue;
+#pragma unroll
+        for (int e = 0; e < MMA_OT; ++e) {
+            const float2 x = i ? gk[e].zw : gk[e].xy, y = i ? gv[e].zw : gv[e].xy;
+            const long ak = kgb + key * sgk_t + e * 8 + 2 * t4, av = vgb + key * sgv_t + e * 8 + 2 * t4;
+            if (DKDV_K) {
+                STORE(IO_DT, dk, ak, x.x);
+                STORE(IO_DT, dk, ak + 1, x.y);
+            }
+            if (DKDV_V) {
+                STORE(IO_DT, dv, av, y.x);
+                STORE(IO_DT, dv, av + 1, y.y);
+            }
+        }
+    }
+}
+
+#if !defined(ATTN_ONLY) || ATTN_ONLY == 6
 __kernel __attribute__((reqd_work_group_size(MMA_K_THREADS, 1, 1))) void
 attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
                   const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,
@@ -1739,7 +1785,7 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
                         sd_b, sd_h, sd_t, lid);
 #if !MMA_WIDE
         attn_dkdv_stats(lse2s, dls, lse + lse_off, delta + delta_off, lb + hk * group * sl_h,
-                        m_lo, sq.tq, lid);
+                        m_lo, sq.tq, lid, MMA_K_THREADS);
 #endif
     }
     mma_cp_commit();
@@ -1754,7 +1800,7 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
 #if !MMA_WIDE
             attn_dkdv_stats(lse2s + (stage ^ 1) * BLOCK_M, dls + (stage ^ 1) * BLOCK_M,
                             lse + lse_off, delta + delta_off, lb + (hk * group + gn) * sl_h, mn,
-                            sq.tq, lid);
+                            sq.tq, lid, MMA_K_THREADS);
 #endif
         }
         mma_cp_commit();
@@ -1820,28 +1866,144 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
         barrier(CLK_LOCAL_MEM_FENCE); /* no warp reads this stage any more: the next copy may */
     }
 
-    const long kgb = attn_row(dk_off, sgk_b, sgk_h, sgk_t, b, hk, sq.k0);
-    const long vgb = attn_row(dv_off, sgv_b, sgv_h, sgv_t, b, hk, sq.k0);
+    attn_dkdv_store(dk, attn_row(dk_off, sgk_b, sgk_h, sgk_t, b, hk, sq.k0), sgk_t, dv,
+                    attn_row(dv_off, sgv_b, sgv_h, sgv_t, b, hk, sq.k0), sgv_t, gk, gv, c0, sq.tk,
+                    t4);
+}
+#endif
+
+#if defined(LLMCL_NV_WGMMA) && defined(ATTN_ONLY) && ATTN_ONLY == 10
+/*
+ * attn_bwd_dkdv_wgmma: attn_bwd_dkdv_mma on wgmma, for BLOCK_N keys (a warpgroup per 64) over
+ * every query head of the group and every query tile of BLOCK_M rows, in the same fixed order. K
+ * and V stay in local memory; Q and dO tiles (and their rows' statistics) are double-buffered, the
+ * next tile's copy issued once the barrier shows every warpgroup done with its buffer. Per tile:
+ * S^T = K Q^T and dP^T = V dO^T, P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q with
+ * P^T and dS^T as A registers.
+ */
+__kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1))) void
+attn_bwd_dkdv_wgmma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
+                    const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,
+                    const __global float *lse, ulong lse_off, const __global float *delta,
+                    ulong delta_off, __global io_t *dk, ulong dk_off, __global io_t *dv,
+                    ulong dv_off, const __global int *cu_q, ulong cu_q_off,
+                    const __global int *cu_k, ulong cu_k_off, int tq_all, int tk_all, int nb,
+                    int hkv, int group, long sq_b, long sq_h, long sq_t, long sk_b, long sk_h,
+                    long sk_t, long sv_b, long sv_h, long sv_t, long sd_b, long sd_h, long sd_t,
+                    long sgk_b, long sgk_h, long sgk_t, long sgv_b, long sgv_h, long sgv_t,
+                    long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
+{
+    __local ushort ks[BLOCK_N * D] __attribute__((aligned(1024)));
+    __local ushort vs[BLOCK_N * D] __attribute__((aligned(1024)));
+    __local ushort qs[2 * BLOCK_M * D] __attribute__((aligned(1024)));
+    __local ushort dos[2 * BLOCK_M * D] __attribute__((aligned(1024)));
+    __local float lse2s[2 * BLOCK_M], dls[2 * BLOCK_M];
+    const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
+    const attn_place at = attn_place_of(nb, hkv, false);
+    const int b = at.b, hk = at.h;
+    const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
+    const int n0 = at.tile * BLOCK_N;
+    if (n0 >= sq.tk)
+        return;
+    const uint ka = mma_smem(ks), va = mma_smem(vs), qa = mma_smem(qs), da = mma_smem(dos);
+    attn_copy_rows(ka, k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0 + n0), sk_t, BLOCK_N,
+                   sq.tk - n0, lid, WG_THREADS, 1);
+    attn_copy_rows(va, v + attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0 + n0), sv_t, BLOCK_N,
+                   sq.tk - n0, lid, WG_THREADS, 1);
+    const long lb = b * sl_b + sq.q0; /* the batch entry's first row of lse and delta */
+    int m_lo, m_hi;
+    attn_query_range(n0, BLOCK_N, sq.tq, sq.tk, wl, wr, &m_lo, &m_hi);
+    const int ntiles = m_hi > m_lo ? (m_hi - m_lo + BLOCK_M - 1) / BLOCK_M : 0, nt = group * ntiles;
+    /* Tile t: query head hk group + t / ntiles, queries from m0 */
+#define WG_HEAD(t) (hk * group + (t) / ntiles)
+#define WG_M0(t) (m_lo + (t) % ntiles * BLOCK_M)
+#define WG_STAGE(t)                                                                               \
+    do {                                                                                          \
+        const int h_ = WG_HEAD(t), m_ = WG_M0(t), st_ = (t) % 2;                                  \
+        attn_wg_kv(qa + st_ * WG_TILE_BYTES, da + st_ * WG_TILE_BYTES,                            \
+                   q + attn_row(q_off, sq_b, sq_h, sq_t, b, h_, sq.q0), sq_t,                      \
+                   dout + attn_row(do_off, sd_b, sd_h, sd_t, b, h_, sq.q0), sd_t, m_, sq.tq, lid); \
+        attn_dkdv_stats(lse2s + st_ * BLOCK_M, dls + st_ * BLOCK_M, lse + lse_off,                \
+                        delta + delta_off, lb + h_ * sl_h, m_, sq.tq, lid, WG_THREADS);           \
+    } while (0)
+    if (nt > 0)
+        WG_STAGE(0);
+    mma_cp_commit();
+
+    const int wg = warp / 4, c0 = n0 + 16 * warp + g; /* the lane's keys: c0 and c0 + 8 */
+    float gk[D / 2], gv[D / 2], st[BLOCK_M / 2], dpt[BLOCK_M / 2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int key = c0 + 8 * i;
-        if (key >= sq.tk)
-            continue;
+    for (int i = 0; i < D / 2; ++i)
+        gk[i] = gv[i] = 0.0f;
+    for (int t = 0; t < nt; ++t) {
+        const int m0 = WG_M0(t);
+        const uint qt = qa + t % 2 * WG_TILE_BYTES, dt = da + t % 2 * WG_TILE_BYTES;
+        mma_cp_wait(0); /* tile t is in (K and V with the first) */
+        wg_proxy_fence();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (t + 1 < nt)
+            WG_STAGE(t + 1);
+        mma_cp_commit();
 #pragma unroll
-        for (int e = 0; e < MMA_OT; ++e) {
-            const float2 x = i ? gk[e].zw : gk[e].xy, y = i ? gv[e].zw : gv[e].xy;
-            const long ak = kgb + key * sgk_t + e * 8 + 2 * t4, av = vgb + key * sgv_t + e * 8 + 2 * t4;
-            if (DKDV_K) {
-                STORE(IO_DT, dk, ak, x.x);
-                STORE(IO_DT, dk, ak + 1, x.y);
-            }
-            if (DKDV_V) {
-                STORE(IO_DT, dv, av, y.x);
-                STORE(IO_DT, dv, av + 1, y.y);
-            }
+        for (int i = 0; i < BLOCK_M / 2; ++i)
+            st[i] = dpt[i] = 0.0f;
+        wg_fence();
+        attn_wg_scores(st, ka, qt, wg);
+        attn_wg_scores(dpt, va, dt, wg);
+        wg_commit();
+        wg_wait(0);
+        float4 st4[MMA_MT], dpt4[MMA_MT], l4[MMA_MT], d4[MMA_MT];
+        attn_wg_acc4(st4, st, MMA_MT);
+        attn_wg_acc4(dpt4, dpt, MMA_MT);
+        const __local float *ls = lse2s + t % 2 * BLOCK_M, *ds = dls + t % 2 * BLOCK_M;
+#pragma unroll
+        for (int j = 0; j < MMA_MT; ++j) {
+            const float2 l = vload2(0, ls + j * 8 + 2 * t4), d = vload2(0, ds + j * 8 + 2 * t4);
+            l4[j] = (float4)(l, l);
+            d4[j] = (float4)(d, d);
+        }
+        attn_p_ds_tiles(st4, dpt4, l4, d4, MMA_MT, scale, softcap); /* P^T and dS^T */
+        if (attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr)) {
+            attn_mask_tiles(st4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
+            attn_mask_tiles(dpt4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
+        }
+        uint4 pf[BLOCK_M / 16], sf[BLOCK_M / 16];
+#pragma unroll
+        for (int j = 0; j < BLOCK_M / 16; ++j) {
+            pf[j] = attn_acc_to_a(st4[2 * j], st4[2 * j + 1]);
+            sf[j] = attn_acc_to_a(dpt4[2 * j], dpt4[2 * j + 1]);
+        }
+        wg_fence();
+        attn_wg_pv(gv, pf, dt);
+        attn_wg_pv(gk, sf, qt);
+        wg_commit();
+        wg_wait(0);
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) {
+            wg_keep_f(gk + i);
+            wg_keep_f(gv + i);
+        }
+#pragma unroll
+        for (int j = 0; j < BLOCK_M / 16; ++j) {
+            wg_keep_u4(pf + j); /* P^T and dS^T stayed in their registers until now */
+            wg_keep_u4(sf + j);
         }
     }
+#undef WG_STAGE
+#undef WG_M0
+#undef WG_HEAD
+
+    float4 gk4[MMA_OT], gv4[MMA_OT];
+#pragma unroll
+    for (int e = 0; e < MMA_OT; ++e) {
+        gk4[e] = (float4)(gk[4 * e], gk[4 * e + 1], gk[4 * e + 2], gk[4 * e + 3]);
+        gv4[e] = (float4)(gv[4 * e], gv[4 * e + 1], gv[4 * e + 2], gv[4 * e + 3]);
+    }
+    attn_dkdv_store(dk, attn_row(dk_off, sgk_b, sgk_h, sgk_t, b, hk, sq.k0), sgk_t, dv,
+                    attn_row(dv_off, sgv_b, sgv_h, sgv_t, b, hk, sq.k0), sgv_t, gk4, gv4, c0,
+                    sq.tk, t4);
 }
+#endif
 #endif
 #endif
 

@@ -148,18 +148,17 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
    them. */
 #define ATTN_MMA_TILES "BLOCK_M=16,32,64,128 BLOCK_N=16,32,64,128"
 #define ATTN_FWD_MMA_TILES ATTN_MMA_TILES " WM=1,2 QREG=0,1 STAGES=1,2"
-/* attn_fwd_wgmma and attn_bwd_dq_wgmma: a warpgroup per 64 query rows, on devices with wgmma, at
-   D 64 and 128 (where the forward and dQ take them there; attn_fwd_mma and attn_bwd_dq_mma then
-   tune on the other devices) */
+/* The attn_*_wgmma kernels: a warpgroup per 64 query rows (keys in dK/dV), on devices with wgmma,
+   at D 64 and 128 (where every tensor-core call takes them there; attn_*_mma then tune on the
+   other devices) */
 #define ATTN_WGMMA_TILES "BLOCK_M=64,128 BLOCK_N=64,128"
 #define ATTN_FWD_WGMMA_TILES ATTN_WGMMA_TILES " STAGES=3,4,5"
 #define ATTN_FWD_TENSORS                                                                          \
     {{"qkv", TUNE_IN, "B,QKV,T,D"}, {"o", TUNE_OUT, "B,H,T,D"},                                   \
      {"lse", TUNE_OUT, "B,H,T", TUNE_DT(LLMCL_F32)}}
 
-static bool has_tensor_cores(const llmcl_device_info *info) { return info->has_mma; }
-
-/* mma.sync's products run where the device has no wgmma (or LLMCL_WGMMA=0 turned it off). */
+/* mma.sync's products (and attention's at the tuned shapes) run where the device has no wgmma (or
+   LLMCL_WGMMA=0 turned it off). */
 static bool has_mma_sync_products(const llmcl_device_info *info)
 {
     return info->has_mma && !info->has_wgmma;
@@ -571,7 +570,11 @@ const tune_kernel tune_kernels[] = {
     {.key = "attention_bwd_dkdv_mma", .family = "attention", .params = ATTN_MMA_TILES,
      .dtypes = BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4,
-     .runs_on = has_tensor_cores},
+     .runs_on = has_mma_sync_products},
+    {.key = "attention_bwd_dkdv_wgmma", .family = "attention", .params = ATTN_WGMMA_TILES,
+     .dtypes = BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
+     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4,
+     .runs_on = has_wgmma},
     {.key = "attention_bwd_pre", .family = "attention", .params = "PRE_WG=32,64,128,256",
      .dtypes = F32 | BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4},

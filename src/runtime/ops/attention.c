@@ -3,7 +3,7 @@
  * every argument, folds the options into one mask band (wl, wr), picks the tiles for the device's
  * local memory and work-group limits (the tuning database may override them), and enqueues
  * attn_fwd, or attn_bwd_pre + attn_bwd_dkdv + attn_bwd_dq (their tensor-core versions where they
- * fit, and the forward and dQ on wgmma where the device has it).
+ * fit, and on wgmma where the device has it).
  */
 #include <math.h>
 #include <stdio.h>
@@ -21,18 +21,19 @@ typedef enum attn_kernel {
     ATTN_DKDV_MMA,
     ATTN_DQ_MMA,
     ATTN_FWD_WG,
-    ATTN_DQ_WG
+    ATTN_DQ_WG,
+    ATTN_DKDV_WG
 } attn_kernel;
 
 static const char *const attn_kernel_name[] = {
     "", "attn_fwd", "attn_bwd_pre", "attn_bwd_dq", "attn_bwd_dkdv", "attn_fwd_mma",
     "attn_bwd_dkdv_mma", "attn_bwd_dq_mma", "attn_fwd_wgmma",
-    "attn_bwd_dq_wgmma"};
+    "attn_bwd_dq_wgmma", "attn_bwd_dkdv_wgmma"};
 /* Tuning database keys. */
 static const char *const attn_tune_key[] = {
     "", "attention_fwd", "attention_bwd_pre", "attention_bwd_dq", "attention_bwd_dkdv",
     "attention_fwd_mma", "attention_bwd_dkdv_mma", "attention_bwd_dq_mma", "attention_fwd_wgmma",
-    "attention_bwd_dq_wgmma"};
+    "attention_bwd_dq_wgmma", "attention_bwd_dkdv_wgmma"};
 
 /* Everything the kernels need to know about one call, validated. */
 typedef struct attn_geom {
@@ -582,20 +583,25 @@ static bool attn_wgmma_fits(const llmcl_ctx *ctx, const attn_geom *g)
 }
 
 /* Local bytes of a wgmma kernel: the forward's Q and STAGES of K and V, dQ's Q and dO and two
-   stages of K and V; rows of D 16-bit elements. */
+   stages of K and V, dK/dV's K and V and two stages of Q and dO with their rows' statistics;
+   rows of D 16-bit elements. */
 static uint64_t attn_wg_local_bytes(const attn_geom *g, attn_kernel kern, long bm, long bn,
                                     long stages)
 {
+    if (kern == ATTN_DKDV_WG)
+        return 2u * (uint64_t)g->D * (uint64_t)(2 * bn + 4 * bm) + 16u * (uint64_t)bm;
     const long rows = kern == ATTN_FWD_WG ? bm + 2 * stages * bn : 2 * bm + 4 * bn;
     return 2u * (uint64_t)g->D * (uint64_t)rows;
 }
 
 /*
- * The tiles of a wgmma kernel: BLOCK_M 64 or 128 query rows (a warpgroup per 64), BLOCK_N 64 or
- * 128 keys; the forward's STAGES 3 to 5 buffers of K and V. The defaults, tuned on the H100: the
- * forward at D = 128 two warpgroups on 128 x 128 tiles in 3 stages (224 KiB), at D = 64 one on
- * 64 x 64 tiles, three work-groups to a multiprocessor, which overlap one's softmax with
- * another's products (1.14x over 128 x 128); dQ one warpgroup on 64 x 64 tiles; 64 x 64 where the
+ * The tiles of a wgmma kernel: BLOCK_M 64 or 128 query rows, BLOCK_N 64 or 128 keys (a warpgroup
+ * per 64 queries, or keys in dK/dV); the forward's STAGES 3 to 5 buffers of K and V. The
+ * defaults, tuned on the H100: the forward at D = 128 two warpgroups on 128 x 128 tiles in 3
+ * stages (224 KiB), at D = 64 one on 64 x 64 tiles, three work-groups to a multiprocessor, which
+ * overlap one's softmax with another's products (1.14x over 128 x 128); dQ one warpgroup on
+ * 64 x 64 tiles; dK/dV two on 128 keys over 64-query tiles at D = 128 (128-query tiles spill:
+ * the backward 6.41 against 5.16 ms), over 128-query tiles at D = 64 (1.13x); 64 x 64 where the
  * larger tiles do not fit. Tuned values that do not fit fall back to the defaults unless
  * overridden.
  */
@@ -604,8 +610,9 @@ static llmcl_status attn_wg_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_k
 {
     const uint64_t local = ctx->info.local_mem_static_bytes;
     const bool fwd = kern == ATTN_FWD_WG;
-    long def_m = 128, def_n = 128;
-    if (!fwd || g->D <= 64 || attn_wg_local_bytes(g, kern, def_m, def_n, 3) > local)
+    long def_m = kern == ATTN_DKDV_WG && g->D > 64 ? 64 : 128, def_n = 128;
+    if (kern == ATTN_DQ_WG || (fwd && g->D <= 64) ||
+        attn_wg_local_bytes(g, kern, def_m, def_n, 3) > local)
         def_m = 64, def_n = 64;
     llmcl__param_set(p, "BLOCK_M", def_m);
     llmcl__param_set(p, "BLOCK_N", def_n);
@@ -652,7 +659,8 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
         *wg = (size_t)w;
     } else if (kern >= ATTN_FWD_WG) {
         LLMCL__TRY(attn_wg_tiles_get(ctx, g, kern, cls, &p, tiles));
-        *wg = (size_t)tiles->bm * 2; /* 128 work-items a warpgroup, one per 64 rows */
+        /* 128 work-items a warpgroup, one per 64 rows: queries, or keys in dK/dV */
+        *wg = (size_t)(kern == ATTN_DKDV_WG ? tiles->bn : tiles->bm) * 2;
     } else if (kern >= ATTN_FWD_MMA) {
         LLMCL__TRY(attn_mma_tiles_get(ctx, g, kern, cls, &p, tiles));
         *wg = (size_t)(kern == ATTN_DKDV_MMA ? tiles->bn / 16 : tiles->bm / tiles->tm) * 32;
@@ -739,7 +747,7 @@ static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, attn_k
     attn_tiles t;
     size_t wg;
     LLMCL__TRY(attn_kernel_get(ctx, g, which, &kern, &t, &wg));
-    const bool by_keys = which == ATTN_DKDV || which == ATTN_DKDV_MMA;
+    const bool by_keys = which == ATTN_DKDV || which == ATTN_DKDV_MMA || which == ATTN_DKDV_WG;
     const int heads = by_keys ? g->Hkv : g->Hq;
     const int64_t tiles = by_keys ? llmcl__div_up(g->Tk, t.bn) : llmcl__div_up(g->Tq, t.bm);
     /* The kernels count work-groups, and runs of TILE_RUN tiles of every head, in 32 bits. */
@@ -828,8 +836,12 @@ static llmcl_status attn_launch_dkdv(llmcl_ctx *ctx, const attn_geom *g, const l
                                      const llmcl_tensor *delta, llmcl_tensor *dk, llmcl_tensor *dv)
 {
     const llmcl_tensor *ts[] = {q, k, v, dout, lse, delta, dk, dv};
-    if (!g->mma || g->D <= 128)
-        return attn_launch_tiled(ctx, g, g->mma ? ATTN_DKDV_MMA : ATTN_DKDV, ts, 8, lse, delta);
+    if (!g->mma)
+        return attn_launch_tiled(ctx, g, ATTN_DKDV, ts, 8, lse, delta);
+    if (attn_wgmma_fits(ctx, g))
+        return attn_launch_tiled(ctx, g, ATTN_DKDV_WG, ts, 8, lse, delta);
+    if (g->D <= 128)
+        return attn_launch_tiled(ctx, g, ATTN_DKDV_MMA, ts, 8, lse, delta);
     /* Past D = 128 a warp's registers hold one D-wide accumulator: dV, then dK */
     attn_geom part = *g;
     for (part.dkdv_part = 1; part.dkdv_part <= 2; ++part.dkdv_part)
