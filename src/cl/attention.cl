@@ -160,6 +160,35 @@ typedef STORAGE(IO_DT) io_t;
 #define IO4_F16 ushort4
 typedef LLMCL_CAT(IO4_, IO_DT) io4_t;
 
+/* The kernels' parameters: one list a pass (forward, dQ, dK/dV) for its portable and tensor-core
+   kernels alike. */
+#define ATTN_FWD_PARAMS                                                                            \
+    const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,                      \
+    const __global io_t *v, ulong v_off, __global io_t *o, ulong o_off, __global float *lse,       \
+    ulong lse_off, const __global int *cu_q, ulong cu_q_off, const __global int *cu_k,             \
+    ulong cu_k_off, int tq_all, int tk_all, int nb, int hq, int group, long sq_b, long sq_h,       \
+    long sq_t, long sk_b, long sk_h, long sk_t, long sv_b, long sv_h, long sv_t, long so_b,        \
+    long so_h, long so_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr
+#define ATTN_DQ_PARAMS                                                                             \
+    const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,                      \
+    const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,                  \
+    const __global float *lse, ulong lse_off, const __global float *delta, ulong delta_off,        \
+    __global io_t *dq, ulong dq_off, const __global int *cu_q, ulong cu_q_off,                     \
+    const __global int *cu_k, ulong cu_k_off, int tq_all, int tk_all, int nb, int hq,              \
+    int group, long sq_b, long sq_h, long sq_t, long sk_b, long sk_h, long sk_t, long sv_b,        \
+    long sv_h, long sv_t, long sd_b, long sd_h, long sd_t, long sg_b, long sg_h, long sg_t,        \
+    long sl_b, long sl_h, float scale, float softcap, int wl, int wr
+#define ATTN_DKDV_PARAMS                                                                           \
+    const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,                      \
+    const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,                  \
+    const __global float *lse, ulong lse_off, const __global float *delta, ulong delta_off,        \
+    __global io_t *dk, ulong dk_off, __global io_t *dv, ulong dv_off, const __global int *cu_q,    \
+    ulong cu_q_off, const __global int *cu_k, ulong cu_k_off, int tq_all, int tk_all, int nb,      \
+    int hkv, int group, long sq_b, long sq_h, long sq_t, long sk_b, long sk_h, long sk_t,          \
+    long sv_b, long sv_h, long sv_t, long sd_b, long sd_h, long sd_t, long sgk_b, long sgk_h,      \
+    long sgk_t, long sgv_b, long sgv_h, long sgv_t, long sl_b, long sl_h, float scale,             \
+    float softcap, int wl, int wr
+
 /*
  * A tiled kernel's work-group on its flat grid: runs of TILE_RUN consecutive tiles of one (batch,
  * head) pair, every pair's run before the next run of tiles (the last run may be shorter).
@@ -542,12 +571,7 @@ inline float attn_dlogit(float s, float scale, float softcap)
 ATTN_ACCUMULATE(attn_fwd_pv, TM, DT4, CT, PM, BLOCK_N, lk_t, LREADK4) /* P.V into O */
 
 __kernel __attribute__((reqd_work_group_size(RT * CT, 1, 1))) void
-attn_fwd(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
-         const __global io_t *v, ulong v_off, __global io_t *o, ulong o_off, __global float *lse,
-         ulong lse_off, const __global int *cu_q, ulong cu_q_off, const __global int *cu_k,
-         ulong cu_k_off, int tq_all, int tk_all, int nb, int hq, int group, long sq_b, long sq_h,
-         long sq_t, long sk_b, long sk_h, long sk_t, long sv_b, long sv_h, long sv_t, long so_b,
-         long so_h, long so_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
+attn_fwd(ATTN_FWD_PARAMS)
 {
     LOCAL_TILE(lq_t, qs, BLOCK_M * DP);
 #if KV_SEP
@@ -941,7 +965,7 @@ __attribute__((always_inline)) inline void attn_wg_pv(float *o, const uint4 *pf,
         LLMCL_CAT(attn_wg_pv_, IO_DT)(o, pf[j], wg_desc(vt + j * 16 * 128, WG_COLS * 128, 1024));
 }
 
-/* n float4 from the accumulator registers x, read once the wgmma that wrote them was waited for. */
+/* n float4 from the accumulator registers x, once the wgmma that wrote them was waited for. */
 __attribute__((always_inline)) inline void attn_wg_acc4(float4 *y, float *x, int n)
 {
 #pragma unroll
@@ -951,6 +975,44 @@ __attribute__((always_inline)) inline void attn_wg_acc4(float4 *y, float *x, int
             wg_keep_f(x + 4 * j + e);
         y[j] = (float4)(x[4 * j], x[4 * j + 1], x[4 * j + 2], x[4 * j + 3]);
     }
+}
+
+/*
+ * The backward's two score products of one tile, issued and waited for: warpgroup wg's rows of
+ * the resident tiles at qa and da times the streamed ones at kt and vt, transposed (S and dP, or
+ * S^T and dP^T), into P and dS (attn_p_ds_tiles: l4 and d4 hold each element's query statistics).
+ */
+__attribute__((always_inline)) inline void attn_wg_p_ds(float4 *p4, float4 *ds4, uint qa, uint kt,
+                                                        uint da, uint vt, int wg,
+                                                        const float4 *l4, const float4 *d4,
+                                                        float scale, float softcap)
+{
+    float s[WG_COLS / 2], dp[WG_COLS / 2];
+#pragma unroll
+    for (int i = 0; i < WG_COLS / 2; ++i)
+        s[i] = dp[i] = 0.0f;
+    wg_fence();
+    attn_wg_scores(s, qa, kt, wg);
+    attn_wg_scores(dp, da, vt, wg);
+    wg_commit();
+    wg_wait(0);
+    attn_wg_acc4(p4, s, WG_COLS / 8);
+    attn_wg_acc4(ds4, dp, WG_COLS / 8);
+    attn_p_ds_tiles(p4, ds4, l4, d4, WG_COLS / 8, scale, softcap);
+}
+
+/*
+ * After the wait for an accumulating product: its accumulators o (D / 2) and its A fragments a
+ * (WG_COLS / 16), which stayed in their registers until then, are the compiler's again.
+ */
+__attribute__((always_inline)) inline void attn_wg_keep(float *o, uint4 *a)
+{
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i)
+        wg_keep_f(o + i);
+#pragma unroll
+    for (int j = 0; j < WG_COLS / 16; ++j)
+        wg_keep_u4(a + j);
 }
 #endif
 
@@ -1071,13 +1133,7 @@ attn_fwd_store(__global io_t *o, long ob, long so_t, __global float *lse, long l
  * the staged Q tile each step, which frees the registers two tiles a warp need at D = 128.
  */
 __kernel __attribute__((reqd_work_group_size(MMA_FWD_THREADS, 1, 1))) void
-attn_fwd_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
-             const __global io_t *v, ulong v_off, __global io_t *o, ulong o_off,
-             __global float *lse, ulong lse_off, const __global int *cu_q, ulong cu_q_off,
-             const __global int *cu_k, ulong cu_k_off, int tq_all, int tk_all, int nb, int hq,
-             int group, long sq_b, long sq_h, long sq_t, long sk_b, long sk_h, long sk_t,
-             long sv_b, long sv_h, long sv_t, long so_b, long so_h, long so_t, long sl_b,
-             long sl_h, float scale, float softcap, int wl, int wr)
+attn_fwd_mma(ATTN_FWD_PARAMS)
 {
     __local ushort qs[BLOCK_M * MMA_DP] __attribute__((aligned(128)));
     __local ushort ks[STAGES * BLOCK_N * MMA_DP] __attribute__((aligned(128)));
@@ -1236,13 +1292,7 @@ attn_wg_softmax(float *s, float *alpha, float *mrow, float *lrow, uint4 *pf, int
 }
 
 __kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1))) void
-attn_fwd_wgmma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
-               const __global io_t *v, ulong v_off, __global io_t *o, ulong o_off,
-               __global float *lse, ulong lse_off, const __global int *cu_q, ulong cu_q_off,
-               const __global int *cu_k, ulong cu_k_off, int tq_all, int tk_all, int nb, int hq,
-               int group, long sq_b, long sq_h, long sq_t, long sk_b, long sk_h, long sk_t,
-               long sv_b, long sv_h, long sv_t, long so_b, long so_h, long so_t, long sl_b,
-               long sl_h, float scale, float softcap, int wl, int wr)
+attn_fwd_wgmma(ATTN_FWD_PARAMS)
 {
     __local ushort qs[BLOCK_M * D] __attribute__((aligned(1024)));
     __local ushort ks[STAGES * BLOCK_N * D] __attribute__((aligned(1024)));
@@ -1381,15 +1431,7 @@ __attribute__((always_inline)) inline void attn_dq_store(__global io_t *dq, long
  * runs under the current tile's three products.
  */
 __kernel __attribute__((reqd_work_group_size(MMA_THREADS, 1, 1))) void
-attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
-                const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,
-                const __global float *lse, ulong lse_off, const __global float *delta,
-                ulong delta_off, __global io_t *dq, ulong dq_off, const __global int *cu_q,
-                ulong cu_q_off, const __global int *cu_k, ulong cu_k_off, int tq_all, int tk_all,
-                int nb, int hq, int group, long sq_b, long sq_h, long sq_t, long sk_b, long sk_h,
-                long sk_t, long sv_b, long sv_h, long sv_t, long sd_b, long sd_h, long sd_t,
-                long sg_b, long sg_h, long sg_t, long sl_b, long sl_h, float scale, float softcap,
-                int wl, int wr)
+attn_bwd_dq_mma(ATTN_DQ_PARAMS)
 {
     __local ushort qs[(1 + MMA_WIDE) * BLOCK_M * MMA_DP] __attribute__((aligned(128)));
     __local ushort ks[2 * BLOCK_N * MMA_DP] __attribute__((aligned(128)));
@@ -1506,15 +1548,7 @@ attn_bwd_dq_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulo
  * dS in registers, dQ += dS K with dS as A registers.
  */
 __kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1))) void
-attn_bwd_dq_wgmma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
-                  const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,
-                  const __global float *lse, ulong lse_off, const __global float *delta,
-                  ulong delta_off, __global io_t *dq, ulong dq_off, const __global int *cu_q,
-                  ulong cu_q_off, const __global int *cu_k, ulong cu_k_off, int tq_all,
-                  int tk_all, int nb, int hq, int group, long sq_b, long sq_h, long sq_t,
-                  long sk_b, long sk_h, long sk_t, long sv_b, long sv_h, long sv_t, long sd_b,
-                  long sd_h, long sd_t, long sg_b, long sg_h, long sg_t, long sl_b, long sl_h,
-                  float scale, float softcap, int wl, int wr)
+attn_bwd_dq_wgmma(ATTN_DQ_PARAMS)
 {
     __local ushort qs[BLOCK_M * D] __attribute__((aligned(1024)));
     __local ushort ds[BLOCK_M * D] __attribute__((aligned(1024)));
@@ -1551,7 +1585,7 @@ attn_bwd_dq_wgmma(const __global io_t *q, ulong q_off, const __global io_t *k, u
         lse2[i] = row < sq.tq ? attn_lse2(lse[lb + row]) : INFINITY;
         dl[i] = row < sq.tq ? delta[db + row] : 0.0f;
     }
-    float acc[D / 2], s[BLOCK_N / 2], dp[BLOCK_N / 2];
+    float acc[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i)
         acc[i] = 0.0f;
@@ -1566,23 +1600,13 @@ attn_bwd_dq_wgmma(const __global io_t *q, ulong q_off, const __global io_t *k, u
             attn_wg_kv(ka + (n + 1) % 2 * WG_TILE_BYTES, va + (n + 1) % 2 * WG_TILE_BYTES, kh,
                        sk_t, vh, sv_t, n0 + BLOCK_N, sq.tk, lid);
         mma_cp_commit();
-#pragma unroll
-        for (int i = 0; i < BLOCK_N / 2; ++i)
-            s[i] = dp[i] = 0.0f;
-        wg_fence();
-        attn_wg_scores(s, qa, kt, wg);
-        attn_wg_scores(dp, da, vt, wg);
-        wg_commit();
-        wg_wait(0);
         float4 s4[MMA_NT], dp4[MMA_NT], l4[MMA_NT], d4[MMA_NT];
-        attn_wg_acc4(s4, s, MMA_NT);
-        attn_wg_acc4(dp4, dp, MMA_NT);
 #pragma unroll
         for (int j = 0; j < MMA_NT; ++j) {
             l4[j] = (float4)(lse2[0], lse2[0], lse2[1], lse2[1]);
             d4[j] = (float4)(dl[0], dl[0], dl[1], dl[1]);
         }
-        attn_p_ds_tiles(s4, dp4, l4, d4, MMA_NT, scale, softcap);
+        attn_wg_p_ds(s4, dp4, qa, kt, da, vt, wg, l4, d4, scale, softcap);
         if (attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr))
             attn_mask_tiles(dp4, MMA_NT, 0.0f, r0, n0, false, sq, wl, wr, t4);
         uint4 dsf[BLOCK_N / 16];
@@ -1593,18 +1617,11 @@ attn_bwd_dq_wgmma(const __global io_t *q, ulong q_off, const __global io_t *k, u
         attn_wg_pv(acc, dsf, kt);
         wg_commit();
         wg_wait(0);
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i)
-            wg_keep_f(acc + i);
-#pragma unroll
-        for (int j = 0; j < BLOCK_N / 16; ++j)
-            wg_keep_u4(dsf + j); /* dS stayed in its registers until the product was done */
+        attn_wg_keep(acc, dsf);
     }
 
     float4 acc4[MMA_OT];
-#pragma unroll
-    for (int e = 0; e < MMA_OT; ++e)
-        acc4[e] = (float4)(acc[4 * e], acc[4 * e + 1], acc[4 * e + 2], acc[4 * e + 3]);
+    attn_wg_acc4(acc4, acc, MMA_OT);
     attn_dq_store(dq, attn_row(dq_off, sg_b, sg_h, sg_t, b, h, sq.q0), sg_t, acc4, r0, sq.tq, t4);
 }
 #endif
@@ -1715,16 +1732,7 @@ attn_dkdv_store(__global io_t *dk, long kgb, long sgk_t, __global io_t *dv, long
 
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 6
 __kernel __attribute__((reqd_work_group_size(MMA_K_THREADS, 1, 1))) void
-attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
-                  const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,
-                  const __global float *lse, ulong lse_off, const __global float *delta,
-                  ulong delta_off, __global io_t *dk, ulong dk_off, __global io_t *dv,
-                  ulong dv_off, const __global int *cu_q, ulong cu_q_off, const __global int *cu_k,
-                  ulong cu_k_off, int tq_all, int tk_all, int nb, int hkv, int group, long sq_b,
-                  long sq_h, long sq_t, long sk_b, long sk_h, long sk_t, long sv_b, long sv_h,
-                  long sv_t, long sd_b, long sd_h, long sd_t, long sgk_b, long sgk_h,
-                  long sgk_t, long sgv_b, long sgv_h, long sgv_t, long sl_b, long sl_h,
-                  float scale, float softcap, int wl, int wr)
+attn_bwd_dkdv_mma(ATTN_DKDV_PARAMS)
 {
     /* Two stages of Q and dO tiles, one after the other; K and V pass through them at the start
        on their way to registers, or stay in their own tiles past D = 96 */
@@ -1882,16 +1890,7 @@ attn_bwd_dkdv_mma(const __global io_t *q, ulong q_off, const __global io_t *k, u
  * P^T and dS^T as A registers.
  */
 __kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1))) void
-attn_bwd_dkdv_wgmma(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
-                    const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,
-                    const __global float *lse, ulong lse_off, const __global float *delta,
-                    ulong delta_off, __global io_t *dk, ulong dk_off, __global io_t *dv,
-                    ulong dv_off, const __global int *cu_q, ulong cu_q_off,
-                    const __global int *cu_k, ulong cu_k_off, int tq_all, int tk_all, int nb,
-                    int hkv, int group, long sq_b, long sq_h, long sq_t, long sk_b, long sk_h,
-                    long sk_t, long sv_b, long sv_h, long sv_t, long sd_b, long sd_h, long sd_t,
-                    long sgk_b, long sgk_h, long sgk_t, long sgv_b, long sgv_h, long sgv_t,
-                    long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
+attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS)
 {
     __local ushort ks[BLOCK_N * D] __attribute__((aligned(1024)));
     __local ushort vs[BLOCK_N * D] __attribute__((aligned(1024)));
@@ -1931,7 +1930,7 @@ attn_bwd_dkdv_wgmma(const __global io_t *q, ulong q_off, const __global io_t *k,
     mma_cp_commit();
 
     const int wg = warp / 4, c0 = n0 + 16 * warp + g; /* the lane's keys: c0 and c0 + 8 */
-    float gk[D / 2], gv[D / 2], st[BLOCK_M / 2], dpt[BLOCK_M / 2];
+    float gk[D / 2], gv[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i)
         gk[i] = gv[i] = 0.0f;
@@ -1944,17 +1943,7 @@ attn_bwd_dkdv_wgmma(const __global io_t *q, ulong q_off, const __global io_t *k,
         if (t + 1 < nt)
             WG_STAGE(t + 1);
         mma_cp_commit();
-#pragma unroll
-        for (int i = 0; i < BLOCK_M / 2; ++i)
-            st[i] = dpt[i] = 0.0f;
-        wg_fence();
-        attn_wg_scores(st, ka, qt, wg);
-        attn_wg_scores(dpt, va, dt, wg);
-        wg_commit();
-        wg_wait(0);
         float4 st4[MMA_MT], dpt4[MMA_MT], l4[MMA_MT], d4[MMA_MT];
-        attn_wg_acc4(st4, st, MMA_MT);
-        attn_wg_acc4(dpt4, dpt, MMA_MT);
         const __local float *ls = lse2s + t % 2 * BLOCK_M, *ds = dls + t % 2 * BLOCK_M;
 #pragma unroll
         for (int j = 0; j < MMA_MT; ++j) {
@@ -1962,7 +1951,7 @@ attn_bwd_dkdv_wgmma(const __global io_t *q, ulong q_off, const __global io_t *k,
             l4[j] = (float4)(l, l);
             d4[j] = (float4)(d, d);
         }
-        attn_p_ds_tiles(st4, dpt4, l4, d4, MMA_MT, scale, softcap); /* P^T and dS^T */
+        attn_wg_p_ds(st4, dpt4, ka, qt, va, dt, wg, l4, d4, scale, softcap); /* P^T and dS^T */
         if (attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr)) {
             attn_mask_tiles(st4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
             attn_mask_tiles(dpt4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
@@ -1978,27 +1967,16 @@ attn_bwd_dkdv_wgmma(const __global io_t *q, ulong q_off, const __global io_t *k,
         attn_wg_pv(gk, sf, qt);
         wg_commit();
         wg_wait(0);
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) {
-            wg_keep_f(gk + i);
-            wg_keep_f(gv + i);
-        }
-#pragma unroll
-        for (int j = 0; j < BLOCK_M / 16; ++j) {
-            wg_keep_u4(pf + j); /* P^T and dS^T stayed in their registers until now */
-            wg_keep_u4(sf + j);
-        }
+        attn_wg_keep(gv, pf);
+        attn_wg_keep(gk, sf);
     }
 #undef WG_STAGE
 #undef WG_M0
 #undef WG_HEAD
 
     float4 gk4[MMA_OT], gv4[MMA_OT];
-#pragma unroll
-    for (int e = 0; e < MMA_OT; ++e) {
-        gk4[e] = (float4)(gk[4 * e], gk[4 * e + 1], gk[4 * e + 2], gk[4 * e + 3]);
-        gv4[e] = (float4)(gv[4 * e], gv[4 * e + 1], gv[4 * e + 2], gv[4 * e + 3]);
-    }
+    attn_wg_acc4(gk4, gk, MMA_OT);
+    attn_wg_acc4(gv4, gv, MMA_OT);
     attn_dkdv_store(dk, attn_row(dk_off, sgk_b, sgk_h, sgk_t, b, hk, sq.k0), sgk_t, dv,
                     attn_row(dv_off, sgv_b, sgv_h, sgv_t, b, hk, sq.k0), sgv_t, gk4, gv4, c0,
                     sq.tk, t4);
@@ -2035,15 +2013,7 @@ __kernel void attn_bwd_pre(const __global io_t *o, ulong o_off, const __global i
 ATTN_ACCUMULATE(attn_dq_dsk, TM, DT4, CT, PM, BLOCK_N, lkdq_t, LREADKDQ4) /* dS.K into dQ */
 
 __kernel __attribute__((reqd_work_group_size(RT * CT, 1, 1))) void
-attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
-            const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,
-            const __global float *lse, ulong lse_off, const __global float *delta,
-            ulong delta_off, __global io_t *dq, ulong dq_off, const __global int *cu_q,
-            ulong cu_q_off, const __global int *cu_k, ulong cu_k_off, int tq_all, int tk_all,
-            int nb, int hq, int group, long sq_b, long sq_h, long sq_t, long sk_b, long sk_h,
-            long sk_t, long sv_b, long sv_h, long sv_t, long sd_b, long sd_h, long sd_t,
-            long sg_b, long sg_h, long sg_t, long sl_b, long sl_h, float scale, float softcap,
-            int wl, int wr)
+attn_bwd_dq(ATTN_DQ_PARAMS)
 {
     LOCAL_TILE(lq_t, qs, BLOCK_M * DP);
     LOCAL_TILE(lq_t, dos, BLOCK_M * DP);
@@ -2180,15 +2150,7 @@ attn_bwd_dq(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k
 ATTN_ACCUMULATE(attn_dkdv_accumulate, TN, DT4_KV, CT_KV, PN, BLOCK_M, lq_t, LREADQ4)
 
 __kernel __attribute__((reqd_work_group_size(RT_KV * CT_KV, 1, 1))) void
-attn_bwd_dkdv(const __global io_t *q, ulong q_off, const __global io_t *k, ulong k_off,
-              const __global io_t *v, ulong v_off, const __global io_t *dout, ulong do_off,
-              const __global float *lse, ulong lse_off, const __global float *delta,
-              ulong delta_off, __global io_t *dk, ulong dk_off, __global io_t *dv, ulong dv_off,
-              const __global int *cu_q, ulong cu_q_off, const __global int *cu_k, ulong cu_k_off,
-              int tq_all, int tk_all, int nb, int hkv, int group, long sq_b, long sq_h, long sq_t,
-              long sk_b, long sk_h, long sk_t, long sv_b, long sv_h, long sv_t, long sd_b,
-              long sd_h, long sd_t, long sgk_b, long sgk_h, long sgk_t, long sgv_b, long sgv_h,
-              long sgv_t, long sl_b, long sl_h, float scale, float softcap, int wl, int wr)
+attn_bwd_dkdv(ATTN_DKDV_PARAMS)
 {
     LOCAL_TILE(lk_t, ks, BLOCK_N * DP);
     LOCAL_TILE(lk_t, vs, BLOCK_N * DP);
