@@ -1619,6 +1619,7 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS)
         wg_wait(0);
         attn_wg_keep(acc, dsf);
     }
+    mma_cp_wait(0); /* with no key tile, Q's and dO's copies: none may land after the exit */
 
     float4 acc4[MMA_OT];
     attn_wg_acc4(acc4, acc, MMA_OT);
@@ -1873,6 +1874,7 @@ attn_bwd_dkdv_mma(ATTN_DKDV_PARAMS)
         }
         barrier(CLK_LOCAL_MEM_FENCE); /* no warp reads this stage any more: the next copy may */
     }
+    mma_cp_wait(0); /* with no query tile, K's and V's copies: none may land after the exit */
 
     attn_dkdv_store(dk, attn_row(dk_off, sgk_b, sgk_h, sgk_t, b, hk, sq.k0), sgk_t, dv,
                     attn_row(dv_off, sgv_b, sgv_h, sgv_t, b, hk, sq.k0), sgv_t, gk, gv, c0, sq.tk,
@@ -1970,6 +1972,7 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS)
         attn_wg_keep(gv, pf);
         attn_wg_keep(gk, sf);
     }
+    mma_cp_wait(0); /* with no query tile, K's and V's copies: none may land after the exit */
 #undef WG_STAGE
 #undef WG_M0
 #undef WG_HEAD
