@@ -80,7 +80,6 @@ typedef float floatv;
 #define VSTORE(p, i, v) STORE(DT, p, i, v)
 #else
 typedef LLMCL_CAT(float, VEC) floatv;
-typedef LLMCL_CAT(ushort, VEC) ushortv;
 #define VLOAD(p, i) LLMCL_CAT(vload_, DT)((p), (i))
 #define VSTORE(p, i, v) LLMCL_CAT(vstore_, DT)((p), (i), (v))
 
@@ -88,46 +87,7 @@ typedef LLMCL_CAT(ushort, VEC) ushortv;
 #define f32v_to_bf16 LLMCL_CAT(LLMCL_CAT(f32x, VEC), _to_bf16)
 
 #if ALIGNED
-inline floatv vload_F32(const __global float *p, long i)
-{
-#if VEC == 4
-    return as_float4(ld16(p + i));
-#else
-    return *(const __global floatv *)(p + i);
-#endif
-}
-inline floatv vload_BF16(const __global ushort *p, long i)
-{
-#if VEC == 8
-    return bf16x8_packed_to_f32(ld16(p + i));
-#else
-    return bf16v_to_f32(*(const __global ushortv *)(p + i));
-#endif
-}
-inline floatv vload_F16(const __global ushort *p, long i)
-{
-    return LLMCL_CAT(vloada_half, VEC)(0, (const __global half *)(p + i));
-}
-inline void vstore_F32(__global float *p, long i, floatv v)
-{
-#if VEC == 4
-    st16(p + i, as_uint4(v));
-#else
-    *(__global floatv *)(p + i) = v;
-#endif
-}
-inline void vstore_BF16(__global ushort *p, long i, floatv v)
-{
-#if VEC == 8
-    st16(p + i, f32x8_to_bf16_packed(v));
-#else
-    *(__global ushortv *)(p + i) = f32v_to_bf16(v);
-#endif
-}
-inline void vstore_F16(__global ushort *p, long i, floatv v)
-{
-    LLMCL_CAT(LLMCL_CAT(vstorea_half, VEC), _rte)(v, 0, (__global half *)(p + i));
-}
+LLMCL_VEC_IO_ALIGNED()
 #else
 inline floatv vload_F32(const __global float *p, long i)
 {
