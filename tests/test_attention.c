@@ -523,7 +523,8 @@ static void test_t1(void **state)
 /*
  * The cases the tensor-core kernels make risky, in bf16 and f16 at head dims 32, 64, 96, 128 and
  * 256 (and 48, 80, 112 and 192 once each): lengths that are no multiple of a tile (1, 17, 333),
- * Tq != Tk under the causal mask, a window narrower than a tile, GQA, [B, T, H, D] storage, varlen
+ * Tq != Tk under the causal mask, a window narrower than a tile (and one that leaves most keys
+ * unseen: key tiles with no query tile to visit), GQA, [B, T, H, D] storage, varlen
  * with sequences of length 0 and 1, forced smaller tiles (GQA across several key and query tiles),
  * a softcap at D 256 and a view that is not 8-element aligned (the portable kernels then run). On a
  * device with tensor cores the tuning report says which kernels ran (wgmma's at D 64 and 128
@@ -566,11 +567,13 @@ static void test_fast_path(void **state)
                 causal(dense(dt, 1, 2, 2, d, 17, 100)),
                 causal(dense(dt, 1, 2, 2, d, 100, 17)),
                 windowed(dense(dt, 1, 2, 1, d, 150, 150), 5, 0),
+                /* keys 0-77 seen by no query: key tiles with no query tile, dK = dV = 0 */
+                windowed(dense(dt, 1, 2, 1, d, 17, 100), 5, 0),
                 dense(dt, 2, 2, 2, d, 70, 70),
                 causal(dense(dt, 5, 4, 2, d, 0, 0)),
             };
-            cases[6].bthd = true;
-            cases[7].cu_q = cases[7].cu_k = cu;
+            cases[7].bthd = true;
+            cases[8].cu_q = cases[8].cu_k = cu;
             for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
                 check_case(cases[i], 300 + 10 * di + i);
                 for (int kk = 0; kk < 3; ++kk) {
