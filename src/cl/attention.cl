@@ -1320,9 +1320,7 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS)
             attn_wg_kv(WG_K(n), WG_V(n), kh, sk_t, vh, sv_t, n_lo + n * BLOCK_N, sq.tk, lid);
         mma_cp_commit();
     }
-    mma_cp_wait(STAGES - 2);
-    wg_proxy_fence();
-    barrier(CLK_LOCAL_MEM_FENCE);
+    wg_copies_landed(STAGES - 2);
 
     const int wg = warp / 4, r0 = m0 + 16 * warp + g; /* the lane's rows: r0 and r0 + 8 */
     float acc[D / 2], s[BLOCK_N / 2], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
@@ -1342,9 +1340,7 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS)
         attn_wg_softmax(s, alpha, mrow, lrow, pf, r0, n_lo, m0, sq, scale, softcap, wl, wr, t4);
     }
     for (int n = 0; n < nt; ++n) {
-        mma_cp_wait(STAGES - 3); /* tile n + 1 is in */
-        wg_proxy_fence();
-        barrier(CLK_LOCAL_MEM_FENCE);
+        wg_copies_landed(STAGES - 3); /* tile n + 1 is in */
         const int next = n + STAGES - 1;
         if (next < nt)
             attn_wg_kv(WG_K(next), WG_V(next), kh, sk_t, vh, sv_t, n_lo + next * BLOCK_N, sq.tk,
@@ -1593,9 +1589,7 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS)
     for (int n = 0; n < nt; ++n) {
         const int n0 = n_lo + n * BLOCK_N;
         const uint kt = ka + n % 2 * WG_TILE_BYTES, vt = va + n % 2 * WG_TILE_BYTES;
-        mma_cp_wait(0); /* tile n is in */
-        wg_proxy_fence();
-        barrier(CLK_LOCAL_MEM_FENCE);
+        wg_copies_landed(0); /* tile n is in */
         if (n + 1 < nt)
             attn_wg_kv(ka + (n + 1) % 2 * WG_TILE_BYTES, va + (n + 1) % 2 * WG_TILE_BYTES, kh,
                        sk_t, vh, sv_t, n0 + BLOCK_N, sq.tk, lid);
@@ -1939,9 +1933,7 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS)
     for (int t = 0; t < nt; ++t) {
         const int m0 = WG_M0(t);
         const uint qt = qa + t % 2 * WG_TILE_BYTES, dt = da + t % 2 * WG_TILE_BYTES;
-        mma_cp_wait(0); /* tile t is in (K and V with the first) */
-        wg_proxy_fence();
-        barrier(CLK_LOCAL_MEM_FENCE);
+        wg_copies_landed(0); /* tile t is in (K and V with the first) */
         if (t + 1 < nt)
             WG_STAGE(t + 1);
         mma_cp_commit();

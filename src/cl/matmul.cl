@@ -708,9 +708,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_wgmma(MM_PARAMS
         mma_cp_commit();
     }
     for (int kt = 0; kt < nk; ++kt) {
-        mma_cp_wait(STAGES - 3);
-        wg_proxy_fence();
-        barrier(CLK_LOCAL_MEM_FENCE);
+        wg_copies_landed(STAGES - 3);
         const int next = kt + STAGES - 2;
         if (next < nk)
             mm_load_stage(STAGE(next), a, sam, sak, b, sbk, sbn, M, N, m0, n0,

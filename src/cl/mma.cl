@@ -207,6 +207,18 @@ inline ulong wg_desc(uint addr, uint lbo, uint sbo)
 /* Local memory written by the work-items (cp.async included) becomes visible to wgmma's reads. */
 inline void wg_proxy_fence(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+/*
+ * Every work-item's cp.async copies but those of its n (a constant, 0..3) newest groups have
+ * landed, and wgmma may read them: each waits for its own, makes them visible to wgmma's proxy,
+ * then the barrier waits for all.
+ */
+inline void wg_copies_landed(int n)
+{
+    mma_cp_wait(n);
+    wg_proxy_fence();
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
 /* Orders the accumulators' register writes before the wgmma that follow. */
 inline void wg_fence(void) { asm volatile("// @sm90a wgmma.fence.sync.aligned;" ::: "memory"); }
 

@@ -621,8 +621,9 @@ static llmcl_status attn_wg_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_k
     const bool overridden = llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
     long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
     long stages = fwd ? llmcl__param_get(p, "STAGES", 3) : 2;
-    bool ok = (bm == 64 || bm == 128) && (bn == 64 || bn == 128) && stages >= 2 && stages <= 5 &&
-              (!fwd || stages >= 3) && attn_wg_local_bytes(g, kern, bm, bn, stages) <= local;
+    bool ok = (bm == 64 || bm == 128) && (bn == 64 || bn == 128) &&
+              (!fwd || (stages >= 3 && stages <= 5)) &&
+              attn_wg_local_bytes(g, kern, bm, bn, stages) <= local;
     if (!ok && !overridden) {
         bm = def_m, bn = def_n, stages = fwd ? 3 : 2, ok = true;
         llmcl__param_set(p, "BLOCK_M", bm);
