@@ -735,8 +735,9 @@ typedef struct llmcl_attention_opts {
  * accumulation, so P (and in the backward dS) is rounded to q's dtype before its product, as
  * FlashAttention does, and the softmax's exponentials use the hardware approximation. Where the
  * device has Hopper's wgmma (llmcl_device_info.has_wgmma), calls at D 64 and 128 run on it. Other
- * calls run the portable kernels; llmcl_tune_params_get(ctx, "attention_fwd_wgmma",
- * "attention_fwd_mma", ...) says which ran.
+ * calls run the portable kernels. llmcl_tune_params_get with a kernel's key says whether it ran:
+ * "attention_fwd_wgmma", "attention_fwd_mma" or "attention_fwd" (and the backward's *_bwd_dq* and
+ * *_bwd_dkdv* keys).
  *
  * Reads q, k, v (and the cu_seqlens); writes o and lse (natural-log sum of exponentials per
  * query row, kept for the backward). opts may be NULL (the defaults). o and lse must not overlap
