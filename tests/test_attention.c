@@ -522,7 +522,8 @@ static void test_t1(void **state)
 
 /*
  * The cases the tensor-core kernels make risky, in bf16 and f16 at head dims 32, 64, 96, 128 and
- * 256 (and 48, 80, 112 and 192 once each): lengths that are no multiple of a tile (1, 17, 333),
+ * 256 (and 48, 80, 112 and 192 once each): lengths that are no multiple of a tile (1, 17, 333,
+ * and 4095 once),
  * Tq != Tk under the causal mask, a window narrower than a tile (and one that leaves most keys
  * unseen: key tiles with no query tile to visit), GQA, [B, T, H, D] storage, varlen
  * with sequences of length 0 and 1, forced smaller tiles (GQA across several key and query tiles),
@@ -613,6 +614,8 @@ static void test_fast_path(void **state)
         for (int kk = 0; kk < 3; ++kk)
             th_assert_launched_with(mma_keys[kk], LLMCL_BF16, "192", "BLOCK_M=");
     }
+    /* a long sequence one short of a tile multiple: 64 key tiles through the pipelines */
+    check_case(causal(dense(LLMCL_BF16, 1, 1, 1, 64, 4095, 4095)), 574);
     attn_case c = causal(dense(LLMCL_BF16, 1, 2, 1, 64, 40, 40));
     c.pad = 4; /* 4 elements into the storage: not 16-byte rows */
     check_case(c, 369);
