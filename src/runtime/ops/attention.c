@@ -378,9 +378,10 @@ static attn_tiles attn_default_tiles(const llmcl_ctx *ctx, attn_kernel kern, int
     }
     const attn_tiles *list = kern == ATTN_FWD ? fwd : bwd;
     const size_t n = kern == ATTN_FWD ? sizeof fwd / sizeof *fwd : sizeof bwd / sizeof *bwd;
-    /* Mesa 22.3 (rusticl) computes a wrong dK with 4 x 4 register blocks in attn_bwd_dkdv for
-       some shapes (docs/PORTABILITY.md) that PoCL and NVIDIA get right: 2 x 2 there. */
-    const bool small_blocks = kern == ATTN_DKDV && ctx->info.vendor_id == LLMCL_VENDOR_MESA;
+    /* Mesa 22.3 (rusticl) gets 4 x 4 register blocks wrong for some shapes that PoCL and NVIDIA
+       get right: dK in attn_bwd_dkdv, and rows of O and the LSE left unwritten in attn_fwd
+       (docs/PORTABILITY.md): 2 x 2 there, in every kernel. */
+    const bool small_blocks = ctx->info.vendor_id == LLMCL_VENDOR_MESA;
     attn_tiles t = list[0];
     for (size_t i = 0; i < n; ++i) {
         if (small_blocks && (list[i].tm > 2 || list[i].tn > 2))
