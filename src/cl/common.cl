@@ -65,6 +65,14 @@ inline uint bf16x2_rn(float lo, float hi)
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
+inline uint f32x2_to_bf16_packed(float2 f) { return bf16x2_rn(f.x, f.y); }
+/* Two floats to f16 (nearest even) in one instruction as well. */
+inline uint f32x2_to_f16_packed(float2 f)
+{
+    uint r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(f.y), "f"(f.x));
+    return r;
+}
 inline uint4 f32x8_to_bf16_packed(float8 f)
 {
     return (uint4)(bf16x2_rn(f.s0, f.s1), bf16x2_rn(f.s2, f.s3), bf16x2_rn(f.s4, f.s5),
@@ -82,6 +90,7 @@ inline float8 bf16x8_round(float8 f)
     return as_float8(
         select(r, (u & 0xffff0000u) | 0x00400000u, (u & 0x7fffffffu) > 0x7f800000u));
 }
+inline uint f32x2_to_bf16_packed(float2 f) { return as_uint(f32x2_to_bf16(f)); }
 inline uint4 f32x8_to_bf16_packed(float8 f)
 {
     const uint8 b = as_uint8(bf16x8_round(f));
@@ -297,11 +306,17 @@ LLMCL_WG_REDUCE(wg_max, fmax, )
 #define CAP(x) ((flags & CE_CAP) ? cap * tanh((x) * (1.0f / cap)) : (x))
 #define CAP_DERIV(xc) ((flags & CE_CAP) ? 1.0f - ((xc) / cap) * ((xc) / cap) : 1.0f)
 
-/* dlogit of the capped logit xc: A p - B [target] - C w, q = (A, B, C), lp the row's lse_p. */
-inline float ce_dlogit(int flags, float cap, float xc, float3 q, float lp, float w, bool target)
+/* dlogit of the capped logit xc from e = exp(xc - lse_p): A e - B [target] - C w, q = (A, B, C). */
+inline float ce_dlogit_e(int flags, float cap, float xc, float e, float3 q, float w, bool target)
 {
-    float g = q.x * exp(xc - lp) - q.z * w;
+    float g = q.x * e - q.z * w;
     if (target)
         g -= q.y;
     return g * CAP_DERIV(xc);
+}
+
+/* The same with the exponential taken here, lp the row's lse_p. */
+inline float ce_dlogit(int flags, float cap, float xc, float3 q, float lp, float w, bool target)
+{
+    return ce_dlogit_e(flags, cap, xc, exp(xc - lp), q, w, target);
 }

@@ -318,7 +318,7 @@ inline float4 mm_load4_F16(const __global ushort *p, long i) { return load4_F16(
 inline void mm_store4_F32(__global float *p, long i, float4 v) { *(__global float4 *)(p + i) = v; }
 inline void mm_store4_BF16(__global ushort *p, long i, float4 v)
 {
-    *(__global uint2 *)(p + i) = as_uint2(f32x4_to_bf16(v));
+    *(__global uint2 *)(p + i) = (uint2)(f32x2_to_bf16_packed(v.xy), f32x2_to_bf16_packed(v.zw));
 }
 inline void mm_store4_F16(__global ushort *p, long i, float4 v) { store4_F16(p, i, v); }
 #define MM_LOAD4(DT, p, i) LLMCL_CAT(mm_load4_, DT)((p), (i))
@@ -558,10 +558,10 @@ mm_epilogue(float4 acc[MI][NI], uint base, int wm, int wn, int lane, int warp, _
  * Output tile order: groups of GROUP_M tile rows, column by column inside a group, so that the
  * work-groups resident at once share their A rows and B columns in L2.
  */
-inline void mm_tile_origin(long M, long N, long *m0, long *n0)
+inline void mm_tile_origin(long M, long N, int pid, long *m0, long *n0)
 {
     const int ntm = (int)((M + BM - 1) / BM), ntn = (int)((N + BN - 1) / BN);
-    const int pid = get_group_id(0), per_group = GROUP_M * ntn, first = pid / per_group * GROUP_M;
+    const int per_group = GROUP_M * ntn, first = pid / per_group * GROUP_M;
     const int rows = min(ntm - first, GROUP_M), in_group = pid % per_group;
     *m0 = (long)(first + in_group % rows) * BM;
     *n0 = (long)(in_group / rows) * BN;
@@ -574,13 +574,15 @@ inline void mm_tile_origin(long M, long N, long *m0, long *n0)
     , int flags, float cap, const __global label_t *labels, ulong loff, long v0,                  \
         long ignore_index, const __global float *weight, ulong woff, const __global int *stats,   \
         const __global float *coef, __global float *part, __global float *xyb
-#define MM_CE_BEGIN()                                                                             \
+#define MM_CE_CHECK()                                                                             \
     if (stats[0] >= 0)                                                                            \
-        return;                                                                                   \
+    return
+#define MM_CE_STATE()                                                                             \
     const mm_ce ce = {flags, cap, labels + loff, v0, ignore_index, weight + woff, coef, part, xyb}
 #else
 #define MM_CE_PARAMS
-#define MM_CE_BEGIN() const mm_ce ce = {0}
+#define MM_CE_CHECK() (void)0
+#define MM_CE_STATE() const mm_ce ce = {0}
 #endif
 
 /*
@@ -594,13 +596,14 @@ inline void mm_tile_origin(long M, long N, long *m0, long *n0)
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS MM_CE_PARAMS)
 {
     __local uint4 smem[STAGES * (STAGE_A + STAGE_B) / 16];
-    MM_CE_BEGIN();
+    MM_CE_CHECK();
+    MM_CE_STATE();
     MM_SLICE();
     const uint base = mma_smem(smem);
     const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WN, wn = warp % WN;
     long m0, n0;
-    mm_tile_origin(M, N, &m0, &n0);
+    mm_tile_origin(M, N, get_group_id(0), &m0, &n0);
     const int nk = (int)((k_hi - k_lo + BK - 1) / BK);
 #define KS (BK / 16)
 #define STAGE(i) (base + ((i) % STAGES) * (STAGE_A + STAGE_B))
@@ -654,12 +657,15 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS M
 
 /*
  * mm_wgmma: the product on Hopper's wgmma (sm_90a, LLMCL_NV_WGMMA). BM / 64 warpgroups each own
- * 64 rows of a BM x 256 output tile (WM = BM / 16 warps of 16 rows, WN = 1, as the epilogue sees
- * them), whose 128 f32 accumulators a lane holds; BK is 64. Every work-item issues the cp.async
- * copies of a STAGES-deep pipeline, loads run STAGES - 2 slices ahead, and each warpgroup keeps
- * one slice's wgmma running while the next one is issued: the barrier at the top of step kt, after
- * every warpgroup has waited for its wgmma of slice kt - 2, frees that slice's stage for the load
- * of slice kt + STAGES - 2.
+ * 64 rows of a BM x 256 output tile, whose 128 f32 accumulators a lane holds; BK is 64. Every
+ * work-item issues the cp.async copies of a STAGES-deep pipeline, loads run STAGES - 2 slices
+ * ahead, and each warpgroup keeps one slice's wgmma running while the next one is issued: the
+ * barrier at the top of step kt, after every warpgroup has waited for its wgmma of slice kt - 2,
+ * frees that slice's stage for the load of slice kt + STAGES - 2.
+ *
+ * Work-groups are persistent: one walks the tiles from its group id in steps of the grid, and
+ * the copies of its next tile's first slices are in flight while it writes the current one
+ * (the epilogue works from the registers, so the stages are free by then).
  */
 #if MM_WGMMA && defined(LLMCL_NV_WGMMA)
 
@@ -685,51 +691,339 @@ inline void mm_wg_step(float *d, uint sa, int ks, int wg)
     LLMCL_CAT(mm_wg_mma_, DT)(d, da, db);
 }
 
+/*
+ * The epilogue works on the accumulators where wgmma leaves them: lane (g, t) = (lane / 4,
+ * lane % 4) of warp w holds row 16 w + g of the tile in d[4 j], d[4 j + 1] and row 16 w + g + 8
+ * in d[4 j + 2], d[4 j + 3], at columns 8 j + 2 t and 8 j + 2 t + 1 (j < 32). So a lane writes
+ * pairs, and a quad's four lanes 8 consecutive columns of a row.
+ */
+#define MM_WG_PAIRS 32
+/* Pairs of columns whose loads of C are issued together before their stores. */
+#define MM_WG_BATCH 8
+
+/* Two consecutive elements at p + i, which is 2-element aligned, as one access. */
+inline float2 mm_load2_F32(const __global float *p, long i)
+{
+    return *(const __global float2 *)(p + i);
+}
+inline float2 mm_load2_BF16(const __global ushort *p, long i)
+{
+    return bf16x2_to_f32(*(const __global ushort2 *)(p + i));
+}
+inline float2 mm_load2_F16(const __global ushort *p, long i)
+{
+    return vload_half2(0, (const __global half *)(p + i));
+}
+inline void mm_store2_F32(__global float *p, long i, float2 v) { *(__global float2 *)(p + i) = v; }
+/* The 16-bit roundings are sm_80's paired instructions (common.cl): on the H100 the bf16 bit
+   arithmetic cost a 128 x 256 tile about 20 us (GEMM 8192^3: 504 -> 601 TFLOP/s). */
+inline void mm_store2_BF16(__global ushort *p, long i, float2 v)
+{
+    *(__global uint *)(p + i) = f32x2_to_bf16_packed(v);
+}
+inline void mm_store2_F16(__global ushort *p, long i, float2 v)
+{
+    *(__global uint *)(p + i) = f32x2_to_f16_packed(v);
+}
+#define MM_LOAD2(DT, p, i) LLMCL_CAT(mm_load2_, DT)((p), (i))
+#define MM_STORE2(DT, p, i, v) LLMCL_CAT(mm_store2_, DT)((p), (i), (v))
+
+/* The accumulator pair j of row half h (0: row g, 1: row g + 8). */
+#define MM_WG_PAIR(d, h, j) ((float2)((d)[4 * (j) + 2 * (h)], (d)[4 * (j) + 2 * (h) + 1]))
+
+/*
+ * Plain epilogue of the lane's row m + 8 h from column n: mm_out's sums, pairs at a time where
+ * the tile lies inside C with 2-element aligned rows; C's old values (beta != 0) and the row
+ * bias are loaded a batch of pairs ahead of the stores, so that their latencies overlap.
+ */
+__attribute__((always_inline)) inline void
+mm_wg_epilogue(const float *d, int h, __global c_t *c, long coff, long scm, long scn,
+               const __global bias_t *bias, long sbias, int bias_mode, float alpha, float beta,
+               __global float *ws, long wsoff, long M, long N, long m, long n, bool inside)
+{
+    const bool vec = inside && (SPLITK ? (N & 1) == 0 : scn == 1 && ((coff | scm) & 1) == 0);
+    const long mm = m + 8 * h;
+#pragma unroll
+    for (int j0 = 0; j0 < MM_WG_PAIRS; j0 += MM_WG_BATCH) {
+        float2 add[MM_WG_BATCH];
+#pragma unroll
+        for (int j = 0; j < MM_WG_BATCH; ++j) {
+            const long nn = n + 8 * (j0 + j);
+            add[j] = (float2)(0.0f);
+            if (!vec || SPLITK)
+                continue;
+            if (bias_mode == 1)
+                add[j] = (float2)(LOAD(BIAS_DT, bias, nn * sbias),
+                                  LOAD(BIAS_DT, bias, (nn + 1) * sbias));
+            else if (bias_mode == 2)
+                add[j] = (float2)(LOAD(BIAS_DT, bias, mm * sbias));
+            if (beta != 0.0f)
+                add[j] += beta * MM_LOAD2(C_DT, c, coff + mm * scm + nn);
+        }
+#pragma unroll
+        for (int j = 0; j < MM_WG_BATCH; ++j) {
+            const long nn = n + 8 * (j0 + j);
+            const float2 acc = MM_WG_PAIR(d, h, j0 + j);
+            if (vec && SPLITK) {
+                *(__global float2 *)(ws + wsoff + mm * N + nn) = acc;
+            } else if (vec) {
+                MM_STORE2(C_DT, c, coff + mm * scm + nn, alpha * acc + add[j]);
+            } else {
+                if (mm < M && nn < N)
+                    mm_out(c, coff, scm, scn, bias, sbias, bias_mode, alpha, beta, ws, wsoff,
+                           N, mm, nn, acc.x);
+                if (mm < M && nn + 1 < N)
+                    mm_out(c, coff, scm, scn, bias, sbias, bias_mode, alpha, beta, ws, wsoff,
+                           N, mm, nn + 1, acc.y);
+            }
+        }
+    }
+}
+
+/*
+ * The cross-entropy epilogues take exponentials with native_exp (ex2.approx of x log2(e), as
+ * Triton's exp does: relative errors of |x| 2^-24 and a few ulp, where exp's correct rounding
+ * costs about a dozen instructions each: 0.5 ms of path 3's forward on the H100).
+ *
+ * They index a lane's columns from its first, nl = n0 + 2 t: pair j's element e is column
+ * nl + 8 j + e, inside C when 8 j + e < left (the columns from nl on, at most BN, 0 for a row
+ * past M), and the row's target when 8 j + e == yq. Small constants against two per-row values
+ * keep the 128 columns' tests out of the registers the accumulators need.
+ */
+typedef struct mm_ce_row {
+    long m;    /* the row; m < M when left > 0 */
+    int left;  /* columns of C from the lane's first on within the tile (0 past M) */
+    int yq;    /* the target's column from the lane's first (-1: elsewhere or none) */
+} mm_ce_row;
+
+inline mm_ce_row mm_ce_row_of(const mm_ce *ce, long m, long M, long N, long nl)
+{
+    mm_ce_row r = {m, 0, -1};
+    if (m >= M)
+        return r;
+    r.left = (int)clamp(N - nl, 0L, (long)BN);
+    const long label = LOAD(LABEL_DT, ce->labels, m);
+    const long y = label == ce->ignore ? -1 : label - ce->v0 - nl;
+    r.yq = y >= 0 && y < BN ? (int)y : -1;
+    return r;
+}
+
+/*
+ * The capped logits CAP(alpha acc + bias[n]) in place (bias_mode 1: the classes' bias), ahead of
+ * the cross-entropy epilogues: the lane's two rows share its columns' bias, loaded once, a batch
+ * of pairs at a time (the compiler fence keeps all 64 loads from being hoisted into registers),
+ * and the cap is a pass of its own under a uniform branch.
+ */
+__attribute__((always_inline)) inline void mm_wg_ce_logits(float *d, const mm_ce *ce,
+                                                           const __global bias_t *bias,
+                                                           long sbias, int bias_mode, float alpha,
+                                                           long N, long nl)
+{
+    const int flags = ce->flags;
+    const float cap = ce->cap;
+    const int left = bias_mode == 1 ? (int)clamp(N - nl, 0L, (long)BN) : 0;
+#pragma unroll
+    for (int j0 = 0; j0 < MM_WG_PAIRS; j0 += MM_WG_BATCH) {
+        float b[2 * MM_WG_BATCH];
+#pragma unroll
+        for (int k = 0; k < 2 * MM_WG_BATCH; ++k) {
+            const int off = 8 * (j0 + k / 2) + k % 2;
+            b[k] = off < left ? LOAD(BIAS_DT, bias, (nl + off) * sbias) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < 2 * MM_WG_BATCH; ++k) {
+            const int i = 4 * (j0 + k / 2) + k % 2;
+            d[i] = alpha * d[i] + b[k];
+            d[i + 2] = alpha * d[i + 2] + b[k];
+        }
+        asm volatile("" ::: "memory");
+    }
+    if (flags & CE_CAP) {
+#pragma unroll
+        for (int i = 0; i < 128; ++i)
+            d[i] = CAP(d[i]);
+    }
+}
+
+/*
+ * MM_CE 1 from the registers, slot s of row half h: the LSE partial of the lane's CE_SLOT / 4
+ * logits reduced over its quad, and the target logit into *xt where the lane holds it. The
+ * columns past N are masked by selects, not branches: a branch around each logit split the
+ * code into blocks of one exp each, which could not overlap. Smoothing's weighted sum, which
+ * may load class weights, is a pass of its own.
+ */
+__attribute__((always_inline)) inline void
+mm_wg_ce_slot(const float *d, int h, int s, const mm_ce *ce, const mm_ce_row *r, int t, long N,
+              long nl, float *xt)
+{
+    const int flags = ce->flags;
+    float mx = -FLT_MAX;
+#pragma unroll
+    for (int k = 0; k < CE_SLOT / 4; ++k) {
+        const int j = s * (CE_SLOT / 8) + k / 2, off = 8 * j + k % 2;
+        const float x = d[4 * j + 2 * h + k % 2];
+        mx = fmax(mx, off < r->left ? x : -FLT_MAX);
+        *xt = off == r->yq ? x : *xt;
+    }
+    mx = warp_max_in(mx, 4);
+    float sum = 0.0f, ws = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CE_SLOT / 4; ++k) {
+        const int j = s * (CE_SLOT / 8) + k / 2, off = 8 * j + k % 2;
+        const float e = native_exp(d[4 * j + 2 * h + k % 2] - mx);
+        sum += off < r->left ? e : 0.0f;
+    }
+    sum = warp_sum_in(sum, 4);
+    if (flags & CE_SMOOTH) {
+#pragma unroll
+        for (int k = 0; k < CE_SLOT / 4; ++k) {
+            const int j = s * (CE_SLOT / 8) + k / 2, off = 8 * j + k % 2;
+            /* the forward reads class weights only for smoothing's sum */
+            const float w = (flags & CE_WEIGHT) && off < r->left ? ce->weight[nl + off] : 1.0f;
+            if (off < r->left && w != 0.0f)
+                ws += w * d[4 * j + 2 * h + k % 2];
+        }
+        ws = warp_sum_in(ws, 4);
+    }
+    const long slot0 = nl - 2 * t + s * CE_SLOT;
+    if (r->left > 0 && t == 0 && slot0 < N) { /* a slot wholly past N is none */
+        __global float *p = ce->part + (r->m * ((N + CE_SLOT - 1) / CE_SLOT) + slot0 / CE_SLOT) * 3;
+        p[0] = mx;
+        p[1] = sum;
+        p[2] = ws;
+    }
+}
+
+#if BN / CE_SLOT != 4
+#error "mm_wgmma's forward epilogue takes four slots a row"
+#endif
+
+/* MM_CE 1 from the registers, row half h: its four slots (each in its own call, so that d's
+   indices stay constants), then the target logit. */
+__attribute__((always_inline)) inline void
+mm_wg_ce_partials(const float *d, int h, const mm_ce *ce, int t, long M, long N, long m, long nl)
+{
+    const mm_ce_row r = mm_ce_row_of(ce, m + 8 * h, M, N, nl);
+    float xt = 0.0f;
+    mm_wg_ce_slot(d, h, 0, ce, &r, t, N, nl, &xt);
+    mm_wg_ce_slot(d, h, 1, ce, &r, t, N, nl, &xt);
+    mm_wg_ce_slot(d, h, 2, ce, &r, t, N, nl, &xt);
+    mm_wg_ce_slot(d, h, 3, ce, &r, t, N, nl, &xt);
+    /* the lane's columns are 8 j and 8 j + 1 from its first */
+    if (r.yq >= 0 && (r.yq & 6) == 0 && r.yq < r.left)
+        ce->xyb[r.m] = xt;
+}
+
+/*
+ * MM_CE 2 from the registers: each logit's dlogit (ce_dlogit_e), stored to C in pairs. `weighs`
+ * is a constant at each call (class weights or none), so that neither form branches around
+ * each logit for its weight.
+ */
+__attribute__((always_inline)) inline void
+mm_wg_ce_dlogits(const float *d, int h, const mm_ce *ce, bool weighs, __global c_t *c, long coff,
+                 long scm, long scn, long M, long N, long m, long nl, bool inside)
+{
+    const int flags = ce->flags;
+    const float cap = ce->cap;
+    const bool vec = inside && scn == 1 && ((coff | scm) & 1) == 0;
+    const mm_ce_row r = mm_ce_row_of(ce, m + 8 * h, M, N, nl);
+    const float4 cf = r.left > 0 ? vload4(r.m, ce->coef) : (float4)(0.0f);
+    const long ci = coff + r.m * scm + nl * scn;
+#pragma unroll
+    for (int j = 0; j < MM_WG_PAIRS; ++j) {
+        const float2 x = MM_WG_PAIR(d, h, j);
+        const int off = 8 * j;
+        const bool ok0 = off < r.left, ok1 = off + 1 < r.left;
+        const float w0 = weighs && ok0 ? ce->weight[nl + off] : 1.0f;
+        const float w1 = weighs && ok1 ? ce->weight[nl + off + 1] : 1.0f;
+        const float2 e = (float2)(native_exp(x.x - cf.w), native_exp(x.y - cf.w));
+        const float2 g = (float2)(ce_dlogit_e(flags, cap, x.x, e.x, cf.xyz, w0, off == r.yq),
+                                  ce_dlogit_e(flags, cap, x.y, e.y, cf.xyz, w1, off + 1 == r.yq));
+        if (vec) {
+            MM_STORE2(C_DT, c, ci + off, g);
+            continue;
+        }
+        if (ok0)
+            STORE(C_DT, c, ci + off * scn, g.x);
+        if (ok1)
+            STORE(C_DT, c, ci + (off + 1) * scn, g.y);
+    }
+}
+
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_wgmma(MM_PARAMS MM_CE_PARAMS)
 {
     __local uint4 smem[STAGES * (STAGE_A + STAGE_B) / 16] __attribute__((aligned(1024)));
-    MM_CE_BEGIN();
+    MM_CE_CHECK();
     MM_SLICE();
     const uint base = mma_smem(smem);
     const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
-    long m0, n0;
-    mm_tile_origin(M, N, &m0, &n0);
+    const int ntiles = (int)(((M + BM - 1) / BM) * ((N + BN - 1) / BN));
+    const int step = get_num_groups(0);
     const int nk = (int)((k_hi - k_lo + BK - 1) / BK);
 #define STAGE(i) (base + ((i) % STAGES) * (STAGE_A + STAGE_B))
+#define MM_WG_FIRST_SLICES(m0, n0, live)                                                          \
+    for (int s = 0; s < STAGES - 2; ++s) {                                                        \
+        if ((live) && s < nk)                                                                     \
+            mm_load_stage(STAGE(s), a, sam, sak, b, sbk, sbn, M, N, m0, n0,                       \
+                          k_lo + (long)s * BK, k_hi, tid);                                        \
+        mma_cp_commit();                                                                          \
+    }
 
-    float d[128];
+    long m0, n0;
+    mm_tile_origin(M, N, get_group_id(0), &m0, &n0);
+    MM_WG_FIRST_SLICES(m0, n0, (int)get_group_id(0) < ntiles);
+    for (int tile = get_group_id(0); tile < ntiles; tile += step) {
+        float d[128];
 #pragma unroll
-    for (int i = 0; i < 128; ++i)
-        d[i] = 0.0f;
-    for (int s = 0; s < STAGES - 2; ++s) {
-        if (s < nk)
-            mm_load_stage(STAGE(s), a, sam, sak, b, sbk, sbn, M, N, m0, n0, k_lo + (long)s * BK,
-                          k_hi, tid);
-        mma_cp_commit();
-    }
-    for (int kt = 0; kt < nk; ++kt) {
-        wg_copies_landed(STAGES - 3);
-        const int next = kt + STAGES - 2;
-        if (next < nk)
-            mm_load_stage(STAGE(next), a, sam, sak, b, sbk, sbn, M, N, m0, n0,
-                          k_lo + (long)next * BK, k_hi, tid);
-        mma_cp_commit();
-        wg_fence();
+        for (int i = 0; i < 128; ++i)
+            d[i] = 0.0f;
+        for (int kt = 0; kt < nk; ++kt) {
+            wg_copies_landed(STAGES - 3);
+            const int next = kt + STAGES - 2;
+            if (next < nk)
+                mm_load_stage(STAGE(next), a, sam, sak, b, sbk, sbn, M, N, m0, n0,
+                              k_lo + (long)next * BK, k_hi, tid);
+            mma_cp_commit();
+            wg_fence();
 #pragma unroll
-        for (int ks = 0; ks < BK / 16; ++ks)
-            mm_wg_step(d, STAGE(kt), ks, wg);
-        wg_commit();
-        wg_wait(1);
+            for (int ks = 0; ks < BK / 16; ++ks)
+                mm_wg_step(d, STAGE(kt), ks, wg);
+            wg_commit();
+            wg_wait(1);
+        }
+        wg_wait(0);
+#pragma unroll
+        for (int i = 0; i < 128; ++i)
+            wg_keep_f(d + i);
+        barrier(CLK_LOCAL_MEM_FENCE); /* every warpgroup is done reading the stages */
+        const long m = m0 + warp * 16 + (lane >> 2), n = n0 + 2 * (lane & 3);
+        const bool inside = m0 + BM <= M && n0 + BN <= N;
+        if (tile + step < ntiles)
+            mm_tile_origin(M, N, tile + step, &m0, &n0);
+        MM_WG_FIRST_SLICES(m0, n0, tile + step < ntiles);
+        /* each row half in its own call: a loop over the two was not unrolled (its body is
+           large), and d, indexed by its counter, went to private memory */
+#define MM_WG_OUT(h)                                                                              \
+    if (MM_CE == 1)                                                                               \
+        mm_wg_ce_partials(d, h, &ce, lane & 3, M, N, m, n);                                       \
+    else if (MM_CE == 2 && (ce.flags & CE_WEIGHT))                                                \
+        mm_wg_ce_dlogits(d, h, &ce, true, c, coff, scm, scn, M, N, m, n, inside);                 \
+    else if (MM_CE == 2)                                                                          \
+        mm_wg_ce_dlogits(d, h, &ce, false, c, coff, scm, scn, M, N, m, n, inside);                \
+    else                                                                                          \
+        mm_wg_epilogue(d, h, c, coff, scm, scn, bias, sbias, bias_mode, alpha, beta, ws, wsoff,   \
+                       M, N, m, n, inside)
+        /* built after the main loop, from the arguments, rather than kept through it */
+        MM_CE_STATE();
+        if (MM_CE)
+            mm_wg_ce_logits(d, &ce, bias, sbias, bias_mode, alpha, N, n);
+        MM_WG_OUT(0);
+        MM_WG_OUT(1);
+#undef MM_WG_OUT
     }
-    wg_wait(0);
+    mma_cp_wait(0);
+#undef MM_WG_FIRST_SLICES
 #undef STAGE
-
-    float4 acc[1][32];
-#pragma unroll
-    for (int j = 0; j < 32; ++j)
-        acc[0][j] = (float4)(d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
-    mm_epilogue(acc, base, warp, 0, lane, warp, c, coff, scm, scn, bias, sbias, bias_mode, alpha,
-                beta, ws, wsoff, M, N, m0, n0, &ce);
 }
 #endif
 

@@ -247,18 +247,19 @@ static int64_t auto_slices(int64_t groups, int64_t slots, int64_t ksteps, uint64
 }
 
 /*
- * K slices: the caller's split_k, or on GPUs auto_slices with two work-groups a compute unit.
- * Returns the slice length (a multiple of bk).
+ * K slices: the caller's split_k, or on GPUs auto_slices with `resident` work-groups a compute
+ * unit. Returns the slice length (a multiple of bk).
  */
-static int64_t k_slice(const mm_problem *p, int64_t tiles, int64_t bk, int64_t *slices)
+static int64_t k_slice(const mm_problem *p, int64_t tiles, int64_t bk, int resident,
+                       int64_t *slices)
 {
     const int64_t ksteps = llmcl__div_up(p->K, bk) > 0 ? llmcl__div_up(p->K, bk) : 1;
     int64_t s = p->o.split_k;
     if (s == 0)
-        s = p->ctx->info.is_gpu
-                ? auto_slices(tiles * p->batch, 2 * (int64_t)p->ctx->info.compute_units, ksteps,
-                              (uint64_t)p->batch * p->M * p->N * 4)
-                : 1;
+        s = p->ctx->info.is_gpu ? auto_slices(tiles * p->batch,
+                                              resident * (int64_t)p->ctx->info.compute_units,
+                                              ksteps, (uint64_t)p->batch * p->M * p->N * 4)
+                                : 1;
     s = s < ksteps ? s : ksteps;
     const int64_t len = llmcl__div_up(ksteps, s) * bk;
     *slices = llmcl__div_up(p->K, len) > 0 ? llmcl__div_up(p->K, len) : 1;
@@ -281,15 +282,28 @@ static void arg_ce(llmcl__args *g, const llmcl__mm_ce *ce)
         llmcl__arg(g, sizeof bufs[i], &bufs[i]);
 }
 
+/* How a product kernel's work-groups occupy the device. */
+typedef struct mm_launch {
+    const char *name;
+    size_t wg;       /* work-items a group */
+    int64_t bk;      /* k-slice: K splits are multiples of it */
+    int resident;    /* groups a compute unit holds at once, for the K split heuristic */
+    bool persistent; /* a group walks tiles in steps of the grid (mm_wgmma) */
+} mm_launch;
+
 /*
  * A product kernel over (tiles, batch, slices); with more than one slice into an f32 scratch that
- * mm_reduce then finishes.
+ * mm_reduce then finishes. A persistent kernel over one batch entry and slice gets one group per
+ * resident slot, at most one per tile.
  */
-static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const char *name,
-                              int64_t tiles, size_t wg, int64_t bk, const llmcl__mm_ce *ce)
+static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_launch *l,
+                              int64_t tiles, const llmcl__mm_ce *ce)
 {
     int64_t slices;
-    const int64_t len = k_slice(p, tiles, bk, &slices);
+    const int64_t len = k_slice(p, tiles, l->bk, l->resident, &slices);
+    const int64_t slots = (int64_t)l->resident * p->ctx->info.compute_units;
+    const int64_t groups =
+        l->persistent && p->batch * slices == 1 && slots < tiles ? slots : tiles;
     llmcl_tensor *ws = NULL;
     if (slices > 1) {
         const int64_t n = slices * p->batch * p->M * p->N;
@@ -297,7 +311,7 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const char
     }
     llmcl__define_int(d, "SPLITK", slices > 1);
     cl_kernel k;
-    llmcl_status st = llmcl__kernel(p->ctx, MM_FAMILY, d, name, &k);
+    llmcl_status st = llmcl__kernel(p->ctx, MM_FAMILY, d, l->name, &k);
     if (st == LLMCL_OK) {
         llmcl__args g = llmcl__args_begin(p->ctx, k);
         arg_operand(&g, &p->a, true);
@@ -313,8 +327,8 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const char
         llmcl__arg(&g, sizeof wmem, &wmem);
         if (ce)
             arg_ce(&g, ce);
-        const size_t global[3] = {(size_t)tiles * wg, (size_t)p->batch, (size_t)slices};
-        const size_t local[3] = {wg, 1, 1};
+        const size_t global[3] = {(size_t)groups * l->wg, (size_t)p->batch, (size_t)slices};
+        const size_t local[3] = {l->wg, 1, 1};
         st = llmcl__launch(&g, 3, global, local);
     }
     if (st == LLMCL_OK && slices > 1)
@@ -463,7 +477,8 @@ static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc, const llmcl
     llmcl__defines d = {0};
     mma_defines(p, a_kc, b_kc, ce, &t, &d);
     const size_t wg = 32 * (size_t)llmcl__param_get(&t, "WM", 2) * llmcl__param_get(&t, "WN", 2);
-    return run_tiles(p, &d, "mm_mma", tiles, wg, llmcl__param_get(&t, "BK", 32), ce);
+    const mm_launch l = {"mm_mma", wg, llmcl__param_get(&t, "BK", 32), 2, false};
+    return run_tiles(p, &d, &l, tiles, ce);
 }
 
 /* wgmma's tiles: BM (64, 128 or 192: one warpgroup a 64 rows) x 256 x 64 in STAGES (3 to 6). */
@@ -497,7 +512,9 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     llmcl__define_int(&d, "BK", 64);
     llmcl__define_int(&d, "WM", bm / 16);
     llmcl__define_int(&d, "WN", 1);
-    return run_tiles(p, &d, "mm_wgmma", tiles, (size_t)(2 * bm), 64, ce);
+    /* STAGES (BM + 256) 64 2 bytes of local memory, at least 120 KiB: one group a compute unit */
+    const mm_launch l = {"mm_wgmma", (size_t)(2 * bm), 64, 1, true};
+    return run_tiles(p, &d, &l, tiles, ce);
 }
 
 /* wgmma where the device has it (every product measured faster, docs/PERFORMANCE.md), else
@@ -537,7 +554,8 @@ static llmcl_status run_tiled(const mm_problem *p)
     llmcl__define_int(&d, "B_KC", unit_dim(&p->b, false) == 1);
     llmcl__params_define(&t, &d);
     const size_t wg = (size_t)(tt / llmcl__param_get(&t, "TM", 4)) * (tt / llmcl__param_get(&t, "TN", 4));
-    return run_tiles(p, &d, "mm_tiled", tiles, wg, llmcl__param_get(&t, "BK", 16), NULL);
+    const mm_launch l = {"mm_tiled", wg, llmcl__param_get(&t, "BK", 16), 2, false};
+    return run_tiles(p, &d, &l, tiles, NULL);
 }
 
 /* ---- CLBlast (f32, one matrix, row-major C) ---- */
