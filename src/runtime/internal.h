@@ -290,6 +290,12 @@ cl_program llmcl__nv_retarget_sm90a(cl_context context, cl_device_id device, con
 /* A built program's binary as NUL-terminated text (NVIDIA's is PTX), to free; NULL if none. */
 char *llmcl__program_text(cl_program prog);
 
+/*
+ * The default output tile (bm x bn) of a large 16-bit product on this device's tensor cores and
+ * how many such tiles run at once (slots): what a caller sizing products in whole waves needs.
+ */
+void llmcl__mma_waves(const llmcl_ctx *ctx, int64_t *bm, int64_t *bn, int64_t *slots);
+
 /* a [M, K] and b [N, K] (16-bit, unit stride along K), bias [N] or NULL, c [M, N] in a's dtype
    (mode 2; mode 1 ignores it). */
 llmcl_status llmcl__matmul_ce(llmcl_ctx *ctx, const llmcl_tensor *a, const llmcl_tensor *b,

@@ -904,19 +904,53 @@ static int64_t epilogue_fwd_cols(const ce_run *r)
 }
 
 /*
- * Classes per chunk of the tensor-core backward: the chunk's 16-bit dlogits, beside the row
- * coefficients and statistics (8 floats a row), within the budget; whole multiples of 512 from
- * 1024 on (on the H100 at N 8192, V 128256: 3584 classes took 68.0 ms, 3840 69.7, 3968 74.3).
+ * The tensor-core backward's products over the vocabulary in chunks of c classes, in units of
+ * one tile's k-step: each product takes whole waves of tiles, each as long as its K. The logits
+ * product (n x w, K = h), dhidden (n x h, K = w) and dweight (w x h, K = n) of every chunk of w
+ * classes, h the hidden size.
  */
-static int64_t epilogue_bwd_cols(const ce_run *r, llmcl_dtype dt)
+static double bwd_chunks_cost(const ce_run *r, int64_t h, int64_t c, int64_t bm, int64_t bn,
+                              int64_t slots)
+{
+    const int64_t n = r->n;
+    double cost = 0.0;
+    for (int64_t v0 = 0; v0 < r->v; v0 += c) {
+        const int64_t w = r->v - v0 < c ? r->v - v0 : c;
+        cost += (double)llmcl__div_up(llmcl__div_up(n, bm) * llmcl__div_up(w, bn), slots) * h +
+                (double)llmcl__div_up(llmcl__div_up(n, bm) * llmcl__div_up(h, bn), slots) * w +
+                (double)llmcl__div_up(llmcl__div_up(w, bm) * llmcl__div_up(h, bn), slots) * n;
+    }
+    return cost;
+}
+
+/*
+ * Classes per chunk of the tensor-core backward: the chunk's 16-bit dlogits, beside the row
+ * coefficients and statistics (8 floats a row), within the budget; of the multiples of 128 from
+ * 1024 up to that, the one whose products waste the least of their last waves (bwd_chunks_cost;
+ * on the H100 at N 8192, H 4096, V 128256: 3072 classes, where the most the budget holds, 3968,
+ * leaves the weight gradient's last wave a third full).
+ */
+static int64_t epilogue_bwd_cols(const ce_run *r, const ce_linear *lin, llmcl_dtype dt)
 {
     if (r->o.vocab_chunk > 0)
         return whole_tiles(r, r->o.vocab_chunk);
     const uint64_t budget = r->o.chunk_bytes ? r->o.chunk_bytes : CE_FUSED_BUDGET;
     const uint64_t rows = (uint64_t)r->n * 32;
     const uint64_t left = budget > rows ? budget - rows : 0;
-    const int64_t c = (int64_t)(left / ((uint64_t)r->n * llmcl_dtype_size(dt)));
-    return whole_tiles(r, c >= 1024 ? c / 512 * 512 : c);
+    const int64_t most = (int64_t)(left / ((uint64_t)r->n * llmcl_dtype_size(dt)));
+    if (most < 1024)
+        return whole_tiles(r, most);
+    int64_t bm, bn, slots, best = most / 128 * 128;
+    llmcl__mma_waves(r->ctx, &bm, &bn, &slots);
+    double best_cost = bwd_chunks_cost(r, lin->h.row_len, best, bm, bn, slots);
+    for (int64_t c = best - 128; c >= 1024; c -= 128) {
+        const double cost = bwd_chunks_cost(r, lin->h.row_len, c, bm, bn, slots);
+        if (cost < best_cost * (1.0 - 1e-9)) {
+            best = c;
+            best_cost = cost;
+        }
+    }
+    return whole_tiles(r, best);
 }
 
 /*
@@ -930,7 +964,7 @@ static llmcl_status fused_backward_epilogue(ce_run *r, const ce_linear *lin,
                                             llmcl_tensor *dweight)
 {
     llmcl_ctx *ctx = r->ctx;
-    const int64_t n = r->n, vc = epilogue_bwd_cols(r, hidden->dtype);
+    const int64_t n = r->n, vc = epilogue_bwd_cols(r, lin, hidden->dtype);
     const int64_t nchunks = llmcl__div_up(r->v, vc), gshape[2] = {n, vc};
     llmcl_tensor *g = NULL, *hv = NULL, *dhv = NULL, *dwv = NULL;
     ce_chunk c = {0};

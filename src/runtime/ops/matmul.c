@@ -631,6 +631,14 @@ bool llmcl__mma_available(const llmcl_ctx *ctx, llmcl_dtype dt)
     return ctx->info.has_mma && dt != LLMCL_F32;
 }
 
+void llmcl__mma_waves(const llmcl_ctx *ctx, int64_t *bm, int64_t *bn, int64_t *slots)
+{
+    const bool wg = ctx->info.has_wgmma; /* run_wgmma's and run_mma's large defaults */
+    *bm = wg ? 128 : 256;
+    *bn = wg ? 256 : 128;
+    *slots = (wg ? 1 : 2) * (int64_t)ctx->info.compute_units;
+}
+
 llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, const llmcl_tensor *b,
                           float beta, llmcl_tensor *c, const llmcl_matmul_opts *opts)
 {
