@@ -14,6 +14,16 @@
 /* The split-K scratch stays below this unless the caller asks for the split. */
 #define MM_AUTO_SPLIT_BYTES (256ull << 20)
 
+/*
+ * mm_wgmma's tiles: BM rows (WG_BM by default), WG_BN columns, 64-deep slices. Its STAGES
+ * (BM + WG_BN) 64 2 bytes of local memory, at least 120 KiB, leave one group a compute unit;
+ * the K split heuristic counts two of the other kernels'.
+ */
+#define WG_BM 128
+#define WG_BN 256
+#define WG_RESIDENT 1
+#define MM_RESIDENT 2
+
 /* An operand as the kernels see it: offset, strides of its logical (rows, cols), batch stride. */
 typedef struct mm_operand {
     const llmcl_tensor *t;
@@ -477,17 +487,17 @@ static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc, const llmcl
     llmcl__defines d = {0};
     mma_defines(p, a_kc, b_kc, ce, &t, &d);
     const size_t wg = 32 * (size_t)llmcl__param_get(&t, "WM", 2) * llmcl__param_get(&t, "WN", 2);
-    const mm_launch l = {"mm_mma", wg, llmcl__param_get(&t, "BK", 32), 2, false};
+    const mm_launch l = {"mm_mma", wg, llmcl__param_get(&t, "BK", 32), MM_RESIDENT, false};
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
-/* wgmma's tiles: BM (64, 128 or 192: one warpgroup a 64 rows) x 256 x 64 in STAGES (3 to 6). */
+/* wgmma's tiles: BM (64, 128 or 192: one warpgroup a 64 rows) x WG_BN x 64 in STAGES (3 to 6). */
 static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
 {
     const long bm = llmcl__param_get(t, "BM", 0), st = llmcl__param_get(t, "STAGES", 0);
     return (bm == 64 || bm == 128 || bm == 192) && st >= 3 && st <= 6 &&
            (size_t)(2 * bm) <= ctx->info.max_work_group_size &&
-           (uint64_t)st * (bm + 256) * 64 * 2 <= ctx->info.local_mem_static_bytes;
+           (uint64_t)st * (bm + WG_BN) * 64 * 2 <= ctx->info.local_mem_static_bytes;
 }
 
 /*
@@ -497,23 +507,22 @@ static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
 static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llmcl__mm_ce *ce)
 {
     llmcl__params t = {0};
-    llmcl__param_set(&t, "BM", 128);
+    llmcl__param_set(&t, "BM", WG_BM);
     llmcl__param_set(&t, "STAGES", 4);
     llmcl__param_set(&t, "GROUP_M", 8);
     if (!ce)
         LLMCL__TRY(pick_tiles(p, "mm_wgmma", wgmma_tiles_ok, &t));
     int64_t tiles;
-    LLMCL__TRY(mma_tiles(p, &t, 256, &tiles));
-    const int64_t bm = llmcl__param_get(&t, "BM", 128);
+    LLMCL__TRY(mma_tiles(p, &t, WG_BN, &tiles));
+    const int64_t bm = llmcl__param_get(&t, "BM", WG_BM);
     llmcl__defines d = {0};
     mma_defines(p, a_kc, b_kc, ce, &t, &d);
     llmcl__define_int(&d, "MM_WGMMA", 1);
-    llmcl__define_int(&d, "BN", 256);
+    llmcl__define_int(&d, "BN", WG_BN);
     llmcl__define_int(&d, "BK", 64);
     llmcl__define_int(&d, "WM", bm / 16);
     llmcl__define_int(&d, "WN", 1);
-    /* STAGES (BM + 256) 64 2 bytes of local memory, at least 120 KiB: one group a compute unit */
-    const mm_launch l = {"mm_wgmma", (size_t)(2 * bm), 64, 1, true};
+    const mm_launch l = {"mm_wgmma", (size_t)(2 * bm), 64, WG_RESIDENT, true};
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
@@ -554,7 +563,7 @@ static llmcl_status run_tiled(const mm_problem *p)
     llmcl__define_int(&d, "B_KC", unit_dim(&p->b, false) == 1);
     llmcl__params_define(&t, &d);
     const size_t wg = (size_t)(tt / llmcl__param_get(&t, "TM", 4)) * (tt / llmcl__param_get(&t, "TN", 4));
-    const mm_launch l = {"mm_tiled", wg, llmcl__param_get(&t, "BK", 16), 2, false};
+    const mm_launch l = {"mm_tiled", wg, llmcl__param_get(&t, "BK", 16), MM_RESIDENT, false};
     return run_tiles(p, &d, &l, tiles, NULL);
 }
 
@@ -633,10 +642,18 @@ bool llmcl__mma_available(const llmcl_ctx *ctx, llmcl_dtype dt)
 
 void llmcl__mma_waves(const llmcl_ctx *ctx, int64_t *bm, int64_t *bn, int64_t *slots)
 {
-    const bool wg = ctx->info.has_wgmma; /* run_wgmma's and run_mma's large defaults */
-    *bm = wg ? 128 : 256;
-    *bn = wg ? 256 : 128;
-    *slots = (wg ? 1 : 2) * (int64_t)ctx->info.compute_units;
+    const int64_t units = (int64_t)ctx->info.compute_units;
+    if (ctx->info.has_wgmma) {
+        *bm = WG_BM;
+        *bn = WG_BN;
+        *slots = WG_RESIDENT * units;
+        return;
+    }
+    llmcl__params t = {0};
+    mma_default_tiles(&t, true, 1); /* run_mma's large tiles */
+    *bm = llmcl__param_get(&t, "BM", 0);
+    *bn = llmcl__param_get(&t, "BN", 0);
+    *slots = MM_RESIDENT * units;
 }
 
 llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, const llmcl_tensor *b,
