@@ -5,8 +5,8 @@
  * Storage is selected per tensor with a dtype macro (F32, BF16, F16, I32, I64) that the runtime
  * passes as -D options, e.g. -DX_DT=BF16; kernels then write STORAGE(X_DT), LOAD(X_DT, p, i) and
  * STORE(X_DT, p, i, v). 16-bit types are stored as ushort: bf16 is bit arithmetic with
- * round-to-nearest-even, f16 goes through core vload_half/vstore_half_rte, so neither needs
- * cl_khr_fp16. Math is always f32.
+ * round-to-nearest-even (vectors through sm_80's paired cvt on NVIDIA), f16 goes through core
+ * vload_half/vstore_half_rte, so neither needs cl_khr_fp16. Math is always f32.
  *
  * The runtime defines LLMCL_NV_PTX where NVIDIA's inline PTX builds, and LLMCL_NV_BF16_CVT where
  * it also has cvt.rn.bf16x2.f32 (compute capability 8.0 or later).
@@ -41,12 +41,6 @@ inline ushort f32_to_bf16(float f)
 inline float2 bf16x2_to_f32(ushort2 h) { return as_float2(convert_uint2(h) << 16); }
 inline float4 bf16x4_to_f32(ushort4 h) { return as_float4(convert_uint4(h) << 16); }
 
-inline ushort2 f32x2_to_bf16(float2 f) { return (ushort2)(f32_to_bf16(f.x), f32_to_bf16(f.y)); }
-inline ushort4 f32x4_to_bf16(float4 f)
-{
-    return (ushort4)(f32_to_bf16(f.x), f32_to_bf16(f.y), f32_to_bf16(f.z), f32_to_bf16(f.w));
-}
-
 /*
  * Eight bf16 packed two to a 32-bit word (element 2k in the low half of word k), as 16-byte loads
  * and stores move them: a uint4 takes four registers where a ushort8 may take eight.
@@ -65,7 +59,11 @@ inline uint bf16x2_rn(float lo, float hi)
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
-inline uint f32x2_to_bf16_packed(float2 f) { return bf16x2_rn(f.x, f.y); }
+inline ushort2 f32x2_to_bf16(float2 f) { return as_ushort2(bf16x2_rn(f.x, f.y)); }
+inline ushort4 f32x4_to_bf16(float4 f)
+{
+    return as_ushort4((uint2)(bf16x2_rn(f.x, f.y), bf16x2_rn(f.z, f.w)));
+}
 /* Two floats to f16 (nearest even) in one instruction as well. */
 inline uint f32x2_to_f16_packed(float2 f)
 {
@@ -90,7 +88,11 @@ inline float8 bf16x8_round(float8 f)
     return as_float8(
         select(r, (u & 0xffff0000u) | 0x00400000u, (u & 0x7fffffffu) > 0x7f800000u));
 }
-inline uint f32x2_to_bf16_packed(float2 f) { return as_uint(f32x2_to_bf16(f)); }
+inline ushort2 f32x2_to_bf16(float2 f) { return (ushort2)(f32_to_bf16(f.x), f32_to_bf16(f.y)); }
+inline ushort4 f32x4_to_bf16(float4 f)
+{
+    return (ushort4)(f32_to_bf16(f.x), f32_to_bf16(f.y), f32_to_bf16(f.z), f32_to_bf16(f.w));
+}
 inline uint4 f32x8_to_bf16_packed(float8 f)
 {
     const uint8 b = as_uint8(bf16x8_round(f));

@@ -318,7 +318,7 @@ inline float4 mm_load4_F16(const __global ushort *p, long i) { return load4_F16(
 inline void mm_store4_F32(__global float *p, long i, float4 v) { *(__global float4 *)(p + i) = v; }
 inline void mm_store4_BF16(__global ushort *p, long i, float4 v)
 {
-    *(__global uint2 *)(p + i) = (uint2)(f32x2_to_bf16_packed(v.xy), f32x2_to_bf16_packed(v.zw));
+    *(__global ushort4 *)(p + i) = f32x4_to_bf16(v);
 }
 inline void mm_store4_F16(__global ushort *p, long i, float4 v) { store4_F16(p, i, v); }
 #define MM_LOAD4(DT, p, i) LLMCL_CAT(mm_load4_, DT)((p), (i))
@@ -719,7 +719,7 @@ inline void mm_store2_F32(__global float *p, long i, float2 v) { *(__global floa
    arithmetic cost a 128 x 256 tile about 20 us (GEMM 8192^3: 504 -> 601 TFLOP/s). */
 inline void mm_store2_BF16(__global ushort *p, long i, float2 v)
 {
-    *(__global uint *)(p + i) = f32x2_to_bf16_packed(v);
+    *(__global ushort2 *)(p + i) = f32x2_to_bf16(v);
 }
 inline void mm_store2_F16(__global ushort *p, long i, float2 v)
 {
