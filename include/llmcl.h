@@ -106,6 +106,8 @@ typedef struct llmcl_device_info {
                            kernel with mma.sync, ldmatrix and cp.async built (NVIDIA only) */
     int has_wgmma;      /* Hopper's wgmma: compute capability 9.0, and a wgmma kernel, built as PTX
                            retargeted to sm_90a, gave the right product (NVIDIA only) */
+    int has_tma;        /* Hopper's TMA copies for wgmma: the CUDA driver (libcuda.so.1) encodes
+                           tensor maps for this device (NVIDIA only; LLMCL_TMA=0 turns it off) */
 } llmcl_device_info;
 
 /*

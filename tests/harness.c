@@ -22,7 +22,15 @@ llmcl_ctx *th_ctx(void)
 
 void th_mma_sync_option(int argc, char **argv)
 {
-    if (argc < 2 || strcmp(argv[1], "--mma-sync") != 0)
+    if (argc < 2)
+        return;
+    if (strcmp(argv[1], "--cp-async") == 0) {
+        setenv("LLMCL_TMA", "0", 1);
+        if (!llmcl_ctx_device_info(th_ctx())->has_wgmma)
+            exit(77);
+        return;
+    }
+    if (strcmp(argv[1], "--mma-sync") != 0)
         return;
     setenv("LLMCL_WGMMA", "0", 1);
     const llmcl_device_info *info = llmcl_ctx_device_info(th_ctx());

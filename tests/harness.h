@@ -25,8 +25,9 @@ int th_teardown(void **state);
 /*
  * --mma-sync (the suites' second run of the tensor-core tests, matmul_mma_sync,
  * cross_entropy_mma_sync and attention_mma_sync): the kernels on mma.sync where wgmma would run
- * (LLMCL_WGMMA=0). Exits 77, a skip, where that run would repeat the plain one, on devices that
- * have no wgmma.
+ * (LLMCL_WGMMA=0). --cp-async (matmul_cp_async, cross_entropy_cp_async): wgmma's copies by
+ * cp.async where TMA would make them (LLMCL_TMA=0). Each exits 77, a skip, where its run would
+ * repeat the plain one, on devices that have no wgmma.
  */
 void th_mma_sync_option(int argc, char **argv);
 

@@ -386,10 +386,12 @@ static const char *mma_key(int trans_a)
     return trans_a ? "mm_mma_at" : "mm_mma";
 }
 
-/* Forced tile sets: wgmma's (BM and STAGES), or mma.sync's shapes. */
-static const char *const wgmma_sets[6] = {"BM=64 STAGES=3", "BM=128 STAGES=4 GROUP_M=3",
-                                         "BM=192 STAGES=3", "BM=64 STAGES=5",
-                                         "BM=128 STAGES=3 GROUP_M=1", "BM=192 STAGES=4"};
+/* Forced tile sets: wgmma's (BM x BN, WG_MB blocks of 64 rows a warpgroup, STAGES), or
+   mma.sync's shapes. */
+static const char *const wgmma_sets[6] = {
+    "BM=64 BN=256 WG_MB=1 STAGES=3",           "BM=128 BN=256 WG_MB=1 STAGES=4 GROUP_M=3",
+    "BM=256 BN=192 WG_MB=2 STAGES=4",          "BM=128 BN=192 WG_MB=1 STAGES=5",
+    "BM=128 BN=192 WG_MB=2 STAGES=3 GROUP_M=1", "BM=192 BN=256 WG_MB=1 STAGES=4"};
 static const char *const mma_sets[6] = {"BM=64 BN=64 BK=32 WM=2 WN=2 STAGES=2",
                                        "BM=128 BN=256 BK=32 WM=2 WN=4 STAGES=2",
                                        "BM=256 BN=128 BK=32 WM=4 WN=2 STAGES=2",
@@ -440,9 +442,10 @@ static void test_tensor_cores(void **state)
         TH_OK(llmcl_tune_override(th_ctx(), key, LLMCL_BF16, "*", NULL));
     }
     if (wgmma) {
-        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=256 STAGES=4");
-        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 STAGES=2");
-        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=192 STAGES=5"); /* 280 KiB */
+        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=256 BN=256 WG_MB=1 STAGES=3");
+        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=256 WG_MB=1 STAGES=2");
+        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=192 BN=256 WG_MB=1 STAGES=5"); /* 280 KiB */
+        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=256 BN=256 WG_MB=2 STAGES=3"); /* 256 acc */
     } else {
         expect_refused("mm_mma", LLMCL_BF16, 2, "BM=256 BN=256 BK=64 WM=2 WN=2 STAGES=4");
     }

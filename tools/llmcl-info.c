@@ -71,6 +71,7 @@ static void print_info(const llmcl_device_info *i)
     printf("  inline PTX           %s\n", i->has_inline_ptx ? "yes (NVIDIA fast paths on)" : "no");
     printf("  tensor cores         %s\n", i->has_mma ? "yes (mma.sync, ldmatrix, cp.async)" : "no");
     printf("  wgmma (sm_90a)       %s\n", i->has_wgmma ? "yes (PTX retargeted to sm_90a)" : "no");
+    printf("  TMA copies           %s\n", i->has_tma ? "yes (tensor maps from libcuda)" : "no");
 }
 
 int main(int argc, char **argv)

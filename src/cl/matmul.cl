@@ -3,8 +3,8 @@
  *   mm_tiled    portable: T x T output tiles from k-slices in local memory, TM x TN a work-item
  *   mm_mma      NVIDIA tensor cores (mma.cl): BM x BN tiles, WM x WN warps, a STAGES-deep cp.async
  *               pipeline of BK-wide slices, mma.sync m16n8k16 into f32 registers
- *   mm_wgmma    Hopper's wgmma (sm_90a, mma.cl): BM x 256 tiles, a warpgroup each 64 rows, both
- *               operands read by wgmma from 128-byte swizzled local tiles
+ *   mm_wgmma    Hopper's wgmma (sm_90a, mma.cl): BM x BN tiles, a warpgroup each 64 WG_MB rows,
+ *               both operands read by wgmma from 128-byte swizzled local tiles
  *   mm_reduce   split K: sums the f32 slices in slice order and applies the epilogue
  *   mm_bias     c += bias after a CLBlast GEMM
  *
@@ -33,7 +33,10 @@
  *               tiles move by cp.async (else by element loads). Local memory
  *               STAGES (BM + BN) BK 2 bytes: 48 KiB for 128 x 128 x 32 in 3 stages, 144 KiB
  *               for 256 x 128 x 64.
- *   MM_WGMMA    1: build mm_wgmma (BN 256, BK 64, WM = BM / 16, WN 1) instead of mm_mma
+ *   MM_WGMMA    1: build mm_wgmma (BK 64, WN 1, WM = BM / (16 WG_MB) warps) instead of mm_mma;
+ *               WG_MB: m64 blocks a warpgroup, 1 (BN 256) or 2 (BN 192): its lanes hold
+ *               WG_MB BN / 2 accumulators; MM_TMA: copies by Hopper's TMA from the tensor maps
+ *               the host passes (nv_tma.c), else by cp.async
  *   MM_CE       mm_mma or mm_wgmma as the fused cross-entropy's logits product (below): 1 the
  *               forward's LSE partials, 2 the backward's dlogits; LABEL_DT the labels' storage
  *               (I32 or I64); CE_SLOT the columns of a row that one LSE partial covers
@@ -104,6 +107,12 @@
 #endif
 #ifndef CE_SLOT
 #define CE_SLOT 64
+#endif
+#ifndef WG_MB
+#define WG_MB 1
+#endif
+#ifndef MM_TMA
+#define MM_TMA 0
 #endif
 
 typedef STORAGE(DT) ab_t;
@@ -656,8 +665,10 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS M
 #endif
 
 /*
- * mm_wgmma: the product on Hopper's wgmma (sm_90a, LLMCL_NV_WGMMA). BM / 64 warpgroups each own
- * 64 rows of a BM x 256 output tile, whose 128 f32 accumulators a lane holds; BK is 64. Every
+ * mm_wgmma: the product on Hopper's wgmma (sm_90a, LLMCL_NV_WGMMA). BM / (64 WG_MB) warpgroups
+ * each own 64 WG_MB rows of a BM x BN output tile, whose WG_ACC f32 accumulators a lane holds
+ * (128 x 256 tiles, or 256 x 192, which read 22% fewer bytes a product from L2: the H100 feeds
+ * the tensor cores from L2 no faster than about 7 TB/s, docs/PERFORMANCE.md); BK is 64. Every
  * work-item issues the cp.async copies of a STAGES-deep pipeline, loads run STAGES - 2 slices
  * ahead, and each warpgroup keeps one slice's wgmma running while the next one is issued: the
  * barrier at the top of step kt, after every warpgroup has waited for its wgmma of slice kt - 2,
@@ -669,35 +680,44 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS M
  */
 #if MM_WGMMA && defined(LLMCL_NV_WGMMA)
 
-#if BN != 256 || BK != 64 || WN != 1 || BM % 64 || STAGES < 3
-#error "mm_wgmma: 64 x 256 tiles a warpgroup, BK 64, WN 1, three stages or more"
+#if (BN != 256 && BN != 192) || WG_MB * BN > 384 || BK != 64 || WN != 1 || BM % (64 * WG_MB) || \
+    STAGES < 3
+#error "mm_wgmma: 64 WG_MB x BN tiles a warpgroup (BN 192 or 256, 192 accumulators at most), BK 64, WN 1, three stages or more"
 #endif
+
+/* The accumulators of a lane: WG_MB blocks of 64 rows, BN / 2 each */
+#define WG_ACC (WG_MB * BN / 2)
 
 #define MM_WG_TA LLMCL_CAT(MM_WG_T, A_KC)
 #define MM_WG_TB LLMCL_CAT(MM_WG_T, B_KC)
 #define MM_WG_T0 "1"
 #define MM_WG_T1 "0"
-LLMCL_WG_MMA_SS(mm_wg_mma_BF16, "bf16", 256, MM_WG_TA, MM_WG_TB)
-LLMCL_WG_MMA_SS(mm_wg_mma_F16, "f16", 256, MM_WG_TA, MM_WG_TB)
+LLMCL_WG_MMA_SS(mm_wg_mma_BF16, "bf16", BN, MM_WG_TA, MM_WG_TB)
+LLMCL_WG_MMA_SS(mm_wg_mma_F16, "f16", BN, MM_WG_TA, MM_WG_TB)
 
-/* Adds warpgroup wg's product of k16 step ks of the stage at sa to d. */
+/* Adds warpgroup wg's product of k16 step ks of the stage at sa to d, block by block of 64 rows. */
 inline void mm_wg_step(float *d, uint sa, int ks, int wg)
 {
     const uint sb = sa + STAGE_A;
-    const ulong da = A_KC ? wg_desc(sa + wg * 64 * 128 + ks * 32, 16, 1024)
-                          : wg_desc(sa + wg * BK * 128 + ks * 16 * 128, BK * 128, 1024);
     const ulong db = B_KC ? wg_desc(sb + ks * 32, 16, 1024)
                           : wg_desc(sb + ks * 16 * 128, BK * 128, 1024);
-    LLMCL_CAT(mm_wg_mma_, DT)(d, da, db);
+#pragma unroll
+    for (int i = 0; i < WG_MB; ++i) {
+        const int blk = wg * WG_MB + i;
+        const ulong da = A_KC ? wg_desc(sa + blk * 64 * 128 + ks * 32, 16, 1024)
+                              : wg_desc(sa + blk * BK * 128 + ks * 16 * 128, BK * 128, 1024);
+        LLMCL_CAT(mm_wg_mma_, DT)(d + i * (BN / 2), da, db);
+    }
 }
 
 /*
- * The epilogue works on the accumulators where wgmma leaves them: lane (g, t) = (lane / 4,
- * lane % 4) of warp w holds row 16 w + g of the tile in d[4 j], d[4 j + 1] and row 16 w + g + 8
- * in d[4 j + 2], d[4 j + 3], at columns 8 j + 2 t and 8 j + 2 t + 1 (j < 32). So a lane writes
- * pairs, and a quad's four lanes 8 consecutive columns of a row.
+ * The epilogue works on the accumulators where wgmma leaves them: in each block of 64 rows, lane
+ * (g, t) = (lane / 4, lane % 4) of the warpgroup's warp w holds row 16 w + g in d[4 j],
+ * d[4 j + 1] and row 16 w + g + 8 in d[4 j + 2], d[4 j + 3], at columns 8 j + 2 t and
+ * 8 j + 2 t + 1 (j < BN / 8). So a lane writes pairs, and a quad's four lanes 8 consecutive
+ * columns of a row.
  */
-#define MM_WG_PAIRS 32
+#define MM_WG_PAIRS (BN / 8)
 /* Pairs of columns whose loads of C are issued together before their stores. */
 #define MM_WG_BATCH 8
 
@@ -840,7 +860,7 @@ __attribute__((always_inline)) inline void mm_wg_ce_logits(float *d, const mm_ce
     }
     if (flags & CE_CAP) {
 #pragma unroll
-        for (int i = 0; i < 128; ++i)
+        for (int i = 0; i < BN / 2; ++i)
             d[i] = CAP(d[i]);
     }
 }
@@ -894,12 +914,12 @@ mm_wg_ce_slot(const float *d, int h, int s, const mm_ce *ce, const mm_ce_row *r,
     }
 }
 
-#if BN / CE_SLOT != 4
-#error "mm_wgmma's forward epilogue takes four slots a row"
+#if BN / CE_SLOT != 4 && BN / CE_SLOT != 3
+#error "mm_wgmma's forward epilogue takes three or four slots a row"
 #endif
 
-/* MM_CE 1 from the registers, row half h: its four slots (each in its own call, so that d's
-   indices stay constants), then the target logit. */
+/* MM_CE 1 from the registers, row half h: its slots (each in its own call, so that d's indices
+   stay constants), then the target logit. */
 __attribute__((always_inline)) inline void
 mm_wg_ce_partials(const float *d, int h, const mm_ce *ce, int t, long M, long N, long m, long nl)
 {
@@ -908,7 +928,9 @@ mm_wg_ce_partials(const float *d, int h, const mm_ce *ce, int t, long M, long N,
     mm_wg_ce_slot(d, h, 0, ce, &r, t, N, nl, &xt);
     mm_wg_ce_slot(d, h, 1, ce, &r, t, N, nl, &xt);
     mm_wg_ce_slot(d, h, 2, ce, &r, t, N, nl, &xt);
+#if BN / CE_SLOT == 4
     mm_wg_ce_slot(d, h, 3, ce, &r, t, N, nl, &xt);
+#endif
     /* the lane's columns are 8 j and 8 j + 1 from its first */
     if (r.yq >= 0 && (r.yq & 6) == 0 && r.yq < r.left)
         ce->xyb[r.m] = xt;
@@ -950,7 +972,50 @@ mm_wg_ce_dlogits(const float *d, int h, const mm_ce *ce, bool weighs, __global c
     }
 }
 
-__kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_wgmma(MM_PARAMS MM_CE_PARAMS)
+#if MM_TMA
+/* The tensor maps of A and B (nv_tma.c) and a work-group's two global slots for them. */
+#define MM_TMA_PARAMS , ulong16 tma_a, ulong16 tma_b, __global ulong16 *tma_slots
+
+/*
+ * Thread 0's copies, by TMA, of slice p of its group's tiles (tile p / nk of the group's walk,
+ * k-slice p % nk) into stage p % STAGES, once every work-item has released the stage's previous
+ * slice (empty) and with the stage's full barrier expecting the bytes. A tile's rows past M, its
+ * columns past N and its k past K arrive as zeros. An mn-major operand comes in atoms of 64.
+ */
+inline void mm_tma_produce(int p, int nk, int step, long k_lo, long M, long N, uint base,
+                           uint full, uint empty, ulong map_a, ulong map_b)
+{
+    const int s = p % STAGES;
+    long m0, n0;
+    mm_tile_origin(M, N, (int)get_group_id(0) + (p / nk) * step, &m0, &n0);
+    const int k = (int)(k_lo + (long)(p % nk) * BK), m = (int)m0, n = (int)n0;
+    const uint bar = full + 8 * s, sa = base + s * (STAGE_A + STAGE_B), sb = sa + STAGE_A;
+    if (p >= STAGES)
+        wg_bar_wait(empty + 8 * s, (p / STAGES + 1) & 1);
+    wg_bar_expect(bar, STAGE_A + STAGE_B);
+    if (A_KC)
+        wg_tma_load(sa, map_a, k, m, bar);
+    else
+        for (int i = 0; i < BM / 64; ++i)
+            wg_tma_load(sa + i * BK * 128, map_a, m + 64 * i, k, bar);
+    if (B_KC)
+        wg_tma_load(sb, map_b, k, n, bar);
+    else
+        for (int i = 0; i < BN / 64; ++i)
+            wg_tma_load(sb + i * BK * 128, map_b, n + 64 * i, k, bar);
+}
+#else
+#define MM_TMA_PARAMS
+#endif
+
+/*
+ * With MM_TMA the copies are Hopper's TMA, issued by work-item 0 (mm_tma_produce) STAGES - 1
+ * slices ahead: a stage's full barrier completes when its bytes have landed, and its empty barrier
+ * when every work-item's wgmma of it is done, which frees it for the next copy. They bypass L1,
+ * which 256 x 192 tiles in four stages leave too small for cp.async.ca's copies.
+ */
+__kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_wgmma(MM_PARAMS MM_CE_PARAMS
+                                                                           MM_TMA_PARAMS)
 {
     __local uint4 smem[STAGES * (STAGE_A + STAGE_B) / 16] __attribute__((aligned(1024)));
     MM_CE_CHECK();
@@ -961,6 +1026,28 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_wgmma(MM_PARAMS
     const int step = get_num_groups(0);
     const int nk = (int)((k_hi - k_lo + BK - 1) / BK);
 #define STAGE(i) (base + ((i) % STAGES) * (STAGE_A + STAGE_B))
+#if MM_TMA
+    __local ulong bars[2 * STAGES];
+    const uint full = mma_smem(bars), empty = full + 8 * STAGES;
+    const long gid = get_group_id(0) + get_num_groups(0) * (z + get_num_groups(1) * sl);
+    const ulong map_a = (ulong)(tma_slots + 2 * gid), map_b = map_a + 128;
+    const int first = get_group_id(0);
+    const int total = first < ntiles ? (ntiles - first + step - 1) / step * nk : 0;
+    int p = 0, g = 0;
+    if (tid == 0) {
+        wg_tma_map(tma_slots + 2 * gid, tma_a, a);
+        wg_tma_map(tma_slots + 2 * gid + 1, tma_b, b);
+        for (int s = 0; s < STAGES; ++s) {
+            wg_bar_init(full + 8 * s, 1);
+            wg_bar_init(empty + 8 * s, NT);
+        }
+        wg_bar_init_fence();
+        for (; p < STAGES - 1 && p < total; ++p)
+            mm_tma_produce(p, nk, step, k_lo, M, N, base, full, empty, map_a, map_b);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+#define MM_WG_FIRST_SLICES(m0, n0, live)
+#else
 #define MM_WG_FIRST_SLICES(m0, n0, live)                                                          \
     for (int s = 0; s < STAGES - 2; ++s) {                                                        \
         if ((live) && s < nk)                                                                     \
@@ -968,60 +1055,92 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_wgmma(MM_PARAMS
                           k_lo + (long)s * BK, k_hi, tid);                                        \
         mma_cp_commit();                                                                          \
     }
+#endif
 
     long m0, n0;
     mm_tile_origin(M, N, get_group_id(0), &m0, &n0);
     MM_WG_FIRST_SLICES(m0, n0, (int)get_group_id(0) < ntiles);
     for (int tile = get_group_id(0); tile < ntiles; tile += step) {
-        float d[128];
+        float d[WG_ACC];
 #pragma unroll
-        for (int i = 0; i < 128; ++i)
+        for (int i = 0; i < WG_ACC; ++i)
             d[i] = 0.0f;
         for (int kt = 0; kt < nk; ++kt) {
+#if MM_TMA
+            const uint sa = STAGE(g);
+            wg_bar_wait(full + 8 * (g % STAGES), (g / STAGES) & 1);
+#else
+            const uint sa = STAGE(kt);
             wg_copies_landed(STAGES - 3);
             const int next = kt + STAGES - 2;
             if (next < nk)
                 mm_load_stage(STAGE(next), a, sam, sak, b, sbk, sbn, M, N, m0, n0,
                               k_lo + (long)next * BK, k_hi, tid);
             mma_cp_commit();
+#endif
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < BK / 16; ++ks)
-                mm_wg_step(d, STAGE(kt), ks, wg);
+                mm_wg_step(d, sa, ks, wg);
             wg_commit();
             wg_wait(1);
+#if MM_TMA
+            if (kt > 0) {
+                wg_bar_arrive(empty + 8 * ((g - 1) % STAGES));
+                if (tid == 0 && p < total)
+                    mm_tma_produce(p++, nk, step, k_lo, M, N, base, full, empty, map_a, map_b);
+            }
+            ++g;
+#endif
         }
         wg_wait(0);
 #pragma unroll
-        for (int i = 0; i < 128; ++i)
+        for (int i = 0; i < WG_ACC; ++i)
             wg_keep_f(d + i);
+#if MM_TMA
+        wg_bar_arrive(empty + 8 * ((g - 1) % STAGES));
+        if (tid == 0 && p < total)
+            mm_tma_produce(p++, nk, step, k_lo, M, N, base, full, empty, map_a, map_b);
+#else
         barrier(CLK_LOCAL_MEM_FENCE); /* every warpgroup is done reading the stages */
-        const long m = m0 + warp * 16 + (lane >> 2), n = n0 + 2 * (lane & 3);
+#endif
+        const long m = m0 + wg * 64 * WG_MB + (warp & 3) * 16 + (lane >> 2);
+        const long n = n0 + 2 * (lane & 3);
         const bool inside = m0 + BM <= M && n0 + BN <= N;
         if (tile + step < ntiles)
             mm_tile_origin(M, N, tile + step, &m0, &n0);
         MM_WG_FIRST_SLICES(m0, n0, tile + step < ntiles);
-        /* each row half in its own call: a loop over the two was not unrolled (its body is
-           large), and d, indexed by its counter, went to private memory */
-#define MM_WG_OUT(h)                                                                              \
+        /* each block's row half in its own call: a loop over the two was not unrolled (its body
+           is large), and d, indexed by its counter, went to private memory */
+#define MM_WG_OUT(i, h)                                                                           \
     if (MM_CE == 1)                                                                               \
-        mm_wg_ce_partials(d, h, &ce, lane & 3, M, N, m, n);                                       \
+        mm_wg_ce_partials(d + (i) * (BN / 2), h, &ce, lane & 3, M, N, m + 64 * (i), n);           \
     else if (MM_CE == 2 && (ce.flags & CE_WEIGHT))                                                \
-        mm_wg_ce_dlogits(d, h, &ce, true, c, coff, scm, scn, M, N, m, n, inside);                 \
+        mm_wg_ce_dlogits(d + (i) * (BN / 2), h, &ce, true, c, coff, scm, scn, M, N,               \
+                         m + 64 * (i), n, inside);                                                \
     else if (MM_CE == 2)                                                                          \
-        mm_wg_ce_dlogits(d, h, &ce, false, c, coff, scm, scn, M, N, m, n, inside);                \
+        mm_wg_ce_dlogits(d + (i) * (BN / 2), h, &ce, false, c, coff, scm, scn, M, N,              \
+                         m + 64 * (i), n, inside);                                                \
     else                                                                                          \
-        mm_wg_epilogue(d, h, c, coff, scm, scn, bias, sbias, bias_mode, alpha, beta, ws, wsoff,   \
-                       M, N, m, n, inside)
+        mm_wg_epilogue(d + (i) * (BN / 2), h, c, coff, scm, scn, bias, sbias, bias_mode, alpha,   \
+                       beta, ws, wsoff, M, N, m + 64 * (i), n, inside)
         /* built after the main loop, from the arguments, rather than kept through it */
         MM_CE_STATE();
         if (MM_CE)
             mm_wg_ce_logits(d, &ce, bias, sbias, bias_mode, alpha, N, n);
-        MM_WG_OUT(0);
-        MM_WG_OUT(1);
+        MM_WG_OUT(0, 0);
+        MM_WG_OUT(0, 1);
+#if WG_MB == 2
+        if (MM_CE)
+            mm_wg_ce_logits(d + BN / 2, &ce, bias, sbias, bias_mode, alpha, N, n);
+        MM_WG_OUT(1, 0);
+        MM_WG_OUT(1, 1);
+#endif
 #undef MM_WG_OUT
     }
+#if !MM_TMA
     mma_cp_wait(0);
+#endif
 #undef MM_WG_FIRST_SLICES
 #undef STAGE
 }

@@ -107,17 +107,20 @@ inline void mma_load_tile(uint dst, const __global ushort *src, long ld, int row
 
 /*
  * The same copy for a tile that lies wholly inside its matrix, with src and ld multiples of 8
- * elements: work-item tid copies chunks tid + i nt, which share one chunk column (nt is a multiple
- * of R), so one pointer walks them by a fixed row step and nothing is bounds-checked.
+ * elements: work-item tid copies chunks tid + i nr, which share one chunk column (nr, the
+ * work-items that take part, is nt rounded down to a multiple of R), so one pointer walks them by
+ * a fixed row step and nothing is bounds-checked.
  */
 inline void mma_copy_tile(uint dst, const __global ushort *src, long ld, int rows, int R, int tid,
                           int nt, int atoms)
 {
-    const int c = tid % R, r0 = tid / R, step = nt / R;
+    const int nr = nt / R * R, c = tid % R, r0 = tid / R, step = nt / R;
     const __global ushort *p = src + (long)r0 * ld + c * 8;
     const long pstep = (long)step * ld;
-    for (int i = 0; i < (rows * R + nt - 1) / nt; ++i, p += pstep)
-        if ((rows * R) % nt == 0 || tid + i * nt < rows * R)
+    if (tid >= nr)
+        return;
+    for (int i = 0; i < (rows * R + nr - 1) / nr; ++i, p += pstep)
+        if ((rows * R) % nr == 0 || tid + i * nr < rows * R)
             mma_cp16(dst + mma_tile_chunk(r0 + i * step, c, R, rows, atoms) * 16u, p, 16u);
 }
 
@@ -252,16 +255,19 @@ inline void wg_wait(int n)
 #define WG_R7 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 #define WG_LIST_64 WG_R0 ", " WG_R1
 #define WG_LIST_128 WG_LIST_64 ", " WG_R2 ", " WG_R3
-#define WG_LIST_256 WG_LIST_128 ", " WG_R4 ", " WG_R5 ", " WG_R6 ", " WG_R7
+#define WG_LIST_192 WG_LIST_128 ", " WG_R4 ", " WG_R5
+#define WG_LIST_256 WG_LIST_192 ", " WG_R6 ", " WG_R7
 #define WG_D8(i)                                                                                  \
     "+f"(d[(i)]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]),         \
         "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
 #define WG_D32(i) WG_D8(i), WG_D8((i) + 8), WG_D8((i) + 16), WG_D8((i) + 24)
 #define WG_OPS_64 WG_D32(0)
 #define WG_OPS_128 WG_OPS_64, WG_D32(32)
-#define WG_OPS_256 WG_OPS_128, WG_D32(64), WG_D32(96)
+#define WG_OPS_192 WG_OPS_128, WG_D32(64)
+#define WG_OPS_256 WG_OPS_192, WG_D32(96)
 #define WG_SS_64 "%32, %33"
 #define WG_SS_128 "%64, %65"
+#define WG_SS_192 "%96, %97"
 #define WG_SS_256 "%128, %129"
 #define WG_RS_64 "{%32, %33, %34, %35}, %36"
 #define WG_RS_128 "{%64, %65, %66, %67}, %68"
@@ -270,7 +276,7 @@ inline void wg_wait(int n)
  * NAME(d, da, db): d (64 x N, f32, in the accumulator layout: lane 4 g + t of warp w of the
  * warpgroup holds rows 16 w + g and + 8 of columns 8 j + 2 t, + 1 in d[4 j .. 4 j + 3], as
  * mma.sync's m16n8 tiles) += A (64 x 16, descriptor da) B (16 x N, db); TY bf16 or f16, TA and TB
- * the transpose flags ("1": the operand is mn-major); N 64, 128 or 256 (a macro is expanded).
+ * the transpose flags ("1": the operand is mn-major); N 64, 128, 192 or 256 (a macro is expanded).
  */
 #define LLMCL_WG_MMA_SS(NAME, TY, N, TA, TB) LLMCL_WG_MMA_SS_(NAME, TY, N, TA, TB)
 #define LLMCL_WG_MMA_SS_(NAME, TY, N, TA, TB)                                                     \
@@ -298,6 +304,69 @@ inline void wg_wait(int n)
                      : WG_OPS_##N                                                                 \
                      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(db));                          \
     }
+
+/*
+ * Hopper's TMA: copies of whole tiles that complete on an mbarrier in local memory (one 64-bit
+ * word at local address bar), which counts both arrivals and the bytes the copies deliver.
+ * wg_bar_wait(bar, parity) returns once the barrier's phase of that parity (its use number u,
+ * parity u % 2) has completed.
+ */
+inline void wg_bar_init(uint bar, uint count)
+{
+    asm volatile("// @sm90a mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count)
+                 : "memory");
+}
+/* Makes the barriers' initialisation visible to the copies (the async proxy). */
+inline void wg_bar_init_fence(void)
+{
+    asm volatile("// @sm90a fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+inline void wg_bar_expect(uint bar, uint bytes)
+{
+    asm volatile("// @sm90a mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+inline void wg_bar_arrive(uint bar)
+{
+    asm volatile("// @sm90a mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+inline void wg_bar_wait(uint bar, uint parity)
+{
+    uint done = 0;
+    while (!done)
+        asm volatile("// @sm90a { .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], "
+                     "%2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+}
+
+/* The box at (x, y) (x the inner coordinate) of the tensor map at global address map to dst. */
+inline void wg_tma_load(uint dst, ulong map, int x, int y, uint bar)
+{
+    asm volatile("// @sm90a cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::"
+                 "complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+                 "l"(map), "r"(x), "r"(y), "r"(bar)
+                 : "memory");
+}
+
+/*
+ * A tensor map the host encoded for a placeholder address (nv_tma.c), written to slot and pointed
+ * at base; fenced, so that the copies read it as written. Returns slot's address.
+ */
+inline ulong wg_tma_map(__global ulong16 *slot, ulong16 map, const __global void *base)
+{
+    *slot = map;
+    asm volatile("// @sm90a tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;"
+                 ::"l"((ulong)slot), "l"((ulong)base)
+                 : "memory");
+    asm volatile("// @sm90a fence.proxy.tensormap::generic.release.gpu;" ::: "memory");
+    asm volatile("// @sm90a fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
+                     (ulong)slot)
+                 : "memory");
+    return (ulong)slot;
+}
 
 /*
  * Orders the compiler's reads and writes of x after the wgmma.wait that precedes this: wgmma's

@@ -55,6 +55,9 @@ static llmcl_status ctx_init(llmcl_ctx *ctx, cl_platform_id platform)
     if (limit)
         LLMCL__TRY(parse_limit(ctx, limit, &ctx->memory.limit_bytes));
     LLMCL__TRY(llmcl__device_probe(ctx, platform, ctx->device, &ctx->info));
+    if (ctx->info.has_wgmma)
+        ctx->tma = llmcl__tma_open(ctx->device);
+    ctx->info.has_tma = ctx->tma != NULL;
     ctx->tune_db = llmcl__tune_db_create(ctx);
     llmcl__log("context on '%s' (%s), cache %s", ctx->info.name, ctx->info.platform_name,
                ctx->cache_dir[0] ? ctx->cache_dir : "off");
@@ -144,6 +147,7 @@ void llmcl_ctx_destroy(llmcl_ctx *ctx)
         clReleaseDevice(ctx->device);
     free(ctx->build_log);
     llmcl__tune_db_destroy(ctx->tune_db);
+    llmcl__tma_close(ctx->tma);
     free(ctx);
 }
 

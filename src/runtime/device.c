@@ -435,5 +435,9 @@ llmcl_status llmcl_device_probe(cl_device_id device, llmcl_device_info *info)
                    "device and info must not be NULL");
     cl_platform_id platform;
     LLMCL__CL(NULL, clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL));
-    return llmcl__device_probe(NULL, platform, device, info);
+    LLMCL__TRY(llmcl__device_probe(NULL, platform, device, info));
+    llmcl__tma *tma = info->has_wgmma ? llmcl__tma_open(device) : NULL;
+    info->has_tma = tma != NULL;
+    llmcl__tma_close(tma);
+    return LLMCL_OK;
 }

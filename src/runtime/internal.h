@@ -41,6 +41,7 @@ struct llmcl_ctx {
     size_t n_events, cap_events;
 
     llmcl__tune_db *tune_db;
+    struct llmcl__tma *tma; /* where info.has_tma */
 
     char last_error[LLMCL__ERR_LEN];
     char *build_log; /* of the last failed build, malloc'd */
@@ -291,10 +292,30 @@ cl_program llmcl__nv_retarget_sm90a(cl_context context, cl_device_id device, con
 char *llmcl__program_text(cl_program prog);
 
 /*
- * The default output tile (bm x bn) of a large 16-bit product on this device's tensor cores and
- * how many such tiles run at once (slots): what a caller sizing products in whole waves needs.
+ * Hopper's TMA (nv_tma.c): the CUDA driver's tensor-map encoder for this device, or NULL where it
+ * cannot be had (no libcuda.so.1, no CUDA device on the OpenCL device's PCI address, LLMCL_TMA=0).
+ * llmcl__tma_encode makes a 2-D map of 16-bit elements (inner x outer, rows stride_bytes apart)
+ * with boxes of box_inner x box_outer in wgmma's 128-byte swizzle and zeros outside, for a
+ * placeholder address the kernel replaces; false where the encoder refuses the shape.
  */
-void llmcl__mma_waves(const llmcl_ctx *ctx, int64_t *bm, int64_t *bn, int64_t *slots);
+typedef struct llmcl__tma llmcl__tma;
+llmcl__tma *llmcl__tma_open(cl_device_id device);
+void llmcl__tma_close(llmcl__tma *t);
+bool llmcl__tma_encode(llmcl__tma *t, llmcl_dtype dt, uint64_t inner, uint64_t outer,
+                       uint64_t stride_bytes, uint32_t box_inner, uint32_t box_outer,
+                       uint64_t map[16]);
+
+/*
+ * The default output tile (bm x bn) of a 16-bit rows x cols product on this device's tensor
+ * cores, how many such tiles run at once (slots) and one tile's time a k-step in the units of
+ * the device's other tiles: what a caller sizing products in whole waves needs. epilogue: the
+ * tiles of a product with a cross-entropy epilogue (llmcl__matmul_ce).
+ */
+typedef struct llmcl__mma_tile {
+    int64_t bm, bn, slots;
+    double tile_time;
+} llmcl__mma_tile;
+llmcl__mma_tile llmcl__mma_waves(const llmcl_ctx *ctx, int64_t rows, int64_t cols, bool epilogue);
 
 /* a [M, K] and b [N, K] (16-bit, unit stride along K), bias [N] or NULL, c [M, N] in a's dtype
    (mode 2; mode 1 ignores it). */

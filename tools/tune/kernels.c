@@ -415,7 +415,7 @@ static llmcl_status run_cce_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
     "BM=64,128,256 BN=64,128,256 BK=32,64 WM=1,2,4 WN=1,2,4 STAGES=2,3,4 GROUP_M=4,8,16"
 #define MM_MMA_SHAPES "Z=1,M=8192,N=8192,K=8192;Z=1,M=8192,N=14336,K=4096"
 #define MM_MMA_AT_SHAPES "Z=1,M=4096,N=4096,K=8192;Z=1,M=14336,N=4096,K=8192"
-#define MM_WGMMA_TILES "BM=64,128,192 STAGES=3,4,5 GROUP_M=4,8,16"
+#define MM_WGMMA_TILES "BM=128,192,256 BN=192,256 WG_MB=1,2 STAGES=3,4 GROUP_M=8,16"
 #define MM_TILED_TILES "T=16,32,64,128 BK=8,16,32 TM=1,2,4,8 TN=1,2,4,8"
 #define MM_TILED_SHAPES "Z=2,M=2048,N=2048,K=2048"
 #define MM_SMALL "Z=2,M=256,N=320,K=192"
@@ -441,13 +441,19 @@ static llmcl_status run_matmul_at(llmcl_ctx *ctx, llmcl_tensor *const *t, const 
     return llmcl_matmul(ctx, 1.0f, t[0], t[1], 0.0f, t[2], &o);
 }
 
-/* wgmma's tiles (BM x 256 x 64 in STAGES) within the device's local memory. */
+/*
+ * wgmma's tiles (BM x BN x 64 in STAGES, WG_MB blocks of 64 rows a warpgroup) within the
+ * accumulators a lane holds (192), one to three warpgroups and the device's local memory.
+ */
 static bool mm_wgmma_fits(const llmcl_device_info *info, const tune_case *c, char *why, size_t len)
 {
-    const long bm = case_param(c, "BM", 128), stages = case_param(c, "STAGES", 4);
-    const uint64_t local = (uint64_t)stages * (bm + 256) * 64 * 2;
-    if (local > info->local_mem_static_bytes) {
-        snprintf(why, len, "%llu bytes of local memory", (unsigned long long)local);
+    const long bm = case_param(c, "BM", 256), bn = case_param(c, "BN", 192);
+    const long mb = case_param(c, "WG_MB", 2), stages = case_param(c, "STAGES", 4);
+    const uint64_t local = (uint64_t)stages * (bm + bn) * 64 * 2;
+    if (mb * bn > 384 || bm % (64 * mb) || bm / (64 * mb) > 3 ||
+        local > info->local_mem_static_bytes) {
+        snprintf(why, len, "%ld accumulators a lane, %ld warpgroups, %llu bytes of local memory",
+                 mb * bn / 2, bm / (64 * mb), (unsigned long long)local);
         return false;
     }
     return true;

@@ -795,6 +795,10 @@ static llmcl_status fused_coefs(ce_run *r, const llmcl_tensor *lse, const llmcl_
 /* ---- path 3 in vocabulary chunks: the logits of one chunk at a time from llmcl_matmul ---- */
 
 #define CE_FUSED_BUDGET (64ull << 20)
+/* Of a tensor-core path's budget, room for its products' TMA tensor maps (256 bytes a group). */
+#define CE_MAPS_RESERVE (64ull << 10)
+/* Tensor-core multiply-adds a byte of memory traffic costs (the H100: ~300 T/s against 3 TB/s). */
+#define CE_MACS_PER_BYTE 100.0
 
 /* Chunks where the device has tensor cores (or vocab_chunk asks), else the tile kernels. */
 static bool fused_chunked(const llmcl_ctx *ctx, const llmcl_ce_options *o)
@@ -883,6 +887,13 @@ static int64_t whole_tiles(const ce_run *r, int64_t c)
     return c < 1 ? 1 : c > r->v ? r->v : c;
 }
 
+/* The budget of a tensor-core path's chunks, less its products' tensor maps. */
+static uint64_t epilogue_budget(const ce_run *r)
+{
+    const uint64_t budget = r->o.chunk_bytes ? r->o.chunk_bytes : CE_FUSED_BUDGET;
+    return budget > 2 * CE_MAPS_RESERVE ? budget - CE_MAPS_RESERVE : budget;
+}
+
 /*
  * Classes per chunk of the tensor-core forward: the chunk's partials (3 floats a row per
  * LLMCL__MM_CE_SLOT classes), the per-chunk slots, the target logits and the per-row terms
@@ -892,7 +903,7 @@ static int64_t epilogue_fwd_cols(const ce_run *r)
 {
     if (r->o.vocab_chunk > 0)
         return whole_tiles(r, r->o.vocab_chunk);
-    const uint64_t budget = r->o.chunk_bytes ? r->o.chunk_bytes : CE_FUSED_BUDGET;
+    const uint64_t budget = epilogue_budget(r);
     const uint64_t row = (uint64_t)r->n * 12;
     int64_t c = (int64_t)(budget / row) * LLMCL__MM_CE_SLOT;
     while (c > LLMCL__MM_CE_SLOT &&
@@ -903,22 +914,31 @@ static int64_t epilogue_fwd_cols(const ce_run *r)
     return whole_tiles(r, c);
 }
 
+/* A product's (rows x cols, inner k) whole waves of its tiles, in time (llmcl__mma_waves). */
+static double waves_cost(const ce_run *r, bool epilogue, int64_t rows, int64_t cols, int64_t k)
+{
+    const llmcl__mma_tile t = llmcl__mma_waves(r->ctx, rows, cols, epilogue);
+    const int64_t tiles = llmcl__div_up(rows, t.bm) * llmcl__div_up(cols, t.bn);
+    return (double)llmcl__div_up(tiles, t.slots) * t.tile_time * (double)k;
+}
+
 /*
- * The tensor-core backward's products over the vocabulary in chunks of c classes, in units of
- * one tile's k-step: each product takes whole waves of tiles, each as long as its K. The logits
- * product (n x w, K = h), dhidden (n x h, K = w) and dweight (w x h, K = n) of every chunk of w
- * classes, h the hidden size.
+ * The tensor-core backward's products over the vocabulary in chunks of c classes: the logits
+ * product with its epilogue's tiles (n x w, K = h), dhidden (n x h, K = w) and dweight (w x h,
+ * K = n) with the plain tiles, for every chunk of w classes, h the hidden size; and each chunk's
+ * reading and writing of dhidden's f32 sums (8 n h bytes spread over the slots), at
+ * CE_MACS_PER_BYTE, so that narrow chunks cost what they do.
  */
-static double bwd_chunks_cost(const ce_run *r, int64_t h, int64_t c, int64_t bm, int64_t bn,
-                              int64_t slots)
+static double bwd_chunks_cost(const ce_run *r, int64_t h, int64_t c)
 {
     const int64_t n = r->n;
+    const double sums = 8.0 * (double)n * (double)h * CE_MACS_PER_BYTE /
+                        (double)llmcl__mma_waves(r->ctx, n, h, false).slots;
     double cost = 0.0;
     for (int64_t v0 = 0; v0 < r->v; v0 += c) {
         const int64_t w = r->v - v0 < c ? r->v - v0 : c;
-        cost += (double)llmcl__div_up(llmcl__div_up(n, bm) * llmcl__div_up(w, bn), slots) * h +
-                (double)llmcl__div_up(llmcl__div_up(n, bm) * llmcl__div_up(h, bn), slots) * w +
-                (double)llmcl__div_up(llmcl__div_up(w, bm) * llmcl__div_up(h, bn), slots) * n;
+        cost += waves_cost(r, true, n, w, h) + waves_cost(r, false, n, h, w) +
+                waves_cost(r, false, w, h, n) + sums;
     }
     return cost;
 }
@@ -934,17 +954,16 @@ static int64_t epilogue_bwd_cols(const ce_run *r, const ce_linear *lin, llmcl_dt
 {
     if (r->o.vocab_chunk > 0)
         return whole_tiles(r, r->o.vocab_chunk);
-    const uint64_t budget = r->o.chunk_bytes ? r->o.chunk_bytes : CE_FUSED_BUDGET;
+    const uint64_t budget = epilogue_budget(r);
     const uint64_t rows = (uint64_t)r->n * 32;
     const uint64_t left = budget > rows ? budget - rows : 0;
     const int64_t most = (int64_t)(left / ((uint64_t)r->n * llmcl_dtype_size(dt)));
     if (most < 1024)
         return whole_tiles(r, most);
-    int64_t bm, bn, slots, best = most / 128 * 128;
-    llmcl__mma_waves(r->ctx, &bm, &bn, &slots);
-    double best_cost = bwd_chunks_cost(r, lin->h.row_len, best, bm, bn, slots);
+    int64_t best = most / 128 * 128;
+    double best_cost = bwd_chunks_cost(r, lin->h.row_len, best);
     for (int64_t c = best - 128; c >= 1024; c -= 128) {
-        const double cost = bwd_chunks_cost(r, lin->h.row_len, c, bm, bn, slots);
+        const double cost = bwd_chunks_cost(r, lin->h.row_len, c);
         if (cost < best_cost * (1.0 - 1e-9)) {
             best = c;
             best_cost = cost;

@@ -15,13 +15,12 @@
 #define MM_AUTO_SPLIT_BYTES (256ull << 20)
 
 /*
- * mm_wgmma's tiles: BM rows (WG_BM by default), WG_BN columns, 64-deep slices. Its STAGES
- * (BM + WG_BN) 64 2 bytes of local memory, at least 120 KiB, leave one group a compute unit;
- * the K split heuristic counts two of the other kernels'.
+ * mm_wgmma's STAGES (BM + BN) 64 2 bytes of local memory, at least 120 KiB, leave one group a
+ * compute unit; the K split heuristic counts two of the other kernels'.
  */
-#define WG_BM 128
-#define WG_BN 256
 #define WG_RESIDENT 1
+/* 256 x 192 tiles' rate against 128 x 256's, both by TMA (H100, 8192^3: 735 / 682 TFLOP/s) */
+#define WG_LARGE_RATE 1.08
 #define MM_RESIDENT 2
 
 /* An operand as the kernels see it: offset, strides of its logical (rows, cols), batch stride. */
@@ -297,8 +296,9 @@ typedef struct mm_launch {
     const char *name;
     size_t wg;       /* work-items a group */
     int64_t bk;      /* k-slice: K splits are multiples of it */
-    int resident;    /* groups a compute unit holds at once, for the K split heuristic */
-    bool persistent; /* a group walks tiles in steps of the grid (mm_wgmma) */
+    int resident;        /* groups a compute unit holds at once, for the K split heuristic */
+    bool persistent;     /* a group walks tiles in steps of the grid (mm_wgmma) */
+    const uint64_t *tma; /* A's and B's tensor maps (MM_TMA), 16 words each, or NULL */
 } mm_launch;
 
 /*
@@ -314,10 +314,18 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
     const int64_t slots = (int64_t)l->resident * p->ctx->info.compute_units;
     const int64_t groups =
         l->persistent && p->batch * slices == 1 && slots < tiles ? slots : tiles;
-    llmcl_tensor *ws = NULL;
+    llmcl_tensor *ws = NULL, *maps = NULL;
     if (slices > 1) {
         const int64_t n = slices * p->batch * p->M * p->N;
         LLMCL__TRY(llmcl__scratch(p->ctx, LLMCL_F32, 1, &n, "matmul split-K slices", &ws));
+    }
+    if (l->tma) { /* two 128-byte maps a work-group */
+        const int64_t n = groups * p->batch * slices * 64;
+        llmcl_status st = llmcl__scratch(p->ctx, LLMCL_F32, 1, &n, "matmul tensor maps", &maps);
+        if (st != LLMCL_OK) {
+            llmcl_tensor_destroy(ws);
+            return st;
+        }
     }
     llmcl__define_int(d, "SPLITK", slices > 1);
     cl_kernel k;
@@ -337,13 +345,19 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
         llmcl__arg(&g, sizeof wmem, &wmem);
         if (ce)
             arg_ce(&g, ce);
+        if (l->tma) {
+            llmcl__arg(&g, 16 * sizeof(uint64_t), l->tma);
+            llmcl__arg(&g, 16 * sizeof(uint64_t), l->tma + 16);
+            llmcl__arg(&g, sizeof maps->mem, &maps->mem);
+        }
         const size_t global[3] = {(size_t)groups * l->wg, (size_t)p->batch, (size_t)slices};
         const size_t local[3] = {l->wg, 1, 1};
         st = llmcl__launch(&g, 3, global, local);
     }
     if (st == LLMCL_OK && slices > 1)
         st = reduce_slices(p, slices, ws);
-    llmcl_tensor_destroy(ws); /* OpenCL keeps it until the kernels are done */
+    llmcl_tensor_destroy(ws); /* OpenCL keeps them until the kernels are done */
+    llmcl_tensor_destroy(maps);
     return st;
 }
 
@@ -487,42 +501,108 @@ static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc, const llmcl
     llmcl__defines d = {0};
     mma_defines(p, a_kc, b_kc, ce, &t, &d);
     const size_t wg = 32 * (size_t)llmcl__param_get(&t, "WM", 2) * llmcl__param_get(&t, "WN", 2);
-    const mm_launch l = {"mm_mma", wg, llmcl__param_get(&t, "BK", 32), MM_RESIDENT, false};
+    const mm_launch l = {"mm_mma", wg, llmcl__param_get(&t, "BK", 32), MM_RESIDENT, false, NULL};
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
-/* wgmma's tiles: BM (64, 128 or 192: one warpgroup a 64 rows) x WG_BN x 64 in STAGES (3 to 6). */
+/*
+ * wgmma's tiles: BN 192 or 256 columns; WG_MB blocks of 64 rows a warpgroup (1 or 2, with at most
+ * 192 accumulators a lane), one to three warpgroups; 64-deep slices in STAGES (3 to 6).
+ */
 static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
 {
-    const long bm = llmcl__param_get(t, "BM", 0), st = llmcl__param_get(t, "STAGES", 0);
-    return (bm == 64 || bm == 128 || bm == 192) && st >= 3 && st <= 6 &&
-           (size_t)(2 * bm) <= ctx->info.max_work_group_size &&
-           (uint64_t)st * (bm + WG_BN) * 64 * 2 <= ctx->info.local_mem_static_bytes;
+    const long bm = llmcl__param_get(t, "BM", 0), bn = llmcl__param_get(t, "BN", 0);
+    const long mb = llmcl__param_get(t, "WG_MB", 0), st = llmcl__param_get(t, "STAGES", 0);
+    return (bn == 192 || bn == 256) && (mb == 1 || mb == 2) && mb * bn <= 384 && bm > 0 &&
+           bm % (64 * mb) == 0 && bm / (64 * mb) <= 3 && st >= 3 && st <= 6 &&
+           (size_t)(2 * bm / mb) <= ctx->info.max_work_group_size &&
+           (uint64_t)st * (bm + bn) * 64 * 2 <= ctx->info.local_mem_static_bytes;
 }
 
 /*
- * The product on Hopper's wgmma (mm_wgmma): 128 x 256 x 64 tiles in four stages by default, two
- * warpgroups.
+ * mm_wgmma's default tiles, in four stages: with TMA copies 256 x 192, two warpgroups of 128 x 192,
+ * which read 22% fewer bytes a product than 128 x 256 (on the H100 8192^3 went 682 -> 735
+ * TFLOP/s); 128 x 256, two warpgroups of 64 x 256, with cp.async (whose copies allocate in L1,
+ * which 256 x 192's 224 KiB of stages leave too small: 610 -> 484) and with a cross-entropy
+ * epilogue (192 accumulators a lane leave it too few registers).
  */
+static void wgmma_default_tiles(llmcl__params *t, bool large)
+{
+    llmcl__param_set(t, "BM", large ? 256 : 128);
+    llmcl__param_set(t, "BN", large ? 192 : 256);
+    llmcl__param_set(t, "WG_MB", large ? 2 : 1);
+    llmcl__param_set(t, "STAGES", 4);
+    llmcl__param_set(t, "GROUP_M", 8);
+}
+
+/*
+ * The tensor maps of A and B for TMA copies of bm x 64 and 64 x bn tiles (nv_tma.c): a k-major
+ * operand's rows whole, an mn-major one's in atoms of 64. False where there is no encoder, the
+ * operands' rows or offsets are not 16-byte aligned, or a size needs more than 31 bits.
+ */
+static bool tma_maps(const mm_problem *p, int a_kc, int b_kc, int64_t bm, int64_t bn,
+                     uint64_t maps[32])
+{
+    llmcl__tma *t = p->ctx->tma;
+    const llmcl_dtype dt = p->a.t->dtype;
+    const uint64_t m = (uint64_t)p->M, n = (uint64_t)p->N, k = (uint64_t)p->K;
+    if (!t || !aligned8(&p->a, p->batch, a_kc, true) || !aligned8(&p->b, p->batch, b_kc, false) ||
+        p->M >= INT_MAX || p->N >= INT_MAX || p->K >= INT_MAX)
+        return false;
+    const bool a_ok = a_kc ? llmcl__tma_encode(t, dt, k, m, (uint64_t)p->a.s0 * 2, 64,
+                                               (uint32_t)bm, maps)
+                           : llmcl__tma_encode(t, dt, m, k, (uint64_t)p->a.s1 * 2, 64, 64, maps);
+    return a_ok && (b_kc ? llmcl__tma_encode(t, dt, k, n, (uint64_t)p->b.s1 * 2, 64,
+                                             (uint32_t)bn, maps + 16)
+                         : llmcl__tma_encode(t, dt, n, k, (uint64_t)p->b.s0 * 2, 64, 64,
+                                             maps + 16));
+}
+
+/* Tiles a wave of a tensor-core kernel holds: its groups a compute unit times the units. */
+static int64_t wgmma_slots(const llmcl_ctx *ctx, bool wgmma)
+{
+    return (wgmma ? WG_RESIDENT : MM_RESIDENT) * (int64_t)ctx->info.compute_units;
+}
+
+/*
+ * Whether a plain rows x cols product takes mm_wgmma's large tiles (TMA only): where their whole
+ * waves take less time than 128 x 256's, at WG_LARGE_RATE times their rate. On the H100: 8192^3
+ * and Llama-3-8B's 14336-wide layers take them; 4096 x 4096 outputs keep 128 x 256 (704 large
+ * tiles fill 5.3 waves of 132, 1024 small ones 7.8), and so do narrower ones.
+ */
+static bool wgmma_large(const llmcl_ctx *ctx, int64_t rows, int64_t cols)
+{
+    if (!ctx->tma)
+        return false;
+    const int64_t slots = wgmma_slots(ctx, true);
+    const int64_t large_tiles = llmcl__div_up(rows, 256) * llmcl__div_up(cols, 192);
+    const int64_t small_tiles = llmcl__div_up(rows, 128) * llmcl__div_up(cols, 256);
+    return (double)llmcl__div_up(large_tiles, slots) * 256 * 192 / WG_LARGE_RATE <
+           (double)llmcl__div_up(small_tiles, slots) * 128 * 256;
+}
+
+/* The product on Hopper's wgmma (mm_wgmma), with tiles from wgmma_default_tiles or tuning. */
 static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llmcl__mm_ce *ce)
 {
     llmcl__params t = {0};
-    llmcl__param_set(&t, "BM", WG_BM);
-    llmcl__param_set(&t, "STAGES", 4);
-    llmcl__param_set(&t, "GROUP_M", 8);
+    wgmma_default_tiles(&t, !ce && wgmma_large(p->ctx, p->M, p->N));
     if (!ce)
         LLMCL__TRY(pick_tiles(p, "mm_wgmma", wgmma_tiles_ok, &t));
+    const int64_t bm = llmcl__param_get(&t, "BM", 0), bn = llmcl__param_get(&t, "BN", 0);
+    const int64_t mb = llmcl__param_get(&t, "WG_MB", 1);
     int64_t tiles;
-    LLMCL__TRY(mma_tiles(p, &t, WG_BN, &tiles));
-    const int64_t bm = llmcl__param_get(&t, "BM", WG_BM);
+    LLMCL__TRY(mma_tiles(p, &t, bn, &tiles));
     llmcl__defines d = {0};
     mma_defines(p, a_kc, b_kc, ce, &t, &d);
     llmcl__define_int(&d, "MM_WGMMA", 1);
-    llmcl__define_int(&d, "BN", WG_BN);
     llmcl__define_int(&d, "BK", 64);
-    llmcl__define_int(&d, "WM", bm / 16);
+    llmcl__define_int(&d, "WM", bm / (16 * mb));
     llmcl__define_int(&d, "WN", 1);
-    const mm_launch l = {"mm_wgmma", (size_t)(2 * bm), 64, WG_RESIDENT, true};
+    uint64_t maps[32];
+    const bool tma = tma_maps(p, a_kc, b_kc, bm, bn, maps);
+    llmcl__define_int(&d, "MM_TMA", tma);
+    const mm_launch l = {"mm_wgmma", (size_t)(2 * bm / mb), 64, WG_RESIDENT, true,
+                         tma ? maps : NULL};
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
@@ -563,7 +643,7 @@ static llmcl_status run_tiled(const mm_problem *p)
     llmcl__define_int(&d, "B_KC", unit_dim(&p->b, false) == 1);
     llmcl__params_define(&t, &d);
     const size_t wg = (size_t)(tt / llmcl__param_get(&t, "TM", 4)) * (tt / llmcl__param_get(&t, "TN", 4));
-    const mm_launch l = {"mm_tiled", wg, llmcl__param_get(&t, "BK", 16), MM_RESIDENT, false};
+    const mm_launch l = {"mm_tiled", wg, llmcl__param_get(&t, "BK", 16), MM_RESIDENT, false, NULL};
     return run_tiles(p, &d, &l, tiles, NULL);
 }
 
@@ -640,20 +720,16 @@ bool llmcl__mma_available(const llmcl_ctx *ctx, llmcl_dtype dt)
     return ctx->info.has_mma && dt != LLMCL_F32;
 }
 
-void llmcl__mma_waves(const llmcl_ctx *ctx, int64_t *bm, int64_t *bn, int64_t *slots)
+llmcl__mma_tile llmcl__mma_waves(const llmcl_ctx *ctx, int64_t rows, int64_t cols, bool epilogue)
 {
-    const int64_t units = (int64_t)ctx->info.compute_units;
-    if (ctx->info.has_wgmma) {
-        *bm = WG_BM;
-        *bn = WG_BN;
-        *slots = WG_RESIDENT * units;
-        return;
-    }
     llmcl__params t = {0};
-    mma_default_tiles(&t, true, 1); /* run_mma's large tiles */
-    *bm = llmcl__param_get(&t, "BM", 0);
-    *bn = llmcl__param_get(&t, "BN", 0);
-    *slots = MM_RESIDENT * units;
+    if (ctx->info.has_wgmma)
+        wgmma_default_tiles(&t, !epilogue && wgmma_large(ctx, rows, cols)); /* run_wgmma's */
+    else
+        mma_default_tiles(&t, true, 1); /* run_mma's large tiles */
+    const int64_t bm = llmcl__param_get(&t, "BM", 0), bn = llmcl__param_get(&t, "BN", 0);
+    return (llmcl__mma_tile){bm, bn, wgmma_slots(ctx, ctx->info.has_wgmma),
+                             (double)(bm * bn) / (bm == 256 && bn == 192 ? WG_LARGE_RATE : 1.0)};
 }
 
 llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, const llmcl_tensor *b,
