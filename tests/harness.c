@@ -20,7 +20,7 @@ llmcl_ctx *th_ctx(void)
     return shared_ctx;
 }
 
-void th_mma_sync_option(int argc, char **argv)
+void th_kernel_option(int argc, char **argv)
 {
     if (argc < 2)
         return;

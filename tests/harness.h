@@ -29,7 +29,7 @@ int th_teardown(void **state);
  * cp.async where TMA would make them (LLMCL_TMA=0). Each exits 77, a skip, where its run would
  * repeat the plain one, on devices that have no wgmma.
  */
-void th_mma_sync_option(int argc, char **argv);
+void th_kernel_option(int argc, char **argv);
 
 /* Runs a cmocka group with th_ctx() created first (so a missing device skips the whole file). */
 #define TH_RUN(tests) (th_ctx(), cmocka_run_group_tests((tests), NULL, th_teardown))

@@ -848,7 +848,7 @@ static void test_bad_varlen(void **state)
 
 int main(int argc, char **argv)
 {
-    th_mma_sync_option(argc, argv);
+    th_kernel_option(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full),
         cmocka_unit_test(test_causal),

@@ -1157,7 +1157,7 @@ static void test_linear_bad_args(void **state)
 
 int main(int argc, char **argv)
 {
-    th_mma_sync_option(argc, argv);
+    th_kernel_option(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ref_gradient),    cmocka_unit_test(test_ce_options),
         cmocka_unit_test(test_ce_edges),        cmocka_unit_test(test_ce_ninf_issue),

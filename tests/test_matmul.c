@@ -555,7 +555,7 @@ static void test_bad_input(void **state)
 
 int main(int argc, char **argv)
 {
-    th_mma_sync_option(argc, argv);
+    th_kernel_option(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transposes),        cmocka_unit_test(test_alpha_beta_bias),
         cmocka_unit_test(test_layouts_and_batches), cmocka_unit_test(test_split_k),

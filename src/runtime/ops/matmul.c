@@ -255,6 +255,12 @@ static int64_t auto_slices(int64_t groups, int64_t slots, int64_t ksteps, uint64
     return best_cost < 0.9 * (double)llmcl__div_up(groups, slots) ? best : 1;
 }
 
+/* Tiles a wave holds: `resident` work-groups a compute unit times the units. */
+static int64_t wave_slots(const llmcl_ctx *ctx, int resident)
+{
+    return resident * (int64_t)ctx->info.compute_units;
+}
+
 /*
  * K slices: the caller's split_k, or on GPUs auto_slices with `resident` work-groups a compute
  * unit. Returns the slice length (a multiple of bk).
@@ -265,8 +271,7 @@ static int64_t k_slice(const mm_problem *p, int64_t tiles, int64_t bk, int resid
     const int64_t ksteps = llmcl__div_up(p->K, bk) > 0 ? llmcl__div_up(p->K, bk) : 1;
     int64_t s = p->o.split_k;
     if (s == 0)
-        s = p->ctx->info.is_gpu ? auto_slices(tiles * p->batch,
-                                              resident * (int64_t)p->ctx->info.compute_units,
+        s = p->ctx->info.is_gpu ? auto_slices(tiles * p->batch, wave_slots(p->ctx, resident),
                                               ksteps, (uint64_t)p->batch * p->M * p->N * 4)
                                 : 1;
     s = s < ksteps ? s : ksteps;
@@ -311,7 +316,7 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
 {
     int64_t slices;
     const int64_t len = k_slice(p, tiles, l->bk, l->resident, &slices);
-    const int64_t slots = (int64_t)l->resident * p->ctx->info.compute_units;
+    const int64_t slots = wave_slots(p->ctx, l->resident);
     const int64_t groups =
         l->persistent && p->batch * slices == 1 && slots < tiles ? slots : tiles;
     llmcl_tensor *ws = NULL, *maps = NULL;
@@ -558,10 +563,23 @@ static bool tma_maps(const mm_problem *p, int a_kc, int b_kc, int64_t bm, int64_
                                              maps + 16));
 }
 
-/* Tiles a wave of a tensor-core kernel holds: its groups a compute unit times the units. */
-static int64_t wgmma_slots(const llmcl_ctx *ctx, bool wgmma)
+/* One k-step of a tile of wgmma_default_tiles(large), in 128 x 256's multiply-add time. */
+static double wgmma_tile_time(bool large)
 {
-    return (wgmma ? WG_RESIDENT : MM_RESIDENT) * (int64_t)ctx->info.compute_units;
+    llmcl__params t = {0};
+    wgmma_default_tiles(&t, large);
+    return (double)(llmcl__param_get(&t, "BM", 0) * llmcl__param_get(&t, "BN", 0)) /
+           (large ? WG_LARGE_RATE : 1.0);
+}
+
+/* The time of a rows x cols output's whole waves of wgmma_default_tiles(large), a k-step each. */
+static double wgmma_waves_time(const llmcl_ctx *ctx, bool large, int64_t rows, int64_t cols)
+{
+    llmcl__params t = {0};
+    wgmma_default_tiles(&t, large);
+    const int64_t tiles = llmcl__div_up(rows, llmcl__param_get(&t, "BM", 0)) *
+                          llmcl__div_up(cols, llmcl__param_get(&t, "BN", 0));
+    return (double)llmcl__div_up(tiles, wave_slots(ctx, WG_RESIDENT)) * wgmma_tile_time(large);
 }
 
 /*
@@ -572,13 +590,8 @@ static int64_t wgmma_slots(const llmcl_ctx *ctx, bool wgmma)
  */
 static bool wgmma_large(const llmcl_ctx *ctx, int64_t rows, int64_t cols)
 {
-    if (!ctx->tma)
-        return false;
-    const int64_t slots = wgmma_slots(ctx, true);
-    const int64_t large_tiles = llmcl__div_up(rows, 256) * llmcl__div_up(cols, 192);
-    const int64_t small_tiles = llmcl__div_up(rows, 128) * llmcl__div_up(cols, 256);
-    return (double)llmcl__div_up(large_tiles, slots) * 256 * 192 / WG_LARGE_RATE <
-           (double)llmcl__div_up(small_tiles, slots) * 128 * 256;
+    return ctx->tma &&
+           wgmma_waves_time(ctx, true, rows, cols) < wgmma_waves_time(ctx, false, rows, cols);
 }
 
 /* The product on Hopper's wgmma (mm_wgmma), with tiles from wgmma_default_tiles or tuning. */
@@ -723,13 +736,15 @@ bool llmcl__mma_available(const llmcl_ctx *ctx, llmcl_dtype dt)
 llmcl__mma_tile llmcl__mma_waves(const llmcl_ctx *ctx, int64_t rows, int64_t cols, bool epilogue)
 {
     llmcl__params t = {0};
-    if (ctx->info.has_wgmma)
-        wgmma_default_tiles(&t, !epilogue && wgmma_large(ctx, rows, cols)); /* run_wgmma's */
+    const bool wgmma = ctx->info.has_wgmma;
+    const bool large = wgmma && !epilogue && wgmma_large(ctx, rows, cols);
+    if (wgmma)
+        wgmma_default_tiles(&t, large); /* run_wgmma's */
     else
         mma_default_tiles(&t, true, 1); /* run_mma's large tiles */
     const int64_t bm = llmcl__param_get(&t, "BM", 0), bn = llmcl__param_get(&t, "BN", 0);
-    return (llmcl__mma_tile){bm, bn, wgmma_slots(ctx, ctx->info.has_wgmma),
-                             (double)(bm * bn) / (bm == 256 && bn == 192 ? WG_LARGE_RATE : 1.0)};
+    return (llmcl__mma_tile){bm, bn, wave_slots(ctx, wgmma ? WG_RESIDENT : MM_RESIDENT),
+                             wgmma ? wgmma_tile_time(large) : (double)(bm * bn)};
 }
 
 llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, const llmcl_tensor *b,
