@@ -923,24 +923,27 @@ static double waves_cost(const ce_run *r, bool epilogue, int64_t rows, int64_t c
 }
 
 /*
- * The tensor-core backward's products over the vocabulary in chunks of c classes: the logits
- * product with its epilogue's tiles (n x w, K = h), dhidden (n x h, K = w) and dweight (w x h,
- * K = n) with the plain tiles, for every chunk of w classes, h the hidden size; and each chunk's
- * reading and writing of dhidden's f32 sums (8 n h bytes spread over the slots), at
- * CE_MACS_PER_BYTE, so that narrow chunks cost what they do.
+ * The tensor-core backward's products for one chunk of w classes: the logits product with its
+ * epilogue's tiles (n x w, K = h), dhidden (n x h, K = w) and dweight (w x h, K = n) with the
+ * plain tiles, h the hidden size; and the chunk's reading and writing of dhidden's f32 sums
+ * (8 n h bytes spread over the slots), at CE_MACS_PER_BYTE, so that narrow chunks cost what they
+ * do.
  */
-static double bwd_chunks_cost(const ce_run *r, int64_t h, int64_t c)
+static double bwd_chunk_cost(const ce_run *r, int64_t h, int64_t w)
 {
     const int64_t n = r->n;
     const double sums = 8.0 * (double)n * (double)h * CE_MACS_PER_BYTE /
                         (double)llmcl__mma_waves(r->ctx, n, h, false).slots;
-    double cost = 0.0;
-    for (int64_t v0 = 0; v0 < r->v; v0 += c) {
-        const int64_t w = r->v - v0 < c ? r->v - v0 : c;
-        cost += waves_cost(r, true, n, w, h) + waves_cost(r, false, n, h, w) +
-                waves_cost(r, false, w, h, n) + sums;
-    }
-    return cost;
+    return waves_cost(r, true, n, w, h) + waves_cost(r, false, n, h, w) +
+           waves_cost(r, false, w, h, n) + sums;
+}
+
+/* The backward's products over the vocabulary in chunks of c classes: whole chunks and the last
+   one (the tile model costs microseconds a call, so each width is weighed once). */
+static double bwd_chunks_cost(const ce_run *r, int64_t h, int64_t c)
+{
+    const int64_t whole = r->v / c, rest = r->v - whole * c;
+    return (double)whole * bwd_chunk_cost(r, h, c) + (rest ? bwd_chunk_cost(r, h, rest) : 0.0);
 }
 
 /*
