@@ -35,8 +35,8 @@
  *               for 256 x 128 x 64.
  *   MM_WGMMA    1: build mm_wgmma (BK 64, WN 1, WM = BM / (16 WG_MB) warps) instead of mm_mma;
  *               WG_MB: m64 blocks a warpgroup, 1 (BN 256) or 2 (BN 192): its lanes hold
- *               WG_MB BN / 2 accumulators; MM_TMA: copies by Hopper's TMA from the tensor maps
- *               the host passes (nv_tma.c), else by cp.async
+ *               WG_MB BN / 2 accumulators; MM_TMA: copies by Hopper's TMA from maps made of
+ *               the tensor-map template the host passes (nv_tma.c), else by cp.async
  *   MM_CE       mm_mma or mm_wgmma as the fused cross-entropy's logits product (below): 1 the
  *               forward's LSE partials, 2 the backward's dlogits; LABEL_DT the labels' storage
  *               (I32 or I64); CE_SLOT the columns of a row that one LSE partial covers
@@ -973,8 +973,8 @@ mm_wg_ce_dlogits(const float *d, int h, const mm_ce *ce, bool weighs, __global c
 }
 
 #if MM_TMA
-/* The tensor maps of A and B (nv_tma.c) and a work-group's two global slots for them. */
-#define MM_TMA_PARAMS , ulong16 tma_a, ulong16 tma_b, __global ulong16 *tma_slots
+/* The tensor-map template (nv_tma.c) and a work-group's two global slots for A's and B's maps. */
+#define MM_TMA_PARAMS , ulong16 tma_map, __global ulong16 *tma_slots
 
 /*
  * Thread 0's copies, by TMA, of slice p of its group's tiles (tile p / nk of the group's walk,
@@ -1035,8 +1035,11 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_wgmma(MM_PARAMS
     const int total = first < ntiles ? (ntiles - first + step - 1) / step * nk : 0;
     int p = 0, g = 0;
     if (tid == 0) {
-        wg_tma_map(tma_slots + 2 * gid, tma_a, a);
-        wg_tma_map(tma_slots + 2 * gid + 1, tma_b, b);
+        /* a k-major operand in boxes of whole tile rows, an mn-major one in atoms of 64 */
+        wg_tma_map(tma_slots + 2 * gid, tma_map, a, A_KC ? K : M, A_KC ? M : K,
+                   2 * (A_KC ? sam : sak), 64, A_KC ? BM : 64);
+        wg_tma_map(tma_slots + 2 * gid + 1, tma_map, b, B_KC ? K : N, B_KC ? N : K,
+                   2 * (B_KC ? sbn : sbk), 64, B_KC ? BN : 64);
         for (int s = 0; s < STAGES; ++s) {
             wg_bar_init(full + 8 * s, 1);
             wg_bar_init(empty + 8 * s, NT);

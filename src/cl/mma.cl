@@ -351,21 +351,37 @@ inline void wg_tma_load(uint dst, ulong map, int x, int y, uint bar)
                  : "memory");
 }
 
+/* Sets field (with its ordinal) of the tensor map at global address map to value. */
+#define WG_TMA_SET(field, ord, value)                                                             \
+    asm volatile("// @sm90a tensormap.replace.tile." field ".global.b1024.b32 [%0], " #ord ", %1;" \
+                 ::"l"(map), "r"(value)                                                           \
+                 : "memory")
+
 /*
- * A tensor map the host encoded for a placeholder address (nv_tma.c), written to slot and pointed
- * at base; fenced, so that the copies read it as written. Returns slot's address.
+ * The host's template (nv_tma.c) written to slot and set to copy boxes of box_inner x box_outer
+ * from the inner x outer elements at base, rows stride_bytes apart; fenced, so that the copies
+ * read it as written. Returns slot's address.
  */
-inline ulong wg_tma_map(__global ulong16 *slot, ulong16 map, const __global void *base)
+inline ulong wg_tma_map(__global ulong16 *slot, ulong16 tmpl, const __global void *base,
+                        uint inner, uint outer, ulong stride_bytes, uint box_inner,
+                        uint box_outer)
 {
-    *slot = map;
+    const ulong map = (ulong)slot;
+    *slot = tmpl;
     asm volatile("// @sm90a tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;"
-                 ::"l"((ulong)slot), "l"((ulong)base)
+                 ::"l"(map), "l"((ulong)base)
                  : "memory");
+    asm volatile("// @sm90a tensormap.replace.tile.global_stride.global.b1024.b64 [%0], 0, %1;"
+                 ::"l"(map), "l"(stride_bytes)
+                 : "memory");
+    WG_TMA_SET("global_dim", 0, inner);
+    WG_TMA_SET("global_dim", 1, outer);
+    WG_TMA_SET("box_dim", 0, box_inner);
+    WG_TMA_SET("box_dim", 1, box_outer);
     asm volatile("// @sm90a fence.proxy.tensormap::generic.release.gpu;" ::: "memory");
-    asm volatile("// @sm90a fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
-                     (ulong)slot)
+    asm volatile("// @sm90a fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(map)
                  : "memory");
-    return (ulong)slot;
+    return map;
 }
 
 /*

@@ -292,18 +292,15 @@ cl_program llmcl__nv_retarget_sm90a(cl_context context, cl_device_id device, con
 char *llmcl__program_text(cl_program prog);
 
 /*
- * Hopper's TMA (nv_tma.c): the CUDA driver's tensor-map encoder for this device, or NULL where it
- * cannot be had (no libcuda.so.1, no CUDA device on the OpenCL device's PCI address, LLMCL_TMA=0).
- * llmcl__tma_encode makes a 2-D map of 16-bit elements (inner x outer, rows stride_bytes apart)
- * with boxes of box_inner x box_outer in wgmma's 128-byte swizzle and zeros outside, for a
- * placeholder address the kernel replaces; false where the encoder refuses the shape.
+ * Hopper's TMA (nv_tma.c): tensor-map templates for 2-D copies of 16-bit elements in wgmma's
+ * 128-byte swizzle with zeros outside, encoded once by the CUDA driver, or NULL where they cannot
+ * be had (no libcuda.so.1, no CUDA device on the OpenCL device's PCI address, LLMCL_TMA=0). A
+ * kernel sets a template's address, sizes, row stride and box (mma.cl's wg_tma_map).
  */
 typedef struct llmcl__tma llmcl__tma;
 llmcl__tma *llmcl__tma_open(cl_device_id device);
 void llmcl__tma_close(llmcl__tma *t);
-bool llmcl__tma_encode(llmcl__tma *t, llmcl_dtype dt, uint64_t inner, uint64_t outer,
-                       uint64_t stride_bytes, uint32_t box_inner, uint32_t box_outer,
-                       uint64_t map[16]);
+const uint64_t *llmcl__tma_template(const llmcl__tma *t, llmcl_dtype dt);
 
 /*
  * The default output tile (bm x bn) of a 16-bit rows x cols product on this device's tensor

@@ -303,7 +303,7 @@ typedef struct mm_launch {
     int64_t bk;      /* k-slice: K splits are multiples of it */
     int resident;        /* groups a compute unit holds at once, for the K split heuristic */
     bool persistent;     /* a group walks tiles in steps of the grid (mm_wgmma) */
-    const uint64_t *tma; /* A's and B's tensor maps (MM_TMA), 16 words each, or NULL */
+    const uint64_t *tma; /* the tensor-map template (MM_TMA), 16 words, or NULL */
 } mm_launch;
 
 /*
@@ -352,7 +352,6 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
             arg_ce(&g, ce);
         if (l->tma) {
             llmcl__arg(&g, 16 * sizeof(uint64_t), l->tma);
-            llmcl__arg(&g, 16 * sizeof(uint64_t), l->tma + 16);
             llmcl__arg(&g, sizeof maps->mem, &maps->mem);
         }
         const size_t global[3] = {(size_t)groups * l->wg, (size_t)p->batch, (size_t)slices};
@@ -541,26 +540,17 @@ static void wgmma_default_tiles(llmcl__params *t, bool large)
 }
 
 /*
- * The tensor maps of A and B for TMA copies of bm x 64 and 64 x bn tiles (nv_tma.c): a k-major
- * operand's rows whole, an mn-major one's in atoms of 64. False where there is no encoder, the
- * operands' rows or offsets are not 16-byte aligned, or a size needs more than 31 bits.
+ * The tensor-map template for TMA copies of A and B (nv_tma.c; the kernel sets each operand's
+ * sizes): NULL where there is none, the operands' rows or offsets are not 16-byte aligned, or a
+ * size needs more than 31 bits.
  */
-static bool tma_maps(const mm_problem *p, int a_kc, int b_kc, int64_t bm, int64_t bn,
-                     uint64_t maps[32])
+static const uint64_t *tma_template(const mm_problem *p, int a_kc, int b_kc)
 {
-    llmcl__tma *t = p->ctx->tma;
-    const llmcl_dtype dt = p->a.t->dtype;
-    const uint64_t m = (uint64_t)p->M, n = (uint64_t)p->N, k = (uint64_t)p->K;
+    const llmcl__tma *t = p->ctx->tma;
     if (!t || !aligned8(&p->a, p->batch, a_kc, true) || !aligned8(&p->b, p->batch, b_kc, false) ||
         p->M >= INT_MAX || p->N >= INT_MAX || p->K >= INT_MAX)
-        return false;
-    const bool a_ok = a_kc ? llmcl__tma_encode(t, dt, k, m, (uint64_t)p->a.s0 * 2, 64,
-                                               (uint32_t)bm, maps)
-                           : llmcl__tma_encode(t, dt, m, k, (uint64_t)p->a.s1 * 2, 64, 64, maps);
-    return a_ok && (b_kc ? llmcl__tma_encode(t, dt, k, n, (uint64_t)p->b.s1 * 2, 64,
-                                             (uint32_t)bn, maps + 16)
-                         : llmcl__tma_encode(t, dt, n, k, (uint64_t)p->b.s0 * 2, 64, 64,
-                                             maps + 16));
+        return NULL;
+    return llmcl__tma_template(t, p->a.t->dtype);
 }
 
 /* One k-step of a tile of wgmma_default_tiles(large), in 128 x 256's multiply-add time. */
@@ -611,11 +601,9 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     llmcl__define_int(&d, "BK", 64);
     llmcl__define_int(&d, "WM", bm / (16 * mb));
     llmcl__define_int(&d, "WN", 1);
-    uint64_t maps[32];
-    const bool tma = tma_maps(p, a_kc, b_kc, bm, bn, maps);
-    llmcl__define_int(&d, "MM_TMA", tma);
-    const mm_launch l = {"mm_wgmma", (size_t)(2 * bm / mb), 64, WG_RESIDENT, true,
-                         tma ? maps : NULL};
+    const uint64_t *tma = tma_template(p, a_kc, b_kc);
+    llmcl__define_int(&d, "MM_TMA", tma != NULL);
+    const mm_launch l = {"mm_wgmma", (size_t)(2 * bm / mb), 64, WG_RESIDENT, true, tma};
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
