@@ -25,9 +25,11 @@ void th_kernel_option(int argc, char **argv)
     if (argc < 2)
         return;
     if (strcmp(argv[1], "--cp-async") == 0) {
-        setenv("LLMCL_TMA", "0", 1);
-        if (!llmcl_ctx_device_info(th_ctx())->has_wgmma)
+        /* asks a context whether the device has TMA, then gives the tests one without it */
+        if (!llmcl_ctx_device_info(th_ctx())->has_tma)
             exit(77);
+        th_teardown(NULL);
+        setenv("LLMCL_TMA", "0", 1);
         return;
     }
     if (strcmp(argv[1], "--mma-sync") != 0)

@@ -27,7 +27,7 @@ int th_teardown(void **state);
  * cross_entropy_mma_sync and attention_mma_sync): the kernels on mma.sync where wgmma would run
  * (LLMCL_WGMMA=0). --cp-async (matmul_cp_async, cross_entropy_cp_async): wgmma's copies by
  * cp.async where TMA would make them (LLMCL_TMA=0). Each exits 77, a skip, where its run would
- * repeat the plain one, on devices that have no wgmma.
+ * repeat the plain one: on devices without wgmma, or without TMA for --cp-async.
  */
 void th_kernel_option(int argc, char **argv);
 
