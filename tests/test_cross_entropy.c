@@ -938,8 +938,10 @@ static void test_fused_filter(void **state)
 
 /*
  * Path 3 in chunks at a size where the tensor-core logits products take their large tiles (256 x
- * 128, at least two waves of them on an H100): the default chunks, with every option. Where the
- * device has no tensor cores the chunks run on the portable products, which the cases above test.
+ * 128, at least two waves of them on an H100): the default chunks, with every option; and at 576
+ * x 6750 without a bias, where the forward's product takes wgmma's 256 x 192 tiles on an H100 with
+ * TMA (one wave of them against two of 128 x 256). Where the device has no tensor cores the chunks
+ * run on the portable products, which the cases above test.
  */
 static void test_fused_large_tiles(void **state)
 {
@@ -952,6 +954,8 @@ static void test_fused_large_tiles(void **state)
     run_fused(&c, NULL, 811, 0);
     const lin_case plain = {LLMCL_BF16, 1, 0, 0, 0, false, false, 1100, 72, 7000, 0, 0, 0};
     run_fused(&plain, NULL, 812, 0);
+    const lin_case wide = {LLMCL_BF16, 0, 0.1f, 1e-3f, 5.0f, false, true, 576, 72, 6750, 0, 0, 0};
+    run_fused(&wide, NULL, 813, 0);
 }
 
 /* The linear form (vocab_chunk 0) or the fused form (tiles -1, chunks > 0) into g with opts o. */

@@ -19,7 +19,8 @@
  *
  * Tunables:
  *   DT          a and b: F32, BF16, F16 (mm_mma: BF16, F16)
- *   C_DT        c: F32 or DT;  BIAS_DT  bias: F32 or DT
+ *   C_DT        c: F32 or DT;  BIAS_DT  bias: F32 or DT;  MM_BIAS  0: no bias (bias_mode 0 is
+ *               then a constant, and the epilogue carries no bias code)
  *   A_KC, B_KC  1 when A's (B's) unit stride runs along k: chooses the loads (mm_tiled) and the
  *               tile layout and ldmatrix form (mm_mma, which needs a unit stride along m or k of
  *               A and along k or n of B)
@@ -114,6 +115,9 @@
 #ifndef MM_TMA
 #define MM_TMA 0
 #endif
+#ifndef MM_BIAS
+#define MM_BIAS 1
+#endif
 
 typedef STORAGE(DT) ab_t;
 typedef STORAGE(C_DT) c_t;
@@ -151,6 +155,7 @@ inline void mm_out(__global c_t *c, long coff, long scm, long scn, const __globa
 
 /* The slice's K range and workspace offset of this work-group. */
 #define MM_SLICE()                                                                                \
+    bias_mode = MM_BIAS ? bias_mode : 0;                                                          \
     const long z = get_group_id(1), sl = get_group_id(2);                                         \
     const long k_lo = sl * kslice, k_hi = min(K, k_lo + kslice);                                  \
     const long wsoff = (sl * get_num_groups(1) + z) * M * N;                                      \
