@@ -9,7 +9,12 @@
  * chunks of 1/256 and 1/16 of a group (256 KiB and 4 MiB at full size) beside the default 1 MiB
  * (llmcl_dist_opts.chunk_bytes), to choose it on a device. Wall-clock times (MPI_Wtime, after
  * the device finished), median of env->reps. Ranks other than 0 are silent; the table rows carry
- * the times, the GB/s against the link are printed here.
+ * the times, the GB/s against the link are printed here. Beside the link it measures the host's
+ * own ceilings for the exchange, every rank at once: memory copies by one thread and by the
+ * rank's share of the cores, and a bare MPI_Alltoall of the collectives' bytes. Every byte a
+ * staged collective exchanges crosses host memory at least four times (written by the copy out,
+ * read and written between the processes, read by the copy back), so on a host whose memory copies
+ * are slow these bound it, not the link (docs/PERFORMANCE.md).
  *
  * The backward is the trainer's for a linear layer: dX = dy W and dW += dy^T x, bf16 operands
  * (tensor cores where the device has them) into the f32 gradients, at 8192 tokens as the matmul
@@ -19,8 +24,12 @@
  * group's reduction has nothing left to hide under, so at least 1 / 4 of the communication stays
  * exposed with 4 groups whatever the overlap.
  */
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include <mpi.h>
 
@@ -37,7 +46,12 @@ typedef struct dist_bench {
     llmcl_tensor *plain;      /* f32 dW of the backward without communication */
     int reduce, compute;      /* what the backward does */
     uint64_t chunk;           /* llmcl_dist_opts.chunk_bytes (0: the default) */
+    char *host_src, *host_dst; /* the host ceilings' buffers, host_bytes each */
+    size_t host_bytes;
+    int copy_threads;
 } dist_bench;
+
+#define MAX_COPY_THREADS 64
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -64,6 +78,106 @@ static double wall_ms(bench_env *env, llmcl_status (*fn)(dist_bench *), dist_ben
     double med = t[reps / 2], worst;
     MPI_Allreduce(&med, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return worst;
+}
+
+typedef struct copy_part {
+    char *dst;
+    const char *src;
+    size_t n;
+} copy_part;
+
+static void *copy_part_run(void *arg)
+{
+    copy_part *p = arg;
+    memcpy(p->dst, p->src, p->n);
+    return NULL;
+}
+
+/* host_dst = host_src by copy_threads threads, a contiguous part each (the caller's among them). */
+static llmcl_status host_copy(dist_bench *b)
+{
+    pthread_t th[MAX_COPY_THREADS];
+    bool started[MAX_COPY_THREADS] = {false};
+    copy_part part[MAX_COPY_THREADS] = {{NULL, NULL, 0}};
+    const int n = b->copy_threads;
+    const size_t per = b->host_bytes / (size_t)n;
+    for (int t = 0; t < n; ++t) {
+        const size_t at = (size_t)t * per;
+        part[t] = (copy_part){b->host_dst + at, b->host_src + at,
+                              t == n - 1 ? b->host_bytes - at : per};
+    }
+    for (int t = 1; t < n; ++t)
+        started[t] = pthread_create(&th[t], NULL, copy_part_run, &part[t]) == 0;
+    copy_part_run(&part[0]);
+    for (int t = 1; t < n; ++t) {
+        if (started[t])
+            pthread_join(th[t], NULL);
+        else
+            copy_part_run(&part[t]);
+    }
+    return LLMCL_OK;
+}
+
+/* MPI alone: host_src's equal pieces to every rank, into host_dst. */
+static llmcl_status host_exchange(dist_bench *b)
+{
+    int world;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    const int piece = (int)(b->host_bytes / (size_t)world);
+    return MPI_Alltoall(b->host_src, piece, MPI_BYTE, b->host_dst, piece, MPI_BYTE,
+                        MPI_COMM_WORLD) == MPI_SUCCESS
+               ? LLMCL_OK
+               : LLMCL_ERROR_MPI;
+}
+
+/* The cores of this host over the ranks on it. */
+static int cores_per_rank(void)
+{
+    MPI_Comm node;
+    int on_node = 1;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) ==
+        MPI_SUCCESS) {
+        MPI_Comm_size(node, &on_node);
+        MPI_Comm_free(&node);
+    }
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN) / on_node;
+    return cores < 1 ? 1 : cores > MAX_COPY_THREADS ? MAX_COPY_THREADS : (int)cores;
+}
+
+/* The host's ceilings for an exchange of `bytes` a rank (the collectives' bytes). */
+static void host_ceilings(dist_bench *b, size_t bytes, int world)
+{
+    b->host_bytes = bytes;
+    b->host_src = malloc(bytes);
+    b->host_dst = malloc(bytes);
+    if (!b->host_src || !b->host_dst) {
+        printf("dist: host ceilings not measured (%zu bytes of host memory)\n", 2 * bytes);
+        goto done;
+    }
+    memset(b->host_src, 1, bytes);
+    memset(b->host_dst, 2, bytes);
+    printf("dist: host memory copies (every rank at once)");
+    const int many = cores_per_rank();
+    for (int threads = 1;; threads = many) {
+        b->copy_threads = threads;
+        const double ms = wall_ms(b->env, host_copy, b);
+        printf("%s %.1f GB/s a rank by %d thread%s", threads == 1 ? "" : ",",
+               (double)bytes / (ms * 1e-3) * 1e-9, threads, threads == 1 ? "" : "s");
+        if (threads == many)
+            break;
+    }
+    if (world > 1) {
+        const double ms = wall_ms(b->env, host_exchange, b);
+        const double each_way = (double)bytes * (world - 1) / world;
+        if (ms > 0)
+            printf("; MPI_Alltoall of %zu MiB a rank %.1f GB/s a rank each way", bytes >> 20,
+                   each_way / (ms * 1e-3) * 1e-9);
+    }
+    printf("\n");
+done:
+    free(b->host_src);
+    free(b->host_dst);
+    b->host_src = b->host_dst = NULL;
 }
 
 static llmcl_status make_dist(dist_bench *b, int stage)
@@ -173,6 +287,7 @@ static void run(bench_env *env)
              (long long)b.cols, world);
     printf("dist: %d ranks; host link (pinned, this rank's device, llmcl_measure_host_bandwidth): "
            "d2h %.1f GB/s, h2d %.1f GB/s\n", world, d2h, h2d);
+    host_ceilings(&b, (size_t)(b.groups * group_bytes), world);
 
     /* Reduce-scatter and overlap: stage 2; all-gather: stage 3. */
     if (make_dist(&b, 2) != LLMCL_OK) {
