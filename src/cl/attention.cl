@@ -363,8 +363,13 @@ typedef LLMCL_CAT(STAGE_, IO_DT) stage_t;
 #define AS_IO4_BF16(x) as_ushort4(x)
 #define AS_IO4_F16(x) as_ushort4(x)
 
-inline void attn_fetch(stage_t *st, int nstage, int rows, int threads, const __global io_t *src,
-                       long base, long rs, int valid, int lid)
+/*
+ * The staging helpers are static: they are only ever inlined with a constant nstage, and a copy
+ * with an external name, kept with nstage unknown, made clang warn on every build that its loop
+ * could not be unrolled.
+ */
+static inline void attn_fetch(stage_t *st, int nstage, int rows, int threads,
+                              const __global io_t *src, long base, long rs, int valid, int lid)
 {
     /*
      * When the work-group spans whole rows, a work-item's pieces lie `step` rows apart in one
@@ -393,8 +398,8 @@ inline void attn_fetch(stage_t *st, int nstage, int rows, int threads, const __g
 }
 
 /* The staged pieces of attn_fetch into a tile with padded rows: as f32, or as stored. */
-inline void attn_put_f32(__local float *dst, const stage_t *st, int nstage, int rows, int threads,
-                         int lid)
+static inline void attn_put_f32(__local float *dst, const stage_t *st, int nstage, int rows,
+                                int threads, int lid)
 {
 #pragma unroll
     for (int u = 0; u < nstage; ++u) {
@@ -404,8 +409,8 @@ inline void attn_put_f32(__local float *dst, const stage_t *st, int nstage, int 
                 LLMCL_CAT(io4_to_f32_, IO_DT)(LLMCL_CAT(AS_IO4_, IO_DT)(st[u]));
     }
 }
-inline void attn_put_raw(__local lraw_t *dst, const stage_t *st, int nstage, int rows,
-                         int threads, int lid)
+static inline void attn_put_raw(__local lraw_t *dst, const stage_t *st, int nstage, int rows,
+                                int threads, int lid)
 {
 #pragma unroll
     for (int u = 0; u < nstage; ++u) {
@@ -802,7 +807,7 @@ inline float4 attn_exp4(float4 x)
 inline void attn_copy_rows(uint dst, const __global ushort *src, long ld, int rows, int valid,
                            int lid, int nt, int atoms)
 {
-    if (valid >= rows && D == MMA_DP)
+    if (D == MMA_DP && valid >= rows)
         mma_copy_tile(dst, src, ld, rows, MMA_RD, lid, nt, atoms);
     else
         mma_load_tile(dst, src, ld, rows, MMA_RD, clamp(valid, 0, rows), D, lid, nt, 1, atoms);
