@@ -306,7 +306,8 @@ const uint64_t *llmcl__tma_template(const llmcl__tma *t, llmcl_dtype dt);
  * The default output tile (bm x bn) of a 16-bit rows x cols product on this device's tensor
  * cores, how many such tiles run at once (slots) and one tile's time a k-step in the units of
  * the device's other tiles: what a caller sizing products in whole waves needs. epilogue: the
- * tiles of a product with a cross-entropy epilogue (llmcl__matmul_ce).
+ * tiles of a product with the cross-entropy backward's epilogue (llmcl__matmul_ce, mode 2), which
+ * keeps wgmma's 128 x 256 where a bias-free forward one may take 256 x 192 (run_wgmma).
  */
 typedef struct llmcl__mma_tile {
     int64_t bm, bn, slots;
