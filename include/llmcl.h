@@ -48,7 +48,8 @@ extern "C" {
     X(LLMCL_ERROR_MPI, -1012, "MPI failure")                                                      \
     X(LLMCL_ERROR_TUNE_DB, -1013, "invalid tuning database")                                      \
     X(LLMCL_ERROR_KERNEL_NOT_FOUND, -1014, "kernel source not found")                             \
-    X(LLMCL_ERROR_BAD_FILE, -1015, "malformed file")
+    X(LLMCL_ERROR_BAD_FILE, -1015, "malformed file")                                              \
+    X(LLMCL_ERROR_NCCL, -1016, "NCCL or CUDA failure")
 
 typedef enum llmcl_status {
 #define LLMCL_STATUS_ENUM(name, value, text) name = value,
@@ -120,6 +121,14 @@ typedef struct llmcl_device_info {
  */
 LLMCL_API llmcl_status llmcl_device_select(cl_platform_id *platform, cl_device_id *device);
 
+/*
+ * As llmcl_device_select, but where LLMCL_DEVICE is unset, the device is number (index mod N) of
+ * the N devices of the same platform and kind (GPUs, or else all devices) as the one it picks: for
+ * one process a GPU, index is the process's rank on its node. index must be >= 0.
+ */
+LLMCL_API llmcl_status llmcl_device_select_local(int index, cl_platform_id *platform,
+                                                 cl_device_id *device);
+
 /* Probes a device's capabilities (builds a tiny program on NVIDIA to test inline PTX). */
 LLMCL_API llmcl_status llmcl_device_probe(cl_device_id device, llmcl_device_info *info);
 
@@ -130,6 +139,9 @@ typedef struct llmcl_ctx llmcl_ctx;
 
 /* Creates a context on the device llmcl_device_select() picks, with its own profiling queue. */
 LLMCL_API llmcl_status llmcl_ctx_create(llmcl_ctx **out);
+
+/* The same on the device llmcl_device_select_local(index) picks. */
+LLMCL_API llmcl_status llmcl_ctx_create_local(int index, llmcl_ctx **out);
 
 /*
  * Creates a context on an application's OpenCL objects; all three are retained, not owned. Pass a

@@ -15,22 +15,42 @@
  *   forward:  for g = 0 .. groups-1: gather(g); compute with llmcl_dist_param views; release(g)
  *   backward: for g = groups-1 .. 0: gather(g); add gradients into llmcl_dist_grad views (+=);
  *             grads_ready(g); release(g)
- * then llmcl_dist_step, then llmcl_dist_zero_grads. gather and release are needed by stage 3 only
- * and cost nothing in the others; grads_ready starts the reduction of stages 2 and 3.
+ * then llmcl_dist_step, then llmcl_dist_zero_grads. grads_ready starts the reduction of stages 2
+ * and 3. gather(g) makes the kernels enqueued after it see group g's parameters: stage 3 gathers
+ * them there, stages 1 and 2 wait there for the all-gather that llmcl_dist_step starts, which
+ * runs while the groups before g compute (release costs nothing in stages 1 and 2).
  *
  * Gradients are summed over the ranks (not averaged): with every rank's loss a mean over its own
  * micro-batch, pass llmcl_adamw_opts.grad_scale = 1 / (micro-batches * world size).
  *
  * Collective calls (marked so) must be made by every rank of the communicator in the same order
- * with the same arguments, as MPI collectives are. Results do not depend on timing: the same world
- * size gives the same bits run after run (MPI only moves data; the sums over ranks run on the
- * device, in rank order, with llmcl_sum_rows).
+ * with the same arguments, as MPI collectives are.
  *
- * Collectives go through pinned host memory: each is a pipeline of chunks (chunk_bytes), each
- * chunk copied from the device, exchanged with MPI_Ialltoallv and copied back while the next is
- * copied out, on two copy queues beside the compute queue. A rank's own part of a group never
- * leaves the device. Pinned host memory: at most 32 x chunk_bytes (less for small groups, none on
- * one rank), llmcl_dist_info.host_bytes.
+ * The data moves through one of two transports, chosen when the dist is created (MPI stays the
+ * control plane either way: setup, agreement, norms, checkpoints, abort):
+ *   - NCCL, GPU to GPU, where every rank's device is an NVIDIA GPU whose OpenCL imports memory
+ *     that CUDA allocates (cl_khr_external_memory_opaque_fd), libcuda.so.1 and libnccl.so.2 load
+ *     (LLMCL_NCCL=PATH names the library, else libnccl.so.2 and libnccl.so are tried), and no two
+ *     ranks share a GPU. The buffers that cross ranks (gradient buckets, the bf16 wire copies, the
+ *     gathered parameters) are allocated by CUDA's virtual memory API and imported into OpenCL;
+ *     each NCCL call runs on a CUDA stream of the rank's GPU, waits on the device for the kernels
+ *     enqueued before it (a flag the compute queue writes, cuStreamWaitValue32), and the compute
+ *     queue waits for its result through a user event that a helper thread completes when the
+ *     call's CUDA event has: the host never waits around a collective. The helper thread also
+ *     watches for NCCL's asynchronous errors and for calls that take longer than LLMCL_NCCL_TIMEOUT
+ *     seconds (default 600); either aborts the communicator (ncclCommAbort) and fails the next
+ *     dist call. A reduce-scatter sums in NCCL (ncclReduceScatter in the wire dtype).
+ *   - Host-staged MPI everywhere else (PoCL, rusticl, AMD, Intel): each collective is a pipeline of
+ *     chunks (chunk_bytes), each chunk copied from the device, exchanged with MPI_Ialltoallv and
+ *     copied back while the next is copied out, on two copy queues beside the compute queue; the
+ *     sums run on the device, in rank order (llmcl_sum_rows). A rank's own part of a group never
+ *     leaves the device. Pinned host memory: at most 32 x chunk_bytes (less for small groups, none
+ *     on one rank), llmcl_dist_info.host_bytes.
+ * llmcl_dist_opts.transport, else LLMCL_DIST_TRANSPORT=auto|mpi|nccl, picks one; automatic picks
+ * NCCL where every rank can run it, else MPI, and llmcl_dist_info says which runs and why.
+ * Results do not depend on timing: the same world size and transport give the same bits run after
+ * run (NCCL's reduction order is fixed by its algorithm for a given world, size and topology; the
+ * two transports differ in the order of their sums, so their results agree to rounding).
  *
  * Errors go to llmcl_last_error(ctx) of the dist's context. Calls that take part in a training step
  * (gather, release, grads_ready, zero_grads, step) cannot leave the other ranks waiting: when one
@@ -52,6 +72,16 @@ extern "C" {
 
 typedef struct llmcl_dist llmcl_dist;
 
+/* The data plane. */
+typedef enum llmcl_dist_transport {
+    LLMCL_DIST_TRANSPORT_AUTO = 0, /* NCCL where every rank can run it, else MPI */
+    LLMCL_DIST_TRANSPORT_MPI,      /* host-staged MPI */
+    LLMCL_DIST_TRANSPORT_NCCL,     /* NCCL on device memory shared with CUDA */
+} llmcl_dist_transport;
+
+/* "auto", "mpi" or "nccl"; "?" for other values. */
+LLMCL_API const char *llmcl_dist_transport_name(llmcl_dist_transport t);
+
 /* Options of llmcl_dist_create. A zero-initialised struct with stage set gives the defaults. */
 typedef struct llmcl_dist_opts {
     int stage;                /* 1, 2 or 3 */
@@ -60,15 +90,28 @@ typedef struct llmcl_dist_opts {
                                  parts summed in f32 on the device; stages 2 and 3 then keep their
                                  gradient shard in bf16) */
     int return_on_error;      /* 1: a failing step call returns its status instead of MPI_Abort */
-    uint64_t chunk_bytes;     /* collectives move through host memory in chunks of at most this
-                                 many bytes each way (0: 1 MiB; at most 1 GiB), so that copies to
-                                 the host, MPI and copies back overlap; the same on every rank */
+    uint64_t chunk_bytes;     /* MPI transport: collectives move through host memory in chunks of
+                                 at most this many bytes each way (0: 1 MiB; at most 1 GiB), so
+                                 that copies to the host, MPI and copies back overlap; the same on
+                                 every rank */
+    llmcl_dist_transport transport; /* AUTO (0): LLMCL_DIST_TRANSPORT if set, else automatic */
 } llmcl_dist_opts;
 
 /*
+ * A context for this rank (collective): on LLMCL_DEVICE's device where it is set, else on device
+ * L mod N of the devices llmcl_ctx_create picks from (llmcl_ctx_create_local), L being the rank's
+ * index among the ranks of its node (MPI_Comm_split_type, MPI_COMM_TYPE_SHARED): one GPU a rank
+ * on a host with one rank per GPU.
+ */
+LLMCL_API llmcl_status llmcl_dist_ctx_create(MPI_Comm comm, llmcl_ctx **out);
+
+/*
  * Creates a dist on ctx (borrowed for the dist's life) over comm (duplicated, so llmcl's messages
- * never mix with the application's). Collective. Adds two command queues on ctx's device for the
- * copies to and from host memory.
+ * never mix with the application's) and picks its transport (above). Collective. A transport that
+ * was asked for and cannot run fails on every rank with LLMCL_ERROR_UNSUPPORTED, saying why. The
+ * MPI transport adds two command queues on ctx's device for the copies to and from host memory;
+ * NCCL retains the device's primary CUDA context (about 0.5 GiB of device memory) and NCCL's own
+ * buffers, which llmcl's memory statistics do not count.
  */
 LLMCL_API llmcl_status llmcl_dist_create(llmcl_ctx *ctx, MPI_Comm comm,
                                          const llmcl_dist_opts *opts, llmcl_dist **out);
@@ -98,8 +141,11 @@ LLMCL_API llmcl_status llmcl_dist_add_param(llmcl_dist *d, const char *name, int
  *   stage 1: params p F; gradients 4 F
  *   stage 2: params p F; gradient shard w S; two f32 gradient buckets 2 x 4 G
  *   stage 3: param shard p S; gradient shard w S; buckets 2 x 4 G; two gather buffers 2 x p G
- * So stage 3 with bf16 params and bf16 reduction holds (2 + 2 + 12) S + 16 G + 4 bytes. Every
- * element starts at 0.
+ * So stage 3 with bf16 params and bf16 reduction holds (2 + 2 + 12) S + 16 G + 4 bytes. Under NCCL
+ * the buffers that cross ranks (the params of stages 1-2, the gradients of stage 1, the buckets
+ * when the reduction is f32, the wire buffers, the gather buffers) are each rounded up to
+ * llmcl_dist_info.granularity bytes, and one more such unit holds the flag that orders NCCL after
+ * the kernels. Every element starts at 0.
  */
 LLMCL_API llmcl_status llmcl_dist_setup(llmcl_dist *d);
 
@@ -110,7 +156,11 @@ typedef struct llmcl_dist_info {
     int64_t padded_numel;  /* F */
     int64_t shard_numel;   /* S = F / world */
     int64_t max_group;     /* G */
-    uint64_t host_bytes;   /* pinned host staging buffers */
+    uint64_t host_bytes;   /* pinned host staging buffers (MPI transport) */
+    uint64_t granularity;  /* bytes that buffers crossing ranks are rounded up to (1 under MPI) */
+    llmcl_dist_transport transport; /* the one that runs: MPI or NCCL */
+    char transport_detail[256];     /* for logs: NCCL's version, library and CUDA device, or why
+                                       the automatic choice is MPI */
 } llmcl_dist_info;
 
 LLMCL_API llmcl_status llmcl_dist_info_get(const llmcl_dist *d, llmcl_dist_info *out);
@@ -142,7 +192,8 @@ LLMCL_API llmcl_status llmcl_dist_release(llmcl_dist *d, int group);
 /*
  * A view of the full compute-dtype parameter, in the parameter's shape: borrowed (owned by d),
  * valid until the group's release (stage 3) or for d's life (stages 1 and 2). Read-only for the
- * model: llmcl_dist_step writes the parameters.
+ * model: llmcl_dist_step writes the parameters. Stages 1-2: like gather, orders the kernels
+ * enqueued after it after the update of the parameter's group.
  */
 LLMCL_API llmcl_status llmcl_dist_param(llmcl_dist *d, const char *name, llmcl_tensor **view);
 
@@ -179,6 +230,17 @@ LLMCL_API llmcl_status llmcl_dist_zero_grads(llmcl_dist *d);
  */
 LLMCL_API llmcl_status llmcl_dist_step(llmcl_dist *d, const llmcl_adamw_opts *opts,
                                        float *grad_norm);
+
+/*
+ * Times the transport's own collectives on raw buffers of bytes each (collective): NCCL's
+ * ncclReduceScatter and ncclAllGather back to back on its stream, or under MPI a bare MPI_Alltoall
+ * and MPI_Allgather on host memory, reps times after one warm-up. GB/s by NCCL's algorithm
+ * bandwidth: bytes (the whole buffer) over the time of one call. The yardstick for llmcl_dist's
+ * own collectives (llmcl-bench --only dist).
+ */
+LLMCL_API llmcl_status llmcl_dist_measure_transport(llmcl_dist *d, uint64_t bytes, int reps,
+                                                    double *reduce_scatter_gbs,
+                                                    double *all_gather_gbs);
 
 /*
  * Saves the optimizer state to the folder dir (collective): every rank writes

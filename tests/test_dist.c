@@ -1,5 +1,7 @@
 /*
- * test_dist.c: ZeRO over MPI (suite mpi), run by Meson under mpiexec -n 1, 2, 3 and 4.
+ * test_dist.c: ZeRO over MPI (suite mpi), run by Meson under mpiexec -n 1, 2, 3 and 4, on every
+ * transport the machine has: host-staged MPI everywhere, NCCL where every rank has a GPU of its own
+ * that shares memory with CUDA (each rank takes its node-local device, llmcl_dist_ctx_create).
  *
  * A three-layer MLP (llmcl_matmul, SiLU, a squared error) trains for a few steps with gradient
  * accumulation, weight decay and clipping by the global norm, through llmcl_dist at every stage,
@@ -11,7 +13,10 @@
  * formulas; a stage-3 checkpoint saved on all ranks loads on 2 and 1 ranks at stages 1 and 2 with
  * the same bits and continues on the uninterrupted trajectory; corrupt, truncated and mismatched
  * checkpoints fail on every rank and leave the run bit-identical to one that never tried;
- * different parameter sets or chunk sizes on different ranks fail setup on every rank. With
+ * different parameter sets or chunk sizes on different ranks fail setup on every rank; destroy
+ * gives back every byte and file descriptor; the transport choice (forced, automatic, by
+ * LLMCL_DIST_TRANSPORT, a missing LLMCL_NCCL library) and, where NCCL runs, its results against
+ * MPI's (f32: within 1e-6 + 1e-5 |MPI|; they differ only in the order of the sums). With
  * --abort, rank 1 fails inside a step and the job must end through MPI_Abort (Meson expects the
  * failure).
  *
@@ -22,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include "llmcl.h"
@@ -134,8 +140,9 @@ static void init_values(float *x, int i)
     fill(x, numels[i], 100 + (uint64_t)i, i % 2 ? 0.1f : 0.5f);
 }
 
-/* llmcl_dist_opts.chunk_bytes of the nets created next (0: the default). */
+/* llmcl_dist_opts.chunk_bytes and .transport of the nets created next (0: the defaults). */
 static uint64_t chunk;
+static llmcl_dist_transport transport;
 
 static void net_create(net *n, MPI_Comm comm, int stage, llmcl_dtype pt, llmcl_dtype rt)
 {
@@ -147,7 +154,7 @@ static void net_create(net *n, MPI_Comm comm, int stage, llmcl_dtype pt, llmcl_d
     float *x = malloc(sizeof(float) * 1024);
     if (stage > 0) {
         const llmcl_dist_opts o = {.stage = stage, .param_dtype = pt, .reduce_dtype = rt,
-                                   .chunk_bytes = chunk};
+                                   .chunk_bytes = chunk, .transport = transport};
         OK(llmcl_dist_create(ctx, comm, &o, &n->d));
         for (int i = 0; i < NP; ++i)
             OK(llmcl_dist_add_param(n->d, names[i], i / 2, i % 2 ? 1 : 2, shapes[i], i % 2));
@@ -368,18 +375,28 @@ static void expect_same_chunked(const char *what, int stage, llmcl_dtype pt, llm
     expect_same(name, got, chunked);
 }
 
-static void test_stages(void)
+/* Every stage and dtype mix on the current transport against the single-rank reference; MPI's
+   results in mpi_ref (NULL: none yet) for the other transport to be compared with. */
+static void test_stages(float (*mpi_ref)[TOTAL])
 {
     static float ref[TOTAL], got[TOTAL], again[TOTAL];
+    const char *tn = llmcl_dist_transport_name(transport);
     run(MPI_COMM_SELF, 0, LLMCL_F32, LLMCL_F32, K, ref);
     for (int stage = 1; stage <= 3; ++stage) {
-        char what[64];
+        char what[96];
         run(MPI_COMM_WORLD, stage, LLMCL_F32, LLMCL_F32, K, got);
-        snprintf(what, sizeof what, "stage %d f32 on %d ranks", stage, world);
+        snprintf(what, sizeof what, "%s: stage %d f32 on %d ranks", tn, stage, world);
         expect_close(what, ref, got, 2e-5, 1e-4);
         run(MPI_COMM_WORLD, stage, LLMCL_F32, LLMCL_F32, K, again);
         expect_same(what, got, again);
-        expect_same_chunked(what, stage, LLMCL_F32, LLMCL_F32, got);
+        if (transport == LLMCL_DIST_TRANSPORT_MPI)
+            expect_same_chunked(what, stage, LLMCL_F32, LLMCL_F32, got);
+        if (transport == LLMCL_DIST_TRANSPORT_MPI && mpi_ref)
+            memcpy(mpi_ref[stage - 1], got, sizeof got);
+        else if (mpi_ref) {
+            snprintf(what, sizeof what, "stage %d f32: %s against MPI", stage, tn);
+            expect_close(what, mpi_ref[stage - 1], got, 1e-6, 1e-5);
+        }
     }
     /* Stage 1 sums a bf16 wire copy into its f32 gradients; stages 2-3 into a bf16 shard. */
     run(MPI_COMM_WORLD, 1, LLMCL_F32, LLMCL_BF16, K, got);
@@ -387,20 +404,45 @@ static void test_stages(void)
     run(MPI_COMM_SELF, 0, LLMCL_BF16, LLMCL_F32, K, ref);
     run(MPI_COMM_WORLD, 3, LLMCL_BF16, LLMCL_BF16, K, got);
     expect_close("stage 3 bf16 params, bf16 reduction", ref, got, 5e-3, 1e-2);
-    expect_same_chunked("stage 3 bf16 params, bf16 reduction", 3, LLMCL_BF16, LLMCL_BF16, got);
+    run(MPI_COMM_WORLD, 3, LLMCL_BF16, LLMCL_BF16, K, again);
+    expect_same("stage 3 bf16 params, bf16 reduction", got, again);
+    if (transport == LLMCL_DIST_TRANSPORT_MPI)
+        expect_same_chunked("stage 3 bf16 params, bf16 reduction", 3, LLMCL_BF16, LLMCL_BF16,
+                            got);
     run(MPI_COMM_WORLD, 2, LLMCL_F16, LLMCL_F32, K, got);
     run(MPI_COMM_SELF, 0, LLMCL_F16, LLMCL_F32, K, ref);
     expect_close("stage 2 f16 params", ref, got, 2e-3, 2e-3);
 }
 
-/* Device bytes held after setup, against llmcl_dist.h's formulas. */
+/* Open file descriptors of this process (-1 where /proc cannot say). */
+static int open_fds(void)
+{
+    DIR *dir = opendir("/proc/self/fd");
+    if (!dir)
+        return -1;
+    int n = 0;
+    while (readdir(dir))
+        ++n;
+    closedir(dir);
+    return n;
+}
+
+/* bytes of a buffer that crosses ranks, as the transport allocates it. */
+static uint64_t moved(const llmcl_dist_info *in, uint64_t bytes)
+{
+    return (bytes + in->granularity - 1) / in->granularity * in->granularity;
+}
+
+/* Device bytes held after setup, against llmcl_dist.h's formulas, and all of them (and every file
+   descriptor) given back by destroy. */
 static void test_memory(void)
 {
     for (int stage = 1; stage <= 3; ++stage)
         for (int half = 0; half < 2; ++half) {
             const llmcl_dtype pt = half ? LLMCL_BF16 : LLMCL_F32, rt = pt;
-            llmcl_memory_stats before, after;
+            llmcl_memory_stats before, after, freed;
             OK(llmcl_memory_stats_get(ctx, &before));
+            const int fds = open_fds();
             net n;
             net_create(&n, MPI_COMM_WORLD, stage, pt, rt);
             OK(llmcl_memory_stats_get(ctx, &after));
@@ -408,28 +450,117 @@ static void test_memory(void)
             OK(llmcl_dist_info_get(n.d, &in));
             const uint64_t S = (uint64_t)in.shard_numel, F = (uint64_t)in.padded_numel;
             const uint64_t G = (uint64_t)in.max_group, p = half ? 2 : 4, w = p;
-            uint64_t want = 12 * S + 4 + (half ? 2 * 2 * G : 0);
+            const int nccl = in.transport == LLMCL_DIST_TRANSPORT_NCCL;
+            /* f32 gradients cross ranks unless a bf16 wire copy does */
+            const uint64_t grads = half ? 4 * G : moved(&in, 4 * G);
+            uint64_t want = 12 * S + 4 + (half ? 2 * moved(&in, 2 * G) : 0) +
+                            (nccl ? in.granularity : 0);
             if (stage == 1)
-                want += p * F + 4 * F;
+                want += moved(&in, p * F) + (half ? 4 * F : moved(&in, 4 * F));
             if (stage == 2)
-                want += p * F + w * S + 2 * 4 * G;
+                want += moved(&in, p * F) + w * S + 2 * grads;
             if (stage == 3)
-                want += p * S + w * S + 2 * 4 * G + 2 * p * G;
+                want += p * S + w * S + 2 * grads + 2 * moved(&in, p * G);
             const uint64_t held = after.current_bytes - before.current_bytes;
-            CHECK(held == want, "stage %d %s: %llu bytes held, formula %llu", stage,
-                  half ? "bf16" : "f32", (unsigned long long)held, (unsigned long long)want);
+            CHECK(held == want, "%s, stage %d %s: %llu bytes held, formula %llu",
+                  llmcl_dist_transport_name(in.transport), stage, half ? "bf16" : "f32",
+                  (unsigned long long)held, (unsigned long long)want);
             CHECK(in.padded_numel % in.world == 0 && in.shard_numel * in.world == in.padded_numel &&
                       in.numel == total_numel(),
                   "layout");
-            CHECK((in.host_bytes == 0) == (world == 1) && in.host_bytes <= 32ull * (4u << 20),
-                  "%llu bytes of pinned host memory", (unsigned long long)in.host_bytes);
+            if (!nccl)
+                CHECK((in.host_bytes == 0) == (world == 1) &&
+                          in.host_bytes <= 32ull * (4u << 20),
+                      "%llu bytes of pinned host memory", (unsigned long long)in.host_bytes);
             if (stage == 3 && half && rank == 0)
-                printf("  stage 3 bf16: (2 + 2 + 12) x %lld + 16 x %lld + 4 = %llu bytes a rank "
-                       "(%lld parameters, %d ranks)\n",
-                       (long long)S, (long long)G, (unsigned long long)held, (long long)in.numel,
-                       world);
+                printf("  stage 3 bf16 (%s): (2 + 2 + 12) x %lld + 16 x %lld + 4 = %llu bytes a "
+                       "rank (%lld parameters, %d ranks)\n",
+                       llmcl_dist_transport_name(in.transport), (long long)S, (long long)G,
+                       (unsigned long long)held, (long long)in.numel, world);
             net_destroy(&n);
+            OK(llmcl_memory_stats_get(ctx, &freed));
+            CHECK(freed.current_bytes == before.current_bytes,
+                  "after destroy %llu bytes are held, %llu before",
+                  (unsigned long long)freed.current_bytes, (unsigned long long)before.current_bytes);
+            CHECK(open_fds() == fds, "%d file descriptors open after destroy, %d before",
+                  open_fds(), fds);
         }
+}
+
+/* A dist of the MLP's parameters at stage 2 on the given transport: its status, *out on success. */
+static llmcl_status create_on(llmcl_dist_transport t, llmcl_dist **out)
+{
+    const llmcl_dist_opts o = {.stage = 2, .transport = t};
+    llmcl_status st = llmcl_dist_create(ctx, MPI_COMM_WORLD, &o, out);
+    CHECK(st == LLMCL_OK || !*out, "a failed create returned a dist");
+    for (int i = 0; st == LLMCL_OK && i < NP; ++i)
+        OK(llmcl_dist_add_param(*out, names[i], i / 2, i % 2 ? 1 : 2, shapes[i], i % 2));
+    if (st == LLMCL_OK)
+        OK(llmcl_dist_setup(*out));
+    return st;
+}
+
+static llmcl_dist_info info_of(llmcl_dist *d)
+{
+    llmcl_dist_info in;
+    OK(llmcl_dist_info_get(d, &in));
+    return in;
+}
+
+/*
+ * Which transport runs: MPI where asked for; NCCL where asked for, or a refusal on every rank that
+ * says why; automatic runs NCCL exactly where the forced one does, else MPI, saying why not;
+ * LLMCL_DIST_TRANSPORT overrides automatic, a bad value of it is refused, and a missing
+ * LLMCL_NCCL library is named. Returns whether NCCL runs here.
+ */
+static int test_transport_choice(void)
+{
+    llmcl_dist *d;
+    OK(create_on(LLMCL_DIST_TRANSPORT_MPI, &d));
+    CHECK(info_of(d).transport == LLMCL_DIST_TRANSPORT_MPI, "forced MPI");
+    llmcl_dist_destroy(d);
+
+    const llmcl_status forced = create_on(LLMCL_DIST_TRANSPORT_NCCL, &d);
+    const int nccl = forced == LLMCL_OK;
+    if (nccl) {
+        const llmcl_dist_info in = info_of(d);
+        CHECK(in.transport == LLMCL_DIST_TRANSPORT_NCCL && strncmp(in.transport_detail, "NCCL ", 5) == 0,
+              "forced NCCL runs %s (%s)", llmcl_dist_transport_name(in.transport),
+              in.transport_detail);
+        llmcl_dist_destroy(d);
+    } else {
+        CHECK(forced == LLMCL_ERROR_UNSUPPORTED &&
+                  strstr(llmcl_last_error(ctx), "the NCCL transport cannot run: "),
+              "forced NCCL where it cannot run: %s: %s", llmcl_status_str(forced),
+              llmcl_last_error(ctx));
+    }
+    OK(create_on(LLMCL_DIST_TRANSPORT_AUTO, &d));
+    const llmcl_dist_info in = info_of(d);
+    CHECK(in.transport == (nccl ? LLMCL_DIST_TRANSPORT_NCCL : LLMCL_DIST_TRANSPORT_MPI) &&
+              (nccl || strncmp(in.transport_detail, "NCCL not used: ", 15) == 0),
+          "automatic: %s (%s)", llmcl_dist_transport_name(in.transport), in.transport_detail);
+    if (rank == 0)
+        printf("  transport: %s (%s)\n", llmcl_dist_transport_name(in.transport),
+               in.transport_detail);
+    llmcl_dist_destroy(d);
+
+    setenv("LLMCL_DIST_TRANSPORT", "mpi", 1);
+    OK(create_on(LLMCL_DIST_TRANSPORT_AUTO, &d));
+    CHECK(info_of(d).transport == LLMCL_DIST_TRANSPORT_MPI, "LLMCL_DIST_TRANSPORT=mpi");
+    llmcl_dist_destroy(d);
+    setenv("LLMCL_DIST_TRANSPORT", "infiniband", 1);
+    llmcl_status st = create_on(LLMCL_DIST_TRANSPORT_AUTO, &d);
+    CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "infiniband"),
+          "LLMCL_DIST_TRANSPORT=infiniband: %s: %s", llmcl_status_str(st), llmcl_last_error(ctx));
+    unsetenv("LLMCL_DIST_TRANSPORT");
+
+    setenv("LLMCL_NCCL", "/nonexistent/libnccl.so.2", 1);
+    st = create_on(LLMCL_DIST_TRANSPORT_NCCL, &d);
+    CHECK(st == LLMCL_ERROR_UNSUPPORTED &&
+              strstr(llmcl_last_error(ctx), "LLMCL_NCCL=/nonexistent/libnccl.so.2"),
+          "a missing LLMCL_NCCL: %s: %s", llmcl_status_str(st), llmcl_last_error(ctx));
+    unsetenv("LLMCL_NCCL");
+    return nccl;
 }
 
 /* The last rank registers one shape differently (odd case), or asks for other chunks (even). */
@@ -592,7 +723,7 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    if (llmcl_ctx_create(&ctx) != LLMCL_OK) {
+    if (llmcl_dist_ctx_create(MPI_COMM_WORLD, &ctx) != LLMCL_OK) {
         fprintf(stderr, "rank %d: no device: %s\n", rank, llmcl_last_error(NULL));
         MPI_Finalize();
         return 77;
@@ -614,9 +745,16 @@ int main(int argc, char **argv)
     if (rank == 0)
         printf("test_dist on %d ranks\n", world);
     test_mismatch();
-    test_memory();
-    test_stages();
-    test_checkpoint();
+    static float mpi_ref[3][TOTAL];
+    const int nccl = test_transport_choice();
+    for (int t = 0; t <= nccl; ++t) {
+        transport = t ? LLMCL_DIST_TRANSPORT_NCCL : LLMCL_DIST_TRANSPORT_MPI;
+        if (rank == 0)
+            printf("transport %s\n", llmcl_dist_transport_name(transport));
+        test_memory();
+        test_stages(mpi_ref);
+        test_checkpoint();
+    }
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 0) {
         char cmd[512];

@@ -19,7 +19,7 @@ static void test_status_strings(void **state)
                          LLMCL_ERROR_NO_DEVICE, LLMCL_ERROR_DEVICE_MISMATCH, LLMCL_ERROR_OVERFLOW,
                          LLMCL_ERROR_UNSUPPORTED, LLMCL_ERROR_IO, LLMCL_ERROR_MPI,
                          LLMCL_ERROR_TUNE_DB, LLMCL_ERROR_KERNEL_NOT_FOUND,
-                         LLMCL_ERROR_BAD_FILE};
+                         LLMCL_ERROR_BAD_FILE, LLMCL_ERROR_NCCL};
     const size_t n = sizeof codes / sizeof codes[0];
     for (size_t i = 0; i < n; ++i) {
         const char *s = llmcl_status_str(codes[i]);

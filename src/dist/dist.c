@@ -1,7 +1,8 @@
 /*
- * dist.c: the llmcl_dist object: creation over a duplicated communicator, parameter registration,
- * the sharded layout (groups flattened, padded and split evenly over the ranks), the cross-rank
- * check of the parameter set, the allocations of each stage, and initial values.
+ * dist.c: the llmcl_dist object: creation over a duplicated communicator and the choice of its
+ * transport, parameter registration, the sharded layout (groups flattened, padded and split evenly
+ * over the ranks), the cross-rank check of the parameter set, the allocations of each stage, and
+ * initial values.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -10,7 +11,7 @@
 
 #include <xxhash.h>
 
-#include "dist.h"
+#include "transport.h"
 
 dist_param *llmcl__dist_find(llmcl_dist *d, const char *name)
 {
@@ -69,9 +70,45 @@ bool llmcl__dist_segment(const llmcl_dist *d, const dist_param *p, int64_t *lo, 
     return *lo < *hi;
 }
 
-static MPI_Datatype mpi_type(llmcl_dtype dt)
+MPI_Datatype llmcl__dist_mpi_type(llmcl_dtype dt)
 {
     return dt == LLMCL_F32 ? MPI_FLOAT : MPI_UINT16_T;
+}
+
+llmcl_status llmcl__dist_marker(llmcl_dist *d, cl_event *out)
+{
+    LLMCL__CL(d->ctx, clEnqueueMarkerWithWaitList(d->ctx->queue, 0, NULL, out));
+    /* Without a flush the marker may never reach the device while another queue waits on it. */
+    LLMCL__CL(d->ctx, clFlush(d->ctx->queue));
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl__dist_complete(llmcl_dist *d, int kind, int channel)
+{
+    return d->transport->ops->complete(d, kind, channel);
+}
+
+const char *llmcl_dist_transport_name(llmcl_dist_transport t)
+{
+    switch (t) {
+    case LLMCL_DIST_TRANSPORT_AUTO: return "auto";
+    case LLMCL_DIST_TRANSPORT_MPI: return "mpi";
+    case LLMCL_DIST_TRANSPORT_NCCL: return "nccl";
+    }
+    return "?";
+}
+
+llmcl_status llmcl_dist_ctx_create(MPI_Comm comm, llmcl_ctx **out)
+{
+    LLMCL__REQUIRE(NULL, out, LLMCL_ERROR_INVALID_ARGUMENT, "out must not be NULL");
+    *out = NULL;
+    MPI_Comm node;
+    int local = 0;
+    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+        return LLMCL__FAIL(NULL, LLMCL_ERROR_MPI, "MPI_Comm_split_type (the ranks of a node)");
+    MPI_Comm_rank(node, &local);
+    MPI_Comm_free(&node);
+    return llmcl_ctx_create_local(local, out);
 }
 
 static llmcl_status check_opts(llmcl_ctx *ctx, const llmcl_dist_opts *o)
@@ -87,7 +124,54 @@ static llmcl_status check_opts(llmcl_ctx *ctx, const llmcl_dist_opts *o)
     /* MPI's counts and displacements are ints: a chunk's pieces must fit. */
     LLMCL__REQUIRE(ctx, o->chunk_bytes <= (1u << 30), LLMCL_ERROR_INVALID_ARGUMENT,
                    "chunk_bytes %llu is over 1 GiB", (unsigned long long)o->chunk_bytes);
+    LLMCL__REQUIRE(ctx, o->transport >= LLMCL_DIST_TRANSPORT_AUTO &&
+                            o->transport <= LLMCL_DIST_TRANSPORT_NCCL,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "transport %d is not auto, mpi or nccl",
+                   (int)o->transport);
     return LLMCL_OK;
+}
+
+/* The transport asked for: opts, else LLMCL_DIST_TRANSPORT. */
+static llmcl_status wanted_transport(llmcl_ctx *ctx, const llmcl_dist_opts *o,
+                                     llmcl_dist_transport *out)
+{
+    *out = o->transport;
+    const char *env = llmcl__getenv("LLMCL_DIST_TRANSPORT");
+    if (*out != LLMCL_DIST_TRANSPORT_AUTO || !env)
+        return LLMCL_OK;
+    for (int t = LLMCL_DIST_TRANSPORT_AUTO; t <= LLMCL_DIST_TRANSPORT_NCCL; ++t)
+        if (strcmp(env, llmcl_dist_transport_name((llmcl_dist_transport)t)) == 0) {
+            *out = (llmcl_dist_transport)t;
+            return LLMCL_OK;
+        }
+    return LLMCL__FAIL(ctx, LLMCL_ERROR_INVALID_ARGUMENT,
+                       "LLMCL_DIST_TRANSPORT=%s is not auto, mpi or nccl", env);
+}
+
+/*
+ * The transport (collective): NCCL where asked for or where automatic finds every rank able to run
+ * it, else MPI. Every rank takes part in each step whatever it found so far, so that all decide
+ * alike.
+ */
+static llmcl_status choose_transport(llmcl_dist *d, llmcl_status st)
+{
+    llmcl_dist_transport want = LLMCL_DIST_TRANSPORT_AUTO;
+    if (st == LLMCL_OK)
+        st = wanted_transport(d->ctx, &d->opts, &want);
+    st = llmcl__dist_agree(d, st);
+    if (st != LLMCL_OK)
+        return st;
+    if (want != LLMCL_DIST_TRANSPORT_MPI) {
+        static const char prefix[] = "NCCL not used: ";
+        char *why = d->transport_detail + sizeof prefix - 1;
+        st = llmcl__dist_nccl_create(d, why, sizeof d->transport_detail - sizeof prefix + 1);
+        if (st != LLMCL_ERROR_UNSUPPORTED || want == LLMCL_DIST_TRANSPORT_NCCL)
+            return st;
+        memcpy(d->transport_detail, prefix, sizeof prefix - 1);
+    } else {
+        snprintf(d->transport_detail, sizeof d->transport_detail, "asked for");
+    }
+    return llmcl__dist_agree(d, llmcl__dist_mpi_create(d));
 }
 
 llmcl_status llmcl_dist_create(llmcl_ctx *ctx, MPI_Comm comm, const llmcl_dist_opts *opts,
@@ -116,20 +200,14 @@ llmcl_status llmcl_dist_create(llmcl_ctx *ctx, MPI_Comm comm, const llmcl_dist_o
             d->slot_group[s] = -1;
         MPI_Comm_rank(dup, &d->rank);
         MPI_Comm_size(dup, &d->world);
-        d->wire_type = mpi_type(opts->reduce_dtype);
-        d->param_type = mpi_type(opts->param_dtype);
-        cl_int err = CL_SUCCESS;
-        if (st == LLMCL_OK)
-            d->d2hq = clCreateCommandQueue(ctx->context, ctx->device, 0, &err);
-        if (st == LLMCL_OK && err == CL_SUCCESS)
-            d->h2dq = clCreateCommandQueue(ctx->context, ctx->device, 0, &err);
-        if (st == LLMCL_OK && err != CL_SUCCESS)
-            st = llmcl__fail_cl(ctx, err, "clCreateCommandQueue (copy queues)", __FILE__, __LINE__);
-        st = llmcl__dist_agree(d, st);
+        st = choose_transport(d, st);
         if (st != LLMCL_OK) {
             llmcl_dist_destroy(d);
             return st;
         }
+        if (d->rank == 0)
+            llmcl__log("llmcl_dist: %s transport (%s)",
+                       llmcl_dist_transport_name(d->transport->kind), d->transport_detail);
         *out = d;
         return LLMCL_OK;
     }
@@ -164,18 +242,25 @@ static void free_tensors(llmcl_dist *d)
     }
 }
 
+/* Everything setup made: nothing may use the buffers any more. */
+static void free_setup(llmcl_dist *d)
+{
+    if (d->transport)
+        d->transport->ops->quiesce(d);
+    free_tensors(d);
+    if (d->transport)
+        d->transport->ops->release(d);
+}
+
 void llmcl_dist_destroy(llmcl_dist *d)
 {
     if (!d)
         return;
     if (d->ready)
         llmcl__dist_drain(d);
-    llmcl__dist_channels_destroy(d);
-    free_tensors(d);
-    if (d->d2hq)
-        clReleaseCommandQueue(d->d2hq);
-    if (d->h2dq)
-        clReleaseCommandQueue(d->h2dq);
+    free_setup(d);
+    if (d->transport)
+        d->transport->ops->destroy(d);
     MPI_Comm_free(&d->comm);
     free(d->params);
     free(d->groups);
@@ -247,7 +332,7 @@ static llmcl_status layout(llmcl_dist *d)
         g->shard = g->numel / d->world;
         g->flat_off = d->padded;
         g->shard_off = d->shard;
-        g->slot = g->bucket = -1;
+        g->slot = g->bucket = g->gather_ch = -1;
         d->padded += g->numel;
         d->shard += g->shard;
         if (g->numel > d->max_group)
@@ -309,6 +394,12 @@ static llmcl_status alloc_zero(llmcl_dist *d, llmcl_dtype dt, int64_t n, llmcl_t
     return llmcl_fill(d->ctx, *out, 0.0);
 }
 
+/* A zeroed buffer that the transport moves. */
+static llmcl_status alloc_moved(llmcl_dist *d, llmcl_dtype dt, int64_t n, llmcl_tensor **out)
+{
+    return d->transport->ops->alloc(d, dt, n, out);
+}
+
 static llmcl_status allocate(llmcl_dist *d)
 {
     const int stage = d->opts.stage;
@@ -318,21 +409,24 @@ static llmcl_status allocate(llmcl_dist *d)
     LLMCL__TRY(alloc_zero(d, LLMCL_F32, d->shard, &d->m));
     LLMCL__TRY(alloc_zero(d, LLMCL_F32, d->shard, &d->v));
     LLMCL__TRY(llmcl_tensor_create(d->ctx, LLMCL_F32, 1, &one, &d->norm));
+    /* The f32 gradients cross ranks themselves unless a bf16 wire copy does. */
+    llmcl_status (*grads)(llmcl_dist *, llmcl_dtype, int64_t, llmcl_tensor **) =
+        rt == LLMCL_F32 ? alloc_moved : alloc_zero;
     if (stage < 3)
-        LLMCL__TRY(alloc_zero(d, pt, d->padded, &d->params_full));
+        LLMCL__TRY(alloc_moved(d, pt, d->padded, &d->params_full));
     else
         LLMCL__TRY(alloc_zero(d, pt, d->shard, &d->param_shard));
     if (stage == 1)
-        LLMCL__TRY(alloc_zero(d, LLMCL_F32, d->padded, &d->grads_full));
+        LLMCL__TRY(grads(d, LLMCL_F32, d->padded, &d->grads_full));
     else
         LLMCL__TRY(alloc_zero(d, rt, d->shard, &d->grad_shard));
     for (int s = 0; s < DIST_SLOTS; ++s) {
         if (stage > 1)
-            LLMCL__TRY(alloc_zero(d, LLMCL_F32, d->max_group, &d->bucket[s]));
+            LLMCL__TRY(grads(d, LLMCL_F32, d->max_group, &d->bucket[s]));
         if (rt != LLMCL_F32)
-            LLMCL__TRY(alloc_zero(d, rt, d->max_group, &d->wire[s]));
+            LLMCL__TRY(alloc_moved(d, rt, d->max_group, &d->wire[s]));
         if (stage == 3)
-            LLMCL__TRY(alloc_zero(d, pt, d->max_group, &d->slot[s]));
+            LLMCL__TRY(alloc_moved(d, pt, d->max_group, &d->slot[s]));
     }
     return LLMCL_OK;
 }
@@ -362,13 +456,12 @@ llmcl_status llmcl_dist_setup(llmcl_dist *d)
     if (st == LLMCL_OK)
         st = fixed_views(d);
     if (st == LLMCL_OK)
-        st = llmcl__dist_channels_create(d);
+        st = d->transport->ops->setup(d);
     if (st == LLMCL_OK)
         st = llmcl_ctx_finish(d->ctx);
     st = llmcl__dist_agree(d, st);
     if (st != LLMCL_OK) {
-        llmcl__dist_channels_destroy(d);
-        free_tensors(d);
+        free_setup(d);
         free(d->groups);
         d->groups = NULL;
         d->n_groups = 0;
@@ -386,14 +479,14 @@ llmcl_status llmcl_dist_setup(llmcl_dist *d)
 llmcl_status llmcl_dist_info_get(const llmcl_dist *d, llmcl_dist_info *out)
 {
     LLMCL__REQUIRE(NULL, d && out, LLMCL_ERROR_INVALID_ARGUMENT, "d and out must not be NULL");
-    uint64_t host = 0;
-    for (int s = 0; s < DIST_SLOTS; ++s)
-        host += d->reduce_op[s].host.bytes + d->gather_op[s].host.bytes;
     *out = (llmcl_dist_info){
         .rank = d->rank, .world = d->world, .stage = d->opts.stage, .groups = d->n_groups,
         .params = d->n_params, .numel = d->numel, .padded_numel = d->padded,
-        .shard_numel = d->shard, .max_group = d->max_group, .host_bytes = host,
+        .shard_numel = d->shard, .max_group = d->max_group,
+        .host_bytes = d->transport->host_bytes, .granularity = d->transport->granularity,
+        .transport = d->transport->kind,
     };
+    snprintf(out->transport_detail, sizeof out->transport_detail, "%s", d->transport_detail);
     return LLMCL_OK;
 }
 
@@ -469,4 +562,18 @@ llmcl_status llmcl_dist_get_param(llmcl_dist *d, const char *name, float *values
         memcpy(values, host + p->offset, (size_t)p->numel * sizeof *values);
     free(host);
     return st;
+}
+
+llmcl_status llmcl_dist_measure_transport(llmcl_dist *d, uint64_t bytes, int reps,
+                                          double *reduce_scatter_gbs, double *all_gather_gbs)
+{
+    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
+    LLMCL__REQUIRE(d->ctx, reduce_scatter_gbs && all_gather_gbs && reps >= 1 &&
+                               bytes >= 4 * (uint64_t)d->world && bytes <= (1ull << 34),
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "outputs must not be NULL, reps >= 1, bytes in [4 x ranks, 16 GiB] (got %llu)",
+                   (unsigned long long)bytes);
+    LLMCL__TRY(llmcl__dist_drain(d));
+    return llmcl__dist_agree(d, d->transport->ops->measure(d, bytes, reps, reduce_scatter_gbs,
+                                                            all_gather_gbs));
 }

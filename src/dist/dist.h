@@ -1,6 +1,6 @@
 /*
- * dist.h: the private state of llmcl_dist, shared by dist.c (object, layout, setup), collectives.c
- * (staged nonblocking collectives through pinned host memory), zero.c (the stages' hooks and the
+ * dist.h: the private state of llmcl_dist, shared by dist.c (object, layout, setup, transport
+ * choice), the transports (transport.h: host-staged MPI, NCCL), zero.c (the stages' hooks and the
  * step) and checkpoint.c (sharded checkpoints that reshard).
  */
 #ifndef LLMCL_DIST_PRIVATE_H
@@ -16,6 +16,8 @@
 /* Two of each: one in use while the other's communication runs. */
 #define DIST_SLOTS 2
 #define DIST_NAME_MAX 128
+/* llmcl_dist_opts.chunk_bytes when 0. */
+#define DIST_CHUNK_BYTES (1u << 20)
 
 typedef struct dist_param {
     char name[DIST_NAME_MAX];
@@ -34,67 +36,20 @@ typedef struct dist_group {
     int64_t flat_off;  /* in the full layout (stage 1-2 params, stage 1 grads) */
     int64_t shard_off; /* in the rank's shard */
     int slot;          /* stage 3: gather buffer holding it, -1 */
+    int gather_ch;     /* stages 1-2: the gather channel updating its parameters, -1 */
     bool gathered;     /* stage 3: between gather and release */
     int bucket;        /* stages 2-3: bucket accumulating its gradients, -1 */
 } dist_group;
 
-/* A pinned host buffer, mapped once for the dist's life. */
-typedef struct dist_pinned {
-    cl_mem mem;
-    char *host;
-    size_t bytes;
-} dist_pinned;
-
-enum { OP_REDUCE, OP_GATHER };
-
-/* Chunks of one op in flight: the copy out of one, the exchange of another and the copy back of a
-   third overlap, with one to spare. */
-#define DIST_DEPTH 4
-/* llmcl_dist_opts.chunk_bytes when 0. */
-#define DIST_CHUNK_BYTES (1u << 20)
-
-/* A staging slot of an op: pinned send and receive areas for one chunk, and that chunk's state. */
-typedef struct dist_slot {
-    char *send, *recv;
-    int *counts, *sdispls, *rdispls; /* MPI_Ialltoallv's arguments, which MPI reads until done */
-    cl_event d2h;                    /* the chunk's pieces are in send */
-    cl_event h2d;                    /* recv may be written again after this (outlives the op) */
-    MPI_Request req;
-} dist_slot;
-
-/*
- * One collective, a pipeline of chunks: device -> pinned host (d2h queue) -> MPI_Ialltoallv ->
- * device (h2d queue). A group is P blocks of `shard` elements, block q rank q's; chunk c is the
- * elements [c piece, (c + 1) piece) of every block. Chunks enter MPI in issue order (seq, then
- * chunk), the same program order on every rank, as MPI requires of collectives.
- */
-typedef struct dist_op {
-    int kind, group;
-    bool active;                      /* started, not yet completed */
-    uint64_t seq;                     /* issue order among ops with chunks */
-    int64_t chunks;                   /* 0 on one rank: nothing to exchange */
-    int64_t copied, exchanged, landed; /* chunks copied out (enqueued), in MPI, copied back */
-    int64_t shard, piece;             /* elements of a block; of a block in one chunk */
-    int depth;                        /* slots: DIST_DEPTH, fewer if no shard needs them all */
-    size_t es;
-    cl_mem src, dst;
-    size_t src_off, dst_off;          /* bytes: src's block 0 (reduce; src == dst) or the rank's
-                                         shard (gather); dst's block 0 */
-    cl_event ready;                   /* the source may be read after this */
-    cl_event dst_free;                /* dst may be written after this (NULL: at once) */
-    MPI_Datatype type;
-    dist_pinned host;                 /* the slots' areas */
-    int *args;                        /* the slots' MPI arguments */
-    dist_slot slot[DIST_DEPTH];
-} dist_op;
+typedef struct dist_transport dist_transport;
 
 struct llmcl_dist {
     llmcl_ctx *ctx;
     MPI_Comm comm;
     int rank, world;
     llmcl_dist_opts opts;
-    cl_command_queue d2hq, h2dq; /* copies to and from host memory, one direction each */
-    MPI_Datatype wire_type, param_type;
+    dist_transport *transport;
+    char transport_detail[256]; /* llmcl_dist_info.transport_detail */
 
     int n_params, cap_params, n_groups;
     dist_param *params;
@@ -112,9 +67,6 @@ struct llmcl_dist {
     int slot_group[DIST_SLOTS];             /* the group a slot holds (valid data), -1 */
     cl_event slot_free[DIST_SLOTS];         /* marker after the kernels that read it */
     int next_bucket, last_gathered, direction;
-
-    dist_op reduce_op[DIST_SLOTS], gather_op[DIST_SLOTS];
-    uint64_t next_seq, next_mpi_seq;
 
     llmcl_adamw_opts last; /* hyperparameters and step of the last step, for save */
 };
@@ -143,41 +95,16 @@ llmcl_status llmcl__dist_view(const llmcl_tensor *t, int64_t off, int64_t count,
 /* The part [lo, hi) of param p (offsets in its group) inside this rank's slice; false if empty. */
 bool llmcl__dist_segment(const llmcl_dist *d, const dist_param *p, int64_t *lo, int64_t *hi);
 
-/* ---- collectives.c ---- */
+/* ---- transports (transport.h) ---- */
 
-llmcl_status llmcl__dist_channels_create(llmcl_dist *d);
-void llmcl__dist_channels_destroy(llmcl_dist *d);
-
-/*
- * Starts the exchange of a reduce-scatter of group: the P blocks of src (wire dtype) from element
- * src_off, after the kernels enqueued so far. Each block of another rank goes to that rank, and
- * that rank's part of this rank's block comes back in its place, so that once the op completes
- * src holds the P ranks' parts of this rank's block in rank order, for llmcl_sum_rows. The rank's
- * own block never leaves the device.
- */
-llmcl_status llmcl__dist_reduce_start(llmcl_dist *d, int channel, int group, const llmcl_tensor *src,
-                                      int64_t src_off);
-
-/*
- * Starts the all-gather of group's shard (param dtype) from src at element src_off into dst at
- * dst_off (the whole group), written once dst_free (may be NULL) has completed. The rank's own
- * shard is copied on the device (not at all when src is already its place in dst).
- */
-llmcl_status llmcl__dist_gather_start(llmcl_dist *d, int channel, int group, const llmcl_tensor *src,
-                                      int64_t src_off, const llmcl_tensor *dst, int64_t dst_off,
-                                      cl_event dst_free);
-
-/* Advances every op as far as it goes without waiting. */
-llmcl_status llmcl__dist_progress(llmcl_dist *d);
-
-/*
- * Completes op (waiting as needed) and makes the compute queue wait for its result; the op is
- * idle afterwards. An idle op returns at once.
- */
-llmcl_status llmcl__dist_complete(llmcl_dist *d, dist_op *op);
+/* The compute queue waits for the op on a channel (idle: nothing). */
+llmcl_status llmcl__dist_complete(llmcl_dist *d, int kind, int channel);
 
 /* Marks the compute queue's position: an event completing after the kernels enqueued so far. */
 llmcl_status llmcl__dist_marker(llmcl_dist *d, cl_event *out);
+
+/* MPI's type for elements of dt. */
+MPI_Datatype llmcl__dist_mpi_type(llmcl_dtype dt);
 
 /* ---- zero.c ---- */
 

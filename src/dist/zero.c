@@ -5,15 +5,18 @@
  * Stage 1 adds the backward's gradients into full f32 buffers and reduce-scatters them in the step.
  * Stages 2 and 3 add them into one of two f32 buckets the size of the largest group, reduce-scatter
  * a bucket as soon as its group is ready and add the rank's part into the gradient shard; a bucket
- * is reused two groups later, after its reduction has landed. A reduce-scatter exchanges the
- * blocks in place (collectives.c), then llmcl_sum_rows adds the P ranks' parts in rank order.
- * Stage 3 gathers a group's parameters into one of two gather buffers and prefetches the next group
- * into the other.
+ * is reused two groups later, after its reduction has landed. A reduce-scatter runs in place in
+ * the transport (transport.h), which leaves either the sum or the P ranks' parts of this rank's
+ * block; llmcl_sum_rows adds those in rank order into the shard. Stage 3 gathers a group's
+ * parameters into one of two gather buffers and prefetches the next group into the other. Stages
+ * 1 and 2 all-gather the updated parameters at the end of the step, a group a channel where the
+ * transport has as many (NCCL), so that the next forward waits for each group only where it
+ * starts (gather).
  */
 #include <math.h>
 #include <stdlib.h>
 
-#include "dist.h"
+#include "transport.h"
 
 #define FAULT(call, expr)                                                                         \
     do {                                                                                          \
@@ -62,16 +65,21 @@ static llmcl_tensor *reduce_buffer(llmcl_dist *d, int ch, const dist_group *g, i
 
 llmcl_status llmcl__dist_finish_reduce(llmcl_dist *d, int ch)
 {
-    dist_op *op = &d->reduce_op[ch];
-    if (!op->active)
+    const int group = d->transport->ops->busy(d, OP_REDUCE, ch);
+    if (group < 0)
         return LLMCL_OK;
-    const dist_group *g = &d->groups[op->group];
-    LLMCL__TRY(llmcl__dist_complete(d, op));
-    /* The ranks' parts of this rank's block, in rank order, summed into the gradient shard
-       (stages 2-3: micro-batches accumulate there) or over the rank's own part (stage 1). */
+    const dist_group *g = &d->groups[group];
+    LLMCL__TRY(llmcl__dist_complete(d, OP_REDUCE, ch));
+    /* The ranks' parts of this rank's block in rank order, or their sum, added into the gradient
+       shard (stages 2-3: micro-batches accumulate there) or over the rank's own part (stage 1). */
     int64_t off;
     llmcl_tensor *buf = reduce_buffer(d, ch, g, &off);
-    const int64_t shape[2] = {d->world, g->shard}, strides[2] = {g->shard, 1};
+    const bool summed = d->transport->ops->sums;
+    if (summed && d->opts.stage == 1 && buf == d->grads_full)
+        return LLMCL_OK; /* the sum is in place */
+    const int64_t shape[2] = {summed ? 1 : d->world, g->shard}, strides[2] = {g->shard, 1};
+    if (summed)
+        off += d->rank * g->shard;
     views v = {0};
     llmcl_status st = llmcl_tensor_view(buf, 2, shape, strides, off, &v.a);
     if (st == LLMCL_OK && d->opts.stage == 1)
@@ -101,15 +109,18 @@ static llmcl_status reduce_group(llmcl_dist *d, int ch, int group)
         views_free(&v);
         LLMCL__TRY(st);
     }
-    return llmcl__dist_reduce_start(d, ch, group, buf, off);
+    return d->transport->ops->reduce_start(d, ch, group, buf, off);
 }
 
 llmcl_status llmcl__dist_drain(llmcl_dist *d)
 {
     for (int s = 0; s < DIST_SLOTS; ++s)
         LLMCL__TRY(llmcl__dist_finish_reduce(d, s));
-    for (int s = 0; s < DIST_SLOTS; ++s)
-        LLMCL__TRY(llmcl__dist_complete(d, &d->gather_op[s]));
+    const int channels = d->transport->ops->channels(d, OP_GATHER);
+    for (int s = 0; s < channels; ++s)
+        LLMCL__TRY(llmcl__dist_complete(d, OP_GATHER, s));
+    for (int k = 0; k < d->n_groups; ++k)
+        d->groups[k].gather_ch = -1;
     return LLMCL_OK;
 }
 
@@ -144,7 +155,7 @@ static llmcl_status assign_bucket(llmcl_dist *d, int group)
 static llmcl_status grads_ready(llmcl_dist *d, int group)
 {
     LLMCL__TRY(check_group(d, group));
-    LLMCL__TRY(llmcl__dist_progress(d));
+    LLMCL__TRY(d->transport->ops->progress(d));
     if (d->opts.stage == 1)
         return LLMCL_OK;
     dist_group *g = &d->groups[group];
@@ -165,8 +176,9 @@ llmcl_status llmcl_dist_grads_ready(llmcl_dist *d, int group)
 static llmcl_status zero_grads(llmcl_dist *d)
 {
     LLMCL__REQUIRE(d->ctx, d->ready, LLMCL_ERROR_INVALID_ARGUMENT, "call llmcl_dist_setup first");
-    /* Reductions still in flight would land after the zeros. */
-    LLMCL__TRY(llmcl__dist_drain(d));
+    /* Reductions still in flight would land after the zeros; the step's gathers may go on. */
+    for (int s = 0; s < DIST_SLOTS; ++s)
+        LLMCL__TRY(llmcl__dist_finish_reduce(d, s));
     return llmcl_fill(d->ctx, d->opts.stage == 1 ? d->grads_full : d->grad_shard, 0.0);
 }
 
@@ -203,16 +215,23 @@ static int free_slot(const llmcl_dist *d, int keep)
     return found;
 }
 
-/* Starts the all-gather of group into slot s (evicting what it held). */
+/* Starts the all-gather of group into slot s (evicting what it held): this rank's shard is copied
+   into its block on the compute queue, past the kernels that read the slot before. */
 static llmcl_status fetch(llmcl_dist *d, int group, int s)
 {
-    LLMCL__TRY(llmcl__dist_complete(d, &d->gather_op[s]));
+    LLMCL__TRY(llmcl__dist_complete(d, OP_GATHER, s));
     if (d->slot_group[s] >= 0)
         d->groups[d->slot_group[s]].slot = -1;
     d->slot_group[s] = group;
-    d->groups[group].slot = s;
-    return llmcl__dist_gather_start(d, s, group, d->param_shard, d->groups[group].shard_off,
-                                    d->slot[s], 0, d->slot_free[s]);
+    dist_group *g = &d->groups[group];
+    g->slot = s;
+    const size_t es = llmcl_dtype_size(d->opts.param_dtype);
+    const llmcl_tensor *from = d->param_shard, *to = d->slot[s];
+    LLMCL__CL(d->ctx, clEnqueueCopyBuffer(d->ctx->queue, from->mem, to->mem,
+                                          (size_t)(from->offset + g->shard_off) * es,
+                                          (size_t)(to->offset + d->rank * g->shard) * es,
+                                          (size_t)g->shard * es, 0, NULL, NULL));
+    return d->transport->ops->gather_start(d, s, group, to, 0, d->slot_free[s]);
 }
 
 static llmcl_status slot_views(llmcl_dist *d, const dist_group *g)
@@ -235,12 +254,25 @@ static int next_direction(const llmcl_dist *d, int group)
     return group < d->last_gathered ? -1 : -d->direction;
 }
 
+/* Stages 1-2: the compute queue waits for group's update by the step's all-gather, if pending. */
+static llmcl_status wait_update(llmcl_dist *d, int group)
+{
+    dist_group *g = &d->groups[group];
+    if (g->gather_ch < 0)
+        return LLMCL_OK;
+    const int ch = g->gather_ch;
+    g->gather_ch = -1;
+    return d->transport->ops->busy(d, OP_GATHER, ch) == group
+               ? llmcl__dist_complete(d, OP_GATHER, ch)
+               : LLMCL_OK;
+}
+
 static llmcl_status gather(llmcl_dist *d, int group)
 {
     LLMCL__TRY(check_group(d, group));
-    LLMCL__TRY(llmcl__dist_progress(d));
+    LLMCL__TRY(d->transport->ops->progress(d));
     if (d->opts.stage < 3)
-        return LLMCL_OK;
+        return wait_update(d, group);
     dist_group *g = &d->groups[group];
     LLMCL__REQUIRE(d->ctx, !g->gathered, LLMCL_ERROR_INVALID_ARGUMENT,
                    "group %d gathered twice without release", group);
@@ -262,7 +294,7 @@ static llmcl_status gather(llmcl_dist *d, int group)
         if (s >= 0)
             LLMCL__TRY(fetch(d, next, s));
     }
-    LLMCL__TRY(llmcl__dist_complete(d, &d->gather_op[g->slot]));
+    LLMCL__TRY(llmcl__dist_complete(d, OP_GATHER, g->slot));
     return slot_views(d, g);
 }
 
@@ -276,7 +308,7 @@ llmcl_status llmcl_dist_gather(llmcl_dist *d, int group)
 static llmcl_status release(llmcl_dist *d, int group)
 {
     LLMCL__TRY(check_group(d, group));
-    LLMCL__TRY(llmcl__dist_progress(d));
+    LLMCL__TRY(d->transport->ops->progress(d));
     dist_group *g = &d->groups[group];
     if (d->opts.stage < 3)
         return LLMCL_OK;
@@ -304,6 +336,8 @@ llmcl_status llmcl_dist_param(llmcl_dist *d, const char *name, llmcl_tensor **vi
     LLMCL__REQUIRE(d->ctx, d->opts.stage < 3 || d->groups[p->group].gathered,
                    LLMCL_ERROR_INVALID_ARGUMENT, "'%s': its group %d is not gathered", name,
                    p->group);
+    if (d->opts.stage < 3)
+        FAULT("llmcl_dist_param", wait_update(d, p->group));
     *view = p->param;
     return LLMCL_OK;
 }
@@ -404,18 +438,22 @@ static llmcl_status adamw_shard(llmcl_dist *d, const llmcl_adamw_opts *opts)
     return st;
 }
 
-/* Stages 1-2: every group's updated shard to every rank, in place in the full parameters. */
+/*
+ * Stages 1-2: every group's updated shard to every rank, in place in the full parameters. With a
+ * channel a group, each group's gather stays in flight until its forward asks for it (gather);
+ * otherwise all have landed on return.
+ */
 static llmcl_status gather_all(llmcl_dist *d)
 {
+    const int channels = d->transport->ops->channels(d, OP_GATHER);
     for (int k = 0; k < d->n_groups; ++k) {
-        const dist_group *g = &d->groups[k];
-        const int s = k % DIST_SLOTS;
-        LLMCL__TRY(llmcl__dist_complete(d, &d->gather_op[s]));
-        LLMCL__TRY(llmcl__dist_gather_start(d, s, k, d->params_full,
-                                            g->flat_off + d->rank * g->shard, d->params_full,
-                                            g->flat_off, NULL));
+        dist_group *g = &d->groups[k];
+        const int s = k % channels;
+        LLMCL__TRY(llmcl__dist_complete(d, OP_GATHER, s));
+        LLMCL__TRY(d->transport->ops->gather_start(d, s, k, d->params_full, g->flat_off, NULL));
+        g->gather_ch = s;
     }
-    return llmcl__dist_drain(d);
+    return channels < d->n_groups ? llmcl__dist_drain(d) : LLMCL_OK;
 }
 
 /* Stage 3: gathered copies are stale once the shards change. */

@@ -72,13 +72,9 @@ static llmcl_status fail_create(llmcl_ctx *ctx, llmcl_status st)
     return st;
 }
 
-llmcl_status llmcl_ctx_create(llmcl_ctx **out)
+/* A context of the library's own on device. */
+static llmcl_status ctx_create_on(cl_platform_id platform, cl_device_id device, llmcl_ctx **out)
 {
-    LLMCL__REQUIRE(NULL, out, LLMCL_ERROR_INVALID_ARGUMENT, "out must not be NULL");
-    *out = NULL;
-    cl_platform_id platform;
-    cl_device_id device;
-    LLMCL__TRY(llmcl_device_select(&platform, &device));
     llmcl_ctx *ctx = calloc(1, sizeof *ctx);
     LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "context");
     cl_int err;
@@ -96,6 +92,26 @@ llmcl_status llmcl_ctx_create(llmcl_ctx **out)
         return fail_create(ctx, st);
     *out = ctx;
     return LLMCL_OK;
+}
+
+llmcl_status llmcl_ctx_create(llmcl_ctx **out)
+{
+    LLMCL__REQUIRE(NULL, out, LLMCL_ERROR_INVALID_ARGUMENT, "out must not be NULL");
+    *out = NULL;
+    cl_platform_id platform;
+    cl_device_id device;
+    LLMCL__TRY(llmcl_device_select(&platform, &device));
+    return ctx_create_on(platform, device, out);
+}
+
+llmcl_status llmcl_ctx_create_local(int index, llmcl_ctx **out)
+{
+    LLMCL__REQUIRE(NULL, out, LLMCL_ERROR_INVALID_ARGUMENT, "out must not be NULL");
+    *out = NULL;
+    cl_platform_id platform;
+    cl_device_id device;
+    LLMCL__TRY(llmcl_device_select_local(index, &platform, &device));
+    return ctx_create_on(platform, device, out);
 }
 
 llmcl_status llmcl_ctx_create_from_cl(cl_context context, cl_device_id device,

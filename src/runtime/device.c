@@ -127,14 +127,9 @@ static llmcl_status no_match(const device_entry *list, int n, const char *psel, 
                        psel ? psel : "(unset)", dsel ? dsel : "(unset)", n ? avail : "none");
 }
 
-llmcl_status llmcl_device_select(cl_platform_id *platform, cl_device_id *device)
+/* The entry of list that LLMCL_PLATFORM and LLMCL_DEVICE select, -1 if none. */
+static int select_entry(const device_entry *list, int n, const char *psel, const char *dsel)
 {
-    LLMCL__REQUIRE(NULL, platform && device, LLMCL_ERROR_INVALID_ARGUMENT,
-                   "platform and device must not be NULL");
-    device_entry list[MAX_DEVICES];
-    const int n = list_devices(list, MAX_DEVICES);
-    const char *psel = llmcl__getenv("LLMCL_PLATFORM");
-    const char *dsel = llmcl__getenv("LLMCL_DEVICE");
     int chosen = -1;
     for (int field = 0; field < PLATFORM_FIELDS && chosen < 0; ++field)
         for (int i = 0; i < n && chosen < 0; ++i)
@@ -144,8 +139,34 @@ llmcl_status llmcl_device_select(cl_platform_id *platform, cl_device_id *device)
                 chosen = i;
     for (int i = 0; i < n && chosen < 0 && !psel && !dsel; ++i)
         chosen = i; /* no GPU anywhere: the first device */
+    return chosen;
+}
+
+/* The (index mod N)-th of the N devices of chosen's platform and kind (GPU or not). */
+static int nth_like(const device_entry *list, int n, int chosen, int index)
+{
+    const bool gpu = (list[chosen].type & CL_DEVICE_TYPE_GPU) != 0;
+    int like[MAX_DEVICES], count = 0;
+    for (int i = 0; i < n; ++i)
+        if (list[i].platform == list[chosen].platform &&
+            ((list[i].type & CL_DEVICE_TYPE_GPU) != 0) == gpu)
+            like[count++] = i;
+    return like[index % count];
+}
+
+static llmcl_status select_device(int index, cl_platform_id *platform, cl_device_id *device)
+{
+    LLMCL__REQUIRE(NULL, platform && device, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "platform and device must not be NULL");
+    device_entry list[MAX_DEVICES];
+    const int n = list_devices(list, MAX_DEVICES);
+    const char *psel = llmcl__getenv("LLMCL_PLATFORM");
+    const char *dsel = llmcl__getenv("LLMCL_DEVICE");
+    int chosen = select_entry(list, n, psel, dsel);
     if (chosen < 0)
         return no_match(list, n, psel, dsel);
+    if (index >= 0 && !dsel)
+        chosen = nth_like(list, n, chosen, index);
     *platform = list[chosen].platform;
     *device = list[chosen].device;
     llmcl__log("selected '%s' on platform '%s'", list[chosen].device_name,
@@ -153,7 +174,18 @@ llmcl_status llmcl_device_select(cl_platform_id *platform, cl_device_id *device)
     return LLMCL_OK;
 }
 
-static bool has_extension(const char *exts, const char *name)
+llmcl_status llmcl_device_select(cl_platform_id *platform, cl_device_id *device)
+{
+    return select_device(-1, platform, device);
+}
+
+llmcl_status llmcl_device_select_local(int index, cl_platform_id *platform, cl_device_id *device)
+{
+    LLMCL__REQUIRE(NULL, index >= 0, LLMCL_ERROR_INVALID_ARGUMENT, "index %d is negative", index);
+    return select_device(index, platform, device);
+}
+
+bool llmcl__has_extension(const char *exts, const char *name)
 {
     size_t n = strlen(name);
     for (const char *p = strstr(exts, name); p; p = strstr(p + 1, name))
@@ -362,7 +394,7 @@ static void probe_numbers(cl_device_id d, llmcl_device_info *info)
 static void probe_vendor_attributes(cl_device_id d, const char *exts, llmcl_device_info *info)
 {
     info->simd_width = 1;
-    if (has_extension(exts, "cl_nv_device_attribute_query")) {
+    if (llmcl__has_extension(exts, "cl_nv_device_attribute_query")) {
         cl_uint major = 0, minor = 0, warp = 0;
         clGetDeviceInfo(d, CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major, &major, NULL);
         clGetDeviceInfo(d, CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV, sizeof minor, &minor, NULL);
@@ -370,7 +402,7 @@ static void probe_vendor_attributes(cl_device_id d, const char *exts, llmcl_devi
         info->nv_cc_major = (int)major;
         info->nv_cc_minor = (int)minor;
         info->simd_width = warp ? (int)warp : 32;
-    } else if (has_extension(exts, "cl_amd_device_attribute_query")) {
+    } else if (llmcl__has_extension(exts, "cl_amd_device_attribute_query")) {
         cl_uint wave = 0;
         if (clGetDeviceInfo(d, CL_DEVICE_WAVEFRONT_WIDTH_AMD, sizeof wave, &wave, NULL) == CL_SUCCESS &&
             wave)
@@ -404,10 +436,10 @@ llmcl_status llmcl__device_probe(llmcl_ctx *ctx, cl_platform_id platform, cl_dev
     info->vendor_id = classify_vendor(info->platform_name, info->vendor);
     probe_numbers(device, info);
     probe_vendor_attributes(device, exts, info);
-    info->has_fp16 = has_extension(exts, "cl_khr_fp16");
-    info->has_fp64 = info->has_fp64 || has_extension(exts, "cl_khr_fp64");
+    info->has_fp16 = llmcl__has_extension(exts, "cl_khr_fp16");
+    info->has_fp64 = info->has_fp64 || llmcl__has_extension(exts, "cl_khr_fp64");
     info->has_subgroups =
-        has_extension(exts, "cl_khr_subgroups") || has_extension(exts, "cl_intel_subgroups");
+        llmcl__has_extension(exts, "cl_khr_subgroups") || llmcl__has_extension(exts, "cl_intel_subgroups");
     free(exts);
 
     if (info->vendor_id == LLMCL_VENDOR_NVIDIA) {

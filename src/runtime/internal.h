@@ -118,6 +118,9 @@ const char *llmcl__getenv(const char *name);
 llmcl_status llmcl__device_probe(llmcl_ctx *ctx, cl_platform_id platform, cl_device_id device,
                                  llmcl_device_info *info);
 
+/* Whether the space-separated list exts names the extension name. */
+bool llmcl__has_extension(const char *exts, const char *name);
+
 /* ---- memory ---- */
 
 /* Allocates a device buffer counted in ctx->memory; errors are reported as out of memory. */
@@ -129,6 +132,16 @@ void llmcl__buffer_free(llmcl_ctx *ctx, cl_mem mem, uint64_t bytes);
  * tables reach the device without a transfer on the queue, so nothing waits for it.
  */
 llmcl_status llmcl__buffer_alloc_init(llmcl_ctx *ctx, uint64_t bytes, const void *init, cl_mem *out);
+
+/*
+ * Counts bytes of memory that another API allocated for this context's device (imported into
+ * OpenCL) as in use, under the same limits; freed by llmcl__buffer_free.
+ */
+llmcl_status llmcl__buffer_adopt(llmcl_ctx *ctx, uint64_t bytes);
+
+/* An owned 1-D tensor of n dt elements on mem (bytes of it), counted by llmcl__buffer_adopt. */
+llmcl_status llmcl__tensor_adopt(llmcl_ctx *ctx, cl_mem mem, uint64_t bytes, llmcl_dtype dt,
+                                 int64_t n, llmcl_tensor **out);
 
 /*
  * A scratch tensor for an op's temporaries, used on the context's queue only: its buffer comes

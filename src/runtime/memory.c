@@ -24,9 +24,10 @@ llmcl_status llmcl__buffer_alloc(llmcl_ctx *ctx, uint64_t bytes, cl_mem *out)
     return llmcl__buffer_alloc_init(ctx, bytes, NULL, out);
 }
 
-llmcl_status llmcl__buffer_alloc_init(llmcl_ctx *ctx, uint64_t bytes, const void *init, cl_mem *out)
+/* Whether size more bytes fit under the context's limit and the device's memory (the cache is
+   emptied first where that makes room). */
+static llmcl_status check_room(llmcl_ctx *ctx, uint64_t size)
 {
-    const uint64_t size = bytes ? bytes : 1; /* OpenCL refuses empty buffers */
     llmcl_memory_stats *m = &ctx->memory;
     const uint64_t held = m->current_bytes + m->cached_bytes + size;
     if (m->cached_bytes && ((m->limit_bytes && held > m->limit_bytes) ||
@@ -45,6 +46,21 @@ llmcl_status llmcl__buffer_alloc_init(llmcl_ctx *ctx, uint64_t bytes, const void
                    "allocating %llu bytes exceeds the device's memory (%llu of %llu bytes in use)",
                    (unsigned long long)size, (unsigned long long)m->current_bytes,
                    (unsigned long long)ctx->info.global_mem_bytes);
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl__buffer_adopt(llmcl_ctx *ctx, uint64_t bytes)
+{
+    LLMCL__TRY(check_room(ctx, bytes));
+    count_in_use(&ctx->memory, bytes);
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl__buffer_alloc_init(llmcl_ctx *ctx, uint64_t bytes, const void *init, cl_mem *out)
+{
+    const uint64_t size = bytes ? bytes : 1; /* OpenCL refuses empty buffers */
+    llmcl_memory_stats *m = &ctx->memory;
+    LLMCL__TRY(check_room(ctx, size));
     cl_int err;
     const cl_mem_flags flags = CL_MEM_READ_WRITE | (init ? CL_MEM_COPY_HOST_PTR : 0);
     cl_mem mem = clCreateBuffer(ctx->context, flags, (size_t)size, (void *)init, &err);

@@ -98,6 +98,31 @@ llmcl_status llmcl_tensor_create(llmcl_ctx *ctx, llmcl_dtype dtype, int ndim, co
     return tensor_new(ctx, dtype, ndim, shape, false, out);
 }
 
+llmcl_status llmcl__tensor_adopt(llmcl_ctx *ctx, cl_mem mem, uint64_t bytes, llmcl_dtype dt,
+                                 int64_t n, llmcl_tensor **out)
+{
+    *out = NULL;
+    int64_t extent;
+    LLMCL__TRY(check_layout(ctx, dt, 1, &n, NULL, 0, &extent));
+    LLMCL__REQUIRE(ctx, (uint64_t)extent * dtype_sizes[dt] <= bytes, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%lld elements do not fit %llu bytes", (long long)n, (unsigned long long)bytes);
+    llmcl_tensor *t = calloc(1, sizeof *t);
+    LLMCL__REQUIRE(ctx, t, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "tensor");
+    const llmcl_status st = llmcl__buffer_adopt(ctx, bytes);
+    if (st != LLMCL_OK) {
+        free(t);
+        return st;
+    }
+    t->ctx = ctx;
+    t->mem = mem;
+    t->owns = true;
+    t->capacity = bytes;
+    t->dtype = dt;
+    set_layout(t, 1, &n, NULL);
+    *out = t;
+    return LLMCL_OK;
+}
+
 llmcl_status llmcl__scratch(llmcl_ctx *ctx, llmcl_dtype dtype, int ndim, const int64_t *shape,
                             const char *what, llmcl_tensor **out)
 {

@@ -1,30 +1,88 @@
 /*
- * collectives.c: reduce-scatter and all-gather of device buffers through pinned host memory
- * (NVIDIA's OpenCL has no GPU-aware MPI), each a pipeline of chunks. A group is P blocks of
- * `shard` elements, block q rank q's; a chunk takes the same range of every block through three
- * stages:
+ * transport_mpi.c: the host-staged MPI transport (transport.h), for every device: reduce-scatter
+ * and all-gather of device buffers through pinned host memory, each a pipeline of chunks. A group
+ * is P blocks of `shard` elements, block q rank q's; a chunk takes the same range of every block
+ * through three stages:
  *   1. device -> pinned host on the d2h queue: the pieces this rank sends (a reduce-scatter: its
  *      gradients of the other ranks' blocks; an all-gather: its own block, for every other rank);
  *   2. MPI_Ialltoallv: a piece to every other rank, one from every other rank, none to itself;
  *   3. pinned host -> device on the h2d queue: the pieces received, into their blocks.
  * So the copy out of one chunk, the exchange of another and the copy back of a third overlap (two
- * queues: both directions of the link at once), and a rank's own block never crosses the link
- * (an all-gather copies it on the device). MPI only moves data: MPICH's reduce-scatter sums on the
- * CPU through its shared-memory buffers, several times slower than its all-to-all, so the sum runs
- * on the device once the op is complete (llmcl_sum_rows over the P blocks in rank order, zero.c)
- * and the bits do not depend on MPI's algorithms.
+ * queues: both directions of the link at once), and a rank's own block never crosses the link.
+ * MPI only moves data: MPICH's reduce-scatter sums on the CPU through its shared-memory buffers,
+ * several times slower than its all-to-all, so the sum runs on the device once the op is complete
+ * (llmcl_sum_rows over the P blocks in rank order, zero.c) and the bits do not depend on MPI's
+ * algorithms.
  *
- * Nothing blocks the host until a result is needed: llmcl__dist_progress polls events and MPI
- * requests from every dist call. MPI requires collectives in the same order on every rank, so
- * chunks enter MPI in issue order, op by op and chunk by chunk: the program's order, the same on
- * every rank whatever the copies' timing. The copies out are enqueued in that order too, so that
- * a later op's copy, waiting in the in-order d2h queue for its kernels, never holds up an earlier
- * op's chunks. A wait blocks on the oldest step of this pipeline: everything after it waits for it.
+ * Nothing blocks the host until a result is needed: progress polls events and MPI requests from
+ * every dist call. MPI requires collectives in the same order on every rank, so chunks enter MPI
+ * in issue order, op by op and chunk by chunk: the program's order, the same on every rank
+ * whatever the copies' timing. The copies out are enqueued in that order too, so that a later
+ * op's copy, waiting in the in-order d2h queue for its kernels, never holds up an earlier op's
+ * chunks. A wait blocks on the oldest step of this pipeline: everything after it waits for it.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist.h"
+#include "transport.h"
+
+/* Chunks of one op in flight: the copy out of one, the exchange of another and the copy back of a
+   third overlap, with one to spare. */
+#define DIST_DEPTH 4
+
+/* A pinned host buffer, mapped once for the transport's life. */
+typedef struct dist_pinned {
+    cl_mem mem;
+    char *host;
+    size_t bytes;
+} dist_pinned;
+
+/* A staging slot of an op: pinned send and receive areas for one chunk, and that chunk's state. */
+typedef struct dist_slot {
+    char *send, *recv;
+    int *counts, *sdispls, *rdispls; /* MPI_Ialltoallv's arguments, which MPI reads until done */
+    cl_event d2h;                    /* the chunk's pieces are in send */
+    cl_event h2d;                    /* recv may be written again after this (outlives the op) */
+    MPI_Request req;
+} dist_slot;
+
+/*
+ * One collective, a pipeline of chunks: device -> pinned host (d2h queue) -> MPI_Ialltoallv ->
+ * device (h2d queue). Chunk c is the elements [c piece, (c + 1) piece) of every block. Chunks
+ * enter MPI in issue order (seq, then chunk), the same program order on every rank, as MPI
+ * requires of collectives.
+ */
+typedef struct dist_op {
+    int kind, group;
+    bool active;                       /* started, not yet completed */
+    uint64_t seq;                      /* issue order among ops with chunks */
+    int64_t chunks;                    /* 0 on one rank: nothing to exchange */
+    int64_t copied, exchanged, landed; /* chunks copied out (enqueued), in MPI, copied back */
+    int64_t shard, piece;              /* elements of a block; of a block in one chunk */
+    int depth;                         /* slots: DIST_DEPTH, fewer if no shard needs them all */
+    size_t es;
+    cl_mem buf;
+    size_t src_off, dst_off;           /* bytes: what this rank sends from (a reduce: block 0; a
+                                          gather: its own block); block 0 */
+    cl_event ready;                    /* the source may be read after this */
+    cl_event dst_free;                 /* buf may be written after this (NULL: at once) */
+    MPI_Datatype type;
+    dist_pinned host;                  /* the slots' areas */
+    int *args;                         /* the slots' MPI arguments */
+    dist_slot slot[DIST_DEPTH];
+} dist_op;
+
+typedef struct mpi_transport {
+    dist_transport base;
+    cl_command_queue d2hq, h2dq; /* copies to and from host memory, one direction each */
+    dist_op reduce_op[DIST_SLOTS], gather_op[DIST_SLOTS];
+    uint64_t next_seq, next_mpi_seq;
+} mpi_transport;
+
+static mpi_transport *mpi_of(const llmcl_dist *d)
+{
+    return (mpi_transport *)d->transport;
+}
 
 static llmcl_status pinned_create(llmcl_dist *d, size_t bytes, dist_pinned *out)
 {
@@ -35,7 +93,7 @@ static llmcl_status pinned_create(llmcl_dist *d, size_t bytes, dist_pinned *out)
     if (err != CL_SUCCESS)
         return llmcl__fail_cl(d->ctx, err, "clCreateBuffer (pinned host staging)", __FILE__,
                               __LINE__);
-    out->host = clEnqueueMapBuffer(d->d2hq, out->mem, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0,
+    out->host = clEnqueueMapBuffer(mpi_of(d)->d2hq, out->mem, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0,
                                    bytes, 0, NULL, NULL, &err);
     if (err != CL_SUCCESS)
         return llmcl__fail_cl(d->ctx, err, "clEnqueueMapBuffer (pinned host staging)", __FILE__,
@@ -47,11 +105,11 @@ static void pinned_destroy(llmcl_dist *d, dist_pinned *p)
 {
     if (p->mem) {
         /* copies still in flight use the memory */
-        clFinish(d->d2hq);
-        clFinish(d->h2dq);
+        clFinish(mpi_of(d)->d2hq);
+        clFinish(mpi_of(d)->h2dq);
         if (p->host)
-            clEnqueueUnmapMemObject(d->d2hq, p->mem, p->host, 0, NULL, NULL);
-        clFinish(d->d2hq);
+            clEnqueueUnmapMemObject(mpi_of(d)->d2hq, p->mem, p->host, 0, NULL, NULL);
+        clFinish(mpi_of(d)->d2hq);
         clReleaseMemObject(p->mem);
     }
     memset(p, 0, sizeof *p);
@@ -112,11 +170,15 @@ static llmcl_status op_create(llmcl_dist *d, dist_op *op, int kind, llmcl_dtype 
     return LLMCL_OK;
 }
 
-llmcl_status llmcl__dist_channels_create(llmcl_dist *d)
+static llmcl_status mpi_setup(llmcl_dist *d)
 {
+    mpi_transport *t = mpi_of(d);
+    const MPI_Datatype wire = llmcl__dist_mpi_type(d->opts.reduce_dtype);
+    const MPI_Datatype param = llmcl__dist_mpi_type(d->opts.param_dtype);
     for (int s = 0; s < DIST_SLOTS; ++s) {
-        LLMCL__TRY(op_create(d, &d->reduce_op[s], OP_REDUCE, d->opts.reduce_dtype, d->wire_type));
-        LLMCL__TRY(op_create(d, &d->gather_op[s], OP_GATHER, d->opts.param_dtype, d->param_type));
+        LLMCL__TRY(op_create(d, &t->reduce_op[s], OP_REDUCE, d->opts.reduce_dtype, wire));
+        LLMCL__TRY(op_create(d, &t->gather_op[s], OP_GATHER, d->opts.param_dtype, param));
+        t->base.host_bytes += t->reduce_op[s].host.bytes + t->gather_op[s].host.bytes;
     }
     return LLMCL_OK;
 }
@@ -142,21 +204,35 @@ static void op_destroy(llmcl_dist *d, dist_op *op)
     memset(op, 0, sizeof *op);
 }
 
-void llmcl__dist_channels_destroy(llmcl_dist *d)
+static void mpi_quiesce(llmcl_dist *d)
 {
-    for (int s = 0; s < DIST_SLOTS; ++s) {
-        op_destroy(d, &d->reduce_op[s]);
-        op_destroy(d, &d->gather_op[s]);
-    }
+    clFinish(mpi_of(d)->d2hq);
+    clFinish(mpi_of(d)->h2dq);
 }
 
-llmcl_status llmcl__dist_marker(llmcl_dist *d, cl_event *out)
+static void mpi_release(llmcl_dist *d)
 {
-    LLMCL__CL(d->ctx, clEnqueueMarkerWithWaitList(d->ctx->queue, 0, NULL, out));
-    /* Without a flush the marker may never reach the device while a copy queue waits on it. */
-    LLMCL__CL(d->ctx, clFlush(d->ctx->queue));
-    return LLMCL_OK;
+    mpi_transport *t = mpi_of(d);
+    for (int s = 0; s < DIST_SLOTS; ++s) {
+        op_destroy(d, &t->reduce_op[s]);
+        op_destroy(d, &t->gather_op[s]);
+    }
+    t->base.host_bytes = 0;
 }
+
+static void mpi_destroy(llmcl_dist *d)
+{
+    mpi_transport *t = mpi_of(d);
+    mpi_release(d);
+    if (t->d2hq)
+        clReleaseCommandQueue(t->d2hq);
+    if (t->h2dq)
+        clReleaseCommandQueue(t->h2dq);
+    free(t);
+    d->transport = NULL;
+}
+
+static llmcl_status mpi_progress(llmcl_dist *d);
 
 /* Elements of a block in chunk c (the last one may be short). */
 static int64_t chunk_len(const dist_op *op, int64_t c)
@@ -166,50 +242,42 @@ static int64_t chunk_len(const dist_op *op, int64_t c)
 }
 
 /* The op's chunks and its place in the issue order; its copies wait for the kernels so far. */
-static llmcl_status op_start(llmcl_dist *d, dist_op *op, int group, cl_mem src, size_t src_off,
-                             cl_mem dst, size_t dst_off)
+static llmcl_status op_start(llmcl_dist *d, dist_op *op, int group, cl_mem buf, size_t src_off,
+                             size_t dst_off)
 {
     op->group = group;
     op->shard = d->groups[group].shard;
     op->chunks = d->world > 1 ? llmcl__div_up(op->shard, op->piece) : 0;
     op->copied = op->exchanged = op->landed = 0;
-    op->src = src;
+    op->buf = buf;
     op->src_off = src_off;
-    op->dst = dst;
     op->dst_off = dst_off;
     op->active = true;
     if (op->chunks == 0)
         return LLMCL_OK;
-    op->seq = d->next_seq++;
+    op->seq = mpi_of(d)->next_seq++;
     LLMCL__TRY(llmcl__dist_marker(d, &op->ready));
-    return llmcl__dist_progress(d);
+    return mpi_progress(d);
 }
 
-llmcl_status llmcl__dist_reduce_start(llmcl_dist *d, int channel, int group, const llmcl_tensor *src,
-                                      int64_t src_off)
+static llmcl_status mpi_reduce_start(llmcl_dist *d, int channel, int group,
+                                     const llmcl_tensor *buf, int64_t off)
 {
-    dist_op *op = &d->reduce_op[channel];
-    const size_t at = (size_t)(src->offset + src_off) * op->es;
-    return op_start(d, op, group, src->mem, at, src->mem, at);
+    dist_op *op = &mpi_of(d)->reduce_op[channel];
+    const size_t at = (size_t)(buf->offset + off) * op->es;
+    return op_start(d, op, group, buf->mem, at, at);
 }
 
-llmcl_status llmcl__dist_gather_start(llmcl_dist *d, int channel, int group, const llmcl_tensor *src,
-                                      int64_t src_off, const llmcl_tensor *dst, int64_t dst_off,
-                                      cl_event dst_free)
+static llmcl_status mpi_gather_start(llmcl_dist *d, int channel, int group,
+                                     const llmcl_tensor *buf, int64_t off, cl_event dst_free)
 {
-    dist_op *op = &d->gather_op[channel];
-    const dist_group *g = &d->groups[group];
-    const size_t from = (size_t)(src->offset + src_off) * op->es;
-    const size_t to = (size_t)(dst->offset + dst_off) * op->es;
-    const size_t own = to + (size_t)(d->rank * g->shard) * op->es;
-    /* On the compute queue, which is past the kernels that read dst before (they were released). */
-    if (src->mem != dst->mem || from != own)
-        LLMCL__CL(d->ctx, clEnqueueCopyBuffer(d->ctx->queue, src->mem, dst->mem, from, own,
-                                              (size_t)g->shard * op->es, 0, NULL, NULL));
+    dist_op *op = &mpi_of(d)->gather_op[channel];
+    const size_t to = (size_t)(buf->offset + off) * op->es;
+    const size_t own = to + (size_t)(d->rank * d->groups[group].shard) * op->es;
     if (dst_free)
         clRetainEvent(dst_free);
     op->dst_free = dst_free;
-    return op_start(d, op, group, src->mem, from, dst->mem, to);
+    return op_start(d, op, group, buf->mem, own, to);
 }
 
 /* Stage 1 of the op's next chunk: the pieces this rank sends, into its slot's send area. */
@@ -223,7 +291,7 @@ static llmcl_status copy_out(llmcl_dist *d, dist_op *op)
         const size_t block = op->kind == OP_REDUCE ? (size_t)(peer(d, j) * op->shard) * op->es : 0;
         /* Only the first waits for the marker: the queue is in order. */
         const cl_int err = clEnqueueReadBuffer(
-            d->d2hq, op->src, CL_FALSE, op->src_off + block + at, len,
+            mpi_of(d)->d2hq, op->buf, CL_FALSE, op->src_off + block + at, len,
             s->send + (size_t)(j * op->piece) * op->es, op->ready ? 1 : 0,
             op->ready ? &op->ready : NULL, j == pieces - 1 ? &s->d2h : NULL);
         if (err != CL_SUCCESS)
@@ -245,7 +313,7 @@ static llmcl_status copy_back(llmcl_dist *d, dist_op *op)
         const size_t at = (size_t)(peer(d, j) * op->shard + c * op->piece) * op->es;
         /* Only the first waits for the destination: the queue is in order. */
         const cl_int err = clEnqueueWriteBuffer(
-            d->h2dq, op->dst, CL_FALSE, op->dst_off + at, len,
+            mpi_of(d)->h2dq, op->buf, CL_FALSE, op->dst_off + at, len,
             s->recv + (size_t)(j * op->piece) * op->es, op->dst_free ? 1 : 0,
             op->dst_free ? &op->dst_free : NULL, j == d->world - 2 ? &s->h2d : NULL);
         if (err != CL_SUCCESS)
@@ -259,7 +327,7 @@ static llmcl_status copy_back(llmcl_dist *d, dist_op *op)
 
 static dist_op *op_at(llmcl_dist *d, int k)
 {
-    return k < DIST_SLOTS ? &d->reduce_op[k] : &d->gather_op[k - DIST_SLOTS];
+    return k < DIST_SLOTS ? &mpi_of(d)->reduce_op[k] : &mpi_of(d)->gather_op[k - DIST_SLOTS];
 }
 
 /* The op issued seq-th among those with chunks, if it is still going. */
@@ -307,7 +375,7 @@ static llmcl_status land(llmcl_dist *d)
             LLMCL__TRY(copy_back(d, op));
         }
         if (op->landed > before)
-            LLMCL__CL(d->ctx, clFlush(d->h2dq));
+            LLMCL__CL(d->ctx, clFlush(mpi_of(d)->h2dq));
     }
     return LLMCL_OK;
 }
@@ -317,7 +385,7 @@ static llmcl_status land(llmcl_dist *d)
 static llmcl_status fill_slots(llmcl_dist *d)
 {
     bool any = false;
-    for (uint64_t seq = d->next_mpi_seq; seq < d->next_seq; ++seq) {
+    for (uint64_t seq = mpi_of(d)->next_mpi_seq; seq < mpi_of(d)->next_seq; ++seq) {
         dist_op *op = op_with_seq(d, seq);
         if (!op)
             break;
@@ -329,7 +397,7 @@ static llmcl_status fill_slots(llmcl_dist *d)
             break;
     }
     if (any)
-        LLMCL__CL(d->ctx, clFlush(d->d2hq));
+        LLMCL__CL(d->ctx, clFlush(mpi_of(d)->d2hq));
     return LLMCL_OK;
 }
 
@@ -338,7 +406,7 @@ static llmcl_status fill_slots(llmcl_dist *d)
 static llmcl_status exchange(llmcl_dist *d)
 {
     for (;;) {
-        dist_op *op = op_with_seq(d, d->next_mpi_seq);
+        dist_op *op = op_with_seq(d, mpi_of(d)->next_mpi_seq);
         if (!op || op->exchanged == op->copied)
             return LLMCL_OK;
         dist_slot *s = slot_of(op, op->exchanged);
@@ -356,11 +424,11 @@ static llmcl_status exchange(llmcl_dist *d)
                        "MPI_Ialltoallv of group %d, chunk %lld failed (MPI %d)", op->group,
                        (long long)op->exchanged, rc);
         if (++op->exchanged == op->chunks)
-            d->next_mpi_seq++;
+            mpi_of(d)->next_mpi_seq++;
     }
 }
 
-llmcl_status llmcl__dist_progress(llmcl_dist *d)
+static llmcl_status mpi_progress(llmcl_dist *d)
 {
     LLMCL__TRY(land(d));
     LLMCL__TRY(fill_slots(d));
@@ -395,14 +463,21 @@ static llmcl_status wait_oldest(llmcl_dist *d)
     return LLMCL_OK;
 }
 
-llmcl_status llmcl__dist_complete(llmcl_dist *d, dist_op *op)
+static dist_op *channel_op(const llmcl_dist *d, int kind, int channel)
 {
+    mpi_transport *t = mpi_of(d);
+    return kind == OP_REDUCE ? &t->reduce_op[channel] : &t->gather_op[channel];
+}
+
+static llmcl_status mpi_complete(llmcl_dist *d, int kind, int channel)
+{
+    dist_op *op = channel_op(d, kind, channel);
     if (!op->active)
         return LLMCL_OK;
-    LLMCL__TRY(llmcl__dist_progress(d));
+    LLMCL__TRY(mpi_progress(d));
     while (op->landed < op->chunks) {
         LLMCL__TRY(wait_oldest(d));
-        LLMCL__TRY(llmcl__dist_progress(d));
+        LLMCL__TRY(mpi_progress(d));
     }
     op->active = false;
     llmcl__release_event(&op->dst_free);
@@ -411,5 +486,86 @@ llmcl_status llmcl__dist_complete(llmcl_dist *d, dist_op *op)
     /* The h2d queue is in order: its last chunk's copy back completes after all the others. */
     LLMCL__CL(d->ctx, clEnqueueBarrierWithWaitList(d->ctx->queue, 1,
                                                    &slot_of(op, op->chunks - 1)->h2d, NULL));
+    return LLMCL_OK;
+}
+
+static int mpi_channels(const llmcl_dist *d, int kind)
+{
+    (void)d;
+    (void)kind;
+    return DIST_SLOTS;
+}
+
+static int mpi_busy(const llmcl_dist *d, int kind, int channel)
+{
+    const dist_op *op = channel_op(d, kind, channel);
+    return op->active ? op->group : -1;
+}
+
+static llmcl_status mpi_alloc(llmcl_dist *d, llmcl_dtype dt, int64_t n, llmcl_tensor **out)
+{
+    LLMCL__TRY(llmcl_tensor_create(d->ctx, dt, 1, &n, out));
+    return llmcl_fill(d->ctx, *out, 0.0);
+}
+
+/* Bare MPI on host memory: an all-to-all of bytes / P a pair (the exchange of a reduce-scatter of
+   bytes) and an all-gather of bytes / P a rank. */
+static llmcl_status mpi_measure(llmcl_dist *d, uint64_t bytes, int reps, double *reduce_gbs,
+                                double *gather_gbs)
+{
+    const int piece = (int)(bytes / (uint64_t)d->world);
+    char *send = calloc(2, (size_t)piece * (size_t)d->world);
+    LLMCL__REQUIRE(d->ctx, send, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "%llu bytes",
+                   (unsigned long long)bytes);
+    char *recv = send + (size_t)piece * (size_t)d->world;
+    double t[2] = {0.0, 0.0};
+    int rc = MPI_SUCCESS;
+    for (int i = -1; i < reps && rc == MPI_SUCCESS; ++i)
+        for (int k = 0; k < 2 && rc == MPI_SUCCESS; ++k) {
+            MPI_Barrier(d->comm);
+            const double t0 = MPI_Wtime();
+            rc = k == 0 ? MPI_Alltoall(send, piece, MPI_BYTE, recv, piece, MPI_BYTE, d->comm)
+                        : MPI_Allgather(send, piece, MPI_BYTE, recv, piece, MPI_BYTE, d->comm);
+            if (i >= 0)
+                t[k] += MPI_Wtime() - t0;
+        }
+    free(send);
+    LLMCL__REQUIRE(d->ctx, rc == MPI_SUCCESS, LLMCL_ERROR_MPI, "MPI failed (%d)", rc);
+    *reduce_gbs = (double)bytes * reps / t[0] * 1e-9;
+    *gather_gbs = (double)bytes * reps / t[1] * 1e-9;
+    return LLMCL_OK;
+}
+
+static const dist_transport_ops mpi_ops = {
+    .sums = false,
+    .setup = mpi_setup,
+    .alloc = mpi_alloc,
+    .channels = mpi_channels,
+    .busy = mpi_busy,
+    .reduce_start = mpi_reduce_start,
+    .gather_start = mpi_gather_start,
+    .complete = mpi_complete,
+    .progress = mpi_progress,
+    .quiesce = mpi_quiesce,
+    .release = mpi_release,
+    .destroy = mpi_destroy,
+    .measure = mpi_measure,
+};
+
+llmcl_status llmcl__dist_mpi_create(llmcl_dist *d)
+{
+    mpi_transport *t = calloc(1, sizeof *t);
+    LLMCL__REQUIRE(d->ctx, t, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "MPI transport");
+    t->base.ops = &mpi_ops;
+    t->base.kind = LLMCL_DIST_TRANSPORT_MPI;
+    t->base.granularity = 1;
+    d->transport = &t->base;
+    cl_int err;
+    t->d2hq = clCreateCommandQueue(d->ctx->context, d->ctx->device, 0, &err);
+    if (err == CL_SUCCESS)
+        t->h2dq = clCreateCommandQueue(d->ctx->context, d->ctx->device, 0, &err);
+    if (err != CL_SUCCESS)
+        return llmcl__fail_cl(d->ctx, err, "clCreateCommandQueue (copy queues)", __FILE__,
+                              __LINE__);
     return LLMCL_OK;
 }
