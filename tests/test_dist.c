@@ -482,6 +482,11 @@ static void test_memory(void)
             CHECK(freed.current_bytes == before.current_bytes,
                   "after destroy %llu bytes are held, %llu before",
                   (unsigned long long)freed.current_bytes, (unsigned long long)before.current_bytes);
+            if (open_fds() != fds) {
+                char cmd[64];
+                snprintf(cmd, sizeof cmd, "ls -l /proc/%d/fd >&2", (int)getpid());
+                CHECK(system(cmd) >= 0, "%s", cmd);
+            }
             CHECK(open_fds() == fds, "%d file descriptors open after destroy, %d before",
                   open_fds(), fds);
         }

@@ -1,28 +1,26 @@
 /*
  * bench_dist.c: the dist family of llmcl-bench (built where MPI is found; run it as
- * `mpiexec -n 2 llmcl-bench --only dist`). It measures the host link of this rank's device
- * (llmcl_measure_host_bandwidth), then through llmcl_dist: the throughput of a gradient
- * reduce-scatter and of a stage-3 parameter all-gather through host memory (4 groups of f32, each
- * a 4096 x 4096 weight), against the slower direction of the link; and the exposed communication
- * of a backward that reduces each group's gradients while the next group computes (exposed = time
- * with reductions - time without, against the reductions' own time); then both collectives in
- * chunks of 1/256 and 1/16 of a group (256 KiB and 4 MiB at full size) beside the default 1 MiB
- * (llmcl_dist_opts.chunk_bytes), to choose it on a device. Wall-clock times (MPI_Wtime, after
- * the device finished), median of env->reps. Ranks other than 0 are silent; the table rows carry
- * the times, the GB/s against the link are printed here. Beside the link it measures the host's
- * own ceilings for the exchange, every rank at once: memory copies by one thread and by the
- * rank's share of the cores, and a bare MPI_Alltoall of the collectives' bytes. Every byte a
- * staged collective exchanges crosses host memory at least four times (written by the copy out,
- * read and written between the processes, read by the copy back), so on a host whose memory copies
- * are slow these bound it, not the link (docs/PERFORMANCE.md).
+ * `mpiexec -n 2 llmcl-bench --only dist`, a GPU a rank). It measures, through llmcl_dist on the
+ * transport it picks (NCCL GPU to GPU where every rank can, else host-staged MPI): the throughput
+ * of a gradient reduce-scatter and of a stage-3 parameter all-gather of 16 groups of f32, each a
+ * 4096 x 4096 weight, against the transport's own collectives on raw buffers of one group
+ * (llmcl_dist_measure_transport: NCCL's ncclReduceScatter and ncclAllGather, or a bare
+ * MPI_Alltoall and MPI_Allgather of host memory) and, under MPI, the slower direction of the host
+ * link; and the exposed communication of a backward that reduces each group's gradients while the
+ * next group computes (exposed = time with reductions - time without, against the reductions' own
+ * time). Under MPI it also sweeps the chunk size (1/256 and 1/16 of a group beside the default
+ * 1 MiB, llmcl_dist_opts.chunk_bytes) and measures the host's own ceilings for the exchange, every
+ * rank at once: memory copies by one thread and by the rank's share of the cores, and a bare
+ * MPI_Alltoall of the collectives' bytes. Every byte a staged collective exchanges crosses host
+ * memory at least four times (written by the copy out, read and written between the processes,
+ * read by the copy back), so on a host whose memory copies are slow these bound it, not the link
+ * (docs/PERFORMANCE.md). Wall-clock times (MPI_Wtime, after the device finished), median of
+ * env->reps. Ranks other than 0 are silent; the table rows carry the times.
  *
  * The backward is the trainer's for a linear layer: dX = dy W and dW += dy^T x, bf16 operands
  * (tensor cores where the device has them) into the f32 gradients, at 8192 tokens as the matmul
- * rows (64 with --small). It replaced dW alone in f32 at 1024 tokens, which no training step
- * runs; it is no easier on the figure: on the H100 it computes about 1.6 ms a group
- * (docs/PERFORMANCE.md's 4096->4096 dX and dW rows) where the f32 one took about 2.6. The last
- * group's reduction has nothing left to hide under, so at least 1 / 4 of the communication stays
- * exposed with 4 groups whatever the overlap.
+ * rows (64 with --small). The last group's reduction has nothing left to hide under, so at least
+ * 1 / 16 of the communication stays exposed whatever the overlap.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -184,6 +182,8 @@ static llmcl_status make_dist(dist_bench *b, int stage)
 {
     char name[32];
     const llmcl_dist_opts o = {.stage = stage, .chunk_bytes = b->chunk};
+    llmcl_dist_destroy(b->d);
+    b->d = NULL;
     const int64_t shape[2] = {b->rows, b->cols};
     llmcl_status st = llmcl_dist_create(b->env->ctx, MPI_COMM_WORLD, &o, &b->d);
     for (int g = 0; st == LLMCL_OK && g < b->groups; ++g) {
@@ -262,6 +262,33 @@ static void add_row(bench_env *env, const char *what, const char *dtype, const c
     bench_add(env, &row);
 }
 
+/* The transport's name and its own collectives on raw buffers of one group; 0 if unmeasured. */
+static llmcl_dist_info transport_ceiling(dist_bench *b, double group_bytes, double *rs, double *ag)
+{
+    llmcl_dist_info in = {0};
+    *rs = *ag = 0.0;
+    if (llmcl_dist_info_get(b->d, &in) != LLMCL_OK ||
+        llmcl_dist_measure_transport(b->d, (uint64_t)group_bytes, b->env->reps, rs, ag) != LLMCL_OK)
+        return in;
+    printf("dist transport: %s (%s); its own collectives on raw buffers of %.0f MiB: "
+           "reduce-scatter %.1f GB/s, all-gather %.1f GB/s\n",
+           llmcl_dist_transport_name(in.transport), in.transport_detail, group_bytes / 1048576.0,
+           *rs, *ag);
+    return in;
+}
+
+/* What a collective reached: GB/s, against the transport's own and (MPI) the host link. */
+static void print_rate(const char *what, const char *of, double gbs, double own, bool mpi,
+                       double link)
+{
+    printf("dist %s: %.2f GB/s of %s", what, gbs, of);
+    if (own > 0)
+        printf(", %.0f%% of the transport's own", 100.0 * gbs / own);
+    if (mpi)
+        printf(", %.0f%% of the host link", 100.0 * gbs / link);
+    printf("\n");
+}
+
 static void run(bench_env *env)
 {
     int rank, world;
@@ -272,7 +299,7 @@ static void run(bench_env *env)
         if (!freopen("/dev/null", "w", stdout))
             return;
     }
-    dist_bench b = {.env = env, .groups = 4, .rows = env->small ? 256 : 4096,
+    dist_bench b = {.env = env, .groups = 16, .rows = env->small ? 256 : 4096,
                     .cols = env->small ? 1024 : 4096};
     const double group_bytes = (double)b.rows * b.cols * 4;
     double d2h, h2d;
@@ -287,13 +314,17 @@ static void run(bench_env *env)
              (long long)b.cols, world);
     printf("dist: %d ranks; host link (pinned, this rank's device, llmcl_measure_host_bandwidth): "
            "d2h %.1f GB/s, h2d %.1f GB/s\n", world, d2h, h2d);
-    host_ceilings(&b, (size_t)(b.groups * group_bytes), world);
 
     /* Reduce-scatter and overlap: stage 2; all-gather: stage 3. */
     if (make_dist(&b, 2) != LLMCL_OK) {
         bench_fail(env, "dist: stage 2 setup", LLMCL_ERROR_MPI);
         goto done;
     }
+    double own_rs, own_ag;
+    const llmcl_dist_info in = transport_ceiling(&b, group_bytes, &own_rs, &own_ag);
+    const bool mpi = in.transport != LLMCL_DIST_TRANSPORT_NCCL;
+    if (mpi)
+        host_ceilings(&b, (size_t)(b.groups * group_bytes), world);
     const int64_t tokens = env->small ? 64 : 8192;
     const int64_t xs[2] = {tokens, b.cols}, dys[2] = {tokens, b.rows}, ws[2] = {b.rows, b.cols};
     if (llmcl_tensor_create(env->ctx, LLMCL_BF16, 2, xs, &b.x) != LLMCL_OK ||
@@ -313,8 +344,6 @@ static void run(bench_env *env)
     const double both_ms = wall_ms(env, backward, &b);
     b.reduce = 0;
     const double compute_ms = wall_ms(env, backward, &b);
-    llmcl_dist_destroy(b.d);
-    b.d = NULL;
     if (comm_ms > 0 && both_ms > 0 && compute_ms > 0) {
         const double gbs = b.groups * group_bytes / (comm_ms * 1e-3) * 1e-9;
         const double exposed = both_ms - compute_ms > 0 ? both_ms - compute_ms : 0;
@@ -323,8 +352,7 @@ static void run(bench_env *env)
         add_row(env, "reduce-scatter", "f32", shape, comm_ms);
         add_row(env, "backward, no comm", "bf16", tok, compute_ms);
         add_row(env, "backward + reduce", "bf16", tok, both_ms);
-        printf("dist reduce-scatter: %.2f GB/s of gradients through the host, %.0f%% of the "
-               "host link\n", gbs, 100.0 * gbs / link);
+        print_rate("reduce-scatter", "gradients", gbs, own_rs, mpi, link);
         printf("dist overlap: exposed communication %.3f ms of %.3f ms (%.0f%%; backward %.3f ms "
                "without it)\n", exposed, comm_ms, 100.0 * exposed / comm_ms, compute_ms);
     }
@@ -332,17 +360,17 @@ static void run(bench_env *env)
         bench_fail(env, "dist: stage 3 setup", LLMCL_ERROR_MPI);
         goto done;
     }
-    /* Every pass gathers each group anew: two gather buffers for four groups. */
+    /* Every pass gathers each group anew: two gather buffers for 16 groups. */
     const double gather_ms = wall_ms(env, gather_pass, &b);
     if (gather_ms > 0) {
         const double gbs = b.groups * group_bytes / (gather_ms * 1e-3) * 1e-9;
         add_row(env, "all-gather", "f32", shape, gather_ms);
-        printf("dist all-gather: %.2f GB/s of parameters through the host, %.0f%% of the host "
-               "link\n", gbs, 100.0 * gbs / link);
+        print_rate("all-gather", "parameters", gbs, own_ag, mpi, link);
     }
     llmcl_dist_destroy(b.d);
     b.d = NULL;
-    chunk_sweep(&b, link);
+    if (mpi)
+        chunk_sweep(&b, link);
 done:
     llmcl_dist_destroy(b.d);
     llmcl_tensor_destroy(b.x);

@@ -22,6 +22,8 @@
 #include "util.h"
 #ifdef LLMCL_TRAIN_MPI
 #include <mpi.h>
+
+#include "zero.h"
 #endif
 
 /* Shape options that an --init-from config.json also sets. */
@@ -59,7 +61,8 @@ static void usage(FILE *f)
           "  --data FILE          text (byte-level tokens) or an llm.c token file (.bin)\n"
           "  --val FILE           held-out tokens (default: the last 5% of --data)\n"
           "model:\n"
-          "  --preset NAME        tiny (default) or llama-1b (Llama-3.2-1B's shape)\n"
+          "  --preset NAME        tiny (default), llama-1b (Llama-3.2-1B's shape) or llama-8b\n"
+          "                       (Llama-3-8B's: 8.0B parameters, untied, batch 1 x 8192)\n"
           "  --dim N --layers N --heads N --kv-heads N --ffn N --vocab N\n"
           "  --untied             a separate output head (default: tied to the embeddings)\n"
           "  --rope-theta X       RoPE base (default 10000; llama-1b 500000)\n"
@@ -147,8 +150,13 @@ static void preset(options *o, const char *name)
                                   .rope_theta = 500000, .rope_llama3_factor = 32,
                                   .dtype = LLMCL_BF16};
         o->batch = 4, o->seq = 2048;
+    } else if (strcmp(name, "llama-8b") == 0) {
+        o->model = (model_config){.vocab = 128256, .dim = 4096, .layers = 32, .heads = 32,
+                                  .kv_heads = 8, .ffn = 14336, .tied = 0, .norm_eps = 1e-5f,
+                                  .rope_theta = 500000, .dtype = LLMCL_BF16};
+        o->batch = 1, o->seq = 8192;
     } else {
-        die("unknown --preset %s (tiny, llama-1b)", name);
+        die("unknown --preset %s (tiny, llama-1b, llama-8b)", name);
     }
     o->model.ce_chunk_bytes = TRAIN_CE_CHUNK_BYTES;
 }
@@ -728,6 +736,32 @@ static void join_job(trainer *tr, int *argc, char ***argv)
 #endif
 }
 
+/* Under --zero each rank takes its node-local device, unless LLMCL_DEVICE names one. */
+static llmcl_status create_context(const trainer *tr, llmcl_ctx **out)
+{
+#ifdef LLMCL_TRAIN_MPI
+    if (tr->o.model.zero_stage)
+        return llmcl_dist_ctx_create(MPI_COMM_WORLD, out);
+#else
+    (void)tr;
+#endif
+    return llmcl_ctx_create(out);
+}
+
+/* The ZeRO line: the stage, the ranks, the step's batch and the transport that runs. */
+static void print_zero(const trainer *tr)
+{
+#ifdef LLMCL_TRAIN_MPI
+    llmcl_dist_info in;
+    CHECK(llmcl_dist_info_get(tr->m->zero->dist, &in), tr->ctx);
+    printf("ZeRO stage %d over %d rank(s): the step's batch is %d x %d x %d; %s transport (%s)\n",
+           in.stage, tr->world, tr->world, tr->o.batch, tr->o.seq,
+           llmcl_dist_transport_name(in.transport), in.transport_detail);
+#else
+    (void)tr;
+#endif
+}
+
 static void leave_job(const trainer *tr)
 {
 #ifdef LLMCL_TRAIN_MPI
@@ -756,7 +790,7 @@ int main(int argc, char **argv)
     if (o->steps > 0 && o->warmup >= o->steps)
         o->warmup = o->steps / 10;
 
-    CHECK(llmcl_ctx_create(&tr.ctx), NULL);
+    CHECK(create_context(&tr, &tr.ctx), NULL);
     const llmcl_device_info *info = llmcl_ctx_device_info(tr.ctx);
     tr.peak_tflops = o->peak_tflops > 0 ? o->peak_tflops : measured_peak(tr.ctx, o->model.dtype);
     CHECK(model_create(tr.ctx, &o->model, o->seed, &tr.m), tr.ctx);
@@ -782,8 +816,7 @@ int main(int argc, char **argv)
     if (tr.m->trainable.offloaded)
         print_offloaded(tr.m->trainable.offloaded);
     if (c->zero_stage)
-        printf("ZeRO stage %d over %d rank(s): the step's batch is %d x %d x %d\n", c->zero_stage,
-               tr.world, tr.world, o->batch, o->seq);
+        print_zero(&tr);
     if (o->init_from)
         printf("weights: %s\n", o->init_from);
     printf("data: %s, %lld training and %lld held-out tokens; batch %d x %d x %d\n",

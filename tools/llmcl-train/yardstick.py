@@ -1,43 +1,80 @@
 #!/usr/bin/env python3
-"""yardstick.py: the PyTorch eager run that llmcl-train's benchmark is measured against.
+"""yardstick.py: the PyTorch runs that llmcl-train's benchmark is measured against.
 
 The same Llama-style model as `llmcl-train --preset llama-1b` (Llama-3.2-1B's shape: width 2048,
-16 layers, 32/8 heads, MLP 8192, vocabulary 128256, tied embeddings, Llama 3 RoPE scaling) as
+16 layers, 32/8 heads, MLP 8192, vocabulary 128256, tied embeddings, Llama 3 RoPE scaling) or
+`--preset llama-8b` (Llama-3-8B's: width 4096, 32 layers, 32/8 heads, MLP 14336, untied) as
 transformers' LlamaForCausalLM with f32 parameters, bf16 autocast, SDPA attention and the fused
-AdamW, trained on random tokens at batch B x T. Prints tokens/s, MFU with llmcl-train's FLOP count
-(6 x multiplying parameters + 6 x layers x T x width per token) against the given peak, and the
-peak device memory. A yardstick where PyTorch and a CUDA GPU exist, never a dependency.
+AdamW, trained on random tokens at batch B x T a GPU. Options: --compile (torch.compile),
+--recompute (activation checkpointing of every layer), and under torchrun --fsdp (FSDP2:
+fully_shard on every decoder layer and the root, bf16 parameters for compute, f32 reduction).
+Prints tokens/s over every GPU, MFU with llmcl-train's FLOP count (6 x multiplying parameters +
+6 x layers x T x width per token) against the given peak, and the peak device memory of a GPU. A
+yardstick where PyTorch and a CUDA GPU exist, never a dependency.
 
     python3 tools/llmcl-train/yardstick.py --batch 4 --seq 2048 --steps 10
+    torchrun --nproc_per_node 2 tools/llmcl-train/yardstick.py --fsdp --batch 4
 """
 import argparse
+import os
 import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+PRESETS = {
+    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True,
+                     rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 8192}),
+    "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+}
+
+
+def build(args, device):
+    cfg = LlamaConfig(vocab_size=128256, max_position_embeddings=max(args.seq, 8192),
+                      rms_norm_eps=1e-5, rope_theta=500000.0, attn_implementation="sdpa",
+                      **PRESETS[args.preset])
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    if args.recompute:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.fsdp:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in model.model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+    if args.compile:
+        model = torch.compile(model)
+    return cfg, model, n_params
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="llama-1b")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--fsdp", action="store_true", help="FSDP2 under torchrun")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--recompute", action="store_true", help="checkpoint every layer")
     args = ap.parse_args()
-    cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                      num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                      max_position_embeddings=args.seq, rms_norm_eps=1e-5, rope_theta=500000.0,
-                      rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                    "high_freq_factor": 4.0,
-                                    "original_max_position_embeddings": 8192},
-                      tie_word_embeddings=True, attn_implementation="sdpa")
-    model = LlamaForCausalLM(cfg).cuda()
+    world, rank = 1, 0
+    if args.fsdp:
+        torch.distributed.init_process_group("nccl")
+        world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    cfg, model, n_params = build(args, "cuda")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=True)
-    n_params = sum(p.numel() for p in model.parameters())
     flops_per_token = 6 * n_params + 6 * cfg.num_hidden_layers * args.seq * cfg.hidden_size
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device="cuda").manual_seed(rank)
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), device="cuda",
                         generator=gen)
 
@@ -59,12 +96,18 @@ def main():
         loss = step()
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / args.steps
-    tps = args.batch * args.seq / dt
-    print(f"pytorch eager: {n_params / 1e9:.3f}B parameters, batch {args.batch}x{args.seq}, "
-          f"{dt * 1e3:.1f} ms/step, {tps / 1e3:.1f}k tokens/s, "
-          f"MFU {100 * tps * flops_per_token / (args.peak_tflops * 1e12):.1f}% of "
-          f"{args.peak_tflops:g} TFLOP/s, peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB, "
-          f"loss {loss.item():.3f}")
+    tps = world * args.batch * args.seq / dt
+    what = ("fsdp2" if args.fsdp else "eager") + (" + compile" if args.compile else "") + \
+        (" + recompute" if args.recompute else "")
+    if rank == 0:
+        print(f"pytorch {what}, {args.preset} on {world} GPU(s): {n_params / 1e9:.3f}B parameters, "
+              f"batch {args.batch}x{args.seq} a GPU, {dt * 1e3:.1f} ms/step, "
+              f"{tps / 1e3:.1f}k tokens/s, MFU "
+              f"{100 * tps / world * flops_per_token / (args.peak_tflops * 1e12):.1f}% of "
+              f"{args.peak_tflops:g} TFLOP/s, peak {torch.cuda.max_memory_allocated() / 2**30:.1f} "
+              f"GiB a GPU, loss {loss.item():.3f}", flush=True)
+    if args.fsdp:
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
