@@ -433,6 +433,19 @@ static uint64_t moved(const llmcl_dist_info *in, uint64_t bytes)
     return (bytes + in->granularity - 1) / in->granularity * in->granularity;
 }
 
+static int64_t round_up(int64_t n, int64_t unit)
+{
+    return (n + unit - 1) / unit * unit;
+}
+
+/* Layer k's group by llmcl_dist_setup's documented layout: each parameter from a multiple of 16
+   elements, the group padded to a multiple of 16 x world. */
+static uint64_t group_numel(int k)
+{
+    const int64_t n = round_up(numels[2 * k], 16) + round_up(numels[2 * k + 1], 16);
+    return (uint64_t)round_up(n, 16 * (int64_t)world);
+}
+
 /* Device bytes held after setup, against llmcl_dist.h's formulas, and all of them (and every file
    descriptor) given back by destroy. */
 static void test_memory(void)
@@ -448,24 +461,30 @@ static void test_memory(void)
             OK(llmcl_memory_stats_get(ctx, &after));
             llmcl_dist_info in;
             OK(llmcl_dist_info_get(n.d, &in));
-            const uint64_t S = (uint64_t)in.shard_numel, F = (uint64_t)in.padded_numel;
-            const uint64_t G = (uint64_t)in.max_group, p = half ? 2 : 4, w = p;
+            const uint64_t S = (uint64_t)in.shard_numel, G = (uint64_t)in.max_group;
+            const uint64_t p = half ? 2 : 4, w = p;
             const int nccl = in.transport == LLMCL_DIST_TRANSPORT_NCCL;
             /* f32 gradients cross ranks unless a bf16 wire copy does */
             const uint64_t grads = half ? 4 * G : moved(&in, 4 * G);
             uint64_t want = 12 * S + 4 + (half ? 2 * moved(&in, 2 * G) : 0) +
                             (nccl ? in.granularity : 0);
-            if (stage == 1)
-                want += moved(&in, p * F) + (half ? 4 * F : moved(&in, 4 * F));
+            uint64_t F = 0;
+            for (int k = 0; k < LAYERS; ++k) {
+                F += group_numel(k);
+                if (stage < 3)
+                    want += moved(&in, p * group_numel(k));
+                if (stage == 1)
+                    want += half ? 4 * group_numel(k) : moved(&in, 4 * group_numel(k));
+            }
             if (stage == 2)
-                want += moved(&in, p * F) + w * S + 2 * grads;
+                want += w * S + 2 * grads;
             if (stage == 3)
                 want += p * S + w * S + 2 * grads + 2 * moved(&in, p * G);
             const uint64_t held = after.current_bytes - before.current_bytes;
             CHECK(held == want, "%s, stage %d %s: %llu bytes held, formula %llu",
                   llmcl_dist_transport_name(in.transport), stage, half ? "bf16" : "f32",
                   (unsigned long long)held, (unsigned long long)want);
-            CHECK(in.padded_numel % in.world == 0 && in.shard_numel * in.world == in.padded_numel &&
+            CHECK((uint64_t)in.padded_numel == F && in.shard_numel * in.world == in.padded_numel &&
                       in.numel == total_numel(),
                   "layout");
             if (!nccl)

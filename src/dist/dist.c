@@ -225,12 +225,16 @@ static void free_tensors(llmcl_dist *d)
         llmcl_tensor_destroy(d->params[i].grad);
         d->params[i].param = d->params[i].grad = NULL;
     }
-    llmcl_tensor *all[] = {d->master, d->m, d->v, d->norm, d->params_full, d->grads_full,
-                           d->param_shard, d->grad_shard};
+    for (int k = 0; k < d->n_groups; ++k) {
+        llmcl_tensor_destroy(d->groups[k].params);
+        llmcl_tensor_destroy(d->groups[k].grads);
+        d->groups[k].params = d->groups[k].grads = NULL;
+    }
+    llmcl_tensor *all[] = {d->master, d->m, d->v, d->norm, d->param_shard, d->grad_shard};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
         llmcl_tensor_destroy(all[i]);
     d->master = d->m = d->v = d->norm = NULL;
-    d->params_full = d->grads_full = d->param_shard = d->grad_shard = NULL;
+    d->param_shard = d->grad_shard = NULL;
     for (int s = 0; s < DIST_SLOTS; ++s) {
         llmcl_tensor_destroy(d->bucket[s]);
         llmcl_tensor_destroy(d->wire[s]);
@@ -330,7 +334,6 @@ static llmcl_status layout(llmcl_dist *d)
         dist_group *g = &d->groups[k];
         g->numel = llmcl__div_up(g->numel, quantum) * quantum;
         g->shard = g->numel / d->world;
-        g->flat_off = d->padded;
         g->shard_off = d->shard;
         g->slot = g->bucket = g->gather_ch = -1;
         d->padded += g->numel;
@@ -412,13 +415,16 @@ static llmcl_status allocate(llmcl_dist *d)
     /* The f32 gradients cross ranks themselves unless a bf16 wire copy does. */
     llmcl_status (*grads)(llmcl_dist *, llmcl_dtype, int64_t, llmcl_tensor **) =
         rt == LLMCL_F32 ? alloc_moved : alloc_zero;
-    if (stage < 3)
-        LLMCL__TRY(alloc_moved(d, pt, d->padded, &d->params_full));
-    else
+    /* A buffer a group: the transport may bound a buffer's size (transport.h). */
+    for (int k = 0; stage < 3 && k < d->n_groups; ++k) {
+        dist_group *g = &d->groups[k];
+        LLMCL__TRY(alloc_moved(d, pt, g->numel, &g->params));
+        if (stage == 1)
+            LLMCL__TRY(grads(d, LLMCL_F32, g->numel, &g->grads));
+    }
+    if (stage == 3)
         LLMCL__TRY(alloc_zero(d, pt, d->shard, &d->param_shard));
-    if (stage == 1)
-        LLMCL__TRY(grads(d, LLMCL_F32, d->padded, &d->grads_full));
-    else
+    if (stage > 1)
         LLMCL__TRY(alloc_zero(d, rt, d->shard, &d->grad_shard));
     for (int s = 0; s < DIST_SLOTS; ++s) {
         if (stage > 1)
@@ -436,10 +442,10 @@ static llmcl_status fixed_views(llmcl_dist *d)
 {
     for (int i = 0; d->opts.stage < 3 && i < d->n_params; ++i) {
         dist_param *p = &d->params[i];
-        const int64_t at = d->groups[p->group].flat_off + p->offset;
-        LLMCL__TRY(llmcl_tensor_view(d->params_full, p->ndim, p->shape, NULL, at, &p->param));
+        const dist_group *g = &d->groups[p->group];
+        LLMCL__TRY(llmcl_tensor_view(g->params, p->ndim, p->shape, NULL, p->offset, &p->param));
         if (d->opts.stage == 1)
-            LLMCL__TRY(llmcl_tensor_view(d->grads_full, p->ndim, p->shape, NULL, at, &p->grad));
+            LLMCL__TRY(llmcl_tensor_view(g->grads, p->ndim, p->shape, NULL, p->offset, &p->grad));
     }
     return LLMCL_OK;
 }
@@ -518,7 +524,7 @@ llmcl_status llmcl_dist_init_param(llmcl_dist *d, const char *name, const float 
     const dist_group *g = &d->groups[p->group];
     LLMCL__TRY(llmcl__dist_drain(d));
     if (d->opts.stage < 3)
-        LLMCL__TRY(upload_part(d, d->params_full, g->flat_off + p->offset, values, p->numel));
+        LLMCL__TRY(upload_part(d, g->params, p->offset, values, p->numel));
     int64_t lo, hi;
     if (llmcl__dist_segment(d, p, &lo, &hi)) {
         const int64_t at = g->shard_off + lo - d->rank * g->shard;

@@ -33,12 +33,13 @@ typedef struct dist_group {
     int first, count;  /* its parameters */
     int64_t numel;     /* padded to world * DIST_ALIGN */
     int64_t shard;     /* numel / world */
-    int64_t flat_off;  /* in the full layout (stage 1-2 params, stage 1 grads) */
     int64_t shard_off; /* in the rank's shard */
     int slot;          /* stage 3: gather buffer holding it, -1 */
     int gather_ch;     /* stages 1-2: the gather channel updating its parameters, -1 */
     bool gathered;     /* stage 3: between gather and release */
     int bucket;        /* stages 2-3: bucket accumulating its gradients, -1 */
+    llmcl_tensor *params; /* stages 1-2: the group's full compute-dtype parameters */
+    llmcl_tensor *grads;  /* stage 1: the group's full f32 gradients */
 } dist_group;
 
 typedef struct dist_transport dist_transport;
@@ -59,7 +60,6 @@ struct llmcl_dist {
 
     /* every stage: the rank's shard of the optimizer state */
     llmcl_tensor *master, *m, *v, *norm;
-    llmcl_tensor *params_full, *grads_full; /* stages 1-2 / stage 1 */
     llmcl_tensor *param_shard, *grad_shard; /* stage 3 / stages 2-3 */
     llmcl_tensor *bucket[DIST_SLOTS];       /* stages 2-3: f32 gradients of one group */
     llmcl_tensor *wire[DIST_SLOTS];         /* bf16 reduction: the gradients cast for the wire */

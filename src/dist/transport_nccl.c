@@ -147,6 +147,13 @@ typedef struct pending {
 
 #define PENDING_CAP 256
 
+/*
+ * NVIDIA's OpenCL (driver 580.159) faults inside clCreateBufferWithProperties when the imported
+ * allocation is larger than this: 2.47 GB did on the H200, smaller ones import. alloc refuses
+ * larger buffers with a message instead.
+ */
+#define IMPORT_MAX ((size_t)INT32_MAX)
+
 typedef struct nccl_transport {
     dist_transport base;
     llmcl__cuda cu;
@@ -403,6 +410,11 @@ static llmcl_status nccl_alloc(llmcl_dist *d, llmcl_dtype dt, int64_t n, llmcl_t
     }
     shared_buf *b = &t->bufs[t->n_bufs];
     const size_t bytes = round_up((size_t)n * llmcl_dtype_size(dt), t->granularity);
+    LLMCL__REQUIRE(d->ctx, bytes <= IMPORT_MAX, LLMCL_ERROR_UNSUPPORTED,
+                   "the NCCL transport needs a buffer of %zu bytes (%lld %s elements: a group's "
+                   "parameters or gradients), more than the %zu bytes that NVIDIA's OpenCL can "
+                   "import from CUDA: register smaller groups, or use LLMCL_DIST_TRANSPORT=mpi",
+                   bytes, (long long)n, llmcl_dtype_name(dt), IMPORT_MAX);
     LLMCL__TRY(share(d, bytes, b));
     t->n_bufs++;
     /* Released by the tensor; the CUDA memory goes at release(). */
@@ -631,6 +643,8 @@ static llmcl_status nccl_measure(llmcl_dist *d, uint64_t bytes, int reps, double
 {
     nccl_transport *t = nccl_of(d);
     const size_t count = (size_t)(bytes / 4 / (uint64_t)d->world);
+    LLMCL__REQUIRE(d->ctx, round_up((size_t)bytes, t->granularity) <= IMPORT_MAX,
+                   LLMCL_ERROR_UNSUPPORTED, "at most %zu bytes under NCCL", IMPORT_MAX);
     shared_buf b;
     LLMCL__TRY(share(d, round_up((size_t)bytes, t->granularity), &b));
     double secs[2] = {0.0, 0.0};

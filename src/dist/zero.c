@@ -50,8 +50,8 @@ static void views_free(views *v)
    part of the full gradients (stage 1). */
 static llmcl_tensor *group_grads(llmcl_dist *d, int ch, const dist_group *g, int64_t *off)
 {
-    *off = d->opts.stage == 1 ? g->flat_off : 0;
-    return d->opts.stage == 1 ? d->grads_full : d->bucket[ch];
+    *off = 0;
+    return d->opts.stage == 1 ? g->grads : d->bucket[ch];
 }
 
 /* What a reduce-scatter exchanges in place: the f32 gradients, or their bf16 copy for the wire. */
@@ -75,7 +75,7 @@ llmcl_status llmcl__dist_finish_reduce(llmcl_dist *d, int ch)
     int64_t off;
     llmcl_tensor *buf = reduce_buffer(d, ch, g, &off);
     const bool summed = d->transport->ops->sums;
-    if (summed && d->opts.stage == 1 && buf == d->grads_full)
+    if (summed && d->opts.stage == 1 && buf == g->grads)
         return LLMCL_OK; /* the sum is in place */
     const int64_t shape[2] = {summed ? 1 : d->world, g->shard}, strides[2] = {g->shard, 1};
     if (summed)
@@ -83,7 +83,7 @@ llmcl_status llmcl__dist_finish_reduce(llmcl_dist *d, int ch)
     views v = {0};
     llmcl_status st = llmcl_tensor_view(buf, 2, shape, strides, off, &v.a);
     if (st == LLMCL_OK && d->opts.stage == 1)
-        st = llmcl__dist_view(d->grads_full, g->flat_off + d->rank * g->shard, g->shard, &v.b);
+        st = llmcl__dist_view(g->grads, d->rank * g->shard, g->shard, &v.b);
     else if (st == LLMCL_OK)
         st = llmcl__dist_view(d->grad_shard, g->shard_off, g->shard, &v.b);
     if (st == LLMCL_OK)
@@ -179,7 +179,11 @@ static llmcl_status zero_grads(llmcl_dist *d)
     /* Reductions still in flight would land after the zeros; the step's gathers may go on. */
     for (int s = 0; s < DIST_SLOTS; ++s)
         LLMCL__TRY(llmcl__dist_finish_reduce(d, s));
-    return llmcl_fill(d->ctx, d->opts.stage == 1 ? d->grads_full : d->grad_shard, 0.0);
+    if (d->opts.stage > 1)
+        return llmcl_fill(d->ctx, d->grad_shard, 0.0);
+    for (int k = 0; k < d->n_groups; ++k)
+        LLMCL__TRY(llmcl_fill(d->ctx, d->groups[k].grads, 0.0));
+    return LLMCL_OK;
 }
 
 llmcl_status llmcl_dist_zero_grads(llmcl_dist *d)
@@ -344,12 +348,7 @@ llmcl_status llmcl_dist_param(llmcl_dist *d, const char *name, llmcl_tensor **vi
 
 /* ---- the step ---- */
 
-/* The rank's part of the full layout (stages 1-2) or of the shard, at param p's segment. */
-static int64_t full_at(const llmcl_dist *d, const dist_param *p, int64_t lo)
-{
-    return d->groups[p->group].flat_off + lo;
-}
-
+/* The rank's part of the shard at param p's segment. */
 static int64_t shard_at(const llmcl_dist *d, const dist_param *p, int64_t lo)
 {
     const dist_group *g = &d->groups[p->group];
@@ -369,7 +368,7 @@ static llmcl_status global_norm(llmcl_dist *d, float *norm)
     for (int k = 0; st == LLMCL_OK && k < n; ++k) {
         const dist_group *g = &d->groups[k];
         st = d->opts.stage == 1
-                 ? llmcl__dist_view(d->grads_full, g->flat_off + d->rank * g->shard, g->shard,
+                 ? llmcl__dist_view(g->grads, d->rank * g->shard, g->shard,
                                     &grads[k])
                  : llmcl__dist_view(d->grad_shard, 0, d->shard, &grads[k]);
     }
@@ -412,10 +411,11 @@ static llmcl_status adamw_shard(llmcl_dist *d, const llmcl_adamw_opts *opts)
         llmcl_adamw_tensor *e = &t[n++];
         llmcl_tensor *grad = NULL;
         e->no_weight_decay = p->no_weight_decay;
-        st = d->opts.stage < 3 ? llmcl__dist_view(d->params_full, full_at(d, p, lo), len, &e->param)
+        const dist_group *g = &d->groups[p->group];
+        st = d->opts.stage < 3 ? llmcl__dist_view(g->params, lo, len, &e->param)
                                : llmcl__dist_view(d->param_shard, at, len, &e->param);
         if (st == LLMCL_OK)
-            st = d->opts.stage == 1 ? llmcl__dist_view(d->grads_full, full_at(d, p, lo), len, &grad)
+            st = d->opts.stage == 1 ? llmcl__dist_view(g->grads, lo, len, &grad)
                                     : llmcl__dist_view(d->grad_shard, at, len, &grad);
         e->grad = grad;
         if (st == LLMCL_OK)
@@ -450,7 +450,7 @@ static llmcl_status gather_all(llmcl_dist *d)
         dist_group *g = &d->groups[k];
         const int s = k % channels;
         LLMCL__TRY(llmcl__dist_complete(d, OP_GATHER, s));
-        LLMCL__TRY(d->transport->ops->gather_start(d, s, k, d->params_full, g->flat_off, NULL));
+        LLMCL__TRY(d->transport->ops->gather_start(d, s, k, g->params, 0, NULL));
         g->gather_ch = s;
     }
     return channels < d->n_groups ? llmcl__dist_drain(d) : LLMCL_OK;
@@ -528,7 +528,7 @@ llmcl_status llmcl__dist_refresh_params(llmcl_dist *d)
         views v = {0};
         llmcl_status st = llmcl__dist_view(d->master, g->shard_off, g->shard, &v.a);
         if (st == LLMCL_OK)
-            st = llmcl__dist_view(d->params_full, g->flat_off + d->rank * g->shard, g->shard, &v.b);
+            st = llmcl__dist_view(g->params, d->rank * g->shard, g->shard, &v.b);
         if (st == LLMCL_OK)
             st = llmcl_cast(d->ctx, v.a, v.b);
         views_free(&v);

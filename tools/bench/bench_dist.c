@@ -384,6 +384,13 @@ void bench_dist(bench_env *env)
 {
     /* llmcl-bench is no MPI program otherwise: MPI lives for this family only. */
     MPI_Init(NULL, NULL);
+    /* A rank a GPU: the node-local device, unless LLMCL_DEVICE names one. */
+    llmcl_ctx *shared = env->ctx, *local = NULL;
+    const char *dev = getenv("LLMCL_DEVICE");
+    if (!(dev && *dev) && llmcl_dist_ctx_create(MPI_COMM_WORLD, &local) == LLMCL_OK)
+        env->ctx = local;
     run(env);
+    env->ctx = shared;
+    llmcl_ctx_destroy(local);
     MPI_Finalize();
 }

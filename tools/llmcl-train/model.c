@@ -103,6 +103,11 @@ const char *model_config_error(const model_config *c)
 
 /* ---- layer groups: under --zero (zero.h) parameters exist while their group is open ---- */
 
+int model_head_group(const model *m)
+{
+    return m->cfg.tied ? 0 : m->cfg.layers + 1;
+}
+
 static llmcl_status group_open(model *m, int group, int mode)
 {
 #ifdef LLMCL_TRAIN_MPI
@@ -813,8 +818,8 @@ static llmcl_status block_forward(model *m, arena *a, int l, int64_t n, int b, i
 }
 
 /*
- * Embedding, blocks and final norm over b x t tokens: m->hfinal holds the result. Group 0 (the
- * final norm's and the head's) is left open for the caller to close.
+ * Embedding, blocks and final norm over b x t tokens: m->hfinal holds the result. The head group
+ * (the final norm's and the head's) is left open for the caller to close.
  */
 static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, int b, int t, bool save)
 {
@@ -831,7 +836,7 @@ static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, int b,
     TRY(group_close(m, 0, GROUP_PARAMS));
     for (int l = 0; l < m->cfg.layers; ++l)
         TRY(block_forward(m, a, l, n, b, t, save));
-    TRY(group_open(m, 0, GROUP_PARAMS));
+    TRY(group_open(m, model_head_group(m), GROUP_PARAMS));
     const llmcl_rmsnorm_options no = norm_opts(m);
     return PROF(F_NORM, llmcl_rmsnorm_forward(ctx, rows(a, stream(m, m->cfg.layers), n),
                                  param(m, P_FINAL_NORM, -1)->w, rows(a, m->hfinal, n),
@@ -853,7 +858,7 @@ static llmcl_status head_loss(model *m, arena *a, int64_t n, bool backward_follo
         return PROF(F_CROSS_ENTROPY_FWD,
                     llmcl_fused_cross_entropy_forward(m->ctx, hf, headp->w, NULL, tt, &co, m->loss,
                                                       NULL, head(a, m->lse_ce, n)));
-    TRY(group_open(m, 0, GROUP_GRADS));
+    TRY(group_open(m, model_head_group(m), GROUP_GRADS));
     return PROF(F_CROSS_ENTROPY_FWD,
                 llmcl_linear_cross_entropy_forward(m->ctx, hf, headp->w, NULL, tt, &co, m->loss,
                                                    NULL, rows(a, m->dh32, n),
@@ -871,7 +876,7 @@ llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets,
     if (st == LLMCL_OK)
         st = head_loss(m, &a, n, backward_follows);
     if (st == LLMCL_OK && !backward_follows)
-        st = group_close(m, 0, GROUP_PARAMS);
+        st = group_close(m, model_head_group(m), GROUP_PARAMS);
     arena_clear(&a);
     return st;
 }
@@ -968,8 +973,8 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
     const llmcl_ce_options co = ce_opts(m);
     llmcl_tensor *hf = rows(a, m->hfinal, n), *dh32 = rows(a, m->dh32, n), *dres = rows(a, m->dres, n);
     model_param *headp = param(m, P_HEAD, -1), *fnorm = param(m, P_FINAL_NORM, -1);
-    if (m->cfg.fused_ce) { /* group 0's parameters are still open from the forward */
-        TRY(group_open(m, 0, GROUP_GRADS));
+    if (m->cfg.fused_ce) { /* the head group's parameters are still open from the forward */
+        TRY(group_open(m, model_head_group(m), GROUP_GRADS));
         OP(F_CROSS_ENTROPY_BWD,
            llmcl_fused_cross_entropy_backward(ctx, hf, headp->w, NULL, head(a, m->targets, n),
                                               head(a, m->lse_ce, n), NULL, &co, dh32,
@@ -984,7 +989,7 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
     OP(F_NORM, llmcl_rmsnorm_backward(ctx, dy, rows(a, stream(m, L), n), fnorm->w,
                                head(a, m->rstd_final, n), dres, m->dnorm_w, &no));
     TRY(norm_grad(m, fnorm));
-    TRY(group_close(m, 0, GROUP_PARAMS | GROUP_GRADS));
+    TRY(group_close(m, model_head_group(m), GROUP_PARAMS | GROUP_GRADS));
     for (int l = L - 1; l >= 0; --l) {
         TRY(block_backward(m, a, l, n, b, t));
         arena_clear(a); /* views of one block at a time */
@@ -992,7 +997,7 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
     const model_param *embed = param(m, P_EMBED, -1);
     if (!embed->trainable)
         return LLMCL_OK;
-    /* a second part of group 0's gradients: a tied head's came before the layers' */
+    /* group 0's gradients (a second part where a tied head's came before the layers') */
     TRY(group_open(m, 0, GROUP_GRADS));
     OP(F_EMBEDDING_BWD, llmcl_embedding_backward(ctx, head(a, m->ids, n), rows(a, m->dres, n),
                                                  embed->grad));
@@ -1022,9 +1027,9 @@ static llmcl_status head_logits(model *m, int64_t row0, int64_t rows, llmcl_tens
 
 llmcl_status model_logits(model *m, int64_t row0, int64_t rows, llmcl_tensor *out)
 {
-    TRY(group_open(m, 0, GROUP_PARAMS));
+    TRY(group_open(m, model_head_group(m), GROUP_PARAMS));
     TRY(head_logits(m, row0, rows, out));
-    return group_close(m, 0, GROUP_PARAMS);
+    return group_close(m, model_head_group(m), GROUP_PARAMS);
 }
 
 llmcl_status model_next_token(model *m, const int32_t *ids, int t, int32_t *next)
@@ -1034,7 +1039,7 @@ llmcl_status model_next_token(model *m, const int32_t *ids, int t, int32_t *next
     arena_clear(&a);
     TRY(st);
     TRY(head_logits(m, t - 1, 1, m->logits_last));
-    TRY(group_close(m, 0, GROUP_PARAMS));
+    TRY(group_close(m, model_head_group(m), GROUP_PARAMS));
     float *logits = xmalloc((size_t)m->cfg.vocab * sizeof *logits);
     st = llmcl_tensor_download(m->logits_last, logits, (size_t)m->cfg.vocab * sizeof *logits);
     int best = 0;

@@ -218,4 +218,7 @@ llmcl_status model_logits(model *m, int64_t row0, int64_t rows, llmcl_tensor *ou
 /* The next token after ids[0..t) by greedy decoding (the full forward over the prefix). */
 llmcl_status model_next_token(model *m, const int32_t *ids, int t, int32_t *next);
 
+/* The layer group (zero.h) of the final norm and the head: 0 with a tied head, else the last. */
+int model_head_group(const model *m);
+
 #endif

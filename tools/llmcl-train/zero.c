@@ -5,7 +5,12 @@
 
 #include "util.h"
 
-int zero_group(const model_param *p) { return p->layer + 1; }
+int zero_group(const model *m, const model_param *p)
+{
+    if (p->layer >= 0)
+        return p->layer + 1;
+    return p->kind == P_EMBED ? 0 : model_head_group(m);
+}
 
 llmcl_status zero_attach(model *m, int stage)
 {
@@ -15,10 +20,11 @@ llmcl_status zero_attach(model *m, int stage)
     const llmcl_dist_opts o = {.stage = stage, .param_dtype = m->cfg.dtype};
     TRY(llmcl_dist_create(m->ctx, MPI_COMM_WORLD, &o, &z->dist));
     /* groups in one run each, as llmcl_dist wants; the layout interleaves group 0's tensors */
-    for (int g = 0; g <= m->cfg.layers; ++g)
+    const int groups = m->cfg.layers + (m->cfg.tied ? 1 : 2);
+    for (int g = 0; g < groups; ++g)
         for (int i = 0; i < m->n_params; ++i) {
             const model_param *p = &m->params[i];
-            if (zero_group(p) == g)
+            if (zero_group(m, p) == g)
                 TRY(llmcl_dist_add_param(z->dist, p->name, g, p->ndim, p->shape, p->is_norm));
         }
     TRY(llmcl_dist_setup(z->dist));
@@ -53,7 +59,7 @@ llmcl_status zero_open(model *m, int group, int mode)
         TRY(llmcl_dist_gather(z->dist, group));
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
-        if (zero_group(p) != group)
+        if (zero_group(m, p) != group)
             continue;
         if (mode & GROUP_PARAMS) {
             TRY(llmcl_dist_param(z->dist, p->name, &p->w));
@@ -73,7 +79,7 @@ llmcl_status zero_close(model *m, int group, int mode)
     zero *z = m->zero;
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
-        if (zero_group(p) != group)
+        if (zero_group(m, p) != group)
             continue;
         if (mode & GROUP_PARAMS)
             p->w = NULL;

@@ -4,8 +4,10 @@
  * 2 or 3. model.c opens a layer group before it computes with it and closes it after, which is
  * where llmcl_dist gathers (stage 3) and reduce-scatters gradients (stages 2, 3).
  *
- * Groups, in forward order: 0 holds the embedding, the final norm and an untied head (the tied
- * head is the embedding); group l + 1 holds layer l. Group 0 is used at both ends of the forward:
+ * Groups, in forward order: 0 holds the embedding; group l + 1 holds layer l; the final norm and
+ * the head make the head group (model_head_group), the last one, L + 1, with an untied head, so
+ * that no group holds two vocabulary-sized matrices (NCCL's buffers are at most 2 GiB each). A
+ * tied head is the embedding: the head group is then group 0, used at both ends of the forward:
  * the forward opens it for the embedding, then again for the final norm and the head (with its
  * gradients, which the forward's cross-entropy writes), and keeps it open into the backward's
  * start (the final norm), so stage 3 gathers it twice a micro-batch. Its gradients are reduced
@@ -28,7 +30,7 @@ struct zero {
 };
 
 /* The layer group of a parameter. */
-int zero_group(const model_param *p);
+int zero_group(const model *m, const model_param *p);
 
 /* Registers m's parameters with a new dist of `stage` and sets it up (collective). */
 llmcl_status zero_attach(model *m, int stage);
