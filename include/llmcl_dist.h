@@ -15,10 +15,8 @@
  *   forward:  for g = 0 .. groups-1: gather(g); compute with llmcl_dist_param views; release(g)
  *   backward: for g = groups-1 .. 0: gather(g); add gradients into llmcl_dist_grad views (+=);
  *             grads_ready(g); release(g)
- * then llmcl_dist_step, then llmcl_dist_zero_grads. grads_ready starts the reduction of stages 2
- * and 3. gather(g) makes the kernels enqueued after it see group g's parameters: stage 3 gathers
- * them there, stages 1 and 2 wait there for the all-gather that llmcl_dist_step starts, which
- * runs while the groups before g compute (release costs nothing in stages 1 and 2).
+ * then llmcl_dist_step, then llmcl_dist_zero_grads. gather and release are needed by stage 3 only
+ * and cost nothing in the others; grads_ready starts the reduction of stages 2 and 3.
  *
  * Gradients are summed over the ranks (not averaged): with every rank's loss a mean over its own
  * micro-batch, pass llmcl_adamw_opts.grad_scale = 1 / (micro-batches * world size).
@@ -31,15 +29,18 @@
  *   - NCCL, GPU to GPU, where every rank's device is an NVIDIA GPU whose OpenCL imports memory
  *     that CUDA allocates (cl_khr_external_memory_opaque_fd), libcuda.so.1 and libnccl.so.2 load
  *     (LLMCL_NCCL=PATH names the library, else libnccl.so.2 and libnccl.so are tried), and no two
- *     ranks share a GPU. The buffers that cross ranks (gradient buckets, the bf16 wire copies, the
- *     gathered parameters) are allocated by CUDA's virtual memory API and imported into OpenCL;
- *     each NCCL call runs on a CUDA stream of the rank's GPU, waits on the device for the kernels
+ *     ranks share a GPU. Each channel stages its collective in device memory that CUDA's virtual
+ *     memory API allocates and OpenCL imports (the compute queue copies in and out of it); each
+ *     NCCL call runs on a CUDA stream of the rank's GPU, waits on the device for the kernels
  *     enqueued before it (a flag the compute queue writes, cuStreamWaitValue32), and the compute
  *     queue waits for its result through a user event that a helper thread completes when the
  *     call's CUDA event has: the host never waits around a collective. The helper thread also
  *     watches for NCCL's asynchronous errors and for calls that take longer than LLMCL_NCCL_TIMEOUT
  *     seconds (default 600); either aborts the communicator (ncclCommAbort) and fails the next
- *     dist call. A reduce-scatter sums in NCCL (ncclReduceScatter in the wire dtype).
+ *     dist call. An f32 reduce-scatter sums in NCCL (ncclReduceScatter); a bf16 one exchanges the
+ *     blocks (ncclSend, ncclRecv) and sums them in f32 on the device in rank order, as MPI does.
+ *     NVIDIA's OpenCL runs kernels in a CUDA context of its own, which takes turns on the GPU with
+ *     NCCL's, so communication adds to the step rather than running beside the kernels.
  *   - Host-staged MPI everywhere else (PoCL, rusticl, AMD, Intel): each collective is a pipeline of
  *     chunks (chunk_bytes), each chunk copied from the device, exchanged with MPI_Ialltoallv and
  *     copied back while the next is copied out, on two copy queues beside the compute queue; the
@@ -141,11 +142,11 @@ LLMCL_API llmcl_status llmcl_dist_add_param(llmcl_dist *d, const char *name, int
  *   stage 1: params p F; gradients 4 F
  *   stage 2: params p F; gradient shard w S; two f32 gradient buckets 2 x 4 G
  *   stage 3: param shard p S; gradient shard w S; buckets 2 x 4 G; two gather buffers 2 x p G
- * So stage 3 with bf16 params and bf16 reduction holds (2 + 2 + 12) S + 16 G + 4 bytes. Under NCCL
- * the buffers that cross ranks (the params of stages 1-2, the gradients of stage 1, the buckets
- * when the reduction is f32, the wire buffers, the gather buffers) are each rounded up to
- * llmcl_dist_info.granularity bytes, and one more such unit holds the flag that orders NCCL after
- * the kernels. Every element starts at 0.
+ * So stage 3 with bf16 params and bf16 reduction holds (2 + 2 + 12) S + 16 G + 4 bytes. NCCL adds
+ * its staging (llmcl_dist_info.transport_bytes): for each of two reduce channels w G bytes (2 w G
+ * with bf16 reduction, whose blocks are exchanged), for each of two gather channels p G, each
+ * rounded up to CUDA's allocation granularity (2 MiB on the H200), and one such unit for the flag
+ * that orders NCCL after the kernels. Every element starts at 0.
  */
 LLMCL_API llmcl_status llmcl_dist_setup(llmcl_dist *d);
 
@@ -156,8 +157,10 @@ typedef struct llmcl_dist_info {
     int64_t padded_numel;  /* F */
     int64_t shard_numel;   /* S = F / world */
     int64_t max_group;     /* G */
-    uint64_t host_bytes;   /* pinned host staging buffers (MPI transport) */
-    uint64_t granularity;  /* bytes that buffers crossing ranks are rounded up to (1 under MPI) */
+    uint64_t host_bytes;      /* pinned host staging buffers (MPI transport) */
+    uint64_t transport_bytes; /* device memory of the transport's own, counted in the context's
+                                 statistics beside the formulas of llmcl_dist_setup (NCCL's
+                                 staging; 0 under MPI) */
     llmcl_dist_transport transport; /* the one that runs: MPI or NCCL */
     char transport_detail[256];     /* for logs: NCCL's version, library and CUDA device, or why
                                        the automatic choice is MPI */
@@ -192,8 +195,7 @@ LLMCL_API llmcl_status llmcl_dist_release(llmcl_dist *d, int group);
 /*
  * A view of the full compute-dtype parameter, in the parameter's shape: borrowed (owned by d),
  * valid until the group's release (stage 3) or for d's life (stages 1 and 2). Read-only for the
- * model: llmcl_dist_step writes the parameters. Stages 1-2: like gather, orders the kernels
- * enqueued after it after the update of the parameter's group.
+ * model: llmcl_dist_step writes the parameters.
  */
 LLMCL_API llmcl_status llmcl_dist_param(llmcl_dist *d, const char *name, llmcl_tensor **view);
 

@@ -427,12 +427,6 @@ static int open_fds(void)
     return n;
 }
 
-/* bytes of a buffer that crosses ranks, as the transport allocates it. */
-static uint64_t moved(const llmcl_dist_info *in, uint64_t bytes)
-{
-    return (bytes + in->granularity - 1) / in->granularity * in->granularity;
-}
-
 static int64_t round_up(int64_t n, int64_t unit)
 {
     return (n + unit - 1) / unit * unit;
@@ -464,22 +458,23 @@ static void test_memory(void)
             const uint64_t S = (uint64_t)in.shard_numel, G = (uint64_t)in.max_group;
             const uint64_t p = half ? 2 : 4, w = p;
             const int nccl = in.transport == LLMCL_DIST_TRANSPORT_NCCL;
-            /* f32 gradients cross ranks unless a bf16 wire copy does */
-            const uint64_t grads = half ? 4 * G : moved(&in, 4 * G);
-            uint64_t want = 12 * S + 4 + (half ? 2 * moved(&in, 2 * G) : 0) +
-                            (nccl ? in.granularity : 0);
+            uint64_t want = 12 * S + 4 + (half ? 2 * 2 * G : 0) + in.transport_bytes;
             uint64_t F = 0;
-            for (int k = 0; k < LAYERS; ++k) {
+            for (int k = 0; k < LAYERS; ++k)
                 F += group_numel(k);
-                if (stage < 3)
-                    want += moved(&in, p * group_numel(k));
-                if (stage == 1)
-                    want += half ? 4 * group_numel(k) : moved(&in, 4 * group_numel(k));
-            }
+            if (stage == 1)
+                want += p * F + 4 * F;
             if (stage == 2)
-                want += w * S + 2 * grads;
+                want += p * F + w * S + 2 * 4 * G;
             if (stage == 3)
-                want += p * S + w * S + 2 * grads + 2 * moved(&in, p * G);
+                want += p * S + w * S + 2 * 4 * G + 2 * p * G;
+            /* NCCL's staging: two channels a kind, a bf16 reduction's twice the wire's */
+            const uint64_t staging = 2 * (half ? 2 * 2 * G : 4 * G) + 2 * p * G;
+            CHECK(nccl ? in.transport_bytes > staging && in.transport_bytes < staging + (40u << 20)
+                       : in.transport_bytes == 0,
+                  "%s: %llu bytes of staging for %llu bytes of collectives",
+                  llmcl_dist_transport_name(in.transport), (unsigned long long)in.transport_bytes,
+                  (unsigned long long)staging);
             const uint64_t held = after.current_bytes - before.current_bytes;
             CHECK(held == want, "%s, stage %d %s: %llu bytes held, formula %llu",
                   llmcl_dist_transport_name(in.transport), stage, half ? "bf16" : "f32",

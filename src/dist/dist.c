@@ -335,7 +335,7 @@ static llmcl_status layout(llmcl_dist *d)
         g->numel = llmcl__div_up(g->numel, quantum) * quantum;
         g->shard = g->numel / d->world;
         g->shard_off = d->shard;
-        g->slot = g->bucket = g->gather_ch = -1;
+        g->slot = g->bucket = -1;
         d->padded += g->numel;
         d->shard += g->shard;
         if (g->numel > d->max_group)
@@ -397,12 +397,6 @@ static llmcl_status alloc_zero(llmcl_dist *d, llmcl_dtype dt, int64_t n, llmcl_t
     return llmcl_fill(d->ctx, *out, 0.0);
 }
 
-/* A zeroed buffer that the transport moves. */
-static llmcl_status alloc_moved(llmcl_dist *d, llmcl_dtype dt, int64_t n, llmcl_tensor **out)
-{
-    return d->transport->ops->alloc(d, dt, n, out);
-}
-
 static llmcl_status allocate(llmcl_dist *d)
 {
     const int stage = d->opts.stage;
@@ -412,15 +406,11 @@ static llmcl_status allocate(llmcl_dist *d)
     LLMCL__TRY(alloc_zero(d, LLMCL_F32, d->shard, &d->m));
     LLMCL__TRY(alloc_zero(d, LLMCL_F32, d->shard, &d->v));
     LLMCL__TRY(llmcl_tensor_create(d->ctx, LLMCL_F32, 1, &one, &d->norm));
-    /* The f32 gradients cross ranks themselves unless a bf16 wire copy does. */
-    llmcl_status (*grads)(llmcl_dist *, llmcl_dtype, int64_t, llmcl_tensor **) =
-        rt == LLMCL_F32 ? alloc_moved : alloc_zero;
-    /* A buffer a group: the transport may bound a buffer's size (transport.h). */
     for (int k = 0; stage < 3 && k < d->n_groups; ++k) {
         dist_group *g = &d->groups[k];
-        LLMCL__TRY(alloc_moved(d, pt, g->numel, &g->params));
+        LLMCL__TRY(alloc_zero(d, pt, g->numel, &g->params));
         if (stage == 1)
-            LLMCL__TRY(grads(d, LLMCL_F32, g->numel, &g->grads));
+            LLMCL__TRY(alloc_zero(d, LLMCL_F32, g->numel, &g->grads));
     }
     if (stage == 3)
         LLMCL__TRY(alloc_zero(d, pt, d->shard, &d->param_shard));
@@ -428,11 +418,11 @@ static llmcl_status allocate(llmcl_dist *d)
         LLMCL__TRY(alloc_zero(d, rt, d->shard, &d->grad_shard));
     for (int s = 0; s < DIST_SLOTS; ++s) {
         if (stage > 1)
-            LLMCL__TRY(grads(d, LLMCL_F32, d->max_group, &d->bucket[s]));
+            LLMCL__TRY(alloc_zero(d, LLMCL_F32, d->max_group, &d->bucket[s]));
         if (rt != LLMCL_F32)
-            LLMCL__TRY(alloc_moved(d, rt, d->max_group, &d->wire[s]));
+            LLMCL__TRY(alloc_zero(d, rt, d->max_group, &d->wire[s]));
         if (stage == 3)
-            LLMCL__TRY(alloc_moved(d, pt, d->max_group, &d->slot[s]));
+            LLMCL__TRY(alloc_zero(d, pt, d->max_group, &d->slot[s]));
     }
     return LLMCL_OK;
 }
@@ -489,7 +479,7 @@ llmcl_status llmcl_dist_info_get(const llmcl_dist *d, llmcl_dist_info *out)
         .rank = d->rank, .world = d->world, .stage = d->opts.stage, .groups = d->n_groups,
         .params = d->n_params, .numel = d->numel, .padded_numel = d->padded,
         .shard_numel = d->shard, .max_group = d->max_group,
-        .host_bytes = d->transport->host_bytes, .granularity = d->transport->granularity,
+        .host_bytes = d->transport->host_bytes, .transport_bytes = d->transport->device_bytes,
         .transport = d->transport->kind,
     };
     snprintf(out->transport_detail, sizeof out->transport_detail, "%s", d->transport_detail);

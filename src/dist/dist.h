@@ -35,7 +35,6 @@ typedef struct dist_group {
     int64_t shard;     /* numel / world */
     int64_t shard_off; /* in the rank's shard */
     int slot;          /* stage 3: gather buffer holding it, -1 */
-    int gather_ch;     /* stages 1-2: the gather channel updating its parameters, -1 */
     bool gathered;     /* stage 3: between gather and release */
     int bucket;        /* stages 2-3: bucket accumulating its gradients, -1 */
     llmcl_tensor *params; /* stages 1-2: the group's full compute-dtype parameters */

@@ -4,14 +4,15 @@
  * checkpoints, abort); a transport moves the data:
  *   - transport_mpi.c: host-staged MPI, a pipeline of chunks through pinned host memory, for every
  *     OpenCL device (PoCL, rusticl, AMD, Intel, NVIDIA without NCCL);
- *   - transport_nccl.c: NCCL on NVIDIA, GPU to GPU on device memory that CUDA allocates and
- *     OpenCL imports.
+ *   - transport_nccl.c: NCCL on NVIDIA, GPU to GPU through staging ranges of device memory that
+ *     CUDA allocates and OpenCL imports (shared_mem.h).
  *
- * An op runs on a channel of its kind. A reduce-scatter of group g works in place on the group's
- * P blocks of `shard` elements (block q rank q's) in a buffer the transport allocated; a gather
- * fills the other ranks' blocks of such a buffer, this rank's block being in place already. Both
- * start after the kernels enqueued so far on the compute queue, and complete() makes the compute
- * queue wait for the result: the host waits only where a transport cannot go on without it.
+ * An op runs on one of DIST_SLOTS channels of its kind. A reduce-scatter of group g works in place
+ * on the group's P blocks of `shard` elements (block q rank q's) in a buffer of the dist's; a
+ * gather fills the other ranks' blocks of such a buffer, this rank's block being in place already.
+ * Both start after the kernels enqueued so far on the compute queue, and complete() makes the
+ * compute queue wait for the result: the host waits only where a transport cannot go on without
+ * it.
  */
 #ifndef LLMCL_DIST_TRANSPORT_H
 #define LLMCL_DIST_TRANSPORT_H
@@ -22,17 +23,13 @@ enum { OP_REDUCE, OP_GATHER };
 
 typedef struct dist_transport_ops {
     /*
-     * What a completed reduce-scatter leaves in the rank's part of the buffer: false, the P ranks'
-     * parts of this rank's block in rank order (summed on the device by zero.c); true, their sum
-     * in this rank's block.
+     * What a completed reduce-scatter leaves in the buffer: false, the P ranks' parts of this
+     * rank's block in rank order, in the group's P blocks (summed on the device by zero.c); true,
+     * their sum in this rank's block.
      */
-    bool sums;
+    bool (*sums)(const llmcl_dist *d);
     /* After the layout: the channels and anything else sized by it. */
     llmcl_status (*setup)(llmcl_dist *d);
-    /* A zeroed buffer of n elements that ops may move, counted in the context's memory. */
-    llmcl_status (*alloc)(llmcl_dist *d, llmcl_dtype dt, int64_t n, llmcl_tensor **out);
-    /* Channels of an op kind: ops on different channels may be in flight together. */
-    int (*channels)(const llmcl_dist *d, int kind);
     /* The group in flight on a channel, or -1. */
     int (*busy)(const llmcl_dist *d, int kind, int channel);
     /* Starts a reduce-scatter of group's blocks in buf from element off (in place). */
@@ -50,7 +47,7 @@ typedef struct dist_transport_ops {
     llmcl_status (*progress)(llmcl_dist *d);
     /* Waits until nothing in flight uses the buffers, so that they may be freed. */
     void (*quiesce)(llmcl_dist *d);
-    /* After the buffers' tensors are destroyed: frees what setup and alloc made. */
+    /* After the buffers' tensors are destroyed: frees what setup made. */
     void (*release)(llmcl_dist *d);
     /* Frees the transport (d->transport becomes NULL). */
     void (*destroy)(llmcl_dist *d);
@@ -62,8 +59,8 @@ typedef struct dist_transport_ops {
 struct dist_transport {
     const dist_transport_ops *ops;
     llmcl_dist_transport kind;
-    uint64_t host_bytes;  /* pinned host staging (llmcl_dist_info.host_bytes) */
-    uint64_t granularity; /* alloc rounds each buffer up to a multiple of this many bytes */
+    uint64_t host_bytes;   /* pinned host staging (llmcl_dist_info.host_bytes) */
+    uint64_t device_bytes; /* device memory of its own (llmcl_dist_info.transport_bytes) */
 };
 
 /* Host-staged MPI, for any device: d->transport (freed by its destroy, also after a failure). */

@@ -489,23 +489,16 @@ static llmcl_status mpi_complete(llmcl_dist *d, int kind, int channel)
     return LLMCL_OK;
 }
 
-static int mpi_channels(const llmcl_dist *d, int kind)
-{
-    (void)d;
-    (void)kind;
-    return DIST_SLOTS;
-}
-
 static int mpi_busy(const llmcl_dist *d, int kind, int channel)
 {
     const dist_op *op = channel_op(d, kind, channel);
     return op->active ? op->group : -1;
 }
 
-static llmcl_status mpi_alloc(llmcl_dist *d, llmcl_dtype dt, int64_t n, llmcl_tensor **out)
+static bool mpi_sums(const llmcl_dist *d)
 {
-    LLMCL__TRY(llmcl_tensor_create(d->ctx, dt, 1, &n, out));
-    return llmcl_fill(d->ctx, *out, 0.0);
+    (void)d;
+    return false;
 }
 
 /* Bare MPI on host memory: an all-to-all of bytes / P a pair (the exchange of a reduce-scatter of
@@ -537,10 +530,8 @@ static llmcl_status mpi_measure(llmcl_dist *d, uint64_t bytes, int reps, double 
 }
 
 static const dist_transport_ops mpi_ops = {
-    .sums = false,
+    .sums = mpi_sums,
     .setup = mpi_setup,
-    .alloc = mpi_alloc,
-    .channels = mpi_channels,
     .busy = mpi_busy,
     .reduce_start = mpi_reduce_start,
     .gather_start = mpi_gather_start,
@@ -558,7 +549,6 @@ llmcl_status llmcl__dist_mpi_create(llmcl_dist *d)
     LLMCL__REQUIRE(d->ctx, t, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "MPI transport");
     t->base.ops = &mpi_ops;
     t->base.kind = LLMCL_DIST_TRANSPORT_MPI;
-    t->base.granularity = 1;
     d->transport = &t->base;
     cl_int err;
     t->d2hq = clCreateCommandQueue(d->ctx->context, d->ctx->device, 0, &err);

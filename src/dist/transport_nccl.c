@@ -1,26 +1,34 @@
 /*
  * transport_nccl.c: the NCCL transport (transport.h) on NVIDIA GPUs. NVIDIA's OpenCL and CUDA
- * share device memory: a buffer that crosses ranks is allocated by CUDA's virtual memory API
- * (cuMemCreate, exportable as an opaque file descriptor), mapped for the rank's GPU, and imported
- * into OpenCL (cl_khr_external_memory_opaque_fd), so that OpenCL kernels and NCCL work on the same
- * bytes. libcuda.so.1 and libnccl.so.2 are loaded at run time; nothing here is needed to build.
+ * share device memory (shared_mem.h): each channel has a staging range that CUDA allocates and
+ * OpenCL imports, into which the compute queue copies what an op sends and from which it copies
+ * what the op brings, and NCCL runs on the range's CUDA addresses. The data that llmcl_dist keeps
+ * stays in OpenCL's own buffers: NVIDIA's OpenCL imports no allocation larger than 256 MiB, and
+ * a staged copy costs a fraction of NCCL's time (device memory copies at about 4 TB/s, NVLink at
+ * 0.4). libcuda.so.1 and libnccl.so.2 are loaded at run time; nothing here is needed to build.
  *
  * Ordering, with neither queue waiting for the host:
- *   - OpenCL -> NCCL: the compute queue writes a sequence number into a flag buffer after the
- *     kernels that produce an op's input (clEnqueueFillBuffer), and the op's CUDA stream waits on
- *     the device until the flag reaches it (cuStreamWaitValue32) before the NCCL call;
+ *   - OpenCL -> NCCL: the compute queue writes a sequence number into a flag range after an op's
+ *     copies into staging (clEnqueueFillBuffer), and the CUDA stream waits on the device until the
+ *     flag reaches it (cuStreamWaitValue32) before the NCCL call;
  *   - NCCL -> OpenCL: a CUDA event is recorded after the call, and a helper thread of this
  *     transport completes an OpenCL user event once it has; complete() makes the compute queue
- *     wait for that user event. CUDA's host functions may not call into the driver, which
- *     NVIDIA's OpenCL does, so the user event is completed from the helper thread.
+ *     wait for that user event, then copy the result out of staging. CUDA's host functions may
+ *     not call into the driver, which NVIDIA's OpenCL does, so the user event is completed from
+ *     the helper thread.
  * The helper thread polls the events in issue order (one stream: they complete in that order),
  * and watches NCCL: an asynchronous error, or an op that takes longer than LLMCL_NCCL_TIMEOUT
  * seconds (default 600), aborts the communicator, fails the user events (the compute queue is
  * released, its commands fail) and the next dist call reports it.
  *
- * Every NCCL call is made by the thread that calls llmcl_dist, in program order, the same on
- * every rank. The CUDA calls run in the device's primary CUDA context, pushed around each call so
- * that the application's current context is left alone.
+ * A reduce-scatter of f32 runs ncclReduceScatter in place in staging. One of bf16 exchanges the
+ * blocks instead (ncclSend and ncclRecv to every rank, into the second half of the staging range)
+ * so that zero.c sums the parts in f32 in rank order, as under MPI: NCCL would round every partial
+ * sum to bf16. Every NCCL call is made by the thread that calls llmcl_dist, in program order, the
+ * same on every rank. The CUDA calls run in the device's primary CUDA context, pushed around each
+ * call so that the application's current context is left alone. NVIDIA's OpenCL runs its kernels
+ * in a CUDA context of its own, and kernels of two contexts take turns on the GPU, so NCCL's
+ * kernels do not run beside llmcl's: the communication adds to the step instead of hiding under it.
  */
 #undef CL_TARGET_OPENCL_VERSION
 #define CL_TARGET_OPENCL_VERSION 300
@@ -35,10 +43,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <CL/cl_ext.h>
 #include <xxhash.h>
 
-#include "../runtime/cuda_driver.h"
+#include "shared_mem.h"
 #include "transport.h"
 
 /* ---- NCCL's API (nccl.h, 2.x), loaded at run time ---- */
@@ -64,6 +71,10 @@ typedef struct nccl_lib {
     const char *(*error_string)(int);
     int (*reduce_scatter)(const void *, void *, size_t, int, int, nccl_comm, CUstream);
     int (*all_gather)(const void *, void *, size_t, int, nccl_comm, CUstream);
+    int (*send)(const void *, size_t, int, int, nccl_comm, CUstream);
+    int (*recv)(void *, size_t, int, int, nccl_comm, CUstream);
+    int (*group_start)(void);
+    int (*group_end)(void);
 } nccl_lib;
 
 #define NC_SYM(fn, name)                                                                          \
@@ -107,9 +118,14 @@ static bool nccl_load(nccl_lib *nc, char *why, size_t why_len)
     NC_SYM(error_string, "ncclGetErrorString");
     NC_SYM(reduce_scatter, "ncclReduceScatter");
     NC_SYM(all_gather, "ncclAllGather");
+    NC_SYM(send, "ncclSend");
+    NC_SYM(recv, "ncclRecv");
+    NC_SYM(group_start, "ncclGroupStart");
+    NC_SYM(group_end, "ncclGroupEnd");
     if (!nc->get_version || !nc->get_unique_id || !nc->comm_init_rank || !nc->comm_destroy ||
         !nc->comm_abort || !nc->comm_async_error || !nc->error_string || !nc->reduce_scatter ||
-        !nc->all_gather || nc->get_version(&nc->version) != NCCL_OK) {
+        !nc->all_gather || !nc->send || !nc->recv || !nc->group_start || !nc->group_end ||
+        nc->get_version(&nc->version) != NCCL_OK) {
         snprintf(why, why_len, "%s lacks NCCL 2's functions", nc->path);
         dlclose(nc->so);
         nc->so = NULL;
@@ -118,23 +134,15 @@ static bool nccl_load(nccl_lib *nc, char *why, size_t why_len)
     return true;
 }
 
-static int nccl_type(llmcl_dtype dt)
-{
-    return dt == LLMCL_F32 ? NCCL_FLOAT32 : dt == LLMCL_BF16 ? NCCL_BFLOAT16 : NCCL_FLOAT16;
-}
-
 /* ---- the transport's state ---- */
 
-/* Device memory of CUDA's, imported into OpenCL. */
-typedef struct shared_buf {
-    cl_mem mem;
-    CUdeviceptr ptr;
-    size_t bytes;
-} shared_buf;
-
-/* An op on a channel: the group in flight and the user event its result is ordered by. */
+/* An op on a channel: what it copies back once NCCL is done, and the user event that says so. */
 typedef struct nccl_op {
     int group; /* -1: idle */
+    int kind, type;    /* NCCL's type of the elements */
+    cl_mem buf;        /* the dist's buffer and the group's first byte in it */
+    size_t buf_off;
+    size_t numel, es;  /* the group's elements, their size */
     cl_event landed;
 } nccl_op;
 
@@ -147,33 +155,17 @@ typedef struct pending {
 
 #define PENDING_CAP 256
 
-/*
- * NVIDIA's OpenCL (driver 580.159) faults inside clCreateBufferWithProperties when the imported
- * allocation is larger than this: 2.47 GB did on the H200, smaller ones import. alloc refuses
- * larger buffers with a message instead.
- */
-#define IMPORT_MAX ((size_t)INT32_MAX)
-
 typedef struct nccl_transport {
     dist_transport base;
     llmcl__cuda cu;
     nccl_lib nc;
-    clEnqueueAcquireExternalMemObjectsKHR_fn acquire;
-    clEnqueueReleaseExternalMemObjectsKHR_fn release;
-    cl_mem (*create_buffer)(cl_context, const cl_mem_properties *, cl_mem_flags, size_t, void *,
-                            cl_int *);
-    int cu_device;
-    CUcontext cu_ctx;
+    shared_api api;
     CUstream stream;
     nccl_comm comm;
-    size_t granularity;
-    shared_buf flag;   /* the sequence number the compute queue has reached */
+    shared_range flag; /* the sequence number the compute queue has reached */
     uint32_t seq;
-    shared_buf *bufs;  /* what alloc made */
-    int n_bufs, cap_bufs;
-    nccl_op reduce[DIST_SLOTS];
-    nccl_op *gather;   /* a channel a group, at least DIST_SLOTS */
-    int n_gather;
+    nccl_op op[2][DIST_SLOTS];          /* [OP_REDUCE / OP_GATHER][channel] */
+    shared_range staging[2][DIST_SLOTS];
     double timeout_s;
 
     /* the helper thread */
@@ -203,7 +195,7 @@ static double now_s(void)
 /* The primary context around the driver and NCCL calls of the calling thread. */
 static bool enter(nccl_transport *t)
 {
-    return t->cu.ctx_push(t->cu_ctx) == CUDA_OK;
+    return t->cu.ctx_push(t->api.context) == CUDA_OK;
 }
 
 static void leave(nccl_transport *t)
@@ -271,7 +263,7 @@ static void *helper_main(void *arg)
     nccl_transport *t = arg;
     /* Wake-ups of 10 us, not the default slack of 50 us: this thread's latency is the ops'. */
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-    t->cu.ctx_set_current(t->cu_ctx);
+    t->cu.ctx_set_current(t->api.context);
     pthread_mutex_lock(&t->lock);
     for (;;) {
         while (t->head == t->tail && !t->stop)
@@ -312,132 +304,17 @@ static void wait_helper(nccl_transport *t)
     pthread_mutex_unlock(&t->lock);
 }
 
-/* ---- shared memory ---- */
-
-/* bytes (a multiple of the granularity) of CUDA memory on the rank's GPU, imported into OpenCL
-   and acquired by the compute queue for the buffer's life. */
-static llmcl_status share(llmcl_dist *d, size_t bytes, shared_buf *out)
-{
-    nccl_transport *t = nccl_of(d);
-    llmcl__cuda *cu = &t->cu;
-    memset(out, 0, sizeof *out);
-    cu_mem_allocation_prop prop = {
-        .type = CU_MEM_ALLOCATION_TYPE_PINNED,
-        .requested_handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-        .location = {CU_MEM_LOCATION_TYPE_DEVICE, t->cu_device},
-    };
-    const cu_mem_access_desc access = {{CU_MEM_LOCATION_TYPE_DEVICE, t->cu_device},
-                                       CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-    CUmemGenericAllocationHandle h;
-    int fd = -1;
-    LLMCL__REQUIRE(d->ctx, enter(t), LLMCL_ERROR_NCCL, "cuCtxPushCurrent failed");
-    CUresult r = cu->mem_create(&h, bytes, &prop, 0);
-    const char *what = "cuMemCreate";
-    if (r == CUDA_OK) {
-        r = cu->mem_export(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-        what = "cuMemExportToShareableHandle";
-        if (r == CUDA_OK && (r = cu->mem_reserve(&out->ptr, bytes, t->granularity, 0, 0)) != 0)
-            what = "cuMemAddressReserve";
-        if (r == CUDA_OK && (r = cu->mem_map(out->ptr, bytes, 0, h, 0)) != CUDA_OK)
-            what = "cuMemMap";
-        if (r == CUDA_OK && (r = cu->mem_set_access(out->ptr, bytes, &access, 1)) != CUDA_OK)
-            what = "cuMemSetAccess";
-        /* The mapping holds the memory from here on. */
-        cu->mem_release(h);
-    }
-    leave(t);
-    if (r != CUDA_OK) {
-        if (out->ptr) {
-            cu->mem_unmap(out->ptr, bytes);
-            cu->mem_free_address(out->ptr, bytes);
-        }
-        if (fd >= 0)
-            close(fd);
-        if (r == 2) /* CUDA_ERROR_OUT_OF_MEMORY */
-            return LLMCL__FAIL(d->ctx, LLMCL_ERROR_OUT_OF_DEVICE_MEMORY,
-                               "%s of %zu bytes for NCCL: out of device memory", what, bytes);
-        return cuda_fail(d, what, r);
-    }
-    out->bytes = bytes;
-    /* On success the file descriptor belongs to OpenCL, as an import's does in CUDA and Vulkan. */
-    const cl_mem_properties props[] = {CL_EXTERNAL_MEMORY_HANDLE_OPAQUE_FD_KHR,
-                                       (cl_mem_properties)fd, 0};
-    cl_int err;
-    out->mem = t->create_buffer(d->ctx->context, props, CL_MEM_READ_WRITE, bytes, NULL, &err);
-    if (err == CL_SUCCESS)
-        err = t->acquire(d->ctx->queue, 1, &out->mem, 0, NULL, NULL);
-    if (err != CL_SUCCESS) {
-        if (out->mem)
-            clReleaseMemObject(out->mem);
-        else
-            close(fd);
-        cu->mem_unmap(out->ptr, bytes);
-        cu->mem_free_address(out->ptr, bytes);
-        memset(out, 0, sizeof *out);
-        return llmcl__fail_cl(d->ctx, err,
-                              "importing CUDA memory into OpenCL (clCreateBufferWithProperties, "
-                              "clEnqueueAcquireExternalMemObjectsKHR)",
-                              __FILE__, __LINE__);
-    }
-    return LLMCL_OK;
-}
-
-/* Gives the CUDA memory back, once its cl_mem is released. */
-static void unshare(nccl_transport *t, shared_buf *b)
-{
-    if (!b->ptr)
-        return;
-    t->cu.mem_unmap(b->ptr, b->bytes);
-    t->cu.mem_free_address(b->ptr, b->bytes);
-    memset(b, 0, sizeof *b);
-}
-
-static size_t round_up(size_t n, size_t unit)
-{
-    return (n + unit - 1) / unit * unit;
-}
-
-static llmcl_status nccl_alloc(llmcl_dist *d, llmcl_dtype dt, int64_t n, llmcl_tensor **out)
-{
-    nccl_transport *t = nccl_of(d);
-    *out = NULL;
-    if (t->n_bufs == t->cap_bufs) {
-        const int cap = t->cap_bufs ? 2 * t->cap_bufs : 8;
-        shared_buf *b = realloc(t->bufs, (size_t)cap * sizeof *b);
-        LLMCL__REQUIRE(d->ctx, b, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "shared buffer table");
-        t->bufs = b;
-        t->cap_bufs = cap;
-    }
-    shared_buf *b = &t->bufs[t->n_bufs];
-    const size_t bytes = round_up((size_t)n * llmcl_dtype_size(dt), t->granularity);
-    LLMCL__REQUIRE(d->ctx, bytes <= IMPORT_MAX, LLMCL_ERROR_UNSUPPORTED,
-                   "the NCCL transport needs a buffer of %zu bytes (%lld %s elements: a group's "
-                   "parameters or gradients), more than the %zu bytes that NVIDIA's OpenCL can "
-                   "import from CUDA: register smaller groups, or use LLMCL_DIST_TRANSPORT=mpi",
-                   bytes, (long long)n, llmcl_dtype_name(dt), IMPORT_MAX);
-    LLMCL__TRY(share(d, bytes, b));
-    t->n_bufs++;
-    /* Released by the tensor; the CUDA memory goes at release(). */
-    LLMCL__TRY(llmcl__tensor_adopt(d->ctx, b->mem, bytes, dt, n, out));
-    return llmcl_fill(d->ctx, *out, 0.0);
-}
-
-/* The device address of element off of t, a buffer alloc made. */
-static CUdeviceptr address_of(const nccl_transport *t, const llmcl_tensor *buf, int64_t off)
-{
-    for (int i = 0; i < t->n_bufs; ++i)
-        if (t->bufs[i].mem == buf->mem)
-            return t->bufs[i].ptr +
-                   (CUdeviceptr)((buf->offset + off) * (int64_t)llmcl_dtype_size(buf->dtype));
-    return 0;
-}
-
 /* ---- ops ---- */
 
-static nccl_op *op_of(const llmcl_dist *d, int kind, int channel)
+/* A bf16 reduce-scatter exchanges the blocks into staging's second half (see the top). */
+static bool exchanges(const nccl_op *op)
 {
-    nccl_transport *t = nccl_of(d);
-    return kind == OP_REDUCE ? &t->reduce[channel] : &t->gather[channel];
+    return op->kind == OP_REDUCE && op->es == 2;
+}
+
+static bool nccl_sums(const llmcl_dist *d)
+{
+    return d->opts.reduce_dtype == LLMCL_F32;
 }
 
 static llmcl_status nccl_progress(llmcl_dist *d)
@@ -448,40 +325,89 @@ static llmcl_status nccl_progress(llmcl_dist *d)
     return LLMCL_OK;
 }
 
-typedef struct nccl_call {
-    int kind;
-    CUdeviceptr buf; /* block 0 */
-    size_t count;    /* elements of a block */
-    int type;
-} nccl_call;
+/* The NCCL call of op on its staging range s (addresses), shard elements a block. */
+static int nccl_call(llmcl_dist *d, const nccl_op *op, CUdeviceptr s, size_t shard)
+{
+    nccl_transport *t = nccl_of(d);
+    const int type = op->type;
+    const size_t block = shard * op->es;
+    const CUdeviceptr mine = s + (CUdeviceptr)((size_t)d->rank * block);
+    if (op->kind == OP_GATHER)
+        return t->nc.all_gather((void *)mine, (void *)s, shard, type, t->comm, t->stream);
+    if (!exchanges(op))
+        return t->nc.reduce_scatter((void *)s, (void *)mine, shard, type, NCCL_SUM, t->comm,
+                                    t->stream);
+    const CUdeviceptr recv = s + t->staging[OP_REDUCE][0].bytes / 2;
+    int r = t->nc.group_start();
+    for (int q = 0; q < d->world && r == NCCL_OK; ++q) {
+        r = t->nc.send((void *)(s + (CUdeviceptr)((size_t)q * block)), shard, type, q, t->comm,
+                       t->stream);
+        if (r == NCCL_OK)
+            r = t->nc.recv((void *)(recv + (CUdeviceptr)((size_t)q * block)), shard, type, q,
+                           t->comm, t->stream);
+    }
+    const int end = t->nc.group_end();
+    return r != NCCL_OK ? r : end;
+}
 
-/* One op: the stream waits for the compute queue's flag, runs the call and records its event;
-   the helper thread turns the event into op->landed. */
-static llmcl_status start(llmcl_dist *d, nccl_op *op, int group, const nccl_call *c)
+/* Copies what op sends into staging: the whole group (reduce), this rank's block (gather). */
+static llmcl_status stage_in(llmcl_dist *d, const nccl_op *op, const shared_range *s, size_t shard)
+{
+    const size_t block = shard * op->es;
+    if (op->kind == OP_REDUCE)
+        return shared_range_copy(d->ctx, s, 0, op->buf, op->buf_off, op->numel * op->es, true);
+    const size_t mine = (size_t)d->rank * block;
+    return shared_range_copy(d->ctx, s, mine, op->buf, op->buf_off + mine, block, true);
+}
+
+/* Copies what op brought back: this rank's summed block, the P parts exchanged (bf16 reduce,
+   which zero.c sums), or the other ranks' blocks (gather). */
+static llmcl_status stage_out(llmcl_dist *d, const nccl_op *op, const shared_range *s)
+{
+    const size_t shard = op->numel / (size_t)d->world, block = shard * op->es;
+    const size_t mine = (size_t)d->rank * block;
+    if (op->kind == OP_REDUCE && !exchanges(op))
+        return shared_range_copy(d->ctx, s, mine, op->buf, op->buf_off + mine, block, false);
+    if (exchanges(op))
+        return shared_range_copy(d->ctx, s, s->bytes / 2, op->buf, op->buf_off,
+                                 op->numel * op->es, false);
+    LLMCL__TRY(shared_range_copy(d->ctx, s, 0, op->buf, op->buf_off, mine, false));
+    const size_t rest = mine + block;
+    return shared_range_copy(d->ctx, s, rest, op->buf, op->buf_off + rest,
+                             op->numel * op->es - rest, false);
+}
+
+/*
+ * One op: copies into staging on the compute queue, the flag, then on the stream a wait for the
+ * flag, the NCCL call and an event, which the helper thread turns into op->landed.
+ */
+static llmcl_status start(llmcl_dist *d, int kind, int channel, int group,
+                          const llmcl_tensor *buf, int64_t off)
 {
     nccl_transport *t = nccl_of(d);
     LLMCL__TRY(nccl_progress(d));
-    LLMCL__REQUIRE(d->ctx, c->buf, LLMCL_ERROR_INVALID_ARGUMENT,
-                   "internal: a buffer the NCCL transport did not allocate");
+    nccl_op *op = &t->op[kind][channel];
+    const shared_range *s = &t->staging[kind][channel];
+    const size_t shard = (size_t)d->groups[group].shard;
+    const llmcl_dtype dt = buf->dtype;
+    *op = (nccl_op){.group = -1, .kind = kind, .buf = buf->mem, .numel = shard * (size_t)d->world,
+                    .es = llmcl_dtype_size(dt),
+                    .type = dt == LLMCL_F32    ? NCCL_FLOAT32
+                            : dt == LLMCL_BF16 ? NCCL_BFLOAT16
+                                               : NCCL_FLOAT16};
+    op->buf_off = (size_t)(buf->offset + off) * op->es;
+    LLMCL__TRY(stage_in(d, op, s, shard));
     const uint32_t seq = ++t->seq;
-    LLMCL__CL(d->ctx, clEnqueueFillBuffer(d->ctx->queue, t->flag.mem, &seq, sizeof seq, 0,
-                                          sizeof seq, 0, NULL, NULL));
+    LLMCL__CL(d->ctx, clEnqueueFillBuffer(d->ctx->queue, t->flag.piece[0].mem, &seq, sizeof seq,
+                                          0, sizeof seq, 0, NULL, NULL));
     LLMCL__CL(d->ctx, clFlush(d->ctx->queue));
     cl_int err;
     cl_event landed = clCreateUserEvent(d->ctx->context, &err);
     LLMCL__CL(d->ctx, err);
     pending e = {.landed = landed, .since = now_s()};
-    const size_t es = c->type == NCCL_FLOAT32 ? 4 : 2;
-    const CUdeviceptr mine = c->buf + (CUdeviceptr)((size_t)d->rank * c->count * es);
     LLMCL__REQUIRE(d->ctx, enter(t), LLMCL_ERROR_NCCL, "cuCtxPushCurrent failed");
-    CUresult r = t->cu.stream_wait_value32(t->stream, t->flag.ptr, seq, CU_STREAM_WAIT_VALUE_GEQ);
-    int nr = NCCL_OK;
-    if (r == CUDA_OK)
-        nr = c->kind == OP_REDUCE
-                 ? t->nc.reduce_scatter((void *)c->buf, (void *)mine, c->count, c->type, NCCL_SUM,
-                                        t->comm, t->stream)
-                 : t->nc.all_gather((void *)mine, (void *)c->buf, c->count, c->type, t->comm,
-                                    t->stream);
+    CUresult r = t->cu.stream_wait_value32(t->stream, t->flag.base, seq, CU_STREAM_WAIT_VALUE_GEQ);
+    const int nr = r == CUDA_OK ? nccl_call(d, op, s->base, shard) : NCCL_OK;
     if (r == CUDA_OK && nr == NCCL_OK)
         r = t->cu.event_create(&e.done, CU_EVENT_DISABLE_TIMING);
     if (r == CUDA_OK && nr == NCCL_OK)
@@ -490,8 +416,8 @@ static llmcl_status start(llmcl_dist *d, nccl_op *op, int group, const nccl_call
     if (r != CUDA_OK || nr != NCCL_OK) {
         clSetUserEventStatus(landed, -1);
         clReleaseEvent(landed);
-        return nr != NCCL_OK ? nccl_fail(d, c->kind == OP_REDUCE ? "ncclReduceScatter"
-                                                                  : "ncclAllGather", nr)
+        return nr != NCCL_OK ? nccl_fail(d, kind == OP_REDUCE ? "the reduce-scatter's NCCL call"
+                                                               : "ncclAllGather", nr)
                              : cuda_fail(d, "ordering an NCCL call", r);
     }
     clRetainEvent(landed); /* the helper's reference; op->landed is the compute queue's */
@@ -504,63 +430,58 @@ static llmcl_status start(llmcl_dist *d, nccl_op *op, int group, const nccl_call
 static llmcl_status nccl_reduce_start(llmcl_dist *d, int channel, int group,
                                       const llmcl_tensor *buf, int64_t off)
 {
-    const nccl_call c = {OP_REDUCE, address_of(nccl_of(d), buf, off),
-                         (size_t)d->groups[group].shard, nccl_type(buf->dtype)};
-    return start(d, &nccl_of(d)->reduce[channel], group, &c);
+    return start(d, OP_REDUCE, channel, group, buf, off);
 }
 
-/* dst_free needs no wait here: the stream waits for the kernels enqueued before, which include
-   the ones that read the buffer. */
+/* dst_free needs no wait here: the copies into staging and the flag follow the kernels enqueued
+   before, which include the ones that read the buffer. */
 static llmcl_status nccl_gather_start(llmcl_dist *d, int channel, int group,
                                       const llmcl_tensor *buf, int64_t off, cl_event dst_free)
 {
     (void)dst_free;
-    const nccl_call c = {OP_GATHER, address_of(nccl_of(d), buf, off),
-                         (size_t)d->groups[group].shard, nccl_type(buf->dtype)};
-    return start(d, &nccl_of(d)->gather[channel], group, &c);
+    return start(d, OP_GATHER, channel, group, buf, off);
 }
 
 static llmcl_status nccl_complete(llmcl_dist *d, int kind, int channel)
 {
-    nccl_op *op = op_of(d, kind, channel);
+    nccl_transport *t = nccl_of(d);
+    nccl_op *op = &t->op[kind][channel];
     if (op->group < 0)
         return LLMCL_OK;
     op->group = -1;
     const cl_int err = clEnqueueBarrierWithWaitList(d->ctx->queue, 1, &op->landed, NULL);
     llmcl__release_event(&op->landed);
     LLMCL__CL(d->ctx, err);
-    return nccl_progress(d);
-}
-
-static int nccl_channels(const llmcl_dist *d, int kind)
-{
-    return kind == OP_REDUCE ? DIST_SLOTS : nccl_of(d)->n_gather;
+    LLMCL__TRY(nccl_progress(d));
+    return stage_out(d, op, &t->staging[kind][channel]);
 }
 
 static int nccl_busy(const llmcl_dist *d, int kind, int channel)
 {
-    return op_of(d, kind, channel)->group;
+    return nccl_of(d)->op[kind][channel].group;
 }
 
+/* Staging for the largest group on every channel: twice the wire's for an exchange (bf16). */
 static llmcl_status nccl_setup(llmcl_dist *d)
 {
     nccl_transport *t = nccl_of(d);
-    t->n_gather = d->n_groups > DIST_SLOTS ? d->n_groups : DIST_SLOTS;
-    t->gather = calloc((size_t)t->n_gather, sizeof *t->gather);
-    LLMCL__REQUIRE(d->ctx, t->gather, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "gather channels");
-    for (int k = 0; k < t->n_gather; ++k)
-        t->gather[k].group = -1;
-    for (int k = 0; k < DIST_SLOTS; ++k)
-        t->reduce[k].group = -1;
+    const size_t g = (size_t)d->max_group;
+    const size_t wire = llmcl_dtype_size(d->opts.reduce_dtype);
+    const size_t bytes[2] = {g * wire * (wire == 2 ? 2 : 1),
+                             g * llmcl_dtype_size(d->opts.param_dtype)};
+    for (int k = 0; k < 2; ++k)
+        for (int c = 0; c < DIST_SLOTS; ++c) {
+            LLMCL__TRY(shared_range_create(d->ctx, &t->api, bytes[k], &t->staging[k][c]));
+            t->base.device_bytes += t->staging[k][c].bytes;
+            t->op[k][c].group = -1;
+        }
     return LLMCL_OK;
 }
 
-/* The buffers may be freed once the compute queue and the stream are done with them. */
+/* Nothing may use the staging ranges once the compute queue and the stream are done. */
 static void nccl_quiesce(llmcl_dist *d)
 {
     nccl_transport *t = nccl_of(d);
-    for (int i = 0; i < t->n_bufs; ++i)
-        t->release(d->ctx->queue, 1, &t->bufs[i].mem, 0, NULL, NULL);
     clFinish(d->ctx->queue);
     wait_helper(t);
     if (enter(t)) {
@@ -572,16 +493,13 @@ static void nccl_quiesce(llmcl_dist *d)
 static void nccl_release(llmcl_dist *d)
 {
     nccl_transport *t = nccl_of(d);
-    for (int i = 0; i < t->n_bufs; ++i)
-        unshare(t, &t->bufs[i]);
-    t->n_bufs = 0;
-    for (int k = 0; t->gather && k < t->n_gather; ++k)
-        llmcl__release_event(&t->gather[k].landed);
-    for (int k = 0; k < DIST_SLOTS; ++k)
-        llmcl__release_event(&t->reduce[k].landed);
-    free(t->gather);
-    t->gather = NULL;
-    t->n_gather = 0;
+    for (int k = 0; k < 2; ++k)
+        for (int c = 0; c < DIST_SLOTS; ++c) {
+            llmcl__release_event(&t->op[k][c].landed);
+            t->op[k][c].group = -1;
+            shared_range_destroy(d->ctx, &t->api, &t->staging[k][c]);
+        }
+    t->base.device_bytes = t->flag.bytes;
 }
 
 /* The helper thread, the communicator, the flag, the stream and the libraries. */
@@ -604,20 +522,16 @@ static void teardown(llmcl_dist *d, nccl_transport *t)
         leave(t);
     }
     t->comm = NULL;
-    if (t->flag.mem) {
-        t->release(d->ctx->queue, 1, &t->flag.mem, 0, NULL, NULL);
-        clFinish(d->ctx->queue);
-        llmcl__buffer_free(d->ctx, t->flag.mem, t->flag.bytes);
-        unshare(t, &t->flag);
-    }
+    if (t->flag.piece)
+        shared_range_destroy(d->ctx, &t->api, &t->flag);
     if (t->stream && enter(t)) {
         t->cu.stream_destroy(t->stream);
         leave(t);
     }
     t->stream = NULL;
-    if (t->cu_ctx)
-        t->cu.primary_release(t->cu_device);
-    t->cu_ctx = NULL;
+    if (t->api.context)
+        t->cu.primary_release(t->api.device);
+    t->api.context = NULL;
     if (t->nc.so)
         dlclose(t->nc.so);
     t->nc.so = NULL;
@@ -632,33 +546,31 @@ static void nccl_destroy(llmcl_dist *d)
     nccl_transport *t = nccl_of(d);
     nccl_release(d);
     teardown(d, t);
-    free(t->bufs);
     free(t);
     d->transport = NULL;
 }
 
-/* ncclReduceScatter and ncclAllGather in place on one buffer, back to back on the stream. */
+/* ncclReduceScatter and ncclAllGather in place on one range, back to back on the stream. */
 static llmcl_status nccl_measure(llmcl_dist *d, uint64_t bytes, int reps, double *reduce_gbs,
                                  double *gather_gbs)
 {
     nccl_transport *t = nccl_of(d);
     const size_t count = (size_t)(bytes / 4 / (uint64_t)d->world);
-    LLMCL__REQUIRE(d->ctx, round_up((size_t)bytes, t->granularity) <= IMPORT_MAX,
-                   LLMCL_ERROR_UNSUPPORTED, "at most %zu bytes under NCCL", IMPORT_MAX);
-    shared_buf b;
-    LLMCL__TRY(share(d, round_up((size_t)bytes, t->granularity), &b));
+    shared_range b;
+    LLMCL__TRY(shared_range_create(d->ctx, &t->api, (size_t)bytes, &b));
+    LLMCL__CL(d->ctx, clFinish(d->ctx->queue));
     double secs[2] = {0.0, 0.0};
     int nr = NCCL_OK;
     const bool entered = enter(t);
     CUresult r = entered ? CUDA_OK : -1;
-    const CUdeviceptr mine = b.ptr + (CUdeviceptr)((size_t)d->rank * count * 4);
+    const CUdeviceptr mine = b.base + (CUdeviceptr)((size_t)d->rank * count * 4);
     for (int k = 0; k < 2 && r == CUDA_OK && nr == NCCL_OK; ++k)
         for (int i = -1; i < reps && r == CUDA_OK && nr == NCCL_OK; ++i) {
             MPI_Barrier(d->comm);
             const double t0 = now_s();
-            nr = k == 0 ? t->nc.reduce_scatter((void *)b.ptr, (void *)mine, count, NCCL_FLOAT32,
+            nr = k == 0 ? t->nc.reduce_scatter((void *)b.base, (void *)mine, count, NCCL_FLOAT32,
                                                NCCL_SUM, t->comm, t->stream)
-                        : t->nc.all_gather((void *)mine, (void *)b.ptr, count, NCCL_FLOAT32,
+                        : t->nc.all_gather((void *)mine, (void *)b.base, count, NCCL_FLOAT32,
                                            t->comm, t->stream);
             if (nr == NCCL_OK)
                 r = t->cu.stream_synchronize(t->stream);
@@ -667,10 +579,7 @@ static llmcl_status nccl_measure(llmcl_dist *d, uint64_t bytes, int reps, double
         }
     if (entered)
         leave(t);
-    t->release(d->ctx->queue, 1, &b.mem, 0, NULL, NULL);
-    clFinish(d->ctx->queue);
-    clReleaseMemObject(b.mem);
-    unshare(t, &b);
+    shared_range_destroy(d->ctx, &t->api, &b);
     if (nr != NCCL_OK)
         return nccl_fail(d, "timing NCCL", nr);
     if (r != CUDA_OK)
@@ -682,10 +591,8 @@ static llmcl_status nccl_measure(llmcl_dist *d, uint64_t bytes, int reps, double
 }
 
 static const dist_transport_ops nccl_ops = {
-    .sums = true,
+    .sums = nccl_sums,
     .setup = nccl_setup,
-    .alloc = nccl_alloc,
-    .channels = nccl_channels,
     .busy = nccl_busy,
     .reduce_start = nccl_reduce_start,
     .gather_start = nccl_gather_start,
@@ -725,15 +632,15 @@ static bool opencl_side(llmcl_dist *d, nccl_transport *t, char *why, size_t why_
     }
     cl_platform_id platform;
     clGetDeviceInfo(ctx->device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL);
-    CL_EXT_FN(t->acquire, platform, "clEnqueueAcquireExternalMemObjectsKHR");
-    CL_EXT_FN(t->release, platform, "clEnqueueReleaseExternalMemObjectsKHR");
+    CL_EXT_FN(t->api.acquire, platform, "clEnqueueAcquireExternalMemObjectsKHR");
+    CL_EXT_FN(t->api.release, platform, "clEnqueueReleaseExternalMemObjectsKHR");
     /* OpenCL 3.0's; looked up in the loaded ICD loader, so that older loaders still link. */
     void *loader = dlopen("libOpenCL.so.1", RTLD_NOW | RTLD_NOLOAD);
     void *create = loader ? dlsym(loader, "clCreateBufferWithProperties") : NULL;
-    memcpy(&t->create_buffer, &create, sizeof create);
+    memcpy(&t->api.create_buffer, &create, sizeof create);
     if (loader)
         dlclose(loader);
-    if (!t->acquire || !t->release || !t->create_buffer) {
+    if (!t->api.acquire || !t->api.release || !t->api.create_buffer) {
         snprintf(why, why_len,
                  "the OpenCL ICD loader or driver lacks clCreateBufferWithProperties or "
                  "clEnqueueAcquire/ReleaseExternalMemObjectsKHR");
@@ -758,27 +665,28 @@ static bool cuda_side(llmcl_dist *d, nccl_transport *t, char *why, size_t why_le
                                "(a driver for CUDA 12 or later is needed)");
         return false;
     }
-    t->cu_device = llmcl__cuda_device_of(cu, d->ctx->device);
-    if (t->cu_device < 0) {
+    t->api.cu = cu;
+    t->api.device = llmcl__cuda_device_of(cu, d->ctx->device);
+    if (t->api.device < 0) {
         snprintf(why, why_len, "no CUDA device has '%s''s PCI address", d->ctx->info.name);
         return false;
     }
-    CUresult r = cu->primary_retain(&t->cu_ctx, t->cu_device);
+    CUresult r = cu->primary_retain(&t->api.context, t->api.device);
     if (r != CUDA_OK) {
-        t->cu_ctx = NULL;
+        t->api.context = NULL;
         snprintf(why, why_len, "cuDevicePrimaryCtxRetain: %s", llmcl__cuda_error(cu, r));
         return false;
     }
     const cu_mem_allocation_prop prop = {
         .type = CU_MEM_ALLOCATION_TYPE_PINNED,
         .requested_handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-        .location = {CU_MEM_LOCATION_TYPE_DEVICE, t->cu_device},
+        .location = {CU_MEM_LOCATION_TYPE_DEVICE, t->api.device},
     };
     if (!enter(t)) {
         snprintf(why, why_len, "cuCtxPushCurrent failed");
         return false;
     }
-    r = cu->mem_granularity(&t->granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    r = cu->mem_granularity(&t->api.granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     if (r == CUDA_OK)
         r = cu->stream_create(&t->stream, CU_STREAM_NON_BLOCKING);
     leave(t);
@@ -790,22 +698,17 @@ static bool cuda_side(llmcl_dist *d, nccl_transport *t, char *why, size_t why_le
     return true;
 }
 
-/* Everything this rank needs, the flag buffer (the import's test) included; why if not. */
+/* Everything this rank needs, the flag range (the import's test) included; why if not. */
 static bool local_side(llmcl_dist *d, nccl_transport *t, char *why, size_t why_len)
 {
     if (!nccl_load(&t->nc, why, why_len) || !opencl_side(d, t, why, why_len) ||
         !cuda_side(d, t, why, why_len))
         return false;
-    const llmcl_status st = share(d, t->granularity, &t->flag);
-    if (st == LLMCL_OK && llmcl__buffer_adopt(d->ctx, t->flag.bytes) == LLMCL_OK)
+    if (shared_range_create(d->ctx, &t->api, t->api.granularity, &t->flag) == LLMCL_OK) {
+        t->base.device_bytes = t->flag.bytes;
         return true;
-    snprintf(why, why_len, "sharing CUDA memory with OpenCL failed: %s", llmcl_last_error(d->ctx));
-    if (st == LLMCL_OK) {
-        t->release(d->ctx->queue, 1, &t->flag.mem, 0, NULL, NULL);
-        clFinish(d->ctx->queue);
-        clReleaseMemObject(t->flag.mem);
-        unshare(t, &t->flag);
     }
+    snprintf(why, why_len, "sharing CUDA memory with OpenCL failed: %s", llmcl_last_error(d->ctx));
     return false;
 }
 
@@ -827,9 +730,9 @@ static llmcl_status all_sides(llmcl_dist *d, nccl_transport *t, bool ok, char *w
     mine.host = XXH64(host, strlen(host), 0);
     snprintf(mine.why, sizeof mine.why, "%s", ok ? "" : why);
     if (ok) {
-        t->cu.device_attribute(&mine.pci[0], CU_ATTR_PCI_DOMAIN, t->cu_device);
-        t->cu.device_attribute(&mine.pci[1], CU_ATTR_PCI_BUS, t->cu_device);
-        t->cu.device_attribute(&mine.pci[2], CU_ATTR_PCI_DEVICE, t->cu_device);
+        t->cu.device_attribute(&mine.pci[0], CU_ATTR_PCI_DOMAIN, t->api.device);
+        t->cu.device_attribute(&mine.pci[1], CU_ATTR_PCI_BUS, t->api.device);
+        t->cu.device_attribute(&mine.pci[2], CU_ATTR_PCI_DEVICE, t->api.device);
     }
     rank_report *all = calloc((size_t)d->world, sizeof *all);
     LLMCL__REQUIRE(d->ctx, all, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "rank reports");
@@ -924,9 +827,8 @@ llmcl_status llmcl__dist_nccl_create(llmcl_dist *d, char *why, size_t why_len)
         d->transport = NULL;
         return st;
     }
-    t->base.granularity = t->granularity;
     snprintf(d->transport_detail, sizeof d->transport_detail,
              "NCCL %d.%d.%d (%.160s), CUDA device %d", t->nc.version / 10000,
-             t->nc.version / 100 % 100, t->nc.version % 100, t->nc.path, t->cu_device);
+             t->nc.version / 100 % 100, t->nc.version % 100, t->nc.path, t->api.device);
     return LLMCL_OK;
 }

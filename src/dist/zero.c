@@ -9,9 +9,7 @@
  * the transport (transport.h), which leaves either the sum or the P ranks' parts of this rank's
  * block; llmcl_sum_rows adds those in rank order into the shard. Stage 3 gathers a group's
  * parameters into one of two gather buffers and prefetches the next group into the other. Stages
- * 1 and 2 all-gather the updated parameters at the end of the step, a group a channel where the
- * transport has as many (NCCL), so that the next forward waits for each group only where it
- * starts (gather).
+ * 1 and 2 all-gather the updated parameters at the end of the step.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -74,7 +72,7 @@ llmcl_status llmcl__dist_finish_reduce(llmcl_dist *d, int ch)
        shard (stages 2-3: micro-batches accumulate there) or over the rank's own part (stage 1). */
     int64_t off;
     llmcl_tensor *buf = reduce_buffer(d, ch, g, &off);
-    const bool summed = d->transport->ops->sums;
+    const bool summed = d->transport->ops->sums(d);
     if (summed && d->opts.stage == 1 && buf == g->grads)
         return LLMCL_OK; /* the sum is in place */
     const int64_t shape[2] = {summed ? 1 : d->world, g->shard}, strides[2] = {g->shard, 1};
@@ -116,11 +114,8 @@ llmcl_status llmcl__dist_drain(llmcl_dist *d)
 {
     for (int s = 0; s < DIST_SLOTS; ++s)
         LLMCL__TRY(llmcl__dist_finish_reduce(d, s));
-    const int channels = d->transport->ops->channels(d, OP_GATHER);
-    for (int s = 0; s < channels; ++s)
+    for (int s = 0; s < DIST_SLOTS; ++s)
         LLMCL__TRY(llmcl__dist_complete(d, OP_GATHER, s));
-    for (int k = 0; k < d->n_groups; ++k)
-        d->groups[k].gather_ch = -1;
     return LLMCL_OK;
 }
 
@@ -176,7 +171,7 @@ llmcl_status llmcl_dist_grads_ready(llmcl_dist *d, int group)
 static llmcl_status zero_grads(llmcl_dist *d)
 {
     LLMCL__REQUIRE(d->ctx, d->ready, LLMCL_ERROR_INVALID_ARGUMENT, "call llmcl_dist_setup first");
-    /* Reductions still in flight would land after the zeros; the step's gathers may go on. */
+    /* Reductions still in flight would land after the zeros. */
     for (int s = 0; s < DIST_SLOTS; ++s)
         LLMCL__TRY(llmcl__dist_finish_reduce(d, s));
     if (d->opts.stage > 1)
@@ -258,25 +253,12 @@ static int next_direction(const llmcl_dist *d, int group)
     return group < d->last_gathered ? -1 : -d->direction;
 }
 
-/* Stages 1-2: the compute queue waits for group's update by the step's all-gather, if pending. */
-static llmcl_status wait_update(llmcl_dist *d, int group)
-{
-    dist_group *g = &d->groups[group];
-    if (g->gather_ch < 0)
-        return LLMCL_OK;
-    const int ch = g->gather_ch;
-    g->gather_ch = -1;
-    return d->transport->ops->busy(d, OP_GATHER, ch) == group
-               ? llmcl__dist_complete(d, OP_GATHER, ch)
-               : LLMCL_OK;
-}
-
 static llmcl_status gather(llmcl_dist *d, int group)
 {
     LLMCL__TRY(check_group(d, group));
     LLMCL__TRY(d->transport->ops->progress(d));
     if (d->opts.stage < 3)
-        return wait_update(d, group);
+        return LLMCL_OK;
     dist_group *g = &d->groups[group];
     LLMCL__REQUIRE(d->ctx, !g->gathered, LLMCL_ERROR_INVALID_ARGUMENT,
                    "group %d gathered twice without release", group);
@@ -340,8 +322,6 @@ llmcl_status llmcl_dist_param(llmcl_dist *d, const char *name, llmcl_tensor **vi
     LLMCL__REQUIRE(d->ctx, d->opts.stage < 3 || d->groups[p->group].gathered,
                    LLMCL_ERROR_INVALID_ARGUMENT, "'%s': its group %d is not gathered", name,
                    p->group);
-    if (d->opts.stage < 3)
-        FAULT("llmcl_dist_param", wait_update(d, p->group));
     *view = p->param;
     return LLMCL_OK;
 }
@@ -438,22 +418,15 @@ static llmcl_status adamw_shard(llmcl_dist *d, const llmcl_adamw_opts *opts)
     return st;
 }
 
-/*
- * Stages 1-2: every group's updated shard to every rank, in place in the full parameters. With a
- * channel a group, each group's gather stays in flight until its forward asks for it (gather);
- * otherwise all have landed on return.
- */
+/* Stages 1-2: every group's updated shard to every rank, in place in its full parameters. */
 static llmcl_status gather_all(llmcl_dist *d)
 {
-    const int channels = d->transport->ops->channels(d, OP_GATHER);
     for (int k = 0; k < d->n_groups; ++k) {
-        dist_group *g = &d->groups[k];
-        const int s = k % channels;
+        const int s = k % DIST_SLOTS;
         LLMCL__TRY(llmcl__dist_complete(d, OP_GATHER, s));
-        LLMCL__TRY(d->transport->ops->gather_start(d, s, k, g->params, 0, NULL));
-        g->gather_ch = s;
+        LLMCL__TRY(d->transport->ops->gather_start(d, s, k, d->groups[k].params, 0, NULL));
     }
-    return channels < d->n_groups ? llmcl__dist_drain(d) : LLMCL_OK;
+    return llmcl__dist_drain(d);
 }
 
 /* Stage 3: gathered copies are stale once the shards change. */
