@@ -468,7 +468,6 @@ static void load_data(trainer *tr)
         o->model.vocab = tr->train.vocab;
     check_tokens(&tr->train, o->model.vocab);
     check_tokens(&tr->val, o->model.vocab);
-    loader_init(&tr->tl, &tr->train, o->batch, o->seq, tr->rank, tr->world);
 }
 
 static void setup_optimizer(trainer *tr)
@@ -521,6 +520,20 @@ static void train_step(trainer *tr, int step, double *loss, double *norm)
     CHECK(llmcl_tensor_download(tr->loss_sum, &l, sizeof l), ctx);
     *loss = rank_mean(tr, l);
     CHECK(optimizer_last_norm(&tr->opt, o->accum, norm), ctx);
+}
+
+/*
+ * Leaves MPI where --zero joined it. Also how a failure that every rank has agreed on (a
+ * collective call's status) ends the run: die_finally(finalize_mpi, ...) on every rank.
+ */
+static void finalize_mpi(void)
+{
+#ifdef LLMCL_TRAIN_MPI
+    int on = 0;
+    MPI_Initialized(&on);
+    if (on)
+        MPI_Finalize();
+#endif
 }
 
 /* ---- output ---- */
@@ -629,7 +642,9 @@ static void offload_summary(const char *what, llmcl_offload *off)
 static void save(trainer *tr, int steps_done)
 {
     const train_state s = {steps_done, loader_tell(&tr->tl)};
-    CHECK(checkpoint_save(tr->m, &s, tr->o.save), tr->ctx);
+    const char *why;
+    if (checkpoint_save(tr->m, &s, tr->o.save, &why) != LLMCL_OK)
+        die_finally(finalize_mpi, "cannot save %s: %s", tr->o.save, why);
     printf("saved %s at step %d\n", tr->o.save, steps_done);
 }
 
@@ -728,21 +743,10 @@ static void join_job(trainer *tr, int *argc, char ***argv)
 #endif
 }
 
-static void leave_job(const trainer *tr)
-{
-#ifdef LLMCL_TRAIN_MPI
-    if (tr->o.model.zero_stage)
-        MPI_Finalize();
-#else
-    (void)tr;
-#endif
-}
-
 int main(int argc, char **argv)
 {
     trainer tr = {0};
     parse_options(argc, argv, &tr.o);
-    join_job(&tr, &argc, &argv);
     options *o = &tr.o;
     hf_checkpoint init = {0};
     if (o->init_from) {
@@ -753,6 +757,10 @@ int main(int argc, char **argv)
     const char *bad = model_config_error(&o->model);
     if (bad)
         die("bad model configuration: %s", bad);
+    /* MPI after the checks that each rank makes alone: a rank that exits before MPI_Init ends
+       the job cleanly, one that exits after it while others still run gets them killed */
+    join_job(&tr, &argc, &argv);
+    loader_init(&tr.tl, &tr.train, o->batch, o->seq, tr.rank, tr.world);
     if (o->steps > 0 && o->warmup >= o->steps)
         o->warmup = o->steps / 10;
 
@@ -791,12 +799,14 @@ int main(int argc, char **argv)
     int first = 0;
     if (o->resume) {
         train_state s;
-        const char *why;
-        if (checkpoint_load(tr.m, o->resume, &s, &why) != LLMCL_OK)
-            die("cannot resume: %s", why);
+        const char *from, *why;
+        if (checkpoint_load(tr.m, o->resume, &s, &from, &why) != LLMCL_OK)
+            die_finally(finalize_mpi, "cannot resume: %s", why);
         first = (int)s.step;
         loader_seek(&tr.tl, s.data_pos);
-        printf("resumed from %s at step %d\n", o->resume, first);
+        printf("resumed from %s at step %d%s\n", from, first,
+               from != o->resume ? " (a save stopped between moving the old checkpoint aside and "
+                                   "renaming the new one into place)" : "");
     }
     signal(SIGINT, on_sigint);
 
@@ -848,6 +858,6 @@ int main(int argc, char **argv)
     model_destroy(tr.m);
     data_free(&tr.train), data_free(&tr.val);
     llmcl_ctx_destroy(tr.ctx);
-    leave_job(&tr);
+    finalize_mpi();
     return stopped ? 130 : 0;
 }

@@ -9,15 +9,29 @@
 #include <string.h>
 #include <time.h>
 
+__attribute__((noreturn)) static void vdie(void (*finish)(void), const char *fmt, va_list ap)
+{
+    fputs("llmcl-train: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+    if (finish)
+        finish();
+    exit(1);
+}
+
 void die(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("llmcl-train: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(1);
+    vdie(NULL, fmt, ap);
+}
+
+void die_finally(void (*finish)(void), const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vdie(finish, fmt, ap);
 }
 
 void check_status(llmcl_status st, const llmcl_ctx *ctx, const char *expr, const char *file,

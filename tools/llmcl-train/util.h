@@ -14,6 +14,14 @@
 /* Prints "llmcl-train: <message>" to stderr and exits with status 1. */
 void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
+/*
+ * die(), with finish() (may be NULL) called between the message and the exit: under MPI, for a
+ * failure that every rank has agreed on, MPI_Finalize, so that each rank exits 1 with its message
+ * instead of mpiexec killing the ranks still running once the first has exited.
+ */
+void die_finally(void (*finish)(void), const char *fmt, ...)
+    __attribute__((format(printf, 2, 3), noreturn));
+
 /* Dies naming the call, the status and llmcl's last error on ctx when expr failed. */
 #define CHECK(expr, ctx) check_status((expr), (ctx), #expr, __FILE__, __LINE__)
 void check_status(llmcl_status st, const llmcl_ctx *ctx, const char *expr, const char *file,
