@@ -8,6 +8,7 @@ shapes, configs that contradict the options fail naming them; LoRA runs resume b
 their own base, and export PEFT's files or the merged model. --offload-optimizer: the losses and
 checkpoints of the run without it, bit for bit (with --recompute --offload too, and resumed across
 the flag both ways), and a lower peak of device memory.
+Tensors that the model would drop (Qwen2's q/k/v biases) are refused, named.
 
     python3 tests/test_train_cli.py build/tools/llmcl-train
 """
@@ -108,6 +109,35 @@ def same_files(what, a, b):
         failures.append(what)
 
 
+def unused_tensors(p, tensors):
+    """Tensors the model would drop (Qwen2's q/k/v biases, another module) are refused by name."""
+    biased = dict(tensors)
+    for k in ("q", "k", "v"):
+        biased[f"model.layers.0.self_attn.{k}_proj.bias"] = ("F32", [64], bytes(256))
+    write_st(p("biased.safetensors"), biased)
+    expect_error("Qwen2's biases in one file", TINY + ["--init-from", p("biased.safetensors")],
+                 "model.layers.0.self_attn.k_proj.bias, model.layers.0.self_attn.q_proj.bias, "
+                 "model.layers.0.self_attn.v_proj.bias: tensors that llmcl-train's Llama model "
+                 "does not use")
+    os.mkdir(p("biased"))
+    shutil.copy(p("e1/config.json"), p("biased/config.json"))  # says llama, no biases
+    shutil.copy(p("biased.safetensors"), p("biased/model.safetensors"))
+    expect_error("biases in a folder whose config says llama", TINY + ["--init-from", p("biased")],
+                 "q_proj.bias")
+    # RoPE's frequencies, which early checkpoints saved, are derived, as transformers ignores them
+    freq = dict(tensors)
+    freq["model.layers.0.self_attn.rotary_emb.inv_freq"] = ("F32", [16], bytes(64))
+    write_st(p("freq.safetensors"), freq)
+    expect_ok("rotary_emb.inv_freq is ignored", TINY + ["--steps", "0", "--init-from",
+                                                        p("freq.safetensors")])
+    freq.update((k, v) for k, v in biased.items() if k.endswith("bias"))
+    freq["model.mm_projector.weight"] = ("F32", [2], bytes(8))
+    write_st(p("many.safetensors"), freq)
+    expect_error("three unused tensors named, then a count", TINY + ["--init-from",
+                                                                     p("many.safetensors")],
+                 "v_proj.bias and 1 more: tensors")
+
+
 def hugging_face(p):
     """--init-from and --export."""
     expect_ok("train and export f32", TINY + ["--steps", "3", "--export", p("e1"),
@@ -132,6 +162,7 @@ def hugging_face(p):
     same_files("sharded --init-from exports the same bytes",
                p("e1/model.safetensors"), p("e3/model.safetensors"))
 
+    unused_tensors(p, tensors)
     missing = dict(tensors)
     del missing["model.layers.0.mlp.up_proj.weight"]
     write_st(p("missing.safetensors"), missing)
