@@ -9,6 +9,8 @@ their own base, and export PEFT's files or the merged model. --offload-optimizer
 checkpoints of the run without it, bit for bit (with --recompute --offload too, and resumed across
 the flag both ways), and a lower peak of device memory.
 Tensors that the model would drop (Qwen2's q/k/v biases) are refused, named.
+A file named .bin, or one that starts with llm.c's magic, that is not a whole llm.c token file is
+refused (--data-format text reads it as text), and so is a folder given as --data or --val.
 
     python3 tests/test_train_cli.py build/tools/llmcl-train
 """
@@ -310,6 +312,41 @@ def offload_optimizer(p, flat, straight):
     expect_error("--offload-chunk-mib alone", TINY + ["--offload-chunk-mib", "1"], "give both")
 
 
+def token_files(p):
+    """A file named .bin, or one that starts like an llm.c header, is a whole llm.c file or
+    refused; --data-format says how to read a file whose name misleads."""
+    llmc_file(p("damaged.bin"), list(range(2000)), magic=20240521)
+    expect_error("a .bin whose magic is damaged", TINY + ["--data", p("damaged.bin")],
+                 "starts with 20240521, not an llm.c token file's magic")
+    text = ("The cat sees the red ball. " * 200).encode()
+    with open(p("text.bin"), "wb") as f:
+        f.write(text)
+    expect_error("a text file named .bin", TINY + ["--data", p("text.bin")],
+                 "--data-format text")
+    expect_ok("a text file named .bin with --data-format text",
+              TINY + ["--data", p("text.bin"), "--data-format", "text", "--steps", "1"])
+    with open(p("text.txt"), "wb") as f:
+        f.write(text)
+    expect_error("--data-format llmc on a text file", TINY + ["--data", p("text.txt"),
+                                                             "--data-format", "llmc"],
+                 "not an llm.c token file's magic")
+    llmc_file(p("whole.bin"), list(range(2000)))
+    with open(p("whole.bin"), "rb") as f:
+        head = f.read(100)
+    for name in ("partial.bin", "partial.txt"):  # by its name, and by its magic
+        with open(p(name), "wb") as f:
+            f.write(head)
+        expect_error(f"a 100-byte partial header ({name})", TINY + ["--data", p(name)],
+                     "100 bytes, shorter than the 1024-byte header of an llm.c token file")
+    llmc_file(p("val.bin"), list(range(100)), count=200)
+    expect_error("--val checked as --data is", TINY + ["--val", p("val.bin")],
+                 "truncated or corrupt")
+    expect_error("--data naming a folder", TINY + ["--data", p("")], "is a folder")
+    expect_error("--val naming a folder", TINY + ["--val", p("")], "is a folder")
+    expect_error("an unknown --data-format", TINY + ["--data-format", "csv"],
+                 "expected auto, text or llmc")
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="llmcl-train-cli.")
     p = lambda name: os.path.join(tmp, name)
@@ -339,6 +376,7 @@ def main():
     expect_error("a bad option value", TINY + ["--lr", "fast"], "expected a number")
     expect_error("an unknown option", TINY + ["--frobnicate"], "", code=2)
     expect_error("offload without recompute", TINY + ["--offload"], "give both")
+    token_files(p)
 
     # resuming: 3 + 3 steps end with the bits of 6 uninterrupted ones (the file's whole bytes);
     # a constant learning rate (--min-lr 1) makes a 3-step run the first half of a 6-step one

@@ -27,10 +27,13 @@
 /* Shape options that an --init-from config.json also sets. */
 enum { OPT_DIM, OPT_LAYERS, OPT_HEADS, OPT_KV_HEADS, OPT_FFN, OPT_VOCAB, OPT_UNTIED, OPT_ROPE_THETA,
        OPT_ROPE_LLAMA3 };
+/* getopt_long's values of options past the letters, which are all taken. */
+enum { LONG_DATA_FORMAT = 256 };
 
 typedef struct options {
     model_config model;
     const char *data, *val;
+    data_format data_format;
     int batch, seq, accum, steps, warmup;
     float lr, min_lr_frac, weight_decay, clip, beta1, beta2, eps;
     int eval_every, eval_batches, log_every, sample_tokens;
@@ -58,6 +61,9 @@ static void usage(FILE *f)
           "data:\n"
           "  --data FILE          text (byte-level tokens) or an llm.c token file (.bin)\n"
           "  --val FILE           held-out tokens (default: the last 5% of --data)\n"
+          "  --data-format F      auto (default: a file named .bin or that starts with llm.c's\n"
+          "                       magic must be an llm.c token file, any other is text), text or\n"
+          "                       llmc\n"
           "model:\n"
           "  --preset NAME        tiny (default) or llama-1b (Llama-3.2-1B's shape)\n"
           "  --dim N --layers N --heads N --kv-heads N --ffn N --vocab N\n"
@@ -228,7 +234,7 @@ static void parse_options(int argc, char **argv, options *o)
         {"lora", 1, 0, 'k'}, {"lora-alpha", 1, 0, 'A'}, {"lora-targets", 1, 0, 'G'},
         {"lora-dtype", 1, 0, 'U'}, {"lora-merge", 0, 0, 'M'}, {"dump-logits", 1, 0, 'J'},
         {"zero", 1, 0, 'z'}, {"offload-optimizer", 0, 0, 'f'}, {"offload-chunk-mib", 1, 0, 'N'},
-        {0, 0, 0, 0}};
+        {"data-format", 1, 0, LONG_DATA_FORMAT}, {0, 0, 0, 0}};
     /* a preset first, so that the other options refine it whatever their order */
     for (int i = 1; i + 1 < argc; ++i)
         if (strcmp(argv[i], "--preset") == 0)
@@ -239,6 +245,7 @@ static void parse_options(int argc, char **argv, options *o)
     while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (c) {
         case 'D': o->data = optarg; break;
+        case LONG_DATA_FORMAT: o->data_format = data_format_parse(optarg); break;
         case 'V': o->val = optarg; break;
         case 'P': break;
         case 'd':
@@ -457,11 +464,11 @@ static void load_data(trainer *tr)
 {
     options *o = &tr->o;
     if (o->data)
-        data_load(o->data, &tr->train);
+        data_load(o->data, o->data_format, &tr->train);
     else
         data_builtin(o->seed, 400000, &tr->train);
     if (o->val)
-        data_load(o->val, &tr->val);
+        data_load(o->val, o->data_format, &tr->val);
     else
         data_split(&tr->train, 0.05, &tr->val);
     if (!o->vocab_given && !tr->train.byte_level) /* the tokenizer's, as its format says */
