@@ -11,6 +11,9 @@ the flag both ways), and a lower peak of device memory.
 Tensors that the model would drop (Qwen2's q/k/v biases) are refused, named.
 A file named .bin, or one that starts with llm.c's magic, that is not a whole llm.c token file is
 refused (--data-format text reads it as text), and so is a folder given as --data or --val.
+Output paths that cannot be written, and a missing --resume, fail before the first step; an
+unknown option fails in one line (status 2); a model or batch that does not fit says which
+buffer, its size, the device's limit and what to change.
 
     python3 tests/test_train_cli.py build/tools/llmcl-train
 """
@@ -347,6 +350,48 @@ def token_files(p):
                  "expected auto, text or llmc")
 
 
+def start_up(p):
+    """Output paths, options and sizes refused before the first step, naming what to change."""
+    cases = [("--save in a missing folder", ["--save", p("none/ck.st")],
+              f"--save {p('none/ck.st')}: cannot write there: {p('none')}: No such file"),
+             ("--save naming a folder", ["--save", os.path.dirname(p("x"))], "is a folder"),
+             ("--save ending in /", ["--save", p("new/")], "names a folder"),
+             ("--export naming a file", ["--export", p("text.txt")], "exists and is not a folder"),
+             ("--export in a missing folder", ["--export", p("none/e")], "No such file"),
+             ("--dump-logits in a missing folder", ["--dump-logits", p("none/l.st")],
+              "No such file"),
+             ("--resume of a missing file", ["--resume", p("none.st")],
+              f"--resume {p('none.st')}: No such file or directory"),
+             ("--save under --zero naming a file", ["--zero", "1", "--save", p("text.txt")],
+              "exists and is not a folder"),
+             ("--save under --zero naming a folder of other files",
+              ["--zero", "1", "--save", os.path.dirname(p("x"))],
+              "holds files but no manifest.json: it is no checkpoint folder")]
+    for what, args, needle in cases:
+        r = run(TINY + ["--steps", "1"] + args)
+        ok = r.returncode == 1 and needle in r.stderr and "step" not in r.stdout
+        check(f"{what}: refused before training: {r.stderr.strip()[:150]}", ok)
+    for what, args, needle in (("an unknown option", ["--frobnicate"],
+                                "llmcl-train: unknown option '--frobnicate' (see --help)"),
+                               ("an option without its value", ["--data"],
+                                "llmcl-train: --data needs a value (see --help)")):
+        r = run(TINY + args)
+        check(f"{what}: one line, status 2: {r.stderr.strip()[:100]}",
+              r.returncode == 2 and r.stderr.strip() == needle)
+    # a parameter buffer beyond any device's largest allocation (2^44 elements)
+    expect_error("a model beyond the largest allocation",
+                 ["--vocab", "16777216", "--dim", "1048576", "--heads", "4096", "--kv-heads",
+                  "4096", "--layers", "1", "--ffn", "64", "--batch", "1", "--seq", "8"],
+                 "cannot allocate the trainable parameters' bf16 weights: 21990437027840 bf16 "
+                 "elements, 40960.38 GiB in one buffer, beyond this device's largest allocation")
+    env = dict(os.environ, LLMCL_MEMORY_LIMIT="8M")
+    r = subprocess.run([TRAIN] + TINY + ["--batch", "64", "--seq", "64"], capture_output=True,
+                       text=True, timeout=300, env=env)
+    check(f"activations beyond the memory: {r.stderr.strip()[:200]}",
+          r.returncode == 1 and "cannot allocate an activation buffer" in r.stderr and
+          "(LLMCL_MEMORY_LIMIT) are in use: shorten --batch or --seq" in r.stderr)
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="llmcl-train-cli.")
     p = lambda name: os.path.join(tmp, name)
@@ -374,9 +419,9 @@ def main():
     expect_ok("an llm.c uint32 token file", TINY + ["--data", p("llama3.bin"), "--vocab", "512",
                                                      "--steps", "2"])
     expect_error("a bad option value", TINY + ["--lr", "fast"], "expected a number")
-    expect_error("an unknown option", TINY + ["--frobnicate"], "", code=2)
     expect_error("offload without recompute", TINY + ["--offload"], "give both")
     token_files(p)
+    start_up(p)
 
     # resuming: 3 + 3 steps end with the bits of 6 uninterrupted ones (the file's whole bytes);
     # a constant learning rate (--min-lr 1) makes a 3-step run the first half of a 6-step one

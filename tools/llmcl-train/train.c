@@ -6,12 +6,14 @@
  * --zero under mpiexec, ZeRO over MPI ranks (zero.h), each rank training on its slice of the batch;
  * with --offload-optimizer the masters and moments in pinned host memory (offload_state.h).
  */
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "data.h"
@@ -210,6 +212,38 @@ static double parse_num(const char *name, const char *s, double lo)
     return v;
 }
 
+/* An unknown option, or one without its value: one line and exit status 2, as getopt's users do. */
+__attribute__((noreturn)) static void bad_option(const char *arg)
+{
+    if (optopt)
+        fprintf(stderr, "llmcl-train: %s needs a value (see --help)\n", arg);
+    else
+        fprintf(stderr, "llmcl-train: unknown option '%s' (see --help)\n", arg);
+    exit(2);
+}
+
+/* The files a run writes, checked before it trains (util.h), and --resume's checkpoint found. */
+static void check_paths(const options *o)
+{
+    const bool zero = o->model.zero_stage > 0;
+    if (o->save)
+        check_output_path("--save", o->save, zero ? OUTPUT_FOLDER_REPLACED : OUTPUT_FILE);
+    if (o->export_dir)
+        check_output_path("--export", o->export_dir, OUTPUT_FOLDER_FILLED);
+    if (o->dump_logits)
+        check_output_path("--dump-logits", o->dump_logits, OUTPUT_FILE);
+    if (!o->resume || access(o->resume, F_OK) == 0)
+        return;
+    const int err = errno;
+    char old[4200]; /* llmcl_dist_load's fallback: "ck/" names ck, beside ck.old */
+    size_t len = strlen(o->resume);
+    while (len > 1 && o->resume[len - 1] == '/')
+        --len;
+    snprintf(old, sizeof old, "%.*s.old", (int)len, o->resume);
+    if (!zero || access(old, F_OK) != 0)
+        die("--resume %s: %s", o->resume, strerror(err));
+}
+
 static void parse_options(int argc, char **argv, options *o)
 {
     *o = (options){.accum = 1, .steps = 200, .warmup = 20, .lr = 3e-3f, .min_lr_frac = 0.1f,
@@ -242,6 +276,7 @@ static void parse_options(int argc, char **argv, options *o)
     o->model.lora_targets = LORA_ALL_TARGETS;
     o->model.lora_dtype = LLMCL_F32;
     int c;
+    opterr = 0; /* bad_option says it in one line */
     while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (c) {
         case 'D': o->data = optarg; break;
@@ -330,7 +365,7 @@ static void parse_options(int argc, char **argv, options *o)
         case 'I': o->save_on_interrupt = 1; break;
         case 'Z': o->resume = optarg; break;
         case 'h': usage(stdout); exit(0);
-        default: usage(stderr); exit(2);
+        default: bad_option(argv[optind - 1]);
         }
     }
     if (optind < argc)
@@ -357,6 +392,7 @@ static void parse_options(int argc, char **argv, options *o)
     if (o->model.zero_stage && (o->init_from || o->export_dir || o->dump_logits))
         die("--init-from, --export and --dump-logits are not supported under --zero yet");
     o->model.max_seq = o->seq;
+    check_paths(o);
 }
 
 /* One shape field from config.json: an explicit option must agree with it. */
