@@ -14,6 +14,8 @@ refused (--data-format text reads it as text), and so is a folder given as --dat
 Output paths that cannot be written, and a missing --resume, fail before the first step; an
 unknown option fails in one line (status 2); a model or batch that does not fit says which
 buffer, its size, the device's limit and what to change.
+The output: the first step's line gives its time instead of a speed and ETA; the peak is never
+0.0; a run that saved nothing says what to try next.
 
     python3 tests/test_train_cli.py build/tools/llmcl-train
 """
@@ -392,6 +394,25 @@ def start_up(p):
           "(LLMCL_MEMORY_LIMIT) are in use: shorten --batch or --seq" in r.stderr)
 
 
+def first_run(p):
+    """What the output says around the steps."""
+    r = expect_ok("3 steps, nothing saved", TINY + ["--steps", "3"])
+    lines = re.findall(r"^step +\d+/3 \|.*$", r.stdout, re.M)
+    check("the first step's line: its time, no speed or ETA; the others: both",
+          len(lines) == 3 and "first step" in lines[0] and "ETA" not in lines[0] and
+          "tok/s" not in lines[0] and all("ETA" in l and "tok/s" in l for l in lines[1:]))
+    peak = re.search(r"peak ([\d.]+) ([TG])FLOP/s \((measured [^)]*|given)\)", r.stdout)
+    check(f"a peak that is not 0.0: {peak.group(0) if peak else r.stdout[:200]}",
+          peak is not None and float(peak.group(1)) > 0)
+    check("a run that kept nothing says so and what to try",
+          "nothing was saved" in r.stdout and "--save FILE" in r.stdout and
+          "--export DIR" in r.stdout and "--data FILE" in r.stdout and "--help" in r.stdout)
+    r = expect_ok("--peak-tflops 0.25", TINY + ["--steps", "1", "--peak-tflops", "0.25",
+                                                "--save", p("first.st")])
+    check("a given peak below 1 TFLOP/s in GFLOP/s", "peak 250 GFLOP/s (given)" in r.stdout)
+    check("a run that saved gives no hint", "nothing was saved" not in r.stdout)
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="llmcl-train-cli.")
     p = lambda name: os.path.join(tmp, name)
@@ -422,6 +443,7 @@ def main():
     expect_error("offload without recompute", TINY + ["--offload"], "give both")
     token_files(p)
     start_up(p)
+    first_run(p)
 
     # resuming: 3 + 3 steps end with the bits of 6 uninterrupted ones (the file's whole bytes);
     # a constant learning rate (--min-lr 1) makes a 3-step run the first half of a 6-step one

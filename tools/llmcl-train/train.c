@@ -597,19 +597,31 @@ static double device_mib(llmcl_ctx *ctx)
     return (double)ms.current_bytes / (1024.0 * 1024.0);
 }
 
-/* step_s: the mean time of the steps since the last line. */
-static void progress(trainer *tr, int step, double loss, double norm, double step_s, double eta)
+/*
+ * step_s: the mean time of the steps since the last line, those after the run's first; 0 when
+ * there are none, on the first step's line, whose time (first_s) includes building the kernels
+ * and would misstate the speed and the ETA.
+ */
+static void progress(trainer *tr, int step, double loss, double norm, double step_s,
+                     double first_s)
 {
     const options *o = &tr->o;
-    const double tokens = (double)o->batch * o->seq * o->accum * tr->world, tps = tokens / step_s;
-    const double mfu = 100.0 * tps * model_flops_per_token(tr->m, o->seq) /
-                       (tr->peak_tflops * 1e12 * tr->world);
-    char eta_s[32];
-    format_eta(eta, eta_s, sizeof eta_s);
-    printf("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1fk tok/s | MFU %.1f%% | mem %.1f MiB | "
-           "ETA %s\n",
-           step + 1, o->steps, loss, norm, learning_rate(o, step), tps / 1e3, mfu,
-           device_mib(tr->ctx), eta_s);
+    char speed[128] = "", eta_s[32];
+    if (step_s > 0) {
+        const double tps = (double)o->batch * o->seq * o->accum * tr->world / step_s;
+        int at = snprintf(speed, sizeof speed, "%.1fk tok/s | ", tps / 1e3);
+        if (tr->peak_tflops > 0)
+            at += snprintf(speed + at, sizeof speed - (size_t)at, "MFU %.1f%% | ",
+                           100.0 * tps * model_flops_per_token(tr->m, o->seq) /
+                               (tr->peak_tflops * 1e12 * tr->world));
+        format_eta(step_s * (o->steps - step - 1), eta_s, sizeof eta_s);
+    } else {
+        snprintf(speed, sizeof speed, "first step %.1f s (includes building the kernels) | ",
+                 first_s);
+    }
+    printf("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %smem %.1f MiB%s%s\n", step + 1,
+           o->steps, loss, norm, learning_rate(o, step), speed, device_mib(tr->ctx),
+           step_s > 0 ? " | ETA " : "", step_s > 0 ? eta_s : "");
     fflush(stdout);
 }
 
@@ -670,6 +682,15 @@ static void profile_step(trainer *tr, int step)
                    100.0 * m->prof_ms[f] / total);
 }
 
+/* After a run that kept nothing (the first run, without options): what to try next. */
+static void next_steps(const options *o)
+{
+    printf("nothing was saved (no --save or --export)\n"
+           "next: --save FILE keeps a checkpoint (--resume FILE continues it), --export DIR writes "
+           "a Hugging Face model%s; llmcl-train --help lists every option\n",
+           o->data ? "" : ", --data FILE trains on your own text or llm.c tokens");
+}
+
 /* what: the engine's purpose, "offload" (layer inputs) or "optimizer offload". */
 static void offload_summary(const char *what, llmcl_offload *off)
 {
@@ -691,15 +712,36 @@ static void save(trainer *tr, int steps_done)
     printf("saved %s at step %d\n", tr->o.save, steps_done);
 }
 
-static double measured_peak(llmcl_ctx *ctx, llmcl_dtype dt)
+/*
+ * The rate that MFU divides by: the given --peak-tflops, else the measured bf16 mma rate (tensor
+ * cores) or fp32 FMA rate, described in what; 0 when it cannot be measured (no MFU then).
+ */
+static double peak_rate(llmcl_ctx *ctx, const options *o, char *what, size_t len)
 {
+    if (o->peak_tflops > 0) {
+        snprintf(what, len, "given");
+        return o->peak_tflops;
+    }
     double tflops = 0;
-    const llmcl_device_info *info = llmcl_ctx_device_info(ctx);
-    if (dt != LLMCL_F32 && info->has_mma)
-        CHECK(llmcl_measure_mma_rate(ctx, &tflops), ctx);
-    else
-        CHECK(llmcl_measure_fma_rate(ctx, &tflops), ctx);
+    const bool mma = o->model.dtype != LLMCL_F32 && llmcl_ctx_device_info(ctx)->has_mma;
+    const llmcl_status st = mma ? llmcl_measure_mma_rate(ctx, &tflops)
+                                : llmcl_measure_fma_rate(ctx, &tflops);
+    if (st != LLMCL_OK || !(tflops > 0) || !isfinite(tflops)) {
+        snprintf(what, len, "not measured (%s): no MFU; give --peak-tflops",
+                 st != LLMCL_OK ? llmcl_last_error(ctx) : "no rate");
+        return 0;
+    }
+    snprintf(what, len, "measured %s rate", mma ? "bf16 mma" : "fp32 FMA");
     return tflops;
+}
+
+/* A rate in TFLOP/s with three significant digits, in GFLOP/s below 1 TFLOP/s (CPUs). */
+static void format_rate(double tflops, char *buf, size_t len)
+{
+    if (tflops >= 1)
+        snprintf(buf, len, "%.1f TFLOP/s", tflops);
+    else
+        snprintf(buf, len, "%.3g GFLOP/s", tflops * 1e3);
 }
 
 /* The logits of the first held-out batch, its tokens and its loss, for hf_check.py. */
@@ -809,7 +851,10 @@ int main(int argc, char **argv)
 
     CHECK(llmcl_ctx_create(&tr.ctx), NULL);
     const llmcl_device_info *info = llmcl_ctx_device_info(tr.ctx);
-    tr.peak_tflops = o->peak_tflops > 0 ? o->peak_tflops : measured_peak(tr.ctx, o->model.dtype);
+    char peak_what[1200], peak_s[32] = "";
+    tr.peak_tflops = peak_rate(tr.ctx, o, peak_what, sizeof peak_what);
+    if (tr.peak_tflops > 0)
+        format_rate(tr.peak_tflops, peak_s, sizeof peak_s);
     CHECK(model_create(tr.ctx, &o->model, o->seed, &tr.m), tr.ctx);
     if (o->init_from) {
         hf_load(tr.m, &init);
@@ -821,8 +866,8 @@ int main(int argc, char **argv)
     tr.targets = xmalloc((size_t)o->batch * o->seq * sizeof *tr.targets);
 
     const model_config *c = &o->model;
-    printf("device: %s (%s), peak %.1f TFLOP/s%s\n", info->name, info->platform_name,
-           tr.peak_tflops, o->peak_tflops > 0 ? " (given)" : " (measured)");
+    printf("device: %s (%s), peak %s%s%s%s\n", info->name, info->platform_name, peak_s,
+           peak_s[0] ? " (" : "", peak_what, peak_s[0] ? ")" : "");
     printf("model: %.2fM parameters, dim %d, %d layers, %d/%d heads, ffn %d, vocab %d, %s, %s%s\n",
            (double)model_param_count(tr.m) / 1e6, c->dim, c->layers, c->heads, c->kv_heads, c->ffn,
            c->vocab, c->tied ? "tied head" : "untied head", llmcl_dtype_name(c->dtype),
@@ -853,18 +898,22 @@ int main(int argc, char **argv)
     }
     signal(SIGINT, on_sigint);
 
-    /* Time in training steps, evaluations excluded. The ETA takes the last interval's steps: the
-       first step also builds the kernels, which can take longer than the rest of a short run. */
-    double interval_s = 0;
+    /* Time in training steps, evaluations excluded, and the run's first step apart: it also
+       builds the kernels, which can take longer than the rest of a short run. The speed and the
+       ETA take the steps since the last line. */
+    double interval_s = 0, first_s = 0;
     int step = first, interval_steps = 0;
     for (; step < o->steps && !stopping(&tr); ++step) {
         double loss, norm;
         const double t0 = now_seconds();
         train_step(&tr, step, &loss, &norm);
-        interval_s += now_seconds() - t0, ++interval_steps;
+        if (step == first)
+            first_s = now_seconds() - t0;
+        else
+            interval_s += now_seconds() - t0, ++interval_steps;
         if (step % o->log_every == 0 || step + 1 == o->steps) {
-            const double per_step = interval_s / interval_steps;
-            progress(&tr, step, loss, norm, per_step, per_step * (o->steps - step - 1));
+            progress(&tr, step, loss, norm, interval_steps ? interval_s / interval_steps : 0,
+                     first_s);
             interval_s = 0, interval_steps = 0;
         }
         if (o->eval_every && ((step + 1) % o->eval_every == 0 || step + 1 == o->steps))
@@ -894,6 +943,8 @@ int main(int argc, char **argv)
         printf("interrupted at step %d\n", step);
     else if (o->sample_tokens > 0)
         sample(&tr); /* every rank: under stage 3 the forward gathers */
+    if (!o->save && !o->export_dir)
+        next_steps(o);
 
     free(tr.ids), free(tr.targets);
     optimizer_destroy(&tr.opt);
