@@ -713,6 +713,37 @@ static void save(trainer *tr, int steps_done)
 }
 
 /*
+ * Whether the device's profiling events time its kernels, which the measured rates rely on:
+ * Mesa's rusticl reads about 1 ns for any kernel (docs/PORTABILITY.md), so its measured peak was
+ * 67108.9 TFLOP/s. One fill of 16 MiB, timed by its events and by the host's clock; a fill too
+ * quick for the host's clock to judge (under 1 ms) passes.
+ */
+static bool profiling_timer_works(llmcl_ctx *ctx, double *event_ms, double *wall_ms)
+{
+    const int64_t n = 4 << 20;
+    llmcl_tensor *t = NULL;
+    llmcl_profile p = {0};
+    if (llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &t) != LLMCL_OK)
+        return true; /* no room for the check: the measurement's own errors will say */
+    llmcl_status st = llmcl_fill(ctx, t, 0.0); /* builds the kernel */
+    if (st == LLMCL_OK)
+        st = llmcl_ctx_finish(ctx);
+    const double t0 = now_seconds();
+    if (st == LLMCL_OK)
+        st = llmcl_profile_begin(ctx);
+    if (st == LLMCL_OK) {
+        st = llmcl_fill(ctx, t, 1.0);
+        const llmcl_status end = llmcl_profile_end(ctx, &p);
+        st = st == LLMCL_OK ? end : st;
+    }
+    *wall_ms = 1e3 * (now_seconds() - t0);
+    *event_ms = p.kernel_ms;
+    llmcl_tensor_destroy(t);
+    llmcl_memory_reset_peak(ctx); /* the run's peak, from here */
+    return st != LLMCL_OK || *wall_ms < 1 || 10 * *event_ms >= *wall_ms;
+}
+
+/*
  * The rate that MFU divides by: the given --peak-tflops, else the measured bf16 mma rate (tensor
  * cores) or fp32 FMA rate, described in what; 0 when it cannot be measured (no MFU then).
  */
@@ -722,7 +753,12 @@ static double peak_rate(llmcl_ctx *ctx, const options *o, char *what, size_t len
         snprintf(what, len, "given");
         return o->peak_tflops;
     }
-    double tflops = 0;
+    double tflops = 0, event_ms, wall_ms;
+    if (!profiling_timer_works(ctx, &event_ms, &wall_ms)) {
+        snprintf(what, len, "not measured: this device's profiling events time a %.1f ms fill at "
+                 "%.6f ms; no MFU, give --peak-tflops", wall_ms, event_ms);
+        return 0;
+    }
     const bool mma = o->model.dtype != LLMCL_F32 && llmcl_ctx_device_info(ctx)->has_mma;
     const llmcl_status st = mma ? llmcl_measure_mma_rate(ctx, &tflops)
                                 : llmcl_measure_fma_rate(ctx, &tflops);
