@@ -249,21 +249,67 @@ LLMCL_API llmcl_status llmcl_dist_measure_transport(llmcl_dist *d, uint64_t byte
  * shard-RANK.safetensors with "master", "m" and "v", its flat f32 shard; rank 0 writes
  * manifest.json (format, world size, stage, dtypes, step and AdamW hyperparameters of the last
  * llmcl_dist_step, the parameters with their shapes, groups and offsets, the groups' padded sizes,
- * and every shard file's size and xxHash64). Everything goes to "dir.tmp", renamed onto dir when
- * complete (an existing dir is replaced). The compute copy is not saved: it is the master rounded.
+ * and every shard file's size and xxHash64). The compute copy is not saved: it is the master
+ * rounded.
+ *
+ * The save is one atomic step: everything goes into the folder "dir.tmp" (created afresh),
+ * whose files and names rank 0 flushes to disk (fsync) once complete; then rank 0 moves an
+ * existing dir to "dir.old", renames dir.tmp to dir and removes dir.old. A job killed at any
+ * point leaves a whole checkpoint that llmcl_dist_load finds under the name dir (the previous
+ * one, or the new one), except before the first save of dir completes: dir is always whole
+ * (only the rename makes it), and dir.old is whole while dir is missing (between the two
+ * renames), which llmcl_dist_load then reads instead. A dir.tmp is never the only copy and the
+ * next save replaces it. dir must be absent, an empty folder or a checkpoint (holding
+ * manifest.json: a folder of other files is refused, not replaced); the ranks agree on the
+ * outcome, and a failed save leaves the previous checkpoint where llmcl_dist_load finds it.
+ *
+ * For tests, the environment variable LLMCL_TEST_SAVE_STOP=<stage> kills the process (SIGKILL)
+ * where a save reaches that stage: "created" (rank 0: dir.tmp made, empty), "shards" (each rank:
+ * its shard written), "manifest" (rank 0: manifest.json written), "files" (each rank: the
+ * application's files written, llmcl_dist_save_with), "aside" (rank 0: dir moved to dir.old),
+ * "renamed" (rank 0: dir.tmp renamed to dir, dir.old not yet removed).
  */
 LLMCL_API llmcl_status llmcl_dist_save(llmcl_dist *d, const char *dir);
 
 /*
- * Loads a checkpoint saved by any world size and stage (collective). The manifest must name
- * exactly the registered parameters with the same shapes; each rank checks the size and checksum
- * of the shard files it needs and reads from them (memory-mapped) only the ranges of its new
- * shard. Everything is validated, on every rank, before any state changes: a truncated, corrupt or
+ * The application's own files of a checkpoint folder (llmcl_dist_save_with, llmcl_dist_load_with):
+ * called on every rank with the folder's path; returns LLMCL_OK or a failure status (then the
+ * call fails on every rank with that status; the detail is the application's to keep).
+ */
+typedef llmcl_status (*llmcl_dist_files_fn)(const char *folder, void *user);
+
+/*
+ * llmcl_dist_save, with files(tmp, user) called on every rank once the shards and manifest are in
+ * the temporary folder and before it is renamed into place, so that the application's files
+ * (a trainer's step and data position, say) are part of the same atomic step. files writes its
+ * files complete (rank 0 flushes every file of the folder before the rename; on other ranks,
+ * where another node may hold the disk, files must flush its own: llmcl_safetensors_writer_finish
+ * does) and names none of them manifest.json or shard-*.safetensors. files may be NULL.
+ */
+LLMCL_API llmcl_status llmcl_dist_save_with(llmcl_dist *d, const char *dir,
+                                            llmcl_dist_files_fn files, void *user);
+
+/*
+ * Loads a checkpoint saved by any world size and stage (collective) from dir, or from dir.old
+ * when dir is missing (a save stopped between its two renames). The manifest must name exactly
+ * the registered parameters with the same shapes; each rank checks the size and checksum of the
+ * shard files it needs and reads from them (memory-mapped) only the ranges of its new shard.
+ * Everything is validated, on every rank, before any state changes: a truncated, corrupt or
  * mismatched checkpoint fails on every rank (LLMCL_ERROR_BAD_FILE, LLMCL_ERROR_IO or
  * LLMCL_ERROR_INVALID_ARGUMENT) with the live state untouched. hyper (may be NULL) receives the
  * saved step and hyperparameters (lr, beta1, beta2, eps, weight_decay, grad_scale, max_grad_norm).
  */
 LLMCL_API llmcl_status llmcl_dist_load(llmcl_dist *d, const char *dir, llmcl_adamw_opts *hyper);
+
+/*
+ * llmcl_dist_load, with files(folder, user) called on every rank first, with the folder that will
+ * be read (dir or dir.old), to check and read the application's files before llmcl reads its own:
+ * a failure of files on any rank fails the load on every rank, the live state untouched. files
+ * may be NULL.
+ */
+LLMCL_API llmcl_status llmcl_dist_load_with(llmcl_dist *d, const char *dir,
+                                            llmcl_adamw_opts *hyper, llmcl_dist_files_fn files,
+                                            void *user);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,14 @@ shapes, configs that contradict the options fail naming them; LoRA runs resume b
 their own base, and export PEFT's files or the merged model. --offload-optimizer: the losses and
 checkpoints of the run without it, bit for bit (with --recompute --offload too, and resumed across
 the flag both ways), and a lower peak of device memory.
+Tensors that the model would drop (Qwen2's q/k/v biases) are refused, named.
+A file named .bin, or one that starts with llm.c's magic, that is not a whole llm.c token file is
+refused (--data-format text reads it as text), and so is a folder given as --data or --val.
+Output paths that cannot be written, and a missing --resume, fail before the first step; an
+unknown option fails in one line (status 2); a model or batch that does not fit says which
+buffer, its size, the device's limit and what to change.
+The output: the first step's line gives its time instead of a speed and ETA; the peak is never
+0.0; a run that saved nothing says what to try next.
 
     python3 tests/test_train_cli.py build/tools/llmcl-train
 """
@@ -108,6 +116,35 @@ def same_files(what, a, b):
         failures.append(what)
 
 
+def unused_tensors(p, tensors):
+    """Tensors the model would drop (Qwen2's q/k/v biases, another module) are refused by name."""
+    biased = dict(tensors)
+    for k in ("q", "k", "v"):
+        biased[f"model.layers.0.self_attn.{k}_proj.bias"] = ("F32", [64], bytes(256))
+    write_st(p("biased.safetensors"), biased)
+    expect_error("Qwen2's biases in one file", TINY + ["--init-from", p("biased.safetensors")],
+                 "model.layers.0.self_attn.k_proj.bias, model.layers.0.self_attn.q_proj.bias, "
+                 "model.layers.0.self_attn.v_proj.bias: tensors that llmcl-train's Llama model "
+                 "does not use")
+    os.mkdir(p("biased"))
+    shutil.copy(p("e1/config.json"), p("biased/config.json"))  # says llama, no biases
+    shutil.copy(p("biased.safetensors"), p("biased/model.safetensors"))
+    expect_error("biases in a folder whose config says llama", TINY + ["--init-from", p("biased")],
+                 "q_proj.bias")
+    # RoPE's frequencies, which early checkpoints saved, are derived, as transformers ignores them
+    freq = dict(tensors)
+    freq["model.layers.0.self_attn.rotary_emb.inv_freq"] = ("F32", [16], bytes(64))
+    write_st(p("freq.safetensors"), freq)
+    expect_ok("rotary_emb.inv_freq is ignored", TINY + ["--steps", "0", "--init-from",
+                                                        p("freq.safetensors")])
+    freq.update((k, v) for k, v in biased.items() if k.endswith("bias"))
+    freq["model.mm_projector.weight"] = ("F32", [2], bytes(8))
+    write_st(p("many.safetensors"), freq)
+    expect_error("three unused tensors named, then a count", TINY + ["--init-from",
+                                                                     p("many.safetensors")],
+                 "v_proj.bias and 1 more: tensors")
+
+
 def hugging_face(p):
     """--init-from and --export."""
     expect_ok("train and export f32", TINY + ["--steps", "3", "--export", p("e1"),
@@ -132,6 +169,7 @@ def hugging_face(p):
     same_files("sharded --init-from exports the same bytes",
                p("e1/model.safetensors"), p("e3/model.safetensors"))
 
+    unused_tensors(p, tensors)
     missing = dict(tensors)
     del missing["model.layers.0.mlp.up_proj.weight"]
     write_st(p("missing.safetensors"), missing)
@@ -279,6 +317,106 @@ def offload_optimizer(p, flat, straight):
     expect_error("--offload-chunk-mib alone", TINY + ["--offload-chunk-mib", "1"], "give both")
 
 
+def token_files(p):
+    """A file named .bin, or one that starts like an llm.c header, is a whole llm.c file or
+    refused; --data-format says how to read a file whose name misleads."""
+    llmc_file(p("damaged.bin"), list(range(2000)), magic=20240521)
+    expect_error("a .bin whose magic is damaged", TINY + ["--data", p("damaged.bin")],
+                 "starts with 20240521, not an llm.c token file's magic")
+    text = ("The cat sees the red ball. " * 200).encode()
+    with open(p("text.bin"), "wb") as f:
+        f.write(text)
+    expect_error("a text file named .bin", TINY + ["--data", p("text.bin")],
+                 "--data-format text")
+    expect_ok("a text file named .bin with --data-format text",
+              TINY + ["--data", p("text.bin"), "--data-format", "text", "--steps", "1"])
+    with open(p("text.txt"), "wb") as f:
+        f.write(text)
+    expect_error("--data-format llmc on a text file", TINY + ["--data", p("text.txt"),
+                                                             "--data-format", "llmc"],
+                 "not an llm.c token file's magic")
+    llmc_file(p("whole.bin"), list(range(2000)))
+    with open(p("whole.bin"), "rb") as f:
+        head = f.read(100)
+    for name in ("partial.bin", "partial.txt"):  # by its name, and by its magic
+        with open(p(name), "wb") as f:
+            f.write(head)
+        expect_error(f"a 100-byte partial header ({name})", TINY + ["--data", p(name)],
+                     "100 bytes, shorter than the 1024-byte header of an llm.c token file")
+    llmc_file(p("val.bin"), list(range(100)), count=200)
+    expect_error("--val checked as --data is", TINY + ["--val", p("val.bin")],
+                 "truncated or corrupt")
+    expect_error("--data naming a folder", TINY + ["--data", p("")], "is a folder")
+    expect_error("--val naming a folder", TINY + ["--val", p("")], "is a folder")
+    expect_error("an unknown --data-format", TINY + ["--data-format", "csv"],
+                 "expected auto, text or llmc")
+
+
+def start_up(p):
+    """Output paths, options and sizes refused before the first step, naming what to change."""
+    cases = [("--save in a missing folder", ["--save", p("none/ck.st")],
+              f"--save {p('none/ck.st')}: cannot write there: {p('none')}: No such file"),
+             ("--save naming a folder", ["--save", os.path.dirname(p("x"))], "is a folder"),
+             ("--save ending in /", ["--save", p("new/")], "names a folder"),
+             ("--export naming a file", ["--export", p("text.txt")], "exists and is not a folder"),
+             ("--export in a missing folder", ["--export", p("none/e")], "No such file"),
+             ("--dump-logits in a missing folder", ["--dump-logits", p("none/l.st")],
+              "No such file"),
+             ("--resume of a missing file", ["--resume", p("none.st")],
+              f"--resume {p('none.st')}: No such file or directory"),
+             ("--save under --zero naming a file", ["--zero", "1", "--save", p("text.txt")],
+              "exists and is not a folder"),
+             ("--save under --zero naming a folder of other files",
+              ["--zero", "1", "--save", os.path.dirname(p("x"))],
+              "holds files but no manifest.json: it is no checkpoint folder")]
+    for what, args, needle in cases:
+        r = run(TINY + ["--steps", "1"] + args)
+        ok = r.returncode == 1 and needle in r.stderr and "step" not in r.stdout
+        check(f"{what}: refused before training: {r.stderr.strip()[:150]}", ok)
+    for what, args, needle in (("an unknown option", ["--frobnicate"],
+                                "llmcl-train: unknown option '--frobnicate' (see --help)"),
+                               ("an option without its value", ["--data"],
+                                "llmcl-train: --data needs a value (see --help)")):
+        r = run(TINY + args)
+        check(f"{what}: one line, status 2: {r.stderr.strip()[:100]}",
+              r.returncode == 2 and r.stderr.strip() == needle)
+    # a parameter buffer beyond any device's largest allocation (2^44 elements)
+    expect_error("a model beyond the largest allocation",
+                 ["--vocab", "16777216", "--dim", "1048576", "--heads", "4096", "--kv-heads",
+                  "4096", "--layers", "1", "--ffn", "64", "--batch", "1", "--seq", "8"],
+                 "cannot allocate the trainable parameters' bf16 weights: 21990437027840 bf16 "
+                 "elements, 40960.38 GiB in one buffer, beyond this device's largest allocation")
+    env = dict(os.environ, LLMCL_MEMORY_LIMIT="8M")
+    r = subprocess.run([TRAIN] + TINY + ["--batch", "64", "--seq", "64"], capture_output=True,
+                       text=True, timeout=300, env=env)
+    check(f"activations beyond the memory: {r.stderr.strip()[:200]}",
+          r.returncode == 1 and "cannot allocate an activation buffer" in r.stderr and
+          "(LLMCL_MEMORY_LIMIT) are in use: shorten --batch or --seq" in r.stderr)
+
+
+def first_run(p):
+    """What the output says around the steps."""
+    r = expect_ok("3 steps, nothing saved", TINY + ["--steps", "3"])
+    lines = re.findall(r"^step +\d+/3 \|.*$", r.stdout, re.M)
+    check("the first step's line: its time, no speed or ETA; the others: both",
+          len(lines) == 3 and "first step" in lines[0] and "ETA" not in lines[0] and
+          "tok/s" not in lines[0] and all("ETA" in l and "tok/s" in l for l in lines[1:]))
+    # a measured peak is a believable rate (not 0.0, nor rusticl's timer's 67108.9 TFLOP/s), or
+    # is not given and the progress lines go without MFU
+    peak = re.search(r"peak ([\d.]+) ([TG])FLOP/s \(measured [^)]*\)", r.stdout)
+    tflops = float(peak.group(1)) * (1 if peak.group(2) == "T" else 1e-3) if peak else 0
+    unmeasured = "peak not measured: " in r.stdout and "MFU" not in "".join(lines)
+    check(f"a believable peak or none: {r.stdout.splitlines()[0][:200]}",
+          0 < tflops < 5000 if peak else unmeasured)
+    check("a run that kept nothing says so and what to try",
+          "nothing was saved" in r.stdout and "--save FILE" in r.stdout and
+          "--export DIR" in r.stdout and "--data FILE" in r.stdout and "--help" in r.stdout)
+    r = expect_ok("--peak-tflops 0.25", TINY + ["--steps", "1", "--peak-tflops", "0.25",
+                                                "--save", p("first.st")])
+    check("a given peak below 1 TFLOP/s in GFLOP/s", "peak 250 GFLOP/s (given)" in r.stdout)
+    check("a run that saved gives no hint", "nothing was saved" not in r.stdout)
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="llmcl-train-cli.")
     p = lambda name: os.path.join(tmp, name)
@@ -306,8 +444,10 @@ def main():
     expect_ok("an llm.c uint32 token file", TINY + ["--data", p("llama3.bin"), "--vocab", "512",
                                                      "--steps", "2"])
     expect_error("a bad option value", TINY + ["--lr", "fast"], "expected a number")
-    expect_error("an unknown option", TINY + ["--frobnicate"], "", code=2)
     expect_error("offload without recompute", TINY + ["--offload"], "give both")
+    token_files(p)
+    start_up(p)
+    first_run(p)
 
     # resuming: 3 + 3 steps end with the bits of 6 uninterrupted ones (the file's whole bytes);
     # a constant learning rate (--min-lr 1) makes a 3-step run the first half of a 6-step one

@@ -5,10 +5,14 @@ reads the rows that one process reads at --batch N b, in the same order, so its 
 stage 3 on 3, f32 compute, within LOSS_TOL (only the order of the gradient sums differs). A
 checkpoint saved on 2 ranks at step 3 resumes on 1 rank and on 3 and continues as the
 uninterrupted run; a checkpoint of another shape, and a one-file checkpoint given to --zero (or a
-folder without it), are refused with a clear message and end the job, under a timeout.
+folder without it), are refused with a clear message on every rank and status 1, mpiexec killing
+none, under a timeout. A job killed at each stage of a save (LLMCL_TEST_SAVE_STOP) leaves a whole
+checkpoint, the previous one or the new one, that a resume finds and continues, and whose next
+save leaves the folder alone behind it.
 
     python3 tests/test_train_zero.py build/tools/llmcl-train mpiexec
 """
+import os
 import re
 import shutil
 import subprocess
@@ -25,12 +29,18 @@ TINY = ["--dim", "64", "--heads", "2", "--kv-heads", "1", "--ffn", "96", "--laye
 failures = []
 
 
-def run(ranks, args):
+# Where a save may be killed (include/llmcl_dist.h), and the step of the checkpoint a resume must
+# find then: the previous (3) until the new folder has its name, the new one (6) after.
+SAVE_STAGES = {"created": 3, "shards": 3, "manifest": 3, "files": 3, "aside": 3, "renamed": 6}
+
+
+def run(ranks, args, env=None):
     cmd = [TRAIN] + TINY + args
     if ranks:
         cmd = [MPIEXEC, "-n", str(ranks)] + cmd
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, **(env or {})))
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(cmd, -1, "", "timed out (a hang)")
 
@@ -58,13 +68,42 @@ def compare(what, got, want):
 
 
 def expect_refusal(what, ranks, args, needle):
-    """Every rank refuses (the check reads the same files everywhere) and exits; mpiexec may end
-    the others before they print, so one message is what is sure to arrive."""
+    """Every rank refuses with the message and status 1: the ranks agree on the refusal and each
+    leaves MPI before it exits, so that mpiexec kills none of them (the first rank's exit made it
+    kill the others while they still ran, 'Killed (signal 9)', in some runs)."""
     r = run(ranks, args)
     lines = [l for l in r.stderr.splitlines() if needle in l]
-    ok = r.returncode not in (0, -1) and len(lines) >= 1
-    check(what, ok, f"status {r.returncode}, {len(lines)} rank(s) said: "
-                    f"{lines[0][:150] if lines else r.stderr.strip()[-300:]}")
+    killed = "BAD TERMINATION" in r.stdout + r.stderr or "signal" in r.stdout + r.stderr
+    ok = r.returncode == 1 and len(lines) == max(ranks, 1) and not killed
+    check(what, ok, f"status {r.returncode}, {len(lines)} of {max(ranks, 1)} rank(s) said: "
+                    f"{lines[0][:150] if lines else r.stderr.strip()[-300:]}"
+                    f"{' (mpiexec killed some)' if killed else ''}")
+
+
+def killed_saves(tmp, ck, rest):
+    """A save killed at each stage, then a resume and a save over what it left."""
+    for stage, want in SAVE_STAGES.items():
+        d = f"{tmp}/kill_{stage}"
+        shutil.copytree(ck, d)
+        args = ["--steps", "6", "--batch", "3", "--zero", "2", "--resume", d, "--save", d]
+        r = run(2, args, {"LLMCL_TEST_SAVE_STOP": stage})
+        check(f"killed at '{stage}': the job died while saving",
+              r.returncode not in (0, -1) and "at step 3" in r.stdout and "saved" not in r.stdout,
+              f"status {r.returncode}{r.stderr.strip()[-300:]}")
+        r = run(2, args)
+        found = re.search(r"^resumed from (\S+) at step (\d+)", r.stdout, re.M)
+        where = d + ".old" if stage == "aside" else d
+        ok = (r.returncode == 0 and found is not None and found.group(1) == where and
+              int(found.group(2)) == want and f"saved {d} at step 6" in r.stdout)
+        check(f"killed at '{stage}': resumed from the checkpoint of step {want}", ok,
+              f"status {r.returncode}, {found.group(0) if found else r.stderr.strip()[-300:]}")
+        if want == 3:
+            got = {int(s): float(l) for s, l in re.findall(r"^step +(\d+)/\d+ \| loss ([0-9.]+)",
+                                                          r.stdout, re.M)}
+            compare(f"killed at '{stage}': steps 4-6 after the resume", got, rest)
+        left = sorted(n for n in os.listdir(tmp) if n.startswith(f"kill_{stage}"))
+        check(f"killed at '{stage}': the next save leaves one folder", left == [f"kill_{stage}"],
+              f"{left}")
 
 
 def main():
@@ -92,9 +131,11 @@ def main():
                 losses("resume on 3", 3, ["--steps", "6", "--batch", "2", "--zero", "3",
                                           "--resume", ck]), rest)
 
-        expect_refusal("a checkpoint of another shape", 2,
-                       ["--steps", "6", "--batch", "3", "--zero", "2", "--ffn", "128",
-                        "--resume", ck], "another shape")
+        killed_saves(tmp, ck, rest)
+        for attempt in range(4):  # the kill was a race: a few runs, on 3 ranks
+            expect_refusal(f"a checkpoint of another shape on 3 ranks ({attempt + 1})", 3,
+                           ["--steps", "6", "--batch", "2", "--zero", "2", "--ffn", "128",
+                            "--resume", ck], "another shape")
         expect_refusal("a --zero folder resumed without --zero", 0,
                        ["--steps", "6", "--batch", "6", "--resume", ck], "--zero")
         one_file = tmp + "/one.st"

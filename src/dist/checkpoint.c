@@ -9,7 +9,10 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <libgen.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +49,69 @@ static void remove_folder(const char *dir)
     }
     closedir(dp);
     rmdir(dir);
+}
+
+/* Flushes a file's or a folder's contents to disk (a folder's: the names in it). */
+static llmcl_status sync_path(llmcl_ctx *ctx, const char *path)
+{
+    const int fd = open(path, O_RDONLY);
+    LLMCL__REQUIRE(ctx, fd >= 0, LLMCL_ERROR_IO, "cannot open '%s' to flush it: %s", path,
+                   strerror(errno));
+    const int rc = fsync(fd);
+    const int err = errno;
+    close(fd);
+    LLMCL__REQUIRE(ctx, rc == 0, LLMCL_ERROR_IO, "cannot flush '%s' to disk: %s", path,
+                   strerror(err));
+    return LLMCL_OK;
+}
+
+/* Every file of a folder, then the folder, flushed to disk: whatever the application added too. */
+static llmcl_status sync_folder(llmcl_ctx *ctx, const char *dir)
+{
+    DIR *dp = opendir(dir);
+    LLMCL__REQUIRE(ctx, dp, LLMCL_ERROR_IO, "cannot open '%s': %s", dir, strerror(errno));
+    char path[PATH_LEN + 256]; /* a folder's path, a name of up to 255 bytes */
+    llmcl_status st = LLMCL_OK;
+    for (struct dirent *e; st == LLMCL_OK && (e = readdir(dp));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        st = sync_path(ctx, path);
+    }
+    closedir(dp);
+    return st == LLMCL_OK ? sync_path(ctx, dir) : st;
+}
+
+/* dir without its trailing slashes ("ck/" names ck, whose siblings are ck.tmp and ck.old);
+   false for NULL, "" or a path too long for them. */
+static bool folder_path(const char *dir, char out[DIR_LEN])
+{
+    if (!dir || !dir[0] || strlen(dir) + 8 > DIR_LEN)
+        return false;
+    snprintf(out, DIR_LEN, "%s", dir);
+    for (size_t n = strlen(out); n > 1 && out[n - 1] == '/';)
+        out[--n] = '\0';
+    return true;
+}
+
+/* The folder that holds path ("." for a bare name). */
+static void parent_folder(const char *path, char out[PATH_LEN])
+{
+    char copy[PATH_LEN];
+    snprintf(copy, sizeof copy, "%s", path); /* dirname may write into its argument */
+    snprintf(out, PATH_LEN, "%s", dirname(copy));
+}
+
+/*
+ * A test hook: LLMCL_TEST_SAVE_STOP=<stage> kills the process (SIGKILL, as a job killed while
+ * saving) when a save reaches that stage, so that tests can check what a resume finds at each
+ * (include/llmcl_dist.h lists the stages).
+ */
+static void save_stage(const char *stage)
+{
+    const char *stop = getenv("LLMCL_TEST_SAVE_STOP");
+    if (stop && strcmp(stop, stage) == 0)
+        raise(SIGKILL);
 }
 
 /* The size and xxHash64 of a whole file. */
@@ -134,60 +200,137 @@ static json_t *manifest(const llmcl_dist *d, const uint64_t *files)
     return root;
 }
 
-/* Rank 0: the manifest into tmp, then tmp renamed onto dir (an old dir moved aside first). */
-static llmcl_status publish(llmcl_dist *d, const char *dir, const char *tmp, const uint64_t *files)
+/* Rank 0: the manifest into tmp, flushed to disk. */
+static llmcl_status write_manifest(llmcl_dist *d, const char *tmp, const uint64_t *files)
 {
-    char path[PATH_LEN], old[PATH_LEN];
+    char path[PATH_LEN];
     json_t *root = manifest(d, files);
     snprintf(path, sizeof path, "%s/manifest.json", tmp);
     const int rc = json_dump_file(root, path, JSON_INDENT(1));
     json_decref(root);
     LLMCL__REQUIRE(d->ctx, rc == 0, LLMCL_ERROR_IO, "cannot write '%s'", path);
+    return sync_path(d->ctx, path);
+}
+
+/*
+ * Rank 0: tmp, complete, becomes dir. dir, when it exists, is always a whole checkpoint (only this
+ * rename makes it), so a leftover dir.old beside it is stale; without dir, dir.old is the whole
+ * checkpoint of a commit that stopped between its renames, and stays until tmp is in place.
+ */
+static llmcl_status commit(llmcl_dist *d, const char *dir, const char *tmp)
+{
+    char old[PATH_LEN], parent[PATH_LEN];
     snprintf(old, sizeof old, "%s.old", dir);
-    remove_folder(old);
+    parent_folder(dir, parent);
+    LLMCL__TRY(sync_folder(d->ctx, tmp));
     struct stat sb;
-    const bool exists = stat(dir, &sb) == 0;
-    LLMCL__REQUIRE(d->ctx, !exists || rename(dir, old) == 0, LLMCL_ERROR_IO,
-                   "cannot move the old '%s' aside: %s", dir, strerror(errno));
+    if (stat(dir, &sb) == 0) {
+        remove_folder(old);
+        LLMCL__REQUIRE(d->ctx, rename(dir, old) == 0, LLMCL_ERROR_IO,
+                       "cannot move the old '%s' aside: %s", dir, strerror(errno));
+        LLMCL__TRY(sync_path(d->ctx, parent));
+        save_stage("aside");
+    }
     LLMCL__REQUIRE(d->ctx, rename(tmp, dir) == 0, LLMCL_ERROR_IO, "cannot rename '%s' to '%s': %s",
                    tmp, dir, strerror(errno));
+    LLMCL__TRY(sync_path(d->ctx, parent));
+    save_stage("renamed");
     remove_folder(old);
     return LLMCL_OK;
 }
 
-llmcl_status llmcl_dist_save(llmcl_dist *d, const char *dir)
+/* Whether dir may be replaced by a save: absent, empty, or a checkpoint (what a save removes). */
+static bool replaceable(const char *dir)
 {
-    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
-    llmcl_status st = LLMCL_OK;
-    char tmp[DIR_LEN];
-    if (!d->ready || !dir || strlen(dir) + 8 > DIR_LEN)
-        st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_INVALID_ARGUMENT,
-                         "llmcl_dist_save needs a set-up dist and a folder path");
-    else
-        snprintf(tmp, sizeof tmp, "%s.tmp", dir);
-    if (st == LLMCL_OK)
-        st = llmcl__dist_drain(d);
-    if (st == LLMCL_OK && d->rank == 0) {
-        remove_folder(tmp);
-        if (mkdir(tmp, 0755) != 0)
-            st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_IO, "cannot create '%s': %s", tmp, strerror(errno));
-    }
-    LLMCL__TRY(llmcl__dist_agree(d, st));
-    uint64_t mine[2] = {0, 0};
-    st = write_shard(d, tmp, mine);
-    st = llmcl__dist_agree(d, st);
+    struct stat sb;
+    char path[PATH_LEN];
+    if (stat(dir, &sb) != 0)
+        return true;
+    if (!S_ISDIR(sb.st_mode))
+        return false;
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    if (stat(path, &sb) == 0)
+        return true;
+    DIR *dp = opendir(dir);
+    int entries = 0;
+    for (struct dirent *e; dp && (e = readdir(dp));)
+        entries += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    if (dp)
+        closedir(dp);
+    return dp && entries == 0;
+}
+
+/* Rank 0: a fresh, empty tmp, once dir is known to be replaceable. */
+static llmcl_status create_tmp(llmcl_dist *d, const char *dir, const char *tmp)
+{
+    LLMCL__REQUIRE(d->ctx, replaceable(dir), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "'%s' exists and is neither an llmcl_dist checkpoint (no manifest.json) nor "
+                   "an empty folder: a save would replace it", dir);
+    remove_folder(tmp);
+    LLMCL__REQUIRE(d->ctx, mkdir(tmp, 0755) == 0, LLMCL_ERROR_IO, "cannot create '%s': %s", tmp,
+                   strerror(errno));
+    save_stage("created");
+    return LLMCL_OK;
+}
+
+/* Every rank's shard checksums to rank 0, which writes the manifest. */
+static llmcl_status gather_manifest(llmcl_dist *d, const char *tmp, llmcl_status st,
+                                    const uint64_t mine[2])
+{
     uint64_t *files = d->rank == 0 ? calloc((size_t)d->world * 2, sizeof *files) : NULL;
     /* Every rank gathers, whatever its state, so that none waits alone. */
     const int rc = MPI_Gather(mine, 2, MPI_UINT64_T, files, 2, MPI_UINT64_T, 0, d->comm);
     if (st == LLMCL_OK && rc != MPI_SUCCESS)
         st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_MPI, "MPI_Gather of the shard checksums");
     if (st == LLMCL_OK && d->rank == 0)
-        st = files ? publish(d, dir, tmp, files)
+        st = files ? write_manifest(d, tmp, files)
                    : LLMCL__FAIL(d->ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "checksum table");
+    if (st == LLMCL_OK && d->rank == 0)
+        save_stage("manifest");
+    free(files);
+    return st;
+}
+
+llmcl_status llmcl_dist_save_with(llmcl_dist *d, const char *dir, llmcl_dist_files_fn files,
+                                  void *user)
+{
+    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
+    llmcl_status st = LLMCL_OK;
+    char name[DIR_LEN], tmp[DIR_LEN + 8];
+    if (!d->ready || !folder_path(dir, name))
+        st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_INVALID_ARGUMENT,
+                         "llmcl_dist_save needs a set-up dist and a folder path");
+    else
+        snprintf(tmp, sizeof tmp, "%s.tmp", name);
+    if (st == LLMCL_OK)
+        st = llmcl__dist_drain(d);
+    if (st == LLMCL_OK && d->rank == 0)
+        st = create_tmp(d, name, tmp);
+    LLMCL__TRY(llmcl__dist_agree(d, st));
+    uint64_t mine[2] = {0, 0};
+    st = write_shard(d, tmp, mine);
+    if (st == LLMCL_OK)
+        save_stage("shards");
+    st = llmcl__dist_agree(d, st);
+    st = llmcl__dist_agree(d, gather_manifest(d, tmp, st, mine));
+    if (st == LLMCL_OK && files) {
+        st = files(tmp, user);
+        if (st != LLMCL_OK)
+            LLMCL__FAIL(d->ctx, st, "llmcl_dist_save: the application's files in '%s' failed", tmp);
+        else
+            save_stage("files");
+    }
+    st = llmcl__dist_agree(d, st);
+    if (st == LLMCL_OK && d->rank == 0)
+        st = commit(d, name, tmp);
     if (st != LLMCL_OK && d->rank == 0)
         remove_folder(tmp);
-    free(files);
     return llmcl__dist_agree(d, st);
+}
+
+llmcl_status llmcl_dist_save(llmcl_dist *d, const char *dir)
+{
+    return llmcl_dist_save_with(d, dir, NULL, NULL);
 }
 
 /* ---- load ---- */
@@ -380,13 +523,33 @@ static llmcl_status upload_all(llmcl_dist *d, float *const host[3])
     return llmcl__dist_refresh_params(d);
 }
 
-llmcl_status llmcl_dist_load(llmcl_dist *d, const char *dir, llmcl_adamw_opts *hyper)
+/* The folder that holds dir's checkpoint: dir, or dir.old where a save stopped between moving
+   the old checkpoint aside and renaming the new one into place (commit's comment). */
+static const char *checkpoint_folder(const char *dir, char old[DIR_LEN + 8])
+{
+    struct stat sb;
+    snprintf(old, DIR_LEN + 8, "%s.old", dir);
+    if (stat(dir, &sb) != 0 && errno == ENOENT && stat(old, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return old;
+    return dir;
+}
+
+llmcl_status llmcl_dist_load_with(llmcl_dist *d, const char *dir, llmcl_adamw_opts *hyper,
+                                  llmcl_dist_files_fn files, void *user)
 {
     LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
     llmcl_status st = LLMCL_OK;
-    if (!d->ready || !dir || strlen(dir) + 8 > DIR_LEN)
+    char name[DIR_LEN], old[DIR_LEN + 8];
+    if (!d->ready || !folder_path(dir, name))
         st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_INVALID_ARGUMENT,
                          "llmcl_dist_load needs a set-up dist and a folder path");
+    const char *folder = st == LLMCL_OK ? checkpoint_folder(name, old) : NULL;
+    if (st == LLMCL_OK && files) {
+        st = files(folder, user);
+        if (st != LLMCL_OK)
+            LLMCL__FAIL(d->ctx, st, "llmcl_dist_load: the application's files in '%s' failed",
+                        folder);
+    }
     float *host[3] = {NULL, NULL, NULL};
     for (int k = 0; st == LLMCL_OK && k < 3; ++k)
         if (!(host[k] = calloc((size_t)d->shard + 1, sizeof(float))))
@@ -394,7 +557,7 @@ llmcl_status llmcl_dist_load(llmcl_dist *d, const char *dir, llmcl_adamw_opts *h
     old_layout L = {0};
     llmcl_adamw_opts h;
     if (st == LLMCL_OK)
-        st = read_all(d, dir, &L, host, &h);
+        st = read_all(d, folder, &L, host, &h);
     layout_free(&L);
     st = llmcl__dist_agree(d, st);
     if (st == LLMCL_OK) {
@@ -407,4 +570,9 @@ llmcl_status llmcl_dist_load(llmcl_dist *d, const char *dir, llmcl_adamw_opts *h
     for (int k = 0; k < 3; ++k)
         free(host[k]);
     return st;
+}
+
+llmcl_status llmcl_dist_load(llmcl_dist *d, const char *dir, llmcl_adamw_opts *hyper)
+{
+    return llmcl_dist_load_with(d, dir, hyper, NULL, NULL);
 }

@@ -17,7 +17,7 @@
 #define CHECKPOINT_FORMAT "llmcl-train checkpoint 1"
 #define ZERO_FORMAT "llmcl-train zero checkpoint 1"
 
-static char why_buf[512];
+static char why_buf[512], from_buf[4200];
 
 /* A 64-bit hash of the frozen set's f32 weights, read from the device once per model. */
 static uint64_t frozen_fingerprint(model *m)
@@ -162,34 +162,61 @@ static llmcl_status write_checkpoint(llmcl_safetensors_writer *w, model *m, cons
 }
 
 #ifdef LLMCL_TRAIN_MPI
-/*
- * Under --zero a checkpoint is a folder: llmcl_dist's shard files and manifest, which reshard onto
- * any number of ranks, and train.safetensors (no tensors) with the metadata of a one-file
- * checkpoint, written by rank 0 once the folder is in place. The data position is the whole job's
- * (every rank derives its own from it), so a resume may use another number of ranks.
- */
-static llmcl_status zero_save(model *m, const train_state *s, const char *dir)
+/* What the --zero callbacks of llmcl_dist read and write besides the dist's own files. */
+typedef struct zero_files {
+    model *m;
+    const train_state *saving; /* save: the state to write */
+    train_state *loaded;       /* load: the state read */
+    const char *dir; /* load: the folder asked for */
+    bool elsewhere;  /* load: llmcl_dist found it in another folder, named in from_buf */
+    bool failed;     /* the callback failed here: its reason is in why_buf */
+} zero_files;
+
+/* Rank 0: train.safetensors, the metadata of a one-file checkpoint, into the save's folder. */
+static llmcl_status write_train_file(const char *folder, void *arg)
 {
-    TRY(llmcl_dist_save(m->zero->dist, dir));
+    zero_files *z = arg;
     llmcl_dist_info info;
-    TRY(llmcl_dist_info_get(m->zero->dist, &info));
+    TRY(llmcl_dist_info_get(z->m->zero->dist, &info));
     if (info.rank != 0)
         return LLMCL_OK;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/train.safetensors", dir);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/train.safetensors", folder);
     llmcl_safetensors_writer *w = NULL;
     llmcl_status st = llmcl_safetensors_writer_create(path, &w);
     if (st == LLMCL_OK)
-        st = write_metadata(w, m, s, ZERO_FORMAT);
+        st = write_metadata(w, z->m, z->saving, ZERO_FORMAT);
     if (st == LLMCL_OK)
         st = llmcl_safetensors_writer_finish(w);
     llmcl_safetensors_writer_destroy(w);
+    if (st != LLMCL_OK) {
+        snprintf(why_buf, sizeof why_buf, "%s", llmcl_last_error(NULL));
+        z->failed = true;
+    }
+    return st;
+}
+
+/*
+ * Under --zero a checkpoint is a folder: llmcl_dist's shard files and manifest, which reshard onto
+ * any number of ranks, and train.safetensors (no tensors) with the metadata of a one-file
+ * checkpoint, written into the same temporary folder before llmcl_dist renames it into place, so
+ * that a job killed while saving leaves the previous checkpoint or the new one, whole. The data
+ * position is the whole job's (every rank derives its own from it), so a resume may use another
+ * number of ranks.
+ */
+static llmcl_status zero_save(model *m, const train_state *s, const char *dir)
+{
+    zero_files z = {.m = m, .saving = s};
+    const llmcl_status st = llmcl_dist_save_with(m->zero->dist, dir, write_train_file, &z);
+    if (st != LLMCL_OK && !z.failed)
+        snprintf(why_buf, sizeof why_buf, "%s", llmcl_last_error(m->ctx));
     return st;
 }
 #endif
 
-llmcl_status checkpoint_save(model *m, const train_state *s, const char *path)
+llmcl_status checkpoint_save(model *m, const train_state *s, const char *path, const char **why)
 {
+    *why = why_buf;
 #ifdef LLMCL_TRAIN_MPI
     if (m->zero)
         return zero_save(m, s, path);
@@ -199,6 +226,9 @@ llmcl_status checkpoint_save(model *m, const train_state *s, const char *path)
     if (st == LLMCL_OK)
         st = write_checkpoint(w, m, s);
     llmcl_safetensors_writer_destroy(w);
+    if (st != LLMCL_OK) /* the writer's message, else the device's */
+        snprintf(why_buf, sizeof why_buf, "%s",
+                 llmcl_last_error(NULL)[0] ? llmcl_last_error(NULL) : llmcl_last_error(m->ctx));
     return st;
 }
 
@@ -323,38 +353,65 @@ static llmcl_status read_state(const llmcl_safetensors *st, const char *path, tr
 }
 
 #ifdef LLMCL_TRAIN_MPI
-/* train.safetensors first, then llmcl_dist_load, which agrees across the ranks. */
-static llmcl_status zero_load(model *m, const char *dir, train_state *s)
+/* Whether b names the folder a, give or take trailing slashes. */
+static bool same_folder(const char *a, const char *b)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/train.safetensors", dir);
-    llmcl_safetensors *st = NULL;
-    if (!is_dir(dir)) {
+    const size_t n = strlen(a);
+    return strncmp(a, b, n) == 0 && b[n + strspn(b + n, "/")] == '\0';
+}
+
+/* Every rank: train.safetensors of the folder llmcl_dist is about to load, its shape checked and
+   its step and data position read. */
+static llmcl_status read_train_file(const char *folder, void *arg)
+{
+    zero_files *z = arg;
+    z->elsewhere = !same_folder(folder, z->dir);
+    snprintf(from_buf, sizeof from_buf, "%s", folder);
+    z->failed = true;
+    if (!is_dir(folder)) {
         snprintf(why_buf, sizeof why_buf,
                  "%s is not a --zero checkpoint folder (a one-file checkpoint resumes without "
-                 "--zero)", dir);
+                 "--zero)", folder);
         return LLMCL_ERROR_INVALID_ARGUMENT;
     }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/train.safetensors", folder);
+    llmcl_safetensors *st = NULL;
     TRY(open_file(path, &st));
-    llmcl_status status = check_shape(st, m, path, ZERO_FORMAT);
+    llmcl_status status = check_shape(st, z->m, path, ZERO_FORMAT);
     if (status == LLMCL_OK)
-        status = read_state(st, path, s);
+        status = read_state(st, path, z->loaded);
     llmcl_safetensors_close(st);
-    TRY(status);
-    status = llmcl_dist_load(m->zero->dist, dir, NULL);
-    if (status != LLMCL_OK)
-        snprintf(why_buf, sizeof why_buf, "%s: %s", dir, llmcl_last_error(m->ctx));
+    z->failed = status != LLMCL_OK;
     return status;
+}
+
+/* One agreed outcome on every rank: train.safetensors through llmcl_dist_load_with's callback. */
+static llmcl_status zero_load(model *m, const char *dir, train_state *s, const char **from)
+{
+    train_state state;
+    zero_files z = {.m = m, .loaded = &state, .dir = dir};
+    const llmcl_status status = llmcl_dist_load_with(m->zero->dist, dir, NULL, read_train_file, &z);
+    if (status != LLMCL_OK && !z.failed)
+        snprintf(why_buf, sizeof why_buf, "%s: %s", dir, llmcl_last_error(m->ctx));
+    if (status != LLMCL_OK)
+        return status;
+    *s = state;
+    if (z.elsewhere)
+        *from = from_buf;
+    return LLMCL_OK;
 }
 #endif
 
-llmcl_status checkpoint_load(model *m, const char *path, train_state *s, const char **why)
+llmcl_status checkpoint_load(model *m, const char *path, train_state *s, const char **from,
+                             const char **why)
 {
     llmcl_safetensors *st = NULL;
     *why = why_buf;
+    *from = path;
 #ifdef LLMCL_TRAIN_MPI
     if (m->zero)
-        return zero_load(m, path, s);
+        return zero_load(m, path, s, from);
 #endif
     if (is_dir(path)) {
         snprintf(why_buf, sizeof why_buf,

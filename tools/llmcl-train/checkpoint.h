@@ -13,8 +13,10 @@
  *
  * Under --zero (model.zero) the path is a folder instead: llmcl_dist's checkpoint (shard files and
  * manifest, resharded on load for any number of ranks) and train.safetensors with the metadata
- * alone. Both calls are then collective. A one-file checkpoint and a folder are not interchangeable:
- * resuming one as the other is refused with a message saying so.
+ * alone, saved in one atomic step (llmcl_dist_save_with), so that a job killed while saving leaves
+ * the previous checkpoint or the new one. Both calls are then collective and return the same
+ * status on every rank. A one-file checkpoint and a folder are not interchangeable: resuming one
+ * as the other is refused with a message saying so.
  */
 #ifndef LLMCL_TRAIN_CHECKPOINT_H
 #define LLMCL_TRAIN_CHECKPOINT_H
@@ -28,14 +30,17 @@ typedef struct train_state {
     int64_t data_pos; /* the loader's position */
 } train_state;
 
-/* Writes m's weights and optimizer state with s to path. */
-llmcl_status checkpoint_save(model *m, const train_state *s, const char *path);
+/* Writes m's weights and optimizer state with s to path; on failure the reason in *why (static
+   storage). */
+llmcl_status checkpoint_save(model *m, const train_state *s, const char *path, const char **why);
 
 /*
  * Loads path into m, which must have the checkpoint's shape: a missing or malformed file, another
  * format, or a model of another shape fails with a message naming the difference (in *why, static
- * storage) and leaves m untouched.
+ * storage) and leaves m untouched. *from names what was read: path, or under --zero path.old when
+ * a save into path was stopped between its renames (llmcl_dist_load).
  */
-llmcl_status checkpoint_load(model *m, const char *path, train_state *s, const char **why);
+llmcl_status checkpoint_load(model *m, const char *path, train_state *s, const char **from,
+                             const char **why);
 
 #endif

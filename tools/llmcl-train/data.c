@@ -3,53 +3,79 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "util.h"
 
 #define LLMC_MAGIC_GPT2 20240520
 #define LLMC_MAGIC_LLAMA3 20240801
 
+#define LLMC_HEADER_BYTES 1024 /* 256 int32 */
+
 static unsigned char *read_file(const char *path, int64_t *len)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
         die("cannot open %s: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0)
-        die("cannot seek in %s: %s", path, strerror(errno));
-    const long size = ftell(f);
-    rewind(f);
-    if (size <= 0)
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0)
+        die("cannot read %s: %s", path, strerror(errno));
+    if (S_ISDIR(sb.st_mode))
+        die("%s is a folder: give a text file or an llm.c token file (.bin)", path);
+    if (!S_ISREG(sb.st_mode))
+        die("%s is not a regular file: give a text file or an llm.c token file (.bin)", path);
+    if (sb.st_size == 0)
         die("%s is empty", path);
-    unsigned char *buf = xmalloc((size_t)size);
-    if (fread(buf, 1, (size_t)size, f) != (size_t)size)
-        die("cannot read %s", path);
+    unsigned char *buf = xmalloc((size_t)sb.st_size);
+    if (fread(buf, 1, (size_t)sb.st_size, f) != (size_t)sb.st_size)
+        die("cannot read %s: %s", path, ferror(f) ? strerror(errno) : "shorter than its size");
     fclose(f);
-    *len = size;
+    *len = sb.st_size;
     return buf;
 }
 
-/* llm.c's token file, when buf starts with its header; returns 0 otherwise. */
-static int load_llmc(const char *path, const unsigned char *buf, int64_t len, token_data *out)
+/* Whether the first bytes are one of llm.c's magics (a little-endian int32). */
+static bool llmc_magic(const unsigned char *buf, int64_t len)
+{
+    int32_t magic;
+    if (len < (int64_t)sizeof magic)
+        return false;
+    memcpy(&magic, buf, sizeof magic);
+    return magic == LLMC_MAGIC_GPT2 || magic == LLMC_MAGIC_LLAMA3;
+}
+
+static bool named_bin(const char *path)
+{
+    const size_t n = strlen(path);
+    return n >= 4 && strcmp(path + n - 4, ".bin") == 0;
+}
+
+/* llm.c's token file in buf, whole and valid, or the run stops saying what is wrong. */
+static void load_llmc(const char *path, const unsigned char *buf, int64_t len, token_data *out)
 {
     int32_t header[256];
-    if (len < (int64_t)sizeof header)
-        return 0;
+    if (len < LLMC_HEADER_BYTES)
+        die("%s: %lld bytes, shorter than the 1024-byte header of an llm.c token file (give "
+            "--data-format text if it is text)", path, (long long)len);
     memcpy(header, buf, sizeof header);
     const int gpt2 = header[0] == LLMC_MAGIC_GPT2, llama3 = header[0] == LLMC_MAGIC_LLAMA3;
     if (!gpt2 && !llama3)
-        return 0;
+        die("%s: starts with %d, not an llm.c token file's magic (%d or %d): damaged, or give "
+            "--data-format text if it is text", path, header[0], LLMC_MAGIC_GPT2,
+            LLMC_MAGIC_LLAMA3);
     if ((gpt2 && header[1] != 1) || (llama3 && header[1] != 7))
         die("%s: llm.c token file of unknown version %d for magic %d", path, header[1], header[0]);
     const int64_t n = header[2], width = gpt2 ? 2 : 4;
-    if (n < 0 || (int64_t)sizeof header + n * width != len)
+    if (n < 0 || LLMC_HEADER_BYTES + n * width != len)
         die("%s: the header announces %lld tokens of %lld bytes but the file holds %lld bytes "
             "after it (truncated or corrupt)",
-            path, (long long)n, (long long)width, (long long)(len - (int64_t)sizeof header));
+            path, (long long)n, (long long)width, (long long)(len - LLMC_HEADER_BYTES));
     out->tokens = xmalloc((size_t)n * sizeof *out->tokens);
-    const unsigned char *p = buf + sizeof header;
+    const unsigned char *p = buf + LLMC_HEADER_BYTES;
     for (int64_t i = 0; i < n; ++i) {
         uint32_t v = 0;
         memcpy(&v, p + i * width, (size_t)width); /* little-endian hosts, as llm.c writes */
@@ -60,23 +86,38 @@ static int load_llmc(const char *path, const unsigned char *buf, int64_t len, to
     out->n = n;
     out->vocab = gpt2 ? 50257 : 128256;
     out->byte_level = 0;
-    return 1;
 }
 
-void data_load(const char *path, token_data *out)
+static void load_text(const unsigned char *buf, int64_t len, token_data *out)
+{
+    out->tokens = xmalloc((size_t)len * sizeof *out->tokens);
+    for (int64_t i = 0; i < len; ++i)
+        out->tokens[i] = buf[i];
+    out->n = len;
+    out->vocab = 256;
+    out->byte_level = 1;
+}
+
+data_format data_format_parse(const char *s)
+{
+    static const char *const names[] = {"auto", "text", "llmc"};
+    for (int f = DATA_AUTO; f <= DATA_LLMC; ++f)
+        if (strcmp(s, names[f]) == 0)
+            return (data_format)f;
+    die("--data-format %s: expected auto, text or llmc", s);
+}
+
+void data_load(const char *path, data_format format, token_data *out)
 {
     memset(out, 0, sizeof *out);
     snprintf(out->source, sizeof out->source, "%s", path);
     int64_t len = 0;
     unsigned char *buf = read_file(path, &len);
-    if (!load_llmc(path, buf, len, out)) {
-        out->tokens = xmalloc((size_t)len * sizeof *out->tokens);
-        for (int64_t i = 0; i < len; ++i)
-            out->tokens[i] = buf[i];
-        out->n = len;
-        out->vocab = 256;
-        out->byte_level = 1;
-    }
+    if (format == DATA_LLMC ||
+        (format == DATA_AUTO && (named_bin(path) || llmc_magic(buf, len))))
+        load_llmc(path, buf, len, out);
+    else
+        load_text(buf, len, out);
     free(buf);
 }
 

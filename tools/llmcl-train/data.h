@@ -18,9 +18,17 @@ typedef struct token_data {
     char source[256];
 } token_data;
 
-/* Reads path (llm.c tokens when the header says so, otherwise the bytes of a text file). Dies
-   with a clear message when the file is missing, unreadable, empty or truncated. */
-void data_load(const char *path, token_data *out);
+/* How a data file is read: auto takes a file named *.bin, or one that starts with an llm.c magic,
+   as an llm.c token file and any other as text; text and llmc force one reading. */
+typedef enum data_format { DATA_AUTO, DATA_TEXT, DATA_LLMC } data_format;
+
+/* --data-format's value; dies on another. */
+data_format data_format_parse(const char *s);
+
+/* Reads path as format says (llm.c tokens, or the bytes of a text file). Dies with a clear message
+   when the file is missing, a folder, unreadable or empty, or is to be an llm.c token file and is
+   not a whole, valid one. */
+void data_load(const char *path, data_format format, token_data *out);
 
 /* The built-in corpus: simple English sentences from a small grammar, `bytes` long. */
 void data_builtin(uint64_t seed, int64_t bytes, token_data *out);

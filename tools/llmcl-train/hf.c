@@ -253,6 +253,40 @@ static void load_param(model *m, const hf_checkpoint *c, const model_param *p, f
         CHECK(llmcl_safetensors_load(m->ctx, c->files[f], p->name, p->master), m->ctx);
 }
 
+/* Whether the model reads the tensor called name from a checkpoint. */
+static bool consumed(model *m, const hf_checkpoint *c, const char *name)
+{
+    const model_param *p = model_find(m, name);
+    if (p && p->kind < P_LORA_A)
+        return true;
+    /* transformers ignores both: a tied head's stored copy (where config.json ties it; hf_load
+       refuses it otherwise) and RoPE's frequencies, which early Llama checkpoints saved */
+    const char *freq = ".rotary_emb.inv_freq";
+    const size_t n = strlen(name), k = strlen(freq);
+    return (m->cfg.tied && c->config[0] && strcmp(name, "lm_head.weight") == 0) ||
+           (n > k && strcmp(name + n - k, freq) == 0);
+}
+
+/* Dies naming the tensors of c that the model would drop (three, then a count): a Qwen2
+   checkpoint's biases, another architecture's modules, adapters beside a base. */
+static void refuse_unused(model *m, const hf_checkpoint *c)
+{
+    char names[600] = "";
+    int unused = 0;
+    for (int f = 0; f < c->n_files; ++f)
+        for (int64_t i = 0; i < llmcl_safetensors_count(c->files[f]); ++i) {
+            const char *name = llmcl_safetensors_name(c->files[f], i);
+            if (!consumed(m, c, name) && ++unused <= 3)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%.160s",
+                         unused > 1 ? ", " : "", name);
+        }
+    if (unused > 3)
+        snprintf(names + strlen(names), sizeof names - strlen(names), " and %d more", unused - 3);
+    if (unused)
+        die("--init-from %s: %s: tensors that llmcl-train's Llama model does not use (biases or "
+            "another architecture's weights would be dropped)", c->path, names);
+}
+
 void hf_load(model *m, const hf_checkpoint *c)
 {
     llmcl_safetensors_info info;
@@ -261,6 +295,7 @@ void hf_load(model *m, const hf_checkpoint *c)
     if (m->cfg.tied && !c->config[0] && find(c, "lm_head.weight", &info) >= 0)
         die("--init-from %s holds lm_head.weight but the model ties its head to the embeddings "
             "(give --untied)", c->path);
+    refuse_unused(m, c);
     /* offloaded masters (no LoRA then: every base weight is trained) go through a host image,
        the moments starting at zero */
     offload_state *off = m->trainable.offloaded;

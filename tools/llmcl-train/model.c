@@ -273,12 +273,50 @@ static llmcl_tensor *param_view(const model_param *p, llmcl_tensor *flat)
     return v;
 }
 
-static llmcl_tensor *new_tensor(llmcl_ctx *ctx, llmcl_dtype dt, int ndim, int64_t d0, int64_t d1)
+/* Ends the run: n elements of dt did not fit on the device; what names a parameter set's buffer,
+   NULL an activation or scratch buffer. Says why and what to change. */
+__attribute__((noreturn)) static void no_room(llmcl_ctx *ctx, const char *what, llmcl_dtype dt,
+                                              int64_t n)
+{
+    const llmcl_device_info *info = llmcl_ctx_device_info(ctx);
+    const char *fix = what ? "train a smaller model (--layers, --dim, --ffn, --vocab), shard it "
+                             "over ranks with --zero 3 under mpiexec, or use a device that allows "
+                             "larger buffers"
+                           : "shorten --batch or --seq, or keep fewer activations with --recompute";
+    char size[32], most[32], used[32];
+    format_bytes((double)n * (double)llmcl_dtype_size(dt), size, sizeof size);
+    if (!what)
+        what = "an activation buffer";
+    if ((double)n * (double)llmcl_dtype_size(dt) > (double)info->max_alloc_bytes) {
+        format_bytes((double)info->max_alloc_bytes, most, sizeof most);
+        die("cannot allocate %s: %lld %s elements, %s in one buffer, beyond this device's largest "
+            "allocation of %s: %s", what, (long long)n, llmcl_dtype_name(dt), size, most, fix);
+    }
+    llmcl_memory_stats ms = {0};
+    llmcl_memory_stats_get(ctx, &ms);
+    format_bytes((double)ms.current_bytes, used, sizeof used);
+    format_bytes((double)(ms.limit_bytes ? ms.limit_bytes : info->global_mem_bytes), most,
+                 sizeof most);
+    die("cannot allocate %s of %s: %s of the device's %s%s are in use: %s", what, size, used, most,
+        ms.limit_bytes ? " (LLMCL_MEMORY_LIMIT)" : "", fix);
+}
+
+/* A device tensor, or the end of the run naming it (no_room). */
+static llmcl_tensor *named_tensor(llmcl_ctx *ctx, const char *what, llmcl_dtype dt, int ndim,
+                                  int64_t d0, int64_t d1)
 {
     const int64_t shape[2] = {d0, d1};
     llmcl_tensor *t = NULL;
-    CHECK(llmcl_tensor_create(ctx, dt, ndim, shape, &t), ctx);
+    const llmcl_status st = llmcl_tensor_create(ctx, dt, ndim, shape, &t);
+    if (st == LLMCL_ERROR_OUT_OF_DEVICE_MEMORY)
+        no_room(ctx, what, dt, ndim == 1 ? d0 : d0 * d1);
+    CHECK(st, ctx);
     return t;
+}
+
+static llmcl_tensor *new_tensor(llmcl_ctx *ctx, llmcl_dtype dt, int ndim, int64_t d0, int64_t d1)
+{
+    return named_tensor(ctx, NULL, dt, ndim, d0, d1);
 }
 
 /*
@@ -290,19 +328,27 @@ static void set_alloc(llmcl_ctx *ctx, param_set *s, llmcl_dtype compute, bool ma
 {
     if (s->total == 0)
         return;
-    if (compute != LLMCL_F32)
-        s->compute = new_tensor(ctx, compute, 1, s->total, 0);
+    const char *set = train ? "the trainable parameters'" : "the frozen parameters'";
+    char what[128];
+    if (compute != LLMCL_F32) {
+        snprintf(what, sizeof what, "%s %s weights", set, llmcl_dtype_name(compute));
+        s->compute = named_tensor(ctx, what, compute, 1, s->total, 0);
+    }
     if (offload_bytes)
         CHECK(offload_state_create(ctx, s->total, offload_bytes, &s->offloaded), ctx);
     else if (master) { /* zeros between tensors too, so the checkpoints' fingerprint is repeatable */
-        s->master = new_tensor(ctx, LLMCL_F32, 1, s->total, 0);
+        snprintf(what, sizeof what, "%s f32 master weights", set);
+        s->master = named_tensor(ctx, what, LLMCL_F32, 1, s->total, 0);
         CHECK(llmcl_fill(ctx, s->master, 0.0), ctx);
     }
     if (!train)
         return;
     llmcl_tensor **state[] = {&s->grad, &s->m, &s->v};
+    static const char *const names[] = {"gradients", "AdamW first moments",
+                                        "AdamW second moments"};
     for (int i = 0; i < (offload_bytes ? 1 : 3); ++i) {
-        *state[i] = new_tensor(ctx, LLMCL_F32, 1, s->total, 0);
+        snprintf(what, sizeof what, "%s f32 %s", set, names[i]);
+        *state[i] = named_tensor(ctx, what, LLMCL_F32, 1, s->total, 0);
         CHECK(llmcl_fill(ctx, *state[i], 0.0), ctx);
     }
 }

@@ -6,12 +6,14 @@
  * --zero under mpiexec, ZeRO over MPI ranks (zero.h), each rank training on its slice of the batch;
  * with --offload-optimizer the masters and moments in pinned host memory (offload_state.h).
  */
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "data.h"
@@ -29,10 +31,13 @@
 /* Shape options that an --init-from config.json also sets. */
 enum { OPT_DIM, OPT_LAYERS, OPT_HEADS, OPT_KV_HEADS, OPT_FFN, OPT_VOCAB, OPT_UNTIED, OPT_ROPE_THETA,
        OPT_ROPE_LLAMA3 };
+/* getopt_long's values of options past the letters, which are all taken. */
+enum { LONG_DATA_FORMAT = 256 };
 
 typedef struct options {
     model_config model;
     const char *data, *val;
+    data_format data_format;
     int batch, seq, accum, steps, warmup;
     float lr, min_lr_frac, weight_decay, clip, beta1, beta2, eps;
     int eval_every, eval_batches, log_every, sample_tokens;
@@ -60,6 +65,9 @@ static void usage(FILE *f)
           "data:\n"
           "  --data FILE          text (byte-level tokens) or an llm.c token file (.bin)\n"
           "  --val FILE           held-out tokens (default: the last 5% of --data)\n"
+          "  --data-format F      auto (default: a file named .bin or that starts with llm.c's\n"
+          "                       magic must be an llm.c token file, any other is text), text or\n"
+          "                       llmc\n"
           "model:\n"
           "  --preset NAME        tiny (default), llama-1b (Llama-3.2-1B's shape) or llama-8b\n"
           "                       (Llama-3-8B's: 8.0B parameters, untied, batch 1 x 8192)\n"
@@ -212,6 +220,38 @@ static double parse_num(const char *name, const char *s, double lo)
     return v;
 }
 
+/* An unknown option, or one without its value: one line and exit status 2, as getopt's users do. */
+__attribute__((noreturn)) static void bad_option(const char *arg)
+{
+    if (optopt)
+        fprintf(stderr, "llmcl-train: %s needs a value (see --help)\n", arg);
+    else
+        fprintf(stderr, "llmcl-train: unknown option '%s' (see --help)\n", arg);
+    exit(2);
+}
+
+/* The files a run writes, checked before it trains (util.h), and --resume's checkpoint found. */
+static void check_paths(const options *o)
+{
+    const bool zero = o->model.zero_stage > 0;
+    if (o->save)
+        check_output_path("--save", o->save, zero ? OUTPUT_FOLDER_REPLACED : OUTPUT_FILE);
+    if (o->export_dir)
+        check_output_path("--export", o->export_dir, OUTPUT_FOLDER_FILLED);
+    if (o->dump_logits)
+        check_output_path("--dump-logits", o->dump_logits, OUTPUT_FILE);
+    if (!o->resume || access(o->resume, F_OK) == 0)
+        return;
+    const int err = errno;
+    char old[4200]; /* llmcl_dist_load's fallback: "ck/" names ck, beside ck.old */
+    size_t len = strlen(o->resume);
+    while (len > 1 && o->resume[len - 1] == '/')
+        --len;
+    snprintf(old, sizeof old, "%.*s.old", (int)len, o->resume);
+    if (!zero || access(old, F_OK) != 0)
+        die("--resume %s: %s", o->resume, strerror(err));
+}
+
 static void parse_options(int argc, char **argv, options *o)
 {
     *o = (options){.accum = 1, .steps = 200, .warmup = 20, .lr = 3e-3f, .min_lr_frac = 0.1f,
@@ -236,7 +276,7 @@ static void parse_options(int argc, char **argv, options *o)
         {"lora", 1, 0, 'k'}, {"lora-alpha", 1, 0, 'A'}, {"lora-targets", 1, 0, 'G'},
         {"lora-dtype", 1, 0, 'U'}, {"lora-merge", 0, 0, 'M'}, {"dump-logits", 1, 0, 'J'},
         {"zero", 1, 0, 'z'}, {"offload-optimizer", 0, 0, 'f'}, {"offload-chunk-mib", 1, 0, 'N'},
-        {0, 0, 0, 0}};
+        {"data-format", 1, 0, LONG_DATA_FORMAT}, {0, 0, 0, 0}};
     /* a preset first, so that the other options refine it whatever their order */
     for (int i = 1; i + 1 < argc; ++i)
         if (strcmp(argv[i], "--preset") == 0)
@@ -244,9 +284,11 @@ static void parse_options(int argc, char **argv, options *o)
     o->model.lora_targets = LORA_ALL_TARGETS;
     o->model.lora_dtype = LLMCL_F32;
     int c;
+    opterr = 0; /* bad_option says it in one line */
     while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (c) {
         case 'D': o->data = optarg; break;
+        case LONG_DATA_FORMAT: o->data_format = data_format_parse(optarg); break;
         case 'V': o->val = optarg; break;
         case 'P': break;
         case 'd':
@@ -331,7 +373,7 @@ static void parse_options(int argc, char **argv, options *o)
         case 'I': o->save_on_interrupt = 1; break;
         case 'Z': o->resume = optarg; break;
         case 'h': usage(stdout); exit(0);
-        default: usage(stderr); exit(2);
+        default: bad_option(argv[optind - 1]);
         }
     }
     if (optind < argc)
@@ -358,6 +400,7 @@ static void parse_options(int argc, char **argv, options *o)
     if (o->model.zero_stage && (o->init_from || o->export_dir || o->dump_logits))
         die("--init-from, --export and --dump-logits are not supported under --zero yet");
     o->model.max_seq = o->seq;
+    check_paths(o);
 }
 
 /* One shape field from config.json: an explicit option must agree with it. */
@@ -465,18 +508,17 @@ static void load_data(trainer *tr)
 {
     options *o = &tr->o;
     if (o->data)
-        data_load(o->data, &tr->train);
+        data_load(o->data, o->data_format, &tr->train);
     else
         data_builtin(o->seed, 400000, &tr->train);
     if (o->val)
-        data_load(o->val, &tr->val);
+        data_load(o->val, o->data_format, &tr->val);
     else
         data_split(&tr->train, 0.05, &tr->val);
     if (!o->vocab_given && !tr->train.byte_level) /* the tokenizer's, as its format says */
         o->model.vocab = tr->train.vocab;
     check_tokens(&tr->train, o->model.vocab);
     check_tokens(&tr->val, o->model.vocab);
-    loader_init(&tr->tl, &tr->train, o->batch, o->seq, tr->rank, tr->world);
 }
 
 static void setup_optimizer(trainer *tr)
@@ -531,6 +573,20 @@ static void train_step(trainer *tr, int step, double *loss, double *norm)
     CHECK(optimizer_last_norm(&tr->opt, o->accum, norm), ctx);
 }
 
+/*
+ * Leaves MPI where --zero joined it. Also how a failure that every rank has agreed on (a
+ * collective call's status) ends the run: die_finally(finalize_mpi, ...) on every rank.
+ */
+static void finalize_mpi(void)
+{
+#ifdef LLMCL_TRAIN_MPI
+    int on = 0;
+    MPI_Initialized(&on);
+    if (on)
+        MPI_Finalize();
+#endif
+}
+
 /* ---- output ---- */
 
 static void format_eta(double seconds, char *buf, size_t len)
@@ -549,19 +605,31 @@ static double device_mib(llmcl_ctx *ctx)
     return (double)ms.current_bytes / (1024.0 * 1024.0);
 }
 
-/* step_s: the mean time of the steps since the last line. */
-static void progress(trainer *tr, int step, double loss, double norm, double step_s, double eta)
+/*
+ * step_s: the mean time of the steps since the last line, those after the run's first; 0 when
+ * there are none, on the first step's line, whose time (first_s) includes building the kernels
+ * and would misstate the speed and the ETA.
+ */
+static void progress(trainer *tr, int step, double loss, double norm, double step_s,
+                     double first_s)
 {
     const options *o = &tr->o;
-    const double tokens = (double)o->batch * o->seq * o->accum * tr->world, tps = tokens / step_s;
-    const double mfu = 100.0 * tps * model_flops_per_token(tr->m, o->seq) /
-                       (tr->peak_tflops * 1e12 * tr->world);
-    char eta_s[32];
-    format_eta(eta, eta_s, sizeof eta_s);
-    printf("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %.1fk tok/s | MFU %.1f%% | mem %.1f MiB | "
-           "ETA %s\n",
-           step + 1, o->steps, loss, norm, learning_rate(o, step), tps / 1e3, mfu,
-           device_mib(tr->ctx), eta_s);
+    char speed[128] = "", eta_s[32];
+    if (step_s > 0) {
+        const double tps = (double)o->batch * o->seq * o->accum * tr->world / step_s;
+        int at = snprintf(speed, sizeof speed, "%.1fk tok/s | ", tps / 1e3);
+        if (tr->peak_tflops > 0)
+            at += snprintf(speed + at, sizeof speed - (size_t)at, "MFU %.1f%% | ",
+                           100.0 * tps * model_flops_per_token(tr->m, o->seq) /
+                               (tr->peak_tflops * 1e12 * tr->world));
+        format_eta(step_s * (o->steps - step - 1), eta_s, sizeof eta_s);
+    } else {
+        snprintf(speed, sizeof speed, "first step %.1f s (includes building the kernels) | ",
+                 first_s);
+    }
+    printf("step %5d/%d | loss %.4f | norm %.3f | lr %.2e | %smem %.1f MiB%s%s\n", step + 1,
+           o->steps, loss, norm, learning_rate(o, step), speed, device_mib(tr->ctx),
+           step_s > 0 ? " | ETA " : "", step_s > 0 ? eta_s : "");
     fflush(stdout);
 }
 
@@ -622,6 +690,15 @@ static void profile_step(trainer *tr, int step)
                    100.0 * m->prof_ms[f] / total);
 }
 
+/* After a run that kept nothing (the first run, without options): what to try next. */
+static void next_steps(const options *o)
+{
+    printf("nothing was saved (no --save or --export)\n"
+           "next: --save FILE keeps a checkpoint (--resume FILE continues it), --export DIR writes "
+           "a Hugging Face model%s; llmcl-train --help lists every option\n",
+           o->data ? "" : ", --data FILE trains on your own text or llm.c tokens");
+}
+
 /* what: the engine's purpose, "offload" (layer inputs) or "optimizer offload". */
 static void offload_summary(const char *what, llmcl_offload *off)
 {
@@ -637,19 +714,78 @@ static void offload_summary(const char *what, llmcl_offload *off)
 static void save(trainer *tr, int steps_done)
 {
     const train_state s = {steps_done, loader_tell(&tr->tl)};
-    CHECK(checkpoint_save(tr->m, &s, tr->o.save), tr->ctx);
+    const char *why;
+    if (checkpoint_save(tr->m, &s, tr->o.save, &why) != LLMCL_OK)
+        die_finally(finalize_mpi, "cannot save %s: %s", tr->o.save, why);
     printf("saved %s at step %d\n", tr->o.save, steps_done);
 }
 
-static double measured_peak(llmcl_ctx *ctx, llmcl_dtype dt)
+/*
+ * Whether the device's profiling events time its kernels, which the measured rates rely on:
+ * Mesa's rusticl reads about 1 ns for any kernel (docs/PORTABILITY.md), so its measured peak was
+ * 67108.9 TFLOP/s. One fill of 16 MiB, timed by its events and by the host's clock; a fill too
+ * quick for the host's clock to judge (under 1 ms) passes.
+ */
+static bool profiling_timer_works(llmcl_ctx *ctx, double *event_ms, double *wall_ms)
 {
-    double tflops = 0;
-    const llmcl_device_info *info = llmcl_ctx_device_info(ctx);
-    if (dt != LLMCL_F32 && info->has_mma)
-        CHECK(llmcl_measure_mma_rate(ctx, &tflops), ctx);
-    else
-        CHECK(llmcl_measure_fma_rate(ctx, &tflops), ctx);
+    const int64_t n = 4 << 20;
+    llmcl_tensor *t = NULL;
+    llmcl_profile p = {0};
+    if (llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &t) != LLMCL_OK)
+        return true; /* no room for the check: the measurement's own errors will say */
+    llmcl_status st = llmcl_fill(ctx, t, 0.0); /* builds the kernel */
+    if (st == LLMCL_OK)
+        st = llmcl_ctx_finish(ctx);
+    const double t0 = now_seconds();
+    if (st == LLMCL_OK)
+        st = llmcl_profile_begin(ctx);
+    if (st == LLMCL_OK) {
+        st = llmcl_fill(ctx, t, 1.0);
+        const llmcl_status end = llmcl_profile_end(ctx, &p);
+        st = st == LLMCL_OK ? end : st;
+    }
+    *wall_ms = 1e3 * (now_seconds() - t0);
+    *event_ms = p.kernel_ms;
+    llmcl_tensor_destroy(t);
+    llmcl_memory_reset_peak(ctx); /* the run's peak, from here */
+    return st != LLMCL_OK || *wall_ms < 1 || 10 * *event_ms >= *wall_ms;
+}
+
+/*
+ * The rate that MFU divides by: the given --peak-tflops, else the measured bf16 mma rate (tensor
+ * cores) or fp32 FMA rate, described in what; 0 when it cannot be measured (no MFU then).
+ */
+static double peak_rate(llmcl_ctx *ctx, const options *o, char *what, size_t len)
+{
+    if (o->peak_tflops > 0) {
+        snprintf(what, len, "given");
+        return o->peak_tflops;
+    }
+    double tflops = 0, event_ms, wall_ms;
+    if (!profiling_timer_works(ctx, &event_ms, &wall_ms)) {
+        snprintf(what, len, "not measured: this device's profiling events time a %.1f ms fill at "
+                 "%.6f ms; no MFU, give --peak-tflops", wall_ms, event_ms);
+        return 0;
+    }
+    const bool mma = o->model.dtype != LLMCL_F32 && llmcl_ctx_device_info(ctx)->has_mma;
+    const llmcl_status st = mma ? llmcl_measure_mma_rate(ctx, &tflops)
+                                : llmcl_measure_fma_rate(ctx, &tflops);
+    if (st != LLMCL_OK || !(tflops > 0) || !isfinite(tflops)) {
+        snprintf(what, len, "not measured (%s): no MFU; give --peak-tflops",
+                 st != LLMCL_OK ? llmcl_last_error(ctx) : "no rate");
+        return 0;
+    }
+    snprintf(what, len, "measured %s rate", mma ? "bf16 mma" : "fp32 FMA");
     return tflops;
+}
+
+/* A rate in TFLOP/s with three significant digits, in GFLOP/s below 1 TFLOP/s (CPUs). */
+static void format_rate(double tflops, char *buf, size_t len)
+{
+    if (tflops >= 1)
+        snprintf(buf, len, "%.1f TFLOP/s", tflops);
+    else
+        snprintf(buf, len, "%.3g GFLOP/s", tflops * 1e3);
 }
 
 /* The logits of the first held-out batch, its tokens and its loss, for hf_check.py. */
@@ -762,21 +898,10 @@ static void print_zero(const trainer *tr)
 #endif
 }
 
-static void leave_job(const trainer *tr)
-{
-#ifdef LLMCL_TRAIN_MPI
-    if (tr->o.model.zero_stage)
-        MPI_Finalize();
-#else
-    (void)tr;
-#endif
-}
-
 int main(int argc, char **argv)
 {
     trainer tr = {0};
     parse_options(argc, argv, &tr.o);
-    join_job(&tr, &argc, &argv);
     options *o = &tr.o;
     hf_checkpoint init = {0};
     if (o->init_from) {
@@ -787,12 +912,19 @@ int main(int argc, char **argv)
     const char *bad = model_config_error(&o->model);
     if (bad)
         die("bad model configuration: %s", bad);
+    /* MPI after the checks that each rank makes alone: a rank that exits before MPI_Init ends
+       the job cleanly, one that exits after it while others still run gets them killed */
+    join_job(&tr, &argc, &argv);
+    loader_init(&tr.tl, &tr.train, o->batch, o->seq, tr.rank, tr.world);
     if (o->steps > 0 && o->warmup >= o->steps)
         o->warmup = o->steps / 10;
 
     CHECK(create_context(&tr, &tr.ctx), NULL);
     const llmcl_device_info *info = llmcl_ctx_device_info(tr.ctx);
-    tr.peak_tflops = o->peak_tflops > 0 ? o->peak_tflops : measured_peak(tr.ctx, o->model.dtype);
+    char peak_what[1200], peak_s[32] = "";
+    tr.peak_tflops = peak_rate(tr.ctx, o, peak_what, sizeof peak_what);
+    if (tr.peak_tflops > 0)
+        format_rate(tr.peak_tflops, peak_s, sizeof peak_s);
     CHECK(model_create(tr.ctx, &o->model, o->seed, &tr.m), tr.ctx);
     if (o->init_from) {
         hf_load(tr.m, &init);
@@ -804,8 +936,8 @@ int main(int argc, char **argv)
     tr.targets = xmalloc((size_t)o->batch * o->seq * sizeof *tr.targets);
 
     const model_config *c = &o->model;
-    printf("device: %s (%s), peak %.1f TFLOP/s%s\n", info->name, info->platform_name,
-           tr.peak_tflops, o->peak_tflops > 0 ? " (given)" : " (measured)");
+    printf("device: %s (%s), peak %s%s%s%s\n", info->name, info->platform_name, peak_s,
+           peak_s[0] ? " (" : "", peak_what, peak_s[0] ? ")" : "");
     printf("model: %.2fM parameters, dim %d, %d layers, %d/%d heads, ffn %d, vocab %d, %s, %s%s\n",
            (double)model_param_count(tr.m) / 1e6, c->dim, c->layers, c->heads, c->kv_heads, c->ffn,
            c->vocab, c->tied ? "tied head" : "untied head", llmcl_dtype_name(c->dtype),
@@ -824,27 +956,33 @@ int main(int argc, char **argv)
     int first = 0;
     if (o->resume) {
         train_state s;
-        const char *why;
-        if (checkpoint_load(tr.m, o->resume, &s, &why) != LLMCL_OK)
-            die("cannot resume: %s", why);
+        const char *from, *why;
+        if (checkpoint_load(tr.m, o->resume, &s, &from, &why) != LLMCL_OK)
+            die_finally(finalize_mpi, "cannot resume: %s", why);
         first = (int)s.step;
         loader_seek(&tr.tl, s.data_pos);
-        printf("resumed from %s at step %d\n", o->resume, first);
+        printf("resumed from %s at step %d%s\n", from, first,
+               from != o->resume ? " (a save stopped between moving the old checkpoint aside and "
+                                   "renaming the new one into place)" : "");
     }
     signal(SIGINT, on_sigint);
 
-    /* Time in training steps, evaluations excluded. The ETA takes the last interval's steps: the
-       first step also builds the kernels, which can take longer than the rest of a short run. */
-    double interval_s = 0;
+    /* Time in training steps, evaluations excluded, and the run's first step apart: it also
+       builds the kernels, which can take longer than the rest of a short run. The speed and the
+       ETA take the steps since the last line. */
+    double interval_s = 0, first_s = 0;
     int step = first, interval_steps = 0;
     for (; step < o->steps && !stopping(&tr); ++step) {
         double loss, norm;
         const double t0 = now_seconds();
         train_step(&tr, step, &loss, &norm);
-        interval_s += now_seconds() - t0, ++interval_steps;
+        if (step == first)
+            first_s = now_seconds() - t0;
+        else
+            interval_s += now_seconds() - t0, ++interval_steps;
         if (step % o->log_every == 0 || step + 1 == o->steps) {
-            const double per_step = interval_s / interval_steps;
-            progress(&tr, step, loss, norm, per_step, per_step * (o->steps - step - 1));
+            progress(&tr, step, loss, norm, interval_steps ? interval_s / interval_steps : 0,
+                     first_s);
             interval_s = 0, interval_steps = 0;
         }
         if (o->eval_every && ((step + 1) % o->eval_every == 0 || step + 1 == o->steps))
@@ -874,6 +1012,8 @@ int main(int argc, char **argv)
         printf("interrupted at step %d\n", step);
     else if (o->sample_tokens > 0)
         sample(&tr); /* every rank: under stage 3 the forward gathers */
+    if (!o->save && !o->export_dir)
+        next_steps(o);
 
     free(tr.ids), free(tr.targets);
     optimizer_destroy(&tr.opt);
@@ -881,6 +1021,6 @@ int main(int argc, char **argv)
     model_destroy(tr.m);
     data_free(&tr.train), data_free(&tr.val);
     llmcl_ctx_destroy(tr.ctx);
-    leave_job(&tr);
+    finalize_mpi();
     return stopped ? 130 : 0;
 }

@@ -1,23 +1,43 @@
-/* util.c: fatal errors, allocation, random numbers, time, slices and safetensors values on the
-   host for llmcl-train (see util.h). */
+/* util.c: fatal errors, output paths checked, allocation, sizes, random numbers, time, slices
+   and safetensors values on the host for llmcl-train (see util.h). */
 #include "util.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <libgen.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
+
+__attribute__((noreturn)) static void vdie(void (*finish)(void), const char *fmt, va_list ap)
+{
+    fputs("llmcl-train: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+    if (finish)
+        finish();
+    exit(1);
+}
 
 void die(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("llmcl-train: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(1);
+    vdie(NULL, fmt, ap);
+}
+
+void die_finally(void (*finish)(void), const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vdie(finish, fmt, ap);
 }
 
 void check_status(llmcl_status st, const llmcl_ctx *ctx, const char *expr, const char *file,
@@ -87,6 +107,68 @@ double rng_normal(rng *r)
     r->spare = rad * sin(6.283185307179586 * u2);
     r->has_spare = 1;
     return rad * cos(6.283185307179586 * u2);
+}
+
+/* Dies unless files can be created (and renamed) in folder, the one that holds option's path. */
+static void check_folder_writable(const char *option, const char *path, const char *folder)
+{
+    struct stat sb;
+    if (stat(folder, &sb) != 0)
+        die("%s %s: cannot write there: %s: %s", option, path, folder, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        die("%s %s: cannot write there: %s is not a folder", option, path, folder);
+    if (access(folder, W_OK | X_OK) != 0)
+        die("%s %s: cannot write into %s: %s", option, path, folder, strerror(errno));
+}
+
+/* A folder that a checkpoint may replace: one (manifest.json, llmcl_dist's), or empty. */
+static bool replaceable(const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    if (access(path, F_OK) == 0)
+        return true;
+    struct dirent **names = NULL;
+    const int n = scandir(dir, &names, NULL, NULL); /* "." and ".." in an empty one */
+    for (int i = 0; i < n; ++i)
+        free(names[i]);
+    free(names);
+    return n == 2;
+}
+
+void check_output_path(const char *option, const char *path, output_kind kind)
+{
+    char parent[4096];
+    struct stat sb;
+    if (!path[0])
+        die("%s: the path is empty", option);
+    const bool exists = stat(path, &sb) == 0;
+    if (!exists && errno != ENOENT)
+        die("%s %s: %s", option, path, strerror(errno));
+    if (kind == OUTPUT_FILE && path[strlen(path) - 1] == '/')
+        die("%s %s names a folder: give the name of a file to write", option, path);
+    if (exists && kind == OUTPUT_FILE && S_ISDIR(sb.st_mode))
+        die("%s %s is a folder: give the name of a file to write (a path inside it, say)", option,
+            path);
+    if (exists && kind != OUTPUT_FILE && !S_ISDIR(sb.st_mode))
+        die("%s %s exists and is not a folder", option, path);
+    if (exists && kind == OUTPUT_FOLDER_REPLACED && !replaceable(path))
+        die("%s %s holds files but no manifest.json: it is no checkpoint folder, and a save "
+            "would replace it", option, path);
+    if (exists && kind == OUTPUT_FOLDER_FILLED) { /* written into, where it is */
+        check_folder_writable(option, path, path);
+        return;
+    }
+    snprintf(parent, sizeof parent, "%s", path); /* dirname may write into its argument */
+    check_folder_writable(option, path, dirname(parent));
+}
+
+void format_bytes(double bytes, char *buf, size_t len)
+{
+    if (bytes >= 1073741824.0)
+        snprintf(buf, len, "%.2f GiB", bytes / 1073741824.0);
+    else
+        snprintf(buf, len, "%.1f MiB", bytes / 1048576.0);
 }
 
 double now_seconds(void)

@@ -1,7 +1,7 @@
 /*
- * util.h: what every part of llmcl-train shares: fatal errors with llmcl's message, checked
- * allocation, a seeded random generator, wall-clock time, 1-D slices of device tensors and
- * safetensors values read into host memory.
+ * util.h: what every part of llmcl-train shares: fatal errors with llmcl's message, output paths
+ * checked before a run, checked allocation, sizes for people, a seeded random generator,
+ * wall-clock time, 1-D slices of device tensors and safetensors values read into host memory.
  */
 #ifndef LLMCL_TRAIN_UTIL_H
 #define LLMCL_TRAIN_UTIL_H
@@ -13,6 +13,14 @@
 
 /* Prints "llmcl-train: <message>" to stderr and exits with status 1. */
 void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+/*
+ * die(), with finish() (may be NULL) called between the message and the exit: under MPI, for a
+ * failure that every rank has agreed on, MPI_Finalize, so that each rank exits 1 with its message
+ * instead of mpiexec killing the ranks still running once the first has exited.
+ */
+void die_finally(void (*finish)(void), const char *fmt, ...)
+    __attribute__((format(printf, 2, 3), noreturn));
 
 /* Dies naming the call, the status and llmcl's last error on ctx when expr failed. */
 #define CHECK(expr, ctx) check_status((expr), (ctx), #expr, __FILE__, __LINE__)
@@ -26,6 +34,16 @@ void check_status(llmcl_status st, const llmcl_ctx *ctx, const char *expr, const
         if (try_st_ != LLMCL_OK)                                                                  \
             return try_st_;                                                                       \
     } while (0)
+
+/* What an output path will be: a file written through PATH.tmp and a rename (--save,
+   --dump-logits); a checkpoint folder replaced through renames of PATH.tmp and PATH.old beside
+   it (--save under --zero: an existing folder must be one, or empty); a folder created where
+   missing and written into (--export). */
+typedef enum output_kind { OUTPUT_FILE, OUTPUT_FOLDER_REPLACED, OUTPUT_FOLDER_FILLED } output_kind;
+
+/* Dies, naming option, path and the system's reason, unless path can be written as kind says: so
+   that a run fails at its start rather than after its training. */
+void check_output_path(const char *option, const char *path, output_kind kind);
 
 void *xmalloc(size_t bytes);
 void *xcalloc(size_t n, size_t size);
@@ -41,6 +59,9 @@ rng rng_new(uint64_t seed);
 uint64_t rng_next(rng *r);
 double rng_uniform(rng *r); /* [0, 1) */
 double rng_normal(rng *r);  /* standard normal (Box-Muller) */
+
+/* A size for people: "2.30 GiB", or "12.5 MiB" below 1 GiB. */
+void format_bytes(double bytes, char *buf, size_t len);
 
 /* Seconds on a monotonic clock. */
 double now_seconds(void);
