@@ -17,6 +17,7 @@
  * gives back every byte and file descriptor; the transport choice (forced, automatic, by
  * LLMCL_DIST_TRANSPORT, a missing LLMCL_NCCL library) and, where NCCL runs, its results against
  * MPI's (f32: within 1e-6 + 1e-5 |MPI|; they differ only in the order of the sums). With
+ * --nccl-timeout (one rank), the NCCL watchdog's abort of a call that outlives LLMCL_NCCL_TIMEOUT. With
  * --abort, rank 1 fails inside a step and the job must end through MPI_Abort (Meson expects the
  * failure).
  *
@@ -737,6 +738,45 @@ static int test_abort(void)
     return 0;
 }
 
+/*
+ * The NCCL transport's watchdog, on one rank: with LLMCL_NCCL_TIMEOUT far below the time of a
+ * reduce-scatter of 256 MiB, the helper thread aborts the communicator, and the dist calls that
+ * follow report it (LLMCL_ERROR_NCCL, naming the timeout) instead of hanging. 77 where NCCL
+ * cannot run.
+ */
+static int test_nccl_timeout(void)
+{
+    CHECK(world == 1, "--nccl-timeout runs on one rank");
+    setenv("LLMCL_NCCL_TIMEOUT", "0.000000001", 1);
+    const llmcl_dist_opts o = {.stage = 2, .transport = LLMCL_DIST_TRANSPORT_NCCL,
+                               .return_on_error = 1};
+    llmcl_dist *d;
+    const llmcl_status made = llmcl_dist_create(ctx, MPI_COMM_WORLD, &o, &d);
+    if (made == LLMCL_ERROR_UNSUPPORTED) {
+        printf("NCCL cannot run here: %s\n", llmcl_last_error(ctx));
+        return 77;
+    }
+    OK(made);
+    const int64_t n = 64 << 20;
+    OK(llmcl_dist_add_param(d, "w", 0, 1, &n, 0));
+    OK(llmcl_dist_setup(d));
+    llmcl_tensor *g;
+    OK(llmcl_dist_grad(d, "w", &g));
+    OK(llmcl_fill(ctx, g, 1.0));
+    llmcl_status st = llmcl_dist_grads_ready(d, 0);
+    const llmcl_adamw_opts h = hyper(1);
+    if (st == LLMCL_OK)
+        st = llmcl_dist_step(d, &h, NULL);
+    CHECK(st != LLMCL_OK, "a step whose reduce-scatter outlived LLMCL_NCCL_TIMEOUT succeeded");
+    st = llmcl_dist_grads_ready(d, 0);
+    CHECK(st == LLMCL_ERROR_NCCL && strstr(llmcl_last_error(ctx), "LLMCL_NCCL_TIMEOUT"),
+          "after the timeout: %s: %s", llmcl_status_str(st), llmcl_last_error(ctx));
+    printf("  %s\n", llmcl_last_error(ctx));
+    llmcl_dist_destroy(d);
+    printf("test_dist: the NCCL watchdog ended a call that outlived its timeout\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -748,6 +788,12 @@ int main(int argc, char **argv)
         return 77;
     }
     model_init();
+    if (argc > 1 && strcmp(argv[1], "--nccl-timeout") == 0) {
+        const int rc = test_nccl_timeout();
+        llmcl_ctx_destroy(ctx);
+        MPI_Finalize();
+        return rc;
+    }
     const int abort_case = argc > 1 && strcmp(argv[1], "--abort") == 0;
     if (abort_case) {
         CHECK(world >= 2, "--abort needs 2 ranks");

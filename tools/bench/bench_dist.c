@@ -8,7 +8,8 @@
  * MPI_Alltoall and MPI_Allgather of host memory) and, under MPI, the slower direction of the host
  * link; and the exposed communication of a backward that reduces each group's gradients while the
  * next group computes (exposed = time with reductions - time without, against the reductions' own
- * time). Under MPI it also sweeps the chunk size (1/256 and 1/16 of a group beside the default
+ * time); and the fixed cost of one collective (reduce-scatters of 4 KiB). Under MPI it also sweeps
+ * the chunk size (1/256 and 1/16 of a group beside the default
  * 1 MiB, llmcl_dist_opts.chunk_bytes) and measures the host's own ceilings for the exchange, every
  * rank at once: memory copies by one thread and by the rank's share of the cores, and a bare
  * MPI_Alltoall of the collectives' bytes. Every byte a staged collective exchanges crosses host
@@ -252,6 +253,24 @@ static void chunk_sweep(dist_bench *b, double link)
     b->chunk = 0;
 }
 
+/*
+ * The fixed cost of one collective: reduce-scatters of 16 groups of 4 KiB (16 x 64 f32) through
+ * llmcl_dist, back to back with nothing to compute, a group's time each. It sizes the smallest
+ * group worth a collective of its own.
+ */
+static void latency(dist_bench *b)
+{
+    dist_bench t = {.env = b->env, .groups = 16, .rows = 16, .cols = 64, .reduce = 1};
+    if (make_dist(&t, 2) == LLMCL_OK) {
+        const double ms = wall_ms(t.env, backward, &t);
+        if (ms > 0)
+            printf("dist latency: a reduce-scatter of 4 KiB through llmcl_dist takes %.1f us "
+                   "(16 in a row, each waited for by the next but one)\n",
+                   1e3 * ms / t.groups);
+    }
+    llmcl_dist_destroy(t.d);
+}
+
 static void add_row(bench_env *env, const char *what, const char *dtype, const char *shape,
                     double ms)
 {
@@ -374,6 +393,7 @@ static void run(bench_env *env)
     }
     llmcl_dist_destroy(b.d);
     b.d = NULL;
+    latency(&b);
     if (mpi)
         chunk_sweep(&b, link);
 done:
