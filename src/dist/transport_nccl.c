@@ -325,11 +325,12 @@ static llmcl_status nccl_progress(llmcl_dist *d)
     return LLMCL_OK;
 }
 
-/* The NCCL call of op on its staging range s (addresses), shard elements a block. */
-static int nccl_call(llmcl_dist *d, const nccl_op *op, CUdeviceptr s, size_t shard)
+/* The NCCL call of op on its staging range, shard elements a block. */
+static int nccl_call(llmcl_dist *d, const nccl_op *op, const shared_range *range, size_t shard)
 {
     nccl_transport *t = nccl_of(d);
     const int type = op->type;
+    const CUdeviceptr s = range->base;
     const size_t block = shard * op->es;
     const CUdeviceptr mine = s + (CUdeviceptr)((size_t)d->rank * block);
     if (op->kind == OP_GATHER)
@@ -337,7 +338,7 @@ static int nccl_call(llmcl_dist *d, const nccl_op *op, CUdeviceptr s, size_t sha
     if (!exchanges(op))
         return t->nc.reduce_scatter((void *)s, (void *)mine, shard, type, NCCL_SUM, t->comm,
                                     t->stream);
-    const CUdeviceptr recv = s + t->staging[OP_REDUCE][0].bytes / 2;
+    const CUdeviceptr recv = s + range->bytes / 2;
     int r = t->nc.group_start();
     for (int q = 0; q < d->world && r == NCCL_OK; ++q) {
         r = t->nc.send((void *)(s + (CUdeviceptr)((size_t)q * block)), shard, type, q, t->comm,
@@ -407,7 +408,7 @@ static llmcl_status start(llmcl_dist *d, int kind, int channel, int group,
     pending e = {.landed = landed, .since = now_s()};
     LLMCL__REQUIRE(d->ctx, enter(t), LLMCL_ERROR_NCCL, "cuCtxPushCurrent failed");
     CUresult r = t->cu.stream_wait_value32(t->stream, t->flag.base, seq, CU_STREAM_WAIT_VALUE_GEQ);
-    const int nr = r == CUDA_OK ? nccl_call(d, op, s->base, shard) : NCCL_OK;
+    const int nr = r == CUDA_OK ? nccl_call(d, op, s, shard) : NCCL_OK;
     if (r == CUDA_OK && nr == NCCL_OK)
         r = t->cu.event_create(&e.done, CU_EVENT_DISABLE_TIMING);
     if (r == CUDA_OK && nr == NCCL_OK)
