@@ -739,19 +739,20 @@ typedef struct llmcl_attention_opts {
  * Dense: q and o [B, Hq, Tq, D], k and v [B, Hkv, Tk, D], any strides with a unit stride on D (so
  * [B, T, H, D] storage is a strided view), lse f32 [B, Hq, Tq] with a unit last stride. Varlen:
  * q, o [total_q, Hq, D], k, v [total_k, Hkv, D], lse [Hq, total_q]. Hq must be a multiple of Hkv
- * (GQA, MQA): query head h reads KV head h / (Hq / Hkv). D is a multiple of 8 from 32 to 256
- * (others fail with LLMCL_ERROR_UNSUPPORTED). q, k, v, o share one dtype: f32, bf16 or f16; math
- * is f32.
+ * (GQA, MQA): query head h reads KV head h / (Hq / Hkv). D is a multiple of 8 from 8 to 256, as in
+ * FlashAttention-2 (others fail with LLMCL_ERROR_UNSUPPORTED). q, k, v, o share one dtype: f32,
+ * bf16 or f16; math is f32.
  *
  * On devices with tensor cores (llmcl_device_info.has_mma), bf16 and f16 calls whose D is a
- * multiple of 16 up to 256 and whose q, k, v (and dout) offsets and strides
+ * multiple of 16 from 32 to 256 and whose q, k, v (and dout) offsets and strides
  * are multiples of 8 elements run on them: the products take 16-bit inputs with f32
  * accumulation, so P (and in the backward dS) is rounded to q's dtype before its product, as
  * FlashAttention does, and the softmax's exponentials use the hardware approximation. Where the
  * device has Hopper's wgmma (llmcl_device_info.has_wgmma), calls at D 64 and 128 run on it. Other
- * calls run the portable kernels. llmcl_tune_params_get with a kernel's key says whether it ran:
- * "attention_fwd_wgmma", "attention_fwd_mma" or "attention_fwd" (and the backward's *_bwd_dq* and
- * *_bwd_dkdv* keys).
+ * calls (f32, D below 32 or an odd multiple of 8, operands not 8-element aligned) run the portable
+ * kernels, and with LLMCL_LOG set the log says so. llmcl_tune_params_get with a kernel's key says
+ * whether it ran: "attention_fwd_wgmma", "attention_fwd_mma" or "attention_fwd" (and the
+ * backward's *_bwd_dq* and *_bwd_dkdv* keys).
  *
  * Reads q, k, v (and the cu_seqlens); writes o and lse (natural-log sum of exponentials per
  * query row, kept for the backward). opts may be NULL (the defaults). o and lse must not overlap

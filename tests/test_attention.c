@@ -2,7 +2,7 @@
  * test_attention.c: flash attention forward (O, LSE) and backward (dQ, dK, dV) against naive
  * attention in double (tests/ref/attention_ref.c), for every option: causal with Tq = Tk, Tq < Tk
  * and Tq > Tk, sliding windows (narrow, one-sided, wider than T, with causal), softcap, custom
- * scale, GQA and MQA, both layouts, every head dim (the multiples of 8 from 32 to 256), T = 1,
+ * scale, GQA and MQA, both layouts, every head dim (the multiples of 8 from 8 to 256), T = 1,
  * varlen batches with sequences of length 1, f32 / bf16 / f16 storage; plus determinism, extra
  * memory, tuning overrides and files, and every bad-input path. Sequence lengths span several
  * tiles on every device, but in the loop over every head dim.
@@ -286,9 +286,32 @@ static void test_softcap_scale(void **state)
 }
 
 /*
+ * How many of attention_fwd, attention_bwd_dq and attention_bwd_dkdv (suffix "") or of their
+ * tensor-core versions (suffix "_mma" or "_wgmma") ran in dt at head dim d's shape class.
+ */
+static int attn_kernels_ran(const char *suffix, llmcl_dtype dt, int d)
+{
+    static const char *const keys[3] = {"attention_fwd", "attention_bwd_dq", "attention_bwd_dkdv"};
+    char key[64], cls[16], used[256];
+    snprintf(cls, sizeof cls, "%d", d);
+    int ran = 0;
+    for (int i = 0; i < 3; ++i) {
+        int launched = 0;
+        snprintf(key, sizeof key, "%s%s", keys[i], suffix);
+        TH_OK(llmcl_tune_params_get(th_ctx(), key, dt, cls, used, sizeof used, &launched));
+        ran += launched;
+    }
+    return ran;
+}
+
+/*
  * The head dims the tiles were measured at and the ones models use beside them (Phi-2's 80,
  * DeepSeek's 192), several of whose quarters the launcher's power-of-two column counts do not
  * divide: causal with GQA and an odd T, not causal with Tq < Tk, and a varlen batch at D = 112.
+ * Then the head dims of tiny models, 8, 16 and 24, whose quarters (2, 4, 6) cap the work-item
+ * columns and with them the tiles' keys: the same two cases in the dtype test_every_head_dim
+ * builds them in, and a varlen f16 batch at D = 16. Below 32, the tensor cores' floor, 16-bit
+ * calls run the portable kernels on every device (classes p3 and p4 hold D 8 and 16 alone).
  */
 static void test_head_dims(void **state)
 {
@@ -302,6 +325,21 @@ static void test_head_dims(void **state)
     attn_case c = causal(dense(LLMCL_F16, 3, 4, 2, 112, 0, 0));
     c.cu_q = c.cu_k = cu;
     check_case(c, 180);
+
+    for (int d = 8; d <= 24; d += 8) {
+        const llmcl_dtype dt = d % 16 ? LLMCL_BF16 : LLMCL_F32;
+        check_case(causal(dense(dt, 1, 2, 1, d, 75, 75)), 180 + d);
+        check_case(dense(dt, 1, 2, 2, d, 33, 70), 181 + d);
+    }
+    c.D = 16;
+    check_case(c, 182);
+    const llmcl_dtype small_dt[2] = {LLMCL_BF16, LLMCL_F16};
+    const int small_d[2] = {8, 16};
+    for (int i = 0; i < 2; ++i) {
+        assert_int_equal(attn_kernels_ran("", small_dt[i], small_d[i]), 3);
+        assert_int_equal(attn_kernels_ran("_mma", small_dt[i], small_d[i]), 0);
+        assert_int_equal(attn_kernels_ran("_wgmma", small_dt[i], small_d[i]), 0);
+    }
 }
 
 /*
@@ -312,7 +350,7 @@ static void test_head_dims(void **state)
 static void test_every_head_dim(void **state)
 {
     (void)state;
-    for (int d = 32; d <= 256; d += 8)
+    for (int d = 8; d <= 256; d += 8)
         check_case(causal(dense(d % 16 ? LLMCL_BF16 : LLMCL_F32, 1, 2, 1, d, 7, 7)), 200 + d);
 }
 
@@ -745,15 +783,15 @@ static void test_bad_inputs(void **state)
     TH_FAILS(llmcl_attention_forward(ctx, NULL, k, v, NULL, o, lse), LLMCL_ERROR_INVALID_ARGUMENT);
 
     /*
-     * Head dims that are no multiple of 8, below 32 or above 256, refused with the rule in the
+     * Head dims that are no multiple of 8, below 8 or above 256, refused with the rule in the
      * message; Hq not a multiple of Hkv; mismatched shapes and dtypes.
      */
-    const int bad_dims[] = {36, 24, 264};
+    const int bad_dims[] = {36, 4, 264};
     for (size_t i = 0; i < sizeof bad_dims / sizeof *bad_dims; ++i) {
         const int64_t sq[4] = {2, 4, 20, bad_dims[i]}, sk[4] = {2, 2, 24, bad_dims[i]};
         llmcl_tensor *qd = th_tensor(LLMCL_F32, 4, sq), *kd = th_tensor(LLMCL_F32, 4, sk);
         TH_FAILS(llmcl_attention_forward(ctx, qd, kd, kd, NULL, o, lse), LLMCL_ERROR_UNSUPPORTED);
-        assert_non_null(strstr(llmcl_last_error(ctx), "a multiple of 8 from 32 to 256"));
+        assert_non_null(strstr(llmcl_last_error(ctx), "a multiple of 8 from 8 to 256"));
         TH_FAILS(llmcl_attention_backward(ctx, qd, kd, kd, o, lse, dout, NULL, dq, dk, dv),
                  LLMCL_ERROR_UNSUPPORTED);
         llmcl_tensor_destroy(qd);

@@ -270,13 +270,20 @@ static void test_sources_styles_layouts(void **state)
                 }
 }
 
-/* Odd sizes: H = 1, 7 and 4097, T = 1, D small and odd-paired, k absent, partial rotary, huge D. */
+/*
+ * Odd sizes: H = 1, 7 and 4097, T = 1, D small and odd-paired, k absent, partial rotary, huge D;
+ * the head dims 8 and 16 of tiny models as llmcl-train rotates them (4 and 8 pairs, below the
+ * default vector of 8 pairs at D = 8).
+ */
 static void test_shapes(void **state)
 {
     (void)state;
     const rope_case cases[] = {
         {1, 1, 1, 1, 2, 2, LLMCL_ROPE_BHTD, LLMCL_ROPE_HALF, SRC_TABLE, 10000.0, NO_L3, 0},
         {3, 7, 1, 5, 6, 6, LLMCL_ROPE_BTHD, LLMCL_ROPE_HALF, SRC_POS_I32, 10000.0, NO_L3, 0},
+        {2, 8, 2, 9, 8, 8, LLMCL_ROPE_BTHD, LLMCL_ROPE_HALF, SRC_POS_I32, 10000.0, NO_L3, 0},
+        {2, 4, 2, 9, 16, 16, LLMCL_ROPE_BTHD, LLMCL_ROPE_HALF, SRC_POS_I32, 10000.0, NO_L3, 0},
+        {1, 3, 1, 6, 8, 8, LLMCL_ROPE_BHTD, LLMCL_ROPE_INTERLEAVED, SRC_TABLE, 10000.0, NO_L3, 0},
         {2, 7, 0, 11, 64, 64, LLMCL_ROPE_BHTD, LLMCL_ROPE_INTERLEAVED, SRC_TABLE, 10000.0, NO_L3,
          0},
         {1, 5, 3, 4, 64, 24, LLMCL_ROPE_BTHD, LLMCL_ROPE_HALF, SRC_TABLE_BATCH, 10000.0, NO_L3, 0},

@@ -2,6 +2,7 @@
 """test_train_cli.py: llmcl-train as a user runs it. Bad configurations, missing and malformed
 files and bad options fail with a clear message and status 1 (2 for unknown options); llm.c token
 files train; a run resumed from a checkpoint ends with the same bits as an uninterrupted one;
+models of head dim 16 and 8 train.
 Ctrl-C with --save-on-interrupt writes a checkpoint and exits 130. Hugging Face checkpoints: an f32
 export read back by --init-from (one file or shards) exports the same bytes; missing tensors, wrong
 shapes, configs that contradict the options fail naming them; LoRA runs resume bit for bit, only on
@@ -424,8 +425,14 @@ def main():
                  "3 heads do not divide the width 64")
     expect_error("kv heads that do not divide the heads", TINY + ["--kv-heads", "3"],
                  "3 key/value heads do not divide the 2 query heads")
-    expect_error("head dimension out of range", TINY + ["--heads", "4", "--kv-heads", "2"],
-                 "head dimension 16")
+    expect_error("head dimension out of range", TINY + ["--heads", "16"],
+                 "head dimension 4 (width 64 / 16 heads) must be a multiple of 8 from 8 to 256")
+    for heads in (4, 8):  # the head dims 16 and 8 of tiny test models train
+        r = expect_ok(f"head dimension {64 // heads}",
+                      TINY + ["--heads", str(heads), "--kv-heads", "2", "--steps", "4"])
+        loss = [float(x.split()[1]) for x in losses(r.stdout)]
+        check(f"head dimension {64 // heads}: 4 finite losses, falling",
+              len(loss) == 4 and all(x == x and x < 10 for x in loss) and loss[-1] < loss[0])
     expect_error("missing data file", TINY + ["--data", p("missing.txt")], "cannot open")
     with open(p("short.txt"), "w") as f:
         f.write("too short for a batch")

@@ -33,7 +33,8 @@
  *
  * Tunables (-D):
  *   D         head dim: any multiple of 4 x the work-item columns (see TM, TN); the launcher
- *             takes the multiples of 8 from 32 to 256 and picks columns that divide D / 4.
+ *             takes the multiples of 8 from 8 to 256 and picks columns that divide D / 4 (at
+ *             most 2, 4 and 6 at D 8, 16 and 24, which narrows the tiles' keys).
  *   IO_DT     storage of Q, K, V, O, dO, dQ, dK, dV: F32, BF16 or F16.
  *   BLOCK_M   query rows per tile (attn_fwd, attn_bwd_dq: work-group rows; attn_bwd_dkdv: columns).
  *   BLOCK_N   keys per tile (attn_fwd, attn_bwd_dq: columns; attn_bwd_dkdv: work-group rows).

@@ -69,9 +69,9 @@ const char *model_config_error(const model_config *c)
         return msg;
     }
     const int d = c->dim / c->heads;
-    if (d % 8 || d < 32 || d > 256) {
+    if (d % 8 || d < 8 || d > 256) {
         snprintf(msg, sizeof msg,
-                 "head dimension %d (width %d / %d heads) must be a multiple of 8 from 32 to 256",
+                 "head dimension %d (width %d / %d heads) must be a multiple of 8 from 8 to 256",
                  d, c->dim, c->heads);
         return msg;
     }

@@ -75,8 +75,8 @@ typedef struct attn_tiles {
 
 /* ---- validation ---- */
 
-/* FlashAttention-2's head dims (multiples of 8 up to 256) from 32, the range the tests cover. */
-static bool attn_head_dim_ok(int64_t d) { return d % 8 == 0 && d >= 32 && d <= 256; }
+/* FlashAttention-2's head dims: the multiples of 8 up to 256. */
+static bool attn_head_dim_ok(int64_t d) { return d % 8 == 0 && d >= 8 && d <= 256; }
 
 /* Unit stride on the last dimension and no negative strides: what the kernels' addressing needs. */
 static llmcl_status attn_check_layout(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name)
@@ -170,7 +170,7 @@ static llmcl_status attn_check_inputs(llmcl_ctx *ctx, const llmcl_tensor *q, con
     const int64_t d = q->shape[ax_d], hq = q->shape[ax_h], hkv = k->shape[ax_h];
     const int64_t tq = q->shape[ax_t], tk = k->shape[ax_t];
     LLMCL__REQUIRE(ctx, attn_head_dim_ok(d), LLMCL_ERROR_UNSUPPORTED,
-                   "attention: head dim %lld is unsupported (a multiple of 8 from 32 to 256)",
+                   "attention: head dim %lld is unsupported (a multiple of 8 from 8 to 256)",
                    (long long)d);
     LLMCL__REQUIRE(ctx, k->shape[ax_d] == d, LLMCL_ERROR_SHAPE_MISMATCH,
                    "attention: k's head dim %lld differs from q's %lld", (long long)k->shape[ax_d],
@@ -460,7 +460,8 @@ static llmcl_status attn_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kern
 /*
  * The tensor-core kernels: bf16 or f16 on a device with tensor cores, a head dim that is a multiple
  * of 16 (the mma's k) from 32 to 256, and loaded operands whose rows start on 16 bytes for
- * cp.async. Other calls take the portable kernels (LLMCL_LOG says so).
+ * cp.async. Other calls, the head dims 8 to 24 of tiny models among them, take the portable
+ * kernels (LLMCL_LOG says so).
  */
 static bool attn_mma_fits(const llmcl_ctx *ctx, const attn_geom *g, bool forward)
 {
