@@ -457,12 +457,13 @@ static void test_ce_bad_labels(void **state)
     th_rng rng = th_rng_new(9);
     double *x = random_doubles(&rng, (size_t)(n * v), -2, 2, LLMCL_F32);
     llmcl_tensor *tx = th_tensor_from(LLMCL_F32, 2, shape, x), *tl = th_tensor(LLMCL_F32, 1, &one);
-    const int64_t bad_values[] = {100, -5, 1000000};
-    for (int b = 0; b < 3; ++b) {
+    /* V, negative (not ignore_index) and huge labels, as I32 and I64 */
+    const int64_t bad_values[] = {100, -5, -1, 1000000, INT32_MIN};
+    for (int b = 0; b < 10; ++b) {
         int64_t *y = make_labels(&rng, n, v, 0, -100);
-        y[5] = bad_values[b];
+        y[5] = bad_values[b / 2];
         y[6] = 100;
-        llmcl_tensor *ty = labels_tensor(b == 1 ? LLMCL_I32 : LLMCL_I64, y, n);
+        llmcl_tensor *ty = labels_tensor(b % 2 ? LLMCL_I32 : LLMCL_I64, y, n);
         TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, NULL, tl, NULL, NULL, tx),
                  LLMCL_ERROR_INVALID_ARGUMENT);
         assert_non_null(strstr(llmcl_last_error(ctx), "labels[5]"));

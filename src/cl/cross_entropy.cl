@@ -316,7 +316,7 @@ inline ce_span ce_span_of(long base, long V, long sp, long ns)
                 const float8 xc_ = CAP(v_[u_]);                                                   \
                 float8 g_ = (q).x * exp(xc_ - (lse)) - (q).z * WEIGHT8(j_);                       \
                 const long d_ = (y) - j_;                                                         \
-                if (d_ >= 0 && d_ < 8)                                                            \
+                if ((ulong)d_ < 8)                                                                \
                     g_ -= (q).y * lane_onehot((int)d_);                                           \
                 STORE8DX(dx, (dbase) + j_, g_ * CAP_DERIV(xc_));                                  \
             }                                                                                     \
@@ -613,7 +613,7 @@ __kernel void ce_pick(int flags, const __global st_t *x, ulong xoff, long xstrid
     if (r >= nrows || stats[0] >= 0)
         return;
     const long y = LABEL(labels, loff + r);
-    if (y != ignore_index && y >= v0 && y < v0 + vc)
+    if (y != ignore_index && (ulong)(y - v0) < (ulong)vc) /* one compare, as in ce_prepare */
         xyb[r] = CAP(LOAD(DT, x, xoff + r * xstride + y - v0));
 }
 
