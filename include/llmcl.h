@@ -108,6 +108,11 @@ typedef struct llmcl_device_info {
                            retargeted to sm_90a, gave the right product (NVIDIA only) */
     int has_tma;        /* Hopper's TMA copies for wgmma: the CUDA driver (libcuda.so.1) encodes
                            tensor maps for this device (NVIDIA only; LLMCL_TMA=0 turns it off) */
+    uint64_t loop_limit; /* where the device cuts loops short, the iterations one work-item may
+                            run in one launch, all its loops together (each loop it reaches adds
+                            its iterations plus one): 65535 on Mesa's llvmpipe (rusticl on CPUs),
+                            measured by a probe kernel; 0 where none was found (2^20 iterations
+                            ran). llmcl's launchers split work to stay within it, or refuse */
 } llmcl_device_info;
 
 /*
@@ -810,7 +815,10 @@ typedef struct llmcl_matmul_opts {
  * the layout allows, and everything else through a portable tiled kernel. split_k > 1 (or the
  * automatic choice for shapes with few output tiles and a long K)
  * computes K slices into an f32 scratch of split_k * batch * M * N floats, counted in memory
- * accounting and freed when the call returns; results are the same bits run after run.
+ * accounting and freed when the call returns; results are the same bits run after run. Where the
+ * device cuts loops short (llmcl_device_info.loop_limit: rusticl on llvmpipe) the portable kernel
+ * takes more slices than asked when one slice's loops would pass the limit (about 2000 of K in
+ * each with the default tiles), and f32 takes CLBlast only for K within the limit.
  * llmcl_tune_params_get(ctx, "mm_wgmma", "mm_mma", "mm_mma_at" (mma.sync with a transposed) or
  * "mm_tiled", ...) reports the parameters of the path that ran.
  */

@@ -1,6 +1,6 @@
 /*
- * test_device.c: device selection through LLMCL_PLATFORM / LLMCL_DEVICE, the capability probe, and
- * contexts built on an application's own OpenCL objects.
+ * test_device.c: device selection through LLMCL_PLATFORM / LLMCL_DEVICE, the capability probe (the
+ * loop limit included), and contexts built on an application's own OpenCL objects.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +64,13 @@ static void test_probe(void **state)
     assert_int_equal(again.has_inline_ptx, info->has_inline_ptx);
     assert_int_equal(again.has_mma, info->has_mma);
     assert_int_equal(again.has_fp64, info->has_fp64);
+    /* the loop probe: Mesa's llvmpipe (rusticl on CPUs) ends loops after 65535 iterations (its
+       LP_MAX_TGSI_LOOP_ITERATIONS), PoCL and NVIDIA's GPUs run them in full */
+    assert_true(again.loop_limit == info->loop_limit);
+    if (strstr(info->name, "llvmpipe"))
+        assert_int_equal(info->loop_limit, 65535);
+    else if (info->vendor_id == LLMCL_VENDOR_POCL || info->vendor_id == LLMCL_VENDOR_NVIDIA)
+        assert_int_equal(info->loop_limit, 0);
     TH_FAILS(llmcl_device_probe(NULL, &again), LLMCL_ERROR_INVALID_ARGUMENT);
 }
 
