@@ -959,6 +959,37 @@ static void test_fused_large_tiles(void **state)
     run_fused(&wide, NULL, 813, 0);
 }
 
+/*
+ * Vocabulary-sized V (issue 35): rusticl's llvmpipe cut the tiles' backward short from V = 8191 on
+ * (cce_bwd_dh walks every vocabulary tile in one loop), and the linear form's dhidden product sums
+ * over V. Tall and skinny: a few rows, a small H, V = 32003 in tiles, in chunks and through the
+ * linear form. Then a hidden size whose tile sums alone pass llvmpipe's loop limit: the default
+ * runs in chunks there, and tiles asked for are refused.
+ */
+static void test_long_vocab(void **state)
+{
+    (void)state;
+    const lin_case c = {LLMCL_F32, 0, 0.1f, 0, 0, true, false, 5, 16, 32003, 0, 0, 0};
+    run_fused(&c, NULL, 850, -1);
+    const lin_case b = {LLMCL_BF16, 1, 0, 1e-3f, 0, true, true, 5, 16, 32003, 0, 0, 0};
+    run_fused(&b, NULL, 851, 4099);
+    run_linear(&c, NULL, 852);
+    const lin_case wide = {LLMCL_F32, 0, 0, 0, 0, false, false, 3, 2500, 40, 0, 0, 0};
+    run_fused(&wide, NULL, 853, 0);
+    llmcl_ctx *ctx = th_ctx();
+    if (!llmcl_ctx_device_info(ctx)->loop_limit)
+        return;
+    lin_problem p = lin_make(854, wide.n, wide.h, wide.v, LLMCL_F32, false, false, 0);
+    const int64_t one = 1;
+    llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &one), *tlse = th_tensor(LLMCL_F32, 1, &p.n);
+    const llmcl_ce_options o = {.vocab_chunk = -1};
+    TH_FAILS(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, NULL, p.ty, &o, tl, NULL, tlse),
+             LLMCL_ERROR_UNSUPPORTED);
+    assert_non_null(strstr(llmcl_last_error(ctx), "2500 columns"));
+    llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tlse);
+    lin_free(&p);
+}
+
 /* The linear form (vocab_chunk 0) or the fused form (tiles -1, chunks > 0) into g with opts o. */
 static void lin_grads_run(const lin_problem *p, llmcl_ce_options o, int64_t vocab_chunk,
                           const lin_grads *g)
@@ -1173,7 +1204,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_linear_ce),       cmocka_unit_test(test_fused_ce),
         cmocka_unit_test(test_linear_ninf),
         cmocka_unit_test(test_fused_gpu_tiles), cmocka_unit_test(test_fused_filter),
-        cmocka_unit_test(test_fused_large_tiles),
+        cmocka_unit_test(test_fused_large_tiles), cmocka_unit_test(test_long_vocab),
         cmocka_unit_test(test_paths_agree),     cmocka_unit_test(test_accumulate),     cmocka_unit_test(test_memory),
         cmocka_unit_test(test_linear_bad_args),
     };
