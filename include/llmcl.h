@@ -112,7 +112,8 @@ typedef struct llmcl_device_info {
                             run in one launch, all its loops together (each loop it reaches adds
                             its iterations plus one): 65535 on Mesa's llvmpipe (rusticl on CPUs),
                             measured by a probe kernel; 0 where none was found (2^20 iterations
-                            ran). llmcl's launchers split work to stay within it, or refuse */
+                            ran); LLMCL_LOOP_LIMIT lowers it. llmcl's launchers split work to
+                            stay within it, or refuse */
 } llmcl_device_info;
 
 /*

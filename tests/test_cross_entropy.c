@@ -990,6 +990,24 @@ static void test_long_vocab(void **state)
     lin_free(&p);
 }
 
+/*
+ * Loop limits on any device: 20000 runs the tiles' backward in ranges of about 12 tiles (dhidden
+ * over 63 vocabulary tiles, dweight over 13 row tiles); 1000, below one tile's sums, runs the
+ * default in chunks, whose products split K and whose dbias sums 2000 rows in blocks.
+ */
+static void test_low_loop_limit(void **state)
+{
+    (void)state;
+    th_loop_limit("20000");
+    const lin_case c = {LLMCL_F32, 0, 0.1f, 0, 2.0f, true, true, 400, 16, 2003, 0, 0, 0};
+    run_fused(&c, NULL, 860, -1);
+    th_loop_limit("1000");
+    const lin_case d = {LLMCL_F32, 1, 0, 1e-3f, 0, true, false, 2000, 16, 50, 0, 0, 0};
+    run_fused(&d, NULL, 861, 0);
+    run_linear(&d, NULL, 862);
+    th_loop_limit(NULL);
+}
+
 /* The linear form (vocab_chunk 0) or the fused form (tiles -1, chunks > 0) into g with opts o. */
 static void lin_grads_run(const lin_problem *p, llmcl_ce_options o, int64_t vocab_chunk,
                           const lin_grads *g)
@@ -1205,6 +1223,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_linear_ninf),
         cmocka_unit_test(test_fused_gpu_tiles), cmocka_unit_test(test_fused_filter),
         cmocka_unit_test(test_fused_large_tiles), cmocka_unit_test(test_long_vocab),
+        cmocka_unit_test(test_low_loop_limit),
         cmocka_unit_test(test_paths_agree),     cmocka_unit_test(test_accumulate),     cmocka_unit_test(test_memory),
         cmocka_unit_test(test_linear_bad_args),
     };

@@ -424,6 +424,7 @@ static void test_loop_limit(void **state)
     check_sum_rows(LLMCL_F32, LLMCL_F32, 3, n, 1.0);
     TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
     TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_BF16, NULL, NULL));
+
     if (llmcl_ctx_device_info(ctx)->loop_limit) {
         const int64_t tall[2] = {40000, 1}, one = 1;
         llmcl_tensor *t = th_tensor(LLMCL_F32, 2, tall), *s = th_tensor(LLMCL_F32, 1, &one);
@@ -434,6 +435,17 @@ static void test_loop_limit(void **state)
         check_sum_rows(LLMCL_F32, LLMCL_F32, 40000, 1, 0.0);
     }
     llmcl_tensor_destroy(x), llmcl_tensor_destroy(y), llmcl_tensor_destroy(h);
+    /* a limit of 200 on any device, default grids */
+    th_loop_limit("200");
+    llmcl_tensor *z = th_tensor(LLMCL_F32, 1, &n);
+    TH_OK(llmcl_fill(th_ctx(), z, 2.5));
+    for (int64_t i = 0; i < n; ++i)
+        ref[i] = 2.5;
+    th_download(z, got);
+    TH_ASSERT_CLOSE("fill, limit 200", ref, got, (size_t)n, (th_tol){0, 0});
+    llmcl_tensor_destroy(z);
+    check_sum_rows(LLMCL_BF16, LLMCL_F32, 5, n, 0.0);
+    th_loop_limit(NULL);
     free(ref), free(got);
 }
 

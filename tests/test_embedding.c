@@ -136,6 +136,21 @@ static void test_embedding_blocks(void **state)
     run_case(&c, 950);
 }
 
+/* A loop limit of 6000 on any device: the backward in blocks of about 1070 positions. */
+static void test_embedding_low_limit(void **state)
+{
+    (void)state;
+    th_loop_limit("6000");
+    const emb_case cases[] = {
+        {LLMCL_F32, LLMCL_I64, 3000, 3, 9, 1, 0},
+        {LLMCL_BF16, LLMCL_I32, 4500, 2, 5, 2, 3},
+        {LLMCL_F16, LLMCL_I64, 2500, 700, 33, 1, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
+        run_case(&cases[i], 960 + i);
+    th_loop_limit(NULL);
+}
+
 /*
  * An id out of range fails naming it, and neither out nor dweight changes: negative ids, V and huge
  * ids, as I32 and I64 (rusticl once let negative I32 ids through, read the row before the table
@@ -246,6 +261,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding_cases),
         cmocka_unit_test(test_embedding_blocks),
+        cmocka_unit_test(test_embedding_low_limit),
         cmocka_unit_test(test_embedding_bad_ids),
         cmocka_unit_test(test_embedding_negative_i32),
         cmocka_unit_test(test_embedding_bad_args),

@@ -366,6 +366,18 @@ static void test_long_k(void **state)
     c.split_k = 3;
     mm_check("K 70000, T 16", &c, 643);
     TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "*", NULL));
+    /* a limit of 2000 (3 k-steps of 16 a slice) on any device: the forced slices, f32 past
+       CLBlast, and split_k asked for below what the limit needs */
+    th_loop_limit("2000");
+    for (int d = 0; d < 3; ++d) {
+        c = plain(float_dtypes[d], 5, 9, 1001);
+        c.cdt = LLMCL_F32;
+        c.beta = 0.5;
+        c.bias = 1;
+        c.split_k = d;
+        mm_check("K 1001, limit 2000", &c, 650 + d);
+    }
+    th_loop_limit(NULL);
 }
 
 /* A forced tile set that cannot run is an error, not a silent substitute (a batch of 2 with

@@ -477,6 +477,13 @@ static void test_norm_loop_limit(void **state)
         llmcl_tensor_destroy(rs);
     }
     TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
+    /* a limit of 3000 on any device, default geometry: about 95 rows a slot */
+    th_loop_limit("3000");
+    const rms_case rl = {LLMCL_BF16, LLMCL_F32, 2000, 1024, 0, 0, LLAMA, 1.0f, false};
+    run_rms(&rl);
+    const ln_case ll = {LLMCL_F32, LLMCL_F32, 2000, 1030, 2, true, false};
+    run_layernorm(&ll);
+    th_loop_limit(NULL);
 }
 
 /* ---- rejected arguments ---- */

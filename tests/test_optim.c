@@ -373,6 +373,12 @@ static void test_loop_limit(void **state)
     llmcl_tensor_destroy(tw), llmcl_tensor_destroy(tg), llmcl_tensor_destroy(tm);
     llmcl_tensor_destroy(tv), llmcl_tensor_destroy(out);
     free(w), free(g), free(m), free(v), free(got);
+    /* a limit of 300 on any device, the default chunks and grids: three steps with clipping */
+    th_loop_limit("300");
+    set s = set_make(LLMCL_BF16, LLMCL_F32, true, true);
+    run_steps(&s, true, 33);
+    set_free(&s);
+    th_loop_limit(NULL);
 }
 
 /*

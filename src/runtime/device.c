@@ -376,6 +376,25 @@ static uint64_t loop_limit(cl_context context, cl_device_id device)
     return ok && trips > 0 && trips < n ? (uint64_t)trips : 0;
 }
 
+/*
+ * LLMCL_LOOP_LIMIT=N lowers the loop limit to N (or sets it where the device has none), so that
+ * the launchers' splitting of long loops runs, and is tested, on any device.
+ */
+static llmcl_status lower_loop_limit(llmcl_ctx *ctx, llmcl_device_info *info)
+{
+    const char *text = llmcl__getenv("LLMCL_LOOP_LIMIT");
+    if (!text)
+        return LLMCL_OK;
+    char *end;
+    const unsigned long long n = strtoull(text, &end, 10);
+    LLMCL__REQUIRE(ctx, end != text && *end == '\0' && n >= 1 && n <= INT64_MAX,
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "LLMCL_LOOP_LIMIT='%s' is not a count of loop iterations such as 65535", text);
+    if (!info->loop_limit || n < info->loop_limit)
+        info->loop_limit = n;
+    return LLMCL_OK;
+}
+
 static void device_string(cl_device_id d, cl_device_info what, char *buf, size_t len)
 {
     if (clGetDeviceInfo(d, what, len, buf, NULL) != CL_SUCCESS)
@@ -462,6 +481,7 @@ llmcl_status llmcl__device_probe(llmcl_ctx *ctx, cl_platform_id platform, cl_dev
     cl_context context = ctx ? ctx->context : clCreateContext(NULL, 1, &device, NULL, NULL, NULL);
     if (context)
         info->loop_limit = loop_limit(context, device);
+    LLMCL__TRY(lower_loop_limit(ctx, info));
     if (info->vendor_id == LLMCL_VENDOR_NVIDIA) {
         if (context)
             info->has_inline_ptx = inline_ptx_builds(context, device);
