@@ -367,11 +367,25 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     if (tpw * slots > (int64_t)wg)
         tpg = rope_tokens_per_group(ctx, (int64_t)wg, slots, n_tokens);
     const size_t local = tpg > 1 || slots <= (int64_t)wg ? (size_t)(tpg * slots) : wg;
-    int64_t groups = llmcl__div_up(n_tokens, tpg) * (order && !share ? head_groups : 1);
+    const int64_t blocks = llmcl__div_up(n_tokens, tpg) * (order && !share ? head_groups : 1);
+    int64_t groups = blocks;
     const int64_t max_groups =
         (int64_t)(ctx->info.compute_units ? ctx->info.compute_units : 1) * 2048;
     if (groups > max_groups)
         groups = max_groups;
+    const int64_t budget = llmcl__loop_budget(ctx);
+    if (budget != INT64_MAX) {
+        /* a block's loop passes (llmcl__loop_budget's count): the shared angles' loop, its slot
+           loop, each slot up to every head group's two loops of HPT heads and the angles of VEC */
+        const int64_t per_slot = (head_groups + 1) * 2 * (hpt + 1) + vec + 1;
+        const int64_t per_block = 3 + llmcl__div_up(tpg * c.pairs, (int64_t)local) +
+                                  (llmcl__div_up(slots, (int64_t)local) + 1) * per_slot;
+        LLMCL__TRY(llmcl__check_loops(ctx, per_block + 1, "%s: %lld heads of %lld pairs", fn,
+                                      (long long)heads, (long long)c.pairs));
+        const int64_t most = (budget - 1) / per_block; /* blocks a group may take */
+        if (llmcl__div_up(blocks, groups) > most)
+            groups = llmcl__div_up(blocks, most);
+    }
     const size_t global = (size_t)groups * local;
 
     /* Unused arguments (tables or positions, k) get q's buffer: never read. */
