@@ -266,6 +266,21 @@ static bool wgmma_switched_off(void)
     return v && strcmp(v, "0") == 0;
 }
 
+/* Releases what a probe that runs a kernel made; any of them may be NULL. */
+static void probe_release(cl_mem a, cl_mem b, cl_command_queue q, cl_kernel k, cl_program prog)
+{
+    if (a)
+        clReleaseMemObject(a);
+    if (b)
+        clReleaseMemObject(b);
+    if (q)
+        clReleaseCommandQueue(q);
+    if (k)
+        clReleaseKernel(k);
+    if (prog)
+        clReleaseProgram(prog);
+}
+
 /*
  * Whether wgmma runs through PTX retargeted to sm_90a (mma.cl): one warpgroup multiplies a 64 x 64
  * tile of ones by an 8 x 64 tile whose row n holds n + 1, from 128-byte swizzled local tiles (the
@@ -316,14 +331,7 @@ static bool wgmma_runs(cl_context context, cl_device_id device)
                 clEnqueueReadBuffer(q, buf, CL_TRUE, 0, sizeof ok, ok, 0, NULL, NULL) == CL_SUCCESS;
     for (int i = 0; runs && i < 128; ++i)
         runs = ok[i] == 1;
-    if (buf)
-        clReleaseMemObject(buf);
-    if (q)
-        clReleaseCommandQueue(q);
-    if (k)
-        clReleaseKernel(k);
-    if (prog)
-        clReleaseProgram(prog);
+    probe_release(buf, NULL, q, k, prog);
     return runs;
 }
 
@@ -363,16 +371,7 @@ static uint64_t loop_limit(cl_context context, cl_device_id device)
          clSetKernelArg(k, 2, sizeof n, &n) == CL_SUCCESS &&
          clEnqueueNDRangeKernel(q, k, 1, NULL, &one, &one, 0, NULL, NULL) == CL_SUCCESS &&
          clEnqueueReadBuffer(q, out, CL_TRUE, 0, sizeof trips, &trips, 0, NULL, NULL) == CL_SUCCESS;
-    if (out)
-        clReleaseMemObject(out);
-    if (in)
-        clReleaseMemObject(in);
-    if (q)
-        clReleaseCommandQueue(q);
-    if (k)
-        clReleaseKernel(k);
-    if (prog)
-        clReleaseProgram(prog);
+    probe_release(out, in, q, k, prog);
     return ok && trips > 0 && trips < n ? (uint64_t)trips : 0;
 }
 
