@@ -109,6 +109,12 @@ typedef struct llmcl_device_info {
                            retargeted to sm_90a, gave the right product (NVIDIA only) */
     int has_tma;        /* Hopper's TMA copies for wgmma: the CUDA driver (libcuda.so.1) encodes
                            tensor maps for this device (NVIDIA only; LLMCL_TMA=0 turns it off) */
+    uint64_t loop_limit; /* where the device cuts loops short, the iterations one work-item may
+                            run in one launch, all its loops together (each loop it reaches adds
+                            its iterations plus one): 65535 on Mesa's llvmpipe (rusticl on CPUs),
+                            measured by a probe kernel; 0 where none was found (2^20 iterations
+                            ran); LLMCL_LOOP_LIMIT lowers it. llmcl's launchers split work to
+                            stay within it, or refuse */
 } llmcl_device_info;
 
 /*
@@ -823,7 +829,10 @@ typedef struct llmcl_matmul_opts {
  * the layout allows, and everything else through a portable tiled kernel. split_k > 1 (or the
  * automatic choice for shapes with few output tiles and a long K)
  * computes K slices into an f32 scratch of split_k * batch * M * N floats, counted in memory
- * accounting and freed when the call returns; results are the same bits run after run.
+ * accounting and freed when the call returns; results are the same bits run after run. Where the
+ * device cuts loops short (llmcl_device_info.loop_limit: rusticl on llvmpipe) the portable kernel
+ * takes more slices than asked when one slice's loops would pass the limit (about 2000 of K in
+ * each with the default tiles), and f32 takes CLBlast only for K within the limit.
  * llmcl_tune_params_get(ctx, "mm_wgmma", "mm_mma", "mm_mma_at" (mma.sync with a transposed) or
  * "mm_tiled", ...) reports the parameters of the path that ran.
  */
@@ -1120,7 +1129,9 @@ LLMCL_API llmcl_status llmcl_embedding_forward(llmcl_ctx *ctx, const llmcl_tenso
  * bits run after run, no atomics. dout [N, H] (f32, bf16 or f16), dweight [V, H] f32 (accumulated
  * into, as a tied output head's gradient is). Rows of ids that do not occur are not touched. Each
  * position scans the ids before it to find whether it is its id's first occurrence, so the cost
- * grows as N^2 / H: fine for the tokens of a micro-batch (tens of thousands).
+ * grows as N^2 / H: fine for the tokens of a micro-batch (tens of thousands). Where the device
+ * cuts long loops short (llmcl_device_info.loop_limit) the positions go in blocks (58,000 on
+ * llvmpipe), each block's sums added to dweight in turn.
  */
 LLMCL_API llmcl_status llmcl_embedding_backward(llmcl_ctx *ctx, const llmcl_tensor *ids,
                                                 const llmcl_tensor *dout, llmcl_tensor *dweight);

@@ -48,6 +48,15 @@ int th_teardown(void **state)
     return 0;
 }
 
+void th_loop_limit(const char *value)
+{
+    th_teardown(NULL);
+    if (value)
+        setenv("LLMCL_LOOP_LIMIT", value, 1);
+    else
+        unsetenv("LLMCL_LOOP_LIMIT");
+}
+
 /* ---- random numbers: splitmix64 seeding, xoshiro256** ---- */
 
 static uint64_t splitmix(uint64_t *x)

@@ -31,6 +31,13 @@ int th_teardown(void **state);
  */
 void th_kernel_option(int argc, char **argv);
 
+/*
+ * Sets LLMCL_LOOP_LIMIT (NULL: unsets it) and releases the shared context, so that the next
+ * th_ctx() has that loop limit: the launchers then split long loops on any device as they must
+ * where the device cuts loops short (rusticl's llvmpipe).
+ */
+void th_loop_limit(const char *value);
+
 /* Runs a cmocka group with th_ctx() created first (so a missing device skips the whole file). */
 #define TH_RUN(tests) (th_ctx(), cmocka_run_group_tests((tests), NULL, th_teardown))
 

@@ -457,12 +457,13 @@ static void test_ce_bad_labels(void **state)
     th_rng rng = th_rng_new(9);
     double *x = random_doubles(&rng, (size_t)(n * v), -2, 2, LLMCL_F32);
     llmcl_tensor *tx = th_tensor_from(LLMCL_F32, 2, shape, x), *tl = th_tensor(LLMCL_F32, 1, &one);
-    const int64_t bad_values[] = {100, -5, 1000000};
-    for (int b = 0; b < 3; ++b) {
+    /* V, negative (not ignore_index) and huge labels, as I32 and I64 */
+    const int64_t bad_values[] = {100, -5, -1, 1000000, INT32_MIN};
+    for (int b = 0; b < 10; ++b) {
         int64_t *y = make_labels(&rng, n, v, 0, -100);
-        y[5] = bad_values[b];
+        y[5] = bad_values[b / 2];
         y[6] = 100;
-        llmcl_tensor *ty = labels_tensor(b == 1 ? LLMCL_I32 : LLMCL_I64, y, n);
+        llmcl_tensor *ty = labels_tensor(b % 2 ? LLMCL_I32 : LLMCL_I64, y, n);
         TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, NULL, tl, NULL, NULL, tx),
                  LLMCL_ERROR_INVALID_ARGUMENT);
         assert_non_null(strstr(llmcl_last_error(ctx), "labels[5]"));
@@ -958,6 +959,55 @@ static void test_fused_large_tiles(void **state)
     run_fused(&wide, NULL, 813, 0);
 }
 
+/*
+ * Vocabulary-sized V (issue 35): rusticl's llvmpipe cut the tiles' backward short from V = 8191 on
+ * (cce_bwd_dh walks every vocabulary tile in one loop), and the linear form's dhidden product sums
+ * over V. Tall and skinny: a few rows, a small H, V = 32003 in tiles, in chunks and through the
+ * linear form. Then a hidden size whose tile sums alone pass llvmpipe's loop limit: the default
+ * runs in chunks there, and tiles asked for are refused.
+ */
+static void test_long_vocab(void **state)
+{
+    (void)state;
+    const lin_case c = {LLMCL_F32, 0, 0.1f, 0, 0, true, false, 5, 16, 32003, 0, 0, 0};
+    run_fused(&c, NULL, 850, -1);
+    const lin_case b = {LLMCL_BF16, 1, 0, 1e-3f, 0, true, true, 5, 16, 32003, 0, 0, 0};
+    run_fused(&b, NULL, 851, 4099);
+    run_linear(&c, NULL, 852);
+    const lin_case wide = {LLMCL_F32, 0, 0, 0, 0, false, false, 3, 2500, 40, 0, 0, 0};
+    run_fused(&wide, NULL, 853, 0);
+    llmcl_ctx *ctx = th_ctx();
+    if (!llmcl_ctx_device_info(ctx)->loop_limit)
+        return;
+    lin_problem p = lin_make(854, wide.n, wide.h, wide.v, LLMCL_F32, false, false, 0);
+    const int64_t one = 1;
+    llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &one), *tlse = th_tensor(LLMCL_F32, 1, &p.n);
+    const llmcl_ce_options o = {.vocab_chunk = -1};
+    TH_FAILS(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, NULL, p.ty, &o, tl, NULL, tlse),
+             LLMCL_ERROR_UNSUPPORTED);
+    assert_non_null(strstr(llmcl_last_error(ctx), "2500 columns"));
+    llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tlse);
+    lin_free(&p);
+}
+
+/*
+ * Loop limits on any device: 20000 runs the tiles' backward in ranges of about 12 tiles (dhidden
+ * over 63 vocabulary tiles, dweight over 13 row tiles); 1000, below one tile's sums, runs the
+ * default in chunks, whose products split K and whose dbias sums 2000 rows in blocks.
+ */
+static void test_low_loop_limit(void **state)
+{
+    (void)state;
+    th_loop_limit("20000");
+    const lin_case c = {LLMCL_F32, 0, 0.1f, 0, 2.0f, true, true, 400, 16, 2003, 0, 0, 0};
+    run_fused(&c, NULL, 860, -1);
+    th_loop_limit("1000");
+    const lin_case d = {LLMCL_F32, 1, 0, 1e-3f, 0, true, false, 2000, 16, 50, 0, 0, 0};
+    run_fused(&d, NULL, 861, 0);
+    run_linear(&d, NULL, 862);
+    th_loop_limit(NULL);
+}
+
 /* The linear form (vocab_chunk 0) or the fused form (tiles -1, chunks > 0) into g with opts o. */
 static void lin_grads_run(const lin_problem *p, llmcl_ce_options o, int64_t vocab_chunk,
                           const lin_grads *g)
@@ -1172,7 +1222,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_linear_ce),       cmocka_unit_test(test_fused_ce),
         cmocka_unit_test(test_linear_ninf),
         cmocka_unit_test(test_fused_gpu_tiles), cmocka_unit_test(test_fused_filter),
-        cmocka_unit_test(test_fused_large_tiles),
+        cmocka_unit_test(test_fused_large_tiles), cmocka_unit_test(test_long_vocab),
+        cmocka_unit_test(test_low_loop_limit),
         cmocka_unit_test(test_paths_agree),     cmocka_unit_test(test_accumulate),     cmocka_unit_test(test_memory),
         cmocka_unit_test(test_linear_bad_args),
     };

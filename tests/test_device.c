@@ -1,6 +1,6 @@
 /*
- * test_device.c: device selection through LLMCL_PLATFORM / LLMCL_DEVICE, the capability probe, and
- * contexts built on an application's own OpenCL objects.
+ * test_device.c: device selection through LLMCL_PLATFORM / LLMCL_DEVICE, the capability probe (the
+ * loop limit included), and contexts built on an application's own OpenCL objects.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,7 +64,26 @@ static void test_probe(void **state)
     assert_int_equal(again.has_inline_ptx, info->has_inline_ptx);
     assert_int_equal(again.has_mma, info->has_mma);
     assert_int_equal(again.has_fp64, info->has_fp64);
+    /* the loop probe: Mesa's llvmpipe (rusticl on CPUs) ends loops after 65535 iterations (its
+       LP_MAX_TGSI_LOOP_ITERATIONS), PoCL and NVIDIA's GPUs run them in full */
+    assert_true(again.loop_limit == info->loop_limit);
+    if (strstr(info->name, "llvmpipe"))
+        assert_int_equal(info->loop_limit, 65535);
+    else if (info->vendor_id == LLMCL_VENDOR_POCL || info->vendor_id == LLMCL_VENDOR_NVIDIA)
+        assert_int_equal(info->loop_limit, 0);
     TH_FAILS(llmcl_device_probe(NULL, &again), LLMCL_ERROR_INVALID_ARGUMENT);
+    /* LLMCL_LOOP_LIMIT lowers the limit (never raises it); a bad value fails the context */
+    const uint64_t measured = info->loop_limit;
+    th_loop_limit("1000");
+    assert_true(llmcl_ctx_device_info(th_ctx())->loop_limit == 1000);
+    th_loop_limit("1000000000");
+    assert_true(llmcl_ctx_device_info(th_ctx())->loop_limit == (measured ? measured : 1000000000));
+    th_loop_limit("10x"); /* not through TH_FAILS: it would create the shared context */
+    llmcl_ctx *bad = NULL;
+    assert_int_equal(llmcl_ctx_create(&bad), LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_null(bad);
+    assert_non_null(strstr(llmcl_last_error(NULL), "LLMCL_LOOP_LIMIT"));
+    th_loop_limit(NULL);
 }
 
 static void test_select_by_name_substring(void **state)

@@ -1,6 +1,7 @@
 /*
  * test_elementwise.c: fill, copy, cast, axpy, mul and sum_rows against double references, on
- * contiguous and strided tensors of odd sizes in every dtype, plus their bad-input paths.
+ * contiguous and strided tensors of odd sizes in every dtype, grids widened where the device cuts
+ * loops short, plus their bad-input paths.
  */
 #include <math.h>
 #include <stdio.h>
@@ -388,6 +389,66 @@ static void test_sum_rows(void **state)
                                    betas[(a + b + r + l) % 3]);
 }
 
+/*
+ * Grids where the device cuts loops short (rusticl's llvmpipe: 65535 passes a work-item and
+ * launch): with one work-item a group and one group a compute unit, a fill, a cast, an axpy and a
+ * sum of 600,000 elements would loop far past the limit in each work-item, so the launcher widens
+ * the grid; a sum over more rows than one work-item's loops run is refused there.
+ */
+static void test_loop_limit(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    static const char *const keys[] = {"fill", "cast", "axpy", "sum_rows"};
+    for (int i = 0; i < 4; ++i)
+        TH_OK(llmcl_tune_override(ctx, keys[i], i == 1 ? LLMCL_BF16 : LLMCL_F32, "*",
+                                  "WG=1 GPC=1"));
+    const int64_t n = 600000;
+    double *ref = th_alloc((size_t)n * sizeof *ref), *got = th_alloc((size_t)n * sizeof *got);
+    for (int64_t i = 0; i < n; ++i)
+        ref[i] = 2.5;
+    llmcl_tensor *x = th_tensor(LLMCL_F32, 1, &n), *y = th_tensor(LLMCL_F32, 1, &n);
+    llmcl_tensor *h = th_tensor(LLMCL_BF16, 1, &n);
+    TH_OK(llmcl_fill(ctx, x, 2.5));
+    th_download(x, got);
+    TH_ASSERT_CLOSE("fill", ref, got, (size_t)n, (th_tol){0, 0});
+    TH_OK(llmcl_cast(ctx, x, h));
+    th_download(h, got);
+    TH_ASSERT_CLOSE("cast", ref, got, (size_t)n, (th_tol){0, 0});
+    TH_OK(llmcl_fill(ctx, y, 1.0));
+    TH_OK(llmcl_axpy(ctx, 2.0f, x, y));
+    for (int64_t i = 0; i < n; ++i)
+        ref[i] = 6.0;
+    th_download(y, got);
+    TH_ASSERT_CLOSE("axpy", ref, got, (size_t)n, (th_tol){0, 0});
+    check_sum_rows(LLMCL_F32, LLMCL_F32, 3, n, 1.0);
+    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
+    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_BF16, NULL, NULL));
+
+    if (llmcl_ctx_device_info(ctx)->loop_limit) {
+        const int64_t tall[2] = {40000, 1}, one = 1;
+        llmcl_tensor *t = th_tensor(LLMCL_F32, 2, tall), *s = th_tensor(LLMCL_F32, 1, &one);
+        TH_FAILS(llmcl_sum_rows(ctx, t, 0.0f, s), LLMCL_ERROR_UNSUPPORTED);
+        assert_non_null(strstr(llmcl_last_error(ctx), "40000 rows"));
+        llmcl_tensor_destroy(t), llmcl_tensor_destroy(s);
+    } else {
+        check_sum_rows(LLMCL_F32, LLMCL_F32, 40000, 1, 0.0);
+    }
+    llmcl_tensor_destroy(x), llmcl_tensor_destroy(y), llmcl_tensor_destroy(h);
+    /* a limit of 200 on any device, default grids */
+    th_loop_limit("200");
+    llmcl_tensor *z = th_tensor(LLMCL_F32, 1, &n);
+    TH_OK(llmcl_fill(th_ctx(), z, 2.5));
+    for (int64_t i = 0; i < n; ++i)
+        ref[i] = 2.5;
+    th_download(z, got);
+    TH_ASSERT_CLOSE("fill, limit 200", ref, got, (size_t)n, (th_tol){0, 0});
+    llmcl_tensor_destroy(z);
+    check_sum_rows(LLMCL_BF16, LLMCL_F32, 5, n, 0.0);
+    th_loop_limit(NULL);
+    free(ref), free(got);
+}
+
 /* y as one of x's rows: each element is read before it is written. */
 static void test_sum_rows_in_place(void **state)
 {
@@ -553,6 +614,7 @@ int main(void)
         cmocka_unit_test(test_mul),
         cmocka_unit_test(test_sum_rows),
         cmocka_unit_test(test_sum_rows_in_place),
+        cmocka_unit_test(test_loop_limit),
         cmocka_unit_test(test_in_place_and_empty),
         cmocka_unit_test(test_misaligned_views),
         cmocka_unit_test(test_bad_inputs),

@@ -1,7 +1,9 @@
 /*
  * test_embedding.c: llmcl_embedding_forward / backward against the double reference: every dtype,
  * I32 and I64 ids, strided ids and rows, repeated ids (the backward's owners), odd widths, one id,
- * no ids, determinism, out-of-range ids refused before anything is written, and bad arguments.
+ * no ids, more positions than rusticl's loops run (blocks of them there), determinism,
+ * out-of-range ids (negative, V, huge; I32 and I64) refused before anything is written, and bad
+ * arguments.
  */
 #include <math.h>
 #include <stdio.h>
@@ -117,36 +119,110 @@ static void test_embedding_cases(void **state)
     }
 }
 
-/* An id out of range fails naming it, and neither out nor dweight changes. */
+/*
+ * More positions than a device that cuts loops short runs in one launch (rusticl: the rescan of
+ * an id past LIST positions looped over all 70000 and stopped at 65535), which the launcher then
+ * takes in blocks. Elsewhere this is the rescan case above at a size whose owner checks (N^2 / 2
+ * id loads) would only slow the suite down.
+ */
+static void test_embedding_blocks(void **state)
+{
+    (void)state;
+    if (!llmcl_ctx_device_info(th_ctx())->loop_limit) {
+        printf("skipped: this device runs loops in full\n");
+        return;
+    }
+    const emb_case c = {LLMCL_F32, LLMCL_I64, 70000, 3, 4, 1, 0};
+    run_case(&c, 950);
+}
+
+/* A loop limit of 6000 on any device: the backward in blocks of about 1070 positions. */
+static void test_embedding_low_limit(void **state)
+{
+    (void)state;
+    th_loop_limit("6000");
+    const emb_case cases[] = {
+        {LLMCL_F32, LLMCL_I64, 3000, 3, 9, 1, 0},
+        {LLMCL_BF16, LLMCL_I32, 4500, 2, 5, 2, 3},
+        {LLMCL_F16, LLMCL_I64, 2500, 700, 33, 1, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
+        run_case(&cases[i], 960 + i);
+    th_loop_limit(NULL);
+}
+
+/*
+ * An id out of range fails naming it, and neither out nor dweight changes: negative ids, V and huge
+ * ids, as I32 and I64 (rusticl once let negative I32 ids through, read the row before the table
+ * and wrote the one before dweight).
+ */
 static void test_embedding_bad_ids(void **state)
 {
     (void)state;
     llmcl_ctx *ctx = th_ctx();
     const int64_t n = 20, v = 6, h = 8, ws[2] = {v, h}, os[2] = {n, h};
-    const int64_t bads[] = {-1, 6, 1000000};
-    for (int b = 0; b < 3; ++b) {
-        double ids[20], w[48], before[160], after[160];
-        for (int i = 0; i < n; ++i)
-            ids[i] = i % v;
-        ids[13] = (double)bads[b];
-        ids[17] = -5;
-        for (int i = 0; i < v * h; ++i)
-            w[i] = i * 0.25;
-        llmcl_tensor *tids = th_tensor_from(LLMCL_I64, 1, &n, ids);
-        llmcl_tensor *tw = th_tensor_from(LLMCL_F32, 2, ws, w), *out = th_tensor(LLMCL_F32, 2, os);
-        llmcl_tensor *tdw = th_tensor_from(LLMCL_F32, 2, ws, w);
-        th_download(out, before);
-        TH_FAILS(llmcl_embedding_forward(ctx, tids, tw, out), LLMCL_ERROR_INVALID_ARGUMENT);
-        assert_non_null(strstr(llmcl_last_error(ctx), "ids[13]"));
-        th_download(out, after);
-        assert_memory_equal(before, after, sizeof before); /* still the poison: NaN bits */
-        TH_FAILS(llmcl_embedding_backward(ctx, tids, out, tdw), LLMCL_ERROR_INVALID_ARGUMENT);
-        double dw[48];
-        th_download(tdw, dw);
-        assert_memory_equal(dw, w, sizeof dw);
-        llmcl_tensor_destroy(tids), llmcl_tensor_destroy(tw), llmcl_tensor_destroy(out);
-        llmcl_tensor_destroy(tdw);
-    }
+    const double bads[] = {-1, -5, 6, 1000000, 2147483647.0, -2147483648.0, 1099511627776.0,
+                           -1099511627776.0};
+    const llmcl_dtype id_dts[2] = {LLMCL_I32, LLMCL_I64};
+    for (int d = 0; d < 2; ++d)
+        for (size_t b = 0; b < sizeof bads / sizeof bads[0]; ++b) {
+            if (id_dts[d] == LLMCL_I32 && fabs(bads[b]) > 2147483648.0)
+                continue;
+            double ids[20], w[48], before[160], after[160];
+            for (int i = 0; i < n; ++i)
+                ids[i] = i % v;
+            ids[13] = bads[b];
+            ids[17] = -5;
+            for (int i = 0; i < v * h; ++i)
+                w[i] = i * 0.25;
+            llmcl_tensor *tids = th_tensor_from(id_dts[d], 1, &n, ids);
+            llmcl_tensor *tw = th_tensor_from(LLMCL_F32, 2, ws, w);
+            llmcl_tensor *out = th_tensor(LLMCL_F32, 2, os);
+            llmcl_tensor *tdw = th_tensor_from(LLMCL_F32, 2, ws, w);
+            th_download(out, before);
+            TH_FAILS(llmcl_embedding_forward(ctx, tids, tw, out), LLMCL_ERROR_INVALID_ARGUMENT);
+            assert_non_null(strstr(llmcl_last_error(ctx), "ids[13]"));
+            th_download(out, after);
+            assert_memory_equal(before, after, sizeof before); /* still the poison: NaN bits */
+            TH_FAILS(llmcl_embedding_backward(ctx, tids, out, tdw), LLMCL_ERROR_INVALID_ARGUMENT);
+            double dw[48];
+            th_download(tdw, dw);
+            assert_memory_equal(dw, w, sizeof dw);
+            llmcl_tensor_destroy(tids), llmcl_tensor_destroy(tw), llmcl_tensor_destroy(out);
+            llmcl_tensor_destroy(tdw);
+        }
+}
+
+/*
+ * The issue's case: i32 ids {1, 2, -1, 4, 0, 5} into an [11, 8] table, with dweight a view after
+ * a guard row that must stay intact.
+ */
+static void test_embedding_negative_i32(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const int64_t n = 6, v = 11, h = 8, ws[2] = {v, h}, os[2] = {n, h}, all = (v + 1) * h;
+    const double ids[6] = {1, 2, -1, 4, 0, 5};
+    double w[88], g[96], dout[48], got[96];
+    for (int i = 0; i < v * h; ++i)
+        w[i] = i;
+    for (int i = 0; i < all; ++i)
+        g[i] = -i;
+    for (int i = 0; i < n * h; ++i)
+        dout[i] = 1;
+    llmcl_tensor *tids = th_tensor_from(LLMCL_I32, 1, &n, ids);
+    llmcl_tensor *tw = th_tensor_from(LLMCL_F32, 2, ws, w), *out = th_tensor(LLMCL_F32, 2, os);
+    llmcl_tensor *tdo = th_tensor_from(LLMCL_F32, 2, os, dout);
+    llmcl_tensor *guarded = th_tensor_from(LLMCL_F32, 1, &all, g), *tdw = NULL;
+    const int64_t st[2] = {h, 1};
+    TH_OK(llmcl_tensor_view(guarded, 2, ws, st, h, &tdw));
+    TH_FAILS(llmcl_embedding_forward(ctx, tids, tw, out), LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "ids[2] = -1"));
+    TH_FAILS(llmcl_embedding_backward(ctx, tids, tdo, tdw), LLMCL_ERROR_INVALID_ARGUMENT);
+    th_download(guarded, got);
+    assert_memory_equal(got, g, sizeof got);
+    llmcl_tensor_destroy(tids), llmcl_tensor_destroy(tw), llmcl_tensor_destroy(out);
+    llmcl_tensor_destroy(tdo), llmcl_tensor_destroy(tdw), llmcl_tensor_destroy(guarded);
 }
 
 static void test_embedding_bad_args(void **state)
@@ -184,7 +260,10 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding_cases),
+        cmocka_unit_test(test_embedding_blocks),
+        cmocka_unit_test(test_embedding_low_limit),
         cmocka_unit_test(test_embedding_bad_ids),
+        cmocka_unit_test(test_embedding_negative_i32),
         cmocka_unit_test(test_embedding_bad_args),
     };
     return TH_RUN(tests);

@@ -354,6 +354,23 @@ static void test_tunables(void **state)
     TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
 }
 
+/*
+ * A loop limit of 200 on any device (rusticl's llvmpipe cuts loops at 65535): one work-item a
+ * group over 200,000 elements, whose grid the launcher then widens past its usual cap.
+ */
+static void test_loop_limit(void **state)
+{
+    (void)state;
+    th_loop_limit("200");
+    llmcl_ctx *ctx = th_ctx();
+    TH_OK(llmcl_tune_override(ctx, "glu_fwd", LLMCL_F32, "*", "VEC=1 UNROLL=1 WG=1"));
+    TH_OK(llmcl_tune_override(ctx, "glu_bwd", LLMCL_F32, "*", "VEC=1 UNROLL=1 WG=1"));
+    const glu_case c = {20, 10000, false, 0, 0, 0};
+    run_forward(LLMCL_F32, LLMCL_ACT_SILU, &c, 700);
+    run_backward(LLMCL_F32, LLMCL_ACT_SILU, &c, 701);
+    th_loop_limit(NULL);
+}
+
 /* Empty tensors are valid and launch nothing. */
 static void test_empty(void **state)
 {
@@ -460,7 +477,7 @@ int main(void)
         cmocka_unit_test(test_strided),     cmocka_unit_test(test_in_place),
         cmocka_unit_test(test_activation),  cmocka_unit_test(test_extremes),
         cmocka_unit_test(test_tunables),    cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_bad_inputs),     cmocka_unit_test(test_loop_limit),
     };
     return TH_RUN(tests);
 }

@@ -1,8 +1,9 @@
 /*
  * test_matmul.c: llmcl_matmul against the double reference for every transpose combination, dtype,
  * alpha, beta, bias, stride and batch layout, at sizes that are not tile multiples; the split-K
- * path against the plain one; the tensor-core path where the device has one (skipped with a
- * message elsewhere) and the portable kernel's tunables; every bad input, with c left intact.
+ * path against the plain one, vocabulary-sized K (more slices where the device cuts loops short);
+ * the tensor-core path where the device has one (skipped with a message elsewhere) and the
+ * portable kernel's tunables; every bad input, with c left intact.
  */
 #include <math.h>
 #include <stdio.h>
@@ -335,6 +336,50 @@ static void test_edges(void **state)
     llmcl_tensor_destroy(c);
 }
 
+/*
+ * Vocabulary-sized K (issue 35): rusticl's llvmpipe cut the portable kernel's k loop short (bf16
+ * and f16 at K = 32001 summed 9709 terms, f32 in two slices 19418 of each), so the launcher takes
+ * more slices where the device cuts loops, and f32 leaves CLBlast past the limit. Tall and skinny,
+ * so that it takes little time anywhere; one case on other tiles, whose loops count otherwise.
+ */
+static void test_long_k(void **state)
+{
+    (void)state;
+    for (int d = 0; d < 3; ++d)
+        for (int split = 0; split <= 2; split += 2) {
+            mm_case c = plain(float_dtypes[d], 4, 24, 32001);
+            c.cdt = split ? LLMCL_F32 : c.dt;
+            c.trans_a = d == 1;
+            c.split_k = split;
+            mm_check("K 32001", &c, 600 + 10 * d + split);
+        }
+    mm_case c = plain(LLMCL_F32, 3, 17, 70000);
+    mm_check("K 70000", &c, 640);
+    c.split_k = 2;
+    mm_check("K 70000", &c, 641);
+    c = plain(LLMCL_BF16, 5, 9, 70000);
+    c.trans_b = 1;
+    c.cdt = LLMCL_F32;
+    mm_check("K 70000", &c, 642);
+    TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "*", "T=16 BK=8 TM=2 TN=2"));
+    c = plain(LLMCL_F32, 5, 9, 70000);
+    c.split_k = 3;
+    mm_check("K 70000, T 16", &c, 643);
+    TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "*", NULL));
+    /* a limit of 2000 (3 k-steps of 16 a slice) on any device: the forced slices, f32 past
+       CLBlast, and split_k asked for below what the limit needs */
+    th_loop_limit("2000");
+    for (int d = 0; d < 3; ++d) {
+        c = plain(float_dtypes[d], 5, 9, 1001);
+        c.cdt = LLMCL_F32;
+        c.beta = 0.5;
+        c.bias = 1;
+        c.split_k = d;
+        mm_check("K 1001, limit 2000", &c, 650 + d);
+    }
+    th_loop_limit(NULL);
+}
+
 /* A forced tile set that cannot run is an error, not a silent substitute (a batch of 2 with
    ndim 3, else one matrix). */
 static void expect_refused(const char *key, llmcl_dtype dt, int ndim, const char *params)
@@ -559,7 +604,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transposes),        cmocka_unit_test(test_alpha_beta_bias),
         cmocka_unit_test(test_layouts_and_batches), cmocka_unit_test(test_split_k),
-        cmocka_unit_test(test_edges),             cmocka_unit_test(test_tiled_tunables),
+        cmocka_unit_test(test_edges),             cmocka_unit_test(test_long_k),
+        cmocka_unit_test(test_tiled_tunables),
         cmocka_unit_test(test_tensor_cores),      cmocka_unit_test(test_bad_input),
     };
     return TH_RUN(tests);

@@ -2,7 +2,8 @@
  * test_norm.c: RMSNorm, fused residual + RMSNorm and LayerNorm against the double references in
  * tests/ref/norm_ref.c: every dtype pairing, both casting modes, offsets 0 and 1, odd row lengths
  * (1, 7, 4097), rows padded and misaligned, rows longer than the register cache, in-place
- * variants, bitwise determinism of the weight gradients, and every rejected argument.
+ * variants, bitwise determinism of the weight gradients, row slots within a device's loop limit,
+ * and every rejected argument.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -442,6 +443,49 @@ static void test_norm_bwd_aligned_odd_rows(void **state)
         run_layernorm(&lc[i]);
 }
 
+/*
+ * Where the device cuts loops short (rusticl's llvmpipe: 65535 passes a work-item and launch), the
+ * backward's row slots take few enough rows each (two slots a compute unit walked thousands of
+ * rows, and dw came out short), and a row too long for one work-item's loops is refused. One
+ * work-item a row on misaligned rows (scalar chunks) makes every row cost hundreds of passes at a
+ * small size; on other devices the same cases run as they are.
+ */
+static void test_norm_loop_limit(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const char *one = "WG=1 ROWS=1 CACHE=1 GROUPS_PER_CU=1";
+    TH_OK(llmcl_tune_override(ctx, "rmsnorm_fwd", LLMCL_F32, "*", "WG=1 ROWS=1 CACHE=1"));
+    TH_OK(llmcl_tune_override(ctx, "rmsnorm_bwd", LLMCL_F32, "*", one));
+    TH_OK(llmcl_tune_override(ctx, "layernorm_fwd", LLMCL_F32, "*", "WG=1 ROWS=1 CACHE=1"));
+    TH_OK(llmcl_tune_override(ctx, "layernorm_bwd", LLMCL_F32, "*", one));
+    const rms_case rc = {LLMCL_F32, LLMCL_F32, 8192, 512, 0, 1, GEMMA, 0.0f, false};
+    run_rms(&rc);
+    const ln_case lc = {LLMCL_F32, LLMCL_F32, 8192, 512, 1, true, false};
+    run_layernorm(&lc);
+    const rms_case row = {LLMCL_F32, LLMCL_F32, 1, 600000, 0, 0, GEMMA, 0.0f, false};
+    if (!llmcl_ctx_device_info(ctx)->loop_limit) {
+        run_rms(&row);
+    } else {
+        const int64_t H = row.H;
+        llmcl_tensor *x = th_tensor(LLMCL_F32, 2, (const int64_t[2]){1, H});
+        llmcl_tensor *y = th_tensor(LLMCL_F32, 2, (const int64_t[2]){1, H});
+        llmcl_tensor *w = th_tensor(LLMCL_F32, 1, &H), *rs = th_tensor(LLMCL_F32, 1, &row.n);
+        TH_FAILS(llmcl_rmsnorm_forward(ctx, x, w, y, rs, NULL), LLMCL_ERROR_UNSUPPORTED);
+        assert_non_null(strstr(llmcl_last_error(ctx), "H = 600000"));
+        llmcl_tensor_destroy(x), llmcl_tensor_destroy(y), llmcl_tensor_destroy(w);
+        llmcl_tensor_destroy(rs);
+    }
+    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
+    /* a limit of 3000 on any device, default geometry: about 95 rows a slot */
+    th_loop_limit("3000");
+    const rms_case rl = {LLMCL_BF16, LLMCL_F32, 2000, 1024, 0, 0, LLAMA, 1.0f, false};
+    run_rms(&rl);
+    const ln_case ll = {LLMCL_F32, LLMCL_F32, 2000, 1030, 2, true, false};
+    run_layernorm(&ll);
+    th_loop_limit(NULL);
+}
+
 /* ---- rejected arguments ---- */
 
 static void test_bad_inputs(void **state)
@@ -535,6 +579,7 @@ int main(void)
         cmocka_unit_test(test_residual_rmsnorm),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_norm_bwd_aligned_odd_rows),
+        cmocka_unit_test(test_norm_loop_limit),
         cmocka_unit_test(test_bad_inputs),
     };
     return TH_RUN(tests);

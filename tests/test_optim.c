@@ -3,7 +3,8 @@
  * odd sizes go through each call: every param and grad dtype with and without master weights,
  * weight decay on some tensors, a gradient scale, clipping by a norm computed on the device, three
  * consecutive steps; stochastic rounding (neighbours, bias, repeatability); separate buffers
- * against views of one flat buffer per operand; tuned chunkings; and every bad input.
+ * against views of one flat buffer per operand; tuned chunkings; grids widened where the device cuts
+ * loops short; and every bad input.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -326,6 +327,61 @@ static void test_tuned_chunking(void **state)
 }
 
 /*
+ * Where the device cuts loops short (rusticl's llvmpipe: 65535 passes a work-item and launch),
+ * grids capped at one small group a compute unit over 4 million elements: the launchers widen them
+ * so that each group's chunks stay within the budget (with the CPU's default grid, the norm of a
+ * 300-million-element gradient would have stopped short there). Elsewhere the same, as tuned.
+ */
+static void test_loop_limit(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    /* grad_norm's last work-group sums every chunk's partial: chunks of 32, not of 4 */
+    TH_OK(llmcl_tune_override(ctx, "grad_norm", LLMCL_F32, "*", "WG=8 UNROLL=1 GPC=1"));
+    TH_OK(llmcl_tune_override(ctx, "adamw", LLMCL_F32, "*", "WG=1 UNROLL=1 GPC=1"));
+    const int64_t n = 4000000, one = 1;
+    double *w = th_alloc((size_t)n * sizeof *w), *g = th_alloc((size_t)n * sizeof *g);
+    double *m = th_alloc((size_t)n * sizeof *m), *v = th_alloc((size_t)n * sizeof *v);
+    double *got = th_alloc((size_t)n * sizeof *got);
+    th_rng r = th_rng_new(41);
+    th_fill_normal(&r, w, (size_t)n, 1.0);
+    th_fill_normal(&r, g, (size_t)n, 1.0);
+    th_round_all(LLMCL_F32, w, (size_t)n), th_round_all(LLMCL_F32, g, (size_t)n);
+    llmcl_tensor *tw = th_tensor_from(LLMCL_F32, 1, &n, w), *tg = th_tensor_from(LLMCL_F32, 1, &n, g);
+    llmcl_tensor *tm = th_tensor(LLMCL_F32, 1, &n), *tv = th_tensor(LLMCL_F32, 1, &n);
+    llmcl_tensor *out = th_tensor(LLMCL_F32, 1, &one);
+    TH_OK(llmcl_fill(ctx, tm, 0.0)), TH_OK(llmcl_fill(ctx, tv, 0.0));
+    TH_OK(llmcl_grad_norm(ctx, (const llmcl_tensor *const *)&tg, 1, 0, out));
+    double norm;
+    th_download(out, &norm);
+    const double want = sqrt(ref_sum_squares(g, (size_t)n));
+    TH_ASSERT_CLOSE("grad norm", &want, &norm, 1, (th_tol){0, 1e-5});
+    const llmcl_adamw_tensor t = {tw, NULL, tg, tm, tv, 0};
+    const llmcl_adamw_opts o = base_opts(1);
+    TH_OK(llmcl_adamw_step(ctx, &t, 1, &o));
+    const ref_adamw_hp hp = {o.lr, 0.9f, 0.999f, 1e-8f, o.weight_decay, 1};
+    for (int64_t i = 0; i < n; ++i) {
+        g[i] *= SCALE;
+        m[i] = v[i] = 0.0;
+    }
+    ref_adamw(w, m, v, g, (size_t)n, &hp, true);
+    th_download(tw, got);
+    TH_ASSERT_CLOSE("param", w, got, (size_t)n, th_tol_for(LLMCL_F32));
+    th_download(tv, got);
+    TH_ASSERT_CLOSE("v", v, got, (size_t)n, th_tol_for(LLMCL_F32));
+    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
+    llmcl_tensor_destroy(tw), llmcl_tensor_destroy(tg), llmcl_tensor_destroy(tm);
+    llmcl_tensor_destroy(tv), llmcl_tensor_destroy(out);
+    free(w), free(g), free(m), free(v), free(got);
+    /* a limit of 300 on any device, the default chunks and grids: three steps with clipping */
+    th_loop_limit("300");
+    set s = set_make(LLMCL_BF16, LLMCL_F32, true, true);
+    run_steps(&s, true, 33);
+    set_free(&s);
+    th_loop_limit(NULL);
+}
+
+/*
  * Stochastic rounding of one large tensor whose exact update lies between two 16-bit values: each
  * result is one of them, their mean is the exact mean within 5 standard errors (rounding to
  * nearest would be off by the whole update), the same seed repeats the bits and another changes
@@ -625,6 +681,7 @@ int main(void)
         cmocka_unit_test(test_adamw_combinations),
         cmocka_unit_test(test_flat_matches_separate),
         cmocka_unit_test(test_tuned_chunking),
+        cmocka_unit_test(test_loop_limit),
         cmocka_unit_test(test_stochastic_rounding),
         cmocka_unit_test(test_grad_norm),
         cmocka_unit_test(test_adamw_bad_inputs),

@@ -514,6 +514,22 @@ static void test_tunables(void **state)
     TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
 }
 
+/*
+ * A loop limit of 100 on any device (rusticl's llvmpipe cuts loops at 65535): one work-item a
+ * group over 60,000 tokens, whose grid the launcher then widens past its usual cap.
+ */
+static void test_loop_limit(void **state)
+{
+    (void)state;
+    th_loop_limit("100");
+    llmcl_ctx *ctx = th_ctx();
+    TH_OK(llmcl_tune_override(ctx, "rope_pos", LLMCL_F32, "*", "HPT=1 VEC=1 WG=1 ORDER=0"));
+    const rope_case c = {1, 1, 1, 60000, 4, 4, LLMCL_ROPE_BTHD, LLMCL_ROPE_HALF, SRC_POS_I32,
+                         10000.0, NO_L3, 0};
+    run_case(LLMCL_F32, &c, 4500);
+    th_loop_limit(NULL);
+}
+
 /* Empty tensors (no tokens, or no q heads) are valid and launch nothing. */
 static void test_empty(void **state)
 {
@@ -652,6 +668,7 @@ int main(void)
         cmocka_unit_test(test_tunables),
         cmocka_unit_test(test_empty),
         cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_loop_limit),
     };
     return TH_RUN(tests);
 }

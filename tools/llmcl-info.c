@@ -72,6 +72,11 @@ static void print_info(const llmcl_device_info *i)
     printf("  tensor cores         %s\n", i->has_mma ? "yes (mma.sync, ldmatrix, cp.async)" : "no");
     printf("  wgmma (sm_90a)       %s\n", i->has_wgmma ? "yes (PTX retargeted to sm_90a)" : "no");
     printf("  TMA copies           %s\n", i->has_tma ? "yes (tensor maps from libcuda)" : "no");
+    if (i->loop_limit)
+        printf("  loop limit           %llu iterations a work-item (longer work is split)\n",
+               (unsigned long long)i->loop_limit);
+    else
+        printf("  loop limit           none\n");
 }
 
 int main(int argc, char **argv)

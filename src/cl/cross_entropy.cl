@@ -316,7 +316,7 @@ inline ce_span ce_span_of(long base, long V, long sp, long ns)
                 const float8 xc_ = CAP(v_[u_]);                                                   \
                 float8 g_ = (q).x * exp(xc_ - (lse)) - (q).z * WEIGHT8(j_);                       \
                 const long d_ = (y) - j_;                                                         \
-                if (d_ >= 0 && d_ < 8)                                                            \
+                if ((ulong)d_ < 8)                                                                \
                     g_ -= (q).y * lane_onehot((int)d_);                                           \
                 STORE8DX(dx, (dbase) + j_, g_ * CAP_DERIV(xc_));                                  \
             }                                                                                     \
@@ -579,16 +579,19 @@ ce_finish(const __global float *rows, long n, const __global int *stats, int red
 
 /* ---- helpers of the chunked linear path ---- */
 
-/* acc[j] (+)= sum_r g[r, j] over an f32 [rows, V] block, rows in order: deterministic. */
-__kernel void ce_colsum(const __global float *g, long nrows, long V, __global float *acc,
-                        ulong aoff, int accumulate)
+/*
+ * acc[j] (+)= sum_r g[r, j] over an f32 [rows, V] block, rows in order: deterministic. Blocks of
+ * rows summed by launches one after the other, each accumulating, give the same bits.
+ */
+__kernel void ce_colsum(const __global float *g, ulong goff, long nrows, long V,
+                        __global float *acc, ulong aoff, int accumulate)
 {
     const long j = get_global_id(0);
     if (j >= V)
         return;
     float s = accumulate ? acc[aoff + j] : 0.0f;
     for (long r = 0; r < nrows; ++r)
-        s += g[r * V + j];
+        s += g[goff + r * V + j];
     acc[aoff + j] = s;
 }
 
@@ -613,7 +616,7 @@ __kernel void ce_pick(int flags, const __global st_t *x, ulong xoff, long xstrid
     if (r >= nrows || stats[0] >= 0)
         return;
     const long y = LABEL(labels, loff + r);
-    if (y != ignore_index && y >= v0 && y < v0 + vc)
+    if (y != ignore_index && (ulong)(y - v0) < (ulong)vc) /* one compare, as in ce_prepare */
         xyb[r] = CAP(LOAD(DT, x, xoff + r * xstride + y - v0));
 }
 
@@ -837,16 +840,17 @@ inline bool cce_grad_tile(int flags, const __global st_t *hid, ulong hoff, long 
 }
 
 /*
- * dhidden: work-group per row tile, over every vocabulary tile in order; dh (f32 [N, H], zeroed
- * first) += G x W. Each work-item owns its elements of the tile's rows, so the read-modify-write
- * needs no atomics and its order is fixed.
+ * dhidden: work-group per row tile, over the vocabulary tiles [vt0, vt1) in order; dh (f32 [N, H],
+ * zeroed first) += G x W. Each work-item owns its elements of the tile's rows, so the
+ * read-modify-write needs no atomics and its order is fixed: launches over consecutive ranges of
+ * vocabulary tiles (where the device cuts long loops short) give the same bits as one over all.
  */
 __kernel __attribute__((reqd_work_group_size(TWG, 1, 1))) void
 cce_bwd_dh(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H,
            const __global st_t *w, ulong wo, long wst, long V, const __global st_t *bias,
            ulong boff, const __global label_t *labels, ulong loff, const __global float *weight,
            ulong woff, const __global int *stats, const __global float *coef, float cap,
-           float filter, __global float *dh, ulong dhoff, long dhs)
+           float filter, long vt0, long vt1, __global float *dh, ulong dhoff, long dhs)
 {
     __local float As[BK * LDT] LOCAL_ALIGNED, Bs[BK * LDT] LOCAL_ALIGNED, Gs[T * T] LOCAL_ALIGNED;
     __local int keep;
@@ -854,8 +858,7 @@ cce_bwd_dh(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
         return;
     const int lid = get_local_id(0), tx = lid % NTX, ty = lid / NTX;
     const long r0 = get_group_id(0) * (long)T;
-    const long nvt = (V + T - 1) / T;
-    for (long vt = 0; vt < nvt; ++vt) {
+    for (long vt = vt0; vt < vt1; ++vt) {
         const long v0 = vt * T;
         if (!cce_grad_tile(flags, hid, hoff, hs, N, H, w, wo, wst, V, bias, boff, labels, loff,
                            weight, woff, coef, cap, filter, r0, v0, As, Bs, Gs, 1, &keep))
@@ -895,17 +898,19 @@ cce_bwd_dh(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
 }
 
 /*
- * dW and dbias: work-group per vocabulary tile, over every row tile in order; dw (f32 [V, H],
- * zeroed first unless accumulating) += G^T x hidden and dbias[v] = sum over rows of G (has_db 1)
- * or += it (has_db 2), both owned by this work-group (each only when its has_ flag is set).
+ * dW and dbias: work-group per vocabulary tile, over the row tiles [rt0, rt1) in order; dw (f32
+ * [V, H], zeroed first unless accumulating) += G^T x hidden and dbias[v] = sum over those rows of
+ * G (has_db 1) or += it (has_db 2), both owned by this work-group (each only when its has_ flag is
+ * set). Consecutive ranges of row tiles (where the device cuts long loops short) run as launches
+ * one after the other, the later ones adding to dbias.
  */
 __kernel __attribute__((reqd_work_group_size(TWG, 1, 1))) void
 cce_bwd_dw(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H,
            const __global st_t *w, ulong wo, long wst, long V, const __global st_t *bias,
            ulong boff, const __global label_t *labels, ulong loff, const __global float *weight,
            ulong woff, const __global int *stats, const __global float *coef, float cap,
-           float filter, int has_dw, __global float *dw, ulong dwoff, long dws, int has_db,
-           __global float *db, ulong dboff)
+           float filter, long rt0, long rt1, int has_dw, __global float *dw, ulong dwoff,
+           long dws, int has_db, __global float *db, ulong dboff)
 {
     __local float As[BK * LDT] LOCAL_ALIGNED, Bs[BK * LDT] LOCAL_ALIGNED, Gs[T * T] LOCAL_ALIGNED;
     __local int keep;
@@ -913,9 +918,8 @@ cce_bwd_dw(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
         return;
     const int lid = get_local_id(0), tx = lid % NTX, ty = lid / NTX;
     const long v0 = get_group_id(0) * (long)T;
-    const long nrt = (N + T - 1) / T;
     float dbias = 0.0f;
-    for (long rt = 0; rt < nrt; ++rt) {
+    for (long rt = rt0; rt < rt1; ++rt) {
         const long r0 = rt * T;
         if (!cce_grad_tile(flags, hid, hoff, hs, N, H, w, wo, wst, V, bias, boff, labels, loff,
                            weight, woff, coef, cap, filter, r0, v0, As, Bs, Gs, 0, &keep))

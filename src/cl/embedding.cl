@@ -42,8 +42,9 @@ __kernel void emb_check(const __global tok_t *ids, ulong ioff, long istride, lon
     const long i = get_global_id(0);
     if (i >= n)
         return;
-    const long id = TOKEN(i);
-    if (id < 0 || id >= V)
+    /* one unsigned compare: Mesa's LLVM 15 (rusticl) folds id < 0 || id >= V into a test that
+       passes negative ids sign-extended from I32 */
+    if ((ulong)TOKEN(i) >= (ulong)V)
         atomic_min(bad, (int)i);
 }
 

@@ -298,6 +298,21 @@ static bool wgmma_switched_off(void)
     return v && strcmp(v, "0") == 0;
 }
 
+/* Releases what a probe that runs a kernel made; any of them may be NULL. */
+static void probe_release(cl_mem a, cl_mem b, cl_command_queue q, cl_kernel k, cl_program prog)
+{
+    if (a)
+        clReleaseMemObject(a);
+    if (b)
+        clReleaseMemObject(b);
+    if (q)
+        clReleaseCommandQueue(q);
+    if (k)
+        clReleaseKernel(k);
+    if (prog)
+        clReleaseProgram(prog);
+}
+
 /*
  * Whether wgmma runs through PTX retargeted to sm_90a (mma.cl): one warpgroup multiplies a 64 x 64
  * tile of ones by an 8 x 64 tile whose row n holds n + 1, from 128-byte swizzled local tiles (the
@@ -348,15 +363,67 @@ static bool wgmma_runs(cl_context context, cl_device_id device)
                 clEnqueueReadBuffer(q, buf, CL_TRUE, 0, sizeof ok, ok, 0, NULL, NULL) == CL_SUCCESS;
     for (int i = 0; runs && i < 128; ++i)
         runs = ok[i] == 1;
-    if (buf)
-        clReleaseMemObject(buf);
-    if (q)
-        clReleaseCommandQueue(q);
-    if (k)
-        clReleaseKernel(k);
-    if (prog)
-        clReleaseProgram(prog);
+    probe_release(buf, NULL, q, k, prog);
     return runs;
+}
+
+/* Trips of the loop probe: far past llvmpipe's 65535, a millisecond where loops run in full. */
+#define LOOP_PROBE_TRIPS (1 << 20)
+
+/*
+ * Where the device ends loops early (info.loop_limit), else 0: one work-item sums a loop of
+ * LOOP_PROBE_TRIPS trips over values it loads, which no compiler can fold away, and reports how
+ * many trips ran. Mesa's llvmpipe stops every loop of a kernel invocation once they have made
+ * 65535 passes together, a guard against endless loops (docs/PORTABILITY.md has the rule).
+ */
+static uint64_t loop_limit(cl_context context, cl_device_id device)
+{
+    static const char *src =
+        "__kernel void probe(__global const int *one, __global long *trips, long n) {\n"
+        "  long acc = 0;\n"
+        "  for (long i = 0; i < n; ++i)\n"
+        "    acc += one[i & 1];\n"
+        "  trips[0] = acc;\n"
+        "}\n";
+    const cl_int ones[2] = {1, 1};
+    const cl_long n = LOOP_PROBE_TRIPS;
+    cl_long trips = n;
+    cl_int err;
+    cl_program prog = clCreateProgramWithSource(context, 1, &src, NULL, &err);
+    bool ok = err == CL_SUCCESS && clBuildProgram(prog, 1, &device, "", NULL, NULL) == CL_SUCCESS;
+    cl_kernel k = ok ? clCreateKernel(prog, "probe", &err) : NULL;
+    cl_command_queue q = k ? clCreateCommandQueue(context, device, 0, &err) : NULL;
+    cl_mem in = q ? clCreateBuffer(context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof ones,
+                                   (void *)ones, &err)
+                  : NULL;
+    cl_mem out = in ? clCreateBuffer(context, CL_MEM_WRITE_ONLY, sizeof trips, NULL, &err) : NULL;
+    const size_t one = 1;
+    ok = out && clSetKernelArg(k, 0, sizeof in, &in) == CL_SUCCESS &&
+         clSetKernelArg(k, 1, sizeof out, &out) == CL_SUCCESS &&
+         clSetKernelArg(k, 2, sizeof n, &n) == CL_SUCCESS &&
+         clEnqueueNDRangeKernel(q, k, 1, NULL, &one, &one, 0, NULL, NULL) == CL_SUCCESS &&
+         clEnqueueReadBuffer(q, out, CL_TRUE, 0, sizeof trips, &trips, 0, NULL, NULL) == CL_SUCCESS;
+    probe_release(out, in, q, k, prog);
+    return ok && trips > 0 && trips < n ? (uint64_t)trips : 0;
+}
+
+/*
+ * LLMCL_LOOP_LIMIT=N lowers the loop limit to N (or sets it where the device has none), so that
+ * the launchers' splitting of long loops runs, and is tested, on any device.
+ */
+static llmcl_status lower_loop_limit(llmcl_ctx *ctx, llmcl_device_info *info)
+{
+    const char *text = llmcl__getenv("LLMCL_LOOP_LIMIT");
+    if (!text)
+        return LLMCL_OK;
+    char *end;
+    const unsigned long long n = strtoull(text, &end, 10);
+    LLMCL__REQUIRE(ctx, end != text && *end == '\0' && n >= 1 && n <= INT64_MAX,
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "LLMCL_LOOP_LIMIT='%s' is not a count of loop iterations such as 65535", text);
+    if (!info->loop_limit || n < info->loop_limit)
+        info->loop_limit = n;
+    return LLMCL_OK;
 }
 
 static void device_string(cl_device_id d, cl_device_info what, char *buf, size_t len)
@@ -442,8 +509,11 @@ llmcl_status llmcl__device_probe(llmcl_ctx *ctx, cl_platform_id platform, cl_dev
         llmcl__has_extension(exts, "cl_khr_subgroups") || llmcl__has_extension(exts, "cl_intel_subgroups");
     free(exts);
 
+    cl_context context = ctx ? ctx->context : clCreateContext(NULL, 1, &device, NULL, NULL, NULL);
+    if (context)
+        info->loop_limit = loop_limit(context, device);
+    LLMCL__TRY(lower_loop_limit(ctx, info));
     if (info->vendor_id == LLMCL_VENDOR_NVIDIA) {
-        cl_context context = ctx ? ctx->context : clCreateContext(NULL, 1, &device, NULL, NULL, NULL);
         if (context)
             info->has_inline_ptx = inline_ptx_builds(context, device);
         if (context && info->has_inline_ptx && info->nv_cc_major >= 8)
@@ -455,10 +525,31 @@ llmcl_status llmcl__device_probe(llmcl_ctx *ctx, cl_platform_id platform, cl_dev
         const uint64_t optin = nv_optin_local_bytes(info->nv_cc_major, info->nv_cc_minor);
         if (context && optin > info->local_mem_bytes && static_local_builds(context, device, optin))
             info->local_mem_static_bytes = optin;
-        if (context && !ctx)
-            clReleaseContext(context);
     }
+    if (context && !ctx)
+        clReleaseContext(context);
     return LLMCL_OK;
+}
+
+int64_t llmcl__loop_budget(const llmcl_ctx *ctx)
+{
+    return ctx->info.loop_limit ? (int64_t)ctx->info.loop_limit : INT64_MAX;
+}
+
+llmcl_status llmcl__check_loops(llmcl_ctx *ctx, int64_t passes, const char *fmt, ...)
+{
+    if (passes <= llmcl__loop_budget(ctx))
+        return LLMCL_OK;
+    char what[LLMCL__ERR_LEN / 2];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return LLMCL__FAIL(ctx, LLMCL_ERROR_UNSUPPORTED,
+                       "%s: its loops would run %lld iterations in one work-item, past the %llu "
+                       "that this device runs before it cuts loops short (llmcl_device_info."
+                       "loop_limit)",
+                       what, (long long)passes, (unsigned long long)ctx->info.loop_limit);
 }
 
 llmcl_status llmcl_device_probe(cl_device_id device, llmcl_device_info *info)

@@ -121,6 +121,22 @@ llmcl_status llmcl__device_probe(llmcl_ctx *ctx, cl_platform_id platform, cl_dev
 /* Whether the space-separated list exts names the extension name. */
 bool llmcl__has_extension(const char *exts, const char *name);
 
+/*
+ * Loop budgets, for devices that cut long loops short (info.loop_limit: Mesa's llvmpipe). A
+ * launcher counts the passes one work-item of its kernel makes through the ends of loops the way
+ * such a device does (docs/PORTABILITY.md): every loop the work-item reaches adds its iterations
+ * plus one, even one under a false condition, and nested loops add theirs each time they run.
+ * Where the count passes the budget it splits the work, or refuses.
+ */
+
+/* The device's budget of loop passes for one work-item in one launch; INT64_MAX for no limit. */
+int64_t llmcl__loop_budget(const llmcl_ctx *ctx);
+
+/* LLMCL_ERROR_UNSUPPORTED naming what (printf-style), passes and the limit when passes exceed the
+   budget; LLMCL_OK otherwise. */
+llmcl_status llmcl__check_loops(llmcl_ctx *ctx, int64_t passes, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* ---- memory ---- */
 
 /* Allocates a device buffer counted in ctx->memory; errors are reported as out of memory. */

@@ -191,6 +191,44 @@ static void ce_row_params(ce_run *r)
         llmcl__param_set(&r->rp, "UNROLL", ctx->info.is_gpu ? 2 : 1);
 }
 
+/* Passes of a reduction over the row kernels' work-group (log2 WG halvings and the exit). */
+static int64_t reduce_passes(const ce_run *r)
+{
+    int64_t passes = 1;
+    for (long w = llmcl__param_get(&r->rp, "WG", 64); w > 1; w /= 2)
+        ++passes;
+    return passes;
+}
+
+/*
+ * Where the device cuts loops short, whether the row kernels' loops fit its budget (llmcl__
+ * loop_budget's count): ce_prepare and ce_finish, one work-group over the n labels (and the V
+ * class weights), and a row of V logits in one work-group (ce_rows: SCAN_ROW and GRAD_ROW, chunks
+ * of 8 logits with UNROLL loads and updates a trip, and three reductions), which bounds every split
+ * and chunk of a row.
+ */
+static llmcl_status check_row_loops(ce_run *r)
+{
+    const int64_t wg = llmcl__param_get(&r->rp, "WG", 64);
+    const int64_t u = llmcl__param_get(&r->rp, "UNROLL", 1);
+    const int64_t labels = llmcl__div_up(r->n, wg) + 1, red = reduce_passes(r);
+    LLMCL__TRY(llmcl__check_loops(r->ctx, labels + llmcl__div_up(r->v, wg) + 1 + 4 * red,
+                                  "cross-entropy: %lld labels, V = %lld", (long long)r->n,
+                                  (long long)r->v));
+    LLMCL__TRY(llmcl__check_loops(r->ctx, 2 * labels + 2 * red, "cross-entropy: %lld rows",
+                                  (long long)r->n));
+    const int64_t scan = llmcl__div_up(llmcl__div_up(r->v, 8), wg * u) * (2 * u + 3) + 1;
+    return llmcl__check_loops(r->ctx, 2 * scan + 3 * red, "cross-entropy: rows of V = %lld",
+                              (long long)r->v);
+}
+
+/* ce_combine's two loops (ce_merge) over a row's nslots partials. */
+static llmcl_status check_merge_loops(ce_run *r, int64_t nslots)
+{
+    return llmcl__check_loops(r->ctx, 2 * (nslots + 1), "cross-entropy: %lld partials a row",
+                              (long long)nslots);
+}
+
 /*
  * Checks the options against V, picks the row tunables, allocates the stats and per-row scratch
  * (lse too unless the caller has one) and enqueues ce_prepare.
@@ -207,6 +245,7 @@ static llmcl_status ce_begin(ce_run *r, llmcl_ctx *ctx, llmcl_dtype dt, const ll
     r->ignore = r->o.use_ignore_index ? r->o.ignore_index : CE_DEFAULT_IGNORE;
 
     ce_row_params(r);
+    LLMCL__TRY(check_row_loops(r));
 
     const int64_t four = 4, two_n = 2 * n;
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_I32, 1, &four, "cross-entropy stats", &r->stats));
@@ -350,6 +389,7 @@ static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
         return llmcl__launch(&a, 1, &g, &wg);
     }
 
+    LLMCL__TRY(check_merge_loops(r, splits));
     llmcl_status st;
     llmcl_tensor *part = NULL;
     const int64_t np = j->nrows * splits * 3;
@@ -582,19 +622,24 @@ static llmcl_status head_view(const llmcl_tensor *t, int64_t rows, int64_t cols,
 
 /*
  * dbias[v0 + j] (+)= sum over rows of g[r, j] for the f32 block g [rows, cols] (row stride cols)
- * through ce_colsum, rows in order: deterministic.
+ * through ce_colsum, rows in order: deterministic. Where the device cuts loops short, in launches
+ * over blocks of rows within its budget, which give the same bits.
  */
 static llmcl_status colsum(llmcl_ctx *ctx, cl_kernel kcol, const llmcl_tensor *g, int64_t rows,
                            int64_t cols, const llmcl_tensor *dbias, int64_t v0, bool accumulate)
 {
-    llmcl__args a = llmcl__args_begin(ctx, kcol);
-    arg_buf(&a, g->mem);
-    llmcl__arg_i64(&a, rows);
-    llmcl__arg_i64(&a, cols);
-    arg_mem(&a, dbias->mem, dbias->offset + v0);
-    llmcl__arg_i32(&a, accumulate);
-    const size_t global = (size_t)cols, local = 64;
-    return llmcl__launch(&a, 1, &global, &local);
+    const int64_t budget = llmcl__loop_budget(ctx), block = rows < budget - 1 ? rows : budget - 1;
+    for (int64_t r0 = 0; r0 < rows; r0 += block) {
+        llmcl__args a = llmcl__args_begin(ctx, kcol);
+        arg_mem(&a, g->mem, g->offset + r0 * cols);
+        llmcl__arg_i64(&a, rows - r0 < block ? rows - r0 : block);
+        llmcl__arg_i64(&a, cols);
+        arg_mem(&a, dbias->mem, dbias->offset + v0);
+        llmcl__arg_i32(&a, accumulate || r0 > 0);
+        const size_t global = (size_t)cols, local = 64;
+        LLMCL__TRY(llmcl__launch(&a, 1, &global, &local));
+    }
+    return LLMCL_OK;
 }
 
 /*
@@ -740,6 +785,7 @@ done:
 static llmcl_status fused_combine(ce_run *r, const llmcl_tensor *part, int64_t nslots,
                                   const llmcl_tensor *xyb, llmcl_tensor *lse)
 {
+    LLMCL__TRY(check_merge_loops(r, nslots));
     cl_kernel k;
     LLMCL__TRY(row_kernel(r, "ce_combine", &k));
     llmcl__args a = llmcl__args_begin(r->ctx, k);
@@ -799,12 +845,6 @@ static llmcl_status fused_coefs(ce_run *r, const llmcl_tensor *lse, const llmcl_
 #define CE_MAPS_RESERVE (64ull << 10)
 /* Tensor-core multiply-adds a byte of memory traffic costs (the H100: ~300 T/s against 3 TB/s). */
 #define CE_MACS_PER_BYTE 100.0
-
-/* Chunks where the device has tensor cores (or vocab_chunk asks), else the tile kernels. */
-static bool fused_chunked(const llmcl_ctx *ctx, const llmcl_ce_options *o)
-{
-    return o->vocab_chunk > 0 || (o->vocab_chunk == 0 && ctx->info.has_mma);
-}
 
 /*
  * Classes per chunk: f32 logits of every row, plus their 16-bit copy for the gradient products
@@ -1295,6 +1335,42 @@ static llmcl_status tile_kernel(ce_run *r, const llmcl__params *p, const char *n
     return llmcl__kernel(r->ctx, CE_FAMILY, &d, name, k);
 }
 
+/* Loop passes of a TM x TN loop nest (accumulators' set-up and epilogue, the row math). */
+static int64_t nest_passes(int64_t tm, int64_t tn) { return tm + 1 + tm * (tn + 1); }
+
+/*
+ * Where the device cuts loops short, the tiles that one work-item of the fused kernel `name`
+ * (tiles p, hidden size h) may take in a launch within the budget: vocabulary tiles for cce_fwd
+ * and cce_bwd_dh, row tiles for cce_bwd_dw; 0 when not even one fits; INT64_MAX without a limit.
+ * The count is llmcl__loop_budget's, from the kernels' loops: a tile's dot products over h
+ * (cce_tile) take ceil(h / BK) k-steps, each the step, its loads and BK multiply-adds of TM x TN
+ * products read by LDS_RUN; the backward's G tile then multiplies T columns of h at a time.
+ */
+static int64_t tiles_per_launch(const ce_run *r, const llmcl__params *p, const char *name,
+                                int64_t h)
+{
+    const int64_t budget = llmcl__loop_budget(r->ctx);
+    if (budget == INT64_MAX)
+        return INT64_MAX;
+    const int64_t t = llmcl__param_get(p, "T", 32), bk = llmcl__param_get(p, "BK", 16);
+    const int64_t tm = llmcl__param_get(p, "TM", 4), tn = llmcl__param_get(p, "TN", 4);
+    const int64_t nest = nest_passes(tm, tn), twg = (t / tm) * (t / tn);
+    const int64_t lds = (tm % 4 ? tm : tm / 4) + 1 + (tn % 4 ? tn : tn / 4) + 1;
+    const int64_t kstep = 1 + llmcl__div_up(t * bk, twg) + 1 + bk + 1 + bk * (lds + nest);
+    const int64_t dot = nest + llmcl__div_up(h, bk) * kstep + 1;
+    int64_t fixed = 1, per;
+    if (!strcmp(name, "cce_fwd")) {
+        fixed = 2 * (tm + 1) + 1 + 2 * (t / tn + 1); /* set-up, exit, the rows' reduction */
+        per = 1 + dot + tm + 1 + 2 * tm * (tn + 1);
+    } else {
+        const int64_t cols = 2 + 2 * nest + llmcl__div_up(t, bk) * kstep; /* T columns of h */
+        per = 1 + dot + nest + llmcl__div_up(h, t) * cols + 1;
+        if (!strcmp(name, "cce_bwd_dw"))
+            per += t + 1; /* dbias */
+    }
+    return budget > fixed ? (budget - fixed) / per : 0;
+}
+
 /* The arguments every fused kernel starts with: hidden, W, bias, labels, class weights. */
 static void tile_args(llmcl__args *a, const ce_run *r, const llmcl_tensor *hidden,
                       const ce_linear *lin, const llmcl_tensor *weight, const llmcl_tensor *bias)
@@ -1311,6 +1387,39 @@ static void tile_args(llmcl__args *a, const ce_run *r, const llmcl_tensor *hidde
     arg_weight(a, r);
 }
 
+
+/*
+ * Chunks where the device has tensor cores (or vocab_chunk asks), else the tile kernels; but
+ * chunks also where the device cuts loops short before one tile's sums over hidden's h columns
+ * are done (with vocab_chunk -1, asking for tiles, that is refused). Sets up r for tile_params.
+ */
+static llmcl_status fused_path(ce_run *r, llmcl_ctx *ctx, llmcl_dtype dt, int64_t n, int64_t v,
+                               int64_t h, bool *chunked)
+{
+    const llmcl_ce_options *o = &r->o;
+    *chunked = o->vocab_chunk > 0 || (o->vocab_chunk == 0 && ctx->info.has_mma);
+    if (*chunked || llmcl__loop_budget(ctx) == INT64_MAX)
+        return LLMCL_OK;
+    r->ctx = ctx;
+    r->dt = dt;
+    r->n = n;
+    r->v = v;
+    static const char *const keys[3] = {"cce_fwd", "cce_bwd_dh", "cce_bwd_dw"};
+    for (int i = 0; i < 3 && !*chunked; ++i) {
+        llmcl__params p;
+        LLMCL__TRY(tile_params(r, keys[i], i == 1 ? n : v, &p));
+        if (tiles_per_launch(r, &p, keys[i], h) >= 1)
+            continue;
+        LLMCL__REQUIRE(ctx, o->vocab_chunk == 0, LLMCL_ERROR_UNSUPPORTED,
+                       "fused cross-entropy in tiles (opts->vocab_chunk -1): %s's sums over "
+                       "hidden's %lld columns take more loop iterations in one work-item than "
+                       "the %llu this device runs before it cuts loops short; vocab_chunk 0 or > 0 "
+                       "runs in vocabulary chunks",
+                       keys[i], (long long)h, (unsigned long long)ctx->info.loop_limit);
+        *chunked = true;
+    }
+    return LLMCL_OK;
+}
 
 /* Forward in tiles: cce_fwd's vocabulary splits of every row tile, then the common combine. */
 static llmcl_status fused_forward_tiles(ce_run *r, const ce_linear *lin,
@@ -1343,6 +1452,10 @@ static llmcl_status fused_forward_tiles(ce_run *r, const ce_linear *lin,
         record_host_params(&sp, splits);
     }
     splits = splits < 1 ? 1 : splits > vt ? vt : splits;
+    /* within the loop budget (fused_path left the tiles only where one fits) */
+    const int64_t per = tiles_per_launch(r, &tp, "cce_fwd", lin->h.row_len);
+    if (llmcl__div_up(vt, splits) > per)
+        splits = llmcl__div_up(vt, per);
     const int64_t np = n * splits * 3;
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &np, "fused CE partials", &part), done);
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n, "fused CE target logits", &xyb),
@@ -1386,13 +1499,13 @@ llmcl_status llmcl_fused_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tenso
         LLMCL__REQUIRE(ctx, !ins[i] || !llmcl__overlaps(lse, ins[i]), LLMCL_ERROR_INVALID_ARGUMENT,
                        "lse overlaps %s", names[i]);
 
+    bool chunked;
+    LLMCL__TRY(fused_path(&r, ctx, hidden->dtype, n, v, lin.h.row_len, &chunked));
     llmcl_status st;
-    LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, fused_chunked(ctx, &r.o) ? LLMCL_F32 : hidden->dtype,
-                                 labels, n, v, false),
+    LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, chunked ? LLMCL_F32 : hidden->dtype, labels, n, v, false),
                     done);
     LLMCL__TRY_GOTO(st,
-                    fused_chunked(ctx, &r.o)
-                        ? fused_forward_chunks(&r, &lin, hidden, weight, bias, lse)
+                    chunked ? fused_forward_chunks(&r, &lin, hidden, weight, bias, lse)
                         : fused_forward_tiles(&r, &lin, hidden, weight, bias, lse),
                     done);
     LLMCL__TRY_GOTO(st, ce_finish(&r, loss, z_loss), done);
@@ -1412,14 +1525,13 @@ static llmcl_status cce_bwd_begin(ce_run *r, const char *name, int64_t size,
                                   const llmcl_tensor *hidden, const ce_linear *lin,
                                   const llmcl_tensor *weight, const llmcl_tensor *bias,
                                   const llmcl_tensor *coef, llmcl__args *a, size_t *global,
-                                  size_t *local)
+                                  size_t *local, llmcl__params *tp)
 {
-    llmcl__params tp;
     cl_kernel k;
-    LLMCL__TRY(tile_params(r, name, size, &tp));
-    LLMCL__TRY(tile_kernel(r, &tp, name, &k));
-    const long t = llmcl__param_get(&tp, "T", 32);
-    *local = (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
+    LLMCL__TRY(tile_params(r, name, size, tp));
+    LLMCL__TRY(tile_kernel(r, tp, name, &k));
+    const long t = llmcl__param_get(tp, "T", 32);
+    *local = (size_t)((t / llmcl__param_get(tp, "TM", 4)) * (t / llmcl__param_get(tp, "TN", 4)));
     *global = (size_t)llmcl__div_up(size, t) * *local;
     *a = llmcl__args_begin(r->ctx, k);
     llmcl__arg_i32(a, ce_flags(r, bias != NULL));
@@ -1431,7 +1543,11 @@ static llmcl_status cce_bwd_begin(ce_run *r, const char *name, int64_t size,
     return LLMCL_OK;
 }
 
-/* Backward in tiles: cce_bwd_dh over row tiles and cce_bwd_dw over vocabulary tiles. */
+/*
+ * Backward in tiles: cce_bwd_dh over row tiles and cce_bwd_dw over vocabulary tiles. Each walks
+ * the other dimension's tiles in one launch, or where the device cuts loops short in launches over
+ * consecutive ranges of them that keep its loops within the budget.
+ */
 static llmcl_status fused_backward_tiles(ce_run *r, const ce_linear *lin,
                                          const llmcl_tensor *hidden, const llmcl_tensor *weight,
                                          const llmcl_tensor *bias, const llmcl_tensor *coef,
@@ -1439,27 +1555,44 @@ static llmcl_status fused_backward_tiles(ce_run *r, const ce_linear *lin,
                                          llmcl_tensor *dbias)
 {
     llmcl_ctx *ctx = r->ctx;
-    const int64_t n = r->n, v = r->v;
-    llmcl__args a;
+    const int64_t n = r->n, v = r->v, h = lin->h.row_len;
+    llmcl__params tp;
+    llmcl__args begun;
+    size_t g, twg;
     if (dhidden) {
         LLMCL__TRY(llmcl_fill(ctx, dhidden, 0.0));
-        size_t g, twg;
-        LLMCL__TRY(cce_bwd_begin(r, "cce_bwd_dh", n, hidden, lin, weight, bias, coef, &a, &g, &twg));
-        llmcl__arg_tensor(&a, dhidden);
-        llmcl__arg_i64(&a, lin->dh.row_stride);
-        LLMCL__TRY(llmcl__launch(&a, 1, &g, &twg));
+        LLMCL__TRY(cce_bwd_begin(r, "cce_bwd_dh", n, hidden, lin, weight, bias, coef, &begun, &g,
+                                 &twg, &tp));
+        const int64_t vt = llmcl__div_up(v, llmcl__param_get(&tp, "T", 32));
+        const int64_t per = tiles_per_launch(r, &tp, "cce_bwd_dh", h);
+        for (int64_t t0 = 0; t0 < vt; t0 += per) {
+            llmcl__args a = begun;
+            llmcl__arg_i64(&a, t0);
+            llmcl__arg_i64(&a, vt - t0 < per ? vt : t0 + per);
+            llmcl__arg_tensor(&a, dhidden);
+            llmcl__arg_i64(&a, lin->dh.row_stride);
+            LLMCL__TRY(llmcl__launch(&a, 1, &g, &twg));
+        }
     }
     if (dweight || dbias) {
         if (dweight && !r->o.accumulate_weight_grad)
             LLMCL__TRY(llmcl_fill(ctx, dweight, 0.0));
-        size_t g, twg;
-        LLMCL__TRY(cce_bwd_begin(r, "cce_bwd_dw", v, hidden, lin, weight, bias, coef, &a, &g, &twg));
-        llmcl__arg_i32(&a, dweight != NULL);
-        arg_opt(&a, dweight);
-        llmcl__arg_i64(&a, dweight ? lin->dw.row_stride : 0);
-        llmcl__arg_i32(&a, dbias ? 1 + r->o.accumulate_weight_grad : 0);
-        arg_opt(&a, dbias);
-        LLMCL__TRY(llmcl__launch(&a, 1, &g, &twg));
+        LLMCL__TRY(cce_bwd_begin(r, "cce_bwd_dw", v, hidden, lin, weight, bias, coef, &begun, &g,
+                                 &twg, &tp));
+        const int64_t rt = llmcl__div_up(n, llmcl__param_get(&tp, "T", 32));
+        const int64_t per = tiles_per_launch(r, &tp, "cce_bwd_dw", h);
+        for (int64_t t0 = 0; t0 < rt; t0 += per) {
+            llmcl__args a = begun;
+            llmcl__arg_i64(&a, t0);
+            llmcl__arg_i64(&a, rt - t0 < per ? rt : t0 + per);
+            llmcl__arg_i32(&a, dweight != NULL);
+            arg_opt(&a, dweight);
+            llmcl__arg_i64(&a, dweight ? lin->dw.row_stride : 0);
+            /* the first range sets dbias (unless accumulating), the later ones add to it */
+            llmcl__arg_i32(&a, dbias ? 1 + (r->o.accumulate_weight_grad || t0 > 0) : 0);
+            arg_opt(&a, dbias);
+            LLMCL__TRY(llmcl__launch(&a, 1, &g, &twg));
+        }
     }
     return LLMCL_OK;
 }
@@ -1492,10 +1625,11 @@ llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tens
                        LLMCL_ERROR_INVALID_ARGUMENT, "%s overlaps lse, grad_loss or opts->weight",
                        out_names[i]);
 
+    bool chunked;
+    LLMCL__TRY(fused_path(&r, ctx, hidden->dtype, n, v, lin.h.row_len, &chunked));
     llmcl_status st;
     llmcl_tensor *coef = NULL;
-    LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, fused_chunked(ctx, &r.o) ? LLMCL_F32 : hidden->dtype,
-                                 labels, n, v, false),
+    LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, chunked ? LLMCL_F32 : hidden->dtype, labels, n, v, false),
                     done);
     LLMCL__TRY_GOTO(st, ce_check_labels(&r), done); /* before the outputs are zeroed */
     const int64_t n4 = 4 * n;
@@ -1503,7 +1637,7 @@ llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tens
                     done);
     LLMCL__TRY_GOTO(st, fused_coefs(&r, lse, grad_loss, coef), done);
     LLMCL__TRY_GOTO(st,
-                    fused_chunked(ctx, &r.o)
+                    chunked
                         ? fused_backward_chunks(&r, &lin, hidden, weight, bias, coef, dhidden,
                                                 dweight, dbias)
                         : fused_backward_tiles(&r, &lin, hidden, weight, bias, coef, dhidden,

@@ -30,25 +30,38 @@ typedef struct grid {
     size_t global, local;
 } grid;
 
-/* At most GPC groups per compute unit (0: no cap, one pass over the items). */
-static grid plan_grid(const llmcl_ctx *ctx, const llmcl__params *p, int64_t items)
+/*
+ * At most GPC groups per compute unit (0: no cap, one pass over the items); where the device cuts
+ * loops short, at least as many as keep a work-item's grid-stride trips within the budget
+ * (llmcl__loop_budget's count): a kernel has up to two grid loops (a vector part and a tail),
+ * each trip `trip` passes.
+ */
+static grid plan_grid(const llmcl_ctx *ctx, const llmcl__params *p, int64_t items, int64_t trip)
 {
     const size_t wg = (size_t)llmcl__param_get(p, "WG", 256);
     const int64_t gpc = llmcl__param_get(p, "GPC", 8);
-    int64_t groups = llmcl__div_up(items > 0 ? items : 1, (int64_t)wg);
+    const int64_t all = llmcl__div_up(items > 0 ? items : 1, (int64_t)wg);
+    int64_t groups = all;
     const int64_t cap = (int64_t)ctx->info.compute_units * gpc;
     if (gpc > 0 && groups > cap)
         groups = cap;
+    const int64_t budget = llmcl__loop_budget(ctx);
+    if (budget != INT64_MAX) {
+        const int64_t most = (budget / 2 - 1) / trip; /* trips a work-item may take */
+        if (llmcl__div_up(all, groups) > most)
+            groups = llmcl__div_up(all, most);
+    }
     return (grid){(size_t)groups * wg, wg};
 }
 
 /*
  * The kernel `name` of key `key` with its parameters, and its grid for `items` work-items (of
- * UNROLL words each for copy_words, whose key alone has UNROLL and HINT).
+ * UNROLL words each for copy_words, whose key alone has UNROLL and HINT), each grid-loop trip
+ * `trip` loop passes (copy_words adds its two loops of UNROLL).
  */
 static llmcl_status get_kernel(llmcl_ctx *ctx, const char *key, llmcl_dtype dtype, int64_t n,
                                llmcl__defines *d, const char *name, cl_kernel *k, grid *g,
-                               int64_t items)
+                               int64_t items, int64_t trip)
 {
     const bool words = strcmp(name, "copy_words") == 0;
     llmcl__params p = {0};
@@ -77,9 +90,10 @@ static llmcl_status get_kernel(llmcl_ctx *ctx, const char *key, llmcl_dtype dtyp
                        LLMCL_ERROR_INVALID_ARGUMENT,
                        "%s: tuned UNROLL %ld or HINT %ld out of range", key, unroll, hint);
         items = llmcl__div_up(items, unroll);
+        trip += 2 * (unroll + 1);
     }
     llmcl__params_define(&p, d);
-    *g = plan_grid(ctx, &p, items);
+    *g = plan_grid(ctx, &p, items, trip);
     return llmcl__kernel(ctx, "elementwise", d, name, k);
 }
 
@@ -97,7 +111,7 @@ llmcl_status llmcl_fill(llmcl_ctx *ctx, llmcl_tensor *t, double value)
     cl_kernel k;
     grid g;
     LLMCL__TRY(get_kernel(ctx, "fill", t->dtype, n, &d, contig ? "fill_contig" : "fill_strided", &k,
-                          &g, n));
+                          &g, n, 1));
     llmcl__args a = llmcl__args_begin(ctx, k);
     llmcl__arg_tensor(&a, t);
     llmcl__arg_i64(&a, n);
@@ -165,7 +179,7 @@ llmcl_status llmcl_copy(llmcl_ctx *ctx, const llmcl_tensor *src, llmcl_tensor *d
     grid g;
     if (words) {
         const int64_t nw = n * es / 16;
-        LLMCL__TRY(get_kernel(ctx, "copy", src->dtype, n, &d, "copy_words", &k, &g, nw));
+        LLMCL__TRY(get_kernel(ctx, "copy", src->dtype, n, &d, "copy_words", &k, &g, nw, 1));
         llmcl__args a = llmcl__args_begin(ctx, k);
         llmcl__arg(&a, sizeof(cl_mem), &src->mem);
         llmcl__arg_i64(&a, src->offset * es / 16);
@@ -175,14 +189,14 @@ llmcl_status llmcl_copy(llmcl_ctx *ctx, const llmcl_tensor *src, llmcl_tensor *d
         return llmcl__launch(&a, 1, &g.global, &g.local);
     }
     if (contig) {
-        LLMCL__TRY(get_kernel(ctx, "copy", src->dtype, n, &d, "copy_elems", &k, &g, n));
+        LLMCL__TRY(get_kernel(ctx, "copy", src->dtype, n, &d, "copy_elems", &k, &g, n, 1));
         llmcl__args a = llmcl__args_begin(ctx, k);
         llmcl__arg_tensor(&a, src);
         llmcl__arg_tensor(&a, dst);
         llmcl__arg_i64(&a, n);
         return llmcl__launch(&a, 1, &g.global, &g.local);
     }
-    LLMCL__TRY(get_kernel(ctx, "copy", src->dtype, n, &d, "copy_strided", &k, &g, n));
+    LLMCL__TRY(get_kernel(ctx, "copy", src->dtype, n, &d, "copy_strided", &k, &g, n, 1));
     return launch_strided(ctx, k, &g, src, dst, NULL);
 }
 
@@ -201,7 +215,7 @@ llmcl_status llmcl_cast(llmcl_ctx *ctx, const llmcl_tensor *src, llmcl_tensor *d
     cl_kernel k;
     grid g;
     LLMCL__TRY(get_kernel(ctx, "cast", dst->dtype, n, &d, contig ? "cast_contig" : "cast_strided", &k,
-                          &g, contig ? llmcl__div_up(n, 4) : n));
+                          &g, contig ? llmcl__div_up(n, 4) : n, 1));
     if (!contig)
         return launch_strided(ctx, k, &g, src, dst, NULL);
     llmcl__args a = llmcl__args_begin(ctx, k);
@@ -227,7 +241,8 @@ static llmcl_status binary(llmcl_ctx *ctx, const char *op, float alpha, const ll
     snprintf(name, sizeof name, "%s_%s", op, contig ? "contig" : "strided");
     cl_kernel k;
     grid g;
-    LLMCL__TRY(get_kernel(ctx, op, x->dtype, n, &d, name, &k, &g, contig ? llmcl__div_up(n, 4) : n));
+    LLMCL__TRY(
+        get_kernel(ctx, op, x->dtype, n, &d, name, &k, &g, contig ? llmcl__div_up(n, 4) : n, 1));
     if (!contig)
         return launch_strided(ctx, k, &g, x, y, &alpha);
     llmcl__args a = llmcl__args_begin(ctx, k);
@@ -273,13 +288,15 @@ llmcl_status llmcl_sum_rows(llmcl_ctx *ctx, const llmcl_tensor *x, float beta, l
                    "y overlaps x without being one of its rows");
     if (n == 0)
         return LLMCL_OK;
+    /* each element's loop over the rows, one trip of the grid loop */
+    LLMCL__TRY(llmcl__check_loops(ctx, 2 * (rows + 2), "sum_rows: %lld rows", (long long)rows));
     llmcl__defines d = {0};
     llmcl__define_str(&d, "SRC_DT", llmcl__dtype_macro(x->dtype));
     llmcl__define_str(&d, "DST_DT", llmcl__dtype_macro(y->dtype));
     cl_kernel k;
     grid g;
     LLMCL__TRY(get_kernel(ctx, "sum_rows", y->dtype, n, &d, "sum_rows", &k, &g,
-                          llmcl__div_up(n, 4)));
+                          llmcl__div_up(n, 4), 1 + rows));
     llmcl__args a = llmcl__args_begin(ctx, k);
     llmcl__arg_tensor(&a, x);
     llmcl__arg_i64(&a, x->strides[0]);

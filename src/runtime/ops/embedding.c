@@ -1,7 +1,8 @@
 /*
  * embedding.c: the host side of embedding.cl. llmcl_embedding_forward checks every id on the
  * device before it gathers rows; llmcl_embedding_backward adds each position's gradient to its
- * id's row through one owner per row (deterministic, no atomics).
+ * id's row through one owner per row (deterministic, no atomics), in blocks of positions where
+ * the device cuts long loops short.
  */
 #include <limits.h>
 
@@ -44,8 +45,9 @@ static llmcl_status check_rows(llmcl_ctx *ctx, const llmcl_tensor *t, const char
     return LLMCL_OK;
 }
 
+/* The kernel `name`, its work-group size *wg and (emb_bwd) the positions *list an owner lists. */
 static llmcl_status emb_kernel(llmcl_ctx *ctx, const char *name, llmcl_dtype id_dt, llmcl_dtype dt,
-                               int64_t h, size_t *wg, cl_kernel *k)
+                               int64_t h, size_t *wg, int64_t *list, cl_kernel *k)
 {
     llmcl__params p = {0};
     llmcl__param_set(&p, "WG", 256);
@@ -60,23 +62,70 @@ static llmcl_status emb_kernel(llmcl_ctx *ctx, const char *name, llmcl_dtype id_
     llmcl__define_str(&d, "DT", llmcl__dtype_macro(dt));
     llmcl__params_define(&p, &d);
     *wg = (size_t)w;
+    *list = llmcl__param_get(&p, "LIST", 2048);
     return llmcl__kernel(ctx, "embedding", &d, name, k);
 }
 
 /* Both kernels' grid: a work-item per column of a row, a row of work-groups per position. */
+static int64_t grid_rows(int64_t n) { return n < EMB_MAX_GROUPS ? n : EMB_MAX_GROUPS; }
+
 static llmcl_status launch_rows(llmcl__args *a, int64_t n, int64_t h, size_t wg)
 {
     const int64_t cols = llmcl__div_up(h, (int64_t)wg);
-    const int64_t rows = n < EMB_MAX_GROUPS ? n : EMB_MAX_GROUPS;
-    const size_t global[2] = {(size_t)cols * wg, (size_t)rows}, local[2] = {wg, 1};
+    const size_t global[2] = {(size_t)cols * wg, (size_t)grid_rows(n)}, local[2] = {wg, 1};
     return llmcl__launch(a, 2, global, local);
 }
 
-static void arg_ids(llmcl__args *a, const emb_ids *ids)
+/* Positions [p0, p0 + n) of the ids. */
+static void arg_ids(llmcl__args *a, const emb_ids *ids, int64_t p0, int64_t n)
 {
-    llmcl__arg_tensor(a, ids->t);
+    const cl_ulong offset = (cl_ulong)(ids->t->offset + p0 * ids->stride);
+    llmcl__arg(a, sizeof(cl_mem), &ids->t->mem);
+    llmcl__arg(a, sizeof offset, &offset);
     llmcl__arg_i64(a, ids->stride);
-    llmcl__arg_i64(a, ids->n);
+    llmcl__arg_i64(a, n);
+}
+
+/*
+ * Loop passes (llmcl__loop_budget's count) of an emb_bwd work-item over a block of p positions,
+ * one a row of work-groups (p <= EMB_MAX_GROUPS): the owner check and the scan that lists the
+ * id's positions (WG a pass, with emb_scan's log2 WG doublings), then its column's sum over the
+ * list (8 positions a pass, two inner loops of 8, a tail) or, past `list` positions, over all of
+ * them; both sides counted, as the device runs both sides of a branch.
+ */
+static int64_t bwd_passes(int64_t p, int64_t wg, int64_t list)
+{
+    int64_t doublings = 0;
+    for (int64_t d = 1; d < wg; d *= 2)
+        ++doublings;
+    const int64_t blocks = llmcl__div_up(p, wg);
+    const int64_t scans = blocks + 1 + blocks * (doublings + 2) + 1;
+    const int64_t sums = list / 8 * 19 + 1 + 8 + p + 1;
+    return 2 + scans + 2 + sums;
+}
+
+/*
+ * The positions one emb_bwd launch may take within the device's loop budget (all n without a
+ * limit): blocks of them run one after the other, each adding its sums to dweight.
+ */
+static llmcl_status bwd_block(llmcl_ctx *ctx, int64_t n, size_t wg, int64_t list, int64_t *block)
+{
+    *block = n;
+    if (llmcl__loop_budget(ctx) == INT64_MAX)
+        return LLMCL_OK;
+    int64_t lo = 0, hi = grid_rows(n);
+    while (lo < hi) { /* the largest block that fits */
+        const int64_t mid = hi - (hi - lo) / 2;
+        if (bwd_passes(mid, (int64_t)wg, list) <= llmcl__loop_budget(ctx))
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    *block = lo;
+    if (lo > 0)
+        return LLMCL_OK;
+    return llmcl__check_loops(ctx, bwd_passes(1, (int64_t)wg, list),
+                              "embedding backward: WG %zu, LIST %lld", wg, (long long)list);
 }
 
 /* Fails naming the first id outside [0, v) (waits for the queue). */
@@ -89,9 +138,11 @@ static llmcl_status check_ids_on_device(llmcl_ctx *ctx, const emb_ids *ids, int6
     size_t wg;
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_I32, 1, &one, "embedding id check", &flag), done);
     LLMCL__TRY_GOTO(st, llmcl_fill(ctx, flag, INT_MAX), done);
-    LLMCL__TRY_GOTO(st, emb_kernel(ctx, "emb_check", ids->t->dtype, LLMCL_F32, 1, &wg, &k), done);
+    int64_t list;
+    LLMCL__TRY_GOTO(st, emb_kernel(ctx, "emb_check", ids->t->dtype, LLMCL_F32, 1, &wg, &list, &k),
+                    done);
     llmcl__args a = llmcl__args_begin(ctx, k);
-    arg_ids(&a, ids);
+    arg_ids(&a, ids, 0, ids->n);
     llmcl__arg_i64(&a, v);
     llmcl__arg(&a, sizeof(cl_mem), &flag->mem);
     const size_t global = (size_t)ids->n;
@@ -142,11 +193,15 @@ llmcl_status llmcl_embedding_forward(llmcl_ctx *ctx, const llmcl_tensor *ids,
         return LLMCL_OK;
     LLMCL__TRY(check_ids_on_device(ctx, &in, wr.n_rows));
 
+    /* emb_fwd's loop over a row of work-groups' positions, and over the columns (one pass) */
+    LLMCL__TRY(llmcl__check_loops(ctx, 3 * llmcl__div_up(in.n, grid_rows(in.n)) + 1,
+                                  "embedding forward: %lld ids", (long long)in.n));
     cl_kernel k;
     size_t wg;
-    LLMCL__TRY(emb_kernel(ctx, "emb_fwd", ids->dtype, weight->dtype, wr.row_len, &wg, &k));
+    int64_t list;
+    LLMCL__TRY(emb_kernel(ctx, "emb_fwd", ids->dtype, weight->dtype, wr.row_len, &wg, &list, &k));
     llmcl__args a = llmcl__args_begin(ctx, k);
-    arg_ids(&a, &in);
+    arg_ids(&a, &in, 0, in.n);
     llmcl__arg_tensor(&a, weight);
     llmcl__arg_i64(&a, wr.row_stride);
     llmcl__arg_i64(&a, wr.row_len);
@@ -177,14 +232,22 @@ llmcl_status llmcl_embedding_backward(llmcl_ctx *ctx, const llmcl_tensor *ids,
 
     cl_kernel k;
     size_t wg;
-    LLMCL__TRY(emb_kernel(ctx, "emb_bwd", ids->dtype, dout->dtype, wr.row_len, &wg, &k));
-    llmcl__args a = llmcl__args_begin(ctx, k);
-    arg_ids(&a, &in);
-    llmcl__arg_tensor(&a, dout);
-    llmcl__arg_i64(&a, drows.row_stride);
-    llmcl__arg_i64(&a, wr.row_len);
-    llmcl__arg_tensor(&a, dweight);
-    llmcl__arg_i64(&a, wr.row_stride);
-    /* a work-item a column: long lists of one id are the pole, not the owner checks */
-    return launch_rows(&a, in.n, wr.row_len, wg);
+    int64_t list, block;
+    LLMCL__TRY(emb_kernel(ctx, "emb_bwd", ids->dtype, dout->dtype, wr.row_len, &wg, &list, &k));
+    LLMCL__TRY(bwd_block(ctx, in.n, wg, list, &block));
+    for (int64_t p0 = 0; p0 < in.n; p0 += block) {
+        const int64_t count = in.n - p0 < block ? in.n - p0 : block;
+        const cl_ulong doff = (cl_ulong)(dout->offset + p0 * drows.row_stride);
+        llmcl__args a = llmcl__args_begin(ctx, k);
+        arg_ids(&a, &in, p0, count);
+        llmcl__arg(&a, sizeof(cl_mem), &dout->mem);
+        llmcl__arg(&a, sizeof doff, &doff);
+        llmcl__arg_i64(&a, drows.row_stride);
+        llmcl__arg_i64(&a, wr.row_len);
+        llmcl__arg_tensor(&a, dweight);
+        llmcl__arg_i64(&a, wr.row_stride);
+        /* a work-item a column: long lists of one id are the pole, not the owner checks */
+        LLMCL__TRY(launch_rows(&a, count, wr.row_len, wg));
+    }
+    return LLMCL_OK;
 }

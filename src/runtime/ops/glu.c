@@ -85,6 +85,28 @@ static llmcl_status check_act(llmcl_ctx *ctx, llmcl_activation act)
  * Launches glu_fwd (3 operands: g, u, o) or glu_bwd (5: dy, g, u, dg, du) over n_rows x cols;
  * the first n_in operands are inputs, the rest outputs. Unused operands repeat a used one.
  */
+/*
+ * Where the device cuts loops short, at least as many column groups (of all0) as keep a
+ * work-item's loops within the budget (llmcl__loop_budget's count): its trips over the rows
+ * (row_items apart), and in each its trips over the columns, each with UNROLL loads and updates,
+ * element loops of VEC where rows are not vector-aligned (up to five operands) and the row's tail.
+ */
+static llmcl_status fit_loops(llmcl_ctx *ctx, const char *key, int64_t n_rows, int64_t row_items,
+                              int64_t all0, long unroll, long vec, int64_t *groups0)
+{
+    const int64_t budget = llmcl__loop_budget(ctx);
+    if (budget == INT64_MAX)
+        return LLMCL_OK;
+    const int64_t rows = llmcl__div_up(n_rows, row_items);
+    const int64_t trip = 1 + 2 * (unroll + 1) + unroll * (5 * (vec + 1) + vec + 1);
+    const int64_t most = ((budget - 1) / rows - 2) / trip; /* column trips a row may take */
+    LLMCL__TRY(llmcl__check_loops(ctx, rows * (2 + trip) + 1, "%s: %lld rows", key,
+                                  (long long)n_rows));
+    if (llmcl__div_up(all0, *groups0) > most)
+        *groups0 = llmcl__div_up(all0, most);
+    return LLMCL_OK;
+}
+
 static llmcl_status glu_launch(llmcl_ctx *ctx, const char *key, const char *kname,
                                llmcl_activation act, bool has_up, llmcl_dtype dtype,
                                glu_operand *ops, int n_ops, int n_in, int64_t n_rows, int64_t cols)
@@ -158,7 +180,8 @@ static llmcl_status glu_launch(llmcl_ctx *ctx, const char *key, const char *knam
     size_t l1 = wg / l0;
     if ((int64_t)l1 > n_rows)
         l1 = (size_t)n_rows;
-    int64_t groups0 = llmcl__div_up(slots, (int64_t)l0 * unroll);
+    const int64_t all0 = llmcl__div_up(slots, (int64_t)l0 * unroll);
+    int64_t groups0 = all0;
     const int64_t max_groups0 =
         (int64_t)(ctx->info.compute_units ? ctx->info.compute_units : 1) * 2048;
     if (groups0 > max_groups0) /* grid-stride over columns beyond that */
@@ -166,6 +189,7 @@ static llmcl_status glu_launch(llmcl_ctx *ctx, const char *key, const char *knam
     int64_t groups1 = llmcl__div_up(n_rows, (int64_t)l1);
     if (groups1 > 65535) /* grid-stride over rows; some devices cap the second dimension */
         groups1 = 65535;
+    LLMCL__TRY(fit_loops(ctx, key, n_rows, (int64_t)groups1 * l1, all0, unroll, vec, &groups0));
     const size_t local[2] = {l0, l1};
     const size_t global[2] = {(size_t)groups0 * l0, (size_t)groups1 * l1};
 

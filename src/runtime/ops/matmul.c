@@ -265,10 +265,11 @@ static int64_t wave_slots(const llmcl_ctx *ctx, int resident)
 
 /*
  * K slices: the caller's split_k, or on GPUs auto_slices with `resident` work-groups a compute
- * unit. Returns the slice length (a multiple of bk).
+ * unit; then as many more as keep each slice within max_steps k-steps (0: any), where the device
+ * cuts loops short. Returns the slice length (a multiple of bk).
  */
 static int64_t k_slice(const mm_problem *p, int64_t tiles, int64_t bk, int resident,
-                       int64_t *slices)
+                       int64_t max_steps, int64_t *slices)
 {
     const int64_t ksteps = llmcl__div_up(p->K, bk) > 0 ? llmcl__div_up(p->K, bk) : 1;
     int64_t s = p->o.split_k;
@@ -277,6 +278,8 @@ static int64_t k_slice(const mm_problem *p, int64_t tiles, int64_t bk, int resid
                                               ksteps, (uint64_t)p->batch * p->M * p->N * 4)
                                 : 1;
     s = s < ksteps ? s : ksteps;
+    if (max_steps > 0 && llmcl__div_up(ksteps, s) > max_steps)
+        s = llmcl__div_up(ksteps, max_steps);
     const int64_t len = llmcl__div_up(ksteps, s) * bk;
     *slices = llmcl__div_up(p->K, len) > 0 ? llmcl__div_up(p->K, len) : 1;
     return len;
@@ -306,6 +309,7 @@ typedef struct mm_launch {
     int resident;        /* groups a compute unit holds at once, for the K split heuristic */
     bool persistent;     /* a group walks tiles in steps of the grid (mm_wgmma) */
     const uint64_t *tma; /* the tensor-map template (MM_TMA), 16 words, or NULL */
+    int64_t max_steps;   /* k-steps a slice may take within the device's loop budget; 0: any */
 } mm_launch;
 
 /*
@@ -317,7 +321,10 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
                               int64_t tiles, const llmcl__mm_ce *ce)
 {
     int64_t slices;
-    const int64_t len = k_slice(p, tiles, l->bk, l->resident, &slices);
+    const int64_t len = k_slice(p, tiles, l->bk, l->resident, l->max_steps, &slices);
+    /* mm_reduce's loop over the slices */
+    LLMCL__TRY(llmcl__check_loops(p->ctx, slices + 1, "matmul: K = %lld in %lld slices",
+                                  (long long)p->K, (long long)slices));
     const int64_t slots = wave_slots(p->ctx, l->resident);
     const int64_t groups =
         l->persistent && p->batch * slices == 1 && slots < tiles ? slots : tiles;
@@ -507,7 +514,7 @@ static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc, const llmcl
     llmcl__defines d = {0};
     mma_defines(p, a_kc, b_kc, ce, &t, &d);
     const size_t wg = 32 * (size_t)llmcl__param_get(&t, "WM", 2) * llmcl__param_get(&t, "WN", 2);
-    const mm_launch l = {"mm_mma", wg, llmcl__param_get(&t, "BK", 32), MM_RESIDENT, false, NULL};
+    const mm_launch l = {"mm_mma", wg, llmcl__param_get(&t, "BK", 32), MM_RESIDENT, false, NULL, 0};
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
@@ -609,7 +616,7 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     llmcl__define_int(&d, "WN", 1);
     const uint64_t *tma = tma_template(p, a_kc, b_kc);
     llmcl__define_int(&d, "MM_TMA", tma != NULL);
-    const mm_launch l = {"mm_wgmma", (size_t)(2 * bm / mb), 64, WG_RESIDENT, true, tma};
+    const mm_launch l = {"mm_wgmma", (size_t)(2 * bm / mb), 64, WG_RESIDENT, true, tma, 0};
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
@@ -632,6 +639,30 @@ static bool tiled_ok(const llmcl_ctx *ctx, const llmcl__params *t)
            8u * (uint64_t)bk * (tt + 4) + 1024 <= ctx->info.local_mem_static_bytes;
 }
 
+/*
+ * The k-steps one mm_tiled work-item may take within the device's loop budget (0: any), counted
+ * as llmcl__loop_budget says: per step the step itself, the tile loads and BK multiply-adds, each
+ * reading TM and TN values from local memory (LDS_RUN) into TM x TN products; and once the
+ * accumulators' set-up and epilogue (TM x TN loops each) and the k loop's exit.
+ */
+static llmcl_status tiled_max_steps(const mm_problem *p, const llmcl__params *t, int64_t *out)
+{
+    const int64_t budget = llmcl__loop_budget(p->ctx);
+    *out = 0;
+    if (budget == INT64_MAX)
+        return LLMCL_OK;
+    const int64_t tt = llmcl__param_get(t, "T", 64), bk = llmcl__param_get(t, "BK", 16);
+    const int64_t tm = llmcl__param_get(t, "TM", 4), tn = llmcl__param_get(t, "TN", 4);
+    const int64_t twg = (tt / tm) * (tt / tn), tile = tm + 1 + tm * (tn + 1);
+    const int64_t lds = (tm % 4 ? tm : tm / 4) + 1 + (tn % 4 ? tn : tn / 4) + 1;
+    const int64_t fixed = 2 * tile + 1;
+    const int64_t step = 1 + llmcl__div_up(tt * bk, twg) + 1 + bk + 1 + bk * (lds + tile);
+    LLMCL__TRY(llmcl__check_loops(p->ctx, fixed + step, "matmul: mm_tiled with T %lld, BK %lld",
+                                  (long long)tt, (long long)bk));
+    *out = (budget - fixed) / step;
+    return LLMCL_OK;
+}
+
 static llmcl_status run_tiled(const mm_problem *p)
 {
     llmcl_ctx *ctx = p->ctx;
@@ -650,7 +681,10 @@ static llmcl_status run_tiled(const mm_problem *p)
     llmcl__define_int(&d, "B_KC", unit_dim(&p->b, false) == 1);
     llmcl__params_define(&t, &d);
     const size_t wg = (size_t)(tt / llmcl__param_get(&t, "TM", 4)) * (tt / llmcl__param_get(&t, "TN", 4));
-    const mm_launch l = {"mm_tiled", wg, llmcl__param_get(&t, "BK", 16), MM_RESIDENT, false, NULL};
+    int64_t max_steps;
+    LLMCL__TRY(tiled_max_steps(p, &t, &max_steps));
+    const mm_launch l = {"mm_tiled", wg, llmcl__param_get(&t, "BK", 16), MM_RESIDENT, false, NULL,
+                         max_steps};
     return run_tiles(p, &d, &l, tiles, NULL);
 }
 
@@ -753,7 +787,9 @@ llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, co
     const int a_kc = unit_dim(&p.a, true), b_kc = unit_dim(&p.b, false);
     if (llmcl__mma_available(ctx, dt) && a_kc >= 0 && b_kc >= 0)
         return run_tensor_cores(&p, a_kc, b_kc, NULL);
-    if (dt == LLMCL_F32 && p.o.split_k <= 1 && p.K > 0) {
+    /* CLBlast's loops over K are its own: where loops are cut short, only a K that they pass
+       well within the budget (on llvmpipe they ran K = 16 x 65535, failed at 4 x 10^6) */
+    if (dt == LLMCL_F32 && p.o.split_k <= 1 && p.K > 0 && p.K <= llmcl__loop_budget(ctx)) {
         bool done;
         LLMCL__TRY(run_clblast(&p, &done));
         if (done)

@@ -214,13 +214,60 @@ static llmcl_status launch_rows(llmcl__args *a, const norm_geom *g, size_t group
     return llmcl__launch(a, 2, global, local);
 }
 
-/* Work-groups of a persistent backward kernel: enough to fill the device, at most one per block. */
-static size_t bwd_groups(const norm_shape *s, const norm_geom *g)
+/*
+ * Loop passes (llmcl__loop_budget's count) of a work-item for one row: its register-cached chunks
+ * (a loop of CACHE), the chunks past the cache and the scalar tail (WG apart), and two work-group
+ * sums; the backward's row slot adds the next row's prefetch. An upper bound for RMSNorm and
+ * LayerNorm alike (LayerNorm's forward reads a row three times).
+ */
+static int64_t row_passes(const norm_shape *s, const norm_geom *g, bool bwd)
 {
-    const size_t blocks = (size_t)llmcl__div_up(s->n_rows, (int64_t)g->rows);
-    const size_t fill = (size_t)s->ctx->info.compute_units *
-                        (size_t)llmcl__param_get(&g->p, "GROUPS_PER_CU", 1);
-    return blocks < fill ? blocks : fill;
+    const int64_t wg = (int64_t)g->wg, cache = llmcl__param_get(&g->p, "CACHE", 1);
+    const int64_t nv = s->H / g->vec, tail = llmcl__div_up(s->H - nv * g->vec, wg);
+    const int64_t chunks = nv > cache * wg ? llmcl__div_up(nv - cache * wg, wg) : 0;
+    int64_t sum = 1; /* a work-group sum: its halvings and the exit */
+    for (int64_t w = 1; w < wg; w *= 2)
+        ++sum;
+    if (bwd)
+        return 1 + 4 * (cache + 1) + 2 * (chunks + 1) + 2 * (tail + 1) + 2 * sum;
+    return 3 * (cache + 1) + 3 * (chunks + 1) + 3 * (tail + 1) + 2 * sum;
+}
+
+/* A forward row's loops within the device's loop budget (a long row with few work-items). */
+static llmcl_status check_fwd_loops(const norm_shape *s, const norm_geom *g, const char *key)
+{
+    return llmcl__check_loops(s->ctx, row_passes(s, g, false), "%s: rows of H = %d with WG %zu",
+                              key, s->H, g->wg);
+}
+
+/*
+ * Work-groups of a persistent backward kernel: enough to fill the device, at most one per block;
+ * and where the device cuts loops short, enough that no row slot walks more rows than its loops'
+ * budget allows (the slot's set-up, its rows, its partial row's write).
+ */
+static llmcl_status bwd_groups(const norm_shape *s, const norm_geom *g, const char *key,
+                               size_t *groups)
+{
+    const int64_t blocks = llmcl__div_up(s->n_rows, (int64_t)g->rows);
+    const int64_t fill =
+        (int64_t)s->ctx->info.compute_units * llmcl__param_get(&g->p, "GROUPS_PER_CU", 1);
+    int64_t n = blocks < fill ? blocks : fill;
+    const int64_t budget = llmcl__loop_budget(s->ctx);
+    if (budget != INT64_MAX) {
+        const int64_t cache = llmcl__param_get(&g->p, "CACHE", 1);
+        const int64_t fixed = llmcl__div_up(s->H, (int64_t)g->wg) + 1 + 2 * (cache + 1) + 1;
+        const int64_t per_row = row_passes(s, g, true);
+        LLMCL__TRY(llmcl__check_loops(s->ctx, fixed + per_row, "%s: rows of H = %d with WG %zu",
+                                      key, s->H, g->wg));
+        const int64_t most = (budget - fixed) / per_row; /* rows a slot may take */
+        if (llmcl__div_up(blocks, n) > most)
+            n = llmcl__div_up(blocks, most);
+    }
+    LLMCL__REQUIRE(s->ctx, n * (int64_t)g->rows <= INT_MAX, LLMCL_ERROR_OVERFLOW,
+                   "%s: %lld rows need more row slots than an int counts", key,
+                   (long long)s->n_rows);
+    *groups = (size_t)n;
+    return LLMCL_OK;
 }
 
 /* Partial rows of the backward: H rounded up to 8 floats, so that 8-wide stores stay aligned. */
@@ -304,6 +351,7 @@ static llmcl_status rms_forward(llmcl_ctx *ctx, const llmcl_tensor *x, const llm
     norm_geom g;
     const char *key = res ? "residual_rmsnorm_fwd" : "rmsnorm_fwd";
     LLMCL__TRY(norm_geometry(&s, key, 8, false, &g));
+    LLMCL__TRY(check_fwd_loops(&s, &g, key));
     llmcl__defines d;
     norm_defines(&s, &g, K_RMS_FWD, &d);
     rms_defines(&o, &d);
@@ -376,7 +424,8 @@ static llmcl_status rms_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const l
     LLMCL__TRY(llmcl__kernel(ctx, "norm", &d, "rmsnorm_bwd", &k));
     LLMCL__TRY(dw_reduce_prepare(&s, &red));
 
-    const size_t groups = bwd_groups(&s, &g);
+    size_t groups;
+    LLMCL__TRY(bwd_groups(&s, &g, key, &groups));
     const int n_slots = (int)(groups * g.rows);
     llmcl__rows dyr, xr, dxr, drr = {0};
     LLMCL__TRY(llmcl__as_rows(ctx, dy, "dy", &dyr));
@@ -476,6 +525,7 @@ llmcl_status llmcl_layernorm_forward(llmcl_ctx *ctx, const llmcl_tensor *x, cons
 
     norm_geom g;
     LLMCL__TRY(norm_geometry(&s, "layernorm_fwd", 8, false, &g));
+    LLMCL__TRY(check_fwd_loops(&s, &g, "layernorm_fwd"));
     llmcl__defines d;
     norm_defines(&s, &g, K_LN_FWD, &d);
     if (b)
@@ -541,7 +591,8 @@ llmcl_status llmcl_layernorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
     LLMCL__TRY(llmcl__kernel(ctx, "norm", &d, "layernorm_bwd", &k));
     LLMCL__TRY(dw_reduce_prepare(&s, &red));
 
-    const size_t groups = bwd_groups(&s, &g);
+    size_t groups;
+    LLMCL__TRY(bwd_groups(&s, &g, "layernorm_bwd", &groups));
     const int n_slots = (int)(groups * g.rows);
     llmcl__rows dyr, xr, dxr;
     LLMCL__TRY(llmcl__as_rows(ctx, dy, "dy", &dyr));

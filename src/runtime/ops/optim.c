@@ -155,13 +155,37 @@ static llmcl_status plan_groups(llmcl_ctx *ctx, const entry *e, int n, plan *pl)
     return LLMCL_OK;
 }
 
-/* The work-groups of a launch over n_chunks: one per chunk, or at most GPC per compute unit. */
+/* Passes of a loop that halves n down to 1 (a binary search, a work-group sum), with its exit. */
+static int64_t halvings(int64_t n)
+{
+    int64_t passes = 1;
+    for (int64_t x = 1; x < n; x *= 2)
+        ++passes;
+    return passes;
+}
+
+/*
+ * The work-groups of a launch over n_chunks: one per chunk, or at most GPC per compute unit; and
+ * where the device cuts loops short, enough that a group's chunks stay within the budget
+ * (llmcl__loop_budget's count: a chunk's find_tensor search over the table, its UNROLL loops, the
+ * tail's loop and grad_norm's work-group sum).
+ */
 static size_t plan_global(const llmcl_ctx *ctx, const plan *pl, int64_t n_chunks)
 {
-    int64_t groups = n_chunks > 0 ? n_chunks : 1;
+    const int64_t all = n_chunks > 0 ? n_chunks : 1;
+    int64_t groups = all;
     const int64_t cap = (int64_t)ctx->info.compute_units * pl->gpc;
     if (pl->gpc > 0 && groups > cap)
         groups = cap;
+    const int64_t budget = llmcl__loop_budget(ctx);
+    if (budget != INT64_MAX) {
+        const int64_t u = pl->chunk / (4 * (int64_t)pl->wg);
+        const int64_t trip =
+            1 + halvings(pl->n_rows) + 2 * (u + 1) + 4 * u + 1 + halvings((int64_t)pl->wg);
+        const int64_t most = (budget - 1) / trip; /* chunks a group may take */
+        if (llmcl__div_up(all, groups) > most)
+            groups = llmcl__div_up(all, most);
+    }
     return (size_t)groups * pl->wg;
 }
 
@@ -479,6 +503,12 @@ static llmcl_status norm_launch(llmcl_ctx *ctx, const plan *pl, const group *g, 
 static llmcl_status norm_final(llmcl_ctx *ctx, const plan *pl, cl_kernel k,
                                const llmcl_tensor *partials, llmcl_tensor *out, int squared)
 {
+    /* one work-group's loop over every chunk's partial sum, then its sum */
+    LLMCL__TRY(llmcl__check_loops(ctx,
+                                  llmcl__div_up(pl->total_chunks, (int64_t)pl->wg) + 1 +
+                                      halvings((int64_t)pl->wg),
+                                  "grad_norm: %lld chunks of %lld elements",
+                                  (long long)pl->total_chunks, (long long)pl->chunk));
     llmcl__args a = llmcl__args_begin(ctx, k);
     llmcl__arg(&a, sizeof(cl_mem), &partials->mem);
     llmcl__arg_i64(&a, pl->total_chunks);

@@ -367,11 +367,29 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     if (tpw * slots > (int64_t)wg)
         tpg = rope_tokens_per_group(ctx, (int64_t)wg, slots, n_tokens);
     const size_t local = tpg > 1 || slots <= (int64_t)wg ? (size_t)(tpg * slots) : wg;
-    int64_t groups = llmcl__div_up(n_tokens, tpg) * (order && !share ? head_groups : 1);
+    const int64_t blocks = llmcl__div_up(n_tokens, tpg) * (order && !share ? head_groups : 1);
+    int64_t groups = blocks;
     const int64_t max_groups =
         (int64_t)(ctx->info.compute_units ? ctx->info.compute_units : 1) * 2048;
     if (groups > max_groups)
         groups = max_groups;
+    const int64_t budget = llmcl__loop_budget(ctx);
+    if (budget != INT64_MAX) {
+        /* a block's loop passes (llmcl__loop_budget's count): the shared angles' loop and its
+           slot loop; a slot's two loops of HPT heads (for every head group in token order with
+           shared angles) and its angles' loop of VEC where they are not shared */
+        const int64_t heads_loops = 2 * (hpt + 1);
+        const int64_t per_slot = (order && share ? (head_groups + 1) * heads_loops : heads_loops) +
+                                 (share ? 0 : vec + 1);
+        const int64_t angles = share ? llmcl__div_up(tpg * c.pairs, (int64_t)local) + 1 : 0;
+        const int64_t per_block =
+            2 + angles + llmcl__div_up(slots, (int64_t)local) * per_slot + 1;
+        LLMCL__TRY(llmcl__check_loops(ctx, per_block + 1, "%s: %lld heads of %lld pairs", fn,
+                                      (long long)heads, (long long)c.pairs));
+        const int64_t most = (budget - 1) / per_block; /* blocks a group may take */
+        if (llmcl__div_up(blocks, groups) > most)
+            groups = llmcl__div_up(blocks, most);
+    }
     const size_t global = (size_t)groups * local;
 
     /* Unused arguments (tables or positions, k) get q's buffer: never read. */
