@@ -390,7 +390,7 @@ static void param_upload(model *m, const model_param *p, const float *host)
  * (util.h) rather than the next draw of one sequence: drawn one after another on one thread, the
  * 8B preset's 8 billion values took three minutes before its first step, on every rank of a
  * --zero job. So drawn, the values do not depend on how many threads fill a parameter, or in what
- * order.
+ * order, and a --zero 3 rank draws only the part of each parameter that it keeps (zero_kept).
  */
 typedef struct param_fill {
     const model_param *p;
@@ -433,7 +433,12 @@ static void init_params(model *m, uint64_t seed)
     for (int i = 0; i < m->n_params; ++i) {
         const model_param *p = &m->params[i];
         param_fill f = {p, rng_stream(seed, (uint64_t)i), image ? image + p->offset : buffer};
-        parallel_for(0, p->numel, 1 << 16, fill_values, &f);
+        int64_t lo = 0, hi = p->numel;
+#ifdef LLMCL_TRAIN_MPI
+        if (m->zero)
+            zero_kept(m, i, &lo, &hi);
+#endif
+        parallel_for(lo, hi, 1 << 16, fill_values, &f);
         if (!image)
             param_upload(m, p, buffer);
     }
