@@ -4,7 +4,9 @@
  * head) and compute dtype (f32, bf16), from the fixture's weights and batch: the logits, the mean
  * cross-entropy and every parameter's gradient, without and with activation checkpointing and
  * offload (which must give the same bits), and the losses of ten AdamW steps with clipping and
- * weight decay.
+ * weight decay. The initial weights: each parameter's values its own counter-based stream's, the
+ * same bits whatever the split into pieces or threads; Normal(0, 0.02) matrices, unit norms, LoRA A
+ * uniform in +-1/sqrt(in) and B zero.
  */
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +16,7 @@
 #include "harness.h"
 #include "model.h"
 #include "optimizer.h"
+#include "util.h"
 
 typedef struct fixture {
     llmcl_safetensors *st;
@@ -242,6 +245,134 @@ static void test_untied_bf16(void **state)
     check_forward_backward("train_fixture_untied.safetensors", LLMCL_BF16);
 }
 
+/* ---- initial values ---- */
+
+/* Counter-based streams: any split of a range gives the bits of the whole range drawn at once (so
+   threads cannot change them), a range starting inside a Box-Muller pair included. */
+static void test_streams_split(void **state)
+{
+    (void)state;
+    enum { N = 1001 };
+    static const int64_t cuts[] = {0, 1, 2, 5, 8, 9, 500, 999, 1000, N};
+    const uint64_t key = rng_stream(42, 3);
+    float whole[2][N], pieces[2][N];
+    rng_normal_fill(key, 0, N, 0.5, whole[0]);
+    rng_uniform_fill(key, 0, N, -2.0, 3.0, whole[1]);
+    for (size_t c = 0; c + 1 < sizeof cuts / sizeof cuts[0]; ++c) {
+        const int64_t lo = cuts[c], n = cuts[c + 1] - cuts[c];
+        rng_normal_fill(key, lo, n, 0.5, pieces[0] + lo);
+        rng_uniform_fill(key, lo, n, -2.0, 3.0, pieces[1] + lo);
+    }
+    assert_memory_equal(whole, pieces, sizeof whole);
+    float other[N];
+    rng_normal_fill(rng_stream(42, 4), 0, N, 0.5, other); /* another stream: other values */
+    int same = 0;
+    for (int j = 0; j < N; ++j)
+        same += other[j] == whole[0][j];
+    assert_true(same < 5);
+}
+
+static void count_piece(void *arg, int64_t lo, int64_t hi)
+{
+    unsigned char *seen = arg;
+    for (int64_t j = lo; j < hi; ++j)
+        ++seen[j];
+}
+
+/* parallel_for covers its range once, whatever the processors' count, and nothing else. */
+static void test_parallel_for(void **state)
+{
+    (void)state;
+    static const int64_t ranges[][3] = {{3, 300003, 1000}, {7, 7, 10}, {0, 19, 10}, {5, 6, 0}};
+    for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; ++r) {
+        const int64_t begin = ranges[r][0], end = ranges[r][1];
+        unsigned char *seen = calloc((size_t)end + 3, 1);
+        assert_non_null(seen);
+        parallel_for(begin, end, ranges[r][2], count_piece, seen);
+        for (int64_t j = 0; j < end + 3; ++j)
+            if (seen[j] != (j >= begin && j < end)) {
+                printf("range [%lld, %lld): element %lld seen %d times\n", (long long)begin,
+                       (long long)end, (long long)j, seen[j]);
+                fail();
+            }
+        free(seen);
+    }
+}
+
+/* Mean, standard deviation and the fraction beyond 1 and 2 of it of a Normal(0, sigma) sample,
+   and the correlation of neighbours (a Box-Muller pair's two values are independent). */
+static void check_normal(const char *name, const double *x, int64_t n, double sigma)
+{
+    double sum = 0, sq = 0, beyond1 = 0, beyond2 = 0, lag = 0;
+    for (int64_t j = 0; j < n; ++j) {
+        sum += x[j], sq += x[j] * x[j];
+        beyond1 += fabs(x[j]) > sigma, beyond2 += fabs(x[j]) > 2 * sigma;
+        lag += j + 1 < n ? x[j] * x[j + 1] : 0;
+    }
+    const double mean = sum / (double)n, sd = sqrt(sq / (double)n - mean * mean);
+    const double corr = lag / sq, p1 = 0.31731050786291410, p2 = 0.04550026389635842,
+                 rn = sqrt((double)n);
+    printf("%s: %lld values, mean %.3g, sd %.5f, beyond 1 sd %.4f, beyond 2 sd %.4f, "
+           "neighbours' correlation %.4f\n", name, (long long)n, mean, sd, beyond1 / (double)n,
+           beyond2 / (double)n, corr);
+    /* six standard errors each: a wrong distribution or scale misses by far more */
+    assert_true(fabs(mean) <= 6 * sigma / rn);
+    assert_true(fabs(corr) <= 6 / rn);
+    assert_true(fabs(sd - sigma) <= 6 * sigma / sqrt(2.0 * (double)n));
+    assert_true(fabs(beyond1 / (double)n - p1) <= 6 * sqrt(p1 * (1 - p1)) / rn);
+    assert_true(fabs(beyond2 / (double)n - p2) <= 6 * sqrt(p2 * (1 - p2)) / rn);
+}
+
+/* A model's master weights after model_create: each parameter's stream drawn on one thread. */
+static void check_init(const model_config *cfg, uint64_t seed)
+{
+    model *m = NULL;
+    TH_OK(model_create(th_ctx(), cfg, seed, &m));
+    for (int i = 0; i < m->n_params; ++i) {
+        const model_param *p = &m->params[i];
+        const size_t n = (size_t)p->numel;
+        const uint64_t key = rng_stream(seed, (uint64_t)i);
+        const double bound = 1.0 / sqrt((double)p->shape[1]);
+        float *want = th_alloc(n * sizeof *want);
+        if (p->is_norm || p->kind == P_LORA_B)
+            for (size_t j = 0; j < n; ++j)
+                want[j] = p->is_norm ? 1.0f : 0.0f;
+        else if (p->kind == P_LORA_A)
+            rng_uniform_fill(key, 0, p->numel, -bound, bound, want);
+        else
+            rng_normal_fill(key, 0, p->numel, 0.02, want);
+        double *got = th_alloc(n * sizeof *got);
+        th_download(p->master, got);
+        for (size_t j = 0; j < n; ++j)
+            if (got[j] != want[j]) {
+                printf("%s[%zu] = %.9g, its stream's value %.9g\n", p->name, j, got[j], want[j]);
+                fail();
+            }
+        if (p->kind == P_EMBED)
+            check_normal(p->name, got, p->numel, 0.02);
+        if (p->kind == P_LORA_A) /* rounding to float is monotonic: within the bound's */
+            for (size_t j = 0; j < n; ++j)
+                assert_true(fabs(got[j]) <= (float)bound);
+        free(got), free(want);
+    }
+    model_destroy(m);
+}
+
+/* The embedding of 512 x 1024 values is parted over the threads, the other tensors are not. */
+static void test_initial_values(void **state)
+{
+    (void)state;
+    model_config cfg = {.vocab = 512, .dim = 1024, .layers = 1, .heads = 8, .kv_heads = 4,
+                        .ffn = 64, .max_seq = 16, .norm_eps = 1e-5f, .rope_theta = 10000,
+                        .tied = 1, .dtype = LLMCL_F32};
+    check_init(&cfg, 1337);
+    cfg = (model_config){.vocab = 64, .dim = 64, .layers = 2, .heads = 2, .kv_heads = 1,
+                         .ffn = 96, .max_seq = 16, .norm_eps = 1e-5f, .rope_theta = 10000,
+                         .dtype = LLMCL_BF16, .lora_rank = 4, .lora_alpha = 8,
+                         .lora_targets = LORA_ALL_TARGETS, .lora_dtype = LLMCL_F32};
+    check_init(&cfg, 7);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -249,6 +380,9 @@ int main(void)
         cmocka_unit_test(test_untied_f32),
         cmocka_unit_test(test_tied_bf16),
         cmocka_unit_test(test_untied_bf16),
+        cmocka_unit_test(test_streams_split),
+        cmocka_unit_test(test_parallel_for),
+        cmocka_unit_test(test_initial_values),
     };
     return TH_RUN(tests);
 }

@@ -385,32 +385,67 @@ static void param_upload(model *m, const model_param *p, const float *host)
 }
 
 /*
- * Normal(0, 0.02) matrices and unit norm weights (then the adapters: A uniform in +-1/sqrt(in),
- * B zero), from a fixed seed. Offloaded masters are drawn into a host image of the layout (zeros
- * between tensors, as on the device), which then goes to pinned memory.
+ * Initial values: Normal(0, 0.02) matrices and unit norm weights (then the adapters: A uniform in
+ * +-1/sqrt(in), B zero). Value j of parameter i is value j of the counter-based stream (seed, i)
+ * (util.h) rather than the next draw of one sequence: drawn one after another on one thread, the
+ * 8B preset's 8 billion values took three minutes before its first step, on every rank of a
+ * --zero job. So drawn, the values do not depend on how many threads fill a parameter, or in what
+ * order, and a --zero 3 rank draws only the part of each parameter that it keeps (zero_kept).
+ */
+typedef struct param_fill {
+    const model_param *p;
+    uint64_t key;  /* the parameter's stream */
+    float *values; /* its numel values, element j at values[j] */
+} param_fill;
+
+/* Elements [lo, hi) of a parameter's initial values: parallel_for's body. */
+static void fill_values(void *arg, int64_t lo, int64_t hi)
+{
+    const param_fill *f = arg;
+    const model_param *p = f->p;
+    float *out = f->values + lo;
+    const double bound = 1.0 / sqrt((double)p->shape[1]);
+    if (p->is_norm)
+        for (int64_t j = 0; j < hi - lo; ++j)
+            out[j] = 1.0f;
+    else if (p->kind == P_LORA_A)
+        rng_uniform_fill(f->key, lo, hi - lo, -bound, bound, out);
+    else if (p->kind == P_LORA_B)
+        memset(out, 0, (size_t)(hi - lo) * sizeof *out);
+    else
+        rng_normal_fill(f->key, lo, hi - lo, 0.02, out);
+}
+
+/*
+ * Each parameter filled on several threads, then uploaded from one host buffer that they share
+ * (the largest parameter's size, so that its pages are mapped once). Offloaded masters are filled
+ * into a host image of the layout instead (zeros between tensors, as on the device), which then
+ * goes to pinned memory.
  */
 static void init_params(model *m, uint64_t seed)
 {
-    rng r = rng_new(seed);
     offload_state *off = m->trainable.offloaded; /* all weights are trainable then: no LoRA */
+    int64_t largest = 0;
+    for (int i = 0; i < m->n_params; ++i)
+        largest = m->params[i].numel > largest ? m->params[i].numel : largest;
     float *image = off ? xcalloc((size_t)m->trainable.total, sizeof *image) : NULL;
+    float *buffer = image ? NULL : xmalloc((size_t)largest * sizeof *buffer);
     for (int i = 0; i < m->n_params; ++i) {
         const model_param *p = &m->params[i];
-        float *host = image ? image + p->offset : xmalloc((size_t)p->numel * sizeof *host);
-        const double bound = 1.0 / sqrt((double)p->shape[1]);
-        for (int64_t j = 0; j < p->numel; ++j)
-            host[j] = p->is_norm ? 1.0f
-                      : p->kind == P_LORA_A ? (float)(bound * (2.0 * rng_uniform(&r) - 1.0))
-                      : p->kind == P_LORA_B ? 0.0f
-                                            : 0.02f * (float)rng_normal(&r);
-        if (!image) {
-            param_upload(m, p, host);
-            free(host);
-        }
+        param_fill f = {p, rng_stream(seed, (uint64_t)i), image ? image + p->offset : buffer};
+        int64_t lo = 0, hi = p->numel;
+#ifdef LLMCL_TRAIN_MPI
+        if (m->zero)
+            zero_kept(m, i, &lo, &hi);
+#endif
+        parallel_for(lo, hi, 1 << 16, fill_values, &f);
+        if (!image)
+            param_upload(m, p, buffer);
     }
     if (image)
         CHECK(offload_state_write(off, image, NULL, NULL), m->ctx);
     free(image);
+    free(buffer);
 }
 
 int64_t model_param_within(const model_param *p, int64_t at, int64_t len, int64_t *first)

@@ -1,7 +1,8 @@
 /*
  * util.h: what every part of llmcl-train shares: fatal errors with llmcl's message, output paths
- * checked before a run, checked allocation, sizes for people, a seeded random generator,
- * wall-clock time, 1-D slices of device tensors and safetensors values read into host memory.
+ * checked before a run, checked allocation, sizes for people, seeded random numbers (a sequence
+ * and counter-based streams), a loop over threads, wall-clock time, 1-D slices of device tensors
+ * and safetensors values read into host memory.
  */
 #ifndef LLMCL_TRAIN_UTIL_H
 #define LLMCL_TRAIN_UTIL_H
@@ -48,17 +49,35 @@ void check_output_path(const char *option, const char *path, output_kind kind);
 void *xmalloc(size_t bytes);
 void *xcalloc(size_t n, size_t size);
 
-/* xoshiro256** from a splitmix64-expanded seed. */
+/* xoshiro256** from a splitmix64-expanded seed: one sequence (data.c's built-in corpus). */
 typedef struct rng {
     uint64_t s[4];
-    double spare; /* rng_normal's second value */
-    int has_spare;
 } rng;
 
 rng rng_new(uint64_t seed);
 uint64_t rng_next(rng *r);
-double rng_uniform(rng *r); /* [0, 1) */
-double rng_normal(rng *r);  /* standard normal (Box-Muller) */
+
+/*
+ * Counter-based random numbers (the initial weights): value j of a stream is a pure function of
+ * the stream's key and j, so that any range of it can be drawn on its own, by any thread, with
+ * the same bits. Stream `stream` of seed: key = rng_stream(seed, stream).
+ */
+uint64_t rng_stream(uint64_t seed, uint64_t stream);
+
+/* out[k] = scale z, z the standard normal value `from + k` of the stream, for k < n (Box-Muller:
+   values 2i and 2i + 1 share a pair of uniforms). */
+void rng_normal_fill(uint64_t key, int64_t from, int64_t n, double scale, float *out);
+
+/* out[k] = the uniform value `from + k` of the stream in [lo, hi), for k < n. */
+void rng_uniform_fill(uint64_t key, int64_t from, int64_t n, double lo, double hi, float *out);
+
+/*
+ * body(arg, lo, hi) over pieces of [begin, end) that cover it, on up to the online processors'
+ * count of threads (at most 32), each piece at least grain elements: a range shorter than 2 grain
+ * runs on the caller's thread alone. Returns when every piece is done.
+ */
+void parallel_for(int64_t begin, int64_t end, int64_t grain,
+                  void (*body)(void *arg, int64_t lo, int64_t hi), void *arg);
 
 /* A size for people: "2.30 GiB", or "12.5 MiB" below 1 GiB. */
 void format_bytes(double bytes, char *buf, size_t len);

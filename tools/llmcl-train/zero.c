@@ -12,10 +12,48 @@ int zero_group(const model *m, const model_param *p)
     return p->kind == P_EMBED ? 0 : model_head_group(m);
 }
 
+/*
+ * z->kept under stage 3, from the layout that llmcl_dist_setup documents: each group's parameters
+ * in registration order, each at a multiple of 16 elements, the group padded to a multiple of
+ * 16 x world and split evenly over the ranks. Where the padded sizes that it gives differ from
+ * info's (a library with another layout), every element of every parameter instead.
+ */
+static void find_kept(model *m, int groups, const llmcl_dist_info *info)
+{
+    enum { ALIGN = 16 };
+    int64_t (*kept)[2] = m->zero->kept, padded = 0, largest = 0;
+    for (int g = 0; g < groups; ++g) {
+        int64_t at = 0;
+        for (int i = 0; i < m->n_params; ++i)
+            if (zero_group(m, &m->params[i]) == g) {
+                kept[i][0] = at; /* the parameter's offset in its group, for now */
+                at += (m->params[i].numel + ALIGN - 1) / ALIGN * ALIGN;
+            }
+        const int64_t quantum = (int64_t)ALIGN * info->world,
+                      numel = (at + quantum - 1) / quantum * quantum, shard = numel / info->world,
+                      s0 = info->rank * shard, s1 = s0 + shard;
+        for (int i = 0; i < m->n_params; ++i)
+            if (zero_group(m, &m->params[i]) == g) {
+                const int64_t off = kept[i][0], end = off + m->params[i].numel;
+                kept[i][0] = s0 > off ? s0 - off : 0;
+                kept[i][1] = (s1 < end ? s1 : end) - off;
+                if (kept[i][1] < kept[i][0])
+                    kept[i][0] = kept[i][1] = 0;
+            }
+        padded += numel;
+        largest = numel > largest ? numel : largest;
+    }
+    if (padded == info->padded_numel && largest == info->max_group)
+        return;
+    for (int i = 0; i < m->n_params; ++i)
+        kept[i][0] = 0, kept[i][1] = m->params[i].numel;
+}
+
 llmcl_status zero_attach(model *m, int stage)
 {
     zero *z = xcalloc(1, sizeof *z);
     z->w32 = xcalloc((size_t)m->n_params, sizeof *z->w32);
+    z->kept = xcalloc((size_t)m->n_params, sizeof *z->kept);
     m->zero = z;
     const llmcl_dist_opts o = {.stage = stage, .param_dtype = m->cfg.dtype};
     TRY(llmcl_dist_create(m->ctx, MPI_COMM_WORLD, &o, &z->dist));
@@ -28,6 +66,12 @@ llmcl_status zero_attach(model *m, int stage)
                 TRY(llmcl_dist_add_param(z->dist, p->name, g, p->ndim, p->shape, p->is_norm));
         }
     TRY(llmcl_dist_setup(z->dist));
+    llmcl_dist_info info;
+    TRY(llmcl_dist_info_get(z->dist, &info));
+    for (int i = 0; i < m->n_params; ++i)
+        z->kept[i][0] = 0, z->kept[i][1] = m->params[i].numel;
+    if (stage == 3)
+        find_kept(m, groups, &info);
     for (int i = 0; m->cfg.dtype != LLMCL_F32 && i < m->n_params; ++i)
         if (m->params[i].is_norm)
             TRY(llmcl_tensor_create(m->ctx, LLMCL_F32, 1, &m->params[i].numel, &z->w32[i]));
@@ -42,9 +86,16 @@ void zero_detach(model *m)
     for (int i = 0; i < m->n_params; ++i)
         llmcl_tensor_destroy(z->w32[i]);
     free(z->w32);
+    free(z->kept);
     llmcl_dist_destroy(z->dist);
     free(z);
     m->zero = NULL;
+}
+
+void zero_kept(const model *m, int i, int64_t *lo, int64_t *hi)
+{
+    *lo = m->zero->kept[i][0];
+    *hi = m->zero->kept[i][1];
 }
 
 llmcl_status zero_init_param(model *m, const model_param *p, const float *host)

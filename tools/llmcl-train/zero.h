@@ -27,6 +27,7 @@
 struct zero {
     llmcl_dist *dist;
     llmcl_tensor **w32; /* per parameter: the f32 copy of a 16-bit model's norm weight, or NULL */
+    int64_t (*kept)[2]; /* per parameter: the elements [lo, hi) of its values that this rank keeps */
 };
 
 /* The layer group of a parameter. */
@@ -38,7 +39,16 @@ llmcl_status zero_attach(model *m, int stage);
 /* Frees the dist (collective). */
 void zero_detach(model *m);
 
-/* Sets a parameter from host f32 values (every rank passes the same). */
+/*
+ * The elements [lo, hi) of parameter i's values that this rank keeps, so that init_params draws
+ * none that the rank would drop: under stage 3 those in its shard, from the layout that
+ * llmcl_dist_setup documents (all of them where llmcl_dist_info shows another); under stages 1
+ * and 2, which keep the full parameters, all of them.
+ */
+void zero_kept(const model *m, int i, int64_t *lo, int64_t *hi);
+
+/* Sets a parameter from host f32 values (every rank passes the same, at least in the elements
+   that zero_kept gives). */
 llmcl_status zero_init_param(model *m, const model_param *p, const float *host);
 
 /* Opens group for use (mode: GROUP_PARAMS and/or GROUP_GRADS; collective): gathers it, points the
