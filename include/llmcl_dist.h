@@ -170,8 +170,10 @@ LLMCL_API llmcl_status llmcl_dist_info_get(const llmcl_dist *d, llmcl_dist_info 
 
 /*
  * Sets a parameter from host f32 values (numel of them, row-major); every rank passes the same
- * values and keeps its shard (master exact, the compute copy rounded to nearest even). Not
- * collective; blocks until uploaded.
+ * values and keeps its shard (master exact, the compute copy rounded to nearest even). Stage 3
+ * reads only the values of the rank's own part of the parameter (its elements in [r, r + 1) x
+ * padded / world of the group, llmcl_dist_setup's layout), so a rank may leave the rest unset;
+ * stages 1-2 read them all. Not collective; blocks until uploaded.
  */
 LLMCL_API llmcl_status llmcl_dist_init_param(llmcl_dist *d, const char *name,
                                              const float *values);
