@@ -141,6 +141,39 @@ static void init_values(float *x, int i)
     fill(x, numels[i], 100 + (uint64_t)i, i % 2 ? 0.1f : 0.5f);
 }
 
+static int64_t round_up(int64_t n, int64_t unit)
+{
+    return (n + unit - 1) / unit * unit;
+}
+
+/* Layer k's group by llmcl_dist_setup's documented layout: each parameter from a multiple of 16
+   elements, the group padded to a multiple of 16 x world. */
+static uint64_t group_numel(int k)
+{
+    const int64_t n = round_up(numels[2 * k], 16) + round_up(numels[2 * k + 1], 16);
+    return (uint64_t)round_up(n, 16 * (int64_t)world);
+}
+
+/* Stage 3 reads only a rank's part of init_param's values: when set, the rest is NaN. */
+static int poison_others;
+
+/* NaN in x (parameter i's values) outside this rank's part of its group (llmcl_dist_setup's
+   layout: the weight first, the bias from the next multiple of 16). */
+static void poison_outside_shard(float *x, int i, MPI_Comm comm)
+{
+    int r, p;
+    MPI_Comm_rank(comm, &r);
+    MPI_Comm_size(comm, &p);
+    const int k = i / 2;
+    const int64_t off = i % 2 ? round_up(numels[2 * k], 16) : 0;
+    const int64_t n = round_up(round_up(numels[2 * k], 16) + round_up(numels[2 * k + 1], 16),
+                               16 * (int64_t)p);
+    const int64_t lo = r * (n / p), hi = lo + n / p;
+    for (int64_t j = 0; j < numels[i]; ++j)
+        if (off + j < lo || off + j >= hi)
+            x[j] = NAN;
+}
+
 /* llmcl_dist_opts.chunk_bytes and .transport of the nets created next (0: the defaults). */
 static uint64_t chunk;
 static llmcl_dist_transport transport;
@@ -162,6 +195,8 @@ static void net_create(net *n, MPI_Comm comm, int stage, llmcl_dtype pt, llmcl_d
         OK(llmcl_dist_setup(n->d));
         for (int i = 0; i < NP; ++i) {
             init_values(x, i);
+            if (poison_others && stage == 3)
+                poison_outside_shard(x, i, comm);
             OK(llmcl_dist_init_param(n->d, names[i], x));
         }
         free(x);
@@ -390,6 +425,12 @@ static void test_stages(float (*mpi_ref)[TOTAL])
         expect_close(what, ref, got, 2e-5, 1e-4);
         run(MPI_COMM_WORLD, stage, LLMCL_F32, LLMCL_F32, K, again);
         expect_same(what, got, again);
+        if (stage == 3) {
+            poison_others = 1;
+            run(MPI_COMM_WORLD, stage, LLMCL_F32, LLMCL_F32, K, again);
+            poison_others = 0;
+            expect_same("stage 3 from values NaN outside each rank's part", got, again);
+        }
         if (transport == LLMCL_DIST_TRANSPORT_MPI)
             expect_same_chunked(what, stage, LLMCL_F32, LLMCL_F32, got);
         if (transport == LLMCL_DIST_TRANSPORT_MPI && mpi_ref)
@@ -426,19 +467,6 @@ static int open_fds(void)
         ++n;
     closedir(dir);
     return n;
-}
-
-static int64_t round_up(int64_t n, int64_t unit)
-{
-    return (n + unit - 1) / unit * unit;
-}
-
-/* Layer k's group by llmcl_dist_setup's documented layout: each parameter from a multiple of 16
-   elements, the group padded to a multiple of 16 x world. */
-static uint64_t group_numel(int k)
-{
-    const int64_t n = round_up(numels[2 * k], 16) + round_up(numels[2 * k + 1], 16);
-    return (uint64_t)round_up(n, 16 * (int64_t)world);
 }
 
 /* Device bytes held after setup, against llmcl_dist.h's formulas, and all of them (and every file
