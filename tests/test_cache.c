@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "harness.h"
 
@@ -23,16 +22,16 @@ static void make_cache_dir(void)
     setenv("LLMCL_CACHE_DIR", cache_dir, 1);
 }
 
-static void remove_dir(const char *dir)
+static bool remove_dir(const char *dir)
 {
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    return system(cmd) == 0;
 }
 
 static void remove_cache_dir(void)
 {
-    remove_dir(cache_dir);
+    assert_true(remove_dir(cache_dir));
     unsetenv("LLMCL_CACHE_DIR");
 }
 
@@ -257,7 +256,7 @@ static void test_pocl_compiles_once(void **state)
     assert_int_equal(s.disk_hits, 0);
     assert_int_equal(count_compiled_kernels(pocl_dir), 1);
     remove_cache_dir();
-    remove_dir(pocl_dir);
+    assert_true(remove_dir(pocl_dir));
 }
 
 static int run_with_pocl_kernel_cache(void)
@@ -271,8 +270,7 @@ static int run_with_pocl_kernel_cache(void)
     unsetenv("POCL_KERNEL_CACHE");
     if (llmcl_ctx_device_info(th_ctx())->vendor_id != LLMCL_VENDOR_POCL) {
         fprintf(stderr, "skipping: the device is not PoCL's\n");
-        rmdir(pocl_dir);
-        return 77;
+        return remove_dir(pocl_dir) ? 77 : 1; /* PoCL may have started there all the same */
     }
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_pocl_compiles_once)};
     return TH_RUN(tests);
