@@ -179,7 +179,8 @@ LLMCL_API cl_command_queue llmcl_ctx_cl_queue(const llmcl_ctx *ctx);
 /* Program cache counters since the context was created, for tests and tools. */
 typedef struct llmcl_cache_stats {
     uint64_t memory_hits;  /* program found in the in-memory cache */
-    uint64_t disk_hits;    /* program loaded from a binary in LLMCL_CACHE_DIR */
+    uint64_t disk_hits;    /* program loaded from a binary in LLMCL_CACHE_DIR (never on PoCL
+                              while its own kernel cache is on: that cache keeps the builds) */
     uint64_t disk_rejects; /* disk entries ignored as truncated, corrupt or foreign */
     uint64_t builds;       /* programs compiled from source */
 } llmcl_cache_stats;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's second command: runs the test suite (suites unit, kernels and mpi; 'slow' is left out
-# unless asked: scripts/test.sh --setup all) and prints one closing count line.
+# unless asked: scripts/test.sh --setup all), as many tests at a time as there are cores
+# (tests/meson.build), and prints one closing count line.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 meson test -C build --print-errorlogs "$@"

@@ -1,7 +1,10 @@
 /*
  * test_cache.c: the two-level program cache. Each test uses its own LLMCL_CACHE_DIR and fresh
  * contexts: a build writes an entry, a new context loads it, other options build anew, truncated,
- * corrupt and foreign entries are ignored and rebuilt, and "off" writes nothing.
+ * corrupt and foreign entries are ignored and rebuilt, and "off" writes nothing. These run with
+ * PoCL's own kernel cache off, where llmcl keeps PoCL's binaries too.
+ * With --pocl-kernel-cache (the suite's cache_pocl), PoCL's cache on as it is by default: llmcl
+ * stores nothing and each kernel launched is compiled once (skipped on other platforms).
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -19,11 +22,16 @@ static void make_cache_dir(void)
     setenv("LLMCL_CACHE_DIR", cache_dir, 1);
 }
 
-static void remove_cache_dir(void)
+static bool remove_dir(const char *dir)
 {
     char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache_dir);
-    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0;
+}
+
+static void remove_cache_dir(void)
+{
+    assert_true(remove_dir(cache_dir));
     unsetenv("LLMCL_CACHE_DIR");
 }
 
@@ -213,8 +221,66 @@ static void test_default_location(void **state)
     }
 }
 
-int main(void)
+/* Files named *.so under dir: the kernels PoCL has compiled, one for each work-group function. */
+static int count_compiled_kernels(const char *dir)
 {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "find '%s' -name '*.so' | wc -l", dir);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    int n = -1;
+    assert_int_equal(fscanf(p, "%d", &n), 1);
+    assert_int_equal(pclose(p), 0);
+    return n;
+}
+
+/* PoCL's kernel cache for --pocl-kernel-cache, of this process alone so that it starts empty. */
+static char pocl_dir[64];
+
+/*
+ * PoCL's kernel cache keeps the build, so llmcl stores nothing; and asking PoCL for a binary would
+ * compile every kernel of the program once more, for nothing, as generic work-group functions:
+ * one fill launched leaves one compiled kernel, and the next context compiles none.
+ */
+static void test_pocl_compiles_once(void **state)
+{
+    (void)state;
+    make_cache_dir();
+    llmcl_cache_stats s = run_fill(LLMCL_F32);
+    assert_int_equal(s.builds, 1);
+    assert_int_equal(count_compiled_kernels(pocl_dir), 1);
+    char names[4][512];
+    assert_int_equal(list_entries(names, 4), 0);
+    s = run_fill(LLMCL_F32);
+    assert_int_equal(s.builds, 1); /* from source again: PoCL's cache has the front end's output */
+    assert_int_equal(s.disk_hits, 0);
+    assert_int_equal(count_compiled_kernels(pocl_dir), 1);
+    remove_cache_dir();
+    assert_true(remove_dir(pocl_dir));
+}
+
+static int run_with_pocl_kernel_cache(void)
+{
+    snprintf(pocl_dir, sizeof pocl_dir, "/tmp/llmcl-pocl-cache-XXXXXX");
+    if (!mkdtemp(pocl_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    setenv("POCL_CACHE_DIR", pocl_dir, 1); /* PoCL reads it once, when the first context starts it */
+    unsetenv("POCL_KERNEL_CACHE");
+    if (llmcl_ctx_device_info(th_ctx())->vendor_id != LLMCL_VENDOR_POCL) {
+        fprintf(stderr, "skipping: the device is not PoCL's\n");
+        return remove_dir(pocl_dir) ? 77 : 1; /* PoCL may have started there all the same */
+    }
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_pocl_compiles_once)};
+    return TH_RUN(tests);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "--pocl-kernel-cache") == 0)
+        return run_with_pocl_kernel_cache();
+    setenv("POCL_KERNEL_CACHE", "0", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hit_after_build),
         cmocka_unit_test(test_bad_entries_are_rebuilt),

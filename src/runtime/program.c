@@ -6,7 +6,8 @@
  * source, options, device name, driver version, platform version and library version. An entry holds
  * a header (magic, the key hash, the descriptor text it was made for, the binary's length and
  * checksum) and the binary; it is written to a temporary file and renamed, and any entry that does
- * not check out in every field is ignored and rebuilt.
+ * not check out in every field is ignored and rebuilt. PoCL keeps its own cache, and llmcl stores
+ * no binaries there while it is on (keeps_binaries).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -201,10 +202,24 @@ typedef struct disk_key {
     char *descriptor; /* what the entry was made for, stored in it and compared on load */
 } disk_key;
 
+/*
+ * Whether the disk cache keeps this device's binaries. Not PoCL's while its own kernel cache is on
+ * (POCL_KERNEL_CACHE unset, or starting with 1 as PoCL reads it): that cache already keeps the
+ * front end's output, keyed by the preprocessed source, options and device, and each kernel that a
+ * launch compiled; and asking PoCL for a binary compiles every kernel of the program once more, as
+ * generic work-group functions that no launch uses (a launch compiles its own, specialised to its
+ * local size). That second compile was most of a cold test run's time.
+ */
+static bool keeps_binaries(const llmcl_ctx *ctx)
+{
+    const char *pocl_cache = llmcl__getenv("POCL_KERNEL_CACHE");
+    return ctx->info.vendor_id != LLMCL_VENDOR_POCL || (pocl_cache && pocl_cache[0] != '1');
+}
+
 static bool disk_key_make(const llmcl_ctx *ctx, const char *source, size_t source_len,
                           const char *options, disk_key *k)
 {
-    if (!ctx->cache_dir[0])
+    if (!ctx->cache_dir[0] || !keeps_binaries(ctx))
         return false;
     XXH64_hash_t src_hash = XXH3_64bits(source, source_len);
     size_t cap = strlen(options) + 1200;
