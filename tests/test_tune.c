@@ -440,20 +440,23 @@ static void run_rope_pos(llmcl_ctx *ctx)
     llmcl_tensor_destroy(pos);
 }
 
-static void run_matmul_bf16(llmcl_ctx *ctx) /* M 20, N 24, K 8: the tiled kernel off NVIDIA */
+/* M 20, N 24, K 8, a every other column of [20, 16]: no unit stride, the tiled kernel everywhere */
+static void run_matmul_bf16(llmcl_ctx *ctx)
 {
-    const int64_t as[2] = {20, 8}, bs[2] = {8, 24}, cs[2] = {20, 24};
-    double av[160], bv[192];
+    const int64_t whole[2] = {20, 16}, as[2] = {20, 8}, a_strides[2] = {16, 2}, bs[2] = {8, 24},
+                  cs[2] = {20, 24};
+    double av[320], bv[192];
     th_rng r = th_rng_new(42);
-    th_fill_normal(&r, av, 160, 1.0);
+    th_fill_normal(&r, av, 320, 1.0);
     th_fill_normal(&r, bv, 192, 1.0);
-    llmcl_tensor *a = th_tensor_from(LLMCL_BF16, 2, as, av);
+    llmcl_tensor *a_whole = th_tensor_from(LLMCL_BF16, 2, whole, av), *a = NULL;
+    TH_OK(llmcl_tensor_view(a_whole, 2, as, a_strides, 0, &a));
     llmcl_tensor *b = th_tensor_from(LLMCL_BF16, 2, bs, bv);
     llmcl_tensor *c = th_tensor(LLMCL_F32, 2, cs);
     TH_OK(llmcl_matmul(ctx, 1.0f, a, b, 0.0f, c, NULL));
-    llmcl_tensor_destroy(a);
-    llmcl_tensor_destroy(b);
-    llmcl_tensor_destroy(c);
+    llmcl_tensor *all[] = {a, a_whole, b, c};
+    for (int i = 0; i < 4; ++i)
+        llmcl_tensor_destroy(all[i]);
 }
 
 /* N 4 rows of V 100 classes: cross-entropy on logits, and fused in tiles from H 16. */
@@ -514,6 +517,9 @@ static void test_adjusted_values_recorded(void **state)
     int launched = 0;
     assert_true(has_token(params_of(ctx, "rope_pos", LLMCL_F32, "12", &launched), "VEC=2"));
     assert_int_equal(launched, 1);
+    assert_string_not_equal(mm_defaults, "");
+    assert_string_not_equal(rows_defaults, "");
+    assert_string_not_equal(tile_defaults, "");
     assert_string_equal(params_of(ctx, "mm_tiled", LLMCL_BF16, "24", NULL), mm_defaults);
     assert_string_equal(params_of(ctx, "ce_rows", LLMCL_F32, "100", NULL), rows_defaults);
     assert_string_equal(params_of(ctx, "ce_split", LLMCL_F32, "4", NULL), "SPLIT=1");
