@@ -57,42 +57,13 @@ void th_loop_limit(const char *value)
         unsetenv("LLMCL_LOOP_LIMIT");
 }
 
-/* ---- random numbers: splitmix64 seeding, xoshiro256** ---- */
+/* ---- random numbers ---- */
 
-static uint64_t splitmix(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t next_u64(th_rng *r)
-{
-    uint64_t *s = r->s;
-    const uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
-th_rng th_rng_new(uint64_t seed)
-{
-    th_rng r;
-    for (int i = 0; i < 4; ++i)
-        r.s[i] = splitmix(&seed);
-    return r;
-}
+th_rng th_rng_new(uint64_t seed) { return util_rng_new(seed); }
 
 double th_uniform(th_rng *r, double lo, double hi)
 {
-    return lo + (hi - lo) * ((double)(next_u64(r) >> 11) * 0x1.0p-53);
+    return lo + (hi - lo) * util_bits_to_unit(util_rng_next(r));
 }
 
 double th_normal(th_rng *r)
@@ -103,7 +74,7 @@ double th_normal(th_rng *r)
 
 int64_t th_randint(th_rng *r, int64_t lo, int64_t hi)
 {
-    return lo + (int64_t)(next_u64(r) % (uint64_t)(hi - lo));
+    return lo + (int64_t)(util_rng_next(r) % (uint64_t)(hi - lo));
 }
 
 void th_fill_uniform(th_rng *r, double *x, size_t n, double lo, double hi)

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "llmcl.h"
+#include "util/util.h"
 
 /* The shared context, created on first use. Exits 77 when no usable device exists. */
 llmcl_ctx *th_ctx(void);
@@ -41,11 +42,9 @@ void th_loop_limit(const char *value);
 /* Runs a cmocka group with th_ctx() created first (so a missing device skips the whole file). */
 #define TH_RUN(tests) (th_ctx(), cmocka_run_group_tests((tests), NULL, th_teardown))
 
-/* ---- random inputs from fixed seeds (xoshiro256**) ---- */
+/* ---- random inputs from fixed seeds (util.h's xoshiro256**) ---- */
 
-typedef struct th_rng {
-    uint64_t s[4];
-} th_rng;
+typedef util_rng th_rng;
 
 th_rng th_rng_new(uint64_t seed);
 double th_uniform(th_rng *r, double lo, double hi);

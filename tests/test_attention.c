@@ -1,6 +1,6 @@
 /*
  * test_attention.c: flash attention forward (O, LSE) and backward (dQ, dK, dV) against naive
- * attention in double (tests/ref/attention_ref.c), for every option: causal with Tq = Tk, Tq < Tk
+ * attention in double (ref/attention_ref.c), for every option: causal with Tq = Tk, Tq < Tk
  * and Tq > Tk, sliding windows (narrow, one-sided, wider than T, with causal), softcap, custom
  * scale, GQA and MQA, both layouts, every head dim (the multiples of 8 from 8 to 256), T = 1,
  * varlen batches with sequences of length 1, f32 / bf16 / f16 storage; plus determinism, extra

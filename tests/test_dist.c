@@ -18,8 +18,8 @@
  * LLMCL_DIST_TRANSPORT, a missing LLMCL_NCCL library) and, where NCCL runs, its results against
  * MPI's (f32: within 1e-6 + 1e-5 |MPI|; they differ only in the order of the sums). With
  * --nccl-timeout (one rank), the NCCL watchdog's abort of a call that outlives LLMCL_NCCL_TIMEOUT. With
- * --abort, rank 1 fails inside a step and the job must end through MPI_Abort (Meson expects the
- * failure).
+ * --abort, rank 1 fails inside a step and the job must end through MPI_Abort (dist_abort runs it
+ * under tests/expect_failure.py, which wants the failed job and rank 1's message).
  *
  * Not cmocka: a failed assertion on one rank would leave the others waiting in a collective, so
  * every check ends the whole job through MPI_Abort instead.

@@ -1,6 +1,6 @@
 /*
  * test_glu.c: SwiGLU / GeGLU (llmcl_glu_forward, llmcl_glu_backward) and the activations alone
- * against the double references in tests/ref/glu_ref.c: every activation and dtype, separate and
+ * against the double references in ref/glu_ref.c: every activation and dtype, separate and
  * packed gate/up, odd row lengths, strided rows (vector-aligned and not), in-place variants, and
  * bad inputs.
  */

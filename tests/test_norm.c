@@ -1,6 +1,6 @@
 /*
  * test_norm.c: RMSNorm, fused residual + RMSNorm and LayerNorm against the double references in
- * tests/ref/norm_ref.c: every dtype pairing, both casting modes, offsets 0 and 1, odd row lengths
+ * ref/norm_ref.c: every dtype pairing, both casting modes, offsets 0 and 1, odd row lengths
  * (1, 7, 4097), rows padded and misaligned, rows longer than the register cache, in-place
  * variants, bitwise determinism of the weight gradients, row slots within a device's loop limit,
  * and every rejected argument.

@@ -1,6 +1,6 @@
 /*
  * test_rope.c: llmcl_rope_forward / llmcl_rope_backward against the double reference in
- * tests/ref/rope_ref.c: both styles and layouts, GQA (Hq != Hk, k absent), every angle source
+ * ref/rope_ref.c: both styles and layouts, GQA (Hq != Hk, k absent), every angle source
  * (shared and per-batch tables, shared i32 and per-batch i64 positions, Llama 3 scaling), partial
  * rotary, padded strides and packed QKV views, odd sizes, large positions, and bad inputs.
  */

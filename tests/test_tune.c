@@ -1,9 +1,11 @@
 /*
  * test_tune.c: the tuning database and the tuner. Parsing (valid files and their precedence,
  * malformed and foreign files, unknown keys, missing fields, another device), loading from
- * LLMCL_TUNE_DB and the cache directory, overrides reaching real launches, the tuner's rejection
- * of planted bad candidates (build failure, limits, wrong results), and llmcl-tune --quick end to
- * end: its file is valid, a context picks it up, and the launches use its parameters.
+ * LLMCL_TUNE_DB and the cache directory, overrides reaching real launches, launchers reporting the
+ * values they settled on (clamped, or their defaults for an entry that does not fit), the tuner's
+ * rejection of planted bad candidates (build failure, limits, wrong results), and llmcl-tune
+ * --quick end to end: its file is valid, a context picks it up, and the launches use its
+ * parameters.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +79,16 @@ static const char *params_of(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dt,
 
 #define ASSERT_PARAMS(ctx, kernel, dt, shape, want)                                                \
     assert_string_equal(params_of((ctx), (kernel), (dt), (shape), NULL), (want))
+
+/* Whether a "NAME=VALUE ..." list holds tok as a whole item. */
+static bool has_token(const char *list, const char *tok)
+{
+    const size_t n = strlen(tok);
+    for (const char *p = strstr(list, tok); p; p = strstr(p + 1, tok))
+        if ((p == list || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\0'))
+            return true;
+    return false;
+}
 
 static llmcl_ctx *ctx_with_env(const char *name, const char *value)
 {
@@ -413,6 +425,109 @@ static void test_override_reaches_launch(void **state)
     TH_OK(llmcl_tune_db_clear(ctx));
 }
 
+/* The launches under test_adjusted_values_recorded, on small shapes with any inputs. */
+static void run_rope_pos(llmcl_ctx *ctx)
+{
+    const int64_t qs[4] = {1, 2, 4, 12}, ps[1] = {4}; /* 6 pairs: VEC 8 and 4 do not divide */
+    double qv[96], pv[4] = {0, 1, 2, 3};
+    th_rng r = th_rng_new(41);
+    th_fill_normal(&r, qv, 96, 1.0);
+    llmcl_tensor *q = th_tensor_from(LLMCL_F32, 4, qs, qv);
+    llmcl_tensor *pos = th_tensor_from(LLMCL_I32, 1, ps, pv);
+    const llmcl_rope_options o = {.positions = pos};
+    TH_OK(llmcl_rope_forward(ctx, q, NULL, &o));
+    llmcl_tensor_destroy(q);
+    llmcl_tensor_destroy(pos);
+}
+
+/* M 20, N 24, K 8, a every other column of [20, 16]: no unit stride, the tiled kernel everywhere */
+static void run_matmul_bf16(llmcl_ctx *ctx)
+{
+    const int64_t whole[2] = {20, 16}, as[2] = {20, 8}, a_strides[2] = {16, 2}, bs[2] = {8, 24},
+                  cs[2] = {20, 24};
+    double av[320], bv[192];
+    th_rng r = th_rng_new(42);
+    th_fill_normal(&r, av, 320, 1.0);
+    th_fill_normal(&r, bv, 192, 1.0);
+    llmcl_tensor *a_whole = th_tensor_from(LLMCL_BF16, 2, whole, av), *a = NULL;
+    TH_OK(llmcl_tensor_view(a_whole, 2, as, a_strides, 0, &a));
+    llmcl_tensor *b = th_tensor_from(LLMCL_BF16, 2, bs, bv);
+    llmcl_tensor *c = th_tensor(LLMCL_F32, 2, cs);
+    TH_OK(llmcl_matmul(ctx, 1.0f, a, b, 0.0f, c, NULL));
+    llmcl_tensor *all[] = {a, a_whole, b, c};
+    for (int i = 0; i < 4; ++i)
+        llmcl_tensor_destroy(all[i]);
+}
+
+/* N 4 rows of V 100 classes: cross-entropy on logits, and fused in tiles from H 16. */
+static void run_cross_entropy(llmcl_ctx *ctx)
+{
+    const int64_t ls[2] = {4, 100}, hs[2] = {4, 16}, ws[2] = {100, 16}, ns[1] = {4}, one = 1;
+    double lv[400], hv[64], wv[1600], yv[4] = {3, 97, 50, 0};
+    th_rng r = th_rng_new(43);
+    th_fill_normal(&r, lv, 400, 1.0);
+    th_fill_normal(&r, hv, 64, 1.0);
+    th_fill_normal(&r, wv, 1600, 0.25);
+    llmcl_tensor *logits = th_tensor_from(LLMCL_F32, 2, ls, lv);
+    llmcl_tensor *hidden = th_tensor_from(LLMCL_F32, 2, hs, hv);
+    llmcl_tensor *weight = th_tensor_from(LLMCL_F32, 2, ws, wv);
+    llmcl_tensor *labels = th_tensor_from(LLMCL_I32, 1, ns, yv);
+    llmcl_tensor *loss = th_tensor(LLMCL_F32, 1, &one), *lse = th_tensor(LLMCL_F32, 1, ns);
+    TH_OK(llmcl_cross_entropy_forward(ctx, logits, labels, NULL, loss, NULL, NULL, NULL));
+    const llmcl_ce_options tiles = {.vocab_chunk = -1};
+    TH_OK(llmcl_fused_cross_entropy_forward(ctx, hidden, weight, NULL, labels, &tiles, loss, NULL,
+                                            lse));
+    llmcl_tensor *all[] = {logits, hidden, weight, labels, loss, lse};
+    for (int i = 0; i < 6; ++i)
+        llmcl_tensor_destroy(all[i]);
+}
+
+/*
+ * Launchers that change looked-up values (clamp them to the shape, fall back to their defaults
+ * from a file entry that does not fit, settle a host-side tunable) report the values they used,
+ * not the ones the database gave them.
+ */
+static void test_adjusted_values_recorded(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    TH_OK(llmcl_tune_db_clear(ctx));
+    run_matmul_bf16(ctx);
+    run_cross_entropy(ctx);
+    char mm_defaults[256], rows_defaults[256], tile_defaults[256];
+    snprintf(mm_defaults, sizeof mm_defaults, "%s",
+             params_of(ctx, "mm_tiled", LLMCL_BF16, "24", NULL));
+    snprintf(rows_defaults, sizeof rows_defaults, "%s",
+             params_of(ctx, "ce_rows", LLMCL_F32, "100", NULL));
+    snprintf(tile_defaults, sizeof tile_defaults, "%s",
+             params_of(ctx, "cce_fwd", LLMCL_F32, "100", NULL));
+
+    TH_OK(llmcl_tune_override(ctx, "rope_pos", LLMCL_F32, "*", "VEC=8"));
+    TH_OK(llmcl_tune_override(ctx, "ce_rows", LLMCL_F32, "*", "WG=48"));
+    TH_OK(llmcl_tune_override(ctx, "ce_split", LLMCL_F32, "*", "SPLIT=0"));
+    TH_OK(llmcl_tune_override(ctx, "cce_split", LLMCL_F32, "*", "SPLIT=0"));
+    const char *misfits =
+        "{\"kernel\": \"mm_tiled\", \"params\": {\"T\": 48, \"BK\": 16, \"TM\": 5, \"TN\": 4}},"
+        "{\"kernel\": \"cce_fwd\", \"params\": {\"T\": 48, \"BK\": 16, \"TM\": 5, \"TN\": 4}}";
+    TH_OK(llmcl_tune_db_load(ctx, write_db("misfits.json", this_device(), misfits)));
+    run_rope_pos(ctx);
+    run_matmul_bf16(ctx);
+    run_cross_entropy(ctx);
+
+    int launched = 0;
+    assert_true(has_token(params_of(ctx, "rope_pos", LLMCL_F32, "12", &launched), "VEC=2"));
+    assert_int_equal(launched, 1);
+    assert_string_not_equal(mm_defaults, "");
+    assert_string_not_equal(rows_defaults, "");
+    assert_string_not_equal(tile_defaults, "");
+    assert_string_equal(params_of(ctx, "mm_tiled", LLMCL_BF16, "24", NULL), mm_defaults);
+    assert_string_equal(params_of(ctx, "ce_rows", LLMCL_F32, "100", NULL), rows_defaults);
+    assert_string_equal(params_of(ctx, "ce_split", LLMCL_F32, "4", NULL), "SPLIT=1");
+    assert_string_equal(params_of(ctx, "cce_fwd", LLMCL_F32, "100", NULL), tile_defaults);
+    assert_string_equal(params_of(ctx, "cce_split", LLMCL_F32, "1", NULL), "SPLIT=1");
+    TH_OK(llmcl_tune_db_clear(ctx));
+}
+
 /* ---- the tuner rejects planted bad candidates ---- */
 
 /* WG=96 gives a wrong result: one output element overwritten after the copy. */
@@ -474,16 +589,6 @@ static void planted_kernel_dir(char *dir, size_t n)
     assert_non_null(f);
     fprintf(f, "#if defined(WG) && WG == 48\n#error planted build failure\n#endif\n%s", body);
     fclose(f);
-}
-
-/* Whether a "NAME=VALUE ..." list holds tok as a whole item. */
-static bool has_token(const char *list, const char *tok)
-{
-    const size_t n = strlen(tok);
-    for (const char *p = strstr(list, tok); p; p = strstr(p + 1, tok))
-        if ((p == list || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\0'))
-            return true;
-    return false;
 }
 
 static void test_tuner_rejects_planted(void **state)
@@ -690,6 +795,7 @@ int main(void)
         cmocka_unit_test(test_missing_fields),
         cmocka_unit_test(test_env_and_cache_dir),
         cmocka_unit_test(test_override_reaches_launch),
+        cmocka_unit_test(test_adjusted_values_recorded),
         cmocka_unit_test(test_tuner_rejects_planted),
         cmocka_unit_test(test_restrict_space), cmocka_unit_test(test_tool_end_to_end),
     };

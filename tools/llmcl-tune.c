@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "tune.h"
+#include "util/util.h"
 
 #define MAX_CASES 512
 #define MAX_FILTERS 32
@@ -32,13 +32,6 @@ typedef struct progress {
     int case_total;
     int last_done;
 } progress;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void usage(FILE *f)
 {
@@ -87,12 +80,12 @@ static void on_progress(void *arg, int done, int total)
     p->last_done = done;
     if (!p->tty)
         return;
-    double elapsed = now_s() - p->start;
+    double elapsed = util_now_s() - p->start;
     double frac = p->units_total > 0 ? (double)p->units_done / (double)p->units_total : 0;
     frac = frac > 1 ? 1 : frac;
     double eta = frac > 0.01 ? elapsed / frac - elapsed : -1;
-    if (p->deadline > 0 && (eta < 0 || now_s() + eta > p->deadline))
-        eta = p->deadline - now_s();
+    if (p->deadline > 0 && (eta < 0 || util_now_s() + eta > p->deadline))
+        eta = p->deadline - util_now_s();
     char bar[31], eta_s[16];
     int fill = (int)(frac * 30);
     for (int i = 0; i < 30; ++i)
@@ -324,7 +317,7 @@ int main(int argc, char **argv)
         llmcl_ctx_destroy(ctx);
         return 2;
     }
-    progress p = {.tty = isatty(2), .start = now_s(), .n_cases = n};
+    progress p = {.tty = isatty(2), .start = util_now_s(), .n_cases = n};
     p.deadline = max_time > 0 ? p.start + max_time : 0;
     for (int i = 0; i < n; ++i) {
         long size = tune_space_size(cases[i].k);
@@ -337,7 +330,7 @@ int main(int argc, char **argv)
     o.progress_arg = &p;
     int done = 0, failed = 0;
     for (int i = 0; i < n; ++i) {
-        double left = p.deadline > 0 ? p.deadline - now_s() : 0;
+        double left = p.deadline > 0 ? p.deadline - util_now_s() : 0;
         if (p.deadline > 0 && left <= 0) {
             fprintf(stderr, "%sllmcl-tune: --max-time reached; %d of %d cases not run\n",
                     p.tty ? "\n" : "", n - i, n);

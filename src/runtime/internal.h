@@ -363,13 +363,31 @@ void llmcl__param_set(llmcl__params *p, const char *name, long value);
 long llmcl__param_get(const llmcl__params *p, const char *name, long fallback);
 
 /*
- * Overrides the launcher's heuristic defaults in p with the tuning database's entry for
- * (device, kernel, dtype, shape_class), where one exists. Returns true when an explicit
- * llmcl_tune_override took part: a launcher may replace file entries that do not fit the shape
- * with its defaults, but must report overrides that do not fit.
+ * What a lookup found: whether an explicit llmcl_tune_override took part (a launcher may replace
+ * file entries that do not fit the shape with its defaults, but must report overrides that do
+ * not fit), and which of the database's records holds the values in use for its key (db NULL:
+ * none is kept). Valid while the launcher that made it runs.
  */
-bool llmcl__params_lookup(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
-                          const char *shape_class, llmcl__params *p);
+typedef struct llmcl__tune_lookup {
+    bool overridden;
+    llmcl__tune_db *db;
+    size_t slot;
+} llmcl__tune_lookup;
+
+/*
+ * Overrides the launcher's heuristic defaults in p with the tuning database's entry for
+ * (device, kernel, dtype, shape_class), where one exists, and records the result as the values
+ * in use for that key (llmcl_tune_params_get).
+ */
+llmcl__tune_lookup llmcl__params_lookup(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
+                                        const char *shape_class, llmcl__params *p);
+
+/*
+ * Records p as the values in use for lookup's key: a launcher that changes looked-up values
+ * (clamps them to the shape, falls back to its defaults, settles a host-side tunable) calls it
+ * once they are final, so that llmcl_tune_params_get reports what the launch really uses.
+ */
+void llmcl__params_record(const llmcl__tune_lookup *lookup, const llmcl__params *p);
 
 /* A tuning shape class for a size key: "p<k>" for the smallest 2^k >= key (key >= 1). */
 void llmcl__shape_class(int64_t key, char out[16]);

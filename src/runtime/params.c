@@ -1,7 +1,8 @@
 /*
  * params.c: tuning parameters of one kernel launch. Launchers set heuristic defaults from the
- * device's capabilities, then llmcl__params_lookup lets the tuning database override them; the
- * result becomes -D options of the build.
+ * device's capabilities, then llmcl__params_lookup lets the tuning database override them and
+ * records the result; a launcher that changes the values after that records its final ones with
+ * llmcl__params_record. The values become -D options of the build.
  */
 #include <stdio.h>
 #include <string.h>
@@ -30,10 +31,15 @@ long llmcl__param_get(const llmcl__params *p, const char *name, long fallback)
     return fallback;
 }
 
-bool llmcl__params_lookup(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
-                          const char *shape_class, llmcl__params *p)
+llmcl__tune_lookup llmcl__params_lookup(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
+                                        const char *shape_class, llmcl__params *p)
 {
     return llmcl__tune_db_apply(ctx, kernel, dtype, shape_class, p);
+}
+
+void llmcl__params_record(const llmcl__tune_lookup *lookup, const llmcl__params *p)
+{
+    llmcl__tune_db_record(lookup, p);
 }
 
 void llmcl__shape_class(int64_t key, char out[16])
@@ -46,7 +52,6 @@ void llmcl__shape_class(int64_t key, char out[16])
 
 void llmcl__params_define(const llmcl__params *p, llmcl__defines *d)
 {
-    llmcl__tune_db_defined(p);
     for (int i = 0; i < p->n; ++i)
         llmcl__define_int(d, p->names[i], p->values[i]);
 }

@@ -52,17 +52,6 @@ struct llmcl__tune_db {
     char warnings[WARN_CAP];
 };
 
-/*
- * The latest lookup on this thread. Launchers may clamp looked-up values to the shape before
- * building (a vector width the alignment does not allow); llmcl__params_define then records what
- * the build really uses. One-shot, and forgotten when its database goes away.
- */
-static _Thread_local struct {
-    llmcl__tune_db *db;
-    const llmcl__params *p;
-    size_t used; /* index into db->used */
-} pending;
-
 /* ---- warnings ---- */
 
 static void warn(llmcl__tune_db *db, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -331,26 +320,24 @@ static tune_used *record_used(llmcl__tune_db *db, const char *kernel, int dtype,
     return u;
 }
 
-bool llmcl__tune_db_apply(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
-                          const char *shape_class, llmcl__params *p)
+llmcl__tune_lookup llmcl__tune_db_apply(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
+                                        const char *shape_class, llmcl__params *p)
 {
     llmcl__tune_db *db = ctx->tune_db;
     if (db == NULL)
-        return false;
+        return (llmcl__tune_lookup){0};
     const char *cls = shape_class ? shape_class : "";
     const bool overridden = apply_entries(db, kernel, (int)dtype, cls, p, &ctx->info);
     const tune_used *u = record_used(db, kernel, (int)dtype, cls, p);
-    pending.db = u ? db : NULL;
-    pending.p = p;
-    pending.used = u ? (size_t)(u - db->used) : 0;
-    return overridden;
+    if (u == NULL)
+        return (llmcl__tune_lookup){.overridden = overridden};
+    return (llmcl__tune_lookup){overridden, db, (size_t)(u - db->used)};
 }
 
-void llmcl__tune_db_defined(const llmcl__params *p)
+void llmcl__tune_db_record(const llmcl__tune_lookup *lookup, const llmcl__params *p)
 {
-    if (pending.db && pending.p == p && pending.used < pending.db->n_used)
-        pending.db->used[pending.used].params = *p;
-    pending.db = NULL;
+    if (lookup->db && lookup->slot < lookup->db->n_used)
+        lookup->db->used[lookup->slot].params = *p;
 }
 
 /* ---- files ---- */
@@ -623,8 +610,6 @@ void llmcl__tune_db_destroy(llmcl__tune_db *db)
 {
     if (db == NULL)
         return;
-    if (pending.db == db)
-        pending.db = NULL;
     free(db->entries);
     free(db->used);
     free(db);
@@ -761,7 +746,6 @@ llmcl_status llmcl_tune_db_clear(llmcl_ctx *ctx)
     LLMCL__TRY(check_db(ctx));
     ctx->tune_db->n = 0;
     ctx->tune_db->n_used = 0;
-    pending.db = NULL;
     ctx->tune_db->warnings[0] = '\0';
     return LLMCL_OK;
 }

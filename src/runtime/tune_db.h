@@ -29,16 +29,13 @@ void llmcl__tune_db_destroy(llmcl__tune_db *db);
 
 /*
  * Overwrites the parameters of p (the launcher's heuristic defaults) that the best matching entries
- * set, and records the result as the values in use for (kernel, dtype, shape_class). Returns
- * true when an override (llmcl_tune_override) was among them.
+ * set, and records the result as the values in use for (kernel, dtype, shape_class). The lookup
+ * returned names that record for llmcl__tune_db_record.
  */
-bool llmcl__tune_db_apply(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
-                          const char *shape_class, llmcl__params *p);
+llmcl__tune_lookup llmcl__tune_db_apply(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
+                                        const char *shape_class, llmcl__params *p);
 
-/*
- * Called by llmcl__params_define: when p is the parameter set of the latest lookup on this thread,
- * its values (after the launcher's own clamping to the shape) become the recorded ones in use.
- */
-void llmcl__tune_db_defined(const llmcl__params *p);
+/* Replaces the values recorded for lookup's key with p (the launcher's final values). */
+void llmcl__tune_db_record(const llmcl__tune_lookup *lookup, const llmcl__params *p);
 
 #endif

@@ -8,9 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bench.h"
+#include "util/util.h"
 
 typedef struct family {
     const char *name;
@@ -84,24 +84,17 @@ double bench_time(bench_env *env, bench_op op, void *arg)
     return times[reps / 2];
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
 double bench_wall_time(bench_env *env, bench_op op, void *arg, int max_reps)
 {
     double t[16];
     int reps = env->reps < max_reps ? env->reps : max_reps;
     reps = reps < 1 ? 1 : reps > 16 ? 16 : reps;
     for (int i = -1; i < reps; ++i) {
-        const double start = now_ms();
+        const double start = util_now_s();
         if (op(env->ctx, arg) != LLMCL_OK || llmcl_ctx_finish(env->ctx) != LLMCL_OK)
             return -1;
         if (i >= 0)
-            t[i] = now_ms() - start;
+            t[i] = 1e3 * (util_now_s() - start);
     }
     qsort(t, (size_t)reps, sizeof t[0], cmp_double);
     return t[reps / 2];

@@ -1,7 +1,7 @@
 /*
  * bench.h: the interface between llmcl-bench's driver (bench.c) and the per-family benchmark files
  * (bench_<family>.c). A family runs its kernels at a representative size on the selected device,
- * checks the output against the CPU reference in tests/ref/, times them with profiling events and
+ * checks the output against the CPU reference in ref/, times them with profiling events and
  * adds one table row per kernel and direction.
  */
 #ifndef LLMCL_BENCH_H

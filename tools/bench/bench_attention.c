@@ -4,7 +4,7 @@
  * FlashAttention's convention (4 B Hq Tq Tk D, halved for causal; backward 2.5x the forward) and
  * peak memory; an f32 forward against a naive baseline (CLBlast SGEMM for Q.K^T, a masked
  * softmax kernel of this file, CLBlast SGEMM for P.V) at a size whose T x T scores fit in memory.
- * Outputs are checked against tests/ref/attention_ref.c at a reduced size with the same options.
+ * Outputs are checked against ref/attention_ref.c at a reduced size with the same options.
  * On GPUs, FlashAttention's sweep follows (tools/bench/yardstick_attention.py times PyTorch's
  * SDPA on the same shapes). LLMCL_BENCH_FULL=1 on a CPU device adds the issue's T=2048, D=128 row.
  */
@@ -13,10 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "attention_ref.h"
 #include "bench.h"
+#include "util/util.h"
 
 typedef struct attn_shape {
     int B, Hq, Hkv, T, D;
@@ -247,8 +247,7 @@ static double naive_baseline_ms(bench_env *env, attn_state *a)
     int n = 0, runs = env->warmup + (env->reps < 64 ? env->reps : 64);
     for (int r = 0; kern && r < runs; ++r) {
         clFinish(queue);
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        const double t0 = util_now_s();
         /* One batch per (b, KV head): its g query heads are one [g T, D] matrix. */
         CLBlastStatusCode c1 = CLBlastSgemmStridedBatched(
             CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeYes, qkv_rows, (size_t)s.T,
@@ -266,13 +265,13 @@ static double naive_baseline_ms(bench_env *env, attn_state *a)
             (size_t)s.T * s.D, 0.0f, o, 0, (size_t)s.D, qkv_rows * s.D, (size_t)s.B * s.Hkv,
             &queue, NULL);
         clFinish(queue);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
+        const double ms = 1e3 * (util_now_s() - t0);
         if (c1 != CLBlastSuccess || e2 != CL_SUCCESS || c3 != CLBlastSuccess) {
             n = 0;
             break;
         }
         if (r >= env->warmup)
-            times[n++] = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
+            times[n++] = ms;
     }
     if (kern)
         clReleaseKernel(kern);

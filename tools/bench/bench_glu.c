@@ -3,7 +3,7 @@
  * form) forward and backward, on separate gate and up tensors [N, I] in bf16. The unfused baseline
  * is what an eager framework runs: the activation alone (llmcl_activation_forward/backward) plus
  * the library's elementwise llmcl_copy and llmcl_mul. Each fused kernel is checked against
- * tests/ref/glu_ref.c at a small size first.
+ * ref/glu_ref.c at a small size first.
  */
 #include <math.h>
 #include <stdio.h>

@@ -6,7 +6,7 @@
  * without fusion runs it: the library's copy, axpy and mul (with stride-0 views broadcasting w and
  * b over rows) plus the steps the library has no kernel for (row reductions, row-broadcast scales,
  * column sums), written below as plain OpenCL C and built on the context's own device. Outputs are
- * checked against tests/ref/norm_ref.c on the first rows.
+ * checked against ref/norm_ref.c on the first rows.
  */
 #include <math.h>
 #include <stdarg.h>

@@ -14,23 +14,10 @@
 #include <string.h>
 
 #include "bench.h"
+#include "util/util.h"
 
 #define MAX_LAYERS 32
 #define PREFETCH 2
-
-#define TRY(expr)                                                                                 \
-    do {                                                                                          \
-        llmcl_status try_st = (expr);                                                             \
-        if (try_st != LLMCL_OK)                                                                   \
-            return try_st;                                                                        \
-    } while (0)
-
-#define TRY_GOTO(st, expr, label)                                                                 \
-    do {                                                                                          \
-        (st) = (expr);                                                                            \
-        if ((st) != LLMCL_OK)                                                                     \
-            goto label;                                                                           \
-    } while (0)
 
 typedef struct ob {
     int64_t T, H, F;

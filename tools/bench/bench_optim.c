@@ -7,7 +7,7 @@
  *   adamw bf16+m:    bf16 params with f32 master weights, f32 grads: 30 bytes (master, m and v read
  *                    and written, grad read, param written);
  *   grad_norm f32:   the global norm of the f32 grads: 4 bytes (each read once).
- * Each is checked on a sample (a matrix and a norm weight) against tests/ref/optim_ref.c.
+ * Each is checked on a sample (a matrix and a norm weight) against ref/optim_ref.c.
  */
 #include <math.h>
 #include <stdio.h>

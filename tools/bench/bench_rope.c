@@ -4,7 +4,7 @@
  * from positions. The unfused baseline is Hugging Face's eager apply_rotary_pos_emb built from the
  * library's elementwise kernels: x * cos + rotate_half(x) * sin with tables broadcast to x's shape
  * (rotate_half as two strided copies, its sign folded into the sin table), then a copy back in
- * place. The fused kernel is checked against tests/ref/rope_ref.c at a small size first.
+ * place. The fused kernel is checked against ref/rope_ref.c at a small size first.
  */
 #include <math.h>
 #include <stdio.h>

@@ -18,13 +18,9 @@
 
 #include <jansson.h>
 
+#include "util/util.h"
+
 #define MAX_SPACE 100000
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        llmcl_status try_st = (expr);                                                              \
-        if (try_st != LLMCL_OK)                                                                    \
-            return try_st;                                                                         \
-    } while (0)
 #define MAX_SETS 8
 
 /* ---- parsing the table's strings ---- */
@@ -269,20 +265,6 @@ static double from_storage(llmcl_dtype dt, const unsigned char *src)
     }
 }
 
-static uint64_t rng_next(uint64_t *s)
-{
-    *s += 0x9e3779b97f4a7c15ull; /* splitmix64 */
-    uint64_t z = *s;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double rng_uniform(uint64_t *s)
-{
-    return (double)(rng_next(s) >> 11) * 0x1.0p-53;
-}
-
 /* ---- the buffers of a case ---- */
 
 typedef struct bufs {
@@ -344,12 +326,12 @@ static llmcl_status bufs_create(llmcl_ctx *ctx, const tune_kernel *k, const tune
         for (int64_t j = 0; j < numel; ++j) {
             double v;
             if (ts->init == TUNE_INIT_INDEX)
-                v = (double)(rng_next(&seed) % (uint64_t)hi);
+                v = (double)(util_splitmix64(&seed) % (uint64_t)hi);
             else if (ts->init == TUNE_INIT_NEAR_ONE)
-                v = 0.9 + 0.2 * rng_uniform(&seed);
+                v = 0.9 + 0.2 * util_bits_to_unit(util_splitmix64(&seed));
             else /* Box-Muller */
-                v = sqrt(-2.0 * log(1.0 - rng_uniform(&seed))) *
-                    cos(6.283185307179586 * rng_uniform(&seed));
+                v = sqrt(-2.0 * log(1.0 - util_bits_to_unit(util_splitmix64(&seed)))) *
+                    cos(6.283185307179586 * util_bits_to_unit(util_splitmix64(&seed)));
             to_storage(b->dtype[i], v, b->host[i] + (size_t)j * es);
         }
     }
@@ -465,13 +447,6 @@ static bool is_limit_error(llmcl_status st)
            st == LLMCL_ERROR_UNSUPPORTED || st == LLMCL_ERROR_INVALID_ARGUMENT;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int by_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -496,7 +471,7 @@ static llmcl_status measure(llmcl_ctx *ctx, const tune_kernel *k, const tune_cas
     for (; n < reps; ++n, ++next) {
         llmcl_profile prof;
         TRY(llmcl_profile_begin(ctx));
-        const double t0 = now_s();
+        const double t0 = util_now_s();
         llmcl_status st = k->run(ctx, b->t[next % b->n_sets], c);
         llmcl_status st2 = llmcl_profile_end(ctx, &prof);
         TRY(st != LLMCL_OK ? st : st2);
@@ -504,7 +479,7 @@ static llmcl_status measure(llmcl_ctx *ctx, const tune_kernel *k, const tune_cas
          * Some drivers (rusticl on llvmpipe) stamp every event 1 ns long: when events claim under
          * a thousandth of the host's wall time, time with the host clock instead.
          */
-        const double wall_ms = 1e3 * (now_s() - t0);
+        const double wall_ms = 1e3 * (util_now_s() - t0);
         t[n] = prof.kernel_ms > 1e-3 * wall_ms ? prof.kernel_ms : wall_ms;
         if (cutoff_ms > 0 && n == 2 && t[0] > cutoff_ms && t[1] > cutoff_ms && t[2] > cutoff_ms) {
             n = 3;
@@ -575,7 +550,7 @@ static long *candidate_order(long total, int max, long *count)
         idx[i] = i;
     uint64_t seed = 7;
     for (long i = total - 1; i > 0; --i) {
-        long j = (long)(rng_next(&seed) % (uint64_t)(i + 1));
+        long j = (long)(util_splitmix64(&seed) % (uint64_t)(i + 1));
         long t = idx[i];
         idx[i] = idx[j];
         idx[j] = t;
@@ -659,11 +634,11 @@ llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dty
     }
     r->candidates = (int)count;
     const llmcl_device_info *info = llmcl_ctx_device_info(ctx);
-    double start = now_s();
+    double start = util_now_s();
     for (long ci = 0; ci < count; ++ci) {
         if (o->progress)
             o->progress(o->progress_arg, (int)ci, (int)count);
-        if (o->case_seconds > 0 && now_s() - start > o->case_seconds)
+        if (o->case_seconds > 0 && util_now_s() - start > o->case_seconds)
             break;
         /* Candidate values by mixed radix, written over the defaults. */
         char full[TUNE_TEXT];

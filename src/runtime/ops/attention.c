@@ -435,14 +435,15 @@ static llmcl_status attn_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kern
 {
     const attn_tiles def = attn_default_tiles(ctx, kern, g->D, g->dtype);
     attn_tiles_to_params(kern, def, p);
-    const bool overridden = llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
+    const llmcl__tune_lookup lookup =
+        llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
     attn_tiles t = attn_tiles_of_params(kern, p);
     if (t.kvsep && t.pipe) { /* PIPE stages K and V through one buffer: no staging with KV_SEP */
         t.pipe = 0;
         llmcl__param_set(p, "PIPE", 0);
     }
     const char *why = attn_tiles_invalid(ctx, kern, g->D, g->dtype, t);
-    if (why && !overridden) {
+    if (why && !lookup.overridden) {
         llmcl__log("tuning: %s tiles BLOCK_M=%d BLOCK_N=%d TM=%d TN=%d do not fit D=%d (%s); "
                    "the defaults are used",
                    attn_kernel_name[kern], t.bm, t.bn, t.tm, t.tn, g->D, why);
@@ -453,6 +454,7 @@ static llmcl_status attn_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kern
     LLMCL__REQUIRE(ctx, !why, LLMCL_ERROR_UNSUPPORTED,
                    "attention: %s tiles BLOCK_M=%d BLOCK_N=%d TM=%d TN=%d LF32=%d with D=%d: %s",
                    attn_kernel_name[kern], t.bm, t.bn, t.tm, t.tn, t.lf32, g->D, why);
+    llmcl__params_record(&lookup, p);
     *tiles = t;
     return LLMCL_OK;
 }
@@ -550,7 +552,8 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
     }
     const long def_wm = fwd && !widest ? 2 : 1, def_qreg = !(fwd && wide);
     attn_mma_params_set(p, fwd, def_m, def_n, def_wm, def_qreg, def_stages);
-    const bool overridden = llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
+    const llmcl__tune_lookup lookup =
+        llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
     long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
     long wm = fwd ? llmcl__param_get(p, "WM", def_wm) : 1;
     long qreg = fwd ? llmcl__param_get(p, "QREG", def_qreg) : 1;
@@ -562,7 +565,7 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
               (dkdv ? bn : bm) % (16 * wm) == 0 &&
               (size_t)warps * 32 <= ctx->info.max_work_group_size &&
               bytes <= local && (!dkdv || bn <= 2 * bm);
-    if (!ok && !overridden) {
+    if (!ok && !lookup.overridden) {
         bm = def_m, bn = def_n, wm = def_wm, qreg = def_qreg, stages = def_stages, ok = true;
         attn_mma_params_set(p, fwd, bm, bn, wm, qreg, stages);
     }
@@ -573,6 +576,7 @@ static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_
                    attn_kernel_name[kern], bm, bn, wm, qreg, stages, g->D,
                    ctx->info.max_work_group_size,
                    (unsigned long long)local, dkdv ? ", and BLOCK_N <= 2 BLOCK_M" : "");
+    llmcl__params_record(&lookup, p);
     *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = (int)(16 * wm), .tn = (int)bn,
                           .run = 1};
     return LLMCL_OK;
@@ -620,13 +624,14 @@ static llmcl_status attn_wg_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_k
     llmcl__param_set(p, "BLOCK_N", def_n);
     if (fwd)
         llmcl__param_set(p, "STAGES", 3);
-    const bool overridden = llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
+    const llmcl__tune_lookup lookup =
+        llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
     long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
     long stages = fwd ? llmcl__param_get(p, "STAGES", 3) : 2;
     bool ok = (bm == 64 || bm == 128) && (bn == 64 || bn == 128) &&
               (!fwd || (stages >= 3 && stages <= 5)) &&
               attn_wg_local_bytes(g, kern, bm, bn, stages) <= local;
-    if (!ok && !overridden) {
+    if (!ok && !lookup.overridden) {
         bm = def_m, bn = def_n, stages = fwd ? 3 : 2, ok = true;
         llmcl__param_set(p, "BLOCK_M", bm);
         llmcl__param_set(p, "BLOCK_N", bn);
@@ -641,6 +646,7 @@ static llmcl_status attn_wg_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_k
                    "BLOCK_N 64 or 128%s and at most %llu bytes of local memory",
                    attn_kernel_name[kern], bm, bn, st, g->D, fwd ? ", STAGES 3 to 5" : "",
                    (unsigned long long)local);
+    llmcl__params_record(&lookup, p);
     *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = 64, .tn = (int)bn, .run = 1};
     return LLMCL_OK;
 }

@@ -182,13 +182,14 @@ static void ce_row_params(ce_run *r)
     llmcl__param_set(&r->rp, "UNROLL", ctx->info.is_gpu ? 2 : 1);
     char cls[16];
     llmcl__shape_class(r->v > 0 ? r->v : 1, cls);
-    llmcl__params_lookup(r->ctx, "ce_rows", r->dt, cls, &r->rp);
+    const llmcl__tune_lookup lookup = llmcl__params_lookup(r->ctx, "ce_rows", r->dt, cls, &r->rp);
     /* the reductions need a power of two of at least 32; unrolling is bounded */
     const long w = llmcl__param_get(&r->rp, "WG", wg), u = llmcl__param_get(&r->rp, "UNROLL", 1);
     if (w < 32 || w > wg_max || (w & (w - 1)))
         llmcl__param_set(&r->rp, "WG", wg < wg_max ? wg : wg_max);
     if (u < 1 || u > 8)
         llmcl__param_set(&r->rp, "UNROLL", ctx->info.is_gpu ? 2 : 1);
+    llmcl__params_record(&lookup, &r->rp);
 }
 
 /* Passes of a reduction over the row kernels' work-group (log2 WG halvings and the exit). */
@@ -307,17 +308,6 @@ static llmcl_status ce_finish(ce_run *r, llmcl_tensor *loss, llmcl_tensor *z_los
     return llmcl__launch(&a, 1, &g, &g);
 }
 
-/*
- * A host-side tunable (SPLIT) is no -D define, but the tuning database still records the value used
- * (llmcl_tune_params_get): define it into a set that is thrown away.
- */
-static void record_host_params(llmcl__params *p, int64_t split)
-{
-    llmcl__param_set(p, "SPLIT", (long)split);
-    llmcl__defines unused = {0};
-    llmcl__params_define(p, &unused);
-}
-
 /* Work-groups per row across the vocabulary for the row kernels. */
 static int64_t row_splits(const ce_run *r, int64_t nrows)
 {
@@ -333,10 +323,12 @@ static int64_t row_splits(const ce_run *r, int64_t nrows)
     llmcl__param_set(&p, "SPLIT", (long)s);
     char cls[16];
     llmcl__shape_class(nrows, cls);
-    llmcl__params_lookup(r->ctx, "ce_split", r->dt, cls, &p);
+    const llmcl__tune_lookup lookup = llmcl__params_lookup(r->ctx, "ce_split", r->dt, cls, &p);
     s = llmcl__param_get(&p, "SPLIT", (long)s);
     s = s >= 1 ? s : 1;
-    record_host_params(&p, s);
+    /* a host-side tunable, no -D define: recorded for llmcl_tune_params_get all the same */
+    llmcl__param_set(&p, "SPLIT", (long)s);
+    llmcl__params_record(&lookup, &p);
     return s;
 }
 
@@ -1309,7 +1301,7 @@ static llmcl_status tile_params(ce_run *r, const char *key, int64_t shape_key, l
     llmcl__param_set(p, "TN", tn);
     char cls[16];
     llmcl__shape_class(shape_key, cls);
-    llmcl__params_lookup(ctx, key, r->dt, cls, p);
+    const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, key, r->dt, cls, p);
     if (!tile_ok(ctx, llmcl__param_get(p, "T", 0), llmcl__param_get(p, "BK", 0),
                  llmcl__param_get(p, "TM", 0), llmcl__param_get(p, "TN", 0))) {
         /* an entry made for another device or shape: back to the defaults */
@@ -1324,6 +1316,7 @@ static llmcl_status tile_params(ce_run *r, const char *key, int64_t shape_key, l
                    LLMCL_ERROR_UNSUPPORTED,
                    "%s: no tile fits this device (%zu work-items, %llu bytes of local memory)", key,
                    ctx->info.max_work_group_size, (unsigned long long)ctx->info.local_mem_static_bytes);
+    llmcl__params_record(&lookup, p);
     return LLMCL_OK;
 }
 
@@ -1446,10 +1439,11 @@ static llmcl_status fused_forward_tiles(ce_run *r, const ce_linear *lin,
         llmcl__param_set(&sp, "SPLIT", (long)splits);
         char cls[16];
         llmcl__shape_class(rt, cls);
-        llmcl__params_lookup(ctx, "cce_split", r->dt, cls, &sp);
+        const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, "cce_split", r->dt, cls, &sp);
         splits = llmcl__param_get(&sp, "SPLIT", (long)splits);
         splits = splits < 1 ? 1 : splits > vt ? vt : splits;
-        record_host_params(&sp, splits);
+        llmcl__param_set(&sp, "SPLIT", (long)splits);
+        llmcl__params_record(&lookup, &sp);
     }
     splits = splits < 1 ? 1 : splits > vt ? vt : splits;
     /* within the loop budget (fused_path left the tiles only where one fits) */

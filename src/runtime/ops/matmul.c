@@ -386,15 +386,16 @@ static llmcl_status pick_tiles(const mm_problem *p, const char *key,
     const llmcl__params defaults = *t;
     char cls[16], text[256] = "";
     llmcl__shape_class(p->M > p->N ? p->M : p->N, cls);
-    const bool forced = llmcl__params_lookup(p->ctx, key, p->a.t->dtype, cls, t);
+    const llmcl__tune_lookup lookup = llmcl__params_lookup(p->ctx, key, p->a.t->dtype, cls, t);
     if (fits(p->ctx, t))
         return LLMCL_OK;
     size_t n = 0;
     for (int i = 0; i < t->n && n < sizeof text; ++i)
         n += (size_t)snprintf(text + n, sizeof text - n, " %s=%ld", t->names[i], t->values[i]);
-    LLMCL__REQUIRE(p->ctx, !forced, LLMCL_ERROR_UNSUPPORTED,
+    LLMCL__REQUIRE(p->ctx, !lookup.overridden, LLMCL_ERROR_UNSUPPORTED,
                    "matmul: %s tiles%s do not fit the kernel or the device", key, text);
     *t = defaults;
+    llmcl__params_record(&lookup, t);
     return LLMCL_OK;
 }
 

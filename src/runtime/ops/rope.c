@@ -309,7 +309,8 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     llmcl__param_set(&p, "HINT", 0);
     char cls[16];
     llmcl__shape_class(c.pairs * heads, cls);
-    llmcl__params_lookup(ctx, c.tables ? "rope" : "rope_pos", dt, cls, &p);
+    const llmcl__tune_lookup lookup =
+        llmcl__params_lookup(ctx, c.tables ? "rope" : "rope_pos", dt, cls, &p);
 
     long vec = llmcl__param_get(&p, "VEC", 4), hpt = llmcl__param_get(&p, "HPT", 4);
     const long order = llmcl__param_get(&p, "ORDER", 0), hint = llmcl__param_get(&p, "HINT", 0);
@@ -324,6 +325,7 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
         vec /= 2;
     llmcl__param_set(&p, "VEC", vec);
     llmcl__param_set(&p, "HPT", hpt);
+    llmcl__params_record(&lookup, &p);
 
     llmcl__defines d = {0};
     llmcl__define_str(&d, "DT", llmcl__dtype_macro(dt));

@@ -1,0 +1,44 @@
+/* util.c: seeded random numbers and a monotonic clock for the tests and the tools (util.h). */
+#include "util/util.h"
+
+#include <time.h>
+
+uint64_t util_splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+util_rng util_rng_new(uint64_t seed)
+{
+    util_rng r;
+    for (int i = 0; i < 4; ++i)
+        r.s[i] = util_splitmix64(&seed);
+    return r;
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t util_rng_next(util_rng *r)
+{
+    uint64_t *s = r->s;
+    const uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double util_bits_to_unit(uint64_t bits) { return (double)(bits >> 11) * 0x1.0p-53; }
+
+double util_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

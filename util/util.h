@@ -1,0 +1,48 @@
+/*
+ * util.h: what the tests (tests/harness.c) and the tools (llmcl-bench, llmcl-tune) share and the
+ * library does not: returning a failed llmcl_status, seeded random numbers and a monotonic clock.
+ * Built once as the static library llmcl_util (util/meson.build). llmcl-train keeps its own
+ * (tools/llmcl-train/util.h), so that the trainer stays a program on the public API alone.
+ */
+#ifndef LLMCL_UTIL_H
+#define LLMCL_UTIL_H
+
+#include <stdint.h>
+
+#include "llmcl.h"
+
+/* Returns a failed status from the enclosing function. */
+#define TRY(expr)                                                                                 \
+    do {                                                                                          \
+        llmcl_status try_st_ = (expr);                                                            \
+        if (try_st_ != LLMCL_OK)                                                                  \
+            return try_st_;                                                                       \
+    } while (0)
+
+/* Stores a failed status in st and jumps to label (the caller's clean-up). */
+#define TRY_GOTO(st, expr, label)                                                                 \
+    do {                                                                                          \
+        (st) = (expr);                                                                            \
+        if ((st) != LLMCL_OK)                                                                     \
+            goto label;                                                                           \
+    } while (0)
+
+/* splitmix64: advances *state and returns its next output (a generator of its own, and the
+   seeding of util_rng). */
+uint64_t util_splitmix64(uint64_t *state);
+
+/* xoshiro256** from a splitmix64-expanded seed: the same seed gives the same stream everywhere. */
+typedef struct util_rng {
+    uint64_t s[4];
+} util_rng;
+
+util_rng util_rng_new(uint64_t seed);
+uint64_t util_rng_next(util_rng *r);
+
+/* 53 random bits as a double in [0, 1). */
+double util_bits_to_unit(uint64_t bits);
+
+/* Seconds on a monotonic clock. */
+double util_now_s(void);
+
+#endif
