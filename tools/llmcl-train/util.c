@@ -16,12 +16,19 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The message goes out in one write: the ranks of a job share stderr, and a line written in parts
+   interleaves with theirs. */
 __attribute__((noreturn)) static void vdie(void (*finish)(void), const char *fmt, va_list ap)
 {
-    fputs("llmcl-train: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    char line[4096];
+    int n = snprintf(line, sizeof line, "llmcl-train: ");
+    n += vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    if (n > (int)sizeof line - 2)
+        n = (int)sizeof line - 2;
+    line[n++] = '\n';
     fflush(stderr);
+    const ssize_t written = write(STDERR_FILENO, line, (size_t)n);
+    (void)written; /* nothing is left to report a failed write to */
     if (finish)
         finish();
     exit(1);
