@@ -1,11 +1,13 @@
 /*
  * test_errors.c: status codes and their text, last-error messages, build failures with their log,
- * kernel sources read from LLMCL_KERNEL_DIR, and the library's silence unless LLMCL_LOG is set.
+ * kernel sources read from LLMCL_KERNEL_DIR, and the library's silence unless LLMCL_LOG is set
+ * (at 2, the compiler's warnings of successful builds).
  */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -132,14 +134,32 @@ static void test_kernel_dir_overrides_embedded(void **state)
     remove_kernel_dir();
 }
 
-/* Runs a failing call with stderr redirected; returns how many bytes the library printed. */
-static long stderr_bytes_of_failure(void)
+/* What fn(arg) printed to stderr (the caller frees it). fn must not assert: a failed assertion
+   would leave stderr redirected. */
+static char *stderr_of(void (*fn)(void *), void *arg)
 {
     fflush(stderr);
     const int saved = dup(2);
     char path[] = "/tmp/llmcl-stderr-XXXXXX";
     const int fd = mkstemp(path);
+    assert_true(fd >= 0);
     dup2(fd, 2);
+    fn(arg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    const off_t size = lseek(fd, 0, SEEK_END);
+    char *text = calloc((size_t)size + 1, 1);
+    const bool read_all = text && pread(fd, text, (size_t)size, 0) == size;
+    close(fd);
+    remove(path);
+    assert_true(read_all);
+    return text;
+}
+
+static void failing_copy(void *unused)
+{
+    (void)unused;
     const int64_t s3[] = {3}, s4[] = {4};
     llmcl_tensor *a = NULL, *b = NULL;
     llmcl_ctx *ctx = NULL;
@@ -150,23 +170,87 @@ static long stderr_bytes_of_failure(void)
     llmcl_tensor_destroy(a);
     llmcl_tensor_destroy(b);
     llmcl_ctx_destroy(ctx);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    const long size = lseek(fd, 0, SEEK_END);
-    close(fd);
-    remove(path);
-    return size;
 }
 
 static void test_silent_unless_logging(void **state)
 {
     (void)state;
     unsetenv("LLMCL_LOG");
-    assert_int_equal(stderr_bytes_of_failure(), 0);
+    char *out = stderr_of(failing_copy, NULL);
+    assert_string_equal(out, "");
+    free(out);
     setenv("LLMCL_LOG", "1", 1);
-    assert_true(stderr_bytes_of_failure() > 0);
+    out = stderr_of(failing_copy, NULL);
+    assert_true(strlen(out) > 0);
+    free(out);
     unsetenv("LLMCL_LOG");
+}
+
+typedef struct fill_call {
+    llmcl_ctx *ctx;
+    llmcl_tensor *t;
+    llmcl_status status;
+} fill_call;
+
+static void fill_sevens(void *arg)
+{
+    fill_call *c = arg;
+    c->status = llmcl_fill(c->ctx, c->t, 7.0);
+}
+
+/*
+ * LLMCL_LOG=2 prints the build log of a build that succeeds with a warning (a constant on the
+ * right of &&, which clang-based compilers report by default). On Hopper the kernel also holds an
+ * instruction behind mma.cl's sm_90a marker, so that the program is rebuilt for sm_90a, whose log
+ * would not hold the warning. The time and process id in a comment keep PoCL's own kernel cache
+ * from serving an earlier build, whose log is empty.
+ */
+static void test_log_2_prints_build_warnings(void **state)
+{
+    (void)state;
+    char body[1024];
+    snprintf(body, sizeof body,
+             "/* %ld %ld */\n"
+             "__kernel void fill_contig(__global float *dst, ulong off, long n, float fv,\n"
+             "                          long iv)\n"
+             "{\n"
+             "    const long i = get_global_id(0);\n"
+             "#ifdef LLMCL_NV_WGMMA\n"
+             "    asm volatile(\"// @sm90a membar.cta;\" ::: \"memory\");\n"
+             "#endif\n"
+             "    if (i < n && 4)\n"
+             "        dst[off + i] = fv;\n"
+             "}\n",
+             (long)time(NULL), (long)getpid());
+    write_kernel_dir(body);
+    setenv("LLMCL_KERNEL_DIR", kernel_dir, 1);
+    setenv("LLMCL_CACHE_DIR", "off", 1);
+    fill_call c = {NULL, NULL, LLMCL_OK};
+    TH_OK(llmcl_ctx_create(&c.ctx));
+    const int64_t shape[] = {10};
+    TH_OK(llmcl_tensor_create(c.ctx, LLMCL_F32, 1, shape, &c.t));
+    setenv("LLMCL_LOG", "2", 1);
+    char *out = stderr_of(fill_sevens, &c);
+    unsetenv("LLMCL_LOG");
+    TH_OK(c.status);
+    float host[10];
+    TH_OK(llmcl_tensor_download(c.t, host, sizeof host));
+    for (int i = 0; i < 10; ++i)
+        assert_true(host[i] == 7.0f);
+    /* Mesa's rusticl (22.3) leaves warnings out of the build log */
+    const bool keeps_warnings = llmcl_ctx_device_info(c.ctx)->vendor_id != LLMCL_VENDOR_MESA;
+    const char *log = strstr(out, "build log of elementwise [");
+    if (!log || (keeps_warnings && !strstr(log, "warning")))
+        fprintf(stderr, "stderr with LLMCL_LOG=2:\n%s\n", out);
+    assert_non_null(log);
+    if (keeps_warnings)
+        assert_non_null(strstr(log, "warning"));
+    free(out);
+    llmcl_tensor_destroy(c.t);
+    llmcl_ctx_destroy(c.ctx);
+    unsetenv("LLMCL_KERNEL_DIR");
+    unsetenv("LLMCL_CACHE_DIR");
+    remove_kernel_dir();
 }
 
 int main(void)
@@ -177,6 +261,7 @@ int main(void)
         cmocka_unit_test(test_build_failure_keeps_log),
         cmocka_unit_test(test_kernel_dir_overrides_embedded),
         cmocka_unit_test(test_silent_unless_logging),
+        cmocka_unit_test(test_log_2_prints_build_warnings),
     };
     return TH_RUN(tests);
 }

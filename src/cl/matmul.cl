@@ -456,8 +456,9 @@ mm_ce_rows(uint ws_at, int lane, const mm_ce *ce, __global c_t *c, long coff, lo
             if (bias_mode == 1 && ok[k])
                 t += LOAD(BIAS_DT, bias, (nn + k) * sbias);
             x[k] = CAP(t);
-            /* the forward reads class weights only for smoothing's sum */
-            const bool weighs = (flags & CE_WEIGHT) && (MM_CE != 1 || (flags & CE_SMOOTH));
+            /* the forward reads class weights only for smoothing's sum; the constant test comes
+               first: clang (NVIDIA's compiler) warns of a constant on the right of && */
+            const bool weighs = (MM_CE != 1 || (flags & CE_SMOOTH)) && (flags & CE_WEIGHT);
             w[k] = weighs && ok[k] ? ce->weight[nn + k] : 1.0f;
         }
 #if MM_CE == 1

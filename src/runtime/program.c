@@ -422,8 +422,13 @@ static void keep_build_log(llmcl_ctx *ctx, cl_program prog, const char *family, 
         ctx->build_log[head] = '\0';
 }
 
-/* LLMCL_LOG=2 also prints the compiler's output of successful builds (NVIDIA: -cl-nv-verbose). */
-static void log_build_output(const llmcl_ctx *ctx, cl_program prog)
+/*
+ * LLMCL_LOG=2 also prints the compiler's output of successful builds from source: its warnings,
+ * and with -cl-nv-verbose NVIDIA's register report. Taken before an sm_90a rebuild, which replaces
+ * the program and its log.
+ */
+static void log_build_output(const llmcl_ctx *ctx, cl_program prog, const char *family,
+                             const char *options)
 {
     const char *level = llmcl__getenv("LLMCL_LOG");
     size_t n = 0;
@@ -434,7 +439,7 @@ static void log_build_output(const llmcl_ctx *ctx, cl_program prog)
     if (text && clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, n, text, NULL) ==
                     CL_SUCCESS) {
         text[n] = '\0';
-        llmcl__log("build log:\n%s", text);
+        llmcl__log("build log of %s [%s]:\n%s", family, options, text);
     }
     free(text);
 }
@@ -484,12 +489,12 @@ static llmcl_status build_program(llmcl_ctx *ctx, const char *family, const char
             clReleaseProgram(prog);
             prog = NULL;
         } else {
+            log_build_output(ctx, prog, family, options);
             prog = retarget_if_marked(ctx, family, options, prog, &st);
         }
         if (prog) {
             ctx->cache_stats.builds++;
             llmcl__log("built %s [%s]", family, options);
-            log_build_output(ctx, prog);
             size_t blen = 0;
             unsigned char *bin = use_disk ? program_binary(prog, &blen) : NULL;
             if (bin)
