@@ -6,7 +6,9 @@
  *
  * Groups, in forward order: 0 holds the embedding; group l + 1 holds layer l; the final norm and
  * the head make the head group (model_head_group), the last one, L + 1, with an untied head, so
- * that no group holds two vocabulary-sized matrices (NCCL's buffers are at most 2 GiB each). A
+ * that no group holds two vocabulary-sized matrices: llmcl_dist's buckets, gather buffers and
+ * NCCL staging are sized by the largest group (Llama-3-8B's embedding and head together would
+ * double them, 1.05B elements). A
  * tied head is the embedding: the head group is then group 0, used at both ends of the forward:
  * the forward opens it for the embedding, then again for the final norm and the head (with its
  * gradients, which the forward's cross-entropy writes), and keeps it open into the backward's
