@@ -15,7 +15,6 @@
 
 #include "../internal.h"
 
-#define CE_FAMILY "cross_entropy"
 #define CE_DEFAULT_IGNORE (-100)
 #define CE_DEFAULT_BUDGET (256ull << 20)
 
@@ -147,7 +146,7 @@ static llmcl_status row_kernel(ce_run *r, const char *name, cl_kernel *k)
     llmcl__defines d = {0};
     base_defines(r, &d);
     llmcl__params_define(&r->rp, &d);
-    return llmcl__kernel(r->ctx, CE_FAMILY, &d, name, k);
+    return llmcl__kernel(r->ctx, LLMCL_FAMILY_CROSS_ENTROPY, &d, name, k);
 }
 
 static void arg_mem(llmcl__args *a, cl_mem m, int64_t off)
@@ -182,7 +181,8 @@ static void ce_row_params(ce_run *r)
     llmcl__param_set(&r->rp, "UNROLL", ctx->info.is_gpu ? 2 : 1);
     char cls[16];
     llmcl__shape_class(r->v > 0 ? r->v : 1, cls);
-    const llmcl__tune_lookup lookup = llmcl__params_lookup(r->ctx, "ce_rows", r->dt, cls, &r->rp);
+    const llmcl__tune_lookup lookup =
+        llmcl__params_lookup(r->ctx, LLMCL_KEY_CE_ROWS, r->dt, cls, &r->rp);
     /* the reductions need a power of two of at least 32; unrolling is bounded */
     const long w = llmcl__param_get(&r->rp, "WG", wg), u = llmcl__param_get(&r->rp, "UNROLL", 1);
     if (w < 32 || w > wg_max || (w & (w - 1)))
@@ -323,7 +323,8 @@ static int64_t row_splits(const ce_run *r, int64_t nrows)
     llmcl__param_set(&p, "SPLIT", (long)s);
     char cls[16];
     llmcl__shape_class(nrows, cls);
-    const llmcl__tune_lookup lookup = llmcl__params_lookup(r->ctx, "ce_split", r->dt, cls, &p);
+    const llmcl__tune_lookup lookup =
+        llmcl__params_lookup(r->ctx, LLMCL_KEY_CE_SPLIT, r->dt, cls, &p);
     s = llmcl__param_get(&p, "SPLIT", (long)s);
     s = s >= 1 ? s : 1;
     /* a host-side tunable, no -D define: recorded for llmcl_tune_params_get all the same */
@@ -524,7 +525,7 @@ llmcl_status llmcl_cross_entropy_grad_scale(llmcl_ctx *ctx, const llmcl_tensor *
     llmcl__define_str(&d, "LABEL_DT", "I64");
     llmcl__params_define(&r.rp, &d);
     cl_kernel k;
-    LLMCL__TRY(llmcl__kernel(ctx, CE_FAMILY, &d, "ce_scale", &k));
+    LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_CROSS_ENTROPY, &d, "ce_scale", &k));
     const int64_t n = llmcl_tensor_numel(grad);
     llmcl__args a = llmcl__args_begin(ctx, k);
     llmcl__arg_tensor(&a, grad);
@@ -1286,7 +1287,7 @@ static llmcl_status tile_params(ce_run *r, const char *key, int64_t shape_key, l
 {
     llmcl_ctx *ctx = r->ctx;
     long t = ctx->info.is_gpu ? 64 : 32, tm = 4, tn = 4;
-    if (ctx->info.is_gpu && !strcmp(key, "cce_bwd_dh") &&
+    if (ctx->info.is_gpu && !strcmp(key, LLMCL_KEY_CCE_BWD_DH) &&
         2 * llmcl__div_up(r->n, 64) < (int64_t)ctx->info.compute_units) {
         /* dhidden has one work-group per row tile: with few, smaller tiles keep more CUs busy */
         t = 32;
@@ -1325,7 +1326,7 @@ static llmcl_status tile_kernel(ce_run *r, const llmcl__params *p, const char *n
     llmcl__defines d = {0};
     base_defines(r, &d);
     llmcl__params_define(p, &d);
-    return llmcl__kernel(r->ctx, CE_FAMILY, &d, name, k);
+    return llmcl__kernel(r->ctx, LLMCL_FAMILY_CROSS_ENTROPY, &d, name, k);
 }
 
 /* Loop passes of a TM x TN loop nest (accumulators' set-up and epilogue, the row math). */
@@ -1352,13 +1353,13 @@ static int64_t tiles_per_launch(const ce_run *r, const llmcl__params *p, const c
     const int64_t kstep = 1 + llmcl__div_up(t * bk, twg) + 1 + bk + 1 + bk * (lds + nest);
     const int64_t dot = nest + llmcl__div_up(h, bk) * kstep + 1;
     int64_t fixed = 1, per;
-    if (!strcmp(name, "cce_fwd")) {
+    if (!strcmp(name, LLMCL_KEY_CCE_FWD)) {
         fixed = 2 * (tm + 1) + 1 + 2 * (t / tn + 1); /* set-up, exit, the rows' reduction */
         per = 1 + dot + tm + 1 + 2 * tm * (tn + 1);
     } else {
         const int64_t cols = 2 + 2 * nest + llmcl__div_up(t, bk) * kstep; /* T columns of h */
         per = 1 + dot + nest + llmcl__div_up(h, t) * cols + 1;
-        if (!strcmp(name, "cce_bwd_dw"))
+        if (!strcmp(name, LLMCL_KEY_CCE_BWD_DW))
             per += t + 1; /* dbias */
     }
     return budget > fixed ? (budget - fixed) / per : 0;
@@ -1397,7 +1398,8 @@ static llmcl_status fused_path(ce_run *r, llmcl_ctx *ctx, llmcl_dtype dt, int64_
     r->dt = dt;
     r->n = n;
     r->v = v;
-    static const char *const keys[3] = {"cce_fwd", "cce_bwd_dh", "cce_bwd_dw"};
+    static const char *const keys[3] = {LLMCL_KEY_CCE_FWD, LLMCL_KEY_CCE_BWD_DH,
+                                        LLMCL_KEY_CCE_BWD_DW};
     for (int i = 0; i < 3 && !*chunked; ++i) {
         llmcl__params p;
         LLMCL__TRY(tile_params(r, keys[i], i == 1 ? n : v, &p));
@@ -1424,13 +1426,13 @@ static llmcl_status fused_forward_tiles(ce_run *r, const ce_linear *lin,
     llmcl_status st;
     llmcl_tensor *part = NULL, *xyb = NULL;
     llmcl__params tp;
-    LLMCL__TRY_GOTO(st, tile_params(r, "cce_fwd", v, &tp), done);
+    LLMCL__TRY_GOTO(st, tile_params(r, LLMCL_KEY_CCE_FWD, v, &tp), done);
     const long t = llmcl__param_get(&tp, "T", 32);
     const size_t twg =
         (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
     const int64_t rt = llmcl__div_up(n, t), vt = llmcl__div_up(v, t);
     cl_kernel k;
-    LLMCL__TRY_GOTO(st, tile_kernel(r, &tp, "cce_fwd", &k), done);
+    LLMCL__TRY_GOTO(st, tile_kernel(r, &tp, LLMCL_KEY_CCE_FWD, &k), done);
     int64_t splits = r->o.vocab_splits;
     if (!splits) {
         const int64_t want = (int64_t)ctx->info.compute_units * (ctx->info.is_gpu ? 4 : 1);
@@ -1439,7 +1441,8 @@ static llmcl_status fused_forward_tiles(ce_run *r, const ce_linear *lin,
         llmcl__param_set(&sp, "SPLIT", (long)splits);
         char cls[16];
         llmcl__shape_class(rt, cls);
-        const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, "cce_split", r->dt, cls, &sp);
+        const llmcl__tune_lookup lookup =
+            llmcl__params_lookup(ctx, LLMCL_KEY_CCE_SPLIT, r->dt, cls, &sp);
         splits = llmcl__param_get(&sp, "SPLIT", (long)splits);
         splits = splits < 1 ? 1 : splits > vt ? vt : splits;
         llmcl__param_set(&sp, "SPLIT", (long)splits);
@@ -1447,7 +1450,7 @@ static llmcl_status fused_forward_tiles(ce_run *r, const ce_linear *lin,
     }
     splits = splits < 1 ? 1 : splits > vt ? vt : splits;
     /* within the loop budget (fused_path left the tiles only where one fits) */
-    const int64_t per = tiles_per_launch(r, &tp, "cce_fwd", lin->h.row_len);
+    const int64_t per = tiles_per_launch(r, &tp, LLMCL_KEY_CCE_FWD, lin->h.row_len);
     if (llmcl__div_up(vt, splits) > per)
         splits = llmcl__div_up(vt, per);
     const int64_t np = n * splits * 3;
@@ -1555,10 +1558,10 @@ static llmcl_status fused_backward_tiles(ce_run *r, const ce_linear *lin,
     size_t g, twg;
     if (dhidden) {
         LLMCL__TRY(llmcl_fill(ctx, dhidden, 0.0));
-        LLMCL__TRY(cce_bwd_begin(r, "cce_bwd_dh", n, hidden, lin, weight, bias, coef, &begun, &g,
-                                 &twg, &tp));
+        LLMCL__TRY(cce_bwd_begin(r, LLMCL_KEY_CCE_BWD_DH, n, hidden, lin, weight, bias, coef,
+                                 &begun, &g, &twg, &tp));
         const int64_t vt = llmcl__div_up(v, llmcl__param_get(&tp, "T", 32));
-        const int64_t per = tiles_per_launch(r, &tp, "cce_bwd_dh", h);
+        const int64_t per = tiles_per_launch(r, &tp, LLMCL_KEY_CCE_BWD_DH, h);
         for (int64_t t0 = 0; t0 < vt; t0 += per) {
             llmcl__args a = begun;
             llmcl__arg_i64(&a, t0);
@@ -1571,10 +1574,10 @@ static llmcl_status fused_backward_tiles(ce_run *r, const ce_linear *lin,
     if (dweight || dbias) {
         if (dweight && !r->o.accumulate_weight_grad)
             LLMCL__TRY(llmcl_fill(ctx, dweight, 0.0));
-        LLMCL__TRY(cce_bwd_begin(r, "cce_bwd_dw", v, hidden, lin, weight, bias, coef, &begun, &g,
-                                 &twg, &tp));
+        LLMCL__TRY(cce_bwd_begin(r, LLMCL_KEY_CCE_BWD_DW, v, hidden, lin, weight, bias, coef,
+                                 &begun, &g, &twg, &tp));
         const int64_t rt = llmcl__div_up(n, llmcl__param_get(&tp, "T", 32));
-        const int64_t per = tiles_per_launch(r, &tp, "cce_bwd_dw", h);
+        const int64_t per = tiles_per_launch(r, &tp, LLMCL_KEY_CCE_BWD_DW, h);
         for (int64_t t0 = 0; t0 < rt; t0 += per) {
             llmcl__args a = begun;
             llmcl__arg_i64(&a, t0);

@@ -10,7 +10,6 @@
 
 #include "../internal.h"
 
-#define MM_FAMILY "matmul"
 /* The split-K scratch stays below this unless the caller asks for the split. */
 #define MM_AUTO_SPLIT_BYTES (256ull << 20)
 
@@ -205,7 +204,7 @@ static llmcl_status element_kernel(const mm_problem *p, const char *name, llmcl_
     llmcl__defines d = {0};
     base_defines(p, &d);
     cl_kernel k;
-    LLMCL__TRY(llmcl__kernel(p->ctx, MM_FAMILY, &d, name, &k));
+    LLMCL__TRY(llmcl__kernel(p->ctx, LLMCL_FAMILY_MATMUL, &d, name, &k));
     *g = llmcl__args_begin(p->ctx, k);
     arg_epilogue(g, p);
     llmcl__arg_i64(g, p->M);
@@ -343,7 +342,7 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
     }
     llmcl__define_int(d, "SPLITK", slices > 1);
     cl_kernel k;
-    llmcl_status st = llmcl__kernel(p->ctx, MM_FAMILY, d, l->name, &k);
+    llmcl_status st = llmcl__kernel(p->ctx, LLMCL_FAMILY_MATMUL, d, l->name, &k);
     if (st == LLMCL_OK) {
         llmcl__args g = llmcl__args_begin(p->ctx, k);
         arg_operand(&g, &p->a, true);
@@ -457,7 +456,7 @@ static void mma_default_tiles(llmcl__params *t, bool large, int a_kc)
 
 /* The tuning key of a tensor-core product: A transposed (a weight gradient) tunes apart, since its
    best tiles differ (mma_default_tiles). */
-static const char *mma_key(int a_kc) { return a_kc ? "mm_mma" : "mm_mma_at"; }
+static const char *mma_key(int a_kc) { return a_kc ? LLMCL_KEY_MM_MMA : LLMCL_KEY_MM_MMA_AT; }
 
 /* The cross-entropy epilogue's defines, where there is one. */
 static void define_ce(llmcl__defines *d, const llmcl__mm_ce *ce)
@@ -604,7 +603,7 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     const bool large_fits = !ce || (ce->mode == 1 && !p->bias);
     wgmma_default_tiles(&t, large_fits && wgmma_large(p->ctx, p->M, p->N));
     if (!ce)
-        LLMCL__TRY(pick_tiles(p, "mm_wgmma", wgmma_tiles_ok, &t));
+        LLMCL__TRY(pick_tiles(p, LLMCL_KEY_MM_WGMMA, wgmma_tiles_ok, &t));
     const int64_t bm = llmcl__param_get(&t, "BM", 0), bn = llmcl__param_get(&t, "BN", 0);
     const int64_t mb = llmcl__param_get(&t, "WG_MB", 1);
     int64_t tiles;
@@ -673,7 +672,7 @@ static llmcl_status run_tiled(const mm_problem *p)
     llmcl__param_set(&t, "BK", 16);
     llmcl__param_set(&t, "TM", 4);
     llmcl__param_set(&t, "TN", 4);
-    LLMCL__TRY(pick_tiles(p, "mm_tiled", tiled_ok, &t));
+    LLMCL__TRY(pick_tiles(p, LLMCL_KEY_MM_TILED, tiled_ok, &t));
     const int64_t tt = llmcl__param_get(&t, "T", 64);
     const int64_t tiles = llmcl__div_up(p->M, tt) * llmcl__div_up(p->N, tt);
     llmcl__defines d = {0};
