@@ -905,12 +905,23 @@ static llmcl_status chunk_logits(ce_run *r, const ce_linear *lin, const llmcl_te
 
 /* ---- path 3 in vocabulary chunks on tensor cores: the products' epilogues do the row math ---- */
 
-/* The epilogue's arguments for this run (mode 1: forward partials, 2: dlogits). */
-static llmcl__mm_ce epilogue_of(const ce_run *r, int mode)
+/* The epilogue's arguments for this run: the forward's partials or the backward's dlogits. */
+static llmcl__mm_ce epilogue_of(const ce_run *r, llmcl__mm_epilogue epilogue)
 {
-    return (llmcl__mm_ce){.mode = mode, .flags = ce_flags(r, false), .cap = r->o.softcap,
-                          .labels = r->labels, .weight = r->o.weight, .ignore_index = r->ignore,
-                          .stats = r->stats->mem};
+    return (llmcl__mm_ce){.epilogue = epilogue, .flags = ce_flags(r, false),
+                          .cap = r->o.softcap, .labels = r->labels, .weight = r->o.weight,
+                          .ignore_index = r->ignore, .stats = r->stats->mem};
+}
+
+/*
+ * Whether the logits products of hidden (n x V, with bias or not) run with the cross-entropy
+ * epilogue here (llmcl__matmul_plan: on tensor cores).
+ */
+static bool epilogue_runs(const ce_run *r, const llmcl_tensor *hidden, const llmcl_tensor *bias,
+                          llmcl__mm_epilogue epilogue)
+{
+    return llmcl__matmul_plan(r->ctx, hidden->dtype, r->n, r->v, epilogue, bias != NULL).kernel !=
+           NULL;
 }
 
 /* Rounds classes per chunk down to whole 128-column tiles where that leaves any, within [1, V]. */
@@ -947,10 +958,20 @@ static int64_t epilogue_fwd_cols(const ce_run *r)
     return whole_tiles(r, c);
 }
 
-/* A product's (rows x cols, inner k) whole waves of its tiles, in time (llmcl__mma_waves). */
-static double waves_cost(const ce_run *r, bool epilogue, int64_t rows, int64_t cols, int64_t k)
+/* The tensor-core backward's products: hidden's dtype and size h, and whether the logits product
+   adds a class bias (the gradient products have none). */
+typedef struct ce_products {
+    llmcl_dtype dt;
+    int64_t h;
+    bool bias;
+} ce_products;
+
+/* A product's (rows x cols, inner k) whole waves of its tiles, in time (llmcl__matmul_plan). */
+static double waves_cost(const ce_run *r, const ce_products *pr, llmcl__mm_epilogue epilogue,
+                         int64_t rows, int64_t cols, int64_t k)
 {
-    const llmcl__mma_tile t = llmcl__mma_waves(r->ctx, rows, cols, epilogue);
+    const bool bias = epilogue != LLMCL__MM_PLAIN && pr->bias;
+    const llmcl__mm_plan t = llmcl__matmul_plan(r->ctx, pr->dt, rows, cols, epilogue, bias);
     const int64_t tiles = llmcl__div_up(rows, t.bm) * llmcl__div_up(cols, t.bn);
     return (double)llmcl__div_up(tiles, t.slots) * t.tile_time * (double)k;
 }
@@ -962,21 +983,22 @@ static double waves_cost(const ce_run *r, bool epilogue, int64_t rows, int64_t c
  * (8 n h bytes spread over the slots), at CE_MACS_PER_BYTE, so that narrow chunks cost what they
  * do.
  */
-static double bwd_chunk_cost(const ce_run *r, int64_t h, int64_t w)
+static double bwd_chunk_cost(const ce_run *r, const ce_products *pr, int64_t w)
 {
-    const int64_t n = r->n;
-    const double sums = 8.0 * (double)n * (double)h * CE_MACS_PER_BYTE /
-                        (double)llmcl__mma_waves(r->ctx, n, h, false).slots;
-    return waves_cost(r, true, n, w, h) + waves_cost(r, false, n, h, w) +
-           waves_cost(r, false, w, h, n) + sums;
+    const int64_t n = r->n, h = pr->h;
+    const llmcl__mm_plan dh = llmcl__matmul_plan(r->ctx, pr->dt, n, h, LLMCL__MM_PLAIN, false);
+    const double sums = 8.0 * (double)n * (double)h * CE_MACS_PER_BYTE / (double)dh.slots;
+    return waves_cost(r, pr, LLMCL__MM_CE_BACKWARD, n, w, h) +
+           waves_cost(r, pr, LLMCL__MM_PLAIN, n, h, w) +
+           waves_cost(r, pr, LLMCL__MM_PLAIN, w, h, n) + sums;
 }
 
 /* The backward's products over the vocabulary in chunks of c classes: whole chunks and the last
    one (the tile model costs microseconds a call, so each width is weighed once). */
-static double bwd_chunks_cost(const ce_run *r, int64_t h, int64_t c)
+static double bwd_chunks_cost(const ce_run *r, const ce_products *pr, int64_t c)
 {
     const int64_t whole = r->v / c, rest = r->v - whole * c;
-    return (double)whole * bwd_chunk_cost(r, h, c) + (rest ? bwd_chunk_cost(r, h, rest) : 0.0);
+    return (double)whole * bwd_chunk_cost(r, pr, c) + (rest ? bwd_chunk_cost(r, pr, rest) : 0.0);
 }
 
 /*
@@ -986,20 +1008,20 @@ static double bwd_chunks_cost(const ce_run *r, int64_t h, int64_t c)
  * on the H100 at N 8192, H 4096, V 128256: 3072 classes keep 96.7% of the waves' capacity busy,
  * 3968, the most the budget holds, 94.7%, and 3584, the old choice, 92.5%).
  */
-static int64_t epilogue_bwd_cols(const ce_run *r, const ce_linear *lin, llmcl_dtype dt)
+static int64_t epilogue_bwd_cols(const ce_run *r, const ce_products *pr)
 {
     if (r->o.vocab_chunk > 0)
         return whole_tiles(r, r->o.vocab_chunk);
     const uint64_t budget = epilogue_budget(r);
     const uint64_t rows = (uint64_t)r->n * 32;
     const uint64_t left = budget > rows ? budget - rows : 0;
-    const int64_t most = (int64_t)(left / ((uint64_t)r->n * llmcl_dtype_size(dt)));
+    const int64_t most = (int64_t)(left / ((uint64_t)r->n * llmcl_dtype_size(pr->dt)));
     if (most < 1024)
         return whole_tiles(r, most);
     int64_t best = most / 128 * 128;
-    double best_cost = bwd_chunks_cost(r, lin->h.row_len, best);
+    double best_cost = bwd_chunks_cost(r, pr, best);
     for (int64_t c = best - 128; c >= 1024; c -= 128) {
-        const double cost = bwd_chunks_cost(r, lin->h.row_len, c);
+        const double cost = bwd_chunks_cost(r, pr, c);
         if (cost < best_cost * (1.0 - 1e-9)) {
             best = c;
             best_cost = cost;
@@ -1010,7 +1032,8 @@ static int64_t epilogue_bwd_cols(const ce_run *r, const ce_linear *lin, llmcl_dt
 
 /*
  * Backward: per chunk, the logits product whose epilogue writes the dlogits G in hidden's dtype
- * (llmcl__matmul_ce, mode 2), then dhidden (+)= G W[chunk] and dweight[chunk] (+)= G^T hidden.
+ * (llmcl__matmul_ce, LLMCL__MM_CE_BACKWARD), then dhidden (+)= G W[chunk] and
+ * dweight[chunk] (+)= G^T hidden.
  */
 static llmcl_status fused_backward_epilogue(ce_run *r, const ce_linear *lin,
                                             const llmcl_tensor *hidden,
@@ -1019,7 +1042,8 @@ static llmcl_status fused_backward_epilogue(ce_run *r, const ce_linear *lin,
                                             llmcl_tensor *dweight)
 {
     llmcl_ctx *ctx = r->ctx;
-    const int64_t n = r->n, vc = epilogue_bwd_cols(r, lin, hidden->dtype);
+    const ce_products pr = {hidden->dtype, lin->h.row_len, bias != NULL};
+    const int64_t n = r->n, vc = epilogue_bwd_cols(r, &pr);
     const int64_t nchunks = llmcl__div_up(r->v, vc), gshape[2] = {n, vc};
     llmcl_tensor *g = NULL, *hv = NULL, *dhv = NULL, *dwv = NULL;
     ce_chunk c = {0};
@@ -1029,7 +1053,7 @@ static llmcl_status fused_backward_epilogue(ce_run *r, const ce_linear *lin,
     LLMCL__TRY_GOTO(st, rows_view(hidden, &lin->h, 0, n, &hv), done);
     if (dhidden)
         LLMCL__TRY_GOTO(st, rows_view(dhidden, &lin->dh, 0, n, &dhv), done);
-    llmcl__mm_ce ce = epilogue_of(r, 2);
+    llmcl__mm_ce ce = epilogue_of(r, LLMCL__MM_CE_BACKWARD);
     ce.coef = coef->mem;
     for (int64_t ci = 0; ci < nchunks; ++ci) {
         LLMCL__TRY_GOTO(st, chunk_views(r, lin, weight, bias, g, ci, vc, &c), done);
@@ -1078,7 +1102,7 @@ static llmcl_status forward_chunk_epilogue(ce_run *r, const fwd_chunks *f, const
                                            const llmcl_tensor *bias, int64_t ci, ce_chunk *c)
 {
     LLMCL__TRY(chunk_views(r, lin, weight, bias, NULL, ci, f->vc, c));
-    llmcl__mm_ce ce = epilogue_of(r, 1);
+    llmcl__mm_ce ce = epilogue_of(r, LLMCL__MM_CE_FORWARD);
     ce.v0 = c->v0;
     ce.part = f->buf->mem;
     ce.xyb = f->xyb->mem;
@@ -1135,8 +1159,8 @@ static llmcl_status forward_chunk_rows(ce_run *r, const fwd_chunks *f, const ce_
 /*
  * Forward: per chunk, each row's online-LSE partial into slot `chunk` and the target logits that
  * fall in the chunk, then the common combine. On tensor cores with 16-bit operands the logits
- * product's epilogue computes the partials (llmcl__matmul_ce, mode 1), so no logits are stored;
- * elsewhere the chunk's f32 logits go through the row kernels.
+ * product's epilogue computes the partials (llmcl__matmul_ce, LLMCL__MM_CE_FORWARD), so no logits
+ * are stored; elsewhere the chunk's f32 logits go through the row kernels.
  */
 static llmcl_status fused_forward_chunks(ce_run *r, const ce_linear *lin,
                                          const llmcl_tensor *hidden, const llmcl_tensor *weight,
@@ -1145,7 +1169,7 @@ static llmcl_status fused_forward_chunks(ce_run *r, const ce_linear *lin,
     llmcl_ctx *ctx = r->ctx;
     const int64_t n = r->n;
     /* tensor cores: the product's epilogue writes the partials */
-    const bool epilogue = llmcl__mma_available(ctx, hidden->dtype);
+    const bool epilogue = epilogue_runs(r, hidden, bias, LLMCL__MM_CE_FORWARD);
     fwd_chunks f = {.vc = epilogue ? epilogue_fwd_cols(r) : fused_chunk_cols(r, false)};
     f.nchunks = llmcl__div_up(r->v, f.vc);
     const int64_t np = n * f.nchunks * 3, lshape[2] = {n, f.vc};
@@ -1194,7 +1218,8 @@ static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
                                           llmcl_tensor *dbias)
 {
     llmcl_ctx *ctx = r->ctx;
-    if (!dbias && llmcl__mma_available(ctx, hidden->dtype)) /* dbias sums f32 dlogits */
+    /* dbias sums f32 dlogits */
+    if (!dbias && epilogue_runs(r, hidden, bias, LLMCL__MM_CE_BACKWARD))
         return fused_backward_epilogue(r, lin, hidden, weight, bias, coef, dhidden, dweight);
     const bool gcast_needed = (dhidden || dweight) && hidden->dtype != LLMCL_F32;
     const int64_t n = r->n, vc = fused_chunk_cols(r, gcast_needed);
