@@ -189,7 +189,8 @@ void llmcl__pinned_free(cl_command_queue queue, cl_mem mem, void *host);
 
 /* ---- kernel sources (embedded at build time; LLMCL_KERNEL_DIR overrides) ---- */
 
-/* The source of family (the .cl file stem), common.cl prepended. Caller frees *out. */
+/* The source of family (an LLMCL_FAMILY_*) as program.c's family table assembles it: common.cl,
+   the family's preludes, its own files. Caller frees *out. */
 llmcl_status llmcl__kernel_source(llmcl_ctx *ctx, const char *family, char **out, size_t *len);
 
 /* ---- build options: -D defines collected, then sorted into one string ---- */
