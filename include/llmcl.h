@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "llmcl_kernels.h"
 #include "llmcl_version.h"
 
 #ifdef __cplusplus
@@ -1219,7 +1220,8 @@ LLMCL_API llmcl_status llmcl_grad_norm(llmcl_ctx *ctx, const llmcl_tensor *const
  * file is skipped with a warning (llmcl_tune_db_warnings(); printed only with LLMCL_LOG=1).
  * docs/TUNING.md describes the file format and the llmcl-tune tool that writes it.
  *
- * Kernel keys ("rmsnorm_fwd", "copy", ...) and their tunables are listed in each .cl file's header.
+ * Kernel keys ("rmsnorm_fwd", "copy", ...) are the LLMCL_KEY_* of llmcl_kernels.h
+ * (LLMCL_KERNEL_KEYS lists them all); their tunables are listed in each .cl file's header.
  * A shape class is "p<k>" for the smallest power of two 2^k >= the kernel's size key (for example
  * its row length); where a function takes `shape`, it accepts a class, a size key in decimal
  * ("4096"), or "*" for any class.

@@ -5,8 +5,10 @@
  * values they settled on (clamped, or their defaults for an entry that does not fit), the tuner's
  * rejection of planted bad candidates (build failure, limits, wrong results), and llmcl-tune
  * --quick end to end: its file is valid, a context picks it up, and the launches use its
- * parameters.
+ * parameters. The tuner's kernel table and the built-in tuning files name only the kernel keys and
+ * families of llmcl_kernels.h.
  */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -782,6 +784,69 @@ static void test_tool_end_to_end(void **state)
     json_decref(root);
 }
 
+typedef struct known_key {
+    const char *family, *key;
+} known_key;
+
+#define KNOWN_KEY(family, key) {family, key},
+static const known_key known_keys[] = {LLMCL_KERNEL_KEYS(KNOWN_KEY)};
+
+/* The family of a kernel key of llmcl_kernels.h, or NULL. */
+static const char *family_of_key(const char *key)
+{
+    for (size_t i = 0; i < sizeof known_keys / sizeof known_keys[0]; ++i)
+        if (strcmp(known_keys[i].key, key) == 0)
+            return known_keys[i].family;
+    return NULL;
+}
+
+static void test_tuner_spells_known_keys(void **state)
+{
+    (void)state;
+    int n = 0;
+    for (const tune_kernel *k = tune_kernels; k->key; ++k, ++n) {
+        const char *family = family_of_key(k->key);
+        if (!family || strcmp(family, k->family) != 0)
+            fail_msg("llmcl-tune's kernel %s (%s) is not a key of llmcl_kernels.h's family %s",
+                     k->key, k->family, family ? family : "(none)");
+    }
+    assert_true(n > 0);
+}
+
+/* Every entry of the built-in tuning files (data/tuning/) names a key of llmcl_kernels.h: an entry
+   whose key no launcher looks up would never apply. */
+static void test_builtin_files_spell_known_keys(void **state)
+{
+    (void)state;
+    const char *dir_path = getenv("LLMCL_TUNING_DIR_FOR_TESTS");
+    assert_non_null(dir_path);
+    DIR *dir = opendir(dir_path);
+    assert_non_null(dir);
+    int files = 0, entries = 0;
+    for (const struct dirent *e; (e = readdir(dir)) != NULL;) {
+        const size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 5, ".json") != 0)
+            continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir_path, e->d_name);
+        json_error_t err;
+        json_t *root = json_load_file(path, 0, &err);
+        if (!root)
+            fail_msg("%s: %s", path, err.text);
+        const json_t *list = json_object_get(root, "entries");
+        for (size_t i = 0; i < json_array_size(list); ++i, ++entries) {
+            const char *key = json_string_value(json_object_get(json_array_get(list, i), "kernel"));
+            if (!key || !family_of_key(key))
+                fail_msg("%s: entry %zu names kernel %s, no key of llmcl_kernels.h", path, i,
+                         key ? key : "(none)");
+        }
+        json_decref(root);
+        ++files;
+    }
+    closedir(dir);
+    assert_true(files > 0 && entries > 0);
+}
+
 int main(void)
 {
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/llmcl-tune-test-XXXXXX");
@@ -798,6 +863,8 @@ int main(void)
         cmocka_unit_test(test_adjusted_values_recorded),
         cmocka_unit_test(test_tuner_rejects_planted),
         cmocka_unit_test(test_restrict_space), cmocka_unit_test(test_tool_end_to_end),
+        cmocka_unit_test(test_tuner_spells_known_keys),
+        cmocka_unit_test(test_builtin_files_spell_known_keys),
     };
     int rc = TH_RUN(tests);
     char cmd[128];

@@ -1,6 +1,8 @@
 /*
  * common.cl: prepended by the runtime to every kernel family. Storage types and their conversions,
- * vector loads and stores, and work-group reductions.
+ * vector loads and stores, and work-group reductions. What only some families use is a prelude
+ * of its own, which the runtime puts after this file for the families that declare it
+ * (src/runtime/program.c's family table): mma.cl, vec_io.cl, ce_logit.cl.
  *
  * Storage is selected per tensor with a dtype macro (F32, BF16, F16, I32, I64) that the runtime
  * passes as -D options, e.g. -DX_DT=BF16; kernels then write STORAGE(X_DT), LOAD(X_DT, p, i) and
@@ -153,52 +155,6 @@ inline long load_I64(const __global long *p, long i) { return p[i]; }
 inline void store_I32(__global int *p, long i, long v) { p[i] = (int)v; }
 inline void store_I64(__global long *p, long i, long v) { p[i] = v; }
 
-/*
- * VEC-wide accesses of a row in the storage dtype as f32 vectors, for the families whose
- * work-items stream VEC consecutive elements (glu, rope). LLMCL_VEC_IO_ALIGNED() defines
- * vload_DT(p, i) and vstore_DT(p, i, v) (DT F32, BF16, F16) for element i a multiple of VEC:
- * whole-vector accesses, 16-byte ones (VEC 4 of f32, 8 of bf16) through the family's ld16 and
- * st16 (its cache hints). The family defines VEC (2, 4 or 8), the vector type floatv and its
- * ld16 and st16 before instantiating it.
- */
-#define LLMCL_VLD_F32_2(p) (*(const __global float2 *)(p))
-#define LLMCL_VLD_F32_4(p) as_float4(ld16(p))
-#define LLMCL_VLD_F32_8(p) (*(const __global float8 *)(p))
-#define LLMCL_VST_F32_2(p, v) (*(__global float2 *)(p) = (v))
-#define LLMCL_VST_F32_4(p, v) st16((p), as_uint4(v))
-#define LLMCL_VST_F32_8(p, v) (*(__global float8 *)(p) = (v))
-#define LLMCL_VLD_BF16_2(p) bf16x2_to_f32(*(const __global ushort2 *)(p))
-#define LLMCL_VLD_BF16_4(p) bf16x4_to_f32(*(const __global ushort4 *)(p))
-#define LLMCL_VLD_BF16_8(p) bf16x8_packed_to_f32(ld16(p))
-#define LLMCL_VST_BF16_2(p, v) (*(__global ushort2 *)(p) = f32x2_to_bf16(v))
-#define LLMCL_VST_BF16_4(p, v) (*(__global ushort4 *)(p) = f32x4_to_bf16(v))
-#define LLMCL_VST_BF16_8(p, v) st16((p), f32x8_to_bf16_packed(v))
-#define LLMCL_VEC_IO_ALIGNED()                                                                    \
-    inline floatv vload_F32(const __global float *p, long i)                                      \
-    {                                                                                             \
-        return LLMCL_CAT(LLMCL_VLD_F32_, VEC)(p + i);                                             \
-    }                                                                                             \
-    inline floatv vload_BF16(const __global ushort *p, long i)                                    \
-    {                                                                                             \
-        return LLMCL_CAT(LLMCL_VLD_BF16_, VEC)(p + i);                                            \
-    }                                                                                             \
-    inline floatv vload_F16(const __global ushort *p, long i)                                     \
-    {                                                                                             \
-        return LLMCL_CAT(vloada_half, VEC)(0, (const __global half *)(p + i));                    \
-    }                                                                                             \
-    inline void vstore_F32(__global float *p, long i, floatv v)                                   \
-    {                                                                                             \
-        LLMCL_CAT(LLMCL_VST_F32_, VEC)(p + i, v);                                                 \
-    }                                                                                             \
-    inline void vstore_BF16(__global ushort *p, long i, floatv v)                                 \
-    {                                                                                             \
-        LLMCL_CAT(LLMCL_VST_BF16_, VEC)(p + i, v);                                                \
-    }                                                                                             \
-    inline void vstore_F16(__global ushort *p, long i, floatv v)                                  \
-    {                                                                                             \
-        LLMCL_CAT(LLMCL_CAT(vstorea_half, VEC), _rte)(v, 0, (__global half *)(p + i));            \
-    }
-
 #ifdef LLMCL_NV_PTX
 /*
  * NVIDIA: 16-byte global accesses with cache hints. Streamed operands skip L1 allocation (through
@@ -294,31 +250,3 @@ LLMCL_WG_REDUCE(wg_max, fmax, LLMCL_WARP_STAGE(warp_max, fmax))
 LLMCL_WG_REDUCE(wg_sum, LLMCL_ADD, )
 LLMCL_WG_REDUCE(wg_max, fmax, )
 #endif
-
-/*
- * Cross-entropy's per-logit rules, shared by cross_entropy.cl and the logits products' epilogues
- * in matmul.cl (the formulas are in cross_entropy.cl's header). Options are runtime flags; CAP and
- * CAP_DERIV read the caller's `flags` and `cap`.
- */
-#define CE_WEIGHT 1
-#define CE_SMOOTH 2
-#define CE_CAP 4
-#define CE_BIAS 8
-
-#define CAP(x) ((flags & CE_CAP) ? cap * tanh((x) * (1.0f / cap)) : (x))
-#define CAP_DERIV(xc) ((flags & CE_CAP) ? 1.0f - ((xc) / cap) * ((xc) / cap) : 1.0f)
-
-/* dlogit of the capped logit xc from e = exp(xc - lse_p): A e - B [target] - C w, q = (A, B, C). */
-inline float ce_dlogit_e(int flags, float cap, float xc, float e, float3 q, float w, bool target)
-{
-    float g = q.x * e - q.z * w;
-    if (target)
-        g -= q.y;
-    return g * CAP_DERIV(xc);
-}
-
-/* The same with the exponential taken here, lp the row's lse_p. */
-inline float ce_dlogit(int flags, float cap, float xc, float3 q, float lp, float w, bool target)
-{
-    return ce_dlogit_e(flags, cap, xc, exp(xc - lp), q, w, target);
-}

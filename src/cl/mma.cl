@@ -1,6 +1,7 @@
 /*
- * mma.cl: the tensor-core block, prepended after common.cl to the families that multiply matrices
- * on NVIDIA tensor cores through inline PTX. Everything is under LLMCL_NV_MMA, which the runtime
+ * mma.cl: the tensor-core block, a prelude (src/runtime/program.c's family table) of the families
+ * that multiply matrices on NVIDIA tensor cores through inline PTX, which the runtime puts after
+ * common.cl on devices with tensor cores. Everything is under LLMCL_NV_MMA, which the runtime
  * defines where a probe kernel with these instructions built (compute capability 8.0 or later);
  * elsewhere this file is empty and the portable kernels run.
  *

@@ -92,7 +92,7 @@ static llmcl_status time_rate(llmcl_ctx *ctx, const char *kernel, size_t wg, siz
     llmcl__defines d = {0};
     llmcl__define_int(&d, "WG", (long long)wg);
     rate_arg f = {.local = wg, .global = groups * wg, .iters = iters, .fma = fma};
-    LLMCL__TRY(llmcl__kernel(ctx, "ceilings", &d, kernel, &f.kernel));
+    LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_CEILINGS, &d, kernel, &f.kernel));
     const int64_t n = (int64_t)f.global;
     LLMCL__TRY(llmcl_tensor_create(ctx, LLMCL_F32, 1, &n, &f.out));
     llmcl_status st = best_of(ctx, rate_op, &f, ms);

@@ -189,7 +189,8 @@ void llmcl__pinned_free(cl_command_queue queue, cl_mem mem, void *host);
 
 /* ---- kernel sources (embedded at build time; LLMCL_KERNEL_DIR overrides) ---- */
 
-/* The source of family (the .cl file stem), common.cl prepended. Caller frees *out. */
+/* The source of family (an LLMCL_FAMILY_*) as program.c's family table assembles it: common.cl,
+   the family's preludes, its own files. Caller frees *out. */
 llmcl_status llmcl__kernel_source(llmcl_ctx *ctx, const char *family, char **out, size_t *len);
 
 /* ---- build options: -D defines collected, then sorted into one string ---- */
@@ -284,30 +285,7 @@ bool llmcl__overlaps(const llmcl_tensor *a, const llmcl_tensor *b);
 /* Same buffer, offset, shape and strides: an exact in-place pairing. */
 bool llmcl__same_view(const llmcl_tensor *a, const llmcl_tensor *b);
 
-/* ---- the fused cross-entropy's logits product on tensor cores (ops/matmul.c) ---- */
-
-/* Columns of one LSE partial of llmcl__matmul_ce's forward epilogue (a warp's slice of a tile
-   holds one or more). */
-#define LLMCL__MM_CE_SLOT 64
-
-/*
- * The cross-entropy epilogue of c = a b^T + bias for one vocabulary chunk (matmul.cl, MM_CE):
- * mode 1 writes part[(row * slots + col / LLMCL__MM_CE_SLOT) * 3 + {max, sum exp, sum w x}]
- * (slots = ceil(N / LLMCL__MM_CE_SLOT)) and each row's target logit to xyb[row]; mode 2 writes
- * the dlogits from coef (A, B, C, lse_p a row) into c. Labels and weight are those of the whole
- * vocabulary; v0 is the chunk's first class.
- */
-typedef struct llmcl__mm_ce {
-    int mode, flags;
-    float cap;
-    const llmcl_tensor *labels, *weight; /* weight: f32 [V] or NULL */
-    int64_t v0, ignore_index;
-    cl_mem stats, coef, part, xyb;
-} llmcl__mm_ce;
-
-/* Whether products of dtype dt run on tensor cores here (llmcl_matmul's mm_wgmma or mm_mma, and
-   llmcl__matmul_ce). */
-bool llmcl__mma_available(const llmcl_ctx *ctx, llmcl_dtype dt);
+/* ---- NVIDIA: sm_90a programs and Hopper's TMA ---- */
 
 /*
  * sm_90a's instructions are written in kernels as PTX comments behind this marker (mma.cl).
@@ -331,21 +309,56 @@ llmcl__tma *llmcl__tma_open(cl_device_id device);
 void llmcl__tma_close(llmcl__tma *t);
 const uint64_t *llmcl__tma_template(const llmcl__tma *t, llmcl_dtype dt);
 
+/* ---- matmul's seam: tensor-core products with an epilogue (ops/matmul.c, for cross_entropy.c) */
+
+/* What a product's epilogue does with its f32 sums; a cross-entropy one is matmul.cl's MM_CE. */
+typedef enum llmcl__mm_epilogue {
+    LLMCL__MM_PLAIN = 0,      /* c = a b^T (+ bias) */
+    LLMCL__MM_CE_FORWARD = 1, /* the fused cross-entropy forward's LSE partials, c not stored */
+    LLMCL__MM_CE_BACKWARD = 2 /* its dlogits, into c */
+} llmcl__mm_epilogue;
+
 /*
- * The default output tile (bm x bn) of a 16-bit rows x cols product on this device's tensor
- * cores, how many such tiles run at once (slots) and one tile's time a k-step in the units of
- * the device's other tiles: what a caller sizing products in whole waves needs. epilogue: the
- * tiles of a product with the cross-entropy backward's epilogue (llmcl__matmul_ce, mode 2), which
- * keeps wgmma's 128 x 256 where a bias-free forward one may take 256 x 192 (run_wgmma).
+ * The plan of a 16-bit rows x cols tensor-core product with this epilogue (bias: with a class
+ * bias) on this device, before any tuning: its kernel ("mm_wgmma" or "mm_mma"; NULL where products
+ * of dt do not run on tensor cores here, which llmcl__matmul_ce refuses, and the rest 0), its
+ * default output tile bm x bn, how many tiles run at once (slots) and one tile's time a k-step in
+ * the units of the device's other tiles: what a caller sizing products in whole waves needs.
+ * mm_wgmma's tiles are those it runs (a cross-entropy epilogue other than a bias-free forward
+ * keeps 128 x 256); mm_mma's are the large tiles it takes where they fill two waves (for smaller
+ * outputs it runs 128 x 128, which the plan leaves out).
  */
-typedef struct llmcl__mma_tile {
+typedef struct llmcl__mm_plan {
+    const char *kernel;
     int64_t bm, bn, slots;
     double tile_time;
-} llmcl__mma_tile;
-llmcl__mma_tile llmcl__mma_waves(const llmcl_ctx *ctx, int64_t rows, int64_t cols, bool epilogue);
+} llmcl__mm_plan;
+llmcl__mm_plan llmcl__matmul_plan(const llmcl_ctx *ctx, llmcl_dtype dt, int64_t rows, int64_t cols,
+                                  llmcl__mm_epilogue epilogue, bool bias);
 
-/* a [M, K] and b [N, K] (16-bit, unit stride along K), bias [N] or NULL, c [M, N] in a's dtype
-   (mode 2; mode 1 ignores it). */
+/* Columns of one LSE partial of the forward cross-entropy epilogue (a warp's slice of a tile
+   holds one or more). */
+#define LLMCL__MM_CE_SLOT 64
+
+/*
+ * A cross-entropy epilogue of c = a b^T + bias for one vocabulary chunk (matmul.cl, MM_CE):
+ * LLMCL__MM_CE_FORWARD writes part[(row * slots + col / LLMCL__MM_CE_SLOT) * 3 + {max, sum exp,
+ * sum w x}] (slots = ceil(N / LLMCL__MM_CE_SLOT)) and each row's target logit to xyb[row];
+ * LLMCL__MM_CE_BACKWARD writes the dlogits from coef (A, B, C, lse_p a row) into c. Labels and
+ * weight are those of the whole vocabulary; v0 is the chunk's first class.
+ */
+typedef struct llmcl__mm_ce {
+    llmcl__mm_epilogue epilogue;
+    int flags;
+    float cap;
+    const llmcl_tensor *labels, *weight; /* weight: f32 [V] or NULL */
+    int64_t v0, ignore_index;
+    cl_mem stats, coef, part, xyb;
+} llmcl__mm_ce;
+
+/* The product with its cross-entropy epilogue, on the kernel that llmcl__matmul_plan names:
+   a [M, K] and b [N, K] (16-bit, unit stride along K), bias [N] or NULL, c [M, N] in a's dtype
+   (the backward; the forward ignores it). */
 llmcl_status llmcl__matmul_ce(llmcl_ctx *ctx, const llmcl_tensor *a, const llmcl_tensor *b,
                               const llmcl_tensor *bias, llmcl_tensor *c, const llmcl__mm_ce *ce);
 

@@ -1,6 +1,9 @@
 /*
  * program.c: kernel sources, build options, and the two-level program cache.
  *
+ * A family's source is common.cl, the preludes its entry in the family table declares, and its own
+ * files, joined in that order.
+ *
  * In memory, programs are kept per context keyed by (family, options); a family's source is fixed
  * for the context's life. On disk, program binaries live in the cache folder under a 128-bit hash of
  * source, options, device name, driver version, platform version and library version. An entry holds
@@ -66,12 +69,13 @@ static char *read_file(const char *path, size_t *len)
     return buf;
 }
 
-static llmcl_status load_one(llmcl_ctx *ctx, const char *family, family_source *out)
+/* The source file name.cl, from LLMCL_KERNEL_DIR or embedded. */
+static llmcl_status load_one(llmcl_ctx *ctx, const char *name, family_source *out)
 {
     const char *dir = llmcl__getenv("LLMCL_KERNEL_DIR");
     if (dir) {
         char path[1024];
-        snprintf(path, sizeof path, "%s/%s.cl", dir, family);
+        snprintf(path, sizeof path, "%s/%s.cl", dir, name);
         out->text = read_file(path, &out->len);
         LLMCL__REQUIRE(ctx, out->text, LLMCL_ERROR_KERNEL_NOT_FOUND,
                        "cannot read kernel source '%s' (LLMCL_KERNEL_DIR=%s): %s", path, dir,
@@ -79,7 +83,7 @@ static llmcl_status load_one(llmcl_ctx *ctx, const char *family, family_source *
         return LLMCL_OK;
     }
     for (const llmcl__embedded_source *s = llmcl__embedded_sources; s->family; ++s)
-        if (strcmp(s->family, family) == 0) {
+        if (strcmp(s->family, name) == 0) {
             out->text = malloc(s->size + 1);
             LLMCL__REQUIRE(ctx, out->text, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "kernel source");
             memcpy(out->text, s->data, s->size);
@@ -87,48 +91,100 @@ static llmcl_status load_one(llmcl_ctx *ctx, const char *family, family_source *
             out->len = s->size;
             return LLMCL_OK;
         }
-    return LLMCL__FAIL(ctx, LLMCL_ERROR_KERNEL_NOT_FOUND, "no kernel family '%s' in this build",
-                       family);
+    return LLMCL__FAIL(ctx, LLMCL_ERROR_KERNEL_NOT_FOUND, "no kernel source '%s.cl' in this build",
+                       name);
 }
 
-/* Families built on the tensor-core block, which the runtime prepends after common.cl on devices
-   that have tensor cores (mma.cl is empty elsewhere). */
-static bool uses_mma(const llmcl_ctx *ctx, const char *family)
+/* The tensor-core block (mma.cl): a prelude that only devices with tensor cores get; elsewhere the
+   families' portable kernels run. */
+#define TENSOR_CORE_PRELUDE "mma"
+#define MAX_PRELUDES 3
+#define MAX_FAMILY_FILES 4
+#define MAX_PARTS (1 + MAX_PRELUDES + MAX_FAMILY_FILES)
+
+/*
+ * Each kernel family's sources, in build order after common.cl (which every family gets): the
+ * preludes it builds on (shared .cl files that are no family of their own), then its own files.
+ * Its kernel keys are in include/llmcl_kernels.h, which its launcher and llmcl-tune share.
+ */
+typedef struct family_entry {
+    const char *family;
+    const char *preludes[MAX_PRELUDES];
+    const char *files[MAX_FAMILY_FILES];
+} family_entry;
+
+static const family_entry families[] = {
+    {LLMCL_FAMILY_ELEMENTWISE, {NULL}, {"elementwise"}},
+    {LLMCL_FAMILY_NORM, {NULL}, {"norm"}},
+    {LLMCL_FAMILY_ROPE, {"vec_io"}, {"rope"}},
+    {LLMCL_FAMILY_GLU, {"vec_io"}, {"glu"}},
+    {LLMCL_FAMILY_ATTENTION, {TENSOR_CORE_PRELUDE}, {"attention"}},
+    {LLMCL_FAMILY_CROSS_ENTROPY, {"ce_logit"}, {"cross_entropy"}},
+    {LLMCL_FAMILY_MATMUL, {"ce_logit", TENSOR_CORE_PRELUDE}, {"matmul"}},
+    {LLMCL_FAMILY_EMBEDDING, {NULL}, {"embedding"}},
+    {LLMCL_FAMILY_OPTIM, {NULL}, {"optim"}},
+    {LLMCL_FAMILY_CEILINGS, {TENSOR_CORE_PRELUDE}, {"ceilings"}},
+};
+
+static const family_entry *family_entry_of(const char *family)
 {
-    return ctx && ctx->info.has_mma &&
-           (strcmp(family, "matmul") == 0 || strcmp(family, "ceilings") == 0 ||
-            strcmp(family, "attention") == 0);
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; ++i)
+        if (strcmp(families[i].family, family) == 0)
+            return &families[i];
+    return NULL;
+}
+
+/* The names of a family's source files in build order, its own from names[*own] on; returns how
+   many. */
+static int family_parts(const llmcl_ctx *ctx, const family_entry *f, const char *names[MAX_PARTS],
+                        int *own)
+{
+    int n = 0;
+    names[n++] = "common";
+    for (int i = 0; i < MAX_PRELUDES && f->preludes[i]; ++i)
+        if (strcmp(f->preludes[i], TENSOR_CORE_PRELUDE) != 0 || ctx->info.has_mma)
+            names[n++] = f->preludes[i];
+    *own = n;
+    for (int i = 0; i < MAX_FAMILY_FILES && f->files[i]; ++i)
+        names[n++] = f->files[i];
+    return n;
 }
 
 llmcl_status llmcl__kernel_source(llmcl_ctx *ctx, const char *family, char **out, size_t *len)
 {
-    /* the family first, so that a family missing from LLMCL_KERNEL_DIR is the one named */
-    family_source body = {0}, common = {0}, mma = {0};
-    llmcl_status st = load_one(ctx, family, &body);
-    if (st == LLMCL_OK)
-        st = load_one(ctx, "common", &common);
-    if (st == LLMCL_OK && uses_mma(ctx, family))
-        st = load_one(ctx, "mma", &mma);
-    const family_source *parts[3] = {&common, &mma, &body}; /* in build order */
+    const family_entry *f = family_entry_of(family);
+    LLMCL__REQUIRE(ctx, f, LLMCL_ERROR_KERNEL_NOT_FOUND, "no kernel family '%s' in this build",
+                   family);
+    const char *names[MAX_PARTS];
+    int own;
+    const int n = family_parts(ctx, f, names, &own);
+    family_source parts[MAX_PARTS] = {{0}};
+    /* the family's own files first, so that a family missing from LLMCL_KERNEL_DIR is the one
+       named */
+    llmcl_status st = LLMCL_OK;
+    for (int k = 0; k < n && st == LLMCL_OK; ++k) {
+        const int i = (own + k) % n;
+        st = load_one(ctx, names[i], &parts[i]);
+    }
     static const char sep[] = "\n#line 1\n";
-    *out = st == LLMCL_OK ? malloc(common.len + mma.len + body.len + 2 * sizeof sep + 1) : NULL;
+    size_t total = 0;
+    for (int i = 0; i < n; ++i)
+        total += parts[i].len + sizeof sep;
+    *out = st == LLMCL_OK ? malloc(total + 1) : NULL;
     if (*out) {
         *len = 0;
-        for (int i = 0; i < 3; ++i) {
-            if (!parts[i]->text)
-                continue;
-            if (*len > 0) {
+        for (int i = 0; i < n; ++i) {
+            if (i > 0) {
                 memcpy(*out + *len, sep, sizeof sep - 1);
                 *len += sizeof sep - 1;
             }
-            memcpy(*out + *len, parts[i]->text, parts[i]->len);
-            *len += parts[i]->len;
+            memcpy(*out + *len, parts[i].text, parts[i].len);
+            *len += parts[i].len;
         }
         (*out)[*len] = '\0';
     }
-    free(body.text);
-    free(common.text);
-    free(mma.text);
+    for (int i = 0; i < n; ++i)
+        free(parts[i].text);
     LLMCL__TRY(st);
     LLMCL__REQUIRE(ctx, *out, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "kernel source");
     return LLMCL_OK;

@@ -1,6 +1,6 @@
 /*
  * bench_elementwise.c: llmcl-bench rows for copy, cast, axpy and fill at a size well past the
- * caches, each checked against the CPU reference.
+ * caches, each checked against the CPU reference; a row is named by its kernel key.
  */
 #include <math.h>
 #include <stdio.h>
@@ -18,11 +18,11 @@ typedef struct ew_state {
 static llmcl_status run_op(llmcl_ctx *ctx, void *arg)
 {
     ew_state *s = arg;
-    if (strcmp(s->op, "copy") == 0)
+    if (strcmp(s->op, LLMCL_KEY_COPY) == 0)
         return llmcl_copy(ctx, s->a, s->b);
-    if (strcmp(s->op, "cast") == 0)
+    if (strcmp(s->op, LLMCL_KEY_CAST) == 0)
         return llmcl_cast(ctx, s->a, s->b);
-    if (strcmp(s->op, "axpy") == 0)
+    if (strcmp(s->op, LLMCL_KEY_AXPY) == 0)
         return llmcl_axpy(ctx, 0.5f, s->a, s->b);
     return llmcl_fill(ctx, s->b, 0.25);
 }
@@ -61,8 +61,8 @@ static int check(bench_env *env, const char *op, const ew_state *s, const float 
         const double tol = is16 ? 1e-2 : 1e-6;
         ok = 1;
         for (int64_t i = 0; i < n && ok; ++i) {
-            double want = strcmp(op, "fill") == 0 ? 0.25 : a[i];
-            if (strcmp(op, "axpy") == 0) {
+            double want = strcmp(op, LLMCL_KEY_FILL) == 0 ? 0.25 : a[i];
+            if (strcmp(op, LLMCL_KEY_AXPY) == 0) {
                 double y = b[i];
                 ref_axpy(0.5, &(double){a[i]}, &y, 1);
                 want = y;
@@ -101,8 +101,10 @@ static void bench_one(bench_env *env, const char *op, llmcl_dtype in, llmcl_dtyp
         if (run_op(env->ctx, &s) == LLMCL_OK)
             r.check = check(env, op, &s, a, b, n);
         r.ms = bench_time(env, run_op, &s);
-        const double in_bytes = strcmp(op, "fill") == 0 ? 0 : (double)n * (double)llmcl_dtype_size(in);
-        const double extra = strcmp(op, "axpy") == 0 ? (double)n * (double)llmcl_dtype_size(outt) : 0;
+        const double in_bytes =
+            strcmp(op, LLMCL_KEY_FILL) == 0 ? 0 : (double)n * (double)llmcl_dtype_size(in);
+        const double extra =
+            strcmp(op, LLMCL_KEY_AXPY) == 0 ? (double)n * (double)llmcl_dtype_size(outt) : 0;
         r.bytes = in_bytes + extra + (double)n * (double)llmcl_dtype_size(outt);
         bench_add(env, &r);
     }
@@ -115,10 +117,10 @@ static void bench_one(bench_env *env, const char *op, llmcl_dtype in, llmcl_dtyp
 void bench_elementwise(bench_env *env)
 {
     const int64_t n = env->small ? (int64_t)4 << 20 : (int64_t)128 << 20;
-    bench_one(env, "copy", LLMCL_F32, LLMCL_F32, n);
-    bench_one(env, "copy", LLMCL_BF16, LLMCL_BF16, n);
-    bench_one(env, "cast", LLMCL_F32, LLMCL_BF16, n);
-    bench_one(env, "cast", LLMCL_BF16, LLMCL_F32, n);
-    bench_one(env, "axpy", LLMCL_BF16, LLMCL_BF16, n);
-    bench_one(env, "fill", LLMCL_F32, LLMCL_BF16, n);
+    bench_one(env, LLMCL_KEY_COPY, LLMCL_F32, LLMCL_F32, n);
+    bench_one(env, LLMCL_KEY_COPY, LLMCL_BF16, LLMCL_BF16, n);
+    bench_one(env, LLMCL_KEY_CAST, LLMCL_F32, LLMCL_BF16, n);
+    bench_one(env, LLMCL_KEY_CAST, LLMCL_BF16, LLMCL_F32, n);
+    bench_one(env, LLMCL_KEY_AXPY, LLMCL_BF16, LLMCL_BF16, n);
+    bench_one(env, LLMCL_KEY_FILL, LLMCL_F32, LLMCL_BF16, n);
 }

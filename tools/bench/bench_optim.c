@@ -225,11 +225,11 @@ static void bench_adamw(bench_env *env, llmcl_dtype pdt, bool master, const char
         char shape[48];
         snprintf(shape, sizeof shape, "%lld params, %d tensors", (long long)b.total, b.n);
         const int check = check_adamw(env, &b);
-        bench_add_timed(env, "adamw", "", label, shape, bytes_per_param * (double)b.total,
+        bench_add_timed(env, LLMCL_KEY_ADAMW, "", label, shape, bytes_per_param * (double)b.total,
                         run_adamw, NULL, &b, check);
         if (with_norm)
-            bench_add_timed(env, "grad_norm", "", "f32", shape, 4.0 * (double)b.total, run_norm,
-                            NULL, &b, check_norm(env, &b));
+            bench_add_timed(env, LLMCL_KEY_GRAD_NORM, "", "f32", shape, 4.0 * (double)b.total,
+                            run_norm, NULL, &b, check_norm(env, &b));
     }
     optim_free(&b);
 }

@@ -268,10 +268,10 @@ void bench_rope(bench_env *env)
     /* bytes: q and k read and written in place, plus the angle source read once */
     const double qk = 2.0 * (double)(B * (Hq + Hk) * T * D) * 2.0;
     const double tables = 2.0 * (double)(T * D / 2) * 4.0, positions = (double)T * 4.0;
-    bench_add_timed(env, "rope", "fwd", "bf16", shape, qk + tables, fused_fwd, unfused_fwd, &r,
-                    check);
-    bench_add_timed(env, "rope", "bwd", "bf16", shape, qk + tables, fused_bwd, unfused_bwd, &r,
-                    check);
+    bench_add_timed(env, LLMCL_KEY_ROPE, "fwd", "bf16", shape, qk + tables, fused_fwd, unfused_fwd,
+                    &r, check);
+    bench_add_timed(env, LLMCL_KEY_ROPE, "bwd", "bf16", shape, qk + tables, fused_bwd, unfused_bwd,
+                    &r, check);
     bench_add_timed(env, "rope(positions)", "fwd", "bf16", shape, qk + positions, fused_fwd_pos,
                     unfused_fwd, &r, check);
     rope_bench_free(&r);

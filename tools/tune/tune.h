@@ -64,8 +64,8 @@ typedef struct tune_case {
 int64_t tune_dim(const tune_case *c, const char *name);
 
 typedef struct tune_kernel {
-    const char *key;    /* the kernel key its launcher passes to llmcl__params_lookup */
-    const char *family; /* the .cl file stem: --kernel accepts either */
+    const char *key;    /* the kernel key (an LLMCL_KEY_*) its launcher looks up */
+    const char *family; /* its family (an LLMCL_FAMILY_*): --kernel accepts either */
     /* Candidate values per tunable: "WG=64,128,256 VEC=1,4". */
     const char *params;
     unsigned dtypes;          /* dtypes to tune at (--dtype picks among them): 1u << dtype */

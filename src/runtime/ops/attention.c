@@ -31,9 +31,10 @@ static const char *const attn_kernel_name[] = {
     "attn_bwd_dq_wgmma", "attn_bwd_dkdv_wgmma"};
 /* Tuning database keys. */
 static const char *const attn_tune_key[] = {
-    "", "attention_fwd", "attention_bwd_pre", "attention_bwd_dq", "attention_bwd_dkdv",
-    "attention_fwd_mma", "attention_bwd_dkdv_mma", "attention_bwd_dq_mma", "attention_fwd_wgmma",
-    "attention_bwd_dq_wgmma", "attention_bwd_dkdv_wgmma"};
+    "", LLMCL_KEY_ATTENTION_FWD, LLMCL_KEY_ATTENTION_BWD_PRE, LLMCL_KEY_ATTENTION_BWD_DQ,
+    LLMCL_KEY_ATTENTION_BWD_DKDV, LLMCL_KEY_ATTENTION_FWD_MMA, LLMCL_KEY_ATTENTION_BWD_DKDV_MMA,
+    LLMCL_KEY_ATTENTION_BWD_DQ_MMA, LLMCL_KEY_ATTENTION_FWD_WGMMA, LLMCL_KEY_ATTENTION_BWD_DQ_WGMMA,
+    LLMCL_KEY_ATTENTION_BWD_DKDV_WGMMA};
 
 /* Everything the kernels need to know about one call, validated. */
 typedef struct attn_geom {
@@ -692,7 +693,7 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
      * The kernels declare reqd_work_group_size, so the compiler fits its register use to wg.
      * CL_KERNEL_WORK_GROUP_SIZE is not consulted: rusticl reports 32 for kernels that run at 256.
      */
-    return llmcl__kernel(ctx, "attention", &defs, attn_kernel_name[kern], out);
+    return llmcl__kernel(ctx, LLMCL_FAMILY_ATTENTION, &defs, attn_kernel_name[kern], out);
 }
 
 /* ---- launches ---- */

@@ -15,7 +15,6 @@
 
 #include "../internal.h"
 
-#define CE_FAMILY "cross_entropy"
 #define CE_DEFAULT_IGNORE (-100)
 #define CE_DEFAULT_BUDGET (256ull << 20)
 
@@ -147,7 +146,7 @@ static llmcl_status row_kernel(ce_run *r, const char *name, cl_kernel *k)
     llmcl__defines d = {0};
     base_defines(r, &d);
     llmcl__params_define(&r->rp, &d);
-    return llmcl__kernel(r->ctx, CE_FAMILY, &d, name, k);
+    return llmcl__kernel(r->ctx, LLMCL_FAMILY_CROSS_ENTROPY, &d, name, k);
 }
 
 static void arg_mem(llmcl__args *a, cl_mem m, int64_t off)
@@ -182,7 +181,8 @@ static void ce_row_params(ce_run *r)
     llmcl__param_set(&r->rp, "UNROLL", ctx->info.is_gpu ? 2 : 1);
     char cls[16];
     llmcl__shape_class(r->v > 0 ? r->v : 1, cls);
-    const llmcl__tune_lookup lookup = llmcl__params_lookup(r->ctx, "ce_rows", r->dt, cls, &r->rp);
+    const llmcl__tune_lookup lookup =
+        llmcl__params_lookup(r->ctx, LLMCL_KEY_CE_ROWS, r->dt, cls, &r->rp);
     /* the reductions need a power of two of at least 32; unrolling is bounded */
     const long w = llmcl__param_get(&r->rp, "WG", wg), u = llmcl__param_get(&r->rp, "UNROLL", 1);
     if (w < 32 || w > wg_max || (w & (w - 1)))
@@ -323,7 +323,8 @@ static int64_t row_splits(const ce_run *r, int64_t nrows)
     llmcl__param_set(&p, "SPLIT", (long)s);
     char cls[16];
     llmcl__shape_class(nrows, cls);
-    const llmcl__tune_lookup lookup = llmcl__params_lookup(r->ctx, "ce_split", r->dt, cls, &p);
+    const llmcl__tune_lookup lookup =
+        llmcl__params_lookup(r->ctx, LLMCL_KEY_CE_SPLIT, r->dt, cls, &p);
     s = llmcl__param_get(&p, "SPLIT", (long)s);
     s = s >= 1 ? s : 1;
     /* a host-side tunable, no -D define: recorded for llmcl_tune_params_get all the same */
@@ -524,7 +525,7 @@ llmcl_status llmcl_cross_entropy_grad_scale(llmcl_ctx *ctx, const llmcl_tensor *
     llmcl__define_str(&d, "LABEL_DT", "I64");
     llmcl__params_define(&r.rp, &d);
     cl_kernel k;
-    LLMCL__TRY(llmcl__kernel(ctx, CE_FAMILY, &d, "ce_scale", &k));
+    LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_CROSS_ENTROPY, &d, "ce_scale", &k));
     const int64_t n = llmcl_tensor_numel(grad);
     llmcl__args a = llmcl__args_begin(ctx, k);
     llmcl__arg_tensor(&a, grad);
@@ -904,12 +905,23 @@ static llmcl_status chunk_logits(ce_run *r, const ce_linear *lin, const llmcl_te
 
 /* ---- path 3 in vocabulary chunks on tensor cores: the products' epilogues do the row math ---- */
 
-/* The epilogue's arguments for this run (mode 1: forward partials, 2: dlogits). */
-static llmcl__mm_ce epilogue_of(const ce_run *r, int mode)
+/* The epilogue's arguments for this run: the forward's partials or the backward's dlogits. */
+static llmcl__mm_ce epilogue_of(const ce_run *r, llmcl__mm_epilogue epilogue)
 {
-    return (llmcl__mm_ce){.mode = mode, .flags = ce_flags(r, false), .cap = r->o.softcap,
-                          .labels = r->labels, .weight = r->o.weight, .ignore_index = r->ignore,
-                          .stats = r->stats->mem};
+    return (llmcl__mm_ce){.epilogue = epilogue, .flags = ce_flags(r, false),
+                          .cap = r->o.softcap, .labels = r->labels, .weight = r->o.weight,
+                          .ignore_index = r->ignore, .stats = r->stats->mem};
+}
+
+/*
+ * Whether the logits products of hidden (n x V, with bias or not) run with the cross-entropy
+ * epilogue here (llmcl__matmul_plan: on tensor cores).
+ */
+static bool epilogue_runs(const ce_run *r, const llmcl_tensor *hidden, const llmcl_tensor *bias,
+                          llmcl__mm_epilogue epilogue)
+{
+    return llmcl__matmul_plan(r->ctx, hidden->dtype, r->n, r->v, epilogue, bias != NULL).kernel !=
+           NULL;
 }
 
 /* Rounds classes per chunk down to whole 128-column tiles where that leaves any, within [1, V]. */
@@ -946,10 +958,20 @@ static int64_t epilogue_fwd_cols(const ce_run *r)
     return whole_tiles(r, c);
 }
 
-/* A product's (rows x cols, inner k) whole waves of its tiles, in time (llmcl__mma_waves). */
-static double waves_cost(const ce_run *r, bool epilogue, int64_t rows, int64_t cols, int64_t k)
+/* The tensor-core backward's products: hidden's dtype and size h, and whether the logits product
+   adds a class bias (the gradient products have none). */
+typedef struct ce_products {
+    llmcl_dtype dt;
+    int64_t h;
+    bool bias;
+} ce_products;
+
+/* A product's (rows x cols, inner k) whole waves of its tiles, in time (llmcl__matmul_plan). */
+static double waves_cost(const ce_run *r, const ce_products *pr, llmcl__mm_epilogue epilogue,
+                         int64_t rows, int64_t cols, int64_t k)
 {
-    const llmcl__mma_tile t = llmcl__mma_waves(r->ctx, rows, cols, epilogue);
+    const bool bias = epilogue != LLMCL__MM_PLAIN && pr->bias;
+    const llmcl__mm_plan t = llmcl__matmul_plan(r->ctx, pr->dt, rows, cols, epilogue, bias);
     const int64_t tiles = llmcl__div_up(rows, t.bm) * llmcl__div_up(cols, t.bn);
     return (double)llmcl__div_up(tiles, t.slots) * t.tile_time * (double)k;
 }
@@ -961,21 +983,22 @@ static double waves_cost(const ce_run *r, bool epilogue, int64_t rows, int64_t c
  * (8 n h bytes spread over the slots), at CE_MACS_PER_BYTE, so that narrow chunks cost what they
  * do.
  */
-static double bwd_chunk_cost(const ce_run *r, int64_t h, int64_t w)
+static double bwd_chunk_cost(const ce_run *r, const ce_products *pr, int64_t w)
 {
-    const int64_t n = r->n;
-    const double sums = 8.0 * (double)n * (double)h * CE_MACS_PER_BYTE /
-                        (double)llmcl__mma_waves(r->ctx, n, h, false).slots;
-    return waves_cost(r, true, n, w, h) + waves_cost(r, false, n, h, w) +
-           waves_cost(r, false, w, h, n) + sums;
+    const int64_t n = r->n, h = pr->h;
+    const llmcl__mm_plan dh = llmcl__matmul_plan(r->ctx, pr->dt, n, h, LLMCL__MM_PLAIN, false);
+    const double sums = 8.0 * (double)n * (double)h * CE_MACS_PER_BYTE / (double)dh.slots;
+    return waves_cost(r, pr, LLMCL__MM_CE_BACKWARD, n, w, h) +
+           waves_cost(r, pr, LLMCL__MM_PLAIN, n, h, w) +
+           waves_cost(r, pr, LLMCL__MM_PLAIN, w, h, n) + sums;
 }
 
 /* The backward's products over the vocabulary in chunks of c classes: whole chunks and the last
    one (the tile model costs microseconds a call, so each width is weighed once). */
-static double bwd_chunks_cost(const ce_run *r, int64_t h, int64_t c)
+static double bwd_chunks_cost(const ce_run *r, const ce_products *pr, int64_t c)
 {
     const int64_t whole = r->v / c, rest = r->v - whole * c;
-    return (double)whole * bwd_chunk_cost(r, h, c) + (rest ? bwd_chunk_cost(r, h, rest) : 0.0);
+    return (double)whole * bwd_chunk_cost(r, pr, c) + (rest ? bwd_chunk_cost(r, pr, rest) : 0.0);
 }
 
 /*
@@ -985,20 +1008,20 @@ static double bwd_chunks_cost(const ce_run *r, int64_t h, int64_t c)
  * on the H100 at N 8192, H 4096, V 128256: 3072 classes keep 96.7% of the waves' capacity busy,
  * 3968, the most the budget holds, 94.7%, and 3584, the old choice, 92.5%).
  */
-static int64_t epilogue_bwd_cols(const ce_run *r, const ce_linear *lin, llmcl_dtype dt)
+static int64_t epilogue_bwd_cols(const ce_run *r, const ce_products *pr)
 {
     if (r->o.vocab_chunk > 0)
         return whole_tiles(r, r->o.vocab_chunk);
     const uint64_t budget = epilogue_budget(r);
     const uint64_t rows = (uint64_t)r->n * 32;
     const uint64_t left = budget > rows ? budget - rows : 0;
-    const int64_t most = (int64_t)(left / ((uint64_t)r->n * llmcl_dtype_size(dt)));
+    const int64_t most = (int64_t)(left / ((uint64_t)r->n * llmcl_dtype_size(pr->dt)));
     if (most < 1024)
         return whole_tiles(r, most);
     int64_t best = most / 128 * 128;
-    double best_cost = bwd_chunks_cost(r, lin->h.row_len, best);
+    double best_cost = bwd_chunks_cost(r, pr, best);
     for (int64_t c = best - 128; c >= 1024; c -= 128) {
-        const double cost = bwd_chunks_cost(r, lin->h.row_len, c);
+        const double cost = bwd_chunks_cost(r, pr, c);
         if (cost < best_cost * (1.0 - 1e-9)) {
             best = c;
             best_cost = cost;
@@ -1009,7 +1032,8 @@ static int64_t epilogue_bwd_cols(const ce_run *r, const ce_linear *lin, llmcl_dt
 
 /*
  * Backward: per chunk, the logits product whose epilogue writes the dlogits G in hidden's dtype
- * (llmcl__matmul_ce, mode 2), then dhidden (+)= G W[chunk] and dweight[chunk] (+)= G^T hidden.
+ * (llmcl__matmul_ce, LLMCL__MM_CE_BACKWARD), then dhidden (+)= G W[chunk] and
+ * dweight[chunk] (+)= G^T hidden.
  */
 static llmcl_status fused_backward_epilogue(ce_run *r, const ce_linear *lin,
                                             const llmcl_tensor *hidden,
@@ -1018,7 +1042,8 @@ static llmcl_status fused_backward_epilogue(ce_run *r, const ce_linear *lin,
                                             llmcl_tensor *dweight)
 {
     llmcl_ctx *ctx = r->ctx;
-    const int64_t n = r->n, vc = epilogue_bwd_cols(r, lin, hidden->dtype);
+    const ce_products pr = {hidden->dtype, lin->h.row_len, bias != NULL};
+    const int64_t n = r->n, vc = epilogue_bwd_cols(r, &pr);
     const int64_t nchunks = llmcl__div_up(r->v, vc), gshape[2] = {n, vc};
     llmcl_tensor *g = NULL, *hv = NULL, *dhv = NULL, *dwv = NULL;
     ce_chunk c = {0};
@@ -1028,7 +1053,7 @@ static llmcl_status fused_backward_epilogue(ce_run *r, const ce_linear *lin,
     LLMCL__TRY_GOTO(st, rows_view(hidden, &lin->h, 0, n, &hv), done);
     if (dhidden)
         LLMCL__TRY_GOTO(st, rows_view(dhidden, &lin->dh, 0, n, &dhv), done);
-    llmcl__mm_ce ce = epilogue_of(r, 2);
+    llmcl__mm_ce ce = epilogue_of(r, LLMCL__MM_CE_BACKWARD);
     ce.coef = coef->mem;
     for (int64_t ci = 0; ci < nchunks; ++ci) {
         LLMCL__TRY_GOTO(st, chunk_views(r, lin, weight, bias, g, ci, vc, &c), done);
@@ -1077,7 +1102,7 @@ static llmcl_status forward_chunk_epilogue(ce_run *r, const fwd_chunks *f, const
                                            const llmcl_tensor *bias, int64_t ci, ce_chunk *c)
 {
     LLMCL__TRY(chunk_views(r, lin, weight, bias, NULL, ci, f->vc, c));
-    llmcl__mm_ce ce = epilogue_of(r, 1);
+    llmcl__mm_ce ce = epilogue_of(r, LLMCL__MM_CE_FORWARD);
     ce.v0 = c->v0;
     ce.part = f->buf->mem;
     ce.xyb = f->xyb->mem;
@@ -1134,8 +1159,8 @@ static llmcl_status forward_chunk_rows(ce_run *r, const fwd_chunks *f, const ce_
 /*
  * Forward: per chunk, each row's online-LSE partial into slot `chunk` and the target logits that
  * fall in the chunk, then the common combine. On tensor cores with 16-bit operands the logits
- * product's epilogue computes the partials (llmcl__matmul_ce, mode 1), so no logits are stored;
- * elsewhere the chunk's f32 logits go through the row kernels.
+ * product's epilogue computes the partials (llmcl__matmul_ce, LLMCL__MM_CE_FORWARD), so no logits
+ * are stored; elsewhere the chunk's f32 logits go through the row kernels.
  */
 static llmcl_status fused_forward_chunks(ce_run *r, const ce_linear *lin,
                                          const llmcl_tensor *hidden, const llmcl_tensor *weight,
@@ -1144,7 +1169,7 @@ static llmcl_status fused_forward_chunks(ce_run *r, const ce_linear *lin,
     llmcl_ctx *ctx = r->ctx;
     const int64_t n = r->n;
     /* tensor cores: the product's epilogue writes the partials */
-    const bool epilogue = llmcl__mma_available(ctx, hidden->dtype);
+    const bool epilogue = epilogue_runs(r, hidden, bias, LLMCL__MM_CE_FORWARD);
     fwd_chunks f = {.vc = epilogue ? epilogue_fwd_cols(r) : fused_chunk_cols(r, false)};
     f.nchunks = llmcl__div_up(r->v, f.vc);
     const int64_t np = n * f.nchunks * 3, lshape[2] = {n, f.vc};
@@ -1193,7 +1218,8 @@ static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
                                           llmcl_tensor *dbias)
 {
     llmcl_ctx *ctx = r->ctx;
-    if (!dbias && llmcl__mma_available(ctx, hidden->dtype)) /* dbias sums f32 dlogits */
+    /* dbias sums f32 dlogits */
+    if (!dbias && epilogue_runs(r, hidden, bias, LLMCL__MM_CE_BACKWARD))
         return fused_backward_epilogue(r, lin, hidden, weight, bias, coef, dhidden, dweight);
     const bool gcast_needed = (dhidden || dweight) && hidden->dtype != LLMCL_F32;
     const int64_t n = r->n, vc = fused_chunk_cols(r, gcast_needed);
@@ -1286,7 +1312,7 @@ static llmcl_status tile_params(ce_run *r, const char *key, int64_t shape_key, l
 {
     llmcl_ctx *ctx = r->ctx;
     long t = ctx->info.is_gpu ? 64 : 32, tm = 4, tn = 4;
-    if (ctx->info.is_gpu && !strcmp(key, "cce_bwd_dh") &&
+    if (ctx->info.is_gpu && !strcmp(key, LLMCL_KEY_CCE_BWD_DH) &&
         2 * llmcl__div_up(r->n, 64) < (int64_t)ctx->info.compute_units) {
         /* dhidden has one work-group per row tile: with few, smaller tiles keep more CUs busy */
         t = 32;
@@ -1325,7 +1351,7 @@ static llmcl_status tile_kernel(ce_run *r, const llmcl__params *p, const char *n
     llmcl__defines d = {0};
     base_defines(r, &d);
     llmcl__params_define(p, &d);
-    return llmcl__kernel(r->ctx, CE_FAMILY, &d, name, k);
+    return llmcl__kernel(r->ctx, LLMCL_FAMILY_CROSS_ENTROPY, &d, name, k);
 }
 
 /* Loop passes of a TM x TN loop nest (accumulators' set-up and epilogue, the row math). */
@@ -1352,13 +1378,13 @@ static int64_t tiles_per_launch(const ce_run *r, const llmcl__params *p, const c
     const int64_t kstep = 1 + llmcl__div_up(t * bk, twg) + 1 + bk + 1 + bk * (lds + nest);
     const int64_t dot = nest + llmcl__div_up(h, bk) * kstep + 1;
     int64_t fixed = 1, per;
-    if (!strcmp(name, "cce_fwd")) {
+    if (!strcmp(name, LLMCL_KEY_CCE_FWD)) {
         fixed = 2 * (tm + 1) + 1 + 2 * (t / tn + 1); /* set-up, exit, the rows' reduction */
         per = 1 + dot + tm + 1 + 2 * tm * (tn + 1);
     } else {
         const int64_t cols = 2 + 2 * nest + llmcl__div_up(t, bk) * kstep; /* T columns of h */
         per = 1 + dot + nest + llmcl__div_up(h, t) * cols + 1;
-        if (!strcmp(name, "cce_bwd_dw"))
+        if (!strcmp(name, LLMCL_KEY_CCE_BWD_DW))
             per += t + 1; /* dbias */
     }
     return budget > fixed ? (budget - fixed) / per : 0;
@@ -1397,7 +1423,8 @@ static llmcl_status fused_path(ce_run *r, llmcl_ctx *ctx, llmcl_dtype dt, int64_
     r->dt = dt;
     r->n = n;
     r->v = v;
-    static const char *const keys[3] = {"cce_fwd", "cce_bwd_dh", "cce_bwd_dw"};
+    static const char *const keys[3] = {LLMCL_KEY_CCE_FWD, LLMCL_KEY_CCE_BWD_DH,
+                                        LLMCL_KEY_CCE_BWD_DW};
     for (int i = 0; i < 3 && !*chunked; ++i) {
         llmcl__params p;
         LLMCL__TRY(tile_params(r, keys[i], i == 1 ? n : v, &p));
@@ -1424,13 +1451,13 @@ static llmcl_status fused_forward_tiles(ce_run *r, const ce_linear *lin,
     llmcl_status st;
     llmcl_tensor *part = NULL, *xyb = NULL;
     llmcl__params tp;
-    LLMCL__TRY_GOTO(st, tile_params(r, "cce_fwd", v, &tp), done);
+    LLMCL__TRY_GOTO(st, tile_params(r, LLMCL_KEY_CCE_FWD, v, &tp), done);
     const long t = llmcl__param_get(&tp, "T", 32);
     const size_t twg =
         (size_t)((t / llmcl__param_get(&tp, "TM", 4)) * (t / llmcl__param_get(&tp, "TN", 4)));
     const int64_t rt = llmcl__div_up(n, t), vt = llmcl__div_up(v, t);
     cl_kernel k;
-    LLMCL__TRY_GOTO(st, tile_kernel(r, &tp, "cce_fwd", &k), done);
+    LLMCL__TRY_GOTO(st, tile_kernel(r, &tp, LLMCL_KEY_CCE_FWD, &k), done);
     int64_t splits = r->o.vocab_splits;
     if (!splits) {
         const int64_t want = (int64_t)ctx->info.compute_units * (ctx->info.is_gpu ? 4 : 1);
@@ -1439,7 +1466,8 @@ static llmcl_status fused_forward_tiles(ce_run *r, const ce_linear *lin,
         llmcl__param_set(&sp, "SPLIT", (long)splits);
         char cls[16];
         llmcl__shape_class(rt, cls);
-        const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, "cce_split", r->dt, cls, &sp);
+        const llmcl__tune_lookup lookup =
+            llmcl__params_lookup(ctx, LLMCL_KEY_CCE_SPLIT, r->dt, cls, &sp);
         splits = llmcl__param_get(&sp, "SPLIT", (long)splits);
         splits = splits < 1 ? 1 : splits > vt ? vt : splits;
         llmcl__param_set(&sp, "SPLIT", (long)splits);
@@ -1447,7 +1475,7 @@ static llmcl_status fused_forward_tiles(ce_run *r, const ce_linear *lin,
     }
     splits = splits < 1 ? 1 : splits > vt ? vt : splits;
     /* within the loop budget (fused_path left the tiles only where one fits) */
-    const int64_t per = tiles_per_launch(r, &tp, "cce_fwd", lin->h.row_len);
+    const int64_t per = tiles_per_launch(r, &tp, LLMCL_KEY_CCE_FWD, lin->h.row_len);
     if (llmcl__div_up(vt, splits) > per)
         splits = llmcl__div_up(vt, per);
     const int64_t np = n * splits * 3;
@@ -1555,10 +1583,10 @@ static llmcl_status fused_backward_tiles(ce_run *r, const ce_linear *lin,
     size_t g, twg;
     if (dhidden) {
         LLMCL__TRY(llmcl_fill(ctx, dhidden, 0.0));
-        LLMCL__TRY(cce_bwd_begin(r, "cce_bwd_dh", n, hidden, lin, weight, bias, coef, &begun, &g,
-                                 &twg, &tp));
+        LLMCL__TRY(cce_bwd_begin(r, LLMCL_KEY_CCE_BWD_DH, n, hidden, lin, weight, bias, coef,
+                                 &begun, &g, &twg, &tp));
         const int64_t vt = llmcl__div_up(v, llmcl__param_get(&tp, "T", 32));
-        const int64_t per = tiles_per_launch(r, &tp, "cce_bwd_dh", h);
+        const int64_t per = tiles_per_launch(r, &tp, LLMCL_KEY_CCE_BWD_DH, h);
         for (int64_t t0 = 0; t0 < vt; t0 += per) {
             llmcl__args a = begun;
             llmcl__arg_i64(&a, t0);
@@ -1571,10 +1599,10 @@ static llmcl_status fused_backward_tiles(ce_run *r, const ce_linear *lin,
     if (dweight || dbias) {
         if (dweight && !r->o.accumulate_weight_grad)
             LLMCL__TRY(llmcl_fill(ctx, dweight, 0.0));
-        LLMCL__TRY(cce_bwd_begin(r, "cce_bwd_dw", v, hidden, lin, weight, bias, coef, &begun, &g,
-                                 &twg, &tp));
+        LLMCL__TRY(cce_bwd_begin(r, LLMCL_KEY_CCE_BWD_DW, v, hidden, lin, weight, bias, coef,
+                                 &begun, &g, &twg, &tp));
         const int64_t rt = llmcl__div_up(n, llmcl__param_get(&tp, "T", 32));
-        const int64_t per = tiles_per_launch(r, &tp, "cce_bwd_dw", h);
+        const int64_t per = tiles_per_launch(r, &tp, LLMCL_KEY_CCE_BWD_DW, h);
         for (int64_t t0 = 0; t0 < rt; t0 += per) {
             llmcl__args a = begun;
             llmcl__arg_i64(&a, t0);

@@ -94,7 +94,7 @@ static llmcl_status get_kernel(llmcl_ctx *ctx, const char *key, llmcl_dtype dtyp
     }
     llmcl__params_define(&p, d);
     *g = plan_grid(ctx, &p, items, trip);
-    return llmcl__kernel(ctx, "elementwise", d, name, k);
+    return llmcl__kernel(ctx, LLMCL_FAMILY_ELEMENTWISE, d, name, k);
 }
 
 llmcl_status llmcl_fill(llmcl_ctx *ctx, llmcl_tensor *t, double value)
@@ -110,8 +110,8 @@ llmcl_status llmcl_fill(llmcl_ctx *ctx, llmcl_tensor *t, double value)
     define_dt(&d, t->dtype);
     cl_kernel k;
     grid g;
-    LLMCL__TRY(get_kernel(ctx, "fill", t->dtype, n, &d, contig ? "fill_contig" : "fill_strided", &k,
-                          &g, n, 1));
+    LLMCL__TRY(get_kernel(ctx, LLMCL_KEY_FILL, t->dtype, n, &d,
+                          contig ? "fill_contig" : "fill_strided", &k, &g, n, 1));
     llmcl__args a = llmcl__args_begin(ctx, k);
     llmcl__arg_tensor(&a, t);
     llmcl__arg_i64(&a, n);
@@ -179,7 +179,7 @@ llmcl_status llmcl_copy(llmcl_ctx *ctx, const llmcl_tensor *src, llmcl_tensor *d
     grid g;
     if (words) {
         const int64_t nw = n * es / 16;
-        LLMCL__TRY(get_kernel(ctx, "copy", src->dtype, n, &d, "copy_words", &k, &g, nw, 1));
+        LLMCL__TRY(get_kernel(ctx, LLMCL_KEY_COPY, src->dtype, n, &d, "copy_words", &k, &g, nw, 1));
         llmcl__args a = llmcl__args_begin(ctx, k);
         llmcl__arg(&a, sizeof(cl_mem), &src->mem);
         llmcl__arg_i64(&a, src->offset * es / 16);
@@ -189,14 +189,14 @@ llmcl_status llmcl_copy(llmcl_ctx *ctx, const llmcl_tensor *src, llmcl_tensor *d
         return llmcl__launch(&a, 1, &g.global, &g.local);
     }
     if (contig) {
-        LLMCL__TRY(get_kernel(ctx, "copy", src->dtype, n, &d, "copy_elems", &k, &g, n, 1));
+        LLMCL__TRY(get_kernel(ctx, LLMCL_KEY_COPY, src->dtype, n, &d, "copy_elems", &k, &g, n, 1));
         llmcl__args a = llmcl__args_begin(ctx, k);
         llmcl__arg_tensor(&a, src);
         llmcl__arg_tensor(&a, dst);
         llmcl__arg_i64(&a, n);
         return llmcl__launch(&a, 1, &g.global, &g.local);
     }
-    LLMCL__TRY(get_kernel(ctx, "copy", src->dtype, n, &d, "copy_strided", &k, &g, n, 1));
+    LLMCL__TRY(get_kernel(ctx, LLMCL_KEY_COPY, src->dtype, n, &d, "copy_strided", &k, &g, n, 1));
     return launch_strided(ctx, k, &g, src, dst, NULL);
 }
 
@@ -214,8 +214,9 @@ llmcl_status llmcl_cast(llmcl_ctx *ctx, const llmcl_tensor *src, llmcl_tensor *d
     llmcl__define_str(&d, "DST_DT", llmcl__dtype_macro(dst->dtype));
     cl_kernel k;
     grid g;
-    LLMCL__TRY(get_kernel(ctx, "cast", dst->dtype, n, &d, contig ? "cast_contig" : "cast_strided", &k,
-                          &g, contig ? llmcl__div_up(n, 4) : n, 1));
+    LLMCL__TRY(get_kernel(ctx, LLMCL_KEY_CAST, dst->dtype, n, &d,
+                          contig ? "cast_contig" : "cast_strided", &k, &g,
+                          contig ? llmcl__div_up(n, 4) : n, 1));
     if (!contig)
         return launch_strided(ctx, k, &g, src, dst, NULL);
     llmcl__args a = llmcl__args_begin(ctx, k);
@@ -255,12 +256,12 @@ static llmcl_status binary(llmcl_ctx *ctx, const char *op, float alpha, const ll
 
 llmcl_status llmcl_axpy(llmcl_ctx *ctx, float alpha, const llmcl_tensor *x, llmcl_tensor *y)
 {
-    return binary(ctx, "axpy", alpha, x, y);
+    return binary(ctx, LLMCL_KEY_AXPY, alpha, x, y);
 }
 
 llmcl_status llmcl_mul(llmcl_ctx *ctx, const llmcl_tensor *x, llmcl_tensor *y)
 {
-    return binary(ctx, "mul", 0.0f, x, y);
+    return binary(ctx, LLMCL_KEY_MUL, 0.0f, x, y);
 }
 
 /* y is exactly one row of x, whose rows do not overlap: sum_rows may then run in place. */
@@ -295,7 +296,7 @@ llmcl_status llmcl_sum_rows(llmcl_ctx *ctx, const llmcl_tensor *x, float beta, l
     llmcl__define_str(&d, "DST_DT", llmcl__dtype_macro(y->dtype));
     cl_kernel k;
     grid g;
-    LLMCL__TRY(get_kernel(ctx, "sum_rows", y->dtype, n, &d, "sum_rows", &k, &g,
+    LLMCL__TRY(get_kernel(ctx, LLMCL_KEY_SUM_ROWS, y->dtype, n, &d, "sum_rows", &k, &g,
                           llmcl__div_up(n, 4), 1 + rows));
     llmcl__args a = llmcl__args_begin(ctx, k);
     llmcl__arg_tensor(&a, x);

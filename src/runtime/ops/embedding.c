@@ -63,7 +63,7 @@ static llmcl_status emb_kernel(llmcl_ctx *ctx, const char *name, llmcl_dtype id_
     llmcl__params_define(&p, &d);
     *wg = (size_t)w;
     *list = llmcl__param_get(&p, "LIST", 2048);
-    return llmcl__kernel(ctx, "embedding", &d, name, k);
+    return llmcl__kernel(ctx, LLMCL_FAMILY_EMBEDDING, &d, name, k);
 }
 
 /* Both kernels' grid: a work-item per column of a row, a row of work-groups per position. */
@@ -139,7 +139,9 @@ static llmcl_status check_ids_on_device(llmcl_ctx *ctx, const emb_ids *ids, int6
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_I32, 1, &one, "embedding id check", &flag), done);
     LLMCL__TRY_GOTO(st, llmcl_fill(ctx, flag, INT_MAX), done);
     int64_t list;
-    LLMCL__TRY_GOTO(st, emb_kernel(ctx, "emb_check", ids->t->dtype, LLMCL_F32, 1, &wg, &list, &k),
+    LLMCL__TRY_GOTO(st,
+                    emb_kernel(ctx, LLMCL_KEY_EMB_CHECK, ids->t->dtype, LLMCL_F32, 1, &wg, &list,
+                               &k),
                     done);
     llmcl__args a = llmcl__args_begin(ctx, k);
     arg_ids(&a, ids, 0, ids->n);
@@ -199,7 +201,8 @@ llmcl_status llmcl_embedding_forward(llmcl_ctx *ctx, const llmcl_tensor *ids,
     cl_kernel k;
     size_t wg;
     int64_t list;
-    LLMCL__TRY(emb_kernel(ctx, "emb_fwd", ids->dtype, weight->dtype, wr.row_len, &wg, &list, &k));
+    LLMCL__TRY(
+        emb_kernel(ctx, LLMCL_KEY_EMB_FWD, ids->dtype, weight->dtype, wr.row_len, &wg, &list, &k));
     llmcl__args a = llmcl__args_begin(ctx, k);
     arg_ids(&a, &in, 0, in.n);
     llmcl__arg_tensor(&a, weight);
@@ -233,7 +236,8 @@ llmcl_status llmcl_embedding_backward(llmcl_ctx *ctx, const llmcl_tensor *ids,
     cl_kernel k;
     size_t wg;
     int64_t list, block;
-    LLMCL__TRY(emb_kernel(ctx, "emb_bwd", ids->dtype, dout->dtype, wr.row_len, &wg, &list, &k));
+    LLMCL__TRY(
+        emb_kernel(ctx, LLMCL_KEY_EMB_BWD, ids->dtype, dout->dtype, wr.row_len, &wg, &list, &k));
     LLMCL__TRY(bwd_block(ctx, in.n, wg, list, &block));
     for (int64_t p0 = 0; p0 < in.n; p0 += block) {
         const int64_t count = in.n - p0 < block ? in.n - p0 : block;

@@ -160,7 +160,7 @@ static llmcl_status glu_launch(llmcl_ctx *ctx, const char *key, const char *knam
     llmcl__define_int(&d, "FAST", dtype != LLMCL_F32);
     llmcl__params_define(&p, &d);
     cl_kernel kernel;
-    LLMCL__TRY(llmcl__kernel(ctx, "glu", &d, kname, &kernel));
+    LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_GLU, &d, kname, &kernel));
 
     size_t wg_max = ctx->info.max_work_group_size, kernel_wg = 0;
     if (clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
@@ -235,8 +235,8 @@ llmcl_status llmcl_glu_forward(llmcl_ctx *ctx, llmcl_activation act, const llmcl
     LLMCL__TRY(check_output_rows(ctx, &ro, "out"));
     LLMCL__TRY(check_alias(ctx, out, "out", gate, "gate"));
     LLMCL__TRY(check_alias(ctx, out, "out", up, "up"));
-    return glu_launch(ctx, "glu_fwd", "glu_fwd", act, true, out->dtype, ops, 3, 2, ro.n_rows,
-                      cols);
+    return glu_launch(ctx, LLMCL_KEY_GLU_FWD, "glu_fwd", act, true, out->dtype, ops, 3, 2,
+                      ro.n_rows, cols);
 }
 
 llmcl_status llmcl_glu_backward(llmcl_ctx *ctx, llmcl_activation act, const llmcl_tensor *dout,
@@ -292,7 +292,7 @@ llmcl_status llmcl_glu_backward(llmcl_ctx *ctx, llmcl_activation act, const llmc
     }
     LLMCL__REQUIRE(ctx, !dup || !llmcl__overlaps(dgate, dup), LLMCL_ERROR_INVALID_ARGUMENT,
                    "dgate and dup overlap");
-    return glu_launch(ctx, "glu_bwd", "glu_bwd", act, true, dout->dtype, ops, 5, 3,
+    return glu_launch(ctx, LLMCL_KEY_GLU_BWD, "glu_bwd", act, true, dout->dtype, ops, 5, 3,
                       rows[0].n_rows, cols);
 }
 
@@ -314,7 +314,7 @@ llmcl_status llmcl_activation_forward(llmcl_ctx *ctx, llmcl_activation act, cons
     LLMCL__TRY(check_output_rows(ctx, &ry, "y"));
     LLMCL__TRY(check_alias(ctx, y, "y", x, "x"));
     ops[1] = ops[0];
-    return glu_launch(ctx, "act_fwd", "glu_fwd", act, false, x->dtype, ops, 3, 2, ry.n_rows,
+    return glu_launch(ctx, LLMCL_KEY_ACT_FWD, "glu_fwd", act, false, x->dtype, ops, 3, 2, ry.n_rows,
                       ry.row_len);
 }
 
@@ -342,6 +342,6 @@ llmcl_status llmcl_activation_backward(llmcl_ctx *ctx, llmcl_activation act, con
     LLMCL__TRY(check_alias(ctx, dx, "dx", dy, "dy"));
     ops[2] = ops[1];
     ops[4] = ops[3];
-    return glu_launch(ctx, "act_bwd", "glu_bwd", act, false, x->dtype, ops, 5, 3,
+    return glu_launch(ctx, LLMCL_KEY_ACT_BWD, "glu_bwd", act, false, x->dtype, ops, 5, 3,
                       rows[0].n_rows, rows[0].row_len);
 }

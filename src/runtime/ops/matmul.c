@@ -10,7 +10,6 @@
 
 #include "../internal.h"
 
-#define MM_FAMILY "matmul"
 /* The split-K scratch stays below this unless the caller asks for the split. */
 #define MM_AUTO_SPLIT_BYTES (256ull << 20)
 
@@ -205,7 +204,7 @@ static llmcl_status element_kernel(const mm_problem *p, const char *name, llmcl_
     llmcl__defines d = {0};
     base_defines(p, &d);
     cl_kernel k;
-    LLMCL__TRY(llmcl__kernel(p->ctx, MM_FAMILY, &d, name, &k));
+    LLMCL__TRY(llmcl__kernel(p->ctx, LLMCL_FAMILY_MATMUL, &d, name, &k));
     *g = llmcl__args_begin(p->ctx, k);
     arg_epilogue(g, p);
     llmcl__arg_i64(g, p->M);
@@ -343,7 +342,7 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
     }
     llmcl__define_int(d, "SPLITK", slices > 1);
     cl_kernel k;
-    llmcl_status st = llmcl__kernel(p->ctx, MM_FAMILY, d, l->name, &k);
+    llmcl_status st = llmcl__kernel(p->ctx, LLMCL_FAMILY_MATMUL, d, l->name, &k);
     if (st == LLMCL_OK) {
         llmcl__args g = llmcl__args_begin(p->ctx, k);
         arg_operand(&g, &p->a, true);
@@ -457,14 +456,14 @@ static void mma_default_tiles(llmcl__params *t, bool large, int a_kc)
 
 /* The tuning key of a tensor-core product: A transposed (a weight gradient) tunes apart, since its
    best tiles differ (mma_default_tiles). */
-static const char *mma_key(int a_kc) { return a_kc ? "mm_mma" : "mm_mma_at"; }
+static const char *mma_key(int a_kc) { return a_kc ? LLMCL_KEY_MM_MMA : LLMCL_KEY_MM_MMA_AT; }
 
 /* The cross-entropy epilogue's defines, where there is one. */
 static void define_ce(llmcl__defines *d, const llmcl__mm_ce *ce)
 {
     if (!ce)
         return;
-    llmcl__define_int(d, "MM_CE", ce->mode);
+    llmcl__define_int(d, "MM_CE", ce->epilogue);
     llmcl__define_str(d, "LABEL_DT", llmcl__dtype_macro(ce->labels->dtype));
     llmcl__define_int(d, "CE_SLOT", LLMCL__MM_CE_SLOT);
 }
@@ -595,16 +594,32 @@ static bool wgmma_large(const llmcl_ctx *ctx, int64_t rows, int64_t cols)
            wgmma_waves_time(ctx, true, rows, cols) < wgmma_waves_time(ctx, false, rows, cols);
 }
 
+/*
+ * Whether mm_wgmma takes its large tiles for a rows x cols product with this epilogue: where
+ * wgmma_large says so, for plain products and a forward cross-entropy epilogue without a bias,
+ * which fit 256 x 192's registers; the others spill there (ptxas: 224-1056 bytes).
+ */
+static bool wgmma_takes_large(const llmcl_ctx *ctx, int64_t rows, int64_t cols,
+                              llmcl__mm_epilogue epilogue, bool bias)
+{
+    const bool fits = epilogue == LLMCL__MM_PLAIN || (epilogue == LLMCL__MM_CE_FORWARD && !bias);
+    return fits && wgmma_large(ctx, rows, cols);
+}
+
+/* The epilogue of a product: plain, or ce's. */
+static llmcl__mm_epilogue epilogue_of(const llmcl__mm_ce *ce)
+{
+    return ce ? ce->epilogue : LLMCL__MM_PLAIN;
+}
+
 /* The product on Hopper's wgmma (mm_wgmma), with tiles from wgmma_default_tiles or tuning. */
 static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llmcl__mm_ce *ce)
 {
     llmcl__params t = {0};
-    /* a forward cross-entropy epilogue without a bias fits 256 x 192's registers; the others
-       spill there (ptxas: 224-1056 bytes) */
-    const bool large_fits = !ce || (ce->mode == 1 && !p->bias);
-    wgmma_default_tiles(&t, large_fits && wgmma_large(p->ctx, p->M, p->N));
+    wgmma_default_tiles(&t,
+                        wgmma_takes_large(p->ctx, p->M, p->N, epilogue_of(ce), p->bias != NULL));
     if (!ce)
-        LLMCL__TRY(pick_tiles(p, "mm_wgmma", wgmma_tiles_ok, &t));
+        LLMCL__TRY(pick_tiles(p, LLMCL_KEY_MM_WGMMA, wgmma_tiles_ok, &t));
     const int64_t bm = llmcl__param_get(&t, "BM", 0), bn = llmcl__param_get(&t, "BN", 0);
     const int64_t mb = llmcl__param_get(&t, "WG_MB", 1);
     int64_t tiles;
@@ -673,7 +688,7 @@ static llmcl_status run_tiled(const mm_problem *p)
     llmcl__param_set(&t, "BK", 16);
     llmcl__param_set(&t, "TM", 4);
     llmcl__param_set(&t, "TN", 4);
-    LLMCL__TRY(pick_tiles(p, "mm_tiled", tiled_ok, &t));
+    LLMCL__TRY(pick_tiles(p, LLMCL_KEY_MM_TILED, tiled_ok, &t));
     const int64_t tt = llmcl__param_get(&t, "T", 64);
     const int64_t tiles = llmcl__div_up(p->M, tt) * llmcl__div_up(p->N, tt);
     llmcl__defines d = {0};
@@ -757,23 +772,28 @@ static llmcl_status run_clblast(const mm_problem *p, bool *done)
     return p->bias ? run_bias(p) : LLMCL_OK;
 }
 
-bool llmcl__mma_available(const llmcl_ctx *ctx, llmcl_dtype dt)
+/* Whether products of dtype dt run on tensor cores here (mm_wgmma or mm_mma). */
+static bool mma_available(const llmcl_ctx *ctx, llmcl_dtype dt)
 {
     return ctx->info.has_mma && dt != LLMCL_F32;
 }
 
-llmcl__mma_tile llmcl__mma_waves(const llmcl_ctx *ctx, int64_t rows, int64_t cols, bool epilogue)
+llmcl__mm_plan llmcl__matmul_plan(const llmcl_ctx *ctx, llmcl_dtype dt, int64_t rows, int64_t cols,
+                                  llmcl__mm_epilogue epilogue, bool bias)
 {
+    if (!mma_available(ctx, dt))
+        return (llmcl__mm_plan){0};
     llmcl__params t = {0};
     const bool wgmma = ctx->info.has_wgmma;
-    const bool large = wgmma && !epilogue && wgmma_large(ctx, rows, cols);
+    const bool large = wgmma && wgmma_takes_large(ctx, rows, cols, epilogue, bias);
     if (wgmma)
         wgmma_default_tiles(&t, large); /* run_wgmma's */
     else
         mma_default_tiles(&t, true, 1); /* run_mma's large tiles */
     const int64_t bm = llmcl__param_get(&t, "BM", 0), bn = llmcl__param_get(&t, "BN", 0);
-    return (llmcl__mma_tile){bm, bn, wave_slots(ctx, wgmma ? WG_RESIDENT : MM_RESIDENT),
-                             wgmma ? wgmma_tile_time(large) : (double)(bm * bn)};
+    return (llmcl__mm_plan){wgmma ? "mm_wgmma" : "mm_mma", bm, bn,
+                            wave_slots(ctx, wgmma ? WG_RESIDENT : MM_RESIDENT),
+                            wgmma ? wgmma_tile_time(large) : (double)(bm * bn)};
 }
 
 llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, const llmcl_tensor *b,
@@ -786,7 +806,7 @@ llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, co
         return LLMCL_OK;
     const llmcl_dtype dt = a->dtype;
     const int a_kc = unit_dim(&p.a, true), b_kc = unit_dim(&p.b, false);
-    if (llmcl__mma_available(ctx, dt) && a_kc >= 0 && b_kc >= 0)
+    if (mma_available(ctx, dt) && a_kc >= 0 && b_kc >= 0)
         return run_tensor_cores(&p, a_kc, b_kc, NULL);
     /* CLBlast's loops over K are its own: where loops are cut short, only a K that they pass
        well within the budget (on llvmpipe they ran K = 16 x 65535, failed at 4 x 10^6) */
@@ -809,10 +829,11 @@ llmcl_status llmcl__matmul_ce(llmcl_ctx *ctx, const llmcl_tensor *a, const llmcl
                     .sbias = bias ? bias->strides[0] : 0, .o = {.split_k = 1}};
     p.a = operand_of(a, 0);
     p.b = operand_of(b, 1);
-    p.c = operand_of(ce->mode == 2 ? c : a, 0); /* mode 1 stores no C */
+    /* the forward stores no C */
+    p.c = operand_of(ce->epilogue == LLMCL__MM_CE_BACKWARD ? c : a, 0);
     const int a_kc = unit_dim(&p.a, true), b_kc = unit_dim(&p.b, false);
     LLMCL__REQUIRE(ctx,
-                   llmcl__mma_available(ctx, a->dtype) && a_kc >= 0 && b_kc >= 0 &&
+                   mma_available(ctx, a->dtype) && a_kc >= 0 && b_kc >= 0 &&
                        p.M < INT_MAX && p.N < INT_MAX && p.K < INT_MAX,
                    LLMCL_ERROR_UNSUPPORTED,
                    "cross-entropy logits product: needs tensor cores, 16-bit operands with a unit "

@@ -287,7 +287,7 @@ static llmcl_status dw_reduce_prepare(const norm_shape *s, dw_reduce *r)
     llmcl__param_set(&p, "FY", max_wg >= 256 ? 8 : (long)(max_wg / 32 > 0 ? max_wg / 32 : 1));
     char cls[16];
     llmcl__shape_class(s->H, cls);
-    llmcl__params_lookup(ctx, "norm_dw_reduce", s->wdt, cls, &p);
+    llmcl__params_lookup(ctx, LLMCL_KEY_NORM_DW_REDUCE, s->wdt, cls, &p);
     const long fx = llmcl__param_get(&p, "FX", 0), fy = llmcl__param_get(&p, "FY", 0);
     LLMCL__REQUIRE(ctx, fx >= 1 && fy >= 1 && (size_t)(fx * fy) <= max_wg, LLMCL_ERROR_TUNE_DB,
                    "norm_dw_reduce: invalid parameters FX=%ld FY=%ld (max work-group %zu)", fx, fy,
@@ -296,7 +296,7 @@ static llmcl_status dw_reduce_prepare(const norm_shape *s, dw_reduce *r)
     llmcl__define_str(&d, "W_DT", llmcl__dtype_macro(s->wdt));
     llmcl__define_int(&d, "NORM_KERNEL", K_DW_REDUCE);
     llmcl__params_define(&p, &d);
-    LLMCL__TRY(llmcl__kernel(ctx, "norm", &d, "norm_dw_reduce", &r->kernel));
+    LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_NORM, &d, "norm_dw_reduce", &r->kernel));
     r->local[0] = (size_t)fx;
     r->local[1] = (size_t)fy;
     r->global[0] = (size_t)llmcl__div_up(s->H, fx) * (size_t)fx;
@@ -349,7 +349,7 @@ static llmcl_status rms_forward(llmcl_ctx *ctx, const llmcl_tensor *x, const llm
     LLMCL__TRY(check_disjoint(ctx, rstd, "rstd", w, "w", false));
 
     norm_geom g;
-    const char *key = res ? "residual_rmsnorm_fwd" : "rmsnorm_fwd";
+    const char *key = res ? LLMCL_KEY_RESIDUAL_RMSNORM_FWD : LLMCL_KEY_RMSNORM_FWD;
     LLMCL__TRY(norm_geometry(&s, key, 8, false, &g));
     LLMCL__TRY(check_fwd_loops(&s, &g, key));
     llmcl__defines d;
@@ -358,7 +358,7 @@ static llmcl_status rms_forward(llmcl_ctx *ctx, const llmcl_tensor *x, const llm
     if (res)
         llmcl__define_flag(&d, "HAS_RES");
     cl_kernel k;
-    LLMCL__TRY(llmcl__kernel(ctx, "norm", &d, "rmsnorm_fwd", &k));
+    LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_NORM, &d, "rmsnorm_fwd", &k));
 
     llmcl__rows xr, yr, rr = {0}, resr = {0};
     LLMCL__TRY(llmcl__as_rows(ctx, x, "x", &xr));
@@ -412,7 +412,7 @@ static llmcl_status rms_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const l
         LLMCL__TRY(check_disjoint(ctx, dw, "dw", ins[i], in_names[i], false));
 
     norm_geom g;
-    const char *key = dr ? "residual_rmsnorm_bwd" : "rmsnorm_bwd";
+    const char *key = dr ? LLMCL_KEY_RESIDUAL_RMSNORM_BWD : LLMCL_KEY_RMSNORM_BWD;
     LLMCL__TRY(norm_geometry(&s, key, 4, true, &g));
     llmcl__defines d;
     norm_defines(&s, &g, K_RMS_BWD, &d);
@@ -421,7 +421,7 @@ static llmcl_status rms_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const l
         llmcl__define_flag(&d, "HAS_DR");
     cl_kernel k;
     dw_reduce red;
-    LLMCL__TRY(llmcl__kernel(ctx, "norm", &d, "rmsnorm_bwd", &k));
+    LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_NORM, &d, "rmsnorm_bwd", &k));
     LLMCL__TRY(dw_reduce_prepare(&s, &red));
 
     size_t groups;
@@ -524,14 +524,14 @@ llmcl_status llmcl_layernorm_forward(llmcl_ctx *ctx, const llmcl_tensor *x, cons
     LLMCL__TRY(check_disjoint(ctx, rstd, "rstd", mean, "mean", false));
 
     norm_geom g;
-    LLMCL__TRY(norm_geometry(&s, "layernorm_fwd", 8, false, &g));
-    LLMCL__TRY(check_fwd_loops(&s, &g, "layernorm_fwd"));
+    LLMCL__TRY(norm_geometry(&s, LLMCL_KEY_LAYERNORM_FWD, 8, false, &g));
+    LLMCL__TRY(check_fwd_loops(&s, &g, LLMCL_KEY_LAYERNORM_FWD));
     llmcl__defines d;
     norm_defines(&s, &g, K_LN_FWD, &d);
     if (b)
         llmcl__define_flag(&d, "HAS_B");
     cl_kernel k;
-    LLMCL__TRY(llmcl__kernel(ctx, "norm", &d, "layernorm_fwd", &k));
+    LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_NORM, &d, "layernorm_fwd", &k));
 
     llmcl__rows xr, yr;
     LLMCL__TRY(llmcl__as_rows(ctx, x, "x", &xr));
@@ -581,18 +581,18 @@ llmcl_status llmcl_layernorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
     LLMCL__TRY(check_disjoint(ctx, db, "db", dw, "dw", false));
 
     norm_geom g;
-    LLMCL__TRY(norm_geometry(&s, "layernorm_bwd", 4, true, &g));
+    LLMCL__TRY(norm_geometry(&s, LLMCL_KEY_LAYERNORM_BWD, 4, true, &g));
     llmcl__defines d;
     norm_defines(&s, &g, K_LN_BWD, &d);
     if (db)
         llmcl__define_flag(&d, "HAS_B");
     cl_kernel k;
     dw_reduce red;
-    LLMCL__TRY(llmcl__kernel(ctx, "norm", &d, "layernorm_bwd", &k));
+    LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_NORM, &d, "layernorm_bwd", &k));
     LLMCL__TRY(dw_reduce_prepare(&s, &red));
 
     size_t groups;
-    LLMCL__TRY(bwd_groups(&s, &g, "layernorm_bwd", &groups));
+    LLMCL__TRY(bwd_groups(&s, &g, LLMCL_KEY_LAYERNORM_BWD, &groups));
     const int n_slots = (int)(groups * g.rows);
     llmcl__rows dyr, xr, dxr;
     LLMCL__TRY(llmcl__as_rows(ctx, dy, "dy", &dyr));

@@ -368,7 +368,7 @@ static llmcl_status adamw_kernel(llmcl_ctx *ctx, const plan *pl, const entry *le
     if (aligned)
         llmcl__define_flag(&d, "ALIGNED");
     llmcl__params_define(&pl->p, &d);
-    return llmcl__kernel(ctx, "optim", &d, "adamw", k);
+    return llmcl__kernel(ctx, LLMCL_FAMILY_OPTIM, &d, "adamw", k);
 }
 
 static llmcl_status adamw_launch(llmcl_ctx *ctx, const plan *pl, const group *g, const entry *lead,
@@ -426,7 +426,9 @@ llmcl_status llmcl_adamw_step(llmcl_ctx *ctx, const llmcl_adamw_tensor *tensors,
     /* One work-group per chunk: on PoCL 6 to 8 times faster than a grid-stride loop (llmcl-tune),
      * and NVIDIA's copy is fastest in one pass too (elementwise.c). */
     const long unroll = ctx->info.is_gpu ? 4 : 2;
-    LLMCL__TRY_GOTO(st, plan_params(ctx, "adamw", e[0].op[OP_PARAM]->dtype, numel, unroll, 0, &pl),
+    LLMCL__TRY_GOTO(st,
+                    plan_params(ctx, LLMCL_KEY_ADAMW, e[0].op[OP_PARAM]->dtype, numel, unroll, 0,
+                                &pl),
                     done);
     LLMCL__TRY_GOTO(st, plan_groups(ctx, e, count, &pl), done);
     for (int g = 0; g < pl.n_groups; ++g)
@@ -483,7 +485,7 @@ static llmcl_status norm_kernel(llmcl_ctx *ctx, const plan *pl, llmcl_dtype gdt,
     if (aligned)
         llmcl__define_flag(&d, "ALIGNED");
     llmcl__params_define(&pl->p, &d);
-    return llmcl__kernel(ctx, "optim", &d, name, k);
+    return llmcl__kernel(ctx, LLMCL_FAMILY_OPTIM, &d, name, k);
 }
 
 static llmcl_status norm_launch(llmcl_ctx *ctx, const plan *pl, const group *g, const entry *lead,
@@ -537,7 +539,8 @@ llmcl_status llmcl_grad_norm(llmcl_ctx *ctx, const llmcl_tensor *const *grads, i
     /* A grid-stride loop amortises the work-group reductions on CPUs (twice as fast on PoCL). */
     const bool nv = ctx->info.vendor_id == LLMCL_VENDOR_NVIDIA;
     const long gpc = ctx->info.is_gpu ? (nv ? 0 : 8) : 4;
-    LLMCL__TRY_GOTO(st, plan_params(ctx, "grad_norm", grads[0]->dtype, numel, 4, gpc, &pl), done);
+    LLMCL__TRY_GOTO(st, plan_params(ctx, LLMCL_KEY_GRAD_NORM, grads[0]->dtype, numel, 4, gpc, &pl),
+                    done);
     LLMCL__TRY_GOTO(st, plan_groups(ctx, e, count, &pl), done);
     for (int g = 0; g < pl.n_groups; ++g)
         LLMCL__TRY_GOTO(st,

@@ -310,7 +310,7 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     char cls[16];
     llmcl__shape_class(c.pairs * heads, cls);
     const llmcl__tune_lookup lookup =
-        llmcl__params_lookup(ctx, c.tables ? "rope" : "rope_pos", dt, cls, &p);
+        llmcl__params_lookup(ctx, c.tables ? LLMCL_KEY_ROPE : LLMCL_KEY_ROPE_POS, dt, cls, &p);
 
     long vec = llmcl__param_get(&p, "VEC", 4), hpt = llmcl__param_get(&p, "HPT", 4);
     const long order = llmcl__param_get(&p, "ORDER", 0), hint = llmcl__param_get(&p, "HINT", 0);
@@ -355,7 +355,7 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     llmcl__define_int(&d, "SHARE", share);
     llmcl__params_define(&p, &d);
     cl_kernel kernel;
-    LLMCL__TRY(llmcl__kernel(ctx, "rope", &d, "rope", &kernel));
+    LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_ROPE, &d, "rope", &kernel));
 
     size_t wg = (size_t)llmcl__param_get(&p, "WG", 256);
     size_t kernel_wg = 0;

@@ -1,0 +1,47 @@
+/*
+ * vec_io.cl: a prelude of the families whose work-items stream VEC consecutive elements of a row
+ * (glu, rope; the runtime puts it after common.cl, src/runtime/program.c's family table).
+ * VEC-wide accesses of a row in the storage dtype as f32 vectors: LLMCL_VEC_IO_ALIGNED() defines
+ * vload_DT(p, i) and vstore_DT(p, i, v) (DT F32, BF16, F16) for element i a multiple of VEC:
+ * whole-vector accesses, 16-byte ones (VEC 4 of f32, 8 of bf16) through the family's ld16 and
+ * st16 (its cache hints). The family defines VEC (2, 4 or 8), the vector type floatv and its
+ * ld16(p) and st16(p, v) (uint4 from and to a 16-byte aligned global address) before
+ * instantiating it.
+ */
+#define LLMCL_VLD_F32_2(p) (*(const __global float2 *)(p))
+#define LLMCL_VLD_F32_4(p) as_float4(ld16(p))
+#define LLMCL_VLD_F32_8(p) (*(const __global float8 *)(p))
+#define LLMCL_VST_F32_2(p, v) (*(__global float2 *)(p) = (v))
+#define LLMCL_VST_F32_4(p, v) st16((p), as_uint4(v))
+#define LLMCL_VST_F32_8(p, v) (*(__global float8 *)(p) = (v))
+#define LLMCL_VLD_BF16_2(p) bf16x2_to_f32(*(const __global ushort2 *)(p))
+#define LLMCL_VLD_BF16_4(p) bf16x4_to_f32(*(const __global ushort4 *)(p))
+#define LLMCL_VLD_BF16_8(p) bf16x8_packed_to_f32(ld16(p))
+#define LLMCL_VST_BF16_2(p, v) (*(__global ushort2 *)(p) = f32x2_to_bf16(v))
+#define LLMCL_VST_BF16_4(p, v) (*(__global ushort4 *)(p) = f32x4_to_bf16(v))
+#define LLMCL_VST_BF16_8(p, v) st16((p), f32x8_to_bf16_packed(v))
+#define LLMCL_VEC_IO_ALIGNED()                                                                    \
+    inline floatv vload_F32(const __global float *p, long i)                                      \
+    {                                                                                             \
+        return LLMCL_CAT(LLMCL_VLD_F32_, VEC)(p + i);                                             \
+    }                                                                                             \
+    inline floatv vload_BF16(const __global ushort *p, long i)                                    \
+    {                                                                                             \
+        return LLMCL_CAT(LLMCL_VLD_BF16_, VEC)(p + i);                                            \
+    }                                                                                             \
+    inline floatv vload_F16(const __global ushort *p, long i)                                     \
+    {                                                                                             \
+        return LLMCL_CAT(vloada_half, VEC)(0, (const __global half *)(p + i));                    \
+    }                                                                                             \
+    inline void vstore_F32(__global float *p, long i, floatv v)                                   \
+    {                                                                                             \
+        LLMCL_CAT(LLMCL_VST_F32_, VEC)(p + i, v);                                                 \
+    }                                                                                             \
+    inline void vstore_BF16(__global ushort *p, long i, floatv v)                                 \
+    {                                                                                             \
+        LLMCL_CAT(LLMCL_VST_BF16_, VEC)(p + i, v);                                                \
+    }                                                                                             \
+    inline void vstore_F16(__global ushort *p, long i, floatv v)                                  \
+    {                                                                                             \
+        LLMCL_CAT(LLMCL_CAT(vstorea_half, VEC), _rte)(v, 0, (__global half *)(p + i));            \
+    }
