@@ -188,8 +188,34 @@ static void compare(const char *what, const llmcl_tensor *t, const double *ref, 
     free(got);
 }
 
-/* Forward and backward of one case against the double reference. */
-static void check_case(attn_case c, uint64_t seed)
+/* Downloads a tensor's raw storage. */
+static void *raw(const llmcl_tensor *t)
+{
+    const size_t bytes = (size_t)llmcl_tensor_numel(t) * llmcl_dtype_size(llmcl_tensor_dtype(t));
+    void *h = th_alloc(bytes);
+    TH_OK(llmcl_tensor_download(t, h, bytes));
+    return h;
+}
+
+static void assert_same_bits(const llmcl_tensor *t, const void *before, const char *what)
+{
+    void *now = raw(t);
+    const size_t bytes = (size_t)llmcl_tensor_numel(t) * llmcl_dtype_size(llmcl_tensor_dtype(t));
+    if (memcmp(now, before, bytes) != 0)
+        fail_msg("%s differs between two runs", what);
+    free(now);
+}
+
+/* The outputs of a case's forward and backward as stored, to compare runs bit for bit. */
+typedef struct attn_bits {
+    void *t[5]; /* o, lse, dq, dk, dv */
+} attn_bits;
+
+/*
+ * Forward and backward of one case against the double reference; with `bits`, their outputs as
+ * stored are kept there, or compared bit for bit with those already kept there (then freed).
+ */
+static void check_case_bits(attn_case c, uint64_t seed, attn_bits *bits)
 {
     attn_run r;
     run_setup(&r, &c, seed);
@@ -206,6 +232,17 @@ static void check_case(attn_case c, uint64_t seed)
     compare("dq", r.dq_.t, dq, r.nq, tol_grad(c.dtype));
     compare("dk", r.dk_.t, dk, r.nk, tol_grad(c.dtype));
     compare("dv", r.dv_.t, dv, r.nk, tol_grad(c.dtype));
+    const llmcl_tensor *outs[5] = {r.o_.t, r.lse, r.dq_.t, r.dk_.t, r.dv_.t};
+    static const char *const names[5] = {"o", "lse", "dq", "dk", "dv"};
+    for (int i = 0; i < 5 && bits; ++i) {
+        if (bits->t[i]) {
+            assert_same_bits(outs[i], bits->t[i], names[i]);
+            free(bits->t[i]);
+            bits->t[i] = NULL;
+        } else {
+            bits->t[i] = raw(outs[i]);
+        }
+    }
 
     free(o);
     free(lse);
@@ -214,6 +251,8 @@ static void check_case(attn_case c, uint64_t seed)
     free(dv);
     run_free(&r);
 }
+
+static void check_case(attn_case c, uint64_t seed) { check_case_bits(c, seed, NULL); }
 
 static attn_case dense(llmcl_dtype dt, int B, int Hq, int Hkv, int D, int Tq, int Tk)
 {
@@ -693,24 +732,6 @@ static void test_varlen(void **state)
     check_case(c, 94);
 }
 
-/* Downloads a tensor's raw storage. */
-static void *raw(const llmcl_tensor *t)
-{
-    const size_t bytes = (size_t)llmcl_tensor_numel(t) * llmcl_dtype_size(llmcl_tensor_dtype(t));
-    void *h = th_alloc(bytes);
-    TH_OK(llmcl_tensor_download(t, h, bytes));
-    return h;
-}
-
-static void assert_same_bits(const llmcl_tensor *t, const void *before, const char *what)
-{
-    void *now = raw(t);
-    const size_t bytes = (size_t)llmcl_tensor_numel(t) * llmcl_dtype_size(llmcl_tensor_dtype(t));
-    if (memcmp(now, before, bytes) != 0)
-        fail_msg("%s differs between two runs", what);
-    free(now);
-}
-
 static void test_determinism(void **state)
 {
     (void)state;
@@ -743,6 +764,21 @@ static void test_determinism(void **state)
     }
 }
 
+/* The device memory a call held at its peak beyond what was allocated before it; asserts that it
+   freed all of it. */
+static uint64_t held_by(llmcl_status (*call)(attn_run *), attn_run *r)
+{
+    llmcl_memory_stats before, after;
+    TH_OK(llmcl_ctx_finish(th_ctx()));
+    TH_OK(llmcl_memory_stats_get(th_ctx(), &before));
+    TH_OK(llmcl_memory_reset_peak(th_ctx()));
+    TH_OK(call(r));
+    TH_OK(llmcl_ctx_finish(th_ctx()));
+    TH_OK(llmcl_memory_stats_get(th_ctx(), &after));
+    assert_int_equal(after.current_bytes, before.current_bytes);
+    return after.peak_bytes - before.current_bytes;
+}
+
 /* The backward holds one f32 per query row beyond its arguments, and frees it. */
 static void test_extra_memory(void **state)
 {
@@ -751,17 +787,101 @@ static void test_extra_memory(void **state)
     attn_run r;
     run_setup(&r, &c, 110);
     TH_OK(run_forward(&r));
-    TH_OK(llmcl_ctx_finish(th_ctx()));
-    llmcl_memory_stats before, after;
-    TH_OK(llmcl_memory_stats_get(th_ctx(), &before));
-    TH_OK(llmcl_memory_reset_peak(th_ctx()));
-    TH_OK(run_backward(&r));
-    TH_OK(llmcl_ctx_finish(th_ctx()));
-    TH_OK(llmcl_memory_stats_get(th_ctx(), &after));
     const uint64_t rows = 2 * 4 * 300 * sizeof(float);
-    assert_true(after.peak_bytes - before.current_bytes <= rows + 4096);
-    assert_int_equal(after.current_bytes, before.current_bytes);
+    assert_true(held_by(run_backward, &r) <= rows + 4096);
     run_free(&r);
+}
+
+/* Every byte of t as th_poison left it: a refused call wrote nothing there. */
+static void assert_poisoned(const llmcl_tensor *t, const char *what)
+{
+    const size_t bytes = (size_t)llmcl_tensor_numel(t) * llmcl_dtype_size(llmcl_tensor_dtype(t));
+    unsigned char *now = raw(t);
+    for (size_t i = 0; i < bytes; ++i)
+        if (now[i] != 0xFF)
+            fail_msg("%s was written by a refused call (byte %zu)", what, i);
+    free(now);
+}
+
+/* Tiles for the three portable kernels in f32 (forward, dQ, dK/dV), or none (NULL): the
+   defaults again. */
+static void f32_tiles(const char *const *sets)
+{
+    static const char *const keys[3] = {"attention_fwd", "attention_bwd_dq", "attention_bwd_dkdv"};
+    TH_OK(llmcl_tune_override(th_ctx(), NULL, LLMCL_F32, NULL, NULL));
+    for (int k = 0; k < 3 && sets; ++k)
+        TH_OK(llmcl_tune_override(th_ctx(), keys[k], LLMCL_F32, "*", sets[k]));
+}
+
+/*
+ * Loop limits (issue 35): where a device cuts loops short (rusticl's llvmpipe, 65535 passes a
+ * work-item and launch), a portable kernel's walk (attn_fwd's and attn_bwd_dq's key tiles,
+ * attn_bwd_dkdv's query tiles of every head of the group) runs in launches that resume from a
+ * saved state. A limit of 5000 splits them on any device: causal GQA over several tiles, Tq < Tk,
+ * and a varlen GQA batch under a window with test_tunables' staged tiles of 12 work-items (PIPE;
+ * their programs without the split are built by then), each against the reference and bit for
+ * bit against the same case without a limit (the same steps in the same order); the forward's
+ * state shows in its memory peak. A limit of 200, below one step, is refused before anything
+ * runs, the outputs left as they were.
+ */
+static void test_loop_limit(void **state)
+{
+    (void)state;
+    static const int32_t cu[] = {0, 5, 205, 300};
+    attn_case cases[3] = {causal(dense(LLMCL_F32, 1, 4, 2, 64, 333, 333)),
+                          dense(LLMCL_F32, 2, 2, 1, 64, 90, 250),
+                          windowed(dense(LLMCL_F32, 3, 4, 2, 64, 0, 0), 120, 30)};
+    cases[2].cu_q = cases[2].cu_k = cu;
+    static const char *const staged[3] = {"BLOCK_M=12 BLOCK_N=16 TM=4 TN=4 PIPE=1 TILE_RUN=100",
+                                          "BLOCK_M=12 BLOCK_N=16 TM=4 TN=4 PIPE=1 TILE_RUN=100",
+                                          "BLOCK_M=16 BLOCK_N=12 TM=4 TN=4 PIPE=1 TILE_RUN=100"};
+    attn_bits bits[3] = {0};
+    const char *const limits[2] = {NULL, "5000"};
+    for (int pass = 0; pass < 2; ++pass) {
+        th_loop_limit(limits[pass]);
+        for (int i = 0; i < 3; ++i) {
+            f32_tiles(i == 2 ? staged : NULL);
+            check_case_bits(cases[i], 410 + i, &bits[i]);
+        }
+        f32_tiles(NULL);
+    }
+    attn_run r;
+    run_setup(&r, &cases[0], 410);
+    assert_true(held_by(run_forward, &r) >= (uint64_t)4 * 333 * 64 * sizeof(float));
+    run_free(&r);
+
+    th_loop_limit("200");
+    llmcl_ctx *ctx = th_ctx();
+    run_setup(&r, &cases[0], 420);
+    TH_FAILS(run_forward(&r), LLMCL_ERROR_UNSUPPORTED);
+    assert_non_null(strstr(llmcl_last_error(ctx), "attn_fwd"));
+    assert_non_null(strstr(llmcl_last_error(ctx), "past the 200"));
+    assert_poisoned(r.o_.t, "o");
+    assert_poisoned(r.lse, "lse");
+    TH_FAILS(run_backward(&r), LLMCL_ERROR_UNSUPPORTED);
+    assert_non_null(strstr(llmcl_last_error(ctx), "attn_bwd_"));
+    assert_poisoned(r.dq_.t, "dq");
+    assert_poisoned(r.dk_.t, "dk");
+    assert_poisoned(r.dv_.t, "dv");
+    run_free(&r);
+    th_loop_limit(NULL);
+}
+
+/*
+ * Where the device cuts loops short (rusticl's llvmpipe), sequences that passed its limit before
+ * the split: T = 8192 at D = 32 (attn_fwd gave O from about 6450 of the 8192 keys; causal, at half
+ * the work, the last query tiles and the first key tiles still walk all 512 tiles of the other
+ * side), and a causal GQA group of 4 heads at D = 8, whose narrow tiles there (4 keys in attn_fwd
+ * and attn_bwd_dq, 4 queries in attn_bwd_dkdv, over every head of the group) multiply the steps.
+ * Elsewhere test_loop_limit's low limit runs the same launches.
+ */
+static void test_long_sequences(void **state)
+{
+    (void)state;
+    if (!llmcl_ctx_device_info(th_ctx())->loop_limit)
+        return;
+    check_case(causal(dense(LLMCL_F32, 1, 1, 1, 32, 8192, 8192)), 430);
+    check_case(causal(dense(LLMCL_BF16, 1, 4, 1, 8, 2048, 2048)), 431);
 }
 
 /* Every validation path; each failure must leave the outputs as they were. */
@@ -908,6 +1028,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_tunables_other_head_dim, clear_overrides),
         cmocka_unit_test(test_unaligned_views),
         cmocka_unit_test(test_tuned_tiles_for_other_head_dim),
+        cmocka_unit_test(test_loop_limit), /* after test_tunables, whose programs it reuses */
+        cmocka_unit_test(test_long_sequences),
     };
     return TH_RUN(tests);
 }

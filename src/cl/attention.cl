@@ -70,6 +70,15 @@
  *             the whole step (one barrier a step); 1: one buffer each. Default 1. attn_fwd_wgmma:
  *             its buffers of K and V, 3 to 5 (attn_bwd_dq_wgmma double-buffers them).
  *   VARLEN    defined: packed sequences through cu_q / cu_k.
+ *   SPLIT     defined (attn_fwd, attn_bwd_dq, attn_bwd_dkdv): a launch takes steps it_begin to
+ *             it_end of each work-group's walk (its key tiles in attn_fwd and attn_bwd_dq, its
+ *             (query head, query tile) pairs in attn_bwd_dkdv), for devices that cut long loops
+ *             short. A launch past the first resumes from the state that the one before saved
+ *             in st, an f32 row a query (a key in attn_bwd_dkdv) at attn_row(st_off, st_b, st_h,
+ *             st_t, ...): attn_fwd's D accumulators of O, then the running maximum and sum of each
+ *             of its CT work-item columns; attn_bwd_dq's D of dQ; attn_bwd_dkdv's D of dK, then
+ *             D of dV. The launch with `last` set writes the outputs. The same steps run in the
+ *             same order as in one launch: the same bits.
  *   ALIGNED4  1 (set by the launcher): every offset and stride of Q, K, V and dO is a multiple of
  *             4 elements, so tiles load as whole vectors.
  *   ATTN_ONLY 1 attn_fwd, 2 attn_bwd_pre, 3 attn_bwd_dq, 4 attn_bwd_dkdv, 5 attn_fwd_mma,
@@ -189,6 +198,15 @@ typedef LLMCL_CAT(IO4_, IO_DT) io4_t;
     long sv_b, long sv_h, long sv_t, long sd_b, long sd_h, long sd_t, long sgk_b, long sgk_h,      \
     long sgk_t, long sgv_b, long sgv_h, long sgv_t, long sl_b, long sl_h, float scale,             \
     float softcap, int wl, int wr
+
+/* The arguments of a SPLIT launch, after a portable kernel's parameters. */
+#ifdef SPLIT
+#define ATTN_SPLIT_PARAMS                                                                          \
+    , __global float *st, ulong st_off, long st_b, long st_h, long st_t, int it_begin, int it_end, \
+        int last
+#else
+#define ATTN_SPLIT_PARAMS
+#endif
 
 /*
  * A tiled kernel's work-group on its flat grid: runs of TILE_RUN consecutive tiles of one (batch,
@@ -532,6 +550,30 @@ inline float attn_dot4(float4 a, float4 b, float acc)
         }                                                                                         \
     }
 
+#ifdef SPLIT
+/*
+ * A SPLIT launch's state, one definition per kernel: the work-item's accumulators x[a][e], at the
+ * state rows a * RSTEP after p's (`pitch` floats apart) and their columns 4 (c0 + e * CSTEP),
+ * saved (save) or loaded; the rows from `valid` on lie past the sequence.
+ */
+#define ATTN_STATE(NAME, ROWS, COLS4, RSTEP, CSTEP)                                               \
+    inline void NAME(float4 x[ROWS][COLS4], bool save, __global float *p, long pitch, int valid,  \
+                     int c0)                                                                      \
+    {                                                                                             \
+        for (int a = 0; a < (ROWS); ++a) {                                                        \
+            if (a * (RSTEP) >= valid)                                                             \
+                continue;                                                                         \
+            for (int e = 0; e < (COLS4); ++e) {                                                   \
+                __global float *y = p + a * (RSTEP) * pitch + 4 * (c0 + e * (CSTEP));             \
+                if (save)                                                                         \
+                    vstore4(x[a][e], 0, y);                                                       \
+                else                                                                              \
+                    x[a][e] = vload4(0, y);                                                       \
+            }                                                                                     \
+        }                                                                                         \
+    }
+#endif
+
 #ifdef LLMCL_NV_PTX
 /* The maximum, and the sum, over groups of `lanes` consecutive lanes of a warp (a power of two). */
 #define ATTN_LANES(NAME, OP)                                                                      \
@@ -575,9 +617,31 @@ inline float attn_dlogit(float s, float scale, float softcap)
 
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 1
 ATTN_ACCUMULATE(attn_fwd_pv, TM, DT4, CT, PM, BLOCK_N, lk_t, LREADK4) /* P.V into O */
+#ifdef SPLIT
+ATTN_STATE(attn_fwd_acc_state, TM, DT4, RT, CT)
+
+/* attn_fwd's state: its O accumulators, then its running maxima and sums (a column each of CT). */
+inline void attn_fwd_state(float4 acc[TM][DT4], float *m, float *l, bool save, __global float *p,
+                           long pitch, int valid, int tx)
+{
+    attn_fwd_acc_state(acc, save, p, pitch, valid, tx);
+    for (int a = 0; a < TM; ++a) {
+        if (a * RT >= valid)
+            continue;
+        __global float *y = p + a * RT * pitch + D + tx;
+        if (save) {
+            y[0] = m[a];
+            y[CT] = l[a];
+        } else {
+            m[a] = y[0];
+            l[a] = y[CT];
+        }
+    }
+}
+#endif
 
 __kernel __attribute__((reqd_work_group_size(RT * CT, 1, 1))) void
-attn_fwd(ATTN_FWD_PARAMS)
+attn_fwd(ATTN_FWD_PARAMS ATTN_SPLIT_PARAMS)
 {
     LOCAL_TILE(lq_t, qs, BLOCK_M * DP);
 #if KV_SEP
@@ -616,6 +680,14 @@ attn_fwd(ATTN_FWD_PARAMS)
 
     int n_lo, n_hi;
     attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
+#ifdef SPLIT
+    __global float *sp = st + attn_row(st_off, st_b, st_h, st_t, b, h, sq.q0 + m0 + ty);
+    if (it_begin > 0) /* resume where the launch before stopped */
+        attn_fwd_state(acc, m, l, false, sp, st_t, sq.tq - m0 - ty, tx);
+    const int walk = (n_hi - n_lo + BLOCK_N - 1) / BLOCK_N; /* the key tiles of every launch */
+    n_hi = it_end < walk ? n_lo + it_end * BLOCK_N : n_hi;
+    n_lo = it_begin < walk ? n_lo + it_begin * BLOCK_N : n_hi;
+#endif
 #if PIPE
     stage_t stage[NSTAGE_KEYS];
     if (n_lo < n_hi)
@@ -730,6 +802,14 @@ attn_fwd(ATTN_FWD_PARAMS)
     for (int a = 0; a < TM; ++a)
         red[(ty + a * RT) * CT + tx] = l[a];
     barrier(CLK_LOCAL_MEM_FENCE);
+#ifdef SPLIT
+    /* The next launch resumes from here. (Returning before these barriers, PoCL's work-items
+       wrote rows past the sequence: of the state, and of O in the last launch.) */
+    if (!last) {
+        attn_fwd_state(acc, m, l, true, sp, st_t, sq.tq - m0 - ty, tx);
+        return;
+    }
+#endif
     const long ob = attn_row(o_off, so_b, so_h, so_t, b, h, sq.q0 + m0);
 #pragma unroll
     for (int a = 0; a < TM; ++a) {
@@ -2012,9 +2092,12 @@ __kernel void attn_bwd_pre(const __global io_t *o, ulong o_off, const __global i
 
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 3
 ATTN_ACCUMULATE(attn_dq_dsk, TM, DT4, CT, PM, BLOCK_N, lkdq_t, LREADKDQ4) /* dS.K into dQ */
+#ifdef SPLIT
+ATTN_STATE(attn_dq_state, TM, DT4, RT, CT) /* dQ's accumulators */
+#endif
 
 __kernel __attribute__((reqd_work_group_size(RT * CT, 1, 1))) void
-attn_bwd_dq(ATTN_DQ_PARAMS)
+attn_bwd_dq(ATTN_DQ_PARAMS ATTN_SPLIT_PARAMS)
 {
     LOCAL_TILE(lq_t, qs, BLOCK_M * DP);
     LOCAL_TILE(lq_t, dos, BLOCK_M * DP);
@@ -2058,6 +2141,14 @@ attn_bwd_dq(ATTN_DQ_PARAMS)
 
     int n_lo, n_hi;
     attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
+#ifdef SPLIT
+    __global float *sp = st + attn_row(st_off, st_b, st_h, st_t, b, h, sq.q0 + m0 + ty);
+    if (it_begin > 0) /* resume where the launch before stopped */
+        attn_dq_state(acc, false, sp, st_t, sq.tq - m0 - ty, tx);
+    const int walk = (n_hi - n_lo + BLOCK_N - 1) / BLOCK_N; /* the key tiles of every launch */
+    n_hi = it_end < walk ? n_lo + it_end * BLOCK_N : n_hi;
+    n_lo = it_begin < walk ? n_lo + it_begin * BLOCK_N : n_hi;
+#endif
 #if PIPE
     /* The next tile's V is fetched under dS, its K under the dQ product. */
     stage_t stage[NSTAGE_KEYS];
@@ -2135,6 +2226,12 @@ attn_bwd_dq(ATTN_DQ_PARAMS)
 #endif
     }
 
+#ifdef SPLIT
+    if (!last) { /* the next launch resumes from here */
+        attn_dq_state(acc, true, sp, st_t, sq.tq - m0 - ty, tx);
+        return;
+    }
+#endif
     const long gb = attn_row(dq_off, sg_b, sg_h, sg_t, b, h, sq.q0 + m0);
 #pragma unroll
     for (int a = 0; a < TM; ++a) {
@@ -2149,9 +2246,12 @@ attn_bwd_dq(ATTN_DQ_PARAMS)
 #if !defined(ATTN_ONLY) || ATTN_ONLY == 4
 /* P^T.dO into dV and dS^T.Q into dK. */
 ATTN_ACCUMULATE(attn_dkdv_accumulate, TN, DT4_KV, CT_KV, PN, BLOCK_M, lq_t, LREADQ4)
+#ifdef SPLIT
+ATTN_STATE(attn_dkdv_state, TN, DT4_KV, RT_KV, CT_KV) /* dK's or dV's accumulators */
+#endif
 
 __kernel __attribute__((reqd_work_group_size(RT_KV * CT_KV, 1, 1))) void
-attn_bwd_dkdv(ATTN_DKDV_PARAMS)
+attn_bwd_dkdv(ATTN_DKDV_PARAMS ATTN_SPLIT_PARAMS)
 {
     LOCAL_TILE(lk_t, ks, BLOCK_N * DP);
     LOCAL_TILE(lk_t, vs, BLOCK_N * DP);
@@ -2186,18 +2286,28 @@ attn_bwd_dkdv(ATTN_DKDV_PARAMS)
     /* The (query head of the group, query tile) pairs, flattened: tile t is head t / ntiles. */
     const int ntiles = m_hi > m_lo ? (m_hi - m_lo + BLOCK_M - 1) / BLOCK_M : 0;
     const int nt = group * ntiles;
+    int t_lo = 0, t_hi = nt; /* the pairs of this launch */
+#ifdef SPLIT
+    __global float *sp = st + attn_row(st_off, st_b, st_h, st_t, b, hk, sq.k0 + n0 + ty);
+    if (it_begin > 0) { /* resume where the launch before stopped */
+        attn_dkdv_state(gk, false, sp, st_t, sq.tk - n0 - ty, tx);
+        attn_dkdv_state(gv, false, sp + D, st_t, sq.tk - n0 - ty, tx);
+    }
+    t_lo = min(nt, it_begin);
+    t_hi = min(nt, it_end);
+#endif
 #if PIPE
     /* The next tile's dO is fetched under P, dS and the dV product, its Q under the dK product. */
     stage_t stage[NSTAGE_QUERIES];
-    if (nt > 0) {
-        const int h = hk * group;
-        attn_load_q(qs, q, attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m_lo), sq_t,
-                    sq.tq - m_lo, BLOCK_M, lid, nthreads);
-        attn_load_q(dos, dout, attn_row(do_off, sd_b, sd_h, sd_t, b, h, sq.q0 + m_lo), sd_t,
-                    sq.tq - m_lo, BLOCK_M, lid, nthreads);
+    if (t_lo < t_hi) {
+        const int g = t_lo / ntiles, m0 = m_lo + (t_lo - g * ntiles) * BLOCK_M, h = hk * group + g;
+        attn_load_q(qs, q, attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0), sq_t, sq.tq - m0,
+                    BLOCK_M, lid, nthreads);
+        attn_load_q(dos, dout, attn_row(do_off, sd_b, sd_h, sd_t, b, h, sq.q0 + m0), sd_t,
+                    sq.tq - m0, BLOCK_M, lid, nthreads);
     }
 #endif
-    for (int t = 0; t < nt; ++t) {
+    for (int t = t_lo; t < t_hi; ++t) {
         const int g = t / ntiles, m0 = m_lo + (t - g * ntiles) * BLOCK_M, h = hk * group + g;
         const long lb = b * sl_b + h * sl_h + sq.q0;
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -2250,7 +2360,7 @@ attn_bwd_dkdv(ATTN_DKDV_PARAMS)
 #if PIPE
         const int g1 = (t + 1) / ntiles, m1 = m_lo + (t + 1 - g1 * ntiles) * BLOCK_M;
         const int h1 = hk * group + g1;
-        if (t + 1 < nt)
+        if (t + 1 < t_hi)
             attn_fetch_queries(stage, dout, attn_row(do_off, sd_b, sd_h, sd_t, b, h1, sq.q0 + m1),
                                sd_t, sq.tq - m1, lid);
 #endif
@@ -2271,7 +2381,7 @@ attn_bwd_dkdv(ATTN_DKDV_PARAMS)
         attn_dkdv_accumulate(gv, pst + ty * TN, dos + 4 * tx);
 #if PIPE
         barrier(CLK_LOCAL_MEM_FENCE); /* every work-item is done with dO */
-        if (t + 1 < nt) {
+        if (t + 1 < t_hi) {
             attn_put_queries(dos, stage, lid);
             attn_fetch_queries(stage, q, attn_row(q_off, sq_b, sq_h, sq_t, b, h1, sq.q0 + m1), sq_t,
                                sq.tq - m1, lid);
@@ -2280,11 +2390,18 @@ attn_bwd_dkdv(ATTN_DKDV_PARAMS)
         attn_dkdv_accumulate(gk, dsst + ty * TN, qs + 4 * tx);
 #if PIPE
         barrier(CLK_LOCAL_MEM_FENCE); /* every work-item is done with Q */
-        if (t + 1 < nt)
+        if (t + 1 < t_hi)
             attn_put_queries(qs, stage, lid);
 #endif
     }
 
+#ifdef SPLIT
+    if (!last) { /* the next launch resumes from here */
+        attn_dkdv_state(gk, true, sp, st_t, sq.tk - n0 - ty, tx);
+        attn_dkdv_state(gv, true, sp + D, st_t, sq.tk - n0 - ty, tx);
+        return;
+    }
+#endif
     const long kgb = attn_row(dk_off, sgk_b, sgk_h, sgk_t, b, hk, sq.k0 + n0);
     const long vgb = attn_row(dv_off, sgv_b, sgv_h, sgv_t, b, hk, sq.k0 + n0);
 #pragma unroll

@@ -3,7 +3,8 @@
  * every argument, folds the options into one mask band (wl, wr), picks the tiles for the device's
  * local memory and work-group limits (the tuning database may override them), and enqueues
  * attn_fwd, or attn_bwd_pre + attn_bwd_dkdv + attn_bwd_dq (their tensor-core versions where they
- * fit, and on wgmma where the device has it).
+ * fit, and on wgmma where the device has it). Where the device cuts loops short, a portable
+ * kernel's walk runs in several launches that resume from a saved state (attn_split_of).
  */
 #include <math.h>
 #include <stdio.h>
@@ -49,6 +50,7 @@ typedef struct attn_geom {
     bool aligned8; /* ... of 8 elements: 16-byte rows for cp.async */
     bool mma;      /* the backward runs on tensor cores */
     int dkdv_part; /* past D = 128: which of dK (2) and dV (1) attn_bwd_dkdv_mma takes */
+    bool split;    /* a portable kernel's walk spans launches (SPLIT): see attn_split_of */
 } attn_geom;
 
 /* Whether t's offset and strides (past the unit-stride last one) are multiples of n elements. */
@@ -652,33 +654,39 @@ static llmcl_status attn_wg_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_k
     return LLMCL_OK;
 }
 
-/* The built kernel with its tiles and its work-group size; the head dim is the tuning size key. */
-static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
-                                    cl_kernel *out, attn_tiles *tiles, size_t *wg)
+/* A kernel's tiles and work-group size, and its parameters in p; the head dim is the tuning size
+   key. */
+static llmcl_status attn_config(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
+                                llmcl__params *p, attn_tiles *tiles, size_t *wg)
 {
-    llmcl__params p = {0};
     char cls[16];
     llmcl__shape_class(g->D, cls);
     if (kern == ATTN_PRE) {
-        llmcl__param_set(&p, "PRE_WG", ctx->info.max_work_group_size >= 64 ? 64 : 1);
-        llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, &p);
-        const long w = llmcl__param_get(&p, "PRE_WG", 64);
+        llmcl__param_set(p, "PRE_WG", ctx->info.max_work_group_size >= 64 ? 64 : 1);
+        llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
+        const long w = llmcl__param_get(p, "PRE_WG", 64);
         LLMCL__REQUIRE(ctx, w >= 1 && (size_t)w <= ctx->info.max_work_group_size,
                        LLMCL_ERROR_UNSUPPORTED, "attention: PRE_WG %ld is outside [1, %zu]", w,
                        ctx->info.max_work_group_size);
         *wg = (size_t)w;
     } else if (kern >= ATTN_FWD_WG) {
-        LLMCL__TRY(attn_wg_tiles_get(ctx, g, kern, cls, &p, tiles));
+        LLMCL__TRY(attn_wg_tiles_get(ctx, g, kern, cls, p, tiles));
         /* 128 work-items a warpgroup, one per 64 rows: queries, or keys in dK/dV */
         *wg = (size_t)(kern == ATTN_DKDV_WG ? tiles->bn : tiles->bm) * 2;
     } else if (kern >= ATTN_FWD_MMA) {
-        LLMCL__TRY(attn_mma_tiles_get(ctx, g, kern, cls, &p, tiles));
+        LLMCL__TRY(attn_mma_tiles_get(ctx, g, kern, cls, p, tiles));
         *wg = (size_t)(kern == ATTN_DKDV_MMA ? tiles->bn / 16 : tiles->bm / tiles->tm) * 32;
     } else {
-        LLMCL__TRY(attn_tiles_get(ctx, g, kern, cls, &p, tiles));
+        LLMCL__TRY(attn_tiles_get(ctx, g, kern, cls, p, tiles));
         *wg = (size_t)(tiles->bm / tiles->tm) * (size_t)(tiles->bn / tiles->tn);
     }
+    return LLMCL_OK;
+}
 
+/* The kernel built with attn_config's parameters p. */
+static llmcl_status attn_build(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
+                               const llmcl__params *p, cl_kernel *out)
+{
     llmcl__defines defs = {0};
     llmcl__define_int(&defs, "D", g->D);
     llmcl__define_str(&defs, "IO_DT", llmcl__dtype_macro(g->dtype));
@@ -688,12 +696,150 @@ static llmcl_status attn_kernel_get(llmcl_ctx *ctx, const attn_geom *g, attn_ker
     llmcl__define_int(&defs, "ALIGNED4", g->aligned4);
     if (g->varlen)
         llmcl__define_flag(&defs, "VARLEN");
-    llmcl__params_define(&p, &defs);
+    if (g->split)
+        llmcl__define_flag(&defs, "SPLIT");
+    llmcl__params_define(p, &defs);
     /*
      * The kernels declare reqd_work_group_size, so the compiler fits its register use to wg.
      * CL_KERNEL_WORK_GROUP_SIZE is not consulted: rusticl reports 32 for kernels that run at 256.
      */
     return llmcl__kernel(ctx, LLMCL_FAMILY_ATTENTION, &defs, attn_kernel_name[kern], out);
+}
+
+/* ---- loop budgets ---- */
+
+/*
+ * Loop passes (llmcl__loop_budget's count) of the portable kernels as attention.cl writes them:
+ * a loop of t trips makes t + 1, plus its body's passes on every trip; every loop counts, the
+ * `#pragma unroll` ones and those under a condition too, for the work-item with the most pieces
+ * of a shared copy (llvmpipe runs a loop as long as any lane of a batch does).
+ */
+static int64_t attn_loop(int64_t trips, int64_t body) { return trips + 1 + trips * body; }
+
+/* Two nested loops with empty bodies inside: register-tile set-ups, stores, the score math. */
+static int64_t attn_nest(int64_t outer, int64_t inner)
+{
+    return attn_loop(outer, attn_loop(inner, 0));
+}
+
+/* A tile of rows x D staged in 4-wide pieces by `threads` work-items (load, fetch or put). */
+static int64_t attn_copy(int64_t rows, int d, int64_t threads)
+{
+    return attn_loop(llmcl__div_up(rows * (d / 4), threads), 0);
+}
+
+/* A score product over D (attn_fwd's S, the backward's S and dP): per 4 of D the rows' and the
+   columns' operand reads and their rows x cols dot steps. */
+static int64_t attn_score_loops(int d, int rows, int cols)
+{
+    return attn_loop(d / 4, attn_loop(rows, 0) + attn_loop(cols, 0) + attn_nest(rows, cols));
+}
+
+/* ATTN_ACCUMULATE over n score rows of pitch floats: per row attn_read_col's `rows` scores (4 wide
+   where rows and the pitch allow), the cols4 operand reads and their rows x cols4 FMAs. */
+static int64_t attn_accumulate_loops(int rows, int cols4, int pitch, int n)
+{
+    const int64_t col = attn_loop(rows % 4 == 0 && pitch % 4 == 0 ? rows / 4 : rows, 0);
+    return attn_loop(n, col + attn_loop(cols4, 0) + attn_nest(rows, cols4));
+}
+
+/* A portable kernel's passes: once (`fixed`), a step of its walk (a key tile of attn_fwd and
+   attn_bwd_dq, a (query head, query tile) pair of attn_bwd_dkdv), and what a SPLIT launch adds
+   (its state loaded and saved). */
+typedef struct attn_passes {
+    int64_t fixed, step, split;
+} attn_passes;
+
+static attn_passes attn_passes_of(attn_kernel kern, int d, attn_tiles t)
+{
+    const int pipe = t.pipe != 0;
+    if (kern == ATTN_DKDV) {
+        const int rt = t.bn / t.tn, ct = t.bm / t.tm, dt4 = d / (4 * ct), w = rt * ct;
+        const int64_t qt = attn_copy(t.bm, d, w), acc = attn_nest(t.tn, dt4);
+        return (attn_passes){
+            .fixed = 2 * attn_copy(t.bn, d, w) + 2 * acc + 2 * pipe * qt + 1,
+            .step = 1 + 2 * qt + attn_loop(llmcl__div_up(t.bm, w), 0) + 2 * attn_nest(t.tn, t.tm) +
+                    attn_score_loops(d, t.tn, t.tm) + 2 * pipe * qt +
+                    2 * attn_accumulate_loops(t.tn, dt4, t.bn + 4, t.bm),
+            .split = 4 * acc};
+    }
+    const int rt = t.bm / t.tm, ct = t.bn / t.tn, dt4 = d / (4 * ct), w = rt * ct;
+    const int64_t kv = attn_copy(t.bn, d, w), acc = attn_nest(t.tm, dt4);
+    /* a step: K and V staged (PIPE: fetched, then put), the score tiles' set-up and math, the
+       score product and the accumulating one */
+    const int64_t step = 1 + (2 + 2 * pipe) * kv + 2 * attn_nest(t.tm, t.tn) +
+                         attn_score_loops(d, t.tm, t.tn) +
+                         attn_accumulate_loops(t.tm, dt4, t.bm + 4, t.bn);
+    if (kern == ATTN_FWD) /* and the rows' running maxima and sums */
+        return (attn_passes){
+            .fixed = attn_copy(t.bm, d, w) + acc + pipe * kv + 1 + attn_loop(t.tm, 0) +
+                     attn_loop(t.tm, attn_loop(ct, 0) + attn_loop(dt4, 0)),
+            .step = step +
+                    attn_loop(t.tm, attn_loop(ct, 0) + attn_loop(t.tn, 0) + attn_loop(dt4, 0)),
+            .split = 2 * (acc + attn_loop(t.tm, 0))};
+    return (attn_passes){/* attn_bwd_dq */
+                         .fixed = 2 * attn_copy(t.bm, d, w) + 2 * acc + 2 * pipe * kv + 1,
+                         .step = step,
+                         .split = 2 * acc};
+}
+
+/* The most steps of `step` rows that a tile of `other` rows walks over a sequence of len rows:
+   all of them, or those of a window's band. */
+static int64_t attn_walk(int64_t len, int step, int other, int wl, int wr)
+{
+    int64_t n = llmcl__div_up(len, step);
+    if (wl >= 0 && wr >= 0) {
+        const int64_t band = llmcl__div_up((int64_t)other + wl + wr + step - 1, step);
+        n = band < n ? band : n;
+    }
+    return n;
+}
+
+/* How a portable kernel's walk runs: `per` of its `steps` a launch, in `launches`. */
+typedef struct attn_split {
+    int64_t steps, per, launches;
+} attn_split;
+
+/*
+ * The split of portable kernel kern with tiles t within the device's loop budget: one launch
+ * where every work-item's walk fits, else launches of as many steps as fit beside the state they
+ * load and save (SPLIT). Refused where not one step fits.
+ */
+static llmcl_status attn_split_of(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
+                                  attn_tiles t, attn_split *out)
+{
+    const int64_t budget = llmcl__loop_budget(ctx);
+    const attn_passes p = attn_passes_of(kern, g->D, t);
+    const int64_t group = g->Hq / g->Hkv;
+    const int64_t steps = kern == ATTN_DKDV ? group * attn_walk(g->Tq, t.bm, t.bn, g->wl, g->wr)
+                                            : attn_walk(g->Tk, t.bn, t.bm, g->wl, g->wr);
+    *out = (attn_split){steps, steps, 1};
+    if (p.fixed + steps * p.step <= budget)
+        return LLMCL_OK;
+    LLMCL__REQUIRE(ctx, steps <= INT32_MAX, LLMCL_ERROR_OVERFLOW,
+                   "attention: %s's walk of %lld steps must fit in 31 bits",
+                   attn_kernel_name[kern], (long long)steps);
+    const int64_t fixed = p.fixed + p.split;
+    LLMCL__TRY(llmcl__check_loops(ctx, fixed + p.step,
+                                  "attention: %s at D = %d, Tq = %d, Tk = %d with tiles BLOCK_M=%d "
+                                  "BLOCK_N=%d TM=%d TN=%d, one step of its walk",
+                                  attn_kernel_name[kern], g->D, g->Tq, g->Tk, t.bm, t.bn, t.tm,
+                                  t.tn));
+    out->per = (budget - fixed) / p.step;
+    out->launches = llmcl__div_up(steps, out->per);
+    return LLMCL_OK;
+}
+
+/* That portable kernel kern's walk fits the device's loop budget, split where it must be: the
+   backward checks its kernels before its first launch. */
+static llmcl_status attn_check_split(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern)
+{
+    llmcl__params p = {0};
+    attn_tiles t;
+    size_t wg;
+    attn_split split;
+    LLMCL__TRY(attn_config(ctx, g, kern, &p, &t, &wg));
+    return attn_split_of(ctx, g, kern, t, &split);
 }
 
 /* ---- launches ---- */
@@ -742,46 +888,113 @@ static void attn_arg_mask(llmcl__args *a, const attn_geom *g)
     llmcl__arg_i32(a, g->wr);
 }
 
-/*
- * A tiled kernel (attn_fwd, attn_bwd_dq, attn_bwd_dkdv) with its arguments in their common order:
- * the tensors ts, cu_seqlens, lengths, batch size, heads and group size, the (b, h, t) strides of
- * every tensor but lse and delta, lse's strides and the mask. attn_bwd_dkdv runs a work-group per
- * key tile of a KV head, the others per query tile of a query head, on a flat grid that the
- * kernels read tile-major (attn_place_of).
- */
-static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, attn_kernel which,
-                                      const llmcl_tensor *const *ts, int n,
-                                      const llmcl_tensor *lse, const llmcl_tensor *delta)
-{
+/* A tiled kernel's launch: the kernel, its tensors in argument order (lse and delta among them)
+   and its grid. */
+typedef struct attn_launch {
     cl_kernel kern;
-    attn_tiles t;
-    size_t wg;
-    LLMCL__TRY(attn_kernel_get(ctx, g, which, &kern, &t, &wg));
-    const bool by_keys = which == ATTN_DKDV || which == ATTN_DKDV_MMA || which == ATTN_DKDV_WG;
-    const int heads = by_keys ? g->Hkv : g->Hq;
-    const int64_t tiles = by_keys ? llmcl__div_up(g->Tk, t.bn) : llmcl__div_up(g->Tq, t.bm);
-    /* The kernels count work-groups, and runs of TILE_RUN tiles of every head, in 32 bits. */
-    LLMCL__REQUIRE(ctx, (tiles > t.run ? tiles : t.run) * g->B * heads <= UINT32_MAX,
-                   LLMCL_ERROR_OVERFLOW,
-                   "attention: %lld tiles (TILE_RUN %d) x %d heads x batch %d exceed 2^32",
-                   (long long)tiles, t.run, heads, g->B);
-    llmcl__args a = llmcl__args_begin(ctx, kern);
-    for (int i = 0; i < n; ++i)
-        llmcl__arg_tensor(&a, ts[i]);
+    const llmcl_tensor *const *ts;
+    int n, heads;
+    const llmcl_tensor *lse, *delta;
+    size_t global, wg;
+} attn_launch;
+
+/*
+ * The arguments of a tiled kernel (attn_fwd, attn_bwd_dq, attn_bwd_dkdv and their tensor-core
+ * versions) in their common order: the tensors, cu_seqlens, lengths, batch size, heads and group
+ * size, the (b, h, t) strides of every tensor but lse and delta, lse's strides and the mask.
+ */
+static llmcl__args attn_args_tiled(llmcl_ctx *ctx, const attn_geom *g, const attn_launch *l)
+{
+    llmcl__args a = llmcl__args_begin(ctx, l->kern);
+    for (int i = 0; i < l->n; ++i)
+        llmcl__arg_tensor(&a, l->ts[i]);
     attn_arg_cu(&a, g->cu_q);
     attn_arg_cu(&a, g->cu_k);
     llmcl__arg_i32(&a, g->Tq);
     llmcl__arg_i32(&a, g->Tk);
     llmcl__arg_i32(&a, g->B);
-    llmcl__arg_i32(&a, heads);
+    llmcl__arg_i32(&a, l->heads);
     llmcl__arg_i32(&a, g->Hq / g->Hkv);
-    for (int i = 0; i < n; ++i)
-        if (ts[i] != lse && ts[i] != delta)
-            attn_arg_strides(&a, attn_strides_of(g, ts[i]), true);
-    attn_arg_strides(&a, attn_lse_strides(g, lse), false);
+    for (int i = 0; i < l->n; ++i)
+        if (l->ts[i] != l->lse && l->ts[i] != l->delta)
+            attn_arg_strides(&a, attn_strides_of(g, l->ts[i]), true);
+    attn_arg_strides(&a, attn_lse_strides(g, l->lse), false);
     attn_arg_mask(&a, g);
-    const size_t global = (size_t)tiles * (size_t)g->B * (size_t)heads * wg;
-    return llmcl__launch(&a, 1, &global, &wg);
+    return a;
+}
+
+/*
+ * A portable kernel's walk in split.launches launches (SPLIT), each resuming from the state the
+ * one before saved: an f32 row of `row` floats a query of each head (a key of each KV head in
+ * attn_bwd_dkdv), of `len` rows a head (the longest sequence, or varlen's packed rows), in
+ * lse's order.
+ */
+static llmcl_status attn_launch_split(llmcl_ctx *ctx, const attn_geom *g, const attn_launch *l,
+                                      attn_split split, int64_t row, int64_t len)
+{
+    const int64_t numel = (g->varlen ? 1 : (int64_t)g->B) * l->heads * len * row;
+    llmcl_tensor *st;
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &numel, "attention split state", &st));
+    llmcl_status status = LLMCL_OK;
+    for (int64_t i = 0; i < split.launches && status == LLMCL_OK; ++i) {
+        const int64_t begin = i * split.per, end = begin + split.per;
+        llmcl__args a = attn_args_tiled(ctx, g, l);
+        llmcl__arg_tensor(&a, st);
+        llmcl__arg_i64(&a, g->varlen ? 0 : l->heads * len * row);
+        llmcl__arg_i64(&a, len * row);
+        llmcl__arg_i64(&a, row);
+        llmcl__arg_i32(&a, (int32_t)begin);
+        llmcl__arg_i32(&a, (int32_t)(end < split.steps ? end : split.steps));
+        llmcl__arg_i32(&a, i + 1 == split.launches);
+        status = llmcl__launch(&a, 1, &l->global, &l->wg);
+    }
+    llmcl_tensor_destroy(st);
+    return status;
+}
+
+/*
+ * A tiled kernel: attn_bwd_dkdv (and its tensor-core versions) runs a work-group per key tile of a
+ * KV head, the others per query tile of a query head, on a flat grid that the kernels read
+ * tile-major (attn_place_of). A portable kernel whose walk passes the device's loop budget runs
+ * in launches of parts of it (attn_split_of).
+ */
+static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, attn_kernel which,
+                                      const llmcl_tensor *const *ts, int n,
+                                      const llmcl_tensor *lse, const llmcl_tensor *delta)
+{
+    llmcl__params p = {0};
+    attn_tiles t;
+    attn_launch l = {.ts = ts, .n = n, .lse = lse, .delta = delta};
+    LLMCL__TRY(attn_config(ctx, g, which, &p, &t, &l.wg));
+    attn_split split = {0, 0, 1};
+    if (which <= ATTN_DKDV) /* the portable kernels */
+        LLMCL__TRY(attn_split_of(ctx, g, which, t, &split));
+    attn_geom gs = *g;
+    gs.split = split.launches > 1;
+    LLMCL__TRY(attn_build(ctx, &gs, which, &p, &l.kern));
+    const bool by_keys = which == ATTN_DKDV || which == ATTN_DKDV_MMA || which == ATTN_DKDV_WG;
+    l.heads = by_keys ? g->Hkv : g->Hq;
+    const int64_t tiles = by_keys ? llmcl__div_up(g->Tk, t.bn) : llmcl__div_up(g->Tq, t.bm);
+    /* The kernels count work-groups, and runs of TILE_RUN tiles of every head, in 32 bits. */
+    LLMCL__REQUIRE(ctx, (tiles > t.run ? tiles : t.run) * g->B * l.heads <= UINT32_MAX,
+                   LLMCL_ERROR_OVERFLOW,
+                   "attention: %lld tiles (TILE_RUN %d) x %d heads x batch %d exceed 2^32",
+                   (long long)tiles, t.run, l.heads, g->B);
+    l.global = (size_t)tiles * (size_t)g->B * (size_t)l.heads * l.wg;
+    if (gs.split) {
+        llmcl__log("attention: %s at D=%d, Tq=%d, Tk=%d in %lld launches of %lld of its %lld "
+                   "steps (loop limit %llu)",
+                   attn_kernel_name[which], g->D, g->Tq, g->Tk, (long long)split.launches,
+                   (long long)split.per, (long long)split.steps,
+                   (unsigned long long)ctx->info.loop_limit);
+        const llmcl_tensor *rows_of = by_keys ? ts[1] : ts[0]; /* k or q */
+        const int64_t row = which == ATTN_FWD ? g->D + 2 * (t.bn / t.tn)
+                                              : which == ATTN_DQ ? g->D : 2 * g->D;
+        const int64_t len = g->varlen ? rows_of->shape[0] : by_keys ? g->Tk : g->Tq;
+        return attn_launch_split(ctx, g, &l, split, row, len);
+    }
+    llmcl__args a = attn_args_tiled(ctx, g, &l);
+    return llmcl__launch(&a, 1, &l.global, &l.wg);
 }
 
 llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, const llmcl_tensor *k,
@@ -809,10 +1022,14 @@ llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, cons
 static llmcl_status attn_launch_pre(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *o,
                                     const llmcl_tensor *dout, llmcl_tensor *delta)
 {
-    cl_kernel kern;
+    llmcl__params p = {0};
     attn_tiles t;
     size_t wg;
-    LLMCL__TRY(attn_kernel_get(ctx, g, ATTN_PRE, &kern, &t, &wg));
+    LLMCL__TRY(attn_config(ctx, g, ATTN_PRE, &p, &t, &wg));
+    /* a work-item a row, its one loop over D */
+    LLMCL__TRY(llmcl__check_loops(ctx, g->D / 4 + 1, "attention: attn_bwd_pre at D = %d", g->D));
+    cl_kernel kern;
+    LLMCL__TRY(attn_build(ctx, g, ATTN_PRE, &p, &kern));
     llmcl__args a = llmcl__args_begin(ctx, kern);
     llmcl__arg_tensor(&a, o);
     llmcl__arg_tensor(&a, dout);
@@ -881,6 +1098,8 @@ llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q, con
     g.aligned8 =
         attn_aligned(q, 8) && attn_aligned(k, 8) && attn_aligned(v, 8) && attn_aligned(dout, 8);
     g.mma = attn_mma_fits(ctx, &g, false);
+    for (int kern = ATTN_DQ; kern <= ATTN_DKDV && !g.mma; ++kern)
+        LLMCL__TRY(attn_check_split(ctx, &g, (attn_kernel)kern));
 
     /*
      * Empty sides: with no queries dk and dv come out zero from attn_bwd_dkdv's empty loops, and
