@@ -915,8 +915,10 @@ static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, int b,
     OP(F_EMBEDDING_FWD,
        llmcl_embedding_forward(ctx, tids, param(m, P_EMBED, -1)->w, rows(a, stream(m, 0), n)));
     TRY(group_close(m, 0, GROUP_PARAMS));
-    for (int l = 0; l < m->cfg.layers; ++l)
+    for (int l = 0; l < m->cfg.layers; ++l) {
         TRY(block_forward(m, a, l, n, b, t, save));
+        arena_clear(a); /* views of one block at a time: a deep model's would overflow the arena */
+    }
     TRY(group_open(m, model_head_group(m), GROUP_PARAMS));
     const llmcl_rmsnorm_options no = norm_opts(m);
     return PROF(F_NORM, llmcl_rmsnorm_forward(ctx, rows(a, stream(m, m->cfg.layers), n),
