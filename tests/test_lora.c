@@ -4,7 +4,7 @@
  * y = x W^T + s (x A^T) B^T;
  * a whole model with B = 0 giving the base model's loss and logits bit for bit, and after one AdamW
  * step a new loss with the base weights bit-identical; LoRA gradients the same bits with activation
- * checkpointing and offload; export then --init-from giving the same bits (f32) or the bf16
+ * checkpointing (full, ops, every 2nd layer) and offload; export then --init-from giving the same bits (f32) or the bf16
  * rounding, and the config read back; a merged export equal to W + s B A.
  */
 #include <math.h>
@@ -37,7 +37,7 @@ static model_config small_config(llmcl_dtype dt, int rank, unsigned targets)
 }
 
 /* Base weights from the fixture, and the fixture's batch. */
-static model *fixture_model(const model_config *cfg, llmcl_safetensors *st, bool recompute,
+static model *fixture_model(const model_config *cfg, llmcl_safetensors *st, int recompute,
                             bool offload)
 {
     model *m = NULL;
@@ -223,8 +223,8 @@ static void check_zero_b(llmcl_dtype dt)
     llmcl_safetensors *st = NULL;
     TH_OK(llmcl_safetensors_open(fixture_path("train_fixture_untied.safetensors"), &st));
     const model_config base_cfg = small_config(dt, 0, 0), lora_cfg = small_config(dt, 8, LORA_ALL_TARGETS);
-    model *base = fixture_model(&base_cfg, st, false, false);
-    model *lora = fixture_model(&lora_cfg, st, false, false);
+    model *base = fixture_model(&base_cfg, st, RECOMPUTE_NONE, false);
+    model *lora = fixture_model(&lora_cfg, st, RECOMPUTE_NONE, false);
     const size_t nl = (size_t)32 * 64;
     float lb, ll, *gb = th_alloc(nl * sizeof *gb), *gl = th_alloc(nl * sizeof *gl);
     forward(base, st, &lb, gb);
@@ -274,7 +274,7 @@ static void test_zero_b_bf16(void **state)
 }
 
 /* Adapter gradients of the fixture's batch (B random so that every gradient is nonzero). */
-static double *lora_gradients(llmcl_safetensors *st, bool recompute, bool offload)
+static double *lora_gradients(llmcl_safetensors *st, int recompute, bool offload)
 {
     const model_config cfg = small_config(LLMCL_BF16, 8, LORA_ALL_TARGETS);
     model *m = fixture_model(&cfg, st, recompute, offload);
@@ -300,13 +300,17 @@ static void test_recompute_same_bits(void **state)
     TH_OK(model_create(th_ctx(), &cfg, 1, &m));
     const size_t n = (size_t)m->trainable.total;
     model_destroy(m);
-    double *g = lora_gradients(st, false, false);
+    double *g = lora_gradients(st, RECOMPUTE_NONE, false);
     assert_true(max_abs(g, n) > 0);
-    for (int off = 0; off < 2; ++off) {
-        double *gr = lora_gradients(st, true, off);
-        assert_memory_equal(g, gr, n * sizeof *g);
-        free(gr);
-    }
+    /* the ops form keeps the adapters' x A^T with the products' outputs; --recompute=2
+       recomputes the second of the 2 layers whole */
+    static const int forms[] = {RECOMPUTE_FULL, RECOMPUTE_OPS, 2};
+    for (size_t r = 0; r < sizeof forms / sizeof forms[0]; ++r)
+        for (int off = 0; off < 2; ++off) {
+            double *gr = lora_gradients(st, forms[r], off);
+            assert_memory_equal(g, gr, n * sizeof *g);
+            free(gr);
+        }
     free(g);
     llmcl_safetensors_close(st);
 }
@@ -354,7 +358,7 @@ static void test_export_round_trip(void **state)
     llmcl_safetensors *st = NULL;
     TH_OK(llmcl_safetensors_open(fixture_path("train_fixture_untied.safetensors"), &st));
     const model_config cfg = small_config(LLMCL_BF16, 0, 0);
-    model *m = fixture_model(&cfg, st, false, false);
+    model *m = fixture_model(&cfg, st, RECOMPUTE_NONE, false);
     for (int e = 0; e < 2; ++e) {
         const llmcl_dtype edt = e ? LLMCL_BF16 : LLMCL_F32;
         char *dir = temp_dir();
@@ -407,7 +411,7 @@ static void test_merged_and_adapter_export(void **state)
     llmcl_safetensors *st = NULL;
     TH_OK(llmcl_safetensors_open(fixture_path("train_fixture_untied.safetensors"), &st));
     const model_config cfg = small_config(LLMCL_BF16, 4, (1u << P_WQ) | (1u << P_WDOWN));
-    model *m = fixture_model(&cfg, st, false, false);
+    model *m = fixture_model(&cfg, st, RECOMPUTE_NONE, false);
     for (int i = 0; i < m->n_params; ++i)
         if (m->params[i].kind == P_LORA_B)
             randomize(m, &m->params[i], 200 + i, 0.5);

@@ -2,9 +2,11 @@
  * test_train.c: llmcl-train's model and optimizer against the independent PyTorch reference
  * (tools/llmcl-train/reference.py, computed in float64). For each fixture (tied and untied output
  * head) and compute dtype (f32, bf16), from the fixture's weights and batch: the logits, the mean
- * cross-entropy and every parameter's gradient, without and with activation checkpointing and
- * offload (which must give the same bits), and the losses of ten AdamW steps with clipping and
- * weight decay. The initial weights: each parameter's values its own counter-based stream's, the
+ * cross-entropy and every parameter's gradient, without and with activation checkpointing in
+ * each form and offload (which must give the same bits), and the losses of ten AdamW steps with
+ * clipping and weight decay. The recompute forms on a model of 5 layers: the losses and weights of
+ * three AdamW steps, bit for bit those without, and the peak of device memory in the order that
+ * each form's kept buffers give. The initial weights: each parameter's values its own counter-based stream's, the
  * same bits whatever the split into pieces or threads; Normal(0, 0.02) matrices, unit norms, LoRA A
  * uniform in +-1/sqrt(in) and B zero.
  */
@@ -107,7 +109,7 @@ static th_tol rel_max_tol(llmcl_dtype dt, const double *ref, size_t n)
     return (th_tol){r * max_abs(ref, n) + 1e-7, r};
 }
 
-static model *fixture_model(const fixture *f, bool recompute, bool offload)
+static model *fixture_model(const fixture *f, int recompute, bool offload)
 {
     model *m = NULL;
     TH_OK(model_create(th_ctx(), &f->cfg, 1, &m));
@@ -169,17 +171,20 @@ static void check_forward_backward(const char *file, llmcl_dtype dt)
     }
 
     /* activation checkpointing recomputes the same kernels on the same inputs, and offloading
-       brings them back bit for bit: the same gradients exactly */
-    for (int off = 0; off < 2; ++off) {
-        model *mr = fixture_model(&f, true, off);
-        TH_OK(llmcl_fill(mr->ctx, mr->trainable.grad, 0.0));
-        TH_OK(model_forward(mr, f.ids, f.targets, f.b, f.t, true));
-        double **gr = gradients(mr);
-        for (int i = 0; i < m->n_params; ++i)
-            assert_memory_equal(g[i], gr[i], (size_t)m->params[i].numel * sizeof *g[i]);
-        free_gradients(mr, gr);
-        model_destroy(mr);
-    }
+       brings them back bit for bit: the same gradients exactly, in every form (of 2 layers, the
+       second recomputed whole with --recompute=2) */
+    static const int forms[] = {RECOMPUTE_FULL, RECOMPUTE_OPS, 2};
+    for (size_t r = 0; r < sizeof forms / sizeof forms[0]; ++r)
+        for (int off = 0; off < 2; ++off) {
+            model *mr = fixture_model(&f, forms[r], off);
+            TH_OK(llmcl_fill(mr->ctx, mr->trainable.grad, 0.0));
+            TH_OK(model_forward(mr, f.ids, f.targets, f.b, f.t, true));
+            double **gr = gradients(mr);
+            for (int i = 0; i < m->n_params; ++i)
+                assert_memory_equal(g[i], gr[i], (size_t)m->params[i].numel * sizeof *g[i]);
+            free_gradients(mr, gr);
+            model_destroy(mr);
+        }
 
     free_gradients(m, g);
     free(got), free(ref);
@@ -243,6 +248,126 @@ static void test_untied_bf16(void **state)
 {
     (void)state;
     check_forward_backward("train_fixture_untied.safetensors", LLMCL_BF16);
+}
+
+/* ---- activation checkpointing's forms ---- */
+
+enum { FORM_B = 2, FORM_T = 16, FORM_STEPS = 3 };
+
+/* What one form's run gave: each step's loss, the final master weights, the step's peak. */
+typedef struct form_run {
+    double loss[FORM_STEPS];
+    double *masters;
+    size_t n_masters;
+    uint64_t acts_bytes, peak_bytes; /* its activations' device memory; the steps' peak */
+} form_run;
+
+/* FORM_STEPS AdamW steps from seed 3's weights on one batch, activations in form recompute. */
+static form_run run_form(const model_config *cfg, const int32_t *ids, const int32_t *targets,
+                         int recompute, bool offload)
+{
+    form_run r = {0};
+    llmcl_memory_stats before, after;
+    model *m = NULL;
+    TH_OK(model_create(th_ctx(), cfg, 3, &m));
+    TH_OK(llmcl_memory_stats_get(m->ctx, &before));
+    TH_OK(model_alloc_acts(m, FORM_B, FORM_T, recompute, offload));
+    TH_OK(llmcl_memory_stats_get(m->ctx, &after));
+    r.acts_bytes = after.current_bytes - before.current_bytes;
+    const adamw_hparams hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                              .clip = 1.0f};
+    optimizer opt;
+    TH_OK(optimizer_create(m, &hp, &opt));
+    TH_OK(llmcl_memory_reset_peak(m->ctx));
+    for (int s = 0; s < FORM_STEPS; ++s) {
+        TH_OK(llmcl_fill(m->ctx, m->trainable.grad, 0.0));
+        TH_OK(model_forward(m, ids, targets, FORM_B, FORM_T, true));
+        th_download(m->loss, &r.loss[s]);
+        TH_OK(model_backward(m, FORM_B, FORM_T));
+        TH_OK(optimizer_step(&opt, 3e-3f, s + 1, 1));
+    }
+    TH_OK(llmcl_memory_stats_get(m->ctx, &after));
+    r.peak_bytes = after.peak_bytes;
+    r.n_masters = (size_t)m->trainable.total;
+    r.masters = th_alloc(r.n_masters * sizeof *r.masters);
+    th_download(m->trainable.master, r.masters);
+    char what[160];
+    model_recompute_describe(m, what, sizeof what);
+    printf("%s%s: activations %llu bytes, peak %llu\n", what[0] ? what : "no recompute",
+           offload ? " + offload" : "", (unsigned long long)r.acts_bytes,
+           (unsigned long long)r.peak_bytes);
+    optimizer_destroy(&opt);
+    model_destroy(m);
+    return r;
+}
+
+/*
+ * Every form, with and without offload, trains 5 layers (a multiple of neither 2 nor 3) to the
+ * bits of the run that keeps everything. Memory: --recompute=N keeps full activations for the
+ * layers it does not recompute and rebuilds the others in the last layer's buffers when that layer
+ * keeps all (5 % 2 and 5 % 3 are not 0), full rebuilds every layer in one set of its own, ops
+ * drops the norms' and SwiGLU's outputs of every layer.
+ */
+static void check_forms(llmcl_dtype dt)
+{
+    const model_config cfg = {.vocab = 64, .dim = 64, .layers = 5, .heads = 2, .kv_heads = 1,
+                              .ffn = 96, .max_seq = FORM_T, .norm_eps = 1e-5f,
+                              .rope_theta = 10000, .tied = 1, .dtype = dt};
+    int32_t ids[FORM_B * FORM_T], targets[FORM_B * FORM_T];
+    uint32_t x = 12345;
+    for (int i = 0; i < FORM_B * FORM_T; ++i) {
+        x = x * 1664525u + 1013904223u;
+        ids[i] = (int32_t)(x >> 8) % cfg.vocab;
+        targets[i] = (int32_t)(x >> 20) % cfg.vocab;
+    }
+    static const int forms[] = {RECOMPUTE_NONE, 3, 2, RECOMPUTE_FULL, RECOMPUTE_OPS, 5};
+    enum { NONE, N3, N2, FULL, OPS, N5, FORMS };
+    form_run runs[FORMS];
+    for (int f = 0; f < FORMS; ++f)
+        for (int off = 0; off < (f == NONE ? 1 : 2); ++off) {
+            form_run r = run_form(&cfg, ids, targets, forms[f], off);
+            if (f == NONE) {
+                assert_true(r.loss[FORM_STEPS - 1] < r.loss[0]); /* it trained */
+                runs[f] = r;
+                continue;
+            }
+            assert_memory_equal(runs[NONE].loss, r.loss, sizeof r.loss);
+            assert_int_equal(runs[NONE].n_masters, r.n_masters);
+            assert_memory_equal(runs[NONE].masters, r.masters, r.n_masters * sizeof *r.masters);
+            if (off)
+                free(r.masters);
+            else
+                runs[f] = r;
+        }
+    /* the activations alone, exactly: a layer set S = (none - full) / 4 */
+    const uint64_t none = runs[NONE].acts_bytes, set = (none - runs[FULL].acts_bytes) / 4;
+    assert_int_equal(none - runs[FULL].acts_bytes, 4 * set);
+    assert_int_equal(runs[N2].acts_bytes, none - 2 * set); /* layers 1 and 3 */
+    assert_int_equal(runs[N3].acts_bytes, none - set);     /* layer 2 */
+    assert_int_equal(runs[N5].acts_bytes, none);           /* layer 4, in a set of its own */
+    /* ops: 4 layers' norm outputs, rstd and SwiGLU product fewer (one set is rebuilt into) */
+    const uint64_t n = FORM_B * FORM_T, cheap = n * (2 * cfg.dim + cfg.ffn) * llmcl_dtype_size(dt) +
+                                                2 * n * sizeof(float);
+    assert_int_equal(runs[OPS].acts_bytes, none - 4 * cheap);
+    /* and the steps' peaks in the same order */
+    assert_true(runs[NONE].peak_bytes > runs[N3].peak_bytes);
+    assert_true(runs[N3].peak_bytes > runs[N2].peak_bytes);
+    assert_true(runs[N2].peak_bytes > runs[FULL].peak_bytes);
+    assert_true(runs[OPS].peak_bytes < runs[NONE].peak_bytes);
+    for (int f = 0; f < FORMS; ++f)
+        free(runs[f].masters);
+}
+
+static void test_recompute_forms_bf16(void **state)
+{
+    (void)state;
+    check_forms(LLMCL_BF16);
+}
+
+static void test_recompute_forms_f32(void **state)
+{
+    (void)state;
+    check_forms(LLMCL_F32);
 }
 
 /* ---- initial values ---- */
@@ -380,6 +505,8 @@ int main(void)
         cmocka_unit_test(test_untied_f32),
         cmocka_unit_test(test_tied_bf16),
         cmocka_unit_test(test_untied_bf16),
+        cmocka_unit_test(test_recompute_forms_bf16),
+        cmocka_unit_test(test_recompute_forms_f32),
         cmocka_unit_test(test_streams_split),
         cmocka_unit_test(test_parallel_for),
         cmocka_unit_test(test_initial_values),

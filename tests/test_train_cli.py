@@ -8,7 +8,9 @@ export read back by --init-from (one file or shards) exports the same bytes; mis
 shapes, configs that contradict the options fail naming them; LoRA runs resume bit for bit, only on
 their own base, and export PEFT's files or the merged model. --offload-optimizer: the losses and
 checkpoints of the run without it, bit for bit (with --recompute --offload too, and resumed across
-the flag both ways), and a lower peak of device memory.
+the flag both ways), and a lower peak of device memory. --recompute=full|ops|N (with and without
+--offload): the losses and checkpoint of the run without, bit for bit, and peaks of device memory
+in the order of what each form keeps; bad forms refused.
 Tensors that the model would drop (Qwen2's q/k/v biases) are refused, named.
 A file named .bin, or one that starts with llm.c's magic, that is not a whole llm.c token file is
 refused (--data-format text reads it as text), and so is a folder given as --data or --val.
@@ -318,6 +320,43 @@ def offload_optimizer(p, flat, straight):
     expect_error("--offload-chunk-mib alone", TINY + ["--offload-chunk-mib", "1"], "give both")
 
 
+def recompute_forms(p):
+    """--recompute's forms on 5 layers (a multiple of neither 2 nor 3): the losses and checkpoint
+    of the run that keeps everything, bit for bit, with and without --offload; the start-up line
+    names the form; the peaks of device memory in the order of what each form keeps."""
+    base = TINY + ["--layers", "5", "--batch", "4", "--seq", "64", "--min-lr", "1", "--steps", "3"]
+    keep = expect_ok("5 layers, all activations kept", base + ["--save", p("rc_none.st")])
+    peaks = {"none": memory(keep.stdout)[0]}
+    forms = (("--recompute", "full activation checkpointing"),
+             ("--recompute=full", "full activation checkpointing"),
+             ("--recompute=ops", "selective activation checkpointing of ops"),
+             ("--recompute=2", "selective activation checkpointing of every 2nd layer (2 of 5"),
+             ("--recompute=3", "selective activation checkpointing of every 3rd layer (1 of 5"))
+    for form, words in forms:
+        for offload in ([], ["--offload"]):
+            name = form + "".join(" " + o for o in offload)
+            r = expect_ok(name, base + [form] + offload + ["--save", p("rc.st")])
+            model = re.search(r"^model: .*$", r.stdout, re.M)
+            line = model.group(0) if model else ""
+            check(f"{name}: the start-up line names the form: {line[-100:]}",
+                  words in line and line.endswith(" with offload") == bool(offload))
+            check(f"{name}: the same losses and norms",
+                  len(losses(r.stdout)) == 3 and losses(r.stdout) == losses(keep.stdout))
+            same_files(f"{name}: the same checkpoint", p("rc_none.st"), p("rc.st"))
+            if not offload:
+                peaks[form.partition("=")[2] or "bare"] = memory(r.stdout)[0]
+    check(f"peaks of device memory: none > every 3rd > every 2nd > full, ops < none: {peaks}",
+          peaks["none"] > peaks["3"] > peaks["2"] > peaks["full"] > 0 and
+          peaks["ops"] < peaks["none"] and peaks["bare"] == peaks["full"])
+    for value in ("0", "-1", "x", ""):
+        expect_error(f"--recompute={value}", TINY + [f"--recompute={value}"],
+                     f"--recompute={value}: expected full, ops or a layer interval N from 1 to 4096")
+    expect_error("a form given apart", TINY + ["--recompute", "ops"],
+                 "--recompute takes its form after '=': --recompute=ops")
+    expect_error("a layer interval beyond the layers", base + ["--recompute=6"],
+                 "--recompute=6: no layer of the 5 would be recomputed")
+
+
 def token_files(p):
     """A file named .bin, or one that starts like an llm.c header, is a whole llm.c file or
     refused; --data-format says how to read a file whose name misleads."""
@@ -479,6 +518,7 @@ def main():
         f.write(data[: len(data) // 2])
     expect_error("a truncated checkpoint", TINY + ["--resume", p("cut.st")], "cannot resume")
     offload_optimizer(p, flat, straight)
+    recompute_forms(p)
 
     # Ctrl-C with --save-on-interrupt
     proc = subprocess.Popen([TRAIN] + TINY + ["--steps", "1000000", "--save", p("int.st"),

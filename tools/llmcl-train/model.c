@@ -601,38 +601,131 @@ static model_param *param(model *m, int kind, int layer)
 
 /* ---- activations ---- */
 
-static void acts_alloc(model *m, layer_acts *A, int64_t n, int b, int t)
+/*
+ * A layer's buffers as slots, so that a mask says which of them a layer keeps; the adapters' x A^T
+ * last, one slot per projection from P_WQ to P_WDOWN.
+ */
+enum { S_H1, S_RSTD1, S_Q, S_K, S_V, S_O, S_LSE, S_XMID, S_H2, S_RSTD2, S_GATE, S_UP, S_ACT, S_U,
+       SLOTS = S_U + P_WDOWN - P_WQ + 1 };
+#define ALL_SLOTS ((1u << SLOTS) - 1)
+/* What the ops form rebuilds: the RMSNorms' outputs and rstd, and SwiGLU's product. */
+#define CHEAP_SLOTS \
+    ((1u << S_H1) | (1u << S_RSTD1) | (1u << S_H2) | (1u << S_RSTD2) | (1u << S_ACT))
+
+static void slots_of(layer_acts *A, llmcl_tensor **s[SLOTS])
 {
-    llmcl_ctx *ctx = m->ctx;
-    const model_config *c = &m->cfg;
-    const llmcl_dtype dt = c->dtype;
-    const int64_t q = (int64_t)c->heads * m->head_dim, kv = (int64_t)c->kv_heads * m->head_dim;
-    A->h1 = new_tensor(ctx, dt, 2, n, c->dim);
-    A->rstd1 = new_tensor(ctx, LLMCL_F32, 1, n, 0);
-    A->q = new_tensor(ctx, dt, 2, n, q);
-    A->k = new_tensor(ctx, dt, 2, n, kv);
-    A->v = new_tensor(ctx, dt, 2, n, kv);
-    A->o = new_tensor(ctx, dt, 2, n, q);
-    A->lse = new_tensor(ctx, LLMCL_F32, 1, (int64_t)b * c->heads * t, 0);
-    A->xmid = new_tensor(ctx, dt, 2, n, c->dim);
-    A->h2 = new_tensor(ctx, dt, 2, n, c->dim);
-    A->rstd2 = new_tensor(ctx, LLMCL_F32, 1, n, 0);
-    A->gate = new_tensor(ctx, dt, 2, n, c->ffn);
-    A->up = new_tensor(ctx, dt, 2, n, c->ffn);
-    A->act = new_tensor(ctx, dt, 2, n, c->ffn);
+    llmcl_tensor **named[S_U] = {&A->h1,  &A->rstd1, &A->q,  &A->k,    &A->v,    &A->o,  &A->lse,
+                                 &A->xmid, &A->h2,   &A->rstd2, &A->gate, &A->up, &A->act};
+    for (int i = 0; i < S_U; ++i)
+        s[i] = named[i];
     for (int k = P_WQ; k <= P_WDOWN; ++k)
-        if (c->lora_rank > 0 && (c->lora_targets & (1u << k)))
-            A->u[k] = new_tensor(ctx, dt, 2, n, c->lora_rank);
+        s[S_U + k - P_WQ] = &A->u[k];
+}
+
+/* The slots that layer l keeps from its forward to its backward. */
+static unsigned kept_slots(const model *m, int l)
+{
+    if (m->recompute == RECOMPUTE_OPS)
+        return ALL_SLOTS & ~CHEAP_SLOTS;
+    return m->recompute > 0 && (l + 1) % m->recompute == 0 ? 0 : ALL_SLOTS;
+}
+
+/* A slot's buffer for b x t tokens; NULL for the x A^T of a projection without an adapter. */
+static llmcl_tensor *slot_alloc(model *m, int slot, int b, int t)
+{
+    const model_config *c = &m->cfg;
+    const int64_t n = (int64_t)b * t, q = (int64_t)c->heads * m->head_dim,
+                  kv = (int64_t)c->kv_heads * m->head_dim;
+    const int64_t width[S_U] = {[S_H1] = c->dim, [S_Q] = q,          [S_K] = kv,
+                                [S_V] = kv,      [S_O] = q,          [S_XMID] = c->dim,
+                                [S_H2] = c->dim, [S_GATE] = c->ffn, [S_UP] = c->ffn,
+                                [S_ACT] = c->ffn};
+    if (slot == S_RSTD1 || slot == S_RSTD2)
+        return new_tensor(m->ctx, LLMCL_F32, 1, n, 0);
+    if (slot == S_LSE)
+        return new_tensor(m->ctx, LLMCL_F32, 1, (int64_t)b * c->heads * t, 0);
+    if (slot < S_U)
+        return new_tensor(m->ctx, c->dtype, 2, n, width[slot]);
+    if (c->lora_rank > 0 && (c->lora_targets & (1u << (P_WQ + slot - S_U))))
+        return new_tensor(m->ctx, c->dtype, 2, n, c->lora_rank);
+    return NULL;
+}
+
+static void acts_alloc(model *m, layer_acts *A, unsigned slots, int b, int t)
+{
+    llmcl_tensor **s[SLOTS];
+    slots_of(A, s);
+    for (int i = 0; i < SLOTS; ++i)
+        if (slots & (1u << i))
+            *s[i] = slot_alloc(m, i, b, t);
 }
 
 static void acts_free(layer_acts *A)
 {
-    llmcl_tensor *all[] = {A->h1, A->rstd1, A->q, A->k, A->v, A->o, A->lse,
-                           A->xmid, A->h2, A->rstd2, A->gate, A->up, A->act};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
-        llmcl_tensor_destroy(all[i]);
-    for (int k = 0; k < P_KINDS; ++k)
-        llmcl_tensor_destroy(A->u[k]);
+    llmcl_tensor **s[SLOTS];
+    slots_of(A, s);
+    for (int i = 0; i < SLOTS; ++i) {
+        llmcl_tensor_destroy(*s[i]);
+        *s[i] = NULL;
+    }
+}
+
+/* Layer l's buffers: those it keeps, and in place of the others those that recomputation writes. */
+static layer_acts acts_of(model *m, int l)
+{
+    layer_acts A = m->acts[l];
+    llmcl_tensor **own[SLOTS], **lent[SLOTS];
+    slots_of(&A, own);
+    slots_of(&m->acts[m->rebuilt], lent);
+    for (int i = 0; i < SLOTS; ++i)
+        if (!*own[i])
+            *own[i] = *lent[i];
+    return A;
+}
+
+/*
+ * Each layer's buffers as its form keeps them, and those that recomputation rebuilds: a set of
+ * their own at acts[layers], or the last layer's when that layer keeps everything and comes after
+ * every layer that rebuilds (its backward is done before theirs begin, and its forward writes its
+ * buffers after theirs).
+ */
+static void alloc_layer_acts(model *m, int b, int t)
+{
+    const int layers = m->cfg.layers;
+    unsigned rebuilt = 0;
+    int last = -1; /* the last layer that rebuilds something */
+    m->acts = xcalloc((size_t)layers + 1, sizeof *m->acts);
+    for (int l = 0; l < layers; ++l) {
+        const unsigned kept = kept_slots(m, l);
+        acts_alloc(m, &m->acts[l], kept, b, t);
+        rebuilt |= ALL_SLOTS & ~kept;
+        last = kept == ALL_SLOTS ? last : l;
+    }
+    m->rebuilt = rebuilt && last < layers - 1 ? layers - 1 : layers;
+    if (m->rebuilt == layers)
+        acts_alloc(m, &m->acts[layers], rebuilt, b, t);
+}
+
+static const char *ordinal(int n)
+{
+    if (n % 100 >= 11 && n % 100 <= 13)
+        return "th";
+    return n % 10 == 1 ? "st" : n % 10 == 2 ? "nd" : n % 10 == 3 ? "rd" : "th";
+}
+
+void model_recompute_describe(const model *m, char *buf, size_t len)
+{
+    const int r = m->recompute, layers = m->cfg.layers;
+    if (r == RECOMPUTE_NONE)
+        snprintf(buf, len, "%s", "");
+    else if (r == RECOMPUTE_OPS)
+        snprintf(buf, len, "selective activation checkpointing of ops (RMSNorms and SwiGLU "
+                           "recomputed)");
+    else if (r == RECOMPUTE_FULL)
+        snprintf(buf, len, "full activation checkpointing");
+    else
+        snprintf(buf, len, "selective activation checkpointing of every %d%s layer (%d of %d "
+                           "recomputed)", r, ordinal(r), layers / r, layers);
 }
 
 /* Stream tensors: one per layer input and the output, or a ring of two when offloading. */
@@ -662,8 +755,7 @@ static void free_acts(model *m)
     m->saved = NULL;
     free(m->xs);
     m->xs = NULL;
-    const int nacts = m->recompute ? 1 : m->cfg.layers;
-    for (int l = 0; m->acts && l < nacts; ++l)
+    for (int l = 0; m->acts && l <= m->cfg.layers; ++l)
         acts_free(&m->acts[l]);
     free(m->acts);
     m->acts = NULL;
@@ -677,7 +769,7 @@ static void free_acts(model *m)
     }
 }
 
-llmcl_status model_alloc_acts(model *m, int b, int t, bool recompute, bool offload)
+llmcl_status model_alloc_acts(model *m, int b, int t, int recompute, bool offload)
 {
     free_acts(m);
     llmcl_ctx *ctx = m->ctx;
@@ -685,9 +777,12 @@ llmcl_status model_alloc_acts(model *m, int b, int t, bool recompute, bool offlo
     const llmcl_dtype dt = c->dtype;
     const int64_t n = (int64_t)b * t, q = (int64_t)c->heads * m->head_dim,
                   kv = (int64_t)c->kv_heads * m->head_dim;
+    if (recompute < RECOMPUTE_OPS)
+        die("model: recompute form %d is none of RECOMPUTE_NONE, _OPS or a layer interval >= 1",
+            recompute);
     m->max_b = b;
     m->max_t = t;
-    m->recompute = recompute || offload;
+    m->recompute = recompute == RECOMPUTE_NONE && offload ? RECOMPUTE_FULL : recompute;
     if (offload) {
         /* every layer's input, each rounded up to the pool's 256-byte blocks */
         const uint64_t one = ((uint64_t)n * c->dim * llmcl_dtype_size(dt) + 255) / 256 * 256;
@@ -697,10 +792,7 @@ llmcl_status model_alloc_acts(model *m, int b, int t, bool recompute, bool offlo
     m->xs = xcalloc((size_t)stream_count(m), sizeof *m->xs);
     for (int l = 0; l < stream_count(m); ++l)
         m->xs[l] = new_tensor(ctx, dt, 2, n, c->dim);
-    const int nacts = m->recompute ? 1 : c->layers;
-    m->acts = xcalloc((size_t)nacts, sizeof *m->acts);
-    for (int l = 0; l < nacts; ++l)
-        acts_alloc(m, &m->acts[l], n, b, t);
+    alloc_layer_acts(m, b, t);
     m->hfinal = new_tensor(ctx, dt, 2, n, c->dim);
     m->rstd_final = new_tensor(ctx, LLMCL_F32, 1, n, 0);
     m->lse_ce = new_tensor(ctx, LLMCL_F32, 1, n, 0);
@@ -832,18 +924,33 @@ static llmcl_status norm_grad(model *m, const model_param *p)
 
 /* ---- forward ---- */
 
+/* Layer l's RMSNorm of kind (P_ATTN_NORM or P_MLP_NORM): h and rstd of x's n rows. */
+static llmcl_status norm_forward(model *m, arena *a, int kind, int l, llmcl_tensor *x,
+                                 llmcl_tensor *h, llmcl_tensor *rstd, int64_t n)
+{
+    const llmcl_rmsnorm_options no = norm_opts(m);
+    return PROF(F_NORM, llmcl_rmsnorm_forward(m->ctx, x, param(m, kind, l)->w, rows(a, h, n),
+                                              head(a, rstd, n), &no));
+}
+
+/* act = silu(gate) * up over n rows. */
+static llmcl_status swiglu_forward(model *m, arena *a, const layer_acts *A, int64_t n)
+{
+    return PROF(F_GLU, llmcl_glu_forward(m->ctx, LLMCL_ACT_SILU, rows(a, A->gate, n),
+                                         rows(a, A->up, n), rows(a, A->act, n)));
+}
+
 /* A block's forward from x; xout (NULL when recomputing for the backward) receives its output. */
-static llmcl_status layer_forward(model *m, arena *a, int l, layer_acts *A, llmcl_tensor *x,
+static llmcl_status layer_forward(model *m, arena *a, int l, const layer_acts *A, llmcl_tensor *x,
                                   llmcl_tensor *xout, int b, int t)
 {
     llmcl_ctx *ctx = m->ctx;
     const model_config *c = &m->cfg;
     const int64_t n = (int64_t)b * t;
     const int d = m->head_dim;
-    const llmcl_rmsnorm_options no = norm_opts(m);
     llmcl_tensor *h1 = rows(a, A->h1, n), *q = rows(a, A->q, n), *k = rows(a, A->k, n),
                  *v = rows(a, A->v, n), *xmid = rows(a, A->xmid, n), *h2 = rows(a, A->h2, n);
-    OP(F_NORM, llmcl_rmsnorm_forward(ctx, x, param(m, P_ATTN_NORM, l)->w, h1, head(a, A->rstd1, n), &no));
+    TRY(norm_forward(m, a, P_ATTN_NORM, l, x, A->h1, A->rstd1, n));
     TRY(model_proj_forward(m, param(m, P_WQ, l), h1, 0, q, u_rows(a, A, P_WQ, n)));
     TRY(model_proj_forward(m, param(m, P_WK, l), h1, 0, k, u_rows(a, A, P_WK, n)));
     TRY(model_proj_forward(m, param(m, P_WV, l), h1, 0, v, u_rows(a, A, P_WV, n)));
@@ -858,11 +965,13 @@ static llmcl_status layer_forward(model *m, arena *a, int l, layer_acts *A, llmc
                                                 view(a, A->lse, 3, lshape, NULL, 0)));
     OP(F_ELEMENTWISE, llmcl_copy(ctx, x, xmid));
     TRY(model_proj_forward(m, param(m, P_WO, l), rows(a, A->o, n), 1, xmid, u_rows(a, A, P_WO, n)));
-    OP(F_NORM, llmcl_rmsnorm_forward(ctx, xmid, param(m, P_MLP_NORM, l)->w, h2, head(a, A->rstd2, n), &no));
-    llmcl_tensor *gate = rows(a, A->gate, n), *up = rows(a, A->up, n), *act = rows(a, A->act, n);
-    TRY(model_proj_forward(m, param(m, P_WGATE, l), h2, 0, gate, u_rows(a, A, P_WGATE, n)));
-    TRY(model_proj_forward(m, param(m, P_WUP, l), h2, 0, up, u_rows(a, A, P_WUP, n)));
-    OP(F_GLU, llmcl_glu_forward(ctx, LLMCL_ACT_SILU, gate, up, act));
+    TRY(norm_forward(m, a, P_MLP_NORM, l, xmid, A->h2, A->rstd2, n));
+    llmcl_tensor *act = rows(a, A->act, n);
+    TRY(model_proj_forward(m, param(m, P_WGATE, l), h2, 0, rows(a, A->gate, n),
+                           u_rows(a, A, P_WGATE, n)));
+    TRY(model_proj_forward(m, param(m, P_WUP, l), h2, 0, rows(a, A->up, n),
+                           u_rows(a, A, P_WUP, n)));
+    TRY(swiglu_forward(m, a, A, n));
     const model_param *down = param(m, P_WDOWN, l);
     if (!xout) /* recomputing for the backward: of the last projection only its adapter's u */
         return down->lora_a ? PROF(F_MATMUL_FWD, linear(ctx, act, down->lora_a->w, 0,
@@ -871,8 +980,6 @@ static llmcl_status layer_forward(model *m, arena *a, int l, layer_acts *A, llmc
     OP(F_ELEMENTWISE, llmcl_copy(ctx, xmid, xout));
     return model_proj_forward(m, down, act, 1, xout, u_rows(a, A, P_WDOWN, n));
 }
-
-static layer_acts *acts_of(model *m, int l) { return &m->acts[m->recompute ? 0 : l]; }
 
 static llmcl_ce_options ce_opts(const model *m)
 {
@@ -893,8 +1000,9 @@ static llmcl_status block_forward(model *m, arena *a, int l, int64_t n, int b, i
         TRY(llmcl_offload_save(m->off, x, &m->saved[l]));
     if (m->off && l > 0 && m->saved[l - 1].id)
         TRY(llmcl_offload_fence(m->off, m->saved[l - 1]));
+    const layer_acts A = acts_of(m, l);
     TRY(group_open(m, l + 1, GROUP_PARAMS));
-    TRY(layer_forward(m, a, l, acts_of(m, l), x, rows(a, stream(m, l + 1), n), b, t));
+    TRY(layer_forward(m, a, l, &A, x, rows(a, stream(m, l + 1), n), b, t));
     return group_close(m, l + 1, GROUP_PARAMS);
 }
 
@@ -966,9 +1074,22 @@ llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets,
 
 /* ---- backward ---- */
 
+/*
+ * The ops form's recomputation before layer l's backward: both RMSNorms (outputs and rstd) from the
+ * input x and the kept xmid, SwiGLU from the kept gate and up. The same kernels on the same bits
+ * as in the forward, so the same bits again.
+ */
+static llmcl_status layer_rebuild(model *m, arena *a, int l, const layer_acts *A, llmcl_tensor *x,
+                                  int64_t n)
+{
+    TRY(norm_forward(m, a, P_ATTN_NORM, l, x, A->h1, A->rstd1, n));
+    TRY(norm_forward(m, a, P_MLP_NORM, l, rows(a, A->xmid, n), A->h2, A->rstd2, n));
+    return swiglu_forward(m, a, A, n);
+}
+
 /* A block's backward: dres holds d(output) on entry and d(input) on return. */
-static llmcl_status layer_backward(model *m, arena *a, int l, layer_acts *A, llmcl_tensor *x,
-                                   int b, int t)
+static llmcl_status layer_backward(model *m, arena *a, int l, const layer_acts *A,
+                                   llmcl_tensor *x, int b, int t)
 {
     llmcl_ctx *ctx = m->ctx;
     const model_config *c = &m->cfg;
@@ -1017,8 +1138,8 @@ static llmcl_status layer_backward(model *m, arena *a, int l, layer_acts *A, llm
 
 /*
  * Block l's backward from its input: kept on the device, or brought back from the host with the
- * next block's input prefetched meanwhile. Recomputes the block first when activations were not
- * kept.
+ * next block's input prefetched meanwhile. First recomputes the block when it kept only its input,
+ * or what the ops form did not keep.
  */
 static llmcl_status block_backward(model *m, arena *a, int l, int64_t n, int b, int t)
 {
@@ -1031,11 +1152,15 @@ static llmcl_status block_backward(model *m, arena *a, int l, int64_t n, int b, 
     } else {
         x = rows(a, stream(m, l), n);
     }
+    const layer_acts A = acts_of(m, l);
+    const unsigned kept = kept_slots(m, l);
     llmcl_status st = group_open(m, l + 1, GROUP_PARAMS | GROUP_GRADS);
-    if (st == LLMCL_OK && m->recompute)
-        st = layer_forward(m, a, l, acts_of(m, l), x, NULL, b, t);
+    if (st == LLMCL_OK && kept == 0)
+        st = layer_forward(m, a, l, &A, x, NULL, b, t);
+    else if (st == LLMCL_OK && kept != ALL_SLOTS)
+        st = layer_rebuild(m, a, l, &A, x, n);
     if (st == LLMCL_OK)
-        st = layer_backward(m, a, l, acts_of(m, l), x, b, t);
+        st = layer_backward(m, a, l, &A, x, b, t);
     if (st == LLMCL_OK)
         st = group_close(m, l + 1, GROUP_PARAMS | GROUP_GRADS);
     if (m->off) {

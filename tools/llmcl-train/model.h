@@ -17,6 +17,7 @@
 #define LLMCL_TRAIN_MODEL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "llmcl.h"
@@ -118,12 +119,15 @@ typedef struct model {
 
     /* activations for micro-batches of up to max_b x max_t tokens */
     int max_b, max_t;
-    bool recompute;        /* activation checkpointing: keep layer inputs only */
+    int recompute;         /* model_alloc_acts's form: RECOMPUTE_NONE, _OPS or every Nth layer */
     llmcl_offload *off;    /* with recompute: layer inputs go to pinned host memory */
     llmcl_offload_handle *saved; /* per layer: its input on the host, while a backward follows */
     llmcl_tensor **xs;     /* residual stream [N, dim]: layers + 1 tensors, or a ring of two when
                               offloading */
-    layer_acts *acts;      /* one per layer, or one shared when recomputing */
+    layer_acts *acts;      /* per layer the buffers it keeps (none for a layer recomputed whole),
+                              then at [layers] those that recomputation rebuilds, where no later
+                              layer lends its own */
+    int rebuilt;           /* the index in acts of the buffers that recomputation writes into */
     llmcl_tensor *hfinal, *rstd_final, *lse_ce, *loss, *ids, *targets, *positions;
     llmcl_tensor *dres, *dh, *dh32, *da, *dattn, *dq, *dk, *dv, *dnorm_w, *logits_last;
     llmcl_tensor *du;      /* an adapter's d(x A^T) [N, rank] */
@@ -168,11 +172,26 @@ llmcl_status model_norms_from(model *m, int64_t at, int64_t len, const llmcl_ten
 model_param *model_find(model *m, const char *name);
 
 /*
- * Allocates activations for micro-batches of b x t tokens. recompute keeps only each layer's input
- * and recomputes the layer in the backward; offload (with recompute) moves those inputs to pinned
- * host memory during the forward and brings them back, one layer ahead, in the backward.
+ * Activation checkpointing's forms (model_alloc_acts's recompute, llmcl-train's
+ * --recompute[=full|ops|N]). N >= 1: the layers l with (l + 1) % N == 0 keep only their input and
+ * are recomputed whole before their backward, the others keep everything (torchtitan's
+ * selective_ac_option = N; N = 1, RECOMPUTE_FULL, is every layer). RECOMPUTE_OPS: every layer
+ * keeps its products' outputs (q, k and v after RoPE, xmid = x + o Wo^T, gate, up, the adapters'
+ * x A^T) and attention's output with its LSE, and its RMSNorms and SwiGLU are recomputed from them
+ * before its backward.
  */
-llmcl_status model_alloc_acts(model *m, int b, int t, bool recompute, bool offload);
+enum { RECOMPUTE_NONE = 0, RECOMPUTE_FULL = 1, RECOMPUTE_OPS = -1 };
+
+/*
+ * Allocates activations for micro-batches of b x t tokens, only those that the recompute form
+ * keeps (above); offload (with a form, RECOMPUTE_FULL when none is given) moves every layer's
+ * input to pinned host memory during the forward and brings it back, one layer ahead, in the
+ * backward.
+ */
+llmcl_status model_alloc_acts(model *m, int b, int t, int recompute, bool offload);
+
+/* The recompute form in words ("" for none), for the trainer's start-up line. */
+void model_recompute_describe(const model *m, char *buf, size_t len);
 
 void model_destroy(model *m);
 

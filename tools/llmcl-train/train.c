@@ -6,6 +6,7 @@
  * --zero under mpiexec, ZeRO over MPI ranks (zero.h), each rank training on its slice of the batch;
  * with --offload-optimizer the masters and moments in pinned host memory (offload_state.h).
  */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -42,7 +43,8 @@ typedef struct options {
     float lr, min_lr_frac, weight_decay, clip, beta1, beta2, eps;
     int eval_every, eval_batches, log_every, sample_tokens;
     const char *prompt;
-    int recompute, offload, profile;
+    int recompute;         /* model.h's RECOMPUTE_NONE, RECOMPUTE_OPS or a layer interval */
+    int offload, profile;
     int offload_optimizer;
     double offload_chunk_mib;
     int vocab_given;
@@ -91,8 +93,13 @@ static void usage(FILE *f)
           "  --accum K            micro-batches per step (gradient accumulation)\n"
           "  --steps N --lr X --min-lr F (fraction of lr at the end) --warmup N\n"
           "  --weight-decay X --clip X (global gradient norm; 0: off) --beta1 X --beta2 X --eps X\n"
-          "  --recompute          activation checkpointing: keep only each layer's input\n"
-          "  --offload            with --recompute, keep those inputs in pinned host memory\n"
+          "  --recompute[=FORM]   activation checkpointing: the backward recomputes what the\n"
+          "                       forward did not keep. full (the default): each layer keeps\n"
+          "                       only its input; N: so do the layers l with (l + 1) % N = 0\n"
+          "                       (every Nth, torchtitan's selective_ac_option = N), the others\n"
+          "                       keep all; ops: every layer keeps its products' and attention's\n"
+          "                       outputs, and its RMSNorms and SwiGLU are recomputed\n"
+          "  --offload            with --recompute, keep the layer inputs in pinned host memory\n"
           "  --offload-optimizer  keep the f32 master weights and AdamW moments (12 bytes a\n"
           "                       parameter) in pinned host memory and stream them through the\n"
           "                       device for each step (bf16 or f16 models; not with LoRA or --zero)\n"
@@ -220,6 +227,30 @@ static double parse_num(const char *name, const char *s, double lo)
     return v;
 }
 
+/*
+ * --recompute's form (model.h): full, also without a value, ops or a layer interval N >= 1. next:
+ * the argument after a bare --recompute, which getopt would otherwise report as stray.
+ */
+static int parse_recompute(const char *s, const char *next)
+{
+    if (!s) {
+        if (next && (strcmp(next, "full") == 0 || strcmp(next, "ops") == 0 ||
+                     isdigit((unsigned char)next[next[0] == '-'])))
+            die("--recompute takes its form after '=': --recompute=%s", next);
+        return RECOMPUTE_FULL;
+    }
+    if (strcmp(s, "full") == 0)
+        return RECOMPUTE_FULL;
+    if (strcmp(s, "ops") == 0)
+        return RECOMPUTE_OPS;
+    char *end;
+    const long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < 1 || v > 4096)
+        die("--recompute=%s: expected full, ops or a layer interval N from 1 to 4096 (the layers l "
+            "with (l + 1) %% N = 0 are recomputed)", s);
+    return (int)v;
+}
+
 /* An unknown option, or one without its value: one line and exit status 2, as getopt's users do. */
 __attribute__((noreturn)) static void bad_option(const char *arg)
 {
@@ -266,7 +297,8 @@ static void parse_options(int argc, char **argv, options *o)
         {"rope-llama3", 1, 0, 'R'}, {"dtype", 1, 0, 't'}, {"batch", 1, 0, 'b'}, {"seq", 1, 0, 's'},
         {"accum", 1, 0, 'a'}, {"steps", 1, 0, 'n'}, {"lr", 1, 0, 'l'}, {"min-lr", 1, 0, 'm'},
         {"warmup", 1, 0, 'w'}, {"weight-decay", 1, 0, 'W'}, {"clip", 1, 0, 'c'},
-        {"beta1", 1, 0, '1'}, {"beta2", 1, 0, '2'}, {"eps", 1, 0, 'e'}, {"recompute", 0, 0, 'C'}, {"offload", 0, 0, 'O'}, {"profile", 0, 0, 'Q'},
+        {"beta1", 1, 0, '1'}, {"beta2", 1, 0, '2'}, {"eps", 1, 0, 'e'},
+        {"recompute", optional_argument, 0, 'C'}, {"offload", 0, 0, 'O'}, {"profile", 0, 0, 'Q'},
         {"ce-chunk-mib", 1, 0, 'q'}, {"fused-ce", 0, 0, 'j'},
         {"seed", 1, 0, 'S'}, {"eval-every", 1, 0, 'E'}, {"eval-batches", 1, 0, 'B'},
         {"log-every", 1, 0, 'g'}, {"sample", 1, 0, 'o'}, {"prompt", 1, 0, 'p'},
@@ -351,7 +383,9 @@ static void parse_options(int argc, char **argv, options *o)
         case '1': o->beta1 = (float)parse_num("beta1", optarg, 0); break;
         case '2': o->beta2 = (float)parse_num("beta2", optarg, 0); break;
         case 'e': o->eps = (float)parse_num("eps", optarg, 0); break;
-        case 'C': o->recompute = 1; break;
+        case 'C':
+            o->recompute = parse_recompute(optarg, optind < argc ? argv[optind] : NULL);
+            break;
         case 'O': o->offload = 1; break;
         case 'f': o->offload_optimizer = 1; break;
         case 'N': o->offload_chunk_mib = parse_num("offload-chunk-mib", optarg, 0.001); break;
@@ -912,6 +946,10 @@ int main(int argc, char **argv)
     const char *bad = model_config_error(&o->model);
     if (bad)
         die("bad model configuration: %s", bad);
+    if (o->recompute > o->model.layers)
+        die("--recompute=%d: no layer of the %d would be recomputed (those with (l + 1) %% %d = 0 "
+            "are): give N from 1 to %d", o->recompute, o->model.layers, o->recompute,
+            o->model.layers);
     /* MPI after the checks that each rank makes alone: a rank that exits before MPI_Init ends
        the job cleanly, one that exits after it while others still run gets them killed */
     join_job(&tr, &argc, &argv);
@@ -936,13 +974,15 @@ int main(int argc, char **argv)
     tr.targets = xmalloc((size_t)o->batch * o->seq * sizeof *tr.targets);
 
     const model_config *c = &o->model;
+    char recompute[160];
+    model_recompute_describe(tr.m, recompute, sizeof recompute);
     printf("device: %s (%s), peak %s%s%s%s\n", info->name, info->platform_name, peak_s,
            peak_s[0] ? " (" : "", peak_what, peak_s[0] ? ")" : "");
-    printf("model: %.2fM parameters, dim %d, %d layers, %d/%d heads, ffn %d, vocab %d, %s, %s%s\n",
+    printf("model: %.2fM parameters, dim %d, %d layers, %d/%d heads, ffn %d, vocab %d, %s, "
+           "%s%s%s%s\n",
            (double)model_param_count(tr.m) / 1e6, c->dim, c->layers, c->heads, c->kv_heads, c->ffn,
            c->vocab, c->tied ? "tied head" : "untied head", llmcl_dtype_name(c->dtype),
-           o->offload ? ", activation checkpointing with offload"
-                      : o->recompute ? ", activation checkpointing" : "");
+           recompute[0] ? ", " : "", recompute, o->offload ? " with offload" : "");
     if (c->lora_rank)
         print_lora(c, model_trainable_count(tr.m));
     if (tr.m->trainable.offloaded)
