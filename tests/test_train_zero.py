@@ -2,7 +2,8 @@
 """test_train_zero.py: llmcl-train --zero under mpiexec (suite mpi). A job of N ranks at --batch b
 reads the rows that one process reads at --batch N b, in the same order, so its per-step losses
 (the mean over the ranks) must match that single run's: ZeRO stages 1, 2 and 3 on 2 ranks and
-stage 3 on 3, f32 compute, within LOSS_TOL (only the order of the gradient sums differs). A
+stage 3 on 3, f32 compute, within LOSS_TOL (only the order of the gradient sums differs); stage 3
+with --recompute=ops and =2 (the second of 2 layers recomputed whole) the losses without it. A
 checkpoint saved on 2 ranks at step 3 resumes on 1 rank and on 3 and continues as the
 uninterrupted run; a checkpoint of another shape, and a one-file checkpoint given to --zero (or a
 folder without it), are refused with a clear message on every rank and status 1, mpiexec killing
@@ -111,9 +112,15 @@ def main():
     try:
         one4 = losses("one process, batch 4", 0, ["--steps", "6", "--batch", "4"])
         for stage in (1, 2, 3):
-            compare(f"2 ranks x batch 2, stage {stage}, against one process at batch 4",
-                    losses(f"stage {stage}", 2, ["--steps", "6", "--batch", "2", "--zero",
-                                                 str(stage)]), one4)
+            got = losses(f"stage {stage}", 2, ["--steps", "6", "--batch", "2", "--zero",
+                                               str(stage)])
+            compare(f"2 ranks x batch 2, stage {stage}, against one process at batch 4", got, one4)
+        # recomputation inside stage 3's open layer groups: the same losses exactly
+        for form in ("ops", "2"):
+            same = losses(f"stage 3, --recompute={form}", 2, ["--steps", "6", "--batch", "2",
+                                                             "--zero", "3", f"--recompute={form}"])
+            check(f"stage 3 on 2 ranks with --recompute={form}: the losses without", same == got,
+                  f"{same} against {got}")
         one6 = losses("one process, batch 6", 0, ["--steps", "6", "--batch", "6"])
         compare("3 ranks x batch 2, stage 3, against one process at batch 6",
                 losses("stage 3 on 3 ranks", 3, ["--steps", "6", "--batch", "2", "--zero", "3"]),
