@@ -1039,7 +1039,7 @@ int main(int argc, char **argv)
         dump_logits(&tr);
     llmcl_memory_stats ms;
     CHECK(llmcl_memory_stats_get(tr.ctx, &ms), tr.ctx);
-    printf("device memory: peak %.1f MiB in use, %.1f MiB with the ops' cached scratch (llmcl's "
+    printf("device memory: peak %.2f MiB in use, %.2f MiB with the ops' cached scratch (llmcl's "
            "accounting)\n",
            (double)ms.peak_bytes / 1048576.0, (double)ms.peak_reserved_bytes / 1048576.0);
     if (o->profile && !stopped)
