@@ -244,7 +244,8 @@ static void check_zero_b(llmcl_dtype dt)
     TH_OK(llmcl_fill(lora->ctx, lora->trainable.grad, 0.0));
     forward(lora, st, &ll, gl);
     TH_OK(model_backward(lora, 2, 16));
-    TH_OK(optimizer_step(&opt, 1e-2f, 1, 1));
+    optimizer_prepare(&opt, 1e-2f, 1, 1, false);
+    TH_OK(optimizer_step(&opt));
     float after_loss;
     forward(lora, st, &after_loss, gl);
     printf("after one step %.7f\n", after_loss);

@@ -207,7 +207,8 @@ static void check_adamw(const char *file, llmcl_dtype dt)
         TH_OK(model_forward(m, f.ids, f.targets, f.b, f.t, true));
         th_download(m->loss, &got[s]);
         TH_OK(model_backward(m, f.b, f.t));
-        TH_OK(optimizer_step(&opt, f.lr, s + 1, 1));
+        optimizer_prepare(&opt, f.lr, s + 1, 1, false);
+        TH_OK(optimizer_step(&opt));
     }
     printf("loss after %d steps %.6f, reference %.6f\n", f.steps, got[f.steps - 1],
            ref[f.steps - 1]);
@@ -284,7 +285,8 @@ static form_run run_form(const model_config *cfg, const int32_t *ids, const int3
         TH_OK(model_forward(m, ids, targets, FORM_B, FORM_T, true));
         th_download(m->loss, &r.loss[s]);
         TH_OK(model_backward(m, FORM_B, FORM_T));
-        TH_OK(optimizer_step(&opt, 3e-3f, s + 1, 1));
+        optimizer_prepare(&opt, 3e-3f, s + 1, 1, false);
+        TH_OK(optimizer_step(&opt));
     }
     TH_OK(llmcl_memory_stats_get(m->ctx, &after));
     r.peak_bytes = after.peak_bytes;

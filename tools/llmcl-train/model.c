@@ -48,7 +48,7 @@ llmcl_status model_prof_end(model *m, int family, llmcl_status st)
 }
 
 /* An op's status, its kernels' time added to its family's when profiling. */
-#define PROF(family, expr) model_prof_end(m, (family), (model_prof_begin(m), (expr)))
+#define PROF(family, expr) MODEL_PROF(m, family, expr)
 #define OP(family, expr) TRY(PROF(family, expr))
 
 /* ---- configuration ---- */
@@ -1008,9 +1008,13 @@ static llmcl_status block_forward(model *m, arena *a, int l, int64_t n, int b, i
 
 /*
  * Embedding, blocks and final norm over b x t tokens: m->hfinal holds the result. The head group
- * (the final norm's and the head's) is left open for the caller to close.
+ * (the final norm's and the head's) is left open for the caller to close. targets (NULL: none)
+ * go up with the ids, before any kernel of this forward is enqueued: an upload waits for the
+ * queue, which is then as short as it gets (once the forward is enqueued, the wait would be for
+ * all of it).
  */
-static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, int b, int t, bool save)
+static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, const int32_t *targets,
+                                  int b, int t, bool save)
 {
     llmcl_ctx *ctx = m->ctx;
     const int64_t n = (int64_t)b * t;
@@ -1019,6 +1023,8 @@ static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, int b,
     TRY(release_saved(m));
     llmcl_tensor *tids = head(a, m->ids, n);
     TRY(llmcl_tensor_upload(tids, ids, (size_t)n * sizeof *ids));
+    if (targets)
+        TRY(llmcl_tensor_upload(head(a, m->targets, n), targets, (size_t)n * sizeof *targets));
     TRY(group_open(m, 0, GROUP_PARAMS));
     OP(F_EMBEDDING_FWD,
        llmcl_embedding_forward(ctx, tids, param(m, P_EMBED, -1)->w, rows(a, stream(m, 0), n)));
@@ -1061,9 +1067,7 @@ llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets,
 {
     arena a = {0};
     const int64_t n = (int64_t)b * t;
-    llmcl_status st = trunk_forward(m, &a, ids, b, t, backward_follows);
-    if (st == LLMCL_OK)
-        st = llmcl_tensor_upload(head(&a, m->targets, n), targets, (size_t)n * sizeof *targets);
+    llmcl_status st = trunk_forward(m, &a, ids, targets, b, t, backward_follows);
     if (st == LLMCL_OK)
         st = head_loss(m, &a, n, backward_follows);
     if (st == LLMCL_OK && !backward_follows)
@@ -1243,7 +1247,7 @@ llmcl_status model_logits(model *m, int64_t row0, int64_t rows, llmcl_tensor *ou
 llmcl_status model_next_token(model *m, const int32_t *ids, int t, int32_t *next)
 {
     arena a = {0};
-    llmcl_status st = trunk_forward(m, &a, ids, 1, t, false);
+    llmcl_status st = trunk_forward(m, &a, ids, NULL, 1, t, false);
     arena_clear(&a);
     TRY(st);
     TRY(head_logits(m, t - 1, 1, m->logits_last));

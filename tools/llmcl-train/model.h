@@ -145,6 +145,9 @@ const char *model_family_name(int family);
 void model_prof_begin(model *m);
 llmcl_status model_prof_end(model *m, int family, llmcl_status st);
 
+/* The status of expr, an op whose kernels' time goes to family's when profiling. */
+#define MODEL_PROF(m, family, expr) model_prof_end((m), (family), (model_prof_begin(m), (expr)))
+
 /*
  * Creates the parameters, initialised from seed as Llama does (normal(0, 0.02), norms 1) and the
  * adapters as PEFT does (A uniform in +-1/sqrt(in), which is kaiming_uniform_(a = sqrt(5)); B zero,

@@ -98,27 +98,34 @@ static llmcl_status step_chunk(void *arg, int64_t at, int64_t len, llmcl_tensor 
     return st == LLMCL_OK ? model_norms_from(m, at, len, master) : st;
 }
 
-llmcl_status optimizer_step(optimizer *o, float lr, int64_t step, int micro)
+void optimizer_prepare(optimizer *o, float lr, int64_t step, int micro, bool norm)
 {
-    model *m = o->m;
-    const llmcl_adamw_opts ao = {.lr = lr, .beta1 = o->hp.beta1, .beta2 = o->hp.beta2,
+    o->step = (llmcl_adamw_opts){.lr = lr, .beta1 = o->hp.beta1, .beta2 = o->hp.beta2,
                                  .eps = o->hp.eps, .weight_decay = o->hp.weight_decay,
                                  .step = step, .grad_scale = 1.0f / (float)micro,
                                  .grad_norm = o->hp.clip > 0 ? o->grad_norm : NULL,
                                  .max_grad_norm = o->hp.clip, .seed = o->hp.seed};
-#ifdef LLMCL_TRAIN_MPI
-    if (m->zero)
-        return zero_step(o, &ao, micro);
-#endif
-    TRY(llmcl_grad_norm(m->ctx, o->grads, o->count, 0, o->grad_norm));
-    if (m->trainable.offloaded) {
-        chunk_step cs = {o, &ao};
-        return offload_state_stream(m->trainable.offloaded, true, step_chunk, &cs);
-    }
-    return llmcl_adamw_step(m->ctx, o->tensors, o->count, &ao);
+    o->micro = micro;
+    o->norm_wanted = norm;
 }
 
-llmcl_status optimizer_last_norm(optimizer *o, int micro, double *norm)
+llmcl_status optimizer_step(optimizer *o)
+{
+    model *m = o->m;
+#ifdef LLMCL_TRAIN_MPI
+    if (m->zero)
+        return zero_step(o, &o->step, o->micro);
+#endif
+    if (o->step.grad_norm || o->norm_wanted)
+        TRY(llmcl_grad_norm(m->ctx, o->grads, o->count, 0, o->grad_norm));
+    if (m->trainable.offloaded) {
+        chunk_step cs = {o, &o->step};
+        return offload_state_stream(m->trainable.offloaded, true, step_chunk, &cs);
+    }
+    return llmcl_adamw_step(m->ctx, o->tensors, o->count, &o->step);
+}
+
+llmcl_status optimizer_last_norm(optimizer *o, double *norm)
 {
     if (o->m->zero) {
         *norm = o->zero_norm;
@@ -126,6 +133,6 @@ llmcl_status optimizer_last_norm(optimizer *o, int micro, double *norm)
     }
     float g = 0;
     TRY(llmcl_tensor_download(o->grad_norm, &g, sizeof g));
-    *norm = g / micro;
+    *norm = g / o->micro;
     return LLMCL_OK;
 }

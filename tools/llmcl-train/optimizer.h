@@ -24,20 +24,30 @@ typedef struct optimizer {
     const llmcl_tensor **grads;
     llmcl_tensor *grad_norm; /* f32 [1]: the norm of the accumulated gradients */
     float zero_norm;         /* under --zero: the last step's norm, from llmcl_dist_step */
+    llmcl_adamw_opts step;   /* the step that optimizer_prepare set */
+    int micro;               /* its micro-batches */
+    bool norm_wanted;        /* optimizer_last_norm follows it */
 } optimizer;
 
 llmcl_status optimizer_create(model *m, const adamw_hparams *hp, optimizer *out);
 void optimizer_destroy(optimizer *o);
 
 /*
- * One step at learning rate lr (step counts from 1) on gradients accumulated over `micro`
- * micro-batches (each a mean loss, so they are scaled by 1 / micro), clipped to hp.clip. Under
- * --zero: llmcl_dist_step (collective) on the gradients summed over the ranks, scaled by
+ * Sets the coming step: learning rate lr, its number (from 1), the micro-batches whose gradients
+ * it sums (each a mean loss, so they are scaled by 1 / micro); norm: optimizer_last_norm will be
+ * asked for its gradients' norm, which the step then computes even without clipping (a read of
+ * every gradient, skipped on the steps that print nothing).
+ */
+void optimizer_prepare(optimizer *o, float lr, int64_t step, int micro, bool norm);
+
+/*
+ * The step prepared, on the accumulated gradients, clipped to hp.clip. Under --zero:
+ * llmcl_dist_step (collective) on the gradients summed over the ranks, scaled by
  * 1 / (micro x ranks), then llmcl_dist_zero_grads.
  */
-llmcl_status optimizer_step(optimizer *o, float lr, int64_t step, int micro);
+llmcl_status optimizer_step(optimizer *o);
 
 /* The global norm of the last step's gradients, scaled as the update saw them (waits). */
-llmcl_status optimizer_last_norm(optimizer *o, int micro, double *norm);
+llmcl_status optimizer_last_norm(optimizer *o, double *norm);
 
 #endif

@@ -582,29 +582,37 @@ static double evaluate(trainer *tr)
     return rank_mean(tr, sum / o->eval_batches);
 }
 
-/* One optimizer step over accum micro-batches; returns the mean loss and the gradient norm. */
-static void train_step(trainer *tr, int step, double *loss, double *norm)
+/*
+ * One optimizer step over accum micro-batches. With stats, also its mean loss and gradient norm,
+ * read from the device: the one host wait a step has besides the uploads of its tokens (which wait
+ * for the step before). The steps that print, evaluate or save ask for them; the others run on
+ * without waiting, and their time counts in the next step that waits. Under --zero every step
+ * asks: the mean is an all-reduce that also spreads Ctrl-C to every rank.
+ */
+static void train_step(trainer *tr, int step, bool stats, double *loss, double *norm)
 {
     const options *o = &tr->o;
     model *m = tr->m;
     llmcl_ctx *ctx = tr->ctx;
+    optimizer_prepare(&tr->opt, learning_rate(o, step), step + 1, o->accum, stats);
     if (!m->zero) /* llmcl_dist zeroes its gradients after each step */
-        CHECK(llmcl_fill(ctx, m->trainable.grad, 0.0), ctx);
-    CHECK(llmcl_fill(ctx, tr->loss_sum, 0.0), ctx);
+        CHECK(MODEL_PROF(m, F_OPTIMIZER, llmcl_fill(ctx, m->trainable.grad, 0.0)), ctx);
+    CHECK(MODEL_PROF(m, F_ELEMENTWISE, llmcl_fill(ctx, tr->loss_sum, 0.0)), ctx);
     for (int k = 0; k < o->accum; ++k) {
         loader_next(&tr->tl, tr->ids, tr->targets);
         CHECK(model_forward(m, tr->ids, tr->targets, o->batch, o->seq, true), ctx);
-        CHECK(llmcl_axpy(ctx, 1.0f / (float)o->accum, m->loss, tr->loss_sum), ctx);
+        CHECK(MODEL_PROF(m, F_ELEMENTWISE,
+                         llmcl_axpy(ctx, 1.0f / (float)o->accum, m->loss, tr->loss_sum)),
+              ctx);
         CHECK(model_backward(m, o->batch, o->seq), ctx);
     }
-    model_prof_begin(m);
-    CHECK(model_prof_end(m, F_OPTIMIZER,
-                         optimizer_step(&tr->opt, learning_rate(o, step), step + 1, o->accum)),
-          ctx);
+    CHECK(MODEL_PROF(m, F_OPTIMIZER, optimizer_step(&tr->opt)), ctx);
+    if (!stats)
+        return;
     float l;
     CHECK(llmcl_tensor_download(tr->loss_sum, &l, sizeof l), ctx);
     *loss = rank_mean(tr, l);
-    CHECK(optimizer_last_norm(&tr->opt, o->accum, norm), ctx);
+    CHECK(optimizer_last_norm(&tr->opt, norm), ctx);
 }
 
 /*
@@ -711,7 +719,7 @@ static void profile_step(trainer *tr, int step)
     memset(m->prof_ms, 0, sizeof m->prof_ms);
     m->profiling = true;
     const double t0 = now_seconds();
-    train_step(tr, step, &loss, &norm);
+    train_step(tr, step, true, &loss, &norm);
     const double wall = 1e3 * (now_seconds() - t0);
     m->profiling = false;
     for (int f = 0; f < F_FAMILIES; ++f)
@@ -1013,21 +1021,27 @@ int main(int argc, char **argv)
     double interval_s = 0, first_s = 0;
     int step = first, interval_steps = 0;
     for (; step < o->steps && !stopping(&tr); ++step) {
-        double loss, norm;
+        double loss = 0, norm = 0;
+        const bool logs = step % o->log_every == 0 || step + 1 == o->steps,
+                   evals = o->eval_every && ((step + 1) % o->eval_every == 0 ||
+                                             step + 1 == o->steps),
+                   saves = o->save_every && (step + 1) % o->save_every == 0;
+        /* a step whose time is taken alone, or that untimed work follows, waits for its end */
+        const bool stats = step == first || logs || evals || saves || o->model.zero_stage;
         const double t0 = now_seconds();
-        train_step(&tr, step, &loss, &norm);
+        train_step(&tr, step, stats, &loss, &norm);
         if (step == first)
             first_s = now_seconds() - t0;
         else
             interval_s += now_seconds() - t0, ++interval_steps;
-        if (step % o->log_every == 0 || step + 1 == o->steps) {
+        if (logs) {
             progress(&tr, step, loss, norm, interval_steps ? interval_s / interval_steps : 0,
                      first_s);
             interval_s = 0, interval_steps = 0;
         }
-        if (o->eval_every && ((step + 1) % o->eval_every == 0 || step + 1 == o->steps))
+        if (evals)
             printf("step %5d/%d | held-out loss %.4f\n", step + 1, o->steps, evaluate(&tr));
-        if (o->save_every && (step + 1) % o->save_every == 0)
+        if (saves)
             save(&tr, step + 1);
     }
     const bool stopped = stopping(&tr);
