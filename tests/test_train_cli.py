@@ -10,7 +10,8 @@ their own base, and export PEFT's files or the merged model. --offload-optimizer
 checkpoints of the run without it, bit for bit (with --recompute --offload too, and resumed across
 the flag both ways), and a lower peak of device memory. --recompute=full|ops|N (with and without
 --offload): the losses and checkpoint of the run without, bit for bit, and peaks of device memory
-in the order of what each form keeps; bad forms refused.
+in the order of what each form keeps; bad forms refused. --optimizer-in-backward: the losses and
+checkpoints of the run without it, bit for bit, in less device memory; what it cannot serve refused.
 Tensors that the model would drop (Qwen2's q/k/v biases) are refused, named.
 A file named .bin, or one that starts with llm.c's magic, that is not a whole llm.c token file is
 refused (--data-format text reads it as text), and so is a folder given as --data or --val.
@@ -357,6 +358,46 @@ def recompute_forms(p):
                  "--recompute=6: no layer of the 5 would be recomputed")
 
 
+def optimizer_in_backward(p):
+    """--optimizer-in-backward: the losses, norms and checkpoint of the step after the backward,
+    bit for bit, tied and untied, bf16, f16 and f32, with --recompute's forms and --offload, the
+    fused cross-entropy and LoRA; a lower peak of device memory; checkpoints resumed across the flag
+    both ways; the combinations it cannot serve refused in one line."""
+    base = TINY + ["--layers", "3", "--min-lr", "1", "--clip", "0", "--steps", "4"]
+    flag = ["--optimizer-in-backward"]
+    for i, extra in enumerate(([], ["--untied"], ["--dtype", "f32"], ["--dtype", "f16", "--untied"],
+                  ["--recompute=ops", "--offload"], ["--recompute=2"],
+                  ["--untied", "--fused-ce", "--recompute", "--offload"], ["--lora", "4"],
+                  ["--lora", "4", "--lora-targets", "q,v,down", "--untied"])):
+        name = "--optimizer-in-backward" + "".join(" " + e for e in extra)
+        after = expect_ok(name + " (without)", base + extra + ["--save", p(f"oib_after{i}.st")])
+        r = expect_ok(name, base + extra + flag + ["--save", p(f"oib{i}.st")])
+        check(f"{name}: the start-up line says so",
+              "optimizer: AdamW on each layer group in the backward" in r.stdout)
+        check(f"{name}: the same losses and norms",
+              len(losses(r.stdout)) == 4 and losses(r.stdout) == losses(after.stdout))
+        same_files(f"{name}: the same checkpoint", p(f"oib_after{i}.st"), p(f"oib{i}.st"))
+        peak, base_peak = memory(r.stdout)[0], memory(after.stdout)[0]
+        check(f"{name}: a lower peak ({peak} < {base_peak} MiB)", 0 < peak < base_peak)
+    expect_ok("2 steps in the backward", base + flag + ["--steps", "2", "--save", p("oib_2.st")])
+    expect_ok("resumed after the backward", base + ["--resume", p("oib_2.st"), "--save",
+                                                     p("oib_r1.st")])
+    same_files("resumed without the flag: the same checkpoint", p("oib0.st"), p("oib_r1.st"))
+    expect_ok("2 steps after the backward", base + ["--steps", "2", "--save", p("oib_2a.st")])
+    expect_ok("resumed in the backward", base + flag + ["--resume", p("oib_2a.st"), "--save",
+                                                         p("oib_r2.st")])
+    same_files("resumed with the flag: the same checkpoint", p("oib0.st"), p("oib_r2.st"))
+    for what, extra, needle in (
+            ("clipping", [], "cannot clip by their global norm: give --clip 0"),
+            ("accumulation", ["--clip", "0", "--accum", "2"], "give --accum 1"),
+            ("--zero", ["--clip", "0", "--zero", "1"], "--optimizer-in-backward and --zero do not"),
+            ("--offload-optimizer", ["--clip", "0", "--offload-optimizer"],
+             "--optimizer-in-backward and --offload-optimizer do not combine"),
+            ("bf16 adapters", ["--clip", "0", "--lora", "4", "--lora-dtype", "bf16"],
+             "--optimizer-in-backward needs f32 adapters")):
+        expect_error(f"--optimizer-in-backward with {what}", TINY + flag + extra, needle)
+
+
 def token_files(p):
     """A file named .bin, or one that starts like an llm.c header, is a whole llm.c file or
     refused; --data-format says how to read a file whose name misleads."""
@@ -519,6 +560,7 @@ def main():
     expect_error("a truncated checkpoint", TINY + ["--resume", p("cut.st")], "cannot resume")
     offload_optimizer(p, flat, straight)
     recompute_forms(p)
+    optimizer_in_backward(p)
 
     # Ctrl-C with --save-on-interrupt
     proc = subprocess.Popen([TRAIN] + TINY + ["--steps", "1000000", "--save", p("int.st"),

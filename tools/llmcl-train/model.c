@@ -98,6 +98,15 @@ const char *model_config_error(const model_config *c)
     if (c->offload_chunk_bytes && c->lora_rank)
         return "--offload-optimizer is for full training: with LoRA the optimizer state is the "
                "adapters' and small";
+    if (c->optimizer_in_backward && c->zero_stage)
+        return "--optimizer-in-backward and --zero do not combine: ZeRO updates each rank's shard "
+               "after the gradients are reduced";
+    if (c->optimizer_in_backward && c->offload_chunk_bytes)
+        return "--optimizer-in-backward and --offload-optimizer do not combine: the offloaded "
+               "state streams through the device in layout order after the backward";
+    if (c->optimizer_in_backward && c->lora_rank > 0 && c->lora_dtype != LLMCL_F32)
+        return "--optimizer-in-backward needs f32 adapters (--lora-dtype f32): bf16 adapters' "
+               "stochastic rounding counts elements across the whole step's update";
     return NULL;
 }
 
@@ -106,6 +115,15 @@ const char *model_config_error(const model_config *c)
 int model_head_group(const model *m)
 {
     return m->cfg.tied ? 0 : m->cfg.layers + 1;
+}
+
+int model_groups(const model *m) { return m->cfg.layers + (m->cfg.tied ? 1 : 2); }
+
+int model_group(const model *m, const model_param *p)
+{
+    if (p->layer >= 0)
+        return p->layer + 1;
+    return p->kind == P_EMBED ? 0 : model_head_group(m);
 }
 
 static llmcl_status group_open(model *m, int group, int mode)
@@ -126,6 +144,12 @@ static llmcl_status group_close(model *m, int group, int mode)
 #endif
     (void)m, (void)group, (void)mode;
     return LLMCL_OK;
+}
+
+/* The backward's word that group's gradients are final (optimizer_in_backward's update). */
+static llmcl_status group_grads_final(model *m, int group)
+{
+    return m->on_group_grads ? m->on_group_grads(m->on_group_grads_arg, group) : LLMCL_OK;
 }
 
 /* ---- views, collected per call and dropped at its end ---- */
@@ -264,12 +288,13 @@ static void layout_params(model *m)
     }
 }
 
-static llmcl_tensor *param_view(const model_param *p, llmcl_tensor *flat)
+/* p's view of a flat buffer of its set, at element offset (its own, but for group-laid grads). */
+static llmcl_tensor *param_view(const model_param *p, llmcl_tensor *flat, int64_t offset)
 {
     if (!flat)
         return NULL;
     llmcl_tensor *v = NULL;
-    CHECK(llmcl_tensor_view(flat, p->ndim, p->shape, NULL, p->offset, &v), llmcl_tensor_ctx(flat));
+    CHECK(llmcl_tensor_view(flat, p->ndim, p->shape, NULL, offset, &v), llmcl_tensor_ctx(flat));
     return v;
 }
 
@@ -348,7 +373,7 @@ static void set_alloc(llmcl_ctx *ctx, param_set *s, llmcl_dtype compute, bool ma
                                         "AdamW second moments"};
     for (int i = 0; i < (offload_bytes ? 1 : 3); ++i) {
         snprintf(what, sizeof what, "%s f32 %s", set, names[i]);
-        *state[i] = named_tensor(ctx, what, LLMCL_F32, 1, s->total, 0);
+        *state[i] = named_tensor(ctx, what, LLMCL_F32, 1, i == 0 ? s->grad_total : s->total, 0);
         CHECK(llmcl_fill(ctx, *state[i], 0.0), ctx);
     }
 }
@@ -498,27 +523,81 @@ llmcl_status model_sync_compute(model *m)
     return LLMCL_OK;
 }
 
+/*
+ * With optimizer_in_backward: where each trainable parameter's gradient lies in trainable.grad
+ * (grad_at, per parameter) and each group's span of it (span, per group: first element, count).
+ * A group's gradients live from its backward to its update, so the groups take turns in one
+ * shared span, the largest group's size, which each update leaves zero for the next. A tied
+ * head's group 0 alone keeps a span of its own: its gradients are written at both ends of the
+ * backward (the head's by the forward's cross-entropy, the embedding's last). Every gradient still
+ * starts at a multiple of 64 elements. Returns the buffer's size in elements.
+ */
+static int64_t group_grad_layout(const model *m, int64_t *grad_at, int64_t (*span)[2])
+{
+    const int groups = model_groups(m);
+    for (int g = 0; g < groups; ++g)
+        span[g][0] = span[g][1] = 0;
+    for (int i = 0; i < m->n_params; ++i) {
+        const model_param *p = &m->params[i];
+        const int g = model_group(m, p);
+        if (!p->trainable)
+            continue;
+        grad_at[i] = span[g][1];
+        span[g][1] += (p->numel + 63) / 64 * 64;
+    }
+    const int64_t own = m->cfg.tied ? span[0][1] : 0;
+    int64_t shared = 0;
+    for (int g = m->cfg.tied ? 1 : 0; g < groups; ++g) {
+        span[g][0] = own;
+        shared = span[g][1] > shared ? span[g][1] : shared;
+    }
+    for (int i = 0; i < m->n_params; ++i)
+        grad_at[i] += m->params[i].trainable ? span[model_group(m, &m->params[i])][0] : 0;
+    return own + shared;
+}
+
+/* Each group's span of the group-laid gradients, for the update that zeroes it after use. */
+static void group_grad_views(model *m, int64_t (*span)[2])
+{
+    m->group_grads = xcalloc((size_t)model_groups(m), sizeof *m->group_grads);
+    for (int g = 0; g < model_groups(m); ++g)
+        if (span[g][1] > 0)
+            CHECK(llmcl_tensor_view(m->trainable.grad, 1, &span[g][1], NULL, span[g][0],
+                                    &m->group_grads[g]),
+                  m->ctx);
+}
+
 /* The two sets' buffers and every parameter's views into them. */
 static void alloc_params(model *m)
 {
     const model_config *cfg = &m->cfg;
     const bool lora = cfg->lora_rank > 0;
+    int64_t *grad_at = xcalloc((size_t)m->n_params, sizeof *grad_at);
+    int64_t(*span)[2] = xcalloc((size_t)model_groups(m), sizeof *span);
+    for (int i = 0; i < m->n_params; ++i)
+        grad_at[i] = m->params[i].offset;
+    m->trainable.grad_total = cfg->optimizer_in_backward ? group_grad_layout(m, grad_at, span)
+                                                         : m->trainable.total;
     set_alloc(m->ctx, &m->trainable, cfg->dtype, !lora || cfg->lora_dtype == LLMCL_F32, true,
               cfg->offload_chunk_bytes);
     set_alloc(m->ctx, &m->frozen, cfg->dtype, true, false, 0);
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
         param_set *s = p->trainable ? &m->trainable : &m->frozen;
-        p->master = param_view(p, s->master);
-        p->grad = param_view(p, s->grad);
-        p->m = param_view(p, s->m);
-        p->v = param_view(p, s->v);
-        p->w16 = param_view(p, s->compute);
+        p->master = param_view(p, s->master, p->offset);
+        p->grad = param_view(p, s->grad, grad_at[i]);
+        p->m = param_view(p, s->m, p->offset);
+        p->v = param_view(p, s->v, p->offset);
+        p->w16 = param_view(p, s->compute, p->offset);
         if (p->is_norm && s->offloaded) /* used in f32, and the masters are on the host */
             p->w = new_tensor(m->ctx, LLMCL_F32, 1, p->numel, 0);
         else
-            p->w = p->is_norm || !p->w16 ? param_view(p, s->master) : param_view(p, s->compute);
+            p->w = param_view(p, p->is_norm || !p->w16 ? s->master : s->compute, p->offset);
     }
+    if (cfg->optimizer_in_backward && m->trainable.grad)
+        group_grad_views(m, span);
+    free(grad_at);
+    free(span);
 }
 
 /* Under --zero: the parameters in an llmcl_dist instead (the sets stay empty). */
@@ -834,6 +913,9 @@ void model_destroy(model *m)
         for (int j = 0; j < 6; ++j)
             llmcl_tensor_destroy(vs[j]);
     }
+    for (int g = 0; m->group_grads && g < model_groups(m); ++g)
+        llmcl_tensor_destroy(m->group_grads[g]);
+    free(m->group_grads);
     free(m->params);
     set_free(&m->trainable);
     set_free(&m->frozen);
@@ -1202,18 +1284,22 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
                                head(a, m->rstd_final, n), dres, m->dnorm_w, &no));
     TRY(norm_grad(m, fnorm));
     TRY(group_close(m, model_head_group(m), GROUP_PARAMS | GROUP_GRADS));
+    if (model_head_group(m) != 0) /* a tied head's group is final only after the embedding's */
+        TRY(group_grads_final(m, model_head_group(m)));
     for (int l = L - 1; l >= 0; --l) {
         TRY(block_backward(m, a, l, n, b, t));
         arena_clear(a); /* views of one block at a time */
+        TRY(group_grads_final(m, l + 1));
     }
     const model_param *embed = param(m, P_EMBED, -1);
-    if (!embed->trainable)
-        return LLMCL_OK;
-    /* group 0's gradients (a second part where a tied head's came before the layers') */
-    TRY(group_open(m, 0, GROUP_GRADS));
-    OP(F_EMBEDDING_BWD, llmcl_embedding_backward(ctx, head(a, m->ids, n), rows(a, m->dres, n),
-                                                 embed->grad));
-    return group_close(m, 0, GROUP_GRADS);
+    if (embed->trainable) {
+        /* group 0's gradients (a second part where a tied head's came before the layers') */
+        TRY(group_open(m, 0, GROUP_GRADS));
+        OP(F_EMBEDDING_BWD, llmcl_embedding_backward(ctx, head(a, m->ids, n),
+                                                     rows(a, m->dres, n), embed->grad));
+        TRY(group_close(m, 0, GROUP_GRADS));
+    }
+    return group_grads_final(m, 0);
 }
 
 llmcl_status model_backward(model *m, int b, int t)

@@ -47,6 +47,10 @@ typedef struct model_config {
     uint64_t offload_chunk_bytes; /* > 0: the trainable set's masters and moments in pinned host
                                      memory, streamed through the device in chunks of this many
                                      bytes (offload_state.h; a 16-bit model, no LoRA, no ZeRO) */
+    int optimizer_in_backward; /* the backward hands each layer group to model.on_group_grads
+                                  as soon as its gradients are final, and the gradient buffer
+                                  holds one group at a time (no ZeRO, no offloaded optimizer
+                                  state, no bf16-only adapters) */
 } model_config;
 
 /* A readable reason why cfg is unusable, or NULL. */
@@ -69,9 +73,12 @@ typedef struct offload_state offload_state;
 /*
  * Flat device buffers that a set of parameters views. Under --offload-optimizer the trainable
  * set's masters and moments are in pinned host memory instead (offloaded; master, m and v NULL).
+ * With optimizer_in_backward the trainable set's gradients are laid out by layer group instead
+ * (model.c's group_grad_layout): grad holds grad_total elements.
  */
 typedef struct param_set {
     int64_t total;              /* elements, every tensor at a 64-element boundary */
+    int64_t grad_total;         /* elements of grad */
     llmcl_tensor *compute;      /* the 16-bit copy the forward uses; NULL for f32 */
     llmcl_tensor *master;       /* f32 weights; NULL for bf16-only adapters */
     llmcl_tensor *grad, *m, *v; /* f32; NULL for the frozen set */
@@ -102,6 +109,12 @@ enum { F_MATMUL_FWD, F_MATMUL_DX, F_MATMUL_DW, F_ATTENTION_FWD, F_ATTENTION_BWD,
 typedef struct layer_acts layer_acts;
 typedef struct zero zero;
 
+/*
+ * Layer groups, in forward order: 0 holds the embedding; group l + 1 holds layer l (its adapters
+ * too); the final norm and the head make the head group (model_head_group), group 0 with a tied
+ * head, else the last, L + 1. ZeRO gathers and reduces by group (zero.h), and
+ * optimizer_in_backward updates by group.
+ */
 /* What a layer group is opened for under --zero: its parameters (w), its gradients (grad). */
 enum { GROUP_PARAMS = 1, GROUP_GRADS = 2 };
 
@@ -116,6 +129,12 @@ typedef struct model {
     uint64_t frozen_fingerprint; /* checkpoint.c's hash of the frozen weights; 0: not yet taken */
     zero *zero;            /* with zero_stage: the parameters' owner; w and grad are its views,
                               set only while their layer group is open (zero.h) */
+    /* with optimizer_in_backward: called by model_backward once group's gradients are final
+       (what it returns fails the backward), and per group the span of trainable.grad that holds
+       its gradients (NULL where it has none) */
+    llmcl_status (*on_group_grads)(void *arg, int group);
+    void *on_group_grads_arg;
+    llmcl_tensor **group_grads;
 
     /* activations for micro-batches of up to max_b x max_t tokens */
     int max_b, max_t;
@@ -231,7 +250,11 @@ llmcl_status model_proj_backward(model *m, const model_param *p, const llmcl_ten
 llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets, int b, int t,
                            bool backward_follows);
 
-/* Backward of the last forward: adds every trainable parameter's gradient to m->trainable.grad. */
+/*
+ * Backward of the last forward: adds every trainable parameter's gradient to m->trainable.grad.
+ * With on_group_grads set, calls it for each group as soon as the group's gradients are final:
+ * the head group (untied), layers L - 1 to 0's, then group 0.
+ */
 llmcl_status model_backward(model *m, int b, int t);
 
 /* out (f32 [rows, vocab]) = the logits of rows [row0, row0 + rows) of the last forward's tokens. */
@@ -240,7 +263,11 @@ llmcl_status model_logits(model *m, int64_t row0, int64_t rows, llmcl_tensor *ou
 /* The next token after ids[0..t) by greedy decoding (the full forward over the prefix). */
 llmcl_status model_next_token(model *m, const int32_t *ids, int t, int32_t *next);
 
-/* The layer group (zero.h) of the final norm and the head: 0 with a tied head, else the last. */
+/* The layer group of the final norm and the head: 0 with a tied head, else the last. */
 int model_head_group(const model *m);
+
+/* The number of layer groups, and the group of a parameter. */
+int model_groups(const model *m);
+int model_group(const model *m, const model_param *p);
 
 #endif

@@ -1,5 +1,6 @@
 /* optimizer.c: AdamW over a model's trainable set through llmcl's multi-tensor step
-   (optimizer.h); frozen weights have neither gradients nor moments. */
+   (optimizer.h), all at once or group by group in the backward; frozen weights have neither
+   gradients nor moments. */
 #include "optimizer.h"
 
 #include <stdlib.h>
@@ -10,34 +11,105 @@
 #include "zero.h"
 #endif
 
+/*
+ * Adds m's trainable parameter p to the step's tensors. 16-bit models: AdamW updates the master
+ * and writes the rounded copy in the same pass; bf16-only adapters (no master) are rounded
+ * stochastically. Offloaded masters and moments: the tensors are slices of a chunk, made for each
+ * (step_chunk).
+ */
+static void add_tensor(optimizer *o, const model_param *p)
+{
+    if (!o->m->trainable.offloaded)
+        o->tensors[o->count] = (llmcl_adamw_tensor){
+            .param = p->w16 ? p->w16 : p->master, .master = p->w16 ? p->master : NULL,
+            .grad = p->grad, .m = p->m, .v = p->v, .no_weight_decay = p->is_norm};
+    o->grads[o->count++] = p->grad;
+}
+
+static llmcl_status group_update(void *arg, int group);
+
+/*
+ * optimizer_in_backward: the tensors in group order, each group's norm slot (zero for a group
+ * with nothing to train, so that the norm of the slots is the global one), and the model's call.
+ */
+static llmcl_status by_groups(optimizer *o)
+{
+    model *m = o->m;
+    const int64_t groups = model_groups(m);
+    o->first = xcalloc((size_t)groups, sizeof *o->first);
+    o->group_count = xcalloc((size_t)groups, sizeof *o->group_count);
+    o->group_norm = xcalloc((size_t)groups, sizeof *o->group_norm);
+    for (int g = 0; g < groups; ++g) {
+        o->first[g] = o->count;
+        for (int i = 0; i < m->n_params; ++i)
+            if (m->params[i].trainable && model_group(m, &m->params[i]) == g)
+                add_tensor(o, &m->params[i]);
+        o->group_count[g] = o->count - o->first[g];
+    }
+    TRY(llmcl_tensor_create(m->ctx, LLMCL_F32, 1, &groups, &o->group_norms));
+    TRY(llmcl_fill(m->ctx, o->group_norms, 0.0));
+    for (int64_t g = 0, one = 1; g < groups; ++g)
+        TRY(llmcl_tensor_view(o->group_norms, 1, &one, NULL, g, &o->group_norm[g]));
+    m->on_group_grads = group_update;
+    m->on_group_grads_arg = o;
+    return LLMCL_OK;
+}
+
 llmcl_status optimizer_create(model *m, const adamw_hparams *hp, optimizer *out)
 {
     *out = (optimizer){.m = m, .hp = *hp};
     out->tensors = xcalloc((size_t)m->n_params, sizeof *out->tensors);
     out->grads = xcalloc((size_t)m->n_params, sizeof *out->grads);
-    for (int i = 0; i < m->n_params; ++i) {
-        model_param *p = &m->params[i];
-        if (!p->trainable || m->zero) /* under --zero llmcl_dist holds the state */
-            continue;
-        /* 16-bit models: AdamW updates the master and writes the rounded copy in the same pass;
-           bf16-only adapters (no master) are rounded stochastically. Offloaded masters and
-           moments: the tensors are slices of a chunk, made for each (step_chunk). */
-        if (!m->trainable.offloaded)
-            out->tensors[out->count] = (llmcl_adamw_tensor){
-                .param = p->w16 ? p->w16 : p->master, .master = p->w16 ? p->master : NULL,
-                .grad = p->grad, .m = p->m, .v = p->v, .no_weight_decay = p->is_norm};
-        out->grads[out->count++] = p->grad;
-    }
     const int64_t one = 1;
-    return llmcl_tensor_create(m->ctx, LLMCL_F32, 1, &one, &out->grad_norm);
+    TRY(llmcl_tensor_create(m->ctx, LLMCL_F32, 1, &one, &out->grad_norm));
+    if (m->zero) /* under --zero llmcl_dist holds the state */
+        return LLMCL_OK;
+    if (m->cfg.optimizer_in_backward) {
+        if (hp->clip > 0)
+            die("optimizer: clipping by the global norm needs every gradient before the first "
+                "update, which optimizer_in_backward makes in the backward");
+        return by_groups(out);
+    }
+    for (int i = 0; i < m->n_params; ++i)
+        if (m->params[i].trainable)
+            add_tensor(out, &m->params[i]);
+    return LLMCL_OK;
 }
 
 void optimizer_destroy(optimizer *o)
 {
+    if (o->m && o->m->on_group_grads_arg == o)
+        o->m->on_group_grads = NULL, o->m->on_group_grads_arg = NULL;
+    for (int g = 0; o->group_norm && g < model_groups(o->m); ++g)
+        llmcl_tensor_destroy(o->group_norm[g]);
+    llmcl_tensor_destroy(o->group_norms);
+    free(o->group_norm);
+    free(o->first);
+    free(o->group_count);
     free(o->tensors);
     free(o->grads);
     llmcl_tensor_destroy(o->grad_norm);
     *o = (optimizer){0};
+}
+
+/*
+ * The prepared step's update of one group, from inside the backward: its gradients' norm when a
+ * line will print it, AdamW, then its gradients zeroed (the memory's next group, or this group's
+ * next step, accumulates into it). Each call a profiling region of the optimizer's row.
+ */
+static llmcl_status group_update(void *arg, int group)
+{
+    optimizer *o = arg;
+    model *m = o->m;
+    const int n = o->group_count[group];
+    if (n == 0)
+        return LLMCL_OK;
+    if (o->norm_wanted)
+        TRY(MODEL_PROF(m, F_OPTIMIZER, llmcl_grad_norm(m->ctx, o->grads + o->first[group], n, 0,
+                                                       o->group_norm[group])));
+    TRY(MODEL_PROF(m, F_OPTIMIZER,
+                   llmcl_adamw_step(m->ctx, o->tensors + o->first[group], n, &o->step)));
+    return MODEL_PROF(m, F_OPTIMIZER, llmcl_fill(m->ctx, m->group_grads[group], 0.0));
 }
 
 #ifdef LLMCL_TRAIN_MPI
@@ -116,6 +188,10 @@ llmcl_status optimizer_step(optimizer *o)
     if (m->zero)
         return zero_step(o, &o->step, o->micro);
 #endif
+    if (m->cfg.optimizer_in_backward) { /* sqrt(sum of the groups' squared norms) */
+        const llmcl_tensor *norms = o->group_norms;
+        return o->norm_wanted ? llmcl_grad_norm(m->ctx, &norms, 1, 0, o->grad_norm) : LLMCL_OK;
+    }
     if (o->step.grad_norm || o->norm_wanted)
         TRY(llmcl_grad_norm(m->ctx, o->grads, o->count, 0, o->grad_norm));
     if (m->trainable.offloaded) {

@@ -3,7 +3,10 @@
  * llmcl_adamw_step call (the trainable set's flat buffers make it one launch), global-norm
  * clipping read on the device, and the hyperparameters of a run. Under --offload-optimizer one
  * call per chunk of the masters and moments streamed through the device (offload_state.h), after
- * the one norm of all gradients.
+ * the one norm of all gradients. With the model's optimizer_in_backward one call per layer group,
+ * made from inside model_backward as soon as the group's gradients are final, after which the
+ * group's gradients are zeroed for the next group that uses their memory; no clipping then, since
+ * the global norm needs every gradient first.
  */
 #ifndef LLMCL_TRAIN_OPTIMIZER_H
 #define LLMCL_TRAIN_OPTIMIZER_H
@@ -27,8 +30,16 @@ typedef struct optimizer {
     llmcl_adamw_opts step;   /* the step that optimizer_prepare set */
     int micro;               /* its micro-batches */
     bool norm_wanted;        /* optimizer_last_norm follows it */
+    /* with optimizer_in_backward: per group its tensors, tensors[first[g]] on, count[g] of them,
+       and the norm of its gradients (a view of group_norms, f32 [groups]) */
+    int *first, *group_count;
+    llmcl_tensor *group_norms, **group_norm;
 } optimizer;
 
+/*
+ * The optimizer of m's trainable set. With m->cfg.optimizer_in_backward it sets m->on_group_grads
+ * (hp->clip must then be 0: the run ends otherwise).
+ */
 llmcl_status optimizer_create(model *m, const adamw_hparams *hp, optimizer *out);
 void optimizer_destroy(optimizer *o);
 
@@ -43,7 +54,8 @@ void optimizer_prepare(optimizer *o, float lr, int64_t step, int micro, bool nor
 /*
  * The step prepared, on the accumulated gradients, clipped to hp.clip. Under --zero:
  * llmcl_dist_step (collective) on the gradients summed over the ranks, scaled by
- * 1 / (micro x ranks), then llmcl_dist_zero_grads.
+ * 1 / (micro x ranks), then llmcl_dist_zero_grads. With optimizer_in_backward the backward has
+ * updated every group (micro must be 1): this only completes the norm, from the groups' norms.
  */
 llmcl_status optimizer_step(optimizer *o);
 

@@ -33,7 +33,7 @@
 enum { OPT_DIM, OPT_LAYERS, OPT_HEADS, OPT_KV_HEADS, OPT_FFN, OPT_VOCAB, OPT_UNTIED, OPT_ROPE_THETA,
        OPT_ROPE_LLAMA3 };
 /* getopt_long's values of options past the letters, which are all taken. */
-enum { LONG_DATA_FORMAT = 256 };
+enum { LONG_DATA_FORMAT = 256, LONG_OPTIMIZER_IN_BACKWARD };
 
 typedef struct options {
     model_config model;
@@ -105,6 +105,12 @@ static void usage(FILE *f)
           "                       device for each step (bf16 or f16 models; not with LoRA or --zero)\n"
           "  --offload-chunk-mib X  state per chunk of that stream (default 256, at most an\n"
           "                       eighth of the state); two chunks are on the device at a time\n"
+          "  --optimizer-in-backward  AdamW updates each layer group as soon as the backward has\n"
+          "                       its gradients, so that the gradients of one group at a time\n"
+          "                       are on the device (a tied embedding's apart): the same bits as\n"
+          "                       the update after the backward, in less memory; needs --clip 0\n"
+          "                       and --accum 1 (not with --zero, --offload-optimizer or\n"
+          "                       --lora-dtype bf16)\n"
           "  --seed N\n",
           f);
     fputs("  --zero S             under mpiexec -n N: ZeRO stage 1, 2 or 3 over the N ranks, each\n"
@@ -308,7 +314,8 @@ static void parse_options(int argc, char **argv, options *o)
         {"lora", 1, 0, 'k'}, {"lora-alpha", 1, 0, 'A'}, {"lora-targets", 1, 0, 'G'},
         {"lora-dtype", 1, 0, 'U'}, {"lora-merge", 0, 0, 'M'}, {"dump-logits", 1, 0, 'J'},
         {"zero", 1, 0, 'z'}, {"offload-optimizer", 0, 0, 'f'}, {"offload-chunk-mib", 1, 0, 'N'},
-        {"data-format", 1, 0, LONG_DATA_FORMAT}, {0, 0, 0, 0}};
+        {"data-format", 1, 0, LONG_DATA_FORMAT},
+        {"optimizer-in-backward", 0, 0, LONG_OPTIMIZER_IN_BACKWARD}, {0, 0, 0, 0}};
     /* a preset first, so that the other options refine it whatever their order */
     for (int i = 1; i + 1 < argc; ++i)
         if (strcmp(argv[i], "--preset") == 0)
@@ -321,6 +328,7 @@ static void parse_options(int argc, char **argv, options *o)
         switch (c) {
         case 'D': o->data = optarg; break;
         case LONG_DATA_FORMAT: o->data_format = data_format_parse(optarg); break;
+        case LONG_OPTIMIZER_IN_BACKWARD: o->model.optimizer_in_backward = 1; break;
         case 'V': o->val = optarg; break;
         case 'P': break;
         case 'd':
@@ -425,6 +433,12 @@ static void parse_options(int argc, char **argv, options *o)
         o->model.offload_chunk_bytes =
             (uint64_t)((o->offload_chunk_mib ? o->offload_chunk_mib : TRAIN_OFFLOAD_CHUNK_MIB) *
                        1048576.0);
+    if (o->model.optimizer_in_backward && o->clip > 0)
+        die("--optimizer-in-backward updates each layer group before the others have gradients, "
+            "so it cannot clip by their global norm: give --clip 0");
+    if (o->model.optimizer_in_backward && o->accum > 1)
+        die("--optimizer-in-backward updates each layer group with the gradients of one "
+            "micro-batch: give --accum 1");
     if ((o->save_every || o->save_on_interrupt) && !o->save)
         die("--save-every and --save-on-interrupt need --save FILE");
     if (o->lora_merge && !o->model.lora_rank)
@@ -595,7 +609,9 @@ static void train_step(trainer *tr, int step, bool stats, double *loss, double *
     model *m = tr->m;
     llmcl_ctx *ctx = tr->ctx;
     optimizer_prepare(&tr->opt, learning_rate(o, step), step + 1, o->accum, stats);
-    if (!m->zero) /* llmcl_dist zeroes its gradients after each step */
+    /* llmcl_dist zeroes its gradients after each step, the update in the backward each group's
+       after its update */
+    if (!m->zero && !m->cfg.optimizer_in_backward)
         CHECK(MODEL_PROF(m, F_OPTIMIZER, llmcl_fill(ctx, m->trainable.grad, 0.0)), ctx);
     CHECK(MODEL_PROF(m, F_ELEMENTWISE, llmcl_fill(ctx, tr->loss_sum, 0.0)), ctx);
     for (int k = 0; k < o->accum; ++k) {
@@ -891,6 +907,14 @@ static void print_offloaded(offload_state *s)
            (double)offload_state_chunk(s) * 12 / 1048576.0);
 }
 
+static void print_in_backward(const model *m)
+{
+    printf("optimizer: AdamW on each layer group in the backward, as soon as its gradients are "
+           "final; gradients %.2f MiB (%.2f MiB for all at once)\n",
+           (double)m->trainable.grad_total * 4 / 1048576.0,
+           (double)m->trainable.total * 4 / 1048576.0);
+}
+
 /*
  * Under --zero: MPI (MPICH's singleton init serves a run without mpiexec), this rank's place in
  * the job, and stdout for rank 0 alone, so that the job prints one progress line a step.
@@ -995,6 +1019,8 @@ int main(int argc, char **argv)
         print_lora(c, model_trainable_count(tr.m));
     if (tr.m->trainable.offloaded)
         print_offloaded(tr.m->trainable.offloaded);
+    if (c->optimizer_in_backward)
+        print_in_backward(tr.m);
     if (c->zero_stage)
         print_zero(&tr);
     if (o->init_from)

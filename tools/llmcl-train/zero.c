@@ -5,13 +5,6 @@
 
 #include "util.h"
 
-int zero_group(const model *m, const model_param *p)
-{
-    if (p->layer >= 0)
-        return p->layer + 1;
-    return p->kind == P_EMBED ? 0 : model_head_group(m);
-}
-
 /*
  * z->kept under stage 3, from the layout that llmcl_dist_setup documents: each group's parameters
  * in registration order, each at a multiple of 16 elements, the group padded to a multiple of
@@ -25,7 +18,7 @@ static void find_kept(model *m, int groups, const llmcl_dist_info *info)
     for (int g = 0; g < groups; ++g) {
         int64_t at = 0;
         for (int i = 0; i < m->n_params; ++i)
-            if (zero_group(m, &m->params[i]) == g) {
+            if (model_group(m, &m->params[i]) == g) {
                 kept[i][0] = at; /* the parameter's offset in its group, for now */
                 at += (m->params[i].numel + ALIGN - 1) / ALIGN * ALIGN;
             }
@@ -33,7 +26,7 @@ static void find_kept(model *m, int groups, const llmcl_dist_info *info)
                       numel = (at + quantum - 1) / quantum * quantum, shard = numel / info->world,
                       s0 = info->rank * shard, s1 = s0 + shard;
         for (int i = 0; i < m->n_params; ++i)
-            if (zero_group(m, &m->params[i]) == g) {
+            if (model_group(m, &m->params[i]) == g) {
                 const int64_t off = kept[i][0], end = off + m->params[i].numel;
                 kept[i][0] = s0 > off ? s0 - off : 0;
                 kept[i][1] = (s1 < end ? s1 : end) - off;
@@ -58,11 +51,11 @@ llmcl_status zero_attach(model *m, int stage)
     const llmcl_dist_opts o = {.stage = stage, .param_dtype = m->cfg.dtype};
     TRY(llmcl_dist_create(m->ctx, MPI_COMM_WORLD, &o, &z->dist));
     /* groups in one run each, as llmcl_dist wants; the layout interleaves group 0's tensors */
-    const int groups = m->cfg.layers + (m->cfg.tied ? 1 : 2);
+    const int groups = model_groups(m);
     for (int g = 0; g < groups; ++g)
         for (int i = 0; i < m->n_params; ++i) {
             const model_param *p = &m->params[i];
-            if (zero_group(m, p) == g)
+            if (model_group(m, p) == g)
                 TRY(llmcl_dist_add_param(z->dist, p->name, g, p->ndim, p->shape, p->is_norm));
         }
     TRY(llmcl_dist_setup(z->dist));
@@ -110,7 +103,7 @@ llmcl_status zero_open(model *m, int group, int mode)
         TRY(llmcl_dist_gather(z->dist, group));
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
-        if (zero_group(m, p) != group)
+        if (model_group(m, p) != group)
             continue;
         if (mode & GROUP_PARAMS) {
             TRY(llmcl_dist_param(z->dist, p->name, &p->w));
@@ -130,7 +123,7 @@ llmcl_status zero_close(model *m, int group, int mode)
     zero *z = m->zero;
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
-        if (zero_group(m, p) != group)
+        if (model_group(m, p) != group)
             continue;
         if (mode & GROUP_PARAMS)
             p->w = NULL;

@@ -32,9 +32,6 @@ struct zero {
     int64_t (*kept)[2]; /* per parameter: the elements [lo, hi) of its values that this rank keeps */
 };
 
-/* The layer group of a parameter. */
-int zero_group(const model *m, const model_param *p);
-
 /* Registers m's parameters with a new dist of `stage` and sets it up (collective). */
 llmcl_status zero_attach(model *m, int stage);
 
