@@ -1,9 +1,9 @@
 /*
- * attention.c: host launcher of attention.cl, flash attention forward and backward. Validates
- * every argument, folds the options into one mask band (wl, wr), picks the tiles for the device's
- * local memory and work-group limits (the tuning database may override them), and enqueues
- * attn_fwd, or attn_bwd_pre + attn_bwd_dkdv + attn_bwd_dq (their tensor-core versions where they
- * fit, and on wgmma where the device has it). Where the device cuts loops short, a portable
+ * attention.c: host launcher of src/cl/attention_*.cl, flash attention forward and backward.
+ * Validates every argument, folds the options into one mask band (wl, wr), picks the tiles for the
+ * device's local memory and work-group limits (the tuning database may override them), and
+ * enqueues attn_fwd, or attn_bwd_pre + attn_bwd_dkdv + attn_bwd_dq (their tensor-core versions
+ * where they fit, and on wgmma where the device has it). Where the device cuts loops short, a portable
  * kernel's walk runs in several launches that resume from a saved state (attn_split_of).
  */
 #include <math.h>
@@ -12,7 +12,7 @@
 
 #include "src/runtime/internal.h"
 
-/* The kernels of attention.cl, numbered as its ATTN_ONLY switch. */
+/* The kernels of attention_*.cl, numbered as its ATTN_ONLY switch. */
 typedef enum attn_kernel {
     ATTN_FWD = 1,
     ATTN_PRE,
@@ -272,7 +272,7 @@ static int attn_cols(attn_kernel kern, attn_tiles t)
     return kern == ATTN_DKDV ? t.bm / t.tm : t.bn / t.tn;
 }
 
-/* Local memory of a kernel in bytes, as attention.cl's header lists it. */
+/* Local memory of a kernel in bytes, as attention_portable.cl's header lists it. */
 static uint64_t attn_local_bytes(attn_kernel kern, int d, llmcl_dtype dtype, attn_tiles t)
 {
     const uint64_t dp = (uint64_t)d + 4, m = (uint64_t)t.bm, n = (uint64_t)t.bn;
@@ -709,7 +709,7 @@ static llmcl_status attn_build(llmcl_ctx *ctx, const attn_geom *g, attn_kernel k
 /* ---- loop budgets ---- */
 
 /*
- * Loop passes (llmcl__loop_budget's count) of the portable kernels as attention.cl writes them:
+ * Loop passes (llmcl__loop_budget's count) of the portable kernels as attention_portable.cl writes them:
  * a loop of t trips makes t + 1, plus its body's passes on every trip; every loop counts, the
  * `#pragma unroll` ones and those under a condition too, for the work-item with the most pieces
  * of a shared copy (llvmpipe runs a loop as long as any lane of a batch does).
