@@ -30,12 +30,25 @@
  *             run before the next (1: tile-major, the heaviest tiles of every head first; the
  *             tile count: head-major). Default 1; the tensor-core kernels run with 1.
  *   VARLEN    defined: packed sequences through cu_q / cu_k.
- *   ATTN_ONLY 1 attn_fwd, 2 attn_bwd_pre, 3 attn_bwd_dq, 4 attn_bwd_dkdv, 5 attn_fwd_mma,
- *             6 attn_bwd_dkdv_mma, 7 attn_bwd_dq_mma: build only that kernel (a kernel's local
- *             arrays are sized by the tiles of the one launched); unset: all but 8 and 9.
- *             8 attn_fwd_wgmma, 9 attn_bwd_dq_wgmma: only when asked for (D, BLOCK_M and BLOCK_N
- *             64 or 128: their wgmma shapes).
+ *   ATTN_KERNEL_<NAME>  build only kernel attn_<name> (ATTN_KERNEL_FWD_MMA: attn_fwd_mma), as the
+ *             launcher does: a kernel's local arrays are sized by the tiles of the one launched.
+ *             With none defined (a standalone build) every portable and mma.sync kernel builds;
+ *             a wgmma kernel only when named (D, BLOCK_M and BLOCK_N 64 or 128: its shapes).
  */
+
+#if !defined(ATTN_KERNEL_FWD) && !defined(ATTN_KERNEL_BWD_PRE) && !defined(ATTN_KERNEL_BWD_DQ) &&  \
+    !defined(ATTN_KERNEL_BWD_DKDV) && !defined(ATTN_KERNEL_FWD_MMA) &&                             \
+    !defined(ATTN_KERNEL_BWD_DQ_MMA) && !defined(ATTN_KERNEL_BWD_DKDV_MMA) &&                      \
+    !defined(ATTN_KERNEL_FWD_WGMMA) && !defined(ATTN_KERNEL_BWD_DQ_WGMMA) &&                       \
+    !defined(ATTN_KERNEL_BWD_DKDV_WGMMA)
+#define ATTN_KERNEL_FWD
+#define ATTN_KERNEL_BWD_PRE
+#define ATTN_KERNEL_BWD_DQ
+#define ATTN_KERNEL_BWD_DKDV
+#define ATTN_KERNEL_FWD_MMA
+#define ATTN_KERNEL_BWD_DQ_MMA
+#define ATTN_KERNEL_BWD_DKDV_MMA
+#endif
 
 #ifndef D
 #define D 64

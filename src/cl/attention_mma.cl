@@ -30,7 +30,10 @@
  *             Default 0: both.
  */
 
-#if defined(LLMCL_NV_MMA) && (!defined(ATTN_ONLY) || ATTN_ONLY >= 5)
+#if defined(LLMCL_NV_MMA) &&                                                                       \
+    (defined(ATTN_KERNEL_FWD_MMA) || defined(ATTN_KERNEL_BWD_DQ_MMA) ||                            \
+     defined(ATTN_KERNEL_BWD_DKDV_MMA) || defined(ATTN_KERNEL_FWD_WGMMA) ||                        \
+     defined(ATTN_KERNEL_BWD_DQ_WGMMA) || defined(ATTN_KERNEL_BWD_DKDV_WGMMA))
 /* Local rows padded to a power of two of 16-byte chunks (the swizzle's), D a multiple of 16 */
 #define MMA_DP (D <= 32 ? 32 : D <= 64 ? 64 : D <= 128 ? 128 : 256)
 #define MMA_RD (MMA_DP / 8)
@@ -170,7 +173,7 @@ __attribute__((always_inline)) inline void attn_p_ds_tiles(float4 *s, float4 *dp
     }
 }
 
-#if !defined(ATTN_ONLY) || ATTN_ONLY == 5 || ATTN_ONLY == 8
+#if defined(ATTN_KERNEL_FWD_MMA) || defined(ATTN_KERNEL_FWD_WGMMA)
 #ifndef WM
 #define WM 1 /* 16-row tiles a warp of attn_fwd_mma takes */
 #endif
@@ -280,7 +283,7 @@ attn_fwd_store(__global io_t *o, long ob, long so_t, __global float *lse, long l
     }
 }
 
-#if !defined(ATTN_ONLY) || ATTN_ONLY == 5
+#ifdef ATTN_KERNEL_FWD_MMA
 /*
  * attn_fwd_mma: WM 16-row tiles a warp (WM = 2 halves the local-memory reads of K and V per
  * product, which bound one tile a warp); Q's fragments stay in registers (QREG) or are read from
@@ -443,7 +446,7 @@ __attribute__((always_inline)) inline void attn_dq_store(__global io_t *dq, long
     }
 }
 
-#if !defined(ATTN_ONLY) || ATTN_ONLY == 7
+#ifdef ATTN_KERNEL_BWD_DQ_MMA
 /*
  * attn_bwd_dq_mma: dQ = dS K for BLOCK_M query rows of one head, a warp per 16 of them with their
  * Q and dO fragments in registers (staged once through local memory; past D = 128 read from
@@ -562,7 +565,7 @@ attn_bwd_dq_mma(ATTN_DQ_PARAMS)
 }
 #endif
 
-#if !defined(ATTN_ONLY) || ATTN_ONLY == 6 || ATTN_ONLY == 10
+#if defined(ATTN_KERNEL_BWD_DKDV_MMA) || defined(ATTN_KERNEL_BWD_DKDV_WGMMA)
 /*
  * attn_bwd_dkdv_mma: dK and dV for BLOCK_N keys of one KV head, a warp per 16 of them, over every
  * query head of the group and every query tile of BLOCK_M rows (fixed order: deterministic). Per
@@ -666,7 +669,7 @@ attn_dkdv_store(__global io_t *dk, long kgb, long sgk_t, __global io_t *dv, long
     }
 }
 
-#if !defined(ATTN_ONLY) || ATTN_ONLY == 6
+#ifdef ATTN_KERNEL_BWD_DKDV_MMA
 __kernel __attribute__((reqd_work_group_size(MMA_K_THREADS, 1, 1))) void
 attn_bwd_dkdv_mma(ATTN_DKDV_PARAMS)
 {

@@ -441,7 +441,7 @@ inline float attn_dlogit(float s, float scale, float softcap)
     return scale;
 }
 
-#if !defined(ATTN_ONLY) || ATTN_ONLY == 1
+#ifdef ATTN_KERNEL_FWD
 ATTN_ACCUMULATE(attn_fwd_pv, TM, DT4, CT, PM, BLOCK_N, lk_t, LREADK4) /* P.V into O */
 #ifdef SPLIT
 ATTN_STATE(attn_fwd_acc_state, TM, DT4, RT, CT)
@@ -657,7 +657,7 @@ attn_fwd(ATTN_FWD_PARAMS ATTN_SPLIT_PARAMS)
 #undef vs
 #endif
 
-#if !defined(ATTN_ONLY) || ATTN_ONLY == 2
+#ifdef ATTN_KERNEL_BWD_PRE
 __kernel void attn_bwd_pre(const __global io_t *o, ulong o_off, const __global io_t *dout,
                            ulong do_off, __global float *delta, ulong delta_off,
                            const __global int *cu_q, ulong cu_q_off, int tq_all, int hq,
@@ -681,7 +681,7 @@ __kernel void attn_bwd_pre(const __global io_t *o, ulong o_off, const __global i
 }
 #endif
 
-#if !defined(ATTN_ONLY) || ATTN_ONLY == 3
+#ifdef ATTN_KERNEL_BWD_DQ
 ATTN_ACCUMULATE(attn_dq_dsk, TM, DT4, CT, PM, BLOCK_N, lkdq_t, LREADKDQ4) /* dS.K into dQ */
 #ifdef SPLIT
 ATTN_STATE(attn_dq_state, TM, DT4, RT, CT) /* dQ's accumulators */
@@ -834,7 +834,7 @@ attn_bwd_dq(ATTN_DQ_PARAMS ATTN_SPLIT_PARAMS)
 }
 #endif
 
-#if !defined(ATTN_ONLY) || ATTN_ONLY == 4
+#ifdef ATTN_KERNEL_BWD_DKDV
 /* P^T.dO into dV and dS^T.Q into dK. */
 ATTN_ACCUMULATE(attn_dkdv_accumulate, TN, DT4_KV, CT_KV, PN, BLOCK_M, lq_t, LREADQ4)
 #ifdef SPLIT

@@ -19,11 +19,16 @@
  *             attn_bwd_dkdv_wgmma double-buffer their streamed tiles).
  */
 
-#if defined(LLMCL_NV_MMA) && defined(LLMCL_NV_WGMMA) && defined(ATTN_ONLY) && ATTN_ONLY >= 8
+#if defined(LLMCL_NV_MMA) && defined(LLMCL_NV_WGMMA) &&                                            \
+    (defined(ATTN_KERNEL_FWD_WGMMA) || defined(ATTN_KERNEL_BWD_DQ_WGMMA) ||                        \
+     defined(ATTN_KERNEL_BWD_DKDV_WGMMA))
 #if (D != 64 && D != 128) || (BLOCK_N != 64 && BLOCK_N != 128) || (BLOCK_M != 64 && BLOCK_M != 128)
 #error "attn_*_wgmma: D, BLOCK_M and BLOCK_N 64 or 128"
 #endif
-#if ATTN_ONLY == 10
+#ifdef ATTN_KERNEL_BWD_DKDV_WGMMA
+#if defined(ATTN_KERNEL_FWD_WGMMA) || defined(ATTN_KERNEL_BWD_DQ_WGMMA)
+#error "attn_bwd_dkdv_wgmma's score tiles are transposed: it builds alone"
+#endif
 #define WG_ROWS BLOCK_N /* score rows of a work-group: keys */
 #define WG_COLS BLOCK_M /* score columns of a streamed tile: queries */
 #else
@@ -125,7 +130,7 @@ __attribute__((always_inline)) inline void attn_wg_keep(float *o, uint4 *a)
         wg_keep_u4(a + j);
 }
 
-#if ATTN_ONLY == 8
+#ifdef ATTN_KERNEL_FWD_WGMMA
 /*
  * attn_fwd_wgmma: the forward on Hopper's wgmma, FlashAttention-3's schedule without its producer
  * warps: a warpgroup per 64 query rows (a warp 16 of them, as in attn_fwd_mma, whose softmax and
@@ -253,7 +258,7 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS)
 }
 #endif
 
-#if ATTN_ONLY == 9
+#ifdef ATTN_KERNEL_BWD_DQ_WGMMA
 /*
  * attn_bwd_dq_wgmma: attn_bwd_dq_mma on wgmma. Q and dO stay in local memory, K and V tiles are
  * double-buffered (the next tile's copy, issued once the barrier shows every warpgroup done with
@@ -338,7 +343,7 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS)
 }
 #endif
 
-#if ATTN_ONLY == 10
+#ifdef ATTN_KERNEL_BWD_DKDV_WGMMA
 /*
  * attn_bwd_dkdv_wgmma: attn_bwd_dkdv_mma on wgmma, for BLOCK_N keys (a warpgroup per 64) over
  * every query head of the group and every query tile of BLOCK_M rows, in the same fixed order. K
