@@ -709,7 +709,7 @@ LLMCL_API llmcl_status llmcl_activation_backward(llmcl_ctx *ctx, llmcl_activatio
                                                  llmcl_tensor *dx);
 
 /* ---------------------------------------------------------------------------------------------- */
-/* Attention (attention.cl).                                                                      */
+/* Attention (attention_*.cl).                                                                    */
 
 /*
  * Options of flash attention. A zero-initialised struct is full (non-causal) attention with scale

@@ -1,7 +1,7 @@
 /*
- * attention_ref.h: naive attention in double on the CPU, the reference for attention.cl's forward
- * (O, LSE) and backward (dQ, dK, dV). It recomputes the full score rows itself, so the backward
- * is checked against exact math, not against the device's forward.
+ * attention_ref.h: naive attention in double on the CPU, the reference for the attention kernels'
+ * forward (O, LSE) and backward (dQ, dK, dV). It recomputes the full score rows itself, so the
+ * backward is checked against exact math, not against the device's forward.
  *
  * Layouts are canonical: dense tensors are [B, H, T, D] row-major; with cu_q/cu_k set (varlen),
  * [total_T, H, D]. LSE is [B, Hq, Tq], or [Hq, total_Tq] in varlen mode. Masking follows

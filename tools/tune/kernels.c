@@ -126,7 +126,7 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
 }
 
 /*
- * ---- attention.cl: tiles BLOCK_M, BLOCK_N, TM, TN, LF32, UNROLL, PIPE, TILE_RUN (and KV_SEP for
+ * ---- attention_*.cl: tiles BLOCK_M, BLOCK_N, TM, TN, LF32, UNROLL, PIPE, TILE_RUN (and KV_SEP for
  * the forward, KF32 for dQ, PRE_WG for the delta pass); the size key is the head dim D. Q, K and V
  * are views of one [B, H + 2K, T, D] tensor, and dK, dV the contiguous [B, K, T, D] halves of one
  * [B, 2K, T, D] buffer (head views of it would interleave, which the backward's output-overlap

@@ -1,57 +1,48 @@
 /*
- * attention.c: host launcher of attention.cl, flash attention forward and backward. Validates
- * every argument, folds the options into one mask band (wl, wr), picks the tiles for the device's
- * local memory and work-group limits (the tuning database may override them), and enqueues
- * attn_fwd, or attn_bwd_pre + attn_bwd_dkdv + attn_bwd_dq (their tensor-core versions where they
- * fit, and on wgmma where the device has it). Where the device cuts loops short, a portable
- * kernel's walk runs in several launches that resume from a saved state (attn_split_of).
+ * attention.c: host launcher of src/cl/attention_*.cl, flash attention forward and backward.
+ * Validates every argument, folds the options into one mask band (wl, wr), picks the kernel set
+ * for the device and the call (llmcl__attn_arch) and each kernel's parameters
+ * (llmcl__attn_config, attention_tiles.c), and enqueues attn_fwd, or attn_bwd_pre +
+ * attn_bwd_dkdv + attn_bwd_dq, in the set's versions. Where the device cuts loops short, a
+ * portable kernel's walk runs in several launches that resume from a saved state
+ * (llmcl__attn_split, attention_split.c).
  */
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 
-#include "src/runtime/internal.h"
+#include "src/runtime/ops/attention.h"
 
-/* The kernels of attention.cl, numbered as its ATTN_ONLY switch. */
-typedef enum attn_kernel {
-    ATTN_FWD = 1,
-    ATTN_PRE,
-    ATTN_DQ,
-    ATTN_DKDV,
-    ATTN_FWD_MMA,
-    ATTN_DKDV_MMA,
-    ATTN_DQ_MMA,
-    ATTN_FWD_WG,
-    ATTN_DQ_WG,
-    ATTN_DKDV_WG
-} attn_kernel;
+/* Every kernel of the attention family: a row each, which the launcher asks by set and pass. */
+static const attn_kernel attn_kernels[] = {
+    {"attn_fwd", "ATTN_KERNEL_FWD", LLMCL_KEY_ATTENTION_FWD, ATTN_ARCH_PORTABLE, ATTN_PASS_FWD},
+    {"attn_bwd_pre", "ATTN_KERNEL_BWD_PRE", LLMCL_KEY_ATTENTION_BWD_PRE, ATTN_ARCH_PORTABLE,
+     ATTN_PASS_PRE},
+    {"attn_bwd_dq", "ATTN_KERNEL_BWD_DQ", LLMCL_KEY_ATTENTION_BWD_DQ, ATTN_ARCH_PORTABLE,
+     ATTN_PASS_DQ},
+    {"attn_bwd_dkdv", "ATTN_KERNEL_BWD_DKDV", LLMCL_KEY_ATTENTION_BWD_DKDV, ATTN_ARCH_PORTABLE,
+     ATTN_PASS_DKDV},
+    {"attn_fwd_mma", "ATTN_KERNEL_FWD_MMA", LLMCL_KEY_ATTENTION_FWD_MMA, ATTN_ARCH_MMA,
+     ATTN_PASS_FWD},
+    {"attn_bwd_dq_mma", "ATTN_KERNEL_BWD_DQ_MMA", LLMCL_KEY_ATTENTION_BWD_DQ_MMA, ATTN_ARCH_MMA,
+     ATTN_PASS_DQ},
+    {"attn_bwd_dkdv_mma", "ATTN_KERNEL_BWD_DKDV_MMA", LLMCL_KEY_ATTENTION_BWD_DKDV_MMA,
+     ATTN_ARCH_MMA, ATTN_PASS_DKDV},
+    {"attn_fwd_wgmma", "ATTN_KERNEL_FWD_WGMMA", LLMCL_KEY_ATTENTION_FWD_WGMMA, ATTN_ARCH_WGMMA,
+     ATTN_PASS_FWD},
+    {"attn_bwd_dq_wgmma", "ATTN_KERNEL_BWD_DQ_WGMMA", LLMCL_KEY_ATTENTION_BWD_DQ_WGMMA,
+     ATTN_ARCH_WGMMA, ATTN_PASS_DQ},
+    {"attn_bwd_dkdv_wgmma", "ATTN_KERNEL_BWD_DKDV_WGMMA", LLMCL_KEY_ATTENTION_BWD_DKDV_WGMMA,
+     ATTN_ARCH_WGMMA, ATTN_PASS_DKDV},
+};
 
-static const char *const attn_kernel_name[] = {
-    "", "attn_fwd", "attn_bwd_pre", "attn_bwd_dq", "attn_bwd_dkdv", "attn_fwd_mma",
-    "attn_bwd_dkdv_mma", "attn_bwd_dq_mma", "attn_fwd_wgmma",
-    "attn_bwd_dq_wgmma", "attn_bwd_dkdv_wgmma"};
-/* Tuning database keys. */
-static const char *const attn_tune_key[] = {
-    "", LLMCL_KEY_ATTENTION_FWD, LLMCL_KEY_ATTENTION_BWD_PRE, LLMCL_KEY_ATTENTION_BWD_DQ,
-    LLMCL_KEY_ATTENTION_BWD_DKDV, LLMCL_KEY_ATTENTION_FWD_MMA, LLMCL_KEY_ATTENTION_BWD_DKDV_MMA,
-    LLMCL_KEY_ATTENTION_BWD_DQ_MMA, LLMCL_KEY_ATTENTION_FWD_WGMMA, LLMCL_KEY_ATTENTION_BWD_DQ_WGMMA,
-    LLMCL_KEY_ATTENTION_BWD_DKDV_WGMMA};
-
-/* Everything the kernels need to know about one call, validated. */
-typedef struct attn_geom {
-    bool varlen;
-    llmcl_dtype dtype;
-    int B, Hq, Hkv, D;
-    int Tq, Tk; /* dense lengths, or the longest sequence in varlen mode */
-    int wl, wr; /* mask band around the diagonal, causal folded in; -1 unbounded */
-    float scale, softcap;
-    const llmcl_tensor *cu_q, *cu_k;
-    bool aligned4; /* every offset and stride of the loaded operands a multiple of 4 elements */
-    bool aligned8; /* ... of 8 elements: 16-byte rows for cp.async */
-    bool mma;      /* the backward runs on tensor cores */
-    int dkdv_part; /* past D = 128: which of dK (2) and dV (1) attn_bwd_dkdv_mma takes */
-    bool split;    /* a portable kernel's walk spans launches (SPLIT): see attn_split_of */
-} attn_geom;
+/* The kernel of set arch that computes pass (the backward's delta pass is portable alone). */
+static const attn_kernel *attn_kernel_of(attn_pass pass, attn_arch arch)
+{
+    for (size_t i = 0; i < sizeof attn_kernels / sizeof attn_kernels[0]; ++i)
+        if (attn_kernels[i].pass == pass && attn_kernels[i].arch == arch)
+            return &attn_kernels[i];
+    return NULL;
+}
 
 /* Whether t's offset and strides (past the unit-stride last one) are multiples of n elements. */
 static bool attn_aligned(const llmcl_tensor *t, int64_t n)
@@ -61,20 +52,6 @@ static bool attn_aligned(const llmcl_tensor *t, int64_t n)
         ok = ok && t->strides[i] % n == 0;
     return ok;
 }
-
-typedef struct attn_strides {
-    int64_t b, h, t;
-} attn_strides;
-
-typedef struct attn_tiles {
-    int bm, bn, tm, tn;
-    int lf32;  /* operand tiles in f32 in local memory: 1 all, 2 the Q side */
-    int kvsep; /* attn_fwd: separate K and V buffers */
-    int unroll; /* unroll factor of the products' loops, 0 the compiler's choice */
-    int pipe;   /* stage the next tile's operands through registers */
-    int kf32;   /* attn_bwd_dq: its K tile in f32 */
-    int run;    /* grid order: runs of this many tiles of one head (TILE_RUN) */
-} attn_tiles;
 
 /* ---- validation ---- */
 
@@ -264,434 +241,17 @@ static llmcl_status attn_check_disjoint(llmcl_ctx *ctx, const llmcl_tensor *cons
     return LLMCL_OK;
 }
 
-/* ---- tiles ---- */
+/* ---- builds ---- */
 
-/* Columns of a kernel's work-item grid: they split D among the work-items of a row. */
-static int attn_cols(attn_kernel kern, attn_tiles t)
-{
-    return kern == ATTN_DKDV ? t.bm / t.tm : t.bn / t.tn;
-}
-
-/* Local memory of a kernel in bytes, as attention.cl's header lists it. */
-static uint64_t attn_local_bytes(attn_kernel kern, int d, llmcl_dtype dtype, attn_tiles t)
-{
-    const uint64_t dp = (uint64_t)d + 4, m = (uint64_t)t.bm, n = (uint64_t)t.bn;
-    const uint64_t eq = t.lf32 >= 1 ? 4 : llmcl_dtype_size(dtype);
-    const uint64_t ek = t.lf32 == 1 ? 4 : llmcl_dtype_size(dtype);
-    const uint64_t ekq = t.kf32 ? 4 : ek; /* attn_bwd_dq's K tile */
-    if (kern == ATTN_FWD)
-        return (m * eq + n * (1 + (uint64_t)t.kvsep) * ek) * dp + 4 * n * (m + 4) +
-               4 * m * (n / (uint64_t)t.tn);
-    if (kern == ATTN_DQ)
-        return (2 * m * eq + n * (ek + ekq)) * dp + 4 * n * (m + 4);
-    return 2 * (m * eq + n * ek) * dp + 4 * (2 * m * (n + 4) + 2 * m);
-}
-
-/* Why tiles t cannot run kernel kern on this device, or NULL when they can. */
-static const char *attn_tiles_invalid(const llmcl_ctx *ctx, attn_kernel kern, int d,
-                                      llmcl_dtype dtype, attn_tiles t)
-{
-    if (t.bm < 1 || t.bn < 1 || t.tm < 1 || t.tn < 1 || t.bm % t.tm || t.bn % t.tn)
-        return "BLOCK_M % TM and BLOCK_N % TN must be 0";
-    if (t.lf32 < 0 || t.lf32 > 2)
-        return "LF32 must be 0, 1 or 2";
-    if (t.kvsep != 0 && t.kvsep != 1)
-        return "KV_SEP must be 0 or 1";
-    if (t.pipe != 0 && t.pipe != 1)
-        return "PIPE must be 0 or 1";
-    if (t.kf32 != 0 && t.kf32 != 1)
-        return "KF32 must be 0 or 1";
-    if (t.unroll < 0 || t.unroll > 64)
-        return "UNROLL must lie in [0, 64]";
-    if (t.run < 1)
-        return "TILE_RUN must be at least 1";
-    const int cols = attn_cols(kern, t);
-    if (cols > 32 || d % (4 * cols))
-        return "4 x the work-item columns must divide D, and the columns be at most 32";
-    if ((size_t)(t.bm / t.tm) * (size_t)(t.bn / t.tn) > ctx->info.max_work_group_size)
-        return "the work-group exceeds the device's maximum";
-    if (attn_local_bytes(kern, d, dtype, t) > ctx->info.local_mem_static_bytes)
-        return "the tiles exceed the device's local memory";
-    return NULL;
-}
-
-/*
- * t with its work-item columns set to the divisor of D / 4 nearest them by ratio (the smaller on a
- * tie), at most 32, and its tile's columns with them: the register tile stays, and the work-group
- * and the tile change by the same factor. The nearest rather than the largest below: D / 4 = 2p
- * with p prime (D = 88: 22) has no divisor between 2 and p, and 2 columns would leave work-groups
- * of a few work-items.
- */
-static attn_tiles attn_fit_cols(attn_kernel kern, int d, attn_tiles t)
-{
-    const int want = attn_cols(kern, t);
-    int best = 1, best_hi = want, best_lo = 1; /* best's ratio to want: best_hi / best_lo */
-    for (int c = 2; c <= 32; ++c) {
-        const int hi = c > want ? c : want, lo = c > want ? want : c;
-        if ((d / 4) % c == 0 && hi * best_lo < best_hi * lo) {
-            best = c;
-            best_hi = hi;
-            best_lo = lo;
-        }
-    }
-    if (kern == ATTN_DKDV)
-        t.bm = best * t.tm;
-    else
-        t.bn = best * t.tn;
-    return t;
-}
-
-/*
- * The heuristic tiles: the first candidate that fits the device. Larger tiles reuse each operand
- * loaded to local memory more; larger register tiles (TM x TN) do more FMAs per local-memory read,
- * which bounds the fp32 path on GPUs. The backward kernels hold four operand tiles. NVIDIA's list
- * starts with the tiles measured best on an H100 (48 KiB of local memory, bf16, D = 128), with
- * PIPE: there the next tile's loads in flight under computation gained 7-10% per kernel, and dQ's
- * K tile in f32 (KF32) another 3% of the backward. Every list runs the grid tile-major
- * (TILE_RUN 1): on the H100 the heaviest causal tiles of every head first cut the backward by 8%.
- * The work-item columns of the lists are powers of two from 4 to 32. For D a multiple of 32 the
- * 8-column candidates divide D / 4 and a candidate that does not is passed over for the next (the
- * H100's figures rest on these choices). For other D the portable candidates take the column
- * count nearest theirs that divides D / 4 (attn_fit_cols); NVIDIA's, measured at D = 128, are
- * taken only where they fit as they stand.
- */
-static attn_tiles attn_default_tiles(const llmcl_ctx *ctx, attn_kernel kern, int d,
-                                     llmcl_dtype dtype)
-{
-    static const attn_tiles nv_fwd = {32, 64, 8, 2, 2, 0, 2, 1, 0, 1}; /* f32 Q tiles */
-    static const attn_tiles nv_dq = {32, 32, 4, 4, 0, 0, 0, 1, 1, 1};     /* f32 K tiles */
-    static const attn_tiles nv_dkdv = {32, 32, 4, 4, 0, 0, 2, 1, 0, 1};
-    /* Portable lists: plain tiles (operands as stored, one K/V buffer, no hints, no staging). */
-#define ATTN_PLAIN(bm, bn, tm, tn) {bm, bn, tm, tn, 0, 0, 0, 0, 0, 1}
-    static const attn_tiles fwd[] = {
-        ATTN_PLAIN(64, 64, 4, 4), ATTN_PLAIN(64, 32, 4, 4), ATTN_PLAIN(32, 32, 4, 4),
-        ATTN_PLAIN(32, 32, 2, 2), ATTN_PLAIN(32, 16, 2, 2), ATTN_PLAIN(16, 16, 2, 2),
-        ATTN_PLAIN(16, 8, 2, 1),  ATTN_PLAIN(8, 8, 1, 1),   ATTN_PLAIN(8, 4, 1, 1),
-        ATTN_PLAIN(4, 4, 1, 1)};
-    static const attn_tiles bwd[] = {
-        ATTN_PLAIN(64, 32, 4, 2), ATTN_PLAIN(32, 32, 4, 4), ATTN_PLAIN(32, 32, 2, 2),
-        ATTN_PLAIN(32, 16, 2, 2), ATTN_PLAIN(16, 16, 2, 2), ATTN_PLAIN(16, 8, 2, 1),
-        ATTN_PLAIN(8, 8, 1, 1),   ATTN_PLAIN(8, 4, 1, 1),   ATTN_PLAIN(4, 4, 1, 1)};
-#undef ATTN_PLAIN
-    const bool nvidia = ctx->info.vendor_id == LLMCL_VENDOR_NVIDIA;
-    if (nvidia) {
-        const attn_tiles nv = kern == ATTN_FWD ? nv_fwd : kern == ATTN_DQ ? nv_dq : nv_dkdv;
-        if (!attn_tiles_invalid(ctx, kern, d, dtype, nv))
-            return nv;
-    }
-    const attn_tiles *list = kern == ATTN_FWD ? fwd : bwd;
-    const size_t n = kern == ATTN_FWD ? sizeof fwd / sizeof *fwd : sizeof bwd / sizeof *bwd;
-    /* Mesa 22.3 (rusticl) gets 4 x 4 register blocks wrong for some shapes that PoCL and NVIDIA
-       get right: dK in attn_bwd_dkdv, and rows of O and the LSE left unwritten in attn_fwd
-       (docs/PORTABILITY.md): 2 x 2 there, in every kernel. */
-    const bool small_blocks = ctx->info.vendor_id == LLMCL_VENDOR_MESA;
-    attn_tiles t = list[0];
-    for (size_t i = 0; i < n; ++i) {
-        if (small_blocks && (list[i].tm > 2 || list[i].tn > 2))
-            continue;
-        t = d % 32 ? attn_fit_cols(kern, d, list[i]) : list[i];
-        if (!attn_tiles_invalid(ctx, kern, d, dtype, t))
-            break;
-    }
-    t.pipe = nvidia; /* no local memory of its own: the tiles still fit */
-    return t;
-}
-
-/* Tiles as tuning parameters and back. */
-static void attn_tiles_to_params(attn_kernel kern, attn_tiles t, llmcl__params *p)
-{
-    llmcl__param_set(p, "BLOCK_M", t.bm);
-    llmcl__param_set(p, "BLOCK_N", t.bn);
-    llmcl__param_set(p, "TM", t.tm);
-    llmcl__param_set(p, "TN", t.tn);
-    llmcl__param_set(p, "LF32", t.lf32);
-    llmcl__param_set(p, "UNROLL", t.unroll);
-    llmcl__param_set(p, "PIPE", t.pipe);
-    llmcl__param_set(p, "TILE_RUN", t.run);
-    if (kern == ATTN_FWD)
-        llmcl__param_set(p, "KV_SEP", t.kvsep);
-    if (kern == ATTN_DQ)
-        llmcl__param_set(p, "KF32", t.kf32);
-}
-
-static attn_tiles attn_tiles_of_params(attn_kernel kern, const llmcl__params *p)
-{
-    return (attn_tiles){(int)llmcl__param_get(p, "BLOCK_M", 0),
-                        (int)llmcl__param_get(p, "BLOCK_N", 0),
-                        (int)llmcl__param_get(p, "TM", 0),
-                        (int)llmcl__param_get(p, "TN", 0),
-                        (int)llmcl__param_get(p, "LF32", 0),
-                        kern == ATTN_FWD ? (int)llmcl__param_get(p, "KV_SEP", 0) : 0,
-                        (int)llmcl__param_get(p, "UNROLL", 0),
-                        (int)llmcl__param_get(p, "PIPE", 0),
-                        kern == ATTN_DQ ? (int)llmcl__param_get(p, "KF32", 0) : 0,
-                        (int)llmcl__param_get(p, "TILE_RUN", 1)};
-}
-
-/*
- * The tiles of a tiled kernel: the heuristic defaults, then the tuning database. A file entry
- * tuned for a neighbouring head dim may not fit this one; the defaults then stand. Overrides that
- * do not fit are errors, so that the tuner rejects such candidates.
- */
-static llmcl_status attn_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
-                                   const char *cls, llmcl__params *p, attn_tiles *tiles)
-{
-    const attn_tiles def = attn_default_tiles(ctx, kern, g->D, g->dtype);
-    attn_tiles_to_params(kern, def, p);
-    const llmcl__tune_lookup lookup =
-        llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
-    attn_tiles t = attn_tiles_of_params(kern, p);
-    if (t.kvsep && t.pipe) { /* PIPE stages K and V through one buffer: no staging with KV_SEP */
-        t.pipe = 0;
-        llmcl__param_set(p, "PIPE", 0);
-    }
-    const char *why = attn_tiles_invalid(ctx, kern, g->D, g->dtype, t);
-    if (why && !lookup.overridden) {
-        llmcl__log("tuning: %s tiles BLOCK_M=%d BLOCK_N=%d TM=%d TN=%d do not fit D=%d (%s); "
-                   "the defaults are used",
-                   attn_kernel_name[kern], t.bm, t.bn, t.tm, t.tn, g->D, why);
-        t = def;
-        attn_tiles_to_params(kern, t, p);
-        why = attn_tiles_invalid(ctx, kern, g->D, g->dtype, t);
-    }
-    LLMCL__REQUIRE(ctx, !why, LLMCL_ERROR_UNSUPPORTED,
-                   "attention: %s tiles BLOCK_M=%d BLOCK_N=%d TM=%d TN=%d LF32=%d with D=%d: %s",
-                   attn_kernel_name[kern], t.bm, t.bn, t.tm, t.tn, t.lf32, g->D, why);
-    llmcl__params_record(&lookup, p);
-    *tiles = t;
-    return LLMCL_OK;
-}
-
-/*
- * The tensor-core kernels: bf16 or f16 on a device with tensor cores, a head dim that is a multiple
- * of 16 (the mma's k) from 32 to 256, and loaded operands whose rows start on 16 bytes for
- * cp.async. Other calls, the head dims 8 to 24 of tiny models among them, take the portable
- * kernels (LLMCL_LOG says so).
- */
-static bool attn_mma_fits(const llmcl_ctx *ctx, const attn_geom *g, bool forward)
-{
-    const bool fits = ctx->info.has_mma && g->dtype != LLMCL_F32 && g->D % 16 == 0 &&
-                      g->D >= 32 && g->D <= 256 && g->aligned8;
-    if (!fits && ctx->info.has_mma)
-        llmcl__log("attention: the portable %s runs (%s, D=%d, %s)",
-                   forward ? "forward" : "backward", llmcl_dtype_name(g->dtype), g->D,
-                   g->aligned8 ? "rows aligned" : "offsets or strides not multiples of 8");
-    return fits;
-}
-
-/* A tensor-core kernel's tile parameters into p (the forward's WM, QREG and STAGES too). */
-static void attn_mma_params_set(llmcl__params *p, bool fwd, long bm, long bn, long wm, long qreg,
-                                long stages)
-{
-    llmcl__param_set(p, "BLOCK_M", bm);
-    llmcl__param_set(p, "BLOCK_N", bn);
-    if (fwd) {
-        llmcl__param_set(p, "WM", wm);
-        llmcl__param_set(p, "QREG", qreg);
-        llmcl__param_set(p, "STAGES", stages);
-    }
-}
-
-/* Whether attn_bwd_dkdv_mma keeps K and V in local tiles (its DKDV_KV_LOCAL). */
-static bool attn_dkdv_kv_local(const attn_geom *g) { return g->D > 96; }
-
-/* Local bytes of a tensor-core kernel's tiles: dK/dV double-buffers its Q and dO tiles, past
-   D = 96 beside K and V (K alone in the dV launch), past D = 128 its row statistics staying
-   global; dQ double-buffers its K and V tiles, past D = 128 beside dO's as well as Q's; the
-   forward has Q and STAGES of K and V. Rows are padded to a power of two of 16-byte chunks. */
-static uint64_t attn_mma_local_bytes(const attn_geom *g, attn_kernel kern, long bm, long bn,
-                                     long stages)
-{
-    const bool widest = g->D > 128, kv_local = attn_dkdv_kv_local(g);
-    const uint64_t d2 = 2u * llmcl__pow2_ceil((size_t)g->D);
-    if (kern == ATTN_DKDV_MMA)
-        return d2 * (4 * (uint64_t)bm +
-                     (kv_local ? (uint64_t)(g->dkdv_part == 1 ? 1 : 2) * bn : 0)) +
-               (widest ? 0 : 16u * (uint64_t)bm);
-    if (kern == ATTN_DQ_MMA)
-        return d2 * (uint64_t)((widest ? 2 : 1) * bm + 4 * bn);
-    return d2 * (uint64_t)(bm + 2 * stages * bn);
-}
-
-/*
- * The tiles of a tensor-core kernel: BLOCK_M query rows and BLOCK_N keys, multiples of 16, a warp
- * per 16 rows (16 keys in attn_bwd_dkdv_mma; WM x 16 rows in attn_fwd_mma), within local memory and
- * the work-group limit; the defaults keep the registers of D = 128 in bounds. Past D = 128 the
- * backward keeps its operands in local memory (Q and dO beside K and V in dQ, K and V beside the
- * stages in dK/dV): 48 KiB take 16 x 16 tiles (16 x 32 in the dV launch), the 226 KiB of local
- * arrays on sm_90 64 x 16 for dQ and 32 x 64 for dK/dV. Past D = 96 dK/dV keeps K and V in local
- * memory as well, where 48 KiB take 16 x 32 tiles. Tuned values that do not fit fall back to the
- * defaults unless overridden.
- */
-static llmcl_status attn_mma_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
-                                       const char *cls, llmcl__params *p, attn_tiles *tiles)
-{
-    const bool dkdv = kern == ATTN_DKDV_MMA, fwd = kern == ATTN_FWD_MMA, wide = g->D > 64,
-               widest = g->D > 128;
-    const uint64_t local = ctx->info.local_mem_static_bytes;
-    /*
-     * The forward (tuned on the H100): two 16-row tiles a warp up to D = 128, Q's fragments read
-     * from local memory past D = 64, double-buffered K and V tiles where they fit beside Q. Past
-     * D = 128, and for the forward's second K and V stage at D = 128, the larger tiles need more
-     * than 48 KiB, which NVIDIA's OpenCL grants a kernel's local arrays on sm_90; elsewhere the
-     * tiles that fit 48 KiB.
-     */
-    long def_m = dkdv && wide ? 32 : 64, def_n = kern == ATTN_DQ_MMA && wide ? 32 : 64;
-    long def_stages = fwd && !wide ? 2 : 1;
-    if (fwd) {
-        def_m = wide && !widest ? 128 : 64, def_n = widest ? 16 : wide ? 32 : 64;
-        if (widest && attn_mma_local_bytes(g, kern, 128, 32, 1) <= local)
-            def_m = 128, def_n = 32;
-        if (wide && !widest && attn_mma_local_bytes(g, kern, 128, 32, 2) <= local)
-            def_stages = 2;
-    } else if (widest) {
-        const long big_m = dkdv ? 32 : 64, big_n = dkdv ? 64 : 16;
-        def_m = 16, def_n = g->dkdv_part == 1 ? 32 : 16; /* the dV launch keeps no V tile */
-        if (attn_mma_local_bytes(g, kern, big_m, big_n, 1) <= local)
-            def_m = big_m, def_n = big_n;
-    } else if (dkdv && attn_dkdv_kv_local(g) &&
-               attn_mma_local_bytes(g, kern, def_m, def_n, 1) > local) {
-        def_m = 16, def_n = 32; /* K and V in local memory beside the stages, within 48 KiB */
-    }
-    const long def_wm = fwd && !widest ? 2 : 1, def_qreg = !(fwd && wide);
-    attn_mma_params_set(p, fwd, def_m, def_n, def_wm, def_qreg, def_stages);
-    const llmcl__tune_lookup lookup =
-        llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
-    long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
-    long wm = fwd ? llmcl__param_get(p, "WM", def_wm) : 1;
-    long qreg = fwd ? llmcl__param_get(p, "QREG", def_qreg) : 1;
-    long stages = fwd ? llmcl__param_get(p, "STAGES", def_stages) : 1;
-    const uint64_t bytes = attn_mma_local_bytes(g, kern, bm, bn, stages);
-    const long warps = (dkdv ? bn : bm) / (16 * wm);
-    bool ok = bm >= 16 && bm % 16 == 0 && bn >= 16 && bn % 16 == 0 && (wm == 1 || wm == 2) &&
-              (qreg == 0 || qreg == 1) && (stages == 1 || stages == 2) &&
-              (dkdv ? bn : bm) % (16 * wm) == 0 &&
-              (size_t)warps * 32 <= ctx->info.max_work_group_size &&
-              bytes <= local && (!dkdv || bn <= 2 * bm);
-    if (!ok && !lookup.overridden) {
-        bm = def_m, bn = def_n, wm = def_wm, qreg = def_qreg, stages = def_stages, ok = true;
-        attn_mma_params_set(p, fwd, bm, bn, wm, qreg, stages);
-    }
-    LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
-                   "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld WM=%ld QREG=%ld STAGES=%ld with "
-                   "D=%d need multiples of 16 (of 16 WM rows), WM and STAGES 1 or 2, QREG 0 or 1, "
-                   "at most %zu work-items and %llu bytes of local memory%s",
-                   attn_kernel_name[kern], bm, bn, wm, qreg, stages, g->D,
-                   ctx->info.max_work_group_size,
-                   (unsigned long long)local, dkdv ? ", and BLOCK_N <= 2 BLOCK_M" : "");
-    llmcl__params_record(&lookup, p);
-    *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = (int)(16 * wm), .tn = (int)bn,
-                          .run = 1};
-    return LLMCL_OK;
-}
-
-/* Whether the device's wgmma kernels take this call (D 64 and 128, where mma.sync's would run). */
-static bool attn_wgmma_fits(const llmcl_ctx *ctx, const attn_geom *g)
-{
-    return ctx->info.has_wgmma && (g->D == 64 || g->D == 128);
-}
-
-/* Local bytes of a wgmma kernel: the forward's Q and STAGES of K and V, dQ's Q and dO and two
-   stages of K and V, dK/dV's K and V and two stages of Q and dO with their rows' statistics;
-   rows of D 16-bit elements. */
-static uint64_t attn_wg_local_bytes(const attn_geom *g, attn_kernel kern, long bm, long bn,
-                                    long stages)
-{
-    if (kern == ATTN_DKDV_WG)
-        return 2u * (uint64_t)g->D * (uint64_t)(2 * bn + 4 * bm) + 16u * (uint64_t)bm;
-    const long rows = kern == ATTN_FWD_WG ? bm + 2 * stages * bn : 2 * bm + 4 * bn;
-    return 2u * (uint64_t)g->D * (uint64_t)rows;
-}
-
-/*
- * The tiles of a wgmma kernel: BLOCK_M 64 or 128 query rows, BLOCK_N 64 or 128 keys (a warpgroup
- * per 64 queries, or keys in dK/dV); the forward's STAGES 3 to 5 buffers of K and V. The
- * defaults, tuned on the H100: the forward at D = 128 two warpgroups on 128 x 128 tiles in 3
- * stages (224 KiB), at D = 64 one on 64 x 64 tiles, three work-groups to a multiprocessor, which
- * overlap one's softmax with another's products (1.14x over 128 x 128); dQ one warpgroup on
- * 64 x 64 tiles; dK/dV two on 128 keys over 64-query tiles at D = 128 (128-query tiles spill:
- * the backward 6.41 against 5.16 ms), over 128-query tiles at D = 64 (1.13x); 64 x 64 where the
- * larger tiles do not fit. Tuned values that do not fit fall back to the defaults unless
- * overridden.
- */
-static llmcl_status attn_wg_tiles_get(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
-                                      const char *cls, llmcl__params *p, attn_tiles *tiles)
-{
-    const uint64_t local = ctx->info.local_mem_static_bytes;
-    const bool fwd = kern == ATTN_FWD_WG;
-    long def_m = kern == ATTN_DKDV_WG && g->D > 64 ? 64 : 128, def_n = 128;
-    if (kern == ATTN_DQ_WG || (fwd && g->D <= 64) ||
-        attn_wg_local_bytes(g, kern, def_m, def_n, 3) > local)
-        def_m = 64, def_n = 64;
-    llmcl__param_set(p, "BLOCK_M", def_m);
-    llmcl__param_set(p, "BLOCK_N", def_n);
-    if (fwd)
-        llmcl__param_set(p, "STAGES", 3);
-    const llmcl__tune_lookup lookup =
-        llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
-    long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
-    long stages = fwd ? llmcl__param_get(p, "STAGES", 3) : 2;
-    bool ok = (bm == 64 || bm == 128) && (bn == 64 || bn == 128) &&
-              (!fwd || (stages >= 3 && stages <= 5)) &&
-              attn_wg_local_bytes(g, kern, bm, bn, stages) <= local;
-    if (!ok && !lookup.overridden) {
-        bm = def_m, bn = def_n, stages = fwd ? 3 : 2, ok = true;
-        llmcl__param_set(p, "BLOCK_M", bm);
-        llmcl__param_set(p, "BLOCK_N", bn);
-        if (fwd)
-            llmcl__param_set(p, "STAGES", stages);
-    }
-    char st[32] = "";
-    if (fwd)
-        snprintf(st, sizeof st, " STAGES=%ld", stages);
-    LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
-                   "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld%s with D=%d need BLOCK_M and "
-                   "BLOCK_N 64 or 128%s and at most %llu bytes of local memory",
-                   attn_kernel_name[kern], bm, bn, st, g->D, fwd ? ", STAGES 3 to 5" : "",
-                   (unsigned long long)local);
-    llmcl__params_record(&lookup, p);
-    *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = 64, .tn = (int)bn, .run = 1};
-    return LLMCL_OK;
-}
-
-/* A kernel's tiles and work-group size, and its parameters in p; the head dim is the tuning size
-   key. */
-static llmcl_status attn_config(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
-                                llmcl__params *p, attn_tiles *tiles, size_t *wg)
-{
-    char cls[16];
-    llmcl__shape_class(g->D, cls);
-    if (kern == ATTN_PRE) {
-        llmcl__param_set(p, "PRE_WG", ctx->info.max_work_group_size >= 64 ? 64 : 1);
-        llmcl__params_lookup(ctx, attn_tune_key[kern], g->dtype, cls, p);
-        const long w = llmcl__param_get(p, "PRE_WG", 64);
-        LLMCL__REQUIRE(ctx, w >= 1 && (size_t)w <= ctx->info.max_work_group_size,
-                       LLMCL_ERROR_UNSUPPORTED, "attention: PRE_WG %ld is outside [1, %zu]", w,
-                       ctx->info.max_work_group_size);
-        *wg = (size_t)w;
-    } else if (kern >= ATTN_FWD_WG) {
-        LLMCL__TRY(attn_wg_tiles_get(ctx, g, kern, cls, p, tiles));
-        /* 128 work-items a warpgroup, one per 64 rows: queries, or keys in dK/dV */
-        *wg = (size_t)(kern == ATTN_DKDV_WG ? tiles->bn : tiles->bm) * 2;
-    } else if (kern >= ATTN_FWD_MMA) {
-        LLMCL__TRY(attn_mma_tiles_get(ctx, g, kern, cls, p, tiles));
-        *wg = (size_t)(kern == ATTN_DKDV_MMA ? tiles->bn / 16 : tiles->bm / tiles->tm) * 32;
-    } else {
-        LLMCL__TRY(attn_tiles_get(ctx, g, kern, cls, p, tiles));
-        *wg = (size_t)(tiles->bm / tiles->tm) * (size_t)(tiles->bn / tiles->tn);
-    }
-    return LLMCL_OK;
-}
-
-/* The kernel built with attn_config's parameters p. */
-static llmcl_status attn_build(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
+/* The kernel built with llmcl__attn_config's parameters p. */
+static llmcl_status attn_build(llmcl_ctx *ctx, const attn_geom *g, const attn_kernel *k,
                                const llmcl__params *p, cl_kernel *out)
 {
     llmcl__defines defs = {0};
     llmcl__define_int(&defs, "D", g->D);
     llmcl__define_str(&defs, "IO_DT", llmcl__dtype_macro(g->dtype));
-    llmcl__define_int(&defs, "ATTN_ONLY", kern);
-    if (kern == ATTN_DKDV_MMA && g->dkdv_part)
+    llmcl__define_flag(&defs, k->define);
+    if (k->arch == ATTN_ARCH_MMA && k->pass == ATTN_PASS_DKDV && g->dkdv_part)
         llmcl__define_int(&defs, "DKDV_PART", g->dkdv_part);
     llmcl__define_int(&defs, "ALIGNED4", g->aligned4);
     if (g->varlen)
@@ -703,146 +263,27 @@ static llmcl_status attn_build(llmcl_ctx *ctx, const attn_geom *g, attn_kernel k
      * The kernels declare reqd_work_group_size, so the compiler fits its register use to wg.
      * CL_KERNEL_WORK_GROUP_SIZE is not consulted: rusticl reports 32 for kernels that run at 256.
      */
-    return llmcl__kernel(ctx, LLMCL_FAMILY_ATTENTION, &defs, attn_kernel_name[kern], out);
+    return llmcl__kernel(ctx, LLMCL_FAMILY_ATTENTION, &defs, k->name, out);
 }
 
-/* ---- loop budgets ---- */
-
-/*
- * Loop passes (llmcl__loop_budget's count) of the portable kernels as attention.cl writes them:
- * a loop of t trips makes t + 1, plus its body's passes on every trip; every loop counts, the
- * `#pragma unroll` ones and those under a condition too, for the work-item with the most pieces
- * of a shared copy (llvmpipe runs a loop as long as any lane of a batch does).
- */
-static int64_t attn_loop(int64_t trips, int64_t body) { return trips + 1 + trips * body; }
-
-/* Two nested loops with empty bodies inside: register-tile set-ups, stores, the score math. */
-static int64_t attn_nest(int64_t outer, int64_t inner)
-{
-    return attn_loop(outer, attn_loop(inner, 0));
-}
-
-/* A tile of rows x D staged in 4-wide pieces by `threads` work-items (load, fetch or put). */
-static int64_t attn_copy(int64_t rows, int d, int64_t threads)
-{
-    return attn_loop(llmcl__div_up(rows * (d / 4), threads), 0);
-}
-
-/* A score product over D (attn_fwd's S, the backward's S and dP): per 4 of D the rows' and the
-   columns' operand reads and their rows x cols dot steps. */
-static int64_t attn_score_loops(int d, int rows, int cols)
-{
-    return attn_loop(d / 4, attn_loop(rows, 0) + attn_loop(cols, 0) + attn_nest(rows, cols));
-}
-
-/* ATTN_ACCUMULATE over n score rows of pitch floats: per row attn_read_col's `rows` scores (4 wide
-   where rows and the pitch allow), the cols4 operand reads and their rows x cols4 FMAs. */
-static int64_t attn_accumulate_loops(int rows, int cols4, int pitch, int n)
-{
-    const int64_t col = attn_loop(rows % 4 == 0 && pitch % 4 == 0 ? rows / 4 : rows, 0);
-    return attn_loop(n, col + attn_loop(cols4, 0) + attn_nest(rows, cols4));
-}
-
-/* A portable kernel's passes: once (`fixed`), a step of its walk (a key tile of attn_fwd and
-   attn_bwd_dq, a (query head, query tile) pair of attn_bwd_dkdv), and what a SPLIT launch adds
-   (its state loaded and saved). */
-typedef struct attn_passes {
-    int64_t fixed, step, split;
-} attn_passes;
-
-static attn_passes attn_passes_of(attn_kernel kern, int d, attn_tiles t)
-{
-    const int pipe = t.pipe != 0;
-    if (kern == ATTN_DKDV) {
-        const int rt = t.bn / t.tn, ct = t.bm / t.tm, dt4 = d / (4 * ct), w = rt * ct;
-        const int64_t qt = attn_copy(t.bm, d, w), acc = attn_nest(t.tn, dt4);
-        return (attn_passes){
-            .fixed = 2 * attn_copy(t.bn, d, w) + 2 * acc + 2 * pipe * qt + 1,
-            .step = 1 + 2 * qt + attn_loop(llmcl__div_up(t.bm, w), 0) + 2 * attn_nest(t.tn, t.tm) +
-                    attn_score_loops(d, t.tn, t.tm) + 2 * pipe * qt +
-                    2 * attn_accumulate_loops(t.tn, dt4, t.bn + 4, t.bm),
-            .split = 4 * acc};
-    }
-    const int rt = t.bm / t.tm, ct = t.bn / t.tn, dt4 = d / (4 * ct), w = rt * ct;
-    const int64_t kv = attn_copy(t.bn, d, w), acc = attn_nest(t.tm, dt4);
-    /* a step: K and V staged (PIPE: fetched, then put), the score tiles' set-up and math, the
-       score product and the accumulating one */
-    const int64_t step = 1 + (2 + 2 * pipe) * kv + 2 * attn_nest(t.tm, t.tn) +
-                         attn_score_loops(d, t.tm, t.tn) +
-                         attn_accumulate_loops(t.tm, dt4, t.bm + 4, t.bn);
-    if (kern == ATTN_FWD) /* and the rows' running maxima and sums */
-        return (attn_passes){
-            .fixed = attn_copy(t.bm, d, w) + acc + pipe * kv + 1 + attn_loop(t.tm, 0) +
-                     attn_loop(t.tm, attn_loop(ct, 0) + attn_loop(dt4, 0)),
-            .step = step +
-                    attn_loop(t.tm, attn_loop(ct, 0) + attn_loop(t.tn, 0) + attn_loop(dt4, 0)),
-            .split = 2 * (acc + attn_loop(t.tm, 0))};
-    return (attn_passes){/* attn_bwd_dq */
-                         .fixed = 2 * attn_copy(t.bm, d, w) + 2 * acc + 2 * pipe * kv + 1,
-                         .step = step,
-                         .split = 2 * acc};
-}
-
-/* The most steps of `step` rows that a tile of `other` rows walks over a sequence of len rows:
-   all of them, or those of a window's band. */
-static int64_t attn_walk(int64_t len, int step, int other, int wl, int wr)
-{
-    int64_t n = llmcl__div_up(len, step);
-    if (wl >= 0 && wr >= 0) {
-        const int64_t band = llmcl__div_up((int64_t)other + wl + wr + step - 1, step);
-        n = band < n ? band : n;
-    }
-    return n;
-}
-
-/* How a portable kernel's walk runs: `per` of its `steps` a launch, in `launches`. */
-typedef struct attn_split {
-    int64_t steps, per, launches;
-} attn_split;
-
-/*
- * The split of portable kernel kern with tiles t within the device's loop budget: one launch
- * where every work-item's walk fits, else launches of as many steps as fit beside the state they
- * load and save (SPLIT). Refused where not one step fits.
- */
-static llmcl_status attn_split_of(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern,
-                                  attn_tiles t, attn_split *out)
-{
-    const int64_t budget = llmcl__loop_budget(ctx);
-    const attn_passes p = attn_passes_of(kern, g->D, t);
-    const int64_t group = g->Hq / g->Hkv;
-    const int64_t steps = kern == ATTN_DKDV ? group * attn_walk(g->Tq, t.bm, t.bn, g->wl, g->wr)
-                                            : attn_walk(g->Tk, t.bn, t.bm, g->wl, g->wr);
-    *out = (attn_split){steps, steps, 1};
-    if (p.fixed + steps * p.step <= budget)
-        return LLMCL_OK;
-    LLMCL__REQUIRE(ctx, steps <= INT32_MAX, LLMCL_ERROR_OVERFLOW,
-                   "attention: %s's walk of %lld steps must fit in 31 bits",
-                   attn_kernel_name[kern], (long long)steps);
-    const int64_t fixed = p.fixed + p.split;
-    LLMCL__TRY(llmcl__check_loops(ctx, fixed + p.step,
-                                  "attention: %s at D = %d, Tq = %d, Tk = %d with tiles BLOCK_M=%d "
-                                  "BLOCK_N=%d TM=%d TN=%d, one step of its walk",
-                                  attn_kernel_name[kern], g->D, g->Tq, g->Tk, t.bm, t.bn, t.tm,
-                                  t.tn));
-    out->per = (budget - fixed) / p.step;
-    out->launches = llmcl__div_up(steps, out->per);
-    return LLMCL_OK;
-}
-
-/* That portable kernel kern's walk fits the device's loop budget, split where it must be: the
+/* That portable kernel k's walk fits the device's loop budget, split where it must be: the
    backward checks its kernels before its first launch. */
-static llmcl_status attn_check_split(llmcl_ctx *ctx, const attn_geom *g, attn_kernel kern)
+static llmcl_status attn_check_split(llmcl_ctx *ctx, const attn_geom *g, const attn_kernel *k)
 {
     llmcl__params p = {0};
     attn_tiles t;
     size_t wg;
     attn_split split;
-    LLMCL__TRY(attn_config(ctx, g, kern, &p, &t, &wg));
-    return attn_split_of(ctx, g, kern, t, &split);
+    LLMCL__TRY(llmcl__attn_config(ctx, g, k, &p, &t, &wg));
+    return llmcl__attn_split(ctx, g, k, t, &split);
 }
 
 /* ---- launches ---- */
+
+/* A tensor's (batch, head, row) strides. */
+typedef struct attn_strides {
+    int64_t b, h, t;
+} attn_strides;
 
 static attn_strides attn_strides_of(const attn_geom *g, const llmcl_tensor *t)
 {
@@ -956,23 +397,23 @@ static llmcl_status attn_launch_split(llmcl_ctx *ctx, const attn_geom *g, const 
  * A tiled kernel: attn_bwd_dkdv (and its tensor-core versions) runs a work-group per key tile of a
  * KV head, the others per query tile of a query head, on a flat grid that the kernels read
  * tile-major (attn_place_of). A portable kernel whose walk passes the device's loop budget runs
- * in launches of parts of it (attn_split_of).
+ * in launches of parts of it (llmcl__attn_split).
  */
-static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, attn_kernel which,
+static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, const attn_kernel *k,
                                       const llmcl_tensor *const *ts, int n,
                                       const llmcl_tensor *lse, const llmcl_tensor *delta)
 {
     llmcl__params p = {0};
     attn_tiles t;
     attn_launch l = {.ts = ts, .n = n, .lse = lse, .delta = delta};
-    LLMCL__TRY(attn_config(ctx, g, which, &p, &t, &l.wg));
+    LLMCL__TRY(llmcl__attn_config(ctx, g, k, &p, &t, &l.wg));
     attn_split split = {0, 0, 1};
-    if (which <= ATTN_DKDV) /* the portable kernels */
-        LLMCL__TRY(attn_split_of(ctx, g, which, t, &split));
+    if (k->arch == ATTN_ARCH_PORTABLE)
+        LLMCL__TRY(llmcl__attn_split(ctx, g, k, t, &split));
     attn_geom gs = *g;
     gs.split = split.launches > 1;
-    LLMCL__TRY(attn_build(ctx, &gs, which, &p, &l.kern));
-    const bool by_keys = which == ATTN_DKDV || which == ATTN_DKDV_MMA || which == ATTN_DKDV_WG;
+    LLMCL__TRY(attn_build(ctx, &gs, k, &p, &l.kern));
+    const bool by_keys = k->pass == ATTN_PASS_DKDV;
     l.heads = by_keys ? g->Hkv : g->Hq;
     const int64_t tiles = by_keys ? llmcl__div_up(g->Tk, t.bn) : llmcl__div_up(g->Tq, t.bm);
     /* The kernels count work-groups, and runs of TILE_RUN tiles of every head, in 32 bits. */
@@ -984,12 +425,12 @@ static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, attn_k
     if (gs.split) {
         llmcl__log("attention: %s at D=%d, Tq=%d, Tk=%d in %lld launches of %lld of its %lld "
                    "steps (loop limit %llu)",
-                   attn_kernel_name[which], g->D, g->Tq, g->Tk, (long long)split.launches,
-                   (long long)split.per, (long long)split.steps,
-                   (unsigned long long)ctx->info.loop_limit);
+                   k->name, g->D, g->Tq, g->Tk, (long long)split.launches, (long long)split.per,
+                   (long long)split.steps, (unsigned long long)ctx->info.loop_limit);
         const llmcl_tensor *rows_of = by_keys ? ts[1] : ts[0]; /* k or q */
-        const int64_t row = which == ATTN_FWD ? g->D + 2 * (t.bn / t.tn)
-                                              : which == ATTN_DQ ? g->D : 2 * g->D;
+        const int64_t row = k->pass == ATTN_PASS_FWD  ? g->D + 2 * (t.bn / t.tn)
+                            : k->pass == ATTN_PASS_DQ ? g->D
+                                                      : 2 * g->D;
         const int64_t len = g->varlen ? rows_of->shape[0] : by_keys ? g->Tk : g->Tq;
         return attn_launch_split(ctx, g, &l, split, row, len);
     }
@@ -1013,10 +454,8 @@ llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, cons
     if ((int64_t)g.B * g.Hq * g.Tq == 0)
         return LLMCL_OK;
     const llmcl_tensor *ts[] = {q, k, v, o, lse};
-    attn_kernel kern = ATTN_FWD;
-    if (attn_mma_fits(ctx, &g, true))
-        kern = attn_wgmma_fits(ctx, &g) ? ATTN_FWD_WG : ATTN_FWD_MMA;
-    return attn_launch_tiled(ctx, &g, kern, ts, 5, lse, NULL);
+    return attn_launch_tiled(ctx, &g, attn_kernel_of(ATTN_PASS_FWD, llmcl__attn_arch(ctx, &g, true)),
+                             ts, 5, lse, NULL);
 }
 
 static llmcl_status attn_launch_pre(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *o,
@@ -1025,11 +464,12 @@ static llmcl_status attn_launch_pre(llmcl_ctx *ctx, const attn_geom *g, const ll
     llmcl__params p = {0};
     attn_tiles t;
     size_t wg;
-    LLMCL__TRY(attn_config(ctx, g, ATTN_PRE, &p, &t, &wg));
+    const attn_kernel *k = attn_kernel_of(ATTN_PASS_PRE, ATTN_ARCH_PORTABLE);
+    LLMCL__TRY(llmcl__attn_config(ctx, g, k, &p, &t, &wg));
     /* a work-item a row, its one loop over D */
     LLMCL__TRY(llmcl__check_loops(ctx, g->D / 4 + 1, "attention: attn_bwd_pre at D = %d", g->D));
     cl_kernel kern;
-    LLMCL__TRY(attn_build(ctx, g, ATTN_PRE, &p, &kern));
+    LLMCL__TRY(attn_build(ctx, g, k, &p, &kern));
     llmcl__args a = llmcl__args_begin(ctx, kern);
     llmcl__arg_tensor(&a, o);
     llmcl__arg_tensor(&a, dout);
@@ -1051,10 +491,7 @@ static llmcl_status attn_launch_dq(llmcl_ctx *ctx, const attn_geom *g, const llm
                                    const llmcl_tensor *delta, llmcl_tensor *dq)
 {
     const llmcl_tensor *ts[] = {q, k, v, dout, lse, delta, dq};
-    attn_kernel kern = ATTN_DQ;
-    if (g->mma)
-        kern = attn_wgmma_fits(ctx, g) ? ATTN_DQ_WG : ATTN_DQ_MMA;
-    return attn_launch_tiled(ctx, g, kern, ts, 7, lse, delta);
+    return attn_launch_tiled(ctx, g, attn_kernel_of(ATTN_PASS_DQ, g->bwd), ts, 7, lse, delta);
 }
 
 static llmcl_status attn_launch_dkdv(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *q,
@@ -1063,16 +500,13 @@ static llmcl_status attn_launch_dkdv(llmcl_ctx *ctx, const attn_geom *g, const l
                                      const llmcl_tensor *delta, llmcl_tensor *dk, llmcl_tensor *dv)
 {
     const llmcl_tensor *ts[] = {q, k, v, dout, lse, delta, dk, dv};
-    if (!g->mma)
-        return attn_launch_tiled(ctx, g, ATTN_DKDV, ts, 8, lse, delta);
-    if (attn_wgmma_fits(ctx, g))
-        return attn_launch_tiled(ctx, g, ATTN_DKDV_WG, ts, 8, lse, delta);
-    if (g->D <= 128)
-        return attn_launch_tiled(ctx, g, ATTN_DKDV_MMA, ts, 8, lse, delta);
+    const attn_kernel *kern = attn_kernel_of(ATTN_PASS_DKDV, g->bwd);
+    if (g->bwd != ATTN_ARCH_MMA || g->D <= 128)
+        return attn_launch_tiled(ctx, g, kern, ts, 8, lse, delta);
     /* Past D = 128 a warp's registers hold one D-wide accumulator: dV, then dK */
     attn_geom part = *g;
     for (part.dkdv_part = 1; part.dkdv_part <= 2; ++part.dkdv_part)
-        LLMCL__TRY(attn_launch_tiled(ctx, &part, ATTN_DKDV_MMA, ts, 8, lse, delta));
+        LLMCL__TRY(attn_launch_tiled(ctx, &part, kern, ts, 8, lse, delta));
     return LLMCL_OK;
 }
 
@@ -1097,9 +531,11 @@ llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q, con
         attn_aligned(q, 4) && attn_aligned(k, 4) && attn_aligned(v, 4) && attn_aligned(dout, 4);
     g.aligned8 =
         attn_aligned(q, 8) && attn_aligned(k, 8) && attn_aligned(v, 8) && attn_aligned(dout, 8);
-    g.mma = attn_mma_fits(ctx, &g, false);
-    for (int kern = ATTN_DQ; kern <= ATTN_DKDV && !g.mma; ++kern)
-        LLMCL__TRY(attn_check_split(ctx, &g, (attn_kernel)kern));
+    g.bwd = llmcl__attn_arch(ctx, &g, false);
+    if (g.bwd == ATTN_ARCH_PORTABLE) {
+        LLMCL__TRY(attn_check_split(ctx, &g, attn_kernel_of(ATTN_PASS_DQ, g.bwd)));
+        LLMCL__TRY(attn_check_split(ctx, &g, attn_kernel_of(ATTN_PASS_DKDV, g.bwd)));
+    }
 
     /*
      * Empty sides: with no queries dk and dv come out zero from attn_bwd_dkdv's empty loops, and

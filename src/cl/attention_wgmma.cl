@@ -1,0 +1,447 @@
+/*
+ * attention_wgmma.cl: flash attention's wgmma kernels (Hopper, sm_90a: mma.cl's block),
+ * attn_fwd_wgmma, attn_bwd_dq_wgmma and attn_bwd_dkdv_wgmma, for D 64 and 128. They share
+ * attention_mma.cl's softmax, P/dS math, mask and stores (their accumulators hold the same lanes'
+ * elements as mma.sync's), which that file compiles for them. Everything is under LLMCL_NV_WGMMA,
+ * and each kernel builds only when asked for: elsewhere this file is empty.
+ *
+ * A warpgroup owns 64 rows of the score tiles: query rows (BLOCK_M of them a work-group) in the
+ * forward and dQ, keys (BLOCK_N) in dK/dV, whose score tiles are transposed; the other side's
+ * tiles (keys, or queries) stream through local memory. Every tile sits in wgmma's layout: rows
+ * of queries or keys, D in atoms of 64 columns, so each score product (S = Q K^T, dP = dO V^T;
+ * S^T = K Q^T, dP^T = V dO^T) reads k-major operands, and each accumulating product (O += P V,
+ * dQ += dS K; dV += P^T dO, dK += dS^T Q) takes its A from the score accumulators as registers
+ * and reads its B mn-major.
+ *
+ * Tunables (-D), beside attention_common.cl's:
+ *   D, BLOCK_M, BLOCK_N  64 or 128: their wgmma shapes.
+ *   STAGES    attn_fwd_wgmma: its buffers of K and V, 3 to 5 (attn_bwd_dq_wgmma and
+ *             attn_bwd_dkdv_wgmma double-buffer their streamed tiles).
+ */
+
+#if defined(LLMCL_NV_MMA) && defined(LLMCL_NV_WGMMA) &&                                            \
+    (defined(ATTN_KERNEL_FWD_WGMMA) || defined(ATTN_KERNEL_BWD_DQ_WGMMA) ||                        \
+     defined(ATTN_KERNEL_BWD_DKDV_WGMMA))
+#if (D != 64 && D != 128) || (BLOCK_N != 64 && BLOCK_N != 128) || (BLOCK_M != 64 && BLOCK_M != 128)
+#error "attn_*_wgmma: D, BLOCK_M and BLOCK_N 64 or 128"
+#endif
+#ifdef ATTN_KERNEL_BWD_DKDV_WGMMA
+#if defined(ATTN_KERNEL_FWD_WGMMA) || defined(ATTN_KERNEL_BWD_DQ_WGMMA)
+#error "attn_bwd_dkdv_wgmma's score tiles are transposed: it builds alone"
+#endif
+#define WG_ROWS BLOCK_N /* score rows of a work-group: keys */
+#define WG_COLS BLOCK_M /* score columns of a streamed tile: queries */
+#else
+#define WG_ROWS BLOCK_M
+#define WG_COLS BLOCK_N
+#endif
+#define WG_THREADS (2 * WG_ROWS)        /* a warpgroup per 64 rows */
+#define WG_TILE_BYTES (WG_COLS * D * 2) /* one streamed tile */
+LLMCL_WG_MMA_SS(attn_wg_qk_BF16, "bf16", WG_COLS, "0", "0")
+LLMCL_WG_MMA_SS(attn_wg_qk_F16, "f16", WG_COLS, "0", "0")
+LLMCL_WG_MMA_RS(attn_wg_pv_BF16, "bf16", D, "1")
+LLMCL_WG_MMA_RS(attn_wg_pv_F16, "f16", D, "1")
+
+/*
+ * Rows n0 .. n0 + WG_COLS of two streamed operands (K and V, or Q and dO) into the buffers at kt
+ * and vt, zeros past n_all.
+ */
+__attribute__((always_inline)) inline void
+attn_wg_kv(uint kt, uint vt, const __global io_t *k, long sk_t, const __global io_t *v, long sv_t,
+           int n0, int n_all, int lid)
+{
+    attn_copy_rows(kt, k + n0 * sk_t, sk_t, WG_COLS, n_all - n0, lid, WG_THREADS, 1);
+    attn_copy_rows(vt, v + n0 * sv_t, sv_t, WG_COLS, n_all - n0, lid, WG_THREADS, 1);
+}
+
+/*
+ * Issues s += warpgroup wg's 64 rows of the resident tile at qa (Q or dO; K or V in dK/dV) times
+ * the streamed tile at kt (K or V; Q or dO), transposed.
+ */
+__attribute__((always_inline)) inline void attn_wg_scores(float *s, uint qa, uint kt, int wg)
+{
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+        const uint atom = ks / 4, col = ks % 4 * 32;
+        const ulong dq = wg_desc(qa + atom * WG_ROWS * 128 + wg * 64 * 128 + col, 16, 1024);
+        const ulong dk = wg_desc(kt + atom * WG_COLS * 128 + col, 16, 1024);
+        LLMCL_CAT(attn_wg_qk_, IO_DT)(s, dq, dk);
+    }
+}
+
+/*
+ * Issues o += P (the warp's A fragments pf, 16 score columns each) times the streamed tile at vt
+ * (V or K; dO or Q).
+ */
+__attribute__((always_inline)) inline void attn_wg_pv(float *o, const uint4 *pf, uint vt)
+{
+#pragma unroll
+    for (int j = 0; j < WG_COLS / 16; ++j)
+        LLMCL_CAT(attn_wg_pv_, IO_DT)(o, pf[j], wg_desc(vt + j * 16 * 128, WG_COLS * 128, 1024));
+}
+
+/* n float4 from the accumulator registers x, once the wgmma that wrote them was waited for. */
+__attribute__((always_inline)) inline void attn_wg_acc4(float4 *y, float *x, int n)
+{
+#pragma unroll
+    for (int j = 0; j < n; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            wg_keep_f(x + 4 * j + e);
+        y[j] = (float4)(x[4 * j], x[4 * j + 1], x[4 * j + 2], x[4 * j + 3]);
+    }
+}
+
+/*
+ * The backward's two score products of one tile, issued and waited for: warpgroup wg's rows of
+ * the resident tiles at qa and da times the streamed ones at kt and vt, transposed (S and dP, or
+ * S^T and dP^T), into P and dS (attn_p_ds_tiles: l4 and d4 hold each element's query statistics).
+ */
+__attribute__((always_inline)) inline void attn_wg_p_ds(float4 *p4, float4 *ds4, uint qa, uint kt,
+                                                        uint da, uint vt, int wg,
+                                                        const float4 *l4, const float4 *d4,
+                                                        float scale, float softcap)
+{
+    float s[WG_COLS / 2], dp[WG_COLS / 2];
+#pragma unroll
+    for (int i = 0; i < WG_COLS / 2; ++i)
+        s[i] = dp[i] = 0.0f;
+    wg_fence();
+    attn_wg_scores(s, qa, kt, wg);
+    attn_wg_scores(dp, da, vt, wg);
+    wg_commit();
+    wg_wait(0);
+    attn_wg_acc4(p4, s, WG_COLS / 8);
+    attn_wg_acc4(ds4, dp, WG_COLS / 8);
+    attn_p_ds_tiles(p4, ds4, l4, d4, WG_COLS / 8, scale, softcap);
+}
+
+/*
+ * After the wait for an accumulating product: its accumulators o (D / 2) and its A fragments a
+ * (WG_COLS / 16), which stayed in their registers until then, are the compiler's again.
+ */
+__attribute__((always_inline)) inline void attn_wg_keep(float *o, uint4 *a)
+{
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i)
+        wg_keep_f(o + i);
+#pragma unroll
+    for (int j = 0; j < WG_COLS / 16; ++j)
+        wg_keep_u4(a + j);
+}
+
+#ifdef ATTN_KERNEL_FWD_WGMMA
+/*
+ * attn_fwd_wgmma: the forward on Hopper's wgmma, FlashAttention-3's schedule without its producer
+ * warps: a warpgroup per 64 query rows (a warp 16 of them, as in attn_fwd_mma, whose softmax and
+ * stores it shares), P from S's accumulators into wgmma's A registers. STAGES buffers of K and V:
+ * at the top of step n, once the barrier shows every warpgroup done with tile n - 1, all
+ * work-items issue the copies of tile n + STAGES - 1 into its buffer. Step n issues S of tile
+ * n + 1, then O += P V of tile n, and runs tile n + 1's softmax while the latter runs; O's rescale
+ * waits for it.
+ */
+#if STAGES < 3 || STAGES > 5
+#error "attn_fwd_wgmma: STAGES 3 to 5"
+#endif
+
+/* attn_fwd_softmax on scores s whose wgmma has been waited for. */
+__attribute__((always_inline)) inline void
+attn_wg_softmax(float *s, float *alpha, float *mrow, float *lrow, uint4 *pf, int r0, int n0,
+                int m0, attn_seq sq, float scale, float softcap, int wl, int wr, int t4)
+{
+    float4 s4[MMA_NT];
+    attn_wg_acc4(s4, s, MMA_NT);
+    const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
+    attn_fwd_softmax(s4, alpha, mrow, lrow, pf, r0, n0, masked, sq, scale, softcap, wl, wr, t4);
+}
+
+__kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1))) void
+attn_fwd_wgmma(ATTN_FWD_PARAMS)
+{
+    __local ushort qs[BLOCK_M * D] __attribute__((aligned(1024)));
+    __local ushort ks[STAGES * BLOCK_N * D] __attribute__((aligned(1024)));
+    __local ushort vs[STAGES * BLOCK_N * D] __attribute__((aligned(1024)));
+    const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
+    const attn_place at = attn_place_of(nb, hq, true);
+    const int b = at.b, h = at.h, hk = h / group;
+    const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
+    const int m0 = at.tile * BLOCK_M;
+    if (m0 >= sq.tq)
+        return;
+    const __global io_t *kh = k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0);
+    const __global io_t *vh = v + attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0);
+    const uint qa = mma_smem(qs), ka = mma_smem(ks), va = mma_smem(vs);
+    int n_lo, n_hi;
+    attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
+    const int nt = n_lo < n_hi ? (n_hi - n_lo + BLOCK_N - 1) / BLOCK_N : 0;
+#define WG_K(n) (ka + (n) % STAGES * WG_TILE_BYTES)
+#define WG_V(n) (va + (n) % STAGES * WG_TILE_BYTES)
+
+    attn_copy_rows(qa, q + attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0), sq_t, BLOCK_M,
+                   sq.tq - m0, lid, WG_THREADS, 1);
+    for (int n = 0; n < STAGES - 1; ++n) {
+        if (n < nt)
+            attn_wg_kv(WG_K(n), WG_V(n), kh, sk_t, vh, sv_t, n_lo + n * BLOCK_N, sq.tk, lid);
+        mma_cp_commit();
+    }
+    wg_copies_landed(STAGES - 2);
+
+    const int wg = warp / 4, r0 = m0 + 16 * warp + g; /* the lane's rows: r0 and r0 + 8 */
+    float acc[D / 2], s[BLOCK_N / 2], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+    uint4 pf[BLOCK_N / 16];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i)
+        acc[i] = 0.0f;
+    if (nt > 0) {
+#pragma unroll
+        for (int i = 0; i < BLOCK_N / 2; ++i)
+            s[i] = 0.0f;
+        wg_fence();
+        attn_wg_scores(s, qa, WG_K(0), wg);
+        wg_commit();
+        wg_wait(0);
+        float alpha[2]; /* O is still zero */
+        attn_wg_softmax(s, alpha, mrow, lrow, pf, r0, n_lo, m0, sq, scale, softcap, wl, wr, t4);
+    }
+    for (int n = 0; n < nt; ++n) {
+        wg_copies_landed(STAGES - 3); /* tile n + 1 is in */
+        const int next = n + STAGES - 1;
+        if (next < nt)
+            attn_wg_kv(WG_K(next), WG_V(next), kh, sk_t, vh, sv_t, n_lo + next * BLOCK_N, sq.tk,
+                       lid);
+        mma_cp_commit();
+        const bool more = n + 1 < nt;
+#pragma unroll
+        for (int i = 0; i < BLOCK_N / 2; ++i)
+            s[i] = 0.0f;
+        wg_fence();
+        if (more)
+            attn_wg_scores(s, qa, WG_K(n + 1), wg);
+        wg_commit(); /* empty after the last tile: ptxas serialises wgmma behind a conditional
+                        wait or a conditional write of the accumulators */
+        attn_wg_pv(acc, pf, WG_V(n));
+        wg_commit();
+        float alpha[2] = {1.0f, 1.0f};
+        uint4 pn[BLOCK_N / 16];
+        wg_wait(1);
+        if (more) {
+            attn_wg_softmax(s, alpha, mrow, lrow, pn, r0, n_lo + (n + 1) * BLOCK_N, m0, sq, scale,
+                            softcap, wl, wr, t4);
+        }
+        wg_wait(0);
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i)
+            wg_keep_f(acc + i);
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 16; ++j) {
+            wg_keep_u4(pf + j); /* P of tile n stayed in its registers until now */
+            if (more)
+                pf[j] = pn[j];
+        }
+#pragma unroll
+        for (int e = 0; e < MMA_OT; ++e) {
+            acc[4 * e] *= alpha[0];
+            acc[4 * e + 1] *= alpha[0];
+            acc[4 * e + 2] *= alpha[1];
+            acc[4 * e + 3] *= alpha[1];
+        }
+    }
+#undef WG_K
+#undef WG_V
+
+    float4 acc4[MMA_OT];
+#pragma unroll
+    for (int e = 0; e < MMA_OT; ++e)
+        acc4[e] = (float4)(acc[4 * e], acc[4 * e + 1], acc[4 * e + 2], acc[4 * e + 3]);
+    attn_fwd_store(o, attn_row(o_off, so_b, so_h, so_t, b, h, sq.q0), so_t, lse,
+                   lse_off + b * sl_b + h * sl_h + sq.q0, acc4, mrow, lrow, r0, sq.tq, t4);
+}
+#endif
+
+#ifdef ATTN_KERNEL_BWD_DQ_WGMMA
+/*
+ * attn_bwd_dq_wgmma: attn_bwd_dq_mma on wgmma. Q and dO stay in local memory, K and V tiles are
+ * double-buffered (the next tile's copy, issued once the barrier shows every warpgroup done with
+ * the buffer, runs under this tile's three products). Per tile: S = Q K^T and dP = dO V^T, P and
+ * dS in registers, dQ += dS K with dS as A registers.
+ */
+__kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1))) void
+attn_bwd_dq_wgmma(ATTN_DQ_PARAMS)
+{
+    __local ushort qs[BLOCK_M * D] __attribute__((aligned(1024)));
+    __local ushort ds[BLOCK_M * D] __attribute__((aligned(1024)));
+    __local ushort ks[2 * BLOCK_N * D] __attribute__((aligned(1024)));
+    __local ushort vs[2 * BLOCK_N * D] __attribute__((aligned(1024)));
+    const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
+    const attn_place at = attn_place_of(nb, hq, true);
+    const int b = at.b, h = at.h, hk = h / group;
+    const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
+    const int m0 = at.tile * BLOCK_M;
+    if (m0 >= sq.tq)
+        return;
+    const __global io_t *kh = k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0);
+    const __global io_t *vh = v + attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0);
+    const uint qa = mma_smem(qs), da = mma_smem(ds), ka = mma_smem(ks), va = mma_smem(vs);
+    int n_lo, n_hi;
+    attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
+    const int nt = n_lo < n_hi ? (n_hi - n_lo + BLOCK_N - 1) / BLOCK_N : 0;
+
+    attn_copy_rows(qa, q + attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0), sq_t, BLOCK_M,
+                   sq.tq - m0, lid, WG_THREADS, 1);
+    attn_copy_rows(da, dout + attn_row(do_off, sd_b, sd_h, sd_t, b, h, sq.q0 + m0), sd_t, BLOCK_M,
+                   sq.tq - m0, lid, WG_THREADS, 1);
+    if (nt > 0)
+        attn_wg_kv(ka, va, kh, sk_t, vh, sv_t, n_lo, sq.tk, lid);
+    mma_cp_commit();
+
+    const int wg = warp / 4, r0 = m0 + 16 * warp + g; /* the lane's rows: r0 and r0 + 8 */
+    const long lb = lse_off + b * sl_b + h * sl_h + sq.q0, db = delta_off + b * sl_b + h * sl_h + sq.q0;
+    float lse2[2], dl[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int row = r0 + 8 * i;
+        lse2[i] = row < sq.tq ? attn_lse2(lse[lb + row]) : INFINITY;
+        dl[i] = row < sq.tq ? delta[db + row] : 0.0f;
+    }
+    float acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i)
+        acc[i] = 0.0f;
+
+    for (int n = 0; n < nt; ++n) {
+        const int n0 = n_lo + n * BLOCK_N;
+        const uint kt = ka + n % 2 * WG_TILE_BYTES, vt = va + n % 2 * WG_TILE_BYTES;
+        wg_copies_landed(0); /* tile n is in */
+        if (n + 1 < nt)
+            attn_wg_kv(ka + (n + 1) % 2 * WG_TILE_BYTES, va + (n + 1) % 2 * WG_TILE_BYTES, kh,
+                       sk_t, vh, sv_t, n0 + BLOCK_N, sq.tk, lid);
+        mma_cp_commit();
+        float4 s4[MMA_NT], dp4[MMA_NT], l4[MMA_NT], d4[MMA_NT];
+#pragma unroll
+        for (int j = 0; j < MMA_NT; ++j) {
+            l4[j] = (float4)(lse2[0], lse2[0], lse2[1], lse2[1]);
+            d4[j] = (float4)(dl[0], dl[0], dl[1], dl[1]);
+        }
+        attn_wg_p_ds(s4, dp4, qa, kt, da, vt, wg, l4, d4, scale, softcap);
+        if (attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr))
+            attn_mask_tiles(dp4, MMA_NT, 0.0f, r0, n0, false, sq, wl, wr, t4);
+        uint4 dsf[BLOCK_N / 16];
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 16; ++j)
+            dsf[j] = attn_acc_to_a(dp4[2 * j], dp4[2 * j + 1]);
+        wg_fence();
+        attn_wg_pv(acc, dsf, kt);
+        wg_commit();
+        wg_wait(0);
+        attn_wg_keep(acc, dsf);
+    }
+    mma_cp_wait(0); /* with no key tile, Q's and dO's copies: none may land after the exit */
+
+    float4 acc4[MMA_OT];
+    attn_wg_acc4(acc4, acc, MMA_OT);
+    attn_dq_store(dq, attn_row(dq_off, sg_b, sg_h, sg_t, b, h, sq.q0), sg_t, acc4, r0, sq.tq, t4);
+}
+#endif
+
+#ifdef ATTN_KERNEL_BWD_DKDV_WGMMA
+/*
+ * attn_bwd_dkdv_wgmma: attn_bwd_dkdv_mma on wgmma, for BLOCK_N keys (a warpgroup per 64) over
+ * every query head of the group and every query tile of BLOCK_M rows, in the same fixed order. K
+ * and V stay in local memory; Q and dO tiles (and their rows' statistics) are double-buffered, the
+ * next tile's copy issued once the barrier shows every warpgroup done with its buffer. Per tile:
+ * S^T = K Q^T and dP^T = V dO^T, P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q with
+ * P^T and dS^T as A registers.
+ */
+__kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1))) void
+attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS)
+{
+    __local ushort ks[BLOCK_N * D] __attribute__((aligned(1024)));
+    __local ushort vs[BLOCK_N * D] __attribute__((aligned(1024)));
+    __local ushort qs[2 * BLOCK_M * D] __attribute__((aligned(1024)));
+    __local ushort dos[2 * BLOCK_M * D] __attribute__((aligned(1024)));
+    __local float lse2s[2 * BLOCK_M], dls[2 * BLOCK_M];
+    const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
+    const attn_place at = attn_place_of(nb, hkv, false);
+    const int b = at.b, hk = at.h;
+    const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
+    const int n0 = at.tile * BLOCK_N;
+    if (n0 >= sq.tk)
+        return;
+    const uint ka = mma_smem(ks), va = mma_smem(vs), qa = mma_smem(qs), da = mma_smem(dos);
+    attn_copy_rows(ka, k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0 + n0), sk_t, BLOCK_N,
+                   sq.tk - n0, lid, WG_THREADS, 1);
+    attn_copy_rows(va, v + attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0 + n0), sv_t, BLOCK_N,
+                   sq.tk - n0, lid, WG_THREADS, 1);
+    const long lb = b * sl_b + sq.q0; /* the batch entry's first row of lse and delta */
+    int m_lo, m_hi;
+    attn_query_range(n0, BLOCK_N, sq.tq, sq.tk, wl, wr, &m_lo, &m_hi);
+    const int ntiles = m_hi > m_lo ? (m_hi - m_lo + BLOCK_M - 1) / BLOCK_M : 0, nt = group * ntiles;
+    /* Tile t: query head hk group + t / ntiles, queries from m0 */
+#define WG_HEAD(t) (hk * group + (t) / ntiles)
+#define WG_M0(t) (m_lo + (t) % ntiles * BLOCK_M)
+#define WG_STAGE(t)                                                                               \
+    do {                                                                                          \
+        const int h_ = WG_HEAD(t), m_ = WG_M0(t), st_ = (t) % 2;                                  \
+        attn_wg_kv(qa + st_ * WG_TILE_BYTES, da + st_ * WG_TILE_BYTES,                            \
+                   q + attn_row(q_off, sq_b, sq_h, sq_t, b, h_, sq.q0), sq_t,                      \
+                   dout + attn_row(do_off, sd_b, sd_h, sd_t, b, h_, sq.q0), sd_t, m_, sq.tq, lid); \
+        attn_dkdv_stats(lse2s + st_ * BLOCK_M, dls + st_ * BLOCK_M, lse + lse_off,                \
+                        delta + delta_off, lb + h_ * sl_h, m_, sq.tq, lid, WG_THREADS);           \
+    } while (0)
+    if (nt > 0)
+        WG_STAGE(0);
+    mma_cp_commit();
+
+    const int wg = warp / 4, c0 = n0 + 16 * warp + g; /* the lane's keys: c0 and c0 + 8 */
+    float gk[D / 2], gv[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i)
+        gk[i] = gv[i] = 0.0f;
+    for (int t = 0; t < nt; ++t) {
+        const int m0 = WG_M0(t);
+        const uint qt = qa + t % 2 * WG_TILE_BYTES, dt = da + t % 2 * WG_TILE_BYTES;
+        wg_copies_landed(0); /* tile t is in (K and V with the first) */
+        if (t + 1 < nt)
+            WG_STAGE(t + 1);
+        mma_cp_commit();
+        float4 st4[MMA_MT], dpt4[MMA_MT], l4[MMA_MT], d4[MMA_MT];
+        const __local float *ls = lse2s + t % 2 * BLOCK_M, *ds = dls + t % 2 * BLOCK_M;
+#pragma unroll
+        for (int j = 0; j < MMA_MT; ++j) {
+            const float2 l = vload2(0, ls + j * 8 + 2 * t4), d = vload2(0, ds + j * 8 + 2 * t4);
+            l4[j] = (float4)(l, l);
+            d4[j] = (float4)(d, d);
+        }
+        attn_wg_p_ds(st4, dpt4, ka, qt, va, dt, wg, l4, d4, scale, softcap); /* P^T and dS^T */
+        if (attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr)) {
+            attn_mask_tiles(st4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
+            attn_mask_tiles(dpt4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
+        }
+        uint4 pf[BLOCK_M / 16], sf[BLOCK_M / 16];
+#pragma unroll
+        for (int j = 0; j < BLOCK_M / 16; ++j) {
+            pf[j] = attn_acc_to_a(st4[2 * j], st4[2 * j + 1]);
+            sf[j] = attn_acc_to_a(dpt4[2 * j], dpt4[2 * j + 1]);
+        }
+        wg_fence();
+        attn_wg_pv(gv, pf, dt);
+        attn_wg_pv(gk, sf, qt);
+        wg_commit();
+        wg_wait(0);
+        attn_wg_keep(gv, pf);
+        attn_wg_keep(gk, sf);
+    }
+    mma_cp_wait(0); /* with no query tile, K's and V's copies: none may land after the exit */
+#undef WG_STAGE
+#undef WG_M0
+#undef WG_HEAD
+
+    float4 gk4[MMA_OT], gv4[MMA_OT];
+    attn_wg_acc4(gk4, gk, MMA_OT);
+    attn_wg_acc4(gv4, gv, MMA_OT);
+    attn_dkdv_store(dk, attn_row(dk_off, sgk_b, sgk_h, sgk_t, b, hk, sq.k0), sgk_t, dv,
+                    attn_row(dv_off, sgv_b, sgv_h, sgv_t, b, hk, sq.k0), sgv_t, gk4, gv4, c0,
+                    sq.tk, t4);
+}
+#endif
+#endif
