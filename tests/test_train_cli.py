@@ -516,6 +516,12 @@ def main():
     # the llama-8b preset's depth: the forward's views of every layer once overflowed model.c's
     # arena ("model: too many views in one call" from 23 layers on)
     expect_ok("a model of 32 layers", TINY + ["--layers", "32", "--steps", "1"])
+    # the Llama presets' learning rate (Llama 3's), on a model shrunk by the flags after them
+    small = TINY + ["--vocab", "256", "--steps", "1"]
+    for preset, extra, lr in (("llama-1b", [], "3.00e-04"), ("llama-8b", [], "3.00e-04"),
+                              ("llama-8b", ["--lr", "1e-3"], "1.00e-03"), ("tiny", [], "3.00e-03")):
+        r = expect_ok(f"--preset {preset} {' '.join(extra)}", ["--preset", preset] + small + extra)
+        check(f"--preset {preset} {' '.join(extra)}: lr {lr}", f"| lr {lr} |" in r.stdout)
     expect_error("missing data file", TINY + ["--data", p("missing.txt")], "cannot open")
     with open(p("short.txt"), "w") as f:
         f.write("too short for a batch")
