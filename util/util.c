@@ -3,13 +3,14 @@
 
 #include <time.h>
 
-uint64_t util_splitmix64(uint64_t *state)
+uint64_t util_mix64(uint64_t z)
 {
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
+
+uint64_t util_splitmix64(uint64_t *state) { return util_mix64(*state += UTIL_GOLDEN_GAMMA); }
 
 util_rng util_rng_new(uint64_t seed)
 {

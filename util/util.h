@@ -1,8 +1,8 @@
 /*
  * util.h: what the tests (tests/harness.c) and the tools (llmcl-bench, llmcl-tune) share and the
  * library does not: returning a failed llmcl_status, seeded random numbers and a monotonic clock.
- * Built once as the static library llmcl_util (util/meson.build). llmcl-train keeps its own
- * (tools/llmcl-train/util.h), so that the trainer stays a program on the public API alone.
+ * Built once as the static library llmcl_util (util/meson.build); llmcl-train links it too (it is
+ * no part of the library: the trainer still reaches llmcl through the public API alone).
  */
 #ifndef LLMCL_UTIL_H
 #define LLMCL_UTIL_H
@@ -26,6 +26,12 @@
         if ((st) != LLMCL_OK)                                                                     \
             goto label;                                                                           \
     } while (0)
+
+/* splitmix64's increment, the golden ratio in 64 bits. */
+#define UTIL_GOLDEN_GAMMA 0x9e3779b97f4a7c15ull
+
+/* splitmix64's finaliser: a bijection of 64-bit words that mixes every bit into every other. */
+uint64_t util_mix64(uint64_t z);
 
 /* splitmix64: advances *state and returns its next output (a generator of its own, and the
    seeding of util_rng). */

@@ -134,7 +134,7 @@ static const char *objects[] = {"the red ball", "a small house", "the green tree
 static const char *places[] = {"", " in the morning", " near the river", " every day",
                                " after dinner", " in the rain", " at the market", " on sunday"};
 
-#define PICK(r, list) (list)[rng_next(r) % (sizeof(list) / sizeof((list)[0]))]
+#define PICK(r, list) (list)[util_rng_next(r) % (sizeof(list) / sizeof((list)[0]))]
 
 void data_builtin(uint64_t seed, int64_t bytes, token_data *out)
 {
@@ -142,7 +142,7 @@ void data_builtin(uint64_t seed, int64_t bytes, token_data *out)
     snprintf(out->source, sizeof out->source, "built-in corpus (seed %llu)",
              (unsigned long long)seed);
     out->tokens = xmalloc((size_t)bytes * sizeof *out->tokens);
-    rng r = rng_new(seed);
+    util_rng r = util_rng_new(seed);
     char sentence[256];
     int64_t n = 0;
     int in_paragraph = 0;
@@ -153,7 +153,7 @@ void data_builtin(uint64_t seed, int64_t bytes, token_data *out)
         sentence[in_paragraph ? 1 : 0] = (char)toupper((unsigned char)sentence[in_paragraph ? 1 : 0]);
         for (int i = 0; i < len && n < bytes; ++i)
             out->tokens[n++] = (unsigned char)sentence[i];
-        in_paragraph = rng_next(&r) % 5 != 0;
+        in_paragraph = util_rng_next(&r) % 5 != 0;
         if (!in_paragraph && n < bytes)
             out->tokens[n++] = '\n';
     }

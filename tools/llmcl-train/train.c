@@ -742,9 +742,9 @@ static void profile_step(trainer *tr, int step)
     double loss, norm, total = 0;
     memset(m->prof_ms, 0, sizeof m->prof_ms);
     m->profiling = true;
-    const double t0 = now_seconds();
+    const double t0 = util_now_s();
     train_step(tr, step, true, &loss, &norm);
-    const double wall = 1e3 * (now_seconds() - t0);
+    const double wall = 1e3 * (util_now_s() - t0);
     m->profiling = false;
     for (int f = 0; f < F_FAMILIES; ++f)
         total += m->prof_ms[f];
@@ -802,7 +802,7 @@ static bool profiling_timer_works(llmcl_ctx *ctx, double *event_ms, double *wall
     llmcl_status st = llmcl_fill(ctx, t, 0.0); /* builds the kernel */
     if (st == LLMCL_OK)
         st = llmcl_ctx_finish(ctx);
-    const double t0 = now_seconds();
+    const double t0 = util_now_s();
     if (st == LLMCL_OK)
         st = llmcl_profile_begin(ctx);
     if (st == LLMCL_OK) {
@@ -810,7 +810,7 @@ static bool profiling_timer_works(llmcl_ctx *ctx, double *event_ms, double *wall
         const llmcl_status end = llmcl_profile_end(ctx, &p);
         st = st == LLMCL_OK ? end : st;
     }
-    *wall_ms = 1e3 * (now_seconds() - t0);
+    *wall_ms = 1e3 * (util_now_s() - t0);
     *event_ms = p.kernel_ms;
     llmcl_tensor_destroy(t);
     return st != LLMCL_OK || *wall_ms < 1 || 10 * *event_ms >= *wall_ms;
@@ -1062,12 +1062,12 @@ int main(int argc, char **argv)
                    saves = o->save_every && (step + 1) % o->save_every == 0;
         /* a step whose time is taken alone, or that untimed work follows, waits for its end */
         const bool stats = step == first || logs || evals || saves || o->model.zero_stage;
-        const double t0 = now_seconds();
+        const double t0 = util_now_s();
         train_step(&tr, step, stats, &loss, &norm);
         if (step == first)
-            first_s = now_seconds() - t0;
+            first_s = util_now_s() - t0;
         else
-            interval_s += now_seconds() - t0, ++interval_steps;
+            interval_s += util_now_s() - t0, ++interval_steps;
         if (logs) {
             progress(&tr, step, loss, norm, interval_steps ? interval_s / interval_steps : 0,
                      first_s);

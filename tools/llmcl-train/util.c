@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 /* The message goes out in one write: the ranks of a job share stderr, and a line written in parts
@@ -72,48 +71,17 @@ void *xcalloc(size_t n, size_t size)
     return p;
 }
 
-#define GOLDEN_GAMMA 0x9e3779b97f4a7c15ull
-
-/* splitmix64's finaliser: a bijection of 64-bit words that mixes every bit into every other. */
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t splitmix64(uint64_t *x) { return mix64(*x += GOLDEN_GAMMA); }
-
-rng rng_new(uint64_t seed)
-{
-    rng r;
-    for (int i = 0; i < 4; ++i)
-        r.s[i] = splitmix64(&seed);
-    return r;
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-uint64_t rng_next(rng *r)
-{
-    uint64_t *s = r->s;
-    const uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
 uint64_t rng_stream(uint64_t seed, uint64_t stream)
 {
-    return mix64(mix64(seed + GOLDEN_GAMMA) ^ (stream + 1) * 0xd1b54a32d192ed03ull);
+    const uint64_t key = util_mix64(seed + UTIL_GOLDEN_GAMMA);
+    return util_mix64(key ^ (stream + 1) * 0xd1b54a32d192ed03ull);
 }
 
 /* Word c of a stream: splitmix64's output c from the state key, which needs none before it. */
-static uint64_t stream_word(uint64_t key, uint64_t c) { return mix64(key + (c + 1) * GOLDEN_GAMMA); }
+static uint64_t stream_word(uint64_t key, uint64_t c)
+{
+    return util_mix64(key + (c + 1) * UTIL_GOLDEN_GAMMA);
+}
 
 /* Standard normal values 2i and 2i + 1 of a stream, by Box-Muller from words 2i and 2i + 1: the
    radius in double from 53 bits (its tail as far as 8.6 sigma), the angle in float, which is
@@ -254,13 +222,6 @@ void format_bytes(double bytes, char *buf, size_t len)
         snprintf(buf, len, "%.2f GiB", bytes / 1073741824.0);
     else
         snprintf(buf, len, "%.1f MiB", bytes / 1048576.0);
-}
-
-double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 llmcl_tensor *tensor_slice(const llmcl_tensor *t, int64_t at, int64_t n)

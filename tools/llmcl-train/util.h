@@ -1,8 +1,9 @@
 /*
  * util.h: what every part of llmcl-train shares: fatal errors with llmcl's message, output paths
- * checked before a run, checked allocation, sizes for people, seeded random numbers (a sequence
- * and counter-based streams), a loop over threads, wall-clock time, 1-D slices of device tensors
- * and safetensors values read into host memory.
+ * checked before a run, checked allocation, sizes for people, counter-based random streams, a loop
+ * over threads, 1-D slices of device tensors and safetensors values read into host memory; and,
+ * through util/util.h, what it shares with the tests and the other tools (TRY, the xoshiro256**
+ * sequence, the monotonic clock).
  */
 #ifndef LLMCL_TRAIN_UTIL_H
 #define LLMCL_TRAIN_UTIL_H
@@ -11,6 +12,7 @@
 #include <stdint.h>
 
 #include "llmcl.h"
+#include "util/util.h"
 
 /* Prints "llmcl-train: <message>" to stderr and exits with status 1. */
 void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -28,14 +30,6 @@ void die_finally(void (*finish)(void), const char *fmt, ...)
 void check_status(llmcl_status st, const llmcl_ctx *ctx, const char *expr, const char *file,
                   int line);
 
-/* Returns a failed status from the enclosing function. */
-#define TRY(expr)                                                                                 \
-    do {                                                                                          \
-        llmcl_status try_st_ = (expr);                                                            \
-        if (try_st_ != LLMCL_OK)                                                                  \
-            return try_st_;                                                                       \
-    } while (0)
-
 /* What an output path will be: a file written through PATH.tmp and a rename (--save,
    --dump-logits); a checkpoint folder replaced through renames of PATH.tmp and PATH.old beside
    it (--save under --zero: an existing folder must be one, or empty); a folder created where
@@ -48,14 +42,6 @@ void check_output_path(const char *option, const char *path, output_kind kind);
 
 void *xmalloc(size_t bytes);
 void *xcalloc(size_t n, size_t size);
-
-/* xoshiro256** from a splitmix64-expanded seed: one sequence (data.c's built-in corpus). */
-typedef struct rng {
-    uint64_t s[4];
-} rng;
-
-rng rng_new(uint64_t seed);
-uint64_t rng_next(rng *r);
 
 /*
  * Counter-based random numbers (the initial weights): value j of a stream is a pure function of
@@ -81,9 +67,6 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain,
 
 /* A size for people: "2.30 GiB", or "12.5 MiB" below 1 GiB. */
 void format_bytes(double bytes, char *buf, size_t len);
-
-/* Seconds on a monotonic clock. */
-double now_seconds(void);
 
 /* A 1-D view of n elements of contiguous t from its element at (dies on a bad range). */
 llmcl_tensor *tensor_slice(const llmcl_tensor *t, int64_t at, int64_t n);
