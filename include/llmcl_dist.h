@@ -83,6 +83,19 @@ typedef enum llmcl_dist_transport {
 /* "auto", "mpi" or "nccl"; "?" for other values. */
 LLMCL_API const char *llmcl_dist_transport_name(llmcl_dist_transport t);
 
+/*
+ * Whether collectives run under the compute. On: stages 2-3 reduce-scatter a group while the
+ * backward goes on, stage 3 gathers the next group while the current one computes. Off: the compute
+ * queue waits for each collective as soon as it starts, so the device runs nothing else meanwhile.
+ * The results are the same bits either way. The transport's choice: on for MPI; off for NCCL, whose
+ * kernels and OpenCL's run in two CUDA contexts that take turns on the GPU.
+ */
+typedef enum llmcl_dist_overlap {
+    LLMCL_DIST_OVERLAP_AUTO = 0, /* LLMCL_DIST_OVERLAP=on|off if set, else the transport's choice */
+    LLMCL_DIST_OVERLAP_ON,
+    LLMCL_DIST_OVERLAP_OFF,
+} llmcl_dist_overlap;
+
 /* Options of llmcl_dist_create. A zero-initialised struct with stage set gives the defaults. */
 typedef struct llmcl_dist_opts {
     int stage;                /* 1, 2 or 3 */
@@ -96,6 +109,7 @@ typedef struct llmcl_dist_opts {
                                  that copies to the host, MPI and copies back overlap; the same on
                                  every rank */
     llmcl_dist_transport transport; /* AUTO (0): LLMCL_DIST_TRANSPORT if set, else automatic */
+    llmcl_dist_overlap overlap;     /* AUTO (0): LLMCL_DIST_OVERLAP if set, else the transport's */
 } llmcl_dist_opts;
 
 /*
@@ -164,6 +178,8 @@ typedef struct llmcl_dist_info {
     llmcl_dist_transport transport; /* the one that runs: MPI or NCCL */
     char transport_detail[256];     /* for logs: NCCL's version, library and CUDA device, or why
                                        the automatic choice is MPI */
+    int overlap;                    /* 1: collectives run under the compute; 0: the compute
+                                       waits for each (llmcl_dist_overlap) */
 } llmcl_dist_info;
 
 LLMCL_API llmcl_status llmcl_dist_info_get(const llmcl_dist *d, llmcl_dist_info *out);

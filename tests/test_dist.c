@@ -174,9 +174,11 @@ static void poison_outside_shard(float *x, int i, MPI_Comm comm)
             x[j] = NAN;
 }
 
-/* llmcl_dist_opts.chunk_bytes and .transport of the nets created next (0: the defaults). */
+/* llmcl_dist_opts.chunk_bytes, .transport and .overlap of the nets created next (0: the
+   defaults). */
 static uint64_t chunk;
 static llmcl_dist_transport transport;
+static llmcl_dist_overlap overlap;
 
 static void net_create(net *n, MPI_Comm comm, int stage, llmcl_dtype pt, llmcl_dtype rt)
 {
@@ -188,7 +190,8 @@ static void net_create(net *n, MPI_Comm comm, int stage, llmcl_dtype pt, llmcl_d
     float *x = malloc(sizeof(float) * 1024);
     if (stage > 0) {
         const llmcl_dist_opts o = {.stage = stage, .param_dtype = pt, .reduce_dtype = rt,
-                                   .chunk_bytes = chunk, .transport = transport};
+                                   .chunk_bytes = chunk, .transport = transport,
+                                   .overlap = overlap};
         OK(llmcl_dist_create(ctx, comm, &o, &n->d));
         for (int i = 0; i < NP; ++i)
             OK(llmcl_dist_add_param(n->d, names[i], i / 2, i % 2 ? 1 : 2, shapes[i], i % 2));
@@ -411,6 +414,20 @@ static void expect_same_chunked(const char *what, int stage, llmcl_dtype pt, llm
     expect_same(name, got, chunked);
 }
 
+/* Run again with collectives under the compute and between it: the same bits as got. */
+static void expect_same_overlaps(const char *what, int stage, const float *got)
+{
+    static float other[TOTAL];
+    for (overlap = LLMCL_DIST_OVERLAP_ON; overlap <= LLMCL_DIST_OVERLAP_OFF; ++overlap) {
+        char name[128];
+        run(MPI_COMM_WORLD, stage, LLMCL_F32, LLMCL_F32, K, other);
+        snprintf(name, sizeof name, "%s, overlap %s", what,
+                 overlap == LLMCL_DIST_OVERLAP_ON ? "on" : "off");
+        expect_same(name, got, other);
+    }
+    overlap = LLMCL_DIST_OVERLAP_AUTO;
+}
+
 /* Every stage and dtype mix on the current transport against the single-rank reference; MPI's
    results in mpi_ref (NULL: none yet) for the other transport to be compared with. */
 static void test_stages(float (*mpi_ref)[TOTAL])
@@ -425,6 +442,7 @@ static void test_stages(float (*mpi_ref)[TOTAL])
         expect_close(what, ref, got, 2e-5, 1e-4);
         run(MPI_COMM_WORLD, stage, LLMCL_F32, LLMCL_F32, K, again);
         expect_same(what, got, again);
+        expect_same_overlaps(what, stage, got);
         if (stage == 3) {
             poison_others = 1;
             run(MPI_COMM_WORLD, stage, LLMCL_F32, LLMCL_F32, K, again);
@@ -601,6 +619,20 @@ static int test_transport_choice(void)
     CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "infiniband"),
           "LLMCL_DIST_TRANSPORT=infiniband: %s: %s", llmcl_status_str(st), llmcl_last_error(ctx));
     unsetenv("LLMCL_DIST_TRANSPORT");
+
+    setenv("LLMCL_DIST_OVERLAP", "off", 1);
+    OK(create_on(LLMCL_DIST_TRANSPORT_AUTO, &d));
+    CHECK(info_of(d).overlap == 0, "LLMCL_DIST_OVERLAP=off");
+    llmcl_dist_destroy(d);
+    setenv("LLMCL_DIST_OVERLAP", "sideways", 1);
+    st = create_on(LLMCL_DIST_TRANSPORT_AUTO, &d);
+    CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "sideways"),
+          "LLMCL_DIST_OVERLAP=sideways: %s: %s", llmcl_status_str(st), llmcl_last_error(ctx));
+    unsetenv("LLMCL_DIST_OVERLAP");
+    const llmcl_dist_opts bad = {.stage = 2, .overlap = (llmcl_dist_overlap)7};
+    st = llmcl_dist_create(ctx, MPI_COMM_WORLD, &bad, &d);
+    CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "overlap 7"),
+          "overlap 7: %s: %s", llmcl_status_str(st), llmcl_last_error(ctx));
 
     setenv("LLMCL_NCCL", "/nonexistent/libnccl.so.2", 1);
     st = create_on(LLMCL_DIST_TRANSPORT_NCCL, &d);

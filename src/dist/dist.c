@@ -128,6 +128,26 @@ static llmcl_status check_opts(llmcl_ctx *ctx, const llmcl_dist_opts *o)
                             o->transport <= LLMCL_DIST_TRANSPORT_NCCL,
                    LLMCL_ERROR_INVALID_ARGUMENT, "transport %d is not auto, mpi or nccl",
                    (int)o->transport);
+    LLMCL__REQUIRE(ctx, o->overlap >= LLMCL_DIST_OVERLAP_AUTO && o->overlap <= LLMCL_DIST_OVERLAP_OFF,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "overlap %d is not auto, on or off",
+                   (int)o->overlap);
+    return LLMCL_OK;
+}
+
+/* Whether collectives run under the compute: opts, else LLMCL_DIST_OVERLAP, else the transport's
+   choice. */
+static llmcl_status resolve_overlap(llmcl_dist *d)
+{
+    const char *env = llmcl__getenv("LLMCL_DIST_OVERLAP");
+    if (d->opts.overlap != LLMCL_DIST_OVERLAP_AUTO)
+        d->overlap = d->opts.overlap == LLMCL_DIST_OVERLAP_ON;
+    else if (!env)
+        d->overlap = d->transport->overlaps;
+    else if (strcmp(env, "on") == 0 || strcmp(env, "off") == 0)
+        d->overlap = strcmp(env, "on") == 0;
+    else
+        return LLMCL__FAIL(d->ctx, LLMCL_ERROR_INVALID_ARGUMENT,
+                           "LLMCL_DIST_OVERLAP=%s is not on or off", env);
     return LLMCL_OK;
 }
 
@@ -201,13 +221,16 @@ llmcl_status llmcl_dist_create(llmcl_ctx *ctx, MPI_Comm comm, const llmcl_dist_o
         MPI_Comm_rank(dup, &d->rank);
         MPI_Comm_size(dup, &d->world);
         st = choose_transport(d, st);
+        if (st == LLMCL_OK)
+            st = llmcl__dist_agree(d, resolve_overlap(d));
         if (st != LLMCL_OK) {
             llmcl_dist_destroy(d);
             return st;
         }
         if (d->rank == 0)
-            llmcl__log("llmcl_dist: %s transport (%s)",
-                       llmcl_dist_transport_name(d->transport->kind), d->transport_detail);
+            llmcl__log("llmcl_dist: %s transport (%s), collectives %s the compute",
+                       llmcl_dist_transport_name(d->transport->kind), d->transport_detail,
+                       d->overlap ? "under" : "between");
         *out = d;
         return LLMCL_OK;
     }
@@ -480,7 +503,7 @@ llmcl_status llmcl_dist_info_get(const llmcl_dist *d, llmcl_dist_info *out)
         .params = d->n_params, .numel = d->numel, .padded_numel = d->padded,
         .shard_numel = d->shard, .max_group = d->max_group,
         .host_bytes = d->transport->host_bytes, .transport_bytes = d->transport->device_bytes,
-        .transport = d->transport->kind,
+        .transport = d->transport->kind, .overlap = d->overlap,
     };
     snprintf(out->transport_detail, sizeof out->transport_detail, "%s", d->transport_detail);
     return LLMCL_OK;

@@ -54,7 +54,8 @@ struct llmcl_dist {
     int n_params, cap_params, n_groups;
     dist_param *params;
     dist_group *groups;
-    bool ready; /* set up */
+    bool ready;   /* set up */
+    bool overlap; /* llmcl_dist_overlap resolved: collectives run under the compute */
     int64_t numel, padded, shard, max_group;
 
     /* every stage: the rank's shard of the optimizer state */

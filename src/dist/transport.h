@@ -59,6 +59,8 @@ typedef struct dist_transport_ops {
 struct dist_transport {
     const dist_transport_ops *ops;
     llmcl_dist_transport kind;
+    bool overlaps;         /* llmcl_dist_overlap's AUTO: whether its collectives run under the
+                              compute */
     uint64_t host_bytes;   /* pinned host staging (llmcl_dist_info.host_bytes) */
     uint64_t device_bytes; /* device memory of its own (llmcl_dist_info.transport_bytes) */
 };

@@ -549,6 +549,7 @@ llmcl_status llmcl__dist_mpi_create(llmcl_dist *d)
     LLMCL__REQUIRE(d->ctx, t, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "MPI transport");
     t->base.ops = &mpi_ops;
     t->base.kind = LLMCL_DIST_TRANSPORT_MPI;
+    t->base.overlaps = true; /* its copies and MPI leave the device free for the kernels */
     d->transport = &t->base;
     cl_int err;
     t->d2hq = clCreateCommandQueue(d->ctx->context, d->ctx->device, 0, &err);

@@ -158,7 +158,8 @@ static llmcl_status grads_ready(llmcl_dist *d, int group)
         LLMCL__TRY(assign_bucket(d, group));
     const int b = g->bucket;
     g->bucket = -1;
-    return reduce_group(d, b, group);
+    LLMCL__TRY(reduce_group(d, b, group));
+    return d->overlap ? LLMCL_OK : llmcl__dist_finish_reduce(d, b);
 }
 
 llmcl_status llmcl_dist_grads_ready(llmcl_dist *d, int group)
@@ -275,7 +276,7 @@ static llmcl_status gather(llmcl_dist *d, int group)
     /* The prefetch starts before the wait for this group, so that its chunks follow this group's
        through the host link without a gap. */
     const int next = group + d->direction;
-    if (next >= 0 && next < d->n_groups && d->groups[next].slot < 0) {
+    if (d->overlap && next >= 0 && next < d->n_groups && d->groups[next].slot < 0) {
         const int s = free_slot(d, group);
         if (s >= 0)
             LLMCL__TRY(fetch(d, next, s));

@@ -963,9 +963,11 @@ static void print_zero(const trainer *tr)
 #ifdef LLMCL_TRAIN_MPI
     llmcl_dist_info in;
     CHECK(llmcl_dist_info_get(tr->m->zero->dist, &in), tr->ctx);
-    printf("ZeRO stage %d over %d rank(s): the step's batch is %d x %d x %d; %s transport (%s)\n",
+    printf("ZeRO stage %d over %d rank(s): the step's batch is %d x %d x %d; %s transport (%s), "
+           "collectives %s the compute\n",
            in.stage, tr->world, tr->world, tr->o.batch, tr->o.seq,
-           llmcl_dist_transport_name(in.transport), in.transport_detail);
+           llmcl_dist_transport_name(in.transport), in.transport_detail,
+           in.overlap ? "under" : "between");
 #else
     (void)tr;
 #endif
