@@ -33,6 +33,7 @@ typedef struct bench_row {
     double flops;        /* FLOPs, or 0 */
     bool on_mma;         /* ran on tensor cores: TFLOP/s against the mma rate, not the FMA rate */
     double link_gbs;     /* host copies: the %copy column is of this host link bandwidth ('h') */
+    double size_copy_gbs; /* memory-bound rows: the copy kernel's rate moving the same bytes */
     double peak_mib;     /* peak device memory during the op through llmcl accounting, or -1 */
     double baseline_ms;  /* the unfused or naive baseline's time, or 0 */
     int check;           /* 1 matched the reference, 0 failed, -1 not checked */

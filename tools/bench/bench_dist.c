@@ -378,7 +378,9 @@ static void run(bench_env *env)
         add_row(env, "backward + reduce", "bf16", tok, both_ms);
         print_rate("reduce-scatter", "gradients", gbs, own_rs, mpi, link);
         printf("dist overlap: exposed communication %.3f ms of %.3f ms (%.0f%%; backward %.3f ms "
-               "without it)\n", exposed, comm_ms, 100.0 * exposed / comm_ms, compute_ms);
+               "without it; collectives %s the compute, LLMCL_DIST_OVERLAP)\n",
+               exposed, comm_ms, 100.0 * exposed / comm_ms, compute_ms,
+               in.overlap ? "under" : "between");
     }
     if (make_dist(&b, 3) != LLMCL_OK) {
         bench_fail(env, "dist: stage 3 setup", LLMCL_ERROR_MPI);
