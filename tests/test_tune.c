@@ -442,6 +442,19 @@ static void run_rope_pos(llmcl_ctx *ctx)
     llmcl_tensor_destroy(pos);
 }
 
+/* RMSNorm's forward on 4 rows of H f32 values (8-wide chunks: H / 8 of them a row). */
+static void run_rmsnorm(llmcl_ctx *ctx, int64_t H)
+{
+    const int64_t xs[2] = {4, H}, n = 4;
+    llmcl_tensor *x = th_tensor(LLMCL_F32, 2, xs), *y = th_tensor(LLMCL_F32, 2, xs);
+    llmcl_tensor *w = th_tensor(LLMCL_F32, 1, &H), *rstd = th_tensor(LLMCL_F32, 1, &n);
+    TH_OK(llmcl_fill(ctx, x, 1.0));
+    TH_OK(llmcl_fill(ctx, w, 1.0));
+    TH_OK(llmcl_rmsnorm_forward(ctx, x, w, y, rstd, NULL));
+    llmcl_tensor_destroy(x), llmcl_tensor_destroy(y), llmcl_tensor_destroy(w);
+    llmcl_tensor_destroy(rstd);
+}
+
 /* M 20, N 24, K 8, a every other column of [20, 16]: no unit stride, the tiled kernel everywhere */
 static void run_matmul_bf16(llmcl_ctx *ctx)
 {
@@ -489,6 +502,33 @@ static void run_cross_entropy(llmcl_ctx *ctx)
  * from a file entry that does not fit, settle a host-side tunable) report the values they used,
  * not the ones the database gave them.
  */
+/*
+ * A norm entry tuned for longer rows, reached as the nearest class: the launch halves WG while
+ * half still covers the row's chunks (no work-item idles), and records what it used; at the
+ * entry's own class, and for an override, WG stays as given.
+ */
+static void test_norm_entry_for_longer_rows(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    TH_OK(llmcl_tune_db_clear(ctx));
+    TH_OK(llmcl_tune_db_load(
+        ctx, write_db("norm.json", this_device(),
+                      "{\"kernel\": \"rmsnorm_fwd\", \"dtype\": \"f32\", \"shape_class\": \"p12\", "
+                      "\"params\": {\"WG\": 256, \"ROWS\": 1, \"CACHE\": 4}}")));
+    run_rmsnorm(ctx, 1024); /* 128 chunks: 32 work-items of 4 */
+    assert_true(has_token(params_of(ctx, "rmsnorm_fwd", LLMCL_F32, "1024", NULL), "WG=32"));
+    run_rmsnorm(ctx, 2048); /* 256 chunks: 64 work-items */
+    assert_true(has_token(params_of(ctx, "rmsnorm_fwd", LLMCL_F32, "2048", NULL), "WG=64"));
+    run_rmsnorm(ctx, 8200); /* 1025 chunks: the entry's own 256 x 4 and more */
+    assert_true(has_token(params_of(ctx, "rmsnorm_fwd", LLMCL_F32, "8200", NULL), "WG=256"));
+    TH_OK(llmcl_tune_override(ctx, "rmsnorm_fwd", LLMCL_F32, "*", "WG=256 ROWS=1 CACHE=4"));
+    run_rmsnorm(ctx, 1024);
+    assert_true(has_token(params_of(ctx, "rmsnorm_fwd", LLMCL_F32, "1024", NULL), "WG=256"));
+    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
+    TH_OK(llmcl_tune_db_clear(ctx));
+}
+
 static void test_adjusted_values_recorded(void **state)
 {
     (void)state;
@@ -861,6 +901,7 @@ int main(void)
         cmocka_unit_test(test_env_and_cache_dir),
         cmocka_unit_test(test_override_reaches_launch),
         cmocka_unit_test(test_adjusted_values_recorded),
+        cmocka_unit_test(test_norm_entry_for_longer_rows),
         cmocka_unit_test(test_tuner_rejects_planted),
         cmocka_unit_test(test_restrict_space), cmocka_unit_test(test_tool_end_to_end),
         cmocka_unit_test(test_tuner_spells_known_keys),

@@ -155,10 +155,18 @@ static llmcl_status norm_geometry(const norm_shape *s, const char *key, int cach
         llmcl__param_set(&g->p, "GROUPS_PER_CU", ctx->info.is_gpu ? 2 : 1);
     char cls[16];
     llmcl__shape_class(s->H, cls);
-    llmcl__params_lookup(ctx, key, s->xdt, cls, &g->p);
+    const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, key, s->xdt, cls, &g->p);
 
-    const long pwg = llmcl__param_get(&g->p, "WG", 0), prows = llmcl__param_get(&g->p, "ROWS", 0);
+    long pwg = llmcl__param_get(&g->p, "WG", 0);
+    const long prows = llmcl__param_get(&g->p, "ROWS", 0);
     const long pcache = llmcl__param_get(&g->p, "CACHE", 0);
+    /* A file's entry of the nearest class (where H's own has none) may be for longer rows:
+       work-items past this row's chunks would idle, so WG halves while half of it still covers
+       the row (an override is used as given). */
+    while (!lookup.overridden && pwg > 32 && pcache >= 1 && (pwg / 2) * pcache >= nv)
+        pwg /= 2;
+    llmcl__param_set(&g->p, "WG", pwg);
+    llmcl__params_record(&lookup, &g->p);
     LLMCL__REQUIRE(ctx,
                    pwg >= 1 && prows >= 1 && (size_t)(pwg * prows) <= ctx->info.max_work_group_size &&
                        pcache >= 1 && pcache <= 16 &&
