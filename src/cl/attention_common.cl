@@ -34,6 +34,8 @@
  *             launcher does: a kernel's local arrays are sized by the tiles of the one launched.
  *             With none defined (a standalone build) every portable and mma.sync kernel builds;
  *             a wgmma kernel only when named (D, BLOCK_M and BLOCK_N 64 or 128: its shapes).
+ *   ATTN_ONE_KERNEL  defined by the launcher beside ATTN_KERNEL_<NAME>: a name this file does not
+ *             know then fails the build instead of building every kernel.
  */
 
 #if !defined(ATTN_KERNEL_FWD) && !defined(ATTN_KERNEL_BWD_PRE) && !defined(ATTN_KERNEL_BWD_DQ) &&  \
@@ -41,6 +43,9 @@
     !defined(ATTN_KERNEL_BWD_DQ_MMA) && !defined(ATTN_KERNEL_BWD_DKDV_MMA) &&                      \
     !defined(ATTN_KERNEL_FWD_WGMMA) && !defined(ATTN_KERNEL_BWD_DQ_WGMMA) &&                       \
     !defined(ATTN_KERNEL_BWD_DKDV_WGMMA)
+#ifdef ATTN_ONE_KERNEL
+#error "ATTN_ONE_KERNEL without an ATTN_KERNEL_<NAME> of attention_common.cl's list"
+#endif
 #define ATTN_KERNEL_FWD
 #define ATTN_KERNEL_BWD_PRE
 #define ATTN_KERNEL_BWD_DQ

@@ -128,7 +128,8 @@ static llmcl_status check_opts(llmcl_ctx *ctx, const llmcl_dist_opts *o)
                             o->transport <= LLMCL_DIST_TRANSPORT_NCCL,
                    LLMCL_ERROR_INVALID_ARGUMENT, "transport %d is not auto, mpi or nccl",
                    (int)o->transport);
-    LLMCL__REQUIRE(ctx, o->overlap >= LLMCL_DIST_OVERLAP_AUTO && o->overlap <= LLMCL_DIST_OVERLAP_OFF,
+    LLMCL__REQUIRE(ctx,
+                   o->overlap >= LLMCL_DIST_OVERLAP_AUTO && o->overlap <= LLMCL_DIST_OVERLAP_OFF,
                    LLMCL_ERROR_INVALID_ARGUMENT, "overlap %d is not auto, on or off",
                    (int)o->overlap);
     return LLMCL_OK;

@@ -810,7 +810,8 @@ llmcl_status llmcl__dist_nccl_create(llmcl_dist *d, char *why, size_t why_len)
     t->base.kind = LLMCL_DIST_TRANSPORT_NCCL;
     /* NVIDIA's OpenCL and NCCL run in two CUDA contexts, which the GPU time-slices: a collective
        under the compute takes turns with it, and NCCL's kernels spin through their turns while a
-       peer computes. Collectives between the compute ran 4-34% faster steps (docs/design/dist.md). */
+       peer computes. Steps with collectives between the compute ran 5-39% faster
+       (docs/PERFORMANCE.md). */
     t->base.overlaps = false;
     pthread_mutex_init(&t->lock, NULL);
     pthread_cond_init(&t->wake, NULL);

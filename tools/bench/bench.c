@@ -44,7 +44,7 @@ static double same_size_copy_gbs(bench_env *env, double bytes)
 {
     static double sizes[MAX_ROWS], rates[MAX_ROWS];
     static int n;
-    if (bytes >= env->host_bytes)
+    if (bytes >= env->copy_bytes)
         return env->copy_gbs; /* the ceiling's own size or more */
     for (int i = 0; i < n; ++i)
         if (sizes[i] == bytes)
@@ -255,7 +255,7 @@ int main(int argc, char **argv)
     env.warmup = env.small ? 1 : 3;
     env.reps = reps > 0 ? reps : env.small ? 3 : 20;
     const uint64_t copy_bytes = env.small ? (64u << 20) : (1u << 30);
-    env.host_bytes = (double)copy_bytes;
+    env.host_bytes = env.copy_bytes = (double)copy_bytes;
     if (llmcl_measure_copy_bandwidth(env.ctx, copy_bytes, &env.copy_gbs) != LLMCL_OK ||
         llmcl_measure_fma_rate(env.ctx, &env.fma_tflops) != LLMCL_OK ||
         llmcl_measure_host_bandwidth(env.ctx, copy_bytes, &env.host_d2h_gbs, &env.host_h2d_gbs) !=

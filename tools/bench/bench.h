@@ -16,6 +16,7 @@ typedef struct bench_env {
     llmcl_ctx *ctx;
     bool small;        /* a CPU device: shrink sizes so the whole run takes a minute or two */
     double copy_gbs;   /* device copy bandwidth measured at start, bytes read + written */
+    double copy_bytes; /* the size of that copy (read + written) */
     double fma_tflops; /* device fp32 FMA rate measured at start */
     double mma_tflops; /* bf16 tensor-core rate measured at start, 0 without tensor cores */
     double host_d2h_gbs, host_h2d_gbs; /* pinned host link measured at start, each way */

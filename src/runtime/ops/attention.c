@@ -251,6 +251,7 @@ static llmcl_status attn_build(llmcl_ctx *ctx, const attn_geom *g, const attn_ke
     llmcl__define_int(&defs, "D", g->D);
     llmcl__define_str(&defs, "IO_DT", llmcl__dtype_macro(g->dtype));
     llmcl__define_flag(&defs, k->define);
+    llmcl__define_flag(&defs, "ATTN_ONE_KERNEL");
     if (k->arch == ATTN_ARCH_MMA && k->pass == ATTN_PASS_DKDV && g->dkdv_part)
         llmcl__define_int(&defs, "DKDV_PART", g->dkdv_part);
     llmcl__define_int(&defs, "ALIGNED4", g->aligned4);
