@@ -1006,7 +1006,8 @@ static llmcl_status norm_grad(model *m, const model_param *p)
 
 /* ---- forward ---- */
 
-/* Layer l's RMSNorm of kind (P_ATTN_NORM or P_MLP_NORM): h and rstd of x's n rows. */
+/* An RMSNorm of kind (layer l's P_ATTN_NORM or P_MLP_NORM, or P_FINAL_NORM at -1): h and rstd of
+   x's n rows. */
 static llmcl_status norm_forward(model *m, arena *a, int kind, int l, llmcl_tensor *x,
                                  llmcl_tensor *h, llmcl_tensor *rstd, int64_t n)
 {
@@ -1116,10 +1117,8 @@ static llmcl_status trunk_forward(model *m, arena *a, const int32_t *ids, const 
         arena_clear(a); /* views of one block at a time: a deep model's would overflow the arena */
     }
     TRY(group_open(m, model_head_group(m), GROUP_PARAMS));
-    const llmcl_rmsnorm_options no = norm_opts(m);
-    return PROF(F_NORM, llmcl_rmsnorm_forward(ctx, rows(a, stream(m, m->cfg.layers), n),
-                                 param(m, P_FINAL_NORM, -1)->w, rows(a, m->hfinal, n),
-                                 head(a, m->rstd_final, n), &no));
+    return norm_forward(m, a, P_FINAL_NORM, -1, rows(a, stream(m, m->cfg.layers), n), m->hfinal,
+                        m->rstd_final, n);
 }
 
 /*
