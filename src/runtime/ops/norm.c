@@ -163,7 +163,7 @@ static llmcl_status norm_geometry(const norm_shape *s, const char *key, int cach
     /* A file's entry of the nearest class (where H's own has none) may be for longer rows:
        work-items past this row's chunks would idle, so WG halves while half of it still covers
        the row (an override is used as given). */
-    while (!lookup.overridden && pwg > 32 && pcache >= 1 && (pwg / 2) * pcache >= nv)
+    while (!lookup.overridden && pwg > 32 && (pwg / 2) * pcache >= nv)
         pwg /= 2;
     llmcl__param_set(&g->p, "WG", pwg);
     llmcl__params_record(&lookup, &g->p);
