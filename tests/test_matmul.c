@@ -433,16 +433,23 @@ static const char *mma_key(int trans_a)
 
 /* Forced tile sets: wgmma's (BM x BN, WG_MB blocks of 64 rows a warpgroup, STAGES), or
    mma.sync's shapes. */
-static const char *const wgmma_sets[6] = {
-    "BM=64 BN=256 WG_MB=1 STAGES=3",           "BM=128 BN=256 WG_MB=1 STAGES=4 GROUP_M=3",
-    "BM=256 BN=192 WG_MB=2 STAGES=4",          "BM=128 BN=192 WG_MB=1 STAGES=5",
-    "BM=128 BN=192 WG_MB=2 STAGES=3 GROUP_M=1", "BM=192 BN=256 WG_MB=1 STAGES=4"};
-static const char *const mma_sets[6] = {"BM=64 BN=64 BK=32 WM=2 WN=2 STAGES=2",
+static const char *const wgmma_sets[8] = {
+    "BM=64 BN=256 WG_MB=1 STAGES=3",
+    "BM=128 BN=256 WG_MB=1 STAGES=4 GROUP_M=3 MM_WS=1",
+    "BM=256 BN=192 WG_MB=2 STAGES=4 MM_WS=1",
+    "BM=128 BN=192 WG_MB=1 STAGES=5",
+    "BM=128 BN=192 WG_MB=2 STAGES=3 GROUP_M=1",
+    "BM=192 BN=256 WG_MB=1 STAGES=4",
+    "BM=128 BN=128 WG_MB=1 STAGES=3 MM_WS=1",
+    "BM=128 BN=64 WG_MB=2 STAGES=3 GROUP_M=1"};
+static const char *const mma_sets[8] = {"BM=64 BN=64 BK=32 WM=2 WN=2 STAGES=2",
                                        "BM=128 BN=256 BK=32 WM=2 WN=4 STAGES=2",
                                        "BM=256 BN=128 BK=32 WM=4 WN=2 STAGES=2",
                                        "BM=64 BN=128 BK=64 WM=1 WN=4 STAGES=2",
                                        "BM=128 BN=64 BK=32 WM=4 WN=1 STAGES=4 GROUP_M=3",
-                                       "BM=256 BN=128 BK=32 WM=4 WN=2 STAGES=4"}; /* dW's default */
+                                       "BM=256 BN=128 BK=32 WM=4 WN=2 STAGES=4", /* dW's default */
+                                       "BM=128 BN=128 BK=64 WM=2 WN=2 STAGES=3",
+                                       "BM=64 BN=256 BK=32 WM=1 WN=4 STAGES=3"};
 
 /* The tensor-core path (NVIDIA sm_80+; wgmma on sm_90, mma.sync when the suite runs again with
    LLMCL_WGMMA=0): every layout at sizes that cross tile edges, operands that cp.async cannot move
@@ -491,6 +498,8 @@ static void test_tensor_cores(void **state)
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=256 WG_MB=1 STAGES=2");
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=192 BN=256 WG_MB=1 STAGES=5"); /* 280 KiB */
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=256 BN=256 WG_MB=2 STAGES=3"); /* 256 acc */
+        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=160 WG_MB=1 STAGES=3");
+        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=256 WG_MB=1 STAGES=4 MM_WS=2");
     } else {
         expect_refused("mm_mma", LLMCL_BF16, 2, "BM=256 BN=256 BK=64 WM=2 WN=2 STAGES=4");
     }

@@ -35,9 +35,11 @@
  *               STAGES (BM + BN) BK 2 bytes: 48 KiB for 128 x 128 x 32 in 3 stages, 144 KiB
  *               for 256 x 128 x 64.
  *   MM_WGMMA    1: build mm_wgmma (BK 64, WN 1, WM = BM / (16 WG_MB) warps) instead of mm_mma;
- *               WG_MB: m64 blocks a warpgroup, 1 (BN 256) or 2 (BN 192): its lanes hold
- *               WG_MB BN / 2 accumulators; MM_TMA: copies by Hopper's TMA from maps made of
- *               the tensor-map template the host passes (nv_tma.c), else by cp.async
+ *               BN 64, 128, 192 or 256; WG_MB: m64 blocks a warpgroup, 1 or 2: its lanes
+ *               hold WG_MB BN / 2 accumulators, 192 at most; MM_TMA: copies by Hopper's TMA
+ *               from maps made of the tensor-map template the host passes (nv_tma.c), else by
+ *               cp.async; MM_WS 1 (with MM_TMA): a producer warp after the warpgroups issues
+ *               the copies
  *   MM_CE       mm_mma or mm_wgmma as the fused cross-entropy's logits product (below): 1 the
  *               forward's LSE partials, 2 the backward's dlogits; LABEL_DT the labels' storage
  *               (I32 or I64); CE_SLOT the columns of a row that one LSE partial covers
@@ -111,6 +113,9 @@
 #endif
 #ifndef WG_MB
 #define WG_MB 1
+#endif
+#ifndef MM_WS
+#define MM_WS 0
 #endif
 #ifndef MM_TMA
 #define MM_TMA 0
@@ -686,9 +691,9 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS M
  */
 #if MM_WGMMA && defined(LLMCL_NV_WGMMA)
 
-#if (BN != 256 && BN != 192) || WG_MB * BN > 384 || BK != 64 || WN != 1 || BM % (64 * WG_MB) || \
+#if BN % 64 || BN > 256 || WG_MB * BN > 384 || BK != 64 || WN != 1 || BM % (64 * WG_MB) || \
     STAGES < 3
-#error "mm_wgmma: 64 WG_MB x BN tiles a warpgroup (BN 192 or 256, 192 accumulators at most), BK 64, WN 1, three stages or more"
+#error "mm_wgmma: 64 WG_MB x BN tiles a warpgroup (BN 64 to 256 in steps of 64, 192 accumulators at most), BK 64, WN 1, three stages or more"
 #endif
 
 /* The accumulators of a lane: WG_MB blocks of 64 rows, BN / 2 each */
@@ -920,7 +925,7 @@ mm_wg_ce_slot(const float *d, int h, int s, const mm_ce *ce, const mm_ce_row *r,
     }
 }
 
-#if BN / CE_SLOT != 4 && BN / CE_SLOT != 3
+#if MM_CE && BN / CE_SLOT != 4 && BN / CE_SLOT != 3
 #error "mm_wgmma's forward epilogue takes three or four slots a row"
 #endif
 
@@ -1015,13 +1020,21 @@ inline void mm_tma_produce(int p, int nk, int step, long k_lo, long M, long N, u
 #endif
 
 /*
- * With MM_TMA the copies are Hopper's TMA, issued by work-item 0 (mm_tma_produce) STAGES - 1
- * slices ahead: a stage's full barrier completes when its bytes have landed, and its empty barrier
- * when every work-item's wgmma of it is done, which frees it for the next copy. They bypass L1,
- * which 256 x 192 tiles in four stages leave too small for cp.async.ca's copies.
+ * With MM_TMA the copies are Hopper's TMA: a stage's full barrier completes when its bytes have
+ * landed, and its empty barrier when every warpgroup work-item's wgmma of it is done, which frees
+ * it for the next copy. They bypass L1, which 256 x 192 tiles in four stages leave too small for
+ * cp.async.ca's copies. Work-item 0 issues them (mm_tma_produce) STAGES - 1 slices ahead, between
+ * its own products, and so only when the other warpgroups have caught up with it; with MM_WS a
+ * producer warp of its own (the work-group's last) issues each as soon as its stage is free,
+ * STAGES slices ahead, and runs on through the epilogues.
  */
-__kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_wgmma(MM_PARAMS MM_CE_PARAMS
-                                                                           MM_TMA_PARAMS)
+#if MM_TMA && MM_WS
+#define MM_PRODUCER NT
+#else
+#define MM_PRODUCER 0
+#endif
+__kernel __attribute__((reqd_work_group_size(NT + (MM_PRODUCER ? 32 : 0), 1, 1))) void
+mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_TMA_PARAMS)
 {
     __local uint4 smem[STAGES * (STAGE_A + STAGE_B) / 16] __attribute__((aligned(1024)));
     MM_CE_CHECK();
@@ -1040,7 +1053,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_wgmma(MM_PARAMS
     const int first = get_group_id(0);
     const int total = first < ntiles ? (ntiles - first + step - 1) / step * nk : 0;
     int p = 0, g = 0;
-    if (tid == 0) {
+    if (tid == MM_PRODUCER) {
         /* a k-major operand in boxes of whole tile rows, an mn-major one in atoms of 64 */
         wg_tma_map(tma_slots + 2 * gid, tma_map, a, A_KC ? K : M, A_KC ? M : K,
                    2 * (A_KC ? sam : sak), 64, A_KC ? BM : 64);
@@ -1051,10 +1064,15 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_wgmma(MM_PARAMS
             wg_bar_init(empty + 8 * s, NT);
         }
         wg_bar_init_fence();
-        for (; p < STAGES - 1 && p < total; ++p)
+        for (; !MM_PRODUCER && p < STAGES - 1 && p < total; ++p)
             mm_tma_produce(p, nk, step, k_lo, M, N, base, full, empty, map_a, map_b);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
+    if (MM_PRODUCER && tid >= NT) {
+        for (; tid == MM_PRODUCER && p < total; ++p)
+            mm_tma_produce(p, nk, step, k_lo, M, N, base, full, empty, map_a, map_b);
+        return;
+    }
 #define MM_WG_FIRST_SLICES(m0, n0, live)
 #else
 #define MM_WG_FIRST_SLICES(m0, n0, live)                                                          \
@@ -1096,7 +1114,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_wgmma(MM_PARAMS
 #if MM_TMA
             if (kt > 0) {
                 wg_bar_arrive(empty + 8 * ((g - 1) % STAGES));
-                if (tid == 0 && p < total)
+                if (!MM_PRODUCER && tid == 0 && p < total)
                     mm_tma_produce(p++, nk, step, k_lo, M, N, base, full, empty, map_a, map_b);
             }
             ++g;
@@ -1108,7 +1126,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_wgmma(MM_PARAMS
             wg_keep_f(d + i);
 #if MM_TMA
         wg_bar_arrive(empty + 8 * ((g - 1) % STAGES));
-        if (tid == 0 && p < total)
+        if (!MM_PRODUCER && tid == 0 && p < total)
             mm_tma_produce(p++, nk, step, k_lo, M, N, base, full, empty, map_a, map_b);
 #else
         barrier(CLK_LOCAL_MEM_FENCE); /* every warpgroup is done reading the stages */

@@ -13,10 +13,8 @@
 /* The split-K scratch stays below this unless the caller asks for the split. */
 #define MM_AUTO_SPLIT_BYTES (256ull << 20)
 
-/*
- * mm_wgmma's STAGES (BM + BN) 64 2 bytes of local memory, at least 120 KiB, leave one group a
- * compute unit; the K split heuristic counts two of the other kernels'.
- */
+/* mm_wgmma's default tiles, STAGES (BM + BN) 64 2 bytes of local memory (192 or 224 KiB), leave
+   one group a compute unit; the K split heuristic counts two of the other kernels'. */
 #define WG_RESIDENT 1
 /* 256 x 192 tiles' rate against 128 x 256's, both by TMA (H100, 8192^3: 735 / 682 TFLOP/s) */
 #define WG_LARGE_RATE 1.08
@@ -305,11 +303,39 @@ typedef struct mm_launch {
     const char *name;
     size_t wg;       /* work-items a group */
     int64_t bk;      /* k-slice: K splits are multiples of it */
-    int resident;        /* groups a compute unit holds at once, for the K split heuristic */
+    int resident;        /* groups a compute unit holds at once (0: ask the built kernel) */
     bool persistent;     /* a group walks tiles in steps of the grid (mm_wgmma) */
     const uint64_t *tma; /* the tensor-map template (MM_TMA), 16 words, or NULL */
     int64_t max_steps;   /* k-steps a slice may take within the device's loop budget; 0: any */
 } mm_launch;
+
+/*
+ * The groups of kernel `name` built with defines d that one compute unit of an NVIDIA GPU holds at
+ * once: as many as its local memory admits (a unit has 2 KiB more than one group may declare,
+ * local_mem_static_bytes, and each group takes 1 KiB more than it declares) and as its registers
+ * admit (CL_KERNEL_WORK_GROUP_SIZE: the largest group they allow), at least one: a tuned
+ * mm_wgmma with 128 x 128 tiles in three stages (96 KiB) has local memory for two.
+ */
+static llmcl_status kernel_resident(const mm_problem *p, const llmcl__defines *d, const char *name,
+                                    size_t wg, int *resident)
+{
+    llmcl__defines plain = *d;
+    llmcl__define_int(&plain, "SPLITK", 0);
+    cl_kernel k;
+    LLMCL__TRY(llmcl__kernel(p->ctx, LLMCL_FAMILY_MATMUL, &plain, name, &k));
+    cl_ulong local = 0;
+    size_t regs_wg = 0;
+    *resident = 1;
+    if (clGetKernelWorkGroupInfo(k, p->ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof local, &local,
+                                 NULL) != CL_SUCCESS ||
+        clGetKernelWorkGroupInfo(k, p->ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof regs_wg,
+                                 &regs_wg, NULL) != CL_SUCCESS)
+        return LLMCL_OK;
+    const uint64_t by_local = (p->ctx->info.local_mem_static_bytes + 2048) / (local + 1024);
+    const uint64_t by_regs = regs_wg / wg, n = by_local < by_regs ? by_local : by_regs;
+    *resident = n > 1 ? (int)n : 1;
+    return LLMCL_OK;
+}
 
 /*
  * A product kernel over (tiles, batch, slices); with more than one slice into an f32 scratch that
@@ -319,12 +345,15 @@ typedef struct mm_launch {
 static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_launch *l,
                               int64_t tiles, const llmcl__mm_ce *ce)
 {
+    int resident = l->resident;
+    if (resident == 0)
+        LLMCL__TRY(kernel_resident(p, d, l->name, l->wg, &resident));
     int64_t slices;
-    const int64_t len = k_slice(p, tiles, l->bk, l->resident, l->max_steps, &slices);
+    const int64_t len = k_slice(p, tiles, l->bk, resident, l->max_steps, &slices);
     /* mm_reduce's loop over the slices */
     LLMCL__TRY(llmcl__check_loops(p->ctx, slices + 1, "matmul: K = %lld in %lld slices",
                                   (long long)p->K, (long long)slices));
-    const int64_t slots = wave_slots(p->ctx, l->resident);
+    const int64_t slots = wave_slots(p->ctx, resident);
     const int64_t groups =
         l->persistent && p->batch * slices == 1 && slots < tiles ? slots : tiles;
     llmcl_tensor *ws = NULL, *maps = NULL;
@@ -519,14 +548,17 @@ static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc, const llmcl
 }
 
 /*
- * wgmma's tiles: BN 192 or 256 columns; WG_MB blocks of 64 rows a warpgroup (1 or 2, with at most
- * 192 accumulators a lane), one to three warpgroups; 64-deep slices in STAGES (3 to 6).
+ * wgmma's tiles: BN 64, 128, 192 or 256 columns; WG_MB blocks of 64 rows a warpgroup (1 or 2,
+ * with at most 192 accumulators a lane), one to three warpgroups; 64-deep slices in STAGES (3 to
+ * 6); MM_WS 0 or 1.
  */
 static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
 {
     const long bm = llmcl__param_get(t, "BM", 0), bn = llmcl__param_get(t, "BN", 0);
     const long mb = llmcl__param_get(t, "WG_MB", 0), st = llmcl__param_get(t, "STAGES", 0);
-    return (bn == 192 || bn == 256) && (mb == 1 || mb == 2) && mb * bn <= 384 && bm > 0 &&
+    const long ws = llmcl__param_get(t, "MM_WS", 0);
+    return bn > 0 && bn <= 256 && bn % 64 == 0 && (mb == 1 || mb == 2) && mb * bn <= 384 &&
+           bm > 0 && (ws == 0 || ws == 1) &&
            bm % (64 * mb) == 0 && bm / (64 * mb) <= 3 && st >= 3 && st <= 6 &&
            (size_t)(2 * bm / mb) <= ctx->info.max_work_group_size &&
            (uint64_t)st * (bm + bn) * 64 * 2 <= ctx->info.local_mem_static_bytes;
@@ -547,6 +579,7 @@ static void wgmma_default_tiles(llmcl__params *t, bool large)
     llmcl__param_set(t, "WG_MB", large ? 2 : 1);
     llmcl__param_set(t, "STAGES", 4);
     llmcl__param_set(t, "GROUP_M", 8);
+    llmcl__param_set(t, "MM_WS", 0);
 }
 
 /*
@@ -632,7 +665,9 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     llmcl__define_int(&d, "WN", 1);
     const uint64_t *tma = tma_template(p, a_kc, b_kc);
     llmcl__define_int(&d, "MM_TMA", tma != NULL);
-    const mm_launch l = {"mm_wgmma", (size_t)(2 * bm / mb), 64, WG_RESIDENT, true, tma, 0};
+    /* MM_WS's producer warp, where the copies are TMA's */
+    const size_t wg = (size_t)(2 * bm / mb) + (tma && llmcl__param_get(&t, "MM_WS", 0) ? 32 : 0);
+    const mm_launch l = {"mm_wgmma", wg, 64, 0, true, tma, 0};
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
