@@ -480,6 +480,27 @@ static void test_tensor_cores(void **state)
                 if (s == 0)
                     assert_int_equal(launched, 1);
             }
+    /* Output tiles inside C: 16-bit rows 8-element aligned (C's offset is the case's plus 5),
+       where wgmma's epilogue trades pairs across each quad to store 8 columns a lane, with
+       biases and beta; 16-bit rows only 2-element aligned, f32 rows and the K split's raw sums
+       (the pairs' stores). */
+    static const struct {
+        int dt, f32_out, bias, split;
+        double beta;
+        int64_t offset;
+    } inside[] = {{1, 0, 1, 1, 0.0, 3}, {2, 0, 1, 1, 0.5, 3}, {1, 0, 2, 1, 0.0, 3},
+                  {2, 0, 2, 1, 0.5, 5}, {1, 1, 0, 1, 1.0, 3}, {2, 1, 1, 1, 0.5, 3},
+                  {1, 1, 2, 1, 0.0, 7}, {1, 1, 0, 3, 1.0, 3}, {2, 0, 1, 2, 0.0, 3}};
+    for (size_t v = 0; v < sizeof inside / sizeof inside[0]; ++v) {
+        mm_case c = plain(float_dtypes[inside[v].dt], 512, 768, 96);
+        c.trans_b = 1;
+        c.cdt = inside[v].f32_out ? LLMCL_F32 : c.dt;
+        c.bias = inside[v].bias;
+        c.beta = inside[v].beta;
+        c.split_k = inside[v].split;
+        c.offset = inside[v].offset;
+        mm_check("output tiles inside C", &c, 760 + (int)v);
+    }
     const char *const *sets = wgmma ? wgmma_sets : mma_sets;
     for (size_t i = 0; i < sizeof mma_sets / sizeof mma_sets[0]; ++i) {
         mm_case c = plain(LLMCL_BF16, 333, 650, 200);
