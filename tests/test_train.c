@@ -186,6 +186,19 @@ static void check_forward_backward(const char *file, llmcl_dtype dt)
             model_destroy(mr);
         }
 
+    /* grads_fresh: every gradient's first write replaces it (NaN poison must not survive), with
+       the same bits as adding to zeroed gradients */
+    model *mf = fixture_model(&f, false, false);
+    TH_OK(llmcl_fill(mf->ctx, mf->trainable.grad, NAN));
+    mf->grads_fresh = true;
+    TH_OK(model_forward(mf, f.ids, f.targets, f.b, f.t, true));
+    double **gf = gradients(mf);
+    assert_false(mf->grads_fresh);
+    for (int i = 0; i < m->n_params; ++i)
+        assert_memory_equal(g[i], gf[i], (size_t)m->params[i].numel * sizeof *g[i]);
+    free_gradients(mf, gf);
+    model_destroy(mf);
+
     free_gradients(m, g);
     free(got), free(ref);
     llmcl_tensor_destroy(logits);

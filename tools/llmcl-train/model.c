@@ -963,22 +963,25 @@ llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tens
     return PROF(F_MATMUL_FWD, llmcl_matmul(m->ctx, m->lora_scale, u, p->lora_b->w, 1, y, &o));
 }
 
+/* The weight gradients' beta: 0 where their write replaces them (grads_fresh), else 1. */
+static float grad_beta(const model *m) { return m->grads_fresh ? 0.0f : 1.0f; }
+
 llmcl_status model_proj_backward(model *m, const model_param *p, const llmcl_tensor *dy,
                                  const llmcl_tensor *x, const llmcl_tensor *u, float dx_beta,
                                  llmcl_tensor *dx, llmcl_tensor *du)
 {
     llmcl_ctx *ctx = m->ctx;
     const llmcl_matmul_opts t = {.trans_a = 1};
-    const float s = m->lora_scale;
+    const float s = m->lora_scale, gb = grad_beta(m);
     if (dx)
         OP(F_MATMUL_DX, llmcl_matmul(ctx, 1.0f, dy, p->w, dx_beta, dx, NULL));
     if (p->trainable)
-        OP(F_MATMUL_DW, llmcl_matmul(ctx, 1.0f, dy, x, 1.0f, p->grad, &t));
+        OP(F_MATMUL_DW, llmcl_matmul(ctx, 1.0f, dy, x, gb, p->grad, &t));
     if (!p->lora_a)
         return LLMCL_OK;
-    OP(F_MATMUL_DW, llmcl_matmul(ctx, s, dy, u, 1.0f, p->lora_b->grad, &t));
+    OP(F_MATMUL_DW, llmcl_matmul(ctx, s, dy, u, gb, p->lora_b->grad, &t));
     OP(F_MATMUL_DX, llmcl_matmul(ctx, s, dy, p->lora_b->w, 0.0f, du, NULL));
-    OP(F_MATMUL_DW, llmcl_matmul(ctx, 1.0f, du, x, 1.0f, p->lora_a->grad, &t));
+    OP(F_MATMUL_DW, llmcl_matmul(ctx, 1.0f, du, x, gb, p->lora_a->grad, &t));
     if (dx)
         OP(F_MATMUL_DX, llmcl_matmul(ctx, 1.0f, du, p->lora_a->w, 1.0f, dx, NULL));
     return LLMCL_OK;
@@ -996,11 +999,14 @@ static llmcl_tensor *du_rows(model *m, arena *a, int64_t n)
     return m->du ? rows(a, m->du, n) : NULL;
 }
 
-/* Adds a norm's weight gradient (left in m->dnorm_w) when the norm is trained. */
+/* Adds a norm's weight gradient (left in m->dnorm_w) when the norm is trained, or writes it
+   (grads_fresh). */
 static llmcl_status norm_grad(model *m, const model_param *p)
 {
     if (!p->trainable)
         return LLMCL_OK;
+    if (m->grads_fresh)
+        return PROF(F_ELEMENTWISE, llmcl_copy(m->ctx, m->dnorm_w, p->grad));
     return PROF(F_ELEMENTWISE, llmcl_axpy(m->ctx, 1.0f, m->dnorm_w, p->grad));
 }
 
@@ -1066,7 +1072,8 @@ static llmcl_status layer_forward(model *m, arena *a, int l, const layer_acts *A
 
 static llmcl_ce_options ce_opts(const model *m)
 {
-    return (llmcl_ce_options){.accumulate_weight_grad = 1, .chunk_bytes = m->cfg.ce_chunk_bytes};
+    return (llmcl_ce_options){.accumulate_weight_grad = !m->grads_fresh,
+                              .chunk_bytes = m->cfg.ce_chunk_bytes};
 }
 
 /* The stream tensor that holds layer l's input (l = layers: the last layer's output). */
@@ -1294,10 +1301,15 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
     if (embed->trainable) {
         /* group 0's gradients (a second part where a tied head's came before the layers') */
         TRY(group_open(m, 0, GROUP_GRADS));
+        /* the embedding's backward adds to the rows of the ids it meets: a fresh gradient starts
+           from zero, unless a tied head's already holds the cross-entropy's */
+        if (m->grads_fresh && !m->cfg.tied)
+            OP(F_EMBEDDING_BWD, llmcl_fill(ctx, embed->grad, 0.0));
         OP(F_EMBEDDING_BWD, llmcl_embedding_backward(ctx, head(a, m->ids, n),
                                                      rows(a, m->dres, n), embed->grad));
         TRY(group_close(m, 0, GROUP_GRADS));
     }
+    m->grads_fresh = false;
     return group_grads_final(m, 0);
 }
 

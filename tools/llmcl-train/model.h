@@ -135,6 +135,10 @@ typedef struct model {
     llmcl_status (*on_group_grads)(void *arg, int group);
     void *on_group_grads_arg;
     llmcl_tensor **group_grads;
+    /* the trainable gradients hold no sum yet: each one's first write in the next forward and
+       backward replaces it (the caller's alternative to zeroing them), and model_backward clears
+       this for the micro-batches that follow */
+    bool grads_fresh;
 
     /* activations for micro-batches of up to max_b x max_t tokens */
     int max_b, max_t;
@@ -251,8 +255,8 @@ llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets,
                            bool backward_follows);
 
 /*
- * Backward of the last forward: adds every trainable parameter's gradient to m->trainable.grad.
- * With on_group_grads set, calls it for each group as soon as the group's gradients are final:
+ * Backward of the last forward: adds every trainable parameter's gradient to m->trainable.grad
+ * (writes it, with grads_fresh set before the forward). With on_group_grads set, calls it for each group as soon as the group's gradients are final:
  * the head group (untied), layers L - 1 to 0's, then group 0.
  */
 llmcl_status model_backward(model *m, int b, int t);
