@@ -256,8 +256,9 @@ llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets,
 
 /*
  * Backward of the last forward: adds every trainable parameter's gradient to m->trainable.grad
- * (writes it, with grads_fresh set before the forward). With on_group_grads set, calls it for each group as soon as the group's gradients are final:
- * the head group (untied), layers L - 1 to 0's, then group 0.
+ * (writes it, with grads_fresh set before the forward). With on_group_grads set, calls it for
+ * each group as soon as the group's gradients are final: the head group (untied), layers L - 1
+ * to 0's, then group 0.
  */
 llmcl_status model_backward(model *m, int b, int t);
 

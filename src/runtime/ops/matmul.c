@@ -309,12 +309,18 @@ typedef struct mm_launch {
     int64_t max_steps;   /* k-steps a slice may take within the device's loop budget; 0: any */
 } mm_launch;
 
+/* The groups of `local` bytes of local memory each that one compute unit of an NVIDIA GPU holds:
+   a unit has 2 KiB more than one group may declare (local_mem_static_bytes), and each group takes
+   1 KiB more than it declares. */
+static uint64_t groups_by_local(const llmcl_ctx *ctx, uint64_t local)
+{
+    return (ctx->info.local_mem_static_bytes + 2048) / (local + 1024);
+}
+
 /*
  * The groups of kernel `name` built with defines d that one compute unit of an NVIDIA GPU holds at
- * once: as many as its local memory admits (a unit has 2 KiB more than one group may declare,
- * local_mem_static_bytes, and each group takes 1 KiB more than it declares) and as its registers
- * admit (CL_KERNEL_WORK_GROUP_SIZE: the largest group they allow), at least one: a tuned
- * mm_wgmma with 128 x 128 tiles in three stages (96 KiB) has local memory for two.
+ * once: as many as its local memory (groups_by_local) and its registers (CL_KERNEL_WORK_GROUP_SIZE:
+ * the largest group they allow) admit, at least one.
  */
 static llmcl_status kernel_resident(const mm_problem *p, const llmcl__defines *d, const char *name,
                                     size_t wg, int *resident)
@@ -331,7 +337,7 @@ static llmcl_status kernel_resident(const mm_problem *p, const llmcl__defines *d
         clGetKernelWorkGroupInfo(k, p->ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof regs_wg,
                                  &regs_wg, NULL) != CL_SUCCESS)
         return LLMCL_OK;
-    const uint64_t by_local = (p->ctx->info.local_mem_static_bytes + 2048) / (local + 1024);
+    const uint64_t by_local = groups_by_local(p->ctx, local);
     const uint64_t by_regs = regs_wg / wg, n = by_local < by_regs ? by_local : by_regs;
     *resident = n > 1 ? (int)n : 1;
     return LLMCL_OK;
@@ -667,7 +673,12 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     llmcl__define_int(&d, "MM_TMA", tma != NULL);
     /* MM_WS's producer warp, where the copies are TMA's */
     const size_t wg = (size_t)(2 * bm / mb) + (tma && llmcl__param_get(&t, "MM_WS", 0) ? 32 : 0);
-    const mm_launch l = {"mm_wgmma", wg, 64, 0, true, tma, 0};
+    /* the built kernel is asked only where the stages leave local memory for a second group (a
+       tuned 128 x 128 in three stages, 96 KiB; the defaults take 192 or 224 KiB): asking builds
+       the unsplit kernel even for a launch split along K */
+    const uint64_t stages = (uint64_t)llmcl__param_get(&t, "STAGES", 4) * (bm + bn) * 64 * 2;
+    const int resident = groups_by_local(p->ctx, stages) > 1 ? 0 : WG_RESIDENT;
+    const mm_launch l = {"mm_wgmma", wg, 64, resident, true, tma, 0};
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
