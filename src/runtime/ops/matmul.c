@@ -553,6 +553,12 @@ static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc, const llmcl
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
+/* Local memory of mm_wgmma's stages: STAGES 64-deep slices of A's BM rows and B's BN, 16-bit. */
+static uint64_t wgmma_stage_bytes(long bm, long bn, long stages)
+{
+    return (uint64_t)stages * (uint64_t)(bm + bn) * 64 * 2;
+}
+
 /*
  * wgmma's tiles: BN 64, 128, 192 or 256 columns; WG_MB blocks of 64 rows a warpgroup (1 or 2,
  * with at most 192 accumulators a lane), one to three warpgroups; 64-deep slices in STAGES (3 to
@@ -567,7 +573,7 @@ static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
            bm > 0 && (ws == 0 || ws == 1) &&
            bm % (64 * mb) == 0 && bm / (64 * mb) <= 3 && st >= 3 && st <= 6 &&
            (size_t)(2 * bm / mb) <= ctx->info.max_work_group_size &&
-           (uint64_t)st * (bm + bn) * 64 * 2 <= ctx->info.local_mem_static_bytes;
+           wgmma_stage_bytes(bm, bn, st) <= ctx->info.local_mem_static_bytes;
 }
 
 /*
@@ -676,7 +682,7 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     /* the built kernel is asked only where the stages leave local memory for a second group (a
        tuned 128 x 128 in three stages, 96 KiB; the defaults take 192 or 224 KiB): asking builds
        the unsplit kernel even for a launch split along K */
-    const uint64_t stages = (uint64_t)llmcl__param_get(&t, "STAGES", 4) * (bm + bn) * 64 * 2;
+    const uint64_t stages = wgmma_stage_bytes(bm, bn, llmcl__param_get(&t, "STAGES", 4));
     const int resident = groups_by_local(p->ctx, stages) > 1 ? 0 : WG_RESIDENT;
     const mm_launch l = {"mm_wgmma", wg, 64, resident, true, tma, 0};
     return run_tiles(p, &d, &l, tiles, ce);
