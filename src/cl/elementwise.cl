@@ -2,13 +2,19 @@
  * elementwise.cl: fill, copy, cast, axpy and mul over tensors of any shape, and sum_rows (the rows
  * of a matrix summed in order: llmcl_dist's sum of the ranks' blocks).
  *
- * Contiguous tensors take the *_contig kernels: a grid-stride loop over groups of 4 elements with
- * 16-byte-or-narrower vector accesses and a scalar tail. Other layouts take the *_strided kernels,
- * which map a linear index to up to 4-D coordinates (shape and strides padded to 4 from the front).
+ * Contiguous tensors take the *_contig kernels: a grid-stride loop over groups of VW elements and a
+ * scalar tail. VW is 8 where every operand is 16-bit and 16-byte aligned (one 16-byte access each),
+ * else 4: with ALIGNED (every operand's first element aligned to four elements' size) one 16- or
+ * 8-byte access, otherwise accesses that need only the element's alignment, which a compiler
+ * cannot widen. Eight f32 a work-item would take two 16-byte accesses 32 bytes apart, which left
+ * half of each warp's store sectors to another instruction: an f32 fill so ran at half the speed
+ * on the H200. Other layouts take the *_strided kernels, which map a linear index to up to 4-D
+ * coordinates (shape and strides padded to 4 from the front).
  * All indices are 64-bit.
  *
  * Defines: DT (storage of fill/copy, and of axpy/mul), SRC_DT and DST_DT (cast, sum_rows),
- * DT_IS_INT (fill).
+ * DT_IS_INT (fill), VW (4 or 8) and ALIGNED (the contiguous kernels; fill of integers stays
+ * scalar).
  * Tunables (every kernel key: fill, copy, cast, axpy, mul, sum_rows):
  *   WG      work-group size (any value the device allows; the launcher passes it as the local size)
  *   GPC     work-groups per compute unit that the grid is capped at (grid-stride loops cover the
@@ -30,6 +36,22 @@
 #ifndef HINT
 #define HINT 0
 #endif
+#ifndef VW
+#define VW 4
+#endif
+#if VW == 8
+typedef float8 floatw;
+#define LOADW(DT, p, i) LLMCL_CAT(load8_, DT)((p), (i))
+#define STOREW(DT, p, i, v) LLMCL_CAT(store8_, DT)((p), (i), (v))
+#elif defined(ALIGNED)
+typedef float4 floatw;
+#define LOADW(DT, p, i) LLMCL_CAT(load4a_, DT)((p), (i))
+#define STOREW(DT, p, i, v) LLMCL_CAT(store4a_, DT)((p), (i), (v))
+#else
+typedef float4 floatw;
+#define LOADW(DT, p, i) LOAD4(DT, p, i)
+#define STOREW(DT, p, i, v) STORE4(DT, p, i, v)
+#endif
 
 inline long strided_offset(long i, long4 shape, long4 stride)
 {
@@ -49,13 +71,19 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void fill_contig(__global STORAGE(DT) *dst, ulong dst_off, long n, float fvalue, long ivalue)
 {
     dst += dst_off;
-    GRID_LOOP(i, n) {
 #ifdef DT_IS_INT
+    GRID_LOOP(i, n) {
         STORE(DT, dst, i, ivalue);
-#else
-        STORE(DT, dst, i, fvalue);
-#endif
     }
+#else
+    const long nw = n / VW;
+    GRID_LOOP(i, nw) {
+        STOREW(DT, dst, VW * i, (floatw)fvalue);
+    }
+    GRID_LOOP(i, n - VW * nw) {
+        STORE(DT, dst, VW * nw + i, fvalue);
+    }
+#endif
 }
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
@@ -140,12 +168,12 @@ void cast_contig(__global const STORAGE(SRC_DT) *src, ulong src_off, __global ST
 {
     src += src_off;
     dst += dst_off;
-    const long n4 = n / 4;
-    GRID_LOOP(i, n4) {
-        STORE4(DST_DT, dst, 4 * i, LOAD4(SRC_DT, src, 4 * i));
+    const long nw = n / VW;
+    GRID_LOOP(i, nw) {
+        STOREW(DST_DT, dst, VW * i, LOADW(SRC_DT, src, VW * i));
     }
-    GRID_LOOP(i, n - 4 * n4) {
-        STORE(DST_DT, dst, 4 * n4 + i, LOAD(SRC_DT, src, 4 * n4 + i));
+    GRID_LOOP(i, n - VW * nw) {
+        STORE(DST_DT, dst, VW * nw + i, LOAD(SRC_DT, src, VW * nw + i));
     }
 }
 
@@ -205,12 +233,12 @@ void sum_rows(__global const STORAGE(SRC_DT) *x, ulong x_off, long x_stride, int
     {                                                                                             \
         x += x_off;                                                                               \
         y += y_off;                                                                               \
-        const long n4 = n / 4;                                                                    \
-        GRID_LOOP(i, n4) {                                                                        \
-            STORE4(DT, y, 4 * i, OP(LOAD4(DT, x, 4 * i), LOAD4(DT, y, 4 * i), alpha));            \
+        const long nw = n / VW;                                                                   \
+        GRID_LOOP(i, nw) {                                                                        \
+            STOREW(DT, y, VW * i, OP(LOADW(DT, x, VW * i), LOADW(DT, y, VW * i), alpha));         \
         }                                                                                         \
-        GRID_LOOP(i, n - 4 * n4) {                                                                \
-            const long j = 4 * n4 + i;                                                            \
+        GRID_LOOP(i, n - VW * nw) {                                                               \
+            const long j = VW * nw + i;                                                           \
             STORE(DT, y, j, OP(LOAD(DT, x, j), LOAD(DT, y, j), alpha));                           \
         }                                                                                         \
     }                                                                                             \

@@ -86,46 +86,6 @@ inline float8 round8_F16(float8 v)
     return vload_half8(0, (const __private half *)&h);
 }
 
-/*
- * Eight packed bf16 to f32 by shift and mask. common.cl's bf16x8_packed_to_f32 (a convert) computes
- * the same; on the H100 this form makes rmsnorm_fwd 7% and layernorm_bwd 8% faster, the convert
- * makes rope 7% faster (docs/PERFORMANCE.md).
- */
-inline float8 bf16x8_masked_to_f32(uint4 r)
-{
-    const uint4 lo = r << 16, hi = r & 0xffff0000u;
-    return as_float8((uint8)(lo.x, hi.x, lo.y, hi.y, lo.z, hi.z, lo.w, hi.w));
-}
-
-/* Eight elements at p + i, which must be 16-byte aligned (VEC == 8). */
-inline float8 load8_F32(const __global float *p, long i)
-{
-    const __global float4 *q = (const __global float4 *)(p + i);
-    return (float8)(q[0], q[1]);
-}
-inline float8 load8_BF16(const __global ushort *p, long i)
-{
-    return bf16x8_masked_to_f32(*(const __global uint4 *)(p + i));
-}
-inline float8 load8_F16(const __global ushort *p, long i)
-{
-    return vload_half8(0, (const __global half *)(p + i));
-}
-inline void store8_F32(__global float *p, long i, float8 v)
-{
-    __global float4 *q = (__global float4 *)(p + i);
-    q[0] = v.lo;
-    q[1] = v.hi;
-}
-inline void store8_BF16(__global ushort *p, long i, float8 v)
-{
-    *(__global uint4 *)(p + i) = f32x8_to_bf16_packed(v);
-}
-inline void store8_F16(__global ushort *p, long i, float8 v)
-{
-    vstore_half8_rte(v, 0, (__global half *)(p + i));
-}
-
 #if VEC == 8
 typedef float8 vf;
 #define VLOAD(DT, p, i) LLMCL_CAT(load8_, DT)((p), (i))

@@ -114,8 +114,8 @@ typedef struct family_entry {
 } family_entry;
 
 static const family_entry families[] = {
-    {LLMCL_FAMILY_ELEMENTWISE, {NULL}, {"elementwise"}},
-    {LLMCL_FAMILY_NORM, {NULL}, {"norm"}},
+    {LLMCL_FAMILY_ELEMENTWISE, {"vec_io"}, {"elementwise"}},
+    {LLMCL_FAMILY_NORM, {"vec_io"}, {"norm"}},
     {LLMCL_FAMILY_ROPE, {"vec_io"}, {"rope"}},
     {LLMCL_FAMILY_GLU, {"vec_io"}, {"glu"}},
     {LLMCL_FAMILY_ATTENTION,

@@ -25,6 +25,33 @@ static void define_dt(llmcl__defines *d, llmcl_dtype dtype)
         llmcl__define_flag(d, "DT_IS_INT");
 }
 
+/* The contiguous kernels' vector: VW elements a work-item, whose accesses are aligned or not. */
+typedef struct vector {
+    int64_t vw;
+    bool aligned;
+} vector;
+
+/*
+ * VW 8 where every operand is 16-bit and its first element 16-byte aligned (buffers' bases are),
+ * so that each moves in 16-byte words; else VW 4, ALIGNED where every operand's first element is
+ * aligned to four elements' size. Defines VW and ALIGNED.
+ */
+static vector define_vector(llmcl__defines *d, const llmcl_tensor *a, const llmcl_tensor *b)
+{
+    const llmcl_tensor *ops[2] = {a, b};
+    bool narrow = true, aligned4 = true, aligned8 = true;
+    for (int i = 0; i < 2 && ops[i]; ++i) {
+        narrow = narrow && llmcl_dtype_size(ops[i]->dtype) == 2;
+        aligned4 = aligned4 && ops[i]->offset % 4 == 0;
+        aligned8 = aligned8 && ops[i]->offset % 8 == 0;
+    }
+    const vector v = {narrow && aligned8 ? 8 : 4, aligned4};
+    llmcl__define_int(d, "VW", v.vw);
+    if (v.aligned)
+        llmcl__define_flag(d, "ALIGNED");
+    return v;
+}
+
 /* The work-group size and a grid-stride launch covering `items` work-items. */
 typedef struct grid {
     size_t global, local;
@@ -57,20 +84,22 @@ static grid plan_grid(const llmcl_ctx *ctx, const llmcl__params *p, int64_t item
 /*
  * The kernel `name` of key `key` with its parameters, and its grid for `items` work-items (of
  * UNROLL words each for copy_words, whose key alone has UNROLL and HINT), each grid-loop trip
- * `trip` loop passes (copy_words adds its two loops of UNROLL).
+ * `trip` loop passes (copy_words adds its two loops of UNROLL). `wide`: the kernel moves aligned
+ * vectors (copy_words' words, or the contiguous kernels' ALIGNED ones).
  */
 static llmcl_status get_kernel(llmcl_ctx *ctx, const char *key, llmcl_dtype dtype, int64_t n,
-                               llmcl__defines *d, const char *name, cl_kernel *k, grid *g,
-                               int64_t items, int64_t trip)
+                               llmcl__defines *d, const char *name, bool wide, cl_kernel *k,
+                               grid *g, int64_t items, int64_t trip)
 {
     const bool words = strcmp(name, "copy_words") == 0;
     llmcl__params p = {0};
     size_t wg = ctx->info.max_work_group_size < 256 ? ctx->info.max_work_group_size : 256;
     llmcl__param_set(&p, "WG", (long)wg);
-    /* NVIDIA (measured on an H100, docs/PERFORMANCE.md): a copy in one pass of one word per item
-     * moves 2.98 TB/s where a grid of 8 groups per compute unit looping over the data moves 2.79. */
+    /* NVIDIA: aligned vectors move fastest in one pass. On an H100 a copy so moved 2.98 TB/s
+     * where a grid of 8 groups per compute unit looping over the data moved 2.79; on the H200 the
+     * tuner chose one pass for most of the contiguous kernels (docs/PERFORMANCE.md). */
     const bool nv = ctx->info.vendor_id == LLMCL_VENDOR_NVIDIA;
-    llmcl__param_set(&p, "GPC", ctx->info.is_gpu ? (words && nv ? 0 : 8) : 4);
+    llmcl__param_set(&p, "GPC", ctx->info.is_gpu ? (wide && nv ? 0 : 8) : 4);
     if (words) {
         llmcl__param_set(&p, "UNROLL", 1);
         llmcl__param_set(&p, "HINT", 0);
@@ -108,10 +137,12 @@ llmcl_status llmcl_fill(llmcl_ctx *ctx, llmcl_tensor *t, double value)
     const int64_t n = llmcl_tensor_numel(t);
     llmcl__defines d = {0};
     define_dt(&d, t->dtype);
+    const vector v = contig && !is_int ? define_vector(&d, t, NULL) : (vector){1, false};
     cl_kernel k;
     grid g;
     LLMCL__TRY(get_kernel(ctx, LLMCL_KEY_FILL, t->dtype, n, &d,
-                          contig ? "fill_contig" : "fill_strided", &k, &g, n, 1));
+                          contig ? "fill_contig" : "fill_strided", v.aligned, &k, &g,
+                          llmcl__div_up(n, v.vw), 1));
     llmcl__args a = llmcl__args_begin(ctx, k);
     llmcl__arg_tensor(&a, t);
     llmcl__arg_i64(&a, n);
@@ -179,7 +210,8 @@ llmcl_status llmcl_copy(llmcl_ctx *ctx, const llmcl_tensor *src, llmcl_tensor *d
     grid g;
     if (words) {
         const int64_t nw = n * es / 16;
-        LLMCL__TRY(get_kernel(ctx, LLMCL_KEY_COPY, src->dtype, n, &d, "copy_words", &k, &g, nw, 1));
+        LLMCL__TRY(
+            get_kernel(ctx, LLMCL_KEY_COPY, src->dtype, n, &d, "copy_words", true, &k, &g, nw, 1));
         llmcl__args a = llmcl__args_begin(ctx, k);
         llmcl__arg(&a, sizeof(cl_mem), &src->mem);
         llmcl__arg_i64(&a, src->offset * es / 16);
@@ -189,14 +221,16 @@ llmcl_status llmcl_copy(llmcl_ctx *ctx, const llmcl_tensor *src, llmcl_tensor *d
         return llmcl__launch(&a, 1, &g.global, &g.local);
     }
     if (contig) {
-        LLMCL__TRY(get_kernel(ctx, LLMCL_KEY_COPY, src->dtype, n, &d, "copy_elems", &k, &g, n, 1));
+        LLMCL__TRY(
+            get_kernel(ctx, LLMCL_KEY_COPY, src->dtype, n, &d, "copy_elems", false, &k, &g, n, 1));
         llmcl__args a = llmcl__args_begin(ctx, k);
         llmcl__arg_tensor(&a, src);
         llmcl__arg_tensor(&a, dst);
         llmcl__arg_i64(&a, n);
         return llmcl__launch(&a, 1, &g.global, &g.local);
     }
-    LLMCL__TRY(get_kernel(ctx, LLMCL_KEY_COPY, src->dtype, n, &d, "copy_strided", &k, &g, n, 1));
+    LLMCL__TRY(
+        get_kernel(ctx, LLMCL_KEY_COPY, src->dtype, n, &d, "copy_strided", false, &k, &g, n, 1));
     return launch_strided(ctx, k, &g, src, dst, NULL);
 }
 
@@ -212,11 +246,12 @@ llmcl_status llmcl_cast(llmcl_ctx *ctx, const llmcl_tensor *src, llmcl_tensor *d
     llmcl__defines d = {0};
     llmcl__define_str(&d, "SRC_DT", llmcl__dtype_macro(src->dtype));
     llmcl__define_str(&d, "DST_DT", llmcl__dtype_macro(dst->dtype));
+    const vector v = contig ? define_vector(&d, src, dst) : (vector){1, false};
     cl_kernel k;
     grid g;
     LLMCL__TRY(get_kernel(ctx, LLMCL_KEY_CAST, dst->dtype, n, &d,
-                          contig ? "cast_contig" : "cast_strided", &k, &g,
-                          contig ? llmcl__div_up(n, 4) : n, 1));
+                          contig ? "cast_contig" : "cast_strided", v.aligned, &k, &g,
+                          llmcl__div_up(n, v.vw), 1));
     if (!contig)
         return launch_strided(ctx, k, &g, src, dst, NULL);
     llmcl__args a = llmcl__args_begin(ctx, k);
@@ -238,12 +273,13 @@ static llmcl_status binary(llmcl_ctx *ctx, const char *op, float alpha, const ll
     const bool contig = llmcl_tensor_is_contiguous(x) && llmcl_tensor_is_contiguous(y);
     llmcl__defines d = {0};
     define_dt(&d, x->dtype);
+    const vector v = contig ? define_vector(&d, x, y) : (vector){1, false};
     char name[32];
     snprintf(name, sizeof name, "%s_%s", op, contig ? "contig" : "strided");
     cl_kernel k;
     grid g;
     LLMCL__TRY(
-        get_kernel(ctx, op, x->dtype, n, &d, name, &k, &g, contig ? llmcl__div_up(n, 4) : n, 1));
+        get_kernel(ctx, op, x->dtype, n, &d, name, v.aligned, &k, &g, llmcl__div_up(n, v.vw), 1));
     if (!contig)
         return launch_strided(ctx, k, &g, x, y, &alpha);
     llmcl__args a = llmcl__args_begin(ctx, k);
@@ -296,7 +332,7 @@ llmcl_status llmcl_sum_rows(llmcl_ctx *ctx, const llmcl_tensor *x, float beta, l
     llmcl__define_str(&d, "DST_DT", llmcl__dtype_macro(y->dtype));
     cl_kernel k;
     grid g;
-    LLMCL__TRY(get_kernel(ctx, LLMCL_KEY_SUM_ROWS, y->dtype, n, &d, "sum_rows", &k, &g,
+    LLMCL__TRY(get_kernel(ctx, LLMCL_KEY_SUM_ROWS, y->dtype, n, &d, "sum_rows", false, &k, &g,
                           llmcl__div_up(n, 4), 1 + rows));
     llmcl__args a = llmcl__args_begin(ctx, k);
     llmcl__arg_tensor(&a, x);
