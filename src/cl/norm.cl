@@ -324,8 +324,10 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
     RAW(X_DT) ndr[CACHE];
 #endif
     vf acc[CACHE];
+    float nrs; /* the next row's rstd, loaded with its chunks */
     {
         const long r0 = min((long)(get_group_id(1) * ROWS + get_local_id(1)), n_rows - 1);
+        nrs = rstd[r0];
 #pragma unroll
         for (int k = 0; k < CACHE; ++k) {
             const int j = min(lid + k * WG, nv - 1); /* chunks past the row load a valid one */
@@ -346,7 +348,7 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
     const __global X_T *drr = dr + rr * dr_stride;
 #endif
     __global X_T *dxr = dx + rr * dx_stride;
-    const float rs = rstd[rr];
+    const float rs = nrs;
 
     RAW(X_DT) cdy[CACHE], cx[CACHE];
 #ifdef HAS_DR
@@ -361,6 +363,7 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
 #endif
     }
     if (more) {
+        nrs = rstd[nrow];
 #pragma unroll
         for (int k = 0; k < CACHE; ++k) {
             const int j = min(lid + k * WG, nv - 1);
@@ -590,8 +593,11 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
 #ifdef HAS_B
     vf accb[CACHE];
 #endif
+    float nmu, nrs; /* the next row's mean and rstd, loaded with its chunks */
     {
         const long r0 = min((long)(get_group_id(1) * ROWS + get_local_id(1)), n_rows - 1);
+        nmu = mean[r0];
+        nrs = rstd[r0];
 #pragma unroll
         for (int k = 0; k < CACHE; ++k) {
             const int j = min(lid + k * WG, nv - 1);
@@ -609,7 +615,7 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
     const __global X_T *dyr = dy + rr * dy_stride;
     const __global X_T *xr = x + rr * x_stride;
     __global X_T *dxr = dx + rr * dx_stride;
-    const float mu = mean[rr], rs = rstd[rr];
+    const float mu = nmu, rs = nrs;
 
     RAW(X_DT) cdy[CACHE], cx[CACHE];
 #pragma unroll
@@ -618,6 +624,8 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
         cx[k] = nx[k];
     }
     if (more) {
+        nmu = mean[nrow];
+        nrs = rstd[nrow];
 #pragma unroll
         for (int k = 0; k < CACHE; ++k) {
             const int j = min(lid + k * WG, nv - 1);
