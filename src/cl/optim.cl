@@ -66,29 +66,11 @@ inline __global const long *find_tensor(__global const long *table, int n, long 
     return table + lo * T_FIELDS;
 }
 
-/* Four elements at p + i: with ALIGNED, 4-element-aligned vector accesses the compiler can issue
- * as single loads and stores; otherwise common.cl's element-aligned forms. */
+/* Four elements at p + i: with ALIGNED, vec_io.cl's 4-element-aligned accesses, which the compiler
+ * can issue as single loads and stores; otherwise common.cl's element-aligned forms. */
 #ifdef ALIGNED
-inline float4 loadv_F32(const __global float *p, long i) { return *(const __global float4 *)(p + i); }
-inline float4 loadv_BF16(const __global ushort *p, long i)
-{
-    return bf16x4_to_f32(*(const __global ushort4 *)(p + i));
-}
-inline float4 loadv_F16(const __global ushort *p, long i)
-{
-    return vloada_half4(0, (const __global half *)(p + i));
-}
-inline void storev_F32(__global float *p, long i, float4 v) { *(__global float4 *)(p + i) = v; }
-inline void storev_BF16(__global ushort *p, long i, float4 v)
-{
-    *(__global ushort4 *)(p + i) = f32x4_to_bf16(v);
-}
-inline void storev_F16(__global ushort *p, long i, float4 v)
-{
-    vstorea_half4_rte(v, 0, (__global half *)(p + i));
-}
-#define LOADV(DT, p, i) LLMCL_CAT(loadv_, DT)((p), (i))
-#define STOREV(DT, p, i, v) LLMCL_CAT(storev_, DT)((p), (i), (v))
+#define LOADV(DT, p, i) LLMCL_CAT(load4a_, DT)((p), (i))
+#define STOREV(DT, p, i, v) LLMCL_CAT(store4a_, DT)((p), (i), (v))
 #else
 #define LOADV(DT, p, i) LOAD4(DT, p, i)
 #define STOREV(DT, p, i, v) STORE4(DT, p, i, v)

@@ -124,7 +124,7 @@ static const family_entry families[] = {
     {LLMCL_FAMILY_CROSS_ENTROPY, {"ce_logit"}, {"cross_entropy"}},
     {LLMCL_FAMILY_MATMUL, {"ce_logit", TENSOR_CORE_PRELUDE}, {"matmul"}},
     {LLMCL_FAMILY_EMBEDDING, {NULL}, {"embedding"}},
-    {LLMCL_FAMILY_OPTIM, {NULL}, {"optim"}},
+    {LLMCL_FAMILY_OPTIM, {"vec_io"}, {"optim"}},
     {LLMCL_FAMILY_CEILINGS, {TENSOR_CORE_PRELUDE}, {"ceilings"}},
 };
 
