@@ -18,8 +18,8 @@
  * Tunables (every kernel key: fill, copy, cast, axpy, mul, sum_rows):
  *   WG      work-group size (any value the device allows; the launcher passes it as the local size)
  *   GPC     work-groups per compute unit that the grid is capped at (grid-stride loops cover the
- *           rest): 0 (no cap: one pass) or 1 to 64 (default 8 on GPUs, 4 on CPUs; copy on
- *           NVIDIA: 0). A launch parameter.
+ *           rest): 0 (no cap: one pass) or 1 to 64 (default 8 on GPUs, 4 on CPUs; on NVIDIA 0
+ *           for copy_words and the contiguous kernels' aligned vectors). A launch parameter.
  * Tunables of copy_words (key copy):
  *   UNROLL  16-byte words per work-item per pass, all loaded before any is stored: 1, 2, 4 or 8
  *           (default 1).
