@@ -51,7 +51,8 @@ static void test_messages_name_the_argument(void **state)
 
 static char kernel_dir[64];
 
-/* A copy of the real kernel sources with elementwise.cl replaced by `body`. */
+/* The elementwise family's sources: the real common.cl and vec_io.cl (its prelude), and `body` as
+   elementwise.cl. */
 static void write_kernel_dir(const char *body)
 {
     const char *src_dir = getenv("LLMCL_KERNEL_DIR_FOR_TESTS");
@@ -59,7 +60,8 @@ static void write_kernel_dir(const char *body)
     snprintf(kernel_dir, sizeof kernel_dir, "/tmp/llmcl-kdir-XXXXXX");
     assert_non_null(mkdtemp(kernel_dir));
     char cmd[512];
-    snprintf(cmd, sizeof cmd, "cp '%s'/common.cl '%s'/", src_dir, kernel_dir);
+    snprintf(cmd, sizeof cmd, "cp '%s'/common.cl '%s'/vec_io.cl '%s'/", src_dir, src_dir,
+             kernel_dir);
     assert_int_equal(system(cmd), 0);
     char path[128];
     snprintf(path, sizeof path, "%s/elementwise.cl", kernel_dir);
