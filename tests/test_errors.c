@@ -255,6 +255,60 @@ static void test_log_2_prints_build_warnings(void **state)
     remove_kernel_dir();
 }
 
+/* A profiling region of two fills and an axpy on c's tensor (the profile's status in c). */
+static void profiled_region(void *arg)
+{
+    fill_call *c = arg;
+    llmcl_profile prof;
+    c->status = llmcl_profile_begin(c->ctx);
+    if (c->status == LLMCL_OK)
+        c->status = llmcl_fill(c->ctx, c->t, 1.0);
+    if (c->status == LLMCL_OK)
+        c->status = llmcl_fill(c->ctx, c->t, 2.0);
+    if (c->status == LLMCL_OK)
+        c->status = llmcl_axpy(c->ctx, 0.5f, c->t, c->t);
+    const llmcl_status end = llmcl_profile_end(c->ctx, &prof);
+    if (c->status == LLMCL_OK)
+        c->status = end;
+    if (c->status == LLMCL_OK && prof.launches != 3)
+        c->status = LLMCL_ERROR_INVALID_ARGUMENT;
+}
+
+/* LLMCL_LOG=3 lists a profiling region's kernels by name, the most time first; 1 and 2 do not. */
+static void test_log_3_lists_region_kernels(void **state)
+{
+    (void)state;
+    fill_call c = {NULL, NULL, LLMCL_OK};
+    TH_OK(llmcl_ctx_create(&c.ctx));
+    const int64_t shape[] = {4099};
+    TH_OK(llmcl_tensor_create(c.ctx, LLMCL_F32, 1, shape, &c.t));
+    profiled_region(&c); /* builds the kernels, so that the logs below hold no build lines */
+    TH_OK(c.status);
+    setenv("LLMCL_LOG", "2", 1);
+    char *out = stderr_of(profiled_region, &c);
+    TH_OK(c.status);
+    assert_null(strstr(out, "profile region"));
+    free(out);
+    setenv("LLMCL_LOG", "3", 1);
+    out = stderr_of(profiled_region, &c);
+    unsetenv("LLMCL_LOG");
+    TH_OK(c.status);
+    const char *region = strstr(out, "profile region: 3 launches");
+    if (!region || !strstr(out, "fill_contig") || !strstr(out, "axpy_contig"))
+        fprintf(stderr, "stderr with LLMCL_LOG=3:\n%s\n", out);
+    assert_non_null(region);
+    const char *fill = strstr(region, "fill_contig");
+    assert_non_null(fill);
+    assert_non_null(strstr(fill, " 2 launches"));
+    assert_non_null(strstr(region, "axpy_contig"));
+    free(out);
+    float host[4099];
+    TH_OK(llmcl_tensor_download(c.t, host, sizeof host));
+    assert_true(host[0] == 3.0f && host[4098] == 3.0f);
+    llmcl_tensor_destroy(c.t);
+    llmcl_ctx_destroy(c.ctx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -263,6 +317,7 @@ int main(void)
         cmocka_unit_test(test_build_failure_keeps_log),
         cmocka_unit_test(test_kernel_dir_overrides_embedded),
         cmocka_unit_test(test_silent_unless_logging),
+        cmocka_unit_test(test_log_3_lists_region_kernels),
         cmocka_unit_test(test_log_2_prints_build_warnings),
     };
     return TH_RUN(tests);

@@ -154,6 +154,7 @@ void llmcl_ctx_destroy(llmcl_ctx *ctx)
     for (size_t i = 0; i < ctx->n_events; ++i)
         clReleaseEvent(ctx->events[i]);
     free(ctx->events);
+    free(ctx->event_names);
     llmcl__programs_release(ctx);
     if (ctx->queue)
         clReleaseCommandQueue(ctx->queue);

@@ -11,6 +11,7 @@
 #include "llmcl.h"
 
 #define LLMCL__ERR_LEN 4096
+#define LLMCL__EVENT_NAME_LEN 64
 
 typedef struct llmcl__program llmcl__program;
 typedef struct llmcl__tune_db llmcl__tune_db;
@@ -38,6 +39,7 @@ struct llmcl_ctx {
 
     bool profiling;
     cl_event *events;
+    char (*event_names)[LLMCL__EVENT_NAME_LEN]; /* each event's kernel, for LLMCL_LOG=3 */
     size_t n_events, cap_events;
 
     llmcl__tune_db *tune_db;
@@ -106,6 +108,8 @@ llmcl_status llmcl__fail_cl(const llmcl_ctx *ctx, cl_int err, const char *expr, 
 /* ---- logging (LLMCL_LOG=1 prints to stderr; otherwise the library is silent) ---- */
 
 bool llmcl__log_enabled(void);
+/* LLMCL_LOG's level: 0 unset or "0", its number where it is one, else 1. */
+int llmcl__log_level(void);
 void llmcl__log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- environment ---- */
@@ -248,7 +252,8 @@ void llmcl__arg_f32(llmcl__args *a, float v);
 llmcl_status llmcl__launch(llmcl__args *a, cl_uint dims, const size_t *global, const size_t *local);
 
 /* Keeps an event of work enqueued outside llmcl__launch (CLBlast) in the open profile region. */
-llmcl_status llmcl__record_event(llmcl_ctx *ctx, cl_event ev);
+/* Keeps a profiling region's event, and the name of what it timed (a kernel, a CLBlast call). */
+llmcl_status llmcl__record_event(llmcl_ctx *ctx, cl_event ev, const char *name);
 
 /* ---- validation for op launchers ---- */
 

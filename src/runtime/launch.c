@@ -50,18 +50,24 @@ void llmcl__arg_f32(llmcl__args *a, float v)
     llmcl__arg(a, sizeof x, &x);
 }
 
-llmcl_status llmcl__record_event(llmcl_ctx *ctx, cl_event ev)
+llmcl_status llmcl__record_event(llmcl_ctx *ctx, cl_event ev, const char *name)
 {
     if (ctx->n_events == ctx->cap_events) {
         size_t cap = ctx->cap_events ? ctx->cap_events * 2 : 64;
         cl_event *grown = realloc(ctx->events, cap * sizeof *grown);
-        if (!grown) {
+        if (grown)
+            ctx->events = grown;
+        char(*names)[LLMCL__EVENT_NAME_LEN] =
+            grown ? realloc(ctx->event_names, cap * sizeof *names) : NULL;
+        if (names)
+            ctx->event_names = names;
+        if (!grown || !names) {
             clReleaseEvent(ev);
             return LLMCL__FAIL(ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "profiling event list");
         }
-        ctx->events = grown;
         ctx->cap_events = cap;
     }
+    snprintf(ctx->event_names[ctx->n_events], LLMCL__EVENT_NAME_LEN, "%s", name);
     ctx->events[ctx->n_events++] = ev;
     return LLMCL_OK;
 }
@@ -86,7 +92,11 @@ llmcl_status llmcl__launch(llmcl__args *a, cl_uint dims, const size_t *global, c
     cl_event ev = NULL;
     LLMCL__CL(ctx, clEnqueueNDRangeKernel(ctx->queue, a->kernel, dims, NULL, g, local, 0, NULL,
                                           ctx->profiling ? &ev : NULL));
-    return ctx->profiling ? llmcl__record_event(ctx, ev) : LLMCL_OK;
+    if (!ctx->profiling)
+        return LLMCL_OK;
+    char name[LLMCL__EVENT_NAME_LEN] = "?";
+    clGetKernelInfo(a->kernel, CL_KERNEL_FUNCTION_NAME, sizeof name, name, NULL);
+    return llmcl__record_event(ctx, ev, name);
 }
 
 /* ---- argument checks ---- */

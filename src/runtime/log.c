@@ -11,10 +11,15 @@ const char *llmcl__getenv(const char *name)
     return (v && *v) ? v : NULL;
 }
 
-bool llmcl__log_enabled(void)
+bool llmcl__log_enabled(void) { return llmcl__log_level() > 0; }
+
+int llmcl__log_level(void)
 {
     const char *v = llmcl__getenv("LLMCL_LOG");
-    return v && strcmp(v, "0") != 0;
+    if (!v || strcmp(v, "0") == 0)
+        return 0;
+    const int n = atoi(v);
+    return n > 0 ? n : 1;
 }
 
 void llmcl__log(const char *fmt, ...)

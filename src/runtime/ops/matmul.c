@@ -820,7 +820,7 @@ static llmcl_status run_clblast(const mm_problem *p, bool *done)
     }
     *done = true;
     if (ctx->profiling && ev)
-        LLMCL__TRY(llmcl__record_event(ctx, ev));
+        LLMCL__TRY(llmcl__record_event(ctx, ev, "CLBlastSgemm"));
     return p->bias ? run_bias(p) : LLMCL_OK;
 }
 
