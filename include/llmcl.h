@@ -393,8 +393,9 @@ typedef struct llmcl_profile {
 /* Starts recording every kernel the context enqueues. Needs a profiling queue. */
 LLMCL_API llmcl_status llmcl_profile_begin(llmcl_ctx *ctx);
 
-/* Waits for the recorded kernels and reports their times; ends the region. With LLMCL_LOG=3 it also
-   logs the region's kernels by name (launches, time), the most time first. */
+/* Waits for the recorded kernels and reports their times; ends the region. Where LLMCL_LOG was 3 at
+   llmcl_profile_begin it also logs the region's kernels by name (launches, time), the most time
+   first. */
 LLMCL_API llmcl_status llmcl_profile_end(llmcl_ctx *ctx, llmcl_profile *out);
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -38,8 +38,9 @@ struct llmcl_ctx {
     int n_cached;
 
     bool profiling;
+    bool profile_names; /* the open region logs its kernels by name (LLMCL_LOG=3 at its begin) */
     cl_event *events;
-    char (*event_names)[LLMCL__EVENT_NAME_LEN]; /* each event's kernel, for LLMCL_LOG=3 */
+    char (*event_names)[LLMCL__EVENT_NAME_LEN]; /* each event's kernel, where profile_names */
     size_t n_events, cap_events;
 
     llmcl__tune_db *tune_db;
@@ -251,8 +252,8 @@ void llmcl__arg_f32(llmcl__args *a, float v);
  */
 llmcl_status llmcl__launch(llmcl__args *a, cl_uint dims, const size_t *global, const size_t *local);
 
-/* Keeps an event of work enqueued outside llmcl__launch (CLBlast) in the open profile region. */
-/* Keeps a profiling region's event, and the name of what it timed (a kernel, a CLBlast call). */
+/* Keeps an event in the open profile region, with the name of what it timed (a kernel, a CLBlast
+   call) where the region logs them; llmcl__launch calls it, and CLBlast's launcher. */
 llmcl_status llmcl__record_event(llmcl_ctx *ctx, cl_event ev, const char *name);
 
 /* ---- validation for op launchers ---- */

@@ -67,7 +67,8 @@ llmcl_status llmcl__record_event(llmcl_ctx *ctx, cl_event ev, const char *name)
         }
         ctx->cap_events = cap;
     }
-    snprintf(ctx->event_names[ctx->n_events], LLMCL__EVENT_NAME_LEN, "%s", name);
+    if (ctx->profile_names)
+        snprintf(ctx->event_names[ctx->n_events], LLMCL__EVENT_NAME_LEN, "%s", name);
     ctx->events[ctx->n_events++] = ev;
     return LLMCL_OK;
 }
@@ -95,7 +96,8 @@ llmcl_status llmcl__launch(llmcl__args *a, cl_uint dims, const size_t *global, c
     if (!ctx->profiling)
         return LLMCL_OK;
     char name[LLMCL__EVENT_NAME_LEN] = "?";
-    clGetKernelInfo(a->kernel, CL_KERNEL_FUNCTION_NAME, sizeof name, name, NULL);
+    if (ctx->profile_names)
+        clGetKernelInfo(a->kernel, CL_KERNEL_FUNCTION_NAME, sizeof name, name, NULL);
     return llmcl__record_event(ctx, ev, name);
 }
 

@@ -18,6 +18,7 @@ llmcl_status llmcl_profile_begin(llmcl_ctx *ctx)
                    "the context's queue was created without CL_QUEUE_PROFILING_ENABLE");
     drop_events(ctx);
     ctx->profiling = true;
+    ctx->profile_names = llmcl__log_level() >= 3;
     return LLMCL_OK;
 }
 
@@ -69,7 +70,7 @@ llmcl_status llmcl_profile_end(llmcl_ctx *ctx, llmcl_profile *out)
     *out = (llmcl_profile){0};
     cl_int err = ctx->n_events ? clWaitForEvents((cl_uint)ctx->n_events, ctx->events) : CL_SUCCESS;
     cl_ulong first = UINT64_MAX, last = 0, total = 0;
-    cl_ulong *ns = llmcl__log_level() >= 3 ? calloc(ctx->n_events + 1, sizeof *ns) : NULL;
+    cl_ulong *ns = ctx->profile_names ? calloc(ctx->n_events + 1, sizeof *ns) : NULL;
     for (size_t i = 0; i < ctx->n_events && err == CL_SUCCESS; ++i) {
         cl_ulong start = 0, end = 0;
         err = clGetEventProfilingInfo(ctx->events[i], CL_PROFILING_COMMAND_START, sizeof start,
