@@ -40,6 +40,13 @@ void th_kernel_option(int argc, char **argv)
         exit(77);
 }
 
+void th_filter_tests(void)
+{
+    const char *pattern = getenv("LLMCL_TEST_FILTER");
+    if (pattern && *pattern)
+        cmocka_set_test_filter(pattern);
+}
+
 int th_teardown(void **state)
 {
     (void)state;

@@ -26,9 +26,9 @@ int th_teardown(void **state);
 /*
  * --mma-sync (the suites' second run of the tensor-core tests, matmul_mma_sync,
  * cross_entropy_mma_sync and attention_mma_sync): the kernels on mma.sync where wgmma would run
- * (LLMCL_WGMMA=0). --cp-async (matmul_cp_async, cross_entropy_cp_async): wgmma's copies by
- * cp.async where TMA would make them (LLMCL_TMA=0). Each exits 77, a skip, where its run would
- * repeat the plain one: on devices without wgmma, or without TMA for --cp-async.
+ * (LLMCL_WGMMA=0). --cp-async (matmul_cp_async, cross_entropy_cp_async, attention_cp_async):
+ * wgmma's copies by cp.async where TMA would make them (LLMCL_TMA=0). Each exits 77, a skip, where
+ * its run would repeat the plain one: on devices without wgmma, or without TMA for --cp-async.
  */
 void th_kernel_option(int argc, char **argv);
 
@@ -39,8 +39,12 @@ void th_kernel_option(int argc, char **argv);
  */
 void th_loop_limit(const char *value);
 
+/* LLMCL_TEST_FILTER, where set: only the tests whose names match it run (cmocka's * and ?). */
+void th_filter_tests(void);
+
 /* Runs a cmocka group with th_ctx() created first (so a missing device skips the whole file). */
-#define TH_RUN(tests) (th_ctx(), cmocka_run_group_tests((tests), NULL, th_teardown))
+#define TH_RUN(tests)                                                                             \
+    (th_ctx(), th_filter_tests(), cmocka_run_group_tests((tests), NULL, th_teardown))
 
 /* ---- random inputs from fixed seeds (util.h's xoshiro256**) ---- */
 

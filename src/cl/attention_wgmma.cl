@@ -17,6 +17,10 @@
  *   D, BLOCK_M, BLOCK_N  64 or 128: their wgmma shapes.
  *   STAGES    attn_fwd_wgmma: its buffers of K and V, 3 to 5 (attn_bwd_dq_wgmma and
  *             attn_bwd_dkdv_wgmma double-buffer their streamed tiles).
+ *   TMA       attn_fwd_wgmma: 1, Q, K and V arrive by Hopper's TMA, issued by producer work-items
+ *             after the warpgroups (a warpgroup that gives its registers to the two others at
+ *             BLOCK_M 128, a warp at 64), from maps made of the template the host passes
+ *             (nv_tma.c); 0, every work-item copies them by cp.async. Default 0.
  */
 
 #if defined(LLMCL_NV_MMA) && defined(LLMCL_NV_WGMMA) &&                                            \
@@ -132,16 +136,36 @@ __attribute__((always_inline)) inline void attn_wg_keep(float *o, uint4 *a)
 
 #ifdef ATTN_KERNEL_FWD_WGMMA
 /*
- * attn_fwd_wgmma: the forward on Hopper's wgmma, FlashAttention-3's schedule without its producer
- * warps: a warpgroup per 64 query rows (a warp 16 of them, as in attn_fwd_mma, whose softmax and
- * stores it shares), P from S's accumulators into wgmma's A registers. STAGES buffers of K and V:
- * at the top of step n, once the barrier shows every warpgroup done with tile n - 1, all
- * work-items issue the copies of tile n + STAGES - 1 into its buffer. Step n issues S of tile
+ * attn_fwd_wgmma: the forward on Hopper's wgmma, FlashAttention-3's schedule: a warpgroup per 64
+ * query rows (a warp 16 of them, as in attn_fwd_mma, whose softmax and stores it shares), P from
+ * S's accumulators into wgmma's A registers, STAGES buffers of K and V. Step n issues S of tile
  * n + 1, then O += P V of tile n, and runs tile n + 1's softmax while the latter runs; O's rescale
  * waits for it.
+ *
+ * The copies, by cp.async (TMA 0): at the top of step n, once the barrier shows every warpgroup
+ * done with tile n - 1, all work-items issue those of tile n + STAGES - 1 into its buffer.
+ * By TMA (TMA 1): one producer work-item issues each tile's as soon as the warpgroups release its
+ * buffer (an mbarrier a buffer, which counts their arrivals), K and V on barriers of their own,
+ * so that S waits only for K. No barrier of the whole work-group runs inside the loop, and
+ * rows past the sequence arrive as zeros, as cp.async's copies write them.
  */
 #if STAGES < 3 || STAGES > 5
 #error "attn_fwd_wgmma: STAGES 3 to 5"
+#endif
+#ifndef TMA
+#define TMA 0
+#endif
+#if TMA
+/* The tensor-map template (nv_tma.c) and the work-groups' global slots, three maps each. */
+#define ATTN_TMA_PARAMS , ulong16 tma_map, __global ulong16 *tma_slots
+/*
+ * At BLOCK_M 128 the producers are a warpgroup that lowers its registers to 24, so that the two
+ * others may hold 240 (setmaxnreg: 384 work-items enter with 168); at 64, one warp.
+ */
+#define PRODUCERS (BLOCK_M == 128 ? 128 : 32)
+#else
+#define ATTN_TMA_PARAMS
+#define PRODUCERS 0
 #endif
 
 /* attn_fwd_softmax on scores s whose wgmma has been waited for. */
@@ -155,8 +179,49 @@ attn_wg_softmax(float *s, float *alpha, float *mrow, float *lrow, uint4 *pf, int
     attn_fwd_softmax(s4, alpha, mrow, lrow, pf, r0, n0, masked, sq, scale, softcap, wl, wr, t4);
 }
 
-__kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1))) void
-attn_fwd_wgmma(ATTN_FWD_PARAMS)
+#if TMA
+/* The box of `rows` rows at row y of the map, D wide, into dst in atoms of 64 columns. */
+__attribute__((always_inline)) inline void attn_tma_rows(uint dst, ulong map, int y, int rows,
+                                                         uint bar)
+{
+    wg_bar_expect(bar, rows * D * 2);
+#pragma unroll
+    for (int a = 0; a < D / 64; ++a)
+        wg_tma_load(dst + a * rows * 128, map, 64 * a, y, bar);
+}
+
+/*
+ * The producer's copies: Q's rows m0 .. m0 + BLOCK_M of the head at qh (tq rows, qs_t elements
+ * apart), then K's and V's nt tiles from row n_lo (tk rows), each into its buffer once every
+ * warpgroup work-item has released the tile that held it.
+ */
+__attribute__((always_inline)) inline void
+attn_tma_produce(__global ulong16 *slots, ulong16 tmpl, const __global io_t *qh, long sq_t,
+                 const __global io_t *kh, long sk_t, const __global io_t *vh, long sv_t, int m0,
+                 int tq, int n_lo, int tk, int nt, uint qa, uint ka, uint va, uint qbar,
+                 uint kbar, uint vbar, uint empty)
+{
+    const ulong mq = wg_tma_map(slots, tmpl, qh, D, tq, 2 * sq_t, 64, BLOCK_M);
+    attn_tma_rows(qa, mq, m0, BLOCK_M, qbar);
+    if (nt == 0)
+        return;
+    const ulong mk = wg_tma_map(slots + 1, tmpl, kh, D, tk, 2 * sk_t, 64, BLOCK_N);
+    const ulong mv = wg_tma_map(slots + 2, tmpl, vh, D, tk, 2 * sv_t, 64, BLOCK_N);
+    for (int p = 0; p < nt; ++p) {
+        const int s = p % STAGES;
+        if (p >= STAGES)
+            wg_bar_wait(empty + 8 * s, (p / STAGES + 1) & 1);
+        attn_tma_rows(ka + s * WG_TILE_BYTES, mk, n_lo + p * BLOCK_N, BLOCK_N, kbar + 8 * s);
+        attn_tma_rows(va + s * WG_TILE_BYTES, mv, n_lo + p * BLOCK_N, BLOCK_N, vbar + 8 * s);
+    }
+}
+
+/* Waits for tile n's copy on its buffer's barrier among those at bars. */
+#define ATTN_TMA_WAIT(bars, n) wg_bar_wait((bars) + 8 * ((n) % STAGES), ((n) / STAGES) & 1)
+#endif
+
+__kernel __attribute__((reqd_work_group_size(WG_THREADS + PRODUCERS, 1, 1))) void
+attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
 {
     __local ushort qs[BLOCK_M * D] __attribute__((aligned(1024)));
     __local ushort ks[STAGES * BLOCK_N * D] __attribute__((aligned(1024)));
@@ -168,6 +233,7 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS)
     const int m0 = at.tile * BLOCK_M;
     if (m0 >= sq.tq)
         return;
+    const __global io_t *qh = q + attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0);
     const __global io_t *kh = k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0);
     const __global io_t *vh = v + attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0);
     const uint qa = mma_smem(qs), ka = mma_smem(ks), va = mma_smem(vs);
@@ -177,14 +243,43 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS)
 #define WG_K(n) (ka + (n) % STAGES * WG_TILE_BYTES)
 #define WG_V(n) (va + (n) % STAGES * WG_TILE_BYTES)
 
-    attn_copy_rows(qa, q + attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0), sq_t, BLOCK_M,
-                   sq.tq - m0, lid, WG_THREADS, 1);
+#if TMA
+    __local ulong bars[1 + 3 * STAGES];
+    const uint qbar = mma_smem(bars), kbar = qbar + 8, vbar = kbar + 8 * STAGES;
+    const uint empty = vbar + 8 * STAGES;
+    if (lid == WG_THREADS) {
+        wg_bar_init(qbar, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            wg_bar_init(kbar + 8 * s, 1);
+            wg_bar_init(vbar + 8 * s, 1);
+            wg_bar_init(empty + 8 * s, WG_THREADS);
+        }
+        wg_bar_init_fence();
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid >= WG_THREADS) {
+#if PRODUCERS == 128
+        WG_SETMAXNREG("dec", 24);
+#endif
+        if (lid == WG_THREADS)
+            attn_tma_produce(tma_slots + 3 * (long)get_group_id(0), tma_map, qh, sq_t, kh, sk_t,
+                             vh, sv_t, m0, sq.tq, n_lo, sq.tk, nt, qa, ka, va, qbar, kbar, vbar,
+                             empty);
+        return;
+    }
+#if PRODUCERS == 128
+    WG_SETMAXNREG("inc", 240);
+#endif
+    wg_bar_wait(qbar, 0);
+#else
+    attn_copy_rows(qa, qh + m0 * sq_t, sq_t, BLOCK_M, sq.tq - m0, lid, WG_THREADS, 1);
     for (int n = 0; n < STAGES - 1; ++n) {
         if (n < nt)
             attn_wg_kv(WG_K(n), WG_V(n), kh, sk_t, vh, sv_t, n_lo + n * BLOCK_N, sq.tk, lid);
         mma_cp_commit();
     }
     wg_copies_landed(STAGES - 2);
+#endif
 
     const int wg = warp / 4, r0 = m0 + 16 * warp + g; /* the lane's rows: r0 and r0 + 8 */
     float acc[D / 2], s[BLOCK_N / 2], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
@@ -196,6 +291,9 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS)
 #pragma unroll
         for (int i = 0; i < BLOCK_N / 2; ++i)
             s[i] = 0.0f;
+#if TMA
+        ATTN_TMA_WAIT(kbar, 0);
+#endif
         wg_fence();
         attn_wg_scores(s, qa, WG_K(0), wg);
         wg_commit();
@@ -204,13 +302,18 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS)
         attn_wg_softmax(s, alpha, mrow, lrow, pf, r0, n_lo, m0, sq, scale, softcap, wl, wr, t4);
     }
     for (int n = 0; n < nt; ++n) {
+        const bool more = n + 1 < nt;
+#if TMA
+        if (more)
+            ATTN_TMA_WAIT(kbar, n + 1);
+#else
         wg_copies_landed(STAGES - 3); /* tile n + 1 is in */
         const int next = n + STAGES - 1;
         if (next < nt)
             attn_wg_kv(WG_K(next), WG_V(next), kh, sk_t, vh, sv_t, n_lo + next * BLOCK_N, sq.tk,
                        lid);
         mma_cp_commit();
-        const bool more = n + 1 < nt;
+#endif
 #pragma unroll
         for (int i = 0; i < BLOCK_N / 2; ++i)
             s[i] = 0.0f;
@@ -219,6 +322,9 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS)
             attn_wg_scores(s, qa, WG_K(n + 1), wg);
         wg_commit(); /* empty after the last tile: ptxas serialises wgmma behind a conditional
                         wait or a conditional write of the accumulators */
+#if TMA
+        ATTN_TMA_WAIT(vbar, n);
+#endif
         attn_wg_pv(acc, pf, WG_V(n));
         wg_commit();
         float alpha[2] = {1.0f, 1.0f};
@@ -229,6 +335,9 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS)
                             softcap, wl, wr, t4);
         }
         wg_wait(0);
+#if TMA
+        wg_bar_arrive(empty + 8 * (n % STAGES)); /* K and V of tile n are read */
+#endif
 #pragma unroll
         for (int i = 0; i < D / 2; ++i)
             wg_keep_f(acc + i);

@@ -386,6 +386,14 @@ inline ulong wg_tma_map(__global ulong16 *slot, ulong16 tmpl, const __global voi
 }
 
 /*
+ * Hopper's register reallocation between warpgroups ("inc" or "dec" to N, a multiple of 8 from 24
+ * to 256): every work-item of the warpgroup runs it. The JIT honours it only where the PTX states
+ * the kernel's register count at entry, which program.c's retargeting adds (.maxnreg).
+ */
+#define WG_SETMAXNREG(DIR, N)                                                                     \
+    asm volatile("// @sm90a setmaxnreg." DIR ".sync.aligned.u32 " #N ";" ::: "memory")
+
+/*
  * Orders the compiler's reads and writes of x after the wgmma.wait that precedes this: wgmma's
  * registers look written (or read) at its issue to the compiler, which could otherwise move their
  * next access above the wait.

@@ -424,6 +424,37 @@ static void remove_all(char *s, const char *mark)
     *w = '\0';
 }
 
+/*
+ * After each kernel's ".reqntid X, Y, Z" line, ".maxnreg R": the most registers (a multiple of 8,
+ * at most 255) that X Y Z work-items can hold. The JIT ignores setmaxnreg (warning C7508) unless
+ * the PTX states the register count at entry, which NVIDIA's front end leaves out. A new string,
+ * or NULL without memory.
+ */
+static char *with_maxnreg(const char *ptx)
+{
+    static const char key[] = "\n.reqntid ";
+    size_t n = 0;
+    for (const char *p = strstr(ptx, key); p; p = strstr(p + 1, key))
+        ++n;
+    char *out = malloc(strlen(ptx) + 24 * n + 1), *w = out;
+    if (!out)
+        return NULL;
+    for (const char *r = ptx;;) {
+        const char *p = strstr(r, key), *eol = p ? strchr(p + 1, '\n') : NULL;
+        if (!eol) {
+            strcpy(w, r);
+            return out;
+        }
+        memcpy(w, r, (size_t)(eol - r));
+        w += eol - r;
+        unsigned x = 1, y = 1, z = 1;
+        sscanf(p + sizeof key - 1, "%u, %u, %u", &x, &y, &z);
+        const unsigned threads = x * y * z, per = threads > 0 ? 65536 / threads / 8 * 8 : 255;
+        w += sprintf(w, "\n.maxnreg %u", per < 255 ? per : 255);
+        r = eol;
+    }
+}
+
 cl_program llmcl__nv_retarget_sm90a(cl_context context, cl_device_id device, const char *ptx)
 {
     static const char from[] = "\n.target sm_90,";
@@ -436,9 +467,15 @@ cl_program llmcl__nv_retarget_sm90a(cl_context context, cl_device_id device, con
         text[head] = 'a';
         strcpy(text + head + 1, ptx + head);
         remove_all(text, LLMCL__SM90A_MARKER);
+        if (strstr(text, "setmaxnreg")) {
+            char *stated = with_maxnreg(text);
+            free(text);
+            text = stated;
+        }
+    }
+    if (text)
         prog = program_from_binary(context, device, (const unsigned char *)text,
                                    strlen(text) + 1);
-    }
     free(text);
     return prog;
 }

@@ -152,7 +152,7 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
    at D 64 and 128 (where every tensor-core call takes them there; attn_*_mma then tune on the
    other devices) */
 #define ATTN_WGMMA_TILES "BLOCK_M=64,128 BLOCK_N=64,128"
-#define ATTN_FWD_WGMMA_TILES ATTN_WGMMA_TILES " STAGES=3,4,5"
+#define ATTN_FWD_WGMMA_TILES ATTN_WGMMA_TILES " STAGES=3,4,5 TMA=0,1"
 #define ATTN_FWD_TENSORS                                                                          \
     {{"qkv", TUNE_IN, "B,QKV,T,D"}, {"o", TUNE_OUT, "B,H,T,D"},                                   \
      {"lse", TUNE_OUT, "B,H,T", TUNE_DT(LLMCL_F32)}}

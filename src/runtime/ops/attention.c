@@ -436,7 +436,17 @@ static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, const 
         return attn_launch_split(ctx, g, &l, split, row, len);
     }
     llmcl__args a = attn_args_tiled(ctx, g, &l);
-    return llmcl__launch(&a, 1, &l.global, &l.wg);
+    if (llmcl__param_get(&p, "TMA", 0) == 0)
+        return llmcl__launch(&a, 1, &l.global, &l.wg);
+    /* attn_fwd_wgmma's TMA: the template, and three 128-byte maps a work-group */
+    const int64_t words = (int64_t)(l.global / l.wg) * 3 * 32;
+    llmcl_tensor *maps;
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &words, "attention tensor maps", &maps));
+    llmcl__arg(&a, 16 * sizeof(uint64_t), llmcl__tma_template(ctx->tma, g->dtype));
+    llmcl__arg(&a, sizeof maps->mem, &maps->mem);
+    const llmcl_status st = llmcl__launch(&a, 1, &l.global, &l.wg);
+    llmcl_tensor_destroy(maps); /* OpenCL keeps it until the kernel is done */
+    return st;
 }
 
 llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, const llmcl_tensor *k,
