@@ -17,10 +17,9 @@
  *   D, BLOCK_M, BLOCK_N  64 or 128: their wgmma shapes.
  *   STAGES    attn_fwd_wgmma: its buffers of K and V, 3 to 5 (attn_bwd_dq_wgmma and
  *             attn_bwd_dkdv_wgmma double-buffer their streamed tiles).
- *   TMA       attn_fwd_wgmma: 1, Q, K and V arrive by Hopper's TMA, issued by producer work-items
- *             after the warpgroups (a warpgroup that gives its registers to the two others at
- *             BLOCK_M 128, a warp at 64), from maps made of the template the host passes
- *             (nv_tma.c); 0, every work-item copies them by cp.async. Default 0.
+ *   TMA       attn_fwd_wgmma and attn_bwd_dq_wgmma: 1, their tiles arrive by Hopper's TMA,
+ *             issued by producer work-items after the warpgroups (below); 0, every work-item
+ *             copies them by cp.async. Default 0.
  */
 
 #if defined(LLMCL_NV_MMA) && defined(LLMCL_NV_WGMMA) &&                                            \
@@ -134,6 +133,105 @@ __attribute__((always_inline)) inline void attn_wg_keep(float *o, uint4 *a)
         wg_keep_u4(a + j);
 }
 
+#ifndef TMA
+#define TMA 0
+#endif
+#if TMA && defined(ATTN_KERNEL_BWD_DKDV_WGMMA)
+#error "attn_bwd_dkdv_wgmma copies by cp.async"
+#endif
+#if TMA
+/*
+ * attn_fwd_wgmma's and attn_bwd_dq_wgmma's copies by TMA: one producer work-item after the
+ * warpgroups makes the work-group's tensor maps from the host's template (nv_tma.c) in its four
+ * global slots, copies the resident query-side tiles on one barrier, then streams K's and V's
+ * tiles into their buffers, each on a barrier of its own, once every warpgroup work-item has
+ * released the tile that held the buffer (an "empty" barrier a buffer). Rows past a sequence
+ * arrive as zeros, as cp.async's copies write them. At BLOCK_M 128 the producers are a warpgroup
+ * that lowers its registers to 24, so that the two beside it may hold 240 (setmaxnreg: 384
+ * work-items enter with 168); at 64, one warp.
+ */
+#define ATTN_TMA_PARAMS , ulong16 tma_map, __global ulong16 *tma_slots
+#define PRODUCERS (BLOCK_M == 128 ? 128 : 32)
+
+/* The box of `rows` rows at row y of the map, D wide, into dst in atoms of 64 columns. */
+__attribute__((always_inline)) inline void attn_tma_rows(uint dst, ulong map, int y, int rows,
+                                                         uint bar)
+{
+    wg_bar_expect(bar, rows * D * 2);
+#pragma unroll
+    for (int a = 0; a < D / 64; ++a)
+        wg_tma_load(dst + a * rows * 128, map, 64 * a, y, bar);
+}
+
+/* The map of BLOCK_M-row boxes over the tq rows of a query-side head at x, rows ld apart, in
+   slot, and the copy of rows m0 .. m0 + BLOCK_M into dst on bar. */
+__attribute__((always_inline)) inline void attn_tma_resident(__global ulong16 *slot, ulong16 tmpl,
+                                                             const __global io_t *x, long ld,
+                                                             int tq, int m0, uint dst, uint bar)
+{
+    attn_tma_rows(dst, wg_tma_map(slot, tmpl, x, D, tq, 2 * ld, 64, BLOCK_M), m0, BLOCK_M, bar);
+}
+
+/*
+ * K's and V's nt tiles of BLOCK_N rows from row n_lo (of tk, in the maps made in slots), each into
+ * buffer p % stages of those at ka and va once the buffer's previous tile is released.
+ */
+__attribute__((always_inline)) inline void
+attn_tma_stream(__global ulong16 *slots, ulong16 tmpl, const __global io_t *kh, long sk_t,
+                const __global io_t *vh, long sv_t, int n_lo, int tk, int nt, int stages, uint ka,
+                uint va, uint kbar, uint vbar, uint empty)
+{
+    if (nt == 0)
+        return;
+    const ulong mk = wg_tma_map(slots, tmpl, kh, D, tk, 2 * sk_t, 64, BLOCK_N);
+    const ulong mv = wg_tma_map(slots + 1, tmpl, vh, D, tk, 2 * sv_t, 64, BLOCK_N);
+    for (int p = 0; p < nt; ++p) {
+        const int s = p % stages;
+        if (p >= stages)
+            wg_bar_wait(empty + 8 * s, (p / stages + 1) & 1);
+        attn_tma_rows(ka + s * WG_TILE_BYTES, mk, n_lo + p * BLOCK_N, BLOCK_N, kbar + 8 * s);
+        attn_tma_rows(va + s * WG_TILE_BYTES, mv, n_lo + p * BLOCK_N, BLOCK_N, vbar + 8 * s);
+    }
+}
+
+/*
+ * The barriers at bars: the resident tiles' (one arrival a tile), then K's, V's and the empty
+ * ones of `stages` buffers. Every work-item passes the work-group barrier after them.
+ */
+__attribute__((always_inline)) inline void attn_tma_init(uint bars, int resident, int stages,
+                                                         int lid)
+{
+    if (lid == WG_THREADS) {
+        wg_bar_init(bars, resident);
+        for (int s = 0; s < stages; ++s) {
+            wg_bar_init(bars + 8 + 8 * s, 1);
+            wg_bar_init(bars + 8 + 8 * (stages + s), 1);
+            wg_bar_init(bars + 8 + 8 * (2 * stages + s), WG_THREADS);
+        }
+        wg_bar_init_fence();
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+/* The producers give their registers away; the warpgroups take them. */
+#if PRODUCERS == 128
+#define ATTN_TMA_REGISTERS(producer)                                                              \
+    if (producer)                                                                                 \
+        WG_SETMAXNREG("dec", 24);                                                                 \
+    else                                                                                          \
+        WG_SETMAXNREG("inc", 240)
+#else
+#define ATTN_TMA_REGISTERS(producer)
+#endif
+
+/* Waits for tile n's copy on its buffer's barrier among the `stages` at bars. */
+#define ATTN_TMA_WAIT(bars, n, stages)                                                            \
+    wg_bar_wait((bars) + 8 * ((n) % (stages)), ((n) / (stages)) & 1)
+#else
+#define ATTN_TMA_PARAMS
+#define PRODUCERS 0
+#endif
+
 #ifdef ATTN_KERNEL_FWD_WGMMA
 /*
  * attn_fwd_wgmma: the forward on Hopper's wgmma, FlashAttention-3's schedule: a warpgroup per 64
@@ -144,28 +242,11 @@ __attribute__((always_inline)) inline void attn_wg_keep(float *o, uint4 *a)
  *
  * The copies, by cp.async (TMA 0): at the top of step n, once the barrier shows every warpgroup
  * done with tile n - 1, all work-items issue those of tile n + STAGES - 1 into its buffer.
- * By TMA (TMA 1): one producer work-item issues each tile's as soon as the warpgroups release its
- * buffer (an mbarrier a buffer, which counts their arrivals), K and V on barriers of their own,
- * so that S waits only for K. No barrier of the whole work-group runs inside the loop, and
- * rows past the sequence arrive as zeros, as cp.async's copies write them.
+ * By TMA (TMA 1, above): no barrier of the whole work-group runs inside the loop, and S waits
+ * only for its K.
  */
 #if STAGES < 3 || STAGES > 5
 #error "attn_fwd_wgmma: STAGES 3 to 5"
-#endif
-#ifndef TMA
-#define TMA 0
-#endif
-#if TMA
-/* The tensor-map template (nv_tma.c) and the work-groups' global slots, three maps each. */
-#define ATTN_TMA_PARAMS , ulong16 tma_map, __global ulong16 *tma_slots
-/*
- * At BLOCK_M 128 the producers are a warpgroup that lowers its registers to 24, so that the two
- * others may hold 240 (setmaxnreg: 384 work-items enter with 168); at 64, one warp.
- */
-#define PRODUCERS (BLOCK_M == 128 ? 128 : 32)
-#else
-#define ATTN_TMA_PARAMS
-#define PRODUCERS 0
 #endif
 
 /* attn_fwd_softmax on scores s whose wgmma has been waited for. */
@@ -178,47 +259,6 @@ attn_wg_softmax(float *s, float *alpha, float *mrow, float *lrow, uint4 *pf, int
     const bool masked = attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr);
     attn_fwd_softmax(s4, alpha, mrow, lrow, pf, r0, n0, masked, sq, scale, softcap, wl, wr, t4);
 }
-
-#if TMA
-/* The box of `rows` rows at row y of the map, D wide, into dst in atoms of 64 columns. */
-__attribute__((always_inline)) inline void attn_tma_rows(uint dst, ulong map, int y, int rows,
-                                                         uint bar)
-{
-    wg_bar_expect(bar, rows * D * 2);
-#pragma unroll
-    for (int a = 0; a < D / 64; ++a)
-        wg_tma_load(dst + a * rows * 128, map, 64 * a, y, bar);
-}
-
-/*
- * The producer's copies: Q's rows m0 .. m0 + BLOCK_M of the head at qh (tq rows, qs_t elements
- * apart), then K's and V's nt tiles from row n_lo (tk rows), each into its buffer once every
- * warpgroup work-item has released the tile that held it.
- */
-__attribute__((always_inline)) inline void
-attn_tma_produce(__global ulong16 *slots, ulong16 tmpl, const __global io_t *qh, long sq_t,
-                 const __global io_t *kh, long sk_t, const __global io_t *vh, long sv_t, int m0,
-                 int tq, int n_lo, int tk, int nt, uint qa, uint ka, uint va, uint qbar,
-                 uint kbar, uint vbar, uint empty)
-{
-    const ulong mq = wg_tma_map(slots, tmpl, qh, D, tq, 2 * sq_t, 64, BLOCK_M);
-    attn_tma_rows(qa, mq, m0, BLOCK_M, qbar);
-    if (nt == 0)
-        return;
-    const ulong mk = wg_tma_map(slots + 1, tmpl, kh, D, tk, 2 * sk_t, 64, BLOCK_N);
-    const ulong mv = wg_tma_map(slots + 2, tmpl, vh, D, tk, 2 * sv_t, 64, BLOCK_N);
-    for (int p = 0; p < nt; ++p) {
-        const int s = p % STAGES;
-        if (p >= STAGES)
-            wg_bar_wait(empty + 8 * s, (p / STAGES + 1) & 1);
-        attn_tma_rows(ka + s * WG_TILE_BYTES, mk, n_lo + p * BLOCK_N, BLOCK_N, kbar + 8 * s);
-        attn_tma_rows(va + s * WG_TILE_BYTES, mv, n_lo + p * BLOCK_N, BLOCK_N, vbar + 8 * s);
-    }
-}
-
-/* Waits for tile n's copy on its buffer's barrier among those at bars. */
-#define ATTN_TMA_WAIT(bars, n) wg_bar_wait((bars) + 8 * ((n) % STAGES), ((n) / STAGES) & 1)
-#endif
 
 __kernel __attribute__((reqd_work_group_size(WG_THREADS + PRODUCERS, 1, 1))) void
 attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
@@ -247,29 +287,17 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
     __local ulong bars[1 + 3 * STAGES];
     const uint qbar = mma_smem(bars), kbar = qbar + 8, vbar = kbar + 8 * STAGES;
     const uint empty = vbar + 8 * STAGES;
-    if (lid == WG_THREADS) {
-        wg_bar_init(qbar, 1);
-        for (int s = 0; s < STAGES; ++s) {
-            wg_bar_init(kbar + 8 * s, 1);
-            wg_bar_init(vbar + 8 * s, 1);
-            wg_bar_init(empty + 8 * s, WG_THREADS);
-        }
-        wg_bar_init_fence();
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
+    attn_tma_init(qbar, 1, STAGES, lid);
+    ATTN_TMA_REGISTERS(lid >= WG_THREADS);
     if (lid >= WG_THREADS) {
-#if PRODUCERS == 128
-        WG_SETMAXNREG("dec", 24);
-#endif
-        if (lid == WG_THREADS)
-            attn_tma_produce(tma_slots + 3 * (long)get_group_id(0), tma_map, qh, sq_t, kh, sk_t,
-                             vh, sv_t, m0, sq.tq, n_lo, sq.tk, nt, qa, ka, va, qbar, kbar, vbar,
-                             empty);
+        __global ulong16 *slots = tma_slots + 4 * (long)get_group_id(0);
+        if (lid == WG_THREADS) {
+            attn_tma_resident(slots, tma_map, qh, sq_t, sq.tq, m0, qa, qbar);
+            attn_tma_stream(slots + 2, tma_map, kh, sk_t, vh, sv_t, n_lo, sq.tk, nt, STAGES, ka,
+                            va, kbar, vbar, empty);
+        }
         return;
     }
-#if PRODUCERS == 128
-    WG_SETMAXNREG("inc", 240);
-#endif
     wg_bar_wait(qbar, 0);
 #else
     attn_copy_rows(qa, qh + m0 * sq_t, sq_t, BLOCK_M, sq.tq - m0, lid, WG_THREADS, 1);
@@ -292,7 +320,7 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
         for (int i = 0; i < BLOCK_N / 2; ++i)
             s[i] = 0.0f;
 #if TMA
-        ATTN_TMA_WAIT(kbar, 0);
+        ATTN_TMA_WAIT(kbar, 0, STAGES);
 #endif
         wg_fence();
         attn_wg_scores(s, qa, WG_K(0), wg);
@@ -305,7 +333,7 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
         const bool more = n + 1 < nt;
 #if TMA
         if (more)
-            ATTN_TMA_WAIT(kbar, n + 1);
+            ATTN_TMA_WAIT(kbar, n + 1, STAGES);
 #else
         wg_copies_landed(STAGES - 3); /* tile n + 1 is in */
         const int next = n + STAGES - 1;
@@ -323,7 +351,7 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
         wg_commit(); /* empty after the last tile: ptxas serialises wgmma behind a conditional
                         wait or a conditional write of the accumulators */
 #if TMA
-        ATTN_TMA_WAIT(vbar, n);
+        ATTN_TMA_WAIT(vbar, n, STAGES);
 #endif
         attn_wg_pv(acc, pf, WG_V(n));
         wg_commit();
@@ -370,12 +398,12 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
 #ifdef ATTN_KERNEL_BWD_DQ_WGMMA
 /*
  * attn_bwd_dq_wgmma: attn_bwd_dq_mma on wgmma. Q and dO stay in local memory, K and V tiles are
- * double-buffered (the next tile's copy, issued once the barrier shows every warpgroup done with
- * the buffer, runs under this tile's three products). Per tile: S = Q K^T and dP = dO V^T, P and
- * dS in registers, dQ += dS K with dS as A registers.
+ * double-buffered (the next tile's copy, issued by cp.async once the barrier shows every warpgroup
+ * done with the buffer, or by TMA once they release it, runs under this tile's three products).
+ * Per tile: S = Q K^T and dP = dO V^T, P and dS in registers, dQ += dS K with dS as A registers.
  */
-__kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1))) void
-attn_bwd_dq_wgmma(ATTN_DQ_PARAMS)
+__kernel __attribute__((reqd_work_group_size(WG_THREADS + PRODUCERS, 1, 1))) void
+attn_bwd_dq_wgmma(ATTN_DQ_PARAMS ATTN_TMA_PARAMS)
 {
     __local ushort qs[BLOCK_M * D] __attribute__((aligned(1024)));
     __local ushort ds[BLOCK_M * D] __attribute__((aligned(1024)));
@@ -388,6 +416,8 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS)
     const int m0 = at.tile * BLOCK_M;
     if (m0 >= sq.tq)
         return;
+    const __global io_t *qh = q + attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0);
+    const __global io_t *dh = dout + attn_row(do_off, sd_b, sd_h, sd_t, b, h, sq.q0);
     const __global io_t *kh = k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0);
     const __global io_t *vh = v + attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0);
     const uint qa = mma_smem(qs), da = mma_smem(ds), ka = mma_smem(ks), va = mma_smem(vs);
@@ -395,13 +425,28 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS)
     attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
     const int nt = n_lo < n_hi ? (n_hi - n_lo + BLOCK_N - 1) / BLOCK_N : 0;
 
-    attn_copy_rows(qa, q + attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0 + m0), sq_t, BLOCK_M,
-                   sq.tq - m0, lid, WG_THREADS, 1);
-    attn_copy_rows(da, dout + attn_row(do_off, sd_b, sd_h, sd_t, b, h, sq.q0 + m0), sd_t, BLOCK_M,
-                   sq.tq - m0, lid, WG_THREADS, 1);
+#if TMA
+    __local ulong bars[1 + 3 * 2];
+    const uint qbar = mma_smem(bars), kbar = qbar + 8, vbar = kbar + 16, empty = vbar + 16;
+    attn_tma_init(qbar, 2, 2, lid);
+    ATTN_TMA_REGISTERS(lid >= WG_THREADS);
+    if (lid >= WG_THREADS) {
+        __global ulong16 *slots = tma_slots + 4 * (long)get_group_id(0);
+        if (lid == WG_THREADS) {
+            attn_tma_resident(slots, tma_map, qh, sq_t, sq.tq, m0, qa, qbar);
+            attn_tma_resident(slots + 1, tma_map, dh, sd_t, sq.tq, m0, da, qbar);
+            attn_tma_stream(slots + 2, tma_map, kh, sk_t, vh, sv_t, n_lo, sq.tk, nt, 2, ka, va,
+                            kbar, vbar, empty);
+        }
+        return;
+    }
+#else
+    attn_copy_rows(qa, qh + m0 * sq_t, sq_t, BLOCK_M, sq.tq - m0, lid, WG_THREADS, 1);
+    attn_copy_rows(da, dh + m0 * sd_t, sd_t, BLOCK_M, sq.tq - m0, lid, WG_THREADS, 1);
     if (nt > 0)
         attn_wg_kv(ka, va, kh, sk_t, vh, sv_t, n_lo, sq.tk, lid);
     mma_cp_commit();
+#endif
 
     const int wg = warp / 4, r0 = m0 + 16 * warp + g; /* the lane's rows: r0 and r0 + 8 */
     const long lb = lse_off + b * sl_b + h * sl_h + sq.q0, db = delta_off + b * sl_b + h * sl_h + sq.q0;
@@ -416,15 +461,23 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS)
 #pragma unroll
     for (int i = 0; i < D / 2; ++i)
         acc[i] = 0.0f;
+#if TMA
+    wg_bar_wait(qbar, 0); /* Q and dO are in */
+#endif
 
     for (int n = 0; n < nt; ++n) {
         const int n0 = n_lo + n * BLOCK_N;
         const uint kt = ka + n % 2 * WG_TILE_BYTES, vt = va + n % 2 * WG_TILE_BYTES;
+#if TMA
+        ATTN_TMA_WAIT(kbar, n, 2);
+        ATTN_TMA_WAIT(vbar, n, 2);
+#else
         wg_copies_landed(0); /* tile n is in */
         if (n + 1 < nt)
             attn_wg_kv(ka + (n + 1) % 2 * WG_TILE_BYTES, va + (n + 1) % 2 * WG_TILE_BYTES, kh,
                        sk_t, vh, sv_t, n0 + BLOCK_N, sq.tk, lid);
         mma_cp_commit();
+#endif
         float4 s4[MMA_NT], dp4[MMA_NT], l4[MMA_NT], d4[MMA_NT];
 #pragma unroll
         for (int j = 0; j < MMA_NT; ++j) {
@@ -442,9 +495,14 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS)
         attn_wg_pv(acc, dsf, kt);
         wg_commit();
         wg_wait(0);
+#if TMA
+        wg_bar_arrive(empty + 8 * (n % 2)); /* K and V of tile n are read */
+#endif
         attn_wg_keep(acc, dsf);
     }
+#if !TMA
     mma_cp_wait(0); /* with no key tile, Q's and dO's copies: none may land after the exit */
+#endif
 
     float4 acc4[MMA_OT];
     attn_wg_acc4(acc4, acc, MMA_OT);
