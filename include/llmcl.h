@@ -767,9 +767,9 @@ typedef struct llmcl_attention_opts {
  * Reads q, k, v (and the cu_seqlens); writes o and lse (natural-log sum of exponentials per
  * query row, kept for the backward). opts may be NULL (the defaults). o and lse must not overlap
  * the inputs or each other. Extra device memory where the wgmma kernels copy by TMA
- * (llmcl_device_info.has_tma): four 128-byte tensor maps a work-group (512 bytes per 128 or 64
- * query rows of each head), counted in memory accounting and freed before returning; the
- * backward's dQ kernel takes as many.
+ * (llmcl_device_info.has_tma): six 128-byte tensor maps a work-group (768 bytes per 128 or 64
+ * query rows of each head), counted in memory accounting and freed once the kernel is done; the
+ * backward's kernels take as many a work-group.
  */
 LLMCL_API llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q,
                                                const llmcl_tensor *k, const llmcl_tensor *v,

@@ -604,8 +604,7 @@ static void test_t1(void **state)
  * Tq != Tk under the causal mask, a window narrower than a tile (and one that leaves most keys
  * unseen: key tiles with no query tile to visit), GQA, [B, T, H, D] storage, varlen
  * with sequences of length 0 and 1, forced smaller tiles (GQA across several key and query tiles;
- * the wgmma forward's and dQ's copies both by TMA, with a producer warpgroup or warp, and by
- * cp.async),
+ * the wgmma kernels' copies both by TMA, with a producer warpgroup or warp, and by cp.async),
  * a softcap at D 256 and a view that is not 8-element aligned (the portable kernels then run). On a
  * device with tensor cores the tuning report says which kernels ran (wgmma's at D 64 and 128
  * where the device has it: with forced tiles, 333 keys run the forward's pipeline past its
@@ -673,26 +672,26 @@ static void test_fast_path(void **state)
                 check_case(causal(dense(dt, 1, 2, 1, d, 333, 333)), 365 + di);
             for (int kk = 0; kk < 3 && on_tensor_cores(dt); ++kk)
                 th_assert_launched_with(keys[kk], dt, cls, sets[kk]);
-            if (wgmma) { /* the forward's and dQ's other copies: cp.async where TMA is the
-                            default, TMA's with dQ's producer warpgroup where it is not */
+            if (wgmma) { /* the other copies: cp.async where TMA is the default */
                 const bool tma = llmcl_ctx_device_info(ctx)->has_tma;
-                const char *other[2] = {tma ? "BLOCK_M=64 BLOCK_N=128 STAGES=3 TMA=0"
+                const char *other[3] = {tma ? "BLOCK_M=64 BLOCK_N=128 STAGES=3 TMA=0"
                                             : "BLOCK_M=64 BLOCK_N=128 STAGES=3",
-                                        tma ? "BLOCK_M=64 BLOCK_N=64 TMA=0" : "BLOCK_M=64"};
-                for (int kk = 0; kk < 2; ++kk)
+                                        tma ? "BLOCK_M=64 BLOCK_N=64 TMA=0" : "BLOCK_M=64",
+                                        tma ? "BLOCK_M=128 BLOCK_N=128 TMA=0" : "BLOCK_M=128"};
+                for (int kk = 0; kk < 3; ++kk)
                     TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", other[kk]));
                 check_case(causal(dense(dt, 1, 2, 1, d, 333, 333)), 375 + di);
                 check_case(dense(dt, 1, 4, 2, d, 45, 90), 380 + di);
-                for (int kk = 0; kk < 2; ++kk)
+                for (int kk = 0; kk < 3; ++kk)
                     th_assert_launched_with(keys[kk], dt, cls, other[kk]);
                 /* TMA other than 0 and 1, or without the device's TMA, is refused */
                 const attn_case bad = causal(dense(dt, 1, 2, 1, d, 17, 17));
-                for (int kk = 0; kk < 2; ++kk) {
+                for (int kk = 0; kk < 3; ++kk) {
                     TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
                     TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", tma ? "TMA=2" : "TMA=1"));
                     attn_run r;
                     run_setup(&r, &bad, 385 + di);
-                    if (kk == 1)
+                    if (kk > 0)
                         TH_OK(run_forward(&r));
                     TH_FAILS(kk == 0 ? run_forward(&r) : run_backward(&r),
                              LLMCL_ERROR_UNSUPPORTED);

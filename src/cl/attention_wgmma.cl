@@ -17,9 +17,8 @@
  *   D, BLOCK_M, BLOCK_N  64 or 128: their wgmma shapes.
  *   STAGES    attn_fwd_wgmma: its buffers of K and V, 3 to 5 (attn_bwd_dq_wgmma and
  *             attn_bwd_dkdv_wgmma double-buffer their streamed tiles).
- *   TMA       attn_fwd_wgmma and attn_bwd_dq_wgmma: 1, their tiles arrive by Hopper's TMA,
- *             issued by producer work-items after the warpgroups (below); 0, every work-item
- *             copies them by cp.async. Default 0.
+ *   TMA       1, the tiles arrive by Hopper's TMA, issued by producer work-items after the
+ *             warpgroups (below); 0, every work-item copies them by cp.async. Default 0.
  */
 
 #if defined(LLMCL_NV_MMA) && defined(LLMCL_NV_WGMMA) &&                                            \
@@ -136,22 +135,20 @@ __attribute__((always_inline)) inline void attn_wg_keep(float *o, uint4 *a)
 #ifndef TMA
 #define TMA 0
 #endif
-#if TMA && defined(ATTN_KERNEL_BWD_DKDV_WGMMA)
-#error "attn_bwd_dkdv_wgmma copies by cp.async"
-#endif
 #if TMA
 /*
- * attn_fwd_wgmma's and attn_bwd_dq_wgmma's copies by TMA: one producer work-item after the
- * warpgroups makes the work-group's tensor maps from the host's template (nv_tma.c) in its four
- * global slots, copies the resident query-side tiles on one barrier, then streams K's and V's
- * tiles into their buffers, each on a barrier of its own, once every warpgroup work-item has
- * released the tile that held the buffer (an "empty" barrier a buffer). Rows past a sequence
- * arrive as zeros, as cp.async's copies write them. At BLOCK_M 128 the producers are a warpgroup
- * that lowers its registers to 24, so that the two beside it may hold 240 (setmaxnreg: 384
- * work-items enter with 168); at 64, one warp.
+ * The copies by TMA: a producer work-item after the warpgroups makes the work-group's tensor maps
+ * from the host's template (nv_tma.c) in its six global slots, copies the resident tiles (Q, and
+ * dO, in the forward and dQ; K and V in dK/dV) on one barrier, then streams the others into their
+ * buffers, each on a barrier of its own, once every warpgroup work-item has released the tile
+ * that held the buffer (an "empty" barrier a buffer). Rows past a sequence arrive as zeros, as
+ * cp.async's copies write them. With two warpgroups the producers are a warpgroup that lowers its
+ * registers to 24, so that the two beside it may hold 240 (setmaxnreg: 384 work-items enter with
+ * 168); with one, a warp.
  */
 #define ATTN_TMA_PARAMS , ulong16 tma_map, __global ulong16 *tma_slots
-#define PRODUCERS (BLOCK_M == 128 ? 128 : 32)
+#define ATTN_TMA_SLOTS 6 /* as attention.c allocates them */
+#define PRODUCERS (WG_ROWS == 128 ? 128 : 32)
 
 /* The box of `rows` rows at row y of the map, D wide, into dst in atoms of 64 columns. */
 __attribute__((always_inline)) inline void attn_tma_rows(uint dst, ulong map, int y, int rows,
@@ -163,18 +160,19 @@ __attribute__((always_inline)) inline void attn_tma_rows(uint dst, ulong map, in
         wg_tma_load(dst + a * rows * 128, map, 64 * a, y, bar);
 }
 
-/* The map of BLOCK_M-row boxes over the tq rows of a query-side head at x, rows ld apart, in
-   slot, and the copy of rows m0 .. m0 + BLOCK_M into dst on bar. */
+/* The map of WG_ROWS-row boxes over the n rows of a head at x, rows ld apart, in slot, and the
+   copy of rows r0 .. r0 + WG_ROWS into dst on bar. */
 __attribute__((always_inline)) inline void attn_tma_resident(__global ulong16 *slot, ulong16 tmpl,
                                                              const __global io_t *x, long ld,
-                                                             int tq, int m0, uint dst, uint bar)
+                                                             int n, int r0, uint dst, uint bar)
 {
-    attn_tma_rows(dst, wg_tma_map(slot, tmpl, x, D, tq, 2 * ld, 64, BLOCK_M), m0, BLOCK_M, bar);
+    attn_tma_rows(dst, wg_tma_map(slot, tmpl, x, D, n, 2 * ld, 64, WG_ROWS), r0, WG_ROWS, bar);
 }
 
 /*
- * K's and V's nt tiles of BLOCK_N rows from row n_lo (of tk, in the maps made in slots), each into
- * buffer p % stages of those at ka and va once the buffer's previous tile is released.
+ * The forward's and dQ's streams: K's and V's nt tiles of WG_COLS (BLOCK_N) rows from row n_lo (of
+ * tk, in the maps made in slots), each into buffer p % stages of those at ka and va once the
+ * buffer's previous tile is released.
  */
 __attribute__((always_inline)) inline void
 attn_tma_stream(__global ulong16 *slots, ulong16 tmpl, const __global io_t *kh, long sk_t,
@@ -183,31 +181,31 @@ attn_tma_stream(__global ulong16 *slots, ulong16 tmpl, const __global io_t *kh, 
 {
     if (nt == 0)
         return;
-    const ulong mk = wg_tma_map(slots, tmpl, kh, D, tk, 2 * sk_t, 64, BLOCK_N);
-    const ulong mv = wg_tma_map(slots + 1, tmpl, vh, D, tk, 2 * sv_t, 64, BLOCK_N);
+    const ulong mk = wg_tma_map(slots, tmpl, kh, D, tk, 2 * sk_t, 64, WG_COLS);
+    const ulong mv = wg_tma_map(slots + 1, tmpl, vh, D, tk, 2 * sv_t, 64, WG_COLS);
     for (int p = 0; p < nt; ++p) {
         const int s = p % stages;
         if (p >= stages)
             wg_bar_wait(empty + 8 * s, (p / stages + 1) & 1);
-        attn_tma_rows(ka + s * WG_TILE_BYTES, mk, n_lo + p * BLOCK_N, BLOCK_N, kbar + 8 * s);
-        attn_tma_rows(va + s * WG_TILE_BYTES, mv, n_lo + p * BLOCK_N, BLOCK_N, vbar + 8 * s);
+        attn_tma_rows(ka + s * WG_TILE_BYTES, mk, n_lo + p * WG_COLS, WG_COLS, kbar + 8 * s);
+        attn_tma_rows(va + s * WG_TILE_BYTES, mv, n_lo + p * WG_COLS, WG_COLS, vbar + 8 * s);
     }
 }
 
 /*
- * The barriers at bars: the resident tiles' (one arrival a tile), then K's, V's and the empty
- * ones of `stages` buffers. Every work-item passes the work-group barrier after them.
+ * The barriers at bars: the resident tiles' (one arrival a tile), then `sets` sets of `stages`
+ * full ones (`arrivals` each: K's and V's, or dK/dV's query tiles), then the empty ones of the
+ * buffers. Every work-item passes the work-group barrier after them.
  */
-__attribute__((always_inline)) inline void attn_tma_init(uint bars, int resident, int stages,
-                                                         int lid)
+__attribute__((always_inline)) inline void attn_tma_init(uint bars, int resident, int sets,
+                                                         int arrivals, int stages, int lid)
 {
     if (lid == WG_THREADS) {
         wg_bar_init(bars, resident);
-        for (int s = 0; s < stages; ++s) {
-            wg_bar_init(bars + 8 + 8 * s, 1);
-            wg_bar_init(bars + 8 + 8 * (stages + s), 1);
-            wg_bar_init(bars + 8 + 8 * (2 * stages + s), WG_THREADS);
-        }
+        for (int i = 0; i < sets * stages; ++i)
+            wg_bar_init(bars + 8 + 8 * i, arrivals);
+        for (int s = 0; s < stages; ++s)
+            wg_bar_init(bars + 8 + 8 * (sets * stages + s), WG_THREADS);
         wg_bar_init_fence();
     }
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -287,10 +285,10 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
     __local ulong bars[1 + 3 * STAGES];
     const uint qbar = mma_smem(bars), kbar = qbar + 8, vbar = kbar + 8 * STAGES;
     const uint empty = vbar + 8 * STAGES;
-    attn_tma_init(qbar, 1, STAGES, lid);
+    attn_tma_init(qbar, 1, 2, 1, STAGES, lid);
     ATTN_TMA_REGISTERS(lid >= WG_THREADS);
     if (lid >= WG_THREADS) {
-        __global ulong16 *slots = tma_slots + 4 * (long)get_group_id(0);
+        __global ulong16 *slots = tma_slots + ATTN_TMA_SLOTS * (long)get_group_id(0);
         if (lid == WG_THREADS) {
             attn_tma_resident(slots, tma_map, qh, sq_t, sq.tq, m0, qa, qbar);
             attn_tma_stream(slots + 2, tma_map, kh, sk_t, vh, sv_t, n_lo, sq.tk, nt, STAGES, ka,
@@ -428,10 +426,10 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS ATTN_TMA_PARAMS)
 #if TMA
     __local ulong bars[1 + 3 * 2];
     const uint qbar = mma_smem(bars), kbar = qbar + 8, vbar = kbar + 16, empty = vbar + 16;
-    attn_tma_init(qbar, 2, 2, lid);
+    attn_tma_init(qbar, 2, 2, 1, 2, lid);
     ATTN_TMA_REGISTERS(lid >= WG_THREADS);
     if (lid >= WG_THREADS) {
-        __global ulong16 *slots = tma_slots + 4 * (long)get_group_id(0);
+        __global ulong16 *slots = tma_slots + ATTN_TMA_SLOTS * (long)get_group_id(0);
         if (lid == WG_THREADS) {
             attn_tma_resident(slots, tma_map, qh, sq_t, sq.tq, m0, qa, qbar);
             attn_tma_resident(slots + 1, tma_map, dh, sd_t, sq.tq, m0, da, qbar);
@@ -515,12 +513,42 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS ATTN_TMA_PARAMS)
  * attn_bwd_dkdv_wgmma: attn_bwd_dkdv_mma on wgmma, for BLOCK_N keys (a warpgroup per 64) over
  * every query head of the group and every query tile of BLOCK_M rows, in the same fixed order. K
  * and V stay in local memory; Q and dO tiles (and their rows' statistics) are double-buffered, the
- * next tile's copy issued once the barrier shows every warpgroup done with its buffer. Per tile:
+ * next tile's copy issued by cp.async once the barrier shows every warpgroup done with its buffer,
+ * or by TMA once they release it (ATTN_TMA_QTILES). Per tile:
  * S^T = K Q^T and dP^T = V dO^T, P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q with
  * P^T and dS^T as A registers.
  */
-__kernel __attribute__((reqd_work_group_size(WG_THREADS, 1, 1))) void
-attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS)
+#if TMA
+/*
+ * The producer warp's copies of dK/dV's nt query tiles (tile t: rows WG_M0(t) of query head
+ * WG_HEAD(t)) into buffer t % 2, once the warpgroups release it: Q's and dO's rows by TMA from
+ * lane 0 (a map a head, made when the walk reaches the head, in one of two slots a tensor by the
+ * head's parity, so that no copy in flight reads a map being remade), the rows' statistics by
+ * every lane; each lane then arrives on the buffer's barrier, which also waits for the bytes.
+ */
+#define ATTN_TMA_QTILES(slots, q_of, do_of, qa, da, lse2s, dls, full, empty)                     \
+    for (int t = 0; t < nt; ++t) {                                                                \
+        const int h_ = WG_HEAD(t), m_ = WG_M0(t), st_ = t % 2;                                    \
+        if (t >= 2)                                                                               \
+            wg_bar_wait((empty) + 8 * st_, (t / 2 + 1) & 1);                                      \
+        if (lane == 0) {                                                                          \
+            __global ulong16 *sl_ = (slots) + 2 * ((t / ntiles) % 2);                             \
+            if (t % ntiles == 0) {                                                                \
+                wg_tma_map(sl_, tma_map, q_of(h_), D, sq.tq, 2 * sq_t, 64, WG_COLS);               \
+                wg_tma_map(sl_ + 1, tma_map, do_of(h_), D, sq.tq, 2 * sd_t, 64, WG_COLS);          \
+            }                                                                                     \
+            attn_tma_rows((qa) + st_ * WG_TILE_BYTES, (ulong)sl_, m_, WG_COLS, (full) + 8 * st_); \
+            attn_tma_rows((da) + st_ * WG_TILE_BYTES, (ulong)(sl_ + 1), m_, WG_COLS,              \
+                          (full) + 8 * st_);                                                      \
+        }                                                                                         \
+        attn_dkdv_stats((lse2s) + st_ * BLOCK_M, (dls) + st_ * BLOCK_M, lse + lse_off,            \
+                        delta + delta_off, lb + h_ * sl_h, m_, sq.tq, lane, 32);                  \
+        wg_bar_arrive((full) + 8 * st_);                                                          \
+    }
+#endif
+
+__kernel __attribute__((reqd_work_group_size(WG_THREADS + PRODUCERS, 1, 1))) void
+attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
 {
     __local ushort ks[BLOCK_N * D] __attribute__((aligned(1024)));
     __local ushort vs[BLOCK_N * D] __attribute__((aligned(1024)));
@@ -535,10 +563,8 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS)
     if (n0 >= sq.tk)
         return;
     const uint ka = mma_smem(ks), va = mma_smem(vs), qa = mma_smem(qs), da = mma_smem(dos);
-    attn_copy_rows(ka, k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0 + n0), sk_t, BLOCK_N,
-                   sq.tk - n0, lid, WG_THREADS, 1);
-    attn_copy_rows(va, v + attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0 + n0), sv_t, BLOCK_N,
-                   sq.tk - n0, lid, WG_THREADS, 1);
+    const __global io_t *kh = k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0);
+    const __global io_t *vh = v + attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0);
     const long lb = b * sl_b + sq.q0; /* the batch entry's first row of lse and delta */
     int m_lo, m_hi;
     attn_query_range(n0, BLOCK_N, sq.tq, sq.tk, wl, wr, &m_lo, &m_hi);
@@ -546,18 +572,39 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS)
     /* Tile t: query head hk group + t / ntiles, queries from m0 */
 #define WG_HEAD(t) (hk * group + (t) / ntiles)
 #define WG_M0(t) (m_lo + (t) % ntiles * BLOCK_M)
+#define WG_Q(h) (q + attn_row(q_off, sq_b, sq_h, sq_t, b, (h), sq.q0))
+#define WG_DO(h) (dout + attn_row(do_off, sd_b, sd_h, sd_t, b, (h), sq.q0))
+#if TMA
+    __local ulong bars[1 + 2 * 2];
+    const uint kvbar = mma_smem(bars), full = kvbar + 8, empty = full + 16;
+    attn_tma_init(kvbar, 2, 1, 32 + 2, 2, lid); /* the warp's statistics and two copies a tile */
+    ATTN_TMA_REGISTERS(lid >= WG_THREADS);
+    if (lid >= WG_THREADS) {
+        __global ulong16 *slots = tma_slots + ATTN_TMA_SLOTS * (long)get_group_id(0);
+        if (lid == WG_THREADS) {
+            attn_tma_resident(slots, tma_map, kh, sk_t, sq.tk, n0, ka, kvbar);
+            attn_tma_resident(slots + 1, tma_map, vh, sv_t, sq.tk, n0, va, kvbar);
+        }
+        if (lid < WG_THREADS + 32)
+            ATTN_TMA_QTILES(slots + 2, WG_Q, WG_DO, qa, da, lse2s, dls, full, empty);
+        return;
+    }
+    wg_bar_wait(kvbar, 0);
+#else
+    attn_copy_rows(ka, kh + n0 * sk_t, sk_t, BLOCK_N, sq.tk - n0, lid, WG_THREADS, 1);
+    attn_copy_rows(va, vh + n0 * sv_t, sv_t, BLOCK_N, sq.tk - n0, lid, WG_THREADS, 1);
 #define WG_STAGE(t)                                                                               \
     do {                                                                                          \
         const int h_ = WG_HEAD(t), m_ = WG_M0(t), st_ = (t) % 2;                                  \
-        attn_wg_kv(qa + st_ * WG_TILE_BYTES, da + st_ * WG_TILE_BYTES,                            \
-                   q + attn_row(q_off, sq_b, sq_h, sq_t, b, h_, sq.q0), sq_t,                      \
-                   dout + attn_row(do_off, sd_b, sd_h, sd_t, b, h_, sq.q0), sd_t, m_, sq.tq, lid); \
+        attn_wg_kv(qa + st_ * WG_TILE_BYTES, da + st_ * WG_TILE_BYTES, WG_Q(h_), sq_t, WG_DO(h_), \
+                   sd_t, m_, sq.tq, lid);                                                         \
         attn_dkdv_stats(lse2s + st_ * BLOCK_M, dls + st_ * BLOCK_M, lse + lse_off,                \
                         delta + delta_off, lb + h_ * sl_h, m_, sq.tq, lid, WG_THREADS);           \
     } while (0)
     if (nt > 0)
         WG_STAGE(0);
     mma_cp_commit();
+#endif
 
     const int wg = warp / 4, c0 = n0 + 16 * warp + g; /* the lane's keys: c0 and c0 + 8 */
     float gk[D / 2], gv[D / 2];
@@ -567,10 +614,14 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS)
     for (int t = 0; t < nt; ++t) {
         const int m0 = WG_M0(t);
         const uint qt = qa + t % 2 * WG_TILE_BYTES, dt = da + t % 2 * WG_TILE_BYTES;
+#if TMA
+        ATTN_TMA_WAIT(full, t, 2); /* Q's, dO's and their statistics */
+#else
         wg_copies_landed(0); /* tile t is in (K and V with the first) */
         if (t + 1 < nt)
             WG_STAGE(t + 1);
         mma_cp_commit();
+#endif
         float4 st4[MMA_MT], dpt4[MMA_MT], l4[MMA_MT], d4[MMA_MT];
         const __local float *ls = lse2s + t % 2 * BLOCK_M, *ds = dls + t % 2 * BLOCK_M;
 #pragma unroll
@@ -595,11 +646,18 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS)
         attn_wg_pv(gk, sf, qt);
         wg_commit();
         wg_wait(0);
+#if TMA
+        wg_bar_arrive(empty + 8 * (t % 2)); /* tile t's buffer is read */
+#endif
         attn_wg_keep(gv, pf);
         attn_wg_keep(gk, sf);
     }
+#if !TMA
     mma_cp_wait(0); /* with no query tile, K's and V's copies: none may land after the exit */
 #undef WG_STAGE
+#endif
+#undef WG_DO
+#undef WG_Q
 #undef WG_M0
 #undef WG_HEAD
 

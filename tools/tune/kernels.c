@@ -151,9 +151,8 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
 /* The attn_*_wgmma kernels: a warpgroup per 64 query rows (keys in dK/dV), on devices with wgmma,
    at D 64 and 128 (where every tensor-core call takes them there; attn_*_mma then tune on the
    other devices) */
-#define ATTN_WGMMA_TILES "BLOCK_M=64,128 BLOCK_N=64,128"
-#define ATTN_FWD_WGMMA_TILES ATTN_WGMMA_TILES " STAGES=3,4,5 TMA=0,1"
-#define ATTN_DQ_WGMMA_TILES ATTN_WGMMA_TILES " TMA=0,1"
+#define ATTN_WGMMA_TILES "BLOCK_M=64,128 BLOCK_N=64,128 TMA=0,1"
+#define ATTN_FWD_WGMMA_TILES ATTN_WGMMA_TILES " STAGES=3,4,5"
 #define ATTN_FWD_TENSORS                                                                          \
     {{"qkv", TUNE_IN, "B,QKV,T,D"}, {"o", TUNE_OUT, "B,H,T,D"},                                   \
      {"lse", TUNE_OUT, "B,H,T", TUNE_DT(LLMCL_F32)}}
@@ -587,7 +586,7 @@ const tune_kernel tune_kernels[] = {
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4,
      .runs_on = has_mma_sync_products},
     {.key = LLMCL_KEY_ATTENTION_BWD_DQ_WGMMA, .family = LLMCL_FAMILY_ATTENTION,
-     .params = ATTN_DQ_WGMMA_TILES,
+     .params = ATTN_WGMMA_TILES,
      .dtypes = BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4,
      .runs_on = has_wgmma},

@@ -373,31 +373,29 @@ static llmcl_status attn_mma_config(llmcl_ctx *ctx, const attn_geom *g, const at
 /* ---- the wgmma kernels (attention_wgmma.cl) ---- */
 
 /* Local bytes of a wgmma kernel: the forward's Q and STAGES of K and V, dQ's Q and dO and two
-   stages of K and V (with TMA, an mbarrier for the resident tiles and three a stage), dK/dV's K
-   and V and two stages of Q and dO with their rows' statistics; rows of D 16-bit elements. */
+   stages of K and V, dK/dV's K and V and two stages of Q and dO with their rows' statistics; rows
+   of D 16-bit elements; with TMA, an mbarrier for the resident tiles and three a stage (two in
+   dK/dV). */
 static uint64_t attn_wg_local_bytes(const attn_geom *g, attn_pass pass, long bm, long bn,
                                     long stages, bool tma)
 {
     if (pass == ATTN_PASS_DKDV)
-        return 2u * (uint64_t)g->D * (uint64_t)(2 * bn + 4 * bm) + 16u * (uint64_t)bm;
+        return 2u * (uint64_t)g->D * (uint64_t)(2 * bn + 4 * bm) + 16u * (uint64_t)bm +
+               (tma ? 8u * (1 + 2 * 2) : 0);
     const long rows = pass == ATTN_PASS_FWD ? bm + 2 * stages * bn : 2 * bm + 4 * bn;
     return 2u * (uint64_t)g->D * (uint64_t)rows + (tma ? 8u * (uint64_t)(1 + 3 * stages) : 0);
 }
 
-/* Whether kernel k copies by TMA where the device has it: the forward and dQ. */
-static bool attn_wg_takes_tma(const attn_kernel *k) { return k->pass != ATTN_PASS_DKDV; }
-
-/* Whether the forward and dQ copy by TMA where the device has it (nv_tma.c). */
+/* Whether the kernels copy by TMA where the device has it (nv_tma.c). */
 #define ATTN_WG_TMA_DEFAULT 1
 
 /* The producer work-items with TMA: a warpgroup beside two (setmaxnreg), else a warp. */
-static size_t attn_wg_producers(long bm, bool tma) { return tma ? (bm == 128 ? 128 : 32) : 0; }
+static size_t attn_wg_producers(long rows, bool tma) { return tma ? (rows == 128 ? 128 : 32) : 0; }
 
 /*
  * The wgmma kernels' parameters: BLOCK_M 64 or 128 query rows, BLOCK_N 64 or 128 keys (a
  * warpgroup of 128 work-items per 64 queries, or keys in dK/dV); the forward's STAGES 3 to 5
- * buffers of K and V; the forward's and dQ's TMA 1 (copies by TMA, with producer work-items) or 0
- * (by cp.async). The
+ * buffers of K and V; TMA 1 (copies by TMA, with producer work-items) or 0 (by cp.async). The
  * defaults, tuned on the H100: the forward at D = 128 two warpgroups on 128 x 128 tiles in 3
  * stages (224 KiB), at D = 64 one on 64 x 64 tiles, three work-groups to a multiprocessor, which
  * overlap one's softmax with another's products (1.14x over 128 x 128); dQ one warpgroup on
@@ -414,8 +412,7 @@ static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const 
     const attn_pass pass = k->pass;
     const bool fwd = pass == ATTN_PASS_FWD;
     long def_m = pass == ATTN_PASS_DKDV && g->D > 64 ? 64 : 128, def_n = 128;
-    const bool takes_tma = attn_wg_takes_tma(k);
-    const long def_tma = takes_tma && ctx->tma ? ATTN_WG_TMA_DEFAULT : 0;
+    const long def_tma = ctx->tma ? ATTN_WG_TMA_DEFAULT : 0;
     if (pass == ATTN_PASS_DQ || (fwd && g->D <= 64) ||
         attn_wg_local_bytes(g, pass, def_m, def_n, 3, def_tma) > local)
         def_m = 64, def_n = 64;
@@ -423,12 +420,11 @@ static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const 
     llmcl__param_set(p, "BLOCK_N", def_n);
     if (fwd)
         llmcl__param_set(p, "STAGES", 3);
-    if (takes_tma)
-        llmcl__param_set(p, "TMA", def_tma);
+    llmcl__param_set(p, "TMA", def_tma);
     const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, k->key, g->dtype, cls, p);
     long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
     long stages = fwd ? llmcl__param_get(p, "STAGES", 3) : 2;
-    long tma = takes_tma ? llmcl__param_get(p, "TMA", def_tma) : 0;
+    long tma = llmcl__param_get(p, "TMA", def_tma);
     bool ok = (bm == 64 || bm == 128) && (bn == 64 || bn == 128) &&
               (!fwd || (stages >= 3 && stages <= 5)) && (tma == 0 || (tma == 1 && ctx->tma)) &&
               attn_wg_local_bytes(g, pass, bm, bn, stages, tma) <= local;
@@ -438,23 +434,21 @@ static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const 
         llmcl__param_set(p, "BLOCK_N", bn);
         if (fwd)
             llmcl__param_set(p, "STAGES", stages);
-        if (takes_tma)
-            llmcl__param_set(p, "TMA", tma);
+        llmcl__param_set(p, "TMA", tma);
     }
-    char st[48] = "";
+    char st[32] = "";
     if (fwd)
-        snprintf(st, sizeof st, " STAGES=%ld TMA=%ld", stages, tma);
-    else if (takes_tma)
-        snprintf(st, sizeof st, " TMA=%ld", tma);
+        snprintf(st, sizeof st, " STAGES=%ld", stages);
     LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
-                   "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld%s with D=%d need BLOCK_M and "
-                   "BLOCK_N 64 or 128%s%s and at most %llu bytes of local memory",
-                   k->name, bm, bn, st, g->D, fwd ? ", STAGES 3 to 5" : "",
-                   takes_tma ? ", TMA 0 or 1 (1 where the device has TMA)" : "",
+                   "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld%s TMA=%ld with D=%d need BLOCK_M "
+                   "and BLOCK_N 64 or 128%s, TMA 0 or 1 (1 where the device has TMA) and at most "
+                   "%llu bytes of local memory",
+                   k->name, bm, bn, st, tma, g->D, fwd ? ", STAGES 3 to 5" : "",
                    (unsigned long long)local);
     llmcl__params_record(&lookup, p);
     *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = 64, .tn = (int)bn, .run = 1};
-    *wg = (size_t)(pass == ATTN_PASS_DKDV ? bn : bm) * 2 + attn_wg_producers(bm, tma == 1);
+    const long rows = pass == ATTN_PASS_DKDV ? bn : bm; /* a warpgroup per 64 */
+    *wg = (size_t)rows * 2 + attn_wg_producers(rows, tma == 1);
     return LLMCL_OK;
 }
 
