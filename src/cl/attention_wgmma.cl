@@ -192,10 +192,22 @@ attn_tma_stream(__global ulong16 *slots, ulong16 tmpl, const __global io_t *kh, 
     }
 }
 
+/* The producers give their registers away; the warpgroups take them. */
+#if PRODUCERS == 128
+#define ATTN_TMA_REGISTERS(producer)                                                              \
+    if (producer)                                                                                 \
+        WG_SETMAXNREG("dec", 24);                                                                 \
+    else                                                                                          \
+        WG_SETMAXNREG("inc", 240)
+#else
+#define ATTN_TMA_REGISTERS(producer)
+#endif
+
 /*
  * The barriers at bars: the resident tiles' (one arrival a tile), then `sets` sets of `stages`
  * full ones (`arrivals` each: K's and V's, or dK/dV's query tiles), then the empty ones of the
- * buffers. Every work-item passes the work-group barrier after them.
+ * buffers. Every work-item passes the work-group barrier after them; then the producers give
+ * their registers away.
  */
 __attribute__((always_inline)) inline void attn_tma_init(uint bars, int resident, int sets,
                                                          int arrivals, int stages, int lid)
@@ -209,18 +221,11 @@ __attribute__((always_inline)) inline void attn_tma_init(uint bars, int resident
         wg_bar_init_fence();
     }
     barrier(CLK_LOCAL_MEM_FENCE);
+    ATTN_TMA_REGISTERS(lid >= WG_THREADS);
 }
 
-/* The producers give their registers away; the warpgroups take them. */
-#if PRODUCERS == 128
-#define ATTN_TMA_REGISTERS(producer)                                                              \
-    if (producer)                                                                                 \
-        WG_SETMAXNREG("dec", 24);                                                                 \
-    else                                                                                          \
-        WG_SETMAXNREG("inc", 240)
-#else
-#define ATTN_TMA_REGISTERS(producer)
-#endif
+/* The work-group's map slots. */
+#define ATTN_TMA_MY_SLOTS (tma_slots + ATTN_TMA_SLOTS * (long)get_group_id(0))
 
 /* Waits for tile n's copy on its buffer's barrier among the `stages` at bars. */
 #define ATTN_TMA_WAIT(bars, n, stages)                                                            \
@@ -286,9 +291,8 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
     const uint qbar = mma_smem(bars), kbar = qbar + 8, vbar = kbar + 8 * STAGES;
     const uint empty = vbar + 8 * STAGES;
     attn_tma_init(qbar, 1, 2, 1, STAGES, lid);
-    ATTN_TMA_REGISTERS(lid >= WG_THREADS);
     if (lid >= WG_THREADS) {
-        __global ulong16 *slots = tma_slots + ATTN_TMA_SLOTS * (long)get_group_id(0);
+        __global ulong16 *slots = ATTN_TMA_MY_SLOTS;
         if (lid == WG_THREADS) {
             attn_tma_resident(slots, tma_map, qh, sq_t, sq.tq, m0, qa, qbar);
             attn_tma_stream(slots + 2, tma_map, kh, sk_t, vh, sv_t, n_lo, sq.tk, nt, STAGES, ka,
@@ -427,9 +431,8 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS ATTN_TMA_PARAMS)
     __local ulong bars[1 + 3 * 2];
     const uint qbar = mma_smem(bars), kbar = qbar + 8, vbar = kbar + 16, empty = vbar + 16;
     attn_tma_init(qbar, 2, 2, 1, 2, lid);
-    ATTN_TMA_REGISTERS(lid >= WG_THREADS);
     if (lid >= WG_THREADS) {
-        __global ulong16 *slots = tma_slots + ATTN_TMA_SLOTS * (long)get_group_id(0);
+        __global ulong16 *slots = ATTN_TMA_MY_SLOTS;
         if (lid == WG_THREADS) {
             attn_tma_resident(slots, tma_map, qh, sq_t, sq.tq, m0, qa, qbar);
             attn_tma_resident(slots + 1, tma_map, dh, sd_t, sq.tq, m0, da, qbar);
@@ -578,9 +581,8 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
     __local ulong bars[1 + 2 * 2];
     const uint kvbar = mma_smem(bars), full = kvbar + 8, empty = full + 16;
     attn_tma_init(kvbar, 2, 1, 32 + 2, 2, lid); /* the warp's statistics and two copies a tile */
-    ATTN_TMA_REGISTERS(lid >= WG_THREADS);
     if (lid >= WG_THREADS) {
-        __global ulong16 *slots = tma_slots + ATTN_TMA_SLOTS * (long)get_group_id(0);
+        __global ulong16 *slots = ATTN_TMA_MY_SLOTS;
         if (lid == WG_THREADS) {
             attn_tma_resident(slots, tma_map, kh, sk_t, sq.tk, n0, ka, kvbar);
             attn_tma_resident(slots + 1, tma_map, vh, sv_t, sq.tk, n0, va, kvbar);
