@@ -136,6 +136,8 @@ void th_check_status(llmcl_status got, llmcl_status expected, const char *expr, 
                      int line)
 {
     const char *msg = llmcl_last_error(th_ctx());
+    if (got != expected && got == LLMCL_ERROR_BUILD_FAILURE)
+        print_error("build log:\n%s\n", llmcl_build_log(th_ctx()));
     if (got != expected)
         fail_msg("%s:%d: %s returned %d (%s), expected %d (%s); last error: %s", file, line, expr,
                  (int)got, llmcl_status_str(got), (int)expected, llmcl_status_str(expected), msg);

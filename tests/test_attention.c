@@ -556,6 +556,45 @@ static void test_tuned_tiles_for_other_head_dim(void **state)
     TH_OK(llmcl_tune_db_clear(ctx));
 }
 
+/*
+ * attn_bwd_pre's rows split over PRE_LANES work-items: more lanes than a row has 4-wide chunks
+ * (D 8), chunks that do not divide evenly among them (D 72) and whole warps of lanes (D 128), in
+ * work-groups that are no power of two, over varlen rows; every delta reaches dQ and dK. Lanes
+ * that are no power of two or do not divide the group are refused.
+ */
+static void test_delta_lanes(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    static const char *const sets[] = {"PRE_LANES=1 PRE_WG=32", "PRE_LANES=4 PRE_WG=96",
+                                       "PRE_LANES=8 PRE_WG=64", "PRE_LANES=32 PRE_WG=256"};
+    static const int dims[] = {8, 72, 128};
+    static const char *const cls[] = {"p3", "p7", "p7"};
+    static const int32_t cu[] = {0, 1, 40, 45, 110};
+    const llmcl_dtype dts[2] = {LLMCL_BF16, LLMCL_F32};
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; ++i)
+        for (int d = 0; d < 2; ++d) {
+            TH_OK(llmcl_tune_override(ctx, "attention_bwd_pre", dts[d], "*", sets[i]));
+            for (int j = 0; j < 3; ++j) {
+                attn_case c = causal(dense(dts[d], 4, 4, 2, dims[j], 0, 0));
+                c.cu_q = c.cu_k = cu;
+                check_case(c, 100 + (int)i * 3 + j);
+                th_assert_launched_with("attention_bwd_pre", dts[d], cls[j], sets[i]);
+            }
+        }
+    static const char *const refused[] = {"PRE_LANES=3 PRE_WG=48", "PRE_LANES=64 PRE_WG=32"};
+    for (int i = 0; i < 2; ++i) {
+        TH_OK(llmcl_tune_override(ctx, "attention_bwd_pre", LLMCL_F32, "*", refused[i]));
+        const attn_case c = dense(LLMCL_F32, 1, 2, 1, 64, 40, 40);
+        attn_run r;
+        run_setup(&r, &c, 99);
+        TH_OK(run_forward(&r));
+        TH_FAILS(run_backward(&r), LLMCL_ERROR_UNSUPPORTED);
+        assert_non_null(strstr(llmcl_last_error(ctx), "PRE_LANES"));
+        run_free(&r);
+    }
+}
+
 static void test_gqa_mqa(void **state)
 {
     (void)state;
@@ -1054,6 +1093,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_varlen),
         cmocka_unit_test_teardown(test_tunables, clear_overrides),
         cmocka_unit_test_teardown(test_tunables_other_head_dim, clear_overrides),
+        cmocka_unit_test_teardown(test_delta_lanes, clear_overrides),
         cmocka_unit_test(test_unaligned_views),
         cmocka_unit_test(test_tuned_tiles_for_other_head_dim),
         cmocka_unit_test(test_loop_limit), /* after test_tunables, whose programs it reuses */

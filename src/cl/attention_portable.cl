@@ -17,7 +17,7 @@
  *
  *   attn_fwd       one work-group per (BLOCK_M query rows, b * Hq + h); online softmax over K/V
  *                  tiles of BLOCK_N keys; tiles outside the mask's band are skipped.
- *   attn_bwd_pre   delta = rowsum(dO * O), f32 in LSE's layout; PRE_WG work-items per group.
+ *   attn_bwd_pre   delta = rowsum(dO * O), f32 in LSE's layout; PRE_LANES work-items a row.
  *   attn_bwd_dq    one work-group per (BLOCK_M query rows, b * Hq + h): dQ = dS . K over K tiles.
  *   attn_bwd_dkdv  one work-group per (BLOCK_N keys, b * Hkv + hk): dV = P^T . dO and
  *                  dK = dS^T . Q over every query head of the KV head's group and its query tiles.
@@ -47,7 +47,11 @@
  *             (attn_fwd: V under the softmax, the next K under P.V; attn_bwd_dq: the next V under
  *             dS, the next K under dQ; attn_bwd_dkdv: the next dO under dS and dV, the next Q
  *             under dK). Costs registers. Not with KV_SEP 1 (the launcher then passes 0). Default 0.
- *   PRE_WG    work-group size of attn_bwd_pre (any value up to the device maximum).
+ *   PRE_WG    work-group size of attn_bwd_pre (up to the device maximum), a multiple of
+ *             PRE_LANES.
+ *   PRE_LANES attn_bwd_pre's work-items a row (a power of two), each summing every PRE_LANES-th
+ *             4-wide chunk of it, so that a row is read as one run: with a work-item a row, a
+ *             warp's reads fell on 32 rows a row stride apart.
  *   SPLIT     defined (attn_fwd, attn_bwd_dq, attn_bwd_dkdv): a launch takes steps it_begin to
  *             it_end of each work-group's walk (its key tiles in attn_fwd and attn_bwd_dq, its
  *             (query head, query tile) pairs in attn_bwd_dkdv), for devices that cut long loops
@@ -77,6 +81,9 @@
 #endif
 #ifndef PRE_WG
 #define PRE_WG 64
+#endif
+#ifndef PRE_LANES
+#define PRE_LANES 1
 #endif
 #ifndef LF32
 #define LF32 0
@@ -658,26 +665,47 @@ attn_fwd(ATTN_FWD_PARAMS ATTN_SPLIT_PARAMS)
 #endif
 
 #ifdef ATTN_KERNEL_BWD_PRE
-__kernel void attn_bwd_pre(const __global io_t *o, ulong o_off, const __global io_t *dout,
-                           ulong do_off, __global float *delta, ulong delta_off,
-                           const __global int *cu_q, ulong cu_q_off, int tq_all, int hq,
-                           long so_b, long so_h, long so_t, long sd_b, long sd_h, long sd_t,
-                           long sl_b, long sl_h)
+/* The PRE_LANES partial sums of a row, added by its lane 0 (the others' results are unused). */
+static float attn_pre_row_sum(float v, __local float *part)
 {
-    const int t = get_global_id(0), bh = get_global_id(1), b = bh / hq, h = bh - b * hq;
+#if defined(LLMCL_NV_PTX) && PRE_LANES <= 32 && PRE_WG % 32 == 0
+    (void)part;
+    return warp_sum_in(v, PRE_LANES);
+#else
+    const int lid = get_local_id(0);
+    part[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid % PRE_LANES == 0)
+        for (int i = 1; i < PRE_LANES; ++i)
+            v += part[lid + i];
+    return v;
+#endif
+}
+
+__kernel __attribute__((reqd_work_group_size(PRE_WG, 1, 1))) void
+attn_bwd_pre(const __global io_t *o, ulong o_off, const __global io_t *dout, ulong do_off,
+             __global float *delta, ulong delta_off, const __global int *cu_q, ulong cu_q_off,
+             int tq_all, int hq, long so_b, long so_h, long so_t, long sd_b, long sd_h, long sd_t,
+             long sl_b, long sl_h)
+{
+    __local float part[PRE_WG];
+    const int lane = get_local_id(0) % PRE_LANES, t = get_global_id(0) / PRE_LANES;
+    const int bh = get_global_id(1), b = bh / hq, h = bh - b * hq;
     int q0 = 0, tq = tq_all;
 #ifdef VARLEN
     q0 = cu_q[cu_q_off + b];
     tq = cu_q[cu_q_off + b + 1] - q0;
 #endif
-    if (t >= tq)
-        return;
-    const long ob = attn_row(o_off, so_b, so_h, so_t, b, h, q0 + t);
-    const long db = attn_row(do_off, sd_b, sd_h, sd_t, b, h, q0 + t);
     float4 sum = (float4)(0.0f);
-    for (int c = 0; c < D; c += 4)
-        sum = fma(LOAD4(IO_DT, o, ob + c), LOAD4(IO_DT, dout, db + c), sum);
-    delta[delta_off + b * sl_b + h * sl_h + q0 + t] = (sum.x + sum.y) + (sum.z + sum.w);
+    if (t < tq) {
+        const long ob = attn_row(o_off, so_b, so_h, so_t, b, h, q0 + t);
+        const long db = attn_row(do_off, sd_b, sd_h, sd_t, b, h, q0 + t);
+        for (int c = 4 * lane; c < D; c += 4 * PRE_LANES)
+            sum = fma(LOAD4(IO_DT, o, ob + c), LOAD4(IO_DT, dout, db + c), sum);
+    }
+    const float row = attn_pre_row_sum((sum.x + sum.y) + (sum.z + sum.w), part);
+    if (t < tq && lane == 0)
+        delta[delta_off + b * sl_b + h * sl_h + q0 + t] = row;
 }
 #endif
 

@@ -417,6 +417,9 @@ void llmcl__params_define(const llmcl__params *p, llmcl__defines *d);
 /* Smallest power of two >= x (x >= 1). */
 size_t llmcl__pow2_ceil(size_t x);
 
+/* Largest power of two <= x (x >= 1). */
+size_t llmcl__pow2_floor(size_t x);
+
 /* ceil(a / b) for positive b. */
 static inline int64_t llmcl__div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -219,3 +219,11 @@ size_t llmcl__pow2_ceil(size_t x)
         p <<= 1;
     return p;
 }
+
+size_t llmcl__pow2_floor(size_t x)
+{
+    size_t p = 1;
+    while (p * 2 <= x)
+        p <<= 1;
+    return p;
+}

@@ -127,11 +127,11 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
 
 /*
  * ---- attention_*.cl: tiles BLOCK_M, BLOCK_N, TM, TN, LF32, UNROLL, PIPE, TILE_RUN (and KV_SEP for
- * the forward, KF32 for dQ, PRE_WG for the delta pass); the size key is the head dim D. Q, K and V
- * are views of one [B, H + 2K, T, D] tensor, and dK, dV the contiguous [B, K, T, D] halves of one
- * [B, 2K, T, D] buffer (head views of it would interleave, which the backward's output-overlap
- * check refuses), to stay within TUNE_MAX_TENSORS. The backward runs on random O and LSE: its
- * outputs are then no gradients, but every candidate must still reproduce the reference's.
+ * the forward, KF32 for dQ, PRE_WG and PRE_LANES for the delta pass); the size key is the head
+ * dim D. Q, K and V are views of one [B, H + 2K, T, D] tensor, and dK, dV the contiguous
+ * [B, K, T, D] halves of one [B, 2K, T, D] buffer, to stay within TUNE_MAX_TENSORS. The backward
+ * runs on random O and LSE: its outputs are then no gradients, but every candidate must still
+ * reproduce the reference's.
  */
 
 #define ATTN_TILES                                                                                \
@@ -601,7 +601,7 @@ const tune_kernel tune_kernels[] = {
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4,
      .runs_on = has_wgmma},
     {.key = LLMCL_KEY_ATTENTION_BWD_PRE, .family = LLMCL_FAMILY_ATTENTION,
-     .params = "PRE_WG=32,64,128,256",
+     .params = "PRE_WG=32,64,128,256 PRE_LANES=1,4,8,16,32",
      .dtypes = F32 | BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4},
     {.key = LLMCL_KEY_RMSNORM_FWD, .family = LLMCL_FAMILY_NORM,

@@ -477,8 +477,9 @@ static llmcl_status attn_launch_pre(llmcl_ctx *ctx, const attn_geom *g, const ll
     size_t wg;
     const attn_kernel *k = attn_kernel_of(ATTN_PASS_PRE, ATTN_ARCH_PORTABLE);
     LLMCL__TRY(llmcl__attn_config(ctx, g, k, &p, &t, &wg));
-    /* a work-item a row, its one loop over D */
+    /* PRE_LANES work-items a row, each with one loop over its share of D */
     LLMCL__TRY(llmcl__check_loops(ctx, g->D / 4 + 1, "attention: attn_bwd_pre at D = %d", g->D));
+    const int64_t lanes = llmcl__param_get(&p, "PRE_LANES", 1);
     cl_kernel kern;
     LLMCL__TRY(attn_build(ctx, g, k, &p, &kern));
     llmcl__args a = llmcl__args_begin(ctx, kern);
@@ -491,7 +492,8 @@ static llmcl_status attn_launch_pre(llmcl_ctx *ctx, const attn_geom *g, const ll
     attn_arg_strides(&a, attn_strides_of(g, o), true);
     attn_arg_strides(&a, attn_strides_of(g, dout), true);
     attn_arg_strides(&a, attn_lse_strides(g, delta), false);
-    const size_t global[2] = {(size_t)llmcl__div_up(g->Tq, (int64_t)wg) * wg, (size_t)g->B * g->Hq};
+    const size_t global[2] = {(size_t)llmcl__div_up(g->Tq * lanes, (int64_t)wg) * wg,
+                              (size_t)g->B * g->Hq};
     const size_t local[2] = {wg, 1};
     return llmcl__launch(&a, 2, global, local);
 }

@@ -207,25 +207,37 @@ static attn_tiles attn_tiles_of_params(attn_pass pass, const llmcl__params *p)
                         (int)llmcl__param_get(p, "TILE_RUN", 1)};
 }
 
-/* attn_bwd_pre's work-group size PRE_WG: 64, or 1 on a device whose work-groups are smaller. */
+/*
+ * attn_bwd_pre's PRE_WG and PRE_LANES. On a GPU a row's 4-wide chunks go to up to 32 work-items
+ * (one contiguous run of the row a warp) in groups of 256; on a CPU, whose work-items of a group
+ * run one after another, a work-item a row in groups of 64. At most the device's work-group size.
+ */
 static llmcl_status attn_pre_config(llmcl_ctx *ctx, const attn_geom *g, const attn_kernel *k,
                                     const char *cls, llmcl__params *p, size_t *wg)
 {
-    llmcl__param_set(p, "PRE_WG", ctx->info.max_work_group_size >= 64 ? 64 : 1);
+    const long max_wg = (long)ctx->info.max_work_group_size;
+    const size_t chunks = (size_t)g->D / 4;
+    const long lanes = ctx->info.is_gpu ? (long)llmcl__pow2_floor(chunks < 32 ? chunks : 32) : 1;
+    const long w = ctx->info.is_gpu ? 256 : 64;
+    llmcl__param_set(p, "PRE_LANES", lanes <= max_wg ? lanes : 1);
+    llmcl__param_set(p, "PRE_WG", w <= max_wg ? w : (long)llmcl__pow2_floor((size_t)max_wg));
     llmcl__params_lookup(ctx, k->key, g->dtype, cls, p);
-    const long w = llmcl__param_get(p, "PRE_WG", 64);
-    LLMCL__REQUIRE(ctx, w >= 1 && (size_t)w <= ctx->info.max_work_group_size,
-                   LLMCL_ERROR_UNSUPPORTED, "attention: PRE_WG %ld is outside [1, %zu]", w,
-                   ctx->info.max_work_group_size);
-    *wg = (size_t)w;
+    const long wg_size = llmcl__param_get(p, "PRE_WG", 64), l = llmcl__param_get(p, "PRE_LANES", 1);
+    LLMCL__REQUIRE(ctx, wg_size >= 1 && wg_size <= max_wg, LLMCL_ERROR_UNSUPPORTED,
+                   "attention: PRE_WG %ld is outside [1, %ld]", wg_size, max_wg);
+    LLMCL__REQUIRE(ctx, l >= 1 && l == (long)llmcl__pow2_floor((size_t)l) && wg_size % l == 0,
+                   LLMCL_ERROR_UNSUPPORTED,
+                   "attention: PRE_LANES %ld is not a power of two that divides PRE_WG %ld", l,
+                   wg_size);
+    *wg = (size_t)wg_size;
     return LLMCL_OK;
 }
 
 /*
- * The portable kernels' parameters: attn_bwd_pre's PRE_WG (attn_pre_config); the tiled kernels'
- * BLOCK_M, BLOCK_N, TM, TN, LF32, UNROLL, PIPE and TILE_RUN, attn_fwd's KV_SEP and attn_bwd_dq's
- * KF32, from attn_default_tiles and the tuning database (PIPE off with KV_SEP). Work-groups of
- * (BLOCK_M / TM) x (BLOCK_N / TN) work-items.
+ * The portable kernels' parameters: attn_bwd_pre's PRE_WG and PRE_LANES (attn_pre_config); the
+ * tiled kernels' BLOCK_M, BLOCK_N, TM, TN, LF32, UNROLL, PIPE and TILE_RUN, attn_fwd's KV_SEP and
+ * attn_bwd_dq's KF32, from attn_default_tiles and the tuning database (PIPE off with KV_SEP).
+ * Work-groups of (BLOCK_M / TM) x (BLOCK_N / TN) work-items.
  */
 static llmcl_status attn_portable_config(llmcl_ctx *ctx, const attn_geom *g, const attn_kernel *k,
                                          const char *cls, llmcl__params *p, attn_tiles *tiles,

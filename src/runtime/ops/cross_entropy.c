@@ -117,14 +117,6 @@ static llmcl_status check_outputs(llmcl_ctx *ctx, const llmcl_ce_options *o, int
 
 /* ---- shared setup and kernels ---- */
 
-static long floor_pow2(size_t x)
-{
-    long p = 1;
-    while ((size_t)p * 2 <= x)
-        p *= 2;
-    return p;
-}
-
 static void base_defines(const ce_run *r, llmcl__defines *d)
 {
     llmcl__define_str(d, "DT", llmcl__dtype_macro(r->dt));
@@ -174,7 +166,7 @@ static void arg_buf(llmcl__args *a, cl_mem m) { llmcl__arg(a, sizeof m, &m); }
 static void ce_row_params(ce_run *r)
 {
     const llmcl_ctx *ctx = r->ctx;
-    const long wg_max = floor_pow2(ctx->info.max_work_group_size);
+    const long wg_max = (long)llmcl__pow2_floor(ctx->info.max_work_group_size);
     const long wg = ctx->info.is_gpu ? 512 : 64;
     r->rp = (llmcl__params){0};
     llmcl__param_set(&r->rp, "WG", wg < wg_max ? wg : wg_max);
