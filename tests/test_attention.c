@@ -21,6 +21,8 @@ typedef struct attn_case {
     llmcl_dtype dtype;
     int B, Hq, Hkv, D, Tq, Tk;
     bool bthd;                  /* [B, T, H, D] storage seen as [B, H, T, D] through strides */
+    bool packed;                /* q, k, v side by side in the rows of one [B, T, Hq + 2 Hkv, D]
+                                   buffer, and dq, dk, dv in another (llmcl-train's layout) */
     int pad;                    /* dense [B, H, T, D] views starting pad elements into storage */
     const int32_t *cu_q, *cu_k; /* varlen offsets (B + 1 each), or NULL */
     llmcl_attention_opts opts;  /* cu_seqlens are filled in by the runner */
@@ -70,6 +72,21 @@ static attn_io io_new(const attn_case *c, int heads, int T, int64_t total, const
     return io;
 }
 
+/* Heads [head0, head0 + heads) of packed [B, T, W / D, D] storage as [B, heads, T, D]; the
+   storage is not the io's own. */
+static attn_io io_packed(const attn_case *c, llmcl_tensor *store, int head0, int heads,
+                         const double *values)
+{
+    const int64_t w = llmcl_tensor_dim(store, 2) * c->D;
+    const int64_t shape[4] = {c->B, heads, c->Tq, c->D};
+    const int64_t strides[4] = {(int64_t)c->Tq * w, c->D, w, 1};
+    attn_io io = {0};
+    TH_OK(llmcl_tensor_view(store, 4, shape, strides, (int64_t)head0 * c->D, &io.t));
+    if (values)
+        th_upload(io.t, values);
+    return io;
+}
+
 static void io_free(attn_io io)
 {
     if (io.t != io.base)
@@ -97,6 +114,7 @@ typedef struct attn_run {
     double *q, *k, *v, *dout;
     attn_io dq_, dk_, dv_, q_, k_, v_, o_, do_;
     llmcl_tensor *lse, *cu_q, *cu_k;
+    llmcl_tensor *qkv, *dqkv; /* a packed case's storage */
 } attn_run;
 
 static llmcl_tensor *cu_tensor(const int32_t *cu, int B)
@@ -134,14 +152,26 @@ static void run_setup(attn_run *r, const attn_case *c, uint64_t seed)
     th_round_all(c->dtype, r->v, (size_t)r->nk);
     th_round_all(c->dtype, r->dout, (size_t)r->nq);
 
-    r->q_ = io_new(c, c->Hq, c->Tq, r->total_q, r->q);
-    r->k_ = io_new(c, c->Hkv, c->Tk, r->total_k, r->k);
-    r->v_ = io_new(c, c->Hkv, c->Tk, r->total_k, r->v);
+    if (c->packed) {
+        const int64_t shape[4] = {c->B, c->Tq, c->Hq + 2 * c->Hkv, c->D};
+        r->qkv = th_tensor(c->dtype, 4, shape);
+        r->dqkv = th_tensor(c->dtype, 4, shape);
+        r->q_ = io_packed(c, r->qkv, 0, c->Hq, r->q);
+        r->k_ = io_packed(c, r->qkv, c->Hq, c->Hkv, r->k);
+        r->v_ = io_packed(c, r->qkv, c->Hq + c->Hkv, c->Hkv, r->v);
+        r->dq_ = io_packed(c, r->dqkv, 0, c->Hq, NULL);
+        r->dk_ = io_packed(c, r->dqkv, c->Hq, c->Hkv, NULL);
+        r->dv_ = io_packed(c, r->dqkv, c->Hq + c->Hkv, c->Hkv, NULL);
+    } else {
+        r->q_ = io_new(c, c->Hq, c->Tq, r->total_q, r->q);
+        r->k_ = io_new(c, c->Hkv, c->Tk, r->total_k, r->k);
+        r->v_ = io_new(c, c->Hkv, c->Tk, r->total_k, r->v);
+        r->dq_ = io_new(c, c->Hq, c->Tq, r->total_q, NULL);
+        r->dk_ = io_new(c, c->Hkv, c->Tk, r->total_k, NULL);
+        r->dv_ = io_new(c, c->Hkv, c->Tk, r->total_k, NULL);
+    }
     r->do_ = io_new(c, c->Hq, c->Tq, r->total_q, r->dout);
     r->o_ = io_new(c, c->Hq, c->Tq, r->total_q, NULL);
-    r->dq_ = io_new(c, c->Hq, c->Tq, r->total_q, NULL);
-    r->dk_ = io_new(c, c->Hkv, c->Tk, r->total_k, NULL);
-    r->dv_ = io_new(c, c->Hkv, c->Tk, r->total_k, NULL);
     if (c->cu_q) {
         const int64_t shape[2] = {c->Hq, r->total_q};
         r->lse = th_tensor(LLMCL_F32, 2, shape);
@@ -160,6 +190,8 @@ static void run_free(attn_run *r)
     attn_io ios[] = {r->q_, r->k_, r->v_, r->do_, r->o_, r->dq_, r->dk_, r->dv_};
     for (size_t i = 0; i < sizeof ios / sizeof *ios; ++i)
         io_free(ios[i]);
+    llmcl_tensor_destroy(r->qkv);
+    llmcl_tensor_destroy(r->dqkv);
     llmcl_tensor_destroy(r->lse);
     llmcl_tensor_destroy(r->cu_q);
     llmcl_tensor_destroy(r->cu_k);
@@ -611,6 +643,43 @@ static void test_layout_bthd(void **state)
     c = windowed(dense(LLMCL_BF16, 1, 3, 1, 128, 40, 81), 10, 4);
     c.bthd = true;
     check_case(c, 61);
+}
+
+/*
+ * q, k and v heads side by side in the rows of one buffer, and the gradients likewise in another:
+ * outputs interleaved with each other but disjoint. dK and dV views that share half a head's
+ * columns are refused, the buffer intact.
+ */
+static void test_packed_heads(void **state)
+{
+    (void)state;
+    attn_case c = causal(dense(LLMCL_BF16, 2, 4, 2, 64, 77, 77));
+    c.packed = true;
+    check_case(c, 64);
+    c = causal(dense(LLMCL_F32, 1, 6, 2, 40, 33, 33));
+    c.packed = true;
+    check_case(c, 65);
+    c = causal(dense(LLMCL_BF16, 1, 4, 1, 128, 130, 130));
+    c.packed = true;
+    check_case(c, 66);
+
+    c = causal(dense(LLMCL_F32, 1, 2, 1, 64, 20, 20));
+    c.packed = true;
+    attn_run r;
+    run_setup(&r, &c, 67);
+    TH_OK(run_forward(&r));
+    const int64_t w = 4 * 64, shape[4] = {1, 1, 20, 64}, strides[4] = {20 * w, 64, w, 1};
+    llmcl_tensor *dv_half = NULL;
+    TH_OK(llmcl_tensor_view(r.dqkv, 4, shape, strides, 2 * 64 + 32, &dv_half));
+    void *before = raw(r.dqkv);
+    TH_FAILS(llmcl_attention_backward(th_ctx(), r.q_.t, r.k_.t, r.v_.t, r.o_.t, r.lse, r.do_.t,
+                                      &r.c.opts, r.dq_.t, r.dk_.t, dv_half),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(th_ctx()), "overlap"));
+    assert_same_bits(r.dqkv, before, "dqkv");
+    free(before);
+    llmcl_tensor_destroy(dv_half);
+    run_free(&r);
 }
 
 /* Views that start 1 or 2 elements into their storage: tiles load element by element. */
@@ -1095,6 +1164,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_tunables_other_head_dim, clear_overrides),
         cmocka_unit_test_teardown(test_delta_lanes, clear_overrides),
         cmocka_unit_test(test_unaligned_views),
+        cmocka_unit_test(test_packed_heads),
         cmocka_unit_test(test_tuned_tiles_for_other_head_dim),
         cmocka_unit_test(test_loop_limit), /* after test_tunables, whose programs it reuses */
         cmocka_unit_test(test_long_sequences),

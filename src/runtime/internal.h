@@ -285,7 +285,8 @@ typedef struct llmcl__rows {
 llmcl_status llmcl__as_rows(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name,
                             llmcl__rows *out);
 
-/* Whether two tensors share a buffer and overlap in the byte ranges they span. */
+/* Whether two tensors may share an element: the same buffer, byte ranges that meet, and no period
+   (one of a's strides) in which their elements keep apart. */
 bool llmcl__overlaps(const llmcl_tensor *a, const llmcl_tensor *b);
 
 /* Same buffer, offset, shape and strides: an exact in-place pairing. */

@@ -191,6 +191,29 @@ static void byte_span(const llmcl_tensor *t, uint64_t *lo, uint64_t *hi)
     *hi = (uint64_t)(last + 1) * es;
 }
 
+/*
+ * Where every stride of t of at least `period` bytes is a whole number of periods and its other
+ * dimensions stay inside one period from where t starts in its own, the bytes [*lo, *hi) of a
+ * period that t's elements can occupy; else false.
+ */
+static bool span_in_period(const llmcl_tensor *t, int64_t period, int64_t *lo, int64_t *hi)
+{
+    const int64_t es = (int64_t)llmcl_dtype_size(t->dtype);
+    int64_t reach = es;
+    for (int i = 0; i < t->ndim; ++i) {
+        const int64_t stride = t->strides[i] * es;
+        if (t->shape[i] <= 1)
+            continue;
+        if (stride < 0 || (stride >= period && stride % period != 0))
+            return false;
+        if (stride < period)
+            reach += (t->shape[i] - 1) * stride;
+    }
+    *lo = t->offset * es % period;
+    *hi = *lo + reach;
+    return *hi <= period;
+}
+
 bool llmcl__overlaps(const llmcl_tensor *a, const llmcl_tensor *b)
 {
     if (a->mem != b->mem)
@@ -198,7 +221,18 @@ bool llmcl__overlaps(const llmcl_tensor *a, const llmcl_tensor *b)
     uint64_t alo, ahi, blo, bhi;
     byte_span(a, &alo, &ahi);
     byte_span(b, &blo, &bhi);
-    return alo < bhi && blo < ahi;
+    if (!(alo < bhi && blo < ahi))
+        return false;
+    /* Interleaved views, such as heads side by side in the rows of one buffer, share a period
+       (a row) in which their elements keep to ranges that do not meet. */
+    for (int i = 0; i < a->ndim; ++i) {
+        const int64_t period = a->strides[i] * (int64_t)llmcl_dtype_size(a->dtype);
+        int64_t la, ha, lb, hb;
+        if (a->shape[i] > 1 && period > 0 && span_in_period(a, period, &la, &ha) &&
+            span_in_period(b, period, &lb, &hb) && (ha <= lb || hb <= la))
+            return false;
+    }
+    return true;
 }
 
 bool llmcl__same_view(const llmcl_tensor *a, const llmcl_tensor *b)
