@@ -190,18 +190,30 @@ static llmcl_tensor *head(arena *a, const llmcl_tensor *t, int64_t n)
     return view(a, t, 1, &n, NULL, llmcl_tensor_offset(t));
 }
 
-/* Rows [N = b t, h d] as [b, h, t, d] (attention's view of [b, t, h, d] storage). */
-static llmcl_tensor *bhtd(arena *a, const llmcl_tensor *t, int b, int tt, int h, int d)
+/* Columns [col, col + n_cols) of the first n rows of a 2-D buffer. */
+static llmcl_tensor *cols(arena *a, const llmcl_tensor *t, int64_t n, int64_t col, int64_t n_cols)
 {
-    const int64_t shape[4] = {b, h, tt, d}, strides[4] = {(int64_t)tt * h * d, d, (int64_t)h * d, 1};
-    return view(a, t, 4, shape, strides, 0);
+    const int64_t shape[2] = {n, n_cols}, strides[2] = {llmcl_tensor_dim(t, 1), 1};
+    return view(a, t, 2, shape, strides, llmcl_tensor_offset(t) + col);
 }
 
-/* Rows [N = b t, h d] as contiguous [b, t, h, d] (RoPE's layout). */
-static llmcl_tensor *bthd(arena *a, const llmcl_tensor *t, int b, int tt, int h, int d)
+/* The h heads of d from column col of rows [N = b t, width] as [b, h, t, d] (attention's view of
+   [b, t, h, d] storage). */
+static llmcl_tensor *bhtd(arena *a, const llmcl_tensor *t, int64_t col, int b, int tt, int h,
+                          int d)
 {
-    const int64_t shape[4] = {b, tt, h, d};
-    return view(a, t, 4, shape, NULL, 0);
+    const int64_t w = llmcl_tensor_dim(t, 1);
+    const int64_t shape[4] = {b, h, tt, d}, strides[4] = {tt * w, d, w, 1};
+    return view(a, t, 4, shape, strides, llmcl_tensor_offset(t) + col);
+}
+
+/* The same heads as [b, t, h, d] (RoPE's layout). */
+static llmcl_tensor *bthd(arena *a, const llmcl_tensor *t, int64_t col, int b, int tt, int h,
+                          int d)
+{
+    const int64_t w = llmcl_tensor_dim(t, 1);
+    const int64_t shape[4] = {b, tt, h, d}, strides[4] = {tt * w, w, d, 1};
+    return view(a, t, 4, shape, strides, llmcl_tensor_offset(t) + col);
 }
 
 /* ---- parameters ---- */
@@ -840,7 +852,7 @@ static void free_acts(model *m)
     m->acts = NULL;
     llmcl_tensor **bufs[] = {&m->hfinal, &m->rstd_final, &m->lse_ce, &m->loss, &m->ids,
                              &m->targets, &m->positions, &m->dres, &m->dh, &m->dh32, &m->da,
-                             &m->dattn, &m->dq, &m->dk, &m->dv, &m->dnorm_w, &m->logits_last,
+                             &m->dattn, &m->dqkv, &m->dnorm_w, &m->logits_last,
                              &m->du};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i) {
         llmcl_tensor_destroy(*bufs[i]);
@@ -889,9 +901,7 @@ llmcl_status model_alloc_acts(model *m, int b, int t, int recompute, bool offloa
     m->dh32 = new_tensor(ctx, LLMCL_F32, 2, n, c->dim);
     m->da = new_tensor(ctx, dt, 2, n, c->ffn);
     m->dattn = new_tensor(ctx, dt, 2, n, q);
-    m->dq = new_tensor(ctx, dt, 2, n, q);
-    m->dk = new_tensor(ctx, dt, 2, n, kv);
-    m->dv = new_tensor(ctx, dt, 2, n, kv);
+    m->dqkv = new_tensor(ctx, dt, 2, n, q + 2 * kv);
     m->dnorm_w = new_tensor(ctx, LLMCL_F32, 1, c->dim, 0);
     m->logits_last = new_tensor(ctx, LLMCL_F32, 2, 1, c->vocab);
     if (c->lora_rank > 0)
@@ -1044,13 +1054,13 @@ static llmcl_status layer_forward(model *m, arena *a, int l, const layer_acts *A
     TRY(model_proj_forward(m, param(m, P_WK, l), h1, 0, k, u_rows(a, A, P_WK, n)));
     TRY(model_proj_forward(m, param(m, P_WV, l), h1, 0, v, u_rows(a, A, P_WV, n)));
     const llmcl_rope_options ro = rope_opts(m, a, t);
-    OP(F_ROPE, llmcl_rope_forward(ctx, bthd(a, A->q, b, t, c->heads, d), bthd(a, A->k, b, t, c->kv_heads, d), &ro));
+    OP(F_ROPE, llmcl_rope_forward(ctx, bthd(a, A->q, 0, b, t, c->heads, d), bthd(a, A->k, 0, b, t, c->kv_heads, d), &ro));
     const llmcl_attention_opts ao = {.causal = 1};
     const int64_t lshape[3] = {b, c->heads, t};
-    OP(F_ATTENTION_FWD, llmcl_attention_forward(ctx, bhtd(a, A->q, b, t, c->heads, d),
-                                                bhtd(a, A->k, b, t, c->kv_heads, d),
-                                                bhtd(a, A->v, b, t, c->kv_heads, d), &ao,
-                                                bhtd(a, A->o, b, t, c->heads, d),
+    OP(F_ATTENTION_FWD, llmcl_attention_forward(ctx, bhtd(a, A->q, 0, b, t, c->heads, d),
+                                                bhtd(a, A->k, 0, b, t, c->kv_heads, d),
+                                                bhtd(a, A->v, 0, b, t, c->kv_heads, d), &ao,
+                                                bhtd(a, A->o, 0, b, t, c->heads, d),
                                                 view(a, A->lse, 3, lshape, NULL, 0)));
     OP(F_ELEMENTWISE, llmcl_copy(ctx, x, xmid));
     TRY(model_proj_forward(m, param(m, P_WO, l), rows(a, A->o, n), 1, xmid, u_rows(a, A, P_WO, n)));
@@ -1179,6 +1189,59 @@ static llmcl_status layer_rebuild(model *m, arena *a, int l, const layer_acts *A
     return swiglu_forward(m, a, A, n);
 }
 
+/* tensors[0..n) as one [rows of all, cols] view where each begins in the buffer where the one
+   before it ends, else NULL. */
+static llmcl_tensor *stacked(arena *a, llmcl_tensor *const *tensors, int n)
+{
+    const llmcl_tensor *first = tensors[0];
+    const int64_t width = llmcl_tensor_dim(first, 1);
+    int64_t height = 0;
+    for (int i = 0; i < n; ++i) {
+        const llmcl_tensor *t = tensors[i];
+        if (!t || llmcl_tensor_ndim(t) != 2 || llmcl_tensor_dtype(t) != llmcl_tensor_dtype(first) ||
+            llmcl_tensor_cl_mem(t) != llmcl_tensor_cl_mem(first) ||
+            llmcl_tensor_dim(t, 1) != width || llmcl_tensor_stride(t, 0) != width ||
+            llmcl_tensor_stride(t, 1) != 1 ||
+            llmcl_tensor_offset(t) != llmcl_tensor_offset(first) + height * width)
+            return NULL;
+        height += llmcl_tensor_dim(t, 0);
+    }
+    const int64_t shape[2] = {height, width};
+    return view(a, first, 2, shape, NULL, llmcl_tensor_offset(first));
+}
+
+/*
+ * The q, k and v projections' backward from dqkv, their output gradients side by side in a row.
+ * Where no adapter is on them and their weights (and gradients) lie one after another, which the
+ * parameters' layout gives unless a view is padded, it is one dX and one dW product over the
+ * stacked [q + 2 kv, dim] weight: dh is written once, and the narrow k and v products run inside a
+ * wide one (on the H200 the 1B model's 2048 -> 512 products ran at half cuBLAS's rate alone).
+ */
+static llmcl_status qkv_backward(model *m, arena *a, int l, const layer_acts *A, llmcl_tensor *dqkv,
+                                 llmcl_tensor *h1, llmcl_tensor *dh, llmcl_tensor *du)
+{
+    const int64_t n = llmcl_tensor_dim(dqkv, 0);
+    const model_param *p[3] = {param(m, P_WQ, l), param(m, P_WK, l), param(m, P_WV, l)};
+    llmcl_tensor *w[3], *g[3];
+    bool plain = true;
+    for (int i = 0; i < 3; ++i) {
+        plain = plain && !p[i]->lora_a && p[i]->trainable == p[0]->trainable;
+        w[i] = p[i]->w;
+        g[i] = p[i]->grad;
+    }
+    model_param qkv = {.trainable = p[0]->trainable};
+    if (plain && (qkv.w = stacked(a, w, 3)) && (!qkv.trainable || (qkv.grad = stacked(a, g, 3))))
+        return model_proj_backward(m, &qkv, dqkv, h1, NULL, 0, dh, NULL);
+    int64_t col = 0;
+    for (int i = 0; i < 3; ++i) {
+        const int64_t width = p[i]->shape[0];
+        TRY(model_proj_backward(m, p[i], cols(a, dqkv, n, col, width), h1,
+                                u_rows(a, A, P_WQ + i, n), i ? 1.0f : 0.0f, dh, du));
+        col += width;
+    }
+    return LLMCL_OK;
+}
+
 /* A block's backward: dres holds d(output) on entry and d(input) on return. */
 static llmcl_status layer_backward(model *m, arena *a, int l, const layer_acts *A,
                                    llmcl_tensor *x, int b, int t)
@@ -1203,26 +1266,22 @@ static llmcl_status layer_backward(model *m, arena *a, int l, const layer_acts *
                                                dres, m->dnorm_w, &no));
     TRY(norm_grad(m, param(m, P_MLP_NORM, l)));
     /* attention */
-    llmcl_tensor *h1 = rows(a, A->h1, n);
+    llmcl_tensor *h1 = rows(a, A->h1, n), *dqkv = rows(a, m->dqkv, n);
+    const int64_t kcol = (int64_t)c->heads * d, vcol = kcol + (int64_t)c->kv_heads * d;
     TRY(model_proj_backward(m, param(m, P_WO, l), dres, rows(a, A->o, n), u_rows(a, A, P_WO, n), 0,
                             rows(a, m->dattn, n), du));
     const llmcl_attention_opts ao = {.causal = 1};
     const int64_t lshape[3] = {b, c->heads, t};
     OP(F_ATTENTION_BWD, llmcl_attention_backward(
-        ctx, bhtd(a, A->q, b, t, c->heads, d), bhtd(a, A->k, b, t, c->kv_heads, d),
-        bhtd(a, A->v, b, t, c->kv_heads, d), bhtd(a, A->o, b, t, c->heads, d),
-        view(a, A->lse, 3, lshape, NULL, 0), bhtd(a, m->dattn, b, t, c->heads, d), &ao,
-        bhtd(a, m->dq, b, t, c->heads, d), bhtd(a, m->dk, b, t, c->kv_heads, d),
-        bhtd(a, m->dv, b, t, c->kv_heads, d)));
+        ctx, bhtd(a, A->q, 0, b, t, c->heads, d), bhtd(a, A->k, 0, b, t, c->kv_heads, d),
+        bhtd(a, A->v, 0, b, t, c->kv_heads, d), bhtd(a, A->o, 0, b, t, c->heads, d),
+        view(a, A->lse, 3, lshape, NULL, 0), bhtd(a, m->dattn, 0, b, t, c->heads, d), &ao,
+        bhtd(a, dqkv, 0, b, t, c->heads, d), bhtd(a, dqkv, kcol, b, t, c->kv_heads, d),
+        bhtd(a, dqkv, vcol, b, t, c->kv_heads, d)));
     const llmcl_rope_options ro = rope_opts(m, a, t);
-    OP(F_ROPE, llmcl_rope_backward(ctx, bthd(a, m->dq, b, t, c->heads, d),
-                                   bthd(a, m->dk, b, t, c->kv_heads, d), &ro));
-    TRY(model_proj_backward(m, param(m, P_WQ, l), rows(a, m->dq, n), h1, u_rows(a, A, P_WQ, n), 0,
-                            dh, du));
-    TRY(model_proj_backward(m, param(m, P_WK, l), rows(a, m->dk, n), h1, u_rows(a, A, P_WK, n), 1,
-                            dh, du));
-    TRY(model_proj_backward(m, param(m, P_WV, l), rows(a, m->dv, n), h1, u_rows(a, A, P_WV, n), 1,
-                            dh, du));
+    OP(F_ROPE, llmcl_rope_backward(ctx, bthd(a, dqkv, 0, b, t, c->heads, d),
+                                   bthd(a, dqkv, kcol, b, t, c->kv_heads, d), &ro));
+    TRY(qkv_backward(m, a, l, A, dqkv, h1, dh, du));
     OP(F_NORM, llmcl_residual_rmsnorm_backward(ctx, dh, dres, x, param(m, P_ATTN_NORM, l)->w,
                                                head(a, A->rstd1, n), dres, m->dnorm_w, &no));
     return norm_grad(m, param(m, P_ATTN_NORM, l));

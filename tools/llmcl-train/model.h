@@ -152,7 +152,8 @@ typedef struct model {
                               layer lends its own */
     int rebuilt;           /* the index in acts of the buffers that recomputation writes into */
     llmcl_tensor *hfinal, *rstd_final, *lse_ce, *loss, *ids, *targets, *positions;
-    llmcl_tensor *dres, *dh, *dh32, *da, *dattn, *dq, *dk, *dv, *dnorm_w, *logits_last;
+    llmcl_tensor *dres, *dh, *dh32, *da, *dattn, *dnorm_w, *logits_last;
+    llmcl_tensor *dqkv;    /* d(q), d(k) and d(v) side by side in a row [N, (heads + 2 kv_heads) d] */
     llmcl_tensor *du;      /* an adapter's d(x A^T) [N, rank] */
 
     /* profiling: every op a profiling region of its own (so each waits for its kernels), its
