@@ -18,7 +18,9 @@
 #endif
 
 struct layer_acts {
-    llmcl_tensor *h1, *rstd1, *q, *k, *v, *o, *lse, *xmid, *h2, *rstd2, *gate, *up, *act;
+    llmcl_tensor *h1, *rstd1, *o, *lse, *xmid, *h2, *rstd2, *act;
+    llmcl_tensor *qkv; /* q, k and v side by side in a row, as the stacked projections write them */
+    llmcl_tensor *gu;  /* gate and up likewise */
     llmcl_tensor *u[P_KINDS]; /* per adapted projection: x A^T [N, rank] */
 };
 
@@ -696,7 +698,7 @@ static model_param *param(model *m, int kind, int layer)
  * A layer's buffers as slots, so that a mask says which of them a layer keeps; the adapters' x A^T
  * last, one slot per projection from P_WQ to P_WDOWN.
  */
-enum { S_H1, S_RSTD1, S_Q, S_K, S_V, S_O, S_LSE, S_XMID, S_H2, S_RSTD2, S_GATE, S_UP, S_ACT, S_U,
+enum { S_H1, S_RSTD1, S_QKV, S_O, S_LSE, S_XMID, S_H2, S_RSTD2, S_GU, S_ACT, S_U,
        SLOTS = S_U + P_WDOWN - P_WQ + 1 };
 #define ALL_SLOTS ((1u << SLOTS) - 1)
 /* What the ops form rebuilds: the RMSNorms' outputs and rstd, and SwiGLU's product. */
@@ -705,8 +707,8 @@ enum { S_H1, S_RSTD1, S_Q, S_K, S_V, S_O, S_LSE, S_XMID, S_H2, S_RSTD2, S_GATE, 
 
 static void slots_of(layer_acts *A, llmcl_tensor **s[SLOTS])
 {
-    llmcl_tensor **named[S_U] = {&A->h1,  &A->rstd1, &A->q,  &A->k,    &A->v,    &A->o,  &A->lse,
-                                 &A->xmid, &A->h2,   &A->rstd2, &A->gate, &A->up, &A->act};
+    llmcl_tensor **named[S_U] = {&A->h1, &A->rstd1, &A->qkv,   &A->o,  &A->lse,
+                                 &A->xmid, &A->h2, &A->rstd2, &A->gu, &A->act};
     for (int i = 0; i < S_U; ++i)
         s[i] = named[i];
     for (int k = P_WQ; k <= P_WDOWN; ++k)
@@ -727,9 +729,8 @@ static llmcl_tensor *slot_alloc(model *m, int slot, int b, int t)
     const model_config *c = &m->cfg;
     const int64_t n = (int64_t)b * t, q = (int64_t)c->heads * m->head_dim,
                   kv = (int64_t)c->kv_heads * m->head_dim;
-    const int64_t width[S_U] = {[S_H1] = c->dim, [S_Q] = q,          [S_K] = kv,
-                                [S_V] = kv,      [S_O] = q,          [S_XMID] = c->dim,
-                                [S_H2] = c->dim, [S_GATE] = c->ffn, [S_UP] = c->ffn,
+    const int64_t width[S_U] = {[S_H1] = c->dim,   [S_QKV] = q + 2 * kv, [S_O] = q,
+                                [S_XMID] = c->dim, [S_H2] = c->dim,      [S_GU] = 2 * c->ffn,
                                 [S_ACT] = c->ffn};
     if (slot == S_RSTD1 || slot == S_RSTD2)
         return new_tensor(m->ctx, LLMCL_F32, 1, n, 0);
@@ -1022,6 +1023,95 @@ static llmcl_status norm_grad(model *m, const model_param *p)
 
 /* ---- forward ---- */
 
+/* tensors[0..n) as one [rows of all, cols] view where each begins in the buffer where the one
+   before it ends, else NULL. */
+static llmcl_tensor *stacked(arena *a, llmcl_tensor *const *tensors, int n)
+{
+    const llmcl_tensor *first = tensors[0];
+    const int64_t width = llmcl_tensor_dim(first, 1);
+    int64_t height = 0;
+    for (int i = 0; i < n; ++i) {
+        const llmcl_tensor *t = tensors[i];
+        if (!t || llmcl_tensor_ndim(t) != 2 || llmcl_tensor_dtype(t) != llmcl_tensor_dtype(first) ||
+            llmcl_tensor_cl_mem(t) != llmcl_tensor_cl_mem(first) ||
+            llmcl_tensor_dim(t, 1) != width || llmcl_tensor_stride(t, 0) != width ||
+            llmcl_tensor_stride(t, 1) != 1 ||
+            llmcl_tensor_offset(t) != llmcl_tensor_offset(first) + height * width)
+            return NULL;
+        height += llmcl_tensor_dim(t, 0);
+    }
+    const int64_t shape[2] = {height, width};
+    return view(a, first, 2, shape, NULL, llmcl_tensor_offset(first));
+}
+
+/*
+ * The projections of kinds first .. first + count - 1 of layer l (q, k and v, or gate and up) read
+ * one input and write their outputs side by side in a row. Where no adapter is on them and their
+ * weights (and gradients) lie one after another, which the parameters' layout gives unless a view
+ * is padded, *out becomes one projection over the stacked weight: one product of each kind instead
+ * of count, the input read once, dx written once, and the 1B model's narrow k and v products (at
+ * half cuBLAS's rate alone on the H200) inside a wide one.
+ */
+static bool stacked_proj(model *m, arena *a, int l, int first, int count, model_param *out)
+{
+    llmcl_tensor *w[3], *g[3];
+    const model_param *p0 = param(m, first, l);
+    for (int i = 0; i < count; ++i) {
+        const model_param *p = param(m, first + i, l);
+        if (p->lora_a || p->trainable != p0->trainable)
+            return false;
+        w[i] = p->w;
+        g[i] = p->grad;
+    }
+    *out = (model_param){.trainable = p0->trainable};
+    out->w = stacked(a, w, count);
+    out->grad = out->trainable && out->w ? stacked(a, g, count) : NULL;
+    return out->w && (!out->trainable || out->grad);
+}
+
+/* y's n rows [x W_first^T, x W_first+1^T, ...] (stacked_proj's group). */
+static llmcl_status group_forward(model *m, arena *a, int l, int first, int count,
+                                  const layer_acts *A, llmcl_tensor *x, llmcl_tensor *y)
+{
+    const int64_t n = llmcl_tensor_dim(x, 0);
+    model_param st;
+    if (stacked_proj(m, a, l, first, count, &st))
+        return model_proj_forward(m, &st, x, 0, y, NULL);
+    int64_t col = 0;
+    for (int i = 0; i < count; ++i) {
+        const model_param *p = param(m, first + i, l);
+        TRY(model_proj_forward(m, p, x, 0, cols(a, y, n, col, p->shape[0]),
+                               u_rows(a, A, first + i, n)));
+        col += p->shape[0];
+    }
+    return LLMCL_OK;
+}
+
+/* The group's backward from dy, its output gradients side by side in a row: dx and the weights'
+   gradients. */
+static llmcl_status group_backward(model *m, arena *a, int l, int first, int count,
+                                   const layer_acts *A, llmcl_tensor *dy, llmcl_tensor *x,
+                                   llmcl_tensor *dx, llmcl_tensor *du)
+{
+    const int64_t n = llmcl_tensor_dim(dy, 0);
+    model_param st;
+    if (stacked_proj(m, a, l, first, count, &st))
+        return model_proj_backward(m, &st, dy, x, NULL, 0, dx, NULL);
+    int64_t col = 0;
+    for (int i = 0; i < count; ++i) {
+        const model_param *p = param(m, first + i, l);
+        TRY(model_proj_backward(m, p, cols(a, dy, n, col, p->shape[0]), x,
+                                u_rows(a, A, first + i, n), i ? 1.0f : 0.0f, dx, du));
+        col += p->shape[0];
+    }
+    return LLMCL_OK;
+}
+
+/* Where k's and v's heads begin in a row of q, k and v side by side. */
+static int64_t k_col(const model *m) { return (int64_t)m->cfg.heads * m->head_dim; }
+static int64_t v_col(const model *m) { return k_col(m) + (int64_t)m->cfg.kv_heads * m->head_dim; }
+
+
 /* An RMSNorm of kind (layer l's P_ATTN_NORM or P_MLP_NORM, or P_FINAL_NORM at -1): h and rstd of
    x's n rows. */
 static llmcl_status norm_forward(model *m, arena *a, int kind, int l, llmcl_tensor *x,
@@ -1035,8 +1125,9 @@ static llmcl_status norm_forward(model *m, arena *a, int kind, int l, llmcl_tens
 /* act = silu(gate) * up over n rows. */
 static llmcl_status swiglu_forward(model *m, arena *a, const layer_acts *A, int64_t n)
 {
-    return PROF(F_GLU, llmcl_glu_forward(m->ctx, LLMCL_ACT_SILU, rows(a, A->gate, n),
-                                         rows(a, A->up, n), rows(a, A->act, n)));
+    const int64_t ffn = m->cfg.ffn;
+    return PROF(F_GLU, llmcl_glu_forward(m->ctx, LLMCL_ACT_SILU, cols(a, A->gu, n, 0, ffn),
+                                         cols(a, A->gu, n, ffn, ffn), rows(a, A->act, n)));
 }
 
 /* A block's forward from x; xout (NULL when recomputing for the backward) receives its output. */
@@ -1047,29 +1138,24 @@ static llmcl_status layer_forward(model *m, arena *a, int l, const layer_acts *A
     const model_config *c = &m->cfg;
     const int64_t n = (int64_t)b * t;
     const int d = m->head_dim;
-    llmcl_tensor *h1 = rows(a, A->h1, n), *q = rows(a, A->q, n), *k = rows(a, A->k, n),
-                 *v = rows(a, A->v, n), *xmid = rows(a, A->xmid, n), *h2 = rows(a, A->h2, n);
+    llmcl_tensor *h1 = rows(a, A->h1, n), *xmid = rows(a, A->xmid, n), *h2 = rows(a, A->h2, n);
     TRY(norm_forward(m, a, P_ATTN_NORM, l, x, A->h1, A->rstd1, n));
-    TRY(model_proj_forward(m, param(m, P_WQ, l), h1, 0, q, u_rows(a, A, P_WQ, n)));
-    TRY(model_proj_forward(m, param(m, P_WK, l), h1, 0, k, u_rows(a, A, P_WK, n)));
-    TRY(model_proj_forward(m, param(m, P_WV, l), h1, 0, v, u_rows(a, A, P_WV, n)));
+    TRY(group_forward(m, a, l, P_WQ, 3, A, h1, rows(a, A->qkv, n)));
     const llmcl_rope_options ro = rope_opts(m, a, t);
-    OP(F_ROPE, llmcl_rope_forward(ctx, bthd(a, A->q, 0, b, t, c->heads, d), bthd(a, A->k, 0, b, t, c->kv_heads, d), &ro));
+    OP(F_ROPE, llmcl_rope_forward(ctx, bthd(a, A->qkv, 0, b, t, c->heads, d),
+                                  bthd(a, A->qkv, k_col(m), b, t, c->kv_heads, d), &ro));
     const llmcl_attention_opts ao = {.causal = 1};
     const int64_t lshape[3] = {b, c->heads, t};
-    OP(F_ATTENTION_FWD, llmcl_attention_forward(ctx, bhtd(a, A->q, 0, b, t, c->heads, d),
-                                                bhtd(a, A->k, 0, b, t, c->kv_heads, d),
-                                                bhtd(a, A->v, 0, b, t, c->kv_heads, d), &ao,
-                                                bhtd(a, A->o, 0, b, t, c->heads, d),
+    OP(F_ATTENTION_FWD, llmcl_attention_forward(ctx, bhtd(a, A->qkv, 0, b, t, c->heads, d),
+                                                bhtd(a, A->qkv, k_col(m), b, t, c->kv_heads, d),
+                                                bhtd(a, A->qkv, v_col(m), b, t, c->kv_heads, d),
+                                                &ao, bhtd(a, A->o, 0, b, t, c->heads, d),
                                                 view(a, A->lse, 3, lshape, NULL, 0)));
     OP(F_ELEMENTWISE, llmcl_copy(ctx, x, xmid));
     TRY(model_proj_forward(m, param(m, P_WO, l), rows(a, A->o, n), 1, xmid, u_rows(a, A, P_WO, n)));
     TRY(norm_forward(m, a, P_MLP_NORM, l, xmid, A->h2, A->rstd2, n));
     llmcl_tensor *act = rows(a, A->act, n);
-    TRY(model_proj_forward(m, param(m, P_WGATE, l), h2, 0, rows(a, A->gate, n),
-                           u_rows(a, A, P_WGATE, n)));
-    TRY(model_proj_forward(m, param(m, P_WUP, l), h2, 0, rows(a, A->up, n),
-                           u_rows(a, A, P_WUP, n)));
+    TRY(group_forward(m, a, l, P_WGATE, 2, A, h2, rows(a, A->gu, n)));
     TRY(swiglu_forward(m, a, A, n));
     const model_param *down = param(m, P_WDOWN, l);
     if (!xout) /* recomputing for the backward: of the last projection only its adapter's u */
@@ -1189,59 +1275,6 @@ static llmcl_status layer_rebuild(model *m, arena *a, int l, const layer_acts *A
     return swiglu_forward(m, a, A, n);
 }
 
-/* tensors[0..n) as one [rows of all, cols] view where each begins in the buffer where the one
-   before it ends, else NULL. */
-static llmcl_tensor *stacked(arena *a, llmcl_tensor *const *tensors, int n)
-{
-    const llmcl_tensor *first = tensors[0];
-    const int64_t width = llmcl_tensor_dim(first, 1);
-    int64_t height = 0;
-    for (int i = 0; i < n; ++i) {
-        const llmcl_tensor *t = tensors[i];
-        if (!t || llmcl_tensor_ndim(t) != 2 || llmcl_tensor_dtype(t) != llmcl_tensor_dtype(first) ||
-            llmcl_tensor_cl_mem(t) != llmcl_tensor_cl_mem(first) ||
-            llmcl_tensor_dim(t, 1) != width || llmcl_tensor_stride(t, 0) != width ||
-            llmcl_tensor_stride(t, 1) != 1 ||
-            llmcl_tensor_offset(t) != llmcl_tensor_offset(first) + height * width)
-            return NULL;
-        height += llmcl_tensor_dim(t, 0);
-    }
-    const int64_t shape[2] = {height, width};
-    return view(a, first, 2, shape, NULL, llmcl_tensor_offset(first));
-}
-
-/*
- * The q, k and v projections' backward from dqkv, their output gradients side by side in a row.
- * Where no adapter is on them and their weights (and gradients) lie one after another, which the
- * parameters' layout gives unless a view is padded, it is one dX and one dW product over the
- * stacked [q + 2 kv, dim] weight: dh is written once, and the narrow k and v products run inside a
- * wide one (on the H200 the 1B model's 2048 -> 512 products ran at half cuBLAS's rate alone).
- */
-static llmcl_status qkv_backward(model *m, arena *a, int l, const layer_acts *A, llmcl_tensor *dqkv,
-                                 llmcl_tensor *h1, llmcl_tensor *dh, llmcl_tensor *du)
-{
-    const int64_t n = llmcl_tensor_dim(dqkv, 0);
-    const model_param *p[3] = {param(m, P_WQ, l), param(m, P_WK, l), param(m, P_WV, l)};
-    llmcl_tensor *w[3], *g[3];
-    bool plain = true;
-    for (int i = 0; i < 3; ++i) {
-        plain = plain && !p[i]->lora_a && p[i]->trainable == p[0]->trainable;
-        w[i] = p[i]->w;
-        g[i] = p[i]->grad;
-    }
-    model_param qkv = {.trainable = p[0]->trainable};
-    if (plain && (qkv.w = stacked(a, w, 3)) && (!qkv.trainable || (qkv.grad = stacked(a, g, 3))))
-        return model_proj_backward(m, &qkv, dqkv, h1, NULL, 0, dh, NULL);
-    int64_t col = 0;
-    for (int i = 0; i < 3; ++i) {
-        const int64_t width = p[i]->shape[0];
-        TRY(model_proj_backward(m, p[i], cols(a, dqkv, n, col, width), h1,
-                                u_rows(a, A, P_WQ + i, n), i ? 1.0f : 0.0f, dh, du));
-        col += width;
-    }
-    return LLMCL_OK;
-}
-
 /* A block's backward: dres holds d(output) on entry and d(input) on return. */
 static llmcl_status layer_backward(model *m, arena *a, int l, const layer_acts *A,
                                    llmcl_tensor *x, int b, int t)
@@ -1252,36 +1285,34 @@ static llmcl_status layer_backward(model *m, arena *a, int l, const layer_acts *
     const int d = m->head_dim;
     const llmcl_rmsnorm_options no = norm_opts(m);
     llmcl_tensor *dres = rows(a, m->dres, n), *dh = rows(a, m->dh, n), *da = rows(a, m->da, n);
-    llmcl_tensor *gate = rows(a, A->gate, n), *up = rows(a, A->up, n), *h2 = rows(a, A->h2, n);
+    llmcl_tensor *gu = rows(a, A->gu, n), *h2 = rows(a, A->h2, n);
+    llmcl_tensor *gate = cols(a, A->gu, n, 0, c->ffn), *up = cols(a, A->gu, n, c->ffn, c->ffn);
     llmcl_tensor *du = du_rows(m, a, n);
     /* MLP */
     TRY(model_proj_backward(m, param(m, P_WDOWN, l), dres, rows(a, A->act, n),
                             u_rows(a, A, P_WDOWN, n), 0, da, du));
     OP(F_GLU, llmcl_glu_backward(ctx, LLMCL_ACT_SILU, da, gate, up, gate, up));
-    TRY(model_proj_backward(m, param(m, P_WGATE, l), gate, h2, u_rows(a, A, P_WGATE, n), 0, dh,
-                            du));
-    TRY(model_proj_backward(m, param(m, P_WUP, l), up, h2, u_rows(a, A, P_WUP, n), 1, dh, du));
+    TRY(group_backward(m, a, l, P_WGATE, 2, A, gu, h2, dh, du));
     OP(F_NORM, llmcl_residual_rmsnorm_backward(ctx, dh, dres, rows(a, A->xmid, n),
                                                param(m, P_MLP_NORM, l)->w, head(a, A->rstd2, n),
                                                dres, m->dnorm_w, &no));
     TRY(norm_grad(m, param(m, P_MLP_NORM, l)));
     /* attention */
     llmcl_tensor *h1 = rows(a, A->h1, n), *dqkv = rows(a, m->dqkv, n);
-    const int64_t kcol = (int64_t)c->heads * d, vcol = kcol + (int64_t)c->kv_heads * d;
     TRY(model_proj_backward(m, param(m, P_WO, l), dres, rows(a, A->o, n), u_rows(a, A, P_WO, n), 0,
                             rows(a, m->dattn, n), du));
     const llmcl_attention_opts ao = {.causal = 1};
     const int64_t lshape[3] = {b, c->heads, t};
     OP(F_ATTENTION_BWD, llmcl_attention_backward(
-        ctx, bhtd(a, A->q, 0, b, t, c->heads, d), bhtd(a, A->k, 0, b, t, c->kv_heads, d),
-        bhtd(a, A->v, 0, b, t, c->kv_heads, d), bhtd(a, A->o, 0, b, t, c->heads, d),
+        ctx, bhtd(a, A->qkv, 0, b, t, c->heads, d), bhtd(a, A->qkv, k_col(m), b, t, c->kv_heads, d),
+        bhtd(a, A->qkv, v_col(m), b, t, c->kv_heads, d), bhtd(a, A->o, 0, b, t, c->heads, d),
         view(a, A->lse, 3, lshape, NULL, 0), bhtd(a, m->dattn, 0, b, t, c->heads, d), &ao,
-        bhtd(a, dqkv, 0, b, t, c->heads, d), bhtd(a, dqkv, kcol, b, t, c->kv_heads, d),
-        bhtd(a, dqkv, vcol, b, t, c->kv_heads, d)));
+        bhtd(a, dqkv, 0, b, t, c->heads, d), bhtd(a, dqkv, k_col(m), b, t, c->kv_heads, d),
+        bhtd(a, dqkv, v_col(m), b, t, c->kv_heads, d)));
     const llmcl_rope_options ro = rope_opts(m, a, t);
     OP(F_ROPE, llmcl_rope_backward(ctx, bthd(a, dqkv, 0, b, t, c->heads, d),
-                                   bthd(a, dqkv, kcol, b, t, c->kv_heads, d), &ro));
-    TRY(qkv_backward(m, a, l, A, dqkv, h1, dh, du));
+                                   bthd(a, dqkv, k_col(m), b, t, c->kv_heads, d), &ro));
+    TRY(group_backward(m, a, l, P_WQ, 3, A, dqkv, h1, dh, du));
     OP(F_NORM, llmcl_residual_rmsnorm_backward(ctx, dh, dres, x, param(m, P_ATTN_NORM, l)->w,
                                                head(a, A->rstd1, n), dres, m->dnorm_w, &no));
     return norm_grad(m, param(m, P_ATTN_NORM, l));
