@@ -61,8 +61,8 @@
  *             of its CT work-item columns; attn_bwd_dq's D of dQ; attn_bwd_dkdv's D of dK, then
  *             D of dV. The launch with `last` set writes the outputs. The same steps run in the
  *             same order as in one launch: the same bits.
- *   ALIGNED4  1 (set by the launcher): every offset and stride of Q, K, V and dO is a multiple of
- *             4 elements, so tiles load as whole vectors.
+ *   ALIGNED4  1 (set by the launcher): every offset and stride of Q, K, V, dO (and in the
+ *             backward O) is a multiple of 4 elements, so tiles load as whole vectors.
  * Under LLMCL_NV_PTX, attn_fwd takes its rows' running maxima with warp shuffles (no barrier)
  * when BLOCK_N / TN is a power of two and the work-group a multiple of 32; same results.
  * Local memory: operand tiles of (D+4)-element rows (EQ bytes an element on the Q side, EK on the
@@ -176,8 +176,9 @@ inline float4 lread4_F16(const __local ushort *p, int i)
 #define LOCAL_TILE(type, name, n) __local type name[n] __attribute__((aligned(16)))
 
 /*
- * 4 consecutive elements of a global operand: with ALIGNED4 (every offset and stride of Q, K, V and
- * dO a multiple of 4 elements) one vector load, else vload4, which NVIDIA splits into scalar loads.
+ * 4 consecutive elements of a global operand: with ALIGNED4 (every offset and stride of Q, K, V, dO
+ * and O a multiple of 4 elements) one vector load, else vload4, which NVIDIA splits into scalar
+ * loads.
  */
 #if ALIGNED4
 #define GLOAD4(p) (*(const __global io4_t *)(p))
@@ -701,7 +702,8 @@ attn_bwd_pre(const __global io_t *o, ulong o_off, const __global io_t *dout, ulo
         const long ob = attn_row(o_off, so_b, so_h, so_t, b, h, q0 + t);
         const long db = attn_row(do_off, sd_b, sd_h, sd_t, b, h, q0 + t);
         for (int c = 4 * lane; c < D; c += 4 * PRE_LANES)
-            sum = fma(LOAD4(IO_DT, o, ob + c), LOAD4(IO_DT, dout, db + c), sum);
+            sum = fma(LLMCL_CAT(io4_to_f32_, IO_DT)(GLOAD4(o + ob + c)),
+                      LLMCL_CAT(io4_to_f32_, IO_DT)(GLOAD4(dout + db + c)), sum);
     }
     const float row = attn_pre_row_sum((sum.x + sum.y) + (sum.z + sum.w), part);
     if (t < tq && lane == 0)

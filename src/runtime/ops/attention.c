@@ -540,8 +540,8 @@ llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q, con
     const llmcl_tensor *outs[] = {dq, dk, dv}, *ins[] = {q, k, v, o, lse, dout};
     const char *out_names[] = {"dq", "dk", "dv"}, *in_names[] = {"q", "k", "v", "o", "lse", "dout"};
     LLMCL__TRY(attn_check_disjoint(ctx, outs, out_names, 3, ins, in_names, 6));
-    g.aligned4 =
-        attn_aligned(q, 4) && attn_aligned(k, 4) && attn_aligned(v, 4) && attn_aligned(dout, 4);
+    g.aligned4 = attn_aligned(q, 4) && attn_aligned(k, 4) && attn_aligned(v, 4) &&
+                 attn_aligned(dout, 4) && attn_aligned(o, 4);
     g.aligned8 =
         attn_aligned(q, 8) && attn_aligned(k, 8) && attn_aligned(v, 8) && attn_aligned(dout, 8);
     g.bwd = llmcl__attn_arch(ctx, &g, false);
