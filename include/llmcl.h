@@ -429,7 +429,11 @@ LLMCL_API llmcl_status llmcl_tensor_wrap(llmcl_ctx *ctx, cl_mem buffer, llmcl_dt
                                          const int64_t *shape, const int64_t *strides,
                                          int64_t offset, llmcl_tensor **out);
 
-/* A view of base's storage with its own shape, strides and offset (in elements of base's dtype). */
+/*
+ * A view of base's storage with its own shape, strides and offset (in elements of base's dtype).
+ * Where the ops speak of tensors that overlap, they mean views that may share an element: views
+ * interleaved in one buffer that keep apart, such as heads side by side in its rows, do not.
+ */
 LLMCL_API llmcl_status llmcl_tensor_view(const llmcl_tensor *base, int ndim, const int64_t *shape,
                                          const int64_t *strides, int64_t offset,
                                          llmcl_tensor **out);
