@@ -286,6 +286,18 @@ static void check_case_bits(attn_case c, uint64_t seed, attn_bits *bits)
 
 static void check_case(attn_case c, uint64_t seed) { check_case_bits(c, seed, NULL); }
 
+/* The case's forward runs and its backward fails with status, its message naming `word`. */
+static void check_backward_refused(attn_case c, uint64_t seed, llmcl_status status,
+                                   const char *word)
+{
+    attn_run r;
+    run_setup(&r, &c, seed);
+    TH_OK(run_forward(&r));
+    TH_FAILS(run_backward(&r), status);
+    assert_non_null(strstr(llmcl_last_error(th_ctx()), word));
+    run_free(&r);
+}
+
 static attn_case dense(llmcl_dtype dt, int B, int Hq, int Hkv, int D, int Tq, int Tk)
 {
     return (attn_case){.dtype = dt, .B = B, .Hq = Hq, .Hkv = Hkv, .D = D, .Tq = Tq, .Tk = Tk};
@@ -499,21 +511,13 @@ static void test_tunables(void **state)
 
     TH_OK(llmcl_tune_override(ctx, "attention_bwd_dkdv", LLMCL_F32, "*",
                               "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 TILE_RUN=0"));
-    const attn_case c = dense(LLMCL_F32, 1, 2, 1, 64, 40, 40);
-    attn_run r;
-    run_setup(&r, &c, 90);
-    TH_OK(run_forward(&r));
-    TH_FAILS(run_backward(&r), LLMCL_ERROR_UNSUPPORTED);
-    assert_non_null(strstr(llmcl_last_error(ctx), "TILE_RUN"));
-    run_free(&r);
+    check_backward_refused(dense(LLMCL_F32, 1, 2, 1, 64, 40, 40), 90, LLMCL_ERROR_UNSUPPORTED,
+                           "TILE_RUN");
     TH_OK(llmcl_tune_override(ctx, "attention_bwd_dkdv", LLMCL_F32, "*",
                               "BLOCK_M=16 BLOCK_N=16 TM=2 TN=2 TILE_RUN=2147483647"));
-    const attn_case c3 = dense(LLMCL_F32, 3, 2, 1, 64, 40, 40); /* 3 KV heads in all */
-    run_setup(&r, &c3, 91);
-    TH_OK(run_forward(&r));
-    TH_FAILS(run_backward(&r), LLMCL_ERROR_OVERFLOW);
-    assert_non_null(strstr(llmcl_last_error(ctx), "TILE_RUN"));
-    run_free(&r);
+    /* 3 KV heads in all */
+    check_backward_refused(dense(LLMCL_F32, 3, 2, 1, 64, 40, 40), 91, LLMCL_ERROR_OVERFLOW,
+                           "TILE_RUN");
 }
 
 /*
@@ -617,13 +621,8 @@ static void test_delta_lanes(void **state)
     static const char *const refused[] = {"PRE_LANES=3 PRE_WG=48", "PRE_LANES=64 PRE_WG=32"};
     for (int i = 0; i < 2; ++i) {
         TH_OK(llmcl_tune_override(ctx, "attention_bwd_pre", LLMCL_F32, "*", refused[i]));
-        const attn_case c = dense(LLMCL_F32, 1, 2, 1, 64, 40, 40);
-        attn_run r;
-        run_setup(&r, &c, 99);
-        TH_OK(run_forward(&r));
-        TH_FAILS(run_backward(&r), LLMCL_ERROR_UNSUPPORTED);
-        assert_non_null(strstr(llmcl_last_error(ctx), "PRE_LANES"));
-        run_free(&r);
+        check_backward_refused(dense(LLMCL_F32, 1, 2, 1, 64, 40, 40), 99,
+                               LLMCL_ERROR_UNSUPPORTED, "PRE_LANES");
     }
 }
 
