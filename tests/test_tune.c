@@ -3,7 +3,8 @@
  * malformed and foreign files, unknown keys, missing fields, another device), loading from
  * LLMCL_TUNE_DB and the cache directory, overrides reaching real launches, launchers reporting the
  * values they settled on (clamped, or their defaults for an entry that does not fit), the tuner's
- * rejection of planted bad candidates (build failure, limits, wrong results), and llmcl-tune
+ * rejection of planted bad candidates (build failure, limits, wrong results), inputs derived
+ * before the reference reaching every buffer set, and llmcl-tune
  * --quick end to end: its file is valid, a context picks it up, and the launches use its
  * parameters. The tuner's kernel table and the built-in tuning files name only the kernel keys and
  * families of llmcl_kernels.h.
@@ -681,6 +682,55 @@ static void test_tuner_rejects_planted(void **state)
     llmcl_ctx_destroy(ctx);
 }
 
+/* ---- derived inputs ---- */
+
+/* The source as derive_threes leaves it: every element 3. */
+static llmcl_status derive_threes(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    return llmcl_fill(ctx, t[0], 3.0);
+}
+
+/* The copy, failing unless its source holds the derived values (whichever buffer set it gets). */
+static llmcl_status run_on_threes(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    const size_t n = (size_t)llmcl_tensor_numel(t[0]);
+    float *host = th_alloc(n * sizeof *host);
+    llmcl_status st = llmcl_tensor_download(t[0], host, n * sizeof *host);
+    for (size_t i = 0; i < n && st == LLMCL_OK; ++i)
+        st = host[i] == 3.0f ? LLMCL_OK : LLMCL_ERROR_INVALID_ARGUMENT;
+    free(host);
+    return st == LLMCL_OK ? llmcl_copy(ctx, t[0], t[1]) : st;
+}
+
+/*
+ * A kernel's derive_inputs runs before the reference and its values reach every buffer set the
+ * timing rotates through and every reset; without the hook the same run fails at the reference.
+ */
+static void test_tuner_derives_inputs(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    tune_options o = tune_default_options(llmcl_ctx_device_info(ctx), true);
+    o.reps = 3;
+    tune_kernel k = {.key = "copy", .family = "elementwise", .params = "WG=64,128",
+                     .dtypes = 1u << LLMCL_F32, .size_key = "N", .shapes = "N=4096",
+                     .small_shapes = "N=4096",
+                     .tensors = {{"src", TUNE_IN, "N"}, {"dst", TUNE_OUT, "N"}},
+                     .run = run_on_threes, .derive_inputs = derive_threes};
+    tune_result r;
+    if (tune_run_case(ctx, &k, LLMCL_F32, "N=4096", &o, &r) != LLMCL_OK)
+        fail_msg("case failed: %s", r.error);
+    assert_true(r.ok);
+    assert_int_equal(r.timed, 2);
+    for (int i = 0; i < TUNE_REJ_COUNT; ++i)
+        assert_int_equal(r.rejected[i], 0);
+    k.derive_inputs = NULL;
+    assert_int_not_equal(tune_run_case(ctx, &k, LLMCL_F32, "N=4096", &o, &r), LLMCL_OK);
+    assert_non_null(strstr(r.error, "reference"));
+}
+
 /* ---- llmcl-tune --quick end to end ---- */
 
 static long entry_wg(json_t *e)
@@ -903,6 +953,7 @@ int main(void)
         cmocka_unit_test(test_adjusted_values_recorded),
         cmocka_unit_test(test_norm_entry_for_longer_rows),
         cmocka_unit_test(test_tuner_rejects_planted),
+        cmocka_unit_test(test_tuner_derives_inputs),
         cmocka_unit_test(test_restrict_space), cmocka_unit_test(test_tool_end_to_end),
         cmocka_unit_test(test_tuner_spells_known_keys),
         cmocka_unit_test(test_builtin_files_spell_known_keys),

@@ -129,9 +129,10 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
  * ---- attention_*.cl: tiles BLOCK_M, BLOCK_N, TM, TN, LF32, UNROLL, PIPE, TILE_RUN (and KV_SEP for
  * the forward, KF32 for dQ, PRE_WG and PRE_LANES for the delta pass); the size key is the head
  * dim D. Q, K and V are views of one [B, H + 2K, T, D] tensor, and dK, dV the contiguous
- * [B, K, T, D] halves of one [B, 2K, T, D] buffer, to stay within TUNE_MAX_TENSORS. The backward
- * runs on random O and LSE: its outputs are then no gradients, but every candidate must still
- * reproduce the reference's.
+ * [B, K, T, D] halves of one [B, 2K, T, D] buffer, to stay within TUNE_MAX_TENSORS. The backward's
+ * O and LSE come from a forward on the same Q, K and V (derive_inputs): on random ones P's rows
+ * summed to thousands, and candidates that only round delta differently (attention_bwd_pre's
+ * PRE_LANES) fell outside the tolerance where dQ's terms cancel.
  */
 
 #define ATTN_TILES                                                                                \
@@ -568,10 +569,12 @@ const tune_kernel tune_kernels[] = {
     {.key = LLMCL_KEY_ATTENTION_BWD_DQ, .family = LLMCL_FAMILY_ATTENTION,
      .params = ATTN_DQ_TILES, .dtypes = F32 | BF16,
      .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
-     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4},
+     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd,
+     .derive_inputs = run_attention_fwd, .tol_scale = 4},
     {.key = LLMCL_KEY_ATTENTION_BWD_DKDV, .family = LLMCL_FAMILY_ATTENTION, .params = ATTN_TILES,
      .dtypes = F32 | BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
-     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4},
+     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd,
+     .derive_inputs = run_attention_fwd, .tol_scale = 4},
     {.key = LLMCL_KEY_ATTENTION_FWD_MMA, .family = LLMCL_FAMILY_ATTENTION,
      .params = ATTN_FWD_MMA_TILES,
      .dtypes = BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
@@ -583,27 +586,32 @@ const tune_kernel tune_kernels[] = {
     {.key = LLMCL_KEY_ATTENTION_BWD_DQ_MMA, .family = LLMCL_FAMILY_ATTENTION,
      .params = ATTN_MMA_TILES,
      .dtypes = BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
-     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4,
+     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd,
+     .derive_inputs = run_attention_fwd, .tol_scale = 4,
      .runs_on = has_mma_sync_products},
     {.key = LLMCL_KEY_ATTENTION_BWD_DQ_WGMMA, .family = LLMCL_FAMILY_ATTENTION,
      .params = ATTN_WGMMA_TILES,
      .dtypes = BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
-     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4,
+     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd,
+     .derive_inputs = run_attention_fwd, .tol_scale = 4,
      .runs_on = has_wgmma},
     {.key = LLMCL_KEY_ATTENTION_BWD_DKDV_MMA, .family = LLMCL_FAMILY_ATTENTION,
      .params = ATTN_MMA_TILES,
      .dtypes = BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
-     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4,
+     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd,
+     .derive_inputs = run_attention_fwd, .tol_scale = 4,
      .runs_on = has_mma_sync_products},
     {.key = LLMCL_KEY_ATTENTION_BWD_DKDV_WGMMA, .family = LLMCL_FAMILY_ATTENTION,
      .params = ATTN_WGMMA_TILES,
      .dtypes = BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
-     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4,
+     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd,
+     .derive_inputs = run_attention_fwd, .tol_scale = 4,
      .runs_on = has_wgmma},
     {.key = LLMCL_KEY_ATTENTION_BWD_PRE, .family = LLMCL_FAMILY_ATTENTION,
      .params = "PRE_WG=32,64,128,256 PRE_LANES=1,4,8,16,32",
      .dtypes = F32 | BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
-     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd, .tol_scale = 4},
+     .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd,
+     .derive_inputs = run_attention_fwd, .tol_scale = 4},
     {.key = LLMCL_KEY_RMSNORM_FWD, .family = LLMCL_FAMILY_NORM,
      .params = NORM_FWD_PARAMS, .dtypes = F32 | BF16,
      .size_key = "C", .shapes = NORM_SHAPES, .small_shapes = NORM_SMALL,

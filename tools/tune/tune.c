@@ -296,6 +296,22 @@ static llmcl_status fail(tune_result *r, llmcl_status st, const char *fmt, const
     return st;
 }
 
+/* The kernel's derived inputs, computed on set 0, as the host copies and every set's inputs. */
+static llmcl_status bufs_derive_inputs(llmcl_ctx *ctx, const tune_kernel *k, const tune_case *c,
+                                       bufs *b, tune_result *r)
+{
+    llmcl_status st = k->derive_inputs(ctx, b->t[0], c);
+    for (int i = 0; i < b->n_tensors && st == LLMCL_OK; ++i) {
+        if (k->tensors[i].role != TUNE_IN)
+            continue;
+        st = llmcl_tensor_download(b->t[0][i], b->host[i], b->bytes[i]);
+        for (int s = 1; s < b->n_sets && st == LLMCL_OK; ++s)
+            st = llmcl_tensor_upload(b->t[s][i], b->host[i], b->bytes[i]);
+    }
+    return st == LLMCL_OK ? LLMCL_OK
+                          : fail(r, st, "deriving the inputs: %s", llmcl_last_error(ctx));
+}
+
 static llmcl_status bufs_create(llmcl_ctx *ctx, const tune_kernel *k, const tune_case *c,
                                 const tune_options *o, bufs *b, tune_result *r)
 {
@@ -354,7 +370,7 @@ static llmcl_status bufs_create(llmcl_ctx *ctx, const tune_kernel *k, const tune
             if (st != LLMCL_OK)
                 return fail(r, st, "creating the tensors: %s", llmcl_last_error(ctx));
         }
-    return LLMCL_OK;
+    return k->derive_inputs ? bufs_derive_inputs(ctx, k, c, b, r) : LLMCL_OK;
 }
 
 /* Restores set 0's inputs and poisons its outputs (0xFF bytes: NaN or -1). */

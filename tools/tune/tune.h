@@ -78,6 +78,12 @@ typedef struct tune_kernel {
     /* Runs the op once on tensors t (in the order of tensors[]). */
     llmcl_status (*run)(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c);
     /*
+     * Optional: overwrites some inputs with values derived from the others (run once, before the
+     * reference, with the launcher's defaults), which every buffer set then holds, so that the op
+     * sees consistent operands rather than independent random ones.
+     */
+    llmcl_status (*derive_inputs)(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c);
+    /*
      * Optional: false, with the reason in why, when the candidate exceeds a device limit (local
      * memory, registers). Tunables named WG, WG_* or *_WG are checked against the device's maximum
      * work-group size without it.
