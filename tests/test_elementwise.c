@@ -568,6 +568,53 @@ static void test_offset_views(void **state)
         }
 }
 
+/* A [rows, n] view of cols [col, col + n) of storage with `width` elements a row. */
+static llmcl_tensor *cols_view(llmcl_tensor *storage, int64_t rows, int64_t width, int64_t col,
+                               int64_t n)
+{
+    const int64_t shape[2] = {rows, n}, strides[2] = {width, 1};
+    llmcl_tensor *v = NULL;
+    TH_OK(llmcl_tensor_view(storage, 2, shape, strides, col, &v));
+    return v;
+}
+
+/*
+ * Column blocks side by side in the rows of one buffer interleave without sharing an element:
+ * axpy and copy between them run, and every other element keeps its value. A block that shares
+ * columns with another is refused, the buffer intact.
+ */
+static void test_interleaved_views(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    enum { ROWS = 5, WIDTH = 13 };
+    const int64_t shape[2] = {ROWS, WIDTH};
+    double init[ROWS * WIDTH], want[ROWS * WIDTH], got[ROWS * WIDTH];
+    th_rng rng = th_rng_new(71);
+    th_fill_normal(&rng, init, ROWS * WIDTH, 1.0);
+    llmcl_tensor *store = th_tensor_from(LLMCL_F32, 2, shape, init);
+    llmcl_tensor *a = cols_view(store, ROWS, WIDTH, 0, 4), *b = cols_view(store, ROWS, WIDTH, 4, 4);
+    llmcl_tensor *c = cols_view(store, ROWS, WIDTH, 8, 4), *d = cols_view(store, ROWS, WIDTH, 2, 4);
+    TH_OK(llmcl_axpy(ctx, 2.0f, a, b));
+    TH_OK(llmcl_copy(ctx, a, c));
+    memcpy(want, init, sizeof want);
+    for (int r = 0; r < ROWS; ++r)
+        for (int j = 0; j < 4; ++j) {
+            want[r * WIDTH + 4 + j] = (float)(init[r * WIDTH + 4 + j] + 2.0 * init[r * WIDTH + j]);
+            want[r * WIDTH + 8 + j] = init[r * WIDTH + j];
+        }
+    th_download(store, got);
+    TH_ASSERT_CLOSE("store", want, got, ROWS * WIDTH, ((th_tol){1e-6, 1e-6}));
+    memcpy(want, got, sizeof want);
+    TH_FAILS(llmcl_copy(ctx, a, d), LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "overlap"));
+    th_download(store, got);
+    assert_memory_equal(want, got, sizeof want);
+    llmcl_tensor *views[] = {a, b, c, d, store};
+    for (size_t i = 0; i < 5; ++i)
+        llmcl_tensor_destroy(views[i]);
+}
+
 static void test_bad_inputs(void **state)
 {
     (void)state;
@@ -642,6 +689,7 @@ int main(void)
         cmocka_unit_test(test_loop_limit),
         cmocka_unit_test(test_in_place_and_empty),
         cmocka_unit_test(test_offset_views),
+        cmocka_unit_test(test_interleaved_views),
         cmocka_unit_test(test_bad_inputs),
     };
     return TH_RUN(tests);
