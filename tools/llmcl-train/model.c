@@ -1054,7 +1054,7 @@ static llmcl_tensor *stacked(arena *a, llmcl_tensor *const *tensors, int n)
  */
 static bool stacked_proj(model *m, arena *a, int l, int first, int count, model_param *out)
 {
-    llmcl_tensor *w[3], *g[3];
+    llmcl_tensor *w[3], *g[3]; /* count is 2 or 3 */
     const model_param *p0 = param(m, first, l);
     for (int i = 0; i < count; ++i) {
         const model_param *p = param(m, first + i, l);
@@ -1110,7 +1110,6 @@ static llmcl_status group_backward(model *m, arena *a, int l, int first, int cou
 /* Where k's and v's heads begin in a row of q, k and v side by side. */
 static int64_t k_col(const model *m) { return (int64_t)m->cfg.heads * m->head_dim; }
 static int64_t v_col(const model *m) { return k_col(m) + (int64_t)m->cfg.kv_heads * m->head_dim; }
-
 
 /* An RMSNorm of kind (layer l's P_ATTN_NORM or P_MLP_NORM, or P_FINAL_NORM at -1): h and rstd of
    x's n rows. */
