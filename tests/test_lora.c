@@ -5,7 +5,8 @@
  * a whole model with B = 0 giving the base model's loss and logits bit for bit, and after one AdamW
  * step a new loss with the base weights bit-identical; LoRA gradients the same bits with activation
  * checkpointing (full, ops, every 2nd layer) and offload; export then --init-from giving the same bits (f32) or the bf16
- * rounding, and the config read back; a merged export equal to W + s B A.
+ * rounding, and the config read back; a merged export equal to W + s B A; every adapter's
+ * gradients against the merged model's weight gradients (dB = s dW' A^T, dA = s B^T dW').
  */
 #include <math.h>
 #include <stdio.h>
@@ -316,6 +317,79 @@ static void test_recompute_same_bits(void **state)
     llmcl_safetensors_close(st);
 }
 
+/*
+ * The adapters' gradients of the whole model against the merged model's: with W' = W + s B A the
+ * same function, dB = s dW' A^T and dA = s B^T dW', where dW' is the gradient of the merged model
+ * (no adapters, base trained) at W'. Every projection adapted (q, k and v, gate and up stacked
+ * around their adapters), f32.
+ */
+static void test_gradients_of_merged(void **state)
+{
+    (void)state;
+    llmcl_safetensors *st = NULL;
+    TH_OK(llmcl_safetensors_open(fixture_path("train_fixture_untied.safetensors"), &st));
+    const model_config lora_cfg = small_config(LLMCL_F32, 8, LORA_ALL_TARGETS),
+                       merged_cfg = small_config(LLMCL_F32, 0, 0);
+    model *lora = fixture_model(&lora_cfg, st, RECOMPUTE_NONE, false);
+    model *merged = fixture_model(&merged_cfg, st, RECOMPUTE_NONE, false);
+    const double s = lora->lora_scale;
+    for (int i = 0; i < lora->n_params; ++i) {
+        model_param *p = &lora->params[i];
+        if (p->kind == P_LORA_B)
+            randomize(lora, p, 200 + i, 0.05);
+    }
+    for (int i = 0; i < lora->n_params; ++i) {
+        const model_param *p = &lora->params[i];
+        if (!p->lora_a)
+            continue;
+        const int64_t out = p->shape[0], in = p->shape[1], R = lora_cfg.lora_rank;
+        double *W = download(p->master, out * in), *A = download(p->lora_a->w, R * in),
+               *B = download(p->lora_b->w, out * R);
+        double *BA = th_alloc((size_t)(out * in) * sizeof *BA);
+        ref_mm(B, R, 1, A, in, 1, BA, out, in, R, s);
+        for (int64_t j = 0; j < out * in; ++j)
+            W[j] += BA[j];
+        th_upload(model_find(merged, p->name)->master, W);
+        free(W), free(A), free(B), free(BA);
+    }
+    TH_OK(model_sync_compute(merged));
+    const int32_t *ids = fixture_ints(st, "input_ids"), *targets = fixture_ints(st, "targets");
+    model *both[2] = {lora, merged};
+    for (int k = 0; k < 2; ++k) {
+        TH_OK(llmcl_fill(both[k]->ctx, both[k]->trainable.grad, 0.0));
+        TH_OK(model_forward(both[k], ids, targets, 2, 16, true));
+        TH_OK(model_backward(both[k], 2, 16));
+    }
+    int adapted = 0;
+    for (int i = 0; i < lora->n_params; ++i) {
+        const model_param *p = &lora->params[i];
+        if (!p->lora_a)
+            continue;
+        const int64_t out = p->shape[0], in = p->shape[1], R = lora_cfg.lora_rank;
+        double *dW = download(model_find(merged, p->name)->grad, out * in),
+               *A = download(p->lora_a->w, R * in), *B = download(p->lora_b->w, out * R),
+               *dA = th_alloc((size_t)(R * in) * sizeof *dA),
+               *dB = th_alloc((size_t)(out * R) * sizeof *dB),
+               *gA = download(p->lora_a->grad, R * in), *gB = download(p->lora_b->grad, out * R);
+        ref_mm(dW, in, 1, A, 1, in, dB, out, R, in, s);  /* s dW' A^T */
+        ref_mm(B, 1, R, dW, in, 1, dA, R, in, out, s);   /* s B^T dW' */
+        char what[128];
+        snprintf(what, sizeof what, "dB of %s", p->name);
+        TH_ASSERT_CLOSE(what, dB, gB, (size_t)(out * R),
+                        ((th_tol){1e-4 * max_abs(dB, out * R), 1e-3}));
+        snprintf(what, sizeof what, "dA of %s", p->name);
+        TH_ASSERT_CLOSE(what, dA, gA, (size_t)(R * in),
+                        ((th_tol){1e-4 * max_abs(dA, R * in), 1e-3}));
+        assert_true(max_abs(gA, R * in) > 0 && max_abs(gB, out * R) > 0);
+        free(dW), free(A), free(B), free(dA), free(dB), free(gA), free(gB);
+        ++adapted;
+    }
+    assert_int_equal(adapted, 7 * 2);
+    model_destroy(lora);
+    model_destroy(merged);
+    llmcl_safetensors_close(st);
+}
+
 /* ---- Hugging Face export and --init-from ---- */
 
 static char *temp_dir(void)
@@ -462,6 +536,7 @@ int main(void)
         cmocka_unit_test(test_zero_b_f32),
         cmocka_unit_test(test_zero_b_bf16),
         cmocka_unit_test(test_recompute_same_bits),
+        cmocka_unit_test(test_gradients_of_merged),
         cmocka_unit_test(test_export_round_trip),
         cmocka_unit_test(test_merged_and_adapter_export),
     };

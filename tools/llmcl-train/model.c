@@ -963,19 +963,40 @@ static llmcl_status linear(llmcl_ctx *ctx, const llmcl_tensor *x, const llmcl_te
  * (no [N, out] or [N, in] temporary and no separate add pass), the scale s rides in the matmul's
  * alpha (no scaling pass), and frozen base weights skip their weight-gradient product entirely.
  */
-llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tensor *x, float beta,
-                                llmcl_tensor *y, llmcl_tensor *u)
+/* p's adapter on x: u = x A^T, y += s u B^T. */
+static llmcl_status adapter_forward(model *m, const model_param *p, const llmcl_tensor *x,
+                                    llmcl_tensor *y, llmcl_tensor *u)
 {
-    OP(F_MATMUL_FWD, linear(m->ctx, x, p->w, beta, y));
-    if (!p->lora_a)
-        return LLMCL_OK;
     OP(F_MATMUL_FWD, linear(m->ctx, x, p->lora_a->w, 0, u));
     const llmcl_matmul_opts o = {.trans_b = 1};
     return PROF(F_MATMUL_FWD, llmcl_matmul(m->ctx, m->lora_scale, u, p->lora_b->w, 1, y, &o));
 }
 
+llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tensor *x, float beta,
+                                llmcl_tensor *y, llmcl_tensor *u)
+{
+    OP(F_MATMUL_FWD, linear(m->ctx, x, p->w, beta, y));
+    return p->lora_a ? adapter_forward(m, p, x, y, u) : LLMCL_OK;
+}
+
 /* The weight gradients' beta: 0 where their write replaces them (grads_fresh), else 1. */
 static float grad_beta(const model *m) { return m->grads_fresh ? 0.0f : 1.0f; }
+
+/* p's adapter's backward from dy: dB += s dy^T u, du = s dy B, dA += du^T x, dx += du A. */
+static llmcl_status adapter_backward(model *m, const model_param *p, const llmcl_tensor *dy,
+                                     const llmcl_tensor *x, const llmcl_tensor *u,
+                                     llmcl_tensor *dx, llmcl_tensor *du)
+{
+    llmcl_ctx *ctx = m->ctx;
+    const llmcl_matmul_opts t = {.trans_a = 1};
+    const float s = m->lora_scale, gb = grad_beta(m);
+    OP(F_MATMUL_DW, llmcl_matmul(ctx, s, dy, u, gb, p->lora_b->grad, &t));
+    OP(F_MATMUL_DX, llmcl_matmul(ctx, s, dy, p->lora_b->w, 0.0f, du, NULL));
+    OP(F_MATMUL_DW, llmcl_matmul(ctx, 1.0f, du, x, gb, p->lora_a->grad, &t));
+    if (dx)
+        OP(F_MATMUL_DX, llmcl_matmul(ctx, 1.0f, du, p->lora_a->w, 1.0f, dx, NULL));
+    return LLMCL_OK;
+}
 
 llmcl_status model_proj_backward(model *m, const model_param *p, const llmcl_tensor *dy,
                                  const llmcl_tensor *x, const llmcl_tensor *u, float dx_beta,
@@ -983,19 +1004,11 @@ llmcl_status model_proj_backward(model *m, const model_param *p, const llmcl_ten
 {
     llmcl_ctx *ctx = m->ctx;
     const llmcl_matmul_opts t = {.trans_a = 1};
-    const float s = m->lora_scale, gb = grad_beta(m);
     if (dx)
         OP(F_MATMUL_DX, llmcl_matmul(ctx, 1.0f, dy, p->w, dx_beta, dx, NULL));
     if (p->trainable)
-        OP(F_MATMUL_DW, llmcl_matmul(ctx, 1.0f, dy, x, gb, p->grad, &t));
-    if (!p->lora_a)
-        return LLMCL_OK;
-    OP(F_MATMUL_DW, llmcl_matmul(ctx, s, dy, u, gb, p->lora_b->grad, &t));
-    OP(F_MATMUL_DX, llmcl_matmul(ctx, s, dy, p->lora_b->w, 0.0f, du, NULL));
-    OP(F_MATMUL_DW, llmcl_matmul(ctx, 1.0f, du, x, gb, p->lora_a->grad, &t));
-    if (dx)
-        OP(F_MATMUL_DX, llmcl_matmul(ctx, 1.0f, du, p->lora_a->w, 1.0f, dx, NULL));
-    return LLMCL_OK;
+        OP(F_MATMUL_DW, llmcl_matmul(ctx, 1.0f, dy, x, grad_beta(m), p->grad, &t));
+    return p->lora_a ? adapter_backward(m, p, dy, x, u, dx, du) : LLMCL_OK;
 }
 
 /* The first n rows of layer activations A's u for the projection of kind, or NULL. */
@@ -1046,11 +1059,12 @@ static llmcl_tensor *stacked(arena *a, llmcl_tensor *const *tensors, int n)
 
 /*
  * The projections of kinds first .. first + count - 1 of layer l (q, k and v, or gate and up) read
- * one input and write their outputs side by side in a row. Where no adapter is on them and their
- * weights (and gradients) lie one after another, which the parameters' layout gives unless a view
- * is padded, *out becomes one projection over the stacked weight: one product of each kind instead
- * of count, the input read once, dx written once, and the 1B model's narrow k and v products (at
- * half cuBLAS's rate alone on the H200) inside a wide one.
+ * one input and write their outputs side by side in a row. Where their base weights are all
+ * trained or all frozen and lie one after another (and so their gradients), which the parameters'
+ * layout gives unless a view is padded, *out becomes one base projection over the stacked weight:
+ * one product of each kind instead of count, the input read once, dx written once, and the 1B
+ * model's narrow k and v products (at half cuBLAS's rate alone on the H200) inside a wide one.
+ * Their adapters, if any, then run one by one on their columns.
  */
 static bool stacked_proj(model *m, arena *a, int l, int first, int count, model_param *out)
 {
@@ -1058,7 +1072,7 @@ static bool stacked_proj(model *m, arena *a, int l, int first, int count, model_
     const model_param *p0 = param(m, first, l);
     for (int i = 0; i < count; ++i) {
         const model_param *p = param(m, first + i, l);
-        if (p->lora_a || p->trainable != p0->trainable)
+        if (p->trainable != p0->trainable)
             return false;
         w[i] = p->w;
         g[i] = p->grad;
@@ -1075,13 +1089,17 @@ static llmcl_status group_forward(model *m, arena *a, int l, int first, int coun
 {
     const int64_t n = llmcl_tensor_dim(x, 0);
     model_param st;
-    if (stacked_proj(m, a, l, first, count, &st))
-        return model_proj_forward(m, &st, x, 0, y, NULL);
+    const bool stack = stacked_proj(m, a, l, first, count, &st);
+    if (stack)
+        TRY(model_proj_forward(m, &st, x, 0, y, NULL));
     int64_t col = 0;
     for (int i = 0; i < count; ++i) {
         const model_param *p = param(m, first + i, l);
-        TRY(model_proj_forward(m, p, x, 0, cols(a, y, n, col, p->shape[0]),
-                               u_rows(a, A, first + i, n)));
+        llmcl_tensor *yi = cols(a, y, n, col, p->shape[0]), *u = u_rows(a, A, first + i, n);
+        if (!stack)
+            TRY(model_proj_forward(m, p, x, 0, yi, u));
+        else if (p->lora_a)
+            TRY(adapter_forward(m, p, x, yi, u));
         col += p->shape[0];
     }
     return LLMCL_OK;
@@ -1095,13 +1113,17 @@ static llmcl_status group_backward(model *m, arena *a, int l, int first, int cou
 {
     const int64_t n = llmcl_tensor_dim(dy, 0);
     model_param st;
-    if (stacked_proj(m, a, l, first, count, &st))
-        return model_proj_backward(m, &st, dy, x, NULL, 0, dx, NULL);
+    const bool stack = stacked_proj(m, a, l, first, count, &st);
+    if (stack)
+        TRY(model_proj_backward(m, &st, dy, x, NULL, 0, dx, NULL));
     int64_t col = 0;
     for (int i = 0; i < count; ++i) {
         const model_param *p = param(m, first + i, l);
-        TRY(model_proj_backward(m, p, cols(a, dy, n, col, p->shape[0]), x,
-                                u_rows(a, A, first + i, n), i ? 1.0f : 0.0f, dx, du));
+        llmcl_tensor *dyi = cols(a, dy, n, col, p->shape[0]), *u = u_rows(a, A, first + i, n);
+        if (!stack)
+            TRY(model_proj_backward(m, p, dyi, x, u, i ? 1.0f : 0.0f, dx, du));
+        else if (p->lora_a)
+            TRY(adapter_backward(m, p, dyi, x, u, dx, du));
         col += p->shape[0];
     }
     return LLMCL_OK;
