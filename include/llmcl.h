@@ -815,11 +815,16 @@ typedef struct llmcl_matmul_opts {
     llmcl_matmul_bias bias_mode;  /* default LLMCL_MATMUL_BIAS_ROW */
     int split_k;                  /* slices of K summed in a fixed order by a second kernel;
                                      0: chosen from the shape and the device; 1: off */
+    const llmcl_tensor *c_in;     /* optional, borrowed: the addend that beta scales in place of
+                                     c (cuBLASLt's C beside D); c's dtype and shape */
 } llmcl_matmul_opts;
 
 /*
  * c = alpha op(a) op(b) + beta c + bias, with f32 accumulation (beta 0: c is not read, so it may
- * hold anything; the bias is not scaled by alpha).
+ * hold anything; the bias is not scaled by alpha). With opts->c_in, c = alpha op(a) op(b) +
+ * beta c_in + bias: c is only written, so a residual x + f(x) needs no copy of x first (c_in is
+ * read at c's strides in the epilogue; one laid out otherwise, or the CLBlast path, copies it into
+ * c first). c_in is c itself or storage apart from c; it may overlap a, b or the bias.
  *
  * op(a) is [M, K] and op(b) is [K, N]: a is [M, K] (or [K, M] with trans_a), b is [K, N] (or [N, K]
  * with trans_b). The three products of a linear layer y = x w^T + b with w [out, in]:
@@ -831,8 +836,9 @@ typedef struct llmcl_matmul_opts {
  * the fast paths want a unit stride along one of each operand's two matrix dimensions.
  *
  * a and b share one dtype: f32, bf16 or f16. c is f32 or a's dtype; the bias (opts->bias, bias_mode
- * picks its length N or M) is f32 or a's dtype. Reads a, b, the bias and (beta != 0) c; writes c,
- * which must not overlap a, b or the bias (LLMCL_ERROR_INVALID_ARGUMENT), nor itself (no stride 0).
+ * picks its length N or M) is f32 or a's dtype. Reads a, b, the bias and (beta != 0) c or c_in;
+ * writes c, which must not overlap a, b, the bias or a separate c_in (LLMCL_ERROR_INVALID_ARGUMENT),
+ * nor itself (no stride 0).
  *
  * Paths: on NVIDIA devices of compute capability 8.0 and later, bf16 and f16 run on tensor cores:
  * Hopper's wgmma where the device has it (llmcl_device_info.has_wgmma, sm_90), else mma.sync with

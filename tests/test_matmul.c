@@ -3,7 +3,8 @@
  * alpha, beta, bias, stride and batch layout, at sizes that are not tile multiples; the split-K
  * path against the plain one, vocabulary-sized K (more slices where the device cuts loops short);
  * the tensor-core path where the device has one (skipped with a message elsewhere) and the
- * portable kernel's tunables; every bad input, with c left intact.
+ * portable kernel's tunables; a separate addend c_in (read in place or copied, never changed);
+ * every bad input, with c left intact.
  */
 #include <math.h>
 #include <stdio.h>
@@ -110,7 +111,12 @@ typedef struct mm_case {
     double alpha, beta;
     int bias;                      /* 0 none, 1 row bias [N], 2 column bias [M] */
     int split_k;
+    int addend;                    /* what beta scales: ADDEND_C (c) or a c_in below */
 } mm_case;
+
+/* opts.c_in: none; beside c in storage of its own, laid out alike at 8 or 1 elements further
+   (the kernels read it in place); laid out otherwise (copied into c first); c's own view. */
+enum { ADDEND_C, ADDEND_ALIKE, ADDEND_SHIFTED, ADDEND_OTHER, ADDEND_SELF };
 
 /*
  * Products of 16-bit inputs are exact in f32; f32 sums of K terms in any order stay within a few
@@ -137,9 +143,10 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
     th_round_all(c->dt, bv, (size_t)nb);
     th_fill_uniform(&rng, cv, (size_t)(b * m * n), -2.0, 2.0);
     th_round_all(c->cdt, cv, (size_t)(b * m * n));
-    if (c->beta == 0.0)
-        for (int64_t i = 0; i < b * m * n; ++i)
-            cv[i] = NAN; /* poison: beta 0 must not read c */
+    const bool apart = c->addend >= ADDEND_ALIKE && c->addend <= ADDEND_OTHER;
+    double *c_start = th_alloc((size_t)(b * m * n) * sizeof *c_start);
+    for (int64_t i = 0; i < b * m * n; ++i) /* poison what the call must not read */
+        c_start[i] = c->beta == 0.0 || apart ? NAN : cv[i];
 
     /* the view shapes are op's transposed where trans is set */
     double *av_view = op_values(av, c->a_batched ? b : 1, c->trans_a ? k : m, c->trans_a ? m : k,
@@ -150,7 +157,11 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
                            c->a_col, c->pad, c->offset, av_view);
     mm_tensor tb = mm_make(&rng, c->dt, c->b_batched, b, c->trans_b ? n : k, c->trans_b ? k : n,
                            c->b_col, c->pad, c->offset + 3, bv_view);
-    mm_tensor tc = mm_make(&rng, c->cdt, b > 1, b, m, n, c->c_col, c->pad, c->offset + 5, cv);
+    mm_tensor tc = mm_make(&rng, c->cdt, b > 1, b, m, n, c->c_col, c->pad, c->offset + 5, c_start);
+    mm_tensor tin = {0};
+    if (apart)
+        tin = mm_make(&rng, c->cdt, b > 1, b, m, n, c->c_col ^ (c->addend == ADDEND_OTHER),
+                      c->pad, c->offset + 5 + (c->addend == ADDEND_SHIFTED ? 1 : 8), cv);
     llmcl_tensor *bias = NULL;
     if (c->bias) {
         const int64_t len = c->bias == 1 ? n : m;
@@ -164,9 +175,20 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
                                     .bias = bias,
                                     .bias_mode = c->bias == 2 ? LLMCL_MATMUL_BIAS_COL
                                                               : LLMCL_MATMUL_BIAS_ROW,
-                                    .split_k = c->split_k};
+                                    .split_k = c->split_k,
+                                    .c_in = apart                   ? tin.view
+                                            : c->addend == ADDEND_SELF ? tc.view
+                                                                       : NULL};
     TH_OK(llmcl_matmul(th_ctx(), (float)c->alpha, ta.view, tb.view, (float)c->beta, tc.view, &opts));
     double *got = mm_read(&tc);
+    if (apart) { /* an input: every element as it was */
+        double *kept = mm_read(&tin);
+        for (int64_t i = 0; i < b * m * n; ++i)
+            if (!(kept[i] == cv[i]))
+                fail_msg("c_in changed at %lld: %g -> %g", (long long)i, cv[i], kept[i]);
+        free(kept);
+        mm_free(&tin);
+    }
 
     double *ref = th_alloc((size_t)(b * m * n) * sizeof *ref), *mag = th_alloc((size_t)(b * m * n) * sizeof *mag);
     memcpy(ref, cv, (size_t)(b * m * n) * sizeof *ref);
@@ -185,6 +207,7 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
     free(av);
     free(bv);
     free(cv);
+    free(c_start);
     free(biasv);
     free(av_view);
     free(bv_view);
@@ -197,14 +220,14 @@ static void mm_check(const char *what, const mm_case *c, uint64_t seed)
     double *ref, *got;
     th_tol tol;
     got = mm_run(c, seed, &ref, &tol);
-    char label[160];
+    char label[192];
     snprintf(label, sizeof label,
              "%s: %s->%s %lldx%lldx%lld b%lld ta%d tb%d a%d%d b%d%d c%d pad%lld alpha %g beta %g "
-             "bias %d split %d",
+             "bias %d split %d addend %d",
              what, llmcl_dtype_name(c->dt), llmcl_dtype_name(c->cdt), (long long)c->m,
              (long long)c->n, (long long)c->k, (long long)c->batch, c->trans_a, c->trans_b,
              c->a_batched, c->a_col, c->b_batched, c->b_col, c->c_col, (long long)c->pad, c->alpha,
-             c->beta, c->bias, c->split_k);
+             c->beta, c->bias, c->split_k, c->addend);
     TH_ASSERT_CLOSE(label, ref, got, (size_t)(c->batch * c->m * c->n), tol);
     free(ref);
     free(got);
@@ -306,6 +329,31 @@ static void test_split_k(void **state)
         free(got1);
         free(got2);
     }
+}
+
+/*
+ * opts.c_in in every form, with the bias, the K split, batches, column-major outputs and beta 0
+ * (c_in checked but not read). Where the device has tensor cores the 16-bit cases run on them;
+ * test_tensor_cores adds output tiles inside C.
+ */
+static void test_addend(void **state)
+{
+    (void)state;
+    for (int d = 0; d < 3; ++d)
+        for (int v = 0; v < 8; ++v) {
+            mm_case c = plain(float_dtypes[d], 37 + v, 45, 70);
+            c.addend = ADDEND_ALIKE + v % 4;
+            c.beta = v == 7 ? 0.0 : v % 2 ? 1.0 : -0.5;
+            c.cdt = v % 3 == 1 ? LLMCL_F32 : c.dt;
+            c.bias = v % 3;
+            c.trans_b = v >= 4;
+            c.split_k = v == 2 || v == 5 ? 3 : 0;
+            c.batch = v == 1 || v == 6 ? 2 : 1;
+            c.a_batched = c.b_batched = c.batch > 1;
+            c.c_col = v == 4;
+            c.pad = v == 3 ? 5 : 0;
+            mm_check("addend", &c, 560 + 10 * d + v);
+        }
 }
 
 /* Edges: a sum over K = 0 (c = beta c + bias), one row, one column, M or N of 4095. */
@@ -488,9 +536,15 @@ static void test_tensor_cores(void **state)
         int dt, f32_out, bias, split;
         double beta;
         int64_t offset;
-    } inside[] = {{1, 0, 1, 1, 0.0, 3}, {2, 0, 1, 1, 0.5, 3}, {1, 0, 2, 1, 0.0, 3},
-                  {2, 0, 2, 1, 0.5, 5}, {1, 1, 0, 1, 1.0, 3}, {2, 1, 1, 1, 0.5, 3},
-                  {1, 1, 2, 1, 0.0, 7}, {1, 1, 0, 3, 1.0, 3}, {2, 0, 1, 2, 0.0, 3}};
+        int addend;
+    } inside[] = {{1, 0, 1, 1, 0.0, 3, ADDEND_C},       {2, 0, 1, 1, 0.5, 3, ADDEND_C},
+                  {1, 0, 2, 1, 0.0, 3, ADDEND_C},       {2, 0, 2, 1, 0.5, 5, ADDEND_C},
+                  {1, 1, 0, 1, 1.0, 3, ADDEND_C},       {2, 1, 1, 1, 0.5, 3, ADDEND_C},
+                  {1, 1, 2, 1, 0.0, 7, ADDEND_C},       {1, 1, 0, 3, 1.0, 3, ADDEND_C},
+                  {2, 0, 1, 2, 0.0, 3, ADDEND_C},       {1, 0, 0, 1, 1.0, 3, ADDEND_ALIKE},
+                  {1, 0, 1, 1, 1.0, 3, ADDEND_SHIFTED}, {2, 1, 0, 1, 0.5, 3, ADDEND_SHIFTED},
+                  {1, 1, 2, 3, 1.0, 3, ADDEND_ALIKE},   {1, 0, 0, 1, 1.0, 3, ADDEND_OTHER},
+                  {2, 0, 0, 1, 1.0, 3, ADDEND_SELF}};
     for (size_t v = 0; v < sizeof inside / sizeof inside[0]; ++v) {
         mm_case c = plain(float_dtypes[inside[v].dt], 512, 768, 96);
         c.trans_b = 1;
@@ -499,6 +553,7 @@ static void test_tensor_cores(void **state)
         c.beta = inside[v].beta;
         c.split_k = inside[v].split;
         c.offset = inside[v].offset;
+        c.addend = inside[v].addend;
         mm_check("output tiles inside C", &c, 760 + (int)v);
     }
     const char *const *sets = wgmma ? wgmma_sets : mma_sets;
@@ -595,6 +650,26 @@ static void test_bad_input(void **state)
     bad = (llmcl_matmul_opts){.bias = c};
     expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b, 0, c, &bad), "2-D bias");
 
+    /* addends of another dtype or shape (checked with beta 0 too), or sharing c's storage
+       without being c's view; c's own view is c */
+    const int64_t s33[2] = {3, 3}, s35[2] = {3, 5};
+    llmcl_tensor *in_bf = th_tensor(LLMCL_BF16, 2, s43), *in_53 = th_tensor(LLMCL_F32, 2, s53);
+    llmcl_tensor *a35 = th_tensor(LLMCL_F32, 2, s35), *c_top = NULL, *c_low = NULL;
+    bad = (llmcl_matmul_opts){.c_in = in_bf};
+    expect_fail(&e, LLMCL_ERROR_UNSUPPORTED_DTYPE, llmcl_matmul(ctx, 1, a, b, 1, c, &bad), "bf16 c_in, f32 c");
+    bad = (llmcl_matmul_opts){.c_in = in_53};
+    expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b, 1, c, &bad), "c_in of 5 x 3");
+    bad = (llmcl_matmul_opts){.c_in = c3};
+    expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b, 0, c, &bad), "3-D c_in, beta 0");
+    TH_OK(llmcl_tensor_view(c, 2, s33, NULL, 0, &c_top));
+    TH_OK(llmcl_tensor_view(c, 2, s33, NULL, 3, &c_low));
+    bad = (llmcl_matmul_opts){.c_in = c_low}; /* c's rows 1-3 as the addend of rows 0-2 */
+    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a35, b, 1, c_top, &bad),
+                "c_in overlapping c");
+    bad = (llmcl_matmul_opts){.c_in = c};
+    TH_OK(llmcl_matmul(ctx, 1, a, b, 1, c, &bad));
+    th_download(c, e.before);
+
     /* outputs that overlap an input or themselves */
     const int64_t sq[2] = {4, 4};
     llmcl_tensor *sqa = th_tensor(LLMCL_F32, 2, sq), *sqb = th_tensor(LLMCL_F32, 2, sq), *alias = NULL;
@@ -622,7 +697,9 @@ static void test_bad_input(void **state)
     llmcl_tensor_destroy(foreign);
     llmcl_ctx_destroy(other);
 
-    llmcl_tensor *all[] = {a, b, c, b63, bbf, abf, ai, c3, a3, c4, cf16, bias4, bias3h, sqa, sqb, alias, row0, ha, hc, ob};
+    llmcl_tensor *all[] = {a,     b,     c,     b63,   bbf,   abf,   ai,  c3,  a3,
+                           c4,    cf16,  bias4, bias3h, sqa,  sqb,   alias, row0, ha,
+                           hc,    ob,    in_bf, in_53, a35,   c_top, c_low};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
         llmcl_tensor_destroy(all[i]);
     free(e.before);
@@ -634,7 +711,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transposes),        cmocka_unit_test(test_alpha_beta_bias),
         cmocka_unit_test(test_layouts_and_batches), cmocka_unit_test(test_split_k),
-        cmocka_unit_test(test_edges),             cmocka_unit_test(test_long_k),
+        cmocka_unit_test(test_addend),            cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_long_k),
         cmocka_unit_test(test_tiled_tunables),
         cmocka_unit_test(test_tensor_cores),      cmocka_unit_test(test_bad_input),
     };

@@ -1,5 +1,6 @@
 /*
- * matmul.cl: c = alpha op(a) op(b) + beta c + bias with f32 accumulation (llmcl_matmul).
+ * matmul.cl: c = alpha op(a) op(b) + beta c_in + bias with f32 accumulation (llmcl_matmul); c_in
+ * is c itself or another tensor laid out like it.
  *   mm_tiled    portable: T x T output tiles from k-slices in local memory, TM x TN a work-item
  *   mm_mma      NVIDIA tensor cores (mma.cl): BM x BN tiles, WM x WN warps, a STAGES-deep cp.async
  *               pipeline of BK-wide slices, mma.sync m16n8k16 into f32 registers
@@ -11,7 +12,8 @@
  * Every operand arrives as element offset and strides of op's logical shape, so transposes and
  * views need no copies: A(m, k) = a[aoff + z sab + m sam + k sak], B(k, n) = b[boff + z sbb +
  * k sbk + n sbn], C(m, n) = c[coff + z scb + m scm + n scn] for batch entry z (a stride 0
- * broadcasts a 2-D operand). bias_mode: 0 none, 1 bias[n] (a row bias), 2 bias[m].
+ * broadcasts a 2-D operand). The addend C_in(m, n) = cin[coff + cid + z scb + m scm + n scn]
+ * (cid: its offset less c's, 0 when it is c). bias_mode: 0 none, 1 bias[n] (a row bias), 2 bias[m].
  *
  * Grid: dimension 0 the output tiles, 1 the batch, 2 the K slices. With SPLITK each slice
  * writes its raw sums to ws[((slice * batch + z) * M + m) * N + n] and mm_reduce finishes; the
@@ -133,17 +135,18 @@ typedef STORAGE(LABEL_DT) label_t;
 #define MM_PARAMS                                                                                 \
     const __global ab_t *a, ulong aoff, long sam, long sak, long sab, const __global ab_t *b,     \
         ulong boff, long sbk, long sbn, long sbb, __global c_t *c, ulong coff, long scm,          \
-        long scn, long scb, const __global bias_t *bias, ulong biasoff, long sbias,               \
+        long scn, long scb, const __global c_t *cin, long cid, const __global bias_t *bias,       \
+        ulong biasoff, long sbias,                                                                \
         int bias_mode, long M, long N, long K, long kslice, float alpha, float beta,              \
         __global float *ws
 
 /*
- * One output element: alpha acc + bias + beta c (c unread when beta is 0), or with SPLITK the raw
- * sum into the slice's workspace.
+ * One output element: alpha acc + bias + beta c_in (c_in unread when beta is 0), or with SPLITK
+ * the raw sum into the slice's workspace.
  */
-inline void mm_out(__global c_t *c, long coff, long scm, long scn, const __global bias_t *bias,
-                   long sbias, int bias_mode, float alpha, float beta, __global float *ws,
-                   long wsoff, long N, long m, long n, float acc)
+inline void mm_out(__global c_t *c, long coff, long scm, long scn, const __global c_t *cin,
+                   long cid, const __global bias_t *bias, long sbias, int bias_mode, float alpha,
+                   float beta, __global float *ws, long wsoff, long N, long m, long n, float acc)
 {
     if (SPLITK) {
         ws[wsoff + m * N + n] = acc;
@@ -154,7 +157,7 @@ inline void mm_out(__global c_t *c, long coff, long scm, long scn, const __globa
         v += LOAD(BIAS_DT, bias, (bias_mode == 1 ? n : m) * sbias);
     const long ci = coff + m * scm + n * scn;
     if (beta != 0.0f)
-        v += beta * LOAD(C_DT, c, ci);
+        v += beta * LOAD(C_DT, cin, ci + cid);
     STORE(C_DT, c, ci, v);
 }
 
@@ -213,8 +216,8 @@ __kernel __attribute__((reqd_work_group_size(TWG, 1, 1))) void mm_tiled(MM_PARAM
         for (int j = 0; j < TN; ++j) {
             const long m = m0 + ty * TM + i, n = n0 + tx * TN + j;
             if (m < M && n < N)
-                mm_out(c, coff, scm, scn, bias, sbias, bias_mode, alpha, beta, ws, wsoff, N, m, n,
-                       acc[i][j]);
+                mm_out(c, coff, scm, scn, cin, cid, bias, sbias, bias_mode, alpha, beta, ws,
+                       wsoff, N, m, n, acc[i][j]);
         }
 }
 
@@ -223,9 +226,9 @@ __kernel __attribute__((reqd_work_group_size(TWG, 1, 1))) void mm_tiled(MM_PARAM
 /* One work-item per element of c over (n, m, z): the slices' sums in slice order, then the
    epilogue. */
 __kernel void mm_reduce(__global c_t *c, ulong coff, long scm, long scn, long scb,
-                        const __global bias_t *bias, ulong biasoff, long sbias, int bias_mode,
-                        long M, long N, long nslices, long batch, float alpha, float beta,
-                        const __global float *ws)
+                        const __global c_t *cin, long cid, const __global bias_t *bias,
+                        ulong biasoff, long sbias, int bias_mode, long M, long N, long nslices,
+                        long batch, float alpha, float beta, const __global float *ws)
 {
     const long n = get_global_id(0), m = get_global_id(1), z = get_global_id(2);
     if (n >= N || m >= M)
@@ -238,7 +241,7 @@ __kernel void mm_reduce(__global c_t *c, ulong coff, long scm, long scn, long sc
         v += LOAD(BIAS_DT, bias, biasoff + (bias_mode == 1 ? n : m) * sbias);
     const long ci = coff + z * scb + m * scm + n * scn;
     if (beta != 0.0f)
-        v += beta * LOAD(C_DT, c, ci);
+        v += beta * LOAD(C_DT, cin, ci + cid);
     STORE(C_DT, c, ci, v);
 }
 
@@ -343,11 +346,11 @@ inline void mm_store4_F16(__global ushort *p, long i, float4 v) { store4_F16(p, 
 #define MM_LOAD4(DT, p, i) LLMCL_CAT(mm_load4_, DT)((p), (i))
 #define MM_STORE4(DT, p, i, v) LLMCL_CAT(mm_store4_, DT)((p), (i), (v))
 
-/* Columns n .. n + 3 of row m, 4-element aligned: alpha acc + bias + beta c in mm_out's order,
-   or the raw sums. */
-inline void mm_out4(__global c_t *c, long coff, long scm, const __global bias_t *bias, long sbias,
-                    int bias_mode, float alpha, float beta, __global float *ws, long wsoff, long N,
-                    long m, long n, float4 acc)
+/* Columns n .. n + 3 of row m, 4-element aligned: alpha acc + bias + beta c_in in mm_out's
+   order, or the raw sums. */
+inline void mm_out4(__global c_t *c, long coff, long scm, const __global c_t *cin, long cid,
+                    const __global bias_t *bias, long sbias, int bias_mode, float alpha,
+                    float beta, __global float *ws, long wsoff, long N, long m, long n, float4 acc)
 {
     if (SPLITK) {
         *(__global float4 *)(ws + wsoff + m * N + n) = acc;
@@ -361,7 +364,7 @@ inline void mm_out4(__global c_t *c, long coff, long scm, const __global bias_t 
         v += LOAD(BIAS_DT, bias, m * sbias);
     const long ci = coff + m * scm + n;
     if (beta != 0.0f)
-        v += beta * MM_LOAD4(C_DT, c, ci);
+        v += beta * MM_LOAD4(C_DT, cin, ci + cid);
     MM_STORE4(C_DT, c, ci, v);
 }
 
@@ -369,8 +372,9 @@ inline void mm_out4(__global c_t *c, long coff, long scm, const __global bias_t 
    rows from m, columns from n. */
 __attribute__((always_inline)) inline void
 mm_epilogue_rows(uint ws_at, int lane, __global c_t *c, long coff, long scm, long scn,
-                 const __global bias_t *bias, long sbias, int bias_mode, float alpha, float beta,
-                 __global float *ws, long wsoff, long M, long N, long m, long n, bool vec)
+                 const __global c_t *cin, long cid, const __global bias_t *bias, long sbias,
+                 int bias_mode, float alpha, float beta, __global float *ws, long wsoff, long M,
+                 long N, long m, long n, bool vec)
 {
 #pragma unroll
     for (int q = 0; q < EPI_R * WTN / 4 / 32; ++q) {
@@ -382,15 +386,16 @@ mm_epilogue_rows(uint ws_at, int lane, __global c_t *c, long coff, long scm, lon
                      : "memory");
         const long mm = m + r, nn = n + c4 * 4;
         if (vec) {
-            mm_out4(c, coff, scm, bias, sbias, bias_mode, alpha, beta, ws, wsoff, N, mm, nn, v);
+            mm_out4(c, coff, scm, cin, cid, bias, sbias, bias_mode, alpha, beta, ws, wsoff, N,
+                    mm, nn, v);
             continue;
         }
         const float e[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int k = 0; k < 4; ++k)
             if (mm < M && nn + k < N)
-                mm_out(c, coff, scm, scn, bias, sbias, bias_mode, alpha, beta, ws, wsoff, N, mm,
-                       nn + k, e[k]);
+                mm_out(c, coff, scm, scn, cin, cid, bias, sbias, bias_mode, alpha, beta, ws,
+                       wsoff, N, mm, nn + k, e[k]);
     }
 }
 
@@ -533,13 +538,14 @@ __attribute__((always_inline)) inline void mm_stage_rows(float4 acc[MI][NI], uin
 
 __attribute__((always_inline)) inline void
 mm_epilogue(float4 acc[MI][NI], uint base, int wm, int wn, int lane, int warp, __global c_t *c,
-            long coff, long scm, long scn, const __global bias_t *bias, long sbias, int bias_mode,
+            long coff, long scm, long scn, const __global c_t *cin, long cid,
+            const __global bias_t *bias, long sbias, int bias_mode,
             float alpha, float beta, __global float *ws, long wsoff, long M, long N, long m0,
             long n0, const mm_ce *ce)
 {
     const int g = lane >> 2, t = lane & 3;
     const bool vec = m0 + BM <= M && n0 + BN <= N &&
-                     (SPLITK ? (N & 3) == 0 : scn == 1 && ((coff | scm) & 3) == 0);
+                     (SPLITK ? (N & 3) == 0 : scn == 1 && ((coff | scm | cid) & 3) == 0);
     const uint ws_at = base + (uint)(warp * EPI_R * EPI_LD) * 4u;
     const long mw = m0 + wm * WTM, nw = n0 + wn * WTN;
     mma_cp_wait(0);
@@ -568,8 +574,8 @@ mm_epilogue(float4 acc[MI][NI], uint base, int wm, int wn, int lane, int warp, _
         for (int h = 0; h < 16 / EPI_R; ++h) {
             mm_stage_rows(acc, ws_at, g, t, i, h);
             asm volatile("bar.warp.sync -1;" ::: "memory");
-            mm_epilogue_rows(ws_at, lane, c, coff, scm, scn, bias, sbias, bias_mode, alpha, beta,
-                             ws, wsoff, M, N, mw + i * 16 + h * 8, nw, vec);
+            mm_epilogue_rows(ws_at, lane, c, coff, scm, scn, cin, cid, bias, sbias, bias_mode,
+                             alpha, beta, ws, wsoff, M, N, mw + i * 16 + h * 8, nw, vec);
             asm volatile("bar.warp.sync -1;" ::: "memory");
         }
 }
@@ -670,8 +676,8 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void mm_mma(MM_PARAMS M
 #undef KS
 #undef STAGE
 
-    mm_epilogue(acc, base, wm, wn, lane, warp, c, coff, scm, scn, bias, sbias, bias_mode, alpha,
-                beta, ws, wsoff, M, N, m0, n0, &ce);
+    mm_epilogue(acc, base, wm, wn, lane, warp, c, coff, scm, scn, cin, cid, bias, sbias,
+                bias_mode, alpha, beta, ws, wsoff, M, N, m0, n0, &ce);
 }
 #endif
 
@@ -764,12 +770,12 @@ inline void mm_store2_F16(__global ushort *p, long i, float2 v)
 
 /*
  * What the epilogue adds to alpha times pair j0 + j (j < MM_WG_BATCH) of the lane's row mm from
- * column n: the bias and beta C, loaded a batch of pairs ahead of the stores, so that their
+ * column n: the bias and beta C_in, loaded a batch of pairs ahead of the stores, so that their
  * latencies overlap.
  */
 __attribute__((always_inline)) inline void
-mm_wg_adds(float2 *add, int j0, __global c_t *c, long coff, long scm, const __global bias_t *bias,
-           long sbias, int bias_mode, float beta, long mm, long n)
+mm_wg_adds(float2 *add, int j0, long coff, long scm, const __global c_t *cin, long cid,
+           const __global bias_t *bias, long sbias, int bias_mode, float beta, long mm, long n)
 {
 #pragma unroll
     for (int j = 0; j < MM_WG_BATCH; ++j) {
@@ -781,7 +787,7 @@ mm_wg_adds(float2 *add, int j0, __global c_t *c, long coff, long scm, const __gl
         else if (bias_mode == 2)
             add[j] = (float2)(LOAD(BIAS_DT, bias, mm * sbias));
         if (beta != 0.0f)
-            add[j] += beta * MM_LOAD2(C_DT, c, coff + mm * scm + nn);
+            add[j] += beta * MM_LOAD2(C_DT, cin, coff + cid + mm * scm + nn);
     }
 }
 
@@ -828,15 +834,15 @@ inline uint4 mm_quad_transpose(uint w0, uint w1, uint w2, uint w3, int t)
  */
 __attribute__((always_inline)) inline void
 mm_wg_epilogue16(const float *d, int h, __global c_t *c, long coff, long scm,
-                 const __global bias_t *bias, long sbias, int bias_mode, float alpha, float beta,
-                 long mm, long n)
+                 const __global c_t *cin, long cid, const __global bias_t *bias, long sbias,
+                 int bias_mode, float alpha, float beta, long mm, long n)
 {
     const int t = get_local_id(0) & 3; /* n is the quad's first column plus 2 t */
     const long row = coff + mm * scm + n - 2 * t;
 #pragma unroll
     for (int j0 = 0; j0 < MM_WG_PAIRS; j0 += MM_WG_BATCH) {
         float2 add[MM_WG_BATCH];
-        mm_wg_adds(add, j0, c, coff, scm, bias, sbias, bias_mode, beta, mm, n);
+        mm_wg_adds(add, j0, coff, scm, cin, cid, bias, sbias, bias_mode, beta, mm, n);
         uint w[MM_WG_BATCH];
 #pragma unroll
         for (int j = 0; j < MM_WG_BATCH; ++j)
@@ -856,14 +862,17 @@ mm_wg_epilogue16(const float *d, int h, __global c_t *c, long coff, long scm,
  */
 __attribute__((always_inline)) inline void
 mm_wg_epilogue(const float *d, int h, __global c_t *c, long coff, long scm, long scn,
-               const __global bias_t *bias, long sbias, int bias_mode, float alpha, float beta,
-               __global float *ws, long wsoff, long M, long N, long m, long n, bool inside)
+               const __global c_t *cin, long cid, const __global bias_t *bias, long sbias,
+               int bias_mode, float alpha, float beta, __global float *ws, long wsoff, long M,
+               long N, long m, long n, bool inside)
 {
-    const bool vec = inside && (SPLITK ? (N & 1) == 0 : scn == 1 && ((coff | scm) & 1) == 0);
+    const bool vec =
+        inside && (SPLITK ? (N & 1) == 0 : scn == 1 && ((coff | scm | cid) & 1) == 0);
     const long mm = m + 8 * h;
 #if MM_C16 && !SPLITK
     if (vec && ((coff | scm) & 7) == 0) {
-        mm_wg_epilogue16(d, h, c, coff, scm, bias, sbias, bias_mode, alpha, beta, mm, n);
+        mm_wg_epilogue16(d, h, c, coff, scm, cin, cid, bias, sbias, bias_mode, alpha, beta, mm,
+                         n);
         return;
     }
 #endif
@@ -871,7 +880,7 @@ mm_wg_epilogue(const float *d, int h, __global c_t *c, long coff, long scm, long
     for (int j0 = 0; j0 < MM_WG_PAIRS; j0 += MM_WG_BATCH) {
         float2 add[MM_WG_BATCH] = {0};
         if (vec && !SPLITK)
-            mm_wg_adds(add, j0, c, coff, scm, bias, sbias, bias_mode, beta, mm, n);
+            mm_wg_adds(add, j0, coff, scm, cin, cid, bias, sbias, bias_mode, beta, mm, n);
 #pragma unroll
         for (int j = 0; j < MM_WG_BATCH; ++j) {
             const long nn = n + 8 * (j0 + j);
@@ -882,11 +891,11 @@ mm_wg_epilogue(const float *d, int h, __global c_t *c, long coff, long scm, long
                 MM_STORE2(C_DT, c, coff + mm * scm + nn, alpha * acc + add[j]);
             } else {
                 if (mm < M && nn < N)
-                    mm_out(c, coff, scm, scn, bias, sbias, bias_mode, alpha, beta, ws, wsoff,
-                           N, mm, nn, acc.x);
+                    mm_out(c, coff, scm, scn, cin, cid, bias, sbias, bias_mode, alpha, beta, ws,
+                           wsoff, N, mm, nn, acc.x);
                 if (mm < M && nn + 1 < N)
-                    mm_out(c, coff, scm, scn, bias, sbias, bias_mode, alpha, beta, ws, wsoff,
-                           N, mm, nn + 1, acc.y);
+                    mm_out(c, coff, scm, scn, cin, cid, bias, sbias, bias_mode, alpha, beta, ws,
+                           wsoff, N, mm, nn + 1, acc.y);
             }
         }
     }
@@ -1230,8 +1239,8 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_TMA_PARAMS)
         mm_wg_ce_dlogits(d + (i) * (BN / 2), h, &ce, false, c, coff, scm, scn, M, N,              \
                          m + 64 * (i), n, inside);                                                \
     else                                                                                          \
-        mm_wg_epilogue(d + (i) * (BN / 2), h, c, coff, scm, scn, bias, sbias, bias_mode, alpha,   \
-                       beta, ws, wsoff, M, N, m + 64 * (i), n, inside)
+        mm_wg_epilogue(d + (i) * (BN / 2), h, c, coff, scm, scn, cin, cid, bias, sbias,           \
+                       bias_mode, alpha, beta, ws, wsoff, M, N, m + 64 * (i), n, inside)
         /* built after the main loop, from the arguments, rather than kept through it */
         MM_CE_STATE();
         if (MM_CE)

@@ -30,6 +30,7 @@ typedef struct mm_problem {
     llmcl_ctx *ctx;
     int64_t M, N, K, batch;
     mm_operand a, b, c; /* A (m, k), B (k, n), C (m, n) */
+    const llmcl_tensor *cin; /* the addend that beta scales, laid out as C (NULL: C itself) */
     const llmcl_tensor *bias;
     int bias_mode; /* 0 none, 1 bias[n], 2 bias[m] */
     int64_t sbias;
@@ -83,6 +84,34 @@ static bool distinct_elements(const llmcl_tensor *t)
         reach = t->strides[order[i]] * t->shape[order[i]];
     }
     return true;
+}
+
+/*
+ * opts->c_in: c's dtype and shape, and either c itself or storage apart from it. It becomes p->cin
+ * unless it is c's own view; the kernels read it at c's strides (copy_addend handles the rest).
+ */
+static llmcl_status check_addend(mm_problem *p, const llmcl_tensor *cin)
+{
+    llmcl_ctx *ctx = p->ctx;
+    const llmcl_tensor *c = p->c.t;
+    LLMCL__TRY(llmcl__check_tensor(ctx, cin, "c_in", LLMCL__FLOAT_DTYPES, 2, 3));
+    LLMCL__REQUIRE(ctx, cin->dtype == c->dtype, LLMCL_ERROR_UNSUPPORTED_DTYPE,
+                   "matmul: c_in is %s but c is %s; they must share a dtype",
+                   llmcl_dtype_name(cin->dtype), llmcl_dtype_name(c->dtype));
+    bool same_shape = cin->ndim == c->ndim;
+    for (int i = 0; same_shape && i < c->ndim; ++i)
+        same_shape = cin->shape[i] == c->shape[i];
+    char si[96], sc[96];
+    llmcl__shape_text(cin, si, sizeof si);
+    llmcl__shape_text(c, sc, sizeof sc);
+    LLMCL__REQUIRE(ctx, same_shape, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "matmul: c_in is %s; it must have c's shape %s", si, sc);
+    if (llmcl__same_view(cin, c))
+        return LLMCL_OK;
+    LLMCL__REQUIRE(ctx, !llmcl__overlaps(c, cin), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "matmul: c overlaps c_in; c_in must be c itself or separate storage");
+    p->cin = cin;
+    return LLMCL_OK;
 }
 
 static llmcl_status check_problem(mm_problem *p, const llmcl_tensor *a, const llmcl_tensor *b,
@@ -162,7 +191,7 @@ static llmcl_status check_problem(mm_problem *p, const llmcl_tensor *a, const ll
     p->a = operand_of(a, o->trans_a);
     p->b = operand_of(b, o->trans_b);
     p->c = operand_of(c, 0);
-    return LLMCL_OK;
+    return o->c_in ? check_addend(p, o->c_in) : LLMCL_OK;
 }
 
 /* ---- launches ---- */
@@ -175,10 +204,19 @@ static void arg_operand(llmcl__args *g, const mm_operand *o, bool rows_first)
     llmcl__arg_i64(g, o->sb);
 }
 
-/* c, the bias (or c's buffer in its place) and bias_mode: the epilogue's arguments. */
-static void arg_epilogue(llmcl__args *g, const mm_problem *p)
+/*
+ * c; with `addend` the buffer that beta scales and its offset less c's (the kernels' cin and cid,
+ * c's own where p->cin is NULL); then the bias (or c's buffer in its place) and bias_mode: the
+ * epilogue's arguments.
+ */
+static void arg_epilogue(llmcl__args *g, const mm_problem *p, bool addend)
 {
     arg_operand(g, &p->c, true);
+    if (addend) {
+        const llmcl_tensor *cin = p->cin ? p->cin : p->c.t;
+        llmcl__arg(g, sizeof cin->mem, &cin->mem);
+        llmcl__arg_i64(g, cin->offset - p->c.t->offset);
+    }
     llmcl__arg_tensor(g, p->bias ? p->bias : p->c.t);
     llmcl__arg_i64(g, p->sbias);
     llmcl__arg_i32(g, p->bias_mode);
@@ -194,17 +232,18 @@ static void base_defines(const mm_problem *p, llmcl__defines *d)
 }
 
 /*
- * An element-wise epilogue kernel (mm_reduce, mm_bias) with its leading arguments set: c, the
- * bias, M and N. It runs over (n, m, batch) with element_launch.
+ * An element-wise epilogue kernel (mm_reduce with the addend, mm_bias without) with its leading
+ * arguments set: c, the bias, M and N. It runs over (n, m, batch) with element_launch.
  */
-static llmcl_status element_kernel(const mm_problem *p, const char *name, llmcl__args *g)
+static llmcl_status element_kernel(const mm_problem *p, const char *name, bool addend,
+                                   llmcl__args *g)
 {
     llmcl__defines d = {0};
     base_defines(p, &d);
     cl_kernel k;
     LLMCL__TRY(llmcl__kernel(p->ctx, LLMCL_FAMILY_MATMUL, &d, name, &k));
     *g = llmcl__args_begin(p->ctx, k);
-    arg_epilogue(g, p);
+    arg_epilogue(g, p, addend);
     llmcl__arg_i64(g, p->M);
     llmcl__arg_i64(g, p->N);
     return LLMCL_OK;
@@ -220,7 +259,7 @@ static llmcl_status element_launch(const mm_problem *p, llmcl__args *g)
 static llmcl_status reduce_slices(const mm_problem *p, int64_t slices, const llmcl_tensor *ws)
 {
     llmcl__args g;
-    LLMCL__TRY(element_kernel(p, "mm_reduce", &g));
+    LLMCL__TRY(element_kernel(p, "mm_reduce", true, &g));
     llmcl__arg_i64(&g, slices);
     llmcl__arg_i64(&g, p->batch);
     llmcl__arg_f32(&g, p->alpha);
@@ -382,7 +421,7 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
         llmcl__args g = llmcl__args_begin(p->ctx, k);
         arg_operand(&g, &p->a, true);
         arg_operand(&g, &p->b, true);
-        arg_epilogue(&g, p);
+        arg_epilogue(&g, p, true);
         llmcl__arg_i64(&g, p->M);
         llmcl__arg_i64(&g, p->N);
         llmcl__arg_i64(&g, p->K);
@@ -761,7 +800,7 @@ static llmcl_status run_tiled(const mm_problem *p)
 static llmcl_status run_bias(const mm_problem *p)
 {
     llmcl__args g;
-    LLMCL__TRY(element_kernel(p, "mm_bias", &g));
+    LLMCL__TRY(element_kernel(p, "mm_bias", false, &g));
     return element_launch(p, &g);
 }
 
@@ -782,16 +821,32 @@ static bool blas_view(const mm_operand *o, int64_t rows, int64_t cols, CLBlastTr
     return false;
 }
 
+/* The operands' CLBlast views: false where its layout does not allow the product. */
+static bool blas_views(const mm_problem *p, CLBlastTranspose *ta, size_t *lda,
+                       CLBlastTranspose *tb, size_t *ldb, size_t *ldc)
+{
+    CLBlastTranspose tc;
+    return p->batch == 1 && blas_view(&p->a, p->M, p->K, ta, lda) &&
+           blas_view(&p->b, p->K, p->N, tb, ldb) && blas_view(&p->c, p->M, p->N, &tc, ldc) &&
+           tc == CLBlastTransposeNo;
+}
+
+/* Whether run_clblast will take the product. */
+static bool blas_runs(const mm_problem *p)
+{
+    CLBlastTranspose ta, tb;
+    size_t lda, ldb, ldc;
+    return blas_views(p, &ta, &lda, &tb, &ldb, &ldc);
+}
+
 /* Runs the product through CLBlast's SGEMM when the layout allows; *done says whether it did. */
 static llmcl_status run_clblast(const mm_problem *p, bool *done)
 {
     llmcl_ctx *ctx = p->ctx;
-    CLBlastTranspose ta, tb, tc;
+    CLBlastTranspose ta, tb;
     size_t lda, ldb, ldc;
     *done = false;
-    if (p->batch != 1 || !blas_view(&p->a, p->M, p->K, &ta, &lda) ||
-        !blas_view(&p->b, p->K, p->N, &tb, &ldb) || !blas_view(&p->c, p->M, p->N, &tc, &ldc) ||
-        tc != CLBlastTransposeNo)
+    if (!blas_views(p, &ta, &lda, &tb, &ldb, &ldc))
         return LLMCL_OK;
     cl_command_queue q = ctx->queue;
     size_t temp_bytes = 0;
@@ -848,6 +903,24 @@ llmcl__mm_plan llmcl__matmul_plan(const llmcl_ctx *ctx, llmcl_dtype dt, int64_t 
                             wgmma ? wgmma_tile_time(large) : (double)(bm * bn)};
 }
 
+/*
+ * Where the kernels cannot read the addend in place (CLBlast, which scales C itself, or c_in laid
+ * out unlike c): c = c_in first, and beta scales c.
+ */
+static llmcl_status copy_addend(mm_problem *p, llmcl_tensor *c)
+{
+    LLMCL__TRY(llmcl_copy(p->ctx, p->cin, c));
+    p->cin = NULL;
+    return LLMCL_OK;
+}
+
+/* Whether the addend has c's strides, which the kernels read it at. */
+static bool addend_in_place(const mm_problem *p)
+{
+    const mm_operand in = operand_of(p->cin, 0);
+    return in.s0 == p->c.s0 && in.s1 == p->c.s1 && (p->batch == 1 || in.sb == p->c.sb);
+}
+
 llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, const llmcl_tensor *b,
                           float beta, llmcl_tensor *c, const llmcl_matmul_opts *opts)
 {
@@ -856,6 +929,10 @@ llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, co
     LLMCL__TRY(check_problem(&p, a, b, c, opts));
     if (p.M == 0 || p.N == 0 || p.batch == 0)
         return LLMCL_OK;
+    if (beta == 0.0f)
+        p.cin = NULL;
+    if (p.cin && !addend_in_place(&p))
+        LLMCL__TRY(copy_addend(&p, c));
     const llmcl_dtype dt = a->dtype;
     const int a_kc = unit_dim(&p.a, true), b_kc = unit_dim(&p.b, false);
     if (mma_available(ctx, dt) && a_kc >= 0 && b_kc >= 0)
@@ -863,6 +940,8 @@ llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, co
     /* CLBlast's loops over K are its own: where loops are cut short, only a K that they pass
        well within the budget (on llvmpipe they ran K = 16 x 65535, failed at 4 x 10^6) */
     if (dt == LLMCL_F32 && p.o.split_k <= 1 && p.K > 0 && p.K <= llmcl__loop_budget(ctx)) {
+        if (p.cin && blas_runs(&p))
+            LLMCL__TRY(copy_addend(&p, c));
         bool done;
         LLMCL__TRY(run_clblast(&p, &done));
         if (done)
