@@ -948,12 +948,12 @@ static llmcl_rope_options rope_opts(const model *m, arena *a, int t)
                                 .llama3_factor = m->cfg.rope_llama3_factor};
 }
 
-/* y = x w^T (beta 0) or y += x w^T (beta 1). */
-static llmcl_status linear(llmcl_ctx *ctx, const llmcl_tensor *x, const llmcl_tensor *w, float beta,
+/* y = x w^T. */
+static llmcl_status linear(llmcl_ctx *ctx, const llmcl_tensor *x, const llmcl_tensor *w,
                            llmcl_tensor *y)
 {
     const llmcl_matmul_opts o = {.trans_b = 1};
-    return llmcl_matmul(ctx, 1.0f, x, w, beta, y, &o);
+    return llmcl_matmul(ctx, 1.0f, x, w, 0.0f, y, &o);
 }
 
 /*
@@ -967,15 +967,16 @@ static llmcl_status linear(llmcl_ctx *ctx, const llmcl_tensor *x, const llmcl_te
 static llmcl_status adapter_forward(model *m, const model_param *p, const llmcl_tensor *x,
                                     llmcl_tensor *y, llmcl_tensor *u)
 {
-    OP(F_MATMUL_FWD, linear(m->ctx, x, p->lora_a->w, 0, u));
+    OP(F_MATMUL_FWD, linear(m->ctx, x, p->lora_a->w, u));
     const llmcl_matmul_opts o = {.trans_b = 1};
     return PROF(F_MATMUL_FWD, llmcl_matmul(m->ctx, m->lora_scale, u, p->lora_b->w, 1, y, &o));
 }
 
-llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tensor *x, float beta,
-                                llmcl_tensor *y, llmcl_tensor *u)
+llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tensor *x,
+                                const llmcl_tensor *res, llmcl_tensor *y, llmcl_tensor *u)
 {
-    OP(F_MATMUL_FWD, linear(m->ctx, x, p->w, beta, y));
+    const llmcl_matmul_opts o = {.trans_b = 1, .c_in = res};
+    OP(F_MATMUL_FWD, llmcl_matmul(m->ctx, 1.0f, x, p->w, res ? 1.0f : 0.0f, y, &o));
     return p->lora_a ? adapter_forward(m, p, x, y, u) : LLMCL_OK;
 }
 
@@ -1091,13 +1092,13 @@ static llmcl_status group_forward(model *m, arena *a, int l, int first, int coun
     model_param st;
     const bool stack = stacked_proj(m, a, l, first, count, &st);
     if (stack)
-        TRY(model_proj_forward(m, &st, x, 0, y, NULL));
+        TRY(model_proj_forward(m, &st, x, NULL, y, NULL));
     int64_t col = 0;
     for (int i = 0; i < count; ++i) {
         const model_param *p = param(m, first + i, l);
         llmcl_tensor *yi = cols(a, y, n, col, p->shape[0]), *u = u_rows(a, A, first + i, n);
         if (!stack)
-            TRY(model_proj_forward(m, p, x, 0, yi, u));
+            TRY(model_proj_forward(m, p, x, NULL, yi, u));
         else if (p->lora_a)
             TRY(adapter_forward(m, p, x, yi, u));
         col += p->shape[0];
@@ -1172,19 +1173,18 @@ static llmcl_status layer_forward(model *m, arena *a, int l, const layer_acts *A
                                                 bhtd(a, A->qkv, v_col(m), b, t, c->kv_heads, d),
                                                 &ao, bhtd(a, A->o, 0, b, t, c->heads, d),
                                                 view(a, A->lse, 3, lshape, NULL, 0)));
-    OP(F_ELEMENTWISE, llmcl_copy(ctx, x, xmid));
-    TRY(model_proj_forward(m, param(m, P_WO, l), rows(a, A->o, n), 1, xmid, u_rows(a, A, P_WO, n)));
+    TRY(model_proj_forward(m, param(m, P_WO, l), rows(a, A->o, n), x, xmid,
+                           u_rows(a, A, P_WO, n)));
     TRY(norm_forward(m, a, P_MLP_NORM, l, xmid, A->h2, A->rstd2, n));
     llmcl_tensor *act = rows(a, A->act, n);
     TRY(group_forward(m, a, l, P_WGATE, 2, A, h2, rows(a, A->gu, n)));
     TRY(swiglu_forward(m, a, A, n));
     const model_param *down = param(m, P_WDOWN, l);
     if (!xout) /* recomputing for the backward: of the last projection only its adapter's u */
-        return down->lora_a ? PROF(F_MATMUL_FWD, linear(ctx, act, down->lora_a->w, 0,
-                                                    u_rows(a, A, P_WDOWN, n)))
-                            : LLMCL_OK;
-    OP(F_ELEMENTWISE, llmcl_copy(ctx, xmid, xout));
-    return model_proj_forward(m, down, act, 1, xout, u_rows(a, A, P_WDOWN, n));
+        return down->lora_a
+                   ? PROF(F_MATMUL_FWD, linear(ctx, act, down->lora_a->w, u_rows(a, A, P_WDOWN, n)))
+                   : LLMCL_OK;
+    return model_proj_forward(m, down, act, xmid, xout, u_rows(a, A, P_WDOWN, n));
 }
 
 static llmcl_ce_options ce_opts(const model *m)
@@ -1440,7 +1440,7 @@ static llmcl_status head_logits(model *m, int64_t row0, int64_t rows, llmcl_tens
     arena a = {0};
     const int64_t shape[2] = {rows, m->cfg.dim};
     llmcl_tensor *h = view(&a, m->hfinal, 2, shape, NULL, row0 * m->cfg.dim);
-    const llmcl_status st = linear(m->ctx, h, param(m, P_HEAD, -1)->w, 0, out);
+    const llmcl_status st = linear(m->ctx, h, param(m, P_HEAD, -1)->w, out);
     arena_clear(&a);
     return st;
 }

@@ -231,11 +231,12 @@ int64_t model_trainable_count(const model *m);
 double model_flops_per_token(const model *m, int t);
 
 /*
- * The projection p (a base matrix [out, in]) on x [N, in]: y = x w^T (beta 0) or y += x w^T
- * (beta 1), and with an adapter u = x A^T [N, rank] (kept for the backward) and y += s u B^T.
+ * The projection p (a base matrix [out, in]) on x [N, in]: y = x w^T, or y = res + x w^T with a
+ * residual res [N, out] (NULL: none; the matmul's addend, so res needs no copy into y first), and
+ * with an adapter u = x A^T [N, rank] (kept for the backward) and y += s u B^T.
  */
-llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tensor *x, float beta,
-                                llmcl_tensor *y, llmcl_tensor *u);
+llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tensor *x,
+                                const llmcl_tensor *res, llmcl_tensor *y, llmcl_tensor *u);
 
 /*
  * Its backward from dy [N, out]: dx = dy w (dx_beta 0) or dx += dy w (dx NULL: not wanted),
