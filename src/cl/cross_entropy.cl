@@ -303,8 +303,11 @@ inline ce_span ce_span_of(long base, long V, long sp, long ns)
         if ((sp) == (ns) - 1 && lid_ < 8 && t_ < (V))                                             \
             GRAD1(x, base, dx, dbase, t_, q, lse, y);                                             \
         /* UNROLL chunks loaded before any is stored: a work-item's chunks are distinct, so this  \
-           is safe in place and keeps more loads in flight */                                     \
-        for (long k_ = sn_.k0 + lid_; k_ < sn_.k1; k_ += (long)WG * UNROLL) {                     \
+           is safe in place and keeps more loads in flight. Last block first: the scan just read \
+           the row front to back, so its tail is what the L2 cache still holds. */                \
+        const long step_ = (long)WG * UNROLL;                                                     \
+        for (long b_ = (sn_.k1 - sn_.k0 + step_ - 1) / step_ - 1; b_ >= 0; --b_) {                \
+            const long k_ = sn_.k0 + b_ * step_ + lid_;                                           \
             float8 v_[UNROLL];                                                                    \
             _Pragma("unroll") for (int u_ = 0; u_ < UNROLL; ++u_)                                 \
             {                                                                                     \
