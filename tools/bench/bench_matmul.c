@@ -1,8 +1,9 @@
 /*
  * bench_matmul.c: llmcl-bench rows for llmcl_matmul: a square bf16 GEMM (8192^3), the linear
  * layers of Llama-3-8B at 8192 tokens (4096->4096, 4096->14336, 14336->4096) and those of
- * Llama-3.2-1B, llmcl-train's 1B preset (2048->2048, 2048->512, 2048->8192, 8192->2048), each
- * as the forward y = x w^T, dx = dy w and dw += dy^T x (f32, beta 1), in TFLOP/s against the
+ * Llama-3.2-1B (2048->2048, 2048->512, 2048->8192, 8192->2048), then the stacked projections that
+ * llmcl-train's presets run instead of q, k, v and gate, up apart (1B: 2048->3072 and
+ * 2048->16384; 8B: 4096->6144 and 4096->28672), each as the forward y = x w^T, dx = dy w and dw += dy^T x (f32, beta 1), in TFLOP/s against the
  * device's tensor-core rate where they ran on tensor cores, else its fp32 FMA rate. CPU devices
  * run the same shapes divided by 16. Each output is checked at 256 sampled elements against double
  * dot products of the downloaded operands. tools/bench/yardstick_matmul.py times PyTorch on the
@@ -121,8 +122,10 @@ void bench_matmul(bench_env *env)
     const int64_t div = env->small ? 16 : 1, tokens = 8192 / div;
     const llmcl_dtype bf = LLMCL_BF16;
     bench_one(env, "gemm", 8192 / div, 8192 / div, 8192 / div, bf, bf, 0, 0, 0.0f);
-    static const int64_t layers[][2] = {{4096, 4096}, {4096, 14336}, {14336, 4096}, {2048, 2048},
-                                        {2048, 512},  {2048, 8192},  {8192, 2048}};
+    static const int64_t layers[][2] = {{4096, 4096},  {4096, 14336}, {14336, 4096},
+                                        {2048, 2048},  {2048, 512},   {2048, 8192},
+                                        {8192, 2048},  {2048, 3072},  {2048, 16384},
+                                        {4096, 6144},  {4096, 28672}};
     for (size_t i = 0; i < sizeof layers / sizeof layers[0]; ++i) {
         const int64_t in = layers[i][0] / div, out = layers[i][1] / div;
         bench_one(env, "fwd", tokens, out, in, bf, bf, 0, 1, 0.0f);     /* x w^T */

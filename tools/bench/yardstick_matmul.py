@@ -24,7 +24,8 @@ def main():
     row("gemm", 8192, 8192, 8192, lambda: a @ b)
     t = 8192
     for d_in, d_out in ((4096, 4096), (4096, 14336), (14336, 4096), (2048, 2048), (2048, 512),
-                     (2048, 8192), (8192, 2048)):
+                        (2048, 8192), (8192, 2048), (2048, 3072), (2048, 16384), (4096, 6144),
+                        (4096, 28672)):
         x = torch.randn(t, d_in, device=dev, dtype=bf)
         w = torch.randn(d_out, d_in, device=dev, dtype=bf)
         dy = torch.randn(t, d_out, device=dev, dtype=bf)
