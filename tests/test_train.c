@@ -288,6 +288,7 @@ static form_run run_form(const model_config *cfg, const int32_t *ids, const int3
     TH_OK(model_alloc_acts(m, FORM_B, FORM_T, recompute, offload));
     TH_OK(llmcl_memory_stats_get(m->ctx, &after));
     r.acts_bytes = after.current_bytes - before.current_bytes;
+    assert_int_equal(model_acts_bytes(m, FORM_B, FORM_T, recompute, offload), r.acts_bytes);
     const adamw_hparams hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
                               .clip = 1.0f};
     optimizer opt;
@@ -318,7 +319,7 @@ static form_run run_form(const model_config *cfg, const int32_t *ids, const int3
 
 /*
  * Every form, with and without offload, trains 5 layers (a multiple of neither 2 nor 3) to the
- * bits of the run that keeps everything. Memory: --recompute=N keeps full activations for the
+ * bits of the run that keeps everything, and allocates what model_acts_bytes says. Memory: --recompute=N keeps full activations for the
  * layers it does not recompute and rebuilds the others in the last layer's buffers when that layer
  * keeps all (5 % 2 and 5 % 3 are not 0), full rebuilds every layer in one set of its own, ops
  * drops the norms' and SwiGLU's outputs of every layer.

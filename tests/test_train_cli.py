@@ -10,7 +10,8 @@ their own base, and export PEFT's files or the merged model. --offload-optimizer
 checkpoints of the run without it, bit for bit (with --recompute --offload too, and resumed across
 the flag both ways), and a lower peak of device memory. --recompute=full|ops|N (with and without
 --offload): the losses and checkpoint of the run without, bit for bit, and peaks of device memory
-in the order of what each form keeps; bad forms refused. --optimizer-in-backward: the losses and
+in the order of what each form keeps; bad forms refused; --recompute=auto takes the first form
+that fits what LLMCL_MEMORY_LIMIT leaves, with the bits of the run that keeps everything. --optimizer-in-backward: the losses and
 checkpoints of the run without it, bit for bit, in less device memory; what it cannot serve refused.
 Tensors that the model would drop (Qwen2's q/k/v biases) are refused, named.
 A file named .bin, or one that starts with llm.c's magic, that is not a whole llm.c token file is
@@ -39,8 +40,9 @@ TINY = ["--dim", "64", "--heads", "2", "--kv-heads", "1", "--ffn", "96", "--laye
 failures = []
 
 
-def run(args, timeout=300):
-    return subprocess.run([TRAIN] + args, capture_output=True, text=True, timeout=timeout)
+def run(args, timeout=300, env=None):
+    return subprocess.run([TRAIN] + args, capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def expect_error(what, args, needle, code=1):
@@ -51,8 +53,8 @@ def expect_error(what, args, needle, code=1):
         failures.append(what)
 
 
-def expect_ok(what, args):
-    r = run(args)
+def expect_ok(what, args, env=None):
+    r = run(args, env=env)
     ok = r.returncode == 0
     print(f"{'ok  ' if ok else 'FAIL'} {what}: status {r.returncode}")
     if not ok:
@@ -351,11 +353,57 @@ def recompute_forms(p):
           peaks["ops"] < peaks["none"] and peaks["bare"] == peaks["full"])
     for value in ("0", "-1", "x", ""):
         expect_error(f"--recompute={value}", TINY + [f"--recompute={value}"],
-                     f"--recompute={value}: expected full, ops or a layer interval N from 1 to 4096")
-    expect_error("a form given apart", TINY + ["--recompute", "ops"],
-                 "--recompute takes its form after '=': --recompute=ops")
+                     f"--recompute={value}: expected full, ops, auto or a layer interval N")
+    for value in ("ops", "auto"):
+        expect_error(f"a form given apart ({value})", TINY + ["--recompute", value],
+                     f"--recompute takes its form after '=': --recompute={value}")
     expect_error("a layer interval beyond the layers", base + ["--recompute=6"],
                  "--recompute=6: no layer of the 5 would be recomputed")
+
+
+def recompute_auto():
+    """--recompute=auto: the first of none, ops, every 2nd layer and full whose activations fit
+    what LLMCL_MEMORY_LIMIT leaves (its line gives each tried form's bytes and what is left); each
+    pick trains to the bits of the run that keeps everything; with --offload none is not tried."""
+    args = ["--layers", "5", "--batch", "8", "--seq", "256", "--steps", "2", "--eval-every", "0",
+            "--sample", "0", "--log-every", "1", "--recompute=auto"]
+    words = {"none": None, "ops": "selective activation checkpointing of ops",
+             "2": "selective activation checkpointing of every 2nd layer",
+             "full": "full activation checkpointing"}
+    keep = expect_ok("auto: the run that keeps everything", args[:-1])
+
+    def auto_run(what, limit_mib, extra=()):
+        r = expect_ok(what, args + list(extra), env={"LLMCL_MEMORY_LIMIT": str(int(limit_mib * 2**20))})
+        line = re.search(r"^activations by --recompute=auto: (.*), of ([\d.]+) MiB left$", r.stdout,
+                         re.M)
+        model = re.search(r"^model: .*$", r.stdout, re.M)
+        check(f"{what}: the account and the model line", bool(line and model))
+        if not (line and model):
+            return [], 0.0, None, r
+        needs = [(name, float(v)) for name, v in re.findall(r"(\w+) ([\d.]+) MiB", line.group(1))]
+        picked = next((f for f, w in words.items() if w and w in model.group(0)), "none")
+        return needs, float(line.group(2)), picked, r
+
+    needs, left, picked, r = auto_run("auto within 381 MiB", 381.0)
+    check(f"auto within 381 MiB: none fits and runs, the bits of keeping everything: {needs}",
+          [n for n, _ in needs] == ["none"] and picked == "none" and needs[0][1] <= left and
+          losses(r.stdout) == losses(keep.stdout) and len(losses(r.stdout)) == 2)
+    base = 381.0 - left  # what the model's other buffers and a step's scratch take
+    needs, left, picked, _ = auto_run("auto with 1 MiB left", base + 1.0)
+    check(f"auto with 1 MiB left: every form tried, full taken: {needs}",
+          [n for n, _ in needs] == ["none", "ops", "2", "full"] and picked == "full")
+    need = dict(needs)
+    for i, form in enumerate(["none", "ops", "2", "full"]):
+        earlier = [need[f] for f in ["none", "ops", "2", "full"][:i]]
+        if i == 0 or min(earlier) <= need[form] + 1.0:
+            continue  # never first to fit, or too close to tell from the printed sizes
+        what = f"auto with room for {form} alone"
+        _, _, picked, r = auto_run(what, base + need[form] + 0.5)
+        check(f"{what}: {picked} taken, the bits of keeping everything",
+              picked == form and losses(r.stdout) == losses(keep.stdout))
+    needs, _, picked, _ = auto_run("auto with --offload", 381.0, ["--offload"])
+    check(f"auto with --offload: ops first: {needs}",
+          needs[:1] and needs[0][0] == "ops" and picked == "ops")
 
 
 def optimizer_in_backward(p):
@@ -566,6 +614,7 @@ def main():
     expect_error("a truncated checkpoint", TINY + ["--resume", p("cut.st")], "cannot resume")
     offload_optimizer(p, flat, straight)
     recompute_forms(p)
+    recompute_auto()
     optimizer_in_backward(p)
 
     # Ctrl-C with --save-on-interrupt

@@ -715,16 +715,40 @@ static void slots_of(layer_acts *A, llmcl_tensor **s[SLOTS])
         s[S_U + k - P_WQ] = &A->u[k];
 }
 
-/* The slots that layer l keeps from its forward to its backward. */
-static unsigned kept_slots(const model *m, int l)
+/* The slots that layer l keeps from its forward to its backward under recompute form `form`. */
+static unsigned kept_slots_in(int form, int l)
 {
-    if (m->recompute == RECOMPUTE_OPS)
+    if (form == RECOMPUTE_OPS)
         return ALL_SLOTS & ~CHEAP_SLOTS;
-    return m->recompute > 0 && (l + 1) % m->recompute == 0 ? 0 : ALL_SLOTS;
+    return form > 0 && (l + 1) % form == 0 ? 0 : ALL_SLOTS;
 }
 
-/* A slot's buffer for b x t tokens; NULL for the x A^T of a projection without an adapter. */
-static llmcl_tensor *slot_alloc(model *m, int slot, int b, int t)
+static unsigned kept_slots(const model *m, int l) { return kept_slots_in(m->recompute, l); }
+
+/* The form that model_alloc_acts allocates for: offload keeps no layer whole. */
+static int form_of(int recompute, bool offload)
+{
+    return recompute == RECOMPUTE_NONE && offload ? RECOMPUTE_FULL : recompute;
+}
+
+/* A buffer's element type and shape: [d0] where d1 is 0, else [d0, d1]. */
+typedef struct buf_spec {
+    llmcl_dtype dt;
+    int64_t d0, d1;
+} buf_spec;
+
+static uint64_t spec_bytes(buf_spec s)
+{
+    return (uint64_t)s.d0 * (uint64_t)(s.d1 ? s.d1 : 1) * llmcl_dtype_size(s.dt);
+}
+
+static llmcl_tensor *spec_tensor(model *m, buf_spec s)
+{
+    return new_tensor(m->ctx, s.dt, s.d1 ? 2 : 1, s.d0, s.d1);
+}
+
+/* A slot's buffer for b x t tokens; false for the x A^T of a projection without an adapter. */
+static bool slot_spec(const model *m, int slot, int b, int t, buf_spec *s)
 {
     const model_config *c = &m->cfg;
     const int64_t n = (int64_t)b * t, q = (int64_t)c->heads * m->head_dim,
@@ -733,23 +757,37 @@ static llmcl_tensor *slot_alloc(model *m, int slot, int b, int t)
                                 [S_XMID] = c->dim, [S_H2] = c->dim,      [S_GU] = 2 * c->ffn,
                                 [S_ACT] = c->ffn};
     if (slot == S_RSTD1 || slot == S_RSTD2)
-        return new_tensor(m->ctx, LLMCL_F32, 1, n, 0);
-    if (slot == S_LSE)
-        return new_tensor(m->ctx, LLMCL_F32, 1, (int64_t)b * c->heads * t, 0);
-    if (slot < S_U)
-        return new_tensor(m->ctx, c->dtype, 2, n, width[slot]);
-    if (c->lora_rank > 0 && (c->lora_targets & (1u << (P_WQ + slot - S_U))))
-        return new_tensor(m->ctx, c->dtype, 2, n, c->lora_rank);
-    return NULL;
+        *s = (buf_spec){LLMCL_F32, n, 0};
+    else if (slot == S_LSE)
+        *s = (buf_spec){LLMCL_F32, (int64_t)b * c->heads * t, 0};
+    else if (slot < S_U)
+        *s = (buf_spec){c->dtype, n, width[slot]};
+    else if (c->lora_rank > 0 && (c->lora_targets & (1u << (P_WQ + slot - S_U))))
+        *s = (buf_spec){c->dtype, n, c->lora_rank};
+    else
+        return false;
+    return true;
 }
 
 static void acts_alloc(model *m, layer_acts *A, unsigned slots, int b, int t)
 {
     llmcl_tensor **s[SLOTS];
     slots_of(A, s);
+    buf_spec spec;
     for (int i = 0; i < SLOTS; ++i)
-        if (slots & (1u << i))
-            *s[i] = slot_alloc(m, i, b, t);
+        if ((slots & (1u << i)) && slot_spec(m, i, b, t, &spec))
+            *s[i] = spec_tensor(m, spec);
+}
+
+/* The bytes of the slots in `slots` for b x t tokens. */
+static uint64_t slots_bytes(const model *m, unsigned slots, int b, int t)
+{
+    uint64_t bytes = 0;
+    buf_spec spec;
+    for (int i = 0; i < SLOTS; ++i)
+        if ((slots & (1u << i)) && slot_spec(m, i, b, t, &spec))
+            bytes += spec_bytes(spec);
+    return bytes;
 }
 
 static void acts_free(layer_acts *A)
@@ -776,24 +814,32 @@ static layer_acts acts_of(model *m, int l)
 }
 
 /*
- * Each layer's buffers as its form keeps them, and those that recomputation rebuilds: a set of
- * their own at acts[layers], or the last layer's when that layer keeps everything and comes after
+ * The slots that recomputation rebuilds under `form`, and in *holder the set that holds them: a set
+ * of their own at acts[layers], or the last layer's when that layer keeps everything and comes after
  * every layer that rebuilds (its backward is done before theirs begin, and its forward writes its
  * buffers after theirs).
  */
-static void alloc_layer_acts(model *m, int b, int t)
+static unsigned rebuilt_slots(int form, int layers, int *holder)
 {
-    const int layers = m->cfg.layers;
     unsigned rebuilt = 0;
     int last = -1; /* the last layer that rebuilds something */
-    m->acts = xcalloc((size_t)layers + 1, sizeof *m->acts);
     for (int l = 0; l < layers; ++l) {
-        const unsigned kept = kept_slots(m, l);
-        acts_alloc(m, &m->acts[l], kept, b, t);
+        const unsigned kept = kept_slots_in(form, l);
         rebuilt |= ALL_SLOTS & ~kept;
         last = kept == ALL_SLOTS ? last : l;
     }
-    m->rebuilt = rebuilt && last < layers - 1 ? layers - 1 : layers;
+    *holder = rebuilt && last < layers - 1 ? layers - 1 : layers;
+    return rebuilt;
+}
+
+/* Each layer's buffers as its form keeps them, and those that recomputation rebuilds. */
+static void alloc_layer_acts(model *m, int b, int t)
+{
+    const int layers = m->cfg.layers;
+    m->acts = xcalloc((size_t)layers + 1, sizeof *m->acts);
+    for (int l = 0; l < layers; ++l)
+        acts_alloc(m, &m->acts[l], kept_slots(m, l), b, t);
+    const unsigned rebuilt = rebuilt_slots(m->recompute, layers, &m->rebuilt);
     if (m->rebuilt == layers)
         acts_alloc(m, &m->acts[layers], rebuilt, b, t);
 }
@@ -818,6 +864,48 @@ void model_recompute_describe(const model *m, char *buf, size_t len)
     else
         snprintf(buf, len, "selective activation checkpointing of every %d%s layer (%d of %d "
                            "recomputed)", r, ordinal(r), layers / r, layers);
+}
+
+/* The buffers every form has beside the stream and the layers': where each goes in m, its spec. */
+enum { FIXED_BUFFERS = 16 };
+static int fixed_buffers(model *m, int b, int t, llmcl_tensor **where[FIXED_BUFFERS],
+                         buf_spec spec[FIXED_BUFFERS])
+{
+    const model_config *c = &m->cfg;
+    const llmcl_dtype dt = c->dtype;
+    const int64_t n = (int64_t)b * t, q = (int64_t)c->heads * m->head_dim,
+                  kv = (int64_t)c->kv_heads * m->head_dim;
+    const struct {
+        llmcl_tensor **where;
+        buf_spec spec;
+    } all[FIXED_BUFFERS] = {{&m->hfinal, {dt, n, c->dim}},
+                            {&m->rstd_final, {LLMCL_F32, n, 0}},
+                            {&m->lse_ce, {LLMCL_F32, n, 0}},
+                            {&m->loss, {LLMCL_F32, 1, 0}},
+                            {&m->ids, {LLMCL_I32, n, 0}},
+                            {&m->targets, {LLMCL_I32, n, 0}},
+                            {&m->positions, {LLMCL_I32, t, 0}},
+                            {&m->dres, {dt, n, c->dim}},
+                            {&m->dh, {dt, n, c->dim}},
+                            {&m->dh32, {LLMCL_F32, n, c->dim}},
+                            {&m->da, {dt, n, c->ffn}},
+                            {&m->dattn, {dt, n, q}},
+                            {&m->dqkv, {dt, n, q + 2 * kv}},
+                            {&m->dnorm_w, {LLMCL_F32, c->dim, 0}},
+                            {&m->logits_last, {LLMCL_F32, 1, c->vocab}},
+                            {&m->du, {dt, n, c->lora_rank}}};
+    const int count = c->lora_rank > 0 ? FIXED_BUFFERS : FIXED_BUFFERS - 1; /* du: LoRA's */
+    for (int i = 0; i < count; ++i) {
+        where[i] = all[i].where;
+        spec[i] = all[i].spec;
+    }
+    return count;
+}
+
+/* One tensor of the residual stream. */
+static buf_spec stream_spec(const model *m, int b, int t)
+{
+    return (buf_spec){m->cfg.dtype, (int64_t)b * t, m->cfg.dim};
 }
 
 /* Stream tensors: one per layer input and the output, or a ring of two when offloading. */
@@ -851,14 +939,31 @@ static void free_acts(model *m)
         acts_free(&m->acts[l]);
     free(m->acts);
     m->acts = NULL;
-    llmcl_tensor **bufs[] = {&m->hfinal, &m->rstd_final, &m->lse_ce, &m->loss, &m->ids,
-                             &m->targets, &m->positions, &m->dres, &m->dh, &m->dh32, &m->da,
-                             &m->dattn, &m->dqkv, &m->dnorm_w, &m->logits_last,
-                             &m->du};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i) {
-        llmcl_tensor_destroy(*bufs[i]);
-        *bufs[i] = NULL;
+    llmcl_tensor **where[FIXED_BUFFERS];
+    buf_spec spec[FIXED_BUFFERS];
+    const int count = fixed_buffers(m, 1, 1, where, spec);
+    for (int i = 0; i < count; ++i) {
+        llmcl_tensor_destroy(*where[i]);
+        *where[i] = NULL;
     }
+}
+
+uint64_t model_acts_bytes(model *m, int b, int t, int recompute, bool offload)
+{
+    const int layers = m->cfg.layers, form = form_of(recompute, offload);
+    uint64_t bytes = (uint64_t)(offload ? 2 : layers + 1) * spec_bytes(stream_spec(m, b, t));
+    for (int l = 0; l < layers; ++l)
+        bytes += slots_bytes(m, kept_slots_in(form, l), b, t);
+    int holder;
+    const unsigned rebuilt = rebuilt_slots(form, layers, &holder);
+    if (holder == layers)
+        bytes += slots_bytes(m, rebuilt, b, t);
+    llmcl_tensor **where[FIXED_BUFFERS];
+    buf_spec spec[FIXED_BUFFERS];
+    const int count = fixed_buffers(m, b, t, where, spec);
+    for (int i = 0; i < count; ++i)
+        bytes += spec_bytes(spec[i]);
+    return bytes;
 }
 
 llmcl_status model_alloc_acts(model *m, int b, int t, int recompute, bool offload)
@@ -866,47 +971,32 @@ llmcl_status model_alloc_acts(model *m, int b, int t, int recompute, bool offloa
     free_acts(m);
     llmcl_ctx *ctx = m->ctx;
     const model_config *c = &m->cfg;
-    const llmcl_dtype dt = c->dtype;
-    const int64_t n = (int64_t)b * t, q = (int64_t)c->heads * m->head_dim,
-                  kv = (int64_t)c->kv_heads * m->head_dim;
     if (recompute < RECOMPUTE_OPS)
         die("model: recompute form %d is none of RECOMPUTE_NONE, _OPS or a layer interval >= 1",
             recompute);
     m->max_b = b;
     m->max_t = t;
-    m->recompute = recompute == RECOMPUTE_NONE && offload ? RECOMPUTE_FULL : recompute;
+    m->recompute = form_of(recompute, offload);
     if (offload) {
         /* every layer's input, each rounded up to the pool's 256-byte blocks */
-        const uint64_t one = ((uint64_t)n * c->dim * llmcl_dtype_size(dt) + 255) / 256 * 256;
+        const uint64_t one = (spec_bytes(stream_spec(m, b, t)) + 255) / 256 * 256;
         TRY(llmcl_offload_create(ctx, one * (uint64_t)c->layers, &m->off));
         m->saved = xcalloc((size_t)c->layers, sizeof *m->saved);
     }
     m->xs = xcalloc((size_t)stream_count(m), sizeof *m->xs);
     for (int l = 0; l < stream_count(m); ++l)
-        m->xs[l] = new_tensor(ctx, dt, 2, n, c->dim);
+        m->xs[l] = spec_tensor(m, stream_spec(m, b, t));
     alloc_layer_acts(m, b, t);
-    m->hfinal = new_tensor(ctx, dt, 2, n, c->dim);
-    m->rstd_final = new_tensor(ctx, LLMCL_F32, 1, n, 0);
-    m->lse_ce = new_tensor(ctx, LLMCL_F32, 1, n, 0);
-    m->loss = new_tensor(ctx, LLMCL_F32, 1, 1, 0);
-    m->ids = new_tensor(ctx, LLMCL_I32, 1, n, 0);
-    m->targets = new_tensor(ctx, LLMCL_I32, 1, n, 0);
-    m->positions = new_tensor(ctx, LLMCL_I32, 1, t, 0);
+    llmcl_tensor **where[FIXED_BUFFERS];
+    buf_spec spec[FIXED_BUFFERS];
+    const int count = fixed_buffers(m, b, t, where, spec);
+    for (int i = 0; i < count; ++i)
+        *where[i] = spec_tensor(m, spec[i]);
     int32_t *pos = xmalloc((size_t)t * sizeof *pos);
     for (int i = 0; i < t; ++i)
         pos[i] = i;
     CHECK(llmcl_tensor_upload(m->positions, pos, (size_t)t * sizeof *pos), ctx);
     free(pos);
-    m->dres = new_tensor(ctx, dt, 2, n, c->dim);
-    m->dh = new_tensor(ctx, dt, 2, n, c->dim);
-    m->dh32 = new_tensor(ctx, LLMCL_F32, 2, n, c->dim);
-    m->da = new_tensor(ctx, dt, 2, n, c->ffn);
-    m->dattn = new_tensor(ctx, dt, 2, n, q);
-    m->dqkv = new_tensor(ctx, dt, 2, n, q + 2 * kv);
-    m->dnorm_w = new_tensor(ctx, LLMCL_F32, 1, c->dim, 0);
-    m->logits_last = new_tensor(ctx, LLMCL_F32, 2, 1, c->vocab);
-    if (c->lora_rank > 0)
-        m->du = new_tensor(ctx, dt, 2, n, c->lora_rank);
     return LLMCL_OK;
 }
 

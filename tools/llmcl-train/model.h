@@ -217,6 +217,9 @@ enum { RECOMPUTE_NONE = 0, RECOMPUTE_FULL = 1, RECOMPUTE_OPS = -1 };
  */
 llmcl_status model_alloc_acts(model *m, int b, int t, int recompute, bool offload);
 
+/* The device bytes that model_alloc_acts(m, b, t, recompute, offload) would allocate. */
+uint64_t model_acts_bytes(model *m, int b, int t, int recompute, bool offload);
+
 /* The recompute form in words ("" for none), for the trainer's start-up line. */
 void model_recompute_describe(const model *m, char *buf, size_t len);
 

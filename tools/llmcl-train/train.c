@@ -43,7 +43,8 @@ typedef struct options {
     float lr, min_lr_frac, weight_decay, clip, beta1, beta2, eps;
     int eval_every, eval_batches, log_every, sample_tokens;
     const char *prompt;
-    int recompute;         /* model.h's RECOMPUTE_NONE, RECOMPUTE_OPS or a layer interval */
+    int recompute;         /* model.h's RECOMPUTE_NONE, RECOMPUTE_OPS, a layer interval, or
+                              RECOMPUTE_AUTO until pick_recompute replaces it */
     int offload, profile;
     int offload_optimizer;
     double offload_chunk_mib;
@@ -99,7 +100,9 @@ static void usage(FILE *f)
           "                       only its input; N: so do the layers l with (l + 1) % N = 0\n"
           "                       (every Nth, torchtitan's selective_ac_option = N), the others\n"
           "                       keep all; ops: every layer keeps its products' and attention's\n"
-          "                       outputs, and its RMSNorms and SwiGLU are recomputed\n"
+          "                       outputs, and its RMSNorms and SwiGLU are recomputed; auto:\n"
+          "                       the first of none, ops, 2 and full that fits the device\n"
+          "                       memory beside the weights, gradients and optimizer state\n"
           "  --offload            with --recompute, keep the layer inputs in pinned host memory\n"
           "  --offload-optimizer  keep the f32 master weights and AdamW moments (12 bytes a\n"
           "                       parameter) in pinned host memory and stream them through the\n"
@@ -243,15 +246,18 @@ static double parse_num(const char *name, const char *s, double lo)
     return v;
 }
 
+/* --recompute=auto, which pick_recompute turns into one of model.h's forms. */
+enum { RECOMPUTE_AUTO = -2 };
+
 /*
- * --recompute's form (model.h): full, also without a value, ops or a layer interval N >= 1. next:
- * the argument after a bare --recompute, which getopt would otherwise report as stray.
+ * --recompute's form (model.h): full, also without a value, ops, auto or a layer interval N >= 1.
+ * next: the argument after a bare --recompute, which getopt would otherwise report as stray.
  */
 static int parse_recompute(const char *s, const char *next)
 {
     if (!s) {
         if (next && (strcmp(next, "full") == 0 || strcmp(next, "ops") == 0 ||
-                     isdigit((unsigned char)next[next[0] == '-'])))
+                     strcmp(next, "auto") == 0 || isdigit((unsigned char)next[next[0] == '-'])))
             die("--recompute takes its form after '=': --recompute=%s", next);
         return RECOMPUTE_FULL;
     }
@@ -259,11 +265,13 @@ static int parse_recompute(const char *s, const char *next)
         return RECOMPUTE_FULL;
     if (strcmp(s, "ops") == 0)
         return RECOMPUTE_OPS;
+    if (strcmp(s, "auto") == 0)
+        return RECOMPUTE_AUTO;
     char *end;
     const long v = strtol(s, &end, 10);
     if (*s == '\0' || *end != '\0' || v < 1 || v > 4096)
-        die("--recompute=%s: expected full, ops or a layer interval N from 1 to 4096 (the layers l "
-            "with (l + 1) %% N = 0 are recomputed)", s);
+        die("--recompute=%s: expected full, ops, auto or a layer interval N from 1 to 4096 (the "
+            "layers l with (l + 1) %% N = 0 are recomputed)", s);
     return (int)v;
 }
 
@@ -577,6 +585,51 @@ static void load_data(trainer *tr)
         o->model.vocab = tr->train.vocab;
     check_tokens(&tr->train, o->model.vocab);
     check_tokens(&tr->val, o->model.vocab);
+}
+
+/*
+ * --recompute=auto: the first form, in the order that keeps the most (none, ops, every 2nd layer,
+ * full: each keeps fewer activations and recomputes more than the one before; ops keeps fewer
+ * than every 3rd or 4th layer at the presets' shapes and recomputes only the cheap ops), whose
+ * activations fit in the device memory that the model's other buffers leave, less a step's
+ * scratch: the cross-entropy's chunk and 256 MiB for the rest (the products' K split, the norms'
+ * partial sums). Full when none fits, whose allocation then says what to change. Prints what
+ * each form it tried needs.
+ */
+static int pick_recompute(trainer *tr)
+{
+    const options *o = &tr->o;
+    const model_config *c = &o->model;
+    llmcl_memory_stats ms = {0};
+    llmcl_memory_stats_get(tr->ctx, &ms);
+    const uint64_t cap =
+        ms.limit_bytes ? ms.limit_bytes : llmcl_ctx_device_info(tr->ctx)->global_mem_bytes;
+    const uint64_t ce_all = (uint64_t)o->batch * (uint64_t)o->seq * (uint64_t)c->vocab *
+                            (4 + llmcl_dtype_size(c->dtype));
+    const uint64_t ce_budget = c->ce_chunk_bytes ? c->ce_chunk_bytes : 256ull << 20;
+    const uint64_t scratch = (ce_all < ce_budget ? ce_all : ce_budget) + (256ull << 20);
+    const uint64_t left = cap > ms.current_bytes + scratch ? cap - ms.current_bytes - scratch : 0;
+    static const int forms[] = {RECOMPUTE_NONE, RECOMPUTE_OPS, 2, RECOMPUTE_FULL};
+    static const char *const names[] = {"none", "ops", "2", "full"};
+    char left_s[32], text[256] = "";
+    size_t used = 0;
+    int pick = RECOMPUTE_FULL;
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; ++i) {
+        if ((forms[i] == RECOMPUTE_NONE && o->offload) || (forms[i] == 2 && c->layers < 2))
+            continue; /* with offload every layer's input leaves; 2 needs two layers */
+        char need[32];
+        const uint64_t bytes = model_acts_bytes(tr->m, o->batch, o->seq, forms[i], o->offload);
+        format_bytes((double)bytes, need, sizeof need);
+        used += (size_t)snprintf(text + used, sizeof text - used, "%s%s %s", used ? ", " : "",
+                                 names[i], need);
+        if (bytes <= left) {
+            pick = forms[i];
+            break;
+        }
+    }
+    format_bytes((double)left, left_s, sizeof left_s);
+    printf("activations by --recompute=auto: %s, of %s left\n", text, left_s);
+    return pick;
 }
 
 static void setup_optimizer(trainer *tr)
@@ -1012,6 +1065,8 @@ int main(int argc, char **argv)
         hf_load(tr.m, &init);
         hf_close(&init);
     }
+    if (o->recompute == RECOMPUTE_AUTO) /* its account before the allocation, which may fail */
+        o->recompute = pick_recompute(&tr);
     CHECK(model_alloc_acts(tr.m, o->batch, o->seq, o->recompute, o->offload), tr.ctx);
     setup_optimizer(&tr);
     tr.ids = xmalloc((size_t)o->batch * o->seq * sizeof *tr.ids);
