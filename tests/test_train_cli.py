@@ -365,8 +365,10 @@ def recompute_auto():
     """--recompute=auto: the first of none, ops, every 2nd layer and full whose activations fit
     what LLMCL_MEMORY_LIMIT leaves (its line gives each tried form's bytes and what is left); each
     pick trains to the bits of the run that keeps everything; with --offload none is not tried."""
-    args = ["--layers", "5", "--batch", "8", "--seq", "256", "--steps", "2", "--eval-every", "0",
-            "--sample", "0", "--log-every", "1", "--recompute=auto"]
+    # many short rows of a narrow f32 model: activations MiBs apart between the forms, in seconds
+    # on llvmpipe
+    args = TINY + ["--layers", "5", "--batch", "32", "--seq", "32", "--dtype", "f32", "--steps", "2",
+                   "--recompute=auto"]
     words = {"none": None, "ops": "selective activation checkpointing of ops",
              "2": "selective activation checkpointing of every 2nd layer",
              "full": "full activation checkpointing"}
