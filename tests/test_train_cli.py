@@ -522,7 +522,8 @@ def start_up(p):
                        text=True, timeout=300, env=env)
     check(f"activations beyond the memory: {r.stderr.strip()[:200]}",
           r.returncode == 1 and "cannot allocate an activation buffer" in r.stderr and
-          "(LLMCL_MEMORY_LIMIT) are in use: shorten --batch or --seq" in r.stderr)
+          "(LLMCL_MEMORY_LIMIT) are in use: shorten --batch or --seq" in r.stderr and
+          "--recompute=auto takes the first form that fits" in r.stderr)
 
 
 def first_run(p):

@@ -321,7 +321,8 @@ __attribute__((noreturn)) static void no_room(llmcl_ctx *ctx, const char *what, 
     const char *fix = what ? "train a smaller model (--layers, --dim, --ffn, --vocab), shard it "
                              "over ranks with --zero 3 under mpiexec, or use a device that allows "
                              "larger buffers"
-                           : "shorten --batch or --seq, or keep fewer activations with --recompute";
+                           : "shorten --batch or --seq, or keep fewer activations with --recompute "
+                             "(--recompute=auto takes the first form that fits)";
     char size[32], most[32], used[32];
     format_bytes((double)n * (double)llmcl_dtype_size(dt), size, sizeof size);
     if (!what)
