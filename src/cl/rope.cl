@@ -75,18 +75,6 @@
 #define HINT 0
 #endif
 
-/* 16-byte accesses with NVIDIA's cache hints (HINT bits), or plain ones. */
-#if defined(LLMCL_NV_PTX) && (HINT & 1)
-#define ld16(p) ld16_no_l1(p)
-#else
-#define ld16(p) (*(const __global uint4 *)(p))
-#endif
-#if defined(LLMCL_NV_PTX) && (HINT & 2)
-#define st16(p, v) st16_streaming((p), (v))
-#else
-#define st16(p, v) (*(__global uint4 *)(p) = (v))
-#endif
-
 /* ---- VEC-wide aligned loads and stores of q and k ---- */
 
 #if VEC == 1

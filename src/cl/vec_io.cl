@@ -9,10 +9,9 @@
  *
  * VEC-wide accesses of a row in the storage dtype as f32 vectors: LLMCL_VEC_IO_ALIGNED() defines
  * vload_DT(p, i) and vstore_DT(p, i, v) (DT F32, BF16, F16) for element i a multiple of VEC:
- * whole-vector accesses, 16-byte ones (VEC 4 of f32, 8 of bf16) through the family's ld16 and
- * st16 (its cache hints). The family defines VEC (2, 4 or 8), the vector type floatv and its
- * ld16(p) and st16(p, v) (uint4 from and to a 16-byte aligned global address) before
- * instantiating it.
+ * whole-vector accesses, 16-byte ones (VEC 4 of f32, 8 of bf16) through ld16(p) and st16(p, v)
+ * (below: uint4 from and to a 16-byte aligned global address, with the build's cache hints). The
+ * family defines VEC (2, 4 or 8) and the vector type floatv before instantiating it.
  */
 
 /*
@@ -75,6 +74,25 @@ inline void store4a_F16(__global ushort *p, long i, float4 v)
 {
     vstorea_half4_rte(v, 0, (__global half *)(p + i));
 }
+
+/*
+ * ld16 and st16: 16-byte accesses with NVIDIA's cache hints, as the build's HINT bits ask (bit 0:
+ * loads that skip L1, through the read-only path where NOALIAS says that no output shares a buffer
+ * with an input; bit 1: streaming stores), or plain ones. The launchers pass HINT and NOALIAS
+ * where a family takes them; absent, they are 0, the families' defaults.
+ */
+#if defined(LLMCL_NV_PTX) && defined(HINT) && (HINT & 1) && defined(NOALIAS) && NOALIAS
+#define ld16(p) ld16_nc_no_l1(p)
+#elif defined(LLMCL_NV_PTX) && defined(HINT) && (HINT & 1)
+#define ld16(p) ld16_no_l1(p)
+#else
+#define ld16(p) (*(const __global uint4 *)(p))
+#endif
+#if defined(LLMCL_NV_PTX) && defined(HINT) && (HINT & 2)
+#define st16(p, v) st16_streaming((p), (v))
+#else
+#define st16(p, v) (*(__global uint4 *)(p) = (v))
+#endif
 
 #define LLMCL_VLD_F32_2(p) (*(const __global float2 *)(p))
 #define LLMCL_VLD_F32_4(p) as_float4(ld16(p))
