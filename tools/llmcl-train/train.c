@@ -592,9 +592,10 @@ static void load_data(trainer *tr)
  * full: each keeps fewer activations and recomputes more than the one before; ops keeps fewer
  * than every 3rd or 4th layer at the presets' shapes and recomputes only the cheap ops), whose
  * activations fit in the device memory that the model's other buffers leave, less a step's
- * scratch: the cross-entropy's chunk and 256 MiB for the rest (the products' K split, the norms'
- * partial sums). Full when none fits, whose allocation then says what to change. Prints what
- * each form it tried needs.
+ * scratch (the cross-entropy's chunk, and 256 MiB for the products' K split and the norms' partial
+ * sums) and, on the device's whole memory (no LLMCL_MEMORY_LIMIT, which caps llmcl's own), a 64th
+ * of it for what lies outside llmcl's accounting (the driver's context, NCCL's own buffers). Full
+ * when none fits, whose allocation then says what to change. Prints what each form it tried needs.
  */
 static int pick_recompute(trainer *tr)
 {
@@ -607,7 +608,8 @@ static int pick_recompute(trainer *tr)
     const uint64_t ce_all = (uint64_t)o->batch * (uint64_t)o->seq * (uint64_t)c->vocab *
                             (4 + llmcl_dtype_size(c->dtype));
     const uint64_t ce_budget = c->ce_chunk_bytes ? c->ce_chunk_bytes : 256ull << 20;
-    const uint64_t scratch = (ce_all < ce_budget ? ce_all : ce_budget) + (256ull << 20);
+    const uint64_t outside = ms.limit_bytes ? 0 : cap / 64;
+    const uint64_t scratch = (ce_all < ce_budget ? ce_all : ce_budget) + (256ull << 20) + outside;
     const uint64_t left = cap > ms.current_bytes + scratch ? cap - ms.current_bytes - scratch : 0;
     static const int forms[] = {RECOMPUTE_NONE, RECOMPUTE_OPS, 2, RECOMPUTE_FULL};
     static const char *const names[] = {"none", "ops", "2", "full"};
