@@ -98,14 +98,7 @@ static llmcl_status check_addend(mm_problem *p, const llmcl_tensor *cin)
     LLMCL__REQUIRE(ctx, cin->dtype == c->dtype, LLMCL_ERROR_UNSUPPORTED_DTYPE,
                    "matmul: c_in is %s but c is %s; they must share a dtype",
                    llmcl_dtype_name(cin->dtype), llmcl_dtype_name(c->dtype));
-    bool same_shape = cin->ndim == c->ndim;
-    for (int i = 0; same_shape && i < c->ndim; ++i)
-        same_shape = cin->shape[i] == c->shape[i];
-    char si[96], sc[96];
-    llmcl__shape_text(cin, si, sizeof si);
-    llmcl__shape_text(c, sc, sizeof sc);
-    LLMCL__REQUIRE(ctx, same_shape, LLMCL_ERROR_SHAPE_MISMATCH,
-                   "matmul: c_in is %s; it must have c's shape %s", si, sc);
+    LLMCL__TRY(llmcl__check_same_shape(ctx, cin, "matmul: c_in", c, "c"));
     if (llmcl__same_view(cin, c))
         return LLMCL_OK;
     LLMCL__REQUIRE(ctx, !llmcl__overlaps(c, cin), LLMCL_ERROR_INVALID_ARGUMENT,
