@@ -589,18 +589,25 @@ typedef struct bad_env {
     size_t n;
 } bad_env;
 
-static void expect_fail(bad_env *e, llmcl_status want, llmcl_status got, const char *what)
+/* got is want, with a message in llmcl_last_error(errs), and c as it was. */
+static void expect_fail_in(bad_env *e, const llmcl_ctx *errs, llmcl_status want, llmcl_status got,
+                           const char *what)
 {
     if (got != want)
         fail_msg("%s: expected %s, got %s (%s)", what, llmcl_status_str(want),
-                 llmcl_status_str(got), llmcl_last_error(th_ctx()));
-    assert_true(strlen(llmcl_last_error(th_ctx())) > 0);
+                 llmcl_status_str(got), llmcl_last_error(errs));
+    assert_true(strlen(llmcl_last_error(errs)) > 0);
     double *after = th_alloc(e->n * sizeof *after);
     th_download(e->c, after);
     for (size_t i = 0; i < e->n; ++i)
         if (!(after[i] == e->before[i]))
             fail_msg("%s: c changed at %zu", what, i);
     free(after);
+}
+
+static void expect_fail(bad_env *e, llmcl_status want, llmcl_status got, const char *what)
+{
+    expect_fail_in(e, th_ctx(), want, got, what);
 }
 
 static void test_bad_input(void **state)
@@ -622,7 +629,10 @@ static void test_bad_input(void **state)
     llmcl_tensor *c4 = th_tensor(LLMCL_F32, 4, s4d);
     llmcl_tensor *cf16 = th_tensor(LLMCL_F16, 2, s43);
 
-    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(NULL, 1, a, b, 0, c, NULL), "NULL ctx");
+    /* without a context the message is the thread's, llmcl_last_error(NULL) */
+    expect_fail_in(&e, NULL, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(NULL, 1, a, b, 0, c, NULL),
+                   "NULL ctx");
+    assert_non_null(strstr(llmcl_last_error(NULL), "ctx must not be NULL"));
     expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, NULL, b, 0, c, NULL), "NULL a");
     expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b63, 0, c, NULL), "inner dims");
     llmcl_matmul_opts tr = {.trans_a = 1};
