@@ -1116,14 +1116,19 @@ inline void mm_tma_produce(int p, int nk, int step, long k_lo, long M, long N, u
  * cp.async.ca's copies. Work-item 0 issues them (mm_tma_produce) STAGES - 1 slices ahead, between
  * its own products, and so only when the other warpgroups have caught up with it; with MM_WS a
  * producer warp of its own (the work-group's last) issues each as soon as its stage is free,
- * STAGES slices ahead, and runs on through the epilogues.
+ * STAGES slices ahead, and runs on through the epilogues. Two warpgroups of 192 accumulators a
+ * lane would spill in a 288-wide work-group (at most 224 registers each), so there the producers
+ * are a warpgroup that gives its registers to them (setmaxnreg: 384 work-items enter with 168;
+ * 24 for the producers, 240 for the others), as in attention_wgmma.cl.
  */
 #if MM_TMA && MM_WS
 #define MM_PRODUCER NT
+#define MM_PRODUCERS (NT == 256 && WG_MB == 2 ? 128 : 32)
 #else
 #define MM_PRODUCER 0
+#define MM_PRODUCERS 0
 #endif
-__kernel __attribute__((reqd_work_group_size(NT + (MM_PRODUCER ? 32 : 0), 1, 1))) void
+__kernel __attribute__((reqd_work_group_size(NT + MM_PRODUCERS, 1, 1))) void
 mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_TMA_PARAMS)
 {
     __local uint4 smem[STAGES * (STAGE_A + STAGE_B) / 16] __attribute__((aligned(1024)));
@@ -1158,6 +1163,12 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_TMA_PARAMS)
             mm_tma_produce(p, nk, step, k_lo, M, N, base, full, empty, map_a, map_b);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
+#if MM_PRODUCERS == 128
+    if (tid >= NT)
+        WG_SETMAXNREG("dec", 24);
+    else
+        WG_SETMAXNREG("inc", 240);
+#endif
     if (MM_PRODUCER && tid >= NT) {
         for (; tid == MM_PRODUCER && p < total; ++p)
             mm_tma_produce(p, nk, step, k_lo, M, N, base, full, empty, map_a, map_b);

@@ -592,6 +592,19 @@ static uint64_t wgmma_stage_bytes(long bm, long bn, long stages)
 }
 
 /*
+ * mm_wgmma's work-group: 64 WG_MB-row warpgroups, and with MM_WS (TMA only) the producers: a warp,
+ * or beside two warpgroups of 192 accumulators a lane a warpgroup (matmul.cl says why).
+ */
+static size_t wgmma_work_items(const llmcl__params *t, bool tma)
+{
+    const long mb = llmcl__param_get(t, "WG_MB", 1);
+    const size_t nt = (size_t)(2 * llmcl__param_get(t, "BM", 0) / mb);
+    if (!tma || !llmcl__param_get(t, "MM_WS", 0))
+        return nt;
+    return nt + (nt == 256 && mb == 2 ? 128 : 32);
+}
+
+/*
  * wgmma's tiles: BN 64, 128, 192 or 256 columns; WG_MB blocks of 64 rows a warpgroup (1 or 2,
  * with at most 192 accumulators a lane), one to three warpgroups; 64-deep slices in STAGES (3 to
  * 6); MM_WS 0 or 1.
@@ -604,7 +617,7 @@ static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
     return bn > 0 && bn <= 256 && bn % 64 == 0 && (mb == 1 || mb == 2) && mb * bn <= 384 &&
            bm > 0 && (ws == 0 || ws == 1) &&
            bm % (64 * mb) == 0 && bm / (64 * mb) <= 3 && st >= 3 && st <= 6 &&
-           (size_t)(2 * bm / mb) <= ctx->info.max_work_group_size &&
+           wgmma_work_items(t, true) <= ctx->info.max_work_group_size &&
            wgmma_stage_bytes(bm, bn, st) <= ctx->info.local_mem_static_bytes;
 }
 
@@ -709,8 +722,7 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     llmcl__define_int(&d, "WN", 1);
     const uint64_t *tma = tma_template(p, a_kc, b_kc);
     llmcl__define_int(&d, "MM_TMA", tma != NULL);
-    /* MM_WS's producer warp, where the copies are TMA's */
-    const size_t wg = (size_t)(2 * bm / mb) + (tma && llmcl__param_get(&t, "MM_WS", 0) ? 32 : 0);
+    const size_t wg = wgmma_work_items(&t, tma != NULL);
     /* the built kernel is asked only where the stages leave local memory for a second group (a
        tuned 128 x 128 in three stages, 96 KiB; the defaults take 192 or 224 KiB): asking builds
        the unsplit kernel even for a launch split along K */
