@@ -16,8 +16,9 @@
 /* mm_wgmma's default tiles, STAGES (BM + BN) 64 2 bytes of local memory (192 or 224 KiB), leave
    one group a compute unit; the K split heuristic counts two of the other kernels'. */
 #define WG_RESIDENT 1
-/* 256 x 192 tiles' rate against 128 x 256's, both by TMA (H100, 8192^3: 735 / 682 TFLOP/s) */
-#define WG_LARGE_RATE 1.08
+/* 256 x 192 tiles' rate against 128 x 256's with the producer warp, both by TMA (H200, 8192^3:
+   716 / 797 TFLOP/s; on the H100 without the producer warp 735 / 682) */
+#define WG_LARGE_RATE 0.90
 #define MM_RESIDENT 2
 
 /* An operand as the kernels see it: offset, strides of its logical (rows, cols), batch stride. */
@@ -622,12 +623,16 @@ static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
 }
 
 /*
- * mm_wgmma's default tiles, in four stages: with TMA copies 256 x 192, two warpgroups of 128 x 192,
- * which read 22% fewer bytes a product than 128 x 256 (on the H100 8192^3 went 682 -> 735
- * TFLOP/s); 128 x 256, two warpgroups of 64 x 256, with cp.async (whose copies allocate in L1,
- * which 256 x 192's 224 KiB of stages leave too small: 610 -> 484) and with the cross-entropy
- * backward's epilogue or a biased forward one (192 accumulators a lane leave them too few
- * registers).
+ * mm_wgmma's default tiles, in four stages: small, 128 x 256 (two warpgroups of 64 x 256), with
+ * MM_WS's producer warp where the copies are TMA's: with work-item 0 issuing the copies between
+ * its products, its warpgroup stalled whenever a stage was not yet free (H200, 8192 x 2048 x 2048:
+ * 0.1129 -> 0.0972 ms), and it now passes 256 x 192 (8192^3: 797 against 716 TFLOP/s). Large,
+ * 256 x 192 (two warpgroups of 128 x 192, 22% fewer bytes read a product), where its waves fit
+ * the output far better (wgmma_large), without the producers: with them (a warpgroup,
+ * setmaxnreg) 8192^3 took 1.4267 ms against 128 x 256's 1.3607. Without TMA the copies are
+ * cp.async's, which allocate in L1, and 256 x 192's 224 KiB of stages leave L1 too small (H100:
+ * 610 -> 484 TFLOP/s); the cross-entropy backward's epilogue and a biased forward one take
+ * 128 x 256 (192 accumulators a lane leave them too few registers).
  */
 static void wgmma_default_tiles(llmcl__params *t, bool large)
 {
@@ -636,7 +641,7 @@ static void wgmma_default_tiles(llmcl__params *t, bool large)
     llmcl__param_set(t, "WG_MB", large ? 2 : 1);
     llmcl__param_set(t, "STAGES", 4);
     llmcl__param_set(t, "GROUP_M", 8);
-    llmcl__param_set(t, "MM_WS", 0);
+    llmcl__param_set(t, "MM_WS", large ? 0 : 1);
 }
 
 /*
@@ -674,9 +679,9 @@ static double wgmma_waves_time(const llmcl_ctx *ctx, bool large, int64_t rows, i
 
 /*
  * Whether a plain rows x cols product takes mm_wgmma's large tiles (TMA only): where their whole
- * waves take less time than 128 x 256's, at WG_LARGE_RATE times their rate. On the H100: 8192^3
- * and Llama-3-8B's 14336-wide layers take them; 4096 x 4096 outputs keep 128 x 256 (704 large
- * tiles fill 5.3 waves of 132, 1024 small ones 7.8), and so do narrower ones.
+ * waves take less time than 128 x 256's, at WG_LARGE_RATE times their rate. On the H200 only
+ * outputs that 256 x 192 fills far better do, such as a 3072 x 2048 weight gradient (132 large
+ * tiles: one wave of 132; 192 small ones: two waves, 0.2311 against 0.1841 ms).
  */
 static bool wgmma_large(const llmcl_ctx *ctx, int64_t rows, int64_t cols)
 {
