@@ -40,8 +40,8 @@
  *               BN 64, 128, 192 or 256; WG_MB: m64 blocks a warpgroup, 1 or 2: its lanes
  *               hold WG_MB BN / 2 accumulators, 192 at most; MM_TMA: copies by Hopper's TMA
  *               from maps made of the tensor-map template the host passes (nv_tma.c), else by
- *               cp.async; MM_WS 1 (with MM_TMA): a producer warp after the warpgroups issues
- *               the copies
+ *               cp.async; MM_WS 1 (with MM_TMA): producers after the warpgroups issue the
+ *               copies (a warp; a warpgroup beside two of WG_MB 2)
  *   MM_CE       mm_mma or mm_wgmma as the fused cross-entropy's logits product (below): 1 the
  *               forward's LSE partials, 2 the backward's dlogits; LABEL_DT the labels' storage
  *               (I32 or I64); CE_SLOT the columns of a row that one LSE partial covers
