@@ -850,8 +850,9 @@ typedef struct llmcl_matmul_opts {
  * device cuts loops short (llmcl_device_info.loop_limit: rusticl on llvmpipe) the portable kernel
  * takes more slices than asked when one slice's loops would pass the limit (about 2000 of K in
  * each with the default tiles), and f32 takes CLBlast only for K within the limit.
- * llmcl_tune_params_get(ctx, "mm_wgmma", "mm_mma", "mm_mma_at" (mma.sync with a transposed) or
- * "mm_tiled", ...) reports the parameters of the path that ran.
+ * llmcl_tune_params_get(ctx, "mm_wgmma", "mm_wgmma_at" (wgmma with a transposed), "mm_mma",
+ * "mm_mma_at" (mma.sync with a transposed) or "mm_tiled", ...) reports the parameters of the path
+ * that ran.
  */
 LLMCL_API llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a,
                                     const llmcl_tensor *b, float beta, llmcl_tensor *c,

@@ -62,6 +62,7 @@
 
 #define LLMCL_FAMILY_MATMUL "matmul"
 #define LLMCL_KEY_MM_WGMMA "mm_wgmma"
+#define LLMCL_KEY_MM_WGMMA_AT "mm_wgmma_at" /* wgmma with a transposed */
 #define LLMCL_KEY_MM_MMA "mm_mma"
 #define LLMCL_KEY_MM_MMA_AT "mm_mma_at" /* mma.sync with a transposed */
 #define LLMCL_KEY_MM_TILED "mm_tiled"
@@ -115,6 +116,7 @@
     X(LLMCL_FAMILY_CROSS_ENTROPY, LLMCL_KEY_CCE_BWD_DW)                                           \
     X(LLMCL_FAMILY_CROSS_ENTROPY, LLMCL_KEY_CCE_SPLIT)                                            \
     X(LLMCL_FAMILY_MATMUL, LLMCL_KEY_MM_WGMMA)                                                    \
+    X(LLMCL_FAMILY_MATMUL, LLMCL_KEY_MM_WGMMA_AT)                                                 \
     X(LLMCL_FAMILY_MATMUL, LLMCL_KEY_MM_MMA)                                                      \
     X(LLMCL_FAMILY_MATMUL, LLMCL_KEY_MM_MMA_AT)                                                   \
     X(LLMCL_FAMILY_MATMUL, LLMCL_KEY_MM_TILED)                                                    \

@@ -471,11 +471,12 @@ static void test_tiled_tunables(void **state)
     expect_refused("mm_tiled", LLMCL_F32, 3, "T=64 BK=16 TM=3 TN=4");
 }
 
-/* The tuning key of a tensor-core product: wgmma's where the device has it, else mma.sync's. */
+/* The tuning key of a tensor-core product: wgmma's where the device has it, else mma.sync's; a
+   transposed A (a weight gradient) has its own. */
 static const char *mma_key(int trans_a)
 {
     if (llmcl_ctx_device_info(th_ctx())->has_wgmma)
-        return "mm_wgmma";
+        return trans_a ? "mm_wgmma_at" : "mm_wgmma";
     return trans_a ? "mm_mma_at" : "mm_mma";
 }
 

@@ -406,10 +406,10 @@ static llmcl_status run_cce_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
 
 /*
  * ---- matmul.cl: c [Z, M, N] = a [Z, M, K] b [Z, N, K]^T (a linear layer's forward); size key
- * max(M, N). mm_wgmma runs bf16 and f16 products on devices with wgmma (sm_90); elsewhere with
- * tensor cores mm_mma runs them, and mm_mma_at those with a transposed (weight gradients,
- * c = a^T b with a [Z, K, M]); mm_tiled is tuned on f32 batches, which every device runs on it
- * (2-D f32 goes to CLBlast).
+ * max(M, N). mm_wgmma runs bf16 and f16 products on devices with wgmma (sm_90), and
+ * mm_wgmma_at those with a transposed (weight gradients, c = a^T b with a [Z, K, M]); elsewhere
+ * with tensor cores mm_mma and mm_mma_at run them; mm_tiled is tuned on f32 batches, which every
+ * device runs on it (2-D f32 goes to CLBlast).
  */
 
 #define MM_MMA_TILES                                                                              \
@@ -682,6 +682,11 @@ const tune_kernel tune_kernels[] = {
      .params = MM_WGMMA_TILES, .dtypes = BF16 | F16,
      .size_key_fn = mm_size_key, .shapes = MM_MMA_SHAPES, .small_shapes = MM_SMALL,
      .tensors = MM_TENSORS, .run = run_matmul, .fits = mm_wgmma_fits, .runs_on = has_wgmma},
+    {.key = LLMCL_KEY_MM_WGMMA_AT, .family = LLMCL_FAMILY_MATMUL,
+     .params = MM_WGMMA_TILES, .dtypes = BF16 | F16,
+     .size_key_fn = mm_size_key, .shapes = MM_MMA_AT_SHAPES, .small_shapes = MM_SMALL,
+     .tensors = MM_AT_TENSORS, .run = run_matmul_at, .fits = mm_wgmma_fits,
+     .runs_on = has_wgmma},
     {.key = LLMCL_KEY_MM_MMA, .family = LLMCL_FAMILY_MATMUL,
      .params = MM_MMA_TILES, .dtypes = BF16 | F16,
      .size_key_fn = mm_size_key, .shapes = MM_MMA_SHAPES, .small_shapes = MM_SMALL,

@@ -522,9 +522,13 @@ static void mma_default_tiles(llmcl__params *t, bool large, int a_kc)
     llmcl__param_set(t, "GROUP_M", 8);
 }
 
-/* The tuning key of a tensor-core product: A transposed (a weight gradient) tunes apart, since its
-   best tiles differ (mma_default_tiles). */
+/* The tuning keys of the tensor-core products: A transposed (a weight gradient) tunes apart, since
+   its best tiles differ (mma_default_tiles; for wgmma, docs/TUNING.md). */
 static const char *mma_key(int a_kc) { return a_kc ? LLMCL_KEY_MM_MMA : LLMCL_KEY_MM_MMA_AT; }
+static const char *wgmma_key(int a_kc)
+{
+    return a_kc ? LLMCL_KEY_MM_WGMMA : LLMCL_KEY_MM_WGMMA_AT;
+}
 
 /* The cross-entropy epilogue's defines, where there is one. */
 static void define_ce(llmcl__defines *d, const llmcl__mm_ce *ce)
@@ -714,7 +718,7 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     wgmma_default_tiles(&t,
                         wgmma_takes_large(p->ctx, p->M, p->N, epilogue_of(ce), p->bias != NULL));
     if (!ce)
-        LLMCL__TRY(pick_tiles(p, LLMCL_KEY_MM_WGMMA, wgmma_tiles_ok, &t));
+        LLMCL__TRY(pick_tiles(p, wgmma_key(a_kc), wgmma_tiles_ok, &t));
     const int64_t bm = llmcl__param_get(&t, "BM", 0), bn = llmcl__param_get(&t, "BN", 0);
     const int64_t mb = llmcl__param_get(&t, "WG_MB", 1);
     int64_t tiles;
