@@ -845,16 +845,22 @@ static bool blas_views(const mm_problem *p, CLBlastTranspose *ta, size_t *lda,
            tc == CLBlastTransposeNo;
 }
 
-/* Whether run_clblast will take the product. */
-static bool blas_runs(const mm_problem *p)
+/*
+ * Where the kernels cannot read the addend in place (CLBlast, or c_in laid out unlike c):
+ * c = c_in first, and beta scales c.
+ */
+static llmcl_status copy_addend(mm_problem *p, llmcl_tensor *c)
 {
-    CLBlastTranspose ta, tb;
-    size_t lda, ldb, ldc;
-    return blas_views(p, &ta, &lda, &tb, &ldb, &ldc);
+    LLMCL__TRY(llmcl_copy(p->ctx, p->cin, c));
+    p->cin = NULL;
+    return LLMCL_OK;
 }
 
-/* Runs the product through CLBlast's SGEMM when the layout allows; *done says whether it did. */
-static llmcl_status run_clblast(const mm_problem *p, bool *done)
+/*
+ * Runs the product through CLBlast's SGEMM when the layout allows; *done says whether it did.
+ * CLBlast scales C itself, so an addend apart from c is copied into c first.
+ */
+static llmcl_status run_clblast(mm_problem *p, llmcl_tensor *c, bool *done)
 {
     llmcl_ctx *ctx = p->ctx;
     CLBlastTranspose ta, tb;
@@ -862,6 +868,8 @@ static llmcl_status run_clblast(const mm_problem *p, bool *done)
     *done = false;
     if (!blas_views(p, &ta, &lda, &tb, &ldb, &ldc))
         return LLMCL_OK;
+    if (p->cin)
+        LLMCL__TRY(copy_addend(p, c));
     cl_command_queue q = ctx->queue;
     size_t temp_bytes = 0;
     CLBlastStatusCode cs = CLBlastSGemmTempBufferSize(
@@ -917,17 +925,6 @@ llmcl__mm_plan llmcl__matmul_plan(const llmcl_ctx *ctx, llmcl_dtype dt, int64_t 
                             wgmma ? wgmma_tile_time(large) : (double)(bm * bn)};
 }
 
-/*
- * Where the kernels cannot read the addend in place (CLBlast, which scales C itself, or c_in laid
- * out unlike c): c = c_in first, and beta scales c.
- */
-static llmcl_status copy_addend(mm_problem *p, llmcl_tensor *c)
-{
-    LLMCL__TRY(llmcl_copy(p->ctx, p->cin, c));
-    p->cin = NULL;
-    return LLMCL_OK;
-}
-
 /* Whether the addend has c's strides, which the kernels read it at. */
 static bool addend_in_place(const mm_problem *p)
 {
@@ -954,10 +951,8 @@ llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, co
     /* CLBlast's loops over K are its own: where loops are cut short, only a K that they pass
        well within the budget (on llvmpipe they ran K = 16 x 65535, failed at 4 x 10^6) */
     if (dt == LLMCL_F32 && p.o.split_k <= 1 && p.K > 0 && p.K <= llmcl__loop_budget(ctx)) {
-        if (p.cin && blas_runs(&p))
-            LLMCL__TRY(copy_addend(&p, c));
         bool done;
-        LLMCL__TRY(run_clblast(&p, &done));
+        LLMCL__TRY(run_clblast(&p, c, &done));
         if (done)
             return LLMCL_OK;
     }
