@@ -500,6 +500,37 @@ static const char *const mma_sets[8] = {"BM=64 BN=64 BK=32 WM=2 WN=2 STAGES=2",
                                        "BM=128 BN=128 BK=64 WM=2 WN=2 STAGES=3",
                                        "BM=64 BN=256 BK=32 WM=1 WN=4 STAGES=3"};
 
+/*
+ * wgmma's epilogue through local memory and TMA's stores (16-bit C, rows on 16 bytes): tiles of
+ * one to three warpgroups, of one or two blocks of 64 rows, inside C and (576 rows) past it, where
+ * the edge tiles store from the registers; batched, with either bias, beta and c_in, and with
+ * beta 0 over a poisoned C, so that every element must be written.
+ */
+static void check_tma_stores(void)
+{
+    static const char *const sets[] = {
+        "BM=128 BN=256 WG_MB=1 STAGES=3 MM_WS=1 MM_TMA_STORE=1",
+        "BM=256 BN=128 WG_MB=2 STAGES=3 MM_TMA_STORE=1",
+        "BM=192 BN=192 WG_MB=1 STAGES=3 MM_WS=1 MM_TMA_STORE=1",
+        "BM=128 BN=64 WG_MB=1 STAGES=4 MM_TMA_STORE=1"};
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; ++i) {
+        mm_case c = plain(i & 1 ? LLMCL_F16 : LLMCL_BF16, 576, 768, 200);
+        c.trans_b = 1;
+        c.trans_a = i == 3;
+        c.batch = 2;
+        c.a_batched = c.b_batched = 1;
+        c.bias = 1 + (int)(i & 1);
+        c.beta = i & 1 ? 0.5 : 0.0;
+        c.addend = i == 1 ? ADDEND_ALIKE : ADDEND_C;
+        c.offset = 3; /* C's offset 8 */
+        const char *key = mma_key(c.trans_a);
+        TH_OK(llmcl_tune_override(th_ctx(), key, c.dt, "*", sets[i]));
+        mm_check(sets[i], &c, 850 + i);
+        th_assert_launched_with(key, c.dt, "768", sets[i]);
+        TH_OK(llmcl_tune_override(th_ctx(), key, c.dt, "*", NULL));
+    }
+}
+
 /* The tensor-core path (NVIDIA sm_80+; wgmma on sm_90, mma.sync when the suite runs again with
    LLMCL_WGMMA=0): every layout at sizes that cross tile edges, operands that cp.async cannot move
    (odd leading strides), and every tile configuration shape. */
@@ -570,6 +601,8 @@ static void test_tensor_cores(void **state)
         th_assert_launched_with(key, LLMCL_BF16, "650", sets[i]);
         TH_OK(llmcl_tune_override(th_ctx(), key, LLMCL_BF16, "*", NULL));
     }
+    if (wgmma)
+        check_tma_stores();
     if (wgmma) {
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=256 BN=256 WG_MB=1 STAGES=3");
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=256 WG_MB=1 STAGES=2");

@@ -41,7 +41,9 @@
  *               hold WG_MB BN / 2 accumulators, 192 at most; MM_TMA: copies by Hopper's TMA
  *               from maps made of the tensor-map template the host passes (nv_tma.c), else by
  *               cp.async; MM_WS 1 (with MM_TMA): producers after the warpgroups issue the
- *               copies (a warp; a warpgroup beside two of WG_MB 2)
+ *               copies (a warp; a warpgroup beside two of WG_MB 2); MM_TMA_STORE 1 (with
+ *               MM_TMA, 16-bit C, no split, no MM_CE): the plain epilogue of tiles inside C
+ *               goes through BM x BN 16-bit elements of local memory and TMA's stores
  *   MM_CE       mm_mma or mm_wgmma as the fused cross-entropy's logits product (below): 1 the
  *               forward's LSE partials, 2 the backward's dlogits; LABEL_DT the labels' storage
  *               (I32 or I64); CE_SLOT the columns of a row that one LSE partial covers
@@ -121,6 +123,9 @@
 #endif
 #ifndef MM_TMA
 #define MM_TMA 0
+#endif
+#ifndef MM_TMA_STORE
+#define MM_TMA_STORE 0
 #endif
 #ifndef MM_BIAS
 #define MM_BIAS 1
@@ -855,6 +860,68 @@ mm_wg_epilogue16(const float *d, int h, __global c_t *c, long coff, long scm,
 }
 #endif
 
+/* The plain epilogue by TMA's stores (MM_TMA_STORE), where it applies. */
+#define MM_EPI_TMA (MM_TMA_STORE && MM_TMA && MM_C16 && !MM_CE && !SPLITK)
+#if MM_EPI_TMA
+/* A warpgroup's rows of the output tile in local memory: BN / 64 boxes of its 64 WG_MB rows by
+   64 columns, in the 128-byte swizzle (wg_chunk), which TMA's stores undo. */
+#define MM_EPI_BOX (64 * WG_MB * 128)
+#define MM_EPI_SLAB (BN / 64 * MM_EPI_BOX)
+
+/*
+ * The plain epilogue of a tile inside C through local memory: the warpgroup's lanes write their
+ * rounded sums to its slab with stmatrix (the accumulators' layout is stmatrix's, and the swizzle
+ * puts a matrix's 8 rows in distinct banks), then its first work-item stores the slab by TMA,
+ * whose copies run on while the warpgroup multiplies its next tile, where storing from the
+ * registers held it for the stores' issue (about 8% of a K 2048 product on the H200). The slab
+ * is written again only once the tile before's stores have read it. Row m and column n are the
+ * lane's first, as for mm_wg_epilogue; (m0, n0) is the warpgroup's first.
+ */
+__attribute__((always_inline)) inline void
+mm_wg_epilogue_tma(const float *d, uint slab, ulong map_c, int wg, long m0, long n0, long coff,
+                   long scm, const __global c_t *cin, long cid, const __global bias_t *bias,
+                   long sbias, int bias_mode, float alpha, float beta, long m, long n)
+{
+    const int tid = get_local_id(0), lane = tid & 31, mat = lane >> 3, r = lane & 7;
+    if ((tid & 127) == 0)
+        wg_bulk_read();
+    wg_named_barrier(1 + wg, 128);
+#pragma unroll
+    for (int i = 0; i < WG_MB; ++i) {
+        /* lanes 8 q .. 8 q + 7 address matrix q: pair j + q / 2 of row half q % 2 */
+        const uint row = slab + (uint)(64 * i + 16 * ((tid >> 5) & 3) + 8 * (mat & 1) + r) * 128;
+        const float *di = d + i * (BN / 2);
+#pragma unroll
+        for (int j0 = 0; j0 < MM_WG_PAIRS; j0 += MM_WG_BATCH) {
+            float2 add0[MM_WG_BATCH], add1[MM_WG_BATCH];
+            mm_wg_adds(add0, j0, coff, scm, cin, cid, bias, sbias, bias_mode, beta, m + 64 * i,
+                       n);
+            mm_wg_adds(add1, j0, coff, scm, cin, cid, bias, sbias, bias_mode, beta,
+                       m + 64 * i + 8, n);
+            uint w0[MM_WG_BATCH], w1[MM_WG_BATCH];
+#pragma unroll
+            for (int j = 0; j < MM_WG_BATCH; ++j) {
+                w0[j] = mm_pack2(alpha * MM_WG_PAIR(di, 0, j0 + j) + add0[j]);
+                w1[j] = mm_pack2(alpha * MM_WG_PAIR(di, 1, j0 + j) + add1[j]);
+            }
+#pragma unroll
+            for (int q = 0; q < MM_WG_BATCH; q += 2) {
+                const int j = j0 + q + (mat >> 1);
+                wg_stmatrix4(row + (j >> 3) * MM_EPI_BOX + (((j & 7) ^ r) << 4), w0[q], w1[q],
+                             w0[q + 1], w1[q + 1]);
+            }
+        }
+    }
+    wg_proxy_fence();
+    wg_named_barrier(1 + wg, 128);
+    if ((tid & 127) == 0) {
+        for (int b = 0; b < BN / 64; ++b)
+            wg_tma_store(map_c, (int)(n0 + 64 * b), (int)m0, slab + b * MM_EPI_BOX);
+        wg_bulk_commit();
+    }
+}
+#endif
+
 /*
  * Plain epilogue of the lane's row m + 8 h from column n: mm_out's sums, pairs at a time where
  * the tile lies inside C with 2-element aligned rows (16-bit rows aligned to 8 elements:
@@ -1074,8 +1141,10 @@ mm_wg_ce_dlogits(const float *d, int h, const mm_ce *ce, bool weighs, __global c
 }
 
 #if MM_TMA
-/* The tensor-map template (nv_tma.c) and a work-group's two global slots for A's and B's maps. */
+/* The tensor-map template (nv_tma.c) and a work-group's MM_MAPS global slots for its maps: A's,
+   B's, and with MM_EPI_TMA each warpgroup's of C. */
 #define MM_TMA_PARAMS , ulong16 tma_map, __global ulong16 *tma_slots
+#define MM_MAPS (2 + (MM_EPI_TMA ? NT / 128 : 0))
 
 /*
  * Thread 0's copies, by TMA, of slice p of its group's tiles (tile p / nk of the group's walk,
@@ -1144,15 +1213,15 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_TMA_PARAMS)
     __local ulong bars[2 * STAGES];
     const uint full = mma_smem(bars), empty = full + 8 * STAGES;
     const long gid = get_group_id(0) + get_num_groups(0) * (z + get_num_groups(1) * sl);
-    const ulong map_a = (ulong)(tma_slots + 2 * gid), map_b = map_a + 128;
+    const ulong map_a = (ulong)(tma_slots + MM_MAPS * gid), map_b = map_a + 128;
     const int first = get_group_id(0);
     const int total = first < ntiles ? (ntiles - first + step - 1) / step * nk : 0;
     int p = 0, g = 0;
     if (tid == MM_PRODUCER) {
         /* a k-major operand in boxes of whole tile rows, an mn-major one in atoms of 64 */
-        wg_tma_map(tma_slots + 2 * gid, tma_map, a, A_KC ? K : M, A_KC ? M : K,
+        wg_tma_map(tma_slots + MM_MAPS * gid, tma_map, a, A_KC ? K : M, A_KC ? M : K,
                    2 * (A_KC ? sam : sak), 64, A_KC ? BM : 64);
-        wg_tma_map(tma_slots + 2 * gid + 1, tma_map, b, B_KC ? K : N, B_KC ? N : K,
+        wg_tma_map(tma_slots + MM_MAPS * gid + 1, tma_map, b, B_KC ? K : N, B_KC ? N : K,
                    2 * (B_KC ? sbn : sbk), 64, B_KC ? BN : 64);
         for (int s = 0; s < STAGES; ++s) {
             wg_bar_init(full + 8 * s, 1);
@@ -1174,6 +1243,16 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_TMA_PARAMS)
             mm_tma_produce(p, nk, step, k_lo, M, N, base, full, empty, map_a, map_b);
         return;
     }
+#if MM_EPI_TMA
+    /* C's rows and start on 16 bytes, the addend's pairs aligned: each warpgroup's first
+       work-item makes its own map of C, the one that stores through it */
+    __local uint4 epi[BM * BN * 2 / 16] __attribute__((aligned(1024)));
+    const bool tma_c = scn == 1 && ((coff | scm) & 7) == 0 && (cid & 1) == 0;
+    ulong map_c = 0;
+    if (tma_c && (tid & 127) == 0)
+        map_c = wg_tma_map(tma_slots + MM_MAPS * gid + 2 + wg, tma_map, c + coff, N, M, 2 * scm,
+                           64, 64 * WG_MB);
+#endif
 #define MM_WG_FIRST_SLICES(m0, n0, live)
 #else
 #define MM_WG_FIRST_SLICES(m0, n0, live)                                                          \
@@ -1235,9 +1314,19 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_TMA_PARAMS)
         const long m = m0 + wg * 64 * WG_MB + (warp & 3) * 16 + (lane >> 2);
         const long n = n0 + 2 * (lane & 3);
         const bool inside = m0 + BM <= M && n0 + BN <= N;
+#if MM_EPI_TMA
+        const long wg_m0 = m0 + wg * 64 * WG_MB, wg_n0 = n0;
+#endif
         if (tile + step < ntiles)
             mm_tile_origin(M, N, tile + step, &m0, &n0);
         MM_WG_FIRST_SLICES(m0, n0, tile + step < ntiles);
+#if MM_EPI_TMA
+        if (tma_c && inside) {
+            mm_wg_epilogue_tma(d, mma_smem(epi) + wg * MM_EPI_SLAB, map_c, wg, wg_m0, wg_n0,
+                               coff, scm, cin, cid, bias, sbias, bias_mode, alpha, beta, m, n);
+            continue;
+        }
+#endif
         /* each block's row half in its own call: a loop over the two was not unrolled (its body
            is large), and d, indexed by its counter, went to private memory */
 #define MM_WG_OUT(i, h)                                                                           \
@@ -1268,6 +1357,10 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_TMA_PARAMS)
     }
 #if !MM_TMA
     mma_cp_wait(0);
+#endif
+#if MM_EPI_TMA
+    if (tma_c && (tid & 127) == 0)
+        wg_bulk_done();
 #endif
 #undef MM_WG_FIRST_SLICES
 #undef STAGE

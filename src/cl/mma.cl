@@ -352,6 +352,48 @@ inline void wg_tma_load(uint dst, ulong map, int x, int y, uint bar)
                  : "memory");
 }
 
+/*
+ * TMA's stores: the box at (x, y) of the tensor map at global address map from local address src,
+ * in the issuing work-item's bulk group; the map's sizes clip the box. A work-item commits its
+ * stores as a group, and waits until its groups have read their local memory (which may then be
+ * written again) or have completed.
+ */
+inline void wg_tma_store(ulong map, int x, int y, uint src)
+{
+    asm volatile("// @sm90a cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], "
+                 "[%3];" ::"l"(map),
+                 "r"(x), "r"(y), "r"(src)
+                 : "memory");
+}
+inline void wg_bulk_commit(void)
+{
+    asm volatile("// @sm90a cp.async.bulk.commit_group;" ::: "memory");
+}
+inline void wg_bulk_read(void)
+{
+    asm volatile("// @sm90a cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+inline void wg_bulk_done(void)
+{
+    asm volatile("// @sm90a cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+/* Four 8 x 8 matrices of 16-bit pairs to local memory: lane l holds row l / 4, columns 2 (l % 4)
+   and 2 (l % 4) + 1 of matrix i in ri; lanes 8 i .. 8 i + 7 give the addresses of its rows. */
+inline void wg_stmatrix4(uint addr, uint r0, uint r1, uint r2, uint r3)
+{
+    asm volatile("// @sm90a stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::
+                     "r"(addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
+/* Named barrier id (1 to 15) of count work-items, whole warps: one warpgroup meets alone. */
+inline void wg_named_barrier(uint id, uint count)
+{
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
 /* Sets field (with its ordinal) of the tensor map at global address map to value. */
 #define WG_TMA_SET(field, ord, value)                                                             \
     asm volatile("// @sm90a tensormap.replace.tile." field ".global.b1024.b32 [%0], " #ord ", %1;" \

@@ -416,7 +416,8 @@ static llmcl_status run_cce_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
     "BM=64,128,256 BN=64,128,256 BK=32,64 WM=1,2,4 WN=1,2,4 STAGES=2,3,4 GROUP_M=4,8,16"
 #define MM_MMA_SHAPES "Z=1,M=8192,N=8192,K=8192;Z=1,M=8192,N=14336,K=4096"
 #define MM_MMA_AT_SHAPES "Z=1,M=4096,N=4096,K=8192;Z=1,M=14336,N=4096,K=8192"
-#define MM_WGMMA_TILES "BM=128,192,256 BN=128,192,256 WG_MB=1,2 STAGES=3,4 GROUP_M=8,16 MM_WS=0,1"
+#define MM_WGMMA_TILES                                                                            \
+    "BM=128,192,256 BN=128,192,256 WG_MB=1,2 STAGES=3,4 GROUP_M=8,16 MM_WS=0,1 MM_TMA_STORE=0,1"
 #define MM_TILED_TILES "T=16,32,64,128 BK=8,16,32 TM=1,2,4,8 TN=1,2,4,8"
 #define MM_TILED_SHAPES "Z=2,M=2048,N=2048,K=2048"
 #define MM_SMALL "Z=2,M=256,N=320,K=192"

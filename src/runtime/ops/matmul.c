@@ -339,6 +339,7 @@ typedef struct mm_launch {
     int resident;        /* groups a compute unit holds at once (0: ask the built kernel) */
     bool persistent;     /* a group walks tiles in steps of the grid (mm_wgmma) */
     const uint64_t *tma; /* the tensor-map template (MM_TMA), 16 words, or NULL */
+    int64_t maps;        /* with tma: the 128-byte tensor maps a work-group makes */
     int64_t max_steps;   /* k-steps a slice may take within the device's loop budget; 0: any */
 } mm_launch;
 
@@ -400,8 +401,8 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
         const int64_t n = slices * p->batch * p->M * p->N;
         LLMCL__TRY(llmcl__scratch(p->ctx, LLMCL_F32, 1, &n, "matmul split-K slices", &ws));
     }
-    if (l->tma) { /* two 128-byte maps a work-group */
-        const int64_t n = groups * p->batch * slices * 64;
+    if (l->tma) {
+        const int64_t n = groups * p->batch * slices * l->maps * 32;
         llmcl_status st = llmcl__scratch(p->ctx, LLMCL_F32, 1, &n, "matmul tensor maps", &maps);
         if (st != LLMCL_OK) {
             llmcl_tensor_destroy(ws);
@@ -586,7 +587,8 @@ static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc, const llmcl
     llmcl__defines d = {0};
     mma_defines(p, a_kc, b_kc, ce, &t, &d);
     const size_t wg = 32 * (size_t)llmcl__param_get(&t, "WM", 2) * llmcl__param_get(&t, "WN", 2);
-    const mm_launch l = {"mm_mma", wg, llmcl__param_get(&t, "BK", 32), MM_RESIDENT, false, NULL, 0};
+    const mm_launch l = {"mm_mma", wg, llmcl__param_get(&t, "BK", 32), MM_RESIDENT, false, NULL,
+                         0, 0};
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
@@ -612,15 +614,16 @@ static size_t wgmma_work_items(const llmcl__params *t, bool tma)
 /*
  * wgmma's tiles: BN 64, 128, 192 or 256 columns; WG_MB blocks of 64 rows a warpgroup (1 or 2,
  * with at most 192 accumulators a lane), one to three warpgroups; 64-deep slices in STAGES (3 to
- * 6); MM_WS 0 or 1.
+ * 6); MM_WS and MM_TMA_STORE 0 or 1 (the store takes effect where wgmma_stores_by_tma says).
  */
 static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
 {
     const long bm = llmcl__param_get(t, "BM", 0), bn = llmcl__param_get(t, "BN", 0);
     const long mb = llmcl__param_get(t, "WG_MB", 0), st = llmcl__param_get(t, "STAGES", 0);
     const long ws = llmcl__param_get(t, "MM_WS", 0);
+    const long store = llmcl__param_get(t, "MM_TMA_STORE", 0);
     return bn > 0 && bn <= 256 && bn % 64 == 0 && (mb == 1 || mb == 2) && mb * bn <= 384 &&
-           bm > 0 && (ws == 0 || ws == 1) &&
+           bm > 0 && (ws == 0 || ws == 1) && (store == 0 || store == 1) &&
            bm % (64 * mb) == 0 && bm / (64 * mb) <= 3 && st >= 3 && st <= 6 &&
            wgmma_work_items(t, true) <= ctx->info.max_work_group_size &&
            wgmma_stage_bytes(bm, bn, st) <= ctx->info.local_mem_static_bytes;
@@ -630,7 +633,10 @@ static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
  * mm_wgmma's default tiles, in four stages: small, 128 x 256 (two warpgroups of 64 x 256), with
  * MM_WS's producer warp where the copies are TMA's: with work-item 0 issuing the copies between
  * its products, its warpgroup stalled whenever a stage was not yet free (H200, 8192 x 2048 x 2048:
- * 0.1129 -> 0.0972 ms), and it now passes 256 x 192 (8192^3: 797 against 716 TFLOP/s). Large,
+ * 0.1129 -> 0.0972 ms), and it now passes 256 x 192 (8192^3: 797 against 716 TFLOP/s). Where
+ * the small tiles' epilogue stores by TMA (store: wgmma_stores_by_tma), three stages leave local
+ * memory for the tile (three ran as fast as four on the H200: 0.0977 against 0.0980 ms at
+ * 8192 x 2048 x 2048, 0.7255 against 0.7369 at 8192 x 16384 x 2048). Large,
  * 256 x 192 (two warpgroups of 128 x 192, 22% fewer bytes read a product), where its waves fit
  * the output far better (wgmma_large), without the producers: with them (a warpgroup,
  * setmaxnreg) 8192^3 took 1.4267 ms against 128 x 256's 1.3607. Without TMA the copies are
@@ -638,14 +644,15 @@ static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
  * 610 -> 484 TFLOP/s); the cross-entropy backward's epilogue and a biased forward one take
  * 128 x 256 (192 accumulators a lane leave them too few registers).
  */
-static void wgmma_default_tiles(llmcl__params *t, bool large)
+static void wgmma_default_tiles(llmcl__params *t, bool large, bool store)
 {
     llmcl__param_set(t, "BM", large ? 256 : 128);
     llmcl__param_set(t, "BN", large ? 192 : 256);
     llmcl__param_set(t, "WG_MB", large ? 2 : 1);
-    llmcl__param_set(t, "STAGES", 4);
+    llmcl__param_set(t, "STAGES", store && !large ? 3 : 4);
     llmcl__param_set(t, "GROUP_M", 8);
     llmcl__param_set(t, "MM_WS", large ? 0 : 1);
+    llmcl__param_set(t, "MM_TMA_STORE", store && !large);
 }
 
 /*
@@ -666,7 +673,7 @@ static const uint64_t *tma_template(const mm_problem *p, int a_kc, int b_kc)
 static double wgmma_tile_time(bool large)
 {
     llmcl__params t = {0};
-    wgmma_default_tiles(&t, large);
+    wgmma_default_tiles(&t, large, false);
     return (double)(llmcl__param_get(&t, "BM", 0) * llmcl__param_get(&t, "BN", 0)) /
            (large ? WG_LARGE_RATE : 1.0);
 }
@@ -675,7 +682,7 @@ static double wgmma_tile_time(bool large)
 static double wgmma_waves_time(const llmcl_ctx *ctx, bool large, int64_t rows, int64_t cols)
 {
     llmcl__params t = {0};
-    wgmma_default_tiles(&t, large);
+    wgmma_default_tiles(&t, large, false);
     const int64_t tiles = llmcl__div_up(rows, llmcl__param_get(&t, "BM", 0)) *
                           llmcl__div_up(cols, llmcl__param_get(&t, "BN", 0));
     return (double)llmcl__div_up(tiles, wave_slots(ctx, WG_RESIDENT)) * wgmma_tile_time(large);
@@ -711,33 +718,54 @@ static llmcl__mm_epilogue epilogue_of(const llmcl__mm_ce *ce)
     return ce ? ce->epilogue : LLMCL__MM_PLAIN;
 }
 
+/*
+ * Whether mm_wgmma's plain epilogue stores tiles inside C by TMA (MM_TMA_STORE): with TMA's
+ * copies, a 16-bit C, and where the stages leave local memory for the BM x BN tile (and the
+ * barriers). The kernel keeps the stores from registers for a split along K.
+ */
+static bool wgmma_stores_by_tma(const mm_problem *p, const llmcl__params *t, bool tma,
+                                const llmcl__mm_ce *ce)
+{
+    const long bm = llmcl__param_get(t, "BM", 0), bn = llmcl__param_get(t, "BN", 0);
+    const uint64_t local = wgmma_stage_bytes(bm, bn, llmcl__param_get(t, "STAGES", 4)) +
+                           (uint64_t)bm * (uint64_t)bn * 2 + 1024;
+    return tma && !ce && p->c.t->dtype != LLMCL_F32 && llmcl__param_get(t, "MM_TMA_STORE", 1) &&
+           local <= p->ctx->info.local_mem_static_bytes;
+}
+
 /* The product on Hopper's wgmma (mm_wgmma), with tiles from wgmma_default_tiles or tuning. */
 static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llmcl__mm_ce *ce)
 {
+    const uint64_t *tma = tma_template(p, a_kc, b_kc);
     llmcl__params t = {0};
     wgmma_default_tiles(&t,
-                        wgmma_takes_large(p->ctx, p->M, p->N, epilogue_of(ce), p->bias != NULL));
+                        wgmma_takes_large(p->ctx, p->M, p->N, epilogue_of(ce), p->bias != NULL),
+                        tma && !ce && p->c.t->dtype != LLMCL_F32);
     if (!ce)
         LLMCL__TRY(pick_tiles(p, wgmma_key(a_kc), wgmma_tiles_ok, &t));
     const int64_t bm = llmcl__param_get(&t, "BM", 0), bn = llmcl__param_get(&t, "BN", 0);
     const int64_t mb = llmcl__param_get(&t, "WG_MB", 1);
     int64_t tiles;
     LLMCL__TRY(mma_tiles(p, &t, bn, &tiles));
+    const bool store = wgmma_stores_by_tma(p, &t, tma != NULL, ce);
+    llmcl__param_set(&t, "MM_TMA_STORE", store);
     llmcl__defines d = {0};
     mma_defines(p, a_kc, b_kc, ce, &t, &d);
     llmcl__define_int(&d, "MM_WGMMA", 1);
     llmcl__define_int(&d, "BK", 64);
     llmcl__define_int(&d, "WM", bm / (16 * mb));
     llmcl__define_int(&d, "WN", 1);
-    const uint64_t *tma = tma_template(p, a_kc, b_kc);
     llmcl__define_int(&d, "MM_TMA", tma != NULL);
     const size_t wg = wgmma_work_items(&t, tma != NULL);
     /* the built kernel is asked only where the stages leave local memory for a second group (a
-       tuned 128 x 128 in three stages, 96 KiB; the defaults take 192 or 224 KiB): asking builds
+       tuned 128 x 128 in three stages, 96 KiB; the defaults take 192 to 224 KiB): asking builds
        the unsplit kernel even for a launch split along K */
-    const uint64_t stages = wgmma_stage_bytes(bm, bn, llmcl__param_get(&t, "STAGES", 4));
-    const int resident = groups_by_local(p->ctx, stages) > 1 ? 0 : WG_RESIDENT;
-    const mm_launch l = {"mm_wgmma", wg, 64, resident, true, tma, 0};
+    const uint64_t local = wgmma_stage_bytes(bm, bn, llmcl__param_get(&t, "STAGES", 4)) +
+                           (store ? (uint64_t)(bm * bn * 2) : 0);
+    const int resident = groups_by_local(p->ctx, local) > 1 ? 0 : WG_RESIDENT;
+    /* A's and B's maps, and each warpgroup's of C */
+    const int64_t maps = 2 + (store ? bm / (64 * mb) : 0);
+    const mm_launch l = {"mm_wgmma", wg, 64, resident, true, tma, maps, 0};
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
@@ -805,7 +833,7 @@ static llmcl_status run_tiled(const mm_problem *p)
     int64_t max_steps;
     LLMCL__TRY(tiled_max_steps(p, &t, &max_steps));
     const mm_launch l = {"mm_tiled", wg, llmcl__param_get(&t, "BK", 16), MM_RESIDENT, false, NULL,
-                         max_steps};
+                         0, max_steps};
     return run_tiles(p, &d, &l, tiles, NULL);
 }
 
@@ -916,7 +944,7 @@ llmcl__mm_plan llmcl__matmul_plan(const llmcl_ctx *ctx, llmcl_dtype dt, int64_t 
     const bool wgmma = ctx->info.has_wgmma;
     const bool large = wgmma && wgmma_takes_large(ctx, rows, cols, epilogue, bias);
     if (wgmma)
-        wgmma_default_tiles(&t, large); /* run_wgmma's */
+        wgmma_default_tiles(&t, large, false); /* run_wgmma's tiles */
     else
         mma_default_tiles(&t, true, 1); /* run_mma's large tiles */
     const int64_t bm = llmcl__param_get(&t, "BM", 0), bn = llmcl__param_get(&t, "BN", 0);
