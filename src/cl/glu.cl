@@ -154,10 +154,11 @@ inline floatv tanh_sech2(floatv u, floatv *sech2)
     *sech2 = 4.0f * e * r * r;
     return copysign((1.0f - e) * r, u);
 }
+/* 0.5 x (1 + tanh(u)) is x sigmoid(2 u): SiLU's few operations, where the tanh of the
+   derivative's form cost the forward a fifth of its time on the H200 (81% of copy). */
 inline floatv act_fwd(floatv x)
 {
-    floatv s2;
-    return 0.5f * x * (1.0f + tanh_sech2(GELU_K0 * (x + GELU_K1 * x * x * x), &s2));
+    return x * RECIP(1.0f + EXP(-2.0f * GELU_K0 * (x + GELU_K1 * x * x * x)));
 }
 inline floatv act_bwd(floatv x, floatv *a)
 {
