@@ -416,8 +416,10 @@ static llmcl_status run_cce_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
     "BM=64,128,256 BN=64,128,256 BK=32,64 WM=1,2,4 WN=1,2,4 STAGES=2,3,4 GROUP_M=4,8,16"
 #define MM_MMA_SHAPES "Z=1,M=8192,N=8192,K=8192;Z=1,M=8192,N=14336,K=4096"
 #define MM_MMA_AT_SHAPES "Z=1,M=4096,N=4096,K=8192;Z=1,M=14336,N=4096,K=8192"
-#define MM_WGMMA_TILES                                                                            \
-    "BM=128,192,256 BN=128,192,256 WG_MB=1,2 STAGES=3,4 GROUP_M=8,16 MM_WS=0,1 MM_TMA_STORE=0,1"
+#define MM_WGMMA_AT_TILES                                                                         \
+    "BM=128,192,256 BN=128,192,256 WG_MB=1,2 STAGES=3,4 GROUP_M=8,16 MM_WS=0,1"
+/* The forward's 16-bit outputs may store by TMA; the weight gradients' f32 ones never do. */
+#define MM_WGMMA_TILES MM_WGMMA_AT_TILES " MM_TMA_STORE=0,1"
 #define MM_TILED_TILES "T=16,32,64,128 BK=8,16,32 TM=1,2,4,8 TN=1,2,4,8"
 #define MM_TILED_SHAPES "Z=2,M=2048,N=2048,K=2048"
 #define MM_SMALL "Z=2,M=256,N=320,K=192"
@@ -483,8 +485,11 @@ static bool mm_mma_fits(const llmcl_device_info *info, const tune_case *c, char 
 
 #define MM_TENSORS                                                                                \
     {{"a", TUNE_IN, "Z,M,K"}, {"b", TUNE_IN, "Z,N,K"}, {"c", TUNE_OUT, "Z,M,N"}}
+/* A weight gradient's product writes f32, as llmcl-train's gradients are. */
 #define MM_AT_TENSORS                                                                             \
-    {{"a", TUNE_IN, "Z,K,M"}, {"b", TUNE_IN, "Z,K,N"}, {"c", TUNE_OUT, "Z,M,N"}}
+    {{"a", TUNE_IN, "Z,K,M"},                                                                     \
+     {"b", TUNE_IN, "Z,K,N"},                                                                     \
+     {"c", TUNE_OUT, "Z,M,N", TUNE_DT(LLMCL_F32)}}
 
 const tune_kernel tune_kernels[] = {
     {.key = LLMCL_KEY_FILL, .family = LLMCL_FAMILY_ELEMENTWISE,
@@ -684,7 +689,7 @@ const tune_kernel tune_kernels[] = {
      .size_key_fn = mm_size_key, .shapes = MM_MMA_SHAPES, .small_shapes = MM_SMALL,
      .tensors = MM_TENSORS, .run = run_matmul, .fits = mm_wgmma_fits, .runs_on = has_wgmma},
     {.key = LLMCL_KEY_MM_WGMMA_AT, .family = LLMCL_FAMILY_MATMUL,
-     .params = MM_WGMMA_TILES, .dtypes = BF16 | F16,
+     .params = MM_WGMMA_AT_TILES, .dtypes = BF16 | F16,
      .size_key_fn = mm_size_key, .shapes = MM_MMA_AT_SHAPES, .small_shapes = MM_SMALL,
      .tensors = MM_AT_TENSORS, .run = run_matmul_at, .fits = mm_wgmma_fits,
      .runs_on = has_wgmma},
