@@ -731,6 +731,65 @@ static void test_tuner_derives_inputs(void **state)
     assert_non_null(strstr(r.error, "reference"));
 }
 
+/* ---- tolerance of long sums ---- */
+
+/* Element 7 of the source is 0.01, a small element among standard normal ones. */
+static llmcl_status derive_small_element(llmcl_ctx *ctx, llmcl_tensor *const *t,
+                                         const tune_case *c)
+{
+    (void)c;
+    int64_t one = 1;
+    llmcl_tensor *v = NULL;
+    llmcl_status st = llmcl_tensor_view(t[0], 1, &one, NULL, 7, &v);
+    if (st == LLMCL_OK)
+        st = llmcl_fill(ctx, v, 0.01);
+    llmcl_tensor_destroy(v);
+    return st;
+}
+
+/* The copy; WG=64 moves element 7 by 5e-5 (0.5% of it, 5e-5 of the output's RMS, as another
+   order of summation may), WG=96 sets it to 1234. */
+static llmcl_status run_moved(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    llmcl_status st = llmcl_copy(ctx, t[0], t[1]);
+    if (st != LLMCL_OK || (c->values[0] != 64 && c->values[0] != 96))
+        return st;
+    int64_t one = 1;
+    llmcl_tensor *v = NULL;
+    st = llmcl_tensor_view(t[1], 1, &one, NULL, 7, &v);
+    if (st == LLMCL_OK)
+        st = llmcl_fill(ctx, v, c->values[0] == 64 ? 0.01 + 5e-5 : 1234.0);
+    llmcl_tensor_destroy(v);
+    return st;
+}
+
+/*
+ * A kernel whose outputs are long sums (tol_rms) accepts a small element moved by a fraction of
+ * the output's RMS, which an element's own tolerance refuses, and still refuses a wrong value.
+ */
+static void test_tuner_tolerates_sums(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    tune_options o = tune_default_options(llmcl_ctx_device_info(ctx), true);
+    o.reps = 3;
+    tune_kernel k = {.key = "copy", .family = "elementwise", .params = "WG=32,64,96",
+                     .dtypes = 1u << LLMCL_F32, .size_key = "N", .shapes = "N=4096",
+                     .small_shapes = "N=4096",
+                     .tensors = {{"src", TUNE_IN, "N"}, {"dst", TUNE_OUT, "N"}},
+                     .run = run_moved, .derive_inputs = derive_small_element};
+    tune_result r;
+    for (int sums = 0; sums < 2; ++sums) {
+        k.tol_rms = sums;
+        if (tune_run_case(ctx, &k, LLMCL_F32, "N=4096", &o, &r) != LLMCL_OK)
+            fail_msg("case failed: %s", r.error);
+        assert_true(r.ok);
+        assert_int_equal(r.rejected[TUNE_REJ_WRONG], sums ? 1 : 2);
+        assert_non_null(strstr(r.last_reject[TUNE_REJ_WRONG], "WG=96"));
+        assert_int_equal(r.timed, sums ? 2 : 1);
+    }
+}
+
 /* ---- llmcl-tune --quick end to end ---- */
 
 static long entry_wg(json_t *e)
@@ -953,6 +1012,7 @@ int main(void)
         cmocka_unit_test(test_adjusted_values_recorded),
         cmocka_unit_test(test_norm_entry_for_longer_rows),
         cmocka_unit_test(test_tuner_rejects_planted),
+        cmocka_unit_test(test_tuner_tolerates_sums),
         cmocka_unit_test(test_tuner_derives_inputs),
         cmocka_unit_test(test_restrict_space), cmocka_unit_test(test_tool_end_to_end),
         cmocka_unit_test(test_tuner_spells_known_keys),

@@ -407,6 +407,22 @@ static void dtype_tol(llmcl_dtype dt, double *atol, double *rtol)
     }
 }
 
+/* The root mean square of the finite values of n elements of dtype dt at p. */
+static double rms_of(llmcl_dtype dt, const unsigned char *p, size_t n)
+{
+    const size_t es = llmcl_dtype_size(dt);
+    double sum = 0;
+    size_t finite = 0;
+    for (size_t j = 0; j < n; ++j) {
+        const double v = from_storage(dt, p + j * es);
+        if (isfinite(v)) {
+            sum += v * v;
+            ++finite;
+        }
+    }
+    return finite ? sqrt(sum / (double)finite) : 0.0;
+}
+
 /* Downloads set 0's outputs into ref (save) or compares them with ref; false with why on a
  * mismatch. */
 static bool outputs(llmcl_ctx *ctx, const tune_kernel *k, bufs *b, bool save, char *why, size_t n)
@@ -427,6 +443,8 @@ static bool outputs(llmcl_ctx *ctx, const tune_kernel *k, bufs *b, bool save, ch
         double atol, rtol;
         dtype_tol(b->dtype[i], &atol, &rtol);
         size_t es = llmcl_dtype_size(b->dtype[i]), numel = b->bytes[i] / es, bad = 0, first = 0;
+        if (k->tol_rms)
+            atol = fmax(atol, rtol * rms_of(b->dtype[i], b->ref[i], numel));
         double worst = 0;
         for (size_t j = 0; j < numel; ++j) {
             double want = from_storage(b->dtype[i], b->ref[i] + j * es);

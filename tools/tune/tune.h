@@ -90,6 +90,12 @@ typedef struct tune_kernel {
      */
     bool (*fits)(const llmcl_device_info *info, const tune_case *c, char *why, size_t why_len);
     double tol_scale; /* multiplies the dtype's comparison tolerance; 0 means 1 */
+    /*
+     * Outputs are long sums (products): another order of summation moves an element by rounding
+     * errors of the size of the sums it adds, not of the element, so an element's absolute
+     * tolerance is at least the relative one of the output's RMS.
+     */
+    bool tol_rms;
     /* Optional: false on devices whose launcher never uses this kernel (its cases are skipped). */
     bool (*runs_on)(const llmcl_device_info *info);
 } tune_kernel;
