@@ -872,9 +872,9 @@ mm_wg_epilogue16(const float *d, int h, __global c_t *c, long coff, long scm,
  * The plain epilogue of a tile inside C through local memory: the warpgroup's lanes write their
  * rounded sums to its slab with stmatrix (the accumulators' layout is stmatrix's, and the swizzle
  * puts a matrix's 8 rows in distinct banks), then its first work-item stores the slab by TMA,
- * whose copies run on while the warpgroup multiplies its next tile, where storing from the
- * registers held it for the stores' issue (about 8% of a K 2048 product on the H200). The slab
- * is written again only once the tile before's stores have read it. Row m and column n are the
+ * whose copies run on while the warpgroup multiplies its next tile (on the H200 the forward's
+ * and dX's products ran 0-2.6% faster than with the stores from the registers). The slab is
+ * written again only once the tile before's stores have read it. Row m and column n are the
  * lane's first, as for mm_wg_epilogue; (m0, n0) is the warpgroup's first.
  */
 __attribute__((always_inline)) inline void
