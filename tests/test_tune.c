@@ -684,6 +684,34 @@ static void test_tuner_rejects_planted(void **state)
 
 /* ---- derived inputs ---- */
 
+/* llmcl_copy's key as a tuner kernel over f32 [N] with its own run and derive_inputs hooks. */
+static tune_kernel copy_kernel(const char *params,
+                               llmcl_status (*run)(llmcl_ctx *, llmcl_tensor *const *,
+                                                   const tune_case *),
+                               llmcl_status (*derive)(llmcl_ctx *, llmcl_tensor *const *,
+                                                      const tune_case *))
+{
+    return (tune_kernel){.key = "copy", .family = "elementwise", .params = params,
+                         .dtypes = 1u << LLMCL_F32, .size_key = "N", .shapes = "N=4096",
+                         .small_shapes = "N=4096",
+                         .tensors = {{"src", TUNE_IN, "N"}, {"dst", TUNE_OUT, "N"}},
+                         .run = run, .derive_inputs = derive};
+}
+
+/* One quick case of k at N 4096 on the suite's context; where it succeeds, its result is whole. */
+static llmcl_status run_copy_case(const tune_kernel *k, tune_result *r)
+{
+    llmcl_ctx *ctx = th_ctx();
+    tune_options o = tune_default_options(llmcl_ctx_device_info(ctx), true);
+    o.reps = 3;
+    const llmcl_status st = tune_run_case(ctx, k, LLMCL_F32, "N=4096", &o, r);
+    if (st != LLMCL_OK)
+        print_message("case failed: %s\n", r->error);
+    else
+        assert_true(r->ok);
+    return st;
+}
+
 /* The source as derive_threes leaves it: every element 3. */
 static llmcl_status derive_threes(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
 {
@@ -711,23 +739,14 @@ static llmcl_status run_on_threes(llmcl_ctx *ctx, llmcl_tensor *const *t, const 
 static void test_tuner_derives_inputs(void **state)
 {
     (void)state;
-    llmcl_ctx *ctx = th_ctx();
-    tune_options o = tune_default_options(llmcl_ctx_device_info(ctx), true);
-    o.reps = 3;
-    tune_kernel k = {.key = "copy", .family = "elementwise", .params = "WG=64,128",
-                     .dtypes = 1u << LLMCL_F32, .size_key = "N", .shapes = "N=4096",
-                     .small_shapes = "N=4096",
-                     .tensors = {{"src", TUNE_IN, "N"}, {"dst", TUNE_OUT, "N"}},
-                     .run = run_on_threes, .derive_inputs = derive_threes};
+    tune_kernel k = copy_kernel("WG=64,128", run_on_threes, derive_threes);
     tune_result r;
-    if (tune_run_case(ctx, &k, LLMCL_F32, "N=4096", &o, &r) != LLMCL_OK)
-        fail_msg("case failed: %s", r.error);
-    assert_true(r.ok);
+    assert_int_equal(run_copy_case(&k, &r), LLMCL_OK);
     assert_int_equal(r.timed, 2);
     for (int i = 0; i < TUNE_REJ_COUNT; ++i)
         assert_int_equal(r.rejected[i], 0);
     k.derive_inputs = NULL;
-    assert_int_not_equal(tune_run_case(ctx, &k, LLMCL_F32, "N=4096", &o, &r), LLMCL_OK);
+    assert_int_not_equal(run_copy_case(&k, &r), LLMCL_OK);
     assert_non_null(strstr(r.error, "reference"));
 }
 
@@ -770,20 +789,11 @@ static llmcl_status run_moved(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune
 static void test_tuner_tolerates_sums(void **state)
 {
     (void)state;
-    llmcl_ctx *ctx = th_ctx();
-    tune_options o = tune_default_options(llmcl_ctx_device_info(ctx), true);
-    o.reps = 3;
-    tune_kernel k = {.key = "copy", .family = "elementwise", .params = "WG=32,64,96",
-                     .dtypes = 1u << LLMCL_F32, .size_key = "N", .shapes = "N=4096",
-                     .small_shapes = "N=4096",
-                     .tensors = {{"src", TUNE_IN, "N"}, {"dst", TUNE_OUT, "N"}},
-                     .run = run_moved, .derive_inputs = derive_small_element};
+    tune_kernel k = copy_kernel("WG=32,64,96", run_moved, derive_small_element);
     tune_result r;
     for (int sums = 0; sums < 2; ++sums) {
         k.tol_rms = sums;
-        if (tune_run_case(ctx, &k, LLMCL_F32, "N=4096", &o, &r) != LLMCL_OK)
-            fail_msg("case failed: %s", r.error);
-        assert_true(r.ok);
+        assert_int_equal(run_copy_case(&k, &r), LLMCL_OK);
         assert_int_equal(r.rejected[TUNE_REJ_WRONG], sums ? 1 : 2);
         assert_non_null(strstr(r.last_reject[TUNE_REJ_WRONG], "WG=96"));
         assert_int_equal(r.timed, sums ? 2 : 1);
