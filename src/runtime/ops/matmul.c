@@ -721,36 +721,42 @@ static llmcl__mm_epilogue epilogue_of(const llmcl__mm_ce *ce)
     return ce ? ce->epilogue : LLMCL__MM_PLAIN;
 }
 
-/*
- * Whether mm_wgmma's plain epilogue stores tiles inside C by TMA (MM_TMA_STORE): with TMA's
- * copies, a 16-bit C, and where the stages leave local memory for the BM x BN tile (and the
- * barriers). The kernel keeps the stores from registers for a split along K.
- */
-static bool wgmma_stores_by_tma(const mm_problem *p, const llmcl__params *t, bool tma,
-                                const llmcl__mm_ce *ce)
+/* Local memory of mm_wgmma's tiles t: the stages, and with the TMA stores the BM x BN tile. */
+static uint64_t wgmma_local_bytes(const llmcl__params *t, bool store)
 {
     const long bm = llmcl__param_get(t, "BM", 0), bn = llmcl__param_get(t, "BN", 0);
-    const uint64_t local = wgmma_stage_bytes(bm, bn, llmcl__param_get(t, "STAGES", 4)) +
-                           (uint64_t)bm * (uint64_t)bn * 2 + 1024;
-    return tma && !ce && p->c.t->dtype != LLMCL_F32 && llmcl__param_get(t, "MM_TMA_STORE", 1) &&
-           local <= p->ctx->info.local_mem_static_bytes;
+    return wgmma_stage_bytes(bm, bn, llmcl__param_get(t, "STAGES", 4)) +
+           (store ? (uint64_t)bm * (uint64_t)bn * 2 : 0);
+}
+
+/*
+ * Whether mm_wgmma's plain epilogue stores tiles inside C by TMA (MM_TMA_STORE), where it may
+ * (can_store: TMA's copies, a 16-bit C, no cross-entropy epilogue): where t asks for it and the
+ * stages leave local memory for the BM x BN tile (and the barriers). The kernel keeps the stores
+ * from registers for a split along K.
+ */
+static bool wgmma_stores_by_tma(const llmcl_ctx *ctx, const llmcl__params *t, bool can_store)
+{
+    return can_store && llmcl__param_get(t, "MM_TMA_STORE", 1) &&
+           wgmma_local_bytes(t, true) + 1024 <= ctx->info.local_mem_static_bytes;
 }
 
 /* The product on Hopper's wgmma (mm_wgmma), with tiles from wgmma_default_tiles or tuning. */
 static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llmcl__mm_ce *ce)
 {
     const uint64_t *tma = tma_template(p, a_kc, b_kc);
+    const bool can_store = tma && !ce && p->c.t->dtype != LLMCL_F32;
     llmcl__params t = {0};
     wgmma_default_tiles(&t,
                         wgmma_takes_large(p->ctx, p->M, p->N, epilogue_of(ce), p->bias != NULL),
-                        !ce, tma && !ce && p->c.t->dtype != LLMCL_F32);
+                        !ce, can_store);
     if (!ce)
         LLMCL__TRY(pick_tiles(p, wgmma_key(a_kc), wgmma_tiles_ok, &t));
     const int64_t bm = llmcl__param_get(&t, "BM", 0), bn = llmcl__param_get(&t, "BN", 0);
     const int64_t mb = llmcl__param_get(&t, "WG_MB", 1);
     int64_t tiles;
     LLMCL__TRY(mma_tiles(p, &t, bn, &tiles));
-    const bool store = wgmma_stores_by_tma(p, &t, tma != NULL, ce);
+    const bool store = wgmma_stores_by_tma(p->ctx, &t, can_store);
     llmcl__param_set(&t, "MM_TMA_STORE", store);
     llmcl__defines d = {0};
     mma_defines(p, a_kc, b_kc, ce, &t, &d);
@@ -763,8 +769,7 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     /* the built kernel is asked only where the stages leave local memory for a second group (a
        tuned 128 x 128 in three stages, 96 KiB; the defaults take 192 to 224 KiB): asking builds
        the unsplit kernel even for a launch split along K */
-    const uint64_t local = wgmma_stage_bytes(bm, bn, llmcl__param_get(&t, "STAGES", 4)) +
-                           (store ? (uint64_t)(bm * bn * 2) : 0);
+    const uint64_t local = wgmma_local_bytes(&t, store);
     const int resident = groups_by_local(p->ctx, local) > 1 ? 0 : WG_RESIDENT;
     /* A's and B's maps, and each warpgroup's of C */
     const int64_t maps = 2 + (store ? bm / (64 * mb) : 0);
