@@ -638,23 +638,23 @@ static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
  * memory for the tile (three ran as fast as four on the H200: 0.0977 against 0.0980 ms at
  * 8192 x 2048 x 2048, 0.7255 against 0.7369 at 8192 x 16384 x 2048). Large,
  * 256 x 192 (two warpgroups of 128 x 192, 22% fewer bytes read a product), where its waves fit
- * the output far better (wgmma_large); for plain products (plain) with a producer warpgroup that
- * gives its registers to the two that multiply (setmaxnreg): on the H200 8192^3 took 1.4267 ms
- * with it against 1.536 without (different calls), and the weight gradient of 3072 x 2048 into
- * f32 0.1429 against 0.1600 (one call); the cross-entropy forward's epilogue on these tiles keeps
- * work-item 0's copies, not measured with the warpgroup. Without TMA the copies are cp.async's,
- * which allocate in L1, and 256 x 192's 224 KiB of stages leave L1 too small (H100: 610 -> 484
- * TFLOP/s); the cross-entropy backward's epilogue and a biased forward one take 128 x 256 (192
- * accumulators a lane leave them too few registers).
+ * the output far better (wgmma_large), with a producer warpgroup that gives its registers to the
+ * two that multiply (setmaxnreg): on the H200 8192^3 took 1.4267 ms with it against 1.536
+ * without (different calls), the weight gradient of 3072 x 2048 into f32 0.1429 against 0.1600
+ * (one call), and the fused cross-entropy at N 8192, H 4096 (its forward epilogue on these
+ * tiles) 59.15 against 61.88 ms forward and backward (one call). Without TMA the copies are
+ * cp.async's, which allocate in L1, and 256 x 192's 224 KiB of stages leave L1 too small (H100:
+ * 610 -> 484 TFLOP/s); the cross-entropy backward's epilogue and a biased forward one take
+ * 128 x 256 (192 accumulators a lane leave them too few registers).
  */
-static void wgmma_default_tiles(llmcl__params *t, bool large, bool plain, bool store)
+static void wgmma_default_tiles(llmcl__params *t, bool large, bool store)
 {
     llmcl__param_set(t, "BM", large ? 256 : 128);
     llmcl__param_set(t, "BN", large ? 192 : 256);
     llmcl__param_set(t, "WG_MB", large ? 2 : 1);
     llmcl__param_set(t, "STAGES", store && !large ? 3 : 4);
     llmcl__param_set(t, "GROUP_M", 8);
-    llmcl__param_set(t, "MM_WS", !large || plain);
+    llmcl__param_set(t, "MM_WS", 1);
     llmcl__param_set(t, "MM_TMA_STORE", store && !large);
 }
 
@@ -676,7 +676,7 @@ static const uint64_t *tma_template(const mm_problem *p, int a_kc, int b_kc)
 static double wgmma_tile_time(bool large)
 {
     llmcl__params t = {0};
-    wgmma_default_tiles(&t, large, true, false);
+    wgmma_default_tiles(&t, large, false);
     return (double)(llmcl__param_get(&t, "BM", 0) * llmcl__param_get(&t, "BN", 0)) /
            (large ? WG_LARGE_RATE : 1.0);
 }
@@ -685,7 +685,7 @@ static double wgmma_tile_time(bool large)
 static double wgmma_waves_time(const llmcl_ctx *ctx, bool large, int64_t rows, int64_t cols)
 {
     llmcl__params t = {0};
-    wgmma_default_tiles(&t, large, true, false);
+    wgmma_default_tiles(&t, large, false);
     const int64_t tiles = llmcl__div_up(rows, llmcl__param_get(&t, "BM", 0)) *
                           llmcl__div_up(cols, llmcl__param_get(&t, "BN", 0));
     return (double)llmcl__div_up(tiles, wave_slots(ctx, WG_RESIDENT)) * wgmma_tile_time(large);
@@ -747,9 +747,8 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     const uint64_t *tma = tma_template(p, a_kc, b_kc);
     const bool can_store = tma && !ce && p->c.t->dtype != LLMCL_F32;
     llmcl__params t = {0};
-    wgmma_default_tiles(&t,
-                        wgmma_takes_large(p->ctx, p->M, p->N, epilogue_of(ce), p->bias != NULL),
-                        !ce, can_store);
+    wgmma_default_tiles(
+        &t, wgmma_takes_large(p->ctx, p->M, p->N, epilogue_of(ce), p->bias != NULL), can_store);
     if (!ce)
         LLMCL__TRY(pick_tiles(p, wgmma_key(a_kc), wgmma_tiles_ok, &t));
     const int64_t bm = llmcl__param_get(&t, "BM", 0), bn = llmcl__param_get(&t, "BN", 0);
@@ -952,7 +951,7 @@ llmcl__mm_plan llmcl__matmul_plan(const llmcl_ctx *ctx, llmcl_dtype dt, int64_t 
     const bool wgmma = ctx->info.has_wgmma;
     const bool large = wgmma && wgmma_takes_large(ctx, rows, cols, epilogue, bias);
     if (wgmma)
-        wgmma_default_tiles(&t, large, epilogue == LLMCL__MM_PLAIN, false); /* run_wgmma's */
+        wgmma_default_tiles(&t, large, false); /* run_wgmma's */
     else
         mma_default_tiles(&t, true, 1); /* run_mma's large tiles */
     const int64_t bm = llmcl__param_get(&t, "BM", 0), bn = llmcl__param_get(&t, "BN", 0);
