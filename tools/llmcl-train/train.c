@@ -131,7 +131,8 @@ static void usage(FILE *f)
           "                       then a backward that computes the logits again (a product more,\n"
           "                       and --ce-chunk-mib can be as small as 64)\n"
           "  --profile            after training, one more step with each op timed on its own:\n"
-          "                       its kernel time split by op family\n"
+          "                       its kernel time split by op family; then one without waits:\n"
+          "                       how much of its span no kernel ran\n"
           "checkpoints (safetensors: f32 weights under Hugging Face names, AdamW moments, step):\n"
           "  --save FILE          written at the end (and every --save-every N steps)\n"
           "  --save-on-interrupt  Ctrl-C writes --save before exiting\n"
@@ -813,6 +814,28 @@ static void profile_step(trainer *tr, int step)
                    100.0 * m->prof_ms[f] / total);
 }
 
+/*
+ * One more step as a single profiling region, with no wait between its ops: how much of the span
+ * from its first kernel's start to its last kernel's end the kernels fill. The rest is time the
+ * device ran no kernel: the host's enqueues falling behind, waits, copies.
+ */
+static void profile_span(trainer *tr, int step)
+{
+    llmcl_ctx *ctx = tr->ctx;
+    double loss, norm;
+    llmcl_profile p = {0};
+    CHECK(llmcl_ctx_finish(ctx), ctx);
+    const double t0 = util_now_s();
+    CHECK(llmcl_profile_begin(ctx), ctx);
+    train_step(tr, step, true, &loss, &norm);
+    CHECK(llmcl_profile_end(ctx, &p), ctx);
+    const double wall = 1e3 * (util_now_s() - t0), idle = p.span_ms - p.kernel_ms;
+    printf("one step without waits: %.1f ms of kernels (%u launches) in a span of %.1f ms, no "
+           "kernel running for %.1f ms of it (%.1f%%); %.1f ms wall\n",
+           p.kernel_ms, p.launches, p.span_ms, idle, p.span_ms > 0 ? 100.0 * idle / p.span_ms : 0.0,
+           wall);
+}
+
 /* After a run that kept nothing (the first run, without options): what to try next. */
 static void next_steps(const options *o)
 {
@@ -1151,8 +1174,10 @@ int main(int argc, char **argv)
     printf("device memory: peak %.2f MiB in use, %.2f MiB with the ops' cached scratch (llmcl's "
            "accounting)\n",
            (double)ms.peak_bytes / 1048576.0, (double)ms.peak_reserved_bytes / 1048576.0);
-    if (o->profile && !stopped)
+    if (o->profile && !stopped) {
         profile_step(&tr, step);
+        profile_span(&tr, step + 1);
+    }
     if (tr.m->off)
         offload_summary("offload", tr.m->off);
     if (tr.m->trainable.offloaded)
