@@ -641,8 +641,8 @@ static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
  * the output far better (wgmma_large), with a producer warpgroup that gives its registers to the
  * two that multiply (setmaxnreg): on the H200 8192^3 took 1.4267 ms with it against 1.536
  * without (different calls), the weight gradient of 3072 x 2048 into f32 0.1429 against 0.1600
- * (one call), and the fused cross-entropy at N 8192, H 4096 (its forward epilogue on these
- * tiles) 59.15 against 61.88 ms forward and backward (one call). Without TMA the copies are
+ * (one call); the fused cross-entropy's forward, whose epilogue runs on these tiles, ran level
+ * with it (14.73 against 14.79 ms at N 8192, H 4096, one call). Without TMA the copies are
  * cp.async's, which allocate in L1, and 256 x 192's 224 KiB of stages leave L1 too small (H100:
  * 610 -> 484 TFLOP/s); the cross-entropy backward's epilogue and a biased forward one take
  * 128 x 256 (192 accumulators a lane leave them too few registers).
