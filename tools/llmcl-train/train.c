@@ -896,6 +896,19 @@ static bool profiling_timer_works(llmcl_ctx *ctx, double *event_ms, double *wall
     return st != LLMCL_OK || *wall_ms < 1 || 10 * *event_ms >= *wall_ms;
 }
 
+/* --profile's two steps, where the device's profiling events time its kernels. */
+static void profile_run(trainer *tr, int step)
+{
+    double event_ms, wall_ms;
+    if (!profiling_timer_works(tr->ctx, &event_ms, &wall_ms)) {
+        printf("no profile: this device's profiling events time a %.1f ms fill at %.6f ms\n",
+               wall_ms, event_ms);
+        return;
+    }
+    profile_step(tr, step);
+    profile_span(tr, step + 1);
+}
+
 /*
  * The rate that MFU divides by: the given --peak-tflops, else the measured bf16 mma rate (tensor
  * cores) or fp32 FMA rate, described in what; 0 when it cannot be measured (no MFU then).
@@ -1174,10 +1187,8 @@ int main(int argc, char **argv)
     printf("device memory: peak %.2f MiB in use, %.2f MiB with the ops' cached scratch (llmcl's "
            "accounting)\n",
            (double)ms.peak_bytes / 1048576.0, (double)ms.peak_reserved_bytes / 1048576.0);
-    if (o->profile && !stopped) {
-        profile_step(&tr, step);
-        profile_span(&tr, step + 1);
-    }
+    if (o->profile && !stopped)
+        profile_run(&tr, step);
     if (tr.m->off)
         offload_summary("offload", tr.m->off);
     if (tr.m->trainable.offloaded)
