@@ -505,8 +505,9 @@ static void run_cross_entropy(llmcl_ctx *ctx)
  */
 /*
  * A norm entry tuned for longer rows, reached as the nearest class: the launch halves WG while
- * half still covers the row's chunks (no work-item idles), and records what it used; at the
- * entry's own class, and for an override, WG stays as given.
+ * half still covers the row's chunks (no work-item idles) and doubles ROWS (the work-group keeps
+ * the entry's size), and records what it used; at the entry's own class, and for an override, WG
+ * and ROWS stay as given.
  */
 static void test_norm_entry_for_longer_rows(void **state)
 {
@@ -517,15 +518,19 @@ static void test_norm_entry_for_longer_rows(void **state)
         ctx, write_db("norm.json", this_device(),
                       "{\"kernel\": \"rmsnorm_fwd\", \"dtype\": \"f32\", \"shape_class\": \"p12\", "
                       "\"params\": {\"WG\": 256, \"ROWS\": 1, \"CACHE\": 4}}")));
-    run_rmsnorm(ctx, 1024); /* 128 chunks: 32 work-items of 4 */
-    assert_true(has_token(params_of(ctx, "rmsnorm_fwd", LLMCL_F32, "1024", NULL), "WG=32"));
-    run_rmsnorm(ctx, 2048); /* 256 chunks: 64 work-items */
-    assert_true(has_token(params_of(ctx, "rmsnorm_fwd", LLMCL_F32, "2048", NULL), "WG=64"));
+    run_rmsnorm(ctx, 1024); /* 128 chunks: 32 work-items of 4, 8 rows */
+    const char *used = params_of(ctx, "rmsnorm_fwd", LLMCL_F32, "1024", NULL);
+    assert_true(has_token(used, "WG=32") && has_token(used, "ROWS=8"));
+    run_rmsnorm(ctx, 2048); /* 256 chunks: 64 work-items, 4 rows */
+    used = params_of(ctx, "rmsnorm_fwd", LLMCL_F32, "2048", NULL);
+    assert_true(has_token(used, "WG=64") && has_token(used, "ROWS=4"));
     run_rmsnorm(ctx, 8200); /* 1025 chunks: the entry's own 256 x 4 and more */
-    assert_true(has_token(params_of(ctx, "rmsnorm_fwd", LLMCL_F32, "8200", NULL), "WG=256"));
+    used = params_of(ctx, "rmsnorm_fwd", LLMCL_F32, "8200", NULL);
+    assert_true(has_token(used, "WG=256") && has_token(used, "ROWS=1"));
     TH_OK(llmcl_tune_override(ctx, "rmsnorm_fwd", LLMCL_F32, "*", "WG=256 ROWS=1 CACHE=4"));
     run_rmsnorm(ctx, 1024);
-    assert_true(has_token(params_of(ctx, "rmsnorm_fwd", LLMCL_F32, "1024", NULL), "WG=256"));
+    used = params_of(ctx, "rmsnorm_fwd", LLMCL_F32, "1024", NULL);
+    assert_true(has_token(used, "WG=256") && has_token(used, "ROWS=1"));
     TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
     TH_OK(llmcl_tune_db_clear(ctx));
 }

@@ -157,15 +157,17 @@ static llmcl_status norm_geometry(const norm_shape *s, const char *key, int cach
     llmcl__shape_class(s->H, cls);
     const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, key, s->xdt, cls, &g->p);
 
-    long pwg = llmcl__param_get(&g->p, "WG", 0);
-    const long prows = llmcl__param_get(&g->p, "ROWS", 0);
+    long pwg = llmcl__param_get(&g->p, "WG", 0), prows = llmcl__param_get(&g->p, "ROWS", 0);
     const long pcache = llmcl__param_get(&g->p, "CACHE", 0);
     /* A file's entry of the nearest class (where H's own has none) may be for longer rows:
        work-items past this row's chunks would idle, so WG halves while half of it still covers
-       the row (an override is used as given). */
+       the row, and ROWS doubles, so that the work-group keeps the entry's size (on the H200 the
+       H 4096 entries' 128 work-items a row, halved alone, ran the rows of 2048 a row a
+       work-group of 64, slower than two rows; an override is used as given). */
     while (!lookup.overridden && pwg > 32 && (pwg / 2) * pcache >= nv)
-        pwg /= 2;
+        pwg /= 2, prows *= 2;
     llmcl__param_set(&g->p, "WG", pwg);
+    llmcl__param_set(&g->p, "ROWS", prows);
     llmcl__params_record(&lookup, &g->p);
     LLMCL__REQUIRE(ctx,
                    pwg >= 1 && prows >= 1 && (size_t)(pwg * prows) <= ctx->info.max_work_group_size &&
