@@ -16,7 +16,8 @@
  * memory at least four times (written by the copy out, read and written between the processes,
  * read by the copy back), so on a host whose memory copies are slow these bound it, not the link
  * (docs/PERFORMANCE.md). Wall-clock times (MPI_Wtime, after the device finished), median of
- * env->reps. Ranks other than 0 are silent; the table rows carry the times.
+ * env->reps. Ranks other than 0 are silent; the table rows carry the times. On one rank only the
+ * fixed cost runs: no link, the handoffs alone.
  *
  * The backward is the trainer's for a linear layer: dX = dy W and dW += dy^T x, bf16 operands
  * (tensor cores where the device has them) into the f32 gradients, at 8192 tokens as the matmul
@@ -258,15 +259,16 @@ static void chunk_sweep(dist_bench *b, double link)
  * llmcl_dist, back to back with nothing to compute, a group's time each. It sizes the smallest
  * group worth a collective of its own.
  */
-static void latency(dist_bench *b)
+static void latency(bench_env *env)
 {
-    dist_bench t = {.env = b->env, .groups = 16, .rows = 16, .cols = 64, .reduce = 1};
-    if (make_dist(&t, 2) == LLMCL_OK) {
+    dist_bench t = {.env = env, .groups = 16, .rows = 16, .cols = 64, .reduce = 1};
+    llmcl_dist_info in = {0};
+    if (make_dist(&t, 2) == LLMCL_OK && llmcl_dist_info_get(t.d, &in) == LLMCL_OK) {
         const double ms = wall_ms(t.env, backward, &t);
         if (ms > 0)
-            printf("dist latency: a reduce-scatter of 4 KiB through llmcl_dist takes %.1f us "
+            printf("dist latency: a reduce-scatter of 4 KiB through llmcl_dist on %s takes %.1f us "
                    "(16 in a row, each waited for by the next but one)\n",
-                   1e3 * ms / t.groups);
+                   llmcl_dist_transport_name(in.transport), 1e3 * ms / t.groups);
     }
     llmcl_dist_destroy(t.d);
 }
@@ -313,9 +315,11 @@ static void run(bench_env *env)
     int rank, world;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    if (world < 2) { /* one rank exchanges nothing: its figures would measure no link at all */
-        printf("dist: needs two or more ranks (mpiexec -n 2 llmcl-bench --only dist); skipped on "
-               "one\n");
+    if (world < 2) { /* one rank exchanges nothing: only a collective's fixed cost means anything */
+        printf("dist: one rank, no link to measure (mpiexec -n 2 llmcl-bench --only dist): the "
+               "fixed cost of a collective alone, the handoffs between the device's queue and "
+               "the transport\n");
+        latency(env);
         return;
     }
     if (rank != 0) {
@@ -395,7 +399,7 @@ static void run(bench_env *env)
     }
     llmcl_dist_destroy(b.d);
     b.d = NULL;
-    latency(&b);
+    latency(env);
     if (mpi)
         chunk_sweep(&b, link);
 done:
