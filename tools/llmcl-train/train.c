@@ -896,13 +896,18 @@ static bool profiling_timer_works(llmcl_ctx *ctx, double *event_ms, double *wall
     return st != LLMCL_OK || *wall_ms < 1 || 10 * *event_ms >= *wall_ms;
 }
 
-/* --profile's two steps, where the device's profiling events time its kernels. */
+/* --profile's two steps, where every rank's device times its kernels by its profiling events
+   (under --zero the steps are collective: the ranks decide alike). */
 static void profile_run(trainer *tr, int step)
 {
     double event_ms, wall_ms;
-    if (!profiling_timer_works(tr->ctx, &event_ms, &wall_ms)) {
-        printf("no profile: this device's profiling events time a %.1f ms fill at %.6f ms\n",
-               wall_ms, event_ms);
+    const bool timed = profiling_timer_works(tr->ctx, &event_ms, &wall_ms);
+    if (rank_mean(tr, timed ? 1.0 : 0.0) < 1.0) {
+        if (timed)
+            printf("no profile: another rank's device's profiling events do not time kernels\n");
+        else
+            printf("no profile: this device's profiling events time a %.1f ms fill at %.6f ms\n",
+                   wall_ms, event_ms);
         return;
     }
     profile_step(tr, step);
