@@ -9,7 +9,8 @@ uninterrupted run; a checkpoint of another shape, and a one-file checkpoint give
 folder without it), are refused with a clear message on every rank and status 1, mpiexec killing
 none, under a timeout. A job killed at each stage of a save (LLMCL_TEST_SAVE_STOP) leaves a whole
 checkpoint, the previous one or the new one, that a resume finds and continues, and whose next
-save leaves the folder alone behind it.
+save leaves the folder alone behind it. --profile on 2 ranks profiles on both or neither, and
+ends.
 
     python3 tests/test_train_zero.py build/tools/llmcl-train mpiexec
 """
@@ -152,6 +153,13 @@ def main():
                        "not a --zero checkpoint folder")
         expect_refusal("LoRA under --zero", 2, ["--steps", "1", "--batch", "2", "--zero", "1",
                                                  "--lora", "4"], "LoRA is not supported")
+        # --profile's steps are collective: every rank profiles, or none (its events untimed)
+        r = run(2, ["--steps", "2", "--batch", "2", "--zero", "2", "--profile"])
+        check("--profile on 2 ranks: both steps, or none, and no hang",
+              r.returncode == 0 and (("profile of one step" in r.stdout and
+                                      "one step without waits" in r.stdout) or
+                                     "no profile:" in r.stdout),
+              f"status {r.returncode}, {r.stdout[-300:]}{r.stderr[-300:]}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{len(failures)} failure(s)" + (": " + ", ".join(failures) if failures else ""))
