@@ -1277,6 +1277,10 @@ LLMCL_API llmcl_status llmcl_tune_db_load(llmcl_ctx *ctx, const char *path);
  * defaults only until something is loaded again. */
 LLMCL_API llmcl_status llmcl_tune_db_clear(llmcl_ctx *ctx);
 
+/* Empties ctx's database as llmcl_tune_db_clear does, then loads what a new context loads: the
+ * built-in files, <cache dir>/tuning*.json and LLMCL_TUNE_DB's files, as they are now. */
+LLMCL_API llmcl_status llmcl_tune_db_reset(llmcl_ctx *ctx);
+
 /* The warnings about skipped tuning files and entries since ctx was created, one a line, or "". */
 LLMCL_API const char *llmcl_tune_db_warnings(const llmcl_ctx *ctx);
 

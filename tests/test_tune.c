@@ -158,6 +158,34 @@ static void test_valid_precedence(void **state)
     ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p10", "");
 }
 
+/* llmcl_tune_db_reset: loaded files and overrides go, LLMCL_TUNE_DB's files (read anew) return. */
+static void test_reset_reloads_startup_files(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const char *env = write_db("env.json", this_device(),
+                               "{\"kernel\": \"tst\", \"params\": {\"WG\": 12}}");
+    TH_OK(llmcl_tune_db_load(ctx, write_db("loaded.json", this_device(),
+                                           "{\"kernel\": \"tst\", \"params\": {\"VEC\": 4}}")));
+    TH_OK(llmcl_tune_override(ctx, "tst", LLMCL_F32, "*", "ROWS=2"));
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p10", "ROWS=2 VEC=4");
+    const char *outer = getenv("LLMCL_TUNE_DB");
+    char *saved = outer ? strdup(outer) : NULL;
+    setenv("LLMCL_TUNE_DB", env, 1);
+    llmcl_status st = llmcl_tune_db_reset(ctx);
+    unsetenv("LLMCL_TUNE_DB");
+    TH_OK(st);
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p10", "WG=12");
+    st = llmcl_tune_db_reset(ctx); /* without it now: the built-in files alone */
+    if (saved)
+        setenv("LLMCL_TUNE_DB", saved, 1);
+    free(saved);
+    TH_OK(st);
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p10", "");
+    TH_FAILS(llmcl_tune_db_reset(NULL), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_OK(llmcl_tune_db_clear(ctx));
+}
+
 static void expect_rejected(llmcl_ctx *ctx, const char *path, llmcl_status st, const char *needle)
 {
     TH_FAILS(llmcl_tune_db_load(ctx, path), st);
@@ -1019,6 +1047,7 @@ int main(void)
     unsetenv("LLMCL_TUNE_DB");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_precedence),
+        cmocka_unit_test(test_reset_reloads_startup_files),
         cmocka_unit_test(test_malformed_and_foreign),
         cmocka_unit_test(test_unknown_keys_ignored),
         cmocka_unit_test(test_missing_fields),

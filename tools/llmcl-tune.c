@@ -193,6 +193,21 @@ static bool restrict_cases(plan_case *cases, int n, const char *space)
     return true;
 }
 
+/* Where the runtime does not run the defaults at a case now (its tuning files: an entry of this
+   class, or of the nearest one), what it runs, and the best's gain against it. */
+static void print_now(const tune_result *r)
+{
+    if (strcmp(r->now_params, r->default_params) == 0)
+        return;
+    if (r->now_ms <= 0) {
+        printf("  now, with the tuning files a new context loads: %s, which failed\n",
+               r->now_params);
+        return;
+    }
+    printf("  now, with the tuning files a new context loads: %s %.4f ms (the best: %.2fx)\n",
+           r->now_params, r->now_ms, r->best_ms > 0 ? r->now_ms / r->best_ms : 1.0);
+}
+
 static void print_table(const tune_result *res, int n)
 {
     printf("\n%-16s %-5s %-18s %-5s %-22s %10s %-22s %10s %8s  %s\n", "kernel", "dtype", "shape",
@@ -217,6 +232,7 @@ static void print_table(const tune_result *res, int n)
                strcmp(r->best_params, r->default_params) ? r->best_params : "(default)", r->best_ms,
                r->best_ms > 0 ? r->default_ms / r->best_ms : 1.0, r->timed, r->tried,
                rejected[0] ? rejected : " none");
+        print_now(r);
     }
 }
 
@@ -348,8 +364,10 @@ int main(int argc, char **argv)
         failed += st != LLMCL_OK;
         if (!p.tty) {
             if (r->ok)
-                fprintf(stderr, "  %d candidates, %d timed; best %s %.4f ms, default %.4f ms\n",
-                        r->candidates, r->timed, r->best_params, r->best_ms, r->default_ms);
+                fprintf(stderr, "  %d candidates, %d timed; best %s %.4f ms, default %.4f ms%s\n",
+                        r->candidates, r->timed, r->best_params, r->best_ms, r->default_ms,
+                        strcmp(r->now_params, r->default_params) ? " (now otherwise: below)"
+                                                                  : "");
             else
                 fprintf(stderr, "  failed: %s\n", r->error);
         }

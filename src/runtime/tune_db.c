@@ -579,20 +579,17 @@ static void load_env_path(llmcl_ctx *ctx, const char *path)
         warn(ctx->tune_db, "LLMCL_TUNE_DB file %s ignored: %s", path, why);
 }
 
-llmcl__tune_db *llmcl__tune_db_create(llmcl_ctx *ctx)
+/* What a new context loads: the built-in files, the cache folder's, then LLMCL_TUNE_DB's. */
+static void load_startup_files(llmcl_ctx *ctx)
 {
-    llmcl__tune_db *db = calloc(1, sizeof *db);
-    if (db == NULL)
-        return NULL;
-    ctx->tune_db = db;
     const char *env = llmcl__getenv("LLMCL_TUNE_DB");
     if (env && same_ci(env, "off"))
-        return db;
+        return;
     for (const llmcl__embedded_source *s = llmcl__embedded_tuning; s->family; ++s) {
         char why[512];
         if (load_text(ctx, (const char *)s->data, s->size, s->family, true, why, sizeof why) !=
             LLMCL_OK)
-            warn(db, "built-in tuning file %s ignored: %s", s->family, why);
+            warn(ctx->tune_db, "built-in tuning file %s ignored: %s", s->family, why);
     }
     if (ctx->cache_dir[0])
         load_dir(ctx, ctx->cache_dir, "tuning", true);
@@ -603,6 +600,15 @@ llmcl__tune_db *llmcl__tune_db_create(llmcl_ctx *ctx)
             load_env_path(ctx, p);
         free(list);
     }
+}
+
+llmcl__tune_db *llmcl__tune_db_create(llmcl_ctx *ctx)
+{
+    llmcl__tune_db *db = calloc(1, sizeof *db);
+    if (db == NULL)
+        return NULL;
+    ctx->tune_db = db;
+    load_startup_files(ctx);
     return db;
 }
 
@@ -747,6 +753,13 @@ llmcl_status llmcl_tune_db_clear(llmcl_ctx *ctx)
     ctx->tune_db->n = 0;
     ctx->tune_db->n_used = 0;
     ctx->tune_db->warnings[0] = '\0';
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl_tune_db_reset(llmcl_ctx *ctx)
+{
+    LLMCL__TRY(llmcl_tune_db_clear(ctx));
+    load_startup_files(ctx);
     return LLMCL_OK;
 }
 

@@ -594,6 +594,21 @@ static long *candidate_order(long total, int max, long *count)
     return idx;
 }
 
+/*
+ * What the runtime runs at this case now, with the tuning files a new context loads (a nearest
+ * class's entry among them, and the launcher's adjustments of it), and its time: where it is not
+ * the defaults, a new entry's gain is against it. The case's result keeps 0 ms if the op fails.
+ */
+static void time_now(llmcl_ctx *ctx, const tune_kernel *k, const tune_case *c, bufs *b,
+                     const tune_options *o, tune_result *r)
+{
+    if (check_run(ctx, k, c, b) != LLMCL_OK ||
+        llmcl_tune_params_get(ctx, k->key, r->dtype, c->shape_class, r->now_params,
+                              sizeof r->now_params, NULL) != LLMCL_OK ||
+        measure(ctx, k, c, b, o, 0, &r->now_ms, NULL) != LLMCL_OK)
+        r->now_ms = 0;
+}
+
 llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dtype,
                            const char *shape, const tune_options *o, tune_result *r)
 {
@@ -617,9 +632,13 @@ llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dty
     for (int i = 0; i < sp.n; ++i)
         c.param_names[i] = sp.names[i];
 
-    TRY(llmcl_tune_db_clear(ctx));
+    TRY(llmcl_tune_db_reset(ctx));
     bufs b;
     llmcl_status st = bufs_create(ctx, k, &c, o, &b, r);
+    if (st != LLMCL_OK)
+        goto done;
+    time_now(ctx, k, &c, &b, o, r);
+    st = llmcl_tune_db_clear(ctx);
     if (st != LLMCL_OK)
         goto done;
 

@@ -133,6 +133,8 @@ typedef struct tune_result {
     char shape_class[16];
     char default_params[TUNE_TEXT];
     double default_ms;
+    char now_params[TUNE_TEXT]; /* what the runtime runs with the files a new context loads */
+    double now_ms;              /* 0: not measured (the op failed with them) */
     char best_params[TUNE_TEXT];
     double best_ms;
     int candidates;   /* in the space, after sampling */
