@@ -846,6 +846,10 @@ bool tune_write_json(const char *path, llmcl_ctx *ctx, const tune_result *result
         json_object_set_new(e, "default_ms", json_real(r->default_ms));
         json_object_set_new(e, "speedup",
                             json_real(r->best_ms > 0 ? r->default_ms / r->best_ms : 1));
+        if (strcmp(r->now_params, r->default_params) != 0 && r->now_ms > 0) {
+            json_object_set_new(e, "now_params", params_json(r->now_params));
+            json_object_set_new(e, "now_ms", json_real(r->now_ms));
+        }
         json_object_set_new(e, "candidates", json_integer(r->candidates));
         json_object_set_new(e, "timed", json_integer(r->timed));
         json_t *rej = json_object();
