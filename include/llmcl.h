@@ -808,6 +808,8 @@ typedef enum llmcl_matmul_bias {
     LLMCL_MATMUL_BIAS_COL,     /* c[i, j] += bias[i] */
 } llmcl_matmul_bias;
 
+typedef struct llmcl_sumsq llmcl_sumsq; /* the optimizer's below */
+
 /* Options of llmcl_matmul. A zero-initialised struct (or NULL) gives the defaults. */
 typedef struct llmcl_matmul_opts {
     int trans_a, trans_b;         /* 1: op(a) = a^T, op(b) = b^T; 0: as stored */
@@ -817,6 +819,8 @@ typedef struct llmcl_matmul_opts {
                                      0: chosen from the shape and the device; 1: off */
     const llmcl_tensor *c_in;     /* optional, borrowed: the addend that beta scales in place of
                                      c (cuBLASLt's C beside D); c's dtype and shape */
+    llmcl_sumsq *sumsq;           /* optional: gathers the sum of the squares of the values
+                                     written to c (c contiguous), for llmcl_grad_norm_sumsq */
 } llmcl_matmul_opts;
 
 /*
@@ -853,6 +857,11 @@ typedef struct llmcl_matmul_opts {
  * llmcl_tune_params_get(ctx, "mm_wgmma", "mm_wgmma_at" (wgmma with a transposed), "mm_mma",
  * "mm_mma_at" (mma.sync with a transposed) or "mm_tiled", ...) reports the parameters of the path
  * that ran.
+ *
+ * opts->sumsq adds the squares of c's new values to a llmcl_sumsq, so that a weight gradient's
+ * share of the global norm costs no pass over it: mm_wgmma into an f32 c, unsplit, sums them in
+ * its epilogue (a partial per warp and tile); every other path sums c after the product. c must
+ * be contiguous. On failure the accumulator holds what it held before.
  */
 LLMCL_API llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a,
                                     const llmcl_tensor *b, float beta, llmcl_tensor *c,
@@ -1219,6 +1228,28 @@ LLMCL_API llmcl_status llmcl_adamw_step(llmcl_ctx *ctx, const llmcl_adamw_tensor
  */
 LLMCL_API llmcl_status llmcl_grad_norm(llmcl_ctx *ctx, const llmcl_tensor *const *grads, int count,
                                        int squared, llmcl_tensor *out);
+
+/*
+ * A sum of squares gathered across calls: llmcl_matmul (opts->sumsq) and llmcl_grad_norm_sumsq
+ * append partial sums to the accumulator's device storage in call order, and llmcl_grad_norm_sumsq
+ * adds them all in that order, so that the same calls give the same bits run after run. The
+ * storage grows as calls need it (the partials so far copied in queue order), is counted in memory
+ * accounting, and is freed by llmcl_sumsq_destroy. An accumulator belongs to its context.
+ */
+LLMCL_API llmcl_status llmcl_sumsq_create(llmcl_ctx *ctx, llmcl_sumsq **out);
+LLMCL_API void llmcl_sumsq_destroy(llmcl_sumsq *s);
+/* Forgets the partials gathered so far (llmcl_grad_norm_sumsq does so after its sum). */
+LLMCL_API void llmcl_sumsq_reset(llmcl_sumsq *s);
+
+/*
+ * llmcl_grad_norm over the partials s gathered and the count tensors in grads (count 0: s's alone;
+ * grads may then be NULL): out[0] = sqrt(sum of squares) (squared != 0: the sum itself). Then s is
+ * empty. The order of summation is fixed by the calls' order: a tensor's squares summed here or by
+ * the product that wrote it differ only by rounding.
+ */
+LLMCL_API llmcl_status llmcl_grad_norm_sumsq(llmcl_ctx *ctx, llmcl_sumsq *s,
+                                             const llmcl_tensor *const *grads, int count,
+                                             int squared, llmcl_tensor *out);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Tuning database.                                                                               */

@@ -4,7 +4,8 @@
  * path against the plain one, vocabulary-sized K (more slices where the device cuts loops short);
  * the tensor-core path where the device has one (skipped with a message elsewhere) and the
  * portable kernel's tunables; a separate addend c_in (read in place or copied, never changed);
- * every bad input, with c left intact.
+ * the squares of c gathered for the gradient norm (opts.sumsq); every bad input, with c left
+ * intact.
  */
 #include <math.h>
 #include <stdio.h>
@@ -112,6 +113,7 @@ typedef struct mm_case {
     int bias;                      /* 0 none, 1 row bias [N], 2 column bias [M] */
     int split_k;
     int addend;                    /* what beta scales: ADDEND_C (c) or a c_in below */
+    llmcl_sumsq *sumsq;            /* opts.sumsq */
 } mm_case;
 
 /* opts.c_in: none; beside c in storage of its own, laid out alike at 8 or 1 elements further
@@ -178,7 +180,8 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
                                     .split_k = c->split_k,
                                     .c_in = apart                   ? tin.view
                                             : c->addend == ADDEND_SELF ? tc.view
-                                                                       : NULL};
+                                                                       : NULL,
+                                    .sumsq = c->sumsq};
     TH_OK(llmcl_matmul(th_ctx(), (float)c->alpha, ta.view, tb.view, (float)c->beta, tc.view, &opts));
     double *got = mm_read(&tc);
     if (apart) { /* an input: every element as it was */
@@ -615,6 +618,125 @@ static void test_tensor_cores(void **state)
     }
 }
 
+/* sqrt of the norm of what s gathered, as the device sums it (s is then empty) */
+static double sumsq_total(llmcl_sumsq *s)
+{
+    const int64_t one = 1;
+    llmcl_tensor *out = th_tensor(LLMCL_F32, 1, &one);
+    th_poison(out);
+    TH_OK(llmcl_grad_norm_sumsq(th_ctx(), s, NULL, 0, 1, out));
+    double v;
+    th_download(out, &v);
+    llmcl_tensor_destroy(out);
+    return v;
+}
+
+/*
+ * opts.sumsq over several products into one accumulator: f32 outputs of 16-bit inputs (wgmma's
+ * epilogue where the device has it: edge tiles, a weight gradient's transposed A, a batch, beta
+ * with an addend, a bias), and the paths that sum c after the product (the K split, a 16-bit c,
+ * f32 inputs). Against the double sum of the squares of the values c received; each product
+ * against the reference; the same calls repeat bit for bit; a reset forgets.
+ */
+static void test_sumsq(void **state)
+{
+    (void)state;
+    mm_case cases[8];
+    for (int i = 0; i < 8; ++i) {
+        static const int64_t sz[8][3] = {{257, 129, 1000}, {512, 768, 96}, {300, 77, 77},
+                                         {128, 384, 2000}, {200, 300, 64}, {512, 768, 96},
+                                         {37, 45, 70},     {1, 1, 3}};
+        cases[i] = plain(i == 6 ? LLMCL_F32 : i == 4 ? LLMCL_F16 : LLMCL_BF16, sz[i][0],
+                         sz[i][1], sz[i][2]);
+        cases[i].cdt = i == 5 ? LLMCL_BF16 : LLMCL_F32;
+        cases[i].split_k = i == 3 ? 3 : 1;
+    }
+    cases[0].trans_a = 1;
+    cases[1].trans_b = 1;
+    cases[1].beta = 1.0;
+    cases[1].addend = ADDEND_ALIKE;
+    cases[2].batch = 2;
+    cases[2].a_batched = cases[2].b_batched = 1;
+    cases[4].alpha = -0.5;
+    cases[4].bias = 1;
+    cases[4].biasdt = LLMCL_F32;
+    double totals[2];
+    llmcl_sumsq *s = NULL;
+    TH_OK(llmcl_sumsq_create(th_ctx(), &s));
+    for (int run = 0; run < 2; ++run) {
+        double want = 0.0;
+        for (int i = 0; i < 8; ++i) {
+            cases[i].sumsq = s;
+            double *ref;
+            th_tol tol;
+            double *got = mm_run(&cases[i], 1200 + i, &ref, &tol);
+            const size_t n = (size_t)(cases[i].batch * cases[i].m * cases[i].n);
+            TH_ASSERT_CLOSE("sumsq's product", ref, got, n, tol);
+            for (size_t j = 0; j < n; ++j)
+                want += got[j] * got[j];
+            free(ref);
+            free(got);
+        }
+        totals[run] = sumsq_total(s);
+        TH_ASSERT_CLOSE("sum of squares of the products", &want, &totals[run], 1,
+                        (th_tol){0, 2e-5});
+        assert_true(sumsq_total(s) == 0.0); /* the sum emptied it */
+    }
+    assert_true(totals[0] == totals[1]);
+    cases[2].sumsq = s;
+    double *ref, *got;
+    th_tol tol;
+    got = mm_run(&cases[2], 1202, &ref, &tol);
+    free(ref);
+    free(got);
+    llmcl_sumsq_reset(s);
+    assert_true(sumsq_total(s) == 0.0);
+    llmcl_sumsq_destroy(s);
+    llmcl_sumsq_destroy(NULL);
+}
+
+/*
+ * The accumulator grows past its first storage with partials in it (grad_norm's chunks of 32:
+ * a product's 53 partials, then 6250 of one tensor), and its sum covers both.
+ */
+static void test_sumsq_growth(void **state)
+{
+    (void)state;
+    TH_OK(llmcl_tune_override(th_ctx(), "grad_norm", LLMCL_F32, "*", "WG=8 UNROLL=1 GPC=1"));
+    TH_OK(llmcl_tune_override(th_ctx(), "grad_norm", LLMCL_BF16, "*", "WG=8 UNROLL=1 GPC=1"));
+    llmcl_sumsq *s = NULL;
+    TH_OK(llmcl_sumsq_create(th_ctx(), &s));
+    mm_case c = plain(LLMCL_F32, 37, 45, 70);
+    c.sumsq = s;
+    double *ref, *got, want = 0.0;
+    th_tol tol;
+    got = mm_run(&c, 1300, &ref, &tol);
+    for (int i = 0; i < 37 * 45; ++i)
+        want += got[i] * got[i];
+    free(ref);
+    free(got);
+    const int64_t big = 200000, one = 1;
+    double *x = th_alloc((size_t)big * sizeof *x);
+    th_rng r = th_rng_new(1301);
+    th_fill_uniform(&r, x, (size_t)big, -1.0, 1.0);
+    for (int64_t i = 0; i < big; ++i)
+        want += x[i] * x[i];
+    llmcl_tensor *g = th_tensor_from(LLMCL_F32, 1, &big, x), *out = th_tensor(LLMCL_F32, 1, &one);
+    const llmcl_tensor *list[] = {g};
+    th_poison(out);
+    TH_OK(llmcl_grad_norm_sumsq(th_ctx(), s, list, 1, 0, out));
+    double norm;
+    th_download(out, &norm);
+    want = sqrt(want);
+    TH_ASSERT_CLOSE("norm over a grown accumulator", &want, &norm, 1, (th_tol){0, 2e-5});
+    TH_OK(llmcl_tune_override(th_ctx(), "grad_norm", LLMCL_F32, "*", NULL));
+    TH_OK(llmcl_tune_override(th_ctx(), "grad_norm", LLMCL_BF16, "*", NULL));
+    llmcl_sumsq_destroy(s);
+    llmcl_tensor_destroy(g);
+    llmcl_tensor_destroy(out);
+    free(x);
+}
+
 /* ---- bad input: a clear status, and c untouched ---- */
 
 typedef struct bad_env {
@@ -738,6 +860,33 @@ static void test_bad_input(void **state)
     llmcl_tensor *foreign = NULL;
     TH_OK(llmcl_tensor_create(other, LLMCL_F32, 2, s53, &foreign));
     expect_fail(&e, LLMCL_ERROR_DEVICE_MISMATCH, llmcl_matmul(ctx, 1, a, foreign, 0, c, NULL), "foreign b");
+
+    /* opts.sumsq: another context's accumulator, a c that is not contiguous; what the
+       accumulator held before stays (one product's squares) */
+    llmcl_sumsq *acc = NULL, *acc_other = NULL;
+    TH_OK(llmcl_sumsq_create(ctx, &acc));
+    TH_OK(llmcl_sumsq_create(other, &acc_other));
+    const llmcl_matmul_opts with_sq = {.sumsq = acc}, with_other = {.sumsq = acc_other};
+    llmcl_tensor *c_sq = th_tensor(LLMCL_F32, 2, s43);
+    TH_OK(llmcl_matmul(ctx, 1, a, b, 0, c_sq, &with_sq));
+    double cv[12], want_sq = 0.0;
+    th_download(c_sq, cv);
+    for (int i = 0; i < 12; ++i)
+        want_sq += cv[i] * cv[i];
+    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a, b, 0, c, &with_other),
+                "another context's sumsq");
+    const int64_t s23[2] = {2, 3}, st23[2] = {6, 1};
+    llmcl_tensor *c_gap = NULL, *a25 = th_tensor(LLMCL_F32, 2, (int64_t[2]){2, 5});
+    TH_OK(llmcl_tensor_view(c, 2, s23, st23, 0, &c_gap));
+    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a25, b, 0, c_gap, &with_sq),
+                "sumsq with a c that is not contiguous");
+    const double got_sq = sumsq_total(acc);
+    TH_ASSERT_CLOSE("sumsq kept", &want_sq, &got_sq, 1, (th_tol){0, 1e-6});
+    llmcl_sumsq_destroy(acc);
+    llmcl_sumsq_destroy(acc_other);
+    llmcl_tensor *sq_ts[] = {c_sq, c_gap, a25};
+    for (size_t i = 0; i < 3; ++i)
+        llmcl_tensor_destroy(sq_ts[i]);
     llmcl_tensor_destroy(foreign);
     llmcl_ctx_destroy(other);
 
@@ -758,7 +907,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_addend),            cmocka_unit_test(test_edges),
         cmocka_unit_test(test_long_k),
         cmocka_unit_test(test_tiled_tunables),
-        cmocka_unit_test(test_tensor_cores),      cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_tensor_cores),      cmocka_unit_test(test_sumsq),
+        cmocka_unit_test(test_sumsq_growth),      cmocka_unit_test(test_bad_input),
     };
     return TH_RUN(tests);
 }

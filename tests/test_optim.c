@@ -484,6 +484,15 @@ static void test_grad_norm(void **state)
         const double want = squared ? ss : sqrt(ss);
         TH_ASSERT_CLOSE("grad norm", &want, &got[0], 1, (th_tol){0, 1e-5});
         assert_true(got[0] == got[1]);
+        /* through an empty accumulator: the same partials in the same order, the same bits */
+        llmcl_sumsq *acc = NULL;
+        TH_OK(llmcl_sumsq_create(th_ctx(), &acc));
+        th_poison(out);
+        TH_OK(llmcl_grad_norm_sumsq(th_ctx(), acc, (const llmcl_tensor *const *)g, n, squared, out));
+        double via;
+        th_download(out, &via);
+        assert_true(via == got[0]);
+        llmcl_sumsq_destroy(acc);
     }
     TH_OK(llmcl_memory_stats_get(th_ctx(), &m1));
     assert_true(m1.current_bytes == m0.current_bytes);
@@ -664,6 +673,36 @@ static void test_grad_norm_bad_inputs(void **state)
     }
     TH_FAILS(llmcl_grad_norm(NULL, ok, 2, 0, out), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_grad_norm(th_ctx(), NULL, 2, 0, out), LLMCL_ERROR_INVALID_ARGUMENT);
+
+    /* llmcl_grad_norm_sumsq: the same checks, and its own; a failed call leaves the partials
+       gathered before (one call's, here none) and out as they were */
+    llmcl_sumsq *acc = NULL, *acc_other = NULL;
+    TH_OK(llmcl_sumsq_create(th_ctx(), &acc));
+    TH_OK(llmcl_sumsq_create(other, &acc_other));
+    TH_FAILS(llmcl_sumsq_create(NULL, &acc_other), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_sumsq_create(th_ctx(), NULL), LLMCL_ERROR_INVALID_ARGUMENT);
+    th_poison(out);
+    TH_FAILS(llmcl_grad_norm_sumsq(NULL, acc, ok, 2, 0, out), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_grad_norm_sumsq(th_ctx(), NULL, ok, 2, 0, out), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_grad_norm_sumsq(th_ctx(), acc_other, ok, 2, 0, out),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_grad_norm_sumsq(th_ctx(), acc, ok, -1, 0, out), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_grad_norm_sumsq(th_ctx(), acc, NULL, 1, 0, out), LLMCL_ERROR_INVALID_ARGUMENT);
+    for (size_t c = 3; c < sizeof cases / sizeof cases[0]; ++c) {
+        const llmcl_tensor *list[] = {cases[c].a, cases[c].b};
+        TH_FAILS(llmcl_grad_norm_sumsq(th_ctx(), acc, list, 2, 0, cases[c].out), cases[c].st);
+    }
+    double o0;
+    th_download(out, &o0);
+    assert_true(isnan(o0));
+    TH_OK(llmcl_grad_norm_sumsq(th_ctx(), acc, NULL, 0, 0, out));
+    th_download(out, &o0);
+    assert_true(o0 == 0.0);
+    TH_OK(llmcl_grad_norm_sumsq(th_ctx(), acc, ok, 1, 1, out));
+    th_download(out, &o0);
+    assert_true(o0 == 204.0);
+    llmcl_sumsq_destroy(acc);
+    llmcl_sumsq_destroy(acc_other);
     /* the same tensor twice is read twice: fine */
     TH_OK(llmcl_grad_norm(th_ctx(), ok, 2, 1, out));
     double o;

@@ -47,6 +47,9 @@
  *   MM_CE       mm_mma or mm_wgmma as the fused cross-entropy's logits product (below): 1 the
  *               forward's LSE partials, 2 the backward's dlogits; LABEL_DT the labels' storage
  *               (I32 or I64); CE_SLOT the columns of a row that one LSE partial covers
+ *   MM_SUMSQ    mm_wgmma into an f32 C, unsplit: each warp also writes the sum of the squares of
+ *               the values it stored in a tile to sumsq[first + (z tiles + tile) NT / 32 + warp]
+ *               (llmcl_matmul's opts->sumsq, the gradient norm's partials)
  */
 
 #ifndef DT
@@ -130,6 +133,9 @@
 #ifndef MM_BIAS
 #define MM_BIAS 1
 #endif
+#ifndef MM_SUMSQ
+#define MM_SUMSQ 0
+#endif
 
 typedef STORAGE(DT) ab_t;
 typedef STORAGE(C_DT) c_t;
@@ -147,15 +153,15 @@ typedef STORAGE(LABEL_DT) label_t;
 
 /*
  * One output element: alpha acc + bias + beta c_in (c_in unread when beta is 0), or with SPLITK
- * the raw sum into the slice's workspace.
+ * the raw sum into the slice's workspace. Returns what it stored.
  */
-inline void mm_out(__global c_t *c, long coff, long scm, long scn, const __global c_t *cin,
+inline float mm_out(__global c_t *c, long coff, long scm, long scn, const __global c_t *cin,
                    long cid, const __global bias_t *bias, long sbias, int bias_mode, float alpha,
                    float beta, __global float *ws, long wsoff, long N, long m, long n, float acc)
 {
     if (SPLITK) {
         ws[wsoff + m * N + n] = acc;
-        return;
+        return acc;
     }
     float v = alpha * acc;
     if (bias_mode)
@@ -164,6 +170,7 @@ inline void mm_out(__global c_t *c, long coff, long scm, long scn, const __globa
     if (beta != 0.0f)
         v += beta * LOAD(C_DT, cin, ci + cid);
     STORE(C_DT, c, ci, v);
+    return v;
 }
 
 /* The slice's K range and workspace offset of this work-group. */
@@ -925,9 +932,9 @@ mm_wg_epilogue_tma(const float *d, uint slab, ulong map_c, int wg, long m0, long
 /*
  * Plain epilogue of the lane's row m + 8 h from column n: mm_out's sums, pairs at a time where
  * the tile lies inside C with 2-element aligned rows (16-bit rows aligned to 8 elements:
- * mm_wg_epilogue16).
+ * mm_wg_epilogue16). With MM_SUMSQ returns the sum of the squares of what it stored.
  */
-__attribute__((always_inline)) inline void
+__attribute__((always_inline)) inline float
 mm_wg_epilogue(const float *d, int h, __global c_t *c, long coff, long scm, long scn,
                const __global c_t *cin, long cid, const __global bias_t *bias, long sbias,
                int bias_mode, float alpha, float beta, __global float *ws, long wsoff, long M,
@@ -940,9 +947,12 @@ mm_wg_epilogue(const float *d, int h, __global c_t *c, long coff, long scm, long
     if (vec && ((coff | scm) & 7) == 0) {
         mm_wg_epilogue16(d, h, c, coff, scm, cin, cid, bias, sbias, bias_mode, alpha, beta, mm,
                          n);
-        return;
+        return 0.0f;
     }
 #endif
+    /* the squares in eight partial sums: one chain of adds through every value cost the H200's
+       weight gradients' products 5-10% of their time, two chains 2% */
+    float2 sq[4] = {(float2)(0.0f), (float2)(0.0f), (float2)(0.0f), (float2)(0.0f)};
 #pragma unroll
     for (int j0 = 0; j0 < MM_WG_PAIRS; j0 += MM_WG_BATCH) {
         float2 add[MM_WG_BATCH] = {0};
@@ -955,17 +965,25 @@ mm_wg_epilogue(const float *d, int h, __global c_t *c, long coff, long scm, long
             if (vec && SPLITK) {
                 *(__global float2 *)(ws + wsoff + mm * N + nn) = acc;
             } else if (vec) {
-                MM_STORE2(C_DT, c, coff + mm * scm + nn, alpha * acc + add[j]);
+                const float2 v = alpha * acc + add[j];
+                MM_STORE2(C_DT, c, coff + mm * scm + nn, v);
+                sq[(j0 + j) & 3] += v * v;
             } else {
-                if (mm < M && nn < N)
-                    mm_out(c, coff, scm, scn, cin, cid, bias, sbias, bias_mode, alpha, beta, ws,
-                           wsoff, N, mm, nn, acc.x);
-                if (mm < M && nn + 1 < N)
-                    mm_out(c, coff, scm, scn, cin, cid, bias, sbias, bias_mode, alpha, beta, ws,
-                           wsoff, N, mm, nn + 1, acc.y);
+                if (mm < M && nn < N) {
+                    const float v = mm_out(c, coff, scm, scn, cin, cid, bias, sbias, bias_mode,
+                                           alpha, beta, ws, wsoff, N, mm, nn, acc.x);
+                    sq[0].x += v * v;
+                }
+                if (mm < M && nn + 1 < N) {
+                    const float v = mm_out(c, coff, scm, scn, cin, cid, bias, sbias, bias_mode,
+                                           alpha, beta, ws, wsoff, N, mm, nn + 1, acc.y);
+                    sq[0].y += v * v;
+                }
             }
         }
     }
+    const float2 total = (sq[0] + sq[1]) + (sq[2] + sq[3]);
+    return MM_SUMSQ ? total.x + total.y : 0.0f;
 }
 
 /*
@@ -1179,6 +1197,26 @@ inline void mm_tma_produce(int p, int nk, int step, long k_lo, long M, long N, u
 #endif
 
 /*
+ * MM_SUMSQ: a warp's sum of squares of a tile, summed over its lanes in a fixed butterfly, stored
+ * by its first lane at the tile's and warp's slot.
+ */
+#if MM_SUMSQ
+#if MM_C16 || MM_CE || SPLITK
+#error "MM_SUMSQ sums an f32 C of an unsplit product without the cross-entropy epilogue"
+#endif
+#define MM_SUMSQ_PARAMS , __global float *sumsq, long sumsq_first
+#define MM_SUMSQ_STORE(sq)                                                                        \
+    {                                                                                             \
+        const float wsq = warp_sum(sq);                                                           \
+        if (lane == 0)                                                                            \
+            sumsq[sumsq_first + (z * ntiles + tile) * (NT / 32) + warp] = wsq;                    \
+    }
+#else
+#define MM_SUMSQ_PARAMS
+#define MM_SUMSQ_STORE(sq) (void)(sq)
+#endif
+
+/*
  * With MM_TMA the copies are Hopper's TMA: a stage's full barrier completes when its bytes have
  * landed, and its empty barrier when every warpgroup work-item's wgmma of it is done, which frees
  * it for the next copy. They bypass L1, which 256 x 192 tiles in four stages leave too small for
@@ -1198,7 +1236,7 @@ inline void mm_tma_produce(int p, int nk, int step, long k_lo, long M, long N, u
 #define MM_PRODUCERS 0
 #endif
 __kernel __attribute__((reqd_work_group_size(NT + MM_PRODUCERS, 1, 1))) void
-mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_TMA_PARAMS)
+mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS)
 {
     __local uint4 smem[STAGES * (STAGE_A + STAGE_B) / 16] __attribute__((aligned(1024)));
     MM_CE_CHECK();
@@ -1339,10 +1377,11 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_TMA_PARAMS)
         mm_wg_ce_dlogits(d + (i) * (BN / 2), h, &ce, false, c, coff, scm, scn, M, N,              \
                          m + 64 * (i), n, inside);                                                \
     else                                                                                          \
-        mm_wg_epilogue(d + (i) * (BN / 2), h, c, coff, scm, scn, cin, cid, bias, sbias,           \
-                       bias_mode, alpha, beta, ws, wsoff, M, N, m + 64 * (i), n, inside)
+        sq += mm_wg_epilogue(d + (i) * (BN / 2), h, c, coff, scm, scn, cin, cid, bias, sbias,     \
+                             bias_mode, alpha, beta, ws, wsoff, M, N, m + 64 * (i), n, inside)
         /* built after the main loop, from the arguments, rather than kept through it */
         MM_CE_STATE();
+        float sq = 0.0f;
         if (MM_CE)
             mm_wg_ce_logits(d, &ce, bias, sbias, bias_mode, alpha, N, n);
         MM_WG_OUT(0, 0);
@@ -1354,6 +1393,7 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_TMA_PARAMS)
         MM_WG_OUT(1, 1);
 #endif
 #undef MM_WG_OUT
+        MM_SUMSQ_STORE(sq);
     }
 #if !MM_TMA
     mma_cp_wait(0);

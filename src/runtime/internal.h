@@ -369,6 +369,25 @@ typedef struct llmcl__mm_ce {
 llmcl_status llmcl__matmul_ce(llmcl_ctx *ctx, const llmcl_tensor *a, const llmcl_tensor *b,
                               const llmcl_tensor *bias, llmcl_tensor *c, const llmcl__mm_ce *ce);
 
+/* ---- the accumulator of squares (optim.c) ---- */
+
+struct llmcl_sumsq {
+    llmcl_ctx *ctx;
+    llmcl_tensor *slots; /* f32 partial sums, NULL until the first */
+    int64_t used;        /* slots holding partials, in call order */
+};
+
+/* LLMCL_ERROR_INVALID_ARGUMENT where s belongs to another context. */
+llmcl_status llmcl__sumsq_check(llmcl_ctx *ctx, const llmcl_sumsq *s);
+/* n slots at s's end for a call's partials (*first the first one's index), storage grown as
+   needed; llmcl__sumsq_release(s, *first) gives them back where the call fails. */
+llmcl_status llmcl__sumsq_reserve(llmcl_sumsq *s, int64_t n, int64_t *first);
+void llmcl__sumsq_release(llmcl_sumsq *s, int64_t first);
+/* Storage in s for llmcl__sumsq_add's partials of t, so that the add cannot fail for want of it. */
+llmcl_status llmcl__sumsq_fit(llmcl_ctx *ctx, llmcl_sumsq *s, const llmcl_tensor *t);
+/* The squares of contiguous t's elements, as partials appended to s. */
+llmcl_status llmcl__sumsq_add(llmcl_ctx *ctx, llmcl_sumsq *s, const llmcl_tensor *t);
+
 /* ---- tuning parameters ---- */
 
 #define LLMCL__MAX_PARAMS 12

@@ -185,6 +185,11 @@ static llmcl_status check_problem(mm_problem *p, const llmcl_tensor *a, const ll
     p->a = operand_of(a, o->trans_a);
     p->b = operand_of(b, o->trans_b);
     p->c = operand_of(c, 0);
+    if (o->sumsq) {
+        LLMCL__TRY(llmcl__sumsq_check(ctx, o->sumsq));
+        LLMCL__REQUIRE(ctx, llmcl_tensor_is_contiguous(c), LLMCL_ERROR_INVALID_ARGUMENT,
+                       "matmul: opts->sumsq needs a contiguous c");
+    }
     return o->c_in ? check_addend(p, o->c_in) : LLMCL_OK;
 }
 
@@ -341,6 +346,7 @@ typedef struct mm_launch {
     const uint64_t *tma; /* the tensor-map template (MM_TMA), 16 words, or NULL */
     int64_t maps;        /* with tma: the 128-byte tensor maps a work-group makes */
     int64_t max_steps;   /* k-steps a slice may take within the device's loop budget; 0: any */
+    int64_t sumsq_warps; /* warps a tile whose epilogue can sum squares (MM_SUMSQ); 0: none */
 } mm_launch;
 
 /* The groups of `local` bytes of local memory each that one compute unit of an NVIDIA GPU holds:
@@ -378,6 +384,31 @@ static llmcl_status kernel_resident(const mm_problem *p, const llmcl__defines *d
 }
 
 /*
+ * With opts->sumsq, the partials of c's squares: slots a warp and tile from *first where the
+ * kernel sums them in its epilogue (fused), else a pass over c once the product is enqueued.
+ */
+static llmcl_status sumsq_begin(const mm_problem *p, bool fused, int64_t slots, int64_t *first)
+{
+    *first = 0;
+    if (!p->o.sumsq)
+        return LLMCL_OK;
+    if (fused)
+        return llmcl__sumsq_reserve(p->o.sumsq, slots, first);
+    return llmcl__sumsq_fit(p->ctx, p->o.sumsq, p->c.t);
+}
+
+static llmcl_status sumsq_end(const mm_problem *p, bool fused, int64_t first, llmcl_status st)
+{
+    if (!p->o.sumsq)
+        return st;
+    if (st == LLMCL_OK && !fused)
+        st = llmcl__sumsq_add(p->ctx, p->o.sumsq, p->c.t);
+    if (st != LLMCL_OK && fused)
+        llmcl__sumsq_release(p->o.sumsq, first);
+    return st;
+}
+
+/*
  * A product kernel over (tiles, batch, slices); with more than one slice into an f32 scratch that
  * mm_reduce then finishes. A persistent kernel over one batch entry and slice gets one group per
  * resident slot, at most one per tile.
@@ -396,22 +427,25 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
     const int64_t slots = wave_slots(p->ctx, resident);
     const int64_t groups =
         l->persistent && p->batch * slices == 1 && slots < tiles ? slots : tiles;
+    const bool fused = p->o.sumsq && l->sumsq_warps > 0 && slices == 1;
+    int64_t first;
+    LLMCL__TRY(sumsq_begin(p, fused, p->batch * tiles * l->sumsq_warps, &first));
     llmcl_tensor *ws = NULL, *maps = NULL;
+    llmcl_status st = LLMCL_OK;
     if (slices > 1) {
         const int64_t n = slices * p->batch * p->M * p->N;
-        LLMCL__TRY(llmcl__scratch(p->ctx, LLMCL_F32, 1, &n, "matmul split-K slices", &ws));
+        st = llmcl__scratch(p->ctx, LLMCL_F32, 1, &n, "matmul split-K slices", &ws);
     }
-    if (l->tma) {
+    if (st == LLMCL_OK && l->tma) {
         const int64_t n = groups * p->batch * slices * l->maps * 32;
-        llmcl_status st = llmcl__scratch(p->ctx, LLMCL_F32, 1, &n, "matmul tensor maps", &maps);
-        if (st != LLMCL_OK) {
-            llmcl_tensor_destroy(ws);
-            return st;
-        }
+        st = llmcl__scratch(p->ctx, LLMCL_F32, 1, &n, "matmul tensor maps", &maps);
     }
     llmcl__define_int(d, "SPLITK", slices > 1);
+    if (fused)
+        llmcl__define_int(d, "MM_SUMSQ", 1);
     cl_kernel k;
-    llmcl_status st = llmcl__kernel(p->ctx, LLMCL_FAMILY_MATMUL, d, l->name, &k);
+    if (st == LLMCL_OK)
+        st = llmcl__kernel(p->ctx, LLMCL_FAMILY_MATMUL, d, l->name, &k);
     if (st == LLMCL_OK) {
         llmcl__args g = llmcl__args_begin(p->ctx, k);
         arg_operand(&g, &p->a, true);
@@ -427,6 +461,10 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
         llmcl__arg(&g, sizeof wmem, &wmem);
         if (ce)
             arg_ce(&g, ce);
+        if (fused) {
+            llmcl__arg(&g, sizeof p->o.sumsq->slots->mem, &p->o.sumsq->slots->mem);
+            llmcl__arg_i64(&g, first);
+        }
         if (l->tma) {
             llmcl__arg(&g, 16 * sizeof(uint64_t), l->tma);
             llmcl__arg(&g, sizeof maps->mem, &maps->mem);
@@ -439,7 +477,7 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
         st = reduce_slices(p, slices, ws);
     llmcl_tensor_destroy(ws); /* OpenCL keeps them until the kernels are done */
     llmcl_tensor_destroy(maps);
-    return st;
+    return sumsq_end(p, fused, first, st);
 }
 
 /*
@@ -588,7 +626,7 @@ static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc, const llmcl
     mma_defines(p, a_kc, b_kc, ce, &t, &d);
     const size_t wg = 32 * (size_t)llmcl__param_get(&t, "WM", 2) * llmcl__param_get(&t, "WN", 2);
     const mm_launch l = {"mm_mma", wg, llmcl__param_get(&t, "BK", 32), MM_RESIDENT, false, NULL,
-                         0, 0};
+                         0, 0, 0};
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
@@ -772,7 +810,9 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     const int resident = groups_by_local(p->ctx, local) > 1 ? 0 : WG_RESIDENT;
     /* A's and B's maps, and each warpgroup's of C */
     const int64_t maps = 2 + (store ? bm / (64 * mb) : 0);
-    const mm_launch l = {"mm_wgmma", wg, 64, resident, true, tma, maps, 0};
+    /* the warpgroups' warps sum an f32 c's squares in the epilogue (MM_SUMSQ) */
+    const int64_t warps = p->c.t->dtype == LLMCL_F32 && !ce ? wgmma_work_items(&t, false) / 32 : 0;
+    const mm_launch l = {"mm_wgmma", wg, 64, resident, true, tma, maps, 0, warps};
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
@@ -840,7 +880,7 @@ static llmcl_status run_tiled(const mm_problem *p)
     int64_t max_steps;
     LLMCL__TRY(tiled_max_steps(p, &t, &max_steps));
     const mm_launch l = {"mm_tiled", wg, llmcl__param_get(&t, "BK", 16), MM_RESIDENT, false, NULL,
-                         0, max_steps};
+                         0, max_steps, 0};
     return run_tiles(p, &d, &l, tiles, NULL);
 }
 
@@ -987,9 +1027,11 @@ llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, co
        well within the budget (on llvmpipe they ran K = 16 x 65535, failed at 4 x 10^6) */
     if (dt == LLMCL_F32 && p.o.split_k <= 1 && p.K > 0 && p.K <= llmcl__loop_budget(ctx)) {
         bool done;
+        int64_t first;
+        LLMCL__TRY(sumsq_begin(&p, false, 0, &first));
         LLMCL__TRY(run_clblast(&p, c, &done));
         if (done)
-            return LLMCL_OK;
+            return sumsq_end(&p, false, 0, LLMCL_OK);
     }
     return run_tiled(&p);
 }

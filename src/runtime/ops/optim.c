@@ -1,8 +1,9 @@
 /*
- * optim.c: host launchers of optim.cl, llmcl_adamw_step and llmcl_grad_norm. Each validates every
- * argument, groups the tensors by the buffers they view (one launch per group), writes one table
- * of all tensors into a device buffer created from host memory (no transfer waits on the queue),
- * builds every group's kernel, and only then enqueues.
+ * optim.c: host launchers of optim.cl, llmcl_adamw_step and llmcl_grad_norm, and the accumulator
+ * of squares (llmcl_sumsq) whose partials the norm's final sum adds in call order. Each launcher
+ * validates every argument, groups the tensors by the buffers they view (one launch per group),
+ * writes one table of all tensors into a device buffer created from host memory (no transfer
+ * waits on the queue), builds every group's kernel, and only then enqueues.
  *
  * Tuning keys (dtype: the first tensor's param dtype for adamw, its grad dtype for grad_norm; shape
  * class: llmcl__shape_class of the call's element count): adamw and grad_norm, both WG, UNROLL
@@ -449,6 +450,86 @@ done:
     return st;
 }
 
+/* ---- the accumulator of squares ---- */
+
+llmcl_status llmcl_sumsq_create(llmcl_ctx *ctx, llmcl_sumsq **out)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "sumsq: ctx must not be NULL");
+    LLMCL__REQUIRE(ctx, out, LLMCL_ERROR_INVALID_ARGUMENT, "sumsq: out must not be NULL");
+    *out = calloc(1, sizeof **out);
+    LLMCL__REQUIRE(ctx, *out, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "sumsq accumulator");
+    (*out)->ctx = ctx;
+    return LLMCL_OK;
+}
+
+void llmcl_sumsq_destroy(llmcl_sumsq *s)
+{
+    if (!s)
+        return;
+    llmcl_tensor_destroy(s->slots);
+    free(s);
+}
+
+void llmcl_sumsq_reset(llmcl_sumsq *s)
+{
+    if (s)
+        s->used = 0;
+}
+
+llmcl_status llmcl__sumsq_check(llmcl_ctx *ctx, const llmcl_sumsq *s)
+{
+    LLMCL__REQUIRE(ctx, s->ctx == ctx, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "sumsq: the accumulator belongs to another context");
+    return LLMCL_OK;
+}
+
+/* Storage for at least `need` partials, the `used` ones so far copied over (in queue order). */
+static llmcl_status sumsq_grow(llmcl_sumsq *s, int64_t need)
+{
+    llmcl_ctx *ctx = s->ctx;
+    const int64_t have = s->slots ? s->slots->shape[0] : 0;
+    if (need <= have)
+        return LLMCL_OK;
+    int64_t cap = have > 4096 ? have : 4096;
+    while (cap < need)
+        cap *= 2;
+    llmcl_tensor *grown = NULL, *from = NULL, *to = NULL;
+    LLMCL__TRY(llmcl_tensor_create(ctx, LLMCL_F32, 1, &cap, &grown));
+    llmcl_status st = LLMCL_OK;
+    if (s->used > 0) {
+        st = llmcl_tensor_view(s->slots, 1, &s->used, NULL, 0, &from);
+        if (st == LLMCL_OK)
+            st = llmcl_tensor_view(grown, 1, &s->used, NULL, 0, &to);
+        if (st == LLMCL_OK)
+            st = llmcl_copy(ctx, from, to);
+    }
+    llmcl_tensor_destroy(from);
+    llmcl_tensor_destroy(to);
+    if (st != LLMCL_OK) {
+        llmcl_tensor_destroy(grown);
+        return st;
+    }
+    llmcl_tensor_destroy(s->slots); /* OpenCL keeps it until the copy is done */
+    s->slots = grown;
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl__sumsq_reserve(llmcl_sumsq *s, int64_t n, int64_t *first)
+{
+    LLMCL__REQUIRE(s->ctx, n >= 0 && s->used <= INT64_MAX / 2 - n, LLMCL_ERROR_OVERFLOW,
+                   "sumsq: %lld partial sums more overflow the accumulator", (long long)n);
+    LLMCL__TRY(sumsq_grow(s, s->used + n));
+    *first = s->used;
+    s->used += n;
+    return LLMCL_OK;
+}
+
+void llmcl__sumsq_release(llmcl_sumsq *s, int64_t first)
+{
+    if (first < s->used)
+        s->used = first;
+}
+
 /* ---- global gradient norm ---- */
 
 static llmcl_status norm_tensors(llmcl_ctx *ctx, const llmcl_tensor *const *grads, int count,
@@ -460,6 +541,8 @@ static llmcl_status norm_tensors(llmcl_ctx *ctx, const llmcl_tensor *const *grad
         LLMCL__TRY(check_operand(ctx, grads[i], name, LLMCL__FLOAT_DTYPES, NULL, NULL));
         e[i] = (entry){.op = {[OP_GRAD] = grads[i]}};
     }
+    if (!out) /* partials only */
+        return LLMCL_OK;
     LLMCL__TRY(check_operand(ctx, out, "out", 1u << LLMCL_F32, NULL, NULL));
     LLMCL__REQUIRE(ctx, llmcl_tensor_numel(out) == 1, LLMCL_ERROR_SHAPE_MISMATCH,
                    "out must have one element (it has %lld)", (long long)llmcl_tensor_numel(out));
@@ -503,20 +586,102 @@ static llmcl_status norm_launch(llmcl_ctx *ctx, const plan *pl, const group *g, 
 }
 
 static llmcl_status norm_final(llmcl_ctx *ctx, const plan *pl, cl_kernel k,
-                               const llmcl_tensor *partials, llmcl_tensor *out, int squared)
+                               const llmcl_sumsq *s, llmcl_tensor *out, int squared)
 {
-    /* one work-group's loop over every chunk's partial sum, then its sum */
+    /* one work-group's loop over every partial sum, then its sum */
     LLMCL__TRY(llmcl__check_loops(ctx,
-                                  llmcl__div_up(pl->total_chunks, (int64_t)pl->wg) + 1 +
+                                  llmcl__div_up(s->used, (int64_t)pl->wg) + 1 +
                                       halvings((int64_t)pl->wg),
-                                  "grad_norm: %lld chunks of %lld elements",
-                                  (long long)pl->total_chunks, (long long)pl->chunk));
+                                  "grad_norm: %lld partial sums", (long long)s->used));
     llmcl__args a = llmcl__args_begin(ctx, k);
-    llmcl__arg(&a, sizeof(cl_mem), &partials->mem);
-    llmcl__arg_i64(&a, pl->total_chunks);
+    llmcl__arg(&a, sizeof(cl_mem), &s->slots->mem);
+    llmcl__arg_i64(&a, s->used);
     llmcl__arg_tensor(&a, out);
     llmcl__arg_i32(&a, squared != 0);
     return llmcl__launch(&a, 1, &pl->wg, &pl->wg);
+}
+
+/* The checked entries and plan of a norm over grads (count may be 0), its kernels built. */
+static llmcl_status norm_plan(llmcl_ctx *ctx, const llmcl_tensor *const *grads, int count,
+                              const llmcl_tensor *out, entry *e, plan *pl, cl_kernel *final)
+{
+    LLMCL__TRY(norm_tensors(ctx, grads, count, out, e));
+    int64_t numel = 0;
+    for (int i = 0; i < count; ++i)
+        numel += llmcl_tensor_numel(grads[i]);
+    /* A grid-stride loop amortises the work-group reductions on CPUs (twice as fast on PoCL). */
+    const bool nv = ctx->info.vendor_id == LLMCL_VENDOR_NVIDIA;
+    const long gpc = ctx->info.is_gpu ? (nv ? 0 : 8) : 4;
+    const llmcl_dtype dt = count > 0 ? grads[0]->dtype : LLMCL_F32;
+    LLMCL__TRY(plan_params(ctx, LLMCL_KEY_GRAD_NORM, dt, numel, 4, gpc, pl));
+    if (count > 0)
+        LLMCL__TRY(plan_groups(ctx, e, count, pl));
+    for (int g = 0; g < pl->n_groups; ++g)
+        LLMCL__TRY(norm_kernel(ctx, pl, e[pl->groups[g].lead].op[OP_GRAD]->dtype,
+                               pl->groups[g].aligned, "grad_norm_partial", &pl->groups[g].kernel));
+    if (!final)
+        return LLMCL_OK;
+    /* any program has the final kernel: the first group's saves a build */
+    const bool aligned = pl->n_groups && pl->groups[0].aligned;
+    return norm_kernel(ctx, pl, pl->n_groups ? e[pl->groups[0].lead].op[OP_GRAD]->dtype : dt,
+                       aligned, "grad_norm_final", final);
+}
+
+/* Every chunk's partial sum into s's slots from its end, in the call's chunk order. */
+static llmcl_status norm_partials(llmcl_ctx *ctx, plan *pl, const entry *e, llmcl_sumsq *s)
+{
+    int64_t first;
+    LLMCL__TRY(llmcl__sumsq_reserve(s, pl->total_chunks, &first));
+    for (int r = 0; r < pl->n_rows; ++r)
+        pl->table[(size_t)r * T_FIELDS + T_SLOT] += first;
+    cl_mem table = NULL;
+    llmcl_status st = LLMCL_OK;
+    if (pl->n_groups > 0)
+        st = table_upload(ctx, pl, &table);
+    for (int g = 0; st == LLMCL_OK && g < pl->n_groups; ++g)
+        st = norm_launch(ctx, pl, &pl->groups[g], &e[pl->groups[g].lead], table, s->slots);
+    if (table)
+        llmcl__buffer_free(ctx, table, table_bytes(pl));
+    if (st != LLMCL_OK)
+        llmcl__sumsq_release(s, first);
+    return st;
+}
+
+/* The partials of grads (and, with out, their final sum over s's) as one call. */
+static llmcl_status norm_run(llmcl_ctx *ctx, llmcl_sumsq *s, const llmcl_tensor *const *grads,
+                             int count, int squared, llmcl_tensor *out)
+{
+    entry *e = malloc(((size_t)count + 1) * sizeof *e);
+    LLMCL__REQUIRE(ctx, e, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "entries of %d tensors", count);
+    plan pl = {0};
+    cl_kernel final = NULL;
+    const int64_t before = s->used;
+    llmcl_status st = norm_plan(ctx, grads, count, out, e, &pl, out ? &final : NULL);
+    if (st == LLMCL_OK)
+        st = norm_partials(ctx, &pl, e, s);
+    if (st == LLMCL_OK && out) /* the final kernel takes a buffer even with no partials */
+        st = sumsq_grow(s, 1);
+    if (st == LLMCL_OK && out)
+        st = norm_final(ctx, &pl, final, s, out, squared);
+    if (st != LLMCL_OK)
+        llmcl__sumsq_release(s, before);
+    else if (out)
+        s->used = 0;
+    plan_free(&pl);
+    free(e);
+    return st;
+}
+
+llmcl_status llmcl__sumsq_fit(llmcl_ctx *ctx, llmcl_sumsq *s, const llmcl_tensor *t)
+{
+    plan pl = {0};
+    LLMCL__TRY(plan_params(ctx, LLMCL_KEY_GRAD_NORM, t->dtype, llmcl_tensor_numel(t), 4, 0, &pl));
+    return sumsq_grow(s, s->used + llmcl__div_up(llmcl_tensor_numel(t), pl.chunk));
+}
+
+llmcl_status llmcl__sumsq_add(llmcl_ctx *ctx, llmcl_sumsq *s, const llmcl_tensor *t)
+{
+    return norm_run(ctx, s, &t, 1, 0, NULL);
 }
 
 llmcl_status llmcl_grad_norm(llmcl_ctx *ctx, const llmcl_tensor *const *grads, int count,
@@ -525,49 +690,22 @@ llmcl_status llmcl_grad_norm(llmcl_ctx *ctx, const llmcl_tensor *const *grads, i
     LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
     LLMCL__REQUIRE(ctx, count >= 1, LLMCL_ERROR_INVALID_ARGUMENT, "count must be >= 1 (%d)", count);
     LLMCL__REQUIRE(ctx, grads, LLMCL_ERROR_INVALID_ARGUMENT, "grads must not be NULL");
-    entry *e = malloc((size_t)count * sizeof *e);
-    LLMCL__REQUIRE(ctx, e, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "entries of %d tensors", count);
-    plan pl = {0};
-    cl_mem table = NULL;
-    llmcl_tensor *partials = NULL;
-    cl_kernel final = NULL;
-    llmcl_status st;
-    LLMCL__TRY_GOTO(st, norm_tensors(ctx, grads, count, out, e), done);
-    int64_t numel = 0;
-    for (int i = 0; i < count; ++i)
-        numel += llmcl_tensor_numel(grads[i]);
-    /* A grid-stride loop amortises the work-group reductions on CPUs (twice as fast on PoCL). */
-    const bool nv = ctx->info.vendor_id == LLMCL_VENDOR_NVIDIA;
-    const long gpc = ctx->info.is_gpu ? (nv ? 0 : 8) : 4;
-    LLMCL__TRY_GOTO(st, plan_params(ctx, LLMCL_KEY_GRAD_NORM, grads[0]->dtype, numel, 4, gpc, &pl),
-                    done);
-    LLMCL__TRY_GOTO(st, plan_groups(ctx, e, count, &pl), done);
-    for (int g = 0; g < pl.n_groups; ++g)
-        LLMCL__TRY_GOTO(st,
-                        norm_kernel(ctx, &pl, e[pl.groups[g].lead].op[OP_GRAD]->dtype,
-                                    pl.groups[g].aligned, "grad_norm_partial",
-                                    &pl.groups[g].kernel),
-                        done);
-    /* any program has the final kernel: the first group's saves a build */
-    const entry *lead = pl.n_groups ? &e[pl.groups[0].lead] : &e[0];
-    LLMCL__TRY_GOTO(st,
-                    norm_kernel(ctx, &pl, lead->op[OP_GRAD]->dtype,
-                                pl.n_groups && pl.groups[0].aligned, "grad_norm_final", &final),
-                    done);
-    const int64_t n_part = pl.total_chunks > 0 ? pl.total_chunks : 1;
-    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n_part, "grad_norm partial sums", &partials),
-                    done);
-    if (pl.n_groups > 0)
-        LLMCL__TRY_GOTO(st, table_upload(ctx, &pl, &table), done);
-    for (int g = 0; g < pl.n_groups; ++g)
-        LLMCL__TRY_GOTO(st, norm_launch(ctx, &pl, &pl.groups[g], &e[pl.groups[g].lead], table, partials),
-                        done);
-    st = norm_final(ctx, &pl, final, partials, out, squared);
-done:
-    if (table)
-        llmcl__buffer_free(ctx, table, table_bytes(&pl));
-    llmcl_tensor_destroy(partials);
-    plan_free(&pl);
-    free(e);
+    LLMCL__REQUIRE(ctx, out, LLMCL_ERROR_INVALID_ARGUMENT, "out must not be NULL");
+    llmcl_sumsq s = {.ctx = ctx};
+    const llmcl_status st = norm_run(ctx, &s, grads, count, squared, out);
+    llmcl_tensor_destroy(s.slots); /* OpenCL keeps it until the kernels are done */
     return st;
+}
+
+llmcl_status llmcl_grad_norm_sumsq(llmcl_ctx *ctx, llmcl_sumsq *s, const llmcl_tensor *const *grads,
+                                   int count, int squared, llmcl_tensor *out)
+{
+    LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
+    LLMCL__REQUIRE(ctx, s, LLMCL_ERROR_INVALID_ARGUMENT, "s must not be NULL");
+    LLMCL__TRY(llmcl__sumsq_check(ctx, s));
+    LLMCL__REQUIRE(ctx, count >= 0, LLMCL_ERROR_INVALID_ARGUMENT, "count must be >= 0 (%d)", count);
+    LLMCL__REQUIRE(ctx, count == 0 || grads, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "grads must not be NULL");
+    LLMCL__REQUIRE(ctx, out, LLMCL_ERROR_INVALID_ARGUMENT, "out must not be NULL");
+    return norm_run(ctx, s, grads, count, squared, out);
 }
