@@ -1090,16 +1090,18 @@ static llmcl_status adapter_backward(model *m, const model_param *p, const llmcl
     return LLMCL_OK;
 }
 
-llmcl_status model_proj_backward(model *m, const model_param *p, const llmcl_tensor *dy,
+llmcl_status model_proj_backward(model *m, model_param *p, const llmcl_tensor *dy,
                                  const llmcl_tensor *x, const llmcl_tensor *u, float dx_beta,
                                  llmcl_tensor *dx, llmcl_tensor *du)
 {
     llmcl_ctx *ctx = m->ctx;
-    const llmcl_matmul_opts t = {.trans_a = 1};
+    const llmcl_matmul_opts t = {.trans_a = 1, .sumsq = m->grad_sumsq};
     if (dx)
         OP(F_MATMUL_DX, llmcl_matmul(ctx, 1.0f, dy, p->w, dx_beta, dx, NULL));
-    if (p->trainable)
+    if (p->trainable) {
         OP(F_MATMUL_DW, llmcl_matmul(ctx, 1.0f, dy, x, grad_beta(m), p->grad, &t));
+        p->grad_summed = m->grad_sumsq != NULL;
+    }
     return p->lora_a ? adapter_backward(m, p, dy, x, u, dx, du) : LLMCL_OK;
 }
 
@@ -1210,8 +1212,9 @@ static llmcl_status group_backward(model *m, arena *a, int l, int first, int cou
         TRY(model_proj_backward(m, &st, dy, x, NULL, 0, dx, NULL));
     int64_t col = 0;
     for (int i = 0; i < count; ++i) {
-        const model_param *p = param(m, first + i, l);
+        model_param *p = param(m, first + i, l);
         llmcl_tensor *dyi = cols(a, dy, n, col, p->shape[0]), *u = u_rows(a, A, first + i, n);
+        p->grad_summed = stack && st.grad_summed;
         if (!stack)
             TRY(model_proj_backward(m, p, dyi, x, u, i ? 1.0f : 0.0f, dx, du));
         else if (p->lora_a)

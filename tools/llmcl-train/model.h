@@ -99,6 +99,7 @@ struct model_param {
     llmcl_tensor *master, *grad, *m, *v; /* f32 views (NULL where the set has no such buffer) */
     llmcl_tensor *w16;     /* view of the 16-bit compute buffer, NULL for norms and f32 models */
     model_param *lora_a, *lora_b; /* a projection's adapter, or NULL */
+    bool grad_summed;      /* its gradient's squares went to grad_sumsq (optimizer_step clears) */
 };
 
 /* Op families for the per-family split of a step's kernel time. */
@@ -139,6 +140,9 @@ typedef struct model {
        backward replaces it (the caller's alternative to zeroing them), and model_backward clears
        this for the micro-batches that follow */
     bool grads_fresh;
+    /* where set (the last micro-batch of a step that takes the gradients' norm), each weight
+       gradient product adds the squares of the gradient it finishes, and marks its param */
+    llmcl_sumsq *grad_sumsq;
 
     /* activations for micro-batches of up to max_b x max_t tokens */
     int max_b, max_t;
@@ -243,10 +247,11 @@ llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tens
 
 /*
  * Its backward from dy [N, out]: dx = dy w (dx_beta 0) or dx += dy w (dx NULL: not wanted),
- * p->grad += dy^T x when p is trainable; with an adapter dB += s dy^T u, du = s dy B (du [N, rank]
- * scratch), dA += du^T x and dx += du A.
+ * p->grad += dy^T x when p is trainable (its squares to m->grad_sumsq where set, and
+ * p->grad_summed then set); with an adapter dB += s dy^T u, du = s dy B (du [N, rank] scratch),
+ * dA += du^T x and dx += du A.
  */
-llmcl_status model_proj_backward(model *m, const model_param *p, const llmcl_tensor *dy,
+llmcl_status model_proj_backward(model *m, model_param *p, const llmcl_tensor *dy,
                                  const llmcl_tensor *x, const llmcl_tensor *u, float dx_beta,
                                  llmcl_tensor *dx, llmcl_tensor *du);
 

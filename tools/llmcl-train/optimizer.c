@@ -73,7 +73,7 @@ llmcl_status optimizer_create(model *m, const adamw_hparams *hp, optimizer *out)
     for (int i = 0; i < m->n_params; ++i)
         if (m->params[i].trainable)
             add_tensor(out, &m->params[i]);
-    return LLMCL_OK;
+    return llmcl_sumsq_create(m->ctx, &out->sumsq);
 }
 
 void optimizer_destroy(optimizer *o)
@@ -89,6 +89,7 @@ void optimizer_destroy(optimizer *o)
     free(o->tensors);
     free(o->grads);
     llmcl_tensor_destroy(o->grad_norm);
+    llmcl_sumsq_destroy(o->sumsq);
     *o = (optimizer){0};
 }
 
@@ -181,6 +182,32 @@ void optimizer_prepare(optimizer *o, float lr, int64_t step, int micro, bool nor
     o->norm_wanted = norm;
 }
 
+llmcl_sumsq *optimizer_norm_sumsq(const optimizer *o)
+{
+    return o->step.grad_norm || o->norm_wanted ? o->sumsq : NULL;
+}
+
+/*
+ * The global norm: the squares the weight gradient products gathered, then the gradients they
+ * did not finish (embeddings, norms, adapters), each param's mark cleared for the next step.
+ */
+static llmcl_status gathered_norm(optimizer *o)
+{
+    model *m = o->m;
+    int n = 0;
+    for (int i = 0; i < m->n_params; ++i) {
+        model_param *p = &m->params[i];
+        if (p->trainable && !p->grad_summed)
+            o->grads[n++] = p->grad;
+        p->grad_summed = false;
+    }
+    const llmcl_status st = llmcl_grad_norm_sumsq(m->ctx, o->sumsq, o->grads, n, 0, o->grad_norm);
+    for (int i = 0, k = 0; i < m->n_params; ++i) /* the list as optimizer_create made it */
+        if (m->params[i].trainable)
+            o->grads[k++] = m->params[i].grad;
+    return st;
+}
+
 llmcl_status optimizer_step(optimizer *o)
 {
     model *m = o->m;
@@ -192,7 +219,9 @@ llmcl_status optimizer_step(optimizer *o)
         const llmcl_tensor *norms = o->group_norms;
         return o->norm_wanted ? llmcl_grad_norm(m->ctx, &norms, 1, 0, o->grad_norm) : LLMCL_OK;
     }
-    if (o->step.grad_norm || o->norm_wanted)
+    if (optimizer_norm_sumsq(o))
+        TRY(gathered_norm(o));
+    else if (o->step.grad_norm || o->norm_wanted)
         TRY(llmcl_grad_norm(m->ctx, o->grads, o->count, 0, o->grad_norm));
     if (m->trainable.offloaded) {
         chunk_step cs = {o, &o->step};

@@ -34,6 +34,9 @@ typedef struct optimizer {
        and the norm of its gradients (a view of group_norms, f32 [groups]) */
     int *first, *group_count;
     llmcl_tensor *group_norms, **group_norm;
+    /* the squares of the gradients that weight gradient products finish (model's grad_sumsq),
+       on one rank with the update after the backward; NULL otherwise */
+    llmcl_sumsq *sumsq;
 } optimizer;
 
 /*
@@ -50,6 +53,10 @@ void optimizer_destroy(optimizer *o);
  * every gradient, skipped on the steps that print nothing).
  */
 void optimizer_prepare(optimizer *o, float lr, int64_t step, int micro, bool norm);
+
+/* What the prepared step's last micro-batch gives the model's grad_sumsq: the accumulator where
+   the step takes the gradients' norm and o has one, else NULL. */
+llmcl_sumsq *optimizer_norm_sumsq(const optimizer *o);
 
 /*
  * The step prepared, on the accumulated gradients, clipped to hp.clip. Under --zero:

@@ -686,7 +686,10 @@ static void train_step(trainer *tr, int step, bool stats, double *loss, double *
         CHECK(MODEL_PROF(m, F_ELEMENTWISE,
                          llmcl_axpy(ctx, 1.0f / (float)o->accum, m->loss, tr->loss_sum)),
               ctx);
+        /* the last micro-batch's weight gradient products sum their squares for the norm */
+        m->grad_sumsq = k == o->accum - 1 ? optimizer_norm_sumsq(&tr->opt) : NULL;
         CHECK(model_backward(m, o->batch, o->seq), ctx);
+        m->grad_sumsq = NULL;
     }
     CHECK(MODEL_PROF(m, F_OPTIMIZER, optimizer_step(&tr->opt)), ctx);
     if (!stats)
