@@ -1117,14 +1117,19 @@ static llmcl_tensor *du_rows(model *m, arena *a, int64_t n)
     return m->du ? rows(a, m->du, n) : NULL;
 }
 
-/* Adds a norm's weight gradient (left in m->dnorm_w) when the norm is trained, or writes it
-   (grads_fresh). */
+/* Where a norm's backward writes its weight gradient: the gradient itself where that write
+   replaces it (grads_fresh), else m->dnorm_w, which norm_grad then adds. */
+static llmcl_tensor *norm_dw(const model *m, const model_param *p)
+{
+    return p->trainable && m->grads_fresh ? p->grad : m->dnorm_w;
+}
+
+/* Adds a norm's weight gradient (left in m->dnorm_w by norm_dw) when the norm is trained and its
+   gradient holds a sum. */
 static llmcl_status norm_grad(model *m, const model_param *p)
 {
-    if (!p->trainable)
+    if (!p->trainable || m->grads_fresh)
         return LLMCL_OK;
-    if (m->grads_fresh)
-        return PROF(F_ELEMENTWISE, llmcl_copy(m->ctx, m->dnorm_w, p->grad));
     return PROF(F_ELEMENTWISE, llmcl_axpy(m->ctx, 1.0f, m->dnorm_w, p->grad));
 }
 
@@ -1410,7 +1415,7 @@ static llmcl_status layer_backward(model *m, arena *a, int l, const layer_acts *
     TRY(group_backward(m, a, l, P_WGATE, 2, A, gu, h2, dh, du));
     OP(F_NORM, llmcl_residual_rmsnorm_backward(ctx, dh, dres, rows(a, A->xmid, n),
                                                param(m, P_MLP_NORM, l)->w, head(a, A->rstd2, n),
-                                               dres, m->dnorm_w, &no));
+                                               dres, norm_dw(m, param(m, P_MLP_NORM, l)), &no));
     TRY(norm_grad(m, param(m, P_MLP_NORM, l)));
     /* attention */
     llmcl_tensor *h1 = rows(a, A->h1, n), *dqkv = rows(a, m->dqkv, n);
@@ -1429,7 +1434,8 @@ static llmcl_status layer_backward(model *m, arena *a, int l, const layer_acts *
                                    bthd(a, dqkv, k_col(m), b, t, c->kv_heads, d), &ro));
     TRY(group_backward(m, a, l, P_WQ, 3, A, dqkv, h1, dh, du));
     OP(F_NORM, llmcl_residual_rmsnorm_backward(ctx, dh, dres, x, param(m, P_ATTN_NORM, l)->w,
-                                               head(a, A->rstd1, n), dres, m->dnorm_w, &no));
+                                               head(a, A->rstd1, n), dres,
+                                               norm_dw(m, param(m, P_ATTN_NORM, l)), &no));
     return norm_grad(m, param(m, P_ATTN_NORM, l));
 }
 
@@ -1492,7 +1498,7 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
     }
     const llmcl_rmsnorm_options no = norm_opts(m);
     OP(F_NORM, llmcl_rmsnorm_backward(ctx, dy, rows(a, stream(m, L), n), fnorm->w,
-                               head(a, m->rstd_final, n), dres, m->dnorm_w, &no));
+                               head(a, m->rstd_final, n), dres, norm_dw(m, fnorm), &no));
     TRY(norm_grad(m, fnorm));
     TRY(group_close(m, model_head_group(m), GROUP_PARAMS | GROUP_GRADS));
     if (model_head_group(m) != 0) /* a tied head's group is final only after the embedding's */
