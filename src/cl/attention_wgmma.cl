@@ -192,17 +192,6 @@ attn_tma_stream(__global ulong16 *slots, ulong16 tmpl, const __global io_t *kh, 
     }
 }
 
-/* The producers give their registers away; the warpgroups take them. */
-#if PRODUCERS == 128
-#define ATTN_TMA_REGISTERS(producer)                                                              \
-    if (producer)                                                                                 \
-        WG_SETMAXNREG("dec", 24);                                                                 \
-    else                                                                                          \
-        WG_SETMAXNREG("inc", 240)
-#else
-#define ATTN_TMA_REGISTERS(producer)
-#endif
-
 /*
  * The barriers at bars: the resident tiles' (one arrival a tile), then `sets` sets of `stages`
  * full ones (`arrivals` each: K's and V's, or dK/dV's query tiles), then the empty ones of the
@@ -221,7 +210,9 @@ __attribute__((always_inline)) inline void attn_tma_init(uint bars, int resident
         wg_bar_init_fence();
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    ATTN_TMA_REGISTERS(lid >= WG_THREADS);
+#if PRODUCERS == 128
+    WG_PRODUCER_REGISTERS(lid >= WG_THREADS);
+#endif
 }
 
 /* The work-group's map slots. */

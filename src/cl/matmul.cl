@@ -1271,10 +1271,7 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS)
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 #if MM_PRODUCERS == 128
-    if (tid >= NT)
-        WG_SETMAXNREG("dec", 24);
-    else
-        WG_SETMAXNREG("inc", 240);
+    WG_PRODUCER_REGISTERS(tid >= NT);
 #endif
     if (MM_PRODUCER && tid >= NT) {
         for (; tid == MM_PRODUCER && p < total; ++p)

@@ -436,6 +436,16 @@ inline ulong wg_tma_map(__global ulong16 *slot, ulong16 tmpl, const __global voi
     asm volatile("// @sm90a setmaxnreg." DIR ".sync.aligned.u32 " #N ";" ::: "memory")
 
 /*
+ * A producer warpgroup beside two that multiply (384 work-items entering with 168 registers
+ * each): the producers give theirs away down to 24, the others take them up to 240.
+ */
+#define WG_PRODUCER_REGISTERS(producer)                                                           \
+    if (producer)                                                                                 \
+        WG_SETMAXNREG("dec", 24);                                                                 \
+    else                                                                                          \
+        WG_SETMAXNREG("inc", 240)
+
+/*
  * Orders the compiler's reads and writes of x after the wgmma.wait that precedes this: wgmma's
  * registers look written (or read) at its issue to the compiler, which could otherwise move their
  * next access above the wait.
