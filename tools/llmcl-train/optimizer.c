@@ -73,6 +73,7 @@ llmcl_status optimizer_create(model *m, const adamw_hparams *hp, optimizer *out)
     for (int i = 0; i < m->n_params; ++i)
         if (m->params[i].trainable)
             add_tensor(out, &m->params[i]);
+    out->unsummed = xcalloc((size_t)m->n_params, sizeof *out->unsummed);
     return llmcl_sumsq_create(m->ctx, &out->sumsq);
 }
 
@@ -88,6 +89,7 @@ void optimizer_destroy(optimizer *o)
     free(o->group_count);
     free(o->tensors);
     free(o->grads);
+    free(o->unsummed);
     llmcl_tensor_destroy(o->grad_norm);
     llmcl_sumsq_destroy(o->sumsq);
     *o = (optimizer){0};
@@ -198,14 +200,10 @@ static llmcl_status gathered_norm(optimizer *o)
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
         if (p->trainable && !p->grad_summed)
-            o->grads[n++] = p->grad;
+            o->unsummed[n++] = p->grad;
         p->grad_summed = false;
     }
-    const llmcl_status st = llmcl_grad_norm_sumsq(m->ctx, o->sumsq, o->grads, n, 0, o->grad_norm);
-    for (int i = 0, k = 0; i < m->n_params; ++i) /* the list as optimizer_create made it */
-        if (m->params[i].trainable)
-            o->grads[k++] = m->params[i].grad;
-    return st;
+    return llmcl_grad_norm_sumsq(m->ctx, o->sumsq, o->unsummed, n, 0, o->grad_norm);
 }
 
 llmcl_status optimizer_step(optimizer *o)

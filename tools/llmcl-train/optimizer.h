@@ -35,8 +35,10 @@ typedef struct optimizer {
     int *first, *group_count;
     llmcl_tensor *group_norms, **group_norm;
     /* the squares of the gradients that weight gradient products finish (model's grad_sumsq),
-       on one rank with the update after the backward; NULL otherwise */
+       on one rank with the update after the backward, NULL otherwise; with it the list of the
+       gradients no product finished, made for each norm */
     llmcl_sumsq *sumsq;
+    const llmcl_tensor **unsummed;
 } optimizer;
 
 /*

@@ -494,7 +494,7 @@ static llmcl_status sumsq_grow(llmcl_sumsq *s, int64_t need)
     while (cap < need)
         cap *= 2;
     llmcl_tensor *grown = NULL, *from = NULL, *to = NULL;
-    LLMCL__TRY(llmcl_tensor_create(ctx, LLMCL_F32, 1, &cap, &grown));
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &cap, "grad_norm partial sums", &grown));
     llmcl_status st = LLMCL_OK;
     if (s->used > 0) {
         st = llmcl_tensor_view(s->slots, 1, &s->used, NULL, 0, &from);
