@@ -779,8 +779,18 @@ static void test_fast_path(void **state)
                 check_case(causal(dense(dt, 1, 2, 1, d, 333, 333)), 365 + di);
             for (int kk = 0; kk < 3 && on_tensor_cores(dt); ++kk)
                 th_assert_launched_with(keys[kk], dt, cls, sets[kk]);
+            const bool has_tma = llmcl_ctx_device_info(ctx)->has_tma;
+            if (wgmma && has_tma) { /* dK/dV's three buffers of Q and dO: the walk wraps them */
+                const char *three = d > 64 ? "BLOCK_M=64 BLOCK_N=128 STAGES=3"
+                                           : "BLOCK_M=128 BLOCK_N=128 STAGES=3";
+                TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
+                TH_OK(llmcl_tune_override(ctx, keys[2], dt, "*", three));
+                check_case(causal(dense(dt, 1, 8, 2, d, 333, 333)), 390 + di);
+                check_case(dense(dt, 2, 4, 1, d, 300, 140), 395 + di);
+                th_assert_launched_with(keys[2], dt, cls, three);
+            }
             if (wgmma) { /* the other copies: cp.async where TMA is the default */
-                const bool tma = llmcl_ctx_device_info(ctx)->has_tma;
+                const bool tma = has_tma;
                 const char *other[3] = {tma ? "BLOCK_M=64 BLOCK_N=128 STAGES=3 TMA=0"
                                             : "BLOCK_M=64 BLOCK_N=128 STAGES=3",
                                         tma ? "BLOCK_M=64 BLOCK_N=64 TMA=0" : "BLOCK_M=64",
@@ -805,6 +815,16 @@ static void test_fast_path(void **state)
                     assert_non_null(strstr(llmcl_last_error(ctx), "TMA"));
                     run_free(&r);
                 }
+                /* dK/dV's STAGES: 2, or 3 with TMA */
+                const char *stages_bad = tma ? "STAGES=4" : "STAGES=3";
+                TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
+                TH_OK(llmcl_tune_override(ctx, keys[2], dt, "*", stages_bad));
+                attn_run r;
+                run_setup(&r, &bad, 398 + di);
+                TH_OK(run_forward(&r));
+                TH_FAILS(run_backward(&r), LLMCL_ERROR_UNSUPPORTED);
+                assert_non_null(strstr(llmcl_last_error(ctx), "STAGES 2, or 3 with TMA"));
+                run_free(&r);
             }
             TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
         }

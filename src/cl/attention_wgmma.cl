@@ -15,8 +15,9 @@
  *
  * Tunables (-D), beside attention_common.cl's:
  *   D, BLOCK_M, BLOCK_N  64 or 128: their wgmma shapes.
- *   STAGES    attn_fwd_wgmma: its buffers of K and V, 3 to 5 (attn_bwd_dq_wgmma and
- *             attn_bwd_dkdv_wgmma double-buffer their streamed tiles).
+ *   STAGES    attn_fwd_wgmma: its buffers of K and V, 3 to 5; attn_bwd_dkdv_wgmma: its buffers
+ *             of Q and dO, 2, or 3 with TMA (the producer then copies two tiles ahead). Default
+ *             2 there; attn_bwd_dq_wgmma double-buffers its streamed tiles.
  *   TMA       1, the tiles arrive by Hopper's TMA, issued by producer work-items after the
  *             warpgroups (below); 0, every work-item copies them by cp.async. Default 0.
  */
@@ -147,7 +148,7 @@ __attribute__((always_inline)) inline void attn_wg_keep(float *o, uint4 *a)
  * 168); with one, a warp.
  */
 #define ATTN_TMA_PARAMS , ulong16 tma_map, __global ulong16 *tma_slots
-#define ATTN_TMA_SLOTS 6 /* as attention.c allocates them */
+#define ATTN_TMA_SLOTS 8 /* as attention.c allocates them */
 #define PRODUCERS (WG_ROWS == 128 ? 128 : 32)
 
 /* The box of `rows` rows at row y of the map, D wide, into dst in atoms of 64 columns. */
@@ -503,30 +504,37 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS ATTN_TMA_PARAMS)
 #endif
 
 #ifdef ATTN_KERNEL_BWD_DKDV_WGMMA
+#ifndef STAGES
+#define STAGES 2
+#endif
+#if STAGES < 2 || STAGES > 3 || (STAGES == 3 && !TMA)
+#error "attn_bwd_dkdv_wgmma: STAGES 2, or 3 with TMA"
+#endif
 /*
  * attn_bwd_dkdv_wgmma: attn_bwd_dkdv_mma on wgmma, for BLOCK_N keys (a warpgroup per 64) over
  * every query head of the group and every query tile of BLOCK_M rows, in the same fixed order. K
- * and V stay in local memory; Q and dO tiles (and their rows' statistics) are double-buffered, the
- * next tile's copy issued by cp.async once the barrier shows every warpgroup done with its buffer,
- * or by TMA once they release it (ATTN_TMA_QTILES). Per tile:
+ * and V stay in local memory; Q and dO tiles (and their rows' statistics) go through STAGES
+ * buffers, the next tile's copy issued by cp.async once the barrier shows every warpgroup done with
+ * its buffer, or by TMA once they release it (ATTN_TMA_QTILES). Per tile:
  * S^T = K Q^T and dP^T = V dO^T, P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q with
  * P^T and dS^T as A registers.
  */
 #if TMA
 /*
  * The producer warp's copies of dK/dV's nt query tiles (tile t: rows WG_M0(t) of query head
- * WG_HEAD(t)) into buffer t % 2, once the warpgroups release it: Q's and dO's rows by TMA from
- * lane 0 (a map a head, made when the walk reaches the head, in one of two slots a tensor by the
- * head's parity, so that no copy in flight reads a map being remade), the rows' statistics by
- * every lane; each lane then arrives on the buffer's barrier, which also waits for the bytes.
+ * WG_HEAD(t)) into buffer t % STAGES, once the warpgroups release it: Q's and dO's rows by TMA
+ * from lane 0 (a map a head, made when the walk reaches the head, in one of STAGES slots a tensor
+ * by the head's number: a head's tiles are all released before the walk, STAGES heads on, remakes
+ * its maps, so no copy in flight reads a map being remade), the rows' statistics by every lane;
+ * each lane then arrives on the buffer's barrier, which also waits for the bytes.
  */
 #define ATTN_TMA_QTILES(slots, q_of, do_of, qa, da, lse2s, dls, full, empty)                     \
     for (int t = 0; t < nt; ++t) {                                                                \
-        const int h_ = WG_HEAD(t), m_ = WG_M0(t), st_ = t % 2;                                    \
-        if (t >= 2)                                                                               \
-            wg_bar_wait((empty) + 8 * st_, (t / 2 + 1) & 1);                                      \
+        const int h_ = WG_HEAD(t), m_ = WG_M0(t), st_ = t % STAGES;                               \
+        if (t >= STAGES)                                                                          \
+            wg_bar_wait((empty) + 8 * st_, (t / STAGES + 1) & 1);                                 \
         if (lane == 0) {                                                                          \
-            __global ulong16 *sl_ = (slots) + 2 * ((t / ntiles) % 2);                             \
+            __global ulong16 *sl_ = (slots) + 2 * ((t / ntiles) % STAGES);                        \
             if (t % ntiles == 0) {                                                                \
                 wg_tma_map(sl_, tma_map, q_of(h_), D, sq.tq, 2 * sq_t, 64, WG_COLS);               \
                 wg_tma_map(sl_ + 1, tma_map, do_of(h_), D, sq.tq, 2 * sd_t, 64, WG_COLS);          \
@@ -546,9 +554,9 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
 {
     __local ushort ks[BLOCK_N * D] __attribute__((aligned(1024)));
     __local ushort vs[BLOCK_N * D] __attribute__((aligned(1024)));
-    __local ushort qs[2 * BLOCK_M * D] __attribute__((aligned(1024)));
-    __local ushort dos[2 * BLOCK_M * D] __attribute__((aligned(1024)));
-    __local float lse2s[2 * BLOCK_M], dls[2 * BLOCK_M];
+    __local ushort qs[STAGES * BLOCK_M * D] __attribute__((aligned(1024)));
+    __local ushort dos[STAGES * BLOCK_M * D] __attribute__((aligned(1024)));
+    __local float lse2s[STAGES * BLOCK_M], dls[STAGES * BLOCK_M];
     const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
     const attn_place at = attn_place_of(nb, hkv, false);
     const int b = at.b, hk = at.h;
@@ -569,9 +577,9 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
 #define WG_Q(h) (q + attn_row(q_off, sq_b, sq_h, sq_t, b, (h), sq.q0))
 #define WG_DO(h) (dout + attn_row(do_off, sd_b, sd_h, sd_t, b, (h), sq.q0))
 #if TMA
-    __local ulong bars[1 + 2 * 2];
-    const uint kvbar = mma_smem(bars), full = kvbar + 8, empty = full + 16;
-    attn_tma_init(kvbar, 2, 1, 32 + 2, 2, lid); /* the warp's statistics and two copies a tile */
+    __local ulong bars[1 + 2 * STAGES];
+    const uint kvbar = mma_smem(bars), full = kvbar + 8, empty = full + 8 * STAGES;
+    attn_tma_init(kvbar, 2, 1, 32 + 2, STAGES, lid); /* the warp's statistics, two copies a tile */
     if (lid >= WG_THREADS) {
         __global ulong16 *slots = ATTN_TMA_MY_SLOTS;
         if (lid == WG_THREADS) {
@@ -588,7 +596,7 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
     attn_copy_rows(va, vh + n0 * sv_t, sv_t, BLOCK_N, sq.tk - n0, lid, WG_THREADS, 1);
 #define WG_STAGE(t)                                                                               \
     do {                                                                                          \
-        const int h_ = WG_HEAD(t), m_ = WG_M0(t), st_ = (t) % 2;                                  \
+        const int h_ = WG_HEAD(t), m_ = WG_M0(t), st_ = (t) % STAGES;                             \
         attn_wg_kv(qa + st_ * WG_TILE_BYTES, da + st_ * WG_TILE_BYTES, WG_Q(h_), sq_t, WG_DO(h_), \
                    sd_t, m_, sq.tq, lid);                                                         \
         attn_dkdv_stats(lse2s + st_ * BLOCK_M, dls + st_ * BLOCK_M, lse + lse_off,                \
@@ -606,9 +614,9 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
         gk[i] = gv[i] = 0.0f;
     for (int t = 0; t < nt; ++t) {
         const int m0 = WG_M0(t);
-        const uint qt = qa + t % 2 * WG_TILE_BYTES, dt = da + t % 2 * WG_TILE_BYTES;
+        const uint qt = qa + t % STAGES * WG_TILE_BYTES, dt = da + t % STAGES * WG_TILE_BYTES;
 #if TMA
-        ATTN_TMA_WAIT(full, t, 2); /* Q's, dO's and their statistics */
+        ATTN_TMA_WAIT(full, t, STAGES); /* Q's, dO's and their statistics */
 #else
         wg_copies_landed(0); /* tile t is in (K and V with the first) */
         if (t + 1 < nt)
@@ -616,7 +624,7 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
         mma_cp_commit();
 #endif
         float4 st4[MMA_MT], dpt4[MMA_MT], l4[MMA_MT], d4[MMA_MT];
-        const __local float *ls = lse2s + t % 2 * BLOCK_M, *ds = dls + t % 2 * BLOCK_M;
+        const __local float *ls = lse2s + t % STAGES * BLOCK_M, *ds = dls + t % STAGES * BLOCK_M;
 #pragma unroll
         for (int j = 0; j < MMA_MT; ++j) {
             const float2 l = vload2(0, ls + j * 8 + 2 * t4), d = vload2(0, ds + j * 8 + 2 * t4);
@@ -640,7 +648,7 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
         wg_commit();
         wg_wait(0);
 #if TMA
-        wg_bar_arrive(empty + 8 * (t % 2)); /* tile t's buffer is read */
+        wg_bar_arrive(empty + 8 * (t % STAGES)); /* tile t's buffer is read */
 #endif
         attn_wg_keep(gv, pf);
         attn_wg_keep(gk, sf);

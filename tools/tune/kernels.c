@@ -154,6 +154,7 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
    other devices) */
 #define ATTN_WGMMA_TILES "BLOCK_M=64,128 BLOCK_N=64,128 TMA=0,1"
 #define ATTN_FWD_WGMMA_TILES ATTN_WGMMA_TILES " STAGES=3,4,5"
+#define ATTN_DKDV_WGMMA_TILES ATTN_WGMMA_TILES " STAGES=2,3"
 #define ATTN_FWD_TENSORS                                                                          \
     {{"qkv", TUNE_IN, "B,QKV,T,D"}, {"o", TUNE_OUT, "B,H,T,D"},                                   \
      {"lse", TUNE_OUT, "B,H,T", TUNE_DT(LLMCL_F32)}}
@@ -608,7 +609,7 @@ const tune_kernel tune_kernels[] = {
      .derive_inputs = run_attention_fwd, .tol_scale = 4,
      .runs_on = has_mma_sync_products},
     {.key = LLMCL_KEY_ATTENTION_BWD_DKDV_WGMMA, .family = LLMCL_FAMILY_ATTENTION,
-     .params = ATTN_WGMMA_TILES,
+     .params = ATTN_DKDV_WGMMA_TILES,
      .dtypes = BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd,
      .derive_inputs = run_attention_fwd, .tol_scale = 4,

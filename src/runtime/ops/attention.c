@@ -438,8 +438,8 @@ static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, const 
     llmcl__args a = attn_args_tiled(ctx, g, &l);
     if (llmcl__param_get(&p, "TMA", 0) == 0)
         return llmcl__launch(&a, 1, &l.global, &l.wg);
-    /* the wgmma kernels' TMA: the template, and six 128-byte maps a work-group (ATTN_TMA_SLOTS) */
-    const int64_t words = (int64_t)(l.global / l.wg) * 6 * 32;
+    /* the wgmma kernels' TMA: the template, and eight 128-byte maps a work-group (ATTN_TMA_SLOTS) */
+    const int64_t words = (int64_t)(l.global / l.wg) * 8 * 32;
     llmcl_tensor *maps;
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &words, "attention tensor maps", &maps));
     llmcl__arg(&a, 16 * sizeof(uint64_t), llmcl__tma_template(ctx->tma, g->dtype));

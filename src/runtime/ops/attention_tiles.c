@@ -385,15 +385,15 @@ static llmcl_status attn_mma_config(llmcl_ctx *ctx, const attn_geom *g, const at
 /* ---- the wgmma kernels (attention_wgmma.cl) ---- */
 
 /* Local bytes of a wgmma kernel: the forward's Q and STAGES of K and V, dQ's Q and dO and two
-   stages of K and V, dK/dV's K and V and two stages of Q and dO with their rows' statistics; rows
-   of D 16-bit elements; with TMA, an mbarrier for the resident tiles and three a stage (two in
+   stages of K and V, dK/dV's K and V and STAGES of Q and dO with their rows' statistics; rows of
+   D 16-bit elements; with TMA, an mbarrier for the resident tiles and three a stage (two in
    dK/dV). */
 static uint64_t attn_wg_local_bytes(const attn_geom *g, attn_pass pass, long bm, long bn,
                                     long stages, bool tma)
 {
     if (pass == ATTN_PASS_DKDV)
-        return 2u * (uint64_t)g->D * (uint64_t)(2 * bn + 4 * bm) + 16u * (uint64_t)bm +
-               (tma ? 8u * (1 + 2 * 2) : 0);
+        return 2u * (uint64_t)g->D * (uint64_t)(2 * bn + 2 * stages * bm) +
+               8u * (uint64_t)(stages * bm) + (tma ? 8u * (uint64_t)(1 + 2 * stages) : 0);
     const long rows = pass == ATTN_PASS_FWD ? bm + 2 * stages * bn : 2 * bm + 4 * bn;
     return 2u * (uint64_t)g->D * (uint64_t)rows + (tma ? 8u * (uint64_t)(1 + 3 * stages) : 0);
 }
@@ -407,7 +407,8 @@ static size_t attn_wg_producers(long rows, bool tma) { return tma ? (rows == 128
 /*
  * The wgmma kernels' parameters: BLOCK_M 64 or 128 query rows, BLOCK_N 64 or 128 keys (a
  * warpgroup of 128 work-items per 64 queries, or keys in dK/dV); the forward's STAGES 3 to 5
- * buffers of K and V; TMA 1 (copies by TMA, with producer work-items) or 0 (by cp.async). The
+ * buffers of K and V, dK/dV's 2 (or 3 with TMA) of Q and dO; TMA 1 (copies by TMA, with producer
+ * work-items) or 0 (by cp.async). The
  * defaults, tuned on the H100: the forward at D = 128 two warpgroups on 128 x 128 tiles in 3
  * stages (224 KiB), at D = 64 one on 64 x 64 tiles, three work-groups to a multiprocessor, which
  * overlap one's softmax with another's products (1.14x over 128 x 128); dQ one warpgroup on
@@ -423,39 +424,44 @@ static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const 
     const uint64_t local = ctx->info.local_mem_static_bytes;
     const attn_pass pass = k->pass;
     const bool fwd = pass == ATTN_PASS_FWD;
-    long def_m = pass == ATTN_PASS_DKDV && g->D > 64 ? 64 : 128, def_n = 128;
+    const bool dkdv = pass == ATTN_PASS_DKDV, staged = fwd || dkdv; /* a STAGES tunable */
+    const long def_stages = fwd ? 3 : 2;
+    long def_m = dkdv && g->D > 64 ? 64 : 128, def_n = 128;
     const long def_tma = ctx->tma ? ATTN_WG_TMA_DEFAULT : 0;
     if (pass == ATTN_PASS_DQ || (fwd && g->D <= 64) ||
-        attn_wg_local_bytes(g, pass, def_m, def_n, 3, def_tma) > local)
+        attn_wg_local_bytes(g, pass, def_m, def_n, def_stages, def_tma) > local)
         def_m = 64, def_n = 64;
     llmcl__param_set(p, "BLOCK_M", def_m);
     llmcl__param_set(p, "BLOCK_N", def_n);
-    if (fwd)
-        llmcl__param_set(p, "STAGES", 3);
+    if (staged)
+        llmcl__param_set(p, "STAGES", def_stages);
     llmcl__param_set(p, "TMA", def_tma);
     const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, k->key, g->dtype, cls, p);
     long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
-    long stages = fwd ? llmcl__param_get(p, "STAGES", 3) : 2;
+    long stages = staged ? llmcl__param_get(p, "STAGES", def_stages) : 2;
     long tma = llmcl__param_get(p, "TMA", def_tma);
     bool ok = (bm == 64 || bm == 128) && (bn == 64 || bn == 128) &&
-              (!fwd || (stages >= 3 && stages <= 5)) && (tma == 0 || (tma == 1 && ctx->tma)) &&
+              (!fwd || (stages >= 3 && stages <= 5)) &&
+              (!dkdv || stages == 2 || (stages == 3 && tma == 1)) &&
+              (tma == 0 || (tma == 1 && ctx->tma)) &&
               attn_wg_local_bytes(g, pass, bm, bn, stages, tma) <= local;
     if (!ok && !lookup.overridden) {
-        bm = def_m, bn = def_n, stages = fwd ? 3 : 2, tma = def_tma, ok = true;
+        bm = def_m, bn = def_n, stages = def_stages, tma = def_tma, ok = true;
         llmcl__param_set(p, "BLOCK_M", bm);
         llmcl__param_set(p, "BLOCK_N", bn);
-        if (fwd)
+        if (staged)
             llmcl__param_set(p, "STAGES", stages);
         llmcl__param_set(p, "TMA", tma);
     }
     char st[32] = "";
-    if (fwd)
+    if (staged)
         snprintf(st, sizeof st, " STAGES=%ld", stages);
     LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
                    "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld%s TMA=%ld with D=%d need BLOCK_M "
                    "and BLOCK_N 64 or 128%s, TMA 0 or 1 (1 where the device has TMA) and at most "
                    "%llu bytes of local memory",
-                   k->name, bm, bn, st, tma, g->D, fwd ? ", STAGES 3 to 5" : "",
+                   k->name, bm, bn, st, tma, g->D,
+                   fwd ? ", STAGES 3 to 5" : dkdv ? ", STAGES 2, or 3 with TMA" : "",
                    (unsigned long long)local);
     llmcl__params_record(&lookup, p);
     *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = 64, .tn = (int)bn, .run = 1};
