@@ -122,6 +122,30 @@ def main():
                                                              "--zero", "3", f"--recompute={form}"])
             check(f"stage 3 on 2 ranks with --recompute={form}: the losses without", same == got,
                   f"{same} against {got}")
+        # two layers in a group: one group fewer (TINY's 2 layers), the same losses exactly, and a
+        # checkpoint that resumes with a layer a group
+        for stage in (2, 3):
+            r = run(2, ["--steps", "1", "--batch", "2", "--zero", str(stage),
+                        "--zero-group-layers", "2"])
+            check(f"stage {stage}, --zero-group-layers 2: 2 groups", "; 2 groups;" in r.stdout,
+                  r.stdout[-300:] + r.stderr[-300:])
+            merged = losses(f"stage {stage}, --zero-group-layers 2", 2,
+                            ["--steps", "6", "--batch", "2", "--zero", str(stage),
+                             "--zero-group-layers", "2"])
+            plain = got if stage == 3 else losses("stage 2", 2, ["--steps", "6", "--batch", "2",
+                                                                 "--zero", "2"])
+            check(f"stage {stage} on 2 ranks with two layers a group: the losses with one",
+                  merged == plain, f"{merged} against {plain}")
+        merged_ck = tmp + "/merged"
+        losses("save with two layers a group", 2, ["--steps", "3", "--batch", "2", "--zero", "3",
+                                                  "--zero-group-layers", "2", "--save", merged_ck])
+        compare("saved with two layers a group, resumed with one",
+                losses("resume with one layer a group", 2,
+                       ["--steps", "6", "--batch", "2", "--zero", "3", "--resume", merged_ck]),
+                {s: got[s] for s in (4, 5, 6)})
+        expect_refusal("--zero-group-layers without --zero", 0,
+                       ["--steps", "1", "--batch", "2", "--zero-group-layers", "2"],
+                       "--zero-group-layers needs --zero")
         one6 = losses("one process, batch 6", 0, ["--steps", "6", "--batch", "6"])
         compare("3 ranks x batch 2, stage 3, against one process at batch 6",
                 losses("stage 3 on 3 ranks", 3, ["--steps", "6", "--batch", "2", "--zero", "3"]),

@@ -33,7 +33,7 @@
 enum { OPT_DIM, OPT_LAYERS, OPT_HEADS, OPT_KV_HEADS, OPT_FFN, OPT_VOCAB, OPT_UNTIED, OPT_ROPE_THETA,
        OPT_ROPE_LLAMA3 };
 /* getopt_long's values of options past the letters, which are all taken. */
-enum { LONG_DATA_FORMAT = 256, LONG_OPTIMIZER_IN_BACKWARD };
+enum { LONG_DATA_FORMAT = 256, LONG_OPTIMIZER_IN_BACKWARD, LONG_ZERO_GROUP_LAYERS };
 
 typedef struct options {
     model_config model;
@@ -120,6 +120,8 @@ static void usage(FILE *f)
     fputs("  --zero S             under mpiexec -n N: ZeRO stage 1, 2 or 3 over the N ranks, each\n"
           "                       on its own --batch (the step's batch is N x --batch); checkpoints\n"
           "                       become folders that resume on any number of ranks\n"
+          "  --zero-group-layers K  K consecutive layers in each group that ZeRO gathers and\n"
+          "                       reduces at once (default 1): fewer, larger collectives\n"
           "output:\n"
           "  --eval-every N --eval-batches N --log-every N\n"
           "  --sample N           greedy tokens generated at the end (0: none)\n"
@@ -334,7 +336,8 @@ static void parse_options(int argc, char **argv, options *o)
         {"lora-dtype", 1, 0, 'U'}, {"lora-merge", 0, 0, 'M'}, {"dump-logits", 1, 0, 'J'},
         {"zero", 1, 0, 'z'}, {"offload-optimizer", 0, 0, 'f'}, {"offload-chunk-mib", 1, 0, 'N'},
         {"data-format", 1, 0, LONG_DATA_FORMAT},
-        {"optimizer-in-backward", 0, 0, LONG_OPTIMIZER_IN_BACKWARD}, {0, 0, 0, 0}};
+        {"optimizer-in-backward", 0, 0, LONG_OPTIMIZER_IN_BACKWARD},
+        {"zero-group-layers", 1, 0, LONG_ZERO_GROUP_LAYERS}, {0, 0, 0, 0}};
     /* a preset first, so that the other options refine it whatever their order */
     for (int i = 1; i + 1 < argc; ++i)
         if (strcmp(argv[i], "--preset") == 0)
@@ -348,6 +351,9 @@ static void parse_options(int argc, char **argv, options *o)
         case 'D': o->data = optarg; break;
         case LONG_DATA_FORMAT: o->data_format = data_format_parse(optarg); break;
         case LONG_OPTIMIZER_IN_BACKWARD: o->model.optimizer_in_backward = 1; break;
+        case LONG_ZERO_GROUP_LAYERS:
+            o->model.zero_group_layers = (int)parse_int("zero-group-layers", optarg, 1, 1 << 20);
+            break;
         case 'V': o->val = optarg; break;
         case 'P': break;
         case 'd':
@@ -1064,9 +1070,9 @@ static void print_zero(const trainer *tr)
 #ifdef LLMCL_TRAIN_MPI
     llmcl_dist_info in;
     CHECK(llmcl_dist_info_get(tr->m->zero->dist, &in), tr->ctx);
-    printf("ZeRO stage %d over %d rank(s): the step's batch is %d x %d x %d; %s transport (%s), "
-           "collectives %s the compute\n",
-           in.stage, tr->world, tr->world, tr->o.batch, tr->o.seq,
+    printf("ZeRO stage %d over %d rank(s): the step's batch is %d x %d x %d; %d groups; %s "
+           "transport (%s), collectives %s the compute\n",
+           in.stage, tr->world, tr->world, tr->o.batch, tr->o.seq, in.groups,
            llmcl_dist_transport_name(in.transport), in.transport_detail,
            in.overlap ? "under" : "between");
 #else

@@ -5,6 +5,31 @@
 
 #include "util.h"
 
+/* The dist group of model group g: layers merged by z->layers, the others alone. */
+static int dist_group(const model *m, int g)
+{
+    const int k = m->zero->layers, last = (m->cfg.layers - 1) / k + 1;
+    if (g == 0)
+        return 0;
+    return g <= m->cfg.layers ? (g - 1) / k + 1 : last + 1;
+}
+
+/* Model groups (layers, or the embedding's or head's group) in dist group dg. */
+static int dist_members(const model *m, int dg)
+{
+    const int k = m->zero->layers, last = (m->cfg.layers - 1) / k + 1;
+    if (dg == 0 || dg > last)
+        return 1;
+    return dg < last ? k : m->cfg.layers - (last - 1) * k;
+}
+
+static int dist_groups(const model *m) { return dist_group(m, model_groups(m) - 1) + 1; }
+
+static int param_group(const model *m, const model_param *p)
+{
+    return dist_group(m, model_group(m, p));
+}
+
 /*
  * z->kept under stage 3, from the layout that llmcl_dist_setup documents: each group's parameters
  * in registration order, each at a multiple of 16 elements, the group padded to a multiple of
@@ -18,7 +43,7 @@ static void find_kept(model *m, int groups, const llmcl_dist_info *info)
     for (int g = 0; g < groups; ++g) {
         int64_t at = 0;
         for (int i = 0; i < m->n_params; ++i)
-            if (model_group(m, &m->params[i]) == g) {
+            if (param_group(m, &m->params[i]) == g) {
                 kept[i][0] = at; /* the parameter's offset in its group, for now */
                 at += (m->params[i].numel + ALIGN - 1) / ALIGN * ALIGN;
             }
@@ -26,7 +51,7 @@ static void find_kept(model *m, int groups, const llmcl_dist_info *info)
                       numel = (at + quantum - 1) / quantum * quantum, shard = numel / info->world,
                       s0 = info->rank * shard, s1 = s0 + shard;
         for (int i = 0; i < m->n_params; ++i)
-            if (model_group(m, &m->params[i]) == g) {
+            if (param_group(m, &m->params[i]) == g) {
                 const int64_t off = kept[i][0], end = off + m->params[i].numel;
                 kept[i][0] = s0 > off ? s0 - off : 0;
                 kept[i][1] = (s1 < end ? s1 : end) - off;
@@ -47,15 +72,19 @@ llmcl_status zero_attach(model *m, int stage)
     zero *z = xcalloc(1, sizeof *z);
     z->w32 = xcalloc((size_t)m->n_params, sizeof *z->w32);
     z->kept = xcalloc((size_t)m->n_params, sizeof *z->kept);
+    z->layers = m->cfg.zero_group_layers > 1 ? m->cfg.zero_group_layers : 1;
     m->zero = z;
+    const int groups = dist_groups(m);
+    z->open = xcalloc((size_t)groups, sizeof *z->open);
+    z->params_closed = xcalloc((size_t)groups, sizeof *z->params_closed);
+    z->grads_closed = xcalloc((size_t)groups, sizeof *z->grads_closed);
     const llmcl_dist_opts o = {.stage = stage, .param_dtype = m->cfg.dtype};
     TRY(llmcl_dist_create(m->ctx, MPI_COMM_WORLD, &o, &z->dist));
     /* groups in one run each, as llmcl_dist wants; the layout interleaves group 0's tensors */
-    const int groups = model_groups(m);
     for (int g = 0; g < groups; ++g)
         for (int i = 0; i < m->n_params; ++i) {
             const model_param *p = &m->params[i];
-            if (model_group(m, p) == g)
+            if (param_group(m, p) == g)
                 TRY(llmcl_dist_add_param(z->dist, p->name, g, p->ndim, p->shape, p->is_norm));
         }
     TRY(llmcl_dist_setup(z->dist));
@@ -80,6 +109,9 @@ void zero_detach(model *m)
         llmcl_tensor_destroy(z->w32[i]);
     free(z->w32);
     free(z->kept);
+    free(z->open);
+    free(z->params_closed);
+    free(z->grads_closed);
     llmcl_dist_destroy(z->dist);
     free(z);
     m->zero = NULL;
@@ -99,8 +131,11 @@ llmcl_status zero_init_param(model *m, const model_param *p, const float *host)
 llmcl_status zero_open(model *m, int group, int mode)
 {
     zero *z = m->zero;
-    if (mode & GROUP_PARAMS)
-        TRY(llmcl_dist_gather(z->dist, group));
+    const int dg = dist_group(m, group);
+    if ((mode & GROUP_PARAMS) && !z->open[dg]) {
+        TRY(llmcl_dist_gather(z->dist, dg));
+        z->open[dg] = true;
+    }
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
         if (model_group(m, p) != group)
@@ -121,6 +156,7 @@ llmcl_status zero_open(model *m, int group, int mode)
 llmcl_status zero_close(model *m, int group, int mode)
 {
     zero *z = m->zero;
+    const int dg = dist_group(m, group), members = dist_members(m, dg);
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
         if (model_group(m, p) != group)
@@ -130,9 +166,14 @@ llmcl_status zero_close(model *m, int group, int mode)
         if (mode & GROUP_GRADS)
             p->grad = NULL;
     }
-    if (mode & GROUP_GRADS)
-        TRY(llmcl_dist_grads_ready(z->dist, group));
-    if (mode & GROUP_PARAMS)
-        TRY(llmcl_dist_release(z->dist, group));
+    if ((mode & GROUP_GRADS) && ++z->grads_closed[dg] == members) {
+        z->grads_closed[dg] = 0;
+        TRY(llmcl_dist_grads_ready(z->dist, dg));
+    }
+    if ((mode & GROUP_PARAMS) && ++z->params_closed[dg] == members) {
+        z->params_closed[dg] = 0;
+        z->open[dg] = false;
+        TRY(llmcl_dist_release(z->dist, dg));
+    }
     return LLMCL_OK;
 }

@@ -16,6 +16,13 @@
  * in two parts: the head's and the final norm's before the layers' backward, the embedding's
  * after it (a reduction is a sum, so the parts add up in the gradient shard).
  *
+ * With --zero-group-layers K the dist's groups hold K consecutive layers each (the embedding's
+ * and the head's stay alone): model.c still opens and closes a layer at a time, and the dist
+ * group is gathered at its first layer's open, released and reduced once all its layers have
+ * closed, so a step makes about K times fewer collectives, each K times larger. The buckets and
+ * gather buffers are the size of the largest group, so where the embedding is the largest (the
+ * presets' 1B model up to K 4, the 8B up to K 2) they cost no memory.
+ *
  * Norm weights are registered like every other parameter; in a 16-bit model their compute copy is
  * 16-bit, and since llmcl_rmsnorm wants f32 weights beside an f32 weight gradient, opening a group
  * casts each norm weight into an f32 copy that the model computes with.
@@ -30,6 +37,11 @@ struct zero {
     llmcl_dist *dist;
     llmcl_tensor **w32; /* per parameter: the f32 copy of a 16-bit model's norm weight, or NULL */
     int64_t (*kept)[2]; /* per parameter: the elements [lo, hi) of its values that this rank keeps */
+    int layers;         /* layers a dist group holds (--zero-group-layers) */
+    /* per dist group: gathered and not yet released; its model groups closed since the gather
+       (parameters) and since its last reduction (gradients) */
+    bool *open;
+    int *params_closed, *grads_closed;
 };
 
 /* Registers m's parameters with a new dist of `stage` and sets it up (collective). */
