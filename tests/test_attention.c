@@ -443,10 +443,11 @@ static bool on_tensor_cores(llmcl_dtype dt)
     return llmcl_ctx_device_info(th_ctx())->has_mma && dt != LLMCL_F32;
 }
 
-/* Whether the tensor-core kernels at head dim d are wgmma's on this device (D 64 and 128, sm_90). */
+/* Whether the tensor-core kernels at head dim d are wgmma's on this device (D 64, 128 and 256,
+   sm_90). */
 static bool on_wgmma(int d)
 {
-    return llmcl_ctx_device_info(th_ctx())->has_wgmma && (d == 64 || d == 128);
+    return llmcl_ctx_device_info(th_ctx())->has_wgmma && (d == 64 || d == 128 || d == 256);
 }
 
 /* Teardown of the tests that force tiles: no override outlives them, even when they fail. */
@@ -713,9 +714,10 @@ static void test_t1(void **state)
  * with sequences of length 0 and 1, forced smaller tiles (GQA across several key and query tiles;
  * the wgmma kernels' copies both by TMA, with a producer warpgroup or warp, and by cp.async),
  * a softcap at D 256 and a view that is not 8-element aligned (the portable kernels then run). On a
- * device with tensor cores the tuning report says which kernels ran (wgmma's at D 64 and 128
- * where the device has it: with forced tiles, 333 keys run the forward's pipeline past its
- * stages); elsewhere the portable ones run the bf16 cases at D 64.
+ * device with tensor cores the tuning report says which kernels ran (wgmma's at D 64, 128 and
+ * 256 where the device has it, at D 256 on the one tile that fits, 64 x 64: with forced tiles,
+ * 333 keys run the forward's pipeline past its stages); elsewhere the portable ones run the bf16
+ * cases at D 64.
  */
 static void test_fast_path(void **state)
 {
@@ -730,6 +732,8 @@ static void test_fast_path(void **state)
                                               "attention_bwd_dkdv_wgmma"};
     static const char *const wgmma_sets[3] = {"BLOCK_M=128 BLOCK_N=64 STAGES=4",
                                               "BLOCK_M=128 BLOCK_N=128", "BLOCK_M=64 BLOCK_N=64"};
+    static const char *const wgmma_wide_sets[3] = {
+        "BLOCK_M=64 BLOCK_N=64 STAGES=3", "BLOCK_M=64 BLOCK_N=64", "BLOCK_M=64 BLOCK_N=64"};
     /* past D = 128 the backward's 16 x 16 tiles, the ones that fit 48 KiB (the defaults are
        larger where a kernel's local arrays may take more, as on sm_90) */
     static const char *const wide_sets[3] = {"BLOCK_M=32 BLOCK_N=16 WM=1 QREG=0 STAGES=2",
@@ -770,7 +774,9 @@ static void test_fast_path(void **state)
                     assert_int_equal(launched, on_tensor_cores(dt));
                 }
             }
-            const char *const *sets = wgmma ? wgmma_sets : d > 128 ? wide_sets : mma_sets;
+            const char *const *sets = wgmma ? (d > 128 ? wgmma_wide_sets : wgmma_sets)
+                                      : d > 128 ? wide_sets
+                                                : mma_sets;
             for (int kk = 0; kk < 3; ++kk)
                 TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", sets[kk]));
             check_case(causal(dense(dt, 1, 2, 1, d, 77, 77)), 350 + di);
@@ -780,7 +786,8 @@ static void test_fast_path(void **state)
             for (int kk = 0; kk < 3 && on_tensor_cores(dt); ++kk)
                 th_assert_launched_with(keys[kk], dt, cls, sets[kk]);
             const bool has_tma = llmcl_ctx_device_info(ctx)->has_tma;
-            if (wgmma && has_tma) { /* dK/dV's three buffers of Q and dO: the walk wraps them */
+            if (wgmma && has_tma && d <= 128) { /* dK/dV's three buffers of Q and dO: the walk
+                                                   wraps them */
                 const char *three = d > 64 ? "BLOCK_M=64 BLOCK_N=128 STAGES=3"
                                            : "BLOCK_M=128 BLOCK_N=128 STAGES=3";
                 TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
@@ -795,6 +802,9 @@ static void test_fast_path(void **state)
                                             : "BLOCK_M=64 BLOCK_N=128 STAGES=3",
                                         tma ? "BLOCK_M=64 BLOCK_N=64 TMA=0" : "BLOCK_M=64",
                                         tma ? "BLOCK_M=128 BLOCK_N=128 TMA=0" : "BLOCK_M=128"};
+                if (d > 128) /* the one tile that fits */
+                    for (int kk = 0; kk < 3; ++kk)
+                        other[kk] = tma ? "BLOCK_M=64 BLOCK_N=64 TMA=0" : "BLOCK_M=64 BLOCK_N=64";
                 for (int kk = 0; kk < 3; ++kk)
                     TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", other[kk]));
                 check_case(causal(dense(dt, 1, 2, 1, d, 333, 333)), 375 + di);

@@ -33,7 +33,7 @@
  *   ATTN_KERNEL_<NAME>  build only kernel attn_<name> (ATTN_KERNEL_FWD_MMA: attn_fwd_mma), as the
  *             launcher does: a kernel's local arrays are sized by the tiles of the one launched.
  *             With none defined (a standalone build) every portable and mma.sync kernel builds;
- *             a wgmma kernel only when named (D, BLOCK_M and BLOCK_N 64 or 128: its shapes).
+ *             a wgmma kernel only when named (D 64, 128 or 256, BLOCK_M and BLOCK_N 64 or 128).
  *   ATTN_ONE_KERNEL  defined by the launcher beside ATTN_KERNEL_<NAME>: a name this file does not
  *             know then fails the build instead of building every kernel.
  */

@@ -26,8 +26,8 @@
  *             Default 1.
  *   STAGES    attn_fwd_mma: 2: K and V tiles are double-buffered, the next ones loading under
  *             the whole step (one barrier a step); 1: one buffer each. Default 1.
- *   DKDV_PART attn_bwd_dkdv_mma, set by the launcher past D = 128: 1 dV only, 2 dK only.
- *             Default 0: both.
+ *   DKDV_PART attn_bwd_dkdv_mma and _wgmma, set by the launcher past D = 128: 1 dV only, 2 dK
+ *             only. Default 0: both.
  */
 
 #if defined(LLMCL_NV_MMA) &&                                                                       \
@@ -584,7 +584,7 @@ attn_bwd_dq_mma(ATTN_DQ_PARAMS)
 #define DKDV_PART 0 /* 0: dK and dV; 1: dV only; 2: dK only */
 #endif
 #if MMA_WIDE && DKDV_PART == 0
-#error "attn_bwd_dkdv_mma past D = 128 takes dK and dV in separate launches (DKDV_PART 1, 2)"
+#error "attn_bwd_dkdv_*mma past D = 128 takes dK and dV in separate launches (DKDV_PART 1, 2)"
 #endif
 #define DKDV_V (DKDV_PART != 2)
 #define DKDV_K (DKDV_PART != 1)

@@ -1,6 +1,6 @@
 /*
  * attention_wgmma.cl: flash attention's wgmma kernels (Hopper, sm_90a: mma.cl's block),
- * attn_fwd_wgmma, attn_bwd_dq_wgmma and attn_bwd_dkdv_wgmma, for D 64 and 128. They share
+ * attn_fwd_wgmma, attn_bwd_dq_wgmma and attn_bwd_dkdv_wgmma, for D 64, 128 and 256. They share
  * attention_mma.cl's softmax, P/dS math, mask and stores (their accumulators hold the same lanes'
  * elements as mma.sync's), which that file compiles for them. Everything is under LLMCL_NV_WGMMA,
  * and each kernel builds only when asked for: elsewhere this file is empty.
@@ -13,8 +13,13 @@
  * dQ += dS K; dV += P^T dO, dK += dS^T Q) takes its A from the score accumulators as registers
  * and reads its B mn-major.
  *
+ * At D 256 only 64 x 64 tiles fit local memory, and a lane's registers hold one D-wide accumulator
+ * beside the score tiles: dK/dV runs as attn_bwd_dkdv_mma does past D 128, in two launches
+ * (DKDV_PART 1: dV from P^T alone; 2: dK), five products of a tile instead of four.
+ *
  * Tunables (-D), beside attention_common.cl's:
- *   D, BLOCK_M, BLOCK_N  64 or 128: their wgmma shapes.
+ *   D         64, 128 or 256.
+ *   BLOCK_M, BLOCK_N  64 or 128: their wgmma shapes.
  *   STAGES    attn_fwd_wgmma: its buffers of K and V, 3 to 5; attn_bwd_dkdv_wgmma: its buffers
  *             of Q and dO, 2, or 3 with TMA (the producer then copies two tiles ahead). Default
  *             2 there; attn_bwd_dq_wgmma double-buffers its streamed tiles.
@@ -25,8 +30,9 @@
 #if defined(LLMCL_NV_MMA) && defined(LLMCL_NV_WGMMA) &&                                            \
     (defined(ATTN_KERNEL_FWD_WGMMA) || defined(ATTN_KERNEL_BWD_DQ_WGMMA) ||                        \
      defined(ATTN_KERNEL_BWD_DKDV_WGMMA))
-#if (D != 64 && D != 128) || (BLOCK_N != 64 && BLOCK_N != 128) || (BLOCK_M != 64 && BLOCK_M != 128)
-#error "attn_*_wgmma: D, BLOCK_M and BLOCK_N 64 or 128"
+#if (D != 64 && D != 128 && D != 256) || (BLOCK_N != 64 && BLOCK_N != 128) ||                     \
+    (BLOCK_M != 64 && BLOCK_M != 128)
+#error "attn_*_wgmma: D 64, 128 or 256, BLOCK_M and BLOCK_N 64 or 128"
 #endif
 #ifdef ATTN_KERNEL_BWD_DKDV_WGMMA
 #if defined(ATTN_KERNEL_FWD_WGMMA) || defined(ATTN_KERNEL_BWD_DQ_WGMMA)
@@ -99,11 +105,12 @@ __attribute__((always_inline)) inline void attn_wg_acc4(float4 *y, float *x, int
  * The backward's two score products of one tile, issued and waited for: warpgroup wg's rows of
  * the resident tiles at qa and da times the streamed ones at kt and vt, transposed (S and dP, or
  * S^T and dP^T), into P and dS (attn_p_ds_tiles: l4 and d4 hold each element's query statistics).
+ * Without with_dp (dK/dV's dV-only launch) only S's product runs, and dS is of no use.
  */
 __attribute__((always_inline)) inline void attn_wg_p_ds(float4 *p4, float4 *ds4, uint qa, uint kt,
                                                         uint da, uint vt, int wg,
                                                         const float4 *l4, const float4 *d4,
-                                                        float scale, float softcap)
+                                                        float scale, float softcap, bool with_dp)
 {
     float s[WG_COLS / 2], dp[WG_COLS / 2];
 #pragma unroll
@@ -111,11 +118,16 @@ __attribute__((always_inline)) inline void attn_wg_p_ds(float4 *p4, float4 *ds4,
         s[i] = dp[i] = 0.0f;
     wg_fence();
     attn_wg_scores(s, qa, kt, wg);
-    attn_wg_scores(dp, da, vt, wg);
+    if (with_dp)
+        attn_wg_scores(dp, da, vt, wg);
     wg_commit();
     wg_wait(0);
     attn_wg_acc4(p4, s, WG_COLS / 8);
-    attn_wg_acc4(ds4, dp, WG_COLS / 8);
+    if (with_dp)
+        attn_wg_acc4(ds4, dp, WG_COLS / 8);
+    else
+        for (int j = 0; j < WG_COLS / 8; ++j)
+            ds4[j] = 0.0f;
     attn_p_ds_tiles(p4, ds4, l4, d4, WG_COLS / 8, scale, softcap);
 }
 
@@ -477,7 +489,7 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS ATTN_TMA_PARAMS)
             l4[j] = (float4)(lse2[0], lse2[0], lse2[1], lse2[1]);
             d4[j] = (float4)(dl[0], dl[0], dl[1], dl[1]);
         }
-        attn_wg_p_ds(s4, dp4, qa, kt, da, vt, wg, l4, d4, scale, softcap);
+        attn_wg_p_ds(s4, dp4, qa, kt, da, vt, wg, l4, d4, scale, softcap, true);
         if (attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr))
             attn_mask_tiles(dp4, MMA_NT, 0.0f, r0, n0, false, sq, wl, wr, t4);
         uint4 dsf[BLOCK_N / 16];
@@ -608,7 +620,7 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
 #endif
 
     const int wg = warp / 4, c0 = n0 + 16 * warp + g; /* the lane's keys: c0 and c0 + 8 */
-    float gk[D / 2], gv[D / 2];
+    float gk[D / 2], gv[D / 2]; /* past D 128 a launch uses one of them */
 #pragma unroll
     for (int i = 0; i < D / 2; ++i)
         gk[i] = gv[i] = 0.0f;
@@ -631,10 +643,12 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
             l4[j] = (float4)(l, l);
             d4[j] = (float4)(d, d);
         }
-        attn_wg_p_ds(st4, dpt4, ka, qt, va, dt, wg, l4, d4, scale, softcap); /* P^T and dS^T */
+        attn_wg_p_ds(st4, dpt4, ka, qt, va, dt, wg, l4, d4, scale, softcap, DKDV_K); /* P^T, dS^T */
         if (attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr)) {
-            attn_mask_tiles(st4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
-            attn_mask_tiles(dpt4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
+            if (DKDV_V)
+                attn_mask_tiles(st4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
+            if (DKDV_K)
+                attn_mask_tiles(dpt4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
         }
         uint4 pf[BLOCK_M / 16], sf[BLOCK_M / 16];
 #pragma unroll
@@ -643,15 +657,19 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
             sf[j] = attn_acc_to_a(dpt4[2 * j], dpt4[2 * j + 1]);
         }
         wg_fence();
-        attn_wg_pv(gv, pf, dt);
-        attn_wg_pv(gk, sf, qt);
+        if (DKDV_V)
+            attn_wg_pv(gv, pf, dt);
+        if (DKDV_K)
+            attn_wg_pv(gk, sf, qt);
         wg_commit();
         wg_wait(0);
 #if TMA
         wg_bar_arrive(empty + 8 * (t % STAGES)); /* tile t's buffer is read */
 #endif
-        attn_wg_keep(gv, pf);
-        attn_wg_keep(gk, sf);
+        if (DKDV_V)
+            attn_wg_keep(gv, pf);
+        if (DKDV_K)
+            attn_wg_keep(gk, sf);
     }
 #if !TMA
     mma_cp_wait(0); /* with no query tile, K's and V's copies: none may land after the exit */
@@ -663,8 +681,10 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
 #undef WG_HEAD
 
     float4 gk4[MMA_OT], gv4[MMA_OT];
-    attn_wg_acc4(gk4, gk, MMA_OT);
-    attn_wg_acc4(gv4, gv, MMA_OT);
+    if (DKDV_K)
+        attn_wg_acc4(gk4, gk, MMA_OT);
+    if (DKDV_V)
+        attn_wg_acc4(gv4, gv, MMA_OT);
     attn_dkdv_store(dk, attn_row(dk_off, sgk_b, sgk_h, sgk_t, b, hk, sq.k0), sgk_t, dv,
                     attn_row(dv_off, sgv_b, sgv_h, sgv_t, b, hk, sq.k0), sgv_t, gk4, gv4, c0,
                     sq.tk, t4);

@@ -272,6 +272,8 @@ inline void wg_wait(int n)
 #define WG_SS_256 "%128, %129"
 #define WG_RS_64 "{%32, %33, %34, %35}, %36"
 #define WG_RS_128 "{%64, %65, %66, %67}, %68"
+#define WG_RS_192 "{%96, %97, %98, %99}, %100"
+#define WG_RS_256 "{%128, %129, %130, %131}, %132"
 
 /*
  * NAME(d, da, db): d (64 x N, f32, in the accumulator layout: lane 4 g + t of warp w of the
@@ -292,7 +294,7 @@ inline void wg_wait(int n)
 
 /*
  * The same with A from registers: a is the warp's 16 rows of A as an mma.sync A fragment
- * (mma_frag_a's layout, which is also an accumulator tile pair's, attn_acc_to_a); N 64 or 128.
+ * (mma_frag_a's layout, which is also an accumulator tile pair's, attn_acc_to_a); N as above.
  * wgmma reads a until the group's wait: a later value must not take its registers before then.
  */
 #define LLMCL_WG_MMA_RS(NAME, TY, N, TB) LLMCL_WG_MMA_RS_(NAME, TY, N, TB)

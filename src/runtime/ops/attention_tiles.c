@@ -29,10 +29,11 @@ static bool attn_mma_fits(const llmcl_ctx *ctx, const attn_geom *g, bool forward
     return fits;
 }
 
-/* Whether the device's wgmma kernels take this call (D 64 and 128, where mma.sync's would run). */
+/* Whether the device's wgmma kernels take this call (D 64, 128 and 256, where mma.sync's would
+   run). */
 static bool attn_wgmma_fits(const llmcl_ctx *ctx, const attn_geom *g)
 {
-    return ctx->info.has_wgmma && (g->D == 64 || g->D == 128);
+    return ctx->info.has_wgmma && (g->D == 64 || g->D == 128 || g->D == 256);
 }
 
 attn_arch llmcl__attn_arch(const llmcl_ctx *ctx, const attn_geom *g, bool forward)
@@ -414,8 +415,8 @@ static size_t attn_wg_producers(long rows, bool tma) { return tma ? (rows == 128
  * overlap one's softmax with another's products (1.14x over 128 x 128); dQ one warpgroup on
  * 64 x 64 tiles; dK/dV two on 128 keys over 64-query tiles at D = 128 (128-query tiles spill:
  * the backward 6.41 against 5.16 ms), over 128-query tiles at D = 64 (1.13x); 64 x 64 where the
- * larger tiles do not fit. Tuned values that do not fit fall back to the defaults unless
- * overridden.
+ * larger tiles do not fit (every kernel at D = 256). Tuned values that do not fit fall back to
+ * the defaults unless overridden.
  */
 static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const attn_kernel *k,
                                       const char *cls, llmcl__params *p, attn_tiles *tiles,
