@@ -835,6 +835,14 @@ static void test_fast_path(void **state)
                 TH_FAILS(run_backward(&r), LLMCL_ERROR_UNSUPPORTED);
                 assert_non_null(strstr(llmcl_last_error(ctx), "STAGES 2, or 3 with TMA"));
                 run_free(&r);
+                if (d > 128) { /* past D 128 dK/dV's pair of warpgroups takes 64 keys */
+                    TH_OK(llmcl_tune_override(ctx, keys[2], dt, "*", "BLOCK_M=64 BLOCK_N=128"));
+                    run_setup(&r, &bad, 403 + di);
+                    TH_OK(run_forward(&r));
+                    TH_FAILS(run_backward(&r), LLMCL_ERROR_UNSUPPORTED);
+                    assert_non_null(strstr(llmcl_last_error(ctx), "BLOCK_N 64 past D = 128"));
+                    run_free(&r);
+                }
             }
             TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
         }

@@ -26,8 +26,8 @@
  *             Default 1.
  *   STAGES    attn_fwd_mma: 2: K and V tiles are double-buffered, the next ones loading under
  *             the whole step (one barrier a step); 1: one buffer each. Default 1.
- *   DKDV_PART attn_bwd_dkdv_mma and _wgmma, set by the launcher past D = 128: 1 dV only, 2 dK
- *             only. Default 0: both.
+ *   DKDV_PART attn_bwd_dkdv_mma, set by the launcher past D = 128: 1 dV only, 2 dK only.
+ *             Default 0: both.
  */
 
 #if defined(LLMCL_NV_MMA) &&                                                                       \
@@ -169,6 +169,30 @@ __attribute__((always_inline)) inline void attn_p_ds_tiles(float4 *s, float4 *dp
             const float4 p = attn_exp4(s[j] * (scale * M_LOG2E_F) - lse2[j]);
             dp[j] = p * (dp[j] - dl[j]) * scale;
             s[j] = p;
+        }
+    }
+}
+
+/*
+ * attn_p_ds_tiles's first half, for kernels whose dP is in another warpgroup: s becomes P, and g
+ * the factor that takes dP - delta to dS (P times the logit's derivative).
+ */
+__attribute__((always_inline)) inline void attn_p_g_tiles(float4 *s, float4 *g, const float4 *lse2,
+                                                          int n, float scale, float softcap)
+{
+    if (softcap > 0.0f) {
+        const float in = scale / softcap, out = softcap * M_LOG2E_F;
+#pragma unroll
+        for (int j = 0; j < n; ++j) {
+            const float4 t = tanh(s[j] * in);
+            s[j] = attn_exp4(out * t - lse2[j]);
+            g[j] = s[j] * (scale * (1.0f - t * t));
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < n; ++j) {
+            s[j] = attn_exp4(s[j] * (scale * M_LOG2E_F) - lse2[j]);
+            g[j] = s[j] * scale;
         }
     }
 }
@@ -427,21 +451,24 @@ attn_fwd_mma(ATTN_FWD_PARAMS)
 /* Row statistics of the backward in log2 units: lse (+inf where no key is seen, so p = 0). */
 inline float attn_lse2(float x) { return x == -INFINITY ? INFINITY : x * M_LOG2E_F; }
 
-/* Rows r0 and r0 + 8 of dQ (the lane's of a 16-row tile's accumulators acc) at dq + gb. */
-__attribute__((always_inline)) inline void attn_dq_store(__global io_t *dq, long gb, long sg_t,
-                                                         const float4 *acc, int r0, int tq, int t4)
+/*
+ * Rows r0 and r0 + 8 (the lane's of a 16-row tile's D-wide accumulators acc: queries of dQ, keys
+ * of dK or dV) at y + gb, rows sy_t apart, those past n skipped.
+ */
+__attribute__((always_inline)) inline void attn_acc_store(__global io_t *y, long gb, long sy_t,
+                                                          const float4 *acc, int r0, int n, int t4)
 {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int row = r0 + 8 * i;
-        if (row >= tq)
+        if (row >= n)
             continue;
 #pragma unroll
         for (int e = 0; e < MMA_OT; ++e) {
             const float2 x = i ? acc[e].zw : acc[e].xy;
-            const long at_g = gb + row * sg_t + e * 8 + 2 * t4;
-            STORE(IO_DT, dq, at_g, x.x);
-            STORE(IO_DT, dq, at_g + 1, x.y);
+            const long at_g = gb + row * sy_t + e * 8 + 2 * t4;
+            STORE(IO_DT, y, at_g, x.x);
+            STORE(IO_DT, y, at_g + 1, x.y);
         }
     }
 }
@@ -561,7 +588,7 @@ attn_bwd_dq_mma(ATTN_DQ_PARAMS)
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-    attn_dq_store(dq, attn_row(dq_off, sg_b, sg_h, sg_t, b, h, sq.q0), sg_t, acc, r0, sq.tq, t4);
+    attn_acc_store(dq, attn_row(dq_off, sg_b, sg_h, sg_t, b, h, sq.q0), sg_t, acc, r0, sq.tq, t4);
 }
 #endif
 
@@ -583,8 +610,8 @@ attn_bwd_dq_mma(ATTN_DQ_PARAMS)
 #ifndef DKDV_PART
 #define DKDV_PART 0 /* 0: dK and dV; 1: dV only; 2: dK only */
 #endif
-#if MMA_WIDE && DKDV_PART == 0
-#error "attn_bwd_dkdv_*mma past D = 128 takes dK and dV in separate launches (DKDV_PART 1, 2)"
+#if defined(ATTN_KERNEL_BWD_DKDV_MMA) && MMA_WIDE && DKDV_PART == 0
+#error "attn_bwd_dkdv_mma past D = 128 takes dK and dV in separate launches (DKDV_PART 1, 2)"
 #endif
 #define DKDV_V (DKDV_PART != 2)
 #define DKDV_K (DKDV_PART != 1)
@@ -648,25 +675,10 @@ __attribute__((always_inline)) inline void
 attn_dkdv_store(__global io_t *dk, long kgb, long sgk_t, __global io_t *dv, long vgb, long sgv_t,
                 const float4 *gk, const float4 *gv, int c0, int tk, int t4)
 {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int key = c0 + 8 * i;
-        if (key >= tk)
-            continue;
-#pragma unroll
-        for (int e = 0; e < MMA_OT; ++e) {
-            const float2 x = i ? gk[e].zw : gk[e].xy, y = i ? gv[e].zw : gv[e].xy;
-            const long ak = kgb + key * sgk_t + e * 8 + 2 * t4, av = vgb + key * sgv_t + e * 8 + 2 * t4;
-            if (DKDV_K) {
-                STORE(IO_DT, dk, ak, x.x);
-                STORE(IO_DT, dk, ak + 1, x.y);
-            }
-            if (DKDV_V) {
-                STORE(IO_DT, dv, av, y.x);
-                STORE(IO_DT, dv, av + 1, y.y);
-            }
-        }
-    }
+    if (DKDV_K)
+        attn_acc_store(dk, kgb, sgk_t, gk, c0, tk, t4);
+    if (DKDV_V)
+        attn_acc_store(dv, vgb, sgv_t, gv, c0, tk, t4);
 }
 
 #ifdef ATTN_KERNEL_BWD_DKDV_MMA

@@ -14,8 +14,11 @@
  * and reads its B mn-major.
  *
  * At D 256 only 64 x 64 tiles fit local memory, and a lane's registers hold one D-wide accumulator
- * beside the score tiles: dK/dV runs as attn_bwd_dkdv_mma does past D 128, in two launches
- * (DKDV_PART 1: dV from P^T alone; 2: dK), five products of a tile instead of four.
+ * beside the score tiles. dK/dV then pairs two warpgroups on each 64 keys (DKDV_PAIR), as
+ * FlashAttention-3 splits its backward's products: the first computes S^T and P^T and accumulates
+ * dV, the second dP^T and dK, taking P^T (times the logit's derivative) from the first through
+ * local memory on two mbarriers. A tile still costs four products (attn_bwd_dkdv_mma, in two
+ * launches past D 128, costs five).
  *
  * Tunables (-D), beside attention_common.cl's:
  *   D         64, 128 or 256.
@@ -40,11 +43,16 @@
 #endif
 #define WG_ROWS BLOCK_N /* score rows of a work-group: keys */
 #define WG_COLS BLOCK_M /* score columns of a streamed tile: queries */
+#define DKDV_PAIR (D > 128)
+#if DKDV_PAIR && BLOCK_N != 64
+#error "attn_bwd_dkdv_wgmma past D = 128: BLOCK_N 64, a pair of warpgroups"
+#endif
 #else
 #define WG_ROWS BLOCK_M
 #define WG_COLS BLOCK_N
+#define DKDV_PAIR 0
 #endif
-#define WG_THREADS (2 * WG_ROWS)        /* a warpgroup per 64 rows */
+#define WG_THREADS ((DKDV_PAIR ? 4 : 2) * WG_ROWS) /* a warpgroup per 64 rows, or a pair */
 #define WG_TILE_BYTES (WG_COLS * D * 2) /* one streamed tile */
 LLMCL_WG_MMA_SS(attn_wg_qk_BF16, "bf16", WG_COLS, "0", "0")
 LLMCL_WG_MMA_SS(attn_wg_qk_F16, "f16", WG_COLS, "0", "0")
@@ -105,12 +113,11 @@ __attribute__((always_inline)) inline void attn_wg_acc4(float4 *y, float *x, int
  * The backward's two score products of one tile, issued and waited for: warpgroup wg's rows of
  * the resident tiles at qa and da times the streamed ones at kt and vt, transposed (S and dP, or
  * S^T and dP^T), into P and dS (attn_p_ds_tiles: l4 and d4 hold each element's query statistics).
- * Without with_dp (dK/dV's dV-only launch) only S's product runs, and dS is of no use.
  */
 __attribute__((always_inline)) inline void attn_wg_p_ds(float4 *p4, float4 *ds4, uint qa, uint kt,
                                                         uint da, uint vt, int wg,
                                                         const float4 *l4, const float4 *d4,
-                                                        float scale, float softcap, bool with_dp)
+                                                        float scale, float softcap)
 {
     float s[WG_COLS / 2], dp[WG_COLS / 2];
 #pragma unroll
@@ -118,16 +125,11 @@ __attribute__((always_inline)) inline void attn_wg_p_ds(float4 *p4, float4 *ds4,
         s[i] = dp[i] = 0.0f;
     wg_fence();
     attn_wg_scores(s, qa, kt, wg);
-    if (with_dp)
-        attn_wg_scores(dp, da, vt, wg);
+    attn_wg_scores(dp, da, vt, wg);
     wg_commit();
     wg_wait(0);
     attn_wg_acc4(p4, s, WG_COLS / 8);
-    if (with_dp)
-        attn_wg_acc4(ds4, dp, WG_COLS / 8);
-    else
-        for (int j = 0; j < WG_COLS / 8; ++j)
-            ds4[j] = 0.0f;
+    attn_wg_acc4(ds4, dp, WG_COLS / 8);
     attn_p_ds_tiles(p4, ds4, l4, d4, WG_COLS / 8, scale, softcap);
 }
 
@@ -161,7 +163,7 @@ __attribute__((always_inline)) inline void attn_wg_keep(float *o, uint4 *a)
  */
 #define ATTN_TMA_PARAMS , ulong16 tma_map, __global ulong16 *tma_slots
 #define ATTN_TMA_SLOTS 8 /* as attention.c allocates them */
-#define PRODUCERS (WG_ROWS == 128 ? 128 : 32)
+#define PRODUCERS (WG_THREADS == 256 ? 128 : 32)
 
 /* The box of `rows` rows at row y of the map, D wide, into dst in atoms of 64 columns. */
 __attribute__((always_inline)) inline void attn_tma_rows(uint dst, ulong map, int y, int rows,
@@ -489,7 +491,7 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS ATTN_TMA_PARAMS)
             l4[j] = (float4)(lse2[0], lse2[0], lse2[1], lse2[1]);
             d4[j] = (float4)(dl[0], dl[0], dl[1], dl[1]);
         }
-        attn_wg_p_ds(s4, dp4, qa, kt, da, vt, wg, l4, d4, scale, softcap, true);
+        attn_wg_p_ds(s4, dp4, qa, kt, da, vt, wg, l4, d4, scale, softcap);
         if (attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr))
             attn_mask_tiles(dp4, MMA_NT, 0.0f, r0, n0, false, sq, wl, wr, t4);
         uint4 dsf[BLOCK_N / 16];
@@ -511,7 +513,7 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS ATTN_TMA_PARAMS)
 
     float4 acc4[MMA_OT];
     attn_wg_acc4(acc4, acc, MMA_OT);
-    attn_dq_store(dq, attn_row(dq_off, sg_b, sg_h, sg_t, b, h, sq.q0), sg_t, acc4, r0, sq.tq, t4);
+    attn_acc_store(dq, attn_row(dq_off, sg_b, sg_h, sg_t, b, h, sq.q0), sg_t, acc4, r0, sq.tq, t4);
 }
 #endif
 
@@ -529,7 +531,7 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS ATTN_TMA_PARAMS)
  * buffers, the next tile's copy issued by cp.async once the barrier shows every warpgroup done with
  * its buffer, or by TMA once they release it (ATTN_TMA_QTILES). Per tile:
  * S^T = K Q^T and dP^T = V dO^T, P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q with
- * P^T and dS^T as A registers.
+ * P^T and dS^T as A registers (in the two warpgroups of a pair past D 128).
  */
 #if TMA
 /*
@@ -561,6 +563,55 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS ATTN_TMA_PARAMS)
     }
 #endif
 
+#if DKDV_PAIR
+/*
+ * A pair's tile t up to its accumulating product's A registers af. Warpgroup 0 computes S^T and
+ * P^T, and hands P^T's factor (attn_p_g_tiles) to warpgroup 1 through g_buf (a float4 a lane and
+ * 8-query tile, on mbarrier g_full) once warpgroup 1 has read tile t - 1's (g_free); warpgroup 1
+ * computes dP^T and dS^T = factor (dP^T - delta).
+ */
+__attribute__((always_inline)) inline void
+attn_wg_pair_a(uint4 *af, int wg, int lid, int t, uint ka, uint va, uint qt, uint dt,
+               const float4 *l4, const float4 *d4, bool masked, int c0, int m0, attn_seq sq,
+               int wl, int wr, int t4, float scale, float softcap, __local float4 *g_buf,
+               uint g_full, uint g_free)
+{
+    float x[WG_COLS / 2];
+#pragma unroll
+    for (int i = 0; i < WG_COLS / 2; ++i)
+        x[i] = 0.0f;
+    wg_fence();
+    attn_wg_scores(x, wg ? va : ka, wg ? dt : qt, 0); /* S^T = K Q^T, or dP^T = V dO^T */
+    wg_commit();
+    wg_wait(0);
+    float4 x4[MMA_MT], g4[MMA_MT];
+    attn_wg_acc4(x4, x, MMA_MT);
+    __local float4 *mine = g_buf + lid % 128;
+    if (wg == 0) {
+        attn_p_g_tiles(x4, g4, l4, MMA_MT, scale, softcap);
+        if (masked) {
+            attn_mask_tiles(x4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
+            attn_mask_tiles(g4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
+        }
+        if (t > 0)
+            wg_bar_wait(g_free, (t - 1) & 1);
+#pragma unroll
+        for (int j = 0; j < MMA_MT; ++j)
+            mine[128 * j] = g4[j];
+        wg_bar_arrive(g_full);
+    } else {
+        wg_bar_wait(g_full, t & 1);
+#pragma unroll
+        for (int j = 0; j < MMA_MT; ++j)
+            x4[j] = mine[128 * j] * (x4[j] - d4[j]);
+        wg_bar_arrive(g_free);
+    }
+#pragma unroll
+    for (int j = 0; j < BLOCK_M / 16; ++j)
+        af[j] = attn_acc_to_a(x4[2 * j], x4[2 * j + 1]);
+}
+#endif
+
 __kernel __attribute__((reqd_work_group_size(WG_THREADS + PRODUCERS, 1, 1))) void
 attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
 {
@@ -588,6 +639,15 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
 #define WG_M0(t) (m_lo + (t) % ntiles * BLOCK_M)
 #define WG_Q(h) (q + attn_row(q_off, sq_b, sq_h, sq_t, b, (h), sq.q0))
 #define WG_DO(h) (dout + attn_row(do_off, sd_b, sd_h, sd_t, b, (h), sq.q0))
+#if DKDV_PAIR
+    __local float4 g_buf[MMA_MT * 128];
+    __local ulong g_bars[2];
+    const uint g_full = mma_smem(g_bars), g_free = g_full + 8;
+    if (lid == 0) { /* the work-group barrier before the first tile orders these */
+        wg_bar_init(g_full, 128);
+        wg_bar_init(g_free, 128);
+    }
+#endif
 #if TMA
     __local ulong bars[1 + 2 * STAGES];
     const uint kvbar = mma_smem(bars), full = kvbar + 8, empty = full + 8 * STAGES;
@@ -619,11 +679,18 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
     mma_cp_commit();
 #endif
 
-    const int wg = warp / 4, c0 = n0 + 16 * warp + g; /* the lane's keys: c0 and c0 + 8 */
-    float gk[D / 2], gv[D / 2]; /* past D 128 a launch uses one of them */
+    const int wg = warp / 4, c0 = n0 + 16 * (DKDV_PAIR ? warp % 4 : warp) + g; /* c0, c0 + 8 */
+#if DKDV_PAIR
+    float acc[D / 2]; /* dV in warpgroup 0, dK in 1 */
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i)
+        acc[i] = 0.0f;
+#else
+    float gk[D / 2], gv[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i)
         gk[i] = gv[i] = 0.0f;
+#endif
     for (int t = 0; t < nt; ++t) {
         const int m0 = WG_M0(t);
         const uint qt = qa + t % STAGES * WG_TILE_BYTES, dt = da + t % STAGES * WG_TILE_BYTES;
@@ -643,12 +710,18 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
             l4[j] = (float4)(l, l);
             d4[j] = (float4)(d, d);
         }
-        attn_wg_p_ds(st4, dpt4, ka, qt, va, dt, wg, l4, d4, scale, softcap, DKDV_K); /* P^T, dS^T */
+#if DKDV_PAIR
+        uint4 af[BLOCK_M / 16];
+        attn_wg_pair_a(af, wg, lid, t, ka, va, qt, dt, l4, d4,
+                       attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr), c0, m0,
+                       sq, wl, wr, t4, scale, softcap, g_buf, g_full, g_free);
+        wg_fence();
+        attn_wg_pv(acc, af, wg ? qt : dt); /* dV += P^T dO, or dK += dS^T Q */
+#else
+        attn_wg_p_ds(st4, dpt4, ka, qt, va, dt, wg, l4, d4, scale, softcap); /* P^T and dS^T */
         if (attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr)) {
-            if (DKDV_V)
-                attn_mask_tiles(st4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
-            if (DKDV_K)
-                attn_mask_tiles(dpt4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
+            attn_mask_tiles(st4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
+            attn_mask_tiles(dpt4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);
         }
         uint4 pf[BLOCK_M / 16], sf[BLOCK_M / 16];
 #pragma unroll
@@ -657,19 +730,20 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
             sf[j] = attn_acc_to_a(dpt4[2 * j], dpt4[2 * j + 1]);
         }
         wg_fence();
-        if (DKDV_V)
-            attn_wg_pv(gv, pf, dt);
-        if (DKDV_K)
-            attn_wg_pv(gk, sf, qt);
+        attn_wg_pv(gv, pf, dt);
+        attn_wg_pv(gk, sf, qt);
+#endif
         wg_commit();
         wg_wait(0);
 #if TMA
         wg_bar_arrive(empty + 8 * (t % STAGES)); /* tile t's buffer is read */
 #endif
-        if (DKDV_V)
-            attn_wg_keep(gv, pf);
-        if (DKDV_K)
-            attn_wg_keep(gk, sf);
+#if DKDV_PAIR
+        attn_wg_keep(acc, af);
+#else
+        attn_wg_keep(gv, pf);
+        attn_wg_keep(gk, sf);
+#endif
     }
 #if !TMA
     mma_cp_wait(0); /* with no query tile, K's and V's copies: none may land after the exit */
@@ -680,14 +754,23 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
 #undef WG_M0
 #undef WG_HEAD
 
+#if DKDV_PAIR
+    float4 acc4[MMA_OT];
+    attn_wg_acc4(acc4, acc, MMA_OT);
+    if (wg == 0)
+        attn_acc_store(dv, attn_row(dv_off, sgv_b, sgv_h, sgv_t, b, hk, sq.k0), sgv_t, acc4, c0,
+                       sq.tk, t4);
+    else
+        attn_acc_store(dk, attn_row(dk_off, sgk_b, sgk_h, sgk_t, b, hk, sq.k0), sgk_t, acc4, c0,
+                       sq.tk, t4);
+#else
     float4 gk4[MMA_OT], gv4[MMA_OT];
-    if (DKDV_K)
-        attn_wg_acc4(gk4, gk, MMA_OT);
-    if (DKDV_V)
-        attn_wg_acc4(gv4, gv, MMA_OT);
+    attn_wg_acc4(gk4, gk, MMA_OT);
+    attn_wg_acc4(gv4, gv, MMA_OT);
     attn_dkdv_store(dk, attn_row(dk_off, sgk_b, sgk_h, sgk_t, b, hk, sq.k0), sgk_t, dv,
                     attn_row(dv_off, sgv_b, sgv_h, sgv_t, b, hk, sq.k0), sgv_t, gk4, gv4, c0,
                     sq.tk, t4);
+#endif
 }
 #endif
 #endif

@@ -252,7 +252,7 @@ static llmcl_status attn_build(llmcl_ctx *ctx, const attn_geom *g, const attn_ke
     llmcl__define_str(&defs, "IO_DT", llmcl__dtype_macro(g->dtype));
     llmcl__define_flag(&defs, k->define);
     llmcl__define_flag(&defs, "ATTN_ONE_KERNEL");
-    if (k->pass == ATTN_PASS_DKDV && g->dkdv_part)
+    if (k->arch == ATTN_ARCH_MMA && k->pass == ATTN_PASS_DKDV && g->dkdv_part)
         llmcl__define_int(&defs, "DKDV_PART", g->dkdv_part);
     llmcl__define_int(&defs, "ALIGNED4", g->aligned4);
     if (g->varlen)
@@ -514,9 +514,9 @@ static llmcl_status attn_launch_dkdv(llmcl_ctx *ctx, const attn_geom *g, const l
 {
     const llmcl_tensor *ts[] = {q, k, v, dout, lse, delta, dk, dv};
     const attn_kernel *kern = attn_kernel_of(ATTN_PASS_DKDV, g->bwd);
-    if (g->bwd == ATTN_ARCH_PORTABLE || g->D <= 128)
+    if (g->bwd != ATTN_ARCH_MMA || g->D <= 128)
         return attn_launch_tiled(ctx, g, kern, ts, 8, lse, delta);
-    /* Past D = 128 the tensor-core kernels' registers hold one D-wide accumulator: dV, then dK */
+    /* Past D = 128 a warp's registers hold one D-wide accumulator: dV, then dK */
     attn_geom part = *g;
     for (part.dkdv_part = 1; part.dkdv_part <= 2; ++part.dkdv_part)
         LLMCL__TRY(attn_launch_tiled(ctx, &part, kern, ts, 8, lse, delta));

@@ -43,7 +43,7 @@ typedef struct attn_geom {
     bool aligned4;  /* every offset and stride of the loaded operands a multiple of 4 elements */
     bool aligned8;  /* ... of 8 elements: 16-byte rows for cp.async */
     attn_arch bwd;  /* the backward's kernel set */
-    int dkdv_part;  /* past D = 128: which of dK (2) and dV (1) the tensor-core dK/dV takes */
+    int dkdv_part;  /* past D = 128: which of dK (2) and dV (1) attn_bwd_dkdv_mma takes */
     bool split;     /* a portable kernel's walk spans launches (SPLIT): see llmcl__attn_split */
 } attn_geom;
 

@@ -385,16 +385,23 @@ static llmcl_status attn_mma_config(llmcl_ctx *ctx, const attn_geom *g, const at
 
 /* ---- the wgmma kernels (attention_wgmma.cl) ---- */
 
+/* Whether dK/dV pairs two warpgroups on each 64 keys (attention_wgmma.cl's DKDV_PAIR). */
+static bool attn_wg_pair(const attn_geom *g, attn_pass pass)
+{
+    return pass == ATTN_PASS_DKDV && g->D > 128;
+}
+
 /* Local bytes of a wgmma kernel: the forward's Q and STAGES of K and V, dQ's Q and dO and two
-   stages of K and V, dK/dV's K and V and STAGES of Q and dO with their rows' statistics; rows of
-   D 16-bit elements; with TMA, an mbarrier for the resident tiles and three a stage (two in
-   dK/dV). */
+   stages of K and V, dK/dV's K and V and STAGES of Q and dO with their rows' statistics (and a
+   pair's float4 a lane and 8 queries, with two mbarriers); rows of D 16-bit elements; with TMA, an
+   mbarrier for the resident tiles and three a stage (two in dK/dV). */
 static uint64_t attn_wg_local_bytes(const attn_geom *g, attn_pass pass, long bm, long bn,
                                     long stages, bool tma)
 {
     if (pass == ATTN_PASS_DKDV)
         return 2u * (uint64_t)g->D * (uint64_t)(2 * bn + 2 * stages * bm) +
-               8u * (uint64_t)(stages * bm) + (tma ? 8u * (uint64_t)(1 + 2 * stages) : 0);
+               8u * (uint64_t)(stages * bm) + (tma ? 8u * (uint64_t)(1 + 2 * stages) : 0) +
+               (attn_wg_pair(g, pass) ? 256u * (uint64_t)bm + 16u : 0);
     const long rows = pass == ATTN_PASS_FWD ? bm + 2 * stages * bn : 2 * bm + 4 * bn;
     return 2u * (uint64_t)g->D * (uint64_t)rows + (tma ? 8u * (uint64_t)(1 + 3 * stages) : 0);
 }
@@ -403,7 +410,10 @@ static uint64_t attn_wg_local_bytes(const attn_geom *g, attn_pass pass, long bm,
 #define ATTN_WG_TMA_DEFAULT 1
 
 /* The producer work-items with TMA: a warpgroup beside two (setmaxnreg), else a warp. */
-static size_t attn_wg_producers(long rows, bool tma) { return tma ? (rows == 128 ? 128 : 32) : 0; }
+static size_t attn_wg_producers(long consumers, bool tma)
+{
+    return tma ? (consumers == 256 ? 128 : 32) : 0;
+}
 
 /*
  * The wgmma kernels' parameters: BLOCK_M 64 or 128 query rows, BLOCK_N 64 or 128 keys (a
@@ -415,8 +425,8 @@ static size_t attn_wg_producers(long rows, bool tma) { return tma ? (rows == 128
  * overlap one's softmax with another's products (1.14x over 128 x 128); dQ one warpgroup on
  * 64 x 64 tiles; dK/dV two on 128 keys over 64-query tiles at D = 128 (128-query tiles spill:
  * the backward 6.41 against 5.16 ms), over 128-query tiles at D = 64 (1.13x); 64 x 64 where the
- * larger tiles do not fit (every kernel at D = 256). Tuned values that do not fit fall back to
- * the defaults unless overridden.
+ * larger tiles do not fit (every kernel at D = 256, where dK/dV pairs two warpgroups on 64 keys).
+ * Tuned values that do not fit fall back to the defaults unless overridden.
  */
 static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const attn_kernel *k,
                                       const char *cls, llmcl__params *p, attn_tiles *tiles,
@@ -441,7 +451,8 @@ static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const 
     long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
     long stages = staged ? llmcl__param_get(p, "STAGES", def_stages) : 2;
     long tma = llmcl__param_get(p, "TMA", def_tma);
-    bool ok = (bm == 64 || bm == 128) && (bn == 64 || bn == 128) &&
+    const bool pair = attn_wg_pair(g, pass);
+    bool ok = (bm == 64 || bm == 128) && (bn == 64 || (bn == 128 && !pair)) &&
               (!fwd || (stages >= 3 && stages <= 5)) &&
               (!dkdv || stages == 2 || (stages == 3 && tma == 1)) &&
               (tma == 0 || (tma == 1 && ctx->tma)) &&
@@ -459,15 +470,16 @@ static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const 
         snprintf(st, sizeof st, " STAGES=%ld", stages);
     LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
                    "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld%s TMA=%ld with D=%d need BLOCK_M "
-                   "and BLOCK_N 64 or 128%s, TMA 0 or 1 (1 where the device has TMA) and at most "
-                   "%llu bytes of local memory",
-                   k->name, bm, bn, st, tma, g->D,
+                   "and BLOCK_N 64 or 128%s%s, TMA 0 or 1 (1 where the device has TMA) and at "
+                   "most %llu bytes of local memory",
+                   k->name, bm, bn, st, tma, g->D, pair ? " (BLOCK_N 64 past D = 128)" : "",
                    fwd ? ", STAGES 3 to 5" : dkdv ? ", STAGES 2, or 3 with TMA" : "",
                    (unsigned long long)local);
     llmcl__params_record(&lookup, p);
     *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = 64, .tn = (int)bn, .run = 1};
-    const long rows = pass == ATTN_PASS_DKDV ? bn : bm; /* a warpgroup per 64 */
-    *wg = (size_t)rows * 2 + attn_wg_producers(rows, tma == 1);
+    const long rows = pass == ATTN_PASS_DKDV ? bn : bm; /* a warpgroup per 64, or a pair */
+    const long consumers = rows * (pair ? 4 : 2);
+    *wg = (size_t)consumers + attn_wg_producers(consumers, tma == 1);
     return LLMCL_OK;
 }
 
