@@ -150,8 +150,8 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
 #define ATTN_MMA_TILES "BLOCK_M=16,32,64,128 BLOCK_N=16,32,64,128"
 #define ATTN_FWD_MMA_TILES ATTN_MMA_TILES " WM=1,2 QREG=0,1 STAGES=1,2"
 /* The attn_*_wgmma kernels: a warpgroup per 64 query rows (keys in dK/dV), on devices with wgmma,
-   at D 64 and 128 (where every tensor-core call takes them there; attn_*_mma then tune on the
-   other devices) */
+   at D 64, 128 and 256 (where every tensor-core call takes them there; attn_*_mma then tune on
+   the other devices) */
 #define ATTN_WGMMA_TILES "BLOCK_M=64,128 BLOCK_N=64,128 TMA=0,1"
 #define ATTN_FWD_WGMMA_TILES ATTN_WGMMA_TILES " STAGES=3,4,5"
 #define ATTN_DKDV_WGMMA_TILES ATTN_WGMMA_TILES " STAGES=2,3"
