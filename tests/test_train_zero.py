@@ -3,7 +3,9 @@
 reads the rows that one process reads at --batch N b, in the same order, so its per-step losses
 (the mean over the ranks) must match that single run's: ZeRO stages 1, 2 and 3 on 2 ranks and
 stage 3 on 3, f32 compute, within LOSS_TOL (only the order of the gradient sums differs); stage 3
-with --recompute=ops and =2 (the second of 2 layers recomputed whole) the losses without it. A
+with --recompute=ops and =2 (the second of 2 layers recomputed whole) the losses without it;
+--zero-group-layers 2 the losses of one layer a group, and without clipping (whose global norm
+sums each rank's shards, which the groups decide) the same master weights bit for bit. A
 checkpoint saved on 2 ranks at step 3 resumes on 1 rank and on 3 and continues as the
 uninterrupted run; a checkpoint of another shape, and a one-file checkpoint given to --zero (or a
 folder without it), are refused with a clear message on every rank and status 1, mpiexec killing
@@ -14,9 +16,12 @@ ends.
 
     python3 tests/test_train_zero.py build/tools/llmcl-train mpiexec
 """
+import array
+import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -87,6 +92,20 @@ def expect_refusal(what, ranks, args, needle):
                     f"{' (mpiexec killed some)' if killed else ''}")
 
 
+def master_bits(ck):
+    """The bits of a checkpoint's f32 master weights, sorted: the shards lay them out by group."""
+    words = array.array("I")
+    for name in sorted(os.listdir(ck)):
+        if not name.startswith("shard-"):
+            continue
+        with open(os.path.join(ck, name), "rb") as f:
+            data = f.read()
+        n = struct.unpack("<Q", data[:8])[0]
+        begin, end = json.loads(data[8:8 + n])["master"]["data_offsets"]
+        words.frombytes(data[8 + n + begin:8 + n + end])
+    return sorted(words)
+
+
 def killed_saves(tmp, ck, rest):
     """A save killed at each stage, then a resume and a save over what it left."""
     for stage, want in SAVE_STAGES.items():
@@ -138,6 +157,16 @@ def main():
                                                                  "--zero", "2"])
             check(f"stage {stage} on 2 ranks with two layers a group: the losses with one",
                   merged == plain, f"{merged} against {plain}")
+        # without clipping (whose global norm sums each rank's shards, which the groups decide)
+        # every element's reduction and update are the same arithmetic: the same bits
+        bits = []
+        for k in ("1", "2"):
+            losses(f"stage 2, --zero-group-layers {k}, --clip 0, saved", 2,
+                   ["--steps", "4", "--batch", "2", "--zero", "2", "--zero-group-layers", k,
+                    "--clip", "0", "--save", f"{tmp}/noclip{k}"])
+            bits.append(master_bits(f"{tmp}/noclip{k}"))
+        check("stage 2 without clipping: the master weights of one and two layers a group",
+              bool(bits[0]) and bits[0] == bits[1], f"{len(bits[0])} and {len(bits[1])} words")
         merged_ck = tmp + "/merged"
         losses("save with two layers a group", 2, ["--steps", "3", "--batch", "2", "--zero", "3",
                                                   "--zero-group-layers", "2", "--save", merged_ck])
