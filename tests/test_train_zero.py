@@ -5,7 +5,9 @@ reads the rows that one process reads at --batch N b, in the same order, so its 
 stage 3 on 3, f32 compute, within LOSS_TOL (only the order of the gradient sums differs); stage 3
 with --recompute=ops and =2 (the second of 2 layers recomputed whole) the losses without it;
 --zero-group-layers 2 the losses of one layer a group, and without clipping (whose global norm
-sums each rank's shards, which the groups decide) the same master weights bit for bit. A
+sums each rank's shards, which the groups decide) the same master weights bit for bit;
+--zero-group-layers auto two layers a group where the embedding's group holds two, one where a
+layer outsizes it, and the losses of that count. A
 checkpoint saved on 2 ranks at step 3 resumes on 1 rank and on 3 and continues as the
 uninterrupted run; a checkpoint of another shape, and a one-file checkpoint given to --zero (or a
 folder without it), are refused with a clear message on every rank and status 1, mpiexec killing
@@ -150,13 +152,31 @@ def main():
         for stage in (2, 3):
             r = run(2, ["--steps", "6", "--batch", "2", "--zero", str(stage),
                         "--zero-group-layers", "2"])
-            check(f"stage {stage}, --zero-group-layers 2: 2 groups", "; 2 groups;" in r.stdout,
+            check(f"stage {stage}, --zero-group-layers 2: 2 groups",
+                  "; 2 groups (2 layer(s) a group);" in r.stdout,
                   r.stdout[-300:] + r.stderr[-300:])
             merged = losses(f"stage {stage}, --zero-group-layers 2", 2, [], r)
             plain = got if stage == 3 else losses("stage 2", 2, ["--steps", "6", "--batch", "2",
                                                                  "--zero", "2"])
             check(f"stage {stage} on 2 ranks with two layers a group: the losses with one",
                   merged == plain, f"{merged} against {plain}")
+        # auto: the most layers whose group the embedding's outsizes (TINY's layer is the larger:
+        # one; a layer of 3.9k elements beside an embedding of 8.2k: two), the losses of that K
+        small = ["--dim", "32", "--ffn", "8", "--layers", "4", "--steps", "4", "--batch", "2",
+                 "--zero", "2", "--zero-group-layers"]
+        r = run(2, small + ["auto"])
+        check("--zero-group-layers auto, layers of 3.9k elements: two a group",
+              "(2 layer(s) a group)" in r.stdout, r.stdout[-300:] + r.stderr[-300:])
+        compare("--zero-group-layers auto: the losses of 2", losses("auto", 2, [], r),
+                losses("--zero-group-layers 2", 2, small + ["2"]))
+        r = run(2, ["--steps", "1", "--batch", "2", "--zero", "2", "--zero-group-layers", "auto"])
+        check("--zero-group-layers auto, TINY's layers: one a group",
+              "(1 layer(s) a group)" in r.stdout, r.stdout[-300:] + r.stderr[-300:])
+        expect_refusal("--zero-group-layers many", 0, ["--zero-group-layers", "many"],
+                       "expected auto or a count of layers")
+        expect_refusal("--zero-group-layers auto without --zero", 0,
+                       ["--steps", "1", "--batch", "2", "--zero-group-layers", "auto"],
+                       "--zero-group-layers needs --zero")
         # without clipping (whose global norm sums each rank's shards, which the groups decide)
         # every element's reduction and update are the same arithmetic: the same bits
         bits = []

@@ -89,8 +89,10 @@ const char *model_config_error(const model_config *c)
     if (c->zero_stage)
         return "--zero needs llmcl-train built with MPI (MPICH was not found at setup)";
 #endif
-    if (c->zero_group_layers < 0 || (c->zero_group_layers > 1 && !c->zero_stage))
-        return "--zero-group-layers needs --zero and a count of 1 or more";
+    if (c->zero_group_layers < ZERO_GROUP_LAYERS_AUTO ||
+        ((c->zero_group_layers > 1 || c->zero_group_layers == ZERO_GROUP_LAYERS_AUTO) &&
+         !c->zero_stage))
+        return "--zero-group-layers needs --zero and a count of 1 or more, or auto";
     if (c->zero_stage && c->lora_rank)
         return "LoRA is not supported under --zero (train the adapters on one device)";
     if (c->lora_rank > 0 && c->lora_dtype != LLMCL_F32 &&

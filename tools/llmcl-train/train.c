@@ -121,7 +121,9 @@ static void usage(FILE *f)
           "                       on its own --batch (the step's batch is N x --batch); checkpoints\n"
           "                       become folders that resume on any number of ranks\n"
           "  --zero-group-layers K  K consecutive layers in each group that ZeRO gathers and\n"
-          "                       reduces at once (default 1): fewer, larger collectives\n"
+          "                       reduces at once (default 1): fewer, larger collectives; auto:\n"
+          "                       the most whose group is no larger than the embedding's (no\n"
+          "                       more memory)\n"
           "output:\n"
           "  --eval-every N --eval-batches N --log-every N\n"
           "  --sample N           greedy tokens generated at the end (0: none)\n"
@@ -249,6 +251,18 @@ static double parse_num(const char *name, const char *s, double lo)
     return v;
 }
 
+/* --zero-group-layers: auto or a count of layers. */
+static int parse_group_layers(const char *s)
+{
+    if (strcmp(s, "auto") == 0)
+        return ZERO_GROUP_LAYERS_AUTO;
+    char *end;
+    const long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < 1 || v > 1 << 20)
+        die("--zero-group-layers %s: expected auto or a count of layers from 1 to %d", s, 1 << 20);
+    return (int)v;
+}
+
 /* --recompute=auto, which pick_recompute turns into one of model.h's forms. */
 enum { RECOMPUTE_AUTO = -2 };
 
@@ -352,7 +366,7 @@ static void parse_options(int argc, char **argv, options *o)
         case LONG_DATA_FORMAT: o->data_format = data_format_parse(optarg); break;
         case LONG_OPTIMIZER_IN_BACKWARD: o->model.optimizer_in_backward = 1; break;
         case LONG_ZERO_GROUP_LAYERS:
-            o->model.zero_group_layers = (int)parse_int("zero-group-layers", optarg, 1, 1 << 20);
+            o->model.zero_group_layers = parse_group_layers(optarg);
             break;
         case 'V': o->val = optarg; break;
         case 'P': break;
@@ -1070,9 +1084,9 @@ static void print_zero(const trainer *tr)
 #ifdef LLMCL_TRAIN_MPI
     llmcl_dist_info in;
     CHECK(llmcl_dist_info_get(tr->m->zero->dist, &in), tr->ctx);
-    printf("ZeRO stage %d over %d rank(s): the step's batch is %d x %d x %d; %d groups; %s "
-           "transport (%s), collectives %s the compute\n",
-           in.stage, tr->world, tr->world, tr->o.batch, tr->o.seq, in.groups,
+    printf("ZeRO stage %d over %d rank(s): the step's batch is %d x %d x %d; %d groups (%d "
+           "layer(s) a group); %s transport (%s), collectives %s the compute\n",
+           in.stage, tr->world, tr->world, tr->o.batch, tr->o.seq, in.groups, tr->m->zero->layers,
            llmcl_dist_transport_name(in.transport), in.transport_detail,
            in.overlap ? "under" : "between");
 #else

@@ -5,6 +5,14 @@
 
 #include "util.h"
 
+/* Elements a parameter starts on in its group (llmcl_dist_setup's layout). */
+#define DIST_ALIGN 16
+
+static int64_t dist_aligned(int64_t numel)
+{
+    return (numel + DIST_ALIGN - 1) / DIST_ALIGN * DIST_ALIGN;
+}
+
 /* The dist group of model group g: layers merged by z->layers, the others alone. */
 static int dist_group(const model *m, int g)
 {
@@ -38,16 +46,15 @@ static int param_group(const model *m, const model_param *p)
  */
 static void find_kept(model *m, int groups, const llmcl_dist_info *info)
 {
-    enum { ALIGN = 16 };
     int64_t (*kept)[2] = m->zero->kept, padded = 0, largest = 0;
     for (int g = 0; g < groups; ++g) {
         int64_t at = 0;
         for (int i = 0; i < m->n_params; ++i)
             if (param_group(m, &m->params[i]) == g) {
                 kept[i][0] = at; /* the parameter's offset in its group, for now */
-                at += (m->params[i].numel + ALIGN - 1) / ALIGN * ALIGN;
+                at += dist_aligned(m->params[i].numel);
             }
-        const int64_t quantum = (int64_t)ALIGN * info->world,
+        const int64_t quantum = (int64_t)DIST_ALIGN * info->world,
                       numel = (at + quantum - 1) / quantum * quantum, shard = numel / info->world,
                       s0 = info->rank * shard, s1 = s0 + shard;
         for (int i = 0; i < m->n_params; ++i)
@@ -67,12 +74,33 @@ static void find_kept(model *m, int groups, const llmcl_dist_info *info)
         kept[i][0] = 0, kept[i][1] = m->params[i].numel;
 }
 
+/*
+ * --zero-group-layers auto: the most layers whose group is no larger than the largest of the
+ * others (the embedding's, or an untied head's), which sizes llmcl_dist's buffers, so that the
+ * merged groups cost no memory; 1 where a layer is the larger.
+ */
+static int auto_group_layers(const model *m)
+{
+    const int n = model_groups(m);
+    int64_t *size = xcalloc((size_t)n, sizeof *size), other = 0;
+    for (int i = 0; i < m->n_params; ++i)
+        size[model_group(m, &m->params[i])] += dist_aligned(m->params[i].numel);
+    for (int g = 0; g < n; ++g)
+        if ((g == 0 || g > m->cfg.layers) && size[g] > other)
+            other = size[g];
+    const int64_t k = size[1] > 0 ? other / size[1] : 1;
+    free(size);
+    return k < 1 ? 1 : k > m->cfg.layers ? m->cfg.layers : (int)k;
+}
+
 llmcl_status zero_attach(model *m, int stage)
 {
     zero *z = xcalloc(1, sizeof *z);
     z->w32 = xcalloc((size_t)m->n_params, sizeof *z->w32);
     z->kept = xcalloc((size_t)m->n_params, sizeof *z->kept);
-    z->layers = m->cfg.zero_group_layers > 1 ? m->cfg.zero_group_layers : 1;
+    z->layers = m->cfg.zero_group_layers == ZERO_GROUP_LAYERS_AUTO ? auto_group_layers(m)
+                : m->cfg.zero_group_layers > 1                      ? m->cfg.zero_group_layers
+                                                                    : 1;
     m->zero = z;
     const int groups = dist_groups(m);
     z->open = xcalloc((size_t)groups, sizeof *z->open);
