@@ -702,7 +702,7 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
             WG_STAGE(t + 1);
         mma_cp_commit();
 #endif
-        float4 st4[MMA_MT], dpt4[MMA_MT], l4[MMA_MT], d4[MMA_MT];
+        float4 l4[MMA_MT], d4[MMA_MT];
         const __local float *ls = lse2s + t % STAGES * BLOCK_M, *ds = dls + t % STAGES * BLOCK_M;
 #pragma unroll
         for (int j = 0; j < MMA_MT; ++j) {
@@ -718,6 +718,7 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
         wg_fence();
         attn_wg_pv(acc, af, wg ? qt : dt); /* dV += P^T dO, or dK += dS^T Q */
 #else
+        float4 st4[MMA_MT], dpt4[MMA_MT];
         attn_wg_p_ds(st4, dpt4, ka, qt, va, dt, wg, l4, d4, scale, softcap); /* P^T and dS^T */
         if (attn_tile_masked(m0, BLOCK_M, n0, BLOCK_N, sq.tq, sq.tk, wl, wr)) {
             attn_mask_tiles(st4, MMA_MT, 0.0f, c0, m0, true, sq, wl, wr, t4);

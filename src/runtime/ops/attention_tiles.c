@@ -477,7 +477,7 @@ static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const 
                    (unsigned long long)local);
     llmcl__params_record(&lookup, p);
     *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = 64, .tn = (int)bn, .run = 1};
-    const long rows = pass == ATTN_PASS_DKDV ? bn : bm; /* a warpgroup per 64, or a pair */
+    const long rows = dkdv ? bn : bm; /* a warpgroup per 64, or a pair */
     const long consumers = rows * (pair ? 4 : 2);
     *wg = (size_t)consumers + attn_wg_producers(consumers, tma == 1);
     return LLMCL_OK;
