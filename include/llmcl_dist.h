@@ -104,10 +104,11 @@ typedef struct llmcl_dist_opts {
                                  parts summed in f32 on the device; stages 2 and 3 then keep their
                                  gradient shard in bf16) */
     int return_on_error;      /* 1: a failing step call returns its status instead of MPI_Abort */
-    uint64_t chunk_bytes;     /* MPI transport: collectives move through host memory in chunks of
-                                 at most this many bytes each way (0: 1 MiB; at most 1 GiB), so
-                                 that copies to the host, MPI and copies back overlap; the same on
-                                 every rank */
+    uint64_t chunk_bytes;     /* collectives move in chunks of at most this many bytes each way
+                                 (at most 1 GiB; the same on every rank). MPI: through host
+                                 memory, so that copies to the host, MPI and copies back overlap
+                                 (0: 1 MiB). NCCL: a call a chunk (0: as large as its staging's
+                                 pieces allow) */
     llmcl_dist_transport transport; /* AUTO (0): LLMCL_DIST_TRANSPORT if set, else automatic */
     llmcl_dist_overlap overlap;     /* AUTO (0): LLMCL_DIST_OVERLAP if set, else the transport's */
 } llmcl_dist_opts;
@@ -158,9 +159,9 @@ LLMCL_API llmcl_status llmcl_dist_add_param(llmcl_dist *d, const char *name, int
  *   stage 3: param shard p S; gradient shard w S; buckets 2 x 4 G; two gather buffers 2 x p G
  * So stage 3 with bf16 params and bf16 reduction holds (2 + 2 + 12) S + 16 G + 4 bytes. NCCL adds
  * its staging (llmcl_dist_info.transport_bytes): for each of two reduce channels w G bytes (2 w G
- * with bf16 reduction, whose blocks are exchanged), for each of two gather channels p G, each
- * rounded up to CUDA's allocation granularity (2 MiB on the H200), and one such unit for the flag
- * that orders NCCL after the kernels. Every element starts at 0.
+ * where the blocks are exchanged: bf16 reduction, or NCCL on the copy engines), for each of two
+ * gather channels p G, each rounded up to CUDA's allocation granularity (2 MiB on the H200), and
+ * one such unit for the flag that orders NCCL after the kernels. Every element starts at 0.
  */
 LLMCL_API llmcl_status llmcl_dist_setup(llmcl_dist *d);
 

@@ -449,8 +449,7 @@ static void test_stages(float (*mpi_ref)[TOTAL])
             poison_others = 0;
             expect_same("stage 3 from values NaN outside each rank's part", got, again);
         }
-        if (transport == LLMCL_DIST_TRANSPORT_MPI)
-            expect_same_chunked(what, stage, LLMCL_F32, LLMCL_F32, got);
+        expect_same_chunked(what, stage, LLMCL_F32, LLMCL_F32, got);
         if (transport == LLMCL_DIST_TRANSPORT_MPI && mpi_ref)
             memcpy(mpi_ref[stage - 1], got, sizeof got);
         else if (mpi_ref) {
@@ -466,9 +465,7 @@ static void test_stages(float (*mpi_ref)[TOTAL])
     expect_close("stage 3 bf16 params, bf16 reduction", ref, got, 5e-3, 1e-2);
     run(MPI_COMM_WORLD, 3, LLMCL_BF16, LLMCL_BF16, K, again);
     expect_same("stage 3 bf16 params, bf16 reduction", got, again);
-    if (transport == LLMCL_DIST_TRANSPORT_MPI)
-        expect_same_chunked("stage 3 bf16 params, bf16 reduction", 3, LLMCL_BF16, LLMCL_BF16,
-                            got);
+    expect_same_chunked("stage 3 bf16 params, bf16 reduction", 3, LLMCL_BF16, LLMCL_BF16, got);
     run(MPI_COMM_WORLD, 2, LLMCL_F16, LLMCL_F32, K, got);
     run(MPI_COMM_SELF, 0, LLMCL_F16, LLMCL_F32, K, ref);
     expect_close("stage 2 f16 params", ref, got, 2e-3, 2e-3);
@@ -515,8 +512,10 @@ static void test_memory(void)
                 want += p * F + w * S + 2 * 4 * G;
             if (stage == 3)
                 want += p * S + w * S + 2 * 4 * G + 2 * p * G;
-            /* NCCL's staging: two channels a kind, a bf16 reduction's twice the wire's */
-            const uint64_t staging = 2 * (half ? 2 * 2 * G : 4 * G) + 2 * p * G;
+            /* NCCL's staging: two channels a kind, an exchange's (bf16, or the copy engines)
+               twice the wire's */
+            const int ce = nccl && strstr(in.transport_detail, "copy engines");
+            const uint64_t staging = 2 * (half || ce ? 2 : 1) * w * G + 2 * p * G;
             CHECK(nccl ? in.transport_bytes > staging && in.transport_bytes < staging + (40u << 20)
                        : in.transport_bytes == 0,
                   "%s: %llu bytes of staging for %llu bytes of collectives",
@@ -590,7 +589,10 @@ static int test_transport_choice(void)
     const int nccl = forced == LLMCL_OK;
     if (nccl) {
         const llmcl_dist_info in = info_of(d);
-        CHECK(in.transport == LLMCL_DIST_TRANSPORT_NCCL && strncmp(in.transport_detail, "NCCL ", 5) == 0,
+        CHECK(in.transport == LLMCL_DIST_TRANSPORT_NCCL &&
+                  strncmp(in.transport_detail, "NCCL ", 5) == 0 &&
+                  (strstr(in.transport_detail, "copy engines") ||
+                   strstr(in.transport_detail, "kernels")),
               "forced NCCL runs %s (%s)", llmcl_dist_transport_name(in.transport),
               in.transport_detail);
         llmcl_dist_destroy(d);
@@ -619,6 +621,11 @@ static int test_transport_choice(void)
     CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "infiniband"),
           "LLMCL_DIST_TRANSPORT=infiniband: %s: %s", llmcl_status_str(st), llmcl_last_error(ctx));
     unsetenv("LLMCL_DIST_TRANSPORT");
+    setenv("LLMCL_NCCL_CE", "2", 1);
+    st = create_on(LLMCL_DIST_TRANSPORT_AUTO, &d);
+    CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "LLMCL_NCCL_CE=2"),
+          "LLMCL_NCCL_CE=2: %s: %s", llmcl_status_str(st), llmcl_last_error(ctx));
+    unsetenv("LLMCL_NCCL_CE");
 
     setenv("LLMCL_DIST_OVERLAP", "off", 1);
     OK(create_on(LLMCL_DIST_TRANSPORT_AUTO, &d));

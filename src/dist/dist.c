@@ -157,6 +157,11 @@ static llmcl_status wanted_transport(llmcl_ctx *ctx, const llmcl_dist_opts *o,
                                      llmcl_dist_transport *out)
 {
     *out = o->transport;
+    const char *ce = llmcl__getenv("LLMCL_NCCL_CE");
+    LLMCL__REQUIRE(ctx, !ce || strcmp(ce, "0") == 0 || strcmp(ce, "1") == 0,
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "LLMCL_NCCL_CE=%s is not 0 (NCCL's kernels) or 1 (its copy engines where it "
+                   "can)", ce);
     const char *env = llmcl__getenv("LLMCL_DIST_TRANSPORT");
     if (*out != LLMCL_DIST_TRANSPORT_AUTO || !env)
         return LLMCL_OK;
@@ -213,8 +218,6 @@ llmcl_status llmcl_dist_create(llmcl_ctx *ctx, MPI_Comm comm, const llmcl_dist_o
         d->ctx = ctx;
         d->comm = dup;
         d->opts = *opts;
-        if (!d->opts.chunk_bytes)
-            d->opts.chunk_bytes = DIST_CHUNK_BYTES;
         d->last_gathered = -1;
         d->direction = 1;
         for (int s = 0; s < DIST_SLOTS; ++s)
@@ -475,6 +478,8 @@ llmcl_status llmcl_dist_setup(llmcl_dist *d)
         st = allocate(d);
     if (st == LLMCL_OK)
         st = fixed_views(d);
+    /* Only together: the NCCL transport's setup registers its staging with every rank. */
+    st = llmcl__dist_agree(d, st);
     if (st == LLMCL_OK)
         st = d->transport->ops->setup(d);
     if (st == LLMCL_OK)

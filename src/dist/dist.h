@@ -16,7 +16,8 @@
 /* Two of each: one in use while the other's communication runs. */
 #define DIST_SLOTS 2
 #define DIST_NAME_MAX 128
-/* llmcl_dist_opts.chunk_bytes when 0. */
+/* llmcl_dist_opts.chunk_bytes when 0 under MPI (NCCL then takes chunks as large as its staging
+   allows). */
 #define DIST_CHUNK_BYTES (1u << 20)
 
 typedef struct dist_param {

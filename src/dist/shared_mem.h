@@ -36,6 +36,7 @@ typedef struct shared_piece {
     cl_mem mem;       /* NULL until imported */
     size_t at, bytes; /* its bytes in the range */
     bool mapped;
+    void *window;     /* NCCL's registration of the piece (transport_nccl.c), or NULL */
 } shared_piece;
 
 typedef struct shared_range {

@@ -115,13 +115,15 @@ static void pinned_destroy(llmcl_dist *d, dist_pinned *p)
     memset(p, 0, sizeof *p);
 }
 
-/* Elements of a block in one chunk: chunk_bytes over the pieces a chunk receives (P - 1), at most
-   the largest shard, at least 1; a multiple of DIST_ALIGN where it can be, so that with the shards
-   (multiples of it too) every copy starts aligned on the device and in host memory. */
+/* Elements of a block in one chunk: chunk_bytes (1 MiB if unset) over the pieces a chunk receives
+   (P - 1), at most the largest shard, at least 1; a multiple of DIST_ALIGN where it can be, so
+   that with the shards (multiples of it too) every copy starts aligned on the device and in host
+   memory. */
 static int64_t piece_for(const llmcl_dist *d, size_t es)
 {
     const int64_t peers = d->world > 1 ? d->world - 1 : 1;
-    const int64_t piece = (int64_t)(d->opts.chunk_bytes / es) / peers;
+    const uint64_t chunk = d->opts.chunk_bytes ? d->opts.chunk_bytes : DIST_CHUNK_BYTES;
+    const int64_t piece = (int64_t)(chunk / es) / peers;
     const int64_t max = d->max_group / d->world;
     const int64_t capped = piece < max ? piece : max;
     if (capped > DIST_ALIGN)

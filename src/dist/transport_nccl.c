@@ -21,19 +21,26 @@
  * seconds (default 600), aborts the communicator, fails the user events (the compute queue is
  * released, its commands fail) and the next dist call reports it.
  *
- * A reduce-scatter of f32 runs ncclReduceScatter in place in staging. One of bf16 exchanges the
- * blocks instead (ncclSend and ncclRecv to every rank, into the second half of the staging range)
- * so that zero.c sums the parts in f32 in rank order, as under MPI: NCCL would round every partial
- * sum to bf16. Every NCCL call is made by the thread that calls llmcl_dist, in program order, the
- * same on every rank. The CUDA calls run in the device's primary CUDA context, pushed around each
- * call so that the application's current context is left alone. NVIDIA's OpenCL runs its kernels
- * in a CUDA context of its own, and kernels of two contexts take turns on the GPU, so NCCL's
- * kernels do not run beside llmcl's: the communication adds to the step instead of hiding under it.
+ * NVIDIA's OpenCL runs its kernels in a CUDA context of its own, and kernels of two contexts take
+ * turns on the GPU, so NCCL's kernels cannot run beside llmcl's. NCCL 2.28's collectives on the
+ * copy engines can: with the communicator's CTA policy NCCL_CTA_POLICY_ZERO and every staging
+ * piece registered as a symmetric window (ncclCommWindowRegister), ncclAllGather and ncclAlltoAll
+ * run as copies between the GPUs, no kernel. On them a reduce-scatter exchanges the blocks
+ * (ncclAlltoAll) and zero.c sums the parts in f32 in rank order on the device, as under MPI, and
+ * collectives run under the compute by default. Where NCCL is older, the ranks span hosts (NCCL
+ * runs copy engines within one) or LLMCL_NCCL_CE=0, its kernels run instead: a reduce-scatter of
+ * f32 is ncclReduceScatter in place, one of bf16 an exchange too, as NCCL would round every
+ * partial sum to bf16, and collectives run between the compute. Staging holds an op chunk by
+ * chunk (layout below), so that no call crosses a piece. Every NCCL call is made by the thread
+ * that calls llmcl_dist, in program order, the same on every rank. The CUDA calls run in the
+ * device's primary CUDA context, pushed around each call so that the application's current
+ * context is left alone.
  */
 #undef CL_TARGET_OPENCL_VERSION
 #define CL_TARGET_OPENCL_VERSION 300
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -51,11 +58,28 @@
 /* ---- NCCL's API (nccl.h, 2.x), loaded at run time ---- */
 
 typedef void *nccl_comm;
+typedef void *nccl_window;
 typedef struct nccl_unique_id {
     char internal[128];
 } nccl_unique_id;
 enum { NCCL_OK = 0, NCCL_IN_PROGRESS = 7 };
 enum { NCCL_FLOAT16 = 6, NCCL_FLOAT32 = 7, NCCL_BFLOAT16 = 9, NCCL_SUM = 0 };
+enum { NCCL_WIN_COLL_SYMMETRIC = 1, NCCL_CTA_POLICY_ZERO = 2 };
+
+/* ncclConfig_t as NCCL 2.28 lays it out (ncclConfig_v22800); NCCL reads the fields that size and
+   version cover. */
+typedef struct nccl_config {
+    size_t size;
+    unsigned int magic, version;
+    int blocking, cga_cluster_size, min_ctas, max_ctas;
+    const char *net_name;
+    int split_share, traffic_class;
+    const char *comm_name;
+    int collnet_enable, cta_policy, shrink_share, nvls_ctas, channels_per_net_peer,
+        nvlink_centric_sched;
+} nccl_config;
+
+#define NCCL_CE_VERSION 22800 /* 2.28: collectives on the copy engines */
 
 typedef struct nccl_lib {
     void *so;
@@ -64,6 +88,10 @@ typedef struct nccl_lib {
     int (*get_version)(int *);
     int (*get_unique_id)(nccl_unique_id *);
     int (*comm_init_rank)(nccl_comm *, int, nccl_unique_id, int);
+    int (*comm_init_rank_config)(nccl_comm *, int, nccl_unique_id, int, nccl_config *);
+    int (*window_register)(nccl_comm, void *, size_t, nccl_window *, int);
+    int (*window_deregister)(nccl_comm, nccl_window);
+    int (*all_to_all)(const void *, void *, size_t, int, nccl_comm, CUstream);
     int (*comm_finalize)(nccl_comm);
     int (*comm_destroy)(nccl_comm);
     int (*comm_abort)(nccl_comm);
@@ -122,6 +150,10 @@ static bool nccl_load(nccl_lib *nc, char *why, size_t why_len)
     NC_SYM(recv, "ncclRecv");
     NC_SYM(group_start, "ncclGroupStart");
     NC_SYM(group_end, "ncclGroupEnd");
+    NC_SYM(comm_init_rank_config, "ncclCommInitRankConfig");
+    NC_SYM(window_register, "ncclCommWindowRegister");
+    NC_SYM(window_deregister, "ncclCommWindowDeregister");
+    NC_SYM(all_to_all, "ncclAlltoAll");
     if (!nc->get_version || !nc->get_unique_id || !nc->comm_init_rank || !nc->comm_destroy ||
         !nc->comm_abort || !nc->comm_async_error || !nc->error_string || !nc->reduce_scatter ||
         !nc->all_gather || !nc->send || !nc->recv || !nc->group_start || !nc->group_end ||
@@ -162,6 +194,7 @@ typedef struct nccl_transport {
     shared_api api;
     CUstream stream;
     nccl_comm comm;
+    bool ce; /* collectives on the copy engines: NCCL 2.28's, every rank on one host */
     shared_range flag; /* the sequence number the compute queue has reached */
     uint32_t seq;
     nccl_op op[2][DIST_SLOTS];          /* [OP_REDUCE / OP_GATHER][channel] */
@@ -304,17 +337,112 @@ static void wait_helper(nccl_transport *t)
     pthread_mutex_unlock(&t->lock);
 }
 
-/* ---- ops ---- */
+/* ---- staging, chunk by chunk ---- */
 
-/* A bf16 reduce-scatter exchanges the blocks into staging's second half (see the top). */
-static bool exchanges(const nccl_op *op)
+/*
+ * An op's data in staging: chunk k holds the k-th slice of every rank's block, back to back in
+ * rank order (for an exchange, followed by the slices received), and lies inside one piece, so
+ * that no NCCL call crosses a piece: each piece is a window of its own for the copy engines.
+ */
+typedef struct layout {
+    size_t shard;     /* elements of a block */
+    size_t per;       /* elements of a block's slice in a full chunk */
+    size_t unit;      /* staging bytes for an element of a slice: P x es, twice for an exchange */
+    size_t per_piece; /* chunks in a piece */
+    size_t n;         /* chunks */
+} layout;
+
+/* A reduce-scatter that exchanges the blocks, so that zero.c sums them (see the top). */
+static bool exchanges(const nccl_transport *t, int kind, size_t es)
 {
-    return op->kind == OP_REDUCE && op->es == 2;
+    return kind == OP_REDUCE && (t->ce || es == 2);
 }
 
+/*
+ * Slices as long as a piece allows, or as chunk_bytes allows where it is set: at most chunk_bytes
+ * go to the other ranks each way in one chunk, as under MPI.
+ */
+static layout layout_of(const llmcl_dist *d, int kind, size_t shard, size_t es)
+{
+    const nccl_transport *t = nccl_of(d);
+    layout l = {.shard = shard,
+                .unit = (size_t)d->world * es * (exchanges(t, kind, es) ? 2 : 1)};
+    size_t per = SHARED_PIECE_BYTES / l.unit;
+    if (d->opts.chunk_bytes) {
+        const size_t peers = d->world > 1 ? (size_t)d->world - 1 : 1;
+        const size_t asked = (size_t)d->opts.chunk_bytes / es / peers;
+        per = asked < 1 ? 1 : asked < per ? asked : per;
+    }
+    if (per > DIST_ALIGN) /* slices that start aligned, as the shards do */
+        per -= per % DIST_ALIGN;
+    l.per = per < shard ? per : shard;
+    l.per_piece = SHARED_PIECE_BYTES / (l.unit * l.per);
+    l.n = (shard + l.per - 1) / l.per;
+    return l;
+}
+
+static size_t chunk_len(const layout *l, size_t k)
+{
+    return l->shard - k * l->per < l->per ? l->shard - k * l->per : l->per;
+}
+
+/* Chunk k's first byte in the range. */
+static size_t chunk_at(const layout *l, size_t k)
+{
+    return k / l->per_piece * SHARED_PIECE_BYTES + k % l->per_piece * l->unit * l->per;
+}
+
+/* The staging bytes of the layout; a smaller group's fits in a larger one's. */
+static size_t layout_bytes(const layout *l)
+{
+    return chunk_at(l, l->n - 1) + l->unit * chunk_len(l, l->n - 1);
+}
+
+/* Copies block q's slice of chunk k between the op's buffer and staging: what is sent (slot 0)
+   or what was received (slot 1). */
+static llmcl_status copy_slice(llmcl_dist *d, const nccl_op *op, const shared_range *r,
+                               const layout *l, size_t k, int q, int slot, bool into_range)
+{
+    const size_t len = chunk_len(l, k);
+    const size_t at = chunk_at(l, k) + ((size_t)slot * (size_t)d->world + (size_t)q) * len * op->es;
+    const size_t off = op->buf_off + ((size_t)q * l->shard + k * l->per) * op->es;
+    return shared_range_copy(d->ctx, r, at, op->buf, off, len * op->es, into_range);
+}
+
+/* Copies what op sends into staging: every block (reduce), this rank's (gather). */
+static llmcl_status stage_in(llmcl_dist *d, const nccl_op *op, const shared_range *r,
+                             const layout *l)
+{
+    for (size_t k = 0; k < l->n; ++k)
+        for (int q = 0; q < d->world; ++q)
+            if (op->kind == OP_REDUCE || q == d->rank)
+                LLMCL__TRY(copy_slice(d, op, r, l, k, q, 0, true));
+    return LLMCL_OK;
+}
+
+/* Copies what op brought back: this rank's summed block, the P parts of it exchanged (which
+   zero.c sums, in rank order in the buffer), or the other ranks' blocks (gather). */
+static llmcl_status stage_out(llmcl_dist *d, const nccl_op *op, const shared_range *r,
+                              const layout *l)
+{
+    const bool ex = exchanges(nccl_of(d), op->kind, op->es);
+    for (size_t k = 0; k < l->n; ++k)
+        for (int q = 0; q < d->world; ++q) {
+            if (op->kind == OP_REDUCE && !ex && q != d->rank)
+                continue;
+            if (op->kind == OP_GATHER && q == d->rank)
+                continue;
+            LLMCL__TRY(copy_slice(d, op, r, l, k, q, ex ? 1 : 0, false));
+        }
+    return LLMCL_OK;
+}
+
+/* ---- ops ---- */
+
+/* Where the ranks' parts are exchanged, zero.c sums them, not NCCL. */
 static bool nccl_sums(const llmcl_dist *d)
 {
-    return d->opts.reduce_dtype == LLMCL_F32;
+    return !exchanges(nccl_of(d), OP_REDUCE, llmcl_dtype_size(d->opts.reduce_dtype));
 }
 
 static llmcl_status nccl_progress(llmcl_dist *d)
@@ -325,62 +453,48 @@ static llmcl_status nccl_progress(llmcl_dist *d)
     return LLMCL_OK;
 }
 
-/* The NCCL call of op on its staging range, shard elements a block. */
-static int nccl_call(llmcl_dist *d, const nccl_op *op, const shared_range *range, size_t shard)
+/* Chunk k's exchange: ncclAlltoAll (NCCL 2.28), else a send and a receive for every rank. */
+static int nccl_exchange(llmcl_dist *d, const nccl_op *op, CUdeviceptr s, size_t len)
 {
     nccl_transport *t = nccl_of(d);
-    const int type = op->type;
-    const CUdeviceptr s = range->base;
-    const size_t block = shard * op->es;
-    const CUdeviceptr mine = s + (CUdeviceptr)((size_t)d->rank * block);
-    if (op->kind == OP_GATHER)
-        return t->nc.all_gather((void *)mine, (void *)s, shard, type, t->comm, t->stream);
-    if (!exchanges(op))
-        return t->nc.reduce_scatter((void *)s, (void *)mine, shard, type, NCCL_SUM, t->comm,
-                                    t->stream);
-    const CUdeviceptr recv = s + range->bytes / 2;
+    const size_t slice = len * op->es;
+    const CUdeviceptr recv = s + (CUdeviceptr)((size_t)d->world * slice);
+    if (t->nc.all_to_all)
+        return t->nc.all_to_all((void *)s, (void *)recv, len, op->type, t->comm, t->stream);
     int r = t->nc.group_start();
     for (int q = 0; q < d->world && r == NCCL_OK; ++q) {
-        r = t->nc.send((void *)(s + (CUdeviceptr)((size_t)q * block)), shard, type, q, t->comm,
-                       t->stream);
+        const CUdeviceptr at = (CUdeviceptr)((size_t)q * slice);
+        r = t->nc.send((void *)(s + at), len, op->type, q, t->comm, t->stream);
         if (r == NCCL_OK)
-            r = t->nc.recv((void *)(recv + (CUdeviceptr)((size_t)q * block)), shard, type, q,
-                           t->comm, t->stream);
+            r = t->nc.recv((void *)(recv + at), len, op->type, q, t->comm, t->stream);
     }
     const int end = t->nc.group_end();
     return r != NCCL_OK ? r : end;
 }
 
-/* Copies what op sends into staging: the whole group (reduce), this rank's block (gather). */
-static llmcl_status stage_in(llmcl_dist *d, const nccl_op *op, const shared_range *s, size_t shard)
+/* The NCCL calls of op, a chunk each, in place in staging but for an exchange's receipts. */
+static int nccl_calls(llmcl_dist *d, const nccl_op *op, const shared_range *r, const layout *l)
 {
-    const size_t block = shard * op->es;
-    if (op->kind == OP_REDUCE)
-        return shared_range_copy(d->ctx, s, 0, op->buf, op->buf_off, op->numel * op->es, true);
-    const size_t mine = (size_t)d->rank * block;
-    return shared_range_copy(d->ctx, s, mine, op->buf, op->buf_off + mine, block, true);
-}
-
-/* Copies what op brought back: this rank's summed block, the P parts exchanged (bf16 reduce,
-   which zero.c sums), or the other ranks' blocks (gather). */
-static llmcl_status stage_out(llmcl_dist *d, const nccl_op *op, const shared_range *s)
-{
-    const size_t shard = op->numel / (size_t)d->world, block = shard * op->es;
-    const size_t mine = (size_t)d->rank * block;
-    if (op->kind == OP_REDUCE && !exchanges(op))
-        return shared_range_copy(d->ctx, s, mine, op->buf, op->buf_off + mine, block, false);
-    if (exchanges(op))
-        return shared_range_copy(d->ctx, s, s->bytes / 2, op->buf, op->buf_off,
-                                 op->numel * op->es, false);
-    LLMCL__TRY(shared_range_copy(d->ctx, s, 0, op->buf, op->buf_off, mine, false));
-    const size_t rest = mine + block;
-    return shared_range_copy(d->ctx, s, rest, op->buf, op->buf_off + rest,
-                             op->numel * op->es - rest, false);
+    nccl_transport *t = nccl_of(d);
+    int nr = NCCL_OK;
+    for (size_t k = 0; k < l->n && nr == NCCL_OK; ++k) {
+        const size_t len = chunk_len(l, k);
+        const CUdeviceptr s = r->base + (CUdeviceptr)chunk_at(l, k);
+        const CUdeviceptr mine = s + (CUdeviceptr)((size_t)d->rank * len * op->es);
+        if (op->kind == OP_GATHER)
+            nr = t->nc.all_gather((void *)mine, (void *)s, len, op->type, t->comm, t->stream);
+        else if (exchanges(t, op->kind, op->es))
+            nr = nccl_exchange(d, op, s, len);
+        else
+            nr = t->nc.reduce_scatter((void *)s, (void *)mine, len, op->type, NCCL_SUM, t->comm,
+                                      t->stream);
+    }
+    return nr;
 }
 
 /*
  * One op: copies into staging on the compute queue, the flag, then on the stream a wait for the
- * flag, the NCCL call and an event, which the helper thread turns into op->landed.
+ * flag, the NCCL calls and an event, which the helper thread turns into op->landed.
  */
 static llmcl_status start(llmcl_dist *d, int kind, int channel, int group,
                           const llmcl_tensor *buf, int64_t off)
@@ -397,7 +511,8 @@ static llmcl_status start(llmcl_dist *d, int kind, int channel, int group,
                             : dt == LLMCL_BF16 ? NCCL_BFLOAT16
                                                : NCCL_FLOAT16};
     op->buf_off = (size_t)(buf->offset + off) * op->es;
-    LLMCL__TRY(stage_in(d, op, s, shard));
+    const layout l = layout_of(d, kind, shard, op->es);
+    LLMCL__TRY(stage_in(d, op, s, &l));
     const uint32_t seq = ++t->seq;
     LLMCL__CL(d->ctx, clEnqueueFillBuffer(d->ctx->queue, t->flag.piece[0].mem, &seq, sizeof seq,
                                           0, sizeof seq, 0, NULL, NULL));
@@ -408,7 +523,7 @@ static llmcl_status start(llmcl_dist *d, int kind, int channel, int group,
     pending e = {.landed = landed, .since = now_s()};
     LLMCL__REQUIRE(d->ctx, enter(t), LLMCL_ERROR_NCCL, "cuCtxPushCurrent failed");
     CUresult r = t->cu.stream_wait_value32(t->stream, t->flag.base, seq, CU_STREAM_WAIT_VALUE_GEQ);
-    const int nr = r == CUDA_OK ? nccl_call(d, op, s, shard) : NCCL_OK;
+    const int nr = r == CUDA_OK ? nccl_calls(d, op, s, &l) : NCCL_OK;
     if (r == CUDA_OK && nr == NCCL_OK)
         r = t->cu.event_create(&e.done, CU_EVENT_DISABLE_TIMING);
     if (r == CUDA_OK && nr == NCCL_OK)
@@ -454,7 +569,8 @@ static llmcl_status nccl_complete(llmcl_dist *d, int kind, int channel)
     llmcl__release_event(&op->landed);
     LLMCL__CL(d->ctx, err);
     LLMCL__TRY(nccl_progress(d));
-    return stage_out(d, op, &t->staging[kind][channel]);
+    const layout l = layout_of(d, kind, op->numel / (size_t)d->world, op->es);
+    return stage_out(d, op, &t->staging[kind][channel], &l);
 }
 
 static int nccl_busy(const llmcl_dist *d, int kind, int channel)
@@ -462,21 +578,53 @@ static int nccl_busy(const llmcl_dist *d, int kind, int channel)
     return nccl_of(d)->op[kind][channel].group;
 }
 
-/* Staging for the largest group on every channel: twice the wire's for an exchange (bf16). */
+/* Each piece of r as a symmetric window of its own (every rank registers the same ranges in the
+   same order), so that NCCL runs the collectives on it with the copy engines. */
+static llmcl_status register_windows(llmcl_dist *d, shared_range *r)
+{
+    nccl_transport *t = nccl_of(d);
+    LLMCL__REQUIRE(d->ctx, enter(t), LLMCL_ERROR_NCCL, "cuCtxPushCurrent failed");
+    int nr = NCCL_OK;
+    for (int i = 0; i < r->n && nr == NCCL_OK; ++i)
+        nr = t->nc.window_register(t->comm, (void *)(r->base + (CUdeviceptr)r->piece[i].at),
+                                   r->piece[i].bytes, &r->piece[i].window,
+                                   NCCL_WIN_COLL_SYMMETRIC);
+    leave(t);
+    return nr == NCCL_OK ? LLMCL_OK : nccl_fail(d, "ncclCommWindowRegister", nr);
+}
+
+static void deregister_windows(nccl_transport *t, shared_range *r)
+{
+    const bool live = !atomic_load(&t->failed) && enter(t);
+    for (int i = 0; i < r->n; ++i) {
+        if (r->piece[i].window && live)
+            t->nc.window_deregister(t->comm, r->piece[i].window);
+        r->piece[i].window = NULL;
+    }
+    if (live)
+        leave(t);
+}
+
+/* Staging for the largest group on every channel; the ranks agree before registering it. */
 static llmcl_status nccl_setup(llmcl_dist *d)
 {
     nccl_transport *t = nccl_of(d);
-    const size_t g = (size_t)d->max_group;
-    const size_t wire = llmcl_dtype_size(d->opts.reduce_dtype);
-    const size_t bytes[2] = {g * wire * (wire == 2 ? 2 : 1),
-                             g * llmcl_dtype_size(d->opts.param_dtype)};
+    const size_t shard = (size_t)d->max_group / (size_t)d->world;
+    const size_t es[2] = {llmcl_dtype_size(d->opts.reduce_dtype),
+                          llmcl_dtype_size(d->opts.param_dtype)};
+    llmcl_status st = LLMCL_OK;
     for (int k = 0; k < 2; ++k)
-        for (int c = 0; c < DIST_SLOTS; ++c) {
-            LLMCL__TRY(shared_range_create(d->ctx, &t->api, bytes[k], &t->staging[k][c]));
+        for (int c = 0; c < DIST_SLOTS && st == LLMCL_OK; ++c) {
+            const layout l = layout_of(d, k, shard, es[k]);
+            st = shared_range_create(d->ctx, &t->api, layout_bytes(&l), &t->staging[k][c]);
             t->base.device_bytes += t->staging[k][c].bytes;
             t->op[k][c].group = -1;
         }
-    return LLMCL_OK;
+    st = llmcl__dist_agree(d, st);
+    for (int k = 0; k < 2 && t->ce; ++k)
+        for (int c = 0; c < DIST_SLOTS && st == LLMCL_OK; ++c)
+            st = register_windows(d, &t->staging[k][c]);
+    return st;
 }
 
 /* Nothing may use the staging ranges once the compute queue and the stream are done. */
@@ -498,6 +646,7 @@ static void nccl_release(llmcl_dist *d)
         for (int c = 0; c < DIST_SLOTS; ++c) {
             llmcl__release_event(&t->op[k][c].landed);
             t->op[k][c].group = -1;
+            deregister_windows(t, &t->staging[k][c]);
             shared_range_destroy(d->ctx, &t->api, &t->staging[k][c]);
         }
     t->base.device_bytes = t->flag.bytes;
@@ -705,6 +854,8 @@ static bool local_side(llmcl_dist *d, nccl_transport *t, char *why, size_t why_l
     if (!nccl_load(&t->nc, why, why_len) || !opencl_side(d, t, why, why_len) ||
         !cuda_side(d, t, why, why_len))
         return false;
+    t->ce = t->ce && t->nc.version >= NCCL_CE_VERSION && t->nc.comm_init_rank_config &&
+            t->nc.window_register && t->nc.window_deregister && t->nc.all_to_all;
     if (shared_range_create(d->ctx, &t->api, t->api.granularity, &t->flag) == LLMCL_OK) {
         t->base.device_bytes = t->flag.bytes;
         return true;
@@ -715,7 +866,7 @@ static bool local_side(llmcl_dist *d, nccl_transport *t, char *why, size_t why_l
 
 /* What each rank tells the others. */
 typedef struct rank_report {
-    int ok;
+    int ok, ce;
     int pci[3]; /* domain, bus, device of its GPU */
     uint64_t host;
     char why[224];
@@ -725,7 +876,7 @@ typedef struct rank_report {
 static llmcl_status all_sides(llmcl_dist *d, nccl_transport *t, bool ok, char *why,
                               size_t why_len)
 {
-    rank_report mine = {.ok = ok};
+    rank_report mine = {.ok = ok, .ce = t->ce};
     char host[256] = "";
     gethostname(host, sizeof host - 1);
     mine.host = XXH64(host, strlen(host), 0);
@@ -743,6 +894,8 @@ static llmcl_status all_sides(llmcl_dist *d, nccl_transport *t, bool ok, char *w
         return LLMCL__FAIL(d->ctx, LLMCL_ERROR_MPI, "MPI_Allgather of the ranks' NCCL support");
     }
     llmcl_status st = LLMCL_OK;
+    for (int r = 0; r < d->world; ++r)
+        t->ce = t->ce && all[r].ce && all[r].host == all[0].host;
     for (int r = 0; r < d->world && st == LLMCL_OK; ++r) {
         if (!all[r].ok) {
             snprintf(why, why_len, "rank %d: %s", r, all[r].why);
@@ -776,7 +929,16 @@ static llmcl_status init_comm(llmcl_dist *d, nccl_transport *t, char *why, size_
     if (r == NCCL_OK) {
         if (!enter(t))
             return LLMCL__FAIL(d->ctx, LLMCL_ERROR_NCCL, "cuCtxPushCurrent failed");
-        r = t->nc.comm_init_rank(&t->comm, d->world, msg.id, d->rank);
+        nccl_config config = {.size = sizeof config, .magic = 0xcafebeef,
+                              .version = NCCL_CE_VERSION, .cta_policy = NCCL_CTA_POLICY_ZERO};
+        int *undefined[] = {&config.blocking, &config.cga_cluster_size, &config.min_ctas,
+                            &config.max_ctas, &config.split_share, &config.traffic_class,
+                            &config.collnet_enable, &config.shrink_share, &config.nvls_ctas,
+                            &config.channels_per_net_peer, &config.nvlink_centric_sched};
+        for (size_t i = 0; i < sizeof undefined / sizeof *undefined; ++i)
+            *undefined[i] = INT_MIN; /* NCCL_CONFIG_UNDEF_INT: NCCL's default */
+        r = t->ce ? t->nc.comm_init_rank_config(&t->comm, d->world, msg.id, d->rank, &config)
+                  : t->nc.comm_init_rank(&t->comm, d->world, msg.id, d->rank);
         leave(t);
     }
     llmcl_status st = LLMCL_OK;
@@ -808,11 +970,8 @@ llmcl_status llmcl__dist_nccl_create(llmcl_dist *d, char *why, size_t why_len)
     LLMCL__REQUIRE(d->ctx, t, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "NCCL transport");
     t->base.ops = &nccl_ops;
     t->base.kind = LLMCL_DIST_TRANSPORT_NCCL;
-    /* NVIDIA's OpenCL and NCCL run in two CUDA contexts, which the GPU time-slices: a collective
-       under the compute takes turns with it, and NCCL's kernels spin through their turns while a
-       peer computes. Steps with collectives between the compute ran 5-39% faster
-       (docs/PERFORMANCE.md). */
-    t->base.overlaps = false;
+    const char *ce = llmcl__getenv("LLMCL_NCCL_CE"); /* checked by llmcl_dist_create */
+    t->ce = !ce || strcmp(ce, "0") != 0;
     pthread_mutex_init(&t->lock, NULL);
     pthread_cond_init(&t->wake, NULL);
     pthread_cond_init(&t->drained, NULL);
@@ -833,8 +992,14 @@ llmcl_status llmcl__dist_nccl_create(llmcl_dist *d, char *why, size_t why_len)
         d->transport = NULL;
         return st;
     }
+    /* NVIDIA's OpenCL and NCCL run in two CUDA contexts, which the GPU time-slices: NCCL's
+       kernels under the compute take turns with it, and spin through their turns while a peer
+       computes (steps with them between the compute ran 5-39% faster, docs/PERFORMANCE.md).
+       The copy engines run beside the compute. */
+    t->base.overlaps = t->ce;
     snprintf(d->transport_detail, sizeof d->transport_detail,
-             "NCCL %d.%d.%d (%.160s), CUDA device %d", t->nc.version / 10000,
-             t->nc.version / 100 % 100, t->nc.version % 100, t->nc.path, t->api.device);
+             "NCCL %d.%d.%d (%.140s), CUDA device %d, %s", t->nc.version / 10000,
+             t->nc.version / 100 % 100, t->nc.version % 100, t->nc.path, t->api.device,
+             t->ce ? "copy engines" : "kernels");
     return LLMCL_OK;
 }
