@@ -26,11 +26,11 @@
  * copy engines can: with the communicator's CTA policy NCCL_CTA_POLICY_ZERO and every staging
  * piece registered as a symmetric window (ncclCommWindowRegister), ncclAllGather and ncclAlltoAll
  * run as copies between the GPUs, no kernel. On them a reduce-scatter exchanges the blocks
- * (ncclAlltoAll) and zero.c sums the parts in f32 in rank order on the device, as under MPI, and
- * collectives run under the compute by default. Where NCCL is older, the ranks span hosts (NCCL
- * runs copy engines within one) or LLMCL_NCCL_CE=0, its kernels run instead: a reduce-scatter of
- * f32 is ncclReduceScatter in place, one of bf16 an exchange too, as NCCL would round every
- * partial sum to bf16, and collectives run between the compute. Staging holds an op chunk by
+ * (ncclAlltoAll) and zero.c sums the parts in f32 in rank order on the device, as under MPI.
+ * Where NCCL is older, the ranks span hosts (NCCL runs copy engines within one) or
+ * LLMCL_NCCL_CE=0, its kernels run instead: a reduce-scatter of f32 is ncclReduceScatter in
+ * place, one of bf16 an exchange too, as NCCL would round every partial sum to bf16. Either way
+ * collectives run between the compute by default (llmcl__dist_nccl_create says why). Staging holds an op chunk by
  * chunk (layout below), so that no call crosses a piece. Every NCCL call is made by the thread
  * that calls llmcl_dist, in program order, the same on every rank. The CUDA calls run in the
  * device's primary CUDA context, pushed around each call so that the application's current
@@ -994,9 +994,10 @@ llmcl_status llmcl__dist_nccl_create(llmcl_dist *d, char *why, size_t why_len)
     }
     /* NVIDIA's OpenCL and NCCL run in two CUDA contexts, which the GPU time-slices: NCCL's
        kernels under the compute take turns with it, and spin through their turns while a peer
-       computes (steps with them between the compute ran 5-39% faster, docs/PERFORMANCE.md).
-       The copy engines run beside the compute. */
-    t->base.overlaps = t->ce;
+       computes (steps with them between the compute ran 5-39% faster). The copy engines do run
+       beside the compute, but steps with them under it were still 0.5-2.5% slower
+       (docs/PERFORMANCE.md). */
+    t->base.overlaps = false;
     snprintf(d->transport_detail, sizeof d->transport_detail,
              "NCCL %d.%d.%d (%.140s), CUDA device %d, %s", t->nc.version / 10000,
              t->nc.version / 100 % 100, t->nc.version % 100, t->nc.path, t->api.device,
