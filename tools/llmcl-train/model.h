@@ -47,8 +47,8 @@ typedef struct model_config {
     int zero_stage;           /* > 0: the parameters sharded over MPI_COMM_WORLD by ZeRO stage
                                  1, 2 or 3 (zero.h; llmcl-train built with MPI, no LoRA) */
     int zero_group_layers;    /* under zero_stage: consecutive layers in one llmcl_dist group
-                                 (0 or 1: a layer a group; ZERO_GROUP_LAYERS_AUTO: the most that
-                                 cost no memory, zero.c) */
+                                 (0, unset, or ZERO_GROUP_LAYERS_AUTO: the most that cost no
+                                 memory, zero.c) */
     uint64_t offload_chunk_bytes; /* > 0: the trainable set's masters and moments in pinned host
                                      memory, streamed through the device in chunks of this many
                                      bytes (offload_state.h; a 16-bit model, no LoRA, no ZeRO) */

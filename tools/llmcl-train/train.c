@@ -121,7 +121,7 @@ static void usage(FILE *f)
           "                       on its own --batch (the step's batch is N x --batch); checkpoints\n"
           "                       become folders that resume on any number of ranks\n"
           "  --zero-group-layers K  K consecutive layers in each group that ZeRO gathers and\n"
-          "                       reduces at once (default 1): fewer, larger collectives; auto:\n"
+          "                       reduces at once: fewer, larger collectives; auto (default):\n"
           "                       the most whose group is no larger than the embedding's (no\n"
           "                       more memory)\n"
           "output:\n"

@@ -98,9 +98,7 @@ llmcl_status zero_attach(model *m, int stage)
     zero *z = xcalloc(1, sizeof *z);
     z->w32 = xcalloc((size_t)m->n_params, sizeof *z->w32);
     z->kept = xcalloc((size_t)m->n_params, sizeof *z->kept);
-    z->layers = m->cfg.zero_group_layers == ZERO_GROUP_LAYERS_AUTO ? auto_group_layers(m)
-                : m->cfg.zero_group_layers > 1                      ? m->cfg.zero_group_layers
-                                                                    : 1;
+    z->layers = m->cfg.zero_group_layers >= 1 ? m->cfg.zero_group_layers : auto_group_layers(m);
     m->zero = z;
     const int groups = dist_groups(m);
     z->open = xcalloc((size_t)groups, sizeof *z->open);

@@ -21,8 +21,8 @@
  * group is gathered at its first layer's open, released and reduced once all its layers have
  * closed, so a step makes about K times fewer collectives, each K times larger. The buckets and
  * gather buffers are the size of the largest group, so where the embedding is the largest (the
- * presets' 1B model up to K 4, the 8B up to K 2) they cost no memory; --zero-group-layers auto
- * takes the largest such K.
+ * presets' 1B model up to K 4, the 8B up to K 2) they cost no memory; --zero-group-layers auto,
+ * the default, takes the largest such K.
  *
  * Norm weights are registered like every other parameter; in a 16-bit model their compute copy is
  * 16-bit, and since llmcl_rmsnorm wants f32 weights beside an f32 weight gradient, opening a group
