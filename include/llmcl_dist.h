@@ -37,10 +37,15 @@
  *     call's CUDA event has: the host never waits around a collective. The helper thread also
  *     watches for NCCL's asynchronous errors and for calls that take longer than LLMCL_NCCL_TIMEOUT
  *     seconds (default 600); either aborts the communicator (ncclCommAbort) and fails the next
- *     dist call. An f32 reduce-scatter sums in NCCL (ncclReduceScatter); a bf16 one exchanges the
- *     blocks (ncclSend, ncclRecv) and sums them in f32 on the device in rank order, as MPI does.
- *     NVIDIA's OpenCL runs kernels in a CUDA context of its own, which takes turns on the GPU with
- *     NCCL's, so communication adds to the step rather than running beside the kernels.
+ *     dist call. With NCCL 2.28 or later and every rank on one host, NCCL moves the data on the
+ *     GPUs' copy engines, no kernel (NCCL_CTA_POLICY_ZERO, the staging registered as symmetric
+ *     windows; LLMCL_NCCL_CE=0 turns this off): ncclAllGather, and for a reduce-scatter
+ *     ncclAlltoAll of the blocks, summed in f32 on the device in rank order as MPI does, so the
+ *     results are the MPI transport's. Otherwise NCCL's kernels run: an f32 reduce-scatter sums
+ *     in NCCL (ncclReduceScatter), a bf16 one exchanges the blocks (ncclSend, ncclRecv) and sums
+ *     them on the device. NVIDIA's OpenCL runs kernels in a CUDA context of its own, which takes
+ *     turns on the GPU with NCCL's kernels, so communication adds to the step rather than running
+ *     beside the kernels.
  *   - Host-staged MPI everywhere else (PoCL, rusticl, AMD, Intel): each collective is a pipeline of
  *     chunks (chunk_bytes), each chunk copied from the device, exchanged with MPI_Ialltoallv and
  *     copied back while the next is copied out, on two copy queues beside the compute queue; the
@@ -50,8 +55,9 @@
  * llmcl_dist_opts.transport, else LLMCL_DIST_TRANSPORT=auto|mpi|nccl, picks one; automatic picks
  * NCCL where every rank can run it, else MPI, and llmcl_dist_info says which runs and why.
  * Results do not depend on timing: the same world size and transport give the same bits run after
- * run (NCCL's reduction order is fixed by its algorithm for a given world, size and topology; the
- * two transports differ in the order of their sums, so their results agree to rounding).
+ * run (NCCL's kernels sum in an order fixed by their algorithm for a given world, size and
+ * topology, so with them the two transports agree to rounding; on the copy engines they agree bit
+ * for bit).
  *
  * Errors go to llmcl_last_error(ctx) of the dist's context. Calls that take part in a training step
  * (gather, release, grads_ready, zero_grads, step) cannot leave the other ranks waiting: when one
@@ -88,7 +94,8 @@ LLMCL_API const char *llmcl_dist_transport_name(llmcl_dist_transport t);
  * backward goes on, stage 3 gathers the next group while the current one computes. Off: the compute
  * queue waits for each collective as soon as it starts, so the device runs nothing else meanwhile.
  * The results are the same bits either way. The transport's choice: on for MPI; off for NCCL, whose
- * kernels and OpenCL's run in two CUDA contexts that take turns on the GPU.
+ * kernels and OpenCL's run in two CUDA contexts that take turns on the GPU (on its copy engines,
+ * which run beside OpenCL's kernels, steps under the compute still measured slower).
  */
 typedef enum llmcl_dist_overlap {
     LLMCL_DIST_OVERLAP_AUTO = 0, /* LLMCL_DIST_OVERLAP=on|off if set, else the transport's choice */

@@ -995,7 +995,7 @@ llmcl_status llmcl__dist_nccl_create(llmcl_dist *d, char *why, size_t why_len)
     /* NVIDIA's OpenCL and NCCL run in two CUDA contexts, which the GPU time-slices: NCCL's
        kernels under the compute take turns with it, and spin through their turns while a peer
        computes (steps with them between the compute ran 5-39% faster). The copy engines do run
-       beside the compute, but steps with them under it were still 0.5-2.5% slower
+       beside the compute, but steps with them under it were still 0.5-2% slower
        (docs/PERFORMANCE.md). */
     t->base.overlaps = false;
     snprintf(d->transport_detail, sizeof d->transport_detail,
