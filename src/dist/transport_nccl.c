@@ -30,11 +30,11 @@
  * Where NCCL is older, the ranks span hosts (NCCL runs copy engines within one) or
  * LLMCL_NCCL_CE=0, its kernels run instead: a reduce-scatter of f32 is ncclReduceScatter in
  * place, one of bf16 an exchange too, as NCCL would round every partial sum to bf16. Either way
- * collectives run between the compute by default (llmcl__dist_nccl_create says why). Staging holds an op chunk by
- * chunk (layout below), so that no call crosses a piece. Every NCCL call is made by the thread
- * that calls llmcl_dist, in program order, the same on every rank. The CUDA calls run in the
- * device's primary CUDA context, pushed around each call so that the application's current
- * context is left alone.
+ * collectives run between the compute by default (llmcl__dist_nccl_create says why). Staging
+ * holds an op chunk by chunk (staging.h), so that no call crosses a piece. Every NCCL call is
+ * made by the thread that calls llmcl_dist, in program order, the same on every rank. The CUDA
+ * calls run in the device's primary CUDA context, pushed around each call so that the
+ * application's current context is left alone.
  */
 #undef CL_TARGET_OPENCL_VERSION
 #define CL_TARGET_OPENCL_VERSION 300
@@ -53,6 +53,7 @@
 #include <xxhash.h>
 
 #include "shared_mem.h"
+#include "staging.h"
 #include "transport.h"
 
 /* ---- NCCL's API (nccl.h, 2.x), loaded at run time ---- */
@@ -337,20 +338,7 @@ static void wait_helper(nccl_transport *t)
     pthread_mutex_unlock(&t->lock);
 }
 
-/* ---- staging, chunk by chunk ---- */
-
-/*
- * An op's data in staging: chunk k holds the k-th slice of every rank's block, back to back in
- * rank order (for an exchange, followed by the slices received), and lies inside one piece, so
- * that no NCCL call crosses a piece: each piece is a window of its own for the copy engines.
- */
-typedef struct layout {
-    size_t shard;     /* elements of a block */
-    size_t per;       /* elements of a block's slice in a full chunk */
-    size_t unit;      /* staging bytes for an element of a slice: P x es, twice for an exchange */
-    size_t per_piece; /* chunks in a piece */
-    size_t n;         /* chunks */
-} layout;
+/* ---- staging, chunk by chunk (staging.h) ---- */
 
 /* A reduce-scatter that exchanges the blocks, so that zero.c sums them (see the top). */
 static bool exchanges(const nccl_transport *t, int kind, size_t es)
@@ -358,60 +346,27 @@ static bool exchanges(const nccl_transport *t, int kind, size_t es)
     return kind == OP_REDUCE && (t->ce || es == 2);
 }
 
-/*
- * Slices as long as a piece allows, or as chunk_bytes allows where it is set: at most chunk_bytes
- * go to the other ranks each way in one chunk, as under MPI.
- */
-static layout layout_of(const llmcl_dist *d, int kind, size_t shard, size_t es)
+static staging_layout layout_of(const llmcl_dist *d, int kind, size_t shard, size_t es)
 {
-    const nccl_transport *t = nccl_of(d);
-    layout l = {.shard = shard,
-                .unit = (size_t)d->world * es * (exchanges(t, kind, es) ? 2 : 1)};
-    size_t per = SHARED_PIECE_BYTES / l.unit;
-    if (d->opts.chunk_bytes) {
-        const size_t peers = d->world > 1 ? (size_t)d->world - 1 : 1;
-        const size_t asked = (size_t)d->opts.chunk_bytes / es / peers;
-        per = asked < 1 ? 1 : asked < per ? asked : per;
-    }
-    if (per > DIST_ALIGN) /* slices that start aligned, as the shards do */
-        per -= per % DIST_ALIGN;
-    l.per = per < shard ? per : shard;
-    l.per_piece = SHARED_PIECE_BYTES / (l.unit * l.per);
-    l.n = (shard + l.per - 1) / l.per;
-    return l;
-}
-
-static size_t chunk_len(const layout *l, size_t k)
-{
-    return l->shard - k * l->per < l->per ? l->shard - k * l->per : l->per;
-}
-
-/* Chunk k's first byte in the range. */
-static size_t chunk_at(const layout *l, size_t k)
-{
-    return k / l->per_piece * SHARED_PIECE_BYTES + k % l->per_piece * l->unit * l->per;
-}
-
-/* The staging bytes of the layout; a smaller group's fits in a larger one's. */
-static size_t layout_bytes(const layout *l)
-{
-    return chunk_at(l, l->n - 1) + l->unit * chunk_len(l, l->n - 1);
+    return staging_layout_of(d->world, shard, es, exchanges(nccl_of(d), kind, es),
+                             d->opts.chunk_bytes, DIST_ALIGN, SHARED_PIECE_BYTES);
 }
 
 /* Copies block q's slice of chunk k between the op's buffer and staging: what is sent (slot 0)
    or what was received (slot 1). */
 static llmcl_status copy_slice(llmcl_dist *d, const nccl_op *op, const shared_range *r,
-                               const layout *l, size_t k, int q, int slot, bool into_range)
+                               const staging_layout *l, size_t k, int q, int slot, bool into_range)
 {
-    const size_t len = chunk_len(l, k);
-    const size_t at = chunk_at(l, k) + ((size_t)slot * (size_t)d->world + (size_t)q) * len * op->es;
+    const size_t len = staging_chunk_len(l, k);
+    const size_t slice = ((size_t)slot * (size_t)d->world + (size_t)q) * len * op->es;
+    const size_t at = staging_chunk_at(l, k) + slice;
     const size_t off = op->buf_off + ((size_t)q * l->shard + k * l->per) * op->es;
     return shared_range_copy(d->ctx, r, at, op->buf, off, len * op->es, into_range);
 }
 
 /* Copies what op sends into staging: every block (reduce), this rank's (gather). */
 static llmcl_status stage_in(llmcl_dist *d, const nccl_op *op, const shared_range *r,
-                             const layout *l)
+                             const staging_layout *l)
 {
     for (size_t k = 0; k < l->n; ++k)
         for (int q = 0; q < d->world; ++q)
@@ -423,7 +378,7 @@ static llmcl_status stage_in(llmcl_dist *d, const nccl_op *op, const shared_rang
 /* Copies what op brought back: this rank's summed block, the P parts of it exchanged (which
    zero.c sums, in rank order in the buffer), or the other ranks' blocks (gather). */
 static llmcl_status stage_out(llmcl_dist *d, const nccl_op *op, const shared_range *r,
-                              const layout *l)
+                              const staging_layout *l)
 {
     const bool ex = exchanges(nccl_of(d), op->kind, op->es);
     for (size_t k = 0; k < l->n; ++k)
@@ -473,13 +428,14 @@ static int nccl_exchange(llmcl_dist *d, const nccl_op *op, CUdeviceptr s, size_t
 }
 
 /* The NCCL calls of op, a chunk each, in place in staging but for an exchange's receipts. */
-static int nccl_calls(llmcl_dist *d, const nccl_op *op, const shared_range *r, const layout *l)
+static int nccl_calls(llmcl_dist *d, const nccl_op *op, const shared_range *r,
+                      const staging_layout *l)
 {
     nccl_transport *t = nccl_of(d);
     int nr = NCCL_OK;
     for (size_t k = 0; k < l->n && nr == NCCL_OK; ++k) {
-        const size_t len = chunk_len(l, k);
-        const CUdeviceptr s = r->base + (CUdeviceptr)chunk_at(l, k);
+        const size_t len = staging_chunk_len(l, k);
+        const CUdeviceptr s = r->base + (CUdeviceptr)staging_chunk_at(l, k);
         const CUdeviceptr mine = s + (CUdeviceptr)((size_t)d->rank * len * op->es);
         if (op->kind == OP_GATHER)
             nr = t->nc.all_gather((void *)mine, (void *)s, len, op->type, t->comm, t->stream);
@@ -511,7 +467,7 @@ static llmcl_status start(llmcl_dist *d, int kind, int channel, int group,
                             : dt == LLMCL_BF16 ? NCCL_BFLOAT16
                                                : NCCL_FLOAT16};
     op->buf_off = (size_t)(buf->offset + off) * op->es;
-    const layout l = layout_of(d, kind, shard, op->es);
+    const staging_layout l = layout_of(d, kind, shard, op->es);
     LLMCL__TRY(stage_in(d, op, s, &l));
     const uint32_t seq = ++t->seq;
     LLMCL__CL(d->ctx, clEnqueueFillBuffer(d->ctx->queue, t->flag.piece[0].mem, &seq, sizeof seq,
@@ -569,7 +525,7 @@ static llmcl_status nccl_complete(llmcl_dist *d, int kind, int channel)
     llmcl__release_event(&op->landed);
     LLMCL__CL(d->ctx, err);
     LLMCL__TRY(nccl_progress(d));
-    const layout l = layout_of(d, kind, op->numel / (size_t)d->world, op->es);
+    const staging_layout l = layout_of(d, kind, op->numel / (size_t)d->world, op->es);
     return stage_out(d, op, &t->staging[kind][channel], &l);
 }
 
@@ -615,8 +571,8 @@ static llmcl_status nccl_setup(llmcl_dist *d)
     llmcl_status st = LLMCL_OK;
     for (int k = 0; k < 2; ++k)
         for (int c = 0; c < DIST_SLOTS && st == LLMCL_OK; ++c) {
-            const layout l = layout_of(d, k, shard, es[k]);
-            st = shared_range_create(d->ctx, &t->api, layout_bytes(&l), &t->staging[k][c]);
+            const staging_layout l = layout_of(d, k, shard, es[k]);
+            st = shared_range_create(d->ctx, &t->api, staging_bytes(&l), &t->staging[k][c]);
             t->base.device_bytes += t->staging[k][c].bytes;
             t->op[k][c].group = -1;
         }

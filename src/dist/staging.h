@@ -1,0 +1,42 @@
+/*
+ * staging.h: how the NCCL transport lays an op out in its staging range (transport_nccl.c), a
+ * range made of pieces that are each one OpenCL buffer and one NCCL window (shared_mem.h). The op
+ * goes chunk by chunk, a chunk inside one piece, so that no NCCL call crosses a piece: chunk k
+ * holds the k-th slice of every rank's block, back to back in rank order, and for an exchange
+ * as many slices received after them. Pure arithmetic, tested on its own (tests/test_staging.c).
+ */
+#ifndef LLMCL_DIST_STAGING_H
+#define LLMCL_DIST_STAGING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct staging_layout {
+    size_t shard;     /* elements of a block */
+    size_t per;       /* elements of a block's slice in a full chunk */
+    size_t unit;      /* staging bytes for an element of a slice: P x es, twice for an exchange */
+    size_t piece;     /* bytes of a piece */
+    size_t per_piece; /* chunks in a piece */
+    size_t n;         /* chunks */
+} staging_layout;
+
+/*
+ * The layout of an op on world ranks whose blocks hold shard (> 0) elements of es bytes. A slice
+ * is as long as a piece of piece bytes allows, or as chunk_bytes allows where it is set (at most
+ * chunk_bytes to the other ranks each way in one chunk, as under MPI), at least 1 element and a
+ * multiple of align where longer. One element of every slice (unit bytes) must fit in a piece.
+ */
+staging_layout staging_layout_of(int world, size_t shard, size_t es, bool exchange,
+                                 uint64_t chunk_bytes, size_t align, size_t piece);
+
+/* Elements of chunk k's slices. */
+size_t staging_chunk_len(const staging_layout *l, size_t k);
+
+/* Chunk k's first byte in the range. */
+size_t staging_chunk_at(const staging_layout *l, size_t k);
+
+/* The bytes of staging the layout needs; a smaller shard's layout needs no more. */
+size_t staging_bytes(const staging_layout *l);
+
+#endif /* LLMCL_DIST_STAGING_H */
