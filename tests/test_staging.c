@@ -2,7 +2,8 @@
  * test_staging.c: the NCCL transport's staging layout (src/dist/staging.c), which only NVIDIA GPUs
  * with NCCL run, checked here on its own over ranks, element sizes, exchanges, chunk sizes, piece
  * sizes and shards: the chunks cover every block exactly once, none crosses a piece or overlaps
- * another, chunk_bytes bounds them, and a smaller shard's layout fits in a larger one's staging.
+ * another, chunk_bytes bounds them, and a smaller shard's layout fits in a larger one's staging;
+ * and the slice rule that the MPI transport's chunks follow too.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -113,6 +114,19 @@ static void test_small_chunks(void **state)
     assert_int_equal(h.per, 14);
 }
 
+/* The slice rule both transports size their chunks by. */
+static void test_slice(void **state)
+{
+    (void)state;
+    assert_int_equal(staging_slice(1u << 20, 4, 2, (size_t)1 << 30, ALIGN), 262144);
+    assert_int_equal(staging_slice(1u << 20, 2, 5, (size_t)1 << 30, ALIGN), 131072);
+    assert_int_equal(staging_slice(28, 4, 2, 1000, ALIGN), 7);
+    assert_int_equal(staging_slice(0, 4, 2, 40, ALIGN), 32);
+    assert_int_equal(staging_slice(1000, 4, 2, 40, ALIGN), 32);
+    assert_int_equal(staging_slice(2, 4, 3, 40, ALIGN), 1);
+    assert_int_equal(staging_slice(0, 4, 2, 0, ALIGN), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -120,6 +134,7 @@ int main(void)
         cmocka_unit_test(test_one_chunk),
         cmocka_unit_test(test_pieces),
         cmocka_unit_test(test_small_chunks),
+        cmocka_unit_test(test_slice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

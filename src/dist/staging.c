@@ -3,20 +3,25 @@
  */
 #include "staging.h"
 
+size_t staging_slice(uint64_t chunk_bytes, size_t es, int world, size_t cap, size_t align)
+{
+    size_t n = cap;
+    if (chunk_bytes) {
+        const size_t peers = world > 1 ? (size_t)world - 1 : 1;
+        const size_t asked = (size_t)chunk_bytes / es / peers;
+        n = asked < n ? asked : n;
+    }
+    if (n > align)
+        n -= n % align;
+    return n < 1 ? 1 : n;
+}
+
 staging_layout staging_layout_of(int world, size_t shard, size_t es, bool exchange,
                                  uint64_t chunk_bytes, size_t align, size_t piece)
 {
     staging_layout l = {.shard = shard, .piece = piece,
                         .unit = (size_t)world * es * (exchange ? 2 : 1)};
-    size_t per = piece / l.unit;
-    if (chunk_bytes) {
-        const size_t peers = world > 1 ? (size_t)world - 1 : 1;
-        const size_t asked = (size_t)chunk_bytes / es / peers;
-        per = asked < per ? asked : per;
-    }
-    if (per > align) /* slices that start aligned, as the shards do */
-        per -= per % align;
-    per = per < 1 ? 1 : per;
+    const size_t per = staging_slice(chunk_bytes, es, world, piece / l.unit, align);
     l.per = per < shard ? per : shard;
     l.per_piece = piece / (l.unit * l.per);
     l.n = (shard + l.per - 1) / l.per;

@@ -3,7 +3,9 @@
  * range made of pieces that are each one OpenCL buffer and one NCCL window (shared_mem.h). The op
  * goes chunk by chunk, a chunk inside one piece, so that no NCCL call crosses a piece: chunk k
  * holds the k-th slice of every rank's block, back to back in rank order, and for an exchange
- * as many slices received after them. Pure arithmetic, tested on its own (tests/test_staging.c).
+ * as many slices received after them. A slice's length follows staging_slice, the rule by which
+ * the MPI transport sizes its chunks too. Pure arithmetic, tested on its own
+ * (tests/test_staging.c).
  */
 #ifndef LLMCL_DIST_STAGING_H
 #define LLMCL_DIST_STAGING_H
@@ -20,6 +22,14 @@ typedef struct staging_layout {
     size_t per_piece; /* chunks in a piece */
     size_t n;         /* chunks */
 } staging_layout;
+
+/*
+ * Elements of a block's slice in one chunk: chunk_bytes (0: no bound) over the slices a chunk
+ * sends to the other ranks (world - 1, at least 1) in elements of es bytes, at most cap, at
+ * least 1, and a multiple of align where longer, so that with shards that are multiples of align
+ * every slice starts aligned.
+ */
+size_t staging_slice(uint64_t chunk_bytes, size_t es, int world, size_t cap, size_t align);
 
 /*
  * The layout of an op on world ranks whose blocks hold shard (> 0) elements of es bytes. A slice

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "staging.h"
 #include "transport.h"
 
 /* Chunks of one op in flight: the copy out of one, the exchange of another and the copy back of a
@@ -115,20 +116,14 @@ static void pinned_destroy(llmcl_dist *d, dist_pinned *p)
     memset(p, 0, sizeof *p);
 }
 
-/* Elements of a block in one chunk: chunk_bytes (1 MiB if unset) over the pieces a chunk receives
-   (P - 1), at most the largest shard, at least 1; a multiple of DIST_ALIGN where it can be, so
-   that with the shards (multiples of it too) every copy starts aligned on the device and in host
-   memory. */
+/* Elements of a block in one chunk (staging_slice): chunk_bytes (1 MiB if unset) over the pieces
+   a chunk receives, at most the largest shard, aligned so that every copy starts aligned on the
+   device and in host memory. */
 static int64_t piece_for(const llmcl_dist *d, size_t es)
 {
-    const int64_t peers = d->world > 1 ? d->world - 1 : 1;
     const uint64_t chunk = d->opts.chunk_bytes ? d->opts.chunk_bytes : DIST_CHUNK_BYTES;
-    const int64_t piece = (int64_t)(chunk / es) / peers;
-    const int64_t max = d->max_group / d->world;
-    const int64_t capped = piece < max ? piece : max;
-    if (capped > DIST_ALIGN)
-        return capped - capped % DIST_ALIGN;
-    return capped > 1 ? capped : 1;
+    return (int64_t)staging_slice(chunk, es, d->world, (size_t)(d->max_group / d->world),
+                                  DIST_ALIGN);
 }
 
 /* The other ranks in rank order: the j-th is rank j, or j + 1 from this rank on. */

@@ -569,13 +569,14 @@ static llmcl_status nccl_setup(llmcl_dist *d)
     const size_t es[2] = {llmcl_dtype_size(d->opts.reduce_dtype),
                           llmcl_dtype_size(d->opts.param_dtype)};
     llmcl_status st = LLMCL_OK;
-    for (int k = 0; k < 2; ++k)
+    for (int k = 0; k < 2; ++k) {
+        const staging_layout l = layout_of(d, k, shard, es[k]);
         for (int c = 0; c < DIST_SLOTS && st == LLMCL_OK; ++c) {
-            const staging_layout l = layout_of(d, k, shard, es[k]);
             st = shared_range_create(d->ctx, &t->api, staging_bytes(&l), &t->staging[k][c]);
             t->base.device_bytes += t->staging[k][c].bytes;
             t->op[k][c].group = -1;
         }
+    }
     st = llmcl__dist_agree(d, st);
     for (int k = 0; k < 2 && t->ce; ++k)
         for (int c = 0; c < DIST_SLOTS && st == LLMCL_OK; ++c)
@@ -885,14 +886,13 @@ static llmcl_status init_comm(llmcl_dist *d, nccl_transport *t, char *why, size_
     if (r == NCCL_OK) {
         if (!enter(t))
             return LLMCL__FAIL(d->ctx, LLMCL_ERROR_NCCL, "cuCtxPushCurrent failed");
-        nccl_config config = {.size = sizeof config, .magic = 0xcafebeef,
-                              .version = NCCL_CE_VERSION, .cta_policy = NCCL_CTA_POLICY_ZERO};
-        int *undefined[] = {&config.blocking, &config.cga_cluster_size, &config.min_ctas,
-                            &config.max_ctas, &config.split_share, &config.traffic_class,
-                            &config.collnet_enable, &config.shrink_share, &config.nvls_ctas,
-                            &config.channels_per_net_peer, &config.nvlink_centric_sched};
-        for (size_t i = 0; i < sizeof undefined / sizeof *undefined; ++i)
-            *undefined[i] = INT_MIN; /* NCCL_CONFIG_UNDEF_INT: NCCL's default */
+        enum { UNDEF = INT_MIN }; /* NCCL_CONFIG_UNDEF_INT: NCCL's default */
+        nccl_config config = {
+            .size = sizeof config, .magic = 0xcafebeef, .version = NCCL_CE_VERSION,
+            .blocking = UNDEF, .cga_cluster_size = UNDEF, .min_ctas = UNDEF, .max_ctas = UNDEF,
+            .split_share = UNDEF, .traffic_class = UNDEF, .collnet_enable = UNDEF,
+            .cta_policy = NCCL_CTA_POLICY_ZERO, .shrink_share = UNDEF, .nvls_ctas = UNDEF,
+            .channels_per_net_peer = UNDEF, .nvlink_centric_sched = UNDEF};
         r = t->ce ? t->nc.comm_init_rank_config(&t->comm, d->world, msg.id, d->rank, &config)
                   : t->nc.comm_init_rank(&t->comm, d->world, msg.id, d->rank);
         leave(t);
