@@ -494,6 +494,16 @@ LLMCL_API llmcl_status llmcl_mul(llmcl_ctx *ctx, const llmcl_tensor *x, llmcl_te
 LLMCL_API llmcl_status llmcl_sum_rows(llmcl_ctx *ctx, const llmcl_tensor *x, float beta,
                                       llmcl_tensor *y);
 
+/*
+ * llmcl_sum_rows with x's row local_row read from local instead (a contiguous [n] tensor of x's
+ * dtype; x's own bytes there are not read): the parts of a reduce-scatter summed where the
+ * received ones lie in one buffer and the rank's own part stayed in another. y may be local
+ * itself; any other overlap with it is refused.
+ */
+LLMCL_API llmcl_status llmcl_sum_rows_local(llmcl_ctx *ctx, const llmcl_tensor *x,
+                                            int64_t local_row, const llmcl_tensor *local,
+                                            float beta, llmcl_tensor *y);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Device ceilings, measured on the context's device for benchmark ratios.                       */
 

@@ -1,7 +1,7 @@
 /*
- * test_elementwise.c: fill, copy, cast, axpy, mul and sum_rows against double references, on
- * contiguous and strided tensors of odd sizes in every dtype, grids widened where the device cuts
- * loops short, plus their bad-input paths.
+ * test_elementwise.c: fill, copy, cast, axpy, mul and sum_rows (with and without a local row)
+ * against double references, on contiguous and strided tensors of odd sizes in every dtype, grids
+ * widened where the device cuts loops short, plus their bad-input paths.
  */
 #include <math.h>
 #include <stdio.h>
@@ -477,6 +477,77 @@ static void test_sum_rows_in_place(void **state)
         }
 }
 
+/*
+ * llmcl_sum_rows_local: row q of x read from another tensor, x's own row there NaN (so a read of it
+ * shows), into y or into that tensor itself; bit for bit the f32 sum in row order.
+ */
+static void check_sum_rows_local(llmcl_dtype dt, int64_t rows, int64_t n, int64_t q, int beta,
+                                 bool into_local)
+{
+    const size_t nn = (size_t)n;
+    double *x = random_values(dt, (size_t)rows * nn, 60 + (uint64_t)(rows * n + q));
+    double *mine = random_values(dt, nn, 61), *y = random_values(LLMCL_F32, nn, 62);
+    double *ref = th_alloc(nn * sizeof *ref), *got = th_alloc(nn * sizeof *got);
+    double *sent = th_alloc((size_t)rows * nn * sizeof *sent);
+    memcpy(sent, x, (size_t)rows * nn * sizeof *sent);
+    for (size_t i = 0; i < nn; ++i) {
+        sent[(size_t)q * nn + i] = NAN;
+        x[(size_t)q * nn + i] = mine[i];
+    }
+    llmcl_tensor *parent = NULL, *tx = rows_view(dt, rows, n, &parent);
+    th_upload(tx, sent);
+    llmcl_tensor *local = th_tensor_from(dt, 1, &n, mine);
+    llmcl_tensor *ty = into_local ? local : th_tensor_from(LLMCL_F32, 1, &n, y);
+    memcpy(ref, into_local ? mine : y, nn * sizeof *ref);
+    ref_sum_rows(x, (size_t)rows, nn, beta, ref, nn);
+    TH_OK(llmcl_sum_rows_local(th_ctx(), tx, q, local, (float)beta, ty));
+    th_download(ty, got);
+    char what[96];
+    snprintf(what, sizeof what, "sum_rows_local %s, %lld x %lld, row %lld, beta %d%s",
+             llmcl_dtype_name(dt), (long long)rows, (long long)n, (long long)q, beta,
+             into_local ? ", into local" : "");
+    TH_ASSERT_CLOSE(what, ref, got, nn, th_tol_for(into_local ? dt : LLMCL_F32));
+    if (dt == LLMCL_F32)
+        expect_row_order(x, (size_t)rows, nn, beta, into_local ? mine : y, got);
+    llmcl_tensor_destroy(tx);
+    llmcl_tensor_destroy(parent);
+    if (!into_local)
+        llmcl_tensor_destroy(ty);
+    llmcl_tensor_destroy(local);
+    free(x), free(mine), free(y), free(ref), free(got), free(sent);
+}
+
+static void test_sum_rows_local(void **state)
+{
+    (void)state;
+    const int64_t rows[] = {1, 2, 3, 5}, lengths[] = {1, 7, 4097};
+    for (size_t t = 0; t < 3; ++t)
+        for (size_t r = 0; r < 4; ++r)
+            for (size_t l = 0; l < 3; ++l)
+                for (int64_t q = 0; q < rows[r]; q += rows[r] > 2 ? rows[r] / 2 : 1)
+                    check_sum_rows_local(float_types[t], rows[r], lengths[l], q,
+                                         (int)((t + r + l + (size_t)q) % 2), (r + l) % 2 == 1);
+    /* bad inputs: the row, the local tensor, and an overlap with y that is not local itself */
+    llmcl_ctx *ctx = th_ctx();
+    const int64_t s24[] = {2, 4}, s4[] = {4}, s5[] = {5}, s8[] = {8};
+    llmcl_tensor *m = th_tensor(LLMCL_F32, 2, s24), *y = th_tensor(LLMCL_F32, 1, s4);
+    llmcl_tensor *h = th_tensor(LLMCL_BF16, 1, s4), *b = th_tensor(LLMCL_F32, 1, s5);
+    llmcl_tensor *big = th_tensor(LLMCL_F32, 1, s8), *v1 = NULL, *v2 = NULL;
+    TH_OK(llmcl_tensor_view(big, 1, s4, NULL, 0, &v1));
+    TH_OK(llmcl_tensor_view(big, 1, s4, NULL, 2, &v2));
+    TH_FAILS(llmcl_sum_rows_local(ctx, m, 2, y, 0.0f, y), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_sum_rows_local(ctx, m, -1, y, 0.0f, y), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_sum_rows_local(ctx, m, 0, NULL, 0.0f, y), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_sum_rows_local(ctx, m, 0, h, 0.0f, y), LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    TH_FAILS(llmcl_sum_rows_local(ctx, m, 0, b, 0.0f, y), LLMCL_ERROR_SHAPE_MISMATCH);
+    TH_FAILS(llmcl_sum_rows_local(ctx, m, 1, v1, 1.0f, v2), LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "overlaps local"));
+    TH_FAILS(llmcl_sum_rows_local(NULL, m, 0, y, 0.0f, y), LLMCL_ERROR_INVALID_ARGUMENT);
+    llmcl_tensor *ts[] = {m, y, h, b, v1, v2, big};
+    for (size_t i = 0; i < 7; ++i)
+        llmcl_tensor_destroy(ts[i]);
+}
+
 static void test_in_place_and_empty(void **state)
 {
     (void)state;
@@ -686,6 +757,7 @@ int main(void)
         cmocka_unit_test(test_mul),
         cmocka_unit_test(test_sum_rows),
         cmocka_unit_test(test_sum_rows_in_place),
+        cmocka_unit_test(test_sum_rows_local),
         cmocka_unit_test(test_loop_limit),
         cmocka_unit_test(test_in_place_and_empty),
         cmocka_unit_test(test_offset_views),

@@ -1,6 +1,7 @@
 /*
  * elementwise.cl: fill, copy, cast, axpy and mul over tensors of any shape, and sum_rows (the rows
- * of a matrix summed in order: llmcl_dist's sum of the ranks' blocks).
+ * of a matrix summed in order, one of them possibly from another buffer: llmcl_dist's sum of the
+ * ranks' parts of a block).
  *
  * Contiguous tensors take the *_contig kernels: a grid-stride loop over groups of VW elements and a
  * scalar tail. VW is 8 where every operand is 16-bit and 16-byte aligned (one 16-byte access each),
@@ -190,30 +191,36 @@ void cast_strided(__global const STORAGE(SRC_DT) *src, ulong src_off, long4 src_
 }
 
 /*
- * y = (x_0 + x_1 + ... + x_{rows-1}) + beta y over n elements, row q at x + q x_stride: one order
- * for every element, so the bits never depend on the grid. beta 0 leaves y unread (it may hold
- * poison). y may be one of the rows: each element is read by the work-item that writes it.
+ * y = (x_0 + x_1 + ... + x_{rows-1}) + beta y over n elements, row q at x + q x_stride, but for
+ * row local_row (-1: none), which is read from l instead: one order for every element, so the bits
+ * never depend on the grid. beta 0 leaves y unread (it may hold poison). y may be one of the rows:
+ * each element is read by the work-item that writes it.
  */
+#define ROW4(q, i) ((q) == local_row ? LOAD4(SRC_DT, l, i) : LOAD4(SRC_DT, x, (q) * x_stride + (i)))
+#define ROW1(q, i) ((q) == local_row ? LOAD(SRC_DT, l, i) : LOAD(SRC_DT, x, (q) * x_stride + (i)))
+
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void sum_rows(__global const STORAGE(SRC_DT) *x, ulong x_off, long x_stride, int rows,
+              __global const STORAGE(SRC_DT) *l, ulong l_off, int local_row,
               __global STORAGE(DST_DT) *y, ulong y_off, long n, float beta)
 {
     x += x_off;
+    l += l_off;
     y += y_off;
     const long n4 = n / 4;
     GRID_LOOP(i, n4) {
-        float4 s = LOAD4(SRC_DT, x, 4 * i);
+        float4 s = ROW4(0, 4 * i);
         for (int q = 1; q < rows; ++q)
-            s += LOAD4(SRC_DT, x, q * x_stride + 4 * i);
+            s += ROW4(q, 4 * i);
         if (beta != 0.0f)
             s += beta * LOAD4(DST_DT, y, 4 * i);
         STORE4(DST_DT, y, 4 * i, s);
     }
     GRID_LOOP(i, n - 4 * n4) {
         const long j = 4 * n4 + i;
-        float s = LOAD(SRC_DT, x, j);
+        float s = ROW1(0, j);
         for (int q = 1; q < rows; ++q)
-            s += LOAD(SRC_DT, x, q * x_stride + j);
+            s += ROW1(q, j);
         if (beta != 0.0f)
             s += beta * LOAD(DST_DT, y, j);
         STORE(DST_DT, y, j, s);

@@ -308,7 +308,34 @@ static bool is_row_of(const llmcl_tensor *x, const llmcl_tensor *y)
            d / stride < x->shape[0];
 }
 
-llmcl_status llmcl_sum_rows(llmcl_ctx *ctx, const llmcl_tensor *x, float beta, llmcl_tensor *y)
+/* local is one contiguous row of x's dtype and length, and y overlaps it only by being it. */
+static llmcl_status check_local(llmcl_ctx *ctx, const llmcl_tensor *x, int64_t local_row,
+                                const llmcl_tensor *local, const llmcl_tensor *y)
+{
+    LLMCL__REQUIRE(ctx, local, LLMCL_ERROR_INVALID_ARGUMENT, "local must not be NULL");
+    LLMCL__REQUIRE(ctx, local_row >= 0 && local_row < x->shape[0], LLMCL_ERROR_INVALID_ARGUMENT,
+                   "local_row %lld is not a row of x's %lld", (long long)local_row,
+                   (long long)x->shape[0]);
+    LLMCL__TRY(llmcl__check_tensor(ctx, local, "local", LLMCL__FLOAT_DTYPES, 1, 1));
+    LLMCL__REQUIRE(ctx, local->dtype == x->dtype, LLMCL_ERROR_UNSUPPORTED_DTYPE,
+                   "local is %s but x is %s; both must have one dtype",
+                   llmcl_dtype_name(local->dtype), llmcl_dtype_name(x->dtype));
+    LLMCL__REQUIRE(ctx, local->shape[0] == x->shape[1], LLMCL_ERROR_SHAPE_MISMATCH,
+                   "local has %lld elements but x's rows have %lld", (long long)local->shape[0],
+                   (long long)x->shape[1]);
+    LLMCL__REQUIRE(ctx, llmcl_tensor_is_contiguous(local), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "local must be contiguous");
+    const bool same = local->mem == y->mem && local->offset == y->offset &&
+                      local->dtype == y->dtype;
+    LLMCL__REQUIRE(ctx, same || !llmcl__overlaps(local, y), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "y overlaps local without being it");
+    return LLMCL_OK;
+}
+
+/* The sum of x's rows (row local_row from local where has_local) into y. */
+static llmcl_status sum_rows(llmcl_ctx *ctx, const llmcl_tensor *x, bool has_local,
+                             int64_t local_row, const llmcl_tensor *local, float beta,
+                             llmcl_tensor *y)
 {
     LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
     LLMCL__TRY(llmcl__check_tensor(ctx, x, "x", LLMCL__FLOAT_DTYPES, 2, 2));
@@ -323,6 +350,8 @@ llmcl_status llmcl_sum_rows(llmcl_ctx *ctx, const llmcl_tensor *x, float beta, l
                    LLMCL_ERROR_INVALID_ARGUMENT, "x's rows must be unit-stride and y contiguous");
     LLMCL__REQUIRE(ctx, !llmcl__overlaps(x, y) || is_row_of(x, y), LLMCL_ERROR_INVALID_ARGUMENT,
                    "y overlaps x without being one of its rows");
+    if (has_local)
+        LLMCL__TRY(check_local(ctx, x, local_row, local, y));
     if (n == 0)
         return LLMCL_OK;
     /* each element's loop over the rows, one trip of the grid loop */
@@ -338,8 +367,21 @@ llmcl_status llmcl_sum_rows(llmcl_ctx *ctx, const llmcl_tensor *x, float beta, l
     llmcl__arg_tensor(&a, x);
     llmcl__arg_i64(&a, x->strides[0]);
     llmcl__arg_i32(&a, (int32_t)rows);
+    llmcl__arg_tensor(&a, has_local ? local : x);
+    llmcl__arg_i32(&a, has_local ? (int32_t)local_row : -1);
     llmcl__arg_tensor(&a, y);
     llmcl__arg_i64(&a, n);
     llmcl__arg_f32(&a, beta);
     return llmcl__launch(&a, 1, &g.global, &g.local);
+}
+
+llmcl_status llmcl_sum_rows(llmcl_ctx *ctx, const llmcl_tensor *x, float beta, llmcl_tensor *y)
+{
+    return sum_rows(ctx, x, false, -1, NULL, beta, y);
+}
+
+llmcl_status llmcl_sum_rows_local(llmcl_ctx *ctx, const llmcl_tensor *x, int64_t local_row,
+                                  const llmcl_tensor *local, float beta, llmcl_tensor *y)
+{
+    return sum_rows(ctx, x, true, local_row, local, beta, y);
 }
