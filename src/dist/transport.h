@@ -7,9 +7,11 @@
  *   - transport_nccl.c: NCCL on NVIDIA, GPU to GPU through staging ranges of device memory that
  *     CUDA allocates and OpenCL imports (shared_mem.h).
  *
- * An op runs on one of DIST_SLOTS channels of its kind. A reduce-scatter of group g works in place
- * on the group's P blocks of `shard` elements (block q rank q's) in a buffer of the dist's; a
- * gather fills the other ranks' blocks of such a buffer, this rank's block being in place already.
+ * An op runs on one of DIST_SLOTS channels of its kind. A reduce-scatter of group g starts from
+ * the group's P blocks of `shard` elements (block q rank q's) in a buffer of the dist's and ends in
+ * sum_parts, which adds the P ranks' parts of this rank's block wherever the transport left them;
+ * a gather fills the other ranks' blocks of such a buffer, this rank's block being in place
+ * already.
  * Both start after the kernels enqueued so far on the compute queue, and complete() makes the
  * compute queue wait for the result: the host waits only where a transport cannot go on without
  * it.
@@ -22,12 +24,6 @@
 enum { OP_REDUCE, OP_GATHER };
 
 typedef struct dist_transport_ops {
-    /*
-     * What a completed reduce-scatter leaves in the buffer: false, the P ranks' parts of this
-     * rank's block in rank order, in the group's P blocks (summed on the device by zero.c); true,
-     * their sum in this rank's block.
-     */
-    bool (*sums)(const llmcl_dist *d);
     /* After the layout: the channels and anything else sized by it. */
     llmcl_status (*setup)(llmcl_dist *d);
     /* The group in flight on a channel, or -1. */
@@ -43,6 +39,13 @@ typedef struct dist_transport_ops {
                                  int64_t off, cl_event dst_free);
     /* The compute queue waits for the channel's op, which is idle afterwards; idle: returns. */
     llmcl_status (*complete)(llmcl_dist *d, int kind, int channel);
+    /*
+     * After complete(OP_REDUCE, channel), on the compute queue: dst = (the P ranks' parts of this
+     * rank's block of g, summed in rank order in f32) + beta dst. buf and off are the ones the
+     * reduce-scatter started on; dst (the block's elements) may be this rank's block of buf.
+     */
+    llmcl_status (*sum_parts)(llmcl_dist *d, int channel, const dist_group *g,
+                              const llmcl_tensor *buf, int64_t off, llmcl_tensor *dst, float beta);
     /* Advances what can go on without waiting, and reports a failure seen in the background. */
     llmcl_status (*progress)(llmcl_dist *d);
     /* Waits until nothing in flight uses the buffers, so that they may be freed. */
@@ -64,6 +67,11 @@ struct dist_transport {
     uint64_t host_bytes;   /* pinned host staging (llmcl_dist_info.host_bytes) */
     uint64_t device_bytes; /* device memory of its own (llmcl_dist_info.transport_bytes) */
 };
+
+/* sum_parts where the parts lie in buf's P blocks of g from element off, in rank order. */
+llmcl_status llmcl__dist_sum_blocks(llmcl_dist *d, int channel, const dist_group *g,
+                                    const llmcl_tensor *buf, int64_t off, llmcl_tensor *dst,
+                                    float beta);
 
 /* Host-staged MPI, for any device: d->transport (freed by its destroy, also after a failure). */
 llmcl_status llmcl__dist_mpi_create(llmcl_dist *d);

@@ -492,12 +492,6 @@ static int mpi_busy(const llmcl_dist *d, int kind, int channel)
     return op->active ? op->group : -1;
 }
 
-static bool mpi_sums(const llmcl_dist *d)
-{
-    (void)d;
-    return false;
-}
-
 /* Bare MPI on host memory: an all-to-all of bytes / P a pair (the exchange of a reduce-scatter of
    bytes) and an all-gather of bytes / P a rank. */
 static llmcl_status mpi_measure(llmcl_dist *d, uint64_t bytes, int reps, double *reduce_gbs,
@@ -527,12 +521,12 @@ static llmcl_status mpi_measure(llmcl_dist *d, uint64_t bytes, int reps, double 
 }
 
 static const dist_transport_ops mpi_ops = {
-    .sums = mpi_sums,
     .setup = mpi_setup,
     .busy = mpi_busy,
     .reduce_start = mpi_reduce_start,
     .gather_start = mpi_gather_start,
     .complete = mpi_complete,
+    .sum_parts = llmcl__dist_sum_blocks,
     .progress = mpi_progress,
     .quiesce = mpi_quiesce,
     .release = mpi_release,

@@ -364,41 +364,79 @@ static llmcl_status copy_slice(llmcl_dist *d, const nccl_op *op, const shared_ra
     return shared_range_copy(d->ctx, r, at, op->buf, off, len * op->es, into_range);
 }
 
-/* Copies what op sends into staging: every block (reduce), this rank's (gather). */
+/* Copies what op sends into staging: every block for NCCL's reduce-scatter; the other ranks'
+   for an exchange, whose own part stays in the buffer, where sum_parts reads it (ncclAlltoAll's
+   slice to this rank carries stale bytes that nothing reads); this rank's for a gather. */
 static llmcl_status stage_in(llmcl_dist *d, const nccl_op *op, const shared_range *r,
                              const staging_layout *l)
 {
+    const bool all = op->kind == OP_REDUCE && !exchanges(nccl_of(d), op->kind, op->es);
     for (size_t k = 0; k < l->n; ++k)
         for (int q = 0; q < d->world; ++q)
-            if (op->kind == OP_REDUCE || q == d->rank)
+            if (all || (q == d->rank) == (op->kind == OP_GATHER))
                 LLMCL__TRY(copy_slice(d, op, r, l, k, q, 0, true));
     return LLMCL_OK;
 }
 
-/* Copies what op brought back: this rank's summed block, the P parts of it exchanged (which
-   zero.c sums, in rank order in the buffer), or the other ranks' blocks (gather). */
-static llmcl_status stage_out(llmcl_dist *d, const nccl_op *op, const shared_range *r,
-                              const staging_layout *l)
+/* Copies the other ranks' blocks that a gather brought into the buffer. */
+static llmcl_status gather_out(llmcl_dist *d, const nccl_op *op, const shared_range *r,
+                               const staging_layout *l)
 {
-    const bool ex = exchanges(nccl_of(d), op->kind, op->es);
     for (size_t k = 0; k < l->n; ++k)
-        for (int q = 0; q < d->world; ++q) {
-            if (op->kind == OP_REDUCE && !ex && q != d->rank)
-                continue;
-            if (op->kind == OP_GATHER && q == d->rank)
-                continue;
-            LLMCL__TRY(copy_slice(d, op, r, l, k, q, ex ? 1 : 0, false));
-        }
+        for (int q = 0; q < d->world; ++q)
+            if (q != d->rank)
+                LLMCL__TRY(copy_slice(d, op, r, l, k, q, 0, false));
     return LLMCL_OK;
 }
 
-/* ---- ops ---- */
-
-/* Where the ranks' parts are exchanged, zero.c sums them, not NCCL. */
-static bool nccl_sums(const llmcl_dist *d)
+/* rows x len elements of dt at byte at of r, which lie in one piece, as a tensor of rows. */
+static llmcl_status wrap_staging(llmcl_dist *d, const shared_range *r, size_t at, llmcl_dtype dt,
+                                 int64_t rows, int64_t len, llmcl_tensor **out)
 {
-    return !exchanges(nccl_of(d), OP_REDUCE, llmcl_dtype_size(d->opts.reduce_dtype));
+    const shared_piece *p = r->piece;
+    while (at >= p->at + p->bytes)
+        ++p;
+    const int64_t shape[2] = {rows, len}, strides[2] = {len, 1};
+    return llmcl_tensor_wrap(d->ctx, p->mem, dt, 2, shape, strides,
+                             (int64_t)((at - p->at) / llmcl_dtype_size(dt)), out);
 }
+
+/*
+ * Sums chunk by chunk straight from staging into dst: for an exchange the P parts received, this
+ * rank's own from its block of buf; for NCCL's reduce-scatter the sum it left in this rank's
+ * slice.
+ */
+static llmcl_status nccl_sum_parts(llmcl_dist *d, int channel, const dist_group *g,
+                                   const llmcl_tensor *buf, int64_t off, llmcl_tensor *dst,
+                                   float beta)
+{
+    const nccl_op *op = &nccl_of(d)->op[OP_REDUCE][channel];
+    const shared_range *r = &nccl_of(d)->staging[OP_REDUCE][channel];
+    const bool ex = exchanges(nccl_of(d), OP_REDUCE, op->es);
+    const staging_layout l = layout_of(d, OP_REDUCE, (size_t)g->shard, op->es);
+    llmcl_status st = LLMCL_OK;
+    for (size_t k = 0; k < l.n && st == LLMCL_OK; ++k) {
+        const size_t len = staging_chunk_len(&l, k), at = staging_chunk_at(&l, k);
+        const size_t slice = len * op->es, from = (size_t)(ex ? d->world : d->rank) * slice;
+        const int64_t first = (int64_t)(k * l.per), n = (int64_t)len;
+        llmcl_tensor *parts = NULL, *mine = NULL, *into = NULL;
+        st = wrap_staging(d, r, at + from, buf->dtype, ex ? d->world : 1, n, &parts);
+        if (st == LLMCL_OK) /* a view's offset counts from its buffer's start */
+            st = llmcl__dist_view(dst, llmcl_tensor_offset(dst) + first, n, &into);
+        if (st == LLMCL_OK && ex)
+            st = llmcl__dist_view(buf, llmcl_tensor_offset(buf) + off + d->rank * g->shard + first,
+                                  n, &mine);
+        if (st == LLMCL_OK)
+            st = ex ? llmcl_sum_rows_local(d->ctx, parts, d->rank, mine, beta, into)
+                    : llmcl_sum_rows(d->ctx, parts, beta, into);
+        llmcl_tensor_destroy(parts);
+        llmcl_tensor_destroy(mine);
+        llmcl_tensor_destroy(into);
+    }
+    return st;
+}
+
+/* ---- ops ---- */
 
 static llmcl_status nccl_progress(llmcl_dist *d)
 {
@@ -418,6 +456,8 @@ static int nccl_exchange(llmcl_dist *d, const nccl_op *op, CUdeviceptr s, size_t
         return t->nc.all_to_all((void *)s, (void *)recv, len, op->type, t->comm, t->stream);
     int r = t->nc.group_start();
     for (int q = 0; q < d->world && r == NCCL_OK; ++q) {
+        if (q == d->rank)
+            continue; /* its own part stays in the buffer (crosses) */
         const CUdeviceptr at = (CUdeviceptr)((size_t)q * slice);
         r = t->nc.send((void *)(s + at), len, op->type, q, t->comm, t->stream);
         if (r == NCCL_OK)
@@ -525,8 +565,10 @@ static llmcl_status nccl_complete(llmcl_dist *d, int kind, int channel)
     llmcl__release_event(&op->landed);
     LLMCL__CL(d->ctx, err);
     LLMCL__TRY(nccl_progress(d));
+    if (kind == OP_REDUCE)
+        return LLMCL_OK; /* sum_parts reads the parts from staging */
     const staging_layout l = layout_of(d, kind, op->numel / (size_t)d->world, op->es);
-    return stage_out(d, op, &t->staging[kind][channel], &l);
+    return gather_out(d, op, &t->staging[kind][channel], &l);
 }
 
 static int nccl_busy(const llmcl_dist *d, int kind, int channel)
@@ -698,12 +740,12 @@ static llmcl_status nccl_measure(llmcl_dist *d, uint64_t bytes, int reps, double
 }
 
 static const dist_transport_ops nccl_ops = {
-    .sums = nccl_sums,
     .setup = nccl_setup,
     .busy = nccl_busy,
     .reduce_start = nccl_reduce_start,
     .gather_start = nccl_gather_start,
     .complete = nccl_complete,
+    .sum_parts = nccl_sum_parts,
     .progress = nccl_progress,
     .quiesce = nccl_quiesce,
     .release = nccl_release,

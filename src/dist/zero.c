@@ -5,9 +5,9 @@
  * Stage 1 adds the backward's gradients into full f32 buffers and reduce-scatters them in the step.
  * Stages 2 and 3 add them into one of two f32 buckets the size of the largest group, reduce-scatter
  * a bucket as soon as its group is ready and add the rank's part into the gradient shard; a bucket
- * is reused two groups later, after its reduction has landed. A reduce-scatter runs in place in
- * the transport (transport.h), which leaves either the sum or the P ranks' parts of this rank's
- * block; llmcl_sum_rows adds those in rank order into the shard. Stage 3 gathers a group's
+ * is reused two groups later, after its reduction has landed. The transport (transport.h) moves
+ * the blocks and sums the P ranks' parts of this rank's block in rank order into the shard
+ * (llmcl__dist_sum_blocks where they land in the buffer). Stage 3 gathers a group's
  * parameters into one of two gather buffers and prefetches the next group into the other. Stages
  * 1 and 2 all-gather the updated parameters at the end of the step.
  */
@@ -61,6 +61,20 @@ static llmcl_tensor *reduce_buffer(llmcl_dist *d, int ch, const dist_group *g, i
     return d->wire[ch];
 }
 
+llmcl_status llmcl__dist_sum_blocks(llmcl_dist *d, int channel, const dist_group *g,
+                                    const llmcl_tensor *buf, int64_t off, llmcl_tensor *dst,
+                                    float beta)
+{
+    (void)channel;
+    const int64_t shape[2] = {d->world, g->shard}, strides[2] = {g->shard, 1};
+    llmcl_tensor *parts = NULL;
+    llmcl_status st = llmcl_tensor_view(buf, 2, shape, strides, off, &parts);
+    if (st == LLMCL_OK)
+        st = llmcl_sum_rows(d->ctx, parts, beta, dst);
+    llmcl_tensor_destroy(parts);
+    return st;
+}
+
 llmcl_status llmcl__dist_finish_reduce(llmcl_dist *d, int ch)
 {
     const int group = d->transport->ops->busy(d, OP_REDUCE, ch);
@@ -68,25 +82,18 @@ llmcl_status llmcl__dist_finish_reduce(llmcl_dist *d, int ch)
         return LLMCL_OK;
     const dist_group *g = &d->groups[group];
     LLMCL__TRY(llmcl__dist_complete(d, OP_REDUCE, ch));
-    /* The ranks' parts of this rank's block in rank order, or their sum, added into the gradient
-       shard (stages 2-3: micro-batches accumulate there) or over the rank's own part (stage 1). */
+    /* The ranks' parts of this rank's block summed into the gradient shard (stages 2-3:
+       micro-batches accumulate there) or over the rank's own part (stage 1). */
     int64_t off;
-    llmcl_tensor *buf = reduce_buffer(d, ch, g, &off);
-    const bool summed = d->transport->ops->sums(d);
-    if (summed && d->opts.stage == 1 && buf == g->grads)
-        return LLMCL_OK; /* the sum is in place */
-    const int64_t shape[2] = {summed ? 1 : d->world, g->shard}, strides[2] = {g->shard, 1};
-    if (summed)
-        off += d->rank * g->shard;
-    views v = {0};
-    llmcl_status st = llmcl_tensor_view(buf, 2, shape, strides, off, &v.a);
-    if (st == LLMCL_OK && d->opts.stage == 1)
-        st = llmcl__dist_view(g->grads, d->rank * g->shard, g->shard, &v.b);
-    else if (st == LLMCL_OK)
-        st = llmcl__dist_view(d->grad_shard, g->shard_off, g->shard, &v.b);
+    const llmcl_tensor *buf = reduce_buffer(d, ch, g, &off);
+    llmcl_tensor *dst = NULL;
+    llmcl_status st = d->opts.stage == 1
+                          ? llmcl__dist_view(g->grads, d->rank * g->shard, g->shard, &dst)
+                          : llmcl__dist_view(d->grad_shard, g->shard_off, g->shard, &dst);
     if (st == LLMCL_OK)
-        st = llmcl_sum_rows(d->ctx, v.a, d->opts.stage == 1 ? 0.0f : 1.0f, v.b);
-    views_free(&v);
+        st = d->transport->ops->sum_parts(d, ch, g, buf, off, dst,
+                                          d->opts.stage == 1 ? 0.0f : 1.0f);
+    llmcl_tensor_destroy(dst);
     return st;
 }
 
