@@ -15,8 +15,9 @@
  *   forward:  for g = 0 .. groups-1: gather(g); compute with llmcl_dist_param views; release(g)
  *   backward: for g = groups-1 .. 0: gather(g); add gradients into llmcl_dist_grad views (+=);
  *             grads_ready(g); release(g)
- * then llmcl_dist_step, then llmcl_dist_zero_grads. gather and release are needed by stage 3 only
- * and cost nothing in the others; grads_ready starts the reduction of stages 2 and 3.
+ * then llmcl_dist_step, then llmcl_dist_zero_grads. grads_ready starts the reduction of stages 2
+ * and 3. release matters to stage 3 only; gather to every stage, since under stages 1 and 2 it
+ * waits for the group's updated parameters where the step's all-gathers run under the compute.
  *
  * Gradients are summed over the ranks (not averaged): with every rank's loss a mean over its own
  * micro-batch, pass llmcl_adamw_opts.grad_scale = 1 / (micro-batches * world size).
@@ -91,7 +92,8 @@ LLMCL_API const char *llmcl_dist_transport_name(llmcl_dist_transport t);
 
 /*
  * Whether collectives run under the compute. On: stages 2-3 reduce-scatter a group while the
- * backward goes on, stage 3 gathers the next group while the current one computes. Off: the compute
+ * backward goes on, stage 3 gathers the next group while the current one computes, stages 1-2
+ * all-gather the updated parameters while the next forward runs the groups before. Off: the compute
  * queue waits for each collective as soon as it starts, so the device runs nothing else meanwhile.
  * The results are the same bits either way. The transport's choice: on for MPI; off for NCCL, whose
  * kernels and OpenCL's run in two CUDA contexts that take turns on the GPU (on its copy engines,
@@ -211,7 +213,10 @@ LLMCL_API llmcl_status llmcl_dist_get_param(llmcl_dist *d, const char *name, flo
 /*
  * Stage 3: all-gathers group's parameters (unless still resident from the forward) and starts the
  * prefetch of the next group in the current direction (up in the forward, down once a group at or
- * below the last one is gathered again). Other stages: returns. Collective.
+ * below the last one is gathered again). Stages 1 and 2: makes the compute queue wait for the
+ * group's part of the last step's all-gather, where it still runs (collectives under the compute:
+ * the step starts the first two groups' and each gather the group two further on); otherwise
+ * returns. Collective.
  */
 LLMCL_API llmcl_status llmcl_dist_gather(llmcl_dist *d, int group);
 
@@ -221,7 +226,9 @@ LLMCL_API llmcl_status llmcl_dist_release(llmcl_dist *d, int group);
 /*
  * A view of the full compute-dtype parameter, in the parameter's shape: borrowed (owned by d),
  * valid until the group's release (stage 3) or for d's life (stages 1 and 2). Read-only for the
- * model: llmcl_dist_step writes the parameters.
+ * model: llmcl_dist_step writes the parameters. Refused under stages 1 and 2 while the group's
+ * part of the step's all-gather is still to land (collectives under the compute): call gather
+ * first.
  */
 LLMCL_API llmcl_status llmcl_dist_param(llmcl_dist *d, const char *name, llmcl_tensor **view);
 
@@ -253,7 +260,8 @@ LLMCL_API llmcl_status llmcl_dist_zero_grads(llmcl_dist *d);
  * opts->max_grad_norm > 0 or grad_norm not NULL, the global gradient norm (llmcl_grad_norm squared
  * on each shard, gathered and summed in rank order: the same on every rank); llmcl_adamw_step on
  * the shard (master, m, v and the compute copy, with opts->grad_norm replaced by the global norm);
- * then stages 1 and 2 all-gather the updated parameters. opts->step is remembered for
+ * then stages 1 and 2 all-gather the updated parameters (under the compute: starting with the first
+ * two groups, the rest as the next forward's gather calls come). opts->step is remembered for
  * llmcl_dist_save. *grad_norm (may be NULL) receives the norm of the scaled gradients.
  */
 LLMCL_API llmcl_status llmcl_dist_step(llmcl_dist *d, const llmcl_adamw_opts *opts,

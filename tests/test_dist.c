@@ -315,6 +315,35 @@ static void micro_batch(net *n, int64_t step, int micro)
     free(x);
 }
 
+static llmcl_dist_info info_of(llmcl_dist *d)
+{
+    llmcl_dist_info in;
+    OK(llmcl_dist_info_get(d, &in));
+    return in;
+}
+
+/*
+ * Under stages 1-2 with the collectives under the compute, a parameter's view is refused until
+ * gather has waited for its group's part of the step's all-gather; otherwise it is ready at once.
+ */
+static void expect_gather_first(net *n)
+{
+    const llmcl_dist_info in = info_of(n->d);
+    if (in.stage == 3)
+        return;
+    llmcl_tensor *t = NULL;
+    const int last = LAYERS - 1;
+    const llmcl_status st = llmcl_dist_param(n->d, names[2 * last], &t);
+    if (in.overlap) {
+        CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "has not landed"),
+              "a view of a group still being gathered: %s", llmcl_status_str(st));
+        OK(llmcl_dist_gather(n->d, last));
+        OK(llmcl_dist_param(n->d, names[2 * last], &t));
+    } else {
+        OK(st);
+    }
+}
+
 static void train_step(net *n, int64_t step)
 {
     for (int mb = 0; mb < MICRO; ++mb)
@@ -325,6 +354,7 @@ static void train_step(net *n, int64_t step)
         OK(llmcl_dist_step(n->d, &o, &norm));
         CHECK(isfinite(norm) && norm > 0.0f, "norm %g", norm);
         OK(llmcl_dist_zero_grads(n->d));
+        expect_gather_first(n);
         return;
     }
     llmcl_adamw_tensor t[NP];
@@ -563,13 +593,6 @@ static llmcl_status create_on(llmcl_dist_transport t, llmcl_dist **out)
     if (st == LLMCL_OK)
         OK(llmcl_dist_setup(*out));
     return st;
-}
-
-static llmcl_dist_info info_of(llmcl_dist *d)
-{
-    llmcl_dist_info in;
-    OK(llmcl_dist_info_get(d, &in));
-    return in;
 }
 
 /*

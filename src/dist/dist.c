@@ -5,6 +5,7 @@
  * initial values.
  */
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,6 +221,7 @@ llmcl_status llmcl_dist_create(llmcl_ctx *ctx, MPI_Comm comm, const llmcl_dist_o
         d->opts = *opts;
         d->last_gathered = -1;
         d->direction = 1;
+        d->gathered_upto = INT_MAX;
         for (int s = 0; s < DIST_SLOTS; ++s)
             d->slot_group[s] = -1;
         MPI_Comm_rank(dup, &d->rank);

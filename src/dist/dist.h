@@ -68,6 +68,8 @@ struct llmcl_dist {
     int slot_group[DIST_SLOTS];             /* the group a slot holds (valid data), -1 */
     cl_event slot_free[DIST_SLOTS];         /* marker after the kernels that read it */
     int next_bucket, last_gathered, direction;
+    int gathered_upto; /* stages 1-2: groups below it hold the updated parameters, the rest are
+                          being all-gathered in order (INT_MAX: none pending) */
 
     llmcl_adamw_opts last; /* hyperparameters and step of the last step, for save */
 };

@@ -9,8 +9,10 @@
  * the blocks and sums the P ranks' parts of this rank's block in rank order into the shard
  * (llmcl__dist_sum_blocks where they land in the buffer). Stage 3 gathers a group's
  * parameters into one of two gather buffers and prefetches the next group into the other. Stages
- * 1 and 2 all-gather the updated parameters at the end of the step.
+ * 1 and 2 all-gather the updated parameters at the end of the step, under the compute of the
+ * next forward where the collectives run under the compute (gather waits for its group's).
  */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -117,8 +119,27 @@ static llmcl_status reduce_group(llmcl_dist *d, int ch, int group)
     return d->transport->ops->reduce_start(d, ch, group, buf, off);
 }
 
+/*
+ * Stages 1-2: waits until group's updated parameters have landed. The step's all-gathers run in
+ * group order, DIST_SLOTS at a time: group k on channel k % DIST_SLOTS, and each one that lands
+ * starts the group DIST_SLOTS after it on its channel, after the kernels enqueued by then.
+ */
+static llmcl_status gather_until(llmcl_dist *d, int group)
+{
+    while (d->gathered_upto <= group) {
+        const int s = d->gathered_upto % DIST_SLOTS, next = d->gathered_upto + DIST_SLOTS;
+        LLMCL__TRY(llmcl__dist_complete(d, OP_GATHER, s));
+        d->gathered_upto = d->gathered_upto + 1 < d->n_groups ? d->gathered_upto + 1 : INT_MAX;
+        if (next < d->n_groups)
+            LLMCL__TRY(d->transport->ops->gather_start(d, s, next, d->groups[next].params, 0,
+                                                       NULL));
+    }
+    return LLMCL_OK;
+}
+
 llmcl_status llmcl__dist_drain(llmcl_dist *d)
 {
+    LLMCL__TRY(gather_until(d, d->n_groups - 1));
     for (int s = 0; s < DIST_SLOTS; ++s)
         LLMCL__TRY(llmcl__dist_finish_reduce(d, s));
     for (int s = 0; s < DIST_SLOTS; ++s)
@@ -266,7 +287,7 @@ static llmcl_status gather(llmcl_dist *d, int group)
     LLMCL__TRY(check_group(d, group));
     LLMCL__TRY(d->transport->ops->progress(d));
     if (d->opts.stage < 3)
-        return LLMCL_OK;
+        return gather_until(d, group);
     dist_group *g = &d->groups[group];
     LLMCL__REQUIRE(d->ctx, !g->gathered, LLMCL_ERROR_INVALID_ARGUMENT,
                    "group %d gathered twice without release", group);
@@ -330,6 +351,9 @@ llmcl_status llmcl_dist_param(llmcl_dist *d, const char *name, llmcl_tensor **vi
     LLMCL__REQUIRE(d->ctx, d->opts.stage < 3 || d->groups[p->group].gathered,
                    LLMCL_ERROR_INVALID_ARGUMENT, "'%s': its group %d is not gathered", name,
                    p->group);
+    LLMCL__REQUIRE(d->ctx, d->gathered_upto > p->group, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "'%s': the step's all-gather of its group %d has not landed: call "
+                   "llmcl_dist_gather(%d) first", name, p->group, p->group);
     *view = p->param;
     return LLMCL_OK;
 }
@@ -426,15 +450,18 @@ static llmcl_status adamw_shard(llmcl_dist *d, const llmcl_adamw_opts *opts)
     return st;
 }
 
-/* Stages 1-2: every group's updated shard to every rank, in place in its full parameters. */
+/*
+ * Stages 1-2: every group's updated shard to every rank, in place in its full parameters. Where
+ * the collectives run under the compute, the next forward's gather(g) waits for group g's alone,
+ * so that the later groups' all-gathers run beside the earlier groups' forward.
+ */
 static llmcl_status gather_all(llmcl_dist *d)
 {
-    for (int k = 0; k < d->n_groups; ++k) {
-        const int s = k % DIST_SLOTS;
-        LLMCL__TRY(llmcl__dist_complete(d, OP_GATHER, s));
-        LLMCL__TRY(d->transport->ops->gather_start(d, s, k, d->groups[k].params, 0, NULL));
-    }
-    return llmcl__dist_drain(d);
+    LLMCL__TRY(llmcl__dist_drain(d));
+    for (int k = 0; k < DIST_SLOTS && k < d->n_groups; ++k)
+        LLMCL__TRY(d->transport->ops->gather_start(d, k, k, d->groups[k].params, 0, NULL));
+    d->gathered_upto = d->n_groups > 0 ? 0 : INT_MAX;
+    return d->overlap ? LLMCL_OK : gather_until(d, d->n_groups - 1);
 }
 
 /* Stage 3: gathered copies are stale once the shards change. */
