@@ -457,7 +457,7 @@ static int nccl_exchange(llmcl_dist *d, const nccl_op *op, CUdeviceptr s, size_t
     int r = t->nc.group_start();
     for (int q = 0; q < d->world && r == NCCL_OK; ++q) {
         if (q == d->rank)
-            continue; /* its own part stays in the buffer (crosses) */
+            continue; /* its own part stays in the buffer (stage_in) */
         const CUdeviceptr at = (CUdeviceptr)((size_t)q * slice);
         r = t->nc.send((void *)(s + at), len, op->type, q, t->comm, t->stream);
         if (r == NCCL_OK)
