@@ -7,7 +7,8 @@ with --recompute=ops and =2 (the second of 2 layers recomputed whole) the losses
 --zero-group-layers 2 the losses of one layer a group, and without clipping (whose global norm
 sums each rank's shards, which the groups decide) the same master weights bit for bit;
 --zero-group-layers auto two layers a group where the embedding's group holds two, one where a
-layer outsizes it, and the losses of that count. A
+layer outsizes it, and the losses of that count; --zero-reduce-dtype bf16 at stages 1 and 3 the
+losses within 2e-3, and its bad values refused. A
 checkpoint saved on 2 ranks at step 3 resumes on 1 rank and on 3 and continues as the
 uninterrupted run; a checkpoint of another shape, and a one-file checkpoint given to --zero (or a
 folder without it), are refused with a clear message on every rank and status 1, mpiexec killing
@@ -75,9 +76,9 @@ def losses(what, ranks, args, r=None):
     return found
 
 
-def compare(what, got, want):
+def compare(what, got, want, tol=LOSS_TOL):
     diff = max((abs(got[s] - want[s]) for s in want if s in got), default=float("inf"))
-    ok = bool(got) and set(got) == set(want) and diff <= LOSS_TOL
+    ok = bool(got) and set(got) == set(want) and diff <= tol
     check(what, ok, f"max |loss difference| {diff:.2g} over steps {sorted(got)}")
 
 
@@ -178,6 +179,20 @@ def main():
         expect_refusal("--zero-group-layers auto without --zero", 0,
                        ["--steps", "1", "--batch", "2", "--zero-group-layers", "auto"],
                        "--zero-group-layers needs --zero")
+        # bf16 gradients on the wire: said on the first line, the losses of one process within
+        # what rounding the summed gradients to bf16 moves them (1e-4 here)
+        for stage in (1, 3):
+            r = run(2, ["--steps", "6", "--batch", "2", "--zero", str(stage),
+                        "--zero-reduce-dtype", "bf16"])
+            check(f"stage {stage}, --zero-reduce-dtype bf16: said",
+                  "; bf16 gradients on the wire;" in r.stdout, r.stdout[-300:] + r.stderr[-300:])
+            compare(f"stage {stage} with bf16 gradients on the wire, against one process",
+                    losses(f"stage {stage}, --zero-reduce-dtype bf16", 2, [], r), one4, 2e-3)
+        expect_refusal("--zero-reduce-dtype f16", 0, ["--zero-reduce-dtype", "f16"],
+                       "expected bf16 or f32")
+        expect_refusal("--zero-reduce-dtype bf16 without --zero", 0,
+                       ["--steps", "1", "--batch", "2", "--zero-reduce-dtype", "bf16"],
+                       "--zero-reduce-dtype needs --zero")
         # without clipping (whose global norm sums each rank's shards, which the groups decide)
         # every element's reduction and update are the same arithmetic: the same bits
         bits = []

@@ -93,6 +93,8 @@ const char *model_config_error(const model_config *c)
         ((c->zero_group_layers > 1 || c->zero_group_layers == ZERO_GROUP_LAYERS_AUTO) &&
          !c->zero_stage))
         return "--zero-group-layers needs --zero and a count of 1 or more, or auto";
+    if (c->zero_reduce_dtype != LLMCL_F32 && (c->zero_reduce_dtype != LLMCL_BF16 || !c->zero_stage))
+        return "--zero-reduce-dtype needs --zero, and f32 or bf16";
     if (c->zero_stage && c->lora_rank)
         return "LoRA is not supported under --zero (train the adapters on one device)";
     if (c->lora_rank > 0 && c->lora_dtype != LLMCL_F32 &&

@@ -49,6 +49,8 @@ typedef struct model_config {
     int zero_group_layers;    /* under zero_stage: consecutive layers in one llmcl_dist group
                                  (0, unset, or ZERO_GROUP_LAYERS_AUTO: the most that cost no
                                  memory, zero.c) */
+    llmcl_dtype zero_reduce_dtype; /* under zero_stage: the gradients on the wire, f32 (0, the
+                                      default) or bf16 (llmcl_dist_opts.reduce_dtype) */
     uint64_t offload_chunk_bytes; /* > 0: the trainable set's masters and moments in pinned host
                                      memory, streamed through the device in chunks of this many
                                      bytes (offload_state.h; a 16-bit model, no LoRA, no ZeRO) */

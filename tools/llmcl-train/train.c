@@ -33,7 +33,12 @@
 enum { OPT_DIM, OPT_LAYERS, OPT_HEADS, OPT_KV_HEADS, OPT_FFN, OPT_VOCAB, OPT_UNTIED, OPT_ROPE_THETA,
        OPT_ROPE_LLAMA3 };
 /* getopt_long's values of options past the letters, which are all taken. */
-enum { LONG_DATA_FORMAT = 256, LONG_OPTIMIZER_IN_BACKWARD, LONG_ZERO_GROUP_LAYERS };
+enum {
+    LONG_DATA_FORMAT = 256,
+    LONG_OPTIMIZER_IN_BACKWARD,
+    LONG_ZERO_GROUP_LAYERS,
+    LONG_ZERO_REDUCE_DTYPE
+};
 
 typedef struct options {
     model_config model;
@@ -124,6 +129,9 @@ static void usage(FILE *f)
           "                       reduces at once: fewer, larger collectives; auto (default):\n"
           "                       the most whose group is no larger than the embedding's (no\n"
           "                       more memory)\n"
+          "  --zero-reduce-dtype T  the gradients on the wire: f32 (default) or bf16 (half the\n"
+          "                       bytes; the ranks' bf16 parts summed in f32, and stages 2-3\n"
+          "                       keep their gradient shard in bf16)\n"
           "output:\n"
           "  --eval-every N --eval-batches N --log-every N\n"
           "  --sample N           greedy tokens generated at the end (0: none)\n"
@@ -351,7 +359,8 @@ static void parse_options(int argc, char **argv, options *o)
         {"zero", 1, 0, 'z'}, {"offload-optimizer", 0, 0, 'f'}, {"offload-chunk-mib", 1, 0, 'N'},
         {"data-format", 1, 0, LONG_DATA_FORMAT},
         {"optimizer-in-backward", 0, 0, LONG_OPTIMIZER_IN_BACKWARD},
-        {"zero-group-layers", 1, 0, LONG_ZERO_GROUP_LAYERS}, {0, 0, 0, 0}};
+        {"zero-group-layers", 1, 0, LONG_ZERO_GROUP_LAYERS},
+        {"zero-reduce-dtype", 1, 0, LONG_ZERO_REDUCE_DTYPE}, {0, 0, 0, 0}};
     /* a preset first, so that the other options refine it whatever their order */
     for (int i = 1; i + 1 < argc; ++i)
         if (strcmp(argv[i], "--preset") == 0)
@@ -367,6 +376,9 @@ static void parse_options(int argc, char **argv, options *o)
         case LONG_OPTIMIZER_IN_BACKWARD: o->model.optimizer_in_backward = 1; break;
         case LONG_ZERO_GROUP_LAYERS:
             o->model.zero_group_layers = parse_group_layers(optarg);
+            break;
+        case LONG_ZERO_REDUCE_DTYPE:
+            o->model.zero_reduce_dtype = parse_dtype("zero-reduce-dtype", optarg, false);
             break;
         case 'V': o->val = optarg; break;
         case 'P': break;
@@ -1085,10 +1097,11 @@ static void print_zero(const trainer *tr)
     llmcl_dist_info in;
     CHECK(llmcl_dist_info_get(tr->m->zero->dist, &in), tr->ctx);
     printf("ZeRO stage %d over %d rank(s): the step's batch is %d x %d x %d; %d groups (%d "
-           "layer(s) a group); %s transport (%s), collectives %s the compute\n",
+           "layer(s) a group); %s gradients on the wire; %s transport (%s), collectives %s the "
+           "compute\n",
            in.stage, tr->world, tr->world, tr->o.batch, tr->o.seq, in.groups, tr->m->zero->layers,
-           llmcl_dist_transport_name(in.transport), in.transport_detail,
-           in.overlap ? "under" : "between");
+           llmcl_dtype_name(tr->m->cfg.zero_reduce_dtype), llmcl_dist_transport_name(in.transport),
+           in.transport_detail, in.overlap ? "under" : "between");
 #else
     (void)tr;
 #endif

@@ -104,7 +104,8 @@ llmcl_status zero_attach(model *m, int stage)
     z->open = xcalloc((size_t)groups, sizeof *z->open);
     z->params_closed = xcalloc((size_t)groups, sizeof *z->params_closed);
     z->grads_closed = xcalloc((size_t)groups, sizeof *z->grads_closed);
-    const llmcl_dist_opts o = {.stage = stage, .param_dtype = m->cfg.dtype};
+    const llmcl_dist_opts o = {.stage = stage, .param_dtype = m->cfg.dtype,
+                               .reduce_dtype = m->cfg.zero_reduce_dtype};
     TRY(llmcl_dist_create(m->ctx, MPI_COMM_WORLD, &o, &z->dist));
     /* groups in one run each, as llmcl_dist wants; the layout interleaves group 0's tensors */
     for (int g = 0; g < groups; ++g)
