@@ -24,10 +24,16 @@ import sys
 import tempfile
 
 LOSS_TOL = 1e-3
-# the resharding check's model: small enough to save and load in seconds, f32 so that only the
-# order of the gradient sums differs between world sizes
-RESHARD_MODEL = ["--dim", "256", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--ffn",
-                 "512", "--seq", "64", "--dtype", "f32", "--warmup", "2", "--min-lr", "1"]
+# the resharding check's model: small enough to save and load in seconds on GPUs (the tiny
+# preset's width where --preset-1b is tiny, for CPUs), f32 so that only the order of the gradient
+# sums differs between world sizes
+RESHARD_MODEL = {
+    "gpu": ["--dim", "256", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--ffn", "512",
+            "--seq", "64"],
+    "cpu": ["--dim", "64", "--layers", "2", "--heads", "2", "--kv-heads", "1", "--ffn", "96",
+            "--seq", "16"],
+}
+RESHARD_RUN = ["--dtype", "f32", "--warmup", "2", "--min-lr", "1"]
 QUIET = ["--eval-every", "0", "--sample", "0", "--log-every", "1"]
 
 
@@ -120,7 +126,8 @@ class Runner:
     def reshard(self, tmp):
         """Saved on N, resumed on 2 and 1; saved on 1, resumed on N: steps 4-6 as without a stop."""
         n, b = self.a.ranks, 2
-        common = RESHARD_MODEL + QUIET + ["--zero", "2"]
+        size = "cpu" if self.a.preset_1b == "tiny" else "gpu"
+        common = RESHARD_MODEL[size] + RESHARD_RUN + QUIET + ["--zero", "2"]
         full = run(self.mpi(n, common + ["--steps", "6", "--batch", str(b)]), self.a.timeout)
         want = step_losses(full.stdout)
         if full.returncode != 0 or len(want) != 6:
