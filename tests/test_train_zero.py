@@ -15,7 +15,7 @@ folder without it), are refused with a clear message on every rank and status 1,
 none, under a timeout. A job killed at each stage of a save (LLMCL_TEST_SAVE_STOP) leaves a whole
 checkpoint, the previous one or the new one, that a resume finds and continues, and whose next
 save leaves the folder alone behind it. --profile on 2 ranks profiles on both or neither, and
-ends.
+ends, and says how much of the step's wall its llmcl_dist calls took.
 
     python3 tests/test_train_zero.py build/tools/llmcl-train mpiexec
 """
@@ -251,6 +251,14 @@ def main():
                                       "one step without waits" in r.stdout) or
                                      "no profile:" in r.stdout),
               f"status {r.returncode}, {r.stdout[-300:]}{r.stderr[-300:]}")
+        # where it profiles, the wall time in llmcl_dist's calls: more than nothing, less than
+        # the step's wall
+        wall = re.search(r"([0-9.]+) ms wall with a wait after every op", r.stdout)
+        dist = re.search(r"llmcl_dist's calls +([0-9.]+) ms of the wall", r.stdout)
+        if wall:
+            check("--profile under --zero: the time in llmcl_dist's calls",
+                  dist is not None and 0 < float(dist.group(1)) < float(wall.group(1)),
+                  f"{dist.group(0) if dist else 'no line'} against {wall.group(0)}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{len(failures)} failure(s)" + (": " + ", ".join(failures) if failures else ""))

@@ -171,6 +171,7 @@ typedef struct model {
        kernel time added to prof_ms of its family */
     bool profiling;
     double prof_ms[F_FAMILIES];
+    double prof_zero_ms; /* under --zero: the wall time of llmcl_dist's calls (zero.h) */
 } model;
 
 const char *model_family_name(int family);

@@ -126,7 +126,8 @@ static llmcl_status zero_step(optimizer *o, const llmcl_adamw_opts *ao, int micr
     llmcl_adamw_opts z = *ao;
     z.grad_scale = 1.0f / (float)(micro * info.world);
     z.grad_norm = NULL;
-    TRY(llmcl_dist_step(d, &z, &o->zero_norm));
+    const double t0 = zero_clock(o->m);
+    TRY(zero_timed(o->m, t0, llmcl_dist_step(d, &z, &o->zero_norm)));
     return llmcl_dist_zero_grads(d);
 }
 #endif

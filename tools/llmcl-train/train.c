@@ -834,6 +834,7 @@ static void profile_step(trainer *tr, int step)
     model *m = tr->m;
     double loss, norm, total = 0;
     memset(m->prof_ms, 0, sizeof m->prof_ms);
+    m->prof_zero_ms = 0.0;
     m->profiling = true;
     const double t0 = util_now_s();
     train_step(tr, step, true, &loss, &norm);
@@ -847,6 +848,9 @@ static void profile_step(trainer *tr, int step)
         if (m->prof_ms[f] > 0)
             printf("  %-18s %9.2f ms %5.1f%%\n", model_family_name(f), m->prof_ms[f],
                    100.0 * m->prof_ms[f] / total);
+    if (m->zero)
+        printf("  llmcl_dist's calls  %8.2f ms of the wall (gathers, reductions and the sharded "
+               "step: its collectives, copies and sums, and AdamW)\n", m->prof_zero_ms);
 }
 
 /*

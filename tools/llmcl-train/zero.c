@@ -160,7 +160,8 @@ llmcl_status zero_open(model *m, int group, int mode)
     zero *z = m->zero;
     const int dg = dist_group(m, group);
     if ((mode & GROUP_PARAMS) && !z->open[dg]) {
-        TRY(llmcl_dist_gather(z->dist, dg));
+        const double t0 = zero_clock(m);
+        TRY(zero_timed(m, t0, llmcl_dist_gather(z->dist, dg)));
         z->open[dg] = true;
     }
     for (int i = 0; i < m->n_params; ++i) {
@@ -195,7 +196,8 @@ llmcl_status zero_close(model *m, int group, int mode)
     }
     if ((mode & GROUP_GRADS) && ++z->grads_closed[dg] == members) {
         z->grads_closed[dg] = 0;
-        TRY(llmcl_dist_grads_ready(z->dist, dg));
+        const double t0 = zero_clock(m);
+        TRY(zero_timed(m, t0, llmcl_dist_grads_ready(z->dist, dg)));
     }
     if ((mode & GROUP_PARAMS) && ++z->params_closed[dg] == members) {
         z->params_closed[dg] = 0;
@@ -203,4 +205,18 @@ llmcl_status zero_close(model *m, int group, int mode)
         TRY(llmcl_dist_release(z->dist, dg));
     }
     return LLMCL_OK;
+}
+
+double zero_clock(const model *m)
+{
+    return m->profiling ? util_now_s() : 0.0;
+}
+
+llmcl_status zero_timed(model *m, double t0, llmcl_status st)
+{
+    if (!m->profiling || st != LLMCL_OK)
+        return st;
+    st = llmcl_ctx_finish(m->ctx);
+    m->prof_zero_ms += 1e3 * (util_now_s() - t0);
+    return st;
 }

@@ -70,4 +70,13 @@ llmcl_status zero_open(model *m, int group, int mode);
 /* Closes group: its gradients are complete (GROUP_GRADS), its parameters released (GROUP_PARAMS). */
 llmcl_status zero_close(model *m, int group, int mode);
 
+/*
+ * --profile's time in llmcl_dist: zero_clock before a dist call, zero_timed around its status
+ * after it. When m->profiling, the queue is idle before the call (every op waits for its kernels
+ * then), and zero_timed waits for what the call enqueued, so the wall time between the two, added
+ * to m->prof_zero_ms, is the call's: its collectives, copies, sums and handoffs.
+ */
+double zero_clock(const model *m);
+llmcl_status zero_timed(model *m, double t0, llmcl_status st);
+
 #endif
