@@ -26,7 +26,8 @@
  * copy engines can: with the communicator's CTA policy NCCL_CTA_POLICY_ZERO and every staging
  * piece registered as a symmetric window (ncclCommWindowRegister), ncclAllGather and ncclAlltoAll
  * run as copies between the GPUs, no kernel. On them a reduce-scatter exchanges the blocks
- * (ncclAlltoAll) and zero.c sums the parts in f32 in rank order on the device, as under MPI.
+ * (ncclAlltoAll) and sum_parts adds the parts from staging in f32 in rank order on the device,
+ * as under MPI.
  * Where NCCL is older, the ranks span hosts (NCCL runs copy engines within one) or
  * LLMCL_NCCL_CE=0, its kernels run instead: a reduce-scatter of f32 is ncclReduceScatter in
  * place, one of bf16 an exchange too, as NCCL would round every partial sum to bf16. Either way
@@ -340,7 +341,7 @@ static void wait_helper(nccl_transport *t)
 
 /* ---- staging, chunk by chunk (staging.h) ---- */
 
-/* A reduce-scatter that exchanges the blocks, so that zero.c sums them (see the top). */
+/* A reduce-scatter that exchanges the blocks, so that sum_parts sums them (see the top). */
 static bool exchanges(const nccl_transport *t, int kind, size_t es)
 {
     return kind == OP_REDUCE && (t->ce || es == 2);

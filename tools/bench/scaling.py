@@ -106,7 +106,7 @@ class Runner:
 
     def row(self, what, rate, one, n, fsdp):
         eff = rate / (n * one) if rate and one else None
-        self.rows.append((what, rate, eff, rate / fsdp if rate and fsdp else None, fsdp))
+        self.rows.append((what, rate, eff, rate / fsdp if rate and fsdp else None))
 
     def model(self, name, preset, batch, extra, one_extra, stages, fsdp_args):
         """One GPU (with one_extra where the model needs it to fit), FSDP2, then each stage."""
@@ -114,14 +114,14 @@ class Runner:
         base = ["--preset", preset, "--batch", str(batch), "--steps", str(a.steps), "--warmup",
                 "2", "--peak-tflops", str(a.peak_tflops)] + QUIET + extra
         one = self.llmcl(f"{name}, one GPU", 0, base + one_extra, a.timeout)
-        self.rows.append((f"{name}, one GPU", one, None, None, None))
+        self.rows.append((f"{name}, one GPU", one, None, None))
         fsdp = self.fsdp(f"{name}, FSDP2 on {n}", n, fsdp_args, a.timeout)
         for stage in stages:
             rate = self.llmcl(f"{name}, --zero {stage} on {n}", n, base + ["--zero", str(stage)],
                               a.timeout)
             self.row(f"{name}, --zero {stage} on {n} ranks", rate, one, n, fsdp)
         if fsdp:
-            self.rows.append((f"{name}, PyTorch FSDP2 on {n} GPUs", fsdp, None, None, None))
+            self.rows.append((f"{name}, PyTorch FSDP2 on {n} GPUs", fsdp, None, None))
 
     def reshard(self, tmp):
         """Saved on N, resumed on 2 and 1; saved on 1, resumed on N: steps 4-6 as without a stop."""
@@ -158,8 +158,8 @@ class Runner:
 
     def report(self):
         print(f"{'run':<40} {'tokens/s':>10} {'efficiency':>10} {'/ FSDP2':>8}")
-        for what, rate, eff, ratio, _ in self.rows:
-            cell = lambda v, f: format(v, f) if v is not None else "-"
+        cell = lambda v, f: format(v, f) if v is not None else "-"
+        for what, rate, eff, ratio in self.rows:
             print(f"{what:<40} {cell(rate, '10.0f'):>10} {cell(eff, '.3f'):>10} "
                   f"{cell(ratio, '.2f'):>8}")
         for f in self.failures:
