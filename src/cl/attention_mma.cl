@@ -222,22 +222,21 @@ __attribute__((always_inline)) inline void attn_p_g_tiles(float4 *s, float4 *g, 
  * The online softmax of one 16-row tile's scores s (raw products in; P as A fragments out for
  * O += P V), rows r0 and r0 + 8 of the lane: the running maxima and sums move on, and alpha gets
  * the factors by which the rows' O accumulators must be rescaled (attn_rescale; 1 where a maximum
- * stayed). The softcap and the mask take uniform branches, so the common tile pays a multiply, a
- * maximum, an exp2 and a sum per score.
+ * stayed). The softcap and the mask take uniform branches, so the common tile pays a maximum,
+ * one fused multiply-add into exp2 and a sum per score: the maximum is taken of the raw products
+ * (scale > 0 keeps their order) and the logit scale folds into the exponent's fma.
  */
 __attribute__((always_inline)) inline void
 attn_fwd_softmax(float4 *s, float *alpha, float *mrow, float *lrow, uint4 *pf, int r0, int n0,
                  bool masked, attn_seq sq, float scale, float softcap, int wl, int wr, int t4)
 {
+    float c = scale * M_LOG2E_F; /* from s to log2 units */
     if (softcap > 0.0f) {
         const float in = scale / softcap, out = softcap * M_LOG2E_F;
 #pragma unroll
         for (int j = 0; j < MMA_NT; ++j)
             s[j] = out * tanh(s[j] * in);
-    } else {
-#pragma unroll
-        for (int j = 0; j < MMA_NT; ++j)
-            s[j] *= scale * M_LOG2E_F;
+        c = 1.0f;
     }
     if (masked)
         attn_mask_tiles(s, MMA_NT, -INFINITY, r0, n0, false, sq, wl, wr, t4);
@@ -247,22 +246,22 @@ attn_fwd_softmax(float4 *s, float *alpha, float *mrow, float *lrow, uint4 *pf, i
         mx[0] = fmax(mx[0], fmax(s[j].x, s[j].y));
         mx[1] = fmax(mx[1], fmax(s[j].z, s[j].w));
     }
-    float mu[2];
+    float neg[2]; /* the rows' maxima, negated */
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const float mn = attn_lanes_max(mx[i], 4);
+        const float mn = c * attn_lanes_max(mx[i], 4);
         alpha[i] = 1.0f;
         if (mn > mrow[i] + ATTN_MAX_SLACK) { /* also the first visible key: mrow is -inf */
             alpha[i] = attn_exp2(mrow[i] - mn);
             mrow[i] = mn;
         }
-        mu[i] = mrow[i] == -INFINITY ? 0.0f : mrow[i]; /* a row with no key yet: p = 0 */
+        neg[i] = mrow[i] == -INFINITY ? 0.0f : -mrow[i]; /* a row with no key yet: p = 0 */
         lrow[i] *= alpha[i];
     }
+    const float4 cv = (float4)c, nv = (float4)(neg[0], neg[0], neg[1], neg[1]);
 #pragma unroll
     for (int j = 0; j < MMA_NT; ++j) {
-        s[j] = (float4)(attn_exp2(s[j].x - mu[0]), attn_exp2(s[j].y - mu[0]),
-                        attn_exp2(s[j].z - mu[1]), attn_exp2(s[j].w - mu[1]));
+        s[j] = attn_exp4(fma(s[j], cv, nv));
         lrow[0] += s[j].x + s[j].y;
         lrow[1] += s[j].z + s[j].w;
     }

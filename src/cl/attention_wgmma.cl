@@ -383,12 +383,17 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
             if (more)
                 pf[j] = pn[j];
         }
+        /* Most tiles move no maximum past the slack: their D / 2 multiplies a lane are issue
+           slots the softmax needs (the products have been waited for, so this branch does not
+           serialise them). */
+        if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
 #pragma unroll
-        for (int e = 0; e < MMA_OT; ++e) {
-            acc[4 * e] *= alpha[0];
-            acc[4 * e + 1] *= alpha[0];
-            acc[4 * e + 2] *= alpha[1];
-            acc[4 * e + 3] *= alpha[1];
+            for (int e = 0; e < MMA_OT; ++e) {
+                acc[4 * e] *= alpha[0];
+                acc[4 * e + 1] *= alpha[0];
+                acc[4 * e + 2] *= alpha[1];
+                acc[4 * e + 3] *= alpha[1];
+            }
         }
     }
 #undef WG_K
