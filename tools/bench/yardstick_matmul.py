@@ -4,8 +4,9 @@ llmcl-bench in the same session on a CUDA machine, never a dependency of llmcl.
 
 usage: python3 tools/bench/yardstick_matmul.py
 Prints one line per row: direction, M x N x K, median ms and TFLOP/s (triton.testing.do_bench
-when Triton is present, else CUDA events). Every product is bf16 in and out (PyTorch's autograd
-of a bf16 linear layer), where llmcl's dW row accumulates into f32."""
+when Triton is present, else CUDA events). fwd, dX and dW are bf16 in and out (PyTorch's autograd
+of a bf16 linear layer); dW32 is llmcl's dW row's own operation, dw += dy^T x into an f32 dw
+(cuBLAS through torch.addmm's out_dtype, PyTorch 2.8 and later; a line says where it is missing)."""
 import torch
 
 from yardstick_timing import median_ms
@@ -32,6 +33,14 @@ def main():
         row("fwd", t, d_out, d_in, lambda: x @ w.t())
         row("dX", t, d_in, d_out, lambda: dy @ w)
         row("dW", d_out, d_in, t, lambda: dy.t() @ x)
+        dw = torch.zeros(d_out, d_in, device=dev, dtype=torch.float32)
+        try:
+            torch.addmm(dw, dy.t(), x, out_dtype=torch.float32, out=dw)
+        except (TypeError, RuntimeError) as e:
+            print(f"torch dW32  {d_out}x{d_in}x{t}: not run ({e})", flush=True)
+            continue
+        row("dW32", d_out, d_in, t,
+            lambda: torch.addmm(dw, dy.t(), x, out_dtype=torch.float32, out=dw))
 
 
 if __name__ == "__main__":
