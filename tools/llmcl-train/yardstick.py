@@ -6,13 +6,17 @@ The same Llama-style model as `llmcl-train --preset llama-1b` (Llama-3.2-1B's sh
 `--preset llama-8b` (Llama-3-8B's: width 4096, 32 layers, 32/8 heads, MLP 14336, untied) as
 transformers' LlamaForCausalLM with f32 parameters, bf16 autocast, SDPA attention and the fused
 AdamW, trained on random tokens at batch B x T a GPU. Options: --compile (torch.compile),
---recompute (activation checkpointing of every layer), and under torchrun --fsdp (FSDP2:
-fully_shard on every decoder layer and the root, bf16 parameters for compute, f32 reduction).
-Prints tokens/s over every GPU, MFU with llmcl-train's FLOP count (6 x multiplying parameters +
-6 x layers x T x width per token) against the given peak, and the peak device memory of a GPU. A
-yardstick where PyTorch and a CUDA GPU exist, never a dependency.
+--recompute (activation checkpointing of every layer), --lora R (the base frozen and adapters of
+rank R on q, k, v, o, gate, up and down, as `llmcl-train --lora R`: PEFT's where the peft package
+is installed, else the same layer written out, y = x W^T + alpha / R (x A^T) B^T), and under
+torchrun --fsdp (FSDP2: fully_shard on every decoder layer and the root, bf16 parameters for
+compute, f32 reduction).
+Prints tokens/s over every GPU, MFU with llmcl-train's FLOP count (6 x multiplying parameters,
+4 x frozen ones, + 6 x layers x T x width per token) against the given peak, and the peak device
+memory of a GPU. A yardstick where PyTorch and a CUDA GPU exist, never a dependency.
 
     python3 tools/llmcl-train/yardstick.py --batch 4 --seq 2048 --steps 10
+    python3 tools/llmcl-train/yardstick.py --lora 16 --compile
     torchrun --nproc_per_node 2 tools/llmcl-train/yardstick.py --fsdp --batch 4
 """
 import argparse
@@ -32,6 +36,41 @@ PRESETS = {
                      num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
 }
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraLinear(torch.nn.Module):
+    """PEFT's LoRA layer without dropout: y = x W^T + scale (x A^T) B^T, A random and B zero."""
+
+    def __init__(self, base, rank, scale):
+        super().__init__()
+        self.base, self.scale = base, scale
+        dev = base.weight.device
+        self.lora_a = torch.nn.Parameter(torch.empty(rank, base.in_features, device=dev))
+        self.lora_b = torch.nn.Parameter(torch.zeros(base.out_features, rank, device=dev))
+        torch.nn.init.kaiming_uniform_(self.lora_a, a=5 ** 0.5)
+
+    def forward(self, x):
+        return self.base(x) + self.scale * ((x @ self.lora_a.t()) @ self.lora_b.t())
+
+
+def add_lora(model, rank, alpha):
+    """Freezes the model and adds adapters; returns the model and which LoRA it runs."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        for layer in model.model.layers:
+            for parent in (layer.self_attn, layer.mlp):
+                for name, child in list(parent.named_children()):
+                    if name in LORA_TARGETS:
+                        setattr(parent, name, LoraLinear(child, rank, alpha / rank))
+        return model, "LoRA written out (no peft)"
+    cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=LORA_TARGETS,
+                     bias="none")
+    return get_peft_model(model, cfg), "PEFT's LoRA"
+
 
 def build(args, device):
     cfg = LlamaConfig(vocab_size=128256, max_position_embeddings=max(args.seq, 8192),
@@ -40,6 +79,12 @@ def build(args, device):
     with torch.device(device):
         model = LlamaForCausalLM(cfg)
     n_params = sum(p.numel() for p in model.parameters())
+    lora = ""
+    if args.lora:
+        model, how = add_lora(model, args.lora, args.lora_alpha or args.lora)
+        lora = f" + {how} of rank {args.lora}"
+    n_frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    n_trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if args.recompute:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.fsdp:
@@ -50,7 +95,7 @@ def build(args, device):
         fully_shard(model, mp_policy=mp)
     if args.compile:
         model = torch.compile(model)
-    return cfg, model, n_params
+    return cfg, model, n_params, (n_trained, n_frozen), lora
 
 
 def main():
@@ -64,16 +109,19 @@ def main():
     ap.add_argument("--fsdp", action="store_true", help="FSDP2 under torchrun")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--recompute", action="store_true", help="checkpoint every layer")
+    ap.add_argument("--lora", type=int, default=0, help="LoRA adapters of rank R, base frozen")
+    ap.add_argument("--lora-alpha", type=float, default=0.0, help="scale alpha / R (default R)")
     args = ap.parse_args()
     world, rank = 1, 0
     if args.fsdp:
         torch.distributed.init_process_group("nccl")
         world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    cfg, model, n_params = build(args, "cuda")
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
-                            fused=True)
-    flops_per_token = 6 * n_params + 6 * cfg.num_hidden_layers * args.seq * cfg.hidden_size
+    cfg, model, n_params, (n_trained, n_frozen), lora = build(args, "cuda")
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    flops_per_token = 6 * n_trained + 4 * n_frozen + \
+        6 * cfg.num_hidden_layers * args.seq * cfg.hidden_size
     gen = torch.Generator(device="cuda").manual_seed(rank)
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), device="cuda",
                         generator=gen)
@@ -82,7 +130,7 @@ def main():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids[:, :-1], labels=ids[:, 1:].contiguous()).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
@@ -98,7 +146,7 @@ def main():
     dt = (time.perf_counter() - t0) / args.steps
     tps = world * args.batch * args.seq / dt
     what = ("fsdp2" if args.fsdp else "eager") + (" + compile" if args.compile else "") + \
-        (" + recompute" if args.recompute else "")
+        (" + recompute" if args.recompute else "") + lora
     if rank == 0:
         print(f"pytorch {what}, {args.preset} on {world} GPU(s): {n_params / 1e9:.3f}B parameters, "
               f"batch {args.batch}x{args.seq} a GPU, {dt * 1e3:.1f} ms/step, "
