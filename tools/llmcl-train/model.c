@@ -285,7 +285,9 @@ static model_param *add_param(model *m, int kind, int layer, const model_param *
     return p;
 }
 
-/* Every base weight in layout order, then each adapted projection's A and B. */
+/* Every base weight in layout order, then each layer's adapters: its A's one after another, then
+   its B's, so that the A's of q, k and v (and of gate and up) lie side by side and their products
+   stack (stacked_adapters). */
 static void layout_params(model *m)
 {
     const model_config *c = &m->cfg;
@@ -299,13 +301,15 @@ static void layout_params(model *m)
     if (!c->tied)
         add_param(m, P_HEAD, -1, NULL);
     const int n_base = m->n_params;
-    for (int i = 0; c->lora_rank > 0 && i < n_base; ++i) {
-        model_param *p = &m->params[i];
-        if (c->lora_targets & (1u << p->kind)) {
-            p->lora_a = add_param(m, P_LORA_A, p->layer, p);
-            p->lora_b = add_param(m, P_LORA_B, p->layer, p);
-        }
-    }
+    for (int l = 0; c->lora_rank > 0 && l < c->layers; ++l)
+        for (int kind = P_LORA_A; kind <= P_LORA_B; ++kind)
+            for (int i = 0; i < n_base; ++i) {
+                model_param *p = &m->params[i];
+                if (p->layer == l && (c->lora_targets & (1u << p->kind))) {
+                    model_param *adapter = add_param(m, kind, l, p);
+                    *(kind == P_LORA_A ? &p->lora_a : &p->lora_b) = adapter;
+                }
+            }
 }
 
 /* p's view of a flat buffer of its set, at element offset (its own, but for group-laid grads). */
@@ -701,6 +705,37 @@ static model_param *param(model *m, int kind, int layer)
 
 /* ---- activations ---- */
 
+/* The first projection of kind's group, which reads one input with it: q for q, k and v; gate for
+   gate and up; o and down alone. */
+static int group_first(int kind)
+{
+    return kind >= P_WQ && kind <= P_WV ? P_WQ : kind == P_WUP ? P_WGATE : kind;
+}
+
+static int group_size(int first) { return first == P_WQ ? 3 : first == P_WGATE ? 2 : 1; }
+
+/*
+ * The adapters of a group keep their x A^T side by side in one buffer, held by the group's first
+ * adapted projection (*first; -1 when none is adapted): returns how many adapted projections of
+ * kind's group come before kind (its column in rank-wide steps) and *count how many there are.
+ */
+static int adapter_col(const model_config *c, int kind, int *first, int *count)
+{
+    const int g = group_first(kind);
+    int before = 0;
+    *first = -1;
+    *count = 0;
+    for (int k = g; c->lora_rank > 0 && k < g + group_size(g); ++k) {
+        if (!(c->lora_targets & (1u << k)))
+            continue;
+        if (*first < 0)
+            *first = k;
+        before += k < kind;
+        ++*count;
+    }
+    return before;
+}
+
 /*
  * A layer's buffers as slots, so that a mask says which of them a layer keeps; the adapters' x A^T
  * last, one slot per projection from P_WQ to P_WDOWN.
@@ -769,10 +804,13 @@ static bool slot_spec(const model *m, int slot, int b, int t, buf_spec *s)
         *s = (buf_spec){LLMCL_F32, (int64_t)b * c->heads * t, 0};
     else if (slot < S_U)
         *s = (buf_spec){c->dtype, n, width[slot]};
-    else if (c->lora_rank > 0 && (c->lora_targets & (1u << (P_WQ + slot - S_U))))
-        *s = (buf_spec){c->dtype, n, c->lora_rank};
-    else
-        return false;
+    else {
+        int first, count;
+        adapter_col(c, P_WQ + slot - S_U, &first, &count);
+        if (first != P_WQ + slot - S_U)
+            return false;
+        *s = (buf_spec){c->dtype, n, (int64_t)count * c->lora_rank};
+    }
     return true;
 }
 
@@ -873,6 +911,18 @@ void model_recompute_describe(const model *m, char *buf, size_t len)
                            "recomputed)", r, ordinal(r), layers / r, layers);
 }
 
+/* The columns of the adapters' du scratch: rank times the adapters of the most adapted group. */
+static int64_t widest_adapters(const model_config *c)
+{
+    int widest = 1;
+    for (int k = P_WQ; k <= P_WDOWN; ++k) {
+        int first, count;
+        adapter_col(c, k, &first, &count);
+        widest = count > widest ? count : widest;
+    }
+    return (int64_t)widest * c->lora_rank;
+}
+
 /* The buffers every form has beside the stream and the layers': where each goes in m, its spec. */
 enum { FIXED_BUFFERS = 16 };
 static int fixed_buffers(model *m, int b, int t, llmcl_tensor **where[FIXED_BUFFERS],
@@ -900,7 +950,7 @@ static int fixed_buffers(model *m, int b, int t, llmcl_tensor **where[FIXED_BUFF
                             {&m->dqkv, {dt, n, q + 2 * kv}},
                             {&m->dnorm_w, {LLMCL_F32, c->dim, 0}},
                             {&m->logits_last, {LLMCL_F32, 1, c->vocab}},
-                            {&m->du, {dt, n, c->lora_rank}}};
+                            {&m->du, {dt, n, widest_adapters(c)}}};
     const int count = c->lora_rank > 0 ? FIXED_BUFFERS : FIXED_BUFFERS - 1; /* du: LoRA's */
     for (int i = 0; i < count; ++i) {
         where[i] = all[i].where;
@@ -1059,14 +1109,23 @@ static llmcl_status linear(llmcl_ctx *ctx, const llmcl_tensor *x, const llmcl_te
  * (never recomputed), s u B^T and du A are accumulated into y and dx by the matmul's beta = 1
  * (no [N, out] or [N, in] temporary and no separate add pass), the scale s rides in the matmul's
  * alpha (no scaling pass), and frozen base weights skip their weight-gradient product entirely.
+ * The adapters of q, k and v (or gate and up) share their x A^T, dA and du A products where their
+ * A's lie side by side (stacked_adapters).
  */
+/* p's adapter from its u = x A^T: y += s u B^T. */
+static llmcl_status adapter_up(model *m, const model_param *p, const llmcl_tensor *u,
+                               llmcl_tensor *y)
+{
+    const llmcl_matmul_opts o = {.trans_b = 1};
+    return PROF(F_MATMUL_FWD, llmcl_matmul(m->ctx, m->lora_scale, u, p->lora_b->w, 1, y, &o));
+}
+
 /* p's adapter on x: u = x A^T, y += s u B^T. */
 static llmcl_status adapter_forward(model *m, const model_param *p, const llmcl_tensor *x,
                                     llmcl_tensor *y, llmcl_tensor *u)
 {
     OP(F_MATMUL_FWD, linear(m->ctx, x, p->lora_a->w, u));
-    const llmcl_matmul_opts o = {.trans_b = 1};
-    return PROF(F_MATMUL_FWD, llmcl_matmul(m->ctx, m->lora_scale, u, p->lora_b->w, 1, y, &o));
+    return adapter_up(m, p, u, y);
 }
 
 llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tensor *x,
@@ -1080,20 +1139,33 @@ llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tens
 /* The weight gradients' beta: 0 where their write replaces them (grads_fresh), else 1. */
 static float grad_beta(const model *m) { return m->grads_fresh ? 0.0f : 1.0f; }
 
+/* The first half of p's adapter's backward from dy: dB += s dy^T u, du = s dy B. */
+static llmcl_status adapter_down(model *m, const model_param *p, const llmcl_tensor *dy,
+                                 const llmcl_tensor *u, llmcl_tensor *du)
+{
+    const llmcl_matmul_opts t = {.trans_a = 1};
+    const float s = m->lora_scale;
+    OP(F_MATMUL_DW, llmcl_matmul(m->ctx, s, dy, u, grad_beta(m), p->lora_b->grad, &t));
+    return PROF(F_MATMUL_DX, llmcl_matmul(m->ctx, s, dy, p->lora_b->w, 0.0f, du, NULL));
+}
+
+/* The second half, for one adapter or stacked ones (A's weights w, their gradients g, du side by
+   side): dA += du^T x, dx += du A. */
+static llmcl_status adapter_in(model *m, const llmcl_tensor *w, llmcl_tensor *g,
+                               const llmcl_tensor *du, const llmcl_tensor *x, llmcl_tensor *dx)
+{
+    const llmcl_matmul_opts t = {.trans_a = 1};
+    OP(F_MATMUL_DW, llmcl_matmul(m->ctx, 1.0f, du, x, grad_beta(m), g, &t));
+    return dx ? PROF(F_MATMUL_DX, llmcl_matmul(m->ctx, 1.0f, du, w, 1.0f, dx, NULL)) : LLMCL_OK;
+}
+
 /* p's adapter's backward from dy: dB += s dy^T u, du = s dy B, dA += du^T x, dx += du A. */
 static llmcl_status adapter_backward(model *m, const model_param *p, const llmcl_tensor *dy,
                                      const llmcl_tensor *x, const llmcl_tensor *u,
                                      llmcl_tensor *dx, llmcl_tensor *du)
 {
-    llmcl_ctx *ctx = m->ctx;
-    const llmcl_matmul_opts t = {.trans_a = 1};
-    const float s = m->lora_scale, gb = grad_beta(m);
-    OP(F_MATMUL_DW, llmcl_matmul(ctx, s, dy, u, gb, p->lora_b->grad, &t));
-    OP(F_MATMUL_DX, llmcl_matmul(ctx, s, dy, p->lora_b->w, 0.0f, du, NULL));
-    OP(F_MATMUL_DW, llmcl_matmul(ctx, 1.0f, du, x, gb, p->lora_a->grad, &t));
-    if (dx)
-        OP(F_MATMUL_DX, llmcl_matmul(ctx, 1.0f, du, p->lora_a->w, 1.0f, dx, NULL));
-    return LLMCL_OK;
+    TRY(adapter_down(m, p, dy, u, du));
+    return adapter_in(m, p->lora_a->w, p->lora_a->grad, du, x, dx);
 }
 
 llmcl_status model_proj_backward(model *m, model_param *p, const llmcl_tensor *dy,
@@ -1111,16 +1183,33 @@ llmcl_status model_proj_backward(model *m, model_param *p, const llmcl_tensor *d
     return p->lora_a ? adapter_backward(m, p, dy, x, u, dx, du) : LLMCL_OK;
 }
 
-/* The first n rows of layer activations A's u for the projection of kind, or NULL. */
-static llmcl_tensor *u_rows(arena *a, const layer_acts *A, int kind, int64_t n)
+/* The first n rows of layer activations A's u for the projection of kind (its columns of its
+   group's buffer, adapter_col), or NULL without an adapter. */
+static llmcl_tensor *u_rows(const model *m, arena *a, const layer_acts *A, int kind, int64_t n)
 {
-    return A->u[kind] ? rows(a, A->u[kind], n) : NULL;
+    int first, count;
+    const int col = adapter_col(&m->cfg, kind, &first, &count);
+    if (!(m->cfg.lora_targets & (1u << kind)) || first < 0 || !A->u[first])
+        return NULL;
+    const int64_t r = m->cfg.lora_rank;
+    return cols(a, A->u[first], n, col * r, r);
 }
 
-/* The first n rows of the adapters' du scratch, or NULL. */
-static llmcl_tensor *du_rows(model *m, arena *a, int64_t n)
+/* The first n rows of the u buffer of the group that begins at first: its adapters' side by side
+   (NULL without one). */
+static llmcl_tensor *group_u(const model *m, arena *a, const layer_acts *A, int first, int64_t n)
 {
-    return m->du ? rows(a, m->du, n) : NULL;
+    int f, count;
+    adapter_col(&m->cfg, first, &f, &count);
+    return f >= 0 && A->u[f] ? rows(a, A->u[f], n) : NULL;
+}
+
+/* The first n rows of the adapters' du scratch from adapter column col, count adapters wide (or
+   NULL without LoRA). */
+static llmcl_tensor *du_cols(model *m, arena *a, int64_t n, int col, int count)
+{
+    const int64_t r = m->cfg.lora_rank;
+    return m->du ? cols(a, m->du, n, col * r, count * r) : NULL;
 }
 
 /* Where a norm's backward writes its weight gradient: the gradient itself where that write
@@ -1188,23 +1277,52 @@ static bool stacked_proj(model *m, arena *a, int l, int first, int count, model_
     return out->w && (!out->trainable || out->grad);
 }
 
+/*
+ * The A's of the group's adapters stacked into *w (and with grads their gradients into *g), where
+ * two or more lie one after another, which the parameters' layout gives (layout_params): then one
+ * product reads x for all of them and one writes their share of dx, as for the base weights.
+ * Returns how many adapters were stacked, 0 where they were not.
+ */
+static int stacked_adapters(model *m, arena *a, int l, int first, int count, bool grads,
+                            llmcl_tensor **w, llmcl_tensor **g)
+{
+    llmcl_tensor *ws[3], *gs[3]; /* count is 2 or 3 */
+    int n = 0;
+    for (int i = 0; i < count; ++i) {
+        const model_param *p = param(m, first + i, l);
+        if (p->lora_a) {
+            ws[n] = p->lora_a->w;
+            gs[n++] = p->lora_a->grad;
+        }
+    }
+    if (n < 2)
+        return 0;
+    *w = stacked(a, ws, n);
+    *g = grads && *w ? stacked(a, gs, n) : NULL;
+    return *w && (!grads || *g) ? n : 0;
+}
+
 /* y's n rows [x W_first^T, x W_first+1^T, ...] (stacked_proj's group). */
 static llmcl_status group_forward(model *m, arena *a, int l, int first, int count,
                                   const layer_acts *A, llmcl_tensor *x, llmcl_tensor *y)
 {
     const int64_t n = llmcl_tensor_dim(x, 0);
     model_param st;
+    llmcl_tensor *aw, *ag;
     const bool stack = stacked_proj(m, a, l, first, count, &st);
+    const int together = stack ? stacked_adapters(m, a, l, first, count, false, &aw, &ag) : 0;
     if (stack)
         TRY(model_proj_forward(m, &st, x, NULL, y, NULL));
+    if (together) /* every adapter's u in one product, side by side in the group's buffer */
+        OP(F_MATMUL_FWD, linear(m->ctx, x, aw, group_u(m, a, A, first, n)));
     int64_t col = 0;
     for (int i = 0; i < count; ++i) {
         const model_param *p = param(m, first + i, l);
-        llmcl_tensor *yi = cols(a, y, n, col, p->shape[0]), *u = u_rows(a, A, first + i, n);
+        llmcl_tensor *yi = cols(a, y, n, col, p->shape[0]), *u = u_rows(m, a, A, first + i, n);
         if (!stack)
             TRY(model_proj_forward(m, p, x, NULL, yi, u));
         else if (p->lora_a)
-            TRY(adapter_forward(m, p, x, yi, u));
+            TRY(together ? adapter_up(m, p, u, yi) : adapter_forward(m, p, x, yi, u));
         col += p->shape[0];
     }
     return LLMCL_OK;
@@ -1214,25 +1332,29 @@ static llmcl_status group_forward(model *m, arena *a, int l, int first, int coun
    gradients. */
 static llmcl_status group_backward(model *m, arena *a, int l, int first, int count,
                                    const layer_acts *A, llmcl_tensor *dy, llmcl_tensor *x,
-                                   llmcl_tensor *dx, llmcl_tensor *du)
+                                   llmcl_tensor *dx)
 {
     const int64_t n = llmcl_tensor_dim(dy, 0);
     model_param st;
+    llmcl_tensor *aw, *ag, *du = du_cols(m, a, n, 0, 1);
     const bool stack = stacked_proj(m, a, l, first, count, &st);
+    const int together = stack ? stacked_adapters(m, a, l, first, count, true, &aw, &ag) : 0;
     if (stack)
         TRY(model_proj_backward(m, &st, dy, x, NULL, 0, dx, NULL));
     int64_t col = 0;
-    for (int i = 0; i < count; ++i) {
+    for (int i = 0, k = 0; i < count; ++i) {
         model_param *p = param(m, first + i, l);
-        llmcl_tensor *dyi = cols(a, dy, n, col, p->shape[0]), *u = u_rows(a, A, first + i, n);
+        llmcl_tensor *dyi = cols(a, dy, n, col, p->shape[0]), *u = u_rows(m, a, A, first + i, n);
         p->grad_summed = stack && st.grad_summed;
         if (!stack)
             TRY(model_proj_backward(m, p, dyi, x, u, i ? 1.0f : 0.0f, dx, du));
+        else if (p->lora_a && together) /* each du in its columns, then dA and dx once */
+            TRY(adapter_down(m, p, dyi, u, du_cols(m, a, n, k++, 1)));
         else if (p->lora_a)
             TRY(adapter_backward(m, p, dyi, x, u, dx, du));
         col += p->shape[0];
     }
-    return LLMCL_OK;
+    return together ? adapter_in(m, aw, ag, du_cols(m, a, n, 0, together), x, dx) : LLMCL_OK;
 }
 
 /* Where k's and v's heads begin in a row of q, k and v side by side. */
@@ -1279,17 +1401,17 @@ static llmcl_status layer_forward(model *m, arena *a, int l, const layer_acts *A
                                                 &ao, bhtd(a, A->o, 0, b, t, c->heads, d),
                                                 view(a, A->lse, 3, lshape, NULL, 0)));
     TRY(model_proj_forward(m, param(m, P_WO, l), rows(a, A->o, n), x, xmid,
-                           u_rows(a, A, P_WO, n)));
+                           u_rows(m, a, A, P_WO, n)));
     TRY(norm_forward(m, a, P_MLP_NORM, l, xmid, A->h2, A->rstd2, n));
     llmcl_tensor *act = rows(a, A->act, n);
     TRY(group_forward(m, a, l, P_WGATE, 2, A, h2, rows(a, A->gu, n)));
     TRY(swiglu_forward(m, a, A, n));
     const model_param *down = param(m, P_WDOWN, l);
     if (!xout) /* recomputing for the backward: of the last projection only its adapter's u */
-        return down->lora_a
-                   ? PROF(F_MATMUL_FWD, linear(ctx, act, down->lora_a->w, u_rows(a, A, P_WDOWN, n)))
-                   : LLMCL_OK;
-    return model_proj_forward(m, down, act, xmid, xout, u_rows(a, A, P_WDOWN, n));
+        return down->lora_a ? PROF(F_MATMUL_FWD, linear(ctx, act, down->lora_a->w,
+                                                        u_rows(m, a, A, P_WDOWN, n)))
+                            : LLMCL_OK;
+    return model_proj_forward(m, down, act, xmid, xout, u_rows(m, a, A, P_WDOWN, n));
 }
 
 static llmcl_ce_options ce_opts(const model *m)
@@ -1413,20 +1535,20 @@ static llmcl_status layer_backward(model *m, arena *a, int l, const layer_acts *
     llmcl_tensor *dres = rows(a, m->dres, n), *dh = rows(a, m->dh, n), *da = rows(a, m->da, n);
     llmcl_tensor *gu = rows(a, A->gu, n), *h2 = rows(a, A->h2, n);
     llmcl_tensor *gate = cols(a, A->gu, n, 0, c->ffn), *up = cols(a, A->gu, n, c->ffn, c->ffn);
-    llmcl_tensor *du = du_rows(m, a, n);
+    llmcl_tensor *du = du_cols(m, a, n, 0, 1);
     /* MLP */
     TRY(model_proj_backward(m, param(m, P_WDOWN, l), dres, rows(a, A->act, n),
-                            u_rows(a, A, P_WDOWN, n), 0, da, du));
+                            u_rows(m, a, A, P_WDOWN, n), 0, da, du));
     OP(F_GLU, llmcl_glu_backward(ctx, LLMCL_ACT_SILU, da, gate, up, gate, up));
-    TRY(group_backward(m, a, l, P_WGATE, 2, A, gu, h2, dh, du));
+    TRY(group_backward(m, a, l, P_WGATE, 2, A, gu, h2, dh));
     OP(F_NORM, llmcl_residual_rmsnorm_backward(ctx, dh, dres, rows(a, A->xmid, n),
                                                param(m, P_MLP_NORM, l)->w, head(a, A->rstd2, n),
                                                dres, norm_dw(m, param(m, P_MLP_NORM, l)), &no));
     TRY(norm_grad(m, param(m, P_MLP_NORM, l)));
     /* attention */
     llmcl_tensor *h1 = rows(a, A->h1, n), *dqkv = rows(a, m->dqkv, n);
-    TRY(model_proj_backward(m, param(m, P_WO, l), dres, rows(a, A->o, n), u_rows(a, A, P_WO, n), 0,
-                            rows(a, m->dattn, n), du));
+    TRY(model_proj_backward(m, param(m, P_WO, l), dres, rows(a, A->o, n),
+                            u_rows(m, a, A, P_WO, n), 0, rows(a, m->dattn, n), du));
     const llmcl_attention_opts ao = {.causal = 1};
     const int64_t lshape[3] = {b, c->heads, t};
     OP(F_ATTENTION_BWD, llmcl_attention_backward(
@@ -1438,7 +1560,7 @@ static llmcl_status layer_backward(model *m, arena *a, int l, const layer_acts *
     const llmcl_rope_options ro = rope_opts(m, a, t);
     OP(F_ROPE, llmcl_rope_backward(ctx, bthd(a, dqkv, 0, b, t, c->heads, d),
                                    bthd(a, dqkv, k_col(m), b, t, c->kv_heads, d), &ro));
-    TRY(group_backward(m, a, l, P_WQ, 3, A, dqkv, h1, dh, du));
+    TRY(group_backward(m, a, l, P_WQ, 3, A, dqkv, h1, dh));
     OP(F_NORM, llmcl_residual_rmsnorm_backward(ctx, dh, dres, x, param(m, P_ATTN_NORM, l)->w,
                                                head(a, A->rstd1, n), dres,
                                                norm_dw(m, param(m, P_ATTN_NORM, l)), &no));
