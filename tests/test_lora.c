@@ -318,9 +318,9 @@ static void test_recompute_same_bits(void **state)
 }
 
 /*
- * The adapters' gradients of the whole model with adapted_kinds against the merged model's: with W' = W +
- * s B A the same function, dB = s dW' A^T and dA = s B^T dW', where dW' is the gradient of the
- * merged model (no adapters, base trained) at W'. f32.
+ * The adapters' gradients of the whole model with adapted_kinds against the merged model's: with
+ * W' = W + s B A the same function, dB = s dW' A^T and dA = s B^T dW', where dW' is the gradient
+ * of the merged model (no adapters, base trained) at W'. f32.
  */
 static void check_gradients_of_merged(unsigned adapted_kinds)
 {
