@@ -21,7 +21,7 @@ struct layer_acts {
     llmcl_tensor *h1, *rstd1, *o, *lse, *xmid, *h2, *rstd2, *act;
     llmcl_tensor *qkv; /* q, k and v side by side in a row, as the stacked projections write them */
     llmcl_tensor *gu;  /* gate and up likewise */
-    llmcl_tensor *u[P_KINDS]; /* per adapted projection: x A^T [N, rank] */
+    llmcl_tensor *u[P_KINDS]; /* x A^T [N, rank x adapters], at a group's first adapted kind */
 };
 
 /* ---- per-family kernel time (model->profiling) ---- */
@@ -738,7 +738,8 @@ static int adapter_col(const model_config *c, int kind, int *first, int *count)
 
 /*
  * A layer's buffers as slots, so that a mask says which of them a layer keeps; the adapters' x A^T
- * last, one slot per projection from P_WQ to P_WDOWN.
+ * last, one slot per projection from P_WQ to P_WDOWN, of which a group's first adapted one holds
+ * the group's (adapter_col).
  */
 enum { S_H1, S_RSTD1, S_QKV, S_O, S_LSE, S_XMID, S_H2, S_RSTD2, S_GU, S_ACT, S_U,
        SLOTS = S_U + P_WDOWN - P_WQ + 1 };
