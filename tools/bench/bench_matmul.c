@@ -3,11 +3,14 @@
  * layers of Llama-3-8B at 8192 tokens (4096->4096, 4096->14336, 14336->4096) and those of
  * Llama-3.2-1B (2048->2048, 2048->512, 2048->8192, 8192->2048), then the stacked projections that
  * llmcl-train's presets run instead of q, k, v and gate, up apart (1B: 2048->3072 and
- * 2048->16384; 8B: 4096->6144 and 4096->28672), each as the forward y = x w^T, dx = dy w and dw += dy^T x (f32, beta 1), in TFLOP/s against the
- * device's tensor-core rate where they ran on tensor cores, else its fp32 FMA rate. CPU devices
- * run the same shapes divided by 16. Each output is checked at 256 sampled elements against double
- * dot products of the downloaded operands. tools/bench/yardstick_matmul.py times PyTorch on the
- * same shapes.
+ * 2048->16384; 8B: 4096->6144 and 4096->28672), each as the forward y = x w^T, dx = dy w and
+ * dw += dy^T x (f32, beta 1), in TFLOP/s against the device's tensor-core rate where they ran on
+ * tensor cores, else its fp32 FMA rate. Then LoRA's six products of an adapter of rank 16 on a
+ * 1B projection (2048 wide) and the three that a group's stacked adapters share at rank 48
+ * (llmcl-train's q, k and v), which are memory-bound: their rows give GB/s too. CPU devices run
+ * the same shapes divided by 16 (LoRA's ranks kept). Each output is checked at 256 sampled
+ * elements against double dot products of the downloaded operands. tools/bench/yardstick_matmul.py
+ * times PyTorch on the same shapes.
  */
 #include <math.h>
 #include <stdio.h>
@@ -80,9 +83,11 @@ static int check_sampled(const mm_bench *m, int64_t M, int64_t N, int64_t K)
     return ok;
 }
 
-/* One row: c [M, N] = op(a) op(b) with a, b in dt; c in cdt; beta as the row asks. */
+/* One row: c [M, N] = op(a) op(b) with a, b in dt; c in cdt; beta as the row asks. by_bytes:
+   the row also counts its bytes (a and b read, c written, and read where beta is not 0). */
 static void bench_one(bench_env *env, const char *dir, int64_t M, int64_t N, int64_t K,
-                      llmcl_dtype dt, llmcl_dtype cdt, int trans_a, int trans_b, float beta)
+                      llmcl_dtype dt, llmcl_dtype cdt, int trans_a, int trans_b, float beta,
+                      bool by_bytes)
 {
     llmcl_ctx *ctx = env->ctx;
     mm_bench m = {.opts = {.trans_a = trans_a, .trans_b = trans_b}};
@@ -100,7 +105,10 @@ static void bench_one(bench_env *env, const char *dir, int64_t M, int64_t N, int
         char shape[48];
         snprintf(shape, sizeof shape, "%lldx%lldx%lld%s%s", (long long)M, (long long)N,
                  (long long)K, trans_a ? " aT" : "", trans_b ? " bT" : "");
-        bench_row r = {.bytes = 0, .check = check};
+        const double c_bytes = (double)M * N * llmcl_dtype_size(cdt) * (beta != 0.0f ? 2 : 1);
+        bench_row r = {.bytes = by_bytes ? (double)(M + N) * K * llmcl_dtype_size(dt) + c_bytes
+                                         : 0,
+                       .check = check};
         snprintf(r.kernel, sizeof r.kernel, "matmul");
         snprintf(r.direction, sizeof r.direction, "%s", dir);
         snprintf(r.dtype, sizeof r.dtype, "%s", llmcl_dtype_name(dt));
@@ -117,19 +125,37 @@ static void bench_one(bench_env *env, const char *dir, int64_t M, int64_t N, int
     llmcl_tensor_destroy(m.c);
 }
 
+/* LoRA's products on a projection `width` wide at rank r, over `tokens` rows (adapter_forward
+   and adapter_backward in tools/llmcl-train/model.c); all six, or with `shared` only those that
+   a group's stacked adapters run once: u, dA and dx. */
+static void bench_lora(bench_env *env, int64_t tokens, int64_t width, int64_t r, bool shared)
+{
+    const llmcl_dtype bf = LLMCL_BF16, f32 = LLMCL_F32;
+    bench_one(env, "lora u", tokens, r, width, bf, bf, 0, 1, 0.0f, true); /* u = x A^T */
+    if (!shared) {
+        bench_one(env, "lora up", tokens, width, r, bf, bf, 0, 1, 1.0f, true); /* y += u B^T */
+        bench_one(env, "lora dB", width, r, tokens, bf, f32, 1, 0, 1.0f, true); /* dB += dy^T u */
+        bench_one(env, "lora du", tokens, r, width, bf, bf, 0, 0, 0.0f, true);  /* du = dy B */
+    }
+    bench_one(env, "lora dA", r, width, tokens, bf, f32, 1, 0, 1.0f, true); /* dA += du^T x */
+    bench_one(env, "lora dx", tokens, width, r, bf, bf, 0, 0, 1.0f, true);  /* dx += du A */
+}
+
 void bench_matmul(bench_env *env)
 {
     const int64_t div = env->small ? 16 : 1, tokens = 8192 / div;
     const llmcl_dtype bf = LLMCL_BF16;
-    bench_one(env, "gemm", 8192 / div, 8192 / div, 8192 / div, bf, bf, 0, 0, 0.0f);
+    bench_one(env, "gemm", 8192 / div, 8192 / div, 8192 / div, bf, bf, 0, 0, 0.0f, false);
     static const int64_t layers[][2] = {{4096, 4096},  {4096, 14336}, {14336, 4096},
                                         {2048, 2048},  {2048, 512},   {2048, 8192},
                                         {8192, 2048},  {2048, 3072},  {2048, 16384},
                                         {4096, 6144},  {4096, 28672}};
     for (size_t i = 0; i < sizeof layers / sizeof layers[0]; ++i) {
         const int64_t in = layers[i][0] / div, out = layers[i][1] / div;
-        bench_one(env, "fwd", tokens, out, in, bf, bf, 0, 1, 0.0f);     /* x w^T */
-        bench_one(env, "dX", tokens, in, out, bf, bf, 0, 0, 0.0f);      /* dy w */
-        bench_one(env, "dW", out, in, tokens, bf, LLMCL_F32, 1, 0, 1.0f); /* dw += dy^T x */
+        bench_one(env, "fwd", tokens, out, in, bf, bf, 0, 1, 0.0f, false); /* x w^T */
+        bench_one(env, "dX", tokens, in, out, bf, bf, 0, 0, 0.0f, false);  /* dy w */
+        bench_one(env, "dW", out, in, tokens, bf, LLMCL_F32, 1, 0, 1.0f, false); /* dw += dy^T x */
     }
+    bench_lora(env, tokens, 2048 / div, 16, false);
+    bench_lora(env, tokens, 2048 / div, 48, true);
 }

@@ -6,7 +6,9 @@ usage: python3 tools/bench/yardstick_matmul.py
 Prints one line per row: direction, M x N x K, median ms and TFLOP/s (triton.testing.do_bench
 when Triton is present, else CUDA events). fwd, dX and dW are bf16 in and out (PyTorch's autograd
 of a bf16 linear layer); dW32 is llmcl's dW row's own operation, dw += dy^T x into an f32 dw
-(cuBLAS through torch.addmm's out_dtype, PyTorch 2.8 and later; a line says where it is missing)."""
+(cuBLAS through torch.addmm's out_dtype, PyTorch 2.8 and later; a line says where it is missing).
+Then LoRA's products at rank 16 on a 2048-wide projection and the three that a group's stacked
+adapters share at rank 48, as llmcl-bench's lora rows (their f32 gradients through out_dtype)."""
 import torch
 
 from yardstick_timing import median_ms
@@ -14,8 +16,38 @@ from yardstick_timing import median_ms
 
 def row(direction, m, n, k, fn):
     ms = median_ms(fn)
-    print(f"torch {direction:5s} {m}x{n}x{k}: {ms:.4f} ms, {2 * m * n * k / ms / 1e9:.1f} TFLOP/s",
+    print(f"torch {direction:7s} {m}x{n}x{k}: {ms:.4f} ms, {2 * m * n * k / ms / 1e9:.1f} TFLOP/s",
           flush=True)
+
+
+def addmm_f32(c, a, b):
+    """c += a b into f32 c from 16-bit a and b, or None where PyTorch cannot (before 2.8)."""
+    try:
+        return torch.addmm(c, a, b, out_dtype=torch.float32, out=c)
+    except (TypeError, RuntimeError) as e:
+        print(f"torch: no f32 output from 16-bit products ({e})", flush=True)
+        return None
+
+
+def lora_rows(dev, t, width, r, shared):
+    """LoRA's products (tools/llmcl-train/model.c), all six or with shared the stacked three."""
+    bf = torch.bfloat16
+    x, dy = (torch.randn(t, width, device=dev, dtype=bf) for _ in range(2))
+    a, b = torch.randn(r, width, device=dev, dtype=bf), torch.randn(width, r, device=dev, dtype=bf)
+    u, du = (torch.randn(t, r, device=dev, dtype=bf) for _ in range(2))
+    y, dx = (torch.zeros(t, width, device=dev, dtype=bf) for _ in range(2))
+    db = torch.zeros(width, r, device=dev, dtype=torch.float32)
+    da = torch.zeros(r, width, device=dev, dtype=torch.float32)
+    f32 = addmm_f32(da, du.t(), x) is not None
+    row("lora u", t, r, width, lambda: x @ a.t())
+    if not shared:
+        row("lora up", t, width, r, lambda: torch.addmm(y, u, b.t(), out=y))
+        if f32:
+            row("lora dB", width, r, t, lambda: addmm_f32(db, dy.t(), u))
+        row("lora du", t, r, width, lambda: dy @ b)
+    if f32:
+        row("lora dA", r, width, t, lambda: addmm_f32(da, du.t(), x))
+    row("lora dx", t, width, r, lambda: torch.addmm(dx, du, a, out=dx))
 
 
 def main():
@@ -34,13 +66,10 @@ def main():
         row("dX", t, d_in, d_out, lambda: dy @ w)
         row("dW", d_out, d_in, t, lambda: dy.t() @ x)
         dw = torch.zeros(d_out, d_in, device=dev, dtype=torch.float32)
-        try:
-            torch.addmm(dw, dy.t(), x, out_dtype=torch.float32, out=dw)
-        except (TypeError, RuntimeError) as e:
-            print(f"torch dW32  {d_out}x{d_in}x{t}: not run ({e})", flush=True)
-            continue
-        row("dW32", d_out, d_in, t,
-            lambda: torch.addmm(dw, dy.t(), x, out_dtype=torch.float32, out=dw))
+        if addmm_f32(dw, dy.t(), x) is not None:
+            row("dW32", d_out, d_in, t, lambda: addmm_f32(dw, dy.t(), x))
+    lora_rows(dev, t, 2048, 16, False)
+    lora_rows(dev, t, 2048, 48, True)
 
 
 if __name__ == "__main__":
