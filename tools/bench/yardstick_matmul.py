@@ -21,16 +21,25 @@ def row(direction, m, n, k, fn):
 
 
 def addmm_f32(c, a, b):
-    """c += a b into f32 c from 16-bit a and b, or None where PyTorch cannot (before 2.8)."""
+    """c += a b into f32 c from 16-bit a and b."""
+    return torch.addmm(c, a, b, out_dtype=torch.float32, out=c)
+
+
+def has_f32_out(dev):
+    """Whether this PyTorch writes f32 from 16-bit products (out_dtype, 2.8 and later)."""
+    a = torch.ones(16, 16, device=dev, dtype=torch.bfloat16)
     try:
-        return torch.addmm(c, a, b, out_dtype=torch.float32, out=c)
+        addmm_f32(torch.zeros(16, 16, device=dev), a, a)
+        return True
     except (TypeError, RuntimeError) as e:
-        print(f"torch: no f32 output from 16-bit products ({e})", flush=True)
-        return None
+        print(f"torch: no f32 output from 16-bit products, dW32 and LoRA's f32 rows not run ({e})",
+              flush=True)
+        return False
 
 
-def lora_rows(dev, t, width, r, shared):
-    """LoRA's products (tools/llmcl-train/model.c), all six or with shared the stacked three."""
+def lora_rows(dev, t, width, r, shared, f32):
+    """LoRA's products (tools/llmcl-train/model.c), all six or with shared the stacked three; f32:
+    those into f32 gradients too."""
     bf = torch.bfloat16
     x, dy = (torch.randn(t, width, device=dev, dtype=bf) for _ in range(2))
     a, b = torch.randn(r, width, device=dev, dtype=bf), torch.randn(width, r, device=dev, dtype=bf)
@@ -38,7 +47,6 @@ def lora_rows(dev, t, width, r, shared):
     y, dx = (torch.zeros(t, width, device=dev, dtype=bf) for _ in range(2))
     db = torch.zeros(width, r, device=dev, dtype=torch.float32)
     da = torch.zeros(r, width, device=dev, dtype=torch.float32)
-    f32 = addmm_f32(da, du.t(), x) is not None
     row("lora u", t, r, width, lambda: x @ a.t())
     if not shared:
         row("lora up", t, width, r, lambda: torch.addmm(y, u, b.t(), out=y))
@@ -52,6 +60,7 @@ def lora_rows(dev, t, width, r, shared):
 
 def main():
     dev, bf = "cuda", torch.bfloat16
+    f32 = has_f32_out(dev)
     a = torch.randn(8192, 8192, device=dev, dtype=bf)
     b = torch.randn(8192, 8192, device=dev, dtype=bf)
     row("gemm", 8192, 8192, 8192, lambda: a @ b)
@@ -66,10 +75,10 @@ def main():
         row("dX", t, d_in, d_out, lambda: dy @ w)
         row("dW", d_out, d_in, t, lambda: dy.t() @ x)
         dw = torch.zeros(d_out, d_in, device=dev, dtype=torch.float32)
-        if addmm_f32(dw, dy.t(), x) is not None:
+        if f32:
             row("dW32", d_out, d_in, t, lambda: addmm_f32(dw, dy.t(), x))
-    lora_rows(dev, t, 2048, 16, False)
-    lora_rows(dev, t, 2048, 48, True)
+    lora_rows(dev, t, 2048, 16, False, f32)
+    lora_rows(dev, t, 2048, 48, True, f32)
 
 
 if __name__ == "__main__":
