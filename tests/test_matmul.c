@@ -534,6 +534,31 @@ static void check_tma_stores(void)
     }
 }
 
+/* wgmma's thin tiles for outputs at most 64 wide or tall (LoRA's products): x A^T, and the two
+   weight gradients. */
+static void check_thin_tiles(void)
+{
+    static const struct {
+        int64_t m, n;
+        int trans_a;
+        const char *tiles;
+    } thin[] = {{300, 16, 0, "BM=128 BN=64 WG_MB=1 STAGES=4"},
+                {300, 48, 1, "BM=128 BN=64 WG_MB=1 STAGES=4"},
+                {16, 300, 1, "BM=64 BN=128 WG_MB=1 STAGES=4"},
+                {40, 24, 0, "BM=64 BN=64 WG_MB=1 STAGES=4"}};
+    for (size_t i = 0; i < sizeof thin / sizeof thin[0]; ++i) {
+        mm_case c = plain(LLMCL_BF16, thin[i].m, thin[i].n, 2100);
+        c.trans_a = thin[i].trans_a;
+        c.trans_b = !c.trans_a;
+        c.cdt = c.trans_a ? LLMCL_F32 : LLMCL_BF16;
+        c.beta = c.trans_a ? 1.0 : 0.0;
+        mm_check(thin[i].tiles, &c, 880 + (int)i);
+        char size[16];
+        snprintf(size, sizeof size, "%lld", (long long)(c.m > c.n ? c.m : c.n));
+        th_assert_launched_with(mma_key(c.trans_a), LLMCL_BF16, size, thin[i].tiles);
+    }
+}
+
 /* The tensor-core path (NVIDIA sm_80+; wgmma on sm_90, mma.sync when the suite runs again with
    LLMCL_WGMMA=0): every layout at sizes that cross tile edges, operands that cp.async cannot move
    (odd leading strides), and every tile configuration shape. */
@@ -604,8 +629,10 @@ static void test_tensor_cores(void **state)
         th_assert_launched_with(key, LLMCL_BF16, "650", sets[i]);
         TH_OK(llmcl_tune_override(th_ctx(), key, LLMCL_BF16, "*", NULL));
     }
-    if (wgmma)
+    if (wgmma) {
         check_tma_stores();
+        check_thin_tiles();
+    }
     if (wgmma) {
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=256 BN=256 WG_MB=1 STAGES=3");
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=256 WG_MB=1 STAGES=2");
