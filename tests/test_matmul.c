@@ -632,8 +632,6 @@ static void test_tensor_cores(void **state)
     if (wgmma) {
         check_tma_stores();
         check_thin_tiles();
-    }
-    if (wgmma) {
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=256 BN=256 WG_MB=1 STAGES=3");
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=256 WG_MB=1 STAGES=2");
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=192 BN=256 WG_MB=1 STAGES=5"); /* 280 KiB */
