@@ -535,19 +535,25 @@ static void check_tma_stores(void)
 }
 
 /* wgmma's thin tiles for outputs at most 64 wide or tall (LoRA's products): x A^T, and the two
-   weight gradients. */
+   weight gradients; 64 x 64 where the long side's tiles fill half the device and K is short. */
 static void check_thin_tiles(void)
 {
-    static const struct {
-        int64_t m, n;
+    /* the shortest long side whose 64-wide tiles fill half the compute units */
+    const int64_t fills = 64 * ((llmcl_ctx_device_info(th_ctx())->compute_units + 1) / 2);
+    const struct {
+        int64_t m, n, k;
         int trans_a;
         const char *tiles;
-    } thin[] = {{300, 16, 0, "BM=128 BN=64 WG_MB=1 STAGES=4"},
-                {300, 48, 1, "BM=128 BN=64 WG_MB=1 STAGES=4"},
-                {16, 300, 1, "BM=64 BN=128 WG_MB=1 STAGES=4"},
-                {40, 24, 0, "BM=64 BN=64 WG_MB=1 STAGES=4"}};
+    } thin[] = {{300, 16, 2100, 0, "BM=128 BN=64 WG_MB=1 STAGES=4"},
+                {300, 48, 2100, 1, "BM=128 BN=64 WG_MB=1 STAGES=4"},
+                {16, 300, 2100, 1, "BM=64 BN=128 WG_MB=1 STAGES=4"},
+                {40, 24, 2100, 0, "BM=64 BN=64 WG_MB=1 STAGES=6"},
+                {fills, 16, 600, 0, "BM=64 BN=64 WG_MB=1 STAGES=6"},
+                {fills - 64, 48, 600, 1, "BM=128 BN=64 WG_MB=1 STAGES=4"},
+                {48, fills + 1, 600, 1, "BM=64 BN=64 WG_MB=1 STAGES=6"},
+                {fills, 16, 4160, 0, "BM=128 BN=64 WG_MB=1 STAGES=4"}};
     for (size_t i = 0; i < sizeof thin / sizeof thin[0]; ++i) {
-        mm_case c = plain(LLMCL_BF16, thin[i].m, thin[i].n, 2100);
+        mm_case c = plain(LLMCL_BF16, thin[i].m, thin[i].n, thin[i].k);
         c.trans_a = thin[i].trans_a;
         c.trans_b = !c.trans_a;
         c.cdt = c.trans_a ? LLMCL_F32 : LLMCL_BF16;
