@@ -463,7 +463,7 @@ static void test_tiled_tunables(void **state)
         mm_check(sets[i], &c, 600 + i);
         char buf[128], got[136], want[16];
         int launched = 0, tile = 0;
-        TH_OK(llmcl_tune_params_get(th_ctx(), "mm_tiled", LLMCL_F32, "70", buf, sizeof buf,
+        TH_OK(llmcl_tune_params_get(th_ctx(), "mm_tiled", LLMCL_F32, "45", buf, sizeof buf,
                                     &launched));
         assert_int_equal(launched, 1);
         sscanf(sets[i], "T=%d", &tile);
@@ -534,6 +534,32 @@ static void check_tma_stores(void)
     }
 }
 
+/* Thin outputs are classed by their thin side: tiles forced at 8192's class do not reach an
+   8192 x 16 product, and do reach 8192 x 100. */
+static void test_thin_class(void **state)
+{
+    (void)state;
+    TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "8192", "T=16 BK=8 TM=1 TN=1"));
+    static const int64_t widths[] = {16, 100};
+    for (int i = 0; i < 2; ++i) {
+        mm_case c = plain(LLMCL_F32, 8192, widths[i], 24);
+        c.batch = 2;
+        c.a_batched = c.b_batched = 1;
+        mm_check("thin class", &c, 640 + i);
+        char buf[128], got[136];
+        int launched = 0;
+        TH_OK(llmcl_tune_params_get(th_ctx(), "mm_tiled", LLMCL_F32, i == 0 ? "16" : "8192", buf,
+                                    sizeof buf, &launched));
+        assert_int_equal(launched, 1);
+        snprintf(got, sizeof got, " %s ", buf);
+        if (i == 0)
+            assert_null(strstr(got, " T=16 "));
+        else
+            assert_non_null(strstr(got, " T=16 "));
+    }
+    TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "8192", NULL));
+}
+
 /* wgmma's thin tiles for outputs at most 64 wide or tall (LoRA's products): x A^T, and the two
    weight gradients; 64 x 64 where the long side's tiles fill half the device and K is short. */
 static void check_thin_tiles(void)
@@ -559,8 +585,8 @@ static void check_thin_tiles(void)
         c.cdt = c.trans_a ? LLMCL_F32 : LLMCL_BF16;
         c.beta = c.trans_a ? 1.0 : 0.0;
         mm_check(thin[i].tiles, &c, 880 + (int)i);
-        char size[16];
-        snprintf(size, sizeof size, "%lld", (long long)(c.m > c.n ? c.m : c.n));
+        char size[16]; /* thin products are classed by their thin side */
+        snprintf(size, sizeof size, "%lld", (long long)(c.m < c.n ? c.m : c.n));
         th_assert_launched_with(mma_key(c.trans_a), LLMCL_BF16, size, thin[i].tiles);
     }
 }
@@ -938,6 +964,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_addend),            cmocka_unit_test(test_edges),
         cmocka_unit_test(test_long_k),
         cmocka_unit_test(test_tiled_tunables),
+        cmocka_unit_test(test_thin_class),
         cmocka_unit_test(test_tensor_cores),      cmocka_unit_test(test_sumsq),
         cmocka_unit_test(test_sumsq_growth),      cmocka_unit_test(test_bad_input),
     };

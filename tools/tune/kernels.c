@@ -407,7 +407,7 @@ static llmcl_status run_cce_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
 
 /*
  * ---- matmul.cl: c [Z, M, N] = a [Z, M, K] b [Z, N, K]^T (a linear layer's forward); size key
- * max(M, N). mm_wgmma runs bf16 and f16 products on devices with wgmma (sm_90), and
+ * max(M, N), or the thin side where one is at most 64. mm_wgmma runs bf16 and f16 products on devices with wgmma (sm_90), and
  * mm_wgmma_at those with a transposed (weight gradients, c = a^T b with a [Z, K, M]); elsewhere
  * with tensor cores mm_mma and mm_mma_at run them; mm_tiled is tuned on f32 batches, which every
  * device runs on it (2-D f32 goes to CLBlast).
@@ -425,10 +425,11 @@ static llmcl_status run_cce_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
 #define MM_TILED_SHAPES "Z=2,M=2048,N=2048,K=2048"
 #define MM_SMALL "Z=2,M=256,N=320,K=192"
 
+/* As the launcher classes a product: max(M, N), or the thin side where one is at most 64. */
 static int64_t mm_size_key(const tune_case *c)
 {
-    const int64_t m = tune_dim(c, "M"), n = tune_dim(c, "N");
-    return m > n ? m : n;
+    const int64_t m = tune_dim(c, "M"), n = tune_dim(c, "N"), thin = m < n ? m : n;
+    return thin <= 64 ? thin : (m > n ? m : n);
 }
 
 static llmcl_status run_matmul(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)

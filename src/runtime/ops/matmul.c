@@ -481,7 +481,17 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
 }
 
 /*
- * The database's tiles for key over the launcher's defaults in *t (classed by max(M, N)): a file
+ * The size key of a product's tuning class: max(M, N), or the thin side where one side is at most
+ * 64, so that thin outputs (LoRA's) never take tiles tuned for wide products of the same length.
+ */
+static int64_t mm_size_key(int64_t m, int64_t n)
+{
+    const int64_t thin = m < n ? m : n;
+    return thin <= 64 ? thin : (m > n ? m : n);
+}
+
+/*
+ * The database's tiles for key over the launcher's defaults in *t (classed by mm_size_key): a file
  * entry that does not fit gives way to the defaults, a forced override that does not fit is an
  * error (so that the tuner never times a substitute).
  */
@@ -491,7 +501,7 @@ static llmcl_status pick_tiles(const mm_problem *p, const char *key,
 {
     const llmcl__params defaults = *t;
     char cls[16], text[256] = "";
-    llmcl__shape_class(p->M > p->N ? p->M : p->N, cls);
+    llmcl__shape_class(mm_size_key(p->M, p->N), cls);
     const llmcl__tune_lookup lookup = llmcl__params_lookup(p->ctx, key, p->a.t->dtype, cls, t);
     if (fits(p->ctx, t))
         return LLMCL_OK;
