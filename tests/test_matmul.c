@@ -332,6 +332,23 @@ static void test_split_k(void **state)
         free(got1);
         free(got2);
     }
+    /* The slices' sum four elements a work-item where c's rows allow it (c at offset 8 = 3 + 5),
+       else one: a row bias, 16-bit outputs, the addend 8 or 1 elements further, c's views shifted
+       by 1 or padded by 2 (rows no longer aligned to four), N not a multiple of 4, column-major
+       c. */
+    for (int v = 0; v < 8; ++v) {
+        mm_case c = plain(float_dtypes[v % 3], 29, v == 5 ? 42 : 40, 600);
+        c.cdt = v % 2 ? c.dt : LLMCL_F32;
+        c.bias = v % 3;
+        c.biasdt = LLMCL_F32;
+        c.beta = v == 2 ? 0.0 : 0.5;
+        c.addend = v == 1 ? ADDEND_ALIKE : v == 6 ? ADDEND_SHIFTED : ADDEND_C;
+        c.offset = v == 3 ? 4 : 3;
+        c.pad = v == 4 ? 2 : 0;
+        c.c_col = v == 7;
+        c.split_k = 3;
+        mm_check("split-K sums", &c, 460 + v);
+    }
 }
 
 /*

@@ -27,6 +27,7 @@
  *               tile layout and ldmatrix form (mm_mma, which needs a unit stride along m or k of
  *               A and along k or n of B)
  *   SPLITK      1: write raw slice sums to ws
+ *   RVEC        mm_reduce: elements of c a work-item, 1 or 4 (aligned runs along n)
  *   mm_tiled:   T (tile edge, default 64), BK (k-slice, 16), TM, TN (per work-item, 4 x 4);
  *               T % TM == T % TN == 0, (T/TM)(T/TN) >= T work-items, BK <= T
  *   mm_mma:     BM, BN (64, 128 or 256), BK (32 or 64: an even number of k16 steps), WM x WN warps, each owning a
@@ -57,6 +58,9 @@
 #endif
 #ifndef C_DT
 #define C_DT DT
+#endif
+#ifndef RVEC
+#define RVEC 1
 #endif
 #ifndef BIAS_DT
 #define BIAS_DT DT
@@ -235,26 +239,46 @@ __kernel __attribute__((reqd_work_group_size(TWG, 1, 1))) void mm_tiled(MM_PARAM
 
 /* ---- split K and CLBlast helpers ---- */
 
-/* One work-item per element of c over (n, m, z): the slices' sums in slice order, then the
-   epilogue. */
+/*
+ * RVEC consecutive elements of a row of c a work-item over (n / RVEC, m, z): the slices' sums in
+ * slice order, then the epilogue. RVEC 4 where c's and the addend's rows are runs along n aligned to
+ * four elements and N is a multiple of 4 (the launcher checks): one access of four elements each,
+ * and a quarter of the work-groups, whose launches bound a kernel this light.
+ */
+#if RVEC == 4
+typedef float4 rvec_t;
+#define RV_LOAD(DT, p, i) LLMCL_CAT(load4a_, DT)((p), (i))
+#define RV_STORE(DT, p, i, v) LLMCL_CAT(store4a_, DT)((p), (i), (v))
+#define RV_BIAS(p, i, s)                                                                          \
+    ((float4)(LOAD(BIAS_DT, p, i), LOAD(BIAS_DT, p, (i) + (s)), LOAD(BIAS_DT, p, (i) + 2 * (s)),  \
+              LOAD(BIAS_DT, p, (i) + 3 * (s))))
+#else
+typedef float rvec_t;
+#define RV_LOAD(DT, p, i) LOAD(DT, p, i)
+#define RV_STORE(DT, p, i, v) STORE(DT, p, i, v)
+#define RV_BIAS(p, i, s) LOAD(BIAS_DT, p, i)
+#endif
+
 __kernel void mm_reduce(__global c_t *c, ulong coff, long scm, long scn, long scb,
                         const __global c_t *cin, long cid, const __global bias_t *bias,
                         ulong biasoff, long sbias, int bias_mode, long M, long N, long nslices,
                         long batch, float alpha, float beta, const __global float *ws)
 {
-    const long n = get_global_id(0), m = get_global_id(1), z = get_global_id(2);
+    const long n = get_global_id(0) * RVEC, m = get_global_id(1), z = get_global_id(2);
     if (n >= N || m >= M)
         return;
-    float acc = 0.0f;
+    rvec_t acc = 0.0f;
     for (long s = 0; s < nslices; ++s)
-        acc += ws[((s * batch + z) * M + m) * N + n];
-    float v = alpha * acc;
-    if (bias_mode)
-        v += LOAD(BIAS_DT, bias, biasoff + (bias_mode == 1 ? n : m) * sbias);
+        acc += RV_LOAD(F32, ws, ((s * batch + z) * M + m) * N + n);
+    rvec_t v = alpha * acc;
+    if (bias_mode == 1)
+        v += RV_BIAS(bias, biasoff + n * sbias, sbias);
+    else if (bias_mode == 2)
+        v += LOAD(BIAS_DT, bias, biasoff + m * sbias);
     const long ci = coff + z * scb + m * scm + n * scn;
     if (beta != 0.0f)
-        v += beta * LOAD(C_DT, cin, ci + cid);
-    STORE(C_DT, c, ci, v);
+        v += beta * RV_LOAD(C_DT, cin, ci + cid);
+    RV_STORE(C_DT, c, ci, v);
 }
 
 /* c[m, n] += bias (after a CLBlast GEMM, which has no bias), over (n, m, z). */

@@ -232,13 +232,15 @@ static void base_defines(const mm_problem *p, llmcl__defines *d)
 
 /*
  * An element-wise epilogue kernel (mm_reduce with the addend, mm_bias without) with its leading
- * arguments set: c, the bias, M and N. It runs over (n, m, batch) with element_launch.
+ * arguments set: c, the bias, M and N, and rvec elements of a row of c a work-item. It runs over
+ * (n / rvec, m, batch) with element_launch.
  */
-static llmcl_status element_kernel(const mm_problem *p, const char *name, bool addend,
+static llmcl_status element_kernel(const mm_problem *p, const char *name, bool addend, int rvec,
                                    llmcl__args *g)
 {
     llmcl__defines d = {0};
     base_defines(p, &d);
+    llmcl__define_int(&d, "RVEC", rvec);
     cl_kernel k;
     LLMCL__TRY(llmcl__kernel(p->ctx, LLMCL_FAMILY_MATMUL, &d, name, &k));
     *g = llmcl__args_begin(p->ctx, k);
@@ -248,23 +250,33 @@ static llmcl_status element_kernel(const mm_problem *p, const char *name, bool a
     return LLMCL_OK;
 }
 
-static llmcl_status element_launch(const mm_problem *p, llmcl__args *g)
+static llmcl_status element_launch(const mm_problem *p, int rvec, llmcl__args *g)
 {
-    const size_t global[3] = {(size_t)p->N, (size_t)p->M, (size_t)p->batch}, local[3] = {64, 1, 1};
+    const size_t global[3] = {(size_t)llmcl__div_up(p->N, rvec), (size_t)p->M, (size_t)p->batch};
+    const size_t local[3] = {64, 1, 1};
     return llmcl__launch(g, 3, global, local);
+}
+
+/* Whether c's rows and the addend's are runs along n aligned to four elements, N a multiple of 4. */
+static bool rows_aligned4(const mm_problem *p)
+{
+    const int64_t cin_off = p->cin ? p->cin->offset : p->c.off;
+    return p->N % 4 == 0 && p->c.s1 == 1 && p->c.off % 4 == 0 && p->c.s0 % 4 == 0 &&
+           (p->batch == 1 || p->c.sb % 4 == 0) && cin_off % 4 == 0;
 }
 
 /* Launches mm_reduce over the slices in ws. */
 static llmcl_status reduce_slices(const mm_problem *p, int64_t slices, const llmcl_tensor *ws)
 {
+    const int rvec = rows_aligned4(p) ? 4 : 1;
     llmcl__args g;
-    LLMCL__TRY(element_kernel(p, "mm_reduce", true, &g));
+    LLMCL__TRY(element_kernel(p, "mm_reduce", true, rvec, &g));
     llmcl__arg_i64(&g, slices);
     llmcl__arg_i64(&g, p->batch);
     llmcl__arg_f32(&g, p->alpha);
     llmcl__arg_f32(&g, p->beta);
     llmcl__arg(&g, sizeof ws->mem, &ws->mem);
-    return element_launch(p, &g);
+    return element_launch(p, rvec, &g);
 }
 
 /*
@@ -931,8 +943,8 @@ static llmcl_status run_tiled(const mm_problem *p)
 static llmcl_status run_bias(const mm_problem *p)
 {
     llmcl__args g;
-    LLMCL__TRY(element_kernel(p, "mm_bias", false, &g));
-    return element_launch(p, &g);
+    LLMCL__TRY(element_kernel(p, "mm_bias", false, 1, &g));
+    return element_launch(p, 1, &g);
 }
 
 /* CLBlast's row-major view of a rows x cols operand: transposed or not, its leading dimension. */
