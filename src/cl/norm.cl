@@ -634,34 +634,39 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
         }
     }
 
+    /* x_hat = x rstd - mean rstd: one fma an element */
+    const float nmr = -mu * rs;
     float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
     for (int k = 0; k < CACHE; ++k)
         if (lid + k * WG < nv) {
             const vf gw = UNRAW(X_DT, cdy[k]) * UNRAW(W_DT, wc[k]);
             s1 += VDOT(gw, (vf)1.0f);
-            s2 += VDOT(gw, (UNRAW(X_DT, cx[k]) - mu) * rs);
+            s2 += VDOT(gw, fma(UNRAW(X_DT, cx[k]), (vf)rs, (vf)nmr));
         }
     for (int j = lid + CACHE * WG; j < nv; j += WG) {
         const vf gw = VLOAD(X_DT, dyr, j * VEC) * VLOAD(W_DT, w, j * VEC);
         s1 += VDOT(gw, (vf)1.0f);
-        s2 += VDOT(gw, (VLOAD(X_DT, xr, j * VEC) - mu) * rs);
+        s2 += VDOT(gw, fma(VLOAD(X_DT, xr, j * VEC), (vf)rs, (vf)nmr));
     }
     for (int i = nv * VEC + lid; i < H; i += WG) {
         const float gw = LOAD(X_DT, dyr, i) * LOAD(W_DT, w, i);
         s1 += gw;
-        s2 += gw * (LOAD(X_DT, xr, i) - mu) * rs;
+        s2 += gw * fma(LOAD(X_DT, xr, i), rs, nmr);
     }
     const float2 m = wg_sum2((float2)(s1, s2), sc) / (float)H;
-    const float m1 = m.x, m2 = m.y;
+    /* dx = rstd (g w - m1 - x_hat m2) = rstd g w - (x_hat rstd m2 + rstd m1): two fmas */
+    const float rm1 = rs * m.x, rm2 = rs * m.y;
 
     if (live) {
 #pragma unroll
         for (int k = 0; k < CACHE; ++k) {
             const int j = lid + k * WG;
             if (j < nv) {
-                const vf g = UNRAW(X_DT, cdy[k]), xh = (UNRAW(X_DT, cx[k]) - mu) * rs;
-                VSTORE(X_DT, dxr, j * VEC, rs * (g * UNRAW(W_DT, wc[k]) - m1 - xh * m2));
+                const vf g = UNRAW(X_DT, cdy[k]);
+                const vf xh = fma(UNRAW(X_DT, cx[k]), (vf)rs, (vf)nmr);
+                VSTORE(X_DT, dxr, j * VEC,
+                       fma((vf)rs, g * UNRAW(W_DT, wc[k]), -fma(xh, (vf)rm2, (vf)rm1)));
                 acc[k] += g * xh;
 #ifdef HAS_B
                 accb[k] += g;
@@ -670,8 +675,9 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
         }
         for (int j = lid + CACHE * WG; j < nv; j += WG) {
             const vf g = VLOAD(X_DT, dyr, j * VEC);
-            const vf xh = (VLOAD(X_DT, xr, j * VEC) - mu) * rs;
-            VSTORE(X_DT, dxr, j * VEC, rs * (g * VLOAD(W_DT, w, j * VEC) - m1 - xh * m2));
+            const vf xh = fma(VLOAD(X_DT, xr, j * VEC), (vf)rs, (vf)nmr);
+            VSTORE(X_DT, dxr, j * VEC,
+                   fma((vf)rs, g * VLOAD(W_DT, w, j * VEC), -fma(xh, (vf)rm2, (vf)rm1)));
             VSTORE(F32, pr, j * VEC, VLOAD(F32, pr, j * VEC) + g * xh);
 #ifdef HAS_B
             VSTORE(F32, pb, j * VEC, VLOAD(F32, pb, j * VEC) + g);
@@ -679,8 +685,8 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
         }
         for (int i = nv * VEC + lid; i < H; i += WG) {
             const float g = LOAD(X_DT, dyr, i);
-            const float xh = (LOAD(X_DT, xr, i) - mu) * rs;
-            STORE(X_DT, dxr, i, rs * (g * LOAD(W_DT, w, i) - m1 - xh * m2));
+            const float xh = fma(LOAD(X_DT, xr, i), rs, nmr);
+            STORE(X_DT, dxr, i, fma(rs, g * LOAD(W_DT, w, i), -fma(xh, rm2, rm1)));
             pr[i] += g * xh;
 #ifdef HAS_B
             pb[i] += g;
