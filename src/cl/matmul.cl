@@ -241,9 +241,9 @@ __kernel __attribute__((reqd_work_group_size(TWG, 1, 1))) void mm_tiled(MM_PARAM
 
 /*
  * RVEC consecutive elements of a row of c a work-item over (n / RVEC, m, z): the slices' sums in
- * slice order, then the epilogue. RVEC 4 where c's and the addend's rows are runs along n aligned to
- * four elements and N is a multiple of 4 (the launcher checks): one access of four elements each,
- * and a quarter of the work-groups, whose launches bound a kernel this light.
+ * slice order, then the epilogue. RVEC 4 where c's and the addend's rows are runs along n aligned
+ * to four elements and N is a multiple of 4 (the launcher checks): one access of four elements
+ * each, and a quarter of the work-groups, whose launches bound a kernel this light.
  */
 #if RVEC == 4
 typedef float4 rvec_t;

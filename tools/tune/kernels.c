@@ -407,10 +407,10 @@ static llmcl_status run_cce_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
 
 /*
  * ---- matmul.cl: c [Z, M, N] = a [Z, M, K] b [Z, N, K]^T (a linear layer's forward); size key
- * max(M, N), or the thin side where one is at most 64. mm_wgmma runs bf16 and f16 products on devices with wgmma (sm_90), and
- * mm_wgmma_at those with a transposed (weight gradients, c = a^T b with a [Z, K, M]); elsewhere
- * with tensor cores mm_mma and mm_mma_at run them; mm_tiled is tuned on f32 batches, which every
- * device runs on it (2-D f32 goes to CLBlast).
+ * max(M, N), or the thin side where one is at most 64. mm_wgmma runs bf16 and f16 products on
+ * devices with wgmma (sm_90), and mm_wgmma_at those with a transposed (weight gradients, c = a^T b
+ * with a [Z, K, M]); elsewhere with tensor cores mm_mma and mm_mma_at run them; mm_tiled is tuned
+ * on f32 batches, which every device runs on it (2-D f32 goes to CLBlast).
  */
 
 #define MM_MMA_TILES                                                                              \

@@ -257,7 +257,7 @@ static llmcl_status element_launch(const mm_problem *p, int rvec, llmcl__args *g
     return llmcl__launch(g, 3, global, local);
 }
 
-/* Whether c's rows and the addend's are runs along n aligned to four elements, N a multiple of 4. */
+/* Whether c's rows and the addend's are runs along n aligned to four elements (N too). */
 static bool rows_aligned4(const mm_problem *p)
 {
     const int64_t cin_off = p->cin ? p->cin->offset : p->c.off;
