@@ -754,6 +754,10 @@ typedef struct llmcl_attention_opts {
     float scale;           /* logit scale; 0: 1 / sqrt(D) */
     const llmcl_tensor *cu_seqlens_q; /* borrowed; NULL with cu_seqlens_k NULL: dense batches */
     const llmcl_tensor *cu_seqlens_k;
+    /* The backward's stored dS (llmcl_attention_backward): at most this many bytes of device
+       memory, at D 64 and 128; 0: the default, at D 128 only (LLMCL_ATTN_DS_MIB MiB where that
+       is set, else 4 GiB); -1: none */
+    int64_t ds_bytes;
 } llmcl_attention_opts;
 
 /*
@@ -796,6 +800,16 @@ LLMCL_API llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tenso
  * the query heads that share a KV head inside the kernel, in a fixed order, so results are the same
  * bits on every run (no atomics). Extra device memory: one f32 per query row (delta =
  * rowsum(dout * o)), counted in memory accounting and freed before returning.
+ *
+ * Where the wgmma kernels run with TMA at D 128 (and at D 64 where opts->ds_bytes is set), the
+ * dK/dV kernel also stores dS (the logits' gradient, rounded to q's dtype as dq's product takes
+ * it), and dq is then a product of it with k: five tile products where recomputing the scores
+ * takes seven, for Tq x Tk values of 2 bytes a query head (Tk rounded up to 8) through device
+ * memory. The heads run in parts of whole KV-head groups whose dS fits the budget, in a scratch
+ * buffer counted in memory accounting and kept in the context's cache; where one group does not
+ * fit, or with ds_bytes -1, dq recomputes the scores, as it does under the default budget where
+ * parts would leave the device underused (fewer than two of dK/dV's work-groups a compute unit).
+ * Either way the bits repeat run after run.
  *
  * Shapes as in llmcl_attention_forward; dout and dq are shaped like q, dk and dv like k, all in
  * q's dtype. Reads q, k, v, o, lse, dout; writes dq, dk, dv, which must not overlap the inputs or

@@ -51,6 +51,7 @@
 #define LLMCL_KEY_ATTENTION_FWD_WGMMA "attention_fwd_wgmma"
 #define LLMCL_KEY_ATTENTION_BWD_DQ_WGMMA "attention_bwd_dq_wgmma"
 #define LLMCL_KEY_ATTENTION_BWD_DKDV_WGMMA "attention_bwd_dkdv_wgmma"
+#define LLMCL_KEY_ATTENTION_BWD_DQ_DS_WGMMA "attention_bwd_dq_ds_wgmma"
 
 #define LLMCL_FAMILY_CROSS_ENTROPY "cross_entropy"
 #define LLMCL_KEY_CE_ROWS "ce_rows"
@@ -109,6 +110,7 @@
     X(LLMCL_FAMILY_ATTENTION, LLMCL_KEY_ATTENTION_FWD_WGMMA)                                      \
     X(LLMCL_FAMILY_ATTENTION, LLMCL_KEY_ATTENTION_BWD_DQ_WGMMA)                                   \
     X(LLMCL_FAMILY_ATTENTION, LLMCL_KEY_ATTENTION_BWD_DKDV_WGMMA)                                 \
+    X(LLMCL_FAMILY_ATTENTION, LLMCL_KEY_ATTENTION_BWD_DQ_DS_WGMMA)                                \
     X(LLMCL_FAMILY_CROSS_ENTROPY, LLMCL_KEY_CE_ROWS)                                              \
     X(LLMCL_FAMILY_CROSS_ENTROPY, LLMCL_KEY_CE_SPLIT)                                             \
     X(LLMCL_FAMILY_CROSS_ENTROPY, LLMCL_KEY_CCE_FWD)                                              \

@@ -286,6 +286,24 @@ static void check_case_bits(attn_case c, uint64_t seed, attn_bits *bits)
 
 static void check_case(attn_case c, uint64_t seed) { check_case_bits(c, seed, NULL); }
 
+/* Whether backwards at head dim d store dS here by default (the wgmma kernels at D 128 with TMA;
+   at D 64 where a budget is set). */
+static bool stores_ds(int d)
+{
+    const llmcl_device_info *in = llmcl_ctx_device_info(th_ctx());
+    return in->has_wgmma && in->has_tma && d == 128;
+}
+
+/* The case as it comes (dS stored where the device does that), then with dQ recomputing S. */
+static void check_both(attn_case c, uint64_t seed)
+{
+    check_case(c, seed);
+    if (stores_ds(c.D) && c.opts.ds_bytes == 0) {
+        c.opts.ds_bytes = -1;
+        check_case(c, seed);
+    }
+}
+
 /* The forward of one case against the double reference. */
 static void check_forward_case(attn_case c, uint64_t seed)
 {
@@ -791,7 +809,7 @@ static void test_fast_path(void **state)
                the backward's bf16 O would take delta past the tolerance at such logits. */
             check_forward_case(scaled(causal(dense(dt, 1, 2, 1, d, 200, 200)), 1.0f), 380 + di);
             for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
-                check_case(cases[i], 300 + 10 * di + i);
+                check_both(cases[i], 300 + 10 * di + i);
                 for (int kk = 0; kk < 3; ++kk) {
                     int launched = 0;
                     char used[128];
@@ -799,16 +817,23 @@ static void test_fast_path(void **state)
                                                 &launched));
                     assert_int_equal(launched, on_tensor_cores(dt));
                 }
+                if (stores_ds(d)) {
+                    int launched = 0;
+                    char used[128];
+                    TH_OK(llmcl_tune_params_get(ctx, "attention_bwd_dq_ds_wgmma", dt, cls, used,
+                                                sizeof used, &launched));
+                    assert_int_equal(launched, 1);
+                }
             }
             const char *const *sets = wgmma ? (d > 128 ? wgmma_wide_sets : wgmma_sets)
                                       : d > 128 ? wide_sets
                                                 : mma_sets;
             for (int kk = 0; kk < 3; ++kk)
                 TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", sets[kk]));
-            check_case(causal(dense(dt, 1, 2, 1, d, 77, 77)), 350 + di);
-            check_case(dense(dt, 1, 4, 2, d, 45, 90), 360 + di);
+            check_both(causal(dense(dt, 1, 2, 1, d, 77, 77)), 350 + di);
+            check_both(dense(dt, 1, 4, 2, d, 45, 90), 360 + di);
             if (wgmma)
-                check_case(causal(dense(dt, 1, 2, 1, d, 333, 333)), 365 + di);
+                check_both(causal(dense(dt, 1, 2, 1, d, 333, 333)), 365 + di);
             for (int kk = 0; kk < 3 && on_tensor_cores(dt); ++kk)
                 th_assert_launched_with(keys[kk], dt, cls, sets[kk]);
             const bool has_tma = llmcl_ctx_device_info(ctx)->has_tma;
@@ -818,8 +843,8 @@ static void test_fast_path(void **state)
                                            : "BLOCK_M=128 BLOCK_N=128 STAGES=3";
                 TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
                 TH_OK(llmcl_tune_override(ctx, keys[2], dt, "*", three));
-                check_case(causal(dense(dt, 1, 8, 2, d, 333, 333)), 390 + di);
-                check_case(dense(dt, 2, 4, 1, d, 300, 140), 395 + di);
+                check_both(causal(dense(dt, 1, 8, 2, d, 333, 333)), 390 + di);
+                check_both(dense(dt, 2, 4, 1, d, 300, 140), 395 + di);
                 th_assert_launched_with(keys[2], dt, cls, three);
             }
             if (wgmma) { /* the other copies: cp.async where TMA is the default */
@@ -833,12 +858,14 @@ static void test_fast_path(void **state)
                         other[kk] = tma ? "BLOCK_M=64 BLOCK_N=64 TMA=0" : "BLOCK_M=64 BLOCK_N=64";
                 for (int kk = 0; kk < 3; ++kk)
                     TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", other[kk]));
-                check_case(causal(dense(dt, 1, 2, 1, d, 333, 333)), 375 + di);
-                check_case(dense(dt, 1, 4, 2, d, 45, 90), 380 + di);
+                check_both(causal(dense(dt, 1, 2, 1, d, 333, 333)), 375 + di);
+                check_both(dense(dt, 1, 4, 2, d, 45, 90), 380 + di);
                 for (int kk = 0; kk < 3; ++kk)
                     th_assert_launched_with(keys[kk], dt, cls, other[kk]);
-                /* TMA other than 0 and 1, or without the device's TMA, is refused */
-                const attn_case bad = causal(dense(dt, 1, 2, 1, d, 17, 17));
+                /* TMA other than 0 and 1, or without the device's TMA, is refused (dQ's kernel
+                   runs where dS is not stored) */
+                attn_case bad = causal(dense(dt, 1, 2, 1, d, 17, 17));
+                bad.opts.ds_bytes = -1;
                 for (int kk = 0; kk < 3; ++kk) {
                     TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
                     TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", tma ? "TMA=2" : "TMA=1"));
@@ -876,25 +903,25 @@ static void test_fast_path(void **state)
     for (int d = 48; d <= 112 && mma; d += 32) {
         char cls[16];
         snprintf(cls, sizeof cls, "%d", d);
-        check_case(causal(dense(LLMCL_BF16, 1, 4, 2, d, 70, 70)), 370 + d);
+        check_both(causal(dense(LLMCL_BF16, 1, 4, 2, d, 70, 70)), 370 + d);
         for (int kk = 0; kk < 3; ++kk)
             th_assert_launched_with(mma_keys[kk], LLMCL_BF16, cls, "BLOCK_M=");
     }
     /* D = 192 (local rows padded to 256, the backward's operands in local memory), and D = 256
        with a softcap, as Gemma 2 runs it */
     if (mma) {
-        check_case(causal(dense(LLMCL_BF16, 1, 4, 2, 192, 70, 70)), 572);
+        check_both(causal(dense(LLMCL_BF16, 1, 4, 2, 192, 70, 70)), 572);
         attn_case c = causal(dense(LLMCL_BF16, 1, 4, 2, 256, 90, 90));
         c.opts.softcap = 5;
-        check_case(c, 573);
+        check_both(c, 573);
         for (int kk = 0; kk < 3; ++kk)
             th_assert_launched_with(mma_keys[kk], LLMCL_BF16, "192", "BLOCK_M=");
     }
     /* a long sequence one short of a tile multiple: 64 key tiles through the pipelines */
-    check_case(causal(dense(LLMCL_BF16, 1, 1, 1, 64, 4095, 4095)), 574);
+    check_both(causal(dense(LLMCL_BF16, 1, 1, 1, 64, 4095, 4095)), 574);
     attn_case c = causal(dense(LLMCL_BF16, 1, 2, 1, 64, 40, 40));
     c.pad = 4; /* 4 elements into the storage: not 16-byte rows */
-    check_case(c, 369);
+    check_both(c, 369);
 }
 
 static void test_16bit(void **state)
@@ -989,6 +1016,95 @@ static void test_extra_memory(void **state)
     const uint64_t rows = 2 * 4 * 300 * sizeof(float);
     assert_true(held_by(run_backward, &r) <= rows + 4096);
     run_free(&r);
+}
+
+/*
+ * The stored dS in parts at head dim d (where the device stores it: elsewhere the same calls run
+ * the other kernels and must agree all the same): a GQA batch of 2 x 3 KV heads, 2 query heads
+ * each, with budgets for parts of 1, 2 and 4 (batch, KV head) pairs and for all six, each against
+ * the reference and bit for bit with the others (a pair's work does not depend on its part), and
+ * an MQA group of eight heads; its peak memory beside delta's rows is one part's dS (Tk rounded
+ * up to 8) and the tensor maps. A
+ * budget below one pair's dS, -1, or LLMCL_ATTN_DS_MIB=0 recompute the scores in dQ's kernel.
+ * LLMCL_ATTN_DS_MIB sets the default budget, which stores at D 128 only.
+ */
+static void check_ds_parts(int d)
+{
+    llmcl_ctx *ctx = th_ctx();
+    const llmcl_device_info *in = llmcl_ctx_device_info(ctx);
+    attn_case c = causal(dense(LLMCL_BF16, 2, 6, 3, d, 150, 150));
+    const int64_t pair = 2 * 150 * 152 * 2; /* a pair's query heads' dS, bytes */
+    const bool stores = in->has_wgmma && in->has_tma; /* with a budget set */
+    char cls[16];
+    snprintf(cls, sizeof cls, "%d", d);
+    attn_bits bits = {{NULL}};
+    const int64_t parts[] = {pair, 2 * pair, 4 * pair + 1, 6 * pair};
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; ++i) {
+        c.opts.ds_bytes = parts[i];
+        check_case_bits(c, 440 + d, &bits);
+        if (stores) {
+            char used[128];
+            int launched = 0;
+            TH_OK(llmcl_tune_params_get(ctx, "attention_bwd_dq_ds_wgmma", LLMCL_BF16, cls, used,
+                                        sizeof used, &launched));
+            assert_int_equal(launched, 1);
+        }
+    }
+    for (int i = 0; i < 5; ++i)
+        free(bits.t[i]);
+    /* a group of eight query heads: dK/dV's four map slots a warpgroup, each made twice */
+    attn_case mqa = causal(dense(LLMCL_BF16, 1, 8, 1, d, 150, 150));
+    mqa.opts.ds_bytes = 8 * 150 * 152 * 2;
+    check_case(mqa, 444 + d);
+    attn_run r;
+    c.opts.ds_bytes = 2 * pair;
+    run_setup(&r, &c, 441);
+    TH_OK(run_forward(&r));
+    TH_OK(llmcl_memory_release_cached(ctx)); /* no larger buffer of the runs above to reuse */
+    const uint64_t rows = 2 * 6 * 150 * sizeof(float), maps = 64 * 1024;
+    const uint64_t held = held_by(run_backward, &r);
+    assert_true(held <= rows + maps + (stores ? 2 * (uint64_t)pair : 0));
+    if (stores)
+        assert_true(held >= 2 * (uint64_t)pair);
+    run_free(&r);
+
+    /* no stored dS (a budget below a pair's, -1, LLMCL_ATTN_DS_MIB=0): dQ's own kernel, and the
+       peak of the other kernels alone */
+    for (int i = 0; i < 3; ++i) {
+        c.opts.ds_bytes = i == 0 ? pair - 1 : i == 1 ? -1 : 0;
+        if (i == 2)
+            setenv("LLMCL_ATTN_DS_MIB", "0", 1);
+        TH_OK(llmcl_tune_override(ctx, "attention_bwd_dq_wgmma", LLMCL_BF16, "*", "BLOCK_M=64"));
+        run_setup(&r, &c, 442);
+        TH_OK(run_forward(&r));
+        TH_OK(llmcl_memory_release_cached(ctx));
+        assert_true(held_by(run_backward, &r) <= rows + maps);
+        run_free(&r);
+        unsetenv("LLMCL_ATTN_DS_MIB");
+        if (on_wgmma(d))
+            th_assert_launched_with("attention_bwd_dq_wgmma", LLMCL_BF16, cls, "BLOCK_M=64");
+        TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_BF16, NULL, NULL));
+    }
+    /* LLMCL_ATTN_DS_MIB's budget where opts leave it to the default: 1 MiB holds one pair */
+    setenv("LLMCL_ATTN_DS_MIB", "1", 1);
+    c.opts.ds_bytes = 0;
+    run_setup(&r, &c, 443);
+    TH_OK(run_forward(&r));
+    TH_OK(llmcl_memory_release_cached(ctx));
+    const uint64_t held_env = held_by(run_backward, &r);
+    unsetenv("LLMCL_ATTN_DS_MIB");
+    const bool by_default = stores_ds(d);
+    assert_true(held_env <= rows + maps + (by_default ? (uint64_t)(1 << 20) : 0));
+    if (by_default)
+        assert_true(held_env >= (uint64_t)pair);
+    run_free(&r);
+}
+
+static void test_ds_parts(void **state)
+{
+    (void)state;
+    check_ds_parts(64);
+    check_ds_parts(128);
 }
 
 /* Every byte of t as th_poison left it: a refused call wrote nothing there. */
@@ -1138,6 +1254,15 @@ static void test_bad_inputs(void **state)
     TH_FAILS(llmcl_attention_forward(ctx, q, k, v, &bad, o, lse), LLMCL_ERROR_INVALID_ARGUMENT);
     bad = (llmcl_attention_opts){.scale = NAN};
     TH_FAILS(llmcl_attention_forward(ctx, q, k, v, &bad, o, lse), LLMCL_ERROR_INVALID_ARGUMENT);
+    bad = (llmcl_attention_opts){.ds_bytes = -2};
+    TH_FAILS(llmcl_attention_backward(ctx, q, k, v, o, lse, dout, &bad, dq, dk, dv),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "ds_bytes"));
+    setenv("LLMCL_ATTN_DS_MIB", "1k", 1);
+    TH_FAILS(llmcl_attention_backward(ctx, q, k, v, o, lse, dout, NULL, dq, dk, dv),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "LLMCL_ATTN_DS_MIB"));
+    unsetenv("LLMCL_ATTN_DS_MIB");
 
     TH_FAILS(llmcl_attention_backward(ctx, q, k, v, o, lse, dout, NULL, dq, v25, dv),
              LLMCL_ERROR_SHAPE_MISMATCH);
@@ -1221,6 +1346,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_varlen),
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_extra_memory),
+        cmocka_unit_test_teardown(test_ds_parts, clear_overrides),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_bad_varlen),
         cmocka_unit_test_teardown(test_tunables, clear_overrides),

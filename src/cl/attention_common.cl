@@ -42,7 +42,7 @@
     !defined(ATTN_KERNEL_BWD_DKDV) && !defined(ATTN_KERNEL_FWD_MMA) &&                             \
     !defined(ATTN_KERNEL_BWD_DQ_MMA) && !defined(ATTN_KERNEL_BWD_DKDV_MMA) &&                      \
     !defined(ATTN_KERNEL_FWD_WGMMA) && !defined(ATTN_KERNEL_BWD_DQ_WGMMA) &&                       \
-    !defined(ATTN_KERNEL_BWD_DKDV_WGMMA)
+    !defined(ATTN_KERNEL_BWD_DKDV_WGMMA) && !defined(ATTN_KERNEL_BWD_DQ_DS_WGMMA)
 #ifdef ATTN_ONE_KERNEL
 #error "ATTN_ONE_KERNEL without an ATTN_KERNEL_<NAME> of attention_common.cl's list"
 #endif
@@ -121,6 +121,19 @@ inline attn_place attn_place_of(int nb, int heads, bool last_first)
     const uint run0 = g / (nbh * TILE_RUN) * TILE_RUN, len = min((uint)TILE_RUN, ntiles - run0);
     const uint r = g - run0 * nbh, bh = r / len, ti = run0 + r - bh * len;
     const attn_place p = {last_first ? ntiles - 1 - ti : ti, bh / heads, bh % heads};
+    return p;
+}
+
+/*
+ * The same on a grid that covers places bh0 .. bh0 + nbh - 1 of the (batch, head) pairs in
+ * order (a part of the call, as the backward's stored dS runs: attention_wgmma.cl).
+ */
+inline attn_place attn_place_in(int bh0, int nbh, int heads, bool last_first)
+{
+    attn_place p = attn_place_of(nbh, 1, last_first);
+    const int bh = bh0 + p.b;
+    p.b = bh / heads;
+    p.h = bh % heads;
     return p;
 }
 

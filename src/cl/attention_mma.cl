@@ -33,7 +33,8 @@
 #if defined(LLMCL_NV_MMA) &&                                                                       \
     (defined(ATTN_KERNEL_FWD_MMA) || defined(ATTN_KERNEL_BWD_DQ_MMA) ||                            \
      defined(ATTN_KERNEL_BWD_DKDV_MMA) || defined(ATTN_KERNEL_FWD_WGMMA) ||                        \
-     defined(ATTN_KERNEL_BWD_DQ_WGMMA) || defined(ATTN_KERNEL_BWD_DKDV_WGMMA))
+     defined(ATTN_KERNEL_BWD_DQ_WGMMA) || defined(ATTN_KERNEL_BWD_DKDV_WGMMA) ||                   \
+     defined(ATTN_KERNEL_BWD_DQ_DS_WGMMA))
 /* Local rows padded to a power of two of 16-byte chunks (the swizzle's), D a multiple of 16 */
 #define MMA_DP (D <= 32 ? 32 : D <= 64 ? 64 : D <= 128 ? 128 : 256)
 #define MMA_RD (MMA_DP / 8)

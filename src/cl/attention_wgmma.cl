@@ -1,6 +1,7 @@
 /*
  * attention_wgmma.cl: flash attention's wgmma kernels (Hopper, sm_90a: mma.cl's block),
- * attn_fwd_wgmma, attn_bwd_dq_wgmma and attn_bwd_dkdv_wgmma, for D 64, 128 and 256. They share
+ * attn_fwd_wgmma, attn_bwd_dq_wgmma, attn_bwd_dkdv_wgmma and attn_bwd_dq_ds_wgmma, for D 64, 128
+ * and 256 (the last two below). They share
  * attention_mma.cl's softmax, P/dS math, mask and stores (their accumulators hold the same lanes'
  * elements as mma.sync's), which that file compiles for them. Everything is under LLMCL_NV_WGMMA,
  * and each kernel builds only when asked for: elsewhere this file is empty.
@@ -20,6 +21,17 @@
  * local memory on two mbarriers. A tile still costs four products (attn_bwd_dkdv_mma, in two
  * launches past D 128, costs five).
  *
+ * The backward costs seven products a tile where dQ recomputes S and dP (attn_bwd_dq_wgmma). With
+ * DS_STORE (D 64 and 128, TMA), dK/dV also writes the dS it computes, rounded to 16 bits as dQ's
+ * product takes it, into a scratch of whole query-by-key tiles; attn_bwd_dq_ds_wgmma then runs
+ * dQ = dS K alone, a product that reads each dS tile once, on blocks of DS_BM (128) queries, so
+ * that two warpgroups share each K tile. dQ's blocks read the key tiles where a query of theirs
+ * that exists sees a key (attn_key_range), and dK/dV walks, for each key tile, whole blocks
+ * around the queries that see it, writing zeros where the mask hides a pair: dQ reads nothing
+ * that dK/dV did not write, but past the sequence (TMA's zeros). Five products a tile, for T x T
+ * 16-bit values a head through memory: the launcher runs the heads in parts that fit the scratch
+ * it may take.
+ *
  * Tunables (-D), beside attention_common.cl's:
  *   D         64, 128 or 256.
  *   BLOCK_M, BLOCK_N  64 or 128: their wgmma shapes.
@@ -28,11 +40,15 @@
  *             2 there; attn_bwd_dq_wgmma double-buffers its streamed tiles.
  *   TMA       1, the tiles arrive by Hopper's TMA, issued by producer work-items after the
  *             warpgroups (below); 0, every work-item copies them by cp.async. Default 0.
+ *   DS_STORE  attn_bwd_dkdv_wgmma, 1: it stores dS (needs TMA, D 64 or 128). Default 0.
+ *   DS_BM     with DS_STORE: attn_bwd_dq_ds_wgmma's query block, a multiple of BLOCK_M (128).
+ *   STAGES    attn_bwd_dq_ds_wgmma: its buffers of K and dS tiles, 2 to 4 (TMA only; its
+ *             BLOCK_M is DS_BM, its BLOCK_N dK/dV's).
  */
 
 #if defined(LLMCL_NV_MMA) && defined(LLMCL_NV_WGMMA) &&                                            \
     (defined(ATTN_KERNEL_FWD_WGMMA) || defined(ATTN_KERNEL_BWD_DQ_WGMMA) ||                        \
-     defined(ATTN_KERNEL_BWD_DKDV_WGMMA))
+     defined(ATTN_KERNEL_BWD_DKDV_WGMMA) || defined(ATTN_KERNEL_BWD_DQ_DS_WGMMA))
 #if (D != 64 && D != 128 && D != 256) || (BLOCK_N != 64 && BLOCK_N != 128) ||                     \
     (BLOCK_M != 64 && BLOCK_M != 128)
 #error "attn_*_wgmma: D 64, 128 or 256, BLOCK_M and BLOCK_N 64 or 128"
@@ -162,8 +178,16 @@ __attribute__((always_inline)) inline void attn_wg_keep(float *o, uint4 *a)
  * 168); with one, a warp.
  */
 #define ATTN_TMA_PARAMS , ulong16 tma_map, __global ulong16 *tma_slots
+#if defined(DS_STORE) && DS_STORE
+#define ATTN_TMA_SLOTS 16 /* dS's maps besides (attn_ds_send): as attention.c allocates them */
+#else
 #define ATTN_TMA_SLOTS 8 /* as attention.c allocates them */
+#endif
+#ifdef ATTN_KERNEL_BWD_DQ_DS_WGMMA
+#define PRODUCERS 32 /* its warpgroups need few registers: none to take from the producers */
+#else
 #define PRODUCERS (WG_THREADS == 256 ? 128 : 32)
+#endif
 
 /* The box of `rows` rows at row y of the map, D wide, into dst in atoms of 64 columns. */
 __attribute__((always_inline)) inline void attn_tma_rows(uint dst, ulong map, int y, int rows,
@@ -529,6 +553,69 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS ATTN_TMA_PARAMS)
 #if STAGES < 2 || STAGES > 3 || (STAGES == 3 && !TMA)
 #error "attn_bwd_dkdv_wgmma: STAGES 2, or 3 with TMA"
 #endif
+#ifndef DS_STORE
+#define DS_STORE 0
+#endif
+#if DS_STORE && (DKDV_PAIR || !TMA || !defined(DS_BM) || DS_BM % BLOCK_M)
+#error "attn_bwd_dkdv_wgmma: DS_STORE needs TMA, D 64 or 128 and DS_BM a multiple of BLOCK_M"
+#endif
+#if DS_STORE
+/*
+ * The scratch of dS: query head p of the part's at ds_scratch + ds_off + p ds_h, its query rows
+ * ds_t elements apart; the grid covers the part's nbh (batch, KV head) pairs from bh0.
+ */
+#define ATTN_DS_PARAMS                                                                            \
+    , __global io_t *ds_scratch, ulong ds_off, long ds_h, long ds_t, int bh0, int nbh
+#define DS_SLAB (BLOCK_M * 128) /* a warpgroup's 64 keys of a dS tile in local memory */
+
+/*
+ * Tile t's dS, the transpose of the warpgroup's dS^T fragments sf (its 64 keys by BLOCK_M
+ * queries), to the scratch, in two steps around the issue of the tile's products (which read sf:
+ * writing it out first leaves the products undisturbed). attn_ds_write: stmatrix's transposing
+ * form writes it to the local slab at buf as BLOCK_M query rows of 64 keys in TMA's 128-byte
+ * swizzle. attn_ds_send: the warpgroup's first work-item stores the slab by TMA, whose copy runs
+ * on under the next tile. Each warpgroup has two slabs, used in turn, and four map slots, one for
+ * each query head (dsh, the head's dS) in turn: with GQA groups of up to four heads no map is
+ * made again, so no store waits for those before it.
+ */
+__attribute__((always_inline)) inline void attn_ds_write(const uint4 *sf, uint buf, int wg,
+                                                         int lid)
+{
+    const int lane = lid & 31, mat = lane >> 3, r = lane & 7;
+    if ((lid & 127) == 0)
+        wg_bulk_read(1); /* the store from this slab, two tiles back, has read it */
+    wg_named_barrier(1 + wg, 128);
+    /* matrix mat holds keys 8 (mat & 1) on and queries 8 (mat >> 1) on of the warp's 16 x 16 */
+    const uint chunk = 2 * ((lid >> 5) & 3) + (mat & 1);
+#pragma unroll
+    for (int j = 0; j < BLOCK_M / 16; ++j) {
+        const uint row = 16 * j + 8 * (mat >> 1) + r;
+        wg_stmatrix4_trans(buf + row * 128 + ((chunk ^ r) << 4), sf[j].x, sf[j].y, sf[j].z,
+                           sf[j].w);
+    }
+    wg_proxy_fence();
+}
+
+__attribute__((always_inline)) inline void
+attn_ds_send(uint buf, int wg, int lid, __global ulong16 *slots, ulong16 tmpl,
+             const __global io_t *dsh, long ds_t, int head, bool new_head, attn_seq sq, int m0,
+             int n0)
+{
+    wg_named_barrier(1 + wg, 128);
+    __global ulong16 *slot = slots + 4 * wg + head % 4;
+    if ((lid & 127) == 0) {
+        if (new_head) {
+            if (head >= 4)
+                wg_bulk_done(); /* no store in flight reads the slot's map */
+            wg_tma_map(slot, tmpl, dsh, sq.tk, sq.tq, 2 * ds_t, 64, BLOCK_M);
+        }
+        wg_tma_store_hint((ulong)slot, n0 + 64 * wg, m0, buf, wg_l2_evict_first());
+        wg_bulk_commit();
+    }
+}
+#else
+#define ATTN_DS_PARAMS
+#endif
 /*
  * attn_bwd_dkdv_wgmma: attn_bwd_dkdv_mma on wgmma, for BLOCK_N keys (a warpgroup per 64) over
  * every query head of the group and every query tile of BLOCK_M rows, in the same fixed order. K
@@ -618,7 +705,7 @@ attn_wg_pair_a(uint4 *af, int wg, int lid, int t, uint ka, uint va, uint qt, uin
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG_THREADS + PRODUCERS, 1, 1))) void
-attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
+attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS ATTN_DS_PARAMS)
 {
     __local ushort ks[BLOCK_N * D] __attribute__((aligned(1024)));
     __local ushort vs[BLOCK_N * D] __attribute__((aligned(1024)));
@@ -626,7 +713,12 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
     __local ushort dos[STAGES * BLOCK_M * D] __attribute__((aligned(1024)));
     __local float lse2s[STAGES * BLOCK_M], dls[STAGES * BLOCK_M];
     const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
+#if DS_STORE
+    __local ushort dss[4 * DS_SLAB / 2] __attribute__((aligned(1024)));
+    const attn_place at = attn_place_in(bh0, nbh, hkv, false);
+#else
     const attn_place at = attn_place_of(nb, hkv, false);
+#endif
     const int b = at.b, hk = at.h;
     const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
     const int n0 = at.tile * BLOCK_N;
@@ -638,6 +730,12 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
     const long lb = b * sl_b + sq.q0; /* the batch entry's first row of lse and delta */
     int m_lo, m_hi;
     attn_query_range(n0, BLOCK_N, sq.tq, sq.tk, wl, wr, &m_lo, &m_hi);
+#if DS_STORE
+    if (m_hi > m_lo) { /* whole blocks of dQ's, up to the last tile with a query */
+        m_lo = m_lo / DS_BM * DS_BM;
+        m_hi = min((m_hi + DS_BM - 1) / DS_BM * DS_BM, (sq.tq + BLOCK_M - 1) / BLOCK_M * BLOCK_M);
+    }
+#endif
     const int ntiles = m_hi > m_lo ? (m_hi - m_lo + BLOCK_M - 1) / BLOCK_M : 0, nt = group * ntiles;
     /* Tile t: query head hk group + t / ntiles, queries from m0 */
 #define WG_HEAD(t) (hk * group + (t) / ntiles)
@@ -735,11 +833,21 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
             pf[j] = attn_acc_to_a(st4[2 * j], st4[2 * j + 1]);
             sf[j] = attn_acc_to_a(dpt4[2 * j], dpt4[2 * j + 1]);
         }
+#if DS_STORE
+        const uint slab = mma_smem(dss) + (2 * wg + t % 2) * DS_SLAB;
+        attn_ds_write(sf, slab, wg, lid);
+#endif
         wg_fence();
         attn_wg_pv(gv, pf, dt);
         attn_wg_pv(gk, sf, qt);
 #endif
         wg_commit();
+#if DS_STORE
+        const long ds_head = (long)b * hkv * group + WG_HEAD(t) - (long)bh0 * group;
+        attn_ds_send(slab, wg, lid, ATTN_TMA_MY_SLOTS + 8, tma_map,
+                     ds_scratch + ds_off + ds_head * ds_h, ds_t, t / ntiles, t % ntiles == 0, sq,
+                     m0, n0);
+#endif
         wg_wait(0);
 #if TMA
         wg_bar_arrive(empty + 8 * (t % STAGES)); /* tile t's buffer is read */
@@ -754,6 +862,10 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
 #if !TMA
     mma_cp_wait(0); /* with no query tile, K's and V's copies: none may land after the exit */
 #undef WG_STAGE
+#endif
+#if DS_STORE
+    if ((lid & 127) == 0)
+        wg_bulk_done(); /* the stores have read their slabs before the work-group ends */
 #endif
 #undef WG_DO
 #undef WG_Q
@@ -777,6 +889,110 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS)
                     attn_row(dv_off, sgv_b, sgv_h, sgv_t, b, hk, sq.k0), sgv_t, gk4, gv4, c0,
                     sq.tk, t4);
 #endif
+}
+#endif
+
+#ifdef ATTN_KERNEL_BWD_DQ_DS_WGMMA
+#ifndef STAGES
+#define STAGES 2
+#endif
+#if !TMA || STAGES < 2 || STAGES > 4 || D > 128
+#error "attn_bwd_dq_ds_wgmma: TMA, STAGES 2 to 4, D 64 or 128"
+#endif
+LLMCL_WG_MMA_SS(attn_wg_dsk_BF16, "bf16", D, "0", "1")
+LLMCL_WG_MMA_SS(attn_wg_dsk_F16, "f16", D, "0", "1")
+#define DQ_K_BYTES (BLOCK_N * D * 2)        /* a K tile */
+#define DQ_DS_BYTES (BLOCK_M * BLOCK_N * 2) /* a dS tile: BLOCK_M queries by BLOCK_N keys */
+
+/*
+ * attn_bwd_dq_ds_wgmma: dQ = dS K from the dS that attn_bwd_dkdv_wgmma stored (DS_STORE), for
+ * BLOCK_M query rows of one head (a warpgroup per 64) over the same key tiles. A producer warp
+ * streams each tile's K and dS by TMA into STAGES buffers; the warpgroups read both from local
+ * memory (dS as A, K-major; K as B, mn-major), with one tile's products in flight while the next
+ * is issued. Arguments as ATTN_DS_PARAMS, in query heads: the grid covers nbh (batch, query head)
+ * pairs from bh0, whose dS are the scratch's heads in order.
+ */
+__kernel __attribute__((reqd_work_group_size(WG_THREADS + PRODUCERS, 1, 1))) void
+attn_bwd_dq_ds_wgmma(const __global io_t *k, ulong k_off, const __global io_t *ds_scratch,
+                     ulong ds_off, __global io_t *dq, ulong dq_off, const __global int *cu_q,
+                     ulong cu_q_off, const __global int *cu_k, ulong cu_k_off, int tq_all,
+                     int tk_all, int hq, int group, long sk_b, long sk_h, long sk_t, long sg_b,
+                     long sg_h, long sg_t, long ds_h, long ds_t, int bh0, int nbh, int wl,
+                     int wr ATTN_TMA_PARAMS)
+{
+    __local ushort ks[STAGES * DQ_K_BYTES / 2] __attribute__((aligned(1024)));
+    __local ushort dss[STAGES * DQ_DS_BYTES / 2] __attribute__((aligned(1024)));
+    __local ulong bars[1 + 2 * STAGES];
+    const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
+    /* Head-major, a head's heaviest tiles first: the work-groups in flight read the K of few KV
+       heads (a KV head's query heads are consecutive), which then stays in L2. */
+    const int ntq = get_num_groups(0) / nbh, gid = get_group_id(0), bh = bh0 + gid / ntq;
+    const int b = bh / hq, h = bh % hq;
+    const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
+    const int m0 = (ntq - 1 - gid % ntq) * BLOCK_M;
+    if (m0 >= sq.tq)
+        return;
+    const __global io_t *kh = k + attn_row(k_off, sk_b, sk_h, sk_t, b, h / group, sq.k0);
+    const __global io_t *dsh = ds_scratch + ds_off + ((long)b * hq + h - bh0) * ds_h;
+    const uint ka = mma_smem(ks), da = mma_smem(dss);
+    const uint full = mma_smem(bars) + 8, empty = full + 8 * STAGES;
+    int n_lo, n_hi; /* the keys that the block's existing rows see: the tiles dK/dV wrote */
+    attn_key_range(m0, min(BLOCK_M, sq.tq - m0), sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
+    const int nt = n_lo < n_hi ? (n_hi - n_lo + BLOCK_N - 1) / BLOCK_N : 0;
+    attn_tma_init(full - 8, 1, 1, 1, STAGES, lid);
+    if (lid >= WG_THREADS) {
+        if (lid == WG_THREADS && nt > 0) {
+            __global ulong16 *slots = ATTN_TMA_MY_SLOTS;
+            const ulong mk = wg_tma_map(slots, tma_map, kh, D, sq.tk, 2 * sk_t, 64, BLOCK_N);
+            const ulong md = wg_tma_map(slots + 1, tma_map, dsh, sq.tk, sq.tq, 2 * ds_t, 64,
+                                        BLOCK_M);
+            const ulong once = wg_l2_evict_first();
+            for (int p = 0; p < nt; ++p) {
+                const int st = p % STAGES, n0 = n_lo + p * BLOCK_N;
+                const uint bar = full + 8 * st;
+                if (p >= STAGES)
+                    wg_bar_wait(empty + 8 * st, (p / STAGES + 1) & 1);
+                wg_bar_expect(bar, DQ_K_BYTES + DQ_DS_BYTES);
+#pragma unroll
+                for (int a = 0; a < D / 64; ++a)
+                    wg_tma_load(ka + st * DQ_K_BYTES + a * BLOCK_N * 128, mk, 64 * a, n0, bar);
+#pragma unroll
+                for (int a = 0; a < BLOCK_N / 64; ++a)
+                    wg_tma_load_hint(da + st * DQ_DS_BYTES + a * BLOCK_M * 128, md, n0 + 64 * a,
+                                     m0, bar, once);
+            }
+        }
+        return;
+    }
+
+    const int wg = warp / 4, r0 = m0 + 16 * warp + g; /* the lane's rows: r0 and r0 + 8 */
+    float acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i)
+        acc[i] = 0.0f;
+    for (int n = 0; n < nt; ++n) {
+        const uint kt = ka + n % STAGES * DQ_K_BYTES, dt = da + n % STAGES * DQ_DS_BYTES;
+        ATTN_TMA_WAIT(full, n, STAGES);
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 16; ++j) {
+            const ulong a = wg_desc(dt + j / 4 * BLOCK_M * 128 + wg * 64 * 128 + j % 4 * 32, 16,
+                                    1024);
+            LLMCL_CAT(attn_wg_dsk_, IO_DT)(acc, a, wg_desc(kt + j * 16 * 128, BLOCK_N * 128, 1024));
+        }
+        wg_commit();
+        wg_wait(1); /* tile n - 1's products are done: its buffers are free */
+        if (n > 0)
+            wg_bar_arrive(empty + 8 * ((n - 1) % STAGES));
+    }
+    wg_wait(0);
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i)
+        wg_keep_f(acc + i);
+
+    float4 acc4[MMA_OT];
+    attn_wg_acc4(acc4, acc, MMA_OT);
+    attn_acc_store(dq, attn_row(dq_off, sg_b, sg_h, sg_t, b, h, sq.q0), sg_t, acc4, r0, sq.tq, t4);
 }
 #endif
 #endif

@@ -915,7 +915,7 @@ mm_wg_epilogue_tma(const float *d, uint slab, ulong map_c, int wg, long m0, long
 {
     const int tid = get_local_id(0), lane = tid & 31, mat = lane >> 3, r = lane & 7;
     if ((tid & 127) == 0)
-        wg_bulk_read();
+        wg_bulk_read(0);
     wg_named_barrier(1 + wg, 128);
 #pragma unroll
     for (int i = 0; i < WG_MB; ++i) {

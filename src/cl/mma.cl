@@ -355,10 +355,30 @@ inline void wg_tma_load(uint dst, ulong map, int x, int y, uint bar)
 }
 
 /*
+ * An L2 policy for copies of data that is read or written once (the backward's stored dS): its
+ * lines go first, so that it does not displace the tiles that other work-groups read again.
+ */
+inline ulong wg_l2_evict_first(void)
+{
+    ulong policy = 0;
+    asm volatile("// @sm90a createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "+l"(policy));
+    return policy;
+}
+
+/* wg_tma_load with an L2 policy. */
+inline void wg_tma_load_hint(uint dst, ulong map, int x, int y, uint bar, ulong policy)
+{
+    asm volatile("// @sm90a cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::"
+                 "complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+                 "l"(map), "r"(x), "r"(y), "r"(bar), "l"(policy)
+                 : "memory");
+}
+
+/*
  * TMA's stores: the box at (x, y) of the tensor map at global address map from local address src,
  * in the issuing work-item's bulk group; the map's sizes clip the box. A work-item commits its
- * stores as a group, and waits until its groups have read their local memory (which may then be
- * written again) or have completed.
+ * stores as a group, and waits until all but its n (0 or 1) newest groups have read their local
+ * memory (which may then be written again), or until all have completed.
  */
 inline void wg_tma_store(ulong map, int x, int y, uint src)
 {
@@ -367,13 +387,24 @@ inline void wg_tma_store(ulong map, int x, int y, uint src)
                  "r"(x), "r"(y), "r"(src)
                  : "memory");
 }
+/* wg_tma_store with an L2 policy. */
+inline void wg_tma_store_hint(ulong map, int x, int y, uint src, ulong policy)
+{
+    asm volatile("// @sm90a cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint "
+                 "[%0, {%1, %2}], [%3], %4;" ::"l"(map),
+                 "r"(x), "r"(y), "r"(src), "l"(policy)
+                 : "memory");
+}
 inline void wg_bulk_commit(void)
 {
     asm volatile("// @sm90a cp.async.bulk.commit_group;" ::: "memory");
 }
-inline void wg_bulk_read(void)
+inline void wg_bulk_read(int n)
 {
-    asm volatile("// @sm90a cp.async.bulk.wait_group.read 0;" ::: "memory");
+    if (n <= 0)
+        asm volatile("// @sm90a cp.async.bulk.wait_group.read 0;" ::: "memory");
+    else
+        asm volatile("// @sm90a cp.async.bulk.wait_group.read 1;" ::: "memory");
 }
 inline void wg_bulk_done(void)
 {
@@ -386,6 +417,15 @@ inline void wg_stmatrix4(uint addr, uint r0, uint r1, uint r2, uint r3)
 {
     asm volatile("// @sm90a stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::
                      "r"(addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
+/* The same, each matrix transposed: lanes 8 i .. 8 i + 7 give the addresses of its columns. */
+inline void wg_stmatrix4_trans(uint addr, uint r0, uint r1, uint r2, uint r3)
+{
+    asm volatile("// @sm90a stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+                 ::"r"(addr),
                  "r"(r0), "r"(r1), "r"(r2), "r"(r3)
                  : "memory");
 }

@@ -33,6 +33,8 @@ static const attn_kernel attn_kernels[] = {
      ATTN_ARCH_WGMMA, ATTN_PASS_DQ},
     {"attn_bwd_dkdv_wgmma", "ATTN_KERNEL_BWD_DKDV_WGMMA", LLMCL_KEY_ATTENTION_BWD_DKDV_WGMMA,
      ATTN_ARCH_WGMMA, ATTN_PASS_DKDV},
+    {"attn_bwd_dq_ds_wgmma", "ATTN_KERNEL_BWD_DQ_DS_WGMMA", LLMCL_KEY_ATTENTION_BWD_DQ_DS_WGMMA,
+     ATTN_ARCH_WGMMA, ATTN_PASS_DQ_DS},
 };
 
 /* The kernel of set arch that computes pass (the backward's delta pass is portable alone). */
@@ -172,6 +174,9 @@ static llmcl_status attn_check_inputs(llmcl_ctx *ctx, const llmcl_tensor *q, con
                    (double)opts->softcap);
     LLMCL__REQUIRE(ctx, isfinite(opts->scale) && opts->scale >= 0, LLMCL_ERROR_INVALID_ARGUMENT,
                    "attention: scale %g must be finite and >= 0", (double)opts->scale);
+    LLMCL__REQUIRE(ctx, opts->ds_bytes >= -1, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "attention: ds_bytes %lld must be -1 (none), 0 (the default) or a byte count",
+                   (long long)opts->ds_bytes);
 
     g->dtype = q->dtype;
     g->D = (int)d;
@@ -254,6 +259,10 @@ static llmcl_status attn_build(llmcl_ctx *ctx, const attn_geom *g, const attn_ke
     llmcl__define_flag(&defs, "ATTN_ONE_KERNEL");
     if (k->arch == ATTN_ARCH_MMA && k->pass == ATTN_PASS_DKDV && g->dkdv_part)
         llmcl__define_int(&defs, "DKDV_PART", g->dkdv_part);
+    if (k->pass == ATTN_PASS_DKDV && g->ds) {
+        llmcl__define_int(&defs, "DS_STORE", 1);
+        llmcl__define_int(&defs, "DS_BM", ATTN_DS_BM);
+    }
     llmcl__define_int(&defs, "ALIGNED4", g->aligned4);
     if (g->varlen)
         llmcl__define_flag(&defs, "VARLEN");
@@ -395,10 +404,37 @@ static llmcl_status attn_launch_split(llmcl_ctx *ctx, const attn_geom *g, const 
 }
 
 /*
+ * A wgmma kernel's launch with TMA: after its arguments a, the template and eight 128-byte map
+ * slots a work-group, 16 where dK/dV stores dS (attention_wgmma.cl's ATTN_TMA_SLOTS); then,
+ * storing dS, the scratch and the launch's part (ATTN_DS_PARAMS, in KV heads:
+ * attn_bwd_dq_ds_wgmma takes them in its own list).
+ */
+static llmcl_status attn_launch_tma(llmcl_ctx *ctx, const attn_geom *g, llmcl__args *a,
+                                    size_t global, size_t wg)
+{
+    const int64_t words = (int64_t)(global / wg) * (g->ds ? 16 : 8) * 32;
+    llmcl_tensor *maps;
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &words, "attention tensor maps", &maps));
+    llmcl__arg(a, 16 * sizeof(uint64_t), llmcl__tma_template(ctx->tma, g->dtype));
+    llmcl__arg(a, sizeof maps->mem, &maps->mem);
+    if (g->ds) {
+        llmcl__arg_tensor(a, g->ds->scratch);
+        llmcl__arg_i64(a, g->ds->ds_h);
+        llmcl__arg_i64(a, g->ds->ds_t);
+        llmcl__arg_i32(a, g->ds->bh0);
+        llmcl__arg_i32(a, g->ds->nbh);
+    }
+    const llmcl_status st = llmcl__launch(a, 1, &global, &wg);
+    llmcl_tensor_destroy(maps); /* OpenCL keeps it until the kernel is done */
+    return st;
+}
+
+/*
  * A tiled kernel: attn_bwd_dkdv (and its tensor-core versions) runs a work-group per key tile of a
  * KV head, the others per query tile of a query head, on a flat grid that the kernels read
- * tile-major (attn_place_of). A portable kernel whose walk passes the device's loop budget runs
- * in launches of parts of it (llmcl__attn_split).
+ * tile-major (attn_place_of), over the whole call or, storing dS, over the part's pairs. A
+ * portable kernel whose walk passes the device's loop budget runs in launches of parts of it
+ * (llmcl__attn_split).
  */
 static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, const attn_kernel *k,
                                       const llmcl_tensor *const *ts, int n,
@@ -422,7 +458,7 @@ static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, const 
                    LLMCL_ERROR_OVERFLOW,
                    "attention: %lld tiles (TILE_RUN %d) x %d heads x batch %d exceed 2^32",
                    (long long)tiles, t.run, l.heads, g->B);
-    l.global = (size_t)tiles * (size_t)g->B * (size_t)l.heads * l.wg;
+    l.global = (size_t)tiles * (g->ds ? (size_t)g->ds->nbh : (size_t)g->B * (size_t)l.heads) * l.wg;
     if (gs.split) {
         llmcl__log("attention: %s at D=%d, Tq=%d, Tk=%d in %lld launches of %lld of its %lld "
                    "steps (loop limit %llu)",
@@ -438,15 +474,7 @@ static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, const 
     llmcl__args a = attn_args_tiled(ctx, g, &l);
     if (llmcl__param_get(&p, "TMA", 0) == 0)
         return llmcl__launch(&a, 1, &l.global, &l.wg);
-    /* the wgmma kernels' TMA: the template, and eight 128-byte maps a work-group (ATTN_TMA_SLOTS) */
-    const int64_t words = (int64_t)(l.global / l.wg) * 8 * 32;
-    llmcl_tensor *maps;
-    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &words, "attention tensor maps", &maps));
-    llmcl__arg(&a, 16 * sizeof(uint64_t), llmcl__tma_template(ctx->tma, g->dtype));
-    llmcl__arg(&a, sizeof maps->mem, &maps->mem);
-    const llmcl_status st = llmcl__launch(&a, 1, &l.global, &l.wg);
-    llmcl_tensor_destroy(maps); /* OpenCL keeps it until the kernel is done */
-    return st;
+    return attn_launch_tma(ctx, g, &a, l.global, l.wg);
 }
 
 llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, const llmcl_tensor *k,
@@ -523,6 +551,127 @@ static llmcl_status attn_launch_dkdv(llmcl_ctx *ctx, const attn_geom *g, const l
     return LLMCL_OK;
 }
 
+/* dQ = dS K over the part's query heads (attn_bwd_dq_ds_wgmma), from the dS of g->ds. */
+static llmcl_status attn_launch_dq_ds(llmcl_ctx *ctx, const attn_geom *g, const llmcl_tensor *k,
+                                      llmcl_tensor *dq)
+{
+    llmcl__params p = {0};
+    attn_tiles t;
+    size_t wg;
+    const attn_kernel *kd = attn_kernel_of(ATTN_PASS_DQ_DS, ATTN_ARCH_WGMMA);
+    LLMCL__TRY(llmcl__attn_config(ctx, g, kd, &p, &t, &wg));
+    cl_kernel kern;
+    LLMCL__TRY(attn_build(ctx, g, kd, &p, &kern));
+    const attn_ds *ds = g->ds;
+    const int group = g->Hq / g->Hkv;
+    llmcl__args a = llmcl__args_begin(ctx, kern);
+    llmcl__arg_tensor(&a, k);
+    llmcl__arg_tensor(&a, ds->scratch);
+    llmcl__arg_tensor(&a, dq);
+    attn_arg_cu(&a, g->cu_q);
+    attn_arg_cu(&a, g->cu_k);
+    llmcl__arg_i32(&a, g->Tq);
+    llmcl__arg_i32(&a, g->Tk);
+    llmcl__arg_i32(&a, g->Hq);
+    llmcl__arg_i32(&a, group);
+    attn_arg_strides(&a, attn_strides_of(g, k), true);
+    attn_arg_strides(&a, attn_strides_of(g, dq), true);
+    llmcl__arg_i64(&a, ds->ds_h);
+    llmcl__arg_i64(&a, ds->ds_t);
+    llmcl__arg_i32(&a, ds->bh0 * group);
+    llmcl__arg_i32(&a, ds->nbh * group);
+    llmcl__arg_i32(&a, g->wl);
+    llmcl__arg_i32(&a, g->wr);
+    attn_geom plain = *g; /* the part is in the list above */
+    plain.ds = NULL;
+    const size_t global = (size_t)llmcl__div_up(g->Tq, t.bm) * (size_t)ds->nbh * group * wg;
+    return attn_launch_tma(ctx, &plain, &a, global, wg);
+}
+
+/* The budget of the stored dS: opts' ds_bytes, else LLMCL_ATTN_DS_MIB's MiB, else 4 GiB. */
+static llmcl_status attn_ds_budget(llmcl_ctx *ctx, const llmcl_attention_opts *opts,
+                                   int64_t *bytes)
+{
+    *bytes = opts ? opts->ds_bytes : 0;
+    if (*bytes != 0)
+        return LLMCL_OK;
+    *bytes = (int64_t)4 << 30;
+    const char *text = llmcl__getenv("LLMCL_ATTN_DS_MIB");
+    if (!text)
+        return LLMCL_OK;
+    char *end;
+    const long long mib = strtoll(text, &end, 10);
+    LLMCL__REQUIRE(ctx, end != text && *end == '\0' && mib >= 0 && mib <= (INT64_MAX >> 20),
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "LLMCL_ATTN_DS_MIB='%s' is not a count of MiB such as 1024 (0: none)", text);
+    *bytes = (int64_t)mib << 20;
+    return LLMCL_OK;
+}
+
+/*
+ * Whether this backward stores dS: on the wgmma kernels at D 128, or at D 64 where the caller set a
+ * budget (at D 64 the stores cost dK/dV about what dQ saves: PERFORMANCE.md), where dK/dV copies
+ * by TMA and its slabs fit beside its tiles, and the budget holds one KV head's group. The default
+ * budget (!asked) also needs the whole call or parts whose dK/dV has two work-groups a compute
+ * unit: parts of fewer KV heads leave the device idle behind their heaviest key tiles (a backward
+ * at T 16384 in parts of one KV head ran 38% slower than recomputing). Fills ds's layout and
+ * dK/dV's key tile, and *pairs, the (batch, KV head) pairs a part takes (0: dQ recomputes the
+ * scores).
+ */
+static llmcl_status attn_ds_plan(llmcl_ctx *ctx, const attn_geom *g, int64_t budget, bool asked,
+                                 attn_ds *ds, int64_t *pairs)
+{
+    *pairs = 0;
+    if (g->bwd != ATTN_ARCH_WGMMA || !(g->D == 128 || (g->D == 64 && asked)) || !ctx->tma ||
+        budget <= 0)
+        return LLMCL_OK;
+    const int64_t group = g->Hq / g->Hkv, ds_t = llmcl__div_up(g->Tk, 8) * 8;
+    if ((int64_t)g->Tq * ds_t > budget / 2 / group)
+        return LLMCL_OK;
+    attn_geom with = *g;
+    with.ds = ds;
+    llmcl__params p = {0};
+    attn_tiles t;
+    size_t wg;
+    if (llmcl__attn_config(ctx, &with, attn_kernel_of(ATTN_PASS_DKDV, g->bwd), &p, &t, &wg) !=
+            LLMCL_OK ||
+        llmcl__param_get(&p, "TMA", 0) != 1)
+        return LLMCL_OK; /* tuned tiles that leave no room for the slabs, or cp.async: recompute */
+    *ds = (attn_ds){.ds_h = (int64_t)g->Tq * ds_t, .ds_t = ds_t, .bn = t.bn};
+    const int64_t fit = budget / (2 * group * ds->ds_h), total = (int64_t)g->B * g->Hkv;
+    if (!asked && fit < total &&
+        fit * llmcl__div_up(g->Tk, t.bn) < 2 * (int64_t)ctx->info.compute_units)
+        return LLMCL_OK;
+    *pairs = fit < total ? fit : total;
+    return LLMCL_OK;
+}
+
+/* dK, dV and dQ with dS stored, in parts of `pairs` (batch, KV head) pairs (attn_ds_plan). */
+static llmcl_status attn_backward_stored(llmcl_ctx *ctx, const attn_geom *g, attn_ds *ds,
+                                         int64_t pairs, const llmcl_tensor *q,
+                                         const llmcl_tensor *k, const llmcl_tensor *v,
+                                         const llmcl_tensor *dout, const llmcl_tensor *lse,
+                                         const llmcl_tensor *delta, llmcl_tensor *dq,
+                                         llmcl_tensor *dk, llmcl_tensor *dv)
+{
+    const int64_t total = (int64_t)g->B * g->Hkv, numel = pairs * (g->Hq / g->Hkv) * ds->ds_h;
+    llmcl_tensor *scratch;
+    LLMCL__TRY(llmcl__scratch(ctx, g->dtype, 1, &numel, "attention dS", &scratch));
+    ds->scratch = scratch;
+    attn_geom part = *g;
+    part.ds = ds;
+    llmcl_status st = LLMCL_OK;
+    for (int64_t bh0 = 0; bh0 < total && st == LLMCL_OK; bh0 += pairs) {
+        ds->bh0 = (int)bh0;
+        ds->nbh = (int)(total - bh0 < pairs ? total - bh0 : pairs);
+        st = attn_launch_dkdv(ctx, &part, q, k, v, dout, lse, delta, dk, dv);
+        if (st == LLMCL_OK)
+            st = attn_launch_dq_ds(ctx, &part, k, dq);
+    }
+    llmcl_tensor_destroy(scratch);
+    return st;
+}
+
 llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q, const llmcl_tensor *k,
                                       const llmcl_tensor *v, const llmcl_tensor *o,
                                       const llmcl_tensor *lse, const llmcl_tensor *dout,
@@ -566,7 +715,17 @@ llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q, con
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, g.varlen ? 2 : 3, g.varlen ? var_shape : dense_shape,
                               "attention delta", &delta));
     llmcl_status st = LLMCL_OK;
+    int64_t budget, pairs = 0;
+    attn_ds ds = {0};
+    LLMCL__TRY_GOTO(st, attn_ds_budget(ctx, opts, &budget), done);
+    if (keys)
+        LLMCL__TRY_GOTO(st, attn_ds_plan(ctx, &g, budget, opts && opts->ds_bytes > 0, &ds, &pairs),
+                        done);
     LLMCL__TRY_GOTO(st, attn_launch_pre(ctx, &g, o, dout, delta), done);
+    if (pairs > 0) {
+        st = attn_backward_stored(ctx, &g, &ds, pairs, q, k, v, dout, lse, delta, dq, dk, dv);
+        goto done;
+    }
     if (keys)
         LLMCL__TRY_GOTO(st, attn_launch_dkdv(ctx, &g, q, k, v, dout, lse, delta, dk, dv), done);
     LLMCL__TRY_GOTO(st, attn_launch_dq(ctx, &g, q, k, v, dout, lse, delta, dq), done);

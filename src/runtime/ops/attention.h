@@ -20,7 +20,8 @@ typedef enum attn_pass {
     ATTN_PASS_FWD,  /* O and LSE, a work-group per query tile */
     ATTN_PASS_PRE,  /* the backward's delta = rowsum(dO * O) */
     ATTN_PASS_DQ,   /* dQ, a work-group per query tile */
-    ATTN_PASS_DKDV  /* dK and dV, a work-group per key tile */
+    ATTN_PASS_DKDV, /* dK and dV, a work-group per key tile */
+    ATTN_PASS_DQ_DS /* dQ from the dS that dK/dV stored (wgmma only) */
 } attn_pass;
 
 /* A kernel: its name in the .cl, the define that builds it alone, its tuning key, its set and its
@@ -30,6 +31,22 @@ typedef struct attn_kernel {
     attn_arch arch;
     attn_pass pass;
 } attn_kernel;
+
+/* The query block of attn_bwd_dq_ds_wgmma (attention_wgmma.cl's DS_BM): two warpgroups. */
+#define ATTN_DS_BM 128
+
+/*
+ * The backward's stored dS (attention_wgmma.cl's DS_STORE): the scratch, its query heads' and rows'
+ * strides, dK/dV's key tile (dQ's kernel reads dS in the same tiles), and the part of the call a
+ * launch covers: (batch, KV head) pairs bh0 .. bh0 + nbh - 1, whose query heads are the scratch's
+ * in order.
+ */
+typedef struct attn_ds {
+    const llmcl_tensor *scratch;
+    int64_t ds_h, ds_t;
+    int bn;
+    int bh0, nbh;
+} attn_ds;
 
 /* Everything the kernels need to know about one call, validated. */
 typedef struct attn_geom {
@@ -45,6 +62,7 @@ typedef struct attn_geom {
     attn_arch bwd;  /* the backward's kernel set */
     int dkdv_part;  /* past D = 128: which of dK (2) and dV (1) attn_bwd_dkdv_mma takes */
     bool split;     /* a portable kernel's walk spans launches (SPLIT): see llmcl__attn_split */
+    const attn_ds *ds; /* dK/dV stores dS, and dQ's kernel reads it; NULL: dQ recomputes it */
 } attn_geom;
 
 /* A kernel's tiles (the portable kernels read all of them, the tensor-core ones bm, bn, run). */

@@ -393,15 +393,20 @@ static bool attn_wg_pair(const attn_geom *g, attn_pass pass)
 
 /* Local bytes of a wgmma kernel: the forward's Q and STAGES of K and V, dQ's Q and dO and two
    stages of K and V, dK/dV's K and V and STAGES of Q and dO with their rows' statistics (and a
-   pair's float4 a lane and 8 queries, with two mbarriers); rows of D 16-bit elements; with TMA, an
-   mbarrier for the resident tiles and three a stage (two in dK/dV). */
+   pair's float4 a lane and 8 queries, with two mbarriers; or, storing dS, two slabs of bm rows of
+   64 keys a warpgroup); rows of D 16-bit elements; with TMA, an mbarrier for the resident tiles
+   and three a stage (two in dK/dV). dQ from dS: STAGES of a K tile and a dS tile. */
 static uint64_t attn_wg_local_bytes(const attn_geom *g, attn_pass pass, long bm, long bn,
                                     long stages, bool tma)
 {
     if (pass == ATTN_PASS_DKDV)
         return 2u * (uint64_t)g->D * (uint64_t)(2 * bn + 2 * stages * bm) +
                8u * (uint64_t)(stages * bm) + (tma ? 8u * (uint64_t)(1 + 2 * stages) : 0) +
-               (attn_wg_pair(g, pass) ? 256u * (uint64_t)bm + 16u : 0);
+               (attn_wg_pair(g, pass) ? 256u * (uint64_t)bm + 16u : 0) +
+               (g->ds ? 4u * 128u * (uint64_t)bm : 0);
+    if (pass == ATTN_PASS_DQ_DS)
+        return 2u * (uint64_t)stages * (uint64_t)(bn * g->D + bm * bn) +
+               8u * (uint64_t)(1 + 2 * stages);
     const long rows = pass == ATTN_PASS_FWD ? bm + 2 * stages * bn : 2 * bm + 4 * bn;
     return 2u * (uint64_t)g->D * (uint64_t)rows + (tma ? 8u * (uint64_t)(1 + 3 * stages) : 0);
 }
@@ -413,6 +418,40 @@ static uint64_t attn_wg_local_bytes(const attn_geom *g, attn_pass pass, long bm,
 static size_t attn_wg_producers(long consumers, bool tma)
 {
     return tma ? (consumers == 256 ? 128 : 32) : 0;
+}
+
+/*
+ * attn_bwd_dq_ds_wgmma's parameters: blocks of ATTN_DS_BM queries over dK/dV's key tiles (g->ds),
+ * a producer warp, TMA, and STAGES 2 to 4 buffers of K and dS. Default 3 at D 128 (192 KiB; on
+ * the H200 0.83-0.88 ms at B4 T4096 against 1.09-1.17 with 2), 2 at D 64 (1.03 against 1.10).
+ */
+static llmcl_status attn_dq_ds_config(llmcl_ctx *ctx, const attn_geom *g, const attn_kernel *k,
+                                      const char *cls, llmcl__params *p, attn_tiles *tiles,
+                                      size_t *wg)
+{
+    const long bm = ATTN_DS_BM, bn = g->ds->bn, def_stages = g->D > 64 ? 3 : 2;
+    llmcl__param_set(p, "STAGES", def_stages);
+    const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, k->key, g->dtype, cls, p);
+    long stages = llmcl__param_get(p, "STAGES", def_stages);
+    const uint64_t local = ctx->info.local_mem_static_bytes;
+    bool ok = stages >= 2 && stages <= 4 &&
+              attn_wg_local_bytes(g, k->pass, bm, bn, stages, true) <= local;
+    if (!ok && !lookup.overridden) {
+        stages = 2;
+        ok = attn_wg_local_bytes(g, k->pass, bm, bn, stages, true) <= local;
+    }
+    LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
+                   "attention: %s STAGES=%ld with BLOCK_M=%ld, dK/dV's BLOCK_N=%ld and D=%d "
+                   "needs STAGES 2 to 4 within %llu bytes of local memory",
+                   k->name, stages, bm, bn, g->D, (unsigned long long)local);
+    llmcl__param_set(p, "STAGES", stages);
+    llmcl__param_set(p, "BLOCK_M", bm);
+    llmcl__param_set(p, "BLOCK_N", bn);
+    llmcl__param_set(p, "TMA", 1);
+    llmcl__params_record(&lookup, p);
+    *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = 64, .tn = (int)bn, .run = 1};
+    *wg = (size_t)(2 * bm) + 32;
+    return LLMCL_OK;
 }
 
 /*
@@ -432,6 +471,8 @@ static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const 
                                       const char *cls, llmcl__params *p, attn_tiles *tiles,
                                       size_t *wg)
 {
+    if (k->pass == ATTN_PASS_DQ_DS)
+        return attn_dq_ds_config(ctx, g, k, cls, p, tiles, wg);
     const uint64_t local = ctx->info.local_mem_static_bytes;
     const attn_pass pass = k->pass;
     const bool fwd = pass == ATTN_PASS_FWD;
