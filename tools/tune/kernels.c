@@ -615,9 +615,11 @@ const tune_kernel tune_kernels[] = {
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd,
      .derive_inputs = run_attention_fwd, .tol_scale = 4,
      .runs_on = has_wgmma},
+    /* dQ from the stored dS runs by default at D 128 alone */
     {.key = LLMCL_KEY_ATTENTION_BWD_DQ_DS_WGMMA, .family = LLMCL_FAMILY_ATTENTION,
-     .params = "STAGES=2,3,4",
-     .dtypes = BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
+     .params = "STAGES=2,3,4", .dtypes = BF16, .size_key = "D",
+     .shapes = "B=4,H=32,K=8,QKV=48,KV2=16,T=4096,D=128",
+     .small_shapes = "B=1,H=4,K=2,QKV=8,KV2=4,T=256,D=128",
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd,
      .derive_inputs = run_attention_fwd, .tol_scale = 4,
      .runs_on = has_wgmma},
