@@ -584,8 +584,8 @@ static llmcl_status attn_launch_dq_ds(llmcl_ctx *ctx, const attn_geom *g, const 
     llmcl__arg_i32(&a, g->wr);
     attn_geom plain = *g; /* the part is in the list above */
     plain.ds = NULL;
-    const size_t global = (size_t)llmcl__div_up(g->Tq, t.bm) * (size_t)ds->nbh * group * wg;
-    return attn_launch_tma(ctx, &plain, &a, global, wg);
+    const size_t groups = (size_t)llmcl__div_up(g->Tq, t.bm) * (size_t)ds->nbh * group;
+    return attn_launch_tma(ctx, &plain, &a, groups * wg, wg);
 }
 
 /* The budget of the stored dS: opts' ds_bytes, else LLMCL_ATTN_DS_MIB's MiB, else 4 GiB. */
@@ -638,7 +638,11 @@ static llmcl_status attn_ds_plan(llmcl_ctx *ctx, const attn_geom *g, int64_t bud
         llmcl__param_get(&p, "TMA", 0) != 1)
         return LLMCL_OK; /* tuned tiles that leave no room for the slabs, or cp.async: recompute */
     *ds = (attn_ds){.ds_h = (int64_t)g->Tq * ds_t, .ds_t = ds_t, .bn = t.bn};
-    const int64_t fit = budget / (2 * group * ds->ds_h), total = (int64_t)g->B * g->Hkv;
+    const int64_t total = (int64_t)g->B * g->Hkv;
+    int64_t fit = budget / (2 * group * ds->ds_h);
+    const int64_t blocks = llmcl__div_up(g->Tq, ATTN_DS_BM) * group; /* dQ's work-groups a pair */
+    if (fit > INT32_MAX / blocks)
+        fit = INT32_MAX / blocks; /* dQ's kernel counts its work-groups in 32 bits */
     if (!asked && fit < total &&
         fit * llmcl__div_up(g->Tk, t.bn) < 2 * (int64_t)ctx->info.compute_units)
         return LLMCL_OK;
