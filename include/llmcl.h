@@ -756,7 +756,8 @@ typedef struct llmcl_attention_opts {
     const llmcl_tensor *cu_seqlens_k;
     /* The backward's stored dS (llmcl_attention_backward): at most this many bytes of device
        memory, at D 64 and 128; 0: the default, at D 128 only (LLMCL_ATTN_DS_MIB MiB where that
-       is set, else 4 GiB); -1: none */
+       is set, else 4 GiB and at most a quarter of the memory left under the context's cap or the
+       device's); -1: none */
     int64_t ds_bytes;
 } llmcl_attention_opts;
 

@@ -1024,9 +1024,10 @@ static void test_extra_memory(void **state)
  * each, with budgets for parts of 1, 2 and 4 (batch, KV head) pairs and for all six, each against
  * the reference and bit for bit with the others (a pair's work does not depend on its part), and
  * an MQA group of eight heads; its peak memory beside delta's rows is one part's dS (Tk rounded
- * up to 8) and the tensor maps. A
- * budget below one pair's dS, -1, or LLMCL_ATTN_DS_MIB=0 recompute the scores in dQ's kernel.
- * LLMCL_ATTN_DS_MIB sets the default budget, which stores at D 128 only.
+ * up to 8) and the tensor maps. A budget below one pair's dS, -1, or LLMCL_ATTN_DS_MIB=0
+ * recompute the scores in dQ's kernel, as the built-in budget does where a quarter of the memory
+ * that the cap leaves holds no pair. LLMCL_ATTN_DS_MIB sets the default budget, which stores at
+ * D 128 only.
  */
 static void check_ds_parts(int d)
 {
@@ -1085,6 +1086,22 @@ static void check_ds_parts(int d)
             th_assert_launched_with("attention_bwd_dq_wgmma", LLMCL_BF16, cls, "BLOCK_M=64");
         TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_BF16, NULL, NULL));
     }
+    /* The built-in budget takes at most a quarter of what the memory cap leaves: under a cap
+       that leaves the backward two pairs' dS besides delta and the maps, none (all six pairs
+       would not fit under it) */
+    llmcl_memory_stats before;
+    TH_OK(llmcl_memory_release_cached(ctx));
+    TH_OK(llmcl_memory_stats_get(ctx, &before));
+    run_setup(&r, &c, 445);
+    TH_OK(run_forward(&r));
+    TH_OK(llmcl_ctx_finish(ctx));
+    llmcl_memory_stats set;
+    TH_OK(llmcl_memory_stats_get(ctx, &set));
+    TH_OK(llmcl_memory_set_limit(ctx, set.current_bytes + rows + maps + 2 * (uint64_t)pair));
+    c.opts.ds_bytes = 0;
+    TH_OK(run_backward(&r));
+    TH_OK(llmcl_memory_set_limit(ctx, before.limit_bytes));
+    run_free(&r);
     /* LLMCL_ATTN_DS_MIB's budget where opts leave it to the default: 1 MiB holds one pair */
     setenv("LLMCL_ATTN_DS_MIB", "1", 1);
     c.opts.ds_bytes = 0;

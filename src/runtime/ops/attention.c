@@ -588,14 +588,21 @@ static llmcl_status attn_launch_dq_ds(llmcl_ctx *ctx, const attn_geom *g, const 
     return attn_launch_tma(ctx, &plain, &a, groups * wg, wg);
 }
 
-/* The budget of the stored dS: opts' ds_bytes, else LLMCL_ATTN_DS_MIB's MiB, else 4 GiB. */
+/*
+ * The budget of the stored dS: opts' ds_bytes, else LLMCL_ATTN_DS_MIB's MiB, else 4 GiB but at
+ * most a quarter of the memory that the context's cap (or the device) leaves, so that a caller
+ * who planned its memory without knowing of the scratch keeps room for what it allocates next.
+ */
 static llmcl_status attn_ds_budget(llmcl_ctx *ctx, const llmcl_attention_opts *opts,
                                    int64_t *bytes)
 {
     *bytes = opts ? opts->ds_bytes : 0;
     if (*bytes != 0)
         return LLMCL_OK;
-    *bytes = (int64_t)4 << 30;
+    const llmcl_memory_stats *m = &ctx->memory;
+    const uint64_t cap = m->limit_bytes ? m->limit_bytes : ctx->info.global_mem_bytes;
+    const uint64_t quarter = cap > m->current_bytes ? (cap - m->current_bytes) / 4 : 0;
+    *bytes = (int64_t)(quarter < (4ull << 30) ? quarter : 4ull << 30);
     const char *text = llmcl__getenv("LLMCL_ATTN_DS_MIB");
     if (!text)
         return LLMCL_OK;
