@@ -705,7 +705,7 @@ attn_wg_pair_a(uint4 *af, int wg, int lid, int t, uint ka, uint va, uint qt, uin
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG_THREADS + PRODUCERS, 1, 1))) void
-attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_TMA_PARAMS ATTN_DS_PARAMS)
+attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_DS_PARAMS ATTN_TMA_PARAMS)
 {
     __local ushort ks[BLOCK_N * D] __attribute__((aligned(1024)));
     __local ushort vs[BLOCK_N * D] __attribute__((aligned(1024)));

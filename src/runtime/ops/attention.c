@@ -404,26 +404,17 @@ static llmcl_status attn_launch_split(llmcl_ctx *ctx, const attn_geom *g, const 
 }
 
 /*
- * A wgmma kernel's launch with TMA: after its arguments a, the template and eight 128-byte map
- * slots a work-group, 16 where dK/dV stores dS (attention_wgmma.cl's ATTN_TMA_SLOTS); then,
- * storing dS, the scratch and the launch's part (ATTN_DS_PARAMS, in KV heads:
- * attn_bwd_dq_ds_wgmma takes them in its own list).
+ * A wgmma kernel's launch with TMA: after its arguments a, the template and `slots` 128-byte map
+ * slots a work-group (attention_wgmma.cl's ATTN_TMA_SLOTS: 8, 16 where dK/dV stores dS).
  */
-static llmcl_status attn_launch_tma(llmcl_ctx *ctx, const attn_geom *g, llmcl__args *a,
-                                    size_t global, size_t wg)
+static llmcl_status attn_launch_tma(llmcl_ctx *ctx, llmcl_dtype dtype, llmcl__args *a,
+                                    size_t global, size_t wg, int slots)
 {
-    const int64_t words = (int64_t)(global / wg) * (g->ds ? 16 : 8) * 32;
+    const int64_t words = (int64_t)(global / wg) * slots * 32;
     llmcl_tensor *maps;
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &words, "attention tensor maps", &maps));
-    llmcl__arg(a, 16 * sizeof(uint64_t), llmcl__tma_template(ctx->tma, g->dtype));
+    llmcl__arg(a, 16 * sizeof(uint64_t), llmcl__tma_template(ctx->tma, dtype));
     llmcl__arg(a, sizeof maps->mem, &maps->mem);
-    if (g->ds) {
-        llmcl__arg_tensor(a, g->ds->scratch);
-        llmcl__arg_i64(a, g->ds->ds_h);
-        llmcl__arg_i64(a, g->ds->ds_t);
-        llmcl__arg_i32(a, g->ds->bh0);
-        llmcl__arg_i32(a, g->ds->nbh);
-    }
     const llmcl_status st = llmcl__launch(a, 1, &global, &wg);
     llmcl_tensor_destroy(maps); /* OpenCL keeps it until the kernel is done */
     return st;
@@ -474,7 +465,14 @@ static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, const 
     llmcl__args a = attn_args_tiled(ctx, g, &l);
     if (llmcl__param_get(&p, "TMA", 0) == 0)
         return llmcl__launch(&a, 1, &l.global, &l.wg);
-    return attn_launch_tma(ctx, g, &a, l.global, l.wg);
+    if (g->ds) { /* dK/dV storing dS: the scratch and the part (ATTN_DS_PARAMS, in KV heads) */
+        llmcl__arg_tensor(&a, g->ds->scratch);
+        llmcl__arg_i64(&a, g->ds->ds_h);
+        llmcl__arg_i64(&a, g->ds->ds_t);
+        llmcl__arg_i32(&a, g->ds->bh0);
+        llmcl__arg_i32(&a, g->ds->nbh);
+    }
+    return attn_launch_tma(ctx, g->dtype, &a, l.global, l.wg, g->ds ? 16 : 8);
 }
 
 llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, const llmcl_tensor *k,
@@ -582,10 +580,8 @@ static llmcl_status attn_launch_dq_ds(llmcl_ctx *ctx, const attn_geom *g, const 
     llmcl__arg_i32(&a, ds->nbh * group);
     llmcl__arg_i32(&a, g->wl);
     llmcl__arg_i32(&a, g->wr);
-    attn_geom plain = *g; /* the part is in the list above */
-    plain.ds = NULL;
     const size_t groups = (size_t)llmcl__div_up(g->Tq, t.bm) * (size_t)ds->nbh * group;
-    return attn_launch_tma(ctx, &plain, &a, groups * wg, wg);
+    return attn_launch_tma(ctx, g->dtype, &a, groups * wg, wg, 8);
 }
 
 /*
