@@ -634,17 +634,20 @@ static void test_tuned_tiles_for_other_head_dim(void **state)
 }
 
 /*
- * attn_bwd_pre's rows split over PRE_LANES work-items: more lanes than a row has 4-wide chunks
- * (D 8), chunks that do not divide evenly among them (D 72) and whole warps of lanes (D 128), in
- * work-groups that are no power of two, over varlen rows; every delta reaches dQ and dK. Lanes
- * that are no power of two or do not divide the group are refused.
+ * attn_bwd_pre's rows split over PRE_LANES work-items: more lanes than a row has chunks (D 8),
+ * chunks that do not divide evenly among them (D 72) and whole warps of lanes (D 128), in
+ * work-groups that are no power of two, several rows a work-item (PRE_ROWS) that the sequences'
+ * ends cut short, over varlen rows, in 8-wide chunks and, off 16-byte alignment, 4-wide ones;
+ * every delta reaches dQ and dK. Lanes that are no power of two or do not divide the group, and
+ * rows outside [1, 16], are refused.
  */
 static void test_delta_lanes(void **state)
 {
     (void)state;
     llmcl_ctx *ctx = th_ctx();
     static const char *const sets[] = {"PRE_LANES=1 PRE_WG=32", "PRE_LANES=4 PRE_WG=96",
-                                       "PRE_LANES=8 PRE_WG=64", "PRE_LANES=32 PRE_WG=256"};
+                                       "PRE_LANES=8 PRE_WG=64 PRE_ROWS=3",
+                                       "PRE_LANES=32 PRE_WG=256 PRE_ROWS=4"};
     static const int dims[] = {8, 72, 128};
     static const char *const cls[] = {"p3", "p7", "p7"};
     static const int32_t cu[] = {0, 1, 40, 45, 110};
@@ -657,13 +660,19 @@ static void test_delta_lanes(void **state)
                 c.cu_q = c.cu_k = cu;
                 check_case(c, 100 + (int)i * 3 + j);
                 th_assert_launched_with("attention_bwd_pre", dts[d], cls[j], sets[i]);
+                th_assert_launched_with("attention_bwd_pre", dts[d], cls[j], "PRE_VEC=8");
             }
+            attn_case c = causal(dense(dts[d], 2, 4, 2, 72, 45, 45));
+            c.pad = 4; /* rows 8 bytes (f32: 16) off 16-byte alignment: 4-wide chunks */
+            check_case(c, 120 + (int)i);
+            th_assert_launched_with("attention_bwd_pre", dts[d], "p7", "PRE_VEC=4");
         }
-    static const char *const refused[] = {"PRE_LANES=3 PRE_WG=48", "PRE_LANES=64 PRE_WG=32"};
-    for (int i = 0; i < 2; ++i) {
+    static const char *const refused[] = {"PRE_LANES=3 PRE_WG=48", "PRE_LANES=64 PRE_WG=32",
+                                          "PRE_ROWS=0", "PRE_ROWS=17"};
+    for (int i = 0; i < 4; ++i) {
         TH_OK(llmcl_tune_override(ctx, "attention_bwd_pre", LLMCL_F32, "*", refused[i]));
         check_backward_refused(dense(LLMCL_F32, 1, 2, 1, 64, 40, 40), 99,
-                               LLMCL_ERROR_UNSUPPORTED, "PRE_LANES");
+                               LLMCL_ERROR_UNSUPPORTED, i < 2 ? "PRE_LANES" : "PRE_ROWS");
     }
 }
 

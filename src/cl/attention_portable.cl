@@ -50,8 +50,11 @@
  *   PRE_WG    work-group size of attn_bwd_pre (up to the device maximum), a multiple of
  *             PRE_LANES.
  *   PRE_LANES attn_bwd_pre's work-items a row (a power of two), each summing every PRE_LANES-th
- *             4-wide chunk of it, so that a row is read as one run: with a work-item a row, a
- *             warp's reads fell on 32 rows a row stride apart.
+ *             PRE_VEC-wide chunk of it, so that a row is read as one run: with a work-item a row,
+ *             a warp's reads fell on 32 rows a row stride apart.
+ *   PRE_ROWS  attn_bwd_pre's rows a work-item, their loads all issued before their sums.
+ *   PRE_VEC   attn_bwd_pre's chunk: 8 elements (16-byte loads of 16-bit rows; O's and dO's
+ *             offsets and strides multiples of 8) or 4 (set by the launcher, not a tunable).
  *   SPLIT     defined (attn_fwd, attn_bwd_dq, attn_bwd_dkdv): a launch takes steps it_begin to
  *             it_end of each work-group's walk (its key tiles in attn_fwd and attn_bwd_dq, its
  *             (query head, query tile) pairs in attn_bwd_dkdv), for devices that cut long loops
@@ -84,6 +87,12 @@
 #endif
 #ifndef PRE_LANES
 #define PRE_LANES 1
+#endif
+#ifndef PRE_ROWS
+#define PRE_ROWS 1
+#endif
+#ifndef PRE_VEC
+#define PRE_VEC 4
 #endif
 #ifndef LF32
 #define LF32 0
@@ -666,48 +675,88 @@ attn_fwd(ATTN_FWD_PARAMS ATTN_SPLIT_PARAMS)
 #endif
 
 #ifdef ATTN_KERNEL_BWD_PRE
-/* The PRE_LANES partial sums of a row, added by its lane 0 (the others' results are unused). */
-static float attn_pre_row_sum(float v, __local float *part)
+/* The sum of PRE_LANES work-items' values of a row, in its lane 0 (each of PRE_ROWS rows). */
+static void attn_pre_row_sums(float *v, __local float *part)
 {
 #if defined(LLMCL_NV_PTX) && PRE_LANES <= 32 && PRE_WG % 32 == 0
     (void)part;
-    return warp_sum_in(v, PRE_LANES);
+#pragma unroll
+    for (int i = 0; i < PRE_ROWS; ++i)
+        v[i] = warp_sum_in(v[i], PRE_LANES);
 #else
     const int lid = get_local_id(0);
-    part[lid] = v;
+    for (int i = 0; i < PRE_ROWS; ++i)
+        part[i * PRE_WG + lid] = v[i];
     barrier(CLK_LOCAL_MEM_FENCE);
     if (lid % PRE_LANES == 0)
-        for (int i = 1; i < PRE_LANES; ++i)
-            v += part[lid + i];
-    return v;
+        for (int i = 0; i < PRE_ROWS; ++i)
+            for (int j = 1; j < PRE_LANES; ++j)
+                v[i] += part[i * PRE_WG + lid + j];
 #endif
 }
 
+#if PRE_VEC == 8
+typedef float8 pre_t;
+#define PRE_LOAD(p, i) LLMCL_CAT(load8_, IO_DT)((p), (i))
+#define PRE_HSUM(v) (PRE_HSUM4((v).lo) + PRE_HSUM4((v).hi))
+#else
+typedef float4 pre_t;
+#define PRE_LOAD(p, i) LLMCL_CAT(io4_to_f32_, IO_DT)(GLOAD4((p) + (i)))
+#define PRE_HSUM(v) PRE_HSUM4(v)
+#endif
+#define PRE_HSUM4(v) (((v).x + (v).y) + ((v).z + (v).w))
+#define PRE_CHUNKS ((D / PRE_VEC + PRE_LANES - 1) / PRE_LANES) /* a lane's chunks of a row */
+
+/*
+ * A work-group covers PRE_ROWS passes of PRE_WG / PRE_LANES consecutive rows (so that each pass
+ * reads one run of memory), and a work-item issues the loads of its PRE_ROWS rows before it sums
+ * any: a row's few bytes a work-item are too little in flight to keep memory busy. Rows past the
+ * sequence load its last row and store nothing.
+ */
 __kernel __attribute__((reqd_work_group_size(PRE_WG, 1, 1))) void
 attn_bwd_pre(const __global io_t *o, ulong o_off, const __global io_t *dout, ulong do_off,
              __global float *delta, ulong delta_off, const __global int *cu_q, ulong cu_q_off,
              int tq_all, int hq, long so_b, long so_h, long so_t, long sd_b, long sd_h, long sd_t,
              long sl_b, long sl_h)
 {
-    __local float part[PRE_WG];
-    const int lane = get_local_id(0) % PRE_LANES, t = get_global_id(0) / PRE_LANES;
+    __local float part[PRE_ROWS * PRE_WG];
+    const int lid = get_local_id(0), lane = lid % PRE_LANES, pass = PRE_WG / PRE_LANES;
+    const int t0 = get_group_id(0) * pass * PRE_ROWS + lid / PRE_LANES;
     const int bh = get_global_id(1), b = bh / hq, h = bh - b * hq;
     int q0 = 0, tq = tq_all;
 #ifdef VARLEN
     q0 = cu_q[cu_q_off + b];
     tq = cu_q[cu_q_off + b + 1] - q0;
 #endif
-    float4 sum = (float4)(0.0f);
-    if (t < tq) {
-        const long ob = attn_row(o_off, so_b, so_h, so_t, b, h, q0 + t);
-        const long db = attn_row(do_off, sd_b, sd_h, sd_t, b, h, q0 + t);
-        for (int c = 4 * lane; c < D; c += 4 * PRE_LANES)
-            sum = fma(LLMCL_CAT(io4_to_f32_, IO_DT)(GLOAD4(o + ob + c)),
-                      LLMCL_CAT(io4_to_f32_, IO_DT)(GLOAD4(dout + db + c)), sum);
+    if (get_group_id(0) * pass * PRE_ROWS >= tq) /* the whole work-group: past the sequence */
+        return;
+    long ob[PRE_ROWS], db[PRE_ROWS];
+    pre_t sum[PRE_ROWS];
+#pragma unroll
+    for (int i = 0; i < PRE_ROWS; ++i) {
+        const int t = q0 + min(t0 + i * pass, tq - 1);
+        ob[i] = attn_row(o_off, so_b, so_h, so_t, b, h, t);
+        db[i] = attn_row(do_off, sd_b, sd_h, sd_t, b, h, t);
+        sum[i] = (pre_t)(0.0f);
     }
-    const float row = attn_pre_row_sum((sum.x + sum.y) + (sum.z + sum.w), part);
-    if (t < tq && lane == 0)
-        delta[delta_off + b * sl_b + h * sl_h + q0 + t] = row;
+#pragma unroll
+    for (int k = 0; k < PRE_CHUNKS; ++k) {
+        const int c = PRE_VEC * (lane + k * PRE_LANES);
+        if (c < D) {
+#pragma unroll
+            for (int i = 0; i < PRE_ROWS; ++i)
+                sum[i] = fma(PRE_LOAD(o + ob[i], c), PRE_LOAD(dout + db[i], c), sum[i]);
+        }
+    }
+    float row[PRE_ROWS];
+#pragma unroll
+    for (int i = 0; i < PRE_ROWS; ++i)
+        row[i] = PRE_HSUM(sum[i]);
+    attn_pre_row_sums(row, part);
+#pragma unroll
+    for (int i = 0; i < PRE_ROWS; ++i)
+        if (t0 + i * pass < tq && lane == 0)
+            delta[delta_off + b * sl_b + h * sl_h + q0 + t0 + i * pass] = row[i];
 }
 #endif
 

@@ -119,7 +119,7 @@ static const family_entry families[] = {
     {LLMCL_FAMILY_ROPE, {"vec_io"}, {"rope"}},
     {LLMCL_FAMILY_GLU, {"vec_io"}, {"glu"}},
     {LLMCL_FAMILY_ATTENTION,
-     {TENSOR_CORE_PRELUDE},
+     {"vec_io", TENSOR_CORE_PRELUDE},
      {"attention_common", "attention_portable", "attention_mma", "attention_wgmma"}},
     {LLMCL_FAMILY_CROSS_ENTROPY, {"ce_logit"}, {"cross_entropy"}},
     {LLMCL_FAMILY_MATMUL, {"vec_io", "ce_logit", TENSOR_CORE_PRELUDE}, {"matmul"}},

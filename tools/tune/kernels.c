@@ -624,7 +624,7 @@ const tune_kernel tune_kernels[] = {
      .derive_inputs = run_attention_fwd, .tol_scale = 4,
      .runs_on = has_wgmma},
     {.key = LLMCL_KEY_ATTENTION_BWD_PRE, .family = LLMCL_FAMILY_ATTENTION,
-     .params = "PRE_WG=32,64,128,256 PRE_LANES=1,4,8,16,32",
+     .params = "PRE_WG=32,64,128,256 PRE_LANES=1,4,8,16,32 PRE_ROWS=1,2,4,8",
      .dtypes = F32 | BF16, .size_key = "D", .shapes = ATTN_SHAPES, .small_shapes = ATTN_SMALL,
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd,
      .derive_inputs = run_attention_fwd, .tol_scale = 4},

@@ -505,7 +505,8 @@ static llmcl_status attn_launch_pre(llmcl_ctx *ctx, const attn_geom *g, const ll
     LLMCL__TRY(llmcl__attn_config(ctx, g, k, &p, &t, &wg));
     /* PRE_LANES work-items a row, each with one loop over its share of D */
     LLMCL__TRY(llmcl__check_loops(ctx, g->D / 4 + 1, "attention: attn_bwd_pre at D = %d", g->D));
-    const int64_t lanes = llmcl__param_get(&p, "PRE_LANES", 1);
+    const int64_t rows = (int64_t)wg / llmcl__param_get(&p, "PRE_LANES", 1) *
+                         llmcl__param_get(&p, "PRE_ROWS", 1); /* a work-group's */
     cl_kernel kern;
     LLMCL__TRY(attn_build(ctx, g, k, &p, &kern));
     llmcl__args a = llmcl__args_begin(ctx, kern);
@@ -518,8 +519,7 @@ static llmcl_status attn_launch_pre(llmcl_ctx *ctx, const attn_geom *g, const ll
     attn_arg_strides(&a, attn_strides_of(g, o), true);
     attn_arg_strides(&a, attn_strides_of(g, dout), true);
     attn_arg_strides(&a, attn_lse_strides(g, delta), false);
-    const size_t global[2] = {(size_t)llmcl__div_up(g->Tq * lanes, (int64_t)wg) * wg,
-                              (size_t)g->B * g->Hq};
+    const size_t global[2] = {(size_t)llmcl__div_up(g->Tq, rows) * wg, (size_t)g->B * g->Hq};
     const size_t local[2] = {wg, 1};
     return llmcl__launch(&a, 2, global, local);
 }
@@ -700,6 +700,7 @@ llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q, con
                  attn_aligned(dout, 4) && attn_aligned(o, 4);
     g.aligned8 =
         attn_aligned(q, 8) && attn_aligned(k, 8) && attn_aligned(v, 8) && attn_aligned(dout, 8);
+    g.pre_vec8 = attn_aligned(o, 8) && attn_aligned(dout, 8);
     g.bwd = llmcl__attn_arch(ctx, &g, false);
     if (g.bwd == ATTN_ARCH_PORTABLE) {
         LLMCL__TRY(attn_check_split(ctx, &g, attn_kernel_of(ATTN_PASS_DQ, g.bwd)));

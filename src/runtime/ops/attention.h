@@ -59,6 +59,7 @@ typedef struct attn_geom {
     const llmcl_tensor *cu_q, *cu_k;
     bool aligned4;  /* every offset and stride of the loaded operands a multiple of 4 elements */
     bool aligned8;  /* ... of 8 elements: 16-byte rows for cp.async */
+    bool pre_vec8;  /* O's and dO's offsets and strides multiples of 8: attn_bwd_pre's PRE_VEC 8 */
     attn_arch bwd;  /* the backward's kernel set */
     int dkdv_part;  /* past D = 128: which of dK (2) and dV (1) attn_bwd_dkdv_mma takes */
     bool split;     /* a portable kernel's walk spans launches (SPLIT): see llmcl__attn_split */

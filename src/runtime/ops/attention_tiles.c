@@ -209,27 +209,36 @@ static attn_tiles attn_tiles_of_params(attn_pass pass, const llmcl__params *p)
 }
 
 /*
- * attn_bwd_pre's PRE_WG and PRE_LANES. On a GPU a row's 4-wide chunks go to up to 32 work-items
- * (one contiguous run of the row a warp) in groups of 256; on a CPU, whose work-items of a group
- * run one after another, a work-item a row in groups of 64. At most the device's work-group size.
+ * attn_bwd_pre's PRE_WG, PRE_LANES, PRE_ROWS and PRE_VEC. On a GPU a row's PRE_VEC-wide chunks go
+ * to up to 32 work-items (one contiguous run of the row a warp) in groups of 256, each with 4 rows'
+ * loads in flight; on a CPU, whose work-items of a group run one after another, a work-item a row
+ * in groups of 64. At most the device's work-group size. PRE_VEC is the rows' alignment's, not a
+ * tunable.
  */
 static llmcl_status attn_pre_config(llmcl_ctx *ctx, const attn_geom *g, const attn_kernel *k,
                                     const char *cls, llmcl__params *p, size_t *wg)
 {
     const long max_wg = (long)ctx->info.max_work_group_size;
-    const size_t chunks = (size_t)g->D / 4;
+    const int vec = g->pre_vec8 ? 8 : 4;
+    const size_t chunks = (size_t)g->D / (size_t)vec;
     const long lanes = ctx->info.is_gpu ? (long)llmcl__pow2_floor(chunks < 32 ? chunks : 32) : 1;
     const long w = ctx->info.is_gpu ? 256 : 64;
     llmcl__param_set(p, "PRE_LANES", lanes <= max_wg ? lanes : 1);
     llmcl__param_set(p, "PRE_WG", w <= max_wg ? w : (long)llmcl__pow2_floor((size_t)max_wg));
-    llmcl__params_lookup(ctx, k->key, g->dtype, cls, p);
+    llmcl__param_set(p, "PRE_ROWS", ctx->info.is_gpu ? 4 : 1);
+    const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, k->key, g->dtype, cls, p);
+    llmcl__param_set(p, "PRE_VEC", vec);
+    llmcl__params_record(&lookup, p);
     const long wg_size = llmcl__param_get(p, "PRE_WG", 64), l = llmcl__param_get(p, "PRE_LANES", 1);
+    const long rows = llmcl__param_get(p, "PRE_ROWS", 1);
     LLMCL__REQUIRE(ctx, wg_size >= 1 && wg_size <= max_wg, LLMCL_ERROR_UNSUPPORTED,
                    "attention: PRE_WG %ld is outside [1, %ld]", wg_size, max_wg);
     LLMCL__REQUIRE(ctx, l >= 1 && l == (long)llmcl__pow2_floor((size_t)l) && wg_size % l == 0,
                    LLMCL_ERROR_UNSUPPORTED,
                    "attention: PRE_LANES %ld is not a power of two that divides PRE_WG %ld", l,
                    wg_size);
+    LLMCL__REQUIRE(ctx, rows >= 1 && rows <= 16, LLMCL_ERROR_UNSUPPORTED,
+                   "attention: PRE_ROWS %ld is outside [1, 16]", rows);
     *wg = (size_t)wg_size;
     return LLMCL_OK;
 }
