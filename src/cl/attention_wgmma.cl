@@ -42,6 +42,10 @@
  *             warpgroups (below); 0, every work-item copies them by cp.async. Default 0.
  *   DS_STORE  attn_bwd_dkdv_wgmma, 1: it stores dS (needs TMA, D 64 or 128). Default 0.
  *   DS_BM     with DS_STORE: attn_bwd_dq_ds_wgmma's query block, a multiple of BLOCK_M (128).
+ *   DS_SLABS  with DS_STORE: dK/dV's local slabs of dS a warpgroup, 2 to 4 (default 2; the
+ *             launcher's 3 at D 128). With 2 a warpgroup waits before it writes a slab for the
+ *             store that read it two tiles before; with more, for the store of DS_SLABS - 2 tiles
+ *             before, right after it issues its own, which saves a barrier a tile.
  *   STAGES    attn_bwd_dq_ds_wgmma: its buffers of K and dS tiles, 2 to 4 (TMA only; its
  *             BLOCK_M is DS_BM, its BLOCK_N dK/dV's).
  */
@@ -556,8 +560,13 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS ATTN_TMA_PARAMS)
 #ifndef DS_STORE
 #define DS_STORE 0
 #endif
-#if DS_STORE && (DKDV_PAIR || !TMA || !defined(DS_BM) || DS_BM % BLOCK_M)
-#error "attn_bwd_dkdv_wgmma: DS_STORE needs TMA, D 64 or 128 and DS_BM a multiple of BLOCK_M"
+#ifndef DS_SLABS
+#define DS_SLABS 2
+#endif
+#if DS_STORE && (DKDV_PAIR || !TMA || !defined(DS_BM) || DS_BM % BLOCK_M || DS_SLABS < 2 ||      \
+                 DS_SLABS > 4)
+#error "attn_bwd_dkdv_wgmma: DS_STORE needs TMA, D 64 or 128, DS_BM a multiple of BLOCK_M and \
+DS_SLABS 2 to 4"
 #endif
 #if DS_STORE
 /*
@@ -574,17 +583,19 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS ATTN_TMA_PARAMS)
  * writing it out first leaves the products undisturbed). attn_ds_write: stmatrix's transposing
  * form writes it to the local slab at buf as BLOCK_M query rows of 64 keys in TMA's 128-byte
  * swizzle. attn_ds_send: the warpgroup's first work-item stores the slab by TMA, whose copy runs
- * on under the next tile. Each warpgroup has two slabs, used in turn, and four map slots, one for
- * each query head (dsh, the head's dS) in turn: with GQA groups of up to four heads no map is
+ * on under the next tile. Each warpgroup has DS_SLABS slabs, used in turn, and four map slots, one
+ * for each query head (dsh, the head's dS) in turn: with GQA groups of up to four heads no map is
  * made again, so no store waits for those before it.
  */
 __attribute__((always_inline)) inline void attn_ds_write(const uint4 *sf, uint buf, int wg,
                                                          int lid)
 {
     const int lane = lid & 31, mat = lane >> 3, r = lane & 7;
+#if DS_SLABS == 2
     if ((lid & 127) == 0)
         wg_bulk_read(1); /* the store from this slab, two tiles back, has read it */
     wg_named_barrier(1 + wg, 128);
+#endif
     /* matrix mat holds keys 8 (mat & 1) on and queries 8 (mat >> 1) on of the warp's 16 x 16 */
     const uint chunk = 2 * ((lid >> 5) & 3) + (mat & 1);
 #pragma unroll
@@ -611,6 +622,9 @@ attn_ds_send(uint buf, int wg, int lid, __global ulong16 *slots, ulong16 tmpl,
         }
         wg_tma_store_hint((ulong)slot, n0 + 64 * wg, m0, buf, wg_l2_evict_first());
         wg_bulk_commit();
+#if DS_SLABS > 2
+        wg_bulk_read(DS_SLABS - 2); /* the last store from the slab of two tiles on has read it */
+#endif
     }
 }
 #else
@@ -714,7 +728,7 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_DS_PARAMS ATTN_TMA_PARAMS)
     __local float lse2s[STAGES * BLOCK_M], dls[STAGES * BLOCK_M];
     const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
 #if DS_STORE
-    __local ushort dss[4 * DS_SLAB / 2] __attribute__((aligned(1024)));
+    __local ushort dss[DS_SLABS * DS_SLAB] __attribute__((aligned(1024)));
     const attn_place at = attn_place_in(bh0, nbh, hkv, false);
 #else
     const attn_place at = attn_place_of(nb, hkv, false);
@@ -834,7 +848,7 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_DS_PARAMS ATTN_TMA_PARAMS)
             sf[j] = attn_acc_to_a(dpt4[2 * j], dpt4[2 * j + 1]);
         }
 #if DS_STORE
-        const uint slab = mma_smem(dss) + (2 * wg + t % 2) * DS_SLAB;
+        const uint slab = mma_smem(dss) + (DS_SLABS * wg + t % DS_SLABS) * DS_SLAB;
         attn_ds_write(sf, slab, wg, lid);
 #endif
         wg_fence();

@@ -377,7 +377,7 @@ inline void wg_tma_load_hint(uint dst, ulong map, int x, int y, uint bar, ulong 
 /*
  * TMA's stores: the box at (x, y) of the tensor map at global address map from local address src,
  * in the issuing work-item's bulk group; the map's sizes clip the box. A work-item commits its
- * stores as a group, and waits until all but its n (0 or 1) newest groups have read their local
+ * stores as a group, and waits until all but its n (0 to 2) newest groups have read their local
  * memory (which may then be written again), or until all have completed.
  */
 inline void wg_tma_store(ulong map, int x, int y, uint src)
@@ -403,8 +403,10 @@ inline void wg_bulk_read(int n)
 {
     if (n <= 0)
         asm volatile("// @sm90a cp.async.bulk.wait_group.read 0;" ::: "memory");
-    else
+    else if (n == 1)
         asm volatile("// @sm90a cp.async.bulk.wait_group.read 1;" ::: "memory");
+    else
+        asm volatile("// @sm90a cp.async.bulk.wait_group.read 2;" ::: "memory");
 }
 inline void wg_bulk_done(void)
 {

@@ -7,6 +7,7 @@
  * not fit is an error (so that the tuner rejects such candidates). The head dim is the size key.
  */
 #include <stdio.h>
+#include <string.h>
 
 #include "src/runtime/ops/attention.h"
 
@@ -402,17 +403,17 @@ static bool attn_wg_pair(const attn_geom *g, attn_pass pass)
 
 /* Local bytes of a wgmma kernel: the forward's Q and STAGES of K and V, dQ's Q and dO and two
    stages of K and V, dK/dV's K and V and STAGES of Q and dO with their rows' statistics (and a
-   pair's float4 a lane and 8 queries, with two mbarriers; or, storing dS, two slabs of bm rows of
-   64 keys a warpgroup); rows of D 16-bit elements; with TMA, an mbarrier for the resident tiles
-   and three a stage (two in dK/dV). dQ from dS: STAGES of a K tile and a dS tile. */
+   pair's float4 a lane and 8 queries, with two mbarriers; or, storing dS, `slabs` slabs of bm
+   rows of 64 keys a warpgroup); rows of D 16-bit elements; with TMA, an mbarrier for the resident
+   tiles and three a stage (two in dK/dV). dQ from dS: STAGES of a K tile and a dS tile. */
 static uint64_t attn_wg_local_bytes(const attn_geom *g, attn_pass pass, long bm, long bn,
-                                    long stages, bool tma)
+                                    long stages, bool tma, long slabs)
 {
     if (pass == ATTN_PASS_DKDV)
         return 2u * (uint64_t)g->D * (uint64_t)(2 * bn + 2 * stages * bm) +
                8u * (uint64_t)(stages * bm) + (tma ? 8u * (uint64_t)(1 + 2 * stages) : 0) +
                (attn_wg_pair(g, pass) ? 256u * (uint64_t)bm + 16u : 0) +
-               (g->ds ? 4u * 128u * (uint64_t)bm : 0);
+               (g->ds ? 2u * 128u * (uint64_t)(slabs * bm) : 0);
     if (pass == ATTN_PASS_DQ_DS)
         return 2u * (uint64_t)stages * (uint64_t)(bn * g->D + bm * bn) +
                8u * (uint64_t)(1 + 2 * stages);
@@ -444,10 +445,10 @@ static llmcl_status attn_dq_ds_config(llmcl_ctx *ctx, const attn_geom *g, const 
     long stages = llmcl__param_get(p, "STAGES", def_stages);
     const uint64_t local = ctx->info.local_mem_static_bytes;
     bool ok = stages >= 2 && stages <= 4 &&
-              attn_wg_local_bytes(g, k->pass, bm, bn, stages, true) <= local;
+              attn_wg_local_bytes(g, k->pass, bm, bn, stages, true, 0) <= local;
     if (!ok && !lookup.overridden) {
         stages = 2;
-        ok = attn_wg_local_bytes(g, k->pass, bm, bn, stages, true) <= local;
+        ok = attn_wg_local_bytes(g, k->pass, bm, bn, stages, true, 0) <= local;
     }
     LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
                    "attention: %s STAGES=%ld with BLOCK_M=%ld, dK/dV's BLOCK_N=%ld and D=%d "
@@ -486,44 +487,56 @@ static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const 
     const attn_pass pass = k->pass;
     const bool fwd = pass == ATTN_PASS_FWD;
     const bool dkdv = pass == ATTN_PASS_DKDV, staged = fwd || dkdv; /* a STAGES tunable */
-    const long def_stages = fwd ? 3 : 2;
+    const long def_stages = fwd ? 3 : 2, def_slabs = g->D == 128 ? 3 : 2;
+    const bool slabbed = dkdv && g->ds; /* a DS_SLABS tunable */
     long def_m = dkdv && g->D > 64 ? 64 : 128, def_n = 128;
     const long def_tma = ctx->tma ? ATTN_WG_TMA_DEFAULT : 0;
     if (pass == ATTN_PASS_DQ || (fwd && g->D <= 64) ||
-        attn_wg_local_bytes(g, pass, def_m, def_n, def_stages, def_tma) > local)
+        attn_wg_local_bytes(g, pass, def_m, def_n, def_stages, def_tma, def_slabs) > local)
         def_m = 64, def_n = 64;
     llmcl__param_set(p, "BLOCK_M", def_m);
     llmcl__param_set(p, "BLOCK_N", def_n);
     if (staged)
         llmcl__param_set(p, "STAGES", def_stages);
     llmcl__param_set(p, "TMA", def_tma);
+    if (slabbed)
+        llmcl__param_set(p, "DS_SLABS", def_slabs);
     const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, k->key, g->dtype, cls, p);
     long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
     long stages = staged ? llmcl__param_get(p, "STAGES", def_stages) : 2;
     long tma = llmcl__param_get(p, "TMA", def_tma);
+    long slabs = slabbed ? llmcl__param_get(p, "DS_SLABS", def_slabs) : 0;
     const bool pair = attn_wg_pair(g, pass);
     bool ok = (bm == 64 || bm == 128) && (bn == 64 || (bn == 128 && !pair)) &&
               (!fwd || (stages >= 3 && stages <= 5)) &&
               (!dkdv || stages == 2 || (stages == 3 && tma == 1)) &&
-              (tma == 0 || (tma == 1 && ctx->tma)) &&
-              attn_wg_local_bytes(g, pass, bm, bn, stages, tma) <= local;
+              (tma == 0 || (tma == 1 && ctx->tma)) && (!slabbed || (slabs >= 2 && slabs <= 4)) &&
+              attn_wg_local_bytes(g, pass, bm, bn, stages, tma, slabs) <= local;
     if (!ok && !lookup.overridden) {
         bm = def_m, bn = def_n, stages = def_stages, tma = def_tma, ok = true;
+        slabs = slabbed ? def_slabs : 0;
         llmcl__param_set(p, "BLOCK_M", bm);
         llmcl__param_set(p, "BLOCK_N", bn);
         if (staged)
             llmcl__param_set(p, "STAGES", stages);
         llmcl__param_set(p, "TMA", tma);
+        if (slabbed)
+            llmcl__param_set(p, "DS_SLABS", slabs);
     }
-    char st[32] = "";
+    char st[48] = "";
     if (staged)
         snprintf(st, sizeof st, " STAGES=%ld", stages);
+    if (slabbed)
+        snprintf(st + strlen(st), sizeof st - strlen(st), " DS_SLABS=%ld", slabs);
     LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
                    "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld%s TMA=%ld with D=%d need BLOCK_M "
                    "and BLOCK_N 64 or 128%s%s, TMA 0 or 1 (1 where the device has TMA) and at "
                    "most %llu bytes of local memory",
                    k->name, bm, bn, st, tma, g->D, pair ? " (BLOCK_N 64 past D = 128)" : "",
-                   fwd ? ", STAGES 3 to 5" : dkdv ? ", STAGES 2, or 3 with TMA" : "",
+                   fwd ? ", STAGES 3 to 5"
+                   : slabbed ? ", STAGES 2, or 3 with TMA, DS_SLABS 2 to 4"
+                   : dkdv    ? ", STAGES 2, or 3 with TMA"
+                             : "",
                    (unsigned long long)local);
     llmcl__params_record(&lookup, p);
     *tiles = (attn_tiles){.bm = (int)bm, .bn = (int)bn, .tm = 64, .tn = (int)bn, .run = 1};
