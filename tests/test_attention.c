@@ -1058,7 +1058,20 @@ static void check_ds_parts(int d)
             TH_OK(llmcl_tune_params_get(ctx, "attention_bwd_dq_ds_wgmma", LLMCL_BF16, cls, used,
                                         sizeof used, &launched));
             assert_int_equal(launched, 1);
+            th_assert_launched_with("attention_bwd_dkdv_wgmma", LLMCL_BF16, cls,
+                                    d == 128 ? "DS_SLABS=3" : "DS_SLABS=2");
         }
+    }
+    /* dK/dV's slabs of dS a warpgroup: the same bits with each (four fit beside D 128's
+       64-query tiles, not D 64's 128-query ones) */
+    static const char *const slabs[] = {"DS_SLABS=2", "DS_SLABS=3", "DS_SLABS=4"};
+    c.opts.ds_bytes = 6 * pair;
+    for (int i = 0; i < (d == 128 ? 3 : 2); ++i) {
+        TH_OK(llmcl_tune_override(ctx, "attention_bwd_dkdv_wgmma", LLMCL_BF16, "*", slabs[i]));
+        check_case_bits(c, 440 + d, &bits);
+        if (stores)
+            th_assert_launched_with("attention_bwd_dkdv_wgmma", LLMCL_BF16, cls, slabs[i]);
+        TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_BF16, NULL, NULL));
     }
     for (int i = 0; i < 5; ++i)
         free(bits.t[i]);
@@ -1078,12 +1091,16 @@ static void check_ds_parts(int d)
         assert_true(held >= 2 * (uint64_t)pair);
     run_free(&r);
 
-    /* no stored dS (a budget below a pair's, -1, LLMCL_ATTN_DS_MIB=0): dQ's own kernel, and the
-       peak of the other kernels alone */
-    for (int i = 0; i < 3; ++i) {
-        c.opts.ds_bytes = i == 0 ? pair - 1 : i == 1 ? -1 : 0;
+    /* no stored dS (a budget below a pair's, -1, LLMCL_ATTN_DS_MIB=0, or DS_SLABS 5, no form of
+       dK/dV's, which recomputes as tuned tiles that leave no room for the slabs do): dQ's own
+       kernel, and the peak of the other kernels alone */
+    for (int i = 0; i < 4; ++i) {
+        c.opts.ds_bytes = i == 0 ? pair - 1 : i == 1 ? -1 : i == 2 ? 0 : 2 * pair;
         if (i == 2)
             setenv("LLMCL_ATTN_DS_MIB", "0", 1);
+        if (i == 3)
+            TH_OK(llmcl_tune_override(ctx, "attention_bwd_dkdv_wgmma", LLMCL_BF16, "*",
+                                      "DS_SLABS=5"));
         TH_OK(llmcl_tune_override(ctx, "attention_bwd_dq_wgmma", LLMCL_BF16, "*", "BLOCK_M=64"));
         run_setup(&r, &c, 442);
         TH_OK(run_forward(&r));
