@@ -1150,6 +1150,78 @@ static void test_ds_parts(void **state)
     check_ds_parts(128);
 }
 
+/*
+ * The persistent forward (PERSIST work-groups a compute unit walk the items, three rounds and
+ * more here): items with no key to see (causal, Tq > Tk), varlen sequences of length 0 and 1
+ * (items past them skipped), a window; against the double reference, and bit for bit the
+ * forward of a work-group an item.
+ */
+static void test_persistent_forward(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const llmcl_device_info *in = llmcl_ctx_device_info(ctx);
+    if (!in->has_wgmma || !in->has_tma)
+        skip();
+    static const int32_t cu[] = {0, 0, 1, 71, 72, 140};
+    static const char *const sets[] = {"PERSIST=0", "PERSIST=1", "PERSIST=2"};
+    const int dims[] = {64, 128, 256};
+    for (int di = 0; di < 3; ++di) {
+        const int d = dims[di];
+        char cls[16];
+        snprintf(cls, sizeof cls, "%d", d);
+        attn_case cases[] = {
+            causal(dense(LLMCL_BF16, 4, 16, 4, d, 520, 520)),
+            causal(dense(LLMCL_BF16, 4, 64, 8, d, 100, 17)),
+            causal(dense(LLMCL_BF16, 5, 64, 8, d, 0, 0)),
+            windowed(dense(LLMCL_BF16, 2, 64, 8, d, 300, 300), 5, 0),
+        };
+        cases[2].cu_q = cases[2].cu_k = cu;
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
+            attn_run r;
+            run_setup(&r, &cases[i], 470 + 10 * di + i);
+            double *o = th_alloc(sizeof(double) * (size_t)r.nq);
+            double *lse = th_alloc(sizeof(double) * (size_t)r.nl);
+            attn_ref_forward(&r.cfg, r.q, r.k, r.v, o, lse);
+            void *o0 = NULL, *lse0 = NULL;
+            for (int j = 0; j < 3; ++j) {
+                TH_OK(llmcl_tune_override(ctx, "attention_fwd_wgmma", LLMCL_BF16, "*", sets[j]));
+                th_poison(r.o_.base);
+                th_poison(r.lse);
+                TH_OK(run_forward(&r));
+                th_assert_launched_with("attention_fwd_wgmma", LLMCL_BF16, cls, sets[j]);
+                if (j == 0) {
+                    compare("o", r.o_.t, o, r.nq, tol_out(LLMCL_BF16));
+                    compare("lse", r.lse, lse, r.nl, (th_tol){1e-4, 1e-5});
+                    o0 = raw(r.o_.t);
+                    lse0 = raw(r.lse);
+                } else {
+                    assert_same_bits(r.o_.t, o0, "o");
+                    assert_same_bits(r.lse, lse0, "lse");
+                }
+                TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_BF16, NULL, NULL));
+            }
+            free(o0);
+            free(lse0);
+            free(o);
+            free(lse);
+            run_free(&r);
+        }
+    }
+    /* more work-groups a compute unit than the kernel takes, or without TMA: refused */
+    static const char *const refused[] = {"PERSIST=5", "PERSIST=1 TMA=0"};
+    for (int i = 0; i < 2; ++i) {
+        const attn_case c = causal(dense(LLMCL_BF16, 1, 2, 1, 128, 40, 40));
+        attn_run r;
+        run_setup(&r, &c, 479);
+        TH_OK(llmcl_tune_override(ctx, "attention_fwd_wgmma", LLMCL_BF16, "*", refused[i]));
+        TH_FAILS(run_forward(&r), LLMCL_ERROR_UNSUPPORTED);
+        assert_non_null(strstr(llmcl_last_error(ctx), "PERSIST"));
+        TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_BF16, NULL, NULL));
+        run_free(&r);
+    }
+}
+
 /* Every byte of t as th_poison left it: a refused call wrote nothing there. */
 static void assert_poisoned(const llmcl_tensor *t, const char *what)
 {
@@ -1390,6 +1462,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_extra_memory),
         cmocka_unit_test_teardown(test_ds_parts, clear_overrides),
+        cmocka_unit_test_teardown(test_persistent_forward, clear_overrides),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_bad_varlen),
         cmocka_unit_test_teardown(test_tunables, clear_overrides),

@@ -115,13 +115,19 @@ typedef struct attn_place {
     int tile, b, h;
 } attn_place;
 
-inline attn_place attn_place_of(int nb, int heads, bool last_first)
+/* The place of item g of the ntiles x nbh in that order (a persistent kernel's item). */
+inline attn_place attn_place_at(uint g, uint ntiles, uint nbh, int heads, bool last_first)
 {
-    const uint nbh = nb * heads, ntiles = (uint)get_num_groups(0) / nbh, g = get_group_id(0);
     const uint run0 = g / (nbh * TILE_RUN) * TILE_RUN, len = min((uint)TILE_RUN, ntiles - run0);
     const uint r = g - run0 * nbh, bh = r / len, ti = run0 + r - bh * len;
     const attn_place p = {last_first ? ntiles - 1 - ti : ti, bh / heads, bh % heads};
     return p;
+}
+
+inline attn_place attn_place_of(int nb, int heads, bool last_first)
+{
+    const uint nbh = nb * heads;
+    return attn_place_at(get_group_id(0), (uint)get_num_groups(0) / nbh, nbh, heads, last_first);
 }
 
 /*

@@ -40,6 +40,9 @@
  *             2 there; attn_bwd_dq_wgmma double-buffers its streamed tiles.
  *   TMA       1, the tiles arrive by Hopper's TMA, issued by producer work-items after the
  *             warpgroups (below); 0, every work-item copies them by cp.async. Default 0.
+ *   PERSIST   attn_fwd_wgmma with TMA, nonzero: its work-groups (the launcher's PERSIST a compute
+ *             unit) each walk several items, the next item's copies landing under this one's
+ *             last products and stores. Default 0: a work-group an item.
  *   DS_STORE  attn_bwd_dkdv_wgmma, 1: it stores dS (needs TMA, D 64 or 128). Default 0.
  *   DS_BM     with DS_STORE: attn_bwd_dq_ds_wgmma's query block, a multiple of BLOCK_M (128).
  *   DS_SLABS  with DS_STORE: dK/dV's local slabs of dS a warpgroup, 2 to 4 (default 2; the
@@ -182,8 +185,9 @@ __attribute__((always_inline)) inline void attn_wg_keep(float *o, uint4 *a)
  * 168); with one, a warp.
  */
 #define ATTN_TMA_PARAMS , ulong16 tma_map, __global ulong16 *tma_slots
-#if defined(DS_STORE) && DS_STORE
-#define ATTN_TMA_SLOTS 16 /* dS's maps besides (attn_ds_send): as attention.c allocates them */
+#if (defined(DS_STORE) && DS_STORE) || (defined(PERSIST) && PERSIST)
+#define ATTN_TMA_SLOTS 16 /* dS's maps (attn_ds_send) or the forward's three sets of items' maps \
+                             besides: as attention.c allocates them */
 #else
 #define ATTN_TMA_SLOTS 8 /* as attention.c allocates them */
 #endif
@@ -285,6 +289,12 @@ __attribute__((always_inline)) inline void attn_tma_init(uint bars, int resident
 #if STAGES < 3 || STAGES > 5
 #error "attn_fwd_wgmma: STAGES 3 to 5"
 #endif
+#ifndef PERSIST
+#define PERSIST 0
+#endif
+#if PERSIST && !TMA
+#error "attn_fwd_wgmma: PERSIST needs TMA"
+#endif
 
 /* attn_fwd_softmax on scores s whose wgmma has been waited for. */
 __attribute__((always_inline)) inline void
@@ -297,6 +307,78 @@ attn_wg_softmax(float *s, float *alpha, float *mrow, float *lrow, uint4 *pf, int
     attn_fwd_softmax(s4, alpha, mrow, lrow, pf, r0, n0, masked, sq, scale, softcap, wl, wr, t4);
 }
 
+/*
+ * The forward's items: query tile and (batch, head) of the work-group's k-th, walked in
+ * attn_place_at's order (the longest first under a causal mask). Without PERSIST a work-group
+ * takes one item; with it, G = get_num_groups(0) work-groups take items k G + g in turn, every
+ * other round backwards, so that each gets as much work as the others from the sorted list.
+ */
+inline ulong attn_fwd_rank(uint k, uint g, uint G)
+{
+    return (ulong)k * G + (k % 2 ? G - 1 - g : g);
+}
+
+#define FWD_ITEM(k, at, sq, m0)                                                                   \
+    const attn_place at = attn_place_at((uint)attn_fwd_rank((k), g0, ng), ntiles, nbh, hq, true); \
+    const attn_seq sq = attn_seq_of(at.b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);      \
+    const int m0 = at.tile * BLOCK_M
+#define FWD_QH(at, sq) (q + attn_row(q_off, sq_b, sq_h, sq_t, (at).b, (at).h, (sq).q0))
+#define FWD_KH(at, sq) (k + attn_row(k_off, sk_b, sk_h, sk_t, (at).b, (at).h / group, (sq).k0))
+#define FWD_VH(at, sq) (v + attn_row(v_off, sv_b, sv_h, sv_t, (at).b, (at).h / group, (sq).k0))
+
+#if TMA
+#if PERSIST
+#define FWD_MAP_SETS 3 /* a set of maps is remade three items on: see the producer */
+#else
+#define FWD_MAP_SETS 1
+#endif
+/*
+ * The forward's producer (one work-item): for each item of the work-group, Q into qs on qbar,
+ * once the warpgroups have released the item before's (qfree: they have waited for its last
+ * S), and its nt K and V tiles into the STAGES buffers in one stream over all items (tile p of the
+ * stream into buffer p % STAGES once released), the item's first tile before its Q so that it
+ * lands under the item before's last products. Maps: Q's, K's and V's of an item in one of
+ * FWD_MAP_SETS sets in turn; when item i's maps are made, the warpgroups have released item i - 2's
+ * Q, so every copy of item i - 3 has landed and its set is free.
+ */
+#define FWD_PRODUCE()                                                                             \
+    do {                                                                                          \
+        __global ulong16 *slots = ATTN_TMA_MY_SLOTS;                                              \
+        int done = 0, p = 0;                                                                      \
+        for (uint kk = 0; attn_fwd_rank(kk, g0, ng) < items; ++kk) {                              \
+            FWD_ITEM(kk, at, sq, m0);                                                             \
+            if (m0 >= sq.tq)                                                                      \
+                continue;                                                                         \
+            int n_lo, n_hi;                                                                       \
+            attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);                      \
+            const int nt = n_lo < n_hi ? (n_hi - n_lo + BLOCK_N - 1) / BLOCK_N : 0;               \
+            __global ulong16 *set = slots + 3 * (done % FWD_MAP_SETS);                           \
+            const ulong mq = wg_tma_map(set, tma_map, FWD_QH(at, sq), D, sq.tq, 2 * sq_t, 64,     \
+                                        WG_ROWS);                                                 \
+            const ulong mk = wg_tma_map(set + 1, tma_map, FWD_KH(at, sq), D, sq.tk, 2 * sk_t, 64, \
+                                        WG_COLS);                                                 \
+            const ulong mv = wg_tma_map(set + 2, tma_map, FWD_VH(at, sq), D, sq.tk, 2 * sv_t, 64, \
+                                        WG_COLS);                                                 \
+            for (int t = 0; t <= nt; ++t) {                                                       \
+                if (t == 1 || nt == 0) {                                                          \
+                    if (done > 0)                                                                 \
+                        wg_bar_wait(qfree, (done - 1) & 1);                                       \
+                    attn_tma_rows(qa, mq, m0, WG_ROWS, qbar);                                     \
+                }                                                                                 \
+                if (t == nt)                                                                      \
+                    break;                                                                        \
+                const int s = p % STAGES, y = n_lo + t * WG_COLS;                                 \
+                if (p >= STAGES)                                                                  \
+                    wg_bar_wait(empty + 8 * s, (p / STAGES + 1) & 1);                             \
+                attn_tma_rows(ka + s * WG_TILE_BYTES, mk, y, WG_COLS, kbar + 8 * s);              \
+                attn_tma_rows(va + s * WG_TILE_BYTES, mv, y, WG_COLS, vbar + 8 * s);              \
+                ++p;                                                                              \
+            }                                                                                     \
+            ++done;                                                                               \
+        }                                                                                         \
+    } while (0)
+#endif
+
 __kernel __attribute__((reqd_work_group_size(WG_THREADS + PRODUCERS, 1, 1))) void
 attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
 {
@@ -304,136 +386,157 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
     __local ushort ks[STAGES * BLOCK_N * D] __attribute__((aligned(1024)));
     __local ushort vs[STAGES * BLOCK_N * D] __attribute__((aligned(1024)));
     const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
-    const attn_place at = attn_place_of(nb, hq, true);
-    const int b = at.b, h = at.h, hk = h / group;
-    const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
-    const int m0 = at.tile * BLOCK_M;
-    if (m0 >= sq.tq)
-        return;
-    const __global io_t *qh = q + attn_row(q_off, sq_b, sq_h, sq_t, b, h, sq.q0);
-    const __global io_t *kh = k + attn_row(k_off, sk_b, sk_h, sk_t, b, hk, sq.k0);
-    const __global io_t *vh = v + attn_row(v_off, sv_b, sv_h, sv_t, b, hk, sq.k0);
+    const uint nbh = (uint)nb * hq, ntiles = (tq_all + BLOCK_M - 1) / BLOCK_M, items = ntiles * nbh;
+    const uint g0 = get_group_id(0), ng = get_num_groups(0);
     const uint qa = mma_smem(qs), ka = mma_smem(ks), va = mma_smem(vs);
-    int n_lo, n_hi;
-    attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
-    const int nt = n_lo < n_hi ? (n_hi - n_lo + BLOCK_N - 1) / BLOCK_N : 0;
 #define WG_K(n) (ka + (n) % STAGES * WG_TILE_BYTES)
 #define WG_V(n) (va + (n) % STAGES * WG_TILE_BYTES)
-
 #if TMA
-    __local ulong bars[1 + 3 * STAGES];
+    __local ulong bars[2 + 3 * STAGES];
     const uint qbar = mma_smem(bars), kbar = qbar + 8, vbar = kbar + 8 * STAGES;
-    const uint empty = vbar + 8 * STAGES;
+    const uint empty = vbar + 8 * STAGES, qfree = empty + 8 * STAGES;
+    if (lid == WG_THREADS)
+        wg_bar_init(qfree, WG_THREADS); /* attn_tma_init's fence and barrier follow */
     attn_tma_init(qbar, 1, 2, 1, STAGES, lid);
     if (lid >= WG_THREADS) {
-        __global ulong16 *slots = ATTN_TMA_MY_SLOTS;
-        if (lid == WG_THREADS) {
-            attn_tma_resident(slots, tma_map, qh, sq_t, sq.tq, m0, qa, qbar);
-            attn_tma_stream(slots + 2, tma_map, kh, sk_t, vh, sv_t, n_lo, sq.tk, nt, STAGES, ka,
-                            va, kbar, vbar, empty);
-        }
+        if (lid == WG_THREADS)
+            FWD_PRODUCE();
         return;
     }
-    wg_bar_wait(qbar, 0);
+    int done = 0, p0 = 0; /* items done, and their K and V tiles: the stream's position */
+#endif
+    const int wg = warp / 4;
+    for (uint kk = 0; attn_fwd_rank(kk, g0, ng) < items; ++kk) {
+        FWD_ITEM(kk, at, sq, m0);
+        if (m0 >= sq.tq)
+            continue;
+        int n_lo, n_hi;
+        attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
+        const int nt = n_lo < n_hi ? (n_hi - n_lo + BLOCK_N - 1) / BLOCK_N : 0;
+#if TMA
+        wg_bar_wait(qbar, done & 1);
+#define FWD_T(n) (p0 + (n)) /* tile n's place in the stream */
 #else
-    attn_copy_rows(qa, qh + m0 * sq_t, sq_t, BLOCK_M, sq.tq - m0, lid, WG_THREADS, 1);
-    for (int n = 0; n < STAGES - 1; ++n) {
-        if (n < nt)
-            attn_wg_kv(WG_K(n), WG_V(n), kh, sk_t, vh, sv_t, n_lo + n * BLOCK_N, sq.tk, lid);
-        mma_cp_commit();
-    }
-    wg_copies_landed(STAGES - 2);
+        const __global io_t *kh = FWD_KH(at, sq), *vh = FWD_VH(at, sq);
+        attn_copy_rows(qa, FWD_QH(at, sq) + m0 * sq_t, sq_t, BLOCK_M, sq.tq - m0, lid, WG_THREADS,
+                       1);
+        for (int n = 0; n < STAGES - 1; ++n) {
+            if (n < nt)
+                attn_wg_kv(WG_K(n), WG_V(n), kh, sk_t, vh, sv_t, n_lo + n * BLOCK_N, sq.tk, lid);
+            mma_cp_commit();
+        }
+        wg_copies_landed(STAGES - 2);
+#define FWD_T(n) (n)
 #endif
 
-    const int wg = warp / 4, r0 = m0 + 16 * warp + g; /* the lane's rows: r0 and r0 + 8 */
-    float acc[D / 2], s[BLOCK_N / 2], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
-    uint4 pf[BLOCK_N / 16];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i)
-        acc[i] = 0.0f;
-    if (nt > 0) {
-#pragma unroll
-        for (int i = 0; i < BLOCK_N / 2; ++i)
-            s[i] = 0.0f;
-#if TMA
-        ATTN_TMA_WAIT(kbar, 0, STAGES);
-#endif
-        wg_fence();
-        attn_wg_scores(s, qa, WG_K(0), wg);
-        wg_commit();
-        wg_wait(0);
-        float alpha[2]; /* O is still zero */
-        attn_wg_softmax(s, alpha, mrow, lrow, pf, r0, n_lo, m0, sq, scale, softcap, wl, wr, t4);
-    }
-    for (int n = 0; n < nt; ++n) {
-        const bool more = n + 1 < nt;
-#if TMA
-        if (more)
-            ATTN_TMA_WAIT(kbar, n + 1, STAGES);
-#else
-        wg_copies_landed(STAGES - 3); /* tile n + 1 is in */
-        const int next = n + STAGES - 1;
-        if (next < nt)
-            attn_wg_kv(WG_K(next), WG_V(next), kh, sk_t, vh, sv_t, n_lo + next * BLOCK_N, sq.tk,
-                       lid);
-        mma_cp_commit();
-#endif
-#pragma unroll
-        for (int i = 0; i < BLOCK_N / 2; ++i)
-            s[i] = 0.0f;
-        wg_fence();
-        if (more)
-            attn_wg_scores(s, qa, WG_K(n + 1), wg);
-        wg_commit(); /* empty after the last tile: ptxas serialises wgmma behind a conditional
-                        wait or a conditional write of the accumulators */
-#if TMA
-        ATTN_TMA_WAIT(vbar, n, STAGES);
-#endif
-        attn_wg_pv(acc, pf, WG_V(n));
-        wg_commit();
-        float alpha[2] = {1.0f, 1.0f};
-        uint4 pn[BLOCK_N / 16];
-        wg_wait(1);
-        if (more) {
-            attn_wg_softmax(s, alpha, mrow, lrow, pn, r0, n_lo + (n + 1) * BLOCK_N, m0, sq, scale,
-                            softcap, wl, wr, t4);
-        }
-        wg_wait(0);
-#if TMA
-        wg_bar_arrive(empty + 8 * (n % STAGES)); /* K and V of tile n are read */
-#endif
+        const int r0 = m0 + 16 * warp + g; /* the lane's rows: r0 and r0 + 8 */
+        float acc[D / 2], s[BLOCK_N / 2], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+        uint4 pf[BLOCK_N / 16];
 #pragma unroll
         for (int i = 0; i < D / 2; ++i)
-            wg_keep_f(acc + i);
+            acc[i] = 0.0f;
+        if (nt > 0) {
 #pragma unroll
-        for (int j = 0; j < BLOCK_N / 16; ++j) {
-            wg_keep_u4(pf + j); /* P of tile n stayed in its registers until now */
-            if (more)
-                pf[j] = pn[j];
+            for (int i = 0; i < BLOCK_N / 2; ++i)
+                s[i] = 0.0f;
+#if TMA
+            ATTN_TMA_WAIT(kbar, FWD_T(0), STAGES);
+#endif
+            wg_fence();
+            attn_wg_scores(s, qa, WG_K(FWD_T(0)), wg);
+            wg_commit();
+            wg_wait(0);
+            float alpha[2]; /* O is still zero */
+            attn_wg_softmax(s, alpha, mrow, lrow, pf, r0, n_lo, m0, sq, scale, softcap, wl, wr,
+                            t4);
         }
-        /* Most tiles move no maximum past the slack: their D / 2 multiplies a lane are issue
-           slots the softmax needs (the products have been waited for, so this branch does not
-           serialise them). */
-        if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
+#if TMA
+        if (nt <= 1)
+            wg_bar_arrive(qfree); /* every S of the item has been waited for: Q is free */
+#endif
+        for (int n = 0; n < nt; ++n) {
+            const bool more = n + 1 < nt;
+#if TMA
+            if (more)
+                ATTN_TMA_WAIT(kbar, FWD_T(n + 1), STAGES);
+#else
+            wg_copies_landed(STAGES - 3); /* tile n + 1 is in */
+            const int next = n + STAGES - 1;
+            if (next < nt)
+                attn_wg_kv(WG_K(next), WG_V(next), kh, sk_t, vh, sv_t, n_lo + next * BLOCK_N,
+                           sq.tk, lid);
+            mma_cp_commit();
+#endif
 #pragma unroll
-            for (int e = 0; e < MMA_OT; ++e) {
-                acc[4 * e] *= alpha[0];
-                acc[4 * e + 1] *= alpha[0];
-                acc[4 * e + 2] *= alpha[1];
-                acc[4 * e + 3] *= alpha[1];
+            for (int i = 0; i < BLOCK_N / 2; ++i)
+                s[i] = 0.0f;
+            wg_fence();
+            if (more)
+                attn_wg_scores(s, qa, WG_K(FWD_T(n + 1)), wg);
+            wg_commit(); /* empty after the last tile: ptxas serialises wgmma behind a
+                            conditional wait or a conditional write of the accumulators */
+#if TMA
+            ATTN_TMA_WAIT(vbar, FWD_T(n), STAGES);
+#endif
+            attn_wg_pv(acc, pf, WG_V(FWD_T(n)));
+            wg_commit();
+            float alpha[2] = {1.0f, 1.0f};
+            uint4 pn[BLOCK_N / 16];
+            wg_wait(1);
+#if TMA
+            if (n + 2 == nt)
+                wg_bar_arrive(qfree); /* the item's last S has been waited for */
+#endif
+            if (more) {
+                attn_wg_softmax(s, alpha, mrow, lrow, pn, r0, n_lo + (n + 1) * BLOCK_N, m0, sq,
+                                scale, softcap, wl, wr, t4);
+            }
+            wg_wait(0);
+#if TMA
+            wg_bar_arrive(empty + 8 * (FWD_T(n) % STAGES)); /* K and V of tile n are read */
+#endif
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i)
+                wg_keep_f(acc + i);
+#pragma unroll
+            for (int j = 0; j < BLOCK_N / 16; ++j) {
+                wg_keep_u4(pf + j); /* P of tile n stayed in its registers until now */
+                if (more)
+                    pf[j] = pn[j];
+            }
+            /* Most tiles move no maximum past the slack: their D / 2 multiplies a lane are issue
+               slots the softmax needs (the products have been waited for, so this branch does
+               not serialise them). */
+            if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
+#pragma unroll
+                for (int e = 0; e < MMA_OT; ++e) {
+                    acc[4 * e] *= alpha[0];
+                    acc[4 * e + 1] *= alpha[0];
+                    acc[4 * e + 2] *= alpha[1];
+                    acc[4 * e + 3] *= alpha[1];
+                }
             }
         }
+#undef FWD_T
+        float4 acc4[MMA_OT];
+#pragma unroll
+        for (int e = 0; e < MMA_OT; ++e)
+            acc4[e] = (float4)(acc[4 * e], acc[4 * e + 1], acc[4 * e + 2], acc[4 * e + 3]);
+        attn_fwd_store(o, attn_row(o_off, so_b, so_h, so_t, at.b, at.h, sq.q0), so_t, lse,
+                       lse_off + at.b * sl_b + at.h * sl_h + sq.q0, acc4, mrow, lrow, r0, sq.tq,
+                       t4);
+#if TMA
+        ++done;
+        p0 += nt;
+#endif
     }
 #undef WG_K
 #undef WG_V
-
-    float4 acc4[MMA_OT];
-#pragma unroll
-    for (int e = 0; e < MMA_OT; ++e)
-        acc4[e] = (float4)(acc[4 * e], acc[4 * e + 1], acc[4 * e + 2], acc[4 * e + 3]);
-    attn_fwd_store(o, attn_row(o_off, so_b, so_h, so_t, b, h, sq.q0), so_t, lse,
-                   lse_off + b * sl_b + h * sl_h + sq.q0, acc4, mrow, lrow, r0, sq.tq, t4);
 }
+#undef FWD_VH
+#undef FWD_KH
+#undef FWD_QH
+#undef FWD_ITEM
 #endif
 
 #ifdef ATTN_KERNEL_BWD_DQ_WGMMA

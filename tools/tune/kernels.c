@@ -153,7 +153,7 @@ static llmcl_status run_glu_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
    at D 64, 128 and 256 (where every tensor-core call takes them there; attn_*_mma then tune on
    the other devices) */
 #define ATTN_WGMMA_TILES "BLOCK_M=64,128 BLOCK_N=64,128 TMA=0,1"
-#define ATTN_FWD_WGMMA_TILES ATTN_WGMMA_TILES " STAGES=3,4,5"
+#define ATTN_FWD_WGMMA_TILES ATTN_WGMMA_TILES " STAGES=3,4,5 PERSIST=0,1,2,3"
 #define ATTN_DKDV_WGMMA_TILES ATTN_WGMMA_TILES " STAGES=2,3 DS_SLABS=2,3,4"
 #define ATTN_FWD_TENSORS                                                                          \
     {{"qkv", TUNE_IN, "B,QKV,T,D"}, {"o", TUNE_OUT, "B,H,T,D"},                                   \

@@ -405,7 +405,8 @@ static llmcl_status attn_launch_split(llmcl_ctx *ctx, const attn_geom *g, const 
 
 /*
  * A wgmma kernel's launch with TMA: after its arguments a, the template and `slots` 128-byte map
- * slots a work-group (attention_wgmma.cl's ATTN_TMA_SLOTS: 8, 16 where dK/dV stores dS).
+ * slots a work-group (attention_wgmma.cl's ATTN_TMA_SLOTS: 8, 16 where dK/dV stores dS or the
+ * forward is persistent).
  */
 static llmcl_status attn_launch_tma(llmcl_ctx *ctx, llmcl_dtype dtype, llmcl__args *a,
                                     size_t global, size_t wg, int slots)
@@ -462,6 +463,10 @@ static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, const 
         const int64_t len = g->varlen ? rows_of->shape[0] : by_keys ? g->Tk : g->Tq;
         return attn_launch_split(ctx, g, &l, split, row, len);
     }
+    /* A persistent forward: PERSIST work-groups a compute unit walk the items (attn_fwd_wgmma) */
+    const int64_t persist = k->pass == ATTN_PASS_FWD ? llmcl__param_get(&p, "PERSIST", 0) : 0;
+    if (persist > 0 && l.global / l.wg > (size_t)persist * ctx->info.compute_units)
+        l.global = (size_t)persist * ctx->info.compute_units * l.wg;
     llmcl__args a = attn_args_tiled(ctx, g, &l);
     if (llmcl__param_get(&p, "TMA", 0) == 0)
         return llmcl__launch(&a, 1, &l.global, &l.wg);
@@ -472,7 +477,7 @@ static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, const 
         llmcl__arg_i32(&a, g->ds->bh0);
         llmcl__arg_i32(&a, g->ds->nbh);
     }
-    return attn_launch_tma(ctx, g->dtype, &a, l.global, l.wg, g->ds ? 16 : 8);
+    return attn_launch_tma(ctx, g->dtype, &a, l.global, l.wg, g->ds || persist > 0 ? 16 : 8);
 }
 
 llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, const llmcl_tensor *k,

@@ -468,15 +468,29 @@ static llmcl_status attn_dq_ds_config(llmcl_ctx *ctx, const attn_geom *g, const 
  * The wgmma kernels' parameters: BLOCK_M 64 or 128 query rows, BLOCK_N 64 or 128 keys (a
  * warpgroup of 128 work-items per 64 queries, or keys in dK/dV); the forward's STAGES 3 to 5
  * buffers of K and V, dK/dV's 2 (or 3 with TMA) of Q and dO; TMA 1 (copies by TMA, with producer
- * work-items) or 0 (by cp.async). The
+ * work-items) or 0 (by cp.async); the forward's PERSIST work-groups a compute unit that walk its
+ * items (0: a work-group an item; TMA only; -1, or none tuned: attn_fwd_persist's), dK/dV's
+ * DS_SLABS where it stores dS. The
  * defaults, tuned on the H100: the forward at D = 128 two warpgroups on 128 x 128 tiles in 3
  * stages (224 KiB), at D = 64 one on 64 x 64 tiles, three work-groups to a multiprocessor, which
  * overlap one's softmax with another's products (1.14x over 128 x 128); dQ one warpgroup on
  * 64 x 64 tiles; dK/dV two on 128 keys over 64-query tiles at D = 128 (128-query tiles spill:
  * the backward 6.41 against 5.16 ms), over 128-query tiles at D = 64 (1.13x); 64 x 64 where the
  * larger tiles do not fit (every kernel at D = 256, where dK/dV pairs two warpgroups on 64 keys).
+ * On the H200: DS_SLABS 3 at D = 128, 2 at D = 64, and the forward persistent (attn_fwd_persist).
  * Tuned values that do not fit fall back to the defaults unless overridden.
  */
+/*
+ * The forward's PERSIST where its copies are by TMA: as many work-groups a compute unit as its
+ * default tiles let share one, one past D = 64 and three at D = 64 (on the H200, B4 Hq32 T4096
+ * D128: 1.106 -> 0.935 ms; T2048 D64: 0.239 -> 0.221, T4096 D64 level; at D 64 one or two a
+ * compute unit were slower, 0.92-1.51 against 0.81 ms).
+ */
+static long attn_fwd_persist(const attn_geom *g, long tma)
+{
+    return tma != 1 ? 0 : g->D > 64 ? 1 : 3;
+}
+
 static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const attn_kernel *k,
                                       const char *cls, llmcl__params *p, attn_tiles *tiles,
                                       size_t *wg)
@@ -501,20 +515,27 @@ static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const 
     llmcl__param_set(p, "TMA", def_tma);
     if (slabbed)
         llmcl__param_set(p, "DS_SLABS", def_slabs);
+    if (fwd)
+        llmcl__param_set(p, "PERSIST", -1); /* the default for the copies the lookup leaves */
     const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, k->key, g->dtype, cls, p);
     long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
     long stages = staged ? llmcl__param_get(p, "STAGES", def_stages) : 2;
     long tma = llmcl__param_get(p, "TMA", def_tma);
     long slabs = slabbed ? llmcl__param_get(p, "DS_SLABS", def_slabs) : 0;
+    long persist = fwd ? llmcl__param_get(p, "PERSIST", -1) : 0;
+    if (persist == -1)
+        persist = attn_fwd_persist(g, tma); /* none without TMA */
     const bool pair = attn_wg_pair(g, pass);
     bool ok = (bm == 64 || bm == 128) && (bn == 64 || (bn == 128 && !pair)) &&
               (!fwd || (stages >= 3 && stages <= 5)) &&
               (!dkdv || stages == 2 || (stages == 3 && tma == 1)) &&
               (tma == 0 || (tma == 1 && ctx->tma)) && (!slabbed || (slabs >= 2 && slabs <= 4)) &&
+              persist >= 0 && persist <= 4 && (persist == 0 || tma == 1) &&
               attn_wg_local_bytes(g, pass, bm, bn, stages, tma, slabs) <= local;
     if (!ok && !lookup.overridden) {
         bm = def_m, bn = def_n, stages = def_stages, tma = def_tma, ok = true;
         slabs = slabbed ? def_slabs : 0;
+        persist = fwd ? attn_fwd_persist(g, tma) : 0;
         llmcl__param_set(p, "BLOCK_M", bm);
         llmcl__param_set(p, "BLOCK_N", bn);
         if (staged)
@@ -523,17 +544,21 @@ static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const 
         if (slabbed)
             llmcl__param_set(p, "DS_SLABS", slabs);
     }
+    if (fwd)
+        llmcl__param_set(p, "PERSIST", persist);
     char st[48] = "";
     if (staged)
         snprintf(st, sizeof st, " STAGES=%ld", stages);
     if (slabbed)
         snprintf(st + strlen(st), sizeof st - strlen(st), " DS_SLABS=%ld", slabs);
+    if (fwd)
+        snprintf(st + strlen(st), sizeof st - strlen(st), " PERSIST=%ld", persist);
     LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
                    "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld%s TMA=%ld with D=%d need BLOCK_M "
                    "and BLOCK_N 64 or 128%s%s, TMA 0 or 1 (1 where the device has TMA) and at "
                    "most %llu bytes of local memory",
                    k->name, bm, bn, st, tma, g->D, pair ? " (BLOCK_N 64 past D = 128)" : "",
-                   fwd ? ", STAGES 3 to 5"
+                   fwd ? ", STAGES 3 to 5, PERSIST 0 to 4 (0 without TMA)"
                    : slabbed ? ", STAGES 2, or 3 with TMA, DS_SLABS 2 to 4"
                    : dkdv    ? ", STAGES 2, or 3 with TMA"
                              : "",
