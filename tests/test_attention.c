@@ -950,6 +950,7 @@ static void test_varlen(void **state)
     (void)state;
     static const int32_t cu_a[] = {0, 1, 18, 23, 24, 154};
     static const int32_t cu_q[] = {0, 3, 4, 24, 24, 100}, cu_k[] = {0, 10, 11, 18, 19, 150};
+    static const int32_t cu_k0[] = {0, 10, 10, 18, 19, 150}; /* sequence 1: a query, no key */
     attn_case c = dense(LLMCL_F32, 5, 2, 2, 64, 0, 0);
     c.cu_q = c.cu_k = cu_a;
     check_case(c, 90);
@@ -958,6 +959,9 @@ static void test_varlen(void **state)
     c.cu_q = cu_q;
     c.cu_k = cu_k;
     check_case(c, 92); /* Tq != Tk per sequence, an empty query sequence */
+    c.cu_k = cu_k0;
+    check_case(c, 95); /* and an empty key sequence under a query */
+    c.cu_k = cu_k;
     c = windowed(c, 4, 6);
     c.opts.causal = 0;
     c.opts.softcap = 2;
@@ -1153,8 +1157,8 @@ static void test_ds_parts(void **state)
 /*
  * The persistent forward (PERSIST work-groups a compute unit walk the items, three rounds and
  * more here): items with no key to see (causal, Tq > Tk), varlen sequences of length 0 and 1
- * (items past them skipped), a window; against the double reference, and bit for bit the
- * forward of a work-group an item.
+ * (items past them skipped) and a sequence of queries with no key, a window; against the double
+ * reference, and bit for bit the forward of a work-group an item.
  */
 static void test_persistent_forward(void **state)
 {
@@ -1163,7 +1167,7 @@ static void test_persistent_forward(void **state)
     const llmcl_device_info *in = llmcl_ctx_device_info(ctx);
     if (!in->has_wgmma || !in->has_tma)
         skip();
-    static const int32_t cu[] = {0, 0, 1, 71, 72, 140};
+    static const int32_t cu[] = {0, 0, 1, 71, 72, 140}, cu_k0[] = {0, 5, 5, 80, 81, 150};
     static const char *const sets[] = {"PERSIST=0", "PERSIST=1", "PERSIST=2"};
     const int dims[] = {64, 128, 256};
     for (int di = 0; di < 3; ++di) {
@@ -1175,8 +1179,11 @@ static void test_persistent_forward(void **state)
             causal(dense(LLMCL_BF16, 4, 64, 8, d, 100, 17)),
             causal(dense(LLMCL_BF16, 5, 64, 8, d, 0, 0)),
             windowed(dense(LLMCL_BF16, 2, 64, 8, d, 300, 300), 5, 0),
+            dense(LLMCL_BF16, 5, 64, 8, d, 0, 0),
         };
         cases[2].cu_q = cases[2].cu_k = cu;
+        cases[4].cu_q = cu;
+        cases[4].cu_k = cu_k0; /* queries whose sequence has no key: items with no map of K */
         for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
             attn_run r;
             run_setup(&r, &cases[i], 470 + 10 * di + i);

@@ -355,10 +355,13 @@ inline ulong attn_fwd_rank(uint k, uint g, uint G)
             __global ulong16 *set = slots + 3 * (done % FWD_MAP_SETS);                           \
             const ulong mq = wg_tma_map(set, tma_map, FWD_QH(at, sq), D, sq.tq, 2 * sq_t, 64,     \
                                         WG_ROWS);                                                 \
-            const ulong mk = wg_tma_map(set + 1, tma_map, FWD_KH(at, sq), D, sq.tk, 2 * sk_t, 64, \
-                                        WG_COLS);                                                 \
-            const ulong mv = wg_tma_map(set + 2, tma_map, FWD_VH(at, sq), D, sq.tk, 2 * sv_t, 64, \
-                                        WG_COLS);                                                 \
+            ulong mk = 0, mv = 0; /* no key tile (no key at all, maybe): no map of K and V */   \
+            if (nt > 0) {                                                                         \
+                mk = wg_tma_map(set + 1, tma_map, FWD_KH(at, sq), D, sq.tk, 2 * sk_t, 64,         \
+                                WG_COLS);                                                         \
+                mv = wg_tma_map(set + 2, tma_map, FWD_VH(at, sq), D, sq.tk, 2 * sv_t, 64,         \
+                                WG_COLS);                                                         \
+            }                                                                                     \
             for (int t = 0; t <= nt; ++t) {                                                       \
                 if (t == 1 || nt == 0) {                                                          \
                     if (done > 0)                                                                 \
