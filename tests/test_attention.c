@@ -674,6 +674,16 @@ static void test_delta_lanes(void **state)
         check_backward_refused(dense(LLMCL_F32, 1, 2, 1, 64, 40, 40), 99,
                                LLMCL_ERROR_UNSUPPORTED, i < 2 ? "PRE_LANES" : "PRE_ROWS");
     }
+    /* rows' partial sums past the local memory, where the device's work-groups are that large */
+    const llmcl_device_info *in = llmcl_ctx_device_info(ctx);
+    const size_t wg = in->max_work_group_size;
+    if (16u * 4u * wg > in->local_mem_static_bytes) {
+        char set[64];
+        snprintf(set, sizeof set, "PRE_ROWS=16 PRE_WG=%zu PRE_LANES=1", wg);
+        TH_OK(llmcl_tune_override(ctx, "attention_bwd_pre", LLMCL_F32, "*", set));
+        check_backward_refused(dense(LLMCL_F32, 1, 2, 1, 64, 40, 40), 99,
+                               LLMCL_ERROR_UNSUPPORTED, "local memory");
+    }
 }
 
 static void test_gqa_mqa(void **state)

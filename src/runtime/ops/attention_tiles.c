@@ -240,6 +240,13 @@ static llmcl_status attn_pre_config(llmcl_ctx *ctx, const attn_geom *g, const at
                    wg_size);
     LLMCL__REQUIRE(ctx, rows >= 1 && rows <= 16, LLMCL_ERROR_UNSUPPORTED,
                    "attention: PRE_ROWS %ld is outside [1, 16]", rows);
+    /* the rows' partial sums in local memory where no warp shuffle sums them */
+    const uint64_t part = 4u * (uint64_t)rows * (uint64_t)wg_size;
+    LLMCL__REQUIRE(ctx, part <= ctx->info.local_mem_static_bytes, LLMCL_ERROR_UNSUPPORTED,
+                   "attention: PRE_ROWS %ld x PRE_WG %ld take %llu bytes of local memory, past "
+                   "the device's %llu",
+                   rows, wg_size, (unsigned long long)part,
+                   (unsigned long long)ctx->info.local_mem_static_bytes);
     *wg = (size_t)wg_size;
     return LLMCL_OK;
 }
