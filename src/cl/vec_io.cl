@@ -1,6 +1,6 @@
 /*
  * vec_io.cl: a prelude of the families whose work-items stream consecutive elements of a row
- * (elementwise, norm, optim, glu, rope, matmul's epilogues, attention's delta pass; the runtime
+ * (elementwise, norm, optim, glu, rope, matmul's split sums, attention's delta pass; the runtime
  * puts it after common.cl, src/runtime/program.c's family table).
  *
  * load8_DT(p, i) and store8_DT(p, i, v) (DT F32, BF16, F16): eight elements at p + i, which must
