@@ -193,6 +193,12 @@ inline void attn_key_range(int m0, int nm, int tq, int tk, int wl, int wr, int *
     *hi = h;
 }
 
+/* The tiles of `size` rows that cover rows [lo, hi), from lo. */
+inline int attn_tile_count(int lo, int hi, int size)
+{
+    return lo < hi ? (hi - lo + size - 1) / size : 0;
+}
+
 /* Queries [*lo, *hi) that can see keys [n0, n0 + nn), aligned down to BLOCK_M at lo. */
 inline void attn_query_range(int n0, int nn, int tq, int tk, int wl, int wr, int *lo, int *hi)
 {

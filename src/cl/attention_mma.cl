@@ -738,7 +738,7 @@ attn_bwd_dkdv_mma(ATTN_DKDV_PARAMS)
     const long lb = b * sl_b + sq.q0; /* the batch entry's first row of lse and delta */
     int m_lo, m_hi;
     attn_query_range(n0, BLOCK_N, sq.tq, sq.tk, wl, wr, &m_lo, &m_hi);
-    const int ntiles = m_hi > m_lo ? (m_hi - m_lo + BLOCK_M - 1) / BLOCK_M : 0;
+    const int ntiles = attn_tile_count(m_lo, m_hi, BLOCK_M);
     if (ntiles > 0) {
         attn_dkdv_stage(qd0, q, q_off, dout, do_off, b, hk * group, m_lo, sq, sq_b, sq_h, sq_t,
                         sd_b, sd_h, sd_t, lid);

@@ -954,7 +954,7 @@ attn_bwd_dkdv(ATTN_DKDV_PARAMS ATTN_SPLIT_PARAMS)
     int m_lo, m_hi;
     attn_query_range(n0, BLOCK_N, sq.tq, sq.tk, wl, wr, &m_lo, &m_hi);
     /* The (query head of the group, query tile) pairs, flattened: tile t is head t / ntiles. */
-    const int ntiles = m_hi > m_lo ? (m_hi - m_lo + BLOCK_M - 1) / BLOCK_M : 0;
+    const int ntiles = attn_tile_count(m_lo, m_hi, BLOCK_M);
     const int nt = group * ntiles;
     int t_lo = 0, t_hi = nt; /* the pairs of this launch */
 #ifdef SPLIT

@@ -217,9 +217,24 @@ __attribute__((always_inline)) inline void attn_tma_resident(__global ulong16 *s
 }
 
 /*
- * The forward's and dQ's streams: K's and V's nt tiles of WG_COLS (BLOCK_N) rows from row n_lo (of
- * tk, in the maps made in slots), each into buffer p % stages of those at ka and va once the
- * buffer's previous tile is released.
+ * Tile p of a stream of K and V tiles: WG_COLS (BLOCK_N) rows from row y of the maps mk and mv
+ * into buffer p % stages of those at ka and va (on its barriers at kbar and vbar), once the
+ * buffer's previous tile is released (its empty barrier).
+ */
+__attribute__((always_inline)) inline void attn_tma_kv_tile(int p, int stages, uint ka, uint va,
+                                                            ulong mk, ulong mv, int y, uint kbar,
+                                                            uint vbar, uint empty)
+{
+    const int s = p % stages;
+    if (p >= stages)
+        wg_bar_wait(empty + 8 * s, (p / stages + 1) & 1);
+    attn_tma_rows(ka + s * WG_TILE_BYTES, mk, y, WG_COLS, kbar + 8 * s);
+    attn_tma_rows(va + s * WG_TILE_BYTES, mv, y, WG_COLS, vbar + 8 * s);
+}
+
+/*
+ * dQ's stream: K's and V's nt tiles from row n_lo (of tk, in the maps made in slots), tile p
+ * into buffer p % stages.
  */
 __attribute__((always_inline)) inline void
 attn_tma_stream(__global ulong16 *slots, ulong16 tmpl, const __global io_t *kh, long sk_t,
@@ -230,13 +245,8 @@ attn_tma_stream(__global ulong16 *slots, ulong16 tmpl, const __global io_t *kh, 
         return;
     const ulong mk = wg_tma_map(slots, tmpl, kh, D, tk, 2 * sk_t, 64, WG_COLS);
     const ulong mv = wg_tma_map(slots + 1, tmpl, vh, D, tk, 2 * sv_t, 64, WG_COLS);
-    for (int p = 0; p < nt; ++p) {
-        const int s = p % stages;
-        if (p >= stages)
-            wg_bar_wait(empty + 8 * s, (p / stages + 1) & 1);
-        attn_tma_rows(ka + s * WG_TILE_BYTES, mk, n_lo + p * WG_COLS, WG_COLS, kbar + 8 * s);
-        attn_tma_rows(va + s * WG_TILE_BYTES, mv, n_lo + p * WG_COLS, WG_COLS, vbar + 8 * s);
-    }
+    for (int p = 0; p < nt; ++p)
+        attn_tma_kv_tile(p, stages, ka, va, mk, mv, n_lo + p * WG_COLS, kbar, vbar, empty);
 }
 
 /*
@@ -351,7 +361,7 @@ inline ulong attn_fwd_rank(uint k, uint g, uint G)
                 continue;                                                                         \
             int n_lo, n_hi;                                                                       \
             attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);                      \
-            const int nt = n_lo < n_hi ? (n_hi - n_lo + BLOCK_N - 1) / BLOCK_N : 0;               \
+            const int nt = attn_tile_count(n_lo, n_hi, BLOCK_N);                                 \
             __global ulong16 *set = slots + 3 * (done % FWD_MAP_SETS);                           \
             const ulong mq = wg_tma_map(set, tma_map, FWD_QH(at, sq), D, sq.tq, 2 * sq_t, 64,     \
                                         WG_ROWS);                                                 \
@@ -362,21 +372,14 @@ inline ulong attn_fwd_rank(uint k, uint g, uint G)
                 mv = wg_tma_map(set + 2, tma_map, FWD_VH(at, sq), D, sq.tk, 2 * sv_t, 64,         \
                                 WG_COLS);                                                         \
             }                                                                                     \
-            for (int t = 0; t <= nt; ++t) {                                                       \
-                if (t == 1 || nt == 0) {                                                          \
-                    if (done > 0)                                                                 \
-                        wg_bar_wait(qfree, (done - 1) & 1);                                       \
-                    attn_tma_rows(qa, mq, m0, WG_ROWS, qbar);                                     \
-                }                                                                                 \
-                if (t == nt)                                                                      \
-                    break;                                                                        \
-                const int s = p % STAGES, y = n_lo + t * WG_COLS;                                 \
-                if (p >= STAGES)                                                                  \
-                    wg_bar_wait(empty + 8 * s, (p / STAGES + 1) & 1);                             \
-                attn_tma_rows(ka + s * WG_TILE_BYTES, mk, y, WG_COLS, kbar + 8 * s);              \
-                attn_tma_rows(va + s * WG_TILE_BYTES, mv, y, WG_COLS, vbar + 8 * s);              \
-                ++p;                                                                              \
-            }                                                                                     \
+            if (nt > 0)                                                                           \
+                attn_tma_kv_tile(p++, STAGES, ka, va, mk, mv, n_lo, kbar, vbar, empty);           \
+            if (done > 0)                                                                         \
+                wg_bar_wait(qfree, (done - 1) & 1);                                               \
+            attn_tma_rows(qa, mq, m0, WG_ROWS, qbar);                                             \
+            for (int t = 1; t < nt; ++t)                                                          \
+                attn_tma_kv_tile(p++, STAGES, ka, va, mk, mv, n_lo + t * WG_COLS, kbar, vbar,     \
+                                 empty);                                                          \
             ++done;                                                                               \
         }                                                                                         \
     } while (0)
@@ -415,7 +418,7 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
             continue;
         int n_lo, n_hi;
         attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
-        const int nt = n_lo < n_hi ? (n_hi - n_lo + BLOCK_N - 1) / BLOCK_N : 0;
+        const int nt = attn_tile_count(n_lo, n_hi, BLOCK_N);
 #if TMA
         wg_bar_wait(qbar, done & 1);
 #define FWD_T(n) (p0 + (n)) /* tile n's place in the stream */
@@ -570,7 +573,7 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS ATTN_TMA_PARAMS)
     const uint qa = mma_smem(qs), da = mma_smem(ds), ka = mma_smem(ks), va = mma_smem(vs);
     int n_lo, n_hi;
     attn_key_range(m0, BLOCK_M, sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
-    const int nt = n_lo < n_hi ? (n_hi - n_lo + BLOCK_N - 1) / BLOCK_N : 0;
+    const int nt = attn_tile_count(n_lo, n_hi, BLOCK_N);
 
 #if TMA
     __local ulong bars[1 + 3 * 2];
@@ -856,7 +859,7 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_DS_PARAMS ATTN_TMA_PARAMS)
         m_hi = min((m_hi + DS_BM - 1) / DS_BM * DS_BM, (sq.tq + BLOCK_M - 1) / BLOCK_M * BLOCK_M);
     }
 #endif
-    const int ntiles = m_hi > m_lo ? (m_hi - m_lo + BLOCK_M - 1) / BLOCK_M : 0, nt = group * ntiles;
+    const int ntiles = attn_tile_count(m_lo, m_hi, BLOCK_M), nt = group * ntiles;
     /* Tile t: query head hk group + t / ntiles, queries from m0 */
 #define WG_HEAD(t) (hk * group + (t) / ntiles)
 #define WG_M0(t) (m_lo + (t) % ntiles * BLOCK_M)
@@ -1058,7 +1061,7 @@ attn_bwd_dq_ds_wgmma(const __global io_t *k, ulong k_off, const __global io_t *d
     const uint full = mma_smem(bars) + 8, empty = full + 8 * STAGES;
     int n_lo, n_hi; /* the keys that the block's existing rows see: the tiles dK/dV wrote */
     attn_key_range(m0, min(BLOCK_M, sq.tq - m0), sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
-    const int nt = n_lo < n_hi ? (n_hi - n_lo + BLOCK_N - 1) / BLOCK_N : 0;
+    const int nt = attn_tile_count(n_lo, n_hi, BLOCK_N);
     attn_tma_init(full - 8, 1, 1, 1, STAGES, lid);
     if (lid >= WG_THREADS) {
         if (lid == WG_THREADS && nt > 0) {
