@@ -1157,11 +1157,48 @@ static void check_ds_parts(int d)
     run_free(&r);
 }
 
+/*
+ * dQ from the stored dS by persistent work-groups (attn_bwd_dq_ds_wgmma's PERSIST): 160 items
+ * (two rounds on 132 compute units at PERSIST 1), 1024 (four rounds and more, so that each set
+ * of maps is remade), and blocks with no key to see (causal, Tq > Tk); against the reference,
+ * and bit for bit a work-group an item's.
+ */
+static void check_dq_ds_persist(int d)
+{
+    llmcl_ctx *ctx = th_ctx();
+    const llmcl_device_info *in = llmcl_ctx_device_info(ctx);
+    if (!in->has_wgmma || !in->has_tma)
+        return; /* no stored dS: the portable kernels would only repeat check_ds_parts */
+    attn_case cases[] = {
+        causal(dense(LLMCL_BF16, 2, 16, 4, d, 520, 520)),
+        causal(dense(LLMCL_BF16, 8, 64, 8, d, 130, 130)),
+        causal(dense(LLMCL_BF16, 4, 64, 8, d, 300, 17)),
+    };
+    char cls[16];
+    snprintf(cls, sizeof cls, "%d", d);
+    static const char *const sets[] = {"PERSIST=0", "PERSIST=1", "PERSIST=2"};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; ++c) {
+        cases[c].opts.ds_bytes = 64 << 20;
+        attn_bits bits = {{NULL}};
+        for (int i = 0; i < 3; ++i) {
+            TH_OK(llmcl_tune_override(ctx, "attention_bwd_dq_ds_wgmma", LLMCL_BF16, "*",
+                                      sets[i]));
+            check_case_bits(cases[c], 490 + 10 * c + d, &bits);
+            th_assert_launched_with("attention_bwd_dq_ds_wgmma", LLMCL_BF16, cls, sets[i]);
+            TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_BF16, NULL, NULL));
+        }
+        for (int i = 0; i < 5; ++i)
+            free(bits.t[i]);
+    }
+}
+
 static void test_ds_parts(void **state)
 {
     (void)state;
     check_ds_parts(64);
     check_ds_parts(128);
+    check_dq_ds_persist(64);
+    check_dq_ds_persist(128);
 }
 
 /*

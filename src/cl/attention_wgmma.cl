@@ -186,8 +186,8 @@ __attribute__((always_inline)) inline void attn_wg_keep(float *o, uint4 *a)
  */
 #define ATTN_TMA_PARAMS , ulong16 tma_map, __global ulong16 *tma_slots
 #if (defined(DS_STORE) && DS_STORE) || (defined(PERSIST) && PERSIST)
-#define ATTN_TMA_SLOTS 16 /* dS's maps (attn_ds_send) or the forward's three sets of items' maps \
-                             besides: as attention.c allocates them */
+#define ATTN_TMA_SLOTS 16 /* dS's maps (attn_ds_send), or a persistent kernel's three sets of \
+                             items' maps: as attention.c allocates them */
 #else
 #define ATTN_TMA_SLOTS 8 /* as attention.c allocates them */
 #endif
@@ -283,6 +283,17 @@ __attribute__((always_inline)) inline void attn_tma_init(uint bars, int resident
 #define PRODUCERS 0
 #endif
 
+/*
+ * A persistent kernel's items (PERSIST): work-group g of G takes the k-th of its items at rank
+ * k G + g of the kernel's order, every other round backwards, so that with items sorted by
+ * weight each work-group gets as much work as the others. Without PERSIST, G is the item count
+ * and every work-group takes one.
+ */
+inline ulong attn_item_rank(uint k, uint g, uint G)
+{
+    return (ulong)k * G + (k % 2 ? G - 1 - g : g);
+}
+
 #ifdef ATTN_KERNEL_FWD_WGMMA
 /*
  * attn_fwd_wgmma: the forward on Hopper's wgmma, FlashAttention-3's schedule: a warpgroup per 64
@@ -317,19 +328,11 @@ attn_wg_softmax(float *s, float *alpha, float *mrow, float *lrow, uint4 *pf, int
     attn_fwd_softmax(s4, alpha, mrow, lrow, pf, r0, n0, masked, sq, scale, softcap, wl, wr, t4);
 }
 
-/*
- * The forward's items: query tile and (batch, head) of the work-group's k-th, walked in
- * attn_place_at's order (the longest first under a causal mask). Without PERSIST a work-group
- * takes one item; with it, G = get_num_groups(0) work-groups take items k G + g in turn, every
- * other round backwards, so that each gets as much work as the others from the sorted list.
- */
-inline ulong attn_fwd_rank(uint k, uint g, uint G)
-{
-    return (ulong)k * G + (k % 2 ? G - 1 - g : g);
-}
-
+/* The forward's k-th item: a query tile of a (batch, head), in attn_place_at's order (the
+   heaviest first under a causal mask). */
 #define FWD_ITEM(k, at, sq, m0)                                                                   \
-    const attn_place at = attn_place_at((uint)attn_fwd_rank((k), g0, ng), ntiles, nbh, hq, true); \
+    const uint rank_ = (uint)attn_item_rank((k), g0, ng);                                         \
+    const attn_place at = attn_place_at(rank_, ntiles, nbh, hq, true);                            \
     const attn_seq sq = attn_seq_of(at.b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);      \
     const int m0 = at.tile * BLOCK_M
 #define FWD_QH(at, sq) (q + attn_row(q_off, sq_b, sq_h, sq_t, (at).b, (at).h, (sq).q0))
@@ -355,7 +358,7 @@ inline ulong attn_fwd_rank(uint k, uint g, uint G)
     do {                                                                                          \
         __global ulong16 *slots = ATTN_TMA_MY_SLOTS;                                              \
         int done = 0, p = 0;                                                                      \
-        for (uint kk = 0; attn_fwd_rank(kk, g0, ng) < items; ++kk) {                              \
+        for (uint kk = 0; attn_item_rank(kk, g0, ng) < items; ++kk) {                              \
             FWD_ITEM(kk, at, sq, m0);                                                             \
             if (m0 >= sq.tq)                                                                      \
                 continue;                                                                         \
@@ -412,7 +415,7 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
     int done = 0, p0 = 0; /* items done, and their K and V tiles: the stream's position */
 #endif
     const int wg = warp / 4;
-    for (uint kk = 0; attn_fwd_rank(kk, g0, ng) < items; ++kk) {
+    for (uint kk = 0; attn_item_rank(kk, g0, ng) < items; ++kk) {
         FWD_ITEM(kk, at, sq, m0);
         if (m0 >= sq.tq)
             continue;
@@ -1019,6 +1022,9 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_DS_PARAMS ATTN_TMA_PARAMS)
 #ifndef STAGES
 #define STAGES 2
 #endif
+#ifndef PERSIST
+#define PERSIST 0
+#endif
 #if !TMA || STAGES < 2 || STAGES > 4 || D > 128
 #error "attn_bwd_dq_ds_wgmma: TMA, STAGES 2 to 4, D 64 or 128"
 #endif
@@ -1032,9 +1038,74 @@ LLMCL_WG_MMA_SS(attn_wg_dsk_F16, "f16", D, "0", "1")
  * BLOCK_M query rows of one head (a warpgroup per 64) over the same key tiles. A producer warp
  * streams each tile's K and dS by TMA into STAGES buffers; the warpgroups read both from local
  * memory (dS as A, K-major; K as B, mn-major), with one tile's products in flight while the next
- * is issued. Arguments as ATTN_DS_PARAMS, in query heads: the grid covers nbh (batch, query head)
- * pairs from bh0, whose dS are the scratch's heads in order.
+ * is issued. Arguments as ATTN_DS_PARAMS, in query heads: the items are nbh (batch, query head)
+ * pairs from bh0, whose dS are the scratch's heads in order, by query blocks. Head-major, a
+ * head's heaviest blocks first: the work-groups in flight read the K of few KV heads (a KV
+ * head's query heads are consecutive), which then stays in L2. With PERSIST the work-groups walk
+ * several items each (attn_item_rank), the K and dS tiles of all of them in one stream through
+ * the buffers, so that an item's first tiles land under the last products and the stores of the
+ * one before; its maps are in one of DQ_MAP_SETS sets in turn.
  */
+#if PERSIST
+#define DQ_MAP_SETS 3
+#else
+#define DQ_MAP_SETS 1
+#endif
+#define DQ_ITEM(kk, b, h, sq, m0)                                                                 \
+    const uint rank_ = (uint)attn_item_rank((kk), g0, ng), bh_ = bh0 + rank_ / ntq;               \
+    const int b = bh_ / hq, h = bh_ % hq;                                                         \
+    const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);         \
+    const int m0 = (ntq - 1 - rank_ % ntq) * BLOCK_M
+/* The keys that the block's existing rows see (the tiles dK/dV wrote), in tiles */
+#define DQ_TILES(sq, m0, n_lo, nt)                                                                \
+    int n_lo, n_hi_;                                                                              \
+    attn_key_range(m0, min(BLOCK_M, (sq).tq - (m0)), (sq).tq, (sq).tk, wl, wr, &n_lo, &n_hi_);    \
+    const int nt = attn_tile_count(n_lo, n_hi_, BLOCK_N)
+
+/*
+ * The producer's stream: before it remakes a set of maps, the copies that used it last (item i -
+ * DQ_MAP_SETS's, whose last tile is `last` of the set) have landed, which the warpgroups' release
+ * of that tile shows. Tile j's release is awaited before tile j + STAGES's copy; a later tile's
+ * is awaited here (its phase is the barrier's current or last one: tile j + STAGES is not yet
+ * issued).
+ */
+#define DQ_PRODUCE()                                                                              \
+    do {                                                                                          \
+        __global ulong16 *slots = ATTN_TMA_MY_SLOTS;                                              \
+        const ulong once = wg_l2_evict_first();                                                   \
+        int done = 0, p = 0, last[DQ_MAP_SETS];                                                   \
+        for (int i = 0; i < DQ_MAP_SETS; ++i)                                                     \
+            last[i] = -1;                                                                         \
+        for (uint kk = 0; attn_item_rank(kk, g0, ng) < items; ++kk) {                             \
+            DQ_ITEM(kk, b, h, sq, m0);                                                            \
+            if (m0 >= sq.tq)                                                                      \
+                continue;                                                                         \
+            DQ_TILES(sq, m0, n_lo, nt);                                                           \
+            if (nt == 0)                                                                          \
+                continue;                                                                         \
+            const int set = done++ % DQ_MAP_SETS, j = last[set];                                  \
+            if (j >= 0 && j >= p - STAGES)                                                        \
+                wg_bar_wait(empty + 8 * (j % STAGES), (j / STAGES) & 1);                          \
+            const ulong mk = wg_tma_map(slots + 2 * set, tma_map, DQ_KH(b, h, sq), D, sq.tk,      \
+                                        2 * sk_t, 64, BLOCK_N);                                   \
+            const ulong md = wg_tma_map(slots + 2 * set + 1, tma_map, DQ_DSH(b, h), sq.tk, sq.tq, \
+                                        2 * ds_t, 64, BLOCK_M);                                   \
+            for (int t = 0; t < nt; ++t, ++p) {                                                   \
+                const int st = p % STAGES, n0 = n_lo + t * BLOCK_N;                               \
+                const uint bar = full + 8 * st;                                                   \
+                if (p >= STAGES)                                                                  \
+                    wg_bar_wait(empty + 8 * st, (p / STAGES + 1) & 1);                            \
+                wg_bar_expect(bar, DQ_K_BYTES + DQ_DS_BYTES);                                     \
+                for (int a = 0; a < D / 64; ++a)                                                  \
+                    wg_tma_load(ka + st * DQ_K_BYTES + a * BLOCK_N * 128, mk, 64 * a, n0, bar);   \
+                for (int a = 0; a < BLOCK_N / 64; ++a)                                            \
+                    wg_tma_load_hint(da + st * DQ_DS_BYTES + a * BLOCK_M * 128, md, n0 + 64 * a,  \
+                                     m0, bar, once);                                              \
+            }                                                                                     \
+            last[set] = p - 1;                                                                    \
+        }                                                                                         \
+    } while (0)
+
 __kernel __attribute__((reqd_work_group_size(WG_THREADS + PRODUCERS, 1, 1))) void
 attn_bwd_dq_ds_wgmma(const __global io_t *k, ulong k_off, const __global io_t *ds_scratch,
                      ulong ds_off, __global io_t *dq, ulong dq_off, const __global int *cu_q,
@@ -1047,75 +1118,65 @@ attn_bwd_dq_ds_wgmma(const __global io_t *k, ulong k_off, const __global io_t *d
     __local ushort dss[STAGES * DQ_DS_BYTES / 2] __attribute__((aligned(1024)));
     __local ulong bars[1 + 2 * STAGES];
     const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
-    /* Head-major, a head's heaviest tiles first: the work-groups in flight read the K of few KV
-       heads (a KV head's query heads are consecutive), which then stays in L2. */
-    const int ntq = get_num_groups(0) / nbh, gid = get_group_id(0), bh = bh0 + gid / ntq;
-    const int b = bh / hq, h = bh % hq;
-    const attn_seq sq = attn_seq_of(b, tq_all, tk_all, cu_q + cu_q_off, cu_k + cu_k_off);
-    const int m0 = (ntq - 1 - gid % ntq) * BLOCK_M;
-    if (m0 >= sq.tq)
-        return;
-    const __global io_t *kh = k + attn_row(k_off, sk_b, sk_h, sk_t, b, h / group, sq.k0);
-    const __global io_t *dsh = ds_scratch + ds_off + ((long)b * hq + h - bh0) * ds_h;
+    const uint ntq = (tq_all + BLOCK_M - 1) / BLOCK_M, items = ntq * nbh;
+    const uint g0 = get_group_id(0), ng = get_num_groups(0);
+#define DQ_KH(b, h, sq) (k + attn_row(k_off, sk_b, sk_h, sk_t, (b), (h) / group, (sq).k0))
+#define DQ_DSH(b, h) (ds_scratch + ds_off + ((long)(b) * hq + (h) - bh0) * ds_h)
     const uint ka = mma_smem(ks), da = mma_smem(dss);
     const uint full = mma_smem(bars) + 8, empty = full + 8 * STAGES;
-    int n_lo, n_hi; /* the keys that the block's existing rows see: the tiles dK/dV wrote */
-    attn_key_range(m0, min(BLOCK_M, sq.tq - m0), sq.tq, sq.tk, wl, wr, &n_lo, &n_hi);
-    const int nt = attn_tile_count(n_lo, n_hi, BLOCK_N);
     attn_tma_init(full - 8, 1, 1, 1, STAGES, lid);
     if (lid >= WG_THREADS) {
-        if (lid == WG_THREADS && nt > 0) {
-            __global ulong16 *slots = ATTN_TMA_MY_SLOTS;
-            const ulong mk = wg_tma_map(slots, tma_map, kh, D, sq.tk, 2 * sk_t, 64, BLOCK_N);
-            const ulong md = wg_tma_map(slots + 1, tma_map, dsh, sq.tk, sq.tq, 2 * ds_t, 64,
-                                        BLOCK_M);
-            const ulong once = wg_l2_evict_first();
-            for (int p = 0; p < nt; ++p) {
-                const int st = p % STAGES, n0 = n_lo + p * BLOCK_N;
-                const uint bar = full + 8 * st;
-                if (p >= STAGES)
-                    wg_bar_wait(empty + 8 * st, (p / STAGES + 1) & 1);
-                wg_bar_expect(bar, DQ_K_BYTES + DQ_DS_BYTES);
-#pragma unroll
-                for (int a = 0; a < D / 64; ++a)
-                    wg_tma_load(ka + st * DQ_K_BYTES + a * BLOCK_N * 128, mk, 64 * a, n0, bar);
-#pragma unroll
-                for (int a = 0; a < BLOCK_N / 64; ++a)
-                    wg_tma_load_hint(da + st * DQ_DS_BYTES + a * BLOCK_M * 128, md, n0 + 64 * a,
-                                     m0, bar, once);
-            }
-        }
+        if (lid == WG_THREADS)
+            DQ_PRODUCE();
         return;
     }
 
-    const int wg = warp / 4, r0 = m0 + 16 * warp + g; /* the lane's rows: r0 and r0 + 8 */
-    float acc[D / 2];
+    const int wg = warp / 4;
+    int p0 = 0; /* the stream's position: the tiles of the items before */
+    for (uint kk = 0; attn_item_rank(kk, g0, ng) < items; ++kk) {
+        DQ_ITEM(kk, b, h, sq, m0);
+        if (m0 >= sq.tq)
+            continue;
+        DQ_TILES(sq, m0, n_lo, nt);
+        const int r0 = m0 + 16 * warp + g; /* the lane's rows: r0 and r0 + 8 */
+        float acc[D / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i)
-        acc[i] = 0.0f;
-    for (int n = 0; n < nt; ++n) {
-        const uint kt = ka + n % STAGES * DQ_K_BYTES, dt = da + n % STAGES * DQ_DS_BYTES;
-        ATTN_TMA_WAIT(full, n, STAGES);
-        wg_fence();
+        for (int i = 0; i < D / 2; ++i)
+            acc[i] = 0.0f;
+        for (int n = 0; n < nt; ++n) {
+            const int pn = p0 + n;
+            const uint kt = ka + pn % STAGES * DQ_K_BYTES, dt = da + pn % STAGES * DQ_DS_BYTES;
+            ATTN_TMA_WAIT(full, pn, STAGES);
+            wg_fence();
 #pragma unroll
-        for (int j = 0; j < BLOCK_N / 16; ++j) {
-            const ulong a = wg_desc(dt + j / 4 * BLOCK_M * 128 + wg * 64 * 128 + j % 4 * 32, 16,
-                                    1024);
-            LLMCL_CAT(attn_wg_dsk_, IO_DT)(acc, a, wg_desc(kt + j * 16 * 128, BLOCK_N * 128, 1024));
+            for (int j = 0; j < BLOCK_N / 16; ++j) {
+                const ulong a = wg_desc(dt + j / 4 * BLOCK_M * 128 + wg * 64 * 128 + j % 4 * 32,
+                                        16, 1024);
+                LLMCL_CAT(attn_wg_dsk_, IO_DT)(acc, a,
+                                               wg_desc(kt + j * 16 * 128, BLOCK_N * 128, 1024));
+            }
+            wg_commit();
+            wg_wait(1); /* tile n - 1's products are done: its buffers are free */
+            if (n > 0)
+                wg_bar_arrive(empty + 8 * ((pn - 1) % STAGES));
         }
-        wg_commit();
-        wg_wait(1); /* tile n - 1's products are done: its buffers are free */
-        if (n > 0)
-            wg_bar_arrive(empty + 8 * ((n - 1) % STAGES));
-    }
-    wg_wait(0);
+        wg_wait(0);
+        if (nt > 0)
+            wg_bar_arrive(empty + 8 * ((p0 + nt - 1) % STAGES)); /* the item's last tile */
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i)
-        wg_keep_f(acc + i);
+        for (int i = 0; i < D / 2; ++i)
+            wg_keep_f(acc + i);
+        p0 += nt;
 
-    float4 acc4[MMA_OT];
-    attn_wg_acc4(acc4, acc, MMA_OT);
-    attn_acc_store(dq, attn_row(dq_off, sg_b, sg_h, sg_t, b, h, sq.q0), sg_t, acc4, r0, sq.tq, t4);
+        float4 acc4[MMA_OT];
+        attn_wg_acc4(acc4, acc, MMA_OT);
+        attn_acc_store(dq, attn_row(dq_off, sg_b, sg_h, sg_t, b, h, sq.q0), sg_t, acc4, r0, sq.tq,
+                       t4);
+    }
+#undef DQ_DSH
+#undef DQ_KH
 }
+#undef DQ_TILES
+#undef DQ_ITEM
 #endif
 #endif

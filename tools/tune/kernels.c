@@ -617,7 +617,7 @@ const tune_kernel tune_kernels[] = {
      .runs_on = has_wgmma},
     /* dQ from the stored dS runs by default at D 128 alone */
     {.key = LLMCL_KEY_ATTENTION_BWD_DQ_DS_WGMMA, .family = LLMCL_FAMILY_ATTENTION,
-     .params = "STAGES=2,3,4", .dtypes = BF16, .size_key = "D",
+     .params = "STAGES=2,3,4 PERSIST=0,1,2,3", .dtypes = BF16, .size_key = "D",
      .shapes = "B=4,H=32,K=8,QKV=48,KV2=16,T=4096,D=128",
      .small_shapes = "B=1,H=4,K=2,QKV=8,KV2=4,T=256,D=128",
      .tensors = ATTN_BWD_TENSORS, .run = run_attention_bwd,

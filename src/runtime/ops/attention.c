@@ -403,10 +403,18 @@ static llmcl_status attn_launch_split(llmcl_ctx *ctx, const attn_geom *g, const 
     return status;
 }
 
+/* The work-groups of a launch of `items` items: at most PERSIST a compute unit where the kernel
+   is persistent (its work-groups walk the items), else one an item. */
+static size_t attn_groups(const llmcl_ctx *ctx, size_t items, int64_t persist)
+{
+    const size_t most = (size_t)persist * ctx->info.compute_units;
+    return persist > 0 && items > most ? most : items;
+}
+
 /*
  * A wgmma kernel's launch with TMA: after its arguments a, the template and `slots` 128-byte map
  * slots a work-group (attention_wgmma.cl's ATTN_TMA_SLOTS: 8, 16 where dK/dV stores dS or the
- * forward is persistent).
+ * forward or dQ from dS is persistent).
  */
 static llmcl_status attn_launch_tma(llmcl_ctx *ctx, llmcl_dtype dtype, llmcl__args *a,
                                     size_t global, size_t wg, int slots)
@@ -463,10 +471,8 @@ static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, const 
         const int64_t len = g->varlen ? rows_of->shape[0] : by_keys ? g->Tk : g->Tq;
         return attn_launch_split(ctx, g, &l, split, row, len);
     }
-    /* A persistent forward: PERSIST work-groups a compute unit walk the items (attn_fwd_wgmma) */
     const int64_t persist = k->pass == ATTN_PASS_FWD ? llmcl__param_get(&p, "PERSIST", 0) : 0;
-    if (persist > 0 && l.global / l.wg > (size_t)persist * ctx->info.compute_units)
-        l.global = (size_t)persist * ctx->info.compute_units * l.wg;
+    l.global = attn_groups(ctx, l.global / l.wg, persist) * l.wg;
     llmcl__args a = attn_args_tiled(ctx, g, &l);
     if (llmcl__param_get(&p, "TMA", 0) == 0)
         return llmcl__launch(&a, 1, &l.global, &l.wg);
@@ -585,8 +591,10 @@ static llmcl_status attn_launch_dq_ds(llmcl_ctx *ctx, const attn_geom *g, const 
     llmcl__arg_i32(&a, ds->nbh * group);
     llmcl__arg_i32(&a, g->wl);
     llmcl__arg_i32(&a, g->wr);
-    const size_t groups = (size_t)llmcl__div_up(g->Tq, t.bm) * (size_t)ds->nbh * group;
-    return attn_launch_tma(ctx, g->dtype, &a, groups * wg, wg, 8);
+    const size_t items = (size_t)llmcl__div_up(g->Tq, t.bm) * (size_t)ds->nbh * group;
+    const int64_t persist = llmcl__param_get(&p, "PERSIST", 0);
+    return attn_launch_tma(ctx, g->dtype, &a, attn_groups(ctx, items, persist) * wg, wg,
+                           persist > 0 ? 16 : 8);
 }
 
 /*

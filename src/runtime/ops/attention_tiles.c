@@ -439,29 +439,37 @@ static size_t attn_wg_producers(long consumers, bool tma)
 
 /*
  * attn_bwd_dq_ds_wgmma's parameters: blocks of ATTN_DS_BM queries over dK/dV's key tiles (g->ds),
- * a producer warp, TMA, and STAGES 2 to 4 buffers of K and dS. Default 3 at D 128 (192 KiB; on
- * the H200 0.83-0.88 ms at B4 T4096 against 1.09-1.17 with 2), 2 at D 64 (1.03 against 1.10).
+ * a producer warp, TMA, STAGES 2 to 4 buffers of K and dS, and PERSIST 0 to 4 work-groups a
+ * compute unit that walk several items each (0: a work-group an item). STAGES default 3 at
+ * D 128 (192 KiB; on the H200 0.83-0.88 ms at B4 T4096 against 1.09-1.17 with 2), 2 at D 64
+ * (1.03 against 1.10); PERSIST as many work-groups as those stages let share a compute unit.
  */
 static llmcl_status attn_dq_ds_config(llmcl_ctx *ctx, const attn_geom *g, const attn_kernel *k,
                                       const char *cls, llmcl__params *p, attn_tiles *tiles,
                                       size_t *wg)
 {
     const long bm = ATTN_DS_BM, bn = g->ds->bn, def_stages = g->D > 64 ? 3 : 2;
+    const long def_persist = g->D > 64 ? 1 : 2; /* as many as share a compute unit */
     llmcl__param_set(p, "STAGES", def_stages);
+    llmcl__param_set(p, "PERSIST", def_persist);
     const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, k->key, g->dtype, cls, p);
     long stages = llmcl__param_get(p, "STAGES", def_stages);
+    long persist = llmcl__param_get(p, "PERSIST", def_persist);
     const uint64_t local = ctx->info.local_mem_static_bytes;
-    bool ok = stages >= 2 && stages <= 4 &&
+    bool ok = stages >= 2 && stages <= 4 && persist >= 0 && persist <= 4 &&
               attn_wg_local_bytes(g, k->pass, bm, bn, stages, true, 0) <= local;
     if (!ok && !lookup.overridden) {
         stages = 2;
+        persist = def_persist;
         ok = attn_wg_local_bytes(g, k->pass, bm, bn, stages, true, 0) <= local;
     }
     LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
-                   "attention: %s STAGES=%ld with BLOCK_M=%ld, dK/dV's BLOCK_N=%ld and D=%d "
-                   "needs STAGES 2 to 4 within %llu bytes of local memory",
-                   k->name, stages, bm, bn, g->D, (unsigned long long)local);
+                   "attention: %s STAGES=%ld PERSIST=%ld with BLOCK_M=%ld, dK/dV's BLOCK_N=%ld "
+                   "and D=%d needs STAGES 2 to 4 within %llu bytes of local memory and PERSIST "
+                   "0 to 4",
+                   k->name, stages, persist, bm, bn, g->D, (unsigned long long)local);
     llmcl__param_set(p, "STAGES", stages);
+    llmcl__param_set(p, "PERSIST", persist);
     llmcl__param_set(p, "BLOCK_M", bm);
     llmcl__param_set(p, "BLOCK_N", bn);
     llmcl__param_set(p, "TMA", 1);
