@@ -1158,6 +1158,45 @@ static void check_ds_parts(int d)
 }
 
 /*
+ * The built-in budget (LLMCL_ATTN_DS_MIB's here) declines parts whose dK/dV has fewer than 1.5
+ * work-groups a compute unit, and stores dS in larger ones: 128 (batch, KV head) pairs of two
+ * key tiles each (T 150, dK/dV's 128 keys at D 128), under the largest budget in MiB below the
+ * line and the smallest at or above it. A part's dS is held through the backward where it
+ * stores, and nothing of its size where it recomputes.
+ */
+static void check_ds_default_parts(void)
+{
+    llmcl_ctx *ctx = th_ctx();
+    if (!stores_ds(128))
+        return;
+    const int64_t cus = llmcl_ctx_device_info(ctx)->compute_units;
+    const attn_case c = causal(dense(LLMCL_BF16, 4, 32, 32, 128, 150, 150));
+    const int64_t pair = 150 * 152 * 2, tiles = 2, total = 4 * 32;
+    int64_t mib = 1; /* the first budget whose parts store */
+    while (2 * ((mib << 20) / pair) * tiles < 3 * cus)
+        ++mib;
+    if (mib == 1 || (mib << 20) / pair >= total)
+        return; /* no budget of whole MiB below the line, or one part takes every pair */
+    for (int64_t m = mib - 1; m <= mib; ++m) {
+        char text[32];
+        snprintf(text, sizeof text, "%lld", (long long)m);
+        setenv("LLMCL_ATTN_DS_MIB", text, 1);
+        attn_run r;
+        run_setup(&r, &c, 446);
+        TH_OK(run_forward(&r));
+        TH_OK(llmcl_memory_release_cached(ctx));
+        const uint64_t held = held_by(run_backward, &r);
+        unsetenv("LLMCL_ATTN_DS_MIB");
+        const uint64_t part = (uint64_t)((m << 20) / pair * pair);
+        if (m < mib)
+            assert_true(held < part);
+        else
+            assert_true(held >= part);
+        run_free(&r);
+    }
+}
+
+/*
  * dQ from the stored dS by persistent work-groups (attn_bwd_dq_ds_wgmma's PERSIST): 160 items
  * (two rounds on 132 compute units at PERSIST 1), 1024 (four rounds and more, so that each set
  * of maps is remade), and blocks with no key to see (causal, Tq > Tk); against the reference,
@@ -1199,6 +1238,7 @@ static void test_ds_parts(void **state)
     check_ds_parts(128);
     check_dq_ds_persist(64);
     check_dq_ds_persist(128);
+    check_ds_default_parts();
 }
 
 /*

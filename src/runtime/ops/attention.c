@@ -628,9 +628,10 @@ static llmcl_status attn_ds_budget(llmcl_ctx *ctx, const llmcl_attention_opts *o
  * Whether this backward stores dS: on the wgmma kernels at D 128, or at D 64 where the caller set a
  * budget (at D 64 the stores cost dK/dV about what dQ saves: PERFORMANCE.md), where dK/dV copies
  * by TMA and its slabs fit beside its tiles, and the budget holds one KV head's group. The default
- * budget (!asked) also needs the whole call or parts whose dK/dV has two work-groups a compute
- * unit: parts of fewer KV heads leave the device idle behind their heaviest key tiles (a backward
- * at T 16384 in parts of one KV head ran 38% slower than recomputing). Fills ds's layout and
+ * budget (!asked) also needs the whole call or parts whose dK/dV has 1.5 work-groups a compute
+ * unit: parts of fewer KV heads leave the device idle behind their heaviest key tiles (on the
+ * H200 at T 16384 D 128, parts of one KV head, 0.97 work-groups a unit, ran 38% slower than
+ * recomputing; parts of two, 1.94 a unit, 14% faster). Fills ds's layout and
  * dK/dV's key tile, and *pairs, the (batch, KV head) pairs a part takes (0: dQ recomputes the
  * scores).
  */
@@ -660,7 +661,7 @@ static llmcl_status attn_ds_plan(llmcl_ctx *ctx, const attn_geom *g, int64_t bud
     if (fit > INT32_MAX / blocks)
         fit = INT32_MAX / blocks; /* dQ's kernel counts its work-groups in 32 bits */
     if (!asked && fit < total &&
-        fit * llmcl__div_up(g->Tk, t.bn) < 2 * (int64_t)ctx->info.compute_units)
+        2 * fit * llmcl__div_up(g->Tk, t.bn) < 3 * (int64_t)ctx->info.compute_units)
         return LLMCL_OK;
     *pairs = fit < total ? fit : total;
     return LLMCL_OK;
