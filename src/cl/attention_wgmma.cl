@@ -374,9 +374,8 @@ attn_wg_softmax(float *s, float *alpha, float *mrow, float *lrow, uint4 *pf, int
                                 WG_COLS);                                                         \
                 mv = wg_tma_map(set + 2, tma_map, FWD_VH(at, sq), D, sq.tk, 2 * sv_t, 64,         \
                                 WG_COLS);                                                         \
-            }                                                                                     \
-            if (nt > 0)                                                                           \
                 attn_tma_kv_tile(p++, STAGES, ka, va, mk, mv, n_lo, kbar, vbar, empty);           \
+            }                                                                                     \
             if (done > 0)                                                                         \
                 wg_bar_wait(qfree, (done - 1) & 1);                                               \
             attn_tma_rows(qa, mq, m0, WG_ROWS, qbar);                                             \

@@ -412,14 +412,14 @@ static size_t attn_groups(const llmcl_ctx *ctx, size_t items, int64_t persist)
 }
 
 /*
- * A wgmma kernel's launch with TMA: after its arguments a, the template and `slots` 128-byte map
- * slots a work-group (attention_wgmma.cl's ATTN_TMA_SLOTS: 8, 16 where dK/dV stores dS or the
- * forward or dQ from dS is persistent).
+ * A wgmma kernel's launch with TMA: after its arguments a, the template and the 128-byte map slots
+ * of each work-group, as attention_wgmma.cl's ATTN_TMA_SLOTS counts them: 16 where the kernel
+ * takes more maps (dK/dV storing dS, a persistent kernel's sets of items' maps), else 8.
  */
 static llmcl_status attn_launch_tma(llmcl_ctx *ctx, llmcl_dtype dtype, llmcl__args *a,
-                                    size_t global, size_t wg, int slots)
+                                    size_t global, size_t wg, bool more_maps)
 {
-    const int64_t words = (int64_t)(global / wg) * slots * 32;
+    const int64_t words = (int64_t)(global / wg) * (more_maps ? 16 : 8) * 32;
     llmcl_tensor *maps;
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &words, "attention tensor maps", &maps));
     llmcl__arg(a, 16 * sizeof(uint64_t), llmcl__tma_template(ctx->tma, dtype));
@@ -483,7 +483,7 @@ static llmcl_status attn_launch_tiled(llmcl_ctx *ctx, const attn_geom *g, const 
         llmcl__arg_i32(&a, g->ds->bh0);
         llmcl__arg_i32(&a, g->ds->nbh);
     }
-    return attn_launch_tma(ctx, g->dtype, &a, l.global, l.wg, g->ds || persist > 0 ? 16 : 8);
+    return attn_launch_tma(ctx, g->dtype, &a, l.global, l.wg, g->ds || persist > 0);
 }
 
 llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tensor *q, const llmcl_tensor *k,
@@ -594,7 +594,7 @@ static llmcl_status attn_launch_dq_ds(llmcl_ctx *ctx, const attn_geom *g, const 
     const size_t items = (size_t)llmcl__div_up(g->Tq, t.bm) * (size_t)ds->nbh * group;
     const int64_t persist = llmcl__param_get(&p, "PERSIST", 0);
     return attn_launch_tma(ctx, g->dtype, &a, attn_groups(ctx, items, persist) * wg, wg,
-                           persist > 0 ? 16 : 8);
+                           persist > 0);
 }
 
 /*
@@ -608,19 +608,21 @@ static llmcl_status attn_ds_budget(llmcl_ctx *ctx, const llmcl_attention_opts *o
     *bytes = opts ? opts->ds_bytes : 0;
     if (*bytes != 0)
         return LLMCL_OK;
+    const char *text = llmcl__getenv("LLMCL_ATTN_DS_MIB");
+    if (text) {
+        char *end;
+        const long long mib = strtoll(text, &end, 10);
+        LLMCL__REQUIRE(ctx, end != text && *end == '\0' && mib >= 0 && mib <= (INT64_MAX >> 20),
+                       LLMCL_ERROR_INVALID_ARGUMENT,
+                       "LLMCL_ATTN_DS_MIB='%s' is not a count of MiB such as 1024 (0: none)",
+                       text);
+        *bytes = (int64_t)mib << 20;
+        return LLMCL_OK;
+    }
     const llmcl_memory_stats *m = &ctx->memory;
     const uint64_t cap = m->limit_bytes ? m->limit_bytes : ctx->info.global_mem_bytes;
     const uint64_t quarter = cap > m->current_bytes ? (cap - m->current_bytes) / 4 : 0;
     *bytes = (int64_t)(quarter < (4ull << 30) ? quarter : 4ull << 30);
-    const char *text = llmcl__getenv("LLMCL_ATTN_DS_MIB");
-    if (!text)
-        return LLMCL_OK;
-    char *end;
-    const long long mib = strtoll(text, &end, 10);
-    LLMCL__REQUIRE(ctx, end != text && *end == '\0' && mib >= 0 && mib <= (INT64_MAX >> 20),
-                   LLMCL_ERROR_INVALID_ARGUMENT,
-                   "LLMCL_ATTN_DS_MIB='%s' is not a count of MiB such as 1024 (0: none)", text);
-    *bytes = (int64_t)mib << 20;
     return LLMCL_OK;
 }
 
