@@ -43,6 +43,7 @@
  *   PERSIST   attn_fwd_wgmma with TMA, nonzero: its work-groups (the launcher's PERSIST a compute
  *             unit) each walk several items, the next item's copies landing under this one's
  *             last products and stores. Default 0: a work-group an item.
+ *   FWD_S_ALWAYS  attn_fwd_wgmma: 1, every tile issues an S (below). Default 1 but at D 128.
  *   DS_STORE  attn_bwd_dkdv_wgmma, 1: it stores dS (needs TMA, D 64 or 128). Default 0.
  *   DS_BM     with DS_STORE: attn_bwd_dq_ds_wgmma's query block, a multiple of BLOCK_M (128).
  *   DS_SLABS  with DS_STORE: dK/dV's local slabs of dS a warpgroup, 2 to 4 (default 2; the
@@ -95,17 +96,18 @@ attn_wg_kv(uint kt, uint vt, const __global io_t *k, long sk_t, const __global i
 }
 
 /*
- * Issues s += warpgroup wg's 64 rows of the resident tile at qa (Q or dO; K or V in dK/dV) times
- * the streamed tile at kt (K or V; Q or dO), transposed.
+ * Issues s = warpgroup wg's 64 rows of the resident tile at qa (Q or dO; K or V in dK/dV) times
+ * the streamed tile at kt (K or V; Q or dO), transposed; s += that without overwrite.
  */
-__attribute__((always_inline)) inline void attn_wg_scores(float *s, uint qa, uint kt, int wg)
+__attribute__((always_inline)) inline void attn_wg_scores(float *s, uint qa, uint kt, int wg,
+                                                          bool overwrite)
 {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
         const uint atom = ks / 4, col = ks % 4 * 32;
         const ulong dq = wg_desc(qa + atom * WG_ROWS * 128 + wg * 64 * 128 + col, 16, 1024);
         const ulong dk = wg_desc(kt + atom * WG_COLS * 128 + col, 16, 1024);
-        LLMCL_CAT(attn_wg_qk_, IO_DT)(s, dq, dk);
+        LLMCL_CAT(attn_wg_qk_, IO_DT)(s, dq, dk, ks > 0 || !overwrite);
     }
 }
 
@@ -143,12 +145,9 @@ __attribute__((always_inline)) inline void attn_wg_p_ds(float4 *p4, float4 *ds4,
                                                         float scale, float softcap)
 {
     float s[WG_COLS / 2], dp[WG_COLS / 2];
-#pragma unroll
-    for (int i = 0; i < WG_COLS / 2; ++i)
-        s[i] = dp[i] = 0.0f;
     wg_fence();
-    attn_wg_scores(s, qa, kt, wg);
-    attn_wg_scores(dp, da, vt, wg);
+    attn_wg_scores(s, qa, kt, wg, 1);
+    attn_wg_scores(dp, da, vt, wg, 1);
     wg_commit();
     wg_wait(0);
     attn_wg_acc4(p4, s, WG_COLS / 8);
@@ -387,13 +386,36 @@ attn_wg_softmax(float *s, float *alpha, float *mrow, float *lrow, uint4 *pf, int
     } while (0)
 #endif
 
+/*
+ * Whether the forward issues every tile's S unconditionally (the last tile an S of its own K that
+ * nothing reads), on a warp index the compiler knows to be uniform, with S's first k-step
+ * overwriting the accumulators: ptxas makes a warpgroup wait for its wgmma before a product that a
+ * branch may skip, or before registers that other instructions wrote (8% of the forward at D 64,
+ * 4% at D 256, on the H200). D 128's forward, held at 168 registers by its producer warpgroup,
+ * slowed down with each of the three (the unconditional S spills): there the last tile issues
+ * none, on zeros written first.
+ */
+#ifndef FWD_S_ALWAYS
+#define FWD_S_ALWAYS (D != 128)
+#endif
+#if FWD_S_ALWAYS
+#define FWD_S_ZEROS()
+#else
+#define FWD_S_ZEROS()                                                                             \
+    do {                                                                                          \
+        _Pragma("unroll") for (int i_ = 0; i_ < BLOCK_N / 2; ++i_)                                \
+            s[i_] = 0.0f;                                                                         \
+    } while (0)
+#endif
+
 __kernel __attribute__((reqd_work_group_size(WG_THREADS + PRODUCERS, 1, 1))) void
 attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
 {
     __local ushort qs[BLOCK_M * D] __attribute__((aligned(1024)));
     __local ushort ks[STAGES * BLOCK_N * D] __attribute__((aligned(1024)));
     __local ushort vs[STAGES * BLOCK_N * D] __attribute__((aligned(1024)));
-    const int lid = get_local_id(0), warp = lid / 32, lane = lid % 32, g = lane >> 2, t4 = lane & 3;
+    const int lid = get_local_id(0), warp = FWD_S_ALWAYS ? wg_uniform(lid / 32) : lid / 32;
+    const int lane = lid % 32, g = lane >> 2, t4 = lane & 3;
     const uint nbh = (uint)nb * hq, ntiles = (tq_all + BLOCK_M - 1) / BLOCK_M, items = ntiles * nbh;
     const uint g0 = get_group_id(0), ng = get_num_groups(0);
     const uint qa = mma_smem(qs), ka = mma_smem(ks), va = mma_smem(vs);
@@ -406,7 +428,7 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
     if (lid == WG_THREADS)
         wg_bar_init(qfree, WG_THREADS); /* attn_tma_init's fence and barrier follow */
     attn_tma_init(qbar, 1, 2, 1, STAGES, lid);
-    if (lid >= WG_THREADS) {
+    if (warp >= WG_THREADS / 32) {
         if (lid == WG_THREADS)
             FWD_PRODUCE();
         return;
@@ -444,14 +466,12 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
         for (int i = 0; i < D / 2; ++i)
             acc[i] = 0.0f;
         if (nt > 0) {
-#pragma unroll
-            for (int i = 0; i < BLOCK_N / 2; ++i)
-                s[i] = 0.0f;
+            FWD_S_ZEROS();
 #if TMA
             ATTN_TMA_WAIT(kbar, FWD_T(0), STAGES);
 #endif
             wg_fence();
-            attn_wg_scores(s, qa, WG_K(FWD_T(0)), wg);
+            attn_wg_scores(s, qa, WG_K(FWD_T(0)), wg, FWD_S_ALWAYS);
             wg_commit();
             wg_wait(0);
             float alpha[2]; /* O is still zero */
@@ -475,14 +495,15 @@ attn_fwd_wgmma(ATTN_FWD_PARAMS ATTN_TMA_PARAMS)
                            sq.tk, lid);
             mma_cp_commit();
 #endif
-#pragma unroll
-            for (int i = 0; i < BLOCK_N / 2; ++i)
-                s[i] = 0.0f;
+            FWD_S_ZEROS();
             wg_fence();
+#if FWD_S_ALWAYS
+            attn_wg_scores(s, qa, WG_K(FWD_T(more ? n + 1 : n)), wg, 1); /* the last: unused */
+#else
             if (more)
-                attn_wg_scores(s, qa, WG_K(FWD_T(n + 1)), wg);
-            wg_commit(); /* empty after the last tile: ptxas serialises wgmma behind a
-                            conditional wait or a conditional write of the accumulators */
+                attn_wg_scores(s, qa, WG_K(FWD_T(n + 1)), wg, 0);
+#endif
+            wg_commit(); /* empty after the last tile without FWD_S_ALWAYS */
 #if TMA
             ATTN_TMA_WAIT(vbar, FWD_T(n), STAGES);
 #endif
@@ -794,11 +815,8 @@ attn_wg_pair_a(uint4 *af, int wg, int lid, int t, uint ka, uint va, uint qt, uin
                uint g_full, uint g_free)
 {
     float x[WG_COLS / 2];
-#pragma unroll
-    for (int i = 0; i < WG_COLS / 2; ++i)
-        x[i] = 0.0f;
     wg_fence();
-    attn_wg_scores(x, wg ? va : ka, wg ? dt : qt, 0); /* S^T = K Q^T, or dP^T = V dO^T */
+    attn_wg_scores(x, wg ? va : ka, wg ? dt : qt, 0, 1); /* S^T = K Q^T, or dP^T = V dO^T */
     wg_commit();
     wg_wait(0);
     float4 x4[MMA_MT], g4[MMA_MT];
@@ -1151,8 +1169,8 @@ attn_bwd_dq_ds_wgmma(const __global io_t *k, ulong k_off, const __global io_t *d
             for (int j = 0; j < BLOCK_N / 16; ++j) {
                 const ulong a = wg_desc(dt + j / 4 * BLOCK_M * 128 + wg * 64 * 128 + j % 4 * 32,
                                         16, 1024);
-                LLMCL_CAT(attn_wg_dsk_, IO_DT)(acc, a,
-                                               wg_desc(kt + j * 16 * 128, BLOCK_N * 128, 1024));
+                LLMCL_CAT(attn_wg_dsk_, IO_DT)(
+                    acc, a, wg_desc(kt + j * 16 * 128, BLOCK_N * 128, 1024), 1);
             }
             wg_commit();
             wg_wait(1); /* tile n - 1's products are done: its buffers are free */

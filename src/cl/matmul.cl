@@ -759,7 +759,7 @@ inline void mm_wg_step(float *d, uint sa, int ks, int wg)
         const int blk = wg * WG_MB + i;
         const ulong da = A_KC ? wg_desc(sa + blk * 64 * 128 + ks * 32, 16, 1024)
                               : wg_desc(sa + blk * BK * 128 + ks * 16 * 128, BK * 128, 1024);
-        LLMCL_CAT(mm_wg_mma_, DT)(d + i * (BN / 2), da, db);
+        LLMCL_CAT(mm_wg_mma_, DT)(d + i * (BN / 2), da, db, 1);
     }
 }
 

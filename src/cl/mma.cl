@@ -223,6 +223,17 @@ inline void wg_copies_landed(int n)
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
+/*
+ * x as lane 0 of the warp has it. Where every lane's x is the same, this tells the compiler so:
+ * ptxas serialises a kernel's wgmma behind any that a branch it cannot prove uniform may skip.
+ */
+inline int wg_uniform(int x)
+{
+    int r;
+    asm volatile("shfl.sync.idx.b32 %0, %1, 0, 0x1f, 0xffffffff;" : "=r"(r) : "r"(x));
+    return r;
+}
+
 /* Orders the accumulators' register writes before the wgmma that follow. */
 inline void wg_fence(void) { asm volatile("// @sm90a wgmma.fence.sync.aligned;" ::: "memory"); }
 
@@ -270,26 +281,32 @@ inline void wg_wait(int n)
 #define WG_SS_128 "%64, %65"
 #define WG_SS_192 "%96, %97"
 #define WG_SS_256 "%128, %129"
+#define WG_SS_ACC_64 "%34"
+#define WG_SS_ACC_128 "%66"
+#define WG_SS_ACC_192 "%98"
+#define WG_SS_ACC_256 "%130"
 #define WG_RS_64 "{%32, %33, %34, %35}, %36"
 #define WG_RS_128 "{%64, %65, %66, %67}, %68"
 #define WG_RS_192 "{%96, %97, %98, %99}, %100"
 #define WG_RS_256 "{%128, %129, %130, %131}, %132"
 
 /*
- * NAME(d, da, db): d (64 x N, f32, in the accumulator layout: lane 4 g + t of warp w of the
+ * NAME(d, da, db, acc): d (64 x N, f32, in the accumulator layout: lane 4 g + t of warp w of the
  * warpgroup holds rows 16 w + g and + 8 of columns 8 j + 2 t, + 1 in d[4 j .. 4 j + 3], as
- * mma.sync's m16n8 tiles) += A (64 x 16, descriptor da) B (16 x N, db); TY bf16 or f16, TA and TB
- * the transpose flags ("1": the operand is mn-major); N 64, 128, 192 or 256 (a macro is expanded).
+ * mma.sync's m16n8 tiles) += A (64 x 16, descriptor da) B (16 x N, db), or with acc 0 d = A B,
+ * which needs no zeros written to d first (registers that other instructions write just before a
+ * wgmma make ptxas wait for the wgmma before them); TY bf16 or f16, TA and TB the transpose flags
+ * ("1": the operand is mn-major); N 64, 128, 192 or 256 (a macro is expanded).
  */
 #define LLMCL_WG_MMA_SS(NAME, TY, N, TA, TB) LLMCL_WG_MMA_SS_(NAME, TY, N, TA, TB)
 #define LLMCL_WG_MMA_SS_(NAME, TY, N, TA, TB)                                                     \
-    inline void NAME(float *d, ulong da, ulong db)                                                \
+    inline void NAME(float *d, ulong da, ulong db, int acc)                                       \
     {                                                                                             \
-        asm volatile("// @sm90a { .reg .pred p; setp.ne.b32 p, 1, 0; "                            \
+        asm volatile("// @sm90a { .reg .pred p; setp.ne.b32 p, " WG_SS_ACC_##N ", 0; "             \
                      "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" WG_LIST_##N \
                      "}, " WG_SS_##N ", p, 1, 1, " TA ", " TB "; }"                               \
                      : WG_OPS_##N                                                                 \
-                     : "l"(da), "l"(db));                                                         \
+                     : "l"(da), "l"(db), "r"(acc));                                               \
     }
 
 /*
