@@ -15,8 +15,10 @@
 #       attention_wgmma -DATTN_KERNEL_FWD_WGMMA -DATTN_ONE_KERNEL -DALIGNED4=1 -DBLOCK_M=64 \
 #       -DBLOCK_N=64 -DD=64 -DIO_DT=BF16 -DSTAGES=3 -DTMA=1
 #
-# Writes OUT.cl, OUT.ptx, OUT.cubin and OUT.sass; prints ptxas's resource lines and the count of
-# each opcode. Needs clang-15 and libclc-15 (Debian), and ptxas, cuobjdump and nvdisasm (the CUDA
+# Writes OUT.cl, OUT.ptx, OUT.cubin and OUT.sass; prints ptxas's report (its C75xx lines say where
+# it serialises or waits for wgmma) and the count of each opcode. MAXNREG=R states the entry's
+# register count as program.c does for kernels that use setmaxnreg (65536 / work-items, in 8s:
+# 168 for 384), which clang's PTX cannot carry. Needs clang-15 and libclc-15 (Debian), and ptxas, cuobjdump and nvdisasm (the CUDA
 # toolkit, or pip's nvidia-cuda-nvcc, nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm) in PATH or
 # /usr/local/cuda/bin.
 set -euo pipefail
@@ -51,7 +53,11 @@ done
     { grep -m 20 error "$out.log" >&2; exit 1; }
 sed -i -e 's#// @sm90a ##g' -e 's/^\.target sm_[0-9]*/.target sm_90a/' \
     -e 's/^\.version [0-9.]*/.version 8.7/' "$out.ptx"
-ptxas -arch=sm_90a -v "$out.ptx" -o "$out.cubin" 2>&1 | grep -v C7519
+# clang states no .reqntid, from which program.c derives the entry's .maxnreg for setmaxnreg.
+if [ -n "${MAXNREG:-}" ]; then
+    sed -i "/^\.visible \.entry/,/^)/ s/^)$/)\n.maxnreg $MAXNREG/" "$out.ptx"
+fi
+ptxas -arch=sm_90a -v "$out.ptx" -o "$out.cubin" 2>&1
 cuobjdump -sass "$out.cubin" > "$out.sass"
 grep -oE '^ +/\*[0-9a-f]{4,5}\*/ +[^;]*' "$out.sass" |
     awk '{ op = $2; if (op ~ /^@/) op = $3; sub(/\..*/, "", op); n[op]++ }
