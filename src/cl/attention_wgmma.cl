@@ -147,12 +147,25 @@ __attribute__((always_inline)) inline void attn_wg_p_ds(float4 *p4, float4 *ds4,
     float s[WG_COLS / 2], dp[WG_COLS / 2];
     wg_fence();
     attn_wg_scores(s, qa, kt, wg, 1);
+    wg_commit();
     attn_wg_scores(dp, da, vt, wg, 1);
     wg_commit();
-    wg_wait(0);
+    wg_wait(1); /* S is in: without a softcap, P's exponentials run under dP's product */
     attn_wg_acc4(p4, s, WG_COLS / 8);
+    if (softcap <= 0.0f) {
+#pragma unroll
+        for (int j = 0; j < WG_COLS / 8; ++j)
+            p4[j] = attn_exp4(p4[j] * (scale * M_LOG2E_F) - l4[j]);
+    }
+    wg_wait(0);
     attn_wg_acc4(ds4, dp, WG_COLS / 8);
-    attn_p_ds_tiles(p4, ds4, l4, d4, WG_COLS / 8, scale, softcap);
+    if (softcap > 0.0f) {
+        attn_p_ds_tiles(p4, ds4, l4, d4, WG_COLS / 8, scale, softcap);
+    } else {
+#pragma unroll
+        for (int j = 0; j < WG_COLS / 8; ++j)
+            ds4[j] = p4[j] * (ds4[j] - d4[j]) * scale; /* attn_p_ds_tiles's */
+    }
 }
 
 /*
