@@ -18,9 +18,9 @@
 # Writes OUT.cl, OUT.ptx, OUT.cubin and OUT.sass; prints ptxas's report (its C75xx lines say where
 # it serialises or waits for wgmma) and the count of each opcode. MAXNREG=R states the entry's
 # register count as program.c does for kernels that use setmaxnreg (65536 / work-items, in 8s:
-# 168 for 384), which clang's PTX cannot carry. Needs clang-15 and libclc-15 (Debian), and ptxas, cuobjdump and nvdisasm (the CUDA
-# toolkit, or pip's nvidia-cuda-nvcc, nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm) in PATH or
-# /usr/local/cuda/bin.
+# 168 for 384), which clang's PTX cannot carry. Needs clang-15 and libclc-15 (Debian), and ptxas,
+# cuobjdump and nvdisasm (the CUDA toolkit, or pip's nvidia-cuda-nvcc, nvidia-cuda-cuobjdump and
+# nvidia-cuda-nvdisasm) in PATH or /usr/local/cuda/bin.
 set -euo pipefail
 
 if [ $# -lt 2 ]; then

@@ -480,6 +480,17 @@ static llmcl_status attn_dq_ds_config(llmcl_ctx *ctx, const attn_geom *g, const 
 }
 
 /*
+ * The forward's PERSIST where its copies are by TMA: as many work-groups a compute unit as its
+ * default tiles let share one, one past D = 64 and three at D = 64 (on the H200, B4 Hq32 T4096
+ * D128: 1.106 -> 0.935 ms; T2048 D64: 0.239 -> 0.221, T4096 D64 level; at D 64 one or two a
+ * compute unit were slower, 0.92-1.51 against 0.81 ms).
+ */
+static long attn_fwd_persist(const attn_geom *g, long tma)
+{
+    return tma != 1 ? 0 : g->D > 64 ? 1 : 3;
+}
+
+/*
  * The wgmma kernels' parameters: BLOCK_M 64 or 128 query rows, BLOCK_N 64 or 128 keys (a
  * warpgroup of 128 work-items per 64 queries, or keys in dK/dV); the forward's STAGES 3 to 5
  * buffers of K and V, dK/dV's 2 (or 3 with TMA) of Q and dO; TMA 1 (copies by TMA, with producer
@@ -495,17 +506,6 @@ static llmcl_status attn_dq_ds_config(llmcl_ctx *ctx, const attn_geom *g, const 
  * On the H200: DS_SLABS 3 at D = 128, 2 at D = 64, and the forward persistent (attn_fwd_persist).
  * Tuned values that do not fit fall back to the defaults unless overridden.
  */
-/*
- * The forward's PERSIST where its copies are by TMA: as many work-groups a compute unit as its
- * default tiles let share one, one past D = 64 and three at D = 64 (on the H200, B4 Hq32 T4096
- * D128: 1.106 -> 0.935 ms; T2048 D64: 0.239 -> 0.221, T4096 D64 level; at D 64 one or two a
- * compute unit were slower, 0.92-1.51 against 0.81 ms).
- */
-static long attn_fwd_persist(const attn_geom *g, long tma)
-{
-    return tma != 1 ? 0 : g->D > 64 ? 1 : 3;
-}
-
 static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const attn_kernel *k,
                                       const char *cls, llmcl__params *p, attn_tiles *tiles,
                                       size_t *wg)
