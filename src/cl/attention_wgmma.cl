@@ -82,6 +82,10 @@ LLMCL_WG_MMA_SS(attn_wg_qk_BF16, "bf16", WG_COLS, "0", "0")
 LLMCL_WG_MMA_SS(attn_wg_qk_F16, "f16", WG_COLS, "0", "0")
 LLMCL_WG_MMA_RS(attn_wg_pv_BF16, "bf16", D, "1")
 LLMCL_WG_MMA_RS(attn_wg_pv_F16, "f16", D, "1")
+#if WG_COLS == 128
+LLMCL_WG_MMA_SS(attn_wg_qk64_BF16, "bf16", 64, "0", "0")
+LLMCL_WG_MMA_SS(attn_wg_qk64_F16, "f16", 64, "0", "0")
+#endif
 
 /*
  * Rows n0 .. n0 + WG_COLS of two streamed operands (K and V, or Q and dO) into the buffers at kt
@@ -122,6 +126,34 @@ __attribute__((always_inline)) inline void attn_wg_pv(float *o, const uint4 *pf,
         LLMCL_CAT(attn_wg_pv_, IO_DT)(o, pf[j], wg_desc(vt + j * 16 * 128, WG_COLS * 128, 1024));
 }
 
+#if WG_COLS == 128
+/*
+ * Half hf (64 columns) of attn_wg_scores: s (32 floats) = warpgroup wg's 64 rows of the tile at
+ * qa times columns 64 hf .. 64 hf + 63 of the streamed tile at kt, transposed.
+ */
+__attribute__((always_inline)) inline void attn_wg_scores_half(float *s, uint qa, uint kt, int wg,
+                                                               int hf)
+{
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+        const uint atom = ks / 4, col = ks % 4 * 32;
+        const ulong dq = wg_desc(qa + atom * WG_ROWS * 128 + wg * 64 * 128 + col, 16, 1024);
+        const ulong dk = wg_desc(kt + atom * WG_COLS * 128 + hf * 64 * 128 + col, 16, 1024);
+        LLMCL_CAT(attn_wg_qk64_, IO_DT)(s, dq, dk, ks > 0);
+    }
+}
+
+/* Issues o += the 64 columns of half hf of P (its four A fragments a) times rows of vt. */
+__attribute__((always_inline)) inline void attn_wg_pv_half(float *o, const uint4 *a, uint vt,
+                                                           int hf)
+{
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        LLMCL_CAT(attn_wg_pv_, IO_DT)(o, a[j],
+                                      wg_desc(vt + (4 * hf + j) * 16 * 128, WG_COLS * 128, 1024));
+}
+#endif
+
 /* n float4 from the accumulator registers x, once the wgmma that wrote them was waited for. */
 __attribute__((always_inline)) inline void attn_wg_acc4(float4 *y, float *x, int n)
 {
@@ -131,6 +163,35 @@ __attribute__((always_inline)) inline void attn_wg_acc4(float4 *y, float *x, int
         for (int e = 0; e < 4; ++e)
             wg_keep_f(x + 4 * j + e);
         y[j] = (float4)(x[4 * j], x[4 * j + 1], x[4 * j + 2], x[4 * j + 3]);
+    }
+}
+
+/*
+ * P and dS in p4 and ds4 (n tiles each) from the score products in s and dp (attn_p_ds_tiles:
+ * l4 and d4 hold each element's query statistics), once they are waited for: S's group with at
+ * most `behind` groups after it (dP's and those committed after dP), then dP's. Without a
+ * softcap, P's exponentials run under dP's product.
+ */
+__attribute__((always_inline)) inline void attn_wg_p_ds_n(float4 *p4, float4 *ds4, float *s,
+                                                          float *dp, int n, int behind,
+                                                          const float4 *l4, const float4 *d4,
+                                                          float scale, float softcap)
+{
+    wg_wait(behind);
+    attn_wg_acc4(p4, s, n);
+    if (softcap <= 0.0f) {
+#pragma unroll
+        for (int j = 0; j < n; ++j)
+            p4[j] = attn_exp4(p4[j] * (scale * M_LOG2E_F) - l4[j]);
+    }
+    wg_wait(behind - 1);
+    attn_wg_acc4(ds4, dp, n);
+    if (softcap > 0.0f) {
+        attn_p_ds_tiles(p4, ds4, l4, d4, n, scale, softcap);
+    } else {
+#pragma unroll
+        for (int j = 0; j < n; ++j)
+            ds4[j] = p4[j] * (ds4[j] - d4[j]) * scale; /* attn_p_ds_tiles's */
     }
 }
 
@@ -150,22 +211,7 @@ __attribute__((always_inline)) inline void attn_wg_p_ds(float4 *p4, float4 *ds4,
     wg_commit();
     attn_wg_scores(dp, da, vt, wg, 1);
     wg_commit();
-    wg_wait(1); /* S is in: without a softcap, P's exponentials run under dP's product */
-    attn_wg_acc4(p4, s, WG_COLS / 8);
-    if (softcap <= 0.0f) {
-#pragma unroll
-        for (int j = 0; j < WG_COLS / 8; ++j)
-            p4[j] = attn_exp4(p4[j] * (scale * M_LOG2E_F) - l4[j]);
-    }
-    wg_wait(0);
-    attn_wg_acc4(ds4, dp, WG_COLS / 8);
-    if (softcap > 0.0f) {
-        attn_p_ds_tiles(p4, ds4, l4, d4, WG_COLS / 8, scale, softcap);
-    } else {
-#pragma unroll
-        for (int j = 0; j < WG_COLS / 8; ++j)
-            ds4[j] = p4[j] * (ds4[j] - d4[j]) * scale; /* attn_p_ds_tiles's */
-    }
+    attn_wg_p_ds_n(p4, ds4, s, dp, WG_COLS / 8, 1, l4, d4, scale, softcap);
 }
 
 /*
@@ -705,6 +751,35 @@ attn_bwd_dq_wgmma(ATTN_DQ_PARAMS ATTN_TMA_PARAMS)
 #ifndef DS_STORE
 #define DS_STORE 0
 #endif
+/*
+ * On 128-query tiles, each tile's products in two halves of 64 queries: the second half's S^T
+ * and dP^T run under the first half's P, dS, dV and dK, and a lane holds the score accumulators
+ * of one half at a time (at D 64 those of a whole tile overflow its 240 registers).
+ */
+#ifndef DKDV_HALVES
+#define DKDV_HALVES (WG_COLS == 128 && !DKDV_PAIR)
+#endif
+/* Half hf of a tile: P^T and dS^T of its 64 queries from s and dp, masked, into pf and sf. */
+#define DKDV_HALF(hf, s, dp)                                                                      \
+    do {                                                                                          \
+        float4 l4_[MMA_MT / 2], d4_[MMA_MT / 2], st4_[MMA_MT / 2], dpt4_[MMA_MT / 2];             \
+        _Pragma("unroll") for (int j_ = 0; j_ < MMA_MT / 2; ++j_) {                               \
+            const int col_ = 64 * (hf) + j_ * 8 + 2 * t4;                                         \
+            const float2 l_ = vload2(0, ls + col_), d_ = vload2(0, ds + col_);                    \
+            l4_[j_] = (float4)(l_, l_);                                                           \
+            d4_[j_] = (float4)(d_, d_);                                                           \
+        }                                                                                         \
+        attn_wg_p_ds_n(st4_, dpt4_, s, dp, MMA_MT / 2, 1 + (hf), l4_, d4_, scale, softcap);       \
+        const int mh_ = m0 + 64 * (hf);                                                           \
+        if (attn_tile_masked(mh_, 64, n0, BLOCK_N, sq.tq, sq.tk, wl, wr)) {                       \
+            attn_mask_tiles(st4_, MMA_MT / 2, 0.0f, c0, mh_, true, sq, wl, wr, t4);               \
+            attn_mask_tiles(dpt4_, MMA_MT / 2, 0.0f, c0, mh_, true, sq, wl, wr, t4);              \
+        }                                                                                         \
+        _Pragma("unroll") for (int j_ = 0; j_ < 4; ++j_) {                                        \
+            pf[4 * (hf) + j_] = attn_acc_to_a(st4_[2 * j_], st4_[2 * j_ + 1]);                    \
+            sf[4 * (hf) + j_] = attn_acc_to_a(dpt4_[2 * j_], dpt4_[2 * j_ + 1]);                  \
+        }                                                                                         \
+    } while (0)
 #ifndef DS_SLABS
 #define DS_SLABS 2
 #endif
@@ -961,14 +1036,16 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_DS_PARAMS ATTN_TMA_PARAMS)
             WG_STAGE(t + 1);
         mma_cp_commit();
 #endif
-        float4 l4[MMA_MT], d4[MMA_MT];
         const __local float *ls = lse2s + t % STAGES * BLOCK_M, *ds = dls + t % STAGES * BLOCK_M;
+#if !DKDV_HALVES
+        float4 l4[MMA_MT], d4[MMA_MT];
 #pragma unroll
         for (int j = 0; j < MMA_MT; ++j) {
             const float2 l = vload2(0, ls + j * 8 + 2 * t4), d = vload2(0, ds + j * 8 + 2 * t4);
             l4[j] = (float4)(l, l);
             d4[j] = (float4)(d, d);
         }
+#endif
 #if DKDV_PAIR
         uint4 af[BLOCK_M / 16];
         attn_wg_pair_a(af, wg, lid, t, ka, va, qt, dt, l4, d4,
@@ -976,6 +1053,32 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_DS_PARAMS ATTN_TMA_PARAMS)
                        sq, wl, wr, t4, scale, softcap, g_buf, g_full, g_free);
         wg_fence();
         attn_wg_pv(acc, af, wg ? qt : dt); /* dV += P^T dO, or dK += dS^T Q */
+#elif DKDV_HALVES
+        uint4 pf[BLOCK_M / 16], sf[BLOCK_M / 16];
+        float s0[32], dp0[32], s1[32], dp1[32];
+        wg_fence();
+        attn_wg_scores_half(s0, ka, qt, wg, 0);
+        wg_commit();
+        attn_wg_scores_half(dp0, va, dt, wg, 0);
+        wg_commit();
+        /* the first half's groups: S^T, dP^T; the second's: S^T, dP^T, then the first's dV, dK */
+        DKDV_HALF(0, s0, dp0);
+        wg_fence();
+        attn_wg_scores_half(s1, ka, qt, wg, 1);
+        wg_commit();
+        attn_wg_scores_half(dp1, va, dt, wg, 1);
+        wg_commit();
+        attn_wg_pv_half(gv, pf, dt, 0);
+        attn_wg_pv_half(gk, sf, qt, 0);
+        wg_commit();
+        DKDV_HALF(1, s1, dp1);
+#if DS_STORE
+        const uint slab = mma_smem(dss) + (DS_SLABS * wg + t % DS_SLABS) * DS_SLAB;
+        attn_ds_write(sf, slab, wg, lid);
+#endif
+        wg_fence();
+        attn_wg_pv_half(gv, pf + 4, dt, 1);
+        attn_wg_pv_half(gk, sf + 4, qt, 1);
 #else
         float4 st4[MMA_MT], dpt4[MMA_MT];
         attn_wg_p_ds(st4, dpt4, ka, qt, va, dt, wg, l4, d4, scale, softcap); /* P^T and dS^T */

@@ -242,13 +242,15 @@ inline void wg_commit(void)
     asm volatile("// @sm90a wgmma.commit_group.sync.aligned;" ::: "memory");
 }
 
-/* Waits until at most n (0 or 1) committed wgmma groups of the warpgroup are still running. */
+/* Waits until at most n (0, 1 or 2) committed wgmma groups of the warpgroup are still running. */
 inline void wg_wait(int n)
 {
     if (n <= 0)
         asm volatile("// @sm90a wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    else
+    else if (n == 1)
         asm volatile("// @sm90a wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    else
+        asm volatile("// @sm90a wgmma.wait_group.sync.aligned 2;" ::: "memory");
 }
 
 /*
