@@ -99,6 +99,18 @@ attn_wg_kv(uint kt, uint vt, const __global io_t *k, long sk_t, const __global i
     attn_copy_rows(vt, v + n0 * sv_t, sv_t, WG_COLS, n_all - n0, lid, WG_THREADS, 1);
 }
 
+/* k-step ks (16 of D) of warpgroup wg's 64 rows of the resident tile at qa, as wgmma's A. */
+inline ulong attn_wg_rows_desc(uint qa, int wg, int ks)
+{
+    return wg_desc(qa + ks / 4 * WG_ROWS * 128 + wg * 64 * 128 + ks % 4 * 32, 16, 1024);
+}
+
+/* k-step ks of the streamed tile at kt from its row r0, as wgmma's B. */
+inline ulong attn_wg_cols_desc(uint kt, int r0, int ks)
+{
+    return wg_desc(kt + ks / 4 * WG_COLS * 128 + r0 * 128 + ks % 4 * 32, 16, 1024);
+}
+
 /*
  * Issues s = warpgroup wg's 64 rows of the resident tile at qa (Q or dO; K or V in dK/dV) times
  * the streamed tile at kt (K or V; Q or dO), transposed; s += that without overwrite.
@@ -107,12 +119,9 @@ __attribute__((always_inline)) inline void attn_wg_scores(float *s, uint qa, uin
                                                           bool overwrite)
 {
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-        const uint atom = ks / 4, col = ks % 4 * 32;
-        const ulong dq = wg_desc(qa + atom * WG_ROWS * 128 + wg * 64 * 128 + col, 16, 1024);
-        const ulong dk = wg_desc(kt + atom * WG_COLS * 128 + col, 16, 1024);
-        LLMCL_CAT(attn_wg_qk_, IO_DT)(s, dq, dk, ks > 0 || !overwrite);
-    }
+    for (int ks = 0; ks < D / 16; ++ks)
+        LLMCL_CAT(attn_wg_qk_, IO_DT)(s, attn_wg_rows_desc(qa, wg, ks),
+                                      attn_wg_cols_desc(kt, 0, ks), ks > 0 || !overwrite);
 }
 
 /*
@@ -135,12 +144,9 @@ __attribute__((always_inline)) inline void attn_wg_scores_half(float *s, uint qa
                                                                int hf)
 {
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-        const uint atom = ks / 4, col = ks % 4 * 32;
-        const ulong dq = wg_desc(qa + atom * WG_ROWS * 128 + wg * 64 * 128 + col, 16, 1024);
-        const ulong dk = wg_desc(kt + atom * WG_COLS * 128 + hf * 64 * 128 + col, 16, 1024);
-        LLMCL_CAT(attn_wg_qk64_, IO_DT)(s, dq, dk, ks > 0);
-    }
+    for (int ks = 0; ks < D / 16; ++ks)
+        LLMCL_CAT(attn_wg_qk64_, IO_DT)(s, attn_wg_rows_desc(qa, wg, ks),
+                                        attn_wg_cols_desc(kt, 64 * hf, ks), ks > 0);
 }
 
 /* Issues o += the 64 columns of half hf of P (its four A fragments a) times rows of vt. */
