@@ -1067,7 +1067,8 @@ attn_bwd_dkdv_wgmma(ATTN_DKDV_PARAMS ATTN_DS_PARAMS ATTN_TMA_PARAMS)
         wg_commit();
         attn_wg_scores_half(dp0, va, dt, wg, 0);
         wg_commit();
-        /* the first half's groups: S^T, dP^T; the second's: S^T, dP^T, then the first's dV, dK */
+        /* DKDV_HALF(hf) waits for its S^T with 1 + hf groups still running: its dP^T, and in
+           the second half the first half's dV and dK */
         DKDV_HALF(0, s0, dp0);
         wg_fence();
         attn_wg_scores_half(s1, ka, qt, wg, 1);
