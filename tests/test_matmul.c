@@ -109,6 +109,8 @@ typedef struct mm_case {
     int a_batched, b_batched;      /* with batch > 1 */
     int a_col, b_col, c_col;       /* column-major storage of the view */
     int64_t pad, offset;           /* extra per stored line, elements before each view */
+    int aligned;                   /* 1: b and c at the view's offset too (else 3 and 5 further),
+                                      so that 8-element aligned offsets give TMA its copies */
     double alpha, beta;
     int bias;                      /* 0 none, 1 row bias [N], 2 column bias [M] */
     int split_k;
@@ -158,12 +160,13 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
     mm_tensor ta = mm_make(&rng, c->dt, c->a_batched, b, c->trans_a ? k : m, c->trans_a ? m : k,
                            c->a_col, c->pad, c->offset, av_view);
     mm_tensor tb = mm_make(&rng, c->dt, c->b_batched, b, c->trans_b ? n : k, c->trans_b ? k : n,
-                           c->b_col, c->pad, c->offset + 3, bv_view);
-    mm_tensor tc = mm_make(&rng, c->cdt, b > 1, b, m, n, c->c_col, c->pad, c->offset + 5, c_start);
+                           c->b_col, c->pad, c->offset + (c->aligned ? 0 : 3), bv_view);
+    const int64_t c_off = c->offset + (c->aligned ? 0 : 5);
+    mm_tensor tc = mm_make(&rng, c->cdt, b > 1, b, m, n, c->c_col, c->pad, c_off, c_start);
     mm_tensor tin = {0};
     if (apart)
         tin = mm_make(&rng, c->cdt, b > 1, b, m, n, c->c_col ^ (c->addend == ADDEND_OTHER),
-                      c->pad, c->offset + 5 + (c->addend == ADDEND_SHIFTED ? 1 : 8), cv);
+                      c->pad, c_off + (c->addend == ADDEND_SHIFTED ? 1 : 8), cv);
     llmcl_tensor *bias = NULL;
     if (c->bias) {
         const int64_t len = c->bias == 1 ? n : m;
@@ -542,7 +545,8 @@ static void check_tma_stores(void)
         c.bias = 1 + (int)(i & 1);
         c.beta = i & 1 ? 0.5 : 0.0;
         c.addend = i == 1 ? ADDEND_ALIKE : ADDEND_C;
-        c.offset = 3; /* C's offset 8 */
+        c.offset = 8; /* every operand's: TMA's copies and stores */
+        c.aligned = 1;
         const char *key = mma_key(c.trans_a);
         TH_OK(llmcl_tune_override(th_ctx(), key, c.dt, "*", sets[i]));
         mm_check(sets[i], &c, 850 + i);
