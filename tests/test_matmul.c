@@ -555,6 +555,50 @@ static void check_tma_stores(void)
     }
 }
 
+/*
+ * wgmma's accumulators started from beta C_in (MM_PRELOAD): large and small tiles asked for it,
+ * by TMA's copies and by cp.async's, tiles past C's rows and columns (an odd N in rows padded to
+ * an even stride, the last pair's single element), a weight gradient's transposed A into f32,
+ * 16-bit outputs with an addend apart and a batch; where alpha is 2 or the addend's pairs are
+ * not aligned the launcher refuses it, and the epilogue adds beta C_in as before.
+ */
+static void check_preload(void)
+{
+    static const char *const sets[] = {"BM=256 BN=192 WG_MB=2 STAGES=4 MM_WS=1 MM_PRELOAD=1",
+                                       "BM=128 BN=256 WG_MB=1 STAGES=4 MM_WS=1 MM_PRELOAD=1"};
+    for (int i = 0; i < 8; ++i) {
+        mm_case c = plain(LLMCL_BF16, 576, i & 2 ? 701 : 768, 200);
+        c.trans_a = i < 4;
+        c.trans_b = i >= 4;
+        c.cdt = i < 4 ? LLMCL_F32 : LLMCL_BF16;
+        c.beta = i & 4 ? -0.5 : 1.0;
+        c.pad = i & 2 ? 3 : 0;
+        c.aligned = !(i & 2); /* TMA's copies where the lines are not padded */
+        c.offset = c.aligned ? 8 : 0;
+        c.alpha = i == 7 ? 2.0 : 1.0;
+        c.addend = i == 5 ? ADDEND_ALIKE : i == 6 ? ADDEND_SHIFTED : ADDEND_C;
+        if (i == 4) {
+            c.batch = 2;
+            c.a_batched = c.b_batched = 1;
+        }
+        const char *key = mma_key(c.trans_a), *set = sets[i & 1];
+        char cls[16];
+        TH_OK(llmcl_tune_shape_class(c.n > c.m ? c.n : c.m, cls));
+        TH_OK(llmcl_tune_override(th_ctx(), key, c.dt, "*", set));
+        mm_check(set, &c, 870 + (uint64_t)i);
+        th_assert_launched_with(key, c.dt, cls, set);
+        TH_OK(llmcl_tune_override(th_ctx(), key, c.dt, "*", NULL));
+    }
+}
+
+static void test_preload(void **state)
+{
+    (void)state;
+    if (!llmcl_ctx_device_info(th_ctx())->has_wgmma)
+        skip();
+    check_preload();
+}
+
 /* Thin outputs are classed by their thin side: tiles forced at 8192's class do not reach an
    8192 x 16 product, and do reach 8192 x 100. */
 static void test_thin_class(void **state)
@@ -986,7 +1030,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_long_k),
         cmocka_unit_test(test_tiled_tunables),
         cmocka_unit_test(test_thin_class),
-        cmocka_unit_test(test_tensor_cores),      cmocka_unit_test(test_sumsq),
+        cmocka_unit_test(test_tensor_cores), cmocka_unit_test(test_preload),      cmocka_unit_test(test_sumsq),
         cmocka_unit_test(test_sumsq_growth),      cmocka_unit_test(test_bad_input),
     };
     return TH_RUN(tests);
