@@ -511,7 +511,7 @@ static const char *const wgmma_sets[8] = {
     "BM=256 BN=192 WG_MB=2 STAGES=4 MM_WS=1",
     "BM=128 BN=192 WG_MB=1 STAGES=5",
     "BM=128 BN=192 WG_MB=2 STAGES=3 GROUP_M=1",
-    "BM=192 BN=256 WG_MB=1 STAGES=4",
+    "BM=192 BN=256 WG_MB=1 STAGES=4 MM_WS=0",
     "BM=128 BN=128 WG_MB=1 STAGES=3 MM_WS=1",
     "BM=128 BN=64 WG_MB=2 STAGES=3 GROUP_M=1"};
 static const char *const mma_sets[8] = {"BM=64 BN=64 BK=32 WM=2 WN=2 STAGES=2",
@@ -713,17 +713,22 @@ static void test_tensor_cores(void **state)
         c.addend = inside[v].addend;
         mm_check("output tiles inside C", &c, 760 + (int)v);
     }
+    /* Each set by cp.async's copies (B and C 3 and 5 elements off A), then with every operand's
+       lines and offsets on 16 bytes, where wgmma's copies are TMA's (MM_WS only runs there). */
     const char *const *sets = wgmma ? wgmma_sets : mma_sets;
-    for (size_t i = 0; i < sizeof mma_sets / sizeof mma_sets[0]; ++i) {
-        mm_case c = plain(LLMCL_BF16, 333, 650, 200);
-        c.trans_a = (int)i & 1;
+    for (size_t i = 0; i < 2 * (sizeof mma_sets / sizeof mma_sets[0]); ++i) {
+        const int aligned = (int)i >= 8, set = (int)i % 8;
+        mm_case c = aligned ? plain(LLMCL_BF16, 344, 648, 200) : plain(LLMCL_BF16, 333, 650, 200);
+        c.aligned = aligned;
+        c.offset = aligned ? 8 : 0;
+        c.trans_a = set & 1;
         const char *key = mma_key(c.trans_a);
-        TH_OK(llmcl_tune_override(th_ctx(), key, LLMCL_BF16, "*", sets[i]));
-        c.trans_b = (int)(i >> 1) & 1;
+        TH_OK(llmcl_tune_override(th_ctx(), key, LLMCL_BF16, "*", sets[set]));
+        c.trans_b = (set >> 1) & 1;
         c.cdt = LLMCL_F32;
         c.split_k = 1;
-        mm_check(sets[i], &c, 800 + i);
-        th_assert_launched_with(key, LLMCL_BF16, "650", sets[i]);
+        mm_check(sets[set], &c, 800 + i);
+        th_assert_launched_with(key, LLMCL_BF16, "650", sets[set]);
         TH_OK(llmcl_tune_override(th_ctx(), key, LLMCL_BF16, "*", NULL));
     }
     if (wgmma) {
@@ -734,6 +739,8 @@ static void test_tensor_cores(void **state)
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=192 BN=256 WG_MB=1 STAGES=5"); /* 280 KiB */
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=256 BN=256 WG_MB=2 STAGES=3"); /* 256 acc */
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=160 WG_MB=1 STAGES=3");
+        /* three warpgroups of 128 accumulators a lane beside a producer warp: 152 registers */
+        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=192 BN=256 WG_MB=1 STAGES=3 MM_WS=1");
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=256 WG_MB=1 STAGES=4 MM_WS=2");
     } else {
         expect_refused("mm_mma", LLMCL_BF16, 2, "BM=256 BN=256 BK=64 WM=2 WN=2 STAGES=4");

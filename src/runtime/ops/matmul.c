@@ -672,10 +672,29 @@ static size_t wgmma_work_items(const llmcl__params *t, bool tma)
 }
 
 /*
+ * Whether a lane of mm_wgmma's warpgroups has the registers for its WG_MB x BN / 2 accumulators
+ * and the 26 that a product takes beside them (ptxas needs 154 for 64 x 256's 128): the 65536 of
+ * a multiprocessor over the work-group, in 8s, at most 255, or the 240 that a producer warpgroup
+ * leaves them (matmul.cl). 192 x 256 in blocks of 64 rows with a producer warp has 152, and
+ * NVIDIA's compiler refuses it.
+ */
+static bool wgmma_registers_fit(const llmcl__params *t)
+{
+    const long mb = llmcl__param_get(t, "WG_MB", 1), bn = llmcl__param_get(t, "BN", 0);
+    const size_t items = wgmma_work_items(t, true);
+    const size_t nt = wgmma_work_items(t, false);
+    long per = (long)(65536 / items / 8 * 8);
+    if (items - nt == 128)
+        per = 240;
+    return mb * bn / 2 + 26 <= (per < 255 ? per : 255);
+}
+
+/*
  * wgmma's tiles: BN 64, 128, 192 or 256 columns; WG_MB blocks of 64 rows a warpgroup (1 or 2,
- * with at most 192 accumulators a lane), one to three warpgroups; 64-deep slices in STAGES (3 to
- * 6); MM_WS, MM_TMA_STORE and MM_PRELOAD 0 or 1, MM_PRELOAD -1 leaving it to the launcher (the
- * store and the preload take effect where wgmma_stores_by_tma and wgmma_preloads say).
+ * with at most 192 accumulators a lane, and registers for them: wgmma_registers_fit), one to three
+ * warpgroups; 64-deep slices in STAGES (3 to 6); MM_WS, MM_TMA_STORE and MM_PRELOAD 0 or 1,
+ * MM_PRELOAD -1 leaving it to the launcher (the store and the preload take effect where
+ * wgmma_stores_by_tma and wgmma_preloads say).
  */
 static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
 {
@@ -688,7 +707,7 @@ static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
            bm > 0 && (ws == 0 || ws == 1) && (store == 0 || store == 1) && pre >= -1 && pre <= 1 &&
            bm % (64 * mb) == 0 && bm / (64 * mb) <= 3 && st >= 3 && st <= 6 &&
            wgmma_work_items(t, true) <= ctx->info.max_work_group_size &&
-           wgmma_stage_bytes(bm, bn, st) <= ctx->info.local_mem_static_bytes;
+           wgmma_registers_fit(t) && wgmma_stage_bytes(bm, bn, st) <= ctx->info.local_mem_static_bytes;
 }
 
 /*
