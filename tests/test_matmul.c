@@ -643,16 +643,23 @@ static void check_thin_tiles(void)
                 {fills - 64, 48, 600, 1, "BM=128 BN=64 WG_MB=1 STAGES=4"},
                 {48, fills + 1, 600, 1, "BM=64 BN=64 WG_MB=1 STAGES=6"},
                 {fills, 16, 4160, 0, "BM=128 BN=64 WG_MB=1 STAGES=4"}};
-    for (size_t i = 0; i < sizeof thin / sizeof thin[0]; ++i) {
-        mm_case c = plain(LLMCL_BF16, thin[i].m, thin[i].n, thin[i].k);
-        c.trans_a = thin[i].trans_a;
+    /* each by cp.async's copies, then with sizes rounded up to 8 and every operand at an aligned
+       offset, by TMA's */
+    const size_t cases = sizeof thin / sizeof thin[0];
+    for (size_t i = 0; i < 2 * cases; ++i) {
+        const int aligned = i >= cases, r = aligned ? 7 : 0;
+        mm_case c = plain(LLMCL_BF16, (thin[i % cases].m + r) & ~r, (thin[i % cases].n + r) & ~r,
+                          (thin[i % cases].k + r) & ~r);
+        c.aligned = aligned;
+        c.offset = aligned ? 8 : 0;
+        c.trans_a = thin[i % cases].trans_a;
         c.trans_b = !c.trans_a;
         c.cdt = c.trans_a ? LLMCL_F32 : LLMCL_BF16;
         c.beta = c.trans_a ? 1.0 : 0.0;
-        mm_check(thin[i].tiles, &c, 880 + (int)i);
+        mm_check(thin[i % cases].tiles, &c, 880 + (int)i);
         char size[16]; /* thin products are classed by their thin side */
         snprintf(size, sizeof size, "%lld", (long long)(c.m < c.n ? c.m : c.n));
-        th_assert_launched_with(mma_key(c.trans_a), LLMCL_BF16, size, thin[i].tiles);
+        th_assert_launched_with(mma_key(c.trans_a), LLMCL_BF16, size, thin[i % cases].tiles);
     }
 }
 
