@@ -1044,8 +1044,11 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_long_k),
         cmocka_unit_test(test_tiled_tunables),
         cmocka_unit_test(test_thin_class),
-        cmocka_unit_test(test_tensor_cores), cmocka_unit_test(test_preload),      cmocka_unit_test(test_sumsq),
-        cmocka_unit_test(test_sumsq_growth),      cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_tensor_cores),
+        cmocka_unit_test(test_preload),
+        cmocka_unit_test(test_sumsq),
+        cmocka_unit_test(test_sumsq_growth),
+        cmocka_unit_test(test_bad_input),
     };
     return TH_RUN(tests);
 }

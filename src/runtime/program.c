@@ -424,9 +424,15 @@ static void remove_all(char *s, const char *mark)
     *w = '\0';
 }
 
+unsigned llmcl__nv_item_registers(size_t work_items)
+{
+    const size_t per = work_items > 0 ? 65536 / work_items / 8 * 8 : 255;
+    return per < 255 ? (unsigned)per : 255;
+}
+
 /*
- * After each kernel's ".reqntid X, Y, Z" line, ".maxnreg R": the most registers (a multiple of 8,
- * at most 255) that X Y Z work-items can hold. The JIT ignores setmaxnreg (warning C7508) unless
+ * After each kernel's ".reqntid X, Y, Z" line, ".maxnreg R": the most registers that X Y Z
+ * work-items can hold (llmcl__nv_item_registers). The JIT ignores setmaxnreg (warning C7508) unless
  * the PTX states the register count at entry, which NVIDIA's front end leaves out. A new string,
  * or NULL without memory.
  */
@@ -449,8 +455,7 @@ static char *with_maxnreg(const char *ptx)
         w += eol - r;
         unsigned x = 1, y = 1, z = 1;
         sscanf(p + sizeof key - 1, "%u, %u, %u", &x, &y, &z);
-        const unsigned threads = x * y * z, per = threads > 0 ? 65536 / threads / 8 * 8 : 255;
-        w += sprintf(w, "\n.maxnreg %u", per < 255 ? per : 255);
+        w += sprintf(w, "\n.maxnreg %u", llmcl__nv_item_registers((size_t)x * y * z));
         r = eol;
     }
 }

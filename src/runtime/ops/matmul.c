@@ -257,18 +257,18 @@ static llmcl_status element_launch(const mm_problem *p, int rvec, llmcl__args *g
     return llmcl__launch(g, 3, global, local);
 }
 
-/* Whether c's rows and the addend's are runs along n aligned to four elements (N too). */
-static bool rows_aligned4(const mm_problem *p)
+/* Whether c's rows and the addend's are runs along n that start on multiples of k elements. */
+static bool rows_aligned(const mm_problem *p, int64_t k)
 {
     const int64_t cin_off = p->cin ? p->cin->offset : p->c.off;
-    return p->N % 4 == 0 && p->c.s1 == 1 && p->c.off % 4 == 0 && p->c.s0 % 4 == 0 &&
-           (p->batch == 1 || p->c.sb % 4 == 0) && cin_off % 4 == 0;
+    return p->c.s1 == 1 && p->c.off % k == 0 && p->c.s0 % k == 0 &&
+           (p->batch == 1 || p->c.sb % k == 0) && cin_off % k == 0;
 }
 
 /* Launches mm_reduce over the slices in ws. */
 static llmcl_status reduce_slices(const mm_problem *p, int64_t slices, const llmcl_tensor *ws)
 {
-    const int rvec = rows_aligned4(p) ? 4 : 1;
+    const int rvec = p->N % 4 == 0 && rows_aligned(p, 4) ? 4 : 1;
     llmcl__args g;
     LLMCL__TRY(element_kernel(p, "mm_reduce", true, rvec, &g));
     llmcl__arg_i64(&g, slices);
@@ -673,20 +673,19 @@ static size_t wgmma_work_items(const llmcl__params *t, bool tma)
 
 /*
  * Whether a lane of mm_wgmma's warpgroups has the registers for its WG_MB x BN / 2 accumulators
- * and the 26 that a product takes beside them (ptxas needs 154 for 64 x 256's 128): the 65536 of
- * a multiprocessor over the work-group, in 8s, at most 255, or the 240 that a producer warpgroup
- * leaves them (matmul.cl). 192 x 256 in blocks of 64 rows with a producer warp has 152, and
- * NVIDIA's compiler refuses it.
+ * and the 26 that a product takes beside them (ptxas needs 154 for 64 x 256's 128): its share of
+ * the work-group's (llmcl__nv_item_registers), or the 240 that a producer warpgroup leaves them
+ * (matmul.cl). 192 x 256 in blocks of 64 rows with a producer warp has 152, and NVIDIA's compiler
+ * refuses it.
  */
 static bool wgmma_registers_fit(const llmcl__params *t)
 {
     const long mb = llmcl__param_get(t, "WG_MB", 1), bn = llmcl__param_get(t, "BN", 0);
     const size_t items = wgmma_work_items(t, true);
-    const size_t nt = wgmma_work_items(t, false);
-    long per = (long)(65536 / items / 8 * 8);
-    if (items - nt == 128)
-        per = 240;
-    return mb * bn / 2 + 26 <= (per < 255 ? per : 255);
+    const long per = items - wgmma_work_items(t, false) == 128
+                         ? 240
+                         : (long)llmcl__nv_item_registers(items);
+    return mb * bn / 2 + 26 <= per;
 }
 
 /*
@@ -706,8 +705,8 @@ static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
     return bn > 0 && bn <= 256 && bn % 64 == 0 && (mb == 1 || mb == 2) && mb * bn <= 384 &&
            bm > 0 && (ws == 0 || ws == 1) && (store == 0 || store == 1) && pre >= -1 && pre <= 1 &&
            bm % (64 * mb) == 0 && bm / (64 * mb) <= 3 && st >= 3 && st <= 6 &&
-           wgmma_work_items(t, true) <= ctx->info.max_work_group_size &&
-           wgmma_registers_fit(t) && wgmma_stage_bytes(bm, bn, st) <= ctx->info.local_mem_static_bytes;
+           wgmma_work_items(t, true) <= ctx->info.max_work_group_size && wgmma_registers_fit(t) &&
+           wgmma_stage_bytes(bm, bn, st) <= ctx->info.local_mem_static_bytes;
 }
 
 /*
@@ -864,10 +863,7 @@ static bool wgmma_stores_by_tma(const llmcl_ctx *ctx, const llmcl__params *t, bo
 static bool wgmma_preloads(const mm_problem *p, const llmcl__mm_ce *ce, const llmcl__params *t,
                            int64_t tiles)
 {
-    const llmcl_tensor *cin = p->cin ? p->cin : p->c.t;
-    const int64_t cid = cin->offset - p->c.t->offset;
-    if (ce || p->alpha != 1.0f || p->beta == 0.0f || p->c.s1 != 1 ||
-        ((p->c.off | p->c.s0 | p->c.sb | cid) & 1) != 0)
+    if (ce || p->alpha != 1.0f || p->beta == 0.0f || !rows_aligned(p, 2))
         return false;
     const long asked = llmcl__param_get(t, "MM_PRELOAD", -1);
     if (asked >= 0)
