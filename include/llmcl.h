@@ -881,7 +881,9 @@ typedef struct llmcl_matmul_opts {
  * each with the default tiles), and f32 takes CLBlast only for K within the limit.
  * llmcl_tune_params_get(ctx, "mm_wgmma", "mm_wgmma_at" (wgmma with a transposed), "mm_mma",
  * "mm_mma_at" (mma.sync with a transposed) or "mm_tiled", ...) reports the parameters of the path
- * that ran.
+ * that ran; for wgmma's, MM_WS is 1 only where the producers ran (TMA's copies), MM_TMA_STORE and
+ * a forced MM_PRELOAD say whether the stores and the preload were taken, and MM_PRELOAD -1 that
+ * the launcher chose.
  *
  * opts->sumsq adds the squares of c's new values to a llmcl_sumsq, so that a weight gradient's
  * share of the global norm costs no pass over it: mm_wgmma into an f32 c, unsplit, sums them in

@@ -505,16 +505,19 @@ static int64_t mm_size_key(int64_t m, int64_t n)
 /*
  * The database's tiles for key over the launcher's defaults in *t (classed by mm_size_key): a file
  * entry that does not fit gives way to the defaults, a forced override that does not fit is an
- * error (so that the tuner never times a substitute).
+ * error (so that the tuner never times a substitute). *recorded (where not NULL) receives the
+ * lookup, so that the launcher can record the values it settles on.
  */
 static llmcl_status pick_tiles(const mm_problem *p, const char *key,
                                bool (*fits)(const llmcl_ctx *, const llmcl__params *),
-                               llmcl__params *t)
+                               llmcl__params *t, llmcl__tune_lookup *recorded)
 {
     const llmcl__params defaults = *t;
     char cls[16], text[256] = "";
     llmcl__shape_class(mm_size_key(p->M, p->N), cls);
     const llmcl__tune_lookup lookup = llmcl__params_lookup(p->ctx, key, p->a.t->dtype, cls, t);
+    if (recorded)
+        *recorded = lookup;
     if (fits(p->ctx, t))
         return LLMCL_OK;
     size_t n = 0;
@@ -641,7 +644,7 @@ static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc, const llmcl
                                       2 * (int64_t)ctx->info.compute_units)
         mma_default_tiles(&t, false, a_kc);
     if (!ce)
-        LLMCL__TRY(pick_tiles(p, mma_key(a_kc), mma_tiles_ok, &t));
+        LLMCL__TRY(pick_tiles(p, mma_key(a_kc), mma_tiles_ok, &t, NULL));
     int64_t tiles;
     LLMCL__TRY(mma_tiles(p, &t, llmcl__param_get(&t, "BN", 128), &tiles));
     llmcl__defines d = {0};
@@ -880,17 +883,25 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     llmcl__params t = {0};
     wgmma_default_tiles(
         &t, wgmma_takes_large(p->ctx, p->M, p->N, epilogue_of(ce), p->bias != NULL), can_store);
+    llmcl__tune_lookup lookup = {0};
     if (!ce) {
         wgmma_thin_tiles(p, &t);
-        LLMCL__TRY(pick_tiles(p, wgmma_key(a_kc), wgmma_tiles_ok, &t));
+        LLMCL__TRY(pick_tiles(p, wgmma_key(a_kc), wgmma_tiles_ok, &t, &lookup));
     }
     const int64_t bm = llmcl__param_get(&t, "BM", 0), bn = llmcl__param_get(&t, "BN", 0);
     const int64_t mb = llmcl__param_get(&t, "WG_MB", 1);
     int64_t tiles;
     LLMCL__TRY(mma_tiles(p, &t, bn, &tiles));
     const bool store = wgmma_stores_by_tma(p->ctx, &t, can_store);
+    /* llmcl_tune_params_get reports what runs (the producers only with TMA's copies), but a
+       preload left to the launcher stays -1, so that llmcl-tune's entries leave it so */
     llmcl__param_set(&t, "MM_TMA_STORE", store);
-    llmcl__param_set(&t, "MM_PRELOAD", wgmma_preloads(p, ce, &t, tiles));
+    llmcl__param_set(&t, "MM_WS", tma && llmcl__param_get(&t, "MM_WS", 0));
+    const bool preload = wgmma_preloads(p, ce, &t, tiles);
+    if (llmcl__param_get(&t, "MM_PRELOAD", -1) >= 0)
+        llmcl__param_set(&t, "MM_PRELOAD", preload);
+    llmcl__params_record(&lookup, &t);
+    llmcl__param_set(&t, "MM_PRELOAD", preload);
     llmcl__defines d = {0};
     mma_defines(p, a_kc, b_kc, ce, &t, &d);
     llmcl__define_int(&d, "MM_WGMMA", 1);
@@ -964,7 +975,7 @@ static llmcl_status run_tiled(const mm_problem *p)
     llmcl__param_set(&t, "BK", 16);
     llmcl__param_set(&t, "TM", 4);
     llmcl__param_set(&t, "TN", 4);
-    LLMCL__TRY(pick_tiles(p, LLMCL_KEY_MM_TILED, tiled_ok, &t));
+    LLMCL__TRY(pick_tiles(p, LLMCL_KEY_MM_TILED, tiled_ok, &t, NULL));
     const int64_t tt = llmcl__param_get(&t, "T", 64);
     const int64_t tiles = llmcl__div_up(p->M, tt) * llmcl__div_up(p->N, tt);
     llmcl__defines d = {0};
