@@ -589,10 +589,14 @@ static void check_tma_stores(void)
  * an even stride, the last pair's single element), a weight gradient's transposed A into f32,
  * 16-bit outputs with an addend apart and a batch; where alpha is 2 or the addend's pairs are
  * not aligned the launcher refuses it, and the epilogue adds beta C_in as before. The launcher
- * reports which it ran.
+ * reports which it ran. f32 outputs also sum their squares in the epilogue (opts.sumsq).
  */
+static double sumsq_total(llmcl_sumsq *s);
+
 static void check_preload(void)
 {
+    llmcl_sumsq *s = NULL;
+    TH_OK(llmcl_sumsq_create(th_ctx(), &s));
     static const char *const sets[] = {"BM=256 BN=192 WG_MB=2 STAGES=4 MM_WS=1 MM_PRELOAD=1",
                                        "BM=128 BN=256 WG_MB=1 STAGES=4 MM_WS=1 MM_PRELOAD=1"};
     for (int i = 0; i < 8; ++i) {
@@ -614,12 +618,29 @@ static void check_preload(void)
         char cls[16];
         TH_OK(llmcl_tune_shape_class(c.n > c.m ? c.n : c.m, cls));
         TH_OK(llmcl_tune_override(th_ctx(), key, c.dt, "*", set));
-        mm_check(set, &c, 870 + (uint64_t)i);
+        if (c.cdt == LLMCL_F32 && c.pad == 0) { /* the epilogue's squares of what it stored */
+            c.sumsq = s;
+            double *ref, *got;
+            th_tol tol;
+            got = mm_run(&c, 870 + (uint64_t)i, &ref, &tol);
+            TH_ASSERT_CLOSE(set, ref, got, (size_t)(c.m * c.n), tol);
+            double squares = 0.0;
+            for (int64_t j = 0; j < c.m * c.n; ++j)
+                squares += got[j] * got[j];
+            const double total = sumsq_total(s);
+            TH_ASSERT_CLOSE("squares of preloaded tiles", &squares, &total, 1,
+                            (th_tol){0, 2e-5});
+            free(ref);
+            free(got);
+        } else {
+            mm_check(set, &c, 870 + (uint64_t)i);
+        }
         char want[160];
         assert_wgmma_ran(key, c.dt, cls, with_param(set, "MM_PRELOAD", i < 6, want, sizeof want),
                          c.aligned);
         TH_OK(llmcl_tune_override(th_ctx(), key, c.dt, "*", NULL));
     }
+    llmcl_sumsq_destroy(s);
 }
 
 static void test_preload(void **state)
