@@ -520,15 +520,21 @@ static const char *with_param(const char *set, const char *name, long value, cha
 
 /*
  * That a forced wgmma set ran as asked, with its producers (MM_WS, 1 unless the set says 0) where
- * the copies were TMA's and none where they were cp.async's: the launcher reports what runs.
+ * the copies were TMA's and none where they were cp.async's: the launcher reports what runs. tma:
+ * the operands suit TMA, which runs where the device has it (not under --cp-async); without it
+ * the epilogue stores from the registers whatever the set asks (MM_TMA_STORE 0).
  */
 static void assert_wgmma_ran(const char *key, llmcl_dtype dt, const char *cls, const char *set,
                              int tma)
 {
-    char want[192];
-    th_assert_launched_with(key, dt, cls,
-                            with_param(set, "MM_WS", tma && !strstr(set, "MM_WS=0"), want,
-                                       sizeof want));
+    char ws[192], want[192];
+    tma = tma && llmcl_ctx_device_info(th_ctx())->has_tma;
+    with_param(set, "MM_WS", tma && !strstr(set, "MM_WS=0"), ws, sizeof ws);
+    if (!tma && strstr(set, "MM_TMA_STORE="))
+        with_param(ws, "MM_TMA_STORE", 0, want, sizeof want);
+    else
+        snprintf(want, sizeof want, "%s", ws);
+    th_assert_launched_with(key, dt, cls, want);
 }
 
 /* Forced tile sets: wgmma's (BM x BN, WG_MB blocks of 64 rows a warpgroup, STAGES), or
