@@ -7,7 +7,9 @@ usage: python3 tools/bench/yardstick_memory.py
 Prints one line per row: implementation, op, direction, median ms and GB/s, where the bytes are
 llmcl-bench's for the same row (every input read once, every output written once), so the two
 tables compare directly. Backward rows time torch.autograd.grad on a kept graph. Liger's rows are
-skipped, with the reason, where liger_kernel does not import."""
+skipped, with the reason, where liger_kernel does not import. The `triton` row is SwiGLU's forward
+as Liger computes it (a program a row, the whole row in one block), written here so that the row
+runs where Liger is not installed."""
 import torch
 
 from yardstick_timing import median_ms
@@ -86,6 +88,31 @@ def ropes(lg):
                 (q, k), nbytes, nbytes)
 
 
+def triton_swiglu():
+    """silu(g) * u by a Triton program a row, the row in one block of 16 warps, math in f32."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def fwd(g_ptr, u_ptr, o_ptr, cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64) * cols
+        c = tl.arange(0, BLOCK)
+        m = c < cols
+        g = tl.load(g_ptr + row + c, mask=m, other=0.0).to(tl.float32)
+        u = tl.load(u_ptr + row + c, mask=m, other=0.0)
+        tl.store(o_ptr + row + c, (g * tl.sigmoid(g)).to(u.dtype) * u, mask=m)
+
+    def run(g, u):
+        o = torch.empty_like(g)
+        fwd[(g.shape[0],)](g, u, o, g.shape[1], BLOCK=triton.next_power_of_2(g.shape[1]),
+                           num_warps=16)
+        return o
+    return run
+
+
 def swiglus(lg):
     n, i = 8192, 14336
     e = n * i * 2
@@ -93,6 +120,14 @@ def swiglus(lg):
     u = torch.randn(n, i, device=DEV, dtype=BF, requires_grad=True)
     eager = lambda g, u: torch.nn.functional.silu(g) * u
     fwd_bwd("torch", "swiglu", eager, (g, u), (g, u), 3 * e, 5 * e)
+    tr = triton_swiglu()
+    if tr:
+        gd, ud = g.detach(), u.detach()
+        ref = torch.nn.functional.silu(gd.float()) * ud.float()
+        if (tr(gd, ud).float() - ref).abs().max().item() > 0.05 * ref.abs().max().item():
+            print("triton swiglu fwd : wrong result, not timed", flush=True)
+        else:
+            row("triton", "swiglu", "fwd", 3 * e, lambda: tr(gd, ud))
     if lg:
         fwd_bwd("liger", "swiglu", lg[3].LigerSiLUMulFunction.apply, (g, u), (g, u), 3 * e, 5 * e)
 
