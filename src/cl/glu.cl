@@ -21,7 +21,8 @@
  * Tunables (kernel keys glu_fwd, glu_bwd, act_fwd, act_bwd; size key: the row length; rows that
  * follow each other in every operand are launched as one long row):
  *   VEC     columns per vector: 1, 2, 4 or 8 (default 8 for 16-bit storage, 4 for f32).
- *   UNROLL  vectors per work-item, all loaded before any is stored: 1 to 8 (default 1).
+ *   UNROLL  vectors per work-item, all loaded before any is stored (16-bit vectors of 8 held as
+ *           stored until the math): 1 to 8 (default 1).
  *   WG      work-group size, a launch parameter (the launcher splits it into columns x rows):
  *           32 to the device's maximum, a power of two (default 256; 128 on NVIDIA).
  *   HINT    NVIDIA only (LLMCL_NV_PTX), on aligned 16-byte vectors of bf16 or f32 (else ignored):
@@ -109,6 +110,30 @@ inline void vstore_F16(__global ushort *p, long i, floatv v)
 }
 #endif
 #endif
+
+/*
+ * What a work-item holds between its loads and its math: 16-bit vectors of 8 as stored (a uint4,
+ * half the registers of their f32 values, so that UNROLL vectors in flight leave room for more
+ * work-groups), converted where the math takes them; other forms as f32 vectors.
+ */
+#if ALIGNED && VEC == 8
+typedef uint4 raw_BF16;
+#define rload_BF16(p, i) ld16((p) + (i))
+#define unraw_BF16 bf16x8_packed_to_f32
+#else
+typedef floatv raw_BF16;
+#define rload_BF16 VLOAD
+#define unraw_BF16(r) (r)
+#endif
+typedef floatv raw_F32;
+typedef floatv raw_F16;
+#define rload_F32 VLOAD
+#define rload_F16 VLOAD
+#define unraw_F32(r) (r)
+#define unraw_F16(r) (r)
+#define rawv LLMCL_CAT(raw_, DT)
+#define RLOAD(p, i) LLMCL_CAT(rload_, DT)((p), (i))
+#define UNRAW(r) LLMCL_CAT(unraw_, DT)(r)
 
 /* ---- activations: value, and derivative with the value as a by-product ---- */
 
@@ -219,14 +244,14 @@ __kernel void glu_fwd(const __global STORAGE(DT) *g, ulong g_off, long g_rs,
     for (long r = get_global_id(1); r < n_rows; r += get_global_size(1)) {
         const long gr = g_off + r * g_rs, ur = u_off + r * u_rs, orow = o_off + r * o_rs;
         for (long c0 = first; c0 < slots; c0 += step) {
-            floatv gv[UNROLL], uv[UNROLL];
+            rawv gv[UNROLL], uv[UNROLL];
 #pragma unroll
             for (int j = 0; j < UNROLL; ++j) {
                 const long c = c0 + j * l;
                 if (c < full) {
-                    gv[j] = VLOAD(g, gr + c * VEC);
+                    gv[j] = RLOAD(g, gr + c * VEC);
 #if HAS_UP
-                    uv[j] = VLOAD(u, ur + c * VEC);
+                    uv[j] = RLOAD(u, ur + c * VEC);
 #endif
                 }
             }
@@ -234,9 +259,9 @@ __kernel void glu_fwd(const __global STORAGE(DT) *g, ulong g_off, long g_rs,
             for (int j = 0; j < UNROLL; ++j) {
                 const long c = c0 + j * l;
                 if (c < full) {
-                    floatv y = act_fwd(gv[j]);
+                    floatv y = act_fwd(UNRAW(gv[j]));
 #if HAS_UP
-                    y *= uv[j];
+                    y *= UNRAW(uv[j]);
 #endif
                     VSTORE(o, orow + c * VEC, y);
                 } else if (c == full) {
@@ -267,15 +292,15 @@ __kernel void glu_bwd(const __global STORAGE(DT) *dy, ulong dy_off, long dy_rs,
         const long yr = dy_off + r * dy_rs, gr = g_off + r * g_rs, ur = u_off + r * u_rs;
         const long dgr = dg_off + r * dg_rs, dur = du_off + r * du_rs;
         for (long c0 = first; c0 < slots; c0 += step) {
-            floatv dv[UNROLL], gv[UNROLL], uv[UNROLL];
+            rawv dv[UNROLL], gv[UNROLL], uv[UNROLL];
 #pragma unroll
             for (int j = 0; j < UNROLL; ++j) {
                 const long c = c0 + j * l;
                 if (c < full) {
-                    dv[j] = VLOAD(dy, yr + c * VEC);
-                    gv[j] = VLOAD(g, gr + c * VEC);
+                    dv[j] = RLOAD(dy, yr + c * VEC);
+                    gv[j] = RLOAD(g, gr + c * VEC);
 #if HAS_UP
-                    uv[j] = VLOAD(u, ur + c * VEC);
+                    uv[j] = RLOAD(u, ur + c * VEC);
 #endif
                 }
             }
@@ -284,12 +309,12 @@ __kernel void glu_bwd(const __global STORAGE(DT) *dy, ulong dy_off, long dy_rs,
                 const long c = c0 + j * l;
                 if (c < full) {
                     floatv a;
-                    const floatv da = act_bwd(gv[j], &a);
+                    const floatv da = act_bwd(UNRAW(gv[j]), &a), d = UNRAW(dv[j]);
 #if HAS_UP
-                    VSTORE(dg, dgr + c * VEC, dv[j] * uv[j] * da);
-                    VSTORE(du, dur + c * VEC, dv[j] * a);
+                    VSTORE(dg, dgr + c * VEC, d * UNRAW(uv[j]) * da);
+                    VSTORE(du, dur + c * VEC, d * a);
 #else
-                    VSTORE(dg, dgr + c * VEC, dv[j] * da);
+                    VSTORE(dg, dgr + c * VEC, d * da);
 #endif
                 } else if (c == full) {
                     for (long i = full * VEC; i < cols; ++i) {
