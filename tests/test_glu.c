@@ -329,18 +329,20 @@ static void test_extremes(void **state)
     }
 }
 
-/* Non-default tunables (as the tuner forces them): vector widths, unrolling, small groups, cache
- * hints. */
+/* Non-default tunables (as the tuner forces them): vector widths, unrolling (the H200's entries'
+ * two vectors a work-item in groups of 512 among them), small groups, cache hints; aligned rows,
+ * in place too, where 16-bit vectors are held as stored until the math. */
 static void test_tunables(void **state)
 {
     (void)state;
     llmcl_ctx *ctx = th_ctx();
     const char *params[] = {"VEC=1 UNROLL=1 WG=64", "VEC=2 UNROLL=4 WG=32 HINT=3",
                             "VEC=4 UNROLL=2 WG=128 HINT=1", "VEC=8 UNROLL=4 WG=256 HINT=2",
-                            "VEC=8 UNROLL=1 WG=512 HINT=3", "VEC=4 UNROLL=1 WG=64 HINT=3"};
+                            "VEC=8 UNROLL=1 WG=512 HINT=3", "VEC=4 UNROLL=1 WG=64 HINT=3",
+                            "VEC=8 UNROLL=2 WG=512 HINT=0"};
     const glu_case cases[] = {
         {5, 4097, false, 0, 0, 0}, {9, 64, true, 8, 8, 0}, {3, 13, false, 3, 5, 0},
-        {6, 100, false, 0, 0, 1}};
+        {6, 100, false, 0, 0, 1}, {7, 96, false, 8, 0, 1}};
     uint64_t seed = 500;
     for (size_t i = 0; i < sizeof params / sizeof params[0]; ++i)
         for (size_t d = 0; d < 2; ++d) {
