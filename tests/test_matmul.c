@@ -527,13 +527,11 @@ static const char *with_param(const char *set, const char *name, long value, cha
 static void assert_wgmma_ran(const char *key, llmcl_dtype dt, const char *cls, const char *set,
                              int tma)
 {
-    char ws[192], want[192];
+    char ws[192], stores[192];
     tma = tma && llmcl_ctx_device_info(th_ctx())->has_tma;
-    with_param(set, "MM_WS", tma && !strstr(set, "MM_WS=0"), ws, sizeof ws);
+    const char *want = with_param(set, "MM_WS", tma && !strstr(set, "MM_WS=0"), ws, sizeof ws);
     if (!tma && strstr(set, "MM_TMA_STORE="))
-        with_param(ws, "MM_TMA_STORE", 0, want, sizeof want);
-    else
-        snprintf(want, sizeof want, "%s", ws);
+        want = with_param(ws, "MM_TMA_STORE", 0, stores, sizeof stores);
     th_assert_launched_with(key, dt, cls, want);
 }
 
