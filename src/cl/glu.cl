@@ -18,6 +18,8 @@
  *           vectors (16 bytes for VEC 8 of 16-bit or VEC 4 of f32); 0: element-aligned vloadn
  *           with a scalar tail per row, for odd row lengths and strides.
  *   NOALIAS 1: no output shares a buffer with an input, so loads may take the read-only path.
+ *   RAW16   1: bf16 vectors of 8 held as stored until the math (vec_io.cl's raw vectors): where
+ *           ALIGNED and VEC is 8.
  * Tunables (kernel keys glu_fwd, glu_bwd, act_fwd, act_bwd; size key: the row length; rows that
  * follow each other in every operand are launched as one long row):
  *   VEC     columns per vector: 1, 2, 4 or 8 (default 8 for 16-bit storage, 4 for f32).
@@ -110,30 +112,6 @@ inline void vstore_F16(__global ushort *p, long i, floatv v)
 }
 #endif
 #endif
-
-/*
- * What a work-item holds between its loads and its math: 16-bit vectors of 8 as stored (a uint4,
- * half the registers of their f32 values, so that UNROLL vectors in flight leave room for more
- * work-groups), converted where the math takes them; other forms as f32 vectors.
- */
-#if ALIGNED && VEC == 8
-typedef uint4 raw_BF16;
-#define rload_BF16(p, i) ld16((p) + (i))
-#define unraw_BF16 bf16x8_packed_to_f32
-#else
-typedef floatv raw_BF16;
-#define rload_BF16 VLOAD
-#define unraw_BF16(r) (r)
-#endif
-typedef floatv raw_F32;
-typedef floatv raw_F16;
-#define rload_F32 VLOAD
-#define rload_F16 VLOAD
-#define unraw_F32(r) (r)
-#define unraw_F16(r) (r)
-#define rawv LLMCL_CAT(raw_, DT)
-#define RLOAD(p, i) LLMCL_CAT(rload_, DT)((p), (i))
-#define UNRAW(r) LLMCL_CAT(unraw_, DT)(r)
 
 /* ---- activations: value, and derivative with the value as a by-product ---- */
 
@@ -244,14 +222,14 @@ __kernel void glu_fwd(const __global STORAGE(DT) *g, ulong g_off, long g_rs,
     for (long r = get_global_id(1); r < n_rows; r += get_global_size(1)) {
         const long gr = g_off + r * g_rs, ur = u_off + r * u_rs, orow = o_off + r * o_rs;
         for (long c0 = first; c0 < slots; c0 += step) {
-            rawv gv[UNROLL], uv[UNROLL];
+            VRAW gv[UNROLL], uv[UNROLL];
 #pragma unroll
             for (int j = 0; j < UNROLL; ++j) {
                 const long c = c0 + j * l;
                 if (c < full) {
-                    gv[j] = RLOAD(g, gr + c * VEC);
+                    gv[j] = VRAW_LOAD(g, gr + c * VEC);
 #if HAS_UP
-                    uv[j] = RLOAD(u, ur + c * VEC);
+                    uv[j] = VRAW_LOAD(u, ur + c * VEC);
 #endif
                 }
             }
@@ -259,9 +237,9 @@ __kernel void glu_fwd(const __global STORAGE(DT) *g, ulong g_off, long g_rs,
             for (int j = 0; j < UNROLL; ++j) {
                 const long c = c0 + j * l;
                 if (c < full) {
-                    floatv y = act_fwd(UNRAW(gv[j]));
+                    floatv y = act_fwd(VRAW_F32(gv[j]));
 #if HAS_UP
-                    y *= UNRAW(uv[j]);
+                    y *= VRAW_F32(uv[j]);
 #endif
                     VSTORE(o, orow + c * VEC, y);
                 } else if (c == full) {
@@ -292,15 +270,15 @@ __kernel void glu_bwd(const __global STORAGE(DT) *dy, ulong dy_off, long dy_rs,
         const long yr = dy_off + r * dy_rs, gr = g_off + r * g_rs, ur = u_off + r * u_rs;
         const long dgr = dg_off + r * dg_rs, dur = du_off + r * du_rs;
         for (long c0 = first; c0 < slots; c0 += step) {
-            rawv dv[UNROLL], gv[UNROLL], uv[UNROLL];
+            VRAW dv[UNROLL], gv[UNROLL], uv[UNROLL];
 #pragma unroll
             for (int j = 0; j < UNROLL; ++j) {
                 const long c = c0 + j * l;
                 if (c < full) {
-                    dv[j] = RLOAD(dy, yr + c * VEC);
-                    gv[j] = RLOAD(g, gr + c * VEC);
+                    dv[j] = VRAW_LOAD(dy, yr + c * VEC);
+                    gv[j] = VRAW_LOAD(g, gr + c * VEC);
 #if HAS_UP
-                    uv[j] = RLOAD(u, ur + c * VEC);
+                    uv[j] = VRAW_LOAD(u, ur + c * VEC);
 #endif
                 }
             }
@@ -309,9 +287,9 @@ __kernel void glu_bwd(const __global STORAGE(DT) *dy, ulong dy_off, long dy_rs,
                 const long c = c0 + j * l;
                 if (c < full) {
                     floatv a;
-                    const floatv da = act_bwd(UNRAW(gv[j]), &a), d = UNRAW(dv[j]);
+                    const floatv da = act_bwd(VRAW_F32(gv[j]), &a), d = VRAW_F32(dv[j]);
 #if HAS_UP
-                    VSTORE(dg, dgr + c * VEC, d * UNRAW(uv[j]) * da);
+                    VSTORE(dg, dgr + c * VEC, d * VRAW_F32(uv[j]) * da);
                     VSTORE(du, dur + c * VEC, d * a);
 #else
                     VSTORE(dg, dgr + c * VEC, d * da);

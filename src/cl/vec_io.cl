@@ -131,3 +131,30 @@ inline void store4a_F16(__global ushort *p, long i, float4 v)
     {                                                                                             \
         LLMCL_CAT(LLMCL_CAT(vstorea_half, VEC), _rte)(v, 0, (__global half *)(p + i));            \
     }
+
+/*
+ * Raw vectors (glu, rope): what a work-item holds between its loads and its math. Where the
+ * launcher defines RAW16 as 1 (bf16 in aligned vectors of 8), a vector stays as stored, a uint4 of
+ * half the registers of its f32 values, so that the vectors in flight leave room for more
+ * work-groups, and converts where the math takes it; otherwise, and for f32 and f16, it is the
+ * family's floatv from its VLOAD(p, i). VRAW is the type, VRAW_LOAD(p, i) the load and VRAW_F32(r)
+ * the f32 vector.
+ */
+#if defined(RAW16) && RAW16
+#define vraw_BF16 uint4
+#define vraw_load_BF16(p, i) ld16((p) + (i))
+#define vraw_f32_BF16 bf16x8_packed_to_f32
+#else
+#define vraw_BF16 floatv
+#define vraw_load_BF16 VLOAD
+#define vraw_f32_BF16(r) (r)
+#endif
+#define vraw_F32 floatv
+#define vraw_F16 floatv
+#define vraw_load_F32 VLOAD
+#define vraw_load_F16 VLOAD
+#define vraw_f32_F32(r) (r)
+#define vraw_f32_F16(r) (r)
+#define VRAW LLMCL_CAT(vraw_, DT)
+#define VRAW_LOAD(p, i) LLMCL_CAT(vraw_load_, DT)((p), (i))
+#define VRAW_F32(r) LLMCL_CAT(vraw_f32_, DT)(r)

@@ -157,6 +157,7 @@ static llmcl_status glu_launch(llmcl_ctx *ctx, const char *key, const char *knam
     llmcl__define_int(&d, "HAS_UP", has_up);
     llmcl__define_int(&d, "ALIGNED", aligned);
     llmcl__define_int(&d, "NOALIAS", noalias);
+    llmcl__define_int(&d, "RAW16", aligned && vec == 8);
     llmcl__define_int(&d, "FAST", dtype != LLMCL_F32);
     llmcl__params_define(&p, &d);
     cl_kernel kernel;
