@@ -22,6 +22,8 @@
  *           (8 * tpw * pairs bytes) and all its head groups share them; 0: per work-item.
  *   TALIGNED 1: the tables' offsets and strides are multiples of VEC (whole-vector loads);
  *           0: element-aligned vloadn.
+ *   RAW16   1: bf16 heads held as stored between their loads and the rotation (vec_io.cl's raw
+ *           vectors): where VEC is 4 or 8.
  * Tunables (kernel keys "rope" with tables, "rope_pos" with computed angles; size key
  * rotary_dim / 2 * (Hq + Hk)):
  *   VEC     pairs per work-item: 1, 2, 4 or 8 (default 8; 4 for f32). The launcher lowers it
@@ -149,7 +151,7 @@ inline void rope_heads(__global STORAGE(DT) *q, long q_off, long qsb, long qsh, 
 #endif
     long base[HPT];
     __global STORAGE(DT) *ptr[HPT];
-    floatv va[HPT], vb[HPT];
+    VRAW va[HPT], vb[HPT];
 #pragma unroll
     for (int j = 0; j < HPT; ++j) {
         const int h = hg * HPT + j;
@@ -161,29 +163,31 @@ inline void rope_heads(__global STORAGE(DT) *q, long q_off, long qsb, long qsh, 
             base[j] = k_off + b * ksb + (long)(h - hq) * ksh + t * kst;
         }
         if (h < nh) {
-            va[j] = VLOAD(ptr[j], base[j] + e0);
-            vb[j] = VLOAD(ptr[j], base[j] + e1);
+            va[j] = VRAW_LOAD(ptr[j], base[j] + e0);
+            vb[j] = VRAW_LOAD(ptr[j], base[j] + e1);
         }
     }
 #pragma unroll
     for (int j = 0; j < HPT; ++j) {
         if (hg * HPT + j < nh) {
+            const floatv v0 = VRAW_F32(va[j]), v1 = VRAW_F32(vb[j]);
             floatv x, y;
 #if STYLE == 0
-            x = va[j];
-            y = vb[j];
+            x = v0;
+            y = v1;
 #else
-            DEINT(va[j], vb[j], x, y);
+            DEINT(v0, v1, x, y);
 #endif
             const floatv xr = x * c - y * sn, yr = y * c + x * sn;
+            floatv oa, ob;
 #if STYLE == 0
-            va[j] = xr;
-            vb[j] = yr;
+            oa = xr;
+            ob = yr;
 #else
-            REINT(xr, yr, va[j], vb[j]);
+            REINT(xr, yr, oa, ob);
 #endif
-            VSTORE(ptr[j], base[j] + e0, va[j]);
-            VSTORE(ptr[j], base[j] + e1, vb[j]);
+            VSTORE(ptr[j], base[j] + e0, oa);
+            VSTORE(ptr[j], base[j] + e1, ob);
         }
     }
 }

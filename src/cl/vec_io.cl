@@ -134,16 +134,20 @@ inline void store4a_F16(__global ushort *p, long i, float4 v)
 
 /*
  * Raw vectors (glu, rope): what a work-item holds between its loads and its math. Where the
- * launcher defines RAW16 as 1 (bf16 in aligned vectors of 8), a vector stays as stored, a uint4 of
- * half the registers of its f32 values, so that the vectors in flight leave room for more
- * work-groups, and converts where the math takes it; otherwise, and for f32 and f16, it is the
- * family's floatv from its VLOAD(p, i). VRAW is the type, VRAW_LOAD(p, i) the load and VRAW_F32(r)
- * the f32 vector.
+ * launcher defines RAW16 as 1 (bf16 in aligned vectors of 8 or 4), a vector stays as stored, a
+ * uint4 or uint2 of half the registers of its f32 values, so that the vectors in flight leave room
+ * for more work-groups, and converts where the math takes it; otherwise, and for f32 and f16, it
+ * is the family's floatv from its VLOAD(p, i). VRAW is the type, VRAW_LOAD(p, i) the load and
+ * VRAW_F32(r) the f32 vector.
  */
-#if defined(RAW16) && RAW16
+#if defined(RAW16) && RAW16 && VEC == 8
 #define vraw_BF16 uint4
 #define vraw_load_BF16(p, i) ld16((p) + (i))
 #define vraw_f32_BF16 bf16x8_packed_to_f32
+#elif defined(RAW16) && RAW16 && VEC == 4
+#define vraw_BF16 uint2
+#define vraw_load_BF16(p, i) (*(const __global uint2 *)((p) + (i)))
+#define vraw_f32_BF16(r) bf16x4_to_f32(as_ushort4(r))
 #else
 #define vraw_BF16 floatv
 #define vraw_load_BF16 VLOAD

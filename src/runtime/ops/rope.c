@@ -331,6 +331,7 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     llmcl__define_str(&d, "DT", llmcl__dtype_macro(dt));
     llmcl__define_int(&d, "STYLE", o->style == LLMCL_ROPE_INTERLEAVED);
     llmcl__define_int(&d, "SRC", !c.tables);
+    llmcl__define_int(&d, "RAW16", vec >= 4);
     if (c.tables) {
         const llmcl_tensor *tabs[2] = {o->cos, o->sin};
         bool talign = true;
