@@ -964,6 +964,10 @@ typedef struct llmcl_ce_options {
                                    tensors' contents (gradient accumulation over micro-batches, an
                                    output head tied to the embeddings); 0 overwrites them. dhidden
                                    is always overwritten. */
+    llmcl_dtype logits_dtype; /* chunked linear form: the logits' storage, LLMCL_F32 (the
+                                 default) or hidden's 16-bit dtype, which rounds them as PyTorch's
+                                 autocast does, moves half the bytes and holds the dlogits in
+                                 their place; the other forms take LLMCL_F32 only */
 } llmcl_ce_options;
 
 /*
@@ -999,7 +1003,9 @@ LLMCL_API llmcl_status llmcl_cross_entropy_grad_scale(llmcl_ctx *ctx, const llmc
  * 16-bit, as Liger does, straight into the 16-bit copy unless dbias needs the f32 values), then
  * dhidden = dlogits x W and dweight += dlogits^T x hidden, and dbias += column sums (in order,
  * deterministic). Extra device memory: one chunk of f32 logits
- * (and of 16-bit dlogits when gradients of 16-bit inputs are asked for), within opts->chunk_bytes
+ * (and of 16-bit dlogits when gradients of 16-bit inputs are asked for), or of 16-bit logits with
+ * opts->logits_dtype (the loss and the gradients then those of the rounded logits, the dlogits
+ * written in place and dbias summed from them), within opts->chunk_bytes
  * (default 256 MiB; a budget of 128 tokens or more is taken in whole multiples of 128) unless
  * opts->chunk_rows overrides it, plus O(N).
  */

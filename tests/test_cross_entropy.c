@@ -497,6 +497,9 @@ static void test_ce_bad_args(void **state)
              LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, NULL, NULL, NULL, NULL, NULL),
              LLMCL_ERROR_INVALID_ARGUMENT);
+    const llmcl_ce_options half = {.logits_dtype = LLMCL_BF16}; /* the linear form's option */
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tb, ty, &half, tl, NULL, NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_cross_entropy_forward(ctx, ty, ty, NULL, tl, NULL, NULL, NULL),
              LLMCL_ERROR_UNSUPPORTED_DTYPE);
     TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, tyf, NULL, tl, NULL, NULL, NULL),
@@ -571,12 +574,13 @@ typedef struct lin_problem {
     double *hid, *w, *b, *cw; /* b and cw may be NULL */
     int64_t *y;
     llmcl_tensor *th, *tw, *tb, *tcw, *ty;
+    llmcl_dtype ldt; /* the logits' storage (opts->logits_dtype); F32 unless a test sets it */
 } lin_problem;
 
 static lin_problem lin_make(uint64_t seed, int64_t n, int64_t h, int64_t v, llmcl_dtype dt,
                             bool bias, bool cweights, int ignore_every)
 {
-    lin_problem p = {n, h, v, dt, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    lin_problem p = {.n = n, .h = h, .v = v, .dt = dt, .ldt = LLMCL_F32};
     th_rng rng = th_rng_new(seed);
     p.hid = random_doubles(&rng, (size_t)(n * h), -1, 1, dt);
     p.w = random_doubles(&rng, (size_t)(v * h), -0.5, 0.5, dt);
@@ -617,6 +621,8 @@ static lin_ref lin_reference(const lin_problem *p, const ref_ce_opts *o, const d
     r.dw = th_alloc((size_t)(v * h) * sizeof *r.dw);
     r.db = th_alloc((size_t)v * sizeof *r.db);
     ref_linear(p->hid, p->w, p->b, n, h, v, logits);
+    if (p->ldt != LLMCL_F32)
+        th_round_all(p->ldt, logits, (size_t)(n * v));
     assert_int_equal(ref_cross_entropy(logits, p->y, n, v, o, r.loss, r.z, r.lse, g), -1);
     if (gscale)
         for (int64_t i = 0; i < n; ++i)
@@ -663,7 +669,7 @@ static void lin_check(const lin_problem *p, const lin_ref *r, const lin_grads *g
                     mat_tol(r->dw, (size_t)(p->v * p->h), gdt));
     if (g->db) {
         double *db = download(g->db);
-        TH_ASSERT_CLOSE("dbias", r->db, db, (size_t)p->v, mat_tol(r->db, (size_t)p->v, LLMCL_F32));
+        TH_ASSERT_CLOSE("dbias", r->db, db, (size_t)p->v, mat_tol(r->db, (size_t)p->v, p->ldt));
         free(db);
     }
     free(dh), free(dw);
@@ -758,6 +764,61 @@ static void run_linear(const lin_case *c, const ninf_spec *m, uint64_t seed)
     lin_grads_free(&g);
     lin_ref_free(&r);
     lin_free(&p);
+}
+
+/*
+ * Path 2 with 16-bit logits (opts->logits_dtype) against the reference on the rounded logits.
+ * Inputs are multiples of 1/16, exact in 16 bits, so that each logit (at most 40 products of
+ * multiples of 2^-8, below 2^5) is exact in f32 and its rounding to 16 bits is the reference's;
+ * most need 13 bits, so f32 logits would miss the reference by the rounding's size.
+ */
+static void test_linear_logits16(void **state)
+{
+    (void)state;
+    static const lin_case cases[] = {
+        /* dt, red, eps, zs, cap, bias, cweights, n, h, v, chunk_rows, chunk_bytes, splits */
+        {LLMCL_BF16, 2, 0, 0, 0, false, false, 37, 40, 301, 0, 0, 0},
+        {LLMCL_BF16, 0, 0.1f, 1e-3f, 3.0f, true, true, 37, 40, 301, 8, 0, 2},
+        {LLMCL_F16, 1, 0, 1e-2f, 0, true, false, 20, 17, 65, 6, 0, 5},
+        {LLMCL_F16, 2, 0, 0, 0, false, false, 29, 33, 130, 0, 2 * 130 * 7, 0},
+    };
+    llmcl_ctx *ctx = th_ctx();
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ++ci) {
+        const lin_case *c = &cases[ci];
+        lin_problem p = lin_make_case(c, NULL, 300 + ci);
+        double *qs[] = {p.hid, p.w, p.b};
+        const size_t ns[] = {(size_t)(p.n * p.h), (size_t)(p.v * p.h), (size_t)p.v};
+        llmcl_tensor *ts[] = {p.th, p.tw, p.tb};
+        for (int k = 0; k < 3 && qs[k]; ++k) {
+            for (size_t i = 0; i < ns[k]; ++i)
+                qs[k][i] = round(qs[k][i] * 16) / 16;
+            th_upload(ts[k], qs[k]);
+        }
+        p.ldt = c->dt;
+        const ref_ce_opts ro = {-100, c->reduction, c->eps, c->zs, c->cap, p.cw};
+        lin_ref r = lin_reference(&p, &ro, NULL);
+        const int64_t nl = c->reduction == 2 ? c->n : 1;
+        lin_ref_no_nan(&p, &r, nl);
+        llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &nl), *tz = th_tensor(LLMCL_F32, 1, &nl);
+        lin_grads g = lin_grads_new(&p, c->bias);
+        llmcl_ce_options o = lin_opts(c, &p);
+        o.logits_dtype = c->dt;
+        TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, tz, g.dh,
+                                                 g.dw, g.db));
+        double *gl = download(tl), *gz = download(tz);
+        TH_ASSERT_CLOSE("loss", r.loss, gl, (size_t)nl, loss_tol);
+        TH_ASSERT_CLOSE("z_loss", r.z, gz, (size_t)nl, loss_tol);
+        lin_check(&p, &r, &g, p.dt);
+        TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, NULL, NULL,
+                                                 NULL, NULL));
+        th_download(tl, gl);
+        TH_ASSERT_CLOSE("loss only", r.loss, gl, (size_t)nl, loss_tol);
+        free(gl), free(gz);
+        llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tz);
+        lin_grads_free(&g);
+        lin_ref_free(&r);
+        lin_free(&p);
+    }
 }
 
 /* The chunked fused form's width in tests: odd, so chunk edges cross the 8-class vector groups
@@ -1187,6 +1248,20 @@ static void test_linear_bad_args(void **state)
     TH_FAILS(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, NULL, g.dw,
                                                 NULL, NULL),
              LLMCL_ERROR_SHAPE_MISMATCH);
+    /* 16-bit logits: only in the chunked linear form, and only in hidden's 16-bit dtype */
+    const llmcl_ce_options half = {.logits_dtype = LLMCL_BF16}, ints = {.logits_dtype = LLMCL_I32};
+    TH_FAILS(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &half, tl, NULL, g.dh,
+                                                NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "logits_dtype"));
+    TH_FAILS(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &ints, tl, NULL, g.dh,
+                                                NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &half, tl, NULL, tlse),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, &half,
+                                                g.dh, g.dw, g.db),
+             LLMCL_ERROR_INVALID_ARGUMENT);
     /* out-of-range labels: every form refuses and writes nothing */
     p.y[3] = 20;
     llmcl_tensor *ybad = labels_tensor(LLMCL_I64, p.y, p.n);
@@ -1219,7 +1294,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ce_tunables),
         cmocka_unit_test(test_ce_strided_rows), cmocka_unit_test(test_ce_bad_labels),
         cmocka_unit_test(test_ce_bad_args),     cmocka_unit_test(test_ce_grad_scale),
-        cmocka_unit_test(test_linear_ce),       cmocka_unit_test(test_fused_ce),
+        cmocka_unit_test(test_linear_ce),       cmocka_unit_test(test_linear_logits16),
+        cmocka_unit_test(test_fused_ce),
         cmocka_unit_test(test_linear_ninf),
         cmocka_unit_test(test_fused_gpu_tiles), cmocka_unit_test(test_fused_filter),
         cmocka_unit_test(test_fused_large_tiles), cmocka_unit_test(test_long_vocab),

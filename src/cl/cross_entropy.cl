@@ -587,10 +587,10 @@ ce_finish(const __global float *rows, long n, const __global int *stats, int red
 /* ---- helpers of the chunked linear path ---- */
 
 /*
- * acc[j] (+)= sum_r g[r, j] over an f32 [rows, V] block, rows in order: deterministic. Blocks of
- * rows summed by launches one after the other, each accumulating, give the same bits.
+ * acc[j] (+)= sum_r g[r, j] over a [rows, V] block of dlogits, rows in order: deterministic.
+ * Blocks of rows summed by launches one after the other, each accumulating, give the same bits.
  */
-__kernel void ce_colsum(const __global float *g, ulong goff, long nrows, long V,
+__kernel void ce_colsum(const __global dx_t *g, ulong goff, long nrows, long V,
                         __global float *acc, ulong aoff, int accumulate)
 {
     const long j = get_global_id(0);
@@ -598,7 +598,7 @@ __kernel void ce_colsum(const __global float *g, ulong goff, long nrows, long V,
         return;
     float s = accumulate ? acc[aoff + j] : 0.0f;
     for (long r = 0; r < nrows; ++r)
-        s += g[goff + r * V + j];
+        s += LOAD(DX_DT, g, goff + r * V + j);
     acc[aoff + j] = s;
 }
 

@@ -40,8 +40,10 @@ static void ce_run_release(ce_run *r)
 
 /* ---- argument checks ---- */
 
+/* The options against V; logits16 is the 16-bit dtype the form may keep its logits in (the linear
+   form's hidden dtype), LLMCL_F32 where it has none. */
 static llmcl_status check_options(llmcl_ctx *ctx, const llmcl_ce_options *opts, int64_t v,
-                                  llmcl_ce_options *out)
+                                  llmcl_dtype logits16, llmcl_ce_options *out)
 {
     *out = opts ? *opts : (llmcl_ce_options){0};
     const llmcl_ce_options *o = out;
@@ -66,6 +68,12 @@ static llmcl_status check_options(llmcl_ctx *ctx, const llmcl_ce_options *opts, 
     LLMCL__REQUIRE(ctx, o->vocab_chunk >= -1, LLMCL_ERROR_INVALID_ARGUMENT,
                    "opts->vocab_chunk %lld must be >= -1 (-1: tiles, 0: chosen, > 0: classes)",
                    (long long)o->vocab_chunk);
+    LLMCL__REQUIRE(ctx, o->logits_dtype == LLMCL_F32 || o->logits_dtype == logits16,
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "opts->logits_dtype %s must be F32 or, in the chunked linear form, hidden's "
+                   "16-bit dtype (this call takes %s)",
+                   llmcl_dtype_name(o->logits_dtype),
+                   logits16 == LLMCL_F32 ? "F32 only" : llmcl_dtype_name(logits16));
     if (o->weight) {
         LLMCL__TRY(llmcl__check_tensor(ctx, o->weight, "opts->weight", 1u << LLMCL_F32, 1,
                                        LLMCL_MAX_DIMS));
@@ -450,7 +458,7 @@ llmcl_status llmcl_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tensor *log
                    "logits must have 1 to 2^31-1 rows of V >= 1 (has %lld rows of %lld)",
                    (long long)xr.n_rows, (long long)xr.row_len);
     ce_run r = {0};
-    LLMCL__TRY(check_options(ctx, opts, xr.row_len, &r.o));
+    LLMCL__TRY(check_options(ctx, opts, xr.row_len, LLMCL_F32, &r.o));
     LLMCL__TRY(check_vec(ctx, labels, "labels", LLMCL__INT_DTYPES, xr.n_rows));
     const llmcl_tensor *ins[] = {logits, labels, r.o.weight, dlogits, lse};
     const char *names[] = {"logits", "labels", "opts->weight", "dlogits", "lse"};
@@ -661,9 +669,10 @@ static llmcl_status dlogits_operand(llmcl_ctx *ctx, const llmcl_tensor *g32, llm
 }
 
 /*
- * One chunk of rows [r0, r0 + rows): logits (f32) = hidden x W^T + bias, the row kernels (LSE,
- * per-row terms, dlogits in place), dbias += column sums, then dhidden = G W and dweight (+)= G^T
- * hidden with G the dlogits in the operands' dtype (gcast: a 16-bit copy of the f32 dlogits).
+ * One chunk of rows [r0, r0 + rows): logits (f32, or 16-bit as the caller asked) = hidden x W^T +
+ * bias, the row kernels (LSE, per-row terms, dlogits in place), dbias += column sums, then dhidden
+ * = G W and dweight (+)= G^T hidden with G the dlogits in the operands' dtype (gcast: a 16-bit copy
+ * of f32 dlogits).
  */
 static llmcl_status linear_chunk(ce_run *r, const ce_linear *lin, const llmcl_tensor *hidden,
                                  const llmcl_tensor *w2, const llmcl_tensor *bias,
@@ -717,17 +726,19 @@ llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tens
     LLMCL__TRY(check_linear(ctx, hidden, weight, bias, labels, dhidden, dweight, dbias, &lin));
     const int64_t n = lin.h.n_rows, v = lin.w.n_rows;
     ce_run r = {0};
-    LLMCL__TRY(check_options(ctx, opts, v, &r.o));
+    LLMCL__TRY(check_options(ctx, opts, v, hidden->dtype, &r.o));
     const llmcl_tensor *ins[] = {hidden, weight, bias, labels, r.o.weight, dhidden, dweight, dbias};
     const char *names[] = {"hidden",       "weight",  "bias",    "labels",
                            "opts->weight", "dhidden", "dweight", "dbias"};
     LLMCL__TRY(check_outputs(ctx, &r.o, n, loss, z_loss, ins, names, 8));
 
     /* Tokens per chunk: f32 logits, plus their copy in the operands' dtype for the gradient
-       products when that dtype is 16-bit. */
-    const bool gcast_needed = (dhidden || dweight) && hidden->dtype != LLMCL_F32;
+       products when that dtype is 16-bit; or 16-bit logits, the dlogits in their place. */
+    const llmcl_dtype ldt = r.o.logits_dtype;
+    const bool gcast_needed =
+        ldt == LLMCL_F32 && (dhidden || dweight) && hidden->dtype != LLMCL_F32;
     const uint64_t budget = r.o.chunk_bytes ? r.o.chunk_bytes : CE_DEFAULT_BUDGET;
-    const uint64_t per_row = (uint64_t)v * (4 + (gcast_needed ? 2 : 0));
+    const uint64_t per_row = (uint64_t)v * (llmcl_dtype_size(ldt) + (gcast_needed ? 2 : 0));
     int64_t c = r.o.chunk_rows ? r.o.chunk_rows : (int64_t)(budget / per_row);
     c = c < 1 ? 1 : c > n ? n : c;
     /* whole 128-row tiles of the products, so that no chunk ends in a sliver of a tile */
@@ -737,12 +748,12 @@ llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tens
     llmcl_status st;
     llmcl_tensor *logits = NULL, *gcast = NULL, *w2 = NULL;
     cl_kernel kcol = NULL;
-    LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, LLMCL_F32, labels, n, v, true), done);
+    LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, ldt, labels, n, v, true), done);
     if (gcast_needed && !dbias) /* dbias sums the f32 dlogits */
         r.dx_dt = hidden->dtype;
     LLMCL__TRY_GOTO(st, ce_check_labels(&r), done); /* before any product writes a gradient */
     const int64_t lshape[2] = {c, v};
-    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 2, lshape, "logits chunk", &logits), done);
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, ldt, 2, lshape, "logits chunk", &logits), done);
     if (gcast_needed)
         LLMCL__TRY_GOTO(
             st, llmcl__scratch(ctx, hidden->dtype, 2, lshape, "16-bit dlogits chunk", &gcast), done);
@@ -1504,7 +1515,7 @@ llmcl_status llmcl_fused_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tenso
     LLMCL__TRY(check_linear(ctx, hidden, weight, bias, labels, NULL, NULL, NULL, &lin));
     const int64_t n = lin.h.n_rows, v = lin.w.n_rows;
     ce_run r = {0};
-    LLMCL__TRY(check_options(ctx, opts, v, &r.o));
+    LLMCL__TRY(check_options(ctx, opts, v, LLMCL_F32, &r.o));
     LLMCL__TRY(check_vec(ctx, lse, "lse", 1u << LLMCL_F32, n));
     const llmcl_tensor *ins[] = {hidden, weight, bias, labels, r.o.weight, lse};
     const char *names[] = {"hidden", "weight", "bias", "labels", "opts->weight", "lse"};
@@ -1624,7 +1635,7 @@ llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tens
     LLMCL__TRY(check_linear(ctx, hidden, weight, bias, labels, dhidden, dweight, dbias, &lin));
     const int64_t n = lin.h.n_rows, v = lin.w.n_rows;
     ce_run r = {0};
-    LLMCL__TRY(check_options(ctx, opts, v, &r.o));
+    LLMCL__TRY(check_options(ctx, opts, v, LLMCL_F32, &r.o));
     LLMCL__TRY(check_vec(ctx, lse, "lse", 1u << LLMCL_F32, n));
     if (grad_loss)
         LLMCL__TRY(check_vec(ctx, grad_loss, "grad_loss", 1u << LLMCL_F32,
