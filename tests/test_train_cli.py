@@ -450,6 +450,30 @@ def optimizer_in_backward(p):
         expect_error(f"--optimizer-in-backward with {what}", TINY + flag + extra, needle)
 
 
+def ce_logits(p):
+    """--ce-logits bf16: the steps' logits rounded to the bf16 model's dtype train (finite,
+    falling losses near the f32 logits' ones) to other bits than f32 logits; other dtypes, an f32
+    model and --fused-ce are refused."""
+    base = TINY + ["--steps", "4", "--min-lr", "1"]
+    wide = expect_ok("f32 logits", base + ["--save", p("ce_f32.st")])
+    half = expect_ok("--ce-logits bf16", base + ["--ce-logits", "bf16", "--save", p("ce_bf16.st")])
+    a = [float(x.split()[1]) for x in losses(wide.stdout)]
+    b = [float(x.split()[1]) for x in losses(half.stdout)]
+    check(f"--ce-logits bf16: 4 losses, falling, within 1% of f32 logits': {a} {b}",
+          len(a) == len(b) == 4 and b[-1] < b[0] and
+          all(abs(x - y) <= 0.01 * abs(x) for x, y in zip(a, b)))
+    check("--ce-logits bf16: other bits than f32 logits",
+          open(p("ce_f32.st"), "rb").read() != open(p("ce_bf16.st"), "rb").read())
+    needle = "--ce-logits takes f32, or the model's 16-bit dtype without --fused-ce"
+    expect_error("--ce-logits f16 on a bf16 model", TINY + ["--ce-logits", "f16"], needle)
+    expect_error("--ce-logits bf16 on an f32 model",
+                 TINY + ["--dtype", "f32", "--ce-logits", "bf16"], needle)
+    expect_error("--ce-logits bf16 with --fused-ce", TINY + ["--fused-ce", "--ce-logits", "bf16"],
+                 needle)
+    expect_error("--ce-logits int8", TINY + ["--ce-logits", "int8"],
+                 "--ce-logits int8: expected bf16, f16 or f32")
+
+
 def token_files(p):
     """A file named .bin, or one that starts like an llm.c header, is a whole llm.c file or
     refused; --data-format says how to read a file whose name misleads."""
@@ -606,6 +630,7 @@ def main():
     expect_error("a bad option value", TINY + ["--lr", "fast"], "expected a number")
     expect_error("offload without recompute", TINY + ["--offload"], "give both")
     token_files(p)
+    ce_logits(p)
     start_up(p)
     first_run(p)
 

@@ -95,6 +95,8 @@ const char *model_config_error(const model_config *c)
         return "--zero-group-layers needs --zero and a count of 1 or more, or auto";
     if (c->zero_reduce_dtype != LLMCL_F32 && (c->zero_reduce_dtype != LLMCL_BF16 || !c->zero_stage))
         return "--zero-reduce-dtype needs --zero, and f32 or bf16";
+    if (c->ce_logits_dtype != LLMCL_F32 && (c->ce_logits_dtype != c->dtype || c->fused_ce))
+        return "--ce-logits takes f32, or the model's 16-bit dtype without --fused-ce";
     if (c->zero_stage && c->lora_rank)
         return "LoRA is not supported under --zero (train the adapters on one device)";
     if (c->lora_rank > 0 && c->lora_dtype != LLMCL_F32 &&
@@ -1489,8 +1491,11 @@ static llmcl_status head_loss(model *m, arena *a, int64_t n, bool backward_follo
                     llmcl_fused_cross_entropy_forward(m->ctx, hf, headp->w, NULL, tt, &co, m->loss,
                                                       NULL, head(a, m->lse_ce, n)));
     TRY(group_open(m, model_head_group(m), GROUP_GRADS));
+    const llmcl_ce_options lco = {.accumulate_weight_grad = co.accumulate_weight_grad,
+                                  .chunk_bytes = co.chunk_bytes,
+                                  .logits_dtype = m->cfg.ce_logits_dtype};
     return PROF(F_CROSS_ENTROPY_FWD,
-                llmcl_linear_cross_entropy_forward(m->ctx, hf, headp->w, NULL, tt, &co, m->loss,
+                llmcl_linear_cross_entropy_forward(m->ctx, hf, headp->w, NULL, tt, &lco, m->loss,
                                                    NULL, rows(a, m->dh32, n),
                                                    headp->trainable ? headp->grad : NULL, NULL));
 }

@@ -35,6 +35,9 @@ typedef struct model_config {
     uint64_t ce_chunk_bytes;  /* the cross-entropy's scratch for one chunk of tokens (of the
                                  vocabulary with fused_ce; llmcl_ce_options.chunk_bytes); 0: the
                                  library's */
+    llmcl_dtype ce_logits_dtype; /* the training steps' chunked cross-entropy keeps its logits
+                                    in f32 (the default) or in the model's 16-bit dtype, as
+                                    PyTorch's autocast does (llmcl_ce_options.logits_dtype) */
     int fused_ce;             /* training steps use the fused cross-entropy (forward, then a
                                  backward that recomputes the logits): less scratch, a product
                                  more; 0: one pass over chunks of tokens with the gradients */

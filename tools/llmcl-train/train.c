@@ -37,7 +37,8 @@ enum {
     LONG_DATA_FORMAT = 256,
     LONG_OPTIMIZER_IN_BACKWARD,
     LONG_ZERO_GROUP_LAYERS,
-    LONG_ZERO_REDUCE_DTYPE
+    LONG_ZERO_REDUCE_DTYPE,
+    LONG_CE_LOGITS
 };
 
 typedef struct options {
@@ -139,6 +140,9 @@ static void usage(FILE *f)
           "  --peak-tflops X      the device peak for MFU (default: measured)\n"
           "  --ce-chunk-mib N     scratch of the cross-entropy per chunk of tokens (default 3072):\n"
           "                       larger chunks, fewer and larger products\n"
+          "  --ce-logits T        the training steps' logits: f32 (default) or the model's\n"
+          "                       16-bit dtype, rounded as PyTorch's autocast rounds them (half\n"
+          "                       the bytes; loss and gradients those of the rounded logits)\n"
           "  --fused-ce           the fused cross-entropy in chunks of the vocabulary: a forward,\n"
           "                       then a backward that computes the logits again (a product more,\n"
           "                       and --ce-chunk-mib can be as small as 64)\n"
@@ -360,7 +364,8 @@ static void parse_options(int argc, char **argv, options *o)
         {"data-format", 1, 0, LONG_DATA_FORMAT},
         {"optimizer-in-backward", 0, 0, LONG_OPTIMIZER_IN_BACKWARD},
         {"zero-group-layers", 1, 0, LONG_ZERO_GROUP_LAYERS},
-        {"zero-reduce-dtype", 1, 0, LONG_ZERO_REDUCE_DTYPE}, {0, 0, 0, 0}};
+        {"zero-reduce-dtype", 1, 0, LONG_ZERO_REDUCE_DTYPE}, {"ce-logits", 1, 0, LONG_CE_LOGITS},
+        {0, 0, 0, 0}};
     /* a preset first, so that the other options refine it whatever their order */
     for (int i = 1; i + 1 < argc; ++i)
         if (strcmp(argv[i], "--preset") == 0)
@@ -376,6 +381,9 @@ static void parse_options(int argc, char **argv, options *o)
         case LONG_OPTIMIZER_IN_BACKWARD: o->model.optimizer_in_backward = 1; break;
         case LONG_ZERO_GROUP_LAYERS:
             o->model.zero_group_layers = parse_group_layers(optarg);
+            break;
+        case LONG_CE_LOGITS:
+            o->model.ce_logits_dtype = parse_dtype("ce-logits", optarg, true);
             break;
         case LONG_ZERO_REDUCE_DTYPE:
             o->model.zero_reduce_dtype = parse_dtype("zero-reduce-dtype", optarg, false);
@@ -638,8 +646,9 @@ static int pick_recompute(trainer *tr)
     llmcl_memory_stats_get(tr->ctx, &ms);
     const uint64_t cap =
         ms.limit_bytes ? ms.limit_bytes : llmcl_ctx_device_info(tr->ctx)->global_mem_bytes;
-    const uint64_t ce_all = (uint64_t)o->batch * (uint64_t)o->seq * (uint64_t)c->vocab *
-                            (4 + llmcl_dtype_size(c->dtype));
+    const size_t ce_elem = c->ce_logits_dtype == LLMCL_F32 ? 4 + llmcl_dtype_size(c->dtype)
+                                                           : llmcl_dtype_size(c->ce_logits_dtype);
+    const uint64_t ce_all = (uint64_t)o->batch * (uint64_t)o->seq * (uint64_t)c->vocab * ce_elem;
     const uint64_t ce_budget = c->ce_chunk_bytes ? c->ce_chunk_bytes : 256ull << 20;
     const uint64_t outside = ms.limit_bytes ? 0 : cap / 64;
     const uint64_t scratch = (ce_all < ce_budget ? ce_all : ce_budget) + (256ull << 20) + outside;
