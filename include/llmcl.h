@@ -755,9 +755,9 @@ typedef struct llmcl_attention_opts {
     const llmcl_tensor *cu_seqlens_q; /* borrowed; NULL with cu_seqlens_k NULL: dense batches */
     const llmcl_tensor *cu_seqlens_k;
     /* The backward's stored dS (llmcl_attention_backward): at most this many bytes of device
-       memory, at D 64 and 128; 0: the default, at D 128 only (LLMCL_ATTN_DS_MIB MiB where that
-       is set, else 4 GiB and at most a quarter of the memory left under the context's cap or the
-       device's); -1: none */
+       memory, at D 64 and 128; 0: the default, LLMCL_ATTN_DS_MIB MiB at D 64 and 128 where that
+       is set, else at D 128 and at D 64 up to 2048 keys, 4 GiB and at most a quarter of the
+       memory left under the context's cap or the device's; -1: none */
     int64_t ds_bytes;
 } llmcl_attention_opts;
 
@@ -802,7 +802,8 @@ LLMCL_API llmcl_status llmcl_attention_forward(llmcl_ctx *ctx, const llmcl_tenso
  * bits on every run (no atomics). Extra device memory: one f32 per query row (delta =
  * rowsum(dout * o)), counted in memory accounting and freed before returning.
  *
- * Where the wgmma kernels run with TMA at D 128 (and at D 64 where opts->ds_bytes is set), the
+ * Where the wgmma kernels run with TMA at D 128 (and at D 64 up to 2048 keys, or where
+ * opts->ds_bytes or LLMCL_ATTN_DS_MIB sets a budget), the
  * dK/dV kernel also stores dS (the logits' gradient, rounded to q's dtype as dq's product takes
  * it), and dq is then a product of it with k: five tile products where recomputing the scores
  * takes seven, for Tq x Tk values of 2 bytes a query head (Tk rounded up to 8) through device

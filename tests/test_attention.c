@@ -286,19 +286,19 @@ static void check_case_bits(attn_case c, uint64_t seed, attn_bits *bits)
 
 static void check_case(attn_case c, uint64_t seed) { check_case_bits(c, seed, NULL); }
 
-/* Whether backwards at head dim d store dS here by default (the wgmma kernels at D 128 with TMA;
-   at D 64 where a budget is set). */
-static bool stores_ds(int d)
+/* Whether backwards at head dim d over tk keys store dS here by default (the wgmma kernels with
+   TMA at D 128, and at D 64 up to 2048 keys; at D 64 past them where a budget is set). */
+static bool stores_ds(int d, int tk)
 {
     const llmcl_device_info *in = llmcl_ctx_device_info(th_ctx());
-    return in->has_wgmma && in->has_tma && d == 128;
+    return in->has_wgmma && in->has_tma && (d == 128 || (d == 64 && tk <= 2048));
 }
 
 /* The case as it comes (dS stored where the device does that), then with dQ recomputing S. */
 static void check_both(attn_case c, uint64_t seed)
 {
     check_case(c, seed);
-    if (stores_ds(c.D) && c.opts.ds_bytes == 0) {
+    if (stores_ds(c.D, c.Tk) && c.opts.ds_bytes == 0) {
         c.opts.ds_bytes = -1;
         check_case(c, seed);
     }
@@ -836,7 +836,7 @@ static void test_fast_path(void **state)
                                                 &launched));
                     assert_int_equal(launched, on_tensor_cores(dt));
                 }
-                if (stores_ds(d)) {
+                if (stores_ds(d, cases[i].Tk)) {
                     int launched = 0;
                     char used[128];
                     TH_OK(llmcl_tune_params_get(ctx, "attention_bwd_dq_ds_wgmma", dt, cls, used,
@@ -1041,6 +1041,22 @@ static void test_extra_memory(void **state)
     run_free(&r);
 }
 
+/* The memory a backward of case c holds beside what it held before, under LLMCL_ATTN_DS_MIB=mib
+   (NULL: unset). */
+static uint64_t held_with_budget(attn_case c, const char *mib, uint64_t seed)
+{
+    attn_run r;
+    run_setup(&r, &c, seed);
+    TH_OK(run_forward(&r));
+    TH_OK(llmcl_memory_release_cached(th_ctx()));
+    if (mib)
+        setenv("LLMCL_ATTN_DS_MIB", mib, 1);
+    const uint64_t held = held_by(run_backward, &r);
+    unsetenv("LLMCL_ATTN_DS_MIB");
+    run_free(&r);
+    return held;
+}
+
 /*
  * The stored dS in parts at head dim d (where the device stores it: elsewhere the same calls run
  * the other kernels and must agree all the same): a GQA batch of 2 x 3 KV heads, 2 query heads
@@ -1049,8 +1065,8 @@ static void test_extra_memory(void **state)
  * an MQA group of eight heads; its peak memory beside delta's rows is one part's dS (Tk rounded
  * up to 8) and the tensor maps. A budget below one pair's dS, -1, or LLMCL_ATTN_DS_MIB=0
  * recompute the scores in dQ's kernel, as the built-in budget does where a quarter of the memory
- * that the cap leaves holds no pair. LLMCL_ATTN_DS_MIB sets the default budget, which stores at
- * D 128 only.
+ * that the cap leaves holds no pair. LLMCL_ATTN_DS_MIB sets the budget where opts leave it to the
+ * default, and stores at D 64 whatever the keys, where the built-in budget stores up to 2048.
  */
 static void check_ds_parts(int d)
 {
@@ -1142,19 +1158,20 @@ static void check_ds_parts(int d)
     TH_OK(run_backward(&r));
     TH_OK(llmcl_memory_set_limit(ctx, before.limit_bytes));
     run_free(&r);
-    /* LLMCL_ATTN_DS_MIB's budget where opts leave it to the default: 1 MiB holds one pair */
-    setenv("LLMCL_ATTN_DS_MIB", "1", 1);
+    /* LLMCL_ATTN_DS_MIB's budget where opts leave it to the default: 1 MiB holds one pair; the
+       built-in budget's choice without it; at D 64 past 2048 keys, only the given budget's */
     c.opts.ds_bytes = 0;
-    run_setup(&r, &c, 443);
-    TH_OK(run_forward(&r));
-    TH_OK(llmcl_memory_release_cached(ctx));
-    const uint64_t held_env = held_by(run_backward, &r);
-    unsetenv("LLMCL_ATTN_DS_MIB");
-    const bool by_default = stores_ds(d);
-    assert_true(held_env <= rows + maps + (by_default ? (uint64_t)(1 << 20) : 0));
-    if (by_default)
-        assert_true(held_env >= (uint64_t)pair);
-    run_free(&r);
+    attn_case wide = causal(dense(LLMCL_BF16, 1, 2, 1, d, 64, 2056));
+    const uint64_t wide_pair = 2 * 64 * 2056 * 2;
+    for (int env = 0; env < 2; ++env) {
+        const uint64_t held_env = held_with_budget(c, env ? "1" : NULL, 443);
+        const bool stored = env ? stores : stores_ds(d, 150);
+        assert_true(held_env <= rows + maps + (stored ? (uint64_t)(1 << 20) : 0));
+        assert_true(stored ? held_env >= (uint64_t)pair : held_env < (uint64_t)pair);
+        const uint64_t held_wide = held_with_budget(wide, env ? "1" : NULL, 449);
+        const bool wide_stored = env ? stores : stores_ds(d, 2056);
+        assert_true(wide_stored ? held_wide >= wide_pair : held_wide < wide_pair);
+    }
 }
 
 /*
@@ -1167,7 +1184,7 @@ static void check_ds_parts(int d)
 static void check_ds_default_parts(void)
 {
     llmcl_ctx *ctx = th_ctx();
-    if (!stores_ds(128))
+    if (!stores_ds(128, 150))
         return;
     const int64_t cus = llmcl_ctx_device_info(ctx)->compute_units;
     const attn_case c = causal(dense(LLMCL_BF16, 4, 32, 32, 128, 150, 150));

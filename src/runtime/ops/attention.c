@@ -601,11 +601,13 @@ static llmcl_status attn_launch_dq_ds(llmcl_ctx *ctx, const attn_geom *g, const 
  * The budget of the stored dS: opts' ds_bytes, else LLMCL_ATTN_DS_MIB's MiB, else 4 GiB but at
  * most a quarter of the memory that the context's cap (or the device) leaves, so that a caller
  * who planned its memory without knowing of the scratch keeps room for what it allocates next.
+ * *given: a budget the caller or the user gave, which stores dS at D 64 too.
  */
 static llmcl_status attn_ds_budget(llmcl_ctx *ctx, const llmcl_attention_opts *opts,
-                                   int64_t *bytes)
+                                   int64_t *bytes, bool *given)
 {
     *bytes = opts ? opts->ds_bytes : 0;
+    *given = *bytes > 0;
     if (*bytes != 0)
         return LLMCL_OK;
     const char *text = llmcl__getenv("LLMCL_ATTN_DS_MIB");
@@ -617,6 +619,7 @@ static llmcl_status attn_ds_budget(llmcl_ctx *ctx, const llmcl_attention_opts *o
                        "LLMCL_ATTN_DS_MIB='%s' is not a count of MiB such as 1024 (0: none)",
                        text);
         *bytes = (int64_t)mib << 20;
+        *given = *bytes > 0;
         return LLMCL_OK;
     }
     const llmcl_memory_stats *m = &ctx->memory;
@@ -626,22 +629,29 @@ static llmcl_status attn_ds_budget(llmcl_ctx *ctx, const llmcl_attention_opts *o
     return LLMCL_OK;
 }
 
+/* At D 64 the stores cost dK/dV about what dQ saves, so the built-in budget stores there only up
+   to this many keys (on the H200 the backward's kernels: -5% at T 2048, +3% at T 4096;
+   PERFORMANCE.md) */
+#define ATTN_DS_D64_MAX_TK 2048
+
 /*
- * Whether this backward stores dS: on the wgmma kernels at D 128, or at D 64 where the caller set a
- * budget (at D 64 the stores cost dK/dV about what dQ saves: PERFORMANCE.md), where dK/dV copies
- * by TMA and its slabs fit beside its tiles, and the budget holds one KV head's group. The default
- * budget (!asked) also needs the whole call or parts whose dK/dV has 1.5 work-groups a compute
+ * Whether this backward stores dS: on the wgmma kernels at D 128, or at D 64 where the caller or
+ * LLMCL_ATTN_DS_MIB gave a budget or the keys are few (ATTN_DS_D64_MAX_TK), where dK/dV copies
+ * by TMA and its slabs fit beside its tiles, and the budget
+ * holds one KV head's group. A budget the caller did not give in opts (!asked) also needs the
+ * whole call or parts whose dK/dV has 1.5 work-groups a compute
  * unit: parts of fewer KV heads leave the device idle behind their heaviest key tiles (on the
  * H200 at T 16384 D 128, parts of one KV head, 0.97 work-groups a unit, ran 38% slower than
  * recomputing; parts of two, 1.94 a unit, 14% faster). Fills ds's layout and
  * dK/dV's key tile, and *pairs, the (batch, KV head) pairs a part takes (0: dQ recomputes the
  * scores).
  */
-static llmcl_status attn_ds_plan(llmcl_ctx *ctx, const attn_geom *g, int64_t budget, bool asked,
-                                 attn_ds *ds, int64_t *pairs)
+static llmcl_status attn_ds_plan(llmcl_ctx *ctx, const attn_geom *g, int64_t budget, bool given,
+                                 bool asked, attn_ds *ds, int64_t *pairs)
 {
     *pairs = 0;
-    if (g->bwd != ATTN_ARCH_WGMMA || !(g->D == 128 || (g->D == 64 && asked)) || !ctx->tma ||
+    const bool d64 = g->D == 64 && (given || g->Tk <= ATTN_DS_D64_MAX_TK);
+    if (g->bwd != ATTN_ARCH_WGMMA || !(g->D == 128 || d64) || !ctx->tma ||
         budget <= 0)
         return LLMCL_OK;
     const int64_t group = g->Hq / g->Hkv, ds_t = llmcl__div_up(g->Tk, 8) * 8;
@@ -740,10 +750,13 @@ llmcl_status llmcl_attention_backward(llmcl_ctx *ctx, const llmcl_tensor *q, con
                               "attention delta", &delta));
     llmcl_status st = LLMCL_OK;
     int64_t budget, pairs = 0;
+    bool given;
     attn_ds ds = {0};
-    LLMCL__TRY_GOTO(st, attn_ds_budget(ctx, opts, &budget), done);
+    LLMCL__TRY_GOTO(st, attn_ds_budget(ctx, opts, &budget, &given), done);
     if (keys)
-        LLMCL__TRY_GOTO(st, attn_ds_plan(ctx, &g, budget, opts && opts->ds_bytes > 0, &ds, &pairs),
+        LLMCL__TRY_GOTO(st,
+                        attn_ds_plan(ctx, &g, budget, given, opts && opts->ds_bytes > 0, &ds,
+                                     &pairs),
                         done);
     LLMCL__TRY_GOTO(st, attn_launch_pre(ctx, &g, o, dout, delta), done);
     if (pairs > 0) {
