@@ -1491,9 +1491,8 @@ static llmcl_status head_loss(model *m, arena *a, int64_t n, bool backward_follo
                     llmcl_fused_cross_entropy_forward(m->ctx, hf, headp->w, NULL, tt, &co, m->loss,
                                                       NULL, head(a, m->lse_ce, n)));
     TRY(group_open(m, model_head_group(m), GROUP_GRADS));
-    const llmcl_ce_options lco = {.accumulate_weight_grad = co.accumulate_weight_grad,
-                                  .chunk_bytes = co.chunk_bytes,
-                                  .logits_dtype = m->cfg.ce_logits_dtype};
+    llmcl_ce_options lco = co; /* the training step's own logits dtype (the fused form's: f32) */
+    lco.logits_dtype = m->cfg.ce_logits_dtype;
     return PROF(F_CROSS_ENTROPY_FWD,
                 llmcl_linear_cross_entropy_forward(m->ctx, hf, headp->w, NULL, tt, &lco, m->loss,
                                                    NULL, rows(a, m->dh32, n),

@@ -636,13 +636,12 @@ static llmcl_status attn_ds_budget(llmcl_ctx *ctx, const llmcl_attention_opts *o
 
 /*
  * Whether this backward stores dS: on the wgmma kernels at D 128, or at D 64 where the caller or
- * LLMCL_ATTN_DS_MIB gave a budget or the keys are few (ATTN_DS_D64_MAX_TK), where dK/dV copies
- * by TMA and its slabs fit beside its tiles, and the budget
- * holds one KV head's group. A budget the caller did not give in opts (!asked) also needs the
- * whole call or parts whose dK/dV has 1.5 work-groups a compute
- * unit: parts of fewer KV heads leave the device idle behind their heaviest key tiles (on the
- * H200 at T 16384 D 128, parts of one KV head, 0.97 work-groups a unit, ran 38% slower than
- * recomputing; parts of two, 1.94 a unit, 14% faster). Fills ds's layout and
+ * LLMCL_ATTN_DS_MIB gave a budget (given) or the keys are few (ATTN_DS_D64_MAX_TK), where dK/dV
+ * copies by TMA and its slabs fit beside its tiles, and the budget holds one KV head's group. A
+ * budget the caller did not give in opts (!asked) also needs the whole call or parts whose dK/dV
+ * has 1.5 work-groups a compute unit: parts of fewer KV heads leave the device idle behind their
+ * heaviest key tiles (on the H200 at T 16384 D 128, parts of one KV head, 0.97 work-groups a unit,
+ * ran 38% slower than recomputing; parts of two, 1.94 a unit, 14% faster). Fills ds's layout and
  * dK/dV's key tile, and *pairs, the (batch, KV head) pairs a part takes (0: dQ recomputes the
  * scores).
  */
