@@ -464,6 +464,10 @@ def ce_logits(p):
           all(abs(x - y) <= 0.01 * abs(x) for x, y in zip(a, b)))
     check("--ce-logits bf16: other bits than f32 logits",
           open(p("ce_f32.st"), "rb").read() != open(p("ce_bf16.st"), "rb").read())
+    model = re.search(r"^model: .*$", half.stdout, re.M)
+    check("--ce-logits bf16: the start-up line says so, f32 logits' does not",
+          model is not None and ", logits in bf16" in model.group(0) and
+          "logits in" not in wide.stdout)
     needle = "--ce-logits takes f32, or the model's 16-bit dtype without --fused-ce"
     expect_error("--ce-logits f16 on a bf16 model", TINY + ["--ce-logits", "f16"], needle)
     expect_error("--ce-logits bf16 on an f32 model",

@@ -1170,9 +1170,11 @@ int main(int argc, char **argv)
     printf("device: %s (%s), peak %s%s%s%s\n", info->name, info->platform_name, peak_s,
            peak_s[0] ? " (" : "", peak_what, peak_s[0] ? ")" : "");
     printf("model: %.2fM parameters, dim %d, %d layers, %d/%d heads, ffn %d, vocab %d, %s, "
-           "%s%s%s%s\n",
+           "%s%s%s%s%s%s\n",
            (double)model_param_count(tr.m) / 1e6, c->dim, c->layers, c->heads, c->kv_heads, c->ffn,
            c->vocab, c->tied ? "tied head" : "untied head", llmcl_dtype_name(c->dtype),
+           c->ce_logits_dtype != LLMCL_F32 ? ", logits in " : "",
+           c->ce_logits_dtype != LLMCL_F32 ? llmcl_dtype_name(c->ce_logits_dtype) : "",
            recompute[0] ? ", " : "", recompute, o->offload ? " with offload" : "");
     if (c->lora_rank)
         print_lora(c, model_trainable_count(tr.m));
