@@ -736,18 +736,40 @@ static void lin_ref_no_nan(const lin_problem *p, const lin_ref *r, int64_t nl)
     assert_no_nan(r->dw, (size_t)(p->v * p->h)), assert_no_nan(r->db, (size_t)p->v);
 }
 
-/* Path 2 on case c. */
-static void run_linear(const lin_case *c, const ninf_spec *m, uint64_t seed)
+/*
+ * Inputs of multiples of 1/16, exact in 16 bits, so that each logit (at most 40 products of
+ * multiples of 2^-8, below 2^5) is exact in f32 and its rounding to 16 bits is the reference's;
+ * most need 13 bits, so f32 logits would miss the reference by the rounding's size.
+ */
+static void lin_quantize(lin_problem *p)
+{
+    double *qs[] = {p->hid, p->w, p->b};
+    const size_t ns[] = {(size_t)(p->n * p->h), (size_t)(p->v * p->h), (size_t)p->v};
+    llmcl_tensor *ts[] = {p->th, p->tw, p->tb};
+    for (int k = 0; k < 3 && qs[k]; ++k) {
+        for (size_t i = 0; i < ns[k]; ++i)
+            qs[k][i] = round(qs[k][i] * 16) / 16;
+        th_upload(ts[k], qs[k]);
+    }
+}
+
+/* Path 2 on case c with its logits stored as ldt (opts->logits_dtype): 16-bit on quantized inputs
+   (lin_quantize), against the reference on the rounded logits. */
+static void run_linear(const lin_case *c, const ninf_spec *m, uint64_t seed, llmcl_dtype ldt)
 {
     llmcl_ctx *ctx = th_ctx();
     lin_problem p = lin_make_case(c, m, seed);
+    if (ldt != LLMCL_F32)
+        lin_quantize(&p);
+    p.ldt = ldt;
     const ref_ce_opts ro = {-100, c->reduction, c->eps, c->zs, c->cap, p.cw};
     lin_ref r = lin_reference(&p, &ro, NULL);
     const int64_t nl = c->reduction == 2 ? c->n : 1;
     lin_ref_no_nan(&p, &r, nl);
     llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &nl), *tz = th_tensor(LLMCL_F32, 1, &nl);
     lin_grads g = lin_grads_new(&p, c->bias);
-    const llmcl_ce_options o = lin_opts(c, &p);
+    llmcl_ce_options o = lin_opts(c, &p);
+    o.logits_dtype = ldt;
     TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, tz, g.dh, g.dw,
                                              g.db));
     double *gl = download(tl), *gz = download(tz);
@@ -766,12 +788,7 @@ static void run_linear(const lin_case *c, const ninf_spec *m, uint64_t seed)
     lin_free(&p);
 }
 
-/*
- * Path 2 with 16-bit logits (opts->logits_dtype) against the reference on the rounded logits.
- * Inputs are multiples of 1/16, exact in 16 bits, so that each logit (at most 40 products of
- * multiples of 2^-8, below 2^5) is exact in f32 and its rounding to 16 bits is the reference's;
- * most need 13 bits, so f32 logits would miss the reference by the rounding's size.
- */
+/* Path 2 with 16-bit logits (opts->logits_dtype) on both 16-bit dtypes. */
 static void test_linear_logits16(void **state)
 {
     (void)state;
@@ -782,43 +799,8 @@ static void test_linear_logits16(void **state)
         {LLMCL_F16, 1, 0, 1e-2f, 0, true, false, 20, 17, 65, 6, 0, 5},
         {LLMCL_F16, 2, 0, 0, 0, false, false, 29, 33, 130, 0, 2 * 130 * 7, 0},
     };
-    llmcl_ctx *ctx = th_ctx();
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ++ci) {
-        const lin_case *c = &cases[ci];
-        lin_problem p = lin_make_case(c, NULL, 300 + ci);
-        double *qs[] = {p.hid, p.w, p.b};
-        const size_t ns[] = {(size_t)(p.n * p.h), (size_t)(p.v * p.h), (size_t)p.v};
-        llmcl_tensor *ts[] = {p.th, p.tw, p.tb};
-        for (int k = 0; k < 3 && qs[k]; ++k) {
-            for (size_t i = 0; i < ns[k]; ++i)
-                qs[k][i] = round(qs[k][i] * 16) / 16;
-            th_upload(ts[k], qs[k]);
-        }
-        p.ldt = c->dt;
-        const ref_ce_opts ro = {-100, c->reduction, c->eps, c->zs, c->cap, p.cw};
-        lin_ref r = lin_reference(&p, &ro, NULL);
-        const int64_t nl = c->reduction == 2 ? c->n : 1;
-        lin_ref_no_nan(&p, &r, nl);
-        llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &nl), *tz = th_tensor(LLMCL_F32, 1, &nl);
-        lin_grads g = lin_grads_new(&p, c->bias);
-        llmcl_ce_options o = lin_opts(c, &p);
-        o.logits_dtype = c->dt;
-        TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, tz, g.dh,
-                                                 g.dw, g.db));
-        double *gl = download(tl), *gz = download(tz);
-        TH_ASSERT_CLOSE("loss", r.loss, gl, (size_t)nl, loss_tol);
-        TH_ASSERT_CLOSE("z_loss", r.z, gz, (size_t)nl, loss_tol);
-        lin_check(&p, &r, &g, p.dt);
-        TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, NULL, NULL,
-                                                 NULL, NULL));
-        th_download(tl, gl);
-        TH_ASSERT_CLOSE("loss only", r.loss, gl, (size_t)nl, loss_tol);
-        free(gl), free(gz);
-        llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tz);
-        lin_grads_free(&g);
-        lin_ref_free(&r);
-        lin_free(&p);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
+        run_linear(&cases[i], NULL, 300 + i, cases[i].dt);
 }
 
 /* The chunked fused form's width in tests: odd, so chunk edges cross the 8-class vector groups
@@ -885,7 +867,7 @@ static void test_linear_ce(void **state)
     (void)state;
     for (size_t i = 0; i < sizeof lin_cases / sizeof lin_cases[0]; ++i) {
         printf("linear case %zu\n", i);
-        run_linear(&lin_cases[i], NULL, 300 + i);
+        run_linear(&lin_cases[i], NULL, 300 + i, LLMCL_F32);
     }
 }
 
@@ -932,7 +914,7 @@ static void test_linear_ninf(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
         printf("-inf linear case %zu\n", i);
-        run_linear(&cases[i].c, &cases[i].m, 700 + i);
+        run_linear(&cases[i].c, &cases[i].m, 700 + i, LLMCL_F32);
         printf("-inf fused case %zu, tiles and chunks\n", i);
         run_fused(&cases[i].c, &cases[i].m, 700 + i, -1);
         run_fused(&cases[i].c, &cases[i].m, 700 + i, FUSED_CHUNK);
@@ -1034,7 +1016,7 @@ static void test_long_vocab(void **state)
     run_fused(&c, NULL, 850, -1);
     const lin_case b = {LLMCL_BF16, 1, 0, 1e-3f, 0, true, true, 5, 16, 32003, 0, 0, 0};
     run_fused(&b, NULL, 851, 4099);
-    run_linear(&c, NULL, 852);
+    run_linear(&c, NULL, 852, LLMCL_F32);
     const lin_case wide = {LLMCL_F32, 0, 0, 0, 0, false, false, 3, 2500, 40, 0, 0, 0};
     run_fused(&wide, NULL, 853, 0);
     llmcl_ctx *ctx = th_ctx();
@@ -1065,7 +1047,7 @@ static void test_low_loop_limit(void **state)
     th_loop_limit("1000");
     const lin_case d = {LLMCL_F32, 1, 0, 1e-3f, 0, true, false, 2000, 16, 50, 0, 0, 0};
     run_fused(&d, NULL, 861, 0);
-    run_linear(&d, NULL, 862);
+    run_linear(&d, NULL, 862, LLMCL_F32);
     th_loop_limit(NULL);
 }
 
