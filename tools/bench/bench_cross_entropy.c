@@ -1,7 +1,7 @@
 /*
  * bench_cross_entropy.c: llmcl-bench rows for the cross-entropy family. Path 1 (materialised bf16
  * logits, forward and forward+backward in place, GB/s over 2 N V 2 bytes), path 2 (chunked linear
- * CE), path 3 (fully fused, in chunks or tiles: TFLOP/s of the products it executes) and a naive
+ * CE, with 16-bit logits too where the operands are 16-bit), path 3 (fully fused, in chunks or tiles: TFLOP/s of the products it executes) and a naive
  * baseline (full f32 logits through CLBlast, CE with a separate dlogits buffer, then the two gradient GEMMs), each
  * with its peak device memory. Checks run against the double reference on a small problem, and the
  * large runs of paths 2 and 3 must agree with the naive baseline's loss.
@@ -377,6 +377,14 @@ static void bench_linear(bench_env *env, int64_t n, int64_t h, int64_t v, llmcl_
     add_row(env, "ce_linear_chunked_1536M", "fwd+bwd", dt, s, l2b_ms, 0, 3 * gemm,
             bench_peak_mib(env, op_linear, &b), naive_ms, c2b);
     b.opts.chunk_bytes = 0;
+    if (dt != LLMCL_F32) { /* the logits in the operands' dtype (llmcl-train's --ce-logits) */
+        b.opts.logits_dtype = dt;
+        const double l16_ms = bench_wall_time(env, op_linear, &b, 16);
+        const int c16 = c2 && fabs(loss_of(env, &b) - l2) <= 1e-3 * fabs(l2) + 1e-4;
+        add_row(env, "ce_linear_chunked_logits16", "fwd+bwd", dt, s, l16_ms, 0, 3 * gemm,
+                bench_peak_mib(env, op_linear, &b), naive_ms, c16);
+        b.opts.logits_dtype = LLMCL_F32;
+    }
 
     /* wall time: CLBlast's event covers only one of the kernels an SGEMM enqueues */
     const bool chunks = llmcl_ctx_device_info(env->ctx)->has_mma;
@@ -409,6 +417,7 @@ void bench_cross_entropy(bench_env *env)
     if (env->small) {
         bench_path1(env, 256, 32000);
         bench_linear(&few, 128, 128, 4096, LLMCL_F32);
+        bench_linear(&few, 128, 128, 4096, LLMCL_BF16);
         return;
     }
     bench_path1(env, 8192, 128256);
