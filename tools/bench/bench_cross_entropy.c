@@ -1,10 +1,11 @@
 /*
  * bench_cross_entropy.c: llmcl-bench rows for the cross-entropy family. Path 1 (materialised bf16
  * logits, forward and forward+backward in place, GB/s over 2 N V 2 bytes), path 2 (chunked linear
- * CE, with 16-bit logits too where the operands are 16-bit), path 3 (fully fused, in chunks or tiles: TFLOP/s of the products it executes) and a naive
- * baseline (full f32 logits through CLBlast, CE with a separate dlogits buffer, then the two gradient GEMMs), each
- * with its peak device memory. Checks run against the double reference on a small problem, and the
- * large runs of paths 2 and 3 must agree with the naive baseline's loss.
+ * CE, with 16-bit logits too where the operands are 16-bit), path 3 (fully fused, in chunks or
+ * tiles: TFLOP/s of the products it executes) and a naive baseline (full f32 logits through
+ * CLBlast, CE with a separate dlogits buffer, then the two gradient GEMMs), each with its peak
+ * device memory. Checks run against the double reference on a small problem, and the large runs
+ * of paths 2 and 3 must agree with the naive baseline's loss.
  */
 #include <clblast_c.h>
 #include <math.h>
