@@ -805,7 +805,7 @@ static void test_tensor_cores(void **state)
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=192 BN=256 WG_MB=1 STAGES=5"); /* 280 KiB */
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=256 BN=256 WG_MB=2 STAGES=3"); /* 256 acc */
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=160 WG_MB=1 STAGES=3");
-        /* three warpgroups of 128 accumulators a lane beside a producer warp: 152 registers */
+        /* three warpgroups of 128 accumulators a lane beside a producer warp: 128 registers */
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=192 BN=256 WG_MB=1 STAGES=3 MM_WS=1");
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=256 WG_MB=1 STAGES=4 MM_WS=2");
     } else {

@@ -1285,10 +1285,12 @@ inline void mm_tma_produce(int p, int nk, int step, long k_lo, long M, long N, u
  * cp.async.ca's copies. Work-item 0 issues them (mm_tma_produce) STAGES - 1 slices ahead, between
  * its own products, and so only when the other warpgroups have caught up with it; with MM_WS a
  * producer warp of its own (the work-group's last) issues each as soon as its stage is free,
- * STAGES slices ahead, and runs on through the epilogues. Two warpgroups of 192 accumulators a
- * lane would spill in a 288-wide work-group (at most 224 registers each), so there the producers
- * are a warpgroup that gives its registers to them (setmaxnreg: 384 work-items enter with 168;
- * 24 for the producers, 240 for the others), as in attention_wgmma.cl.
+ * STAGES slices ahead, and runs on through the epilogues. A 288-wide work-group leaves a lane 168
+ * registers (a multiprocessor's quarter holds three of its nine warps): two warpgroups of 128
+ * accumulators a lane spill a little there (ptxas: 16 bytes into a 16-bit C, 124 into f32; a
+ * producer warpgroup that gave them 240, spilling none, ran level on the H200), those of 192 far
+ * more, so there the producers are a warpgroup that gives its registers to them (setmaxnreg: 384
+ * work-items enter with 168; 24 for the producers, 240 for the others), as in attention_wgmma.cl.
  */
 #if MM_TMA && MM_WS
 #define MM_PRODUCER NT

@@ -303,7 +303,8 @@ bool llmcl__same_view(const llmcl_tensor *a, const llmcl_tensor *b);
 cl_program llmcl__nv_retarget_sm90a(cl_context context, cl_device_id device, const char *ptx);
 
 /* The most registers (a multiple of 8, at most 255) that each of work_items work-items of one
-   work-group holds on an NVIDIA multiprocessor's 65536. */
+   work-group holds on an NVIDIA multiprocessor: each of its four quarters holds a quarter of the
+   65536 and every fourth warp, so 9 warps leave a lane what 12 would (168). */
 unsigned llmcl__nv_item_registers(size_t work_items);
 
 /* A built program's binary as NUL-terminated text (NVIDIA's is PTX), to free; NULL if none. */

@@ -426,7 +426,8 @@ static void remove_all(char *s, const char *mark)
 
 unsigned llmcl__nv_item_registers(size_t work_items)
 {
-    const size_t per = work_items > 0 ? 65536 / work_items / 8 * 8 : 255;
+    const size_t quads = (work_items + 127) / 128; /* warps per quarter of the multiprocessor */
+    const size_t per = quads > 0 ? 16384 / (quads * 32) / 8 * 8 : 255;
     return per < 255 ? (unsigned)per : 255;
 }
 

@@ -678,7 +678,7 @@ static size_t wgmma_work_items(const llmcl__params *t, bool tma)
  * Whether a lane of mm_wgmma's warpgroups has the registers for its WG_MB x BN / 2 accumulators
  * and the 26 that a product takes beside them (ptxas needs 154 for 64 x 256's 128): its share of
  * the work-group's (llmcl__nv_item_registers), or the 240 that a producer warpgroup leaves them
- * (matmul.cl). 192 x 256 in blocks of 64 rows with a producer warp has 152, and NVIDIA's compiler
+ * (matmul.cl). 192 x 256 in blocks of 64 rows with a producer warp has 128, and NVIDIA's compiler
  * refuses it.
  */
 static bool wgmma_registers_fit(const llmcl__params *t)
