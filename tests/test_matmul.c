@@ -556,10 +556,10 @@ static const char *const mma_sets[8] = {"BM=64 BN=64 BK=32 WM=2 WN=2 STAGES=2",
                                        "BM=64 BN=256 BK=32 WM=1 WN=4 STAGES=3"};
 
 /*
- * wgmma's epilogue through local memory and TMA's stores (16-bit C, rows on 16 bytes): tiles of
- * one to three warpgroups, of one or two blocks of 64 rows, inside C and (576 rows) past it, where
- * the edge tiles store from the registers; batched, with either bias, beta and c_in, and with
- * beta 0 over a poisoned C, so that every element must be written.
+ * wgmma's epilogue through local memory and TMA's stores (rows on 16 bytes): tiles of one to three
+ * warpgroups, of one or two blocks of 64 rows, inside C and (576 rows) past it, where the edge
+ * tiles store from the registers; batched, with either bias, beta and c_in, and with beta 0 over a
+ * poisoned C, so that every element must be written. 16-bit C here; f32 in check_tma_stores32.
  */
 static void check_tma_stores(void)
 {
@@ -588,6 +588,63 @@ static void check_tma_stores(void)
 }
 
 /*
+ * The same into f32, whose tiles go through local memory in quarters of their columns (BN a
+ * multiple of 128; 192 stores from the registers, and the launcher says so), with the squares of
+ * what the epilogue stored (opts.sumsq) summed beside it where the tile set has no bias.
+ */
+static double sumsq_total(llmcl_sumsq *s);
+
+static void check_tma_stores32(void)
+{
+    static const char *const sets[] = {
+        "BM=128 BN=256 WG_MB=1 STAGES=3 MM_WS=1 MM_TMA_STORE=1",
+        "BM=256 BN=128 WG_MB=2 STAGES=3 MM_TMA_STORE=1",
+        "BM=128 BN=128 WG_MB=1 STAGES=4 MM_WS=1 MM_TMA_STORE=1",
+        "BM=128 BN=192 WG_MB=1 STAGES=3 MM_WS=1 MM_TMA_STORE=1"};
+    llmcl_sumsq *s = NULL;
+    TH_OK(llmcl_sumsq_create(th_ctx(), &s));
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; ++i) {
+        mm_case c = plain(LLMCL_BF16, 576, i == 2 ? 640 : 768, 200);
+        c.cdt = LLMCL_F32;
+        c.trans_a = i == 2; /* a weight gradient's layout */
+        c.trans_b = !c.trans_a;
+        c.batch = i == 1 ? 2 : 1;
+        c.a_batched = c.b_batched = c.batch > 1;
+        c.bias = i == 1 ? 2 : 0;
+        c.beta = i & 1 ? 0.0 : 1.0;
+        c.addend = i == 2 ? ADDEND_ALIKE : ADDEND_C;
+        c.offset = 8;
+        c.aligned = 1;
+        const char *key = mma_key(c.trans_a);
+        TH_OK(llmcl_tune_override(th_ctx(), key, c.dt, "*", sets[i]));
+        if (c.bias) {
+            mm_check(sets[i], &c, 860 + i);
+        } else {
+            c.sumsq = s;
+            double *ref, *got;
+            th_tol tol;
+            got = mm_run(&c, 860 + i, &ref, &tol);
+            TH_ASSERT_CLOSE(sets[i], ref, got, (size_t)(c.m * c.n), tol);
+            double squares = 0.0;
+            for (int64_t j = 0; j < c.m * c.n; ++j)
+                squares += got[j] * got[j];
+            const double total = sumsq_total(s);
+            TH_ASSERT_CLOSE("squares of tiles stored by TMA", &squares, &total, 1,
+                            (th_tol){0, 2e-5});
+            free(ref);
+            free(got);
+        }
+        char cls[16], unstored[192];
+        TH_OK(llmcl_tune_shape_class(c.n > c.m ? c.n : c.m, cls));
+        const char *want =
+            i == 3 ? with_param(sets[i], "MM_TMA_STORE", 0, unstored, sizeof unstored) : sets[i];
+        assert_wgmma_ran(key, c.dt, cls, want, 1);
+        TH_OK(llmcl_tune_override(th_ctx(), key, c.dt, "*", NULL));
+    }
+    llmcl_sumsq_destroy(s);
+}
+
+/*
  * wgmma's accumulators started from beta C_in (MM_PRELOAD): large and small tiles asked for it,
  * by TMA's copies and by cp.async's, tiles past C's rows and columns (an odd N in rows padded to
  * an even stride, the last pair's single element), a weight gradient's transposed A into f32,
@@ -595,8 +652,6 @@ static void check_tma_stores(void)
  * not aligned the launcher refuses it, and the epilogue adds beta C_in as before. The launcher
  * reports which it ran. f32 outputs also sum their squares in the epilogue (opts.sumsq).
  */
-static double sumsq_total(llmcl_sumsq *s);
-
 static void check_preload(void)
 {
     llmcl_sumsq *s = NULL;
@@ -799,6 +854,7 @@ static void test_tensor_cores(void **state)
     }
     if (wgmma) {
         check_tma_stores();
+        check_tma_stores32();
         check_thin_tiles();
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=256 BN=256 WG_MB=1 STAGES=3");
         expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=256 WG_MB=1 STAGES=2");

@@ -43,8 +43,9 @@
  *               from maps made of the tensor-map template the host passes (nv_tma.c), else by
  *               cp.async; MM_WS 1 (with MM_TMA): producers after the warpgroups issue the
  *               copies (a warp; a warpgroup beside two of WG_MB 2); MM_TMA_STORE 1 (with
- *               MM_TMA, 16-bit C, no split, no MM_CE): the plain epilogue of tiles inside C
- *               goes through BM x BN 16-bit elements of local memory and TMA's stores
+ *               MM_TMA, a 16-bit C or an f32 one of BN a multiple of 128, no split, no MM_CE):
+ *               the plain epilogue of tiles inside C goes through BM x BN x 2 bytes of local
+ *               memory and TMA's stores
  *   MM_PRELOAD  mm_wgmma with alpha 1, C's rows runs of aligned pairs: each tile's accumulators
  *               start from beta C_in (mm_wg_preload), the epilogue adding none
  *   MM_CE       mm_mma or mm_wgmma as the fused cross-entropy's logits product (below): 1 the
@@ -807,16 +808,17 @@ inline void mm_store2_F16(__global ushort *p, long i, float2 v)
 #define MM_WG_PAIR(d, h, j) ((float2)((d)[4 * (j) + 2 * (h)], (d)[4 * (j) + 2 * (h) + 1]))
 
 /*
- * What the epilogue adds to alpha times pair j0 + j (j < MM_WG_BATCH) of the lane's row mm from
- * column n: the bias and beta C_in, loaded a batch of pairs ahead of the stores, so that their
- * latencies overlap.
+ * What the epilogue adds to alpha times pair j0 + j (j < count, a constant) of the lane's row mm
+ * from column n: the bias and beta C_in, loaded a batch of pairs ahead of the stores, so that
+ * their latencies overlap.
  */
 __attribute__((always_inline)) inline void
-mm_wg_adds(float2 *add, int j0, long coff, long scm, const __global c_t *cin, long cid,
-           const __global bias_t *bias, long sbias, int bias_mode, float beta, long mm, long n)
+mm_wg_adds(float2 *add, int j0, int count, long coff, long scm, const __global c_t *cin,
+           long cid, const __global bias_t *bias, long sbias, int bias_mode, float beta, long mm,
+           long n)
 {
 #pragma unroll
-    for (int j = 0; j < MM_WG_BATCH; ++j) {
+    for (int j = 0; j < count; ++j) {
         const long nn = n + 8 * (j0 + j);
         add[j] = (float2)(0.0f);
         if (bias_mode == 1)
@@ -916,7 +918,8 @@ mm_wg_epilogue16(const float *d, int h, __global c_t *c, long coff, long scm,
 #pragma unroll
     for (int j0 = 0; j0 < MM_WG_PAIRS; j0 += MM_WG_BATCH) {
         float2 add[MM_WG_BATCH];
-        mm_wg_adds(add, j0, coff, scm, cin, cid, bias, sbias, bias_mode, beta, mm, n);
+        mm_wg_adds(add, j0, MM_WG_BATCH, coff, scm, cin, cid, bias, sbias, bias_mode, beta, mm,
+                   n);
         uint w[MM_WG_BATCH];
 #pragma unroll
         for (int j = 0; j < MM_WG_BATCH; ++j)
@@ -930,13 +933,15 @@ mm_wg_epilogue16(const float *d, int h, __global c_t *c, long coff, long scm,
 #endif
 
 /* The plain epilogue by TMA's stores (MM_TMA_STORE), where it applies. */
-#define MM_EPI_TMA (MM_TMA_STORE && MM_TMA && MM_C16 && !MM_CE && !SPLITK)
+#define MM_EPI_TMA                                                                                \
+    (MM_TMA_STORE && MM_TMA && !MM_CE && !SPLITK && (MM_C16 || BN % 128 == 0))
 #if MM_EPI_TMA
-/* A warpgroup's rows of the output tile in local memory: BN / 64 boxes of its 64 WG_MB rows by
-   64 columns, in the 128-byte swizzle (wg_chunk), which TMA's stores undo. */
+/* A warpgroup's slab of local memory: BN / 64 boxes of its 64 WG_MB rows by 128 bytes (64
+   16-bit columns, 32 f32 ones), in the 128-byte swizzle (wg_chunk), which TMA's stores undo. */
 #define MM_EPI_BOX (64 * WG_MB * 128)
 #define MM_EPI_SLAB (BN / 64 * MM_EPI_BOX)
 
+#if MM_C16
 /*
  * The plain epilogue of a tile inside C through local memory: the warpgroup's lanes write their
  * rounded sums to its slab with stmatrix (the accumulators' layout is stmatrix's, and the swizzle
@@ -946,7 +951,7 @@ mm_wg_epilogue16(const float *d, int h, __global c_t *c, long coff, long scm,
  * written again only once the tile before's stores have read it. Row m and column n are the
  * lane's first, as for mm_wg_epilogue; (m0, n0) is the warpgroup's first.
  */
-__attribute__((always_inline)) inline void
+__attribute__((always_inline)) inline float
 mm_wg_epilogue_tma(const float *d, uint slab, ulong map_c, int wg, long m0, long n0, long coff,
                    long scm, const __global c_t *cin, long cid, const __global bias_t *bias,
                    long sbias, int bias_mode, float alpha, float beta, long m, long n)
@@ -963,9 +968,9 @@ mm_wg_epilogue_tma(const float *d, uint slab, ulong map_c, int wg, long m0, long
 #pragma unroll
         for (int j0 = 0; j0 < MM_WG_PAIRS; j0 += MM_WG_BATCH) {
             float2 add0[MM_WG_BATCH], add1[MM_WG_BATCH];
-            mm_wg_adds(add0, j0, coff, scm, cin, cid, bias, sbias, bias_mode, beta, m + 64 * i,
-                       n);
-            mm_wg_adds(add1, j0, coff, scm, cin, cid, bias, sbias, bias_mode, beta,
+            mm_wg_adds(add0, j0, MM_WG_BATCH, coff, scm, cin, cid, bias, sbias, bias_mode, beta,
+                       m + 64 * i, n);
+            mm_wg_adds(add1, j0, MM_WG_BATCH, coff, scm, cin, cid, bias, sbias, bias_mode, beta,
                        m + 64 * i + 8, n);
             uint w0[MM_WG_BATCH], w1[MM_WG_BATCH];
 #pragma unroll
@@ -988,7 +993,65 @@ mm_wg_epilogue_tma(const float *d, uint slab, ulong map_c, int wg, long m0, long
             wg_tma_store(map_c, (int)(n0 + 64 * b), (int)m0, slab + b * MM_EPI_BOX);
         wg_bulk_commit();
     }
+    return 0.0f;
 }
+#else
+/* The pairs of a lane's row in a quarter of the tile's columns. */
+#define MM_EPI_PAIRS (BN / 32)
+
+/*
+ * The same for an f32 C, whose rows take twice the bytes: the slab holds half of them, so the
+ * warpgroup writes its rows a quarter of their columns at a time, into the slab's halves in
+ * turn, and the stores of one quarter read their half while the next is written to the other.
+ * A lane writes its pairs with st.shared (in the swizzle a warp's 8 rows of 32 bytes take two
+ * wavefronts, the fewest for 256 bytes). With MM_SUMSQ returns the sum of the squares of what it
+ * stored.
+ */
+__attribute__((always_inline)) inline float
+mm_wg_epilogue_tma(const float *d, uint slab, ulong map_c, int wg, long m0, long n0, long coff,
+                   long scm, const __global c_t *cin, long cid, const __global bias_t *bias,
+                   long sbias, int bias_mode, float alpha, float beta, long m, long n)
+{
+    const int tid = get_local_id(0), t = tid & 3, g = (tid >> 2) & 7;
+    float2 sq[4] = {(float2)(0.0f), (float2)(0.0f), (float2)(0.0f), (float2)(0.0f)};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const uint part = slab + (q & 1) * (MM_EPI_SLAB / 2);
+        if ((tid & 127) == 0)
+            wg_bulk_read(1);
+        wg_named_barrier(1 + wg, 128);
+#pragma unroll
+        for (int i = 0; i < WG_MB; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const uint row = part + (uint)(64 * i + 16 * ((tid >> 5) & 3) + 8 * h + g) * 128;
+                float2 add[MM_EPI_PAIRS];
+                mm_wg_adds(add, q * MM_EPI_PAIRS, MM_EPI_PAIRS, coff, scm, cin, cid, bias, sbias,
+                           bias_mode, beta, m + 64 * i + 8 * h, n);
+#pragma unroll
+                for (int j = 0; j < MM_EPI_PAIRS; ++j) {
+                    const float2 v =
+                        alpha * MM_WG_PAIR(d + i * (BN / 2), h, q * MM_EPI_PAIRS + j) + add[j];
+                    sq[j & 3] += v * v;
+                    /* box j / 4; the pair's 16-byte chunk of the row, 2 (j % 4) + t / 2 */
+                    const uint chunk = (uint)((2 * (j & 3) + (t >> 1)) ^ g);
+                    mm_st_shared2(row + (j >> 2) * MM_EPI_BOX + chunk * 16 + (t & 1) * 8, v.x,
+                                  v.y);
+                }
+            }
+        wg_proxy_fence();
+        wg_named_barrier(1 + wg, 128);
+        if ((tid & 127) == 0) {
+            for (int b = 0; b < BN / 128; ++b)
+                wg_tma_store(map_c, (int)(n0 + q * (BN / 4) + 32 * b), (int)m0,
+                             part + b * MM_EPI_BOX);
+            wg_bulk_commit();
+        }
+    }
+    const float2 total = (sq[0] + sq[1]) + (sq[2] + sq[3]);
+    return MM_SUMSQ ? total.x + total.y : 0.0f;
+}
+#endif
 #endif
 
 /*
@@ -1019,7 +1082,8 @@ mm_wg_epilogue(const float *d, int h, __global c_t *c, long coff, long scm, long
     for (int j0 = 0; j0 < MM_WG_PAIRS; j0 += MM_WG_BATCH) {
         float2 add[MM_WG_BATCH] = {0};
         if (vec && !SPLITK)
-            mm_wg_adds(add, j0, coff, scm, cin, cid, bias, sbias, bias_mode, beta, mm, n);
+            mm_wg_adds(add, j0, MM_WG_BATCH, coff, scm, cin, cid, bias, sbias, bias_mode, beta,
+                       mm, n);
 #pragma unroll
         for (int j = 0; j < MM_WG_BATCH; ++j) {
             const long nn = n + 8 * (j0 + j);
@@ -1221,9 +1285,9 @@ mm_wg_ce_dlogits(const float *d, int h, const mm_ce *ce, bool weighs, __global c
 }
 
 #if MM_TMA
-/* The tensor-map template (nv_tma.c) and a work-group's MM_MAPS global slots for its maps: A's,
-   B's, and with MM_EPI_TMA each warpgroup's of C. */
-#define MM_TMA_PARAMS , ulong16 tma_map, __global ulong16 *tma_slots
+/* The tensor-map templates (nv_tma.c) of A's and B's dtype and of C's, and a work-group's MM_MAPS
+   global slots for its maps: A's, B's, and with MM_EPI_TMA each warpgroup's of C. */
+#define MM_TMA_PARAMS , ulong16 tma_map, ulong16 tma_map_c, __global ulong16 *tma_slots
 #define MM_MAPS (2 + (MM_EPI_TMA ? NT / 128 : 0))
 
 /*
@@ -1289,12 +1353,14 @@ inline void mm_tma_produce(int p, int nk, int step, long k_lo, long M, long N, u
  * registers (a multiprocessor's quarter holds three of its nine warps): two warpgroups of 128
  * accumulators a lane spill a little there (ptxas: 16 bytes into a 16-bit C, 124 into f32; a
  * producer warpgroup that gave them 240, spilling none, ran level on the H200), those of 192 far
- * more, so there the producers are a warpgroup that gives its registers to them (setmaxnreg: 384
- * work-items enter with 168; 24 for the producers, 240 for the others), as in attention_wgmma.cl.
+ * more, and so does an f32 C's epilogue by TMA (clang's PTX at 168: 848 bytes against 240 from
+ * the registers), so there the producers are a warpgroup that gives its registers to them
+ * (setmaxnreg: 384 work-items enter with 168; 24 for the producers, 240 for the others), as in
+ * attention_wgmma.cl.
  */
 #if MM_TMA && MM_WS
 #define MM_PRODUCER NT
-#define MM_PRODUCERS (NT == 256 && WG_MB == 2 ? 128 : 32)
+#define MM_PRODUCERS (NT == 256 && (WG_MB == 2 || (MM_TMA_STORE && !MM_C16)) ? 128 : 32)
 #else
 #define MM_PRODUCER 0
 #define MM_PRODUCERS 0
@@ -1344,13 +1410,15 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS)
     }
 #if MM_EPI_TMA
     /* C's rows and start on 16 bytes, the addend's pairs aligned: each warpgroup's first
-       work-item makes its own map of C, the one that stores through it */
+       work-item makes its own map of C, the one that stores through it, in boxes of 128 bytes
+       by its rows */
     __local uint4 epi[BM * BN * 2 / 16] __attribute__((aligned(1024)));
-    const bool tma_c = scn == 1 && ((coff | scm) & 7) == 0 && (cid & 1) == 0;
+    const long c_align = 16 / sizeof(c_t) - 1;
+    const bool tma_c = scn == 1 && ((coff | scm) & c_align) == 0 && (cid & 1) == 0;
     ulong map_c = 0;
     if (tma_c && (tid & 127) == 0)
-        map_c = wg_tma_map(tma_slots + MM_MAPS * gid + 2 + wg, tma_map, c + coff, N, M, 2 * scm,
-                           64, 64 * WG_MB);
+        map_c = wg_tma_map(tma_slots + MM_MAPS * gid + 2 + wg, tma_map_c, c + coff, N, M,
+                           sizeof(c_t) * scm, 128 / sizeof(c_t), 64 * WG_MB);
 #endif
 #define MM_WG_FIRST_SLICES(m0, n0, live)
 #else
@@ -1428,9 +1496,11 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS)
         MM_WG_FIRST_SLICES(m0, n0, tile + step < ntiles);
 #if MM_EPI_TMA
         if (tma_c && inside) {
-            mm_wg_epilogue_tma(d, mma_smem(epi) + wg * MM_EPI_SLAB, map_c, wg, wg_m0, wg_n0,
-                               coff, scm, cin, cid, bias, sbias, bias_mode, alpha, beta_out, m,
-                               n);
+            const float stored_sq =
+                mm_wg_epilogue_tma(d, mma_smem(epi) + wg * MM_EPI_SLAB, map_c, wg, wg_m0, wg_n0,
+                                   coff, scm, cin, cid, bias, sbias, bias_mode, alpha, beta_out,
+                                   m, n);
+            MM_SUMSQ_STORE(stored_sq);
             continue;
         }
 #endif

@@ -2,31 +2,38 @@
  * nv_tma.c: tensor-map templates for Hopper's TMA copies (cp.async.bulk.tensor, mma.cl), encoded
  * once by the CUDA driver's cuTensorMapEncodeTiled. NVIDIA's OpenCL has no call that makes a map,
  * so at context creation the runtime opens libcuda.so.1 (the driver NVIDIA's OpenCL runs on),
- * encodes one 2-D map of 16-bit elements a dtype in the OpenCL device's primary CUDA context, and
- * lets that context and the library go: a retained context holds ~0.5 GiB of device memory. The
- * kernels write the template to global memory and set its address, sizes, row stride and box
- * there (tensormap.replace), so the host never needs a buffer's device address. Where the library,
- * the device or the encoder is missing, or LLMCL_TMA=0, the kernels keep cp.async.
+ * encodes one 2-D map a dtype (bf16, f16 and f32, whose maps only the products' stores use) in
+ * the OpenCL device's primary CUDA context, and lets that context and the library go: a retained
+ * context holds ~0.5 GiB of device memory. The kernels write the template to global memory and
+ * set its address, sizes, row stride and box there (tensormap.replace), so the host never needs a
+ * buffer's device address. Where the library, the device or the encoder is missing, or
+ * LLMCL_TMA=0, the kernels keep cp.async.
  */
 #include <string.h>
 
 #include "cuda_driver.h"
 
-enum { CU_MAP_FLOAT16 = 6, CU_MAP_BFLOAT16 = 9, CU_SWIZZLE_128B = 3, CU_L2_PROMOTE_128B = 2 };
+enum {
+    CU_MAP_FLOAT16 = 6,
+    CU_MAP_FLOAT32 = 7,
+    CU_MAP_BFLOAT16 = 9,
+    CU_SWIZZLE_128B = 3,
+    CU_L2_PROMOTE_128B = 2
+};
 
 struct llmcl__tma {
-    uint64_t bf16[16], f16[16];
+    uint64_t bf16[16], f16[16], f32[16];
 };
 
 /*
- * The template of dtype dt (CUDA's map type): 64 x 64 elements, 128-byte rows, in boxes of 64 x 64
- * with wgmma's 128-byte swizzle, 128-byte L2 promotion and zeros outside, for a placeholder
- * address. The kernel replaces every size and the address.
+ * The template of dtype dt (CUDA's map type) of `size`-byte elements: 64 rows of 128 bytes, in
+ * boxes of that size with wgmma's 128-byte swizzle, 128-byte L2 promotion and zeros outside, for a
+ * placeholder address. The kernel replaces every size and the address.
  */
-static bool encode_template(const llmcl__cuda *cu, int dt, uint64_t map[16])
+static bool encode_template(const llmcl__cuda *cu, int dt, uint32_t size, uint64_t map[16])
 {
-    const uint64_t dims[2] = {64, 64}, strides[1] = {128};
-    const uint32_t box[2] = {64, 64}, unit[2] = {1, 1};
+    const uint64_t dims[2] = {128 / size, 64}, strides[1] = {128};
+    const uint32_t box[2] = {128 / size, 64}, unit[2] = {1, 1};
     return cu->tensor_map_encode(map, dt, 2, (void *)(uintptr_t)0x10000, dims, strides, box, unit,
                                  0, CU_SWIZZLE_128B, CU_L2_PROMOTE_128B, 0) == CUDA_OK;
 }
@@ -43,8 +50,9 @@ static bool encode_templates(const llmcl__cuda *cu, cl_device_id device, llmcl__
         return false;
     bool ok = cu->ctx_push(context) == CUDA_OK;
     if (ok) {
-        ok = encode_template(cu, CU_MAP_BFLOAT16, t->bf16) &&
-             encode_template(cu, CU_MAP_FLOAT16, t->f16);
+        ok = encode_template(cu, CU_MAP_BFLOAT16, 2, t->bf16) &&
+             encode_template(cu, CU_MAP_FLOAT16, 2, t->f16) &&
+             encode_template(cu, CU_MAP_FLOAT32, 4, t->f32);
         cu->ctx_pop(&prev);
     }
     cu->primary_release(cu_device);
@@ -73,5 +81,5 @@ void llmcl__tma_close(llmcl__tma *t) { free(t); }
 
 const uint64_t *llmcl__tma_template(const llmcl__tma *t, llmcl_dtype dt)
 {
-    return dt == LLMCL_F16 ? t->f16 : t->bf16;
+    return dt == LLMCL_F16 ? t->f16 : dt == LLMCL_F32 ? t->f32 : t->bf16;
 }

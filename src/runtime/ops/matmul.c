@@ -355,7 +355,8 @@ typedef struct mm_launch {
     int64_t bk;      /* k-slice: K splits are multiples of it */
     int resident;        /* groups a compute unit holds at once (0: ask the built kernel) */
     bool persistent;     /* a group walks tiles in steps of the grid (mm_wgmma) */
-    const uint64_t *tma; /* the tensor-map template (MM_TMA), 16 words, or NULL */
+    const uint64_t *tma;   /* the tensor-map template of A and B (MM_TMA), 16 words, or NULL */
+    const uint64_t *tma_c; /* with tma: the template of C's dtype */
     int64_t maps;        /* with tma: the 128-byte tensor maps a work-group makes */
     int64_t max_steps;   /* k-steps a slice may take within the device's loop budget; 0: any */
     int64_t sumsq_warps; /* warps a tile whose epilogue can sum squares (MM_SUMSQ); 0: none */
@@ -479,6 +480,7 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
         }
         if (l->tma) {
             llmcl__arg(&g, 16 * sizeof(uint64_t), l->tma);
+            llmcl__arg(&g, 16 * sizeof(uint64_t), l->tma_c);
             llmcl__arg(&g, sizeof maps->mem, &maps->mem);
         }
         const size_t global[3] = {(size_t)groups * l->wg, (size_t)p->batch, (size_t)slices};
@@ -651,7 +653,7 @@ static llmcl_status run_mma(const mm_problem *p, int a_kc, int b_kc, const llmcl
     mma_defines(p, a_kc, b_kc, ce, &t, &d);
     const size_t wg = 32 * (size_t)llmcl__param_get(&t, "WM", 2) * llmcl__param_get(&t, "WN", 2);
     const mm_launch l = {"mm_mma", wg, llmcl__param_get(&t, "BK", 32), MM_RESIDENT, false, NULL,
-                         0, 0, 0};
+                         NULL, 0, 0, 0};
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
@@ -663,15 +665,17 @@ static uint64_t wgmma_stage_bytes(long bm, long bn, long stages)
 
 /*
  * mm_wgmma's work-group: 64 WG_MB-row warpgroups, and with MM_WS (TMA only) the producers: a warp,
- * or beside two warpgroups of 192 accumulators a lane a warpgroup (matmul.cl says why).
+ * or beside two warpgroups of 192 accumulators a lane, or of an f32 C stored by TMA (c32 and
+ * MM_TMA_STORE), a warpgroup (matmul.cl says why).
  */
-static size_t wgmma_work_items(const llmcl__params *t, bool tma)
+static size_t wgmma_work_items(const llmcl__params *t, bool tma, bool c32)
 {
     const long mb = llmcl__param_get(t, "WG_MB", 1);
     const size_t nt = (size_t)(2 * llmcl__param_get(t, "BM", 0) / mb);
     if (!tma || !llmcl__param_get(t, "MM_WS", 0))
         return nt;
-    return nt + (nt == 256 && mb == 2 ? 128 : 32);
+    const bool wide = mb == 2 || (c32 && llmcl__param_get(t, "MM_TMA_STORE", 0));
+    return nt + (nt == 256 && wide ? 128 : 32);
 }
 
 /*
@@ -684,8 +688,8 @@ static size_t wgmma_work_items(const llmcl__params *t, bool tma)
 static bool wgmma_registers_fit(const llmcl__params *t)
 {
     const long mb = llmcl__param_get(t, "WG_MB", 1), bn = llmcl__param_get(t, "BN", 0);
-    const size_t items = wgmma_work_items(t, true);
-    const long per = items - wgmma_work_items(t, false) == 128
+    const size_t items = wgmma_work_items(t, true, false);
+    const long per = items - wgmma_work_items(t, false, false) == 128
                          ? 240
                          : (long)llmcl__nv_item_registers(items);
     return mb * bn / 2 + 26 <= per;
@@ -708,7 +712,8 @@ static bool wgmma_tiles_ok(const llmcl_ctx *ctx, const llmcl__params *t)
     return bn > 0 && bn <= 256 && bn % 64 == 0 && (mb == 1 || mb == 2) && mb * bn <= 384 &&
            bm > 0 && (ws == 0 || ws == 1) && (store == 0 || store == 1) && pre >= -1 && pre <= 1 &&
            bm % (64 * mb) == 0 && bm / (64 * mb) <= 3 && st >= 3 && st <= 6 &&
-           wgmma_work_items(t, true) <= ctx->info.max_work_group_size && wgmma_registers_fit(t) &&
+           wgmma_work_items(t, true, true) <= ctx->info.max_work_group_size &&
+           wgmma_registers_fit(t) &&
            wgmma_stage_bytes(bm, bn, st) <= ctx->info.local_mem_static_bytes;
 }
 
@@ -845,13 +850,16 @@ static uint64_t wgmma_local_bytes(const llmcl__params *t, bool store)
 
 /*
  * Whether mm_wgmma's plain epilogue stores tiles inside C by TMA (MM_TMA_STORE), where it may
- * (can_store: TMA's copies, a 16-bit C, no cross-entropy epilogue): where t asks for it and the
- * stages leave local memory for the BM x BN tile (and the barriers). The kernel keeps the stores
- * from registers for a split along K.
+ * (can_store: TMA's copies, no cross-entropy epilogue): where t asks for it, C is 16-bit or, in
+ * quarters of the tile's columns, f32 with BN a multiple of 128, and the stages leave local memory
+ * for BM x BN 16-bit elements (and the barriers). The kernel keeps the stores from registers for a
+ * split along K.
  */
-static bool wgmma_stores_by_tma(const llmcl_ctx *ctx, const llmcl__params *t, bool can_store)
+static bool wgmma_stores_by_tma(const llmcl_ctx *ctx, const llmcl__params *t, bool can_store,
+                                llmcl_dtype c_dtype)
 {
     return can_store && llmcl__param_get(t, "MM_TMA_STORE", 1) &&
+           (c_dtype != LLMCL_F32 || llmcl__param_get(t, "BN", 0) % 128 == 0) &&
            wgmma_local_bytes(t, true) + 1024 <= ctx->info.local_mem_static_bytes;
 }
 
@@ -879,7 +887,7 @@ static bool wgmma_preloads(const mm_problem *p, const llmcl__mm_ce *ce, const ll
 static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llmcl__mm_ce *ce)
 {
     const uint64_t *tma = tma_template(p, a_kc, b_kc);
-    const bool can_store = tma && !ce && p->c.t->dtype != LLMCL_F32;
+    const bool can_store = tma && !ce;
     llmcl__params t = {0};
     wgmma_default_tiles(
         &t, wgmma_takes_large(p->ctx, p->M, p->N, epilogue_of(ce), p->bias != NULL), can_store);
@@ -892,7 +900,7 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     const int64_t mb = llmcl__param_get(&t, "WG_MB", 1);
     int64_t tiles;
     LLMCL__TRY(mma_tiles(p, &t, bn, &tiles));
-    const bool store = wgmma_stores_by_tma(p->ctx, &t, can_store);
+    const bool store = wgmma_stores_by_tma(p->ctx, &t, can_store, p->c.t->dtype);
     /* llmcl_tune_params_get reports what runs (the producers only with TMA's copies), but a
        preload left to the launcher stays -1, so that llmcl-tune's entries leave it so */
     llmcl__param_set(&t, "MM_TMA_STORE", store);
@@ -909,7 +917,8 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     llmcl__define_int(&d, "WM", bm / (16 * mb));
     llmcl__define_int(&d, "WN", 1);
     llmcl__define_int(&d, "MM_TMA", tma != NULL);
-    const size_t wg = wgmma_work_items(&t, tma != NULL);
+    const bool c32 = p->c.t->dtype == LLMCL_F32;
+    const size_t wg = wgmma_work_items(&t, tma != NULL, c32);
     /* the built kernel is asked only where the stages leave local memory for a second group (a
        tuned 128 x 128 in three stages, 96 KiB; the defaults take 192 to 224 KiB): asking builds
        the unsplit kernel even for a launch split along K */
@@ -918,8 +927,9 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     /* A's and B's maps, and each warpgroup's of C */
     const int64_t maps = 2 + (store ? bm / (64 * mb) : 0);
     /* the warpgroups' warps sum an f32 c's squares in the epilogue (MM_SUMSQ) */
-    const int64_t warps = p->c.t->dtype == LLMCL_F32 && !ce ? wgmma_work_items(&t, false) / 32 : 0;
-    const mm_launch l = {"mm_wgmma", wg, 64, resident, true, tma, maps, 0, warps};
+    const int64_t warps = c32 && !ce ? wgmma_work_items(&t, false, c32) / 32 : 0;
+    const uint64_t *tma_c = tma ? llmcl__tma_template(p->ctx->tma, p->c.t->dtype) : NULL;
+    const mm_launch l = {"mm_wgmma", wg, 64, resident, true, tma, tma_c, maps, 0, warps};
     return run_tiles(p, &d, &l, tiles, ce);
 }
 
@@ -987,7 +997,7 @@ static llmcl_status run_tiled(const mm_problem *p)
     int64_t max_steps;
     LLMCL__TRY(tiled_max_steps(p, &t, &max_steps));
     const mm_launch l = {"mm_tiled", wg, llmcl__param_get(&t, "BK", 16), MM_RESIDENT, false, NULL,
-                         0, max_steps, 0};
+                         NULL, 0, max_steps, 0};
     return run_tiles(p, &d, &l, tiles, NULL);
 }
 
