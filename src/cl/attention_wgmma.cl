@@ -331,7 +331,12 @@ __attribute__((always_inline)) inline void attn_tma_init(uint bars, int resident
         wg_bar_init_fence();
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-#if PRODUCERS == 128
+#if PRODUCERS == 128 && defined(ATTN_KERNEL_BWD_DKDV_WGMMA) && defined(DS_STORE) && DS_STORE && \
+    D == 64
+    /* the producers that also send dS spill at 24 (ptxas on NVIDIA's PTX: 68 bytes), not at 56,
+       and the warpgroups need no more than 224 */
+    WG_PRODUCER_REGISTERS_TO(lid >= WG_THREADS, 56, 224);
+#elif PRODUCERS == 128
     WG_PRODUCER_REGISTERS(lid >= WG_THREADS);
 #endif
 }

@@ -500,13 +500,15 @@ inline ulong wg_tma_map(__global ulong16 *slot, ulong16 tmpl, const __global voi
 
 /*
  * A producer warpgroup beside two that multiply (384 work-items entering with 168 registers
- * each): the producers give theirs away down to 24, the others take them up to 240.
+ * each): the producers give theirs away down to low, the others take them up to high (at most
+ * 240 with low 24: the multiprocessor's 64 Ki registers hold 128 low and 256 high).
  */
-#define WG_PRODUCER_REGISTERS(producer)                                                           \
+#define WG_PRODUCER_REGISTERS_TO(producer, low, high)                                             \
     if (producer)                                                                                 \
-        WG_SETMAXNREG("dec", 24);                                                                 \
+        WG_SETMAXNREG("dec", low);                                                                \
     else                                                                                          \
-        WG_SETMAXNREG("inc", 240)
+        WG_SETMAXNREG("inc", high)
+#define WG_PRODUCER_REGISTERS(producer) WG_PRODUCER_REGISTERS_TO(producer, 24, 240)
 
 /*
  * Orders the compiler's reads and writes of x after the wgmma.wait that precedes this: wgmma's
