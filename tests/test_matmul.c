@@ -645,8 +645,9 @@ static void check_tma_stores32(void)
 }
 
 /*
- * wgmma's accumulators started from beta C_in (MM_PRELOAD): large and small tiles asked for it,
- * by TMA's copies and by cp.async's, tiles past C's rows and columns (an odd N in rows padded to
+ * wgmma's accumulators started from beta C_in (MM_PRELOAD): large and small tiles asked for it
+ * (128 x 256 also with an f32 C stored by TMA, beside a producer warpgroup), by TMA's copies and
+ * by cp.async's, tiles past C's rows and columns (an odd N in rows padded to
  * an even stride, the last pair's single element), a weight gradient's transposed A into f32,
  * 16-bit outputs with an addend apart and a batch; where alpha is 2 or the addend's pairs are
  * not aligned the launcher refuses it, and the epilogue adds beta C_in as before. The launcher
@@ -656,8 +657,10 @@ static void check_preload(void)
 {
     llmcl_sumsq *s = NULL;
     TH_OK(llmcl_sumsq_create(th_ctx(), &s));
-    static const char *const sets[] = {"BM=256 BN=192 WG_MB=2 STAGES=4 MM_WS=1 MM_PRELOAD=1",
-                                       "BM=128 BN=256 WG_MB=1 STAGES=4 MM_WS=1 MM_PRELOAD=1"};
+    static const char *const sets[] = {
+        "BM=256 BN=192 WG_MB=2 STAGES=4 MM_WS=1 MM_PRELOAD=1",
+        "BM=128 BN=256 WG_MB=1 STAGES=4 MM_WS=1 MM_PRELOAD=1",
+        "BM=128 BN=256 WG_MB=1 STAGES=3 MM_WS=1 MM_TMA_STORE=1 MM_PRELOAD=1"};
     for (int i = 0; i < 8; ++i) {
         mm_case c = plain(LLMCL_BF16, 576, i & 2 ? 701 : 768, 200);
         c.trans_a = i < 4;
@@ -673,7 +676,7 @@ static void check_preload(void)
             c.batch = 2;
             c.a_batched = c.b_batched = 1;
         }
-        const char *key = mma_key(c.trans_a), *set = sets[i & 1];
+        const char *key = mma_key(c.trans_a), *set = i == 1 ? sets[2] : sets[i & 1];
         char cls[16];
         TH_OK(llmcl_tune_shape_class(c.n > c.m ? c.n : c.m, cls));
         TH_OK(llmcl_tune_override(th_ctx(), key, c.dt, "*", set));
