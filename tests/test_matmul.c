@@ -594,6 +594,24 @@ static void check_tma_stores(void)
  */
 static double sumsq_total(llmcl_sumsq *s);
 
+/* Runs c, which sums the squares of its output into s, and checks both against the reference. */
+static void mm_check_squares(const char *what, mm_case *c, llmcl_sumsq *s, uint64_t seed)
+{
+    c->sumsq = s;
+    double *ref, *got;
+    th_tol tol;
+    got = mm_run(c, seed, &ref, &tol);
+    TH_ASSERT_CLOSE(what, ref, got, (size_t)(c->m * c->n), tol);
+    double squares = 0.0;
+    for (int64_t j = 0; j < c->m * c->n; ++j)
+        squares += got[j] * got[j];
+    const double total = sumsq_total(s);
+    TH_ASSERT_CLOSE("squares of what the epilogue stored", &squares, &total, 1,
+                    (th_tol){0, 2e-5});
+    free(ref);
+    free(got);
+}
+
 static void check_tma_stores32(void)
 {
     static const char *const sets[] = {
@@ -617,23 +635,10 @@ static void check_tma_stores32(void)
         c.aligned = 1;
         const char *key = mma_key(c.trans_a);
         TH_OK(llmcl_tune_override(th_ctx(), key, c.dt, "*", sets[i]));
-        if (c.bias) {
+        if (c.bias)
             mm_check(sets[i], &c, 860 + i);
-        } else {
-            c.sumsq = s;
-            double *ref, *got;
-            th_tol tol;
-            got = mm_run(&c, 860 + i, &ref, &tol);
-            TH_ASSERT_CLOSE(sets[i], ref, got, (size_t)(c.m * c.n), tol);
-            double squares = 0.0;
-            for (int64_t j = 0; j < c.m * c.n; ++j)
-                squares += got[j] * got[j];
-            const double total = sumsq_total(s);
-            TH_ASSERT_CLOSE("squares of tiles stored by TMA", &squares, &total, 1,
-                            (th_tol){0, 2e-5});
-            free(ref);
-            free(got);
-        }
+        else
+            mm_check_squares(sets[i], &c, s, 860 + i);
         char cls[16], unstored[192];
         TH_OK(llmcl_tune_shape_class(c.n > c.m ? c.n : c.m, cls));
         const char *want =
@@ -680,23 +685,10 @@ static void check_preload(void)
         char cls[16];
         TH_OK(llmcl_tune_shape_class(c.n > c.m ? c.n : c.m, cls));
         TH_OK(llmcl_tune_override(th_ctx(), key, c.dt, "*", set));
-        if (c.cdt == LLMCL_F32 && c.pad == 0) { /* the epilogue's squares of what it stored */
-            c.sumsq = s;
-            double *ref, *got;
-            th_tol tol;
-            got = mm_run(&c, 870 + (uint64_t)i, &ref, &tol);
-            TH_ASSERT_CLOSE(set, ref, got, (size_t)(c.m * c.n), tol);
-            double squares = 0.0;
-            for (int64_t j = 0; j < c.m * c.n; ++j)
-                squares += got[j] * got[j];
-            const double total = sumsq_total(s);
-            TH_ASSERT_CLOSE("squares of preloaded tiles", &squares, &total, 1,
-                            (th_tol){0, 2e-5});
-            free(ref);
-            free(got);
-        } else {
+        if (c.cdt == LLMCL_F32 && c.pad == 0) /* the epilogue's squares of what it stored */
+            mm_check_squares(set, &c, s, 870 + (uint64_t)i);
+        else
             mm_check(set, &c, 870 + (uint64_t)i);
-        }
         char want[160];
         assert_wgmma_ran(key, c.dt, cls, with_param(set, "MM_PRELOAD", i < 6, want, sizeof want),
                          c.aligned);
