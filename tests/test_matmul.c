@@ -587,11 +587,6 @@ static void check_tma_stores(void)
     }
 }
 
-/*
- * The same into f32, whose tiles go through local memory in quarters of their columns (BN a
- * multiple of 128; 192 stores from the registers, and the launcher says so), with the squares of
- * what the epilogue stored (opts.sumsq) summed beside it where the tile set has no bias.
- */
 static double sumsq_total(llmcl_sumsq *s);
 
 /* Runs c, which sums the squares of its output into s, and checks both against the reference. */
@@ -612,6 +607,11 @@ static void mm_check_squares(const char *what, mm_case *c, llmcl_sumsq *s, uint6
     free(got);
 }
 
+/*
+ * check_tma_stores into f32, whose tiles go through local memory in quarters of their columns (BN
+ * a multiple of 128; 192 stores from the registers, and the launcher says so), with the squares
+ * of what the epilogue stored (opts.sumsq) summed beside it where the tile set has no bias.
+ */
 static void check_tma_stores32(void)
 {
     static const char *const sets[] = {

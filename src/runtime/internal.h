@@ -312,9 +312,9 @@ char *llmcl__program_text(cl_program prog);
 
 /*
  * Hopper's TMA (nv_tma.c): tensor-map templates for 2-D copies of bf16, f16 or f32 elements in
- * wgmma's 128-byte swizzle with zeros outside, encoded once by the CUDA driver, or NULL where they cannot
- * be had (no libcuda.so.1, no CUDA device on the OpenCL device's PCI address, LLMCL_TMA=0). A
- * kernel sets a template's address, sizes, row stride and box (mma.cl's wg_tma_map).
+ * wgmma's 128-byte swizzle with zeros outside, encoded once by the CUDA driver, or NULL where they
+ * cannot be had (no libcuda.so.1, no CUDA device on the OpenCL device's PCI address, LLMCL_TMA=0).
+ * A kernel sets a template's address, sizes, row stride and box (mma.cl's wg_tma_map).
  */
 typedef struct llmcl__tma llmcl__tma;
 llmcl__tma *llmcl__tma_open(cl_device_id device);

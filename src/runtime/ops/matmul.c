@@ -683,7 +683,8 @@ static size_t wgmma_work_items(const llmcl__params *t, bool tma, bool c32)
  * and the 26 that a product takes beside them (ptxas needs 154 for 64 x 256's 128): its share of
  * the work-group's (llmcl__nv_item_registers), or the 240 that a producer warpgroup leaves them
  * (matmul.cl). 192 x 256 in blocks of 64 rows with a producer warp has 128, and NVIDIA's compiler
- * refuses it.
+ * refuses it. An f32 C's producer warpgroup (MM_TMA_STORE) is left out of the count: it only adds
+ * registers.
  */
 static bool wgmma_registers_fit(const llmcl__params *t)
 {
@@ -927,7 +928,7 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
     /* A's and B's maps, and each warpgroup's of C */
     const int64_t maps = 2 + (store ? bm / (64 * mb) : 0);
     /* the warpgroups' warps sum an f32 c's squares in the epilogue (MM_SUMSQ) */
-    const int64_t warps = c32 && !ce ? wgmma_work_items(&t, false, c32) / 32 : 0;
+    const int64_t warps = c32 && !ce ? wgmma_work_items(&t, false, false) / 32 : 0;
     const uint64_t *tma_c = tma ? llmcl__tma_template(p->ctx->tma, p->c.t->dtype) : NULL;
     const mm_launch l = {"mm_wgmma", wg, 64, resident, true, tma, tma_c, maps, 0, warps};
     return run_tiles(p, &d, &l, tiles, ce);
