@@ -272,6 +272,42 @@ rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, RES_ARGS const __
 #endif
 
 /*
+ * A row's two sums over the work-group in the backward kernels. Where warps reduce with shuffles,
+ * each warp's first lane writes its sums into one half of sc, and a slot's rows alternate halves,
+ * so a row takes one barrier: a warp that writes row i + 2's sums has passed row i + 1's barrier,
+ * which every warp reached after reading row i's. sc holds WG floats (WG / 8 on that path).
+ */
+inline float2 row_sum2(float2 v, __local float *sc, int side)
+{
+#ifdef LLMCL_NV_PTX
+    if (WG % 32 == 0) {
+        const int lid = get_local_id(0);
+        __local float *h = sc + side * (WG / 16);
+        v.x = warp_sum(v.x);
+        v.y = warp_sum(v.y);
+        if ((lid & 31) == 0)
+            vstore2(v, lid >> 5, h);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float2 t = vload2(0, h);
+        for (int i = 1; i < WG / 32; ++i)
+            t += vload2(i, h);
+        return t;
+    }
+#endif
+    const float a = wg_sum(v.x, sc);
+    return (float2)(a, wg_sum(v.y, sc));
+}
+
+inline float row_sum(float v, __local float *sc, int side)
+{
+#ifdef LLMCL_NV_PTX
+    if (WG % 32 == 0)
+        return row_sum2((float2)(v, 0.0f), sc, side).x;
+#endif
+    return wg_sum(v, sc);
+}
+
+/*
  * Backward kernels: row slot r (of get_num_groups(1) * ROWS) takes rows r, r + step, ... While a
  * row is reduced, the loads of the slot's next row are already in flight (its cached chunks go into
  * the raw arrays n*, the current row's are c*), so the memory system never waits on a barrier.
@@ -280,8 +316,10 @@ rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, RES_ARGS const __
  */
 #define SLOT_LOOP_BEGIN                                                                           \
     const long step = (long)get_num_groups(1) * ROWS;                                             \
-    for (long row = get_group_id(1) * ROWS + get_local_id(1), base = get_group_id(1) * ROWS;      \
-         base < n_rows; row += step, base += step) {                                              \
+    for (long row = get_group_id(1) * ROWS + get_local_id(1), base = get_group_id(1) * ROWS,      \
+              turn = 0;                                                                           \
+         base < n_rows; row += step, base += step, ++turn) {                                      \
+        const int side = (int)(turn & 1); /* which half of the row sums' scratch */               \
         const bool live = row < n_rows;                                                           \
         const long rr = live ? row : n_rows - 1;                                                  \
         const long nrow = min(row + step, n_rows - 1); /* the prefetch target */                  \
@@ -387,7 +425,7 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
                   VLOAD(X_DT, xr, j * VEC));
     for (int i = nv * VEC + lid; i < H; i += WG)
         d += RMS_M(SROUND, LOAD(X_DT, dyr, i), LOAD(W_DT, w, i) + offset) * LOAD(X_DT, xr, i);
-    d = wg_sum(d, sc);
+    d = row_sum(d, sc, side);
     const float cf = d * rs * rs / (float)H;
 
     if (live) {
@@ -424,28 +462,6 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
     }
 }
 #endif
-
-/* Two sums over the work-group in one pass of barriers (sc holds 2 * WG floats). */
-inline float2 wg_sum2(float2 v, __local float *sc)
-{
-#ifdef LLMCL_NV_PTX
-    if (WG % 32 == 0) {
-        const int lid = get_local_id(0);
-        v.x = warp_sum(v.x);
-        v.y = warp_sum(v.y);
-        if ((lid & 31) == 0)
-            vstore2(v, lid >> 5, sc);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        float2 t = vload2(0, sc);
-        for (int i = 1; i < WG / 32; ++i)
-            t += vload2(i, sc);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        return t;
-    }
-#endif
-    const float a = wg_sum(v.x, sc);
-    return (float2)(a, wg_sum(v.y, sc));
-}
 
 /* ---- LayerNorm forward: y = (x - mean) * rstd * w [+ b] ------------------------------------ */
 
@@ -566,8 +582,8 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
               ulong rstd_off, __global X_T *dx, ulong dx_off, long dx_stride, __global float *part,
               ulong part_off, long part_stride, DB_ARGS long n_rows, int H)
 {
-    __local float scratch[2 * WG * ROWS];
-    __local float *sc = scratch + get_local_id(1) * 2 * WG;
+    __local float scratch[WG * ROWS];
+    __local float *sc = scratch + get_local_id(1) * WG;
     const int lid = get_local_id(0);
     const int nv = H / VEC;
     w += w_off;
@@ -654,7 +670,7 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
         s1 += gw;
         s2 += gw * fma(LOAD(X_DT, xr, i), rs, nmr);
     }
-    const float2 m = wg_sum2((float2)(s1, s2), sc) / (float)H;
+    const float2 m = row_sum2((float2)(s1, s2), sc, side) / (float)H;
     /* dx = rstd (g w - m1 - x_hat m2) = rstd g w - (x_hat rstd m2 + rstd m1): two fmas */
     const float rm1 = rs * m.x, rm2 = rs * m.y;
 
