@@ -444,6 +444,31 @@ static void test_norm_bwd_aligned_odd_rows(void **state)
 }
 
 /*
+ * The weight gradients' second stage at shapes other than its default: lanes of four columns that
+ * do not divide H (H % 4 == 2 and 3), slot lanes that do not divide the slots or outnumber them,
+ * and LayerNorm's db summed in the same launch as dw.
+ */
+static void test_norm_dw_reduce_shapes(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const char *shapes[] = {"FX=1 FY=1", "FX=3 FY=5", "FX=16 FY=64"};
+    const rms_case rc = {LLMCL_BF16, LLMCL_BF16, 37, 1030, 10, 0, LLAMA, 0.0f, false};
+    const ln_case lc[] = {
+        {LLMCL_BF16, LLMCL_F32, 37, 1031, 1, true, false},
+        {LLMCL_F32, LLMCL_F32, 19, 7, 0, true, false},
+    };
+    for (size_t i = 0; i < 3; ++i) {
+        TH_OK(llmcl_tune_override(ctx, "norm_dw_reduce", LLMCL_F32, "*", shapes[i]));
+        TH_OK(llmcl_tune_override(ctx, "norm_dw_reduce", LLMCL_BF16, "*", shapes[i]));
+        run_rms(&rc);
+        run_layernorm(&lc[0]);
+        run_layernorm(&lc[1]);
+    }
+    TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
+}
+
+/*
  * Where the device cuts loops short (rusticl's llvmpipe: 65535 passes a work-item and launch), the
  * backward's row slots take few enough rows each (two slots a compute unit walked thousands of
  * rows, and dw came out short), and a row too long for one work-item's loops is refused. One
@@ -579,6 +604,7 @@ int main(void)
         cmocka_unit_test(test_residual_rmsnorm),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_norm_bwd_aligned_odd_rows),
+        cmocka_unit_test(test_norm_dw_reduce_shapes),
         cmocka_unit_test(test_norm_loop_limit),
         cmocka_unit_test(test_bad_inputs),
     };

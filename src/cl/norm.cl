@@ -29,7 +29,8 @@
  *   CACHE  chunks per work-item kept in registers: 1..16 (the backward keeps four raw arrays of
  *          them, this row's and the next row's dy and x, plus the dw sums in f32: registers are
  *          what limits CACHE there; on the H100 WG=128 CACHE=4 is best for H = 4096).
- *   FX, FY norm_dw_reduce only: FX columns x FY slot lanes per work-group, FX * FY <= max size.
+ *   FX, FY norm_dw_reduce only: FX work-items of four columns x FY slot lanes per work-group,
+ *          FX * FY <= max size.
  * Feature switches: RMS_CAST_LLAMA (llama casting, else gemma), HAS_RES (residual add in the
  * forward), HAS_DR (an incoming gradient added to dx in the backward), HAS_B (LayerNorm bias).
  * NORM_KERNEL (1 rmsnorm_fwd, 2 rmsnorm_bwd, 3 layernorm_fwd, 4 layernorm_bwd, 5 norm_dw_reduce)
@@ -61,10 +62,10 @@
 #define CACHE 4
 #endif
 #ifndef FX
-#define FX 32
+#define FX 8
 #endif
 #ifndef FY
-#define FY 8
+#define FY 32
 #endif
 
 /* Values rounded to a storage type and back, as a cast to the input dtype would do. */
@@ -726,25 +727,38 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
 
 /* ---- Second stage: dw[c] = sum over slots of part[slot, c], in a fixed order ---------------- */
 
+/*
+ * A work-item sums four adjacent columns over the slots ly, ly + FY, ... with 16-byte loads (the
+ * partial rows are 32-byte aligned); the FY lanes' sums are then added in lane order. Work-groups
+ * of z = 1 sum LayerNorm's db partials, the n_slots rows after the dw ones, into db.
+ */
 #if NORM_BUILDS(5)
 __kernel __attribute__((reqd_work_group_size(FX, FY, 1))) void
 norm_dw_reduce(const __global float *part, ulong part_off, long part_stride, int n_slots, int H,
-               __global W_T *dw, ulong dw_off)
+               __global W_T *dw, ulong dw_off, __global W_T *db, ulong db_off)
 {
-    __local float sc[FY][FX];
+    __local float4 sc[FY][FX];
     const int lx = get_local_id(0), ly = get_local_id(1);
-    const long c = get_global_id(0);
-    float s = 0.0f;
-    if (c < H)
+    const int c = (int)get_global_id(0) * 4;
+    const __global float *p = part + part_off + get_group_id(2) * n_slots * part_stride + c;
+    float4 s = 0.0f;
+    if (c < H) {
+#pragma unroll 4
         for (int j = ly; j < n_slots; j += FY)
-            s += part[part_off + j * part_stride + c];
+            s += *(const __global float4 *)(p + j * part_stride);
+    }
     sc[ly][lx] = s;
     barrier(CLK_LOCAL_MEM_FENCE);
     if (ly == 0 && c < H) {
-        float t = 0.0f;
-        for (int k = 0; k < FY; ++k)
+        float4 t = sc[0][lx];
+        for (int k = 1; k < FY; ++k)
             t += sc[k][lx];
-        STORE(W_DT, dw, dw_off + c, t);
+        __global W_T *out = get_group_id(2) ? db + db_off : dw + dw_off;
+        const float v[4] = {t.x, t.y, t.z, t.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (c + k < H)
+                STORE(W_DT, out, c + k, v[k]);
     }
 }
 #endif

@@ -653,7 +653,7 @@ const tune_kernel tune_kernels[] = {
      .size_key = "C", .shapes = NORM_SHAPES, .small_shapes = NORM_SMALL,
      .tensors = NORM_RMS_BWD_TENSORS, .run = run_rmsnorm_bwd, .fits = norm_fits, .tol_scale = 4},
     {.key = LLMCL_KEY_NORM_DW_REDUCE, .family = LLMCL_FAMILY_NORM,
-     .params = "FX=16,32,64,128 FY=1,2,4,8,16,32",
+     .params = "FX=4,8,16,32,64 FY=1,2,4,8,16,32,64",
      .dtypes = F32 | BF16, .size_key = "C", .shapes = NORM_SHAPES, .small_shapes = NORM_SMALL,
      .tensors = NORM_RMS_BWD_TENSORS, .run = run_rmsnorm_bwd, .tol_scale = 4},
     {.key = LLMCL_KEY_RESIDUAL_RMSNORM_BWD, .family = LLMCL_FAMILY_NORM, .params = NORM_BWD_PARAMS,

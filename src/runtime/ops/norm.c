@@ -285,7 +285,7 @@ static int64_t part_stride(const norm_shape *s) { return llmcl__div_up(s->H, 8) 
 
 typedef struct dw_reduce {
     cl_kernel kernel;
-    size_t local[2], global[2];
+    size_t local[3], global[3];
 } dw_reduce;
 
 static llmcl_status dw_reduce_prepare(const norm_shape *s, dw_reduce *r)
@@ -293,8 +293,8 @@ static llmcl_status dw_reduce_prepare(const norm_shape *s, dw_reduce *r)
     llmcl_ctx *ctx = s->ctx;
     llmcl__params p = {0};
     const size_t max_wg = ctx->info.max_work_group_size;
-    llmcl__param_set(&p, "FX", 32);
-    llmcl__param_set(&p, "FY", max_wg >= 256 ? 8 : (long)(max_wg / 32 > 0 ? max_wg / 32 : 1));
+    llmcl__param_set(&p, "FX", max_wg >= 8 ? 8 : (long)max_wg);
+    llmcl__param_set(&p, "FY", max_wg >= 256 ? 32 : (long)(max_wg / 8 > 0 ? max_wg / 8 : 1));
     char cls[16];
     llmcl__shape_class(s->H, cls);
     llmcl__params_lookup(ctx, LLMCL_KEY_NORM_DW_REDUCE, s->wdt, cls, &p);
@@ -309,13 +309,16 @@ static llmcl_status dw_reduce_prepare(const norm_shape *s, dw_reduce *r)
     LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_NORM, &d, "norm_dw_reduce", &r->kernel));
     r->local[0] = (size_t)fx;
     r->local[1] = (size_t)fy;
-    r->global[0] = (size_t)llmcl__div_up(s->H, fx) * (size_t)fx;
+    r->local[2] = 1;
+    r->global[0] = (size_t)llmcl__div_up(llmcl__div_up(s->H, 4), fx) * (size_t)fx;
     r->global[1] = (size_t)fy;
     return LLMCL_OK;
 }
 
-static llmcl_status dw_reduce_launch(const norm_shape *s, const dw_reduce *r,
-                                     const llmcl_tensor *part, int n_slots, llmcl_tensor *dw)
+/* Sums the slots' partial rows into dw, and with db (LayerNorm's bias) the n_slots rows after
+   them into db, in one launch. */
+static llmcl_status dw_reduce_launch(const norm_shape *s, dw_reduce *r, const llmcl_tensor *part,
+                                     int n_slots, llmcl_tensor *dw, llmcl_tensor *db)
 {
     llmcl__args a = llmcl__args_begin(s->ctx, r->kernel);
     llmcl__arg_tensor(&a, part);
@@ -323,7 +326,9 @@ static llmcl_status dw_reduce_launch(const norm_shape *s, const dw_reduce *r,
     llmcl__arg_i32(&a, n_slots);
     llmcl__arg_i32(&a, s->H);
     llmcl__arg_tensor(&a, dw);
-    return llmcl__launch(&a, 2, r->global, r->local);
+    llmcl__arg_tensor(&a, db ? db : dw);
+    r->global[2] = db ? 2 : 1;
+    return llmcl__launch(&a, 3, r->global, r->local);
 }
 
 /* ---- RMSNorm ---- */
@@ -467,7 +472,7 @@ static llmcl_status rms_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const l
     llmcl__arg_f32(&a, o.offset);
     llmcl_status st = launch_rows(&a, &g, groups);
     if (st == LLMCL_OK)
-        st = dw_reduce_launch(&s, &red, part, n_slots, dw);
+        st = dw_reduce_launch(&s, &red, part, n_slots, dw, NULL);
     llmcl_tensor_destroy(part); /* OpenCL keeps the buffer alive until the kernels finish */
     return st;
 }
@@ -638,9 +643,7 @@ llmcl_status llmcl_layernorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
         st = launch_rows(&a, &g, groups);
     }
     if (st == LLMCL_OK)
-        st = dw_reduce_launch(&s, &red, part, n_slots, dw);
-    if (st == LLMCL_OK && db)
-        st = dw_reduce_launch(&s, &red, dbpart, n_slots, db);
+        st = dw_reduce_launch(&s, &red, part, n_slots, dw, db);
     llmcl_tensor_destroy(dbpart);
     llmcl_tensor_destroy(part);
     return st;
