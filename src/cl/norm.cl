@@ -739,7 +739,7 @@ norm_dw_reduce(const __global float *part, ulong part_off, long part_stride, int
 {
     __local float4 sc[FY][FX];
     const int lx = get_local_id(0), ly = get_local_id(1);
-    const int c = (int)get_global_id(0) * 4;
+    const long c = (long)get_global_id(0) * 4;
     const __global float *p = part + part_off + get_group_id(2) * n_slots * part_stride + c;
     float4 s = 0.0f;
     if (c < H) {
