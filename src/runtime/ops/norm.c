@@ -285,7 +285,7 @@ static int64_t part_stride(const norm_shape *s) { return llmcl__div_up(s->H, 8) 
 
 typedef struct dw_reduce {
     cl_kernel kernel;
-    size_t local[3], global[3];
+    size_t local[3], global[2]; /* the launch adds z: 1, or 2 with db */
 } dw_reduce;
 
 static llmcl_status dw_reduce_prepare(const norm_shape *s, dw_reduce *r)
@@ -317,9 +317,11 @@ static llmcl_status dw_reduce_prepare(const norm_shape *s, dw_reduce *r)
 
 /* Sums the slots' partial rows into dw, and with db (LayerNorm's bias) the n_slots rows after
    them into db, in one launch. */
-static llmcl_status dw_reduce_launch(const norm_shape *s, dw_reduce *r, const llmcl_tensor *part,
-                                     int n_slots, llmcl_tensor *dw, llmcl_tensor *db)
+static llmcl_status dw_reduce_launch(const norm_shape *s, const dw_reduce *r,
+                                     const llmcl_tensor *part, int n_slots, llmcl_tensor *dw,
+                                     llmcl_tensor *db)
 {
+    const size_t global[3] = {r->global[0], r->global[1], db ? 2 : 1};
     llmcl__args a = llmcl__args_begin(s->ctx, r->kernel);
     llmcl__arg_tensor(&a, part);
     llmcl__arg_i64(&a, part_stride(s));
@@ -327,8 +329,7 @@ static llmcl_status dw_reduce_launch(const norm_shape *s, dw_reduce *r, const ll
     llmcl__arg_i32(&a, s->H);
     llmcl__arg_tensor(&a, dw);
     llmcl__arg_tensor(&a, db ? db : dw);
-    r->global[2] = db ? 2 : 1;
-    return llmcl__launch(&a, 3, r->global, r->local);
+    return llmcl__launch(&a, 3, global, r->local);
 }
 
 /* ---- RMSNorm ---- */
