@@ -1385,12 +1385,19 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS)
     const int first = get_group_id(0);
     const int total = first < ntiles ? (ntiles - first + step - 1) / step * nk : 0;
     int p = 0, g = 0;
+    /* a k-major operand in boxes of whole tile rows, an mn-major one in atoms of 64; with a
+       producer warp, the first work-item makes B's map beside the producer's of A, since a map
+       takes about a microsecond (mostly its fences) before the first copy can start */
+#define MM_MAP_B()                                                                                \
+    wg_tma_map(tma_slots + MM_MAPS * gid + 1, tma_map, b, B_KC ? K : N, B_KC ? N : K,             \
+               2 * (B_KC ? sbn : sbk), 64, B_KC ? BN : 64)
+    if (MM_PRODUCER && tid == 0)
+        MM_MAP_B();
     if (tid == MM_PRODUCER) {
-        /* a k-major operand in boxes of whole tile rows, an mn-major one in atoms of 64 */
         wg_tma_map(tma_slots + MM_MAPS * gid, tma_map, a, A_KC ? K : M, A_KC ? M : K,
                    2 * (A_KC ? sam : sak), 64, A_KC ? BM : 64);
-        wg_tma_map(tma_slots + MM_MAPS * gid + 1, tma_map, b, B_KC ? K : N, B_KC ? N : K,
-                   2 * (B_KC ? sbn : sbk), 64, B_KC ? BN : 64);
+        if (!MM_PRODUCER)
+            MM_MAP_B();
         for (int s = 0; s < STAGES; ++s) {
             wg_bar_init(full + 8 * s, 1);
             wg_bar_init(empty + 8 * s, NT);
@@ -1404,6 +1411,8 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS)
     WG_PRODUCER_REGISTERS(tid >= NT);
 #endif
     if (MM_PRODUCER && tid >= NT) {
+        if (tid == MM_PRODUCER)
+            wg_tma_acquire(map_b);
         for (; tid == MM_PRODUCER && p < total; ++p)
             mm_tma_produce(p, nk, step, k_lo, M, N, base, full, empty, map_a, map_b);
         return;
@@ -1543,6 +1552,7 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS)
         wg_bulk_done();
 #endif
 #undef MM_WG_FIRST_SLICES
+#undef MM_MAP_B
 #undef STAGE
 }
 #endif

@@ -463,6 +463,14 @@ inline void wg_named_barrier(uint id, uint count)
                  ::"l"(map), "r"(value)                                                           \
                  : "memory")
 
+/* Makes the tensor map at global address map, released by a work-item of the work-group before a
+   barrier, visible to this work-item's copies. */
+inline void wg_tma_acquire(ulong map)
+{
+    asm volatile("// @sm90a fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(map)
+                 : "memory");
+}
+
 /*
  * The host's template (nv_tma.c) written to slot and set to copy boxes of box_inner x box_outer
  * from the inner x outer elements at base, rows stride_bytes apart; fenced, so that the copies
@@ -485,8 +493,7 @@ inline ulong wg_tma_map(__global ulong16 *slot, ulong16 tmpl, const __global voi
     WG_TMA_SET("box_dim", 0, box_inner);
     WG_TMA_SET("box_dim", 1, box_outer);
     asm volatile("// @sm90a fence.proxy.tensormap::generic.release.gpu;" ::: "memory");
-    asm volatile("// @sm90a fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(map)
-                 : "memory");
+    wg_tma_acquire(map);
     return map;
 }
 
