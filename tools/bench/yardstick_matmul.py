@@ -2,22 +2,42 @@
 """PyTorch's torch.matmul (cuBLAS) on llmcl-bench's matmul shapes: a yardstick to run beside
 llmcl-bench in the same session on a CUDA machine, never a dependency of llmcl.
 
-usage: python3 tools/bench/yardstick_matmul.py
+usage: python3 tools/bench/yardstick_matmul.py [--kernels]
 Prints one line per row: direction, M x N x K, median ms and TFLOP/s (triton.testing.do_bench
-when Triton is present, else CUDA events). fwd, dX and dW are bf16 in and out (PyTorch's autograd
+when Triton is present, else CUDA events); with --kernels, then the CUDA kernels the row runs
+(torch.profiler over five calls), each with its mean time: cuBLAS's names give its tiles, stages
+and cluster shape. fwd, dX and dW are bf16 in and out (PyTorch's autograd
 of a bf16 linear layer); dW32 is llmcl's dW row's own operation, dw += dy^T x into an f32 dw
 (cuBLAS through torch.addmm's out_dtype, PyTorch 2.8 and later; a line says where it is missing).
 Then LoRA's products at rank 16 on a 2048-wide projection and the three that a group's stacked
 adapters share at rank 48, as llmcl-bench's lora rows (their f32 gradients through out_dtype)."""
+import argparse
+
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from yardstick_timing import median_ms
+
+SHOW_KERNELS = False
+
+
+def kernels_of(fn):
+    """The CUDA kernels that fn launches, each with its mean time over five calls."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+    return [f"{e.key} {e.device_time_total / e.count:.2f} us" for e in prof.key_averages()
+            if e.device_time_total > 0]
 
 
 def row(direction, m, n, k, fn):
     ms = median_ms(fn)
     print(f"torch {direction:7s} {m}x{n}x{k}: {ms:.4f} ms, {2 * m * n * k / ms / 1e9:.1f} TFLOP/s",
           flush=True)
+    if SHOW_KERNELS:
+        for kernel in kernels_of(fn):
+            print(f"    kernel {kernel}", flush=True)
 
 
 def addmm_f32(c, a, b):
@@ -59,6 +79,10 @@ def lora_rows(dev, t, width, r, shared, f32):
 
 
 def main():
+    global SHOW_KERNELS
+    ap = argparse.ArgumentParser(description="cuBLAS on llmcl-bench's matmul shapes")
+    ap.add_argument("--kernels", action="store_true", help="print the CUDA kernels of each row")
+    SHOW_KERNELS = ap.parse_args().kernels
     dev, bf = "cuda", torch.bfloat16
     f32 = has_f32_out(dev)
     a = torch.randn(8192, 8192, device=dev, dtype=bf)
