@@ -5,8 +5,8 @@ llmcl-bench in the same session on a CUDA machine, never a dependency of llmcl.
 usage: python3 tools/bench/yardstick_matmul.py [--kernels]
 Prints one line per row: direction, M x N x K, median ms and TFLOP/s (triton.testing.do_bench
 when Triton is present, else CUDA events); with --kernels, then the CUDA kernels the row runs
-(torch.profiler over five calls), each with its mean time: cuBLAS's names give its tiles, stages
-and cluster shape. fwd, dX and dW are bf16 in and out (PyTorch's autograd
+(torch.profiler over five calls), each with its mean time: cuBLAS's names appear to give its
+tiles, stages and cluster shape. fwd, dX and dW are bf16 in and out (PyTorch's autograd
 of a bf16 linear layer); dW32 is llmcl's dW row's own operation, dw += dy^T x into an f32 dw
 (cuBLAS through torch.addmm's out_dtype, PyTorch 2.8 and later; a line says where it is missing).
 Then LoRA's products at rank 16 on a 2048-wide projection and the three that a group's stacked
