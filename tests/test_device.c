@@ -1,7 +1,9 @@
 /*
- * test_device.c: device selection through LLMCL_PLATFORM / LLMCL_DEVICE, the capability probe (the
- * loop limit included), and contexts built on an application's own OpenCL objects.
+ * test_device.c: device selection through LLMCL_PLATFORM / LLMCL_DEVICE and by node-local index,
+ * the capability probe (the loop limit included), contexts built on an application's own OpenCL
+ * objects, and the tensor-core rate's guards.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,6 +265,69 @@ static void test_application_objects(void **state)
     clReleaseContext(context);
 }
 
+static bool device_is_gpu(cl_device_id device)
+{
+    cl_device_type type = 0;
+    clGetDeviceInfo(device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    return (type & CL_DEVICE_TYPE_GPU) != 0;
+}
+
+/* A rank's node-local index picks the (index mod N)-th of the N devices of the default one's
+   platform and kind, unless LLMCL_DEVICE names a device, which every index then gets. */
+static void test_select_local(void **state)
+{
+    (void)state;
+    cl_platform_id p0, p1;
+    cl_device_id d0, d1, dn;
+    saved_env d = env_set("LLMCL_DEVICE", NULL);
+    TH_OK(llmcl_device_select(&p0, &d0));
+    TH_OK(llmcl_device_select_local(0, &p1, &d1));
+    assert_ptr_equal(p1, p0);
+    assert_ptr_equal(d1, d0);
+    cl_device_id all[64];
+    cl_uint n = 0, like = 0;
+    clGetDeviceIDs(p0, CL_DEVICE_TYPE_ALL, 64, all, &n);
+    const bool gpu = device_is_gpu(d0);
+    for (cl_uint i = 0; i < n && i < 64; ++i)
+        like += device_is_gpu(all[i]) == gpu;
+    TH_OK(llmcl_device_select_local((int)like, &p1, &dn)); /* wraps around */
+    assert_ptr_equal(dn, d0);
+    llmcl_ctx *ctx = (llmcl_ctx *)&ctx;
+    TH_OK(llmcl_ctx_create_local(0, &ctx));
+    assert_ptr_equal(llmcl_ctx_cl_device(ctx), d0);
+    llmcl_ctx_destroy(ctx);
+    env_restore(&d);
+    d = env_set("LLMCL_DEVICE", "0");
+    TH_OK(llmcl_device_select(&p0, &d0));
+    TH_OK(llmcl_device_select_local(5, &p1, &d1));
+    assert_ptr_equal(d1, d0);
+    env_restore(&d);
+    TH_FAILS(llmcl_device_select_local(-1, &p1, &d1), LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(NULL), "-1"));
+    TH_FAILS(llmcl_device_select_local(0, NULL, &d1), LLMCL_ERROR_INVALID_ARGUMENT);
+    ctx = (llmcl_ctx *)&ctx;
+    TH_FAILS(llmcl_ctx_create_local(-1, &ctx), LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_null(ctx);
+    TH_FAILS(llmcl_ctx_create_local(0, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
+}
+
+/* The tensor-core rate: refused without tensor cores, a positive rate with them. */
+static void test_mma_rate(void **state)
+{
+    (void)state;
+    double tflops = -1.0;
+    TH_FAILS(llmcl_measure_mma_rate(NULL, &tflops), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_measure_mma_rate(th_ctx(), NULL), LLMCL_ERROR_INVALID_ARGUMENT);
+    if (!llmcl_ctx_device_info(th_ctx())->has_mma) {
+        TH_FAILS(llmcl_measure_mma_rate(th_ctx(), &tflops), LLMCL_ERROR_UNSUPPORTED);
+        assert_non_null(strstr(llmcl_last_error(th_ctx()), "has_mma"));
+        assert_true(tflops == -1.0);
+        return;
+    }
+    TH_OK(llmcl_measure_mma_rate(th_ctx(), &tflops));
+    assert_true(tflops > 0.0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -270,9 +335,11 @@ int main(void)
         cmocka_unit_test(test_select_by_name_substring),
         cmocka_unit_test(test_select_no_match),
         cmocka_unit_test(test_select_by_index),
+        cmocka_unit_test(test_select_local),
         cmocka_unit_test(test_select_platform_aliases),
         cmocka_unit_test(test_bad_memory_limit_env),
         cmocka_unit_test(test_application_objects),
+        cmocka_unit_test(test_mma_rate),
     };
     return TH_RUN(tests);
 }
