@@ -310,6 +310,27 @@ static void test_missing_fields(void **state)
     TH_OK(llmcl_tune_db_clear(ctx));
 }
 
+/* Found while writing tests/fuzz/fuzz_tune_db: a class spelled with leading zeros past 15
+   characters was cut to "p00000000000000", class p0, and applied to sizes near 1, not its own. */
+static void test_shape_class_spellings(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    TH_OK(llmcl_tune_db_clear(ctx));
+    TH_OK(llmcl_tune_db_load(
+        ctx, write_db("classes.json", this_device(),
+                      "{\"kernel\": \"tsc\", \"shape_class\": \"p000000000000000020\","
+                      " \"params\": {\"WG\": 8}},"
+                      "{\"kernel\": \"tsc\", \"shape_class\": \"p07\","
+                      " \"params\": {\"WG\": 16}}")));
+    ASSERT_PARAMS(ctx, "tsc", LLMCL_F32, "p20", "WG=8");
+    ASSERT_PARAMS(ctx, "tsc", LLMCL_F32, "1048576", "WG=8");
+    ASSERT_PARAMS(ctx, "tsc", LLMCL_F32, "p7", "WG=16");
+    ASSERT_PARAMS(ctx, "tsc", LLMCL_F32, "p1", "");
+    assert_string_equal(llmcl_tune_db_warnings(ctx), "");
+    TH_OK(llmcl_tune_db_clear(ctx));
+}
+
 /* ---- loading at context creation ---- */
 
 static void test_env_and_cache_dir(void **state)
@@ -1051,6 +1072,7 @@ int main(void)
         cmocka_unit_test(test_malformed_and_foreign),
         cmocka_unit_test(test_unknown_keys_ignored),
         cmocka_unit_test(test_missing_fields),
+        cmocka_unit_test(test_shape_class_spellings),
         cmocka_unit_test(test_env_and_cache_dir),
         cmocka_unit_test(test_override_reaches_launch),
         cmocka_unit_test(test_adjusted_values_recorded),

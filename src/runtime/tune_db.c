@@ -120,8 +120,11 @@ static bool normalise_class(const char *shape, char out[16])
         out[0] = '\0';
         return true;
     }
-    if (class_exponent(shape) >= 0) {
-        snprintf(out, 16, "%s", shape);
+    const int k = class_exponent(shape);
+    if (k >= 0) {
+        /* rewritten, not copied: "p020" is class p20, and a copy of "p000000000000000020" would
+           be cut to 15 characters, another class */
+        snprintf(out, 16, "p%d", k);
         return true;
     }
     char *end;
