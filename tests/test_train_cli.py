@@ -176,6 +176,14 @@ def hugging_face(p):
                                           p("e3"), "--export-dtype", "f32"])
     same_files("sharded --init-from exports the same bytes",
                p("e1/model.safetensors"), p("e3/model.safetensors"))
+    # found by tests/fuzz/fuzz_hf_config: an empty weight_map (here the last of two, which wins
+    # as in Python) opened no shard, and the run then called every tensor missing
+    os.mkdir(p("no_shards"))
+    shutil.copy(p("e1/config.json"), p("no_shards/config.json"))
+    with open(p("no_shards/model.safetensors.index.json"), "w") as f:
+        f.write('{"weight_map": {"x": "model.safetensors"}, "weight_map": {}}')
+    expect_error("an index whose weight_map is empty", TINY + ["--init-from", p("no_shards")],
+                 "model.safetensors.index.json: weight_map names no tensors")
 
     unused_tensors(p, tensors)
     missing = dict(tensors)
@@ -204,6 +212,21 @@ def hugging_face(p):
     shutil.copy(p("e1/model.safetensors"), p("yarn/model.safetensors"))
     expect_error("an unsupported rope_scaling", TINY + ["--init-from", p("yarn")],
                  "rope_scaling of a type other than default or llama3 is not supported")
+    # found with tests/fuzz/fuzz_hf_config: these were accepted (NaN training from an eps of 1e105
+    # or a theta of 0; a signed overflow of head_dim x num_attention_heads under UBSan)
+    for key, value, needle in (("rope_theta", 0, "rope_theta = 0 must be > 0"),
+                               ("rms_norm_eps", -1e-5, "rms_norm_eps = -1e-05 is not a non-negat"),
+                               ("rms_norm_eps", 1e39, "rms_norm_eps = 1e+39 is not a non-negat"),
+                               ("head_dim", 1 << 30, "head_dim must be hidden_size / num_atte")):
+        folder = p(f"bad_{key}_{value}")
+        os.mkdir(folder)
+        config = json.load(open(p("e1/config.json")))
+        config[key] = value
+        if key == "head_dim":
+            config["num_attention_heads"] = 1 << 30
+        json.dump(config, open(folder + "/config.json", "w"))
+        shutil.copy(p("e1/model.safetensors"), folder + "/model.safetensors")
+        expect_error(f"config.json's {key} = {value}", TINY + ["--init-from", folder], needle)
     # transformers 5 writes RoPE's base and scaling as rope_parameters: the same model as the
     # legacy rope_theta + rope_scaling keys
     for name, rope in (("legacy", None), ("v5", "rope_parameters")):
@@ -657,6 +680,13 @@ def main():
     with open(p("cut.st"), "wb") as f:
         f.write(data[: len(data) // 2])
     expect_error("a truncated checkpoint", TINY + ["--resume", p("cut.st")], "cannot resume")
+    # found by tests/fuzz/fuzz_checkpoint: a step or data position with trailing garbage ("3x")
+    # resumed at step 3 instead of being refused
+    meta, tensors = read_st(p("half.st"))
+    for key, value in (("step", "3x"), ("data_pos", "")):
+        write_st(p("garbled.st"), tensors, dict(meta, **{key: value}))
+        expect_error(f"a checkpoint whose {key} is '{value}'", flat + ["--resume", p("garbled.st")],
+                     "lacks its step or data position")
     offload_optimizer(p, flat, straight)
     recompute_forms(p)
     recompute_auto()

@@ -1,6 +1,8 @@
 /* checkpoint.c: llmcl-train's checkpoints in safetensors (checkpoint.h). */
 #include "checkpoint.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -297,10 +299,17 @@ static llmcl_status check_compatible(const llmcl_safetensors *st, model *m, cons
     return LLMCL_OK;
 }
 
+/* A count that checkpoint_save wrote as decimal digits, or -1 for anything else: "12x", "",
+   " 7" or one past int64 would otherwise resume at a step and data position the file never held. */
 static int64_t meta_int(const llmcl_safetensors *st, const char *key)
 {
     const char *v = llmcl_safetensors_metadata(st, key);
-    return v ? strtoll(v, NULL, 10) : -1;
+    if (!v || !isdigit((unsigned char)v[0]))
+        return -1;
+    char *end;
+    errno = 0;
+    const long long n = strtoll(v, &end, 10);
+    return errno == 0 && *end == '\0' ? n : -1;
 }
 
 /* The trainable weights and moments from st into the device tensors, or when offloaded through
@@ -348,7 +357,8 @@ static llmcl_status read_state(const llmcl_safetensors *st, const char *path, tr
     *s = (train_state){meta_int(st, "step"), meta_int(st, "data_pos")};
     if (s->step >= 0 && s->data_pos >= 0)
         return LLMCL_OK;
-    snprintf(why_buf, sizeof why_buf, "%s lacks its step or data position", path);
+    /* why_buf holds 512 bytes: the path is cut to fit (GCC warns of a --zero folder's 4200) */
+    snprintf(why_buf, sizeof why_buf, "%.400s lacks its step or data position", path);
     return LLMCL_ERROR_INVALID_ARGUMENT;
 }
 

@@ -2,6 +2,7 @@
 #include "hf.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,6 +71,8 @@ static void open_index(hf_checkpoint *c, const char *dir, const char *index)
         snprintf(path, sizeof path, "%s/%s", dir, json_string_value(file));
         add_file(c, path);
     }
+    if (c->n_files == 0) /* else every tensor would be reported missing, not the index */
+        die("%s: weight_map names no tensors", index);
     json_decref(root);
 }
 
@@ -200,13 +203,20 @@ bool hf_read_config(const hf_checkpoint *c, model_config *cfg, int *max_position
     cfg->layers = integer(root, "num_hidden_layers", 32, p);
     cfg->heads = integer(root, "num_attention_heads", 32, p);
     cfg->kv_heads = integer(root, "num_key_value_heads", cfg->heads, p);
-    cfg->norm_eps = (float)number(root, "rms_norm_eps", 1e-6, p);
+    /* a negative eps, one past float's range or a theta <= 0 (which --rope-theta refuses) would
+       train on NaN */
+    const double eps = number(root, "rms_norm_eps", 1e-6, p);
+    if (!(eps >= 0 && eps <= FLT_MAX))
+        die("%s: rms_norm_eps = %g is not a non-negative float", p, eps);
+    cfg->norm_eps = (float)eps;
     cfg->rope_theta = number(root, "rope_theta", 10000, p);
     cfg->rope_llama3_factor = rope_scaling(root, p, &cfg->rope_theta);
+    if (!(cfg->rope_theta > 0))
+        die("%s: rope_theta = %g must be > 0", p, cfg->rope_theta);
     cfg->tied = boolean(root, "tie_word_embeddings", false, p);
     *max_positions = integer(root, "max_position_embeddings", 2048, p);
     const int head_dim = cfg->heads > 0 ? integer(root, "head_dim", cfg->dim / cfg->heads, p) : 0;
-    if (head_dim * cfg->heads != cfg->dim)
+    if ((int64_t)head_dim * cfg->heads != cfg->dim) /* each up to 2^30: the product in 64 bits */
         die("%s: head_dim must be hidden_size / num_attention_heads", p);
     json_decref(root);
     return true;
