@@ -31,6 +31,8 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "llmcl.h"
 #include "llmcl_dist.h"
 
@@ -730,6 +732,26 @@ static void damaged_copy(const char *from, const char *to, const char *file, int
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+/* Rank 0 copies a checkpoint folder with one number of its manifest replaced: the first
+   parameter's (params_key) or the top level's. */
+static void tampered_copy(const char *from, const char *to, const char *params_key,
+                          const char *key, json_int_t value)
+{
+    if (rank == 0) {
+        char cmd[2048], manifest[1024];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
+        CHECK(system(cmd) == 0, "%s", cmd);
+        snprintf(manifest, sizeof manifest, "%s/manifest.json", to);
+        json_t *root = json_load_file(manifest, 0, NULL);
+        CHECK(root, "%s", manifest);
+        json_t *obj = params_key ? json_array_get(json_object_get(root, params_key), 0) : root;
+        CHECK(json_object_set_new(obj, key, json_integer(value)) == 0, "%s", key);
+        CHECK(json_dump_file(root, manifest, 0) == 0, "%s", manifest);
+        json_decref(root);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 static void expect_refused(net *n, const char *dir, llmcl_status want)
 {
     static float before[TOTAL], after[TOTAL];
@@ -767,6 +789,18 @@ static void test_checkpoint(void)
     path(bad, "truncated");
     damaged_copy(dir, bad, "manifest.json", 1);
     expect_refused(&n, bad, LLMCL_ERROR_BAD_FILE);
+    /* numbers that wrap in 32 or 64 bits: a layout outside the files, not a read past them */
+    static const struct {
+        const char *params_key, *key;
+        json_int_t value;
+    } tampered[] = {{"params", "offset", INT64_MAX - 2}, {"params", "group", (json_int_t)1 << 32},
+                    {NULL, "world_size", ((json_int_t)1 << 32) + 1},
+                    {"groups", "numel", INT64_MAX - INT64_MAX % 12}};
+    for (size_t i = 0; i < sizeof tampered / sizeof tampered[0]; ++i) {
+        path(bad, "tampered");
+        tampered_copy(dir, bad, tampered[i].params_key, tampered[i].key, tampered[i].value);
+        expect_refused(&n, bad, LLMCL_ERROR_BAD_FILE);
+    }
     for (int s = K1 + 1; s <= K1 + K2; ++s)
         train_step(&n, s);
     read_params(&n, got);

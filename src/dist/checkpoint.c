@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <libgen.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -362,12 +363,16 @@ static llmcl_status read_manifest(llmcl_dist *d, const char *dir, old_layout *L)
     if (!format || strcmp(format, FORMAT) != 0 ||
         json_integer_value(json_object_get(L->root, "version")) != VERSION)
         return BAD(d, "'%s' is not an llmcl-dist checkpoint of version %d", path, VERSION);
-    L->world = (int)json_integer_value(json_object_get(L->root, "world_size"));
+    /* The manifest carries no checksum of its own: every number is checked before it is cast,
+       summed or used to index, so that a damaged one is refused, not read past the files. */
+    const json_int_t world = json_integer_value(json_object_get(L->root, "world_size"));
     const json_t *groups = json_object_get(L->root, "groups");
     const json_t *shards = json_object_get(L->root, "shards");
-    if (L->world < 1 || !json_is_array(groups) || !json_is_array(shards) ||
-        json_array_size(shards) != (size_t)L->world || !json_is_array(json_object_get(L->root, "params")))
+    if (world < 1 || world > INT_MAX || !json_is_array(groups) || !json_is_array(shards) ||
+        json_array_size(shards) != (size_t)world || json_array_size(groups) > INT_MAX ||
+        !json_is_array(json_object_get(L->root, "params")))
         return BAD(d, "'%s': world_size, groups, params or shards missing or inconsistent", path);
+    L->world = (int)world;
     L->n_groups = (int)json_array_size(groups);
     L->group_shard = calloc((size_t)L->n_groups + 1, sizeof *L->group_shard);
     L->group_shard_off = calloc((size_t)L->n_groups + 1, sizeof *L->group_shard_off);
@@ -380,6 +385,8 @@ static llmcl_status read_manifest(llmcl_dist *d, const char *dir, old_layout *L)
             return BAD(d, "'%s': group %d has %lld elements, not a multiple of %d ranks", path, k,
                        (long long)n, L->world);
         L->group_shard[k] = n / L->world;
+        if (L->group_shard[k] > INT64_MAX - L->total_shard)
+            return BAD(d, "'%s': the groups' shards add up to more than 2^63 elements", path);
         L->group_shard_off[k] = L->total_shard;
         L->total_shard += L->group_shard[k];
     }
@@ -405,12 +412,15 @@ static llmcl_status match_param(llmcl_dist *d, const old_layout *L, const dist_p
         same = json_integer_value(json_array_get(shape, k)) == p->shape[k];
     LLMCL__REQUIRE(d->ctx, same, LLMCL_ERROR_INVALID_ARGUMENT,
                    "'%s' has another shape in the checkpoint", p->name);
-    *group = (int)json_integer_value(json_object_get(e, "group"));
+    const json_int_t g = json_integer_value(json_object_get(e, "group"));
     *offset = json_integer_value(json_object_get(e, "offset"));
-    if (*group < 0 || *group >= L->n_groups || *offset < 0 ||
-        *offset + p->numel > L->group_shard[*group] * L->world)
-        return BAD(d, "'%s': group %d, offset %" PRId64 " outside the checkpoint's layout",
-                   p->name, *group, *offset);
+    /* a group's elements, group_shard x world, are its manifest's numel: no overflow */
+    if (g < 0 || g >= L->n_groups || *offset < 0 ||
+        p->numel > L->group_shard[g] * L->world ||
+        *offset > L->group_shard[g] * L->world - p->numel)
+        return BAD(d, "'%s': group %lld, offset %" PRId64 " outside the checkpoint's layout",
+                   p->name, (long long)g, *offset);
+    *group = (int)g;
     return LLMCL_OK;
 }
 
