@@ -166,6 +166,18 @@ static void test_bad_entries_are_rebuilt(void **state)
     overwrite(names[0], "", 0); /* empty */
     expect_rejected_then_healed(LLMCL_F32);
 
+    /* the header alone and 4 bytes, its binary length the one that makes header + descriptor +
+       binary wrap to the file's size in 64 bits: the descriptor must not be read past the file
+       (an ASan build sees it) */
+    uint64_t dlen;
+    memcpy(&dlen, good + 24, sizeof dlen); /* after the magic and the hash's two halves */
+    assert_true(dlen > 4);
+    const uint64_t wrapped = (uint64_t)0 - (dlen - 4);
+    memcpy(bad, good, 52);
+    memcpy(bad + 32, &wrapped, sizeof wrapped);
+    overwrite(names[0], bad, 52);
+    expect_rejected_then_healed(LLMCL_F32);
+
     /* a foreign entry: the bf16 program's file under the f32 program's name */
     run_fill(LLMCL_BF16);
     assert_int_equal(list_entries(names, 4), 2);

@@ -311,12 +311,13 @@ static unsigned char *disk_read(const disk_key *k, size_t *len, bool *rejected)
         return NULL;
     entry_header h;
     const size_t dlen = strlen(k->descriptor);
-    bool ok = n >= sizeof h;
+    /* lengths compared by what remains, never summed: a binary_len of 2^64 - 1 would wrap */
+    bool ok = n >= sizeof h + dlen;
     if (ok) {
         memcpy(&h, buf, sizeof h);
         ok = memcmp(h.magic, ENTRY_MAGIC, 8) == 0 && h.hash_high == k->hash.high64 &&
              h.hash_low == k->hash.low64 && h.descriptor_len == dlen &&
-             h.binary_len > 0 && n == sizeof h + dlen + h.binary_len &&
+             h.binary_len > 0 && h.binary_len == n - sizeof h - dlen &&
              memcmp(buf + sizeof h, k->descriptor, dlen) == 0 &&
              XXH3_64bits(buf + sizeof h + dlen, h.binary_len) == h.binary_checksum;
     }
