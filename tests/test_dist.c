@@ -707,13 +707,20 @@ static void path(char *out, const char *name)
     snprintf(out, 512, "%s/%s", folder, name);
 }
 
+/* A fresh copy of folder from at to (rank 0's part of the two below). */
+static void copy_folder(const char *from, const char *to)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
+    CHECK(system(cmd) == 0, "%s", cmd);
+}
+
 /* Rank 0 copies a checkpoint folder and damages one file of the copy. */
 static void damaged_copy(const char *from, const char *to, const char *file, int truncate)
 {
     if (rank == 0) {
-        char cmd[2048], victim[1024];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
-        CHECK(system(cmd) == 0, "%s", cmd);
+        char victim[1024];
+        copy_folder(from, to);
         snprintf(victim, sizeof victim, "%s/%s", to, file);
         FILE *f = fopen(victim, "r+b");
         CHECK(f, "%s", victim);
@@ -738,9 +745,8 @@ static void tampered_copy(const char *from, const char *to, const char *params_k
                           const char *key, json_int_t value)
 {
     if (rank == 0) {
-        char cmd[2048], manifest[1024];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
-        CHECK(system(cmd) == 0, "%s", cmd);
+        char manifest[1024];
+        copy_folder(from, to);
         snprintf(manifest, sizeof manifest, "%s/manifest.json", to);
         json_t *root = json_load_file(manifest, 0, NULL);
         CHECK(root, "%s", manifest);
