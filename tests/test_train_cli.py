@@ -6,7 +6,9 @@ models of head dim 16 and 8 train.
 Ctrl-C with --save-on-interrupt writes a checkpoint and exits 130. Hugging Face checkpoints: an f32
 export read back by --init-from (one file or shards) exports the same bytes; missing tensors, wrong
 shapes, configs that contradict the options fail naming them; LoRA runs resume bit for bit, only on
-their own base, and export PEFT's files or the merged model. --offload-optimizer: the losses and
+their own base, and export PEFT's files or the merged model; PEFT adapters load with --init-adapter
+(the logits and files of the run that exported them, bit for bit), and configs or tensors the
+model cannot express are refused by name. --offload-optimizer: the losses and
 checkpoints of the run without it, bit for bit (with --recompute --offload too, and resumed across
 the flag both ways), and a lower peak of device memory. --recompute=full|ops|N (with and without
 --offload): the losses and checkpoint of the run without, bit for bit, and peaks of device memory
@@ -307,6 +309,122 @@ def lora(p):
     print(f"{'ok  ' if ok else 'FAIL'} the merged export has the base model's tensors")
     if not ok:
         failures.append("merged export")
+
+
+def peft_adapter(p):
+    """--init-adapter: PEFT's adapter folders onto the base of hugging_face(), from lora()'s export
+    format: the same logits bit for bit, the same files exported again, and every adapter config
+    or tensor the model cannot express refused by name."""
+    base = TINY + ["--init-from", p("e1")]
+    lora = base + ["--lora", "4", "--lora-alpha", "8", "--lora-targets", "q,v,down"]
+    expect_ok("LoRA trained, adapters exported in f32",
+              lora + ["--steps", "4", "--export", p("ad"), "--export-dtype", "f32",
+                      "--dump-logits", p("ad.st")])
+    r = expect_ok("--init-adapter", base + ["--init-adapter", p("ad"), "--steps", "0",
+                                            "--dump-logits", p("ad_loaded.st"), "--export",
+                                            p("ad_again"), "--export-dtype", "f32"])
+    check("--init-adapter takes rank, alpha and targets from adapter_config.json",
+          "LoRA: rank 4, alpha 8, f32 adapters on q_proj v_proj down_proj" in r.stdout)
+    same_files("logits through a loaded adapter, bit for bit", p("ad.st"), p("ad_loaded.st"))
+    check("the adapter changes the base's logits",
+          open(p("ad.st"), "rb").read() != open(p("logits.st"), "rb").read())
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        same_files(f"an adapter loaded and exported again: the same {name}",
+                   p("ad/" + name), p("ad_again/" + name))
+    expect_ok("--init-adapter into bf16 adapters", base + ["--init-adapter", p("ad"),
+                                                           "--lora-dtype", "bf16", "--steps", "1"])
+    expect_ok("explicit options that agree", lora + ["--init-adapter", p("ad"), "--steps", "0"])
+    # a resume repeats the command: the checkpoint's adapters replace the loaded ones
+    flat = base + ["--init-adapter", p("ad"), "--min-lr", "1"]
+    expect_ok("6 steps from an adapter", flat + ["--steps", "6", "--save", p("ad6.st")])
+    expect_ok("3 steps from an adapter", flat + ["--steps", "3", "--save", p("ad3.st")])
+    expect_ok("and 3 more resumed", flat + ["--steps", "6", "--resume", p("ad3.st"),
+                                            "--save", p("ad36.st")])
+    same_files("a resumed run from an adapter ends as the uninterrupted one",
+               p("ad6.st"), p("ad36.st"))
+    # the adapter merged into its base: a whole model whose loss is the adapter's
+    expect_ok("an adapter merged into its base", base + ["--init-adapter", p("ad"), "--steps", "0",
+                                                         "--lora-merge", "--export", p("ad_merged"),
+                                                         "--export-dtype", "f32"])
+    expect_ok("the merged model", TINY + ["--init-from", p("ad_merged"), "--steps", "0",
+                                          "--dump-logits", p("ad_merged.st")])
+    loss = [float(read_st(p(f))[0]["loss"]) for f in ("ad.st", "ad_merged.st")]
+    check(f"the merged model's loss {loss[1]:.6f} is the adapter's {loss[0]:.6f}",
+          abs(loss[0] - loss[1]) < 1e-2)
+
+    config = json.load(open(p("ad/adapter_config.json")))
+    _, tensors = read_st(p("ad/adapter_model.safetensors"))
+
+    def adapter(name, changes=None, tensor_map=None):
+        folder = p(name)
+        os.mkdir(folder)
+        json.dump({**config, **(changes or {})}, open(folder + "/adapter_config.json", "w"))
+        write_st(folder + "/adapter_model.safetensors", tensor_map or tensors)
+        return folder
+
+    # use_rslora scales by alpha / sqrt(r): alpha 4 at r 4 is alpha 8 without it
+    expect_ok("use_rslora", base + ["--init-adapter", adapter("rslora", {"use_rslora": True,
+                                                                        "lora_alpha": 4}),
+                                    "--steps", "0", "--dump-logits", p("rslora.st")])
+    same_files("use_rslora's scale taken as alpha sqrt(r)", p("ad.st"), p("rslora.st"))
+    # PEFT 0.21 saves "all-linear" as the paths of every adapted module
+    paths = ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj",
+             "model.layers.0.mlp.down_proj"]
+    expect_ok("target_modules as paths", base + ["--init-adapter",
+                                                 adapter("paths", {"target_modules": paths}),
+                                                 "--steps", "0", "--dump-logits", p("paths.st")])
+    same_files("target_modules as paths: the adapter named by module", p("ad.st"), p("paths.st"))
+    expect_error("--init-adapter without --init-from", TINY + ["--init-adapter", p("ad")],
+                 "give it with --init-from")
+    for opt, value, needle in (("--lora", "8", "--lora 8 conflicts with r = 4"),
+                               ("--lora-alpha", "3", "--lora-alpha 3 conflicts with lora_alpha"),
+                               ("--lora-targets", "q,v", "--lora-targets conflicts with "
+                                                         "target_modules")):
+        expect_error(f"{opt} {value} against the adapter's config",
+                     base + ["--init-adapter", p("ad"), opt, value], needle)
+    expect_error("an adapter that is not a folder",
+                 base + ["--init-adapter", p("ad/adapter_config.json")], "not a folder")
+    os.mkdir(p("ad_pickle"))
+    shutil.copy(p("ad/adapter_config.json"), p("ad_pickle/adapter_config.json"))
+    expect_error("an adapter saved as a pickle", base + ["--init-adapter", p("ad_pickle")],
+                 "safe_serialization=True")
+    os.mkdir(p("ad_no_config"))
+    shutil.copy(p("ad/adapter_model.safetensors"), p("ad_no_config/adapter_model.safetensors"))
+    expect_error("an adapter without its config", base + ["--init-adapter", p("ad_no_config")],
+                 "holds no adapter_config.json")
+    for i, (changes, needle) in enumerate((
+            ({"peft_type": "PREFIX_TUNING"}, 'peft_type must be "LORA"'),
+            ({"use_dora": True}, "use_dora (DoRA's magnitudes) is not supported"),
+            ({"bias": "lora_only"}, 'bias must be "none"'),
+            ({"fan_in_fan_out": True}, "fan_in_fan_out (GPT-2's transposed weights)"),
+            ({"alpha_pattern": {"q_proj": 16}}, "alpha_pattern (alphas per module)"),
+            ({"layers_to_transform": [0]}, "layers_to_transform (adapters on some layers)"),
+            ({"modules_to_save": ["lm_head"]}, "modules_to_save (whole modules"),
+            ({"target_modules": ".*\\.(q|v)_proj"}, "a regular expression is not supported"),
+            ({"target_modules": ["q_proj", "lm_head"]}, "target_modules names lm_head"),
+            # found by tests/fuzz/fuzz_hf_config: "" matched the norm between o_proj and gate_proj
+            ({"target_modules": [""]}, "target_modules names : llmcl-train adapts"),
+            ({"target_modules": ["model.layers.0.mlp."]}, "target_modules names model.layers.0.mlp."),
+            ({"r": 0}, "r = 0 must be from 1 to 65536"),
+            ({"lora_alpha": -2}, "lora_alpha = -2 must be a positive float"),
+            ({"r": 8}, "lora_A.weight is [4, 64] there, the model expects [8, 64]"))):
+        expect_error(f"adapter_config.json with {changes}",
+                     base + ["--init-adapter", adapter(f"ad_bad{i}", changes)], needle)
+    missing = dict(tensors)
+    del missing["base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"]
+    expect_error("an adapter missing a tensor",
+                 base + ["--init-adapter", adapter("ad_missing", tensor_map=missing)],
+                 "missing tensor base_model.model.model.layers.0.mlp.down_proj.lora_B.weight")
+    dora = dict(tensors)
+    dora["base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector"] = (
+        "F32", [64], bytes(256))
+    expect_error("DoRA's magnitudes in the tensors",
+                 base + ["--init-adapter", adapter("ad_dora", tensor_map=dora)],
+                 "q_proj.lora_magnitude_vector: tensors that llmcl-train's Llama model does not")
+    expect_error("adapters on a module that target_modules leaves out",
+                 base + ["--init-adapter", adapter("ad_fewer", {"target_modules": ["q_proj",
+                                                                                   "v_proj"]})],
+                 "down_proj.lora_A.weight, base_model.model.model.layers.0.mlp.down_proj.lora_B")
 
 
 def offload_optimizer(p, flat, straight):
@@ -710,6 +828,7 @@ def main():
 
     hugging_face(p)
     lora(p)
+    peft_adapter(p)
     shutil.rmtree(tmp)
     if failures:
         print("failed:", ", ".join(failures))

@@ -28,6 +28,12 @@ static bool exists(const char *path)
     return stat(path, &sb) == 0;
 }
 
+/* The option that named c, for messages. */
+static const char *option(const hf_checkpoint *c)
+{
+    return c->adapter ? "--init-adapter" : "--init-from";
+}
+
 static void add_file(hf_checkpoint *c, const char *path)
 {
     for (int i = 0; i < c->n_files; ++i)
@@ -35,7 +41,7 @@ static void add_file(hf_checkpoint *c, const char *path)
             return;
     llmcl_safetensors *st = NULL;
     if (llmcl_safetensors_open(path, &st) != LLMCL_OK)
-        die("--init-from: %s", llmcl_last_error(NULL));
+        die("%s: %s", option(c), llmcl_last_error(NULL));
     c->files = realloc(c->files, (size_t)(c->n_files + 1) * sizeof *c->files);
     c->file_names = realloc(c->file_names, (size_t)(c->n_files + 1) * sizeof *c->file_names);
     if (!c->files || !c->file_names)
@@ -100,6 +106,24 @@ void hf_open(const char *path, hf_checkpoint *out)
         die("--init-from %s: the folder holds neither model.safetensors nor "
             "model.safetensors.index.json", path);
     open_index(out, path, file);
+}
+
+void hf_open_adapter(const char *path, hf_checkpoint *out)
+{
+    *out = (hf_checkpoint){.adapter = true};
+    snprintf(out->path, sizeof out->path, "%s", path);
+    if (!is_dir(path))
+        die("--init-adapter %s: not a folder (PEFT saves an adapter as a folder with "
+            "adapter_config.json and adapter_model.safetensors)", path);
+    snprintf(out->config, sizeof out->config, "%s/adapter_config.json", path);
+    if (!exists(out->config))
+        die("--init-adapter %s: the folder holds no adapter_config.json", path);
+    char file[1100];
+    snprintf(file, sizeof file, "%s/adapter_model.safetensors", path);
+    if (!exists(file))
+        die("--init-adapter %s: the folder holds no adapter_model.safetensors (PEFT's pickled "
+            "adapter_model.bin is not read: save with safe_serialization=True)", path);
+    add_file(out, file);
 }
 
 void hf_close(hf_checkpoint *c)
@@ -222,6 +246,88 @@ bool hf_read_config(const hf_checkpoint *c, model_config *cfg, int *max_position
     return true;
 }
 
+/* ---- adapter_config.json ---- */
+
+/* A key that must be absent or say nothing: null, false, "", an empty list or object. */
+static void require_unset(const json_t *root, const char *key, const char *what, const char *path)
+{
+    const json_t *v = json_object_get(root, key);
+    const bool unset = !v || json_is_null(v) || json_is_false(v) ||
+                       (json_is_string(v) && !json_string_length(v)) ||
+                       (json_is_array(v) && !json_array_size(v)) ||
+                       (json_is_object(v) && !json_object_size(v));
+    if (!unset)
+        die("%s: %s (%s) is not supported by llmcl-train's LoRA", path, key, what);
+}
+
+/* target_modules: a list of Llama's projections by their module names or by paths that end in
+   them (PEFT matches either; it saves "all-linear" as every layer's paths), or "all-linear" (every
+   linear layer but the output head). Paths that leave out some layers' modules leave their
+   adapters out of the file, which hf_load_adapters then refuses as missing. */
+static unsigned adapter_targets(const json_t *root, const char *path)
+{
+    const json_t *t = json_object_get(root, "target_modules");
+    if (json_is_string(t) && strcmp(json_string_value(t), "all-linear") == 0)
+        return LORA_ALL_TARGETS;
+    if (!json_is_array(t) || json_array_size(t) == 0)
+        die("%s: target_modules must be a list of module names or \"all-linear\" (a regular "
+            "expression is not supported)", path);
+    unsigned targets = 0;
+    size_t i;
+    const json_t *v;
+    json_array_foreach(t, i, v) {
+        const char *name = json_is_string(v) ? json_string_value(v) : "";
+        const char *module = strrchr(name, '.') ? strrchr(name, '.') + 1 : name;
+        int kind = P_WQ; /* the kinds between are norms, whose module name is "" */
+        while (kind <= P_WDOWN && !((LORA_ALL_TARGETS & (1u << kind)) &&
+                                    strcmp(module, model_module_name(kind)) == 0))
+            ++kind;
+        if (kind > P_WDOWN)
+            die("%s: target_modules names %.100s: llmcl-train adapts q_proj, k_proj, v_proj, "
+                "o_proj, gate_proj, up_proj and down_proj (by name or by a path ending in one)",
+                path, json_is_string(v) ? name : "something other than a name");
+        targets |= 1u << kind;
+    }
+    return targets;
+}
+
+void hf_read_adapter_config(const hf_checkpoint *c, model_config *cfg)
+{
+    const char *p = c->config;
+    json_t *root = load_json(p);
+    const json_t *type = json_object_get(root, "peft_type");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "LORA") != 0)
+        die("%s: peft_type must be \"LORA\"", p);
+    require_unset(root, "use_dora", "DoRA's magnitudes", p);
+    require_unset(root, "lora_bias", "a bias on B", p);
+    require_unset(root, "fan_in_fan_out", "GPT-2's transposed weights", p);
+    require_unset(root, "rank_pattern", "ranks per module", p);
+    require_unset(root, "alpha_pattern", "alphas per module", p);
+    require_unset(root, "layers_to_transform", "adapters on some layers", p);
+    require_unset(root, "layers_pattern", "adapters on some layers", p);
+    require_unset(root, "modules_to_save", "whole modules trained beside the adapters", p);
+    require_unset(root, "trainable_token_indices", "trained embedding rows", p);
+    require_unset(root, "target_parameters", "adapters on parameters", p);
+    require_unset(root, "layer_replication", "layers repeated", p);
+    require_unset(root, "use_qalora", "QALoRA's pooled inputs", p);
+    const json_t *bias = json_object_get(root, "bias");
+    if (bias && !json_is_null(bias) &&
+        (!json_is_string(bias) || strcmp(json_string_value(bias), "none") != 0))
+        die("%s: bias must be \"none\": llmcl-train's Llama model has no biases", p);
+    /* absent keys take LoraConfig's defaults */
+    const int r = integer(root, "r", 8, p);
+    if (r < 1 || r > 1 << 16)
+        die("%s: r = %d must be from 1 to 65536", p, r);
+    const double alpha = number(root, "lora_alpha", 8, p);
+    const double as_r = boolean(root, "use_rslora", false, p) ? alpha * sqrt(r) : alpha;
+    if (!(as_r > 0 && as_r <= FLT_MAX))
+        die("%s: lora_alpha = %g must be a positive float", p, alpha);
+    cfg->lora_rank = r;
+    cfg->lora_alpha = (float)as_r;
+    cfg->lora_targets = adapter_targets(root, p);
+    json_decref(root);
+}
+
 /* ---- loading ---- */
 
 static void shape_text(int ndim, const int64_t *shape, char *buf, size_t len)
@@ -241,34 +347,36 @@ static int find(const hf_checkpoint *c, const char *name, llmcl_safetensors_info
     return -1;
 }
 
-/* p from c into its master, or into image (the layout's masters on the host) when offloaded. */
+/* p from c into its master (bf16 adapters: their weights), or into image (the layout's masters on
+   the host) when offloaded. */
 static void load_param(model *m, const hf_checkpoint *c, const model_param *p, float *image)
 {
     llmcl_safetensors_info info;
     const int f = find(c, p->name, &info);
     if (f < 0)
-        die("--init-from %s: missing tensor %s", c->path, p->name);
+        die("%s %s: missing tensor %s", option(c), c->path, p->name);
     char want[64], got[64];
     shape_text(p->ndim, p->shape, want, sizeof want);
     shape_text(info.ndim, info.shape, got, sizeof got);
     if (strcmp(want, got) != 0)
-        die("--init-from %s: %s is %s there, the model expects %s", c->file_names[f], p->name,
+        die("%s %s: %s is %s there, the model expects %s", option(c), c->file_names[f], p->name,
             got, want);
     if (info.dtype != LLMCL_F32 && info.dtype != LLMCL_BF16 && info.dtype != LLMCL_F16)
-        die("--init-from %s: %s is %s, not f32, bf16 or f16", c->file_names[f], p->name,
+        die("%s %s: %s is %s, not f32, bf16 or f16", option(c), c->file_names[f], p->name,
             info.dtype_name);
     if (image)
         safetensors_to_host(c->files[f], p->name, image + p->offset, p->numel);
     else
-        CHECK(llmcl_safetensors_load(m->ctx, c->files[f], p->name, p->master), m->ctx);
+        CHECK(llmcl_safetensors_load(m->ctx, c->files[f], p->name, p->master ? p->master : p->w16),
+              m->ctx);
 }
 
-/* Whether the model reads the tensor called name from a checkpoint. */
+/* Whether the model reads the tensor called name from a checkpoint (an adapter). */
 static bool consumed(model *m, const hf_checkpoint *c, const char *name)
 {
     const model_param *p = model_find(m, name);
-    if (p && p->kind < P_LORA_A)
-        return true;
+    if (p || c->adapter)
+        return p && (p->kind >= P_LORA_A) == c->adapter;
     /* transformers ignores both: a tied head's stored copy (where config.json ties it; hf_load
        refuses it otherwise) and RoPE's frequencies, which early Llama checkpoints saved */
     const char *freq = ".rotary_emb.inv_freq";
@@ -278,7 +386,8 @@ static bool consumed(model *m, const hf_checkpoint *c, const char *name)
 }
 
 /* Dies naming the tensors of c that the model would drop (three, then a count): a Qwen2
-   checkpoint's biases, another architecture's modules, adapters beside a base. */
+   checkpoint's biases, another architecture's modules, adapters beside a base; in an adapter,
+   DoRA's magnitudes, biases, another module's adapters. */
 static void refuse_unused(model *m, const hf_checkpoint *c)
 {
     char names[600] = "";
@@ -293,8 +402,10 @@ static void refuse_unused(model *m, const hf_checkpoint *c)
     if (unused > 3)
         snprintf(names + strlen(names), sizeof names - strlen(names), " and %d more", unused - 3);
     if (unused)
-        die("--init-from %s: %s: tensors that llmcl-train's Llama model does not use (biases or "
-            "another architecture's weights would be dropped)", c->path, names);
+        die("%s %s: %s: tensors that llmcl-train's Llama model does not use (%s would be "
+            "dropped)", option(c), c->path, names,
+            c->adapter ? "DoRA's magnitudes, biases or other modules' adapters"
+                       : "biases or another architecture's weights");
 }
 
 void hf_load(model *m, const hf_checkpoint *c)
@@ -316,6 +427,15 @@ void hf_load(model *m, const hf_checkpoint *c)
     if (image)
         CHECK(offload_state_write(off, image, NULL, NULL), m->ctx);
     free(image);
+    CHECK(model_sync_compute(m), m->ctx);
+}
+
+void hf_load_adapters(model *m, const hf_checkpoint *c)
+{
+    refuse_unused(m, c);
+    for (int i = 0; i < m->n_params; ++i)
+        if (m->params[i].kind >= P_LORA_A)
+            load_param(m, c, &m->params[i], NULL);
     CHECK(model_sync_compute(m), m->ctx);
 }
 

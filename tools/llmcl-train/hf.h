@@ -1,8 +1,9 @@
 /*
  * hf.h: Hugging Face interoperability of llmcl-train. Reads a LlamaForCausalLM checkpoint (a
  * model.safetensors file, or a folder with config.json and model.safetensors or the shards of
- * model.safetensors.index.json) into a model, and exports one: model.safetensors and a config.json
- * in LlamaConfig's layout, or, for a LoRA run, PEFT's adapter_model.safetensors and
+ * model.safetensors.index.json) into a model, and a PEFT LoRA adapter (adapter_config.json and
+ * adapter_model.safetensors) onto it; exports one: model.safetensors and a config.json in
+ * LlamaConfig's layout, or, for a LoRA run, PEFT's adapter_model.safetensors and
  * adapter_config.json, or the adapters merged into the weights.
  *
  * RoPE: the model rotates each head's pairs (i, i + d/2), Hugging Face's rotate_half convention,
@@ -22,8 +23,9 @@
 #include "model.h"
 
 typedef struct hf_checkpoint {
+    bool adapter;           /* a PEFT adapter (hf_open_adapter), not a model */
     char path[1024];        /* as given */
-    char config[1100];      /* its config.json, "" when there is none */
+    char config[1100];      /* its config.json (adapter_config.json), "" when there is none */
     int n_files;
     llmcl_safetensors **files; /* the single file or every shard */
     char **file_names;
@@ -50,6 +52,27 @@ bool hf_read_config(const hf_checkpoint *c, model_config *cfg, int *max_position
  * biases, say: a few named, then a count) except RoPE's saved rotary_emb.inv_freq.
  */
 void hf_load(model *m, const hf_checkpoint *c);
+
+/* Opens the PEFT LoRA adapter in the folder path: adapter_config.json and
+   adapter_model.safetensors, as PEFT's save_pretrained and --export of a LoRA run write them. */
+void hf_open_adapter(const char *path, hf_checkpoint *out);
+
+/*
+ * adapter_config.json's rank (r), lora_alpha and target_modules (a list of Llama's seven
+ * projections, or "all-linear") into cfg's LoRA fields. With use_rslora, whose scale is
+ * alpha / sqrt(r), alpha becomes alpha sqrt(r), the same scale as alpha / r. Dies on what the
+ * model cannot express: another peft_type, DoRA, QALoRA, biases, fan_in_fan_out, per-module ranks
+ * and alphas, adapters on some layers only, repeated layers, modules_to_save, trained token rows,
+ * a regular expression as target_modules.
+ */
+void hf_read_adapter_config(const hf_checkpoint *c, model_config *cfg);
+
+/*
+ * Loads every adapter of m (a LoRA model of the config's rank and targets) from c, into its f32
+ * master or its bf16 weights. A tensor missing, of another shape or dtype, and a tensor the model
+ * would not use (DoRA's magnitudes, another module's adapter, a bias) end the program naming it.
+ */
+void hf_load_adapters(model *m, const hf_checkpoint *c);
 
 typedef struct hf_export_opts {
     llmcl_dtype dtype;  /* LLMCL_BF16 or LLMCL_F32 */

@@ -29,16 +29,18 @@
 #include "zero.h"
 #endif
 
-/* Shape options that an --init-from config.json also sets. */
+/* Shape options that an --init-from config.json also sets, and LoRA's that --init-adapter's
+   adapter_config.json sets. */
 enum { OPT_DIM, OPT_LAYERS, OPT_HEADS, OPT_KV_HEADS, OPT_FFN, OPT_VOCAB, OPT_UNTIED, OPT_ROPE_THETA,
-       OPT_ROPE_LLAMA3 };
+       OPT_ROPE_LLAMA3, OPT_LORA, OPT_LORA_ALPHA, OPT_LORA_TARGETS };
 /* getopt_long's values of options past the letters, which are all taken. */
 enum {
     LONG_DATA_FORMAT = 256,
     LONG_OPTIMIZER_IN_BACKWARD,
     LONG_ZERO_GROUP_LAYERS,
     LONG_ZERO_REDUCE_DTYPE,
-    LONG_CE_LOGITS
+    LONG_CE_LOGITS,
+    LONG_INIT_ADAPTER
 };
 
 typedef struct options {
@@ -56,7 +58,7 @@ typedef struct options {
     double offload_chunk_mib;
     int vocab_given;
     unsigned given;        /* shape options given explicitly: bits (1u << OPT_DIM) ... */
-    const char *init_from, *export_dir, *dump_logits;
+    const char *init_from, *init_adapter, *export_dir, *dump_logits;
     llmcl_dtype export_dtype;
     int lora_merge;
     int max_positions;     /* config.json's max_position_embeddings; 0: the run's --seq */
@@ -88,13 +90,19 @@ static void usage(FILE *f)
           "  --init-from PATH     start from a Hugging Face LlamaForCausalLM checkpoint: a folder\n"
           "                       (config.json + model.safetensors or its shards' index; the\n"
           "                       config sets the shape, options that contradict it are errors)\n"
-          "                       or one .safetensors file (the options set the shape)\n"
-          "LoRA (base weights, embeddings and norms frozen; adapters trained):\n"
+          "                       or one .safetensors file (the options set the shape)\n",
+          f);
+    fputs("LoRA (base weights, embeddings and norms frozen; adapters trained):\n"
           "  --lora R             adapters of rank R (0: off, full fine-tuning)\n"
           "  --lora-alpha A       scale A / R (default A = R)\n"
           "  --lora-targets LIST  of q,k,v,o,gate,up,down (default: all seven)\n"
           "  --lora-dtype T       f32 (default: f32 masters, products in the compute dtype) or\n"
           "                       bf16 (bf16 adapters only, stochastic rounding; bf16 models)\n"
+          "  --init-adapter DIR   start the adapters from a PEFT LoRA adapter of --init-from's\n"
+          "                       model (adapter_config.json + adapter_model.safetensors): its\n"
+          "                       config sets --lora, --lora-alpha and --lora-targets (options\n"
+          "                       that contradict it are errors; use_rslora becomes alpha\n"
+          "                       sqrt(R); lora_dropout is not applied)\n"
           "training:\n"
           "  --batch B --seq T    micro-batch of B sequences of T tokens\n"
           "  --accum K            micro-batches per step (gradient accumulation)\n"
@@ -365,6 +373,7 @@ static void parse_options(int argc, char **argv, options *o)
         {"optimizer-in-backward", 0, 0, LONG_OPTIMIZER_IN_BACKWARD},
         {"zero-group-layers", 1, 0, LONG_ZERO_GROUP_LAYERS},
         {"zero-reduce-dtype", 1, 0, LONG_ZERO_REDUCE_DTYPE}, {"ce-logits", 1, 0, LONG_CE_LOGITS},
+        {"init-adapter", 1, 0, LONG_INIT_ADAPTER},
         {0, 0, 0, 0}};
     /* a preset first, so that the other options refine it whatever their order */
     for (int i = 1; i + 1 < argc; ++i)
@@ -385,6 +394,7 @@ static void parse_options(int argc, char **argv, options *o)
         case LONG_CE_LOGITS:
             o->model.ce_logits_dtype = parse_dtype("ce-logits", optarg, true);
             break;
+        case LONG_INIT_ADAPTER: o->init_adapter = optarg; break;
         case LONG_ZERO_REDUCE_DTYPE:
             o->model.zero_reduce_dtype = parse_dtype("zero-reduce-dtype", optarg, false);
             break;
@@ -431,9 +441,18 @@ static void parse_options(int argc, char **argv, options *o)
         case 'i': o->init_from = optarg; break;
         case 'x': o->export_dir = optarg; break;
         case 'X': o->export_dtype = parse_dtype("export-dtype", optarg, false); break;
-        case 'k': o->model.lora_rank = (int)parse_int("lora", optarg, 0, 1 << 16); break;
-        case 'A': o->model.lora_alpha = (float)parse_num("lora-alpha", optarg, 0); break;
-        case 'G': o->model.lora_targets = parse_targets(optarg); break;
+        case 'k':
+            o->model.lora_rank = (int)parse_int("lora", optarg, 0, 1 << 16);
+            o->given |= 1u << OPT_LORA;
+            break;
+        case 'A':
+            o->model.lora_alpha = (float)parse_num("lora-alpha", optarg, 0);
+            o->given |= 1u << OPT_LORA_ALPHA;
+            break;
+        case 'G':
+            o->model.lora_targets = parse_targets(optarg);
+            o->given |= 1u << OPT_LORA_TARGETS;
+            break;
         case 'U': o->model.lora_dtype = parse_dtype("lora-dtype", optarg, false); break;
         case 'M': o->lora_merge = 1; break;
         case 'J': o->dump_logits = optarg; break;
@@ -500,8 +519,10 @@ static void parse_options(int argc, char **argv, options *o)
             "micro-batch: give --accum 1");
     if ((o->save_every || o->save_on_interrupt) && !o->save)
         die("--save-every and --save-on-interrupt need --save FILE");
-    if (o->lora_merge && !o->model.lora_rank)
-        die("--lora-merge merges LoRA adapters: give --lora R");
+    if (o->lora_merge && !o->model.lora_rank && !o->init_adapter)
+        die("--lora-merge merges LoRA adapters: give --lora R or --init-adapter DIR");
+    if (o->init_adapter && !o->init_from)
+        die("--init-adapter adapts a base model: give it with --init-from");
     if (o->model.lora_rank && o->model.lora_alpha == 0)
         o->model.lora_alpha = (float)o->model.lora_rank;
     if (o->model.zero_stage && (o->init_from || o->export_dir || o->dump_logits))
@@ -541,6 +562,22 @@ static void apply_config(options *o, const hf_checkpoint *ck)
         die("--seq %d exceeds max_position_embeddings = %d in %s", o->seq, o->max_positions, p);
     o->model = hc;
     o->vocab_given = 1; /* the model's vocabulary, whatever the token file's format says */
+}
+
+/* LoRA's rank, alpha and targets from --init-adapter's adapter_config.json; explicit options must
+   agree with it. */
+static void apply_adapter_config(options *o, const hf_checkpoint *ad)
+{
+    model_config ac = o->model;
+    hf_read_adapter_config(ad, &ac);
+    const model_config *mc = &o->model;
+    const char *p = ad->config;
+    from_config(o, OPT_LORA, "lora", "r", mc->lora_rank, ac.lora_rank, p);
+    from_config(o, OPT_LORA_ALPHA, "lora-alpha", "lora_alpha (times sqrt(r) with use_rslora)",
+                mc->lora_alpha, ac.lora_alpha, p);
+    if ((o->given & (1u << OPT_LORA_TARGETS)) && mc->lora_targets != ac.lora_targets)
+        die("--lora-targets conflicts with target_modules in %s", p);
+    o->model = ac;
 }
 
 /* ---- the learning rate: linear warmup, then cosine down to min_lr_frac * lr ---- */
@@ -1126,9 +1163,14 @@ int main(int argc, char **argv)
     parse_options(argc, argv, &tr.o);
     options *o = &tr.o;
     hf_checkpoint init = {0};
+    hf_checkpoint adapter = {0};
     if (o->init_from) {
         hf_open(o->init_from, &init);
         apply_config(o, &init);
+    }
+    if (o->init_adapter) {
+        hf_open_adapter(o->init_adapter, &adapter);
+        apply_adapter_config(o, &adapter);
     }
     load_data(&tr);
     const char *bad = model_config_error(&o->model);
@@ -1156,6 +1198,10 @@ int main(int argc, char **argv)
     if (o->init_from) {
         hf_load(tr.m, &init);
         hf_close(&init);
+    }
+    if (o->init_adapter) {
+        hf_load_adapters(tr.m, &adapter);
+        hf_close(&adapter);
     }
     if (o->recompute == RECOMPUTE_AUTO) /* its account before the allocation, which may fail */
         o->recompute = pick_recompute(&tr);
@@ -1185,7 +1231,8 @@ int main(int argc, char **argv)
     if (c->zero_stage)
         print_zero(&tr);
     if (o->init_from)
-        printf("weights: %s\n", o->init_from);
+        printf("weights: %s%s%s\n", o->init_from, o->init_adapter ? ", adapters: " : "",
+               o->init_adapter ? o->init_adapter : "");
     printf("data: %s, %lld training and %lld held-out tokens; batch %d x %d x %d\n",
            tr.train.source, (long long)tr.train.n, (long long)tr.val.n, o->batch, o->seq, o->accum);
     int first = 0;
