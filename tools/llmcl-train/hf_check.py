@@ -6,9 +6,14 @@
                   transformers computes on its first batch: what `llmcl-train --init-from DIR
                   --data DIR/tokens.bin --val DIR/tokens.bin` must print as its first step's loss
                   (the first training and held-out windows are both the file's first B x T tokens).
+    adapter DIR OUT
+                  a PEFT LoRA adapter of DIR's model made by PEFT itself (LoraConfig with
+                  init_lora_weights=False: A and B random, so that the adapter moves the logits),
+                  saved with save_pretrained into OUT, for `llmcl-train --init-from DIR
+                  --init-adapter OUT`, whose --dump-logits `logits DIR DUMP --adapter OUT` checks.
     logits DIR DUMP
                   loads DIR with LlamaForCausalLM.from_pretrained (an --export folder, or a base
-                  model plus, with --adapter, an adapter-only export through PEFT), runs the tokens
+                  model plus, with --adapter, an adapter folder loaded by PEFT), runs the tokens
                   of llmcl-train's --dump-logits file DUMP and prints the largest logit difference,
                   relative to the largest logit, and both losses; fails above --tol.
 
@@ -74,6 +79,23 @@ def make(args):
           f"(ln V = {math.log(args.vocab):.4f})")
 
 
+def adapter(args):
+    from peft import LoraConfig, get_peft_model
+    torch.manual_seed(args.seed)
+    model = LlamaForCausalLM.from_pretrained(args.dir, torch_dtype=getattr(torch, args.dtype))
+    targets = args.targets if args.targets == "all-linear" else args.targets.split(",")
+    config = LoraConfig(r=args.r, lora_alpha=args.alpha, target_modules=targets,
+                        use_rslora=args.rslora, lora_dropout=0.0, init_lora_weights=False,
+                        task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, config)
+    peft_model.save_pretrained(args.out)
+    saved = json.load(open(f"{args.out}/adapter_config.json"))
+    print(f"{args.out}: PEFT adapter, r {saved['r']}, lora_alpha {saved['lora_alpha']}, "
+          f"use_rslora {saved['use_rslora']}, targets {sorted(saved['target_modules'])}, "
+          f"{sum(p.numel() for n, p in peft_model.named_parameters() if 'lora_' in n)} "
+          f"parameters in {args.dtype}")
+
+
 def logits(args):
     dump = load_file(args.dump)
     ids, targets = dump["input_ids"].long(), dump["targets"].long()
@@ -117,15 +139,25 @@ def main():
     mk.add_argument("--seq", type=int, default=128)
     mk.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32")
     mk.add_argument("--seed", type=int, default=1234)
+    ad = sub.add_parser("adapter", help="a random PEFT LoRA adapter of DIR's model")
+    ad.add_argument("dir")
+    ad.add_argument("out")
+    ad.add_argument("--r", type=int, default=8)
+    ad.add_argument("--alpha", type=float, default=16)
+    ad.add_argument("--targets", default="all-linear",
+                    help="all-linear or a comma-separated list of module names")
+    ad.add_argument("--rslora", action="store_true", help="scale alpha / sqrt(r)")
+    ad.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ad.add_argument("--seed", type=int, default=4321)
     lg = sub.add_parser("logits", help="transformers' logits against llmcl-train's dump")
     lg.add_argument("dir", help="an --export folder, or the base model with --adapter")
     lg.add_argument("dump", help="llmcl-train --dump-logits FILE")
-    lg.add_argument("--adapter", help="an adapter-only --export folder, loaded with PEFT")
+    lg.add_argument("--adapter", help="an adapter folder (PEFT's, or a LoRA run's --export)")
     lg.add_argument("--tol", type=float, default=1e-4,
                     help="allowed difference relative to the largest logit")
     args = ap.parse_args()
-    if args.cmd == "make":
-        make(args)
+    if args.cmd in ("make", "adapter"):
+        (make if args.cmd == "make" else adapter)(args)
         return 0
     return logits(args)
 
