@@ -1,11 +1,13 @@
 /*
  * fuzz_hf_config.c: libFuzzer harness of llmcl-train's Hugging Face readers (tools/llmcl-train/
- * hf.c): config.json (hf_read_config) and model.safetensors.index.json (hf_open of a folder, which
- * opens the shards its weight_map names). The first input byte picks which; the rest is the file.
+ * hf.c): config.json (hf_read_config), model.safetensors.index.json (hf_open of a folder, which
+ * opens the shards its weight_map names) and PEFT's adapter_config.json (hf_read_adapter_config).
+ * The first input byte picks which (modulo 3); the rest is the file.
  * The folder holds two small valid shards, a.safetensors and b.safetensors, for the index to name.
  * The readers end the program on a bad file (util.c's die): fuzz_trap.c turns that into a return.
  * A config accepted must describe what hf.h promises: a model llmcl-train can build from it once
- * its shape passes model_config_error, so finite, positive RoPE and RMSNorm constants.
+ * its shape passes model_config_error, so finite, positive RoPE and RMSNorm constants; an adapter
+ * config accepted, a rank from 1 to 65536, a finite positive alpha and some of the seven targets.
  */
 #define _DEFAULT_SOURCE /* mkdtemp */
 #include <math.h>
@@ -55,8 +57,8 @@ static void unlink_in_folder(const char *name)
 static void remove_folder(void)
 {
     const char *names[] = {"a.safetensors", "b.safetensors", "config.json",
-                           "model.safetensors.index.json"};
-    for (int i = 0; i < 4; ++i)
+                           "model.safetensors.index.json", "adapter_config.json"};
+    for (int i = 0; i < 5; ++i)
         unlink_in_folder(names[i]);
     rmdir(dir);
 }
@@ -90,6 +92,13 @@ static void read_config(void *arg)
     j->read = hf_read_config(&j->ck, &j->cfg, &j->max_positions);
 }
 
+static void read_adapter_config(void *arg)
+{
+    job *j = arg;
+    hf_read_adapter_config(&j->ck, &j->cfg);
+    j->read = true;
+}
+
 static void open_folder(void *arg)
 {
     job *j = arg;
@@ -98,12 +107,34 @@ static void open_folder(void *arg)
 
 static void close_folder(void *arg) { hf_close(&((job *)arg)->ck); }
 
+static void check_adapter_config(const uint8_t *data, size_t size)
+{
+    job j = {0};
+    write_file("adapter_config.json", data, size);
+    snprintf(j.ck.config, sizeof j.ck.config, "%s/adapter_config.json", dir);
+    j.ck.adapter = true;
+    if (fuzz_trap_run(read_adapter_config, NULL, &j) && j.read) {
+        const model_config *c = &j.cfg;
+        if (!(c->lora_rank >= 1 && c->lora_rank <= 1 << 16 && isfinite(c->lora_alpha) &&
+              c->lora_alpha > 0 && c->lora_targets && !(c->lora_targets & ~LORA_ALL_TARGETS))) {
+            fprintf(stderr, "fuzz_hf_config: accepted r %d, lora_alpha %g, targets %#x\n",
+                    c->lora_rank, (double)c->lora_alpha, c->lora_targets);
+            abort();
+        }
+    }
+    unlink_in_folder("adapter_config.json");
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
+    if (data[0] % 3 == 2) {
+        check_adapter_config(data + 1, size - 1);
+        return 0;
+    }
     job j = {0};
-    if (data[0] & 1) {
+    if (data[0] % 3 == 1) {
         write_file("model.safetensors.index.json", data + 1, size - 1);
         if (fuzz_trap_run(open_folder, close_folder, &j)) {
             if (j.ck.n_files < 1 || j.ck.config[0])

@@ -85,6 +85,14 @@ def main():
     h["index"] = b"\x01" + json.dumps({"metadata": {"total_size": 8}, "weight_map": {
         "model.embed_tokens.weight": "a.safetensors",
         "model.norm.weight": "b.safetensors"}}).encode()
+    adapter = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": None,
+               "r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "v_proj", "down_proj"],
+               "lora_dropout": 0.05, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
+               "use_dora": False, "rank_pattern": {}, "alpha_pattern": {}, "modules_to_save": None,
+               "layers_to_transform": None, "init_lora_weights": True}
+    h["adapter"] = b"\x02" + json.dumps(adapter).encode()
+    h["adapter_rslora"] = b"\x02" + json.dumps(dict(adapter, use_rslora=True,
+                                                     target_modules="all-linear")).encode()
 
     # fuzz_checkpoint's model (tiny_model): embeddings [8, 16] and a final norm [16], f32
     c = seeds["fuzz_checkpoint"]
