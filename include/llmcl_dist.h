@@ -211,6 +211,16 @@ LLMCL_API llmcl_status llmcl_dist_init_param(llmcl_dist *d, const char *name,
 LLMCL_API llmcl_status llmcl_dist_get_param(llmcl_dist *d, const char *name, float *values);
 
 /*
+ * llmcl_dist_get_param for count parameters at once, gathering each of their groups once (in the
+ * order the names first reach it) rather than once a parameter: values[i] receives names[i]'s
+ * numel floats. A rank that needs none of them may pass NULL entries (rank 0 alone writing a
+ * file, say); the groups are gathered all the same. Collective: every rank passes the same names
+ * in the same order.
+ */
+LLMCL_API llmcl_status llmcl_dist_get_params(llmcl_dist *d, int count, const char *const *names,
+                                             float *const *values);
+
+/*
  * Stage 3: all-gathers group's parameters (unless still resident from the forward) and starts the
  * prefetch of the next group in the current direction (up in the forward, down once a group at or
  * below the last one is gathered again). Stages 1 and 2: makes the compute queue wait for the

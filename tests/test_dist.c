@@ -503,6 +503,45 @@ static void test_stages(float (*mpi_ref)[TOTAL])
     expect_close("stage 2 f16 params", ref, got, 2e-3, 2e-3);
 }
 
+/*
+ * llmcl_dist_get_params: the values of llmcl_dist_get_param, with the names in an order that
+ * returns to a group already gathered, NULL outputs on odd ranks for the even parameters, and
+ * bad names and arguments refused on every rank.
+ */
+static void test_get_params(void)
+{
+    static float one[TOTAL], all[TOTAL];
+    net n;
+    net_create(&n, MPI_COMM_WORLD, 3, LLMCL_F32, LLMCL_F32);
+    train_step(&n, 1);
+    read_params(&n, one);
+    const char *order[NP];
+    float *outs[NP];
+    int64_t at[NP], offset = 0;
+    for (int i = 0; i < NP; ++i)
+        at[i] = offset, offset += numels[i];
+    for (int k = 0; k < NP; ++k) { /* weights first, then biases: every group twice */
+        const int i = k < LAYERS ? 2 * k : 2 * (k - LAYERS) + 1;
+        order[k] = names[i];
+        outs[k] = rank % 2 && i % 2 == 0 ? NULL : all + at[i];
+    }
+    for (int i = 0; i < TOTAL; ++i)
+        all[i] = NAN;
+    OK(llmcl_dist_get_params(n.d, NP, order, outs));
+    for (int i = 0; i < NP; ++i)
+        if (!(rank % 2 && i % 2 == 0))
+            CHECK(memcmp(all + at[i], one + at[i], (size_t)numels[i] * 4) == 0,
+                  "get_params: %s differs from get_param's", names[i]);
+    OK(llmcl_dist_get_params(n.d, 0, NULL, NULL));
+    const char *bad[2] = {names[0], "nope"};
+    llmcl_status st = llmcl_dist_get_params(n.d, 2, bad, outs);
+    CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "'nope'"),
+          "an unknown name: %s", llmcl_status_str(st));
+    st = llmcl_dist_get_params(n.d, 1, NULL, outs);
+    CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT, "names NULL: %s", llmcl_status_str(st));
+    net_destroy(&n);
+}
+
 /* Open file descriptors of this process (-1 where /proc cannot say). */
 static int open_fds(void)
 {
@@ -948,6 +987,7 @@ int main(int argc, char **argv)
             printf("transport %s\n", llmcl_dist_transport_name(transport));
         test_memory();
         test_stages(mpi_ref);
+        test_get_params();
         test_checkpoint();
     }
     MPI_Barrier(MPI_COMM_WORLD);

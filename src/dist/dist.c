@@ -581,13 +581,51 @@ llmcl_status llmcl_dist_get_param(llmcl_dist *d, const char *name, float *values
 {
     dist_param *p;
     LLMCL__TRY(llmcl__dist_lookup(d, name, values, &p));
-    const dist_group *g = &d->groups[p->group];
+    return llmcl_dist_get_params(d, 1, &name, &values);
+}
+
+/* Gathers group gi once and copies every parameter of names[first...] in it; marks them done. */
+static llmcl_status get_group(llmcl_dist *d, int gi, int first, int count, dist_param **ps,
+                              float *const *values)
+{
+    const dist_group *g = &d->groups[gi];
     float *host = malloc((size_t)g->numel * sizeof *host);
-    LLMCL__REQUIRE(d->ctx, host, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "group of '%s'", name);
-    llmcl_status st = gather_master(d, g, host);
+    /* a rank without the buffer says so before the gather, which every rank must join */
+    llmcl_status st = llmcl__dist_agree(
+        d, host ? LLMCL_OK
+                : LLMCL__FAIL(d->ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "a group of %lld floats",
+                              (long long)g->numel));
     if (st == LLMCL_OK)
-        memcpy(values, host + p->offset, (size_t)p->numel * sizeof *values);
+        st = gather_master(d, g, host);
+    for (int j = first; j < count; ++j)
+        if (ps[j] && ps[j]->group == gi) {
+            if (st == LLMCL_OK && values[j])
+                memcpy(values[j], host + ps[j]->offset, (size_t)ps[j]->numel * sizeof(float));
+            ps[j] = NULL;
+        }
     free(host);
+    return st;
+}
+
+llmcl_status llmcl_dist_get_params(llmcl_dist *d, int count, const char *const *names,
+                                   float *const *values)
+{
+    LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
+    LLMCL__REQUIRE(d->ctx, d->ready && count >= 0 && (count == 0 || (names && values)),
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "call llmcl_dist_setup first; names and values must not be NULL (count %d)",
+                   count);
+    dist_param **ps = calloc((size_t)count + 1, sizeof *ps);
+    LLMCL__REQUIRE(d->ctx, ps, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "%d parameters", count);
+    llmcl_status st = LLMCL_OK;
+    for (int i = 0; i < count && st == LLMCL_OK; ++i)
+        if (!(ps[i] = llmcl__dist_find(d, names[i])))
+            st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_INVALID_ARGUMENT, "no parameter '%s'",
+                             names[i] ? names[i] : "(null)");
+    for (int i = 0; i < count && st == LLMCL_OK; ++i)
+        if (ps[i])
+            st = get_group(d, ps[i]->group, i, count, ps, values);
+    free(ps);
     return st;
 }
 
