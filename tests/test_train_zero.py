@@ -15,7 +15,10 @@ folder without it), are refused with a clear message on every rank and status 1,
 none, under a timeout. A job killed at each stage of a save (LLMCL_TEST_SAVE_STOP) leaves a whole
 checkpoint, the previous one or the new one, that a resume finds and continues, and whose next
 save leaves the folder alone behind it. --profile on 2 ranks profiles on both or neither, and
-ends, and says how much of the step's wall its llmcl_dist calls took.
+ends, and says how much of the step's wall its llmcl_dist calls took. --init-from, --export and
+--dump-logits under stages 1-3: a model through the shards and back, the same files and logits as
+one process; trained from it on 3 ranks, the losses and (within 1e-5) the export of one process;
+a missing tensor refused on every rank.
 
     python3 tests/test_train_zero.py build/tools/llmcl-train mpiexec
 """
@@ -107,6 +110,83 @@ def master_bits(ck):
         begin, end = json.loads(data[8:8 + n])["master"]["data_offsets"]
         words.frombytes(data[8 + n + begin:8 + n + end])
     return sorted(words)
+
+
+def read_st(path):
+    """A safetensors file as (header, body)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    return json.loads(data[8:8 + n]), data[8 + n:]
+
+
+def largest_difference(a, b):
+    """The largest |difference| between two f32 safetensors files' tensors (inf where they do not
+    hold the same names and shapes)."""
+    (ha, da), (hb, db) = read_st(a), read_st(b)
+    ha.pop("__metadata__", None), hb.pop("__metadata__", None)
+    if {k: v["shape"] for k, v in ha.items()} != {k: v["shape"] for k, v in hb.items()}:
+        return float("inf")
+    worst = 0.0
+    for name, v in ha.items():
+        x, y = array.array("f"), array.array("f")
+        x.frombytes(da[v["data_offsets"][0]:v["data_offsets"][1]])
+        y.frombytes(db[hb[name]["data_offsets"][0]:hb[name]["data_offsets"][1]])
+        worst = max([worst] + [abs(p - q) for p, q in zip(x, y)])
+    return worst
+
+
+def hugging_face(tmp):
+    """--init-from, --export and --dump-logits under --zero: the weights through the shards and
+    back bit for bit at every stage, training from them as one process does, and a bad file
+    refused on every rank."""
+    base = tmp + "/hf"
+    r = run(0, ["--steps", "3", "--batch", "4", "--export", base, "--export-dtype", "f32"])
+    check("one process exports an f32 model", r.returncode == 0, r.stderr[-300:])
+    r = run(0, ["--steps", "0", "--batch", "2", "--init-from", base, "--dump-logits",
+                tmp + "/hf_one.st"])
+    check("one process dumps its logits", r.returncode == 0, r.stderr[-300:])
+    for stage in (1, 2, 3):
+        out = f"{tmp}/hf_z{stage}"
+        r = run(2, ["--steps", "0", "--batch", "2", "--zero", str(stage), "--init-from", base,
+                    "--export", out, "--export-dtype", "f32", "--dump-logits", out + ".st"])
+        same = r.returncode == 0 and all(
+            open(f"{base}/{n}", "rb").read() == open(f"{out}/{n}", "rb").read()
+            for n in ("model.safetensors", "config.json"))
+        check(f"stage {stage} on 2 ranks: --init-from, then --export, the same files", same,
+              f"status {r.returncode}{r.stderr[-300:]}")
+        check(f"stage {stage} on 2 ranks: --dump-logits, the logits of one process",
+              r.returncode == 0 and open(out + ".st", "rb").read() ==
+              open(tmp + "/hf_one.st", "rb").read())
+    one = losses("one process from the export, batch 6", 0,
+                 ["--steps", "3", "--batch", "6", "--init-from", base, "--export", tmp + "/hf_t1",
+                  "--export-dtype", "f32"])
+    three = losses("stage 3 on 3 ranks from the export", 3,
+                   ["--steps", "3", "--batch", "2", "--zero", "3", "--init-from", base,
+                    "--export", tmp + "/hf_t3", "--export-dtype", "f32"])
+    compare("3 ranks x batch 2, stage 3, from the export, against one process at batch 6",
+            three, one)
+    if one and three:
+        diff = largest_difference(tmp + "/hf_t1/model.safetensors",
+                                  tmp + "/hf_t3/model.safetensors")
+        check("their exports after 3 steps", diff <= 1e-5, f"largest difference {diff:.2g}")
+    header, body = read_st(base + "/model.safetensors")
+    os.mkdir(tmp + "/hf_missing")
+    shutil.copy(base + "/config.json", tmp + "/hf_missing/config.json")
+    header.pop("model.layers.1.mlp.up_proj.weight")
+    header.pop("__metadata__", None)
+    blobs = []
+    for v in sorted(header.values(), key=lambda v: v["data_offsets"][0]):
+        begin, end = v["data_offsets"]
+        v["data_offsets"] = [sum(map(len, blobs)), sum(map(len, blobs)) + end - begin]
+        blobs.append(body[begin:end])
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(tmp + "/hf_missing/model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    expect_refusal("a missing tensor under --zero, on 2 ranks", 2,
+                   ["--steps", "1", "--batch", "2", "--zero", "3", "--init-from",
+                    tmp + "/hf_missing"], "missing tensor model.layers.1.mlp.up_proj.weight")
 
 
 def killed_saves(tmp, ck, rest):
@@ -231,6 +311,7 @@ def main():
                                           "--resume", ck]), rest)
 
         killed_saves(tmp, ck, rest)
+        hugging_face(tmp)
         for attempt in range(4):  # the kill was a race: a few runs, on 3 ranks
             expect_refusal(f"a checkpoint of another shape on 3 ranks ({attempt + 1})", 3,
                            ["--steps", "6", "--batch", "2", "--zero", "2", "--ffn", "128",

@@ -347,26 +347,29 @@ static int find(const hf_checkpoint *c, const char *name, llmcl_safetensors_info
     return -1;
 }
 
-/* p from c into its master (bf16 adapters: their weights), or into image (the layout's masters on
-   the host) when offloaded. */
-static void load_param(model *m, const hf_checkpoint *c, const model_param *p, float *image)
+/* p from c into its master (bf16 adapters: their weights), or through host (numel floats) where the
+   masters are not one device tensor: into the image of the offloaded layout, or under --zero into
+   llmcl_dist's shards. */
+static void load_param(model *m, const hf_checkpoint *c, const model_param *p, float *host)
 {
     llmcl_safetensors_info info;
     const int f = find(c, p->name, &info);
     if (f < 0)
-        die("%s %s: missing tensor %s", option(c), c->path, p->name);
+        die_finally(c->refused, "%s %s: missing tensor %s", option(c), c->path, p->name);
     char want[64], got[64];
     shape_text(p->ndim, p->shape, want, sizeof want);
     shape_text(info.ndim, info.shape, got, sizeof got);
     if (strcmp(want, got) != 0)
-        die("%s %s: %s is %s there, the model expects %s", option(c), c->file_names[f], p->name,
-            got, want);
+        die_finally(c->refused, "%s %s: %s is %s there, the model expects %s", option(c),
+                    c->file_names[f], p->name, got, want);
     if (info.dtype != LLMCL_F32 && info.dtype != LLMCL_BF16 && info.dtype != LLMCL_F16)
-        die("%s %s: %s is %s, not f32, bf16 or f16", option(c), c->file_names[f], p->name,
-            info.dtype_name);
-    if (image)
-        safetensors_to_host(c->files[f], p->name, image + p->offset, p->numel);
-    else
+        die_finally(c->refused, "%s %s: %s is %s, not f32, bf16 or f16", option(c),
+                    c->file_names[f], p->name, info.dtype_name);
+    if (host) {
+        safetensors_to_host(c->files[f], p->name, host, p->numel);
+        if (m->zero)
+            model_param_set(m, p, host);
+    } else
         CHECK(llmcl_safetensors_load(m->ctx, c->files[f], p->name, p->master ? p->master : p->w16),
               m->ctx);
 }
@@ -402,8 +405,8 @@ static void refuse_unused(model *m, const hf_checkpoint *c)
     if (unused > 3)
         snprintf(names + strlen(names), sizeof names - strlen(names), " and %d more", unused - 3);
     if (unused)
-        die("%s %s: %s: tensors that llmcl-train's Llama model does not use (%s would be "
-            "dropped)", option(c), c->path, names,
+        die_finally(c->refused, "%s %s: %s: tensors that llmcl-train's Llama model does not use "
+                    "(%s would be dropped)", option(c), c->path, names,
             c->adapter ? "DoRA's magnitudes, biases or other modules' adapters"
                        : "biases or another architecture's weights");
 }
@@ -414,19 +417,24 @@ void hf_load(model *m, const hf_checkpoint *c)
     /* with tie_word_embeddings, transformers ignores a stored lm_head.weight; without a config
        the model is tied only because no --untied was given */
     if (m->cfg.tied && !c->config[0] && find(c, "lm_head.weight", &info) >= 0)
-        die("--init-from %s holds lm_head.weight but the model ties its head to the embeddings "
-            "(give --untied)", c->path);
+        die_finally(c->refused, "--init-from %s holds lm_head.weight but the model ties its "
+                    "head to the embeddings (give --untied)", c->path);
     refuse_unused(m, c);
     /* offloaded masters (no LoRA then: every base weight is trained) go through a host image,
-       the moments starting at zero */
+       the moments starting at zero; under --zero each parameter through a host buffer */
     offload_state *off = m->trainable.offloaded;
     float *image = off ? xcalloc((size_t)m->trainable.total, sizeof *image) : NULL;
+    int64_t largest = 0;
+    for (int i = 0; m->zero && i < m->n_params; ++i)
+        largest = m->params[i].numel > largest ? m->params[i].numel : largest;
+    float *buffer = largest ? xmalloc((size_t)largest * sizeof *buffer) : NULL;
     for (int i = 0; i < m->n_params; ++i)
         if (m->params[i].kind < P_LORA_A)
-            load_param(m, c, &m->params[i], image);
+            load_param(m, c, &m->params[i], image ? image + m->params[i].offset : buffer);
     if (image)
         CHECK(offload_state_write(off, image, NULL, NULL), m->ctx);
     free(image);
+    free(buffer);
     CHECK(model_sync_compute(m), m->ctx);
 }
 
@@ -448,26 +456,22 @@ typedef struct export_file {
     int n;
 } export_file;
 
-/* p's values as f32 on the host: its master (from image when offloaded), or its bf16 copy
-   widened. */
-static float *download_f32(const model_param *p, const float *image)
+/*
+ * The f32 values of n parameters into new host buffers (NULL where the rank does not write): from
+ * image when the masters are offloaded, else model_params_get's (under --zero one gather of each
+ * llmcl_dist group, which every rank joins).
+ */
+static void download_f32(model *m, const model_param **ps, int n, const float *image, bool writes,
+                         float **hosts)
 {
-    const size_t n = (size_t)p->numel;
-    float *host = xmalloc(n * sizeof *host);
-    if (image) {
-        memcpy(host, image + p->offset, n * sizeof *host);
-        return host;
+    for (int i = 0; i < n; ++i)
+        hosts[i] = writes ? xmalloc((size_t)ps[i]->numel * sizeof **hosts) : NULL;
+    if (!image) {
+        model_params_get(m, n, ps, hosts);
+        return;
     }
-    if (p->master) {
-        CHECK(llmcl_tensor_download(p->master, host, n * sizeof *host), NULL);
-        return host;
-    }
-    uint16_t *h16 = xmalloc(n * sizeof *h16);
-    CHECK(llmcl_tensor_download(p->w16, h16, n * sizeof *h16), NULL);
-    for (size_t i = 0; i < n; ++i)
-        host[i] = llmcl_bf16_to_f32(h16[i]);
-    free(h16);
-    return host;
+    for (int i = 0; i < n; ++i)
+        memcpy(hosts[i], image + ps[i]->offset, (size_t)ps[i]->numel * sizeof **hosts);
 }
 
 /* W + s B A in f32 on the device (the adapters' masters, or their bf16 copies, into an f32 c). */
@@ -610,25 +614,41 @@ static void writer(export_file *f, const char *dir, const char *name)
 
 void hf_export(model *m, const char *dir, const hf_export_opts *o)
 {
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+    const bool writes = o->rank == 0;
+    if (writes && mkdir(dir, 0755) != 0 && errno != EEXIST)
         die("--export: cannot create the folder %s: %s", dir, strerror(errno));
-    if (!is_dir(dir))
+    if (writes && !is_dir(dir))
         die("--export %s: not a folder", dir);
-    export_file f;
+    export_file f = {0};
     const bool adapters = m->cfg.lora_rank > 0 && !o->merge;
-    writer(&f, dir, adapters ? "adapter_model.safetensors" : "model.safetensors");
+    if (writes)
+        writer(&f, dir, adapters ? "adapter_model.safetensors" : "model.safetensors");
     offload_state *off = m->trainable.offloaded; /* the masters from pinned memory, no LoRA */
     float *image = off ? xmalloc((size_t)m->trainable.total * sizeof *image) : NULL;
     if (image)
         CHECK(offload_state_read(off, image, NULL, NULL), m->ctx);
-    for (int i = 0; i < m->n_params; ++i) {
-        const model_param *p = &m->params[i];
-        if (adapters != (p->kind >= P_LORA_A))
-            continue;
-        add(&f, p->name, p, p->lora_a && o->merge ? merged_f32(m, p) : download_f32(p, image),
-            o->dtype);
+    const model_param **batch = xmalloc((size_t)m->n_params * sizeof *batch);
+    float **hosts = xmalloc((size_t)m->n_params * sizeof *hosts);
+    for (int i = 0; i < m->n_params;) { /* a layer group at a time: one gather under --zero */
+        const int group = model_group(m, &m->params[i]);
+        int n = 0;
+        for (; i < m->n_params && model_group(m, &m->params[i]) == group; ++i)
+            if (adapters == (m->params[i].kind >= P_LORA_A))
+                batch[n++] = &m->params[i];
+        download_f32(m, batch, n, image, writes, hosts);
+        for (int k = 0; writes && k < n; ++k) {
+            if (batch[k]->lora_a && o->merge) { /* no LoRA under --zero: this rank has it all */
+                free(hosts[k]);
+                hosts[k] = merged_f32(m, batch[k]);
+            }
+            add(&f, batch[k]->name, batch[k], hosts[k], o->dtype);
+        }
     }
+    free(batch);
+    free(hosts);
     free(image);
+    if (!writes)
+        return;
     finish(&f);
     if (adapters)
         write_adapter_config(m, dir);

@@ -29,6 +29,8 @@ typedef struct hf_checkpoint {
     int n_files;
     llmcl_safetensors **files; /* the single file or every shard */
     char **file_names;
+    void (*refused)(void);  /* run before a refusal of its tensors exits: under --zero, where
+                               every rank reads the same files and refuses alike, leaving MPI */
 } hf_checkpoint;
 
 /* Opens path: a .safetensors file (no config: the options give the shape) or a folder. */
@@ -46,7 +48,7 @@ bool hf_read_config(const hf_checkpoint *c, model_config *cfg, int *max_position
 
 /*
  * Loads every base weight of m from c (converting bf16, f16 or f32 to the f32 masters, then the
- * compute copy). A tensor missing, of another shape or of a non-float dtype ends the program
+ * compute copy; under --zero into each rank's shards, every rank reading c). A tensor missing, of another shape or of a non-float dtype ends the program
  * naming it, and so does an lm_head.weight for a tied head unless config.json ties it (then it is
  * ignored, as transformers does), and so do tensors that the model would not use (Qwen2's q/k/v
  * biases, say: a few named, then a count) except RoPE's saved rotary_emb.inv_freq.
@@ -78,12 +80,14 @@ typedef struct hf_export_opts {
     llmcl_dtype dtype;  /* LLMCL_BF16 or LLMCL_F32 */
     bool merge;         /* LoRA: W + s B A into model.safetensors instead of the adapters */
     int max_positions;  /* config.json's max_position_embeddings */
+    int rank;           /* under --zero: every rank gathers the parameters, rank 0 writes */
 } hf_export_opts;
 
 /*
  * Writes m into the folder dir (created if needed): model.safetensors and config.json, or with
  * LoRA and no merge adapter_model.safetensors and adapter_config.json (PEFT's names; the base is
- * whatever --init-from gave, so base_model_name_or_path is null).
+ * whatever --init-from gave, so base_model_name_or_path is null). Under --zero collective: every
+ * rank calls it, and o->rank 0 writes.
  */
 void hf_export(model *m, const char *dir, const hf_export_opts *o);
 

@@ -413,8 +413,7 @@ static void set_free(param_set *s)
     offload_state_destroy(s->offloaded);
 }
 
-/* A host f32 array into p: its master, or its 16-bit copy when it has no master. */
-static void param_upload(model *m, const model_param *p, const float *host)
+void model_param_set(model *m, const model_param *p, const float *host)
 {
     const size_t n = (size_t)p->numel;
 #ifdef LLMCL_TRAIN_MPI
@@ -492,12 +491,35 @@ static void init_params(model *m, uint64_t seed)
 #endif
         parallel_for(lo, hi, 1 << 16, fill_values, &f);
         if (!image)
-            param_upload(m, p, buffer);
+            model_param_set(m, p, buffer);
     }
     if (image)
         CHECK(offload_state_write(off, image, NULL, NULL), m->ctx);
     free(image);
     free(buffer);
+}
+
+void model_params_get(model *m, int n, const model_param *const *ps, float *const *hosts)
+{
+#ifdef LLMCL_TRAIN_MPI
+    if (m->zero) {
+        CHECK(zero_get_params(m, n, ps, hosts), m->ctx);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; ++i) {
+        const model_param *p = ps[i];
+        const size_t count = (size_t)p->numel;
+        if (p->master) {
+            CHECK(llmcl_tensor_download(p->master, hosts[i], count * sizeof(float)), m->ctx);
+            continue;
+        }
+        uint16_t *h16 = xmalloc(count * sizeof *h16);
+        CHECK(llmcl_tensor_download(p->w16, h16, count * sizeof *h16), m->ctx);
+        for (size_t j = 0; j < count; ++j)
+            hosts[i][j] = llmcl_bf16_to_f32(h16[j]);
+        free(h16);
+    }
 }
 
 int64_t model_param_within(const model_param *p, int64_t at, int64_t len, int64_t *first)

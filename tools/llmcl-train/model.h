@@ -199,6 +199,21 @@ llmcl_status model_create(llmcl_ctx *ctx, const model_config *cfg, uint64_t seed
 llmcl_status model_sync_compute(model *m);
 
 /*
+ * Sets p from numel host f32 values: its master (its 16-bit copy where it has none; the compute
+ * copy follows at model_sync_compute), or under --zero its shards, master and compute copy (every
+ * rank passes the same values, at least in the part it keeps). Ends the program on failure.
+ */
+void model_param_set(model *m, const model_param *p, const float *host);
+
+/*
+ * The f32 values of n parameters into hosts[i] (numel floats each): their masters, or their
+ * 16-bit copies widened; under --zero gathered from every rank, each llmcl_dist group once, where
+ * hosts[i] may be NULL on a rank that needs none (collective: every rank passes the same
+ * parameters in the same order). Ends the program on failure.
+ */
+void model_params_get(model *m, int n, const model_param *const *ps, float *const *hosts);
+
+/*
  * The part of p within elements [at, at + len) of its set's layout: returns how many of its
  * elements are there (0: none) and sets *first to the first one's place in the layout.
  */

@@ -525,8 +525,6 @@ static void parse_options(int argc, char **argv, options *o)
         die("--init-adapter adapts a base model: give it with --init-from");
     if (o->model.lora_rank && o->model.lora_alpha == 0)
         o->model.lora_alpha = (float)o->model.lora_rank;
-    if (o->model.zero_stage && (o->init_from || o->export_dir || o->dump_logits))
-        die("--init-from, --export and --dump-logits are not supported under --zero yet");
     o->model.max_seq = o->seq;
     check_paths(o);
 }
@@ -1036,7 +1034,8 @@ static void format_rate(double tflops, char *buf, size_t len)
         snprintf(buf, len, "%.3g GFLOP/s", tflops * 1e3);
 }
 
-/* The logits of the first held-out batch, its tokens and its loss, for hf_check.py. */
+/* The logits of the first held-out batch, its tokens and its loss, for hf_check.py. Under --zero
+   every rank runs the batch (stage 3's forward gathers) and rank 0 writes. */
 static void dump_logits(trainer *tr)
 {
     const options *o = &tr->o;
@@ -1052,6 +1051,11 @@ static void dump_logits(trainer *tr)
     float *host = xmalloc((size_t)(rows[0] * rows[1]) * sizeof *host), loss;
     CHECK(llmcl_tensor_download(logits, host, (size_t)(rows[0] * rows[1]) * sizeof *host), tr->ctx);
     CHECK(llmcl_tensor_download(tr->m->loss, &loss, sizeof loss), tr->ctx);
+    if (tr->rank != 0) {
+        llmcl_tensor_destroy(logits);
+        free(host);
+        return;
+    }
     char num[32];
     snprintf(num, sizeof num, "%.9g", loss);
     llmcl_safetensors_writer *w = NULL;
@@ -1071,7 +1075,8 @@ static void export_model(trainer *tr)
 {
     const options *o = &tr->o;
     const hf_export_opts eo = {.dtype = o->export_dtype, .merge = o->lora_merge,
-                               .max_positions = o->max_positions ? o->max_positions : o->seq};
+                               .max_positions = o->max_positions ? o->max_positions : o->seq,
+                               .rank = tr->rank};
     hf_export(tr->m, o->export_dir, &eo);
     printf("exported %s to %s (%s)\n",
            o->model.lora_rank && !o->lora_merge ? "the LoRA adapters" : "the model", o->export_dir,
@@ -1196,6 +1201,7 @@ int main(int argc, char **argv)
         format_rate(tr.peak_tflops, peak_s, sizeof peak_s);
     CHECK(model_create(tr.ctx, &o->model, o->seed, &tr.m), tr.ctx);
     if (o->init_from) {
+        init.refused = o->model.zero_stage ? finalize_mpi : NULL;
         hf_load(tr.m, &init);
         hf_close(&init);
     }

@@ -155,6 +155,17 @@ llmcl_status zero_init_param(model *m, const model_param *p, const float *host)
     return llmcl_dist_init_param(m->zero->dist, p->name, host);
 }
 
+llmcl_status zero_get_params(model *m, int n, const model_param *const *ps,
+                             float *const *hosts)
+{
+    const char **names = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *names);
+    for (int i = 0; i < n; ++i)
+        names[i] = ps[i]->name;
+    const llmcl_status st = llmcl_dist_get_params(m->zero->dist, n, names, hosts);
+    free(names);
+    return st;
+}
+
 llmcl_status zero_open(model *m, int group, int mode)
 {
     zero *z = m->zero;

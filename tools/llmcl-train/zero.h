@@ -63,6 +63,10 @@ void zero_kept(const model *m, int i, int64_t *lo, int64_t *hi);
    that zero_kept gives). */
 llmcl_status zero_init_param(model *m, const model_param *p, const float *host);
 
+/* The f32 masters of n parameters into hosts (NULL entries: gathered, not copied); collective:
+   llmcl_dist_get_params. */
+llmcl_status zero_get_params(model *m, int n, const model_param *const *ps, float *const *hosts);
+
 /* Opens group for use (mode: GROUP_PARAMS and/or GROUP_GRADS; collective): gathers it, points the
    parameters' w and grad at the dist's views, valid until zero_close. */
 llmcl_status zero_open(model *m, int group, int mode);
