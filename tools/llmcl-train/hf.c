@@ -291,6 +291,23 @@ static unsigned adapter_targets(const json_t *root, const char *path)
     return targets;
 }
 
+/* LoraConfig's keys that change the model beyond one rank, alpha and set of targets for every
+   layer, and what each would add. */
+static const char *const unsupported[][2] = {
+    {"use_dora", "DoRA's magnitudes"},
+    {"lora_bias", "a bias on B"},
+    {"fan_in_fan_out", "GPT-2's transposed weights"},
+    {"rank_pattern", "ranks per module"},
+    {"alpha_pattern", "alphas per module"},
+    {"layers_to_transform", "adapters on some layers"},
+    {"layers_pattern", "adapters on some layers"},
+    {"modules_to_save", "whole modules trained beside the adapters"},
+    {"trainable_token_indices", "trained embedding rows"},
+    {"target_parameters", "adapters on parameters"},
+    {"layer_replication", "layers repeated"},
+    {"use_qalora", "QALoRA's pooled inputs"},
+};
+
 void hf_read_adapter_config(const hf_checkpoint *c, model_config *cfg)
 {
     const char *p = c->config;
@@ -298,18 +315,8 @@ void hf_read_adapter_config(const hf_checkpoint *c, model_config *cfg)
     const json_t *type = json_object_get(root, "peft_type");
     if (!json_is_string(type) || strcmp(json_string_value(type), "LORA") != 0)
         die("%s: peft_type must be \"LORA\"", p);
-    require_unset(root, "use_dora", "DoRA's magnitudes", p);
-    require_unset(root, "lora_bias", "a bias on B", p);
-    require_unset(root, "fan_in_fan_out", "GPT-2's transposed weights", p);
-    require_unset(root, "rank_pattern", "ranks per module", p);
-    require_unset(root, "alpha_pattern", "alphas per module", p);
-    require_unset(root, "layers_to_transform", "adapters on some layers", p);
-    require_unset(root, "layers_pattern", "adapters on some layers", p);
-    require_unset(root, "modules_to_save", "whole modules trained beside the adapters", p);
-    require_unset(root, "trainable_token_indices", "trained embedding rows", p);
-    require_unset(root, "target_parameters", "adapters on parameters", p);
-    require_unset(root, "layer_replication", "layers repeated", p);
-    require_unset(root, "use_qalora", "QALoRA's pooled inputs", p);
+    for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; ++i)
+        require_unset(root, unsupported[i][0], unsupported[i][1], p);
     const json_t *bias = json_object_get(root, "bias");
     if (bias && !json_is_null(bias) &&
         (!json_is_string(bias) || strcmp(json_string_value(bias), "none") != 0))
