@@ -18,7 +18,10 @@ save leaves the folder alone behind it. --profile on 2 ranks profiles on both or
 ends, and says how much of the step's wall its llmcl_dist calls took. --init-from, --export and
 --dump-logits under stages 1-3: a model through the shards and back, the same files and logits as
 one process; trained from it on 3 ranks, the losses and (within 1e-5) the export of one process;
-a missing tensor refused on every rank.
+a missing tensor refused on every rank. LoRA at stages 1-3 on 2 ranks (the adapters in the dist,
+the base on every rank): the losses and exports (adapters, merged) of one process, a checkpoint
+resumed at another stage and refused on another base, --init-adapter's logits; bf16 adapters
+refused.
 
     python3 tests/test_train_zero.py build/tools/llmcl-train mpiexec
 """
@@ -189,6 +192,52 @@ def hugging_face(tmp):
                     tmp + "/hf_missing"], "missing tensor model.layers.1.mlp.up_proj.weight")
 
 
+def lora(tmp):
+    """LoRA under --zero on hugging_face()'s base: the adapters in the dist, the base replicated.
+    The losses and exports (adapters, merged) of one process at every stage; a checkpoint that
+    resumes at another stage, and only on its own base; --init-adapter's logits."""
+    base = tmp + "/hf"
+    lo = ["--init-from", base, "--lora", "4", "--lora-targets", "q,v,down"]
+    one = losses("LoRA, one process at batch 4", 0,
+                 lo + ["--steps", "4", "--batch", "4", "--export", tmp + "/lo1", "--export-dtype",
+                       "f32"])
+    merged = run(0, lo + ["--steps", "4", "--batch", "4", "--export", tmp + "/lo1m",
+                          "--export-dtype", "f32", "--lora-merge"])
+    check("LoRA, one process, merged export", merged.returncode == 0, merged.stderr[-300:])
+    for stage in (1, 2, 3):
+        out = f"{tmp}/lo{stage}"
+        r = run(2, lo + ["--steps", "4", "--batch", "2", "--zero", str(stage), "--export", out,
+                         "--export-dtype", "f32"])
+        compare(f"LoRA on 2 ranks, stage {stage}, against one process",
+                losses(f"LoRA, stage {stage}", 2, [], r), one)
+        diff = largest_difference(tmp + "/lo1/adapter_model.safetensors",
+                                  out + "/adapter_model.safetensors")
+        check(f"LoRA on 2 ranks, stage {stage}: the adapters exported", diff <= 1e-5,
+              f"largest difference {diff:.2g}")
+    r = run(2, lo + ["--steps", "4", "--batch", "2", "--zero", "3", "--export", tmp + "/lo3m",
+                     "--export-dtype", "f32", "--lora-merge"])
+    diff = largest_difference(tmp + "/lo1m/model.safetensors", tmp + "/lo3m/model.safetensors")
+    check("LoRA on 2 ranks, stage 3: the merged export", r.returncode == 0 and diff <= 1e-5,
+          f"largest difference {diff:.2g}")
+    ck = tmp + "/lo_ck"
+    losses("LoRA saved at step 3 on 2 ranks, stage 3", 2,
+           lo + ["--steps", "3", "--batch", "2", "--zero", "3", "--save", ck])
+    resumed = losses("LoRA resumed", 2,
+                     lo + ["--steps", "4", "--batch", "2", "--zero", "1", "--resume", ck])
+    compare("LoRA saved at stage 3, resumed at stage 1", resumed, {4: one[4]} if one else {})
+    expect_refusal("a LoRA checkpoint resumed on another base", 2,
+                   ["--lora", "4", "--lora-targets", "q,v,down", "--steps", "4", "--batch", "2",
+                    "--zero", "1", "--resume", ck], "adapts other base weights")
+    logits = [tmp + "/lo_one.st", tmp + "/lo_zero.st"]
+    adapter = ["--init-from", base, "--init-adapter", tmp + "/lo1", "--steps", "0", "--batch", "2"]
+    r1 = run(0, adapter + ["--dump-logits", logits[0]])
+    r2 = run(2, adapter + ["--zero", "3", "--dump-logits", logits[1]])
+    check("--init-adapter on 2 ranks, stage 3: the logits of one process",
+          r1.returncode == 0 and r2.returncode == 0 and
+          open(logits[0], "rb").read() == open(logits[1], "rb").read(),
+          f"status {r1.returncode}, {r2.returncode}{r2.stderr[-300:]}")
+
+
 def killed_saves(tmp, ck, rest):
     """A save killed at each stage, then a resume and a save over what it left."""
     for stage, want in SAVE_STAGES.items():
@@ -312,6 +361,7 @@ def main():
 
         killed_saves(tmp, ck, rest)
         hugging_face(tmp)
+        lora(tmp)
         for attempt in range(4):  # the kill was a race: a few runs, on 3 ranks
             expect_refusal(f"a checkpoint of another shape on 3 ranks ({attempt + 1})", 3,
                            ["--steps", "6", "--batch", "2", "--zero", "2", "--ffn", "128",
@@ -323,8 +373,9 @@ def main():
         expect_refusal("a one-file checkpoint resumed under --zero", 2,
                        ["--steps", "6", "--batch", "2", "--zero", "1", "--resume", one_file],
                        "not a --zero checkpoint folder")
-        expect_refusal("LoRA under --zero", 2, ["--steps", "1", "--batch", "2", "--zero", "1",
-                                                 "--lora", "4"], "LoRA is not supported")
+        expect_refusal("bf16 adapters under --zero", 2,
+                       ["--steps", "1", "--batch", "2", "--zero", "1", "--lora", "4",
+                        "--lora-dtype", "bf16", "--dtype", "bf16"], "keeps no f32 masters")
         # --profile's steps are collective: every rank profiles, or none (its events untimed)
         r = run(2, ["--steps", "2", "--batch", "2", "--zero", "2", "--profile"])
         check("--profile on 2 ranks: both steps, or none, and no hang",

@@ -356,7 +356,7 @@ static int find(const hf_checkpoint *c, const char *name, llmcl_safetensors_info
 
 /* p from c into its master (bf16 adapters: their weights), or through host (numel floats) where the
    masters are not one device tensor: into the image of the offloaded layout, or under --zero into
-   llmcl_dist's shards. */
+   llmcl_dist's shards (the trained parameters'). */
 static void load_param(model *m, const hf_checkpoint *c, const model_param *p, float *host)
 {
     llmcl_safetensors_info info;
@@ -418,6 +418,17 @@ static void refuse_unused(model *m, const hf_checkpoint *c)
                        : "biases or another architecture's weights");
 }
 
+/* Under --zero, a host buffer for the largest parameter in the dist (the trained ones), else
+   NULL. */
+static float *dist_buffer(const model *m)
+{
+    int64_t largest = 0;
+    for (int i = 0; m->zero && i < m->n_params; ++i)
+        if (m->params[i].trainable && m->params[i].numel > largest)
+            largest = m->params[i].numel;
+    return largest ? xmalloc((size_t)largest * sizeof(float)) : NULL;
+}
+
 void hf_load(model *m, const hf_checkpoint *c)
 {
     llmcl_safetensors_info info;
@@ -431,13 +442,12 @@ void hf_load(model *m, const hf_checkpoint *c)
        the moments starting at zero; under --zero each parameter through a host buffer */
     offload_state *off = m->trainable.offloaded;
     float *image = off ? xcalloc((size_t)m->trainable.total, sizeof *image) : NULL;
-    int64_t largest = 0;
-    for (int i = 0; m->zero && i < m->n_params; ++i)
-        largest = m->params[i].numel > largest ? m->params[i].numel : largest;
-    float *buffer = largest ? xmalloc((size_t)largest * sizeof *buffer) : NULL;
-    for (int i = 0; i < m->n_params; ++i)
-        if (m->params[i].kind < P_LORA_A)
-            load_param(m, c, &m->params[i], image ? image + m->params[i].offset : buffer);
+    float *buffer = dist_buffer(m);
+    for (int i = 0; i < m->n_params; ++i) {
+        const model_param *p = &m->params[i];
+        if (p->kind < P_LORA_A)
+            load_param(m, c, p, image ? image + p->offset : p->trainable ? buffer : NULL);
+    }
     if (image)
         CHECK(offload_state_write(off, image, NULL, NULL), m->ctx);
     free(image);
@@ -448,9 +458,11 @@ void hf_load(model *m, const hf_checkpoint *c)
 void hf_load_adapters(model *m, const hf_checkpoint *c)
 {
     refuse_unused(m, c);
+    float *buffer = dist_buffer(m);
     for (int i = 0; i < m->n_params; ++i)
         if (m->params[i].kind >= P_LORA_A)
-            load_param(m, c, &m->params[i], NULL);
+            load_param(m, c, &m->params[i], buffer);
+    free(buffer);
     CHECK(model_sync_compute(m), m->ctx);
 }
 
@@ -482,18 +494,29 @@ static void download_f32(model *m, const model_param **ps, int n, const float *i
 }
 
 /* W + s B A in f32 on the device (the adapters' masters, or their bf16 copies, into an f32 c). */
-static float *merged_f32(model *m, const model_param *p)
+/* An f32 device tensor of p's shape holding host. */
+static llmcl_tensor *f32_tensor(model *m, const model_param *p, const float *host)
 {
-    const model_param *a = p->lora_a, *b = p->lora_b;
-    llmcl_tensor *w = NULL;
-    CHECK(llmcl_tensor_create(m->ctx, LLMCL_F32, 2, p->shape, &w), m->ctx);
+    llmcl_tensor *t = NULL;
+    CHECK(llmcl_tensor_create(m->ctx, LLMCL_F32, p->ndim, p->shape, &t), m->ctx);
+    if (host)
+        CHECK(llmcl_tensor_upload(t, host, (size_t)p->numel * sizeof *host), m->ctx);
+    return t;
+}
+
+/* W + s B A in f32 on the device, from p's frozen master and its adapters' f32 values on the host
+   (which under --zero come from the dist). */
+static float *merged_f32(model *m, const model_param *p, const float *a_host, const float *b_host)
+{
+    llmcl_tensor *w = f32_tensor(m, p, NULL), *a = f32_tensor(m, p->lora_a, a_host),
+                 *b = f32_tensor(m, p->lora_b, b_host);
     CHECK(llmcl_copy(m->ctx, p->master, w), m->ctx);
-    CHECK(llmcl_matmul(m->ctx, m->lora_scale, b->master ? b->master : b->w16,
-                       a->master ? a->master : a->w16, 1.0f, w, NULL),
-          m->ctx);
+    CHECK(llmcl_matmul(m->ctx, m->lora_scale, b, a, 1.0f, w, NULL), m->ctx);
     float *host = xmalloc((size_t)p->numel * sizeof *host);
     CHECK(llmcl_tensor_download(w, host, (size_t)p->numel * sizeof *host), m->ctx);
     llmcl_tensor_destroy(w);
+    llmcl_tensor_destroy(a);
+    llmcl_tensor_destroy(b);
     return host;
 }
 
@@ -634,21 +657,29 @@ void hf_export(model *m, const char *dir, const hf_export_opts *o)
     float *image = off ? xmalloc((size_t)m->trainable.total * sizeof *image) : NULL;
     if (image)
         CHECK(offload_state_read(off, image, NULL, NULL), m->ctx);
-    const model_param **batch = xmalloc((size_t)m->n_params * sizeof *batch);
-    float **hosts = xmalloc((size_t)m->n_params * sizeof *hosts);
+    const model_param **batch = xmalloc((size_t)m->n_params * 3 * sizeof *batch);
+    float **hosts = xmalloc((size_t)m->n_params * 3 * sizeof *hosts);
     for (int i = 0; i < m->n_params;) { /* a layer group at a time: one gather under --zero */
         const int group = model_group(m, &m->params[i]);
         int n = 0;
-        for (; i < m->n_params && model_group(m, &m->params[i]) == group; ++i)
-            if (adapters == (m->params[i].kind >= P_LORA_A))
-                batch[n++] = &m->params[i];
+        for (; i < m->n_params && model_group(m, &m->params[i]) == group; ++i) {
+            const model_param *p = &m->params[i];
+            if (adapters != (p->kind >= P_LORA_A))
+                continue;
+            batch[n++] = p;
+            if (p->lora_a && o->merge) /* its adapters' values after it */
+                batch[n++] = p->lora_a, batch[n++] = p->lora_b;
+        }
         download_f32(m, batch, n, image, writes, hosts);
         for (int k = 0; writes && k < n; ++k) {
-            if (batch[k]->lora_a && o->merge) { /* no LoRA under --zero: this rank has it all */
-                free(hosts[k]);
-                hosts[k] = merged_f32(m, batch[k]);
+            const model_param *p = batch[k];
+            float *values = hosts[k];
+            if (p->lora_a && o->merge) { /* the two after it are its adapters' */
+                values = merged_f32(m, p, hosts[k + 1], hosts[k + 2]);
+                free(hosts[k]), free(hosts[k + 1]), free(hosts[k + 2]);
+                k += 2;
             }
-            add(&f, batch[k]->name, batch[k], hosts[k], o->dtype);
+            add(&f, p->name, p, values, o->dtype);
         }
     }
     free(batch);

@@ -97,8 +97,9 @@ const char *model_config_error(const model_config *c)
         return "--zero-reduce-dtype needs --zero, and f32 or bf16";
     if (c->ce_logits_dtype != LLMCL_F32 && (c->ce_logits_dtype != c->dtype || c->fused_ce))
         return "--ce-logits takes f32, or the model's 16-bit dtype without --fused-ce";
-    if (c->zero_stage && c->lora_rank)
-        return "LoRA is not supported under --zero (train the adapters on one device)";
+    if (c->zero_stage && c->lora_rank && c->lora_dtype != LLMCL_F32)
+        return "--lora-dtype bf16 keeps no f32 masters, which --zero's optimizer updates: give "
+               "f32 adapters (the default) under --zero";
     if (c->lora_rank > 0 && c->lora_dtype != LLMCL_F32 &&
         (c->lora_dtype != LLMCL_BF16 || c->dtype != LLMCL_BF16))
         return "the LoRA dtype must be f32, or bf16 with a bf16 model (--dtype bf16)";
@@ -417,7 +418,7 @@ void model_param_set(model *m, const model_param *p, const float *host)
 {
     const size_t n = (size_t)p->numel;
 #ifdef LLMCL_TRAIN_MPI
-    if (m->zero) {
+    if (m->zero && p->trainable) {
         CHECK(zero_init_param(m, p, host), m->ctx);
         return;
     }
@@ -502,13 +503,23 @@ static void init_params(model *m, uint64_t seed)
 void model_params_get(model *m, int n, const model_param *const *ps, float *const *hosts)
 {
 #ifdef LLMCL_TRAIN_MPI
-    if (m->zero) {
-        CHECK(zero_get_params(m, n, ps, hosts), m->ctx);
-        return;
+    if (m->zero) { /* the trained ones from the dist, in one call on every rank */
+        const model_param **dist = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *dist);
+        float **to = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *to);
+        int k = 0;
+        for (int i = 0; i < n; ++i)
+            if (ps[i]->trainable)
+                dist[k] = ps[i], to[k++] = hosts[i];
+        const llmcl_status st = zero_get_params(m, k, dist, to);
+        free(dist);
+        free(to);
+        CHECK(st, m->ctx);
     }
 #endif
     for (int i = 0; i < n; ++i) {
         const model_param *p = ps[i];
+        if ((m->zero && p->trainable) || !hosts[i])
+            continue;
         const size_t count = (size_t)p->numel;
         if (p->master) {
             CHECK(llmcl_tensor_download(p->master, hosts[i], count * sizeof(float)), m->ctx);
@@ -627,8 +638,9 @@ static void alloc_params(model *m)
         grad_at[i] = m->params[i].offset;
     m->trainable.grad_total = cfg->optimizer_in_backward ? group_grad_layout(m, grad_at, span)
                                                          : m->trainable.total;
-    set_alloc(m->ctx, &m->trainable, cfg->dtype, !lora || cfg->lora_dtype == LLMCL_F32, true,
-              cfg->offload_chunk_bytes);
+    if (!cfg->zero_stage) /* else an llmcl_dist holds them */
+        set_alloc(m->ctx, &m->trainable, cfg->dtype, !lora || cfg->lora_dtype == LLMCL_F32, true,
+                  cfg->offload_chunk_bytes);
     set_alloc(m->ctx, &m->frozen, cfg->dtype, true, false, 0);
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
@@ -649,7 +661,8 @@ static void alloc_params(model *m)
     free(span);
 }
 
-/* Under --zero: the parameters in an llmcl_dist instead (the sets stay empty). */
+/* Under --zero: the trained parameters in an llmcl_dist instead (the trainable set stays empty;
+   under LoRA the frozen set holds the base, alloc_params's). */
 static void attach_zero(model *m)
 {
 #ifdef LLMCL_TRAIN_MPI
@@ -668,10 +681,10 @@ llmcl_status model_create(llmcl_ctx *ctx, const model_config *cfg, uint64_t seed
     m->head_dim = cfg->dim / cfg->heads;
     m->lora_scale = cfg->lora_rank > 0 ? cfg->lora_alpha / (float)cfg->lora_rank : 0.0f;
     layout_params(m);
+    if (!cfg->zero_stage || cfg->lora_rank > 0)
+        alloc_params(m);
     if (cfg->zero_stage)
         attach_zero(m);
-    else
-        alloc_params(m);
     init_params(m, seed);
     CHECK(model_sync_compute(m), ctx);
     *out = m;

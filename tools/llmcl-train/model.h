@@ -48,7 +48,8 @@ typedef struct model_config {
                                  compute dtype, as under autocast); bf16: adapters are bf16 only,
                                  AdamW rounds them stochastically (needs a bf16 model) */
     int zero_stage;           /* > 0: the parameters sharded over MPI_COMM_WORLD by ZeRO stage
-                                 1, 2 or 3 (zero.h; llmcl-train built with MPI, no LoRA) */
+                                 1, 2 or 3 (zero.h; llmcl-train built with MPI; under LoRA the
+                                 adapters, the base whole on every rank) */
     int zero_group_layers;    /* under zero_stage: consecutive layers in one llmcl_dist group
                                  (0, unset, or ZERO_GROUP_LAYERS_AUTO: the most that cost no
                                  memory, zero.c) */

@@ -13,25 +13,39 @@ static int64_t dist_aligned(int64_t numel)
     return (numel + DIST_ALIGN - 1) / DIST_ALIGN * DIST_ALIGN;
 }
 
-/* The dist group of model group g: layers merged by z->layers, the others alone. */
+/* Under LoRA the dist holds the adapters alone, the trained parameters; the frozen base stays in
+   the model's frozen set on every rank. So its dist groups are the layers' (merged by z->layers),
+   and the embedding's and head's groups have none. */
+static bool in_dist(const model_param *p) { return p->trainable; }
+
+/* The dist group of the first layer group. */
+static int layers_base(const model *m) { return m->cfg.lora_rank > 0 ? 0 : 1; }
+
+/* The dist group of model group g (-1: none): layers merged by z->layers, the others alone. */
 static int dist_group(const model *m, int g)
 {
-    const int k = m->zero->layers, last = (m->cfg.layers - 1) / k + 1;
-    if (g == 0)
-        return 0;
-    return g <= m->cfg.layers ? (g - 1) / k + 1 : last + 1;
+    const int k = m->zero->layers, last = (m->cfg.layers - 1) / k + layers_base(m);
+    if (g >= 1 && g <= m->cfg.layers)
+        return (g - 1) / k + layers_base(m);
+    if (m->cfg.lora_rank > 0)
+        return -1;
+    return g == 0 ? 0 : last + 1;
 }
 
 /* Model groups (layers, or the embedding's or head's group) in dist group dg. */
 static int dist_members(const model *m, int dg)
 {
-    const int k = m->zero->layers, last = (m->cfg.layers - 1) / k + 1;
-    if (dg == 0 || dg > last)
+    const int k = m->zero->layers, j = dg - layers_base(m), last = (m->cfg.layers - 1) / k;
+    if (j < 0 || j > last)
         return 1;
-    return dg < last ? k : m->cfg.layers - (last - 1) * k;
+    return j < last ? k : m->cfg.layers - last * k;
 }
 
-static int dist_groups(const model *m) { return dist_group(m, model_groups(m) - 1) + 1; }
+static int dist_groups(const model *m)
+{
+    return m->cfg.lora_rank > 0 ? (m->cfg.layers - 1) / m->zero->layers + 1
+                                : dist_group(m, model_groups(m) - 1) + 1;
+}
 
 static int param_group(const model *m, const model_param *p)
 {
@@ -50,7 +64,7 @@ static void find_kept(model *m, int groups, const llmcl_dist_info *info)
     for (int g = 0; g < groups; ++g) {
         int64_t at = 0;
         for (int i = 0; i < m->n_params; ++i)
-            if (param_group(m, &m->params[i]) == g) {
+            if (in_dist(&m->params[i]) && param_group(m, &m->params[i]) == g) {
                 kept[i][0] = at; /* the parameter's offset in its group, for now */
                 at += dist_aligned(m->params[i].numel);
             }
@@ -58,7 +72,7 @@ static void find_kept(model *m, int groups, const llmcl_dist_info *info)
                       numel = (at + quantum - 1) / quantum * quantum, shard = numel / info->world,
                       s0 = info->rank * shard, s1 = s0 + shard;
         for (int i = 0; i < m->n_params; ++i)
-            if (param_group(m, &m->params[i]) == g) {
+            if (in_dist(&m->params[i]) && param_group(m, &m->params[i]) == g) {
                 const int64_t off = kept[i][0], end = off + m->params[i].numel;
                 kept[i][0] = s0 > off ? s0 - off : 0;
                 kept[i][1] = (s1 < end ? s1 : end) - off;
@@ -71,16 +85,20 @@ static void find_kept(model *m, int groups, const llmcl_dist_info *info)
     if (padded == info->padded_numel && largest == info->max_group)
         return;
     for (int i = 0; i < m->n_params; ++i)
-        kept[i][0] = 0, kept[i][1] = m->params[i].numel;
+        if (in_dist(&m->params[i]))
+            kept[i][0] = 0, kept[i][1] = m->params[i].numel;
 }
 
 /*
  * --zero-group-layers auto: the most layers whose group is no larger than the largest of the
  * others (the embedding's, or an untied head's), which sizes llmcl_dist's buffers, so that the
- * merged groups cost no memory; 1 where a layer is the larger.
+ * merged groups cost no memory; 1 where a layer is the larger. Under LoRA, whose adapters are a
+ * small part of the model, every layer in one group: one gather and one reduction a step.
  */
 static int auto_group_layers(const model *m)
 {
+    if (m->cfg.lora_rank > 0)
+        return m->cfg.layers;
     const int n = model_groups(m);
     int64_t *size = xcalloc((size_t)n, sizeof *size), other = 0;
     for (int i = 0; i < m->n_params; ++i)
@@ -111,7 +129,7 @@ llmcl_status zero_attach(model *m, int stage)
     for (int g = 0; g < groups; ++g)
         for (int i = 0; i < m->n_params; ++i) {
             const model_param *p = &m->params[i];
-            if (param_group(m, p) == g)
+            if (in_dist(p) && param_group(m, p) == g)
                 TRY(llmcl_dist_add_param(z->dist, p->name, g, p->ndim, p->shape, p->is_norm));
         }
     TRY(llmcl_dist_setup(z->dist));
@@ -122,7 +140,7 @@ llmcl_status zero_attach(model *m, int stage)
     if (stage == 3)
         find_kept(m, groups, &info);
     for (int i = 0; m->cfg.dtype != LLMCL_F32 && i < m->n_params; ++i)
-        if (m->params[i].is_norm)
+        if (m->params[i].is_norm && in_dist(&m->params[i]))
             TRY(llmcl_tensor_create(m->ctx, LLMCL_F32, 1, &m->params[i].numel, &z->w32[i]));
     return LLMCL_OK;
 }
@@ -170,6 +188,8 @@ llmcl_status zero_open(model *m, int group, int mode)
 {
     zero *z = m->zero;
     const int dg = dist_group(m, group);
+    if (dg < 0)
+        return LLMCL_OK;
     if ((mode & GROUP_PARAMS) && !z->open[dg]) {
         const double t0 = zero_clock(m);
         TRY(zero_timed(m, t0, llmcl_dist_gather(z->dist, dg)));
@@ -177,7 +197,7 @@ llmcl_status zero_open(model *m, int group, int mode)
     }
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
-        if (model_group(m, p) != group)
+        if (!in_dist(p) || model_group(m, p) != group)
             continue;
         if (mode & GROUP_PARAMS) {
             TRY(llmcl_dist_param(z->dist, p->name, &p->w));
@@ -196,9 +216,11 @@ llmcl_status zero_close(model *m, int group, int mode)
 {
     zero *z = m->zero;
     const int dg = dist_group(m, group), members = dist_members(m, dg);
+    if (dg < 0)
+        return LLMCL_OK;
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
-        if (model_group(m, p) != group)
+        if (!in_dist(p) || model_group(m, p) != group)
             continue;
         if (mode & GROUP_PARAMS)
             p->w = NULL;

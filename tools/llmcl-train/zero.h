@@ -27,6 +27,11 @@
  * Norm weights are registered like every other parameter; in a 16-bit model their compute copy is
  * 16-bit, and since llmcl_rmsnorm wants f32 weights beside an f32 weight gradient, opening a group
  * casts each norm weight into an f32 copy that the model computes with.
+ *
+ * Under LoRA the dist holds the trained parameters alone, the adapters (f32 masters): the frozen
+ * base stays in the model's frozen set, whole on every rank, as data-parallel PEFT keeps it. Its
+ * groups are then the layers' only (--zero-group-layers auto puts them all in one: the adapters
+ * are a small part of the model), and opening the embedding's or the head's group does nothing.
  */
 #ifndef LLMCL_TRAIN_ZERO_H
 #define LLMCL_TRAIN_ZERO_H
