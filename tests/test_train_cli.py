@@ -652,6 +652,48 @@ def token_files(p):
     expect_error("--val naming a folder", TINY + ["--val", p("")], "is a folder")
     expect_error("an unknown --data-format", TINY + ["--data-format", "csv"],
                  "expected auto, text or llmc")
+    shards(p)
+
+
+def shards(p):
+    """A pattern of llm.c shards trains as the one file that concatenates them (windows crossing
+    their edges, a shard of one token among them); patterns that match nothing, mix formats or
+    name a text file are refused."""
+    tokens = [(7 * i + i * i) % 300 for i in range(3000)]
+    os.mkdir(p("shards_data"))
+    llmc_file(p("shards_data/all.bin"), tokens)
+    for i, (a, b) in enumerate(((0, 1100), (1100, 1101), (1101, 3000))):
+        llmc_file(p(f"shards_data/part_{i:03d}.bin"), tokens[a:b])
+    args = TINY + ["--vocab", "300", "--steps", "4", "--eval-every", "2"]
+    one = expect_ok("the concatenated file", args + ["--data", p("shards_data/all.bin")])
+    many = expect_ok("its three shards by a pattern",
+                     args + ["--data", p("shards_data/part_*.bin")])
+    held = lambda out: re.findall(r"held-out loss \S+", out)
+    check("the shards train as the file: the same losses and held-out losses",
+          losses(one.stdout) == losses(many.stdout) and len(losses(one.stdout)) == 4 and
+          held(one.stdout) == held(many.stdout) and len(held(one.stdout)) == 2)
+    check("the data line names the pattern and its files",
+          "part_*.bin (3 files), 2850 training and 150 held-out tokens" in many.stdout)
+    expect_ok("--val as a pattern", args + ["--data", p("shards_data/all.bin"), "--val",
+                                            p("shards_data/part_00[02].bin")])
+    expect_error("a pattern that matches nothing", TINY + ["--data", p("shards_data/none_*.bin")],
+                 "none_*.bin matches no file")
+    llmc_file(p("shards_data/part_003.bin"), tokens[:100], magic=20240801, version=7, width="I")
+    expect_error("shards of two formats", TINY + ["--data", p("shards_data/part_*.bin")],
+                 "part_003.bin: magic 20240801 where")
+    os.remove(p("shards_data/part_003.bin"))
+    with open(p("shards_data/part_003.bin"), "w") as f:
+        f.write("The cat sees the red ball. " * 100)
+    expect_error("a text file among the shards", TINY + ["--data", p("shards_data/part_*.bin")],
+                 "part_003.bin: starts with")
+    expect_error("a pattern read as text", TINY + ["--data", p("shards_data/part_*.bin"),
+                                                   "--data-format", "text"],
+                 "a pattern names llm.c token files")
+    llmc_file(p("shards_data/big_0.bin"), tokens)
+    llmc_file(p("shards_data/big_1.bin"), [5, 400, 6] * 10)
+    expect_error("a token beyond the vocabulary, by file and place",
+                 TINY + ["--vocab", "300", "--data", p("shards_data/big_*.bin")],
+                 "big_1.bin: token 1 is 400, outside the model's vocabulary of 300")
 
 
 def start_up(p):

@@ -3,11 +3,14 @@
 
 #include <ctype.h>
 #include <errno.h>
-#include <stdbool.h>
+#include <fcntl.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "util.h"
 
@@ -16,13 +19,14 @@
 
 #define LLMC_HEADER_BYTES 1024 /* 256 int32 */
 
-static unsigned char *read_file(const char *path, int64_t *len)
+/* An open regular, non-empty file (its size in *len), or the run stops saying what path is. */
+static int open_file(const char *path, int64_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    const int fd = open(path, O_RDONLY);
+    if (fd < 0)
         die("cannot open %s: %s", path, strerror(errno));
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0)
+    if (fstat(fd, &sb) != 0)
         die("cannot read %s: %s", path, strerror(errno));
     if (S_ISDIR(sb.st_mode))
         die("%s is a folder: give a text file or an llm.c token file (.bin)", path);
@@ -30,12 +34,23 @@ static unsigned char *read_file(const char *path, int64_t *len)
         die("%s is not a regular file: give a text file or an llm.c token file (.bin)", path);
     if (sb.st_size == 0)
         die("%s is empty", path);
-    unsigned char *buf = xmalloc((size_t)sb.st_size);
-    if (fread(buf, 1, (size_t)sb.st_size, f) != (size_t)sb.st_size)
-        die("cannot read %s: %s", path, ferror(f) ? strerror(errno) : "shorter than its size");
-    fclose(f);
     *len = sb.st_size;
-    return buf;
+    return fd;
+}
+
+/* Up to len bytes from the start of fd into buf; how many it read. */
+static int64_t read_head(int fd, const char *path, void *buf, int64_t len)
+{
+    int64_t got = 0;
+    while (got < len) {
+        const ssize_t r = pread(fd, (char *)buf + got, (size_t)(len - got), got);
+        if (r < 0)
+            die("cannot read %s: %s", path, strerror(errno));
+        if (r == 0)
+            break;
+        got += r;
+    }
+    return got;
 }
 
 /* Whether the first bytes are one of llm.c's magics (a little-endian int32). */
@@ -54,14 +69,26 @@ static bool named_bin(const char *path)
     return n >= 4 && strcmp(path + n - 4, ".bin") == 0;
 }
 
-/* llm.c's token file in buf, whole and valid, or the run stops saying what is wrong. */
-static void load_llmc(const char *path, const unsigned char *buf, int64_t len, token_data *out)
+static token_shard *add_shard(token_data *d, const char *name)
 {
-    int32_t header[256];
+    d->shards = realloc(d->shards, (size_t)(d->n_shards + 1) * sizeof *d->shards);
+    if (!d->shards)
+        die("out of host memory");
+    token_shard *s = &d->shards[d->n_shards++];
+    *s = (token_shard){.first = d->n};
+    snprintf(s->name, sizeof s->name, "%s", name);
+    return s;
+}
+
+/* llm.c's token file fd, whole and valid, mapped as a shard of d, or the run stops saying what is
+   wrong. Returns its magic. */
+static int32_t map_llmc(const char *path, int fd, int64_t len, token_data *d)
+{
+    int32_t header[256] = {0};
     if (len < LLMC_HEADER_BYTES)
         die("%s: %lld bytes, shorter than the 1024-byte header of an llm.c token file (give "
             "--data-format text if it is text)", path, (long long)len);
-    memcpy(header, buf, sizeof header);
+    read_head(fd, path, header, sizeof header);
     const int gpt2 = header[0] == LLMC_MAGIC_GPT2, llama3 = header[0] == LLMC_MAGIC_LLAMA3;
     if (!gpt2 && !llama3)
         die("%s: starts with %d, not an llm.c token file's magic (%d or %d): damaged, or give "
@@ -74,28 +101,64 @@ static void load_llmc(const char *path, const unsigned char *buf, int64_t len, t
         die("%s: the header announces %lld tokens of %lld bytes but the file holds %lld bytes "
             "after it (truncated or corrupt)",
             path, (long long)n, (long long)width, (long long)(len - LLMC_HEADER_BYTES));
-    out->tokens = xmalloc((size_t)n * sizeof *out->tokens);
-    const unsigned char *p = buf + LLMC_HEADER_BYTES;
-    for (int64_t i = 0; i < n; ++i) {
-        uint32_t v = 0;
-        memcpy(&v, p + i * width, (size_t)width); /* little-endian hosts, as llm.c writes */
-        if (v > INT32_MAX)
-            die("%s: token %lld is %u, beyond int32", path, (long long)i, v);
-        out->tokens[i] = (int32_t)v;
-    }
-    out->n = n;
-    out->vocab = gpt2 ? 50257 : 128256;
-    out->byte_level = 0;
+    void *map = mmap(NULL, (size_t)len, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED)
+        die("cannot map %s: %s", path, strerror(errno));
+    token_shard *s = add_shard(d, path);
+    s->mem = map;
+    s->map_len = (size_t)len;
+    s->at = (const unsigned char *)map + LLMC_HEADER_BYTES;
+    s->n = n;
+    s->width = (int)width;
+    d->n += n;
+    d->vocab = gpt2 ? 50257 : 128256;
+    return header[0];
 }
 
-static void load_text(const unsigned char *buf, int64_t len, token_data *out)
+/* A text file's bytes as the tokens of a shard of d. */
+static void load_text(const char *path, int fd, int64_t len, token_data *d)
 {
-    out->tokens = xmalloc((size_t)len * sizeof *out->tokens);
+    unsigned char *buf = xmalloc((size_t)len);
+    if (read_head(fd, path, buf, len) != len)
+        die("cannot read %s: shorter than its size", path);
+    int32_t *tokens = xmalloc((size_t)len * sizeof *tokens);
     for (int64_t i = 0; i < len; ++i)
-        out->tokens[i] = buf[i];
-    out->n = len;
-    out->vocab = 256;
-    out->byte_level = 1;
+        tokens[i] = buf[i];
+    free(buf);
+    token_shard *s = add_shard(d, path);
+    s->mem = tokens;
+    s->at = (const unsigned char *)tokens;
+    s->n = len;
+    s->width = 4;
+    d->n += len;
+    d->vocab = 256;
+    d->byte_level = 1;
+}
+
+/* The files that pattern names, as llm.c shards of one format. */
+static void load_pattern(const char *pattern, data_format format, token_data *d)
+{
+    if (format == DATA_TEXT)
+        die("%s: a pattern names llm.c token files (--data-format text reads one file)", pattern);
+    glob_t g;
+    const int r = glob(pattern, 0, NULL, &g);
+    if (r == GLOB_NOMATCH)
+        die("%s matches no file", pattern);
+    if (r != 0)
+        die("%s: cannot list the files it names", pattern);
+    int32_t magic = 0;
+    for (size_t i = 0; i < g.gl_pathc; ++i) {
+        int64_t len;
+        const int fd = open_file(g.gl_pathv[i], &len);
+        const int32_t m = map_llmc(g.gl_pathv[i], fd, len, d);
+        close(fd);
+        if (i > 0 && m != magic)
+            die("%s: magic %d where %s has %d: the shards of one stream need one format",
+                g.gl_pathv[i], m, g.gl_pathv[0], magic);
+        magic = m;
+    }
+    snprintf(d->source, sizeof d->source, "%s (%zu files)", pattern, g.gl_pathc);
+    globfree(&g);
 }
 
 data_format data_format_parse(const char *s)
@@ -109,16 +172,72 @@ data_format data_format_parse(const char *s)
 
 void data_load(const char *path, data_format format, token_data *out)
 {
-    memset(out, 0, sizeof *out);
+    *out = (token_data){.owns = true};
     snprintf(out->source, sizeof out->source, "%s", path);
+    if (strpbrk(path, "*?[")) {
+        load_pattern(path, format, out);
+        return;
+    }
     int64_t len = 0;
-    unsigned char *buf = read_file(path, &len);
+    const int fd = open_file(path, &len);
+    unsigned char head[4];
+    const int64_t got = read_head(fd, path, head, sizeof head);
     if (format == DATA_LLMC ||
-        (format == DATA_AUTO && (named_bin(path) || llmc_magic(buf, len))))
-        load_llmc(path, buf, len, out);
+        (format == DATA_AUTO && (named_bin(path) || llmc_magic(head, got))))
+        map_llmc(path, fd, len, out);
     else
-        load_text(buf, len, out);
-    free(buf);
+        load_text(path, fd, len, out);
+    close(fd);
+}
+
+/* The shard holding stream position g (a binary search of their firsts). */
+static const token_shard *shard_of(const token_data *d, int64_t g)
+{
+    int lo = 0, hi = d->n_shards - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (d->shards[mid].first <= g)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return &d->shards[lo];
+}
+
+/* Token j of shard s as stored: uint16, or 32 bits (uint32, or int32 from memory). */
+static uint32_t shard_token(const token_shard *s, int64_t j)
+{
+    const unsigned char *p = s->at + j * s->width;
+    if (s->width == 2) {
+        uint16_t v;
+        memcpy(&v, p, sizeof v); /* little-endian hosts, as llm.c writes */
+        return v;
+    }
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+int32_t data_token(const token_data *d, int64_t i)
+{
+    const token_shard *s = shard_of(d, d->begin + i);
+    return (int32_t)shard_token(s, d->begin + i - s->first);
+}
+
+void data_check_vocab(const token_data *d, int vocab)
+{
+    const int64_t end = d->begin + d->n;
+    for (int k = 0; k < d->n_shards; ++k) { /* shard by shard: one pass over the files */
+        const token_shard *s = &d->shards[k];
+        const int64_t lo = s->first > d->begin ? s->first : d->begin,
+                      hi = s->first + s->n < end ? s->first + s->n : end;
+        for (int64_t g = lo; g < hi; ++g) {
+            const uint32_t v = shard_token(s, g - s->first);
+            if (v >= (uint32_t)vocab)
+                die("%s: token %lld is %u, outside the model's vocabulary of %d (set --vocab)",
+                    s->name, (long long)(g - s->first), v, vocab);
+        }
+    }
 }
 
 /* ---- the built-in corpus ---- */
@@ -138,10 +257,10 @@ static const char *places[] = {"", " in the morning", " near the river", " every
 
 void data_builtin(uint64_t seed, int64_t bytes, token_data *out)
 {
-    memset(out, 0, sizeof *out);
+    *out = (token_data){.owns = true};
     snprintf(out->source, sizeof out->source, "built-in corpus (seed %llu)",
              (unsigned long long)seed);
-    out->tokens = xmalloc((size_t)bytes * sizeof *out->tokens);
+    int32_t *tokens = xmalloc((size_t)bytes * sizeof *tokens);
     util_rng r = util_rng_new(seed);
     char sentence[256];
     int64_t n = 0;
@@ -152,11 +271,16 @@ void data_builtin(uint64_t seed, int64_t bytes, token_data *out)
                                  PICK(&r, objects), PICK(&r, places));
         sentence[in_paragraph ? 1 : 0] = (char)toupper((unsigned char)sentence[in_paragraph ? 1 : 0]);
         for (int i = 0; i < len && n < bytes; ++i)
-            out->tokens[n++] = (unsigned char)sentence[i];
+            tokens[n++] = (unsigned char)sentence[i];
         in_paragraph = util_rng_next(&r) % 5 != 0;
         if (!in_paragraph && n < bytes)
-            out->tokens[n++] = '\n';
+            tokens[n++] = '\n';
     }
+    token_shard *s = add_shard(out, out->source);
+    s->mem = tokens;
+    s->at = (const unsigned char *)tokens;
+    s->n = n;
+    s->width = 4;
     out->n = n;
     out->vocab = 256;
     out->byte_level = 1;
@@ -166,17 +290,23 @@ void data_split(token_data *d, double fraction, token_data *val)
 {
     const int64_t nval = (int64_t)((double)d->n * fraction);
     *val = *d;
-    val->tokens = xmalloc((size_t)(nval ? nval : 1) * sizeof *val->tokens);
-    memcpy(val->tokens, d->tokens + d->n - nval, (size_t)nval * sizeof *val->tokens);
+    val->owns = false;
+    val->begin = d->begin + d->n - nval;
     val->n = nval;
     d->n -= nval;
 }
 
 void data_free(token_data *d)
 {
-    free(d->tokens);
-    d->tokens = NULL;
-    d->n = 0;
+    for (int i = 0; d->owns && i < d->n_shards; ++i) {
+        if (d->shards[i].map_len)
+            munmap(d->shards[i].mem, d->shards[i].map_len);
+        else
+            free(d->shards[i].mem);
+    }
+    if (d->owns)
+        free(d->shards);
+    *d = (token_data){0};
 }
 
 /* ---- loader ---- */
@@ -200,7 +330,9 @@ void loader_next(loader *l, int32_t *ids, int32_t *targets)
     const int64_t span = (int64_t)l->b * l->t;
     if (loader_tell(l) + span * l->world + 1 > l->d->n)
         l->pos = (int64_t)l->rank * span;
-    memcpy(ids, l->d->tokens + l->pos, (size_t)span * sizeof *ids);
-    memcpy(targets, l->d->tokens + l->pos + 1, (size_t)span * sizeof *targets);
+    for (int64_t i = 0; i < span; ++i)
+        ids[i] = data_token(l->d, l->pos + i);
+    memmove(targets, ids + 1, (size_t)(span - 1) * sizeof *targets);
+    targets[span - 1] = data_token(l->d, l->pos + span);
     l->pos += span * l->world;
 }

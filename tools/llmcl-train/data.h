@@ -2,17 +2,37 @@
  * data.h: training tokens for llmcl-train. A byte-level tokenizer over any text file (vocabulary
  * 256), token files in llm.c's format (a header of 256 int32: magic 20240520 with version 1 for
  * uint16 tokens, or magic 20240801 with version 7 for uint32 tokens, then header[2] tokens), and a
- * built-in corpus generated from a fixed seed so that the default run needs no download. A loader
- * walks the tokens in windows of b x (t + 1), each rank of a job at its own offset.
+ * built-in corpus generated from a fixed seed so that the default run needs no download. A pattern
+ * (`data/fineweb_train_*.bin`, as llm.c's loaders take) names llm.c shards, read as one stream in
+ * the order of their names. llm.c files are memory-mapped and read where they lie, so a dataset
+ * larger than the host's memory trains. A loader walks the tokens in windows of b x (t + 1), each
+ * rank of a job at its own offset.
  */
 #ifndef LLMCL_TRAIN_DATA_H
 #define LLMCL_TRAIN_DATA_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
+/* One file's tokens: an llm.c file's, mapped (2 or 4 bytes each, little-endian), or int32 values
+   in memory (text, the built-in corpus). */
+typedef struct token_shard {
+    const unsigned char *at; /* the first token */
+    void *mem;               /* the mapping (map_len bytes) or, where map_len is 0, the array */
+    size_t map_len;
+    int64_t first, n;        /* the first token's place in the stream, and the count */
+    int width;               /* bytes a token: 2 or 4 */
+    char name[256];
+} token_shard;
+
+/* A view of tokens [begin, begin + n) of a stream of shards; the view data_load or data_builtin
+   made owns them, the held-out view that data_split makes of it shares them. */
 typedef struct token_data {
-    int32_t *tokens;
-    int64_t n;
+    token_shard *shards;
+    int n_shards;
+    bool owns;
+    int64_t begin, n;
     int vocab;       /* the tokenizer's vocabulary: 256 for bytes, from the format otherwise */
     int byte_level;  /* tokens are bytes: samples print as text */
     char source[256];
@@ -25,10 +45,20 @@ typedef enum data_format { DATA_AUTO, DATA_TEXT, DATA_LLMC } data_format;
 /* --data-format's value; dies on another. */
 data_format data_format_parse(const char *s);
 
-/* Reads path as format says (llm.c tokens, or the bytes of a text file). Dies with a clear message
-   when the file is missing, a folder, unreadable or empty, or is to be an llm.c token file and is
-   not a whole, valid one. */
+/*
+ * Reads path as format says (llm.c tokens, or the bytes of a text file); a path with glob
+ * characters (* ? [) is a pattern of llm.c files, all of one format, in the order of their names.
+ * Dies with a clear message when a file is missing, a folder, unreadable or empty, or is to be an
+ * llm.c token file and is not a whole, valid one, and when a pattern matches nothing or mixes
+ * formats.
+ */
 void data_load(const char *path, data_format format, token_data *out);
+
+/* Token i of the view. */
+int32_t data_token(const token_data *d, int64_t i);
+
+/* Dies naming the file and place of the first token outside [0, vocab). */
+void data_check_vocab(const token_data *d, int vocab);
 
 /* The built-in corpus: simple English sentences from a small grammar, `bytes` long. */
 void data_builtin(uint64_t seed, int64_t bytes, token_data *out);

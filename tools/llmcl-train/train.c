@@ -74,8 +74,10 @@ static void usage(FILE *f)
           "Trains a Llama-style decoder on llmcl's kernels. Without --data it trains a tiny model on a\n"
           "built-in corpus, small enough for a CPU OpenCL device.\n"
           "data:\n"
-          "  --data FILE          text (byte-level tokens) or an llm.c token file (.bin)\n"
-          "  --val FILE           held-out tokens (default: the last 5% of --data)\n"
+          "  --data FILE          text (byte-level tokens) or an llm.c token file (.bin); a\n"
+          "                       pattern ('train_*.bin', quoted) reads llm.c shards as one\n"
+          "                       stream in name order, mapped rather than read into memory\n"
+          "  --val FILE           held-out tokens, or a pattern (default: the last 5% of --data)\n"
           "  --data-format F      auto (default: a file named .bin or that starts with llm.c's\n"
           "                       magic must be an llm.c token file, any other is text), text or\n"
           "                       llmc\n"
@@ -638,14 +640,6 @@ static bool stopping(const trainer *tr)
     return tr->o.model.zero_stage ? tr->stop : interrupted;
 }
 
-static void check_tokens(const token_data *d, int vocab)
-{
-    for (int64_t i = 0; i < d->n; ++i)
-        if (d->tokens[i] < 0 || d->tokens[i] >= vocab)
-            die("%s: token %lld is %d, outside the model's vocabulary of %d (set --vocab)",
-                d->source, (long long)i, d->tokens[i], vocab);
-}
-
 static void load_data(trainer *tr)
 {
     options *o = &tr->o;
@@ -659,8 +653,8 @@ static void load_data(trainer *tr)
         data_split(&tr->train, 0.05, &tr->val);
     if (!o->vocab_given && !tr->train.byte_level) /* the tokenizer's, as its format says */
         o->model.vocab = tr->train.vocab;
-    check_tokens(&tr->train, o->model.vocab);
-    check_tokens(&tr->val, o->model.vocab);
+    data_check_vocab(&tr->train, o->model.vocab);
+    data_check_vocab(&tr->val, o->model.vocab);
 }
 
 /*
@@ -854,7 +848,7 @@ static void sample(trainer *tr)
         for (const char *p = o->prompt; *p && t < max_t - 1; ++p)
             ctx_ids[t++] = (unsigned char)*p;
     if (t == 0)
-        ctx_ids[t++] = tr->train.tokens[0];
+        ctx_ids[t++] = data_token(&tr->train, 0);
     printf("sample (greedy, %d tokens):\n", o->sample_tokens);
     for (int i = 0; i < t; ++i)
         print_token(&tr->train, ctx_ids[i]);
