@@ -336,12 +336,6 @@ static llmcl_status load_state(model *m, const llmcl_safetensors *st)
     return status == LLMCL_OK ? model_sync_compute(m) : status;
 }
 
-static bool is_dir(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
 /* Opens path; the reason in why_buf when it cannot. */
 static llmcl_status open_file(const char *path, llmcl_safetensors **st)
 {
@@ -378,7 +372,7 @@ static llmcl_status read_train_file(const char *folder, void *arg)
     z->elsewhere = !same_folder(folder, z->dir);
     snprintf(from_buf, sizeof from_buf, "%s", folder);
     z->failed = true;
-    if (!is_dir(folder)) {
+    if (!path_is_dir(folder)) {
         snprintf(why_buf, sizeof why_buf,
                  "%s is not a --zero checkpoint folder (a one-file checkpoint resumes without "
                  "--zero)", folder);
@@ -423,7 +417,7 @@ llmcl_status checkpoint_load(model *m, const char *path, train_state *s, const c
     if (m->zero)
         return zero_load(m, path, s, from);
 #endif
-    if (is_dir(path)) {
+    if (path_is_dir(path)) {
         snprintf(why_buf, sizeof why_buf,
                  "%s is a folder: a --zero checkpoint resumes under mpiexec with --zero", path);
         return LLMCL_ERROR_INVALID_ARGUMENT;

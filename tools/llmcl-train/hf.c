@@ -1,4 +1,5 @@
-/* hf.c: Hugging Face checkpoints in and out of llmcl-train (hf.h), JSON through jansson. */
+/* hf.c: Hugging Face checkpoints and PEFT adapters read into llmcl-train (hf.h), JSON through
+   jansson; hf_export.c writes them. */
 #include "hf.h"
 
 #include <errno.h>
@@ -15,12 +16,6 @@
 #include "util.h"
 
 /* ---- opening ---- */
-
-static bool is_dir(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
 
 static bool exists(const char *path)
 {
@@ -86,7 +81,7 @@ void hf_open(const char *path, hf_checkpoint *out)
 {
     *out = (hf_checkpoint){0};
     snprintf(out->path, sizeof out->path, "%s", path);
-    if (!is_dir(path)) {
+    if (!path_is_dir(path)) {
         if (!exists(path))
             die("--init-from %s: no such file or folder", path);
         add_file(out, path);
@@ -112,7 +107,7 @@ void hf_open_adapter(const char *path, hf_checkpoint *out)
 {
     *out = (hf_checkpoint){.adapter = true};
     snprintf(out->path, sizeof out->path, "%s", path);
-    if (!is_dir(path))
+    if (!path_is_dir(path))
         die("--init-adapter %s: not a folder (PEFT saves an adapter as a folder with "
             "adapter_config.json and adapter_model.safetensors)", path);
     snprintf(out->config, sizeof out->config, "%s/adapter_config.json", path);
@@ -464,232 +459,4 @@ void hf_load_adapters(model *m, const hf_checkpoint *c)
             load_param(m, c, &m->params[i], buffer);
     free(buffer);
     CHECK(model_sync_compute(m), m->ctx);
-}
-
-/* ---- export ---- */
-
-/* The tensors of one file, their host data freed after the writer finishes. */
-typedef struct export_file {
-    llmcl_safetensors_writer *w;
-    void **bufs;
-    int n;
-} export_file;
-
-/*
- * The f32 values of n parameters into new host buffers (NULL where the rank does not write): from
- * image when the masters are offloaded, else model_params_get's (under --zero one gather of each
- * llmcl_dist group, which every rank joins).
- */
-static void download_f32(model *m, const model_param **ps, int n, const float *image, bool writes,
-                         float **hosts)
-{
-    for (int i = 0; i < n; ++i)
-        hosts[i] = writes ? xmalloc((size_t)ps[i]->numel * sizeof **hosts) : NULL;
-    if (!image) {
-        model_params_get(m, n, ps, hosts);
-        return;
-    }
-    for (int i = 0; i < n; ++i)
-        memcpy(hosts[i], image + ps[i]->offset, (size_t)ps[i]->numel * sizeof **hosts);
-}
-
-/* W + s B A in f32 on the device (the adapters' masters, or their bf16 copies, into an f32 c). */
-/* An f32 device tensor of p's shape holding host. */
-static llmcl_tensor *f32_tensor(model *m, const model_param *p, const float *host)
-{
-    llmcl_tensor *t = NULL;
-    CHECK(llmcl_tensor_create(m->ctx, LLMCL_F32, p->ndim, p->shape, &t), m->ctx);
-    if (host)
-        CHECK(llmcl_tensor_upload(t, host, (size_t)p->numel * sizeof *host), m->ctx);
-    return t;
-}
-
-/* W + s B A in f32 on the device, from p's frozen master and its adapters' f32 values on the host
-   (which under --zero come from the dist). */
-static float *merged_f32(model *m, const model_param *p, const float *a_host, const float *b_host)
-{
-    llmcl_tensor *w = f32_tensor(m, p, NULL), *a = f32_tensor(m, p->lora_a, a_host),
-                 *b = f32_tensor(m, p->lora_b, b_host);
-    CHECK(llmcl_copy(m->ctx, p->master, w), m->ctx);
-    CHECK(llmcl_matmul(m->ctx, m->lora_scale, b, a, 1.0f, w, NULL), m->ctx);
-    float *host = xmalloc((size_t)p->numel * sizeof *host);
-    CHECK(llmcl_tensor_download(w, host, (size_t)p->numel * sizeof *host), m->ctx);
-    llmcl_tensor_destroy(w);
-    llmcl_tensor_destroy(a);
-    llmcl_tensor_destroy(b);
-    return host;
-}
-
-/* Adds name with the f32 values host (taken over) in dtype. */
-static void add(export_file *f, const char *name, const model_param *p, float *host, llmcl_dtype dt)
-{
-    void *data = host;
-    if (dt == LLMCL_BF16) {
-        uint16_t *h16 = xmalloc((size_t)p->numel * sizeof *h16);
-        for (int64_t i = 0; i < p->numel; ++i)
-            h16[i] = llmcl_f32_to_bf16(host[i]);
-        free(host);
-        data = h16;
-    }
-    f->bufs = realloc(f->bufs, (size_t)(f->n + 1) * sizeof *f->bufs);
-    if (!f->bufs)
-        die("out of host memory");
-    f->bufs[f->n++] = data;
-    CHECK(llmcl_safetensors_writer_add_host(f->w, name, dt, p->ndim, p->shape, data), NULL);
-}
-
-static void finish(export_file *f)
-{
-    CHECK(llmcl_safetensors_writer_metadata(f->w, "format", "pt"), NULL);
-    CHECK(llmcl_safetensors_writer_finish(f->w), NULL);
-    llmcl_safetensors_writer_destroy(f->w);
-    for (int i = 0; i < f->n; ++i)
-        free(f->bufs[i]);
-    free(f->bufs);
-}
-
-static void write_json(json_t *root, const char *dir, const char *name)
-{
-    char path[2200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (json_dump_file(root, path, JSON_INDENT(2) | JSON_REAL_PRECISION(15)) != 0)
-        die("cannot write %s", path);
-    json_decref(root);
-}
-
-/* The shortest decimal that reads back as the same float, as a JSON number. */
-static json_t *float_json(float x)
-{
-    char buf[32];
-    for (int digits = 1; digits <= 9; ++digits) {
-        snprintf(buf, sizeof buf, "%.*g", digits, (double)x);
-        if (strtof(buf, NULL) == x)
-            break;
-    }
-    return json_real(strtod(buf, NULL));
-}
-
-/* config.json in LlamaConfig's layout. */
-static void write_config(const model *m, const char *dir, const hf_export_opts *o)
-{
-    const model_config *c = &m->cfg;
-    json_t *r = json_object();
-    json_object_set_new(r, "architectures", json_pack("[s]", "LlamaForCausalLM"));
-    json_object_set_new(r, "model_type", json_string("llama"));
-    json_object_set_new(r, "vocab_size", json_integer(c->vocab));
-    json_object_set_new(r, "hidden_size", json_integer(c->dim));
-    json_object_set_new(r, "intermediate_size", json_integer(c->ffn));
-    json_object_set_new(r, "num_hidden_layers", json_integer(c->layers));
-    json_object_set_new(r, "num_attention_heads", json_integer(c->heads));
-    json_object_set_new(r, "num_key_value_heads", json_integer(c->kv_heads));
-    json_object_set_new(r, "head_dim", json_integer(m->head_dim));
-    json_object_set_new(r, "hidden_act", json_string("silu"));
-    /* transformers wants Llama 3 scaling's original context (8192) below the model's */
-    const int positions = c->rope_llama3_factor > 0 && o->max_positions <= 8192
-                              ? (int)(8192 * c->rope_llama3_factor)
-                              : o->max_positions;
-    json_object_set_new(r, "max_position_embeddings", json_integer(positions));
-    json_object_set_new(r, "rms_norm_eps", float_json(c->norm_eps));
-    json_object_set_new(r, "rope_theta", json_real(c->rope_theta));
-    json_t *scaling = json_null();
-    if (c->rope_llama3_factor > 0)
-        scaling = json_pack("{s:f, s:f, s:f, s:i, s:s}", "factor", c->rope_llama3_factor,
-                            "low_freq_factor", 1.0, "high_freq_factor", 4.0,
-                            "original_max_position_embeddings", 8192, "rope_type", "llama3");
-    json_object_set_new(r, "rope_scaling", scaling);
-    json_object_set_new(r, "attention_bias", json_false());
-    json_object_set_new(r, "mlp_bias", json_false());
-    json_object_set_new(r, "tie_word_embeddings", json_boolean(c->tied));
-    json_object_set_new(r, "torch_dtype",
-                        json_string(o->dtype == LLMCL_BF16 ? "bfloat16" : "float32"));
-    json_object_set_new(r, "bos_token_id", json_null());
-    json_object_set_new(r, "eos_token_id", json_null());
-    write_json(r, dir, "config.json");
-}
-
-/* adapter_config.json as PEFT's LoraConfig writes it. */
-static void write_adapter_config(const model *m, const char *dir)
-{
-    const model_config *c = &m->cfg;
-    json_t *targets = json_array();
-    for (int k = P_WQ; k <= P_WDOWN; ++k)
-        if (c->lora_targets & (1u << k))
-            json_array_append_new(targets, json_string(model_module_name(k)));
-    json_t *r = json_object();
-    json_object_set_new(r, "peft_type", json_string("LORA"));
-    json_object_set_new(r, "task_type", json_string("CAUSAL_LM"));
-    json_object_set_new(r, "base_model_name_or_path", json_null());
-    json_object_set_new(r, "r", json_integer(c->lora_rank));
-    json_object_set_new(r, "lora_alpha", c->lora_alpha == floorf(c->lora_alpha)
-                                             ? json_integer((json_int_t)c->lora_alpha)
-                                             : float_json(c->lora_alpha));
-    json_object_set_new(r, "target_modules", targets);
-    json_object_set_new(r, "lora_dropout", json_real(0.0));
-    json_object_set_new(r, "bias", json_string("none"));
-    json_object_set_new(r, "fan_in_fan_out", json_false());
-    json_object_set_new(r, "use_rslora", json_false());
-    json_object_set_new(r, "init_lora_weights", json_true());
-    json_object_set_new(r, "inference_mode", json_true());
-    json_object_set_new(r, "modules_to_save", json_null());
-    write_json(r, dir, "adapter_config.json");
-}
-
-static void writer(export_file *f, const char *dir, const char *name)
-{
-    char path[2200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    *f = (export_file){0};
-    CHECK(llmcl_safetensors_writer_create(path, &f->w), NULL);
-}
-
-void hf_export(model *m, const char *dir, const hf_export_opts *o)
-{
-    const bool writes = o->rank == 0;
-    if (writes && mkdir(dir, 0755) != 0 && errno != EEXIST)
-        die("--export: cannot create the folder %s: %s", dir, strerror(errno));
-    if (writes && !is_dir(dir))
-        die("--export %s: not a folder", dir);
-    export_file f = {0};
-    const bool adapters = m->cfg.lora_rank > 0 && !o->merge;
-    if (writes)
-        writer(&f, dir, adapters ? "adapter_model.safetensors" : "model.safetensors");
-    offload_state *off = m->trainable.offloaded; /* the masters from pinned memory, no LoRA */
-    float *image = off ? xmalloc((size_t)m->trainable.total * sizeof *image) : NULL;
-    if (image)
-        CHECK(offload_state_read(off, image, NULL, NULL), m->ctx);
-    const model_param **batch = xmalloc((size_t)m->n_params * 3 * sizeof *batch);
-    float **hosts = xmalloc((size_t)m->n_params * 3 * sizeof *hosts);
-    for (int i = 0; i < m->n_params;) { /* a layer group at a time: one gather under --zero */
-        const int group = model_group(m, &m->params[i]);
-        int n = 0;
-        for (; i < m->n_params && model_group(m, &m->params[i]) == group; ++i) {
-            const model_param *p = &m->params[i];
-            if (adapters != (p->kind >= P_LORA_A))
-                continue;
-            batch[n++] = p;
-            if (p->lora_a && o->merge) /* its adapters' values after it */
-                batch[n++] = p->lora_a, batch[n++] = p->lora_b;
-        }
-        download_f32(m, batch, n, image, writes, hosts);
-        for (int k = 0; writes && k < n; ++k) {
-            const model_param *p = batch[k];
-            float *values = hosts[k];
-            if (p->lora_a && o->merge) { /* the two after it are its adapters' */
-                values = merged_f32(m, p, hosts[k + 1], hosts[k + 2]);
-                free(hosts[k]), free(hosts[k + 1]), free(hosts[k + 2]);
-                k += 2;
-            }
-            add(&f, p->name, p, values, o->dtype);
-        }
-    }
-    free(batch);
-    free(hosts);
-    free(image);
-    if (!writes)
-        return;
-    finish(&f);
-    if (adapters)
-        write_adapter_config(m, dir);
-    else
-        write_config(m, dir, o);
 }

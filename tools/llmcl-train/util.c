@@ -33,6 +33,12 @@ __attribute__((noreturn)) static void vdie(void (*finish)(void), const char *fmt
     exit(1);
 }
 
+bool path_is_dir(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
 void die(const char *fmt, ...)
 {
     va_list ap;

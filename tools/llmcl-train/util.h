@@ -8,11 +8,15 @@
 #ifndef LLMCL_TRAIN_UTIL_H
 #define LLMCL_TRAIN_UTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "llmcl.h"
 #include "util/util.h"
+
+/* Whether path names a folder. */
+bool path_is_dir(const char *path);
 
 /* Prints "llmcl-train: <message>" to stderr and exits with status 1. */
 void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
