@@ -178,6 +178,30 @@ def hugging_face(p):
                                           p("e3"), "--export-dtype", "f32"])
     same_files("sharded --init-from exports the same bytes",
                p("e1/model.safetensors"), p("e3/model.safetensors"))
+    # past --export-shard-gb: shards and Hugging Face's index, read back as the one file, and an
+    # export of the other form into the folder removes them once it is whole
+    expect_ok("a sharded export", TINY + ["--steps", "0", "--init-from", p("e1"), "--export",
+                                          p("es"), "--export-dtype", "f32",
+                                          "--export-shard-gb", "0.00003"])
+    written = sorted(f for f in os.listdir(p("es")) if f.startswith("model-"))
+    index = json.load(open(p("es/model.safetensors.index.json")))
+    count = len(written)
+    check(f"{count} shards named as save_pretrained names them, and their index",
+          count > 2 and written == [f"model-{k:05d}-of-{count:05d}.safetensors"
+                                    for k in range(1, count + 1)] and
+          sorted(index["weight_map"]) == names and set(index["weight_map"].values()) ==
+          set(written) and index["metadata"]["total_size"] == sum(len(t[2])
+                                                                  for t in tensors.values()))
+    expect_ok("init from the sharded export", TINY + ["--steps", "0", "--init-from", p("es"),
+                                                      "--export", p("es1"), "--export-dtype",
+                                                      "f32"])
+    same_files("the sharded export read back: the one file's bytes",
+               p("e1/model.safetensors"), p("es1/model.safetensors"))
+    expect_ok("a one-file export over the shards", TINY + ["--steps", "0", "--init-from", p("e1"),
+                                                           "--export", p("es"),
+                                                           "--export-dtype", "f32"])
+    check("the shards and their index removed",
+          sorted(os.listdir(p("es"))) == ["config.json", "model.safetensors"])
     # found by tests/fuzz/fuzz_hf_config: an empty weight_map (here the last of two, which wins
     # as in Python) opened no shard, and the run then called every tensor missing
     os.mkdir(p("no_shards"))

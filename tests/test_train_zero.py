@@ -161,6 +161,16 @@ def hugging_face(tmp):
         check(f"stage {stage} on 2 ranks: --dump-logits, the logits of one process",
               r.returncode == 0 and open(out + ".st", "rb").read() ==
               open(tmp + "/hf_one.st", "rb").read())
+    r = run(2, ["--steps", "0", "--batch", "2", "--zero", "3", "--init-from", base, "--export",
+                tmp + "/hf_shards", "--export-dtype", "f32", "--export-shard-gb", "0.00005"])
+    r1 = run(0, ["--steps", "0", "--batch", "2", "--init-from", tmp + "/hf_shards", "--export",
+                 tmp + "/hf_joined", "--export-dtype", "f32"])
+    check("stage 3 on 2 ranks: a sharded export, read back as the one file",
+          r.returncode == 0 and r1.returncode == 0 and
+          os.path.exists(tmp + "/hf_shards/model.safetensors.index.json") and
+          open(base + "/model.safetensors", "rb").read() ==
+          open(tmp + "/hf_joined/model.safetensors", "rb").read(),
+          f"status {r.returncode}, {r1.returncode}{r.stderr[-300:]}{r1.stderr[-300:]}")
     one = losses("one process from the export, batch 6", 0,
                  ["--steps", "3", "--batch", "6", "--init-from", base, "--export", tmp + "/hf_t1",
                   "--export-dtype", "f32"])

@@ -81,10 +81,15 @@ typedef struct hf_export_opts {
     bool merge;         /* LoRA: W + s B A into model.safetensors instead of the adapters */
     int max_positions;  /* config.json's max_position_embeddings */
     int rank;           /* under --zero: every rank gathers the parameters, rank 0 writes */
+    int64_t shard_bytes; /* the model in files of at most this many bytes of tensors, with
+                            Hugging Face's index, where it needs more than one (0: one file) */
 } hf_export_opts;
 
 /*
- * Writes m into the folder dir (created if needed): model.safetensors and config.json, or with
+ * Writes m into the folder dir (created if needed): model.safetensors and config.json (or, past
+ * o->shard_bytes, model-00001-of-0000N.safetensors ... and model.safetensors.index.json, as
+ * save_pretrained shards; an earlier export's files of the other form are removed once these are
+ * whole), or with
  * LoRA and no merge adapter_model.safetensors and adapter_config.json (PEFT's names; the base is
  * whatever --init-from gave, so base_model_name_or_path is null). Under --zero collective: every
  * rank calls it, and o->rank 0 writes.

@@ -2,12 +2,14 @@
    model.safetensors and config.json, or PEFT's adapter files, JSON through jansson. */
 #include "hf.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -39,7 +41,6 @@ static void download_f32(model *m, const model_param **ps, int n, const float *i
         memcpy(hosts[i], image + ps[i]->offset, (size_t)ps[i]->numel * sizeof **hosts);
 }
 
-/* W + s B A in f32 on the device (the adapters' masters, or their bf16 copies, into an f32 c). */
 /* An f32 device tensor of p's shape holding host. */
 static llmcl_tensor *f32_tensor(model *m, const model_param *p, const float *host)
 {
@@ -94,12 +95,15 @@ static void finish(export_file *f)
     free(f->bufs);
 }
 
+/* root as dir/name, whole or not at all: written beside it, then renamed over it. */
 static void write_json(json_t *root, const char *dir, const char *name)
 {
-    char path[2200];
+    char path[2200], tmp[2210];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (json_dump_file(root, path, JSON_INDENT(2) | JSON_REAL_PRECISION(15)) != 0)
-        die("cannot write %s", path);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (json_dump_file(root, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(15)) != 0 ||
+        rename(tmp, path) != 0)
+        die("cannot write %s: %s", path, strerror(errno));
     json_decref(root);
 }
 
@@ -188,6 +192,87 @@ static void writer(export_file *f, const char *dir, const char *name)
     CHECK(llmcl_safetensors_writer_create(path, &f->w), NULL);
 }
 
+/*
+ * Which file each exported parameter goes to: Hugging Face's sharding (save_pretrained's
+ * max_shard_size), in export order, a new file where the next tensor would take the current one
+ * past shard_bytes (a tensor larger than that alone in its file). shard[i] for m->params[i], -1
+ * where it is not exported; returns the number of files.
+ */
+static int plan_files(const model *m, bool adapters, llmcl_dtype dt, int64_t shard_bytes,
+                      int *shard, int64_t *total)
+{
+    int files = 0;
+    int64_t in_file = 0;
+    *total = 0;
+    for (int i = 0; i < m->n_params; ++i) {
+        const model_param *p = &m->params[i];
+        shard[i] = -1;
+        if (adapters != (p->kind >= P_LORA_A))
+            continue;
+        const int64_t bytes = p->numel * (dt == LLMCL_BF16 ? 2 : 4);
+        if (files == 0 || (in_file > 0 && in_file + bytes > shard_bytes))
+            ++files, in_file = 0;
+        shard[i] = files - 1;
+        in_file += bytes;
+        *total += bytes;
+    }
+    return files;
+}
+
+/* File k of files: the one file's name, or a shard's (model-00001-of-00004.safetensors). */
+static void file_name(bool adapters, int k, int files, char name[64])
+{
+    if (files == 1)
+        snprintf(name, 64, "%s", adapters ? "adapter_model.safetensors" : "model.safetensors");
+    else
+        snprintf(name, 64, "model-%05d-of-%05d.safetensors", k + 1, files);
+}
+
+/* model.safetensors.index.json: every tensor's file, and the bytes of them all. */
+static void write_index(const model *m, const char *dir, const int *shard, int files,
+                        int64_t total)
+{
+    json_t *map = json_object();
+    for (int i = 0; i < m->n_params; ++i)
+        if (shard[i] >= 0) {
+            char name[64];
+            file_name(false, shard[i], files, name);
+            json_object_set_new(map, m->params[i].name, json_string(name));
+        }
+    json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total,
+                             "weight_map", map);
+    write_json(root, dir, "model.safetensors.index.json");
+}
+
+/* Removes what an earlier export of the other form left in dir, once this one is whole: its one
+   model.safetensors, or its index and shards (those of another count). */
+static void remove_stale(const char *dir, int files)
+{
+    char path[2200];
+    if (files > 1) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        unlink(path);
+    } else {
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        unlink(path);
+    }
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    char keep[64];
+    snprintf(keep, sizeof keep, "-of-%05d.safetensors", files);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int k, n, end = 0;
+        if (sscanf(e->d_name, "model-%5d-of-%5d.safetensors%n", &k, &n, &end) == 2 &&
+            end == (int)strlen(e->d_name) && (files == 1 || !strstr(e->d_name, keep))) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    }
+    closedir(d);
+}
+
 void hf_export(model *m, const char *dir, const hf_export_opts *o)
 {
     const bool writes = o->rank == 0;
@@ -197,8 +282,11 @@ void hf_export(model *m, const char *dir, const hf_export_opts *o)
         die("--export %s: not a folder", dir);
     export_file f = {0};
     const bool adapters = m->cfg.lora_rank > 0 && !o->merge;
-    if (writes)
-        writer(&f, dir, adapters ? "adapter_model.safetensors" : "model.safetensors");
+    int *shard = xmalloc((size_t)m->n_params * sizeof *shard), open_file = -1;
+    int64_t total;
+    const int files = plan_files(m, adapters, o->dtype,
+                                 adapters || o->shard_bytes <= 0 ? INT64_MAX : o->shard_bytes,
+                                 shard, &total);
     offload_state *off = m->trainable.offloaded; /* the masters from pinned memory, no LoRA */
     float *image = off ? xmalloc((size_t)m->trainable.total * sizeof *image) : NULL;
     if (image)
@@ -225,15 +313,31 @@ void hf_export(model *m, const char *dir, const hf_export_opts *o)
                 free(hosts[k]), free(hosts[k + 1]), free(hosts[k + 2]);
                 k += 2;
             }
+            const int k_file = shard[p - m->params];
+            if (k_file != open_file) { /* the next file: the one before it is whole */
+                char name[64];
+                if (open_file >= 0)
+                    finish(&f);
+                file_name(adapters, k_file, files, name);
+                writer(&f, dir, name);
+                open_file = k_file;
+            }
             add(&f, p->name, p, values, o->dtype);
         }
     }
     free(batch);
     free(hosts);
     free(image);
-    if (!writes)
+    if (!writes) {
+        free(shard);
         return;
+    }
     finish(&f);
+    if (files > 1)
+        write_index(m, dir, shard, files, total);
+    if (!adapters)
+        remove_stale(dir, files);
+    free(shard);
     if (adapters)
         write_adapter_config(m, dir);
     else

@@ -40,7 +40,8 @@ enum {
     LONG_ZERO_GROUP_LAYERS,
     LONG_ZERO_REDUCE_DTYPE,
     LONG_CE_LOGITS,
-    LONG_INIT_ADAPTER
+    LONG_INIT_ADAPTER,
+    LONG_EXPORT_SHARD_GB
 };
 
 typedef struct options {
@@ -60,6 +61,7 @@ typedef struct options {
     unsigned given;        /* shape options given explicitly: bits (1u << OPT_DIM) ... */
     const char *init_from, *init_adapter, *export_dir, *dump_logits;
     llmcl_dtype export_dtype;
+    double export_shard_gb;
     int lora_merge;
     int max_positions;     /* config.json's max_position_embeddings; 0: the run's --seq */
     const char *save, *resume;
@@ -168,6 +170,8 @@ static void usage(FILE *f)
           "  --export DIR         model.safetensors + config.json; with LoRA PEFT's\n"
           "                       adapter_model.safetensors + adapter_config.json\n"
           "  --export-dtype T     bf16 (default) or f32\n"
+          "  --export-shard-gb X  a model past X GB (10^9 bytes; default 5, as save_pretrained's\n"
+          "                       max_shard_size) goes into shards with Hugging Face's index\n"
           "  --lora-merge         with LoRA: export W + (alpha / R) B A as a whole model instead\n"
           "  --dump-logits FILE   (checks) the f32 logits of the first held-out batch at the end,\n"
           "                       with its tokens and loss, as safetensors\n",
@@ -351,7 +355,8 @@ static void parse_options(int argc, char **argv, options *o)
     *o = (options){.accum = 1, .steps = 200, .warmup = 20, .lr = 3e-3f, .min_lr_frac = 0.1f,
                    .weight_decay = 0.1f, .clip = 1.0f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                    .eval_every = 50, .eval_batches = 4, .log_every = 10, .sample_tokens = 200,
-                   .prompt = "The cat", .seed = 1337, .export_dtype = LLMCL_BF16};
+                   .prompt = "The cat", .seed = 1337, .export_dtype = LLMCL_BF16,
+                   .export_shard_gb = 5};
     preset(o, "tiny");
     static const struct option longs[] = {
         {"data", 1, 0, 'D'}, {"val", 1, 0, 'V'}, {"preset", 1, 0, 'P'}, {"dim", 1, 0, 'd'},
@@ -376,6 +381,7 @@ static void parse_options(int argc, char **argv, options *o)
         {"zero-group-layers", 1, 0, LONG_ZERO_GROUP_LAYERS},
         {"zero-reduce-dtype", 1, 0, LONG_ZERO_REDUCE_DTYPE}, {"ce-logits", 1, 0, LONG_CE_LOGITS},
         {"init-adapter", 1, 0, LONG_INIT_ADAPTER},
+        {"export-shard-gb", 1, 0, LONG_EXPORT_SHARD_GB},
         {0, 0, 0, 0}};
     /* a preset first, so that the other options refine it whatever their order */
     for (int i = 1; i + 1 < argc; ++i)
@@ -397,6 +403,9 @@ static void parse_options(int argc, char **argv, options *o)
             o->model.ce_logits_dtype = parse_dtype("ce-logits", optarg, true);
             break;
         case LONG_INIT_ADAPTER: o->init_adapter = optarg; break;
+        case LONG_EXPORT_SHARD_GB:
+            o->export_shard_gb = parse_num("export-shard-gb", optarg, 1e-9);
+            break;
         case LONG_ZERO_REDUCE_DTYPE:
             o->model.zero_reduce_dtype = parse_dtype("zero-reduce-dtype", optarg, false);
             break;
@@ -1070,7 +1079,10 @@ static void export_model(trainer *tr)
     const options *o = &tr->o;
     const hf_export_opts eo = {.dtype = o->export_dtype, .merge = o->lora_merge,
                                .max_positions = o->max_positions ? o->max_positions : o->seq,
-                               .rank = tr->rank};
+                               .rank = tr->rank,
+                               .shard_bytes = o->export_shard_gb < 9e9
+                                                  ? (int64_t)(o->export_shard_gb * 1e9)
+                                                  : INT64_MAX};
     hf_export(tr->m, o->export_dir, &eo);
     printf("exported %s to %s (%s)\n",
            o->model.lora_rank && !o->lora_merge ? "the LoRA adapters" : "the model", o->export_dir,
