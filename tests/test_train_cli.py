@@ -428,7 +428,8 @@ def peft_adapter(p):
             ({"target_modules": ["q_proj", "lm_head"]}, "target_modules names lm_head"),
             # found by tests/fuzz/fuzz_hf_config: "" matched the norm between o_proj and gate_proj
             ({"target_modules": [""]}, "target_modules names : llmcl-train adapts"),
-            ({"target_modules": ["model.layers.0.mlp."]}, "target_modules names model.layers.0.mlp."),
+            ({"target_modules": ["model.layers.0.mlp."]},
+             "target_modules names model.layers.0.mlp."),
             ({"r": 0}, "r = 0 must be from 1 to 65536"),
             ({"lora_alpha": -2}, "lora_alpha = -2 must be a positive float"),
             ({"r": 8}, "lora_A.weight is [4, 64] there, the model expects [8, 64]"))):

@@ -48,10 +48,11 @@ bool hf_read_config(const hf_checkpoint *c, model_config *cfg, int *max_position
 
 /*
  * Loads every base weight of m from c (converting bf16, f16 or f32 to the f32 masters, then the
- * compute copy; under --zero into each rank's shards, every rank reading c). A tensor missing, of another shape or of a non-float dtype ends the program
- * naming it, and so does an lm_head.weight for a tied head unless config.json ties it (then it is
- * ignored, as transformers does), and so do tensors that the model would not use (Qwen2's q/k/v
- * biases, say: a few named, then a count) except RoPE's saved rotary_emb.inv_freq.
+ * compute copy; under --zero into each rank's shards, every rank reading c). A tensor missing, of
+ * another shape or of a non-float dtype ends the program naming it, and so does an lm_head.weight
+ * for a tied head unless config.json ties it (then it is ignored, as transformers does), and so do
+ * tensors that the model would not use (Qwen2's q/k/v biases, say: a few named, then a count)
+ * except RoPE's saved rotary_emb.inv_freq.
  */
 void hf_load(model *m, const hf_checkpoint *c);
 
