@@ -398,8 +398,21 @@ def peft_adapter(p):
                                                  adapter("paths", {"target_modules": paths}),
                                                  "--steps", "0", "--dump-logits", p("paths.st")])
     same_files("target_modules as paths: the adapter named by module", p("ad.st"), p("paths.st"))
-    expect_error("--init-adapter without --init-from", TINY + ["--init-adapter", p("ad")],
-                 "give it with --init-from")
+    # without --init-from, the base that adapter_config.json names (an export writes the
+    # absolute path of its --init-from; PEFT's AutoPeftModel reads it the same way)
+    check("the export names its base", config["base_model_name_or_path"] ==
+          os.path.realpath(p("e1")))
+    expect_ok("--init-adapter finding its base", TINY + ["--init-adapter", p("ad"), "--steps",
+                                                         "0", "--dump-logits", p("ad_base.st")])
+    same_files("--init-adapter finding its base: the logits with --init-from", p("ad.st"),
+               p("ad_base.st"))
+    for name, named, needle in (("none", None, "names none"),
+                                ("hub", "meta-llama/Llama-3.2-1B",
+                                 "names meta-llama/Llama-3.2-1B, which is not a file or folder")):
+        expect_error(f"--init-adapter without --init-from, base {name}",
+                     TINY + ["--init-adapter", adapter(f"ad_base_{name}",
+                                                       {"base_model_name_or_path": named})],
+                     needle)
     for opt, value, needle in (("--lora", "8", "--lora 8 conflicts with r = 4"),
                                ("--lora-alpha", "3", "--lora-alpha 3 conflicts with lora_alpha"),
                                ("--lora-targets", "q,v", "--lora-targets conflicts with "

@@ -103,6 +103,27 @@ void hf_open(const char *path, hf_checkpoint *out)
     open_index(out, path, file);
 }
 
+char *hf_adapter_base(const char *path)
+{
+    char config[1100];
+    snprintf(config, sizeof config, "%s/adapter_config.json", path);
+    if (!exists(config))
+        die("--init-adapter %s: no adapter_config.json there", path);
+    json_t *root = load_json(config);
+    const json_t *base = json_object_get(root, "base_model_name_or_path");
+    if (!json_is_string(base) || !json_string_length(base))
+        die("--init-adapter adapts a base model: give it with --init-from (%s names none)",
+            config);
+    if (!exists(json_string_value(base)))
+        die("--init-adapter adapts a base model: give it with --init-from (%s names %.300s, "
+            "which is not a file or folder here)", config, json_string_value(base));
+    char *found = strdup(json_string_value(base));
+    json_decref(root);
+    if (!found)
+        die("out of host memory");
+    return found;
+}
+
 void hf_open_adapter(const char *path, hf_checkpoint *out)
 {
     *out = (hf_checkpoint){.adapter = true};

@@ -56,6 +56,11 @@ bool hf_read_config(const hf_checkpoint *c, model_config *cfg, int *max_position
  */
 void hf_load(model *m, const hf_checkpoint *c);
 
+/* The base model that the PEFT adapter in the folder path names (adapter_config.json's
+   base_model_name_or_path), as a path to give --init-from; dies where it names none, or nothing
+   on this machine (a Hugging Face Hub id, say). */
+char *hf_adapter_base(const char *path);
+
 /* Opens the PEFT LoRA adapter in the folder path: adapter_config.json and
    adapter_model.safetensors, as PEFT's save_pretrained and --export of a LoRA run write them. */
 void hf_open_adapter(const char *path, hf_checkpoint *out);
@@ -82,6 +87,7 @@ typedef struct hf_export_opts {
     bool merge;         /* LoRA: W + s B A into model.safetensors instead of the adapters */
     int max_positions;  /* config.json's max_position_embeddings */
     int rank;           /* under --zero: every rank gathers the parameters, rank 0 writes */
+    const char *base;   /* --init-from, for an adapter's base_model_name_or_path (or NULL) */
     int64_t shard_bytes; /* the model in files of at most this many bytes of tensors, with
                             Hugging Face's index, where it needs more than one (0: one file) */
 } hf_export_opts;

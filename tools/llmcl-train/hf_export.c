@@ -1,5 +1,6 @@
 /* hf_export.c: llmcl-train's model written in Hugging Face's layout (hf.h's hf_export):
    model.safetensors and config.json, or PEFT's adapter files, JSON through jansson. */
+#define _DEFAULT_SOURCE /* realpath */
 #include "hf.h"
 
 #include <dirent.h>
@@ -157,9 +158,11 @@ static void write_config(const model *m, const char *dir, const hf_export_opts *
     write_json(r, dir, "config.json");
 }
 
-/* adapter_config.json as PEFT's LoraConfig writes it. */
-static void write_adapter_config(const model *m, const char *dir)
+/* adapter_config.json as PEFT's LoraConfig writes it; the base, where --init-from gave one, as an
+   absolute path, which --init-adapter (and PEFT's AutoPeftModel) then find on their own. */
+static void write_adapter_config(const model *m, const char *dir, const char *base)
 {
+    char *full = base ? realpath(base, NULL) : NULL;
     const model_config *c = &m->cfg;
     json_t *targets = json_array();
     for (int k = P_WQ; k <= P_WDOWN; ++k)
@@ -168,7 +171,8 @@ static void write_adapter_config(const model *m, const char *dir)
     json_t *r = json_object();
     json_object_set_new(r, "peft_type", json_string("LORA"));
     json_object_set_new(r, "task_type", json_string("CAUSAL_LM"));
-    json_object_set_new(r, "base_model_name_or_path", json_null());
+    json_object_set_new(r, "base_model_name_or_path", full ? json_string(full) : json_null());
+    free(full);
     json_object_set_new(r, "r", json_integer(c->lora_rank));
     json_object_set_new(r, "lora_alpha", c->lora_alpha == floorf(c->lora_alpha)
                                              ? json_integer((json_int_t)c->lora_alpha)
@@ -339,7 +343,7 @@ void hf_export(model *m, const char *dir, const hf_export_opts *o)
         remove_stale(dir, files);
     free(shard);
     if (adapters)
-        write_adapter_config(m, dir);
+        write_adapter_config(m, dir, o->base);
     else
         write_config(m, dir, o);
 }

@@ -103,11 +103,12 @@ static void usage(FILE *f)
           "  --lora-dtype T       f32 (default: f32 masters, products in the compute dtype) or\n"
           "                       bf16 (bf16 adapters only, stochastic rounding; bf16 models;\n"
           "                       not under --zero)\n"
-          "  --init-adapter DIR   start the adapters from a PEFT LoRA adapter of --init-from's\n"
-          "                       model (adapter_config.json + adapter_model.safetensors): its\n"
-          "                       config sets --lora, --lora-alpha and --lora-targets (options\n"
-          "                       that contradict it are errors; use_rslora becomes alpha\n"
-          "                       sqrt(R); lora_dropout is not applied)\n"
+          "  --init-adapter DIR   start the adapters from a PEFT LoRA adapter (adapter_config.json\n"
+          "                       + adapter_model.safetensors) of --init-from's model, or without\n"
+          "                       --init-from of the local folder its base_model_name_or_path\n"
+          "                       names; its config sets --lora, --lora-alpha and --lora-targets\n"
+          "                       (options that contradict it are errors; use_rslora becomes\n"
+          "                       alpha sqrt(R); lora_dropout is not applied)\n"
           "training:\n"
           "  --batch B --seq T    micro-batch of B sequences of T tokens\n"
           "  --accum K            micro-batches per step (gradient accumulation)\n"
@@ -534,8 +535,8 @@ static void parse_options(int argc, char **argv, options *o)
         die("--save-every and --save-on-interrupt need --save FILE");
     if (o->lora_merge && !o->model.lora_rank && !o->init_adapter)
         die("--lora-merge merges LoRA adapters: give --lora R or --init-adapter DIR");
-    if (o->init_adapter && !o->init_from)
-        die("--init-adapter adapts a base model: give it with --init-from");
+    if (o->init_adapter && !o->init_from) /* as PEFT's AutoPeftModel finds it */
+        o->init_from = hf_adapter_base(o->init_adapter);
     if (o->model.lora_rank && o->model.lora_alpha == 0)
         o->model.lora_alpha = (float)o->model.lora_rank;
     o->model.max_seq = o->seq;
@@ -1082,6 +1083,7 @@ static void export_model(trainer *tr)
     const hf_export_opts eo = {.dtype = o->export_dtype, .merge = o->lora_merge,
                                .max_positions = o->max_positions ? o->max_positions : o->seq,
                                .rank = tr->rank,
+                               .base = o->init_from,
                                .shard_bytes = o->export_shard_gb < 9e9
                                                   ? (int64_t)(o->export_shard_gb * 1e9)
                                                   : INT64_MAX};
