@@ -69,15 +69,27 @@ static bool named_bin(const char *path)
     return n >= 4 && strcmp(path + n - 4, ".bin") == 0;
 }
 
-static token_shard *add_shard(token_data *d, const char *name)
+/* Appends n tokens of width bytes at `at` to d's stream: mem is the mapping of map_len bytes that
+   holds them, or (map_len 0) their array; d owns it from here. */
+static void add_shard(token_data *d, const char *name, void *mem, size_t map_len,
+                      const unsigned char *at, int64_t n, int width)
 {
     d->shards = realloc(d->shards, (size_t)(d->n_shards + 1) * sizeof *d->shards);
     if (!d->shards)
         die("out of host memory");
     token_shard *s = &d->shards[d->n_shards++];
-    *s = (token_shard){.first = d->n};
+    *s = (token_shard){.at = at, .mem = mem, .map_len = map_len, .first = d->n, .n = n,
+                       .width = width};
     snprintf(s->name, sizeof s->name, "%s", name);
-    return s;
+    d->n += n;
+}
+
+/* n int32 tokens in memory (text, the built-in corpus) as a shard of d, which takes them over. */
+static void add_array(token_data *d, const char *name, int32_t *tokens, int64_t n)
+{
+    add_shard(d, name, tokens, 0, (const unsigned char *)tokens, n, 4);
+    d->vocab = 256;
+    d->byte_level = 1;
 }
 
 /* llm.c's token file fd, whole and valid, mapped as a shard of d, or the run stops saying what is
@@ -104,13 +116,8 @@ static int32_t map_llmc(const char *path, int fd, int64_t len, token_data *d)
     void *map = mmap(NULL, (size_t)len, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED)
         die("cannot map %s: %s", path, strerror(errno));
-    token_shard *s = add_shard(d, path);
-    s->mem = map;
-    s->map_len = (size_t)len;
-    s->at = (const unsigned char *)map + LLMC_HEADER_BYTES;
-    s->n = n;
-    s->width = (int)width;
-    d->n += n;
+    add_shard(d, path, map, (size_t)len, (const unsigned char *)map + LLMC_HEADER_BYTES, n,
+              (int)width);
     d->vocab = gpt2 ? 50257 : 128256;
     return header[0];
 }
@@ -125,14 +132,7 @@ static void load_text(const char *path, int fd, int64_t len, token_data *d)
     for (int64_t i = 0; i < len; ++i)
         tokens[i] = buf[i];
     free(buf);
-    token_shard *s = add_shard(d, path);
-    s->mem = tokens;
-    s->at = (const unsigned char *)tokens;
-    s->n = len;
-    s->width = 4;
-    d->n += len;
-    d->vocab = 256;
-    d->byte_level = 1;
+    add_array(d, path, tokens, len);
 }
 
 /* The files that pattern names, as llm.c shards of one format. */
@@ -276,14 +276,7 @@ void data_builtin(uint64_t seed, int64_t bytes, token_data *out)
         if (!in_paragraph && n < bytes)
             tokens[n++] = '\n';
     }
-    token_shard *s = add_shard(out, out->source);
-    s->mem = tokens;
-    s->at = (const unsigned char *)tokens;
-    s->n = n;
-    s->width = 4;
-    out->n = n;
-    out->vocab = 256;
-    out->byte_level = 1;
+    add_array(out, out->source, tokens, n);
 }
 
 void data_split(token_data *d, double fraction, token_data *val)
