@@ -103,12 +103,9 @@ void hf_open(const char *path, hf_checkpoint *out)
     open_index(out, path, file);
 }
 
-char *hf_adapter_base(const char *path)
+char *hf_adapter_base(const hf_checkpoint *c)
 {
-    char config[1100];
-    snprintf(config, sizeof config, "%s/adapter_config.json", path);
-    if (!exists(config))
-        die("--init-adapter %s: no adapter_config.json there", path);
+    const char *config = c->config;
     json_t *root = load_json(config);
     const json_t *base = json_object_get(root, "base_model_name_or_path");
     if (!json_is_string(base) || !json_string_length(base))

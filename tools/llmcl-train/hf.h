@@ -56,14 +56,14 @@ bool hf_read_config(const hf_checkpoint *c, model_config *cfg, int *max_position
  */
 void hf_load(model *m, const hf_checkpoint *c);
 
-/* The base model that the PEFT adapter in the folder path names (adapter_config.json's
-   base_model_name_or_path), as a path to give --init-from; dies where it names none, or nothing
-   on this machine (a Hugging Face Hub id, say). */
-char *hf_adapter_base(const char *path);
-
 /* Opens the PEFT LoRA adapter in the folder path: adapter_config.json and
    adapter_model.safetensors, as PEFT's save_pretrained and --export of a LoRA run write them. */
 void hf_open_adapter(const char *path, hf_checkpoint *out);
+
+/* The base model that the opened adapter c names (adapter_config.json's base_model_name_or_path),
+   as a path to give --init-from; dies where it names none, or nothing on this machine (a Hugging
+   Face Hub id, say). */
+char *hf_adapter_base(const hf_checkpoint *c);
 
 /*
  * adapter_config.json's rank (r), lora_alpha and target_modules (a list of Llama's seven

@@ -535,8 +535,6 @@ static void parse_options(int argc, char **argv, options *o)
         die("--save-every and --save-on-interrupt need --save FILE");
     if (o->lora_merge && !o->model.lora_rank && !o->init_adapter)
         die("--lora-merge merges LoRA adapters: give --lora R or --init-adapter DIR");
-    if (o->init_adapter && !o->init_from) /* as PEFT's AutoPeftModel finds it */
-        o->init_from = hf_adapter_base(o->init_adapter);
     if (o->model.lora_rank && o->model.lora_alpha == 0)
         o->model.lora_alpha = (float)o->model.lora_rank;
     o->model.max_seq = o->seq;
@@ -1179,14 +1177,17 @@ int main(int argc, char **argv)
     options *o = &tr.o;
     hf_checkpoint init = {0};
     hf_checkpoint adapter = {0};
+    if (o->init_adapter) {
+        hf_open_adapter(o->init_adapter, &adapter);
+        if (!o->init_from) /* as PEFT's AutoPeftModel finds it */
+            o->init_from = hf_adapter_base(&adapter);
+    }
     if (o->init_from) {
         hf_open(o->init_from, &init);
         apply_config(o, &init);
     }
-    if (o->init_adapter) {
-        hf_open_adapter(o->init_adapter, &adapter);
+    if (o->init_adapter)
         apply_adapter_config(o, &adapter);
-    }
     load_data(&tr);
     const char *bad = model_config_error(&o->model);
     if (bad)
