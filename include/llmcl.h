@@ -526,15 +526,20 @@ LLMCL_API llmcl_status llmcl_measure_mma_rate(llmcl_ctx *ctx, double *tflops);
 /* ---- RMSNorm and LayerNorm (norm.cl) ---- */
 
 /*
- * Shapes shared by the norm ops: x is any tensor of up to 4 dimensions whose last dimension (H, unit
- * stride) is normalised and whose leading dimensions flatten to N rows with one row stride (see
- * llmcl_tensor_view: padded rows are fine). Activations (x, residual, r, y, dy, dr, dx) are f32,
- * bf16 or f16, all of x's dtype and shape; w, b, dw and db are 1-D [H], unit stride, f32 or x's
- * dtype (all four alike); rstd and mean are contiguous f32 with N elements (any shape). Math is in
- * f32. Weight gradients are deterministic: per-row-slot partial sums in a scratch buffer (slots *
- * H floats, freed once the kernels finish), summed in a fixed order by a second kernel; no atomics.
- * Outputs may not overlap inputs or each other except where a comment allows an in-place pairing
- * (the same view exactly).
+ * Shapes shared by the norm ops: x is any tensor of up to 4 dimensions whose last dimension (H,
+ * unit stride) is normalised. Its leading dimensions (N rows in all) merge where stride[k] ==
+ * stride[k+1] * shape[k+1] (size-1 ones always do) into one level of rows with one row stride, or
+ * into two: O blocks of I rows, row o * I + i at o * block stride + i * row stride. So rows may be
+ * padded, or per head: q as a [T, heads, d] view, strides (W, d, 1), of a [T, W] buffer of q, k
+ * and v side by side. Activations (x, residual, r, y, dy, dr, dx) are f32, bf16 or f16, all of x's
+ * dtype and shape, each with its own strides; all split into blocks after the same dimension, where
+ * any of them needs to (one that merges there has block stride I * row stride). A call that needs
+ * three levels is refused (LLMCL_ERROR_INVALID_ARGUMENT). w, b, dw and db are 1-D [H], unit
+ * stride, f32 or x's dtype (all four alike); rstd and mean are contiguous f32 with N elements (any
+ * shape), row o * I + i's at that index. Math is in f32. Weight gradients are deterministic:
+ * per-row-slot partial sums in a scratch buffer (slots * H floats, freed once the kernels finish),
+ * summed in a fixed order by a second kernel; no atomics. Outputs may not overlap inputs or each
+ * other except where a comment allows an in-place pairing (the same view exactly).
  */
 
 /* RMSNorm casting, as in Hugging Face transformers and Liger Kernel. */

@@ -1,12 +1,13 @@
 /*
  * test_norm.c: RMSNorm, fused residual + RMSNorm and LayerNorm against the double references in
  * ref/norm_ref.c: every dtype pairing, both casting modes, offsets 0 and 1, odd row lengths
- * (1, 7, 4097), rows padded and misaligned, rows longer than the register cache, in-place
- * variants, bitwise determinism of the weight gradients, row slots within a device's loop limit,
- * and every rejected argument.
+ * (1, 7, 4097), rows padded and misaligned, per-head rows (two levels of row strides, each tensor
+ * its own), rows longer than the register cache, in-place variants, bitwise determinism of the
+ * weight gradients, row slots within a device's loop limit, and every rejected argument.
  */
 #include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -511,6 +512,309 @@ static void test_norm_loop_limit(void **state)
     th_loop_limit(NULL);
 }
 
+/* ---- per-head rows: two levels of row strides ---- */
+
+/*
+ * Qwen3's q/k norm: rows of d are heads of a token inside a wider row (q, k and v side by side), so
+ * a tensor is a [n, heads, d] view with strides (W, d, 1) of an [n, W] buffer: rows at t * W + h *
+ * d. Every tensor of a call has its own buffer and W; w == 0 is contiguous ([n, heads * d]).
+ */
+typedef struct hl {
+    int64_t w, col; /* the buffer's row width and the view's first column */
+} hl;
+
+typedef struct heads_case {
+    llmcl_dtype xdt, wdt;
+    int64_t n, heads, d;
+    int64_t batch; /* > 1: a 4-D view [batch, n / batch, heads, d] of the same buffer */
+    llmcl_rmsnorm_casting cast;
+    float offset;
+    hl x, res, r, y, dy, dr, dx; /* RMSNorm and LayerNorm use x, y, dy, dx */
+} heads_case;
+
+static int64_t hl_width(const heads_case *c, hl l) { return l.w ? l.w : c->heads * c->d; }
+
+/* The view of l in a new poisoned buffer, holding v (or left poisoned when v is NULL). */
+static act heads_act(const heads_case *c, hl l, const double *v)
+{
+    const int64_t W = hl_width(c, l), bshape[2] = {c->n, W};
+    act a;
+    a.base = th_tensor(c->xdt, 2, bshape);
+    if (c->batch > 1) {
+        const int64_t t = c->n / c->batch;
+        const int64_t shape[4] = {c->batch, t, c->heads, c->d}, strides[4] = {t * W, W, c->d, 1};
+        TH_OK(llmcl_tensor_view(a.base, 4, shape, strides, l.col, &a.t));
+    } else {
+        const int64_t shape[3] = {c->n, c->heads, c->d}, strides[3] = {W, c->d, 1};
+        TH_OK(llmcl_tensor_view(a.base, 3, shape, strides, l.col, &a.t));
+    }
+    if (v)
+        th_upload(a.t, v);
+    return a;
+}
+
+/* Bytes of t's buffer (rows of W elements) not poison outside columns [col, col + len). */
+static size_t unpoisoned(const llmcl_tensor *t, int64_t W, int64_t col, int64_t len)
+{
+    const size_t es = llmcl_dtype_size(llmcl_tensor_dtype(t));
+    const size_t bytes = (size_t)llmcl_tensor_numel(t) * es;
+    unsigned char *b = th_alloc(bytes);
+    TH_OK(llmcl_tensor_download(t, b, bytes));
+    size_t bad = 0;
+    for (size_t i = 0; i < bytes; ++i) {
+        const int64_t c = (int64_t)(i / es) % W;
+        bad += (c < col || c >= col + len) && b[i] != 0xff;
+    }
+    free(b);
+    return bad;
+}
+
+/* An output's padding between its rows is still poison: nothing wrote past a row's d elements. */
+static void assert_pad_kept(const heads_case *c, const act *a, hl l, const char *what)
+{
+    const size_t bad = unpoisoned(a->base, hl_width(c, l), l.col, c->heads * c->d);
+    if (bad)
+        fprintf(stderr, "%s: %zu padding bytes written\n", what, bad);
+    assert_int_equal(bad, 0);
+}
+
+static void run_heads_rms(const heads_case *c)
+{
+    llmcl_ctx *ctx = th_ctx();
+    th_rng rng = th_rng_new(7000 + (uint64_t)c->d * 5 + (uint64_t)c->n);
+    const int64_t R = c->n * c->heads, H = c->d;
+    const size_t N = (size_t)(R * H);
+    double *x = fill_normal(&rng, c->xdt, N, 1.0), *dy = fill_normal(&rng, c->xdt, N, 1.0);
+    double *w = fill_uniform(&rng, c->wdt, (size_t)H, 0.5, 1.5);
+    const int llama = c->cast == LLMCL_RMSNORM_CAST_LLAMA;
+    const llmcl_rmsnorm_options o = {.eps = 1e-5f, .offset = c->offset, .casting = c->cast};
+
+    act tx = heads_act(c, c->x, x), ty = heads_act(c, c->y, NULL);
+    llmcl_tensor *tw = th_tensor_from(c->wdt, 1, &H, w), *trs = th_tensor(LLMCL_F32, 1, &R);
+    TH_OK(llmcl_rmsnorm_forward(ctx, tx.t, tw, ty.t, trs, &o));
+    double *y_ref = th_alloc(N * sizeof(double)), *rs_ref = th_alloc((size_t)R * sizeof(double));
+    norm_ref_rmsnorm_fwd(x, NULL, NULL, w, y_ref, rs_ref, R, H, 1e-5, c->offset, llama, c->xdt);
+    double *y = get(ty.t, N), *rs = get(trs, (size_t)R);
+    TH_ASSERT_CLOSE("heads rmsnorm y", y_ref, y, N, tol_for(c->xdt));
+    TH_ASSERT_CLOSE("heads rmsnorm rstd", rs_ref, rs, (size_t)R, tol_for(LLMCL_F32));
+    assert_pad_kept(c, &ty, c->y, "heads rmsnorm y");
+
+    act tdy = heads_act(c, c->dy, dy), tdx = heads_act(c, c->dx, NULL);
+    llmcl_tensor *tdw = th_tensor(c->wdt, 1, &H);
+    TH_OK(llmcl_rmsnorm_backward(ctx, tdy.t, tx.t, tw, trs, tdx.t, tdw, &o));
+    double *dx_ref = th_alloc(N * sizeof(double)), *dw_ref = th_alloc((size_t)H * sizeof(double));
+    norm_ref_rmsnorm_bwd(dy, NULL, x, w, rs_ref, dx_ref, dw_ref, R, H, c->offset, llama, c->xdt);
+    double *dx = get(tdx.t, N), *dw = get(tdw, (size_t)H);
+    TH_ASSERT_CLOSE("heads rmsnorm dx", dx_ref, dx, N, tol_for(c->xdt));
+    TH_ASSERT_CLOSE("heads rmsnorm dw", dw_ref, dw, (size_t)H, tol_sum(c->xdt, c->wdt, R));
+    assert_pad_kept(c, &tdx, c->dx, "heads rmsnorm dx");
+
+    act_free(tx), act_free(ty), act_free(tdy), act_free(tdx);
+    llmcl_tensor_destroy(tw), llmcl_tensor_destroy(trs), llmcl_tensor_destroy(tdw);
+    free(x), free(dy), free(w), free(y_ref), free(rs_ref), free(y), free(rs);
+    free(dx_ref), free(dw_ref), free(dx), free(dw);
+}
+
+/*
+ * RMSNorm over per-head rows: x with a break between tokens (q, or k from column 80 of a row of
+ * 200), y and dx in other buffers of other widths, dy contiguous; the vector path (16-byte
+ * aligned rows at both levels) and the scalar one (an odd width, a tail of d % 8), the break
+ * coming from outputs alone, a 4-D view whose batch and token axes merge, a size-1 axis, and
+ * Qwen3-like sizes where a backward row slot walks rows across many tokens.
+ */
+static void test_rmsnorm_heads(void **state)
+{
+    (void)state;
+    const heads_case cs[] = {
+        {LLMCL_F32, LLMCL_F32, 7, 3, 40, 0, LLAMA, 0.0f, .x = {200, 0}, .y = {136, 16},
+         .dx = {136, 0}},
+        {LLMCL_BF16, LLMCL_BF16, 7, 3, 40, 0, LLAMA, 0.0f, .x = {200, 80}, .y = {136, 0},
+         .dx = {136, 8}},
+        {LLMCL_BF16, LLMCL_F32, 7, 3, 36, 0, GEMMA, 1.0f, .x = {201, 1}, .y = {140, 0},
+         .dy = {111, 3}, .dx = {137, 3}},
+        {LLMCL_F32, LLMCL_F32, 9, 2, 40, 0, GEMMA, 0.0f, .y = {96, 8}, .dx = {88, 0}},
+        {LLMCL_F32, LLMCL_F32, 8, 3, 40, 2, LLAMA, 0.0f, .x = {200, 0}, .dy = {128, 8},
+         .dx = {136, 0}},
+        {LLMCL_BF16, LLMCL_BF16, 7, 1, 40, 0, LLAMA, 0.0f, .x = {200, 0}, .dx = {136, 8}},
+        {LLMCL_BF16, LLMCL_BF16, 300, 4, 128, 0, LLAMA, 0.0f, .x = {1024, 0}, .y = {1024, 512},
+         .dy = {768, 256}, .dx = {1024, 0}},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; ++i)
+        run_heads_rms(&cs[i]);
+}
+
+static void run_heads_residual(const heads_case *c)
+{
+    llmcl_ctx *ctx = th_ctx();
+    th_rng rng = th_rng_new(8000 + (uint64_t)c->d + (uint64_t)c->n);
+    const int64_t R = c->n * c->heads, H = c->d;
+    const size_t N = (size_t)(R * H);
+    double *x = fill_normal(&rng, c->xdt, N, 1.0), *res = fill_normal(&rng, c->xdt, N, 1.0);
+    double *w = fill_uniform(&rng, c->wdt, (size_t)H, 0.5, 1.5);
+    double *dy = fill_normal(&rng, c->xdt, N, 1.0), *dr = fill_normal(&rng, c->xdt, N, 1.0);
+    const int llama = c->cast == LLMCL_RMSNORM_CAST_LLAMA;
+    const llmcl_rmsnorm_options o = {.casting = c->cast};
+
+    act tx = heads_act(c, c->x, x), tres = heads_act(c, c->res, res);
+    act tr = heads_act(c, c->r, NULL), ty = heads_act(c, c->y, NULL);
+    llmcl_tensor *tw = th_tensor_from(c->wdt, 1, &H, w), *trs = th_tensor(LLMCL_F32, 1, &R);
+    TH_OK(llmcl_residual_rmsnorm_forward(ctx, tx.t, tres.t, tw, tr.t, ty.t, trs, &o));
+    double *r_ref = th_alloc(N * sizeof(double)), *y_ref = th_alloc(N * sizeof(double));
+    double *rs_ref = th_alloc((size_t)R * sizeof(double));
+    norm_ref_rmsnorm_fwd(x, res, r_ref, w, y_ref, rs_ref, R, H, 1e-6, 0.0, llama, c->xdt);
+    double *r = get(tr.t, N), *y = get(ty.t, N), *rs = get(trs, (size_t)R);
+    TH_ASSERT_CLOSE("heads residual r", r_ref, r, N, tol_for(c->xdt));
+    TH_ASSERT_CLOSE("heads residual y", y_ref, y, N, tol_for(c->xdt));
+    TH_ASSERT_CLOSE("heads residual rstd", rs_ref, rs, (size_t)R, tol_for(LLMCL_F32));
+    assert_pad_kept(c, &tr, c->r, "heads residual r");
+    assert_pad_kept(c, &ty, c->y, "heads residual y");
+
+    act tdy = heads_act(c, c->dy, dy), tdr = heads_act(c, c->dr, dr);
+    act tdrx = heads_act(c, c->dx, NULL);
+    llmcl_tensor *tdw = th_tensor(c->wdt, 1, &H);
+    TH_OK(llmcl_residual_rmsnorm_backward(ctx, tdy.t, tdr.t, tr.t, tw, trs, tdrx.t, tdw, &o));
+    double *dx_ref = th_alloc(N * sizeof(double)), *dw_ref = th_alloc((size_t)H * sizeof(double));
+    norm_ref_rmsnorm_bwd(dy, dr, r_ref, w, rs_ref, dx_ref, dw_ref, R, H, 0.0, llama, c->xdt);
+    double *dx = get(tdrx.t, N), *dw = get(tdw, (size_t)H);
+    TH_ASSERT_CLOSE("heads residual drx", dx_ref, dx, N, tol_for(c->xdt));
+    TH_ASSERT_CLOSE("heads residual dw", dw_ref, dw, (size_t)H, tol_sum(c->xdt, c->wdt, R));
+    assert_pad_kept(c, &tdrx, c->dx, "heads residual drx");
+
+    act_free(tx), act_free(tres), act_free(tr), act_free(ty);
+    act_free(tdy), act_free(tdr), act_free(tdrx);
+    llmcl_tensor_destroy(tw), llmcl_tensor_destroy(trs), llmcl_tensor_destroy(tdw);
+    free(x), free(res), free(w), free(dy), free(dr), free(r_ref), free(y_ref), free(rs_ref);
+    free(r), free(y), free(rs), free(dx_ref), free(dw_ref), free(dx), free(dw);
+}
+
+/* The fused residual form with each of its seven activations in a layout of its own. */
+static void test_residual_rmsnorm_heads(void **state)
+{
+    (void)state;
+    const heads_case cs[] = {
+        {LLMCL_F32, LLMCL_F32, 7, 3, 40, 0, GEMMA, 0.0f, .x = {200, 0}, .r = {136, 0},
+         .y = {136, 8}, .dr = {200, 40}, .dx = {136, 0}},
+        {LLMCL_BF16, LLMCL_BF16, 7, 3, 40, 0, LLAMA, 0.0f, .x = {200, 80}, .res = {128, 0},
+         .r = {136, 16}, .y = {144, 0}, .dy = {160, 40}, .dr = {200, 0}, .dx = {136, 0}},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; ++i)
+        run_heads_residual(&cs[i]);
+}
+
+static void run_heads_layernorm(const heads_case *c)
+{
+    llmcl_ctx *ctx = th_ctx();
+    th_rng rng = th_rng_new(9000 + (uint64_t)c->d + (uint64_t)c->n);
+    const int64_t R = c->n * c->heads, H = c->d;
+    const size_t N = (size_t)(R * H);
+    double *x = fill_normal(&rng, c->xdt, N, 1.0), *dy = fill_normal(&rng, c->xdt, N, 1.0);
+    for (size_t i = 0; i < N; ++i)
+        x[i] = th_round(c->xdt, x[i] + 3.0);
+    double *w = fill_uniform(&rng, c->wdt, (size_t)H, 0.5, 1.5);
+    double *b = fill_uniform(&rng, c->wdt, (size_t)H, -1.0, 1.0);
+
+    act tx = heads_act(c, c->x, x), ty = heads_act(c, c->y, NULL);
+    llmcl_tensor *tw = th_tensor_from(c->wdt, 1, &H, w), *tb = th_tensor_from(c->wdt, 1, &H, b);
+    llmcl_tensor *tmu = th_tensor(LLMCL_F32, 1, &R), *trs = th_tensor(LLMCL_F32, 1, &R);
+    TH_OK(llmcl_layernorm_forward(ctx, tx.t, tw, tb, ty.t, tmu, trs, NULL));
+    double *y_ref = th_alloc(N * sizeof(double)), *mu_ref = th_alloc((size_t)R * sizeof(double));
+    double *rs_ref = th_alloc((size_t)R * sizeof(double));
+    norm_ref_layernorm_fwd(x, w, b, y_ref, mu_ref, rs_ref, R, H, 1e-5);
+    double *y = get(ty.t, N), *mu = get(tmu, (size_t)R), *rs = get(trs, (size_t)R);
+    TH_ASSERT_CLOSE("heads layernorm y", y_ref, y, N, tol_for(c->xdt));
+    TH_ASSERT_CLOSE("heads layernorm mean", mu_ref, mu, (size_t)R, tol_for(LLMCL_F32));
+    TH_ASSERT_CLOSE("heads layernorm rstd", rs_ref, rs, (size_t)R, tol_for(LLMCL_F32));
+    assert_pad_kept(c, &ty, c->y, "heads layernorm y");
+
+    act tdy = heads_act(c, c->dy, dy), tdx = heads_act(c, c->dx, NULL);
+    llmcl_tensor *tdw = th_tensor(c->wdt, 1, &H), *tdb = th_tensor(c->wdt, 1, &H);
+    TH_OK(llmcl_layernorm_backward(ctx, tdy.t, tx.t, tw, tmu, trs, tdx.t, tdw, tdb));
+    double *dx_ref = th_alloc(N * sizeof(double)), *dw_ref = th_alloc((size_t)H * sizeof(double));
+    double *db_ref = th_alloc((size_t)H * sizeof(double));
+    norm_ref_layernorm_bwd(dy, x, w, mu_ref, rs_ref, dx_ref, dw_ref, db_ref, R, H);
+    double *dx = get(tdx.t, N), *dw = get(tdw, (size_t)H), *db = get(tdb, (size_t)H);
+    TH_ASSERT_CLOSE("heads layernorm dx", dx_ref, dx, N, tol_for(c->xdt));
+    TH_ASSERT_CLOSE("heads layernorm dw", dw_ref, dw, (size_t)H, tol_sum(c->xdt, c->wdt, R));
+    TH_ASSERT_CLOSE("heads layernorm db", db_ref, db, (size_t)H, tol_sum(c->xdt, c->wdt, R));
+    assert_pad_kept(c, &tdx, c->dx, "heads layernorm dx");
+
+    act_free(tx), act_free(ty), act_free(tdy), act_free(tdx);
+    llmcl_tensor_destroy(tw), llmcl_tensor_destroy(tb), llmcl_tensor_destroy(tmu);
+    llmcl_tensor_destroy(trs), llmcl_tensor_destroy(tdw), llmcl_tensor_destroy(tdb);
+    free(x), free(dy), free(w), free(b), free(y_ref), free(mu_ref), free(rs_ref), free(y);
+    free(mu), free(rs), free(dx_ref), free(dw_ref), free(db_ref), free(dx), free(dw), free(db);
+}
+
+static void test_layernorm_heads(void **state)
+{
+    (void)state;
+    const heads_case cs[] = {
+        {LLMCL_F32, LLMCL_F32, 7, 3, 40, 0, LLAMA, 0.0f, .x = {200, 0}, .y = {136, 8},
+         .dx = {136, 0}},
+        {LLMCL_BF16, LLMCL_BF16, 7, 3, 40, 0, LLAMA, 0.0f, .x = {200, 80}, .y = {136, 0},
+         .dx = {136, 16}},
+        {LLMCL_BF16, LLMCL_F32, 8, 3, 36, 2, LLAMA, 0.0f, .x = {201, 1}, .dy = {111, 3},
+         .dx = {137, 3}},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; ++i)
+        run_heads_layernorm(&cs[i]);
+}
+
+/*
+ * Views whose rows need three levels of strides are refused before anything runs: a 4-D view with
+ * padding after both its batch and token axes, and two views with one break each at different
+ * axes. Outputs (and their padding) stay poisoned.
+ */
+static void test_norm_heads_three_levels(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const int64_t shape[4] = {2, 4, 3, 40}, H = 40, R = 24, W = 200, len = 2 * (4 * W + 64);
+    double *v = th_alloc(24 * 40 * sizeof(double));
+    for (int i = 0; i < 24 * 40; ++i)
+        v[i] = (double)(i % 13) - 6.0;
+    /* breaks after axes 0 and 1; breaks after axis 1 alone; after axis 0 alone */
+    const int64_t s01[4] = {4 * W + 64, W, 40, 1}, s1[4] = {4 * W, W, 40, 1};
+    const int64_t s0[4] = {4 * 120 + 8, 120, 40, 1};
+    llmcl_tensor *bx = th_tensor(LLMCL_F32, 1, &len), *by = th_tensor(LLMCL_F32, 1, &len);
+    llmcl_tensor *bdx = th_tensor(LLMCL_F32, 1, &len), *c = th_tensor(LLMCL_F32, 4, shape);
+    llmcl_tensor *x3 = NULL, *x1 = NULL, *y0 = NULL, *y3 = NULL, *dx3 = NULL, *dx0 = NULL;
+    TH_OK(llmcl_tensor_view(bx, 4, shape, s01, 0, &x3));
+    TH_OK(llmcl_tensor_view(bx, 4, shape, s1, 0, &x1));
+    TH_OK(llmcl_tensor_view(by, 4, shape, s0, 0, &y0));
+    TH_OK(llmcl_tensor_view(by, 4, shape, s01, 0, &y3));
+    TH_OK(llmcl_tensor_view(bdx, 4, shape, s01, 0, &dx3));
+    TH_OK(llmcl_tensor_view(bdx, 4, shape, s0, 0, &dx0));
+    th_upload(x1, v);
+    th_upload(c, v);
+    llmcl_tensor *w = th_tensor_from(LLMCL_F32, 1, &H, v), *rs = th_tensor(LLMCL_F32, 1, &R);
+    llmcl_tensor *mu = th_tensor(LLMCL_F32, 1, &R), *dw = th_tensor(LLMCL_F32, 1, &H);
+
+#define REFUSED(call)                                                                             \
+    do {                                                                                          \
+        TH_FAILS(call, LLMCL_ERROR_INVALID_ARGUMENT);                                             \
+        assert_non_null(strstr(llmcl_last_error(ctx), "three levels"));                           \
+    } while (0)
+    REFUSED(llmcl_rmsnorm_forward(ctx, x3, w, c, rs, NULL));
+    REFUSED(llmcl_rmsnorm_forward(ctx, x1, w, y0, rs, NULL));
+    REFUSED(llmcl_rmsnorm_forward(ctx, c, w, y3, rs, NULL));
+    REFUSED(llmcl_residual_rmsnorm_forward(ctx, x1, c, w, dx0, y0, rs, NULL));
+    REFUSED(llmcl_layernorm_forward(ctx, x1, w, NULL, y0, mu, rs, NULL));
+    REFUSED(llmcl_rmsnorm_backward(ctx, c, x1, w, rs, dx3, dw, NULL));
+    REFUSED(llmcl_rmsnorm_backward(ctx, c, x1, w, rs, dx0, dw, NULL));
+    REFUSED(llmcl_residual_rmsnorm_backward(ctx, c, x1, c, w, rs, dx0, dw, NULL));
+    REFUSED(llmcl_layernorm_backward(ctx, x1, c, w, mu, rs, dx0, dw, NULL));
+#undef REFUSED
+    llmcl_tensor *outs[] = {by, bdx, rs, mu, dw};
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; ++i)
+        assert_int_equal(unpoisoned(outs[i], 1, 0, 0), 0);
+
+    llmcl_tensor *all[] = {bx, by, bdx, c, x3, x1, y0, y3, dx3, dx0, w, rs, mu, dw};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
+        llmcl_tensor_destroy(all[i]);
+    free(v);
+}
+
 /* ---- rejected arguments ---- */
 
 static void test_bad_inputs(void **state)
@@ -606,6 +910,10 @@ int main(void)
         cmocka_unit_test(test_norm_bwd_aligned_odd_rows),
         cmocka_unit_test(test_norm_dw_reduce_shapes),
         cmocka_unit_test(test_norm_loop_limit),
+        cmocka_unit_test(test_rmsnorm_heads),
+        cmocka_unit_test(test_residual_rmsnorm_heads),
+        cmocka_unit_test(test_layernorm_heads),
+        cmocka_unit_test(test_norm_heads_three_levels),
         cmocka_unit_test(test_bad_inputs),
     };
     return TH_RUN(tests);

@@ -2,12 +2,15 @@
  * norm.cl: RMSNorm (with an optional fused residual add) and LayerNorm, forward and backward, and
  * the second-stage reduction of the weight gradients. Host side: src/runtime/ops/norm.c.
  *
- * Layout: a tensor is a set of rows of H elements (unit stride), row stride in elements. A
- * work-group is WG x ROWS work-items: WG work-items share one row, ROWS rows per work-group (ROWS
- * > 1 for short rows). A row is read in chunks of VEC elements; work-item lid owns chunks lid,
- * lid + WG, ...; its first CACHE chunks stay in registers between the row reduction and the write,
- * so a row that fits (H <= WG * VEC * CACHE) is read from memory once. Chunks past the cache are
- * read again from global memory (a slower path for very long rows); the H % VEC tail is scalar.
+ * Layout: a tensor is a set of rows of H elements (unit stride) in blocks of `inner` rows: row rr
+ * starts (rr / inner) * ostride + (rr % inner) * stride elements in (ROW_OFF), stride and ostride
+ * each tensor's own, inner shared by all; rows of one stride are one block (inner = n_rows). rstd
+ * and mean are indexed by rr (contiguous). A work-group is WG x ROWS work-items: WG work-items
+ * share one row, ROWS rows per work-group (ROWS > 1 for short rows). A row is read in chunks of
+ * VEC elements; work-item lid owns chunks lid, lid + WG, ...; its first CACHE chunks stay in
+ * registers between the row reduction and the write, so a row that fits (H <= WG * VEC * CACHE) is
+ * read from memory once. Chunks past the cache are read again from global memory (a slower path
+ * for very long rows); the H % VEC tail is scalar.
  *
  * Backward kernels are persistent: get_num_groups(1) * ROWS row slots walk the rows with a fixed
  * stride. A slot keeps its current row (dy, x [, dr]) in registers as stored (bf16 packed two to a
@@ -139,6 +142,18 @@ inline float unraw_BF16(ushort r) { return bf16_to_f32(r); }
 #define X_T STORAGE(X_DT)
 #define W_T STORAGE(W_DT)
 
+/*
+ * Element offset of row rr (see Layout): in a [N, heads, d] view of a wider [N, W] buffer, row rr
+ * is head rr % inner of token rr / inner. Every row address goes through here; once inlined, the
+ * tensors of one row share its division (same rr, same inner).
+ */
+inline long row_off(long rr, long inner, long stride, long ostride)
+{
+    const long o = rr / inner;
+    return o * ostride + (rr - o * inner) * stride;
+}
+#define ROW_OFF(t, rr) row_off((rr), inner, t##_stride, t##_ostride)
+
 /* The normalised value times the weight; llama casting rounds x * rstd to the input dtype first. */
 #ifdef RMS_CAST_LLAMA
 #define RMS_Y(RND, v, rs, wo) (RND(X_DT, (v) * (rs)) * (wo))
@@ -154,17 +169,18 @@ inline float unraw_BF16(ushort r) { return bf16_to_f32(r); }
 
 #ifdef HAS_RES
 #define RES_ARGS                                                                                  \
-    const __global X_T *res, ulong res_off, long res_stride, __global X_T *r, ulong r_off,         \
-        long r_stride,
+    const __global X_T *res, ulong res_off, long res_stride, long res_ostride, __global X_T *r,    \
+        ulong r_off, long r_stride, long r_ostride,
 #else
 #define RES_ARGS
 #endif
 
 #if NORM_BUILDS(1)
 __kernel __attribute__((reqd_work_group_size(WG, ROWS, 1))) void
-rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, RES_ARGS const __global W_T *w,
-            ulong w_off, __global X_T *y, ulong y_off, long y_stride, __global float *rstd,
-            ulong rstd_off, long n_rows, int H, float eps, float offset)
+rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, long x_ostride,
+            RES_ARGS const __global W_T *w, ulong w_off, __global X_T *y, ulong y_off,
+            long y_stride, long y_ostride, __global float *rstd, ulong rstd_off, long n_rows,
+            long inner, int H, float eps, float offset)
 {
     __local float scratch[WG * ROWS];
     __local float *sc = scratch + get_local_id(1) * WG;
@@ -174,12 +190,12 @@ rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, RES_ARGS const __
     const long rr = live ? row : n_rows - 1; /* dead rows join the barriers on a valid row */
     const int nv = H / VEC;
 
-    x += x_off + rr * x_stride;
-    y += y_off + rr * y_stride;
+    x += x_off + ROW_OFF(x, rr);
+    y += y_off + ROW_OFF(y, rr);
     w += w_off;
 #ifdef HAS_RES
-    res += res_off + rr * res_stride;
-    r += r_off + rr * r_stride;
+    res += res_off + ROW_OFF(res, rr);
+    r += r_off + ROW_OFF(r, rr);
     /* Reads after the first pass come from r: r may overwrite x or residual in place. */
 #define IN_V(j) VROUND(X_DT, VLOAD(X_DT, x, (j) * VEC) + VLOAD(X_DT, res, (j) * VEC))
 #define IN_S(i) SROUND(X_DT, LOAD(X_DT, x, i) + LOAD(X_DT, res, i))
@@ -263,7 +279,7 @@ rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, RES_ARGS const __
 /* ---- RMSNorm backward: dx = rstd * (m - x * rstd^2 * mean(m * x)) [+ dr], m = dy * (w + offset) */
 
 #ifdef HAS_DR
-#define DR_ARGS const __global X_T *dr, ulong dr_off, long dr_stride,
+#define DR_ARGS const __global X_T *dr, ulong dr_off, long dr_stride, long dr_ostride,
 #define DR_V(j) +VLOAD(X_DT, drr, (j) * VEC)
 #define DR_S(i) +LOAD(X_DT, drr, i)
 #else
@@ -334,11 +350,11 @@ inline float row_sum(float v, __local float *sc, int side)
 
 #if NORM_BUILDS(2)
 __kernel __attribute__((reqd_work_group_size(WG, ROWS, 1))) void
-rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const __global X_T *x,
-            ulong x_off, long x_stride, const __global W_T *w, ulong w_off,
-            const __global float *rstd, ulong rstd_off, __global X_T *dx, ulong dx_off,
-            long dx_stride, __global float *part, ulong part_off, long part_stride, long n_rows,
-            int H, float offset)
+rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, long dy_ostride,
+            DR_ARGS const __global X_T *x, ulong x_off, long x_stride, long x_ostride,
+            const __global W_T *w, ulong w_off, const __global float *rstd, ulong rstd_off,
+            __global X_T *dx, ulong dx_off, long dx_stride, long dx_ostride, __global float *part,
+            ulong part_off, long part_stride, long n_rows, long inner, int H, float offset)
 {
     __local float scratch[WG * ROWS];
     __local float *sc = scratch + get_local_id(1) * WG;
@@ -371,22 +387,22 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
         for (int k = 0; k < CACHE; ++k) {
             const int j = min(lid + k * WG, nv - 1); /* chunks past the row load a valid one */
             wc[k] = RLOAD(W_DT, w, j);
-            ndy[k] = RLOAD(X_DT, dy + r0 * dy_stride, j);
-            nx[k] = RLOAD(X_DT, x + r0 * x_stride, j);
+            ndy[k] = RLOAD(X_DT, dy + ROW_OFF(dy, r0), j);
+            nx[k] = RLOAD(X_DT, x + ROW_OFF(x, r0), j);
 #ifdef HAS_DR
-            ndr[k] = RLOAD(X_DT, dr + r0 * dr_stride, j);
+            ndr[k] = RLOAD(X_DT, dr + ROW_OFF(dr, r0), j);
 #endif
             acc[k] = 0.0f;
         }
     }
 
     SLOT_LOOP_BEGIN
-    const __global X_T *dyr = dy + rr * dy_stride;
-    const __global X_T *xr = x + rr * x_stride;
+    const __global X_T *dyr = dy + ROW_OFF(dy, rr);
+    const __global X_T *xr = x + ROW_OFF(x, rr);
 #ifdef HAS_DR
-    const __global X_T *drr = dr + rr * dr_stride;
+    const __global X_T *drr = dr + ROW_OFF(dr, rr);
 #endif
-    __global X_T *dxr = dx + rr * dx_stride;
+    __global X_T *dxr = dx + ROW_OFF(dx, rr);
     const float rs = nrs;
 
     RAW(X_DT) cdy[CACHE], cx[CACHE];
@@ -406,10 +422,10 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
 #pragma unroll
         for (int k = 0; k < CACHE; ++k) {
             const int j = min(lid + k * WG, nv - 1);
-            ndy[k] = RLOAD(X_DT, dy + nrow * dy_stride, j);
-            nx[k] = RLOAD(X_DT, x + nrow * x_stride, j);
+            ndy[k] = RLOAD(X_DT, dy + ROW_OFF(dy, nrow), j);
+            nx[k] = RLOAD(X_DT, x + ROW_OFF(x, nrow), j);
 #ifdef HAS_DR
-            ndr[k] = RLOAD(X_DT, dr + nrow * dr_stride, j);
+            ndr[k] = RLOAD(X_DT, dr + ROW_OFF(dr, nrow), j);
 #endif
         }
     }
@@ -480,9 +496,10 @@ rmsnorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, DR_ARGS const 
 
 #if NORM_BUILDS(3)
 __kernel __attribute__((reqd_work_group_size(WG, ROWS, 1))) void
-layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, const __global W_T *w, ulong w_off,
-              B_ARGS __global X_T *y, ulong y_off, long y_stride, __global float *mean,
-              ulong mean_off, __global float *rstd, ulong rstd_off, long n_rows, int H, float eps)
+layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, long x_ostride,
+              const __global W_T *w, ulong w_off, B_ARGS __global X_T *y, ulong y_off,
+              long y_stride, long y_ostride, __global float *mean, ulong mean_off,
+              __global float *rstd, ulong rstd_off, long n_rows, long inner, int H, float eps)
 {
     __local float scratch[WG * ROWS];
     __local float *sc = scratch + get_local_id(1) * WG;
@@ -491,8 +508,8 @@ layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, const __global 
     const bool live = row < n_rows;
     const long rr = live ? row : n_rows - 1;
     const int nv = H / VEC;
-    x += x_off + rr * x_stride;
-    y += y_off + rr * y_stride;
+    x += x_off + ROW_OFF(x, rr);
+    y += y_off + ROW_OFF(y, rr);
     w += w_off;
 #ifdef HAS_B
     b += b_off;
@@ -577,11 +594,12 @@ layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, const __global 
 
 #if NORM_BUILDS(4)
 __kernel __attribute__((reqd_work_group_size(WG, ROWS, 1))) void
-layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __global X_T *x,
-              ulong x_off, long x_stride, const __global W_T *w, ulong w_off,
-              const __global float *mean, ulong mean_off, const __global float *rstd,
-              ulong rstd_off, __global X_T *dx, ulong dx_off, long dx_stride, __global float *part,
-              ulong part_off, long part_stride, DB_ARGS long n_rows, int H)
+layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, long dy_ostride,
+              const __global X_T *x, ulong x_off, long x_stride, long x_ostride,
+              const __global W_T *w, ulong w_off, const __global float *mean, ulong mean_off,
+              const __global float *rstd, ulong rstd_off, __global X_T *dx, ulong dx_off,
+              long dx_stride, long dx_ostride, __global float *part, ulong part_off,
+              long part_stride, DB_ARGS long n_rows, long inner, int H)
 {
     __local float scratch[WG * ROWS];
     __local float *sc = scratch + get_local_id(1) * WG;
@@ -619,8 +637,8 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
         for (int k = 0; k < CACHE; ++k) {
             const int j = min(lid + k * WG, nv - 1);
             wc[k] = RLOAD(W_DT, w, j);
-            ndy[k] = RLOAD(X_DT, dy + r0 * dy_stride, j);
-            nx[k] = RLOAD(X_DT, x + r0 * x_stride, j);
+            ndy[k] = RLOAD(X_DT, dy + ROW_OFF(dy, r0), j);
+            nx[k] = RLOAD(X_DT, x + ROW_OFF(x, r0), j);
             acc[k] = 0.0f;
 #ifdef HAS_B
             accb[k] = 0.0f;
@@ -629,9 +647,9 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
     }
 
     SLOT_LOOP_BEGIN
-    const __global X_T *dyr = dy + rr * dy_stride;
-    const __global X_T *xr = x + rr * x_stride;
-    __global X_T *dxr = dx + rr * dx_stride;
+    const __global X_T *dyr = dy + ROW_OFF(dy, rr);
+    const __global X_T *xr = x + ROW_OFF(x, rr);
+    __global X_T *dxr = dx + ROW_OFF(dx, rr);
     const float mu = nmu, rs = nrs;
 
     RAW(X_DT) cdy[CACHE], cx[CACHE];
@@ -646,8 +664,8 @@ layernorm_bwd(const __global X_T *dy, ulong dy_off, long dy_stride, const __glob
 #pragma unroll
         for (int k = 0; k < CACHE; ++k) {
             const int j = min(lid + k * WG, nv - 1);
-            ndy[k] = RLOAD(X_DT, dy + nrow * dy_stride, j);
-            nx[k] = RLOAD(X_DT, x + nrow * x_stride, j);
+            ndy[k] = RLOAD(X_DT, dy + ROW_OFF(dy, nrow), j);
+            nx[k] = RLOAD(X_DT, x + ROW_OFF(x, nrow), j);
         }
     }
 

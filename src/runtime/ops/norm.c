@@ -15,20 +15,133 @@
 #include "../internal.h"
 
 #define NORM_ACT_DIMS 4
+#define NORM_MAX_ACTS 4 /* activations of one call: x, residual, r, y or dy, dr, x, dx */
 
-/* The validated geometry of one call. */
+/*
+ * The validated geometry of one call. Rows come in blocks of `inner`: row r is row r % inner of
+ * block r / inner (norm.cl's ROW_OFF), each activation with its own strides (norm_rows). Leading
+ * dimensions that flatten into one stride make one block: inner = n_rows.
+ */
 typedef struct norm_shape {
     llmcl_ctx *ctx;
     llmcl_dtype xdt, wdt;
-    int64_t n_rows;
+    int64_t n_rows, inner;
     int H;
+    int split;    /* the leading axis whose stride steps between blocks; -1: one block */
     bool aligned; /* every row base and w 16-byte aligned: VEC = 8 is allowed */
+    int n_acts;
+    const llmcl_tensor *acts[NORM_MAX_ACTS];
+    const char *act_names[NORM_MAX_ACTS];
 } norm_shape;
 
-static bool aligned16(const llmcl_tensor *t, const llmcl__rows *r)
+/* An activation's element strides between the rows of a block and between blocks. */
+typedef struct norm_rows {
+    int64_t stride, ostride;
+} norm_rows;
+
+/*
+ * The leading axes after which t's rows cannot flatten: bit a where axis a's stride is not the
+ * next non-unit axis's stride times its size (unit axes have no stride to keep). The last
+ * dimension is the row itself.
+ */
+static unsigned row_breaks(const llmcl_tensor *t)
+{
+    unsigned breaks = 0;
+    int in = -1; /* the next non-unit leading axis inwards */
+    for (int i = t->ndim - 2; i >= 0; --i) {
+        if (t->shape[i] == 1)
+            continue;
+        if (in >= 0 && t->strides[i] != t->strides[in] * t->shape[in])
+            breaks |= 1u << i;
+        in = i;
+    }
+    return breaks;
+}
+
+static int lowest_bit(unsigned v)
+{
+    int i = 0;
+    while (!(v & 1u))
+        v >>= 1, ++i;
+    return i;
+}
+
+/* t's strides in the call's layout (norm_layout): a block's stride is t's own at the split. */
+static norm_rows rows_of(const norm_shape *s, const llmcl_tensor *t)
+{
+    norm_rows r = {s->H, 0};
+    for (int i = t->ndim - 2; i >= 0; --i)
+        if (t->shape[i] != 1) {
+            r.stride = t->strides[i];
+            break;
+        }
+    r.ostride = s->split >= 0 ? t->strides[s->split] : s->inner * r.stride;
+    return r;
+}
+
+/* A row base 16-byte aligned in every row: the offset, and each stride that is ever stepped. */
+static bool aligned16(const norm_shape *s, const llmcl_tensor *t)
 {
     const int64_t es = (int64_t)llmcl_dtype_size(t->dtype);
-    return (t->offset * es) % 16 == 0 && (r->n_rows == 1 || (r->row_stride * es) % 16 == 0);
+    const norm_rows r = rows_of(s, t);
+    return (t->offset * es) % 16 == 0 && (s->inner == 1 || (r.stride * es) % 16 == 0) &&
+           (s->inner == s->n_rows || (r.ostride * es) % 16 == 0);
+}
+
+/*
+ * The call's two-level layout from all its activations (same shape, their own strides): every
+ * tensor splits its leading axes where any of them breaks, one that flattens there taking its
+ * stride at the split as the block stride. Breaks at two axes would need three levels.
+ */
+static llmcl_status norm_layout(norm_shape *s)
+{
+    unsigned all = 0;
+    const char *first = NULL;
+    for (int k = 0; k < s->n_acts; ++k) {
+        const unsigned b = row_breaks(s->acts[k]);
+        const char *name = s->act_names[k];
+        if (b & (b - 1)) {
+            char shape[96];
+            llmcl__shape_text(s->acts[k], shape, sizeof shape);
+            return LLMCL__FAIL(s->ctx, LLMCL_ERROR_INVALID_ARGUMENT,
+                               "%s (shape %s): its leading dimensions need three levels of row "
+                               "strides; norm ops take one or two",
+                               name, shape);
+        }
+        if (b && all && b != all)
+            return LLMCL__FAIL(s->ctx, LLMCL_ERROR_INVALID_ARGUMENT,
+                               "%s breaks its rows after axis %d but %s after axis %d: that "
+                               "needs three levels of row strides; norm ops take one or two",
+                               first, lowest_bit(all), name, lowest_bit(b));
+        if (b && !all)
+            first = name;
+        all |= b;
+    }
+    s->split = all ? lowest_bit(all) : -1;
+    s->inner = s->n_rows;
+    if (s->split >= 0) {
+        const llmcl_tensor *t = s->acts[0];
+        s->inner = 1;
+        for (int i = s->split + 1; i < t->ndim - 1; ++i)
+            s->inner *= t->shape[i];
+    }
+    for (int k = 0; k < s->n_acts; ++k)
+        s->aligned = s->aligned && aligned16(s, s->acts[k]);
+    return LLMCL_OK;
+}
+
+/* An activation: float dtype, up to 4-D, a unit-stride last dimension; recorded for the layout. */
+static llmcl_status check_rows(norm_shape *s, const llmcl_tensor *t, const char *name)
+{
+    LLMCL__TRY(llmcl__check_tensor(s->ctx, t, name, LLMCL__FLOAT_DTYPES, 1, NORM_ACT_DIMS));
+    const int last = t->ndim - 1;
+    LLMCL__REQUIRE(s->ctx, t->strides[last] == 1 || t->shape[last] == 1,
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s: the last dimension must have unit stride (has %lld)", name,
+                   (long long)t->strides[last]);
+    s->acts[s->n_acts] = t;
+    s->act_names[s->n_acts++] = name;
+    return LLMCL_OK;
 }
 
 /* The first activation tensor fixes dtype, N and H; the others must agree. */
@@ -36,34 +149,32 @@ static llmcl_status check_first(llmcl_ctx *ctx, const llmcl_tensor *x, const cha
                                 norm_shape *s)
 {
     LLMCL__REQUIRE(ctx, ctx != NULL, LLMCL_ERROR_INVALID_ARGUMENT, "ctx is NULL");
-    LLMCL__TRY(llmcl__check_tensor(ctx, x, name, LLMCL__FLOAT_DTYPES, 1, NORM_ACT_DIMS));
-    llmcl__rows r;
-    LLMCL__TRY(llmcl__as_rows(ctx, x, name, &r));
-    LLMCL__REQUIRE(ctx, r.n_rows >= 1 && r.row_len >= 1, LLMCL_ERROR_INVALID_ARGUMENT,
-                   "%s is empty (%lld rows of %lld)", name, (long long)r.n_rows,
-                   (long long)r.row_len);
-    LLMCL__REQUIRE(ctx, r.row_len <= INT_MAX / 2, LLMCL_ERROR_OVERFLOW,
-                   "%s: row length %lld is too long", name, (long long)r.row_len);
     s->ctx = ctx;
+    s->n_acts = 0;
+    LLMCL__TRY(check_rows(s, x, name));
+    const int64_t H = x->shape[x->ndim - 1];
+    int64_t n = 1;
+    for (int i = 0; i < x->ndim - 1; ++i)
+        n *= x->shape[i];
+    LLMCL__REQUIRE(ctx, n >= 1 && H >= 1, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s is empty (%lld rows of %lld)", name, (long long)n, (long long)H);
+    LLMCL__REQUIRE(ctx, H <= INT_MAX / 2, LLMCL_ERROR_OVERFLOW,
+                   "%s: row length %lld is too long", name, (long long)H);
     s->xdt = x->dtype;
-    s->n_rows = r.n_rows;
-    s->H = (int)r.row_len;
-    s->aligned = aligned16(x, &r);
+    s->n_rows = n;
+    s->H = (int)H;
+    s->aligned = true;
     return LLMCL_OK;
 }
 
 static llmcl_status check_act(norm_shape *s, const llmcl_tensor *t, const char *name,
                               const llmcl_tensor *x, const char *xname)
 {
-    LLMCL__TRY(llmcl__check_tensor(s->ctx, t, name, LLMCL__FLOAT_DTYPES, 1, NORM_ACT_DIMS));
+    LLMCL__TRY(check_rows(s, t, name));
     LLMCL__REQUIRE(s->ctx, t->dtype == s->xdt, LLMCL_ERROR_UNSUPPORTED_DTYPE,
                    "%s is %s but %s is %s", name, llmcl_dtype_name(t->dtype), xname,
                    llmcl_dtype_name(s->xdt));
-    LLMCL__TRY(llmcl__check_same_shape(s->ctx, t, name, x, xname));
-    llmcl__rows r;
-    LLMCL__TRY(llmcl__as_rows(s->ctx, t, name, &r));
-    s->aligned = s->aligned && aligned16(t, &r);
-    return LLMCL_OK;
+    return llmcl__check_same_shape(s->ctx, t, name, x, xname);
 }
 
 /* w, b, dw, db: 1-D [H], unit stride, f32 or the activations' dtype, all alike. */
@@ -224,6 +335,23 @@ static llmcl_status launch_rows(llmcl__args *a, const norm_geom *g, size_t group
     return llmcl__launch(a, 2, global, local);
 }
 
+/* An activation's arguments: buffer, offset, then its strides within and between blocks. */
+static void arg_act(llmcl__args *a, const norm_shape *s, const llmcl_tensor *t)
+{
+    const norm_rows r = rows_of(s, t);
+    llmcl__arg_tensor(a, t);
+    llmcl__arg_i64(a, r.stride);
+    llmcl__arg_i64(a, r.ostride);
+}
+
+/* The arguments every row kernel ends with: n_rows, inner (a block's rows), H. */
+static void arg_rows(llmcl__args *a, const norm_shape *s)
+{
+    llmcl__arg_i64(a, s->n_rows);
+    llmcl__arg_i64(a, s->inner);
+    llmcl__arg_i32(a, s->H);
+}
+
 /*
  * Loop passes (llmcl__loop_budget's count) of a work-item for one row: its register-cached chunks
  * (a loop of CACHE), the chunks past the cache and the scalar tail (WG apart), and two work-group
@@ -366,6 +494,7 @@ static llmcl_status rms_forward(llmcl_ctx *ctx, const llmcl_tensor *x, const llm
 
     norm_geom g;
     const char *key = res ? LLMCL_KEY_RESIDUAL_RMSNORM_FWD : LLMCL_KEY_RMSNORM_FWD;
+    LLMCL__TRY(norm_layout(&s));
     LLMCL__TRY(norm_geometry(&s, key, 8, false, &g));
     LLMCL__TRY(check_fwd_loops(&s, &g, key));
     llmcl__defines d;
@@ -376,26 +505,16 @@ static llmcl_status rms_forward(llmcl_ctx *ctx, const llmcl_tensor *x, const llm
     cl_kernel k;
     LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_NORM, &d, "rmsnorm_fwd", &k));
 
-    llmcl__rows xr, yr, rr = {0}, resr = {0};
-    LLMCL__TRY(llmcl__as_rows(ctx, x, "x", &xr));
-    LLMCL__TRY(llmcl__as_rows(ctx, y, "y", &yr));
     llmcl__args a = llmcl__args_begin(ctx, k);
-    llmcl__arg_tensor(&a, x);
-    llmcl__arg_i64(&a, xr.row_stride);
+    arg_act(&a, &s, x);
     if (res) {
-        LLMCL__TRY(llmcl__as_rows(ctx, res, "residual", &resr));
-        LLMCL__TRY(llmcl__as_rows(ctx, r, "r", &rr));
-        llmcl__arg_tensor(&a, res);
-        llmcl__arg_i64(&a, resr.row_stride);
-        llmcl__arg_tensor(&a, r);
-        llmcl__arg_i64(&a, rr.row_stride);
+        arg_act(&a, &s, res);
+        arg_act(&a, &s, r);
     }
     llmcl__arg_tensor(&a, w);
-    llmcl__arg_tensor(&a, y);
-    llmcl__arg_i64(&a, yr.row_stride);
+    arg_act(&a, &s, y);
     llmcl__arg_tensor(&a, rstd);
-    llmcl__arg_i64(&a, s.n_rows);
-    llmcl__arg_i32(&a, s.H);
+    arg_rows(&a, &s);
     llmcl__arg_f32(&a, o.eps);
     llmcl__arg_f32(&a, o.offset);
     return launch_rows(&a, &g, (size_t)llmcl__div_up(s.n_rows, (int64_t)g.rows));
@@ -429,6 +548,7 @@ static llmcl_status rms_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const l
 
     norm_geom g;
     const char *key = dr ? LLMCL_KEY_RESIDUAL_RMSNORM_BWD : LLMCL_KEY_RMSNORM_BWD;
+    LLMCL__TRY(norm_layout(&s));
     LLMCL__TRY(norm_geometry(&s, key, 4, true, &g));
     llmcl__defines d;
     norm_defines(&s, &g, K_RMS_BWD, &d);
@@ -443,33 +563,21 @@ static llmcl_status rms_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const l
     size_t groups;
     LLMCL__TRY(bwd_groups(&s, &g, key, &groups));
     const int n_slots = (int)(groups * g.rows);
-    llmcl__rows dyr, xr, dxr, drr = {0};
-    LLMCL__TRY(llmcl__as_rows(ctx, dy, "dy", &dyr));
-    LLMCL__TRY(llmcl__as_rows(ctx, x, xname, &xr));
-    LLMCL__TRY(llmcl__as_rows(ctx, dx, dxname, &dxr));
-    if (dr)
-        LLMCL__TRY(llmcl__as_rows(ctx, dr, "dr", &drr));
     llmcl_tensor *part = NULL;
     const int64_t pshape[2] = {n_slots, part_stride(&s)};
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 2, pshape, "rmsnorm dw partial sums", &part));
 
     llmcl__args a = llmcl__args_begin(ctx, k);
-    llmcl__arg_tensor(&a, dy);
-    llmcl__arg_i64(&a, dyr.row_stride);
-    if (dr) {
-        llmcl__arg_tensor(&a, dr);
-        llmcl__arg_i64(&a, drr.row_stride);
-    }
-    llmcl__arg_tensor(&a, x);
-    llmcl__arg_i64(&a, xr.row_stride);
+    arg_act(&a, &s, dy);
+    if (dr)
+        arg_act(&a, &s, dr);
+    arg_act(&a, &s, x);
     llmcl__arg_tensor(&a, w);
     llmcl__arg_tensor(&a, rstd);
-    llmcl__arg_tensor(&a, dx);
-    llmcl__arg_i64(&a, dxr.row_stride);
+    arg_act(&a, &s, dx);
     llmcl__arg_tensor(&a, part);
     llmcl__arg_i64(&a, part_stride(&s));
-    llmcl__arg_i64(&a, s.n_rows);
-    llmcl__arg_i32(&a, s.H);
+    arg_rows(&a, &s);
     llmcl__arg_f32(&a, o.offset);
     llmcl_status st = launch_rows(&a, &g, groups);
     if (st == LLMCL_OK)
@@ -540,6 +648,7 @@ llmcl_status llmcl_layernorm_forward(llmcl_ctx *ctx, const llmcl_tensor *x, cons
     LLMCL__TRY(check_disjoint(ctx, rstd, "rstd", mean, "mean", false));
 
     norm_geom g;
+    LLMCL__TRY(norm_layout(&s));
     LLMCL__TRY(norm_geometry(&s, LLMCL_KEY_LAYERNORM_FWD, 8, false, &g));
     LLMCL__TRY(check_fwd_loops(&s, &g, LLMCL_KEY_LAYERNORM_FWD));
     llmcl__defines d;
@@ -549,21 +658,15 @@ llmcl_status llmcl_layernorm_forward(llmcl_ctx *ctx, const llmcl_tensor *x, cons
     cl_kernel k;
     LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_NORM, &d, "layernorm_fwd", &k));
 
-    llmcl__rows xr, yr;
-    LLMCL__TRY(llmcl__as_rows(ctx, x, "x", &xr));
-    LLMCL__TRY(llmcl__as_rows(ctx, y, "y", &yr));
     llmcl__args a = llmcl__args_begin(ctx, k);
-    llmcl__arg_tensor(&a, x);
-    llmcl__arg_i64(&a, xr.row_stride);
+    arg_act(&a, &s, x);
     llmcl__arg_tensor(&a, w);
     if (b)
         llmcl__arg_tensor(&a, b);
-    llmcl__arg_tensor(&a, y);
-    llmcl__arg_i64(&a, yr.row_stride);
+    arg_act(&a, &s, y);
     llmcl__arg_tensor(&a, mean);
     llmcl__arg_tensor(&a, rstd);
-    llmcl__arg_i64(&a, s.n_rows);
-    llmcl__arg_i32(&a, s.H);
+    arg_rows(&a, &s);
     llmcl__arg_f32(&a, eps);
     return launch_rows(&a, &g, (size_t)llmcl__div_up(s.n_rows, (int64_t)g.rows));
 }
@@ -597,6 +700,7 @@ llmcl_status llmcl_layernorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
     LLMCL__TRY(check_disjoint(ctx, db, "db", dw, "dw", false));
 
     norm_geom g;
+    LLMCL__TRY(norm_layout(&s));
     LLMCL__TRY(norm_geometry(&s, LLMCL_KEY_LAYERNORM_BWD, 4, true, &g));
     llmcl__defines d;
     norm_defines(&s, &g, K_LN_BWD, &d);
@@ -610,10 +714,6 @@ llmcl_status llmcl_layernorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
     size_t groups;
     LLMCL__TRY(bwd_groups(&s, &g, LLMCL_KEY_LAYERNORM_BWD, &groups));
     const int n_slots = (int)(groups * g.rows);
-    llmcl__rows dyr, xr, dxr;
-    LLMCL__TRY(llmcl__as_rows(ctx, dy, "dy", &dyr));
-    LLMCL__TRY(llmcl__as_rows(ctx, x, "x", &xr));
-    LLMCL__TRY(llmcl__as_rows(ctx, dx, "dx", &dxr));
     /* One scratch tensor: dw partials in the first n_slots rows, db partials after them. */
     llmcl_tensor *part = NULL, *dbpart = NULL;
     const int64_t ps = part_stride(&s);
@@ -626,21 +726,17 @@ llmcl_status llmcl_layernorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
     }
     if (st == LLMCL_OK) {
         llmcl__args a = llmcl__args_begin(ctx, k);
-        llmcl__arg_tensor(&a, dy);
-        llmcl__arg_i64(&a, dyr.row_stride);
-        llmcl__arg_tensor(&a, x);
-        llmcl__arg_i64(&a, xr.row_stride);
+        arg_act(&a, &s, dy);
+        arg_act(&a, &s, x);
         llmcl__arg_tensor(&a, w);
         llmcl__arg_tensor(&a, mean);
         llmcl__arg_tensor(&a, rstd);
-        llmcl__arg_tensor(&a, dx);
-        llmcl__arg_i64(&a, dxr.row_stride);
+        arg_act(&a, &s, dx);
         llmcl__arg_tensor(&a, part);
         llmcl__arg_i64(&a, ps);
         if (db)
             llmcl__arg_tensor(&a, dbpart);
-        llmcl__arg_i64(&a, s.n_rows);
-        llmcl__arg_i32(&a, s.H);
+        arg_rows(&a, &s);
         st = launch_rows(&a, &g, groups);
     }
     if (st == LLMCL_OK)
