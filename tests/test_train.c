@@ -36,6 +36,23 @@ static double meta(const llmcl_safetensors *st, const char *key)
     return atof(v);
 }
 
+/* An entry that only some fixtures have, else absent. */
+static double meta_or(const llmcl_safetensors *st, const char *key, double absent)
+{
+    const char *v = llmcl_safetensors_metadata(st, key);
+    return v ? atof(v) : absent;
+}
+
+static model_arch fixture_arch(const llmcl_safetensors *st)
+{
+    const char *v = llmcl_safetensors_metadata(st, "arch");
+    for (int a = 0; v && a < ARCH_COUNT; ++a)
+        if (strcmp(v, model_arch_name(a)) == 0)
+            return a;
+    assert_null(v);
+    return ARCH_LLAMA;
+}
+
 static const void *tensor_data(const llmcl_safetensors *st, const char *name, uint64_t bytes)
 {
     llmcl_safetensors_info info;
@@ -57,7 +74,13 @@ static fixture fixture_open(const char *file, llmcl_dtype dt)
                            .kv_heads = (int)meta(st, "kv_heads"), .ffn = (int)meta(st, "ffn"),
                            .tied = (int)meta(st, "tied"), .norm_eps = (float)meta(st, "norm_eps"),
                            .rope_theta = meta(st, "rope_theta"),
-                           .rope_llama3_factor = meta(st, "rope_llama3_factor"), .dtype = dt};
+                           .rope_llama3_factor = meta(st, "rope_llama3_factor"), .dtype = dt,
+                           .arch = fixture_arch(st),
+                           .head_dim = (int)meta_or(st, "head_dim", 0),
+                           .qkv_bias = (int)meta_or(st, "qkv_bias", 0),
+                           .o_bias = (int)meta_or(st, "o_bias", 0),
+                           .qk_norm = (int)meta_or(st, "qk_norm", 0),
+                           .sliding_window = (int)meta_or(st, "sliding_window", 0)};
     f.b = (int)meta(st, "batch");
     f.t = (int)meta(st, "seq");
     f.cfg.max_seq = f.t;
@@ -262,6 +285,22 @@ static void test_untied_bf16(void **state)
 {
     (void)state;
     check_forward_backward("train_fixture_untied.safetensors", LLMCL_BF16);
+}
+
+/* Qwen3's layers with all that other architectures add to Llama's: biases on q, k, v and o, the q
+   and k norms, a head dimension other than dim / heads, a sliding window. */
+static void test_qwen3_f32(void **state)
+{
+    (void)state;
+    check_forward_backward("train_fixture_qwen3.safetensors", LLMCL_F32);
+    check_adamw("train_fixture_qwen3.safetensors", LLMCL_F32);
+}
+
+static void test_qwen3_bf16(void **state)
+{
+    (void)state;
+    check_forward_backward("train_fixture_qwen3.safetensors", LLMCL_BF16);
+    check_adamw("train_fixture_qwen3.safetensors", LLMCL_BF16);
 }
 
 /* ---- activation checkpointing's forms ---- */
@@ -475,9 +514,10 @@ static void check_init(const model_config *cfg, uint64_t seed)
         const uint64_t key = rng_stream(seed, (uint64_t)i);
         const double bound = 1.0 / sqrt((double)p->shape[1]);
         float *want = th_alloc(n * sizeof *want);
-        if (p->is_norm || p->kind == P_LORA_B)
+        const bool zero = p->kind == P_LORA_B || (p->kind >= P_BQ && p->kind <= P_BO);
+        if (p->is_vector || zero)
             for (size_t j = 0; j < n; ++j)
-                want[j] = p->is_norm ? 1.0f : 0.0f;
+                want[j] = zero ? 0.0f : 1.0f;
         else if (p->kind == P_LORA_A)
             rng_uniform_fill(key, 0, p->numel, -bound, bound, want);
         else
@@ -512,6 +552,12 @@ static void test_initial_values(void **state)
                          .dtype = LLMCL_BF16, .lora_rank = 4, .lora_alpha = 8,
                          .lora_targets = LORA_ALL_TARGETS, .lora_dtype = LLMCL_F32};
     check_init(&cfg, 7);
+    /* biases start at zero, the q and k norms at one */
+    cfg = (model_config){.vocab = 64, .dim = 64, .layers = 2, .heads = 2, .kv_heads = 1,
+                         .head_dim = 48, .ffn = 96, .max_seq = 16, .norm_eps = 1e-5f,
+                         .rope_theta = 10000, .dtype = LLMCL_BF16, .arch = ARCH_QWEN3,
+                         .qkv_bias = 1, .o_bias = 1, .qk_norm = 1};
+    check_init(&cfg, 11);
 }
 
 int main(void)
@@ -521,6 +567,8 @@ int main(void)
         cmocka_unit_test(test_untied_f32),
         cmocka_unit_test(test_tied_bf16),
         cmocka_unit_test(test_untied_bf16),
+        cmocka_unit_test(test_qwen3_f32),
+        cmocka_unit_test(test_qwen3_bf16),
         cmocka_unit_test(test_recompute_forms_bf16),
         cmocka_unit_test(test_recompute_forms_f32),
         cmocka_unit_test(test_streams_split),

@@ -127,15 +127,16 @@ def same_files(what, a, b):
 
 
 def unused_tensors(p, tensors):
-    """Tensors the model would drop (Qwen2's q/k/v biases, another module) are refused by name."""
+    """Tensors the model would drop (biases a Llama config lacks, another module) are refused by
+    name."""
     biased = dict(tensors)
     for k in ("q", "k", "v"):
         biased[f"model.layers.0.self_attn.{k}_proj.bias"] = ("F32", [64], bytes(256))
     write_st(p("biased.safetensors"), biased)
     expect_error("Qwen2's biases in one file", TINY + ["--init-from", p("biased.safetensors")],
                  "model.layers.0.self_attn.k_proj.bias, model.layers.0.self_attn.q_proj.bias, "
-                 "model.layers.0.self_attn.v_proj.bias: tensors that llmcl-train's Llama model "
-                 "does not use")
+                 "model.layers.0.self_attn.v_proj.bias: tensors that llmcl-train's model of this "
+                 "config does not use")
     os.mkdir(p("biased"))
     shutil.copy(p("e1/config.json"), p("biased/config.json"))  # says llama, no biases
     shutil.copy(p("biased.safetensors"), p("biased/model.safetensors"))
@@ -243,7 +244,7 @@ def hugging_face(p):
     for key, value, needle in (("rope_theta", 0, "rope_theta = 0 must be > 0"),
                                ("rms_norm_eps", -1e-5, "rms_norm_eps = -1e-05 is not a non-negat"),
                                ("rms_norm_eps", 1e39, "rms_norm_eps = 1e+39 is not a non-negat"),
-                               ("head_dim", 1 << 30, "head_dim must be hidden_size / num_atte")):
+                               ("head_dim", 1 << 30, "head dimension 1073741824 must be a mu")):
         folder = p(f"bad_{key}_{value}")
         os.mkdir(folder)
         config = json.load(open(p("e1/config.json")))
@@ -282,6 +283,81 @@ def hugging_face(p):
     print(f"{'ok  ' if ok else 'FAIL'} --dump-logits writes logits [2, 16, 256], tokens and loss")
     if not ok:
         failures.append("dump-logits")
+
+
+def architectures(p):
+    """--arch and the layers it brings (biases, q and k norms, another head dimension, a sliding
+    window): each exports its own config.json, reads back bit for bit, resumes, and adapts."""
+    shapes = {"qwen3": ["--head-dim", "48", "--sliding-window", "8"], "qwen2": [],
+              "mistral": ["--sliding-window", "8"]}
+    for arch, extra in shapes.items():
+        args = TINY + ["--arch", arch] + extra
+        r = expect_ok(f"--arch {arch}: train and export", args + [
+            "--steps", "3", "--export", p(arch), "--export-dtype", "f32"])
+        loss = [float(x.split()[1]) for x in losses(r.stdout)]
+        check(f"--arch {arch}: 3 finite losses, falling",
+              len(loss) == 3 and all(x == x for x in loss) and loss[-1] < loss[0])
+        config = json.load(open(p(arch + "/config.json")))
+        _, tensors = read_st(p(arch + "/model.safetensors"))
+        layer = "model.layers.0.self_attn."
+        want = {"qwen3": {"q_norm.weight": [48], "k_norm.weight": [48], "q_proj.weight": [96, 64]},
+                "qwen2": {"q_proj.bias": [64], "k_proj.bias": [32], "v_proj.bias": [32]},
+                "mistral": {}}[arch]
+        check(f"--arch {arch}: config.json and tensors",
+              config["model_type"] == arch and
+              all(tensors.get(layer + k, (0, None))[1] == v for k, v in want.items()) and
+              (layer + "o_proj.bias") not in tensors and
+              (arch == "qwen2" or (layer + "q_proj.bias") not in tensors) and
+              config.get("sliding_window") == (8 if extra[-1:] == ["8"] else None) and
+              (arch != "qwen3" or (config["head_dim"] == 48 and config["use_sliding_window"]
+                                   and config["max_window_layers"] == 0)))
+        expect_ok(f"--arch {arch}: init from the export", TINY + [
+            "--steps", "0", "--init-from", p(arch), "--export", p(arch + "2"),
+            "--export-dtype", "f32"])
+        same_files(f"--arch {arch}: export -> --init-from -> export is bit-exact",
+                   p(arch + "/model.safetensors"), p(arch + "2/model.safetensors"))
+    # a checkpoint resumes only as the model that wrote it
+    flat = TINY + ["--arch", "qwen2", "--min-lr", "1"]
+    expect_ok("qwen2: 3 steps", flat + ["--steps", "3", "--save", p("q2.st")])
+    expect_ok("qwen2: resumed", flat + ["--steps", "4", "--resume", p("q2.st")])
+    expect_error("a qwen2 checkpoint resumed as llama", TINY + ["--resume", p("q2.st")],
+                 "arch is qwen2 there and llama here")
+    expect_error("a Llama checkpoint resumed as qwen3", TINY + [
+        "--arch", "qwen3", "--resume", p("half.st")], "arch is llama there and qwen3 here")
+    r = expect_ok("LoRA on qwen2: biases frozen", TINY + [
+        "--init-from", p("qwen2"), "--lora", "4", "--steps", "2", "--export", p("q2lora")])
+    _, adapters = read_st(p("q2lora/adapter_model.safetensors"))
+    check("LoRA on qwen2: the adapter holds adapters only",
+          adapters and all(".lora_" in k for k in adapters))
+    # what the architectures cannot say, and configs that llmcl-train's model cannot express
+    expect_error("an unknown --arch", TINY + ["--arch", "gemma"], "expected llama, mistral")
+    expect_error("a sliding window on llama", TINY + ["--sliding-window", "8"],
+                 "the layers differ from the architecture's")
+    expect_error("--arch against config.json", TINY + ["--arch", "qwen2", "--init-from",
+                                                       p("qwen3")],
+                 "--arch qwen2 conflicts with model_type = qwen3")
+    expect_error("--head-dim against config.json", TINY + ["--head-dim", "32", "--init-from",
+                                                           p("qwen3")],
+                 "--head-dim 32 conflicts with head_dim = 48")
+    for name, change, needle in (
+            ("gemma", {"model_type": "gemma"}, 'model_type gemma: llmcl-train reads "llama"'),
+            ("all_sliding", {"layer_types": ["sliding_attention"], "num_hidden_layers": 1,
+                       "use_sliding_window": True, "max_window_layers": 0},
+             None),
+            ("some", {"use_sliding_window": True, "max_window_layers": 1, "num_hidden_layers": 2,
+                      "layer_types": None}, "a sliding window on 1 of 2 layers"),
+            ("types", {"layer_types": ["full_attention", "chunked_attention"]},
+             'layer_types holds "chunked_attention"')):
+        os.mkdir(p("cfg_" + name))
+        config = json.load(open(p("qwen3/config.json")))
+        config.update(change)
+        json.dump(config, open(p(f"cfg_{name}/config.json"), "w"))
+        shutil.copy(p("qwen3/model.safetensors"), p(f"cfg_{name}/model.safetensors"))
+        if needle:
+            expect_error(f"config.json: {name}", TINY + ["--init-from", p("cfg_" + name)], needle)
+        else:
+            expect_ok(f"config.json: {name}", TINY + ["--steps", "0", "--init-from",
+                                                      p("cfg_" + name)])
 
 
 def lora(p):
@@ -907,6 +983,7 @@ def main():
         failures.append("interrupt")
 
     hugging_face(p)
+    architectures(p)
     lora(p)
     peft_adapter(p)
     shutil.rmtree(tmp)

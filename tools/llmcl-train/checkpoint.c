@@ -43,15 +43,37 @@ static uint64_t frozen_fingerprint(model *m)
     return m->frozen_fingerprint;
 }
 
-/* The model's shape as metadata entries, in a fixed order. */
+/* The model's shape as metadata entries, in a fixed order. An entry with a value for absent is
+   written only where it differs from it, and a file without it has that value: checkpoints from
+   before the entry came, of Llama models, read as they did. */
 typedef struct shape_entry {
     const char *key;
     char value[64];
+    bool optional;   /* absent holds what a file without the entry has */
+    char absent[16];
 } shape_entry;
 
-/* The base entries, then with LoRA its own (a LoRA checkpoint also names the fingerprint of the
-   frozen weights, which it does not hold: see checkpoint.h). */
-static int shape_entries(model *m, shape_entry e[16])
+enum { SHAPE_ENTRIES = 24 };
+
+/* What an architecture adds to a Llama model's layers. */
+static int arch_entries(const model *m, shape_entry *e)
+{
+    const model_config *c = &m->cfg;
+    const char *keys[] = {"head_dim", "qkv_bias", "o_bias", "qk_norm", "sliding_window"};
+    const int vals[] = {m->head_dim, c->qkv_bias, c->o_bias, c->qk_norm, c->sliding_window};
+    e[0] = (shape_entry){.key = "arch", .optional = true, .absent = "llama"};
+    snprintf(e[0].value, sizeof e[0].value, "%s", model_arch_name(c->arch));
+    for (int i = 0; i < 5; ++i) {
+        e[i + 1] = (shape_entry){.key = keys[i], .optional = true, .absent = "0"};
+        snprintf(e[i + 1].value, sizeof e[i + 1].value, "%d", vals[i]);
+    }
+    snprintf(e[1].absent, sizeof e[1].absent, "%d", c->dim / c->heads);
+    return 6;
+}
+
+/* The base entries, the architecture's, then with LoRA its own (a LoRA checkpoint also names the
+   fingerprint of the frozen weights, which it does not hold: see checkpoint.h). */
+static int shape_entries(model *m, shape_entry e[SHAPE_ENTRIES])
 {
     const model_config *c = &m->cfg;
     const char *keys[] = {"vocab", "dim", "layers", "heads", "kv_heads", "ffn", "tied",
@@ -60,11 +82,12 @@ static int shape_entries(model *m, shape_entry e[16])
     const double vals[] = {c->vocab, c->dim, c->layers, c->heads, c->kv_heads, c->ffn, c->tied,
                            c->norm_eps, c->rope_theta, c->rope_llama3_factor, c->lora_rank,
                            c->lora_alpha};
-    const int n = c->lora_rank > 0 ? 12 : 10;
+    int n = c->lora_rank > 0 ? 12 : 10;
     for (int i = 0; i < n; ++i) {
-        e[i].key = keys[i];
+        e[i] = (shape_entry){.key = keys[i]};
         snprintf(e[i].value, sizeof e[i].value, "%.9g", vals[i]);
     }
+    n += arch_entries(m, e + n);
     if (c->lora_rank == 0)
         return n;
     e[n] = (shape_entry){.key = "lora_targets"};
@@ -74,7 +97,7 @@ static int shape_entries(model *m, shape_entry e[16])
                      "%s%s", e[n].value[0] ? "," : "", model_module_name(k));
     e[n + 1] = (shape_entry){.key = "lora_dtype"};
     snprintf(e[n + 1].value, sizeof e[n + 1].value, "%s", llmcl_dtype_name(c->lora_dtype));
-    e[n + 2].key = "base_fingerprint";
+    e[n + 2] = (shape_entry){.key = "base_fingerprint"};
     snprintf(e[n + 2].value, sizeof e[n + 2].value, "%016" PRIx64, frozen_fingerprint(m));
     return n + 3;
 }
@@ -137,9 +160,10 @@ static llmcl_status write_metadata(llmcl_safetensors_writer *w, model *m, const 
 {
     char num[32];
     TRY(llmcl_safetensors_writer_metadata(w, "format", format));
-    shape_entry e[16];
+    shape_entry e[SHAPE_ENTRIES];
     for (int i = 0, n = shape_entries(m, e); i < n; ++i)
-        TRY(llmcl_safetensors_writer_metadata(w, e[i].key, e[i].value));
+        if (!e[i].optional || strcmp(e[i].value, e[i].absent) != 0)
+            TRY(llmcl_safetensors_writer_metadata(w, e[i].key, e[i].value));
     snprintf(num, sizeof num, "%" PRId64, s->step);
     TRY(llmcl_safetensors_writer_metadata(w, "step", num));
     snprintf(num, sizeof num, "%" PRId64, s->data_pos);
@@ -257,9 +281,10 @@ static llmcl_status check_shape(const llmcl_safetensors *st, model *m, const cha
                  rank ? "a" : "not a", m->cfg.lora_rank > 0 ? "uses" : "does not use");
         return LLMCL_ERROR_SHAPE_MISMATCH;
     }
-    shape_entry e[16];
+    shape_entry e[SHAPE_ENTRIES];
     for (int i = 0, n = shape_entries(m, e); i < n; ++i) {
         const char *v = llmcl_safetensors_metadata(st, e[i].key);
+        v = v || !e[i].optional ? v : e[i].absent;
         if (v && strcmp(e[i].key, "base_fingerprint") == 0 && strcmp(v, e[i].value) != 0) {
             snprintf(why_buf, sizeof why_buf,
                      "%s adapts other base weights (fingerprint %s there, %s here): give the "

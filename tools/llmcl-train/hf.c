@@ -185,7 +185,60 @@ static void require_string(const json_t *root, const char *key, const char *want
 {
     const json_t *v = json_object_get(root, key);
     if (v && !json_is_null(v) && (!json_is_string(v) || strcmp(json_string_value(v), want) != 0))
-        die("%s: %s must be \"%s\" for llmcl-train's Llama model", path, key, want);
+        die("%s: %s must be \"%s\" for llmcl-train's models", path, key, want);
+}
+
+/* model_type: llama, mistral, qwen2 or qwen3 (absent: llama, as before other types came). */
+static model_arch read_arch(const json_t *root, const char *path)
+{
+    const json_t *v = json_object_get(root, "model_type");
+    if (!v || json_is_null(v))
+        return ARCH_LLAMA;
+    for (int a = 0; a < ARCH_COUNT; ++a)
+        if (json_is_string(v) && strcmp(json_string_value(v), model_arch_name(a)) == 0)
+            return a;
+    die("%s: model_type %.60s: llmcl-train reads \"llama\", \"mistral\", \"qwen2\" and "
+        "\"qwen3\" (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
+        path, json_is_string(v) ? json_string_value(v) : "that is not a string");
+}
+
+/*
+ * The sliding window that every layer has (0: none) as transformers derives it. Mistral: its
+ * sliding_window (4096 where absent, MistralConfig's default). Qwen2 and Qwen3: layer_types where
+ * given, else use_sliding_window with the layers from max_window_layers on (28 where absent). A
+ * window on some layers only is refused.
+ */
+static int read_window(const json_t *root, model_arch arch, int layers, const char *path)
+{
+    if (arch == ARCH_LLAMA)
+        return 0;
+    const json_t *w = json_object_get(root, "sliding_window");
+    const int window = w && json_is_null(w) ? 0 : integer(root, "sliding_window", 4096, path);
+    if (arch == ARCH_MISTRAL)
+        return window;
+    const json_t *types = json_object_get(root, "layer_types");
+    int sliding = 0;
+    if (json_is_array(types)) {
+        size_t i;
+        const json_t *t;
+        json_array_foreach(types, i, t) {
+            const char *name = json_is_string(t) ? json_string_value(t) : "";
+            if (strcmp(name, "sliding_attention") != 0 && strcmp(name, "full_attention") != 0)
+                die("%s: layer_types holds \"%.60s\": llmcl-train knows full_attention and "
+                    "sliding_attention", path, name);
+            sliding += strcmp(name, "sliding_attention") == 0;
+        }
+        if (json_array_size(types) != (size_t)layers)
+            die("%s: layer_types names %zu layers where num_hidden_layers is %d", path,
+                json_array_size(types), layers);
+    } else if (boolean(root, "use_sliding_window", false, path)) {
+        const int from = integer(root, "max_window_layers", 28, path);
+        sliding = from < layers ? layers - from : 0;
+    }
+    if (sliding > 0 && (sliding < layers || window == 0))
+        die("%s: a sliding window on %d of %d layers: llmcl-train gives every layer the same "
+            "attention", path, sliding, layers);
+    return sliding ? window : 0;
 }
 
 /*
@@ -229,17 +282,28 @@ bool hf_read_config(const hf_checkpoint *c, model_config *cfg, int *max_position
         return false;
     const char *p = c->config;
     json_t *root = load_json(p);
-    require_string(root, "model_type", "llama", p);
+    const model_arch arch = read_arch(root, p);
+    const bool qwen = arch == ARCH_QWEN2 || arch == ARCH_QWEN3;
     require_string(root, "hidden_act", "silu", p);
-    if (boolean(root, "attention_bias", false, p) || boolean(root, "mlp_bias", false, p))
-        die("%s: biases in attention or MLP are not supported", p);
-    /* absent keys take LlamaConfig's defaults */
-    cfg->vocab = integer(root, "vocab_size", 32000, p);
+    if (boolean(root, "mlp_bias", false, p))
+        die("%s: biases in the MLP are not supported", p);
+    /* Qwen2's q, k and v always have biases and o none, Mistral's none: both ignore the key */
+    const bool attention_bias = (arch == ARCH_LLAMA || arch == ARCH_QWEN3) &&
+                                boolean(root, "attention_bias", false, p);
+    cfg->arch = arch;
+    cfg->qkv_bias = arch == ARCH_QWEN2 || attention_bias;
+    cfg->o_bias = attention_bias;
+    cfg->qk_norm = arch == ARCH_QWEN3;
+    /* absent keys take the defaults of the architecture's config class */
+    cfg->vocab = integer(root, "vocab_size", qwen ? 151936 : 32000, p);
     cfg->dim = integer(root, "hidden_size", 4096, p);
-    cfg->ffn = integer(root, "intermediate_size", 11008, p);
+    cfg->ffn = integer(root, "intermediate_size",
+                       qwen ? 22016 : arch == ARCH_MISTRAL ? 14336 : 11008, p);
     cfg->layers = integer(root, "num_hidden_layers", 32, p);
     cfg->heads = integer(root, "num_attention_heads", 32, p);
-    cfg->kv_heads = integer(root, "num_key_value_heads", cfg->heads, p);
+    cfg->kv_heads =
+        integer(root, "num_key_value_heads", arch == ARCH_MISTRAL ? 8 : cfg->heads, p);
+    cfg->sliding_window = read_window(root, arch, cfg->layers, p);
     /* a negative eps, one past float's range or a theta <= 0 (which --rope-theta refuses) would
        train on NaN */
     const double eps = number(root, "rms_norm_eps", 1e-6, p);
@@ -251,10 +315,14 @@ bool hf_read_config(const hf_checkpoint *c, model_config *cfg, int *max_position
     if (!(cfg->rope_theta > 0))
         die("%s: rope_theta = %g must be > 0", p, cfg->rope_theta);
     cfg->tied = boolean(root, "tie_word_embeddings", false, p);
-    *max_positions = integer(root, "max_position_embeddings", 2048, p);
-    const int head_dim = cfg->heads > 0 ? integer(root, "head_dim", cfg->dim / cfg->heads, p) : 0;
-    if ((int64_t)head_dim * cfg->heads != cfg->dim) /* each up to 2^30: the product in 64 bits */
-        die("%s: head_dim must be hidden_size / num_attention_heads", p);
+    *max_positions = integer(root, "max_position_embeddings",
+                             qwen ? 32768 : arch == ARCH_MISTRAL ? 4096 * 32 : 2048, p);
+    const int split = cfg->heads > 0 ? cfg->dim / cfg->heads : 0;
+    const int head_dim = integer(root, "head_dim", arch == ARCH_QWEN3 ? 128 : split, p);
+    if (head_dim < 1)
+        die("%s: head_dim must be >= 1", p);
+    /* 0: dim / heads, which model_config_error then checks */
+    cfg->head_dim = (int64_t)head_dim * cfg->heads == cfg->dim ? 0 : head_dim;
     json_decref(root);
     return true;
 }
@@ -333,7 +401,7 @@ void hf_read_adapter_config(const hf_checkpoint *c, model_config *cfg)
     const json_t *bias = json_object_get(root, "bias");
     if (bias && !json_is_null(bias) &&
         (!json_is_string(bias) || strcmp(json_string_value(bias), "none") != 0))
-        die("%s: bias must be \"none\": llmcl-train's Llama model has no biases", p);
+        die("%s: bias must be \"none\": llmcl-train trains no biases beside the adapters", p);
     /* absent keys take LoraConfig's defaults */
     const int r = integer(root, "r", 8, p);
     if (r < 1 || r > 1 << 16)
@@ -425,8 +493,8 @@ static void refuse_unused(model *m, const hf_checkpoint *c)
     if (unused > 3)
         snprintf(names + strlen(names), sizeof names - strlen(names), " and %d more", unused - 3);
     if (unused)
-        die_finally(c->refused, "%s %s: %s: tensors that llmcl-train's Llama model does not use "
-                    "(%s would be dropped)", option(c), c->path, names,
+        die_finally(c->refused, "%s %s: %s: tensors that llmcl-train's model of this config "
+                    "does not use (%s would be dropped)", option(c), c->path, names,
             c->adapter ? "DoRA's magnitudes, biases or other modules' adapters"
                        : "biases or another architecture's weights");
 }

@@ -1,10 +1,12 @@
 /*
- * hf.h: Hugging Face interoperability of llmcl-train. Reads a LlamaForCausalLM checkpoint (a
- * model.safetensors file, or a folder with config.json and model.safetensors or the shards of
- * model.safetensors.index.json) into a model, and a PEFT LoRA adapter (adapter_config.json and
- * adapter_model.safetensors) onto it; exports one: model.safetensors and a config.json in
- * LlamaConfig's layout, or, for a LoRA run, PEFT's adapter_model.safetensors and
- * adapter_config.json, or the adapters merged into the weights.
+ * hf.h: Hugging Face interoperability of llmcl-train. Reads a checkpoint of LlamaForCausalLM,
+ * MistralForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM (one decoder, with biases, q and k
+ * norms, another head dimension or a sliding window where the architecture has them: model.h's
+ * model_config), a model.safetensors file or a folder with config.json and model.safetensors or
+ * the shards of model.safetensors.index.json, into a model, and a PEFT LoRA adapter
+ * (adapter_config.json and adapter_model.safetensors) onto it; exports one: model.safetensors and
+ * a config.json in its architecture's layout, or, for a LoRA run, PEFT's
+ * adapter_model.safetensors and adapter_config.json, or the adapters merged into the weights.
  *
  * RoPE: the model rotates each head's pairs (i, i + d/2), Hugging Face's rotate_half convention,
  * on q/k weights in Hugging Face's layout, so the weights move to and from Hugging Face files
@@ -38,11 +40,12 @@ void hf_open(const char *path, hf_checkpoint *out);
 void hf_close(hf_checkpoint *c);
 
 /*
- * The model shape in c's config.json (LlamaConfig's defaults for absent keys) into cfg's shape
- * fields, and max_position_embeddings into *max_positions. Returns false when c has no config.
- * Dies on a config that llmcl-train's model cannot express (another model type or activation,
- * biases, rope scaling other than llama3 with Llama 3.1's constants, a head_dim that is not
- * hidden_size / num_attention_heads).
+ * The model shape in c's config.json (the defaults of its architecture's config class for absent
+ * keys) into cfg's shape and architecture fields (arch, head_dim, biases, q and k norms, sliding
+ * window), and max_position_embeddings into *max_positions. Returns false when c has no config.
+ * Dies on a config that llmcl-train's model cannot express (a model type other than llama,
+ * mistral, qwen2 and qwen3, another activation, MLP biases, rope scaling other than llama3 with
+ * Llama 3.1's constants, a sliding window on some layers only).
  */
 bool hf_read_config(const hf_checkpoint *c, model_config *cfg, int *max_positions);
 
@@ -51,7 +54,8 @@ bool hf_read_config(const hf_checkpoint *c, model_config *cfg, int *max_position
  * compute copy; under --zero into each rank's shards, every rank reading c). A tensor missing, of
  * another shape or of a non-float dtype ends the program naming it, and so does an lm_head.weight
  * for a tied head unless config.json ties it (then it is ignored, as transformers does), and so do
- * tensors that the model would not use (Qwen2's q/k/v biases, say: a few named, then a count)
+ * tensors that the model would not use (biases of a config without them, say: a few named, then a
+ * count)
  * except RoPE's saved rotary_emb.inv_freq.
  */
 void hf_load(model *m, const hf_checkpoint *c);

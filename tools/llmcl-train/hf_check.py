@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """hf_check.py: llmcl-train's Hugging Face interop checked against transformers (device only).
 
-    make DIR      a random small LlamaForCausalLM saved with save_pretrained into DIR, a token file
-                  DIR/tokens.bin (llm.c's format) for llmcl-train's --data/--val, and the loss
-                  transformers computes on its first batch: what `llmcl-train --init-from DIR
-                  --data DIR/tokens.bin --val DIR/tokens.bin` must print as its first step's loss
-                  (the first training and held-out windows are both the file's first B x T tokens).
+    make DIR      a random small LlamaForCausalLM (or with --arch a MistralForCausalLM,
+                  Qwen2ForCausalLM or Qwen3ForCausalLM) saved with save_pretrained into DIR, a
+                  token file DIR/tokens.bin (llm.c's format) for llmcl-train's --data/--val, and
+                  the loss transformers computes on its first batch: what `llmcl-train
+                  --init-from DIR --data DIR/tokens.bin --val DIR/tokens.bin` must print as its
+                  first step's loss (the first training and held-out windows are both the file's
+                  first B x T tokens).
     adapter DIR OUT
                   a PEFT LoRA adapter of DIR's model made by PEFT itself (LoraConfig with
                   init_lora_weights=False: A and B random, so that the adapter moves the logits),
                   saved with save_pretrained into OUT, for `llmcl-train --init-from DIR
                   --init-adapter OUT`, whose --dump-logits `logits DIR DUMP --adapter OUT` checks.
     logits DIR DUMP
-                  loads DIR with LlamaForCausalLM.from_pretrained (an --export folder, or a base
+                  loads DIR with AutoModelForCausalLM.from_pretrained (an --export folder, or a base
                   model plus, with --adapter, an adapter folder loaded by PEFT), runs the tokens
                   of llmcl-train's --dump-logits file DUMP and prints the largest logit difference,
                   relative to the largest logit, and both losses; fails above --tol.
@@ -30,7 +32,7 @@ import sys
 
 import torch
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 
 def first_batch(tokens, batch, seq):
@@ -47,19 +49,37 @@ def loss_of(model, ids, targets):
     return logits, loss.item()
 
 
+def arch_keys(args):
+    """What --arch, --head-dim, --window and --attention-bias say, as the config class's keys."""
+    keys = {}
+    if args.head_dim:
+        keys["head_dim"] = args.head_dim
+    if args.arch == "llama":
+        keys.update(rope_theta=500000.0, attention_bias=args.attention_bias,
+                    rope_scaling={"rope_type": "llama3", "factor": 32.0,
+                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                  "original_max_position_embeddings": 8192})
+    elif args.arch == "mistral":
+        keys.update(rope_theta=1e6, sliding_window=args.window or None)
+    else:  # Qwen2 and Qwen3: a window on every layer, or on none
+        keys.update(rope_theta=1e6, use_sliding_window=bool(args.window),
+                    sliding_window=args.window or None,
+                    max_window_layers=0 if args.window else args.layers)
+        if args.arch == "qwen3":
+            keys["attention_bias"] = args.attention_bias
+    return keys
+
+
 def make(args):
     torch.manual_seed(args.seed)
-    cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.dim, intermediate_size=args.ffn,
-                      num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                      num_key_value_heads=args.kv_heads, max_position_embeddings=131072,
-                      rms_norm_eps=1e-5, rope_theta=500000.0,
-                      rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                    "high_freq_factor": 4.0,
-                                    "original_max_position_embeddings": 8192},
-                      tie_word_embeddings=not args.untied, initializer_range=0.06,
-                      attn_implementation="eager")
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # norms away from 1, so that their weights matter
+    cfg = AutoConfig.for_model(args.arch, vocab_size=args.vocab, hidden_size=args.dim,
+                               intermediate_size=args.ffn, num_hidden_layers=args.layers,
+                               num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                               max_position_embeddings=131072, rms_norm_eps=1e-5,
+                               tie_word_embeddings=not args.untied, initializer_range=0.06,
+                               attn_implementation="eager", **arch_keys(args))
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():  # norms away from 1 and biases from 0, so that they matter
         for name, p in model.named_parameters():
             if p.dim() == 1:
                 p.add_(0.1 * torch.randn_like(p))
@@ -73,7 +93,8 @@ def make(args):
         f.write(struct.pack(f"<{n}H", *tokens))
     ids, targets = first_batch(tokens, args.batch, args.seq)
     _, loss = loss_of(model, ids, targets)
-    print(f"{args.dir}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
+    print(f"{args.dir}: {type(model).__name__}, "
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
           f"{args.save_dtype}; tokens.bin holds {n} tokens")
     print(f"transformers loss of the first {args.batch} x {args.seq} batch: {loss:.6f} "
           f"(ln V = {math.log(args.vocab):.4f})")
@@ -82,7 +103,7 @@ def make(args):
 def adapter(args):
     from peft import LoraConfig, get_peft_model
     torch.manual_seed(args.seed)
-    model = LlamaForCausalLM.from_pretrained(args.dir, torch_dtype=getattr(torch, args.dtype))
+    model = AutoModelForCausalLM.from_pretrained(args.dir, torch_dtype=getattr(torch, args.dtype))
     targets = args.targets if args.targets == "all-linear" else args.targets.split(",")
     config = LoraConfig(r=args.r, lora_alpha=args.alpha, target_modules=targets,
                         use_rslora=args.rslora, lora_dropout=0.0, init_lora_weights=False,
@@ -102,8 +123,8 @@ def logits(args):
     with open(args.dump, "rb") as f:  # the loss is in the file's metadata
         n = struct.unpack("<Q", f.read(8))[0]
         llmcl_loss = float(json.loads(f.read(n))["__metadata__"]["loss"])
-    model = LlamaForCausalLM.from_pretrained(args.dir, torch_dtype=torch.float32,
-                                             attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(args.dir, torch_dtype=torch.float32,
+                                                 attn_implementation="eager")
     if args.adapter:
         from peft import PeftModel
         model = PeftModel.from_pretrained(model, args.adapter)
@@ -126,8 +147,12 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    mk = sub.add_parser("make", help="a random LlamaForCausalLM, its tokens and its loss")
+    mk = sub.add_parser("make", help="a random model, its tokens and its loss")
     mk.add_argument("dir")
+    mk.add_argument("--arch", choices=["llama", "mistral", "qwen2", "qwen3"], default="llama")
+    mk.add_argument("--head-dim", type=int, default=0, help="0: dim / heads")
+    mk.add_argument("--window", type=int, default=0, help="a sliding window on every layer")
+    mk.add_argument("--attention-bias", action="store_true", help="llama and qwen3: q, k, v, o")
     mk.add_argument("--vocab", type=int, default=1024)
     mk.add_argument("--dim", type=int, default=256)
     mk.add_argument("--layers", type=int, default=2)

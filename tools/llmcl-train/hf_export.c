@@ -120,13 +120,34 @@ static json_t *float_json(float x)
     return json_real(strtod(buf, NULL));
 }
 
-/* config.json in LlamaConfig's layout. */
+/* The architecture's own keys: biases and the sliding window as its config class names them. */
+static void write_arch_keys(const model_config *c, json_t *r)
+{
+    if (c->arch == ARCH_LLAMA || c->arch == ARCH_QWEN3)
+        json_object_set_new(r, "attention_bias", json_boolean(c->o_bias));
+    if (c->arch == ARCH_LLAMA)
+        json_object_set_new(r, "mlp_bias", json_false());
+    if (c->arch == ARCH_MISTRAL)
+        json_object_set_new(r, "sliding_window",
+                            c->sliding_window ? json_integer(c->sliding_window) : json_null());
+    if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3) { /* a window on all layers or on none */
+        json_object_set_new(r, "use_sliding_window", json_boolean(c->sliding_window > 0));
+        json_object_set_new(r, "sliding_window",
+                            c->sliding_window ? json_integer(c->sliding_window) : json_null());
+        json_object_set_new(r, "max_window_layers",
+                            json_integer(c->sliding_window ? 0 : c->layers));
+    }
+}
+
+/* config.json in the layout of the architecture's config class (LlamaConfig's, ...). */
 static void write_config(const model *m, const char *dir, const hf_export_opts *o)
 {
+    static const char *const classes[ARCH_COUNT] = {"LlamaForCausalLM", "MistralForCausalLM",
+                                                    "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
     const model_config *c = &m->cfg;
     json_t *r = json_object();
-    json_object_set_new(r, "architectures", json_pack("[s]", "LlamaForCausalLM"));
-    json_object_set_new(r, "model_type", json_string("llama"));
+    json_object_set_new(r, "architectures", json_pack("[s]", classes[c->arch]));
+    json_object_set_new(r, "model_type", json_string(model_arch_name(c->arch)));
     json_object_set_new(r, "vocab_size", json_integer(c->vocab));
     json_object_set_new(r, "hidden_size", json_integer(c->dim));
     json_object_set_new(r, "intermediate_size", json_integer(c->ffn));
@@ -148,8 +169,7 @@ static void write_config(const model *m, const char *dir, const hf_export_opts *
                             "low_freq_factor", 1.0, "high_freq_factor", 4.0,
                             "original_max_position_embeddings", 8192, "rope_type", "llama3");
     json_object_set_new(r, "rope_scaling", scaling);
-    json_object_set_new(r, "attention_bias", json_false());
-    json_object_set_new(r, "mlp_bias", json_false());
+    write_arch_keys(c, r);
     json_object_set_new(r, "tie_word_embeddings", json_boolean(c->tied));
     json_object_set_new(r, "torch_dtype",
                         json_string(o->dtype == LLMCL_BF16 ? "bfloat16" : "float32"));

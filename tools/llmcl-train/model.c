@@ -21,6 +21,9 @@ struct layer_acts {
     llmcl_tensor *h1, *rstd1, *o, *lse, *xmid, *h2, *rstd2, *act;
     llmcl_tensor *qkv; /* q, k and v side by side in a row, as the stacked projections write them */
     llmcl_tensor *gu;  /* gate and up likewise */
+    llmcl_tensor *qkn, *rstd_qk; /* with qk_norm: q and k normalised and rotated side by side in
+                                    a row (qkv keeps them as projected), and their rstd, q's
+                                    heads' then k's */
     llmcl_tensor *u[P_KINDS]; /* x A^T [N, rank x adapters], at a group's first adapted kind */
 };
 
@@ -61,8 +64,9 @@ const char *model_config_error(const model_config *c)
     if (c->vocab < 2 || c->dim < 1 || c->layers < 1 || c->heads < 1 || c->kv_heads < 1 ||
         c->ffn < 1 || c->max_seq < 1)
         return "vocab must be >= 2 and dim, layers, heads, kv-heads, ffn and seq >= 1";
-    if (c->dim % c->heads) {
-        snprintf(msg, sizeof msg, "%d heads do not divide the width %d", c->heads, c->dim);
+    if (c->head_dim < 0 || (c->head_dim == 0 && c->dim % c->heads)) {
+        snprintf(msg, sizeof msg, "%d heads do not divide the width %d: give --head-dim",
+                 c->heads, c->dim);
         return msg;
     }
     if (c->heads % c->kv_heads) {
@@ -70,13 +74,27 @@ const char *model_config_error(const model_config *c)
                  c->kv_heads, c->heads);
         return msg;
     }
-    const int d = c->dim / c->heads;
+    const int d = model_config_head_dim(c);
     if (d % 8 || d < 8 || d > 256) {
-        snprintf(msg, sizeof msg,
-                 "head dimension %d (width %d / %d heads) must be a multiple of 8 from 8 to 256",
-                 d, c->dim, c->heads);
+        char from[64] = "";
+        if (!c->head_dim)
+            snprintf(from, sizeof from, " (width %d / %d heads)", c->dim, c->heads);
+        snprintf(msg, sizeof msg, "head dimension %d%s must be a multiple of 8 from 8 to 256", d,
+                 from);
         return msg;
     }
+    if ((unsigned)c->arch >= ARCH_COUNT || c->sliding_window < 0)
+        return "the architecture must be llama, mistral, qwen2 or qwen3, and the sliding "
+               "window >= 0";
+    /* what each architecture's config.json can say, so that an export says what was trained */
+    const bool all_biases = c->qkv_bias == c->o_bias;
+    if ((c->arch == ARCH_LLAMA && (!all_biases || c->qk_norm || c->sliding_window)) ||
+        (c->arch == ARCH_MISTRAL && (c->qkv_bias || c->o_bias || c->qk_norm)) ||
+        (c->arch == ARCH_QWEN2 && (!c->qkv_bias || c->o_bias || c->qk_norm)) ||
+        (c->arch == ARCH_QWEN3 && (!all_biases || !c->qk_norm)))
+        return "the layers differ from the architecture's: llama has biases on q, k, v and o or "
+               "none and no sliding window; mistral no biases; qwen2 biases on q, k and v; qwen3 "
+               "q and k norms and biases on q, k, v and o or none";
     if (c->dtype != LLMCL_F32 && c->dtype != LLMCL_BF16 && c->dtype != LLMCL_F16)
         return "dtype must be f32, bf16 or f16";
     if (c->lora_rank < 0 || (c->lora_rank > 0 && !(c->lora_alpha > 0)))
@@ -119,6 +137,17 @@ const char *model_config_error(const model_config *c)
         return "--optimizer-in-backward needs f32 adapters (--lora-dtype f32): bf16 adapters' "
                "stochastic rounding counts elements across the whole step's update";
     return NULL;
+}
+
+int model_config_head_dim(const model_config *c)
+{
+    return c->head_dim ? c->head_dim : c->dim / c->heads;
+}
+
+const char *model_arch_name(model_arch arch)
+{
+    static const char *const names[ARCH_COUNT] = {"llama", "mistral", "qwen2", "qwen3"};
+    return (unsigned)arch < ARCH_COUNT ? names[arch] : "";
 }
 
 /* ---- layer groups: under --zero (zero.h) parameters exist while their group is open ---- */
@@ -234,6 +263,8 @@ static const char *kind_name[P_LORA_A] = {
     "self_attn.k_proj.weight",         "self_attn.v_proj.weight", "self_attn.o_proj.weight",
     "post_attention_layernorm.weight", "mlp.gate_proj.weight",   "mlp.up_proj.weight",
     "mlp.down_proj.weight",            "model.norm.weight",      "lm_head.weight",
+    "self_attn.q_proj.bias",           "self_attn.k_proj.bias",  "self_attn.v_proj.bias",
+    "self_attn.o_proj.bias",           "self_attn.q_norm.weight", "self_attn.k_norm.weight",
 };
 
 const char *model_module_name(int kind)
@@ -247,11 +278,13 @@ const char *model_module_name(int kind)
 
 static void param_shape(const model_config *c, int kind, int64_t shape[2], int *ndim)
 {
-    const int64_t d = c->dim / c->heads, q = (int64_t)c->heads * d, kv = (int64_t)c->kv_heads * d;
+    const int64_t d = model_config_head_dim(c), q = (int64_t)c->heads * d,
+                  kv = (int64_t)c->kv_heads * d;
     const int64_t shapes[P_LORA_A][2] = {
         {c->vocab, c->dim}, {c->dim, 0}, {q, c->dim},   {kv, c->dim},   {kv, c->dim},
         {c->dim, q},        {c->dim, 0}, {c->ffn, c->dim}, {c->ffn, c->dim}, {c->dim, c->ffn},
-        {c->dim, 0},        {c->vocab, c->dim},
+        {c->dim, 0},        {c->vocab, c->dim}, {q, 0}, {kv, 0}, {kv, 0}, {c->dim, 0}, {d, 0},
+        {d, 0},
     };
     shape[0] = shapes[kind][0];
     shape[1] = shapes[kind][1];
@@ -280,30 +313,64 @@ static model_param *add_param(model *m, int kind, int layer, const model_param *
         param_shape(&m->cfg, kind, p->shape, &p->ndim);
     }
     p->numel = p->shape[0] * (p->ndim == 2 ? p->shape[1] : 1);
-    p->is_norm = p->ndim == 1;
+    p->is_vector = p->ndim == 1;
     p->trainable = base || m->cfg.lora_rank == 0;
     param_set *s = p->trainable ? &m->trainable : &m->frozen;
     p->offset = s->total;
-    s->total += (p->numel + 63) / 64 * 64; /* 128-byte aligned views for the fast paths */
+    /* 128-byte aligned views for the fast paths; but k's and v's biases follow q's directly, so
+       that the stacked product adds them as one (a bias needs no alignment) */
+    s->total += kind == P_BQ || kind == P_BK ? p->numel : (p->numel + 63) / 64 * 64;
+    if (!base)
+        m->index[(layer + 1) * P_KINDS + kind] = (int)(p - m->params);
     return p;
 }
 
+/* Whether a layer of c has parameters of kind (a Llama layer's nine, and what c adds). */
+static bool layer_has(const model_config *c, int kind)
+{
+    if (kind >= P_BQ && kind <= P_BV)
+        return c->qkv_bias;
+    if (kind == P_BO)
+        return c->o_bias;
+    if (kind == P_QNORM || kind == P_KNORM)
+        return c->qk_norm;
+    return kind >= P_ATTN_NORM && kind <= P_WDOWN;
+}
+
+/* A layer's kinds in layout order: a Llama layer's, with the biases of q, k and v after v's
+   weights (one bias vector for the stacked product), then the q and k norms, o's bias after o. */
+static const int layer_order[] = {P_ATTN_NORM, P_WQ, P_WK, P_WV, P_BQ, P_BK, P_BV, P_QNORM,
+                                  P_KNORM, P_WO, P_BO, P_MLP_NORM, P_WGATE, P_WUP, P_WDOWN};
+
 /* Every base weight in layout order, then each layer's adapters: its A's one after another, then
    its B's, so that the A's of q, k and v (and of gate and up) lie side by side and their products
-   stack (stacked_adapters). */
+   stack (stacked_adapters). A Llama model's layout, which the initial values follow, is the one
+   it had before other architectures came. */
 static void layout_params(model *m)
 {
     const model_config *c = &m->cfg;
     const int targets = __builtin_popcount(c->lora_targets);
-    m->params = xcalloc((size_t)(c->layers * (9 + 2 * targets) + 3), sizeof *m->params);
+    const int per_layer = (int)(sizeof layer_order / sizeof *layer_order) + 2 * targets;
+    m->params = xcalloc((size_t)(c->layers * per_layer + 3), sizeof *m->params);
+    m->index = xmalloc((size_t)(c->layers + 1) * P_KINDS * sizeof *m->index);
+    for (int i = 0; i < (c->layers + 1) * P_KINDS; ++i)
+        m->index[i] = -1;
     add_param(m, P_EMBED, -1, NULL);
     for (int l = 0; l < c->layers; ++l)
-        for (int k = P_ATTN_NORM; k <= P_WDOWN; ++k)
-            add_param(m, k, l, NULL);
+        for (size_t i = 0; i < sizeof layer_order / sizeof *layer_order; ++i)
+            if (layer_has(c, layer_order[i]))
+                add_param(m, layer_order[i], l, NULL);
     add_param(m, P_FINAL_NORM, -1, NULL);
     if (!c->tied)
         add_param(m, P_HEAD, -1, NULL);
     const int n_base = m->n_params;
+    for (int i = 0; i < n_base; ++i) {
+        model_param *p = &m->params[i];
+        const int bias = p->kind == P_WO ? P_BO : p->kind - P_WQ + P_BQ;
+        if (p->layer >= 0 && p->kind >= P_WQ && p->kind <= P_WO &&
+            m->index[(p->layer + 1) * P_KINDS + bias] >= 0)
+            p->bias = &m->params[m->index[(p->layer + 1) * P_KINDS + bias]];
+    }
     for (int l = 0; c->lora_rank > 0 && l < c->layers; ++l)
         for (int kind = P_LORA_A; kind <= P_LORA_B; ++kind)
             for (int i = 0; i < n_base; ++i) {
@@ -457,7 +524,9 @@ static void fill_values(void *arg, int64_t lo, int64_t hi)
     const model_param *p = f->p;
     float *out = f->values + lo;
     const double bound = 1.0 / sqrt((double)p->shape[1]);
-    if (p->is_norm)
+    if (p->kind >= P_BQ && p->kind <= P_BO)
+        memset(out, 0, (size_t)(hi - lo) * sizeof *out);
+    else if (p->is_vector)
         for (int64_t j = 0; j < hi - lo; ++j)
             out[j] = 1.0f;
     else if (p->kind == P_LORA_A)
@@ -546,7 +615,7 @@ llmcl_status model_norms_from(model *m, int64_t at, int64_t len, const llmcl_ten
     for (int i = 0; i < m->n_params; ++i) {
         const model_param *p = &m->params[i];
         int64_t first;
-        const int64_t n = p->is_norm ? model_param_within(p, at, len, &first) : 0;
+        const int64_t n = p->is_vector ? model_param_within(p, at, len, &first) : 0;
         if (n == 0)
             continue;
         llmcl_tensor *from = tensor_slice(master, first - at, n);
@@ -650,10 +719,10 @@ static void alloc_params(model *m)
         p->m = param_view(p, s->m, p->offset);
         p->v = param_view(p, s->v, p->offset);
         p->w16 = param_view(p, s->compute, p->offset);
-        if (p->is_norm && s->offloaded) /* used in f32, and the masters are on the host */
+        if (p->is_vector && s->offloaded) /* used in f32, and the masters are on the host */
             p->w = new_tensor(m->ctx, LLMCL_F32, 1, p->numel, 0);
         else
-            p->w = param_view(p, p->is_norm || !p->w16 ? s->master : s->compute, p->offset);
+            p->w = param_view(p, p->is_vector || !p->w16 ? s->master : s->compute, p->offset);
     }
     if (cfg->optimizer_in_backward && m->trainable.grad)
         group_grad_views(m, span);
@@ -678,7 +747,7 @@ llmcl_status model_create(llmcl_ctx *ctx, const model_config *cfg, uint64_t seed
     model *m = xcalloc(1, sizeof *m);
     m->ctx = ctx;
     m->cfg = *cfg;
-    m->head_dim = cfg->dim / cfg->heads;
+    m->head_dim = model_config_head_dim(cfg);
     m->lora_scale = cfg->lora_rank > 0 ? cfg->lora_alpha / (float)cfg->lora_rank : 0.0f;
     layout_params(m);
     if (!cfg->zero_stage || cfg->lora_rank > 0)
@@ -719,7 +788,7 @@ double model_flops_per_token(const model *m, int t)
 {
     /* the input embedding is a gather; with a tied head its matrix multiplies once, as the head */
     const model_config *c = &m->cfg;
-    double flops = 6.0 * c->layers * (double)t * c->dim;
+    double flops = 6.0 * c->layers * (double)t * c->heads * m->head_dim;
     for (int i = 0; i < m->n_params; ++i) {
         const model_param *p = &m->params[i];
         if (!(p->kind == P_EMBED && !c->tied))
@@ -728,16 +797,14 @@ double model_flops_per_token(const model *m, int t)
     return flops;
 }
 
-/* The parameter of kind in layer (-1 for the global ones); the tied head is the embedding. */
+/* The parameter of kind in layer (-1 for the global ones), NULL where the model has none; the
+   tied head is the embedding. */
 static model_param *param(model *m, int kind, int layer)
 {
     if (kind == P_HEAD && m->cfg.tied)
         kind = P_EMBED;
-    if (layer < 0)
-        return kind == P_EMBED ? &m->params[0]
-                               : &m->params[kind == P_FINAL_NORM ? 1 + 9 * m->cfg.layers
-                                                                 : 2 + 9 * m->cfg.layers];
-    return &m->params[1 + 9 * layer + (kind - P_ATTN_NORM)];
+    const int i = m->index[(layer + 1) * P_KINDS + kind];
+    return i >= 0 ? &m->params[i] : NULL;
 }
 
 /* ---- activations ---- */
@@ -778,17 +845,20 @@ static int adapter_col(const model_config *c, int kind, int *first, int *count)
  * last, one slot per projection from P_WQ to P_WDOWN, of which a group's first adapted one holds
  * the group's (adapter_col).
  */
-enum { S_H1, S_RSTD1, S_QKV, S_O, S_LSE, S_XMID, S_H2, S_RSTD2, S_GU, S_ACT, S_U,
-       SLOTS = S_U + P_WDOWN - P_WQ + 1 };
+enum { S_H1, S_RSTD1, S_QKV, S_O, S_LSE, S_XMID, S_H2, S_RSTD2, S_GU, S_ACT, S_QKN, S_RSTDQK,
+       S_U, SLOTS = S_U + P_WDOWN - P_WQ + 1 };
 #define ALL_SLOTS ((1u << SLOTS) - 1)
-/* What the ops form rebuilds: the RMSNorms' outputs and rstd, and SwiGLU's product. */
-#define CHEAP_SLOTS \
-    ((1u << S_H1) | (1u << S_RSTD1) | (1u << S_H2) | (1u << S_RSTD2) | (1u << S_ACT))
+/* What the ops form rebuilds: the RMSNorms' outputs and rstd (the q and k norms' rotated too), and
+   SwiGLU's product. */
+#define CHEAP_SLOTS                                                                           \
+    ((1u << S_H1) | (1u << S_RSTD1) | (1u << S_H2) | (1u << S_RSTD2) | (1u << S_ACT) |       \
+     (1u << S_QKN) | (1u << S_RSTDQK))
 
 static void slots_of(layer_acts *A, llmcl_tensor **s[SLOTS])
 {
-    llmcl_tensor **named[S_U] = {&A->h1, &A->rstd1, &A->qkv,   &A->o,  &A->lse,
-                                 &A->xmid, &A->h2, &A->rstd2, &A->gu, &A->act};
+    llmcl_tensor **named[S_U] = {&A->h1,    &A->rstd1, &A->qkv, &A->o,   &A->lse,
+                                 &A->xmid,  &A->h2,    &A->rstd2, &A->gu, &A->act,
+                                 &A->qkn,   &A->rstd_qk};
     for (int i = 0; i < S_U; ++i)
         s[i] = named[i];
     for (int k = P_WQ; k <= P_WDOWN; ++k)
@@ -827,7 +897,8 @@ static llmcl_tensor *spec_tensor(model *m, buf_spec s)
     return new_tensor(m->ctx, s.dt, s.d1 ? 2 : 1, s.d0, s.d1);
 }
 
-/* A slot's buffer for b x t tokens; false for the x A^T of a projection without an adapter. */
+/* A slot's buffer for b x t tokens; false for the x A^T of a projection without an adapter, and
+   for the q and k norms' buffers without them. */
 static bool slot_spec(const model *m, int slot, int b, int t, buf_spec *s)
 {
     const model_config *c = &m->cfg;
@@ -835,8 +906,12 @@ static bool slot_spec(const model *m, int slot, int b, int t, buf_spec *s)
                   kv = (int64_t)c->kv_heads * m->head_dim;
     const int64_t width[S_U] = {[S_H1] = c->dim,   [S_QKV] = q + 2 * kv, [S_O] = q,
                                 [S_XMID] = c->dim, [S_H2] = c->dim,      [S_GU] = 2 * c->ffn,
-                                [S_ACT] = c->ffn};
-    if (slot == S_RSTD1 || slot == S_RSTD2)
+                                [S_ACT] = c->ffn,  [S_QKN] = q + kv};
+    if ((slot == S_QKN || slot == S_RSTDQK) && !c->qk_norm)
+        return false;
+    if (slot == S_RSTDQK)
+        *s = (buf_spec){LLMCL_F32, n * (c->heads + c->kv_heads), 0};
+    else if (slot == S_RSTD1 || slot == S_RSTD2)
         *s = (buf_spec){LLMCL_F32, n, 0};
     else if (slot == S_LSE)
         *s = (buf_spec){LLMCL_F32, (int64_t)b * c->heads * t, 0};
@@ -962,7 +1037,7 @@ static int64_t widest_adapters(const model_config *c)
 }
 
 /* The buffers every form has beside the stream and the layers': where each goes in m, its spec. */
-enum { FIXED_BUFFERS = 16 };
+enum { FIXED_BUFFERS = 17 };
 static int fixed_buffers(model *m, int b, int t, llmcl_tensor **where[FIXED_BUFFERS],
                          buf_spec spec[FIXED_BUFFERS])
 {
@@ -986,13 +1061,18 @@ static int fixed_buffers(model *m, int b, int t, llmcl_tensor **where[FIXED_BUFF
                             {&m->da, {dt, n, c->ffn}},
                             {&m->dattn, {dt, n, q}},
                             {&m->dqkv, {dt, n, q + 2 * kv}},
-                            {&m->dnorm_w, {LLMCL_F32, c->dim, 0}},
+                            {&m->dnorm_w, {LLMCL_F32, c->dim > m->head_dim ? c->dim
+                                                                          : m->head_dim, 0}},
                             {&m->logits_last, {LLMCL_F32, 1, c->vocab}},
-                            {&m->du, {dt, n, widest_adapters(c)}}};
-    const int count = c->lora_rank > 0 ? FIXED_BUFFERS : FIXED_BUFFERS - 1; /* du: LoRA's */
-    for (int i = 0; i < count; ++i) {
-        where[i] = all[i].where;
-        spec[i] = all[i].spec;
+                            {&m->du, {dt, n, widest_adapters(c)}},
+                            {&m->ones, {dt, n, 0}}};
+    int count = 0;
+    for (int i = 0; i < FIXED_BUFFERS; ++i) {
+        if ((all[i].where == &m->du && c->lora_rank == 0) ||
+            (all[i].where == &m->ones && !c->qkv_bias && !c->o_bias))
+            continue;
+        where[count] = all[i].where;
+        spec[count++] = all[i].spec;
     }
     return count;
 }
@@ -1087,6 +1167,8 @@ llmcl_status model_alloc_acts(model *m, int b, int t, int recompute, bool offloa
     const int count = fixed_buffers(m, b, t, where, spec);
     for (int i = 0; i < count; ++i)
         *where[i] = spec_tensor(m, spec[i]);
+    if (m->ones)
+        CHECK(llmcl_fill(ctx, m->ones, 1.0), ctx);
     int32_t *pos = xmalloc((size_t)t * sizeof *pos);
     for (int i = 0; i < t; ++i)
         pos[i] = i;
@@ -1113,6 +1195,7 @@ void model_destroy(model *m)
         llmcl_tensor_destroy(m->group_grads[g]);
     free(m->group_grads);
     free(m->params);
+    free(m->index);
     set_free(&m->trainable);
     set_free(&m->frozen);
     free(m);
@@ -1169,7 +1252,7 @@ static llmcl_status adapter_forward(model *m, const model_param *p, const llmcl_
 llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tensor *x,
                                 const llmcl_tensor *res, llmcl_tensor *y, llmcl_tensor *u)
 {
-    const llmcl_matmul_opts o = {.trans_b = 1, .c_in = res};
+    const llmcl_matmul_opts o = {.trans_b = 1, .c_in = res, .bias = p->bias ? p->bias->w : NULL};
     OP(F_MATMUL_FWD, llmcl_matmul(m->ctx, 1.0f, x, p->w, res ? 1.0f : 0.0f, y, &o));
     return p->lora_a ? adapter_forward(m, p, x, y, u) : LLMCL_OK;
 }
@@ -1206,6 +1289,19 @@ static llmcl_status adapter_backward(model *m, const model_param *p, const llmcl
     return adapter_in(m, p->lora_a->w, p->lora_a->grad, du, x, dx);
 }
 
+/* A bias's gradient from dy [N, out]: grad = ones^T dy (or +=), one thin product. */
+static llmcl_status bias_backward(model *m, const model_param *bias, const llmcl_tensor *dy)
+{
+    arena a = {0};
+    const int64_t ones_shape[2] = {1, llmcl_tensor_dim(dy, 0)}, grad_shape[2] = {1, bias->numel};
+    llmcl_tensor *ones = view(&a, m->ones, 2, ones_shape, NULL, llmcl_tensor_offset(m->ones));
+    llmcl_tensor *g = view(&a, bias->grad, 2, grad_shape, NULL, llmcl_tensor_offset(bias->grad));
+    const llmcl_status st =
+        PROF(F_MATMUL_DW, llmcl_matmul(m->ctx, 1.0f, ones, dy, grad_beta(m), g, NULL));
+    arena_clear(&a);
+    return st;
+}
+
 llmcl_status model_proj_backward(model *m, model_param *p, const llmcl_tensor *dy,
                                  const llmcl_tensor *x, const llmcl_tensor *u, float dx_beta,
                                  llmcl_tensor *dx, llmcl_tensor *du)
@@ -1218,6 +1314,8 @@ llmcl_status model_proj_backward(model *m, model_param *p, const llmcl_tensor *d
         OP(F_MATMUL_DW, llmcl_matmul(ctx, 1.0f, dy, x, grad_beta(m), p->grad, &t));
         p->grad_summed = m->grad_sumsq != NULL;
     }
+    if (p->bias && p->bias->trainable)
+        TRY(bias_backward(m, p->bias, dy));
     return p->lora_a ? adapter_backward(m, p, dy, x, u, dx, du) : LLMCL_OK;
 }
 
@@ -1251,19 +1349,19 @@ static llmcl_tensor *du_cols(model *m, arena *a, int64_t n, int col, int count)
 }
 
 /* Where a norm's backward writes its weight gradient: the gradient itself where that write
-   replaces it (grads_fresh), else m->dnorm_w, which norm_grad then adds. */
-static llmcl_tensor *norm_dw(const model *m, const model_param *p)
+   replaces it (grads_fresh), else m->dnorm_w's first elements, which norm_grad then adds. */
+static llmcl_tensor *norm_dw(const model *m, arena *a, const model_param *p)
 {
-    return p->trainable && m->grads_fresh ? p->grad : m->dnorm_w;
+    return p->trainable && m->grads_fresh ? p->grad : head(a, m->dnorm_w, p->numel);
 }
 
 /* Adds a norm's weight gradient (left in m->dnorm_w by norm_dw) when the norm is trained and its
    gradient holds a sum. */
-static llmcl_status norm_grad(model *m, const model_param *p)
+static llmcl_status norm_grad(model *m, arena *a, const model_param *p)
 {
     if (!p->trainable || m->grads_fresh)
         return LLMCL_OK;
-    return PROF(F_ELEMENTWISE, llmcl_axpy(m->ctx, 1.0f, m->dnorm_w, p->grad));
+    return PROF(F_ELEMENTWISE, llmcl_axpy(m->ctx, 1.0f, head(a, m->dnorm_w, p->numel), p->grad));
 }
 
 /* ---- forward ---- */
@@ -1289,6 +1387,50 @@ static llmcl_tensor *stacked(arena *a, llmcl_tensor *const *tensors, int n)
     return view(a, first, 2, shape, NULL, llmcl_tensor_offset(first));
 }
 
+/* 1-D tensors[0..n) as one vector where each begins where the one before it ends, else NULL. */
+static llmcl_tensor *stacked_vec(arena *a, llmcl_tensor *const *tensors, int n)
+{
+    const llmcl_tensor *first = tensors[0];
+    int64_t len = 0;
+    for (int i = 0; i < n; ++i) {
+        const llmcl_tensor *t = tensors[i];
+        if (!t || llmcl_tensor_ndim(t) != 1 || llmcl_tensor_stride(t, 0) != 1 ||
+            llmcl_tensor_dtype(t) != llmcl_tensor_dtype(first) ||
+            llmcl_tensor_cl_mem(t) != llmcl_tensor_cl_mem(first) ||
+            llmcl_tensor_offset(t) != llmcl_tensor_offset(first) + len)
+            return NULL;
+        len += llmcl_tensor_dim(t, 0);
+    }
+    return view(a, first, 1, &len, NULL, llmcl_tensor_offset(first));
+}
+
+/* The biases of the projections that stacked_proj stacks, as one (*out, which *bias then points
+   at), or none where they have none; false where some have one and some not, or where they do
+   not lie one after another. */
+static bool stacked_bias(model *m, arena *a, int l, int first, int count, model_param *out,
+                         model_param **bias)
+{
+    llmcl_tensor *w[3], *g[3];
+    int n = 0;
+    for (int i = 0; i < count; ++i) {
+        const model_param *b = param(m, first + i, l)->bias;
+        if (b)
+            w[n] = b->w, g[n++] = b->grad;
+    }
+    *bias = NULL;
+    if (n == 0)
+        return true;
+    if (n != count)
+        return false;
+    const model_param *b0 = param(m, first, l)->bias;
+    *out = (model_param){.trainable = b0->trainable, .numel = 0};
+    out->w = stacked_vec(a, w, n);
+    out->grad = out->trainable && out->w ? stacked_vec(a, g, n) : NULL;
+    out->numel = out->w ? llmcl_tensor_dim(out->w, 0) : 0;
+    *bias = out;
+    return out->w && (!out->trainable || out->grad);
+}
+
 /*
  * The projections of kinds first .. first + count - 1 of layer l (q, k and v, or gate and up) read
  * one input and write their outputs side by side in a row. Where their base weights are all
@@ -1298,7 +1440,8 @@ static llmcl_tensor *stacked(arena *a, llmcl_tensor *const *tensors, int n)
  * model's narrow k and v products (at half cuBLAS's rate alone on the H200) inside a wide one.
  * Their adapters, if any, then run one by one on their columns.
  */
-static bool stacked_proj(model *m, arena *a, int l, int first, int count, model_param *out)
+static bool stacked_proj(model *m, arena *a, int l, int first, int count, model_param *out,
+                         model_param *bias)
 {
     llmcl_tensor *w[3], *g[3]; /* count is 2 or 3 */
     const model_param *p0 = param(m, first, l);
@@ -1312,7 +1455,8 @@ static bool stacked_proj(model *m, arena *a, int l, int first, int count, model_
     *out = (model_param){.trainable = p0->trainable};
     out->w = stacked(a, w, count);
     out->grad = out->trainable && out->w ? stacked(a, g, count) : NULL;
-    return out->w && (!out->trainable || out->grad);
+    return out->w && (!out->trainable || out->grad) &&
+           stacked_bias(m, a, l, first, count, bias, &out->bias);
 }
 
 /*
@@ -1345,9 +1489,9 @@ static llmcl_status group_forward(model *m, arena *a, int l, int first, int coun
                                   const layer_acts *A, llmcl_tensor *x, llmcl_tensor *y)
 {
     const int64_t n = llmcl_tensor_dim(x, 0);
-    model_param st;
+    model_param st, sb;
     llmcl_tensor *aw, *ag;
-    const bool stack = stacked_proj(m, a, l, first, count, &st);
+    const bool stack = stacked_proj(m, a, l, first, count, &st, &sb);
     const int together = stack ? stacked_adapters(m, a, l, first, count, false, &aw, &ag) : 0;
     if (stack)
         TRY(model_proj_forward(m, &st, x, NULL, y, NULL));
@@ -1373,9 +1517,9 @@ static llmcl_status group_backward(model *m, arena *a, int l, int first, int cou
                                    llmcl_tensor *dx)
 {
     const int64_t n = llmcl_tensor_dim(dy, 0);
-    model_param st;
+    model_param st, sb;
     llmcl_tensor *aw, *ag, *du = du_cols(m, a, n, 0, 1);
-    const bool stack = stacked_proj(m, a, l, first, count, &st);
+    const bool stack = stacked_proj(m, a, l, first, count, &st, &sb);
     const int together = stack ? stacked_adapters(m, a, l, first, count, true, &aw, &ag) : 0;
     if (stack)
         TRY(model_proj_backward(m, &st, dy, x, NULL, 0, dx, NULL));
@@ -1409,6 +1553,77 @@ static llmcl_status norm_forward(model *m, arena *a, int kind, int l, llmcl_tens
                                               head(a, rstd, n), &no));
 }
 
+/* The h heads of d from column col of the first n rows of a 2-D buffer, as [n, h, d]: the rows
+   that the q and k norms normalise. */
+static llmcl_tensor *nhd(arena *a, const llmcl_tensor *t, int64_t col, int64_t n, int h, int d)
+{
+    const int64_t shape[3] = {n, h, d}, strides[3] = {llmcl_tensor_dim(t, 1), d, 1};
+    return view(a, t, 3, shape, strides, llmcl_tensor_offset(t) + col);
+}
+
+/* The rstd of the q norm's rows (k 0) or the k norm's (k 1) among A's rstd_qk for n tokens. */
+static llmcl_tensor *rstd_qk(const model *m, arena *a, const layer_acts *A, int k, int64_t n)
+{
+    const int64_t len = n * (k ? m->cfg.kv_heads : m->cfg.heads);
+    return view(a, A->rstd_qk, 1, &len, NULL,
+                llmcl_tensor_offset(A->rstd_qk) + (k ? n * m->cfg.heads : 0));
+}
+
+/* The q and k norms' rows: q's heads (k 0) or k's (k 1) from column col of t. */
+static llmcl_tensor *qk_rows(const model *m, arena *a, const llmcl_tensor *t, int k, int64_t n)
+{
+    return nhd(a, t, k ? k_col(m) : 0, n, k ? m->cfg.kv_heads : m->cfg.heads, m->head_dim);
+}
+
+/*
+ * q and k as attention reads them: with qk_norm, q's and k's heads of the projections' qkv each
+ * through its norm into qkn (qkv keeps them for the norms' backward); then RoPE in place. Returns
+ * the buffer that holds them (qkv without the norms).
+ */
+static llmcl_status qk_forward(model *m, arena *a, int l, const layer_acts *A, int b, int t,
+                               llmcl_tensor **qk)
+{
+    const model_config *c = &m->cfg;
+    const int64_t n = (int64_t)b * t;
+    const int d = m->head_dim;
+    *qk = A->qkv;
+    if (c->qk_norm) {
+        const llmcl_rmsnorm_options no = norm_opts(m);
+        for (int k = 0; k < 2; ++k)
+            OP(F_NORM, llmcl_rmsnorm_forward(m->ctx, qk_rows(m, a, A->qkv, k, n),
+                                             param(m, k ? P_KNORM : P_QNORM, l)->w,
+                                             qk_rows(m, a, A->qkn, k, n), rstd_qk(m, a, A, k, n),
+                                             &no));
+        *qk = A->qkn;
+    }
+    const llmcl_rope_options ro = rope_opts(m, a, t);
+    return PROF(F_ROPE, llmcl_rope_forward(m->ctx, bthd(a, *qk, 0, b, t, c->heads, d),
+                                           bthd(a, *qk, k_col(m), b, t, c->kv_heads, d), &ro));
+}
+
+/* The q and k norms' backward, in place on dqkv's q and k columns, their weights' gradients. */
+static llmcl_status qk_norm_backward(model *m, arena *a, int l, const layer_acts *A,
+                                     llmcl_tensor *dqkv, int64_t n)
+{
+    const llmcl_rmsnorm_options no = norm_opts(m);
+    for (int k = 0; k < 2; ++k) {
+        model_param *w = param(m, k ? P_KNORM : P_QNORM, l);
+        llmcl_tensor *dy = qk_rows(m, a, dqkv, k, n);
+        OP(F_NORM, llmcl_rmsnorm_backward(m->ctx, dy, qk_rows(m, a, A->qkv, k, n), w->w,
+                                          rstd_qk(m, a, A, k, n), dy, norm_dw(m, a, w), &no));
+        TRY(norm_grad(m, a, w));
+    }
+    return LLMCL_OK;
+}
+
+/* Causal attention, within the sliding window where the model has one. */
+static llmcl_attention_opts attention_opts(const model *m)
+{
+    const int w = m->cfg.sliding_window;
+    return (llmcl_attention_opts){.causal = 1, .use_window = w > 0, .window_left = w - 1,
+                                  .window_right = 0};
+}
+
 /* act = silu(gate) * up over n rows. */
 static llmcl_status swiglu_forward(model *m, arena *a, const layer_acts *A, int64_t n)
 {
@@ -1428,13 +1643,12 @@ static llmcl_status layer_forward(model *m, arena *a, int l, const layer_acts *A
     llmcl_tensor *h1 = rows(a, A->h1, n), *xmid = rows(a, A->xmid, n), *h2 = rows(a, A->h2, n);
     TRY(norm_forward(m, a, P_ATTN_NORM, l, x, A->h1, A->rstd1, n));
     TRY(group_forward(m, a, l, P_WQ, 3, A, h1, rows(a, A->qkv, n)));
-    const llmcl_rope_options ro = rope_opts(m, a, t);
-    OP(F_ROPE, llmcl_rope_forward(ctx, bthd(a, A->qkv, 0, b, t, c->heads, d),
-                                  bthd(a, A->qkv, k_col(m), b, t, c->kv_heads, d), &ro));
-    const llmcl_attention_opts ao = {.causal = 1};
+    llmcl_tensor *qk;
+    TRY(qk_forward(m, a, l, A, b, t, &qk));
+    const llmcl_attention_opts ao = attention_opts(m);
     const int64_t lshape[3] = {b, c->heads, t};
-    OP(F_ATTENTION_FWD, llmcl_attention_forward(ctx, bhtd(a, A->qkv, 0, b, t, c->heads, d),
-                                                bhtd(a, A->qkv, k_col(m), b, t, c->kv_heads, d),
+    OP(F_ATTENTION_FWD, llmcl_attention_forward(ctx, bhtd(a, qk, 0, b, t, c->heads, d),
+                                                bhtd(a, qk, k_col(m), b, t, c->kv_heads, d),
                                                 bhtd(a, A->qkv, v_col(m), b, t, c->kv_heads, d),
                                                 &ao, bhtd(a, A->o, 0, b, t, c->heads, d),
                                                 view(a, A->lse, 3, lshape, NULL, 0)));
@@ -1552,13 +1766,18 @@ llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets,
 
 /*
  * The ops form's recomputation before layer l's backward: both RMSNorms (outputs and rstd) from the
- * input x and the kept xmid, SwiGLU from the kept gate and up. The same kernels on the same bits
- * as in the forward, so the same bits again.
+ * input x and the kept xmid, the q and k norms and their RoPE from the kept projections, SwiGLU
+ * from the kept gate and up. The same kernels on the same bits as in the forward, so the same bits
+ * again.
  */
 static llmcl_status layer_rebuild(model *m, arena *a, int l, const layer_acts *A, llmcl_tensor *x,
-                                  int64_t n)
+                                  int b, int t)
 {
+    const int64_t n = (int64_t)b * t;
+    llmcl_tensor *qk;
     TRY(norm_forward(m, a, P_ATTN_NORM, l, x, A->h1, A->rstd1, n));
+    if (m->cfg.qk_norm)
+        TRY(qk_forward(m, a, l, A, b, t, &qk));
     TRY(norm_forward(m, a, P_MLP_NORM, l, rows(a, A->xmid, n), A->h2, A->rstd2, n));
     return swiglu_forward(m, a, A, n);
 }
@@ -1583,16 +1802,17 @@ static llmcl_status layer_backward(model *m, arena *a, int l, const layer_acts *
     TRY(group_backward(m, a, l, P_WGATE, 2, A, gu, h2, dh));
     OP(F_NORM, llmcl_residual_rmsnorm_backward(ctx, dh, dres, rows(a, A->xmid, n),
                                                param(m, P_MLP_NORM, l)->w, head(a, A->rstd2, n),
-                                               dres, norm_dw(m, param(m, P_MLP_NORM, l)), &no));
-    TRY(norm_grad(m, param(m, P_MLP_NORM, l)));
+                                               dres, norm_dw(m, a, param(m, P_MLP_NORM, l)), &no));
+    TRY(norm_grad(m, a, param(m, P_MLP_NORM, l)));
     /* attention */
     llmcl_tensor *h1 = rows(a, A->h1, n), *dqkv = rows(a, m->dqkv, n);
     TRY(model_proj_backward(m, param(m, P_WO, l), dres, rows(a, A->o, n),
                             u_rows(m, a, A, P_WO, n), 0, rows(a, m->dattn, n), du));
-    const llmcl_attention_opts ao = {.causal = 1};
+    const llmcl_attention_opts ao = attention_opts(m);
     const int64_t lshape[3] = {b, c->heads, t};
+    llmcl_tensor *qk = c->qk_norm ? A->qkn : A->qkv;
     OP(F_ATTENTION_BWD, llmcl_attention_backward(
-        ctx, bhtd(a, A->qkv, 0, b, t, c->heads, d), bhtd(a, A->qkv, k_col(m), b, t, c->kv_heads, d),
+        ctx, bhtd(a, qk, 0, b, t, c->heads, d), bhtd(a, qk, k_col(m), b, t, c->kv_heads, d),
         bhtd(a, A->qkv, v_col(m), b, t, c->kv_heads, d), bhtd(a, A->o, 0, b, t, c->heads, d),
         view(a, A->lse, 3, lshape, NULL, 0), bhtd(a, m->dattn, 0, b, t, c->heads, d), &ao,
         bhtd(a, dqkv, 0, b, t, c->heads, d), bhtd(a, dqkv, k_col(m), b, t, c->kv_heads, d),
@@ -1600,11 +1820,13 @@ static llmcl_status layer_backward(model *m, arena *a, int l, const layer_acts *
     const llmcl_rope_options ro = rope_opts(m, a, t);
     OP(F_ROPE, llmcl_rope_backward(ctx, bthd(a, dqkv, 0, b, t, c->heads, d),
                                    bthd(a, dqkv, k_col(m), b, t, c->kv_heads, d), &ro));
+    if (c->qk_norm)
+        TRY(qk_norm_backward(m, a, l, A, dqkv, n));
     TRY(group_backward(m, a, l, P_WQ, 3, A, dqkv, h1, dh));
     OP(F_NORM, llmcl_residual_rmsnorm_backward(ctx, dh, dres, x, param(m, P_ATTN_NORM, l)->w,
                                                head(a, A->rstd1, n), dres,
-                                               norm_dw(m, param(m, P_ATTN_NORM, l)), &no));
-    return norm_grad(m, param(m, P_ATTN_NORM, l));
+                                               norm_dw(m, a, param(m, P_ATTN_NORM, l)), &no));
+    return norm_grad(m, a, param(m, P_ATTN_NORM, l));
 }
 
 /*
@@ -1629,7 +1851,7 @@ static llmcl_status block_backward(model *m, arena *a, int l, int64_t n, int b, 
     if (st == LLMCL_OK && kept == 0)
         st = layer_forward(m, a, l, &A, x, NULL, b, t);
     else if (st == LLMCL_OK && kept != ALL_SLOTS)
-        st = layer_rebuild(m, a, l, &A, x, n);
+        st = layer_rebuild(m, a, l, &A, x, b, t);
     if (st == LLMCL_OK)
         st = layer_backward(m, a, l, &A, x, b, t);
     if (st == LLMCL_OK)
@@ -1666,8 +1888,8 @@ static llmcl_status backward(model *m, arena *a, int b, int t)
     }
     const llmcl_rmsnorm_options no = norm_opts(m);
     OP(F_NORM, llmcl_rmsnorm_backward(ctx, dy, rows(a, stream(m, L), n), fnorm->w,
-                               head(a, m->rstd_final, n), dres, norm_dw(m, fnorm), &no));
-    TRY(norm_grad(m, fnorm));
+                               head(a, m->rstd_final, n), dres, norm_dw(m, a, fnorm), &no));
+    TRY(norm_grad(m, a, fnorm));
     TRY(group_close(m, model_head_group(m), GROUP_PARAMS | GROUP_GRADS));
     if (model_head_group(m) != 0) /* a tied head's group is final only after the embedding's */
         TRY(group_grads_final(m, model_head_group(m)));

@@ -2,6 +2,8 @@
  * model.h: a decoder-only Llama-style transformer on llmcl's public API. Token embedding,
  * RMSNorm, RoPE (optionally with Llama 3 scaling), grouped-query causal attention, a SwiGLU MLP,
  * a tied or untied output head and the fused linear cross-entropy; the backward of all of it.
+ * Mistral's, Qwen2's and Qwen3's variants are the same layers with biases, q and k norms, another
+ * head dimension or a sliding window (model_config).
  *
  * Parameters live in flat device buffers, every tensor a view into them: the compute copy (bf16 or
  * f32), f32 master weights, f32 gradients and the two f32 moments. Norm weights have no compute
@@ -24,10 +26,21 @@
 
 #define ZERO_GROUP_LAYERS_AUTO (-1) /* --zero-group-layers auto */
 
+/* The Hugging Face architecture a model reads and writes as (config.json's model_type). */
+typedef enum model_arch { ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2, ARCH_QWEN3, ARCH_COUNT } model_arch;
+
 typedef struct model_config {
     int vocab, dim, layers, heads, kv_heads, ffn;
+    int head_dim;             /* 0: dim / heads (Qwen3's and Mistral-Nemo's differ) */
     int max_seq;
     int tied;                 /* the output head is the embedding matrix */
+    model_arch arch;
+    int qkv_bias;             /* q, k and v projections add a bias (Qwen2's) */
+    int o_bias;               /* the output projection adds one (Llama's attention_bias) */
+    int qk_norm;              /* each head of q and k goes through an RMSNorm of its own weights
+                                 before RoPE (Qwen3's q_norm and k_norm) */
+    int sliding_window;       /* > 0: a query sees itself and the sliding_window - 1 keys before
+                                 it (Mistral's), in every layer */
     float norm_eps;
     double rope_theta;
     double rope_llama3_factor; /* > 0: Llama 3 scaling with Llama 3.1's other constants */
@@ -67,9 +80,16 @@ typedef struct model_config {
 /* A readable reason why cfg is unusable, or NULL. */
 const char *model_config_error(const model_config *cfg);
 
-/* Parameters per tensor kind, in the order they are laid out; then the adapters' two kinds. */
+/* The head dimension: cfg->head_dim, else dim / heads. */
+int model_config_head_dim(const model_config *cfg);
+
+/* The architectures' names in config.json: "llama", "mistral", "qwen2", "qwen3". */
+const char *model_arch_name(model_arch arch);
+
+/* Parameters per tensor kind: Llama's, then what other architectures add (biases, q and k norms),
+   then the adapters' two kinds. A layer lays its own out as model.c's layout_params says. */
 enum { P_EMBED, P_ATTN_NORM, P_WQ, P_WK, P_WV, P_WO, P_MLP_NORM, P_WGATE, P_WUP, P_WDOWN, P_FINAL_NORM,
-       P_HEAD, P_LORA_A, P_LORA_B, P_KINDS };
+       P_HEAD, P_BQ, P_BK, P_BV, P_BO, P_QNORM, P_KNORM, P_LORA_A, P_LORA_B, P_KINDS };
 
 /* Every projection LoRA may adapt, as model_config.lora_targets bits. */
 #define LORA_ALL_TARGETS                                                                          \
@@ -103,13 +123,14 @@ struct model_param {
     int ndim;
     int64_t shape[2];
     int64_t numel, offset; /* elements; offset into its set's flat buffers */
-    bool is_norm;          /* f32 only, no weight decay */
+    bool is_vector;        /* 1-D (norm weights, biases): used in f32, no weight decay */
     bool trainable;        /* in the trainable set: grad, m and v exist */
     llmcl_tensor *w;       /* what the forward computes with (a view of compute or master; a
                               norm's own f32 copy when the masters are offloaded) */
     llmcl_tensor *master, *grad, *m, *v; /* f32 views (NULL where the set has no such buffer) */
     llmcl_tensor *w16;     /* view of the 16-bit compute buffer, NULL for norms and f32 models */
     model_param *lora_a, *lora_b; /* a projection's adapter, or NULL */
+    model_param *bias;     /* a projection's bias, or NULL */
     bool grad_summed;      /* its gradient's squares went to grad_sumsq (optimizer_step clears) */
 };
 
@@ -136,6 +157,7 @@ typedef struct model {
     int head_dim;
     int n_params;
     model_param *params;   /* the base weights in layout order, then the adapters */
+    int *index;            /* the parameter of (layer + 1, kind) in params, -1 where none */
     param_set trainable, frozen;
     float lora_scale;      /* lora_alpha / lora_rank */
     uint64_t frozen_fingerprint; /* checkpoint.c's hash of the frozen weights; 0: not yet taken */
@@ -170,6 +192,7 @@ typedef struct model {
     llmcl_tensor *dres, *dh, *dh32, *da, *dattn, *dnorm_w, *logits_last;
     llmcl_tensor *dqkv;    /* d(q), d(k) and d(v) side by side in a row [N, (heads + 2 kv_heads) d] */
     llmcl_tensor *du;      /* an adapter's d(x A^T) [N, rank] */
+    llmcl_tensor *ones;    /* N ones, with biases: a bias's gradient is ones^T dy */
 
     /* profiling: every op a profiling region of its own (so each waits for its kernels), its
        kernel time added to prof_ms of its family */
@@ -234,9 +257,9 @@ model_param *model_find(model *m, const char *name);
  * --recompute[=full|ops|N]). N >= 1: the layers l with (l + 1) % N == 0 keep only their input and
  * are recomputed whole before their backward, the others keep everything (torchtitan's
  * selective_ac_option = N; N = 1, RECOMPUTE_FULL, is every layer). RECOMPUTE_OPS: every layer
- * keeps its products' outputs (q, k and v after RoPE, xmid = x + o Wo^T, gate, up, the adapters'
- * x A^T) and attention's output with its LSE, and its RMSNorms and SwiGLU are recomputed from them
- * before its backward.
+ * keeps its products' outputs (q, k and v after RoPE, or as projected with qk_norm; xmid = x +
+ * o Wo^T, gate, up, the adapters' x A^T) and attention's output with its LSE, and its RMSNorms
+ * (the q and k norms with RoPE after them too) and SwiGLU are recomputed before its backward.
  */
 enum { RECOMPUTE_NONE = 0, RECOMPUTE_FULL = 1, RECOMPUTE_OPS = -1 };
 

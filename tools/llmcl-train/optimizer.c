@@ -22,7 +22,7 @@ static void add_tensor(optimizer *o, const model_param *p)
     if (!o->m->trainable.offloaded)
         o->tensors[o->count] = (llmcl_adamw_tensor){
             .param = p->w16 ? p->w16 : p->master, .master = p->w16 ? p->master : NULL,
-            .grad = p->grad, .m = p->m, .v = p->v, .no_weight_decay = p->is_norm};
+            .grad = p->grad, .m = p->m, .v = p->v, .no_weight_decay = p->is_vector};
     o->grads[o->count++] = p->grad;
 }
 
@@ -163,7 +163,7 @@ static llmcl_status step_chunk(void *arg, int64_t at, int64_t len, llmcl_tensor 
                                       .grad = tensor_slice(set->grad, first, count),
                                       .m = tensor_slice(mom, first - at, count),
                                       .v = tensor_slice(var, first - at, count),
-                                      .no_weight_decay = p->is_norm};
+                                      .no_weight_decay = p->is_vector};
     }
     llmcl_status st = llmcl_adamw_step(m->ctx, t, n, cs->ao);
     for (int i = 0; i < n; ++i) { /* the slices made above (grad is const only in the call) */

@@ -10,6 +10,11 @@ Hugging Face LlamaForCausalLM names and layout.
 
     python3 tools/llmcl-train/reference.py tests/data/train_fixture_tied.safetensors --tied
     python3 tools/llmcl-train/reference.py tests/data/train_fixture_untied.safetensors
+    python3 tools/llmcl-train/reference.py tests/data/train_fixture_qwen3.safetensors --qwen3
+
+--qwen3 adds what the other architectures bring to Llama's layers, all at once: biases on q, k, v
+and o (Qwen3's attention_bias), an RMSNorm per head of q and of k before RoPE, a head dimension
+other than dim / heads, and a sliding window shorter than the sequence.
 
 Needs PyTorch (the device machine has it); never a dependency of the library or of CI.
 """
@@ -45,26 +50,37 @@ def rmsnorm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
+def project(h, p, name):
+    y = h @ p[name + ".weight"].T
+    return y + p[name + ".bias"] if name + ".bias" in p else y
+
+
 def forward(p, ids, c, tied):
     b, t = ids.shape
-    d = c["dim"] // c["heads"]
+    d = c["head_dim"]
     rep = c["heads"] // c["kv_heads"]
     inv = inv_freq_llama3(d, c["rope_theta"], c["rope_llama3_factor"])
     ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None, :]
     cos, sin = torch.cat((ang.cos(), ang.cos()), -1), torch.cat((ang.sin(), ang.sin()), -1)
     x = p["model.embed_tokens.weight"][ids]
     mask = torch.ones(t, t, dtype=torch.bool).tril()
+    if c["sliding_window"]:  # query i sees keys i - window + 1 .. i
+        mask &= torch.ones(t, t, dtype=torch.bool).triu(1 - c["sliding_window"])
     for l in range(c["layers"]):
         pre = f"model.layers.{l}."
         h = rmsnorm(x, p[pre + "input_layernorm.weight"], c["norm_eps"])
-        q = (h @ p[pre + "self_attn.q_proj.weight"].T).view(b, t, c["heads"], d).transpose(1, 2)
-        k = (h @ p[pre + "self_attn.k_proj.weight"].T).view(b, t, c["kv_heads"], d).transpose(1, 2)
-        v = (h @ p[pre + "self_attn.v_proj.weight"].T).view(b, t, c["kv_heads"], d).transpose(1, 2)
+        q = project(h, p, pre + "self_attn.q_proj").view(b, t, c["heads"], d)
+        k = project(h, p, pre + "self_attn.k_proj").view(b, t, c["kv_heads"], d)
+        v = project(h, p, pre + "self_attn.v_proj").view(b, t, c["kv_heads"], d).transpose(1, 2)
+        if c["qk_norm"]:
+            q = rmsnorm(q, p[pre + "self_attn.q_norm.weight"], c["norm_eps"])
+            k = rmsnorm(k, p[pre + "self_attn.k_norm.weight"], c["norm_eps"])
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         s = (q @ k.transpose(-1, -2)) / math.sqrt(d)
         att = torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ v
-        x = x + att.transpose(1, 2).reshape(b, t, -1) @ p[pre + "self_attn.o_proj.weight"].T
+        x = x + project(att.transpose(1, 2).reshape(b, t, -1), p, pre + "self_attn.o_proj")
         h = rmsnorm(x, p[pre + "post_attention_layernorm.weight"], c["norm_eps"])
         g = torch.nn.functional.silu(h @ p[pre + "mlp.gate_proj.weight"].T)
         x = x + (g * (h @ p[pre + "mlp.up_proj.weight"].T)) @ p[pre + "mlp.down_proj.weight"].T
@@ -74,10 +90,19 @@ def forward(p, ids, c, tied):
 
 
 def make_params(c, tied, gen):
-    d = c["dim"] // c["heads"]
+    d = c["head_dim"]
     shapes = {"model.embed_tokens.weight": (c["vocab"], c["dim"])}
     for l in range(c["layers"]):
         pre = f"model.layers.{l}."
+        if c["qkv_bias"]:
+            shapes.update({pre + "self_attn.q_proj.bias": (c["heads"] * d,),
+                           pre + "self_attn.k_proj.bias": (c["kv_heads"] * d,),
+                           pre + "self_attn.v_proj.bias": (c["kv_heads"] * d,)})
+        if c["o_bias"]:
+            shapes[pre + "self_attn.o_proj.bias"] = (c["dim"],)
+        if c["qk_norm"]:
+            shapes.update({pre + "self_attn.q_norm.weight": (d,),
+                           pre + "self_attn.k_norm.weight": (d,)})
         shapes.update({
             pre + "input_layernorm.weight": (c["dim"],),
             pre + "self_attn.q_proj.weight": (c["heads"] * d, c["dim"]),
@@ -94,7 +119,9 @@ def make_params(c, tied, gen):
         shapes["lm_head.weight"] = (c["vocab"], c["dim"])
     params = {}
     for name, shape in shapes.items():
-        if len(shape) == 1:  # norms away from 1, so that their gradients matter
+        if name.endswith(".bias"):  # away from 0, so that they change the forward
+            w = 0.1 * torch.randn(shape, generator=gen, dtype=torch.float64)
+        elif len(shape) == 1:  # norms away from 1, so that their gradients matter
             w = 1.0 + 0.1 * torch.randn(shape, generator=gen, dtype=torch.float64)
         else:  # wider than Llama's 0.02, so that a tiny model has a loss landscape worth checking
             w = 0.15 * torch.randn(shape, generator=gen, dtype=torch.float64)
@@ -125,8 +152,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("output")
     ap.add_argument("--tied", action="store_true")
+    ap.add_argument("--qwen3", action="store_true",
+                    help="biases on q, k, v and o, q and k norms, head_dim 48, a window of 6")
     args = ap.parse_args()
-    c = CONFIG
+    c = dict(CONFIG, head_dim=CONFIG["dim"] // CONFIG["heads"], qkv_bias=0, o_bias=0, qk_norm=0,
+             sliding_window=0)
+    if args.qwen3:
+        c.update(arch="qwen3", head_dim=48, qkv_bias=1, o_bias=1, qk_norm=1, sliding_window=6)
     gen = torch.Generator().manual_seed(20261124 + args.tied)
     params = make_params(c, args.tied, gen)
     ids = torch.randint(0, c["vocab"], (c["batch"], c["seq"] + 1), generator=gen)

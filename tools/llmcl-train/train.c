@@ -32,7 +32,8 @@
 /* Shape options that an --init-from config.json also sets, and LoRA's that --init-adapter's
    adapter_config.json sets. */
 enum { OPT_DIM, OPT_LAYERS, OPT_HEADS, OPT_KV_HEADS, OPT_FFN, OPT_VOCAB, OPT_UNTIED, OPT_ROPE_THETA,
-       OPT_ROPE_LLAMA3, OPT_LORA, OPT_LORA_ALPHA, OPT_LORA_TARGETS };
+       OPT_ROPE_LLAMA3, OPT_LORA, OPT_LORA_ALPHA, OPT_LORA_TARGETS, OPT_ARCH, OPT_HEAD_DIM,
+       OPT_WINDOW };
 /* getopt_long's values of options past the letters, which are all taken. */
 enum {
     LONG_DATA_FORMAT = 256,
@@ -41,7 +42,10 @@ enum {
     LONG_ZERO_REDUCE_DTYPE,
     LONG_CE_LOGITS,
     LONG_INIT_ADAPTER,
-    LONG_EXPORT_SHARD_GB
+    LONG_EXPORT_SHARD_GB,
+    LONG_ARCH,
+    LONG_HEAD_DIM,
+    LONG_SLIDING_WINDOW
 };
 
 typedef struct options {
@@ -86,15 +90,23 @@ static void usage(FILE *f)
           "model:\n"
           "  --preset NAME        tiny (default), llama-1b (Llama-3.2-1B's shape) or llama-8b\n"
           "                       (Llama-3-8B's: 8.0B parameters, untied, batch 1 x 8192)\n"
+          "  --arch NAME          llama (default), mistral, qwen2 (q, k and v biases) or qwen3\n"
+          "                       (q and k RMSNorms per head): the layers and the config.json\n"
+          "                       that --export writes\n"
           "  --dim N --layers N --heads N --kv-heads N --ffn N --vocab N\n"
+          "  --head-dim N         the heads' width (default dim / heads)\n"
+          "  --sliding-window W   each token attends to itself and the W - 1 before it, in every\n"
+          "                       layer (mistral, qwen2, qwen3; default 0: the whole sequence)\n"
           "  --untied             a separate output head (default: tied to the embeddings)\n"
           "  --rope-theta X       RoPE base (default 10000; llama-1b 500000)\n"
           "  --rope-llama3 X      Llama 3 RoPE scaling factor (0: off)\n"
           "  --dtype T            bf16 (default), f16 or f32 compute; master weights are f32\n"
-          "  --init-from PATH     start from a Hugging Face LlamaForCausalLM checkpoint: a folder\n"
-          "                       (config.json + model.safetensors or its shards' index; the\n"
-          "                       config sets the shape, options that contradict it are errors)\n"
-          "                       or one .safetensors file (the options set the shape)\n",
+          "  --init-from PATH     start from a Hugging Face checkpoint of LlamaForCausalLM,\n"
+          "                       MistralForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM: a\n"
+          "                       folder (config.json + model.safetensors or its shards' index;\n"
+          "                       the config sets the architecture and shape, options that\n"
+          "                       contradict it are errors) or one .safetensors file (the options\n"
+          "                       set them)\n",
           f);
     fputs("LoRA (base weights, embeddings and norms frozen; adapters trained):\n"
           "  --lora R             adapters of rank R (0: off, full fine-tuning)\n"
@@ -238,6 +250,20 @@ static llmcl_dtype parse_dtype(const char *name, const char *s, bool f16)
     if (strcmp(s, "f32") == 0)
         return LLMCL_F32;
     die("--%s %s: expected bf16%s or f32", name, s, f16 ? ", f16" : "");
+}
+
+/* --arch: the architecture and what its layers have beside Llama's. */
+static void set_arch(model_config *c, const char *name)
+{
+    int a = 0;
+    while (a < ARCH_COUNT && strcmp(name, model_arch_name(a)) != 0)
+        ++a;
+    if (a == ARCH_COUNT)
+        die("--arch %s: expected llama, mistral, qwen2 or qwen3", name);
+    c->arch = a;
+    c->qkv_bias = a == ARCH_QWEN2;
+    c->o_bias = 0;
+    c->qk_norm = a == ARCH_QWEN3;
 }
 
 /* A comma-separated list of q, k, v, o, gate, up, down as model.h's target bits. */
@@ -384,7 +410,8 @@ static void parse_options(int argc, char **argv, options *o)
         {"zero-group-layers", 1, 0, LONG_ZERO_GROUP_LAYERS},
         {"zero-reduce-dtype", 1, 0, LONG_ZERO_REDUCE_DTYPE}, {"ce-logits", 1, 0, LONG_CE_LOGITS},
         {"init-adapter", 1, 0, LONG_INIT_ADAPTER},
-        {"export-shard-gb", 1, 0, LONG_EXPORT_SHARD_GB},
+        {"export-shard-gb", 1, 0, LONG_EXPORT_SHARD_GB}, {"arch", 1, 0, LONG_ARCH},
+        {"head-dim", 1, 0, LONG_HEAD_DIM}, {"sliding-window", 1, 0, LONG_SLIDING_WINDOW},
         {0, 0, 0, 0}};
     /* a preset first, so that the other options refine it whatever their order */
     for (int i = 1; i + 1 < argc; ++i)
@@ -406,6 +433,18 @@ static void parse_options(int argc, char **argv, options *o)
             o->model.ce_logits_dtype = parse_dtype("ce-logits", optarg, true);
             break;
         case LONG_INIT_ADAPTER: o->init_adapter = optarg; break;
+        case LONG_ARCH:
+            set_arch(&o->model, optarg);
+            o->given |= 1u << OPT_ARCH;
+            break;
+        case LONG_HEAD_DIM:
+            o->model.head_dim = (int)parse_int("head-dim", optarg, 1, 4096);
+            o->given |= 1u << OPT_HEAD_DIM;
+            break;
+        case LONG_SLIDING_WINDOW:
+            o->model.sliding_window = (int)parse_int("sliding-window", optarg, 0, 1 << 30);
+            o->given |= 1u << OPT_WINDOW;
+            break;
         case LONG_EXPORT_SHARD_GB:
             o->export_shard_gb = parse_num("export-shard-gb", optarg, 1e-9);
             break;
@@ -568,6 +607,13 @@ static void apply_config(options *o, const hf_checkpoint *ck)
     from_config(o, OPT_ROPE_THETA, "rope-theta", "rope_theta", mc->rope_theta, hc.rope_theta, p);
     from_config(o, OPT_ROPE_LLAMA3, "rope-llama3", "rope_scaling.factor", mc->rope_llama3_factor,
                 hc.rope_llama3_factor, p);
+    if ((o->given & (1u << OPT_ARCH)) && mc->arch != hc.arch)
+        die("--arch %s conflicts with model_type = %s in %s", model_arch_name(mc->arch),
+            model_arch_name(hc.arch), p);
+    from_config(o, OPT_HEAD_DIM, "head-dim", "head_dim", model_config_head_dim(mc),
+                model_config_head_dim(&hc), p);
+    from_config(o, OPT_WINDOW, "sliding-window", "the sliding window", mc->sliding_window,
+                hc.sliding_window, p);
     if (o->seq > o->max_positions)
         die("--seq %d exceeds max_position_embeddings = %d in %s", o->seq, o->max_positions, p);
     o->model = hc;
@@ -588,6 +634,23 @@ static void apply_adapter_config(options *o, const hf_checkpoint *ad)
     if ((o->given & (1u << OPT_LORA_TARGETS)) && mc->lora_targets != ac.lora_targets)
         die("--lora-targets conflicts with target_modules in %s", p);
     o->model = ac;
+}
+
+/* What the model has beside a Llama model's layers, for the start-up line ("" for Llama's). */
+static void describe_arch(const model_config *c, char *buf, size_t len)
+{
+    int n = 0;
+    buf[0] = '\0';
+    if (c->arch != ARCH_LLAMA)
+        n += snprintf(buf + n, len - n, ", %s", model_arch_name(c->arch));
+    if (c->head_dim && c->head_dim * c->heads != c->dim)
+        n += snprintf(buf + n, len - n, ", head dim %d", c->head_dim);
+    if (c->qkv_bias || c->o_bias)
+        n += snprintf(buf + n, len - n, ", %s biases", c->o_bias ? "q, k, v and o" : "q, k and v");
+    if (c->qk_norm)
+        n += snprintf(buf + n, len - n, ", q and k norms");
+    if (c->sliding_window)
+        snprintf(buf + n, len - n, ", sliding window %d", c->sliding_window);
 }
 
 /* ---- the learning rate: linear warmup, then cosine down to min_lr_frac * lr ---- */
@@ -1232,10 +1295,12 @@ int main(int argc, char **argv)
     model_recompute_describe(tr.m, recompute, sizeof recompute);
     printf("device: %s (%s), peak %s%s%s%s\n", info->name, info->platform_name, peak_s,
            peak_s[0] ? " (" : "", peak_what, peak_s[0] ? ")" : "");
-    printf("model: %.2fM parameters, dim %d, %d layers, %d/%d heads, ffn %d, vocab %d, %s, "
+    char arch[160];
+    describe_arch(c, arch, sizeof arch);
+    printf("model: %.2fM parameters, dim %d, %d layers, %d/%d heads, ffn %d, vocab %d, %s%s, "
            "%s%s%s%s%s%s\n",
            (double)model_param_count(tr.m) / 1e6, c->dim, c->layers, c->heads, c->kv_heads, c->ffn,
-           c->vocab, c->tied ? "tied head" : "untied head", llmcl_dtype_name(c->dtype),
+           c->vocab, c->tied ? "tied head" : "untied head", arch, llmcl_dtype_name(c->dtype),
            c->ce_logits_dtype != LLMCL_F32 ? ", logits in " : "",
            c->ce_logits_dtype != LLMCL_F32 ? llmcl_dtype_name(c->ce_logits_dtype) : "",
            recompute[0] ? ", " : "", recompute, o->offload ? " with offload" : "");

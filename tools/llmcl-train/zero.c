@@ -130,7 +130,7 @@ llmcl_status zero_attach(model *m, int stage)
         for (int i = 0; i < m->n_params; ++i) {
             const model_param *p = &m->params[i];
             if (in_dist(p) && param_group(m, p) == g)
-                TRY(llmcl_dist_add_param(z->dist, p->name, g, p->ndim, p->shape, p->is_norm));
+                TRY(llmcl_dist_add_param(z->dist, p->name, g, p->ndim, p->shape, p->is_vector));
         }
     TRY(llmcl_dist_setup(z->dist));
     llmcl_dist_info info;
@@ -140,7 +140,7 @@ llmcl_status zero_attach(model *m, int stage)
     if (stage == 3)
         find_kept(m, groups, &info);
     for (int i = 0; m->cfg.dtype != LLMCL_F32 && i < m->n_params; ++i)
-        if (m->params[i].is_norm && in_dist(&m->params[i]))
+        if (m->params[i].is_vector && in_dist(&m->params[i]))
             TRY(llmcl_tensor_create(m->ctx, LLMCL_F32, 1, &m->params[i].numel, &z->w32[i]));
     return LLMCL_OK;
 }
