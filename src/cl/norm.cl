@@ -144,15 +144,20 @@ inline float unraw_BF16(ushort r) { return bf16_to_f32(r); }
 
 /*
  * Element offset of row rr (see Layout): in a [N, heads, d] view of a wider [N, W] buffer, row rr
- * is head rr % inner of token rr / inner. Every row address goes through here; once inlined, the
- * tensors of one row share its division (same rr, same inner).
+ * is head rr % inner of token rr / inner. Every row address goes through here. The launcher
+ * defines BLOCKS only where a call has more than one block: a 64-bit division per row address
+ * made the H200's residual RMSNorm backward a third slower, so one block keeps rr * stride.
  */
+#ifdef BLOCKS
 inline long row_off(long rr, long inner, long stride, long ostride)
 {
     const long o = rr / inner;
     return o * ostride + (rr - o * inner) * stride;
 }
 #define ROW_OFF(t, rr) row_off((rr), inner, t##_stride, t##_ostride)
+#else
+#define ROW_OFF(t, rr) ((rr) * t##_stride)
+#endif
 
 /* The normalised value times the weight; llama casting rounds x * rstd to the input dtype first. */
 #ifdef RMS_CAST_LLAMA

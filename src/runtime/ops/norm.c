@@ -302,6 +302,8 @@ static void norm_defines(const norm_shape *s, const norm_geom *g, int kernel, ll
     llmcl__define_str(d, "X_DT", llmcl__dtype_macro(s->xdt));
     llmcl__define_str(d, "W_DT", llmcl__dtype_macro(s->wdt));
     llmcl__define_int(d, "VEC", g->vec);
+    if (s->inner != s->n_rows) /* rows in blocks: norm.cl's ROW_OFF divides */
+        llmcl__define_flag(d, "BLOCKS");
     llmcl__params_define(&g->p, d);
 }
 
