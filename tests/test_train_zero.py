@@ -281,6 +281,15 @@ def main():
             got = losses(f"stage {stage}", 2, ["--steps", "6", "--batch", "2", "--zero",
                                                str(stage)])
             compare(f"2 ranks x batch 2, stage {stage}, against one process at batch 4", got, one4)
+        # other architectures' layers: biases (f32 vectors in the dist, added one projection at
+        # a time there), the q and k norms, a head dimension and a window
+        for arch in (["qwen2"], ["qwen3", "--head-dim", "48", "--sliding-window", "8"]):
+            arch = ["--arch"] + arch
+            one = losses(f"{arch[1]}: one process", 0, arch + ["--steps", "4", "--batch", "4"])
+            for stage, extra in ((2, []), (3, []), (3, ["--recompute=ops"])):
+                compare(f"{arch[1]}: 2 ranks, stage {' '.join([str(stage)] + extra)}, against "
+                        "one process", losses(f"{arch[1]}, stage {stage}", 2, arch + extra + [
+                            "--steps", "4", "--batch", "2", "--zero", str(stage)]), one)
         # recomputation inside stage 3's open layer groups: the same losses exactly
         for form in ("ops", "2"):
             same = losses(f"stage 3, --recompute={form}", 2, ["--steps", "6", "--batch", "2",
