@@ -82,6 +82,15 @@ def main():
     v5 = dict(config, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
     del v5["rope_theta"]
     h["config_v5"] = b"\x00" + json.dumps(v5).encode()
+    mistral = dict(config, architectures=["MistralForCausalLM"], model_type="mistral",
+                   sliding_window=64)
+    h["config_mistral"] = b"\x00" + json.dumps(mistral).encode()
+    qwen2 = dict(config, architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+                 use_sliding_window=True, sliding_window=32, max_window_layers=0)
+    h["config_qwen2"] = b"\x00" + json.dumps(qwen2).encode()
+    qwen3 = dict(config, architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=24,
+                 attention_bias=True, layer_types=["full_attention", "full_attention"])
+    h["config_qwen3"] = b"\x00" + json.dumps(qwen3).encode()
     h["index"] = b"\x01" + json.dumps({"metadata": {"total_size": 8}, "weight_map": {
         "model.embed_tokens.weight": "a.safetensors",
         "model.norm.weight": "b.safetensors"}}).encode()
