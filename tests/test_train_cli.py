@@ -330,15 +330,15 @@ def architectures(p):
     check("LoRA on qwen2: the adapter holds adapters only",
           adapters and all(".lora_" in k for k in adapters))
     # what the architectures cannot say, and configs that llmcl-train's model cannot express
-    expect_error("an unknown --arch", TINY + ["--arch", "gemma"], "expected llama, mistral")
-    expect_error("a sliding window on llama", TINY + ["--sliding-window", "8"],
-                 "the layers differ from the architecture's")
-    expect_error("--arch against config.json", TINY + ["--arch", "qwen2", "--init-from",
-                                                       p("qwen3")],
-                 "--arch qwen2 conflicts with model_type = qwen3")
-    expect_error("--head-dim against config.json", TINY + ["--head-dim", "32", "--init-from",
-                                                           p("qwen3")],
-                 "--head-dim 32 conflicts with head_dim = 48")
+    for what, args, needle in (
+            ("an unknown --arch", ["--arch", "gemma"], "expected llama, mistral"),
+            ("a sliding window on llama", ["--sliding-window", "8"],
+             "the layers differ from the architecture's"),
+            ("--arch against config.json", ["--arch", "qwen2", "--init-from", p("qwen3")],
+             "--arch qwen2 conflicts with model_type = qwen3"),
+            ("--head-dim against config.json", ["--head-dim", "32", "--init-from", p("qwen3")],
+             "--head-dim 32 conflicts with head_dim = 48")):
+        expect_error(what, TINY + args, needle)
     for name, change, needle in (
             ("gemma", {"model_type": "gemma"}, 'model_type gemma: llmcl-train reads "llama"'),
             ("all_sliding", {"layer_types": ["sliding_attention"], "num_hidden_layers": 1,
