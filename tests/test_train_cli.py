@@ -348,7 +348,8 @@ def architectures(p):
             ("some", {"use_sliding_window": True, "max_window_layers": 1, "num_hidden_layers": 2,
                       "layer_types": None}, "a sliding window on 1 of 2 layers"),
             ("types", {"layer_types": ["full_attention", "chunked_attention"]},
-             'layer_types holds "chunked_attention"')):
+             'layer_types holds "chunked_attention"'),
+            ("head_dim", {"head_dim": 4}, "head dimension 4 must be a multiple of 8")):
         os.mkdir(p("cfg_" + name))
         config = json.load(open(p("qwen3/config.json")))
         config.update(change)
