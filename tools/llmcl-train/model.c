@@ -291,6 +291,12 @@ static void param_shape(const model_config *c, int kind, int64_t shape[2], int *
     *ndim = shape[1] ? 2 : 1;
 }
 
+/* Where m->index keeps the parameter of kind in layer (-1 for the global ones). */
+static int *index_at(model *m, int kind, int layer)
+{
+    return &m->index[(layer + 1) * P_KINDS + kind];
+}
+
 /* Appends a parameter to its set's layout: a base weight (base NULL) or an adapter of base. */
 static model_param *add_param(model *m, int kind, int layer, const model_param *base)
 {
@@ -321,7 +327,7 @@ static model_param *add_param(model *m, int kind, int layer, const model_param *
        that the stacked product adds them as one (a bias needs no alignment) */
     s->total += kind == P_BQ || kind == P_BK ? p->numel : (p->numel + 63) / 64 * 64;
     if (!base)
-        m->index[(layer + 1) * P_KINDS + kind] = (int)(p - m->params);
+        *index_at(m, kind, layer) = (int)(p - m->params);
     return p;
 }
 
@@ -366,10 +372,10 @@ static void layout_params(model *m)
     const int n_base = m->n_params;
     for (int i = 0; i < n_base; ++i) {
         model_param *p = &m->params[i];
-        const int bias = p->kind == P_WO ? P_BO : p->kind - P_WQ + P_BQ;
-        if (p->layer >= 0 && p->kind >= P_WQ && p->kind <= P_WO &&
-            m->index[(p->layer + 1) * P_KINDS + bias] >= 0)
-            p->bias = &m->params[m->index[(p->layer + 1) * P_KINDS + bias]];
+        if (p->layer < 0 || p->kind < P_WQ || p->kind > P_WO)
+            continue;
+        const int bias = *index_at(m, p->kind == P_WO ? P_BO : p->kind - P_WQ + P_BQ, p->layer);
+        p->bias = bias >= 0 ? &m->params[bias] : NULL;
     }
     for (int l = 0; c->lora_rank > 0 && l < c->layers; ++l)
         for (int kind = P_LORA_A; kind <= P_LORA_B; ++kind)
@@ -803,7 +809,7 @@ static model_param *param(model *m, int kind, int layer)
 {
     if (kind == P_HEAD && m->cfg.tied)
         kind = P_EMBED;
-    const int i = m->index[(layer + 1) * P_KINDS + kind];
+    const int i = *index_at(m, kind, layer);
     return i >= 0 ? &m->params[i] : NULL;
 }
 
@@ -1366,42 +1372,26 @@ static llmcl_status norm_grad(model *m, arena *a, const model_param *p)
 
 /* ---- forward ---- */
 
-/* tensors[0..n) as one [rows of all, cols] view where each begins in the buffer where the one
-   before it ends, else NULL. */
+/* tensors[0..n), all [rows, cols] or all vectors, as one [rows of all, cols] view (or one vector)
+   where each begins in the buffer where the one before it ends, else NULL. */
 static llmcl_tensor *stacked(arena *a, llmcl_tensor *const *tensors, int n)
 {
     const llmcl_tensor *first = tensors[0];
-    const int64_t width = llmcl_tensor_dim(first, 1);
+    const int nd = llmcl_tensor_ndim(first);
+    const int64_t width = nd == 2 ? llmcl_tensor_dim(first, 1) : 1;
     int64_t height = 0;
     for (int i = 0; i < n; ++i) {
         const llmcl_tensor *t = tensors[i];
-        if (!t || llmcl_tensor_ndim(t) != 2 || llmcl_tensor_dtype(t) != llmcl_tensor_dtype(first) ||
+        if (!t || llmcl_tensor_ndim(t) != nd || llmcl_tensor_dtype(t) != llmcl_tensor_dtype(first) ||
             llmcl_tensor_cl_mem(t) != llmcl_tensor_cl_mem(first) ||
-            llmcl_tensor_dim(t, 1) != width || llmcl_tensor_stride(t, 0) != width ||
-            llmcl_tensor_stride(t, 1) != 1 ||
+            (nd == 2 && (llmcl_tensor_dim(t, 1) != width || llmcl_tensor_stride(t, 0) != width)) ||
+            llmcl_tensor_stride(t, nd - 1) != 1 ||
             llmcl_tensor_offset(t) != llmcl_tensor_offset(first) + height * width)
             return NULL;
         height += llmcl_tensor_dim(t, 0);
     }
     const int64_t shape[2] = {height, width};
-    return view(a, first, 2, shape, NULL, llmcl_tensor_offset(first));
-}
-
-/* 1-D tensors[0..n) as one vector where each begins where the one before it ends, else NULL. */
-static llmcl_tensor *stacked_vec(arena *a, llmcl_tensor *const *tensors, int n)
-{
-    const llmcl_tensor *first = tensors[0];
-    int64_t len = 0;
-    for (int i = 0; i < n; ++i) {
-        const llmcl_tensor *t = tensors[i];
-        if (!t || llmcl_tensor_ndim(t) != 1 || llmcl_tensor_stride(t, 0) != 1 ||
-            llmcl_tensor_dtype(t) != llmcl_tensor_dtype(first) ||
-            llmcl_tensor_cl_mem(t) != llmcl_tensor_cl_mem(first) ||
-            llmcl_tensor_offset(t) != llmcl_tensor_offset(first) + len)
-            return NULL;
-        len += llmcl_tensor_dim(t, 0);
-    }
-    return view(a, first, 1, &len, NULL, llmcl_tensor_offset(first));
+    return view(a, first, nd, shape, NULL, llmcl_tensor_offset(first));
 }
 
 /* The biases of the projections that stacked_proj stacks, as one (*out, which *bias then points
@@ -1423,9 +1413,9 @@ static bool stacked_bias(model *m, arena *a, int l, int first, int count, model_
     if (n != count)
         return false;
     const model_param *b0 = param(m, first, l)->bias;
-    *out = (model_param){.trainable = b0->trainable, .numel = 0};
-    out->w = stacked_vec(a, w, n);
-    out->grad = out->trainable && out->w ? stacked_vec(a, g, n) : NULL;
+    *out = (model_param){.trainable = b0->trainable};
+    out->w = stacked(a, w, n);
+    out->grad = out->trainable && out->w ? stacked(a, g, n) : NULL;
     out->numel = out->w ? llmcl_tensor_dim(out->w, 0) : 0;
     *bias = out;
     return out->w && (!out->trainable || out->grad);

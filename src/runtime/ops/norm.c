@@ -233,15 +233,17 @@ typedef struct norm_geom {
 } norm_geom;
 
 /*
- * Heuristic defaults: about four chunks per work-item (two in the backward on CPUs), so a row lives
- * in registers; short rows share a work-group (WG * ROWS about 128 work-items). On the H100 (bf16,
+ * The call's row layout (norm_layout), then the launch's shape. Heuristic defaults: about four
+ * chunks per work-item (two in the backward on CPUs), so a row lives in registers; short rows
+ * share a work-group (WG * ROWS about 128 work-items). On the H100 (bf16,
  * H = 4096, llmcl-tune 2026-11-22) the backward's best is WG=128 CACHE=4 with two work-groups per
  * compute unit: fewer, fuller work-items per row beat more rows in flight, as every row costs a
  * work-group reduction.
  */
-static llmcl_status norm_geometry(const norm_shape *s, const char *key, int cache_max, bool bwd,
+static llmcl_status norm_geometry(norm_shape *s, const char *key, int cache_max, bool bwd,
                                   norm_geom *g)
 {
+    LLMCL__TRY(norm_layout(s));
     llmcl_ctx *ctx = s->ctx;
     const size_t max_wg = ctx->info.max_work_group_size < 1024 ? ctx->info.max_work_group_size
                                                                : 1024;
@@ -496,7 +498,6 @@ static llmcl_status rms_forward(llmcl_ctx *ctx, const llmcl_tensor *x, const llm
 
     norm_geom g;
     const char *key = res ? LLMCL_KEY_RESIDUAL_RMSNORM_FWD : LLMCL_KEY_RMSNORM_FWD;
-    LLMCL__TRY(norm_layout(&s));
     LLMCL__TRY(norm_geometry(&s, key, 8, false, &g));
     LLMCL__TRY(check_fwd_loops(&s, &g, key));
     llmcl__defines d;
@@ -550,7 +551,6 @@ static llmcl_status rms_backward(llmcl_ctx *ctx, const llmcl_tensor *dy, const l
 
     norm_geom g;
     const char *key = dr ? LLMCL_KEY_RESIDUAL_RMSNORM_BWD : LLMCL_KEY_RMSNORM_BWD;
-    LLMCL__TRY(norm_layout(&s));
     LLMCL__TRY(norm_geometry(&s, key, 4, true, &g));
     llmcl__defines d;
     norm_defines(&s, &g, K_RMS_BWD, &d);
@@ -650,7 +650,6 @@ llmcl_status llmcl_layernorm_forward(llmcl_ctx *ctx, const llmcl_tensor *x, cons
     LLMCL__TRY(check_disjoint(ctx, rstd, "rstd", mean, "mean", false));
 
     norm_geom g;
-    LLMCL__TRY(norm_layout(&s));
     LLMCL__TRY(norm_geometry(&s, LLMCL_KEY_LAYERNORM_FWD, 8, false, &g));
     LLMCL__TRY(check_fwd_loops(&s, &g, LLMCL_KEY_LAYERNORM_FWD));
     llmcl__defines d;
@@ -702,7 +701,6 @@ llmcl_status llmcl_layernorm_backward(llmcl_ctx *ctx, const llmcl_tensor *dy,
     LLMCL__TRY(check_disjoint(ctx, db, "db", dw, "dw", false));
 
     norm_geom g;
-    LLMCL__TRY(norm_layout(&s));
     LLMCL__TRY(norm_geometry(&s, LLMCL_KEY_LAYERNORM_BWD, 4, true, &g));
     llmcl__defines d;
     norm_defines(&s, &g, K_LN_BWD, &d);
