@@ -748,7 +748,10 @@ LLMCL_API llmcl_status llmcl_activation_backward(llmcl_ctx *ctx, llmcl_activatio
  * rows cu_seqlens_k[b] .. cu_seqlens_k[b+1] of K, V [total_k, Hkv, D]; each sequence attends only
  * within itself. The offsets must start at 0, never decrease (empty sequences are allowed) and end
  * at total_q (total_k). They are read back to the host to be validated, so varlen calls wait for
- * the queue up to that point.
+ * the queue up to that point, unless the caller also gives them in host memory
+ * (cu_seqlens_q_host and cu_seqlens_k_host, B + 1 each): those are validated instead and nothing
+ * waits. The two copies must then hold the same offsets, as a training loop that uploads its own
+ * does; the kernels read the device's.
  */
 typedef struct llmcl_attention_opts {
     int causal;
@@ -759,6 +762,8 @@ typedef struct llmcl_attention_opts {
     float scale;           /* logit scale; 0: 1 / sqrt(D) */
     const llmcl_tensor *cu_seqlens_q; /* borrowed; NULL with cu_seqlens_k NULL: dense batches */
     const llmcl_tensor *cu_seqlens_k;
+    const int32_t *cu_seqlens_q_host; /* optional, borrowed: the same offsets on the host */
+    const int32_t *cu_seqlens_k_host;
     /* The backward's stored dS (llmcl_attention_backward): at most this many bytes of device
        memory, at D 64 and 128; 0: the default, LLMCL_ATTN_DS_MIB MiB at D 64 and 128 where that
        is set, else at D 128 and at D 64 up to 2048 keys, 4 GiB and at most a quarter of the

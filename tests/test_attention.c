@@ -979,6 +979,11 @@ static void test_varlen(void **state)
     c = causal(dense(LLMCL_BF16, 5, 4, 1, 128, 0, 0));
     c.cu_q = c.cu_k = cu_a;
     check_case(c, 94);
+    c.cu_q = cu_q;
+    c.cu_k = cu_k;
+    c.opts.cu_seqlens_q_host = cu_q; /* validated on the host: no read-back */
+    c.opts.cu_seqlens_k_host = cu_k;
+    check_case(c, 96);
 }
 
 static void test_determinism(void **state)
@@ -1546,6 +1551,16 @@ static void test_bad_varlen(void **state)
              LLMCL_ERROR_SHAPE_MISMATCH);
     o3 = r.c.opts;
     o3.cu_seqlens_k = NULL;
+    TH_FAILS(llmcl_attention_forward(ctx, r.q_.t, r.k_.t, r.v_.t, &o3, r.o_.t, r.lse),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    for (size_t i = 0; i < 4; ++i) { /* the host copies are what is checked */
+        o3 = r.c.opts;
+        o3.cu_seqlens_q_host = bad[i];
+        o3.cu_seqlens_k_host = cu;
+        TH_FAILS(llmcl_attention_forward(ctx, r.q_.t, r.k_.t, r.v_.t, &o3, r.o_.t, r.lse), want[i]);
+    }
+    o3 = r.c.opts;
+    o3.cu_seqlens_q_host = cu; /* one host copy without the other */
     TH_FAILS(llmcl_attention_forward(ctx, r.q_.t, r.k_.t, r.v_.t, &o3, r.o_.t, r.lse),
              LLMCL_ERROR_INVALID_ARGUMENT);
     llmcl_tensor_destroy(c2);

@@ -9,6 +9,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "src/runtime/ops/attention.h"
 
@@ -85,11 +86,12 @@ static llmcl_status attn_check_like(llmcl_ctx *ctx, const llmcl_tensor *t, const
 }
 
 /*
- * Reads the offsets of a cu_seqlens tensor back and checks them: i32 [B + 1], starting at 0,
- * non-decreasing, ending at total. Sets *max_len to the longest sequence.
+ * Checks the offsets of a cu_seqlens tensor: i32 [B + 1], starting at 0, non-decreasing, ending at
+ * total; those of `given` (the caller's host copy) where set, else the tensor's read back. Sets
+ * *max_len to the longest sequence.
  */
-static llmcl_status attn_check_cu(llmcl_ctx *ctx, const llmcl_tensor *cu, const char *name,
-                                  int64_t batch, int64_t total, int *max_len)
+static llmcl_status attn_check_cu(llmcl_ctx *ctx, const llmcl_tensor *cu, const int32_t *given,
+                                  const char *name, int64_t batch, int64_t total, int *max_len)
 {
     LLMCL__TRY(llmcl__check_tensor(ctx, cu, name, 1u << LLMCL_I32, 1, 1));
     LLMCL__REQUIRE(ctx, cu->shape[0] == batch + 1, LLMCL_ERROR_SHAPE_MISMATCH,
@@ -97,7 +99,11 @@ static llmcl_status attn_check_cu(llmcl_ctx *ctx, const llmcl_tensor *cu, const 
                    (long long)cu->shape[0], (long long)(batch + 1));
     int32_t *h = malloc(sizeof(int32_t) * (size_t)cu->shape[0]);
     LLMCL__REQUIRE(ctx, h, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "attention: %s: no host memory", name);
-    const llmcl_status st = llmcl_tensor_download(cu, h, sizeof(int32_t) * (size_t)cu->shape[0]);
+    llmcl_status st = LLMCL_OK;
+    if (given)
+        memcpy(h, given, sizeof(int32_t) * (size_t)cu->shape[0]);
+    else
+        st = llmcl_tensor_download(cu, h, sizeof(int32_t) * (size_t)cu->shape[0]);
     if (st != LLMCL_OK) {
         free(h);
         return st;
@@ -189,8 +195,14 @@ static llmcl_status attn_check_inputs(llmcl_ctx *ctx, const llmcl_tensor *q, con
         const int64_t batch = g->cu_q->shape[0] - 1;
         LLMCL__REQUIRE(ctx, batch >= 1 && batch < INT32_MAX, LLMCL_ERROR_SHAPE_MISMATCH,
                        "attention: cu_seqlens_q needs B + 1 >= 2 offsets");
-        LLMCL__TRY(attn_check_cu(ctx, g->cu_q, "cu_seqlens_q", batch, tq, &g->Tq));
-        LLMCL__TRY(attn_check_cu(ctx, g->cu_k, "cu_seqlens_k", batch, tk, &g->Tk));
+        LLMCL__REQUIRE(ctx, !opts->cu_seqlens_q_host == !opts->cu_seqlens_k_host,
+                       LLMCL_ERROR_INVALID_ARGUMENT,
+                       "attention: cu_seqlens_q_host and cu_seqlens_k_host must be both set or "
+                       "both NULL");
+        LLMCL__TRY(attn_check_cu(ctx, g->cu_q, opts->cu_seqlens_q_host, "cu_seqlens_q", batch, tq,
+                                 &g->Tq));
+        LLMCL__TRY(attn_check_cu(ctx, g->cu_k, opts->cu_seqlens_k_host, "cu_seqlens_k", batch, tk,
+                                 &g->Tk));
         g->B = (int)batch;
     } else {
         LLMCL__REQUIRE(ctx, q->shape[0] < INT32_MAX, LLMCL_ERROR_OVERFLOW,
