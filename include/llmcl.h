@@ -975,6 +975,10 @@ typedef struct llmcl_ce_options {
                                    tensors' contents (gradient accumulation over micro-batches, an
                                    output head tied to the embeddings); 0 overwrites them. dhidden
                                    is always overwritten. */
+    float grad_scale;         /* the gradients (dlogits, dhidden, dweight, dbias) are those of
+                                 grad_scale x the loss; the loss itself is not scaled. 0: 1.
+                                 A training loop that weighs micro-batches by their counted
+                                 rows (a mean over a whole step's targets) sets it per call */
     llmcl_dtype logits_dtype; /* chunked linear form: the logits' storage, LLMCL_F32 (the
                                  default) or hidden's 16-bit dtype, which rounds them as PyTorch's
                                  autocast does, moves half the bytes and holds the dlogits in

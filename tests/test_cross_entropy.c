@@ -881,6 +881,94 @@ static void test_fused_ce(void **state)
     }
 }
 
+/* Path 1 with opts->grad_scale gs: dlogits of the linear problem p's logits, against the
+   reference's times gs; the loss unscaled. */
+static void check_grad_scale_logits(const lin_problem *p, const ref_ce_opts *ro, float gs)
+{
+    llmcl_ctx *ctx = th_ctx();
+    const int64_t nv = p->n * p->v, shape[2] = {p->n, p->v}, one = 1;
+    double *x = th_alloc((size_t)nv * sizeof *x), *g = th_alloc((size_t)nv * sizeof *g);
+    double loss, *rows = th_alloc((size_t)p->n * 3 * sizeof *rows);
+    ref_linear(p->hid, p->w, p->b, p->n, p->h, p->v, x);
+    th_round_all(p->dt, x, (size_t)nv);
+    assert_int_equal(ref_cross_entropy(x, p->y, p->n, p->v, ro, rows, rows + p->n,
+                                       rows + 2 * p->n, g),
+                     -1);
+    loss = rows[0];
+    for (int64_t i = 0; i < nv; ++i)
+        g[i] *= gs;
+    llmcl_tensor *tx = th_tensor_from(p->dt, 2, shape, x), *tg = th_tensor(p->dt, 2, shape);
+    llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &one);
+    th_poison(tg);
+    const llmcl_ce_options o = {.reduction = (llmcl_ce_reduction)ro->reduction,
+                                .label_smoothing = (float)ro->eps,
+                                .lse_square_scale = (float)ro->zs,
+                                .softcap = (float)ro->cap,
+                                .weight = p->tcw,
+                                .grad_scale = gs};
+    TH_OK(llmcl_cross_entropy_forward(ctx, tx, p->ty, &o, tl, NULL, NULL, tg));
+    double *gl = download(tl), *gg = download(tg);
+    TH_ASSERT_CLOSE("loss (unscaled)", &loss, gl, 1, loss_tol);
+    TH_ASSERT_CLOSE("dlogits x grad_scale", g, gg, (size_t)nv, grad_tol(p->dt, g, (size_t)nv));
+    free(x), free(g), free(rows), free(gl), free(gg);
+    llmcl_tensor_destroy(tx), llmcl_tensor_destroy(tg), llmcl_tensor_destroy(tl);
+}
+
+/*
+ * opts->grad_scale on the three forms: the gradients are those of grad_scale x the loss (a
+ * training loop's weight for a micro-batch), the loss is not scaled; a non-finite scale is refused.
+ */
+static void test_opts_grad_scale(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const float gs = -1.75f;
+    const int64_t one = 1;
+    const size_t picks[] = {0, 1, 3}; /* f32 mean; f32 sum, bias, smoothing; bf16 mean, weights */
+    for (size_t k = 0; k < sizeof picks / sizeof picks[0]; ++k) {
+        const lin_case *c = &lin_cases[picks[k]];
+        printf("grad_scale case %zu\n", picks[k]);
+        lin_problem p = lin_make_case(c, NULL, 900 + k);
+        const ref_ce_opts ro = {-100, c->reduction, c->eps, c->zs, c->cap, p.cw};
+        const double gsd = gs;
+        lin_ref r = lin_reference(&p, &ro, &gsd);
+        llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &one), *tlse = th_tensor(LLMCL_F32, 1, &p.n);
+        llmcl_ce_options o = lin_opts(c, &p);
+        o.grad_scale = gs;
+        lin_grads g = lin_grads_new(&p, c->bias);
+        TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, NULL, g.dh,
+                                                 g.dw, g.db));
+        double *gl = download(tl);
+        TH_ASSERT_CLOSE("linear loss (unscaled)", r.loss, gl, 1, loss_tol);
+        lin_check(&p, &r, &g, p.dt);
+        for (int64_t chunk = -1; chunk <= FUSED_CHUNK; chunk += FUSED_CHUNK + 1) {
+            th_poison(g.dh), th_poison(g.dw);
+            o.vocab_chunk = chunk;
+            TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, NULL,
+                                                    tlse));
+            TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, &o,
+                                                     g.dh, g.dw, g.db));
+            lin_check(&p, &r, &g, chunk > 0 ? p.dt : LLMCL_F32);
+        }
+        check_grad_scale_logits(&p, &ro, gs);
+        free(gl);
+        llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tlse);
+        lin_grads_free(&g);
+        lin_ref_free(&r);
+        lin_free(&p);
+    }
+    lin_problem p = lin_make_case(&lin_cases[0], NULL, 910);
+    llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &one);
+    llmcl_ce_options o = lin_opts(&lin_cases[0], &p);
+    o.grad_scale = NAN;
+    TH_FAILS(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, NULL, NULL,
+                                                NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "grad_scale"));
+    llmcl_tensor_destroy(tl);
+    lin_free(&p);
+}
+
 /*
  * -inf bias entries on paths 2 and 3 (the only way a logit of theirs is -inf): the issue's example,
  * the fused path's T = 32 tiles covered whole, straddled and the last partial one, -inf targets,
@@ -1277,7 +1365,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ce_strided_rows), cmocka_unit_test(test_ce_bad_labels),
         cmocka_unit_test(test_ce_bad_args),     cmocka_unit_test(test_ce_grad_scale),
         cmocka_unit_test(test_linear_ce),       cmocka_unit_test(test_linear_logits16),
-        cmocka_unit_test(test_fused_ce),
+        cmocka_unit_test(test_fused_ce),        cmocka_unit_test(test_opts_grad_scale),
         cmocka_unit_test(test_linear_ninf),
         cmocka_unit_test(test_fused_gpu_tiles), cmocka_unit_test(test_fused_filter),
         cmocka_unit_test(test_fused_large_tiles), cmocka_unit_test(test_long_vocab),

@@ -24,7 +24,8 @@
  *   d(c ce + cz z)/dx_j = A p_j - B [j == y] - C w_j,
  *   A = c((1-eps) w_y + eps S_w / V) + 2 zs lse cz,  B = c (1-eps) w_y,  C = c eps / V
  * times 1 - (x_j/cap)^2 with a softcap. c, cz: 1/(weight sum), 1/count for mean (0 when that
- * divisor is 0), 1 for sum and none, times the upstream gradient where one is given.
+ * divisor is 0), 1 for sum and none, times the upstream gradient where one is given and the
+ * options' grad_scale (gs) in the gradients.
  *
  * -inf logits (include/llmcl.h has the results): the online LSE starts its running max at -FLT_MAX,
  * not -inf, so that a -inf logit adds exp(-inf) = 0 wherever it comes, never exp(-inf + inf); a row
@@ -409,8 +410,8 @@ ce_prepare(int flags, const __global label_t *labels, ulong loff, long n, long V
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
 ce_rows(int flags, __global st_t *x, ulong xoff, long xstride, long V,
         const __global label_t *labels, ulong loff, long row0, const __global float *weight,
-        ulong woff, const __global int *stats, int reduction, long ignore_index, float eps,
-        float zs, float cap, __global float *lse_out, ulong lseoff, __global float *rows,
+        ulong woff, const __global int *stats, int reduction, float gs, long ignore_index,
+        float eps, float zs, float cap, __global float *lse_out, ulong lseoff, __global float *rows,
         long n_total, int grad, __global dx_t *dx, ulong dxoff, long dxstride)
 {
     __local float scratch[WG];
@@ -436,7 +437,7 @@ ce_rows(int flags, __global st_t *x, ulong xoff, long xstride, long V,
         rows[n_total + row] = t.y;
     }
     if (grad) {
-        const float3 q = live ? ce_coefs(lse, wy, sw, V, eps, zs, ce_scales(stats, reduction))
+        const float3 q = live ? ce_coefs(lse, wy, sw, V, eps, zs, gs * ce_scales(stats, reduction))
                               : (float3)(0.0f);
         const float lp = lse_p(lse);
         GRAD_ROW(x, base, dx, dxoff + r * dxstride, V, 0, 1, q, lp, y);
@@ -532,9 +533,9 @@ __kernel void ce_combine(int flags, const __global float *part, long ns, long nr
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
 ce_grad(int flags, const __global st_t *x, ulong xoff, long xstride, long V,
         const __global label_t *labels, ulong loff, long row0, const __global float *weight,
-        ulong woff, const __global int *stats, int reduction, long ignore_index, float eps,
-        float zs, float cap, const __global float *lse_in, ulong lseoff, __global dx_t *dx,
-        ulong dxoff, long dxstride)
+        ulong woff, const __global int *stats, int reduction, float gs, long ignore_index,
+        float eps, float zs, float cap, const __global float *lse_in, ulong lseoff,
+        __global dx_t *dx, ulong dxoff, long dxstride)
 {
     if (stats[0] >= 0)
         return;
@@ -543,7 +544,7 @@ ce_grad(int flags, const __global st_t *x, ulong xoff, long xstride, long V,
     const long y = LABEL(labels, loff + row);
     const float lse = lse_in[lseoff + row];
     const float3 q = y != ignore_index ? ce_coefs(lse, WEIGHT1(y), as_float(stats[3]), V, eps, zs,
-                                                  ce_scales(stats, reduction))
+                                                  gs * ce_scales(stats, reduction))
                                        : (float3)(0.0f);
     const float lp = lse_p(lse);
     GRAD_ROW(x, xoff + r * xstride, dx, dxoff + r * dxstride, V, sp, ns, q, lp, y);
@@ -770,7 +771,7 @@ cce_fwd(int flags, const __global st_t *hid, ulong hoff, long hs, long N, long H
  */
 __kernel void cce_coefs(int flags, long n, long V, const __global label_t *labels, ulong loff,
                         const __global float *weight, ulong woff, const __global int *stats,
-                        int reduction, long ignore_index, float eps, float zs,
+                        int reduction, float gs, long ignore_index, float eps, float zs,
                         const __global float *lse_in, ulong lseoff, const __global float *g,
                         ulong goff, int has_g, __global float *coef)
 {
@@ -781,7 +782,7 @@ __kernel void cce_coefs(int flags, long n, long V, const __global label_t *label
     const float lse = lse_in[lseoff + row];
     float3 q = (float3)(0.0f);
     if (y != ignore_index) {
-        float2 c = ce_scales(stats, reduction);
+        float2 c = gs * ce_scales(stats, reduction);
         if (has_g)
             c *= g[goff + (reduction == 2 ? row : 0)];
         q = ce_coefs(lse, WEIGHT1(y), as_float(stats[3]), V, eps, zs, c);

@@ -59,6 +59,10 @@ static llmcl_status check_options(llmcl_ctx *ctx, const llmcl_ce_options *opts, 
                    (double)o->lse_square_scale);
     LLMCL__REQUIRE(ctx, o->softcap >= 0.0f && isfinite(o->softcap), LLMCL_ERROR_INVALID_ARGUMENT,
                    "opts->softcap %g must be finite and >= 0 (0: off)", (double)o->softcap);
+    LLMCL__REQUIRE(ctx, isfinite(o->grad_scale), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "opts->grad_scale %g must be finite (0: 1)", (double)o->grad_scale);
+    if (out->grad_scale == 0.0f)
+        out->grad_scale = 1.0f;
     LLMCL__REQUIRE(ctx, o->grad_filter >= 0.0f && o->grad_filter <= 1.0f,
                    LLMCL_ERROR_INVALID_ARGUMENT, "opts->grad_filter %g is outside [0, 1]",
                    (double)o->grad_filter);
@@ -355,6 +359,7 @@ static void arg_row_terms(llmcl__args *a, const ce_run *r, const ce_rows_job *j)
     arg_weight(a, r);
     arg_buf(a, r->stats->mem);
     llmcl__arg_i32(a, (int32_t)o->reduction);
+    llmcl__arg_f32(a, o->grad_scale);
     llmcl__arg_i64(a, r->ignore);
     llmcl__arg_f32(a, o->label_smoothing);
     llmcl__arg_f32(a, o->lse_square_scale);
@@ -823,6 +828,7 @@ static llmcl_status fused_coefs(ce_run *r, const llmcl_tensor *lse, const llmcl_
     arg_weight(&a, r);
     arg_buf(&a, r->stats->mem);
     llmcl__arg_i32(&a, (int32_t)r->o.reduction);
+    llmcl__arg_f32(&a, r->o.grad_scale);
     llmcl__arg_i64(&a, r->ignore);
     llmcl__arg_f32(&a, r->o.label_smoothing);
     llmcl__arg_f32(&a, r->o.lse_square_scale);
