@@ -283,6 +283,99 @@ static void check_adamw(const char *file, llmcl_dtype dt)
     llmcl_safetensors_close(f.st);
 }
 
+/*
+ * Packed documents (llmcl-train's examples): a batch of 2 x 16 tokens holding four documents and
+ * a row's padding, each attending only to itself from position 0, some positions learning
+ * nothing. Each document's logits must be those of the document run alone, and the gradients
+ * those of the mean over every target that learns: the documents' own, each weighted by its share
+ * of the targets (ce_grad_scale). The ops form recomputes them bit for bit.
+ */
+static void check_documents(const char *file)
+{
+    printf("%s: packed documents\n", file);
+    fixture f = fixture_open(file, LLMCL_F32);
+    assert_int_equal(f.b * f.t, 32);
+    static const int32_t offsets[] = {0, 5, 12, 16, 29, 32};
+    static const bool padding[] = {false, false, true, false, false};
+    const int docs = 5;
+    int32_t ids[32], targets[32], pos[32], counted[5] = {0}, total = 0;
+    for (int d = 0; d < docs; ++d)
+        for (int i = offsets[d]; i < offsets[d + 1]; ++i) {
+            const bool learns = !padding[d] && i + 1 < offsets[d + 1] && !(d == 1 && i < 7);
+            ids[i] = padding[d] ? 0 : f.ids[i];
+            targets[i] = learns ? f.ids[i + 1] : -100;
+            pos[i] = i - offsets[d];
+            counted[d] += learns;
+            total += learns;
+        }
+    const int64_t lshape[2] = {32, f.cfg.vocab};
+    llmcl_tensor *logits = th_tensor(LLMCL_F32, 2, lshape);
+    double *packed = th_alloc((size_t)32 * f.cfg.vocab * sizeof *packed), loss;
+    model *m = fixture_model(&f, RECOMPUTE_NONE, false);
+    TH_OK(llmcl_fill(m->ctx, m->trainable.grad, 0.0));
+    TH_OK(model_set_documents(m, pos, offsets, docs, f.b, f.t));
+    TH_OK(model_forward(m, ids, targets, f.b, f.t, true));
+    th_download(m->loss, &loss);
+    TH_OK(model_logits(m, 0, 32, logits));
+    th_download(logits, packed);
+    double **g = gradients(m);
+
+    /* each document alone, its gradients added with its weight */
+    TH_OK(llmcl_fill(m->ctx, m->trainable.grad, 0.0));
+    TH_OK(model_set_documents(m, NULL, NULL, 0, f.b, f.t));
+    double ref_loss = 0;
+    for (int d = 0; d < docs; ++d) {
+        const int at = offsets[d], len = offsets[d + 1] - at;
+        if (padding[d])
+            continue;
+        m->ce_grad_scale = (float)counted[d] / (float)total;
+        TH_OK(model_forward(m, ids + at, targets + at, 1, len, true));
+        double l, *alone = th_alloc((size_t)len * f.cfg.vocab * sizeof *alone);
+        th_download(m->loss, &l);
+        ref_loss += l * counted[d] / total;
+        const int64_t ashape[2] = {len, f.cfg.vocab};
+        llmcl_tensor *al = th_tensor(LLMCL_F32, 2, ashape);
+        TH_OK(model_logits(m, 0, len, al));
+        th_download(al, alone);
+        const size_t nl = (size_t)len * f.cfg.vocab;
+        TH_ASSERT_CLOSE("a document's logits", alone, packed + (size_t)at * f.cfg.vocab, nl,
+                        rel_max_tol(LLMCL_F32, alone, nl));
+        TH_OK(model_backward(m, 1, len));
+        llmcl_tensor_destroy(al);
+        free(alone);
+    }
+    printf("loss %.6f, the documents' %.6f\n", loss, ref_loss);
+    assert_true(fabs(loss - ref_loss) <= 1e-5 * (1 + fabs(ref_loss)));
+    for (int i = 0; i < m->n_params; ++i) {
+        const size_t n = (size_t)m->params[i].numel;
+        double *gd = th_alloc(n * sizeof *gd);
+        th_download(m->params[i].grad, gd);
+        TH_ASSERT_CLOSE(m->params[i].name, gd, g[i], n, rel_max_tol(LLMCL_F32, gd, n));
+        free(gd);
+    }
+    model *mo = fixture_model(&f, RECOMPUTE_OPS, false);
+    TH_OK(llmcl_fill(mo->ctx, mo->trainable.grad, 0.0));
+    TH_OK(model_set_documents(mo, pos, offsets, docs, f.b, f.t));
+    TH_OK(model_forward(mo, ids, targets, f.b, f.t, true));
+    double **go = gradients(mo);
+    for (int i = 0; i < m->n_params; ++i)
+        assert_memory_equal(g[i], go[i], (size_t)m->params[i].numel * sizeof *g[i]);
+    free_gradients(mo, go);
+    model_destroy(mo);
+    free_gradients(m, g);
+    model_destroy(m);
+    free(packed);
+    llmcl_tensor_destroy(logits);
+    llmcl_safetensors_close(f.st);
+}
+
+static void test_documents(void **state)
+{
+    (void)state;
+    check_documents("train_fixture_untied.safetensors");
+    check_documents("train_fixture_qwen3.safetensors");
+}
+
 static void test_tied_f32(void **state)
 {
     (void)state;
@@ -592,6 +685,7 @@ int main(void)
         cmocka_unit_test(test_untied_bf16),
         cmocka_unit_test(test_qwen3_f32),
         cmocka_unit_test(test_qwen3_bf16),
+        cmocka_unit_test(test_documents),
         cmocka_unit_test(test_recompute_forms_bf16),
         cmocka_unit_test(test_recompute_forms_f32),
         cmocka_unit_test(test_streams_split),

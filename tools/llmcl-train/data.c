@@ -1,4 +1,5 @@
-/* data.c: token files, the byte-level tokenizer, the built-in corpus and the loader (data.h). */
+/* data.c: token files, the byte-level tokenizer, the built-in corpus, and the loader that cuts
+   windows of a stream or packs examples into rows (data.h). */
 #include "data.h"
 
 #include <ctype.h>
@@ -63,10 +64,10 @@ static bool llmc_magic(const unsigned char *buf, int64_t len)
     return magic == LLMC_MAGIC_GPT2 || magic == LLMC_MAGIC_LLAMA3;
 }
 
-static bool named_bin(const char *path)
+static bool named(const char *path, const char *ext)
 {
-    const size_t n = strlen(path);
-    return n >= 4 && strcmp(path + n - 4, ".bin") == 0;
+    const size_t n = strlen(path), e = strlen(ext);
+    return n >= e && strcmp(path + n - e, ext) == 0;
 }
 
 /* Appends n tokens of width bytes at `at` to d's stream: mem is the mapping of map_len bytes that
@@ -138,8 +139,9 @@ static void load_text(const char *path, int fd, int64_t len, token_data *d)
 /* The files that pattern names, as llm.c shards of one format. */
 static void load_pattern(const char *pattern, data_format format, token_data *d)
 {
-    if (format == DATA_TEXT)
-        die("%s: a pattern names llm.c token files (--data-format text reads one file)", pattern);
+    if (format == DATA_TEXT || format == DATA_JSONL)
+        die("%s: a pattern names llm.c token files (--data-format text or jsonl reads one file)",
+            pattern);
     glob_t g;
     const int r = glob(pattern, 0, NULL, &g);
     if (r == GLOB_NOMATCH)
@@ -163,11 +165,11 @@ static void load_pattern(const char *pattern, data_format format, token_data *d)
 
 data_format data_format_parse(const char *s)
 {
-    static const char *const names[] = {"auto", "text", "llmc"};
-    for (int f = DATA_AUTO; f <= DATA_LLMC; ++f)
+    static const char *const names[] = {"auto", "text", "llmc", "jsonl"};
+    for (int f = DATA_AUTO; f <= DATA_JSONL; ++f)
         if (strcmp(s, names[f]) == 0)
             return (data_format)f;
-    die("--data-format %s: expected auto, text or llmc", s);
+    die("--data-format %s: expected auto, text, llmc or jsonl", s);
 }
 
 void data_load(const char *path, data_format format, token_data *out)
@@ -180,14 +182,29 @@ void data_load(const char *path, data_format format, token_data *out)
     }
     int64_t len = 0;
     const int fd = open_file(path, &len);
+    if (format == DATA_JSONL || (format == DATA_AUTO && named(path, ".jsonl"))) {
+        close(fd);
+        examples_load(path, out);
+        return;
+    }
     unsigned char head[4];
     const int64_t got = read_head(fd, path, head, sizeof head);
     if (format == DATA_LLMC ||
-        (format == DATA_AUTO && (named_bin(path) || llmc_magic(head, got))))
+        (format == DATA_AUTO && (named(path, ".bin") || llmc_magic(head, got))))
         map_llmc(path, fd, len, out);
     else
         load_text(path, fd, len, out);
     close(fd);
+}
+
+void data_set_examples(token_data *out, const char *name, int32_t *ids, int32_t *targets,
+                       int64_t n, int64_t *starts, int64_t n_examples, int vocab)
+{
+    add_shard(out, name, ids, 0, (const unsigned char *)ids, n, 4);
+    out->targets = targets;
+    out->starts = starts;
+    out->n_examples = n_examples;
+    out->vocab = vocab;
 }
 
 /* The shard holding stream position g (a binary search of their firsts). */
@@ -238,6 +255,11 @@ void data_check_vocab(const token_data *d, int vocab)
                     s->name, (long long)(g - s->first), v, vocab);
         }
     }
+    for (int64_t k = d->ex_begin; d->targets && k < d->ex_begin + d->n_examples; ++k)
+        for (int64_t i = d->starts[k]; i < d->starts[k + 1]; ++i)
+            if (d->targets[i] >= vocab)
+                die("%s: example %lld learns %d, outside the model's vocabulary of %d (set "
+                    "--vocab)", d->shards[0].name, (long long)k + 1, d->targets[i], vocab);
 }
 
 /* ---- the built-in corpus ---- */
@@ -281,6 +303,20 @@ void data_builtin(uint64_t seed, int64_t bytes, token_data *out)
 
 void data_split(token_data *d, double fraction, token_data *val)
 {
+    if (d->targets) {
+        int64_t nval = (int64_t)((double)d->n_examples * fraction);
+        if (nval == 0 && d->n_examples > 1)
+            nval = 1;
+        *val = *d;
+        val->owns = false;
+        val->ex_begin = d->ex_begin + d->n_examples - nval;
+        val->n_examples = nval;
+        d->n_examples -= nval;
+        val->begin = d->starts[val->ex_begin];
+        val->n = d->starts[val->ex_begin + nval] - val->begin;
+        d->n -= val->n;
+        return;
+    }
     const int64_t nval = (int64_t)((double)d->n * fraction);
     *val = *d;
     val->owns = false;
@@ -297,35 +333,162 @@ void data_free(token_data *d)
         else
             free(d->shards[i].mem);
     }
-    if (d->owns)
+    if (d->owns) {
         free(d->shards);
+        free(d->targets);
+        free(d->starts);
+    }
     *d = (token_data){0};
 }
 
 /* ---- loader ---- */
 
+void batch_init(token_batch *batch, int b, int t)
+{
+    const size_t n = (size_t)b * (size_t)t;
+    *batch = (token_batch){.b = b, .t = t, .ids = xmalloc(n * sizeof(int32_t)),
+                           .targets = xmalloc(n * sizeof(int32_t)),
+                           .pos = xmalloc(n * sizeof(int32_t)),
+                           .doc_offsets = xmalloc((n + 1) * sizeof(int32_t))};
+}
+
+void batch_free(token_batch *batch)
+{
+    free(batch->ids);
+    free(batch->targets);
+    free(batch->pos);
+    free(batch->doc_offsets);
+    *batch = (token_batch){0};
+}
+
+/* Tokens of example k that a row of t holds: the whole example, or its first t. */
+static int64_t kept(const token_data *d, int64_t k, int t)
+{
+    const int64_t len = d->starts[k + 1] - d->starts[k];
+    return len < t ? len : t;
+}
+
+/* Targets that learn among example k's first `len` tokens (the last kept token learns nothing). */
+static int64_t counted(const token_data *d, int64_t k, int64_t len)
+{
+    int64_t c = 0;
+    for (int64_t i = d->starts[k]; i < d->starts[k] + len - 1; ++i)
+        c += d->targets[i] != -100;
+    return c;
+}
+
+/* Whole examples in file order, each row taking the next while it fits. */
+static void pack_rows(loader *l)
+{
+    const token_data *d = l->d;
+    const int64_t end = d->ex_begin + d->n_examples;
+    l->row_first = xmalloc((size_t)(d->n_examples + 1) * sizeof *l->row_first);
+    l->row_counted = xmalloc((size_t)(d->n_examples + 1) * sizeof *l->row_counted);
+    int64_t used = l->t, tokens = 0;
+    for (int64_t k = d->ex_begin; k < end; ++k) {
+        const int64_t len = kept(d, k, l->t);
+        if (used + len > l->t) {
+            l->row_first[l->n_rows] = k;
+            l->row_counted[l->n_rows++] = 0;
+            used = 0;
+        }
+        used += len;
+        tokens += len;
+        l->truncated += len < d->starts[k + 1] - d->starts[k];
+        l->row_counted[l->n_rows - 1] += counted(d, k, len);
+    }
+    l->row_first[l->n_rows] = end;
+    l->fill = l->n_rows ? (double)tokens / ((double)l->n_rows * l->t) : 0.0;
+}
+
 void loader_init(loader *l, const token_data *d, int b, int t, int rank, int world)
 {
+    *l = (loader){d, b, t, rank, world, 0, NULL, NULL, 0, 0, 0.0};
+    if (d->targets) {
+        if (d->n_examples == 0)
+            die("%s: no examples left for this split (give more, or --val)", d->source);
+        pack_rows(l);
+        l->pos = (int64_t)rank * b;
+        return;
+    }
     const int64_t need = (int64_t)b * t * world + 1;
     if (d->n < need)
         die("%s holds %lld tokens: a batch of %d x %d tokens on %d rank(s) needs at least %lld "
             "(shorten --seq or --batch)",
             d->source, (long long)d->n, b, t, world, (long long)need);
-    *l = (loader){d, b, t, rank, world, (int64_t)rank * b * t};
+    l->pos = (int64_t)rank * b * t;
 }
 
-int64_t loader_tell(const loader *l) { return l->pos - (int64_t)l->rank * l->b * l->t; }
-
-void loader_seek(loader *l, int64_t pos) { l->pos = pos + (int64_t)l->rank * l->b * l->t; }
-
-void loader_next(loader *l, int32_t *ids, int32_t *targets)
+void loader_free(loader *l)
 {
+    free(l->row_first);
+    free(l->row_counted);
+    l->row_first = l->row_counted = NULL;
+}
+
+/* Tokens (stream) or rows (examples) that one rank's micro-batch takes. */
+static int64_t unit_span(const loader *l) { return l->d->targets ? l->b : (int64_t)l->b * l->t; }
+
+int64_t loader_tell(const loader *l) { return l->pos - l->rank * unit_span(l); }
+
+void loader_seek(loader *l, int64_t pos) { l->pos = pos + l->rank * unit_span(l); }
+
+int64_t loader_counted_ahead(const loader *l, int micro)
+{
+    const int64_t rows = (int64_t)micro * l->b * l->world, at = loader_tell(l);
+    if (!l->d->targets)
+        return rows * l->t;
+    int64_t c = 0;
+    for (int64_t r = at; r < at + rows; ++r)
+        c += l->row_counted[r % l->n_rows];
+    return c;
+}
+
+/* Row r of the packed examples into row i of out: each example a document from position 0, the
+   rest one document of padding (token 0, learning nothing). */
+static void fill_row(const loader *l, int64_t r, int i, token_batch *out)
+{
+    const token_data *d = l->d;
+    int64_t at = (int64_t)i * l->t;
+    const int64_t row_end = at + l->t;
+    for (int64_t k = l->row_first[r]; k < l->row_first[r + 1]; ++k) {
+        const int64_t len = kept(d, k, l->t), s = d->starts[k];
+        out->doc_offsets[out->docs++] = (int32_t)at;
+        for (int64_t j = 0; j < len; ++j) {
+            out->ids[at + j] = data_token(d, s + j - d->begin);
+            out->targets[at + j] = j < len - 1 ? d->targets[s + j] : -100;
+            out->pos[at + j] = (int32_t)j;
+        }
+        at += len;
+    }
+    out->counted += l->row_counted[r];
+    if (at < row_end)
+        out->doc_offsets[out->docs++] = (int32_t)at;
+    for (int64_t j = 0; at + j < row_end; ++j) {
+        out->ids[at + j] = 0;
+        out->targets[at + j] = -100;
+        out->pos[at + j] = (int32_t)j;
+    }
+}
+
+void loader_next(loader *l, token_batch *out)
+{
+    out->docs = 0;
+    out->counted = 0;
+    if (l->d->targets) {
+        for (int i = 0; i < l->b; ++i)
+            fill_row(l, (l->pos + i) % l->n_rows, i, out);
+        out->doc_offsets[out->docs] = l->b * l->t;
+        l->pos += (int64_t)l->b * l->world;
+        return;
+    }
     const int64_t span = (int64_t)l->b * l->t;
     if (loader_tell(l) + span * l->world + 1 > l->d->n)
         l->pos = (int64_t)l->rank * span;
     for (int64_t i = 0; i < span; ++i)
-        ids[i] = data_token(l->d, l->pos + i);
-    memmove(targets, ids + 1, (size_t)(span - 1) * sizeof *targets);
-    targets[span - 1] = data_token(l->d, l->pos + span);
+        out->ids[i] = data_token(l->d, l->pos + i);
+    memmove(out->targets, out->ids + 1, (size_t)(span - 1) * sizeof *out->targets);
+    out->targets[span - 1] = data_token(l->d, l->pos + span);
+    out->counted = span;
     l->pos += span * l->world;
 }

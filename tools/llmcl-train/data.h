@@ -5,8 +5,11 @@
  * built-in corpus generated from a fixed seed so that the default run needs no download. A pattern
  * (`data/fineweb_train_*.bin`, as llm.c's loaders take) names llm.c shards, read as one stream in
  * the order of their names. llm.c files are memory-mapped and read where they lie, so a dataset
- * larger than the host's memory trains. A loader walks the tokens in windows of b x (t + 1), each
- * rank of a job at its own offset.
+ * larger than the host's memory trains. Tokenized examples in JSON Lines (examples.c: what a
+ * supervised fine-tuning set holds, with the positions that learn nothing marked) are packed
+ * whole, in file order, into rows of t tokens, each example attending only to itself from
+ * position 0. A loader walks a stream's tokens in windows of b x (t + 1), or the packed rows b at
+ * a time, each rank of a job at its own offset.
  */
 #ifndef LLMCL_TRAIN_DATA_H
 #define LLMCL_TRAIN_DATA_H
@@ -33,14 +36,22 @@ typedef struct token_data {
     int n_shards;
     bool owns;
     int64_t begin, n;
-    int vocab;       /* the tokenizer's vocabulary: 256 for bytes, from the format otherwise */
+    int vocab;       /* the tokenizer's vocabulary: 256 for bytes, from the format otherwise
+                        (examples: the largest id or label + 1) */
     int byte_level;  /* tokens are bytes: samples print as text */
     char source[256];
+    /* Examples (NULL for a stream): example k is the stream's tokens [starts[k], starts[k + 1]),
+       and targets[i] is what token i learns (-100: nothing; an example's last token never learns).
+       A view holds examples [ex_begin, ex_begin + n_examples). */
+    int32_t *targets;
+    int64_t *starts;
+    int64_t ex_begin, n_examples;
 } token_data;
 
 /* How a data file is read: auto takes a file named *.bin, or one that starts with an llm.c magic,
-   as an llm.c token file and any other as text; text and llmc force one reading. */
-typedef enum data_format { DATA_AUTO, DATA_TEXT, DATA_LLMC } data_format;
+   as an llm.c token file, one named *.jsonl as examples and any other as text; text, llmc and
+   jsonl force one reading. */
+typedef enum data_format { DATA_AUTO, DATA_TEXT, DATA_LLMC, DATA_JSONL } data_format;
 
 /* --data-format's value; dies on another. */
 data_format data_format_parse(const char *s);
@@ -54,36 +65,73 @@ data_format data_format_parse(const char *s);
  */
 void data_load(const char *path, data_format format, token_data *out);
 
+/*
+ * Tokenized examples from a JSON Lines file (examples.c): one object a line with "input_ids" and
+ * optionally "labels", "completion_mask", "assistant_masks" and "attention_mask". Dies naming the
+ * line of anything malformed.
+ */
+void examples_load(const char *path, token_data *out);
+
+/* out becomes the examples: n tokens ids with their targets, example k from starts[k] (starts
+   holds n_examples + 1 entries, the last n); it takes the arrays over. */
+void data_set_examples(token_data *out, const char *name, int32_t *ids, int32_t *targets,
+                       int64_t n, int64_t *starts, int64_t n_examples, int vocab);
+
 /* Token i of the view. */
 int32_t data_token(const token_data *d, int64_t i);
 
-/* Dies naming the file and place of the first token outside [0, vocab). */
+/* Dies naming the file and place of the first token (or example's target) outside [0, vocab). */
 void data_check_vocab(const token_data *d, int vocab);
 
 /* The built-in corpus: simple English sentences from a small grammar, `bytes` long. */
 void data_builtin(uint64_t seed, int64_t bytes, token_data *out);
 
-/* Moves the last `fraction` of d's tokens into val (a held-out split). */
+/* Moves the last `fraction` of d's tokens (examples: of its examples, at least one where it has
+   two) into val (a held-out split). */
 void data_split(token_data *d, double fraction, token_data *val);
 
 void data_free(token_data *d);
 
-/* Windows of b x t inputs and their next-token targets. */
+/* A micro-batch: b rows of t tokens, as the loader fills it. */
+typedef struct token_batch {
+    int b, t;
+    int32_t *ids, *targets; /* b x t each; a target of -100 learns nothing */
+    int32_t *pos;           /* b x t: each token's place in its example (examples only) */
+    int32_t *doc_offsets;   /* docs + 1: where each example, and each row's padding, starts */
+    int docs;               /* 0: windows of a stream, every row one sequence at 0..t-1 */
+    int64_t counted;        /* the targets that learn */
+} token_batch;
+
+void batch_init(token_batch *batch, int b, int t);
+void batch_free(token_batch *batch);
+
+/* Windows of b x t inputs and their next-token targets, or rows of packed examples. */
 typedef struct loader {
     const token_data *d;
     int b, t, rank, world;
-    int64_t pos;
+    int64_t pos; /* the next window's first token, or its first row */
+    /* examples: row r packs examples [row_first[r], row_first[r + 1]), and counts row_counted[r]
+       targets that learn */
+    int64_t *row_first, *row_counted, n_rows;
+    int64_t truncated; /* examples longer than t, cut to their first t tokens */
+    double fill;       /* the share of the rows' tokens that examples take (the rest pads) */
 } loader;
 
-/* Dies when the data holds fewer than b x t + 1 tokens. */
+/* A stream's: dies when the data holds fewer than b x t + 1 tokens. Examples: packs the rows. */
 void loader_init(loader *l, const token_data *d, int b, int t, int rank, int world);
+void loader_free(loader *l);
 
 /*
- * The next window (wrapping to the start at the end of the data). The ranks' windows of one step
- * are consecutive, rank 0 first, so a job of N ranks at batch b reads the rows that one rank reads
- * at batch N b, in the same order; the ranks wrap together.
+ * The next micro-batch: a stream's next window (wrapping to the start at the end of the data), or
+ * the next b rows of packed examples (row r mod the rows' count, so a small set repeats). The
+ * ranks' windows of one step are consecutive, rank 0 first, so a job of N ranks at batch b reads
+ * the rows that one rank reads at batch N b, in the same order; the ranks wrap together.
  */
-void loader_next(loader *l, int32_t *ids, int32_t *targets);
+void loader_next(loader *l, token_batch *out);
+
+/* The targets that learn in the next `micro` micro-batches of the whole job (every rank's),
+   without moving: what a step's mean loss divides by. */
+int64_t loader_counted_ahead(const loader *l, int micro);
 
 /* The whole job's position (rank 0's), which a checkpoint stores, and a seek to one. */
 int64_t loader_tell(const loader *l);

@@ -1043,7 +1043,7 @@ static int64_t widest_adapters(const model_config *c)
 }
 
 /* The buffers every form has beside the stream and the layers': where each goes in m, its spec. */
-enum { FIXED_BUFFERS = 17 };
+enum { FIXED_BUFFERS = 19 };
 static int fixed_buffers(model *m, int b, int t, llmcl_tensor **where[FIXED_BUFFERS],
                          buf_spec spec[FIXED_BUFFERS])
 {
@@ -1061,6 +1061,8 @@ static int fixed_buffers(model *m, int b, int t, llmcl_tensor **where[FIXED_BUFF
                             {&m->ids, {LLMCL_I32, n, 0}},
                             {&m->targets, {LLMCL_I32, n, 0}},
                             {&m->positions, {LLMCL_I32, t, 0}},
+                            {&m->doc_pos, {LLMCL_I32, n, 0}},
+                            {&m->doc_offsets, {LLMCL_I32, n + 1, 0}},
                             {&m->dres, {dt, n, c->dim}},
                             {&m->dh, {dt, n, c->dim}},
                             {&m->dh32, {LLMCL_F32, n, c->dim}},
@@ -1127,6 +1129,9 @@ static void free_acts(model *m)
         llmcl_tensor_destroy(*where[i]);
         *where[i] = NULL;
     }
+    free(m->doc_offsets_host);
+    m->doc_offsets_host = NULL;
+    m->docs = 0;
 }
 
 uint64_t model_acts_bytes(model *m, int b, int t, int recompute, bool offload)
@@ -1175,6 +1180,7 @@ llmcl_status model_alloc_acts(model *m, int b, int t, int recompute, bool offloa
         *where[i] = spec_tensor(m, spec[i]);
     if (m->ones)
         CHECK(llmcl_fill(ctx, m->ones, 1.0), ctx);
+    m->doc_offsets_host = xmalloc(((size_t)b * t + 1) * sizeof *m->doc_offsets_host);
     int32_t *pos = xmalloc((size_t)t * sizeof *pos);
     for (int i = 0; i < t; ++i)
         pos[i] = i;
@@ -1214,10 +1220,13 @@ static llmcl_rmsnorm_options norm_opts(const model *m)
     return (llmcl_rmsnorm_options){.eps = m->cfg.norm_eps};
 }
 
-static llmcl_rope_options rope_opts(const model *m, arena *a, int t)
+/* RoPE over b x t tokens: at positions 0..t-1 in every row, or each document's own. */
+static llmcl_rope_options rope_opts(const model *m, arena *a, int b, int t)
 {
+    const int64_t bt[2] = {b, t};
     return (llmcl_rope_options){.layout = LLMCL_ROPE_BTHD,
-                                .positions = head(a, m->positions, t),
+                                .positions = m->docs ? view(a, m->doc_pos, 2, bt, NULL, 0)
+                                                     : head(a, m->positions, t),
                                 .theta = m->cfg.rope_theta,
                                 .llama3_factor = m->cfg.rope_llama3_factor};
 }
@@ -1586,7 +1595,7 @@ static llmcl_status qk_forward(model *m, arena *a, int l, const layer_acts *A, i
                                              &no));
         *qk = A->qkn;
     }
-    const llmcl_rope_options ro = rope_opts(m, a, t);
+    const llmcl_rope_options ro = rope_opts(m, a, b, t);
     return PROF(F_ROPE, llmcl_rope_forward(m->ctx, bthd(a, *qk, 0, b, t, c->heads, d),
                                            bthd(a, *qk, k_col(m), b, t, c->kv_heads, d), &ro));
 }
@@ -1606,12 +1615,34 @@ static llmcl_status qk_norm_backward(model *m, arena *a, int l, const layer_acts
     return LLMCL_OK;
 }
 
-/* Causal attention, within the sliding window where the model has one. */
-static llmcl_attention_opts attention_opts(const model *m)
+/* Causal attention, within the sliding window where the model has one, and within each document
+   where the batch packs several (their offsets checked on the host copy: no wait). */
+static llmcl_attention_opts attention_opts(const model *m, arena *a)
 {
     const int w = m->cfg.sliding_window;
-    return (llmcl_attention_opts){.causal = 1, .use_window = w > 0, .window_left = w - 1,
-                                  .window_right = 0};
+    llmcl_attention_opts o = {.causal = 1, .use_window = w > 0, .window_left = w - 1,
+                              .window_right = 0};
+    if (m->docs) {
+        o.cu_seqlens_q = o.cu_seqlens_k = head(a, m->doc_offsets, m->docs + 1);
+        o.cu_seqlens_q_host = o.cu_seqlens_k_host = m->doc_offsets_host;
+    }
+    return o;
+}
+
+/* The h heads from column col of buf as attention reads them: [b, h, t, d] rows, or the b t
+   tokens packed [N, h, d] when the batch holds documents. */
+static llmcl_tensor *attn_heads(const model *m, arena *a, const llmcl_tensor *buf, int64_t col,
+                                int b, int t, int h)
+{
+    return m->docs ? nhd(a, buf, col, (int64_t)b * t, h, m->head_dim)
+                   : bhtd(a, buf, col, b, t, h, m->head_dim);
+}
+
+/* Attention's LSE of A: [b, heads, t], or [heads, N] packed. */
+static llmcl_tensor *attn_lse(const model *m, arena *a, const layer_acts *A, int b, int t)
+{
+    const int64_t dense[3] = {b, m->cfg.heads, t}, packed[2] = {m->cfg.heads, (int64_t)b * t};
+    return m->docs ? view(a, A->lse, 2, packed, NULL, 0) : view(a, A->lse, 3, dense, NULL, 0);
 }
 
 /* act = silu(gate) * up over n rows. */
@@ -1629,19 +1660,18 @@ static llmcl_status layer_forward(model *m, arena *a, int l, const layer_acts *A
     llmcl_ctx *ctx = m->ctx;
     const model_config *c = &m->cfg;
     const int64_t n = (int64_t)b * t;
-    const int d = m->head_dim;
     llmcl_tensor *h1 = rows(a, A->h1, n), *xmid = rows(a, A->xmid, n), *h2 = rows(a, A->h2, n);
     TRY(norm_forward(m, a, P_ATTN_NORM, l, x, A->h1, A->rstd1, n));
     TRY(group_forward(m, a, l, P_WQ, 3, A, h1, rows(a, A->qkv, n)));
     llmcl_tensor *qk;
     TRY(qk_forward(m, a, l, A, b, t, &qk));
-    const llmcl_attention_opts ao = attention_opts(m);
-    const int64_t lshape[3] = {b, c->heads, t};
-    OP(F_ATTENTION_FWD, llmcl_attention_forward(ctx, bhtd(a, qk, 0, b, t, c->heads, d),
-                                                bhtd(a, qk, k_col(m), b, t, c->kv_heads, d),
-                                                bhtd(a, A->qkv, v_col(m), b, t, c->kv_heads, d),
-                                                &ao, bhtd(a, A->o, 0, b, t, c->heads, d),
-                                                view(a, A->lse, 3, lshape, NULL, 0)));
+    const llmcl_attention_opts ao = attention_opts(m, a);
+    OP(F_ATTENTION_FWD, llmcl_attention_forward(ctx, attn_heads(m, a, qk, 0, b, t, c->heads),
+                                                attn_heads(m, a, qk, k_col(m), b, t, c->kv_heads),
+                                                attn_heads(m, a, A->qkv, v_col(m), b, t,
+                                                           c->kv_heads),
+                                                &ao, attn_heads(m, a, A->o, 0, b, t, c->heads),
+                                                attn_lse(m, a, A, b, t)));
     TRY(model_proj_forward(m, param(m, P_WO, l), rows(a, A->o, n), x, xmid,
                            u_rows(m, a, A, P_WO, n)));
     TRY(norm_forward(m, a, P_MLP_NORM, l, xmid, A->h2, A->rstd2, n));
@@ -1659,7 +1689,8 @@ static llmcl_status layer_forward(model *m, arena *a, int l, const layer_acts *A
 static llmcl_ce_options ce_opts(const model *m)
 {
     return (llmcl_ce_options){.accumulate_weight_grad = !m->grads_fresh,
-                              .chunk_bytes = m->cfg.ce_chunk_bytes};
+                              .chunk_bytes = m->cfg.ce_chunk_bytes,
+                              .grad_scale = m->ce_grad_scale};
 }
 
 /* The stream tensor that holds layer l's input (l = layers: the last layer's output). */
@@ -1798,16 +1829,17 @@ static llmcl_status layer_backward(model *m, arena *a, int l, const layer_acts *
     llmcl_tensor *h1 = rows(a, A->h1, n), *dqkv = rows(a, m->dqkv, n);
     TRY(model_proj_backward(m, param(m, P_WO, l), dres, rows(a, A->o, n),
                             u_rows(m, a, A, P_WO, n), 0, rows(a, m->dattn, n), du));
-    const llmcl_attention_opts ao = attention_opts(m);
-    const int64_t lshape[3] = {b, c->heads, t};
+    const llmcl_attention_opts ao = attention_opts(m, a);
     llmcl_tensor *qk = c->qk_norm ? A->qkn : A->qkv;
-    OP(F_ATTENTION_BWD, llmcl_attention_backward(
-        ctx, bhtd(a, qk, 0, b, t, c->heads, d), bhtd(a, qk, k_col(m), b, t, c->kv_heads, d),
-        bhtd(a, A->qkv, v_col(m), b, t, c->kv_heads, d), bhtd(a, A->o, 0, b, t, c->heads, d),
-        view(a, A->lse, 3, lshape, NULL, 0), bhtd(a, m->dattn, 0, b, t, c->heads, d), &ao,
-        bhtd(a, dqkv, 0, b, t, c->heads, d), bhtd(a, dqkv, k_col(m), b, t, c->kv_heads, d),
-        bhtd(a, dqkv, v_col(m), b, t, c->kv_heads, d)));
-    const llmcl_rope_options ro = rope_opts(m, a, t);
+    const int hq = c->heads, hkv = c->kv_heads;
+    OP(F_ATTENTION_BWD,
+       llmcl_attention_backward(
+           ctx, attn_heads(m, a, qk, 0, b, t, hq), attn_heads(m, a, qk, k_col(m), b, t, hkv),
+           attn_heads(m, a, A->qkv, v_col(m), b, t, hkv), attn_heads(m, a, A->o, 0, b, t, hq),
+           attn_lse(m, a, A, b, t), attn_heads(m, a, m->dattn, 0, b, t, hq), &ao,
+           attn_heads(m, a, dqkv, 0, b, t, hq), attn_heads(m, a, dqkv, k_col(m), b, t, hkv),
+           attn_heads(m, a, dqkv, v_col(m), b, t, hkv)));
+    const llmcl_rope_options ro = rope_opts(m, a, b, t);
     OP(F_ROPE, llmcl_rope_backward(ctx, bthd(a, dqkv, 0, b, t, c->heads, d),
                                    bthd(a, dqkv, k_col(m), b, t, c->kv_heads, d), &ro));
     if (c->qk_norm)
@@ -1932,8 +1964,31 @@ llmcl_status model_logits(model *m, int64_t row0, int64_t rows, llmcl_tensor *ou
     return group_close(m, model_head_group(m), GROUP_PARAMS);
 }
 
+llmcl_status model_set_documents(model *m, const int32_t *pos, const int32_t *offsets, int docs,
+                                 int b, int t)
+{
+    const int64_t n = (int64_t)b * t;
+    if (b > m->max_b || t > m->max_t || docs < 0 || docs > n ||
+        (docs && (offsets[0] != 0 || offsets[docs] != n)))
+        die("model: %d documents over %d x %d tokens (offsets from %d to %d) do not fit the "
+            "activations' %d x %d", docs, b, t, docs ? offsets[0] : 0, docs ? offsets[docs] : 0,
+            m->max_b, m->max_t);
+    m->docs = docs;
+    if (!docs)
+        return LLMCL_OK;
+    memcpy(m->doc_offsets_host, offsets, ((size_t)docs + 1) * sizeof *offsets);
+    arena a = {0};
+    llmcl_status st = llmcl_tensor_upload(head(&a, m->doc_pos, n), pos, (size_t)n * sizeof *pos);
+    if (st == LLMCL_OK)
+        st = llmcl_tensor_upload(head(&a, m->doc_offsets, docs + 1), offsets,
+                                 ((size_t)docs + 1) * sizeof *offsets);
+    arena_clear(&a);
+    return st;
+}
+
 llmcl_status model_next_token(model *m, const int32_t *ids, int t, int32_t *next)
 {
+    m->docs = 0;
     arena a = {0};
     llmcl_status st = trunk_forward(m, &a, ids, NULL, 1, t, false);
     arena_clear(&a);

@@ -176,6 +176,9 @@ typedef struct model {
     /* where set (the last micro-batch of a step that takes the gradients' norm), each weight
        gradient product adds the squares of the gradient it finishes, and marks its param */
     llmcl_sumsq *grad_sumsq;
+    /* the cross-entropy's gradients are those of ce_grad_scale x the batch's mean loss (0: 1):
+       the weight of a micro-batch in a step's mean over every target that learns */
+    float ce_grad_scale;
 
     /* activations for micro-batches of up to max_b x max_t tokens */
     int max_b, max_t;
@@ -193,6 +196,11 @@ typedef struct model {
     llmcl_tensor *dqkv;    /* d(q), d(k) and d(v) side by side in a row [N, (heads + 2 kv_heads) d] */
     llmcl_tensor *du;      /* an adapter's d(x A^T) [N, rank] */
     llmcl_tensor *ones;    /* N ones, with biases: a bias's gradient is ones^T dy */
+    /* packed documents (model_set_documents): each token's position [N], the documents' offsets
+       [docs + 1] on the device and on the host; docs 0: every row one sequence */
+    llmcl_tensor *doc_pos, *doc_offsets;
+    int32_t *doc_offsets_host;
+    int docs;
 
     /* profiling: every op a profiling region of its own (so each waits for its kernels), its
        kernel time added to prof_ms of its family */
@@ -313,6 +321,16 @@ llmcl_status model_proj_backward(model *m, model_param *p, const llmcl_tensor *d
  */
 llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets, int b, int t,
                            bool backward_follows);
+
+/*
+ * The documents of the b x t tokens of the forwards (and their backwards) that follow, until the
+ * next call: pos gives each token's position in its document, offsets[0..docs] the documents'
+ * bounds in the b t tokens (0 first, b t last, a row's bounds among them), and each document
+ * attends only to itself (varlen attention). docs 0 (pos and offsets unused): every row is one
+ * sequence at positions 0..t-1, which model_next_token always takes.
+ */
+llmcl_status model_set_documents(model *m, const int32_t *pos, const int32_t *offsets, int docs,
+                                 int b, int t);
 
 /*
  * Backward of the last forward: adds every trainable parameter's gradient to m->trainable.grad

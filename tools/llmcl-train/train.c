@@ -673,7 +673,7 @@ typedef struct trainer {
     model *m;
     token_data train, val;
     loader tl;
-    int32_t *ids, *targets;
+    token_batch batch;
     llmcl_tensor *loss_sum;
     optimizer opt;
     double peak_tflops;
@@ -788,21 +788,40 @@ static void setup_optimizer(trainer *tr)
     CHECK(llmcl_tensor_create(tr->ctx, LLMCL_F32, 1, &one, &tr->loss_sum), tr->ctx);
 }
 
-/* Mean loss over eval_batches windows of the held-out tokens (each rank its slice of them). */
+/* The loader's next micro-batch into tr->batch, its documents (where it packs examples) set. */
+static llmcl_status next_batch(trainer *tr, loader *l)
+{
+    token_batch *bt = &tr->batch;
+    loader_next(l, bt);
+    return model_set_documents(tr->m, bt->pos, bt->doc_offsets, bt->docs, bt->b, bt->t);
+}
+
+static llmcl_status batch_forward(trainer *tr, bool backward_follows)
+{
+    const token_batch *bt = &tr->batch;
+    return model_forward(tr->m, bt->ids, bt->targets, bt->b, bt->t, backward_follows);
+}
+
+/* Mean loss over every target that learns in eval_batches micro-batches of the held-out data
+   (each rank its slice of them). */
 static double evaluate(trainer *tr)
 {
     const options *o = &tr->o;
     loader vl;
     loader_init(&vl, &tr->val, o->batch, o->seq, tr->rank, tr->world);
-    double sum = 0;
+    double sum = 0, counted = 0;
     for (int i = 0; i < o->eval_batches; ++i) {
-        loader_next(&vl, tr->ids, tr->targets);
-        CHECK(model_forward(tr->m, tr->ids, tr->targets, o->batch, o->seq, false), tr->ctx);
+        CHECK(next_batch(tr, &vl), tr->ctx);
+        CHECK(batch_forward(tr, false), tr->ctx);
         float loss;
         CHECK(llmcl_tensor_download(tr->m->loss, &loss, sizeof loss), tr->ctx);
-        sum += loss;
+        sum += loss * (double)tr->batch.counted;
+        counted += (double)tr->batch.counted;
     }
-    return rank_mean(tr, sum / o->eval_batches);
+    loader_free(&vl);
+    sum = rank_mean(tr, sum);
+    counted = rank_mean(tr, counted);
+    return counted > 0 ? sum / counted : 0.0;
 }
 
 /*
@@ -823,11 +842,18 @@ static void train_step(trainer *tr, int step, bool stats, double *loss, double *
        the update in the backward each group's after its update */
     m->grads_fresh = !m->zero && !m->cfg.optimizer_in_backward;
     CHECK(MODEL_PROF(m, F_ELEMENTWISE, llmcl_fill(ctx, tr->loss_sum, 0.0)), ctx);
+    /* the step's loss is the mean over every target that learns in it, on every rank: each
+       micro-batch's mean weighs by its share of them (exactly 1 where every token learns) */
+    const int64_t step_counted = loader_counted_ahead(&tr->tl, o->accum);
     for (int k = 0; k < o->accum; ++k) {
-        loader_next(&tr->tl, tr->ids, tr->targets);
-        CHECK(model_forward(m, tr->ids, tr->targets, o->batch, o->seq, true), ctx);
-        CHECK(MODEL_PROF(m, F_ELEMENTWISE,
-                         llmcl_axpy(ctx, 1.0f / (float)o->accum, m->loss, tr->loss_sum)),
+        CHECK(next_batch(tr, &tr->tl), ctx);
+        m->ce_grad_scale =
+            step_counted ? (float)((double)tr->batch.counted * o->accum * tr->world /
+                                   (double)step_counted)
+                         : 1.0f;
+        CHECK(batch_forward(tr, true), ctx);
+        CHECK(MODEL_PROF(m, F_ELEMENTWISE, llmcl_axpy(ctx, m->ce_grad_scale / (float)o->accum,
+                                                      m->loss, tr->loss_sum)),
               ctx);
         /* the last micro-batch's weight gradient products sum their squares for the norm */
         m->grad_sumsq = k == o->accum - 1 ? optimizer_norm_sumsq(&tr->opt) : NULL;
@@ -858,6 +884,20 @@ static void finalize_mpi(void)
 }
 
 /* ---- output ---- */
+
+/* How the examples pack: rows, how full, and what --seq cut. */
+static void print_examples(const trainer *tr)
+{
+    const loader *l = &tr->tl;
+    printf("examples: %lld training and %lld held-out, packed into %lld rows of %d tokens "
+           "(%.1f%% tokens, the rest padding), each attending only to itself",
+           (long long)tr->train.n_examples, (long long)tr->val.n_examples, (long long)l->n_rows,
+           l->t, 100.0 * l->fill);
+    if (l->truncated)
+        printf("; %lld longer than --seq %d cut to their first %d tokens", (long long)l->truncated,
+               l->t, l->t);
+    printf("\n");
+}
 
 static void format_eta(double seconds, char *buf, size_t len)
 {
@@ -1108,8 +1148,9 @@ static void dump_logits(trainer *tr)
     const options *o = &tr->o;
     loader vl;
     loader_init(&vl, &tr->val, o->batch, o->seq, 0, 1);
-    loader_next(&vl, tr->ids, tr->targets);
-    CHECK(model_forward(tr->m, tr->ids, tr->targets, o->batch, o->seq, false), tr->ctx);
+    CHECK(next_batch(tr, &vl), tr->ctx);
+    loader_free(&vl);
+    CHECK(batch_forward(tr, false), tr->ctx);
     const int64_t shape[3] = {o->batch, o->seq, o->model.vocab};
     const int64_t rows[2] = {shape[0] * shape[1], shape[2]};
     llmcl_tensor *logits = NULL;
@@ -1129,8 +1170,13 @@ static void dump_logits(trainer *tr)
     CHECK(llmcl_safetensors_writer_create(o->dump_logits, &w), NULL);
     CHECK(llmcl_safetensors_writer_metadata(w, "loss", num), NULL);
     CHECK(llmcl_safetensors_writer_add_host(w, "logits", LLMCL_F32, 3, shape, host), NULL);
-    CHECK(llmcl_safetensors_writer_add_host(w, "input_ids", LLMCL_I32, 2, shape, tr->ids), NULL);
-    CHECK(llmcl_safetensors_writer_add_host(w, "targets", LLMCL_I32, 2, shape, tr->targets), NULL);
+    const token_batch *bt = &tr->batch;
+    CHECK(llmcl_safetensors_writer_add_host(w, "input_ids", LLMCL_I32, 2, shape, bt->ids), NULL);
+    CHECK(llmcl_safetensors_writer_add_host(w, "targets", LLMCL_I32, 2, shape, bt->targets), NULL);
+    if (bt->docs) { /* packed examples: each token's position in its own */
+        CHECK(llmcl_safetensors_writer_add_host(w, "position_ids", LLMCL_I32, 2, shape, bt->pos),
+              NULL);
+    }
     CHECK(llmcl_safetensors_writer_finish(w), NULL);
     llmcl_safetensors_writer_destroy(w);
     llmcl_tensor_destroy(logits);
@@ -1287,8 +1333,7 @@ int main(int argc, char **argv)
         o->recompute = pick_recompute(&tr);
     CHECK(model_alloc_acts(tr.m, o->batch, o->seq, o->recompute, o->offload), tr.ctx);
     setup_optimizer(&tr);
-    tr.ids = xmalloc((size_t)o->batch * o->seq * sizeof *tr.ids);
-    tr.targets = xmalloc((size_t)o->batch * o->seq * sizeof *tr.targets);
+    batch_init(&tr.batch, o->batch, o->seq);
 
     const model_config *c = &o->model;
     char recompute[160];
@@ -1317,6 +1362,8 @@ int main(int argc, char **argv)
                o->init_adapter ? o->init_adapter : "");
     printf("data: %s, %lld training and %lld held-out tokens; batch %d x %d x %d\n",
            tr.train.source, (long long)tr.train.n, (long long)tr.val.n, o->batch, o->seq, o->accum);
+    if (tr.train.targets)
+        print_examples(&tr);
     int first = 0;
     if (o->resume) {
         train_state s;
@@ -1385,7 +1432,8 @@ int main(int argc, char **argv)
     if (!o->save && !o->export_dir)
         next_steps(o);
 
-    free(tr.ids), free(tr.targets);
+    batch_free(&tr.batch);
+    loader_free(&tr.tl);
     optimizer_destroy(&tr.opt);
     llmcl_tensor_destroy(tr.loss_sum);
     model_destroy(tr.m);
