@@ -18,6 +18,9 @@ checkpoints of the run without it, bit for bit, in less device memory; what it c
 Tensors that the model would drop (Qwen2's q/k/v biases) are refused, named.
 A file named .bin, or one that starts with llm.c's magic, that is not a whole llm.c token file is
 refused (--data-format text reads it as text), and so is a folder given as --data or --val.
+Tokenized examples in JSON Lines train the same whichever of labels and the masks marks what they
+learn, with the same step loss under accumulation, resume bit for bit, and are refused by line
+when malformed.
 Output paths that cannot be written, and a missing --resume, fail before the first step; an
 unknown option fails in one line (status 2); a model or batch that does not fit says which
 buffer, its size, the device's limit and what to change.
@@ -767,7 +770,7 @@ def token_files(p):
     expect_error("--data naming a folder", TINY + ["--data", p("")], "is a folder")
     expect_error("--val naming a folder", TINY + ["--val", p("")], "is a folder")
     expect_error("an unknown --data-format", TINY + ["--data-format", "csv"],
-                 "expected auto, text or llmc")
+                 "expected auto, text, llmc or jsonl")
     shards(p)
 
 
@@ -810,6 +813,126 @@ def shards(p):
     expect_error("a token beyond the vocabulary, by file and place",
                  TINY + ["--vocab", "300", "--data", p("shards_data/big_*.bin")],
                  "big_1.bin: token 1 is 400, outside the model's vocabulary of 300")
+
+
+def sft_examples(n, seed):
+    """Tokenized examples as (prompt, completion) token lists, vocabulary 64."""
+    state, out = seed, []
+    for _ in range(n):
+        state = (state * 1103515245 + 12345) % 2**31
+        lp, lc = 2 + state % 9, 1 + (state >> 8) % 12
+        toks = [(state >> 4) % 56 + 3 + i * i % 5 for i in range(lp + lc)]
+        out.append((toks[:lp], toks[lp:]))
+    return out
+
+
+def write_jsonl(path, rows):
+    with open(path, "w") as f:
+        for row in rows:
+            f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+
+
+def numbers(out):
+    """The progress lines' losses and norms as numbers."""
+    return [tuple(float(x) for x in re.findall(r"[\d.]+", l)) for l in losses(out)]
+
+
+def examples(p):
+    """Tokenized examples (JSON Lines): labels, TRL's completion_mask, transformers'
+    assistant_masks and attention_mask's padding say the same thing the same way; a step's loss is
+    the mean over every target that learns (so accumulation changes nothing); a run resumes bit
+    for bit; malformed lines are refused by line."""
+    ex = sft_examples(120, 7)
+    forms = {
+        "labels": [{"input_ids": a + b, "labels": [-100] * len(a) + b} for a, b in ex],
+        "completion_mask": [{"prompt": "x", "input_ids": a + b,
+                             "completion_mask": [0] * len(a) + [1] * len(b)} for a, b in ex],
+        "assistant_masks": [{"input_ids": a + b, "assistant_masks": [False] * len(a) +
+                             [True] * len(b)} for a, b in ex],
+        "attention_mask": [{"input_ids": [1, 2] + a + b, "attention_mask": [0, 0] + [1] *
+                            (len(a) + len(b)), "labels": [5, 5] + [-100] * len(a) + b}
+                           for a, b in ex],
+    }
+    args = TINY + ["--vocab", "64", "--seq", "32", "--steps", "4", "--eval-every", "2",
+                   "--min-lr", "1"]
+    runs = {}
+    for name, rows in forms.items():
+        write_jsonl(p(f"sft_{name}.jsonl"), rows)
+        runs[name] = expect_ok(f"examples with {name}",
+                               args + ["--data", p(f"sft_{name}.jsonl")]).stdout
+    held = lambda out: re.findall(r"held-out loss \S+", out)
+    base = runs["labels"]
+    check("the four forms train alike: the same losses and held-out losses",
+          all(losses(r) == losses(base) and held(r) == held(base) for r in runs.values()) and
+          len(losses(base)) == 4 and len(held(base)) == 2)
+    check("the examples line: counts, rows, fill", re.search(
+        r"examples: 114 training and 6 held-out, packed into \d+ rows of 32 tokens "
+        r"\([\d.]+% tokens, the rest padding\), each attending only to itself", base) is not None)
+    # the loss is the mean over the step's targets that learn, whatever the micro-batches
+    one = numbers(expect_ok("4 rows a micro-batch", args + ["--batch", "4", "--data",
+                                                            p("sft_labels.jsonl")]).stdout)
+    two = numbers(expect_ok("2 rows a micro-batch, 2 micro-batches",
+                            args + ["--batch", "2", "--accum", "2", "--data",
+                                    p("sft_labels.jsonl")]).stdout)
+    check(f"accumulation: the same step losses and norms ({one} vs {two})",
+          len(one) == 4 and len(two) == 4 and
+          all(abs(a - b) <= 2e-4 * (1 + abs(a)) for x, y in zip(one, two) for a, b in zip(x, y)))
+    full = [{"input_ids": a + b} for a, b in ex]
+    write_jsonl(p("sft_full.jsonl"), full)
+    diff = numbers(expect_ok("examples that learn every token",
+                             args + ["--data", p("sft_full.jsonl")]).stdout)
+    check("masks change the loss", numbers(base)[0] != diff[0])
+    # resume: 3 + 3 steps end with the bits of 6
+    flat = args + ["--data", p("sft_labels.jsonl"), "--eval-every", "0"]
+    expect_ok("6 steps of examples", flat + ["--steps", "6", "--save", p("sft_6.st")])
+    expect_ok("3 steps of examples", flat + ["--steps", "3", "--save", p("sft_3.st")])
+    expect_ok("3 more from the checkpoint", flat + ["--steps", "6", "--resume", p("sft_3.st"),
+                                                    "--save", p("sft_36.st")])
+    same_files("examples resumed: the uninterrupted run's checkpoint", p("sft_6.st"),
+               p("sft_36.st"))
+    expect_ok("examples with --dump-logits", flat + ["--steps", "1", "--dump-logits",
+                                                     p("sft_logits.st")])
+    _, t = read_st(p("sft_logits.st"))
+    check("--dump-logits of examples writes their positions",
+          "position_ids" in t and t["position_ids"][1] == [2, 32])
+    expect_ok("examples longer than --seq are cut", args + ["--seq", "8", "--data",
+                                                            p("sft_labels.jsonl")])
+    bad = {
+        "not JSON": (["{\"input_ids\": [1, 2]}", "{\"input_ids\": [1, 2"], ":2: not valid JSON"),
+        "not an object": (["[1, 2, 3]"], ":1: not a JSON object"),
+        "no input_ids": ([{"text": "hello"}], ":1: no \"input_ids\" array"),
+        "an empty example": ([{"input_ids": []}], ":1: the example has no tokens"),
+        "labels of another length": ([{"input_ids": [1, 2, 3], "labels": [1, 2]}],
+                                     "\"labels\" has 2 entries where input_ids has 3"),
+        "a label of -5": ([{"input_ids": [1, 2, 3], "labels": [-100, -5, 3]}],
+                          "labels[1] is -5; expected -100 or a value in [0, 2^31)"),
+        "a negative token": ([{"input_ids": [1, -100, 3]}], "input_ids[1] is -100"),
+        "a token that is text": ([{"input_ids": [1, "a"]}], "input_ids[1] is not an integer"),
+        "a mask of 2": ([{"input_ids": [1, 2], "completion_mask": [0, 2]}],
+                        "completion_mask[1] is 2; a mask holds 0 or 1"),
+        "all padding": ([{"input_ids": [1, 2], "attention_mask": [0, 0]}],
+                        "(its attention_mask is all 0)"),
+        "a mask that is not an array": ([{"input_ids": [1, 2], "assistant_masks": 1}],
+                                        "\"assistant_masks\" is not an array"),
+        "a duplicate key": (['{"input_ids": [1, 2], "input_ids": [3]}'], ":1: not valid JSON"),
+        "a token beyond the vocabulary": ([{"input_ids": [1, 70]}], "example 1 holds token 70, outside"),
+        "a label beyond the vocabulary": ([{"input_ids": [1, 2, 3], "labels": [1, 2, 99]}],
+                                          "example 1 learns 99, outside"),
+        "blank lines only": (["", "  "], "holds no examples"),
+    }
+    for what, (rows, needle) in bad.items():
+        write_jsonl(p("sft_bad.jsonl"), rows)
+        expect_error(f"examples: {what}", TINY + ["--vocab", "64", "--data", p("sft_bad.jsonl")],
+                     needle)
+    write_jsonl(p("sft_one.jsonl"), [{"input_ids": [1, 2, 3]}])
+    expect_error("one example: none held out", TINY + ["--vocab", "64", "--eval-every", "1",
+                                                       "--data", p("sft_one.jsonl")],
+                 "no examples left for this split")
+    expect_ok("one example with --val", TINY + ["--vocab", "64", "--steps", "1", "--data",
+                                                p("sft_one.jsonl"), "--val", p("sft_one.jsonl")])
+    expect_error("--data-format jsonl on a pattern", TINY + ["--data", p("sft_*.jsonl"),
+                                                             "--data-format", "jsonl"],
+                 "a pattern names llm.c token files")
 
 
 def start_up(p):
@@ -933,6 +1056,7 @@ def main():
     expect_error("a bad option value", TINY + ["--lr", "fast"], "expected a number")
     expect_error("offload without recompute", TINY + ["--offload"], "give both")
     token_files(p)
+    examples(p)
     ce_logits(p)
     start_up(p)
     first_run(p)

@@ -21,7 +21,8 @@ one process; trained from it on 3 ranks, the losses and (within 1e-5) the export
 a missing tensor refused on every rank. LoRA at stages 1-3 on 2 ranks (the adapters in the dist,
 the base on every rank): the losses and exports (adapters, merged) of one process, a checkpoint
 resumed at another stage and refused on another base, --init-adapter's logits; bf16 adapters
-refused.
+refused. Packed examples (rows of different counts of learning targets) on 2 and 3 ranks: the
+losses of one process.
 
     python3 tests/test_train_zero.py build/tools/llmcl-train mpiexec
 """
@@ -273,6 +274,29 @@ def killed_saves(tmp, ck, rest):
               f"{left}")
 
 
+def examples(tmp):
+    """Tokenized examples whose rows hold different counts of targets that learn: 2 and 3 ranks
+    give the losses of one process reading their rows (the mean over the step's targets on every
+    rank), and so do 3 micro-batches a rank."""
+    path = os.path.join(tmp, "sft.jsonl")
+    with open(path, "w") as f:
+        for i in range(90):
+            prompt = [(7 * i + j) % 61 + 3 for j in range(2 + i % 11)]
+            answer = [(5 * i + 3 * j) % 61 + 3 for j in range(1 + (i * 7) % 13)]
+            f.write(json.dumps({"input_ids": prompt + answer,
+                                "labels": [-100] * len(prompt) + answer}) + "\n")
+    data = ["--data", path, "--vocab", "64", "--steps", "4"]
+    one = losses("examples: one process, batch 6", 0, data + ["--batch", "6"])
+    # the third: rank 0 reads rows 0, 2 and 4 of a step, rank 1 rows 1, 3 and 5, a micro-batch
+    # each: the step's rows all the same, each micro-batch's mean weighed by its targets
+    for ranks, stage, extra in ((2, 2, ["--batch", "3"]), (3, 3, ["--batch", "2"]),
+                                (2, 1, ["--batch", "1", "--accum", "3"])):
+        got = losses(f"examples: {ranks} ranks, stage {stage} {' '.join(extra)}", ranks,
+                     data + extra + ["--zero", str(stage)])
+        compare(f"examples: {ranks} ranks x {' '.join(extra)}, stage {stage}, against one "
+                "process", got, one)
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="llmcl_train_zero_")
     try:
@@ -290,6 +314,8 @@ def main():
                 compare(f"{arch[1]}: 2 ranks, stage {' '.join([str(stage)] + extra)}, against "
                         "one process", losses(f"{arch[1]}, stage {stage}", 2, arch + extra + [
                             "--steps", "4", "--batch", "2", "--zero", str(stage)]), one)
+        # packed examples: each rank's rows weigh by their share of the step's targets
+        examples(tmp)
         # recomputation inside stage 3's open layer groups: the same losses exactly
         for form in ("ops", "2"):
             same = losses(f"stage 3, --recompute={form}", 2, ["--steps", "6", "--batch", "2",

@@ -65,6 +65,13 @@ def main():
     d["llama3.bin"] = b"\x06" + llmc(20240801, 7, [128000, 9, 128255])
     d["auto_magic"] = b"\x00" + llmc(20240520, 1, [7, 8])
     d["text"] = b"\x01" + b"The cat sees the red ball.\n"
+    lines = [{"input_ids": [1, 2, 3, 4], "labels": [-100, -100, 3, 4]},
+             {"input_ids": [5, 6, 7], "completion_mask": [0, 1, 1], "attention_mask": [1, 1, 1]},
+             {"input_ids": [0, 9, 10, 11, 12], "assistant_masks": [False, True, True, False, True],
+              "attention_mask": [0, 1, 1, 1, 1]}]
+    jsonl = "\n".join(json.dumps(l) for l in lines).encode() + b"\n\n"
+    d["examples_auto"] = b"\x08" + jsonl
+    d["examples_forced"] = b"\x03" + jsonl
 
     h = seeds["fuzz_hf_config"]
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256,

@@ -1,12 +1,15 @@
 /*
  * fuzz_token_file.c: libFuzzer harness of llmcl-train's data file reader
  * (tools/llmcl-train/data.c): llm.c's token files (a 1024-byte header of int32, magic 20240520
- * with uint16 tokens or 20240801 with uint32 tokens) and text. The first input byte picks
- * --data-format (auto, text, llmc) and whether the file is named *.bin (which auto reads as
- * tokens); the rest is the file. data_load ends the program on a bad file (util.c's die):
- * fuzz_trap.c turns that into a return. What it accepts must be what data.h promises: n tokens,
- * the file's bytes for text; data_check_vocab then refuses any beyond 2^31 - 1, and those it
- * passes read back as non-negative int32.
+ * with uint16 tokens or 20240801 with uint32 tokens), text, and tokenized examples in JSON
+ * Lines (examples.c). The first input byte picks --data-format (auto, text, llmc, jsonl) and
+ * whether the file is named *.bin or *.jsonl (which auto reads as tokens, as examples); the rest
+ * is the file. data_load ends the program on a bad file (util.c's die): fuzz_trap.c turns that
+ * into a return. What it accepts must be what data.h promises: n tokens, the file's bytes for
+ * text; examples of at least one token each, whose last learns nothing and whose targets are
+ * -100 or tokens; data_check_vocab then refuses any beyond 2^31 - 1, and those it passes read
+ * back as non-negative int32. Accepted examples are then packed into rows of 8 and loaded twice
+ * (batches of 2 rows): each batch's documents tile its rows, from position 0 each.
  */
 #define _DEFAULT_SOURCE /* readlink's declaration under -std=c11 */
 #include <dirent.h>
@@ -58,6 +61,52 @@ static void check_vocab(void *arg)
 
 static void free_data(void *arg) { data_free(&((job *)arg)->out); }
 
+/* What data.h promises of examples. */
+static void check_examples(const token_data *d)
+{
+    if (d->n_examples < 1 || d->starts[0] != 0 || d->starts[d->n_examples] != d->n)
+        abort();
+    for (int64_t k = 0; k < d->n_examples; ++k) {
+        if (d->starts[k + 1] <= d->starts[k] || d->targets[d->starts[k + 1] - 1] != -100)
+            abort();
+        for (int64_t i = d->starts[k]; i < d->starts[k + 1]; ++i)
+            if (d->targets[i] < -100 || (d->targets[i] < 0 && d->targets[i] != -100) ||
+                d->targets[i] >= d->vocab || data_token(d, i) >= d->vocab)
+                abort();
+    }
+}
+
+/* Two batches of 2 rows of 8 from the packed examples: their documents tile the rows. */
+static void check_packing(const token_data *d)
+{
+    loader l;
+    token_batch bt;
+    loader_init(&l, d, 2, 8, 0, 1);
+    batch_init(&bt, 2, 8);
+    for (int k = 0; k < 2; ++k) {
+        const int64_t ahead = loader_counted_ahead(&l, 1);
+        loader_next(&l, &bt);
+        if (bt.docs < 2 || bt.doc_offsets[0] != 0 || bt.doc_offsets[bt.docs] != 16 ||
+            bt.counted != ahead)
+            abort();
+        int64_t counted = 0;
+        for (int doc = 0; doc < bt.docs; ++doc) {
+            const int32_t a = bt.doc_offsets[doc], b = bt.doc_offsets[doc + 1];
+            if (b <= a || (a < 8 && b > 8))
+                abort();
+            for (int32_t i = a; i < b; ++i) {
+                if (bt.pos[i] != i - a || bt.ids[i] < 0 || bt.ids[i] >= d->vocab)
+                    abort();
+                counted += bt.targets[i] != -100;
+            }
+        }
+        if (counted != bt.counted)
+            abort();
+    }
+    batch_free(&bt);
+    loader_free(&l);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
@@ -72,9 +121,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 2)
         return 0;
     char path[64];
-    if (!fuzz_write_temp(data + 1, size - 1, data[0] & 4 ? ".bin" : ".txt", path))
+    const char *name = data[0] & 8 ? ".jsonl" : data[0] & 4 ? ".bin" : ".txt";
+    if (!fuzz_write_temp(data + 1, size - 1, name, path))
         return 0;
-    job j = {.path = path, .format = (data_format)(data[0] % 3)};
+    job j = {.path = path, .format = (data_format)(data[0] % 4)};
     if (fuzz_trap_run(load, close_leaked, &j)) {
         const token_data *d = &j.out;
         if (d->n < 0 || d->n_shards != 1 || d->vocab < 1)
@@ -84,6 +134,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int64_t i = 0; d->byte_level && i < d->n; ++i)
             if (data_token(d, i) != data[1 + i])
                 abort();
+        if (d->targets) {
+            check_examples(d);
+            check_packing(d);
+        }
         if (fuzz_trap_run(check_vocab, free_data, &j)) {
             for (int64_t i = 0; i < d->n; ++i)
                 if (data_token(d, i) < 0)

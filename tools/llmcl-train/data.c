@@ -183,8 +183,8 @@ void data_load(const char *path, data_format format, token_data *out)
     int64_t len = 0;
     const int fd = open_file(path, &len);
     if (format == DATA_JSONL || (format == DATA_AUTO && named(path, ".jsonl"))) {
+        examples_load(path, fd, len, out);
         close(fd);
-        examples_load(path, out);
         return;
     }
     unsigned char head[4];
@@ -241,8 +241,28 @@ int32_t data_token(const token_data *d, int64_t i)
     return (int32_t)shard_token(s, d->begin + i - s->first);
 }
 
+/* Dies naming the example that holds or learns a token outside [0, vocab). */
+static void check_examples_vocab(const token_data *d, int vocab)
+{
+    const int32_t *ids = (const int32_t *)d->shards[0].at;
+    for (int64_t k = d->ex_begin; k < d->ex_begin + d->n_examples; ++k) {
+        for (int64_t i = d->starts[k]; i < d->starts[k + 1]; ++i)
+            if (ids[i] >= vocab)
+                die("%s: example %lld holds token %d, outside the model's vocabulary of %d (set "
+                    "--vocab)", d->shards[0].name, (long long)k + 1, ids[i], vocab);
+        for (int64_t i = d->starts[k]; i < d->starts[k + 1]; ++i)
+            if (d->targets[i] >= vocab)
+                die("%s: example %lld learns %d, outside the model's vocabulary of %d (set "
+                    "--vocab)", d->shards[0].name, (long long)k + 1, d->targets[i], vocab);
+    }
+}
+
 void data_check_vocab(const token_data *d, int vocab)
 {
+    if (d->targets) {
+        check_examples_vocab(d, vocab);
+        return;
+    }
     const int64_t end = d->begin + d->n;
     for (int k = 0; k < d->n_shards; ++k) { /* shard by shard: one pass over the files */
         const token_shard *s = &d->shards[k];
@@ -255,11 +275,6 @@ void data_check_vocab(const token_data *d, int vocab)
                     s->name, (long long)(g - s->first), v, vocab);
         }
     }
-    for (int64_t k = d->ex_begin; d->targets && k < d->ex_begin + d->n_examples; ++k)
-        for (int64_t i = d->starts[k]; i < d->starts[k + 1]; ++i)
-            if (d->targets[i] >= vocab)
-                die("%s: example %lld learns %d, outside the model's vocabulary of %d (set "
-                    "--vocab)", d->shards[0].name, (long long)k + 1, d->targets[i], vocab);
 }
 
 /* ---- the built-in corpus ---- */

@@ -68,9 +68,9 @@ void data_load(const char *path, data_format format, token_data *out);
 /*
  * Tokenized examples from a JSON Lines file (examples.c): one object a line with "input_ids" and
  * optionally "labels", "completion_mask", "assistant_masks" and "attention_mask". Dies naming the
- * line of anything malformed.
+ * line of anything malformed. fd is the file open, len its size; it is mapped, not copied.
  */
-void examples_load(const char *path, token_data *out);
+void examples_load(const char *path, int fd, int64_t len, token_data *out);
 
 /* out becomes the examples: n tokens ids with their targets, example k from starts[k] (starts
    holds n_examples + 1 entries, the last n); it takes the arrays over. */

@@ -8,9 +8,9 @@
  */
 #include <errno.h>
 #include <jansson.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "data.h"
 #include "util.h"
@@ -126,32 +126,32 @@ static void add_example(example_set *s, json_t *obj, where at)
     s->starts[s->n_examples++] = first;
 }
 
-void examples_load(const char *path, token_data *out)
+void examples_load(const char *path, int fd, int64_t len, token_data *out)
 {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        die("cannot open %s: %s", path, strerror(errno));
+    const char *text = mmap(NULL, (size_t)len, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (text == MAP_FAILED)
+        die("cannot map %s: %s", path, strerror(errno));
     example_set s = {0};
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t got;
     where at = {path, 0};
-    while ((got = getline(&line, &cap, f)) >= 0) {
+    for (const char *line = text, *end = text + len; line < end;) {
+        const char *nl = memchr(line, '\n', (size_t)(end - line));
+        const size_t n = (size_t)((nl ? nl : end) - line);
         ++at.line;
-        if (strspn(line, " \t\r\n") == (size_t)got)
-            continue; /* blank lines, as JSON Lines readers allow */
-        json_error_t err;
-        json_t *obj = json_loadb(line, (size_t)got, JSON_REJECT_DUPLICATES, &err);
-        if (!obj)
-            die("%s:%ld: not valid JSON: %s (column %d)", path, at.line, err.text, err.column);
-        add_example(&s, obj, at);
-        json_decref(obj);
+        size_t blank = 0;
+        while (blank < n && strchr(" \t\r", line[blank]))
+            ++blank;
+        if (blank < n) { /* blank lines are skipped, as JSON Lines readers do */
+            json_error_t err;
+            json_t *obj = json_loadb(line, n, JSON_REJECT_DUPLICATES, &err);
+            if (!obj)
+                die("%s:%ld: not valid JSON: %s (column %d)", path, at.line, err.text,
+                    err.column);
+            add_example(&s, obj, at);
+            json_decref(obj);
+        }
+        line += n + 1;
     }
-    const bool failed = ferror(f);
-    free(line);
-    fclose(f);
-    if (failed)
-        die("cannot read %s", path);
+    munmap((void *)text, (size_t)len);
     if (s.n_examples == 0)
         die("%s holds no examples (one JSON object a line, with \"input_ids\")", path);
     s.starts[s.n_examples] = s.n;
