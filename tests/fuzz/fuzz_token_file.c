@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "data.h"
@@ -35,11 +36,36 @@ static void load(void *arg)
     data_load(j->path, j->format, &j->out);
 }
 
+/* A file refused after its mapping (examples: a bad line) leaves it mapped (the CLI exits then):
+   unmap what maps the input's file, or a long run would run out of mappings. */
+static void unmap_leaked(const char *path)
+{
+    FILE *maps = fopen("/proc/self/maps", "r");
+    if (!maps)
+        return;
+    char line[512];
+    uintptr_t found[16][2];
+    int n = 0;
+    while (n < 16 && fgets(line, sizeof line, maps)) {
+        uintptr_t lo, hi;
+        const char *name = strchr(line, '/');
+        if (name && sscanf(line, "%lx-%lx", &lo, &hi) == 2 &&
+            strncmp(name, path, strlen(path)) == 0 && name[strlen(path)] == '\n') {
+            found[n][0] = lo;
+            found[n++][1] = hi;
+        }
+    }
+    fclose(maps);
+    for (int i = 0; i < n; ++i)
+        munmap((void *)found[i][0], found[i][1] - found[i][0]);
+}
+
 /* A refused file leaves the reader's descriptor open (the CLI exits then): close the ones on the
-   input's file, or a long run would run out of them. */
+   input's file, or a long run would run out of them; and its mapping, where it had one. */
 static void close_leaked(void *arg)
 {
     const job *j = arg;
+    unmap_leaked(j->path);
     DIR *dir = opendir("/proc/self/fd");
     if (!dir)
         return;
