@@ -866,7 +866,8 @@ def examples(p):
           all(losses(r) == losses(base) and held(r) == held(base) for r in runs.values()) and
           len(losses(base)) == 4 and len(held(base)) == 2)
     check("the examples line: counts, rows, fill", re.search(
-        r"examples: 114 training and 6 held-out, packed into \d+ rows of 32 tokens "
+        r"examples: 114 training and 6 held-out, packed best fit decreasing into \d+ rows of 32 "
+        r"tokens "
         r"\([\d.]+% tokens, the rest padding\), each attending only to itself", base) is not None)
     # the loss is the mean over the step's targets that learn, whatever the micro-batches
     one = numbers(expect_ok("4 rows a micro-batch", args + ["--batch", "4", "--data",
@@ -877,6 +878,14 @@ def examples(p):
     check(f"accumulation: the same step losses and norms ({one} vs {two})",
           len(one) == 4 and len(two) == 4 and
           all(abs(a - b) <= 2e-4 * (1 + abs(a)) for x, y in zip(one, two) for a, b in zip(x, y)))
+    fill = lambda out: float(re.search(r"into \d+ rows of \d+ tokens \(([\d.]+)% tokens", out)
+                             .group(1))
+    greedy = expect_ok("--packing greedy", args + ["--packing", "greedy", "--data",
+                                                   p("sft_labels.jsonl")]).stdout
+    check("greedy packing: in file order, fewer tokens a row than best fit decreasing",
+          "packed in file order into" in greedy and fill(greedy) < fill(base) and
+          losses(greedy) != losses(base))
+    expect_error("an unknown --packing", TINY + ["--packing", "tight"], "expected bfd or greedy")
     full = [{"input_ids": a + b} for a, b in ex]
     write_jsonl(p("sft_full.jsonl"), full)
     diff = numbers(expect_ok("examples that learn every token",

@@ -8,8 +8,9 @@
  * into a return. What it accepts must be what data.h promises: n tokens, the file's bytes for
  * text; examples of at least one token each, whose last learns nothing and whose targets are
  * -100 or tokens; data_check_vocab then refuses any beyond 2^31 - 1, and those it passes read
- * back as non-negative int32. Accepted examples are then packed into rows of 8 and loaded twice
- * (batches of 2 rows): each batch's documents tile its rows, from position 0 each.
+ * back as non-negative int32. Accepted examples are then packed into rows of 8 (best fit
+ * decreasing, or greedy where the first byte has bit 16): each example in exactly one row, no row
+ * over 8 tokens; two batches of 2 rows load, their documents tiling the rows from position 0.
  */
 #define _DEFAULT_SOURCE /* readlink's declaration under -std=c11 */
 #include <dirent.h>
@@ -102,12 +103,28 @@ static void check_examples(const token_data *d)
     }
 }
 
-/* Two batches of 2 rows of 8 from the packed examples: their documents tile the rows. */
+/* Rows of 8 from the packed examples: every example in one row, in file order there; two batches
+   of 2 rows whose documents tile them. */
 static void check_packing(const token_data *d)
 {
     loader l;
     token_batch bt;
     loader_init(&l, d, 2, 8, 0, 1);
+    uint8_t *seen = calloc((size_t)d->n_examples, 1);
+    if (!seen || l.row_first[0] != 0 || l.row_first[l.n_rows] != d->n_examples)
+        abort();
+    for (int64_t r = 0; r < l.n_rows; ++r) {
+        int64_t used = 0;
+        for (int64_t i = l.row_first[r]; i < l.row_first[r + 1]; ++i) {
+            const int64_t k = l.row_examples[i], len = d->starts[k + 1] - d->starts[k];
+            if (seen[k]++ || (i > l.row_first[r] && k <= l.row_examples[i - 1]))
+                abort();
+            used += len < 8 ? len : 8;
+        }
+        if (used == 0 || used > 8)
+            abort();
+    }
+    free(seen);
     batch_init(&bt, 2, 8);
     for (int k = 0; k < 2; ++k) {
         const int64_t ahead = loader_counted_ahead(&l, 1);
@@ -162,6 +179,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 abort();
         if (d->targets) {
             check_examples(d);
+            j.out.packing = data[0] & 16 ? PACK_GREEDY : PACK_BFD;
             check_packing(d);
         }
         if (fuzz_trap_run(check_vocab, free_data, &j)) {

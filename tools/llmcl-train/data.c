@@ -163,6 +163,15 @@ static void load_pattern(const char *pattern, data_format format, token_data *d)
     globfree(&g);
 }
 
+data_packing data_packing_parse(const char *s)
+{
+    if (strcmp(s, "bfd") == 0)
+        return PACK_BFD;
+    if (strcmp(s, "greedy") == 0)
+        return PACK_GREEDY;
+    die("--packing %s: expected bfd or greedy", s);
+}
+
 data_format data_format_parse(const char *s)
 {
     static const char *const names[] = {"auto", "text", "llmc", "jsonl"};
@@ -392,33 +401,131 @@ static int64_t counted(const token_data *d, int64_t k, int64_t len)
     return c;
 }
 
-/* Whole examples in file order, each row taking the next while it fits. */
-static void pack_rows(loader *l)
+/* Greedy in file order: the next example starts a new row where the current one lacks room. */
+static void pack_greedy(loader *l, int64_t *row_of)
 {
     const token_data *d = l->d;
-    const int64_t end = d->ex_begin + d->n_examples;
-    l->row_first = xmalloc((size_t)(d->n_examples + 1) * sizeof *l->row_first);
-    l->row_counted = xmalloc((size_t)(d->n_examples + 1) * sizeof *l->row_counted);
-    int64_t used = l->t, tokens = 0;
-    for (int64_t k = d->ex_begin; k < end; ++k) {
-        const int64_t len = kept(d, k, l->t);
+    int64_t used = l->t;
+    for (int64_t k = 0; k < d->n_examples; ++k) {
+        const int64_t len = kept(d, d->ex_begin + k, l->t);
         if (used + len > l->t) {
-            l->row_first[l->n_rows] = k;
-            l->row_counted[l->n_rows++] = 0;
+            ++l->n_rows;
             used = 0;
         }
         used += len;
-        tokens += len;
-        l->truncated += len < d->starts[k + 1] - d->starts[k];
-        l->row_counted[l->n_rows - 1] += counted(d, k, len);
+        row_of[k] = l->n_rows - 1;
     }
-    l->row_first[l->n_rows] = end;
-    l->fill = l->n_rows ? (double)tokens / ((double)l->n_rows * l->t) : 0.0;
+}
+
+/* qsort's order of (key, index) pairs, ascending. */
+static int pair_order(const void *a, const void *b)
+{
+    const int64_t *x = a, *y = b;
+    return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+/* The least room r >= need among rows, by the bitset of rooms that some row has; -1: none. */
+static int64_t least_room(const uint64_t *has, int64_t need, int64_t t)
+{
+    for (int64_t w = need / 64; w <= t / 64; ++w) {
+        uint64_t bits = has[w];
+        if (w == need / 64)
+            bits &= ~0ull << (need % 64);
+        if (bits)
+            return w * 64 + __builtin_ctzll(bits);
+    }
+    return -1;
+}
+
+/* Best fit decreasing: longest first, each into the row with the least room that holds it (rows
+   with the same room kept as stacks); then rows ordered by their first example in the file. */
+static void pack_bfd(loader *l, int64_t *row_of)
+{
+    const token_data *d = l->d;
+    const int64_t n = d->n_examples, t = l->t;
+    int64_t(*order)[2] = xmalloc((size_t)n * sizeof *order);
+    for (int64_t k = 0; k < n; ++k) {
+        order[k][0] = -kept(d, d->ex_begin + k, l->t); /* the longest first */
+        order[k][1] = k;
+    }
+    qsort(order, (size_t)n, sizeof *order, pair_order);
+    int64_t *top = xmalloc((size_t)(t + 1) * sizeof *top), *below = xmalloc((size_t)n * sizeof *below);
+    uint64_t *has = calloc((size_t)(t / 64 + 1), sizeof *has);
+    int64_t *first = xmalloc((size_t)n * sizeof *first);
+    if (!has)
+        die("out of host memory");
+    for (int64_t r = 0; r <= t; ++r)
+        top[r] = -1;
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t len = -order[i][0], k = order[i][1], room = least_room(has, len, t);
+        int64_t row = room;
+        if (room >= 0) { /* off its stack */
+            row = top[room];
+            top[room] = below[row];
+            if (top[room] < 0)
+                has[room / 64] &= ~(1ull << (room % 64));
+        } else {
+            row = l->n_rows++;
+            first[row] = k;
+        }
+        const int64_t left = (room >= 0 ? room : t) - len;
+        below[row] = top[left];
+        top[left] = row;
+        has[left / 64] |= 1ull << (left % 64);
+        first[row] = k < first[row] ? k : first[row];
+        row_of[k] = row;
+    }
+    /* renumber the rows by their first example, so that they follow the file */
+    int64_t(*rank)[2] = xmalloc((size_t)l->n_rows * sizeof *rank);
+    for (int64_t r = 0; r < l->n_rows; ++r) {
+        rank[r][0] = first[r];
+        rank[r][1] = r;
+    }
+    qsort(rank, (size_t)l->n_rows, sizeof *rank, pair_order);
+    for (int64_t r = 0; r < l->n_rows; ++r)
+        first[rank[r][1]] = r;
+    for (int64_t k = 0; k < n; ++k)
+        row_of[k] = first[row_of[k]];
+    free(order), free(top), free(below), free(has), free(first), free(rank);
+}
+
+/* Packs the view's examples into rows (as d->packing says), each row's examples in file order. */
+static void pack_rows(loader *l)
+{
+    const token_data *d = l->d;
+    const int64_t n = d->n_examples;
+    int64_t *row_of = xmalloc((size_t)n * sizeof *row_of);
+    if (d->packing == PACK_GREEDY)
+        pack_greedy(l, row_of);
+    else
+        pack_bfd(l, row_of);
+    l->row_first = calloc((size_t)l->n_rows + 1, sizeof *l->row_first);
+    l->row_counted = calloc((size_t)l->n_rows, sizeof *l->row_counted);
+    l->row_examples = xmalloc((size_t)n * sizeof *l->row_examples);
+    if (!l->row_first || !l->row_counted)
+        die("out of host memory");
+    int64_t tokens = 0;
+    for (int64_t k = 0; k < n; ++k) {
+        const int64_t e = d->ex_begin + k, len = kept(d, e, l->t);
+        ++l->row_first[row_of[k] + 1];
+        l->row_counted[row_of[k]] += counted(d, e, len);
+        l->truncated += len < d->starts[e + 1] - d->starts[e];
+        tokens += len;
+    }
+    for (int64_t r = 0; r < l->n_rows; ++r)
+        l->row_first[r + 1] += l->row_first[r];
+    int64_t *at = xmalloc((size_t)l->n_rows * sizeof *at);
+    memcpy(at, l->row_first, (size_t)l->n_rows * sizeof *at);
+    for (int64_t k = 0; k < n; ++k) /* in file order within each row */
+        l->row_examples[at[row_of[k]]++] = d->ex_begin + k;
+    free(at);
+    free(row_of);
+    l->fill = (double)tokens / ((double)l->n_rows * l->t);
 }
 
 void loader_init(loader *l, const token_data *d, int b, int t, int rank, int world)
 {
-    *l = (loader){d, b, t, rank, world, 0, NULL, NULL, 0, 0, 0.0};
+    *l = (loader){.d = d, .b = b, .t = t, .rank = rank, .world = world};
     if (d->targets) {
         if (d->n_examples == 0)
             die("%s: no examples left for this split (give more, or --val)", d->source);
@@ -436,9 +543,10 @@ void loader_init(loader *l, const token_data *d, int b, int t, int rank, int wor
 
 void loader_free(loader *l)
 {
+    free(l->row_examples);
     free(l->row_first);
     free(l->row_counted);
-    l->row_first = l->row_counted = NULL;
+    l->row_examples = l->row_first = l->row_counted = NULL;
 }
 
 /* Tokens (stream) or rows (examples) that one rank's micro-batch takes. */
@@ -466,8 +574,8 @@ static void fill_row(const loader *l, int64_t r, int i, token_batch *out)
     const token_data *d = l->d;
     int64_t at = (int64_t)i * l->t;
     const int64_t row_end = at + l->t;
-    for (int64_t k = l->row_first[r]; k < l->row_first[r + 1]; ++k) {
-        const int64_t len = kept(d, k, l->t), s = d->starts[k];
+    for (int64_t i = l->row_first[r]; i < l->row_first[r + 1]; ++i) {
+        const int64_t k = l->row_examples[i], len = kept(d, k, l->t), s = d->starts[k];
         out->doc_offsets[out->docs++] = (int32_t)at;
         for (int64_t j = 0; j < len; ++j) {
             out->ids[at + j] = data_token(d, s + j - d->begin);

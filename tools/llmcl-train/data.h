@@ -7,8 +7,8 @@
  * the order of their names. llm.c files are memory-mapped and read where they lie, so a dataset
  * larger than the host's memory trains. Tokenized examples in JSON Lines (examples.c: what a
  * supervised fine-tuning set holds, with the positions that learn nothing marked) are packed
- * whole, in file order, into rows of t tokens, each example attending only to itself from
- * position 0. A loader walks a stream's tokens in windows of b x (t + 1), or the packed rows b at
+ * whole into rows of t tokens, best fit decreasing or in file order, each example attending only
+ * to itself from position 0. A loader walks a stream's tokens in windows of b x (t + 1), or the packed rows b at
  * a time, each rank of a job at its own offset.
  */
 #ifndef LLMCL_TRAIN_DATA_H
@@ -29,6 +29,15 @@ typedef struct token_shard {
     char name[256];
 } token_shard;
 
+/* How examples pack into rows: best fit decreasing (longest first, each into the row with the
+   least room that holds it; rows then in the order of their first example in the file), or
+   greedy in file order (the next example starts a new row when the row it would end has no
+   room). */
+typedef enum data_packing { PACK_BFD, PACK_GREEDY } data_packing;
+
+/* --packing's value; dies on another. */
+data_packing data_packing_parse(const char *s);
+
 /* A view of tokens [begin, begin + n) of a stream of shards; the view data_load or data_builtin
    made owns them, the held-out view that data_split makes of it shares them. */
 typedef struct token_data {
@@ -46,6 +55,7 @@ typedef struct token_data {
     int32_t *targets;
     int64_t *starts;
     int64_t ex_begin, n_examples;
+    data_packing packing; /* how loaders pack the examples */
 } token_data;
 
 /* How a data file is read: auto takes a file named *.bin, or one that starts with an llm.c magic,
@@ -110,9 +120,9 @@ typedef struct loader {
     const token_data *d;
     int b, t, rank, world;
     int64_t pos; /* the next window's first token, or its first row */
-    /* examples: row r packs examples [row_first[r], row_first[r + 1]), and counts row_counted[r]
-       targets that learn */
-    int64_t *row_first, *row_counted, n_rows;
+    /* examples: row r packs examples row_examples[row_first[r] .. row_first[r + 1]), in file
+       order, and counts row_counted[r] targets that learn */
+    int64_t *row_examples, *row_first, *row_counted, n_rows;
     int64_t truncated; /* examples longer than t, cut to their first t tokens */
     double fill;       /* the share of the rows' tokens that examples take (the rest pads) */
 } loader;

@@ -7,7 +7,9 @@
                   the loss transformers computes on its first batch: what `llmcl-train
                   --init-from DIR --data DIR/tokens.bin --val DIR/tokens.bin` must print as its
                   first step's loss (the first training and held-out windows are both the file's
-                  first B x T tokens).
+                  first B x T tokens). With --examples N, also DIR/examples.jsonl: N tokenized
+                  examples of random lengths whose prompts learn nothing (labels -100), for
+                  --data and --val as llmcl-train packs them.
     adapter DIR OUT
                   a PEFT LoRA adapter of DIR's model made by PEFT itself (LoraConfig with
                   init_lora_weights=False: A and B random, so that the adapter moves the logits),
@@ -17,7 +19,9 @@
                   loads DIR with AutoModelForCausalLM.from_pretrained (an --export folder, or a base
                   model plus, with --adapter, an adapter folder loaded by PEFT), runs the tokens
                   of llmcl-train's --dump-logits file DUMP and prints the largest logit difference,
-                  relative to the largest logit, and both losses; fails above --tol.
+                  relative to the largest logit, and both losses; fails above --tol. A dump of
+                  packed examples (with position_ids) runs each example alone, as transformers
+                  sees one example, and compares it with its rows of the packed batch.
 
 transformers runs in float32 with eager attention and TF32 off, so the difference is llmcl's own
 rounding: about 1e-5 of the largest logit with --dtype f32, about 1e-2 with bf16 compute.
@@ -41,12 +45,33 @@ def first_batch(tokens, batch, seq):
     return t[:-1].view(batch, seq), t[1:].view(batch, seq)
 
 
-def loss_of(model, ids, targets):
+def loss_of(model, ids, targets, positions=None):
+    """The logits and the mean loss over the targets that learn (not -100); with positions (packed
+    examples), each run where its positions start at 0 goes through the model alone."""
     with torch.no_grad():
-        logits = model(input_ids=ids).logits.float()
+        if positions is None:
+            logits = model(input_ids=ids).logits.float()
+        else:
+            logits = torch.empty(*ids.shape, model.config.vocab_size)
+            for b in range(ids.shape[0]):
+                starts = (positions[b] == 0).nonzero().flatten().tolist() + [ids.shape[1]]
+                for s, e in zip(starts, starts[1:]):
+                    logits[b, s:e] = model(input_ids=ids[b:b + 1, s:e]).logits.float()[0]
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                              targets.reshape(-1))
     return logits, loss.item()
+
+
+def write_examples(path, n, vocab, seq, seed):
+    """n examples of 2 to seq tokens, a prompt learning nothing and a completion."""
+    gen = torch.Generator().manual_seed(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            length = int(torch.randint(2, seq + 1, (1,), generator=gen))
+            prompt = int(torch.randint(1, length, (1,), generator=gen))
+            ids = torch.randint(0, vocab, (length,), generator=gen).tolist()
+            f.write(json.dumps({"input_ids": ids,
+                                "labels": [-100] * prompt + ids[prompt:]}) + "\n")
 
 
 def arch_keys(args):
@@ -91,11 +116,15 @@ def make(args):
     with open(f"{args.dir}/tokens.bin", "wb") as f:  # llm.c: magic, version 1 (uint16), count
         f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
         f.write(struct.pack(f"<{n}H", *tokens))
+    if args.examples:
+        write_examples(f"{args.dir}/examples.jsonl", args.examples, args.vocab, args.seq,
+                       args.seed + 2)
     ids, targets = first_batch(tokens, args.batch, args.seq)
     _, loss = loss_of(model, ids, targets)
     print(f"{args.dir}: {type(model).__name__}, "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
-          f"{args.save_dtype}; tokens.bin holds {n} tokens")
+          f"{args.save_dtype}; tokens.bin holds {n} tokens"
+          f"{f', examples.jsonl {args.examples} examples' if args.examples else ''}")
     print(f"transformers loss of the first {args.batch} x {args.seq} batch: {loss:.6f} "
           f"(ln V = {math.log(args.vocab):.4f})")
 
@@ -120,6 +149,7 @@ def adapter(args):
 def logits(args):
     dump = load_file(args.dump)
     ids, targets = dump["input_ids"].long(), dump["targets"].long()
+    positions = dump["position_ids"].long() if "position_ids" in dump else None
     with open(args.dump, "rb") as f:  # the loss is in the file's metadata
         n = struct.unpack("<Q", f.read(8))[0]
         llmcl_loss = float(json.loads(f.read(n))["__metadata__"]["loss"])
@@ -129,11 +159,14 @@ def logits(args):
         from peft import PeftModel
         model = PeftModel.from_pretrained(model, args.adapter)
     model.eval()
-    got, loss = loss_of(model, ids, targets)
+    got, loss = loss_of(model, ids, targets, positions)
     ref = dump["logits"].float()
     diff = (got - ref).abs().max().item()
     scale = ref.abs().max().item()
     ok = diff <= args.tol * scale
+    if positions is not None:
+        print(f"packed examples: {int((positions == 0).sum())} documents in {ids.shape[0]} rows, "
+              f"each run alone by transformers")
     print(f"logits {list(ref.shape)}: max |transformers - llmcl| = {diff:.3e}, max |logit| = "
           f"{scale:.3f}, relative {diff / scale:.3e} (tolerance {args.tol:g}): "
           f"{'PASS' if ok else 'FAIL'}")
@@ -164,6 +197,7 @@ def main():
     mk.add_argument("--seq", type=int, default=128)
     mk.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32")
     mk.add_argument("--seed", type=int, default=1234)
+    mk.add_argument("--examples", type=int, default=0, help="also N examples in examples.jsonl")
     ad = sub.add_parser("adapter", help="a random PEFT LoRA adapter of DIR's model")
     ad.add_argument("dir")
     ad.add_argument("out")

@@ -45,13 +45,15 @@ enum {
     LONG_EXPORT_SHARD_GB,
     LONG_ARCH,
     LONG_HEAD_DIM,
-    LONG_SLIDING_WINDOW
+    LONG_SLIDING_WINDOW,
+    LONG_PACKING
 };
 
 typedef struct options {
     model_config model;
     const char *data, *val;
     data_format data_format;
+    data_packing packing;
     int batch, seq, accum, steps, warmup;
     float lr, min_lr_frac, weight_decay, clip, beta1, beta2, eps;
     int eval_every, eval_batches, log_every, sample_tokens;
@@ -80,13 +82,21 @@ static void usage(FILE *f)
           "Trains a Llama-style decoder on llmcl's kernels. Without --data it trains a tiny model on a\n"
           "built-in corpus, small enough for a CPU OpenCL device.\n"
           "data:\n"
-          "  --data FILE          text (byte-level tokens) or an llm.c token file (.bin); a\n"
-          "                       pattern ('train_*.bin', quoted) reads llm.c shards as one\n"
-          "                       stream in name order, mapped rather than read into memory\n"
-          "  --val FILE           held-out tokens, or a pattern (default: the last 5% of --data)\n"
+          "  --data FILE          text (byte-level tokens), an llm.c token file (.bin), or\n"
+          "                       tokenized examples in JSON Lines (.jsonl: input_ids, and what\n"
+          "                       learns by labels of -100, completion_mask or assistant_masks;\n"
+          "                       packed into rows of --seq, each attending only to itself; a\n"
+          "                       step's loss the mean over the targets that learn); a pattern\n"
+          "                       ('train_*.bin', quoted) reads llm.c shards as one stream in name\n"
+          "                       order, mapped rather than read into memory\n"
+          "  --val FILE           held-out data, or a pattern (default: the last 5% of --data's\n"
+          "                       tokens, or of its examples)\n"
           "  --data-format F      auto (default: a file named .bin or that starts with llm.c's\n"
-          "                       magic must be an llm.c token file, any other is text), text or\n"
-          "                       llmc\n"
+          "                       magic must be an llm.c token file, one named .jsonl holds\n"
+          "                       examples, any other is text), text, llmc or jsonl\n"
+          "  --packing P          how examples fill the rows: bfd (default: best fit decreasing,\n"
+          "                       the rows then in the file's order of their first examples) or\n"
+          "                       greedy (in file order, a row ended where the next does not fit)\n"
           "model:\n"
           "  --preset NAME        tiny (default), llama-1b (Llama-3.2-1B's shape) or llama-8b\n"
           "                       (Llama-3-8B's: 8.0B parameters, untied, batch 1 x 8192)\n"
@@ -412,6 +422,7 @@ static void parse_options(int argc, char **argv, options *o)
         {"init-adapter", 1, 0, LONG_INIT_ADAPTER},
         {"export-shard-gb", 1, 0, LONG_EXPORT_SHARD_GB}, {"arch", 1, 0, LONG_ARCH},
         {"head-dim", 1, 0, LONG_HEAD_DIM}, {"sliding-window", 1, 0, LONG_SLIDING_WINDOW},
+        {"packing", 1, 0, LONG_PACKING},
         {0, 0, 0, 0}};
     /* a preset first, so that the other options refine it whatever their order */
     for (int i = 1; i + 1 < argc; ++i)
@@ -425,6 +436,7 @@ static void parse_options(int argc, char **argv, options *o)
         switch (c) {
         case 'D': o->data = optarg; break;
         case LONG_DATA_FORMAT: o->data_format = data_format_parse(optarg); break;
+        case LONG_PACKING: o->packing = data_packing_parse(optarg); break;
         case LONG_OPTIMIZER_IN_BACKWARD: o->model.optimizer_in_backward = 1; break;
         case LONG_ZERO_GROUP_LAYERS:
             o->model.zero_group_layers = parse_group_layers(optarg);
@@ -728,6 +740,7 @@ static void load_data(trainer *tr)
         o->model.vocab = tr->train.vocab;
     data_check_vocab(&tr->train, o->model.vocab);
     data_check_vocab(&tr->val, o->model.vocab);
+    tr->train.packing = tr->val.packing = o->packing;
 }
 
 /*
@@ -889,10 +902,11 @@ static void finalize_mpi(void)
 static void print_examples(const trainer *tr)
 {
     const loader *l = &tr->tl;
-    printf("examples: %lld training and %lld held-out, packed into %lld rows of %d tokens "
+    printf("examples: %lld training and %lld held-out, packed %s into %lld rows of %d tokens "
            "(%.1f%% tokens, the rest padding), each attending only to itself",
-           (long long)tr->train.n_examples, (long long)tr->val.n_examples, (long long)l->n_rows,
-           l->t, 100.0 * l->fill);
+           (long long)tr->train.n_examples, (long long)tr->val.n_examples,
+           tr->train.packing == PACK_GREEDY ? "in file order" : "best fit decreasing",
+           (long long)l->n_rows, l->t, 100.0 * l->fill);
     if (l->truncated)
         printf("; %lld longer than --seq %d cut to their first %d tokens", (long long)l->truncated,
                l->t, l->t);
@@ -1032,7 +1046,8 @@ static void next_steps(const options *o)
     printf("nothing was saved (no --save or --export)\n"
            "next: --save FILE keeps a checkpoint (--resume FILE continues it), --export DIR writes "
            "a Hugging Face model%s; llmcl-train --help lists every option\n",
-           o->data ? "" : ", --data FILE trains on your own text or llm.c tokens");
+           o->data ? "" : ", --data FILE trains on your own text, llm.c tokens or tokenized "
+                          "examples (.jsonl)");
 }
 
 /* what: the engine's purpose, "offload" (layer inputs) or "optimizer offload". */
