@@ -215,6 +215,21 @@ void th_upload(llmcl_tensor *t, const double *values)
     free(buf);
 }
 
+double *th_download_new(const llmcl_tensor *t)
+{
+    double *x = th_alloc((size_t)llmcl_tensor_numel(t) * sizeof *x);
+    th_download(t, x);
+    return x;
+}
+
+double th_max_abs(const double *x, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; ++i)
+        m = fmax(m, fabs(x[i]));
+    return m;
+}
+
 void th_download(const llmcl_tensor *t, double *values)
 {
     const llmcl_dtype dt = llmcl_tensor_dtype(t);

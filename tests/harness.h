@@ -79,6 +79,10 @@ void th_poison(llmcl_tensor *t);
 /* Uploads / downloads numel values converted from / to double (strides honoured). */
 void th_upload(llmcl_tensor *t, const double *values);
 void th_download(const llmcl_tensor *t, double *values);
+/* A new array of t's numel values (free() it). */
+double *th_download_new(const llmcl_tensor *t);
+/* The largest |x[i]|. */
+double th_max_abs(const double *x, size_t n);
 
 /* ---- comparisons ---- */
 

@@ -42,21 +42,6 @@ static double *random_doubles(th_rng *rng, size_t n, double lo, double hi, llmcl
     return x;
 }
 
-static double *download(const llmcl_tensor *t)
-{
-    double *x = th_alloc((size_t)llmcl_tensor_numel(t) * sizeof *x);
-    th_download(t, x);
-    return x;
-}
-
-static double max_abs(const double *x, size_t n)
-{
-    double m = 0.0;
-    for (size_t i = 0; i < n; ++i)
-        m = fmax(m, fabs(x[i]));
-    return m;
-}
-
 /* References never give NaN, so that th_compare (where NaN matches NaN) rejects any NaN output. */
 static void assert_no_nan(const double *x, size_t n)
 {
@@ -118,7 +103,7 @@ static const th_tol loss_tol = {1e-4, 2e-4};
 /* Gradients stored in dt: absolute slack relative to the largest entry, plus dt's rounding. */
 static th_tol grad_tol(llmcl_dtype dt, const double *ref, size_t n)
 {
-    const double m = max_abs(ref, n);
+    const double m = th_max_abs(ref, n);
     switch (dt) {
     case LLMCL_BF16:
         return (th_tol){8e-3 * m, 1.6e-2};
@@ -203,21 +188,21 @@ static void check_case(const ce_case *c, const double *x, const int64_t *y, cons
                           .weight = tw,
                           .vocab_splits = c->splits};
     TH_OK(llmcl_cross_entropy_forward(ctx, tx, ty, &o, tl, tz, tlse, tg));
-    double *gl = download(tl), *gz = download(tz), *glse = download(tlse);
+    double *gl = th_download_new(tl), *gz = th_download_new(tz), *glse = th_download_new(tlse);
     TH_ASSERT_CLOSE("loss", rl, gl, (size_t)nl, loss_tol);
     TH_ASSERT_CLOSE("z_loss", rz, gz, (size_t)nl, loss_tol);
     TH_ASSERT_CLOSE("lse", rlse, glse, (size_t)n, loss_tol);
     if (tg) {
-        double *gg = download(tg);
+        double *gg = th_download_new(tg);
         /* f32 resolves lse only to |logits| x 2^-24: p carries that relative error */
         th_tol tol = grad_tol(c->dt, rg, (size_t)nv);
         tol.rtol += c->scale * 2.4e-7;
-        tol.atol += c->scale * 2.4e-7 * max_abs(rg, (size_t)nv);
+        tol.atol += c->scale * 2.4e-7 * th_max_abs(rg, (size_t)nv);
         TH_ASSERT_CLOSE("dlogits", rg, gg, (size_t)nv, tol);
         free(gg);
     }
     if (c->grad == 2) {
-        double *x2 = download(tx); /* a separate gradient leaves the logits alone */
+        double *x2 = th_download_new(tx); /* a separate gradient leaves the logits alone */
         TH_ASSERT_CLOSE("logits untouched", x, x2, (size_t)nv, (th_tol){0, 0});
         free(x2);
         llmcl_tensor_destroy(tg);
@@ -434,7 +419,7 @@ static void test_ce_strided_rows(void **state)
     llmcl_tensor *tl = th_tensor(LLMCL_F32, 1, &one);
     llmcl_ce_options o = {.reduction = LLMCL_CE_SUM};
     TH_OK(llmcl_cross_entropy_forward(ctx, view, ty, &o, tl, NULL, NULL, view));
-    double gl, *gg = th_alloc((size_t)(n * v) * sizeof *gg), *gp = download(parent);
+    double gl, *gg = th_alloc((size_t)(n * v) * sizeof *gg), *gp = th_download_new(parent);
     th_download(tl, &gl);
     th_download(view, gg);
     TH_ASSERT_CLOSE("loss", &rl, &gl, 1, loss_tol);
@@ -467,7 +452,7 @@ static void test_ce_bad_labels(void **state)
         TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, NULL, tl, NULL, NULL, tx),
                  LLMCL_ERROR_INVALID_ARGUMENT);
         assert_non_null(strstr(llmcl_last_error(ctx), "labels[5]"));
-        double *x2 = download(tx), l;
+        double *x2 = th_download_new(tx), l;
         th_download(tl, &l);
         assert_true(isnan(l)); /* still poisoned */
         TH_ASSERT_CLOSE("in-place logits intact", x, x2, (size_t)(n * v), (th_tol){0, 0});
@@ -558,7 +543,7 @@ static void test_ce_grad_scale(void **state)
     llmcl_tensor *tx = th_tensor_from(LLMCL_BF16, 1, &n, x),
                  *tg = th_tensor_from(LLMCL_F32, 1, &one, &g);
     TH_OK(llmcl_cross_entropy_grad_scale(ctx, tg, tx));
-    double *got = download(tx);
+    double *got = th_download_new(tx);
     for (int64_t i = 0; i < n; ++i)
         x[i] = th_round(LLMCL_BF16, x[i] * g);
     TH_ASSERT_CLOSE("scaled", x, got, (size_t)n, (th_tol){0, 0});
@@ -645,7 +630,7 @@ static void lin_ref_free(lin_ref *r)
 static th_tol mat_tol(const double *ref, size_t n, llmcl_dtype gdt)
 {
     const double u = gdt == LLMCL_BF16 ? 1.0 / 256 : gdt == LLMCL_F16 ? 1.0 / 2048 : 0.0;
-    return (th_tol){(1e-4 + 2 * u) * max_abs(ref, n) + 1e-7, 1e-3 + 2 * u};
+    return (th_tol){(1e-4 + 2 * u) * th_max_abs(ref, n) + 1e-7, 1e-3 + 2 * u};
 }
 
 typedef struct lin_grads {
@@ -662,13 +647,13 @@ static lin_grads lin_grads_new(const lin_problem *p, bool bias)
 /* gdt: the dtype of the dlogits the gradient products saw. */
 static void lin_check(const lin_problem *p, const lin_ref *r, const lin_grads *g, llmcl_dtype gdt)
 {
-    double *dh = download(g->dh), *dw = download(g->dw);
+    double *dh = th_download_new(g->dh), *dw = th_download_new(g->dw);
     TH_ASSERT_CLOSE("dhidden", r->dh, dh, (size_t)(p->n * p->h),
                     mat_tol(r->dh, (size_t)(p->n * p->h), gdt));
     TH_ASSERT_CLOSE("dweight", r->dw, dw, (size_t)(p->v * p->h),
                     mat_tol(r->dw, (size_t)(p->v * p->h), gdt));
     if (g->db) {
-        double *db = download(g->db);
+        double *db = th_download_new(g->db);
         TH_ASSERT_CLOSE("dbias", r->db, db, (size_t)p->v, mat_tol(r->db, (size_t)p->v, p->ldt));
         free(db);
     }
@@ -772,7 +757,7 @@ static void run_linear(const lin_case *c, const ninf_spec *m, uint64_t seed, llm
     o.logits_dtype = ldt;
     TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, tz, g.dh, g.dw,
                                              g.db));
-    double *gl = download(tl), *gz = download(tz);
+    double *gl = th_download_new(tl), *gz = th_download_new(tz);
     TH_ASSERT_CLOSE("loss", r.loss, gl, (size_t)nl, loss_tol);
     TH_ASSERT_CLOSE("z_loss", r.z, gz, (size_t)nl, loss_tol);
     lin_check(&p, &r, &g, p.dt);
@@ -829,7 +814,7 @@ static void run_fused(const lin_case *c, const ninf_spec *m, uint64_t seed, int6
     llmcl_ce_options o = lin_opts(c, &p);
     o.vocab_chunk = vocab_chunk;
     TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, tz, tlse));
-    double *gl = download(tl), *gz = download(tz), *glse = download(tlse);
+    double *gl = th_download_new(tl), *gz = th_download_new(tz), *glse = th_download_new(tlse);
     TH_ASSERT_CLOSE("loss", r.loss, gl, (size_t)nl, loss_tol);
     TH_ASSERT_CLOSE("z_loss", r.z, gz, (size_t)nl, loss_tol);
     TH_ASSERT_CLOSE("lse", r.lse, glse, (size_t)p.n, loss_tol);
@@ -847,10 +832,10 @@ static void run_fused(const lin_case *c, const ninf_spec *m, uint64_t seed, int6
         lin_grads_free(&nb);
     }
     /* deterministic: a second backward is bit-identical */
-    double *dh1 = download(g.dh), *dw1 = download(g.dw);
+    double *dh1 = th_download_new(g.dh), *dw1 = th_download_new(g.dw);
     TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, tgs, &o, g.dh,
                                              g.dw, g.db));
-    double *dh2 = download(g.dh), *dw2 = download(g.dw);
+    double *dh2 = th_download_new(g.dh), *dw2 = th_download_new(g.dw);
     assert_memory_equal(dh1, dh2, (size_t)(p.n * p.h) * sizeof *dh1);
     assert_memory_equal(dw1, dw2, (size_t)(p.v * p.h) * sizeof *dw1);
     free(dh1), free(dw1), free(dh2), free(dw2);
@@ -907,7 +892,7 @@ static void check_grad_scale_logits(const lin_problem *p, const ref_ce_opts *ro,
                                 .weight = p->tcw,
                                 .grad_scale = gs};
     TH_OK(llmcl_cross_entropy_forward(ctx, tx, p->ty, &o, tl, NULL, NULL, tg));
-    double *gl = download(tl), *gg = download(tg);
+    double *gl = th_download_new(tl), *gg = th_download_new(tg);
     TH_ASSERT_CLOSE("loss (unscaled)", &loss, gl, 1, loss_tol);
     TH_ASSERT_CLOSE("dlogits x grad_scale", g, gg, (size_t)nv, grad_tol(p->dt, g, (size_t)nv));
     free(x), free(g), free(rows), free(gl), free(gg);
@@ -938,7 +923,7 @@ static void test_opts_grad_scale(void **state)
         lin_grads g = lin_grads_new(&p, c->bias);
         TH_OK(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, NULL, g.dh,
                                                  g.dw, g.db));
-        double *gl = download(tl);
+        double *gl = th_download_new(tl);
         TH_ASSERT_CLOSE("linear loss (unscaled)", r.loss, gl, 1, loss_tol);
         lin_check(&p, &r, &g, p.dt);
         for (int64_t chunk = -1; chunk <= FUSED_CHUNK; chunk += FUSED_CHUNK + 1) {
@@ -1029,7 +1014,7 @@ static void test_fused_gpu_tiles(void **state)
     TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &o, tl, NULL, tlse));
     TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, &o, g.dh,
                                              g.dw, g.db));
-    double *gl = download(tl);
+    double *gl = th_download_new(tl);
     TH_ASSERT_CLOSE("loss", r.loss, gl, (size_t)p.n, loss_tol);
     lin_check(&p, &r, &g, LLMCL_F32);
     TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
@@ -1058,8 +1043,8 @@ static void test_fused_filter(void **state)
     TH_OK(llmcl_fused_cross_entropy_forward(ctx, p.th, p.tw, NULL, p.ty, &o, tl, NULL, tlse));
     TH_OK(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, NULL, p.ty, tlse, NULL, &o, g.dh,
                                              g.dw, NULL));
-    double *dh = download(g.dh);
-    const th_tol tol = {1e-5 * max_abs(r.dh, (size_t)(p.n * p.h)) * 40, 1e-3};
+    double *dh = th_download_new(g.dh);
+    const th_tol tol = {1e-5 * th_max_abs(r.dh, (size_t)(p.n * p.h)) * 40, 1e-3};
     TH_ASSERT_CLOSE("filtered dhidden", r.dh, dh, (size_t)(p.n * p.h), tol);
     free(dh);
     llmcl_tensor_destroy(tl), llmcl_tensor_destroy(tlse);
@@ -1180,8 +1165,8 @@ static void test_accumulate(void **state)
             th_poison(ga.dh);
             th_upload(ga.dw, pw), th_upload(ga.db, pb);
             lin_grads_run(&p, acc, chunks[ci], &ga);
-            double *dh = download(g.dh), *dw = download(g.dw), *db = download(g.db);
-            double *dha = download(ga.dh), *dwa = download(ga.dw), *dba = download(ga.db);
+            double *dh = th_download_new(g.dh), *dw = th_download_new(g.dw), *db = th_download_new(g.db);
+            double *dha = th_download_new(ga.dh), *dwa = th_download_new(ga.dw), *dba = th_download_new(ga.db);
             for (size_t i = 0; i < nw; ++i)
                 dw[i] += pw[i];
             for (size_t i = 0; i < nv; ++i)
@@ -1223,8 +1208,8 @@ static void test_paths_agree(void **state)
     th_download(l1, &a), th_download(l2, &b), th_download(l3, &c);
     TH_ASSERT_CLOSE("path 2 vs path 1", &a, &b, 1, loss_tol);
     TH_ASSERT_CLOSE("path 3 vs path 1", &a, &c, 1, loss_tol);
-    double *dh2 = download(g2.dh), *dh3 = download(g3.dh), *dw2 = download(g2.dw),
-           *dw3 = download(g3.dw);
+    double *dh2 = th_download_new(g2.dh), *dh3 = th_download_new(g3.dh), *dw2 = th_download_new(g2.dw),
+           *dw3 = th_download_new(g3.dw);
     TH_ASSERT_CLOSE("dhidden 3 vs 2", dh2, dh3, (size_t)(p.n * p.h),
                     mat_tol(dh2, (size_t)(p.n * p.h), LLMCL_F32));
     TH_ASSERT_CLOSE("dweight 3 vs 2", dw2, dw3, (size_t)(p.v * p.h),
@@ -1344,7 +1329,7 @@ static void test_linear_bad_args(void **state)
                                                 g.dw, g.db),
              LLMCL_ERROR_INVALID_ARGUMENT);
     assert_non_null(strstr(llmcl_last_error(ctx), "labels[3]"));
-    double l, *dh = download(g.dh);
+    double l, *dh = th_download_new(g.dh);
     th_download(tl, &l);
     assert_true(isnan(l) && isnan(dh[0]));
     free(dh);

@@ -241,6 +241,8 @@ void llmcl__arg(llmcl__args *a, size_t size, const void *value);
 void llmcl__arg_local(llmcl__args *a, size_t bytes);
 /* A tensor as two arguments: its buffer and its element offset (ulong). */
 void llmcl__arg_tensor(llmcl__args *a, const llmcl_tensor *t);
+/* A buffer and an element offset, as llmcl__arg_tensor passes a tensor (mem may be NULL). */
+void llmcl__arg_mem(llmcl__args *a, cl_mem mem, int64_t off);
 void llmcl__arg_i32(llmcl__args *a, int32_t v);
 void llmcl__arg_i64(llmcl__args *a, int64_t v);
 void llmcl__arg_f32(llmcl__args *a, float v);
@@ -284,6 +286,18 @@ typedef struct llmcl__rows {
 
 llmcl_status llmcl__as_rows(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name,
                             llmcl__rows *out);
+
+/* t checked as llmcl__check_tensor does (any rank), with n elements, contiguous. */
+llmcl_status llmcl__check_vec(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name,
+                              unsigned dtype_mask, int64_t n);
+
+/* A 2-D view of rows [r0, r0 + rows) of t seen as the rows r. */
+llmcl_status llmcl__rows_view(const llmcl_tensor *t, const llmcl__rows *r, int64_t r0,
+                              int64_t rows, llmcl_tensor **out);
+
+/* The first rows of a contiguous [*, cols] tensor (a scratch chunk) as a [rows, cols] view. */
+llmcl_status llmcl__head_view(const llmcl_tensor *t, int64_t rows, int64_t cols,
+                              llmcl_tensor **out);
 
 /* Whether two tensors may share an element: the same buffer, byte ranges that meet, and no period
    (one of a's strides) in which their elements keep apart. */

@@ -32,6 +32,13 @@ void llmcl__arg_tensor(llmcl__args *a, const llmcl_tensor *t)
     llmcl__arg(a, sizeof offset, &offset);
 }
 
+void llmcl__arg_mem(llmcl__args *a, cl_mem mem, int64_t off)
+{
+    const cl_ulong o = (cl_ulong)off;
+    llmcl__arg(a, sizeof mem, &mem);
+    llmcl__arg(a, sizeof o, &o);
+}
+
 void llmcl__arg_i32(llmcl__args *a, int32_t v)
 {
     cl_int x = v;
@@ -169,6 +176,32 @@ llmcl_status llmcl__as_rows(llmcl_ctx *ctx, const llmcl_tensor *t, const char *n
     if (out->n_rows <= 1)
         out->row_stride = out->row_len;
     return LLMCL_OK;
+}
+
+llmcl_status llmcl__check_vec(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name,
+                              unsigned dtype_mask, int64_t n)
+{
+    LLMCL__TRY(llmcl__check_tensor(ctx, t, name, dtype_mask, 1, LLMCL_MAX_DIMS));
+    LLMCL__REQUIRE(ctx, llmcl_tensor_numel(t) == n, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "%s has %lld elements; expected %lld", name, (long long)llmcl_tensor_numel(t),
+                   (long long)n);
+    LLMCL__REQUIRE(ctx, llmcl_tensor_is_contiguous(t), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s must be contiguous", name);
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl__rows_view(const llmcl_tensor *t, const llmcl__rows *r, int64_t r0,
+                              int64_t rows, llmcl_tensor **out)
+{
+    const int64_t shape[2] = {rows, r->row_len}, strides[2] = {r->row_stride, 1};
+    return llmcl_tensor_view(t, 2, shape, strides, t->offset + r0 * r->row_stride, out);
+}
+
+llmcl_status llmcl__head_view(const llmcl_tensor *t, int64_t rows, int64_t cols,
+                              llmcl_tensor **out)
+{
+    const int64_t shape[2] = {rows, cols};
+    return llmcl_tensor_view(t, 2, shape, NULL, t->offset, out);
 }
 
 /* The byte range [lo, hi) a view spans in its buffer; empty views span nothing. */

@@ -91,18 +91,6 @@ static llmcl_status check_options(llmcl_ctx *ctx, const llmcl_ce_options *opts, 
 }
 
 /* A contiguous tensor of `dtypes` with exactly n elements. */
-static llmcl_status check_vec(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name,
-                              unsigned dtypes, int64_t n)
-{
-    LLMCL__TRY(llmcl__check_tensor(ctx, t, name, dtypes, 1, LLMCL_MAX_DIMS));
-    LLMCL__REQUIRE(ctx, llmcl_tensor_numel(t) == n, LLMCL_ERROR_SHAPE_MISMATCH,
-                   "%s has %lld elements; expected %lld", name, (long long)llmcl_tensor_numel(t),
-                   (long long)n);
-    LLMCL__REQUIRE(ctx, llmcl_tensor_is_contiguous(t), LLMCL_ERROR_INVALID_ARGUMENT,
-                   "%s must be contiguous", name);
-    return LLMCL_OK;
-}
-
 /* loss and z_loss: f32 with 1 element (mean, sum) or n (none); outputs must not alias inputs. */
 static llmcl_status check_outputs(llmcl_ctx *ctx, const llmcl_ce_options *o, int64_t n,
                                   const llmcl_tensor *loss, const llmcl_tensor *z_loss,
@@ -110,9 +98,9 @@ static llmcl_status check_outputs(llmcl_ctx *ctx, const llmcl_ce_options *o, int
                                   int n_inputs)
 {
     const int64_t want = o->reduction == LLMCL_CE_NONE ? n : 1;
-    LLMCL__TRY(check_vec(ctx, loss, "loss", 1u << LLMCL_F32, want));
+    LLMCL__TRY(llmcl__check_vec(ctx, loss, "loss", 1u << LLMCL_F32, want));
     if (z_loss) {
-        LLMCL__TRY(check_vec(ctx, z_loss, "z_loss", 1u << LLMCL_F32, want));
+        LLMCL__TRY(llmcl__check_vec(ctx, z_loss, "z_loss", 1u << LLMCL_F32, want));
         LLMCL__REQUIRE(ctx, !llmcl__overlaps(loss, z_loss), LLMCL_ERROR_INVALID_ARGUMENT,
                        "loss and z_loss overlap");
     }
@@ -153,20 +141,13 @@ static llmcl_status row_kernel(ce_run *r, const char *name, cl_kernel *k)
     return llmcl__kernel(r->ctx, LLMCL_FAMILY_CROSS_ENTROPY, &d, name, k);
 }
 
-static void arg_mem(llmcl__args *a, cl_mem m, int64_t off)
-{
-    const cl_ulong o = (cl_ulong)off;
-    llmcl__arg(a, sizeof m, &m);
-    llmcl__arg(a, sizeof o, &o);
-}
-
 /* A tensor or, when t is NULL, a NULL buffer with offset 0. */
 static void arg_opt(llmcl__args *a, const llmcl_tensor *t)
 {
     if (t)
         llmcl__arg_tensor(a, t);
     else
-        arg_mem(a, NULL, 0);
+        llmcl__arg_mem(a, NULL, 0);
 }
 
 static void arg_weight(llmcl__args *a, const ce_run *r) { arg_opt(a, r->o.weight); }
@@ -351,7 +332,7 @@ static void arg_row_terms(llmcl__args *a, const ce_run *r, const ce_rows_job *j)
 {
     const llmcl_ce_options *o = &r->o;
     llmcl__arg_i32(a, ce_flags(r, false));
-    arg_mem(a, j->x, j->xoff);
+    llmcl__arg_mem(a, j->x, j->xoff);
     llmcl__arg_i64(a, j->xstride);
     llmcl__arg_i64(a, r->v);
     llmcl__arg_tensor(a, r->labels);
@@ -381,7 +362,7 @@ static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
         arg_buf(&a, r->rows->mem);
         llmcl__arg_i64(&a, r->n);
         llmcl__arg_i32(&a, j->grad);
-        arg_mem(&a, j->grad ? j->dx : NULL, j->dxoff);
+        llmcl__arg_mem(&a, j->grad ? j->dx : NULL, j->dxoff);
         llmcl__arg_i64(&a, j->dxstride);
         const size_t g = (size_t)j->nrows * wg;
         return llmcl__launch(&a, 1, &g, &wg);
@@ -397,7 +378,7 @@ static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
     LLMCL__TRY_GOTO(st, row_kernel(r, "ce_partial", &k), done);
     llmcl__args a = llmcl__args_begin(ctx, k);
     llmcl__arg_i32(&a, ce_flags(r, false));
-    arg_mem(&a, j->x, j->xoff);
+    llmcl__arg_mem(&a, j->x, j->xoff);
     llmcl__arg_i64(&a, j->xstride);
     llmcl__arg_i64(&a, r->v);
     arg_weight(&a, r);
@@ -414,7 +395,7 @@ static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
     arg_buf(&a, part->mem);
     llmcl__arg_i64(&a, splits);
     llmcl__arg_i64(&a, j->nrows);
-    arg_mem(&a, j->x, j->xoff);
+    llmcl__arg_mem(&a, j->x, j->xoff);
     llmcl__arg_i64(&a, j->xstride);
     llmcl__arg_i32(&a, 0);
     arg_buf(&a, NULL);
@@ -437,7 +418,7 @@ static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
         LLMCL__TRY_GOTO(st, row_kernel(r, "ce_grad", &k), done);
         a = llmcl__args_begin(ctx, k);
         arg_row_terms(&a, r, j);
-        arg_mem(&a, j->dx, j->dxoff);
+        llmcl__arg_mem(&a, j->dx, j->dxoff);
         llmcl__arg_i64(&a, j->dxstride);
         LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
     }
@@ -464,12 +445,12 @@ llmcl_status llmcl_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tensor *log
                    (long long)xr.n_rows, (long long)xr.row_len);
     ce_run r = {0};
     LLMCL__TRY(check_options(ctx, opts, xr.row_len, LLMCL_F32, &r.o));
-    LLMCL__TRY(check_vec(ctx, labels, "labels", LLMCL__INT_DTYPES, xr.n_rows));
+    LLMCL__TRY(llmcl__check_vec(ctx, labels, "labels", LLMCL__INT_DTYPES, xr.n_rows));
     const llmcl_tensor *ins[] = {logits, labels, r.o.weight, dlogits, lse};
     const char *names[] = {"logits", "labels", "opts->weight", "dlogits", "lse"};
     LLMCL__TRY(check_outputs(ctx, &r.o, xr.n_rows, loss, z_loss, ins, names, 5));
     if (lse) {
-        LLMCL__TRY(check_vec(ctx, lse, "lse", 1u << LLMCL_F32, xr.n_rows));
+        LLMCL__TRY(llmcl__check_vec(ctx, lse, "lse", 1u << LLMCL_F32, xr.n_rows));
         LLMCL__REQUIRE(ctx,
                        !llmcl__overlaps(lse, logits) && !llmcl__overlaps(lse, labels) &&
                            (!dlogits || !llmcl__overlaps(lse, dlogits)),
@@ -516,7 +497,7 @@ llmcl_status llmcl_cross_entropy_grad_scale(llmcl_ctx *ctx, const llmcl_tensor *
                                             llmcl_tensor *grad)
 {
     LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
-    LLMCL__TRY(check_vec(ctx, grad_loss, "grad_loss", 1u << LLMCL_F32, 1));
+    LLMCL__TRY(llmcl__check_vec(ctx, grad_loss, "grad_loss", 1u << LLMCL_F32, 1));
     LLMCL__TRY(llmcl__check_tensor(ctx, grad, "grad", LLMCL__FLOAT_DTYPES, 1, LLMCL_MAX_DIMS));
     LLMCL__REQUIRE(ctx, llmcl_tensor_is_contiguous(grad), LLMCL_ERROR_INVALID_ARGUMENT,
                    "grad must be contiguous");
@@ -564,8 +545,8 @@ static llmcl_status check_linear(llmcl_ctx *ctx, const llmcl_tensor *hidden,
     LLMCL__REQUIRE(ctx, out->h.n_rows >= 1 && out->h.n_rows <= INT_MAX && out->w.n_rows >= 1,
                    LLMCL_ERROR_SHAPE_MISMATCH, "hidden needs 1 to 2^31-1 rows and weight V >= 1");
     if (bias)
-        LLMCL__TRY(check_vec(ctx, bias, "bias", 1u << hidden->dtype, out->w.n_rows));
-    LLMCL__TRY(check_vec(ctx, labels, "labels", LLMCL__INT_DTYPES, out->h.n_rows));
+        LLMCL__TRY(llmcl__check_vec(ctx, bias, "bias", 1u << hidden->dtype, out->w.n_rows));
+    LLMCL__TRY(llmcl__check_vec(ctx, labels, "labels", LLMCL__INT_DTYPES, out->h.n_rows));
     const llmcl_tensor *ins[] = {hidden, weight, bias, labels};
     const char *in_names[] = {"hidden", "weight", "bias", "labels"};
     const llmcl_tensor *outs[] = {dhidden, dweight, dbias};
@@ -582,7 +563,7 @@ static llmcl_status check_linear(llmcl_ctx *ctx, const llmcl_tensor *hidden,
         LLMCL__TRY(llmcl__as_rows(ctx, dweight, "dweight", &out->dw));
     }
     if (dbias)
-        LLMCL__TRY(check_vec(ctx, dbias, "dbias", 1u << LLMCL_F32, out->w.n_rows));
+        LLMCL__TRY(llmcl__check_vec(ctx, dbias, "dbias", 1u << LLMCL_F32, out->w.n_rows));
     for (int i = 0; i < 3; ++i) {
         if (!outs[i])
             continue;
@@ -603,21 +584,6 @@ static llmcl_status check_linear(llmcl_ctx *ctx, const llmcl_tensor *hidden,
 /* Budgeted chunks are a multiple of this many tokens (the tensor-core products' row tile). */
 #define CE_CHUNK_ROW_TILE 128
 
-/* A 2-D view of rows [r0, r0 + rows) of t seen as rows r. */
-static llmcl_status rows_view(const llmcl_tensor *t, const llmcl__rows *r, int64_t r0, int64_t rows,
-                              llmcl_tensor **out)
-{
-    const int64_t shape[2] = {rows, r->row_len}, strides[2] = {r->row_stride, 1};
-    return llmcl_tensor_view(t, 2, shape, strides, t->offset + r0 * r->row_stride, out);
-}
-
-/* The first rows of a contiguous [*, cols] scratch tensor as a [rows, cols] view. */
-static llmcl_status head_view(const llmcl_tensor *t, int64_t rows, int64_t cols, llmcl_tensor **out)
-{
-    const int64_t shape[2] = {rows, cols};
-    return llmcl_tensor_view(t, 2, shape, NULL, t->offset, out);
-}
-
 /*
  * dbias[v0 + j] (+)= sum over rows of g[r, j] for the f32 block g [rows, cols] (row stride cols)
  * through ce_colsum, rows in order: deterministic. Where the device cuts loops short, in launches
@@ -629,10 +595,10 @@ static llmcl_status colsum(llmcl_ctx *ctx, cl_kernel kcol, const llmcl_tensor *g
     const int64_t budget = llmcl__loop_budget(ctx), block = rows < budget - 1 ? rows : budget - 1;
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
         llmcl__args a = llmcl__args_begin(ctx, kcol);
-        arg_mem(&a, g->mem, g->offset + r0 * cols);
+        llmcl__arg_mem(&a, g->mem, g->offset + r0 * cols);
         llmcl__arg_i64(&a, rows - r0 < block ? rows - r0 : block);
         llmcl__arg_i64(&a, cols);
-        arg_mem(&a, dbias->mem, dbias->offset + v0);
+        llmcl__arg_mem(&a, dbias->mem, dbias->offset + v0);
         llmcl__arg_i32(&a, accumulate || r0 > 0);
         const size_t global = (size_t)cols, local = 64;
         LLMCL__TRY(llmcl__launch(&a, 1, &global, &local));
@@ -668,7 +634,7 @@ static llmcl_status dlogits_operand(llmcl_ctx *ctx, const llmcl_tensor *g32, llm
     *view = NULL;
     if (!gcast)
         return LLMCL_OK;
-    LLMCL__TRY(head_view(gcast, g32->shape[0], g32->shape[1], view));
+    LLMCL__TRY(llmcl__head_view(gcast, g32->shape[0], g32->shape[1], view));
     *g = *view;
     return direct ? LLMCL_OK : llmcl_cast(ctx, g32, *view);
 }
@@ -690,8 +656,8 @@ static llmcl_status linear_chunk(ce_run *r, const ce_linear *lin, const llmcl_te
     const bool grads = dhidden || dweight || dbias;
     llmcl_tensor *hv = NULL, *lv = NULL, *dhv = NULL, *gv = NULL;
     llmcl_status st;
-    LLMCL__TRY_GOTO(st, rows_view(hidden, &lin->h, r0, rows, &hv), done);
-    LLMCL__TRY_GOTO(st, head_view(logits, rows, v, &lv), done);
+    LLMCL__TRY_GOTO(st, llmcl__rows_view(hidden, &lin->h, r0, rows, &hv), done);
+    LLMCL__TRY_GOTO(st, llmcl__head_view(logits, rows, v, &lv), done);
     const llmcl_matmul_opts logit_opts = {.trans_b = 1, .bias = bias, .split_k = 1};
     LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, hv, w2, 0.0f, lv, &logit_opts), done);
     const bool direct = r->dx_dt != r->dt;
@@ -703,7 +669,7 @@ static llmcl_status linear_chunk(ce_run *r, const ce_linear *lin, const llmcl_te
     if (dbias)
         LLMCL__TRY_GOTO(st, colsum(ctx, kcol, logits, rows, v, dbias, 0, acc), done);
     if (dhidden)
-        LLMCL__TRY_GOTO(st, rows_view(dhidden, &lin->dh, r0, rows, &dhv), done);
+        LLMCL__TRY_GOTO(st, llmcl__rows_view(dhidden, &lin->dh, r0, rows, &dhv), done);
     if (!dhidden && !dweight)
         goto done;
     const llmcl_tensor *g;
@@ -762,7 +728,7 @@ llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tens
     if (gcast_needed)
         LLMCL__TRY_GOTO(
             st, llmcl__scratch(ctx, hidden->dtype, 2, lshape, "16-bit dlogits chunk", &gcast), done);
-    LLMCL__TRY_GOTO(st, rows_view(weight, &lin.w, 0, v, &w2), done);
+    LLMCL__TRY_GOTO(st, llmcl__rows_view(weight, &lin.w, 0, v, &w2), done);
     if (dbias)
         LLMCL__TRY_GOTO(st, row_kernel(&r, "ce_colsum", &kcol), done);
     for (int64_t r0 = 0; r0 < n; r0 += c)
@@ -794,7 +760,7 @@ static llmcl_status fused_combine(ce_run *r, const llmcl_tensor *part, int64_t n
     arg_buf(&a, part->mem);
     llmcl__arg_i64(&a, nslots);
     llmcl__arg_i64(&a, r->n);
-    arg_mem(&a, NULL, 0);
+    llmcl__arg_mem(&a, NULL, 0);
     llmcl__arg_i64(&a, 0);
     llmcl__arg_i32(&a, 1);
     arg_buf(&a, xyb->mem);
@@ -891,9 +857,9 @@ static llmcl_status chunk_views(const ce_run *r, const ce_linear *lin, const llm
 {
     c->v0 = ci * vc;
     c->w = r->v - c->v0 < vc ? r->v - c->v0 : vc;
-    LLMCL__TRY(rows_view(weight, &lin->w, c->v0, c->w, &c->weight));
+    LLMCL__TRY(llmcl__rows_view(weight, &lin->w, c->v0, c->w, &c->weight));
     if (scratch)
-        LLMCL__TRY(head_view(scratch, r->n, c->w, &c->logits));
+        LLMCL__TRY(llmcl__head_view(scratch, r->n, c->w, &c->logits));
     if (bias) {
         const int64_t stride = bias->strides[bias->ndim - 1];
         LLMCL__TRY(llmcl_tensor_view(bias, 1, &c->w, &stride, bias->offset + c->v0 * stride,
@@ -1059,9 +1025,9 @@ static llmcl_status fused_backward_epilogue(ce_run *r, const ce_linear *lin,
     llmcl_status st;
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, hidden->dtype, 2, gshape, "16-bit dlogits chunk", &g),
                     done);
-    LLMCL__TRY_GOTO(st, rows_view(hidden, &lin->h, 0, n, &hv), done);
+    LLMCL__TRY_GOTO(st, llmcl__rows_view(hidden, &lin->h, 0, n, &hv), done);
     if (dhidden)
-        LLMCL__TRY_GOTO(st, rows_view(dhidden, &lin->dh, 0, n, &dhv), done);
+        LLMCL__TRY_GOTO(st, llmcl__rows_view(dhidden, &lin->dh, 0, n, &dhv), done);
     llmcl__mm_ce ce = epilogue_of(r, LLMCL__MM_CE_BACKWARD);
     ce.coef = coef->mem;
     for (int64_t ci = 0; ci < nchunks; ++ci) {
@@ -1069,7 +1035,7 @@ static llmcl_status fused_backward_epilogue(ce_run *r, const ce_linear *lin,
         ce.v0 = c.v0;
         LLMCL__TRY_GOTO(st, llmcl__matmul_ce(ctx, hv, c.weight, c.bias, c.logits, &ce), done);
         if (dweight)
-            LLMCL__TRY_GOTO(st, rows_view(dweight, &lin->dw, c.v0, c.w, &dwv), done);
+            LLMCL__TRY_GOTO(st, llmcl__rows_view(dweight, &lin->dw, c.v0, c.w, &dwv), done);
         LLMCL__TRY_GOTO(st,
                         grad_products(ctx, c.logits, c.weight, hv, dhv, ci ? 1.0f : 0.0f, 1, dwv,
                                       r->o.accumulate_weight_grad ? 1.0f : 0.0f),
@@ -1092,9 +1058,9 @@ done:
 static void arg_chunk_weight(llmcl__args *a, const ce_run *r, int64_t v0)
 {
     if (r->o.weight)
-        arg_mem(a, r->o.weight->mem, r->o.weight->offset + v0);
+        llmcl__arg_mem(a, r->o.weight->mem, r->o.weight->offset + v0);
     else
-        arg_mem(a, NULL, 0);
+        llmcl__arg_mem(a, NULL, 0);
 }
 
 /* What one forward chunk needs: the row kernels of its form and the buffers they fill. */
@@ -1138,7 +1104,7 @@ static llmcl_status forward_chunk_rows(ce_run *r, const fwd_chunks *f, const ce_
     LLMCL__TRY(chunk_logits(r, lin, hv, weight, bias, f->buf, ci, f->vc, c));
     llmcl__args a = llmcl__args_begin(r->ctx, f->k1);
     llmcl__arg_i32(&a, ce_flags(r, false));
-    arg_mem(&a, f->buf->mem, 0);
+    llmcl__arg_mem(&a, f->buf->mem, 0);
     llmcl__arg_i64(&a, c->w);
     llmcl__arg_i64(&a, c->w);
     arg_chunk_weight(&a, r, c->v0);
@@ -1151,7 +1117,7 @@ static llmcl_status forward_chunk_rows(ce_run *r, const fwd_chunks *f, const ce_
     LLMCL__TRY(llmcl__launch(&a, 2, g2, l2));
     a = llmcl__args_begin(r->ctx, f->k2);
     llmcl__arg_i32(&a, ce_flags(r, false));
-    arg_mem(&a, f->buf->mem, 0);
+    llmcl__arg_mem(&a, f->buf->mem, 0);
     llmcl__arg_i64(&a, c->w);
     llmcl__arg_i64(&a, c->v0);
     llmcl__arg_i64(&a, c->w);
@@ -1194,7 +1160,7 @@ static llmcl_status fused_forward_chunks(ce_run *r, const ce_linear *lin,
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &np, "fused CE partials", &f.part), done);
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 1, &n, "fused CE target logits", &f.xyb),
                     done);
-    LLMCL__TRY_GOTO(st, rows_view(hidden, &lin->h, 0, n, &hv), done);
+    LLMCL__TRY_GOTO(st, llmcl__rows_view(hidden, &lin->h, 0, n, &hv), done);
     LLMCL__TRY_GOTO(st, row_kernel(r, epilogue ? "ce_fold" : "ce_partial", &f.k1), done);
     if (!epilogue)
         LLMCL__TRY_GOTO(st, row_kernel(r, "ce_pick", &f.k2), done);
@@ -1242,9 +1208,9 @@ static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
     if (gcast_needed)
         LLMCL__TRY_GOTO(
             st, llmcl__scratch(ctx, hidden->dtype, 2, lshape, "16-bit dlogits chunk", &gcast), done);
-    LLMCL__TRY_GOTO(st, rows_view(hidden, &lin->h, 0, n, &hv), done);
+    LLMCL__TRY_GOTO(st, llmcl__rows_view(hidden, &lin->h, 0, n, &hv), done);
     if (dhidden)
-        LLMCL__TRY_GOTO(st, rows_view(dhidden, &lin->dh, 0, n, &dhv), done);
+        LLMCL__TRY_GOTO(st, llmcl__rows_view(dhidden, &lin->dh, 0, n, &dhv), done);
     const bool direct = gcast && !dbias; /* dbias sums the f32 dlogits */
     if (direct)
         r->dx_dt = hidden->dtype;
@@ -1255,7 +1221,7 @@ static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
         LLMCL__TRY_GOTO(st, chunk_logits(r, lin, hv, weight, bias, logits, ci, vc, &c), done);
         llmcl__args a = llmcl__args_begin(ctx, kgrad);
         llmcl__arg_i32(&a, ce_flags(r, false));
-        arg_mem(&a, logits->mem, 0);
+        llmcl__arg_mem(&a, logits->mem, 0);
         llmcl__arg_i64(&a, c.w);
         llmcl__arg_i64(&a, c.v0);
         llmcl__arg_i64(&a, c.w);
@@ -1273,7 +1239,7 @@ static llmcl_status fused_backward_chunks(ce_run *r, const ce_linear *lin,
                                    r->o.accumulate_weight_grad),
                             done);
         if (dweight)
-            LLMCL__TRY_GOTO(st, rows_view(dweight, &lin->dw, c.v0, c.w, &dwv), done);
+            LLMCL__TRY_GOTO(st, llmcl__rows_view(dweight, &lin->dw, c.v0, c.w, &dwv), done);
         const llmcl_tensor *g;
         LLMCL__TRY_GOTO(st, dlogits_operand(ctx, c.logits, gcast, direct, &g, &gv), done);
         LLMCL__TRY_GOTO(st,
@@ -1522,7 +1488,7 @@ llmcl_status llmcl_fused_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tenso
     const int64_t n = lin.h.n_rows, v = lin.w.n_rows;
     ce_run r = {0};
     LLMCL__TRY(check_options(ctx, opts, v, LLMCL_F32, &r.o));
-    LLMCL__TRY(check_vec(ctx, lse, "lse", 1u << LLMCL_F32, n));
+    LLMCL__TRY(llmcl__check_vec(ctx, lse, "lse", 1u << LLMCL_F32, n));
     const llmcl_tensor *ins[] = {hidden, weight, bias, labels, r.o.weight, lse};
     const char *names[] = {"hidden", "weight", "bias", "labels", "opts->weight", "lse"};
     LLMCL__TRY(check_outputs(ctx, &r.o, n, loss, z_loss, ins, names, 6));
@@ -1642,9 +1608,9 @@ llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tens
     const int64_t n = lin.h.n_rows, v = lin.w.n_rows;
     ce_run r = {0};
     LLMCL__TRY(check_options(ctx, opts, v, LLMCL_F32, &r.o));
-    LLMCL__TRY(check_vec(ctx, lse, "lse", 1u << LLMCL_F32, n));
+    LLMCL__TRY(llmcl__check_vec(ctx, lse, "lse", 1u << LLMCL_F32, n));
     if (grad_loss)
-        LLMCL__TRY(check_vec(ctx, grad_loss, "grad_loss", 1u << LLMCL_F32,
+        LLMCL__TRY(llmcl__check_vec(ctx, grad_loss, "grad_loss", 1u << LLMCL_F32,
                              r.o.reduction == LLMCL_CE_NONE ? n : 1));
     const llmcl_tensor *outs[] = {dhidden, dweight, dbias};
     const char *out_names[] = {"dhidden", "dweight", "dbias"};
