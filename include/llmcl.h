@@ -1070,6 +1070,77 @@ LLMCL_API llmcl_status llmcl_fused_cross_entropy_backward(
     llmcl_tensor *dweight, llmcl_tensor *dbias);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Distillation losses (distill.cl).                                                              */
+/*
+ * The generalised Jensen-Shannon divergence between a student's and a teacher's token
+ * distributions, Liger Kernel's JSD and fused linear JSD: for row i with student logits s_i and
+ * teacher logits t_i over V classes, tau the temperature, X = log_softmax(s_i / tau) and Y =
+ * log_softmax(t_i / tau) (q = exp X, p = exp Y), and beta in [0, 1]:
+ *   beta = 0:  d_i = KL(p || q) = sum_j p_j (Y_j - X_j)              (forward KL)
+ *   beta = 1:  d_i = KL(q || p) = sum_j q_j (X_j - Y_j)              (reverse KL)
+ *   else:      d_i = beta KL(p || m) + (1 - beta) KL(q || m),  m = beta p + (1 - beta) q
+ * (beta 0.5 is the Jensen-Shannon divergence). No tau^2 factor is applied: Hinton's scaling is the
+ * caller's (grad_scale scales the gradients, the loss is scaled by hand). Rows whose label is
+ * ignore_index count for nothing: d_i = 0 and a zero gradient. Reductions: mean over the rows
+ * that count (Liger's batchmean; 0 when none does), sum, none (d_i per row).
+ * Gradients are those of the reduced loss (for none, of sum_i d_i), times grad_scale, with respect
+ * to the student's logits (the teacher's get none):
+ *   dloss/ds_ij = c / tau (g_ij - q_ij sum_k g_ik),  g = dd_i/dX: beta 0: -p; beta 1: q (X - Y + 1);
+ *   else (1 - beta) q (X - log m); c = 1 / count for the mean, else 1
+ * (beta 0: c / tau (q_ij - p_ij)). -inf logits follow PyTorch: a class whose probability is 0
+ * adds nothing to a term it multiplies, so a class -inf on both sides adds nothing; a class with
+ * p > 0 where q = 0 makes the forward KL +inf (and q > 0 where p = 0 the reverse KL), and 0 < beta
+ * < 1 stays finite. A row whose logits are all -inf on either side, and +inf or NaN logits, give
+ * NaN. Deterministic: every sum runs in a fixed order.
+ */
+
+/* Options of both forms. A zero-initialised struct gives the defaults. */
+typedef struct llmcl_distill_options {
+    float beta;                   /* in [0, 1]; default 0, the forward KL; 0.5 the JSD */
+    float temperature;            /* tau > 0, finite; 0: 1 */
+    llmcl_ce_reduction reduction; /* default mean */
+    int use_ignore_index;         /* 0: ignore_index is -100; 1: use the field below */
+    int64_t ignore_index;         /* labels equal to it mark rows that do not count */
+    float grad_scale;             /* the gradients are those of grad_scale x the loss; 0: 1 */
+    uint64_t chunk_bytes;         /* linear form: scratch budget per chunk; 0: 256 MiB */
+    int64_t chunk_rows;           /* linear form: tokens per chunk; 0: from chunk_bytes */
+    int accumulate_weight_grad;   /* linear form: 1 adds dweight to its contents (gradient
+                                     accumulation), 0 overwrites it */
+} llmcl_distill_options;
+
+/*
+ * The divergence on materialised logits: student and teacher [..., V] (f32, bf16 or f16, each its
+ * own; leading dimensions flattened to the same N rows, unit stride along V), labels optional (I32
+ * or I64, N elements, contiguous; NULL: every row counts). Writes loss (f32, 1 element for mean
+ * and sum, N for none, contiguous) and optionally dstudent (the gradient in student's dtype: either
+ * student itself, same view, for in place, or a tensor of its shape that overlaps no input). Reads
+ * both rows once for their LSEs and once more for the divergence, which writes the gradient at
+ * beta 0; other betas read them a third time for it. Extra memory O(N).
+ */
+LLMCL_API llmcl_status llmcl_distill_forward(llmcl_ctx *ctx, const llmcl_tensor *student,
+                                             const llmcl_tensor *teacher,
+                                             const llmcl_tensor *labels,
+                                             const llmcl_distill_options *opts,
+                                             llmcl_tensor *loss, llmcl_tensor *dstudent);
+
+/*
+ * Linear distillation chunked over tokens (Liger's fused linear JSD): student logits = hidden
+ * [N, H] x weight [V, H]^T and teacher logits = teacher_hidden [N, Ht] x teacher_weight [V, Ht]^T
+ * (each pair of one float dtype, unit stride along H), then the divergence of
+ * llmcl_distill_forward with the gradients computed in the same call: dhidden (f32 [N, H]) and
+ * dweight (f32 [V, H]), each optional. Per chunk of tokens, through llmcl_matmul (tensor cores
+ * where the device has them): both chunks' f32 logits, the row kernel writing the student's
+ * dlogits (in place, or rounded to hidden's dtype when that is 16-bit), then dhidden = G W and
+ * dweight (+)= G^T hidden. Extra device memory: two chunks of f32 logits (and one of 16-bit
+ * dlogits for 16-bit inputs) within opts->chunk_bytes unless opts->chunk_rows gives the tokens.
+ */
+LLMCL_API llmcl_status llmcl_linear_distill_forward(
+    llmcl_ctx *ctx, const llmcl_tensor *hidden, const llmcl_tensor *weight,
+    const llmcl_tensor *teacher_hidden, const llmcl_tensor *teacher_weight,
+    const llmcl_tensor *labels, const llmcl_distill_options *opts, llmcl_tensor *loss,
+    llmcl_tensor *dhidden, llmcl_tensor *dweight);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* safetensors files: Hugging Face's checkpoint format, read memory-mapped, written atomically.   */
 /*
  * A file is an 8-byte little-endian header length N, N bytes of JSON mapping each tensor name to

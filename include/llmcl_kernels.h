@@ -61,6 +61,9 @@
 #define LLMCL_KEY_CCE_BWD_DW "cce_bwd_dw"
 #define LLMCL_KEY_CCE_SPLIT "cce_split" /* host side: vocabulary splits of cce_fwd */
 
+#define LLMCL_FAMILY_DISTILL "distill"
+#define LLMCL_KEY_DISTILL_ROWS "distill_rows"
+
 #define LLMCL_FAMILY_MATMUL "matmul"
 #define LLMCL_KEY_MM_WGMMA "mm_wgmma"
 #define LLMCL_KEY_MM_WGMMA_AT "mm_wgmma_at" /* wgmma with a transposed */
@@ -117,6 +120,7 @@
     X(LLMCL_FAMILY_CROSS_ENTROPY, LLMCL_KEY_CCE_BWD_DH)                                           \
     X(LLMCL_FAMILY_CROSS_ENTROPY, LLMCL_KEY_CCE_BWD_DW)                                           \
     X(LLMCL_FAMILY_CROSS_ENTROPY, LLMCL_KEY_CCE_SPLIT)                                            \
+    X(LLMCL_FAMILY_DISTILL, LLMCL_KEY_DISTILL_ROWS)                                               \
     X(LLMCL_FAMILY_MATMUL, LLMCL_KEY_MM_WGMMA)                                                    \
     X(LLMCL_FAMILY_MATMUL, LLMCL_KEY_MM_WGMMA_AT)                                                 \
     X(LLMCL_FAMILY_MATMUL, LLMCL_KEY_MM_MMA)                                                      \

@@ -1,0 +1,311 @@
+/*
+ * distill.cl: distillation losses between a student's and a teacher's logits over V classes, the
+ * generalised Jensen-Shannon divergence of Liger Kernel's JSD (forward KL at beta 0, reverse KL
+ * at beta 1) at a temperature. The formulas are in include/llmcl.h. Host side:
+ * src/runtime/ops/distill.c.
+ *   distill_count   labels -> stats[0], the rows that count (the mean's divisor)
+ *   distill_rows    one work-group per row: both LSEs online, the row's divergence, the gradient
+ *   distill_finish  per-row divergences -> the loss (mean or sum in a fixed order)
+ *
+ * Within a row, with X and Y the student's and the teacher's log-probabilities (logits times
+ * 1 / tau minus their LSE), q = exp(X), p = exp(Y) and log m = log(beta p + (1 - beta) q), class j
+ * adds l_j to the row's divergence and g_j = dl/dX_j to its gradient:
+ *   mode 0 (beta 0)  l = p (Y - X),                          g = -p
+ *   mode 1 (beta 1)  l = q (X - Y),                          g = l + q
+ *   mode 2           l = beta p (Y - log m) + (1 - beta) q (X - log m),   g = (1 - beta) q (X - log m)
+ * and the gradient on the student's logits is c gs / tau (g_j - q_j S), S = sum_j g_j, c = 1 /
+ * count for the mean (0 when nothing counts), else 1. The first walk of a row takes both LSEs
+ * online, and with them both KLs as weighted means (KL(p || q) = sum_j p_j (xt_j - xs_j) + lse_s
+ * - lse_t, xs and xt the scaled logits), so that modes 0 and 1 have their loss there; their
+ * gradients, c gs / tau (q - p) and c gs / tau q (X - Y - KL) (sum_j q_j = 1), take a second walk.
+ * Mode 2 walks a second time for its loss and S, and a third for the gradient.
+ * A factor of 0 (p or q of a -inf logit) zeroes its term even where the other factor is infinite,
+ * so classes past V are read as -inf logits on both sides and add nothing: every walk is in
+ * chunks of eight.
+ *
+ * Defines: MODE (0, 1, 2: each program holds one form); S_DT, T_DT, DS_DT the storage of
+ * student, teacher and dstudent (F32, BF16, F16; default F32, S_DT, S_DT); LABEL_DT (I32, I64);
+ * ALIGNED (host side: 1 where every row of student, teacher and dstudent starts on 16 bytes, so
+ * whole chunks are single 16-byte accesses). Tunables: WG the work-group size (a power of two,
+ * default 256); UNROLL chunks of eight loaded per loop trip (1, 2, 4; default 2). Tuning key
+ * "distill_rows" (WG, UNROLL; shape class from V).
+ */
+
+#ifndef S_DT
+#define S_DT F32
+#endif
+#ifndef T_DT
+#define T_DT S_DT
+#endif
+#ifndef DS_DT
+#define DS_DT S_DT
+#endif
+#ifndef LABEL_DT
+#define LABEL_DT I64
+#endif
+#ifndef WG
+#define WG 256
+#endif
+#ifndef UNROLL
+#define UNROLL 2
+#endif
+#ifndef ALIGNED
+#define ALIGNED 1
+#endif
+#ifndef MODE
+#define MODE 2
+#endif
+
+typedef STORAGE(S_DT) s_t;
+typedef STORAGE(T_DT) t_t;
+typedef STORAGE(DS_DT) ds_t;
+typedef STORAGE(LABEL_DT) label_t;
+
+/*
+ * Elements j0 .. j0 + 7 of the row at element base of p, -inf past V; and their store. Lanes past
+ * V load element V - 1 and drop it, without a branch: PoCL's work-group compiler took minutes
+ * over a branch a lane.
+ */
+#define LANE_IN(DT, k) select(-INFINITY, LOAD(DT, p, base + min(j0 + (k), V - 1)), j0 + (k) < V)
+#define LANE_OUT(DT, k, c)                                                                        \
+    if (j0 + (k) < V)                                                                             \
+        STORE(DT, p, base + j0 + (k), v.c);
+#define DEF_CHUNK_IO(DT, ST)                                                                      \
+    inline float8 chunk_##DT(const __global ST *p, long base, long j0, long V)                    \
+    {                                                                                             \
+        if (ALIGNED && j0 + 8 <= V)                                                               \
+            return load8_##DT(p, base + j0);                                                      \
+        return (float8)(LANE_IN(DT, 0), LANE_IN(DT, 1), LANE_IN(DT, 2), LANE_IN(DT, 3),           \
+                        LANE_IN(DT, 4), LANE_IN(DT, 5), LANE_IN(DT, 6), LANE_IN(DT, 7));          \
+    }                                                                                             \
+    inline void chunk_store_##DT(__global ST *p, long base, long j0, long V, float8 v)            \
+    {                                                                                             \
+        if (ALIGNED && j0 + 8 <= V) {                                                             \
+            store8_##DT(p, base + j0, v);                                                         \
+            return;                                                                               \
+        }                                                                                         \
+        LANE_OUT(DT, 0, s0) LANE_OUT(DT, 1, s1) LANE_OUT(DT, 2, s2) LANE_OUT(DT, 3, s3)           \
+        LANE_OUT(DT, 4, s4) LANE_OUT(DT, 5, s5) LANE_OUT(DT, 6, s6) LANE_OUT(DT, 7, s7)           \
+    }
+DEF_CHUNK_IO(F32, float)
+DEF_CHUNK_IO(BF16, ushort)
+DEF_CHUNK_IO(F16, ushort)
+
+#define S_CHUNK(j0) LLMCL_CAT(chunk_, S_DT)(s, sbase, (j0), V)
+#define T_CHUNK(j0) LLMCL_CAT(chunk_, T_DT)(t, tbase, (j0), V)
+#define DS_STORE(j0, v) LLMCL_CAT(chunk_store_, DS_DT)(ds, dsbase, (j0), V, (v))
+
+inline float8 mul0_8(float8 a, float8 b)
+{
+    return select(a * b, (float8)(0.0f), a == (float8)(0.0f));
+}
+
+/*
+ * Online logsumexp of eight more values x with a weighted sum: running max m (from -FLT_MAX),
+ * l = sum exp(x - m) and a = sum exp(x - m) d, rescaled together when m grows (a class of
+ * probability 0 adds nothing to a, even where d is infinite).
+ */
+inline void online8(float *m, float *l, float *a, float8 x, float8 d)
+{
+    const float mc = hmax8(x);
+    if (mc > *m) {
+        const float r = exp(*m - mc);
+        *l *= r;
+        *a *= r;
+        *m = mc;
+    }
+    const float8 e = exp(x - *m);
+    *l += hsum8(e);
+    *a += hsum8(mul0_8(e, d));
+}
+
+/* Two online states (m, l, a) of (s0, s1, s2) and (s3, s4, s5) merged: the larger m, the sums
+   rescaled to it. */
+inline float8 merge_states(float8 x, float8 y)
+{
+    const float ms = fmax(x.s0, y.s0), mt = fmax(x.s3, y.s3);
+    const float2 rs = exp((float2)(x.s0, y.s0) - ms), rt = exp((float2)(x.s3, y.s3) - mt);
+    return (float8)(ms, x.s1 * rs.x + y.s1 * rs.y, x.s2 * rs.x + y.s2 * rs.y, mt,
+                    x.s4 * rt.x + y.s4 * rt.y, x.s5 * rt.x + y.s5 * rt.y, 0.0f, 0.0f);
+}
+
+/*
+ * Both streams' online states merged over the work-group in one tree, a fixed order: (lse_s,
+ * as / ls, lse_t, at / lt). One loop of barriers rather than six reductions: PoCL's work-group
+ * compiler took minutes over a kernel of eight.
+ */
+inline float4 online_merge(float8 st, __local float8 *sc)
+{
+    const int lid = get_local_id(0);
+    sc[lid] = st;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int h = WG / 2; h > 0; h >>= 1) {
+        if (lid < h)
+            sc[lid] = merge_states(sc[lid], sc[lid + h]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float8 r = sc[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return (float4)(r.s0 + log(r.s1), r.s2 / r.s1, r.s3 + log(r.s4), r.s5 / r.s4);
+}
+
+/* Two sums over the work-group in one tree, a fixed order. */
+inline float2 wg_sum2(float2 v, __local float2 *sc)
+{
+    const int lid = get_local_id(0);
+    sc[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int h = WG / 2; h > 0; h >>= 1) {
+        if (lid < h)
+            sc[lid] += sc[lid + h];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return sc[0];
+}
+
+/* Mode 2's l and g (the header) of eight classes; lb = log beta, l1b = log(1 - beta). */
+inline float8 jsd8(float8 X, float8 Y, float beta, float lb, float l1b, float8 *g)
+{
+    const float8 q = exp(X), p = exp(Y);
+    const float8 a = lb + Y, b = l1b + X, hi = fmax(a, b);
+    const float8 lm = select(hi + log1p(exp(fmin(a, b) - hi)), (float8)(-INFINITY),
+                             hi == (float8)(-INFINITY));
+    const float8 gq = mul0_8(q, X - lm);
+    *g = (1.0f - beta) * gq;
+    return beta * mul0_8(p, Y - lm) + *g;
+}
+
+/*
+ * A work-item's chunks of a row, UNROLL loaded before any is used, then BODY for each (with xs,
+ * xt the scaled logits and j0 the chunk's first class); rev walks them last first, so that a
+ * second walk starts on what the first left in the cache. NVIDIA's OpenCL C takes no variadic
+ * macros: a BODY has no comma outside parentheses.
+ */
+#define FOR_CHUNKS(rev, BODY)                                                                     \
+    do {                                                                                          \
+        const long nb_ = (nk + (long)WG * UNROLL - 1) / ((long)WG * UNROLL);                      \
+        for (long i_ = 0; i_ < nb_; ++i_) {                                                       \
+            const long k_ = ((rev) ? nb_ - 1 - i_ : i_) * WG * UNROLL + get_local_id(0);          \
+            float8 sv_[UNROLL], tv_[UNROLL];                                                      \
+            _Pragma("unroll") for (int u_ = 0; u_ < UNROLL; ++u_)                                 \
+            {                                                                                     \
+                const long kk_ = k_ + (long)u_ * WG;                                              \
+                if (kk_ < nk) {                                                                   \
+                    sv_[u_] = S_CHUNK(8 * kk_);                                                   \
+                    tv_[u_] = T_CHUNK(8 * kk_);                                                   \
+                }                                                                                 \
+            }                                                                                     \
+            _Pragma("unroll") for (int u_ = 0; u_ < UNROLL; ++u_)                                 \
+            {                                                                                     \
+                const long j0 = 8 * (k_ + (long)u_ * WG);                                         \
+                if (j0 >= 8 * nk)                                                                 \
+                    break;                                                                        \
+                const float8 xs = sv_[u_] * inv_tau, xt = tv_[u_] * inv_tau;                      \
+                BODY                                                                              \
+            }                                                                                     \
+        }                                                                                         \
+    } while (0)
+
+/* One work-group of WG: stats[0] = the rows whose label is not ignore_index (all without). */
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
+distill_count(int has_labels, const __global label_t *labels, ulong loff, long n,
+              long ignore_index, __global int *stats)
+{
+    __local int total;
+    if (get_local_id(0) == 0)
+        total = 0;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int count = 0; /* n < 2^31 (the host checks) */
+    for (long i = get_local_id(0); i < n; i += WG)
+        count += !has_labels || LOAD(LABEL_DT, labels, loff + i) != ignore_index;
+    atomic_add(&total, count); /* an integer sum: the same in any order */
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (get_local_id(0) == 0)
+        stats[0] = total;
+}
+
+/*
+ * Row r of this launch is row row0 + r of the call (labels, rows[]). rows[row] = its divergence
+ * (0 when ignored). With grad set the work-group then writes dstudent into ds, which may be s
+ * itself: every element is read by the work-item that overwrites it.
+ */
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
+distill_rows(const __global s_t *s, ulong soff, long sstride, const __global t_t *t,
+             ulong toff, long tstride, long V, int has_labels, const __global label_t *labels,
+             ulong loff, long row0, long ignore_index, const __global int *stats, int reduction,
+             float gs, float inv_tau, float beta, __global float *rows, ulong rowsoff, int grad,
+             __global ds_t *ds, ulong dsoff, long dsstride)
+{
+    __local float8 scratch[WG];
+    const long r = get_group_id(0), row = row0 + r, nk = (V + 7) / 8;
+    const long sbase = soff + r * sstride, tbase = toff + r * tstride, dsbase = dsoff + r * dsstride;
+    const bool live = !has_labels || LOAD(LABEL_DT, labels, loff + row) != ignore_index;
+    if (!live) {
+        if (get_local_id(0) == 0)
+            rows[rowsoff + row] = 0.0f;
+        if (grad)
+            for (long k = get_local_id(0); k < nk; k += WG)
+                DS_STORE(8 * k, (float8)(0.0f));
+        return;
+    }
+
+    /* Both LSEs, and the KLs as weighted means: KL(p || q) = sum_j p_j (xt_j - xs_j) + lse_s -
+       lse_t, and KL(q || p) likewise, so that beta 0 and 1 have their loss in this one walk. */
+    float ms = -FLT_MAX, ls = 0.0f, as = 0.0f, mt = -FLT_MAX, lt = 0.0f, at = 0.0f;
+    FOR_CHUNKS(false, {
+        online8(&ms, &ls, &as, xs, xs - xt);
+        online8(&mt, &lt, &at, xt, xt - xs);
+    });
+    const float4 e = online_merge((float8)(ms, ls, as, mt, lt, at, 0.0f, 0.0f), scratch);
+    const float lse_s = e.x, lse_t = e.z;
+    const float kl = MODE == 0 ? e.w + lse_s - lse_t : e.y + lse_t - lse_s;
+
+    const int count = stats[0];
+    const float c = reduction == 0 ? (count > 0 ? 1.0f / (float)count : 0.0f) : 1.0f;
+    const float f = c * gs * inv_tau;
+#if MODE != 2
+    if (get_local_id(0) == 0)
+        rows[rowsoff + row] = kl;
+    /* beta 0: f (q - p); beta 1: f q (X - Y - KL), the header's g - q S with sum_j q_j = 1 */
+    if (grad)
+        FOR_CHUNKS(true, {
+            const float8 q = exp(xs - lse_s);
+            const float8 p = exp(xt - lse_t);
+            DS_STORE(j0, f * (MODE == 0 ? q - p : mul0_8(q, (xs - lse_s) - (xt - lse_t) - kl)));
+        });
+#else
+    const float lb = log(beta), l1b = log1p(-beta);
+    float lsum = 0.0f, gsum = 0.0f;
+    FOR_CHUNKS(true, {
+        float8 g;
+        lsum += hsum8(jsd8(xs - lse_s, xt - lse_t, beta, lb, l1b, &g));
+        gsum += hsum8(g);
+    });
+    const float2 sums = wg_sum2((float2)(lsum, gsum), (__local float2 *)scratch);
+    const float S = sums.y;
+    if (get_local_id(0) == 0)
+        rows[rowsoff + row] = sums.x;
+    if (grad)
+        FOR_CHUNKS(false, {
+            float8 g;
+            jsd8(xs - lse_s, xt - lse_t, beta, lb, l1b, &g);
+            DS_STORE(j0, f * (g - mul0_8(exp(xs - lse_s), (float8)(S))));
+        });
+#endif
+}
+
+/* One work-group of WG: loss = the sum of rows[0, n) in a fixed order, over count for the mean. */
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
+distill_finish(const __global float *rows, long n, const __global int *stats, int reduction,
+               __global float *loss, ulong lossoff)
+{
+    __local float scratch[WG];
+    float a = 0.0f;
+    for (long i = get_local_id(0); i < n; i += WG)
+        a += rows[i];
+    a = wg_sum(a, scratch);
+    if (get_local_id(0) == 0) {
+        const int count = stats[0];
+        loss[lossoff] = reduction != 0 ? a : count > 0 ? a / (float)count : 0.0f;
+    }
+}
