@@ -24,6 +24,7 @@ static const family families[] = {
     {"glu", bench_glu},
     {"attention", bench_attention},
     {"cross_entropy", bench_cross_entropy},
+    {"distill", bench_distill},
     {"matmul", bench_matmul},
     {"offload", bench_offload},
     {"optim", bench_optim},

@@ -84,6 +84,7 @@ void bench_rope(bench_env *env);
 void bench_glu(bench_env *env);
 void bench_attention(bench_env *env);
 void bench_cross_entropy(bench_env *env);
+void bench_distill(bench_env *env);
 void bench_matmul(bench_env *env);
 void bench_offload(bench_env *env);
 void bench_optim(bench_env *env);

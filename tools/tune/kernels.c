@@ -356,7 +356,8 @@ static llmcl_status run_layernorm_bwd(llmcl_ctx *ctx, llmcl_tensor *const *t, co
 
 /*
  * ---- cross_entropy.cl: the row kernels of path 1 (size key V) and the fused tiles of path 3
- * (cce_fwd and cce_bwd_dw: V; cce_bwd_dh: N). O is a dim of size 1 for the loss.
+ * (cce_fwd and cce_bwd_dw: V; cce_bwd_dh: N), and distill.cl's row kernel (V), whose walks over
+ * a row take the same tunables. O is a dim of size 1 for the loss.
  */
 
 #define CE_ROWS "WG=64,128,256,512,1024 UNROLL=1,2,4"
@@ -371,6 +372,14 @@ static llmcl_status run_ce_rows(llmcl_ctx *ctx, llmcl_tensor *const *t, const tu
     (void)c;
     const llmcl_ce_options o = {0};
     return llmcl_cross_entropy_forward(ctx, t[0], t[1], &o, t[2], NULL, t[3], t[0]);
+}
+
+/* distill.cl's row kernel at the JSD (beta 0.5, a third walk for the gradient), in place. */
+static llmcl_status run_distill_rows(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
+{
+    (void)c;
+    const llmcl_distill_options o = {.beta = 0.5f};
+    return llmcl_distill_forward(ctx, t[0], t[1], NULL, &o, t[2], t[0]);
 }
 
 static llmcl_status run_cce_fwd(llmcl_ctx *ctx, llmcl_tensor *const *t, const tune_case *c)
@@ -694,6 +703,12 @@ const tune_kernel tune_kernels[] = {
      .params = CCE_TILES, .dtypes = F32 | BF16,
      .size_key = "V", .shapes = CCE_SHAPES, .small_shapes = CCE_SMALL, .tensors = CCE_BWD_TENSORS,
      .run = run_cce_bwd, .tol_scale = 4},
+    {.key = LLMCL_KEY_DISTILL_ROWS, .family = LLMCL_FAMILY_DISTILL,
+     .params = CE_ROWS, .dtypes = F32 | BF16,
+     .size_key = "V", .shapes = CE_ROW_SHAPES, .small_shapes = CE_ROW_SMALL,
+     .tensors = {{"student", TUNE_INOUT, "N,V"}, {"teacher", TUNE_IN, "N,V"},
+                 {"loss", TUNE_OUT, "O", TUNE_DT(LLMCL_F32)}},
+     .run = run_distill_rows},
     {.key = LLMCL_KEY_MM_WGMMA, .family = LLMCL_FAMILY_MATMUL,
      .params = MM_WGMMA_TILES, .dtypes = BF16 | F16,
      .size_key_fn = mm_size_key, .shapes = MM_MMA_SHAPES, .small_shapes = MM_SMALL,

@@ -1,0 +1,162 @@
+/*
+ * bench_distill.c: llmcl-bench rows for the distillation losses. On materialised bf16 logits
+ * (GB/s over the student's and the teacher's logits read once, plus the gradient written in
+ * place): the loss alone, and the loss with the gradient at beta 0 (two walks of a row) and 0.5
+ * (three). The linear form at an 8B model's head (TFLOP/s of its products: both logits, dhidden
+ * and dweight), with its peak memory. A small problem is checked against the double reference.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "bench.h"
+#include "distill_ref.h"
+
+typedef struct distill_bench {
+    llmcl_tensor *s, *t, *loss;
+    llmcl_tensor *h, *w, *th, *tw, *dh, *dw;
+    llmcl_distill_options o;
+} distill_bench;
+
+static void bench_free(distill_bench *b)
+{
+    llmcl_tensor *all[] = {b->s, b->t, b->loss, b->h, b->w, b->th, b->tw, b->dh, b->dw};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
+        llmcl_tensor_destroy(all[i]);
+}
+
+static llmcl_status op_loss(llmcl_ctx *ctx, void *arg)
+{
+    distill_bench *b = arg;
+    return llmcl_distill_forward(ctx, b->s, b->t, NULL, &b->o, b->loss, NULL);
+}
+
+static llmcl_status op_grad(llmcl_ctx *ctx, void *arg)
+{
+    distill_bench *b = arg;
+    return llmcl_distill_forward(ctx, b->s, b->t, NULL, &b->o, b->loss, b->s);
+}
+
+static llmcl_status op_linear(llmcl_ctx *ctx, void *arg)
+{
+    distill_bench *b = arg;
+    return llmcl_linear_distill_forward(ctx, b->h, b->w, b->th, b->tw, NULL, &b->o, b->loss,
+                                        b->dh, b->dw);
+}
+
+static llmcl_status new_random(llmcl_ctx *ctx, llmcl_dtype dt, int64_t r, int64_t c, uint64_t seed,
+                               llmcl_tensor **out)
+{
+    const int64_t shape[2] = {r, c};
+    llmcl_status st = llmcl_tensor_create(ctx, dt, 2, shape, out);
+    return st == LLMCL_OK ? bench_upload_random(*out, seed) : st;
+}
+
+static llmcl_status download_f32(const llmcl_tensor *t, float *out)
+{
+    return llmcl_tensor_download(t, out, (size_t)llmcl_tensor_numel(t) * sizeof *out);
+}
+
+/* f32 logits [5, 1001] at beta 0.5 and tau 2 against ref_distill: 1 matched, 0 not. */
+static int check_small(bench_env *env)
+{
+    enum { N = 5, V = 1001 };
+    distill_bench b = {.o = {.beta = 0.5f, .temperature = 2.0f}};
+    const int64_t one = 1;
+    float *hs = malloc(2 * N * V * sizeof *hs), *hg = malloc(N * V * sizeof *hg), loss = NAN;
+    double *s = malloc(2 * N * V * sizeof *s), *g = malloc(N * V * sizeof *g), rl = NAN;
+    llmcl_tensor *ds = NULL;
+    int ok = 0;
+    if (hs && hg && s && g && new_random(env->ctx, LLMCL_F32, N, V, 5, &b.s) == LLMCL_OK &&
+        new_random(env->ctx, LLMCL_F32, N, V, 6, &b.t) == LLMCL_OK &&
+        new_random(env->ctx, LLMCL_F32, N, V, 7, &ds) == LLMCL_OK &&
+        llmcl_tensor_create(env->ctx, LLMCL_F32, 1, &one, &b.loss) == LLMCL_OK &&
+        llmcl_distill_forward(env->ctx, b.s, b.t, NULL, &b.o, b.loss, ds) == LLMCL_OK &&
+        download_f32(b.s, hs) == LLMCL_OK && download_f32(b.t, hs + N * V) == LLMCL_OK &&
+        download_f32(ds, hg) == LLMCL_OK && download_f32(b.loss, &loss) == LLMCL_OK) {
+        for (int i = 0; i < 2 * N * V; ++i)
+            s[i] = hs[i];
+        const ref_distill_opts ro = {0.5, 2.0, 0, -100, 1.0};
+        ref_distill(s, s + N * V, NULL, N, V, &ro, &rl, g);
+        double gmax = 0.0, gerr = 0.0;
+        for (int i = 0; i < N * V; ++i)
+            gmax = fmax(gmax, fabs(g[i])), gerr = fmax(gerr, fabs(g[i] - hg[i]));
+        ok = fabs(loss - rl) <= 1e-5 + 1e-4 * fabs(rl) && gerr <= 1e-4 * gmax;
+    }
+    free(hs), free(hg), free(s), free(g);
+    llmcl_tensor_destroy(ds);
+    bench_free(&b);
+    return ok;
+}
+
+static void logits_rows(bench_env *env, int check)
+{
+    const int64_t n = env->small ? 256 : 8192, v = env->small ? 32000 : 128256, one = 1;
+    distill_bench b = {0};
+    llmcl_status st = new_random(env->ctx, LLMCL_BF16, n, v, 1, &b.s);
+    if (st == LLMCL_OK)
+        st = new_random(env->ctx, LLMCL_BF16, n, v, 2, &b.t);
+    if (st == LLMCL_OK)
+        st = llmcl_tensor_create(env->ctx, LLMCL_F32, 1, &one, &b.loss);
+    if (st != LLMCL_OK) {
+        bench_fail(env, "distillation logits", st);
+        bench_free(&b);
+        return;
+    }
+    char shape[48], kl_shape[48];
+    snprintf(shape, sizeof shape, "N%lld V%lld beta .5", (long long)n, (long long)v);
+    snprintf(kl_shape, sizeof kl_shape, "N%lld V%lld beta 0", (long long)n, (long long)v);
+    const double in = 2.0 * 2.0 * (double)n * (double)v, out = 2.0 * (double)n * (double)v;
+    bench_add_timed(env, "distill", "fwd", "bf16", shape, in, op_loss, NULL, &b, check);
+    bench_add_timed(env, "distill", "fwd+bwd", "bf16", shape, in + out, op_grad, NULL,
+                    &b, check);
+    b.o.beta = 0.0f;
+    bench_add_timed(env, "distill", "fwd+bwd", "bf16", kl_shape, in + out, op_grad, NULL,
+                    &b, check);
+    bench_free(&b);
+}
+
+static void linear_row(bench_env *env)
+{
+    const int64_t n = env->small ? 256 : 8192, h = env->small ? 256 : 4096;
+    const int64_t v = env->small ? 4096 : 128256, one = 1;
+    const llmcl_dtype dt = llmcl_ctx_device_info(env->ctx)->has_mma ? LLMCL_BF16 : LLMCL_F32;
+    distill_bench b = {.o = {.beta = 0.5f}};
+    llmcl_status st = new_random(env->ctx, dt, n, h, 3, &b.h);
+    if (st == LLMCL_OK)
+        st = new_random(env->ctx, dt, v, h, 4, &b.w);
+    if (st == LLMCL_OK)
+        st = new_random(env->ctx, dt, n, h, 5, &b.th);
+    if (st == LLMCL_OK)
+        st = new_random(env->ctx, dt, v, h, 6, &b.tw);
+    if (st == LLMCL_OK)
+        st = new_random(env->ctx, LLMCL_F32, n, h, 7, &b.dh);
+    if (st == LLMCL_OK)
+        st = new_random(env->ctx, LLMCL_F32, v, h, 8, &b.dw);
+    if (st == LLMCL_OK)
+        st = llmcl_tensor_create(env->ctx, LLMCL_F32, 1, &one, &b.loss);
+    if (st != LLMCL_OK) {
+        bench_fail(env, "linear distillation", st);
+        bench_free(&b);
+        return;
+    }
+    bench_row r = {.kernel = "linear_distill", .direction = "fwd+bwd", .bytes = 0,
+                   .flops = 8.0 * (double)n * (double)v * (double)h, .on_mma = dt != LLMCL_F32,
+                   .check = -1};
+    snprintf(r.dtype, sizeof r.dtype, "%s", llmcl_dtype_name(dt));
+    snprintf(r.shape, sizeof r.shape, "N%lld H%lld V%lld beta .5", (long long)n, (long long)h,
+             (long long)v);
+    r.ms = bench_time(env, op_linear, &b);
+    if (r.ms >= 0) {
+        r.peak_mib = bench_peak_mib(env, op_linear, &b);
+        bench_add(env, &r);
+    }
+    bench_free(&b);
+}
+
+void bench_distill(bench_env *env)
+{
+    const int check = check_small(env);
+    logits_rows(env, check);
+    linear_row(env);
+}
