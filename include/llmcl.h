@@ -1102,7 +1102,7 @@ typedef struct llmcl_distill_options {
     int use_ignore_index;         /* 0: ignore_index is -100; 1: use the field below */
     int64_t ignore_index;         /* labels equal to it mark rows that do not count */
     float grad_scale;             /* the gradients are those of grad_scale x the loss; 0: 1 */
-    uint64_t chunk_bytes;         /* linear form: scratch budget per chunk; 0: 256 MiB */
+    uint64_t chunk_bytes;         /* linear form: scratch budget per chunk; 0: 2 GiB */
     int64_t chunk_rows;           /* linear form: tokens per chunk; 0: from chunk_bytes */
     int accumulate_weight_grad;   /* linear form: 1 adds dweight to its contents (gradient
                                      accumulation), 0 overwrites it */
@@ -1132,7 +1132,9 @@ LLMCL_API llmcl_status llmcl_distill_forward(llmcl_ctx *ctx, const llmcl_tensor 
  * where the device has them): both chunks' f32 logits, the row kernel writing the student's
  * dlogits (in place, or rounded to hidden's dtype when that is 16-bit), then dhidden = G W and
  * dweight (+)= G^T hidden. Extra device memory: two chunks of f32 logits (and one of 16-bit
- * dlogits for 16-bit inputs) within opts->chunk_bytes unless opts->chunk_rows gives the tokens.
+ * dlogits for 16-bit inputs) within opts->chunk_bytes (default 2 GiB: 1664 tokens at V 128256,
+ * whose weight-gradient products run at tensor-core speed where 128 tokens' do not) unless
+ * opts->chunk_rows gives the tokens.
  */
 LLMCL_API llmcl_status llmcl_linear_distill_forward(
     llmcl_ctx *ctx, const llmcl_tensor *hidden, const llmcl_tensor *weight,

@@ -1,9 +1,10 @@
 /*
  * bench_distill.c: llmcl-bench rows for the distillation losses. On materialised bf16 logits
  * (GB/s over the student's and the teacher's logits read once, plus the gradient written in
- * place): the loss alone, and the loss with the gradient at beta 0 (two walks of a row) and 0.5
- * (three). The linear form at an 8B model's head (TFLOP/s of its products: both logits, dhidden
- * and dweight), with its peak memory. A small problem is checked against the double reference.
+ * place): the loss alone and with the gradient, at beta 0.5 (two walks of a row, three with the
+ * gradient) and 0 (one, and two). The linear form at an 8B model's head (TFLOP/s of its
+ * products: both logits, dhidden and dweight) at the default scratch budget (2 GiB) and at
+ * 256 MiB, with its peak memory. A small problem is checked against the double reference.
  */
 #include <math.h>
 #include <stdio.h>
@@ -111,6 +112,7 @@ static void logits_rows(bench_env *env, int check)
     bench_add_timed(env, "distill", "fwd+bwd", "bf16", shape, in + out, op_grad, NULL,
                     &b, check);
     b.o.beta = 0.0f;
+    bench_add_timed(env, "distill", "fwd", "bf16", kl_shape, in, op_loss, NULL, &b, check);
     bench_add_timed(env, "distill", "fwd+bwd", "bf16", kl_shape, in + out, op_grad, NULL,
                     &b, check);
     bench_free(&b);
@@ -144,12 +146,16 @@ static void linear_row(bench_env *env)
                    .flops = 8.0 * (double)n * (double)v * (double)h, .on_mma = dt != LLMCL_F32,
                    .check = -1};
     snprintf(r.dtype, sizeof r.dtype, "%s", llmcl_dtype_name(dt));
-    snprintf(r.shape, sizeof r.shape, "N%lld H%lld V%lld beta .5", (long long)n, (long long)h,
-             (long long)v);
-    r.ms = bench_time(env, op_linear, &b);
-    if (r.ms >= 0) {
-        r.peak_mib = bench_peak_mib(env, op_linear, &b);
-        bench_add(env, &r);
+    /* the default scratch budget (2 GiB: 1664 tokens a chunk at V 128256), then 256 MiB */
+    for (int k = 0; k < 2; ++k) {
+        b.o.chunk_bytes = k ? 256ull << 20 : 0;
+        snprintf(r.shape, sizeof r.shape, "N%lld H%lld V%lld b.5%s", (long long)n,
+                 (long long)h, (long long)v, k ? " 256M" : "");
+        r.ms = bench_time(env, op_linear, &b);
+        if (r.ms >= 0) {
+            r.peak_mib = bench_peak_mib(env, op_linear, &b);
+            bench_add(env, &r);
+        }
     }
     bench_free(&b);
 }
