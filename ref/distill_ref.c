@@ -76,7 +76,8 @@ void ref_distill(const double *student, const double *teacher, const int64_t *la
         for (int64_t j = 0; j < v; ++j)
             sg += g[j];
         for (int64_t j = 0; j < v; ++j)
-            ds[j] = o->grad_scale * c / o->tau * (g[j] - (X[j] == -INFINITY ? 0.0 : exp(X[j]) * sg));
+            ds[j] =
+                o->grad_scale * c / o->tau * (g[j] - (X[j] == -INFINITY ? 0.0 : exp(X[j]) * sg));
     }
     if (o->reduction == 2)
         for (int64_t i = 0; i < n; ++i)

@@ -260,6 +260,19 @@ void th_download(const llmcl_tensor *t, double *values)
 
 /* ---- comparisons ---- */
 
+th_tol th_grad_tol(llmcl_dtype dtype, const double *ref, size_t n)
+{
+    const double m = th_max_abs(ref, n);
+    switch (dtype) {
+    case LLMCL_BF16:
+        return (th_tol){8e-3 * m, 1.6e-2};
+    case LLMCL_F16:
+        return (th_tol){2e-3 * m, 4e-3};
+    default:
+        return (th_tol){2e-5 * m + 1e-12, 2e-4};
+    }
+}
+
 th_tol th_tol_for(llmcl_dtype dtype)
 {
     switch (dtype) {

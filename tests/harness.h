@@ -92,6 +92,9 @@ typedef struct th_tol {
 
 /* Default tolerance for outputs stored in dtype, with f32 math inside. */
 th_tol th_tol_for(llmcl_dtype dtype);
+/* Gradients over many terms stored in dtype: slack relative to the largest |ref|, plus dtype's
+   rounding. */
+th_tol th_grad_tol(llmcl_dtype dtype, const double *ref, size_t n);
 
 /*
  * Counts elements with |got - ref| > atol + rtol * |ref| (a NaN in got fails unless ref is NaN; inf

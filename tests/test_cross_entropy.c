@@ -100,20 +100,6 @@ static void ninf_apply(const ninf_spec *m, double *x, int64_t nx, int64_t v, int
 /* Loss values: f32 math over V terms. */
 static const th_tol loss_tol = {1e-4, 2e-4};
 
-/* Gradients stored in dt: absolute slack relative to the largest entry, plus dt's rounding. */
-static th_tol grad_tol(llmcl_dtype dt, const double *ref, size_t n)
-{
-    const double m = th_max_abs(ref, n);
-    switch (dt) {
-    case LLMCL_BF16:
-        return (th_tol){8e-3 * m, 1.6e-2};
-    case LLMCL_F16:
-        return (th_tol){2e-3 * m, 4e-3};
-    default:
-        return (th_tol){2e-5 * m, 2e-4};
-    }
-}
-
 /* ---- the reference itself: its gradient against central differences of its loss ---- */
 
 static void test_ref_gradient(void **state)
@@ -195,7 +181,7 @@ static void check_case(const ce_case *c, const double *x, const int64_t *y, cons
     if (tg) {
         double *gg = th_download_new(tg);
         /* f32 resolves lse only to |logits| x 2^-24: p carries that relative error */
-        th_tol tol = grad_tol(c->dt, rg, (size_t)nv);
+        th_tol tol = th_grad_tol(c->dt, rg, (size_t)nv);
         tol.rtol += c->scale * 2.4e-7;
         tol.atol += c->scale * 2.4e-7 * th_max_abs(rg, (size_t)nv);
         TH_ASSERT_CLOSE("dlogits", rg, gg, (size_t)nv, tol);
@@ -423,7 +409,8 @@ static void test_ce_strided_rows(void **state)
     th_download(tl, &gl);
     th_download(view, gg);
     TH_ASSERT_CLOSE("loss", &rl, &gl, 1, loss_tol);
-    TH_ASSERT_CLOSE("dlogits", rg, gg, (size_t)(n * v), grad_tol(LLMCL_BF16, rg, (size_t)(n * v)));
+    TH_ASSERT_CLOSE("dlogits", rg, gg, (size_t)(n * v),
+                    th_grad_tol(LLMCL_BF16, rg, (size_t)(n * v)));
     for (int64_t i = 0; i < n; ++i) /* the gaps between rows are untouched */
         for (int64_t j = 0; j < ld; ++j)
             if (j < 3 || j >= 3 + v)
@@ -894,7 +881,7 @@ static void check_grad_scale_logits(const lin_problem *p, const ref_ce_opts *ro,
     TH_OK(llmcl_cross_entropy_forward(ctx, tx, p->ty, &o, tl, NULL, NULL, tg));
     double *gl = th_download_new(tl), *gg = th_download_new(tg);
     TH_ASSERT_CLOSE("loss (unscaled)", &loss, gl, 1, loss_tol);
-    TH_ASSERT_CLOSE("dlogits x grad_scale", g, gg, (size_t)nv, grad_tol(p->dt, g, (size_t)nv));
+    TH_ASSERT_CLOSE("dlogits x grad_scale", g, gg, (size_t)nv, th_grad_tol(p->dt, g, (size_t)nv));
     free(x), free(g), free(rows), free(gl), free(gg);
     llmcl_tensor_destroy(tx), llmcl_tensor_destroy(tg), llmcl_tensor_destroy(tl);
 }

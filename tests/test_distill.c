@@ -42,23 +42,10 @@ static llmcl_tensor *make_labels(th_rng *rng, int64_t n, int ignore_every, llmcl
 
 static const th_tol loss_tol = {1e-5, 2e-4};
 
-/* Gradients stored in dt: slack relative to the largest entry, plus dt's rounding. */
-static th_tol grad_tol(llmcl_dtype dt, const double *ref, size_t n)
-{
-    const double m = th_max_abs(ref, n);
-    switch (dt) {
-    case LLMCL_BF16:
-        return (th_tol){8e-3 * m, 1.6e-2};
-    case LLMCL_F16:
-        return (th_tol){2e-3 * m, 4e-3};
-    default:
-        return (th_tol){2e-5 * m + 1e-12, 2e-4};
-    }
-}
-
 static llmcl_distill_options opts_of(double beta, double tau, int reduction, double gs)
 {
-    return (llmcl_distill_options){.beta = (float)beta, .temperature = (float)tau,
+    return (llmcl_distill_options){.beta = (float)beta,
+                                   .temperature = (float)tau,
                                    .reduction = (llmcl_ce_reduction)reduction,
                                    .grad_scale = (float)gs};
 }
@@ -123,11 +110,11 @@ static void run_case(const dcase *c, uint64_t seed)
     double *s = random_logits(&rng, (size_t)(n * v), 2.0, c->sdt);
     double *t = random_logits(&rng, (size_t)(n * v), 2.0, c->tdt);
     int64_t *y = th_alloc((size_t)n * sizeof *y);
-    llmcl_tensor *lab = c->ignore_every >= 0
-                            ? make_labels(&rng, n, c->ignore_every,
-                                          seed % 2 ? LLMCL_I32 : LLMCL_I64, y)
-                            : NULL;
-    llmcl_tensor *st = th_tensor_from(c->sdt, 2, shape, s), *tt = th_tensor_from(c->tdt, 2, shape, t);
+    llmcl_tensor *lab = c->ignore_every >= 0 ? make_labels(&rng, n, c->ignore_every,
+                                                           seed % 2 ? LLMCL_I32 : LLMCL_I64, y)
+                                             : NULL;
+    llmcl_tensor *st = th_tensor_from(c->sdt, 2, shape, s),
+                 *tt = th_tensor_from(c->tdt, 2, shape, t);
     llmcl_tensor *ds = c->in_place ? st : th_tensor(c->sdt, 2, shape);
     const llmcl_distill_options o = opts_of(c->beta, c->tau, c->reduction, c->gs);
     llmcl_tensor *loss = loss_tensor(&o, n);
@@ -142,7 +129,7 @@ static void run_case(const dcase *c, uint64_t seed)
     snprintf(what, sizeof what, "loss n %lld v %lld beta %g tau %g red %d", (long long)n,
              (long long)v, c->beta, c->tau, c->reduction);
     TH_ASSERT_CLOSE(what, rl, gl, nl, loss_tol);
-    TH_ASSERT_CLOSE("dstudent", rg, gg, (size_t)(n * v), grad_tol(c->sdt, rg, (size_t)(n * v)));
+    TH_ASSERT_CLOSE("dstudent", rg, gg, (size_t)(n * v), th_grad_tol(c->sdt, rg, (size_t)(n * v)));
     free(s), free(t), free(y), free(rl), free(rg), free(gl), free(gg);
     if (!c->in_place)
         llmcl_tensor_destroy(ds);
@@ -183,7 +170,8 @@ static void test_distill_edges(void **state)
     const int64_t n = 4, v = 50, shape[2] = {n, v};
     double *s = random_logits(&rng, (size_t)(n * v), 3.0, LLMCL_F32);
     double *t = random_logits(&rng, (size_t)(n * v), 3.0, LLMCL_F32);
-    llmcl_tensor *st = th_tensor_from(LLMCL_F32, 2, shape, s), *tt = th_tensor_from(LLMCL_F32, 2, shape, t);
+    llmcl_tensor *st = th_tensor_from(LLMCL_F32, 2, shape, s),
+                 *tt = th_tensor_from(LLMCL_F32, 2, shape, t);
     llmcl_distill_options o = opts_of(0.5, 1.0, 0, 1.0);
     llmcl_tensor *loss = loss_tensor(&o, n);
     TH_OK(llmcl_distill_forward(th_ctx(), st, tt, NULL, &o, loss, NULL));
@@ -223,14 +211,15 @@ static void test_distill_ninf(void **state)
     double *s = random_logits(&rng, (size_t)(n * v), 2.0, LLMCL_F32);
     double *t = random_logits(&rng, (size_t)(n * v), 2.0, LLMCL_F32);
     for (int64_t j = 0; j < v; j += 5)
-        s[j] = t[j] = -INFINITY;                  /* row 0: both sides */
-    s[v + 3] = -INFINITY;                         /* row 1: the student only */
-    t[2 * v + 4] = -INFINITY;                     /* row 2: the teacher only */
-    s[11] = 1e4, t[12] = -1e4;                    /* and large logits in row 0 */
+        s[j] = t[j] = -INFINITY; /* row 0: both sides */
+    s[v + 3] = -INFINITY;        /* row 1: the student only */
+    t[2 * v + 4] = -INFINITY;    /* row 2: the teacher only */
+    s[11] = 1e4, t[12] = -1e4;   /* and large logits in row 0 */
     const double betas[] = {0.0, 0.5, 1.0};
     for (int b = 0; b < 3; ++b) {
         llmcl_tensor *st = th_tensor_from(LLMCL_F32, 2, shape, s);
-        llmcl_tensor *tt = th_tensor_from(LLMCL_F32, 2, shape, t), *ds = th_tensor(LLMCL_F32, 2, shape);
+        llmcl_tensor *tt = th_tensor_from(LLMCL_F32, 2, shape, t),
+                     *ds = th_tensor(LLMCL_F32, 2, shape);
         const llmcl_distill_options o = opts_of(betas[b], 1.0, 2, 1.0);
         llmcl_tensor *loss = loss_tensor(&o, n);
         TH_OK(llmcl_distill_forward(th_ctx(), st, tt, NULL, &o, loss, ds));
@@ -245,7 +234,7 @@ static void test_distill_ninf(void **state)
         /* rows of finite divergence: every gradient; the infinite one's is undefined there.
            Row 0's logits of 1e4 carry f32's rounding at that size into X, Y and the KL. */
         for (int64_t i = 0; i < n; ++i) {
-            th_tol tol = grad_tol(LLMCL_F32, rg + i * v, (size_t)v);
+            th_tol tol = th_grad_tol(LLMCL_F32, rg + i * v, (size_t)v);
             tol.atol += i == 0 ? 4e4 * 0x1p-24 : 0.0;
             if (isfinite(rl[i]) || b == 0)
                 TH_ASSERT_CLOSE("-inf dstudent", rg + i * v, gg + i * v, (size_t)v, tol);
@@ -290,7 +279,7 @@ static void test_distill_strided(void **state)
         TH_ASSERT_CLOSE("strided loss", &rl, &got, 1, loss_tol);
         double *gg = th_download_new(dv), *whole = th_download_new(db);
         TH_ASSERT_CLOSE("strided dstudent", rg, gg, (size_t)(n * v),
-                        grad_tol(LLMCL_BF16, rg, (size_t)(n * v)));
+                        th_grad_tol(LLMCL_BF16, rg, (size_t)(n * v)));
         for (int64_t i = 0; i < n; ++i)
             for (int64_t j = 0; j < ws; ++j)
                 if (j < 8 || j >= 8 + v)
@@ -310,7 +299,8 @@ static void test_distill_repeat(void **state)
     const int64_t n = 16, v = 4099, shape[2] = {n, v};
     double *s = random_logits(&rng, (size_t)(n * v), 2.0, LLMCL_BF16);
     double *t = random_logits(&rng, (size_t)(n * v), 2.0, LLMCL_BF16);
-    llmcl_tensor *st = th_tensor_from(LLMCL_BF16, 2, shape, s), *tt = th_tensor_from(LLMCL_BF16, 2, shape, t);
+    llmcl_tensor *st = th_tensor_from(LLMCL_BF16, 2, shape, s),
+                 *tt = th_tensor_from(LLMCL_BF16, 2, shape, t);
     llmcl_tensor *ds = th_tensor(LLMCL_BF16, 2, shape);
     const llmcl_distill_options o = opts_of(0.5, 1.0, 0, 1.0);
     llmcl_tensor *loss = loss_tensor(&o, n);
@@ -367,15 +357,19 @@ static void test_distill_bad_args(void **state)
     llmcl_distill_options o;
 
     TH_FAILS(llmcl_distill_forward(NULL, s, t, NULL, &ok, loss, ds), LLMCL_ERROR_INVALID_ARGUMENT);
-    TH_FAILS(llmcl_distill_forward(ctx, NULL, t, NULL, &ok, loss, ds), LLMCL_ERROR_INVALID_ARGUMENT);
-    TH_FAILS(llmcl_distill_forward(ctx, s, NULL, NULL, &ok, loss, ds), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_distill_forward(ctx, NULL, t, NULL, &ok, loss, ds),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_distill_forward(ctx, s, NULL, NULL, &ok, loss, ds),
+             LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_distill_forward(ctx, s, t, NULL, &ok, NULL, ds), LLMCL_ERROR_INVALID_ARGUMENT);
     const float bad_beta[] = {-0.1f, 1.5f, NAN}, bad_tau[] = {-1.0f, INFINITY, NAN};
     for (int i = 0; i < 3; ++i) {
         o = ok, o.beta = bad_beta[i];
-        TH_FAILS(llmcl_distill_forward(ctx, s, t, NULL, &o, loss, ds), LLMCL_ERROR_INVALID_ARGUMENT);
+        TH_FAILS(llmcl_distill_forward(ctx, s, t, NULL, &o, loss, ds),
+                 LLMCL_ERROR_INVALID_ARGUMENT);
         o = ok, o.temperature = bad_tau[i];
-        TH_FAILS(llmcl_distill_forward(ctx, s, t, NULL, &o, loss, ds), LLMCL_ERROR_INVALID_ARGUMENT);
+        TH_FAILS(llmcl_distill_forward(ctx, s, t, NULL, &o, loss, ds),
+                 LLMCL_ERROR_INVALID_ARGUMENT);
     }
     o = ok, o.reduction = (llmcl_ce_reduction)7;
     TH_FAILS(llmcl_distill_forward(ctx, s, t, NULL, &o, loss, ds), LLMCL_ERROR_INVALID_ARGUMENT);
@@ -396,7 +390,8 @@ static void test_distill_bad_args(void **state)
     /* outputs over inputs: loss over the student, dstudent over the teacher or shifted a row */
     llmcl_tensor *s_first, *rows0, *rows1;
     TH_OK(llmcl_tensor_view(s, 1, &one, NULL, 7, &s_first));
-    TH_FAILS(llmcl_distill_forward(ctx, s, t, NULL, &ok, s_first, ds), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_distill_forward(ctx, s, t, NULL, &ok, s_first, ds),
+             LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_distill_forward(ctx, t5, t5, NULL, &ok, loss, t5), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_OK(llmcl_tensor_view(t5, 2, shape, NULL, 0, &rows0));
     TH_OK(llmcl_tensor_view(t5, 2, shape, NULL, 10, &rows1));
@@ -411,8 +406,8 @@ static void test_distill_bad_args(void **state)
     th_download(loss, &got);
     assert_true(isnan(got));
 
-    llmcl_tensor *all[] = {s,     t,     ds,   loss,    t11,   t5,    loss4, lossb,
-                           labf,  lab5,  dsb,  half,    s_first, rows0, rows1};
+    llmcl_tensor *all[] = {s,    t,    ds,  loss, t11,     t5,    loss4, lossb,
+                           labf, lab5, dsb, half, s_first, rows0, rows1};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
         llmcl_tensor_destroy(all[i]);
 }
@@ -459,10 +454,11 @@ static void run_linear(const lcase *c, uint64_t seed)
     double *tw = random_logits(&rng, (size_t)(v * ht), 0.3, c->tdt);
     double *dw0 = random_logits(&rng, (size_t)(v * h), 0.1, LLMCL_F32);
     int64_t *y = th_alloc((size_t)n * sizeof *y);
-    llmcl_tensor *lab = c->ignore_every >= 0 ? make_labels(&rng, n, c->ignore_every, LLMCL_I64, y)
-                                             : NULL;
+    llmcl_tensor *lab =
+        c->ignore_every >= 0 ? make_labels(&rng, n, c->ignore_every, LLMCL_I64, y) : NULL;
     llmcl_tensor *ht_ = th_tensor_from(c->dt, 2, hs, hid), *wt = th_tensor_from(c->dt, 2, ws, w);
-    llmcl_tensor *tht = th_tensor_from(c->tdt, 2, ths, th), *twt = th_tensor_from(c->tdt, 2, tws, tw);
+    llmcl_tensor *tht = th_tensor_from(c->tdt, 2, ths, th),
+                 *twt = th_tensor_from(c->tdt, 2, tws, tw);
     llmcl_tensor *dh = c->dh ? th_tensor(LLMCL_F32, 2, hs) : NULL;
     llmcl_tensor *dwt = c->dw ? th_tensor_from(LLMCL_F32, 2, ws, dw0) : NULL;
     llmcl_distill_options o = opts_of(c->beta, c->tau, c->reduction, 1.0);
@@ -471,7 +467,8 @@ static void run_linear(const lcase *c, uint64_t seed)
     llmcl_tensor *loss = loss_tensor(&o, n);
     TH_OK(llmcl_linear_distill_forward(th_ctx(), ht_, wt, tht, twt, lab, &o, loss, dh, dwt));
 
-    double *sl = th_alloc((size_t)(n * v) * sizeof *sl), *tl = th_alloc((size_t)(n * v) * sizeof *tl);
+    double *sl = th_alloc((size_t)(n * v) * sizeof *sl),
+           *tl = th_alloc((size_t)(n * v) * sizeof *tl);
     double *g = th_alloc((size_t)(n * v) * sizeof *g);
     ref_product_bt(hid, w, n, v, h, sl);
     ref_product_bt(th, tw, n, v, ht, tl);
@@ -578,11 +575,11 @@ int main(int argc, char **argv)
 {
     (void)argc, (void)argv;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ref_gradient),     cmocka_unit_test(test_distill_cases),
-        cmocka_unit_test(test_distill_edges),    cmocka_unit_test(test_distill_ninf),
-        cmocka_unit_test(test_distill_strided),  cmocka_unit_test(test_distill_repeat),
+        cmocka_unit_test(test_ref_gradient),       cmocka_unit_test(test_distill_cases),
+        cmocka_unit_test(test_distill_edges),      cmocka_unit_test(test_distill_ninf),
+        cmocka_unit_test(test_distill_strided),    cmocka_unit_test(test_distill_repeat),
         cmocka_unit_test(test_distill_loop_limit), cmocka_unit_test(test_distill_bad_args),
-        cmocka_unit_test(test_linear_distill),   cmocka_unit_test(test_linear_bad_args),
+        cmocka_unit_test(test_linear_distill),     cmocka_unit_test(test_linear_bad_args),
     };
     return TH_RUN(tests);
 }

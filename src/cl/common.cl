@@ -208,11 +208,13 @@ inline float warp_max(float v) { return warp_max_in(v, 32); }
 #endif
 
 /*
- * Work-group reductions over dimension 0. Every work-item receives the result. scratch holds at
- * least get_local_size(0) floats and may be reused right after the call returns.
+ * Work-group reductions over dimension 0, in a fixed order. Every work-item receives the result.
+ * scratch holds at least get_local_size(0) values of T and may be reused right after the call
+ * returns. LLMCL_WG_REDUCE_T makes one for any type and associative OP; LLMCL_WG_REDUCE one of
+ * floats, where WARP_OP may reduce each warp first.
  */
-#define LLMCL_WG_REDUCE(NAME, OP, WARP_OP)                                                        \
-    inline float NAME(float v, __local float *scratch)                                            \
+#define LLMCL_WG_REDUCE_T(NAME, T, OP, WARP_OP)                                                   \
+    inline T NAME(T v, __local T *scratch)                                                        \
     {                                                                                             \
         const uint lid = get_local_id(0), n = get_local_size(0);                                  \
         WARP_OP                                                                                   \
@@ -223,10 +225,11 @@ inline float warp_max(float v) { return warp_max_in(v, 32); }
                 scratch[lid] = OP(scratch[lid], scratch[lid + s]);                                \
             barrier(CLK_LOCAL_MEM_FENCE);                                                         \
         }                                                                                         \
-        const float r = scratch[0];                                                               \
+        const T r = scratch[0];                                                                   \
         barrier(CLK_LOCAL_MEM_FENCE);                                                             \
         return r;                                                                                 \
     }
+#define LLMCL_WG_REDUCE(NAME, OP, WARP_OP) LLMCL_WG_REDUCE_T(NAME, float, OP, WARP_OP)
 
 #define LLMCL_ADD(a, b) ((a) + (b))
 

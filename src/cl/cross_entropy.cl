@@ -276,35 +276,8 @@ inline ce_span ce_span_of(long base, long V, long sp, long ns)
 
 /* ---- integer work-group reductions for ce_prepare ---- */
 
-inline long wg_min_long(long v, __local long *scratch)
-{
-    const int lid = get_local_id(0);
-    scratch[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int st = WG / 2; st > 0; st >>= 1) {
-        if (lid < st)
-            scratch[lid] = min(scratch[lid], scratch[lid + st]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const long r = scratch[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
-
-inline long wg_sum_long(long v, __local long *scratch)
-{
-    const int lid = get_local_id(0);
-    scratch[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int st = WG / 2; st > 0; st >>= 1) {
-        if (lid < st)
-            scratch[lid] += scratch[lid + st];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const long r = scratch[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
+LLMCL_WG_REDUCE_T(wg_min_long, long, min, )
+LLMCL_WG_REDUCE_T(wg_sum_long, long, LLMCL_ADD, )
 
 /* One work-group of WG (a power of two): validates labels, counts and sums weights. */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void

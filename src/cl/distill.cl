@@ -10,9 +10,10 @@
  * Within a row, with X and Y the student's and the teacher's log-probabilities (logits times
  * 1 / tau minus their LSE), q = exp(X), p = exp(Y) and log m = log(beta p + (1 - beta) q), class j
  * adds l_j to the row's divergence and g_j = dl/dX_j to its gradient:
- *   mode 0 (beta 0)  l = p (Y - X),                          g = -p
- *   mode 1 (beta 1)  l = q (X - Y),                          g = l + q
- *   mode 2           l = beta p (Y - log m) + (1 - beta) q (X - log m),   g = (1 - beta) q (X - log m)
+ *   mode 0 (beta 0)  l = p (Y - X),  g = -p
+ *   mode 1 (beta 1)  l = q (X - Y),  g = l + q
+ *   mode 2           l = beta p (Y - log m) + (1 - beta) q (X - log m),
+ *                    g = (1 - beta) q (X - log m)
  * and the gradient on the student's logits is c gs / tau (g_j - q_j S), S = sum_j g_j, c = 1 /
  * count for the mean (0 when nothing counts), else 1. The first walk of a row takes both LSEs
  * online, and with them both KLs as weighted means (KL(p || q) = sum_j p_j (xt_j - xs_j) + lse_s
@@ -130,37 +131,18 @@ inline float8 merge_states(float8 x, float8 y)
 }
 
 /*
- * Both streams' online states merged over the work-group in one tree, a fixed order: (lse_s,
- * as / ls, lse_t, at / lt). One loop of barriers rather than six reductions: PoCL's work-group
- * compiler took minutes over a kernel of eight.
+ * Both streams' online states merged over the work-group in one tree, in a fixed order; and two
+ * sums in one. One loop of barriers for six values: PoCL's work-group compiler took minutes over
+ * a kernel of eight reductions.
  */
+LLMCL_WG_REDUCE_T(wg_merge_states, float8, merge_states, )
+LLMCL_WG_REDUCE_T(wg_sum2, float2, LLMCL_ADD, )
+
+/* (lse_s, as / ls, lse_t, at / lt) of the merged states. */
 inline float4 online_merge(float8 st, __local float8 *sc)
 {
-    const int lid = get_local_id(0);
-    sc[lid] = st;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int h = WG / 2; h > 0; h >>= 1) {
-        if (lid < h)
-            sc[lid] = merge_states(sc[lid], sc[lid + h]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float8 r = sc[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
+    const float8 r = wg_merge_states(st, sc);
     return (float4)(r.s0 + log(r.s1), r.s2 / r.s1, r.s3 + log(r.s4), r.s5 / r.s4);
-}
-
-/* Two sums over the work-group in one tree, a fixed order. */
-inline float2 wg_sum2(float2 v, __local float2 *sc)
-{
-    const int lid = get_local_id(0);
-    sc[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int h = WG / 2; h > 0; h >>= 1) {
-        if (lid < h)
-            sc[lid] += sc[lid + h];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    return sc[0];
 }
 
 /* Mode 2's l and g (the header) of eight classes; lb = log beta, l1b = log(1 - beta). */
@@ -238,7 +220,8 @@ distill_rows(const __global s_t *s, ulong soff, long sstride, const __global t_t
 {
     __local float8 scratch[WG];
     const long r = get_group_id(0), row = row0 + r, nk = (V + 7) / 8;
-    const long sbase = soff + r * sstride, tbase = toff + r * tstride, dsbase = dsoff + r * dsstride;
+    const long sbase = soff + r * sstride, tbase = toff + r * tstride;
+    const long dsbase = dsoff + r * dsstride;
     const bool live = !has_labels || LOAD(LABEL_DT, labels, loff + row) != ignore_index;
     if (!live) {
         if (get_local_id(0) == 0)

@@ -41,8 +41,8 @@ static llmcl_status op_grad(llmcl_ctx *ctx, void *arg)
 static llmcl_status op_linear(llmcl_ctx *ctx, void *arg)
 {
     distill_bench *b = arg;
-    return llmcl_linear_distill_forward(ctx, b->h, b->w, b->th, b->tw, NULL, &b->o, b->loss,
-                                        b->dh, b->dw);
+    return llmcl_linear_distill_forward(ctx, b->h, b->w, b->th, b->tw, NULL, &b->o, b->loss, b->dh,
+                                        b->dw);
 }
 
 static llmcl_status new_random(llmcl_ctx *ctx, llmcl_dtype dt, int64_t r, int64_t c, uint64_t seed,
@@ -109,12 +109,11 @@ static void logits_rows(bench_env *env, int check)
     snprintf(kl_shape, sizeof kl_shape, "N%lld V%lld beta 0", (long long)n, (long long)v);
     const double in = 2.0 * 2.0 * (double)n * (double)v, out = 2.0 * (double)n * (double)v;
     bench_add_timed(env, "distill", "fwd", "bf16", shape, in, op_loss, NULL, &b, check);
-    bench_add_timed(env, "distill", "fwd+bwd", "bf16", shape, in + out, op_grad, NULL,
-                    &b, check);
+    bench_add_timed(env, "distill", "fwd+bwd", "bf16", shape, in + out, op_grad, NULL, &b, check);
     b.o.beta = 0.0f;
     bench_add_timed(env, "distill", "fwd", "bf16", kl_shape, in, op_loss, NULL, &b, check);
-    bench_add_timed(env, "distill", "fwd+bwd", "bf16", kl_shape, in + out, op_grad, NULL,
-                    &b, check);
+    bench_add_timed(env, "distill", "fwd+bwd", "bf16", kl_shape, in + out, op_grad, NULL, &b,
+                    check);
     bench_free(&b);
 }
 
@@ -142,15 +141,18 @@ static void linear_row(bench_env *env)
         bench_free(&b);
         return;
     }
-    bench_row r = {.kernel = "linear_distill", .direction = "fwd+bwd", .bytes = 0,
-                   .flops = 8.0 * (double)n * (double)v * (double)h, .on_mma = dt != LLMCL_F32,
+    bench_row r = {.kernel = "linear_distill",
+                   .direction = "fwd+bwd",
+                   .bytes = 0,
+                   .flops = 8.0 * (double)n * (double)v * (double)h,
+                   .on_mma = dt != LLMCL_F32,
                    .check = -1};
     snprintf(r.dtype, sizeof r.dtype, "%s", llmcl_dtype_name(dt));
     /* the default scratch budget (2 GiB: 1664 tokens a chunk at V 128256), then 256 MiB */
     for (int k = 0; k < 2; ++k) {
         b.o.chunk_bytes = k ? 256ull << 20 : 0;
-        snprintf(r.shape, sizeof r.shape, "N%lld H%lld V%lld b.5%s", (long long)n,
-                 (long long)h, (long long)v, k ? " 256M" : "");
+        snprintf(r.shape, sizeof r.shape, "N%lld H%lld V%lld b.5%s", (long long)n, (long long)h,
+                 (long long)v, k ? " 256M" : "");
         r.ms = bench_time(env, op_linear, &b);
         if (r.ms >= 0) {
             r.peak_mib = bench_peak_mib(env, op_linear, &b);

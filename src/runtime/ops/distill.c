@@ -36,8 +36,7 @@ static void run_release(distill_run *r)
 
 /* ---- argument checks ---- */
 
-static llmcl_status check_options(llmcl_ctx *ctx, const llmcl_distill_options *opts,
-                                  distill_run *r)
+static llmcl_status check_options(llmcl_ctx *ctx, const llmcl_distill_options *opts, distill_run *r)
 {
     r->o = opts ? *opts : (llmcl_distill_options){0};
     const llmcl_distill_options *o = &r->o;
@@ -71,10 +70,10 @@ static llmcl_status check_labels_loss(llmcl_ctx *ctx, const distill_run *r, int6
     if (labels)
         LLMCL__TRY(llmcl__check_vec(ctx, labels, "labels", LLMCL__INT_DTYPES, n));
     LLMCL__TRY(llmcl__check_vec(ctx, loss, "loss", 1u << LLMCL_F32,
-                         r->o.reduction == LLMCL_CE_NONE ? n : 1));
+                                r->o.reduction == LLMCL_CE_NONE ? n : 1));
     for (int i = 0; i < n_ins; ++i)
-        LLMCL__REQUIRE(ctx, !ins[i] || !llmcl__overlaps(loss, ins[i]),
-                       LLMCL_ERROR_INVALID_ARGUMENT, "loss overlaps %s", names[i]);
+        LLMCL__REQUIRE(ctx, !ins[i] || !llmcl__overlaps(loss, ins[i]), LLMCL_ERROR_INVALID_ARGUMENT,
+                       "loss overlaps %s", names[i]);
     return LLMCL_OK;
 }
 
@@ -87,8 +86,8 @@ static void row_params(distill_run *r)
 {
     const llmcl_ctx *ctx = r->ctx;
     const uint64_t local = ctx->info.local_mem_static_bytes / DISTILL_LOCAL_PER_ITEM;
-    const uint64_t items = ctx->info.max_work_group_size < local ? ctx->info.max_work_group_size
-                                                                 : local;
+    const uint64_t items =
+        ctx->info.max_work_group_size < local ? ctx->info.max_work_group_size : local;
     const long wg_max = (long)llmcl__pow2_floor(items);
     const long wg = ctx->info.is_gpu ? 512 : 64, unroll = ctx->info.is_gpu ? 2 : 1;
     r->rp = (llmcl__params){0};
@@ -154,8 +153,8 @@ static void arg_buf(llmcl__args *a, cl_mem m) { llmcl__arg(a, sizeof m, &m); }
 static size_t wg_of(const distill_run *r) { return (size_t)llmcl__param_get(&r->rp, "WG", 64); }
 
 /* Picks the tunables, allocates the stats and per-row scratch and enqueues distill_count. */
-static llmcl_status run_begin(distill_run *r, llmcl_ctx *ctx, const llmcl_tensor *labels,
-                              int64_t n, int64_t v, llmcl_dtype s_dt, llmcl_dtype t_dt)
+static llmcl_status run_begin(distill_run *r, llmcl_ctx *ctx, const llmcl_tensor *labels, int64_t n,
+                              int64_t v, llmcl_dtype s_dt, llmcl_dtype t_dt)
 {
     r->ctx = ctx;
     r->labels = labels;
@@ -245,15 +244,16 @@ static llmcl_status run_finish(distill_run *r, llmcl_tensor *loss)
 static llmcl_status check_logits(llmcl_ctx *ctx, const llmcl_tensor *student,
                                  const llmcl_tensor *teacher, llmcl__rows *sr, llmcl__rows *tr)
 {
-    LLMCL__TRY(llmcl__check_tensor(ctx, student, "student", LLMCL__FLOAT_DTYPES, 1, LLMCL_MAX_DIMS));
-    LLMCL__TRY(llmcl__check_tensor(ctx, teacher, "teacher", LLMCL__FLOAT_DTYPES, 1, LLMCL_MAX_DIMS));
+    LLMCL__TRY(
+        llmcl__check_tensor(ctx, student, "student", LLMCL__FLOAT_DTYPES, 1, LLMCL_MAX_DIMS));
+    LLMCL__TRY(
+        llmcl__check_tensor(ctx, teacher, "teacher", LLMCL__FLOAT_DTYPES, 1, LLMCL_MAX_DIMS));
     LLMCL__TRY(llmcl__as_rows(ctx, student, "student", sr));
     LLMCL__TRY(llmcl__as_rows(ctx, teacher, "teacher", tr));
-    LLMCL__REQUIRE(ctx, sr->n_rows == tr->n_rows && sr->row_len == tr->row_len,
-                   LLMCL_ERROR_SHAPE_MISMATCH,
-                   "student has %lld rows of %lld logits but teacher %lld of %lld", 
-                   (long long)sr->n_rows, (long long)sr->row_len, (long long)tr->n_rows,
-                   (long long)tr->row_len);
+    LLMCL__REQUIRE(
+        ctx, sr->n_rows == tr->n_rows && sr->row_len == tr->row_len, LLMCL_ERROR_SHAPE_MISMATCH,
+        "student has %lld rows of %lld logits but teacher %lld of %lld", (long long)sr->n_rows,
+        (long long)sr->row_len, (long long)tr->n_rows, (long long)tr->row_len);
     LLMCL__REQUIRE(ctx, sr->n_rows >= 1 && sr->row_len >= 1 && sr->n_rows <= INT_MAX,
                    LLMCL_ERROR_SHAPE_MISMATCH,
                    "the logits must have 1 to 2^31-1 rows of V >= 1 (have %lld rows of %lld)",
@@ -267,8 +267,9 @@ static llmcl_status check_dstudent(llmcl_ctx *ctx, const llmcl_tensor *student,
                                    const llmcl_tensor *loss, const llmcl_tensor *ds,
                                    llmcl__rows *dr)
 {
-    LLMCL__REQUIRE(ctx, !llmcl__overlaps(ds, teacher) && (!labels || !llmcl__overlaps(ds, labels)) &&
-                            !llmcl__overlaps(ds, loss),
+    LLMCL__REQUIRE(ctx,
+                   !llmcl__overlaps(ds, teacher) && (!labels || !llmcl__overlaps(ds, labels)) &&
+                       !llmcl__overlaps(ds, loss),
                    LLMCL_ERROR_INVALID_ARGUMENT, "dstudent overlaps teacher, labels or loss");
     if (llmcl__same_view(student, ds))
         return LLMCL_OK;
@@ -300,14 +301,20 @@ llmcl_status llmcl_distill_forward(llmcl_ctx *ctx, const llmcl_tensor *student,
         LLMCL__TRY(check_dstudent(ctx, student, teacher, labels, loss, dstudent, &dr));
 
     llmcl_status st;
-    LLMCL__TRY_GOTO(st, run_begin(&r, ctx, labels, sr.n_rows, sr.row_len, student->dtype,
-                                  teacher->dtype),
-                    done);
-    const rows_job j = {.s = student->mem, .soff = student->offset, .sstride = sr.row_stride,
-                        .t = teacher->mem, .toff = teacher->offset, .tstride = tr.row_stride,
+    LLMCL__TRY_GOTO(
+        st, run_begin(&r, ctx, labels, sr.n_rows, sr.row_len, student->dtype, teacher->dtype),
+        done);
+    const rows_job j = {.s = student->mem,
+                        .soff = student->offset,
+                        .sstride = sr.row_stride,
+                        .t = teacher->mem,
+                        .toff = teacher->offset,
+                        .tstride = tr.row_stride,
                         .ds = dstudent ? dstudent->mem : NULL,
-                        .dsoff = dstudent ? dstudent->offset : 0, .dsstride = dr.row_stride,
-                        .nrows = sr.n_rows, .row0 = 0};
+                        .dsoff = dstudent ? dstudent->offset : 0,
+                        .dsstride = dr.row_stride,
+                        .nrows = sr.n_rows,
+                        .row0 = 0};
     LLMCL__TRY_GOTO(st, rows_run(&r, &j, loss, dstudent != NULL), done);
     st = run_finish(&r, loss);
 done:
@@ -352,8 +359,8 @@ static llmcl_status check_linear(llmcl_ctx *ctx, const llmcl_tensor *hidden,
     LLMCL__REQUIRE(ctx, out->h.n_rows >= 1 && out->h.n_rows <= INT_MAX && out->w.n_rows >= 1,
                    LLMCL_ERROR_SHAPE_MISMATCH, "hidden needs 1 to 2^31-1 rows and weight V >= 1");
     if (dhidden) {
-        LLMCL__TRY(llmcl__check_tensor(ctx, dhidden, "dhidden", 1u << LLMCL_F32, 1,
-                                       LLMCL_MAX_DIMS));
+        LLMCL__TRY(
+            llmcl__check_tensor(ctx, dhidden, "dhidden", 1u << LLMCL_F32, 1, LLMCL_MAX_DIMS));
         LLMCL__TRY(llmcl__check_same_shape(ctx, hidden, "hidden", dhidden, "dhidden"));
         LLMCL__TRY(llmcl__as_rows(ctx, dhidden, "dhidden", &out->dh));
     }
@@ -409,9 +416,8 @@ static llmcl_status chunk_grads(distill_run *r, const distill_linear *lin,
         LLMCL__TRY_GOTO(st, llmcl__rows_view(hidden, &lin->h, r0, rows, &hv), done);
         const bool acc = r0 > 0 || r->o.accumulate_weight_grad;
         const llmcl_matmul_opts transposed = {.trans_a = 1, .split_k = 1};
-        LLMCL__TRY_GOTO(st, llmcl_matmul(r->ctx, 1.0f, g, hv, acc ? 1.0f : 0.0f, dweight,
-                                         &transposed),
-                        done);
+        LLMCL__TRY_GOTO(
+            st, llmcl_matmul(r->ctx, 1.0f, g, hv, acc ? 1.0f : 0.0f, dweight, &transposed), done);
     }
     st = LLMCL_OK;
 done:
@@ -441,25 +447,23 @@ static void chunk_free(distill_chunk *c)
     llmcl_tensor_destroy(c->g16);
 }
 
-llmcl_status llmcl_linear_distill_forward(llmcl_ctx *ctx, const llmcl_tensor *hidden,
-                                          const llmcl_tensor *weight,
-                                          const llmcl_tensor *teacher_hidden,
-                                          const llmcl_tensor *teacher_weight,
-                                          const llmcl_tensor *labels,
-                                          const llmcl_distill_options *opts, llmcl_tensor *loss,
-                                          llmcl_tensor *dhidden, llmcl_tensor *dweight)
+llmcl_status
+llmcl_linear_distill_forward(llmcl_ctx *ctx, const llmcl_tensor *hidden, const llmcl_tensor *weight,
+                             const llmcl_tensor *teacher_hidden, const llmcl_tensor *teacher_weight,
+                             const llmcl_tensor *labels, const llmcl_distill_options *opts,
+                             llmcl_tensor *loss, llmcl_tensor *dhidden, llmcl_tensor *dweight)
 {
     LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
     distill_linear lin = {0};
-    LLMCL__TRY(check_linear(ctx, hidden, weight, teacher_hidden, teacher_weight, dhidden, dweight,
-                            &lin));
+    LLMCL__TRY(
+        check_linear(ctx, hidden, weight, teacher_hidden, teacher_weight, dhidden, dweight, &lin));
     const int64_t n = lin.h.n_rows, v = lin.w.n_rows;
     distill_run r = {0};
     LLMCL__TRY(check_options(ctx, opts, &r));
-    const llmcl_tensor *ins[] = {hidden, weight, teacher_hidden, teacher_weight, labels,
-                                 dhidden, dweight};
-    const char *names[] = {"hidden", "weight", "teacher_hidden", "teacher_weight", "labels",
-                           "dhidden", "dweight"};
+    const llmcl_tensor *ins[] = {hidden, weight,  teacher_hidden, teacher_weight,
+                                 labels, dhidden, dweight};
+    const char *names[] = {"hidden", "weight",  "teacher_hidden", "teacher_weight",
+                           "labels", "dhidden", "dweight"};
     LLMCL__TRY(check_labels_loss(ctx, &r, n, labels, loss, ins, names, 7));
     for (int i = 5; i < 7; ++i)
         for (int j = 0; j < 5; ++j)
@@ -478,26 +482,32 @@ llmcl_status llmcl_linear_distill_forward(llmcl_ctx *ctx, const llmcl_tensor *hi
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 2, shape, "teacher logits chunk", &ch.t),
                     done);
     if (g16)
-        LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, hidden->dtype, 2, shape, "16-bit dlogits chunk",
-                                           &ch.g16),
-                        done);
+        LLMCL__TRY_GOTO(
+            st, llmcl__scratch(ctx, hidden->dtype, 2, shape, "16-bit dlogits chunk", &ch.g16),
+            done);
     for (int64_t r0 = 0; r0 < n; r0 += c) {
         const int64_t rows = n - r0 < c ? n - r0 : c;
         LLMCL__TRY_GOTO(st, chunk_logits(ctx, hidden, &lin.h, weight, &lin.w, r0, rows, ch.s),
                         done);
-        LLMCL__TRY_GOTO(st, chunk_logits(ctx, teacher_hidden, &lin.th, teacher_weight, &lin.tw,
-                                         r0, rows, ch.t),
-                        done);
+        LLMCL__TRY_GOTO(
+            st, chunk_logits(ctx, teacher_hidden, &lin.th, teacher_weight, &lin.tw, r0, rows, ch.t),
+            done);
         const llmcl_tensor *g = g16 ? ch.g16 : ch.s;
-        const rows_job j = {.s = ch.s->mem, .soff = ch.s->offset, .sstride = v,
-                            .t = ch.t->mem, .toff = ch.t->offset, .tstride = v,
-                            .ds = g->mem, .dsoff = g->offset, .dsstride = v,
-                            .nrows = rows, .row0 = r0};
+        const rows_job j = {.s = ch.s->mem,
+                            .soff = ch.s->offset,
+                            .sstride = v,
+                            .t = ch.t->mem,
+                            .toff = ch.t->offset,
+                            .tstride = v,
+                            .ds = g->mem,
+                            .dsoff = g->offset,
+                            .dsstride = v,
+                            .nrows = rows,
+                            .row0 = r0};
         LLMCL__TRY_GOTO(st, rows_run(&r, &j, loss, grads), done);
         if (grads)
-            LLMCL__TRY_GOTO(st, chunk_grads(&r, &lin, hidden, weight, g, dhidden, dweight, r0,
-                                            rows),
-                            done);
+            LLMCL__TRY_GOTO(
+                st, chunk_grads(&r, &lin, hidden, weight, g, dhidden, dweight, r0, rows), done);
     }
     st = run_finish(&r, loss);
 done:
