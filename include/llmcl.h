@@ -1079,10 +1079,12 @@ LLMCL_API llmcl_status llmcl_fused_cross_entropy_backward(
  *   beta = 0:  d_i = KL(p || q) = sum_j p_j (Y_j - X_j)              (forward KL)
  *   beta = 1:  d_i = KL(q || p) = sum_j q_j (X_j - Y_j)              (reverse KL)
  *   else:      d_i = beta KL(p || m) + (1 - beta) KL(q || m),  m = beta p + (1 - beta) q
- * (beta 0.5 is the Jensen-Shannon divergence). No tau^2 factor is applied: Hinton's scaling is the
- * caller's (grad_scale scales the gradients, the loss is scaled by hand). Rows whose label is
- * ignore_index count for nothing: d_i = 0 and a zero gradient. Reductions: mean over the rows
- * that count (Liger's batchmean; 0 when none does), sum, none (d_i per row).
+ * (beta 0.5 is the Jensen-Shannon divergence). Log-probabilities serve as logits (log_softmax
+ * leaves them as they are at tau 1), so the log-probability inputs of Liger's JSD give its
+ * results. No tau^2 factor is applied: Hinton's scaling is the caller's (grad_scale scales the
+ * gradients, the loss is scaled by hand). Rows whose label is ignore_index count for nothing:
+ * d_i = 0 and a zero gradient. Reductions: mean over the rows that count (Liger's batchmean; 0
+ * when none does), sum, none (d_i per row).
  * Gradients are those of the reduced loss (for none, of sum_i d_i), times grad_scale, with respect
  * to the student's logits (the teacher's get none):
  *   dloss/ds_ij = c / tau (g_ij - q_ij sum_k g_ik),  g = dd_i/dX: beta 0: -p; beta 1: q (X - Y + 1);

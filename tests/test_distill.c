@@ -3,8 +3,8 @@
  * beta 0 (forward KL), 1 (reverse KL) and between, every reduction and temperature, mixed
  * dtypes, in place, strided and unaligned rows, V of 1 to 40000; the edge cases (every row
  * ignored, -inf classes, logits of +-1e4), repeatability, the loop budget of devices that cut
- * loops short, the linear form over several chunks with and without gradients, and every bad
- * argument.
+ * loops short, the linear form over several chunks with and without gradients and its repeated
+ * bits, log-probabilities as inputs, and every bad argument.
  */
 #include <math.h>
 #include <stdio.h>
@@ -528,6 +528,76 @@ static void test_linear_distill(void **state)
         run_linear(&cases[i], 200 + i);
 }
 
+/* Each row of x [n, v] replaced by its log-softmax. */
+static void log_softmax_rows(double *x, int64_t n, int64_t v)
+{
+    for (int64_t i = 0; i < n; ++i) {
+        double m = -INFINITY, sum = 0.0;
+        for (int64_t j = 0; j < v; ++j)
+            m = fmax(m, x[i * v + j]);
+        for (int64_t j = 0; j < v; ++j)
+            sum += exp(x[i * v + j] - m);
+        for (int64_t j = 0; j < v; ++j)
+            x[i * v + j] -= m + log(sum);
+    }
+}
+
+/* The linear form gives the same bits call after call, over several chunks, and log-probabilities
+   (a fixed point of log-softmax) give what their logits give. */
+static void test_linear_repeat(void **state)
+{
+    (void)state;
+    th_rng rng = th_rng_new(300);
+    const int64_t n = 45, h = 32, v = 300, hs[2] = {n, h}, ws[2] = {v, h};
+    double *hid = random_logits(&rng, (size_t)(n * h), 1.0, LLMCL_BF16);
+    double *w = random_logits(&rng, (size_t)(v * h), 0.3, LLMCL_BF16);
+    double *th = random_logits(&rng, (size_t)(n * h), 1.0, LLMCL_BF16);
+    llmcl_tensor *ht = th_tensor_from(LLMCL_BF16, 2, hs, hid),
+                 *wt = th_tensor_from(LLMCL_BF16, 2, ws, w);
+    llmcl_tensor *tht = th_tensor_from(LLMCL_BF16, 2, hs, th), *dh = th_tensor(LLMCL_F32, 2, hs);
+    llmcl_tensor *dw = th_tensor(LLMCL_F32, 2, ws);
+    llmcl_distill_options o = opts_of(0.5, 1.0, 0, 1.0);
+    o.chunk_rows = 16;
+    llmcl_tensor *loss = loss_tensor(&o, n);
+    double l0 = 0.0, *dh0 = NULL, *dw0 = NULL;
+    for (int k = 0; k < 2; ++k) {
+        th_poison(dh), th_poison(dw);
+        TH_OK(llmcl_linear_distill_forward(th_ctx(), ht, wt, tht, wt, NULL, &o, loss, dh, dw));
+        double l, *gh = th_download_new(dh), *gw = th_download_new(dw);
+        th_download(loss, &l);
+        if (k == 0) {
+            l0 = l, dh0 = gh, dw0 = gw;
+            continue;
+        }
+        assert_memory_equal(&l, &l0, sizeof l);
+        assert_memory_equal(gh, dh0, (size_t)(n * h) * sizeof *gh);
+        assert_memory_equal(gw, dw0, (size_t)(v * h) * sizeof *gw);
+        free(gh), free(gw);
+    }
+
+    /* log-probabilities of random logits against the logits themselves */
+    const int64_t shape[2] = {n, v};
+    double *s = random_logits(&rng, (size_t)(n * v), 3.0, LLMCL_F32);
+    double *t = random_logits(&rng, (size_t)(n * v), 3.0, LLMCL_F32);
+    llmcl_tensor *st = th_tensor_from(LLMCL_F32, 2, shape, s),
+                 *tt = th_tensor_from(LLMCL_F32, 2, shape, t);
+    const llmcl_distill_options lo = opts_of(0.0, 1.0, 0, 1.0);
+    double from_logits, from_logp;
+    TH_OK(llmcl_distill_forward(th_ctx(), st, tt, NULL, &lo, loss, NULL));
+    th_download(loss, &from_logits);
+    log_softmax_rows(s, n, v);
+    log_softmax_rows(t, n, v);
+    th_upload(st, s), th_upload(tt, t);
+    TH_OK(llmcl_distill_forward(th_ctx(), st, tt, NULL, &lo, loss, NULL));
+    th_download(loss, &from_logp);
+    TH_ASSERT_CLOSE("log-probabilities", &from_logits, &from_logp, 1, loss_tol);
+
+    free(hid), free(w), free(th), free(dh0), free(dw0), free(s), free(t);
+    llmcl_tensor *all[] = {ht, wt, tht, dh, dw, loss, st, tt};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
+        llmcl_tensor_destroy(all[i]);
+}
+
 static void test_linear_bad_args(void **state)
 {
     (void)state;
@@ -579,7 +649,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_distill_edges),      cmocka_unit_test(test_distill_ninf),
         cmocka_unit_test(test_distill_strided),    cmocka_unit_test(test_distill_repeat),
         cmocka_unit_test(test_distill_loop_limit), cmocka_unit_test(test_distill_bad_args),
-        cmocka_unit_test(test_linear_distill),     cmocka_unit_test(test_linear_bad_args),
+        cmocka_unit_test(test_linear_distill),     cmocka_unit_test(test_linear_repeat),
+        cmocka_unit_test(test_linear_bad_args),
     };
     return TH_RUN(tests);
 }
