@@ -291,6 +291,10 @@ llmcl_status llmcl__as_rows(llmcl_ctx *ctx, const llmcl_tensor *t, const char *n
 llmcl_status llmcl__check_vec(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name,
                               unsigned dtype_mask, int64_t n);
 
+/* grad an f32 tensor of ref's shape (a gradient output), seen as rows into *rows. */
+llmcl_status llmcl__check_grad(llmcl_ctx *ctx, const llmcl_tensor *ref, const char *ref_name,
+                               const llmcl_tensor *grad, const char *name, llmcl__rows *rows);
+
 /* A 2-D view of rows [r0, r0 + rows) of t seen as the rows r. */
 llmcl_status llmcl__rows_view(const llmcl_tensor *t, const llmcl__rows *r, int64_t r0,
                               int64_t rows, llmcl_tensor **out);

@@ -190,6 +190,14 @@ llmcl_status llmcl__check_vec(llmcl_ctx *ctx, const llmcl_tensor *t, const char 
     return LLMCL_OK;
 }
 
+llmcl_status llmcl__check_grad(llmcl_ctx *ctx, const llmcl_tensor *ref, const char *ref_name,
+                               const llmcl_tensor *grad, const char *name, llmcl__rows *rows)
+{
+    LLMCL__TRY(llmcl__check_tensor(ctx, grad, name, 1u << LLMCL_F32, 1, LLMCL_MAX_DIMS));
+    LLMCL__TRY(llmcl__check_same_shape(ctx, ref, ref_name, grad, name));
+    return llmcl__as_rows(ctx, grad, name, rows);
+}
+
 llmcl_status llmcl__rows_view(const llmcl_tensor *t, const llmcl__rows *r, int64_t r0,
                               int64_t rows, llmcl_tensor **out)
 {

@@ -551,17 +551,10 @@ static llmcl_status check_linear(llmcl_ctx *ctx, const llmcl_tensor *hidden,
     const char *in_names[] = {"hidden", "weight", "bias", "labels"};
     const llmcl_tensor *outs[] = {dhidden, dweight, dbias};
     const char *out_names[] = {"dhidden", "dweight", "dbias"};
-    if (dhidden) {
-        LLMCL__TRY(
-            llmcl__check_tensor(ctx, dhidden, "dhidden", 1u << LLMCL_F32, 1, LLMCL_MAX_DIMS));
-        LLMCL__TRY(llmcl__check_same_shape(ctx, hidden, "hidden", dhidden, "dhidden"));
-        LLMCL__TRY(llmcl__as_rows(ctx, dhidden, "dhidden", &out->dh));
-    }
-    if (dweight) {
-        LLMCL__TRY(llmcl__check_tensor(ctx, dweight, "dweight", 1u << LLMCL_F32, 2, 2));
-        LLMCL__TRY(llmcl__check_same_shape(ctx, weight, "weight", dweight, "dweight"));
-        LLMCL__TRY(llmcl__as_rows(ctx, dweight, "dweight", &out->dw));
-    }
+    if (dhidden)
+        LLMCL__TRY(llmcl__check_grad(ctx, hidden, "hidden", dhidden, "dhidden", &out->dh));
+    if (dweight)
+        LLMCL__TRY(llmcl__check_grad(ctx, weight, "weight", dweight, "dweight", &out->dw));
     if (dbias)
         LLMCL__TRY(llmcl__check_vec(ctx, dbias, "dbias", 1u << LLMCL_F32, out->w.n_rows));
     for (int i = 0; i < 3; ++i) {

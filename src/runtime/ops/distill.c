@@ -358,15 +358,11 @@ static llmcl_status check_linear(llmcl_ctx *ctx, const llmcl_tensor *hidden,
                    (long long)out->tw.n_rows);
     LLMCL__REQUIRE(ctx, out->h.n_rows >= 1 && out->h.n_rows <= INT_MAX && out->w.n_rows >= 1,
                    LLMCL_ERROR_SHAPE_MISMATCH, "hidden needs 1 to 2^31-1 rows and weight V >= 1");
-    if (dhidden) {
-        LLMCL__TRY(
-            llmcl__check_tensor(ctx, dhidden, "dhidden", 1u << LLMCL_F32, 1, LLMCL_MAX_DIMS));
-        LLMCL__TRY(llmcl__check_same_shape(ctx, hidden, "hidden", dhidden, "dhidden"));
-        LLMCL__TRY(llmcl__as_rows(ctx, dhidden, "dhidden", &out->dh));
-    }
+    if (dhidden)
+        LLMCL__TRY(llmcl__check_grad(ctx, hidden, "hidden", dhidden, "dhidden", &out->dh));
     if (dweight) {
-        LLMCL__TRY(llmcl__check_tensor(ctx, dweight, "dweight", 1u << LLMCL_F32, 2, 2));
-        LLMCL__TRY(llmcl__check_same_shape(ctx, weight, "weight", dweight, "dweight"));
+        llmcl__rows dw;
+        LLMCL__TRY(llmcl__check_grad(ctx, weight, "weight", dweight, "dweight", &dw));
         LLMCL__REQUIRE(ctx, !dhidden || !llmcl__overlaps(dhidden, dweight),
                        LLMCL_ERROR_INVALID_ARGUMENT, "dhidden overlaps dweight");
     }
