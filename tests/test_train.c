@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cross_entropy_ref.h"
+#include "distill_ref.h"
 #include "harness.h"
 #include "model.h"
 #include "optimizer.h"
@@ -676,6 +678,87 @@ static void test_initial_values(void **state)
     check_init(&cfg, 11);
 }
 
+/* The f32 logits [n, vocab] of m's last forward, on the host. */
+static double *host_logits(model *m, int64_t n)
+{
+    const int64_t shape[2] = {n, m->cfg.vocab};
+    llmcl_tensor *t = th_tensor(LLMCL_F32, 2, shape);
+    TH_OK(model_logits(m, 0, n, t));
+    double *x = th_download_new(t);
+    llmcl_tensor_destroy(t);
+    return x;
+}
+
+/*
+ * Distillation from a teacher (the untied fixture's weights, frozen) into a student of the same
+ * shape from seed 3: the loss (1 - alpha) CE + alpha tau^2 D and the head's gradient against the
+ * double references on both models' logits, at a mix and at the divergence alone.
+ */
+static void check_distill(float alpha, float beta, float tau)
+{
+    printf("alpha %g, beta %g, tau %g\n", alpha, beta, tau);
+    fixture f = fixture_open("train_fixture_untied.safetensors", LLMCL_F32);
+    model_config tc = f.cfg, sc = f.cfg;
+    tc.frozen = 1;
+    sc.distill_alpha = alpha, sc.distill_beta = beta, sc.distill_temperature = tau;
+    model *teacher = fixture_model(&(fixture){.st = f.st, .cfg = tc, .b = f.b, .t = f.t},
+                                   RECOMPUTE_FULL, false);
+    model *m = NULL;
+    TH_OK(model_create(th_ctx(), &sc, 3, &m));
+    TH_OK(model_alloc_acts(m, f.b, f.t, RECOMPUTE_NONE, false));
+    model_set_teacher(m, teacher);
+    TH_OK(llmcl_fill(m->ctx, m->trainable.grad, 0.0));
+    TH_OK(model_forward(teacher, f.ids, f.targets, f.b, f.t, false));
+    TH_OK(model_forward(m, f.ids, f.targets, f.b, f.t, true));
+    double loss;
+    th_download(m->loss, &loss);
+
+    const int64_t n = (int64_t)f.b * f.t, v = f.cfg.vocab, dim = f.cfg.dim;
+    double *zs = host_logits(m, n), *zt = host_logits(teacher, n);
+    double *gce = th_alloc((size_t)(n * v) * sizeof *gce), *gkd = th_alloc((size_t)(n * v) * 8);
+    int64_t *y = th_alloc((size_t)n * sizeof *y);
+    for (int64_t i = 0; i < n; ++i)
+        y[i] = f.targets[i];
+    double ce, z, kd, *lse = th_alloc((size_t)n * sizeof *lse);
+    const ref_ce_opts co = {.ignore_index = -100};
+    assert_true(ref_cross_entropy(zs, y, n, v, &co, &ce, &z, lse, gce) < 0);
+    const ref_distill_opts dop = {beta, tau, 0, -100, 1.0};
+    ref_distill(zs, zt, y, n, v, &dop, &kd, gkd);
+    const double want = (1 - alpha) * ce + alpha * tau * tau * kd;
+    printf("loss %.6f, reference %.6f (CE %.6f, D %.6f)\n", loss, want, ce, kd);
+    assert_true(fabs(loss - want) <= 1e-5 * (1 + fabs(want)));
+
+    /* the head's gradient: G^T h, G the mixed logits gradient, h the final hidden states */
+    const int64_t hs[2] = {n, dim};
+    llmcl_tensor *ht = th_tensor(LLMCL_F32, 2, hs);
+    TH_OK(llmcl_copy(m->ctx, m->hfinal, ht));
+    double *h = th_download_new(ht), *want_g = th_alloc((size_t)(v * dim) * sizeof *want_g);
+    for (int64_t j = 0; j < v; ++j)
+        for (int64_t k = 0; k < dim; ++k) {
+            double acc = 0;
+            for (int64_t i = 0; i < n; ++i)
+                acc += ((1 - alpha) * gce[i * v + j] + alpha * tau * tau * gkd[i * v + j]) *
+                       h[i * dim + k];
+            want_g[j * dim + k] = acc;
+        }
+    double *got = th_download_new(model_find(m, "lm_head.weight")->grad);
+    TH_ASSERT_CLOSE("lm_head gradient", want_g, got, (size_t)(v * dim),
+                    rel_max_tol(LLMCL_F32, want_g, (size_t)(v * dim)));
+    free(zs), free(zt), free(gce), free(gkd), free(y), free(lse), free(h), free(want_g), free(got);
+    llmcl_tensor_destroy(ht);
+    model_destroy(m);
+    model_destroy(teacher);
+    llmcl_safetensors_close(f.st);
+}
+
+static void test_distill(void **state)
+{
+    (void)state;
+    check_distill(0.7f, 0.5f, 2.0f);
+    check_distill(1.0f, 0.0f, 1.0f);
+    check_distill(0.25f, 1.0f, 1.5f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -691,6 +774,7 @@ int main(void)
         cmocka_unit_test(test_streams_split),
         cmocka_unit_test(test_parallel_for),
         cmocka_unit_test(test_initial_values),
+        cmocka_unit_test(test_distill),
     };
     return TH_RUN(tests);
 }

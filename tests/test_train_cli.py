@@ -28,6 +28,8 @@ The output: the first step's line gives its time instead of a speed and ETA; the
 0.0; a run that saved nothing says what to try next; --profile splits a step's kernel time by op
 family, then times a step without waits and says how much of its span no kernel ran (where the
 device's profiling events time kernels; elsewhere it says it cannot).
+--teacher distills: a student that is its own teacher has a divergence of 0, a fresh one learns,
+and bad values or combinations are refused.
 
     python3 tests/test_train_cli.py build/tools/llmcl-train
 """
@@ -944,6 +946,49 @@ def examples(p):
                  "a pattern names llm.c token files")
 
 
+def distill(p):
+    """--teacher: a student that is its own teacher has a divergence of 0 (loss and norm 0 with
+    --distill-alpha 1; half the cross-entropy's loss and norm with 0.5); a teacher trained apart
+    teaches a falling loss; bad values and what distillation does not combine with are refused."""
+    base = TINY + ["--dtype", "f32", "--lr", "0"]
+    expect_ok("a teacher to distill from", TINY + ["--dtype", "f32", "--steps", "8",
+                                                   "--export", p("teacher"),
+                                                   "--export-dtype", "f32"])
+    own = base + ["--init-from", p("teacher"), "--steps", "2"]
+    r = expect_ok("a student that is its own teacher",
+                  own + ["--teacher", p("teacher"), "--distill-alpha", "1"])
+    check(f"its own teacher: the divergence is 0: {losses(r.stdout)}",
+          losses(r.stdout) == ["loss 0.0000 | norm 0.000"] * 2 and "teacher: " in r.stdout)
+    ce = [x.split() for x in losses(expect_ok("the cross-entropy alone", own).stdout)]
+    half = [x.split() for x in losses(expect_ok("half distillation", own + [
+        "--teacher", p("teacher"), "--distill-alpha", "0.5", "--distill-beta", "0.5",
+        "--distill-temperature", "2"]).stdout)]
+    check(f"half distillation from itself: half the loss and norm: {ce} {half}",
+          len(ce) == len(half) == 2 and
+          all(abs(float(a[1]) / 2 - float(b[1])) <= 1e-4 and
+              abs(float(a[4]) / 2 - float(b[4])) <= 1e-3 for a, b in zip(ce, half)))
+    r = expect_ok("a fresh student", TINY + ["--dtype", "f32", "--steps", "6", "--teacher",
+                                             p("teacher"), "--distill-alpha", "1"])
+    loss = [float(x.split()[1]) for x in losses(r.stdout)]
+    check(f"a fresh student: 6 finite losses, falling: {loss}",
+          len(loss) == 6 and all(0 < x < 10 for x in loss) and loss[-1] < loss[0])
+    for what, extra, needle in (
+            ("--distill-alpha without --teacher", ["--distill-alpha", "0.5"], "need --teacher"),
+            ("--distill-alpha 0", ["--teacher", p("teacher"), "--distill-alpha", "0"],
+             "leaves nothing to distill"),
+            ("--distill-alpha 2", ["--teacher", p("teacher"), "--distill-alpha", "2"],
+             "--distill-alpha must be in (0, 1]"),
+            ("--distill-temperature 0", ["--teacher", p("teacher"),
+                                         "--distill-temperature", "0"], "must be > 0"),
+            ("--teacher with --fused-ce", ["--teacher", p("teacher"), "--fused-ce"],
+             "not with --zero or --fused-ce"),
+            ("a teacher of another vocabulary", ["--teacher", p("teacher"), "--vocab", "300"],
+             "the teacher's vocabulary has 256 tokens, the student's 300"),
+            ("a teacher without config.json", ["--teacher", p("teacher/model.safetensors")],
+             "config.json is needed")):
+        expect_error(what, TINY + ["--dtype", "f32"] + extra, needle)
+
+
 def start_up(p):
     """Output paths, options and sizes refused before the first step, naming what to change."""
     cases = [("--save in a missing folder", ["--save", p("none/ck.st")],
@@ -1067,6 +1112,7 @@ def main():
     token_files(p)
     examples(p)
     ce_logits(p)
+    distill(p)
     start_up(p)
     first_run(p)
 

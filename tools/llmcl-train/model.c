@@ -320,7 +320,7 @@ static model_param *add_param(model *m, int kind, int layer, const model_param *
     }
     p->numel = p->shape[0] * (p->ndim == 2 ? p->shape[1] : 1);
     p->is_vector = p->ndim == 1;
-    p->trainable = base || m->cfg.lora_rank == 0;
+    p->trainable = !m->cfg.frozen && (base || m->cfg.lora_rank == 0);
     param_set *s = p->trainable ? &m->trainable : &m->frozen;
     p->offset = s->total;
     /* 128-byte aligned views for the fast paths; but k's and v's biases follow q's directly, so
@@ -1043,7 +1043,7 @@ static int64_t widest_adapters(const model_config *c)
 }
 
 /* The buffers every form has beside the stream and the layers': where each goes in m, its spec. */
-enum { FIXED_BUFFERS = 19 };
+enum { FIXED_BUFFERS = 22 };
 static int fixed_buffers(model *m, int b, int t, llmcl_tensor **where[FIXED_BUFFERS],
                          buf_spec spec[FIXED_BUFFERS])
 {
@@ -1073,11 +1073,17 @@ static int fixed_buffers(model *m, int b, int t, llmcl_tensor **where[FIXED_BUFF
                                                                           : m->head_dim, 0}},
                             {&m->logits_last, {LLMCL_F32, 1, c->vocab}},
                             {&m->du, {dt, n, widest_adapters(c)}},
-                            {&m->ones, {dt, n, 0}}};
+                            {&m->ones, {dt, n, 0}},
+                            {&m->ce_loss, {LLMCL_F32, 1, 0}},
+                            {&m->kd_loss, {LLMCL_F32, 1, 0}},
+                            {&m->dh_kd, {LLMCL_F32, n, c->dim}}};
     int count = 0;
     for (int i = 0; i < FIXED_BUFFERS; ++i) {
+        const bool distill = all[i].where == &m->ce_loss || all[i].where == &m->kd_loss ||
+                             all[i].where == &m->dh_kd;
         if ((all[i].where == &m->du && c->lora_rank == 0) ||
-            (all[i].where == &m->ones && !c->qkv_bias && !c->o_bias))
+            (all[i].where == &m->ones && !c->qkv_bias && !c->o_bias) ||
+            (distill && c->distill_alpha <= 0))
             continue;
         where[count] = all[i].where;
         spec[count++] = all[i].spec;
@@ -1769,13 +1775,73 @@ static llmcl_status head_loss(model *m, arena *a, int64_t n, bool backward_follo
                                                    headp->trainable ? headp->grad : NULL, NULL));
 }
 
+/*
+ * A training step's head under distillation: the cross-entropy's part, weighed 1 - alpha, writes
+ * m->dh32 and the head's gradient; the divergence's, weighed alpha tau^2 (Hinton's scale), adds
+ * its own through m->dh_kd. A part of weight 0 does not run (a grad_scale of 0 would mean 1).
+ */
+static llmcl_status head_distill(model *m, arena *a, int64_t n)
+{
+    const model_config *c = &m->cfg;
+    const float alpha = c->distill_alpha, tau = c->distill_temperature ? c->distill_temperature : 1;
+    const float gs = m->ce_grad_scale ? m->ce_grad_scale : 1.0f, kd_weight = alpha * tau * tau;
+    const model_param *headp = param(m, P_HEAD, -1), *theadp = param(m->teacher, P_HEAD, -1);
+    llmcl_tensor *hf = rows(a, m->hfinal, n), *tt = head(a, m->targets, n);
+    llmcl_tensor *dw = headp->trainable ? headp->grad : NULL;
+    const bool ce_part = alpha < 1;
+    TRY(group_open(m, model_head_group(m), GROUP_GRADS));
+    if (ce_part) {
+        llmcl_ce_options co = ce_opts(m);
+        co.logits_dtype = c->ce_logits_dtype;
+        co.grad_scale = gs * (1 - alpha);
+        OP(F_CROSS_ENTROPY_FWD,
+           llmcl_linear_cross_entropy_forward(m->ctx, hf, headp->w, NULL, tt, &co, m->ce_loss,
+                                              NULL, rows(a, m->dh32, n), dw, NULL));
+    }
+    const llmcl_distill_options dop = {.beta = c->distill_beta,
+                                       .temperature = tau,
+                                       .chunk_bytes = c->ce_chunk_bytes,
+                                       .grad_scale = gs * kd_weight,
+                                       .accumulate_weight_grad = ce_part || !m->grads_fresh};
+    llmcl_tensor *dh = rows(a, ce_part ? m->dh_kd : m->dh32, n);
+    OP(F_CROSS_ENTROPY_FWD,
+       llmcl_linear_distill_forward(m->ctx, hf, headp->w, rows(a, m->teacher->hfinal, n),
+                                    theadp->w, tt, &dop, m->kd_loss, dh, dw));
+    OP(F_ELEMENTWISE, llmcl_fill(m->ctx, m->loss, 0.0));
+    if (ce_part) {
+        OP(F_ELEMENTWISE, llmcl_axpy(m->ctx, 1.0f, dh, rows(a, m->dh32, n)));
+        OP(F_ELEMENTWISE, llmcl_axpy(m->ctx, 1 - alpha, m->ce_loss, m->loss));
+    }
+    OP(F_ELEMENTWISE, llmcl_axpy(m->ctx, kd_weight, m->kd_loss, m->loss));
+    return LLMCL_OK;
+}
+
+void model_set_teacher(model *m, model *teacher)
+{
+    const model_config *c = &m->cfg, *tc = &teacher->cfg;
+    if (c->distill_alpha <= 0 || !tc->frozen)
+        die("model: a teacher needs distill_alpha > 0 on the student and a frozen model");
+    if (tc->vocab != c->vocab)
+        die("the teacher's vocabulary has %d tokens, the student's %d: distillation compares "
+            "their distributions token by token", tc->vocab, c->vocab);
+    if (teacher->max_b < m->max_b || teacher->max_t < m->max_t)
+        die("model: the teacher's activations hold %d x %d tokens, the student's batches %d x %d",
+            teacher->max_b, teacher->max_t, m->max_b, m->max_t);
+    if (c->fused_ce || c->zero_stage)
+        die("distillation runs on the chunked cross-entropy's path of one process: not with "
+            "--fused-ce or --zero");
+    m->teacher = teacher;
+}
+
 llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets, int b, int t,
                            bool backward_follows)
 {
     arena a = {0};
     const int64_t n = (int64_t)b * t;
     llmcl_status st = trunk_forward(m, &a, ids, targets, b, t, backward_follows);
-    if (st == LLMCL_OK)
+    if (st == LLMCL_OK && m->teacher && backward_follows)
+        st = head_distill(m, &a, n);
+    else if (st == LLMCL_OK)
         st = head_loss(m, &a, n, backward_follows);
     if (st == LLMCL_OK && !backward_follows)
         st = group_close(m, model_head_group(m), GROUP_PARAMS);

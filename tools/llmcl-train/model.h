@@ -71,6 +71,13 @@ typedef struct model_config {
     uint64_t offload_chunk_bytes; /* > 0: the trainable set's masters and moments in pinned host
                                      memory, streamed through the device in chunks of this many
                                      bytes (offload_state.h; a 16-bit model, no LoRA, no ZeRO) */
+    int frozen;               /* no parameter trains (a distillation teacher): no gradients and
+                                 no optimizer state, the weights kept as LoRA keeps its base */
+    float distill_alpha;      /* > 0: a training step's loss is (1 - alpha) CE + alpha tau^2 D,
+                                 D the divergence of llmcl_linear_distill_forward from
+                                 model.teacher's distribution (model_set_teacher) */
+    float distill_beta;       /* D's beta: 0 the forward KL, 1 the reverse, 0.5 the JSD */
+    float distill_temperature; /* D's tau (0: 1) */
     int optimizer_in_backward; /* the backward hands each layer group to model.on_group_grads
                                   as soon as its gradients are final, and the gradient buffer
                                   holds one group at a time (no ZeRO, no offloaded optimizer
@@ -179,6 +186,10 @@ typedef struct model {
     /* the cross-entropy's gradients are those of ce_grad_scale x the batch's mean loss (0: 1):
        the weight of a micro-batch in a step's mean over every target that learns */
     float ce_grad_scale;
+    /* with distill_alpha: the teacher, whose forward on the same batch comes first (its final
+       hidden states and head), and the loss's two parts with the divergence's dhidden */
+    struct model *teacher;
+    llmcl_tensor *ce_loss, *kd_loss, *dh_kd;
 
     /* activations for micro-batches of up to max_b x max_t tokens */
     int max_b, max_t;
@@ -339,6 +350,14 @@ llmcl_status model_set_documents(model *m, const int32_t *pos, const int32_t *of
  * to 0's, then group 0.
  */
 llmcl_status model_backward(model *m, int b, int t);
+
+/*
+ * The teacher of m's distillation (cfg.distill_alpha > 0): a frozen model of the same vocabulary
+ * whose activations take m's batches. Each training micro-batch runs model_forward on the
+ * teacher (no backward) before m's; m's forward then reads the teacher's final hidden states.
+ * Exits, saying why, where the two do not fit.
+ */
+void model_set_teacher(model *m, model *teacher);
 
 /* out (f32 [rows, vocab]) = the logits of rows [row0, row0 + rows) of the last forward's tokens. */
 llmcl_status model_logits(model *m, int64_t row0, int64_t rows, llmcl_tensor *out);

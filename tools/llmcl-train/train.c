@@ -46,7 +46,11 @@ enum {
     LONG_ARCH,
     LONG_HEAD_DIM,
     LONG_SLIDING_WINDOW,
-    LONG_PACKING
+    LONG_PACKING,
+    LONG_TEACHER,
+    LONG_DISTILL_ALPHA,
+    LONG_DISTILL_BETA,
+    LONG_DISTILL_TEMPERATURE
 };
 
 typedef struct options {
@@ -66,6 +70,7 @@ typedef struct options {
     int vocab_given;
     unsigned given;        /* shape options given explicitly: bits (1u << OPT_DIM) ... */
     const char *init_from, *init_adapter, *export_dir, *dump_logits;
+    const char *teacher;   /* --teacher: a Hugging Face checkpoint to distill from */
     llmcl_dtype export_dtype;
     double export_shard_gb;
     int lora_merge;
@@ -117,6 +122,17 @@ static void usage(FILE *f)
           "                       the config sets the architecture and shape, options that\n"
           "                       contradict it are errors) or one .safetensors file (the options\n"
           "                       set them)\n",
+          f);
+    fputs("distillation (one process, the chunked cross-entropy's path):\n"
+          "  --teacher PATH       a Hugging Face checkpoint of the same vocabulary, frozen, whose\n"
+          "                       forward on each micro-batch comes first: the loss becomes\n"
+          "                       (1 - A) CE + A T^2 D, D the divergence of its token\n"
+          "                       distribution from the student's (llmcl_linear_distill_forward);\n"
+          "                       the held-out loss stays the cross-entropy\n"
+          "  --distill-alpha A    D's weight in (0, 1] (default 0.5)\n"
+          "  --distill-beta B     0: forward KL (default), 1: reverse KL, between: their\n"
+          "                       generalised Jensen-Shannon divergence (0.5: JSD)\n"
+          "  --distill-temperature T   both distributions at temperature T (default 1)\n",
           f);
     fputs("LoRA (base weights, embeddings and norms frozen; adapters trained):\n"
           "  --lora R             adapters of rank R (0: off, full fine-tuning)\n"
@@ -389,6 +405,27 @@ static void check_paths(const options *o)
         die("--resume %s: %s", o->resume, strerror(err));
 }
 
+/* --teacher and its options: their ranges, and what distillation does not combine with. */
+static void check_distill(options *o)
+{
+    model_config *c = &o->model;
+    const bool given = c->distill_alpha || c->distill_beta || c->distill_temperature;
+    if (!o->teacher) {
+        if (given)
+            die("--distill-alpha, --distill-beta and --distill-temperature need --teacher PATH");
+        return;
+    }
+    if (!c->distill_alpha)
+        c->distill_alpha = 0.5f;
+    if (!c->distill_temperature)
+        c->distill_temperature = 1.0f;
+    if (c->distill_alpha > 1 || c->distill_beta > 1)
+        die("--distill-alpha must be in (0, 1] and --distill-beta in [0, 1]");
+    if (c->zero_stage || c->fused_ce)
+        die("--teacher runs on the chunked cross-entropy's path of one process: not with "
+            "--zero or --fused-ce");
+}
+
 static void parse_options(int argc, char **argv, options *o)
 {
     *o = (options){.accum = 1, .steps = 200, .warmup = 20, .lr = 3e-3f, .min_lr_frac = 0.1f,
@@ -422,7 +459,9 @@ static void parse_options(int argc, char **argv, options *o)
         {"init-adapter", 1, 0, LONG_INIT_ADAPTER},
         {"export-shard-gb", 1, 0, LONG_EXPORT_SHARD_GB}, {"arch", 1, 0, LONG_ARCH},
         {"head-dim", 1, 0, LONG_HEAD_DIM}, {"sliding-window", 1, 0, LONG_SLIDING_WINDOW},
-        {"packing", 1, 0, LONG_PACKING},
+        {"packing", 1, 0, LONG_PACKING}, {"teacher", 1, 0, LONG_TEACHER},
+        {"distill-alpha", 1, 0, LONG_DISTILL_ALPHA}, {"distill-beta", 1, 0, LONG_DISTILL_BETA},
+        {"distill-temperature", 1, 0, LONG_DISTILL_TEMPERATURE},
         {0, 0, 0, 0}};
     /* a preset first, so that the other options refine it whatever their order */
     for (int i = 1; i + 1 < argc; ++i)
@@ -437,6 +476,20 @@ static void parse_options(int argc, char **argv, options *o)
         case 'D': o->data = optarg; break;
         case LONG_DATA_FORMAT: o->data_format = data_format_parse(optarg); break;
         case LONG_PACKING: o->packing = data_packing_parse(optarg); break;
+        case LONG_TEACHER: o->teacher = optarg; break;
+        case LONG_DISTILL_ALPHA:
+            o->model.distill_alpha = (float)parse_num("distill-alpha", optarg, 0);
+            if (!o->model.distill_alpha)
+                die("--distill-alpha 0 leaves nothing to distill: give A in (0, 1]");
+            break;
+        case LONG_DISTILL_BETA:
+            o->model.distill_beta = (float)parse_num("distill-beta", optarg, 0);
+            break;
+        case LONG_DISTILL_TEMPERATURE:
+            o->model.distill_temperature = (float)parse_num("distill-temperature", optarg, 0);
+            if (!o->model.distill_temperature)
+                die("--distill-temperature must be > 0");
+            break;
         case LONG_OPTIMIZER_IN_BACKWARD: o->model.optimizer_in_backward = 1; break;
         case LONG_ZERO_GROUP_LAYERS:
             o->model.zero_group_layers = parse_group_layers(optarg);
@@ -582,6 +635,7 @@ static void parse_options(int argc, char **argv, options *o)
     if (o->model.optimizer_in_backward && o->accum > 1)
         die("--optimizer-in-backward updates each layer group with the gradients of one "
             "micro-batch: give --accum 1");
+    check_distill(o);
     if ((o->save_every || o->save_on_interrupt) && !o->save)
         die("--save-every and --save-on-interrupt need --save FILE");
     if (o->lora_merge && !o->model.lora_rank && !o->init_adapter)
@@ -683,6 +737,7 @@ typedef struct trainer {
     llmcl_ctx *ctx;
     options o;
     model *m;
+    model *teacher;        /* --teacher's model, or NULL */
     token_data train, val;
     loader tl;
     token_batch batch;
@@ -806,13 +861,45 @@ static llmcl_status next_batch(trainer *tr, loader *l)
 {
     token_batch *bt = &tr->batch;
     loader_next(l, bt);
+    if (tr->teacher)
+        TRY(model_set_documents(tr->teacher, bt->pos, bt->doc_offsets, bt->docs, bt->b, bt->t));
     return model_set_documents(tr->m, bt->pos, bt->doc_offsets, bt->docs, bt->b, bt->t);
 }
 
+/* The student's forward; where a backward follows under --teacher, the teacher's comes first. */
 static llmcl_status batch_forward(trainer *tr, bool backward_follows)
 {
     const token_batch *bt = &tr->batch;
+    if (tr->teacher && backward_follows)
+        TRY(model_forward(tr->teacher, bt->ids, bt->targets, bt->b, bt->t, false));
     return model_forward(tr->m, bt->ids, bt->targets, bt->b, bt->t, backward_follows);
+}
+
+/*
+ * --teacher's model: its checkpoint's shape and architecture, the student's compute dtype, frozen,
+ * with the activations of the student's micro-batches (each layer keeps only its input: nothing
+ * goes backward through it). Made before the student's activations, so that --recompute=auto
+ * counts its memory.
+ */
+static void create_teacher(trainer *tr)
+{
+    const options *o = &tr->o;
+    hf_checkpoint ck = {0};
+    hf_open(o->teacher, &ck);
+    model_config c = {.dtype = o->model.dtype, .norm_eps = o->model.norm_eps,
+                      .max_seq = o->seq, .ce_chunk_bytes = o->model.ce_chunk_bytes,
+                      .frozen = 1};
+    int max_positions = 0;
+    if (!hf_read_config(&ck, &c, &max_positions))
+        die("--teacher %s: a folder with config.json is needed for the teacher's shape",
+            o->teacher);
+    const char *bad = model_config_error(&c);
+    if (bad)
+        die("--teacher %s: %s", o->teacher, bad);
+    CHECK(model_create(tr->ctx, &c, o->seed, &tr->teacher), tr->ctx);
+    hf_load(tr->teacher, &ck);
+    hf_close(&ck);
+    CHECK(model_alloc_acts(tr->teacher, o->batch, o->seq, RECOMPUTE_FULL, false), tr->ctx);
 }
 
 /* Mean loss over every target that learns in eval_batches micro-batches of the held-out data
@@ -1344,9 +1431,13 @@ int main(int argc, char **argv)
         hf_load_adapters(tr.m, &adapter);
         hf_close(&adapter);
     }
+    if (o->teacher)
+        create_teacher(&tr);
     if (o->recompute == RECOMPUTE_AUTO) /* its account before the allocation, which may fail */
         o->recompute = pick_recompute(&tr);
     CHECK(model_alloc_acts(tr.m, o->batch, o->seq, o->recompute, o->offload), tr.ctx);
+    if (tr.teacher)
+        model_set_teacher(tr.m, tr.teacher);
     setup_optimizer(&tr);
     batch_init(&tr.batch, o->batch, o->seq);
 
@@ -1375,6 +1466,12 @@ int main(int argc, char **argv)
     if (o->init_from)
         printf("weights: %s%s%s\n", o->init_from, o->init_adapter ? ", adapters: " : "",
                o->init_adapter ? o->init_adapter : "");
+    if (tr.teacher)
+        printf("teacher: %s, %.2fM parameters, dim %d, %d layers; loss (1 - %g) CE + %g x %g^2 "
+               "D(beta %g)\n",
+               o->teacher, (double)model_param_count(tr.teacher) / 1e6, tr.teacher->cfg.dim,
+               tr.teacher->cfg.layers, (double)c->distill_alpha, (double)c->distill_alpha,
+               (double)c->distill_temperature, (double)c->distill_beta);
     printf("data: %s, %lld training and %lld held-out tokens; batch %d x %d x %d\n",
            tr.train.source, (long long)tr.train.n, (long long)tr.val.n, o->batch, o->seq, o->accum);
     if (tr.train.targets)
@@ -1451,6 +1548,7 @@ int main(int argc, char **argv)
     loader_free(&tr.tl);
     optimizer_destroy(&tr.opt);
     llmcl_tensor_destroy(tr.loss_sum);
+    model_destroy(tr.teacher);
     model_destroy(tr.m);
     data_free(&tr.train), data_free(&tr.val);
     llmcl_ctx_destroy(tr.ctx);
