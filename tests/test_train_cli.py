@@ -981,7 +981,7 @@ def distill(p):
             ("--distill-temperature 0", ["--teacher", p("teacher"),
                                          "--distill-temperature", "0"], "must be > 0"),
             ("--teacher with --fused-ce", ["--teacher", p("teacher"), "--fused-ce"],
-             "not with --zero or --fused-ce"),
+             "not with --fused-ce"),
             ("a teacher of another vocabulary", ["--teacher", p("teacher"), "--vocab", "300"],
              "the teacher's vocabulary has 256 tokens, the student's 300"),
             ("a teacher without config.json", ["--teacher", p("teacher/model.safetensors")],

@@ -22,7 +22,8 @@ a missing tensor refused on every rank. LoRA at stages 1-3 on 2 ranks (the adapt
 the base on every rank): the losses and exports (adapters, merged) of one process, a checkpoint
 resumed at another stage and refused on another base, --init-adapter's logits; bf16 adapters
 refused. Packed examples (rows of different counts of learning targets) on 2 and 3 ranks: the
-losses of one process.
+losses of one process. --teacher at stages 1-3 on 2 ranks and stage 3 on 3: the losses of one
+process.
 
     python3 tests/test_train_zero.py build/tools/llmcl-train mpiexec
 """
@@ -297,6 +298,25 @@ def examples(tmp):
                 "process", got, one)
 
 
+def distill(tmp):
+    """--teacher under --zero (the teacher whole on every rank, the student sharded): the losses
+    of one process at stages 1-3 on 2 ranks, and at a mix of the forms on 3."""
+    teacher = os.path.join(tmp, "teacher")
+    r = run(0, ["--steps", "8", "--batch", "4", "--export", teacher, "--export-dtype", "f32"])
+    check("distill: a teacher exported", r.returncode == 0, r.stderr.strip()[-300:])
+    kd = ["--teacher", teacher, "--distill-alpha", "0.7", "--distill-beta", "0.5",
+          "--distill-temperature", "2", "--steps", "4"]
+    one = {head: losses(f"distill: one process, {head or 'tied'}, batch 6", 0,
+                        kd + ["--batch", "6"] + ([head] if head else []))
+           for head in ("", "--untied")}
+    for ranks, stage, head in ((2, 1, ""), (2, 2, ""), (2, 3, ""), (3, 3, "--untied")):
+        extra = ["--batch", str(6 // ranks)] + ([head] if head else [])
+        got = losses(f"distill: {ranks} ranks, stage {stage}", ranks,
+                     kd + extra + ["--zero", str(stage)])
+        compare(f"distill: {ranks} ranks x {' '.join(extra)}, stage {stage}, against one process",
+                got, one[head])
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="llmcl_train_zero_")
     try:
@@ -316,6 +336,8 @@ def main():
                             "--steps", "4", "--batch", "2", "--zero", str(stage)]), one)
         # packed examples: each rank's rows weigh by their share of the step's targets
         examples(tmp)
+        # distillation: the teacher on every rank, the student's head gradient in the dist
+        distill(tmp)
         # recomputation inside stage 3's open layer groups: the same losses exactly
         for form in ("ops", "2"):
             same = losses(f"stage 3, --recompute={form}", 2, ["--steps", "6", "--batch", "2",

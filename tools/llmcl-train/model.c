@@ -1787,9 +1787,9 @@ static llmcl_status head_distill(model *m, arena *a, int64_t n)
     const float gs = m->ce_grad_scale ? m->ce_grad_scale : 1.0f, kd_weight = alpha * tau * tau;
     const model_param *headp = param(m, P_HEAD, -1), *theadp = param(m->teacher, P_HEAD, -1);
     llmcl_tensor *hf = rows(a, m->hfinal, n), *tt = head(a, m->targets, n);
-    llmcl_tensor *dw = headp->trainable ? headp->grad : NULL;
     const bool ce_part = alpha < 1;
-    TRY(group_open(m, model_head_group(m), GROUP_GRADS));
+    TRY(group_open(m, model_head_group(m), GROUP_GRADS)); /* under --zero: the grads' views */
+    llmcl_tensor *dw = headp->trainable ? headp->grad : NULL;
     if (ce_part) {
         llmcl_ce_options co = ce_opts(m);
         co.logits_dtype = c->ce_logits_dtype;
@@ -1827,9 +1827,8 @@ void model_set_teacher(model *m, model *teacher)
     if (teacher->max_b < m->max_b || teacher->max_t < m->max_t)
         die("model: the teacher's activations hold %d x %d tokens, the student's batches %d x %d",
             teacher->max_b, teacher->max_t, m->max_b, m->max_t);
-    if (c->fused_ce || c->zero_stage)
-        die("distillation runs on the chunked cross-entropy's path of one process: not with "
-            "--fused-ce or --zero");
+    if (c->fused_ce)
+        die("distillation runs on the chunked cross-entropy's path: not with --fused-ce");
     m->teacher = teacher;
 }
 

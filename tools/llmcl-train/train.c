@@ -123,7 +123,8 @@ static void usage(FILE *f)
           "                       contradict it are errors) or one .safetensors file (the options\n"
           "                       set them)\n",
           f);
-    fputs("distillation (one process, the chunked cross-entropy's path):\n"
+    fputs("distillation (the chunked cross-entropy's path; under --zero the teacher whole on\n"
+          "every rank):\n"
           "  --teacher PATH       a Hugging Face checkpoint of the same vocabulary, frozen, whose\n"
           "                       forward on each micro-batch comes first: the loss becomes\n"
           "                       (1 - A) CE + A T^2 D, D the divergence of its token\n"
@@ -405,7 +406,7 @@ static void check_paths(const options *o)
         die("--resume %s: %s", o->resume, strerror(err));
 }
 
-/* --teacher and its options: their ranges, and what distillation does not combine with. */
+/* --teacher and its options: their ranges, and the fused cross-entropy, which it does not serve. */
 static void check_distill(options *o)
 {
     model_config *c = &o->model;
@@ -421,9 +422,8 @@ static void check_distill(options *o)
         c->distill_temperature = 1.0f;
     if (c->distill_alpha > 1 || c->distill_beta > 1)
         die("--distill-alpha must be in (0, 1] and --distill-beta in [0, 1]");
-    if (c->zero_stage || c->fused_ce)
-        die("--teacher runs on the chunked cross-entropy's path of one process: not with "
-            "--zero or --fused-ce");
+    if (c->fused_ce)
+        die("--teacher runs on the chunked cross-entropy's path: not with --fused-ce");
 }
 
 static void parse_options(int argc, char **argv, options *o)
