@@ -64,8 +64,7 @@ typedef STORAGE(LABEL_DT) label_t;
 
 /*
  * Elements j0 .. j0 + 7 of the row at element base of p, -inf past V; and their store. Lanes past
- * V load element V - 1 and drop it, without a branch: PoCL's work-group compiler took minutes
- * over a branch a lane.
+ * V load element V - 1 and drop it, so that the loads take no branch.
  */
 #define LANE_IN(DT, k) select(-INFINITY, LOAD(DT, p, base + min(j0 + (k), V - 1)), j0 + (k) < V)
 #define LANE_OUT(DT, k, c)                                                                        \

@@ -295,6 +295,14 @@ llmcl_status llmcl__check_vec(llmcl_ctx *ctx, const llmcl_tensor *t, const char 
 llmcl_status llmcl__check_grad(llmcl_ctx *ctx, const llmcl_tensor *ref, const char *ref_name,
                                const llmcl_tensor *grad, const char *name, llmcl__rows *rows);
 
+/*
+ * Tokens per chunk of a linear loss over n tokens (the cross-entropy's and the distillation's):
+ * forced when > 0, else as many as budget holds at per_token bytes, in whole 128-token row tiles
+ * of the products where it holds one or more (so that no chunk ends in a sliver of a tile);
+ * always 1 to n.
+ */
+int64_t llmcl__chunk_tokens(int64_t n, int64_t forced, uint64_t budget, uint64_t per_token);
+
 /* A 2-D view of rows [r0, r0 + rows) of t seen as the rows r. */
 llmcl_status llmcl__rows_view(const llmcl_tensor *t, const llmcl__rows *r, int64_t r0,
                               int64_t rows, llmcl_tensor **out);

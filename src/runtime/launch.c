@@ -198,6 +198,16 @@ llmcl_status llmcl__check_grad(llmcl_ctx *ctx, const llmcl_tensor *ref, const ch
     return llmcl__as_rows(ctx, grad, name, rows);
 }
 
+int64_t llmcl__chunk_tokens(int64_t n, int64_t forced, uint64_t budget, uint64_t per_token)
+{
+    const int64_t tile = 128; /* the tensor-core products' row tile */
+    int64_t c = forced ? forced : (int64_t)(budget / per_token);
+    c = c < 1 ? 1 : c > n ? n : c;
+    if (!forced && c < n && c >= tile)
+        c -= c % tile;
+    return c;
+}
+
 llmcl_status llmcl__rows_view(const llmcl_tensor *t, const llmcl__rows *r, int64_t r0,
                               int64_t rows, llmcl_tensor **out)
 {

@@ -574,9 +574,6 @@ static llmcl_status check_linear(llmcl_ctx *ctx, const llmcl_tensor *hidden,
 
 /* ---- path 2: chunked over tokens through llmcl_matmul ---- */
 
-/* Budgeted chunks are a multiple of this many tokens (the tensor-core products' row tile). */
-#define CE_CHUNK_ROW_TILE 128
-
 /*
  * dbias[v0 + j] (+)= sum over rows of g[r, j] for the f32 block g [rows, cols] (row stride cols)
  * through ce_colsum, rows in order: deterministic. Where the device cuts loops short, in launches
@@ -701,13 +698,9 @@ llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tens
     const llmcl_dtype ldt = r.o.logits_dtype;
     const bool gcast_needed =
         ldt == LLMCL_F32 && (dhidden || dweight) && hidden->dtype != LLMCL_F32;
-    const uint64_t budget = r.o.chunk_bytes ? r.o.chunk_bytes : CE_DEFAULT_BUDGET;
     const uint64_t per_row = (uint64_t)v * (llmcl_dtype_size(ldt) + (gcast_needed ? 2 : 0));
-    int64_t c = r.o.chunk_rows ? r.o.chunk_rows : (int64_t)(budget / per_row);
-    c = c < 1 ? 1 : c > n ? n : c;
-    /* whole 128-row tiles of the products, so that no chunk ends in a sliver of a tile */
-    if (!r.o.chunk_rows && c < n && c >= CE_CHUNK_ROW_TILE)
-        c -= c % CE_CHUNK_ROW_TILE;
+    const int64_t c = llmcl__chunk_tokens(
+        n, r.o.chunk_rows, r.o.chunk_bytes ? r.o.chunk_bytes : CE_DEFAULT_BUDGET, per_row);
 
     llmcl_status st;
     llmcl_tensor *logits = NULL, *gcast = NULL, *w2 = NULL;

@@ -14,7 +14,6 @@
    products with K 128 ran the linear form at 204 TFLOP/s on the H200 where 2 GiB (1664 tokens)
    ran 562 (docs/PERFORMANCE.md). */
 #define DISTILL_DEFAULT_BUDGET (2ull << 30)
-#define DISTILL_CHUNK_ROW_TILE 128 /* budgeted chunks: whole row tiles of the products */
 
 /* One call's state: checked options, the row program's defines and the scratch. */
 typedef struct distill_run {
@@ -369,44 +368,42 @@ static llmcl_status check_linear(llmcl_ctx *ctx, const llmcl_tensor *hidden,
     return LLMCL_OK;
 }
 
-/* The chunk's scratch: f32 logits of both models, and the 16-bit dlogits operand where needed. */
+/* The chunks' scratch (f32 logits of both models, and the 16-bit dlogits operand where needed)
+   and both weights as [V, H] views, made once for every chunk. */
 typedef struct distill_chunk {
-    llmcl_tensor *s, *t, *g16;
+    llmcl_tensor *s, *t, *g16, *w, *tw;
 } distill_chunk;
 
-/* logits [rows, V] = h[r0, r0 + rows) x w^T into the head of scratch. */
+/* logits [rows, V] = h[r0, r0 + rows) x w^T (w the [V, H] view) into the head of scratch. */
 static llmcl_status chunk_logits(llmcl_ctx *ctx, const llmcl_tensor *h, const llmcl__rows *hr,
-                                 const llmcl_tensor *w, const llmcl__rows *wr, int64_t r0,
-                                 int64_t rows, const llmcl_tensor *scratch)
+                                 const llmcl_tensor *w, int64_t r0, int64_t rows,
+                                 const llmcl_tensor *scratch)
 {
-    llmcl_tensor *hv = NULL, *wv = NULL, *lv = NULL;
+    llmcl_tensor *hv = NULL, *lv = NULL;
     llmcl_status st;
     LLMCL__TRY_GOTO(st, llmcl__rows_view(h, hr, r0, rows, &hv), done);
-    LLMCL__TRY_GOTO(st, llmcl__rows_view(w, wr, 0, wr->n_rows, &wv), done);
-    LLMCL__TRY_GOTO(st, llmcl__head_view(scratch, rows, wr->n_rows, &lv), done);
+    LLMCL__TRY_GOTO(st, llmcl__head_view(scratch, rows, w->shape[0], &lv), done);
     const llmcl_matmul_opts o = {.trans_b = 1, .split_k = 1};
-    st = llmcl_matmul(ctx, 1.0f, hv, wv, 0.0f, lv, &o);
+    st = llmcl_matmul(ctx, 1.0f, hv, w, 0.0f, lv, &o);
 done:
     llmcl_tensor_destroy(hv);
-    llmcl_tensor_destroy(wv);
     llmcl_tensor_destroy(lv);
     return st;
 }
 
-/* dhidden[r0, r0 + rows) = G W and dweight (+)= G^T hidden[r0, r0 + rows). */
+/* dhidden[r0, r0 + rows) = G w and dweight (+)= G^T hidden[r0, r0 + rows), w the [V, H] view. */
 static llmcl_status chunk_grads(distill_run *r, const distill_linear *lin,
-                                const llmcl_tensor *hidden, const llmcl_tensor *weight,
+                                const llmcl_tensor *hidden, const llmcl_tensor *w,
                                 const llmcl_tensor *gsrc, llmcl_tensor *dhidden,
                                 llmcl_tensor *dweight, int64_t r0, int64_t rows)
 {
-    llmcl_tensor *g = NULL, *hv = NULL, *wv = NULL, *dhv = NULL;
+    llmcl_tensor *g = NULL, *hv = NULL, *dhv = NULL;
     llmcl_status st;
     LLMCL__TRY_GOTO(st, llmcl__head_view(gsrc, rows, r->v, &g), done);
-    LLMCL__TRY_GOTO(st, llmcl__rows_view(weight, &lin->w, 0, r->v, &wv), done);
     if (dhidden) {
         LLMCL__TRY_GOTO(st, llmcl__rows_view(dhidden, &lin->dh, r0, rows, &dhv), done);
         const llmcl_matmul_opts plain = {0};
-        LLMCL__TRY_GOTO(st, llmcl_matmul(r->ctx, 1.0f, g, wv, 0.0f, dhv, &plain), done);
+        LLMCL__TRY_GOTO(st, llmcl_matmul(r->ctx, 1.0f, g, w, 0.0f, dhv, &plain), done);
     }
     if (dweight) {
         LLMCL__TRY_GOTO(st, llmcl__rows_view(hidden, &lin->h, r0, rows, &hv), done);
@@ -419,28 +416,15 @@ static llmcl_status chunk_grads(distill_run *r, const distill_linear *lin,
 done:
     llmcl_tensor_destroy(g);
     llmcl_tensor_destroy(hv);
-    llmcl_tensor_destroy(wv);
     llmcl_tensor_destroy(dhv);
     return st;
 }
 
-/* Tokens per chunk: opts->chunk_rows, or as many as the budget holds, in whole row tiles. */
-static int64_t chunk_tokens(const distill_run *r, bool g16)
-{
-    const uint64_t budget = r->o.chunk_bytes ? r->o.chunk_bytes : DISTILL_DEFAULT_BUDGET;
-    const uint64_t per_row = (uint64_t)r->v * (8 + (g16 ? 2 : 0));
-    int64_t c = r->o.chunk_rows ? r->o.chunk_rows : (int64_t)(budget / per_row);
-    c = c < 1 ? 1 : c > r->n ? r->n : c;
-    if (!r->o.chunk_rows && c < r->n && c >= DISTILL_CHUNK_ROW_TILE)
-        c -= c % DISTILL_CHUNK_ROW_TILE;
-    return c;
-}
-
 static void chunk_free(distill_chunk *c)
 {
-    llmcl_tensor_destroy(c->s);
-    llmcl_tensor_destroy(c->t);
-    llmcl_tensor_destroy(c->g16);
+    llmcl_tensor *all[] = {c->s, c->t, c->g16, c->w, c->tw};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
+        llmcl_tensor_destroy(all[i]);
 }
 
 llmcl_status
@@ -472,7 +456,11 @@ llmcl_linear_distill_forward(llmcl_ctx *ctx, const llmcl_tensor *hidden, const l
     LLMCL__TRY_GOTO(st, run_begin(&r, ctx, labels, n, v, LLMCL_F32, LLMCL_F32), done);
     if (g16)
         r.ds_dt = hidden->dtype; /* the row kernel writes the products' operand itself */
-    const int64_t c = chunk_tokens(&r, g16), shape[2] = {c, v};
+    /* a token's two f32 logits, and the 16-bit dlogits operand */
+    const int64_t c = llmcl__chunk_tokens(
+        n, r.o.chunk_rows, r.o.chunk_bytes ? r.o.chunk_bytes : DISTILL_DEFAULT_BUDGET,
+        (uint64_t)v * (8 + (g16 ? 2 : 0)));
+    const int64_t shape[2] = {c, v};
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 2, shape, "student logits chunk", &ch.s),
                     done);
     LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, LLMCL_F32, 2, shape, "teacher logits chunk", &ch.t),
@@ -481,13 +469,13 @@ llmcl_linear_distill_forward(llmcl_ctx *ctx, const llmcl_tensor *hidden, const l
         LLMCL__TRY_GOTO(
             st, llmcl__scratch(ctx, hidden->dtype, 2, shape, "16-bit dlogits chunk", &ch.g16),
             done);
+    LLMCL__TRY_GOTO(st, llmcl__rows_view(weight, &lin.w, 0, v, &ch.w), done);
+    LLMCL__TRY_GOTO(st, llmcl__rows_view(teacher_weight, &lin.tw, 0, v, &ch.tw), done);
     for (int64_t r0 = 0; r0 < n; r0 += c) {
         const int64_t rows = n - r0 < c ? n - r0 : c;
-        LLMCL__TRY_GOTO(st, chunk_logits(ctx, hidden, &lin.h, weight, &lin.w, r0, rows, ch.s),
+        LLMCL__TRY_GOTO(st, chunk_logits(ctx, hidden, &lin.h, ch.w, r0, rows, ch.s), done);
+        LLMCL__TRY_GOTO(st, chunk_logits(ctx, teacher_hidden, &lin.th, ch.tw, r0, rows, ch.t),
                         done);
-        LLMCL__TRY_GOTO(
-            st, chunk_logits(ctx, teacher_hidden, &lin.th, teacher_weight, &lin.tw, r0, rows, ch.t),
-            done);
         const llmcl_tensor *g = g16 ? ch.g16 : ch.s;
         const rows_job j = {.s = ch.s->mem,
                             .soff = ch.s->offset,
@@ -502,8 +490,8 @@ llmcl_linear_distill_forward(llmcl_ctx *ctx, const llmcl_tensor *hidden, const l
                             .row0 = r0};
         LLMCL__TRY_GOTO(st, rows_run(&r, &j, loss, grads), done);
         if (grads)
-            LLMCL__TRY_GOTO(
-                st, chunk_grads(&r, &lin, hidden, weight, g, dhidden, dweight, r0, rows), done);
+            LLMCL__TRY_GOTO(st, chunk_grads(&r, &lin, hidden, ch.w, g, dhidden, dweight, r0, rows),
+                            done);
     }
     st = run_finish(&r, loss);
 done:
