@@ -708,7 +708,7 @@ static void check_distill(float alpha, float beta, float tau)
     TH_OK(model_alloc_acts(m, f.b, f.t, RECOMPUTE_NONE, false));
     model_set_teacher(m, teacher);
     TH_OK(llmcl_fill(m->ctx, m->trainable.grad, 0.0));
-    TH_OK(model_forward(teacher, f.ids, f.targets, f.b, f.t, false));
+    TH_OK(model_hidden_forward(teacher, f.ids, f.b, f.t));
     TH_OK(model_forward(m, f.ids, f.targets, f.b, f.t, true));
     double loss;
     th_download(m->loss, &loss);

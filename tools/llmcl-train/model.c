@@ -1832,6 +1832,16 @@ void model_set_teacher(model *m, model *teacher)
     m->teacher = teacher;
 }
 
+llmcl_status model_hidden_forward(model *m, const int32_t *ids, int b, int t)
+{
+    arena a = {0};
+    llmcl_status st = trunk_forward(m, &a, ids, NULL, b, t, false);
+    if (st == LLMCL_OK)
+        st = group_close(m, model_head_group(m), GROUP_PARAMS);
+    arena_clear(&a);
+    return st;
+}
+
 llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets, int b, int t,
                            bool backward_follows)
 {

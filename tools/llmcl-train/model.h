@@ -351,10 +351,13 @@ llmcl_status model_set_documents(model *m, const int32_t *pos, const int32_t *of
  */
 llmcl_status model_backward(model *m, int b, int t);
 
+/* The forward up to the final hidden states (m->hfinal), no loss: a distillation teacher's. */
+llmcl_status model_hidden_forward(model *m, const int32_t *ids, int b, int t);
+
 /*
  * The teacher of m's distillation (cfg.distill_alpha > 0): a frozen model of the same vocabulary
- * whose activations take m's batches. Each training micro-batch runs model_forward on the
- * teacher (no backward) before m's; m's forward then reads the teacher's final hidden states.
+ * whose activations take m's batches. Each training micro-batch runs model_hidden_forward on the
+ * teacher before m's forward, which then reads the teacher's final hidden states.
  * Exits, saying why, where the two do not fit.
  */
 void model_set_teacher(model *m, model *teacher);

@@ -871,7 +871,7 @@ static llmcl_status batch_forward(trainer *tr, bool backward_follows)
 {
     const token_batch *bt = &tr->batch;
     if (tr->teacher && backward_follows)
-        TRY(model_forward(tr->teacher, bt->ids, bt->targets, bt->b, bt->t, false));
+        TRY(model_hidden_forward(tr->teacher, bt->ids, bt->b, bt->t));
     return model_forward(tr->m, bt->ids, bt->targets, bt->b, bt->t, backward_follows);
 }
 
