@@ -22,6 +22,13 @@
                   relative to the largest logit, and both losses; fails above --tol. A dump of
                   packed examples (with position_ids) runs each example alone, as transformers
                   sees one example, and compares it with its rows of the packed batch.
+    distill DIR TEACHER
+                  the loss of `llmcl-train --init-from DIR --teacher TEACHER --data
+                  DIR/tokens.bin` on its first batch, (1 - A) CE + A T^2 D with D the mean over
+                  the targets of the generalised Jensen-Shannon divergence at --beta, and the
+                  student's gradient norm, both by transformers and autograd; with --got
+                  "LOSS NORM" (the step's line) fails where either differs by more than --tol
+                  relative.
 
 transformers runs in float32 with eager attention and TF32 off, so the difference is llmcl's own
 rounding: about 1e-5 of the largest logit with --dtype f32, about 1e-2 with bf16 compute.
@@ -175,6 +182,52 @@ def logits(args):
     return 0 if ok else 1
 
 
+def divergence(student, teacher, beta, tau):
+    """Per token: beta 0 KL(teacher || student), 1 KL(student || teacher), between the
+    generalised JSD beta KL(teacher || M) + (1 - beta) KL(student || M), M = beta P + (1 - beta)
+    Q, of the two distributions at temperature tau."""
+    x = torch.log_softmax(student / tau, -1)
+    y = torch.log_softmax(teacher / tau, -1)
+    kl = torch.nn.functional.kl_div  # kl_div(a, b) = KL(b || a), b as log-probabilities
+    if beta == 0:
+        return kl(x, y, reduction="none", log_target=True).sum(-1)
+    if beta == 1:
+        return kl(y, x, reduction="none", log_target=True).sum(-1)
+    m = torch.logsumexp(torch.stack([y + math.log(beta), x + math.log(1 - beta)]), 0)
+    return (beta * kl(m, y, reduction="none", log_target=True).sum(-1)
+            + (1 - beta) * kl(m, x, reduction="none", log_target=True).sum(-1))
+
+
+def distill(args):
+    tokens = open(f"{args.dir}/tokens.bin", "rb").read()
+    n = struct.unpack("<3i", tokens[:12])[2]
+    tokens = struct.unpack(f"<{n}H", tokens[1024:1024 + 2 * n])
+    ids, targets = first_batch(tokens, args.batch, args.seq)
+    load = dict(torch_dtype=torch.float32, attn_implementation="eager")
+    student = AutoModelForCausalLM.from_pretrained(args.dir, **load)
+    teacher = AutoModelForCausalLM.from_pretrained(args.teacher, **load).eval()
+    with torch.no_grad():
+        t_logits = teacher(input_ids=ids).logits.float()
+    s_logits = student(input_ids=ids).logits.float()
+    v = s_logits.shape[-1]
+    ce = torch.nn.functional.cross_entropy(s_logits.reshape(-1, v), targets.reshape(-1))
+    d = divergence(s_logits, t_logits, args.beta, args.temperature).mean()
+    loss = (1 - args.alpha) * ce + args.alpha * args.temperature ** 2 * d
+    loss.backward()
+    norm = math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in student.parameters()))
+    print(f"transformers: CE {ce.item():.6f}, D {d.item():.6f} (beta {args.beta:g}, temperature "
+          f"{args.temperature:g}); loss (1 - {args.alpha:g}) CE + {args.alpha:g} x "
+          f"{args.temperature:g}^2 D = {loss.item():.6f}, gradient norm {norm:.6f}")
+    if not args.got:
+        return 0
+    got_loss, got_norm = (float(x) for x in args.got.split())
+    ok = (abs(got_loss - loss.item()) <= args.tol * abs(loss.item())
+          and abs(got_norm - norm) <= args.tol * norm)
+    print(f"llmcl-train: loss {got_loss:.4f}, norm {got_norm:.3f} (tolerance {args.tol:g} "
+          f"relative): {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
 def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -214,7 +267,19 @@ def main():
     lg.add_argument("--adapter", help="an adapter folder (PEFT's, or a LoRA run's --export)")
     lg.add_argument("--tol", type=float, default=1e-4,
                     help="allowed difference relative to the largest logit")
+    ds = sub.add_parser("distill", help="the first step's distillation loss and gradient norm")
+    ds.add_argument("dir", help="the student, made by make (its tokens.bin is the data)")
+    ds.add_argument("teacher", help="the teacher: a folder of the same vocabulary")
+    ds.add_argument("--batch", type=int, default=4)
+    ds.add_argument("--seq", type=int, default=128)
+    ds.add_argument("--alpha", type=float, default=0.5)
+    ds.add_argument("--beta", type=float, default=0.0)
+    ds.add_argument("--temperature", type=float, default=1.0)
+    ds.add_argument("--got", help='llmcl-train\'s step 1: "LOSS NORM"')
+    ds.add_argument("--tol", type=float, default=1e-3)
     args = ap.parse_args()
+    if args.cmd == "distill":
+        return distill(args)
     if args.cmd in ("make", "adapter"):
         (make if args.cmd == "make" else adapter)(args)
         return 0

@@ -10,13 +10,16 @@ AdamW, trained on random tokens at batch B x T a GPU. Options: --compile (torch.
 rank R on q, k, v, o, gate, up and down, as `llmcl-train --lora R`: PEFT's where the peft package
 is installed, else the same layer written out, y = x W^T + alpha / R (x A^T) B^T), and under
 torchrun --fsdp (FSDP2: fully_shard on every decoder layer and the root, bf16 parameters for
-compute, f32 reduction).
+compute, f32 reduction). --teacher adds a frozen teacher of the same preset and the loss of
+`llmcl-train --teacher`, (1 - A) CE + A T^2 D (hf_check.py's divergence, compiled with the model
+under --compile), whose logits of both models PyTorch holds whole.
 Prints tokens/s over every GPU, MFU with llmcl-train's FLOP count (6 x multiplying parameters,
 4 x frozen ones, + 6 x layers x T x width per token) against the given peak, and the peak device
 memory of a GPU. A yardstick where PyTorch and a CUDA GPU exist, never a dependency.
 
     python3 tools/llmcl-train/yardstick.py --batch 4 --seq 2048 --steps 10
     python3 tools/llmcl-train/yardstick.py --lora 16 --compile
+    python3 tools/llmcl-train/yardstick.py --teacher --compile --distill-beta 0.5
     torchrun --nproc_per_node 2 tools/llmcl-train/yardstick.py --fsdp --batch 4
 """
 import argparse
@@ -24,6 +27,7 @@ import os
 import time
 
 import torch
+from hf_check import divergence
 from transformers import LlamaConfig, LlamaForCausalLM
 
 PRESETS = {
@@ -72,10 +76,35 @@ def add_lora(model, rank, alpha):
     return get_peft_model(model, cfg), "PEFT's LoRA"
 
 
+def config(args):
+    return LlamaConfig(vocab_size=128256, max_position_embeddings=max(args.seq, 8192),
+                       rms_norm_eps=1e-5, rope_theta=500000.0, attn_implementation="sdpa",
+                       **PRESETS[args.preset])
+
+
+def build_teacher(args, device):
+    """A frozen model of the preset's shape, in bf16 as llmcl-train's teacher computes."""
+    with torch.device(device):
+        teacher = LlamaForCausalLM(config(args)).to(torch.bfloat16).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return torch.compile(teacher) if args.compile else teacher
+
+
+def distill_loss(args):
+    """(1 - A) CE + A T^2 D over every target, on the student's and teacher's logits."""
+    a, t = args.distill_alpha, args.distill_temperature
+
+    def loss(student, teacher, targets):
+        s, v = student.float().reshape(-1, student.shape[-1]), teacher.float()
+        ce = torch.nn.functional.cross_entropy(s, targets.reshape(-1))
+        d = divergence(s, v.reshape(s.shape), args.distill_beta, t).mean()
+        return (1 - a) * ce + a * t * t * d
+    return torch.compile(loss) if args.compile else loss
+
+
 def build(args, device):
-    cfg = LlamaConfig(vocab_size=128256, max_position_embeddings=max(args.seq, 8192),
-                      rms_norm_eps=1e-5, rope_theta=500000.0, attn_implementation="sdpa",
-                      **PRESETS[args.preset])
+    cfg = config(args)
     with torch.device(device):
         model = LlamaForCausalLM(cfg)
     n_params = sum(p.numel() for p in model.parameters())
@@ -111,6 +140,10 @@ def main():
     ap.add_argument("--recompute", action="store_true", help="checkpoint every layer")
     ap.add_argument("--lora", type=int, default=0, help="LoRA adapters of rank R, base frozen")
     ap.add_argument("--lora-alpha", type=float, default=0.0, help="scale alpha / R (default R)")
+    ap.add_argument("--teacher", action="store_true", help="distil from a frozen teacher")
+    ap.add_argument("--distill-alpha", type=float, default=0.5)
+    ap.add_argument("--distill-beta", type=float, default=0.0)
+    ap.add_argument("--distill-temperature", type=float, default=1.0)
     args = ap.parse_args()
     world, rank = 1, 0
     if args.fsdp:
@@ -126,9 +159,20 @@ def main():
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), device="cuda",
                         generator=gen)
 
-    def step():
+    teacher = build_teacher(args, "cuda") if args.teacher else None
+    kd = distill_loss(args) if args.teacher else None
+
+    def forward():
+        x, y = ids[:, :-1], ids[:, 1:].contiguous()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids[:, :-1], labels=ids[:, 1:].contiguous()).loss
+            if teacher is None:
+                return model(input_ids=x, labels=y).loss
+            with torch.no_grad():
+                t_logits = teacher(input_ids=x).logits
+            return kd(model(input_ids=x).logits, t_logits, y)
+
+    def step():
+        loss = forward()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
@@ -146,7 +190,9 @@ def main():
     dt = (time.perf_counter() - t0) / args.steps
     tps = world * args.batch * args.seq / dt
     what = ("fsdp2" if args.fsdp else "eager") + (" + compile" if args.compile else "") + \
-        (" + recompute" if args.recompute else "") + lora
+        (" + recompute" if args.recompute else "") + lora + \
+        (f" + a teacher (alpha {args.distill_alpha:g}, beta {args.distill_beta:g}, temperature "
+         f"{args.distill_temperature:g}; MFU counts the student's FLOPs)" if args.teacher else "")
     if rank == 0:
         print(f"pytorch {what}, {args.preset} on {world} GPU(s): {n_params / 1e9:.3f}B parameters, "
               f"batch {args.batch}x{args.seq} a GPU, {dt * 1e3:.1f} ms/step, "
