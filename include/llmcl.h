@@ -1089,11 +1089,18 @@ LLMCL_API llmcl_status llmcl_fused_cross_entropy_backward(
  * to the student's logits (the teacher's get none):
  *   dloss/ds_ij = c / tau (g_ij - q_ij sum_k g_ik),  g = dd_i/dX: beta 0: -p; beta 1: q (X - Y + 1);
  *   else (1 - beta) q (X - log m); c = 1 / count for the mean, else 1
- * (beta 0: c / tau (q_ij - p_ij)). -inf logits follow PyTorch: a class whose probability is 0
- * adds nothing to a term it multiplies, so a class -inf on both sides adds nothing; a class with
- * p > 0 where q = 0 makes the forward KL +inf (and q > 0 where p = 0 the reverse KL), and 0 < beta
- * < 1 stays finite. A row whose logits are all -inf on either side, and +inf or NaN logits, give
- * NaN. Deterministic: every sum runs in a fixed order.
+ * (beta 0: c / tau (q_ij - p_ij)). With ce_weight w > 0 (Liger's weight_hard_loss beside a
+ * soft loss of weight 1) each row that counts adds w ce_i, ce_i = -log_softmax(s_i)_{y_i} the
+ * cross-entropy of the student's logits at temperature 1 against its label, reduced with d_i, and
+ * its gradient c w (softmax(s_i)_j - [j == y_i]), times grad_scale: the one pass over the
+ * logits serves both losses, where a separate llmcl_cross_entropy_forward would read them, or
+ * in the linear form recompute their product, again; the labels are then required, and one
+ * outside [0, V) that is not ignore_index fails before anything is written. -inf logits follow
+ * PyTorch: a class whose probability is 0 adds nothing to a term it multiplies, so a class -inf
+ * on both sides adds nothing; a class with p > 0 where q = 0 makes the forward KL +inf (and q > 0
+ * where p = 0 the reverse KL), and 0 < beta < 1 stays finite; a label's -inf logit makes its
+ * cross-entropy +inf. A row whose logits are all -inf on either side, and +inf or NaN logits,
+ * give NaN. Deterministic: every sum runs in a fixed order.
  */
 
 /* Options of both forms. A zero-initialised struct gives the defaults. */
@@ -1108,6 +1115,8 @@ typedef struct llmcl_distill_options {
     int64_t chunk_rows;           /* linear form: tokens per chunk; 0: from chunk_bytes */
     int accumulate_weight_grad;   /* linear form: 1 adds dweight to its contents (gradient
                                      accumulation), 0 overwrites it */
+    float ce_weight;              /* >= 0: the loss adds ce_weight x the student's cross-entropy
+                                     against the labels (above); 0: none */
 } llmcl_distill_options;
 
 /*

@@ -1,7 +1,8 @@
 /*
  * distill_ref.c: the generalised Jensen-Shannon divergence in double, straight from its
  * definition: log-softmax of both rows, the divergence as KL terms of the mixture, and the
- * gradient through the softmax's Jacobian, dz_j = (g_j - q_j sum_k g_k) / tau.
+ * gradient through the softmax's Jacobian, dz_j = (g_j - q_j sum_k g_k) / tau; the weighted
+ * cross-entropy from the student's log-softmax at temperature 1.
  */
 #include "distill_ref.h"
 
@@ -52,6 +53,8 @@ void ref_distill(const double *student, const double *teacher, const int64_t *la
 {
     double *X = malloc((size_t)v * sizeof *X), *Y = malloc((size_t)v * sizeof *Y);
     double *g = malloc((size_t)v * sizeof *g), *rows = malloc((size_t)n * sizeof *rows);
+    double *Z = malloc((size_t)v * sizeof *Z);
+    const bool hard = o->ce_weight != 0.0 && labels;
     int64_t count = 0;
     for (int64_t i = 0; i < n; ++i)
         count += !labels || labels[i] != o->ignore_index;
@@ -69,15 +72,22 @@ void ref_distill(const double *student, const double *teacher, const int64_t *la
         log_softmax(student + i * v, v, o->tau, X);
         log_softmax(teacher + i * v, v, o->tau, Y);
         rows[i] = row_divergence(X, Y, v, o->beta, g);
+        if (hard) {
+            log_softmax(student + i * v, v, 1.0, Z);
+            rows[i] -= o->ce_weight * Z[labels[i]];
+        }
         total += rows[i];
         if (!ds)
             continue;
         double sg = 0.0;
         for (int64_t j = 0; j < v; ++j)
             sg += g[j];
-        for (int64_t j = 0; j < v; ++j)
+        for (int64_t j = 0; j < v; ++j) {
             ds[j] =
                 o->grad_scale * c / o->tau * (g[j] - (X[j] == -INFINITY ? 0.0 : exp(X[j]) * sg));
+            if (hard)
+                ds[j] += o->grad_scale * c * o->ce_weight * (exp(Z[j]) - (j == labels[i]));
+        }
     }
     if (o->reduction == 2)
         for (int64_t i = 0; i < n; ++i)
@@ -87,5 +97,6 @@ void ref_distill(const double *student, const double *teacher, const int64_t *la
     free(X);
     free(Y);
     free(g);
+    free(Z);
     free(rows);
 }

@@ -1,10 +1,11 @@
 /*
  * test_distill.c: the distillation losses against the double reference (ref/distill_ref.c) at
  * beta 0 (forward KL), 1 (reverse KL) and between, every reduction and temperature, mixed
- * dtypes, in place, strided and unaligned rows, V of 1 to 40000; the edge cases (every row
- * ignored, -inf classes, logits of +-1e4), repeatability, the loop budget of devices that cut
- * loops short, the linear form over several chunks with and without gradients and its repeated
- * bits, log-probabilities as inputs, and every bad argument.
+ * dtypes, in place, strided and unaligned rows, V of 1 to 40000, with and without the weighted
+ * cross-entropy; the edge cases (every row ignored, -inf classes and labels, logits of +-1e4),
+ * repeatability, the loop budget of devices that cut loops short, the linear form over several
+ * chunks with and without gradients and its repeated bits, log-probabilities as inputs, and
+ * every bad argument (out-of-range labels leaving every output as it was).
  */
 #include <math.h>
 #include <stdio.h>
@@ -26,13 +27,14 @@ static double *random_logits(th_rng *rng, size_t n, double scale, llmcl_dtype dt
     return x;
 }
 
-/* Labels with about one row in `ignore_every` ignored (0: none); only ignore_index matters. */
-static llmcl_tensor *make_labels(th_rng *rng, int64_t n, int ignore_every, llmcl_dtype dt,
-                                 int64_t *y)
+/* Labels in [0, v) with about one row in `ignore_every` ignored (0: none). */
+static llmcl_tensor *make_labels(th_rng *rng, int64_t n, int64_t v, int ignore_every,
+                                 llmcl_dtype dt, int64_t *y)
 {
     double *d = th_alloc((size_t)n * sizeof *d);
     for (int64_t i = 0; i < n; ++i) {
-        y[i] = ignore_every && th_randint(rng, 0, ignore_every) == 0 ? IGNORE : i % 7;
+        y[i] =
+            ignore_every && th_randint(rng, 0, ignore_every) == 0 ? IGNORE : th_randint(rng, 0, v);
         d[i] = (double)y[i];
     }
     llmcl_tensor *t = th_tensor_from(dt, 1, &n, d);
@@ -53,7 +55,7 @@ static llmcl_distill_options opts_of(double beta, double tau, int reduction, dou
 static ref_distill_opts ref_of(const llmcl_distill_options *o)
 {
     return (ref_distill_opts){o->beta, o->temperature ? o->temperature : 1.0, (int)o->reduction,
-                              IGNORE, o->grad_scale ? o->grad_scale : 1.0};
+                              IGNORE,  o->grad_scale ? o->grad_scale : 1.0,   o->ce_weight};
 }
 
 static llmcl_tensor *loss_tensor(const llmcl_distill_options *o, int64_t n)
@@ -69,14 +71,14 @@ static void test_ref_gradient(void **state)
     (void)state;
     const int64_t n = 3, v = 6;
     const int64_t labels[3] = {1, IGNORE, 4};
-    const double betas[] = {0.0, 0.3, 0.5, 1.0}, taus[] = {1.0, 2.5};
+    const double betas[] = {0.0, 0.3, 0.5, 1.0}, taus[] = {1.0, 2.5}, hard[] = {0.0, 0.7};
     th_rng rng = th_rng_new(1);
     double s[18], t[18], g[18], loss, lp, lm;
     th_fill_uniform(&rng, s, 18, -3, 3);
     th_fill_uniform(&rng, t, 18, -3, 3);
-    for (int b = 0; b < 4; ++b)
+    for (int b = 0; b < 8; ++b)
         for (int k = 0; k < 2; ++k) {
-            const ref_distill_opts o = {betas[b], taus[k], 0, IGNORE, 1.5};
+            const ref_distill_opts o = {betas[b % 4], taus[k], 0, IGNORE, 1.5, hard[b / 4]};
             ref_distill(s, t, labels, n, v, &o, &loss, g);
             assert_true(loss > 0.0);
             for (int64_t i = 0; i < n * v; ++i) {
@@ -99,7 +101,7 @@ typedef struct dcase {
     double beta, tau;
     int reduction, ignore_every;
     bool in_place;
-    double gs;
+    double gs, hw; /* grad_scale, ce_weight */
 } dcase;
 
 /* One call on poisoned outputs against the reference; returns nothing, asserts. */
@@ -110,13 +112,14 @@ static void run_case(const dcase *c, uint64_t seed)
     double *s = random_logits(&rng, (size_t)(n * v), 2.0, c->sdt);
     double *t = random_logits(&rng, (size_t)(n * v), 2.0, c->tdt);
     int64_t *y = th_alloc((size_t)n * sizeof *y);
-    llmcl_tensor *lab = c->ignore_every >= 0 ? make_labels(&rng, n, c->ignore_every,
+    llmcl_tensor *lab = c->ignore_every >= 0 ? make_labels(&rng, n, v, c->ignore_every,
                                                            seed % 2 ? LLMCL_I32 : LLMCL_I64, y)
                                              : NULL;
     llmcl_tensor *st = th_tensor_from(c->sdt, 2, shape, s),
                  *tt = th_tensor_from(c->tdt, 2, shape, t);
     llmcl_tensor *ds = c->in_place ? st : th_tensor(c->sdt, 2, shape);
-    const llmcl_distill_options o = opts_of(c->beta, c->tau, c->reduction, c->gs);
+    llmcl_distill_options o = opts_of(c->beta, c->tau, c->reduction, c->gs);
+    o.ce_weight = (float)c->hw;
     llmcl_tensor *loss = loss_tensor(&o, n);
     TH_OK(llmcl_distill_forward(th_ctx(), st, tt, lab, &o, loss, ds));
 
@@ -126,8 +129,8 @@ static void run_case(const dcase *c, uint64_t seed)
     ref_distill(s, t, lab ? y : NULL, n, v, &ro, rl, rg);
     double *gl = th_download_new(loss), *gg = th_download_new(ds);
     char what[128];
-    snprintf(what, sizeof what, "loss n %lld v %lld beta %g tau %g red %d", (long long)n,
-             (long long)v, c->beta, c->tau, c->reduction);
+    snprintf(what, sizeof what, "loss n %lld v %lld beta %g tau %g red %d ce %g", (long long)n,
+             (long long)v, c->beta, c->tau, c->reduction, c->hw);
     TH_ASSERT_CLOSE(what, rl, gl, nl, loss_tol);
     TH_ASSERT_CLOSE("dstudent", rg, gg, (size_t)(n * v), th_grad_tol(c->sdt, rg, (size_t)(n * v)));
     free(s), free(t), free(y), free(rl), free(rg), free(gl), free(gg);
@@ -141,22 +144,30 @@ static void test_distill_cases(void **state)
 {
     (void)state;
     static const dcase cases[] = {
-        /* n, v, sdt, tdt, beta, tau, red, ignore_every (-1: no labels), in_place, gs */
-        {5, 1000, LLMCL_F32, LLMCL_F32, 0.0, 1.0, 0, 3, false, 1.0},
-        {5, 1000, LLMCL_F32, LLMCL_F32, 1.0, 1.0, 0, 3, false, 1.0},
-        {5, 1000, LLMCL_F32, LLMCL_F32, 0.5, 1.0, 0, 3, false, 1.0},
-        {7, 333, LLMCL_F32, LLMCL_F32, 0.25, 2.0, 1, -1, false, 2.0},
-        {7, 333, LLMCL_F32, LLMCL_F32, 0.0, 0.5, 2, 2, true, 1.0},
-        {7, 333, LLMCL_F32, LLMCL_F32, 1.0, 3.0, 2, -1, true, 0.5},
-        {33, 64, LLMCL_BF16, LLMCL_BF16, 0.0, 1.0, 0, 4, false, 1.0},
-        {33, 64, LLMCL_BF16, LLMCL_F32, 0.5, 2.0, 0, 4, true, 1.0},
-        {9, 517, LLMCL_F16, LLMCL_BF16, 1.0, 1.0, 1, 0, false, 1.0},
-        {9, 517, LLMCL_F32, LLMCL_F16, 0.9, 1.0, 2, 0, false, 1.0},
-        {1, 1, LLMCL_F32, LLMCL_F32, 0.5, 1.0, 0, -1, false, 1.0},
-        {3, 7, LLMCL_F32, LLMCL_BF16, 0.0, 1.0, 0, -1, false, 1.0},
-        {3, 7, LLMCL_BF16, LLMCL_F32, 1.0, 1.0, 1, -1, true, 1.0},
-        {2, 40000, LLMCL_F32, LLMCL_F32, 0.5, 1.0, 0, -1, false, 1.0},
-        {2, 40001, LLMCL_BF16, LLMCL_BF16, 0.0, 2.0, 1, -1, false, 1.0},
+        /* n, v, sdt, tdt, beta, tau, red, ignore_every (-1: no labels), in_place, gs, ce_weight */
+        {5, 1000, LLMCL_F32, LLMCL_F32, 0.0, 1.0, 0, 3, false, 1.0, 0.0},
+        {5, 1000, LLMCL_F32, LLMCL_F32, 1.0, 1.0, 0, 3, false, 1.0, 0.0},
+        {5, 1000, LLMCL_F32, LLMCL_F32, 0.5, 1.0, 0, 3, false, 1.0, 0.0},
+        {7, 333, LLMCL_F32, LLMCL_F32, 0.25, 2.0, 1, -1, false, 2.0, 0.0},
+        {7, 333, LLMCL_F32, LLMCL_F32, 0.0, 0.5, 2, 2, true, 1.0, 0.0},
+        {7, 333, LLMCL_F32, LLMCL_F32, 1.0, 3.0, 2, -1, true, 0.5, 0.0},
+        {33, 64, LLMCL_BF16, LLMCL_BF16, 0.0, 1.0, 0, 4, false, 1.0, 0.0},
+        {33, 64, LLMCL_BF16, LLMCL_F32, 0.5, 2.0, 0, 4, true, 1.0, 0.0},
+        {9, 517, LLMCL_F16, LLMCL_BF16, 1.0, 1.0, 1, 0, false, 1.0, 0.0},
+        {9, 517, LLMCL_F32, LLMCL_F16, 0.9, 1.0, 2, 0, false, 1.0, 0.0},
+        {1, 1, LLMCL_F32, LLMCL_F32, 0.5, 1.0, 0, -1, false, 1.0, 0.0},
+        {3, 7, LLMCL_F32, LLMCL_BF16, 0.0, 1.0, 0, -1, false, 1.0, 0.0},
+        {3, 7, LLMCL_BF16, LLMCL_F32, 1.0, 1.0, 1, -1, true, 1.0, 0.0},
+        {2, 40000, LLMCL_F32, LLMCL_F32, 0.5, 1.0, 0, -1, false, 1.0, 0.0},
+        {2, 40001, LLMCL_BF16, LLMCL_BF16, 0.0, 2.0, 1, -1, false, 1.0, 0.0},
+        /* the cross-entropy beside: at tau 1 (the student's LSE serves) and not */
+        {5, 1000, LLMCL_F32, LLMCL_F32, 0.0, 1.0, 0, 3, false, 1.0, 1.0},
+        {7, 333, LLMCL_F32, LLMCL_F32, 0.25, 2.0, 1, 0, false, 2.0, 1.5},
+        {7, 333, LLMCL_F32, LLMCL_F32, 1.0, 3.0, 2, 2, true, 0.5, 0.25},
+        {33, 64, LLMCL_BF16, LLMCL_BF16, 0.5, 1.0, 0, 4, true, 1.0, 1.0},
+        {9, 517, LLMCL_F16, LLMCL_BF16, 1.0, 0.5, 0, 0, false, 1.0, 3.0},
+        {1, 1, LLMCL_F32, LLMCL_F32, 0.5, 2.0, 0, 0, false, 1.0, 1.0},
+        {2, 40001, LLMCL_BF16, LLMCL_BF16, 0.0, 2.0, 1, 0, false, 1.0, 2.0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
         run_case(&cases[i], 100 + i);
@@ -247,6 +258,62 @@ static void test_distill_ninf(void **state)
 }
 
 /*
+ * The cross-entropy beside the divergence: a label whose logit is -inf makes its row +inf, the
+ * others stay right; labels outside [0, V) fail by row and value and leave every output as it
+ * was, in place too; without ce_weight they only mark ignored rows, as before.
+ */
+static void test_distill_hard_labels(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const int64_t n = 3, v = 37, shape[2] = {n, v};
+    th_rng rng = th_rng_new(12);
+    double *s = random_logits(&rng, (size_t)(n * v), 2.0, LLMCL_F32);
+    double *t = random_logits(&rng, (size_t)(n * v), 2.0, LLMCL_F32);
+    s[5] = -INFINITY; /* row 0's label */
+    const double yd[3] = {5, IGNORE, 9};
+    const int64_t y[3] = {5, IGNORE, 9};
+    llmcl_tensor *st = th_tensor_from(LLMCL_F32, 2, shape, s),
+                 *tt = th_tensor_from(LLMCL_F32, 2, shape, t);
+    llmcl_tensor *lab = th_tensor_from(LLMCL_I64, 1, &n, yd), *ds = th_tensor(LLMCL_F32, 2, shape);
+    llmcl_distill_options o = opts_of(0.5, 1.0, 2, 1.0);
+    o.ce_weight = 0.5f;
+    llmcl_tensor *loss = loss_tensor(&o, n);
+    TH_OK(llmcl_distill_forward(ctx, st, tt, lab, &o, loss, ds));
+    double rl[3], *rg = th_alloc((size_t)(n * v) * sizeof *rg);
+    const ref_distill_opts ro = ref_of(&o);
+    ref_distill(s, t, y, n, v, &ro, rl, rg);
+    assert_true(rl[0] == INFINITY && isfinite(rl[2]));
+    double *gl = th_download_new(loss), *gg = th_download_new(ds);
+    TH_ASSERT_CLOSE("-inf label loss", rl, gl, 3, loss_tol);
+    TH_ASSERT_CLOSE("-inf label dstudent", rg, gg, (size_t)(n * v),
+                    th_grad_tol(LLMCL_F32, rg, (size_t)(n * v)));
+    free(rg), free(gl), free(gg);
+
+    const double bad[2][3] = {{5, IGNORE, 37}, {-1, 2, 3}};
+    const char *named[2] = {"labels[2] = 37", "labels[0] = -1"};
+    for (int k = 0; k < 2; ++k) {
+        llmcl_tensor *lb = th_tensor_from(k ? LLMCL_I64 : LLMCL_I32, 1, &n, bad[k]);
+        th_poison(loss);
+        TH_FAILS(llmcl_distill_forward(ctx, st, tt, lb, &o, loss, st),
+                 LLMCL_ERROR_INVALID_ARGUMENT);
+        assert_non_null(strstr(llmcl_last_error(ctx), named[k]));
+        double *after = th_download_new(st), *l = th_download_new(loss);
+        assert_memory_equal(after, s, (size_t)(n * v) * sizeof *s);
+        for (int64_t i = 0; i < n; ++i)
+            assert_true(isnan(l[i]));
+        free(after), free(l);
+        o.ce_weight = 0.0f; /* a mask only */
+        TH_OK(llmcl_distill_forward(ctx, st, tt, lb, &o, loss, ds));
+        o.ce_weight = 0.5f;
+        llmcl_tensor_destroy(lb);
+    }
+    free(s), free(t);
+    llmcl_tensor_destroy(st), llmcl_tensor_destroy(tt), llmcl_tensor_destroy(lab);
+    llmcl_tensor_destroy(ds), llmcl_tensor_destroy(loss);
+}
+
+/*
  * Rows of a wider buffer, at element offsets that leave them unaligned (the scalar chunks) and
  * aligned: student columns [1, 1 + v) of [n, v + 9], teacher [0, v) of [n, v + 8], the gradient
  * into a third view; the padding must stay poisoned.
@@ -328,8 +395,10 @@ static void test_distill_loop_limit(void **state)
 {
     (void)state;
     th_loop_limit("400");
-    const dcase ok = {40, 300, LLMCL_F32, LLMCL_F32, 0.5, 1.0, 0, 3, false, 1.0};
+    const dcase ok = {40, 300, LLMCL_F32, LLMCL_F32, 0.5, 1.0, 0, 3, false, 1.0, 0.0};
     run_case(&ok, 40);
+    const dcase hard = {40, 300, LLMCL_F32, LLMCL_F32, 0.5, 2.0, 0, 3, false, 1.0, 1.0};
+    run_case(&hard, 41);
     const int64_t shape[2] = {2, 200000};
     llmcl_tensor *s = th_tensor(LLMCL_F32, 2, shape), *t = th_tensor(LLMCL_F32, 2, shape);
     const llmcl_distill_options o = {0};
@@ -375,6 +444,15 @@ static void test_distill_bad_args(void **state)
     TH_FAILS(llmcl_distill_forward(ctx, s, t, NULL, &o, loss, ds), LLMCL_ERROR_INVALID_ARGUMENT);
     o = ok, o.grad_scale = INFINITY;
     TH_FAILS(llmcl_distill_forward(ctx, s, t, NULL, &o, loss, ds), LLMCL_ERROR_INVALID_ARGUMENT);
+    const float bad_ce[] = {-0.5f, INFINITY, NAN};
+    for (int i = 0; i < 3; ++i) {
+        o = ok, o.ce_weight = bad_ce[i];
+        TH_FAILS(llmcl_distill_forward(ctx, s, t, lab5, &o, loss, ds),
+                 LLMCL_ERROR_INVALID_ARGUMENT);
+    }
+    o = ok, o.ce_weight = 1.0f; /* the cross-entropy needs its targets */
+    TH_FAILS(llmcl_distill_forward(ctx, s, t, NULL, &o, loss, ds), LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "needs labels"));
     TH_FAILS(llmcl_distill_forward(ctx, s, t11, NULL, &ok, loss, ds), LLMCL_ERROR_SHAPE_MISMATCH);
     TH_FAILS(llmcl_distill_forward(ctx, s, t5, NULL, &ok, loss, ds), LLMCL_ERROR_SHAPE_MISMATCH);
     TH_FAILS(llmcl_distill_forward(ctx, s, t, NULL, &ok, loss4, ds), LLMCL_ERROR_SHAPE_MISMATCH);
@@ -420,6 +498,7 @@ typedef struct lcase {
     double beta, tau;
     int reduction, ignore_every;
     bool dh, dw, accumulate;
+    double hw; /* ce_weight */
 } lcase;
 
 /* a [n, k] x b [m, k]^T into out [n, m], in double. */
@@ -455,7 +534,7 @@ static void run_linear(const lcase *c, uint64_t seed)
     double *dw0 = random_logits(&rng, (size_t)(v * h), 0.1, LLMCL_F32);
     int64_t *y = th_alloc((size_t)n * sizeof *y);
     llmcl_tensor *lab =
-        c->ignore_every >= 0 ? make_labels(&rng, n, c->ignore_every, LLMCL_I64, y) : NULL;
+        c->ignore_every >= 0 ? make_labels(&rng, n, v, c->ignore_every, LLMCL_I64, y) : NULL;
     llmcl_tensor *ht_ = th_tensor_from(c->dt, 2, hs, hid), *wt = th_tensor_from(c->dt, 2, ws, w);
     llmcl_tensor *tht = th_tensor_from(c->tdt, 2, ths, th),
                  *twt = th_tensor_from(c->tdt, 2, tws, tw);
@@ -464,6 +543,7 @@ static void run_linear(const lcase *c, uint64_t seed)
     llmcl_distill_options o = opts_of(c->beta, c->tau, c->reduction, 1.0);
     o.chunk_rows = c->chunk_rows;
     o.accumulate_weight_grad = c->accumulate;
+    o.ce_weight = (float)c->hw;
     llmcl_tensor *loss = loss_tensor(&o, n);
     TH_OK(llmcl_linear_distill_forward(th_ctx(), ht_, wt, tht, twt, lab, &o, loss, dh, dwt));
 
@@ -515,14 +595,18 @@ static void test_linear_distill(void **state)
 {
     (void)state;
     static const lcase cases[] = {
-        /* dt, tdt, n, h, ht, v, chunk_rows, beta, tau, red, ignore_every, dh, dw, accumulate */
-        {LLMCL_F32, LLMCL_F32, 37, 24, 40, 203, 0, 0.0, 1.0, 0, 3, true, true, false},
-        {LLMCL_F32, LLMCL_F32, 37, 24, 40, 203, 8, 0.5, 2.0, 1, -1, true, true, true},
-        {LLMCL_F32, LLMCL_BF16, 29, 16, 48, 130, 7, 1.0, 1.0, 2, 2, true, false, false},
-        {LLMCL_BF16, LLMCL_BF16, 37, 40, 24, 301, 16, 0.5, 1.0, 0, 4, true, true, false},
-        {LLMCL_BF16, LLMCL_F32, 21, 32, 32, 77, 0, 0.0, 3.0, 0, -1, false, true, true},
-        {LLMCL_F16, LLMCL_F16, 13, 16, 16, 64, 5, 0.2, 1.0, 1, 0, true, true, false},
-        {LLMCL_BF16, LLMCL_BF16, 9, 24, 24, 50, 4, 0.5, 1.0, 0, 3, false, false, false},
+        /* dt, tdt, n, h, ht, v, chunk_rows, beta, tau, red, ignore_every, dh, dw, accumulate,
+           ce_weight */
+        {LLMCL_F32, LLMCL_F32, 37, 24, 40, 203, 0, 0.0, 1.0, 0, 3, true, true, false, 0.0},
+        {LLMCL_F32, LLMCL_F32, 37, 24, 40, 203, 8, 0.5, 2.0, 1, -1, true, true, true, 0.0},
+        {LLMCL_F32, LLMCL_BF16, 29, 16, 48, 130, 7, 1.0, 1.0, 2, 2, true, false, false, 0.0},
+        {LLMCL_BF16, LLMCL_BF16, 37, 40, 24, 301, 16, 0.5, 1.0, 0, 4, true, true, false, 0.0},
+        {LLMCL_BF16, LLMCL_F32, 21, 32, 32, 77, 0, 0.0, 3.0, 0, -1, false, true, true, 0.0},
+        {LLMCL_F16, LLMCL_F16, 13, 16, 16, 64, 5, 0.2, 1.0, 1, 0, true, true, false, 0.0},
+        {LLMCL_BF16, LLMCL_BF16, 9, 24, 24, 50, 4, 0.5, 1.0, 0, 3, false, false, false, 0.0},
+        {LLMCL_F32, LLMCL_F32, 37, 24, 40, 203, 8, 0.0, 1.0, 0, 3, true, true, true, 1.0},
+        {LLMCL_BF16, LLMCL_BF16, 37, 40, 24, 301, 16, 0.5, 2.0, 0, 4, true, true, false, 0.25},
+        {LLMCL_F32, LLMCL_BF16, 29, 16, 48, 130, 7, 1.0, 1.0, 2, 2, true, false, false, 2.0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
         run_linear(&cases[i], 200 + i);
@@ -636,7 +720,23 @@ static void test_linear_bad_args(void **state)
     o.chunk_rows = -1;
     TH_FAILS(llmcl_linear_distill_forward(ctx, h, w, th, tw, NULL, &o, loss, dh, dw),
              LLMCL_ERROR_INVALID_ARGUMENT);
-    llmcl_tensor *all[] = {h, w, th, tw, th7, tw21, tw16, w32, h32, dh, dw, dh16, loss};
+    /* an out-of-range label under ce_weight: nothing written, the weight gradient included */
+    const double yd[6] = {1, 2, IGNORE, 20, 0, 3};
+    const int64_t six = 6;
+    llmcl_tensor *lab = th_tensor_from(LLMCL_I64, 1, &six, yd);
+    o = ok, o.ce_weight = 1.0f, o.accumulate_weight_grad = 1;
+    th_poison(dh), th_poison(dw), th_poison(loss);
+    TH_FAILS(llmcl_linear_distill_forward(ctx, h, w, th, tw, lab, &o, loss, dh, dw),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "labels[3] = 20"));
+    llmcl_tensor *outs[] = {dh, dw, loss};
+    for (int k = 0; k < 3; ++k) {
+        double *got = th_download_new(outs[k]);
+        for (int64_t i = 0; i < llmcl_tensor_numel(outs[k]); ++i)
+            assert_true(isnan(got[i]));
+        free(got);
+    }
+    llmcl_tensor *all[] = {h, w, th, tw, th7, tw21, tw16, w32, h32, dh, dw, dh16, loss, lab};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
         llmcl_tensor_destroy(all[i]);
 }
@@ -645,12 +745,12 @@ int main(int argc, char **argv)
 {
     (void)argc, (void)argv;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ref_gradient),       cmocka_unit_test(test_distill_cases),
-        cmocka_unit_test(test_distill_edges),      cmocka_unit_test(test_distill_ninf),
-        cmocka_unit_test(test_distill_strided),    cmocka_unit_test(test_distill_repeat),
-        cmocka_unit_test(test_distill_loop_limit), cmocka_unit_test(test_distill_bad_args),
-        cmocka_unit_test(test_linear_distill),     cmocka_unit_test(test_linear_repeat),
-        cmocka_unit_test(test_linear_bad_args),
+        cmocka_unit_test(test_ref_gradient),        cmocka_unit_test(test_distill_cases),
+        cmocka_unit_test(test_distill_edges),       cmocka_unit_test(test_distill_ninf),
+        cmocka_unit_test(test_distill_hard_labels), cmocka_unit_test(test_distill_strided),
+        cmocka_unit_test(test_distill_repeat),      cmocka_unit_test(test_distill_loop_limit),
+        cmocka_unit_test(test_distill_bad_args),    cmocka_unit_test(test_linear_distill),
+        cmocka_unit_test(test_linear_repeat),       cmocka_unit_test(test_linear_bad_args),
     };
     return TH_RUN(tests);
 }

@@ -722,7 +722,7 @@ static void check_distill(float alpha, float beta, float tau)
     double ce, z, kd, *lse = th_alloc((size_t)n * sizeof *lse);
     const ref_ce_opts co = {.ignore_index = -100};
     assert_true(ref_cross_entropy(zs, y, n, v, &co, &ce, &z, lse, gce) < 0);
-    const ref_distill_opts dop = {beta, tau, 0, -100, 1.0};
+    const ref_distill_opts dop = {beta, tau, 0, -100, 1.0, 0.0};
     ref_distill(zs, zt, y, n, v, &dop, &kd, gkd);
     const double want = (1 - alpha) * ce + alpha * tau * tau * kd;
     printf("loss %.6f, reference %.6f (CE %.6f, D %.6f)\n", loss, want, ce, kd);

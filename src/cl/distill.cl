@@ -3,7 +3,8 @@
  * generalised Jensen-Shannon divergence of Liger Kernel's JSD (forward KL at beta 0, reverse KL
  * at beta 1) at a temperature. The formulas are in include/llmcl.h. Host side:
  * src/runtime/ops/distill.c.
- *   distill_count   labels -> stats[0], the rows that count (the mean's divisor)
+ *   distill_count   labels -> stats[0], the rows that count (the mean's divisor), and with HARD
+ *                   stats[1], the first row whose label is outside [0, V) (-1: none)
  *   distill_rows    one work-group per row: both LSEs online, the row's divergence, the gradient
  *   distill_finish  per-row divergences -> the loss (mean or sum in a fixed order)
  *
@@ -20,6 +21,10 @@
  * - lse_t, xs and xt the scaled logits), so that modes 0 and 1 have their loss there; their
  * gradients, c gs / tau (q - p) and c gs / tau q (X - Y - KL) (sum_j q_j = 1), take a second walk.
  * Mode 2 walks a second time for its loss and S, and a third for the gradient.
+ * With HARD the row adds hw (lse_1 - z_y), the cross-entropy of the student's logits z at
+ * temperature 1 against its label y weighed hw, and the gradient c gs hw (softmax(z) - [j == y]),
+ * in the same walks: lse_1 is a third online state of the first walk (HARD 1), or the student's
+ * own LSE where tau is 1 (HARD 2).
  * A factor of 0 (p or q of a -inf logit) zeroes its term even where the other factor is infinite,
  * so classes past V are read as -inf logits on both sides and add nothing: every walk is in
  * chunks of eight.
@@ -27,9 +32,9 @@
  * Defines: MODE (0, 1, 2: each program holds one form); S_DT, T_DT, DS_DT the storage of
  * student, teacher and dstudent (F32, BF16, F16; default F32, S_DT, S_DT); LABEL_DT (I32, I64);
  * ALIGNED (host side: 1 where every row of student, teacher and dstudent starts on 16 bytes, so
- * whole chunks are single 16-byte accesses). Tunables: WG the work-group size (a power of two,
- * default 256); UNROLL chunks of eight loaded per loop trip (1, 2, 4; default 2). Tuning key
- * "distill_rows" (WG, UNROLL; shape class from V).
+ * whole chunks are single 16-byte accesses); HARD (0 none, 1, 2: the cross-entropy term above).
+ * Tunables: WG the work-group size (a power of two, default 256); UNROLL chunks of eight loaded
+ * per loop trip (1, 2, 4; default 2). Tuning key "distill_rows" (WG, UNROLL; shape class from V).
  */
 
 #ifndef S_DT
@@ -55,6 +60,9 @@
 #endif
 #ifndef MODE
 #define MODE 2
+#endif
+#ifndef HARD
+#define HARD 0
 #endif
 
 typedef STORAGE(S_DT) s_t;
@@ -119,14 +127,27 @@ inline void online8(float *m, float *l, float *a, float8 x, float8 d)
     *a += hsum8(mul0_8(e, d));
 }
 
-/* Two online states (m, l, a) of (s0, s1, s2) and (s3, s4, s5) merged: the larger m, the sums
-   rescaled to it. */
+/* The online logsumexp (m, l) alone, of the hard term's logits at temperature 1. */
+inline void online8_lse(float *m, float *l, float8 x)
+{
+    const float mc = hmax8(x);
+    if (mc > *m) {
+        *l *= exp(*m - mc);
+        *m = mc;
+    }
+    *l += hsum8(exp(x - *m));
+}
+
+/* Three online states merged, (m, l, a) in (s0, s1, s2) and (s3, s4, s5), (m, l) in (s6, s7): the
+   larger m, the sums rescaled to it. */
 inline float8 merge_states(float8 x, float8 y)
 {
-    const float ms = fmax(x.s0, y.s0), mt = fmax(x.s3, y.s3);
+    const float ms = fmax(x.s0, y.s0), mt = fmax(x.s3, y.s3), m1 = fmax(x.s6, y.s6);
     const float2 rs = exp((float2)(x.s0, y.s0) - ms), rt = exp((float2)(x.s3, y.s3) - mt);
+    const float2 r1 = exp((float2)(x.s6, y.s6) - m1);
     return (float8)(ms, x.s1 * rs.x + y.s1 * rs.y, x.s2 * rs.x + y.s2 * rs.y, mt,
-                    x.s4 * rt.x + y.s4 * rt.y, x.s5 * rt.x + y.s5 * rt.y, 0.0f, 0.0f);
+                    x.s4 * rt.x + y.s4 * rt.y, x.s5 * rt.x + y.s5 * rt.y, m1,
+                    x.s7 * r1.x + y.s7 * r1.y);
 }
 
 /*
@@ -137,12 +158,33 @@ inline float8 merge_states(float8 x, float8 y)
 LLMCL_WG_REDUCE_T(wg_merge_states, float8, merge_states, )
 LLMCL_WG_REDUCE_T(wg_sum2, float2, LLMCL_ADD, )
 
-/* (lse_s, as / ls, lse_t, at / lt) of the merged states. */
-inline float4 online_merge(float8 st, __local float8 *sc)
+/* (lse_s, as / ls, lse_t, at / lt, lse_1) of the merged states. */
+inline float8 online_merge(float8 st, __local float8 *sc)
 {
     const float8 r = wg_merge_states(st, sc);
-    return (float4)(r.s0 + log(r.s1), r.s2 / r.s1, r.s3 + log(r.s4), r.s5 / r.s4);
+    return (float8)(r.s0 + log(r.s1), r.s2 / r.s1, r.s3 + log(r.s4), r.s5 / r.s4,
+                    r.s6 + log(r.s7), 0.0f, 0.0f, 0.0f);
 }
+
+/* [j0 + k == y] for the eight classes from j0 (j0 - y fits an int: V < 2^31). */
+inline float8 onehot8(long j0, long y)
+{
+    const int8 k = (int8)(0, 1, 2, 3, 4, 5, 6, 7) + (int)(j0 - y);
+    return select((float8)(0.0f), (float8)(1.0f), k == (int8)(0));
+}
+
+/* The hard term's first-walk state, and its gradient added on eight classes of the student's
+   logits z (fh = c gs hw); nothing without HARD. */
+#if HARD == 1
+#define HARD_STATE(z) online8_lse(&m1, &l1, (z))
+#else
+#define HARD_STATE(z)
+#endif
+#if HARD
+#define PLUS_HARD_GRAD(z, j0) + fh * (exp((z) - lse_1) - onehot8((j0), y))
+#else
+#define PLUS_HARD_GRAD(z, j0)
+#endif
 
 /* Mode 2's l and g (the header) of eight classes; lb = log beta, l1b = log(1 - beta). */
 inline float8 jsd8(float8 X, float8 Y, float beta, float lb, float l1b, float8 *g)
@@ -157,10 +199,10 @@ inline float8 jsd8(float8 X, float8 Y, float beta, float lb, float l1b, float8 *
 }
 
 /*
- * A work-item's chunks of a row, UNROLL loaded before any is used, then BODY for each (with xs,
- * xt the scaled logits and j0 the chunk's first class); rev walks them last first, so that a
- * second walk starts on what the first left in the cache. NVIDIA's OpenCL C takes no variadic
- * macros: a BODY has no comma outside parentheses.
+ * A work-item's chunks of a row, UNROLL loaded before any is used, then BODY for each (with zs
+ * the student's logits, xs, xt both scaled and j0 the chunk's first class); rev walks them last
+ * first, so that a second walk starts on what the first left in the cache. NVIDIA's OpenCL C
+ * takes no variadic macros: a BODY has no comma outside parentheses.
  */
 #define FOR_CHUNKS(rev, BODY)                                                                     \
     do {                                                                                          \
@@ -181,28 +223,41 @@ inline float8 jsd8(float8 X, float8 Y, float beta, float lb, float l1b, float8 *
                 const long j0 = 8 * (k_ + (long)u_ * WG);                                         \
                 if (j0 >= 8 * nk)                                                                 \
                     break;                                                                        \
-                const float8 xs = sv_[u_] * inv_tau, xt = tv_[u_] * inv_tau;                      \
+                const float8 zs = sv_[u_], xs = zs * inv_tau, xt = tv_[u_] * inv_tau;             \
                 BODY                                                                              \
             }                                                                                     \
         }                                                                                         \
     } while (0)
 
-/* One work-group of WG: stats[0] = the rows whose label is not ignore_index (all without). */
+/*
+ * One work-group of WG: stats[0] = the rows whose label is not ignore_index (all without), and
+ * with HARD stats[1] = the first row whose label is neither that nor in [0, V) (-1: none).
+ */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-distill_count(int has_labels, const __global label_t *labels, ulong loff, long n,
+distill_count(int has_labels, const __global label_t *labels, ulong loff, long n, long V,
               long ignore_index, __global int *stats)
 {
-    __local int total;
-    if (get_local_id(0) == 0)
+    __local int total, first_bad;
+    if (get_local_id(0) == 0) {
         total = 0;
+        first_bad = INT_MAX;
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
-    int count = 0; /* n < 2^31 (the host checks) */
-    for (long i = get_local_id(0); i < n; i += WG)
-        count += !has_labels || LOAD(LABEL_DT, labels, loff + i) != ignore_index;
-    atomic_add(&total, count); /* an integer sum: the same in any order */
+    int count = 0, bad = INT_MAX; /* n < 2^31 (the host checks) */
+    for (long i = get_local_id(0); i < n; i += WG) {
+        const long y = has_labels ? LOAD(LABEL_DT, labels, loff + i) : 0;
+        count += !has_labels || y != ignore_index;
+        /* one unsigned compare: llvmpipe folds y < 0 || y >= V wrongly (cross_entropy.cl) */
+        if (HARD && y != ignore_index && (ulong)y >= (ulong)V)
+            bad = min(bad, (int)i);
+    }
+    atomic_add(&total, count); /* an integer sum and minimum: the same in any order */
+    atomic_min(&first_bad, bad);
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (get_local_id(0) == 0)
+    if (get_local_id(0) == 0) {
         stats[0] = total;
+        stats[1] = first_bad == INT_MAX ? -1 : first_bad;
+    }
 }
 
 /*
@@ -214,14 +269,15 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
 distill_rows(const __global s_t *s, ulong soff, long sstride, const __global t_t *t,
              ulong toff, long tstride, long V, int has_labels, const __global label_t *labels,
              ulong loff, long row0, long ignore_index, const __global int *stats, int reduction,
-             float gs, float inv_tau, float beta, __global float *rows, ulong rowsoff, int grad,
-             __global ds_t *ds, ulong dsoff, long dsstride)
+             float gs, float inv_tau, float beta, float hw, __global float *rows, ulong rowsoff,
+             int grad, __global ds_t *ds, ulong dsoff, long dsstride)
 {
     __local float8 scratch[WG];
     const long r = get_group_id(0), row = row0 + r, nk = (V + 7) / 8;
     const long sbase = soff + r * sstride, tbase = toff + r * tstride;
     const long dsbase = dsoff + r * dsstride;
-    const bool live = !has_labels || LOAD(LABEL_DT, labels, loff + row) != ignore_index;
+    const long y = has_labels ? LOAD(LABEL_DT, labels, loff + row) : 0;
+    const bool live = !has_labels || y != ignore_index;
     if (!live) {
         if (get_local_id(0) == 0)
             rows[rowsoff + row] = 0.0f;
@@ -233,27 +289,33 @@ distill_rows(const __global s_t *s, ulong soff, long sstride, const __global t_t
 
     /* Both LSEs, and the KLs as weighted means: KL(p || q) = sum_j p_j (xt_j - xs_j) + lse_s -
        lse_t, and KL(q || p) likewise, so that beta 0 and 1 have their loss in this one walk. */
+    /* the label's logit, read before any walk writes dstudent over the student's row */
+    const float zy = HARD ? LOAD(S_DT, s, sbase + y) : 0.0f;
     float ms = -FLT_MAX, ls = 0.0f, as = 0.0f, mt = -FLT_MAX, lt = 0.0f, at = 0.0f;
+    float m1 = -FLT_MAX, l1 = 0.0f;
     FOR_CHUNKS(false, {
         online8(&ms, &ls, &as, xs, xs - xt);
         online8(&mt, &lt, &at, xt, xt - xs);
+        HARD_STATE(zs);
     });
-    const float4 e = online_merge((float8)(ms, ls, as, mt, lt, at, 0.0f, 0.0f), scratch);
-    const float lse_s = e.x, lse_t = e.z;
-    const float kl = MODE == 0 ? e.w + lse_s - lse_t : e.y + lse_t - lse_s;
+    const float8 e = online_merge((float8)(ms, ls, as, mt, lt, at, m1, l1), scratch);
+    const float lse_s = e.s0, lse_t = e.s2, lse_1 = HARD == 2 ? lse_s : e.s4;
+    const float kl = MODE == 0 ? e.s3 + lse_s - lse_t : e.s1 + lse_t - lse_s;
+    const float hard = HARD ? hw * (lse_1 - zy) : 0.0f;
 
     const int count = stats[0];
     const float c = reduction == 0 ? (count > 0 ? 1.0f / (float)count : 0.0f) : 1.0f;
-    const float f = c * gs * inv_tau;
+    const float f = c * gs * inv_tau, fh = c * gs * hw;
 #if MODE != 2
     if (get_local_id(0) == 0)
-        rows[rowsoff + row] = kl;
+        rows[rowsoff + row] = kl + hard;
     /* beta 0: f (q - p); beta 1: f q (X - Y - KL), the header's g - q S with sum_j q_j = 1 */
     if (grad)
         FOR_CHUNKS(true, {
             const float8 q = exp(xs - lse_s);
             const float8 p = exp(xt - lse_t);
-            DS_STORE(j0, f * (MODE == 0 ? q - p : mul0_8(q, (xs - lse_s) - (xt - lse_t) - kl)));
+            DS_STORE(j0, f * (MODE == 0 ? q - p : mul0_8(q, (xs - lse_s) - (xt - lse_t) - kl))
+                             PLUS_HARD_GRAD(zs, j0));
         });
 #else
     const float lb = log(beta), l1b = log1p(-beta);
@@ -266,12 +328,12 @@ distill_rows(const __global s_t *s, ulong soff, long sstride, const __global t_t
     const float2 sums = wg_sum2((float2)(lsum, gsum), (__local float2 *)scratch);
     const float S = sums.y;
     if (get_local_id(0) == 0)
-        rows[rowsoff + row] = sums.x;
+        rows[rowsoff + row] = sums.x + hard;
     if (grad)
         FOR_CHUNKS(false, {
             float8 g;
             jsd8(xs - lse_s, xt - lse_t, beta, lb, l1b, &g);
-            DS_STORE(j0, f * (g - mul0_8(exp(xs - lse_s), (float8)(S))));
+            DS_STORE(j0, f * (g - mul0_8(exp(xs - lse_s), (float8)(S))) PLUS_HARD_GRAD(zs, j0));
         });
 #endif
 }

@@ -296,6 +296,13 @@ llmcl_status llmcl__check_grad(llmcl_ctx *ctx, const llmcl_tensor *ref, const ch
                                const llmcl_tensor *grad, const char *name, llmcl__rows *rows);
 
 /*
+ * Fails with the first out-of-range label where a kernel wrote its row into the int at index `at`
+ * of stats (-1: none), naming the label's value; waits for the queue. The losses' message.
+ */
+llmcl_status llmcl__check_label_stat(llmcl_ctx *ctx, cl_mem stats, size_t at,
+                                     const llmcl_tensor *labels, int64_t v, int64_t ignore);
+
+/*
  * Tokens per chunk of a linear loss over n tokens (the cross-entropy's and the distillation's):
  * forced when > 0, else as many as budget holds at per_token bytes, in whole 128-token row tiles
  * of the products where it holds one or more (so that no chunk ends in a sliver of a tile);

@@ -198,6 +198,28 @@ llmcl_status llmcl__check_grad(llmcl_ctx *ctx, const llmcl_tensor *ref, const ch
     return llmcl__as_rows(ctx, grad, name, rows);
 }
 
+llmcl_status llmcl__check_label_stat(llmcl_ctx *ctx, cl_mem stats, size_t at,
+                                     const llmcl_tensor *labels, int64_t v, int64_t ignore)
+{
+    cl_int bad = -1;
+    LLMCL__CL(ctx, clEnqueueReadBuffer(ctx->queue, stats, CL_TRUE, at * sizeof bad, sizeof bad,
+                                       &bad, 0, NULL, NULL));
+    if (bad < 0)
+        return LLMCL_OK;
+    const size_t es = llmcl_dtype_size(labels->dtype);
+    int64_t value = 0;
+    int32_t v32 = 0;
+    LLMCL__CL(ctx, clEnqueueReadBuffer(ctx->queue, labels->mem, CL_TRUE,
+                                       (size_t)(labels->offset + bad) * es, es,
+                                       es == 4 ? (void *)&v32 : (void *)&value, 0, NULL, NULL));
+    if (es == 4)
+        value = v32;
+    return LLMCL__FAIL(ctx, LLMCL_ERROR_INVALID_ARGUMENT,
+                       "labels[%d] = %lld is outside [0, %lld) and is not ignore_index (%lld); "
+                       "nothing was written",
+                       (int)bad, (long long)value, (long long)v, (long long)ignore);
+}
+
 int64_t llmcl__chunk_tokens(int64_t n, int64_t forced, uint64_t budget, uint64_t per_token)
 {
     const int64_t tile = 128; /* the tensor-core products' row tile */

@@ -77,7 +77,7 @@ static int check_small(bench_env *env)
         download_f32(ds, hg) == LLMCL_OK && download_f32(b.loss, &loss) == LLMCL_OK) {
         for (int i = 0; i < 2 * N * V; ++i)
             s[i] = hs[i];
-        const ref_distill_opts ro = {0.5, 2.0, 0, -100, 1.0};
+        const ref_distill_opts ro = {0.5, 2.0, 0, -100, 1.0, 0.0};
         ref_distill(s, s + N * V, NULL, N, V, &ro, &rl, g);
         double gmax = 0.0, gerr = 0.0;
         for (int i = 0; i < N * V; ++i)

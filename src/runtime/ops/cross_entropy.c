@@ -256,24 +256,7 @@ static llmcl_status ce_begin(ce_run *r, llmcl_ctx *ctx, llmcl_dtype dt, const ll
 /* Fails with the first out-of-range label when ce_prepare found one (waits for the queue). */
 static llmcl_status ce_check_labels(ce_run *r)
 {
-    llmcl_ctx *ctx = r->ctx;
-    cl_int bad = -1;
-    LLMCL__CL(ctx, clEnqueueReadBuffer(ctx->queue, r->stats->mem, CL_TRUE, 0, sizeof bad, &bad, 0,
-                                       NULL, NULL));
-    if (bad < 0)
-        return LLMCL_OK;
-    const size_t es = llmcl_dtype_size(r->labels->dtype);
-    int64_t value = 0;
-    int32_t v32 = 0;
-    LLMCL__CL(ctx, clEnqueueReadBuffer(ctx->queue, r->labels->mem, CL_TRUE,
-                                       (size_t)(r->labels->offset + bad) * es, es,
-                                       es == 4 ? (void *)&v32 : (void *)&value, 0, NULL, NULL));
-    if (es == 4)
-        value = v32;
-    return LLMCL__FAIL(ctx, LLMCL_ERROR_INVALID_ARGUMENT,
-                       "labels[%d] = %lld is outside [0, %lld) and is not ignore_index (%lld); "
-                       "nothing was written",
-                       (int)bad, (long long)value, (long long)r->v, (long long)r->ignore);
+    return llmcl__check_label_stat(r->ctx, r->stats->mem, 0, r->labels, r->v, r->ignore);
 }
 
 /* ce_finish: the per-row terms into loss (and z_loss). */

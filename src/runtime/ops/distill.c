@@ -20,6 +20,7 @@ typedef struct distill_run {
     llmcl_ctx *ctx;
     llmcl_distill_options o;
     int mode; /* 0 forward KL, 1 reverse KL, 2 the general form (distill.cl) */
+    int hard; /* the cross-entropy term: 0 none, 1 its own LSE, 2 the student's (tau 1) */
     int64_t n, v, ignore;
     llmcl_dtype s_dt, t_dt, ds_dt;
     const llmcl_tensor *labels;
@@ -51,11 +52,15 @@ static llmcl_status check_options(llmcl_ctx *ctx, const llmcl_distill_options *o
                    "opts->grad_scale %g must be finite", (double)o->grad_scale);
     LLMCL__REQUIRE(ctx, o->chunk_rows >= 0, LLMCL_ERROR_INVALID_ARGUMENT,
                    "opts->chunk_rows %lld must be >= 0", (long long)o->chunk_rows);
+    LLMCL__REQUIRE(ctx, o->ce_weight >= 0.0f && isfinite(o->ce_weight),
+                   LLMCL_ERROR_INVALID_ARGUMENT, "opts->ce_weight %g must be finite and >= 0",
+                   (double)o->ce_weight);
     if (o->temperature == 0.0f)
         r->o.temperature = 1.0f;
     if (o->grad_scale == 0.0f)
         r->o.grad_scale = 1.0f;
     r->mode = o->beta == 0.0f ? 0 : o->beta == 1.0f ? 1 : 2;
+    r->hard = o->ce_weight == 0.0f ? 0 : r->o.temperature == 1.0f ? 2 : 1;
     r->ignore = o->use_ignore_index ? o->ignore_index : DISTILL_DEFAULT_IGNORE;
     return LLMCL_OK;
 }
@@ -66,6 +71,9 @@ static llmcl_status check_labels_loss(llmcl_ctx *ctx, const distill_run *r, int6
                                       const llmcl_tensor *const *ins, const char *const *names,
                                       int n_ins)
 {
+    LLMCL__REQUIRE(ctx, labels || !r->hard, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "opts->ce_weight %g needs labels: the cross-entropy's targets",
+                   (double)r->o.ce_weight);
     if (labels)
         LLMCL__TRY(llmcl__check_vec(ctx, labels, "labels", LLMCL__INT_DTYPES, n));
     LLMCL__TRY(llmcl__check_vec(ctx, loss, "loss", 1u << LLMCL_F32,
@@ -108,7 +116,8 @@ static void row_params(distill_run *r)
 /*
  * Where the device cuts loops short, whether a work-item's loops fit its budget: distill_count
  * and distill_finish walk the n rows a work-group, distill_rows a row in chunks of eight (three
- * walks of UNROLL loads and updates a trip, scalar tails of eight, six reductions).
+ * walks of UNROLL loads and two or three online updates a trip, scalar tails of eight, six
+ * reductions).
  */
 static llmcl_status check_loops(distill_run *r)
 {
@@ -119,7 +128,9 @@ static llmcl_status check_loops(distill_run *r)
         ++red;
     LLMCL__TRY(llmcl__check_loops(r->ctx, llmcl__div_up(r->n, wg) + 1 + 2 * red,
                                   "distillation: %lld rows", (long long)r->n));
-    const int64_t walk = llmcl__div_up(llmcl__div_up(r->v, 8), wg * u) * (2 * u + 2 * 9 * u) + 1;
+    const int64_t updates = r->hard == 1 ? 3 : 2;
+    const int64_t walk =
+        llmcl__div_up(llmcl__div_up(r->v, 8), wg * u) * (2 * u + updates * 9 * u) + 1;
     return llmcl__check_loops(r->ctx, 3 * walk + 6 * red, "distillation: rows of V = %lld",
                               (long long)r->v);
 }
@@ -133,6 +144,7 @@ static llmcl_status row_kernel(distill_run *r, const char *name, cl_kernel *k, b
     llmcl__define_str(&d, "LABEL_DT", llmcl__dtype_macro(r->labels ? r->labels->dtype : LLMCL_I64));
     llmcl__define_int(&d, "ALIGNED", aligned);
     llmcl__define_int(&d, "MODE", r->mode);
+    llmcl__define_int(&d, "HARD", r->hard);
     llmcl__params_define(&r->rp, &d);
     return llmcl__kernel(r->ctx, LLMCL_FAMILY_DISTILL, &d, name, k);
 }
@@ -151,7 +163,10 @@ static void arg_buf(llmcl__args *a, cl_mem m) { llmcl__arg(a, sizeof m, &m); }
 
 static size_t wg_of(const distill_run *r) { return (size_t)llmcl__param_get(&r->rp, "WG", 64); }
 
-/* Picks the tunables, allocates the stats and per-row scratch and enqueues distill_count. */
+/*
+ * Picks the tunables, allocates the stats and per-row scratch and enqueues distill_count; with
+ * the cross-entropy term, fails on an out-of-range label before anything is written.
+ */
 static llmcl_status run_begin(distill_run *r, llmcl_ctx *ctx, const llmcl_tensor *labels, int64_t n,
                               int64_t v, llmcl_dtype s_dt, llmcl_dtype t_dt)
 {
@@ -163,8 +178,8 @@ static llmcl_status run_begin(distill_run *r, llmcl_ctx *ctx, const llmcl_tensor
     r->t_dt = t_dt;
     row_params(r);
     LLMCL__TRY(check_loops(r));
-    const int64_t one = 1;
-    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_I32, 1, &one, "distillation stats", &r->stats));
+    const int64_t two = 2;
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_I32, 1, &two, "distillation stats", &r->stats));
     if (r->o.reduction != LLMCL_CE_NONE)
         LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &n, "distillation per-row terms", &r->rows));
     cl_kernel k;
@@ -172,10 +187,13 @@ static llmcl_status run_begin(distill_run *r, llmcl_ctx *ctx, const llmcl_tensor
     llmcl__args a = llmcl__args_begin(ctx, k);
     arg_labels(&a, r);
     llmcl__arg_i64(&a, n);
+    llmcl__arg_i64(&a, v);
     llmcl__arg_i64(&a, r->ignore);
     arg_buf(&a, r->stats->mem);
     const size_t g = wg_of(r);
-    return llmcl__launch(&a, 1, &g, &g);
+    LLMCL__TRY(llmcl__launch(&a, 1, &g, &g));
+    return r->hard ? llmcl__check_label_stat(ctx, r->stats->mem, 1, labels, v, r->ignore)
+                   : LLMCL_OK;
 }
 
 /* Rows [row0, row0 + nrows) of the call: student rows in s, teacher rows in t, dstudent in ds. */
@@ -210,6 +228,7 @@ static llmcl_status rows_run(distill_run *r, const rows_job *j, llmcl_tensor *lo
     llmcl__arg_f32(&a, r->o.grad_scale);
     llmcl__arg_f32(&a, 1.0f / r->o.temperature);
     llmcl__arg_f32(&a, r->o.beta);
+    llmcl__arg_f32(&a, r->o.ce_weight);
     if (r->rows)
         llmcl__arg_mem(&a, r->rows->mem, 0);
     else
