@@ -29,7 +29,7 @@ The output: the first step's line gives its time instead of a speed and ETA; the
 family, then times a step without waits and says how much of its span no kernel ran (where the
 device's profiling events time kernels; elsewhere it says it cannot).
 --teacher distills: a student that is its own teacher has a divergence of 0, a fresh one learns,
-and bad values or combinations are refused.
+--profile times the teacher's forward, and bad values or combinations are refused.
 
     python3 tests/test_train_cli.py build/tools/llmcl-train
 """
@@ -949,7 +949,8 @@ def examples(p):
 def distill(p):
     """--teacher: a student that is its own teacher has a divergence of 0 (loss and norm 0 with
     --distill-alpha 1; half the cross-entropy's loss and norm with 0.5); a teacher trained apart
-    teaches a falling loss; bad values and what distillation does not combine with are refused."""
+    teaches a falling loss; --profile shows the teacher's forward; bad values and what
+    distillation does not combine with are refused."""
     base = TINY + ["--dtype", "f32", "--lr", "0"]
     expect_ok("a teacher to distill from", TINY + ["--dtype", "f32", "--steps", "8",
                                                    "--export", p("teacher"),
@@ -972,6 +973,11 @@ def distill(p):
     loss = [float(x.split()[1]) for x in losses(r.stdout)]
     check(f"a fresh student: 6 finite losses, falling: {loss}",
           len(loss) == 6 and all(0 < x < 10 for x in loss) and loss[-1] < loss[0])
+    r = expect_ok("--profile with a teacher", TINY + ["--dtype", "f32", "--steps", "1",
+                                                      "--teacher", p("teacher"), "--profile"])
+    row = [x.split() for x in r.stdout.splitlines() if x.strip().startswith("teacher fwd")]
+    check(f"--profile times the teacher's forward as a row: {row}",
+          len(row) == 1 and float(row[0][2]) > 0)
     for what, extra, needle in (
             ("--distill-alpha without --teacher", ["--distill-alpha", "0.5"], "need --teacher"),
             ("--distill-alpha 0", ["--teacher", p("teacher"), "--distill-alpha", "0"],
@@ -982,6 +988,9 @@ def distill(p):
                                          "--distill-temperature", "0"], "must be > 0"),
             ("--teacher with --fused-ce", ["--teacher", p("teacher"), "--fused-ce"],
              "not with --fused-ce"),
+            ("--teacher with --ce-logits bf16",
+             ["--dtype", "bf16", "--teacher", p("teacher"), "--ce-logits", "bf16"],
+             "on f32 logits: not with --ce-logits bf16"),
             ("a teacher of another vocabulary", ["--teacher", p("teacher"), "--vocab", "300"],
              "the teacher's vocabulary has 256 tokens, the student's 300"),
             ("a teacher without config.json", ["--teacher", p("teacher/model.safetensors")],

@@ -1043,7 +1043,7 @@ static int64_t widest_adapters(const model_config *c)
 }
 
 /* The buffers every form has beside the stream and the layers': where each goes in m, its spec. */
-enum { FIXED_BUFFERS = 22 };
+enum { FIXED_BUFFERS = 20 };
 static int fixed_buffers(model *m, int b, int t, llmcl_tensor **where[FIXED_BUFFERS],
                          buf_spec spec[FIXED_BUFFERS])
 {
@@ -1074,16 +1074,12 @@ static int fixed_buffers(model *m, int b, int t, llmcl_tensor **where[FIXED_BUFF
                             {&m->logits_last, {LLMCL_F32, 1, c->vocab}},
                             {&m->du, {dt, n, widest_adapters(c)}},
                             {&m->ones, {dt, n, 0}},
-                            {&m->ce_loss, {LLMCL_F32, 1, 0}},
-                            {&m->kd_loss, {LLMCL_F32, 1, 0}},
-                            {&m->dh_kd, {LLMCL_F32, n, c->dim}}};
+                            {&m->kd_loss, {LLMCL_F32, 1, 0}}};
     int count = 0;
     for (int i = 0; i < FIXED_BUFFERS; ++i) {
-        const bool distill = all[i].where == &m->ce_loss || all[i].where == &m->kd_loss ||
-                             all[i].where == &m->dh_kd;
         if ((all[i].where == &m->du && c->lora_rank == 0) ||
             (all[i].where == &m->ones && !c->qkv_bias && !c->o_bias) ||
-            (distill && c->distill_alpha <= 0))
+            (all[i].where == &m->kd_loss && c->distill_alpha <= 0))
             continue;
         where[count] = all[i].where;
         spec[count++] = all[i].spec;
@@ -1776,9 +1772,10 @@ static llmcl_status head_loss(model *m, arena *a, int64_t n, bool backward_follo
 }
 
 /*
- * A training step's head under distillation: the cross-entropy's part, weighed 1 - alpha, writes
- * m->dh32 and the head's gradient; the divergence's, weighed alpha tau^2 (Hinton's scale), adds
- * its own through m->dh_kd. A part of weight 0 does not run (a grad_scale of 0 would mean 1).
+ * A training step's head under distillation: (1 - alpha) CE + alpha tau^2 D in one pass over the
+ * logits, the divergence's call carrying the cross-entropy at weight (1 - alpha) / (alpha tau^2)
+ * (Hinton's tau^2 the call's grad_scale): the student's logits product, its dhidden and its
+ * head's gradient run once, not once for each part.
  */
 static llmcl_status head_distill(model *m, arena *a, int64_t n)
 {
@@ -1786,32 +1783,19 @@ static llmcl_status head_distill(model *m, arena *a, int64_t n)
     const float alpha = c->distill_alpha, tau = c->distill_temperature ? c->distill_temperature : 1;
     const float gs = m->ce_grad_scale ? m->ce_grad_scale : 1.0f, kd_weight = alpha * tau * tau;
     const model_param *headp = param(m, P_HEAD, -1), *theadp = param(m->teacher, P_HEAD, -1);
-    llmcl_tensor *hf = rows(a, m->hfinal, n), *tt = head(a, m->targets, n);
-    const bool ce_part = alpha < 1;
     TRY(group_open(m, model_head_group(m), GROUP_GRADS)); /* under --zero: the grads' views */
-    llmcl_tensor *dw = headp->trainable ? headp->grad : NULL;
-    if (ce_part) {
-        llmcl_ce_options co = ce_opts(m);
-        co.logits_dtype = c->ce_logits_dtype;
-        co.grad_scale = gs * (1 - alpha);
-        OP(F_CROSS_ENTROPY_FWD,
-           llmcl_linear_cross_entropy_forward(m->ctx, hf, headp->w, NULL, tt, &co, m->ce_loss,
-                                              NULL, rows(a, m->dh32, n), dw, NULL));
-    }
     const llmcl_distill_options dop = {.beta = c->distill_beta,
                                        .temperature = tau,
                                        .chunk_bytes = c->ce_chunk_bytes,
                                        .grad_scale = gs * kd_weight,
-                                       .accumulate_weight_grad = ce_part || !m->grads_fresh};
-    llmcl_tensor *dh = rows(a, ce_part ? m->dh_kd : m->dh32, n);
+                                       .accumulate_weight_grad = !m->grads_fresh,
+                                       .ce_weight = (1 - alpha) / kd_weight};
     OP(F_CROSS_ENTROPY_FWD,
-       llmcl_linear_distill_forward(m->ctx, hf, headp->w, rows(a, m->teacher->hfinal, n),
-                                    theadp->w, tt, &dop, m->kd_loss, dh, dw));
+       llmcl_linear_distill_forward(m->ctx, rows(a, m->hfinal, n), headp->w,
+                                    rows(a, m->teacher->hfinal, n), theadp->w,
+                                    head(a, m->targets, n), &dop, m->kd_loss, rows(a, m->dh32, n),
+                                    headp->trainable ? headp->grad : NULL));
     OP(F_ELEMENTWISE, llmcl_fill(m->ctx, m->loss, 0.0));
-    if (ce_part) {
-        OP(F_ELEMENTWISE, llmcl_axpy(m->ctx, 1.0f, dh, rows(a, m->dh32, n)));
-        OP(F_ELEMENTWISE, llmcl_axpy(m->ctx, 1 - alpha, m->ce_loss, m->loss));
-    }
     OP(F_ELEMENTWISE, llmcl_axpy(m->ctx, kd_weight, m->kd_loss, m->loss));
     return LLMCL_OK;
 }

@@ -187,9 +187,9 @@ typedef struct model {
        the weight of a micro-batch in a step's mean over every target that learns */
     float ce_grad_scale;
     /* with distill_alpha: the teacher, whose forward on the same batch comes first (its final
-       hidden states and head), and the loss's two parts with the divergence's dhidden */
+       hidden states and head), and the distillation's loss before its weight */
     struct model *teacher;
-    llmcl_tensor *ce_loss, *kd_loss, *dh_kd;
+    llmcl_tensor *kd_loss;
 
     /* activations for micro-batches of up to max_b x max_t tokens */
     int max_b, max_t;

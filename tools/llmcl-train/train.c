@@ -128,8 +128,9 @@ static void usage(FILE *f)
           "  --teacher PATH       a Hugging Face checkpoint of the same vocabulary, frozen, whose\n"
           "                       forward on each micro-batch comes first: the loss becomes\n"
           "                       (1 - A) CE + A T^2 D, D the divergence of its token\n"
-          "                       distribution from the student's (llmcl_linear_distill_forward);\n"
-          "                       the held-out loss stays the cross-entropy\n"
+          "                       distribution from the student's, both from one pass over f32\n"
+          "                       logits (llmcl_linear_distill_forward with ce_weight); the\n"
+          "                       held-out loss stays the cross-entropy\n"
           "  --distill-alpha A    D's weight in (0, 1] (default 0.5)\n"
           "  --distill-beta B     0: forward KL (default), 1: reverse KL, between: their\n"
           "                       generalised Jensen-Shannon divergence (0.5: JSD)\n"
@@ -201,7 +202,8 @@ static void usage(FILE *f)
           "                       then a backward that computes the logits again (a product more,\n"
           "                       and --ce-chunk-mib can be as small as 64)\n"
           "  --profile            after training, one more step with each op timed on its own:\n"
-          "                       its kernel time split by op family; then one without waits:\n"
+          "                       its kernel time split by op family (a --teacher's forward\n"
+          "                       one row); then one without waits:\n"
           "                       how much of its span no kernel ran\n"
           "checkpoints (safetensors: f32 weights under Hugging Face names, AdamW moments, step):\n"
           "  --save FILE          written at the end (and every --save-every N steps)\n"
@@ -406,7 +408,8 @@ static void check_paths(const options *o)
         die("--resume %s: %s", o->resume, strerror(err));
 }
 
-/* --teacher and its options: their ranges, and the fused cross-entropy, which it does not serve. */
+/* --teacher and its options: their ranges, and what it does not serve: the fused cross-entropy and
+   16-bit logits (both losses come from one pass over f32 logits). */
 static void check_distill(options *o)
 {
     model_config *c = &o->model;
@@ -424,6 +427,10 @@ static void check_distill(options *o)
         die("--distill-alpha must be in (0, 1] and --distill-beta in [0, 1]");
     if (c->fused_ce)
         die("--teacher runs on the chunked cross-entropy's path: not with --fused-ce");
+    if (c->ce_logits_dtype != LLMCL_F32)
+        die("--teacher computes the cross-entropy with the divergence, on f32 logits: not with "
+            "--ce-logits %s",
+            llmcl_dtype_name(c->ce_logits_dtype));
 }
 
 static void parse_options(int argc, char **argv, options *o)
@@ -1080,22 +1087,44 @@ static void sample(trainer *tr)
     free(ctx_ids);
 }
 
-/* One more step with every op a profiling region of its own: kernel time per op family. */
+/* A model's ops profiled from now on, its family times cleared; or no longer. */
+static void set_profiling(model *m, bool on)
+{
+    if (on)
+        memset(m->prof_ms, 0, sizeof m->prof_ms);
+    m->profiling = on;
+}
+
+static double prof_total(const model *m)
+{
+    double total = 0;
+    for (int f = 0; f < F_FAMILIES; ++f)
+        total += m->prof_ms[f];
+    return total;
+}
+
+/* One more step with every op a profiling region of its own: kernel time per op family, and the
+   teacher's forward as a row of its own. */
 static void profile_step(trainer *tr, int step)
 {
     model *m = tr->m;
-    double loss, norm, total = 0;
-    memset(m->prof_ms, 0, sizeof m->prof_ms);
+    double loss, norm;
     m->prof_zero_ms = 0.0;
-    m->profiling = true;
+    set_profiling(m, true);
+    if (tr->teacher)
+        set_profiling(tr->teacher, true);
     const double t0 = util_now_s();
     train_step(tr, step, true, &loss, &norm);
     const double wall = 1e3 * (util_now_s() - t0);
-    m->profiling = false;
-    for (int f = 0; f < F_FAMILIES; ++f)
-        total += m->prof_ms[f];
+    set_profiling(m, false);
+    const double teacher_ms = tr->teacher ? prof_total(tr->teacher) : 0.0;
+    if (tr->teacher)
+        set_profiling(tr->teacher, false);
+    const double total = prof_total(m) + teacher_ms;
     printf("profile of one step (%.1f ms of kernels, %.1f ms wall with a wait after every op):\n",
            total, wall);
+    if (teacher_ms > 0)
+        printf("  %-18s %9.2f ms %5.1f%%\n", "teacher fwd", teacher_ms, 100.0 * teacher_ms / total);
     for (int f = 0; f < F_FAMILIES; ++f)
         if (m->prof_ms[f] > 0)
             printf("  %-18s %9.2f ms %5.1f%%\n", model_family_name(f), m->prof_ms[f],
