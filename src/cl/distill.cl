@@ -287,10 +287,11 @@ distill_rows(const __global s_t *s, ulong soff, long sstride, const __global t_t
         return;
     }
 
-    /* Both LSEs, and the KLs as weighted means: KL(p || q) = sum_j p_j (xt_j - xs_j) + lse_s -
-       lse_t, and KL(q || p) likewise, so that beta 0 and 1 have their loss in this one walk. */
     /* the label's logit, read before any walk writes dstudent over the student's row */
     const float zy = HARD ? LOAD(S_DT, s, sbase + y) : 0.0f;
+    /* Both LSEs, and the KLs as weighted means: KL(p || q) = sum_j p_j (xt_j - xs_j) + lse_s -
+       lse_t, and KL(q || p) likewise, so that beta 0 and 1 have their loss in this one walk (and
+       the hard term's LSE where it has its own). */
     float ms = -FLT_MAX, ls = 0.0f, as = 0.0f, mt = -FLT_MAX, lt = 0.0f, at = 0.0f;
     float m1 = -FLT_MAX, l1 = 0.0f;
     FOR_CHUNKS(false, {
