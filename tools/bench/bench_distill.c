@@ -2,9 +2,11 @@
  * bench_distill.c: llmcl-bench rows for the distillation losses. On materialised bf16 logits
  * (GB/s over the student's and the teacher's logits read once, plus the gradient written in
  * place): the loss alone and with the gradient, at beta 0.5 (two walks of a row, three with the
- * gradient) and 0 (one, and two). The linear form at an 8B model's head (TFLOP/s of its
- * products: both logits, dhidden and dweight) at the default scratch budget (2 GiB) and at
- * 256 MiB, with its peak memory. A small problem is checked against the double reference.
+ * gradient) and 0 (one, and two), and at beta 0 with the cross-entropy on random labels beside
+ * it (ce_weight 1, what llmcl-train --teacher runs). The linear form at an 8B model's head
+ * (TFLOP/s of its products: both logits, dhidden and dweight) at the default scratch budget
+ * (2 GiB) and at 256 MiB, with its peak memory, and at the default with the cross-entropy. A
+ * small problem is checked against the double reference.
  */
 #include <math.h>
 #include <stdio.h>
@@ -16,12 +18,13 @@
 typedef struct distill_bench {
     llmcl_tensor *s, *t, *loss;
     llmcl_tensor *h, *w, *th, *tw, *dh, *dw;
+    llmcl_tensor *labels; /* NULL: every row counts, no cross-entropy */
     llmcl_distill_options o;
 } distill_bench;
 
 static void bench_free(distill_bench *b)
 {
-    llmcl_tensor *all[] = {b->s, b->t, b->loss, b->h, b->w, b->th, b->tw, b->dh, b->dw};
+    llmcl_tensor *all[] = {b->s, b->t, b->loss, b->h, b->w, b->th, b->tw, b->dh, b->dw, b->labels};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
         llmcl_tensor_destroy(all[i]);
 }
@@ -29,20 +32,20 @@ static void bench_free(distill_bench *b)
 static llmcl_status op_loss(llmcl_ctx *ctx, void *arg)
 {
     distill_bench *b = arg;
-    return llmcl_distill_forward(ctx, b->s, b->t, NULL, &b->o, b->loss, NULL);
+    return llmcl_distill_forward(ctx, b->s, b->t, b->labels, &b->o, b->loss, NULL);
 }
 
 static llmcl_status op_grad(llmcl_ctx *ctx, void *arg)
 {
     distill_bench *b = arg;
-    return llmcl_distill_forward(ctx, b->s, b->t, NULL, &b->o, b->loss, b->s);
+    return llmcl_distill_forward(ctx, b->s, b->t, b->labels, &b->o, b->loss, b->s);
 }
 
 static llmcl_status op_linear(llmcl_ctx *ctx, void *arg)
 {
     distill_bench *b = arg;
-    return llmcl_linear_distill_forward(ctx, b->h, b->w, b->th, b->tw, NULL, &b->o, b->loss, b->dh,
-                                        b->dw);
+    return llmcl_linear_distill_forward(ctx, b->h, b->w, b->th, b->tw, b->labels, &b->o, b->loss,
+                                        b->dh, b->dw);
 }
 
 static llmcl_status new_random(llmcl_ctx *ctx, llmcl_dtype dt, int64_t r, int64_t c, uint64_t seed,
@@ -51,6 +54,24 @@ static llmcl_status new_random(llmcl_ctx *ctx, llmcl_dtype dt, int64_t r, int64_
     const int64_t shape[2] = {r, c};
     llmcl_status st = llmcl_tensor_create(ctx, dt, 2, shape, out);
     return st == LLMCL_OK ? bench_upload_random(*out, seed) : st;
+}
+
+/* n labels in [0, v), I32, from a fixed-seed generator. */
+static llmcl_status new_labels(llmcl_ctx *ctx, int64_t n, int64_t v, llmcl_tensor **out)
+{
+    int32_t *y = malloc((size_t)n * sizeof *y);
+    if (!y)
+        return LLMCL_ERROR_OUT_OF_HOST_MEMORY;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int64_t i = 0; i < n; ++i) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        y[i] = (int32_t)((x >> 33) % (uint64_t)v);
+    }
+    llmcl_status st = llmcl_tensor_create(ctx, LLMCL_I32, 1, &n, out);
+    if (st == LLMCL_OK)
+        st = llmcl_tensor_upload(*out, y, (size_t)n * sizeof *y);
+    free(y);
+    return st;
 }
 
 static llmcl_status download_f32(const llmcl_tensor *t, float *out)
@@ -114,6 +135,15 @@ static void logits_rows(bench_env *env, int check)
     bench_add_timed(env, "distill", "fwd", "bf16", kl_shape, in, op_loss, NULL, &b, check);
     bench_add_timed(env, "distill", "fwd+bwd", "bf16", kl_shape, in + out, op_grad, NULL, &b,
                     check);
+    if ((st = new_labels(env->ctx, n, v, &b.labels)) != LLMCL_OK) {
+        bench_fail(env, "distillation labels", st);
+        bench_free(&b);
+        return;
+    }
+    b.o.ce_weight = 1.0f;
+    snprintf(kl_shape, sizeof kl_shape, "N%lld V%lld beta 0 +ce", (long long)n, (long long)v);
+    bench_add_timed(env, "distill", "fwd+bwd", "bf16", kl_shape, in + out + 4.0 * (double)n,
+                    op_grad, NULL, &b, check);
     bench_free(&b);
 }
 
@@ -158,6 +188,20 @@ static void linear_row(bench_env *env)
             r.peak_mib = bench_peak_mib(env, op_linear, &b);
             bench_add(env, &r);
         }
+    }
+    /* forward KL with the cross-entropy, as llmcl-train --teacher runs it */
+    if ((st = new_labels(env->ctx, n, v, &b.labels)) != LLMCL_OK) {
+        bench_fail(env, "linear distillation labels", st);
+        bench_free(&b);
+        return;
+    }
+    b.o = (llmcl_distill_options){.ce_weight = 1.0f};
+    snprintf(r.shape, sizeof r.shape, "N%lld H%lld V%lld b0 +ce", (long long)n, (long long)h,
+             (long long)v);
+    r.ms = bench_time(env, op_linear, &b);
+    if (r.ms >= 0) {
+        r.peak_mib = bench_peak_mib(env, op_linear, &b);
+        bench_add(env, &r);
     }
     bench_free(&b);
 }
