@@ -8,8 +8,10 @@ Prints one line per row: implementation, op, median ms, and GB/s (logits rows: t
 the teacher's bf16 logits read once and the gradient written once, as llmcl-bench counts them) or
 TFLOP/s (linear rows: 8 N V H, both logits products and the two gradient products). Every row is
 the loss and the student's gradients (torch.autograd.grad). The divergence is the generalised JSD
-of llmcl.h (Liger's): mean over the rows, at temperature 1. Liger's rows are skipped, with the
-reason, where liger_kernel does not import."""
+of llmcl.h (Liger's): mean over the rows, at temperature 1. The `+ce` rows add the student's
+cross-entropy on random labels to the forward KL, as llmcl-bench's `+ce` rows and
+`llmcl-train --teacher` do (PyTorch only). Liger's rows are skipped, with the reason, where
+liger_kernel does not import."""
 import math
 
 import torch
@@ -33,6 +35,11 @@ def jsd(s, t, beta):
     return d / s.shape[0]
 
 
+def kd_ce(s, t, y):
+    """The forward KL with the student's cross-entropy on the labels y beside it."""
+    return jsd(s, t, 0.0) + F.cross_entropy(s.float(), y)
+
+
 def row(impl, op, fn, nbytes=0, flops=0):
     try:
         ms = median_ms(fn, warmup=5, rep=50)
@@ -43,24 +50,30 @@ def row(impl, op, fn, nbytes=0, flops=0):
     print(f"{impl:8s} {op:28s}: {ms:.4f} ms, {rate}", flush=True)
 
 
-def logits_rows(impl, f):
+def logits_rows(impl, f, fce):
     s = torch.rand(N, V, device=DEV, dtype=BF).mul_(2).sub_(1).requires_grad_()
     t = torch.rand(N, V, device=DEV, dtype=BF).mul_(2).sub_(1)
+    y = torch.randint(0, V, (N,), device=DEV)
     nbytes = 3 * N * V * 2
     for beta in (0.5, 0.0):
         row(impl, f"distill beta {beta} fwd+bwd", lambda: torch.autograd.grad(f(s, t, beta), s),
             nbytes)
-    del s, t
+    row(impl, "distill beta 0 +ce fwd+bwd", lambda: torch.autograd.grad(fce(s, t, y), s), nbytes)
+    del s, t, y
     torch.cuda.empty_cache()
 
 
-def linear_rows(impl, f):
+def linear_rows(impl, f, fce=None):
     h = (torch.randn(N, H, device=DEV, dtype=BF) * 0.5).requires_grad_()
     w = (torch.randn(V, H, device=DEV, dtype=BF) * 0.02).requires_grad_()
     th = torch.randn(N, H, device=DEV, dtype=BF) * 0.5
     tw = torch.randn(V, H, device=DEV, dtype=BF) * 0.02
     row(impl, "linear_distill beta 0.5", lambda: torch.autograd.grad(f(h, w, th, tw), (h, w)),
         flops=8 * N * V * H)
+    if fce:
+        y = torch.randint(0, V, (N,), device=DEV)
+        row(impl, "linear_distill beta 0 +ce",
+            lambda: torch.autograd.grad(fce(h, w, th, tw, y), (h, w)), flops=8 * N * V * H)
     torch.cuda.reset_peak_memory_stats()
     torch.autograd.grad(f(h, w, th, tw), (h, w))
     print(f"{impl:8s} {'linear_distill peak':28s}: "
@@ -71,6 +84,10 @@ def linear_rows(impl, f):
 
 def linear_eager(h, w, th, tw):
     return jsd(h @ w.T, th @ tw.T, 0.5)
+
+
+def linear_eager_ce(h, w, th, tw, y):
+    return kd_ce(h @ w.T, th @ tw.T, y)
 
 
 def liger():
@@ -95,10 +112,11 @@ def liger():
 
 def main():
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}", flush=True)
-    logits_rows("eager", jsd)
-    logits_rows("compile", torch.compile(jsd, dynamic=False))
-    linear_rows("eager", linear_eager)
-    linear_rows("compile", torch.compile(linear_eager, dynamic=False))
+    logits_rows("eager", jsd, kd_ce)
+    logits_rows("compile", torch.compile(jsd, dynamic=False), torch.compile(kd_ce, dynamic=False))
+    linear_rows("eager", linear_eager, linear_eager_ce)
+    linear_rows("compile", torch.compile(linear_eager, dynamic=False),
+                torch.compile(linear_eager_ce, dynamic=False))
     liger()
 
 
