@@ -228,6 +228,12 @@ def distill(args):
     return 0 if ok else 1
 
 
+def first_batch_args(parser):
+    """The first batch's shape, which llmcl-train's --batch and --seq must repeat."""
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+
+
 def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -246,8 +252,7 @@ def main():
     mk.add_argument("--kv-heads", type=int, default=2)
     mk.add_argument("--ffn", type=int, default=688)
     mk.add_argument("--untied", action="store_true")
-    mk.add_argument("--batch", type=int, default=4)
-    mk.add_argument("--seq", type=int, default=128)
+    first_batch_args(mk)
     mk.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32")
     mk.add_argument("--seed", type=int, default=1234)
     mk.add_argument("--examples", type=int, default=0, help="also N examples in examples.jsonl")
@@ -270,8 +275,7 @@ def main():
     ds = sub.add_parser("distill", help="the first step's distillation loss and gradient norm")
     ds.add_argument("dir", help="the student, made by make (its tokens.bin is the data)")
     ds.add_argument("teacher", help="the teacher: a folder of the same vocabulary")
-    ds.add_argument("--batch", type=int, default=4)
-    ds.add_argument("--seq", type=int, default=128)
+    first_batch_args(ds)
     ds.add_argument("--alpha", type=float, default=0.5)
     ds.add_argument("--beta", type=float, default=0.0)
     ds.add_argument("--temperature", type=float, default=1.0)
