@@ -949,8 +949,8 @@ def examples(p):
 def distill(p):
     """--teacher: a student that is its own teacher has a divergence of 0 (loss and norm 0 with
     --distill-alpha 1; half the cross-entropy's loss and norm with 0.5); a teacher trained apart
-    teaches a falling loss; --profile shows the teacher's forward; bad values and what
-    distillation does not combine with are refused."""
+    teaches a falling loss, the same in two micro-batches as in one; --profile shows the
+    teacher's forward; bad values and what distillation does not combine with are refused."""
     base = TINY + ["--dtype", "f32", "--lr", "0"]
     expect_ok("a teacher to distill from", TINY + ["--dtype", "f32", "--steps", "8",
                                                    "--export", p("teacher"),
@@ -973,6 +973,14 @@ def distill(p):
     loss = [float(x.split()[1]) for x in losses(r.stdout)]
     check(f"a fresh student: 6 finite losses, falling: {loss}",
           len(loss) == 6 and all(0 < x < 10 for x in loss) and loss[-1] < loss[0])
+    accum = [losses(expect_ok(what, TINY + ["--dtype", "f32", "--steps", "3", "--teacher",
+                                            p("teacher")] + extra).stdout)
+             for what, extra in (("a teacher, --accum 2", ["--accum", "2"]),
+                                 ("a teacher, one micro-batch of 4", ["--batch", "4"]))]
+    nums = [[[float(x.split()[1]), float(x.split()[4])] for x in run] for run in accum]
+    check(f"a teacher: two micro-batches of 2 give one of 4's losses and norms: {accum}",
+          len(nums[0]) == len(nums[1]) == 3 and
+          all(abs(a - b) <= 2e-3 * abs(b) + 1e-3 for u, v in zip(*nums) for a, b in zip(u, v)))
     r = expect_ok("--profile with a teacher", TINY + ["--dtype", "f32", "--steps", "1",
                                                       "--teacher", p("teacher"), "--profile"])
     row = [x.split() for x in r.stdout.splitlines() if x.strip().startswith("teacher fwd")]
