@@ -147,6 +147,16 @@ static void logits_rows(bench_env *env, int check)
     bench_free(&b);
 }
 
+/* The linear form timed as b stands, with its peak memory, as row r. */
+static void add_linear(bench_env *env, bench_row *r, distill_bench *b)
+{
+    r->ms = bench_time(env, op_linear, b);
+    if (r->ms >= 0) {
+        r->peak_mib = bench_peak_mib(env, op_linear, b);
+        bench_add(env, r);
+    }
+}
+
 static void linear_row(bench_env *env)
 {
     const int64_t n = env->small ? 256 : 8192, h = env->small ? 256 : 4096;
@@ -183,11 +193,7 @@ static void linear_row(bench_env *env)
         b.o.chunk_bytes = k ? 256ull << 20 : 0;
         snprintf(r.shape, sizeof r.shape, "N%lld H%lld V%lld b.5%s", (long long)n, (long long)h,
                  (long long)v, k ? " 256M" : "");
-        r.ms = bench_time(env, op_linear, &b);
-        if (r.ms >= 0) {
-            r.peak_mib = bench_peak_mib(env, op_linear, &b);
-            bench_add(env, &r);
-        }
+        add_linear(env, &r, &b);
     }
     /* forward KL with the cross-entropy, as llmcl-train --teacher runs it */
     if ((st = new_labels(env->ctx, n, v, &b.labels)) != LLMCL_OK) {
@@ -198,11 +204,7 @@ static void linear_row(bench_env *env)
     b.o = (llmcl_distill_options){.ce_weight = 1.0f};
     snprintf(r.shape, sizeof r.shape, "N%lld H%lld V%lld b0 +ce", (long long)n, (long long)h,
              (long long)v);
-    r.ms = bench_time(env, op_linear, &b);
-    if (r.ms >= 0) {
-        r.peak_mib = bench_peak_mib(env, op_linear, &b);
-        bench_add(env, &r);
-    }
+    add_linear(env, &r, &b);
     bench_free(&b);
 }
 
