@@ -1154,6 +1154,84 @@ LLMCL_API llmcl_status llmcl_linear_distill_forward(
     llmcl_tensor *dhidden, llmcl_tensor *dweight);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Preference losses (preference.cl).                                                             */
+/*
+ * Liger Kernel's fused linear preference losses, TRL's DPO, IPO, SimPO, CPO and ORPO, on the
+ * output projection without holding the logits. hidden [2B, T, H] stacks B chosen sequences and
+ * then their B rejected ones in the same order (pair p is sequences p and B + p); labels [2B, T]
+ * holds each position's target, already shifted, and ignore_index where nothing is scored (the
+ * prompt, padding). For sequence s, with logp_i = log_softmax(hidden_i weight^T + bias)[labels_i]
+ * and n_s its scored positions, pi_s = sum_i logp_i (opts->logps sum) or that / n_s (average; 0
+ * when n_s is 0). With c and r a pair's chosen and rejected pi, rc and rr the reference model's
+ * (ref_logps), beta, gamma and eps from opts, and ls(z) = -(1 - eps) log sigmoid(z) - eps log
+ * sigmoid(-z), a pair's term and the log-probabilities it takes by default are:
+ *   DPO    ls(beta ((c - rc) - (r - rr)))                                    sum
+ *   IPO    ((c - rc) - (r - rr) - 1 / (2 beta))^2                            average
+ *   SimPO  ls(beta (c - r) - gamma)                                          average
+ *   CPO    ls(beta (c - r))                                                  sum
+ *   ORPO   -beta log sigmoid((c - r) - log(1 - e^c) + log(1 - e^r))          average
+ * and loss = (1 / B) sum_p term_p + nll_weight x (sum of -logp_i over the chosen sequences' scored
+ * positions) / (their number), the second term 0 when there are none: TRL's rpo_alpha, CPO's
+ * alpha and ORPO's supervised term. ORPO's odds are infinite for a sequence whose pi is 0 (every
+ * scored token certain); where a factor of 0 multiplies an infinity (sigmoid's tail) the term is 0.
+ * Gradients (dhidden f32 of hidden's shape, dweight f32 [V, H], dbias f32 [V], each optional) are
+ * those of grad_scale x loss. Deterministic: every sum runs in a fixed order.
+ *
+ * The call runs llmcl_fused_cross_entropy_forward (reduction none) for each position's -logp_i
+ * and LSE, then the sequences' and pairs' terms (preference.cl), then
+ * llmcl_fused_cross_entropy_backward with each position's upstream gradient: the logits are
+ * never stored, in chunks of the vocabulary where the device has tensor cores (opts->chunk_bytes,
+ * opts->vocab_chunk as in llmcl_ce_options), tiles elsewhere; extra memory O(2B T) beside the
+ * fused path's. The same call with no loss and no gradients gives a reference model's logps.
+ */
+
+typedef enum llmcl_pref_loss {
+    LLMCL_PREF_DPO = 0,
+    LLMCL_PREF_IPO,
+    LLMCL_PREF_SIMPO,
+    LLMCL_PREF_CPO,
+    LLMCL_PREF_ORPO,
+} llmcl_pref_loss;
+
+typedef enum llmcl_pref_logps {
+    LLMCL_PREF_LOGPS_DEFAULT = 0, /* the loss's own (above) */
+    LLMCL_PREF_LOGPS_SUM,
+    LLMCL_PREF_LOGPS_AVERAGE,
+} llmcl_pref_logps;
+
+/* Options. A zero-initialised struct gives DPO at beta 0.1. */
+typedef struct llmcl_pref_options {
+    llmcl_pref_loss loss;       /* default DPO */
+    float beta;                 /* > 0, finite; 0: 0.1 */
+    float gamma;                /* SimPO's target margin, finite; the other losses take 0 */
+    float label_smoothing;      /* eps in [0, 0.5]: DPO, SimPO and CPO (cDPO); the others 0 */
+    float nll_weight;           /* >= 0: the chosen sequences' cross-entropy added; 0: none */
+    llmcl_pref_logps logps;     /* sum or average over a sequence's scored positions */
+    int use_ignore_index;       /* 0: ignore_index is -100; 1: use the field below */
+    int64_t ignore_index;       /* labels equal to it are not scored */
+    float grad_scale;           /* the gradients are those of grad_scale x the loss; 0: 1 */
+    int accumulate_weight_grad; /* 1 adds dweight and dbias to their contents, 0 overwrites them */
+    uint64_t chunk_bytes;       /* the fused cross-entropy's vocabulary chunks; 0: its default */
+    int64_t vocab_chunk;        /* as llmcl_ce_options' */
+} llmcl_pref_options;
+
+/*
+ * The preference loss above. hidden [2B, T, H] (f32, bf16 or f16, B >= 1, its first two
+ * dimensions one run of rows, unit stride along H), weight [V, H] and bias [V] (optional) of
+ * hidden's dtype, labels [2B, T] (I32 or I64, contiguous), ref_logps (f32 [2B], contiguous:
+ * the reference model's pi, chosen then rejected, in this loss's sum or average) required by DPO
+ * and IPO where loss or a gradient is asked for (reference-free: zeros), refused by the others.
+ * Writes loss (f32, 1 element), logps (f32 [2B]: each sequence's pi) and the gradients, each
+ * optional. A label outside [0, V) that is not ignore_index fails the call before anything is
+ * written.
+ */
+LLMCL_API llmcl_status llmcl_linear_preference_forward(
+    llmcl_ctx *ctx, const llmcl_tensor *hidden, const llmcl_tensor *weight,
+    const llmcl_tensor *bias, const llmcl_tensor *labels, const llmcl_tensor *ref_logps,
+    const llmcl_pref_options *opts, llmcl_tensor *loss, llmcl_tensor *logps,
+    llmcl_tensor *dhidden, llmcl_tensor *dweight, llmcl_tensor *dbias);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* safetensors files: Hugging Face's checkpoint format, read memory-mapped, written atomically.   */
 /*
  * A file is an 8-byte little-endian header length N, N bytes of JSON mapping each tensor name to

@@ -64,6 +64,8 @@
 #define LLMCL_FAMILY_DISTILL "distill"
 #define LLMCL_KEY_DISTILL_ROWS "distill_rows"
 
+#define LLMCL_FAMILY_PREFERENCE "preference"
+
 #define LLMCL_FAMILY_MATMUL "matmul"
 #define LLMCL_KEY_MM_WGMMA "mm_wgmma"
 #define LLMCL_KEY_MM_WGMMA_AT "mm_wgmma_at" /* wgmma with a transposed */

@@ -123,6 +123,7 @@ static const family_entry families[] = {
      {"attention_common", "attention_portable", "attention_mma", "attention_wgmma"}},
     {LLMCL_FAMILY_CROSS_ENTROPY, {"ce_logit", "row_io"}, {"cross_entropy"}},
     {LLMCL_FAMILY_DISTILL, {"row_io"}, {"distill"}},
+    {LLMCL_FAMILY_PREFERENCE, {"row_io"}, {"preference"}},
     {LLMCL_FAMILY_MATMUL, {"vec_io", "ce_logit", TENSOR_CORE_PRELUDE}, {"matmul"}},
     {LLMCL_FAMILY_EMBEDDING, {NULL}, {"embedding"}},
     {LLMCL_FAMILY_OPTIM, {"vec_io"}, {"optim"}},
