@@ -25,6 +25,7 @@ static const family families[] = {
     {"attention", bench_attention},
     {"cross_entropy", bench_cross_entropy},
     {"distill", bench_distill},
+    {"preference", bench_preference},
     {"matmul", bench_matmul},
     {"offload", bench_offload},
     {"optim", bench_optim},
@@ -145,14 +146,19 @@ void bench_add_timed(bench_env *env, const char *kernel, const char *dir, const 
     snprintf(row.direction, sizeof row.direction, "%s", dir);
     snprintf(row.dtype, sizeof row.dtype, "%s", dtype);
     snprintf(row.shape, sizeof row.shape, "%s", shape);
-    row.ms = bench_time(env, op, arg);
-    if (row.ms < 0)
+    bench_add_op(env, &row, op, baseline, arg);
+}
+
+void bench_add_op(bench_env *env, bench_row *row, bench_op op, bench_op baseline, void *arg)
+{
+    row->ms = bench_time(env, op, arg);
+    if (row->ms < 0)
         return;
-    row.peak_mib = bench_peak_mib(env, op, arg);
-    row.baseline_ms = baseline ? bench_time(env, baseline, arg) : 0;
-    if (row.baseline_ms < 0)
-        row.baseline_ms = 0;
-    bench_add(env, &row);
+    row->peak_mib = bench_peak_mib(env, op, arg);
+    row->baseline_ms = baseline ? bench_time(env, baseline, arg) : 0;
+    if (row->baseline_ms < 0)
+        row->baseline_ms = 0;
+    bench_add(env, row);
 }
 
 llmcl_status bench_upload_random(llmcl_tensor *t, uint64_t seed)
@@ -178,6 +184,34 @@ llmcl_status bench_upload_random(llmcl_tensor *t, uint64_t seed)
     }
     const llmcl_status st = llmcl_tensor_upload(t, h, (size_t)n * es);
     free(h);
+    return st;
+}
+
+llmcl_status bench_new_random(llmcl_ctx *ctx, llmcl_dtype dt, int ndim, const int64_t *shape,
+                              uint64_t seed, llmcl_tensor **out)
+{
+    const llmcl_status st = llmcl_tensor_create(ctx, dt, ndim, shape, out);
+    return st == LLMCL_OK ? bench_upload_random(*out, seed) : st;
+}
+
+llmcl_status bench_new_labels(llmcl_ctx *ctx, int ndim, const int64_t *shape, int64_t v,
+                              int64_t prompt, llmcl_tensor **out)
+{
+    int64_t n = 1;
+    for (int d = 0; d < ndim; ++d)
+        n *= shape[d];
+    int32_t *y = malloc((size_t)n * sizeof *y);
+    if (!y)
+        return LLMCL_ERROR_OUT_OF_HOST_MEMORY;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int64_t i = 0; i < n; ++i) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        y[i] = i % shape[ndim - 1] < prompt ? -100 : (int32_t)((x >> 33) % (uint64_t)v);
+    }
+    llmcl_status st = llmcl_tensor_create(ctx, LLMCL_I32, ndim, shape, out);
+    if (st == LLMCL_OK)
+        st = llmcl_tensor_upload(*out, y, (size_t)n * sizeof *y);
+    free(y);
     return st;
 }
 

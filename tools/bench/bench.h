@@ -70,9 +70,22 @@ void bench_add_timed(bench_env *env, const char *kernel, const char *dir, const 
                      const char *shape, double bytes, bench_op op, bench_op baseline, void *arg,
                      int check);
 
+/* The same for a row whose labels, bytes, FLOPs and check the caller has filled in: sets its ms,
+   peak_mib and baseline_ms. */
+void bench_add_op(bench_env *env, bench_row *row, bench_op op, bench_op baseline, void *arg);
+
 /* Random values in [-1, 1) from a fixed seed, converted to the tensor's dtype (contiguous) and
    uploaded. */
 llmcl_status bench_upload_random(llmcl_tensor *t, uint64_t seed);
+
+/* A new tensor of dtype dt and the given shape holding bench_upload_random's values. */
+llmcl_status bench_new_random(llmcl_ctx *ctx, llmcl_dtype dt, int ndim, const int64_t *shape,
+                              uint64_t seed, llmcl_tensor **out);
+
+/* A new I32 tensor of the given shape holding labels in [0, v) from a fixed-seed generator, the
+   first `prompt` of each row along the last dimension -100 (ignore_index: not scored). */
+llmcl_status bench_new_labels(llmcl_ctx *ctx, int ndim, const int64_t *shape, int64_t v,
+                              int64_t prompt, llmcl_tensor **out);
 
 /* Prints a failure detail for a family's setup error and returns false. */
 bool bench_fail(bench_env *env, const char *what, llmcl_status st);
@@ -85,6 +98,7 @@ void bench_glu(bench_env *env);
 void bench_attention(bench_env *env);
 void bench_cross_entropy(bench_env *env);
 void bench_distill(bench_env *env);
+void bench_preference(bench_env *env);
 void bench_matmul(bench_env *env);
 void bench_offload(bench_env *env);
 void bench_optim(bench_env *env);

@@ -51,27 +51,7 @@ static llmcl_status op_linear(llmcl_ctx *ctx, void *arg)
 static llmcl_status new_random(llmcl_ctx *ctx, llmcl_dtype dt, int64_t r, int64_t c, uint64_t seed,
                                llmcl_tensor **out)
 {
-    const int64_t shape[2] = {r, c};
-    llmcl_status st = llmcl_tensor_create(ctx, dt, 2, shape, out);
-    return st == LLMCL_OK ? bench_upload_random(*out, seed) : st;
-}
-
-/* n labels in [0, v), I32, from a fixed-seed generator. */
-static llmcl_status new_labels(llmcl_ctx *ctx, int64_t n, int64_t v, llmcl_tensor **out)
-{
-    int32_t *y = malloc((size_t)n * sizeof *y);
-    if (!y)
-        return LLMCL_ERROR_OUT_OF_HOST_MEMORY;
-    uint64_t x = 0x9e3779b97f4a7c15ull;
-    for (int64_t i = 0; i < n; ++i) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        y[i] = (int32_t)((x >> 33) % (uint64_t)v);
-    }
-    llmcl_status st = llmcl_tensor_create(ctx, LLMCL_I32, 1, &n, out);
-    if (st == LLMCL_OK)
-        st = llmcl_tensor_upload(*out, y, (size_t)n * sizeof *y);
-    free(y);
-    return st;
+    return bench_new_random(ctx, dt, 2, (const int64_t[2]){r, c}, seed, out);
 }
 
 static llmcl_status download_f32(const llmcl_tensor *t, float *out)
@@ -135,7 +115,7 @@ static void logits_rows(bench_env *env, int check)
     bench_add_timed(env, "distill", "fwd", "bf16", kl_shape, in, op_loss, NULL, &b, check);
     bench_add_timed(env, "distill", "fwd+bwd", "bf16", kl_shape, in + out, op_grad, NULL, &b,
                     check);
-    if ((st = new_labels(env->ctx, n, v, &b.labels)) != LLMCL_OK) {
+    if ((st = bench_new_labels(env->ctx, 1, &n, v, 0, &b.labels)) != LLMCL_OK) {
         bench_fail(env, "distillation labels", st);
         bench_free(&b);
         return;
@@ -145,16 +125,6 @@ static void logits_rows(bench_env *env, int check)
     bench_add_timed(env, "distill", "fwd+bwd", "bf16", kl_shape, in + out + 4.0 * (double)n,
                     op_grad, NULL, &b, check);
     bench_free(&b);
-}
-
-/* The linear form timed as b stands, with its peak memory, as row r. */
-static void add_linear(bench_env *env, bench_row *r, distill_bench *b)
-{
-    r->ms = bench_time(env, op_linear, b);
-    if (r->ms >= 0) {
-        r->peak_mib = bench_peak_mib(env, op_linear, b);
-        bench_add(env, r);
-    }
 }
 
 static void linear_row(bench_env *env)
@@ -193,10 +163,10 @@ static void linear_row(bench_env *env)
         b.o.chunk_bytes = k ? 256ull << 20 : 0;
         snprintf(r.shape, sizeof r.shape, "N%lld H%lld V%lld b.5%s", (long long)n, (long long)h,
                  (long long)v, k ? " 256M" : "");
-        add_linear(env, &r, &b);
+        bench_add_op(env, &r, op_linear, NULL, &b);
     }
     /* forward KL with the cross-entropy, as llmcl-train --teacher runs it */
-    if ((st = new_labels(env->ctx, n, v, &b.labels)) != LLMCL_OK) {
+    if ((st = bench_new_labels(env->ctx, 1, &n, v, 0, &b.labels)) != LLMCL_OK) {
         bench_fail(env, "linear distillation labels", st);
         bench_free(&b);
         return;
@@ -204,7 +174,7 @@ static void linear_row(bench_env *env)
     b.o = (llmcl_distill_options){.ce_weight = 1.0f};
     snprintf(r.shape, sizeof r.shape, "N%lld H%lld V%lld b0 +ce", (long long)n, (long long)h,
              (long long)v);
-    add_linear(env, &r, &b);
+    bench_add_op(env, &r, op_linear, NULL, &b);
     bench_free(&b);
 }
 
