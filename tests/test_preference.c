@@ -444,19 +444,24 @@ static void free_bits(pbits *b)
         free(b->x[k]);
 }
 
-/* Case c from seed in tiles (vocab_chunk -1) or chunks of vocab_chunk classes (0: the device's
-   choice), on poisoned outputs against the reference; with repeat, again for the same bits. */
-static void run_case(const pcase *c, uint64_t seed, int64_t vocab_chunk, bool repeat)
+/*
+ * Case c from seed in tiles (vocab_chunk -1), chunks of vocab_chunk classes, or (0) chunks of
+ * whole pairs within chunk_bytes (0: the default) where one fits and the device's fused form
+ * where none does, on poisoned outputs against the reference; with repeat, again for the same
+ * bits.
+ */
+static void run_budget(const pcase *c, uint64_t seed, int64_t vocab_chunk, uint64_t chunk_bytes,
+                       bool repeat)
 {
-    llmcl_ctx *ctx = th_ctx();
     pproblem p = make_problem(c, seed);
     pexpect e = reference(c, &p);
     pouts out = make_outs(c, &p, true, true, c->grads);
-    const llmcl_pref_options o = opts_of(c, vocab_chunk);
+    llmcl_pref_options o = opts_of(c, vocab_chunk);
+    o.chunk_bytes = chunk_bytes;
     reset_outs(c, &p, &out);
     TH_OK(call(&p, &o, &out));
-    const bool chunks =
-        vocab_chunk > 0 || (vocab_chunk == 0 && llmcl_ctx_device_info(ctx)->has_mma);
+    /* chunks of classes or of pairs round the dlogits to 16-bit inputs' dtype; tiles do not */
+    const bool chunks = vocab_chunk >= 0;
     check_outs(&p, &e, &out, chunks ? c->dt : LLMCL_F32);
     if (repeat) {
         pbits first = take_bits(&out);
@@ -469,6 +474,11 @@ static void run_case(const pcase *c, uint64_t seed, int64_t vocab_chunk, bool re
     free_outs(&out);
     free_expect(&e);
     free_problem(&p);
+}
+
+static void run_case(const pcase *c, uint64_t seed, int64_t vocab_chunk, bool repeat)
+{
+    run_budget(c, seed, vocab_chunk, 0, repeat);
 }
 
 #define F32 LLMCL_F32
@@ -544,6 +554,24 @@ static void test_pref_chunks(void **state)
     run_case(&cases[1], 101, 0, true);
     run_case(&cases[11], 111, 0, false);
     run_case(&cases[6], 106, 4096, false);
+}
+
+/*
+ * Chunks of whole pairs (the chunked linear cross-entropy with the pairs interleaved): a budget
+ * of one pair a chunk, of two (B 3 leaves a last chunk of one), and one too small for a pair,
+ * which falls back to the fused form.
+ */
+static void test_pref_pair_chunks(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        const pcase *c = &cases[i];
+        const uint64_t pair = (uint64_t)(2 * c->t) * (uint64_t)c->v * 6;
+        printf("case %zu in chunks of one pair, two pairs, and none\n", i);
+        run_budget(c, 700 + i, 0, pair, i % 2 == 0);
+        run_budget(c, 700 + i, 0, 2 * pair, false);
+        run_budget(c, 700 + i, 0, pair / 2, false);
+    }
 }
 
 /*
@@ -951,6 +979,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ref_gradient),        cmocka_unit_test(test_ref_formulas),
         cmocka_unit_test(test_pref_tiles),          cmocka_unit_test(test_pref_chunks),
+        cmocka_unit_test(test_pref_pair_chunks),
         cmocka_unit_test(test_pref_partial_outputs), cmocka_unit_test(test_pref_strided_hidden),
         cmocka_unit_test(test_pref_orpo_infinite),
         cmocka_unit_test_teardown(test_pref_loop_limit, reset_loop_limit),

@@ -1,13 +1,17 @@
 /*
  * preference.cl: the preference losses' terms (DPO, IPO, SimPO, CPO, ORPO; the formulas are in
- * include/llmcl.h) between the fused cross-entropy's passes. Host side:
- * src/runtime/ops/preference.c, which runs the fused cross-entropy's forward (reduction none)
- * before these kernels and its backward after them.
+ * include/llmcl.h) between the passes of a linear cross-entropy. Host side:
+ * src/runtime/ops/preference.c.
+ *   pref_count  the chosen sequences' scored positions (the supervised term's divisor)
  *   pref_seq    one work-group a sequence: from the positions' cross-entropies -logp_i, the sum of
  *               the scored positions' logp and their number
- *   pref_pairs  one work-group: each sequence's pi, the loss, and each sequence's upstream
- *               gradient of its positions' cross-entropies
+ *   pref_pairs  a work-item a pair: each sequence's pi, the pair's term, and each sequence's
+ *               upstream gradient of its positions' cross-entropies
+ *   pref_loss   the pairs' terms and the supervised term into the loss, in a fixed order
  *   pref_rows   each position's upstream gradient, its sequence's
+ * The chunked form runs pref_seq, pref_pairs and pref_rows once a chunk of whole pairs, between
+ * the chunk's cross-entropies and its gradient; the fused form once, between the fused
+ * cross-entropy's forward and backward.
  *
  * With L the loss, CE_i = -logp_i and s position i's sequence, the backward's upstream gradient
  * is g_i = d(gs L)/dCE_i = -gs dL/dpi_s a_s + gs [s chosen] nll_weight / N_c, where a_s is 1 for
@@ -36,15 +40,38 @@ typedef STORAGE(LABEL_DT) label_t;
 #define PREF_ORPO 4
 
 /*
- * seq[2 s] = sum of logp_i = -ce[i] over sequence s's scored positions, seq[2 s + 1] their number
- * (exact as a float up to 2^24 positions).
+ * A pair's sequences: stacked (B chosen, then B rejected: the caller's layout) or interleaved
+ * (pair p's chosen then its rejected: the chunked form's copy, whose chunks hold whole pairs).
+ */
+#define CHOSEN(p) (inter ? 2 * (p) : (p))
+#define REJECTED(p) (inter ? 2 * (p) + 1 : B + (p))
+
+/* One work-group of WG: nc[0] = the chosen sequences' scored positions. */
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
+pref_count(const __global label_t *labels, ulong loff, long B, long T, int inter,
+           long ignore_index, __global float *nc)
+{
+    __local float scratch[WG];
+    float count = 0.0f;
+    for (long i = get_local_id(0); i < B * T; i += WG) {
+        const long row = CHOSEN(i / T) * T + i % T;
+        count += LOAD(LABEL_DT, labels, loff + row) != ignore_index ? 1.0f : 0.0f;
+    }
+    count = wg_sum(count, scratch);
+    if (get_local_id(0) == 0)
+        nc[0] = count;
+}
+
+/*
+ * Work-group s - s0 for sequence s: seq[2 s] = sum of logp_i = -ce[i] over its scored positions,
+ * seq[2 s + 1] their number (exact as a float up to 2^24 positions).
  */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
 pref_seq(const __global label_t *labels, ulong loff, long T, long ignore_index,
-         const __global float *ce, __global float *seq)
+         const __global float *ce, long s0, __global float *seq)
 {
     __local float scratch[WG];
-    const long s = get_group_id(0);
+    const long s = s0 + get_group_id(0);
     float sum = 0.0f, count = 0.0f;
     for (long t = get_local_id(0); t < T; t += WG) {
         const bool scored = LOAD(LABEL_DT, labels, loff + s * T + t) != ignore_index;
@@ -111,49 +138,61 @@ inline float2 seq_pi(const __global float *seq, long s, int average)
 }
 
 /*
- * One work-group of WG over B pairs (sequences p and B + p): logps[s] = pi_s (has_logps), the loss
- * into loss[lossoff] (has_loss) and coef[s], the upstream gradient of sequence s's positions'
- * cross-entropies (has_coef). ref holds the reference's pi, chosen then rejected (has_ref).
+ * Pairs [p0, p0 + np), a work-item each: terms[p], logps (the caller's order, has_logps) and the
+ * upstream gradient coef[s] of each of their sequences' positions (has_coef); nc[0] the chosen
+ * sequences' scored positions, ref the reference's pi in the caller's order (has_ref).
  */
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-pref_pairs(int loss, int average, long B, float beta, float gamma, float eps, float nll_weight,
-           float gs, const __global float *seq, int has_ref, const __global float *ref,
-           ulong refoff, int has_logps, __global float *logps, ulong lpoff, int has_loss,
-           __global float *loss_out, ulong lossoff, int has_coef, __global float *coef)
+__kernel void pref_pairs(int loss, int average, long B, long p0, long np, int inter, float beta,
+                         float gamma, float eps, float nll_weight, float gs,
+                         const __global float *seq, const __global float *nc, int has_ref,
+                         const __global float *ref, ulong refoff, int has_logps,
+                         __global float *logps, ulong lpoff, __global float *terms, int has_coef,
+                         __global float *coef)
 {
-    __local float scratch[WG];
-    float nll = 0.0f, nc = 0.0f, terms = 0.0f;
-    for (long p = get_local_id(0); p < B; p += WG) {
-        nll -= seq[2 * p];
-        nc += seq[2 * p + 1];
+    const long i = get_global_id(0), p = p0 + i;
+    if (i >= np)
+        return;
+    const float2 c = seq_pi(seq, CHOSEN(p), average), r = seq_pi(seq, REJECTED(p), average);
+    const float rc = has_ref ? ref[refoff + p] : 0.0f;
+    const float rr = has_ref ? ref[refoff + B + p] : 0.0f;
+    const float3 t = pair_term(loss, c.x, r.x, rc, rr, beta, gamma, eps);
+    terms[p] = t.x;
+    if (has_logps) {
+        logps[lpoff + p] = c.x;
+        logps[lpoff + B + p] = r.x;
     }
-    nll = wg_sum(nll, scratch);
-    nc = wg_sum(nc, scratch);
-    const float nll_grad = nc > 0.0f ? nll_weight / nc : 0.0f;
-    for (long p = get_local_id(0); p < B; p += WG) {
-        const float2 c = seq_pi(seq, p, average), r = seq_pi(seq, B + p, average);
-        const float rc = has_ref ? ref[refoff + p] : 0.0f;
-        const float rr = has_ref ? ref[refoff + B + p] : 0.0f;
-        const float3 t = pair_term(loss, c.x, r.x, rc, rr, beta, gamma, eps);
-        terms += t.x;
-        if (has_logps) {
-            logps[lpoff + p] = c.x;
-            logps[lpoff + B + p] = r.x;
-        }
-        if (has_coef) {
-            coef[p] = gs * (mul0(c.y, -t.y / (float)B) + nll_grad);
-            coef[B + p] = gs * mul0(r.y, -t.z / (float)B);
-        }
+    if (has_coef) {
+        const float nll_grad = nc[0] > 0.0f ? nll_weight / nc[0] : 0.0f;
+        coef[CHOSEN(p)] = gs * (mul0(c.y, -t.y / (float)B) + nll_grad);
+        coef[REJECTED(p)] = gs * mul0(r.y, -t.z / (float)B);
     }
-    terms = wg_sum(terms, scratch);
-    if (has_loss && get_local_id(0) == 0)
-        loss_out[lossoff] = terms / (float)B + (nc > 0.0f ? mul0(nll_weight, nll / nc) : 0.0f);
 }
 
-/* g[i] = coef[i / T] for the n positions of the call. */
-__kernel void pref_rows(long n, long T, const __global float *coef, __global float *g)
+/*
+ * One work-group of WG: loss[lossoff] = the mean of the B pairs' terms plus nll_weight times the
+ * chosen sequences' mean cross-entropy per scored position, sums in a fixed order.
+ */
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
+pref_loss(long B, int inter, float nll_weight, const __global float *seq,
+          const __global float *nc, const __global float *terms, __global float *loss,
+          ulong lossoff)
+{
+    __local float scratch[WG];
+    float sum = 0.0f, nll = 0.0f;
+    for (long p = get_local_id(0); p < B; p += WG) {
+        sum += terms[p];
+        nll -= seq[2 * CHOSEN(p)];
+    }
+    sum = wg_sum(sum, scratch);
+    nll = wg_sum(nll, scratch);
+    if (get_local_id(0) == 0)
+        loss[lossoff] = sum / (float)B + (nc[0] > 0.0f ? mul0(nll_weight, nll / nc[0]) : 0.0f);
+}
+
+/* g[r0 + i] = coef[(r0 + i) / T] for the n positions from r0. */
+__kernel void pref_rows(long r0, long n, long T, const __global float *coef, __global float *g)
 {
     const long i = get_global_id(0);
     if (i < n)
-        g[i] = coef[i / T];
+        g[r0 + i] = coef[(r0 + i) / T];
 }

@@ -612,48 +612,170 @@ static llmcl_status dlogits_operand(llmcl_ctx *ctx, const llmcl_tensor *g32, llm
     return direct ? LLMCL_OK : llmcl_cast(ctx, g32, *view);
 }
 
+static void arg_chunk_weight(llmcl__args *a, const ce_run *r, int64_t v0)
+{
+    if (r->o.weight)
+        llmcl__arg_mem(a, r->o.weight->mem, r->o.weight->offset + v0);
+    else
+        llmcl__arg_mem(a, NULL, 0);
+}
+
+/* What the chunked linear form's chunks share: the call's tensors as rows, the scratch and an
+   optional hook that supplies each row's upstream gradient (llmcl__linear_ce_hooked). */
+typedef struct linear_job {
+    const ce_linear *lin;
+    const llmcl_tensor *hidden, *w2, *bias, *labels;
+    llmcl_tensor *logits, *gcast, *dhidden, *dweight, *dbias;
+    cl_kernel kcol;
+    llmcl__ce_rows_hook hook;
+    void *user;
+    llmcl_tensor *g, *coef; /* the hook's upstream gradients [n] and their row coefficients */
+} linear_job;
+
 /*
- * One chunk of rows [r0, r0 + rows): logits (f32, or 16-bit as the caller asked) = hidden x W^T +
- * bias, the row kernels (LSE, per-row terms, dlogits in place), dbias += column sums, then dhidden
- * = G W and dweight (+)= G^T hidden with G the dlogits in the operands' dtype (gcast: a 16-bit copy
- * of f32 dlogits).
+ * The hooked chunk's dlogits: each row's upstream gradient from the hook, folded into the row
+ * coefficients (cce_coefs), then cce_chunk_grad over the chunk's whole rows.
  */
-static llmcl_status linear_chunk(ce_run *r, const ce_linear *lin, const llmcl_tensor *hidden,
-                                 const llmcl_tensor *w2, const llmcl_tensor *bias,
-                                 llmcl_tensor *logits, llmcl_tensor *gcast, llmcl_tensor *dhidden,
-                                 llmcl_tensor *dweight, llmcl_tensor *dbias, cl_kernel kcol,
-                                 int64_t r0, int64_t rows)
+static llmcl_status hooked_dlogits(ce_run *r, const linear_job *jb, int64_t r0, int64_t rows,
+                                   bool direct)
 {
     llmcl_ctx *ctx = r->ctx;
+    const llmcl_tensor *labels = r->labels;
+    LLMCL__TRY(jb->hook(jb->user, r->rows, jb->g, r0, rows));
+    cl_kernel k;
+    LLMCL__TRY(row_kernel(r, "cce_coefs", &k));
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_i32(&a, ce_flags(r, false));
+    llmcl__arg_i64(&a, rows);
+    llmcl__arg_i64(&a, r->v);
+    llmcl__arg_mem(&a, labels->mem, labels->offset + r0);
+    arg_weight(&a, r);
+    arg_buf(&a, r->stats->mem);
+    llmcl__arg_i32(&a, (int32_t)LLMCL_CE_NONE);
+    llmcl__arg_f32(&a, r->o.grad_scale);
+    llmcl__arg_i64(&a, r->ignore);
+    llmcl__arg_f32(&a, r->o.label_smoothing);
+    llmcl__arg_f32(&a, r->o.lse_square_scale);
+    llmcl__arg_mem(&a, r->lse->mem, r->lse->offset + r0);
+    llmcl__arg_mem(&a, jb->g->mem, jb->g->offset + r0);
+    llmcl__arg_i32(&a, 1);
+    arg_buf(&a, jb->coef->mem);
+    const size_t g1 = (size_t)rows, l1 = 64;
+    LLMCL__TRY(llmcl__launch(&a, 1, &g1, &l1));
+
+    LLMCL__TRY(row_kernel(r, "cce_chunk_grad", &k));
+    a = llmcl__args_begin(ctx, k);
+    llmcl__arg_i32(&a, ce_flags(r, false));
+    llmcl__arg_mem(&a, jb->logits->mem, 0);
+    llmcl__arg_i64(&a, r->v);
+    llmcl__arg_i64(&a, 0);
+    llmcl__arg_i64(&a, r->v);
+    llmcl__arg_mem(&a, labels->mem, labels->offset + r0);
+    arg_chunk_weight(&a, r, 0);
+    arg_buf(&a, r->stats->mem);
+    llmcl__arg_f32(&a, r->o.softcap);
+    arg_buf(&a, jb->coef->mem);
+    arg_buf(&a, direct ? jb->gcast->mem : jb->logits->mem);
+    const size_t wg = (size_t)llmcl__param_get(&r->rp, "WG", 64);
+    const size_t g2[2] = {wg, (size_t)rows}, l2[2] = {wg, 1};
+    return llmcl__launch(&a, 2, g2, l2);
+}
+
+/*
+ * One chunk of rows [r0, r0 + rows): logits (f32, or 16-bit as the caller asked) = hidden x W^T +
+ * bias, the row kernels (LSE, per-row terms, dlogits in place; with a hook, the dlogits after it),
+ * dbias += column sums, then dhidden = G W and dweight (+)= G^T hidden with G the dlogits in the
+ * operands' dtype (gcast: a 16-bit copy of f32 dlogits).
+ */
+static llmcl_status linear_chunk(ce_run *r, const linear_job *jb, int64_t r0, int64_t rows)
+{
+    llmcl_ctx *ctx = r->ctx;
+    const ce_linear *lin = jb->lin;
     const int64_t v = r->v;
-    const bool grads = dhidden || dweight || dbias;
+    const bool grads = jb->dhidden || jb->dweight || jb->dbias;
     llmcl_tensor *hv = NULL, *lv = NULL, *dhv = NULL, *gv = NULL;
     llmcl_status st;
-    LLMCL__TRY_GOTO(st, llmcl__rows_view(hidden, &lin->h, r0, rows, &hv), done);
-    LLMCL__TRY_GOTO(st, llmcl__head_view(logits, rows, v, &lv), done);
-    const llmcl_matmul_opts logit_opts = {.trans_b = 1, .bias = bias, .split_k = 1};
-    LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, hv, w2, 0.0f, lv, &logit_opts), done);
+    LLMCL__TRY_GOTO(st, llmcl__rows_view(jb->hidden, &lin->h, r0, rows, &hv), done);
+    LLMCL__TRY_GOTO(st, llmcl__head_view(jb->logits, rows, v, &lv), done);
+    const llmcl_matmul_opts logit_opts = {.trans_b = 1, .bias = jb->bias, .split_k = 1};
+    LLMCL__TRY_GOTO(st, llmcl_matmul(ctx, 1.0f, hv, jb->w2, 0.0f, lv, &logit_opts), done);
     const bool direct = r->dx_dt != r->dt;
-    const ce_rows_job j = {.x = logits->mem, .xstride = v,
-                           .dx = direct ? gcast->mem : logits->mem, .dxstride = v,
-                           .nrows = rows, .row0 = r0, .grad = grads, .lse = r->lse};
+    const ce_rows_job j = {.x = jb->logits->mem, .xstride = v,
+                           .dx = direct ? jb->gcast->mem : jb->logits->mem, .dxstride = v,
+                           .nrows = rows, .row0 = r0, .grad = grads && !jb->hook, .lse = r->lse};
     LLMCL__TRY_GOTO(st, ce_rows_run(r, &j), done);
+    if (grads && jb->hook)
+        LLMCL__TRY_GOTO(st, hooked_dlogits(r, jb, r0, rows, direct), done);
     const bool acc = r0 > 0 || r->o.accumulate_weight_grad;
-    if (dbias)
-        LLMCL__TRY_GOTO(st, colsum(ctx, kcol, logits, rows, v, dbias, 0, acc), done);
-    if (dhidden)
-        LLMCL__TRY_GOTO(st, llmcl__rows_view(dhidden, &lin->dh, r0, rows, &dhv), done);
-    if (!dhidden && !dweight)
+    if (jb->dbias)
+        LLMCL__TRY_GOTO(st, colsum(ctx, jb->kcol, jb->logits, rows, v, jb->dbias, 0, acc), done);
+    if (jb->dhidden)
+        LLMCL__TRY_GOTO(st, llmcl__rows_view(jb->dhidden, &lin->dh, r0, rows, &dhv), done);
+    if (!jb->dhidden && !jb->dweight)
         goto done;
     const llmcl_tensor *g;
-    LLMCL__TRY_GOTO(st, dlogits_operand(ctx, lv, gcast, direct, &g, &gv), done);
+    LLMCL__TRY_GOTO(st, dlogits_operand(ctx, lv, jb->gcast, direct, &g, &gv), done);
     /* dhidden of one chunk has few row tiles and a long K (the vocabulary): split K may help */
-    st = grad_products(ctx, g, w2, hv, dhv, 0.0f, 0, dweight, acc ? 1.0f : 0.0f);
+    st = grad_products(ctx, g, jb->w2, hv, dhv, 0.0f, 0, jb->dweight, acc ? 1.0f : 0.0f);
 done:
     llmcl_tensor_destroy(hv);
     llmcl_tensor_destroy(lv);
     llmcl_tensor_destroy(dhv);
     llmcl_tensor_destroy(gv);
+    return st;
+}
+
+/*
+ * The chunked linear form after its checks: chunks of tokens within the budget (whole multiples
+ * of align rows), the loss reduced into loss unless a hook takes the rows' terms.
+ */
+static llmcl_status linear_run(ce_run *r, linear_job *jb, const llmcl_tensor *weight,
+                               int64_t align, llmcl_tensor *loss, llmcl_tensor *z_loss)
+{
+    llmcl_ctx *ctx = r->ctx;
+    const ce_linear *lin = jb->lin;
+    const llmcl_tensor *hidden = jb->hidden;
+    const int64_t n = lin->h.n_rows, v = lin->w.n_rows;
+    /* Tokens per chunk: f32 logits, plus their copy in the operands' dtype for the gradient
+       products when that dtype is 16-bit; or 16-bit logits, the dlogits in their place. */
+    const llmcl_dtype ldt = r->o.logits_dtype;
+    const bool gcast_needed =
+        ldt == LLMCL_F32 && (jb->dhidden || jb->dweight) && hidden->dtype != LLMCL_F32;
+    const uint64_t per_row = (uint64_t)v * (llmcl_dtype_size(ldt) + (gcast_needed ? 2 : 0));
+    int64_t c = llmcl__chunk_tokens(
+        n, r->o.chunk_rows, r->o.chunk_bytes ? r->o.chunk_bytes : CE_DEFAULT_BUDGET, per_row);
+    c = c < align ? align : c - c % align;
+
+    llmcl_status st;
+    llmcl_tensor *w2 = NULL;
+    LLMCL__TRY_GOTO(st, ce_begin(r, ctx, ldt, jb->labels, n, v, true), done);
+    if (gcast_needed && !jb->dbias) /* dbias sums the f32 dlogits */
+        r->dx_dt = hidden->dtype;
+    LLMCL__TRY_GOTO(st, ce_check_labels(r), done); /* before any product writes a gradient */
+    const int64_t lshape[2] = {c, v}, c4 = 4 * c;
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, ldt, 2, lshape, "logits chunk", &jb->logits), done);
+    if (gcast_needed)
+        LLMCL__TRY_GOTO(st,
+                        llmcl__scratch(ctx, hidden->dtype, 2, lshape, "16-bit dlogits chunk",
+                                       &jb->gcast),
+                        done);
+    if (jb->hook)
+        LLMCL__TRY_GOTO(st,
+                        llmcl__scratch(ctx, LLMCL_F32, 1, &c4, "cross-entropy row coefficients",
+                                       &jb->coef),
+                        done);
+    LLMCL__TRY_GOTO(st, llmcl__rows_view(weight, &lin->w, 0, v, &w2), done);
+    jb->w2 = w2;
+    if (jb->dbias)
+        LLMCL__TRY_GOTO(st, row_kernel(r, "ce_colsum", &jb->kcol), done);
+    for (int64_t r0 = 0; r0 < n; r0 += c)
+        LLMCL__TRY_GOTO(st, linear_chunk(r, jb, r0, n - r0 < c ? n - r0 : c), done);
+    st = jb->hook ? LLMCL_OK : ce_finish(r, loss, z_loss);
+done:
+    llmcl_tensor_destroy(jb->logits);
+    llmcl_tensor_destroy(jb->gcast);
+    llmcl_tensor_destroy(jb->coef);
+    llmcl_tensor_destroy(w2);
     return st;
 }
 
@@ -669,47 +791,35 @@ llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tens
     ce_linear lin;
     LLMCL__TRY(check_linear(ctx, hidden, weight, bias, labels, dhidden, dweight, dbias, &lin));
     const int64_t n = lin.h.n_rows, v = lin.w.n_rows;
-    ce_run r = {0};
+    ce_run r = {.ctx = ctx};
     LLMCL__TRY(check_options(ctx, opts, v, hidden->dtype, &r.o));
     const llmcl_tensor *ins[] = {hidden, weight, bias, labels, r.o.weight, dhidden, dweight, dbias};
     const char *names[] = {"hidden",       "weight",  "bias",    "labels",
                            "opts->weight", "dhidden", "dweight", "dbias"};
     LLMCL__TRY(check_outputs(ctx, &r.o, n, loss, z_loss, ins, names, 8));
+    linear_job jb = {.lin = &lin, .hidden = hidden, .bias = bias, .labels = labels,
+                     .dhidden = dhidden, .dweight = dweight, .dbias = dbias};
+    const llmcl_status st = linear_run(&r, &jb, weight, 1, loss, z_loss);
+    ce_run_release(&r);
+    return st;
+}
 
-    /* Tokens per chunk: f32 logits, plus their copy in the operands' dtype for the gradient
-       products when that dtype is 16-bit; or 16-bit logits, the dlogits in their place. */
-    const llmcl_dtype ldt = r.o.logits_dtype;
-    const bool gcast_needed =
-        ldt == LLMCL_F32 && (dhidden || dweight) && hidden->dtype != LLMCL_F32;
-    const uint64_t per_row = (uint64_t)v * (llmcl_dtype_size(ldt) + (gcast_needed ? 2 : 0));
-    const int64_t c = llmcl__chunk_tokens(
-        n, r.o.chunk_rows, r.o.chunk_bytes ? r.o.chunk_bytes : CE_DEFAULT_BUDGET, per_row);
-
-    llmcl_status st;
-    llmcl_tensor *logits = NULL, *gcast = NULL, *w2 = NULL;
-    cl_kernel kcol = NULL;
-    LLMCL__TRY_GOTO(st, ce_begin(&r, ctx, ldt, labels, n, v, true), done);
-    if (gcast_needed && !dbias) /* dbias sums the f32 dlogits */
-        r.dx_dt = hidden->dtype;
-    LLMCL__TRY_GOTO(st, ce_check_labels(&r), done); /* before any product writes a gradient */
-    const int64_t lshape[2] = {c, v};
-    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, ldt, 2, lshape, "logits chunk", &logits), done);
-    if (gcast_needed)
-        LLMCL__TRY_GOTO(
-            st, llmcl__scratch(ctx, hidden->dtype, 2, lshape, "16-bit dlogits chunk", &gcast), done);
-    LLMCL__TRY_GOTO(st, llmcl__rows_view(weight, &lin.w, 0, v, &w2), done);
-    if (dbias)
-        LLMCL__TRY_GOTO(st, row_kernel(&r, "ce_colsum", &kcol), done);
-    for (int64_t r0 = 0; r0 < n; r0 += c)
-        LLMCL__TRY_GOTO(st,
-                        linear_chunk(&r, &lin, hidden, w2, bias, logits, gcast, dhidden, dweight,
-                                     dbias, kcol, r0, n - r0 < c ? n - r0 : c),
-                        done);
-    st = ce_finish(&r, loss, z_loss);
-done:
-    llmcl_tensor_destroy(logits);
-    llmcl_tensor_destroy(gcast);
-    llmcl_tensor_destroy(w2);
+llmcl_status llmcl__linear_ce_hooked(llmcl_ctx *ctx, const llmcl_tensor *hidden,
+                                     const llmcl_tensor *weight, const llmcl_tensor *bias,
+                                     const llmcl_tensor *labels, const llmcl_ce_options *opts,
+                                     int64_t align, llmcl__ce_rows_hook hook, void *user,
+                                     llmcl_tensor *g, llmcl_tensor *dhidden,
+                                     llmcl_tensor *dweight, llmcl_tensor *dbias)
+{
+    ce_linear lin;
+    LLMCL__TRY(check_linear(ctx, hidden, weight, bias, labels, dhidden, dweight, dbias, &lin));
+    ce_run r = {.ctx = ctx};
+    LLMCL__TRY(check_options(ctx, opts, lin.w.n_rows, hidden->dtype, &r.o));
+    r.o.reduction = LLMCL_CE_NONE;
+    linear_job jb = {.lin = &lin, .hidden = hidden, .bias = bias, .labels = labels,
+                     .dhidden = dhidden, .dweight = dweight, .dbias = dbias,
+                     .hook = hook, .user = user, .g = g};
+    const llmcl_status st = linear_run(&r, &jb, weight, align, NULL, NULL);
     ce_run_release(&r);
     return st;
 }
@@ -1024,13 +1134,6 @@ done:
 }
 
 /* The class weights from the chunk's first class on (a NULL buffer without weights). */
-static void arg_chunk_weight(llmcl__args *a, const ce_run *r, int64_t v0)
-{
-    if (r->o.weight)
-        llmcl__arg_mem(a, r->o.weight->mem, r->o.weight->offset + v0);
-    else
-        llmcl__arg_mem(a, NULL, 0);
-}
 
 /* What one forward chunk needs: the row kernels of its form and the buffers they fill. */
 typedef struct fwd_chunks {

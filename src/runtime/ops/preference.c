@@ -1,8 +1,11 @@
 /*
- * preference.c: host launcher of the preference losses. llmcl_linear_preference_forward runs the
- * fused cross-entropy's forward (reduction none) for each position's -logp and LSE, preference.cl
- * for the sequences' and pairs' terms, and the fused cross-entropy's backward with each
- * position's upstream gradient.
+ * preference.c: host launcher of the preference losses. With gradients, where a pair's f32 logits
+ * fit the budget, llmcl_linear_preference_forward copies the pairs interleaved (each chosen
+ * sequence beside its rejected one) and runs the chunked linear cross-entropy over chunks of
+ * whole pairs, preference.cl's terms between each chunk's cross-entropies and its gradient: three
+ * products of the head. Otherwise it runs the fused cross-entropy's forward (reduction none),
+ * the terms, and the fused backward with each position's upstream gradient: four products, the
+ * logits never stored. Without gradients (a reference model's logps) the fused forward alone.
  */
 #include <math.h>
 
@@ -10,6 +13,9 @@
 
 #define PREF_DEFAULT_IGNORE (-100)
 #define PREF_DEFAULT_BETA 0.1f
+/* Chunks of whole pairs' f32 logits: at V 128256 and T 1024 a pair takes 1.6 GB with its 16-bit
+   copy, and fewer, larger chunks keep the weight gradient's products from re-reading dweight. */
+#define PREF_DEFAULT_BUDGET (4ull << 30)
 
 /* One call's shapes, checked options and scratch. */
 typedef struct pref_run {
@@ -19,7 +25,11 @@ typedef struct pref_run {
     int64_t pairs, t, n, ignore;
     const llmcl_tensor *labels;
     size_t wg;
-    llmcl_tensor *ce, *lse, *seq, *coef, *g;
+    int inter;                     /* 1: the chunked form's interleaved pairs */
+    const llmcl_tensor *ref;       /* the reference's pi, or NULL */
+    llmcl_tensor *logps, *loss;    /* the caller's outputs, each optional */
+    bool grad;
+    llmcl_tensor *ce, *lse, *seq, *coef, *g, *terms, *nc;
 } pref_run;
 
 static const char *const loss_names[] = {"DPO", "IPO", "SimPO", "CPO", "ORPO"};
@@ -31,6 +41,8 @@ static void run_release(pref_run *r)
     llmcl_tensor_destroy(r->seq);
     llmcl_tensor_destroy(r->coef);
     llmcl_tensor_destroy(r->g);
+    llmcl_tensor_destroy(r->terms);
+    llmcl_tensor_destroy(r->nc);
 }
 
 static bool takes_reference(llmcl_pref_loss loss)
@@ -85,7 +97,8 @@ static llmcl_status check_options(llmcl_ctx *ctx, const llmcl_pref_options *opts
     return LLMCL_OK;
 }
 
-/* hidden [2B, T, H] and labels [2B, T]; the fused cross-entropy checks the rest of them. */
+/* hidden [2B, T, H], one run of rows, and labels [2B, T], contiguous; the cross-entropy checks
+   the rest of them. */
 static llmcl_status check_sequences(llmcl_ctx *ctx, const llmcl_tensor *hidden,
                                     const llmcl_tensor *labels, pref_run *r)
 {
@@ -100,6 +113,10 @@ static llmcl_status check_sequences(llmcl_ctx *ctx, const llmcl_tensor *hidden,
                    LLMCL_ERROR_SHAPE_MISMATCH, "labels is [%lld, %lld]; expected [%lld, %lld]",
                    (long long)llmcl_tensor_dim(labels, 0), (long long)llmcl_tensor_dim(labels, 1),
                    (long long)seqs, (long long)t);
+    llmcl__rows rows;
+    LLMCL__TRY(llmcl__as_rows(ctx, hidden, "hidden", &rows));
+    LLMCL__REQUIRE(ctx, llmcl_tensor_is_contiguous(labels), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "labels must be contiguous");
     r->pairs = seqs / 2;
     r->t = t;
     r->n = seqs * t;
@@ -185,23 +202,40 @@ static void arg_opt(llmcl__args *a, const llmcl_tensor *t)
         llmcl__arg_mem(a, NULL, 0);
 }
 
-/* Each sequence's sum of logp and scored positions, from the forward's cross-entropies. */
-static llmcl_status sequences_run(pref_run *r)
+/* The chosen sequences' scored positions, the supervised term's divisor. */
+static llmcl_status count_run(pref_run *r, const llmcl_tensor *labels)
+{
+    cl_kernel k;
+    LLMCL__TRY(pref_kernel(r, "pref_count", &k));
+    llmcl__args a = llmcl__args_begin(r->ctx, k);
+    llmcl__arg_tensor(&a, labels);
+    llmcl__arg_i64(&a, r->pairs);
+    llmcl__arg_i64(&a, r->t);
+    llmcl__arg_i32(&a, r->inter);
+    llmcl__arg_i64(&a, r->ignore);
+    arg_buf(&a, r->nc);
+    return llmcl__launch(&a, 1, &r->wg, &r->wg);
+}
+
+/* Sequences [s0, s0 + count): their sums of logp and scored positions, from ce. */
+static llmcl_status sequences_run(pref_run *r, const llmcl_tensor *labels, const llmcl_tensor *ce,
+                                  int64_t s0, int64_t count)
 {
     cl_kernel k;
     LLMCL__TRY(pref_kernel(r, "pref_seq", &k));
     llmcl__args a = llmcl__args_begin(r->ctx, k);
-    llmcl__arg_tensor(&a, r->labels);
+    llmcl__arg_tensor(&a, labels);
     llmcl__arg_i64(&a, r->t);
     llmcl__arg_i64(&a, r->ignore);
-    arg_buf(&a, r->ce);
+    arg_buf(&a, ce);
+    llmcl__arg_i64(&a, s0);
     arg_buf(&a, r->seq);
-    const size_t g = (size_t)(2 * r->pairs) * r->wg;
+    const size_t g = (size_t)count * r->wg;
     return llmcl__launch(&a, 1, &g, &r->wg);
 }
 
-static llmcl_status pairs_run(pref_run *r, const llmcl_tensor *ref, llmcl_tensor *logps,
-                              llmcl_tensor *loss, bool grad)
+/* Pairs [p0, p0 + count): their terms, logps and sequences' upstream gradients. */
+static llmcl_status pairs_run(pref_run *r, int64_t p0, int64_t count)
 {
     cl_kernel k;
     LLMCL__TRY(pref_kernel(r, "pref_pairs", &k));
@@ -209,35 +243,72 @@ static llmcl_status pairs_run(pref_run *r, const llmcl_tensor *ref, llmcl_tensor
     llmcl__arg_i32(&a, (int32_t)r->o.loss);
     llmcl__arg_i32(&a, r->average);
     llmcl__arg_i64(&a, r->pairs);
+    llmcl__arg_i64(&a, p0);
+    llmcl__arg_i64(&a, count);
+    llmcl__arg_i32(&a, r->inter);
     llmcl__arg_f32(&a, r->o.beta);
     llmcl__arg_f32(&a, r->o.gamma);
     llmcl__arg_f32(&a, r->o.label_smoothing);
     llmcl__arg_f32(&a, r->o.nll_weight);
     llmcl__arg_f32(&a, r->o.grad_scale);
     arg_buf(&a, r->seq);
-    arg_opt(&a, ref);
-    arg_opt(&a, logps);
-    arg_opt(&a, loss);
-    llmcl__arg_i32(&a, grad);
-    arg_buf(&a, grad ? r->coef : NULL);
+    arg_buf(&a, r->nc);
+    arg_opt(&a, r->ref);
+    arg_opt(&a, r->logps);
+    arg_buf(&a, r->terms);
+    llmcl__arg_i32(&a, r->grad);
+    arg_buf(&a, r->grad ? r->coef : NULL);
+    const size_t local = 64, g = (size_t)llmcl__div_up(count, 64) * local;
+    return llmcl__launch(&a, 1, &g, &local);
+}
+
+static llmcl_status loss_run(pref_run *r)
+{
+    if (!r->loss)
+        return LLMCL_OK;
+    cl_kernel k;
+    LLMCL__TRY(pref_kernel(r, "pref_loss", &k));
+    llmcl__args a = llmcl__args_begin(r->ctx, k);
+    llmcl__arg_i64(&a, r->pairs);
+    llmcl__arg_i32(&a, r->inter);
+    llmcl__arg_f32(&a, r->o.nll_weight);
+    arg_buf(&a, r->seq);
+    arg_buf(&a, r->nc);
+    arg_buf(&a, r->terms);
+    llmcl__arg_tensor(&a, r->loss);
     return llmcl__launch(&a, 1, &r->wg, &r->wg);
 }
 
-/* Each position's upstream gradient, its sequence's coefficient. */
-static llmcl_status rows_run(pref_run *r)
+/* Positions [r0, r0 + n): their upstream gradients into g, their sequences' coefficients. */
+static llmcl_status rows_run(pref_run *r, llmcl_tensor *g, int64_t r0, int64_t n)
 {
     cl_kernel k;
     LLMCL__TRY(pref_kernel(r, "pref_rows", &k));
     llmcl__args a = llmcl__args_begin(r->ctx, k);
-    llmcl__arg_i64(&a, r->n);
+    llmcl__arg_i64(&a, r0);
+    llmcl__arg_i64(&a, n);
     llmcl__arg_i64(&a, r->t);
     arg_buf(&a, r->coef);
-    arg_buf(&a, r->g);
-    const size_t g = (size_t)llmcl__div_up(r->n, (int64_t)r->wg) * r->wg;
-    return llmcl__launch(&a, 1, &g, &r->wg);
+    arg_buf(&a, g);
+    const size_t gl = (size_t)llmcl__div_up(n, (int64_t)r->wg) * r->wg;
+    return llmcl__launch(&a, 1, &gl, &r->wg);
 }
 
-/* Where the device cuts loops short: pref_seq walks T positions, pref_pairs B pairs twice. */
+/*
+ * The chunked form's hook: a chunk of whole interleaved pairs has its cross-entropies in ce;
+ * its sequences' sums, its pairs' terms and its positions' upstream gradients into g.
+ */
+static llmcl_status chunk_hook(void *user, const llmcl_tensor *ce, llmcl_tensor *g, int64_t r0,
+                               int64_t rows)
+{
+    pref_run *r = user;
+    LLMCL__TRY(sequences_run(r, r->labels, ce, r0 / r->t, rows / r->t));
+    LLMCL__TRY(pairs_run(r, r0 / (2 * r->t), rows / (2 * r->t)));
+    return rows_run(r, g, r0, rows);
+}
+
+/* Where the device cuts loops short: pref_seq walks T positions, pref_count B T, pref_loss B
+   pairs. */
 static llmcl_status check_loops(const pref_run *r)
 {
     const int64_t wg = (int64_t)r->wg;
@@ -246,21 +317,136 @@ static llmcl_status check_loops(const pref_run *r)
         ++red;
     LLMCL__TRY(llmcl__check_loops(r->ctx, llmcl__div_up(r->t, wg) + 2 * red,
                                   "preference loss: sequences of %lld positions", (long long)r->t));
-    return llmcl__check_loops(r->ctx, 2 * llmcl__div_up(r->pairs, wg) + 3 * red,
+    LLMCL__TRY(llmcl__check_loops(r->ctx, llmcl__div_up(r->pairs * r->t, wg) + red,
+                                  "preference loss: %lld chosen positions",
+                                  (long long)(r->pairs * r->t)));
+    return llmcl__check_loops(r->ctx, llmcl__div_up(r->pairs, wg) + 2 * red,
                               "preference loss: %lld pairs", (long long)r->pairs);
 }
 
-static llmcl_status scratch(pref_run *r, bool grad)
+static llmcl_status scratch(pref_run *r)
 {
     llmcl_ctx *ctx = r->ctx;
-    const int64_t seq2 = 4 * r->pairs, seqs = 2 * r->pairs;
+    const int64_t seq2 = 4 * r->pairs, seqs = 2 * r->pairs, one = 1;
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &seq2, "preference sequence sums", &r->seq));
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &r->pairs, "preference pair terms", &r->terms));
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &one, "preference chosen positions", &r->nc));
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &r->n, "preference upstream gradients", &r->g));
+    if (!r->grad)
+        return LLMCL_OK;
+    return llmcl__scratch(ctx, LLMCL_F32, 1, &seqs, "preference coefficients", &r->coef);
+}
+
+/* The fused form: the fused cross-entropy's forward, the terms, and its backward. */
+static llmcl_status fused_run(pref_run *r, const llmcl_tensor *hidden, const llmcl_tensor *weight,
+                              const llmcl_tensor *bias, const llmcl_tensor *labels,
+                              llmcl_tensor *dhidden, llmcl_tensor *dweight, llmcl_tensor *dbias)
+{
+    llmcl_ctx *ctx = r->ctx;
+    const llmcl_ce_options ce = ce_options(r);
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &r->n, "preference cross-entropies", &r->ce));
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &r->n, "preference LSEs", &r->lse));
-    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &seq2, "preference sequence sums", &r->seq));
-    if (!grad)
+    LLMCL__TRY(llmcl_fused_cross_entropy_forward(ctx, hidden, weight, bias, labels, &ce, r->ce,
+                                                 NULL, r->lse));
+    LLMCL__TRY(count_run(r, labels));
+    LLMCL__TRY(sequences_run(r, labels, r->ce, 0, 2 * r->pairs));
+    LLMCL__TRY(pairs_run(r, 0, r->pairs));
+    LLMCL__TRY(loss_run(r));
+    if (!r->grad)
         return LLMCL_OK;
-    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &seqs, "preference coefficients", &r->coef));
-    return llmcl__scratch(ctx, LLMCL_F32, 1, &r->n, "preference upstream gradients", &r->g);
+    LLMCL__TRY(rows_run(r, r->g, 0, r->n));
+    return llmcl_fused_cross_entropy_backward(ctx, hidden, weight, bias, labels, r->lse, r->g, &ce,
+                                              dhidden, dweight, dbias);
+}
+
+/*
+ * hidden [2B, T, ...] or its labels seen as [2, B, T, ...], and a contiguous copy of the same
+ * shape seen with each chosen sequence beside its rejected one.
+ */
+static llmcl_status pair_views(const llmcl_tensor *t, const llmcl_tensor *copy, int64_t pairs,
+                               llmcl_tensor **stacked, llmcl_tensor **inter)
+{
+    const int nd = llmcl_tensor_ndim(t);
+    int64_t shape[4] = {2, pairs}, st[4], ct[4];
+    st[0] = pairs * llmcl_tensor_stride(t, 0);
+    st[1] = llmcl_tensor_stride(t, 0);
+    int64_t inner = 1;
+    for (int d = nd - 1; d >= 1; --d) {
+        shape[d + 1] = llmcl_tensor_dim(t, d);
+        st[d + 1] = llmcl_tensor_stride(t, d);
+        ct[d + 1] = inner;
+        inner *= shape[d + 1];
+    }
+    ct[0] = inner;
+    ct[1] = 2 * inner;
+    LLMCL__TRY(llmcl_tensor_view(t, nd + 1, shape, st, llmcl_tensor_offset(t), stacked));
+    return llmcl_tensor_view(copy, nd + 1, shape, ct, llmcl_tensor_offset(copy), inter);
+}
+
+/* dst (the interleaved copy, or the caller's tensor) = src through their pair views. */
+static llmcl_status copy_pairs(pref_run *r, const llmcl_tensor *src, llmcl_tensor *dst,
+                               bool to_copy)
+{
+    const llmcl_tensor *user = to_copy ? src : dst, *copy = to_copy ? dst : src;
+    llmcl_tensor *stacked = NULL, *inter = NULL;
+    llmcl_status st = pair_views(user, copy, r->pairs, &stacked, &inter);
+    if (st == LLMCL_OK)
+        st = to_copy ? llmcl_copy(r->ctx, stacked, inter) : llmcl_copy(r->ctx, inter, stacked);
+    llmcl_tensor_destroy(stacked);
+    llmcl_tensor_destroy(inter);
+    return st;
+}
+
+/* The chunked form: the pairs interleaved, chunks of whole pairs, dhidden copied back. */
+static llmcl_status chunked_run(pref_run *r, const llmcl_tensor *hidden,
+                                const llmcl_tensor *weight, const llmcl_tensor *bias,
+                                const llmcl_tensor *labels, llmcl_tensor *dhidden,
+                                llmcl_tensor *dweight, llmcl_tensor *dbias)
+{
+    llmcl_ctx *ctx = r->ctx;
+    const int64_t h = llmcl_tensor_dim(hidden, 2), hshape[2] = {r->n, h};
+    llmcl_tensor *hid = NULL, *lab = NULL, *dh = NULL;
+    llmcl_status st;
+    r->inter = 1;
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, hidden->dtype, 2, hshape, "interleaved pairs", &hid),
+                    done);
+    LLMCL__TRY_GOTO(st, llmcl__scratch(ctx, labels->dtype, 1, &r->n, "interleaved labels", &lab),
+                    done);
+    if (dhidden)
+        LLMCL__TRY_GOTO(
+            st, llmcl__scratch(ctx, LLMCL_F32, 2, hshape, "interleaved dhidden", &dh), done);
+    LLMCL__TRY_GOTO(st, copy_pairs(r, hidden, hid, true), done);
+    LLMCL__TRY_GOTO(st, copy_pairs(r, labels, lab, true), done);
+    r->labels = lab;
+    LLMCL__TRY_GOTO(st, count_run(r, lab), done);
+    llmcl_ce_options ce = ce_options(r);
+    ce.chunk_bytes = r->o.chunk_bytes ? r->o.chunk_bytes : PREF_DEFAULT_BUDGET;
+    LLMCL__TRY_GOTO(st,
+                    llmcl__linear_ce_hooked(ctx, hid, weight, bias, lab, &ce, 2 * r->t, chunk_hook,
+                                            r, r->g, dh, dweight, dbias),
+                    done);
+    LLMCL__TRY_GOTO(st, loss_run(r), done);
+    st = dhidden ? copy_pairs(r, dh, dhidden, false) : LLMCL_OK;
+done:
+    r->labels = labels;
+    llmcl_tensor_destroy(hid);
+    llmcl_tensor_destroy(lab);
+    llmcl_tensor_destroy(dh);
+    return st;
+}
+
+/*
+ * Whether the chunked form runs: gradients asked for, no fused form forced (vocab_chunk), and one
+ * pair's f32 logits (with their 16-bit copy for 16-bit products) within the budget.
+ */
+static bool chunked_fits(const pref_run *r, const llmcl_tensor *hidden, int64_t v,
+                         bool products)
+{
+    if (!r->grad || r->o.vocab_chunk != 0)
+        return false;
+    const uint64_t per_row = (uint64_t)v * (4 + (products && hidden->dtype != LLMCL_F32 ? 2 : 0));
+    const uint64_t budget = r->o.chunk_bytes ? r->o.chunk_bytes : PREF_DEFAULT_BUDGET;
+    return per_row * (uint64_t)(2 * r->t) <= budget;
 }
 
 llmcl_status llmcl_linear_preference_forward(llmcl_ctx *ctx, const llmcl_tensor *hidden,
@@ -281,29 +467,20 @@ llmcl_status llmcl_linear_preference_forward(llmcl_ctx *ctx, const llmcl_tensor 
     const llmcl_tensor *outs[] = {loss, logps, dhidden, dweight, dbias};
     const char *out_names[] = {"loss", "logps", "dhidden", "dweight", "dbias"};
     LLMCL__TRY(check_outputs(ctx, &r, ins, in_names, 5, outs, out_names));
-    const bool grad = dhidden || dweight || dbias;
+    r.grad = dhidden || dweight || dbias;
+    r.ref = ref_logps;
+    r.logps = logps;
+    r.loss = loss;
     const size_t wg_max = llmcl__pow2_floor(ctx->info.max_work_group_size);
     r.wg = wg_max < 256 ? wg_max : 256;
     LLMCL__TRY(check_loops(&r));
 
     llmcl_status st;
-    const llmcl_ce_options ce = ce_options(&r);
-    LLMCL__TRY_GOTO(st, scratch(&r, grad), done);
-    LLMCL__TRY_GOTO(st,
-                    llmcl_fused_cross_entropy_forward(ctx, hidden, weight, bias, labels, &ce,
-                                                      r.ce, NULL, r.lse),
-                    done);
-    LLMCL__TRY_GOTO(st, sequences_run(&r), done);
-    LLMCL__TRY_GOTO(st, pairs_run(&r, ref_logps, logps, loss, grad), done);
-    if (grad) {
-        LLMCL__TRY_GOTO(st, rows_run(&r), done);
-        LLMCL__TRY_GOTO(st,
-                        llmcl_fused_cross_entropy_backward(ctx, hidden, weight, bias, labels,
-                                                           r.lse, r.g, &ce, dhidden, dweight,
-                                                           dbias),
-                        done);
-    }
-    st = LLMCL_OK;
+    LLMCL__TRY_GOTO(st, scratch(&r), done);
+    if (chunked_fits(&r, hidden, llmcl_tensor_dim(weight, 0), dhidden || dweight))
+        st = chunked_run(&r, hidden, weight, bias, labels, dhidden, dweight, dbias);
+    else
+        st = fused_run(&r, hidden, weight, bias, labels, dhidden, dweight, dbias);
 done:
     run_release(&r);
     return st;
