@@ -12,15 +12,14 @@ losses are llmcl.h's: DPO on summed log-probabilities with random reference log-
 averaged log-probabilities, -beta log sigmoid(log odds(c) - log odds(r)) averaged over the pairs,
 plus the chosen sequences' cross-entropy (nll_weight 1); beta 0.1. Logits are hidden @ W^T in
 bf16, then log_softmax in f32. Prints one line per row: implementation, op, median ms, TFLOP/s
-(8 N V H with the gradients: the logits, their recomputation, dhidden and dweight; 2 N V H for
-the log-probabilities alone, on detached inputs, a reference model's pass; llmcl-bench's counts,
-so that the rates compare as the times do: eager and compile keep the logits and execute 6 N V H,
-and can show more than the device's peak) and peak memory beyond the inputs
+(6 N V H with the gradients: the logits, dhidden and dweight, whichever form recomputes the
+logits; 2 N V H for the log-probabilities alone, on detached inputs, a reference model's pass;
+llmcl-bench's counts, so that the rates compare as the times do) and peak memory beyond the inputs
 (torch.cuda.max_memory_allocated less what was allocated before the call; the bf16 gradients it
 returns count, llmcl's f32 ones are allocated beforehand and do not). Rows with gradients time
 torch.autograd.grad of the loss with respect to hidden and W. Liger's rows:
 LigerFusedLinearDPOLoss without a reference model (its reference log-probabilities 0: the same
-work as llmcl's DPO row), with one (the reference's logits inside its chunks: 10 N V H, llmcl's
+work as llmcl's DPO row), with one (the reference's logits inside its chunks: 8 N V H, llmcl's
 DPO and log-probability rows together) and LigerFusedLinearORPOLoss; skipped, with the reason,
 where liger_kernel does not import."""
 import torch
@@ -93,11 +92,11 @@ def torch_rows(impl, f_dpo, f_orpo, f_logps):
         h, w, y, ref = inputs(h_dim)
         gemm, shape = 2 * N * V * h_dim, f"H{h_dim}"
         row(impl, f"dpo fwd+bwd {shape}", lambda: torch.autograd.grad(f_dpo(h, w, y, ref), (h, w)),
-            4 * gemm)
+            3 * gemm)
         if h_dim == 2048:
             row(impl, f"logps fwd {shape}", lambda: f_logps(h, w, y), gemm)
             row(impl, f"orpo+nll fwd+bwd {shape}",
-                lambda: torch.autograd.grad(f_orpo(h, w, y), (h, w)), 4 * gemm)
+                lambda: torch.autograd.grad(f_orpo(h, w, y), (h, w)), 3 * gemm)
         del h, w, y, ref
         torch.cuda.empty_cache()
 
@@ -117,13 +116,13 @@ def liger():
         rh, rw = h.detach().clone(), w.detach().clone()
         gemm, shape = 2 * N * V * h_dim, f"H{h_dim}"
         row("liger", f"dpo fwd+bwd {shape}",
-            lambda: torch.autograd.grad(free(w, h, y)[0], (h, w)), 4 * gemm)
+            lambda: torch.autograd.grad(free(w, h, y)[0], (h, w)), 3 * gemm)
         row("liger", f"dpo+ref model fwd+bwd {shape}",
             lambda: torch.autograd.grad(with_ref(w, h, y, ref_input=rh, ref_weight=rw)[0], (h, w)),
-            5 * gemm)
+            4 * gemm)
         if h_dim == 2048:
             row("liger", f"orpo+nll fwd+bwd {shape}",
-                lambda: torch.autograd.grad(orpo_l(w, h, y)[0], (h, w)), 4 * gemm)
+                lambda: torch.autograd.grad(orpo_l(w, h, y)[0], (h, w)), 3 * gemm)
         del h, w, y, rh, rw
         torch.cuda.empty_cache()
 
