@@ -1177,12 +1177,18 @@ LLMCL_API llmcl_status llmcl_linear_distill_forward(
  * Gradients (dhidden f32 of hidden's shape, dweight f32 [V, H], dbias f32 [V], each optional) are
  * those of grad_scale x loss. Deterministic: every sum runs in a fixed order.
  *
- * The call runs llmcl_fused_cross_entropy_forward (reduction none) for each position's -logp_i
- * and LSE, then the sequences' and pairs' terms (preference.cl), then
- * llmcl_fused_cross_entropy_backward with each position's upstream gradient: the logits are
- * never stored, in chunks of the vocabulary where the device has tensor cores (opts->chunk_bytes,
- * opts->vocab_chunk as in llmcl_ce_options), tiles elsewhere; extra memory O(2B T) beside the
- * fused path's. The same call with no loss and no gradients gives a reference model's logps.
+ * With gradients the call runs in one of two forms. Chunks of whole pairs (the default, where one
+ * pair's f32 logits, with their 16-bit copy for 16-bit inputs, fit opts->chunk_bytes, default
+ * 4 GiB): the pairs copied with each chosen sequence beside its rejected one, then per chunk the
+ * logits product, each position's LSE and -logp_i, the chunk's sequences' and pairs' terms
+ * (preference.cl), the dlogits with each position's upstream gradient, and the dhidden and
+ * dweight products: three products of the head, as llmcl_linear_cross_entropy_forward's. The
+ * fused form (where no pair fits, or opts->vocab_chunk is not 0): llmcl_fused_cross_entropy_forward
+ * (reduction none), the terms, and llmcl_fused_cross_entropy_backward with each position's
+ * upstream gradient, the logits never stored (opts->chunk_bytes and opts->vocab_chunk as in
+ * llmcl_ce_options): four products. Without gradients (a reference model's logps) the fused
+ * forward alone. Extra memory beyond the form's scratch: O(2B T), and in chunks a copy of hidden
+ * and an f32 dhidden.
  */
 
 typedef enum llmcl_pref_loss {
@@ -1211,8 +1217,10 @@ typedef struct llmcl_pref_options {
     int64_t ignore_index;       /* labels equal to it are not scored */
     float grad_scale;           /* the gradients are those of grad_scale x the loss; 0: 1 */
     int accumulate_weight_grad; /* 1 adds dweight and dbias to their contents, 0 overwrites them */
-    uint64_t chunk_bytes;       /* the fused cross-entropy's vocabulary chunks; 0: its default */
-    int64_t vocab_chunk;        /* as llmcl_ce_options' */
+    uint64_t chunk_bytes;       /* chunks of whole pairs' logits (0: 4 GiB), or the fused form's
+                                   budget where no pair fits */
+    int64_t vocab_chunk;        /* 0: chunks of pairs where one fits; else the fused form, as
+                                   llmcl_ce_options' (-1 tiles, > 0 classes a chunk) */
 } llmcl_pref_options;
 
 /*
