@@ -123,6 +123,22 @@ void th_round_all(llmcl_dtype dtype, double *x, size_t n)
         x[i] = th_round(dtype, x[i]);
 }
 
+double *th_new_uniform(th_rng *r, size_t n, double lo, double hi, llmcl_dtype dt)
+{
+    double *x = th_alloc(n * sizeof *x);
+    th_fill_uniform(r, x, n, lo, hi);
+    th_round_all(dt, x, n);
+    return x;
+}
+
+double *th_new_normal(th_rng *r, size_t n, double scale, llmcl_dtype dt)
+{
+    double *x = th_alloc(n * sizeof *x);
+    th_fill_normal(r, x, n, scale);
+    th_round_all(dt, x, n);
+    return x;
+}
+
 /* ---- tensors ---- */
 
 void *th_alloc(size_t bytes)

@@ -57,6 +57,11 @@ int64_t th_randint(th_rng *r, int64_t lo, int64_t hi); /* in [lo, hi) */
 void th_fill_uniform(th_rng *r, double *x, size_t n, double lo, double hi);
 void th_fill_normal(th_rng *r, double *x, size_t n, double scale);
 
+/* n new values (th_alloc'd), uniform in [lo, hi) or normal with sd scale, rounded to what dt
+   stores: a kernel's random inputs as the device and its reference both see them. */
+double *th_new_uniform(th_rng *r, size_t n, double lo, double hi, llmcl_dtype dt);
+double *th_new_normal(th_rng *r, size_t n, double scale, llmcl_dtype dt);
+
 /* ---- dtypes ---- */
 
 /* x rounded to what dtype stores (round-to-nearest-even for bf16 and f16, truncation for ints). */

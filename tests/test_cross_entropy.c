@@ -34,13 +34,6 @@ static llmcl_tensor *labels_tensor(llmcl_dtype dt, const int64_t *y, int64_t n)
     return t;
 }
 
-static double *random_doubles(th_rng *rng, size_t n, double lo, double hi, llmcl_dtype dt)
-{
-    double *x = th_alloc(n * sizeof *x);
-    th_fill_uniform(rng, x, n, lo, hi);
-    th_round_all(dt, x, n);
-    return x;
-}
 
 /* References never give NaN, so that th_compare (where NaN matches NaN) rejects any NaN output. */
 static void assert_no_nan(const double *x, size_t n)
@@ -204,8 +197,8 @@ static void run_case(const ce_case *c, const ninf_spec *m, uint64_t seed)
 {
     th_rng rng = th_rng_new(seed);
     const int64_t n = c->n, v = c->v;
-    double *x = random_doubles(&rng, (size_t)(n * v), -c->scale, c->scale, c->dt);
-    double *w = c->weighted ? random_doubles(&rng, (size_t)v, 0.25, 2.0, LLMCL_F32) : NULL;
+    double *x = th_new_uniform(&rng, (size_t)(n * v), -c->scale, c->scale, c->dt);
+    double *w = c->weighted ? th_new_uniform(&rng, (size_t)v, 0.25, 2.0, LLMCL_F32) : NULL;
     int64_t *y = make_labels(&rng, n, v, c->ignore_every, c->ignore);
     if (m)
         ninf_apply(m, x, n, v, y, n, c->ignore, w);
@@ -390,7 +383,7 @@ static void test_ce_strided_rows(void **state)
     const int64_t n = 6, v = 301, ld = 311, pshape[2] = {n, ld}, shape[2] = {n, v};
     const int64_t strides[2] = {ld, 1};
     th_rng rng = th_rng_new(7);
-    double *px = random_doubles(&rng, (size_t)(n * ld), -3, 3, LLMCL_BF16);
+    double *px = th_new_uniform(&rng, (size_t)(n * ld), -3, 3, LLMCL_BF16);
     double *x = th_alloc((size_t)(n * v) * sizeof *x);
     for (int64_t i = 0; i < n; ++i)
         memcpy(x + i * v, px + i * ld + 3, (size_t)v * sizeof *x);
@@ -427,7 +420,7 @@ static void test_ce_bad_labels(void **state)
     llmcl_ctx *ctx = th_ctx();
     const int64_t n = 8, v = 100, shape[2] = {n, v}, one = 1;
     th_rng rng = th_rng_new(9);
-    double *x = random_doubles(&rng, (size_t)(n * v), -2, 2, LLMCL_F32);
+    double *x = th_new_uniform(&rng, (size_t)(n * v), -2, 2, LLMCL_F32);
     llmcl_tensor *tx = th_tensor_from(LLMCL_F32, 2, shape, x), *tl = th_tensor(LLMCL_F32, 1, &one);
     /* V, negative (not ignore_index) and huge labels, as I32 and I64 */
     const int64_t bad_values[] = {100, -5, -1, 1000000, INT32_MIN};
@@ -526,7 +519,7 @@ static void test_ce_grad_scale(void **state)
     llmcl_ctx *ctx = th_ctx();
     const int64_t n = 1000, one = 1;
     th_rng rng = th_rng_new(3);
-    double *x = random_doubles(&rng, (size_t)n, -1, 1, LLMCL_BF16), g = -2.5;
+    double *x = th_new_uniform(&rng, (size_t)n, -1, 1, LLMCL_BF16), g = -2.5;
     llmcl_tensor *tx = th_tensor_from(LLMCL_BF16, 1, &n, x),
                  *tg = th_tensor_from(LLMCL_F32, 1, &one, &g);
     TH_OK(llmcl_cross_entropy_grad_scale(ctx, tg, tx));
@@ -554,10 +547,10 @@ static lin_problem lin_make(uint64_t seed, int64_t n, int64_t h, int64_t v, llmc
 {
     lin_problem p = {.n = n, .h = h, .v = v, .dt = dt, .ldt = LLMCL_F32};
     th_rng rng = th_rng_new(seed);
-    p.hid = random_doubles(&rng, (size_t)(n * h), -1, 1, dt);
-    p.w = random_doubles(&rng, (size_t)(v * h), -0.5, 0.5, dt);
-    p.b = bias ? random_doubles(&rng, (size_t)v, -1, 1, dt) : NULL;
-    p.cw = cweights ? random_doubles(&rng, (size_t)v, 0.5, 1.5, LLMCL_F32) : NULL;
+    p.hid = th_new_uniform(&rng, (size_t)(n * h), -1, 1, dt);
+    p.w = th_new_uniform(&rng, (size_t)(v * h), -0.5, 0.5, dt);
+    p.b = bias ? th_new_uniform(&rng, (size_t)v, -1, 1, dt) : NULL;
+    p.cw = cweights ? th_new_uniform(&rng, (size_t)v, 0.5, 1.5, LLMCL_F32) : NULL;
     p.y = make_labels(&rng, n, v, ignore_every, -100);
     const int64_t hs[2] = {n, h}, ws[2] = {v, h};
     p.th = th_tensor_from(dt, 2, hs, p.hid);
@@ -1140,8 +1133,8 @@ static void test_accumulate(void **state)
         lin_problem p = lin_make(61 + dti, 23, 40, 131, dti ? LLMCL_BF16 : LLMCL_F32, true, false, 4);
         const size_t nh = (size_t)(p.n * p.h), nw = (size_t)(p.v * p.h), nv = (size_t)p.v;
         th_rng rng = th_rng_new(62);
-        double *pw = random_doubles(&rng, nw, -1, 1, LLMCL_F32);
-        double *pb = random_doubles(&rng, nv, -1, 1, LLMCL_F32);
+        double *pw = th_new_uniform(&rng, nw, -1, 1, LLMCL_F32);
+        double *pb = th_new_uniform(&rng, nv, -1, 1, LLMCL_F32);
         for (int ci = 0; ci < 3; ++ci) {
             printf("%s, vocab_chunk %lld\n", llmcl_dtype_name(p.dt), (long long)chunks[ci]);
             const llmcl_ce_options base = {.label_smoothing = 0.1f};

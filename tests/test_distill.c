@@ -19,13 +19,6 @@
 
 /* ---- helpers ---- */
 
-static double *random_logits(th_rng *rng, size_t n, double scale, llmcl_dtype dt)
-{
-    double *x = th_alloc(n * sizeof *x);
-    th_fill_normal(rng, x, n, scale);
-    th_round_all(dt, x, n);
-    return x;
-}
 
 /* Labels in [0, v) with about one row in `ignore_every` ignored (0: none). */
 static llmcl_tensor *make_labels(th_rng *rng, int64_t n, int64_t v, int ignore_every,
@@ -109,8 +102,8 @@ static void run_case(const dcase *c, uint64_t seed)
 {
     th_rng rng = th_rng_new(seed);
     const int64_t n = c->n, v = c->v, shape[2] = {n, v};
-    double *s = random_logits(&rng, (size_t)(n * v), 2.0, c->sdt);
-    double *t = random_logits(&rng, (size_t)(n * v), 2.0, c->tdt);
+    double *s = th_new_normal(&rng, (size_t)(n * v), 2.0, c->sdt);
+    double *t = th_new_normal(&rng, (size_t)(n * v), 2.0, c->tdt);
     int64_t *y = th_alloc((size_t)n * sizeof *y);
     llmcl_tensor *lab = c->ignore_every >= 0 ? make_labels(&rng, n, v, c->ignore_every,
                                                            seed % 2 ? LLMCL_I32 : LLMCL_I64, y)
@@ -179,8 +172,8 @@ static void test_distill_edges(void **state)
     (void)state;
     th_rng rng = th_rng_new(7);
     const int64_t n = 4, v = 50, shape[2] = {n, v};
-    double *s = random_logits(&rng, (size_t)(n * v), 3.0, LLMCL_F32);
-    double *t = random_logits(&rng, (size_t)(n * v), 3.0, LLMCL_F32);
+    double *s = th_new_normal(&rng, (size_t)(n * v), 3.0, LLMCL_F32);
+    double *t = th_new_normal(&rng, (size_t)(n * v), 3.0, LLMCL_F32);
     llmcl_tensor *st = th_tensor_from(LLMCL_F32, 2, shape, s),
                  *tt = th_tensor_from(LLMCL_F32, 2, shape, t);
     llmcl_distill_options o = opts_of(0.5, 1.0, 0, 1.0);
@@ -219,8 +212,8 @@ static void test_distill_ninf(void **state)
     (void)state;
     const int64_t n = 3, v = 37, shape[2] = {n, v};
     th_rng rng = th_rng_new(11);
-    double *s = random_logits(&rng, (size_t)(n * v), 2.0, LLMCL_F32);
-    double *t = random_logits(&rng, (size_t)(n * v), 2.0, LLMCL_F32);
+    double *s = th_new_normal(&rng, (size_t)(n * v), 2.0, LLMCL_F32);
+    double *t = th_new_normal(&rng, (size_t)(n * v), 2.0, LLMCL_F32);
     for (int64_t j = 0; j < v; j += 5)
         s[j] = t[j] = -INFINITY; /* row 0: both sides */
     s[v + 3] = -INFINITY;        /* row 1: the student only */
@@ -268,8 +261,8 @@ static void test_distill_hard_labels(void **state)
     llmcl_ctx *ctx = th_ctx();
     const int64_t n = 3, v = 37, shape[2] = {n, v};
     th_rng rng = th_rng_new(12);
-    double *s = random_logits(&rng, (size_t)(n * v), 2.0, LLMCL_F32);
-    double *t = random_logits(&rng, (size_t)(n * v), 2.0, LLMCL_F32);
+    double *s = th_new_normal(&rng, (size_t)(n * v), 2.0, LLMCL_F32);
+    double *t = th_new_normal(&rng, (size_t)(n * v), 2.0, LLMCL_F32);
     s[5] = -INFINITY; /* row 0's label */
     const double yd[3] = {5, IGNORE, 9};
     const int64_t y[3] = {5, IGNORE, 9};
@@ -332,8 +325,8 @@ static void test_distill_strided(void **state)
         TH_OK(llmcl_tensor_view(sb, 2, vshape, vstr, shift, &sv));
         TH_OK(llmcl_tensor_view(tb, 2, vshape, vstr, 0, &tv));
         TH_OK(llmcl_tensor_view(db, 2, vshape, vstr, 8, &dv));
-        double *s = random_logits(&rng, (size_t)(n * v), 2.0, LLMCL_BF16);
-        double *t = random_logits(&rng, (size_t)(n * v), 2.0, LLMCL_F32);
+        double *s = th_new_normal(&rng, (size_t)(n * v), 2.0, LLMCL_BF16);
+        double *t = th_new_normal(&rng, (size_t)(n * v), 2.0, LLMCL_F32);
         th_upload(sv, s);
         th_upload(tv, t);
         const llmcl_distill_options o = opts_of(0.5, 1.5, 1, 1.0);
@@ -364,8 +357,8 @@ static void test_distill_repeat(void **state)
     (void)state;
     th_rng rng = th_rng_new(30);
     const int64_t n = 16, v = 4099, shape[2] = {n, v};
-    double *s = random_logits(&rng, (size_t)(n * v), 2.0, LLMCL_BF16);
-    double *t = random_logits(&rng, (size_t)(n * v), 2.0, LLMCL_BF16);
+    double *s = th_new_normal(&rng, (size_t)(n * v), 2.0, LLMCL_BF16);
+    double *t = th_new_normal(&rng, (size_t)(n * v), 2.0, LLMCL_BF16);
     llmcl_tensor *st = th_tensor_from(LLMCL_BF16, 2, shape, s),
                  *tt = th_tensor_from(LLMCL_BF16, 2, shape, t);
     llmcl_tensor *ds = th_tensor(LLMCL_BF16, 2, shape);
@@ -527,11 +520,11 @@ static void run_linear(const lcase *c, uint64_t seed)
     th_rng rng = th_rng_new(seed);
     const int64_t n = c->n, h = c->h, ht = c->ht, v = c->v;
     const int64_t hs[2] = {n, h}, ws[2] = {v, h}, ths[2] = {n, ht}, tws[2] = {v, ht};
-    double *hid = random_logits(&rng, (size_t)(n * h), 1.0, c->dt);
-    double *w = random_logits(&rng, (size_t)(v * h), 0.3, c->dt);
-    double *th = random_logits(&rng, (size_t)(n * ht), 1.0, c->tdt);
-    double *tw = random_logits(&rng, (size_t)(v * ht), 0.3, c->tdt);
-    double *dw0 = random_logits(&rng, (size_t)(v * h), 0.1, LLMCL_F32);
+    double *hid = th_new_normal(&rng, (size_t)(n * h), 1.0, c->dt);
+    double *w = th_new_normal(&rng, (size_t)(v * h), 0.3, c->dt);
+    double *th = th_new_normal(&rng, (size_t)(n * ht), 1.0, c->tdt);
+    double *tw = th_new_normal(&rng, (size_t)(v * ht), 0.3, c->tdt);
+    double *dw0 = th_new_normal(&rng, (size_t)(v * h), 0.1, LLMCL_F32);
     int64_t *y = th_alloc((size_t)n * sizeof *y);
     llmcl_tensor *lab =
         c->ignore_every >= 0 ? make_labels(&rng, n, v, c->ignore_every, LLMCL_I64, y) : NULL;
@@ -633,9 +626,9 @@ static void test_linear_repeat(void **state)
     (void)state;
     th_rng rng = th_rng_new(300);
     const int64_t n = 45, h = 32, v = 300, hs[2] = {n, h}, ws[2] = {v, h};
-    double *hid = random_logits(&rng, (size_t)(n * h), 1.0, LLMCL_BF16);
-    double *w = random_logits(&rng, (size_t)(v * h), 0.3, LLMCL_BF16);
-    double *th = random_logits(&rng, (size_t)(n * h), 1.0, LLMCL_BF16);
+    double *hid = th_new_normal(&rng, (size_t)(n * h), 1.0, LLMCL_BF16);
+    double *w = th_new_normal(&rng, (size_t)(v * h), 0.3, LLMCL_BF16);
+    double *th = th_new_normal(&rng, (size_t)(n * h), 1.0, LLMCL_BF16);
     llmcl_tensor *ht = th_tensor_from(LLMCL_BF16, 2, hs, hid),
                  *wt = th_tensor_from(LLMCL_BF16, 2, ws, w);
     llmcl_tensor *tht = th_tensor_from(LLMCL_BF16, 2, hs, th), *dh = th_tensor(LLMCL_F32, 2, hs);
@@ -661,8 +654,8 @@ static void test_linear_repeat(void **state)
 
     /* log-probabilities of random logits against the logits themselves */
     const int64_t shape[2] = {n, v};
-    double *s = random_logits(&rng, (size_t)(n * v), 3.0, LLMCL_F32);
-    double *t = random_logits(&rng, (size_t)(n * v), 3.0, LLMCL_F32);
+    double *s = th_new_normal(&rng, (size_t)(n * v), 3.0, LLMCL_F32);
+    double *t = th_new_normal(&rng, (size_t)(n * v), 3.0, LLMCL_F32);
     llmcl_tensor *st = th_tensor_from(LLMCL_F32, 2, shape, s),
                  *tt = th_tensor_from(LLMCL_F32, 2, shape, t);
     const llmcl_distill_options lo = opts_of(0.0, 1.0, 0, 1.0);

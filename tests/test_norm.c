@@ -45,21 +45,7 @@ static void act_free(act a)
     llmcl_tensor_destroy(a.base);
 }
 
-static double *fill_normal(th_rng *r, llmcl_dtype dt, size_t n, double scale)
-{
-    double *v = th_alloc(n * sizeof *v);
-    th_fill_normal(r, v, n, scale);
-    th_round_all(dt, v, n);
-    return v;
-}
 
-static double *fill_uniform(th_rng *r, llmcl_dtype dt, size_t n, double lo, double hi)
-{
-    double *v = th_alloc(n * sizeof *v);
-    th_fill_uniform(r, v, n, lo, hi);
-    th_round_all(dt, v, n);
-    return v;
-}
 
 static double *get(const llmcl_tensor *t, size_t n)
 {
@@ -104,9 +90,9 @@ static void run_rms(const rms_case *c)
     th_rng rng = th_rng_new(1000 + (uint64_t)c->H * 7 + (uint64_t)c->n);
     const int64_t n = c->n, H = c->H;
     const size_t N = (size_t)(n * H);
-    double *x = fill_normal(&rng, c->xdt, N, 1.0);
-    double *w = fill_uniform(&rng, c->wdt, (size_t)H, 0.5, 1.5);
-    double *dy = fill_normal(&rng, c->xdt, N, 1.0);
+    double *x = th_new_normal(&rng, N, 1.0, c->xdt);
+    double *w = th_new_uniform(&rng, (size_t)H, 0.5, 1.5, c->wdt);
+    double *dy = th_new_normal(&rng, N, 1.0, c->xdt);
     const int llama = c->cast == LLMCL_RMSNORM_CAST_LLAMA;
     const llmcl_rmsnorm_options o = {.eps = 1e-5f, .offset = c->offset, .casting = c->cast};
 
@@ -220,8 +206,8 @@ static void test_rmsnorm_3d_defaults(void **state)
     llmcl_ctx *ctx = th_ctx();
     th_rng rng = th_rng_new(77);
     const int64_t shape[3] = {2, 3, 96}, lead[2] = {2, 3}, H = 96;
-    double *x = fill_normal(&rng, LLMCL_BF16, 576, 2.0);
-    double *w = fill_uniform(&rng, LLMCL_BF16, 96, -1.0, 1.0);
+    double *x = th_new_normal(&rng, 576, 2.0, LLMCL_BF16);
+    double *w = th_new_uniform(&rng, 96, -1.0, 1.0, LLMCL_BF16);
     llmcl_tensor *tx = th_tensor_from(LLMCL_BF16, 3, shape, x);
     llmcl_tensor *tw = th_tensor_from(LLMCL_BF16, 1, &H, w);
     llmcl_tensor *ty = th_tensor(LLMCL_BF16, 3, shape);
@@ -243,9 +229,9 @@ static void test_rmsnorm_dw_deterministic(void **state)
     llmcl_ctx *ctx = th_ctx();
     th_rng rng = th_rng_new(5);
     const int64_t n = 515, H = 256, shape[2] = {515, 256};
-    double *x = fill_normal(&rng, LLMCL_F32, (size_t)(n * H), 1.0);
-    double *dy = fill_normal(&rng, LLMCL_F32, (size_t)(n * H), 1.0);
-    double *w = fill_uniform(&rng, LLMCL_F32, (size_t)H, 0.5, 1.5);
+    double *x = th_new_normal(&rng, (size_t)(n * H), 1.0, LLMCL_F32);
+    double *dy = th_new_normal(&rng, (size_t)(n * H), 1.0, LLMCL_F32);
+    double *w = th_new_uniform(&rng, (size_t)H, 0.5, 1.5, LLMCL_F32);
     llmcl_tensor *tx = th_tensor_from(LLMCL_F32, 2, shape, x);
     llmcl_tensor *tdy = th_tensor_from(LLMCL_F32, 2, shape, dy);
     llmcl_tensor *tw = th_tensor_from(LLMCL_F32, 1, &H, w);
@@ -282,9 +268,9 @@ static void run_residual(const res_case *c)
     th_rng rng = th_rng_new(3000 + (uint64_t)c->H + (uint64_t)c->r_over);
     const int64_t n = c->n, H = c->H;
     const size_t N = (size_t)(n * H);
-    double *x = fill_normal(&rng, c->xdt, N, 1.0), *res = fill_normal(&rng, c->xdt, N, 1.0);
-    double *w = fill_uniform(&rng, c->wdt, (size_t)H, 0.5, 1.5);
-    double *dy = fill_normal(&rng, c->xdt, N, 1.0), *dr = fill_normal(&rng, c->xdt, N, 1.0);
+    double *x = th_new_normal(&rng, N, 1.0, c->xdt), *res = th_new_normal(&rng, N, 1.0, c->xdt);
+    double *w = th_new_uniform(&rng, (size_t)H, 0.5, 1.5, c->wdt);
+    double *dy = th_new_normal(&rng, N, 1.0, c->xdt), *dr = th_new_normal(&rng, N, 1.0, c->xdt);
     const int llama = c->cast == LLMCL_RMSNORM_CAST_LLAMA;
     const llmcl_rmsnorm_options o = {.casting = c->cast};
 
@@ -356,12 +342,12 @@ static void run_layernorm(const ln_case *c)
     th_rng rng = th_rng_new(5000 + (uint64_t)c->H * 3 + (uint64_t)c->n);
     const int64_t n = c->n, H = c->H;
     const size_t N = (size_t)(n * H);
-    double *x = fill_normal(&rng, c->xdt, N, 1.0);
+    double *x = th_new_normal(&rng, N, 1.0, c->xdt);
     for (size_t i = 0; i < N; ++i) /* a row mean well away from zero tests the two-pass variance */
         x[i] = th_round(c->xdt, x[i] + 3.0);
-    double *w = fill_uniform(&rng, c->wdt, (size_t)H, 0.5, 1.5);
-    double *b = fill_uniform(&rng, c->wdt, (size_t)H, -1.0, 1.0);
-    double *dy = fill_normal(&rng, c->xdt, N, 1.0);
+    double *w = th_new_uniform(&rng, (size_t)H, 0.5, 1.5, c->wdt);
+    double *b = th_new_uniform(&rng, (size_t)H, -1.0, 1.0, c->wdt);
+    double *dy = th_new_normal(&rng, N, 1.0, c->xdt);
 
     act tx = act_from(c->xdt, n, H, c->pad, 0, x), ty = act_new(c->xdt, n, H, c->pad, 0);
     llmcl_tensor *tw = th_tensor_from(c->wdt, 1, &H, w);
@@ -584,8 +570,8 @@ static void run_heads_rms(const heads_case *c)
     th_rng rng = th_rng_new(7000 + (uint64_t)c->d * 5 + (uint64_t)c->n);
     const int64_t R = c->n * c->heads, H = c->d;
     const size_t N = (size_t)(R * H);
-    double *x = fill_normal(&rng, c->xdt, N, 1.0), *dy = fill_normal(&rng, c->xdt, N, 1.0);
-    double *w = fill_uniform(&rng, c->wdt, (size_t)H, 0.5, 1.5);
+    double *x = th_new_normal(&rng, N, 1.0, c->xdt), *dy = th_new_normal(&rng, N, 1.0, c->xdt);
+    double *w = th_new_uniform(&rng, (size_t)H, 0.5, 1.5, c->wdt);
     const int llama = c->cast == LLMCL_RMSNORM_CAST_LLAMA;
     const llmcl_rmsnorm_options o = {.eps = 1e-5f, .offset = c->offset, .casting = c->cast};
 
@@ -649,9 +635,9 @@ static void run_heads_residual(const heads_case *c)
     th_rng rng = th_rng_new(8000 + (uint64_t)c->d + (uint64_t)c->n);
     const int64_t R = c->n * c->heads, H = c->d;
     const size_t N = (size_t)(R * H);
-    double *x = fill_normal(&rng, c->xdt, N, 1.0), *res = fill_normal(&rng, c->xdt, N, 1.0);
-    double *w = fill_uniform(&rng, c->wdt, (size_t)H, 0.5, 1.5);
-    double *dy = fill_normal(&rng, c->xdt, N, 1.0), *dr = fill_normal(&rng, c->xdt, N, 1.0);
+    double *x = th_new_normal(&rng, N, 1.0, c->xdt), *res = th_new_normal(&rng, N, 1.0, c->xdt);
+    double *w = th_new_uniform(&rng, (size_t)H, 0.5, 1.5, c->wdt);
+    double *dy = th_new_normal(&rng, N, 1.0, c->xdt), *dr = th_new_normal(&rng, N, 1.0, c->xdt);
     const int llama = c->cast == LLMCL_RMSNORM_CAST_LLAMA;
     const llmcl_rmsnorm_options o = {.casting = c->cast};
 
@@ -707,11 +693,11 @@ static void run_heads_layernorm(const heads_case *c)
     th_rng rng = th_rng_new(9000 + (uint64_t)c->d + (uint64_t)c->n);
     const int64_t R = c->n * c->heads, H = c->d;
     const size_t N = (size_t)(R * H);
-    double *x = fill_normal(&rng, c->xdt, N, 1.0), *dy = fill_normal(&rng, c->xdt, N, 1.0);
+    double *x = th_new_normal(&rng, N, 1.0, c->xdt), *dy = th_new_normal(&rng, N, 1.0, c->xdt);
     for (size_t i = 0; i < N; ++i)
         x[i] = th_round(c->xdt, x[i] + 3.0);
-    double *w = fill_uniform(&rng, c->wdt, (size_t)H, 0.5, 1.5);
-    double *b = fill_uniform(&rng, c->wdt, (size_t)H, -1.0, 1.0);
+    double *w = th_new_uniform(&rng, (size_t)H, 0.5, 1.5, c->wdt);
+    double *b = th_new_uniform(&rng, (size_t)H, -1.0, 1.0, c->wdt);
 
     act tx = heads_act(c, c->x, x), ty = heads_act(c, c->y, NULL);
     llmcl_tensor *tw = th_tensor_from(c->wdt, 1, &H, w), *tb = th_tensor_from(c->wdt, 1, &H, b);
@@ -823,7 +809,7 @@ static void test_bad_inputs(void **state)
     llmcl_ctx *ctx = th_ctx();
     th_rng rng = th_rng_new(9);
     const int64_t n = 4, H = 16, shape[2] = {4, 16}, H2 = 17, n2 = 5, bigshape[2] = {4, 17};
-    double *x = fill_normal(&rng, LLMCL_BF16, 64, 1.0);
+    double *x = th_new_normal(&rng, 64, 1.0, LLMCL_BF16);
     llmcl_tensor *tx = th_tensor_from(LLMCL_BF16, 2, shape, x);
     llmcl_tensor *tw = th_tensor_from(LLMCL_BF16, 1, &H, x);
     llmcl_tensor *ty = th_tensor(LLMCL_BF16, 2, shape), *tdx = th_tensor(LLMCL_BF16, 2, shape);

@@ -217,21 +217,7 @@ static llmcl_pref_options opts_of(const pcase *c, int64_t vocab_chunk)
     };
 }
 
-static double *random_normal(th_rng *rng, size_t n, double scale, llmcl_dtype dt)
-{
-    double *x = th_alloc(n * sizeof *x);
-    th_fill_normal(rng, x, n, scale);
-    th_round_all(dt, x, n);
-    return x;
-}
 
-static double *random_uniform(th_rng *rng, size_t n, double lo, double hi, llmcl_dtype dt)
-{
-    double *x = th_alloc(n * sizeof *x);
-    th_fill_uniform(rng, x, n, lo, hi);
-    th_round_all(dt, x, n);
-    return x;
-}
 
 /* Labels [2b, t] by c's pattern: targets uniform in [0, v), or each row's argmax with c->peak. */
 static void make_labels(const pcase *c, th_rng *rng, pproblem *p)
@@ -263,11 +249,11 @@ static pproblem make_problem(const pcase *c, uint64_t seed)
     th_rng rng = th_rng_new(seed);
     const int64_t n = p.n, h = p.h, v = p.v;
     const double ws = 0.5 * (c->peak > 0.0 ? c->peak : 1.0);
-    p.hid = random_normal(&rng, (size_t)(n * h), 1.0, c->dt);
-    p.w = random_uniform(&rng, (size_t)(v * h), -ws, ws, c->dt);
-    p.bias = c->bias ? random_uniform(&rng, (size_t)v, -1, 1, c->dt) : NULL;
-    p.dw0 = random_uniform(&rng, (size_t)(v * h), -0.1, 0.1, LLMCL_F32);
-    p.db0 = random_uniform(&rng, (size_t)v, -0.1, 0.1, LLMCL_F32);
+    p.hid = th_new_normal(&rng, (size_t)(n * h), 1.0, c->dt);
+    p.w = th_new_uniform(&rng, (size_t)(v * h), -ws, ws, c->dt);
+    p.bias = c->bias ? th_new_uniform(&rng, (size_t)v, -1, 1, c->dt) : NULL;
+    p.dw0 = th_new_uniform(&rng, (size_t)(v * h), -0.1, 0.1, LLMCL_F32);
+    p.db0 = th_new_uniform(&rng, (size_t)v, -0.1, 0.1, LLMCL_F32);
     p.logits = th_alloc((size_t)(n * v) * sizeof *p.logits);
     ref_linear(p.hid, p.w, p.bias, n, h, v, p.logits);
     p.y = th_alloc((size_t)n * sizeof *p.y);

@@ -80,7 +80,8 @@ static llmcl_status check_options(llmcl_ctx *ctx, const llmcl_pref_options *opts
     LLMCL__REQUIRE(ctx, o->nll_weight >= 0.0f && isfinite(o->nll_weight),
                    LLMCL_ERROR_INVALID_ARGUMENT, "opts->nll_weight %g must be finite and >= 0",
                    (double)o->nll_weight);
-    LLMCL__REQUIRE(ctx, o->logps >= LLMCL_PREF_LOGPS_DEFAULT && o->logps <= LLMCL_PREF_LOGPS_AVERAGE,
+    LLMCL__REQUIRE(ctx,
+                   o->logps >= LLMCL_PREF_LOGPS_DEFAULT && o->logps <= LLMCL_PREF_LOGPS_AVERAGE,
                    LLMCL_ERROR_INVALID_ARGUMENT, "opts->logps %d is not a llmcl_pref_logps",
                    (int)o->logps);
     LLMCL__REQUIRE(ctx, isfinite(o->grad_scale), LLMCL_ERROR_INVALID_ARGUMENT,
