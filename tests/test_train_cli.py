@@ -30,6 +30,11 @@ family, then times a step without waits and says how much of its span no kernel 
 device's profiling events time kernels; elsewhere it says it cannot).
 --teacher distills: a student that is its own teacher has a divergence of 0, a fresh one learns,
 --profile times the teacher's forward, and bad values or combinations are refused.
+--preference trains on tokenized pairs: DPO's first loss is log 2 against the starting model (also
+from --init-from, with LoRA, and given as --ref), IPO's 1 / (2 beta)^2, the loss falls on a tiny
+set with the rewards' accuracy at 1, two micro-batches give one's losses (ORPO's supervised term
+too), a run resumes bit for bit, SimPO, CPO and ORPO train, --profile times the reference's
+forward, and bad values, combinations and lines are refused.
 
     python3 tests/test_train_cli.py build/tools/llmcl-train
 """
@@ -1006,6 +1011,156 @@ def distill(p):
         expect_error(what, TINY + ["--dtype", "f32"] + extra, needle)
 
 
+def pref_pairs(n, seed):
+    """Tokenized preference pairs as TRL writes them (vocabulary 64): a chosen completion that
+    counts on from the prompt's last token, a rejected one that steps from its first."""
+    state, out = seed, []
+    for _ in range(n):
+        state = (state * 1103515245 + 12345) % 2**31
+        lp, lc, lr = 2 + state % 6, 2 + (state >> 8) % 8, 2 + (state >> 12) % 8
+        prompt = [(state >> 4) % 50 + 3 + i * i % 7 for i in range(lp)]
+        out.append({"prompt": "text", "prompt_input_ids": prompt,
+                    "chosen_input_ids": [(prompt[-1] + j + 1) % 50 + 3 for j in range(lc)],
+                    "rejected_input_ids": [(prompt[0] * 7 + 5 * j) % 50 + 3 for j in range(lr)]})
+    return out
+
+
+def rewards(out):
+    """The rewards lines' metrics by name, a list per step."""
+    return [dict((k, float(v)) for k, v in re.findall(r"(rewards/\w+|logps/\w+) (\S+)", line))
+            for line in re.findall(r"^step +\d+/\d+ \| rewards/.*$", out, re.M)]
+
+
+def preference(p):
+    """--preference: DPO against the starting model has margins of 0 at its first step, so a loss
+    of log 2 and rewards of 0 (from the seeded weights, --init-from's, with LoRA, and the same
+    model given as --ref); IPO's is 1 / (2 beta)^2; the loss falls on a tiny set; two
+    micro-batches of one pair give one of two's losses and norms (ORPO's supervised term, a mean
+    over the step's chosen tokens, too); a run resumes bit for bit; SimPO, CPO and ORPO train;
+    --profile times the reference's forward; bad values, combinations and lines are refused."""
+    write_jsonl(p("pairs.jsonl"), pref_pairs(40, 5))
+    write_jsonl(p("pairs8.jsonl"), pref_pairs(8, 5))
+    # a given peak spares each run the rate's measurement
+    base = TINY + ["--vocab", "64", "--dtype", "f32", "--peak-tflops", "1", "--data",
+                   p("pairs.jsonl")]
+    r = expect_ok("DPO from the seeded model", base + ["--preference", "dpo", "--steps", "3",
+                                                       "--eval-every", "3", "--export",
+                                                       p("pref_start"), "--export-dtype", "f32"])
+    first = rewards(r.stdout)[0] if rewards(r.stdout) else {}
+    check(f"DPO's first step against the starting model: loss log 2, rewards 0: "
+          f"{losses(r.stdout)[:1]} {first}",
+          losses(r.stdout)[0].startswith("loss 0.6931 |") and len(rewards(r.stdout)) == 3 and
+          all(first[k] == 0 for k in ("rewards/chosen", "rewards/rejected",
+                                      "rewards/accuracies", "rewards/margins")) and
+          first["logps/chosen"] < 0)
+    check("the pairs line, the preference line and the held-out loss with its rewards",
+          "pairs: 38 training and 2 held-out; a micro-batch of 2 pairs is 4 rows of 16 tokens" in
+          r.stdout and "preference: DPO, beta 0.1; logps summed over the completion; reference "
+          "the starting model" in r.stdout and
+          re.search(r"held-out loss [\d.]+ \| rewards/chosen \S+ \| rewards/rejected", r.stdout))
+    for what, extra in (("--init-from's model", ["--init-from", p("pref_start")]),
+                        ("a LoRA policy in bf16", ["--lora", "4", "--dtype", "bf16"]),
+                        ("the starting model given as --ref", ["--init-from", p("pref_start"),
+                                                               "--ref", p("pref_start")])):
+        r = expect_ok(f"DPO, {what}", base + ["--preference", "dpo", "--steps", "1"] + extra)
+        check(f"DPO, {what}: the first loss is log 2", losses(r.stdout)[:1] and
+              losses(r.stdout)[0].startswith("loss 0.6931 |"))
+    r = expect_ok("DPO against another --ref", base + ["--preference", "dpo", "--steps", "1",
+                                                       "--ref", p("pref_start"), "--seed", "7"])
+    check(f"another reference: margins that are not 0 ({losses(r.stdout)})",
+          losses(r.stdout)[:1] and not losses(r.stdout)[0].startswith("loss 0.6931 |"))
+    r = expect_ok("IPO", base + ["--preference", "ipo", "--steps", "2", "--pref-beta", "0.25"])
+    check(f"IPO's first loss is (1 / (2 beta))^2 = 4: {losses(r.stdout)}",
+          losses(r.stdout)[:1] and losses(r.stdout)[0].startswith("loss 4.0000 |"))
+    r = expect_ok("DPO on 8 pairs", base + ["--data", p("pairs8.jsonl"), "--preference", "dpo",
+                                            "--batch", "4", "--steps", "6", "--warmup", "0",
+                                            "--min-lr", "1"])
+    loss, acc = numbers(r.stdout), [x["rewards/accuracies"] for x in rewards(r.stdout)]
+    check(f"DPO on a tiny set: the loss falls, the chosen win: {[x[0] for x in loss]} {acc}",
+          len(loss) == 6 and loss[-1][0] < loss[0][0] - 0.1 and acc[-1] == 1)
+    for loss_name, extra in (("dpo", []), ("orpo", [])):
+        runs = [numbers(expect_ok(f"{loss_name} {what}", base + [
+            "--preference", loss_name, "--steps", "3"] + extra + more).stdout)
+            for what, more in (("2 micro-batches of 1 pair", ["--batch", "1", "--accum", "2"]),
+                               ("1 micro-batch of 2 pairs", ["--batch", "2"]))]
+        check(f"{loss_name}: two micro-batches give one's losses and norms: {runs}",
+              len(runs[0]) == len(runs[1]) == 3 and
+              all(abs(a - b) <= 2e-3 * abs(b) + 1e-3 for x, y in zip(*runs)
+                  for a, b in zip(x, y)))
+    flat = base + ["--preference", "dpo", "--min-lr", "1"]
+    expect_ok("4 steps of DPO", flat + ["--steps", "4", "--save", p("pref_4.st")])
+    expect_ok("2 steps of DPO", flat + ["--steps", "2", "--save", p("pref_2.st")])
+    expect_ok("2 more from the checkpoint", flat + ["--steps", "4", "--resume", p("pref_2.st"),
+                                                    "--save", p("pref_22.st")])
+    same_files("DPO resumed: the uninterrupted run's checkpoint", p("pref_4.st"),
+               p("pref_22.st"))
+    for loss_name, line in (("simpo", "preference: SimPO, beta 0.1, gamma 0.5; logps averaged"),
+                            ("cpo", "preference: CPO, beta 0.1, the chosen completions' "
+                                    "cross-entropy at weight 1; logps summed"),
+                            ("orpo", "preference: ORPO, beta 0.1, the chosen completions' "
+                                     "cross-entropy at weight 1; logps averaged")):
+        r = expect_ok(loss_name, base + ["--preference", loss_name, "--steps", "3"])
+        loss = [x[0] for x in numbers(r.stdout)]
+        check(f"{loss_name}: its line, 3 finite losses and rewards: {loss}",
+              line in r.stdout and "; reference" not in r.stdout and len(loss) == 3 and
+              all(0 < x < 20 for x in loss) and len(rewards(r.stdout)) == 3)
+    r = expect_ok("--profile with a reference", base + ["--preference", "dpo", "--steps", "1",
+                                                        "--profile"])
+    row = [x.split() for x in r.stdout.splitlines() if x.strip().startswith("reference fwd")]
+    check(f"--profile times the reference's forward as a row: {row}",
+          "no profile:" in r.stdout or (len(row) == 1 and float(row[0][2]) > 0))
+    dpo = ["--preference", "dpo", "--data", p("pairs.jsonl")]
+    for what, extra, needle in (
+            ("--preference without --data", ["--preference", "dpo"], "give --data FILE.jsonl"),
+            ("an unknown --preference", ["--preference", "kto"],
+             "expected dpo, ipo, simpo, cpo or orpo"),
+            ("--ref without --preference", ["--ref", p("pref_start")], "need --preference"),
+            ("--pref-beta without --preference", ["--pref-beta", "0.2"], "need --preference"),
+            ("--preference with --teacher", dpo + ["--teacher", p("pref_start")],
+             "--preference and --teacher do not combine"),
+            ("--preference with --fused-ce", dpo + ["--fused-ce"], "leave out --fused-ce"),
+            ("--preference with --ce-logits bf16", dpo + ["--dtype", "bf16", "--ce-logits",
+                                                          "bf16"], "not with --ce-logits bf16"),
+            ("--preference with --packing", dpo + ["--packing", "greedy"],
+             "each sequence of a pair has a row of its own"),
+            ("--preference on text", dpo + ["--data-format", "text"],
+             "not --data-format text"),
+            ("--preference on examples", ["--preference", "dpo", "--data",
+                                          p("sft_labels.jsonl")],
+             "sft_labels.jsonl:1: an example (input_ids), not a preference pair"),
+            ("pairs without --preference", ["--data", p("pairs.jsonl")],
+             "pairs.jsonl:1: a preference pair (chosen_input_ids), not an example"),
+            ("--ref for SimPO", ["--preference", "simpo", "--data", p("pairs.jsonl"), "--ref",
+                                 p("pref_start")], "--preference simpo takes no reference"),
+            ("--pref-gamma for DPO", dpo + ["--pref-gamma", "1"], "SimPO's target margin"),
+            ("--pref-label-smoothing for IPO", ["--preference", "ipo", "--data",
+                                                p("pairs.jsonl"), "--pref-label-smoothing",
+                                                "0.1"], "--preference ipo takes none"),
+            ("--pref-label-smoothing 0.6", dpo + ["--pref-label-smoothing", "0.6"],
+             "must be in [0, 0.5]"),
+            ("--pref-beta 0", dpo + ["--pref-beta", "0"], "--pref-beta must be > 0"),
+            ("a --ref of another vocabulary", dpo + ["--ref", p("teacher")],
+             "the reference model's vocabulary has 256 tokens, the policy's 64")):
+        expect_error(what, TINY + ["--vocab", "64"] + extra, needle)
+    good = {"prompt_input_ids": [3, 4], "chosen_input_ids": [5], "rejected_input_ids": [6]}
+    bad = {
+        "no chosen_input_ids": ([{"prompt_input_ids": [3], "rejected_input_ids": [6]}],
+                                ":1: no \"chosen_input_ids\" array"),
+        "an empty rejected completion": ([good, dict(good, rejected_input_ids=[])],
+                                         ":2: \"rejected_input_ids\" is empty"),
+        "a negative prompt token": ([dict(good, prompt_input_ids=[3, -1])],
+                                    "prompt_input_ids[1] is -1"),
+        "not an object": (["[1, 2]"], ":1: not a JSON object (each line holds one preference"),
+        "a token beyond the vocabulary": ([good, dict(good, rejected_input_ids=[70])],
+                                          "pair 2's rejected sequence holds token 70, outside"),
+        "blank lines only": (["", " "], "holds no preference pairs"),
+    }
+    for what, (rows, needle) in bad.items():
+        write_jsonl(p("pairs_bad.jsonl"), rows)
+        expect_error(f"pairs: {what}", TINY + ["--vocab", "64", "--preference", "dpo", "--data",
+                                              p("pairs_bad.jsonl")], needle)
+
+
 def start_up(p):
     """Output paths, options and sizes refused before the first step, naming what to change."""
     cases = [("--save in a missing folder", ["--save", p("none/ck.st")],
@@ -1130,6 +1285,7 @@ def main():
     examples(p)
     ce_logits(p)
     distill(p)
+    preference(p)
     start_up(p)
     first_run(p)
 

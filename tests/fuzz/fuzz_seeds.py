@@ -72,6 +72,10 @@ def main():
     jsonl = "\n".join(json.dumps(l) for l in lines).encode() + b"\n\n"
     d["examples_auto"] = b"\x08" + jsonl
     d["examples_forced"] = b"\x03" + jsonl
+    pairs = [{"prompt_input_ids": [1, 2, 3], "chosen_input_ids": [4, 5], "rejected_input_ids": [6]},
+             {"prompt_input_ids": [], "chosen_input_ids": [7, 8, 9, 10, 11, 12, 13, 14],
+              "rejected_input_ids": [15, 16], "prompt": "text"}]
+    d["pairs"] = b"\x20" + "\n".join(json.dumps(l) for l in pairs).encode() + b"\n"
 
     h = seeds["fuzz_hf_config"]
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256,

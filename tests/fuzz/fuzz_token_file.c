@@ -2,15 +2,18 @@
  * fuzz_token_file.c: libFuzzer harness of llmcl-train's data file reader
  * (tools/llmcl-train/data.c): llm.c's token files (a 1024-byte header of int32, magic 20240520
  * with uint16 tokens or 20240801 with uint32 tokens), text, and tokenized examples in JSON
- * Lines (examples.c). The first input byte picks --data-format (auto, text, llmc, jsonl) and
- * whether the file is named *.bin or *.jsonl (which auto reads as tokens, as examples); the rest
- * is the file. data_load ends the program on a bad file (util.c's die): fuzz_trap.c turns that
+ * Lines (examples.c), and preference pairs in JSON Lines (pairs.c). The first input byte picks
+ * --data-format (auto, text, llmc, jsonl; pairs where it has bit 32, as --preference reads them)
+ * and whether the file is named *.bin or *.jsonl (which auto reads as tokens, as examples); the
+ * rest is the file. data_load ends the program on a bad file (util.c's die): fuzz_trap.c turns that
  * into a return. What it accepts must be what data.h promises: n tokens, the file's bytes for
  * text; examples of at least one token each, whose last learns nothing and whose targets are
  * -100 or tokens; data_check_vocab then refuses any beyond 2^31 - 1, and those it passes read
  * back as non-negative int32. Accepted examples are then packed into rows of 8 (best fit
  * decreasing, or greedy where the first byte has bit 16): each example in exactly one row, no row
  * over 8 tokens; two batches of 2 rows load, their documents tiling the rows from position 0.
+ * Accepted pairs (an even count of sequences, as examples) load as two batches of 2 pairs in 4
+ * rows of 8, in the vocabulary, the targets that learn in the chosen rows counted.
  */
 #define _DEFAULT_SOURCE /* readlink's declaration under -std=c11 */
 #include <dirent.h>
@@ -150,6 +153,32 @@ static void check_packing(const token_data *d)
     loader_free(&l);
 }
 
+/* Two batches of 2 pairs as 4 rows of 8 (the chosen sequences first, each row one sequence padded
+   at its end): tokens and targets in the vocabulary, the chosen rows' learning targets counted. */
+static void check_pairs(const token_data *d)
+{
+    loader l;
+    token_batch bt;
+    if (d->n_examples % 2)
+        abort();
+    loader_init(&l, d, 2, 8, 0, 1);
+    batch_init(&bt, 4, 8);
+    for (int k = 0; k < 2; ++k) {
+        const int64_t ahead = loader_counted_ahead(&l, 1);
+        loader_next(&l, &bt);
+        int64_t counted = 0;
+        for (int i = 0; i < 32; ++i) {
+            if (bt.ids[i] < 0 || bt.ids[i] >= d->vocab || bt.targets[i] >= d->vocab)
+                abort();
+            counted += i < 16 && bt.targets[i] != -100;
+        }
+        if (bt.docs != 0 || counted != bt.counted || counted != ahead)
+            abort();
+    }
+    batch_free(&bt);
+    loader_free(&l);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
@@ -167,7 +196,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *name = data[0] & 8 ? ".jsonl" : data[0] & 4 ? ".bin" : ".txt";
     if (!fuzz_write_temp(data + 1, size - 1, name, path))
         return 0;
-    job j = {.path = path, .format = (data_format)(data[0] % 4)};
+    job j = {.path = path, .format = data[0] & 32 ? DATA_PAIRS : (data_format)(data[0] % 4)};
     if (fuzz_trap_run(load, close_leaked, &j)) {
         const token_data *d = &j.out;
         if (d->n < 0 || d->n_shards != 1 || d->vocab < 1)
@@ -180,7 +209,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (d->targets) {
             check_examples(d);
             j.out.packing = data[0] & 16 ? PACK_GREEDY : PACK_BFD;
-            check_packing(d);
+            if (d->pairs)
+                check_pairs(d);
+            else
+                check_packing(d);
         }
         if (fuzz_trap_run(check_vocab, free_data, &j)) {
             for (int64_t i = 0; i < d->n; ++i)

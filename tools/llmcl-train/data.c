@@ -1,5 +1,5 @@
 /* data.c: token files, the byte-level tokenizer, the built-in corpus, and the loader that cuts
-   windows of a stream or packs examples into rows (data.h). */
+   windows of a stream, packs examples into rows or lays pairs out as rows (data.h). */
 #include "data.h"
 
 #include <ctype.h>
@@ -142,6 +142,9 @@ static void load_pattern(const char *pattern, data_format format, token_data *d)
     if (format == DATA_TEXT || format == DATA_JSONL)
         die("%s: a pattern names llm.c token files (--data-format text or jsonl reads one file)",
             pattern);
+    if (format == DATA_PAIRS)
+        die("%s: a pattern names llm.c token files; --preference reads one JSON Lines file of "
+            "tokenized pairs", pattern);
     glob_t g;
     const int r = glob(pattern, 0, NULL, &g);
     if (r == GLOB_NOMATCH)
@@ -198,6 +201,14 @@ void data_load(const char *path, data_format format, token_data *out)
     }
     unsigned char head[4];
     const int64_t got = read_head(fd, path, head, sizeof head);
+    if (format == DATA_PAIRS) {
+        if (llmc_magic(head, got))
+            die("%s is an llm.c token file; --preference reads tokenized pairs in JSON Lines "
+                "(prompt_input_ids, chosen_input_ids, rejected_input_ids)", path);
+        pairs_load(path, fd, len, out);
+        close(fd);
+        return;
+    }
     if (format == DATA_LLMC ||
         (format == DATA_AUTO && (named(path, ".bin") || llmc_magic(head, got))))
         map_llmc(path, fd, len, out);
@@ -250,19 +261,31 @@ int32_t data_token(const token_data *d, int64_t i)
     return (int32_t)shard_token(s, d->begin + i - s->first);
 }
 
+/* Example k for messages: "example 3", or a pair's "pair 2's rejected sequence". */
+static void name_example(const token_data *d, int64_t k, char *buf, size_t len)
+{
+    if (d->pairs)
+        snprintf(buf, len, "pair %lld's %s sequence", (long long)k / 2 + 1,
+                 k % 2 ? "rejected" : "chosen");
+    else
+        snprintf(buf, len, "example %lld", (long long)k + 1);
+}
+
 /* Dies naming the example that holds or learns a token outside [0, vocab). */
 static void check_examples_vocab(const token_data *d, int vocab)
 {
     const int32_t *ids = (const int32_t *)d->shards[0].at;
+    char name[64];
     for (int64_t k = d->ex_begin; k < d->ex_begin + d->n_examples; ++k) {
+        name_example(d, k, name, sizeof name);
         for (int64_t i = d->starts[k]; i < d->starts[k + 1]; ++i)
             if (ids[i] >= vocab)
-                die("%s: example %lld holds token %d, outside the model's vocabulary of %d (set "
-                    "--vocab)", d->shards[0].name, (long long)k + 1, ids[i], vocab);
+                die("%s: %s holds token %d, outside the model's vocabulary of %d (set --vocab)",
+                    d->shards[0].name, name, ids[i], vocab);
         for (int64_t i = d->starts[k]; i < d->starts[k + 1]; ++i)
             if (d->targets[i] >= vocab)
-                die("%s: example %lld learns %d, outside the model's vocabulary of %d (set "
-                    "--vocab)", d->shards[0].name, (long long)k + 1, d->targets[i], vocab);
+                die("%s: %s learns %d, outside the model's vocabulary of %d (set --vocab)",
+                    d->shards[0].name, name, d->targets[i], vocab);
     }
 }
 
@@ -328,9 +351,11 @@ void data_builtin(uint64_t seed, int64_t bytes, token_data *out)
 void data_split(token_data *d, double fraction, token_data *val)
 {
     if (d->targets) {
-        int64_t nval = (int64_t)((double)d->n_examples * fraction);
-        if (nval == 0 && d->n_examples > 1)
+        const int64_t per = d->pairs ? 2 : 1, units = d->n_examples / per; /* pairs whole */
+        int64_t nval = (int64_t)((double)units * fraction);
+        if (nval == 0 && units > 1)
             nval = 1;
+        nval *= per;
         *val = *d;
         val->owns = false;
         val->ex_begin = d->ex_begin + d->n_examples - nval;
@@ -523,13 +548,38 @@ static void pack_rows(loader *l)
     l->fill = (double)tokens / ((double)l->n_rows * l->t);
 }
 
+/* Pairs: row r is pair r, unpacked, counting the targets of its chosen sequence (a supervised
+   term's); what --seq cuts, leaves unscored and pads. */
+static void pair_rows(loader *l)
+{
+    const token_data *d = l->d;
+    int64_t tokens = 0;
+    l->n_rows = d->n_examples / 2;
+    l->row_counted = calloc((size_t)l->n_rows, sizeof *l->row_counted);
+    if (!l->row_counted)
+        die("out of host memory");
+    for (int64_t e = d->ex_begin; e < d->ex_begin + d->n_examples; ++e) {
+        const int64_t len = kept(d, e, l->t), c = counted(d, e, len);
+        if ((e - d->ex_begin) % 2 == 0)
+            l->row_counted[(e - d->ex_begin) / 2] = c;
+        l->truncated += len < d->starts[e + 1] - d->starts[e];
+        l->unscored += c == 0;
+        tokens += len;
+    }
+    l->fill = (double)tokens / ((double)d->n_examples * l->t);
+}
+
 void loader_init(loader *l, const token_data *d, int b, int t, int rank, int world)
 {
     *l = (loader){.d = d, .b = b, .t = t, .rank = rank, .world = world};
     if (d->targets) {
         if (d->n_examples == 0)
-            die("%s: no examples left for this split (give more, or --val)", d->source);
-        pack_rows(l);
+            die("%s: no %s left for this split (give more, or --val)", d->source,
+                d->pairs ? "pairs" : "examples");
+        if (d->pairs)
+            pair_rows(l);
+        else
+            pack_rows(l);
         l->pos = (int64_t)rank * b;
         return;
     }
@@ -567,37 +617,68 @@ int64_t loader_counted_ahead(const loader *l, int micro)
     return c;
 }
 
-/* Row r of the packed examples into row i of out: each example a document from position 0, the
-   rest one document of padding (token 0, learning nothing). */
-static void fill_row(const loader *l, int64_t r, int i, token_batch *out)
+/* Example k's tokens that a row keeps into out from token `at`, from position 0 (the last kept
+   one learns nothing); how many. */
+static int64_t put_example(const loader *l, int64_t k, int64_t at, token_batch *out)
 {
     const token_data *d = l->d;
-    int64_t at = (int64_t)i * l->t;
-    const int64_t row_end = at + l->t;
-    for (int64_t i = l->row_first[r]; i < l->row_first[r + 1]; ++i) {
-        const int64_t k = l->row_examples[i], len = kept(d, k, l->t), s = d->starts[k];
-        out->doc_offsets[out->docs++] = (int32_t)at;
-        for (int64_t j = 0; j < len; ++j) {
-            out->ids[at + j] = data_token(d, s + j - d->begin);
-            out->targets[at + j] = j < len - 1 ? d->targets[s + j] : -100;
-            out->pos[at + j] = (int32_t)j;
-        }
-        at += len;
+    const int64_t len = kept(d, k, l->t), s = d->starts[k];
+    for (int64_t j = 0; j < len; ++j) {
+        out->ids[at + j] = data_token(d, s + j - d->begin);
+        out->targets[at + j] = j < len - 1 ? d->targets[s + j] : -100;
+        out->pos[at + j] = (int32_t)j;
     }
-    out->counted += l->row_counted[r];
-    if (at < row_end)
-        out->doc_offsets[out->docs++] = (int32_t)at;
-    for (int64_t j = 0; at + j < row_end; ++j) {
+    return len;
+}
+
+/* Padding from token `at` to `end`: token 0, learning nothing, from position 0. */
+static void put_padding(int64_t at, int64_t end, token_batch *out)
+{
+    for (int64_t j = 0; at + j < end; ++j) {
         out->ids[at + j] = 0;
         out->targets[at + j] = -100;
         out->pos[at + j] = (int32_t)j;
     }
 }
 
+/* Row r of the packed examples into row i of out: each example a document from position 0, the
+   rest one document of padding. */
+static void fill_row(const loader *l, int64_t r, int i, token_batch *out)
+{
+    int64_t at = (int64_t)i * l->t;
+    const int64_t row_end = at + l->t;
+    for (int64_t i = l->row_first[r]; i < l->row_first[r + 1]; ++i) {
+        out->doc_offsets[out->docs++] = (int32_t)at;
+        at += put_example(l, l->row_examples[i], at, out);
+    }
+    out->counted += l->row_counted[r];
+    if (at < row_end)
+        out->doc_offsets[out->docs++] = (int32_t)at;
+    put_padding(at, row_end, out);
+}
+
+/* The next b pairs: chosen sequences in rows 0 to b - 1, the rejected ones in rows b to 2b - 1,
+   each one sequence from position 0 padded at its end (which a causal model's earlier positions
+   never see). */
+static void next_pairs(loader *l, token_batch *out)
+{
+    for (int i = 0; i < 2 * l->b; ++i) {
+        const int64_t pair = (l->pos + i % l->b) % l->n_rows, at = (int64_t)i * l->t;
+        const int64_t k = l->d->ex_begin + 2 * pair + (i >= l->b);
+        put_padding(at + put_example(l, k, at, out), at + l->t, out);
+        out->counted += i < l->b ? l->row_counted[pair] : 0;
+    }
+    l->pos += (int64_t)l->b * l->world;
+}
+
 void loader_next(loader *l, token_batch *out)
 {
     out->docs = 0;
     out->counted = 0;
+    if (l->d->pairs) {
+        next_pairs(l, out);
+        return;
+    }
     if (l->d->targets) {
         for (int i = 0; i < l->b; ++i)
             fill_row(l, (l->pos + i) % l->n_rows, i, out);

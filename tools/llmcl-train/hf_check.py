@@ -9,7 +9,9 @@
                   first step's loss (the first training and held-out windows are both the file's
                   first B x T tokens). With --examples N, also DIR/examples.jsonl: N tokenized
                   examples of random lengths whose prompts learn nothing (labels -100), for
-                  --data and --val as llmcl-train packs them.
+                  --data and --val as llmcl-train packs them. With --pairs N, also
+                  DIR/pairs.jsonl: N tokenized preference pairs of random lengths (some longer
+                  than --seq), for --preference.
     adapter DIR OUT
                   a PEFT LoRA adapter of DIR's model made by PEFT itself (LoraConfig with
                   init_lora_weights=False: A and B random, so that the adapter moves the logits),
@@ -29,6 +31,16 @@
                   student's gradient norm, both by transformers and autograd; with --got
                   "LOSS NORM" (the step's line) fails where either differs by more than --tol
                   relative.
+    preference DIR PAIRS
+                  the first step's loss and gradient norm of `llmcl-train --init-from DIR --data
+                  PAIRS --preference LOSS` (full fine-tuning), by transformers and autograd as
+                  llmcl-train computes them: the step's --batch x --accum x --ranks pairs, the
+                  first of the training split (the last 5% held out), each sequence the prompt
+                  + a completion cut to --seq or padded at its end, only the completion scored;
+                  the reference (DPO, IPO) --ref or DIR itself; the loss the mean of the pairs'
+                  terms plus --nll-weight x the mean cross-entropy over the step's chosen
+                  completion tokens. With --got "LOSS NORM" fails where either differs by more
+                  than --tol relative; also prints TRL's rewards of the step.
 
 transformers runs in float32 with eager attention and TF32 off, so the difference is llmcl's own
 rounding: about 1e-5 of the largest logit with --dtype f32, about 1e-2 with bf16 compute.
@@ -126,12 +138,15 @@ def make(args):
     if args.examples:
         write_examples(f"{args.dir}/examples.jsonl", args.examples, args.vocab, args.seq,
                        args.seed + 2)
+    if args.pairs:
+        write_pairs(f"{args.dir}/pairs.jsonl", args.pairs, args.vocab, args.seq, args.seed + 3)
     ids, targets = first_batch(tokens, args.batch, args.seq)
     _, loss = loss_of(model, ids, targets)
     print(f"{args.dir}: {type(model).__name__}, "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
           f"{args.save_dtype}; tokens.bin holds {n} tokens"
-          f"{f', examples.jsonl {args.examples} examples' if args.examples else ''}")
+          f"{f', examples.jsonl {args.examples} examples' if args.examples else ''}"
+          f"{f', pairs.jsonl {args.pairs} pairs' if args.pairs else ''}")
     print(f"transformers loss of the first {args.batch} x {args.seq} batch: {loss:.6f} "
           f"(ln V = {math.log(args.vocab):.4f})")
 
@@ -198,6 +213,18 @@ def divergence(student, teacher, beta, tau):
             + (1 - beta) * kl(m, x, reduction="none", log_target=True).sum(-1))
 
 
+def compare_got(args, loss, norm):
+    """With --got "LOSS NORM" (llmcl-train's first step line), 1 where either differs from
+    transformers' by more than --tol relative; 0 otherwise, and without --got."""
+    if not args.got:
+        return 0
+    got_loss, got_norm = (float(x) for x in args.got.split())
+    ok = abs(got_loss - loss) <= args.tol * abs(loss) and abs(got_norm - norm) <= args.tol * norm
+    print(f"llmcl-train: loss {got_loss:.4f}, norm {got_norm:.3f} (tolerance {args.tol:g} "
+          f"relative): {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
 def distill(args):
     tokens = open(f"{args.dir}/tokens.bin", "rb").read()
     n = struct.unpack("<3i", tokens[:12])[2]
@@ -218,14 +245,101 @@ def distill(args):
     print(f"transformers: CE {ce.item():.6f}, D {d.item():.6f} (beta {args.beta:g}, temperature "
           f"{args.temperature:g}); loss (1 - {args.alpha:g}) CE + {args.alpha:g} x "
           f"{args.temperature:g}^2 D = {loss.item():.6f}, gradient norm {norm:.6f}")
-    if not args.got:
-        return 0
-    got_loss, got_norm = (float(x) for x in args.got.split())
-    ok = (abs(got_loss - loss.item()) <= args.tol * abs(loss.item())
-          and abs(got_norm - norm) <= args.tol * norm)
-    print(f"llmcl-train: loss {got_loss:.4f}, norm {got_norm:.3f} (tolerance {args.tol:g} "
-          f"relative): {'PASS' if ok else 'FAIL'}")
-    return 0 if ok else 1
+    return compare_got(args, loss.item(), norm)
+
+
+def write_pairs(path, n, vocab, seq, seed):
+    """n preference pairs as TRL tokenizes them: a prompt and two completions, each of 1 to 3/4
+    of seq tokens (so that some sequences pass seq and are cut)."""
+    gen = torch.Generator().manual_seed(seed)
+    draw = lambda: torch.randint(0, vocab, (int(torch.randint(1, seq * 3 // 4 + 1, (1,),
+                                                                generator=gen)),),
+                                 generator=gen).tolist()
+    with open(path, "w") as f:
+        for _ in range(n):
+            f.write(json.dumps({"prompt_input_ids": draw(), "chosen_input_ids": draw(),
+                                "rejected_input_ids": draw()}) + "\n")
+
+
+def pair_rows(pairs, seq):
+    """llmcl-train's rows of a step's pairs: the chosen sequences, then the rejected ones, each
+    prompt + completion cut to seq tokens or padded with token 0 at its end; position i learns
+    token i + 1 where that is the completion's (-100 elsewhere: the prompt, the padding, the last
+    kept token)."""
+    ids, labels = [], []
+    for side in (1, 2):
+        for pair in pairs:
+            prompt, toks = len(pair[0]), (pair[0] + pair[side])[:seq]
+            learn = [toks[i + 1] if i + 1 >= prompt else -100 for i in range(len(toks) - 1)]
+            pad = seq - len(toks)
+            ids.append(toks + [0] * pad)
+            labels.append(learn + [-100] * (pad + 1))
+    return torch.tensor(ids), torch.tensor(labels)
+
+
+def sequence_logps(model, ids, labels, average):
+    """Each row's log-probability of its scored targets, summed or averaged (0 where it has
+    none), and the rows' per-position log-probabilities and mask."""
+    logp = torch.log_softmax(model(input_ids=ids).logits.float(), -1)
+    mask = labels != -100
+    picked = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
+    total, count = picked.sum(-1), mask.sum(-1)
+    return (total / count.clamp(min=1) if average else total), picked, mask
+
+
+def pair_terms(args, c, r, rc, rr):
+    """The pairs' terms of TRL's losses (include/llmcl.h's table)."""
+    sig = torch.nn.functional.logsigmoid
+    eps = args.label_smoothing
+    smooth = lambda z: -(1 - eps) * sig(z) - eps * sig(-z)
+    if args.loss == "dpo":
+        return smooth(args.beta * ((c - rc) - (r - rr)))
+    if args.loss == "ipo":
+        return ((c - rc) - (r - rr) - 1 / (2 * args.beta)) ** 2
+    if args.loss == "simpo":
+        return smooth(args.beta * (c - r) - args.gamma)
+    if args.loss == "cpo":
+        return smooth(args.beta * (c - r))
+    return -args.beta * sig((c - r) - torch.log1p(-torch.exp(c)) + torch.log1p(-torch.exp(r)))
+
+
+def preference(args):
+    lines = [json.loads(l) for l in open(args.pairs) if l.strip()]
+    pairs = [(p["prompt_input_ids"], p["chosen_input_ids"], p["rejected_input_ids"])
+             for p in lines]
+    held = int(len(pairs) * 0.05) or (1 if len(pairs) > 1 else 0)
+    train = pairs[:len(pairs) - held]
+    n = args.batch * args.accum * args.ranks  # the step's pairs; a small set repeats
+    ids, labels = pair_rows([train[k % len(train)] for k in range(n)], args.seq)
+    average = args.loss in ("ipo", "simpo", "orpo")
+    if args.nll_weight is None:
+        args.nll_weight = 1.0 if args.loss in ("orpo", "cpo") else 0.0
+    if args.gamma is None:
+        args.gamma = 0.5 if args.loss == "simpo" else 0.0
+    load = dict(torch_dtype=torch.float32, attn_implementation="eager")
+    policy = AutoModelForCausalLM.from_pretrained(args.dir, **load)
+    pi, picked, mask = sequence_logps(policy, ids, labels, average)
+    ref = torch.zeros_like(pi)
+    if args.loss in ("dpo", "ipo"):
+        reference = AutoModelForCausalLM.from_pretrained(args.ref or args.dir, **load).eval()
+        with torch.no_grad():
+            ref = sequence_logps(reference, ids, labels, average)[0]
+    terms = pair_terms(args, pi[:n], pi[n:], ref[:n], ref[n:])
+    nll = -picked[:n].sum() / mask[:n].sum().clamp(min=1)
+    loss = terms.mean() + args.nll_weight * nll
+    loss.backward()
+    norm = math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in policy.parameters()
+                         if p.grad is not None))
+    chosen, rejected = (args.beta * (pi - ref)).detach()[:n], (args.beta * (pi - ref)).detach()[n:]
+    print(f"transformers: {args.loss} (beta {args.beta:g}, gamma {args.gamma:g}, label smoothing "
+          f"{args.label_smoothing:g}, NLL weight {args.nll_weight:g}) over {n} pairs of {args.seq} "
+          f"tokens: loss {loss.item():.6f} (pairs {terms.mean().item():.6f}, NLL {nll.item():.6f}),"
+          f" gradient norm {norm:.6f}")
+    print(f"rewards/chosen {chosen.mean():.4f} | rewards/rejected {rejected.mean():.4f} | "
+          f"rewards/accuracies {(chosen > rejected).float().mean():.4f} | rewards/margins "
+          f"{(chosen - rejected).mean():.4f} | logps/chosen {pi[:n].mean():.4f} | logps/rejected "
+          f"{pi[n:].mean():.4f}")
+    return compare_got(args, loss.item(), norm)
 
 
 def first_batch_args(parser):
@@ -256,6 +370,7 @@ def main():
     mk.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32")
     mk.add_argument("--seed", type=int, default=1234)
     mk.add_argument("--examples", type=int, default=0, help="also N examples in examples.jsonl")
+    mk.add_argument("--pairs", type=int, default=0, help="also N preference pairs in pairs.jsonl")
     ad = sub.add_parser("adapter", help="a random PEFT LoRA adapter of DIR's model")
     ad.add_argument("dir")
     ad.add_argument("out")
@@ -281,9 +396,25 @@ def main():
     ds.add_argument("--temperature", type=float, default=1.0)
     ds.add_argument("--got", help='llmcl-train\'s step 1: "LOSS NORM"')
     ds.add_argument("--tol", type=float, default=1e-3)
+    pr = sub.add_parser("preference", help="the first step's preference loss and gradient norm")
+    pr.add_argument("dir", help="the policy's starting checkpoint (--init-from)")
+    pr.add_argument("pairs", help="the tokenized pairs (--data), e.g. make's pairs.jsonl")
+    pr.add_argument("--loss", choices=["dpo", "ipo", "simpo", "cpo", "orpo"], default="dpo")
+    pr.add_argument("--ref", help="DPO's and IPO's reference folder (default: DIR)")
+    first_batch_args(pr)
+    pr.add_argument("--accum", type=int, default=1)
+    pr.add_argument("--ranks", type=int, default=1, help="the --zero job's ranks")
+    pr.add_argument("--beta", type=float, default=0.1)
+    pr.add_argument("--gamma", type=float, help="SimPO's (default 0.5)")
+    pr.add_argument("--label-smoothing", type=float, default=0.0)
+    pr.add_argument("--nll-weight", type=float, help="default 1 for orpo and cpo, else 0")
+    pr.add_argument("--got", help='llmcl-train\'s step 1: "LOSS NORM"')
+    pr.add_argument("--tol", type=float, default=1e-3)
     args = ap.parse_args()
     if args.cmd == "distill":
         return distill(args)
+    if args.cmd == "preference":
+        return preference(args)
     if args.cmd in ("make", "adapter"):
         (make if args.cmd == "make" else adapter)(args)
         return 0

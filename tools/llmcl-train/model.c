@@ -133,6 +133,9 @@ const char *model_config_error(const model_config *c)
     if (c->optimizer_in_backward && c->offload_chunk_bytes)
         return "--optimizer-in-backward and --offload-optimizer do not combine: the offloaded "
                "state streams through the device in layout order after the backward";
+    if (c->preference && (c->fused_ce || c->distill_alpha > 0 || c->ce_logits_dtype != LLMCL_F32))
+        return "a preference loss computes its own head (the fused cross-entropy's passes, f32 "
+               "logits): not with --fused-ce, --ce-logits or distillation";
     if (c->optimizer_in_backward && c->lora_rank > 0 && c->lora_dtype != LLMCL_F32)
         return "--optimizer-in-backward needs f32 adapters (--lora-dtype f32): bf16 adapters' "
                "stochastic rounding counts elements across the whole step's update";
@@ -1042,8 +1045,13 @@ static int64_t widest_adapters(const model_config *c)
     return (int64_t)widest * c->lora_rank;
 }
 
+bool model_pref_takes_ref(const model_config *c)
+{
+    return c->preference && (c->pref.loss == LLMCL_PREF_DPO || c->pref.loss == LLMCL_PREF_IPO);
+}
+
 /* The buffers every form has beside the stream and the layers': where each goes in m, its spec. */
-enum { FIXED_BUFFERS = 20 };
+enum { FIXED_BUFFERS = 22 };
 static int fixed_buffers(model *m, int b, int t, llmcl_tensor **where[FIXED_BUFFERS],
                          buf_spec spec[FIXED_BUFFERS])
 {
@@ -1074,12 +1082,16 @@ static int fixed_buffers(model *m, int b, int t, llmcl_tensor **where[FIXED_BUFF
                             {&m->logits_last, {LLMCL_F32, 1, c->vocab}},
                             {&m->du, {dt, n, widest_adapters(c)}},
                             {&m->ones, {dt, n, 0}},
-                            {&m->kd_loss, {LLMCL_F32, 1, 0}}};
+                            {&m->kd_loss, {LLMCL_F32, 1, 0}},
+                            {&m->pref_logps, {LLMCL_F32, b, 0}},
+                            {&m->ref_logps, {LLMCL_F32, b, 0}}};
     int count = 0;
     for (int i = 0; i < FIXED_BUFFERS; ++i) {
         if ((all[i].where == &m->du && c->lora_rank == 0) ||
             (all[i].where == &m->ones && !c->qkv_bias && !c->o_bias) ||
-            (all[i].where == &m->kd_loss && c->distill_alpha <= 0))
+            (all[i].where == &m->kd_loss && c->distill_alpha <= 0) ||
+            (all[i].where == &m->pref_logps && !c->preference) ||
+            (all[i].where == &m->ref_logps && !model_pref_takes_ref(c)))
             continue;
         where[count] = all[i].where;
         spec[count++] = all[i].spec;
@@ -1816,6 +1828,63 @@ void model_set_teacher(model *m, model *teacher)
     m->teacher = teacher;
 }
 
+/* The first b x t rows of a 2-D buffer as [b, t, width]: the preference loss's sequences. */
+static llmcl_tensor *seqs(arena *a, const llmcl_tensor *t, int b, int tt)
+{
+    const int64_t shape[3] = {b, tt, llmcl_tensor_dim(t, 1)};
+    return view(a, t, 3, shape, NULL, llmcl_tensor_offset(t));
+}
+
+/*
+ * The head under a preference loss: the b rows are b / 2 chosen sequences, then their rejected
+ * ones. DPO and IPO first take the reference's logps of each sequence (the same call on its final
+ * hidden states and head, with no loss and no gradients); then one call gives the loss, each
+ * sequence's logps and, where a backward follows, m->dh32 and the head's gradient (accumulated
+ * after a step's first micro-batch), as head_distill's call does. The reference's call counts in
+ * its own profile.
+ */
+static llmcl_status head_preference(model *m, arena *a, int b, int t, bool backward_follows)
+{
+    llmcl_pref_options po = m->cfg.pref;
+    po.nll_weight *= m->pref_nll_scale ? m->pref_nll_scale : 1.0f;
+    po.chunk_bytes = m->cfg.ce_chunk_bytes;
+    po.grad_scale = m->ce_grad_scale ? m->ce_grad_scale : 1.0f;
+    po.accumulate_weight_grad = !m->grads_fresh;
+    const int64_t shape[2] = {b, t};
+    llmcl_tensor *labels = view(a, m->targets, 2, shape, NULL, llmcl_tensor_offset(m->targets));
+    llmcl_tensor *ref_logps = m->ref ? head(a, m->ref_logps, b) : NULL;
+    if (m->ref)
+        TRY(MODEL_PROF(m->ref, F_CROSS_ENTROPY_FWD,
+                       llmcl_linear_preference_forward(
+                           m->ctx, seqs(a, m->ref->hfinal, b, t), param(m->ref, P_HEAD, -1)->w,
+                           NULL, labels, NULL, &po, NULL, ref_logps, NULL, NULL, NULL)));
+    const model_param *headp = param(m, P_HEAD, -1);
+    llmcl_tensor *dh = NULL, *dw = NULL;
+    if (backward_follows) {
+        TRY(group_open(m, model_head_group(m), GROUP_GRADS)); /* under --zero: the grads' views */
+        dh = seqs(a, m->dh32, b, t);
+        dw = headp->trainable ? headp->grad : NULL;
+    }
+    return PROF(F_CROSS_ENTROPY_FWD,
+                llmcl_linear_preference_forward(m->ctx, seqs(a, m->hfinal, b, t), headp->w, NULL,
+                                                labels, ref_logps, &po, m->loss,
+                                                head(a, m->pref_logps, b), dh, dw, NULL));
+}
+
+void model_set_ref(model *m, model *ref)
+{
+    const model_config *c = &m->cfg, *rc = &ref->cfg;
+    if (!model_pref_takes_ref(c) || !rc->frozen)
+        die("model: a reference needs DPO or IPO on the policy and a frozen model");
+    if (rc->vocab != c->vocab)
+        die("the reference model's vocabulary has %d tokens, the policy's %d: the losses compare "
+            "their log-probabilities of the same tokens", rc->vocab, c->vocab);
+    if (ref->max_b < m->max_b || ref->max_t < m->max_t)
+        die("model: the reference's activations hold %d x %d tokens, the policy's batches %d x %d",
+            ref->max_b, ref->max_t, m->max_b, m->max_t);
+    m->ref = ref;
+}
+
 llmcl_status model_hidden_forward(model *m, const int32_t *ids, int b, int t)
 {
     arena a = {0};
@@ -1832,7 +1901,9 @@ llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets,
     arena a = {0};
     const int64_t n = (int64_t)b * t;
     llmcl_status st = trunk_forward(m, &a, ids, targets, b, t, backward_follows);
-    if (st == LLMCL_OK && m->teacher && backward_follows)
+    if (st == LLMCL_OK && m->cfg.preference)
+        st = head_preference(m, &a, b, t, backward_follows);
+    else if (st == LLMCL_OK && m->teacher && backward_follows)
         st = head_distill(m, &a, n);
     else if (st == LLMCL_OK)
         st = head_loss(m, &a, n, backward_follows);

@@ -78,6 +78,12 @@ typedef struct model_config {
                                  model.teacher's distribution (model_set_teacher) */
     float distill_beta;       /* D's beta: 0 the forward KL, 1 the reverse, 0.5 the JSD */
     float distill_temperature; /* D's tau (0: 1) */
+    int preference;           /* a training step's and an evaluation's loss is pref's
+                                 llmcl_linear_preference_forward on batches of 2B rows, B chosen
+                                 sequences then their B rejected ones; DPO and IPO take
+                                 model.ref's per-sequence logps (model_set_ref) */
+    llmcl_pref_options pref;  /* its loss and hyperparameters; the model sets grad_scale,
+                                 accumulate_weight_grad and chunk_bytes */
     int optimizer_in_backward; /* the backward hands each layer group to model.on_group_grads
                                   as soon as its gradients are final, and the gradient buffer
                                   holds one group at a time (no ZeRO, no offloaded optimizer
@@ -86,6 +92,9 @@ typedef struct model_config {
 
 /* A readable reason why cfg is unusable, or NULL. */
 const char *model_config_error(const model_config *cfg);
+
+/* Whether cfg's preference loss compares with a reference model's logps: DPO and IPO. */
+bool model_pref_takes_ref(const model_config *cfg);
 
 /* The head dimension: cfg->head_dim, else dim / heads. */
 int model_config_head_dim(const model_config *cfg);
@@ -190,6 +199,16 @@ typedef struct model {
        hidden states and head), and the distillation's loss before its weight */
     struct model *teacher;
     llmcl_tensor *kd_loss;
+    /* with preference: the reference model of DPO and IPO (NULL for the others), whose forward on
+       the same batch comes first, its per-sequence logps [2B] (ref_logps), and the model's own
+       (pref_logps), which the trainer's rewards read */
+    struct model *ref;
+    llmcl_tensor *ref_logps, *pref_logps;
+    /* with preference: the supervised term (cfg.pref.nll_weight, a mean over the batch's chosen
+       targets) weighs this many times more (0: 1), the batch's share of a step's chosen targets,
+       so that micro-batches and ranks add up to the mean over all of them, where the pairs'
+       term, B pairs in every batch, weighs alike */
+    float pref_nll_scale;
 
     /* activations for micro-batches of up to max_b x max_t tokens */
     int max_b, max_t;
@@ -326,9 +345,10 @@ llmcl_status model_proj_backward(model *m, model_param *p, const llmcl_tensor *d
 
 /*
  * Forward over b x t tokens (ids and targets uploaded from host int32 arrays); writes the mean
- * cross-entropy into m->loss (on the device). With backward_follows it keeps what the backward
- * needs (offloading layer inputs where asked; under --zero the head's group stays open for
- * model_backward, which must come next); without, it is an evaluation.
+ * cross-entropy into m->loss (on the device), or with cfg.preference the preference loss of the
+ * b / 2 pairs (and each sequence's logps into m->pref_logps). With backward_follows it keeps
+ * what the backward needs (offloading layer inputs where asked; under --zero the head's group
+ * stays open for model_backward, which must come next); without, it is an evaluation.
  */
 llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets, int b, int t,
                            bool backward_follows);
@@ -361,6 +381,14 @@ llmcl_status model_hidden_forward(model *m, const int32_t *ids, int b, int t);
  * Exits, saying why, where the two do not fit.
  */
 void model_set_teacher(model *m, model *teacher);
+
+/*
+ * The reference model of m's preference loss (cfg.preference with DPO or IPO): a frozen model of
+ * the same vocabulary whose activations take m's batches. Each forward of m (training and
+ * evaluation) runs model_hidden_forward on the reference first; m's then takes its logps of the
+ * batch's sequences. Exits, saying why, where the two do not fit.
+ */
+void model_set_ref(model *m, model *ref);
 
 /* out (f32 [rows, vocab]) = the logits of rows [row0, row0 + rows) of the last forward's tokens. */
 llmcl_status model_logits(model *m, int64_t row0, int64_t rows, llmcl_tensor *out);

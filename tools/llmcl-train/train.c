@@ -4,7 +4,9 @@
  * AdamW), held-out evaluation, the progress line and a greedy sample at the end; a Hugging Face
  * checkpoint in (--init-from, its config.json setting the shape) and out (--export), LoRA; with
  * --zero under mpiexec, ZeRO over MPI ranks (zero.h), each rank training on its slice of the batch;
- * with --offload-optimizer the masters and moments in pinned host memory (offload_state.h).
+ * with --offload-optimizer the masters and moments in pinned host memory (offload_state.h); with
+ * --teacher distillation from a frozen model, with --preference a preference loss (DPO, IPO,
+ * SimPO, CPO, ORPO) on pairs, against a frozen reference model for DPO and IPO.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -50,7 +52,13 @@ enum {
     LONG_TEACHER,
     LONG_DISTILL_ALPHA,
     LONG_DISTILL_BETA,
-    LONG_DISTILL_TEMPERATURE
+    LONG_DISTILL_TEMPERATURE,
+    LONG_PREFERENCE,
+    LONG_PREF_BETA,
+    LONG_PREF_GAMMA,
+    LONG_PREF_LABEL_SMOOTHING,
+    LONG_PREF_NLL_WEIGHT,
+    LONG_REF
 };
 
 typedef struct options {
@@ -58,6 +66,7 @@ typedef struct options {
     const char *data, *val;
     data_format data_format;
     data_packing packing;
+    bool packing_given;    /* --packing was given (--preference packs nothing) */
     int batch, seq, accum, steps, warmup;
     float lr, min_lr_frac, weight_decay, clip, beta1, beta2, eps;
     int eval_every, eval_batches, log_every, sample_tokens;
@@ -71,6 +80,8 @@ typedef struct options {
     unsigned given;        /* shape options given explicitly: bits (1u << OPT_DIM) ... */
     const char *init_from, *init_adapter, *export_dir, *dump_logits;
     const char *teacher;   /* --teacher: a Hugging Face checkpoint to distill from */
+    const char *ref;       /* --ref: DPO's and IPO's reference model (NULL: the starting one) */
+    double pref_beta, pref_gamma, pref_smoothing, pref_nll; /* --pref-*: NAN where not given */
     llmcl_dtype export_dtype;
     double export_shard_gb;
     int lora_merge;
@@ -135,6 +146,30 @@ static void usage(FILE *f)
           "  --distill-beta B     0: forward KL (default), 1: reverse KL, between: their\n"
           "                       generalised Jensen-Shannon divergence (0.5: JSD)\n"
           "  --distill-temperature T   both distributions at temperature T (default 1)\n",
+          f);
+    fputs("preference training (TRL's DPOTrainer, CPOTrainer and ORPOTrainer): --data is a\n"
+          ".jsonl of tokenized pairs (prompt_input_ids, chosen_input_ids, rejected_input_ids),\n"
+          "each sequence the prompt + a completion, cut to --seq or padded, its completion\n"
+          "scored; a micro-batch of --batch B pairs is 2B sequences, the B chosen then the B\n"
+          "rejected; a step's loss is the mean over its pairs (a supervised term's over its\n"
+          "chosen completions' tokens), whatever --accum and --zero:\n"
+          "  --preference LOSS    dpo, ipo (against a reference model), simpo, cpo or orpo\n"
+          "                       (without one), through llmcl_linear_preference_forward on the\n"
+          "                       head; each log line adds TRL's rewards/chosen, /rejected,\n"
+          "                       /accuracies and /margins, beta (pi - ref) of the sequences'\n"
+          "                       log-probabilities (ref 0 without a reference); the held-out\n"
+          "                       loss is the same loss\n"
+          "  --pref-beta F        the losses' beta (default 0.1; ORPO's lambda)\n"
+          "  --pref-gamma F       SimPO's target margin (default 0.5, TRL's simpo_gamma)\n"
+          "  --pref-label-smoothing F  dpo, simpo, cpo: the share in [0, 0.5] of flipped\n"
+          "                       preferences (default 0)\n"
+          "  --pref-nll-weight F  the chosen completions' mean cross-entropy added at weight F\n"
+          "                       (TRL's rpo_alpha, cpo_alpha; default 1 for orpo, its supervised\n"
+          "                       term, and cpo, as TRL's; 0 for the others)\n"
+          "  --ref PATH           dpo, ipo: the reference model, a Hugging Face checkpoint folder\n"
+          "                       of the same vocabulary, frozen (default: the starting model\n"
+          "                       loaded a second time, --init-from's and --init-adapter's or the\n"
+          "                       seeded one; under --zero whole on every rank)\n",
           f);
     fputs("LoRA (base weights, embeddings and norms frozen; adapters trained):\n"
           "  --lora R             adapters of rank R (0: off, full fine-tuning)\n"
@@ -433,13 +468,92 @@ static void check_distill(options *o)
             llmcl_dtype_name(c->ce_logits_dtype));
 }
 
+/* --preference's names, in llmcl_pref_loss's order, and as the start-up line writes them. */
+static const char *const pref_options[] = {"dpo", "ipo", "simpo", "cpo", "orpo"};
+static const char *const pref_names[] = {"DPO", "IPO", "SimPO", "CPO", "ORPO"};
+
+static llmcl_pref_loss parse_pref_loss(const char *s)
+{
+    for (int k = LLMCL_PREF_DPO; k <= LLMCL_PREF_ORPO; ++k)
+        if (strcmp(s, pref_options[k]) == 0)
+            return (llmcl_pref_loss)k;
+    die("--preference %s: expected dpo, ipo, simpo, cpo or orpo", s);
+}
+
+/* The rows of a micro-batch: --batch, or under --preference its pairs' two sequences each. */
+static int batch_rows(const options *o) { return o->model.preference ? 2 * o->batch : o->batch; }
+
+/* What --preference cannot combine with: a teacher, the options of another path to the head,
+   data that is not one JSON Lines file of pairs, packing. */
+static void check_preference_with(const options *o)
+{
+    const model_config *c = &o->model;
+    if (o->teacher)
+        die("--preference and --teacher do not combine: a step's loss is the preference loss or "
+            "the distillation's");
+    if (c->fused_ce)
+        die("--preference computes its loss through the fused cross-entropy's passes already: "
+            "leave out --fused-ce");
+    if (c->ce_logits_dtype != LLMCL_F32)
+        die("--preference takes the log-probabilities from f32 logits: not with --ce-logits %s",
+            llmcl_dtype_name(c->ce_logits_dtype));
+    if (!o->data)
+        die("--preference trains on tokenized preference pairs: give --data FILE.jsonl (one "
+            "object a line with prompt_input_ids, chosen_input_ids and rejected_input_ids)");
+    if (o->data_format == DATA_TEXT || o->data_format == DATA_LLMC)
+        die("--preference reads preference pairs in JSON Lines: not --data-format %s",
+            o->data_format == DATA_TEXT ? "text" : "llmc");
+    if (o->packing_given)
+        die("--packing packs examples; under --preference each sequence of a pair has a row of "
+            "its own");
+}
+
+/* --preference's options: their ranges and the losses that take them; then TRL's defaults. */
+static void check_preference(options *o)
+{
+    model_config *c = &o->model;
+    const bool given = o->ref || !isnan(o->pref_beta) || !isnan(o->pref_gamma) ||
+                       !isnan(o->pref_smoothing) || !isnan(o->pref_nll);
+    if (!c->preference) {
+        if (given)
+            die("--ref, --pref-beta, --pref-gamma, --pref-label-smoothing and --pref-nll-weight "
+                "need --preference dpo|ipo|simpo|cpo|orpo");
+        return;
+    }
+    check_preference_with(o);
+    const llmcl_pref_loss loss = c->pref.loss;
+    const char *name = pref_options[loss];
+    if (o->ref && !model_pref_takes_ref(c))
+        die("--ref: --preference %s takes no reference model (dpo and ipo do)", name);
+    if (!isnan(o->pref_gamma) && loss != LLMCL_PREF_SIMPO)
+        die("--pref-gamma is SimPO's target margin: not with --preference %s", name);
+    if (o->pref_beta == 0)
+        die("--pref-beta must be > 0");
+    if (o->pref_smoothing > 0.5)
+        die("--pref-label-smoothing must be in [0, 0.5]");
+    if (o->pref_smoothing > 0 && loss != LLMCL_PREF_DPO && loss != LLMCL_PREF_SIMPO &&
+        loss != LLMCL_PREF_CPO)
+        die("--pref-label-smoothing: --preference %s takes none (dpo, simpo and cpo do)", name);
+    /* ORPO's supervised term is part of the loss; CPO's is TRL's default (cpo_alpha 1) */
+    const bool supervised = loss == LLMCL_PREF_ORPO || loss == LLMCL_PREF_CPO;
+    c->pref = (llmcl_pref_options){
+        .loss = loss,
+        .beta = isnan(o->pref_beta) ? 0.1f : (float)o->pref_beta,
+        .gamma = loss != LLMCL_PREF_SIMPO ? 0.0f : isnan(o->pref_gamma) ? 0.5f
+                                                                        : (float)o->pref_gamma,
+        .label_smoothing = isnan(o->pref_smoothing) ? 0.0f : (float)o->pref_smoothing,
+        .nll_weight = !isnan(o->pref_nll) ? (float)o->pref_nll : supervised ? 1.0f : 0.0f};
+    o->data_format = DATA_PAIRS;
+}
+
 static void parse_options(int argc, char **argv, options *o)
 {
     *o = (options){.accum = 1, .steps = 200, .warmup = 20, .lr = 3e-3f, .min_lr_frac = 0.1f,
                    .weight_decay = 0.1f, .clip = 1.0f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                    .eval_every = 50, .eval_batches = 4, .log_every = 10, .sample_tokens = 200,
                    .prompt = "The cat", .seed = 1337, .export_dtype = LLMCL_BF16,
-                   .export_shard_gb = 5};
+                   .export_shard_gb = 5, .pref_beta = NAN, .pref_gamma = NAN,
+                   .pref_smoothing = NAN, .pref_nll = NAN};
     preset(o, "tiny");
     static const struct option longs[] = {
         {"data", 1, 0, 'D'}, {"val", 1, 0, 'V'}, {"preset", 1, 0, 'P'}, {"dim", 1, 0, 'd'},
@@ -469,6 +583,10 @@ static void parse_options(int argc, char **argv, options *o)
         {"packing", 1, 0, LONG_PACKING}, {"teacher", 1, 0, LONG_TEACHER},
         {"distill-alpha", 1, 0, LONG_DISTILL_ALPHA}, {"distill-beta", 1, 0, LONG_DISTILL_BETA},
         {"distill-temperature", 1, 0, LONG_DISTILL_TEMPERATURE},
+        {"preference", 1, 0, LONG_PREFERENCE}, {"pref-beta", 1, 0, LONG_PREF_BETA},
+        {"pref-gamma", 1, 0, LONG_PREF_GAMMA},
+        {"pref-label-smoothing", 1, 0, LONG_PREF_LABEL_SMOOTHING},
+        {"pref-nll-weight", 1, 0, LONG_PREF_NLL_WEIGHT}, {"ref", 1, 0, LONG_REF},
         {0, 0, 0, 0}};
     /* a preset first, so that the other options refine it whatever their order */
     for (int i = 1; i + 1 < argc; ++i)
@@ -482,7 +600,21 @@ static void parse_options(int argc, char **argv, options *o)
         switch (c) {
         case 'D': o->data = optarg; break;
         case LONG_DATA_FORMAT: o->data_format = data_format_parse(optarg); break;
-        case LONG_PACKING: o->packing = data_packing_parse(optarg); break;
+        case LONG_PACKING:
+            o->packing = data_packing_parse(optarg);
+            o->packing_given = true;
+            break;
+        case LONG_PREFERENCE:
+            o->model.pref.loss = parse_pref_loss(optarg);
+            o->model.preference = 1;
+            break;
+        case LONG_PREF_BETA: o->pref_beta = parse_num("pref-beta", optarg, 0); break;
+        case LONG_PREF_GAMMA: o->pref_gamma = parse_num("pref-gamma", optarg, 0); break;
+        case LONG_PREF_LABEL_SMOOTHING:
+            o->pref_smoothing = parse_num("pref-label-smoothing", optarg, 0);
+            break;
+        case LONG_PREF_NLL_WEIGHT: o->pref_nll = parse_num("pref-nll-weight", optarg, 0); break;
+        case LONG_REF: o->ref = optarg; break;
         case LONG_TEACHER: o->teacher = optarg; break;
         case LONG_DISTILL_ALPHA:
             o->model.distill_alpha = (float)parse_num("distill-alpha", optarg, 0);
@@ -643,6 +775,7 @@ static void parse_options(int argc, char **argv, options *o)
         die("--optimizer-in-backward updates each layer group with the gradients of one "
             "micro-batch: give --accum 1");
     check_distill(o);
+    check_preference(o);
     if ((o->save_every || o->save_on_interrupt) && !o->save)
         die("--save-every and --save-on-interrupt need --save FILE");
     if (o->lora_merge && !o->model.lora_rank && !o->init_adapter)
@@ -740,11 +873,20 @@ static float learning_rate(const options *o, int step)
 
 /* ---- the pieces of a step ---- */
 
+/* TRL's metrics of a preference loss, summed over the pairs of a step or of an evaluation: a
+   pair's rewards are beta (pi - ref) of its chosen and of its rejected sequence, pi a sequence's
+   logps in the loss's sum or average and ref the reference model's (0 without one). */
+typedef struct pref_stats {
+    double pairs, chosen, rejected, correct, logps_chosen, logps_rejected;
+} pref_stats;
+
 typedef struct trainer {
     llmcl_ctx *ctx;
     options o;
     model *m;
     model *teacher;        /* --teacher's model, or NULL */
+    model *ref;            /* DPO's and IPO's reference model, or NULL */
+    pref_stats stats;      /* under --preference: the last step that took its stats */
     token_data train, val;
     loader tl;
     token_batch batch;
@@ -825,7 +967,8 @@ static int pick_recompute(trainer *tr)
         ms.limit_bytes ? ms.limit_bytes : llmcl_ctx_device_info(tr->ctx)->global_mem_bytes;
     const size_t ce_elem = c->ce_logits_dtype == LLMCL_F32 ? 4 + llmcl_dtype_size(c->dtype)
                                                            : llmcl_dtype_size(c->ce_logits_dtype);
-    const uint64_t ce_all = (uint64_t)o->batch * (uint64_t)o->seq * (uint64_t)c->vocab * ce_elem;
+    const uint64_t ce_all =
+        (uint64_t)batch_rows(o) * (uint64_t)o->seq * (uint64_t)c->vocab * ce_elem;
     const uint64_t ce_budget = c->ce_chunk_bytes ? c->ce_chunk_bytes : 256ull << 20;
     const uint64_t outside = ms.limit_bytes ? 0 : cap / 64;
     const uint64_t scratch = (ce_all < ce_budget ? ce_all : ce_budget) + (256ull << 20) + outside;
@@ -839,7 +982,8 @@ static int pick_recompute(trainer *tr)
         if ((forms[i] == RECOMPUTE_NONE && o->offload) || (forms[i] == 2 && c->layers < 2))
             continue; /* with offload every layer's input leaves; 2 needs two layers */
         char need[32];
-        const uint64_t bytes = model_acts_bytes(tr->m, o->batch, o->seq, forms[i], o->offload);
+        const uint64_t bytes =
+            model_acts_bytes(tr->m, batch_rows(o), o->seq, forms[i], o->offload);
         format_bytes((double)bytes, need, sizeof need);
         used += (size_t)snprintf(text + used, sizeof text - used, "%s%s %s", used ? ", " : "",
                                  names[i], need);
@@ -868,62 +1012,149 @@ static llmcl_status next_batch(trainer *tr, loader *l)
 {
     token_batch *bt = &tr->batch;
     loader_next(l, bt);
-    if (tr->teacher)
-        TRY(model_set_documents(tr->teacher, bt->pos, bt->doc_offsets, bt->docs, bt->b, bt->t));
+    model *frozen[2] = {tr->teacher, tr->ref};
+    for (int i = 0; i < 2; ++i)
+        if (frozen[i])
+            TRY(model_set_documents(frozen[i], bt->pos, bt->doc_offsets, bt->docs, bt->b, bt->t));
     return model_set_documents(tr->m, bt->pos, bt->doc_offsets, bt->docs, bt->b, bt->t);
 }
 
-/* The student's forward; where a backward follows under --teacher, the teacher's comes first. */
+/* The student's forward; where a backward follows under --teacher, the teacher's comes first, and
+   under a preference loss with a reference the reference's, always (the held-out loss needs it). */
 static llmcl_status batch_forward(trainer *tr, bool backward_follows)
 {
     const token_batch *bt = &tr->batch;
     if (tr->teacher && backward_follows)
         TRY(model_hidden_forward(tr->teacher, bt->ids, bt->b, bt->t));
+    if (tr->ref)
+        TRY(model_hidden_forward(tr->ref, bt->ids, bt->b, bt->t));
     return model_forward(tr->m, bt->ids, bt->targets, bt->b, bt->t, backward_follows);
 }
 
+/* The activations of a frozen model (a teacher, a reference) for the trainer's micro-batches:
+   each layer keeps only its input, since nothing goes backward through it. */
+static void frozen_acts(trainer *tr, model *f)
+{
+    CHECK(model_alloc_acts(f, batch_rows(&tr->o), tr->o.seq, RECOMPUTE_FULL, false), tr->ctx);
+}
+
 /*
- * --teacher's model: its checkpoint's shape and architecture, the student's compute dtype, frozen,
- * with the activations of the student's micro-batches (each layer keeps only its input: nothing
- * goes backward through it). Made before the student's activations, so that --recompute=auto
- * counts its memory.
+ * --teacher's or --ref's model (option names it): its checkpoint's shape and architecture, the
+ * trainer's compute dtype, frozen, whole on every rank under --zero. Made before the trained
+ * model's activations, so that --recompute=auto counts its memory.
  */
-static void create_teacher(trainer *tr)
+static model *frozen_model(trainer *tr, const char *path, const char *option)
 {
     const options *o = &tr->o;
     hf_checkpoint ck = {0};
-    hf_open(o->teacher, &ck);
+    hf_open(path, &ck);
     model_config c = {.dtype = o->model.dtype, .norm_eps = o->model.norm_eps,
                       .max_seq = o->seq, .ce_chunk_bytes = o->model.ce_chunk_bytes,
                       .frozen = 1};
     int max_positions = 0;
     if (!hf_read_config(&ck, &c, &max_positions))
-        die("--teacher %s: a folder with config.json is needed for the teacher's shape",
-            o->teacher);
+        die("%s %s: a folder with config.json is needed for the model's shape", option, path);
     const char *bad = model_config_error(&c);
     if (bad)
-        die("--teacher %s: %s", o->teacher, bad);
-    CHECK(model_create(tr->ctx, &c, o->seed, &tr->teacher), tr->ctx);
-    hf_load(tr->teacher, &ck);
+        die("%s %s: %s", option, path, bad);
+    model *f = NULL;
+    CHECK(model_create(tr->ctx, &c, o->seed, &f), tr->ctx);
+    hf_load(f, &ck);
     hf_close(&ck);
-    CHECK(model_alloc_acts(tr->teacher, o->batch, o->seq, RECOMPUTE_FULL, false), tr->ctx);
+    frozen_acts(tr, f);
+    return f;
+}
+
+/*
+ * DPO's and IPO's default reference: the starting model a second time, frozen, whole on every
+ * rank (TRL's ref_model None): init's weights and adapter's adapters where given (NULL: none),
+ * else the same seeded initialisation, each parameter's stream its own (a fresh LoRA's adapters,
+ * whose B is 0, left out).
+ */
+static model *starting_reference(trainer *tr, const hf_checkpoint *init,
+                                 const hf_checkpoint *adapter)
+{
+    model_config c = tr->o.model;
+    c.frozen = 1;
+    c.zero_stage = c.zero_group_layers = 0;
+    c.zero_reduce_dtype = LLMCL_F32;
+    c.offload_chunk_bytes = 0;
+    c.optimizer_in_backward = 0;
+    c.preference = 0;
+    c.pref = (llmcl_pref_options){0};
+    c.lora_rank = adapter ? c.lora_rank : 0;
+    c.lora_dtype = LLMCL_F32;
+    model *ref = NULL;
+    CHECK(model_create(tr->ctx, &c, tr->o.seed, &ref), tr->ctx);
+    if (init)
+        hf_load(ref, init);
+    if (adapter)
+        hf_load_adapters(ref, adapter);
+    frozen_acts(tr, ref);
+    return ref;
+}
+
+/* Adds the pairs of the last forward to s: the policy's and the reference's logps, read back. */
+static void pref_stats_add(trainer *tr, pref_stats *s)
+{
+    const model *m = tr->m;
+    const int b = tr->o.batch, n = 2 * b;
+    float *pi = xcalloc(2 * (size_t)n, sizeof *pi), *ref = pi + n;
+    CHECK(llmcl_tensor_download(m->pref_logps, pi, (size_t)n * sizeof *pi), tr->ctx);
+    if (m->ref)
+        CHECK(llmcl_tensor_download(m->ref_logps, ref, (size_t)n * sizeof *ref), tr->ctx);
+    const double beta = tr->o.model.pref.beta;
+    for (int p = 0; p < b; ++p) {
+        const double chosen = beta * ((double)pi[p] - ref[p]),
+                     rejected = beta * ((double)pi[b + p] - ref[b + p]);
+        s->chosen += chosen;
+        s->rejected += rejected;
+        s->correct += chosen > rejected;
+        s->logps_chosen += pi[p];
+        s->logps_rejected += pi[b + p];
+    }
+    s->pairs += b;
+    free(pi);
+}
+
+/* The metrics' means over the pairs (of every rank: collective under --zero), as TRL names them. */
+static void pref_stats_format(trainer *tr, const pref_stats *s, char *buf, size_t len)
+{
+    double v[6] = {s->pairs, s->chosen, s->rejected, s->correct, s->logps_chosen,
+                   s->logps_rejected};
+    for (int i = 0; i < 6; ++i)
+        v[i] = rank_mean(tr, v[i]);
+    const double n = v[0] > 0 ? v[0] : 1;
+    snprintf(buf, len,
+             "rewards/chosen %.4f | rewards/rejected %.4f | rewards/accuracies %.4f | "
+             "rewards/margins %.4f | logps/chosen %.4f | logps/rejected %.4f",
+             v[1] / n, v[2] / n, v[3] / n, (v[1] - v[2]) / n, v[4] / n, v[5] / n);
 }
 
 /* Mean loss over every target that learns in eval_batches micro-batches of the held-out data
-   (each rank its slice of them). */
-static double evaluate(trainer *tr)
+   (each rank its slice of them); under --preference over their pairs (the supervised term over
+   their chosen targets, as a training step's), the metrics going to ps. */
+static double evaluate(trainer *tr, pref_stats *ps)
 {
     const options *o = &tr->o;
+    model *m = tr->m;
     loader vl;
     loader_init(&vl, &tr->val, o->batch, o->seq, tr->rank, tr->world);
+    const int64_t all = loader_counted_ahead(&vl, o->eval_batches);
     double sum = 0, counted = 0;
     for (int i = 0; i < o->eval_batches; ++i) {
         CHECK(next_batch(tr, &vl), tr->ctx);
+        const double weight = m->cfg.preference ? 1.0 : (double)tr->batch.counted;
+        m->pref_nll_scale = all ? (float)((double)tr->batch.counted * o->eval_batches *
+                                          tr->world / (double)all)
+                                : 1.0f;
         CHECK(batch_forward(tr, false), tr->ctx);
         float loss;
-        CHECK(llmcl_tensor_download(tr->m->loss, &loss, sizeof loss), tr->ctx);
-        sum += loss * (double)tr->batch.counted;
-        counted += (double)tr->batch.counted;
+        CHECK(llmcl_tensor_download(m->loss, &loss, sizeof loss), tr->ctx);
+        sum += loss * weight;
+        counted += weight;
+        if (m->cfg.preference)
+            pref_stats_add(tr, ps);
     }
     loader_free(&vl);
     sum = rank_mean(tr, sum);
@@ -949,23 +1180,30 @@ static void train_step(trainer *tr, int step, bool stats, double *loss, double *
        the update in the backward each group's after its update */
     m->grads_fresh = !m->zero && !m->cfg.optimizer_in_backward;
     CHECK(MODEL_PROF(m, F_ELEMENTWISE, llmcl_fill(ctx, tr->loss_sum, 0.0)), ctx);
+    tr->stats = (pref_stats){0};
     /* the step's loss is the mean over every target that learns in it, on every rank: each
        micro-batch's mean weighs by its share of them (exactly 1 where every token learns) */
     const int64_t step_counted = loader_counted_ahead(&tr->tl, o->accum);
     for (int k = 0; k < o->accum; ++k) {
         CHECK(next_batch(tr, &tr->tl), ctx);
-        m->ce_grad_scale =
-            step_counted ? (float)((double)tr->batch.counted * o->accum * tr->world /
-                                   (double)step_counted)
-                         : 1.0f;
+        const float share = step_counted ? (float)((double)tr->batch.counted * o->accum *
+                                                   tr->world / (double)step_counted)
+                                         : 1.0f;
+        /* a preference loss: B pairs in every micro-batch weigh alike, its supervised term by
+           the micro-batch's share of the step's chosen targets */
+        m->ce_grad_scale = m->cfg.preference ? 1.0f : share;
+        m->pref_nll_scale = share;
         CHECK(batch_forward(tr, true), ctx);
         CHECK(MODEL_PROF(m, F_ELEMENTWISE, llmcl_axpy(ctx, m->ce_grad_scale / (float)o->accum,
                                                       m->loss, tr->loss_sum)),
               ctx);
         /* the last micro-batch's weight gradient products sum their squares for the norm */
         m->grad_sumsq = k == o->accum - 1 ? optimizer_norm_sumsq(&tr->opt) : NULL;
-        CHECK(model_backward(m, o->batch, o->seq), ctx);
+        CHECK(model_backward(m, batch_rows(o), o->seq), ctx);
         m->grad_sumsq = NULL;
+        /* the logps wait for this micro-batch's backward, which the next one's upload would */
+        if (stats && m->cfg.preference)
+            pref_stats_add(tr, &tr->stats);
     }
     CHECK(MODEL_PROF(m, F_OPTIMIZER, optimizer_step(&tr->opt)), ctx);
     if (!stats)
@@ -992,10 +1230,30 @@ static void finalize_mpi(void)
 
 /* ---- output ---- */
 
+/* The pairs: how many, the rows of a micro-batch, how full, and what --seq cut. */
+static void print_pairs(const trainer *tr)
+{
+    const loader *l = &tr->tl;
+    printf("pairs: %lld training and %lld held-out; a micro-batch of %d pairs is %d rows of %d "
+           "tokens, the chosen sequences then the rejected (%.1f%% tokens, the rest padding)",
+           (long long)tr->train.n_examples / 2, (long long)tr->val.n_examples / 2, l->b, 2 * l->b,
+           l->t, 100.0 * l->fill);
+    if (l->truncated)
+        printf("; %lld sequences longer than --seq %d cut to their first %d tokens",
+               (long long)l->truncated, l->t, l->t);
+    if (l->unscored)
+        printf("; %lld with no completion token within them", (long long)l->unscored);
+    printf("\n");
+}
+
 /* How the examples pack: rows, how full, and what --seq cut. */
 static void print_examples(const trainer *tr)
 {
     const loader *l = &tr->tl;
+    if (tr->train.pairs) {
+        print_pairs(tr);
+        return;
+    }
     printf("examples: %lld training and %lld held-out, packed %s into %lld rows of %d tokens "
            "(%.1f%% tokens, the rest padding), each attending only to itself",
            (long long)tr->train.n_examples, (long long)tr->val.n_examples,
@@ -1034,7 +1292,7 @@ static void progress(trainer *tr, int step, double loss, double norm, double ste
     const options *o = &tr->o;
     char speed[128] = "", eta_s[32];
     if (step_s > 0) {
-        const double tps = (double)o->batch * o->seq * o->accum * tr->world / step_s;
+        const double tps = (double)batch_rows(o) * o->seq * o->accum * tr->world / step_s;
         int at = snprintf(speed, sizeof speed, "%.1fk tok/s | ", tps / 1e3);
         if (tr->peak_tflops > 0)
             at += snprintf(speed + at, sizeof speed - (size_t)at, "MFU %.1f%% | ",
@@ -1104,27 +1362,28 @@ static double prof_total(const model *m)
 }
 
 /* One more step with every op a profiling region of its own: kernel time per op family, and the
-   teacher's forward as a row of its own. */
+   teacher's or the reference's forward as a row of its own. */
 static void profile_step(trainer *tr, int step)
 {
-    model *m = tr->m;
+    model *m = tr->m, *frozen = tr->teacher ? tr->teacher : tr->ref;
     double loss, norm;
     m->prof_zero_ms = 0.0;
     set_profiling(m, true);
-    if (tr->teacher)
-        set_profiling(tr->teacher, true);
+    if (frozen)
+        set_profiling(frozen, true);
     const double t0 = util_now_s();
     train_step(tr, step, true, &loss, &norm);
     const double wall = 1e3 * (util_now_s() - t0);
     set_profiling(m, false);
-    const double teacher_ms = tr->teacher ? prof_total(tr->teacher) : 0.0;
-    if (tr->teacher)
-        set_profiling(tr->teacher, false);
-    const double total = prof_total(m) + teacher_ms;
+    const double frozen_ms = frozen ? prof_total(frozen) : 0.0;
+    if (frozen)
+        set_profiling(frozen, false);
+    const double total = prof_total(m) + frozen_ms;
     printf("profile of one step (%.1f ms of kernels, %.1f ms wall with a wait after every op):\n",
            total, wall);
-    if (teacher_ms > 0)
-        printf("  %-18s %9.2f ms %5.1f%%\n", "teacher fwd", teacher_ms, 100.0 * teacher_ms / total);
+    if (frozen_ms > 0)
+        printf("  %-18s %9.2f ms %5.1f%%\n", tr->teacher ? "teacher fwd" : "reference fwd",
+               frozen_ms, 100.0 * frozen_ms / total);
     for (int f = 0; f < F_FAMILIES; ++f)
         if (m->prof_ms[f] > 0)
             printf("  %-18s %9.2f ms %5.1f%%\n", model_family_name(f), m->prof_ms[f],
@@ -1281,8 +1540,9 @@ static void dump_logits(trainer *tr)
     loader_init(&vl, &tr->val, o->batch, o->seq, 0, 1);
     CHECK(next_batch(tr, &vl), tr->ctx);
     loader_free(&vl);
+    tr->m->pref_nll_scale = 1.0f; /* the batch alone */
     CHECK(batch_forward(tr, false), tr->ctx);
-    const int64_t shape[3] = {o->batch, o->seq, o->model.vocab};
+    const int64_t shape[3] = {batch_rows(o), o->seq, o->model.vocab};
     const int64_t rows[2] = {shape[0] * shape[1], shape[2]};
     llmcl_tensor *logits = NULL;
     CHECK(llmcl_tensor_create(tr->ctx, LLMCL_F32, 2, rows, &logits), tr->ctx);
@@ -1357,6 +1617,54 @@ static void print_in_backward(const model *m)
            "final; gradients %.2f MiB (%.2f MiB for all at once)\n",
            (double)m->trainable.grad_total * 4 / 1048576.0,
            (double)m->trainable.total * 4 / 1048576.0);
+}
+
+/*
+ * The trained model's weights from --init-from and --init-adapter (opened by main, closed here),
+ * then the frozen models: --teacher's, and a preference loss's reference, --ref's or the starting
+ * model again while its files are open.
+ */
+static void load_models(trainer *tr, hf_checkpoint *init, hf_checkpoint *adapter)
+{
+    const options *o = &tr->o;
+    if (o->init_from) {
+        init->refused = o->model.zero_stage ? finalize_mpi : NULL;
+        hf_load(tr->m, init);
+    }
+    if (o->init_adapter)
+        hf_load_adapters(tr->m, adapter);
+    if (o->teacher)
+        tr->teacher = frozen_model(tr, o->teacher, "--teacher");
+    if (model_pref_takes_ref(&o->model))
+        tr->ref = o->ref ? frozen_model(tr, o->ref, "--ref")
+                         : starting_reference(tr, o->init_from ? init : NULL,
+                                              o->init_adapter ? adapter : NULL);
+    if (o->init_from)
+        hf_close(init);
+    if (o->init_adapter)
+        hf_close(adapter);
+}
+
+/* The preference loss, its hyperparameters and its reference model, for the start-up lines. */
+static void print_preference(const trainer *tr)
+{
+    const options *o = &tr->o;
+    const llmcl_pref_options *p = &o->model.pref;
+    const bool average = p->loss == LLMCL_PREF_IPO || p->loss == LLMCL_PREF_SIMPO ||
+                         p->loss == LLMCL_PREF_ORPO;
+    printf("preference: %s, beta %g", pref_names[p->loss], (double)p->beta);
+    if (p->loss == LLMCL_PREF_SIMPO)
+        printf(", gamma %g", (double)p->gamma);
+    if (p->label_smoothing > 0)
+        printf(", label smoothing %g", (double)p->label_smoothing);
+    if (p->nll_weight > 0)
+        printf(", the chosen completions' cross-entropy at weight %g", (double)p->nll_weight);
+    printf("; logps %s over the completion", average ? "averaged" : "summed");
+    if (tr->ref)
+        printf("; reference %s, %.2fM parameters, frozen%s", o->ref ? o->ref : "the starting model",
+               (double)model_param_count(tr->ref) / 1e6,
+               o->model.zero_stage ? ", whole on every rank" : "");
+    printf("\n");
 }
 
 /*
@@ -1451,24 +1759,16 @@ int main(int argc, char **argv)
     if (tr.peak_tflops > 0)
         format_rate(tr.peak_tflops, peak_s, sizeof peak_s);
     CHECK(model_create(tr.ctx, &o->model, o->seed, &tr.m), tr.ctx);
-    if (o->init_from) {
-        init.refused = o->model.zero_stage ? finalize_mpi : NULL;
-        hf_load(tr.m, &init);
-        hf_close(&init);
-    }
-    if (o->init_adapter) {
-        hf_load_adapters(tr.m, &adapter);
-        hf_close(&adapter);
-    }
-    if (o->teacher)
-        create_teacher(&tr);
+    load_models(&tr, &init, &adapter);
     if (o->recompute == RECOMPUTE_AUTO) /* its account before the allocation, which may fail */
         o->recompute = pick_recompute(&tr);
-    CHECK(model_alloc_acts(tr.m, o->batch, o->seq, o->recompute, o->offload), tr.ctx);
+    CHECK(model_alloc_acts(tr.m, batch_rows(o), o->seq, o->recompute, o->offload), tr.ctx);
     if (tr.teacher)
         model_set_teacher(tr.m, tr.teacher);
+    if (tr.ref)
+        model_set_ref(tr.m, tr.ref);
     setup_optimizer(&tr);
-    batch_init(&tr.batch, o->batch, o->seq);
+    batch_init(&tr.batch, batch_rows(o), o->seq);
 
     const model_config *c = &o->model;
     char recompute[160];
@@ -1501,8 +1801,11 @@ int main(int argc, char **argv)
                o->teacher, (double)model_param_count(tr.teacher) / 1e6, tr.teacher->cfg.dim,
                tr.teacher->cfg.layers, (double)c->distill_alpha, (double)c->distill_alpha,
                (double)c->distill_temperature, (double)c->distill_beta);
+    if (c->preference)
+        print_preference(&tr);
     printf("data: %s, %lld training and %lld held-out tokens; batch %d x %d x %d\n",
-           tr.train.source, (long long)tr.train.n, (long long)tr.val.n, o->batch, o->seq, o->accum);
+           tr.train.source, (long long)tr.train.n, (long long)tr.val.n, batch_rows(o), o->seq,
+           o->accum);
     if (tr.train.targets)
         print_examples(&tr);
     int first = 0;
@@ -1543,8 +1846,19 @@ int main(int argc, char **argv)
                      first_s);
             interval_s = 0, interval_steps = 0;
         }
-        if (evals)
-            printf("step %5d/%d | held-out loss %.4f\n", step + 1, o->steps, evaluate(&tr));
+        char rewards[256] = "";
+        if (logs && c->preference) {
+            pref_stats_format(&tr, &tr.stats, rewards, sizeof rewards);
+            printf("step %5d/%d | %s\n", step + 1, o->steps, rewards);
+        }
+        if (evals) {
+            pref_stats held = {0};
+            const double loss_held = evaluate(&tr, &held);
+            if (c->preference)
+                pref_stats_format(&tr, &held, rewards, sizeof rewards);
+            printf("step %5d/%d | held-out loss %.4f%s%s\n", step + 1, o->steps, loss_held,
+                   c->preference ? " | " : "", c->preference ? rewards : "");
+        }
         if (saves)
             save(&tr, step + 1);
     }
@@ -1578,6 +1892,7 @@ int main(int argc, char **argv)
     optimizer_destroy(&tr.opt);
     llmcl_tensor_destroy(tr.loss_sum);
     model_destroy(tr.teacher);
+    model_destroy(tr.ref);
     model_destroy(tr.m);
     data_free(&tr.train), data_free(&tr.val);
     llmcl_ctx_destroy(tr.ctx);
