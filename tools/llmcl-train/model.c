@@ -1812,17 +1812,26 @@ static llmcl_status head_distill(model *m, arena *a, int64_t n)
     return LLMCL_OK;
 }
 
+/*
+ * A frozen model beside m (a teacher, a reference: `who`, m being `whose`): the same vocabulary,
+ * whose distributions they compare token by token, and activations that take m's batches.
+ */
+static void check_frozen_fits(const model *m, const model *f, const char *who, const char *whose)
+{
+    if (f->cfg.vocab != m->cfg.vocab)
+        die("the %s's vocabulary has %d tokens, the %s's %d: the losses compare their "
+            "distributions token by token", who, f->cfg.vocab, whose, m->cfg.vocab);
+    if (f->max_b < m->max_b || f->max_t < m->max_t)
+        die("model: the %s's activations hold %d x %d tokens, the %s's batches %d x %d", who,
+            f->max_b, f->max_t, whose, m->max_b, m->max_t);
+}
+
 void model_set_teacher(model *m, model *teacher)
 {
     const model_config *c = &m->cfg, *tc = &teacher->cfg;
     if (c->distill_alpha <= 0 || !tc->frozen)
         die("model: a teacher needs distill_alpha > 0 on the student and a frozen model");
-    if (tc->vocab != c->vocab)
-        die("the teacher's vocabulary has %d tokens, the student's %d: distillation compares "
-            "their distributions token by token", tc->vocab, c->vocab);
-    if (teacher->max_b < m->max_b || teacher->max_t < m->max_t)
-        die("model: the teacher's activations hold %d x %d tokens, the student's batches %d x %d",
-            teacher->max_b, teacher->max_t, m->max_b, m->max_t);
+    check_frozen_fits(m, teacher, "teacher", "student");
     if (c->fused_ce)
         die("distillation runs on the chunked cross-entropy's path: not with --fused-ce");
     m->teacher = teacher;
@@ -1876,12 +1885,7 @@ void model_set_ref(model *m, model *ref)
     const model_config *c = &m->cfg, *rc = &ref->cfg;
     if (!model_pref_takes_ref(c) || !rc->frozen)
         die("model: a reference needs DPO or IPO on the policy and a frozen model");
-    if (rc->vocab != c->vocab)
-        die("the reference model's vocabulary has %d tokens, the policy's %d: the losses compare "
-            "their log-probabilities of the same tokens", rc->vocab, c->vocab);
-    if (ref->max_b < m->max_b || ref->max_t < m->max_t)
-        die("model: the reference's activations hold %d x %d tokens, the policy's batches %d x %d",
-            ref->max_b, ref->max_t, m->max_b, m->max_t);
+    check_frozen_fits(m, ref, "reference model", "policy");
     m->ref = ref;
 }
 

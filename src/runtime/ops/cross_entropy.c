@@ -612,6 +612,7 @@ static llmcl_status dlogits_operand(llmcl_ctx *ctx, const llmcl_tensor *g32, llm
     return direct ? LLMCL_OK : llmcl_cast(ctx, g32, *view);
 }
 
+/* The class weights from the chunk's first class on (a NULL buffer without weights). */
 static void arg_chunk_weight(llmcl__args *a, const ce_run *r, int64_t v0)
 {
     if (r->o.weight)
@@ -1132,8 +1133,6 @@ done:
     llmcl_tensor_destroy(dwv);
     return st;
 }
-
-/* The class weights from the chunk's first class on (a NULL buffer without weights). */
 
 /* What one forward chunk needs: the row kernels of its form and the buffers they fill. */
 typedef struct fwd_chunks {

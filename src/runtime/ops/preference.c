@@ -332,9 +332,9 @@ static llmcl_status scratch(pref_run *r)
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &seq2, "preference sequence sums", &r->seq));
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &r->pairs, "preference pair terms", &r->terms));
     LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &one, "preference chosen positions", &r->nc));
-    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &r->n, "preference upstream gradients", &r->g));
     if (!r->grad)
         return LLMCL_OK;
+    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &r->n, "preference upstream gradients", &r->g));
     return llmcl__scratch(ctx, LLMCL_F32, 1, &seqs, "preference coefficients", &r->coef);
 }
 
