@@ -1178,17 +1178,19 @@ LLMCL_API llmcl_status llmcl_linear_distill_forward(
  * those of grad_scale x loss. Deterministic: every sum runs in a fixed order.
  *
  * With gradients the call runs in one of two forms. Chunks of whole pairs (the default, where one
- * pair's f32 logits, with their 16-bit copy for 16-bit inputs, fit opts->chunk_bytes, default
- * 4 GiB): the pairs copied with each chosen sequence beside its rejected one, then per chunk the
- * logits product, each position's LSE and -logp_i, the chunk's sequences' and pairs' terms
- * (preference.cl), the dlogits with each position's upstream gradient, and the dhidden and
- * dweight products: three products of the head, as llmcl_linear_cross_entropy_forward's. The
- * fused form (where no pair fits, or opts->vocab_chunk is not 0): llmcl_fused_cross_entropy_forward
- * (reduction none), the terms, and llmcl_fused_cross_entropy_backward with each position's
- * upstream gradient, the logits never stored (opts->chunk_bytes and opts->vocab_chunk as in
- * llmcl_ce_options): four products. Without gradients (a reference model's logps) the fused
- * forward alone. Extra memory beyond the form's scratch: O(2B T), and in chunks a copy of hidden
- * and an f32 dhidden.
+ * pair's logits fit opts->chunk_bytes, default 4 GiB: f32 ones with their 16-bit copy for 16-bit
+ * inputs, or 16-bit ones with opts->logits_dtype): the pairs copied with each chosen sequence
+ * beside its rejected one, then per chunk the logits product, each position's LSE and -logp_i,
+ * the chunk's sequences' and pairs' terms (preference.cl), the dlogits with each position's
+ * upstream gradient, and the dhidden and dweight products: three products of the head, as
+ * llmcl_linear_cross_entropy_forward's. The fused form (where no pair fits, or opts->vocab_chunk
+ * is not 0; f32 whatever opts->logits_dtype says): llmcl_fused_cross_entropy_forward (reduction
+ * none), the terms, and llmcl_fused_cross_entropy_backward with each position's upstream
+ * gradient, the logits never stored (opts->chunk_bytes and opts->vocab_chunk as in
+ * llmcl_ce_options): four products. Without gradients (a reference model's logps) the chunks'
+ * forward where opts->logits_dtype is 16-bit and a pair fits, else the fused forward alone.
+ * Extra memory beyond the form's scratch: O(2B T), and in chunks a copy of hidden and, with
+ * dhidden, an f32 dhidden.
  */
 
 typedef enum llmcl_pref_loss {
@@ -1221,6 +1223,9 @@ typedef struct llmcl_pref_options {
                                    budget where no pair fits */
     int64_t vocab_chunk;        /* 0: chunks of pairs where one fits; else the fused form, as
                                    llmcl_ce_options' (-1 tiles, > 0 classes a chunk) */
+    llmcl_dtype logits_dtype;   /* chunks' logits: LLMCL_F32 (the default) or hidden's 16-bit
+                                   dtype, rounded as PyTorch's autocast rounds them, half the
+                                   bytes, the dlogits in their place (llmcl_ce_options') */
 } llmcl_pref_options;
 
 /*

@@ -370,8 +370,10 @@ static llmcl_status call(const pproblem *p, const llmcl_pref_options *o, const p
                                            out->loss, out->logps, out->dh, out->dw, out->db);
 }
 
-/* Every output of out against e; gdt the dtype of the logit gradient the products saw. */
-static void check_outs(const pproblem *p, const pexpect *e, const pouts *out, llmcl_dtype gdt)
+/* Every output of out against e; gdt the dtype of the logit gradient the products saw, bdt that
+   of those dbias summed. */
+static void check_outs_as(const pproblem *p, const pexpect *e, const pouts *out, llmcl_dtype gdt,
+                          llmcl_dtype bdt)
 {
     const size_t nh = (size_t)(p->n * p->h), vh = (size_t)(p->v * p->h), ns = (size_t)(2 * p->b);
     if (out->loss) {
@@ -396,9 +398,15 @@ static void check_outs(const pproblem *p, const pexpect *e, const pouts *out, ll
     }
     if (out->db) {
         double *got = th_download_new(out->db);
-        TH_ASSERT_CLOSE("dbias", e->db, got, (size_t)p->v, mat_tol(e->db, (size_t)p->v, LLMCL_F32));
+        TH_ASSERT_CLOSE("dbias", e->db, got, (size_t)p->v, mat_tol(e->db, (size_t)p->v, bdt));
         free(got);
     }
+}
+
+/* As check_outs_as, dbias summed from f32 logit gradients (16-bit logits' are their own). */
+static void check_outs(const pproblem *p, const pexpect *e, const pouts *out, llmcl_dtype gdt)
+{
+    check_outs_as(p, e, out, gdt, LLMCL_F32);
 }
 
 /* Each output's bytes, to compare two runs bit for bit. */
@@ -557,6 +565,73 @@ static void test_pref_pair_chunks(void **state)
         run_budget(c, 700 + i, 0, pair, i % 2 == 0);
         run_budget(c, 700 + i, 0, 2 * pair, false);
         run_budget(c, 700 + i, 0, pair / 2, false);
+    }
+}
+
+/*
+ * Inputs of multiples of 1/16, exact in 16 bits, so that each logit (at most 72 products of
+ * multiples of 2^-8, far below 2^16) is exact in f32 and its rounding to c's 16-bit dtype is the
+ * reference's (test_cross_entropy's lin_quantize); then the logits the reference takes rounded.
+ */
+static void quantize_rounded(const pcase *c, pproblem *p)
+{
+    double *qs[] = {p->hid, p->w, p->bias};
+    const size_t ns[] = {(size_t)(p->n * p->h), (size_t)(p->v * p->h), (size_t)p->v};
+    llmcl_tensor *ts[] = {p->th, p->tw, p->tb};
+    for (int k = 0; k < 3 && qs[k]; ++k) {
+        for (size_t i = 0; i < ns[k]; ++i)
+            qs[k][i] = round(qs[k][i] * 16) / 16;
+        th_upload(ts[k], qs[k]);
+    }
+    ref_linear(p->hid, p->w, p->bias, p->n, p->h, p->v, p->logits);
+    th_round_all(c->dt, p->logits, (size_t)(p->n * p->v));
+}
+
+/*
+ * 16-bit logits (opts->logits_dtype) on every 16-bit case, against the reference on the rounded
+ * logits: chunks of one pair and the default budget, with the case's gradients and for the
+ * logps alone (the reference model's pass, which then runs in chunks too); a budget too small
+ * for a pair runs the fused form in f32, the same bits as logits_dtype F32.
+ */
+static void test_pref_logits16(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        const pcase *c = &cases[i];
+        if (c->dt == LLMCL_F32 || c->peak > 0.0)
+            continue;
+        printf("case %zu with %s logits\n", i, llmcl_dtype_name(c->dt));
+        pproblem p = make_problem(c, 900 + i);
+        quantize_rounded(c, &p);
+        pexpect e = reference(c, &p);
+        const uint64_t pair = (uint64_t)(2 * c->t) * (uint64_t)c->v * 2;
+        const uint64_t budgets[2] = {pair, 0};
+        pouts out = make_outs(c, &p, true, true, c->grads), logps = make_outs(c, &p, 0, 1, 0);
+        for (int k = 0; k < 2; ++k) {
+            llmcl_pref_options o = opts_of(c, 0);
+            o.chunk_bytes = budgets[k], o.logits_dtype = c->dt;
+            reset_outs(c, &p, &out);
+            TH_OK(call(&p, &o, &out));
+            check_outs_as(&p, &e, &out, c->dt, c->dt);
+            th_poison(logps.logps);
+            TH_OK(llmcl_linear_preference_forward(th_ctx(), p.th, p.tw, p.tb, p.ty, NULL, &o,
+                                                  NULL, logps.logps, NULL, NULL, NULL));
+            check_outs(&p, &e, &logps, c->dt);
+        }
+        llmcl_pref_options o = opts_of(c, 0);
+        o.chunk_bytes = pair / 2;
+        reset_outs(c, &p, &out);
+        TH_OK(call(&p, &o, &out));
+        pbits f32 = take_bits(&out);
+        o.logits_dtype = c->dt;
+        reset_outs(c, &p, &out);
+        TH_OK(call(&p, &o, &out));
+        pbits half = take_bits(&out);
+        assert_same_bits(&out, &f32, &half);
+        free_bits(&f32), free_bits(&half);
+        free_outs(&out), free_outs(&logps);
+        free_expect(&e);
+        free_problem(&p);
     }
 }
 
@@ -806,6 +881,13 @@ static void test_pref_bad_options(void **state)
     BAD_OPTS(inv, f.ref, &o);
     o = ok, o.vocab_chunk = -2;
     BAD_OPTS(inv, f.ref, &o);
+    /* logits_dtype F32 or hidden's 16-bit dtype: f32 hidden takes no 16-bit logits */
+    const llmcl_dtype bad_ldt[] = {LLMCL_BF16, LLMCL_F16, LLMCL_I32};
+    for (int k = 0; k < 3; ++k) {
+        o = ok, o.logits_dtype = bad_ldt[k];
+        BAD_OPTS(inv, f.ref, &o);
+        BAD(inv, f.h, f.w, f.b, f.y, NULL, &o, NULL, f.logps, NULL, NULL, NULL);
+    }
     /* values outside the enums */
     o = ok, o.loss = (llmcl_pref_loss)5;
     BAD_OPTS(inv, NULL, &o);
@@ -965,7 +1047,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ref_gradient),        cmocka_unit_test(test_ref_formulas),
         cmocka_unit_test(test_pref_tiles),          cmocka_unit_test(test_pref_chunks),
-        cmocka_unit_test(test_pref_pair_chunks),
+        cmocka_unit_test(test_pref_pair_chunks),    cmocka_unit_test(test_pref_logits16),
         cmocka_unit_test(test_pref_partial_outputs), cmocka_unit_test(test_pref_strided_hidden),
         cmocka_unit_test(test_pref_orpo_infinite),
         cmocka_unit_test_teardown(test_pref_loop_limit, reset_loop_limit),

@@ -316,7 +316,8 @@ int64_t llmcl__chunk_tokens(int64_t n, int64_t forced, uint64_t budget, uint64_t
  * losses: a sequence's sum): per chunk of tokens, whole multiples of align rows, after the
  * logits and each row's LSE and cross-entropy (ce[row], f32, indexed by the call's row), the
  * hook writes the chunk's upstream gradients g[r0 .. r0 + rows); then the dlogits, dbias,
- * dhidden and dweight as that form writes them. A bad label fails before the first chunk.
+ * dhidden and dweight as that form writes them. Without gradients the hook gets g NULL and only
+ * reads the chunk's cross-entropies. A bad label fails before the first chunk.
  */
 typedef llmcl_status (*llmcl__ce_rows_hook)(void *user, const llmcl_tensor *ce, llmcl_tensor *g,
                                             int64_t r0, int64_t rows);

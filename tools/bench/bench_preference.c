@@ -3,11 +3,11 @@
  * 1B model's head (H 2048) on B 4 pairs of T 1024 positions (8192, the first quarter of each
  * sequence a prompt that is not scored) with bf16 hidden states and weight: DPO's loss and
  * gradients (dhidden, dweight in f32) on given reference log-probabilities, the log-probabilities
- * alone (a reference model's pass), ORPO with its supervised term (nll_weight 1), then DPO at an
- * 8B model's head (H 4096). TFLOP/s of the products each executes: 8 N V H with the gradients
- * (the logits, their recomputation, dhidden and dweight), 2 N V H for the log-probabilities
- * alone; with their peak memory. DPO and ORPO on a small f32 problem with a bias are checked
- * against the double reference.
+ * alone (a reference model's pass), both again with bf16 logits (shape `L16`, logits_dtype),
+ * ORPO with its supervised term (nll_weight 1), then DPO at an 8B model's head (H 4096). TFLOP/s
+ * of the products a step needs whichever form runs: 6 N V H with the gradients (the logits,
+ * dhidden and dweight), 2 N V H for the log-probabilities alone; with their peak memory. DPO and
+ * ORPO on a small f32 problem with a bias are checked against the double reference.
  */
 #include <math.h>
 #include <stdio.h>
@@ -150,6 +150,14 @@ static void add_row(bench_env *env, bench_row *r, const char *kernel, const char
     bench_add_op(env, r, op, NULL, b);
 }
 
+/* Row r's shape: the pairs, positions, head width and vocabulary, then what sets it apart. */
+static void set_shape(bench_row *r, int64_t pairs, int64_t t, int64_t h, int64_t v,
+                      const char *what)
+{
+    snprintf(r->shape, sizeof r->shape, "B%lld T%lld H%lld V%lld%s", (long long)pairs,
+             (long long)t, (long long)h, (long long)v, what);
+}
+
 /* DPO with its gradients at head width h; with `all`, the log-probabilities alone and ORPO. */
 static void linear_rows(bench_env *env, int64_t h, int all, int check_dpo, int check_orpo)
 {
@@ -164,16 +172,18 @@ static void linear_rows(bench_env *env, int64_t h, int all, int check_dpo, int c
     }
     const double gemm = 2.0 * (double)(2 * pairs * t) * (double)v * (double)h;
     bench_row r = {.dtype = "bf16", .on_mma = llmcl_ctx_device_info(env->ctx)->has_mma};
-    snprintf(r.shape, sizeof r.shape, "B%lld T%lld H%lld V%lld", (long long)pairs, (long long)t,
-             (long long)h, (long long)v);
+    set_shape(&r, pairs, t, h, v, "");
     /* TFLOP/s of the three products a step needs (logits, dhidden, dweight), whichever form */
     add_row(env, &r, "linear_pref_dpo", "fwd+bwd", 3 * gemm, check_dpo, op_train, &b);
     if (all) {
         add_row(env, &r, "linear_pref_logps", "fwd", gemm, check_dpo, op_logps, &b);
-        b.o.chunk_bytes = 64ull << 20; /* no pair fits: the fused form, its default budget */
-        bench_row fused = r;
-        snprintf(fused.shape, sizeof fused.shape, "B%lld T%lld H%lld V%lld 64M", (long long)pairs,
-                 (long long)t, (long long)h, (long long)v);
+        bench_row half = r, fused = r;
+        set_shape(&half, pairs, t, h, v, " L16");
+        b.o.logits_dtype = LLMCL_BF16;
+        add_row(env, &half, "linear_pref_dpo", "fwd+bwd", 3 * gemm, check_dpo, op_train, &b);
+        add_row(env, &half, "linear_pref_logps", "fwd", gemm, check_dpo, op_logps, &b);
+        b.o = (llmcl_pref_options){.chunk_bytes = 64ull << 20}; /* no pair fits: the fused form */
+        set_shape(&fused, pairs, t, h, v, " 64M");
         add_row(env, &fused, "linear_pref_dpo", "fwd+bwd", 3 * gemm, check_dpo, op_train, &b);
         b.o = (llmcl_pref_options){.loss = LLMCL_PREF_ORPO, .nll_weight = 1.0f};
         add_row(env, &r, "linear_pref_orpo_nll1", "fwd+bwd", 3 * gemm, check_orpo, op_train, &b);

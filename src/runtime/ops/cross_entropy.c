@@ -707,6 +707,8 @@ static llmcl_status linear_chunk(ce_run *r, const linear_job *jb, int64_t r0, in
     LLMCL__TRY_GOTO(st, ce_rows_run(r, &j), done);
     if (grads && jb->hook)
         LLMCL__TRY_GOTO(st, hooked_dlogits(r, jb, r0, rows, direct), done);
+    else if (jb->hook)
+        LLMCL__TRY_GOTO(st, jb->hook(jb->user, r->rows, NULL, r0, rows), done);
     const bool acc = r0 > 0 || r->o.accumulate_weight_grad;
     if (jb->dbias)
         LLMCL__TRY_GOTO(st, colsum(ctx, jb->kcol, jb->logits, rows, v, jb->dbias, 0, acc), done);

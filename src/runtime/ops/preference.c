@@ -1,11 +1,13 @@
 /*
- * preference.c: host launcher of the preference losses. With gradients, where a pair's f32 logits
+ * preference.c: host launcher of the preference losses. With gradients, where a pair's logits
  * fit the budget, llmcl_linear_preference_forward copies the pairs interleaved (each chosen
  * sequence beside its rejected one) and runs the chunked linear cross-entropy over chunks of
  * whole pairs, preference.cl's terms between each chunk's cross-entropies and its gradient: three
  * products of the head. Otherwise it runs the fused cross-entropy's forward (reduction none),
  * the terms, and the fused backward with each position's upstream gradient: four products, the
- * logits never stored. Without gradients (a reference model's logps) the fused forward alone.
+ * logits never stored. Without gradients (a reference model's logps) the chunks where the logits
+ * are 16-bit, else the fused forward alone: f32 logits written and read again cost more than the
+ * fused epilogue's reductions.
  */
 #include <math.h>
 
@@ -13,8 +15,9 @@
 
 #define PREF_DEFAULT_IGNORE (-100)
 #define PREF_DEFAULT_BETA 0.1f
-/* Chunks of whole pairs' f32 logits: at V 128256 and T 1024 a pair takes 1.6 GB with its 16-bit
-   copy, and fewer, larger chunks keep the weight gradient's products from re-reading dweight. */
+/* Chunks of whole pairs' logits: at V 128256 and T 1024 a pair takes 1.6 GB in f32 with its
+   16-bit copy, and fewer, larger chunks keep the weight gradient's products from re-reading
+   dweight. */
 #define PREF_DEFAULT_BUDGET (4ull << 30)
 
 /* One call's shapes, checked options and scratch. */
@@ -118,6 +121,11 @@ static llmcl_status check_sequences(llmcl_ctx *ctx, const llmcl_tensor *hidden,
     LLMCL__TRY(llmcl__as_rows(ctx, hidden, "hidden", &rows));
     LLMCL__REQUIRE(ctx, llmcl_tensor_is_contiguous(labels), LLMCL_ERROR_INVALID_ARGUMENT,
                    "labels must be contiguous");
+    const llmcl_dtype ldt = r->o.logits_dtype;
+    LLMCL__REQUIRE(ctx, ldt == LLMCL_F32 || (ldt == hidden->dtype && ldt != LLMCL_F32),
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "opts->logits_dtype %s must be F32 or hidden's 16-bit dtype (hidden is %s)",
+                   llmcl_dtype_name(ldt), llmcl_dtype_name(hidden->dtype));
     r->pairs = seqs / 2;
     r->t = t;
     r->n = seqs * t;
@@ -168,7 +176,7 @@ static llmcl_status check_outputs(llmcl_ctx *ctx, const pref_run *r, const llmcl
     return LLMCL_OK;
 }
 
-/* The fused cross-entropy's options for this call. */
+/* The cross-entropy's options for this call (the logits' dtype is the chunked form's). */
 static llmcl_ce_options ce_options(const pref_run *r)
 {
     return (llmcl_ce_options){.use_ignore_index = 1,
@@ -305,7 +313,7 @@ static llmcl_status chunk_hook(void *user, const llmcl_tensor *ce, llmcl_tensor 
     pref_run *r = user;
     LLMCL__TRY(sequences_run(r, r->labels, ce, r0 / r->t, rows / r->t));
     LLMCL__TRY(pairs_run(r, r0 / (2 * r->t), rows / (2 * r->t)));
-    return rows_run(r, g, r0, rows);
+    return g ? rows_run(r, g, r0, rows) : LLMCL_OK;
 }
 
 /* Where the device cuts loops short: pref_seq walks T positions, pref_count B T, pref_loss B
@@ -422,6 +430,7 @@ static llmcl_status chunked_run(pref_run *r, const llmcl_tensor *hidden,
     LLMCL__TRY_GOTO(st, count_run(r, lab), done);
     llmcl_ce_options ce = ce_options(r);
     ce.chunk_bytes = r->o.chunk_bytes ? r->o.chunk_bytes : PREF_DEFAULT_BUDGET;
+    ce.logits_dtype = r->o.logits_dtype;
     LLMCL__TRY_GOTO(st,
                     llmcl__linear_ce_hooked(ctx, hid, weight, bias, lab, &ce, 2 * r->t, chunk_hook,
                                             r, r->g, dh, dweight, dbias),
@@ -437,15 +446,18 @@ done:
 }
 
 /*
- * Whether the chunked form runs: gradients asked for, no fused form forced (vocab_chunk), and one
- * pair's f32 logits (with their 16-bit copy for 16-bit products) within the budget.
+ * Whether the chunked form runs: gradients or 16-bit logits asked for, no fused form forced
+ * (vocab_chunk), and one pair's logits within the budget (f32 ones with their 16-bit copy for
+ * 16-bit products).
  */
 static bool chunked_fits(const pref_run *r, const llmcl_tensor *hidden, int64_t v,
                          bool products)
 {
-    if (!r->grad || r->o.vocab_chunk != 0)
+    const bool logits16 = r->o.logits_dtype != LLMCL_F32;
+    if ((!r->grad && !logits16) || r->o.vocab_chunk != 0)
         return false;
-    const uint64_t per_row = (uint64_t)v * (4 + (products && hidden->dtype != LLMCL_F32 ? 2 : 0));
+    const bool copy = !logits16 && products && hidden->dtype != LLMCL_F32;
+    const uint64_t per_row = (uint64_t)v * (logits16 ? 2 : copy ? 6 : 4);
     const uint64_t budget = r->o.chunk_bytes ? r->o.chunk_bytes : PREF_DEFAULT_BUDGET;
     return per_row * (uint64_t)(2 * r->t) <= budget;
 }
