@@ -1037,7 +1037,8 @@ def preference(p):
     model given as --ref); IPO's is 1 / (2 beta)^2; the loss falls on a tiny set; two
     micro-batches of one pair give one of two's losses and norms (ORPO's supervised term, a mean
     over the step's chosen tokens, too); a run resumes bit for bit; SimPO, CPO and ORPO train;
-    --profile times the reference's forward; bad values, combinations and lines are refused."""
+    --ce-logits bf16 rounds the policy's and the reference's logits alike; --profile times the
+    reference's forward; bad values, combinations and lines are refused."""
     write_jsonl(p("pairs.jsonl"), pref_pairs(40, 5))
     write_jsonl(p("pairs8.jsonl"), pref_pairs(8, 5))
     # a given peak spares each run the rate's measurement
@@ -1104,6 +1105,20 @@ def preference(p):
         check(f"{loss_name}: its line, 3 finite losses and rewards: {loss}",
               line in r.stdout and "; reference" not in r.stdout and len(loss) == 3 and
               all(0 < x < 20 for x in loss) and len(rewards(r.stdout)) == 3)
+    half = base[:base.index("--dtype")] + base[base.index("--dtype") + 2:] + [
+        "--preference", "dpo", "--steps", "3", "--min-lr", "1"]
+    runs = [expect_ok(f"DPO in bf16, {what} logits",
+                      half + more + ["--save", p(f"pref_{what}.st")])
+            for what, more in (("f32", []), ("bf16", ["--ce-logits", "bf16"]))]
+    loss = [[x[0] for x in numbers(r.stdout)] for r in runs]
+    check(f"DPO with --ce-logits bf16 (the reference's logps rounded alike): a first loss of "
+          f"log 2, then near f32 logits': {loss}",
+          losses(runs[1].stdout)[:1] and losses(runs[1].stdout)[0].startswith("loss 0.6931 |")
+          and len(loss[0]) == len(loss[1]) == 3 and
+          all(abs(a - b) <= 0.02 * abs(a) for a, b in zip(*loss)) and
+          ", logits in bf16" in runs[1].stdout)
+    check("DPO with --ce-logits bf16: other bits than f32 logits",
+          open(p("pref_f32.st"), "rb").read() != open(p("pref_bf16.st"), "rb").read())
     r = expect_ok("--profile with a reference", base + ["--preference", "dpo", "--steps", "1",
                                                         "--profile"])
     row = [x.split() for x in r.stdout.splitlines() if x.strip().startswith("reference fwd")]
@@ -1119,8 +1134,6 @@ def preference(p):
             ("--preference with --teacher", dpo + ["--teacher", p("pref_start")],
              "--preference and --teacher do not combine"),
             ("--preference with --fused-ce", dpo + ["--fused-ce"], "leave out --fused-ce"),
-            ("--preference with --ce-logits bf16", dpo + ["--dtype", "bf16", "--ce-logits",
-                                                          "bf16"], "not with --ce-logits bf16"),
             ("--preference with --packing", dpo + ["--packing", "greedy"],
              "each sequence of a pair has a row of its own"),
             ("--preference on text", dpo + ["--data-format", "text"],

@@ -133,9 +133,9 @@ const char *model_config_error(const model_config *c)
     if (c->optimizer_in_backward && c->offload_chunk_bytes)
         return "--optimizer-in-backward and --offload-optimizer do not combine: the offloaded "
                "state streams through the device in layout order after the backward";
-    if (c->preference && (c->fused_ce || c->distill_alpha > 0 || c->ce_logits_dtype != LLMCL_F32))
-        return "a preference loss computes its own head (the fused cross-entropy's passes, f32 "
-               "logits): not with --fused-ce, --ce-logits or distillation";
+    if (c->preference && (c->fused_ce || c->distill_alpha > 0))
+        return "a preference loss computes its own head (the chunked or fused cross-entropy's "
+               "passes): not with --fused-ce or distillation";
     if (c->optimizer_in_backward && c->lora_rank > 0 && c->lora_dtype != LLMCL_F32)
         return "--optimizer-in-backward needs f32 adapters (--lora-dtype f32): bf16 adapters' "
                "stochastic rounding counts elements across the whole step's update";
@@ -1857,6 +1857,7 @@ static llmcl_status head_preference(model *m, arena *a, int b, int t, bool backw
     llmcl_pref_options po = m->cfg.pref;
     po.nll_weight *= m->pref_nll_scale ? m->pref_nll_scale : 1.0f;
     po.chunk_bytes = m->cfg.ce_chunk_bytes;
+    po.logits_dtype = m->cfg.ce_logits_dtype;
     po.grad_scale = m->ce_grad_scale ? m->ce_grad_scale : 1.0f;
     po.accumulate_weight_grad = !m->grads_fresh;
     const int64_t shape[2] = {b, t};

@@ -232,7 +232,8 @@ static void usage(FILE *f)
           "                       larger chunks, fewer and larger products\n"
           "  --ce-logits T        the training steps' logits: f32 (default) or the model's\n"
           "                       16-bit dtype, rounded as PyTorch's autocast rounds them (half\n"
-          "                       the bytes; loss and gradients those of the rounded logits)\n"
+          "                       the bytes; loss and gradients those of the rounded logits;\n"
+          "                       under --preference the reference's logps too)\n"
           "  --fused-ce           the fused cross-entropy in chunks of the vocabulary: a forward,\n"
           "                       then a backward that computes the logits again (a product more,\n"
           "                       and --ce-chunk-mib can be as small as 64)\n"
@@ -494,9 +495,6 @@ static void check_preference_with(const options *o)
     if (c->fused_ce)
         die("--preference computes its loss through the fused cross-entropy's passes already: "
             "leave out --fused-ce");
-    if (c->ce_logits_dtype != LLMCL_F32)
-        die("--preference takes the log-probabilities from f32 logits: not with --ce-logits %s",
-            llmcl_dtype_name(c->ce_logits_dtype));
     if (!o->data)
         die("--preference trains on tokenized preference pairs: give --data FILE.jsonl (one "
             "object a line with prompt_input_ids, chosen_input_ids and rejected_input_ids)");
