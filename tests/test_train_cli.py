@@ -1034,11 +1034,12 @@ def rewards(out):
 def preference(p):
     """--preference: DPO against the starting model has margins of 0 at its first step, so a loss
     of log 2 and rewards of 0 (from the seeded weights, --init-from's, with LoRA, and the same
-    model given as --ref); IPO's is 1 / (2 beta)^2; the loss falls on a tiny set; two
-    micro-batches of one pair give one of two's losses and norms (ORPO's supervised term, a mean
-    over the step's chosen tokens, too); a run resumes bit for bit; SimPO, CPO and ORPO train;
-    --ce-logits bf16 rounds the policy's and the reference's logits alike; --profile times the
-    reference's forward; bad values, combinations and lines are refused."""
+    model given as --ref); a LoRA policy's own base as its reference gives --ref's bits; IPO's
+    is 1 / (2 beta)^2; the loss falls on a tiny set; two micro-batches of one pair give one of
+    two's losses and norms (ORPO's supervised term, a mean over the step's chosen tokens, too);
+    a run resumes bit for bit; SimPO, CPO and ORPO train; --ce-logits bf16 rounds the policy's
+    and the reference's logits alike; --profile times the reference's forward; bad values,
+    combinations and lines are refused."""
     write_jsonl(p("pairs.jsonl"), pref_pairs(40, 5))
     write_jsonl(p("pairs8.jsonl"), pref_pairs(8, 5))
     # a given peak spares each run the rate's measurement
@@ -1070,6 +1071,27 @@ def preference(p):
                                                        "--ref", p("pref_start"), "--seed", "7"])
     check(f"another reference: margins that are not 0 ({losses(r.stdout)})",
           losses(r.stdout)[:1] and not losses(r.stdout)[0].startswith("loss 0.6931 |"))
+    # a LoRA policy as its own reference (its base, adapters off) against that base loaded again
+    # as --ref: the same bits; a learning rate that moves the rewards off 0 from the second step
+    lo = base + ["--init-from", p("pref_start"), "--lora", "4", "--lr", "0.05", "--min-lr", "1",
+                 "--steps", "3"]
+    for loss_name, more in (("dpo", []),
+                            ("ipo", ["--batch", "1", "--accum", "2", "--recompute"])):
+        own, given = (expect_ok(f"{loss_name}, LoRA, {what}",
+                                lo + ["--preference", loss_name, "--save",
+                                      p(f"pref_self_{what}.st")] + more + extra)
+                      for what, extra in (("own", []), ("ref", ["--ref", p("pref_start")])))
+        check(f"{loss_name}, LoRA: its own base as the reference, or --ref's copy",
+              "reference the starting model: the policy with its adapters off" in own.stdout and
+              f"reference {p('pref_start')}, " in given.stdout and
+              "adapters off" not in given.stdout)
+        got = rewards(own.stdout)
+        check(f"{loss_name}, LoRA, its own reference: --ref's losses and rewards, not 0: "
+              f"{losses(own.stdout)} {got[-1:]}",
+              losses(own.stdout) == losses(given.stdout) and len(got) == 3 and
+              got == rewards(given.stdout) and got[-1]["rewards/margins"] != 0)
+        same_files(f"{loss_name}, LoRA, its own reference: --ref's checkpoint",
+                   p("pref_self_own.st"), p("pref_self_ref.st"))
     r = expect_ok("IPO", base + ["--preference", "ipo", "--steps", "2", "--pref-beta", "0.25"])
     check(f"IPO's first loss is (1 / (2 beta))^2 = 4: {losses(r.stdout)}",
           losses(r.stdout)[:1] and losses(r.stdout)[0].startswith("loss 4.0000 |"))
@@ -1119,11 +1141,12 @@ def preference(p):
           ", logits in bf16" in runs[1].stdout)
     check("DPO with --ce-logits bf16: other bits than f32 logits",
           open(p("pref_f32.st"), "rb").read() != open(p("pref_bf16.st"), "rb").read())
-    r = expect_ok("--profile with a reference", base + ["--preference", "dpo", "--steps", "1",
-                                                        "--profile"])
-    row = [x.split() for x in r.stdout.splitlines() if x.strip().startswith("reference fwd")]
-    check(f"--profile times the reference's forward as a row: {row}",
-          "no profile:" in r.stdout or (len(row) == 1 and float(row[0][2]) > 0))
+    for what, extra in (("a reference", []), ("LoRA's own reference", ["--lora", "4"])):
+        r = expect_ok(f"--profile with {what}", base + ["--preference", "dpo", "--steps", "1",
+                                                        "--profile"] + extra)
+        row = [x.split() for x in r.stdout.splitlines() if x.strip().startswith("reference fwd")]
+        check(f"--profile with {what} times its forward as a row: {row}",
+              "no profile:" in r.stdout or (len(row) == 1 and float(row[0][2]) > 0))
     dpo = ["--preference", "dpo", "--data", p("pairs.jsonl")]
     for what, extra, needle in (
             ("--preference without --data", ["--preference", "dpo"], "give --data FILE.jsonl"),

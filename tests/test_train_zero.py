@@ -23,9 +23,9 @@ the base on every rank): the losses and exports (adapters, merged) of one proces
 resumed at another stage and refused on another base, --init-adapter's logits; bf16 adapters
 refused. Packed examples (rows of different counts of learning targets) on 2 and 3 ranks: the
 losses of one process. --teacher at stages 1-3 on 2 ranks and stage 3 on 3: the losses of one
-process. --preference (the reference model whole on every rank): DPO at stages 1 and 3 on 2 ranks
-and ORPO, whose supervised term weighs each rank's share of the chosen tokens, at stage 3 on 3:
-the losses of one process.
+process. --preference (the reference model whole on every rank): DPO at stages 1 and 3 on 2 ranks,
+LoRA's DPO against its own base at stage 3 on 2, and ORPO, whose supervised term weighs each
+rank's share of the chosen tokens, at stage 3 on 3: the losses of one process.
 
     python3 tests/test_train_zero.py build/tools/llmcl-train mpiexec
 """
@@ -321,7 +321,8 @@ def distill(tmp):
 
 def preference(tmp):
     """--preference under --zero: the reference model (the starting one, loaded again) whole on
-    every rank, each rank its own pairs: the losses of one process reading them all."""
+    every rank, or a LoRA policy's own base with its adapters off, each rank its own pairs: the
+    losses of one process reading them all."""
     path = os.path.join(tmp, "pairs.jsonl")
     with open(path, "w") as f:
         for i in range(30):
@@ -331,13 +332,18 @@ def preference(tmp):
                 "chosen_input_ids": [(prompt[-1] + j) % 61 + 3 for j in range(1 + i % 7)],
                 "rejected_input_ids": [(3 * i + 5 * j) % 61 + 3 for j in range(2 + i % 4)]}) +
                 "\n")
-    for loss, runs in (("dpo", ((2, 1), (2, 3))), ("orpo", ((3, 3),))):
-        data = ["--data", path, "--vocab", "64", "--steps", "3", "--preference", loss]
-        one = losses(f"{loss}: one process, batch 6", 0, data + ["--batch", "6"])
+    for loss, runs, lora in (("dpo", ((2, 1), (2, 3)), []), ("orpo", ((3, 3),), []),
+                             ("dpo", ((2, 3),), ["--lora", "4", "--lr", "0.05"])):
+        data = ["--data", path, "--vocab", "64", "--steps", "3", "--preference", loss] + lora
+        name = " ".join([loss] + lora)
+        one = losses(f"{name}: one process, batch 6", 0, data + ["--batch", "6"])
+        if lora:  # the adapters move the policy off its reference, and the loss off log 2
+            check(f"{name}: the loss moves off log 2", abs(one.get(3, 0.6931) - 0.6931) > 1e-3,
+                  f"losses {one}")
         for ranks, stage in runs:
             extra = ["--batch", str(6 // ranks), "--zero", str(stage)]
-            compare(f"{loss}: {ranks} ranks x {' '.join(extra)}, against one process",
-                    losses(f"{loss}: {ranks} ranks, stage {stage}", ranks, data + extra), one)
+            compare(f"{name}: {ranks} ranks x {' '.join(extra)}, against one process",
+                    losses(f"{name}: {ranks} ranks, stage {stage}", ranks, data + extra), one)
 
 
 def main():

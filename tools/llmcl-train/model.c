@@ -1278,12 +1278,15 @@ static llmcl_status adapter_forward(model *m, const model_param *p, const llmcl_
     return adapter_up(m, p, u, y);
 }
 
+/* Whether the forward applies p's adapter: not while the model serves as its own reference. */
+static bool adapted(const model *m, const model_param *p) { return p->lora_a && !m->adapters_off; }
+
 llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tensor *x,
                                 const llmcl_tensor *res, llmcl_tensor *y, llmcl_tensor *u)
 {
     const llmcl_matmul_opts o = {.trans_b = 1, .c_in = res, .bias = p->bias ? p->bias->w : NULL};
     OP(F_MATMUL_FWD, llmcl_matmul(m->ctx, 1.0f, x, p->w, res ? 1.0f : 0.0f, y, &o));
-    return p->lora_a ? adapter_forward(m, p, x, y, u) : LLMCL_OK;
+    return adapted(m, p) ? adapter_forward(m, p, x, y, u) : LLMCL_OK;
 }
 
 /* The weight gradients' beta: 0 where their write replaces them (grads_fresh), else 1. */
@@ -1505,7 +1508,8 @@ static llmcl_status group_forward(model *m, arena *a, int l, int first, int coun
     model_param st, sb;
     llmcl_tensor *aw, *ag;
     const bool stack = stacked_proj(m, a, l, first, count, &st, &sb);
-    const int together = stack ? stacked_adapters(m, a, l, first, count, false, &aw, &ag) : 0;
+    const int together =
+        stack && !m->adapters_off ? stacked_adapters(m, a, l, first, count, false, &aw, &ag) : 0;
     if (stack)
         TRY(model_proj_forward(m, &st, x, NULL, y, NULL));
     if (together) /* every adapter's u in one product, side by side in the group's buffer */
@@ -1516,7 +1520,7 @@ static llmcl_status group_forward(model *m, arena *a, int l, int first, int coun
         llmcl_tensor *yi = cols(a, y, n, col, p->shape[0]), *u = u_rows(m, a, A, first + i, n);
         if (!stack)
             TRY(model_proj_forward(m, p, x, NULL, yi, u));
-        else if (p->lora_a)
+        else if (adapted(m, p))
             TRY(together ? adapter_up(m, p, u, yi) : adapter_forward(m, p, x, yi, u));
         col += p->shape[0];
     }
@@ -1844,15 +1848,9 @@ static llmcl_tensor *seqs(arena *a, const llmcl_tensor *t, int b, int tt)
     return view(a, t, 3, shape, NULL, llmcl_tensor_offset(t));
 }
 
-/*
- * The head under a preference loss: the b rows are b / 2 chosen sequences, then their rejected
- * ones. DPO and IPO first take the reference's logps of each sequence (the same call on its final
- * hidden states and head, with no loss and no gradients); then one call gives the loss, each
- * sequence's logps and, where a backward follows, m->dh32 and the head's gradient (accumulated
- * after a step's first micro-batch), as head_distill's call does. The reference's call counts in
- * its own profile.
- */
-static llmcl_status head_preference(model *m, arena *a, int b, int t, bool backward_follows)
+/* The preference call's options for the model's batch: its loss, the supervised term's share,
+   the chunks, the logits' dtype and the gradients' scale and accumulation. */
+static llmcl_pref_options pref_opts(const model *m)
 {
     llmcl_pref_options po = m->cfg.pref;
     po.nll_weight *= m->pref_nll_scale ? m->pref_nll_scale : 1.0f;
@@ -1860,14 +1858,40 @@ static llmcl_status head_preference(model *m, arena *a, int b, int t, bool backw
     po.logits_dtype = m->cfg.ce_logits_dtype;
     po.grad_scale = m->ce_grad_scale ? m->ce_grad_scale : 1.0f;
     po.accumulate_weight_grad = !m->grads_fresh;
+    return po;
+}
+
+/* The batch's b sequences' labels [b, t]. */
+static llmcl_tensor *pref_labels(model *m, arena *a, int b, int t)
+{
     const int64_t shape[2] = {b, t};
-    llmcl_tensor *labels = view(a, m->targets, 2, shape, NULL, llmcl_tensor_offset(m->targets));
-    llmcl_tensor *ref_logps = m->ref ? head(a, m->ref_logps, b) : NULL;
+    return view(a, m->targets, 2, shape, NULL, llmcl_tensor_offset(m->targets));
+}
+
+/* m->ref_logps from the reference f's final hidden states and head (f is m->ref, or m itself
+   with its adapters off): the same call with no loss and no gradients, in f's profile. */
+static llmcl_status reference_logps(model *m, model *f, arena *a, int b, int t)
+{
+    const llmcl_pref_options po = pref_opts(m);
+    return MODEL_PROF(f, F_CROSS_ENTROPY_FWD,
+                      llmcl_linear_preference_forward(
+                          m->ctx, seqs(a, f->hfinal, b, t), param(f, P_HEAD, -1)->w, NULL,
+                          pref_labels(m, a, b, t), NULL, &po, NULL, head(a, m->ref_logps, b), NULL,
+                          NULL, NULL));
+}
+
+/*
+ * The head under a preference loss: the b rows are b / 2 chosen sequences, then their rejected
+ * ones. DPO and IPO first take the reference's logps of each sequence (with a reference of its
+ * own, here; as its own reference, before the trunk's forward); then one call gives the loss,
+ * each sequence's logps and, where a backward follows, m->dh32 and the head's gradient
+ * (accumulated after a step's first micro-batch), as head_distill's call does.
+ */
+static llmcl_status head_preference(model *m, arena *a, int b, int t, bool backward_follows)
+{
     if (m->ref)
-        TRY(MODEL_PROF(m->ref, F_CROSS_ENTROPY_FWD,
-                       llmcl_linear_preference_forward(
-                           m->ctx, seqs(a, m->ref->hfinal, b, t), param(m->ref, P_HEAD, -1)->w,
-                           NULL, labels, NULL, &po, NULL, ref_logps, NULL, NULL, NULL)));
+        TRY(reference_logps(m, m->ref, a, b, t));
+    const llmcl_pref_options po = pref_opts(m);
     const model_param *headp = param(m, P_HEAD, -1);
     llmcl_tensor *dh = NULL, *dw = NULL;
     if (backward_follows) {
@@ -1875,10 +1899,35 @@ static llmcl_status head_preference(model *m, arena *a, int b, int t, bool backw
         dh = seqs(a, m->dh32, b, t);
         dw = headp->trainable ? headp->grad : NULL;
     }
+    llmcl_tensor *ref_logps = m->ref || m->self_ref ? head(a, m->ref_logps, b) : NULL;
     return PROF(F_CROSS_ENTROPY_FWD,
                 llmcl_linear_preference_forward(m->ctx, seqs(a, m->hfinal, b, t), headp->w, NULL,
-                                                labels, ref_logps, &po, m->loss,
+                                                pref_labels(m, a, b, t), ref_logps, &po, m->loss,
                                                 head(a, m->pref_logps, b), dh, dw, NULL));
+}
+
+/*
+ * A LoRA policy as its own reference: the trunk with every adapter off, which is the starting
+ * model while the adapters start from B = 0, and its logps into m->ref_logps; the batch's targets
+ * go up here. Its kernels' time moves from the families to prof_ref_ms.
+ */
+static llmcl_status self_reference(model *m, arena *a, const int32_t *ids, const int32_t *targets,
+                                   int b, int t)
+{
+    double families_ms[F_FAMILIES];
+    memcpy(families_ms, m->prof_ms, sizeof families_ms);
+    m->adapters_off = true;
+    llmcl_status st = trunk_forward(m, a, ids, targets, b, t, false);
+    if (st == LLMCL_OK)
+        st = reference_logps(m, m, a, b, t);
+    if (st == LLMCL_OK)
+        st = group_close(m, model_head_group(m), GROUP_PARAMS);
+    m->adapters_off = false;
+    for (int f = 0; f < F_FAMILIES; ++f)
+        m->prof_ref_ms += m->prof_ms[f] - families_ms[f];
+    memcpy(m->prof_ms, families_ms, sizeof families_ms);
+    arena_clear(a);
+    return st;
 }
 
 void model_set_ref(model *m, model *ref)
@@ -1888,6 +1937,13 @@ void model_set_ref(model *m, model *ref)
         die("model: a reference needs DPO or IPO on the policy and a frozen model");
     check_frozen_fits(m, ref, "reference model", "policy");
     m->ref = ref;
+}
+
+void model_set_self_ref(model *m)
+{
+    if (!model_pref_takes_ref(&m->cfg) || !m->cfg.lora_rank || m->ref)
+        die("model: its own reference needs DPO or IPO, LoRA and no other reference");
+    m->self_ref = true;
 }
 
 llmcl_status model_hidden_forward(model *m, const int32_t *ids, int b, int t)
@@ -1905,7 +1961,9 @@ llmcl_status model_forward(model *m, const int32_t *ids, const int32_t *targets,
 {
     arena a = {0};
     const int64_t n = (int64_t)b * t;
-    llmcl_status st = trunk_forward(m, &a, ids, targets, b, t, backward_follows);
+    llmcl_status st = m->self_ref ? self_reference(m, &a, ids, targets, b, t) : LLMCL_OK;
+    if (st == LLMCL_OK)
+        st = trunk_forward(m, &a, ids, m->self_ref ? NULL : targets, b, t, backward_follows);
     if (st == LLMCL_OK && m->cfg.preference)
         st = head_preference(m, &a, b, t, backward_follows);
     else if (st == LLMCL_OK && m->teacher && backward_follows)

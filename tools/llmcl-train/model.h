@@ -81,7 +81,8 @@ typedef struct model_config {
     int preference;           /* a training step's and an evaluation's loss is pref's
                                  llmcl_linear_preference_forward on batches of 2B rows, B chosen
                                  sequences then their B rejected ones; DPO and IPO take
-                                 model.ref's per-sequence logps (model_set_ref) */
+                                 model.ref's per-sequence logps (model_set_ref, or a LoRA
+                                 model's own base: model_set_self_ref) */
     llmcl_pref_options pref;  /* its loss and hyperparameters; the model sets grad_scale,
                                  accumulate_weight_grad and chunk_bytes */
     int optimizer_in_backward; /* the backward hands each layer group to model.on_group_grads
@@ -199,10 +200,13 @@ typedef struct model {
        hidden states and head), and the distillation's loss before its weight */
     struct model *teacher;
     llmcl_tensor *kd_loss;
-    /* with preference: the reference model of DPO and IPO (NULL for the others), whose forward on
-       the same batch comes first, its per-sequence logps [2B] (ref_logps), and the model's own
-       (pref_logps), which the trainer's rewards read */
+    /* with preference: the reference model of DPO and IPO (NULL for the others, and for a LoRA
+       model that serves as its own, self_ref), whose forward on the same batch comes first, its
+       per-sequence logps [2B] (ref_logps), and the model's own (pref_logps), which the trainer's
+       rewards read */
     struct model *ref;
+    bool self_ref;
+    bool adapters_off; /* during self_ref's pass: the forward applies no adapter */
     llmcl_tensor *ref_logps, *pref_logps;
     /* with preference: the supervised term (cfg.pref.nll_weight, a mean over the batch's chosen
        targets) weighs this many times more (0: 1), the batch's share of a step's chosen targets,
@@ -237,6 +241,7 @@ typedef struct model {
     bool profiling;
     double prof_ms[F_FAMILIES];
     double prof_zero_ms; /* under --zero: the wall time of llmcl_dist's calls (zero.h) */
+    double prof_ref_ms;  /* with self_ref: the kernel time of its reference's pass */
 } model;
 
 const char *model_family_name(int family);
@@ -389,6 +394,14 @@ void model_set_teacher(model *m, model *teacher);
  * batch's sequences. Exits, saying why, where the two do not fit.
  */
 void model_set_ref(model *m, model *ref);
+
+/*
+ * A LoRA model as its own reference under DPO or IPO, in place of a second copy of its starting
+ * model (TRL's reference for a PEFT model): each forward first runs the trunk with every adapter
+ * off and takes that model's logps. Its adapters must start from B = 0 for it to be the starting
+ * model. Exits, saying why, where m is not such a model.
+ */
+void model_set_self_ref(model *m);
 
 /* out (f32 [rows, vocab]) = the logits of rows [row0, row0 + rows) of the last forward's tokens. */
 llmcl_status model_logits(model *m, int64_t row0, int64_t rows, llmcl_tensor *out);

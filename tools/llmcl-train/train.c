@@ -169,7 +169,9 @@ static void usage(FILE *f)
           "  --ref PATH           dpo, ipo: the reference model, a Hugging Face checkpoint folder\n"
           "                       of the same vocabulary, frozen (default: the starting model\n"
           "                       loaded a second time, --init-from's and --init-adapter's or the\n"
-          "                       seeded one; under --zero whole on every rank)\n",
+          "                       seeded one; under --zero whole on every rank; with --lora and\n"
+          "                       no --init-adapter the policy itself with its adapters off,\n"
+          "                       the same model, no second copy)\n",
           f);
     fputs("LoRA (base weights, embeddings and norms frozen; adapters trained):\n"
           "  --lora R             adapters of rank R (0: off, full fine-tuning)\n"
@@ -1099,7 +1101,7 @@ static void pref_stats_add(trainer *tr, pref_stats *s)
     const int b = tr->o.batch, n = 2 * b;
     float *pi = xcalloc(2 * (size_t)n, sizeof *pi), *ref = pi + n;
     CHECK(llmcl_tensor_download(m->pref_logps, pi, (size_t)n * sizeof *pi), tr->ctx);
-    if (m->ref)
+    if (m->ref || m->self_ref)
         CHECK(llmcl_tensor_download(m->ref_logps, ref, (size_t)n * sizeof *ref), tr->ctx);
     const double beta = tr->o.model.pref.beta;
     for (int p = 0; p < b; ++p) {
@@ -1365,7 +1367,7 @@ static void profile_step(trainer *tr, int step)
 {
     model *m = tr->m, *frozen = tr->teacher ? tr->teacher : tr->ref;
     double loss, norm;
-    m->prof_zero_ms = 0.0;
+    m->prof_zero_ms = m->prof_ref_ms = 0.0;
     set_profiling(m, true);
     if (frozen)
         set_profiling(frozen, true);
@@ -1373,7 +1375,7 @@ static void profile_step(trainer *tr, int step)
     train_step(tr, step, true, &loss, &norm);
     const double wall = 1e3 * (util_now_s() - t0);
     set_profiling(m, false);
-    const double frozen_ms = frozen ? prof_total(frozen) : 0.0;
+    const double frozen_ms = frozen ? prof_total(frozen) : m->prof_ref_ms;
     if (frozen)
         set_profiling(frozen, false);
     const double total = prof_total(m) + frozen_ms;
@@ -1620,7 +1622,8 @@ static void print_in_backward(const model *m)
 /*
  * The trained model's weights from --init-from and --init-adapter (opened by main, closed here),
  * then the frozen models: --teacher's, and a preference loss's reference, --ref's or the starting
- * model again while its files are open.
+ * model again while its files are open; where fresh adapters (B = 0) make the policy's base the
+ * starting model, the policy itself with its adapters off.
  */
 static void load_models(trainer *tr, hf_checkpoint *init, hf_checkpoint *adapter)
 {
@@ -1633,10 +1636,13 @@ static void load_models(trainer *tr, hf_checkpoint *init, hf_checkpoint *adapter
         hf_load_adapters(tr->m, adapter);
     if (o->teacher)
         tr->teacher = frozen_model(tr, o->teacher, "--teacher");
-    if (model_pref_takes_ref(&o->model))
-        tr->ref = o->ref ? frozen_model(tr, o->ref, "--ref")
-                         : starting_reference(tr, o->init_from ? init : NULL,
-                                              o->init_adapter ? adapter : NULL);
+    if (model_pref_takes_ref(&o->model) && o->ref)
+        tr->ref = frozen_model(tr, o->ref, "--ref");
+    else if (model_pref_takes_ref(&o->model) && o->model.lora_rank && !o->init_adapter)
+        model_set_self_ref(tr->m);
+    else if (model_pref_takes_ref(&o->model))
+        tr->ref = starting_reference(tr, o->init_from ? init : NULL,
+                                     o->init_adapter ? adapter : NULL);
     if (o->init_from)
         hf_close(init);
     if (o->init_adapter)
@@ -1662,6 +1668,8 @@ static void print_preference(const trainer *tr)
         printf("; reference %s, %.2fM parameters, frozen%s", o->ref ? o->ref : "the starting model",
                (double)model_param_count(tr->ref) / 1e6,
                o->model.zero_stage ? ", whole on every rank" : "");
+    if (tr->m->self_ref)
+        printf("; reference the starting model: the policy with its adapters off");
     printf("\n");
 }
 

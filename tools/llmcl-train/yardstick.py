@@ -12,7 +12,14 @@ is installed, else the same layer written out, y = x W^T + alpha / R (x A^T) B^T
 torchrun --fsdp (FSDP2: fully_shard on every decoder layer and the root, bf16 parameters for
 compute, f32 reduction). --teacher adds a frozen teacher of the same preset and the loss of
 `llmcl-train --teacher`, (1 - A) CE + A T^2 D (hf_check.py's divergence, compiled with the model
-under --compile), whose logits of both models PyTorch holds whole.
+under --compile), whose logits of both models PyTorch holds whole. --preference LOSS trains on
+pairs as `llmcl-train --preference LOSS` does (TRL's DPOTrainer step): B pairs of T-token rows,
+the B chosen then the B rejected, each a prompt of T / 8 tokens (unscored) and a completion; the
+sequences' log-probabilities summed (dpo, cpo) or averaged (ipo, simpo, orpo) over the completion
+from f32 log-softmax of the logits (compiled with the model under --compile), hf_check.py's
+terms, and the chosen completions' cross-entropy at --pref-nll-weight; DPO and IPO against a
+frozen bf16 copy of the starting model, or with --lora the model with its adapters off (TRL's
+reference for a PEFT model). Tokens count both rows of a pair, as llmcl-train counts them.
 Prints tokens/s over every GPU, MFU with llmcl-train's FLOP count (6 x multiplying parameters,
 4 x frozen ones, + 6 x layers x T x width per token) against the given peak, and the peak device
 memory of a GPU. A yardstick where PyTorch and a CUDA GPU exist, never a dependency.
@@ -20,14 +27,17 @@ memory of a GPU. A yardstick where PyTorch and a CUDA GPU exist, never a depende
     python3 tools/llmcl-train/yardstick.py --batch 4 --seq 2048 --steps 10
     python3 tools/llmcl-train/yardstick.py --lora 16 --compile
     python3 tools/llmcl-train/yardstick.py --teacher --compile --distill-beta 0.5
+    python3 tools/llmcl-train/yardstick.py --preference dpo --batch 2 --compile
     torchrun --nproc_per_node 2 tools/llmcl-train/yardstick.py --fsdp --batch 4
 """
 import argparse
+import contextlib
 import os
 import time
+from types import SimpleNamespace
 
 import torch
-from hf_check import divergence
+from hf_check import divergence, pair_terms
 from transformers import LlamaConfig, LlamaForCausalLM
 
 PRESETS = {
@@ -44,7 +54,9 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 class LoraLinear(torch.nn.Module):
-    """PEFT's LoRA layer without dropout: y = x W^T + scale (x A^T) B^T, A random and B zero."""
+    """PEFT's LoRA layer without dropout: y = x W^T + scale (x A^T) B^T, A random and B zero;
+    off (the base alone) while `adapters_off` is set on the class, as PEFT's disable_adapter."""
+    adapters_off = False
 
     def __init__(self, base, rank, scale):
         super().__init__()
@@ -55,7 +67,23 @@ class LoraLinear(torch.nn.Module):
         torch.nn.init.kaiming_uniform_(self.lora_a, a=5 ** 0.5)
 
     def forward(self, x):
+        if LoraLinear.adapters_off:
+            return self.base(x)
         return self.base(x) + self.scale * ((x @ self.lora_a.t()) @ self.lora_b.t())
+
+
+@contextlib.contextmanager
+def adapters_disabled(model):
+    """The model with its adapters off: PEFT's context, or the written-out layer's flag."""
+    if hasattr(model, "disable_adapter"):
+        with model.disable_adapter():
+            yield
+        return
+    LoraLinear.adapters_off = True
+    try:
+        yield
+    finally:
+        LoraLinear.adapters_off = False
 
 
 def add_lora(model, rank, alpha):
@@ -103,6 +131,45 @@ def distill_loss(args):
     return torch.compile(loss) if args.compile else loss
 
 
+def pair_batch(args, vocab, gen):
+    """B pairs as llmcl-train's rows: ids [2B, T] and labels [2B, T] (-100 on the prompt)."""
+    rows, t, prompt = 2 * args.batch, args.seq, args.seq // 8
+    ids = torch.randint(0, vocab, (rows, t), device="cuda", generator=gen)
+    ids[args.batch:, :prompt] = ids[:args.batch, :prompt]  # a pair shares its prompt
+    labels = torch.full_like(ids, -100)
+    labels[:, prompt - 1:-1] = ids[:, prompt:]
+    return ids, labels
+
+
+def preference_loss(args):
+    """The pairs' mean term plus the chosen completions' cross-entropy at the NLL weight, from the
+    policy's logits and the reference's sequence logps (None: no reference)."""
+    average = args.preference in ("ipo", "simpo", "orpo")
+    terms = SimpleNamespace(loss=args.preference, beta=args.pref_beta, gamma=args.pref_gamma,
+                            label_smoothing=0.0)
+    nll_weight = args.pref_nll_weight
+
+    def logps(logits, labels):
+        mask = labels != -100
+        logp = torch.log_softmax(logits.float(), -1)
+        picked = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
+        total, count = picked.sum(-1), mask.sum(-1).clamp(min=1)
+        return (total / count if average else total), picked, mask
+
+    def loss(logits, labels, ref):
+        n = labels.shape[0] // 2
+        pi, picked, mask = logps(logits, labels)
+        ref = torch.zeros_like(pi) if ref is None else ref
+        nll = -picked[:n].sum() / mask[:n].sum().clamp(min=1)
+        return pair_terms(terms, pi[:n], pi[n:], ref[:n], ref[n:]).mean() + nll_weight * nll
+
+    def seq_logps(logits, labels):
+        return logps(logits, labels)[0]
+    if args.compile:
+        return torch.compile(loss), torch.compile(seq_logps)
+    return loss, seq_logps
+
+
 def build(args, device):
     cfg = config(args)
     with torch.device(device):
@@ -144,7 +211,17 @@ def main():
     ap.add_argument("--distill-alpha", type=float, default=0.5)
     ap.add_argument("--distill-beta", type=float, default=0.0)
     ap.add_argument("--distill-temperature", type=float, default=1.0)
+    ap.add_argument("--preference", choices=("dpo", "ipo", "simpo", "cpo", "orpo"),
+                    help="train on B pairs (2B rows) with this preference loss")
+    ap.add_argument("--pref-beta", type=float, default=0.1)
+    ap.add_argument("--pref-gamma", type=float, default=None, help="SimPO's (default 0.5)")
+    ap.add_argument("--pref-nll-weight", type=float, default=None,
+                    help="default 1 for orpo and cpo, else 0")
     args = ap.parse_args()
+    if args.pref_gamma is None:
+        args.pref_gamma = 0.5 if args.preference == "simpo" else 0.0
+    if args.pref_nll_weight is None:
+        args.pref_nll_weight = 1.0 if args.preference in ("orpo", "cpo") else 0.0
     world, rank = 1, 0
     if args.fsdp:
         torch.distributed.init_process_group("nccl")
@@ -158,13 +235,31 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(rank)
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), device="cuda",
                         generator=gen)
+    rows = 2 * args.batch if args.preference else args.batch
+    if args.preference:
+        pair_ids, pair_labels = pair_batch(args, cfg.vocab_size, gen)
+        pref, seq_logps = preference_loss(args)
+    with_ref = args.preference in ("dpo", "ipo")
 
-    teacher = build_teacher(args, "cuda") if args.teacher else None
+    teacher = build_teacher(args, "cuda") if args.teacher or (with_ref and not args.lora) \
+        else None
     kd = distill_loss(args) if args.teacher else None
+
+    def reference_logps():
+        if not with_ref:
+            return None
+        with torch.no_grad():
+            if teacher is not None:
+                return seq_logps(teacher(input_ids=pair_ids).logits, pair_labels)
+            with adapters_disabled(model):
+                return seq_logps(model(input_ids=pair_ids).logits, pair_labels)
 
     def forward():
         x, y = ids[:, :-1], ids[:, 1:].contiguous()
         with torch.autocast("cuda", dtype=torch.bfloat16):
+            if args.preference:
+                ref = reference_logps()
+                return pref(model(input_ids=pair_ids).logits, pair_labels, ref)
             if teacher is None:
                 return model(input_ids=x, labels=y).loss
             with torch.no_grad():
@@ -188,14 +283,19 @@ def main():
         loss = step()
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / args.steps
-    tps = world * args.batch * args.seq / dt
+    tps = world * rows * args.seq / dt
     what = ("fsdp2" if args.fsdp else "eager") + (" + compile" if args.compile else "") + \
         (" + recompute" if args.recompute else "") + lora + \
         (f" + a teacher (alpha {args.distill_alpha:g}, beta {args.distill_beta:g}, temperature "
          f"{args.distill_temperature:g}; MFU counts the student's FLOPs)" if args.teacher else "")
+    if args.preference:
+        against = ", against the adapters off" if args.lora else ", against a bf16 reference"
+        what += (f" + {args.preference} (beta {args.pref_beta:g}, NLL weight "
+                 f"{args.pref_nll_weight:g}{against if with_ref else ''}; {args.batch} pairs a "
+                 "step, MFU counts the policy's FLOPs)")
     if rank == 0:
         print(f"pytorch {what}, {args.preset} on {world} GPU(s): {n_params / 1e9:.3f}B parameters, "
-              f"batch {args.batch}x{args.seq} a GPU, {dt * 1e3:.1f} ms/step, "
+              f"batch {rows}x{args.seq} a GPU, {dt * 1e3:.1f} ms/step, "
               f"{tps / 1e3:.1f}k tokens/s, MFU "
               f"{100 * tps / world * flops_per_token / (args.peak_tflops * 1e12):.1f}% of "
               f"{args.peak_tflops:g} TFLOP/s, peak {torch.cuda.max_memory_allocated() / 2**30:.1f} "
