@@ -102,7 +102,8 @@ static fixture fixture_open(const char *file, llmcl_dtype dt)
 static void load_weights(model *m, const fixture *f)
 {
     for (int i = 0; i < m->n_params; ++i)
-        TH_OK(llmcl_safetensors_load(m->ctx, f->st, m->params[i].name, m->params[i].master));
+        TH_OK(llmcl_safetensors_load(m->ctx, f->st, m->params[i].name,
+                                     model_param_value(&m->params[i])));
     TH_OK(model_sync_compute(m));
 }
 
@@ -751,6 +752,44 @@ static void check_distill(float alpha, float beta, float tau)
     llmcl_safetensors_close(f.st);
 }
 
+/*
+ * A frozen bf16 model (a teacher, a reference) keeps no f32 masters: each matrix is its bf16 copy
+ * alone, the checkpoint's values rounded to nearest even, and each vector an f32 tensor of its
+ * own, the values exact; its logits are a trained bf16 model's of the same weights, bit for bit.
+ */
+static void test_frozen_bf16(void **state)
+{
+    (void)state;
+    fixture f = fixture_open("train_fixture_untied.safetensors", LLMCL_BF16);
+    model *trained = fixture_model(&f, RECOMPUTE_NONE, false);
+    f.cfg.frozen = 1;
+    model *frozen = fixture_model(&f, RECOMPUTE_FULL, false);
+    assert_null(frozen->frozen.master);
+    for (int i = 0; i < frozen->n_params; ++i) {
+        const model_param *p = &frozen->params[i];
+        assert_int_equal(llmcl_tensor_dtype(model_param_value(p)),
+                         p->is_vector ? LLMCL_F32 : LLMCL_BF16);
+        float *want = th_alloc((size_t)p->numel * sizeof *want);
+        float *got = th_alloc((size_t)p->numel * sizeof *got);
+        safetensors_to_host(f.st, p->name, want, p->numel);
+        model_params_get(frozen, 1, &p, &got);
+        for (int64_t j = 0; j < p->numel; ++j) {
+            const float w = p->is_vector ? want[j] : llmcl_bf16_to_f32(llmcl_f32_to_bf16(want[j]));
+            assert_memory_equal(&w, &got[j], sizeof w);
+        }
+        free(want), free(got);
+    }
+    const int64_t n = (int64_t)f.b * f.t;
+    TH_OK(model_hidden_forward(frozen, f.ids, f.b, f.t));
+    TH_OK(model_forward(trained, f.ids, f.targets, f.b, f.t, false));
+    double *zf = host_logits(frozen, n), *zt = host_logits(trained, n);
+    assert_memory_equal(zf, zt, (size_t)(n * f.cfg.vocab) * sizeof *zf);
+    free(zf), free(zt);
+    model_destroy(frozen);
+    model_destroy(trained);
+    llmcl_safetensors_close(f.st);
+}
+
 static void test_distill(void **state)
 {
     (void)state;
@@ -774,6 +813,7 @@ int main(void)
         cmocka_unit_test(test_streams_split),
         cmocka_unit_test(test_parallel_for),
         cmocka_unit_test(test_initial_values),
+        cmocka_unit_test(test_frozen_bf16),
         cmocka_unit_test(test_distill),
     };
     return TH_RUN(tests);

@@ -953,7 +953,7 @@ def examples(p):
 
 def distill(p):
     """--teacher: a student that is its own teacher has a divergence of 0 (loss and norm 0 with
-    --distill-alpha 1; half the cross-entropy's loss and norm with 0.5); a teacher trained apart
+    --distill-alpha 1, in f32 and in bf16; half the cross-entropy's loss and norm with 0.5); a teacher trained apart
     teaches a falling loss, the same in two micro-batches as in one; --profile shows the
     teacher's forward; bad values and what distillation does not combine with are refused."""
     base = TINY + ["--dtype", "f32", "--lr", "0"]
@@ -965,6 +965,12 @@ def distill(p):
                   own + ["--teacher", p("teacher"), "--distill-alpha", "1"])
     check(f"its own teacher: the divergence is 0: {losses(r.stdout)}",
           losses(r.stdout) == ["loss 0.0000 | norm 0.000"] * 2 and "teacher: " in r.stdout)
+    # in bf16 the teacher keeps no f32 masters: its bf16 copy rounds the file as the student's does
+    own16 = [x for x in own if x not in ("--dtype", "f32")]
+    r = expect_ok("a bf16 student that is its own teacher",
+                  own16 + ["--teacher", p("teacher"), "--distill-alpha", "1"])
+    check(f"its own bf16 teacher: the divergence is 0: {losses(r.stdout)}",
+          losses(r.stdout) == ["loss 0.0000 | norm 0.000"] * 2 and ", bf16" in r.stdout)
     ce = [x.split() for x in losses(expect_ok("the cross-entropy alone", own).stdout)]
     half = [x.split() for x in losses(expect_ok("half distillation", own + [
         "--teacher", p("teacher"), "--distill-alpha", "0.5", "--distill-beta", "0.5",

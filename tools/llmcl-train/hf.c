@@ -435,7 +435,7 @@ static int find(const hf_checkpoint *c, const char *name, llmcl_safetensors_info
     return -1;
 }
 
-/* p from c into its master (bf16 adapters: their weights), or through host (numel floats) where the
+/* p from c into its value (model_param_value), or through host (numel floats) where the
    masters are not one device tensor: into the image of the offloaded layout, or under --zero into
    llmcl_dist's shards (the trained parameters'). */
 static void load_param(model *m, const hf_checkpoint *c, const model_param *p, float *host)
@@ -458,8 +458,7 @@ static void load_param(model *m, const hf_checkpoint *c, const model_param *p, f
         if (m->zero)
             model_param_set(m, p, host);
     } else
-        CHECK(llmcl_safetensors_load(m->ctx, c->files[f], p->name, p->master ? p->master : p->w16),
-              m->ctx);
+        CHECK(llmcl_safetensors_load(m->ctx, c->files[f], p->name, model_param_value(p)), m->ctx);
 }
 
 /* Whether the model reads the tensor called name from a checkpoint (an adapter). */

@@ -501,14 +501,16 @@ void model_param_set(model *m, const model_param *p, const float *host)
 #else
     (void)m;
 #endif
-    if (p->master) {
-        CHECK(llmcl_tensor_upload(p->master, host, n * sizeof *host), llmcl_tensor_ctx(p->master));
+    llmcl_tensor *t = model_param_value(p);
+    const llmcl_dtype dt = llmcl_tensor_dtype(t);
+    if (dt == LLMCL_F32) {
+        CHECK(llmcl_tensor_upload(t, host, n * sizeof *host), llmcl_tensor_ctx(t));
         return;
     }
-    uint16_t *h16 = xmalloc(n * sizeof *h16);
+    uint16_t *h16 = xmalloc(n * sizeof *h16); /* rounded as llmcl_cast rounds a master */
     for (size_t j = 0; j < n; ++j)
-        h16[j] = llmcl_f32_to_bf16(host[j]);
-    CHECK(llmcl_tensor_upload(p->w16, h16, n * sizeof *h16), llmcl_tensor_ctx(p->w16));
+        h16[j] = dt == LLMCL_BF16 ? llmcl_f32_to_bf16(host[j]) : llmcl_f32_to_f16(host[j]);
+    CHECK(llmcl_tensor_upload(t, h16, n * sizeof *h16), llmcl_tensor_ctx(t));
     free(h16);
 }
 
@@ -599,14 +601,16 @@ void model_params_get(model *m, int n, const model_param *const *ps, float *cons
         if ((m->zero && p->trainable) || !hosts[i])
             continue;
         const size_t count = (size_t)p->numel;
-        if (p->master) {
-            CHECK(llmcl_tensor_download(p->master, hosts[i], count * sizeof(float)), m->ctx);
+        const llmcl_tensor *t = model_param_value(p);
+        const llmcl_dtype dt = llmcl_tensor_dtype(t);
+        if (dt == LLMCL_F32) {
+            CHECK(llmcl_tensor_download(t, hosts[i], count * sizeof(float)), m->ctx);
             continue;
         }
         uint16_t *h16 = xmalloc(count * sizeof *h16);
-        CHECK(llmcl_tensor_download(p->w16, h16, count * sizeof *h16), m->ctx);
+        CHECK(llmcl_tensor_download(t, h16, count * sizeof *h16), m->ctx);
         for (size_t j = 0; j < count; ++j)
-            hosts[i][j] = llmcl_bf16_to_f32(h16[j]);
+            hosts[i][j] = dt == LLMCL_BF16 ? llmcl_bf16_to_f32(h16[j]) : llmcl_f16_to_f32(h16[j]);
         free(h16);
     }
 }
@@ -618,6 +622,8 @@ int64_t model_param_within(const model_param *p, int64_t at, int64_t len, int64_
     *first = lo;
     return hi > lo ? hi - lo : 0;
 }
+
+llmcl_tensor *model_param_value(const model_param *p) { return p->master ? p->master : p->w; }
 
 llmcl_status model_norms_from(model *m, int64_t at, int64_t len, const llmcl_tensor *master)
 {
@@ -719,7 +725,9 @@ static void alloc_params(model *m)
     if (!cfg->zero_stage) /* else an llmcl_dist holds them */
         set_alloc(m->ctx, &m->trainable, cfg->dtype, !lora || cfg->lora_dtype == LLMCL_F32, true,
                   cfg->offload_chunk_bytes);
-    set_alloc(m->ctx, &m->frozen, cfg->dtype, true, false, 0);
+    /* a frozen model (a teacher, a reference) computes with its 16-bit copy alone: its matrices
+       keep no f32 masters (4 bytes a parameter), only its vectors are f32 */
+    set_alloc(m->ctx, &m->frozen, cfg->dtype, !cfg->frozen || cfg->dtype == LLMCL_F32, false, 0);
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
         param_set *s = p->trainable ? &m->trainable : &m->frozen;
@@ -728,7 +736,8 @@ static void alloc_params(model *m)
         p->m = param_view(p, s->m, p->offset);
         p->v = param_view(p, s->v, p->offset);
         p->w16 = param_view(p, s->compute, p->offset);
-        if (p->is_vector && s->offloaded) /* used in f32, and the masters are on the host */
+        if (p->is_vector && (s->offloaded || (s->compute && !s->master))) /* used in f32, and
+                                                     the masters are on the host or nowhere */
             p->w = new_tensor(m->ctx, LLMCL_F32, 1, p->numel, 0);
         else
             p->w = param_view(p, p->is_vector || !p->w16 ? s->master : s->compute, p->offset);

@@ -13,7 +13,9 @@
  * freezes them (embeddings and norms included), and the trainable set holds the adapters: per
  * adapted projection y = x W^T, A [r, in] and B [out, r], and y = x W^T + (alpha / r) (x A^T) B^T.
  * Under --offload-optimizer the trainable set's masters and moments live in pinned host memory
- * (offload_state.h), and each norm keeps an f32 copy of its weights on the device.
+ * (offload_state.h), and each norm keeps an f32 copy of its weights on the device. A frozen model
+ * (model_config.frozen) in a 16-bit dtype keeps no masters: its matrices are their 16-bit copy
+ * alone and each vector an f32 tensor of its own.
  */
 #ifndef LLMCL_TRAIN_MODEL_H
 #define LLMCL_TRAIN_MODEL_H
@@ -71,8 +73,8 @@ typedef struct model_config {
     uint64_t offload_chunk_bytes; /* > 0: the trainable set's masters and moments in pinned host
                                      memory, streamed through the device in chunks of this many
                                      bytes (offload_state.h; a 16-bit model, no LoRA, no ZeRO) */
-    int frozen;               /* no parameter trains (a distillation teacher): no gradients and
-                                 no optimizer state, the weights kept as LoRA keeps its base */
+    int frozen;               /* no parameter trains (a teacher, a reference): no gradients, no
+                                 optimizer state and, in a 16-bit dtype, no f32 masters */
     float distill_alpha;      /* > 0: a training step's loss is (1 - alpha) CE + alpha tau^2 D,
                                  D the divergence of llmcl_linear_distill_forward from
                                  model.teacher's distribution (model_set_teacher) */
@@ -265,16 +267,21 @@ llmcl_status model_create(llmcl_ctx *ctx, const model_config *cfg, uint64_t seed
 /* Rounds the f32 master weights into the compute copy (after loading or changing them). */
 llmcl_status model_sync_compute(model *m);
 
+/* The tensor that holds p's values: its master, else what the forward reads (its 16-bit copy, or
+   a vector's own f32 tensor). */
+llmcl_tensor *model_param_value(const model_param *p);
+
 /*
- * Sets p from numel host f32 values: its master (its 16-bit copy where it has none; the compute
- * copy follows at model_sync_compute), or under --zero its shards, master and compute copy (every
- * rank passes the same values, at least in the part it keeps). Ends the program on failure.
+ * Sets p from numel host f32 values: its model_param_value (rounded where that is 16-bit; the
+ * compute copy of a master follows at model_sync_compute), or under --zero its shards, master and
+ * compute copy (every rank passes the same values, at least in the part it keeps). Ends the
+ * program on failure.
  */
 void model_param_set(model *m, const model_param *p, const float *host);
 
 /*
- * The f32 values of n parameters into hosts[i] (numel floats each): their masters, or their
- * 16-bit copies widened; under --zero gathered from every rank, each llmcl_dist group once, where
+ * The f32 values of n parameters into hosts[i] (numel floats each): their model_param_value,
+ * widened where it is 16-bit; under --zero gathered from every rank, each llmcl_dist group once, where
  * hosts[i] may be NULL on a rank that needs none (collective: every rank passes the same
  * parameters in the same order). Ends the program on failure.
  */
