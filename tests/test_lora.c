@@ -46,7 +46,8 @@ static model *fixture_model(const model_config *cfg, llmcl_safetensors *st, int 
     TH_OK(model_alloc_acts(m, 2, 16, recompute, offload));
     for (int i = 0; i < m->n_params; ++i)
         if (m->params[i].kind < P_LORA_A)
-            TH_OK(llmcl_safetensors_load(m->ctx, st, m->params[i].name, m->params[i].master));
+            TH_OK(llmcl_safetensors_load(m->ctx, st, m->params[i].name,
+                                         model_param_value(&m->params[i])));
     TH_OK(model_sync_compute(m));
     return m;
 }
@@ -58,13 +59,13 @@ static const int32_t *fixture_ints(llmcl_safetensors *st, const char *name)
     return info.data;
 }
 
-/* Random values into a parameter's master (then its compute copy). */
+/* Random values into a parameter (its master, then its compute copy; a 16-bit base its copy). */
 static void randomize(model *m, const model_param *p, uint64_t seed, double scale)
 {
     th_rng r = th_rng_new(seed);
     double *x = th_alloc((size_t)p->numel * sizeof *x);
     th_fill_normal(&r, x, (size_t)p->numel, scale);
-    th_upload(p->master, x);
+    th_upload(model_param_value(p), x);
     free(x);
     TH_OK(model_sync_compute(m));
 }
@@ -206,15 +207,26 @@ static void forward(model *m, llmcl_safetensors *st, float *loss, float *logits)
     llmcl_tensor_destroy(t);
 }
 
+/* The frozen parameters' bytes, each in its own tensor (16-bit matrices, f32 vectors, or f32
+   masters and their compute copy), one after another. */
 static void *frozen_bytes(const model *m, size_t *bytes)
 {
     const param_set *s = &m->frozen;
     const size_t n = (size_t)s->total;
-    *bytes = n * 4 + (s->compute ? n * 2 : 0);
-    unsigned char *h = th_alloc(*bytes);
-    TH_OK(llmcl_tensor_download(s->master, h, n * 4));
-    if (s->compute)
-        TH_OK(llmcl_tensor_download(s->compute, h + n * 4, n * 2));
+    size_t at = 0;
+    unsigned char *h = th_alloc(n * 6 + 1);
+    for (int i = 0; i < m->n_params; ++i) {
+        const model_param *p = &m->params[i];
+        const llmcl_tensor *ts[2] = {model_param_value(p), p->master ? p->w16 : NULL};
+        for (int k = 0; k < 2 && !p->trainable; ++k) {
+            if (!ts[k])
+                continue;
+            const size_t b = (size_t)p->numel * llmcl_dtype_size(llmcl_tensor_dtype(ts[k]));
+            TH_OK(llmcl_tensor_download(ts[k], h + at, b));
+            at += b;
+        }
+    }
+    *bytes = at;
     return h;
 }
 
@@ -341,7 +353,7 @@ static void check_gradients_of_merged(unsigned adapted_kinds)
         if (!p->lora_a)
             continue;
         const int64_t out = p->shape[0], in = p->shape[1], R = lora_cfg.lora_rank;
-        double *W = download(p->master, out * in), *A = download(p->lora_a->w, R * in),
+        double *W = download(model_param_value(p), out * in), *A = download(p->lora_a->w, R * in),
                *B = download(p->lora_b->w, out * R);
         double *BA = th_alloc((size_t)(out * in) * sizeof *BA);
         ref_mm(B, R, 1, A, in, 1, BA, out, in, R, s);
@@ -506,7 +518,8 @@ static void test_merged_and_adapter_export(void **state)
         const model_param *p = &m->params[i];
         if (p->kind >= P_LORA_A)
             continue;
-        double *got = exported(file, p->name, p->numel), *w = download(p->master, p->numel);
+        double *got = exported(file, p->name, p->numel);
+        double *w = download(model_param_value(p), p->numel);
         if (p->lora_a) { /* W + s B A on the host */
             const int64_t out = p->shape[0], in = p->shape[1], r = 4;
             double *A = download(p->lora_a->master, r * in);

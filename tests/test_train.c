@@ -622,7 +622,8 @@ static void check_normal(const char *name, const double *x, int64_t n, double si
     assert_true(fabs(beyond2 / (double)n - p2) <= 6 * sqrt(p2 * (1 - p2)) / rn);
 }
 
-/* A model's master weights after model_create: each parameter's stream drawn on one thread. */
+/* A model's weights after model_create (the masters, or a 16-bit base's copy): each parameter's
+   stream drawn on one thread. */
 static void check_init(const model_config *cfg, uint64_t seed)
 {
     model *m = NULL;
@@ -641,8 +642,12 @@ static void check_init(const model_config *cfg, uint64_t seed)
             rng_uniform_fill(key, 0, p->numel, -bound, bound, want);
         else
             rng_normal_fill(key, 0, p->numel, 0.02, want);
+        const llmcl_tensor *t = model_param_value(p); /* a 16-bit base: the values rounded */
+        if (llmcl_tensor_dtype(t) == LLMCL_BF16)
+            for (size_t j = 0; j < n; ++j)
+                want[j] = llmcl_bf16_to_f32(llmcl_f32_to_bf16(want[j]));
         double *got = th_alloc(n * sizeof *got);
-        th_download(p->master, got);
+        th_download(t, got);
         for (size_t j = 0; j < n; ++j)
             if (got[j] != want[j]) {
                 printf("%s[%zu] = %.9g, its stream's value %.9g\n", p->name, j, got[j], want[j]);
@@ -756,6 +761,7 @@ static void check_distill(float alpha, float beta, float tau)
  * A frozen bf16 model (a teacher, a reference) keeps no f32 masters: each matrix is its bf16 copy
  * alone, the checkpoint's values rounded to nearest even, and each vector an f32 tensor of its
  * own, the values exact; its logits are a trained bf16 model's of the same weights, bit for bit.
+ * A LoRA model's frozen base keeps none either.
  */
 static void test_frozen_bf16(void **state)
 {
@@ -787,6 +793,15 @@ static void test_frozen_bf16(void **state)
     free(zf), free(zt);
     model_destroy(frozen);
     model_destroy(trained);
+    /* so is a LoRA model's base, while its adapters keep theirs */
+    model_config lc = f.cfg;
+    lc.frozen = 0, lc.lora_rank = 4, lc.lora_alpha = 4, lc.lora_targets = LORA_ALL_TARGETS;
+    lc.lora_dtype = LLMCL_F32;
+    model *lora = NULL;
+    TH_OK(model_create(th_ctx(), &lc, 1, &lora));
+    assert_null(lora->frozen.master);
+    assert_non_null(lora->trainable.master);
+    model_destroy(lora);
     llmcl_safetensors_close(f.st);
 }
 

@@ -21,22 +21,48 @@
 
 static char why_buf[512], from_buf[4200];
 
+/*
+ * Elements [at, at + n) of the frozen set's layout as f32 values: its masters (an f32 model's),
+ * else each frozen parameter's own values widened, 0 between parameters, as the masters held
+ * them. A base loaded from a 16-bit checkpoint so hashes as it did when its masters were kept.
+ */
+static void frozen_values(model *m, int64_t at, int64_t n, float *host)
+{
+    if (m->frozen.master) {
+        llmcl_tensor *v = tensor_slice(m->frozen.master, at, n);
+        tensor_download_f32(v, host, n);
+        llmcl_tensor_destroy(v);
+        return;
+    }
+    memset(host, 0, (size_t)n * sizeof *host);
+    for (int i = 0; i < m->n_params; ++i) {
+        const model_param *p = &m->params[i];
+        int64_t first;
+        const int64_t k = p->trainable ? 0 : model_param_within(p, at, n, &first);
+        if (k == 0)
+            continue;
+        llmcl_tensor *v = tensor_slice(model_param_value(p), first - p->offset, k);
+        tensor_download_f32(v, host + (first - at), k);
+        llmcl_tensor_destroy(v);
+    }
+}
+
 /* A 64-bit hash of the frozen set's f32 weights, read from the device once per model. */
 static uint64_t frozen_fingerprint(model *m)
 {
     if (m->frozen_fingerprint)
         return m->frozen_fingerprint;
     const int64_t piece = 1 << 22;
-    uint32_t *host = xmalloc((size_t)piece * sizeof *host);
+    float *host = xmalloc((size_t)piece * sizeof *host);
     uint64_t h = 0x9e3779b97f4a7c15ull;
     for (int64_t at = 0; at < m->frozen.total; at += piece) {
-        int64_t n = m->frozen.total - at < piece ? m->frozen.total - at : piece;
-        llmcl_tensor *v = NULL;
-        CHECK(llmcl_tensor_view(m->frozen.master, 1, &n, NULL, at, &v), m->ctx);
-        CHECK(llmcl_tensor_download(v, host, (size_t)n * sizeof *host), m->ctx);
-        llmcl_tensor_destroy(v);
-        for (int64_t i = 0; i < n; ++i) /* multiply-xorshift per word: order and value matter */
-            h = (h ^ host[i]) * 0xff51afd7ed558ccdull, h ^= h >> 32;
+        const int64_t n = m->frozen.total - at < piece ? m->frozen.total - at : piece;
+        frozen_values(m, at, n, host);
+        for (int64_t i = 0; i < n; ++i) { /* multiply-xorshift per word: order and value matter */
+            uint32_t word;
+            memcpy(&word, &host[i], sizeof word);
+            h = (h ^ word) * 0xff51afd7ed558ccdull, h ^= h >> 32;
+        }
     }
     free(host);
     m->frozen_fingerprint = h ? h : 1;

@@ -52,13 +52,14 @@ static llmcl_tensor *f32_tensor(model *m, const model_param *p, const float *hos
     return t;
 }
 
-/* W + s B A in f32 on the device, from p's frozen master and its adapters' f32 values on the host
-   (which under --zero come from the dist). */
+/* W + s B A in f32 on the device, from p's frozen weights (the compute copy the adapters trained
+   on, widened where it is 16-bit) and its adapters' f32 values on the host (which under --zero
+   come from the dist). */
 static float *merged_f32(model *m, const model_param *p, const float *a_host, const float *b_host)
 {
     llmcl_tensor *w = f32_tensor(m, p, NULL), *a = f32_tensor(m, p->lora_a, a_host),
                  *b = f32_tensor(m, p->lora_b, b_host);
-    CHECK(llmcl_copy(m->ctx, p->master, w), m->ctx);
+    CHECK(llmcl_cast(m->ctx, model_param_value(p), w), m->ctx);
     CHECK(llmcl_matmul(m->ctx, m->lora_scale, b, a, 1.0f, w, NULL), m->ctx);
     float *host = xmalloc((size_t)p->numel * sizeof *host);
     CHECK(llmcl_tensor_download(w, host, (size_t)p->numel * sizeof *host), m->ctx);

@@ -492,7 +492,6 @@ static void set_free(param_set *s)
 
 void model_param_set(model *m, const model_param *p, const float *host)
 {
-    const size_t n = (size_t)p->numel;
 #ifdef LLMCL_TRAIN_MPI
     if (m->zero && p->trainable) {
         CHECK(zero_init_param(m, p, host), m->ctx);
@@ -501,17 +500,7 @@ void model_param_set(model *m, const model_param *p, const float *host)
 #else
     (void)m;
 #endif
-    llmcl_tensor *t = model_param_value(p);
-    const llmcl_dtype dt = llmcl_tensor_dtype(t);
-    if (dt == LLMCL_F32) {
-        CHECK(llmcl_tensor_upload(t, host, n * sizeof *host), llmcl_tensor_ctx(t));
-        return;
-    }
-    uint16_t *h16 = xmalloc(n * sizeof *h16); /* rounded as llmcl_cast rounds a master */
-    for (size_t j = 0; j < n; ++j)
-        h16[j] = dt == LLMCL_BF16 ? llmcl_f32_to_bf16(host[j]) : llmcl_f32_to_f16(host[j]);
-    CHECK(llmcl_tensor_upload(t, h16, n * sizeof *h16), llmcl_tensor_ctx(t));
-    free(h16);
+    tensor_upload_f32(model_param_value(p), host, p->numel);
 }
 
 /*
@@ -600,18 +589,7 @@ void model_params_get(model *m, int n, const model_param *const *ps, float *cons
         const model_param *p = ps[i];
         if ((m->zero && p->trainable) || !hosts[i])
             continue;
-        const size_t count = (size_t)p->numel;
-        const llmcl_tensor *t = model_param_value(p);
-        const llmcl_dtype dt = llmcl_tensor_dtype(t);
-        if (dt == LLMCL_F32) {
-            CHECK(llmcl_tensor_download(t, hosts[i], count * sizeof(float)), m->ctx);
-            continue;
-        }
-        uint16_t *h16 = xmalloc(count * sizeof *h16);
-        CHECK(llmcl_tensor_download(t, h16, count * sizeof *h16), m->ctx);
-        for (size_t j = 0; j < count; ++j)
-            hosts[i][j] = dt == LLMCL_BF16 ? llmcl_bf16_to_f32(h16[j]) : llmcl_f16_to_f32(h16[j]);
-        free(h16);
+        tensor_download_f32(model_param_value(p), hosts[i], p->numel);
     }
 }
 
@@ -725,9 +703,9 @@ static void alloc_params(model *m)
     if (!cfg->zero_stage) /* else an llmcl_dist holds them */
         set_alloc(m->ctx, &m->trainable, cfg->dtype, !lora || cfg->lora_dtype == LLMCL_F32, true,
                   cfg->offload_chunk_bytes);
-    /* a frozen model (a teacher, a reference) computes with its 16-bit copy alone: its matrices
-       keep no f32 masters (4 bytes a parameter), only its vectors are f32 */
-    set_alloc(m->ctx, &m->frozen, cfg->dtype, !cfg->frozen || cfg->dtype == LLMCL_F32, false, 0);
+    /* frozen weights (a LoRA base, a teacher's, a reference's) compute with their 16-bit copy
+       alone: the matrices keep no f32 masters (4 bytes a parameter), only the vectors are f32 */
+    set_alloc(m->ctx, &m->frozen, cfg->dtype, cfg->dtype == LLMCL_F32, false, 0);
     for (int i = 0; i < m->n_params; ++i) {
         model_param *p = &m->params[i];
         param_set *s = p->trainable ? &m->trainable : &m->frozen;

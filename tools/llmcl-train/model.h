@@ -13,9 +13,9 @@
  * freezes them (embeddings and norms included), and the trainable set holds the adapters: per
  * adapted projection y = x W^T, A [r, in] and B [out, r], and y = x W^T + (alpha / r) (x A^T) B^T.
  * Under --offload-optimizer the trainable set's masters and moments live in pinned host memory
- * (offload_state.h), and each norm keeps an f32 copy of its weights on the device. A frozen model
- * (model_config.frozen) in a 16-bit dtype keeps no masters: its matrices are their 16-bit copy
- * alone and each vector an f32 tensor of its own.
+ * (offload_state.h), and each norm keeps an f32 copy of its weights on the device. In a 16-bit
+ * model the frozen set keeps no masters (a LoRA base, a teacher, a reference): its matrices are
+ * their 16-bit copy alone and each vector an f32 tensor of its own.
  */
 #ifndef LLMCL_TRAIN_MODEL_H
 #define LLMCL_TRAIN_MODEL_H
@@ -73,8 +73,8 @@ typedef struct model_config {
     uint64_t offload_chunk_bytes; /* > 0: the trainable set's masters and moments in pinned host
                                      memory, streamed through the device in chunks of this many
                                      bytes (offload_state.h; a 16-bit model, no LoRA, no ZeRO) */
-    int frozen;               /* no parameter trains (a teacher, a reference): no gradients, no
-                                 optimizer state and, in a 16-bit dtype, no f32 masters */
+    int frozen;               /* no parameter trains (a teacher, a reference): no gradients and
+                                 no optimizer state, the weights kept as LoRA keeps its base */
     float distill_alpha;      /* > 0: a training step's loss is (1 - alpha) CE + alpha tau^2 D,
                                  D the divergence of llmcl_linear_distill_forward from
                                  model.teacher's distribution (model_set_teacher) */

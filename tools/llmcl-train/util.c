@@ -237,6 +237,34 @@ llmcl_tensor *tensor_slice(const llmcl_tensor *t, int64_t at, int64_t n)
     return v;
 }
 
+void tensor_upload_f32(llmcl_tensor *t, const float *host, int64_t n)
+{
+    const llmcl_dtype dt = llmcl_tensor_dtype(t);
+    if (dt == LLMCL_F32) {
+        CHECK(llmcl_tensor_upload(t, host, (size_t)n * sizeof *host), llmcl_tensor_ctx(t));
+        return;
+    }
+    uint16_t *h16 = xmalloc((size_t)n * sizeof *h16);
+    for (int64_t i = 0; i < n; ++i)
+        h16[i] = dt == LLMCL_BF16 ? llmcl_f32_to_bf16(host[i]) : llmcl_f32_to_f16(host[i]);
+    CHECK(llmcl_tensor_upload(t, h16, (size_t)n * sizeof *h16), llmcl_tensor_ctx(t));
+    free(h16);
+}
+
+void tensor_download_f32(const llmcl_tensor *t, float *host, int64_t n)
+{
+    const llmcl_dtype dt = llmcl_tensor_dtype(t);
+    if (dt == LLMCL_F32) {
+        CHECK(llmcl_tensor_download(t, host, (size_t)n * sizeof *host), llmcl_tensor_ctx(t));
+        return;
+    }
+    uint16_t *h16 = xmalloc((size_t)n * sizeof *h16);
+    CHECK(llmcl_tensor_download(t, h16, (size_t)n * sizeof *h16), llmcl_tensor_ctx(t));
+    for (int64_t i = 0; i < n; ++i)
+        host[i] = dt == LLMCL_BF16 ? llmcl_bf16_to_f32(h16[i]) : llmcl_f16_to_f32(h16[i]);
+    free(h16);
+}
+
 void safetensors_to_host(const llmcl_safetensors *st, const char *name, float *host, int64_t n)
 {
     llmcl_safetensors_info info;

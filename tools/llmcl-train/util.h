@@ -75,6 +75,11 @@ void format_bytes(double bytes, char *buf, size_t len);
 /* A 1-D view of n elements of contiguous t from its element at (dies on a bad range). */
 llmcl_tensor *tensor_slice(const llmcl_tensor *t, int64_t at, int64_t n);
 
+/* The n f32 values host into t (f32, bf16 or f16: rounded to nearest even, as llmcl_cast), and t's
+   n values widened into host. Each dies on failure. */
+void tensor_upload_f32(llmcl_tensor *t, const float *host, int64_t n);
+void tensor_download_f32(const llmcl_tensor *t, float *host, int64_t n);
+
 /*
  * The n values of the tensor called name in st (f32, bf16 or f16, checked by the caller) as f32
  * in host memory, converted as llmcl_safetensors_load converts them.
