@@ -123,6 +123,17 @@ void th_round_all(llmcl_dtype dtype, double *x, size_t n)
         x[i] = th_round(dtype, x[i]);
 }
 
+void th_upload_sixteenths(int count, double *const *xs, const size_t *ns, llmcl_tensor *const *ts)
+{
+    for (int k = 0; k < count; ++k) {
+        if (!xs[k])
+            continue;
+        for (size_t i = 0; i < ns[k]; ++i)
+            xs[k][i] = round(xs[k][i] * 16) / 16;
+        th_upload(ts[k], xs[k]);
+    }
+}
+
 double *th_new_uniform(th_rng *r, size_t n, double lo, double hi, llmcl_dtype dt)
 {
     double *x = th_alloc(n * sizeof *x);

@@ -83,6 +83,10 @@ void th_poison(llmcl_tensor *t);
 
 /* Uploads / downloads numel values converted from / to double (strides honoured). */
 void th_upload(llmcl_tensor *t, const double *values);
+/* The linear products' inputs xs[k] (ns[k] values, NULL: none) rounded to multiples of 1/16,
+   exact in every 16-bit dtype, then uploaded into ts[k]: products of a few of them are exact in
+   f32, so a 16-bit result rounds as its reference does. */
+void th_upload_sixteenths(int count, double *const *xs, const size_t *ns, llmcl_tensor *const *ts);
 void th_download(const llmcl_tensor *t, double *values);
 /* A new array of t's numel values (free() it). */
 double *th_download_new(const llmcl_tensor *t);

@@ -711,11 +711,7 @@ static void lin_quantize(lin_problem *p)
     double *qs[] = {p->hid, p->w, p->b};
     const size_t ns[] = {(size_t)(p->n * p->h), (size_t)(p->v * p->h), (size_t)p->v};
     llmcl_tensor *ts[] = {p->th, p->tw, p->tb};
-    for (int k = 0; k < 3 && qs[k]; ++k) {
-        for (size_t i = 0; i < ns[k]; ++i)
-            qs[k][i] = round(qs[k][i] * 16) / 16;
-        th_upload(ts[k], qs[k]);
-    }
+    th_upload_sixteenths(3, qs, ns, ts);
 }
 
 /* Path 2 on case c with its logits stored as ldt (opts->logits_dtype): 16-bit on quantized inputs

@@ -578,11 +578,7 @@ static void quantize_rounded(const pcase *c, pproblem *p)
     double *qs[] = {p->hid, p->w, p->bias};
     const size_t ns[] = {(size_t)(p->n * p->h), (size_t)(p->v * p->h), (size_t)p->v};
     llmcl_tensor *ts[] = {p->th, p->tw, p->tb};
-    for (int k = 0; k < 3 && qs[k]; ++k) {
-        for (size_t i = 0; i < ns[k]; ++i)
-            qs[k][i] = round(qs[k][i] * 16) / 16;
-        th_upload(ts[k], qs[k]);
-    }
+    th_upload_sixteenths(3, qs, ns, ts);
     ref_linear(p->hid, p->w, p->bias, p->n, p->h, p->v, p->logits);
     th_round_all(c->dt, p->logits, (size_t)(p->n * p->v));
 }
