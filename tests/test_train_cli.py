@@ -1040,7 +1040,8 @@ def rewards(out):
 def preference(p):
     """--preference: DPO against the starting model has margins of 0 at its first step, so a loss
     of log 2 and rewards of 0 (from the seeded weights, --init-from's, with LoRA, and the same
-    model given as --ref); a LoRA policy's own base as its reference gives --ref's bits; IPO's
+    model given as --ref, and a bf16 LoRA policy from --init-adapter against a copy with its
+    adapters); a LoRA policy's own base as its reference gives --ref's bits; IPO's
     is 1 / (2 beta)^2; the loss falls on a tiny set; two micro-batches of one pair give one of
     two's losses and norms (ORPO's supervised term, a mean over the step's chosen tokens, too);
     a run resumes bit for bit; SimPO, CPO and ORPO train; --ce-logits bf16 rounds the policy's
@@ -1098,6 +1099,19 @@ def preference(p):
               got == rewards(given.stdout) and got[-1]["rewards/margins"] != 0)
         same_files(f"{loss_name}, LoRA, its own reference: --ref's checkpoint",
                    p("pref_self_own.st"), p("pref_self_ref.st"))
+    # adapters from a file are part of the starting model: a second copy, adapters and all (in
+    # bf16, where the copy's adapters are its 16-bit values alone, as its base is)
+    expect_ok("LoRA adapters to start from", lo + ["--preference", "dpo", "--export",
+                                                   p("pref_adapter"), "--export-dtype", "f32"])
+    r = expect_ok("DPO from --init-adapter", [x for x in base if x not in ("--dtype", "f32")] + [
+        "--init-from", p("pref_start"), "--init-adapter", p("pref_adapter"), "--preference",
+        "dpo", "--steps", "1"])
+    check(f"DPO from --init-adapter: the starting model again as the reference, log 2: "
+          f"{losses(r.stdout)}", losses(r.stdout)[:1] and
+          losses(r.stdout)[0].startswith("loss 0.6931 |") and
+          rewards(r.stdout)[:1] == [dict(rewards(r.stdout)[0], **{
+              "rewards/chosen": 0, "rewards/rejected": 0, "rewards/margins": 0})] and
+          "reference the starting model, " in r.stdout and "adapters off" not in r.stdout)
     r = expect_ok("IPO", base + ["--preference", "ipo", "--steps", "2", "--pref-beta", "0.25"])
     check(f"IPO's first loss is (1 / (2 beta))^2 = 4: {losses(r.stdout)}",
           losses(r.stdout)[:1] and losses(r.stdout)[0].startswith("loss 4.0000 |"))

@@ -1068,8 +1068,8 @@ static model *frozen_model(trainer *tr, const char *path, const char *option)
 /*
  * DPO's and IPO's default reference: the starting model a second time, frozen, whole on every
  * rank (TRL's ref_model None): init's weights and adapter's adapters where given (NULL: none),
- * else the same seeded initialisation, each parameter's stream its own (a fresh LoRA's adapters,
- * whose B is 0, left out).
+ * else the same seeded initialisation, each parameter's stream its own. (A LoRA policy whose
+ * adapters start fresh is its own reference instead: model_set_self_ref.)
  */
 static model *starting_reference(trainer *tr, const hf_checkpoint *init,
                                  const hf_checkpoint *adapter)
@@ -1082,7 +1082,6 @@ static model *starting_reference(trainer *tr, const hf_checkpoint *init,
     c.optimizer_in_backward = 0;
     c.preference = 0;
     c.pref = (llmcl_pref_options){0};
-    c.lora_rank = adapter ? c.lora_rank : 0;
     c.lora_dtype = LLMCL_F32;
     model *ref = NULL;
     CHECK(model_create(tr->ctx, &c, tr->o.seed, &ref), tr->ctx);
