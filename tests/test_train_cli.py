@@ -1112,6 +1112,16 @@ def preference(p):
           rewards(r.stdout)[:1] == [dict(rewards(r.stdout)[0], **{
               "rewards/chosen": 0, "rewards/rejected": 0, "rewards/margins": 0})] and
           "reference the starting model, " in r.stdout and "adapters off" not in r.stdout)
+    # JSON Lines name no tokenizer: the ids bound the vocabulary, unless a Llama preset names
+    # Llama 3's
+    top = max(max(x[k]) for x in pref_pairs(40, 5)
+              for k in ("prompt_input_ids", "chosen_input_ids", "rejected_input_ids"))
+    for what, more, vocab in (("the tiny model", [], f"vocab {top + 1},"),
+                              ("a Llama preset", ["--preset", "llama-1b"], "vocab 128256,")):
+        r = expect_ok(f"pairs on {what}", more + TINY + [
+            "--data", p("pairs.jsonl"), "--preference", "dpo", "--steps", "1", "--peak-tflops",
+            "1", "--dtype", "f32"])
+        check(f"pairs on {what}: {vocab}", vocab in r.stdout)
     r = expect_ok("IPO", base + ["--preference", "ipo", "--steps", "2", "--pref-beta", "0.25"])
     check(f"IPO's first loss is (1 / (2 beta))^2 = 4: {losses(r.stdout)}",
           losses(r.stdout)[:1] and losses(r.stdout)[0].startswith("loss 4.0000 |"))

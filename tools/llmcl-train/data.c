@@ -225,6 +225,7 @@ void data_set_examples(token_data *out, const char *name, int32_t *ids, int32_t 
     out->starts = starts;
     out->n_examples = n_examples;
     out->vocab = vocab;
+    out->vocab_bound = true;
 }
 
 /* The shard holding stream position g (a binary search of their firsts). */

@@ -50,6 +50,7 @@ typedef struct token_data {
     int64_t begin, n;
     int vocab;       /* the tokenizer's vocabulary: 256 for bytes, from the format otherwise
                         (examples: the largest id or label + 1) */
+    bool vocab_bound; /* vocab only bounds the ids: JSON Lines name no tokenizer */
     int byte_level;  /* tokens are bytes: samples print as text */
     char source[256];
     /* Examples (NULL for a stream): example k is the stream's tokens [starts[k], starts[k + 1]),

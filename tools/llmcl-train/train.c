@@ -77,6 +77,7 @@ typedef struct options {
     int offload_optimizer;
     double offload_chunk_mib;
     int vocab_given;
+    int llama_vocab;       /* a Llama preset: its vocabulary is Llama 3's tokenizer's */
     unsigned given;        /* shape options given explicitly: bits (1u << OPT_DIM) ... */
     const char *init_from, *init_adapter, *export_dir, *dump_logits;
     const char *teacher;   /* --teacher: a Hugging Face checkpoint to distill from */
@@ -286,6 +287,7 @@ static void usage(FILE *f)
 
 static void preset(options *o, const char *name)
 {
+    o->llama_vocab = strncmp(name, "llama-", 6) == 0;
     if (strcmp(name, "tiny") == 0) {
         o->model = (model_config){.vocab = 256, .dim = 128, .layers = 4, .heads = 4, .kv_heads = 2,
                                   .ffn = 384, .tied = 1, .norm_eps = 1e-5f, .rope_theta = 10000,
@@ -940,7 +942,8 @@ static void load_data(trainer *tr)
         data_load(o->val, o->data_format, &tr->val);
     else
         data_split(&tr->train, 0.05, &tr->val);
-    if (!o->vocab_given && !tr->train.byte_level) /* the tokenizer's, as its format says */
+    /* the tokenizer's, as its format says; JSON Lines say none, and a Llama preset's is Llama 3's */
+    if (!o->vocab_given && !tr->train.byte_level && !(tr->train.vocab_bound && o->llama_vocab))
         o->model.vocab = tr->train.vocab;
     data_check_vocab(&tr->train, o->model.vocab);
     data_check_vocab(&tr->val, o->model.vocab);
