@@ -760,8 +760,9 @@ static void check_distill(float alpha, float beta, float tau)
 /*
  * A frozen bf16 model (a teacher, a reference) keeps no f32 masters: each matrix is its bf16 copy
  * alone, the checkpoint's values rounded to nearest even, and each vector an f32 tensor of its
- * own, the values exact; its logits are a trained bf16 model's of the same weights, bit for bit.
- * A LoRA model's frozen base keeps none either.
+ * own, the values exact; it holds no gradient buffers and two stream tensors; its logits are a
+ * trained bf16 model's of the same weights, bit for bit. A LoRA model's frozen base keeps no
+ * masters either.
  */
 static void test_frozen_bf16(void **state)
 {
@@ -771,6 +772,17 @@ static void test_frozen_bf16(void **state)
     f.cfg.frozen = 1;
     model *frozen = fixture_model(&f, RECOMPUTE_FULL, false);
     assert_null(frozen->frozen.master);
+    /* nor gradient buffers, and its residual stream is a ring of two */
+    assert_true(f.cfg.layers > 1);
+    assert_null(frozen->dh32), assert_null(frozen->dres), assert_null(frozen->dqkv);
+    const uint64_t n = (uint64_t)f.b * f.t, d = (uint64_t)f.cfg.dim,
+                   q = (uint64_t)f.cfg.heads * frozen->head_dim,
+                   kv = (uint64_t)f.cfg.kv_heads * frozen->head_dim;
+    const uint64_t grads = n * (2 * d + 2 * d + 4 * d + 2 * (uint64_t)f.cfg.ffn + 2 * q +
+                                2 * (q + 2 * kv)), /* dres, dh, dh32, da, dattn, dqkv */
+        streams = (uint64_t)(f.cfg.layers - 1) * n * d * 2;
+    assert_true(model_acts_bytes(frozen, f.b, f.t, RECOMPUTE_FULL, false) + grads + streams <=
+                model_acts_bytes(trained, f.b, f.t, RECOMPUTE_FULL, false));
     for (int i = 0; i < frozen->n_params; ++i) {
         const model_param *p = &frozen->params[i];
         assert_int_equal(llmcl_tensor_dtype(model_param_value(p)),
@@ -785,11 +797,10 @@ static void test_frozen_bf16(void **state)
         }
         free(want), free(got);
     }
-    const int64_t n = (int64_t)f.b * f.t;
     TH_OK(model_hidden_forward(frozen, f.ids, f.b, f.t));
     TH_OK(model_forward(trained, f.ids, f.targets, f.b, f.t, false));
-    double *zf = host_logits(frozen, n), *zt = host_logits(trained, n);
-    assert_memory_equal(zf, zt, (size_t)(n * f.cfg.vocab) * sizeof *zf);
+    double *zf = host_logits(frozen, (int64_t)n), *zt = host_logits(trained, (int64_t)n);
+    assert_memory_equal(zf, zt, (size_t)(n * (uint64_t)f.cfg.vocab) * sizeof *zf);
     free(zf), free(zt);
     model_destroy(frozen);
     model_destroy(trained);

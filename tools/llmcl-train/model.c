@@ -1049,32 +1049,33 @@ static int fixed_buffers(model *m, int b, int t, llmcl_tensor **where[FIXED_BUFF
     const struct {
         llmcl_tensor **where;
         buf_spec spec;
-    } all[FIXED_BUFFERS] = {{&m->hfinal, {dt, n, c->dim}},
-                            {&m->rstd_final, {LLMCL_F32, n, 0}},
-                            {&m->lse_ce, {LLMCL_F32, n, 0}},
-                            {&m->loss, {LLMCL_F32, 1, 0}},
-                            {&m->ids, {LLMCL_I32, n, 0}},
-                            {&m->targets, {LLMCL_I32, n, 0}},
-                            {&m->positions, {LLMCL_I32, t, 0}},
-                            {&m->doc_pos, {LLMCL_I32, n, 0}},
-                            {&m->doc_offsets, {LLMCL_I32, n + 1, 0}},
-                            {&m->dres, {dt, n, c->dim}},
-                            {&m->dh, {dt, n, c->dim}},
-                            {&m->dh32, {LLMCL_F32, n, c->dim}},
-                            {&m->da, {dt, n, c->ffn}},
-                            {&m->dattn, {dt, n, q}},
-                            {&m->dqkv, {dt, n, q + 2 * kv}},
+        bool backward; /* read or written only by the backward: a frozen model has none */
+    } all[FIXED_BUFFERS] = {{&m->hfinal, {dt, n, c->dim}, false},
+                            {&m->rstd_final, {LLMCL_F32, n, 0}, false},
+                            {&m->lse_ce, {LLMCL_F32, n, 0}, false},
+                            {&m->loss, {LLMCL_F32, 1, 0}, false},
+                            {&m->ids, {LLMCL_I32, n, 0}, false},
+                            {&m->targets, {LLMCL_I32, n, 0}, false},
+                            {&m->positions, {LLMCL_I32, t, 0}, false},
+                            {&m->doc_pos, {LLMCL_I32, n, 0}, false},
+                            {&m->doc_offsets, {LLMCL_I32, n + 1, 0}, false},
+                            {&m->dres, {dt, n, c->dim}, true},
+                            {&m->dh, {dt, n, c->dim}, true},
+                            {&m->dh32, {LLMCL_F32, n, c->dim}, true},
+                            {&m->da, {dt, n, c->ffn}, true},
+                            {&m->dattn, {dt, n, q}, true},
+                            {&m->dqkv, {dt, n, q + 2 * kv}, true},
                             {&m->dnorm_w, {LLMCL_F32, c->dim > m->head_dim ? c->dim
-                                                                          : m->head_dim, 0}},
-                            {&m->logits_last, {LLMCL_F32, 1, c->vocab}},
-                            {&m->du, {dt, n, widest_adapters(c)}},
-                            {&m->ones, {dt, n, 0}},
-                            {&m->kd_loss, {LLMCL_F32, 1, 0}},
-                            {&m->pref_logps, {LLMCL_F32, b, 0}},
-                            {&m->ref_logps, {LLMCL_F32, b, 0}}};
+                                                                          : m->head_dim, 0}, true},
+                            {&m->logits_last, {LLMCL_F32, 1, c->vocab}, false},
+                            {&m->du, {dt, n, widest_adapters(c)}, true},
+                            {&m->ones, {dt, n, 0}, true},
+                            {&m->kd_loss, {LLMCL_F32, 1, 0}, false},
+                            {&m->pref_logps, {LLMCL_F32, b, 0}, false},
+                            {&m->ref_logps, {LLMCL_F32, b, 0}, false}};
     int count = 0;
     for (int i = 0; i < FIXED_BUFFERS; ++i) {
-        if ((all[i].where == &m->du && c->lora_rank == 0) ||
+        if ((all[i].backward && c->frozen) || (all[i].where == &m->du && c->lora_rank == 0) ||
             (all[i].where == &m->ones && !c->qkv_bias && !c->o_bias) ||
             (all[i].where == &m->kd_loss && c->distill_alpha <= 0) ||
             (all[i].where == &m->pref_logps && !c->preference) ||
@@ -1092,8 +1093,13 @@ static buf_spec stream_spec(const model *m, int b, int t)
     return (buf_spec){m->cfg.dtype, (int64_t)b * t, m->cfg.dim};
 }
 
-/* Stream tensors: one per layer input and the output, or a ring of two when offloading. */
-static int stream_count(const model *m) { return m->off ? 2 : m->cfg.layers + 1; }
+/* Stream tensors: one per layer input and the output, or a ring of two where no backward reads
+   a layer's input on the device again (offloading; a frozen model, which runs none). */
+static int streams(const model *m, bool offload)
+{
+    return offload || m->cfg.frozen ? 2 : m->cfg.layers + 1;
+}
+static int stream_count(const model *m) { return streams(m, m->off != NULL); }
 
 /* Drops the host copies of a forward that no backward consumed. */
 static llmcl_status release_saved(model *m)
@@ -1138,7 +1144,7 @@ static void free_acts(model *m)
 uint64_t model_acts_bytes(model *m, int b, int t, int recompute, bool offload)
 {
     const int layers = m->cfg.layers, form = form_of(recompute, offload);
-    uint64_t bytes = (uint64_t)(offload ? 2 : layers + 1) * spec_bytes(stream_spec(m, b, t));
+    uint64_t bytes = (uint64_t)streams(m, offload) * spec_bytes(stream_spec(m, b, t));
     for (int l = 0; l < layers; ++l)
         bytes += slots_bytes(m, kept_slots_in(form, l), b, t);
     int holder;
@@ -1699,7 +1705,7 @@ static llmcl_ce_options ce_opts(const model *m)
 }
 
 /* The stream tensor that holds layer l's input (l = layers: the last layer's output). */
-static llmcl_tensor *stream(model *m, int l) { return m->xs[m->off ? l % 2 : l]; }
+static llmcl_tensor *stream(model *m, int l) { return m->xs[l % stream_count(m)]; }
 
 /*
  * Block l's forward, offloading its input first when a backward follows. Its output overwrites
