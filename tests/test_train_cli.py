@@ -953,9 +953,10 @@ def examples(p):
 
 def distill(p):
     """--teacher: a student that is its own teacher has a divergence of 0 (loss and norm 0 with
-    --distill-alpha 1, in f32 and in bf16; half the cross-entropy's loss and norm with 0.5); a teacher trained apart
-    teaches a falling loss, the same in two micro-batches as in one; --profile shows the
-    teacher's forward; bad values and what distillation does not combine with are refused."""
+    --distill-alpha 1, in f32 and in bf16; half the cross-entropy's loss and norm with 0.5); a
+    teacher trained apart teaches a falling loss, the same in two micro-batches as in one;
+    --profile shows the teacher's forward; bad values and what distillation does not combine with
+    are refused."""
     base = TINY + ["--dtype", "f32", "--lr", "0"]
     expect_ok("a teacher to distill from", TINY + ["--dtype", "f32", "--steps", "8",
                                                    "--export", p("teacher"),

@@ -281,8 +281,8 @@ void model_param_set(model *m, const model_param *p, const float *host);
 
 /*
  * The f32 values of n parameters into hosts[i] (numel floats each): their model_param_value,
- * widened where it is 16-bit; under --zero gathered from every rank, each llmcl_dist group once, where
- * hosts[i] may be NULL on a rank that needs none (collective: every rank passes the same
+ * widened where it is 16-bit; under --zero gathered from every rank, each llmcl_dist group once,
+ * where hosts[i] may be NULL on a rank that needs none (collective: every rank passes the same
  * parameters in the same order). Ends the program on failure.
  */
 void model_params_get(model *m, int n, const model_param *const *ps, float *const *hosts);

@@ -942,7 +942,7 @@ static void load_data(trainer *tr)
         data_load(o->val, o->data_format, &tr->val);
     else
         data_split(&tr->train, 0.05, &tr->val);
-    /* the tokenizer's, as its format says; JSON Lines say none, and a Llama preset's is Llama 3's */
+    /* the tokenizer's, as its format says (JSON Lines say none: a Llama preset keeps Llama 3's) */
     if (!o->vocab_given && !tr->train.byte_level && !(tr->train.vocab_bound && o->llama_vocab))
         o->model.vocab = tr->train.vocab;
     data_check_vocab(&tr->train, o->model.vocab);
