@@ -8,7 +8,9 @@ transformers' LlamaForCausalLM with f32 parameters, bf16 autocast, SDPA attentio
 AdamW, trained on random tokens at batch B x T a GPU. Options: --compile (torch.compile),
 --recompute (activation checkpointing of every layer), --lora R (the base frozen and adapters of
 rank R on q, k, v, o, gate, up and down, as `llmcl-train --lora R`: PEFT's where the peft package
-is installed, else the same layer written out, y = x W^T + alpha / R (x A^T) B^T), and under
+is installed, else the same layer written out, y = x W^T + alpha / R (x A^T) B^T; --bf16-base
+holds the frozen base in bf16, as a model loaded with torch_dtype=torch.bfloat16, the adapters
+f32), and under
 torchrun --fsdp (FSDP2: fully_shard on every decoder layer and the root, bf16 parameters for
 compute, f32 reduction). --teacher adds a frozen teacher of the same preset and the loss of
 `llmcl-train --teacher`, (1 - A) CE + A T^2 D (hf_check.py's divergence, compiled with the model
@@ -177,8 +179,10 @@ def build(args, device):
     n_params = sum(p.numel() for p in model.parameters())
     lora = ""
     if args.lora:
+        if args.bf16_base:
+            model = model.to(torch.bfloat16)
         model, how = add_lora(model, args.lora, args.lora_alpha or args.lora)
-        lora = f" + {how} of rank {args.lora}"
+        lora = f" + {how} of rank {args.lora}" + (" on a bf16 base" if args.bf16_base else "")
     n_frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     n_trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if args.recompute:
@@ -207,6 +211,8 @@ def main():
     ap.add_argument("--recompute", action="store_true", help="checkpoint every layer")
     ap.add_argument("--lora", type=int, default=0, help="LoRA adapters of rank R, base frozen")
     ap.add_argument("--lora-alpha", type=float, default=0.0, help="scale alpha / R (default R)")
+    ap.add_argument("--bf16-base", action="store_true",
+                    help="with --lora, the frozen base in bf16 (the adapters f32)")
     ap.add_argument("--teacher", action="store_true", help="distil from a frozen teacher")
     ap.add_argument("--distill-alpha", type=float, default=0.5)
     ap.add_argument("--distill-beta", type=float, default=0.0)
@@ -218,6 +224,8 @@ def main():
     ap.add_argument("--pref-nll-weight", type=float, default=None,
                     help="default 1 for orpo and cpo, else 0")
     args = ap.parse_args()
+    if args.bf16_base and not args.lora:
+        ap.error("--bf16-base needs --lora")
     if args.pref_gamma is None:
         args.pref_gamma = 0.5 if args.preference == "simpo" else 0.0
     if args.pref_nll_weight is None:
