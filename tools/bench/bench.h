@@ -54,7 +54,8 @@ double bench_time(bench_env *env, bench_op op, void *arg);
 
 /*
  * Median wall time in milliseconds of min(env->reps, max_reps, 16) runs of op, each to the end of
- * its work (llmcl_ctx_finish), after one warm-up: for ops with work outside llmcl's profile
+ * its work (llmcl_ctx_finish), after warm-up runs that fill two seconds (at least one), so that the
+ * device's clock has settled under its power cap: for ops with work outside llmcl's profile
  * (CLBlast, other queues). Returns a negative value when op fails.
  */
 double bench_wall_time(bench_env *env, bench_op op, void *arg, int max_reps);
