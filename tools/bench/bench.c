@@ -85,6 +85,32 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/*
+ * Seconds of warm-up before bench_wall_time's timed runs. Its ops are the heavy ones (seconds a
+ * run on a CPU, products of 4 PFLOP on a GPU), and a board's clock is not steady until its draw
+ * has met its power cap: the H200's falls from 1980 MHz to 1250-1600 about 1.2 s into a sustained
+ * load. Path 3's cross-entropy forward, timed in that fall after one warm-up, ran 14.0-18.2 ms
+ * where it runs 15.5-15.7 once the cap holds (docs/PERFORMANCE.md's cross-entropy section).
+ */
+#define WALL_SETTLE_S 2.0
+
+static bool run_to_end(bench_env *env, bench_op op, void *arg)
+{
+    return op(env->ctx, arg) == LLMCL_OK && llmcl_ctx_finish(env->ctx) == LLMCL_OK;
+}
+
+/* Runs op once, which builds its programs, then again until seconds have passed. */
+static bool settle(bench_env *env, bench_op op, void *arg, double seconds)
+{
+    if (!run_to_end(env, op, arg))
+        return false;
+    const double start = util_now_s();
+    while (util_now_s() - start < seconds)
+        if (!run_to_end(env, op, arg))
+            return false;
+    return true;
+}
+
 double bench_time(bench_env *env, bench_op op, void *arg)
 {
     for (int i = 0; i < env->warmup; ++i)
@@ -92,6 +118,10 @@ double bench_time(bench_env *env, bench_op op, void *arg)
             bench_fail(env, "warm-up", LLMCL_OK);
             return -1;
         }
+    if (env->settle_s > 0 && !settle(env, op, arg, env->settle_s)) {
+        bench_fail(env, "settling run", LLMCL_OK);
+        return -1;
+    }
     double times[64];
     const int reps = env->reps < 64 ? env->reps : 64;
     for (int i = 0; i < reps; ++i) {
@@ -110,38 +140,12 @@ double bench_time(bench_env *env, bench_op op, void *arg)
     return times[reps / 2];
 }
 
-/*
- * Seconds of warm-up before bench_wall_time's timed runs. Its ops are the heavy ones (seconds a
- * run on a CPU, products of 4 PFLOP on a GPU), and a board's clock is not steady until its draw
- * has met its power cap: the H200's falls from 1980 MHz to 1250-1600 about 1.2 s into a sustained
- * load. Path 3's cross-entropy forward, timed in that fall after one warm-up, ran 14.0-18.2 ms
- * where it runs 15.5-15.7 once the cap holds (docs/PERFORMANCE.md's cross-entropy section).
- */
-#define WALL_SETTLE_S 2.0
-
-static bool run_to_end(bench_env *env, bench_op op, void *arg)
-{
-    return op(env->ctx, arg) == LLMCL_OK && llmcl_ctx_finish(env->ctx) == LLMCL_OK;
-}
-
-/* Runs op once, which builds its programs, then again until WALL_SETTLE_S have passed. */
-static bool settle(bench_env *env, bench_op op, void *arg)
-{
-    if (!run_to_end(env, op, arg))
-        return false;
-    const double start = util_now_s();
-    while (util_now_s() - start < WALL_SETTLE_S)
-        if (!run_to_end(env, op, arg))
-            return false;
-    return true;
-}
-
 double bench_wall_time(bench_env *env, bench_op op, void *arg, int max_reps)
 {
     double t[16];
     int reps = env->reps < max_reps ? env->reps : max_reps;
     reps = reps < 1 ? 1 : reps > 16 ? 16 : reps;
-    if (!settle(env, op, arg))
+    if (!settle(env, op, arg, env->settle_s > WALL_SETTLE_S ? env->settle_s : WALL_SETTLE_S))
         return -1;
     for (int i = 0; i < reps; ++i) {
         const double start = util_now_s();
@@ -279,25 +283,42 @@ static void print_table(const bench_env *env)
 
 static void usage(void)
 {
-    printf("usage: llmcl-bench [--only FAMILY] [--reps N] [--small | --full]\n"
+    printf("usage: llmcl-bench [--only FAMILY] [--reps N] [--settle S] [--small | --full]\n"
            "Runs every kernel at a representative size on the selected device (LLMCL_PLATFORM,\n"
            "LLMCL_DEVICE), checks each output against the CPU reference and prints a table.\n"
            "--small shrinks sizes (the default on CPU devices); --full forces GPU sizes.\n"
+           "--settle S runs each row for S seconds before timing it, so that a GPU's clock has\n"
+           "settled under its power cap (compare with the yardsticks' --settle S).\n"
            "families:");
     for (size_t i = 0; i < sizeof families / sizeof families[0]; ++i)
         printf(" %s", families[i].name);
     printf("\n");
 }
 
+/* --settle's value: a number of seconds from 0 to 60. */
+static bool parse_seconds(const char *s, double *out)
+{
+    char *end;
+    const double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || !(v >= 0 && v <= 60))
+        return false;
+    *out = v;
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     const char *only = NULL;
     int reps = 0, force_small = -1;
+    double settle_s = 0;
     for (int i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             only = argv[++i];
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
             reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--settle") == 0 && i + 1 < argc &&
+                 parse_seconds(argv[i + 1], &settle_s))
+            ++i;
         else if (strcmp(argv[i], "--small") == 0)
             force_small = 1;
         else if (strcmp(argv[i], "--full") == 0)
@@ -316,6 +337,7 @@ int main(int argc, char **argv)
     env.small = force_small >= 0 ? force_small : !info->is_gpu;
     env.warmup = env.small ? 1 : 3;
     env.reps = reps > 0 ? reps : env.small ? 3 : 20;
+    env.settle_s = settle_s;
     const uint64_t copy_bytes = env.small ? (64u << 20) : (1u << 30);
     env.host_bytes = env.copy_bytes = (double)copy_bytes;
     if (llmcl_measure_copy_bandwidth(env.ctx, copy_bytes, &env.copy_gbs) != LLMCL_OK ||
@@ -344,8 +366,11 @@ int main(int argc, char **argv)
     printf("%%peak: of the FMA rate, or with 'm' of the mma.sync rate (tensor-core rows); %%copy:\n"
            "of the copy bandwidth, or with 'h' of the host link (offload rows); %%size: of the copy\n"
            "kernel's rate when it moves the row's bytes (memory-bound rows)\n");
-    printf("sizes: %s; median of %d runs after %d warm-up\n", env.small ? "small (CPU)" : "full (GPU)",
+    printf("sizes: %s; median of %d runs after %d warm-up", env.small ? "small (CPU)" : "full (GPU)",
            env.reps, env.warmup);
+    if (env.settle_s > 0)
+        printf(" and %g s of settling runs", env.settle_s);
+    printf("\n");
     fflush(stdout);
     bool found = false;
     for (size_t i = 0; i < sizeof families / sizeof families[0]; ++i)

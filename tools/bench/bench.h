@@ -22,6 +22,7 @@ typedef struct bench_env {
     double host_d2h_gbs, host_h2d_gbs; /* pinned host link measured at start, each way */
     double host_bytes;                 /* the size those copies had */
     int warmup, reps;
+    double settle_s; /* --settle: seconds each kernel-timed row runs before its timed runs */
 } bench_env;
 
 typedef struct bench_row {
@@ -47,16 +48,17 @@ void bench_add(bench_env *env, const bench_row *row);
 typedef llmcl_status (*bench_op)(llmcl_ctx *ctx, void *arg);
 
 /*
- * Median of env->reps runs of op, in milliseconds of kernel time, after env->warmup runs. Returns a
- * negative value (and prints llmcl_last_error) when op fails.
+ * Median of env->reps runs of op, in milliseconds of kernel time, after env->warmup runs and, with
+ * --settle, runs that fill env->settle_s. Returns a negative value (and prints llmcl_last_error)
+ * when op fails.
  */
 double bench_time(bench_env *env, bench_op op, void *arg);
 
 /*
  * Median wall time in milliseconds of min(env->reps, max_reps, 16) runs of op, each to the end of
- * its work (llmcl_ctx_finish), after warm-up runs that fill two seconds (at least one), so that the
- * device's clock has settled under its power cap: for ops with work outside llmcl's profile
- * (CLBlast, other queues). Returns a negative value when op fails.
+ * its work (llmcl_ctx_finish), after warm-up runs that fill two seconds (or --settle's, if longer;
+ * at least one run), so that the device's clock has settled under its power cap: for ops with work
+ * outside llmcl's profile (CLBlast, other queues). Returns a negative value when op fails.
  */
 double bench_wall_time(bench_env *env, bench_op op, void *arg, int max_reps);
 

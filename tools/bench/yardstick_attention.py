@@ -3,15 +3,17 @@
 llmcl-bench's attention shapes: a yardstick to run beside llmcl-bench in the same session on a
 CUDA machine, never a dependency of llmcl.
 
-usage: python3 tools/bench/yardstick_attention.py
+usage: python3 tools/bench/yardstick_attention.py [--settle S]
 Prints one line per shape and backend: forward and forward+backward median ms and TFLOP/s in
 FlashAttention's convention (4 B Hq T^2 D, halved for causal; the backward 2.5x the forward).
 Grouped-query shapes repeat K and V per query head, outside the timed region."""
+import argparse
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from yardstick_timing import median_ms
+from yardstick_timing import add_settle_argument, apply_settle, median_ms
 
 SHAPES = [  # B, Hq, Hkv, T, D, causal: llmcl-bench's rows, in its order
     (4, 32, 8, 4096, 128, True), (16, 32, 8, 1024, 128, True), (8, 32, 8, 2048, 128, True),
@@ -37,6 +39,9 @@ def run(b, hq, hkv, t, d, causal, backend):
 
 
 def main():
+    ap = argparse.ArgumentParser(description="SDPA's backends on llmcl-bench's attention shapes")
+    add_settle_argument(ap)
+    apply_settle(ap.parse_args())
     for b, hq, hkv, t, d, causal in SHAPES:
         flops = 4.0 * b * hq * t * t * d / (2 if causal else 1)
         for name in BACKENDS:

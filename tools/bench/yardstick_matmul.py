@@ -2,7 +2,7 @@
 """PyTorch's torch.matmul (cuBLAS) on llmcl-bench's matmul shapes: a yardstick to run beside
 llmcl-bench in the same session on a CUDA machine, never a dependency of llmcl.
 
-usage: python3 tools/bench/yardstick_matmul.py [--kernels]
+usage: python3 tools/bench/yardstick_matmul.py [--kernels] [--settle S]
 Prints one line per row: direction, M x N x K, median ms and TFLOP/s (triton.testing.do_bench
 when Triton is present, else CUDA events); with --kernels, then the CUDA kernels the row runs
 (torch.profiler over five calls), each with its mean time: cuBLAS's names appear to give its
@@ -16,7 +16,7 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from yardstick_timing import median_ms
+from yardstick_timing import add_settle_argument, apply_settle, median_ms
 
 SHOW_KERNELS = False
 
@@ -82,7 +82,10 @@ def main():
     global SHOW_KERNELS
     ap = argparse.ArgumentParser(description="cuBLAS on llmcl-bench's matmul shapes")
     ap.add_argument("--kernels", action="store_true", help="print the CUDA kernels of each row")
-    SHOW_KERNELS = ap.parse_args().kernels
+    add_settle_argument(ap)
+    args = ap.parse_args()
+    SHOW_KERNELS = args.kernels
+    apply_settle(args)
     dev, bf = "cuda", torch.bfloat16
     f32 = has_f32_out(dev)
     a = torch.randn(8192, 8192, device=dev, dtype=bf)

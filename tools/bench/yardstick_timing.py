@@ -1,6 +1,33 @@
 """The yardstick scripts' timer: the median of a CUDA callable's runs in ms, by
-triton.testing.do_bench where Triton is present, else by CUDA events after three warm-up runs."""
+triton.testing.do_bench where Triton is present, else by CUDA events after three warm-up runs.
+With a settling time (add_settle_argument, as llmcl-bench's --settle), each callable first runs
+for that long, so that the GPU's clock has settled under its power cap."""
+import time
+
 import torch
+
+SETTLE_S = 0.0
+
+
+def add_settle_argument(parser):
+    """--settle S on an argparse parser; apply_settle(args) then sets SETTLE_S."""
+    parser.add_argument("--settle", type=float, default=0.0, metavar="S",
+                        help="run each callable for S seconds before timing it (0 to 60)")
+
+
+def apply_settle(args):
+    global SETTLE_S
+    if not 0 <= args.settle <= 60:
+        raise SystemExit(f"--settle {args.settle}: expected seconds from 0 to 60")
+    SETTLE_S = args.settle
+
+
+def settle(fn):
+    """Runs fn, each to its end, until SETTLE_S have passed."""
+    start = time.monotonic()
+    while time.monotonic() - start < SETTLE_S:
+        fn()
+        torch.cuda.synchronize()
 
 try:
     from triton.testing import do_bench
@@ -10,6 +37,7 @@ except ImportError:
 
 def median_ms(fn, warmup=25, rep=200, runs=20):
     """do_bench's warmup and rep are in ms; the CUDA-event fallback times runs calls."""
+    settle(fn)
     if do_bench:
         return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
     times = []
