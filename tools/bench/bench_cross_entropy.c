@@ -411,9 +411,9 @@ done:
 
 void bench_cross_entropy(bench_env *env)
 {
-    /* the GEMM-bound rows take seconds per run at full size: fewer repetitions */
+    /* the GEMM-bound rows take seconds per run at full size: fewer repetitions (their warm-up is
+       bench_wall_time's settling) */
     bench_env few = *env;
-    few.warmup = 1;
     few.reps = env->reps < 3 ? env->reps : 3;
     if (env->small) {
         bench_path1(env, 256, 32000);
