@@ -56,9 +56,9 @@ double bench_time(bench_env *env, bench_op op, void *arg);
 
 /*
  * Median wall time in milliseconds of min(env->reps, max_reps, 16) runs of op, each to the end of
- * its work (llmcl_ctx_finish), after warm-up runs that fill two seconds (or --settle's, if longer;
- * at least one run), so that the device's clock has settled under its power cap: for ops with work
- * outside llmcl's profile (CLBlast, other queues). Returns a negative value when op fails.
+ * its work (llmcl_ctx_finish), after one warm-up run and then runs that fill two seconds (or
+ * --settle's, if longer), so that the device's clock has settled under its power cap: for ops with
+ * work outside llmcl's profile (CLBlast, other queues). Returns a negative value when op fails.
  */
 double bench_wall_time(bench_env *env, bench_op op, void *arg, int max_reps);
 

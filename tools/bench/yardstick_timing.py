@@ -6,6 +6,11 @@ import time
 
 import torch
 
+try:
+    from triton.testing import do_bench
+except ImportError:
+    do_bench = None
+
 SETTLE_S = 0.0
 
 
@@ -22,17 +27,20 @@ def apply_settle(args):
     SETTLE_S = args.settle
 
 
+def run_to_end(fn):
+    fn()
+    torch.cuda.synchronize()
+
+
 def settle(fn):
-    """Runs fn, each to its end, until SETTLE_S have passed."""
+    """With SETTLE_S: runs fn once (its libraries' plans made), then again until SETTLE_S have
+    passed, each run to its end, as llmcl-bench's settle does."""
+    if SETTLE_S <= 0:
+        return
+    run_to_end(fn)
     start = time.monotonic()
     while time.monotonic() - start < SETTLE_S:
-        fn()
-        torch.cuda.synchronize()
-
-try:
-    from triton.testing import do_bench
-except ImportError:
-    do_bench = None
+        run_to_end(fn)
 
 
 def median_ms(fn, warmup=25, rep=200, runs=20):
