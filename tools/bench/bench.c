@@ -99,16 +99,60 @@ static bool run_to_end(bench_env *env, bench_op op, void *arg)
     return op(env->ctx, arg) == LLMCL_OK && llmcl_ctx_finish(env->ctx) == LLMCL_OK;
 }
 
-/* Runs op once, which builds its programs, then again until seconds have passed. */
+/*
+ * The settling runs' batches last about this long: a batch enqueues its runs back to back and waits
+ * only at its end, where a wait after each run leaves a GPU idle until the host enqueues the next,
+ * and a capped clock rises in those gaps.
+ */
+#define SETTLE_BATCH_S 0.02
+#define SETTLE_MAX_BATCH 1024
+
+/*
+ * Runs op once, which builds its programs, once more to see how long a run takes, then in batches
+ * of SETTLE_BATCH_S until seconds have passed.
+ */
 static bool settle(bench_env *env, bench_op op, void *arg, double seconds)
 {
     if (!run_to_end(env, op, arg))
         return false;
     const double start = util_now_s();
-    while (util_now_s() - start < seconds)
-        if (!run_to_end(env, op, arg))
+    if (!run_to_end(env, op, arg))
+        return false;
+    const double run_s = util_now_s() - start;
+    const int batch = run_s * SETTLE_MAX_BATCH < SETTLE_BATCH_S ? SETTLE_MAX_BATCH
+                      : run_s < SETTLE_BATCH_S                  ? (int)(SETTLE_BATCH_S / run_s)
+                                                                : 1;
+    while (util_now_s() - start < seconds) {
+        for (int i = 0; i < batch; ++i)
+            if (op(env->ctx, arg) != LLMCL_OK)
+                return false;
+        if (llmcl_ctx_finish(env->ctx) != LLMCL_OK)
             return false;
+    }
     return true;
+}
+
+/*
+ * With --settle: the mean kernel time of reps runs enqueued back to back in one profile region, so
+ * that the device stays as busy as it was while settling (the yardsticks' --settle times theirs
+ * the same way).
+ */
+static double back_to_back_ms(bench_env *env, bench_op op, void *arg, int reps)
+{
+    llmcl_profile p;
+    if (llmcl_profile_begin(env->ctx) != LLMCL_OK)
+        return -1;
+    for (int i = 0; i < reps; ++i) {
+        const llmcl_status st = op(env->ctx, arg);
+        if (st != LLMCL_OK) {
+            llmcl_profile_end(env->ctx, &p);
+            bench_fail(env, "timed run", st);
+            return -1;
+        }
+    }
+    if (llmcl_profile_end(env->ctx, &p) != LLMCL_OK)
+        return -1;
+    return p.kernel_ms / reps;
 }
 
 double bench_time(bench_env *env, bench_op op, void *arg)
@@ -118,12 +162,15 @@ double bench_time(bench_env *env, bench_op op, void *arg)
             bench_fail(env, "warm-up", LLMCL_OK);
             return -1;
         }
-    if (env->settle_s > 0 && !settle(env, op, arg, env->settle_s)) {
-        bench_fail(env, "settling run", LLMCL_OK);
-        return -1;
+    const int reps = env->reps < 64 ? env->reps : 64;
+    if (env->settle_s > 0) {
+        if (!settle(env, op, arg, env->settle_s)) {
+            bench_fail(env, "settling run", LLMCL_OK);
+            return -1;
+        }
+        return back_to_back_ms(env, op, arg, reps);
     }
     double times[64];
-    const int reps = env->reps < 64 ? env->reps : 64;
     for (int i = 0; i < reps; ++i) {
         llmcl_profile p;
         if (llmcl_profile_begin(env->ctx) != LLMCL_OK)
@@ -288,7 +335,8 @@ static void usage(void)
            "LLMCL_DEVICE), checks each output against the CPU reference and prints a table.\n"
            "--small shrinks sizes (the default on CPU devices); --full forces GPU sizes.\n"
            "--settle S runs each row for S seconds before timing it, so that a GPU's clock has\n"
-           "settled under its power cap (compare with the yardsticks' --settle S).\n"
+           "settled under its power cap, then times the mean of its runs back to back (compare\n"
+           "with the yardsticks' --settle S).\n"
            "families:");
     for (size_t i = 0; i < sizeof families / sizeof families[0]; ++i)
         printf(" %s", families[i].name);
@@ -366,11 +414,12 @@ int main(int argc, char **argv)
     printf("%%peak: of the FMA rate, or with 'm' of the mma.sync rate (tensor-core rows); %%copy:\n"
            "of the copy bandwidth, or with 'h' of the host link (offload rows); %%size: of the copy\n"
            "kernel's rate when it moves the row's bytes (memory-bound rows)\n");
-    printf("sizes: %s; median of %d runs after %d warm-up", env.small ? "small (CPU)" : "full (GPU)",
-           env.reps, env.warmup);
+    printf("sizes: %s; ", env.small ? "small (CPU)" : "full (GPU)");
     if (env.settle_s > 0)
-        printf(" and %g s of settling runs", env.settle_s);
-    printf("\n");
+        printf("mean of %d runs back to back after %d warm-up and %g s of settling runs\n",
+               env.reps, env.warmup, env.settle_s);
+    else
+        printf("median of %d runs after %d warm-up\n", env.reps, env.warmup);
     fflush(stdout);
     bool found = false;
     for (size_t i = 0; i < sizeof families / sizeof families[0]; ++i)

@@ -1,7 +1,9 @@
 """The yardstick scripts' timer: the median of a CUDA callable's runs in ms, by
 triton.testing.do_bench where Triton is present, else by CUDA events after three warm-up runs.
 With a settling time (add_settle_argument, as llmcl-bench's --settle), each callable first runs
-for that long, so that the GPU's clock has settled under its power cap."""
+for that long, in batches that keep the GPU busy, so that its clock has settled under its power
+cap; then the median of its runs back to back, each between two CUDA events, with no wait and no
+cache flush between them (do_bench's flushes idle the GPU between runs, and its clock rises)."""
 import time
 
 import torch
@@ -12,6 +14,9 @@ except ImportError:
     do_bench = None
 
 SETTLE_S = 0.0
+# a settling batch lasts about this long: its runs go back to back, with one wait at its end
+SETTLE_BATCH_S = 0.02
+SETTLE_MAX_BATCH = 1024
 
 
 def add_settle_argument(parser):
@@ -33,27 +38,42 @@ def run_to_end(fn):
 
 
 def settle(fn):
-    """With SETTLE_S: runs fn once (its libraries' plans made), then again until SETTLE_S have
-    passed, each run to its end, as llmcl-bench's settle does."""
-    if SETTLE_S <= 0:
-        return
+    """Runs fn once (its libraries' plans made), once more to see how long a run takes, then in
+    batches of SETTLE_BATCH_S until SETTLE_S have passed, as llmcl-bench's settle does."""
     run_to_end(fn)
     start = time.monotonic()
+    run_to_end(fn)
+    run_s = time.monotonic() - start
+    batch = max(1, min(SETTLE_MAX_BATCH, int(SETTLE_BATCH_S / max(run_s, 1e-9))))
     while time.monotonic() - start < SETTLE_S:
-        run_to_end(fn)
+        for _ in range(batch):
+            fn()
+        torch.cuda.synchronize()
 
 
-def median_ms(fn, warmup=25, rep=200, runs=20):
-    """do_bench's warmup and rep are in ms; the CUDA-event fallback times runs calls."""
-    settle(fn)
-    if do_bench:
-        return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
-    times = []
-    for _ in range(runs + 3):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def events_ms(fn, runs, back_to_back):
+    """The median of runs calls of fn, each between two CUDA events; back to back without a wait
+    between them, or each run to its end."""
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+             for _ in range(runs)]
+    for s, e in pairs:
         s.record()
         fn()
         e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    return sorted(times[3:])[len(times[3:]) // 2]
+        if not back_to_back:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in pairs)
+    return times[len(times) // 2]
+
+
+def median_ms(fn, warmup=25, rep=200, runs=20):
+    """do_bench's warmup and rep are in ms; the CUDA-event forms time runs calls."""
+    if SETTLE_S > 0:
+        settle(fn)
+        return events_ms(fn, runs, back_to_back=True)
+    if do_bench:
+        return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+    for _ in range(3):
+        fn()
+    return events_ms(fn, runs, back_to_back=False)
