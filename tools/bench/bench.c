@@ -133,9 +133,12 @@ static bool settle(bench_env *env, bench_op op, void *arg, double seconds)
 }
 
 /*
- * With --settle: the mean kernel time of reps runs enqueued back to back in one profile region, so
- * that the device stays as busy as it was while settling (the yardsticks' --settle times theirs
- * the same way).
+ * With --settle: the time a run takes among reps runs enqueued back to back in one profile region,
+ * their span (first kernel's start to last one's end) over reps, so that the device stays as busy
+ * as it was while settling (the yardsticks' --settle times theirs the same way). Not the sum of
+ * the kernels' own times: NVIDIA's OpenCL profiles each kernel about 5 us longer than its
+ * work-groups run, of which back to back it hides all but 1.5-2.4 us (docs/PERFORMANCE.md's
+ * matrix products: where a one-wave product's time goes).
  */
 static double back_to_back_ms(bench_env *env, bench_op op, void *arg, int reps)
 {
@@ -152,7 +155,7 @@ static double back_to_back_ms(bench_env *env, bench_op op, void *arg, int reps)
     }
     if (llmcl_profile_end(env->ctx, &p) != LLMCL_OK)
         return -1;
-    return p.kernel_ms / reps;
+    return p.span_ms / reps;
 }
 
 double bench_time(bench_env *env, bench_op op, void *arg)
@@ -335,8 +338,8 @@ static void usage(void)
            "LLMCL_DEVICE), checks each output against the CPU reference and prints a table.\n"
            "--small shrinks sizes (the default on CPU devices); --full forces GPU sizes.\n"
            "--settle S runs each row for S seconds before timing it, so that a GPU's clock has\n"
-           "settled under its power cap, then times the mean of its runs back to back (compare\n"
-           "with the yardsticks' --settle S).\n"
+           "settled under its power cap, then times its runs back to back, their span over their\n"
+           "count (compare with the yardsticks' --settle S).\n"
            "families:");
     for (size_t i = 0; i < sizeof families / sizeof families[0]; ++i)
         printf(" %s", families[i].name);
@@ -416,7 +419,8 @@ int main(int argc, char **argv)
            "kernel's rate when it moves the row's bytes (memory-bound rows)\n");
     printf("sizes: %s; ", env.small ? "small (CPU)" : "full (GPU)");
     if (env.settle_s > 0)
-        printf("mean of %d runs back to back after %d warm-up and %g s of settling runs\n",
+        printf("span of %d runs back to back over their count, after %d warm-up and %g s of "
+               "settling runs\n",
                env.reps, env.warmup, env.settle_s);
     else
         printf("median of %d runs after %d warm-up\n", env.reps, env.warmup);

@@ -49,8 +49,8 @@ typedef llmcl_status (*bench_op)(llmcl_ctx *ctx, void *arg);
 
 /*
  * Median of env->reps runs of op, in milliseconds of kernel time, after env->warmup runs; with
- * --settle, after runs that fill env->settle_s, the mean of env->reps runs enqueued back to back
- * (the device as busy as while it settled). Returns a negative value (and prints
+ * --settle, after runs that fill env->settle_s, the span of env->reps runs enqueued back to back
+ * over their count (the device as busy as while it settled). Returns a negative value (and prints
  * llmcl_last_error) when op fails.
  */
 double bench_time(bench_env *env, bench_op op, void *arg);
