@@ -109,15 +109,15 @@ static bool run_to_end(bench_env *env, bench_op op, void *arg)
 
 /*
  * Runs op once, which builds its programs, once more to see how long a run takes, then in batches
- * of SETTLE_BATCH_S until seconds have passed.
+ * of SETTLE_BATCH_S until seconds have passed. Returns the batch's run count, 0 on failure.
  */
-static bool settle(bench_env *env, bench_op op, void *arg, double seconds)
+static int settle(bench_env *env, bench_op op, void *arg, double seconds)
 {
     if (!run_to_end(env, op, arg))
-        return false;
+        return 0;
     const double start = util_now_s();
     if (!run_to_end(env, op, arg))
-        return false;
+        return 0;
     const double run_s = util_now_s() - start;
     const int batch = run_s * SETTLE_MAX_BATCH < SETTLE_BATCH_S ? SETTLE_MAX_BATCH
                       : run_s < SETTLE_BATCH_S                  ? (int)(SETTLE_BATCH_S / run_s)
@@ -125,37 +125,40 @@ static bool settle(bench_env *env, bench_op op, void *arg, double seconds)
     while (util_now_s() - start < seconds) {
         for (int i = 0; i < batch; ++i)
             if (op(env->ctx, arg) != LLMCL_OK)
-                return false;
+                return 0;
         if (llmcl_ctx_finish(env->ctx) != LLMCL_OK)
-            return false;
+            return 0;
     }
-    return true;
+    return batch;
 }
 
+#define SETTLED_BATCHES 5
+
 /*
- * With --settle: the time a run takes among reps runs enqueued back to back in one profile region,
- * their span (first kernel's start to last one's end) over reps, so that the device stays as busy
- * as it was while settling (the yardsticks' --settle times theirs the same way). Not the sum of
- * the kernels' own times: NVIDIA's OpenCL profiles each kernel about 5 us longer than its
- * work-groups run, of which back to back it hides all but 1.5-2.4 us (docs/PERFORMANCE.md's
- * matrix products: where a one-wave product's time goes).
+ * With --settle: the time a run takes in batches like the settling ones, each enqueued back to back
+ * and timed on the host from its first enqueue to the end of its wait, over its run count; the
+ * median of SETTLED_BATCHES batches. No profiling events: NVIDIA's OpenCL runs a kernel enqueued
+ * with one about 3.5 us longer back to back (docs/PERFORMANCE.md's matrix products), which the
+ * yardsticks' CUDA graphs do not pay.
  */
-static double back_to_back_ms(bench_env *env, bench_op op, void *arg, int reps)
+static double settled_ms(bench_env *env, bench_op op, void *arg, int batch)
 {
-    llmcl_profile p;
-    if (llmcl_profile_begin(env->ctx) != LLMCL_OK)
-        return -1;
-    for (int i = 0; i < reps; ++i) {
-        const llmcl_status st = op(env->ctx, arg);
-        if (st != LLMCL_OK) {
-            llmcl_profile_end(env->ctx, &p);
-            bench_fail(env, "timed run", st);
-            return -1;
+    double t[SETTLED_BATCHES];
+    for (int b = 0; b < SETTLED_BATCHES; ++b) {
+        const double start = util_now_s();
+        for (int i = 0; i < batch; ++i) {
+            const llmcl_status st = op(env->ctx, arg);
+            if (st != LLMCL_OK) {
+                bench_fail(env, "timed run", st);
+                return -1;
+            }
         }
+        if (llmcl_ctx_finish(env->ctx) != LLMCL_OK)
+            return -1;
+        t[b] = 1e3 * (util_now_s() - start) / batch;
     }
-    if (llmcl_profile_end(env->ctx, &p) != LLMCL_OK)
-        return -1;
-    return p.span_ms / reps;
+    qsort(t, SETTLED_BATCHES, sizeof t[0], cmp_double);
+    return t[SETTLED_BATCHES / 2];
 }
 
 double bench_time(bench_env *env, bench_op op, void *arg)
@@ -167,11 +170,12 @@ double bench_time(bench_env *env, bench_op op, void *arg)
         }
     const int reps = env->reps < 64 ? env->reps : 64;
     if (env->settle_s > 0) {
-        if (!settle(env, op, arg, env->settle_s)) {
+        const int batch = settle(env, op, arg, env->settle_s);
+        if (batch == 0) {
             bench_fail(env, "settling run", LLMCL_OK);
             return -1;
         }
-        return back_to_back_ms(env, op, arg, reps);
+        return settled_ms(env, op, arg, batch);
     }
     double times[64];
     for (int i = 0; i < reps; ++i) {
@@ -195,7 +199,7 @@ double bench_wall_time(bench_env *env, bench_op op, void *arg, int max_reps)
     double t[16];
     int reps = env->reps < max_reps ? env->reps : max_reps;
     reps = reps < 1 ? 1 : reps > 16 ? 16 : reps;
-    if (!settle(env, op, arg, env->settle_s > WALL_SETTLE_S ? env->settle_s : WALL_SETTLE_S))
+    if (settle(env, op, arg, env->settle_s > WALL_SETTLE_S ? env->settle_s : WALL_SETTLE_S) == 0)
         return -1;
     for (int i = 0; i < reps; ++i) {
         const double start = util_now_s();
@@ -338,8 +342,8 @@ static void usage(void)
            "LLMCL_DEVICE), checks each output against the CPU reference and prints a table.\n"
            "--small shrinks sizes (the default on CPU devices); --full forces GPU sizes.\n"
            "--settle S runs each row for S seconds before timing it, so that a GPU's clock has\n"
-           "settled under its power cap, then times its runs back to back, their span over their\n"
-           "count (compare with the yardsticks' --settle S).\n"
+           "settled under its power cap, then times batches of its runs back to back on the host,\n"
+           "each over its count (compare with the yardsticks' --settle S).\n"
            "families:");
     for (size_t i = 0; i < sizeof families / sizeof families[0]; ++i)
         printf(" %s", families[i].name);
@@ -419,9 +423,9 @@ int main(int argc, char **argv)
            "kernel's rate when it moves the row's bytes (memory-bound rows)\n");
     printf("sizes: %s; ", env.small ? "small (CPU)" : "full (GPU)");
     if (env.settle_s > 0)
-        printf("span of %d runs back to back over their count, after %d warm-up and %g s of "
-               "settling runs\n",
-               env.reps, env.warmup, env.settle_s);
+        printf("median of %d batches of about %g ms of runs back to back, host time over their "
+               "count, after %d warm-up and %g s of settling runs\n",
+               SETTLED_BATCHES, 1e3 * SETTLE_BATCH_S, env.warmup, env.settle_s);
     else
         printf("median of %d runs after %d warm-up\n", env.reps, env.warmup);
     fflush(stdout);

@@ -49,8 +49,9 @@ typedef llmcl_status (*bench_op)(llmcl_ctx *ctx, void *arg);
 
 /*
  * Median of env->reps runs of op, in milliseconds of kernel time, after env->warmup runs; with
- * --settle, after runs that fill env->settle_s, the span of env->reps runs enqueued back to back
- * over their count (the device as busy as while it settled). Returns a negative value (and prints
+ * --settle, after runs that fill env->settle_s, the median over five batches of runs enqueued back
+ * to back (about 20 ms each, as the settling runs) of a batch's host time over its run count: the
+ * device as busy as while it settled, without profiling events. Returns a negative value (and prints
  * llmcl_last_error) when op fails.
  */
 double bench_time(bench_env *env, bench_op op, void *arg);

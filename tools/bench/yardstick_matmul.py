@@ -4,7 +4,8 @@ llmcl-bench in the same session on a CUDA machine, never a dependency of llmcl.
 
 usage: python3 tools/bench/yardstick_matmul.py [--kernels] [--settle S]
 Prints one line per row: direction, M x N x K, median ms and TFLOP/s (triton.testing.do_bench
-when Triton is present, else CUDA events); with --kernels, then the CUDA kernels the row runs
+when Triton is present, else CUDA events; with --settle, replays of a CUDA graph of 20 calls,
+yardstick_timing.py says why); with --kernels, then the CUDA kernels the row runs
 (torch.profiler over five calls), each with its mean time: cuBLAS's names appear to give its
 tiles, stages and cluster shape. fwd, dX and dW are bf16 in and out (PyTorch's autograd
 of a bf16 linear layer); dW32 is llmcl's dW row's own operation, dw += dy^T x into an f32 dw
@@ -32,7 +33,7 @@ def kernels_of(fn):
 
 
 def row(direction, m, n, k, fn):
-    ms = median_ms(fn)
+    ms = median_ms(fn, graph=True)
     print(f"torch {direction:7s} {m}x{n}x{k}: {ms:.4f} ms, {2 * m * n * k / ms / 1e9:.1f} TFLOP/s",
           flush=True)
     if SHOW_KERNELS:

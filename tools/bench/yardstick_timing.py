@@ -3,7 +3,10 @@ triton.testing.do_bench where Triton is present, else by CUDA events after three
 With a settling time (add_settle_argument, as llmcl-bench's --settle), each callable first runs
 for that long, in batches that keep the GPU busy, so that its clock has settled under its power
 cap; then the median of its runs back to back, each between two CUDA events, with no wait and no
-cache flush between them (do_bench's flushes idle the GPU between runs, and its clock rises)."""
+cache flush between them (do_bench's flushes idle the GPU between runs, and its clock rises).
+With graph=True, the runs settle and are timed as replays of one CUDA graph of `runs` calls,
+each replay's time over its calls: Python launches a call in tens of microseconds, longer than
+a short product runs, and the GPU would wait on the host between calls."""
 import time
 
 import torch
@@ -67,9 +70,28 @@ def events_ms(fn, runs, back_to_back):
     return times[len(times) // 2]
 
 
-def median_ms(fn, warmup=25, rep=200, runs=20):
+def graph_of(fn, calls):
+    """A CUDA graph of calls runs of fn, returned as its replay; its first run warms fn up on a
+    side stream, as capture requires."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph.replay
+
+
+def median_ms(fn, warmup=25, rep=200, runs=20, graph=False):
     """do_bench's warmup and rep are in ms; the CUDA-event forms time runs calls."""
     if SETTLE_S > 0:
+        if graph:
+            replay = graph_of(fn, runs)
+            settle(replay)
+            return events_ms(replay, 5, back_to_back=True) / runs
         settle(fn)
         return events_ms(fn, runs, back_to_back=True)
     if do_bench:
