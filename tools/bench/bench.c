@@ -107,6 +107,15 @@ static bool run_to_end(bench_env *env, bench_op op, void *arg)
 #define SETTLE_BATCH_S 0.02
 #define SETTLE_MAX_BATCH 1024
 
+/* Enqueues count runs of op back to back, then waits for their end. */
+static bool run_batch(bench_env *env, bench_op op, void *arg, int count)
+{
+    for (int i = 0; i < count; ++i)
+        if (op(env->ctx, arg) != LLMCL_OK)
+            return false;
+    return llmcl_ctx_finish(env->ctx) == LLMCL_OK;
+}
+
 /*
  * Runs op once, which builds its programs, once more to see how long a run takes, then in batches
  * of SETTLE_BATCH_S until seconds have passed. Returns the batch's run count, 0 on failure.
@@ -122,13 +131,9 @@ static int settle(bench_env *env, bench_op op, void *arg, double seconds)
     const int batch = run_s * SETTLE_MAX_BATCH < SETTLE_BATCH_S ? SETTLE_MAX_BATCH
                       : run_s < SETTLE_BATCH_S                  ? (int)(SETTLE_BATCH_S / run_s)
                                                                 : 1;
-    while (util_now_s() - start < seconds) {
-        for (int i = 0; i < batch; ++i)
-            if (op(env->ctx, arg) != LLMCL_OK)
-                return 0;
-        if (llmcl_ctx_finish(env->ctx) != LLMCL_OK)
+    while (util_now_s() - start < seconds)
+        if (!run_batch(env, op, arg, batch))
             return 0;
-    }
     return batch;
 }
 
@@ -146,15 +151,10 @@ static double settled_ms(bench_env *env, bench_op op, void *arg, int batch)
     double t[SETTLED_BATCHES];
     for (int b = 0; b < SETTLED_BATCHES; ++b) {
         const double start = util_now_s();
-        for (int i = 0; i < batch; ++i) {
-            const llmcl_status st = op(env->ctx, arg);
-            if (st != LLMCL_OK) {
-                bench_fail(env, "timed run", st);
-                return -1;
-            }
-        }
-        if (llmcl_ctx_finish(env->ctx) != LLMCL_OK)
+        if (!run_batch(env, op, arg, batch)) {
+            bench_fail(env, "timed run", LLMCL_OK);
             return -1;
+        }
         t[b] = 1e3 * (util_now_s() - start) / batch;
     }
     qsort(t, SETTLED_BATCHES, sizeof t[0], cmp_double);
@@ -168,7 +168,6 @@ double bench_time(bench_env *env, bench_op op, void *arg)
             bench_fail(env, "warm-up", LLMCL_OK);
             return -1;
         }
-    const int reps = env->reps < 64 ? env->reps : 64;
     if (env->settle_s > 0) {
         const int batch = settle(env, op, arg, env->settle_s);
         if (batch == 0) {
@@ -178,6 +177,7 @@ double bench_time(bench_env *env, bench_op op, void *arg)
         return settled_ms(env, op, arg, batch);
     }
     double times[64];
+    const int reps = env->reps < 64 ? env->reps : 64;
     for (int i = 0; i < reps; ++i) {
         llmcl_profile p;
         if (llmcl_profile_begin(env->ctx) != LLMCL_OK)
