@@ -170,6 +170,43 @@ inline long row_off(long rr, long inner, long stride, long ostride)
 #define RMS_N(RND, v, rs) ((v) * (rs))
 #endif
 
+/*
+ * A row's sums over the work-group. Where warps reduce with shuffles, each warp's first lane writes
+ * its sums into one half of sc, and a slot's rows alternate halves, so a row takes one barrier: a
+ * warp that writes row i + 2's sums has passed row i + 1's barrier, which every warp reached after
+ * reading row i's. The forward kernels take each half once (LayerNorm's mean, then its variance):
+ * one barrier a sum, where wg_sum takes two. sc holds WG floats (WG / 8 on that path).
+ */
+inline float2 row_sum2(float2 v, __local float *sc, int side)
+{
+#ifdef LLMCL_NV_PTX
+    if (WG % 32 == 0) {
+        const int lid = get_local_id(0);
+        __local float *h = sc + side * (WG / 16);
+        v.x = warp_sum(v.x);
+        v.y = warp_sum(v.y);
+        if ((lid & 31) == 0)
+            vstore2(v, lid >> 5, h);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float2 t = vload2(0, h);
+        for (int i = 1; i < WG / 32; ++i)
+            t += vload2(i, h);
+        return t;
+    }
+#endif
+    const float a = wg_sum(v.x, sc);
+    return (float2)(a, wg_sum(v.y, sc));
+}
+
+inline float row_sum(float v, __local float *sc, int side)
+{
+#ifdef LLMCL_NV_PTX
+    if (WG % 32 == 0)
+        return row_sum2((float2)(v, 0.0f), sc, side).x;
+#endif
+    return wg_sum(v, sc);
+}
+
 /* ---- RMSNorm forward, optionally r = round(x + residual) first ------------------------------ */
 
 #ifdef HAS_RES
@@ -254,7 +291,7 @@ rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, long x_ostride,
 #endif
         ss += v * v;
     }
-    ss = wg_sum(ss, sc);
+    ss = row_sum(ss, sc, 0);
     const float rs = rsqrt(ss / (float)H + eps);
     if (!live)
         return;
@@ -292,42 +329,6 @@ rmsnorm_fwd(const __global X_T *x, ulong x_off, long x_stride, long x_ostride,
 #define DR_V(j)
 #define DR_S(i)
 #endif
-
-/*
- * A row's two sums over the work-group in the backward kernels. Where warps reduce with shuffles,
- * each warp's first lane writes its sums into one half of sc, and a slot's rows alternate halves,
- * so a row takes one barrier: a warp that writes row i + 2's sums has passed row i + 1's barrier,
- * which every warp reached after reading row i's. sc holds WG floats (WG / 8 on that path).
- */
-inline float2 row_sum2(float2 v, __local float *sc, int side)
-{
-#ifdef LLMCL_NV_PTX
-    if (WG % 32 == 0) {
-        const int lid = get_local_id(0);
-        __local float *h = sc + side * (WG / 16);
-        v.x = warp_sum(v.x);
-        v.y = warp_sum(v.y);
-        if ((lid & 31) == 0)
-            vstore2(v, lid >> 5, h);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        float2 t = vload2(0, h);
-        for (int i = 1; i < WG / 32; ++i)
-            t += vload2(i, h);
-        return t;
-    }
-#endif
-    const float a = wg_sum(v.x, sc);
-    return (float2)(a, wg_sum(v.y, sc));
-}
-
-inline float row_sum(float v, __local float *sc, int side)
-{
-#ifdef LLMCL_NV_PTX
-    if (WG % 32 == 0)
-        return row_sum2((float2)(v, 0.0f), sc, side).x;
-#endif
-    return wg_sum(v, sc);
-}
 
 /*
  * Backward kernels: row slot r (of get_num_groups(1) * ROWS) takes rows r, r + step, ... While a
@@ -544,7 +545,7 @@ layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, long x_ostride,
         s += VDOT(VLOAD(X_DT, x, j * VEC), (vf)1.0f);
     for (int i = nv * VEC + lid; i < H; i += WG)
         s += LOAD(X_DT, x, i);
-    const float mu = wg_sum(s, sc) / (float)H;
+    const float mu = row_sum(s, sc, 0) / (float)H;
 
     /* The variance from deviations, not E[x^2] - mu^2: exact for rows with a large mean. */
     float q = 0.0f;
@@ -564,7 +565,7 @@ layernorm_fwd(const __global X_T *x, ulong x_off, long x_stride, long x_ostride,
         const float dv = LOAD(X_DT, x, i) - mu;
         q += dv * dv;
     }
-    const float rs = rsqrt(wg_sum(q, sc) / (float)H + eps);
+    const float rs = rsqrt(row_sum(q, sc, 1) / (float)H + eps);
     if (!live)
         return;
     if (lid == 0) {
