@@ -50,8 +50,8 @@ static void usage(FILE *f)
         "  --max-candidates N  candidates per case (a fixed sample; 0: all)\n"
         "  --space SPEC        search only these values, e.g. \"TM=4,8 TN=2,4\"; parameters\n"
         "                      it does not name keep the kernel's list (see --list)\n"
-        "  --reps N            timed runs per candidate (median kept)\n"
-        "  --warmup N          untimed runs first\n"
+        "  --reps N            timed runs per candidate, 1 to 64 (median kept)\n"
+        "  --warmup N          untimed runs first, 0 to 1000\n"
         "  --output FILE       write the tuning file (temporary file, then rename)\n"
         "  --merge             keep FILE's entries for this device that are not retuned\n"
         "  --for-platform      write FILE for any device of this platform and type (for shipped\n"
@@ -266,8 +266,13 @@ int main(int argc, char **argv)
             fprintf(stderr, "llmcl-tune: unknown option or missing value: %s\n", a);
             usage(stderr);
             return 2;
-        } else if (strcmp(a, "--kernel") == 0 && n_filters < MAX_FILTERS)
+        } else if (strcmp(a, "--kernel") == 0) {
+            if (n_filters == MAX_FILTERS) {
+                fprintf(stderr, "llmcl-tune: at most %d --kernel options\n", MAX_FILTERS);
+                return 2;
+            }
             filters[n_filters++] = argv[i + 1];
+        }
         else if (strcmp(a, "--shape") == 0)
             shape = v;
         else if (strcmp(a, "--output") == 0)
@@ -277,17 +282,26 @@ int main(int argc, char **argv)
                 fprintf(stderr, "llmcl-tune: bad --dtype %s (f32, bf16, f16, ...)\n", v);
                 return 2;
             }
-        } else if (strcmp(a, "--max-time") == 0)
-            max_time = atof(v);
-        else if (strcmp(a, "--space") == 0)
+        } else if (strcmp(a, "--max-time") == 0) {
+            if (!util_parse_double(v, 1e-3, 7 * 86400.0, &max_time)) {
+                fprintf(stderr, "llmcl-tune: --max-time %s: expected seconds, 0.001 to a week\n",
+                        v);
+                return 2;
+            }
+        } else if (strcmp(a, "--space") == 0)
             space = v;
-        else if (strcmp(a, "--max-candidates") == 0)
-            max_cand = atoi(v);
-        else if (strcmp(a, "--reps") == 0)
-            reps = atoi(v);
-        else if (strcmp(a, "--warmup") == 0)
-            warmup = atoi(v);
-        else if (strcmp(a, "--platform") == 0)
+        else if (strcmp(a, "--max-candidates") == 0 || strcmp(a, "--reps") == 0 ||
+                 strcmp(a, "--warmup") == 0) {
+            const bool cand = strcmp(a, "--max-candidates") == 0, rep = strcmp(a, "--reps") == 0;
+            const long lo = rep ? 1 : 0, hi = rep ? 64 : cand ? 1000000 : 1000;
+            long n;
+            if (!util_parse_long(v, lo, hi, &n)) {
+                fprintf(stderr, "llmcl-tune: %s %s: expected a whole number from %ld to %ld\n", a,
+                        v, lo, hi);
+                return 2;
+            }
+            *(cand ? &max_cand : rep ? &reps : &warmup) = (int)n;
+        } else if (strcmp(a, "--platform") == 0)
             setenv("LLMCL_PLATFORM", v, 1);
         else if (strcmp(a, "--device") == 0)
             setenv("LLMCL_DEVICE", v, 1);

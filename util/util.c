@@ -1,6 +1,11 @@
-/* util.c: seeded random numbers and a monotonic clock for the tests and the tools (util.h). */
+/*
+ * util.c: seeded random numbers, a monotonic clock and command-line numbers for the tests and the
+ * tools (util.h).
+ */
 #include "util/util.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <time.h>
 
 uint64_t util_mix64(uint64_t z)
@@ -42,4 +47,24 @@ double util_now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+bool util_parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    const long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+bool util_parse_double(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    const double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || !isfinite(v) || !(v >= lo && v <= hi))
+        return false;
+    *out = v;
+    return true;
 }

@@ -1,12 +1,14 @@
 /*
  * util.h: what the tests (tests/harness.c) and the tools (llmcl-bench, llmcl-tune) share and the
- * library does not: returning a failed llmcl_status, seeded random numbers and a monotonic clock.
+ * library does not: returning a failed llmcl_status, seeded random numbers, a monotonic clock and
+ * the parsing of command-line numbers.
  * Built once as the static library llmcl_util (util/meson.build); llmcl-train links it too (it is
  * no part of the library: the trainer still reaches llmcl through the public API alone).
  */
 #ifndef LLMCL_UTIL_H
 #define LLMCL_UTIL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "llmcl.h"
@@ -50,5 +52,10 @@ double util_bits_to_unit(uint64_t bits);
 
 /* Seconds on a monotonic clock. */
 double util_now_s(void);
+
+/* An option's value: the whole of s a decimal integer, or a finite number, in [lo, hi]; *out is
+   written only where it is. */
+bool util_parse_long(const char *s, long lo, long hi, long *out);
+bool util_parse_double(const char *s, double lo, double hi, double *out);
 
 #endif

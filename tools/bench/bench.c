@@ -335,30 +335,85 @@ static void print_table(const bench_env *env)
     }
 }
 
+static void print_families(FILE *f)
+{
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; ++i)
+        fprintf(f, " %s", families[i].name);
+    fprintf(f, "\n");
+}
+
 static void usage(void)
 {
     printf("usage: llmcl-bench [--only FAMILY] [--reps N] [--settle S] [--small | --full]\n"
            "Runs every kernel at a representative size on the selected device (LLMCL_PLATFORM,\n"
            "LLMCL_DEVICE), checks each output against the CPU reference and prints a table.\n"
+           "--reps N times N runs a row (1 to 64; default 20, 3 with --small; slow rows fewer).\n"
            "--small shrinks sizes (the default on CPU devices); --full forces GPU sizes.\n"
-           "--settle S runs each row for S seconds before timing it, so that a GPU's clock has\n"
-           "settled under its power cap, then times batches of its runs back to back on the host,\n"
-           "each over its count (compare with the yardsticks' --settle S).\n"
+           "--settle S runs each row for S seconds (0 to 60) before timing it, so that a GPU's\n"
+           "clock has settled under its power cap, then times batches of its runs back to back on\n"
+           "the host, each over its count (compare with the yardsticks' --settle S).\n"
            "families:");
-    for (size_t i = 0; i < sizeof families / sizeof families[0]; ++i)
-        printf(" %s", families[i].name);
-    printf("\n");
+    print_families(stdout);
 }
 
-/* --settle's value: a number of seconds from 0 to 60. */
-static bool parse_seconds(const char *s, double *out)
+static bool known_family(const char *name)
 {
-    char *end;
-    const double v = strtod(s, &end);
-    if (*s == '\0' || *end != '\0' || !(v >= 0 && v <= 60))
-        return false;
-    *out = v;
-    return true;
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; ++i)
+        if (strcmp(name, families[i].name) == 0)
+            return true;
+    return false;
+}
+
+/*
+ * The command line, checked before the device is touched. A bad one gets one line on stderr
+ * naming what is wrong, and exit status 2 (returned; 0 to go on, -1 after --help).
+ */
+static int parse_args(int argc, char **argv, const char **only, int *reps, double *settle_s,
+                      int *force_small)
+{
+    for (int i = 1; i < argc; ++i) {
+        const char *opt = argv[i];
+        if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) {
+            usage();
+            return -1;
+        }
+        if (strcmp(opt, "--small") == 0 || strcmp(opt, "--full") == 0) {
+            *force_small = strcmp(opt, "--small") == 0;
+            continue;
+        }
+        const bool takes_value = strcmp(opt, "--only") == 0 || strcmp(opt, "--reps") == 0 ||
+                                 strcmp(opt, "--settle") == 0;
+        if (!takes_value) {
+            fprintf(stderr, "llmcl-bench: unknown option %s (--help lists them)\n", opt);
+            return 2;
+        }
+        if (i + 1 == argc) {
+            fprintf(stderr, "llmcl-bench: %s needs a value (--help)\n", opt);
+            return 2;
+        }
+        const char *val = argv[++i];
+        if (strcmp(opt, "--only") == 0) {
+            if (!known_family(val)) {
+                fprintf(stderr, "llmcl-bench: --only %s: no such family; the families:", val);
+                print_families(stderr);
+                return 2;
+            }
+            *only = val;
+        } else if (strcmp(opt, "--reps") == 0) {
+            long n; /* 64 runs at most: the most a row keeps */
+            if (!util_parse_long(val, 1, 64, &n)) {
+                fprintf(stderr,
+                        "llmcl-bench: --reps %s: expected a whole number of runs from 1 to 64\n",
+                        val);
+                return 2;
+            }
+            *reps = (int)n;
+        } else if (strcmp(opt, "--settle") == 0 && !util_parse_double(val, 0, 60, settle_s)) {
+            fprintf(stderr, "llmcl-bench: --settle %s: expected seconds from 0 to 60\n", val);
+            return 2;
+        }
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -366,23 +421,9 @@ int main(int argc, char **argv)
     const char *only = NULL;
     int reps = 0, force_small = -1;
     double settle_s = 0;
-    for (int i = 1; i < argc; ++i) {
-        if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
-            only = argv[++i];
-        else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--settle") == 0 && i + 1 < argc &&
-                 parse_seconds(argv[i + 1], &settle_s))
-            ++i;
-        else if (strcmp(argv[i], "--small") == 0)
-            force_small = 1;
-        else if (strcmp(argv[i], "--full") == 0)
-            force_small = 0;
-        else {
-            usage();
-            return strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0 ? 0 : 2;
-        }
-    }
+    const int parsed = parse_args(argc, argv, &only, &reps, &settle_s, &force_small);
+    if (parsed)
+        return parsed < 0 ? 0 : parsed;
     bench_env env = {0};
     if (llmcl_ctx_create(&env.ctx) != LLMCL_OK) {
         fprintf(stderr, "llmcl-bench: %s\n", llmcl_last_error(NULL));
@@ -429,17 +470,9 @@ int main(int argc, char **argv)
     else
         printf("median of %d runs after %d warm-up\n", env.reps, env.warmup);
     fflush(stdout);
-    bool found = false;
     for (size_t i = 0; i < sizeof families / sizeof families[0]; ++i)
-        if (!only || strcmp(only, families[i].name) == 0) {
-            found = true;
+        if (!only || strcmp(only, families[i].name) == 0)
             families[i].run(&env);
-        }
-    if (!found) {
-        usage();
-        llmcl_ctx_destroy(env.ctx);
-        return 2;
-    }
     print_table(&env);
     llmcl_ctx_destroy(env.ctx);
     if (n_failed)

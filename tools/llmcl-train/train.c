@@ -359,18 +359,16 @@ static unsigned parse_targets(const char *s)
 
 static long parse_int(const char *name, const char *s, long lo, long hi)
 {
-    char *end;
-    const long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || v < lo || v > hi)
+    long v;
+    if (!util_parse_long(s, lo, hi, &v))
         die("--%s %s: expected an integer in [%ld, %ld]", name, s, lo, hi);
     return v;
 }
 
 static double parse_num(const char *name, const char *s, double lo)
 {
-    char *end;
-    const double v = strtod(s, &end);
-    if (*s == '\0' || *end != '\0' || !(v >= lo) || !isfinite(v))
+    double v;
+    if (!util_parse_double(s, lo, HUGE_VAL, &v))
         die("--%s %s: expected a number >= %g", name, s, lo);
     return v;
 }
