@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""test_tool_options.py: llmcl-bench's and llmcl-tune's command lines. Unknown options, options
-without their value, values out of range or not numbers (llmcl-bench's --reps and --settle,
-llmcl-tune's --max-time, --max-candidates, --reps and --warmup) and unknown families fail with one
-line on stderr that names them and status 2, before the device is touched; --help prints the
-usage. A run of one llmcl-bench family at small sizes checks its rows against the CPU reference,
-with --reps and with --settle's host-timed batches.
+"""test_tool_options.py: llmcl-bench's, llmcl-tune's and llmcl-info's command lines. Unknown
+options, options without their value, values out of range or not numbers (llmcl-bench's --reps
+and --settle, llmcl-tune's --max-time, --max-candidates, --reps and --warmup) and unknown families
+fail with one line on stderr that names them and status 2, before the device is touched; --help
+prints the usage. A run of one llmcl-bench family at small sizes checks its rows against the CPU
+reference, with --reps and with --settle's host-timed batches.
 
-    python3 tests/test_tool_options.py build/tools/llmcl-bench build/tools/llmcl-tune
+    python3 tests/test_tool_options.py build/tools/llmcl-bench build/tools/llmcl-tune \
+        build/tools/llmcl-info
 """
 import subprocess
 import sys
 
-BENCH, TUNE = sys.argv[1], sys.argv[2]
+BENCH, TUNE, INFO = sys.argv[1], sys.argv[2], sys.argv[3]
 
 
 def run(*args, exe=BENCH):
@@ -42,6 +43,7 @@ def tune_options():
 
 def main():
     tune_options()
+    bad(["--bogus"], "llmcl-info: unknown option --bogus", INFO)
     bad(["--bogus"], "unknown option --bogus")
     bad(["--only"], "--only needs a value")
     bad(["--only", "nope"], "--only nope: no such family; the families: elementwise")

@@ -87,6 +87,10 @@ int main(int argc, char **argv)
                "LLMCL_PLATFORM and LLMCL_DEVICE (an index or a name substring) choose it.\n");
         return 0;
     }
+    if (argc > 1) {
+        fprintf(stderr, "llmcl-info: unknown option %s (it takes none; --help)\n", argv[1]);
+        return 2;
+    }
     printf("llmcl %s\n\n", llmcl_version());
     cl_platform_id platform = NULL;
     cl_device_id device = NULL;
