@@ -272,8 +272,7 @@ int main(int argc, char **argv)
                 return 2;
             }
             filters[n_filters++] = argv[i + 1];
-        }
-        else if (strcmp(a, "--shape") == 0)
+        } else if (strcmp(a, "--shape") == 0)
             shape = v;
         else if (strcmp(a, "--output") == 0)
             output = v;

@@ -378,9 +378,8 @@ static int parse_group_layers(const char *s)
 {
     if (strcmp(s, "auto") == 0)
         return ZERO_GROUP_LAYERS_AUTO;
-    char *end;
-    const long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || v < 1 || v > 1 << 20)
+    long v;
+    if (!util_parse_long(s, 1, 1 << 20, &v))
         die("--zero-group-layers %s: expected auto or a count of layers from 1 to %d", s, 1 << 20);
     return (int)v;
 }
@@ -406,9 +405,8 @@ static int parse_recompute(const char *s, const char *next)
         return RECOMPUTE_OPS;
     if (strcmp(s, "auto") == 0)
         return RECOMPUTE_AUTO;
-    char *end;
-    const long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || v < 1 || v > 4096)
+    long v;
+    if (!util_parse_long(s, 1, 4096, &v))
         die("--recompute=%s: expected full, ops, auto or a layer interval N from 1 to 4096 (the "
             "layers l with (l + 1) %% N = 0 are recomputed)", s);
     return (int)v;
