@@ -639,8 +639,8 @@ static llmcl_status create_on(llmcl_dist_transport t, llmcl_dist **out)
 /*
  * Which transport runs: MPI where asked for; NCCL where asked for, or a refusal on every rank that
  * says why; automatic runs NCCL exactly where the forced one does, else MPI, saying why not;
- * LLMCL_DIST_TRANSPORT overrides automatic, a bad value of it is refused, and a missing
- * LLMCL_NCCL library is named. Returns whether NCCL runs here.
+ * LLMCL_DIST_TRANSPORT overrides automatic, a bad value of it, of LLMCL_NCCL_CE or of
+ * LLMCL_NCCL_TIMEOUT is refused whatever the transport, and a missing LLMCL_NCCL library is named. Returns whether NCCL runs here.
  */
 static int test_transport_choice(void)
 {
@@ -690,6 +690,19 @@ static int test_transport_choice(void)
     CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "LLMCL_NCCL_CE=2"),
           "LLMCL_NCCL_CE=2: %s: %s", llmcl_status_str(st), llmcl_last_error(ctx));
     unsetenv("LLMCL_NCCL_CE");
+    static const char *const bad_timeouts[] = {"5x", "-1", "0", "inf", "nan", "1e999", " "};
+    for (size_t i = 0; i < sizeof bad_timeouts / sizeof *bad_timeouts; ++i) {
+        setenv("LLMCL_NCCL_TIMEOUT", bad_timeouts[i], 1);
+        st = create_on(LLMCL_DIST_TRANSPORT_AUTO, &d);
+        CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT &&
+                  strstr(llmcl_last_error(ctx), "LLMCL_NCCL_TIMEOUT="),
+              "LLMCL_NCCL_TIMEOUT=%s: %s: %s", bad_timeouts[i], llmcl_status_str(st),
+              llmcl_last_error(ctx));
+    }
+    setenv("LLMCL_NCCL_TIMEOUT", "2.5", 1);
+    OK(create_on(LLMCL_DIST_TRANSPORT_AUTO, &d));
+    llmcl_dist_destroy(d);
+    unsetenv("LLMCL_NCCL_TIMEOUT");
 
     setenv("LLMCL_DIST_OVERLAP", "off", 1);
     OK(create_on(LLMCL_DIST_TRANSPORT_AUTO, &d));

@@ -4,8 +4,10 @@
  * over the ranks), the cross-rank check of the parameter set, the allocations of each stage, and
  * initial values.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,11 +160,6 @@ static llmcl_status wanted_transport(llmcl_ctx *ctx, const llmcl_dist_opts *o,
                                      llmcl_dist_transport *out)
 {
     *out = o->transport;
-    const char *ce = llmcl__getenv("LLMCL_NCCL_CE");
-    LLMCL__REQUIRE(ctx, !ce || strcmp(ce, "0") == 0 || strcmp(ce, "1") == 0,
-                   LLMCL_ERROR_INVALID_ARGUMENT,
-                   "LLMCL_NCCL_CE=%s is not 0 (NCCL's kernels) or 1 (its copy engines where it "
-                   "can)", ce);
     const char *env = llmcl__getenv("LLMCL_DIST_TRANSPORT");
     if (*out != LLMCL_DIST_TRANSPORT_AUTO || !env)
         return LLMCL_OK;
@@ -176,6 +173,33 @@ static llmcl_status wanted_transport(llmcl_ctx *ctx, const llmcl_dist_opts *o,
 }
 
 /*
+ * The NCCL transport's settings from the environment, checked whatever the transport, so that a
+ * bad value fails alike on every machine: LLMCL_NCCL_CE, and LLMCL_NCCL_TIMEOUT into
+ * d->nccl_timeout_s (600 s unset), a positive, finite number of seconds whole: "5x" is refused,
+ * not read as 5.
+ */
+static llmcl_status read_nccl_env(llmcl_dist *d)
+{
+    const char *ce = llmcl__getenv("LLMCL_NCCL_CE");
+    LLMCL__REQUIRE(d->ctx, !ce || strcmp(ce, "0") == 0 || strcmp(ce, "1") == 0,
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "LLMCL_NCCL_CE=%s is not 0 (NCCL's kernels) or 1 (its copy engines where it "
+                   "can)", ce);
+    const char *timeout = llmcl__getenv("LLMCL_NCCL_TIMEOUT");
+    d->nccl_timeout_s = 600.0;
+    if (!timeout)
+        return LLMCL_OK;
+    char *end;
+    errno = 0;
+    const double s = strtod(timeout, &end);
+    LLMCL__REQUIRE(d->ctx, end != timeout && *end == '\0' && errno == 0 && isfinite(s) && s > 0.0,
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "LLMCL_NCCL_TIMEOUT=%s is not a positive number of seconds such as 600", timeout);
+    d->nccl_timeout_s = s;
+    return LLMCL_OK;
+}
+
+/*
  * The transport (collective): NCCL where asked for or where automatic finds every rank able to run
  * it, else MPI. Every rank takes part in each step whatever it found so far, so that all decide
  * alike.
@@ -183,6 +207,8 @@ static llmcl_status wanted_transport(llmcl_ctx *ctx, const llmcl_dist_opts *o,
 static llmcl_status choose_transport(llmcl_dist *d, llmcl_status st)
 {
     llmcl_dist_transport want = LLMCL_DIST_TRANSPORT_AUTO;
+    if (st == LLMCL_OK)
+        st = read_nccl_env(d);
     if (st == LLMCL_OK)
         st = wanted_transport(d->ctx, &d->opts, &want);
     st = llmcl__dist_agree(d, st);

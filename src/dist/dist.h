@@ -51,6 +51,7 @@ struct llmcl_dist {
     llmcl_dist_opts opts;
     dist_transport *transport;
     char transport_detail[256]; /* llmcl_dist_info.transport_detail */
+    double nccl_timeout_s;      /* LLMCL_NCCL_TIMEOUT */
 
     int n_params, cap_params, n_groups;
     dist_param *params;

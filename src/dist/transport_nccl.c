@@ -283,7 +283,7 @@ static cl_int wait_pending(nccl_transport *t, const pending *e)
         }
         if (now_s() - e->since > t->timeout_s) {
             char s[64];
-            snprintf(s, sizeof s, "%.0f", t->timeout_s);
+            snprintf(s, sizeof s, "%g", t->timeout_s);
             fail_async(t, "an NCCL call took longer than LLMCL_NCCL_TIMEOUT=%s s (a rank that "
                           "stopped taking part, or a hang in NCCL)", s);
             continue;
@@ -953,10 +953,7 @@ static llmcl_status init_comm(llmcl_dist *d, nccl_transport *t, char *why, size_
 
 static llmcl_status start_helper(llmcl_dist *d, nccl_transport *t)
 {
-    const char *timeout = llmcl__getenv("LLMCL_NCCL_TIMEOUT");
-    t->timeout_s = timeout ? atof(timeout) : 600.0;
-    LLMCL__REQUIRE(d->ctx, t->timeout_s > 0.0, LLMCL_ERROR_INVALID_ARGUMENT,
-                   "LLMCL_NCCL_TIMEOUT=%s is not a positive number of seconds", timeout);
+    t->timeout_s = d->nccl_timeout_s;
     LLMCL__REQUIRE(d->ctx, pthread_create(&t->thread, NULL, helper_main, t) == 0,
                    LLMCL_ERROR_OUT_OF_HOST_MEMORY, "the NCCL transport's helper thread");
     t->thread_started = true;
