@@ -857,6 +857,9 @@ typedef struct llmcl_matmul_opts {
                                      c (cuBLASLt's C beside D); c's dtype and shape */
     llmcl_sumsq *sumsq;           /* optional: gathers the sum of the squares of the values
                                      written to c (c contiguous), for llmcl_grad_norm_sumsq */
+    const llmcl_tensor *a_ext;    /* optional, borrowed, with b_ext: the product goes on along
+                                     K, op(a) op(b) + op(a_ext) op(b_ext) (below) */
+    const llmcl_tensor *b_ext;
 } llmcl_matmul_opts;
 
 /*
@@ -900,6 +903,17 @@ typedef struct llmcl_matmul_opts {
  * share of the global norm costs no pass over it: mm_wgmma into an f32 c, unsplit, sums them in
  * its epilogue (a partial per warp and tile); every other path sums c after the product. c must
  * be contiguous. On failure the accumulator holds what it held before.
+ *
+ * opts->a_ext and opts->b_ext (both or neither) continue the product along K: c = alpha (op(a)
+ * op(b) + op(a_ext) op(b_ext)) + beta c_in + bias, as if a_ext lay beside a and b_ext below b in
+ * one product of K + K2, where op(a_ext) is [M, K2] and op(b_ext) [K2, N] (trans_a and trans_b
+ * apply to them too, K2 >= 0; their dtype is a's, their batch rules a's and b's). A LoRA
+ * projection is y = [x, s u] [W, B]^T, its input gradient dx = [dy, du] [W; A], without
+ * reading and writing the output a second time. mm_wgmma takes the second pair's slices after
+ * each tile's first, into the same accumulators, where both pairs have TMA's copies, one unit
+ * stride alike, and c is 2-D and unsplit (llmcl_tune_params_get then reports MM_EXT 1); every
+ * other path runs two products, the second adding to c: a 16-bit c is then rounded after the
+ * first as well, and a device error between them can leave c holding the first's result.
  */
 LLMCL_API llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a,
                                     const llmcl_tensor *b, float beta, llmcl_tensor *c,

@@ -4,7 +4,8 @@
  * path against the plain one, vocabulary-sized K (more slices where the device cuts loops short);
  * the tensor-core path where the device has one (skipped with a message elsewhere) and the
  * portable kernel's tunables; a separate addend c_in (read in place or copied, never changed);
- * the squares of c gathered for the gradient norm (opts.sumsq); every bad input, with c left
+ * the squares of c gathered for the gradient norm (opts.sumsq); the product continued along K
+ * (opts.a_ext, b_ext) against one product over the joined operands; every bad input, with c left
  * intact.
  */
 #include <math.h>
@@ -116,6 +117,8 @@ typedef struct mm_case {
     int split_k;
     int addend;                    /* what beta scales: ADDEND_C (c) or a c_in below */
     llmcl_sumsq *sumsq;            /* opts.sumsq */
+    int ext;                       /* 1: K goes on for k2 more in opts.a_ext and b_ext */
+    int64_t k2;
 } mm_case;
 
 /* opts.c_in: none; beside c in storage of its own, laid out alike at 8 or 1 elements further
@@ -129,16 +132,34 @@ enum { ADDEND_C, ADDEND_ALIKE, ADDEND_SHIFTED, ADDEND_OTHER, ADDEND_SELF };
  */
 static th_tol mm_tol(const mm_case *c, double magnitude)
 {
-    const double sum = 6e-8 * (8.0 + 4.0 * sqrt((double)c->k));
+    const double sum = 6e-8 * (8.0 + 4.0 * sqrt((double)(c->k + c->k2)));
     return (th_tol){sum * magnitude + 1e-30, th_tol_for(c->cdt).rtol};
+}
+
+/*
+ * The columns [k0, k0 + k) of a's [za][m][kk] (part "a"), or the rows [k0, k0 + k) of b's
+ * [zb][kk][n] (part "b"): the operands that a product continued along K splits in two.
+ */
+static double *k_part(const double *v, int64_t z, int64_t m, int64_t kk, int64_t n, int64_t k0,
+                      int64_t k, bool a)
+{
+    double *o = th_alloc((size_t)(z * (a ? m * k : k * n)) * sizeof *o + 1);
+    for (int64_t i = 0; i < z; ++i)
+        for (int64_t r = 0; r < (a ? m : k); ++r)
+            for (int64_t c = 0; c < (a ? k : n); ++c)
+                o[(i * (a ? m : k) + r) * (a ? k : n) + c] =
+                    a ? v[(i * m + r) * kk + k0 + c] : v[(i * kk + k0 + r) * n + c];
+    return o;
 }
 
 /* Runs the case and returns the output values (view order) with the reference in *ref_out. */
 static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol *tol)
 {
     th_rng rng = th_rng_new(seed);
-    const int64_t b = c->batch, m = c->m, n = c->n, k = c->k;
-    const int64_t na = (c->a_batched ? b : 1) * m * k, nb = (c->b_batched ? b : 1) * k * n;
+    const int64_t b = c->batch, m = c->m, n = c->n, k = c->k, k2 = c->k2, kk = k + k2;
+    const int64_t za = c->a_batched ? b : 1, zb = c->b_batched ? b : 1;
+    const int64_t na = za * m * kk, nb = zb * kk * n;
+    /* the operands joined along K: a's columns then a_ext's, b's rows then b_ext's */
     double *av = th_alloc((size_t)na * sizeof *av), *bv = th_alloc((size_t)nb * sizeof *bv);
     double *cv = th_alloc((size_t)(b * m * n) * sizeof *cv), *biasv = NULL;
     th_fill_uniform(&rng, av, (size_t)na, -1.0, 1.0);
@@ -153,10 +174,9 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
         c_start[i] = c->beta == 0.0 || apart ? NAN : cv[i];
 
     /* the view shapes are op's transposed where trans is set */
-    double *av_view = op_values(av, c->a_batched ? b : 1, c->trans_a ? k : m, c->trans_a ? m : k,
-                                c->trans_a);
-    double *bv_view = op_values(bv, c->b_batched ? b : 1, c->trans_b ? n : k, c->trans_b ? k : n,
-                                c->trans_b);
+    double *a1 = k_part(av, za, m, kk, n, 0, k, true), *b1 = k_part(bv, zb, m, kk, n, 0, k, false);
+    double *av_view = op_values(a1, za, c->trans_a ? k : m, c->trans_a ? m : k, c->trans_a);
+    double *bv_view = op_values(b1, zb, c->trans_b ? n : k, c->trans_b ? k : n, c->trans_b);
     mm_tensor ta = mm_make(&rng, c->dt, c->a_batched, b, c->trans_a ? k : m, c->trans_a ? m : k,
                            c->a_col, c->pad, c->offset, av_view);
     mm_tensor tb = mm_make(&rng, c->dt, c->b_batched, b, c->trans_b ? n : k, c->trans_b ? k : n,
@@ -175,6 +195,20 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
         th_round_all(c->biasdt, biasv, (size_t)len);
         bias = th_tensor_from(c->biasdt, 1, &len, biasv);
     }
+    mm_tensor ta2 = {0}, tb2 = {0};
+    if (c->ext) {
+        double *a2 = k_part(av, za, m, kk, n, k, k2, true), *b2 = k_part(bv, zb, m, kk, n, k, k2, false);
+        double *a2v = op_values(a2, za, c->trans_a ? k2 : m, c->trans_a ? m : k2, c->trans_a);
+        double *b2v = op_values(b2, zb, c->trans_b ? n : k2, c->trans_b ? k2 : n, c->trans_b);
+        ta2 = mm_make(&rng, c->dt, c->a_batched, b, c->trans_a ? k2 : m, c->trans_a ? m : k2,
+                      c->a_col, c->pad, c->offset, a2v);
+        tb2 = mm_make(&rng, c->dt, c->b_batched, b, c->trans_b ? n : k2, c->trans_b ? k2 : n,
+                      c->b_col, c->pad, c->offset + (c->aligned ? 0 : 3), b2v);
+        free(a2);
+        free(b2);
+        free(a2v);
+        free(b2v);
+    }
     const llmcl_matmul_opts opts = {.trans_a = c->trans_a,
                                     .trans_b = c->trans_b,
                                     .bias = bias,
@@ -184,7 +218,9 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
                                     .c_in = apart                   ? tin.view
                                             : c->addend == ADDEND_SELF ? tc.view
                                                                        : NULL,
-                                    .sumsq = c->sumsq};
+                                    .sumsq = c->sumsq,
+                                    .a_ext = ta2.view,
+                                    .b_ext = tb2.view};
     TH_OK(llmcl_matmul(th_ctx(), (float)c->alpha, ta.view, tb.view, (float)c->beta, tc.view, &opts));
     double *got = mm_read(&tc);
     if (apart) { /* an input: every element as it was */
@@ -198,18 +234,28 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
 
     double *ref = th_alloc((size_t)(b * m * n) * sizeof *ref), *mag = th_alloc((size_t)(b * m * n) * sizeof *mag);
     memcpy(ref, cv, (size_t)(b * m * n) * sizeof *ref);
-    matmul_ref(b, m, n, k, c->alpha, av, c->a_batched, bv, c->b_batched, c->beta, biasv, c->bias, ref);
-    matmul_ref_abs(b, m, n, k, av, c->a_batched, bv, c->b_batched, mag);
+    matmul_ref(b, m, n, kk, c->alpha, av, c->a_batched, bv, c->b_batched, c->beta, biasv, c->bias, ref);
+    matmul_ref_abs(b, m, n, kk, av, c->a_batched, bv, c->b_batched, mag);
     double big = 1e-30;
     for (int64_t i = 0; i < b * m * n; ++i)
         big = fmax(big, fabs(c->alpha) * mag[i] + (c->beta != 0.0 ? fabs(c->beta * cv[i]) : 0.0));
     *tol = mm_tol(c, big);
+    /* two products (every path but mm_wgmma's walk of both pairs) round a 16-bit c after the
+       first: one more rounding of a value within big */
+    if (c->ext && c->cdt != LLMCL_F32)
+        tol->atol += th_tol_for(c->cdt).rtol * big;
     *ref_out = ref;
 
     mm_free(&ta);
     mm_free(&tb);
     mm_free(&tc);
+    if (c->ext) {
+        mm_free(&ta2);
+        mm_free(&tb2);
+    }
     llmcl_tensor_destroy(bias);
+    free(a1);
+    free(b1);
     free(av);
     free(bv);
     free(cv);
@@ -228,10 +274,11 @@ static void mm_check(const char *what, const mm_case *c, uint64_t seed)
     got = mm_run(c, seed, &ref, &tol);
     char label[192];
     snprintf(label, sizeof label,
-             "%s: %s->%s %lldx%lldx%lld b%lld ta%d tb%d a%d%d b%d%d c%d pad%lld alpha %g beta %g "
-             "bias %d split %d addend %d",
+             "%s: %s->%s %lldx%lldx%lld%s%lld b%lld ta%d tb%d a%d%d b%d%d c%d pad%lld alpha %g "
+             "beta %g bias %d split %d addend %d",
              what, llmcl_dtype_name(c->dt), llmcl_dtype_name(c->cdt), (long long)c->m,
-             (long long)c->n, (long long)c->k, (long long)c->batch, c->trans_a, c->trans_b,
+             (long long)c->n, (long long)c->k, c->ext ? "+" : " ", (long long)c->k2,
+             (long long)c->batch, c->trans_a, c->trans_b,
              c->a_batched, c->a_col, c->b_batched, c->b_col, c->c_col, (long long)c->pad, c->alpha,
              c->beta, c->bias, c->split_k, c->addend);
     TH_ASSERT_CLOSE(label, ref, got, (size_t)(c->batch * c->m * c->n), tol);
@@ -985,6 +1032,74 @@ static void test_sumsq_growth(void **state)
 
 /* ---- bad input: a clear status, and c untouched ---- */
 
+/*
+ * The product continued along K (opts.a_ext, b_ext) against one product over the joined
+ * operands: every dtype and transpose with alpha, beta, the bias and f32 outputs at sizes off the
+ * tiles (two products on every path); K2 of 0 and a first K of 0; batches and a K split (two
+ * products); then 16-bit operands whose rows suit TMA, which on a GPU with it take the second
+ * pair in one mm_wgmma walk (MM_EXT, asserted there) in LoRA's forms: y = x W^T + u B^T with a
+ * residual addend and dx = dy W + du A.
+ */
+static void test_k_ext(void **state)
+{
+    (void)state;
+    for (int d = 0; d < 3; ++d)
+        for (int t = 0; t < 4; ++t) {
+            mm_case c = plain(float_dtypes[d], 37, 29, 45);
+            c.ext = 1;
+            c.k2 = 19;
+            c.trans_a = t & 1;
+            c.trans_b = t >> 1;
+            c.alpha = t == 2 ? 1.0 : -0.75;
+            c.beta = t % 2 ? 0.5 : 0.0;
+            c.bias = t % 3;
+            c.cdt = t == 3 ? LLMCL_F32 : c.dt;
+            mm_check("K extension", &c, 1300 + 10 * d + t);
+        }
+    for (int v = 0; v < 4; ++v) {
+        mm_case c = plain(float_dtypes[v % 3], 21, 33, v == 1 ? 0 : 40);
+        c.ext = 1;
+        c.k2 = v == 0 ? 0 : 23;
+        c.beta = 1.0;
+        c.batch = v == 2 ? 3 : 1;
+        c.a_batched = v == 2;
+        c.b_batched = v == 2;
+        c.split_k = v == 3 ? 3 : 0;
+        c.k = v == 3 ? 2100 : c.k;
+        c.cdt = LLMCL_F32;
+        mm_check("K extension edges", &c, 1350 + v);
+    }
+    const llmcl_device_info *info = llmcl_ctx_device_info(th_ctx());
+    for (int v = 0; v < 9; ++v) {
+        /* the last: more tiles than work-groups, so that each walks several */
+        const bool forward = v % 2 == 0, many = v == 8;
+        mm_case c = plain(v < 6 || many ? LLMCL_BF16 : LLMCL_F16, many ? 8192 : 304,
+                          forward ? (many ? 640 : 264) : 256, forward ? (many ? 128 : 256) : 264);
+        c.ext = 1;
+        c.k2 = v % 4 < 2 ? 16 : 48;
+        c.aligned = 1;
+        c.offset = 8;
+        c.trans_b = forward;
+        c.trans_a = v == 5;
+        c.beta = forward ? 1.0 : (v == 3 ? 1.0 : 0.0);
+        c.addend = forward && v != 4 ? ADDEND_ALIKE : ADDEND_C;
+        c.bias = v == 4 ? 1 : 0;
+        c.cdt = v == 5 ? LLMCL_F32 : c.dt;
+        c.alpha = v == 2 ? 0.5 : 1.0;
+        mm_check(forward ? "K extension, LoRA's forward" : "K extension, LoRA's dx", &c,
+                 1360 + v);
+        if (info->has_wgmma && info->has_tma && c.dt == LLMCL_BF16) {
+            char launched[256];
+            int ran = 0;
+            TH_OK(llmcl_tune_params_get(th_ctx(), mma_key(c.trans_a), c.dt,
+                                        many ? "8192" : "304", launched, sizeof launched, &ran));
+            if (!ran || !strstr(launched, "MM_EXT=1"))
+                fail_msg("K extension %d: mm_wgmma did not take the second pair (%s)", v,
+                         launched);
+        }
+    }
+}
+
 typedef struct bad_env {
     llmcl_tensor *c;
     double *before;
@@ -1082,6 +1197,36 @@ static void test_bad_input(void **state)
     TH_OK(llmcl_matmul(ctx, 1, a, b, 1, c, &bad));
     th_download(c, e.before);
 
+    /* the product continued along K: one of the pair alone, K2, M or N that do not match, another
+       dtype, a batched a_ext for a 2-D c, an a_ext inside c */
+    const int64_t s42[2] = {4, 2}, s23e[2] = {2, 3}, s33e[2] = {3, 3}, s52[2] = {5, 2};
+    const int64_t s24[2] = {2, 4}, s242[3] = {2, 4, 2};
+    llmcl_tensor *x42 = th_tensor(LLMCL_F32, 2, s42), *x23 = th_tensor(LLMCL_F32, 2, s23e);
+    llmcl_tensor *x33 = th_tensor(LLMCL_F32, 2, s33e), *x52 = th_tensor(LLMCL_F32, 2, s52);
+    llmcl_tensor *x24 = th_tensor(LLMCL_F32, 2, s24), *x42h = th_tensor(LLMCL_BF16, 2, s42);
+    llmcl_tensor *x242 = th_tensor(LLMCL_F32, 3, s242), *c_cols = NULL;
+    const int64_t c_col_strides[2] = {3, 1};
+    TH_OK(llmcl_tensor_view(c, 2, s42, c_col_strides, 0, &c_cols));
+    const struct {
+        const llmcl_tensor *ae, *be;
+        llmcl_status want;
+        const char *what;
+    } ext_bad[] = {{x42, NULL, LLMCL_ERROR_INVALID_ARGUMENT, "a_ext without b_ext"},
+                   {NULL, x23, LLMCL_ERROR_INVALID_ARGUMENT, "b_ext without a_ext"},
+                   {x42, x33, LLMCL_ERROR_SHAPE_MISMATCH, "b_ext of K2 3 for a_ext's 2"},
+                   {x52, x23, LLMCL_ERROR_SHAPE_MISMATCH, "a_ext of 5 rows for M 4"},
+                   {x42, x24, LLMCL_ERROR_SHAPE_MISMATCH, "b_ext of 4 columns for N 3"},
+                   {x42h, x23, LLMCL_ERROR_UNSUPPORTED_DTYPE, "bf16 a_ext, f32 a"},
+                   {x242, x23, LLMCL_ERROR_SHAPE_MISMATCH, "batched a_ext, 2-D c"},
+                   {c_cols, x23, LLMCL_ERROR_INVALID_ARGUMENT, "a_ext inside c"}};
+    for (size_t i = 0; i < sizeof ext_bad / sizeof ext_bad[0]; ++i) {
+        bad = (llmcl_matmul_opts){.a_ext = ext_bad[i].ae, .b_ext = ext_bad[i].be};
+        expect_fail(&e, ext_bad[i].want, llmcl_matmul(ctx, 1, a, b, 1, c, &bad), ext_bad[i].what);
+    }
+    llmcl_tensor *ext_all[] = {x42, x23, x33, x52, x24, x42h, x242, c_cols};
+    for (size_t i = 0; i < sizeof ext_all / sizeof ext_all[0]; ++i)
+        llmcl_tensor_destroy(ext_all[i]);
+
     /* outputs that overlap an input or themselves */
     const int64_t sq[2] = {4, 4};
     llmcl_tensor *sqa = th_tensor(LLMCL_F32, 2, sq), *sqb = th_tensor(LLMCL_F32, 2, sq), *alias = NULL;
@@ -1158,6 +1303,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_preload),
         cmocka_unit_test(test_sumsq),
         cmocka_unit_test(test_sumsq_growth),
+        cmocka_unit_test(test_k_ext),
         cmocka_unit_test(test_bad_input),
     };
     return TH_RUN(tests);

@@ -54,6 +54,10 @@
  *   MM_SUMSQ    mm_wgmma into an f32 C, unsplit: each warp also writes the sum of the squares of
  *               the values it stored in a tile to sumsq[first + (z tiles + tile) NT / 32 + warp]
  *               (llmcl_matmul's opts->sumsq, the gradient norm's partials)
+ *   MM_EXT      mm_wgmma with MM_TMA, unsplit and 2-D: the product goes on along K with a second
+ *               pair, A2(m, k) = a2[a2off + m sa2m + k sa2k] and B2(k, n) = b2[b2off + k sb2k +
+ *               n sb2n] for k < K2 (llmcl_matmul's a_ext and b_ext), laid out as A and B; each
+ *               tile's walk takes its slices after A's and B's, into the same accumulators
  */
 
 #ifndef DT
@@ -139,6 +143,9 @@
 #endif
 #ifndef MM_BIAS
 #define MM_BIAS 1
+#endif
+#ifndef MM_EXT
+#define MM_EXT 0
 #endif
 #ifndef MM_SUMSQ
 #define MM_SUMSQ 0
@@ -1286,40 +1293,57 @@ mm_wg_ce_dlogits(const float *d, int h, const mm_ce *ce, bool weighs, __global c
 
 #if MM_TMA
 /* The tensor-map templates (nv_tma.c) of A's and B's dtype and of C's, and a work-group's MM_MAPS
-   global slots for its maps: A's, B's, and with MM_EPI_TMA each warpgroup's of C. */
+   global slots for its maps: A's, B's, with MM_EXT A2's and B2's, and with MM_EPI_TMA each
+   warpgroup's of C (from slot MM_MAP_C). */
 #define MM_TMA_PARAMS , ulong16 tma_map, ulong16 tma_map_c, __global ulong16 *tma_slots
-#define MM_MAPS (2 + (MM_EPI_TMA ? NT / 128 : 0))
+#define MM_MAP_C (2 + 2 * MM_EXT)
+#define MM_MAPS (MM_MAP_C + (MM_EPI_TMA ? NT / 128 : 0))
 
 /*
- * Thread 0's copies, by TMA, of slice p of its group's tiles (tile p / nk of the group's walk,
- * k-slice p % nk) into stage p % STAGES, once every work-item has released the stage's previous
- * slice (empty) and with the stage's full barrier expecting the bytes. A tile's rows past M, its
- * columns past N and its k past K arrive as zeros. An mn-major operand comes in atoms of 64.
+ * Thread 0's copies, by TMA, of slice p of its group's tiles (tile p / (nk + nk2) of the group's
+ * walk, then its k-slice: A's and B's first nk, A2's and B2's (maps ext) the nk2 after) into stage
+ * p % STAGES, once every work-item has released the stage's previous slice (empty) and with the
+ * stage's full barrier expecting the bytes. A tile's rows past M, its columns past N and its k
+ * past K (K2) arrive as zeros. An mn-major operand comes in atoms of 64.
  */
-inline void mm_tma_produce(int p, int nk, int step, long k_lo, long M, long N, uint base,
-                           uint full, uint empty, ulong map_a, ulong map_b)
+inline void mm_tma_produce(int p, int nk, int nk2, int step, long k_lo, long M, long N, uint base,
+                           uint full, uint empty, ulong map_a, ulong map_b, ulong2 ext)
 {
-    const int s = p % STAGES;
+    const int s = p % STAGES, slice = p % (nk + nk2);
     long m0, n0;
-    mm_tile_origin(M, N, (int)get_group_id(0) + (p / nk) * step, &m0, &n0);
-    const int k = (int)(k_lo + (long)(p % nk) * BK), m = (int)m0, n = (int)n0;
+    mm_tile_origin(M, N, (int)get_group_id(0) + (p / (nk + nk2)) * step, &m0, &n0);
+    const bool second = slice >= nk;
+    const ulong ma = second ? ext.x : map_a, mb = second ? ext.y : map_b;
+    const int k = second ? (slice - nk) * BK : (int)(k_lo + (long)slice * BK);
+    const int m = (int)m0, n = (int)n0;
     const uint bar = full + 8 * s, sa = base + s * (STAGE_A + STAGE_B), sb = sa + STAGE_A;
     if (p >= STAGES)
         wg_bar_wait(empty + 8 * s, (p / STAGES + 1) & 1);
     wg_bar_expect(bar, STAGE_A + STAGE_B);
     if (A_KC)
-        wg_tma_load(sa, map_a, k, m, bar);
+        wg_tma_load(sa, ma, k, m, bar);
     else
         for (int i = 0; i < BM / 64; ++i)
-            wg_tma_load(sa + i * BK * 128, map_a, m + 64 * i, k, bar);
+            wg_tma_load(sa + i * BK * 128, ma, m + 64 * i, k, bar);
     if (B_KC)
-        wg_tma_load(sb, map_b, k, n, bar);
+        wg_tma_load(sb, mb, k, n, bar);
     else
         for (int i = 0; i < BN / 64; ++i)
-            wg_tma_load(sb + i * BK * 128, map_b, n + 64 * i, k, bar);
+            wg_tma_load(sb + i * BK * 128, mb, n + 64 * i, k, bar);
 }
 #else
 #define MM_TMA_PARAMS
+#endif
+
+#if MM_EXT
+#if !MM_TMA || SPLITK || MM_CE
+#error "MM_EXT goes on along K by TMA's copies, in an unsplit product without MM_CE"
+#endif
+#define MM_EXT_PARAMS                                                                             \
+    , const __global ab_t *a2, ulong a2off, long sa2m, long sa2k, long sa2b,                      \
+        const __global ab_t *b2, ulong b2off, long sb2k, long sb2n, long sb2b, long K2
+#else
+#define MM_EXT_PARAMS
 #endif
 
 /*
@@ -1366,7 +1390,7 @@ inline void mm_tma_produce(int p, int nk, int step, long k_lo, long M, long N, u
 #define MM_PRODUCERS 0
 #endif
 __kernel __attribute__((reqd_work_group_size(NT + MM_PRODUCERS, 1, 1))) void
-mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS)
+mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS MM_EXT_PARAMS)
 {
     __local uint4 smem[STAGES * (STAGE_A + STAGE_B) / 16] __attribute__((aligned(1024)));
     MM_CE_CHECK();
@@ -1376,14 +1400,21 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS)
     const int ntiles = (int)(((M + BM - 1) / BM) * ((N + BN - 1) / BN));
     const int step = get_num_groups(0);
     const int nk = (int)((k_hi - k_lo + BK - 1) / BK);
+#if MM_EXT
+    const int nk2 = (int)((K2 + BK - 1) / BK);
+#else
+    const int nk2 = 0;
+#endif
 #define STAGE(i) (base + ((i) % STAGES) * (STAGE_A + STAGE_B))
 #if MM_TMA
     __local ulong bars[2 * STAGES];
     const uint full = mma_smem(bars), empty = full + 8 * STAGES;
     const long gid = get_group_id(0) + get_num_groups(0) * (z + get_num_groups(1) * sl);
     const ulong map_a = (ulong)(tma_slots + MM_MAPS * gid), map_b = map_a + 128;
+    /* A2's and B2's maps (MM_EXT), else A's and B's again */
+    const ulong2 ext = MM_EXT ? (ulong2)(map_a + 256, map_a + 384) : (ulong2)(map_a, map_b);
     const int first = get_group_id(0);
-    const int total = first < ntiles ? (ntiles - first + step - 1) / step * nk : 0;
+    const int total = first < ntiles ? (ntiles - first + step - 1) / step * (nk + nk2) : 0;
     int p = 0, g = 0;
     /* a k-major operand in boxes of whole tile rows, an mn-major one in atoms of 64; with a
        producer warp, the first work-item makes B's map beside the producer's of A, since a map
@@ -1391,30 +1422,49 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS)
 #define MM_MAP_B()                                                                                \
     wg_tma_map(tma_slots + MM_MAPS * gid + 1, tma_map, b, B_KC ? K : N, B_KC ? N : K,             \
                2 * (B_KC ? sbn : sbk), 64, B_KC ? BN : 64)
-    if (MM_PRODUCER && tid == 0)
+    /* the second pair's maps, laid out as the first's */
+#if MM_EXT
+#define MM_MAP_EXT()                                                                              \
+    wg_tma_map(tma_slots + MM_MAPS * gid + 2, tma_map, a2 + a2off, A_KC ? K2 : M, A_KC ? M : K2,  \
+               2 * (A_KC ? sa2m : sa2k), 64, A_KC ? BM : 64);                                     \
+    wg_tma_map(tma_slots + MM_MAPS * gid + 3, tma_map, b2 + b2off, B_KC ? K2 : N, B_KC ? N : K2,  \
+               2 * (B_KC ? sb2n : sb2k), 64, B_KC ? BN : 64)
+#else
+#define MM_MAP_EXT()
+#endif
+    if (MM_PRODUCER && tid == 0) {
         MM_MAP_B();
+        MM_MAP_EXT();
+    }
     if (tid == MM_PRODUCER) {
         wg_tma_map(tma_slots + MM_MAPS * gid, tma_map, a, A_KC ? K : M, A_KC ? M : K,
                    2 * (A_KC ? sam : sak), 64, A_KC ? BM : 64);
-        if (!MM_PRODUCER)
+        if (!MM_PRODUCER) {
             MM_MAP_B();
+            MM_MAP_EXT();
+        }
         for (int s = 0; s < STAGES; ++s) {
             wg_bar_init(full + 8 * s, 1);
             wg_bar_init(empty + 8 * s, NT);
         }
         wg_bar_init_fence();
         for (; !MM_PRODUCER && p < STAGES - 1 && p < total; ++p)
-            mm_tma_produce(p, nk, step, k_lo, M, N, base, full, empty, map_a, map_b);
+            mm_tma_produce(p, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b, ext);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 #if MM_PRODUCERS == 128
     WG_PRODUCER_REGISTERS(tid >= NT);
 #endif
     if (MM_PRODUCER && tid >= NT) {
-        if (tid == MM_PRODUCER)
+        if (tid == MM_PRODUCER) {
             wg_tma_acquire(map_b);
+            if (MM_EXT) {
+                wg_tma_acquire(ext.x);
+                wg_tma_acquire(ext.y);
+            }
+        }
         for (; tid == MM_PRODUCER && p < total; ++p)
-            mm_tma_produce(p, nk, step, k_lo, M, N, base, full, empty, map_a, map_b);
+            mm_tma_produce(p, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b, ext);
         return;
     }
 #if MM_EPI_TMA
@@ -1426,7 +1476,7 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS)
     const bool tma_c = scn == 1 && ((coff | scm) & c_align) == 0 && (cid & 1) == 0;
     ulong map_c = 0;
     if (tma_c && (tid & 127) == 0)
-        map_c = wg_tma_map(tma_slots + MM_MAPS * gid + 2 + wg, tma_map_c, c + coff, N, M,
+        map_c = wg_tma_map(tma_slots + MM_MAPS * gid + MM_MAP_C + wg, tma_map_c, c + coff, N, M,
                            sizeof(c_t) * scm, 128 / sizeof(c_t), 64 * WG_MB);
 #endif
 #define MM_WG_FIRST_SLICES(m0, n0, live)
@@ -1455,7 +1505,7 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS)
             d[i] = 0.0f;
         const float beta_out = beta;
 #endif
-        for (int kt = 0; kt < nk; ++kt) {
+        for (int kt = 0; kt < nk + nk2; ++kt) {
 #if MM_TMA
             const uint sa = STAGE(g);
             wg_bar_wait(full + 8 * (g % STAGES), (g / STAGES) & 1);
@@ -1478,7 +1528,8 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS)
             if (kt > 0) {
                 wg_bar_arrive(empty + 8 * ((g - 1) % STAGES));
                 if (!MM_PRODUCER && tid == 0 && p < total)
-                    mm_tma_produce(p++, nk, step, k_lo, M, N, base, full, empty, map_a, map_b);
+                    mm_tma_produce(p++, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b,
+                                   ext);
             }
             ++g;
 #endif
@@ -1490,7 +1541,7 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS)
 #if MM_TMA
         wg_bar_arrive(empty + 8 * ((g - 1) % STAGES));
         if (!MM_PRODUCER && tid == 0 && p < total)
-            mm_tma_produce(p++, nk, step, k_lo, M, N, base, full, empty, map_a, map_b);
+            mm_tma_produce(p++, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b, ext);
 #else
         barrier(CLK_LOCAL_MEM_FENCE); /* every warpgroup is done reading the stages */
 #endif
@@ -1553,6 +1604,7 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS)
 #endif
 #undef MM_WG_FIRST_SLICES
 #undef MM_MAP_B
+#undef MM_MAP_EXT
 #undef STAGE
 }
 #endif

@@ -31,6 +31,8 @@ typedef struct mm_problem {
     llmcl_ctx *ctx;
     int64_t M, N, K, batch;
     mm_operand a, b, c; /* A (m, k), B (k, n), C (m, n) */
+    int64_t K2;         /* the product's K continued by A2 (m, k) B2 (k, n): opts a_ext, b_ext */
+    mm_operand a2, b2;
     const llmcl_tensor *cin; /* the addend that beta scales, laid out as C (NULL: C itself) */
     const llmcl_tensor *bias;
     int bias_mode; /* 0 none, 1 bias[n], 2 bias[m] */
@@ -105,6 +107,57 @@ static llmcl_status check_addend(mm_problem *p, const llmcl_tensor *cin)
     LLMCL__REQUIRE(ctx, !llmcl__overlaps(c, cin), LLMCL_ERROR_INVALID_ARGUMENT,
                    "matmul: c overlaps c_in; c_in must be c itself or separate storage");
     p->cin = cin;
+    return LLMCL_OK;
+}
+
+/*
+ * opts->a_ext and b_ext: both or neither, a's dtype, batched as a and b may be, op(a_ext) [M, K2]
+ * and op(b_ext) [K2, N], apart from c. They become p->a2, p->b2 and p->K2 (0: none, as for a K2
+ * of 0).
+ */
+static llmcl_status check_ext(mm_problem *p, const llmcl_tensor *a)
+{
+    llmcl_ctx *ctx = p->ctx;
+    const llmcl_matmul_opts *o = &p->o;
+    const llmcl_tensor *ae = o->a_ext, *be = o->b_ext, *c = p->c.t;
+    LLMCL__REQUIRE(ctx, !ae == !be, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "matmul: a_ext and b_ext go together; %s is NULL", ae ? "b_ext" : "a_ext");
+    if (!ae)
+        return LLMCL_OK;
+    LLMCL__TRY(llmcl__check_tensor(ctx, ae, "a_ext", LLMCL__FLOAT_DTYPES, 2, 3));
+    LLMCL__TRY(llmcl__check_tensor(ctx, be, "b_ext", LLMCL__FLOAT_DTYPES, 2, 3));
+    LLMCL__REQUIRE(ctx, ae->dtype == a->dtype && be->dtype == a->dtype,
+                   LLMCL_ERROR_UNSUPPORTED_DTYPE,
+                   "matmul: a_ext is %s and b_ext %s; they must be a's dtype %s",
+                   llmcl_dtype_name(ae->dtype), llmcl_dtype_name(be->dtype),
+                   llmcl_dtype_name(a->dtype));
+    LLMCL__REQUIRE(ctx, (ae->ndim == 2 || (c->ndim == 3 && ae->shape[0] == p->batch)) &&
+                       (be->ndim == 2 || (c->ndim == 3 && be->shape[0] == p->batch)),
+                   LLMCL_ERROR_SHAPE_MISMATCH,
+                   "matmul: a_ext and b_ext must have c's batch %lld (or be 2-D)",
+                   (long long)p->batch);
+    p->K2 = cols_of(ae, o->trans_a);
+    char sa[96], sb[96];
+    llmcl__shape_text(ae, sa, sizeof sa);
+    llmcl__shape_text(be, sb, sizeof sb);
+    LLMCL__REQUIRE(ctx,
+                   rows_of(ae, o->trans_a) == p->M && rows_of(be, o->trans_b) == p->K2 &&
+                       cols_of(be, o->trans_b) == p->N,
+                   LLMCL_ERROR_SHAPE_MISMATCH,
+                   "matmul: op(a_ext) of %s%s and op(b_ext) of %s%s must be [M, K2] and [K2, N] "
+                   "with M = %lld and N = %lld",
+                   sa, o->trans_a ? "^T" : "", sb, o->trans_b ? "^T" : "", (long long)p->M,
+                   (long long)p->N);
+    LLMCL__REQUIRE(ctx, p->K2 < INT_MAX, LLMCL_ERROR_OVERFLOW,
+                   "matmul: a_ext's K2 must be below 2^31");
+    LLMCL__REQUIRE(ctx, !llmcl__overlaps(c, ae) && !llmcl__overlaps(c, be),
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "matmul: c overlaps %s; the output must be separate storage",
+                   llmcl__overlaps(c, ae) ? "a_ext" : "b_ext");
+    if (p->K2 == 0)
+        return LLMCL_OK;
+    p->a2 = operand_of(ae, o->trans_a);
+    p->b2 = operand_of(be, o->trans_b);
     return LLMCL_OK;
 }
 
@@ -185,6 +238,7 @@ static llmcl_status check_problem(mm_problem *p, const llmcl_tensor *a, const ll
     p->a = operand_of(a, o->trans_a);
     p->b = operand_of(b, o->trans_b);
     p->c = operand_of(c, 0);
+    LLMCL__TRY(check_ext(p, a));
     if (o->sumsq) {
         LLMCL__TRY(llmcl__sumsq_check(ctx, o->sumsq));
         LLMCL__REQUIRE(ctx, llmcl_tensor_is_contiguous(c), LLMCL_ERROR_INVALID_ARGUMENT,
@@ -320,7 +374,9 @@ static int64_t k_slice(const mm_problem *p, int64_t tiles, int64_t bk, int resid
 {
     const int64_t ksteps = llmcl__div_up(p->K, bk) > 0 ? llmcl__div_up(p->K, bk) : 1;
     int64_t s = p->o.split_k;
-    if (s == 0)
+    if (p->K2 > 0) /* the second pair's slices follow the first's in one walk */
+        s = 1;
+    else if (s == 0)
         s = p->ctx->info.is_gpu ? auto_slices(tiles * p->batch, wave_slots(p->ctx, resident),
                                               ksteps, (uint64_t)p->batch * p->M * p->N * 4)
                                 : 1;
@@ -482,6 +538,11 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
             llmcl__arg(&g, 16 * sizeof(uint64_t), l->tma);
             llmcl__arg(&g, 16 * sizeof(uint64_t), l->tma_c);
             llmcl__arg(&g, sizeof maps->mem, &maps->mem);
+        }
+        if (p->K2 > 0) {
+            arg_operand(&g, &p->a2, true);
+            arg_operand(&g, &p->b2, true);
+            llmcl__arg_i64(&g, p->K2);
         }
         const size_t global[3] = {(size_t)groups * l->wg, (size_t)p->batch, (size_t)slices};
         const size_t local[3] = {l->wg, 1, 1};
@@ -906,6 +967,8 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
        preload left to the launcher stays -1, so that llmcl-tune's entries leave it so */
     llmcl__param_set(&t, "MM_TMA_STORE", store);
     llmcl__param_set(&t, "MM_WS", tma && llmcl__param_get(&t, "MM_WS", 0));
+    if (p->K2 > 0)
+        llmcl__param_set(&t, "MM_EXT", 1);
     const bool preload = wgmma_preloads(p, ce, &t, tiles);
     if (llmcl__param_get(&t, "MM_PRELOAD", -1) >= 0)
         llmcl__param_set(&t, "MM_PRELOAD", preload);
@@ -925,8 +988,8 @@ static llmcl_status run_wgmma(const mm_problem *p, int a_kc, int b_kc, const llm
        the unsplit kernel even for a launch split along K */
     const uint64_t local = wgmma_local_bytes(&t, store);
     const int resident = groups_by_local(p->ctx, local) > 1 ? 0 : WG_RESIDENT;
-    /* A's and B's maps, and each warpgroup's of C */
-    const int64_t maps = 2 + (store ? bm / (64 * mb) : 0);
+    /* A's and B's maps, A2's and B2's, and each warpgroup's of C */
+    const int64_t maps = 2 + (p->K2 > 0 ? 2 : 0) + (store ? bm / (64 * mb) : 0);
     /* the warpgroups' warps sum an f32 c's squares in the epilogue (MM_SUMSQ) */
     const int64_t warps = c32 && !ce ? wgmma_work_items(&t, false, false) / 32 : 0;
     const uint64_t *tma_c = tma ? llmcl__tma_template(p->ctx->tma, p->c.t->dtype) : NULL;
@@ -1125,6 +1188,62 @@ static bool addend_in_place(const mm_problem *p)
     return in.s0 == p->c.s0 && in.s1 == p->c.s1 && (p->batch == 1 || in.sb == p->c.sb);
 }
 
+/*
+ * Whether mm_wgmma walks the second pair after the first (MM_EXT): where it runs with TMA's
+ * copies for both pairs, laid out alike, on one batch entry, with no split asked for.
+ */
+static bool ext_fused(const mm_problem *p, int a_kc, int b_kc)
+{
+    return p->ctx->info.has_wgmma && mma_available(p->ctx, p->a.t->dtype) && a_kc >= 0 &&
+           b_kc >= 0 && p->batch == 1 && p->o.split_k <= 1 && p->K > 0 &&
+           unit_dim(&p->a2, true) == a_kc && unit_dim(&p->b2, false) == b_kc &&
+           tma_template(p, a_kc, b_kc) && aligned8(&p->a2, 1, a_kc, true) &&
+           aligned8(&p->b2, 1, b_kc, false);
+}
+
+/* A checked problem without a second pair, on its path. */
+static llmcl_status run_problem(mm_problem *p, llmcl_tensor *c)
+{
+    if (p->beta == 0.0f)
+        p->cin = NULL;
+    if (p->cin && !addend_in_place(p))
+        LLMCL__TRY(copy_addend(p, c));
+    const llmcl_dtype dt = p->a.t->dtype;
+    const int a_kc = unit_dim(&p->a, true), b_kc = unit_dim(&p->b, false);
+    if (mma_available(p->ctx, dt) && a_kc >= 0 && b_kc >= 0)
+        return run_tensor_cores(p, a_kc, b_kc, NULL);
+    /* CLBlast's loops over K are its own: where loops are cut short, only a K that they pass
+       well within the budget (on llvmpipe they ran K = 16 x 65535, failed at 4 x 10^6) */
+    if (dt == LLMCL_F32 && p->o.split_k <= 1 && p->K > 0 && p->K <= llmcl__loop_budget(p->ctx)) {
+        bool done;
+        int64_t first;
+        LLMCL__TRY(sumsq_begin(p, false, 0, &first));
+        LLMCL__TRY(run_clblast(p, c, &done));
+        if (done)
+            return sumsq_end(p, false, 0, LLMCL_OK);
+    }
+    return run_tiled(p);
+}
+
+/* The product continued along K as two: op(a) op(b) as asked, then alpha op(a_ext) op(b_ext)
+   added to c, which gathers the squares (opts->sumsq) of c's final values. */
+static llmcl_status run_in_two(const mm_problem *p, llmcl_tensor *c)
+{
+    mm_problem first = *p, second = *p;
+    first.K2 = 0;
+    first.o.sumsq = NULL;
+    second.a = p->a2;
+    second.b = p->b2;
+    second.K = p->K2;
+    second.K2 = 0;
+    second.beta = 1.0f;
+    second.cin = NULL;
+    second.bias = NULL;
+    second.bias_mode = 0;
+    LLMCL__TRY(run_problem(&first, c));
+    return run_problem(&second, c);
+}
+
 llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, const llmcl_tensor *b,
                           float beta, llmcl_tensor *c, const llmcl_matmul_opts *opts)
 {
@@ -1133,25 +1252,9 @@ llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, co
     LLMCL__TRY(check_problem(&p, a, b, c, opts));
     if (p.M == 0 || p.N == 0 || p.batch == 0)
         return LLMCL_OK;
-    if (beta == 0.0f)
-        p.cin = NULL;
-    if (p.cin && !addend_in_place(&p))
-        LLMCL__TRY(copy_addend(&p, c));
-    const llmcl_dtype dt = a->dtype;
-    const int a_kc = unit_dim(&p.a, true), b_kc = unit_dim(&p.b, false);
-    if (mma_available(ctx, dt) && a_kc >= 0 && b_kc >= 0)
-        return run_tensor_cores(&p, a_kc, b_kc, NULL);
-    /* CLBlast's loops over K are its own: where loops are cut short, only a K that they pass
-       well within the budget (on llvmpipe they ran K = 16 x 65535, failed at 4 x 10^6) */
-    if (dt == LLMCL_F32 && p.o.split_k <= 1 && p.K > 0 && p.K <= llmcl__loop_budget(ctx)) {
-        bool done;
-        int64_t first;
-        LLMCL__TRY(sumsq_begin(&p, false, 0, &first));
-        LLMCL__TRY(run_clblast(&p, c, &done));
-        if (done)
-            return sumsq_end(&p, false, 0, LLMCL_OK);
-    }
-    return run_tiled(&p);
+    if (p.K2 > 0 && !ext_fused(&p, unit_dim(&p.a, true), unit_dim(&p.b, false)))
+        return run_in_two(&p, c);
+    return run_problem(&p, c);
 }
 
 /* ---- the fused cross-entropy's logits product ---- */
