@@ -1247,71 +1247,75 @@ static llmcl_status linear(llmcl_ctx *ctx, const llmcl_tensor *x, const llmcl_te
 }
 
 /*
- * LoRA costs two thin products more than the base projection in the forward and four in the
- * backward, and passes are saved where Unsloth saves them: u = x A^T is kept from the forward
- * (never recomputed), s u B^T and du A are accumulated into y and dx by the matmul's beta = 1
- * (no [N, out] or [N, in] temporary and no separate add pass), the scale s rides in the matmul's
- * alpha (no scaling pass), and frozen base weights skip their weight-gradient product entirely.
- * The adapters of q, k and v (or gate and up) share their x A^T, dA and du A products where their
- * A's lie side by side (stacked_adapters).
+ * LoRA costs one thin product more than the base projection in the forward and three in the
+ * backward. u = s x A^T, the scale s in the matmul's alpha, is kept from the forward (never
+ * recomputed); the base product goes on along K with the adapter (the matmul's a_ext and b_ext):
+ * y = [x, u] [W, B]^T, dx = [dy, du] [W; A], so that neither y nor dx is read and written a
+ * second time (on the H200 those rank-16 updates ran at half the copy rate, 10% of the 1B
+ * model's step); frozen base weights skip their weight-gradient product entirely. The adapters
+ * of q, k and v (or gate and up) share their x A^T, dA and dx products where their A's lie side
+ * by side (stacked_adapters).
  */
-/* p's adapter from its u = x A^T: y += s u B^T. */
-static llmcl_status adapter_up(model *m, const model_param *p, const llmcl_tensor *u,
-                               llmcl_tensor *y)
+/* u = s x A^T for the adapters whose A's are aw (one, or stacked side by side). */
+static llmcl_status adapter_u(model *m, const llmcl_tensor *x, const llmcl_tensor *aw,
+                              llmcl_tensor *u)
 {
     const llmcl_matmul_opts o = {.trans_b = 1};
-    return PROF(F_MATMUL_FWD, llmcl_matmul(m->ctx, m->lora_scale, u, p->lora_b->w, 1, y, &o));
-}
-
-/* p's adapter on x: u = x A^T, y += s u B^T. */
-static llmcl_status adapter_forward(model *m, const model_param *p, const llmcl_tensor *x,
-                                    llmcl_tensor *y, llmcl_tensor *u)
-{
-    OP(F_MATMUL_FWD, linear(m->ctx, x, p->lora_a->w, u));
-    return adapter_up(m, p, u, y);
+    return PROF(F_MATMUL_FWD, llmcl_matmul(m->ctx, m->lora_scale, x, aw, 0.0f, u, &o));
 }
 
 /* Whether the forward applies p's adapter: not while the model serves as its own reference. */
 static bool adapted(const model *m, const model_param *p) { return p->lora_a && !m->adapters_off; }
 
+/* y = x W^T (+ res, + bias) and, where p is adapted, + u B^T in the same product. */
+static llmcl_status proj_product(model *m, const model_param *p, const llmcl_tensor *x,
+                                 const llmcl_tensor *res, llmcl_tensor *y, const llmcl_tensor *u)
+{
+    const bool lora = adapted(m, p);
+    const llmcl_matmul_opts o = {.trans_b = 1,
+                                 .c_in = res,
+                                 .bias = p->bias ? p->bias->w : NULL,
+                                 .a_ext = lora ? u : NULL,
+                                 .b_ext = lora ? p->lora_b->w : NULL};
+    return PROF(F_MATMUL_FWD, llmcl_matmul(m->ctx, 1.0f, x, p->w, res ? 1.0f : 0.0f, y, &o));
+}
+
 llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tensor *x,
                                 const llmcl_tensor *res, llmcl_tensor *y, llmcl_tensor *u)
 {
-    const llmcl_matmul_opts o = {.trans_b = 1, .c_in = res, .bias = p->bias ? p->bias->w : NULL};
-    OP(F_MATMUL_FWD, llmcl_matmul(m->ctx, 1.0f, x, p->w, res ? 1.0f : 0.0f, y, &o));
-    return adapted(m, p) ? adapter_forward(m, p, x, y, u) : LLMCL_OK;
+    if (adapted(m, p))
+        TRY(adapter_u(m, x, p->lora_a->w, u));
+    return proj_product(m, p, x, res, y, u);
 }
 
 /* The weight gradients' beta: 0 where their write replaces them (grads_fresh), else 1. */
 static float grad_beta(const model *m) { return m->grads_fresh ? 0.0f : 1.0f; }
 
-/* The first half of p's adapter's backward from dy: dB += s dy^T u, du = s dy B. */
+/* The first half of p's adapter's backward from dy: dB += dy^T u, du = s dy B. */
 static llmcl_status adapter_down(model *m, const model_param *p, const llmcl_tensor *dy,
                                  const llmcl_tensor *u, llmcl_tensor *du)
 {
     const llmcl_matmul_opts t = {.trans_a = 1};
-    const float s = m->lora_scale;
-    OP(F_MATMUL_DW, llmcl_matmul(m->ctx, s, dy, u, grad_beta(m), p->lora_b->grad, &t));
-    return PROF(F_MATMUL_DX, llmcl_matmul(m->ctx, s, dy, p->lora_b->w, 0.0f, du, NULL));
+    OP(F_MATMUL_DW, llmcl_matmul(m->ctx, 1.0f, dy, u, grad_beta(m), p->lora_b->grad, &t));
+    return PROF(F_MATMUL_DX, llmcl_matmul(m->ctx, m->lora_scale, dy, p->lora_b->w, 0.0f, du,
+                                          NULL));
 }
 
-/* The second half, for one adapter or stacked ones (A's weights w, their gradients g, du side by
-   side): dA += du^T x, dx += du A. */
-static llmcl_status adapter_in(model *m, const llmcl_tensor *w, llmcl_tensor *g,
-                               const llmcl_tensor *du, const llmcl_tensor *x, llmcl_tensor *dx)
+/* dA += du^T x, for one adapter or stacked ones (their gradients g and du side by side). */
+static llmcl_status adapter_da(model *m, llmcl_tensor *g, const llmcl_tensor *du,
+                               const llmcl_tensor *x)
 {
     const llmcl_matmul_opts t = {.trans_a = 1};
-    OP(F_MATMUL_DW, llmcl_matmul(m->ctx, 1.0f, du, x, grad_beta(m), g, &t));
-    return dx ? PROF(F_MATMUL_DX, llmcl_matmul(m->ctx, 1.0f, du, w, 1.0f, dx, NULL)) : LLMCL_OK;
+    return PROF(F_MATMUL_DW, llmcl_matmul(m->ctx, 1.0f, du, x, grad_beta(m), g, &t));
 }
 
-/* p's adapter's backward from dy: dB += s dy^T u, du = s dy B, dA += du^T x, dx += du A. */
-static llmcl_status adapter_backward(model *m, const model_param *p, const llmcl_tensor *dy,
-                                     const llmcl_tensor *x, const llmcl_tensor *u,
-                                     llmcl_tensor *dx, llmcl_tensor *du)
+/* dx = dy W (+ dx_beta dx) and, with du and the A's aw, + du A in the same product. */
+static llmcl_status proj_dx(model *m, const llmcl_tensor *w, const llmcl_tensor *dy,
+                            float dx_beta, llmcl_tensor *dx, const llmcl_tensor *du,
+                            const llmcl_tensor *aw)
 {
-    TRY(adapter_down(m, p, dy, u, du));
-    return adapter_in(m, p->lora_a->w, p->lora_a->grad, du, x, dx);
+    const llmcl_matmul_opts o = {.a_ext = du, .b_ext = aw};
+    return PROF(F_MATMUL_DX, llmcl_matmul(m->ctx, 1.0f, dy, w, dx_beta, dx, &o));
 }
 
 /* A bias's gradient from dy [N, out]: grad = ones^T dy (or +=), one thin product. */
@@ -1327,21 +1331,45 @@ static llmcl_status bias_backward(model *m, const model_param *bias, const llmcl
     return st;
 }
 
-llmcl_status model_proj_backward(model *m, model_param *p, const llmcl_tensor *dy,
-                                 const llmcl_tensor *x, const llmcl_tensor *u, float dx_beta,
-                                 llmcl_tensor *dx, llmcl_tensor *du)
+/* The backward of an adapter whose base product ran without it (stacked beside adapters whose A's
+   lie apart): dB, du, dA, and dx += du A. */
+static llmcl_status adapter_apart_backward(model *m, const model_param *p, const llmcl_tensor *dy,
+                                           const llmcl_tensor *x, const llmcl_tensor *u,
+                                           llmcl_tensor *dx, llmcl_tensor *du)
 {
-    llmcl_ctx *ctx = m->ctx;
+    TRY(adapter_down(m, p, dy, u, du));
+    TRY(adapter_da(m, p->lora_a->grad, du, x));
+    return dx ? PROF(F_MATMUL_DX, llmcl_matmul(m->ctx, 1.0f, du, p->lora_a->w, 1.0f, dx, NULL))
+              : LLMCL_OK;
+}
+
+/* The base projection's backward with the adapters' du and A's (or NULL) in its dx product: dx,
+   the weight's and the bias's gradients. */
+static llmcl_status base_backward(model *m, model_param *p, const llmcl_tensor *dy,
+                                  const llmcl_tensor *x, float dx_beta, llmcl_tensor *dx,
+                                  const llmcl_tensor *du, const llmcl_tensor *aw)
+{
     const llmcl_matmul_opts t = {.trans_a = 1, .sumsq = m->grad_sumsq};
     if (dx)
-        OP(F_MATMUL_DX, llmcl_matmul(ctx, 1.0f, dy, p->w, dx_beta, dx, NULL));
+        TRY(proj_dx(m, p->w, dy, dx_beta, dx, du, aw));
     if (p->trainable) {
-        OP(F_MATMUL_DW, llmcl_matmul(ctx, 1.0f, dy, x, grad_beta(m), p->grad, &t));
+        OP(F_MATMUL_DW, llmcl_matmul(m->ctx, 1.0f, dy, x, grad_beta(m), p->grad, &t));
         p->grad_summed = m->grad_sumsq != NULL;
     }
     if (p->bias && p->bias->trainable)
         TRY(bias_backward(m, p->bias, dy));
-    return p->lora_a ? adapter_backward(m, p, dy, x, u, dx, du) : LLMCL_OK;
+    return LLMCL_OK;
+}
+
+llmcl_status model_proj_backward(model *m, model_param *p, const llmcl_tensor *dy,
+                                 const llmcl_tensor *x, const llmcl_tensor *u, float dx_beta,
+                                 llmcl_tensor *dx, llmcl_tensor *du)
+{
+    if (!p->lora_a)
+        return base_backward(m, p, dy, x, dx_beta, dx, NULL, NULL);
+    TRY(adapter_down(m, p, dy, u, du));
+    TRY(base_backward(m, p, dy, x, dx_beta, dx, du, p->lora_a->w));
+    return adapter_da(m, p->lora_a->grad, du, x);
 }
 
 /* The first n rows of layer activations A's u for the projection of kind (its columns of its
@@ -1493,7 +1521,20 @@ static int stacked_adapters(model *m, arena *a, int l, int first, int count, boo
     return *w && (!grads || *g) ? n : 0;
 }
 
-/* y's n rows [x W_first^T, x W_first+1^T, ...] (stacked_proj's group). */
+/* Whether the forward applies an adapter of the group's projections. */
+static bool group_adapted(model *m, int l, int first, int count)
+{
+    for (int i = 0; i < count; ++i)
+        if (adapted(m, param(m, first + i, l)))
+            return true;
+    return false;
+}
+
+/*
+ * y's n rows [x W_first^T, x W_first+1^T, ...] (stacked_proj's group): one product over the
+ * stacked weights, or where adapters apply one a projection, each going on along K with its
+ * adapter (the stacked product cannot: each adapter's u meets only its own columns).
+ */
 static llmcl_status group_forward(model *m, arena *a, int l, int first, int count,
                                   const layer_acts *A, llmcl_tensor *x, llmcl_tensor *y)
 {
@@ -1501,20 +1542,18 @@ static llmcl_status group_forward(model *m, arena *a, int l, int first, int coun
     model_param st, sb;
     llmcl_tensor *aw, *ag;
     const bool stack = stacked_proj(m, a, l, first, count, &st, &sb);
+    if (stack && !group_adapted(m, l, first, count))
+        return proj_product(m, &st, x, NULL, y, NULL);
     const int together =
-        stack && !m->adapters_off ? stacked_adapters(m, a, l, first, count, false, &aw, &ag) : 0;
-    if (stack)
-        TRY(model_proj_forward(m, &st, x, NULL, y, NULL));
+        !m->adapters_off ? stacked_adapters(m, a, l, first, count, false, &aw, &ag) : 0;
     if (together) /* every adapter's u in one product, side by side in the group's buffer */
-        OP(F_MATMUL_FWD, linear(m->ctx, x, aw, group_u(m, a, A, first, n)));
+        TRY(adapter_u(m, x, aw, group_u(m, a, A, first, n)));
     int64_t col = 0;
     for (int i = 0; i < count; ++i) {
         const model_param *p = param(m, first + i, l);
         llmcl_tensor *yi = cols(a, y, n, col, p->shape[0]), *u = u_rows(m, a, A, first + i, n);
-        if (!stack)
-            TRY(model_proj_forward(m, p, x, NULL, yi, u));
-        else if (adapted(m, p))
-            TRY(together ? adapter_up(m, p, u, yi) : adapter_forward(m, p, x, yi, u));
+        TRY(together ? proj_product(m, p, x, NULL, yi, u)
+                     : model_proj_forward(m, p, x, NULL, yi, u));
         col += p->shape[0];
     }
     return LLMCL_OK;
@@ -1531,22 +1570,57 @@ static llmcl_status group_backward(model *m, arena *a, int l, int first, int cou
     llmcl_tensor *aw, *ag, *du = du_cols(m, a, n, 0, 1);
     const bool stack = stacked_proj(m, a, l, first, count, &st, &sb);
     const int together = stack ? stacked_adapters(m, a, l, first, count, true, &aw, &ag) : 0;
-    if (stack)
-        TRY(model_proj_backward(m, &st, dy, x, NULL, 0, dx, NULL));
+    if (!stack) {
+        int64_t col = 0;
+        for (int i = 0; i < count; ++i) {
+            model_param *p = param(m, first + i, l);
+            p->grad_summed = false;
+            TRY(model_proj_backward(m, p, cols(a, dy, n, col, p->shape[0]), x,
+                                    u_rows(m, a, A, first + i, n), i ? 1.0f : 0.0f, dx, du));
+            col += p->shape[0];
+        }
+        return LLMCL_OK;
+    }
+    /* the adapters' du first (stacked: each in its columns; one alone: du), so that the stacked
+       dx product takes them: dx = [dy, du] [W; A]; several apart add du A after it */
+    int lone = -1, adapters = 0;
     int64_t col = 0;
     for (int i = 0, k = 0; i < count; ++i) {
-        model_param *p = param(m, first + i, l);
-        llmcl_tensor *dyi = cols(a, dy, n, col, p->shape[0]), *u = u_rows(m, a, A, first + i, n);
-        p->grad_summed = stack && st.grad_summed;
-        if (!stack)
-            TRY(model_proj_backward(m, p, dyi, x, u, i ? 1.0f : 0.0f, dx, du));
-        else if (p->lora_a && together) /* each du in its columns, then dA and dx once */
-            TRY(adapter_down(m, p, dyi, u, du_cols(m, a, n, k++, 1)));
-        else if (p->lora_a)
-            TRY(adapter_backward(m, p, dyi, x, u, dx, du));
+        const model_param *p = param(m, first + i, l);
+        if (p->lora_a && together)
+            TRY(adapter_down(m, p, cols(a, dy, n, col, p->shape[0]),
+                             u_rows(m, a, A, first + i, n), du_cols(m, a, n, k++, 1)));
+        if (p->lora_a)
+            lone = adapters++ ? -1 : i;
         col += p->shape[0];
     }
-    return together ? adapter_in(m, aw, ag, du_cols(m, a, n, 0, together), x, dx) : LLMCL_OK;
+    llmcl_tensor *ext_du = together ? du_cols(m, a, n, 0, together) : NULL, *ext_aw = aw;
+    model_param *alone = !together && adapters == 1 ? param(m, first + lone, l) : NULL;
+    if (alone) {
+        col = 0;
+        for (int i = 0; i < lone; ++i)
+            col += param(m, first + i, l)->shape[0];
+        TRY(adapter_down(m, alone, cols(a, dy, n, col, alone->shape[0]),
+                         u_rows(m, a, A, first + lone, n), du));
+        ext_du = du;
+        ext_aw = alone->lora_a->w;
+    }
+    TRY(base_backward(m, &st, dy, x, 0.0f, dx, ext_du, ext_du ? ext_aw : NULL));
+    for (int i = 0; i < count; ++i)
+        param(m, first + i, l)->grad_summed = st.grad_summed;
+    if (together)
+        return adapter_da(m, ag, ext_du, x);
+    if (alone)
+        return adapter_da(m, alone->lora_a->grad, du, x);
+    col = 0;
+    for (int i = 0; i < count; ++i) {
+        const model_param *p = param(m, first + i, l);
+        if (p->lora_a)
+            TRY(adapter_apart_backward(m, p, cols(a, dy, n, col, p->shape[0]), x,
+                                       u_rows(m, a, A, first + i, n), dx, du));
+        col += p->shape[0];
+    }
+    return LLMCL_OK;
 }
 
 /* Where k's and v's heads begin in a row of q, k and v side by side. */
@@ -1691,8 +1765,7 @@ static llmcl_status layer_forward(model *m, arena *a, int l, const layer_acts *A
     TRY(swiglu_forward(m, a, A, n));
     const model_param *down = param(m, P_WDOWN, l);
     if (!xout) /* recomputing for the backward: of the last projection only its adapter's u */
-        return down->lora_a ? PROF(F_MATMUL_FWD, linear(ctx, act, down->lora_a->w,
-                                                        u_rows(m, a, A, P_WDOWN, n)))
+        return down->lora_a ? adapter_u(m, act, down->lora_a->w, u_rows(m, a, A, P_WDOWN, n))
                             : LLMCL_OK;
     return model_proj_forward(m, down, act, xmid, xout, u_rows(m, a, A, P_WDOWN, n));
 }

@@ -340,7 +340,7 @@ double model_flops_per_token(const model *m, int t);
 /*
  * The projection p (a base matrix [out, in]) on x [N, in]: y = x w^T, or y = res + x w^T with a
  * residual res [N, out] (NULL: none; the matmul's addend, so res needs no copy into y first), and
- * with an adapter u = x A^T [N, rank] (kept for the backward) and y += s u B^T.
+ * with an adapter u = s x A^T [N, rank] (kept for the backward) and + u B^T in the same product.
  */
 llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tensor *x,
                                 const llmcl_tensor *res, llmcl_tensor *y, llmcl_tensor *u);
@@ -348,8 +348,8 @@ llmcl_status model_proj_forward(model *m, const model_param *p, const llmcl_tens
 /*
  * Its backward from dy [N, out]: dx = dy w (dx_beta 0) or dx += dy w (dx NULL: not wanted),
  * p->grad += dy^T x when p is trainable (its squares to m->grad_sumsq where set, and
- * p->grad_summed then set); with an adapter dB += s dy^T u, du = s dy B (du [N, rank] scratch),
- * dA += du^T x and dx += du A.
+ * p->grad_summed then set); with an adapter dB += dy^T u, du = s dy B (du [N, rank] scratch),
+ * dA += du^T x and + du A in dx's product.
  */
 llmcl_status model_proj_backward(model *m, model_param *p, const llmcl_tensor *dy,
                                  const llmcl_tensor *x, const llmcl_tensor *u, float dx_beta,
