@@ -640,7 +640,8 @@ static llmcl_status create_on(llmcl_dist_transport t, llmcl_dist **out)
  * Which transport runs: MPI where asked for; NCCL where asked for, or a refusal on every rank that
  * says why; automatic runs NCCL exactly where the forced one does, else MPI, saying why not;
  * LLMCL_DIST_TRANSPORT overrides automatic, a bad value of it, of LLMCL_NCCL_CE or of
- * LLMCL_NCCL_TIMEOUT is refused whatever the transport, and a missing LLMCL_NCCL library is named. Returns whether NCCL runs here.
+ * LLMCL_NCCL_TIMEOUT is refused whatever the transport, and a missing LLMCL_NCCL library is named.
+ * Returns whether NCCL runs here.
  */
 static int test_transport_choice(void)
 {

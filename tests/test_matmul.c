@@ -197,7 +197,8 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
     }
     mm_tensor ta2 = {0}, tb2 = {0};
     if (c->ext) {
-        double *a2 = k_part(av, za, m, kk, n, k, k2, true), *b2 = k_part(bv, zb, m, kk, n, k, k2, false);
+        double *a2 = k_part(av, za, m, kk, n, k, k2, true);
+        double *b2 = k_part(bv, zb, m, kk, n, k, k2, false);
         double *a2v = op_values(a2, za, c->trans_a ? k2 : m, c->trans_a ? m : k2, c->trans_a);
         double *b2v = op_values(b2, zb, c->trans_b ? n : k2, c->trans_b ? k2 : n, c->trans_b);
         ta2 = mm_make(&rng, c->dt, c->a_batched, b, c->trans_a ? k2 : m, c->trans_a ? m : k2,
@@ -234,7 +235,8 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
 
     double *ref = th_alloc((size_t)(b * m * n) * sizeof *ref), *mag = th_alloc((size_t)(b * m * n) * sizeof *mag);
     memcpy(ref, cv, (size_t)(b * m * n) * sizeof *ref);
-    matmul_ref(b, m, n, kk, c->alpha, av, c->a_batched, bv, c->b_batched, c->beta, biasv, c->bias, ref);
+    matmul_ref(b, m, n, kk, c->alpha, av, c->a_batched, bv, c->b_batched, c->beta, biasv, c->bias,
+               ref);
     matmul_ref_abs(b, m, n, kk, av, c->a_batched, bv, c->b_batched, mag);
     double big = 1e-30;
     for (int64_t i = 0; i < b * m * n; ++i)

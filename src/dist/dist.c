@@ -194,7 +194,8 @@ static llmcl_status read_nccl_env(llmcl_dist *d)
     const double s = strtod(timeout, &end);
     LLMCL__REQUIRE(d->ctx, end != timeout && *end == '\0' && errno == 0 && isfinite(s) && s > 0.0,
                    LLMCL_ERROR_INVALID_ARGUMENT,
-                   "LLMCL_NCCL_TIMEOUT=%s is not a positive number of seconds such as 600", timeout);
+                   "LLMCL_NCCL_TIMEOUT=%s is not a positive number of seconds such as 600",
+                   timeout);
     d->nccl_timeout_s = s;
     return LLMCL_OK;
 }

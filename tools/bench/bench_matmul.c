@@ -7,7 +7,9 @@
  * dw += dy^T x (f32, beta 1), in TFLOP/s against the device's tensor-core rate where they ran on
  * tensor cores, else its fp32 FMA rate. Then LoRA's six products of an adapter of rank 16 on a
  * 1B projection (2048 wide) and the three that a group's stacked adapters share at rank 48
- * (llmcl-train's q, k and v), which are memory-bound: their rows give GB/s too. CPU devices run
+ * (llmcl-train's q, k and v), which are memory-bound: their rows give GB/s too; then the forward
+ * and dX products of the rank-16 adapter's projection with the adapter inside them, as llmcl-train
+ * runs them (opts.a_ext, b_ext: y = [x, u] [W, B]^T, dx = [dy, du] [W; A]). CPU devices run
  * the same shapes divided by 16 (LoRA's ranks kept). Each output is checked at 256 sampled
  * elements against double dot products of the downloaded operands. tools/bench/yardstick_matmul.py
  * times PyTorch on the same shapes.
@@ -20,7 +22,7 @@
 #include "bench.h"
 
 typedef struct mm_bench {
-    llmcl_tensor *a, *b, *c;
+    llmcl_tensor *a, *b, *c, *a2, *b2; /* a2, b2: opts.a_ext, b_ext, or NULL */
     llmcl_matmul_opts opts;
     float beta;
 } mm_bench;
@@ -56,23 +58,30 @@ static float *host_f32(const llmcl_tensor *t)
  * c (row-major [M, N], from beta 0) against sum_k op(a)[m][k] op(b)[k][n] in double at 256 sampled
  * elements, within f32 summation error plus c's rounding.
  */
-static int check_sampled(const mm_bench *m, int64_t M, int64_t N, int64_t K)
+static int check_sampled(const mm_bench *m, int64_t M, int64_t N, int64_t K, int64_t K2)
 {
     float *a = host_f32(m->a), *b = host_f32(m->b), *c = host_f32(m->c);
-    int ok = a && b && c;
+    float *a2 = K2 ? host_f32(m->a2) : NULL, *b2 = K2 ? host_f32(m->b2) : NULL;
+    int ok = a && b && c && (!K2 || (a2 && b2));
     const double rtol = llmcl_tensor_dtype(m->c) == LLMCL_F32 ? 1e-5 : 1e-2;
     uint64_t x = 12345;
     for (int s = 0; ok && s < 256; ++s) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         const int64_t i = (int64_t)((x >> 33) % (uint64_t)M), j = (int64_t)((x >> 13) % (uint64_t)N);
         double ref = 0, mag = 0;
-        for (int64_t k = 0; k < K; ++k) {
-            const double av = m->opts.trans_a ? a[k * M + i] : a[i * K + k];
-            const double bv = m->opts.trans_b ? b[j * K + k] : b[k * N + j];
+        for (int64_t k = 0; k < K + K2; ++k) {
+            const bool ext = k >= K;
+            const int64_t kk = ext ? k - K : k, ka = ext ? K2 : K;
+            const float *pa = ext ? a2 : a, *pb = ext ? b2 : b;
+            const double av = m->opts.trans_a ? pa[kk * M + i] : pa[i * ka + kk];
+            const double bv = m->opts.trans_b ? pb[j * ka + kk] : pb[kk * N + j];
             ref += av * bv;
             mag += fabs(av * bv);
         }
-        ok = fabs(c[i * N + j] - ref) <= 1e-6 * sqrt((double)K) * mag + rtol * fabs(ref) + 1e-6;
+        /* a product continued along K as two (every path but mm_wgmma's) rounds c once more */
+        const double twice = K2 > 0 ? rtol * mag : 0.0;
+        ok = fabs(c[i * N + j] - ref) <=
+             1e-6 * sqrt((double)(K + K2)) * mag + rtol * fabs(ref) + twice + 1e-6;
         if (!ok)
             fprintf(stderr, "llmcl-bench: matmul c[%lld, %lld] = %g, expected %g\n", (long long)i,
                     (long long)j, c[i * N + j], ref);
@@ -80,40 +89,58 @@ static int check_sampled(const mm_bench *m, int64_t M, int64_t N, int64_t K)
     free(a);
     free(b);
     free(c);
+    free(a2);
+    free(b2);
     return ok;
 }
 
-/* One row: c [M, N] = op(a) op(b) with a, b in dt; c in cdt; beta as the row asks. by_bytes:
-   the row also counts its bytes (a and b read, c written, and read where beta is not 0). */
+/* op(a) [M, K] and op(b) [K, N] (K2 columns and rows of a2 and b2 where k2 is set) in dt. */
+static llmcl_status operands(llmcl_ctx *ctx, mm_bench *m, int64_t M, int64_t N, int64_t K,
+                             bool k2, llmcl_dtype dt, int trans_a, int trans_b)
+{
+    const int64_t as[2] = {trans_a ? K : M, trans_a ? M : K};
+    const int64_t bs[2] = {trans_b ? N : K, trans_b ? K : N};
+    llmcl_tensor **a = k2 ? &m->a2 : &m->a, **b = k2 ? &m->b2 : &m->b;
+    llmcl_status st;
+    if ((st = llmcl_tensor_create(ctx, dt, 2, as, a)) ||
+        (st = llmcl_tensor_create(ctx, dt, 2, bs, b)) || (st = bench_upload_random(*a, 1 + 2 * k2)))
+        return st;
+    return bench_upload_random(*b, 2 + 2 * k2);
+}
+
+/* One row: c [M, N] = op(a) op(b) (+ op(a2) op(b2) of K2 where K2 > 0) with a, b in dt; c in
+   cdt; beta as the row asks. by_bytes: the row also counts its bytes (a and b read, c written,
+   and read where beta is not 0). */
 static void bench_one(bench_env *env, const char *dir, int64_t M, int64_t N, int64_t K,
-                      llmcl_dtype dt, llmcl_dtype cdt, int trans_a, int trans_b, float beta,
-                      bool by_bytes)
+                      int64_t K2, llmcl_dtype dt, llmcl_dtype cdt, int trans_a, int trans_b,
+                      float beta, bool by_bytes)
 {
     llmcl_ctx *ctx = env->ctx;
     mm_bench m = {.opts = {.trans_a = trans_a, .trans_b = trans_b}};
-    const int64_t as[2] = {trans_a ? K : M, trans_a ? M : K};
-    const int64_t bs[2] = {trans_b ? N : K, trans_b ? K : N}, cs[2] = {M, N};
-    llmcl_status st;
-    if ((st = llmcl_tensor_create(ctx, dt, 2, as, &m.a)) ||
-        (st = llmcl_tensor_create(ctx, dt, 2, bs, &m.b)) ||
-        (st = llmcl_tensor_create(ctx, cdt, 2, cs, &m.c)) || (st = bench_upload_random(m.a, 1)) ||
-        (st = bench_upload_random(m.b, 2)) || (st = op_matmul(ctx, &m))) {
+    const int64_t cs[2] = {M, N};
+    llmcl_status st = operands(ctx, &m, M, N, K, false, dt, trans_a, trans_b);
+    if (st == LLMCL_OK && K2 > 0)
+        st = operands(ctx, &m, M, N, K2, true, dt, trans_a, trans_b);
+    m.opts.a_ext = m.a2;
+    m.opts.b_ext = m.b2;
+    if (st || (st = llmcl_tensor_create(ctx, cdt, 2, cs, &m.c)) || (st = op_matmul(ctx, &m))) {
         bench_fail(env, "matmul setup", st);
     } else {
-        const int check = check_sampled(&m, M, N, K);
+        const int check = check_sampled(&m, M, N, K, K2);
         m.beta = beta;
         char shape[48];
         snprintf(shape, sizeof shape, "%lldx%lldx%lld%s%s", (long long)M, (long long)N,
-                 (long long)K, trans_a ? " aT" : "", trans_b ? " bT" : "");
+                 (long long)(K + K2), trans_a ? " aT" : "", trans_b ? " bT" : "");
         const double c_bytes = (double)M * N * llmcl_dtype_size(cdt) * (beta != 0.0f ? 2 : 1);
-        bench_row r = {.bytes = by_bytes ? (double)(M + N) * K * llmcl_dtype_size(dt) + c_bytes
-                                         : 0,
+        bench_row r = {.bytes = by_bytes
+                                    ? (double)(M + N) * (K + K2) * llmcl_dtype_size(dt) + c_bytes
+                                    : 0,
                        .check = check};
         snprintf(r.kernel, sizeof r.kernel, "matmul");
         snprintf(r.direction, sizeof r.direction, "%s", dir);
         snprintf(r.dtype, sizeof r.dtype, "%s", llmcl_dtype_name(dt));
         snprintf(r.shape, sizeof r.shape, "%s", shape);
-        r.flops = 2.0 * M * N * K;
+        r.flops = 2.0 * M * N * (K + K2);
         r.on_mma = llmcl_ctx_device_info(ctx)->has_mma && dt != LLMCL_F32;
         r.ms = bench_time(env, op_matmul, &m);
         r.peak_mib = bench_peak_mib(env, op_matmul, &m);
@@ -122,6 +149,8 @@ static void bench_one(bench_env *env, const char *dir, int64_t M, int64_t N, int
     }
     llmcl_tensor_destroy(m.a);
     llmcl_tensor_destroy(m.b);
+    llmcl_tensor_destroy(m.a2);
+    llmcl_tensor_destroy(m.b2);
     llmcl_tensor_destroy(m.c);
 }
 
@@ -131,31 +160,41 @@ static void bench_one(bench_env *env, const char *dir, int64_t M, int64_t N, int
 static void bench_lora(bench_env *env, int64_t tokens, int64_t width, int64_t r, bool shared)
 {
     const llmcl_dtype bf = LLMCL_BF16, f32 = LLMCL_F32;
-    bench_one(env, "lora u", tokens, r, width, bf, bf, 0, 1, 0.0f, true); /* u = x A^T */
+    bench_one(env, "lora u", tokens, r, width, 0, bf, bf, 0, 1, 0.0f, true); /* u = x A^T */
     if (!shared) {
-        bench_one(env, "lora up", tokens, width, r, bf, bf, 0, 1, 1.0f, true); /* y += u B^T */
-        bench_one(env, "lora dB", width, r, tokens, bf, f32, 1, 0, 1.0f, true); /* dB += dy^T u */
-        bench_one(env, "lora du", tokens, r, width, bf, bf, 0, 0, 0.0f, true);  /* du = dy B */
+        bench_one(env, "lora up", tokens, width, r, 0, bf, bf, 0, 1, 1.0f, true); /* y += u B^T */
+        bench_one(env, "lora dB", width, r, tokens, 0, bf, f32, 1, 0, 1.0f, true); /* dy^T u */
+        bench_one(env, "lora du", tokens, r, width, 0, bf, bf, 0, 0, 0.0f, true);  /* du = dy B */
     }
-    bench_one(env, "lora dA", r, width, tokens, bf, f32, 1, 0, 1.0f, true); /* dA += du^T x */
-    bench_one(env, "lora dx", tokens, width, r, bf, bf, 0, 0, 1.0f, true);  /* dx += du A */
+    bench_one(env, "lora dA", r, width, tokens, 0, bf, f32, 1, 0, 1.0f, true); /* dA += du^T x */
+    bench_one(env, "lora dx", tokens, width, r, 0, bf, bf, 0, 0, 1.0f, true);  /* dx += du A */
+}
+
+/* The rank-r adapter inside its projection's forward and dX products, as llmcl-train runs them:
+   y = [x, u] [W, B]^T and dx = [dy, du] [W; A] (the forward and dX rows plus up and dx above). */
+static void bench_lora_inside(bench_env *env, int64_t tokens, int64_t width, int64_t r)
+{
+    const llmcl_dtype bf = LLMCL_BF16;
+    bench_one(env, "lora fwd+up", tokens, width, width, r, bf, bf, 0, 1, 0.0f, false);
+    bench_one(env, "lora dX+dx", tokens, width, width, r, bf, bf, 0, 0, 0.0f, false);
 }
 
 void bench_matmul(bench_env *env)
 {
     const int64_t div = env->small ? 16 : 1, tokens = 8192 / div;
     const llmcl_dtype bf = LLMCL_BF16;
-    bench_one(env, "gemm", 8192 / div, 8192 / div, 8192 / div, bf, bf, 0, 0, 0.0f, false);
+    bench_one(env, "gemm", 8192 / div, 8192 / div, 8192 / div, 0, bf, bf, 0, 0, 0.0f, false);
     static const int64_t layers[][2] = {{4096, 4096},  {4096, 14336}, {14336, 4096},
                                         {2048, 2048},  {2048, 512},   {2048, 8192},
                                         {8192, 2048},  {2048, 3072},  {2048, 16384},
                                         {4096, 6144},  {4096, 28672}};
     for (size_t i = 0; i < sizeof layers / sizeof layers[0]; ++i) {
         const int64_t in = layers[i][0] / div, out = layers[i][1] / div;
-        bench_one(env, "fwd", tokens, out, in, bf, bf, 0, 1, 0.0f, false); /* x w^T */
-        bench_one(env, "dX", tokens, in, out, bf, bf, 0, 0, 0.0f, false);  /* dy w */
-        bench_one(env, "dW", out, in, tokens, bf, LLMCL_F32, 1, 0, 1.0f, false); /* dw += dy^T x */
+        bench_one(env, "fwd", tokens, out, in, 0, bf, bf, 0, 1, 0.0f, false); /* x w^T */
+        bench_one(env, "dX", tokens, in, out, 0, bf, bf, 0, 0, 0.0f, false);  /* dy w */
+        bench_one(env, "dW", out, in, tokens, 0, bf, LLMCL_F32, 1, 0, 1.0f, false); /* dy^T x */
     }
     bench_lora(env, tokens, 2048 / div, 16, false);
     bench_lora(env, tokens, 2048 / div, 48, true);
+    bench_lora_inside(env, tokens, 2048 / div, 16);
 }

@@ -11,7 +11,8 @@ tiles, stages and cluster shape. fwd, dX and dW are bf16 in and out (PyTorch's a
 of a bf16 linear layer); dW32 is llmcl's dW row's own operation, dw += dy^T x into an f32 dw
 (cuBLAS through torch.addmm's out_dtype, PyTorch 2.8 and later; a line says where it is missing).
 Then LoRA's products at rank 16 on a 2048-wide projection and the three that a group's stacked
-adapters share at rank 48, as llmcl-bench's lora rows (their f32 gradients through out_dtype)."""
+adapters share at rank 48, as llmcl-bench's lora rows (their f32 gradients through out_dtype), and
+the rank-16 adapter's projection as PEFT runs it, the base product and then the adapter's added."""
 import argparse
 
 import torch
@@ -79,6 +80,27 @@ def lora_rows(dev, t, width, r, shared, f32):
     row("lora dx", t, width, r, lambda: torch.addmm(dx, du, a, out=dx))
 
 
+def lora_inside_rows(dev, t, width, r):
+    """The adapter's projection as PEFT runs it: the base product, then the rank-r product added
+    (llmcl-bench's "lora fwd+up" and "lora dX+dx", which llmcl runs as one product each)."""
+    bf = torch.bfloat16
+    x, dy, y, dx = (torch.randn(t, width, device=dev, dtype=bf) for _ in range(4))
+    w = torch.randn(width, width, device=dev, dtype=bf)
+    a, b = torch.randn(r, width, device=dev, dtype=bf), torch.randn(width, r, device=dev, dtype=bf)
+    u, du = (torch.randn(t, r, device=dev, dtype=bf) for _ in range(2))
+
+    def forward():
+        torch.mm(x, w.t(), out=y)
+        torch.addmm(y, u, b.t(), out=y)
+
+    def backward():
+        torch.mm(dy, w, out=dx)
+        torch.addmm(dx, du, a, out=dx)
+
+    row("lora fwd+up", t, width, width + r, forward)
+    row("lora dX+dx", t, width, width + r, backward)
+
+
 def main():
     global SHOW_KERNELS
     ap = argparse.ArgumentParser(description="cuBLAS on llmcl-bench's matmul shapes")
@@ -107,6 +129,7 @@ def main():
             row("dW32", d_out, d_in, t, lambda: addmm_f32(dw, dy.t(), x))
     lora_rows(dev, t, 2048, 16, False, f32)
     lora_rows(dev, t, 2048, 48, True, f32)
+    lora_inside_rows(dev, t, 2048, 16)
 
 
 if __name__ == "__main__":
