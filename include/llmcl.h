@@ -912,8 +912,9 @@ typedef struct llmcl_matmul_opts {
  * reading and writing the output a second time. mm_wgmma takes the second pair's slices after
  * each tile's first, into the same accumulators, where both pairs have TMA's copies, one unit
  * stride alike, and c is 2-D and unsplit (llmcl_tune_params_get then reports MM_EXT 1); every
- * other path runs two products, the second adding to c: a 16-bit c is then rounded after the
- * first as well, and a device error between them can leave c holding the first's result.
+ * other path copies op(a) beside op(a_ext) and op(b) beside op(b_ext) into scratch ((M + N)
+ * (K + K2) elements a batch entry, counted in memory accounting and freed when the call returns)
+ * and runs one product over them. Either way c is written once, rounded once.
  */
 LLMCL_API llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a,
                                     const llmcl_tensor *b, float beta, llmcl_tensor *c,

@@ -242,10 +242,6 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
     for (int64_t i = 0; i < b * m * n; ++i)
         big = fmax(big, fabs(c->alpha) * mag[i] + (c->beta != 0.0 ? fabs(c->beta * cv[i]) : 0.0));
     *tol = mm_tol(c, big);
-    /* two products (every path but mm_wgmma's walk of both pairs) round a 16-bit c after the
-       first: one more rounding of a value within big */
-    if (c->ext && c->cdt != LLMCL_F32)
-        tol->atol += th_tol_for(c->cdt).rtol * big;
     *ref_out = ref;
 
     mm_free(&ta);
@@ -1035,12 +1031,12 @@ static void test_sumsq_growth(void **state)
 /* ---- bad input: a clear status, and c untouched ---- */
 
 /*
- * The product continued along K (opts.a_ext, b_ext) against one product over the joined
- * operands: every dtype and transpose with alpha, beta, the bias and f32 outputs at sizes off the
- * tiles (two products on every path); K2 of 0 and a first K of 0; batches and a K split (two
- * products); then 16-bit operands whose rows suit TMA, which on a GPU with it take the second
- * pair in one mm_wgmma walk (MM_EXT, asserted there) in LoRA's forms: y = x W^T + u B^T with a
- * residual addend and dx = dy W + du A.
+ * The product continued along K (opts.a_ext, b_ext) against the double reference of one product
+ * over the joined operands, at one rounding of c on every path: every dtype and transpose with
+ * alpha, beta, the bias and f32 outputs at sizes off the tiles (the operands joined in scratch);
+ * K2 of 0 and a first K of 0; batches (a 2-D pair repeated) and a K split; then 16-bit operands
+ * whose rows suit TMA, which on a GPU with it take the second pair in one mm_wgmma walk (MM_EXT,
+ * asserted there) in LoRA's forms: y = x W^T + u B^T with a residual addend and dx = dy W + du A.
  */
 static void test_k_ext(void **state)
 {

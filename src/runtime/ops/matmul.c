@@ -1225,23 +1225,65 @@ static llmcl_status run_problem(mm_problem *p, llmcl_tensor *c)
     return run_tiled(p);
 }
 
-/* The product continued along K as two: op(a) op(b) as asked, then alpha op(a_ext) op(b_ext)
-   added to c, which gathers the squares (opts->sumsq) of c's final values. */
-static llmcl_status run_in_two(const mm_problem *p, llmcl_tensor *c)
+/*
+ * op(x) (rows x K, or with `across` K x rows, read across) and op(x2) beside it along K, into a
+ * scratch [.., rows, K + K2] whose rows run along K; 3-D where either is batched (a 2-D one then
+ * repeated in every batch entry).
+ */
+static llmcl_status join_operand(llmcl_ctx *ctx, const mm_operand *x, const mm_operand *x2,
+                                 bool across, int64_t batch, int64_t rows, int64_t K, int64_t K2,
+                                 llmcl_tensor **out)
 {
-    mm_problem first = *p, second = *p;
-    first.K2 = 0;
-    first.o.sumsq = NULL;
-    second.a = p->a2;
-    second.b = p->b2;
-    second.K = p->K2;
-    second.K2 = 0;
-    second.beta = 1.0f;
-    second.cin = NULL;
-    second.bias = NULL;
-    second.bias_mode = 0;
-    LLMCL__TRY(run_problem(&first, c));
-    return run_problem(&second, c);
+    const bool batched = batch > 1 && (x->sb != 0 || x2->sb != 0);
+    const int nd = batched ? 3 : 2, first = batched ? 0 : 1;
+    const int64_t shape[3] = {batch, rows, K + K2};
+    LLMCL__TRY(llmcl__scratch(ctx, x->t->dtype, nd, shape + first, "matmul joined operand", out));
+    const mm_operand *parts[2] = {x, x2};
+    const int64_t widths[2] = {K, K2}, dst_strides[3] = {rows * (K + K2), K + K2, 1};
+    llmcl_status st = LLMCL_OK;
+    for (int i = 0; i < 2 && st == LLMCL_OK; ++i) {
+        const mm_operand *o = parts[i];
+        const int64_t part[3] = {batch, rows, widths[i]};
+        const int64_t src_strides[3] = {o->sb, across ? o->s1 : o->s0, across ? o->s0 : o->s1};
+        llmcl_tensor *src = NULL, *dst = NULL;
+        if (widths[i] == 0)
+            continue;
+        st = llmcl_tensor_view(o->t, nd, part + first, src_strides + first, o->off, &src);
+        if (st == LLMCL_OK)
+            st = llmcl_tensor_view(*out, nd, part + first, dst_strides + first, i ? K : 0, &dst);
+        if (st == LLMCL_OK)
+            st = llmcl_copy(ctx, src, dst);
+        llmcl_tensor_destroy(src);
+        llmcl_tensor_destroy(dst);
+    }
+    if (st != LLMCL_OK) {
+        llmcl_tensor_destroy(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+/*
+ * The product continued along K where no kernel walks the second pair: op(a) beside op(a_ext) and
+ * op(b) beside op(b_ext) in scratch, then one product over them (y = x w^T's layout), so that c
+ * is rounded once and written once, as by mm_wgmma's walk.
+ */
+static llmcl_status run_joined(const mm_problem *p, llmcl_tensor *c)
+{
+    llmcl_tensor *a = NULL, *b = NULL;
+    llmcl_status st = join_operand(p->ctx, &p->a, &p->a2, false, p->batch, p->M, p->K, p->K2, &a);
+    if (st == LLMCL_OK)
+        st = join_operand(p->ctx, &p->b, &p->b2, true, p->batch, p->N, p->K, p->K2, &b);
+    if (st == LLMCL_OK) {
+        llmcl_matmul_opts o = p->o;
+        o.trans_a = 0;
+        o.trans_b = 1;
+        o.a_ext = o.b_ext = NULL;
+        st = llmcl_matmul(p->ctx, p->alpha, a, b, p->beta, c, &o);
+    }
+    llmcl_tensor_destroy(a);
+    llmcl_tensor_destroy(b);
+    return st;
 }
 
 llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, const llmcl_tensor *b,
@@ -1253,7 +1295,7 @@ llmcl_status llmcl_matmul(llmcl_ctx *ctx, float alpha, const llmcl_tensor *a, co
     if (p.M == 0 || p.N == 0 || p.batch == 0)
         return LLMCL_OK;
     if (p.K2 > 0 && !ext_fused(&p, unit_dim(&p.a, true), unit_dim(&p.b, false)))
-        return run_in_two(&p, c);
+        return run_joined(&p, c);
     return run_problem(&p, c);
 }
 
