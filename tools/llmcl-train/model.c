@@ -1559,6 +1559,31 @@ static llmcl_status group_forward(model *m, arena *a, int l, int first, int coun
     return LLMCL_OK;
 }
 
+/* The columns of dy (the group's output gradients side by side in a row) of its projection i. */
+static llmcl_tensor *member_dy(model *m, arena *a, int l, int first, int i, llmcl_tensor *dy)
+{
+    int64_t col = 0;
+    for (int j = 0; j < i; ++j)
+        col += param(m, first + j, l)->shape[0];
+    return cols(a, dy, llmcl_tensor_dim(dy, 0), col, param(m, first + i, l)->shape[0]);
+}
+
+/* The group's backward where its base weights are not stacked: each projection's on its columns
+   of dy, dx summed over them. */
+static llmcl_status group_backward_apart(model *m, arena *a, int l, int first, int count,
+                                         const layer_acts *A, llmcl_tensor *dy, llmcl_tensor *x,
+                                         llmcl_tensor *dx, llmcl_tensor *du)
+{
+    const int64_t n = llmcl_tensor_dim(dy, 0);
+    for (int i = 0; i < count; ++i) {
+        model_param *p = param(m, first + i, l);
+        p->grad_summed = false;
+        TRY(model_proj_backward(m, p, member_dy(m, a, l, first, i, dy), x,
+                                u_rows(m, a, A, first + i, n), i ? 1.0f : 0.0f, dx, du));
+    }
+    return LLMCL_OK;
+}
+
 /* The group's backward from dy, its output gradients side by side in a row: dx and the weights'
    gradients. */
 static llmcl_status group_backward(model *m, arena *a, int l, int first, int count,
@@ -1569,56 +1594,34 @@ static llmcl_status group_backward(model *m, arena *a, int l, int first, int cou
     model_param st, sb;
     llmcl_tensor *aw, *ag, *du = du_cols(m, a, n, 0, 1);
     const bool stack = stacked_proj(m, a, l, first, count, &st, &sb);
-    const int together = stack ? stacked_adapters(m, a, l, first, count, true, &aw, &ag) : 0;
-    if (!stack) {
-        int64_t col = 0;
-        for (int i = 0; i < count; ++i) {
-            model_param *p = param(m, first + i, l);
-            p->grad_summed = false;
-            TRY(model_proj_backward(m, p, cols(a, dy, n, col, p->shape[0]), x,
-                                    u_rows(m, a, A, first + i, n), i ? 1.0f : 0.0f, dx, du));
-            col += p->shape[0];
-        }
-        return LLMCL_OK;
-    }
-    /* the adapters' du first (stacked: each in its columns; one alone: du), so that the stacked
-       dx product takes them: dx = [dy, du] [W; A]; several apart add du A after it */
-    int lone = -1, adapters = 0;
-    int64_t col = 0;
+    if (!stack)
+        return group_backward_apart(m, a, l, first, count, A, dy, x, dx, du);
+    const int together = stacked_adapters(m, a, l, first, count, true, &aw, &ag);
+    /* the adapters' du before the stacked dx product, which then takes them along K: stacked
+       ones each in its columns, one alone in du; several apart add du A after it */
+    int adapters = 0, lone = -1;
+    for (int i = 0; i < count; ++i)
+        if (param(m, first + i, l)->lora_a)
+            lone = adapters++ ? -1 : i;
+    model_param *alone = !together && adapters == 1 ? param(m, first + lone, l) : NULL;
     for (int i = 0, k = 0; i < count; ++i) {
         const model_param *p = param(m, first + i, l);
-        if (p->lora_a && together)
-            TRY(adapter_down(m, p, cols(a, dy, n, col, p->shape[0]),
-                             u_rows(m, a, A, first + i, n), du_cols(m, a, n, k++, 1)));
-        if (p->lora_a)
-            lone = adapters++ ? -1 : i;
-        col += p->shape[0];
+        if (p->lora_a && (together || p == alone))
+            TRY(adapter_down(m, p, member_dy(m, a, l, first, i, dy), u_rows(m, a, A, first + i, n),
+                             together ? du_cols(m, a, n, k++, 1) : du));
     }
-    llmcl_tensor *ext_du = together ? du_cols(m, a, n, 0, together) : NULL, *ext_aw = aw;
-    model_param *alone = !together && adapters == 1 ? param(m, first + lone, l) : NULL;
-    if (alone) {
-        col = 0;
-        for (int i = 0; i < lone; ++i)
-            col += param(m, first + i, l)->shape[0];
-        TRY(adapter_down(m, alone, cols(a, dy, n, col, alone->shape[0]),
-                         u_rows(m, a, A, first + lone, n), du));
-        ext_du = du;
-        ext_aw = alone->lora_a->w;
-    }
-    TRY(base_backward(m, &st, dy, x, 0.0f, dx, ext_du, ext_du ? ext_aw : NULL));
+    const llmcl_tensor *ext_du = together ? du_cols(m, a, n, 0, together) : alone ? du : NULL;
+    const llmcl_tensor *ext_aw = together ? aw : alone ? alone->lora_a->w : NULL;
+    TRY(base_backward(m, &st, dy, x, 0.0f, dx, ext_du, ext_aw));
     for (int i = 0; i < count; ++i)
         param(m, first + i, l)->grad_summed = st.grad_summed;
-    if (together)
-        return adapter_da(m, ag, ext_du, x);
-    if (alone)
-        return adapter_da(m, alone->lora_a->grad, du, x);
-    col = 0;
+    if (together || alone)
+        return adapter_da(m, together ? ag : alone->lora_a->grad, ext_du, x);
     for (int i = 0; i < count; ++i) {
         const model_param *p = param(m, first + i, l);
         if (p->lora_a)
-            TRY(adapter_apart_backward(m, p, cols(a, dy, n, col, p->shape[0]), x,
+            TRY(adapter_apart_backward(m, p, member_dy(m, a, l, first, i, dy), x,
                                        u_rows(m, a, A, first + i, n), dx, du));
-        col += p->shape[0];
     }
     return LLMCL_OK;
 }
