@@ -1201,7 +1201,7 @@ static bool ext_fused(const mm_problem *p, int a_kc, int b_kc)
            aligned8(&p->b2, 1, b_kc, false);
 }
 
-/* A checked problem without a second pair, on its path. */
+/* A checked problem on its path: with a second pair only where ext_fused says so. */
 static llmcl_status run_problem(mm_problem *p, llmcl_tensor *c)
 {
     if (p->beta == 0.0f)
