@@ -137,19 +137,30 @@ static th_tol mm_tol(const mm_case *c, double magnitude)
 }
 
 /*
- * The columns [k0, k0 + k) of a's [za][m][kk] (part "a"), or the rows [k0, k0 + k) of b's
- * [zb][kk][n] (part "b"): the operands that a product continued along K splits in two.
+ * The tensor of op(a)'s columns [k0, k0 + k) (a) or of op(b)'s rows [k0, k0 + k), out of the
+ * operand's values joined along K (op(a) [za][m][kk], op(b) [zb][kk][n]), laid out as the case
+ * asks: the first pair's operands and, for a product continued along K, the second's.
  */
-static double *k_part(const double *v, int64_t z, int64_t m, int64_t kk, int64_t n, int64_t k0,
-                      int64_t k, bool a)
+static mm_tensor k_range(th_rng *rng, const mm_case *c, const double *v, int64_t kk, int64_t k0,
+                         int64_t k, bool a)
 {
-    double *o = th_alloc((size_t)(z * (a ? m * k : k * n)) * sizeof *o + 1);
+    const int64_t z = (a ? c->a_batched : c->b_batched) ? c->batch : 1;
+    const int64_t rows = a ? c->m : k, cols = a ? k : c->n;
+    double *part = th_alloc((size_t)(z * rows * cols) * sizeof *part + 1);
     for (int64_t i = 0; i < z; ++i)
-        for (int64_t r = 0; r < (a ? m : k); ++r)
-            for (int64_t c = 0; c < (a ? k : n); ++c)
-                o[(i * (a ? m : k) + r) * (a ? k : n) + c] =
-                    a ? v[(i * m + r) * kk + k0 + c] : v[(i * kk + k0 + r) * n + c];
-    return o;
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < cols; ++j)
+                part[(i * rows + r) * cols + j] =
+                    a ? v[(i * c->m + r) * kk + k0 + j] : v[(i * kk + k0 + r) * c->n + j];
+    /* the view's shape is op's transposed where trans is set */
+    const int trans = a ? c->trans_a : c->trans_b;
+    double *view = op_values(part, z, trans ? cols : rows, trans ? rows : cols, trans);
+    const mm_tensor t = mm_make(rng, c->dt, a ? c->a_batched : c->b_batched, c->batch,
+                                trans ? cols : rows, trans ? rows : cols, a ? c->a_col : c->b_col,
+                                c->pad, c->offset + (a || c->aligned ? 0 : 3), view);
+    free(part);
+    free(view);
+    return t;
 }
 
 /* Runs the case and returns the output values (view order) with the reference in *ref_out. */
@@ -173,14 +184,7 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
     for (int64_t i = 0; i < b * m * n; ++i) /* poison what the call must not read */
         c_start[i] = c->beta == 0.0 || apart ? NAN : cv[i];
 
-    /* the view shapes are op's transposed where trans is set */
-    double *a1 = k_part(av, za, m, kk, n, 0, k, true), *b1 = k_part(bv, zb, m, kk, n, 0, k, false);
-    double *av_view = op_values(a1, za, c->trans_a ? k : m, c->trans_a ? m : k, c->trans_a);
-    double *bv_view = op_values(b1, zb, c->trans_b ? n : k, c->trans_b ? k : n, c->trans_b);
-    mm_tensor ta = mm_make(&rng, c->dt, c->a_batched, b, c->trans_a ? k : m, c->trans_a ? m : k,
-                           c->a_col, c->pad, c->offset, av_view);
-    mm_tensor tb = mm_make(&rng, c->dt, c->b_batched, b, c->trans_b ? n : k, c->trans_b ? k : n,
-                           c->b_col, c->pad, c->offset + (c->aligned ? 0 : 3), bv_view);
+    mm_tensor ta = k_range(&rng, c, av, kk, 0, k, true), tb = k_range(&rng, c, bv, kk, 0, k, false);
     const int64_t c_off = c->offset + (c->aligned ? 0 : 5);
     mm_tensor tc = mm_make(&rng, c->cdt, b > 1, b, m, n, c->c_col, c->pad, c_off, c_start);
     mm_tensor tin = {0};
@@ -197,18 +201,8 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
     }
     mm_tensor ta2 = {0}, tb2 = {0};
     if (c->ext) {
-        double *a2 = k_part(av, za, m, kk, n, k, k2, true);
-        double *b2 = k_part(bv, zb, m, kk, n, k, k2, false);
-        double *a2v = op_values(a2, za, c->trans_a ? k2 : m, c->trans_a ? m : k2, c->trans_a);
-        double *b2v = op_values(b2, zb, c->trans_b ? n : k2, c->trans_b ? k2 : n, c->trans_b);
-        ta2 = mm_make(&rng, c->dt, c->a_batched, b, c->trans_a ? k2 : m, c->trans_a ? m : k2,
-                      c->a_col, c->pad, c->offset, a2v);
-        tb2 = mm_make(&rng, c->dt, c->b_batched, b, c->trans_b ? n : k2, c->trans_b ? k2 : n,
-                      c->b_col, c->pad, c->offset + (c->aligned ? 0 : 3), b2v);
-        free(a2);
-        free(b2);
-        free(a2v);
-        free(b2v);
+        ta2 = k_range(&rng, c, av, kk, k, k2, true);
+        tb2 = k_range(&rng, c, bv, kk, k, k2, false);
     }
     const llmcl_matmul_opts opts = {.trans_a = c->trans_a,
                                     .trans_b = c->trans_b,
@@ -252,15 +246,11 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
         mm_free(&tb2);
     }
     llmcl_tensor_destroy(bias);
-    free(a1);
-    free(b1);
     free(av);
     free(bv);
     free(cv);
     free(c_start);
     free(biasv);
-    free(av_view);
-    free(bv_view);
     free(mag);
     return got;
 }

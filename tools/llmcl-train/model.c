@@ -1339,8 +1339,7 @@ static llmcl_status adapter_apart_backward(model *m, const model_param *p, const
 {
     TRY(adapter_down(m, p, dy, u, du));
     TRY(adapter_da(m, p->lora_a->grad, du, x));
-    return dx ? PROF(F_MATMUL_DX, llmcl_matmul(m->ctx, 1.0f, du, p->lora_a->w, 1.0f, dx, NULL))
-              : LLMCL_OK;
+    return dx ? proj_dx(m, p->lora_a->w, du, 1.0f, dx, NULL, NULL) : LLMCL_OK;
 }
 
 /* The base projection's backward with the adapters' du and A's (or NULL) in its dx product: dx,
