@@ -4,10 +4,8 @@
  * over the ranks), the cross-rank check of the parameter set, the allocations of each stage, and
  * initial values.
  */
-#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,19 +183,11 @@ static llmcl_status read_nccl_env(llmcl_dist *d)
                    LLMCL_ERROR_INVALID_ARGUMENT,
                    "LLMCL_NCCL_CE=%s is not 0 (NCCL's kernels) or 1 (its copy engines where it "
                    "can)", ce);
-    const char *timeout = llmcl__getenv("LLMCL_NCCL_TIMEOUT");
+    bool set;
     d->nccl_timeout_s = 600.0;
-    if (!timeout)
-        return LLMCL_OK;
-    char *end;
-    errno = 0;
-    const double s = strtod(timeout, &end);
-    LLMCL__REQUIRE(d->ctx, end != timeout && *end == '\0' && errno == 0 && isfinite(s) && s > 0.0,
-                   LLMCL_ERROR_INVALID_ARGUMENT,
-                   "LLMCL_NCCL_TIMEOUT=%s is not a positive number of seconds such as 600",
-                   timeout);
-    d->nccl_timeout_s = s;
-    return LLMCL_OK;
+    return llmcl__env_positive(d->ctx, "LLMCL_NCCL_TIMEOUT",
+                               "a positive number of seconds such as 600", &d->nccl_timeout_s,
+                               &set);
 }
 
 /*

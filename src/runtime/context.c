@@ -26,34 +26,18 @@ static void choose_cache_dir(llmcl_ctx *ctx)
         ctx->cache_dir[0] = '\0';
 }
 
-/* "123", "64K", "512M", "2G" (binary units). */
-static llmcl_status parse_limit(llmcl_ctx *ctx, const char *text, uint64_t *out)
-{
-    char *end;
-    unsigned long long v = strtoull(text, &end, 10);
-    uint64_t unit = 1;
-    if (*end == 'K' || *end == 'k')
-        unit = 1ull << 10;
-    else if (*end == 'M' || *end == 'm')
-        unit = 1ull << 20;
-    else if (*end == 'G' || *end == 'g')
-        unit = 1ull << 30;
-    LLMCL__REQUIRE(ctx, end != text && (unit == 1 ? *end == '\0' : end[1] == '\0'),
-                   LLMCL_ERROR_INVALID_ARGUMENT,
-                   "LLMCL_MEMORY_LIMIT='%s' is not a byte count such as 1073741824 or 1G", text);
-    *out = (uint64_t)v * unit;
-    return LLMCL_OK;
-}
-
 static llmcl_status ctx_init(llmcl_ctx *ctx, cl_platform_id platform)
 {
     cl_command_queue_properties props = 0;
     LLMCL__CL(ctx, clGetCommandQueueInfo(ctx->queue, CL_QUEUE_PROPERTIES, sizeof props, &props, NULL));
     ctx->queue_profiling = (props & CL_QUEUE_PROFILING_ENABLE) != 0;
     choose_cache_dir(ctx);
-    const char *limit = llmcl__getenv("LLMCL_MEMORY_LIMIT");
-    if (limit)
-        LLMCL__TRY(parse_limit(ctx, limit, &ctx->memory.limit_bytes));
+    int64_t limit;
+    bool set;
+    LLMCL__TRY(llmcl__env_int(ctx, "LLMCL_MEMORY_LIMIT", 0, INT64_MAX, true,
+                              "a byte count such as 1073741824 or 1G", &limit, &set));
+    if (set)
+        ctx->memory.limit_bytes = (uint64_t)limit;
     LLMCL__TRY(llmcl__device_probe(ctx, platform, ctx->device, &ctx->info));
     if (ctx->info.has_wgmma)
         ctx->tma = llmcl__tma_open(ctx->device);

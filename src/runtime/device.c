@@ -413,16 +413,12 @@ static uint64_t loop_limit(cl_context context, cl_device_id device)
  */
 static llmcl_status lower_loop_limit(llmcl_ctx *ctx, llmcl_device_info *info)
 {
-    const char *text = llmcl__getenv("LLMCL_LOOP_LIMIT");
-    if (!text)
-        return LLMCL_OK;
-    char *end;
-    const unsigned long long n = strtoull(text, &end, 10);
-    LLMCL__REQUIRE(ctx, end != text && *end == '\0' && n >= 1 && n <= INT64_MAX,
-                   LLMCL_ERROR_INVALID_ARGUMENT,
-                   "LLMCL_LOOP_LIMIT='%s' is not a count of loop iterations such as 65535", text);
-    if (!info->loop_limit || n < info->loop_limit)
-        info->loop_limit = n;
+    int64_t n;
+    bool set;
+    LLMCL__TRY(llmcl__env_int(ctx, "LLMCL_LOOP_LIMIT", 1, INT64_MAX, false,
+                              "a count of loop iterations such as 65535", &n, &set));
+    if (set && (!info->loop_limit || (uint64_t)n < info->loop_limit))
+        info->loop_limit = (uint64_t)n;
     return LLMCL_OK;
 }
 

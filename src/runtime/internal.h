@@ -118,6 +118,19 @@ void llmcl__log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The variable's value, or NULL when unset or empty. */
 const char *llmcl__getenv(const char *name);
 
+/*
+ * The variable as a whole number in [lo, hi] (lo >= 0), with a binary unit (K, M or G, either
+ * case) after it where `units`: *set says whether it was given (*out keeps its value where not).
+ * Anything else fails, naming the variable and what it should be (`what`, e.g. "a count of MiB
+ * such as 1024"): "5x", "-1", or a value past hi once its unit is applied.
+ */
+llmcl_status llmcl__env_int(llmcl_ctx *ctx, const char *name, int64_t lo, int64_t hi, bool units,
+                            const char *what, int64_t *out, bool *set);
+
+/* The variable as a positive, finite number, read whole as llmcl__env_int reads its own. */
+llmcl_status llmcl__env_positive(llmcl_ctx *ctx, const char *name, const char *what, double *out,
+                                 bool *set);
+
 /* ---- device ---- */
 
 llmcl_status llmcl__device_probe(llmcl_ctx *ctx, cl_platform_id platform, cl_device_id device,

@@ -1,4 +1,7 @@
 /* log.c: opt-in logging to stderr (LLMCL_LOG=1) and environment access. */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +12,46 @@ const char *llmcl__getenv(const char *name)
 {
     const char *v = getenv(name);
     return (v && *v) ? v : NULL;
+}
+
+llmcl_status llmcl__env_int(llmcl_ctx *ctx, const char *name, int64_t lo, int64_t hi, bool units,
+                            const char *what, int64_t *out, bool *set)
+{
+    const char *text = llmcl__getenv(name);
+    *set = text != NULL;
+    if (!text)
+        return LLMCL_OK;
+    char *end;
+    errno = 0;
+    const long long v = strtoll(text, &end, 10);
+    int shift = 0;
+    if (units && end != text) {
+        const int u = toupper((unsigned char)*end);
+        shift = u == 'K' ? 10 : u == 'M' ? 20 : u == 'G' ? 30 : 0;
+        end += shift != 0;
+    }
+    LLMCL__REQUIRE(ctx,
+                   end != text && *end == '\0' && errno == 0 && v >= lo && v <= (hi >> shift) &&
+                       ((int64_t)v << shift) >= lo,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "%s='%s' is not %s", name, text, what);
+    *out = (int64_t)v << shift;
+    return LLMCL_OK;
+}
+
+llmcl_status llmcl__env_positive(llmcl_ctx *ctx, const char *name, const char *what, double *out,
+                                 bool *set)
+{
+    const char *text = llmcl__getenv(name);
+    *set = text != NULL;
+    if (!text)
+        return LLMCL_OK;
+    char *end;
+    errno = 0;
+    const double v = strtod(text, &end);
+    LLMCL__REQUIRE(ctx, end != text && *end == '\0' && errno == 0 && isfinite(v) && v > 0.0,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "%s='%s' is not %s", name, text, what);
+    *out = v;
+    return LLMCL_OK;
 }
 
 bool llmcl__log_enabled(void) { return llmcl__log_level() > 0; }

@@ -622,15 +622,12 @@ static llmcl_status attn_ds_budget(llmcl_ctx *ctx, const llmcl_attention_opts *o
     *given = *bytes > 0;
     if (*bytes != 0)
         return LLMCL_OK;
-    const char *text = llmcl__getenv("LLMCL_ATTN_DS_MIB");
-    if (text) {
-        char *end;
-        const long long mib = strtoll(text, &end, 10);
-        LLMCL__REQUIRE(ctx, end != text && *end == '\0' && mib >= 0 && mib <= (INT64_MAX >> 20),
-                       LLMCL_ERROR_INVALID_ARGUMENT,
-                       "LLMCL_ATTN_DS_MIB='%s' is not a count of MiB such as 1024 (0: none)",
-                       text);
-        *bytes = (int64_t)mib << 20;
+    int64_t mib;
+    bool set;
+    LLMCL__TRY(llmcl__env_int(ctx, "LLMCL_ATTN_DS_MIB", 0, INT64_MAX >> 20, false,
+                              "a count of MiB such as 1024 (0: none)", &mib, &set));
+    if (set) {
+        *bytes = mib << 20;
         *given = *bytes > 0;
         return LLMCL_OK;
     }
