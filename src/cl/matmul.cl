@@ -1340,8 +1340,8 @@ inline void mm_tma_produce(int p, int nk, int nk2, int step, long k_lo, long M, 
 #error "MM_EXT goes on along K by TMA's copies, in an unsplit product without MM_CE"
 #endif
 #define MM_EXT_PARAMS                                                                             \
-    , const __global ab_t *a2, ulong a2off, long sa2m, long sa2k, long sa2b,                      \
-        const __global ab_t *b2, ulong b2off, long sb2k, long sb2n, long sb2b, long K2
+    , const __global ab_t *a2, ulong a2off, long sa2m, long sa2k, const __global ab_t *b2,       \
+        ulong b2off, long sb2k, long sb2n, long K2
 #else
 #define MM_EXT_PARAMS
 #endif

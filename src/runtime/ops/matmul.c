@@ -249,11 +249,17 @@ static llmcl_status check_problem(mm_problem *p, const llmcl_tensor *a, const ll
 
 /* ---- launches ---- */
 
-static void arg_operand(llmcl__args *g, const mm_operand *o, bool rows_first)
+/* An operand of one batch entry: its buffer and offset, then its strides. */
+static void arg_operand_2d(llmcl__args *g, const mm_operand *o, bool rows_first)
 {
     llmcl__arg_tensor(g, o->t);
     llmcl__arg_i64(g, rows_first ? o->s0 : o->s1);
     llmcl__arg_i64(g, rows_first ? o->s1 : o->s0);
+}
+
+static void arg_operand(llmcl__args *g, const mm_operand *o, bool rows_first)
+{
+    arg_operand_2d(g, o, rows_first);
     llmcl__arg_i64(g, o->sb);
 }
 
@@ -539,9 +545,9 @@ static llmcl_status run_tiles(const mm_problem *p, llmcl__defines *d, const mm_l
             llmcl__arg(&g, 16 * sizeof(uint64_t), l->tma_c);
             llmcl__arg(&g, sizeof maps->mem, &maps->mem);
         }
-        if (p->K2 > 0) {
-            arg_operand(&g, &p->a2, true);
-            arg_operand(&g, &p->b2, true);
+        if (p->K2 > 0) { /* one batch entry (ext_fused) */
+            arg_operand_2d(&g, &p->a2, true);
+            arg_operand_2d(&g, &p->b2, true);
             llmcl__arg_i64(&g, p->K2);
         }
         const size_t global[3] = {(size_t)groups * l->wg, (size_t)p->batch, (size_t)slices};
