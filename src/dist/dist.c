@@ -183,11 +183,10 @@ static llmcl_status read_nccl_env(llmcl_dist *d)
                    LLMCL_ERROR_INVALID_ARGUMENT,
                    "LLMCL_NCCL_CE=%s is not 0 (NCCL's kernels) or 1 (its copy engines where it "
                    "can)", ce);
-    bool set;
     d->nccl_timeout_s = 600.0;
     return llmcl__env_positive(d->ctx, "LLMCL_NCCL_TIMEOUT",
                                "a positive number of seconds such as 600", &d->nccl_timeout_s,
-                               &set);
+                               NULL);
 }
 
 /*

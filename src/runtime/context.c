@@ -32,12 +32,10 @@ static llmcl_status ctx_init(llmcl_ctx *ctx, cl_platform_id platform)
     LLMCL__CL(ctx, clGetCommandQueueInfo(ctx->queue, CL_QUEUE_PROPERTIES, sizeof props, &props, NULL));
     ctx->queue_profiling = (props & CL_QUEUE_PROFILING_ENABLE) != 0;
     choose_cache_dir(ctx);
-    int64_t limit;
-    bool set;
+    int64_t limit = 0; /* none */
     LLMCL__TRY(llmcl__env_int(ctx, "LLMCL_MEMORY_LIMIT", 0, INT64_MAX, true,
-                              "a byte count such as 1073741824 or 1G", &limit, &set));
-    if (set)
-        ctx->memory.limit_bytes = (uint64_t)limit;
+                              "a byte count such as 1073741824 or 1G", &limit, NULL));
+    ctx->memory.limit_bytes = (uint64_t)limit;
     LLMCL__TRY(llmcl__device_probe(ctx, platform, ctx->device, &ctx->info));
     if (ctx->info.has_wgmma)
         ctx->tma = llmcl__tma_open(ctx->device);

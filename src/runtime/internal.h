@@ -120,9 +120,10 @@ const char *llmcl__getenv(const char *name);
 
 /*
  * The variable as a whole number in [lo, hi] (lo >= 0), with a binary unit (K, M or G, either
- * case) after it where `units`: *set says whether it was given (*out keeps its value where not).
- * Anything else fails, naming the variable and what it should be (`what`, e.g. "a count of MiB
- * such as 1024"): "5x", "-1", or a value past hi once its unit is applied.
+ * case) after it where `units`; *out keeps its value where the variable is unset, and *set (where
+ * not NULL) says whether it was given. Anything else fails, naming the variable and what it should
+ * be (`what`, e.g. "a count of MiB such as 1024"): "5x", "-1", or a value past hi once its unit is
+ * applied.
  */
 llmcl_status llmcl__env_int(llmcl_ctx *ctx, const char *name, int64_t lo, int64_t hi, bool units,
                             const char *what, int64_t *out, bool *set);

@@ -14,11 +14,19 @@ const char *llmcl__getenv(const char *name)
     return (v && *v) ? v : NULL;
 }
 
+/* The variable's value, with *set (where given) saying whether there is one. */
+static const char *env_value(const char *name, bool *set)
+{
+    const char *text = llmcl__getenv(name);
+    if (set)
+        *set = text != NULL;
+    return text;
+}
+
 llmcl_status llmcl__env_int(llmcl_ctx *ctx, const char *name, int64_t lo, int64_t hi, bool units,
                             const char *what, int64_t *out, bool *set)
 {
-    const char *text = llmcl__getenv(name);
-    *set = text != NULL;
+    const char *text = env_value(name, set);
     if (!text)
         return LLMCL_OK;
     char *end;
@@ -31,8 +39,7 @@ llmcl_status llmcl__env_int(llmcl_ctx *ctx, const char *name, int64_t lo, int64_
         end += shift != 0;
     }
     LLMCL__REQUIRE(ctx,
-                   end != text && *end == '\0' && errno == 0 && v >= lo && v <= (hi >> shift) &&
-                       ((int64_t)v << shift) >= lo,
+                   end != text && *end == '\0' && errno == 0 && v >= lo && v <= (hi >> shift),
                    LLMCL_ERROR_INVALID_ARGUMENT, "%s='%s' is not %s", name, text, what);
     *out = (int64_t)v << shift;
     return LLMCL_OK;
@@ -41,8 +48,7 @@ llmcl_status llmcl__env_int(llmcl_ctx *ctx, const char *name, int64_t lo, int64_
 llmcl_status llmcl__env_positive(llmcl_ctx *ctx, const char *name, const char *what, double *out,
                                  bool *set)
 {
-    const char *text = llmcl__getenv(name);
-    *set = text != NULL;
+    const char *text = env_value(name, set);
     if (!text)
         return LLMCL_OK;
     char *end;
