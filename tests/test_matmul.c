@@ -341,6 +341,22 @@ static void test_layouts_and_batches(void **state)
         }
 }
 
+/* The case run twice from the same inputs: the same bits both times, close to the reference. */
+static void mm_check_repeats(const char *what, const mm_case *c, uint64_t seed)
+{
+    double *ref1, *ref2, *got1, *got2;
+    th_tol tol;
+    got1 = mm_run(c, seed, &ref1, &tol);
+    got2 = mm_run(c, seed, &ref2, &tol);
+    const size_t n = (size_t)(c->batch * c->m * c->n);
+    assert_memory_equal(got1, got2, n * sizeof *got1);
+    TH_ASSERT_CLOSE(what, ref1, got1, n, tol);
+    free(ref1);
+    free(ref2);
+    free(got1);
+    free(got2);
+}
+
 /* Long K over few output tiles: the split-K path, explicit and automatic, against one slice and
    against itself (the same bits on every run). */
 static void test_split_k(void **state)
@@ -359,16 +375,7 @@ static void test_split_k(void **state)
         c.split_k = 3;
         c.batch = 2;
         c.a_batched = c.b_batched = 1;
-        double *ref1, *ref2, *got1, *got2;
-        th_tol tol;
-        got1 = mm_run(&c, 450 + d, &ref1, &tol);
-        got2 = mm_run(&c, 450 + d, &ref2, &tol);
-        assert_memory_equal(got1, got2, (size_t)(c.batch * c.m * c.n) * sizeof *got1);
-        TH_ASSERT_CLOSE("split-K batched", ref1, got1, (size_t)(c.batch * c.m * c.n), tol);
-        free(ref1);
-        free(ref2);
-        free(got1);
-        free(got2);
+        mm_check_repeats("split-K batched", &c, 450 + d);
     }
     /* The slices' sum four elements a work-item where c's rows allow it (c at offset 8 = 3 + 5),
        else one: a row bias, 16-bit outputs, the addend 8 or 1 elements further, c's views shifted
@@ -387,6 +394,13 @@ static void test_split_k(void **state)
         c.split_k = 3;
         mm_check("split-K sums", &c, 460 + v);
     }
+    /* Many tiles' slices at once, the edge tiles' ragged rows and columns included (on wgmma
+       128 x 256 tiles: 3 x 3 of them in five slices): the same bits on every run. */
+    mm_case c = plain(LLMCL_BF16, 300, 530, 4100);
+    c.cdt = LLMCL_F32;
+    c.beta = 1.0;
+    c.split_k = 5;
+    mm_check_repeats("split-K tiles", &c, 470);
 }
 
 /*
