@@ -7,6 +7,7 @@
 
 #include <stdarg.h>
 #include <stdbool.h>
+#include <string.h>
 
 #include "llmcl.h"
 
@@ -112,6 +113,17 @@ bool llmcl__log_enabled(void);
 /* LLMCL_LOG's level: 0 unset or "0", its number where it is one, else 1. */
 int llmcl__log_level(void);
 void llmcl__log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/*
+ * src into dst[cap], cut to fit and always terminated: snprintf's "%s" without the cost of its
+ * format parser, for what runs on every launch.
+ */
+static inline void llmcl__copy_text(char *dst, size_t cap, const char *src)
+{
+    const size_t n = strnlen(src, cap - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
 
 /* ---- environment ---- */
 
@@ -278,8 +290,15 @@ llmcl_status llmcl__record_event(llmcl_ctx *ctx, cl_event ev, const char *name);
 llmcl_status llmcl__check_tensor(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name,
                                  unsigned dtype_mask, int min_dim, int max_dim);
 
-/* The shape as text, "[2, 3, 4]", for messages. */
-void llmcl__shape_text(const llmcl_tensor *t, char *buf, size_t len);
+/*
+ * The shape as text, "[2, 3, 4]", for messages. llmcl__shape_text(t).s lives to the end of the full
+ * expression, so a message argument formats it only when the message is raised: ops check their
+ * shapes on every call, and formatting there was a measurable share of a launch's host time.
+ */
+typedef struct llmcl__shape_str {
+    char s[96];
+} llmcl__shape_str;
+llmcl__shape_str llmcl__shape_text(const llmcl_tensor *t);
 void llmcl__dims_text(int ndim, const int64_t *shape, char *buf, size_t len);
 
 /* a and b have the same shape. */

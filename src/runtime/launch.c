@@ -132,9 +132,11 @@ void llmcl__dims_text(int ndim, const int64_t *shape, char *buf, size_t len)
         snprintf(buf + n, len - n, "]");
 }
 
-void llmcl__shape_text(const llmcl_tensor *t, char *buf, size_t len)
+llmcl__shape_str llmcl__shape_text(const llmcl_tensor *t)
 {
-    llmcl__dims_text(t->ndim, t->shape, buf, len);
+    llmcl__shape_str out;
+    llmcl__dims_text(t->ndim, t->shape, out.s, sizeof out.s);
+    return out;
 }
 
 llmcl_status llmcl__check_same_shape(llmcl_ctx *ctx, const llmcl_tensor *a, const char *an,
@@ -145,11 +147,8 @@ llmcl_status llmcl__check_same_shape(llmcl_ctx *ctx, const llmcl_tensor *a, cons
         same = a->shape[i] == b->shape[i];
     if (same)
         return LLMCL_OK;
-    char sa[96], sb[96];
-    llmcl__shape_text(a, sa, sizeof sa);
-    llmcl__shape_text(b, sb, sizeof sb);
     return LLMCL__FAIL(ctx, LLMCL_ERROR_SHAPE_MISMATCH, "%s has shape %s but %s has shape %s", an,
-                       sa, bn, sb);
+                       llmcl__shape_text(a).s, bn, llmcl__shape_text(b).s);
 }
 
 llmcl_status llmcl__as_rows(llmcl_ctx *ctx, const llmcl_tensor *t, const char *name,

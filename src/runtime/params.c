@@ -18,7 +18,7 @@ void llmcl__param_set(llmcl__params *p, const char *name, long value)
             return;
         }
     if (p->n < LLMCL__MAX_PARAMS) {
-        snprintf(p->names[p->n], sizeof p->names[0], "%s", name);
+        llmcl__copy_text(p->names[p->n], sizeof p->names[0], name);
         p->values[p->n++] = value;
     }
 }

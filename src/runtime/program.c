@@ -35,6 +35,7 @@ struct llmcl__program {
     llmcl__program *next;
     char family[32];
     char *options;
+    XXH64_hash_t options_hash; /* compared first: options of one family share long prefixes */
     cl_program program;
     int n_kernels;
     cached_kernel kernels[MAX_KERNELS_PER_PROGRAM];
@@ -196,27 +197,47 @@ llmcl_status llmcl__kernel_source(llmcl_ctx *ctx, const char *family, char **out
 
 /* ---- options ---- */
 
-static void define_add(llmcl__defines *d, const char *text)
+/*
+ * Every launch defines its options afresh, about twenty of them, and snprintf's format parser was
+ * most of a small launch's host time; so the items are written by copying, each once, in place.
+ */
+static void define_pair(llmcl__defines *d, const char *name, const char *value)
 {
-    if (d->n < LLMCL__MAX_DEFINES)
-        snprintf(d->items[d->n++], sizeof d->items[0], "%s", text);
+    if (d->n >= LLMCL__MAX_DEFINES)
+        return;
+    char *s = d->items[d->n++];
+    const size_t cap = sizeof d->items[0];
+    llmcl__copy_text(s, cap, name);
+    if (value) {
+        const size_t n = strlen(s);
+        if (n + 1 < cap) {
+            s[n] = '=';
+            llmcl__copy_text(s + n + 1, cap - n - 1, value);
+        }
+    }
 }
 
 void llmcl__define_int(llmcl__defines *d, const char *name, long long value)
 {
-    char buf[96];
-    snprintf(buf, sizeof buf, "%s=%lld", name, value);
-    define_add(d, buf);
+    char digits[24];
+    char *p = digits + sizeof digits;
+    unsigned long long v = value < 0 ? 0ull - (unsigned long long)value : (unsigned long long)value;
+    *--p = '\0';
+    do {
+        *--p = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    if (value < 0)
+        *--p = '-';
+    define_pair(d, name, p);
 }
 
 void llmcl__define_str(llmcl__defines *d, const char *name, const char *value)
 {
-    char buf[96];
-    snprintf(buf, sizeof buf, "%s=%s", name, value);
-    define_add(d, buf);
+    define_pair(d, name, value);
 }
 
-void llmcl__define_flag(llmcl__defines *d, const char *name) { define_add(d, name); }
+void llmcl__define_flag(llmcl__defines *d, const char *name) { define_pair(d, name, NULL); }
 
 const char *llmcl__dtype_macro(llmcl_dtype dtype)
 {
@@ -224,29 +245,40 @@ const char *llmcl__dtype_macro(llmcl_dtype dtype)
     return (unsigned)dtype < LLMCL_DTYPE_COUNT ? names[dtype] : "INVALID";
 }
 
-static int cmp_define(const void *a, const void *b) { return strcmp(a, b); }
+static int cmp_define(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
 
 /* Sorted -D options, the device's -cl-std, then LLMCL_BUILD_OPTIONS. */
 static char *build_options(const llmcl_ctx *ctx, const llmcl__defines *user)
 {
-    llmcl__defines d = user ? *user : (llmcl__defines){0};
+    const char *items[LLMCL__MAX_DEFINES + 4];
+    int n_items = 0;
+    for (int i = 0; user && i < user->n; ++i)
+        items[n_items++] = user->items[i];
     if (ctx->info.has_inline_ptx)
-        define_add(&d, "LLMCL_NV_PTX");
+        items[n_items++] = "LLMCL_NV_PTX";
     if (ctx->info.has_inline_ptx && ctx->info.nv_cc_major >= 8)
-        define_add(&d, "LLMCL_NV_BF16_CVT");
+        items[n_items++] = "LLMCL_NV_BF16_CVT";
     if (ctx->info.has_mma)
-        define_add(&d, "LLMCL_NV_MMA");
+        items[n_items++] = "LLMCL_NV_MMA";
     if (ctx->info.has_wgmma)
-        define_add(&d, "LLMCL_NV_WGMMA");
-    qsort(d.items, (size_t)d.n, sizeof d.items[0], cmp_define);
+        items[n_items++] = "LLMCL_NV_WGMMA";
+    qsort(items, (size_t)n_items, sizeof items[0], cmp_define);
     const char *extra = llmcl__getenv("LLMCL_BUILD_OPTIONS");
-    size_t cap = (size_t)d.n * 100 + 64 + (extra ? strlen(extra) : 0);
+    size_t cap = (size_t)n_items * 100 + 64 + (extra ? strlen(extra) : 0);
     char *s = malloc(cap);
     if (!s)
         return NULL;
     size_t len = 0;
-    for (int i = 0; i < d.n; ++i)
-        len += (size_t)snprintf(s + len, cap - len, "-D%s ", d.items[i]);
+    for (int i = 0; i < n_items; ++i) {
+        const size_t n = strlen(items[i]);
+        memcpy(s + len, "-D", 2);
+        memcpy(s + len + 2, items[i], n);
+        s[len + 2 + n] = ' ';
+        len += n + 3;
+    }
     len += (size_t)snprintf(s + len, cap - len, "-cl-std=CL%d.%d", ctx->info.cl_c_major,
                             ctx->info.cl_c_minor);
     if (extra)
@@ -617,8 +649,10 @@ static llmcl_status find_program(llmcl_ctx *ctx, const char *family, const llmcl
 {
     char *options = build_options(ctx, defines);
     LLMCL__REQUIRE(ctx, options, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "build options");
+    const XXH64_hash_t hash = XXH3_64bits(options, strlen(options));
     for (llmcl__program *p = ctx->programs; p; p = p->next)
-        if (strcmp(p->family, family) == 0 && strcmp(p->options, options) == 0) {
+        if (p->options_hash == hash && strcmp(p->family, family) == 0 &&
+            strcmp(p->options, options) == 0) {
             free(options);
             ctx->cache_stats.memory_hits++;
             *out = p;
@@ -637,6 +671,7 @@ static llmcl_status find_program(llmcl_ctx *ctx, const char *family, const llmcl
     }
     snprintf(p->family, sizeof p->family, "%s", family);
     p->options = options;
+    p->options_hash = hash;
     p->next = ctx->programs;
     ctx->programs = p;
     *out = p;

@@ -424,12 +424,11 @@ llmcl_status llmcl_safetensors_load(llmcl_ctx *ctx, const llmcl_safetensors *st,
     for (int i = 0; same && i < e->ndim; ++i)
         same = e->shape[i] == dst->shape[i];
     if (!same) {
-        char file_shape[256], dst_shape[256];
+        char file_shape[256];
         llmcl__dims_text(e->ndim, e->shape, file_shape, sizeof file_shape);
-        llmcl__shape_text(dst, dst_shape, sizeof dst_shape);
         return LLMCL__FAIL(ctx, LLMCL_ERROR_SHAPE_MISMATCH,
                            "%s: tensor '%s' has shape %s in the file but dst has shape %s",
-                           st->path, name, file_shape, dst_shape);
+                           st->path, name, file_shape, llmcl__shape_text(dst).s);
     }
     const llmcl_dtype from = e->dtype->dtype;
     LLMCL__REQUIRE(ctx, from != LLMCL_DTYPE_COUNT, LLMCL_ERROR_UNSUPPORTED_DTYPE,

@@ -63,12 +63,9 @@ static llmcl_status check_packed(llmcl_ctx *ctx, const llmcl_tensor *packed, con
     for (int i = 0; ok && i < packed->ndim - 1; ++i)
         ok = packed->shape[i] == half->shape[i];
     if (!ok) {
-        char a[96], b[96];
-        llmcl__shape_text(packed, a, sizeof a);
-        llmcl__shape_text(half, b, sizeof b);
         return LLMCL__FAIL(ctx, LLMCL_ERROR_SHAPE_MISMATCH,
                            "packed %s %s must be %s %s with its last dimension doubled (gate | up)",
-                           pn, a, hn, b);
+                           pn, llmcl__shape_text(packed).s, hn, llmcl__shape_text(half).s);
     }
     return LLMCL_OK;
 }

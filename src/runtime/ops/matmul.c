@@ -137,16 +137,14 @@ static llmcl_status check_ext(mm_problem *p, const llmcl_tensor *a)
                    "matmul: a_ext and b_ext must have c's batch %lld (or be 2-D)",
                    (long long)p->batch);
     p->K2 = cols_of(ae, o->trans_a);
-    char sa[96], sb[96];
-    llmcl__shape_text(ae, sa, sizeof sa);
-    llmcl__shape_text(be, sb, sizeof sb);
     LLMCL__REQUIRE(ctx,
                    rows_of(ae, o->trans_a) == p->M && rows_of(be, o->trans_b) == p->K2 &&
                        cols_of(be, o->trans_b) == p->N,
                    LLMCL_ERROR_SHAPE_MISMATCH,
                    "matmul: op(a_ext) of %s%s and op(b_ext) of %s%s must be [M, K2] and [K2, N] "
                    "with M = %lld and N = %lld",
-                   sa, o->trans_a ? "^T" : "", sb, o->trans_b ? "^T" : "", (long long)p->M,
+                   llmcl__shape_text(ae).s, o->trans_a ? "^T" : "", llmcl__shape_text(be).s,
+                   o->trans_b ? "^T" : "", (long long)p->M,
                    (long long)p->N);
     LLMCL__REQUIRE(ctx, p->K2 < INT_MAX, LLMCL_ERROR_OVERFLOW,
                    "matmul: a_ext's K2 must be below 2^31");
@@ -193,16 +191,13 @@ static llmcl_status check_problem(mm_problem *p, const llmcl_tensor *a, const ll
     p->M = rows_of(a, o->trans_a);
     p->K = cols_of(a, o->trans_a);
     p->N = cols_of(b, o->trans_b);
-    char sa[96], sb[96], sc[96];
-    llmcl__shape_text(a, sa, sizeof sa);
-    llmcl__shape_text(b, sb, sizeof sb);
-    llmcl__shape_text(c, sc, sizeof sc);
     LLMCL__REQUIRE(ctx, rows_of(b, o->trans_b) == p->K, LLMCL_ERROR_SHAPE_MISMATCH,
-                   "matmul: op(a) of %s%s has K = %lld but op(b) of %s%s has %lld rows", sa,
-                   o->trans_a ? "^T" : "", (long long)p->K, sb, o->trans_b ? "^T" : "",
+                   "matmul: op(a) of %s%s has K = %lld but op(b) of %s%s has %lld rows",
+                   llmcl__shape_text(a).s, o->trans_a ? "^T" : "", (long long)p->K,
+                   llmcl__shape_text(b).s, o->trans_b ? "^T" : "",
                    (long long)rows_of(b, o->trans_b));
     LLMCL__REQUIRE(ctx, rows_of(c, 0) == p->M && cols_of(c, 0) == p->N, LLMCL_ERROR_SHAPE_MISMATCH,
-                   "matmul: c is %s; op(a) op(b) is [%lld, %lld]", sc, (long long)p->M,
+                   "matmul: c is %s; op(a) op(b) is [%lld, %lld]", llmcl__shape_text(c).s, (long long)p->M,
                    (long long)p->N);
     LLMCL__REQUIRE(ctx, p->M < INT_MAX && p->N < INT_MAX && p->K < INT_MAX && p->batch < 65536,
                    LLMCL_ERROR_OVERFLOW,

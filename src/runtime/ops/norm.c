@@ -101,12 +101,10 @@ static llmcl_status norm_layout(norm_shape *s)
         const unsigned b = row_breaks(s->acts[k]);
         const char *name = s->act_names[k];
         if (b & (b - 1)) {
-            char shape[96];
-            llmcl__shape_text(s->acts[k], shape, sizeof shape);
             return LLMCL__FAIL(s->ctx, LLMCL_ERROR_INVALID_ARGUMENT,
                                "%s (shape %s): its leading dimensions need three levels of row "
                                "strides; norm ops take one or two",
-                               name, shape);
+                               name, llmcl__shape_text(s->acts[k]).s);
         }
         if (b && all && b != all)
             return LLMCL__FAIL(s->ctx, LLMCL_ERROR_INVALID_ARGUMENT,

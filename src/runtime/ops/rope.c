@@ -93,15 +93,13 @@ static llmcl_status check_table(llmcl_ctx *ctx, const llmcl_tensor *t, const cha
 {
     LLMCL__TRY(llmcl__check_tensor(ctx, t, name, 1u << LLMCL_F32, 2, 3));
     const int nd = t->ndim;
-    char sh[96];
-    llmcl__shape_text(t, sh, sizeof sh);
     LLMCL__REQUIRE(ctx,
                    t->shape[nd - 1] == pairs && t->shape[nd - 2] == vq->n[RT] &&
                        (nd == 2 || t->shape[0] == vq->n[RB]),
                    LLMCL_ERROR_SHAPE_MISMATCH,
                    "%s is %s; expected [T, rotary_dim/2] = [%lld, %lld] or [B, T, rotary_dim/2] = "
                    "[%lld, %lld, %lld]",
-                   name, sh, (long long)vq->n[RT], (long long)pairs, (long long)vq->n[RB],
+                   name, llmcl__shape_text(t).s, (long long)vq->n[RT], (long long)pairs, (long long)vq->n[RB],
                    (long long)vq->n[RT], (long long)pairs);
     LLMCL__REQUIRE(ctx, t->strides[nd - 1] == 1 || pairs == 1, LLMCL_ERROR_INVALID_ARGUMENT,
                    "%s: the last dimension must be unit-stride (stride %lld)", name,
@@ -141,15 +139,12 @@ static llmcl_status rope_validate(llmcl_ctx *ctx, const char *fn, const llmcl_te
                        "%s is %s but %s is %s: they must share a dtype", kn,
                        llmcl_dtype_name(k->dtype), qn, llmcl_dtype_name(q->dtype));
         c->vk = rope_view_of(k, o->layout);
-        char qs[96], ks[96];
-        llmcl__shape_text(q, qs, sizeof qs);
-        llmcl__shape_text(k, ks, sizeof ks);
         LLMCL__REQUIRE(ctx,
                        c->vk.n[RB] == c->vq.n[RB] && c->vk.n[RT] == c->vq.n[RT] &&
                            c->vk.n[RD] == c->vq.n[RD],
                        LLMCL_ERROR_SHAPE_MISMATCH,
-                       "%s %s and %s %s read as %s differ in B, T or D (only H may differ)", qn, qs,
-                       kn, ks, layout_name);
+                       "%s %s and %s %s read as %s differ in B, T or D (only H may differ)", qn,
+                       llmcl__shape_text(q).s, kn, llmcl__shape_text(k).s, layout_name);
         LLMCL__REQUIRE(ctx, c->vk.s[RD] == 1 || c->vk.n[RD] == 1, LLMCL_ERROR_INVALID_ARGUMENT,
                        "%s: the D dimension must be unit-stride (stride %lld)", kn,
                        (long long)c->vk.s[RD]);
@@ -205,12 +200,11 @@ static llmcl_status rope_validate(llmcl_ctx *ctx, const char *fn, const llmcl_te
     LLMCL__REQUIRE(ctx, p, LLMCL_ERROR_INVALID_ARGUMENT,
                    "%s: no angle source: set opt->positions (or opt->cos and opt->sin)", fn);
     LLMCL__TRY(llmcl__check_tensor(ctx, p, "opt->positions", LLMCL__INT_DTYPES, 1, 2));
-    char ps[96];
-    llmcl__shape_text(p, ps, sizeof ps);
     LLMCL__REQUIRE(
         ctx, p->shape[p->ndim - 1] == c->vq.n[RT] && (p->ndim == 1 || p->shape[0] == c->vq.n[RB]),
         LLMCL_ERROR_SHAPE_MISMATCH,
-        "%s: opt->positions is %s; expected [T] = [%lld] or [B, T] = [%lld, %lld]", fn, ps,
+        "%s: opt->positions is %s; expected [T] = [%lld] or [B, T] = [%lld, %lld]", fn,
+        llmcl__shape_text(p).s,
         (long long)c->vq.n[RT], (long long)c->vq.n[RB], (long long)c->vq.n[RT]);
     LLMCL__REQUIRE(ctx, !llmcl__overlaps(p, q) && (!k || !llmcl__overlaps(p, k)),
                    LLMCL_ERROR_INVALID_ARGUMENT, "%s: opt->positions overlaps %s or %s", fn, qn,
