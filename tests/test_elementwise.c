@@ -163,6 +163,79 @@ static void test_copy(void **state)
 }
 
 /*
+ * A view of `shape` in a poisoned parent: rows `pitch` elements apart, each outer dimension `gap`
+ * elements beyond the one inside it, starting at element `offset`.
+ */
+static strided pitched(llmcl_dtype dt, int ndim, const int64_t *shape, int64_t pitch, int64_t gap,
+                       int64_t offset)
+{
+    int64_t strides[4] = {0};
+    strides[ndim - 1] = 1;
+    if (ndim >= 2)
+        strides[ndim - 2] = pitch;
+    for (int i = ndim - 3; i >= 0; --i)
+        strides[i] = strides[i + 1] * shape[i + 1] + gap;
+    int64_t extent = offset + 1;
+    for (int i = 0; i < ndim; ++i)
+        extent += (shape[i] - 1) * strides[i];
+    strided r = {0};
+    r.parent = th_tensor(dt, 1, &extent);
+    r.parent_n = (size_t)extent;
+    TH_OK(llmcl_tensor_view(r.parent, ndim, shape, strides, offset, &r.view));
+    return r;
+}
+
+typedef struct pitch_case {
+    int ndim;
+    int64_t shape[4];
+    int64_t pitch[2], gap[2], offset[2]; /* two layouts of the shape */
+} pitch_case;
+
+/*
+ * Copies between row-pitched views, whose rows start and end on 16-, 8- or 4-byte boundaries
+ * (a bf16 row of 12 elements is 8-byte words, one of 6 is 4-byte words) or on none (pitch 11, or
+ * a misaligned offset), so that copy_strided runs over words of each size and over elements:
+ * contiguous to the first layout, to the second, and back, every gap left poisoned.
+ */
+static void test_copy_rows(void **state)
+{
+    (void)state;
+    static const pitch_case cases[] = {
+        {2, {37, 64}, {72, 80}, {0, 0}, {8, 16}},   {2, {19, 12}, {16, 24}, {0, 0}, {4, 8}},
+        {2, {5, 6}, {10, 8}, {0, 0}, {2, 6}},       {2, {9, 8}, {11, 8}, {0, 0}, {0, 8}},
+        {2, {9, 8}, {16, 8}, {0, 0}, {8, 3}},       {3, {3, 7, 40}, {48, 40}, {8, 16}, {8, 0}},
+        {4, {2, 3, 4, 24}, {32, 24}, {16, 8}, {16, 32}}, {2, {1, 16}, {16, 24}, {0, 0}, {2, 4}},
+    };
+    for (size_t t = 0; t < 5; ++t)
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
+            const llmcl_dtype dt = all_types[t];
+            const pitch_case *pc = &cases[c];
+            const shape_case sc = {pc->ndim, {pc->shape[0], pc->shape[1], pc->shape[2], pc->shape[3]}};
+            const size_t n = numel_of(&sc);
+            double *x = random_values(dt, n, 900 + c), *got = th_alloc(n * sizeof *got);
+            llmcl_tensor *src = th_tensor_from(dt, pc->ndim, pc->shape, x);
+            llmcl_tensor *dst = th_tensor(dt, pc->ndim, pc->shape);
+            strided a = pitched(dt, pc->ndim, pc->shape, pc->pitch[0], pc->gap[0], pc->offset[0]);
+            strided b = pitched(dt, pc->ndim, pc->shape, pc->pitch[1], pc->gap[1], pc->offset[1]);
+            TH_OK(llmcl_copy(th_ctx(), src, a.view));
+            TH_OK(llmcl_copy(th_ctx(), a.view, b.view));
+            th_download(b.view, got);
+            TH_ASSERT_CLOSE("copy between pitched views", x, got, n, (th_tol){0, 0});
+            TH_OK(llmcl_copy(th_ctx(), b.view, dst));
+            th_download(dst, got);
+            TH_ASSERT_CLOSE("copy from a pitched view", x, got, n, (th_tol){0, 0});
+            assert_gaps_untouched(&a, dt);
+            assert_gaps_untouched(&b, dt);
+            free_strided(&a);
+            free_strided(&b);
+            llmcl_tensor_destroy(src);
+            llmcl_tensor_destroy(dst);
+            free(x);
+            free(got);
+        }
+}
+
+/*
  * copy_words under forced tunables (as the tuner sets them): words per pass, a capped grid that
  * loops, an uncapped one, and the cache hints; sizes that leave partial passes.
  */
@@ -750,6 +823,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fill),
         cmocka_unit_test(test_copy),
+        cmocka_unit_test(test_copy_rows),
         cmocka_unit_test(test_copy_tunables),
         cmocka_unit_test(test_cast),
         cmocka_unit_test(test_cast_special_values),

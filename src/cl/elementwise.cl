@@ -10,12 +10,16 @@
  * cannot widen. Eight f32 a work-item would take two 16-byte accesses 32 bytes apart, which left
  * half of each warp's store sectors to another instruction: an f32 fill so ran at half the speed
  * on the H200. Other layouts take the *_strided kernels, which map a linear index to up to 4-D
- * coordinates (shape and strides padded to 4 from the front).
+ * coordinates (shape and strides padded to 4 from the front). A strided copy whose rows (a
+ * unit-stride last dimension) start and end on 4-, 8- or 16-byte boundaries in both tensors moves
+ * words of that size (COPY_T uint, uint2 or uint4): the index arithmetic, 64-bit divisions for up
+ * to three dimensions, is paid once a word instead of once an element. On an H100 the element
+ * copy of a row-pitched bf16 matrix moved 302 GB/s where a contiguous one moved 1300.
  * All indices are 64-bit.
  *
- * Defines: DT (storage of fill/copy, and of axpy/mul), SRC_DT and DST_DT (cast, sum_rows),
- * DT_IS_INT (fill), VW (4 or 8) and ALIGNED (the contiguous kernels; fill of integers stays
- * scalar).
+ * Defines: DT (storage of fill/copy, and of axpy/mul), COPY_T (copy_strided's unit, default DT's
+ * storage), SRC_DT and DST_DT (cast, sum_rows), DT_IS_INT (fill), VW (4 or 8) and ALIGNED (the
+ * contiguous kernels; fill of integers stays scalar).
  * Tunables (every kernel key: fill, copy, cast, axpy, mul, sum_rows):
  *   WG      work-group size (any value the device allows; the launcher passes it as the local size)
  *   GPC     work-groups per compute unit that the grid is capped at (grid-stride loops cover the
@@ -101,9 +105,14 @@ void fill_strided(__global STORAGE(DT) *dst, ulong dst_off, long n, long4 shape,
     }
 }
 
+/* COPY_T: the unit copied, an element, or a word where the launcher counts rows in words. */
+#ifndef COPY_T
+#define COPY_T STORAGE(DT)
+#endif
+
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void copy_strided(__global const STORAGE(DT) *src, ulong src_off, long4 src_stride,
-                  __global STORAGE(DT) *dst, ulong dst_off, long4 dst_stride, long n, long4 shape)
+void copy_strided(__global const COPY_T *src, ulong src_off, long4 src_stride,
+                  __global COPY_T *dst, ulong dst_off, long4 dst_stride, long n, long4 shape)
 {
     src += src_off;
     dst += dst_off;

@@ -1,6 +1,7 @@
 /*
  * bench_elementwise.c: llmcl-bench rows for copy, cast, axpy and fill at a size well past the
- * caches, each checked against the CPU reference; a row is named by its kernel key.
+ * caches, each checked against the CPU reference; a row is named by its kernel key. One copy reads
+ * a row-pitched view (a matrix's columns, as a slice of a wider buffer): the strided path.
  */
 #include <math.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 
 typedef struct ew_state {
     llmcl_tensor *a, *b;
+    llmcl_tensor *a_parent; /* where a is a row-pitched view */
     const char *op;
 } ew_state;
 
@@ -35,11 +37,22 @@ static float *host_values(int64_t n, float scale)
     return x;
 }
 
-/* Uploads f32 values into t of any float dtype through a temporary f32 tensor and a cast. */
+/* A contiguous tensor of t's shape. */
+static llmcl_status create_like(bench_env *env, llmcl_dtype dtype, const llmcl_tensor *t,
+                                llmcl_tensor **out)
+{
+    int64_t shape[LLMCL_MAX_DIMS];
+    const int ndim = llmcl_tensor_ndim(t);
+    for (int i = 0; i < ndim; ++i)
+        shape[i] = llmcl_tensor_dim(t, i);
+    return llmcl_tensor_create(env->ctx, dtype, ndim, shape, out);
+}
+
+/* Uploads f32 values into t of any float dtype and layout through an f32 tensor and a cast. */
 static llmcl_status upload_as(bench_env *env, llmcl_tensor *t, const float *x, int64_t n)
 {
     llmcl_tensor *tmp = NULL;
-    llmcl_status st = llmcl_tensor_create(env->ctx, LLMCL_F32, 1, &n, &tmp);
+    llmcl_status st = create_like(env, LLMCL_F32, t, &tmp);
     if (st == LLMCL_OK)
         st = llmcl_tensor_upload(tmp, x, (size_t)n * 4);
     if (st == LLMCL_OK)
@@ -54,7 +67,7 @@ static int check(bench_env *env, const char *op, const ew_state *s, const float 
     llmcl_tensor *out = NULL;
     float *got = malloc((size_t)n * sizeof *got);
     int ok = 0;
-    if (got && llmcl_tensor_create(env->ctx, LLMCL_F32, 1, &n, &out) == LLMCL_OK &&
+    if (got && create_like(env, LLMCL_F32, s->b, &out) == LLMCL_OK &&
         llmcl_cast(env->ctx, s->b, out) == LLMCL_OK &&
         llmcl_tensor_download(out, got, (size_t)n * 4) == LLMCL_OK) {
         const bool is16 = llmcl_tensor_dtype(s->a) != LLMCL_F32 || llmcl_tensor_dtype(s->b) != LLMCL_F32;
@@ -75,7 +88,20 @@ static int check(bench_env *env, const char *op, const ew_state *s, const float 
     return ok;
 }
 
-static void bench_one(bench_env *env, const char *op, llmcl_dtype in, llmcl_dtype outt, int64_t n)
+/* The op's input: n elements, or where pitch is set a [n / cols, cols] view of rows pitch apart. */
+static llmcl_status make_input(bench_env *env, ew_state *s, llmcl_dtype in, int64_t n, int64_t cols,
+                               int64_t pitch)
+{
+    if (!pitch)
+        return llmcl_tensor_create(env->ctx, in, 1, &n, &s->a);
+    const int64_t shape[2] = {n / cols, cols}, strides[2] = {pitch, 1};
+    const int64_t parent[2] = {n / cols, pitch};
+    const llmcl_status st = llmcl_tensor_create(env->ctx, in, 2, parent, &s->a_parent);
+    return st != LLMCL_OK ? st : llmcl_tensor_view(s->a_parent, 2, shape, strides, 0, &s->a);
+}
+
+static void bench_one(bench_env *env, const char *op, llmcl_dtype in, llmcl_dtype outt, int64_t n,
+                      int64_t cols, int64_t pitch)
 {
     ew_state s = {.op = op};
     float *a = host_values(n, 4.0f), *b = host_values(n, 2.0f);
@@ -83,9 +109,9 @@ static void bench_one(bench_env *env, const char *op, llmcl_dtype in, llmcl_dtyp
     if (!a || !b)
         st = LLMCL_ERROR_OUT_OF_HOST_MEMORY;
     if (st == LLMCL_OK)
-        st = llmcl_tensor_create(env->ctx, in, 1, &n, &s.a);
+        st = make_input(env, &s, in, n, cols, pitch);
     if (st == LLMCL_OK)
-        st = llmcl_tensor_create(env->ctx, outt, 1, &n, &s.b);
+        st = create_like(env, outt, s.a, &s.b);
     if (st == LLMCL_OK)
         st = upload_as(env, s.a, a, n);
     if (st == LLMCL_OK)
@@ -96,7 +122,11 @@ static void bench_one(bench_env *env, const char *op, llmcl_dtype in, llmcl_dtyp
         bench_row r = {.peak_mib = -1, .check = -1};
         snprintf(r.kernel, sizeof r.kernel, "%s", op);
         snprintf(r.dtype, sizeof r.dtype, "%s", llmcl_dtype_name(outt));
-        snprintf(r.shape, sizeof r.shape, "%lld", (long long)n);
+        if (pitch)
+            snprintf(r.shape, sizeof r.shape, "%lldx%lld pitch %lld", (long long)(n / cols),
+                     (long long)cols, (long long)pitch);
+        else
+            snprintf(r.shape, sizeof r.shape, "%lld", (long long)n);
         /* the check runs once on fresh inputs; timing afterwards repeats the op */
         if (run_op(env->ctx, &s) == LLMCL_OK)
             r.check = check(env, op, &s, a, b, n);
@@ -109,6 +139,7 @@ static void bench_one(bench_env *env, const char *op, llmcl_dtype in, llmcl_dtyp
         bench_add(env, &r);
     }
     llmcl_tensor_destroy(s.a);
+    llmcl_tensor_destroy(s.a_parent);
     llmcl_tensor_destroy(s.b);
     free(a);
     free(b);
@@ -117,10 +148,11 @@ static void bench_one(bench_env *env, const char *op, llmcl_dtype in, llmcl_dtyp
 void bench_elementwise(bench_env *env)
 {
     const int64_t n = env->small ? (int64_t)4 << 20 : (int64_t)128 << 20;
-    bench_one(env, LLMCL_KEY_COPY, LLMCL_F32, LLMCL_F32, n);
-    bench_one(env, LLMCL_KEY_COPY, LLMCL_BF16, LLMCL_BF16, n);
-    bench_one(env, LLMCL_KEY_CAST, LLMCL_F32, LLMCL_BF16, n);
-    bench_one(env, LLMCL_KEY_CAST, LLMCL_BF16, LLMCL_F32, n);
-    bench_one(env, LLMCL_KEY_AXPY, LLMCL_BF16, LLMCL_BF16, n);
-    bench_one(env, LLMCL_KEY_FILL, LLMCL_F32, LLMCL_BF16, n);
+    bench_one(env, LLMCL_KEY_COPY, LLMCL_F32, LLMCL_F32, n, 0, 0);
+    bench_one(env, LLMCL_KEY_COPY, LLMCL_BF16, LLMCL_BF16, n, 0, 0);
+    bench_one(env, LLMCL_KEY_COPY, LLMCL_BF16, LLMCL_BF16, n, 4096, 4096 + 64);
+    bench_one(env, LLMCL_KEY_CAST, LLMCL_F32, LLMCL_BF16, n, 0, 0);
+    bench_one(env, LLMCL_KEY_CAST, LLMCL_BF16, LLMCL_F32, n, 0, 0);
+    bench_one(env, LLMCL_KEY_AXPY, LLMCL_BF16, LLMCL_BF16, n, 0, 0);
+    bench_one(env, LLMCL_KEY_FILL, LLMCL_F32, LLMCL_BF16, n, 0, 0);
 }

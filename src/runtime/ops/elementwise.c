@@ -191,6 +191,58 @@ static llmcl_status launch_strided(llmcl_ctx *ctx, cl_kernel k, const grid *g,
     return llmcl__launch(&a, 1, &g->global, &g->local);
 }
 
+/* t's rows (its last dimension, unit-stride) start and end on multiples of `word` bytes. */
+static bool rows_in_words(const llmcl_tensor *t, int64_t word)
+{
+    const int64_t es = (int64_t)llmcl_dtype_size(t->dtype);
+    const int last = t->ndim - 1;
+    if (t->ndim == 0 || t->strides[last] != 1 || (t->shape[last] * es) % word ||
+        (t->offset * es) % word)
+        return false;
+    for (int i = 0; i < last; ++i)
+        if (t->shape[i] > 1 && (t->strides[i] * es) % word)
+            return false;
+    return true;
+}
+
+/* The widest word, 16, 8 or 4 bytes and wider than an element, that both tensors' rows are made
+ * of; 0 where there is none. */
+static int64_t row_word(const llmcl_tensor *src, const llmcl_tensor *dst)
+{
+    for (int64_t word = 16; word > (int64_t)llmcl_dtype_size(src->dtype); word /= 2)
+        if (rows_in_words(src, word) && rows_in_words(dst, word))
+            return word;
+    return 0;
+}
+
+/* t's shape and strides counted in words of `word` bytes (rows_in_words holds); its offset. */
+static int64_t in_words(const llmcl_tensor *t, int64_t word, cl_long4 *shape, cl_long4 *stride)
+{
+    const int64_t es = (int64_t)llmcl_dtype_size(t->dtype);
+    pad4(t, shape, stride);
+    shape->s[3] = shape->s[3] * es / word;
+    for (int i = 0; i < 3; ++i)
+        stride->s[i] = shape->s[i] > 1 ? stride->s[i] * es / word : 0;
+    return t->offset * es / word;
+}
+
+/* copy_strided over words: (src, src_stride, dst, dst_stride, n, shape) as launch_strided's. */
+static llmcl_status launch_rows(llmcl_ctx *ctx, cl_kernel k, const grid *g, const llmcl_tensor *src,
+                                llmcl_tensor *dst, int64_t word)
+{
+    cl_long4 shape, sstride, dstride;
+    const int64_t soff = in_words(src, word, &shape, &sstride);
+    const int64_t doff = in_words(dst, word, &shape, &dstride);
+    llmcl__args a = llmcl__args_begin(ctx, k);
+    llmcl__arg_mem(&a, src->mem, soff);
+    llmcl__arg(&a, sizeof sstride, &sstride);
+    llmcl__arg_mem(&a, dst->mem, doff);
+    llmcl__arg(&a, sizeof dstride, &dstride);
+    llmcl__arg_i64(&a, shape.s[0] * shape.s[1] * shape.s[2] * shape.s[3]);
+    llmcl__arg(&a, sizeof shape, &shape);
+    return llmcl__launch(&a, 1, &g->global, &g->local);
+}
+
 llmcl_status llmcl_copy(llmcl_ctx *ctx, const llmcl_tensor *src, llmcl_tensor *dst)
 {
     LLMCL__TRY(check_pair(ctx, src, "src", LLMCL__ALL_DTYPES, dst, "dst", LLMCL__ALL_DTYPES));
@@ -228,6 +280,13 @@ llmcl_status llmcl_copy(llmcl_ctx *ctx, const llmcl_tensor *src, llmcl_tensor *d
         llmcl__arg_tensor(&a, dst);
         llmcl__arg_i64(&a, n);
         return llmcl__launch(&a, 1, &g.global, &g.local);
+    }
+    const int64_t word = row_word(src, dst);
+    if (word) {
+        llmcl__define_str(&d, "COPY_T", word == 16 ? "uint4" : word == 8 ? "uint2" : "uint");
+        LLMCL__TRY(get_kernel(ctx, LLMCL_KEY_COPY, src->dtype, n, &d, "copy_strided", false, &k,
+                              &g, n * es / word, 1));
+        return launch_rows(ctx, k, &g, src, dst, word);
     }
     LLMCL__TRY(
         get_kernel(ctx, LLMCL_KEY_COPY, src->dtype, n, &d, "copy_strided", false, &k, &g, n, 1));
