@@ -60,7 +60,7 @@ def main():
         r = run("--only", "elementwise", "--small", *args)
         assert r.returncode == 0, (args, r.stdout, r.stderr)
         rows = [l for l in r.stdout.splitlines() if l.startswith(("copy", "cast", "axpy", "fill"))]
-        assert len(rows) == 6 and all(l.split()[-1] == "ok" for l in rows), (args, r.stdout)
+        assert len(rows) == 7 and all(l.split()[-1] == "ok" for l in rows), (args, r.stdout)
         timing = "median of 2 runs" if args[0] == "--reps" else "batches"
         assert timing in r.stdout, (args, r.stdout)
     print("test_tool_options: all passed")
