@@ -1299,15 +1299,21 @@ mm_wg_ce_dlogits(const float *d, int h, const mm_ce *ce, bool weighs, __global c
 #define MM_MAP_C (2 + 2 * MM_EXT)
 #define MM_MAPS (MM_MAP_C + (MM_EPI_TMA ? NT / 128 : 0))
 
+/* The rows of a k-major operand's box (kc) for a side of extent elements in tiles of tile. */
+inline int mm_box_rows(bool kc, long extent, int tile)
+{
+    return kc && extent < tile ? ((int)extent + 7) & ~7 : tile;
+}
+
 /*
  * Thread 0's copies, by TMA, of slice p of its group's tiles (tile p / (nk + nk2) of the group's
  * walk, then its k-slice: A's and B's first nk, A2's and B2's (maps ext) the nk2 after) into stage
  * p % STAGES, once every work-item has released the stage's previous slice (empty) and with the
- * stage's full barrier expecting the bytes. A tile's rows past M, its columns past N and its k
- * past K (K2) arrive as zeros. An mn-major operand comes in atoms of 64.
+ * stage's full barrier expecting the boxes' bytes. A box's rows past M or N and its k past K (K2)
+ * arrive as zeros. An mn-major operand comes in atoms of 64.
  */
 inline void mm_tma_produce(int p, int nk, int nk2, int step, long k_lo, long M, long N, uint base,
-                           uint full, uint empty, ulong map_a, ulong map_b, ulong2 ext)
+                           uint full, uint empty, ulong map_a, ulong map_b, ulong2 ext, uint bytes)
 {
     const int s = p % STAGES, slice = p % (nk + nk2);
     long m0, n0;
@@ -1319,7 +1325,7 @@ inline void mm_tma_produce(int p, int nk, int nk2, int step, long k_lo, long M, 
     const uint bar = full + 8 * s, sa = base + s * (STAGE_A + STAGE_B), sb = sa + STAGE_A;
     if (p >= STAGES)
         wg_bar_wait(empty + 8 * s, (p / STAGES + 1) & 1);
-    wg_bar_expect(bar, STAGE_A + STAGE_B);
+    wg_bar_expect(bar, bytes);
     if (A_KC)
         wg_tma_load(sa, ma, k, m, bar);
     else
@@ -1416,19 +1422,25 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS MM_EXT_PARAMS)
     const int first = get_group_id(0);
     const int total = first < ntiles ? (ntiles - first + step - 1) / step * (nk + nk2) : 0;
     int p = 0, g = 0;
+    /* A k-major operand narrower than its tile comes in boxes of its rows rounded up to 8, not of
+       the tile's: TMA's zero fills of the rest cost time (LoRA's rank-16 B fills 16 of 64 rows).
+       The products of the stale rows left in local memory land only in C's rows and columns past
+       M and N, which no epilogue stores or sums. */
+    const int a_rows = mm_box_rows(A_KC, M, BM), b_rows = mm_box_rows(B_KC, N, BN);
+    const uint bytes = (a_rows + b_rows) * BK * 2;
     /* a k-major operand in boxes of whole tile rows, an mn-major one in atoms of 64; with a
        producer warp, the first work-item makes B's map beside the producer's of A, since a map
        takes about a microsecond (mostly its fences) before the first copy can start */
 #define MM_MAP_B()                                                                                \
     wg_tma_map(tma_slots + MM_MAPS * gid + 1, tma_map, b, B_KC ? K : N, B_KC ? N : K,             \
-               2 * (B_KC ? sbn : sbk), 64, B_KC ? BN : 64)
+               2 * (B_KC ? sbn : sbk), 64, B_KC ? b_rows : 64)
     /* the second pair's maps, laid out as the first's */
 #if MM_EXT
 #define MM_MAP_EXT()                                                                              \
     wg_tma_map(tma_slots + MM_MAPS * gid + 2, tma_map, a2 + a2off, A_KC ? K2 : M, A_KC ? M : K2,  \
-               2 * (A_KC ? sa2m : sa2k), 64, A_KC ? BM : 64);                                     \
+               2 * (A_KC ? sa2m : sa2k), 64, A_KC ? a_rows : 64);                                 \
     wg_tma_map(tma_slots + MM_MAPS * gid + 3, tma_map, b2 + b2off, B_KC ? K2 : N, B_KC ? N : K2,  \
-               2 * (B_KC ? sb2n : sb2k), 64, B_KC ? BN : 64)
+               2 * (B_KC ? sb2n : sb2k), 64, B_KC ? b_rows : 64)
 #else
 #define MM_MAP_EXT()
 #endif
@@ -1438,7 +1450,7 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS MM_EXT_PARAMS)
     }
     if (tid == MM_PRODUCER) {
         wg_tma_map(tma_slots + MM_MAPS * gid, tma_map, a, A_KC ? K : M, A_KC ? M : K,
-                   2 * (A_KC ? sam : sak), 64, A_KC ? BM : 64);
+                   2 * (A_KC ? sam : sak), 64, A_KC ? a_rows : 64);
         if (!MM_PRODUCER) {
             MM_MAP_B();
             MM_MAP_EXT();
@@ -1449,7 +1461,8 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS MM_EXT_PARAMS)
         }
         wg_bar_init_fence();
         for (; !MM_PRODUCER && p < STAGES - 1 && p < total; ++p)
-            mm_tma_produce(p, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b, ext);
+            mm_tma_produce(p, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b, ext,
+                           bytes);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 #if MM_PRODUCERS == 128
@@ -1464,7 +1477,8 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS MM_EXT_PARAMS)
             }
         }
         for (; tid == MM_PRODUCER && p < total; ++p)
-            mm_tma_produce(p, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b, ext);
+            mm_tma_produce(p, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b, ext,
+                           bytes);
         return;
     }
 #if MM_EPI_TMA
@@ -1529,7 +1543,7 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS MM_EXT_PARAMS)
                 wg_bar_arrive(empty + 8 * ((g - 1) % STAGES));
                 if (!MM_PRODUCER && tid == 0 && p < total)
                     mm_tma_produce(p++, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b,
-                                   ext);
+                                   ext, bytes);
             }
             ++g;
 #endif
@@ -1541,7 +1555,8 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS MM_EXT_PARAMS)
 #if MM_TMA
         wg_bar_arrive(empty + 8 * ((g - 1) % STAGES));
         if (!MM_PRODUCER && tid == 0 && p < total)
-            mm_tma_produce(p++, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b, ext);
+            mm_tma_produce(p++, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b, ext,
+                           bytes);
 #else
         barrier(CLK_LOCAL_MEM_FENCE); /* every warpgroup is done reading the stages */
 #endif
