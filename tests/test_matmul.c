@@ -820,8 +820,10 @@ static void check_thin_tiles(void)
         snprintf(size, sizeof size, "%lld", (long long)(c.m < c.n ? c.m : c.n));
         assert_wgmma_ran(mma_key(c.trans_a), LLMCL_BF16, size, thin[i % cases].tiles, aligned);
     }
-    /* k-major thin sides that are no multiple of 8, by TMA: boxes of the side rounded up to 8
-       rows, not the tile's; a box one row short would leave C's last column or row stale */
+    /* k-major thin sides that are no multiple of 8, aligned for TMA's copies (which take boxes
+       of the side rounded up to 8 rows, not the tile's; a box one row short would leave C's last
+       column or row stale); the path is not asserted, since these shapes' tiles are the
+       launcher's choice */
     const int64_t odd[][3] = {
         {fills, 17, 600}, {300, 41, 2104}, {17, 300, 600}, {40, 23, 2104}, {9, 1, 64}};
     for (size_t i = 0; i < sizeof odd / sizeof odd[0]; ++i) {

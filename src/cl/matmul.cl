@@ -1313,7 +1313,7 @@ inline int mm_box_rows(bool kc, long extent, int tile)
  * arrive as zeros. An mn-major operand comes in atoms of 64.
  */
 inline void mm_tma_produce(int p, int nk, int nk2, int step, long k_lo, long M, long N, uint base,
-                           uint full, uint empty, ulong map_a, ulong map_b, ulong2 ext, uint bytes)
+                           uint full, uint empty, ulong map_a, ulong map_b, ulong2 ext)
 {
     const int s = p % STAGES, slice = p % (nk + nk2);
     long m0, n0;
@@ -1325,7 +1325,7 @@ inline void mm_tma_produce(int p, int nk, int nk2, int step, long k_lo, long M, 
     const uint bar = full + 8 * s, sa = base + s * (STAGE_A + STAGE_B), sb = sa + STAGE_A;
     if (p >= STAGES)
         wg_bar_wait(empty + 8 * s, (p / STAGES + 1) & 1);
-    wg_bar_expect(bar, bytes);
+    wg_bar_expect(bar, (mm_box_rows(A_KC, M, BM) + mm_box_rows(B_KC, N, BN)) * BK * 2);
     if (A_KC)
         wg_tma_load(sa, ma, k, m, bar);
     else
@@ -1422,15 +1422,14 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS MM_EXT_PARAMS)
     const int first = get_group_id(0);
     const int total = first < ntiles ? (ntiles - first + step - 1) / step * (nk + nk2) : 0;
     int p = 0, g = 0;
-    /* A k-major operand narrower than its tile comes in boxes of its rows rounded up to 8, not of
-       the tile's: TMA's zero fills of the rest cost time (LoRA's rank-16 B fills 16 of 64 rows).
-       The products of the stale rows left in local memory land only in C's rows and columns past
-       M and N, which no epilogue stores or sums. */
+    /* A k-major operand comes in boxes of a tile's rows, or where it is narrower than its tile
+       of its own rows rounded up to 8: TMA's zero fills of the rest cost time (LoRA's rank-16 B
+       fills 16 of 64 rows), and the products of the stale rows left in local memory land only in
+       C's rows and columns past M and N, which no epilogue stores or sums. An mn-major operand
+       comes in atoms of 64. With a producer warp, the first work-item makes B's map beside the
+       producer's of A, since a map takes about a microsecond (mostly its fences) before the
+       first copy can start. */
     const int a_rows = mm_box_rows(A_KC, M, BM), b_rows = mm_box_rows(B_KC, N, BN);
-    const uint bytes = (a_rows + b_rows) * BK * 2;
-    /* a k-major operand in boxes of whole tile rows, an mn-major one in atoms of 64; with a
-       producer warp, the first work-item makes B's map beside the producer's of A, since a map
-       takes about a microsecond (mostly its fences) before the first copy can start */
 #define MM_MAP_B()                                                                                \
     wg_tma_map(tma_slots + MM_MAPS * gid + 1, tma_map, b, B_KC ? K : N, B_KC ? N : K,             \
                2 * (B_KC ? sbn : sbk), 64, B_KC ? b_rows : 64)
@@ -1461,8 +1460,7 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS MM_EXT_PARAMS)
         }
         wg_bar_init_fence();
         for (; !MM_PRODUCER && p < STAGES - 1 && p < total; ++p)
-            mm_tma_produce(p, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b, ext,
-                           bytes);
+            mm_tma_produce(p, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b, ext);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 #if MM_PRODUCERS == 128
@@ -1477,8 +1475,7 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS MM_EXT_PARAMS)
             }
         }
         for (; tid == MM_PRODUCER && p < total; ++p)
-            mm_tma_produce(p, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b, ext,
-                           bytes);
+            mm_tma_produce(p, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b, ext);
         return;
     }
 #if MM_EPI_TMA
@@ -1543,7 +1540,7 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS MM_EXT_PARAMS)
                 wg_bar_arrive(empty + 8 * ((g - 1) % STAGES));
                 if (!MM_PRODUCER && tid == 0 && p < total)
                     mm_tma_produce(p++, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b,
-                                   ext, bytes);
+                                   ext);
             }
             ++g;
 #endif
@@ -1555,8 +1552,7 @@ mm_wgmma(MM_PARAMS MM_CE_PARAMS MM_SUMSQ_PARAMS MM_TMA_PARAMS MM_EXT_PARAMS)
 #if MM_TMA
         wg_bar_arrive(empty + 8 * ((g - 1) % STAGES));
         if (!MM_PRODUCER && tid == 0 && p < total)
-            mm_tma_produce(p++, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b, ext,
-                           bytes);
+            mm_tma_produce(p++, nk, nk2, step, k_lo, M, N, base, full, empty, map_a, map_b, ext);
 #else
         barrier(CLK_LOCAL_MEM_FENCE); /* every warpgroup is done reading the stages */
 #endif
