@@ -151,8 +151,9 @@ LLMCL_API llmcl_status llmcl_ctx_create(llmcl_ctx **out);
 LLMCL_API llmcl_status llmcl_ctx_create_local(int index, llmcl_ctx **out);
 
 /*
- * Creates a context on an application's OpenCL objects; all three are retained, not owned. Pass a
- * queue created with CL_QUEUE_PROFILING_ENABLE to use the llmcl_profile_* calls.
+ * Creates a context on an application's OpenCL objects; all three are retained, not owned. The
+ * queue must run in order (an op's kernels follow one another in it; an out-of-order queue is
+ * refused). Pass a queue created with CL_QUEUE_PROFILING_ENABLE to use the llmcl_profile_* calls.
  */
 LLMCL_API llmcl_status llmcl_ctx_create_from_cl(cl_context context, cl_device_id device,
                                                 cl_command_queue queue, llmcl_ctx **out);

@@ -280,6 +280,15 @@ static void test_application_objects(void **state)
     assert_int_equal(llmcl_ctx_create_from_cl(llmcl_ctx_cl_context(th_ctx()), dev, queue, &ctx),
                      LLMCL_ERROR_DEVICE_MISMATCH);
     assert_int_equal(llmcl_ctx_create_from_cl(context, dev, NULL, &ctx), LLMCL_ERROR_INVALID_ARGUMENT);
+    /* so is an out-of-order queue, where the device offers one */
+    cl_command_queue unordered =
+        clCreateCommandQueue(context, dev, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
+    if (err == CL_SUCCESS) {
+        assert_int_equal(llmcl_ctx_create_from_cl(context, dev, unordered, &ctx),
+                         LLMCL_ERROR_INVALID_ARGUMENT);
+        assert_non_null(strstr(llmcl_last_error(NULL), "in order"));
+        clReleaseCommandQueue(unordered);
+    }
     clReleaseCommandQueue(queue);
     clReleaseContext(context);
 }

@@ -109,6 +109,11 @@ llmcl_status llmcl_ctx_create_from_cl(cl_context context, cl_device_id device,
     LLMCL__CL(NULL, clGetCommandQueueInfo(queue, CL_QUEUE_DEVICE, sizeof qdev, &qdev, NULL));
     LLMCL__REQUIRE(NULL, qctx == context && qdev == device, LLMCL_ERROR_DEVICE_MISMATCH,
                    "the queue belongs to another context or device");
+    cl_command_queue_properties props = 0;
+    LLMCL__CL(NULL, clGetCommandQueueInfo(queue, CL_QUEUE_PROPERTIES, sizeof props, &props, NULL));
+    LLMCL__REQUIRE(NULL, !(props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE),
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "the queue must run in order: an op's kernels follow one another in it");
     cl_platform_id platform;
     LLMCL__CL(NULL, clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL));
     llmcl_ctx *ctx = calloc(1, sizeof *ctx);
