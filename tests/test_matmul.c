@@ -405,6 +405,26 @@ static void test_split_k(void **state)
     c.beta = 1.0;
     c.split_k = 5;
     mm_check_repeats("split-K tiles", &c, 470);
+    /* Two to eight slices over whole tiles (on wgmma 2 x 2 of 128 x 256) by TMA and ragged ones
+       by cp.async (K 4100), A transposed as a weight gradient's, f32 and 16-bit outputs, a bias,
+       beta 0 and 1, two batch entries; the same bits every run. */
+    static const struct {
+        int64_t m, n, k;
+        int split, batch;
+    } splits[] = {{256, 512, 4096, 2, 1}, {256, 512, 4096, 4, 1}, {300, 530, 4100, 8, 1},
+                  {130, 270, 4100, 4, 2}};
+    for (int v = 0; v < 4; ++v) {
+        c = plain(LLMCL_BF16, splits[v].m, splits[v].n, splits[v].k);
+        c.trans_a = v == 0;
+        c.cdt = v == 1 ? LLMCL_BF16 : LLMCL_F32;
+        c.beta = v == 2 ? 0.0 : 1.0;
+        c.bias = v == 3;
+        c.biasdt = LLMCL_F32;
+        c.split_k = splits[v].split;
+        c.batch = splits[v].batch;
+        c.a_batched = c.b_batched = splits[v].batch > 1;
+        mm_check_repeats("split-K slices", &c, 480 + v);
+    }
 }
 
 /*
