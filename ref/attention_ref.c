@@ -123,11 +123,15 @@ void attn_ref_forward(const attn_ref_cfg *c, const double *q, const double *k, c
             for (int i = 0; i < s.tq; ++i) {
                 const int64_t qo = row_at(c, b, h, c->Hq, c->Tq, s.q0, i);
                 lse[lse_at(c, b, h, s.q0, i)] = score_row(c, q + qo, k, b, h / group, s, i, p, p + s.tk);
-                for (int d = 0; d < c->D; ++d) {
-                    double acc = 0;
-                    for (int j = 0; j < s.tk; ++j)
-                        acc += p[j] * v[row_at(c, b, h / group, c->Hkv, c->Tk, s.k0, j) + d];
-                    o[qo + d] = acc;
+                for (int d = 0; d < c->D; ++d)
+                    o[qo + d] = 0;
+                /* key by key, each row of v read contiguously; a masked key adds nothing */
+                for (int j = 0; j < s.tk; ++j) {
+                    if (p[j] == 0)
+                        continue;
+                    const double *vj = v + row_at(c, b, h / group, c->Hkv, c->Tk, s.k0, j);
+                    for (int d = 0; d < c->D; ++d)
+                        o[qo + d] += p[j] * vj[d];
                 }
             }
     }
@@ -150,14 +154,19 @@ void attn_ref_backward(const attn_ref_cfg *c, const double *q, const double *k, 
                 const int64_t qo = row_at(c, b, h, c->Hq, c->Tq, s.q0, i);
                 score_row(c, q + qo, k, b, hk, s, i, p, dl);
                 double delta = 0;
+                /* keys of probability 0 (masked) add nothing to any sum below */
                 for (int j = 0; j < s.tk; ++j) {
-                    const double *vj = v + row_at(c, b, hk, c->Hkv, c->Tk, s.k0, j);
                     dp[j] = 0;
+                    if (p[j] == 0)
+                        continue;
+                    const double *vj = v + row_at(c, b, hk, c->Hkv, c->Tk, s.k0, j);
                     for (int d = 0; d < c->D; ++d)
                         dp[j] += dout[qo + d] * vj[d];
                     delta += p[j] * dp[j];
                 }
                 for (int j = 0; j < s.tk; ++j) {
+                    if (p[j] == 0)
+                        continue;
                     const int64_t ko = row_at(c, b, hk, c->Hkv, c->Tk, s.k0, j);
                     const double ds = p[j] * (dp[j] - delta) * dl[j];
                     for (int d = 0; d < c->D; ++d) {
