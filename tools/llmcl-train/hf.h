@@ -66,7 +66,7 @@ void hf_open_adapter(const char *path, hf_checkpoint *out);
 
 /* The base model that the opened adapter c names (adapter_config.json's base_model_name_or_path),
    as a path to give --init-from; dies where it names none, or nothing on this machine (a Hugging
-   Face Hub id, say). */
+   Face Hub id, say). The caller frees it. */
 char *hf_adapter_base(const hf_checkpoint *c);
 
 /*

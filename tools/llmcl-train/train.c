@@ -1729,10 +1729,11 @@ int main(int argc, char **argv)
     options *o = &tr.o;
     hf_checkpoint init = {0};
     hf_checkpoint adapter = {0};
+    char *adapter_base = NULL;
     if (o->init_adapter) {
         hf_open_adapter(o->init_adapter, &adapter);
         if (!o->init_from) /* as PEFT's AutoPeftModel finds it */
-            o->init_from = hf_adapter_base(&adapter);
+            o->init_from = adapter_base = hf_adapter_base(&adapter);
     }
     if (o->init_from) {
         hf_open(o->init_from, &init);
@@ -1901,5 +1902,6 @@ int main(int argc, char **argv)
     data_free(&tr.train), data_free(&tr.val);
     llmcl_ctx_destroy(tr.ctx);
     finalize_mpi();
+    free(adapter_base);
     return stopped ? 130 : 0;
 }
