@@ -5,7 +5,8 @@ The same Llama-style model as `llmcl-train --preset llama-1b` (Llama-3.2-1B's sh
 16 layers, 32/8 heads, MLP 8192, vocabulary 128256, tied embeddings, Llama 3 RoPE scaling) or
 `--preset llama-8b` (Llama-3-8B's: width 4096, 32 layers, 32/8 heads, MLP 14336, untied) as
 transformers' LlamaForCausalLM with f32 parameters, bf16 autocast, SDPA attention and the fused
-AdamW, trained on random tokens at batch B x T a GPU. Options: --compile (torch.compile),
+AdamW, trained on random tokens at batch B x T a GPU (by default the preset's, as llmcl-train's:
+4 x 2048 for llama-1b, 1 x 8192 for llama-8b). Options: --compile (torch.compile),
 --recompute (activation checkpointing of every layer), --lora R (the base frozen and adapters of
 rank R on q, k, v, o, gate, up and down, as `llmcl-train --lora R`: PEFT's where the peft package
 is installed, else the same layer written out, y = x W^T + alpha / R (x A^T) B^T; --bf16-base
@@ -51,6 +52,11 @@ PRESETS = {
     "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                      num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
 }
+
+# llmcl-train's batch and sequence for each preset, the defaults of --batch and --seq, so that a
+# run without them sets the same shape against `llmcl-train --preset P`: the 8B model's 1 x 8192
+# holds four times the attention work of 4 x 2048 in the same tokens
+PRESET_SHAPES = {"llama-1b": (4, 2048), "llama-8b": (1, 8192)}
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -201,8 +207,9 @@ def build(args, device):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="llama-1b")
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--batch", type=int, help="rows (pairs with --preference) a GPU; default "
+                    "the preset's, as llmcl-train's: 4 for llama-1b, 1 for llama-8b")
+    ap.add_argument("--seq", type=int, help="default the preset's: 2048, or 8192 for llama-8b")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--peak-tflops", type=float, default=989.0)
@@ -224,6 +231,9 @@ def main():
     ap.add_argument("--pref-nll-weight", type=float, default=None,
                     help="default 1 for orpo and cpo, else 0")
     args = ap.parse_args()
+    batch, seq = PRESET_SHAPES[args.preset]
+    args.batch = batch if args.batch is None else args.batch
+    args.seq = seq if args.seq is None else args.seq
     if args.bf16_base and not args.lora:
         ap.error("--bf16-base needs --lora")
     if args.pref_gamma is None:
