@@ -585,8 +585,10 @@ static void test_tunables_other_head_dim(void **state)
 /*
  * A tuning file's tiles for D = 128 (class p7) reach D = 32 as the nearest tuned class, D = 80 in
  * the same class and D = 160 as the nearest, but their 16 work-item columns divide none of their
- * quarters: the launcher keeps its defaults, the tiles it launches with no file. The same tiles as
- * an explicit override are refused, so that the tuner never times a substitute.
+ * quarters: the launcher keeps its defaults, the tiles it launches with no file, and an override
+ * of another tunable keeps its value beside them, as with no file (the H100's shipped D 128 entry
+ * once made test_persistent_forward's PERSIST override at D 256 fail). The same tiles as an
+ * explicit override are refused, so that the tuner never times a substitute.
  */
 static void test_tuned_tiles_for_other_head_dim(void **state)
 {
@@ -595,10 +597,17 @@ static void test_tuned_tiles_for_other_head_dim(void **state)
     TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_F32, NULL, NULL));
     const int dims[] = {80, 160};
     const char *const cls[] = {"p7", "p8"};
-    char defaults[2][256];
+    static const char *const partial = "UNROLL=2"; /* an override that leaves the tiles */
+    char defaults[2][256], with_partial[2][256];
     for (int i = 0; i < 2; ++i) {
         check_case(dense(LLMCL_F32, 1, 2, 1, dims[i], 40, 40), 62 + i);
         th_params_used("attention_fwd", LLMCL_F32, cls[i], defaults[i], sizeof defaults[i]);
+        TH_OK(llmcl_tune_override(ctx, "attention_fwd", LLMCL_F32, "*", partial));
+        check_case(dense(LLMCL_F32, 1, 2, 1, dims[i], 40, 40), 62 + i);
+        th_params_used("attention_fwd", LLMCL_F32, cls[i], with_partial[i],
+                       sizeof with_partial[i]);
+        assert_non_null(strstr(with_partial[i], partial));
+        TH_OK(llmcl_tune_override(ctx, "attention_fwd", LLMCL_F32, "*", NULL));
     }
     char path[] = "/tmp/llmcl-attn-tune-XXXXXX";
     const int fd = mkstemp(path);
@@ -617,6 +626,12 @@ static void test_tuned_tiles_for_other_head_dim(void **state)
         char used[256];
         th_params_used("attention_fwd", LLMCL_F32, cls[i], used, sizeof used);
         assert_string_equal(used, defaults[i]);
+        /* a partial override keeps its values; the misfit file's tiles give way to the defaults */
+        TH_OK(llmcl_tune_override(ctx, "attention_fwd", LLMCL_F32, "*", partial));
+        check_case(dense(LLMCL_F32, 1, 2, 1, dims[i], 40, 40), 62 + i);
+        th_params_used("attention_fwd", LLMCL_F32, cls[i], used, sizeof used);
+        assert_string_equal(used, with_partial[i]);
+        TH_OK(llmcl_tune_override(ctx, "attention_fwd", LLMCL_F32, "*", NULL));
     }
 
     TH_OK(llmcl_tune_override(ctx, "attention_fwd", LLMCL_F32, "*",

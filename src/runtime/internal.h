@@ -491,13 +491,14 @@ void llmcl__param_set(llmcl__params *p, const char *name, long value);
 long llmcl__param_get(const llmcl__params *p, const char *name, long fallback);
 
 /*
- * What a lookup found: whether an explicit llmcl_tune_override took part (a launcher may replace
- * file entries that do not fit the shape with its defaults, but must report overrides that do
- * not fit), and which of the database's records holds the values in use for its key (db NULL:
- * none is kept). Valid while the launcher that made it runs.
+ * What a lookup found: whether an explicit llmcl_tune_override took part and whether a file's
+ * entry did (a launcher may replace file entries that do not fit the shape with its defaults, but
+ * must report overrides that do not fit: llmcl__params_lookup_overrides), and which of the
+ * database's records holds the values in use for its key (db NULL: none is kept). Valid while
+ * the launcher that made it runs.
  */
 typedef struct llmcl__tune_lookup {
-    bool overridden;
+    bool overridden, tuned;
     llmcl__tune_db *db;
     size_t slot;
 } llmcl__tune_lookup;
@@ -509,6 +510,15 @@ typedef struct llmcl__tune_lookup {
  */
 llmcl__tune_lookup llmcl__params_lookup(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
                                         const char *shape_class, llmcl__params *p);
+
+/*
+ * As llmcl__params_lookup with the llmcl_tune_override entries alone: a launcher whose looked-up
+ * values do not fit the shape puts its defaults back into p and calls this, so that the files'
+ * entries give way to the defaults while an override, whole or partial, still applies.
+ */
+llmcl__tune_lookup llmcl__params_lookup_overrides(llmcl_ctx *ctx, const char *kernel,
+                                                  llmcl_dtype dtype, const char *shape_class,
+                                                  llmcl__params *p);
 
 /*
  * Records p as the values in use for lookup's key: a launcher that changes looked-up values

@@ -34,7 +34,14 @@ long llmcl__param_get(const llmcl__params *p, const char *name, long fallback)
 llmcl__tune_lookup llmcl__params_lookup(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
                                         const char *shape_class, llmcl__params *p)
 {
-    return llmcl__tune_db_apply(ctx, kernel, dtype, shape_class, p);
+    return llmcl__tune_db_apply(ctx, kernel, dtype, shape_class, p, false);
+}
+
+llmcl__tune_lookup llmcl__params_lookup_overrides(llmcl_ctx *ctx, const char *kernel,
+                                                  llmcl_dtype dtype, const char *shape_class,
+                                                  llmcl__params *p)
+{
+    return llmcl__tune_db_apply(ctx, kernel, dtype, shape_class, p, true);
 }
 
 void llmcl__params_record(const llmcl__tune_lookup *lookup, const llmcl__params *p)

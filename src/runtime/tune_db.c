@@ -246,21 +246,30 @@ static bool is_wg_name(const char *n)
            (len > 3 && strcmp(n + len - 3, "_WG") == 0);
 }
 
+/* Which kinds of entry set a value of p: an llmcl_tune_override, a file's. */
+typedef struct applied {
+    bool overridden, tuned;
+} applied;
+
 /*
- * Applies matching entries to p from least to most specific (the most specific applied last). With
- * info (a launch), only the tunables the launcher declared are set, and work-group sizes outside
- * [1, the device's maximum] are ignored, so a database cannot break a launch that way.
+ * Applies matching entries to p from least to most specific (the most specific applied last);
+ * with overrides_only, the llmcl_tune_override entries alone. With info (a launch), only the
+ * tunables the launcher declared are set, and work-group sizes outside [1, the device's maximum]
+ * are ignored, so a database cannot break a launch that way.
  */
-static bool apply_entries(const llmcl__tune_db *db, const char *kernel, int dtype, const char *cls,
-                          llmcl__params *p, const llmcl_device_info *info)
+static applied apply_entries(const llmcl__tune_db *db, const char *kernel, int dtype,
+                             const char *cls, llmcl__params *p, const llmcl_device_info *info,
+                             bool overrides_only)
 {
     scored stack[64];
     scored *list = db->n <= 64 ? stack : malloc(db->n * sizeof *list);
+    applied a = {false, false};
     if (list == NULL)
-        return false;
-    bool overridden = false;
+        return a;
     size_t m = 0;
     for (size_t i = 0; i < db->n; ++i) {
+        if (overrides_only && db->entries[i].device_level != DEV_OVERRIDE)
+            continue;
         long s = entry_score(&db->entries[i], kernel, dtype, cls);
         if (s >= 0)
             list[m++] = (scored){s, db->entries[i].order, &db->entries[i]};
@@ -280,12 +289,15 @@ static bool apply_entries(const llmcl__tune_db *db, const char *kernel, int dtyp
                 continue;
             }
             llmcl__param_set(p, q->names[j], q->values[j]);
-            overridden |= list[i].e->device_level == DEV_OVERRIDE;
+            if (list[i].e->device_level == DEV_OVERRIDE)
+                a.overridden = true;
+            else
+                a.tuned = true;
         }
     }
     if (list != stack)
         free(list);
-    return overridden;
+    return a;
 }
 
 static tune_used *find_used(const llmcl__tune_db *db, const char *kernel, int dtype,
@@ -324,17 +336,18 @@ static tune_used *record_used(llmcl__tune_db *db, const char *kernel, int dtype,
 }
 
 llmcl__tune_lookup llmcl__tune_db_apply(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
-                                        const char *shape_class, llmcl__params *p)
+                                        const char *shape_class, llmcl__params *p,
+                                        bool overrides_only)
 {
     llmcl__tune_db *db = ctx->tune_db;
     if (db == NULL)
         return (llmcl__tune_lookup){0};
     const char *cls = shape_class ? shape_class : "";
-    const bool overridden = apply_entries(db, kernel, (int)dtype, cls, p, &ctx->info);
+    const applied a = apply_entries(db, kernel, (int)dtype, cls, p, &ctx->info, overrides_only);
     const tune_used *u = record_used(db, kernel, (int)dtype, cls, p);
     if (u == NULL)
-        return (llmcl__tune_lookup){.overridden = overridden};
-    return (llmcl__tune_lookup){overridden, db, (size_t)(u - db->used)};
+        return (llmcl__tune_lookup){.overridden = a.overridden, .tuned = a.tuned};
+    return (llmcl__tune_lookup){a.overridden, a.tuned, db, (size_t)(u - db->used)};
 }
 
 void llmcl__tune_db_record(const llmcl__tune_lookup *lookup, const llmcl__params *p)
@@ -684,7 +697,7 @@ llmcl_status llmcl_tune_params_get(llmcl_ctx *ctx, const char *kernel, llmcl_dty
     if (u)
         p = u->params;
     else
-        apply_entries(ctx->tune_db, kernel, (int)dtype, cls, &p, NULL);
+        apply_entries(ctx->tune_db, kernel, (int)dtype, cls, &p, NULL, false);
     if (launched)
         *launched = u != NULL;
     size_t needed;

@@ -29,11 +29,13 @@ void llmcl__tune_db_destroy(llmcl__tune_db *db);
 
 /*
  * Overwrites the parameters of p (the launcher's heuristic defaults) that the best matching entries
- * set, and records the result as the values in use for (kernel, dtype, shape_class). The lookup
- * returned names that record for llmcl__tune_db_record.
+ * set (with overrides_only, llmcl_tune_override's entries alone), and records the result as the
+ * values in use for (kernel, dtype, shape_class). The lookup returned names that record for
+ * llmcl__tune_db_record.
  */
 llmcl__tune_lookup llmcl__tune_db_apply(llmcl_ctx *ctx, const char *kernel, llmcl_dtype dtype,
-                                        const char *shape_class, llmcl__params *p);
+                                        const char *shape_class, llmcl__params *p,
+                                        bool overrides_only);
 
 /* Replaces the values recorded for lookup's key with p (the launcher's final values). */
 void llmcl__tune_db_record(const llmcl__tune_lookup *lookup, const llmcl__params *p);

@@ -264,21 +264,24 @@ static llmcl_status attn_portable_config(llmcl_ctx *ctx, const attn_geom *g, con
     if (k->pass == ATTN_PASS_PRE)
         return attn_pre_config(ctx, g, k, cls, p, wg);
     const attn_tiles def = attn_default_tiles(ctx, k->pass, g->D, g->dtype);
-    attn_tiles_to_params(k->pass, def, p);
-    const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, k->key, g->dtype, cls, p);
-    attn_tiles t = attn_tiles_of_params(k->pass, p);
-    if (t.kvsep && t.pipe) { /* PIPE stages K and V through one buffer: no staging with KV_SEP */
-        t.pipe = 0;
-        llmcl__param_set(p, "PIPE", 0);
-    }
-    const char *why = attn_tiles_invalid(ctx, k->pass, g->D, g->dtype, t);
-    if (why && !lookup.overridden) {
+    attn_tiles t;
+    const char *why;
+    llmcl__tune_lookup lookup;
+    for (int round = 0;; ++round) { /* the files' entries, then the defaults where they misfit */
+        attn_tiles_to_params(k->pass, def, p);
+        lookup = round == 0 ? llmcl__params_lookup(ctx, k->key, g->dtype, cls, p)
+                            : llmcl__params_lookup_overrides(ctx, k->key, g->dtype, cls, p);
+        t = attn_tiles_of_params(k->pass, p);
+        if (t.kvsep && t.pipe) { /* PIPE stages K and V through one buffer: none with KV_SEP */
+            t.pipe = 0;
+            llmcl__param_set(p, "PIPE", 0);
+        }
+        why = attn_tiles_invalid(ctx, k->pass, g->D, g->dtype, t);
+        if (!why || round == 1 || !lookup.tuned)
+            break;
         llmcl__log("tuning: %s tiles BLOCK_M=%d BLOCK_N=%d TM=%d TN=%d do not fit D=%d (%s); "
                    "the defaults are used",
                    k->name, t.bm, t.bn, t.tm, t.tn, g->D, why);
-        t = def;
-        attn_tiles_to_params(k->pass, t, p);
-        why = attn_tiles_invalid(ctx, k->pass, g->D, g->dtype, t);
     }
     LLMCL__REQUIRE(ctx, !why, LLMCL_ERROR_UNSUPPORTED,
                    "attention: %s tiles BLOCK_M=%d BLOCK_N=%d TM=%d TN=%d LF32=%d with D=%d: %s",
@@ -333,8 +336,8 @@ static uint64_t attn_mma_local_bytes(const attn_geom *g, attn_pass pass, long bm
  * backward keeps its operands in local memory (Q and dO beside K and V in dQ, K and V beside the
  * stages in dK/dV): 48 KiB take 16 x 16 tiles (16 x 32 in the dV launch), the 226 KiB of local
  * arrays on sm_90 64 x 16 for dQ and 32 x 64 for dK/dV. Past D = 96 dK/dV keeps K and V in local
- * memory as well, where 48 KiB take 16 x 32 tiles. Tuned values that do not fit fall back to the
- * defaults unless overridden.
+ * memory as well, where 48 KiB take 16 x 32 tiles. Tuned values that do not fit give way to the
+ * defaults, with any override's values kept.
  */
 static llmcl_status attn_mma_config(llmcl_ctx *ctx, const attn_geom *g, const attn_kernel *k,
                                     const char *cls, llmcl__params *p, attn_tiles *tiles,
@@ -369,22 +372,25 @@ static llmcl_status attn_mma_config(llmcl_ctx *ctx, const attn_geom *g, const at
         def_m = 16, def_n = 32; /* K and V in local memory beside the stages, within 48 KiB */
     }
     const long def_wm = fwd && !widest ? 2 : 1, def_qreg = !(fwd && wide);
-    attn_mma_params_set(p, fwd, def_m, def_n, def_wm, def_qreg, def_stages);
-    const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, k->key, g->dtype, cls, p);
-    long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
-    long wm = fwd ? llmcl__param_get(p, "WM", def_wm) : 1;
-    long qreg = fwd ? llmcl__param_get(p, "QREG", def_qreg) : 1;
-    long stages = fwd ? llmcl__param_get(p, "STAGES", def_stages) : 1;
-    const uint64_t bytes = attn_mma_local_bytes(g, pass, bm, bn, stages);
-    const long warps = (dkdv ? bn : bm) / (16 * wm);
-    bool ok = bm >= 16 && bm % 16 == 0 && bn >= 16 && bn % 16 == 0 && (wm == 1 || wm == 2) &&
-              (qreg == 0 || qreg == 1) && (stages == 1 || stages == 2) &&
-              (dkdv ? bn : bm) % (16 * wm) == 0 &&
-              (size_t)warps * 32 <= ctx->info.max_work_group_size &&
-              bytes <= local && (!dkdv || bn <= 2 * bm);
-    if (!ok && !lookup.overridden) {
-        bm = def_m, bn = def_n, wm = def_wm, qreg = def_qreg, stages = def_stages, ok = true;
-        attn_mma_params_set(p, fwd, bm, bn, wm, qreg, stages);
+    long bm, bn, wm, qreg, stages;
+    bool ok;
+    llmcl__tune_lookup lookup;
+    for (int round = 0;; ++round) { /* the files' entries, then the defaults where they misfit */
+        attn_mma_params_set(p, fwd, def_m, def_n, def_wm, def_qreg, def_stages);
+        lookup = round == 0 ? llmcl__params_lookup(ctx, k->key, g->dtype, cls, p)
+                            : llmcl__params_lookup_overrides(ctx, k->key, g->dtype, cls, p);
+        bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
+        wm = fwd ? llmcl__param_get(p, "WM", def_wm) : 1;
+        qreg = fwd ? llmcl__param_get(p, "QREG", def_qreg) : 1;
+        stages = fwd ? llmcl__param_get(p, "STAGES", def_stages) : 1;
+        const long warps = (dkdv ? bn : bm) / (16 * wm);
+        ok = bm >= 16 && bm % 16 == 0 && bn >= 16 && bn % 16 == 0 && (wm == 1 || wm == 2) &&
+             (qreg == 0 || qreg == 1) && (stages == 1 || stages == 2) &&
+             (dkdv ? bn : bm) % (16 * wm) == 0 &&
+             (size_t)warps * 32 <= ctx->info.max_work_group_size &&
+             attn_mma_local_bytes(g, pass, bm, bn, stages) <= local && (!dkdv || bn <= 2 * bm);
+        if (ok || round == 1 || !lookup.tuned)
+            break;
     }
     LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
                    "attention: %s tiles BLOCK_M=%ld BLOCK_N=%ld WM=%ld QREG=%ld STAGES=%ld with "
@@ -450,17 +456,24 @@ static llmcl_status attn_dq_ds_config(llmcl_ctx *ctx, const attn_geom *g, const 
 {
     const long bm = ATTN_DS_BM, bn = g->ds->bn, def_stages = g->D > 64 ? 3 : 2;
     const long def_persist = g->D > 64 ? 1 : 2; /* as many as share a compute unit */
-    llmcl__param_set(p, "STAGES", def_stages);
-    llmcl__param_set(p, "PERSIST", def_persist);
-    const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, k->key, g->dtype, cls, p);
-    long stages = llmcl__param_get(p, "STAGES", def_stages);
-    long persist = llmcl__param_get(p, "PERSIST", def_persist);
     const uint64_t local = ctx->info.local_mem_static_bytes;
-    bool ok = stages >= 2 && stages <= 4 && persist >= 0 && persist <= 4 &&
-              attn_wg_local_bytes(g, k->pass, bm, bn, stages, true, 0) <= local;
-    if (!ok && !lookup.overridden) {
+    long stages, persist;
+    bool ok;
+    llmcl__tune_lookup lookup;
+    for (int round = 0;; ++round) { /* the files' entries, then the defaults where they misfit */
+        llmcl__param_set(p, "STAGES", def_stages);
+        llmcl__param_set(p, "PERSIST", def_persist);
+        lookup = round == 0 ? llmcl__params_lookup(ctx, k->key, g->dtype, cls, p)
+                            : llmcl__params_lookup_overrides(ctx, k->key, g->dtype, cls, p);
+        stages = llmcl__param_get(p, "STAGES", def_stages);
+        persist = llmcl__param_get(p, "PERSIST", def_persist);
+        ok = stages >= 2 && stages <= 4 && persist >= 0 && persist <= 4 &&
+             attn_wg_local_bytes(g, k->pass, bm, bn, stages, true, 0) <= local;
+        if (ok || round == 1 || !lookup.tuned)
+            break;
+    }
+    if (!ok && !lookup.overridden && stages != 2) { /* dK/dV's tiles leave room for two */
         stages = 2;
-        persist = def_persist;
         ok = attn_wg_local_bytes(g, k->pass, bm, bn, stages, true, 0) <= local;
     }
     LLMCL__REQUIRE(ctx, ok, LLMCL_ERROR_UNSUPPORTED,
@@ -504,7 +517,7 @@ static long attn_fwd_persist(const attn_geom *g, long tma)
  * the backward 6.41 against 5.16 ms), over 128-query tiles at D = 64 (1.13x); 64 x 64 where the
  * larger tiles do not fit (every kernel at D = 256, where dK/dV pairs two warpgroups on 64 keys).
  * On the H200: DS_SLABS 3 at D = 128, 2 at D = 64, and the forward persistent (attn_fwd_persist).
- * Tuned values that do not fit fall back to the defaults unless overridden.
+ * Tuned values that do not fit give way to the defaults, with any override's values kept.
  */
 static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const attn_kernel *k,
                                       const char *cls, llmcl__params *p, attn_tiles *tiles,
@@ -523,41 +536,37 @@ static llmcl_status attn_wgmma_config(llmcl_ctx *ctx, const attn_geom *g, const 
     if (pass == ATTN_PASS_DQ || (fwd && g->D <= 64) ||
         attn_wg_local_bytes(g, pass, def_m, def_n, def_stages, def_tma, def_slabs) > local)
         def_m = 64, def_n = 64;
-    llmcl__param_set(p, "BLOCK_M", def_m);
-    llmcl__param_set(p, "BLOCK_N", def_n);
-    if (staged)
-        llmcl__param_set(p, "STAGES", def_stages);
-    llmcl__param_set(p, "TMA", def_tma);
-    if (slabbed)
-        llmcl__param_set(p, "DS_SLABS", def_slabs);
-    if (fwd)
-        llmcl__param_set(p, "PERSIST", -1); /* the default for the copies the lookup leaves */
-    const llmcl__tune_lookup lookup = llmcl__params_lookup(ctx, k->key, g->dtype, cls, p);
-    long bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
-    long stages = staged ? llmcl__param_get(p, "STAGES", def_stages) : 2;
-    long tma = llmcl__param_get(p, "TMA", def_tma);
-    long slabs = slabbed ? llmcl__param_get(p, "DS_SLABS", def_slabs) : 0;
-    long persist = fwd ? llmcl__param_get(p, "PERSIST", -1) : 0;
-    if (persist == -1)
-        persist = attn_fwd_persist(g, tma); /* none without TMA */
     const bool pair = attn_wg_pair(g, pass);
-    bool ok = (bm == 64 || bm == 128) && (bn == 64 || (bn == 128 && !pair)) &&
-              (!fwd || (stages >= 3 && stages <= 5)) &&
-              (!dkdv || stages == 2 || (stages == 3 && tma == 1)) &&
-              (tma == 0 || (tma == 1 && ctx->tma)) && (!slabbed || (slabs >= 2 && slabs <= 4)) &&
-              persist >= 0 && persist <= 4 && (persist == 0 || tma == 1) &&
-              attn_wg_local_bytes(g, pass, bm, bn, stages, tma, slabs) <= local;
-    if (!ok && !lookup.overridden) {
-        bm = def_m, bn = def_n, stages = def_stages, tma = def_tma, ok = true;
-        slabs = slabbed ? def_slabs : 0;
-        persist = fwd ? attn_fwd_persist(g, tma) : 0;
-        llmcl__param_set(p, "BLOCK_M", bm);
-        llmcl__param_set(p, "BLOCK_N", bn);
+    long bm, bn, stages, tma, slabs, persist;
+    bool ok;
+    llmcl__tune_lookup lookup;
+    for (int round = 0;; ++round) { /* the files' entries, then the defaults where they misfit */
+        llmcl__param_set(p, "BLOCK_M", def_m);
+        llmcl__param_set(p, "BLOCK_N", def_n);
         if (staged)
-            llmcl__param_set(p, "STAGES", stages);
-        llmcl__param_set(p, "TMA", tma);
+            llmcl__param_set(p, "STAGES", def_stages);
+        llmcl__param_set(p, "TMA", def_tma);
         if (slabbed)
-            llmcl__param_set(p, "DS_SLABS", slabs);
+            llmcl__param_set(p, "DS_SLABS", def_slabs);
+        if (fwd)
+            llmcl__param_set(p, "PERSIST", -1); /* the default for the copies the lookup leaves */
+        lookup = round == 0 ? llmcl__params_lookup(ctx, k->key, g->dtype, cls, p)
+                            : llmcl__params_lookup_overrides(ctx, k->key, g->dtype, cls, p);
+        bm = llmcl__param_get(p, "BLOCK_M", def_m), bn = llmcl__param_get(p, "BLOCK_N", def_n);
+        stages = staged ? llmcl__param_get(p, "STAGES", def_stages) : 2;
+        tma = llmcl__param_get(p, "TMA", def_tma);
+        slabs = slabbed ? llmcl__param_get(p, "DS_SLABS", def_slabs) : 0;
+        persist = fwd ? llmcl__param_get(p, "PERSIST", -1) : 0;
+        if (persist == -1)
+            persist = attn_fwd_persist(g, tma); /* none without TMA */
+        ok = (bm == 64 || bm == 128) && (bn == 64 || (bn == 128 && !pair)) &&
+             (!fwd || (stages >= 3 && stages <= 5)) &&
+             (!dkdv || stages == 2 || (stages == 3 && tma == 1)) &&
+             (tma == 0 || (tma == 1 && ctx->tma)) && (!slabbed || (slabs >= 2 && slabs <= 4)) &&
+             persist >= 0 && persist <= 4 && (persist == 0 || tma == 1) &&
+             attn_wg_local_bytes(g, pass, bm, bn, stages, tma, slabs) <= local;
+        if (ok || round == 1 || !lookup.tuned)
+            break;
     }
     if (fwd)
         llmcl__param_set(p, "PERSIST", persist);
