@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "matmul_ref.h"
@@ -565,6 +566,51 @@ static void test_tiled_tunables(void **state)
         assert_non_null(strstr(got, want));
     }
     expect_refused("mm_tiled", LLMCL_F32, 3, "T=64 BK=16 TM=3 TN=4");
+}
+
+/* The tiles a tiled f32 product of c launches with, as llmcl_tune_params_get reports them. */
+static void tiled_params_used(mm_case *c, const char *what, uint64_t seed, char *buf, size_t n)
+{
+    mm_check(what, c, seed);
+    int launched = 0;
+    TH_OK(llmcl_tune_params_get(th_ctx(), "mm_tiled", LLMCL_F32, "45", buf, n, &launched));
+    assert_int_equal(launched, 1);
+}
+
+/* A file's tiles that cannot run (TM 3 does not divide T 64) give way to the defaults, also beside
+   an override of another tunable, which keeps its value: the tiles launched are those of no
+   file. */
+static void test_tiled_file_misfit(void **state)
+{
+    (void)state;
+    mm_case c = plain(LLMCL_F32, 45, 70, 33);
+    c.batch = 2;
+    c.a_batched = c.b_batched = 1;
+    char defaults[128], partial[128], used[128];
+    tiled_params_used(&c, "defaults", 610, defaults, sizeof defaults);
+    TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "*", "BK=8"));
+    tiled_params_used(&c, "BK=8", 611, partial, sizeof partial);
+    assert_non_null(strstr(partial, "BK=8"));
+    TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "*", NULL));
+
+    char path[] = "/tmp/llmcl-mm-tune-XXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char *text = "{\"format\": \"llmcl-tuning\", \"version\": 1, \"device\": {\"name\": \"*\"}, "
+                       "\"entries\": [{\"kernel\": \"mm_tiled\", \"dtype\": \"f32\", "
+                       "\"shape_class\": \"*\", \"params\": {\"T\": 64, \"BK\": 16, \"TM\": 3, "
+                       "\"TN\": 4}}]}";
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    TH_OK(llmcl_tune_db_load(th_ctx(), path));
+    remove(path);
+    tiled_params_used(&c, "a misfit file", 612, used, sizeof used);
+    assert_string_equal(used, defaults);
+    TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "*", "BK=8"));
+    tiled_params_used(&c, "a misfit file and BK=8", 613, used, sizeof used);
+    assert_string_equal(used, partial);
+    TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "*", NULL));
+    TH_OK(llmcl_tune_db_reset(th_ctx()));
 }
 
 /* The tuning key of a tensor-core product: wgmma's where the device has it, else mma.sync's; a
@@ -1338,6 +1384,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_addend),            cmocka_unit_test(test_edges),
         cmocka_unit_test(test_long_k),
         cmocka_unit_test(test_tiled_tunables),
+        cmocka_unit_test(test_tiled_file_misfit),
         cmocka_unit_test(test_thin_class),
         cmocka_unit_test(test_tensor_cores),
         cmocka_unit_test(test_preload),

@@ -568,9 +568,10 @@ static int64_t mm_size_key(int64_t m, int64_t n)
 
 /*
  * The database's tiles for key over the launcher's defaults in *t (classed by mm_size_key): a file
- * entry that does not fit gives way to the defaults, a forced override that does not fit is an
- * error (so that the tuner never times a substitute). *recorded (where not NULL) receives the
- * lookup, so that the launcher can record the values it settles on.
+ * entry that does not fit gives way to the defaults, with any override's values kept; a forced
+ * override that does not fit is an error (so that the tuner never times a substitute).
+ * *recorded (where not NULL) receives the lookup, so that the launcher can record the values it
+ * settles on.
  */
 static llmcl_status pick_tiles(const mm_problem *p, const char *key,
                                bool (*fits)(const llmcl_ctx *, const llmcl__params *),
@@ -579,7 +580,11 @@ static llmcl_status pick_tiles(const mm_problem *p, const char *key,
     const llmcl__params defaults = *t;
     char cls[16], text[256] = "";
     llmcl__shape_class(mm_size_key(p->M, p->N), cls);
-    const llmcl__tune_lookup lookup = llmcl__params_lookup(p->ctx, key, p->a.t->dtype, cls, t);
+    llmcl__tune_lookup lookup = llmcl__params_lookup(p->ctx, key, p->a.t->dtype, cls, t);
+    if (!fits(p->ctx, t) && lookup.tuned) {
+        *t = defaults;
+        lookup = llmcl__params_lookup_overrides(p->ctx, key, p->a.t->dtype, cls, t);
+    }
     if (recorded)
         *recorded = lookup;
     if (fits(p->ctx, t))
