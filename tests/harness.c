@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static llmcl_ctx *shared_ctx;
 
@@ -177,6 +178,19 @@ void th_params_used(const char *kernel, llmcl_dtype dt, const char *cls, char *b
     int launched = 0;
     TH_OK(llmcl_tune_params_get(th_ctx(), kernel, dt, cls, buf, n, &launched));
     assert_int_equal(launched, 1);
+}
+
+void th_tune_db_load_text(const char *json)
+{
+    char path[] = "/tmp/llmcl-tune-XXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const ssize_t n = write(fd, json, strlen(json));
+    close(fd);
+    assert_int_equal(n, (ssize_t)strlen(json));
+    const llmcl_status st = llmcl_tune_db_load(th_ctx(), path);
+    remove(path);
+    TH_OK(st);
 }
 
 void th_assert_launched_with(const char *kernel, llmcl_dtype dt, const char *cls, const char *set)

@@ -131,6 +131,9 @@ void th_params_used(const char *kernel, llmcl_dtype dt, const char *cls, char *b
 /* Asserts kernel's last launch at (dtype, cls) was built with every NAME=VALUE of set. */
 void th_assert_launched_with(const char *kernel, llmcl_dtype dt, const char *cls, const char *set);
 
+/* Loads a tuning file of the given JSON text into the shared context (through a temporary file). */
+void th_tune_db_load_text(const char *json);
+
 /* calloc that asserts. */
 void *th_alloc(size_t bytes);
 

@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "attention_ref.h"
 #include "harness.h"
@@ -609,17 +608,11 @@ static void test_tuned_tiles_for_other_head_dim(void **state)
         assert_non_null(strstr(with_partial[i], partial));
         TH_OK(llmcl_tune_override(ctx, "attention_fwd", LLMCL_F32, "*", NULL));
     }
-    char path[] = "/tmp/llmcl-attn-tune-XXXXXX";
-    const int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    const char *text = "{\"format\": \"llmcl-tuning\", \"version\": 1, \"device\": {\"name\": \"*\"}, "
-                       "\"entries\": [{\"kernel\": \"attention_fwd\", \"dtype\": \"f32\", "
-                       "\"shape_class\": \"p7\", \"params\": {\"BLOCK_M\": 16, "
-                       "\"BLOCK_N\": 16, \"TM\": 4, \"TN\": 1}}]}";
-    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
-    close(fd);
-    TH_OK(llmcl_tune_db_load(ctx, path));
-    remove(path);
+    th_tune_db_load_text("{\"format\": \"llmcl-tuning\", \"version\": 1, "
+                         "\"device\": {\"name\": \"*\"}, "
+                         "\"entries\": [{\"kernel\": \"attention_fwd\", \"dtype\": \"f32\", "
+                         "\"shape_class\": \"p7\", \"params\": {\"BLOCK_M\": 16, "
+                         "\"BLOCK_N\": 16, \"TM\": 4, \"TN\": 1}}]}");
     check_case(dense(LLMCL_F32, 1, 2, 1, 32, 40, 40), 60);
     for (int i = 0; i < 2; ++i) {
         check_case(dense(LLMCL_F32, 1, 2, 1, dims[i], 40, 40), 62 + i);

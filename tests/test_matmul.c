@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "harness.h"
 #include "matmul_ref.h"
@@ -572,9 +571,7 @@ static void test_tiled_tunables(void **state)
 static void tiled_params_used(mm_case *c, const char *what, uint64_t seed, char *buf, size_t n)
 {
     mm_check(what, c, seed);
-    int launched = 0;
-    TH_OK(llmcl_tune_params_get(th_ctx(), "mm_tiled", LLMCL_F32, "45", buf, n, &launched));
-    assert_int_equal(launched, 1);
+    th_params_used("mm_tiled", LLMCL_F32, "45", buf, n);
 }
 
 /* A file's tiles that cannot run (TM 3 does not divide T 64) give way to the defaults, also beside
@@ -593,17 +590,11 @@ static void test_tiled_file_misfit(void **state)
     assert_non_null(strstr(partial, "BK=8"));
     TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "*", NULL));
 
-    char path[] = "/tmp/llmcl-mm-tune-XXXXXX";
-    const int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    const char *text = "{\"format\": \"llmcl-tuning\", \"version\": 1, \"device\": {\"name\": \"*\"}, "
-                       "\"entries\": [{\"kernel\": \"mm_tiled\", \"dtype\": \"f32\", "
-                       "\"shape_class\": \"*\", \"params\": {\"T\": 64, \"BK\": 16, \"TM\": 3, "
-                       "\"TN\": 4}}]}";
-    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
-    close(fd);
-    TH_OK(llmcl_tune_db_load(th_ctx(), path));
-    remove(path);
+    th_tune_db_load_text("{\"format\": \"llmcl-tuning\", \"version\": 1, "
+                         "\"device\": {\"name\": \"*\"}, "
+                         "\"entries\": [{\"kernel\": \"mm_tiled\", \"dtype\": \"f32\", "
+                         "\"shape_class\": \"*\", \"params\": {\"T\": 64, \"BK\": 16, "
+                         "\"TM\": 3, \"TN\": 4}}]}");
     tiled_params_used(&c, "a misfit file", 612, used, sizeof used);
     assert_string_equal(used, defaults);
     TH_OK(llmcl_tune_override(th_ctx(), "mm_tiled", LLMCL_F32, "*", "BK=8"));
