@@ -472,7 +472,7 @@ static llmcl_status attn_dq_ds_config(llmcl_ctx *ctx, const attn_geom *g, const 
         if (ok || round == 1 || !lookup.tuned)
             break;
     }
-    if (!ok && !lookup.overridden && stages != 2) { /* dK/dV's tiles leave room for two */
+    if (!ok && !lookup.overridden) { /* dK/dV's tiles leave room for two */
         stages = 2;
         ok = attn_wg_local_bytes(g, k->pass, bm, bn, stages, true, 0) <= local;
     }

@@ -581,13 +581,15 @@ static llmcl_status pick_tiles(const mm_problem *p, const char *key,
     char cls[16], text[256] = "";
     llmcl__shape_class(mm_size_key(p->M, p->N), cls);
     llmcl__tune_lookup lookup = llmcl__params_lookup(p->ctx, key, p->a.t->dtype, cls, t);
-    if (!fits(p->ctx, t) && lookup.tuned) {
+    bool ok = fits(p->ctx, t);
+    if (!ok && lookup.tuned) {
         *t = defaults;
         lookup = llmcl__params_lookup_overrides(p->ctx, key, p->a.t->dtype, cls, t);
+        ok = fits(p->ctx, t);
     }
     if (recorded)
         *recorded = lookup;
-    if (fits(p->ctx, t))
+    if (ok)
         return LLMCL_OK;
     size_t n = 0;
     for (int i = 0; i < t->n && n < sizeof text; ++i)
