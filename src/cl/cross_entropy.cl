@@ -566,6 +566,31 @@ cce_chunk_grad(int flags, __global st_t *x, ulong xoff, long xstride, long v0, l
 /* ---- fully fused path: logits tiles of hidden [N, H] x W [V, H]^T in local memory ---- */
 
 /*
+ * acc[i][j] += sum over kk < BK of a[kk * lda + RI(i)] * b[kk * ldb + CJ(j)]: one BK-deep slice of a
+ * tile product from local memory, both operands stored k-major.
+ */
+inline void cce_slice_fma(float acc[TM][TN], const __local float *a, int lda,
+                          const __local float *b, int ldb)
+{
+    const int lid = get_local_id(0), tx = lid % NTX, ty = lid / NTX;
+    for (int kk = 0; kk < BK; ++kk) {
+        float x[TM], y[TN];
+        LDS_RUN(x, TM, a + kk * lda + RI(0));
+        LDS_RUN(y, TN, b + kk * ldb + CJ(0));
+        for (int i = 0; i < TM; ++i)
+            for (int j = 0; j < TN; ++j)
+                acc[i][j] = fma(x[i], y[j], acc[i][j]);
+    }
+}
+
+inline void cce_zero(float acc[TM][TN])
+{
+    for (int i = 0; i < TM; ++i)
+        for (int j = 0; j < TN; ++j)
+            acc[i][j] = 0.0f;
+}
+
+/*
  * acc[i][j] = sum_k hid[r0 + ty + i NTY, k] w[v0 + tx + j NTX, k] for this work-item's TM x TN
  * sub-tile of the T x T tile; rows past N and columns past V read zeros.
  */
@@ -573,10 +598,8 @@ inline void cce_tile(const __global st_t *hid, ulong hoff, long hs, long N, long
                      const __global st_t *w, ulong wo, long wst, long V, long r0, long v0,
                      __local float *As, __local float *Bs, float acc[TM][TN])
 {
-    const int lid = get_local_id(0), tx = lid % NTX, ty = lid / NTX;
-    for (int i = 0; i < TM; ++i)
-        for (int j = 0; j < TN; ++j)
-            acc[i][j] = 0.0f;
+    const int lid = get_local_id(0);
+    cce_zero(acc);
     for (long k0 = 0; k0 < H; k0 += BK) {
         for (int e = lid; e < T * BK; e += TWG) {
             const int mm = e / BK, kk = e % BK;
@@ -587,14 +610,7 @@ inline void cce_tile(const __global st_t *hid, ulong hoff, long hs, long N, long
                 (v0 + mm < V && k < H) ? LOAD(DT, w, wo + (v0 + mm) * wst + k) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int kk = 0; kk < BK; ++kk) {
-            float a[TM], b[TN];
-            LDS_RUN(a, TM, As + kk * LDT + RI(0));
-            LDS_RUN(b, TN, Bs + kk * LDT + CJ(0));
-            for (int i = 0; i < TM; ++i)
-                for (int j = 0; j < TN; ++j)
-                    acc[i][j] = fma(a[i], b[j], acc[i][j]);
-        }
+        cce_slice_fma(acc, As, LDT, Bs, LDT);
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 }
@@ -789,9 +805,7 @@ cce_bwd_dh(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
             continue;
         for (long h0 = 0; h0 < H; h0 += T) {
             float acc[TM][TN];
-            for (int i = 0; i < TM; ++i)
-                for (int j = 0; j < TN; ++j)
-                    acc[i][j] = 0.0f;
+            cce_zero(acc);
             for (int k0 = 0; k0 < T; k0 += BK) {
                 for (int e = lid; e < T * BK; e += TWG) {
                     const int kk = e / T, hh = e % T;
@@ -799,14 +813,7 @@ cce_bwd_dh(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
                     Bs[kk * T + hh] = (v < V && h < H) ? LOAD(DT, w, wo + v * wst + h) : 0.0f;
                 }
                 barrier(CLK_LOCAL_MEM_FENCE);
-                for (int kk = 0; kk < BK; ++kk) {
-                    float a[TM], b[TN];
-                    LDS_RUN(a, TM, Gs + (k0 + kk) * T + RI(0));
-                    LDS_RUN(b, TN, Bs + kk * T + CJ(0));
-                    for (int i = 0; i < TM; ++i)
-                        for (int j = 0; j < TN; ++j)
-                            acc[i][j] = fma(a[i], b[j], acc[i][j]);
-                }
+                cce_slice_fma(acc, Gs + k0 * T, T, Bs, T);
                 barrier(CLK_LOCAL_MEM_FENCE);
             }
             for (int i = 0; i < TM; ++i) {
@@ -853,9 +860,7 @@ cce_bwd_dw(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
                 dbias += Gs[mm * T + lid];
         for (long h0 = 0; has_dw && h0 < H; h0 += T) {
             float acc[TM][TN];
-            for (int i = 0; i < TM; ++i)
-                for (int j = 0; j < TN; ++j)
-                    acc[i][j] = 0.0f;
+            cce_zero(acc);
             for (int k0 = 0; k0 < T; k0 += BK) {
                 for (int e = lid; e < T * BK; e += TWG) {
                     const int kk = e / T, hh = e % T;
@@ -864,14 +869,7 @@ cce_bwd_dw(int flags, const __global st_t *hid, ulong hoff, long hs, long N, lon
                         (row < N && h < H) ? LOAD(DT, hid, hoff + row * hs + h) : 0.0f;
                 }
                 barrier(CLK_LOCAL_MEM_FENCE);
-                for (int kk = 0; kk < BK; ++kk) {
-                    float a[TM], b[TN];
-                    LDS_RUN(a, TM, Gs + (k0 + kk) * T + RI(0));
-                    LDS_RUN(b, TN, As + kk * T + CJ(0));
-                    for (int i = 0; i < TM; ++i)
-                        for (int j = 0; j < TN; ++j)
-                            acc[i][j] = fma(a[i], b[j], acc[i][j]);
-                }
+                cce_slice_fma(acc, Gs + k0 * T, T, As, T);
                 barrier(CLK_LOCAL_MEM_FENCE);
             }
             for (int i = 0; i < TM; ++i) {
