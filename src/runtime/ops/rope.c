@@ -271,43 +271,43 @@ static int64_t rope_tokens_per_group(const llmcl_ctx *ctx, int64_t wg, int64_t s
     return tpw;
 }
 
-static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, const char *qn,
-                             llmcl_tensor *k, const char *kn, const llmcl_rope_options *opt,
-                             float sign)
+/* The launch's geometry, from the call and its parameters. */
+typedef struct rope_plan {
+    int64_t n_tokens, heads;
+    long vec, hpt, order;
+    int64_t head_groups, slots; /* slots: items per token */
+    int64_t tpw;                /* tokens per group as the WG parameter allows */
+    bool share;                 /* computed angles shared through local memory */
+    uint64_t share_bytes;
+} rope_plan;
+
+/* The parameters: the device's defaults, then the tuning database's, VEC narrowed to what the
+   tensors' alignment allows. */
+static llmcl_status rope_params(llmcl_ctx *ctx, const char *fn, const llmcl_tensor *q,
+                                const llmcl_tensor *k, const rope_call *c, int64_t heads,
+                                llmcl__params *p)
 {
-    if (!ctx)
-        return LLMCL__FAIL(NULL, LLMCL_ERROR_INVALID_ARGUMENT, "%s: ctx is NULL", fn);
-    const llmcl_rope_options defaults = {0};
-    const llmcl_rope_options *o = opt ? opt : &defaults;
-    rope_call c;
-    LLMCL__TRY(rope_validate(ctx, fn, q, qn, k, kn, o, &c));
-
-    const int64_t n_tokens = c.vq.n[RB] * c.vq.n[RT];
-    const int64_t heads = c.vq.n[RH] + c.vk.n[RH];
-    if (n_tokens == 0 || heads == 0)
-        return LLMCL_OK;
-
     const llmcl_dtype dt = q->dtype;
-    llmcl__params p = {0};
     /* NVIDIA (measured on an H100 with [B, H, T, D], docs/PERFORMANCE.md): one head per item in
      * groups of 128, plain accesses. With tables, token order (ORDER 1): 2.6 TB/s where four heads
      * per item in head order moved 1.9. With computed angles, head order, a group's token angles
      * computed once into local memory: 2.5 TB/s where token order moved 2.2. Elsewhere four heads
      * per item, head order. */
     const bool nv = ctx->info.vendor_id == LLMCL_VENDOR_NVIDIA;
-    const bool bhtd = c.vq.n[RT] > 1 && c.vq.s[RT] < c.vq.s[RH];
-    llmcl__param_set(&p, "WG", nv && bhtd ? 128 : 256);
-    llmcl__param_set(&p, "VEC", dt == LLMCL_F32 ? 4 : 8);
-    llmcl__param_set(&p, "HPT", nv ? 1 : 4);
-    llmcl__param_set(&p, "ORDER", nv && bhtd && c.tables);
-    llmcl__param_set(&p, "HINT", 0);
+    const bool bhtd = c->vq.n[RT] > 1 && c->vq.s[RT] < c->vq.s[RH];
+    llmcl__param_set(p, "WG", nv && bhtd ? 128 : 256);
+    llmcl__param_set(p, "VEC", dt == LLMCL_F32 ? 4 : 8);
+    llmcl__param_set(p, "HPT", nv ? 1 : 4);
+    llmcl__param_set(p, "ORDER", nv && bhtd && c->tables);
+    llmcl__param_set(p, "HINT", 0);
     char cls[16];
-    llmcl__shape_class(c.pairs * heads, cls);
+    llmcl__shape_class(c->pairs * heads, cls);
     const llmcl__tune_lookup lookup =
-        llmcl__params_lookup(ctx, c.tables ? LLMCL_KEY_ROPE : LLMCL_KEY_ROPE_POS, dt, cls, &p);
+        llmcl__params_lookup(ctx, c->tables ? LLMCL_KEY_ROPE : LLMCL_KEY_ROPE_POS, dt, cls, p);
 
-    long vec = llmcl__param_get(&p, "VEC", 4), hpt = llmcl__param_get(&p, "HPT", 4);
-    const long order = llmcl__param_get(&p, "ORDER", 0), hint = llmcl__param_get(&p, "HINT", 0);
+    long vec = llmcl__param_get(p, "VEC", 4);
+    const long hpt = llmcl__param_get(p, "HPT", 4);
+    const long order = llmcl__param_get(p, "ORDER", 0), hint = llmcl__param_get(p, "HINT", 0);
     LLMCL__REQUIRE(ctx,
                    (vec == 1 || vec == 2 || vec == 4 || vec == 8) && hpt >= 1 && hpt <= 16 &&
                        (order == 0 || order == 1) && hint >= 0 && hint <= 3,
@@ -315,18 +315,41 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
                    "%s: tuned VEC %ld, HPT %ld, ORDER %ld or HINT %ld out of range", fn, vec, hpt,
                    order, hint);
     while (vec > 1 &&
-           (c.pairs % vec || !rope_aligned(q, &c.vq, vec) || !rope_aligned(k, &c.vk, vec)))
+           (c->pairs % vec || !rope_aligned(q, &c->vq, vec) || !rope_aligned(k, &c->vk, vec)))
         vec /= 2;
-    llmcl__param_set(&p, "VEC", vec);
-    llmcl__param_set(&p, "HPT", hpt);
-    llmcl__params_record(&lookup, &p);
+    llmcl__param_set(p, "VEC", vec);
+    llmcl__params_record(&lookup, p);
+    return LLMCL_OK;
+}
 
+/* Items per token: every chunk of every head group (ORDER 0) or of one head group (ORDER 1).
+   Computed angles are shared through local memory when the group's tokens fit in half of it; with
+   ORDER 1 a group then loops over the head groups of its tokens. */
+static rope_plan rope_plan_of(const llmcl_ctx *ctx, const rope_call *c, const llmcl__params *p)
+{
+    rope_plan s = {.n_tokens = c->vq.n[RB] * c->vq.n[RT], .heads = c->vq.n[RH] + c->vk.n[RH]};
+    s.vec = llmcl__param_get(p, "VEC", 4);
+    s.hpt = llmcl__param_get(p, "HPT", 4);
+    s.order = llmcl__param_get(p, "ORDER", 0);
+    s.head_groups = llmcl__div_up(s.heads, s.hpt);
+    s.slots = (c->pairs / s.vec) * (s.order ? 1 : s.head_groups);
+    s.tpw = rope_tokens_per_group(ctx, llmcl__param_get(p, "WG", 256), s.slots, s.n_tokens);
+    s.share_bytes = 2 * sizeof(float) * (uint64_t)(s.tpw * c->pairs);
+    s.share = !c->tables && s.share_bytes <= ctx->info.local_mem_bytes / 2;
+    return s;
+}
+
+static llmcl_status rope_build(llmcl_ctx *ctx, const llmcl_rope_options *o, const rope_call *c,
+                               llmcl_dtype dt, const rope_plan *s, const llmcl__params *p,
+                               cl_kernel *kernel)
+{
+    const long vec = s->vec;
     llmcl__defines d = {0};
     llmcl__define_str(&d, "DT", llmcl__dtype_macro(dt));
     llmcl__define_int(&d, "STYLE", o->style == LLMCL_ROPE_INTERLEAVED);
-    llmcl__define_int(&d, "SRC", !c.tables);
+    llmcl__define_int(&d, "SRC", !c->tables);
     llmcl__define_int(&d, "RAW16", vec >= 4);
-    if (c.tables) {
+    if (c->tables) {
         const llmcl_tensor *tabs[2] = {o->cos, o->sin};
         bool talign = true;
         for (int i = 0; i < 2; ++i) {
@@ -338,21 +361,20 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
     } else {
         llmcl__define_str(&d, "POS_DT", llmcl__dtype_macro(o->positions->dtype));
     }
-    /* Items per token: every chunk of every head group (ORDER 0) or of one head group (ORDER 1).
-     * Computed angles are shared through local memory when the group's tokens fit in half of it;
-     * with ORDER 1 a group then loops over the head groups of its tokens. */
-    const int64_t head_groups = llmcl__div_up(heads, hpt);
-    const int64_t slots = (c.pairs / vec) * (order ? 1 : head_groups);
-    const int64_t tpw =
-        rope_tokens_per_group(ctx, llmcl__param_get(&p, "WG", 256), slots, n_tokens);
-    const uint64_t share_bytes = 2 * sizeof(float) * (uint64_t)(tpw * c.pairs);
-    const bool share = !c.tables && share_bytes <= ctx->info.local_mem_bytes / 2;
-    llmcl__define_int(&d, "SHARE", share);
-    llmcl__params_define(&p, &d);
-    cl_kernel kernel;
-    LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_ROPE, &d, "rope", &kernel));
+    llmcl__define_int(&d, "SHARE", s->share);
+    llmcl__params_define(p, &d);
+    return llmcl__kernel(ctx, LLMCL_FAMILY_ROPE, &d, "rope", kernel);
+}
 
-    size_t wg = (size_t)llmcl__param_get(&p, "WG", 256);
+/*
+ * The grid: tokens per group (*tpg) within what the built kernel allows, and groups, capped so
+ * that each group's loops stay within the device's loop budget.
+ */
+static llmcl_status rope_grid(llmcl_ctx *ctx, const char *fn, cl_kernel kernel, const rope_call *c,
+                              const rope_plan *s, const llmcl__params *p, size_t *global,
+                              size_t *local, int64_t *tpg)
+{
+    size_t wg = (size_t)llmcl__param_get(p, "WG", 256);
     size_t kernel_wg = 0;
     if (clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
                                  &kernel_wg, NULL) == CL_SUCCESS &&
@@ -360,11 +382,12 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
         wg = kernel_wg;
     /* The kernel may allow fewer items than planned (registers): then as many tokens as fit, or
      * one token per group looping over its slots. */
-    int64_t tpg = tpw;
-    if (tpw * slots > (int64_t)wg)
-        tpg = rope_tokens_per_group(ctx, (int64_t)wg, slots, n_tokens);
-    const size_t local = tpg > 1 || slots <= (int64_t)wg ? (size_t)(tpg * slots) : wg;
-    const int64_t blocks = llmcl__div_up(n_tokens, tpg) * (order && !share ? head_groups : 1);
+    *tpg = s->tpw;
+    if (s->tpw * s->slots > (int64_t)wg)
+        *tpg = rope_tokens_per_group(ctx, (int64_t)wg, s->slots, s->n_tokens);
+    *local = *tpg > 1 || s->slots <= (int64_t)wg ? (size_t)(*tpg * s->slots) : wg;
+    const int64_t blocks =
+        llmcl__div_up(s->n_tokens, *tpg) * (s->order && !s->share ? s->head_groups : 1);
     int64_t groups = blocks;
     const int64_t max_groups =
         (int64_t)(ctx->info.compute_units ? ctx->info.compute_units : 1) * 2048;
@@ -375,56 +398,90 @@ static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, co
         /* a block's loop passes (llmcl__loop_budget's count): the shared angles' loop and its
            slot loop; a slot's two loops of HPT heads (for every head group in token order with
            shared angles) and its angles' loop of VEC where they are not shared */
-        const int64_t heads_loops = 2 * (hpt + 1);
-        const int64_t per_slot = (order && share ? (head_groups + 1) * heads_loops : heads_loops) +
-                                 (share ? 0 : vec + 1);
-        const int64_t angles = share ? llmcl__div_up(tpg * c.pairs, (int64_t)local) + 1 : 0;
+        const int64_t heads_loops = 2 * (s->hpt + 1);
+        const int64_t per_slot =
+            (s->order && s->share ? (s->head_groups + 1) * heads_loops : heads_loops) +
+            (s->share ? 0 : s->vec + 1);
+        const int64_t angles =
+            s->share ? llmcl__div_up(*tpg * c->pairs, (int64_t)*local) + 1 : 0;
         const int64_t per_block =
-            2 + angles + llmcl__div_up(slots, (int64_t)local) * per_slot + 1;
+            2 + angles + llmcl__div_up(s->slots, (int64_t)*local) * per_slot + 1;
         LLMCL__TRY(llmcl__check_loops(ctx, per_block + 1, "%s: %lld heads of %lld pairs", fn,
-                                      (long long)heads, (long long)c.pairs));
+                                      (long long)s->heads, (long long)c->pairs));
         const int64_t most = (budget - 1) / per_block; /* blocks a group may take */
         if (llmcl__div_up(blocks, groups) > most)
             groups = llmcl__div_up(blocks, most);
     }
-    const size_t global = (size_t)groups * local;
+    *global = (size_t)groups * *local;
+    return LLMCL_OK;
+}
 
-    /* Unused arguments (tables or positions, k) get q's buffer: never read. */
+/* The kernel's arguments. Unused ones (tables or positions, k) get q's buffer: never read. */
+static void rope_args(llmcl__args *a, const llmcl_tensor *q, const llmcl_tensor *k,
+                      const llmcl_rope_options *o, const rope_call *c, const rope_plan *s,
+                      int64_t tpg)
+{
     const llmcl_tensor *kt = k ? k : q;
-    const llmcl_tensor *ct = c.tables ? o->cos : q, *st = c.tables ? o->sin : q;
-    const llmcl_tensor *pt = c.tables ? q : o->positions;
+    const llmcl_tensor *ct = c->tables ? o->cos : q, *st = c->tables ? o->sin : q;
+    const llmcl_tensor *pt = c->tables ? q : o->positions;
     const int64_t tsb =
-        c.tables && o->cos->ndim == 3 && o->cos->shape[0] > 1 ? o->cos->strides[0] : 0;
-    const int64_t tst = c.tables ? o->cos->strides[o->cos->ndim - 2] : 0;
-    const int64_t psb = !c.tables && pt->ndim == 2 && pt->shape[0] > 1 ? pt->strides[0] : 0;
-    const int64_t pst = !c.tables ? pt->strides[pt->ndim - 1] : 0;
+        c->tables && o->cos->ndim == 3 && o->cos->shape[0] > 1 ? o->cos->strides[0] : 0;
+    const int64_t tst = c->tables ? o->cos->strides[o->cos->ndim - 2] : 0;
+    const int64_t psb = !c->tables && pt->ndim == 2 && pt->shape[0] > 1 ? pt->strides[0] : 0;
+    const int64_t pst = !c->tables ? pt->strides[pt->ndim - 1] : 0;
+
+    llmcl__arg_tensor(a, q);
+    for (int i = 0; i < 3; ++i)
+        llmcl__arg_i64(a, c->vq.s[i]);
+    llmcl__arg_tensor(a, kt);
+    for (int i = 0; i < 3; ++i)
+        llmcl__arg_i64(a, c->vk.s[i]);
+    llmcl__arg_i32(a, (int32_t)c->vq.n[RH]);
+    llmcl__arg_i32(a, (int32_t)c->vk.n[RH]);
+    llmcl__arg_i32(a, (int32_t)c->vq.n[RT]);
+    llmcl__arg_i64(a, s->n_tokens);
+    llmcl__arg_i32(a, (int32_t)c->pairs);
+    llmcl__arg_i32(a, (int32_t)s->slots);
+    llmcl__arg_i32(a, (int32_t)tpg);
+    llmcl__arg_tensor(a, ct);
+    llmcl__arg_tensor(a, st);
+    llmcl__arg_i64(a, tsb);
+    llmcl__arg_i64(a, tst);
+    llmcl__arg_tensor(a, pt);
+    llmcl__arg_i64(a, psb);
+    llmcl__arg_i64(a, pst);
+    llmcl__arg_f32(a, c->tables ? 0.0f : c->theta);
+    for (int i = 0; i < 6; ++i)
+        llmcl__arg_f32(a, c->tables ? 0.0f : c->l3[i]);
+}
+
+static llmcl_status rope_run(llmcl_ctx *ctx, const char *fn, llmcl_tensor *q, const char *qn,
+                             llmcl_tensor *k, const char *kn, const llmcl_rope_options *opt,
+                             float sign)
+{
+    if (!ctx)
+        return LLMCL__FAIL(NULL, LLMCL_ERROR_INVALID_ARGUMENT, "%s: ctx is NULL", fn);
+    const llmcl_rope_options defaults = {0};
+    const llmcl_rope_options *o = opt ? opt : &defaults;
+    rope_call c;
+    LLMCL__TRY(rope_validate(ctx, fn, q, qn, k, kn, o, &c));
+    const int64_t heads = c.vq.n[RH] + c.vk.n[RH];
+    if (c.vq.n[RB] * c.vq.n[RT] == 0 || heads == 0)
+        return LLMCL_OK;
+
+    llmcl__params p = {0};
+    LLMCL__TRY(rope_params(ctx, fn, q, k, &c, heads, &p));
+    const rope_plan s = rope_plan_of(ctx, &c, &p);
+    cl_kernel kernel;
+    LLMCL__TRY(rope_build(ctx, o, &c, q->dtype, &s, &p, &kernel));
+    size_t global, local;
+    int64_t tpg;
+    LLMCL__TRY(rope_grid(ctx, fn, kernel, &c, &s, &p, &global, &local, &tpg));
 
     llmcl__args a = llmcl__args_begin(ctx, kernel);
-    llmcl__arg_tensor(&a, q);
-    for (int i = 0; i < 3; ++i)
-        llmcl__arg_i64(&a, c.vq.s[i]);
-    llmcl__arg_tensor(&a, kt);
-    for (int i = 0; i < 3; ++i)
-        llmcl__arg_i64(&a, c.vk.s[i]);
-    llmcl__arg_i32(&a, (int32_t)c.vq.n[RH]);
-    llmcl__arg_i32(&a, (int32_t)c.vk.n[RH]);
-    llmcl__arg_i32(&a, (int32_t)c.vq.n[RT]);
-    llmcl__arg_i64(&a, n_tokens);
-    llmcl__arg_i32(&a, (int32_t)c.pairs);
-    llmcl__arg_i32(&a, (int32_t)slots);
-    llmcl__arg_i32(&a, (int32_t)tpg);
-    llmcl__arg_tensor(&a, ct);
-    llmcl__arg_tensor(&a, st);
-    llmcl__arg_i64(&a, tsb);
-    llmcl__arg_i64(&a, tst);
-    llmcl__arg_tensor(&a, pt);
-    llmcl__arg_i64(&a, psb);
-    llmcl__arg_i64(&a, pst);
-    llmcl__arg_f32(&a, c.tables ? 0.0f : c.theta);
-    for (int i = 0; i < 6; ++i)
-        llmcl__arg_f32(&a, c.tables ? 0.0f : c.l3[i]);
+    rope_args(&a, q, k, o, &c, &s, tpg);
     llmcl__arg_f32(&a, sign);
-    llmcl__arg_local(&a, share ? (size_t)share_bytes : sizeof(float));
+    llmcl__arg_local(&a, s.share ? (size_t)s.share_bytes : sizeof(float));
     return llmcl__launch(&a, 1, &global, &local);
 }
 
