@@ -273,6 +273,10 @@ void llmcl__arg_i32(llmcl__args *a, int32_t v);
 void llmcl__arg_i64(llmcl__args *a, int64_t v);
 void llmcl__arg_f32(llmcl__args *a, float v);
 
+/* wg within what the built kernel can run (its registers: CL_KERNEL_WORK_GROUP_SIZE) and the
+   device allows, and at least 1. */
+size_t llmcl__kernel_wg_cap(const llmcl_ctx *ctx, cl_kernel kernel, size_t wg);
+
 /*
  * Enqueues the kernel once its arguments are set (reports the first failed argument by index).
  * global sizes are rounded up to multiples of local; local may be NULL. Records a profiling event

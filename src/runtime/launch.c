@@ -1,12 +1,24 @@
 /*
- * launch.c: setting kernel arguments, enqueuing kernels (with profiling events when a region is
- * open), and the argument checks every op launcher shares.
+ * launch.c: setting kernel arguments, a built kernel's work-group cap, enqueuing kernels (with
+ * profiling events when a region is open), and the argument checks every op launcher shares.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+
+size_t llmcl__kernel_wg_cap(const llmcl_ctx *ctx, cl_kernel kernel, size_t wg)
+{
+    size_t most = ctx->info.max_work_group_size, kernel_wg = 0;
+    if (clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
+                                 &kernel_wg, NULL) == CL_SUCCESS &&
+        kernel_wg > 0 && kernel_wg < most)
+        most = kernel_wg;
+    if (wg > most)
+        wg = most;
+    return wg < 1 ? 1 : wg;
+}
 
 llmcl__args llmcl__args_begin(llmcl_ctx *ctx, cl_kernel kernel)
 {

@@ -160,15 +160,7 @@ static llmcl_status glu_launch(llmcl_ctx *ctx, const char *key, const char *knam
     cl_kernel kernel;
     LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_GLU, &d, kname, &kernel));
 
-    size_t wg_max = ctx->info.max_work_group_size, kernel_wg = 0;
-    if (clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
-                                 &kernel_wg, NULL) == CL_SUCCESS &&
-        kernel_wg > 0 && kernel_wg < wg_max)
-        wg_max = kernel_wg;
-    size_t wg = (size_t)llmcl__param_get(&p, "WG", 256);
-    if (wg > wg_max)
-        wg = wg_max;
-    wg = wg < 1 ? 1 : wg;
+    const size_t wg = llmcl__kernel_wg_cap(ctx, kernel, (size_t)llmcl__param_get(&p, "WG", 256));
 
     /* Columns first; narrow rows leave room in the work-group for several rows. */
     const int64_t slots = cols / vec + (cols % vec ? 1 : 0);

@@ -374,12 +374,7 @@ static llmcl_status rope_grid(llmcl_ctx *ctx, const char *fn, cl_kernel kernel, 
                               const rope_plan *s, const llmcl__params *p, size_t *global,
                               size_t *local, int64_t *tpg)
 {
-    size_t wg = (size_t)llmcl__param_get(p, "WG", 256);
-    size_t kernel_wg = 0;
-    if (clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
-                                 &kernel_wg, NULL) == CL_SUCCESS &&
-        kernel_wg > 0 && kernel_wg < wg)
-        wg = kernel_wg;
+    const size_t wg = llmcl__kernel_wg_cap(ctx, kernel, (size_t)llmcl__param_get(p, "WG", 256));
     /* The kernel may allow fewer items than planned (registers): then as many tokens as fit, or
      * one token per group looping over its slots. */
     *tpg = s->tpw;
