@@ -609,177 +609,194 @@ static void time_now(llmcl_ctx *ctx, const tune_kernel *k, const tune_case *c, b
         r->now_ms = 0;
 }
 
-llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dtype,
-                           const char *shape, const tune_options *o, tune_result *r)
+/* The case's parameter space, dims and shape class from the table's strings and the shape given. */
+static llmcl_status case_setup(const tune_kernel *k, const char *shape, space *sp, tune_case *c,
+                               tune_result *r)
 {
-    memset(r, 0, sizeof *r);
-    r->kernel = k;
-    r->dtype = dtype;
-    snprintf(r->shape, sizeof r->shape, "%s", shape);
-    tune_case c = {.dtype = dtype};
-    space sp;
-    if (!parse_space(k->params, &sp))
+    if (!parse_space(k->params, sp))
         return fail(r, LLMCL_ERROR_INVALID_ARGUMENT, "bad params in the table: \"%s\"", k->params);
-    if (!parse_shape(shape, &c))
+    if (!parse_shape(shape, c))
         return fail(r, LLMCL_ERROR_INVALID_ARGUMENT, "bad shape \"%s\" (NAME=SIZE,...)", shape);
-    int64_t key = k->size_key_fn ? k->size_key_fn(&c) : dims_product(&c, k->size_key, NULL, NULL);
+    int64_t key = k->size_key_fn ? k->size_key_fn(c) : dims_product(c, k->size_key, NULL, NULL);
     if (key < 1)
         return fail(r, LLMCL_ERROR_INVALID_ARGUMENT, "no size key from this shape (%s)",
                     k->size_key ? k->size_key : "size_key_fn");
-    llmcl_tune_shape_class(key, c.shape_class);
-    snprintf(r->shape_class, sizeof r->shape_class, "%s", c.shape_class);
-    c.n_params = sp.n;
-    for (int i = 0; i < sp.n; ++i)
-        c.param_names[i] = sp.names[i];
+    llmcl_tune_shape_class(key, c->shape_class);
+    snprintf(r->shape_class, sizeof r->shape_class, "%s", c->shape_class);
+    c->n_params = sp->n;
+    for (int i = 0; i < sp->n; ++i)
+        c->param_names[i] = sp->names[i];
+    return LLMCL_OK;
+}
 
-    TRY(llmcl_tune_db_reset(ctx));
-    bufs b;
-    llmcl_status st = bufs_create(ctx, k, &c, o, &b, r);
+/*
+ * The reference: the launcher's own defaults, run, kept as the outputs every candidate must match,
+ * looked up (the table's tunables must be the kernel's) and timed. It starts as the best.
+ */
+static llmcl_status time_reference(llmcl_ctx *ctx, const tune_kernel *k, tune_case *c, bufs *b,
+                                   const space *sp, const tune_options *o, tune_result *r)
+{
+    llmcl_status st = check_run(ctx, k, c, b);
     if (st != LLMCL_OK)
-        goto done;
-    time_now(ctx, k, &c, &b, o, r);
-    st = llmcl_tune_db_clear(ctx);
-    if (st != LLMCL_OK)
-        goto done;
-
-    /* The reference: the launcher's own defaults. */
-    st = check_run(ctx, k, &c, &b);
-    if (st != LLMCL_OK) {
-        fail(r, st, "the reference configuration failed: %s", llmcl_last_error(ctx));
-        goto done;
-    }
+        return fail(r, st, "the reference configuration failed: %s", llmcl_last_error(ctx));
     char why[512];
-    if (!outputs(ctx, k, &b, true, why, sizeof why)) {
-        fail(r, LLMCL_ERROR_IO, "%s", why);
-        st = LLMCL_ERROR_IO;
-        goto done;
-    }
+    if (!outputs(ctx, k, b, true, why, sizeof why))
+        return fail(r, LLMCL_ERROR_IO, "%s", why);
     int launched = 0;
-    st = llmcl_tune_params_get(ctx, k->key, dtype, c.shape_class, r->default_params,
+    st = llmcl_tune_params_get(ctx, k->key, r->dtype, c->shape_class, r->default_params,
                                sizeof r->default_params, &launched);
-    if (st == LLMCL_OK && !launched)
-        st = LLMCL_ERROR_INVALID_ARGUMENT;
-    if (st != LLMCL_OK) {
+    if (st != LLMCL_OK || !launched) {
         snprintf(r->error, sizeof r->error,
                  "the op did not look up kernel %s at class %s: check the table's key and size_key",
-                 k->key, c.shape_class);
-        goto done;
+                 k->key, c->shape_class);
+        return st != LLMCL_OK ? st : LLMCL_ERROR_INVALID_ARGUMENT;
     }
-    for (int i = 0; i < sp.n; ++i)
-        if (!text_get(r->default_params, sp.names[i], &c.values[i])) {
+    for (int i = 0; i < sp->n; ++i)
+        if (!text_get(r->default_params, sp->names[i], &c->values[i])) {
             snprintf(r->error, sizeof r->error, "kernel %s has no tunable %s (it has: %s)", k->key,
-                     sp.names[i], r->default_params);
-            st = LLMCL_ERROR_INVALID_ARGUMENT;
-            goto done;
+                     sp->names[i], r->default_params);
+            return LLMCL_ERROR_INVALID_ARGUMENT;
         }
-    st = measure(ctx, k, &c, &b, o, 0, &r->default_ms, NULL);
-    if (st != LLMCL_OK) {
-        fail(r, st, "timing the reference failed: %s", llmcl_last_error(ctx));
-        goto done;
-    }
+    st = measure(ctx, k, c, b, o, 0, &r->default_ms, NULL);
+    if (st != LLMCL_OK)
+        return fail(r, st, "timing the reference failed: %s", llmcl_last_error(ctx));
     snprintf(r->best_params, sizeof r->best_params, "%s", r->default_params);
     r->best_ms = r->default_ms;
+    return LLMCL_OK;
+}
 
-    long total = tune_space_size(k), count;
-    long *order = candidate_order(total, o->max_candidates, &count);
-    if (order == NULL) {
-        st = fail(r, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory%s", "");
-        goto done;
+/*
+ * Candidate `index` of the space by mixed radix: its values and text into c, and the defaults
+ * with its values written over them into full. False where it is the defaults themselves.
+ */
+static bool candidate_params(const space *sp, long index, const char *defaults, tune_case *c,
+                             char *full, size_t size)
+{
+    snprintf(full, size, "%s", defaults);
+    int len = 0;
+    bool is_default = true;
+    for (long i = 0, rest = index; i < sp->n; ++i) {
+        c->values[i] = sp->values[i][rest % sp->counts[i]];
+        rest /= sp->counts[i];
+        long dv = 0;
+        text_get(defaults, sp->names[i], &dv);
+        is_default = is_default && dv == c->values[i];
+        text_set(full, size, sp->names[i], c->values[i]);
+        len += snprintf(c->params_text + len, sizeof c->params_text - (size_t)len, "%s%s=%ld",
+                        len ? " " : "", sp->names[i], c->values[i]);
     }
+    return !is_default;
+}
+
+/* Whether the candidate in c fits the device's work-group size and the kernel's own limits. */
+static bool candidate_fits(const llmcl_device_info *info, const tune_kernel *k, const space *sp,
+                           const tune_case *c, char *why, size_t size)
+{
+    for (int i = 0; i < sp->n; ++i)
+        if (is_wg_name(sp->names[i]) &&
+            (c->values[i] < 1 || (size_t)c->values[i] > info->max_work_group_size)) {
+            snprintf(why, size, "%s=%ld exceeds the device's work-group size %zu", sp->names[i],
+                     c->values[i], info->max_work_group_size);
+            return false;
+        }
+    return k->fits == NULL || k->fits(info, c, why, size);
+}
+
+/*
+ * The candidate in c forced: run, its parameters checked as the launcher used them and its outputs
+ * against the reference's, then timed (cut short past 1.5x the best); the best so far if faster.
+ * A candidate that fails any step is rejected with the reason.
+ */
+static void try_candidate(llmcl_ctx *ctx, const tune_kernel *k, const tune_case *c, bufs *b,
+                          const char *full, const tune_options *o, tune_result *r)
+{
+    char why[512];
+    llmcl_tune_override(ctx, k->key, r->dtype, c->shape_class, c->params_text);
+    llmcl_status st = check_run(ctx, k, c, b);
+    if (st != LLMCL_OK) {
+        tune_reject kind = st == LLMCL_ERROR_BUILD_FAILURE ? TUNE_REJ_BUILD
+                           : is_limit_error(st)            ? TUNE_REJ_LIMITS
+                                                           : TUNE_REJ_ERROR;
+        reject(o, r, kind, c->params_text, llmcl_last_error(ctx));
+        return;
+    }
+    char used[TUNE_TEXT];
+    if (llmcl_tune_params_get(ctx, k->key, r->dtype, c->shape_class, used, sizeof used, NULL) !=
+            LLMCL_OK ||
+        strcmp(used, full) != 0) {
+        snprintf(why, sizeof why, "the launcher used %s", used);
+        reject(o, r, TUNE_REJ_ADJUSTED, c->params_text, why);
+        return;
+    }
+    if (!outputs(ctx, k, b, false, why, sizeof why)) {
+        reject(o, r, TUNE_REJ_WRONG, c->params_text, why);
+        return;
+    }
+    double ms;
+    bool stopped;
+    st = measure(ctx, k, c, b, o, 1.5 * r->best_ms, &ms, &stopped);
+    if (st != LLMCL_OK) {
+        reject(o, r, is_limit_error(st) ? TUNE_REJ_LIMITS : TUNE_REJ_ERROR, c->params_text,
+               llmcl_last_error(ctx));
+        return;
+    }
+    r->timed++;
+    if (o->trace)
+        fprintf(o->trace, "  %s: %.4f ms%s\n", c->params_text, ms,
+                stopped ? " (stopped early: slower than 1.5x the best)" : "");
+    if (ms < r->best_ms) {
+        r->best_ms = ms;
+        snprintf(r->best_params, sizeof r->best_params, "%s", full);
+    }
+}
+
+/* The space's candidates in their sampled order, until the case's seconds run out. */
+static llmcl_status search_space(llmcl_ctx *ctx, const tune_kernel *k, tune_case *c, bufs *b,
+                                 const space *sp, const tune_options *o, tune_result *r)
+{
+    long count;
+    long *order = candidate_order(tune_space_size(k), o->max_candidates, &count);
+    if (order == NULL)
+        return fail(r, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory%s", "");
     r->candidates = (int)count;
     const llmcl_device_info *info = llmcl_ctx_device_info(ctx);
-    double start = util_now_s();
+    const double start = util_now_s();
     for (long ci = 0; ci < count; ++ci) {
         if (o->progress)
             o->progress(o->progress_arg, (int)ci, (int)count);
         if (o->case_seconds > 0 && util_now_s() - start > o->case_seconds)
             break;
-        /* Candidate values by mixed radix, written over the defaults. */
-        char full[TUNE_TEXT];
-        snprintf(full, sizeof full, "%s", r->default_params);
-        int len = 0;
-        bool is_default = true;
-        for (long i = 0, rest = order[ci]; i < sp.n; ++i) {
-            c.values[i] = sp.values[i][rest % sp.counts[i]];
-            rest /= sp.counts[i];
-            long dv = 0;
-            text_get(r->default_params, sp.names[i], &dv);
-            is_default = is_default && dv == c.values[i];
-            text_set(full, sizeof full, sp.names[i], c.values[i]);
-            len += snprintf(c.params_text + len, sizeof c.params_text - (size_t)len, "%s%s=%ld",
-                            len ? " " : "", sp.names[i], c.values[i]);
-        }
-        if (is_default)
+        char full[TUNE_TEXT], why[512];
+        if (!candidate_params(sp, order[ci], r->default_params, c, full, sizeof full))
             continue;
         r->tried++;
-        bool fits = true;
-        for (int i = 0; i < sp.n && fits; ++i)
-            if (is_wg_name(sp.names[i]) &&
-                (c.values[i] < 1 || (size_t)c.values[i] > info->max_work_group_size)) {
-                snprintf(why, sizeof why, "%s=%ld exceeds the device's work-group size %zu",
-                         sp.names[i], c.values[i], info->max_work_group_size);
-                fits = false;
-            }
-        if (fits && k->fits)
-            fits = k->fits(info, &c, why, sizeof why);
-        if (!fits) {
-            reject(o, r, TUNE_REJ_LIMITS, c.params_text, why);
-            continue;
-        }
-        llmcl_tune_override(ctx, k->key, dtype, c.shape_class, c.params_text);
-        llmcl_status cst = check_run(ctx, k, &c, &b);
-        if (cst != LLMCL_OK) {
-            tune_reject kind = cst == LLMCL_ERROR_BUILD_FAILURE ? TUNE_REJ_BUILD
-                               : is_limit_error(cst)            ? TUNE_REJ_LIMITS
-                                                                : TUNE_REJ_ERROR;
-            reject(o, r, kind, c.params_text, llmcl_last_error(ctx));
-            continue;
-        }
-        char used[TUNE_TEXT];
-        if (llmcl_tune_params_get(ctx, k->key, dtype, c.shape_class, used, sizeof used, NULL) !=
-                LLMCL_OK ||
-            strcmp(used, full) != 0) {
-            snprintf(why, sizeof why, "the launcher used %s", used);
-            reject(o, r, TUNE_REJ_ADJUSTED, c.params_text, why);
-            continue;
-        }
-        if (!outputs(ctx, k, &b, false, why, sizeof why)) {
-            reject(o, r, TUNE_REJ_WRONG, c.params_text, why);
-            continue;
-        }
-        double ms;
-        bool stopped;
-        cst = measure(ctx, k, &c, &b, o, 1.5 * r->best_ms, &ms, &stopped);
-        if (cst != LLMCL_OK) {
-            reject(o, r, is_limit_error(cst) ? TUNE_REJ_LIMITS : TUNE_REJ_ERROR, c.params_text,
-                   llmcl_last_error(ctx));
-            continue;
-        }
-        r->timed++;
-        if (o->trace)
-            fprintf(o->trace, "  %s: %.4f ms%s\n", c.params_text, ms,
-                    stopped ? " (stopped early: slower than 1.5x the best)" : "");
-        if (ms < r->best_ms) {
-            r->best_ms = ms;
-            snprintf(r->best_params, sizeof r->best_params, "%s", full);
-        }
+        if (candidate_fits(info, k, sp, c, why, sizeof why))
+            try_candidate(ctx, k, c, b, full, o, r);
+        else
+            reject(o, r, TUNE_REJ_LIMITS, c->params_text, why);
     }
     if (o->progress)
         o->progress(o->progress_arg, (int)count, (int)count);
     free(order);
-    /*
-     * Confirm the winner against the default in alternating rounds: a busy host drifts, and the
-     * candidate loop compared times taken minutes apart. Keep the defaults unless the winner is
-     * clearly faster than noise.
-     */
+    return LLMCL_OK;
+}
+
+/*
+ * Confirms the winner against the defaults in alternating rounds: a busy host drifts, and the
+ * search compared times taken minutes apart. Keeps the defaults unless the winner is clearly
+ * faster than noise.
+ */
+static void confirm_best(llmcl_ctx *ctx, const tune_kernel *k, const tune_case *c, const bufs *b,
+                         const tune_options *o, tune_result *r)
+{
     if (strcmp(r->best_params, r->default_params) != 0) {
         double td = 1e300, tb = 1e300, t;
         for (int round = 0; round < 3; ++round) {
-            llmcl_tune_override(ctx, k->key, dtype, c.shape_class, NULL);
-            if (measure(ctx, k, &c, &b, o, 0, &t, NULL) == LLMCL_OK)
+            llmcl_tune_override(ctx, k->key, r->dtype, c->shape_class, NULL);
+            if (measure(ctx, k, c, b, o, 0, &t, NULL) == LLMCL_OK)
                 td = t < td ? t : td;
-            llmcl_tune_override(ctx, k->key, dtype, c.shape_class, r->best_params);
-            if (measure(ctx, k, &c, &b, o, 0, &t, NULL) == LLMCL_OK)
+            llmcl_tune_override(ctx, k->key, r->dtype, c->shape_class, r->best_params);
+            if (measure(ctx, k, c, b, o, 0, &t, NULL) == LLMCL_OK)
                 tb = t < tb ? t : tb;
         }
         if (td < 1e300 && tb < 1e300) {
@@ -791,15 +808,38 @@ llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dty
         snprintf(r->best_params, sizeof r->best_params, "%s", r->default_params);
         r->best_ms = r->default_ms;
     }
-    r->ok = true;
-    st = LLMCL_OK;
-done:
+}
+
+llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dtype,
+                           const char *shape, const tune_options *o, tune_result *r)
+{
+    memset(r, 0, sizeof *r);
+    r->kernel = k;
+    r->dtype = dtype;
+    snprintf(r->shape, sizeof r->shape, "%s", shape);
+    tune_case c = {.dtype = dtype};
+    space sp;
+    TRY(case_setup(k, shape, &sp, &c, r));
+
+    TRY(llmcl_tune_db_reset(ctx));
+    bufs b;
+    llmcl_status st = bufs_create(ctx, k, &c, o, &b, r);
+    if (st == LLMCL_OK) {
+        time_now(ctx, k, &c, &b, o, r);
+        st = llmcl_tune_db_clear(ctx);
+    }
+    if (st == LLMCL_OK)
+        st = time_reference(ctx, k, &c, &b, &sp, o, r);
+    if (st == LLMCL_OK)
+        st = search_space(ctx, k, &c, &b, &sp, o, r);
+    if (st == LLMCL_OK) {
+        confirm_best(ctx, k, &c, &b, o, r);
+        r->ok = true;
+    }
     llmcl_tune_override(ctx, k->key, dtype, c.shape_class[0] ? c.shape_class : "*", NULL);
     bufs_free(&b);
     return st;
 }
-
-/* ---- JSON ---- */
 
 static json_t *params_json(const char *text)
 {
