@@ -1722,11 +1722,15 @@ static void print_zero(const trainer *tr)
 #endif
 }
 
-int main(int argc, char **argv)
+/*
+ * Everything before the first step: the checkpoints to start from, the data, the MPI job, the
+ * context with its peak rate (where that came from into peak_what), the model with its activations
+ * and the optimizer. Dies with a message on a bad configuration. Returns what to free at the end:
+ * the base path that an adapter named, or NULL.
+ */
+static char *setup_run(trainer *tr, int *argc, char ***argv, char *peak_what, size_t len)
 {
-    trainer tr = {0};
-    parse_options(argc, argv, &tr.o);
-    options *o = &tr.o;
+    options *o = &tr->o;
     hf_checkpoint init = {0};
     hf_checkpoint adapter = {0};
     char *adapter_base = NULL;
@@ -1741,7 +1745,7 @@ int main(int argc, char **argv)
     }
     if (o->init_adapter)
         apply_adapter_config(o, &adapter);
-    load_data(&tr);
+    load_data(tr);
     const char *bad = model_config_error(&o->model);
     if (bad)
         die("bad model configuration: %s", bad);
@@ -1751,88 +1755,116 @@ int main(int argc, char **argv)
             o->model.layers);
     /* MPI after the checks that each rank makes alone: a rank that exits before MPI_Init ends
        the job cleanly, one that exits after it while others still run gets them killed */
-    join_job(&tr, &argc, &argv);
-    loader_init(&tr.tl, &tr.train, o->batch, o->seq, tr.rank, tr.world);
+    join_job(tr, argc, argv);
+    loader_init(&tr->tl, &tr->train, o->batch, o->seq, tr->rank, tr->world);
     if (o->steps > 0 && o->warmup >= o->steps)
         o->warmup = o->steps / 10;
 
-    CHECK(create_context(&tr, &tr.ctx), NULL);
-    const llmcl_device_info *info = llmcl_ctx_device_info(tr.ctx);
-    char peak_what[1200], peak_s[32] = "";
-    tr.peak_tflops = peak_rate(tr.ctx, o, peak_what, sizeof peak_what);
-    llmcl_memory_reset_peak(tr.ctx); /* the run's peak, from here: not the rate probes' buffers */
-    if (tr.peak_tflops > 0)
-        format_rate(tr.peak_tflops, peak_s, sizeof peak_s);
-    CHECK(model_create(tr.ctx, &o->model, o->seed, &tr.m), tr.ctx);
-    load_models(&tr, &init, &adapter);
+    CHECK(create_context(tr, &tr->ctx), NULL);
+    tr->peak_tflops = peak_rate(tr->ctx, o, peak_what, len);
+    llmcl_memory_reset_peak(tr->ctx); /* the run's peak, from here: not the rate probes' buffers */
+    CHECK(model_create(tr->ctx, &o->model, o->seed, &tr->m), tr->ctx);
+    load_models(tr, &init, &adapter);
     if (o->recompute == RECOMPUTE_AUTO) /* its account before the allocation, which may fail */
-        o->recompute = pick_recompute(&tr);
-    CHECK(model_alloc_acts(tr.m, batch_rows(o), o->seq, o->recompute, o->offload), tr.ctx);
-    if (tr.teacher)
-        model_set_teacher(tr.m, tr.teacher);
-    if (tr.ref)
-        model_set_ref(tr.m, tr.ref);
-    setup_optimizer(&tr);
-    batch_init(&tr.batch, batch_rows(o), o->seq);
+        o->recompute = pick_recompute(tr);
+    CHECK(model_alloc_acts(tr->m, batch_rows(o), o->seq, o->recompute, o->offload), tr->ctx);
+    if (tr->teacher)
+        model_set_teacher(tr->m, tr->teacher);
+    if (tr->ref)
+        model_set_ref(tr->m, tr->ref);
+    setup_optimizer(tr);
+    batch_init(&tr->batch, batch_rows(o), o->seq);
+    return adapter_base;
+}
 
+/* The run's header: the device, the model and what it trains, the teacher, the data. */
+static void print_run(const trainer *tr, const char *peak_what)
+{
+    const options *o = &tr->o;
     const model_config *c = &o->model;
-    char recompute[160];
-    model_recompute_describe(tr.m, recompute, sizeof recompute);
+    char peak_s[32] = "", recompute[160], arch[160];
+    if (tr->peak_tflops > 0)
+        format_rate(tr->peak_tflops, peak_s, sizeof peak_s);
+    model_recompute_describe(tr->m, recompute, sizeof recompute);
+    const llmcl_device_info *info = llmcl_ctx_device_info(tr->ctx);
     printf("device: %s (%s), peak %s%s%s%s\n", info->name, info->platform_name, peak_s,
            peak_s[0] ? " (" : "", peak_what, peak_s[0] ? ")" : "");
-    char arch[160];
     describe_arch(c, arch, sizeof arch);
     printf("model: %.2fM parameters, dim %d, %d layers, %d/%d heads, ffn %d, vocab %d, %s%s, "
            "%s%s%s%s%s%s\n",
-           (double)model_param_count(tr.m) / 1e6, c->dim, c->layers, c->heads, c->kv_heads, c->ffn,
-           c->vocab, c->tied ? "tied head" : "untied head", arch, llmcl_dtype_name(c->dtype),
-           c->ce_logits_dtype != LLMCL_F32 ? ", logits in " : "",
+           (double)model_param_count(tr->m) / 1e6, c->dim, c->layers, c->heads, c->kv_heads,
+           c->ffn, c->vocab, c->tied ? "tied head" : "untied head", arch,
+           llmcl_dtype_name(c->dtype), c->ce_logits_dtype != LLMCL_F32 ? ", logits in " : "",
            c->ce_logits_dtype != LLMCL_F32 ? llmcl_dtype_name(c->ce_logits_dtype) : "",
            recompute[0] ? ", " : "", recompute, o->offload ? " with offload" : "");
     if (c->lora_rank)
-        print_lora(c, model_trainable_count(tr.m));
-    if (tr.m->trainable.offloaded)
-        print_offloaded(tr.m->trainable.offloaded);
+        print_lora(c, model_trainable_count(tr->m));
+    if (tr->m->trainable.offloaded)
+        print_offloaded(tr->m->trainable.offloaded);
     if (c->optimizer_in_backward)
-        print_in_backward(tr.m);
+        print_in_backward(tr->m);
     if (c->zero_stage)
-        print_zero(&tr);
+        print_zero(tr);
     if (o->init_from)
         printf("weights: %s%s%s\n", o->init_from, o->init_adapter ? ", adapters: " : "",
                o->init_adapter ? o->init_adapter : "");
-    if (tr.teacher)
+    if (tr->teacher)
         printf("teacher: %s, %.2fM parameters, dim %d, %d layers; loss (1 - %g) CE + %g x %g^2 "
                "D(beta %g)\n",
-               o->teacher, (double)model_param_count(tr.teacher) / 1e6, tr.teacher->cfg.dim,
-               tr.teacher->cfg.layers, (double)c->distill_alpha, (double)c->distill_alpha,
+               o->teacher, (double)model_param_count(tr->teacher) / 1e6, tr->teacher->cfg.dim,
+               tr->teacher->cfg.layers, (double)c->distill_alpha, (double)c->distill_alpha,
                (double)c->distill_temperature, (double)c->distill_beta);
     if (c->preference)
-        print_preference(&tr);
+        print_preference(tr);
     printf("data: %s, %lld training and %lld held-out tokens; batch %d x %d x %d\n",
-           tr.train.source, (long long)tr.train.n, (long long)tr.val.n, batch_rows(o), o->seq,
+           tr->train.source, (long long)tr->train.n, (long long)tr->val.n, batch_rows(o), o->seq,
            o->accum);
-    if (tr.train.targets)
-        print_examples(&tr);
-    int first = 0;
-    if (o->resume) {
-        train_state s;
-        const char *from, *why;
-        if (checkpoint_load(tr.m, o->resume, &s, &from, &why) != LLMCL_OK)
-            die_finally(finalize_mpi, "cannot resume: %s", why);
-        first = (int)s.step;
-        loader_seek(&tr.tl, s.data_pos);
-        printf("resumed from %s at step %d%s\n", from, first,
-               from != o->resume ? " (a save stopped between moving the old checkpoint aside and "
-                                   "renaming the new one into place)" : "");
-    }
-    signal(SIGINT, on_sigint);
+    if (tr->train.targets)
+        print_examples(tr);
+}
 
-    /* Time in training steps, evaluations excluded, and the run's first step apart: it also
-       builds the kernels, which can take longer than the rest of a short run. The speed and the
-       ETA take the steps since the last line. */
+/* The step to start from: 0, or --resume's checkpoint's, with the data where it was. */
+static int resume_step(trainer *tr)
+{
+    const char *resume = tr->o.resume;
+    if (!resume)
+        return 0;
+    train_state s;
+    const char *from, *why;
+    if (checkpoint_load(tr->m, resume, &s, &from, &why) != LLMCL_OK)
+        die_finally(finalize_mpi, "cannot resume: %s", why);
+    loader_seek(&tr->tl, s.data_pos);
+    printf("resumed from %s at step %d%s\n", from, (int)s.step,
+           from != resume ? " (a save stopped between moving the old checkpoint aside and "
+                            "renaming the new one into place)" : "");
+    return (int)s.step;
+}
+
+/* The held-out loss after a step (with the preference losses' rewards). */
+static void report_eval(trainer *tr, int step)
+{
+    const bool pref = tr->o.model.preference;
+    pref_stats held = {0};
+    char rewards[256] = "";
+    const double loss_held = evaluate(tr, &held);
+    if (pref)
+        pref_stats_format(tr, &held, rewards, sizeof rewards);
+    printf("step %5d/%d | held-out loss %.4f%s%s\n", step + 1, tr->o.steps, loss_held,
+           pref ? " | " : "", rewards);
+}
+
+/*
+ * The training steps from first, with their logs, evaluations and saves, until the last or a stop.
+ * Time counts training steps, evaluations excluded, and the run's first step apart: it also builds
+ * the kernels, which can take longer than the rest of a short run. The speed and the ETA take the
+ * steps since the last line. Returns the step it stopped before.
+ */
+static int train_steps(trainer *tr, int first)
+{
+    const options *o = &tr->o;
     double interval_s = 0, first_s = 0;
     int step = first, interval_steps = 0;
-    for (; step < o->steps && !stopping(&tr); ++step) {
+    for (; step < o->steps && !stopping(tr); ++step) {
         double loss = 0, norm = 0;
         const bool logs = step % o->log_every == 0 || step + 1 == o->steps,
                    evals = o->eval_every && ((step + 1) % o->eval_every == 0 ||
@@ -1841,67 +1873,85 @@ int main(int argc, char **argv)
         /* a step whose time is taken alone, or that untimed work follows, waits for its end */
         const bool stats = step == first || logs || evals || saves || o->model.zero_stage;
         const double t0 = util_now_s();
-        train_step(&tr, step, stats, &loss, &norm);
+        train_step(tr, step, stats, &loss, &norm);
         if (step == first)
             first_s = util_now_s() - t0;
         else
             interval_s += util_now_s() - t0, ++interval_steps;
         if (logs) {
-            progress(&tr, step, loss, norm, interval_steps ? interval_s / interval_steps : 0,
+            progress(tr, step, loss, norm, interval_steps ? interval_s / interval_steps : 0,
                      first_s);
             interval_s = 0, interval_steps = 0;
         }
-        char rewards[256] = "";
-        if (logs && c->preference) {
-            pref_stats_format(&tr, &tr.stats, rewards, sizeof rewards);
+        if (logs && o->model.preference) {
+            char rewards[256];
+            pref_stats_format(tr, &tr->stats, rewards, sizeof rewards);
             printf("step %5d/%d | %s\n", step + 1, o->steps, rewards);
         }
-        if (evals) {
-            pref_stats held = {0};
-            const double loss_held = evaluate(&tr, &held);
-            if (c->preference)
-                pref_stats_format(&tr, &held, rewards, sizeof rewards);
-            printf("step %5d/%d | held-out loss %.4f%s%s\n", step + 1, o->steps, loss_held,
-                   c->preference ? " | " : "", c->preference ? rewards : "");
-        }
+        if (evals)
+            report_eval(tr, step);
         if (saves)
-            save(&tr, step + 1);
+            save(tr, step + 1);
     }
-    const bool stopped = stopping(&tr);
+    return step;
+}
+
+/* After the steps: the last save, the export, the logits dump, memory, the profile, the sample. */
+static void finish_run(trainer *tr, int step, bool stopped)
+{
+    const options *o = &tr->o;
     if (o->save && (!stopped || o->save_on_interrupt))
-        save(&tr, step);
+        save(tr, step);
     if (o->export_dir && !stopped)
-        export_model(&tr);
+        export_model(tr);
     if (o->dump_logits && !stopped)
-        dump_logits(&tr);
+        dump_logits(tr);
     llmcl_memory_stats ms;
-    CHECK(llmcl_memory_stats_get(tr.ctx, &ms), tr.ctx);
+    CHECK(llmcl_memory_stats_get(tr->ctx, &ms), tr->ctx);
     printf("device memory: peak %.2f MiB in use, %.2f MiB with the ops' cached scratch (llmcl's "
            "accounting)\n",
            (double)ms.peak_bytes / 1048576.0, (double)ms.peak_reserved_bytes / 1048576.0);
     if (o->profile && !stopped)
-        profile_run(&tr, step);
-    if (tr.m->off)
-        offload_summary("offload", tr.m->off);
-    if (tr.m->trainable.offloaded)
-        offload_summary("optimizer offload", offload_state_engine(tr.m->trainable.offloaded));
+        profile_run(tr, step);
+    if (tr->m->off)
+        offload_summary("offload", tr->m->off);
+    if (tr->m->trainable.offloaded)
+        offload_summary("optimizer offload", offload_state_engine(tr->m->trainable.offloaded));
     if (stopped)
         printf("interrupted at step %d\n", step);
     else if (o->sample_tokens > 0)
-        sample(&tr); /* every rank: under stage 3 the forward gathers */
+        sample(tr); /* every rank: under stage 3 the forward gathers */
     if (!o->save && !o->export_dir)
         next_steps(o);
+}
 
-    batch_free(&tr.batch);
-    loader_free(&tr.tl);
-    optimizer_destroy(&tr.opt);
-    llmcl_tensor_destroy(tr.loss_sum);
-    model_destroy(tr.teacher);
-    model_destroy(tr.ref);
-    model_destroy(tr.m);
-    data_free(&tr.train), data_free(&tr.val);
-    llmcl_ctx_destroy(tr.ctx);
+static void teardown(trainer *tr)
+{
+    batch_free(&tr->batch);
+    loader_free(&tr->tl);
+    optimizer_destroy(&tr->opt);
+    llmcl_tensor_destroy(tr->loss_sum);
+    model_destroy(tr->teacher);
+    model_destroy(tr->ref);
+    model_destroy(tr->m);
+    data_free(&tr->train), data_free(&tr->val);
+    llmcl_ctx_destroy(tr->ctx);
     finalize_mpi();
+}
+
+int main(int argc, char **argv)
+{
+    trainer tr = {0};
+    parse_options(argc, argv, &tr.o);
+    char peak_what[1200];
+    char *adapter_base = setup_run(&tr, &argc, &argv, peak_what, sizeof peak_what);
+    print_run(&tr, peak_what);
+    const int first = resume_step(&tr);
+    signal(SIGINT, on_sigint);
+    const int step = train_steps(&tr, first);
+    const bool stopped = stopping(&tr);
+    finish_run(&tr, step, stopped);
+    teardown(&tr);
     free(adapter_base);
     return stopped ? 130 : 0;
 }
