@@ -3,6 +3,7 @@
  * --platform / --device) and writes a tuning file the runtime reads (docs/TUNING.md). The engine is
  * in tools/tune/tune.c, the kernels and their parameter spaces in tools/tune/kernels.c.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,90 +237,188 @@ static void print_table(const tune_result *res, int n)
     }
 }
 
-int main(int argc, char **argv)
-{
+/* The command line's choices. */
+typedef struct cli {
     char *filters[MAX_FILTERS];
-    int n_filters = 0, max_cand = -1, reps = -1, warmup = -1;
-    const char *shape = NULL, *output = NULL, *space = NULL;
-    unsigned dtype_mask = 0;
-    bool quick = false, merge = false, for_platform = false, verbose = false;
-    double max_time = 0;
+    int n_filters, max_cand, reps, warmup;
+    const char *shape, *output, *space;
+    unsigned dtype_mask;
+    bool quick, merge, for_platform, verbose;
+    double max_time;
+} cli;
+
+/* A bad command line's message (with the usage where asked); returns the exit status, 2. */
+static int bad_usage(bool with_usage, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "llmcl-tune: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    if (with_usage)
+        usage(stderr);
+    return 2;
+}
+
+/* One option that takes the value v into c; an exit status where it is wrong, else -1. */
+static int parse_valued(cli *c, const char *a, char *v)
+{
+    if (strcmp(a, "--kernel") == 0) {
+        if (c->n_filters == MAX_FILTERS)
+            return bad_usage(false, "at most %d --kernel options", MAX_FILTERS);
+        c->filters[c->n_filters++] = v;
+    } else if (strcmp(a, "--shape") == 0)
+        c->shape = v;
+    else if (strcmp(a, "--output") == 0)
+        c->output = v;
+    else if (strcmp(a, "--dtype") == 0) {
+        if (!parse_dtypes(v, &c->dtype_mask))
+            return bad_usage(false, "bad --dtype %s (f32, bf16, f16, ...)", v);
+    } else if (strcmp(a, "--max-time") == 0) {
+        if (!util_parse_double(v, 1e-3, 7 * 86400.0, &c->max_time))
+            return bad_usage(false, "--max-time %s: expected seconds, 0.001 to a week", v);
+    } else if (strcmp(a, "--space") == 0)
+        c->space = v;
+    else if (strcmp(a, "--max-candidates") == 0 || strcmp(a, "--reps") == 0 ||
+             strcmp(a, "--warmup") == 0) {
+        const bool cand = strcmp(a, "--max-candidates") == 0, rep = strcmp(a, "--reps") == 0;
+        const long lo = rep ? 1 : 0, hi = rep ? 64 : cand ? 1000000 : 1000;
+        long n;
+        if (!util_parse_long(v, lo, hi, &n))
+            return bad_usage(false, "%s %s: expected a whole number from %ld to %ld", a, v, lo,
+                             hi);
+        *(cand ? &c->max_cand : rep ? &c->reps : &c->warmup) = (int)n;
+    } else if (strcmp(a, "--platform") == 0)
+        setenv("LLMCL_PLATFORM", v, 1);
+    else if (strcmp(a, "--device") == 0)
+        setenv("LLMCL_DEVICE", v, 1);
+    else
+        return bad_usage(true, "unknown option %s", a);
+    return -1;
+}
+
+/* The command line into c; an exit status where the run ends here (help, a list, an error),
+   else -1. Every --kernel must name a kernel or a family. */
+static int parse_cli(int argc, char **argv, cli *c)
+{
+    *c = (cli){.max_cand = -1, .reps = -1, .warmup = -1};
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool takes = true;
+        char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--quick") == 0)
-            quick = true, takes = false;
+            c->quick = true;
         else if (strcmp(a, "--merge") == 0)
-            merge = true, takes = false;
+            c->merge = true;
         else if (strcmp(a, "--for-platform") == 0)
-            for_platform = true, takes = false;
+            c->for_platform = true;
         else if (strcmp(a, "--verbose") == 0)
-            verbose = true, takes = false;
+            c->verbose = true;
         else if (strcmp(a, "--list") == 0) {
             list_kernels();
             return 0;
         } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
-        } else if (v == NULL) {
-            fprintf(stderr, "llmcl-tune: unknown option or missing value: %s\n", a);
-            usage(stderr);
-            return 2;
-        } else if (strcmp(a, "--kernel") == 0) {
-            if (n_filters == MAX_FILTERS) {
-                fprintf(stderr, "llmcl-tune: at most %d --kernel options\n", MAX_FILTERS);
-                return 2;
-            }
-            filters[n_filters++] = argv[i + 1];
-        } else if (strcmp(a, "--shape") == 0)
-            shape = v;
-        else if (strcmp(a, "--output") == 0)
-            output = v;
-        else if (strcmp(a, "--dtype") == 0) {
-            if (!parse_dtypes(v, &dtype_mask)) {
-                fprintf(stderr, "llmcl-tune: bad --dtype %s (f32, bf16, f16, ...)\n", v);
-                return 2;
-            }
-        } else if (strcmp(a, "--max-time") == 0) {
-            if (!util_parse_double(v, 1e-3, 7 * 86400.0, &max_time)) {
-                fprintf(stderr, "llmcl-tune: --max-time %s: expected seconds, 0.001 to a week\n",
-                        v);
-                return 2;
-            }
-        } else if (strcmp(a, "--space") == 0)
-            space = v;
-        else if (strcmp(a, "--max-candidates") == 0 || strcmp(a, "--reps") == 0 ||
-                 strcmp(a, "--warmup") == 0) {
-            const bool cand = strcmp(a, "--max-candidates") == 0, rep = strcmp(a, "--reps") == 0;
-            const long lo = rep ? 1 : 0, hi = rep ? 64 : cand ? 1000000 : 1000;
-            long n;
-            if (!util_parse_long(v, lo, hi, &n)) {
-                fprintf(stderr, "llmcl-tune: %s %s: expected a whole number from %ld to %ld\n", a,
-                        v, lo, hi);
-                return 2;
-            }
-            *(cand ? &max_cand : rep ? &reps : &warmup) = (int)n;
-        } else if (strcmp(a, "--platform") == 0)
-            setenv("LLMCL_PLATFORM", v, 1);
-        else if (strcmp(a, "--device") == 0)
-            setenv("LLMCL_DEVICE", v, 1);
+        } else if (v == NULL)
+            return bad_usage(true, "unknown option or missing value: %s", a);
         else {
-            fprintf(stderr, "llmcl-tune: unknown option %s\n", a);
-            usage(stderr);
-            return 2;
+            const int rc = parse_valued(c, a, v);
+            if (rc >= 0)
+                return rc;
+            ++i;
         }
-        i += takes;
     }
-    for (int i = 0; i < n_filters; ++i) {
+    for (int i = 0; i < c->n_filters; ++i) {
         bool known = false;
         for (const tune_kernel *k = tune_kernels; k->key; ++k)
-            known = known || strcmp(filters[i], k->key) == 0 || strcmp(filters[i], k->family) == 0;
-        if (!known) {
-            fprintf(stderr, "llmcl-tune: no kernel or family named %s (see --list)\n", filters[i]);
-            return 2;
-        }
+            known = known || strcmp(c->filters[i], k->key) == 0 ||
+                    strcmp(c->filters[i], k->family) == 0;
+        if (!known)
+            return bad_usage(false, "no kernel or family named %s (see --list)", c->filters[i]);
     }
+    return -1;
+}
+
+/* The engine's options: the device's defaults, with what the command line set. */
+static tune_options options_of(const llmcl_device_info *info, const cli *c)
+{
+    tune_options o = tune_default_options(info, c->quick);
+    if (c->max_cand >= 0)
+        o.max_candidates = c->max_cand;
+    if (c->reps > 0)
+        o.reps = c->reps;
+    if (c->warmup >= 0)
+        o.warmup = c->warmup;
+    o.for_platform = c->for_platform;
+    o.trace = c->verbose ? stdout : NULL;
+    return o;
+}
+
+/* A case's result on a log (on a terminal the progress line says it), and with
+   LLMCL_TUNE_VERBOSE an example of each kind of rejection. */
+static void log_result(const progress *p, const tune_result *r)
+{
+    if (!p->tty) {
+        if (r->ok)
+            fprintf(stderr, "  %d candidates, %d timed; best %s %.4f ms, default %.4f ms%s\n",
+                    r->candidates, r->timed, r->best_params, r->best_ms, r->default_ms,
+                    strcmp(r->now_params, r->default_params) ? " (now otherwise: below)" : "");
+        else
+            fprintf(stderr, "  failed: %s\n", r->error);
+    }
+    for (int j = 0; j < TUNE_REJ_COUNT && getenv("LLMCL_TUNE_VERBOSE"); ++j)
+        if (r->rejected[j])
+            fprintf(stderr, "  rejected e.g. %s\n", r->last_reject[j]);
+}
+
+/*
+ * The cases in order, each with an equal share of the time --max-time leaves, into results.
+ * Returns how many ran; *failed counts those that failed.
+ */
+static int run_cases(llmcl_ctx *ctx, const plan_case *cases, int n, double max_time,
+                     tune_options *o, tune_result *results, int *failed)
+{
+    progress p = {.tty = isatty(2), .start = util_now_s(), .n_cases = n};
+    p.deadline = max_time > 0 ? p.start + max_time : 0;
+    for (int i = 0; i < n; ++i) {
+        long size = tune_space_size(cases[i].k);
+        p.units_total += o->max_candidates > 0 && size > o->max_candidates ? o->max_candidates
+                                                                             : size;
+    }
+    o->progress = on_progress;
+    o->progress_arg = &p;
+    int done = 0;
+    *failed = 0;
+    for (int i = 0; i < n; ++i) {
+        double left = p.deadline > 0 ? p.deadline - util_now_s() : 0;
+        if (p.deadline > 0 && left <= 0) {
+            fprintf(stderr, "%sllmcl-tune: --max-time reached; %d of %d cases not run\n",
+                    p.tty ? "\n" : "", n - i, n);
+            break;
+        }
+        o->case_seconds = p.deadline > 0 ? left / (n - i) : 0;
+        p.case_index = i;
+        p.pc = &cases[i];
+        p.last_done = 0;
+        if (!p.tty)
+            fprintf(stderr, "[%d/%d] %s %s %s\n", i + 1, n, cases[i].k->key,
+                    llmcl_dtype_name(cases[i].dtype), cases[i].shape);
+        tune_result *r = &results[done++];
+        *failed += tune_run_case(ctx, cases[i].k, cases[i].dtype, cases[i].shape, o, r) != LLMCL_OK;
+        log_result(&p, r);
+    }
+    if (p.tty)
+        fprintf(stderr, "\n");
+    return done;
+}
+
+int main(int argc, char **argv)
+{
+    cli c;
+    const int rc_cli = parse_cli(argc, argv, &c);
+    if (rc_cli >= 0)
+        return rc_cli;
     /* Candidates would fill the program cache with binaries nobody reuses. */
     setenv("LLMCL_CACHE_DIR", "off", 1);
     llmcl_ctx *ctx = NULL;
@@ -329,73 +428,26 @@ int main(int argc, char **argv)
         return 1;
     }
     const llmcl_device_info *info = llmcl_ctx_device_info(ctx);
-    tune_options o = tune_default_options(info, quick);
-    if (max_cand >= 0)
-        o.max_candidates = max_cand;
-    if (reps > 0)
-        o.reps = reps;
-    if (warmup >= 0)
-        o.warmup = warmup;
-    o.for_platform = for_platform;
-    o.trace = verbose ? stdout : NULL;
+    tune_options o = options_of(info, &c);
 
     static plan_case cases[MAX_CASES];
     static tune_result results[MAX_CASES];
-    int n = plan(info, filters, n_filters, dtype_mask, shape, quick, cases);
-    if (space && !restrict_cases(cases, n, space)) {
+    int n = plan(info, c.filters, c.n_filters, c.dtype_mask, c.shape, c.quick, cases);
+    if (c.space && !restrict_cases(cases, n, c.space)) {
         llmcl_ctx_destroy(ctx);
         return 2;
     }
-    progress p = {.tty = isatty(2), .start = util_now_s(), .n_cases = n};
-    p.deadline = max_time > 0 ? p.start + max_time : 0;
-    for (int i = 0; i < n; ++i) {
-        long size = tune_space_size(cases[i].k);
-        p.units_total += o.max_candidates > 0 && size > o.max_candidates ? o.max_candidates : size;
-    }
     printf("llmcl-tune %s on %s (%s, driver %s): %d cases%s\n", llmcl_version(), info->name,
-           info->platform_name, info->driver_version, n, quick ? ", quick" : "");
+           info->platform_name, info->driver_version, n, c.quick ? ", quick" : "");
     fflush(stdout);
-    o.progress = on_progress;
-    o.progress_arg = &p;
-    int done = 0, failed = 0;
-    for (int i = 0; i < n; ++i) {
-        double left = p.deadline > 0 ? p.deadline - util_now_s() : 0;
-        if (p.deadline > 0 && left <= 0) {
-            fprintf(stderr, "%sllmcl-tune: --max-time reached; %d of %d cases not run\n",
-                    p.tty ? "\n" : "", n - i, n);
-            break;
-        }
-        o.case_seconds = p.deadline > 0 ? left / (n - i) : 0;
-        p.case_index = i;
-        p.pc = &cases[i];
-        p.last_done = 0;
-        if (!p.tty)
-            fprintf(stderr, "[%d/%d] %s %s %s\n", i + 1, n, cases[i].k->key,
-                    llmcl_dtype_name(cases[i].dtype), cases[i].shape);
-        tune_result *r = &results[done++];
-        st = tune_run_case(ctx, cases[i].k, cases[i].dtype, cases[i].shape, &o, r);
-        failed += st != LLMCL_OK;
-        if (!p.tty) {
-            if (r->ok)
-                fprintf(stderr, "  %d candidates, %d timed; best %s %.4f ms, default %.4f ms%s\n",
-                        r->candidates, r->timed, r->best_params, r->best_ms, r->default_ms,
-                        strcmp(r->now_params, r->default_params) ? " (now otherwise: below)"
-                                                                  : "");
-            else
-                fprintf(stderr, "  failed: %s\n", r->error);
-        }
-        for (int j = 0; j < TUNE_REJ_COUNT && getenv("LLMCL_TUNE_VERBOSE"); ++j)
-            if (r->rejected[j])
-                fprintf(stderr, "  rejected e.g. %s\n", r->last_reject[j]);
-    }
-    if (p.tty)
-        fprintf(stderr, "\n");
+    int failed;
+    const int done = run_cases(ctx, cases, n, c.max_time, &o, results, &failed);
     print_table(results, done);
     int rc = failed ? 1 : 0;
-    if (output) {
+    if (c.output) {
         char why[512];
-        if (tune_write_json(output, ctx, results, done, &o, merge, why, sizeof why))
-            printf("\nwrote %s (use it with LLMCL_TUNE_DB=%s)\n", output, output);
+        if (tune_write_json(c.output, ctx, results, done, &o, c.merge, why, sizeof why))
+            printf("\nwrote %s (use it with LLMCL_TUNE_DB=%s)\n", c.output, c.output);
         else {
             fprintf(stderr, "llmcl-tune: %s\n", why);
             rc = 1;
