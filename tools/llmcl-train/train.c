@@ -544,6 +544,200 @@ static void check_preference(options *o)
     o->data_format = DATA_PAIRS;
 }
 
+/* One option from getopt_long (c, with optarg) into o; 'C' may look at the next argument. */
+static void apply_option(options *o, int c, int argc, char **argv)
+{
+    switch (c) {
+    case 'D': o->data = optarg; break;
+    case LONG_DATA_FORMAT: o->data_format = data_format_parse(optarg); break;
+    case LONG_PACKING:
+        o->packing = data_packing_parse(optarg);
+        o->packing_given = true;
+        break;
+    case LONG_PREFERENCE:
+        o->model.pref.loss = parse_pref_loss(optarg);
+        o->model.preference = 1;
+        break;
+    case LONG_PREF_BETA: o->pref_beta = parse_num("pref-beta", optarg, 0); break;
+    case LONG_PREF_GAMMA: o->pref_gamma = parse_num("pref-gamma", optarg, 0); break;
+    case LONG_PREF_LABEL_SMOOTHING:
+        o->pref_smoothing = parse_num("pref-label-smoothing", optarg, 0);
+        break;
+    case LONG_PREF_NLL_WEIGHT: o->pref_nll = parse_num("pref-nll-weight", optarg, 0); break;
+    case LONG_REF: o->ref = optarg; break;
+    case LONG_TEACHER: o->teacher = optarg; break;
+    case LONG_DISTILL_ALPHA:
+        o->model.distill_alpha = (float)parse_num("distill-alpha", optarg, 0);
+        if (!o->model.distill_alpha)
+            die("--distill-alpha 0 leaves nothing to distill: give A in (0, 1]");
+        break;
+    case LONG_DISTILL_BETA:
+        o->model.distill_beta = (float)parse_num("distill-beta", optarg, 0);
+        break;
+    case LONG_DISTILL_TEMPERATURE:
+        o->model.distill_temperature = (float)parse_num("distill-temperature", optarg, 0);
+        if (!o->model.distill_temperature)
+            die("--distill-temperature must be > 0");
+        break;
+    case LONG_OPTIMIZER_IN_BACKWARD: o->model.optimizer_in_backward = 1; break;
+    case LONG_ZERO_GROUP_LAYERS:
+        o->model.zero_group_layers = parse_group_layers(optarg);
+        break;
+    case LONG_CE_LOGITS:
+        o->model.ce_logits_dtype = parse_dtype("ce-logits", optarg, true);
+        break;
+    case LONG_INIT_ADAPTER: o->init_adapter = optarg; break;
+    case LONG_ARCH:
+        set_arch(&o->model, optarg);
+        o->given |= 1u << OPT_ARCH;
+        break;
+    case LONG_HEAD_DIM:
+        o->model.head_dim = (int)parse_int("head-dim", optarg, 1, 4096);
+        o->given |= 1u << OPT_HEAD_DIM;
+        break;
+    case LONG_SLIDING_WINDOW:
+        o->model.sliding_window = (int)parse_int("sliding-window", optarg, 0, 1 << 30);
+        o->given |= 1u << OPT_WINDOW;
+        break;
+    case LONG_EXPORT_SHARD_GB:
+        o->export_shard_gb = parse_num("export-shard-gb", optarg, 1e-9);
+        break;
+    case LONG_ZERO_REDUCE_DTYPE:
+        o->model.zero_reduce_dtype = parse_dtype("zero-reduce-dtype", optarg, false);
+        break;
+    case 'V': o->val = optarg; break;
+    case 'P': break;
+    case 'd':
+        o->model.dim = (int)parse_int("dim", optarg, 1, 1 << 20);
+        o->given |= 1u << OPT_DIM;
+        break;
+    case 'L':
+        o->model.layers = (int)parse_int("layers", optarg, 1, 4096);
+        o->given |= 1u << OPT_LAYERS;
+        break;
+    case 'H':
+        o->model.heads = (int)parse_int("heads", optarg, 1, 4096);
+        o->given |= 1u << OPT_HEADS;
+        break;
+    case 'K':
+        o->model.kv_heads = (int)parse_int("kv-heads", optarg, 1, 4096);
+        o->given |= 1u << OPT_KV_HEADS;
+        break;
+    case 'F':
+        o->model.ffn = (int)parse_int("ffn", optarg, 1, 1 << 22);
+        o->given |= 1u << OPT_FFN;
+        break;
+    case 'v':
+        o->model.vocab = (int)parse_int("vocab", optarg, 2, 1 << 24);
+        o->vocab_given = 1;
+        o->given |= 1u << OPT_VOCAB;
+        break;
+    case 'u':
+        o->model.tied = 0;
+        o->given |= 1u << OPT_UNTIED;
+        break;
+    case 'r':
+        o->model.rope_theta = parse_num("rope-theta", optarg, 1);
+        o->given |= 1u << OPT_ROPE_THETA;
+        break;
+    case 'R':
+        o->model.rope_llama3_factor = parse_num("rope-llama3", optarg, 0);
+        o->given |= 1u << OPT_ROPE_LLAMA3;
+        break;
+    case 't': o->model.dtype = parse_dtype("dtype", optarg, true); break;
+    case 'i': o->init_from = optarg; break;
+    case 'x': o->export_dir = optarg; break;
+    case 'X': o->export_dtype = parse_dtype("export-dtype", optarg, false); break;
+    case 'k':
+        o->model.lora_rank = (int)parse_int("lora", optarg, 0, 1 << 16);
+        o->given |= 1u << OPT_LORA;
+        break;
+    case 'A':
+        o->model.lora_alpha = (float)parse_num("lora-alpha", optarg, 0);
+        o->given |= 1u << OPT_LORA_ALPHA;
+        break;
+    case 'G':
+        o->model.lora_targets = parse_targets(optarg);
+        o->given |= 1u << OPT_LORA_TARGETS;
+        break;
+    case 'U': o->model.lora_dtype = parse_dtype("lora-dtype", optarg, false); break;
+    case 'M': o->lora_merge = 1; break;
+    case 'J': o->dump_logits = optarg; break;
+    case 'z': o->model.zero_stage = (int)parse_int("zero", optarg, 1, 3); break;
+    case 'b': o->batch = (int)parse_int("batch", optarg, 1, 1 << 20); break;
+    case 's': o->seq = (int)parse_int("seq", optarg, 1, 1 << 22); break;
+    case 'a': o->accum = (int)parse_int("accum", optarg, 1, 1 << 20); break;
+    case 'n': o->steps = (int)parse_int("steps", optarg, 0, 1 << 30); break;
+    case 'l': o->lr = (float)parse_num("lr", optarg, 0); break;
+    case 'm': o->min_lr_frac = (float)parse_num("min-lr", optarg, 0); break;
+    case 'w': o->warmup = (int)parse_int("warmup", optarg, 0, 1 << 30); break;
+    case 'W': o->weight_decay = (float)parse_num("weight-decay", optarg, 0); break;
+    case 'c': o->clip = (float)parse_num("clip", optarg, 0); break;
+    case '1': o->beta1 = (float)parse_num("beta1", optarg, 0); break;
+    case '2': o->beta2 = (float)parse_num("beta2", optarg, 0); break;
+    case 'e': o->eps = (float)parse_num("eps", optarg, 0); break;
+    case 'C':
+        o->recompute = parse_recompute(optarg, optind < argc ? argv[optind] : NULL);
+        break;
+    case 'O': o->offload = 1; break;
+    case 'f': o->offload_optimizer = 1; break;
+    case 'N': o->offload_chunk_mib = parse_num("offload-chunk-mib", optarg, 0.001); break;
+    case 'Q': o->profile = 1; break;
+    case 'j': o->model.fused_ce = 1; break;
+    case 'q':
+        o->model.ce_chunk_bytes =
+            (uint64_t)parse_int("ce-chunk-mib", optarg, 1, 1 << 20) << 20;
+        break;
+    case 'S': o->seed = (uint64_t)parse_int("seed", optarg, 0, 1L << 62); break;
+    case 'E': o->eval_every = (int)parse_int("eval-every", optarg, 0, 1 << 30); break;
+    case 'B': o->eval_batches = (int)parse_int("eval-batches", optarg, 1, 1 << 20); break;
+    case 'g': o->log_every = (int)parse_int("log-every", optarg, 1, 1 << 30); break;
+    case 'o': o->sample_tokens = (int)parse_int("sample", optarg, 0, 1 << 20); break;
+    case 'p': o->prompt = optarg; break;
+    case 'T': o->peak_tflops = parse_num("peak-tflops", optarg, 0); break;
+    case 'Y': o->save = optarg; break;
+    case 'y': o->save_every = (int)parse_int("save-every", optarg, 0, 1 << 30); break;
+    case 'I': o->save_on_interrupt = 1; break;
+    case 'Z': o->resume = optarg; break;
+    case 'h': usage(stdout); exit(0);
+    default: bad_option(argv[optind - 1]);
+    }
+}
+
+/* The options that do not combine, or need another, die naming it; derived values are set. */
+static void check_options(options *o)
+{
+    if (o->beta1 >= 1 || o->beta2 >= 1)
+        die("--beta1 and --beta2 must be below 1");
+    if (o->offload && !o->recompute)
+        die("--offload moves the layer inputs that --recompute keeps: give both");
+    if (o->offload_chunk_mib && !o->offload_optimizer)
+        die("--offload-chunk-mib sizes the stream of --offload-optimizer: give both");
+    if (o->offload_optimizer && o->model.zero_stage)
+        die("--offload-optimizer and --zero do not combine: ZeRO already shards the optimizer "
+            "state over the ranks");
+    if (o->offload_optimizer)
+        o->model.offload_chunk_bytes =
+            (uint64_t)((o->offload_chunk_mib ? o->offload_chunk_mib : TRAIN_OFFLOAD_CHUNK_MIB) *
+                       1048576.0);
+    if (o->model.optimizer_in_backward && o->clip > 0)
+        die("--optimizer-in-backward updates each layer group before the others have gradients, "
+            "so it cannot clip by their global norm: give --clip 0");
+    if (o->model.optimizer_in_backward && o->accum > 1)
+        die("--optimizer-in-backward updates each layer group with the gradients of one "
+            "micro-batch: give --accum 1");
+    check_distill(o);
+    check_preference(o);
+    if ((o->save_every || o->save_on_interrupt) && !o->save)
+        die("--save-every and --save-on-interrupt need --save FILE");
+    if (o->lora_merge && !o->model.lora_rank && !o->init_adapter)
+        die("--lora-merge merges LoRA adapters: give --lora R or --init-adapter DIR");
+    if (o->model.lora_rank && o->model.lora_alpha == 0)
+        o->model.lora_alpha = (float)o->model.lora_rank;
+    o->model.max_seq = o->seq;
+    check_paths(o);
+}
+
 static void parse_options(int argc, char **argv, options *o)
 {
     *o = (options){.accum = 1, .steps = 200, .warmup = 20, .lr = 3e-3f, .min_lr_frac = 0.1f,
@@ -594,194 +788,11 @@ static void parse_options(int argc, char **argv, options *o)
     o->model.lora_dtype = LLMCL_F32;
     int c;
     opterr = 0; /* bad_option says it in one line */
-    while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
-        switch (c) {
-        case 'D': o->data = optarg; break;
-        case LONG_DATA_FORMAT: o->data_format = data_format_parse(optarg); break;
-        case LONG_PACKING:
-            o->packing = data_packing_parse(optarg);
-            o->packing_given = true;
-            break;
-        case LONG_PREFERENCE:
-            o->model.pref.loss = parse_pref_loss(optarg);
-            o->model.preference = 1;
-            break;
-        case LONG_PREF_BETA: o->pref_beta = parse_num("pref-beta", optarg, 0); break;
-        case LONG_PREF_GAMMA: o->pref_gamma = parse_num("pref-gamma", optarg, 0); break;
-        case LONG_PREF_LABEL_SMOOTHING:
-            o->pref_smoothing = parse_num("pref-label-smoothing", optarg, 0);
-            break;
-        case LONG_PREF_NLL_WEIGHT: o->pref_nll = parse_num("pref-nll-weight", optarg, 0); break;
-        case LONG_REF: o->ref = optarg; break;
-        case LONG_TEACHER: o->teacher = optarg; break;
-        case LONG_DISTILL_ALPHA:
-            o->model.distill_alpha = (float)parse_num("distill-alpha", optarg, 0);
-            if (!o->model.distill_alpha)
-                die("--distill-alpha 0 leaves nothing to distill: give A in (0, 1]");
-            break;
-        case LONG_DISTILL_BETA:
-            o->model.distill_beta = (float)parse_num("distill-beta", optarg, 0);
-            break;
-        case LONG_DISTILL_TEMPERATURE:
-            o->model.distill_temperature = (float)parse_num("distill-temperature", optarg, 0);
-            if (!o->model.distill_temperature)
-                die("--distill-temperature must be > 0");
-            break;
-        case LONG_OPTIMIZER_IN_BACKWARD: o->model.optimizer_in_backward = 1; break;
-        case LONG_ZERO_GROUP_LAYERS:
-            o->model.zero_group_layers = parse_group_layers(optarg);
-            break;
-        case LONG_CE_LOGITS:
-            o->model.ce_logits_dtype = parse_dtype("ce-logits", optarg, true);
-            break;
-        case LONG_INIT_ADAPTER: o->init_adapter = optarg; break;
-        case LONG_ARCH:
-            set_arch(&o->model, optarg);
-            o->given |= 1u << OPT_ARCH;
-            break;
-        case LONG_HEAD_DIM:
-            o->model.head_dim = (int)parse_int("head-dim", optarg, 1, 4096);
-            o->given |= 1u << OPT_HEAD_DIM;
-            break;
-        case LONG_SLIDING_WINDOW:
-            o->model.sliding_window = (int)parse_int("sliding-window", optarg, 0, 1 << 30);
-            o->given |= 1u << OPT_WINDOW;
-            break;
-        case LONG_EXPORT_SHARD_GB:
-            o->export_shard_gb = parse_num("export-shard-gb", optarg, 1e-9);
-            break;
-        case LONG_ZERO_REDUCE_DTYPE:
-            o->model.zero_reduce_dtype = parse_dtype("zero-reduce-dtype", optarg, false);
-            break;
-        case 'V': o->val = optarg; break;
-        case 'P': break;
-        case 'd':
-            o->model.dim = (int)parse_int("dim", optarg, 1, 1 << 20);
-            o->given |= 1u << OPT_DIM;
-            break;
-        case 'L':
-            o->model.layers = (int)parse_int("layers", optarg, 1, 4096);
-            o->given |= 1u << OPT_LAYERS;
-            break;
-        case 'H':
-            o->model.heads = (int)parse_int("heads", optarg, 1, 4096);
-            o->given |= 1u << OPT_HEADS;
-            break;
-        case 'K':
-            o->model.kv_heads = (int)parse_int("kv-heads", optarg, 1, 4096);
-            o->given |= 1u << OPT_KV_HEADS;
-            break;
-        case 'F':
-            o->model.ffn = (int)parse_int("ffn", optarg, 1, 1 << 22);
-            o->given |= 1u << OPT_FFN;
-            break;
-        case 'v':
-            o->model.vocab = (int)parse_int("vocab", optarg, 2, 1 << 24);
-            o->vocab_given = 1;
-            o->given |= 1u << OPT_VOCAB;
-            break;
-        case 'u':
-            o->model.tied = 0;
-            o->given |= 1u << OPT_UNTIED;
-            break;
-        case 'r':
-            o->model.rope_theta = parse_num("rope-theta", optarg, 1);
-            o->given |= 1u << OPT_ROPE_THETA;
-            break;
-        case 'R':
-            o->model.rope_llama3_factor = parse_num("rope-llama3", optarg, 0);
-            o->given |= 1u << OPT_ROPE_LLAMA3;
-            break;
-        case 't': o->model.dtype = parse_dtype("dtype", optarg, true); break;
-        case 'i': o->init_from = optarg; break;
-        case 'x': o->export_dir = optarg; break;
-        case 'X': o->export_dtype = parse_dtype("export-dtype", optarg, false); break;
-        case 'k':
-            o->model.lora_rank = (int)parse_int("lora", optarg, 0, 1 << 16);
-            o->given |= 1u << OPT_LORA;
-            break;
-        case 'A':
-            o->model.lora_alpha = (float)parse_num("lora-alpha", optarg, 0);
-            o->given |= 1u << OPT_LORA_ALPHA;
-            break;
-        case 'G':
-            o->model.lora_targets = parse_targets(optarg);
-            o->given |= 1u << OPT_LORA_TARGETS;
-            break;
-        case 'U': o->model.lora_dtype = parse_dtype("lora-dtype", optarg, false); break;
-        case 'M': o->lora_merge = 1; break;
-        case 'J': o->dump_logits = optarg; break;
-        case 'z': o->model.zero_stage = (int)parse_int("zero", optarg, 1, 3); break;
-        case 'b': o->batch = (int)parse_int("batch", optarg, 1, 1 << 20); break;
-        case 's': o->seq = (int)parse_int("seq", optarg, 1, 1 << 22); break;
-        case 'a': o->accum = (int)parse_int("accum", optarg, 1, 1 << 20); break;
-        case 'n': o->steps = (int)parse_int("steps", optarg, 0, 1 << 30); break;
-        case 'l': o->lr = (float)parse_num("lr", optarg, 0); break;
-        case 'm': o->min_lr_frac = (float)parse_num("min-lr", optarg, 0); break;
-        case 'w': o->warmup = (int)parse_int("warmup", optarg, 0, 1 << 30); break;
-        case 'W': o->weight_decay = (float)parse_num("weight-decay", optarg, 0); break;
-        case 'c': o->clip = (float)parse_num("clip", optarg, 0); break;
-        case '1': o->beta1 = (float)parse_num("beta1", optarg, 0); break;
-        case '2': o->beta2 = (float)parse_num("beta2", optarg, 0); break;
-        case 'e': o->eps = (float)parse_num("eps", optarg, 0); break;
-        case 'C':
-            o->recompute = parse_recompute(optarg, optind < argc ? argv[optind] : NULL);
-            break;
-        case 'O': o->offload = 1; break;
-        case 'f': o->offload_optimizer = 1; break;
-        case 'N': o->offload_chunk_mib = parse_num("offload-chunk-mib", optarg, 0.001); break;
-        case 'Q': o->profile = 1; break;
-        case 'j': o->model.fused_ce = 1; break;
-        case 'q':
-            o->model.ce_chunk_bytes =
-                (uint64_t)parse_int("ce-chunk-mib", optarg, 1, 1 << 20) << 20;
-            break;
-        case 'S': o->seed = (uint64_t)parse_int("seed", optarg, 0, 1L << 62); break;
-        case 'E': o->eval_every = (int)parse_int("eval-every", optarg, 0, 1 << 30); break;
-        case 'B': o->eval_batches = (int)parse_int("eval-batches", optarg, 1, 1 << 20); break;
-        case 'g': o->log_every = (int)parse_int("log-every", optarg, 1, 1 << 30); break;
-        case 'o': o->sample_tokens = (int)parse_int("sample", optarg, 0, 1 << 20); break;
-        case 'p': o->prompt = optarg; break;
-        case 'T': o->peak_tflops = parse_num("peak-tflops", optarg, 0); break;
-        case 'Y': o->save = optarg; break;
-        case 'y': o->save_every = (int)parse_int("save-every", optarg, 0, 1 << 30); break;
-        case 'I': o->save_on_interrupt = 1; break;
-        case 'Z': o->resume = optarg; break;
-        case 'h': usage(stdout); exit(0);
-        default: bad_option(argv[optind - 1]);
-        }
-    }
+    while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1)
+        apply_option(o, c, argc, argv);
     if (optind < argc)
         die("unexpected argument '%s' (see --help)", argv[optind]);
-    if (o->beta1 >= 1 || o->beta2 >= 1)
-        die("--beta1 and --beta2 must be below 1");
-    if (o->offload && !o->recompute)
-        die("--offload moves the layer inputs that --recompute keeps: give both");
-    if (o->offload_chunk_mib && !o->offload_optimizer)
-        die("--offload-chunk-mib sizes the stream of --offload-optimizer: give both");
-    if (o->offload_optimizer && o->model.zero_stage)
-        die("--offload-optimizer and --zero do not combine: ZeRO already shards the optimizer "
-            "state over the ranks");
-    if (o->offload_optimizer)
-        o->model.offload_chunk_bytes =
-            (uint64_t)((o->offload_chunk_mib ? o->offload_chunk_mib : TRAIN_OFFLOAD_CHUNK_MIB) *
-                       1048576.0);
-    if (o->model.optimizer_in_backward && o->clip > 0)
-        die("--optimizer-in-backward updates each layer group before the others have gradients, "
-            "so it cannot clip by their global norm: give --clip 0");
-    if (o->model.optimizer_in_backward && o->accum > 1)
-        die("--optimizer-in-backward updates each layer group with the gradients of one "
-            "micro-batch: give --accum 1");
-    check_distill(o);
-    check_preference(o);
-    if ((o->save_every || o->save_on_interrupt) && !o->save)
-        die("--save-every and --save-on-interrupt need --save FILE");
-    if (o->lora_merge && !o->model.lora_rank && !o->init_adapter)
-        die("--lora-merge merges LoRA adapters: give --lora R or --init-adapter DIR");
-    if (o->model.lora_rank && o->model.lora_alpha == 0)
-        o->model.lora_alpha = (float)o->model.lora_rank;
-    o->model.max_seq = o->seq;
-    check_paths(o);
+    check_options(o);
 }
 
 /* One shape field from config.json: an explicit option must agree with it. */
