@@ -79,10 +79,6 @@ static llmcl_status check_act(llmcl_ctx *ctx, llmcl_activation act)
 }
 
 /*
- * Launches glu_fwd (3 operands: g, u, o) or glu_bwd (5: dy, g, u, dg, du) over n_rows x cols;
- * the first n_in operands are inputs, the rest outputs. Unused operands repeat a used one.
- */
-/*
  * Where the device cuts loops short, at least as many column groups (of all0) as keep a
  * work-item's loops within the budget (llmcl__loop_budget's count): its trips over the rows
  * (row_items apart), and in each its trips over the columns, each with UNROLL loads and updates,
@@ -104,84 +100,129 @@ static llmcl_status fit_loops(llmcl_ctx *ctx, const char *key, int64_t n_rows, i
     return LLMCL_OK;
 }
 
+/* The launch's tunables: the defaults, then a tuning entry for the row length; checked. */
+static llmcl_status glu_params(llmcl_ctx *ctx, const char *key, llmcl_dtype dtype, int64_t cols,
+                               llmcl__params *p)
+{
+    /* NVIDIA (measured on an H100, docs/PERFORMANCE.md): groups of 128 and streaming stores move
+     * 3.0 TB/s on SwiGLU forward where 256 and plain stores move 2.96. */
+    const bool nv = ctx->info.vendor_id == LLMCL_VENDOR_NVIDIA;
+    llmcl__param_set(p, "WG", nv ? 128 : 256);
+    llmcl__param_set(p, "VEC", dtype == LLMCL_F32 ? 4 : 8);
+    llmcl__param_set(p, "UNROLL", 1);
+    llmcl__param_set(p, "HINT", nv ? 2 : 0);
+    char cls[16];
+    llmcl__shape_class(cols, cls);
+    llmcl__params_lookup(ctx, key, dtype, cls, p);
+    const long vec = llmcl__param_get(p, "VEC", 4), unroll = llmcl__param_get(p, "UNROLL", 1),
+               hint = llmcl__param_get(p, "HINT", 0);
+    LLMCL__REQUIRE(ctx,
+                   (vec == 1 || vec == 2 || vec == 4 || vec == 8) && unroll >= 1 && unroll <= 8 &&
+                       hint >= 0 && hint <= 3,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "%s: tuned VEC %ld, UNROLL %ld or HINT %ld out of range",
+                   key, vec, unroll, hint);
+    return LLMCL_OK;
+}
+
+/* The rows as the kernel walks them, and what the operands allow it to assume. */
+typedef struct glu_layout {
+    int64_t n_rows, cols;
+    bool aligned, noalias;
+} glu_layout;
+
+/*
+ * Rows that follow each other in every operand make one long row (a flat 1-D launch; their row
+ * strides become 0). Aligned: every row starts on a vector; noalias: no output is an input.
+ */
+static glu_layout layout_of(glu_operand *ops, int n_ops, int n_in, int64_t n_rows, int64_t cols,
+                            long vec)
+{
+    glu_layout l = {.n_rows = n_rows, .cols = cols, .noalias = true};
+    bool flat = n_rows > 1;
+    for (int i = 0; i < n_ops; ++i)
+        flat = flat && ops[i].rs == cols;
+    if (flat) {
+        l.cols *= n_rows;
+        l.n_rows = 1;
+        for (int i = 0; i < n_ops; ++i)
+            ops[i].rs = 0;
+    }
+    l.aligned = l.cols % vec == 0;
+    for (int i = 0; i < n_ops; ++i) {
+        l.aligned = l.aligned && ops[i].off % vec == 0 && ops[i].rs % vec == 0;
+        for (int j = n_in; i < n_in && j < n_ops; ++j)
+            l.noalias = l.noalias && ops[i].mem != ops[j].mem;
+    }
+    return l;
+}
+
+static llmcl_status glu_build(llmcl_ctx *ctx, const char *kname, llmcl_activation act,
+                              bool has_up, llmcl_dtype dtype, const glu_layout *l, long vec,
+                              const llmcl__params *p, cl_kernel *kernel)
+{
+    llmcl__defines d = {0};
+    llmcl__define_str(&d, "DT", llmcl__dtype_macro(dtype));
+    llmcl__define_int(&d, "ACT", (long long)act);
+    llmcl__define_int(&d, "HAS_UP", has_up);
+    llmcl__define_int(&d, "ALIGNED", l->aligned);
+    llmcl__define_int(&d, "NOALIAS", l->noalias);
+    llmcl__define_int(&d, "RAW16", l->aligned && vec == 8);
+    llmcl__define_int(&d, "FAST", dtype != LLMCL_F32);
+    llmcl__params_define(p, &d);
+    return llmcl__kernel(ctx, LLMCL_FAMILY_GLU, &d, kname, kernel);
+}
+
+/*
+ * Work-groups of wg work-items, columns first: narrow rows leave room for several rows. Beyond
+ * 2048 groups a compute unit over columns, or 65535 over rows (some devices cap the second
+ * dimension), the kernel strides over the grid; where loops are cut short, fit_loops widens it.
+ */
+static llmcl_status glu_grid(llmcl_ctx *ctx, const char *key, const glu_layout *l, size_t wg,
+                             long vec, long unroll, size_t local[2], size_t global[2])
+{
+    const int64_t slots = l->cols / vec + (l->cols % vec ? 1 : 0);
+    size_t l0 = llmcl__pow2_ceil((size_t)llmcl__div_up(slots, unroll));
+    if (l0 > wg)
+        l0 = wg;
+    size_t l1 = wg / l0;
+    if ((int64_t)l1 > l->n_rows)
+        l1 = (size_t)l->n_rows;
+    const int64_t all0 = llmcl__div_up(slots, (int64_t)l0 * unroll);
+    int64_t groups0 = all0;
+    const int64_t max_groups0 =
+        (int64_t)(ctx->info.compute_units ? ctx->info.compute_units : 1) * 2048;
+    if (groups0 > max_groups0)
+        groups0 = max_groups0;
+    int64_t groups1 = llmcl__div_up(l->n_rows, (int64_t)l1);
+    if (groups1 > 65535)
+        groups1 = 65535;
+    LLMCL__TRY(fit_loops(ctx, key, l->n_rows, (int64_t)groups1 * l1, all0, unroll, vec, &groups0));
+    local[0] = l0;
+    local[1] = l1;
+    global[0] = (size_t)groups0 * l0;
+    global[1] = (size_t)groups1 * l1;
+    return LLMCL_OK;
+}
+
+/*
+ * Launches glu_fwd (3 operands: g, u, o) or glu_bwd (5: dy, g, u, dg, du) over n_rows x cols;
+ * the first n_in operands are inputs, the rest outputs. Unused operands repeat a used one.
+ */
 static llmcl_status glu_launch(llmcl_ctx *ctx, const char *key, const char *kname,
                                llmcl_activation act, bool has_up, llmcl_dtype dtype,
                                glu_operand *ops, int n_ops, int n_in, int64_t n_rows, int64_t cols)
 {
     if (n_rows == 0 || cols == 0)
         return LLMCL_OK;
-
     llmcl__params p = {0};
-    /* NVIDIA (measured on an H100, docs/PERFORMANCE.md): groups of 128 and streaming stores move
-     * 3.0 TB/s on SwiGLU forward where 256 and plain stores move 2.96. */
-    const bool nv = ctx->info.vendor_id == LLMCL_VENDOR_NVIDIA;
-    llmcl__param_set(&p, "WG", nv ? 128 : 256);
-    llmcl__param_set(&p, "VEC", dtype == LLMCL_F32 ? 4 : 8);
-    llmcl__param_set(&p, "UNROLL", 1);
-    llmcl__param_set(&p, "HINT", nv ? 2 : 0);
-    char cls[16];
-    llmcl__shape_class(cols, cls);
-    llmcl__params_lookup(ctx, key, dtype, cls, &p);
-
-    long vec = llmcl__param_get(&p, "VEC", 4);
-    const long unroll = llmcl__param_get(&p, "UNROLL", 1), hint = llmcl__param_get(&p, "HINT", 0);
-    LLMCL__REQUIRE(ctx,
-                   (vec == 1 || vec == 2 || vec == 4 || vec == 8) && unroll >= 1 && unroll <= 8 &&
-                       hint >= 0 && hint <= 3,
-                   LLMCL_ERROR_INVALID_ARGUMENT, "%s: tuned VEC %ld, UNROLL %ld or HINT %ld out of range",
-                   key, vec, unroll, hint);
-
-    /* Rows that follow each other in every operand make one long row: a flat 1-D launch. */
-    bool flat = n_rows > 1;
-    for (int i = 0; i < n_ops; ++i)
-        flat = flat && ops[i].rs == cols;
-    if (flat) {
-        cols *= n_rows;
-        n_rows = 1;
-        for (int i = 0; i < n_ops; ++i)
-            ops[i].rs = 0;
-    }
-    bool aligned = cols % vec == 0, noalias = true;
-    for (int i = 0; i < n_ops; ++i) {
-        aligned = aligned && ops[i].off % vec == 0 && ops[i].rs % vec == 0;
-        for (int j = n_in; i < n_in && j < n_ops; ++j)
-            noalias = noalias && ops[i].mem != ops[j].mem;
-    }
-
-    llmcl__defines d = {0};
-    llmcl__define_str(&d, "DT", llmcl__dtype_macro(dtype));
-    llmcl__define_int(&d, "ACT", (long long)act);
-    llmcl__define_int(&d, "HAS_UP", has_up);
-    llmcl__define_int(&d, "ALIGNED", aligned);
-    llmcl__define_int(&d, "NOALIAS", noalias);
-    llmcl__define_int(&d, "RAW16", aligned && vec == 8);
-    llmcl__define_int(&d, "FAST", dtype != LLMCL_F32);
-    llmcl__params_define(&p, &d);
+    LLMCL__TRY(glu_params(ctx, key, dtype, cols, &p));
+    const long vec = llmcl__param_get(&p, "VEC", 4), unroll = llmcl__param_get(&p, "UNROLL", 1);
+    const glu_layout l = layout_of(ops, n_ops, n_in, n_rows, cols, vec);
     cl_kernel kernel;
-    LLMCL__TRY(llmcl__kernel(ctx, LLMCL_FAMILY_GLU, &d, kname, &kernel));
-
+    LLMCL__TRY(glu_build(ctx, kname, act, has_up, dtype, &l, vec, &p, &kernel));
     const size_t wg = llmcl__kernel_wg_cap(ctx, kernel, (size_t)llmcl__param_get(&p, "WG", 256));
-
-    /* Columns first; narrow rows leave room in the work-group for several rows. */
-    const int64_t slots = cols / vec + (cols % vec ? 1 : 0);
-    size_t l0 = llmcl__pow2_ceil((size_t)llmcl__div_up(slots, unroll));
-    if (l0 > wg)
-        l0 = wg;
-    size_t l1 = wg / l0;
-    if ((int64_t)l1 > n_rows)
-        l1 = (size_t)n_rows;
-    const int64_t all0 = llmcl__div_up(slots, (int64_t)l0 * unroll);
-    int64_t groups0 = all0;
-    const int64_t max_groups0 =
-        (int64_t)(ctx->info.compute_units ? ctx->info.compute_units : 1) * 2048;
-    if (groups0 > max_groups0) /* grid-stride over columns beyond that */
-        groups0 = max_groups0;
-    int64_t groups1 = llmcl__div_up(n_rows, (int64_t)l1);
-    if (groups1 > 65535) /* grid-stride over rows; some devices cap the second dimension */
-        groups1 = 65535;
-    LLMCL__TRY(fit_loops(ctx, key, n_rows, (int64_t)groups1 * l1, all0, unroll, vec, &groups0));
-    const size_t local[2] = {l0, l1};
-    const size_t global[2] = {(size_t)groups0 * l0, (size_t)groups1 * l1};
+    size_t local[2], global[2];
+    LLMCL__TRY(glu_grid(ctx, key, &l, wg, vec, unroll, local, global));
 
     llmcl__args a = llmcl__args_begin(ctx, kernel);
     for (int i = 0; i < n_ops; ++i) {
@@ -190,8 +231,8 @@ static llmcl_status glu_launch(llmcl_ctx *ctx, const char *key, const char *knam
         llmcl__arg(&a, sizeof off, &off);
         llmcl__arg_i64(&a, ops[i].rs);
     }
-    llmcl__arg_i64(&a, n_rows);
-    llmcl__arg_i64(&a, cols);
+    llmcl__arg_i64(&a, l.n_rows);
+    llmcl__arg_i64(&a, l.cols);
     return llmcl__launch(&a, 2, global, local);
 }
 
