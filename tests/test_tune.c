@@ -7,7 +7,7 @@
  * before the reference reaching every buffer set, and llmcl-tune
  * --quick end to end: its file is valid, a context picks it up, and the launches use its
  * parameters. The tuner's kernel table and the built-in tuning files name only the kernel keys and
- * families of llmcl_kernels.h.
+ * families of llmcl_kernels.h. The tools' whole-or-absent file writes (util_replace_file).
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -997,6 +997,75 @@ static void test_tool_end_to_end(void **state)
     json_decref(root);
 }
 
+/* The text of a small file, or "" where it cannot be read. */
+static const char *read_text(const char *path)
+{
+    static char buf[256];
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (f) {
+        buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
+        fclose(f);
+    }
+    return buf;
+}
+
+/* Files of tmp_dir whose names start with prefix. */
+static int files_starting(const char *prefix)
+{
+    DIR *d = opendir(tmp_dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+static bool write_new(FILE *f, void *arg)
+{
+    (void)arg;
+    return fputs("new", f) >= 0;
+}
+
+/* Writes half and fails, as a JSON dump that runs out of memory would. */
+static bool write_half_then_fail(FILE *f, void *arg)
+{
+    (void)arg;
+    fputs("ne", f);
+    return false;
+}
+
+static void test_replace_file(void **state)
+{
+    (void)state;
+    char why[512];
+    const char *path = tmp_path("replaced.json");
+    write_text(path, "old");
+    assert_true(util_replace_file(path, write_new, NULL, why, sizeof why));
+    assert_string_equal(read_text(path), "new");
+    assert_int_equal(files_starting("replaced.json"), 1);
+
+    /* A writer that fails leaves the last good file, and nothing beside it. */
+    why[0] = '\0';
+    assert_false(util_replace_file(path, write_half_then_fail, NULL, why, sizeof why));
+    assert_string_equal(read_text(path), "new");
+    assert_non_null(strstr(why, "cannot write"));
+    assert_int_equal(files_starting("replaced.json"), 1);
+
+    /* A folder in the way: the rename fails, and the new file is removed. */
+    const char *dir = tmp_path("a_folder.json");
+    assert_int_equal(mkdir(dir, 0700), 0);
+    write_text(tmp_path("a_folder.json/inside"), "x");
+    assert_false(util_replace_file(dir, write_new, NULL, why, sizeof why));
+    assert_non_null(strstr(why, "cannot rename"));
+    assert_int_equal(files_starting("a_folder.json"), 1);
+
+    /* No folder to write in. */
+    assert_false(util_replace_file(tmp_path("missing/x.json"), write_new, NULL, why, sizeof why));
+    assert_non_null(strstr(why, "cannot create"));
+}
+
 typedef struct known_key {
     const char *family, *key;
 } known_key;
@@ -1083,6 +1152,7 @@ int main(void)
         cmocka_unit_test(test_restrict_space), cmocka_unit_test(test_tool_end_to_end),
         cmocka_unit_test(test_tuner_spells_known_keys),
         cmocka_unit_test(test_builtin_files_spell_known_keys),
+        cmocka_unit_test(test_replace_file),
     };
     int rc = TH_RUN(tests);
     char cmd[128];

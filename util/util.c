@@ -4,9 +4,12 @@
  */
 #include "util/util.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 uint64_t util_mix64(uint64_t z)
 {
@@ -67,4 +70,33 @@ bool util_parse_double(const char *s, double lo, double hi, double *out)
         return false;
     *out = v;
     return true;
+}
+
+bool util_replace_file(const char *path, bool (*write)(FILE *f, void *arg), void *arg, char *why,
+                       size_t n)
+{
+    char tmp[4200];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
+        snprintf(why, n, "cannot write %s: the path is too long", path);
+        return false;
+    }
+    FILE *f = fopen(tmp, "wb");
+    if (f == NULL) {
+        snprintf(why, n, "cannot create %s: %s", tmp, strerror(errno));
+        return false;
+    }
+    errno = 0;
+    bool ok = write(f, arg) && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int err = errno;
+    if (fclose(f) != 0 && ok)
+        ok = false, err = errno;
+    if (!ok)
+        snprintf(why, n, "cannot write %s: %s", tmp, err ? strerror(err) : "the writer failed");
+    else if (rename(tmp, path) != 0) {
+        snprintf(why, n, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        ok = false;
+    }
+    if (!ok)
+        remove(tmp);
+    return ok;
 }

@@ -1,7 +1,7 @@
 /*
  * util.h: what the tests (tests/harness.c) and the tools (llmcl-bench, llmcl-tune) share and the
- * library does not: returning a failed llmcl_status, seeded random numbers, a monotonic clock and
- * the parsing of command-line numbers.
+ * library does not: returning a failed llmcl_status, seeded random numbers, a monotonic clock,
+ * the parsing of command-line numbers and replacing a file whole.
  * Built once as the static library llmcl_util (util/meson.build); llmcl-train links it too (it is
  * no part of the library: the trainer still reaches llmcl through the public API alone).
  */
@@ -9,7 +9,9 @@
 #define LLMCL_UTIL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "llmcl.h"
 
@@ -57,5 +59,13 @@ double util_now_s(void);
    written only where it is. */
 bool util_parse_long(const char *s, long lo, long hi, long *out);
 bool util_parse_double(const char *s, double lo, double hi, double *out);
+
+/*
+ * Writes path whole or not at all: write(f, arg) fills a new file beside it (path.tmp.<pid>),
+ * which is flushed to disk, closed and renamed over path. On any failure that file is removed,
+ * path stays as it was, and why (n bytes) says what failed.
+ */
+bool util_replace_file(const char *path, bool (*write)(FILE *f, void *arg), void *arg, char *why,
+                       size_t n);
 
 #endif

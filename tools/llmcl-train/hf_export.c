@@ -97,15 +97,18 @@ static void finish(export_file *f)
     free(f->bufs);
 }
 
-/* root as dir/name, whole or not at all: written beside it, then renamed over it. */
+static bool dump_json(FILE *f, void *root)
+{
+    return json_dumpf(root, f, JSON_INDENT(2) | JSON_REAL_PRECISION(15)) == 0;
+}
+
+/* root as dir/name, whole or not at all (util_replace_file). */
 static void write_json(json_t *root, const char *dir, const char *name)
 {
-    char path[2200], tmp[2210];
+    char path[2200], why[2600];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    if (json_dump_file(root, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(15)) != 0 ||
-        rename(tmp, path) != 0)
-        die("cannot write %s: %s", path, strerror(errno));
+    if (!util_replace_file(path, dump_json, root, why, sizeof why))
+        die("%s", why);
     json_decref(root);
 }
 

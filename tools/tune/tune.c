@@ -866,6 +866,11 @@ static bool same_entry(json_t *e, const tune_result *r)
            strcasecmp(d, llmcl_dtype_name(r->dtype)) == 0 && strcmp(s, r->shape_class) == 0;
 }
 
+static bool dump_json(FILE *f, void *root)
+{
+    return json_dumpf(root, f, JSON_INDENT(2) | JSON_REAL_PRECISION(6)) == 0;
+}
+
 bool tune_write_json(const char *path, llmcl_ctx *ctx, const tune_result *results, int n,
                      const tune_options *o, bool merge, char *why, size_t why_len)
 {
@@ -952,16 +957,7 @@ bool tune_write_json(const char *path, llmcl_ctx *ctx, const tune_result *result
     json_object_set_new(tuner, "max_candidates", json_integer(o->max_candidates));
     json_object_set_new(root, "tuner", tuner);
     json_object_set_new(root, "entries", entries);
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
-    bool ok = json_dump_file(root, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(6)) == 0;
-    if (!ok)
-        snprintf(why, why_len, "cannot write %s: %s", tmp, strerror(errno));
-    else if (rename(tmp, path) != 0) {
-        snprintf(why, why_len, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        remove(tmp);
-        ok = false;
-    }
+    const bool ok = util_replace_file(path, dump_json, root, why, why_len);
     json_decref(root);
     return ok;
 }
