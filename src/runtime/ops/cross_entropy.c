@@ -309,7 +309,6 @@ typedef struct ce_rows_job {
     const llmcl_tensor *lse; /* indexed by global row */
 } ce_rows_job;
 
-/* One work-group per row, or the vocabulary split into several when rows are few. */
 /* The arguments ce_rows and ce_grad share, in their order: rows, labels, options, LSE. */
 static void arg_row_terms(llmcl__args *a, const ce_run *r, const ce_rows_job *j)
 {
@@ -331,57 +330,61 @@ static void arg_row_terms(llmcl__args *a, const ce_run *r, const ce_rows_job *j)
     llmcl__arg_tensor(a, j->lse);
 }
 
-static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
+/* Each row in one work-group: its LSE, loss and (with grad) its gradient in one pass. */
+static llmcl_status ce_rows_whole(ce_run *r, const ce_rows_job *j, size_t wg)
 {
-    llmcl_ctx *ctx = r->ctx;
-    const int64_t splits = row_splits(r, j->nrows);
-    const size_t wg = (size_t)llmcl__param_get(&r->rp, "WG", 64);
-    const llmcl_ce_options *o = &r->o;
     cl_kernel k;
-    if (splits == 1) {
-        LLMCL__TRY(row_kernel(r, "ce_rows", &k));
-        llmcl__args a = llmcl__args_begin(ctx, k);
-        arg_row_terms(&a, r, j);
-        arg_buf(&a, r->rows->mem);
-        llmcl__arg_i64(&a, r->n);
-        llmcl__arg_i32(&a, j->grad);
-        llmcl__arg_mem(&a, j->grad ? j->dx : NULL, j->dxoff);
-        llmcl__arg_i64(&a, j->dxstride);
-        const size_t g = (size_t)j->nrows * wg;
-        return llmcl__launch(&a, 1, &g, &wg);
-    }
+    LLMCL__TRY(row_kernel(r, "ce_rows", &k));
+    llmcl__args a = llmcl__args_begin(r->ctx, k);
+    arg_row_terms(&a, r, j);
+    arg_buf(&a, r->rows->mem);
+    llmcl__arg_i64(&a, r->n);
+    llmcl__arg_i32(&a, j->grad);
+    llmcl__arg_mem(&a, j->grad ? j->dx : NULL, j->dxoff);
+    llmcl__arg_i64(&a, j->dxstride);
+    const size_t g = (size_t)j->nrows * wg;
+    return llmcl__launch(&a, 1, &g, &wg);
+}
 
-    LLMCL__TRY(check_merge_loops(r, splits));
-    llmcl_status st;
-    llmcl_tensor *part = NULL;
-    const int64_t np = j->nrows * splits * 3;
-    LLMCL__TRY(llmcl__scratch(ctx, LLMCL_F32, 1, &np, "cross-entropy vocabulary partials", &part));
-    const size_t g2[2] = {(size_t)splits * wg, (size_t)j->nrows}, l2[2] = {wg, 1};
-
-    LLMCL__TRY_GOTO(st, row_kernel(r, "ce_partial", &k), done);
-    llmcl__args a = llmcl__args_begin(ctx, k);
+/* ce_partial: each of a row's splits of the vocabulary, its max and sums into part. */
+static llmcl_status ce_partials(ce_run *r, const ce_rows_job *j, const llmcl_tensor *part,
+                                int64_t splits, const size_t g2[2], const size_t l2[2])
+{
+    cl_kernel k;
+    LLMCL__TRY(row_kernel(r, "ce_partial", &k));
+    llmcl__args a = llmcl__args_begin(r->ctx, k);
     llmcl__arg_i32(&a, ce_flags(r, false));
     llmcl__arg_mem(&a, j->x, j->xoff);
     llmcl__arg_i64(&a, j->xstride);
     llmcl__arg_i64(&a, r->v);
     arg_weight(&a, r);
     arg_buf(&a, r->stats->mem);
-    llmcl__arg_f32(&a, o->softcap);
+    llmcl__arg_f32(&a, r->o.softcap);
     arg_buf(&a, part->mem);
     llmcl__arg_i64(&a, 0);
     llmcl__arg_i64(&a, splits);
-    LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
+    return llmcl__launch(&a, 2, g2, l2);
+}
 
-    LLMCL__TRY_GOTO(st, row_kernel(r, "ce_combine", &k), done);
-    a = llmcl__args_begin(ctx, k);
+/*
+ * ce_combine: each row's partials over its nslots slots merged in order into its LSE and loss. Its
+ * target logit is read from the logits (j->x) or, where the fused product wrote it, from xyb.
+ */
+static llmcl_status ce_combine(ce_run *r, const ce_rows_job *j, const llmcl_tensor *part,
+                               int64_t nslots, const llmcl_tensor *xyb)
+{
+    cl_kernel k;
+    LLMCL__TRY(row_kernel(r, "ce_combine", &k));
+    const llmcl_ce_options *o = &r->o;
+    llmcl__args a = llmcl__args_begin(r->ctx, k);
     llmcl__arg_i32(&a, ce_flags(r, false));
     arg_buf(&a, part->mem);
-    llmcl__arg_i64(&a, splits);
+    llmcl__arg_i64(&a, nslots);
     llmcl__arg_i64(&a, j->nrows);
     llmcl__arg_mem(&a, j->x, j->xoff);
     llmcl__arg_i64(&a, j->xstride);
-    llmcl__arg_i32(&a, 0);
-    arg_buf(&a, NULL);
+    llmcl__arg_i32(&a, xyb != NULL);
+    arg_buf(&a, xyb ? xyb->mem : NULL);
     llmcl__arg_tensor(&a, r->labels);
     llmcl__arg_i64(&a, j->row0);
     arg_weight(&a, r);
@@ -395,18 +398,41 @@ static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
     arg_buf(&a, r->rows->mem);
     llmcl__arg_i64(&a, r->n);
     const size_t g1 = (size_t)j->nrows, l1 = 64;
-    LLMCL__TRY_GOTO(st, llmcl__launch(&a, 1, &g1, &l1), done);
+    return llmcl__launch(&a, 1, &g1, &l1);
+}
 
-    if (j->grad) {
-        LLMCL__TRY_GOTO(st, row_kernel(r, "ce_grad", &k), done);
-        a = llmcl__args_begin(ctx, k);
-        arg_row_terms(&a, r, j);
-        llmcl__arg_mem(&a, j->dx, j->dxoff);
-        llmcl__arg_i64(&a, j->dxstride);
-        LLMCL__TRY_GOTO(st, llmcl__launch(&a, 2, g2, l2), done);
-    }
-    st = LLMCL_OK;
-done:
+/* ce_grad: each split's part of a row's gradient, from the row's LSE. */
+static llmcl_status ce_grad(ce_run *r, const ce_rows_job *j, const size_t g2[2],
+                            const size_t l2[2])
+{
+    cl_kernel k;
+    LLMCL__TRY(row_kernel(r, "ce_grad", &k));
+    llmcl__args a = llmcl__args_begin(r->ctx, k);
+    arg_row_terms(&a, r, j);
+    llmcl__arg_mem(&a, j->dx, j->dxoff);
+    llmcl__arg_i64(&a, j->dxstride);
+    return llmcl__launch(&a, 2, g2, l2);
+}
+
+/* One work-group per row, or the vocabulary split into several when rows are few. */
+static llmcl_status ce_rows_run(ce_run *r, const ce_rows_job *j)
+{
+    const int64_t splits = row_splits(r, j->nrows);
+    const size_t wg = (size_t)llmcl__param_get(&r->rp, "WG", 64);
+    if (splits == 1)
+        return ce_rows_whole(r, j, wg);
+
+    LLMCL__TRY(check_merge_loops(r, splits));
+    llmcl_tensor *part = NULL;
+    const int64_t np = j->nrows * splits * 3;
+    LLMCL__TRY(
+        llmcl__scratch(r->ctx, LLMCL_F32, 1, &np, "cross-entropy vocabulary partials", &part));
+    const size_t g2[2] = {(size_t)splits * wg, (size_t)j->nrows}, l2[2] = {wg, 1};
+    llmcl_status st = ce_partials(r, j, part, splits, g2, l2);
+    if (st == LLMCL_OK)
+        st = ce_combine(r, j, part, splits, NULL);
+    if (st == LLMCL_OK && j->grad)
+        st = ce_grad(r, j, g2, l2);
     llmcl_tensor_destroy(part);
     return st;
 }
@@ -835,31 +861,8 @@ static llmcl_status fused_combine(ce_run *r, const llmcl_tensor *part, int64_t n
                                   const llmcl_tensor *xyb, llmcl_tensor *lse)
 {
     LLMCL__TRY(check_merge_loops(r, nslots));
-    cl_kernel k;
-    LLMCL__TRY(row_kernel(r, "ce_combine", &k));
-    llmcl__args a = llmcl__args_begin(r->ctx, k);
-    llmcl__arg_i32(&a, ce_flags(r, false));
-    arg_buf(&a, part->mem);
-    llmcl__arg_i64(&a, nslots);
-    llmcl__arg_i64(&a, r->n);
-    llmcl__arg_mem(&a, NULL, 0);
-    llmcl__arg_i64(&a, 0);
-    llmcl__arg_i32(&a, 1);
-    arg_buf(&a, xyb->mem);
-    llmcl__arg_tensor(&a, r->labels);
-    llmcl__arg_i64(&a, 0);
-    arg_weight(&a, r);
-    arg_buf(&a, r->stats->mem);
-    llmcl__arg_i64(&a, r->v);
-    llmcl__arg_i64(&a, r->ignore);
-    llmcl__arg_f32(&a, r->o.label_smoothing);
-    llmcl__arg_f32(&a, r->o.lse_square_scale);
-    llmcl__arg_f32(&a, r->o.softcap);
-    llmcl__arg_tensor(&a, lse);
-    arg_buf(&a, r->rows->mem);
-    llmcl__arg_i64(&a, r->n);
-    const size_t g1 = (size_t)r->n, l1 = 64;
-    return llmcl__launch(&a, 1, &g1, &l1);
+    const ce_rows_job j = {.nrows = r->n, .lse = lse};
+    return ce_combine(r, &j, part, nslots, xyb);
 }
 
 /* The fused backward's per-row coefficients (A, B, C, lse) with the upstream gradient in. */
