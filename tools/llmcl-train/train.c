@@ -544,6 +544,19 @@ static void check_preference(options *o)
     o->data_format = DATA_PAIRS;
 }
 
+/* A model option's value (optarg): given on the command line, it must agree with config.json. */
+static int given_int(options *o, int opt, const char *name, long lo, long hi)
+{
+    o->given |= 1u << opt;
+    return (int)parse_int(name, optarg, lo, hi);
+}
+
+static double given_num(options *o, int opt, const char *name, double lo)
+{
+    o->given |= 1u << opt;
+    return parse_num(name, optarg, lo);
+}
+
 /* One option from getopt_long (c, with optarg) into o; 'C' may look at the next argument. */
 static void apply_option(options *o, int c, int argc, char **argv)
 {
@@ -591,13 +604,9 @@ static void apply_option(options *o, int c, int argc, char **argv)
         set_arch(&o->model, optarg);
         o->given |= 1u << OPT_ARCH;
         break;
-    case LONG_HEAD_DIM:
-        o->model.head_dim = (int)parse_int("head-dim", optarg, 1, 4096);
-        o->given |= 1u << OPT_HEAD_DIM;
-        break;
+    case LONG_HEAD_DIM: o->model.head_dim = given_int(o, OPT_HEAD_DIM, "head-dim", 1, 4096); break;
     case LONG_SLIDING_WINDOW:
-        o->model.sliding_window = (int)parse_int("sliding-window", optarg, 0, 1 << 30);
-        o->given |= 1u << OPT_WINDOW;
+        o->model.sliding_window = given_int(o, OPT_WINDOW, "sliding-window", 0, 1 << 30);
         break;
     case LONG_EXPORT_SHARD_GB:
         o->export_shard_gb = parse_num("export-shard-gb", optarg, 1e-9);
@@ -607,26 +616,11 @@ static void apply_option(options *o, int c, int argc, char **argv)
         break;
     case 'V': o->val = optarg; break;
     case 'P': break;
-    case 'd':
-        o->model.dim = (int)parse_int("dim", optarg, 1, 1 << 20);
-        o->given |= 1u << OPT_DIM;
-        break;
-    case 'L':
-        o->model.layers = (int)parse_int("layers", optarg, 1, 4096);
-        o->given |= 1u << OPT_LAYERS;
-        break;
-    case 'H':
-        o->model.heads = (int)parse_int("heads", optarg, 1, 4096);
-        o->given |= 1u << OPT_HEADS;
-        break;
-    case 'K':
-        o->model.kv_heads = (int)parse_int("kv-heads", optarg, 1, 4096);
-        o->given |= 1u << OPT_KV_HEADS;
-        break;
-    case 'F':
-        o->model.ffn = (int)parse_int("ffn", optarg, 1, 1 << 22);
-        o->given |= 1u << OPT_FFN;
-        break;
+    case 'd': o->model.dim = given_int(o, OPT_DIM, "dim", 1, 1 << 20); break;
+    case 'L': o->model.layers = given_int(o, OPT_LAYERS, "layers", 1, 4096); break;
+    case 'H': o->model.heads = given_int(o, OPT_HEADS, "heads", 1, 4096); break;
+    case 'K': o->model.kv_heads = given_int(o, OPT_KV_HEADS, "kv-heads", 1, 4096); break;
+    case 'F': o->model.ffn = given_int(o, OPT_FFN, "ffn", 1, 1 << 22); break;
     case 'v':
         o->model.vocab = (int)parse_int("vocab", optarg, 2, 1 << 24);
         o->vocab_given = 1;
@@ -636,26 +630,14 @@ static void apply_option(options *o, int c, int argc, char **argv)
         o->model.tied = 0;
         o->given |= 1u << OPT_UNTIED;
         break;
-    case 'r':
-        o->model.rope_theta = parse_num("rope-theta", optarg, 1);
-        o->given |= 1u << OPT_ROPE_THETA;
-        break;
-    case 'R':
-        o->model.rope_llama3_factor = parse_num("rope-llama3", optarg, 0);
-        o->given |= 1u << OPT_ROPE_LLAMA3;
-        break;
+    case 'r': o->model.rope_theta = given_num(o, OPT_ROPE_THETA, "rope-theta", 1); break;
+    case 'R': o->model.rope_llama3_factor = given_num(o, OPT_ROPE_LLAMA3, "rope-llama3", 0); break;
     case 't': o->model.dtype = parse_dtype("dtype", optarg, true); break;
     case 'i': o->init_from = optarg; break;
     case 'x': o->export_dir = optarg; break;
     case 'X': o->export_dtype = parse_dtype("export-dtype", optarg, false); break;
-    case 'k':
-        o->model.lora_rank = (int)parse_int("lora", optarg, 0, 1 << 16);
-        o->given |= 1u << OPT_LORA;
-        break;
-    case 'A':
-        o->model.lora_alpha = (float)parse_num("lora-alpha", optarg, 0);
-        o->given |= 1u << OPT_LORA_ALPHA;
-        break;
+    case 'k': o->model.lora_rank = given_int(o, OPT_LORA, "lora", 0, 1 << 16); break;
+    case 'A': o->model.lora_alpha = (float)given_num(o, OPT_LORA_ALPHA, "lora-alpha", 0); break;
     case 'G':
         o->model.lora_targets = parse_targets(optarg);
         o->given |= 1u << OPT_LORA_TARGETS;
