@@ -115,87 +115,75 @@ typedef struct rope_call {
     float theta, l3[6]; /* factor, low, high, original, low wavelength, high wavelength */
 } rope_call;
 
-static llmcl_status rope_validate(llmcl_ctx *ctx, const char *fn, const llmcl_tensor *q,
-                                  const char *qn, const llmcl_tensor *k, const char *kn,
-                                  const llmcl_rope_options *o, rope_call *c)
+/* A view q or k as the kernel walks it: D unit-stride, and no two elements at one address. */
+static llmcl_status check_view(llmcl_ctx *ctx, const rope_view *v, const char *name)
 {
-    LLMCL__TRY(llmcl__check_tensor(ctx, q, qn, LLMCL__FLOAT_DTYPES, 4, 4));
-    LLMCL__REQUIRE(ctx, o->layout == LLMCL_ROPE_BHTD || o->layout == LLMCL_ROPE_BTHD,
-                   LLMCL_ERROR_INVALID_ARGUMENT, "%s: layout %d is not an llmcl_rope_layout", fn,
-                   (int)o->layout);
-    LLMCL__REQUIRE(ctx, o->style == LLMCL_ROPE_HALF || o->style == LLMCL_ROPE_INTERLEAVED,
-                   LLMCL_ERROR_INVALID_ARGUMENT, "%s: style %d is not an llmcl_rope_style", fn,
-                   (int)o->style);
-    c->vq = rope_view_of(q, o->layout);
-    LLMCL__REQUIRE(ctx, c->vq.s[RD] == 1 || c->vq.n[RD] == 1, LLMCL_ERROR_INVALID_ARGUMENT,
-                   "%s: the D dimension must be unit-stride (stride %lld)", qn,
-                   (long long)c->vq.s[RD]);
-    LLMCL__REQUIRE(ctx, rope_no_self_overlap(&c->vq), LLMCL_ERROR_INVALID_ARGUMENT,
-                   "%s: its strides map several elements to one (it is written in place)", qn);
+    LLMCL__REQUIRE(ctx, v->s[RD] == 1 || v->n[RD] == 1, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s: the D dimension must be unit-stride (stride %lld)", name,
+                   (long long)v->s[RD]);
+    LLMCL__REQUIRE(ctx, rope_no_self_overlap(v), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s: its strides map several elements to one (it is written in place)", name);
+    return LLMCL_OK;
+}
+
+/* k beside q: q's dtype, B, T and D, its own heads (distinct from q's where they share memory). */
+static llmcl_status check_k(llmcl_ctx *ctx, const llmcl_tensor *q, const char *qn,
+                            const llmcl_tensor *k, const char *kn, const llmcl_rope_options *o,
+                            rope_call *c)
+{
     const char *layout_name = o->layout == LLMCL_ROPE_BHTD ? "[B, H, T, D]" : "[B, T, H, D]";
-    if (k) {
-        LLMCL__TRY(llmcl__check_tensor(ctx, k, kn, LLMCL__FLOAT_DTYPES, 4, 4));
-        LLMCL__REQUIRE(ctx, k->dtype == q->dtype, LLMCL_ERROR_UNSUPPORTED_DTYPE,
-                       "%s is %s but %s is %s: they must share a dtype", kn,
-                       llmcl_dtype_name(k->dtype), qn, llmcl_dtype_name(q->dtype));
-        c->vk = rope_view_of(k, o->layout);
-        LLMCL__REQUIRE(ctx,
-                       c->vk.n[RB] == c->vq.n[RB] && c->vk.n[RT] == c->vq.n[RT] &&
-                           c->vk.n[RD] == c->vq.n[RD],
-                       LLMCL_ERROR_SHAPE_MISMATCH,
-                       "%s %s and %s %s read as %s differ in B, T or D (only H may differ)", qn,
-                       llmcl__shape_text(q).s, kn, llmcl__shape_text(k).s, layout_name);
-        LLMCL__REQUIRE(ctx, c->vk.s[RD] == 1 || c->vk.n[RD] == 1, LLMCL_ERROR_INVALID_ARGUMENT,
-                       "%s: the D dimension must be unit-stride (stride %lld)", kn,
-                       (long long)c->vk.s[RD]);
-        LLMCL__REQUIRE(ctx, rope_no_self_overlap(&c->vk), LLMCL_ERROR_INVALID_ARGUMENT,
-                       "%s: its strides map several elements to one (it is written in place)", kn);
-        LLMCL__REQUIRE(ctx, !llmcl__overlaps(q, k) || rope_disjoint_heads(q, &c->vq, k, &c->vk),
-                       LLMCL_ERROR_INVALID_ARGUMENT,
-                       "%s and %s overlap: they must be distinct heads (e.g. of a packed QKV view)",
-                       qn, kn);
-    } else {
-        c->vk = c->vq;
-        c->vk.n[RH] = 0;
-    }
-
-    const int64_t d = c->vq.n[RD];
-    const int64_t rd = o->rotary_dim ? o->rotary_dim : d;
-    LLMCL__REQUIRE(ctx, rd > 0 && rd <= d && rd % 2 == 0, LLMCL_ERROR_INVALID_ARGUMENT,
-                   "%s: rotary_dim %lld must be even and in [2, D = %lld]", fn, (long long)rd,
-                   (long long)d);
-    c->pairs = rd / 2;
+    LLMCL__TRY(llmcl__check_tensor(ctx, k, kn, LLMCL__FLOAT_DTYPES, 4, 4));
+    LLMCL__REQUIRE(ctx, k->dtype == q->dtype, LLMCL_ERROR_UNSUPPORTED_DTYPE,
+                   "%s is %s but %s is %s: they must share a dtype", kn,
+                   llmcl_dtype_name(k->dtype), qn, llmcl_dtype_name(q->dtype));
+    c->vk = rope_view_of(k, o->layout);
     LLMCL__REQUIRE(ctx,
-                   c->vq.n[RB] * c->vq.n[RT] <= INT32_MAX && c->vq.n[RT] <= INT32_MAX &&
-                       c->vq.n[RH] + c->vk.n[RH] <= INT32_MAX,
-                   LLMCL_ERROR_OVERFLOW, "%s: B * T and Hq + Hk must fit in 32 bits", fn);
+                   c->vk.n[RB] == c->vq.n[RB] && c->vk.n[RT] == c->vq.n[RT] &&
+                       c->vk.n[RD] == c->vq.n[RD],
+                   LLMCL_ERROR_SHAPE_MISMATCH,
+                   "%s %s and %s %s read as %s differ in B, T or D (only H may differ)", qn,
+                   llmcl__shape_text(q).s, kn, llmcl__shape_text(k).s, layout_name);
+    LLMCL__TRY(check_view(ctx, &c->vk, kn));
+    LLMCL__REQUIRE(ctx, !llmcl__overlaps(q, k) || rope_disjoint_heads(q, &c->vq, k, &c->vk),
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s and %s overlap: they must be distinct heads (e.g. of a packed QKV view)", qn,
+                   kn);
+    return LLMCL_OK;
+}
 
-    c->tables = o->cos || o->sin;
-    if (c->tables) {
-        LLMCL__REQUIRE(ctx, o->cos && o->sin, LLMCL_ERROR_INVALID_ARGUMENT,
-                       "%s: opt->%s is set but opt->%s is NULL: pass both tables", fn,
-                       o->cos ? "cos" : "sin", o->cos ? "sin" : "cos");
-        LLMCL__REQUIRE(ctx, !o->positions, LLMCL_ERROR_INVALID_ARGUMENT,
-                       "%s: pass either cos/sin tables or positions, not both", fn);
-        LLMCL__TRY(check_table(ctx, o->cos, "opt->cos", &c->vq, c->pairs));
-        LLMCL__TRY(check_table(ctx, o->sin, "opt->sin", &c->vq, c->pairs));
-        const llmcl_tensor *ct = o->cos, *st = o->sin;
-        LLMCL__REQUIRE(ctx, ct->ndim == st->ndim, LLMCL_ERROR_SHAPE_MISMATCH,
-                       "%s: opt->cos and opt->sin differ in shape", fn);
-        LLMCL__REQUIRE(ctx,
-                       ct->strides[ct->ndim - 2] == st->strides[st->ndim - 2] &&
-                           (ct->ndim == 2 || ct->shape[0] <= 1 || ct->strides[0] == st->strides[0]),
-                       LLMCL_ERROR_INVALID_ARGUMENT,
-                       "%s: opt->cos and opt->sin must have the same strides", fn);
-        const llmcl_tensor *tabs[2] = {o->cos, o->sin};
-        for (int i = 0; i < 2; ++i)
-            LLMCL__REQUIRE(ctx,
-                           !llmcl__overlaps(tabs[i], q) && (!k || !llmcl__overlaps(tabs[i], k)),
-                           LLMCL_ERROR_INVALID_ARGUMENT, "%s: opt->%s overlaps %s or %s", fn,
-                           i ? "sin" : "cos", qn, kn);
-        return LLMCL_OK;
-    }
+/* The cos and sin tables: both, of one shape and strides, clear of q and k. */
+static llmcl_status check_tables(llmcl_ctx *ctx, const char *fn, const llmcl_tensor *q,
+                                 const char *qn, const llmcl_tensor *k, const char *kn,
+                                 const llmcl_rope_options *o, const rope_call *c)
+{
+    LLMCL__REQUIRE(ctx, o->cos && o->sin, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s: opt->%s is set but opt->%s is NULL: pass both tables", fn,
+                   o->cos ? "cos" : "sin", o->cos ? "sin" : "cos");
+    LLMCL__REQUIRE(ctx, !o->positions, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s: pass either cos/sin tables or positions, not both", fn);
+    LLMCL__TRY(check_table(ctx, o->cos, "opt->cos", &c->vq, c->pairs));
+    LLMCL__TRY(check_table(ctx, o->sin, "opt->sin", &c->vq, c->pairs));
+    const llmcl_tensor *ct = o->cos, *st = o->sin;
+    LLMCL__REQUIRE(ctx, ct->ndim == st->ndim, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "%s: opt->cos and opt->sin differ in shape", fn);
+    LLMCL__REQUIRE(ctx,
+                   ct->strides[ct->ndim - 2] == st->strides[st->ndim - 2] &&
+                       (ct->ndim == 2 || ct->shape[0] <= 1 || ct->strides[0] == st->strides[0]),
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s: opt->cos and opt->sin must have the same strides", fn);
+    const llmcl_tensor *tabs[2] = {o->cos, o->sin};
+    for (int i = 0; i < 2; ++i)
+        LLMCL__REQUIRE(ctx, !llmcl__overlaps(tabs[i], q) && (!k || !llmcl__overlaps(tabs[i], k)),
+                       LLMCL_ERROR_INVALID_ARGUMENT, "%s: opt->%s overlaps %s or %s", fn,
+                       i ? "sin" : "cos", qn, kn);
+    return LLMCL_OK;
+}
 
+/* Positions ([T] or [B, T], clear of q and k), theta, and Llama 3's scaling where it is asked. */
+static llmcl_status check_positions(llmcl_ctx *ctx, const char *fn, const llmcl_tensor *q,
+                                    const char *qn, const llmcl_tensor *k, const char *kn,
+                                    const llmcl_rope_options *o, rope_call *c)
+{
     const llmcl_tensor *p = o->positions;
     LLMCL__REQUIRE(ctx, p, LLMCL_ERROR_INVALID_ARGUMENT,
                    "%s: no angle source: set opt->positions (or opt->cos and opt->sin)", fn);
@@ -215,25 +203,61 @@ static llmcl_status rope_validate(llmcl_ctx *ctx, const char *fn, const llmcl_te
                    "%s: theta %g must be finite and > 0", fn, o->theta);
     c->theta = (float)theta;
     c->l3[0] = 0.0f;
-    if (o->llama3_factor != 0.0) {
-        const double f = o->llama3_factor;
-        const double lo = o->llama3_low_freq_factor != 0.0 ? o->llama3_low_freq_factor : 1.0;
-        const double hi = o->llama3_high_freq_factor != 0.0 ? o->llama3_high_freq_factor : 4.0;
-        const double orig =
-            o->llama3_original_max_position != 0.0 ? o->llama3_original_max_position : 8192.0;
-        LLMCL__REQUIRE(ctx,
-                       f > 0.0 && lo > 0.0 && hi > lo && orig > 0.0 && isfinite(f) &&
-                           isfinite(hi) && isfinite(orig),
-                       LLMCL_ERROR_INVALID_ARGUMENT,
-                       "%s: Llama 3 scaling needs factor > 0, 0 < low_freq_factor < "
-                       "high_freq_factor and original_max_position > 0 (got %g, %g, %g, %g)",
-                       fn, f, lo, hi, orig);
-        const float l3[6] = {(float)f,    (float)lo,          (float)hi,
-                             (float)orig, (float)(orig / lo), (float)(orig / hi)};
-        for (int i = 0; i < 6; ++i)
-            c->l3[i] = l3[i];
-    }
+    if (o->llama3_factor == 0.0)
+        return LLMCL_OK;
+    const double f = o->llama3_factor;
+    const double lo = o->llama3_low_freq_factor != 0.0 ? o->llama3_low_freq_factor : 1.0;
+    const double hi = o->llama3_high_freq_factor != 0.0 ? o->llama3_high_freq_factor : 4.0;
+    const double orig =
+        o->llama3_original_max_position != 0.0 ? o->llama3_original_max_position : 8192.0;
+    LLMCL__REQUIRE(ctx,
+                   f > 0.0 && lo > 0.0 && hi > lo && orig > 0.0 && isfinite(f) && isfinite(hi) &&
+                       isfinite(orig),
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s: Llama 3 scaling needs factor > 0, 0 < low_freq_factor < "
+                   "high_freq_factor and original_max_position > 0 (got %g, %g, %g, %g)",
+                   fn, f, lo, hi, orig);
+    const float l3[6] = {(float)f,    (float)lo,          (float)hi,
+                         (float)orig, (float)(orig / lo), (float)(orig / hi)};
+    for (int i = 0; i < 6; ++i)
+        c->l3[i] = l3[i];
     return LLMCL_OK;
+}
+
+/* Every argument of a call (k may be NULL) checked, and what its launch needs gathered into c. */
+static llmcl_status rope_validate(llmcl_ctx *ctx, const char *fn, const llmcl_tensor *q,
+                                  const char *qn, const llmcl_tensor *k, const char *kn,
+                                  const llmcl_rope_options *o, rope_call *c)
+{
+    LLMCL__TRY(llmcl__check_tensor(ctx, q, qn, LLMCL__FLOAT_DTYPES, 4, 4));
+    LLMCL__REQUIRE(ctx, o->layout == LLMCL_ROPE_BHTD || o->layout == LLMCL_ROPE_BTHD,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "%s: layout %d is not an llmcl_rope_layout", fn,
+                   (int)o->layout);
+    LLMCL__REQUIRE(ctx, o->style == LLMCL_ROPE_HALF || o->style == LLMCL_ROPE_INTERLEAVED,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "%s: style %d is not an llmcl_rope_style", fn,
+                   (int)o->style);
+    c->vq = rope_view_of(q, o->layout);
+    LLMCL__TRY(check_view(ctx, &c->vq, qn));
+    if (k)
+        LLMCL__TRY(check_k(ctx, q, qn, k, kn, o, c));
+    else {
+        c->vk = c->vq;
+        c->vk.n[RH] = 0;
+    }
+
+    const int64_t d = c->vq.n[RD];
+    const int64_t rd = o->rotary_dim ? o->rotary_dim : d;
+    LLMCL__REQUIRE(ctx, rd > 0 && rd <= d && rd % 2 == 0, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "%s: rotary_dim %lld must be even and in [2, D = %lld]", fn, (long long)rd,
+                   (long long)d);
+    c->pairs = rd / 2;
+    LLMCL__REQUIRE(ctx,
+                   c->vq.n[RB] * c->vq.n[RT] <= INT32_MAX && c->vq.n[RT] <= INT32_MAX &&
+                       c->vq.n[RH] + c->vk.n[RH] <= INT32_MAX,
+                   LLMCL_ERROR_OVERFLOW, "%s: B * T and Hq + Hk must fit in 32 bits", fn);
+    c->tables = o->cos || o->sin;
+    return c->tables ? check_tables(ctx, fn, q, qn, k, kn, o, c)
+                     : check_positions(ctx, fn, q, qn, k, kn, o, c);
 }
 
 /* Whether v's offset and the strides of its non-trivial b, h, t dimensions are multiples of vec. */
