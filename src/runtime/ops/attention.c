@@ -129,6 +129,47 @@ static llmcl_status attn_check_cu(llmcl_ctx *ctx, const llmcl_tensor *cu, const 
     return LLMCL_OK;
 }
 
+/* The options' numbers: window bounds, softcap, scale and the dS budget. */
+static llmcl_status attn_check_opts(llmcl_ctx *ctx, const llmcl_attention_opts *opts)
+{
+    LLMCL__REQUIRE(ctx, opts->window_left >= -1 && opts->window_right >= -1,
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "attention: window_left %d / window_right %d must be >= -1", opts->window_left,
+                   opts->window_right);
+    LLMCL__REQUIRE(ctx, isfinite(opts->softcap) && opts->softcap >= 0,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "attention: softcap %g must be finite and >= 0",
+                   (double)opts->softcap);
+    LLMCL__REQUIRE(ctx, isfinite(opts->scale) && opts->scale >= 0, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "attention: scale %g must be finite and >= 0", (double)opts->scale);
+    LLMCL__REQUIRE(ctx, opts->ds_bytes >= -1, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "attention: ds_bytes %lld must be -1 (none), 0 (the default) or a byte count",
+                   (long long)opts->ds_bytes);
+    return LLMCL_OK;
+}
+
+/*
+ * Packed sequences: B + 1 offsets each for q's tq and k's tk rows (host copies both or neither);
+ * B and the longest sequences into g.
+ */
+static llmcl_status attn_check_varlen(llmcl_ctx *ctx, const llmcl_attention_opts *opts, int64_t tq,
+                                      int64_t tk, attn_geom *g)
+{
+    LLMCL__TRY(llmcl__check_tensor(ctx, g->cu_q, "cu_seqlens_q", 1u << LLMCL_I32, 1, 1));
+    const int64_t batch = g->cu_q->shape[0] - 1;
+    LLMCL__REQUIRE(ctx, batch >= 1 && batch < INT32_MAX, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "attention: cu_seqlens_q needs B + 1 >= 2 offsets");
+    LLMCL__REQUIRE(ctx, !opts->cu_seqlens_q_host == !opts->cu_seqlens_k_host,
+                   LLMCL_ERROR_INVALID_ARGUMENT,
+                   "attention: cu_seqlens_q_host and cu_seqlens_k_host must be both set or "
+                   "both NULL");
+    LLMCL__TRY(attn_check_cu(ctx, g->cu_q, opts->cu_seqlens_q_host, "cu_seqlens_q", batch, tq,
+                             &g->Tq));
+    LLMCL__TRY(attn_check_cu(ctx, g->cu_k, opts->cu_seqlens_k_host, "cu_seqlens_k", batch, tk,
+                             &g->Tk));
+    g->B = (int)batch;
+    return LLMCL_OK;
+}
+
 /* Checks q, k, v and opts, and fills g. */
 static llmcl_status attn_check_inputs(llmcl_ctx *ctx, const llmcl_tensor *q, const llmcl_tensor *k,
                                       const llmcl_tensor *v, const llmcl_attention_opts *opts,
@@ -171,18 +212,7 @@ static llmcl_status attn_check_inputs(llmcl_ctx *ctx, const llmcl_tensor *q, con
                    (long long)k->shape[0]);
     LLMCL__REQUIRE(ctx, tq < INT32_MAX && tk < INT32_MAX && hq < INT32_MAX, LLMCL_ERROR_OVERFLOW,
                    "attention: sequence lengths and head counts must fit in 31 bits");
-    LLMCL__REQUIRE(ctx, opts->window_left >= -1 && opts->window_right >= -1,
-                   LLMCL_ERROR_INVALID_ARGUMENT,
-                   "attention: window_left %d / window_right %d must be >= -1", opts->window_left,
-                   opts->window_right);
-    LLMCL__REQUIRE(ctx, isfinite(opts->softcap) && opts->softcap >= 0,
-                   LLMCL_ERROR_INVALID_ARGUMENT, "attention: softcap %g must be finite and >= 0",
-                   (double)opts->softcap);
-    LLMCL__REQUIRE(ctx, isfinite(opts->scale) && opts->scale >= 0, LLMCL_ERROR_INVALID_ARGUMENT,
-                   "attention: scale %g must be finite and >= 0", (double)opts->scale);
-    LLMCL__REQUIRE(ctx, opts->ds_bytes >= -1, LLMCL_ERROR_INVALID_ARGUMENT,
-                   "attention: ds_bytes %lld must be -1 (none), 0 (the default) or a byte count",
-                   (long long)opts->ds_bytes);
+    LLMCL__TRY(attn_check_opts(ctx, opts));
 
     g->dtype = q->dtype;
     g->D = (int)d;
@@ -190,21 +220,9 @@ static llmcl_status attn_check_inputs(llmcl_ctx *ctx, const llmcl_tensor *q, con
     g->Hkv = (int)hkv;
     g->cu_q = opts->cu_seqlens_q;
     g->cu_k = opts->cu_seqlens_k;
-    if (g->varlen) {
-        LLMCL__TRY(llmcl__check_tensor(ctx, g->cu_q, "cu_seqlens_q", 1u << LLMCL_I32, 1, 1));
-        const int64_t batch = g->cu_q->shape[0] - 1;
-        LLMCL__REQUIRE(ctx, batch >= 1 && batch < INT32_MAX, LLMCL_ERROR_SHAPE_MISMATCH,
-                       "attention: cu_seqlens_q needs B + 1 >= 2 offsets");
-        LLMCL__REQUIRE(ctx, !opts->cu_seqlens_q_host == !opts->cu_seqlens_k_host,
-                       LLMCL_ERROR_INVALID_ARGUMENT,
-                       "attention: cu_seqlens_q_host and cu_seqlens_k_host must be both set or "
-                       "both NULL");
-        LLMCL__TRY(attn_check_cu(ctx, g->cu_q, opts->cu_seqlens_q_host, "cu_seqlens_q", batch, tq,
-                                 &g->Tq));
-        LLMCL__TRY(attn_check_cu(ctx, g->cu_k, opts->cu_seqlens_k_host, "cu_seqlens_k", batch, tk,
-                                 &g->Tk));
-        g->B = (int)batch;
-    } else {
+    if (g->varlen)
+        LLMCL__TRY(attn_check_varlen(ctx, opts, tq, tk, g));
+    else {
         LLMCL__REQUIRE(ctx, q->shape[0] < INT32_MAX, LLMCL_ERROR_OVERFLOW,
                        "attention: batch %lld must fit in 31 bits", (long long)q->shape[0]);
         g->B = (int)q->shape[0];
