@@ -159,6 +159,31 @@ static llmcl_status check_ext(mm_problem *p, const llmcl_tensor *a)
     return LLMCL_OK;
 }
 
+/* opts->bias: a row (N) or column (M) vector of f32 or a's dtype; into p. */
+static llmcl_status check_bias(mm_problem *p, llmcl_dtype a_dtype)
+{
+    llmcl_ctx *ctx = p->ctx;
+    const llmcl_matmul_opts *o = &p->o;
+    const llmcl_tensor *bias = o->bias;
+    LLMCL__REQUIRE(ctx, o->bias_mode == LLMCL_MATMUL_BIAS_ROW || o->bias_mode == LLMCL_MATMUL_BIAS_COL,
+                   LLMCL_ERROR_INVALID_ARGUMENT, "matmul: bias_mode %d is not a llmcl_matmul_bias",
+                   (int)o->bias_mode);
+    LLMCL__TRY(llmcl__check_tensor(ctx, bias, "bias", LLMCL__FLOAT_DTYPES, 1, 1));
+    LLMCL__REQUIRE(ctx, bias->dtype == LLMCL_F32 || bias->dtype == a_dtype,
+                   LLMCL_ERROR_UNSUPPORTED_DTYPE, "matmul: bias is %s; it must be f32 or %s",
+                   llmcl_dtype_name(bias->dtype), llmcl_dtype_name(a_dtype));
+    const int64_t want = o->bias_mode == LLMCL_MATMUL_BIAS_ROW ? p->N : p->M;
+    LLMCL__REQUIRE(ctx, bias->shape[0] == want, LLMCL_ERROR_SHAPE_MISMATCH,
+                   "matmul: bias has %lld elements; a %s bias needs %lld",
+                   (long long)bias->shape[0],
+                   o->bias_mode == LLMCL_MATMUL_BIAS_ROW ? "row (N)" : "column (M)",
+                   (long long)want);
+    p->bias = bias;
+    p->bias_mode = o->bias_mode == LLMCL_MATMUL_BIAS_ROW ? 1 : 2;
+    p->sbias = bias->strides[0];
+    return LLMCL_OK;
+}
+
 static llmcl_status check_problem(mm_problem *p, const llmcl_tensor *a, const llmcl_tensor *b,
                                   llmcl_tensor *c, const llmcl_matmul_opts *opts)
 {
@@ -203,25 +228,8 @@ static llmcl_status check_problem(mm_problem *p, const llmcl_tensor *a, const ll
                    LLMCL_ERROR_OVERFLOW,
                    "matmul: M, N and K must be below 2^31 and the batch below 65536");
 
-    if (o->bias) {
-        const llmcl_tensor *bias = o->bias;
-        LLMCL__REQUIRE(ctx, o->bias_mode == LLMCL_MATMUL_BIAS_ROW || o->bias_mode == LLMCL_MATMUL_BIAS_COL,
-                       LLMCL_ERROR_INVALID_ARGUMENT, "matmul: bias_mode %d is not a llmcl_matmul_bias",
-                       (int)o->bias_mode);
-        LLMCL__TRY(llmcl__check_tensor(ctx, bias, "bias", LLMCL__FLOAT_DTYPES, 1, 1));
-        LLMCL__REQUIRE(ctx, bias->dtype == LLMCL_F32 || bias->dtype == a->dtype,
-                       LLMCL_ERROR_UNSUPPORTED_DTYPE, "matmul: bias is %s; it must be f32 or %s",
-                       llmcl_dtype_name(bias->dtype), llmcl_dtype_name(a->dtype));
-        const int64_t want = o->bias_mode == LLMCL_MATMUL_BIAS_ROW ? p->N : p->M;
-        LLMCL__REQUIRE(ctx, bias->shape[0] == want, LLMCL_ERROR_SHAPE_MISMATCH,
-                       "matmul: bias has %lld elements; a %s bias needs %lld",
-                       (long long)bias->shape[0],
-                       o->bias_mode == LLMCL_MATMUL_BIAS_ROW ? "row (N)" : "column (M)",
-                       (long long)want);
-        p->bias = bias;
-        p->bias_mode = o->bias_mode == LLMCL_MATMUL_BIAS_ROW ? 1 : 2;
-        p->sbias = bias->strides[0];
-    }
+    if (o->bias)
+        LLMCL__TRY(check_bias(p, a->dtype));
     const llmcl_tensor *ins[] = {a, b, p->bias};
     const char *names[] = {"a", "b", "bias"};
     for (int i = 0; i < 3; ++i)
