@@ -100,9 +100,10 @@ static llmcl_status fit_loops(llmcl_ctx *ctx, const char *key, int64_t n_rows, i
     return LLMCL_OK;
 }
 
-/* The launch's tunables: the defaults, then a tuning entry for the row length; checked. */
+/* The launch's tunables: the defaults, then a tuning entry for the row length; checked, with VEC
+   and UNROLL returned. */
 static llmcl_status glu_params(llmcl_ctx *ctx, const char *key, llmcl_dtype dtype, int64_t cols,
-                               llmcl__params *p)
+                               llmcl__params *p, long *vec, long *unroll)
 {
     /* NVIDIA (measured on an H100, docs/PERFORMANCE.md): groups of 128 and streaming stores move
      * 3.0 TB/s on SwiGLU forward where 256 and plain stores move 2.96. */
@@ -114,13 +115,14 @@ static llmcl_status glu_params(llmcl_ctx *ctx, const char *key, llmcl_dtype dtyp
     char cls[16];
     llmcl__shape_class(cols, cls);
     llmcl__params_lookup(ctx, key, dtype, cls, p);
-    const long vec = llmcl__param_get(p, "VEC", 4), unroll = llmcl__param_get(p, "UNROLL", 1),
-               hint = llmcl__param_get(p, "HINT", 0);
+    *vec = llmcl__param_get(p, "VEC", 4);
+    *unroll = llmcl__param_get(p, "UNROLL", 1);
+    const long hint = llmcl__param_get(p, "HINT", 0);
     LLMCL__REQUIRE(ctx,
-                   (vec == 1 || vec == 2 || vec == 4 || vec == 8) && unroll >= 1 && unroll <= 8 &&
-                       hint >= 0 && hint <= 3,
+                   (*vec == 1 || *vec == 2 || *vec == 4 || *vec == 8) && *unroll >= 1 &&
+                       *unroll <= 8 && hint >= 0 && hint <= 3,
                    LLMCL_ERROR_INVALID_ARGUMENT, "%s: tuned VEC %ld, UNROLL %ld or HINT %ld out of range",
-                   key, vec, unroll, hint);
+                   key, *vec, *unroll, hint);
     return LLMCL_OK;
 }
 
@@ -215,8 +217,8 @@ static llmcl_status glu_launch(llmcl_ctx *ctx, const char *key, const char *knam
     if (n_rows == 0 || cols == 0)
         return LLMCL_OK;
     llmcl__params p = {0};
-    LLMCL__TRY(glu_params(ctx, key, dtype, cols, &p));
-    const long vec = llmcl__param_get(&p, "VEC", 4), unroll = llmcl__param_get(&p, "UNROLL", 1);
+    long vec, unroll;
+    LLMCL__TRY(glu_params(ctx, key, dtype, cols, &p, &vec, &unroll));
     const glu_layout l = layout_of(ops, n_ops, n_in, n_rows, cols, vec);
     cl_kernel kernel;
     LLMCL__TRY(glu_build(ctx, kname, act, has_up, dtype, &l, vec, &p, &kernel));
