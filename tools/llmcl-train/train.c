@@ -76,7 +76,7 @@ typedef struct options {
     int offload, profile;
     int offload_optimizer;
     double offload_chunk_mib;
-    int vocab_given;
+    bool vocab_given;      /* the vocabulary is set: by --vocab or by config.json */
     int llama_vocab;       /* a Llama preset: its vocabulary is Llama 3's tokenizer's */
     unsigned given;        /* shape options given explicitly: bits (1u << OPT_DIM) ... */
     const char *init_from, *init_adapter, *export_dir, *dump_logits;
@@ -623,7 +623,7 @@ static void apply_option(options *o, int c, int argc, char **argv)
     case 'F': o->model.ffn = given_int(o, OPT_FFN, "ffn", 1, 1 << 22); break;
     case 'v':
         o->model.vocab = (int)parse_int("vocab", optarg, 2, 1 << 24);
-        o->vocab_given = 1;
+        o->vocab_given = true;
         o->given |= 1u << OPT_VOCAB;
         break;
     case 'u':
@@ -814,7 +814,7 @@ static void apply_config(options *o, const hf_checkpoint *ck)
     if (o->seq > o->max_positions)
         die("--seq %d exceeds max_position_embeddings = %d in %s", o->seq, o->max_positions, p);
     o->model = hc;
-    o->vocab_given = 1; /* the model's vocabulary, whatever the token file's format says */
+    o->vocab_given = true; /* the model's vocabulary, whatever the token file's format says */
 }
 
 /* LoRA's rank, alpha and targets from --init-adapter's adapter_config.json; explicit options must
