@@ -786,17 +786,65 @@ static void test_t1(void **state)
  * 333 keys run the forward's pipeline past its stages); elsewhere the portable ones run the bf16
  * cases at D 64.
  */
-static void test_fast_path(void **state)
+static const char *const mma_keys[3] = {"attention_fwd_mma", "attention_bwd_dq_mma",
+                                        "attention_bwd_dkdv_mma"};
+static const char *const wgmma_keys[3] = {"attention_fwd_wgmma", "attention_bwd_dq_wgmma",
+                                          "attention_bwd_dkdv_wgmma"};
+
+/* The three kernels' tuning keys at head dim d, and d as a shape class. */
+static const char *const *fast_keys(int d, char cls[16])
 {
-    (void)state;
-    llmcl_ctx *ctx = th_ctx();
+    snprintf(cls, 16, "%d", d);
+    return on_wgmma(d) ? wgmma_keys : mma_keys;
+}
+
+/* The shapes that reach every edge of the tiles, on the kernels the defaults pick. */
+static void fast_path_cases(llmcl_ctx *ctx, llmcl_dtype dt, int d, int di)
+{
     static const int32_t cu[] = {0, 0, 1, 71, 72, 140};
-    static const char *const mma_keys[3] = {"attention_fwd_mma", "attention_bwd_dq_mma",
-                                            "attention_bwd_dkdv_mma"};
+    char cls[16];
+    const char *const *keys = fast_keys(d, cls);
+    attn_case cases[] = {
+        causal(dense(dt, 1, 2, 1, d, 1, 1)),
+        causal(dense(dt, 2, 4, 2, d, 17, 17)),
+        causal(dense(dt, 1, 4, 1, d, 333, 333)),
+        causal(dense(dt, 1, 2, 2, d, 17, 100)),
+        causal(dense(dt, 1, 2, 2, d, 100, 17)),
+        windowed(dense(dt, 1, 2, 1, d, 150, 150), 5, 0),
+        /* keys 0-77 seen by no query: key tiles with no query tile, dK = dV = 0 */
+        windowed(dense(dt, 1, 2, 1, d, 17, 100), 5, 0),
+        dense(dt, 2, 2, 2, d, 70, 70),
+        causal(dense(dt, 5, 4, 2, d, 0, 0)),
+    };
+    cases[7].bthd = true;
+    cases[8].cu_q = cases[8].cu_k = cu;
+    /* Logits of standard deviation sqrt(D): rows' maxima move past the softmax's slack on later
+       key tiles, so O is rescaled in the middle of the walk. The forward only: the backward's
+       bf16 O would take delta past the tolerance at such logits. */
+    check_forward_case(scaled(causal(dense(dt, 1, 2, 1, d, 200, 200)), 1.0f), 380 + di);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
+        check_both(cases[i], 300 + 10 * di + i);
+        for (int kk = 0; kk < 3; ++kk) {
+            int launched = 0;
+            char used[128];
+            TH_OK(llmcl_tune_params_get(ctx, keys[kk], dt, cls, used, sizeof used, &launched));
+            assert_int_equal(launched, on_tensor_cores(dt));
+        }
+        if (stores_ds(d, cases[i].Tk)) {
+            int launched = 0;
+            char used[128];
+            TH_OK(llmcl_tune_params_get(ctx, "attention_bwd_dq_ds_wgmma", dt, cls, used,
+                                        sizeof used, &launched));
+            assert_int_equal(launched, 1);
+        }
+    }
+}
+
+/* Each kernel forced to other tiles than its default, which the kernels then launch with. */
+static void fast_path_forced_tiles(llmcl_ctx *ctx, llmcl_dtype dt, int d, int di)
+{
     static const char *const mma_sets[3] = {"BLOCK_M=32 BLOCK_N=16 WM=1 QREG=1 STAGES=2",
                                             "BLOCK_M=16 BLOCK_N=32", "BLOCK_M=16 BLOCK_N=32"};
-    static const char *const wgmma_keys[3] = {"attention_fwd_wgmma", "attention_bwd_dq_wgmma",
-                                              "attention_bwd_dkdv_wgmma"};
     static const char *const wgmma_sets[3] = {"BLOCK_M=128 BLOCK_N=64 STAGES=4",
                                               "BLOCK_M=128 BLOCK_N=128", "BLOCK_M=64 BLOCK_N=64"};
     static const char *const wgmma_wide_sets[3] = {
@@ -805,127 +853,93 @@ static void test_fast_path(void **state)
        larger where a kernel's local arrays may take more, as on sm_90) */
     static const char *const wide_sets[3] = {"BLOCK_M=32 BLOCK_N=16 WM=1 QREG=0 STAGES=2",
                                              "BLOCK_M=16 BLOCK_N=16", "BLOCK_M=16 BLOCK_N=16"};
-    /* Without tensor cores the portable kernels run these cases: one head dim and dtype covers
-       them there (the other dims and f16 have their own tests) and keeps CI's cold builds few. */
-    const bool mma = llmcl_ctx_device_info(ctx)->has_mma;
-    const int dims[] = {64, 32, 96, 128, 256};
-    for (int di = 0; di < (mma ? 5 : 1); ++di)
-        for (int f16 = 0; f16 < (mma ? 2 : 1); ++f16) {
-            const llmcl_dtype dt = f16 ? LLMCL_F16 : LLMCL_BF16;
-            const int d = dims[di];
-            const bool wgmma = on_wgmma(d);
-            const char *const *keys = wgmma ? wgmma_keys : mma_keys;
-            char cls[16];
-            snprintf(cls, sizeof cls, "%d", d);
-            attn_case cases[] = {
-                causal(dense(dt, 1, 2, 1, d, 1, 1)),
-                causal(dense(dt, 2, 4, 2, d, 17, 17)),
-                causal(dense(dt, 1, 4, 1, d, 333, 333)),
-                causal(dense(dt, 1, 2, 2, d, 17, 100)),
-                causal(dense(dt, 1, 2, 2, d, 100, 17)),
-                windowed(dense(dt, 1, 2, 1, d, 150, 150), 5, 0),
-                /* keys 0-77 seen by no query: key tiles with no query tile, dK = dV = 0 */
-                windowed(dense(dt, 1, 2, 1, d, 17, 100), 5, 0),
-                dense(dt, 2, 2, 2, d, 70, 70),
-                causal(dense(dt, 5, 4, 2, d, 0, 0)),
-            };
-            cases[7].bthd = true;
-            cases[8].cu_q = cases[8].cu_k = cu;
-            /* Logits of standard deviation sqrt(D): rows' maxima move past the softmax's slack
-               on later key tiles, so O is rescaled in the middle of the walk. The forward only:
-               the backward's bf16 O would take delta past the tolerance at such logits. */
-            check_forward_case(scaled(causal(dense(dt, 1, 2, 1, d, 200, 200)), 1.0f), 380 + di);
-            for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
-                check_both(cases[i], 300 + 10 * di + i);
-                for (int kk = 0; kk < 3; ++kk) {
-                    int launched = 0;
-                    char used[128];
-                    TH_OK(llmcl_tune_params_get(ctx, keys[kk], dt, cls, used, sizeof used,
-                                                &launched));
-                    assert_int_equal(launched, on_tensor_cores(dt));
-                }
-                if (stores_ds(d, cases[i].Tk)) {
-                    int launched = 0;
-                    char used[128];
-                    TH_OK(llmcl_tune_params_get(ctx, "attention_bwd_dq_ds_wgmma", dt, cls, used,
-                                                sizeof used, &launched));
-                    assert_int_equal(launched, 1);
-                }
-            }
-            const char *const *sets = wgmma ? (d > 128 ? wgmma_wide_sets : wgmma_sets)
-                                      : d > 128 ? wide_sets
-                                                : mma_sets;
-            for (int kk = 0; kk < 3; ++kk)
-                TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", sets[kk]));
-            check_both(causal(dense(dt, 1, 2, 1, d, 77, 77)), 350 + di);
-            check_both(dense(dt, 1, 4, 2, d, 45, 90), 360 + di);
-            if (wgmma)
-                check_both(causal(dense(dt, 1, 2, 1, d, 333, 333)), 365 + di);
-            for (int kk = 0; kk < 3 && on_tensor_cores(dt); ++kk)
-                th_assert_launched_with(keys[kk], dt, cls, sets[kk]);
-            const bool has_tma = llmcl_ctx_device_info(ctx)->has_tma;
-            if (wgmma && has_tma && d <= 128) { /* dK/dV's three buffers of Q and dO: the walk
-                                                   wraps them */
-                const char *three = d > 64 ? "BLOCK_M=64 BLOCK_N=128 STAGES=3"
-                                           : "BLOCK_M=128 BLOCK_N=128 STAGES=3";
-                TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
-                TH_OK(llmcl_tune_override(ctx, keys[2], dt, "*", three));
-                check_both(causal(dense(dt, 1, 8, 2, d, 333, 333)), 390 + di);
-                check_both(dense(dt, 2, 4, 1, d, 300, 140), 395 + di);
-                th_assert_launched_with(keys[2], dt, cls, three);
-            }
-            if (wgmma) { /* the other copies: cp.async where TMA is the default */
-                const bool tma = has_tma;
-                const char *other[3] = {tma ? "BLOCK_M=64 BLOCK_N=128 STAGES=3 TMA=0"
-                                            : "BLOCK_M=64 BLOCK_N=128 STAGES=3",
-                                        tma ? "BLOCK_M=64 BLOCK_N=64 TMA=0" : "BLOCK_M=64",
-                                        tma ? "BLOCK_M=128 BLOCK_N=128 TMA=0" : "BLOCK_M=128"};
-                if (d > 128) /* the one tile that fits */
-                    for (int kk = 0; kk < 3; ++kk)
-                        other[kk] = tma ? "BLOCK_M=64 BLOCK_N=64 TMA=0" : "BLOCK_M=64 BLOCK_N=64";
-                for (int kk = 0; kk < 3; ++kk)
-                    TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", other[kk]));
-                check_both(causal(dense(dt, 1, 2, 1, d, 333, 333)), 375 + di);
-                check_both(dense(dt, 1, 4, 2, d, 45, 90), 380 + di);
-                for (int kk = 0; kk < 3; ++kk)
-                    th_assert_launched_with(keys[kk], dt, cls, other[kk]);
-                /* TMA other than 0 and 1, or without the device's TMA, is refused (dQ's kernel
-                   runs where dS is not stored) */
-                attn_case bad = causal(dense(dt, 1, 2, 1, d, 17, 17));
-                bad.opts.ds_bytes = -1;
-                for (int kk = 0; kk < 3; ++kk) {
-                    TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
-                    TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", tma ? "TMA=2" : "TMA=1"));
-                    attn_run r;
-                    run_setup(&r, &bad, 385 + di);
-                    if (kk > 0)
-                        TH_OK(run_forward(&r));
-                    TH_FAILS(kk == 0 ? run_forward(&r) : run_backward(&r),
-                             LLMCL_ERROR_UNSUPPORTED);
-                    assert_non_null(strstr(llmcl_last_error(ctx), "TMA"));
-                    run_free(&r);
-                }
-                /* dK/dV's STAGES: 2, or 3 with TMA */
-                const char *stages_bad = tma ? "STAGES=4" : "STAGES=3";
-                TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
-                TH_OK(llmcl_tune_override(ctx, keys[2], dt, "*", stages_bad));
-                attn_run r;
-                run_setup(&r, &bad, 398 + di);
-                TH_OK(run_forward(&r));
-                TH_FAILS(run_backward(&r), LLMCL_ERROR_UNSUPPORTED);
-                assert_non_null(strstr(llmcl_last_error(ctx), "STAGES 2, or 3 with TMA"));
-                run_free(&r);
-                if (d > 128) { /* past D 128 dK/dV's pair of warpgroups takes 64 keys */
-                    TH_OK(llmcl_tune_override(ctx, keys[2], dt, "*", "BLOCK_M=64 BLOCK_N=128"));
-                    run_setup(&r, &bad, 403 + di);
-                    TH_OK(run_forward(&r));
-                    TH_FAILS(run_backward(&r), LLMCL_ERROR_UNSUPPORTED);
-                    assert_non_null(strstr(llmcl_last_error(ctx), "BLOCK_N 64 past D = 128"));
-                    run_free(&r);
-                }
-            }
-            TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
-        }
+    char cls[16];
+    const char *const *keys = fast_keys(d, cls);
+    const bool wgmma = on_wgmma(d);
+    const char *const *sets = wgmma ? (d > 128 ? wgmma_wide_sets : wgmma_sets)
+                              : d > 128 ? wide_sets
+                                        : mma_sets;
+    for (int kk = 0; kk < 3; ++kk)
+        TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", sets[kk]));
+    check_both(causal(dense(dt, 1, 2, 1, d, 77, 77)), 350 + di);
+    check_both(dense(dt, 1, 4, 2, d, 45, 90), 360 + di);
+    if (wgmma)
+        check_both(causal(dense(dt, 1, 2, 1, d, 333, 333)), 365 + di);
+    for (int kk = 0; kk < 3 && on_tensor_cores(dt); ++kk)
+        th_assert_launched_with(keys[kk], dt, cls, sets[kk]);
+}
+
+/* dK/dV's three buffers of Q and dO (wgmma with TMA, D <= 128): the walk wraps them. */
+static void fast_path_three_buffers(llmcl_ctx *ctx, llmcl_dtype dt, int d, int di)
+{
+    char cls[16];
+    const char *const *keys = fast_keys(d, cls);
+    const char *three =
+        d > 64 ? "BLOCK_M=64 BLOCK_N=128 STAGES=3" : "BLOCK_M=128 BLOCK_N=128 STAGES=3";
+    TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
+    TH_OK(llmcl_tune_override(ctx, keys[2], dt, "*", three));
+    check_both(causal(dense(dt, 1, 8, 2, d, 333, 333)), 390 + di);
+    check_both(dense(dt, 2, 4, 1, d, 300, 140), 395 + di);
+    th_assert_launched_with(keys[2], dt, cls, three);
+}
+
+/* The wgmma kernels' other copies: cp.async where TMA is the default. */
+static void fast_path_other_copies(llmcl_ctx *ctx, llmcl_dtype dt, int d, int di, bool tma)
+{
+    char cls[16];
+    const char *const *keys = fast_keys(d, cls);
+    const char *other[3] = {tma ? "BLOCK_M=64 BLOCK_N=128 STAGES=3 TMA=0"
+                                : "BLOCK_M=64 BLOCK_N=128 STAGES=3",
+                            tma ? "BLOCK_M=64 BLOCK_N=64 TMA=0" : "BLOCK_M=64",
+                            tma ? "BLOCK_M=128 BLOCK_N=128 TMA=0" : "BLOCK_M=128"};
+    if (d > 128) /* the one tile that fits */
+        for (int kk = 0; kk < 3; ++kk)
+            other[kk] = tma ? "BLOCK_M=64 BLOCK_N=64 TMA=0" : "BLOCK_M=64 BLOCK_N=64";
+    for (int kk = 0; kk < 3; ++kk)
+        TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", other[kk]));
+    check_both(causal(dense(dt, 1, 2, 1, d, 333, 333)), 375 + di);
+    check_both(dense(dt, 1, 4, 2, d, 45, 90), 380 + di);
+    for (int kk = 0; kk < 3; ++kk)
+        th_assert_launched_with(keys[kk], dt, cls, other[kk]);
+}
+
+/* A tuned set that kernel cannot run: the forward (or the backward, for kernel kk > 0) is
+   refused with a message that names why. */
+static void expect_refused(llmcl_ctx *ctx, llmcl_dtype dt, int d, int kk, const char *set,
+                           uint64_t seed, const char *why)
+{
+    char cls[16];
+    const char *const *keys = fast_keys(d, cls);
+    attn_case bad = causal(dense(dt, 1, 2, 1, d, 17, 17));
+    bad.opts.ds_bytes = -1; /* dQ's own kernel runs where dS is not stored */
+    TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
+    TH_OK(llmcl_tune_override(ctx, keys[kk], dt, "*", set));
+    attn_run r;
+    run_setup(&r, &bad, seed);
+    if (kk > 0)
+        TH_OK(run_forward(&r));
+    TH_FAILS(kk == 0 ? run_forward(&r) : run_backward(&r), LLMCL_ERROR_UNSUPPORTED);
+    assert_non_null(strstr(llmcl_last_error(ctx), why));
+    run_free(&r);
+}
+
+/* The wgmma kernels' sets refused: TMA other than 0 and 1 or without the device's TMA, dK/dV's
+   STAGES other than 2 (or 3 with TMA), and past D 128 dK/dV's BLOCK_N other than 64. */
+static void fast_path_refusals(llmcl_ctx *ctx, llmcl_dtype dt, int d, int di, bool tma)
+{
+    for (int kk = 0; kk < 3; ++kk)
+        expect_refused(ctx, dt, d, kk, tma ? "TMA=2" : "TMA=1", 385 + di, "TMA");
+    expect_refused(ctx, dt, d, 2, tma ? "STAGES=4" : "STAGES=3", 398 + di,
+                   "STAGES 2, or 3 with TMA");
+    if (d > 128) /* past D 128 dK/dV's pair of warpgroups takes 64 keys */
+        expect_refused(ctx, dt, d, 2, "BLOCK_M=64 BLOCK_N=128", 403 + di,
+                       "BLOCK_N 64 past D = 128");
+}
+
+/* The head dims that only the mma kernels run, D 256 with a softcap, a long sequence one short
+   of a tile multiple and rows that are not 16-byte aligned. */
+static void fast_path_other_shapes(bool mma)
+{
     /* the other multiples of 16: local rows padded to a power of two of 16-byte chunks */
     for (int d = 48; d <= 112 && mma; d += 32) {
         char cls[16];
@@ -949,6 +963,32 @@ static void test_fast_path(void **state)
     attn_case c = causal(dense(LLMCL_BF16, 1, 2, 1, 64, 40, 40));
     c.pad = 4; /* 4 elements into the storage: not 16-byte rows */
     check_both(c, 369);
+}
+
+static void test_fast_path(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    /* Without tensor cores the portable kernels run these cases: one head dim and dtype covers
+       them there (the other dims and f16 have their own tests) and keeps CI's cold builds few. */
+    const bool mma = llmcl_ctx_device_info(ctx)->has_mma;
+    const bool tma = llmcl_ctx_device_info(ctx)->has_tma;
+    const int dims[] = {64, 32, 96, 128, 256};
+    for (int di = 0; di < (mma ? 5 : 1); ++di)
+        for (int f16 = 0; f16 < (mma ? 2 : 1); ++f16) {
+            const llmcl_dtype dt = f16 ? LLMCL_F16 : LLMCL_BF16;
+            const int d = dims[di];
+            fast_path_cases(ctx, dt, d, di);
+            fast_path_forced_tiles(ctx, dt, d, di);
+            if (on_wgmma(d) && tma && d <= 128)
+                fast_path_three_buffers(ctx, dt, d, di);
+            if (on_wgmma(d)) {
+                fast_path_other_copies(ctx, dt, d, di, tma);
+                fast_path_refusals(ctx, dt, d, di, tma);
+            }
+            TH_OK(llmcl_tune_override(ctx, NULL, dt, NULL, NULL));
+        }
+    fast_path_other_shapes(mma);
 }
 
 static void test_16bit(void **state)
