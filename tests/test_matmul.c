@@ -1177,8 +1177,11 @@ static void test_k_ext(void **state)
     }
 }
 
+/* The product every bad-input case starts from, a (4 x 5) b (5 x 3) into c, and c's values, which
+   no refused call may change. */
 typedef struct bad_env {
-    llmcl_tensor *c;
+    llmcl_ctx *ctx;
+    llmcl_tensor *a, *b, *c;
     double *before;
     size_t n;
 } bad_env;
@@ -1204,19 +1207,19 @@ static void expect_fail(bad_env *e, llmcl_status want, llmcl_status got, const c
     expect_fail_in(e, th_ctx(), want, got, what);
 }
 
-static void test_bad_input(void **state)
+static void destroy_all(llmcl_tensor **ts, size_t n)
 {
-    (void)state;
-    llmcl_ctx *ctx = th_ctx();
-    th_rng rng = th_rng_new(900);
+    for (size_t i = 0; i < n; ++i)
+        llmcl_tensor_destroy(ts[i]);
+}
+
+/* No context or operand, inner dims, dtypes, ranks and batches that do not match, bad options. */
+static void bad_operands(bad_env *e)
+{
+    llmcl_ctx *ctx = e->ctx;
+    llmcl_tensor *a = e->a, *b = e->b, *c = e->c;
     const int64_t s45[2] = {4, 5}, s53[2] = {5, 3}, s63[2] = {6, 3}, s43[2] = {4, 3};
     const int64_t s243[3] = {2, 4, 3}, s345[3] = {3, 4, 5}, s4d[4] = {1, 1, 4, 3};
-    double vals[64];
-    th_fill_uniform(&rng, vals, 64, -1, 1);
-    llmcl_tensor *a = th_tensor_from(LLMCL_F32, 2, s45, vals), *b = th_tensor_from(LLMCL_F32, 2, s53, vals);
-    llmcl_tensor *c = th_tensor_from(LLMCL_F32, 2, s43, vals);
-    bad_env e = {.c = c, .n = 12, .before = th_alloc(12 * sizeof(double))};
-    th_download(c, e.before);
     llmcl_tensor *b63 = th_tensor(LLMCL_F32, 2, s63), *bbf = th_tensor(LLMCL_BF16, 2, s53);
     llmcl_tensor *abf = th_tensor(LLMCL_BF16, 2, s45), *ai = th_tensor(LLMCL_I32, 2, s45);
     llmcl_tensor *c3 = th_tensor(LLMCL_F32, 3, s243), *a3 = th_tensor(LLMCL_F32, 3, s345);
@@ -1224,58 +1227,93 @@ static void test_bad_input(void **state)
     llmcl_tensor *cf16 = th_tensor(LLMCL_F16, 2, s43);
 
     /* without a context the message is the thread's, llmcl_last_error(NULL) */
-    expect_fail_in(&e, NULL, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(NULL, 1, a, b, 0, c, NULL),
+    expect_fail_in(e, NULL, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(NULL, 1, a, b, 0, c, NULL),
                    "NULL ctx");
     assert_non_null(strstr(llmcl_last_error(NULL), "ctx must not be NULL"));
-    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, NULL, b, 0, c, NULL), "NULL a");
-    expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b63, 0, c, NULL), "inner dims");
+    expect_fail(e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, NULL, b, 0, c, NULL),
+                "NULL a");
+    expect_fail(e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b63, 0, c, NULL),
+                "inner dims");
     llmcl_matmul_opts tr = {.trans_a = 1};
-    expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b, 0, c, &tr), "transposed inner dims");
-    expect_fail(&e, LLMCL_ERROR_UNSUPPORTED_DTYPE, llmcl_matmul(ctx, 1, a, bbf, 0, c, NULL), "f32 x bf16");
-    expect_fail(&e, LLMCL_ERROR_UNSUPPORTED_DTYPE, llmcl_matmul(ctx, 1, ai, b, 0, c, NULL), "i32 a");
-    TH_FAILS(llmcl_matmul(ctx, 1, abf, bbf, 0, cf16, NULL), LLMCL_ERROR_UNSUPPORTED_DTYPE); /* f16 c for bf16 */
-    expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a3, b, 0, c, NULL), "batched a, 2-D c");
-    TH_FAILS(llmcl_matmul(ctx, 1, a3, b, 0, c3, NULL), LLMCL_ERROR_SHAPE_MISMATCH); /* batch 3 vs 2 */
-    TH_FAILS(llmcl_matmul(ctx, 1, a, b, 0, c4, NULL), LLMCL_ERROR_SHAPE_MISMATCH);   /* 4-D c */
+    expect_fail(e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b, 0, c, &tr),
+                "transposed inner dims");
+    expect_fail(e, LLMCL_ERROR_UNSUPPORTED_DTYPE, llmcl_matmul(ctx, 1, a, bbf, 0, c, NULL),
+                "f32 x bf16");
+    expect_fail(e, LLMCL_ERROR_UNSUPPORTED_DTYPE, llmcl_matmul(ctx, 1, ai, b, 0, c, NULL), "i32 a");
+    /* f16 c for bf16 */
+    TH_FAILS(llmcl_matmul(ctx, 1, abf, bbf, 0, cf16, NULL), LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    expect_fail(e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a3, b, 0, c, NULL),
+                "batched a, 2-D c");
+    TH_FAILS(llmcl_matmul(ctx, 1, a3, b, 0, c3, NULL), LLMCL_ERROR_SHAPE_MISMATCH); /* batch 3, 2 */
+    TH_FAILS(llmcl_matmul(ctx, 1, a, b, 0, c4, NULL), LLMCL_ERROR_SHAPE_MISMATCH);  /* 4-D c */
     llmcl_matmul_opts bad = {.trans_a = 2};
-    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a, b, 0, c, &bad), "trans_a 2");
+    expect_fail(e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a, b, 0, c, &bad),
+                "trans_a 2");
     bad = (llmcl_matmul_opts){.split_k = -1};
-    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a, b, 0, c, &bad), "split_k -1");
+    expect_fail(e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a, b, 0, c, &bad),
+                "split_k -1");
+    llmcl_tensor *made[] = {b63, bbf, abf, ai, c3, a3, c4, cf16};
+    destroy_all(made, sizeof made / sizeof *made);
+}
 
-    /* biases: wrong length, dtype, rank, mode */
+/* Biases of the wrong length, dtype, rank or mode. */
+static void bad_bias(bad_env *e)
+{
+    llmcl_ctx *ctx = e->ctx;
     const int64_t n4 = 4, n3 = 3;
     llmcl_tensor *bias4 = th_tensor(LLMCL_F32, 1, &n4), *bias3h = th_tensor(LLMCL_F16, 1, &n3);
-    bad = (llmcl_matmul_opts){.bias = bias4};
-    expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b, 0, c, &bad), "row bias of M");
+    llmcl_matmul_opts bad = {.bias = bias4};
+    expect_fail(e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, e->a, e->b, 0, e->c, &bad),
+                "row bias of M");
     bad = (llmcl_matmul_opts){.bias = bias3h};
-    expect_fail(&e, LLMCL_ERROR_UNSUPPORTED_DTYPE, llmcl_matmul(ctx, 1, a, b, 0, c, &bad), "f16 bias, f32 a");
+    expect_fail(e, LLMCL_ERROR_UNSUPPORTED_DTYPE, llmcl_matmul(ctx, 1, e->a, e->b, 0, e->c, &bad),
+                "f16 bias, f32 a");
     bad = (llmcl_matmul_opts){.bias = bias4, .bias_mode = (llmcl_matmul_bias)7};
-    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a, b, 0, c, &bad), "bias_mode 7");
-    bad = (llmcl_matmul_opts){.bias = c};
-    expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b, 0, c, &bad), "2-D bias");
+    expect_fail(e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, e->a, e->b, 0, e->c, &bad),
+                "bias_mode 7");
+    bad = (llmcl_matmul_opts){.bias = e->c};
+    expect_fail(e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, e->a, e->b, 0, e->c, &bad),
+                "2-D bias");
+    llmcl_tensor_destroy(bias4);
+    llmcl_tensor_destroy(bias3h);
+}
 
-    /* addends of another dtype or shape (checked with beta 0 too), or sharing c's storage
-       without being c's view; c's own view is c */
-    const int64_t s33[2] = {3, 3}, s35[2] = {3, 5};
+/* Addends of another dtype or shape (checked with beta 0 too), or sharing c's storage without
+   being c's view; c's own view is c, and that product's c is the one later cases keep. */
+static void bad_addends(bad_env *e)
+{
+    llmcl_ctx *ctx = e->ctx;
+    llmcl_tensor *a = e->a, *b = e->b, *c = e->c;
+    const int64_t s33[2] = {3, 3}, s35[2] = {3, 5}, s43[2] = {4, 3}, s53[2] = {5, 3};
+    const int64_t s243[3] = {2, 4, 3};
     llmcl_tensor *in_bf = th_tensor(LLMCL_BF16, 2, s43), *in_53 = th_tensor(LLMCL_F32, 2, s53);
+    llmcl_tensor *c3 = th_tensor(LLMCL_F32, 3, s243);
     llmcl_tensor *a35 = th_tensor(LLMCL_F32, 2, s35), *c_top = NULL, *c_low = NULL;
-    bad = (llmcl_matmul_opts){.c_in = in_bf};
-    expect_fail(&e, LLMCL_ERROR_UNSUPPORTED_DTYPE, llmcl_matmul(ctx, 1, a, b, 1, c, &bad), "bf16 c_in, f32 c");
+    llmcl_matmul_opts bad = {.c_in = in_bf};
+    expect_fail(e, LLMCL_ERROR_UNSUPPORTED_DTYPE, llmcl_matmul(ctx, 1, a, b, 1, c, &bad),
+                "bf16 c_in, f32 c");
     bad = (llmcl_matmul_opts){.c_in = in_53};
-    expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b, 1, c, &bad), "c_in of 5 x 3");
+    expect_fail(e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b, 1, c, &bad),
+                "c_in of 5 x 3");
     bad = (llmcl_matmul_opts){.c_in = c3};
-    expect_fail(&e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b, 0, c, &bad), "3-D c_in, beta 0");
+    expect_fail(e, LLMCL_ERROR_SHAPE_MISMATCH, llmcl_matmul(ctx, 1, a, b, 0, c, &bad),
+                "3-D c_in, beta 0");
     TH_OK(llmcl_tensor_view(c, 2, s33, NULL, 0, &c_top));
     TH_OK(llmcl_tensor_view(c, 2, s33, NULL, 3, &c_low));
     bad = (llmcl_matmul_opts){.c_in = c_low}; /* c's rows 1-3 as the addend of rows 0-2 */
-    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a35, b, 1, c_top, &bad),
+    expect_fail(e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a35, b, 1, c_top, &bad),
                 "c_in overlapping c");
     bad = (llmcl_matmul_opts){.c_in = c};
     TH_OK(llmcl_matmul(ctx, 1, a, b, 1, c, &bad));
-    th_download(c, e.before);
+    th_download(c, e->before);
+    llmcl_tensor *made[] = {in_bf, in_53, c3, a35, c_top, c_low};
+    destroy_all(made, sizeof made / sizeof *made);
+}
 
-    /* the product continued along K: one of the pair alone, K2, M or N that do not match, another
-       dtype, a batched a_ext for a 2-D c, an a_ext inside c */
+/* The product continued along K: one of the pair alone, K2, M or N that do not match, another
+   dtype, a batched a_ext for a 2-D c, an a_ext inside c. */
+static void bad_continuation(bad_env *e)
+{
     const int64_t s42[2] = {4, 2}, s23e[2] = {2, 3}, s33e[2] = {3, 3}, s52[2] = {5, 2};
     const int64_t s24[2] = {2, 4}, s242[3] = {2, 4, 2};
     llmcl_tensor *x42 = th_tensor(LLMCL_F32, 2, s42), *x23 = th_tensor(LLMCL_F32, 2, s23e);
@@ -1283,7 +1321,7 @@ static void test_bad_input(void **state)
     llmcl_tensor *x24 = th_tensor(LLMCL_F32, 2, s24), *x42h = th_tensor(LLMCL_BF16, 2, s42);
     llmcl_tensor *x242 = th_tensor(LLMCL_F32, 3, s242), *c_cols = NULL;
     const int64_t c_col_strides[2] = {3, 1};
-    TH_OK(llmcl_tensor_view(c, 2, s42, c_col_strides, 0, &c_cols));
+    TH_OK(llmcl_tensor_view(e->c, 2, s42, c_col_strides, 0, &c_cols));
     const struct {
         const llmcl_tensor *ae, *be;
         llmcl_status want;
@@ -1297,72 +1335,101 @@ static void test_bad_input(void **state)
                    {x242, x23, LLMCL_ERROR_SHAPE_MISMATCH, "batched a_ext, 2-D c"},
                    {c_cols, x23, LLMCL_ERROR_INVALID_ARGUMENT, "a_ext inside c"}};
     for (size_t i = 0; i < sizeof ext_bad / sizeof ext_bad[0]; ++i) {
-        bad = (llmcl_matmul_opts){.a_ext = ext_bad[i].ae, .b_ext = ext_bad[i].be};
-        expect_fail(&e, ext_bad[i].want, llmcl_matmul(ctx, 1, a, b, 1, c, &bad), ext_bad[i].what);
+        llmcl_matmul_opts bad = {.a_ext = ext_bad[i].ae, .b_ext = ext_bad[i].be};
+        expect_fail(e, ext_bad[i].want, llmcl_matmul(e->ctx, 1, e->a, e->b, 1, e->c, &bad),
+                    ext_bad[i].what);
     }
-    llmcl_tensor *ext_all[] = {x42, x23, x33, x52, x24, x42h, x242, c_cols};
-    for (size_t i = 0; i < sizeof ext_all / sizeof ext_all[0]; ++i)
-        llmcl_tensor_destroy(ext_all[i]);
+    llmcl_tensor *made[] = {x42, x23, x33, x52, x24, x42h, x242, c_cols};
+    destroy_all(made, sizeof made / sizeof *made);
+}
 
-    /* outputs that overlap an input or themselves */
-    const int64_t sq[2] = {4, 4};
-    llmcl_tensor *sqa = th_tensor(LLMCL_F32, 2, sq), *sqb = th_tensor(LLMCL_F32, 2, sq), *alias = NULL;
+/* Outputs that overlap an input or themselves, and sizes past the kernels' 32-bit tile counts. */
+static void bad_overlaps_and_sizes(bad_env *e)
+{
+    llmcl_ctx *ctx = e->ctx;
+    const int64_t sq[2] = {4, 4}, s43[2] = {4, 3};
+    llmcl_tensor *sqa = th_tensor(LLMCL_F32, 2, sq), *sqb = th_tensor(LLMCL_F32, 2, sq);
+    llmcl_tensor *alias = NULL;
     TH_OK(llmcl_tensor_view(sqa, 2, sq, NULL, 0, &alias));
     TH_FAILS(llmcl_matmul(ctx, 1, sqa, sqb, 0, alias, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_matmul(ctx, 1, sqa, sqb, 0, sqb, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
     llmcl_tensor *row0 = NULL;
     const int64_t zero_stride[2] = {0, 1};
-    TH_OK(llmcl_tensor_view(c, 2, s43, zero_stride, 0, &row0));
-    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a, b, 0, row0, NULL), "c with stride 0");
+    TH_OK(llmcl_tensor_view(e->c, 2, s43, zero_stride, 0, &row0));
+    expect_fail(e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, e->a, e->b, 0, row0, NULL),
+                "c with stride 0");
 
-    /* sizes past the kernels' 32-bit tile counts */
     const int64_t huge[2] = {(int64_t)1 << 31, 1}, one[2] = {1, 1}, hstr[2] = {0, 0};
     llmcl_tensor *ha = NULL, *hc = NULL, *ob = th_tensor(LLMCL_F32, 2, one);
-    TH_OK(llmcl_tensor_view(a, 2, huge, hstr, 0, &ha));
-    TH_OK(llmcl_tensor_view(c, 2, huge, hstr, 0, &hc));
-    expect_fail(&e, LLMCL_ERROR_OVERFLOW, llmcl_matmul(ctx, 1, ha, ob, 0, hc, NULL), "M = 2^31");
+    TH_OK(llmcl_tensor_view(e->a, 2, huge, hstr, 0, &ha));
+    TH_OK(llmcl_tensor_view(e->c, 2, huge, hstr, 0, &hc));
+    expect_fail(e, LLMCL_ERROR_OVERFLOW, llmcl_matmul(ctx, 1, ha, ob, 0, hc, NULL), "M = 2^31");
+    llmcl_tensor *made[] = {sqa, sqb, alias, row0, ha, hc, ob};
+    destroy_all(made, sizeof made / sizeof *made);
+}
 
-    /* another context's tensor */
+/* Another context's tensor and sum of squares, and a sum of squares of a c that is not
+   contiguous; what the accumulator held before stays (one product's squares). */
+static void bad_other_context(bad_env *e)
+{
+    llmcl_ctx *ctx = e->ctx;
+    const int64_t s53[2] = {5, 3}, s43[2] = {4, 3};
     llmcl_ctx *other = NULL;
     TH_OK(llmcl_ctx_create(&other));
     llmcl_tensor *foreign = NULL;
     TH_OK(llmcl_tensor_create(other, LLMCL_F32, 2, s53, &foreign));
-    expect_fail(&e, LLMCL_ERROR_DEVICE_MISMATCH, llmcl_matmul(ctx, 1, a, foreign, 0, c, NULL), "foreign b");
+    expect_fail(e, LLMCL_ERROR_DEVICE_MISMATCH, llmcl_matmul(ctx, 1, e->a, foreign, 0, e->c, NULL),
+                "foreign b");
 
-    /* opts.sumsq: another context's accumulator, a c that is not contiguous; what the
-       accumulator held before stays (one product's squares) */
     llmcl_sumsq *acc = NULL, *acc_other = NULL;
     TH_OK(llmcl_sumsq_create(ctx, &acc));
     TH_OK(llmcl_sumsq_create(other, &acc_other));
     const llmcl_matmul_opts with_sq = {.sumsq = acc}, with_other = {.sumsq = acc_other};
     llmcl_tensor *c_sq = th_tensor(LLMCL_F32, 2, s43);
-    TH_OK(llmcl_matmul(ctx, 1, a, b, 0, c_sq, &with_sq));
+    TH_OK(llmcl_matmul(ctx, 1, e->a, e->b, 0, c_sq, &with_sq));
     double cv[12], want_sq = 0.0;
     th_download(c_sq, cv);
     for (int i = 0; i < 12; ++i)
         want_sq += cv[i] * cv[i];
-    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a, b, 0, c, &with_other),
-                "another context's sumsq");
+    expect_fail(e, LLMCL_ERROR_INVALID_ARGUMENT,
+                llmcl_matmul(ctx, 1, e->a, e->b, 0, e->c, &with_other), "another context's sumsq");
     const int64_t s23[2] = {2, 3}, st23[2] = {6, 1};
     llmcl_tensor *c_gap = NULL, *a25 = th_tensor(LLMCL_F32, 2, (int64_t[2]){2, 5});
-    TH_OK(llmcl_tensor_view(c, 2, s23, st23, 0, &c_gap));
-    expect_fail(&e, LLMCL_ERROR_INVALID_ARGUMENT, llmcl_matmul(ctx, 1, a25, b, 0, c_gap, &with_sq),
+    TH_OK(llmcl_tensor_view(e->c, 2, s23, st23, 0, &c_gap));
+    expect_fail(e, LLMCL_ERROR_INVALID_ARGUMENT,
+                llmcl_matmul(ctx, 1, a25, e->b, 0, c_gap, &with_sq),
                 "sumsq with a c that is not contiguous");
     const double got_sq = sumsq_total(acc);
     TH_ASSERT_CLOSE("sumsq kept", &want_sq, &got_sq, 1, (th_tol){0, 1e-6});
     llmcl_sumsq_destroy(acc);
     llmcl_sumsq_destroy(acc_other);
-    llmcl_tensor *sq_ts[] = {c_sq, c_gap, a25};
-    for (size_t i = 0; i < 3; ++i)
-        llmcl_tensor_destroy(sq_ts[i]);
-    llmcl_tensor_destroy(foreign);
+    llmcl_tensor *made[] = {c_sq, c_gap, a25, foreign};
+    destroy_all(made, sizeof made / sizeof *made);
     llmcl_ctx_destroy(other);
+}
 
-    llmcl_tensor *all[] = {a,     b,     c,     b63,   bbf,   abf,   ai,  c3,  a3,
-                           c4,    cf16,  bias4, bias3h, sqa,  sqb,   alias, row0, ha,
-                           hc,    ob,    in_bf, in_53, a35,   c_top, c_low};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
-        llmcl_tensor_destroy(all[i]);
+static void test_bad_input(void **state)
+{
+    (void)state;
+    th_rng rng = th_rng_new(900);
+    const int64_t s45[2] = {4, 5}, s53[2] = {5, 3}, s43[2] = {4, 3};
+    double vals[64];
+    th_fill_uniform(&rng, vals, 64, -1, 1);
+    bad_env e = {.ctx = th_ctx(),
+                 .a = th_tensor_from(LLMCL_F32, 2, s45, vals),
+                 .b = th_tensor_from(LLMCL_F32, 2, s53, vals),
+                 .c = th_tensor_from(LLMCL_F32, 2, s43, vals),
+                 .n = 12,
+                 .before = th_alloc(12 * sizeof(double))};
+    th_download(e.c, e.before);
+    bad_operands(&e);
+    bad_bias(&e);
+    bad_addends(&e);
+    bad_continuation(&e);
+    bad_overlaps_and_sizes(&e);
+    bad_other_context(&e);
+    llmcl_tensor *made[] = {e.a, e.b, e.c};
+    destroy_all(made, sizeof made / sizeof *made);
     free(e.before);
 }
 
