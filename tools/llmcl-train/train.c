@@ -622,9 +622,8 @@ static void apply_option(options *o, int c, int argc, char **argv)
     case 'K': o->model.kv_heads = given_int(o, OPT_KV_HEADS, "kv-heads", 1, 4096); break;
     case 'F': o->model.ffn = given_int(o, OPT_FFN, "ffn", 1, 1 << 22); break;
     case 'v':
-        o->model.vocab = (int)parse_int("vocab", optarg, 2, 1 << 24);
+        o->model.vocab = given_int(o, OPT_VOCAB, "vocab", 2, 1 << 24);
         o->vocab_given = true;
-        o->given |= 1u << OPT_VOCAB;
         break;
     case 'u':
         o->model.tied = 0;
