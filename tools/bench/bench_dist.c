@@ -49,6 +49,10 @@ typedef struct dist_bench {
     char *host_src, *host_dst; /* the host ceilings' buffers, host_bytes each */
     size_t host_bytes;
     int copy_threads;
+    double group_bytes;        /* one group's f32 */
+    double own_rs, own_ag;     /* the transport's own collectives, GB/s (0: unmeasured) */
+    double link;               /* the slower direction of the host link, GB/s */
+    bool mpi;                  /* host-staged MPI, not NCCL */
 } dist_bench;
 
 #define MAX_COPY_THREADS 64
@@ -230,7 +234,7 @@ static llmcl_status backward(dist_bench *b)
 }
 
 /* Both collectives' throughput in chunks of 1/256 and 1/16 of a group. */
-static void chunk_sweep(dist_bench *b, double link)
+static void chunk_sweep(dist_bench *b)
 {
     const uint64_t group = (uint64_t)(b->rows * b->cols) * 4, sizes[2] = {group / 256, group / 16};
     const double bytes = (double)b->groups * (double)group;
@@ -249,7 +253,7 @@ static void chunk_sweep(dist_bench *b, double link)
         if (ms[0] > 0 && ms[1] > 0)
             printf("dist in chunks of %llu KiB: reduce-scatter %.2f GB/s (%.0f%% of the host "
                    "link), all-gather %.2f GB/s (%.0f%%)\n", (unsigned long long)(sizes[i] >> 10),
-                   rs, 100.0 * rs / link, ag, 100.0 * ag / link);
+                   rs, 100.0 * rs / b->link, ag, 100.0 * ag / b->link);
     }
     b->chunk = 0;
 }
@@ -284,30 +288,140 @@ static void add_row(bench_env *env, const char *what, const char *dtype, const c
 }
 
 /* The transport's name and its own collectives on raw buffers of one group; 0 if unmeasured. */
-static llmcl_dist_info transport_ceiling(dist_bench *b, double group_bytes, double *rs, double *ag)
+static llmcl_dist_info transport_ceiling(dist_bench *b)
 {
     llmcl_dist_info in = {0};
-    *rs = *ag = 0.0;
+    b->own_rs = b->own_ag = 0.0;
     if (llmcl_dist_info_get(b->d, &in) != LLMCL_OK ||
-        llmcl_dist_measure_transport(b->d, (uint64_t)group_bytes, b->env->reps, rs, ag) != LLMCL_OK)
+        llmcl_dist_measure_transport(b->d, (uint64_t)b->group_bytes, b->env->reps, &b->own_rs,
+                                     &b->own_ag) != LLMCL_OK)
         return in;
     printf("dist transport: %s (%s); its own collectives on raw buffers of %.0f MiB: "
            "reduce-scatter %.1f GB/s, all-gather %.1f GB/s\n",
-           llmcl_dist_transport_name(in.transport), in.transport_detail, group_bytes / 1048576.0,
-           *rs, *ag);
+           llmcl_dist_transport_name(in.transport), in.transport_detail,
+           b->group_bytes / 1048576.0, b->own_rs, b->own_ag);
     return in;
 }
 
 /* What a collective reached: GB/s, against the transport's own and (MPI) the host link. */
-static void print_rate(const char *what, const char *of, double gbs, double own, bool mpi,
-                       double link)
+static void print_rate(const dist_bench *b, const char *what, const char *of, double gbs,
+                       double own)
 {
     printf("dist %s: %.2f GB/s of %s", what, gbs, of);
     if (own > 0)
         printf(", %.0f%% of the transport's own", 100.0 * gbs / own);
-    if (mpi)
-        printf(", %.0f%% of the host link", 100.0 * gbs / link);
+    if (b->mpi)
+        printf(", %.0f%% of the host link", 100.0 * gbs / b->link);
     printf("\n");
+}
+
+/* The backward's operands at `tokens` rows: bf16 x, dy, w and dX, and a zeroed f32 dW. */
+static bool make_operands(dist_bench *b, int64_t tokens)
+{
+    llmcl_ctx *ctx = b->env->ctx;
+    const int64_t xs[2] = {tokens, b->cols}, dys[2] = {tokens, b->rows}, ws[2] = {b->rows, b->cols};
+    return llmcl_tensor_create(ctx, LLMCL_BF16, 2, xs, &b->x) == LLMCL_OK &&
+           llmcl_tensor_create(ctx, LLMCL_BF16, 2, xs, &b->dx) == LLMCL_OK &&
+           llmcl_tensor_create(ctx, LLMCL_BF16, 2, ws, &b->w) == LLMCL_OK &&
+           llmcl_tensor_create(ctx, LLMCL_F32, 2, ws, &b->plain) == LLMCL_OK &&
+           llmcl_fill(ctx, b->plain, 0.0) == LLMCL_OK &&
+           llmcl_tensor_create(ctx, LLMCL_BF16, 2, dys, &b->dy) == LLMCL_OK &&
+           bench_upload_random(b->x, 1) == LLMCL_OK && bench_upload_random(b->dy, 2) == LLMCL_OK &&
+           bench_upload_random(b->w, 3) == LLMCL_OK;
+}
+
+/* Stage 2: the reduce-scatters alone, the backward without them and with them, and what of the
+   communication the backward leaves exposed. */
+static void measure_reduce(dist_bench *b, const char *shape, bool overlap)
+{
+    const int64_t tokens = b->env->small ? 64 : 8192;
+    if (!make_operands(b, tokens)) {
+        bench_fail(b->env, "dist: operands", LLMCL_ERROR_OUT_OF_DEVICE_MEMORY);
+        return;
+    }
+    b->reduce = 1;
+    const double comm_ms = wall_ms(b->env, backward, b);
+    b->compute = 1;
+    const double both_ms = wall_ms(b->env, backward, b);
+    b->reduce = 0;
+    const double compute_ms = wall_ms(b->env, backward, b);
+    if (comm_ms <= 0 || both_ms <= 0 || compute_ms <= 0)
+        return;
+    const double gbs = b->groups * b->group_bytes / (comm_ms * 1e-3) * 1e-9;
+    const double exposed = both_ms - compute_ms > 0 ? both_ms - compute_ms : 0;
+    char tok[64];
+    snprintf(tok, sizeof tok, "%s, %lld tokens", shape, (long long)tokens);
+    add_row(b->env, "reduce-scatter", "f32", shape, comm_ms);
+    add_row(b->env, "backward, no comm", "bf16", tok, compute_ms);
+    add_row(b->env, "backward + reduce", "bf16", tok, both_ms);
+    print_rate(b, "reduce-scatter", "gradients", gbs, b->own_rs);
+    printf("dist overlap: exposed communication %.3f ms of %.3f ms (%.0f%%; backward %.3f ms "
+           "without it; collectives %s the compute, LLMCL_DIST_OVERLAP)\n",
+           exposed, comm_ms, 100.0 * exposed / comm_ms, compute_ms, overlap ? "under" : "between");
+}
+
+/* Stage 3: every pass gathers each group anew, through two gather buffers for 16 groups. */
+static void measure_gather(dist_bench *b, const char *shape)
+{
+    if (make_dist(b, 3) != LLMCL_OK) {
+        bench_fail(b->env, "dist: stage 3 setup", LLMCL_ERROR_MPI);
+        return;
+    }
+    const double gather_ms = wall_ms(b->env, gather_pass, b);
+    if (gather_ms > 0) {
+        const double gbs = b->groups * b->group_bytes / (gather_ms * 1e-3) * 1e-9;
+        add_row(b->env, "all-gather", "f32", shape, gather_ms);
+        print_rate(b, "all-gather", "parameters", gbs, b->own_ag);
+    }
+    llmcl_dist_destroy(b->d);
+    b->d = NULL;
+}
+
+static void release(dist_bench *b)
+{
+    llmcl_dist_destroy(b->d);
+    llmcl_tensor_destroy(b->x);
+    llmcl_tensor_destroy(b->dx);
+    llmcl_tensor_destroy(b->w);
+    llmcl_tensor_destroy(b->dy);
+    llmcl_tensor_destroy(b->plain);
+}
+
+/* Two ranks or more: the collectives' throughput against the transport's own and the host link,
+   the overlap, the fixed cost and (MPI) the chunk sizes. */
+static void measure_link(bench_env *env, int world)
+{
+    dist_bench b = {.env = env, .groups = 16, .rows = env->small ? 256 : 4096,
+                    .cols = env->small ? 1024 : 4096};
+    b.group_bytes = (double)b.rows * b.cols * 4;
+    double d2h, h2d;
+    const llmcl_status hs = llmcl_measure_host_bandwidth(env->ctx, (uint64_t)b.group_bytes, &d2h,
+                                                         &h2d);
+    if (hs != LLMCL_OK) {
+        bench_fail(env, "dist: measuring the host link", hs);
+        return;
+    }
+    b.link = d2h < h2d ? d2h : h2d;
+    char shape[48];
+    snprintf(shape, sizeof shape, "%d x [%lld, %lld] / %d ranks", b.groups, (long long)b.rows,
+             (long long)b.cols, world);
+    printf("dist: %d ranks; host link (pinned, this rank's device, llmcl_measure_host_bandwidth): "
+           "d2h %.1f GB/s, h2d %.1f GB/s\n", world, d2h, h2d);
+    if (make_dist(&b, 2) != LLMCL_OK) {
+        bench_fail(env, "dist: stage 2 setup", LLMCL_ERROR_MPI);
+        release(&b);
+        return;
+    }
+    const llmcl_dist_info in = transport_ceiling(&b);
+    b.mpi = in.transport != LLMCL_DIST_TRANSPORT_NCCL;
+    if (b.mpi)
+        host_ceilings(&b, (size_t)(b.groups * b.group_bytes), world);
+    measure_reduce(&b, shape, in.overlap);
+    measure_gather(&b, shape);
+    latency(env);
+    if (b.mpi)
+        chunk_sweep(&b);
+    release(&b);
 }
 
 static void run(bench_env *env)
@@ -327,88 +441,7 @@ static void run(bench_env *env)
         if (!freopen("/dev/null", "w", stdout))
             return;
     }
-    dist_bench b = {.env = env, .groups = 16, .rows = env->small ? 256 : 4096,
-                    .cols = env->small ? 1024 : 4096};
-    const double group_bytes = (double)b.rows * b.cols * 4;
-    double d2h, h2d;
-    const llmcl_status hs = llmcl_measure_host_bandwidth(env->ctx, (uint64_t)group_bytes, &d2h, &h2d);
-    if (hs != LLMCL_OK) {
-        bench_fail(env, "dist: measuring the host link", hs);
-        return;
-    }
-    const double link = d2h < h2d ? d2h : h2d;
-    char shape[48];
-    snprintf(shape, sizeof shape, "%d x [%lld, %lld] / %d ranks", b.groups, (long long)b.rows,
-             (long long)b.cols, world);
-    printf("dist: %d ranks; host link (pinned, this rank's device, llmcl_measure_host_bandwidth): "
-           "d2h %.1f GB/s, h2d %.1f GB/s\n", world, d2h, h2d);
-
-    /* Reduce-scatter and overlap: stage 2; all-gather: stage 3. */
-    if (make_dist(&b, 2) != LLMCL_OK) {
-        bench_fail(env, "dist: stage 2 setup", LLMCL_ERROR_MPI);
-        goto done;
-    }
-    double own_rs, own_ag;
-    const llmcl_dist_info in = transport_ceiling(&b, group_bytes, &own_rs, &own_ag);
-    const bool mpi = in.transport != LLMCL_DIST_TRANSPORT_NCCL;
-    if (mpi)
-        host_ceilings(&b, (size_t)(b.groups * group_bytes), world);
-    const int64_t tokens = env->small ? 64 : 8192;
-    const int64_t xs[2] = {tokens, b.cols}, dys[2] = {tokens, b.rows}, ws[2] = {b.rows, b.cols};
-    if (llmcl_tensor_create(env->ctx, LLMCL_BF16, 2, xs, &b.x) != LLMCL_OK ||
-        llmcl_tensor_create(env->ctx, LLMCL_BF16, 2, xs, &b.dx) != LLMCL_OK ||
-        llmcl_tensor_create(env->ctx, LLMCL_BF16, 2, ws, &b.w) != LLMCL_OK ||
-        llmcl_tensor_create(env->ctx, LLMCL_F32, 2, ws, &b.plain) != LLMCL_OK ||
-        llmcl_fill(env->ctx, b.plain, 0.0) != LLMCL_OK ||
-        llmcl_tensor_create(env->ctx, LLMCL_BF16, 2, dys, &b.dy) != LLMCL_OK ||
-        bench_upload_random(b.x, 1) != LLMCL_OK || bench_upload_random(b.dy, 2) != LLMCL_OK ||
-        bench_upload_random(b.w, 3) != LLMCL_OK) {
-        bench_fail(env, "dist: operands", LLMCL_ERROR_OUT_OF_DEVICE_MEMORY);
-        goto done;
-    }
-    b.reduce = 1;
-    const double comm_ms = wall_ms(env, backward, &b);
-    b.compute = 1;
-    const double both_ms = wall_ms(env, backward, &b);
-    b.reduce = 0;
-    const double compute_ms = wall_ms(env, backward, &b);
-    if (comm_ms > 0 && both_ms > 0 && compute_ms > 0) {
-        const double gbs = b.groups * group_bytes / (comm_ms * 1e-3) * 1e-9;
-        const double exposed = both_ms - compute_ms > 0 ? both_ms - compute_ms : 0;
-        char tok[64];
-        snprintf(tok, sizeof tok, "%s, %lld tokens", shape, (long long)tokens);
-        add_row(env, "reduce-scatter", "f32", shape, comm_ms);
-        add_row(env, "backward, no comm", "bf16", tok, compute_ms);
-        add_row(env, "backward + reduce", "bf16", tok, both_ms);
-        print_rate("reduce-scatter", "gradients", gbs, own_rs, mpi, link);
-        printf("dist overlap: exposed communication %.3f ms of %.3f ms (%.0f%%; backward %.3f ms "
-               "without it; collectives %s the compute, LLMCL_DIST_OVERLAP)\n",
-               exposed, comm_ms, 100.0 * exposed / comm_ms, compute_ms,
-               in.overlap ? "under" : "between");
-    }
-    if (make_dist(&b, 3) != LLMCL_OK) {
-        bench_fail(env, "dist: stage 3 setup", LLMCL_ERROR_MPI);
-        goto done;
-    }
-    /* Every pass gathers each group anew: two gather buffers for 16 groups. */
-    const double gather_ms = wall_ms(env, gather_pass, &b);
-    if (gather_ms > 0) {
-        const double gbs = b.groups * group_bytes / (gather_ms * 1e-3) * 1e-9;
-        add_row(env, "all-gather", "f32", shape, gather_ms);
-        print_rate("all-gather", "parameters", gbs, own_ag, mpi, link);
-    }
-    llmcl_dist_destroy(b.d);
-    b.d = NULL;
-    latency(env);
-    if (mpi)
-        chunk_sweep(&b, link);
-done:
-    llmcl_dist_destroy(b.d);
-    llmcl_tensor_destroy(b.x);
-    llmcl_tensor_destroy(b.dx);
-    llmcl_tensor_destroy(b.w);
-    llmcl_tensor_destroy(b.dy);
-    llmcl_tensor_destroy(b.plain);
+    measure_link(env, world);
 }
 
 void bench_dist(bench_env *env)
