@@ -58,7 +58,8 @@ llmcl_status model_prof_end(model *m, int family, llmcl_status st)
 
 /* ---- configuration ---- */
 
-const char *model_config_error(const model_config *c)
+/* The sizes: every count positive, the heads dividing the width and the query heads. */
+static const char *shape_error(const model_config *c)
 {
     static char msg[256];
     if (c->vocab < 2 || c->dim < 1 || c->layers < 1 || c->heads < 1 || c->kv_heads < 1 ||
@@ -83,6 +84,12 @@ const char *model_config_error(const model_config *c)
                  from);
         return msg;
     }
+    return NULL;
+}
+
+/* The architecture, with the layers its config.json can describe, and the dtype. */
+static const char *layers_error(const model_config *c)
+{
     if ((unsigned)c->arch >= ARCH_COUNT || c->sliding_window < 0)
         return "the architecture must be llama, mistral, qwen2 or qwen3, and the sliding "
                "window >= 0";
@@ -97,6 +104,12 @@ const char *model_config_error(const model_config *c)
                "q and k norms and biases on q, k, v and o or none";
     if (c->dtype != LLMCL_F32 && c->dtype != LLMCL_BF16 && c->dtype != LLMCL_F16)
         return "dtype must be f32, bf16 or f16";
+    return NULL;
+}
+
+/* LoRA, ZeRO, offload and the losses' options, and the combinations they refuse. */
+static const char *options_error(const model_config *c)
+{
     if (c->lora_rank < 0 || (c->lora_rank > 0 && !(c->lora_alpha > 0)))
         return "the LoRA rank must be >= 0 and its alpha > 0";
     if (c->lora_rank > 0 && (c->lora_targets == 0 || (c->lora_targets & ~LORA_ALL_TARGETS)))
@@ -140,6 +153,14 @@ const char *model_config_error(const model_config *c)
         return "--optimizer-in-backward needs f32 adapters (--lora-dtype f32): bf16 adapters' "
                "stochastic rounding counts elements across the whole step's update";
     return NULL;
+}
+
+const char *model_config_error(const model_config *c)
+{
+    const char *e = shape_error(c);
+    if (!e)
+        e = layers_error(c);
+    return e ? e : options_error(c);
 }
 
 int model_config_head_dim(const model_config *c)
