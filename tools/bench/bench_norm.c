@@ -474,86 +474,125 @@ static void add_row(nb *s, const char *kernel, const char *dir, bench_op op, ben
         bench_add(s->env, &r);
 }
 
-void bench_norm(bench_env *env)
+/* The bench's tensors, their addresses in three lists: bf16 activations [N, H], bf16 weights [H]
+   and f32 row statistics [N]. */
+#define N_ACTS 9
+#define N_VECS 4
+#define N_STATS 4
+static void tensor_lists(nb *s, llmcl_tensor **acts[N_ACTS], llmcl_tensor **vecs[N_VECS],
+                         llmcl_tensor **stats[N_STATS])
 {
-    nb s = {.env = env};
-    s.N = env->small ? 256 : 8192;
-    s.H = env->small ? 1024 : 4096;
-    const int64_t N = s.N, H = s.H, NH = N * H, shape[2] = {N, H};
-    const int64_t bshape[2] = {N, H}, bstrides[2] = {0, 1};
-    llmcl_tensor **acts[] = {&s.x, &s.res, &s.r, &s.y, &s.dy, &s.dr, &s.dx, &s.m, &s.t};
-    llmcl_tensor **vecs[] = {&s.w, &s.b, &s.dw, &s.db};
-    llmcl_tensor **stats[] = {&s.rstd, &s.mean, &s.s1, &s.s2};
-    llmcl_status st = LLMCL_OK;
-    for (size_t i = 0; i < 9 && st == LLMCL_OK; ++i)
-        st = llmcl_tensor_create(env->ctx, LLMCL_BF16, 2, shape, acts[i]);
-    for (size_t i = 0; i < 4 && st == LLMCL_OK; ++i)
-        st = llmcl_tensor_create(env->ctx, LLMCL_BF16, 1, &H, vecs[i]);
-    for (size_t i = 0; i < 4 && st == LLMCL_OK; ++i)
-        st = llmcl_tensor_create(env->ctx, LLMCL_F32, 1, &N, stats[i]);
-    if (st == LLMCL_OK)
-        st = llmcl_tensor_view(s.w, 2, bshape, bstrides, 0, &s.wb);
-    if (st == LLMCL_OK)
-        st = llmcl_tensor_view(s.b, 2, bshape, bstrides, 0, &s.bb);
+    llmcl_tensor **a[N_ACTS] = {&s->x, &s->res, &s->r, &s->y, &s->dy, &s->dr, &s->dx, &s->m, &s->t};
+    llmcl_tensor **v[N_VECS] = {&s->w, &s->b, &s->dw, &s->db};
+    llmcl_tensor **t[N_STATS] = {&s->rstd, &s->mean, &s->s1, &s->s2};
+    memcpy(acts, a, sizeof a);
+    memcpy(vecs, v, sizeof v);
+    memcpy(stats, t, sizeof t);
+}
 
-    /* Inputs: normal-ish values from a fixed-seed LCG; the reference sees them rounded to bf16. */
-    float *hv = malloc((size_t)NH * sizeof *hv);
-    host_in h = {.n = env->small ? 64 : 128, .H = H};
-    const int64_t hn = h.n * H;
-    double **hosts[] = {&h.x, &h.res, &h.dy, &h.dr};
-    llmcl_tensor *dev[] = {s.x, s.res, s.dy, s.dr};
+/* Every tensor, and the weights and biases viewed as [N, H] rows of stride 0. */
+static llmcl_status create_tensors(nb *s)
+{
+    llmcl_tensor **acts[N_ACTS], **vecs[N_VECS], **stats[N_STATS];
+    tensor_lists(s, acts, vecs, stats);
+    const int64_t shape[2] = {s->N, s->H}, bstrides[2] = {0, 1};
+    llmcl_status st = LLMCL_OK;
+    for (size_t i = 0; i < N_ACTS && st == LLMCL_OK; ++i)
+        st = llmcl_tensor_create(s->env->ctx, LLMCL_BF16, 2, shape, acts[i]);
+    for (size_t i = 0; i < N_VECS && st == LLMCL_OK; ++i)
+        st = llmcl_tensor_create(s->env->ctx, LLMCL_BF16, 1, &s->H, vecs[i]);
+    for (size_t i = 0; i < N_STATS && st == LLMCL_OK; ++i)
+        st = llmcl_tensor_create(s->env->ctx, LLMCL_F32, 1, &s->N, stats[i]);
+    if (st == LLMCL_OK)
+        st = llmcl_tensor_view(s->w, 2, shape, bstrides, 0, &s->wb);
+    if (st == LLMCL_OK)
+        st = llmcl_tensor_view(s->b, 2, shape, bstrides, 0, &s->bb);
+    return st;
+}
+
+/* Inputs: normal-ish values from a fixed-seed LCG, uploaded; the reference sees the first h->n
+   rows rounded to bf16. hv holds N x H floats. */
+static llmcl_status make_inputs(nb *s, host_in *h, float *hv)
+{
+    const int64_t H = s->H, NH = s->N * H, hn = h->n * H;
+    double **hosts[] = {&h->x, &h->res, &h->dy, &h->dr};
+    llmcl_tensor *dev[] = {s->x, s->res, s->dy, s->dr};
     uint64_t seed = 12345;
-    for (int k = 0; k < 4 && st == LLMCL_OK && hv; ++k) {
+    llmcl_status st = LLMCL_OK;
+    for (int k = 0; k < 4 && st == LLMCL_OK; ++k) {
         for (int64_t i = 0; i < NH; ++i) {
             seed = seed * 6364136223846793005ull + 1442695040888963407ull;
             hv[i] = (float)((double)(seed >> 11) / 9007199254740992.0 * 4.0 - 2.0);
         }
-        st = upload_f32(env, dev[k], hv);
+        st = upload_f32(s->env, dev[k], hv);
         *hosts[k] = malloc((size_t)hn * sizeof(double));
         for (int64_t i = 0; *hosts[k] && i < hn; ++i)
             (*hosts[k])[i] = norm_ref_round(LLMCL_BF16, hv[i]);
     }
-    double **hw[] = {&h.w, &h.b};
-    llmcl_tensor *dw[] = {s.w, s.b};
-    for (int k = 0; k < 2 && st == LLMCL_OK && hv; ++k) {
+    double **hw[] = {&h->w, &h->b};
+    llmcl_tensor *dw[] = {s->w, s->b};
+    for (int k = 0; k < 2 && st == LLMCL_OK; ++k) {
         for (int64_t i = 0; i < H; ++i)
             hv[i] = k == 0 ? 0.5f + (float)((i * 37) % 101) / 100.0f : (float)((i * 13) % 7) / 7.0f;
-        st = upload_f32(env, dw[k], hv);
+        st = upload_f32(s->env, dw[k], hv);
         *hw[k] = malloc((size_t)H * sizeof(double));
         for (int64_t i = 0; *hw[k] && i < H; ++i)
             (*hw[k])[i] = norm_ref_round(LLMCL_BF16, hv[i]);
     }
-    const bool inputs_ok = st == LLMCL_OK && hv && h.x && h.res && h.dy && h.dr && h.w && h.b;
-    if (!inputs_ok)
-        bench_fail(env, "norm setup", st);
-    else if (build_baselines(&s)) {
-        const double e = 2.0, vec = (double)H * e, rowf = (double)N * 4.0, act = (double)NH * e;
-        const int c_rms = check_family(&s, &h, "rmsnorm");
-        const int c_res = check_family(&s, &h, "residual");
-        const int c_ln = check_family(&s, &h, "layernorm");
-        const double rf = 2 * act + vec + rowf, rb = 3 * act + 2 * vec + rowf;
-        add_row(&s, "rmsnorm", "fwd", rms_fwd, bl_rms_fwd, rf, c_rms);
-        add_row(&s, "rmsnorm", "bwd", rms_bwd, bl_rms_bwd, rb, c_rms);
-        add_row(&s, "rmsnorm", "fwd+bwd", rms_fwd_bwd, bl_rms_fwd_bwd, rf + rb, c_rms);
-        add_row(&s, "residual_rmsnorm", "fwd", res_fwd, bl_res_fwd, 4 * act + vec + rowf, c_res);
-        add_row(&s, "residual_rmsnorm", "bwd", res_bwd, bl_res_bwd, 4 * act + 2 * vec + rowf,
-                c_res);
-        add_row(&s, "layernorm", "fwd", ln_fwd, bl_ln_fwd, 2 * act + 2 * vec + 2 * rowf, c_ln);
-        add_row(&s, "layernorm", "bwd", ln_bwd, bl_ln_bwd, 3 * act + 3 * vec + 2 * rowf, c_ln);
-    }
+    return st;
+}
 
+/* Each family checked against the reference, then timed beside its baseline: a row an op. */
+static void measure(nb *s, const host_in *h)
+{
+    const double e = 2.0, vec = (double)s->H * e, rowf = (double)s->N * 4.0;
+    const double act = (double)s->N * s->H * e;
+    const int c_rms = check_family(s, h, "rmsnorm");
+    const int c_res = check_family(s, h, "residual");
+    const int c_ln = check_family(s, h, "layernorm");
+    const double rf = 2 * act + vec + rowf, rb = 3 * act + 2 * vec + rowf;
+    add_row(s, "rmsnorm", "fwd", rms_fwd, bl_rms_fwd, rf, c_rms);
+    add_row(s, "rmsnorm", "bwd", rms_bwd, bl_rms_bwd, rb, c_rms);
+    add_row(s, "rmsnorm", "fwd+bwd", rms_fwd_bwd, bl_rms_fwd_bwd, rf + rb, c_rms);
+    add_row(s, "residual_rmsnorm", "fwd", res_fwd, bl_res_fwd, 4 * act + vec + rowf, c_res);
+    add_row(s, "residual_rmsnorm", "bwd", res_bwd, bl_res_bwd, 4 * act + 2 * vec + rowf, c_res);
+    add_row(s, "layernorm", "fwd", ln_fwd, bl_ln_fwd, 2 * act + 2 * vec + 2 * rowf, c_ln);
+    add_row(s, "layernorm", "bwd", ln_bwd, bl_ln_bwd, 3 * act + 3 * vec + 2 * rowf, c_ln);
+}
+
+static void release(nb *s, host_in *h)
+{
+    llmcl_tensor **acts[N_ACTS], **vecs[N_VECS], **stats[N_STATS];
+    tensor_lists(s, acts, vecs, stats);
     for (int i = 0; i < K_COUNT; ++i)
-        if (s.k[i])
-            clReleaseKernel(s.k[i]);
-    if (s.prog)
-        clReleaseProgram(s.prog);
-    llmcl_tensor_destroy(s.wb);
-    llmcl_tensor_destroy(s.bb);
-    for (size_t i = 0; i < 9; ++i)
+        if (s->k[i])
+            clReleaseKernel(s->k[i]);
+    if (s->prog)
+        clReleaseProgram(s->prog);
+    llmcl_tensor_destroy(s->wb);
+    llmcl_tensor_destroy(s->bb);
+    for (size_t i = 0; i < N_ACTS; ++i)
         llmcl_tensor_destroy(*acts[i]);
-    for (size_t i = 0; i < 4; ++i) {
+    for (size_t i = 0; i < N_VECS; ++i)
         llmcl_tensor_destroy(*vecs[i]);
+    for (size_t i = 0; i < N_STATS; ++i)
         llmcl_tensor_destroy(*stats[i]);
-    }
-    free(hv), free(h.x), free(h.res), free(h.dy), free(h.dr), free(h.w), free(h.b);
+    free(h->x), free(h->res), free(h->dy), free(h->dr), free(h->w), free(h->b);
+}
+
+void bench_norm(bench_env *env)
+{
+    nb s = {.env = env, .N = env->small ? 256 : 8192, .H = env->small ? 1024 : 4096};
+    host_in h = {.n = env->small ? 64 : 128, .H = s.H};
+    llmcl_status st = create_tensors(&s);
+    float *hv = malloc((size_t)(s.N * s.H) * sizeof *hv);
+    const bool staged = hv != NULL;
+    if (st == LLMCL_OK && staged)
+        st = make_inputs(&s, &h, hv);
+    free(hv);
+    if (st != LLMCL_OK || !staged || !h.x || !h.res || !h.dy || !h.dr || !h.w || !h.b)
+        bench_fail(env, "norm setup", st);
+    else if (build_baselines(&s))
+        measure(&s, &h);
+    release(&s, &h);
 }
