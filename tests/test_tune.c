@@ -904,29 +904,10 @@ static void test_restrict_space(void **state)
     assert_int_equal(tune_restrict_space("WG=64", "WG=1,2", out, 4), -1);
 }
 
-static void test_tool_end_to_end(void **state)
+/* The header of a file llmcl-tune wrote, and its two entries (copy and axpy); returns copy's. */
+static json_t *check_written_file(json_t *root)
 {
-    (void)state;
-    const char *exe = getenv("LLMCL_TUNE_EXE");
-    if (exe == NULL || access(exe, X_OK) != 0) {
-        print_message("LLMCL_TUNE_EXE not set or not executable: skipped\n");
-        skip();
-    }
-    const char *out = tmp_path("e2e.json"), *log = tmp_path("e2e.log");
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd,
-             "'%s' --quick --kernel copy --kernel axpy --max-time 120 --output '%s' >'%s' 2>&1",
-             exe, out, log);
-    if (system(cmd) != 0) {
-        snprintf(cmd, sizeof cmd, "cat '%s'", log);
-        (void)system(cmd);
-        fail_msg("llmcl-tune failed");
-    }
     const llmcl_device_info *info = llmcl_ctx_device_info(th_ctx());
-    json_error_t err;
-    json_t *root = json_load_file(out, JSON_REJECT_DUPLICATES, &err);
-    if (root == NULL)
-        fail_msg("%s: %s", out, err.text);
     assert_string_equal(json_string_value(json_object_get(root, "format")), "llmcl-tuning");
     assert_int_equal(json_integer_value(json_object_get(root, "version")), 1);
     json_t *dev = json_object_get(root, "device");
@@ -951,12 +932,16 @@ static void test_tool_end_to_end(void **state)
         assert_true(entry_wg(e) >= 1);
     }
     assert_non_null(copy);
+    return copy;
+}
+
+/* A context reading `file` as LLMCL_TUNE_DB launches copy with the entry's parameters. */
+static void expect_copy_launched_with(const char *file, json_t *copy)
+{
     const char *cls = json_string_value(json_object_get(copy, "shape_class"));
     const char *shape = json_string_value(json_object_get(copy, "shape"));
-    int64_t n = strtoll(shape + 2, NULL, 10); /* "N=..." */
-
-    /* The runtime picks the file up and the launch uses its parameters. */
-    llmcl_ctx *ctx = ctx_with_env("LLMCL_TUNE_DB", out);
+    const int64_t n = strtoll(shape + 2, NULL, 10); /* "N=..." */
+    llmcl_ctx *ctx = ctx_with_env("LLMCL_TUNE_DB", file);
     assert_string_equal(llmcl_tune_db_warnings(ctx), "");
     run_copy_n(ctx, n);
     char want[256];
@@ -965,27 +950,19 @@ static void test_tool_end_to_end(void **state)
     assert_string_equal(params_of(ctx, "copy", LLMCL_F32, cls, &launched), want);
     assert_int_equal(launched, 1);
     llmcl_ctx_destroy(ctx);
+}
 
-    /* The same file with a value no default has: it must be the one in use. */
-    long odd = entry_wg(copy) == 96 ? 160 : 96;
-    json_object_set_new(json_object_get(copy, "params"), "WG", json_integer(odd));
-    const char *edited = tmp_path("e2e-edited.json");
-    assert_int_equal(json_dump_file(root, edited, JSON_INDENT(2)), 0);
-    ctx = ctx_with_env("LLMCL_TUNE_DB", edited);
-    run_copy_n(ctx, n);
-    entry_params_text(copy, want, sizeof want);
-    assert_string_equal(params_of(ctx, "copy", LLMCL_F32, cls, &launched), want);
-    assert_int_equal(launched, 1);
-    llmcl_ctx_destroy(ctx);
-    json_decref(root);
-
-    /* --merge keeps the entries of the file that were not retuned. */
+/* --merge keeps the entries of the file that were not retuned: copy and axpy beside mul. */
+static void check_merge(const char *exe, const char *out, const char *log)
+{
+    char cmd[1024];
     snprintf(cmd, sizeof cmd, "'%s' --quick --kernel mul --merge --output '%s' >'%s' 2>&1", exe,
              out, log);
     assert_int_equal(system(cmd), 0);
-    root = json_load_file(out, 0, &err);
+    json_error_t err;
+    json_t *root = json_load_file(out, 0, &err);
     assert_non_null(root);
-    entries = json_object_get(root, "entries");
+    json_t *entries = json_object_get(root, "entries");
     assert_int_equal(json_array_size(entries), 3);
     int seen = 0;
     for (size_t i = 0; i < 3; ++i) {
@@ -995,6 +972,41 @@ static void test_tool_end_to_end(void **state)
     }
     assert_int_equal(seen, 7);
     json_decref(root);
+}
+
+static void test_tool_end_to_end(void **state)
+{
+    (void)state;
+    const char *exe = getenv("LLMCL_TUNE_EXE");
+    if (exe == NULL || access(exe, X_OK) != 0) {
+        print_message("LLMCL_TUNE_EXE not set or not executable: skipped\n");
+        skip();
+    }
+    const char *out = tmp_path("e2e.json"), *log = tmp_path("e2e.log");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "'%s' --quick --kernel copy --kernel axpy --max-time 120 --output '%s' >'%s' 2>&1",
+             exe, out, log);
+    if (system(cmd) != 0) {
+        snprintf(cmd, sizeof cmd, "cat '%s'", log);
+        (void)system(cmd);
+        fail_msg("llmcl-tune failed");
+    }
+    json_error_t err;
+    json_t *root = json_load_file(out, JSON_REJECT_DUPLICATES, &err);
+    if (root == NULL)
+        fail_msg("%s: %s", out, err.text);
+    json_t *copy = check_written_file(root);
+    /* The runtime picks the file up and the launch uses its parameters. */
+    expect_copy_launched_with(out, copy);
+    /* The same file with a value no default has: it must be the one in use. */
+    const long odd = entry_wg(copy) == 96 ? 160 : 96;
+    json_object_set_new(json_object_get(copy, "params"), "WG", json_integer(odd));
+    const char *edited = tmp_path("e2e-edited.json");
+    assert_int_equal(json_dump_file(root, edited, JSON_INDENT(2)), 0);
+    expect_copy_launched_with(edited, copy);
+    json_decref(root);
+    check_merge(exe, out, log);
 }
 
 /* The text of a small file, or "" where it cannot be read. */
