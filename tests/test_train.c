@@ -293,31 +293,82 @@ static void check_adamw(const char *file, llmcl_dtype dt)
  * those of the mean over every target that learns: the documents' own, each weighted by its share
  * of the targets (ce_grad_scale). The ops form recomputes them bit for bit.
  */
+/* Five documents packed into 32 tokens, the third of them padding; the second learns nothing
+   from its first two tokens. */
+#define DOCS 5
+static const int32_t doc_offsets[DOCS + 1] = {0, 5, 12, 16, 29, 32};
+static const bool doc_padding[DOCS] = {false, false, true, false, false};
+
+typedef struct packing {
+    int32_t ids[32], targets[32], pos[32];
+    int counted[DOCS], total; /* the tokens that learn, by document and in all */
+} packing;
+
+static packing pack_documents(const fixture *f)
+{
+    packing p = {.total = 0};
+    for (int d = 0; d < DOCS; ++d)
+        for (int i = doc_offsets[d]; i < doc_offsets[d + 1]; ++i) {
+            const bool learns = !doc_padding[d] && i + 1 < doc_offsets[d + 1] && !(d == 1 && i < 7);
+            p.ids[i] = doc_padding[d] ? 0 : f->ids[i];
+            p.targets[i] = learns ? f->ids[i + 1] : -100;
+            p.pos[i] = i - doc_offsets[d];
+            p.counted[d] += learns;
+            p.total += learns;
+        }
+    return p;
+}
+
+/* Document d run alone: its logits must be the packed run's rows, and its loss and gradients
+   (added to m's) count with its share of the learning tokens. Returns its share of the loss. */
+static double document_alone(model *m, const fixture *f, const packing *p, int d,
+                             const double *packed)
+{
+    const int at = doc_offsets[d], len = doc_offsets[d + 1] - at;
+    m->ce_grad_scale = (float)p->counted[d] / (float)p->total;
+    TH_OK(model_forward(m, p->ids + at, p->targets + at, 1, len, true));
+    double l, *alone = th_alloc((size_t)len * f->cfg.vocab * sizeof *alone);
+    th_download(m->loss, &l);
+    const int64_t ashape[2] = {len, f->cfg.vocab};
+    llmcl_tensor *al = th_tensor(LLMCL_F32, 2, ashape);
+    TH_OK(model_logits(m, 0, len, al));
+    th_download(al, alone);
+    const size_t nl = (size_t)len * f->cfg.vocab;
+    TH_ASSERT_CLOSE("a document's logits", alone, packed + (size_t)at * f->cfg.vocab, nl,
+                    rel_max_tol(LLMCL_F32, alone, nl));
+    TH_OK(model_backward(m, 1, len));
+    llmcl_tensor_destroy(al);
+    free(alone);
+    return l * p->counted[d] / p->total;
+}
+
+/* The packed run under op-level recomputation: the same gradients, bit for bit. */
+static void check_documents_recomputed(fixture *f, const packing *p, double **g)
+{
+    model *mo = fixture_model(f, RECOMPUTE_OPS, false);
+    TH_OK(llmcl_fill(mo->ctx, mo->trainable.grad, 0.0));
+    TH_OK(model_set_documents(mo, p->pos, doc_offsets, DOCS, f->b, f->t));
+    TH_OK(model_forward(mo, p->ids, p->targets, f->b, f->t, true));
+    double **go = gradients(mo);
+    for (int i = 0; i < mo->n_params; ++i)
+        assert_memory_equal(g[i], go[i], (size_t)mo->params[i].numel * sizeof *g[i]);
+    free_gradients(mo, go);
+    model_destroy(mo);
+}
+
 static void check_documents(const char *file)
 {
     printf("%s: packed documents\n", file);
     fixture f = fixture_open(file, LLMCL_F32);
     assert_int_equal(f.b * f.t, 32);
-    static const int32_t offsets[] = {0, 5, 12, 16, 29, 32};
-    static const bool padding[] = {false, false, true, false, false};
-    const int docs = 5;
-    int32_t ids[32], targets[32], pos[32], counted[5] = {0}, total = 0;
-    for (int d = 0; d < docs; ++d)
-        for (int i = offsets[d]; i < offsets[d + 1]; ++i) {
-            const bool learns = !padding[d] && i + 1 < offsets[d + 1] && !(d == 1 && i < 7);
-            ids[i] = padding[d] ? 0 : f.ids[i];
-            targets[i] = learns ? f.ids[i + 1] : -100;
-            pos[i] = i - offsets[d];
-            counted[d] += learns;
-            total += learns;
-        }
+    const packing p = pack_documents(&f);
     const int64_t lshape[2] = {32, f.cfg.vocab};
     llmcl_tensor *logits = th_tensor(LLMCL_F32, 2, lshape);
     double *packed = th_alloc((size_t)32 * f.cfg.vocab * sizeof *packed), loss;
     model *m = fixture_model(&f, RECOMPUTE_NONE, false);
     TH_OK(llmcl_fill(m->ctx, m->trainable.grad, 0.0));
-    TH_OK(model_set_documents(m, pos, offsets, docs, f.b, f.t));
-    TH_OK(model_forward(m, ids, targets, f.b, f.t, true));
+    TH_OK(model_set_documents(m, p.pos, doc_offsets, DOCS, f.b, f.t));
+    TH_OK(model_forward(m, p.ids, p.targets, f.b, f.t, true));
     th_download(m->loss, &loss);
     TH_OK(model_logits(m, 0, 32, logits));
     th_download(logits, packed);
@@ -327,26 +378,9 @@ static void check_documents(const char *file)
     TH_OK(llmcl_fill(m->ctx, m->trainable.grad, 0.0));
     TH_OK(model_set_documents(m, NULL, NULL, 0, f.b, f.t));
     double ref_loss = 0;
-    for (int d = 0; d < docs; ++d) {
-        const int at = offsets[d], len = offsets[d + 1] - at;
-        if (padding[d])
-            continue;
-        m->ce_grad_scale = (float)counted[d] / (float)total;
-        TH_OK(model_forward(m, ids + at, targets + at, 1, len, true));
-        double l, *alone = th_alloc((size_t)len * f.cfg.vocab * sizeof *alone);
-        th_download(m->loss, &l);
-        ref_loss += l * counted[d] / total;
-        const int64_t ashape[2] = {len, f.cfg.vocab};
-        llmcl_tensor *al = th_tensor(LLMCL_F32, 2, ashape);
-        TH_OK(model_logits(m, 0, len, al));
-        th_download(al, alone);
-        const size_t nl = (size_t)len * f.cfg.vocab;
-        TH_ASSERT_CLOSE("a document's logits", alone, packed + (size_t)at * f.cfg.vocab, nl,
-                        rel_max_tol(LLMCL_F32, alone, nl));
-        TH_OK(model_backward(m, 1, len));
-        llmcl_tensor_destroy(al);
-        free(alone);
-    }
+    for (int d = 0; d < DOCS; ++d)
+        if (!doc_padding[d])
+            ref_loss += document_alone(m, &f, &p, d, packed);
     printf("loss %.6f, the documents' %.6f\n", loss, ref_loss);
     assert_true(fabs(loss - ref_loss) <= 1e-5 * (1 + fabs(ref_loss)));
     for (int i = 0; i < m->n_params; ++i) {
@@ -356,15 +390,7 @@ static void check_documents(const char *file)
         TH_ASSERT_CLOSE(m->params[i].name, gd, g[i], n, rel_max_tol(LLMCL_F32, gd, n));
         free(gd);
     }
-    model *mo = fixture_model(&f, RECOMPUTE_OPS, false);
-    TH_OK(llmcl_fill(mo->ctx, mo->trainable.grad, 0.0));
-    TH_OK(model_set_documents(mo, pos, offsets, docs, f.b, f.t));
-    TH_OK(model_forward(mo, ids, targets, f.b, f.t, true));
-    double **go = gradients(mo);
-    for (int i = 0; i < m->n_params; ++i)
-        assert_memory_equal(g[i], go[i], (size_t)m->params[i].numel * sizeof *g[i]);
-    free_gradients(mo, go);
-    model_destroy(mo);
+    check_documents_recomputed(&f, &p, g);
     free_gradients(m, g);
     model_destroy(m);
     free(packed);
