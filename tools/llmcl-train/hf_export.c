@@ -301,72 +301,100 @@ static void remove_stale(const char *dir, int files)
     closedir(d);
 }
 
+/* One export's walk through the parameters: the files planned, the one being written. */
+typedef struct export_walk {
+    model *m;
+    const char *dir;
+    const hf_export_opts *o;
+    bool writes, adapters;
+    int *shard, files, open_file; /* each parameter's file; how many; the one open (-1: none) */
+    export_file f;
+    const float *image;       /* the offloaded masters, or NULL */
+    const model_param **batch; /* a layer group's parameters, each merged one's adapters after it */
+    float **hosts;
+} export_walk;
+
+/* The parameters of the layer group at *i (one gather under --zero), *i moved past them. */
+static int collect_group(export_walk *w, int *i)
+{
+    model *m = w->m;
+    const int group = model_group(m, &m->params[*i]);
+    int n = 0;
+    for (; *i < m->n_params && model_group(m, &m->params[*i]) == group; ++*i) {
+        const model_param *p = &m->params[*i];
+        if (w->adapters != (p->kind >= P_LORA_A))
+            continue;
+        w->batch[n++] = p;
+        if (p->lora_a && w->o->merge) /* its adapters' values after it */
+            w->batch[n++] = p->lora_a, w->batch[n++] = p->lora_b;
+    }
+    return n;
+}
+
+/* The batch's values into their files, a file finished before the next opens. */
+static void write_batch(export_walk *w, int n)
+{
+    for (int k = 0; k < n; ++k) {
+        const model_param *p = w->batch[k];
+        float *values = w->hosts[k];
+        if (p->lora_a && w->o->merge) { /* the two after it are its adapters' */
+            values = merged_f32(w->m, p, w->hosts[k + 1], w->hosts[k + 2]);
+            free(w->hosts[k]), free(w->hosts[k + 1]), free(w->hosts[k + 2]);
+            k += 2;
+        }
+        const int k_file = w->shard[p - w->m->params];
+        if (k_file != w->open_file) { /* the next file: the one before it is whole */
+            char name[64];
+            if (w->open_file >= 0)
+                finish(&w->f);
+            file_name(w->adapters, k_file, w->files, name);
+            writer(&w->f, w->dir, name);
+            w->open_file = k_file;
+        }
+        add(&w->f, p->name, p, values, w->o->dtype);
+    }
+}
+
 void hf_export(model *m, const char *dir, const hf_export_opts *o)
 {
-    const bool writes = o->rank == 0;
-    if (writes && mkdir(dir, 0755) != 0 && errno != EEXIST)
+    export_walk w = {.m = m, .dir = dir, .o = o, .writes = o->rank == 0, .open_file = -1};
+    if (w.writes && mkdir(dir, 0755) != 0 && errno != EEXIST)
         die("--export: cannot create the folder %s: %s", dir, strerror(errno));
-    if (writes && !path_is_dir(dir))
+    if (w.writes && !path_is_dir(dir))
         die("--export %s: not a folder", dir);
-    export_file f = {0};
-    const bool adapters = m->cfg.lora_rank > 0 && !o->merge;
-    int *shard = xmalloc((size_t)m->n_params * sizeof *shard), open_file = -1;
+    w.adapters = m->cfg.lora_rank > 0 && !o->merge;
+    w.shard = xmalloc((size_t)m->n_params * sizeof *w.shard);
     int64_t total;
-    const int files = plan_files(m, adapters, o->dtype,
-                                 adapters || o->shard_bytes <= 0 ? INT64_MAX : o->shard_bytes,
-                                 shard, &total);
+    w.files = plan_files(m, w.adapters, o->dtype,
+                         w.adapters || o->shard_bytes <= 0 ? INT64_MAX : o->shard_bytes, w.shard,
+                         &total);
     offload_state *off = m->trainable.offloaded; /* the masters from pinned memory, no LoRA */
     float *image = off ? xmalloc((size_t)m->trainable.total * sizeof *image) : NULL;
     if (image)
         CHECK(offload_state_read(off, image, NULL, NULL), m->ctx);
-    const model_param **batch = xmalloc((size_t)m->n_params * 3 * sizeof *batch);
-    float **hosts = xmalloc((size_t)m->n_params * 3 * sizeof *hosts);
-    for (int i = 0; i < m->n_params;) { /* a layer group at a time: one gather under --zero */
-        const int group = model_group(m, &m->params[i]);
-        int n = 0;
-        for (; i < m->n_params && model_group(m, &m->params[i]) == group; ++i) {
-            const model_param *p = &m->params[i];
-            if (adapters != (p->kind >= P_LORA_A))
-                continue;
-            batch[n++] = p;
-            if (p->lora_a && o->merge) /* its adapters' values after it */
-                batch[n++] = p->lora_a, batch[n++] = p->lora_b;
-        }
-        download_f32(m, batch, n, image, writes, hosts);
-        for (int k = 0; writes && k < n; ++k) {
-            const model_param *p = batch[k];
-            float *values = hosts[k];
-            if (p->lora_a && o->merge) { /* the two after it are its adapters' */
-                values = merged_f32(m, p, hosts[k + 1], hosts[k + 2]);
-                free(hosts[k]), free(hosts[k + 1]), free(hosts[k + 2]);
-                k += 2;
-            }
-            const int k_file = shard[p - m->params];
-            if (k_file != open_file) { /* the next file: the one before it is whole */
-                char name[64];
-                if (open_file >= 0)
-                    finish(&f);
-                file_name(adapters, k_file, files, name);
-                writer(&f, dir, name);
-                open_file = k_file;
-            }
-            add(&f, p->name, p, values, o->dtype);
-        }
+    w.image = image;
+    w.batch = xmalloc((size_t)m->n_params * 3 * sizeof *w.batch);
+    w.hosts = xmalloc((size_t)m->n_params * 3 * sizeof *w.hosts);
+    for (int i = 0; i < m->n_params;) {
+        const int n = collect_group(&w, &i);
+        download_f32(m, w.batch, n, w.image, w.writes, w.hosts);
+        if (w.writes)
+            write_batch(&w, n);
     }
-    free(batch);
-    free(hosts);
+    free(w.batch);
+    free(w.hosts);
     free(image);
-    if (!writes) {
-        free(shard);
+    if (!w.writes) {
+        free(w.shard);
         return;
     }
-    finish(&f);
-    if (files > 1)
-        write_index(m, dir, shard, files, total);
-    if (!adapters)
-        remove_stale(dir, files);
-    free(shard);
-    if (adapters)
+    finish(&w.f);
+    if (w.files > 1)
+        write_index(m, dir, w.shard, w.files, total);
+    if (!w.adapters)
+        remove_stale(dir, w.files);
+    free(w.shard);
+    if (w.adapters)
         write_adapter_config(m, dir, o->base);
     else
         write_config(m, dir, o);
