@@ -331,79 +331,104 @@ static void bench_path1(bench_env *env, int64_t n, int64_t v)
     llmcl_tensor_destroy(b.loss), llmcl_tensor_destroy(b.lse);
 }
 
-static void bench_linear(bench_env *env, int64_t n, int64_t h, int64_t v, llmcl_dtype dt)
+static llmcl_status make_linear_tensors(bench_env *env, ce_bench *b, llmcl_dtype dt)
 {
-    ce_bench b = {.n = n, .h = h, .v = v};
-    const int64_t hs[2] = {n, h}, ws[2] = {v, h}, one = 1;
-    llmcl_status st = make_tensor(env->ctx, dt, 2, hs, 2, 2.0f, &b.hidden);
+    const int64_t hs[2] = {b->n, b->h}, ws[2] = {b->v, b->h}, one = 1;
+    llmcl_status st = make_tensor(env->ctx, dt, 2, hs, 2, 2.0f, &b->hidden);
     if (st == LLMCL_OK)
-        st = make_tensor(env->ctx, dt, 2, ws, 3, 0.5f, &b.weight);
+        st = make_tensor(env->ctx, dt, 2, ws, 3, 0.5f, &b->weight);
     if (st == LLMCL_OK)
-        st = make_labels(env->ctx, n, v, &b.labels);
+        st = make_labels(env->ctx, b->n, b->v, &b->labels);
     if (st == LLMCL_OK)
-        st = llmcl_tensor_create(env->ctx, LLMCL_F32, 1, &one, &b.loss);
+        st = llmcl_tensor_create(env->ctx, LLMCL_F32, 1, &one, &b->loss);
     if (st == LLMCL_OK)
-        st = llmcl_tensor_create(env->ctx, LLMCL_F32, 1, &n, &b.lse);
+        st = llmcl_tensor_create(env->ctx, LLMCL_F32, 1, &b->n, &b->lse);
     if (st == LLMCL_OK)
-        st = llmcl_tensor_create(env->ctx, LLMCL_F32, 2, hs, &b.dh);
+        st = llmcl_tensor_create(env->ctx, LLMCL_F32, 2, hs, &b->dh);
     if (st == LLMCL_OK)
-        st = llmcl_tensor_create(env->ctx, LLMCL_F32, 2, ws, &b.dw);
-    if (st != LLMCL_OK) {
-        bench_fail(env, "linear cross_entropy setup", st);
-        goto done;
-    }
-    char s[48];
-    snprintf(s, sizeof s, "N=%lld H=%lld V=%lld", (long long)n, (long long)h, (long long)v);
-    const double gemm = 2.0 * (double)n * (double)h * (double)v;
+        st = llmcl_tensor_create(env->ctx, LLMCL_F32, 2, ws, &b->dw);
+    return st;
+}
 
-    /* naive baseline (f32 only: CLBlast has no bf16), then the fused forms against its loss */
-    double naive_ms = 0, naive_loss = NAN;
-    if (dt == LLMCL_F32) {
-        naive_ms = bench_wall_time(env, op_naive, &b, 16);
-        naive_loss = loss_of(env, &b);
-        add_row(env, "ce_naive_clblast", "fwd+bwd", dt, s, naive_ms, 0, 3 * gemm,
-                bench_peak_mib(env, op_naive, &b), 0, -1);
-    }
-    const double l2_ms = bench_wall_time(env, op_linear, &b, 16);
-    const double l2 = loss_of(env, &b);
+/* The flops of one product of the head: [n, h] by [h, v]. */
+static double head_flops(const ce_bench *b)
+{
+    return 2.0 * (double)b->n * (double)b->h * (double)b->v;
+}
+
+/* The chunked form: at its default chunks, at llmcl-train's budget and (16-bit operands) with
+   the logits in their dtype. Its loss checked against the naive one where that ran. */
+static void chunked_rows(bench_env *env, ce_bench *b, llmcl_dtype dt, const char *s,
+                         double naive_ms, double naive_loss)
+{
+    const double gemm = head_flops(b);
+    const double l2_ms = bench_wall_time(env, op_linear, b, 16);
+    const double l2 = loss_of(env, b);
     const int c2 = check_linear(env, 2) &&
                    (isnan(naive_loss) || fabs(l2 - naive_loss) < 1e-3 * fabs(naive_loss) + 1e-4);
     add_row(env, "ce_linear_chunked", "fwd+bwd", dt, s, l2_ms, 0, 3 * gemm,
-            bench_peak_mib(env, op_linear, &b), naive_ms, c2);
+            bench_peak_mib(env, op_linear, b), naive_ms, c2);
     /* llmcl-train's budget: 2048 tokens a chunk at 128256 classes, a quarter of the passes over
        the f32 dW of 256 MiB chunks */
-    b.opts.chunk_bytes = 1536ull << 20;
-    const double l2b_ms = bench_wall_time(env, op_linear, &b, 16);
-    const int c2b = c2 && fabs(loss_of(env, &b) - l2) <= 1e-4 * fabs(l2) + 1e-5;
+    b->opts.chunk_bytes = 1536ull << 20;
+    const double l2b_ms = bench_wall_time(env, op_linear, b, 16);
+    const int c2b = c2 && fabs(loss_of(env, b) - l2) <= 1e-4 * fabs(l2) + 1e-5;
     add_row(env, "ce_linear_chunked_1536M", "fwd+bwd", dt, s, l2b_ms, 0, 3 * gemm,
-            bench_peak_mib(env, op_linear, &b), naive_ms, c2b);
-    b.opts.chunk_bytes = 0;
+            bench_peak_mib(env, op_linear, b), naive_ms, c2b);
+    b->opts.chunk_bytes = 0;
     if (dt != LLMCL_F32) { /* the logits in the operands' dtype (llmcl-train's --ce-logits) */
-        b.opts.logits_dtype = dt;
-        const double l16_ms = bench_wall_time(env, op_linear, &b, 16);
-        const int c16 = c2 && fabs(loss_of(env, &b) - l2) <= 1e-3 * fabs(l2) + 1e-4;
+        b->opts.logits_dtype = dt;
+        const double l16_ms = bench_wall_time(env, op_linear, b, 16);
+        const int c16 = c2 && fabs(loss_of(env, b) - l2) <= 1e-3 * fabs(l2) + 1e-4;
         add_row(env, "ce_linear_chunked_logits16", "fwd+bwd", dt, s, l16_ms, 0, 3 * gemm,
-                bench_peak_mib(env, op_linear, &b), naive_ms, c16);
-        b.opts.logits_dtype = LLMCL_F32;
+                bench_peak_mib(env, op_linear, b), naive_ms, c16);
+        b->opts.logits_dtype = LLMCL_F32;
     }
+}
 
-    /* wall time: CLBlast's event covers only one of the kernels an SGEMM enqueues */
+/* The fused form, forward and backward apart and together; wall time, as CLBlast's event covers
+   only one of the kernels an SGEMM enqueues. */
+static void fused_rows(bench_env *env, ce_bench *b, llmcl_dtype dt, const char *s, double naive_ms,
+                       double naive_loss)
+{
+    const double gemm = head_flops(b);
     const bool chunks = llmcl_ctx_device_info(env->ctx)->has_mma;
     const char *fused = chunks ? "ce_fused_chunks" : "ce_fused_tiles";
-    const double f_ms = bench_wall_time(env, op_fused_fwd, &b, 16);
-    const double l3 = loss_of(env, &b);
+    const double f_ms = bench_wall_time(env, op_fused_fwd, b, 16);
+    const double l3 = loss_of(env, b);
     const int c3 = check_linear(env, 3) &&
                    (isnan(naive_loss) || fabs(l3 - naive_loss) < 1e-3 * fabs(naive_loss) + 1e-4);
-    add_row(env, fused, "fwd", dt, s, f_ms, 0, gemm, bench_peak_mib(env, op_fused_fwd, &b), 0, c3);
+    add_row(env, fused, "fwd", dt, s, f_ms, 0, gemm, bench_peak_mib(env, op_fused_fwd, b), 0, c3);
     /* executed products: chunks recompute the logits once, tiles once for dhidden and once for
        dW */
     const double bwd_gemms = chunks ? 3 : 4;
-    const double b_ms = bench_wall_time(env, op_fused_bwd, &b, 16);
+    const double b_ms = bench_wall_time(env, op_fused_bwd, b, 16);
     add_row(env, fused, "bwd", dt, s, b_ms, 0, bwd_gemms * gemm,
-            bench_peak_mib(env, op_fused_bwd, &b), 0, c3);
+            bench_peak_mib(env, op_fused_bwd, b), 0, c3);
     add_row(env, fused, "fwd+bwd", dt, s, f_ms + b_ms, 0, (1 + bwd_gemms) * gemm,
-            bench_peak_mib(env, op_fused_both, &b), naive_ms, c3);
-done:
+            bench_peak_mib(env, op_fused_both, b), naive_ms, c3);
+}
+
+static void bench_linear(bench_env *env, int64_t n, int64_t h, int64_t v, llmcl_dtype dt)
+{
+    ce_bench b = {.n = n, .h = h, .v = v};
+    const llmcl_status st = make_linear_tensors(env, &b, dt);
+    if (st != LLMCL_OK) {
+        bench_fail(env, "linear cross_entropy setup", st);
+    } else {
+        char s[48];
+        snprintf(s, sizeof s, "N=%lld H=%lld V=%lld", (long long)n, (long long)h, (long long)v);
+        /* naive baseline (f32 only: CLBlast has no bf16), then the fused forms against its loss */
+        double naive_ms = 0, naive_loss = NAN;
+        if (dt == LLMCL_F32) {
+            naive_ms = bench_wall_time(env, op_naive, &b, 16);
+            naive_loss = loss_of(env, &b);
+            add_row(env, "ce_naive_clblast", "fwd+bwd", dt, s, naive_ms, 0, 3 * head_flops(&b),
+                    bench_peak_mib(env, op_naive, &b), 0, -1);
+        }
+        chunked_rows(env, &b, dt, s, naive_ms, naive_loss);
+        fused_rows(env, &b, dt, s, naive_ms, naive_loss);
+    }
     llmcl_tensor_destroy(b.hidden), llmcl_tensor_destroy(b.weight), llmcl_tensor_destroy(b.labels);
     llmcl_tensor_destroy(b.loss), llmcl_tensor_destroy(b.lse), llmcl_tensor_destroy(b.dh);
     llmcl_tensor_destroy(b.dw);
