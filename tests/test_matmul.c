@@ -163,6 +163,35 @@ static mm_tensor k_range(th_rng *rng, const mm_case *c, const double *v, int64_t
     return t;
 }
 
+/* A bias of the case's dtype and length (n by row, m by column); its values in *values. */
+static llmcl_tensor *mm_bias(th_rng *rng, const mm_case *c, double **values)
+{
+    const int64_t len = c->bias == 1 ? c->n : c->m;
+    *values = th_alloc((size_t)len * sizeof **values);
+    th_fill_uniform(rng, *values, (size_t)len, -4.0, 4.0);
+    th_round_all(c->biasdt, *values, (size_t)len);
+    return th_tensor_from(c->biasdt, 1, &len, *values);
+}
+
+/* The double reference of alpha a b + beta c_in (+ bias) over the joined K, and its tolerance
+   from the largest magnitude the sums pass through. */
+static double *mm_reference(const mm_case *c, const double *av, const double *bv,
+                            const double *cv, const double *biasv, th_tol *tol)
+{
+    const int64_t b = c->batch, m = c->m, n = c->n, kk = c->k + c->k2, len = b * m * n;
+    double *ref = th_alloc((size_t)len * sizeof *ref), *mag = th_alloc((size_t)len * sizeof *mag);
+    memcpy(ref, cv, (size_t)len * sizeof *ref);
+    matmul_ref(b, m, n, kk, c->alpha, av, c->a_batched, bv, c->b_batched, c->beta, biasv, c->bias,
+               ref);
+    matmul_ref_abs(b, m, n, kk, av, c->a_batched, bv, c->b_batched, mag);
+    double big = 1e-30;
+    for (int64_t i = 0; i < len; ++i)
+        big = fmax(big, fabs(c->alpha) * mag[i] + (c->beta != 0.0 ? fabs(c->beta * cv[i]) : 0.0));
+    *tol = mm_tol(c, big);
+    free(mag);
+    return ref;
+}
+
 /* Runs the case and returns the output values (view order) with the reference in *ref_out and
    its tolerance in *tol (neither computed where ref_out is NULL). */
 static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol *tol)
@@ -192,14 +221,7 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
     if (apart)
         tin = mm_make(&rng, c->cdt, b > 1, b, m, n, c->c_col ^ (c->addend == ADDEND_OTHER),
                       c->pad, c_off + (c->addend == ADDEND_SHIFTED ? 1 : 8), cv);
-    llmcl_tensor *bias = NULL;
-    if (c->bias) {
-        const int64_t len = c->bias == 1 ? n : m;
-        biasv = th_alloc((size_t)len * sizeof *biasv);
-        th_fill_uniform(&rng, biasv, (size_t)len, -4.0, 4.0);
-        th_round_all(c->biasdt, biasv, (size_t)len);
-        bias = th_tensor_from(c->biasdt, 1, &len, biasv);
-    }
+    llmcl_tensor *bias = c->bias ? mm_bias(&rng, c, &biasv) : NULL;
     mm_tensor ta2 = {0}, tb2 = {0};
     if (c->ext) {
         ta2 = k_range(&rng, c, av, kk, k, k2, true);
@@ -227,22 +249,8 @@ static double *mm_run(const mm_case *c, uint64_t seed, double **ref_out, th_tol 
         free(kept);
         mm_free(&tin);
     }
-
-    if (ref_out) {
-        double *ref = th_alloc((size_t)(b * m * n) * sizeof *ref),
-               *mag = th_alloc((size_t)(b * m * n) * sizeof *mag);
-        memcpy(ref, cv, (size_t)(b * m * n) * sizeof *ref);
-        matmul_ref(b, m, n, kk, c->alpha, av, c->a_batched, bv, c->b_batched, c->beta, biasv,
-                   c->bias, ref);
-        matmul_ref_abs(b, m, n, kk, av, c->a_batched, bv, c->b_batched, mag);
-        double big = 1e-30;
-        for (int64_t i = 0; i < b * m * n; ++i)
-            big = fmax(big,
-                       fabs(c->alpha) * mag[i] + (c->beta != 0.0 ? fabs(c->beta * cv[i]) : 0.0));
-        *tol = mm_tol(c, big);
-        *ref_out = ref;
-        free(mag);
-    }
+    if (ref_out)
+        *ref_out = mm_reference(c, av, bv, cv, biasv, tol);
 
     mm_free(&ta);
     mm_free(&tb);
