@@ -643,7 +643,9 @@ static llmcl_status create_on(llmcl_dist_transport t, llmcl_dist **out)
  * LLMCL_NCCL_TIMEOUT is refused whatever the transport, and a missing LLMCL_NCCL library is named.
  * Returns whether NCCL runs here.
  */
-static int test_transport_choice(void)
+/* MPI and NCCL forced, then the automatic choice: NCCL wherever it can run. Returns whether it
+   can. */
+static int check_forced_and_auto(void)
 {
     llmcl_dist *d;
     OK(create_on(LLMCL_DIST_TRANSPORT_MPI, &d));
@@ -676,55 +678,63 @@ static int test_transport_choice(void)
         printf("  transport: %s (%s)\n", llmcl_dist_transport_name(in.transport),
                in.transport_detail);
     llmcl_dist_destroy(d);
+    return nccl;
+}
 
+/* With the variable set to value, creating on `transport` fails with `want` and a message that
+   holds `names`; the variable is unset after. */
+static void expect_env_refused(const char *var, const char *value, llmcl_dist_transport transport,
+                               llmcl_status want, const char *names)
+{
+    llmcl_dist *d;
+    setenv(var, value, 1);
+    const llmcl_status st = create_on(transport, &d);
+    CHECK(st == want && strstr(llmcl_last_error(ctx), names), "%s=%s: %s: %s", var, value,
+          llmcl_status_str(st), llmcl_last_error(ctx));
+    unsetenv(var);
+}
+
+/* The environment's say: LLMCL_DIST_TRANSPORT, LLMCL_NCCL_CE, LLMCL_NCCL_TIMEOUT,
+   LLMCL_DIST_OVERLAP and LLMCL_NCCL, and the options' overlap; each bad value refused. */
+static void check_transport_env(void)
+{
+    llmcl_dist *d;
     setenv("LLMCL_DIST_TRANSPORT", "mpi", 1);
     OK(create_on(LLMCL_DIST_TRANSPORT_AUTO, &d));
     CHECK(info_of(d).transport == LLMCL_DIST_TRANSPORT_MPI, "LLMCL_DIST_TRANSPORT=mpi");
     llmcl_dist_destroy(d);
-    setenv("LLMCL_DIST_TRANSPORT", "infiniband", 1);
-    llmcl_status st = create_on(LLMCL_DIST_TRANSPORT_AUTO, &d);
-    CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "infiniband"),
-          "LLMCL_DIST_TRANSPORT=infiniband: %s: %s", llmcl_status_str(st), llmcl_last_error(ctx));
-    unsetenv("LLMCL_DIST_TRANSPORT");
-    setenv("LLMCL_NCCL_CE", "2", 1);
-    st = create_on(LLMCL_DIST_TRANSPORT_AUTO, &d);
-    CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "LLMCL_NCCL_CE=2"),
-          "LLMCL_NCCL_CE=2: %s: %s", llmcl_status_str(st), llmcl_last_error(ctx));
-    unsetenv("LLMCL_NCCL_CE");
+    const llmcl_dist_transport any = LLMCL_DIST_TRANSPORT_AUTO;
+    expect_env_refused("LLMCL_DIST_TRANSPORT", "infiniband", any, LLMCL_ERROR_INVALID_ARGUMENT,
+                       "infiniband");
+    expect_env_refused("LLMCL_NCCL_CE", "2", any, LLMCL_ERROR_INVALID_ARGUMENT, "LLMCL_NCCL_CE=2");
     static const char *const bad_timeouts[] = {"5x", "-1", "0", "inf", "nan", "1e999", " "};
-    for (size_t i = 0; i < sizeof bad_timeouts / sizeof *bad_timeouts; ++i) {
-        setenv("LLMCL_NCCL_TIMEOUT", bad_timeouts[i], 1);
-        st = create_on(LLMCL_DIST_TRANSPORT_AUTO, &d);
-        CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT &&
-                  strstr(llmcl_last_error(ctx), "LLMCL_NCCL_TIMEOUT="),
-              "LLMCL_NCCL_TIMEOUT=%s: %s: %s", bad_timeouts[i], llmcl_status_str(st),
-              llmcl_last_error(ctx));
-    }
+    for (size_t i = 0; i < sizeof bad_timeouts / sizeof *bad_timeouts; ++i)
+        expect_env_refused("LLMCL_NCCL_TIMEOUT", bad_timeouts[i], any,
+                           LLMCL_ERROR_INVALID_ARGUMENT, "LLMCL_NCCL_TIMEOUT=");
     setenv("LLMCL_NCCL_TIMEOUT", "2.5", 1);
-    OK(create_on(LLMCL_DIST_TRANSPORT_AUTO, &d));
+    OK(create_on(any, &d));
     llmcl_dist_destroy(d);
     unsetenv("LLMCL_NCCL_TIMEOUT");
 
     setenv("LLMCL_DIST_OVERLAP", "off", 1);
-    OK(create_on(LLMCL_DIST_TRANSPORT_AUTO, &d));
+    OK(create_on(any, &d));
     CHECK(info_of(d).overlap == 0, "LLMCL_DIST_OVERLAP=off");
     llmcl_dist_destroy(d);
-    setenv("LLMCL_DIST_OVERLAP", "sideways", 1);
-    st = create_on(LLMCL_DIST_TRANSPORT_AUTO, &d);
-    CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "sideways"),
-          "LLMCL_DIST_OVERLAP=sideways: %s: %s", llmcl_status_str(st), llmcl_last_error(ctx));
     unsetenv("LLMCL_DIST_OVERLAP");
+    expect_env_refused("LLMCL_DIST_OVERLAP", "sideways", any, LLMCL_ERROR_INVALID_ARGUMENT,
+                       "sideways");
     const llmcl_dist_opts bad = {.stage = 2, .overlap = (llmcl_dist_overlap)7};
-    st = llmcl_dist_create(ctx, MPI_COMM_WORLD, &bad, &d);
+    const llmcl_status st = llmcl_dist_create(ctx, MPI_COMM_WORLD, &bad, &d);
     CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "overlap 7"),
           "overlap 7: %s: %s", llmcl_status_str(st), llmcl_last_error(ctx));
+    expect_env_refused("LLMCL_NCCL", "/nonexistent/libnccl.so.2", LLMCL_DIST_TRANSPORT_NCCL,
+                       LLMCL_ERROR_UNSUPPORTED, "LLMCL_NCCL=/nonexistent/libnccl.so.2");
+}
 
-    setenv("LLMCL_NCCL", "/nonexistent/libnccl.so.2", 1);
-    st = create_on(LLMCL_DIST_TRANSPORT_NCCL, &d);
-    CHECK(st == LLMCL_ERROR_UNSUPPORTED &&
-              strstr(llmcl_last_error(ctx), "LLMCL_NCCL=/nonexistent/libnccl.so.2"),
-          "a missing LLMCL_NCCL: %s: %s", llmcl_status_str(st), llmcl_last_error(ctx));
-    unsetenv("LLMCL_NCCL");
+static int test_transport_choice(void)
+{
+    const int nccl = check_forced_and_auto();
+    check_transport_env();
     return nccl;
 }
 
