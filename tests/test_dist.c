@@ -836,29 +836,19 @@ static void expect_refused(net *n, const char *dir, llmcl_status want)
 
 enum { K1 = 2, K2 = 2 };
 
-static void test_checkpoint(void)
+/* Damaged copies of the checkpoint in dir, each load refused: a corrupt shard, a truncated
+   manifest, and numbers that wrap in 32 or 64 bits (a layout outside the files, not a read past
+   them). */
+static void check_damaged_refused(net *n, const char *dir)
 {
-    static float straight[TOTAL], saved[TOTAL], got[TOTAL], loaded[TOTAL];
-    char dir[512], bad[512];
-    path(dir, "ckpt");
-    run(MPI_COMM_WORLD, 3, LLMCL_F32, LLMCL_F32, K1 + K2, straight);
-
-    net n;
-    net_create(&n, MPI_COMM_WORLD, 3, LLMCL_F32, LLMCL_F32);
-    for (int s = 1; s <= K1; ++s)
-        train_step(&n, s);
-    OK(llmcl_dist_save(n.d, dir));
-    OK(llmcl_dist_save(n.d, dir)); /* replacing an existing checkpoint */
-    read_params(&n, saved);
-    char shard[64];
+    char bad[512], shard[64];
     snprintf(shard, sizeof shard, "shard-%05d.safetensors", world - 1);
     path(bad, "corrupt");
     damaged_copy(dir, bad, shard, 0);
-    expect_refused(&n, bad, LLMCL_ERROR_BAD_FILE);
+    expect_refused(n, bad, LLMCL_ERROR_BAD_FILE);
     path(bad, "truncated");
     damaged_copy(dir, bad, "manifest.json", 1);
-    expect_refused(&n, bad, LLMCL_ERROR_BAD_FILE);
-    /* numbers that wrap in 32 or 64 bits: a layout outside the files, not a read past them */
+    expect_refused(n, bad, LLMCL_ERROR_BAD_FILE);
     static const struct {
         const char *params_key, *key;
         json_int_t value;
@@ -868,15 +858,13 @@ static void test_checkpoint(void)
     for (size_t i = 0; i < sizeof tampered / sizeof tampered[0]; ++i) {
         path(bad, "tampered");
         tampered_copy(dir, bad, tampered[i].params_key, tampered[i].key, tampered[i].value);
-        expect_refused(&n, bad, LLMCL_ERROR_BAD_FILE);
+        expect_refused(n, bad, LLMCL_ERROR_BAD_FILE);
     }
-    for (int s = K1 + 1; s <= K1 + K2; ++s)
-        train_step(&n, s);
-    read_params(&n, got);
-    expect_same("after refused loads, the uninterrupted trajectory", straight, got);
-    net_destroy(&n);
+}
 
-    /* Another parameter set: refused. */
+/* Another parameter set: the checkpoint refused. */
+static void check_other_params_refused(const char *dir)
+{
     llmcl_dist *d;
     const llmcl_dist_opts o = {.stage = 1};
     OK(llmcl_dist_create(ctx, MPI_COMM_WORLD, &o, &d));
@@ -886,8 +874,13 @@ static void test_checkpoint(void)
     CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT, "a mismatched checkpoint gave %s",
           llmcl_status_str(st));
     llmcl_dist_destroy(d);
+}
 
-    /* Load on 2 ranks (stage 1) and on 1 (stage 2), continue. */
+/* Loaded on 2 ranks (stage 1) and on 1 (stage 2): the saved parameters and step, and the
+   straight run's trajectory when training goes on. */
+static void continue_on_fewer_ranks(const char *dir, const float *straight, const float *saved)
+{
+    static float got[TOTAL], loaded[TOTAL];
     for (int size = 2; size >= 1; --size) {
         if (size > world)
             continue;
@@ -895,6 +888,7 @@ static void test_checkpoint(void)
         MPI_Comm_split(MPI_COMM_WORLD, rank < size ? 0 : MPI_UNDEFINED, rank, &sub);
         if (sub == MPI_COMM_NULL)
             continue;
+        net n;
         net_create(&n, sub, size == 2 ? 1 : 2, LLMCL_F32, LLMCL_F32);
         llmcl_adamw_opts h;
         OK(llmcl_dist_load(n.d, dir, &h));
@@ -911,6 +905,30 @@ static void test_checkpoint(void)
         net_destroy(&n);
         MPI_Comm_free(&sub);
     }
+}
+
+static void test_checkpoint(void)
+{
+    static float straight[TOTAL], saved[TOTAL], got[TOTAL];
+    char dir[512];
+    path(dir, "ckpt");
+    run(MPI_COMM_WORLD, 3, LLMCL_F32, LLMCL_F32, K1 + K2, straight);
+
+    net n;
+    net_create(&n, MPI_COMM_WORLD, 3, LLMCL_F32, LLMCL_F32);
+    for (int s = 1; s <= K1; ++s)
+        train_step(&n, s);
+    OK(llmcl_dist_save(n.d, dir));
+    OK(llmcl_dist_save(n.d, dir)); /* replacing an existing checkpoint */
+    read_params(&n, saved);
+    check_damaged_refused(&n, dir);
+    for (int s = K1 + 1; s <= K1 + K2; ++s)
+        train_step(&n, s);
+    read_params(&n, got);
+    expect_same("after refused loads, the uninterrupted trajectory", straight, got);
+    net_destroy(&n);
+    check_other_params_refused(dir);
+    continue_on_fewer_ranks(dir, straight, saved);
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
