@@ -104,6 +104,53 @@ static void check(const char *what, const double *ref, const double *got, size_t
     TH_ASSERT_CLOSE(what, ref, got, n, (th_tol){r * max_abs(ref, n) + 1e-7, r});
 }
 
+typedef struct proj_dims {
+    int64_t n, r, in, out; /* tokens, the adapters' rank, the projection's widths */
+} proj_dims;
+
+typedef struct proj_ref {
+    double *y, *dx, *dA, *dB;
+} proj_ref;
+
+/* y = x W^T + s (x A^T) B^T and its gradients for dy, in double. */
+static void projection_ref(const proj_dims *g, const double *x, const double *dy, const double *W,
+                           const double *A, const double *B, double s, proj_ref *o)
+{
+    const int64_t N = g->n, R = g->r, in = g->in, out = g->out;
+    const size_t d = sizeof(double);
+    double *u = th_alloc((size_t)(N * R) * d), *du = th_alloc((size_t)(N * R) * d),
+           *t = th_alloc((size_t)(N * (out > in ? out : in)) * d);
+    o->y = th_alloc((size_t)(N * out) * d), o->dx = th_alloc((size_t)(N * in) * d);
+    o->dA = th_alloc((size_t)(R * in) * d), o->dB = th_alloc((size_t)(out * R) * d);
+    ref_mm(x, in, 1, A, 1, in, u, N, R, in, 1);         /* u = x A^T */
+    ref_mm(x, in, 1, W, 1, in, o->y, N, out, in, 1);    /* x W^T */
+    ref_mm(u, R, 1, B, 1, R, t, N, out, R, s);          /* s u B^T */
+    for (int64_t i = 0; i < N * out; ++i)
+        o->y[i] += t[i];
+    ref_mm(dy, 1, out, u, R, 1, o->dB, out, R, N, s);   /* dB = s dy^T u */
+    ref_mm(dy, out, 1, B, R, 1, du, N, R, out, s);      /* du = s dy B */
+    ref_mm(du, 1, R, x, in, 1, o->dA, R, in, N, 1);     /* dA = du^T x */
+    ref_mm(dy, out, 1, W, in, 1, o->dx, N, in, out, 1); /* dy W */
+    ref_mm(du, R, 1, A, in, 1, t, N, in, R, 1);         /* du A */
+    for (int64_t i = 0; i < N * in; ++i)
+        o->dx[i] += t[i];
+    free(u), free(du), free(t);
+}
+
+/* Only p's adapters have gradients: every other trainable element stays zero. */
+static void expect_other_grads_zero(model *m, const model_param *p)
+{
+    double *rest = download(m->trainable.grad, m->trainable.total);
+    double other = 0;
+    for (int i = 0; i < m->n_params; ++i) {
+        const model_param *q = &m->params[i];
+        for (int64_t j = 0; q->trainable && q != p->lora_a && q != p->lora_b && j < q->numel; ++j)
+            other += fabs(rest[q->offset + j]);
+    }
+    assert_true(other == 0);
+    free(rest);
+}
+
 /* One adapted projection (layer 0's o_proj: in = 64, out = 64) driven by a known dy. */
 static void check_projection(llmcl_dtype dt)
 {
@@ -139,45 +186,22 @@ static void check_projection(llmcl_dtype dt)
     /* the reference from the weights as the products saw them (the compute copies) */
     double *W = download(p->w, out * in), *A = download(p->lora_a->w, R * in),
            *B = download(p->lora_b->w, out * R);
-    const double s = m->lora_scale;
-    const size_t d = sizeof(double);
-    double *u = th_alloc((size_t)(N * R) * d), *y = th_alloc((size_t)(N * out) * d),
-           *t = th_alloc((size_t)(N * (out > in ? out : in)) * d),
-           *du = th_alloc((size_t)(N * R) * d), *dx = th_alloc((size_t)(N * in) * d),
-           *dA = th_alloc((size_t)(R * in) * d), *dB = th_alloc((size_t)(out * R) * d);
-    ref_mm(x, in, 1, A, 1, in, u, N, R, in, 1);         /* u = x A^T */
-    ref_mm(x, in, 1, W, 1, in, y, N, out, in, 1);       /* x W^T */
-    ref_mm(u, R, 1, B, 1, R, t, N, out, R, s);          /* s u B^T */
-    for (int64_t i = 0; i < N * out; ++i)
-        y[i] += t[i];
-    ref_mm(dy, 1, out, u, R, 1, dB, out, R, N, s);      /* dB = s dy^T u */
-    ref_mm(dy, out, 1, B, R, 1, du, N, R, out, s);      /* du = s dy B */
-    ref_mm(du, 1, R, x, in, 1, dA, R, in, N, 1);        /* dA = du^T x */
-    ref_mm(dy, out, 1, W, in, 1, dx, N, in, out, 1);    /* dy W */
-    ref_mm(du, R, 1, A, in, 1, t, N, in, R, 1);         /* du A */
-    for (int64_t i = 0; i < N * in; ++i)
-        dx[i] += t[i];
-
+    const proj_dims dims = {N, R, in, out};
+    proj_ref ref;
+    projection_ref(&dims, x, dy, W, A, B, m->lora_scale, &ref);
     double *gy = download(ty, N * out), *gdx = download(tdx, N * in),
            *gdA = download(p->lora_a->grad, R * in), *gdB = download(p->lora_b->grad, out * R);
-    check("y", y, gy, (size_t)(N * out), dt);
-    check("dx", dx, gdx, (size_t)(N * in), dt);
-    check("dA", dA, gdA, (size_t)(R * in), dt);
-    check("dB", dB, gdB, (size_t)(out * R), dt);
-    double *rest = download(m->trainable.grad, m->trainable.total); /* only up_proj's adapter */
-    double other = 0;
-    for (int i = 0; i < m->n_params; ++i) {
-        const model_param *q = &m->params[i];
-        for (int64_t j = 0; q->trainable && q != p->lora_a && q != p->lora_b && j < q->numel; ++j)
-            other += fabs(rest[q->offset + j]);
-    }
-    assert_true(other == 0);
+    check("y", ref.y, gy, (size_t)(N * out), dt);
+    check("dx", ref.dx, gdx, (size_t)(N * in), dt);
+    check("dA", ref.dA, gdA, (size_t)(R * in), dt);
+    check("dB", ref.dB, gdB, (size_t)(out * R), dt);
+    expect_other_grads_zero(m, p);
 
     llmcl_tensor *ts[] = {tx, tdy, ty, tdx, tu, tdu};
     for (int i = 0; i < 6; ++i)
         llmcl_tensor_destroy(ts[i]);
-    double *frees[] = {x, dy, W, A, B, u, y, t, du, dx, dA, dB, gy, gdx, gdA, gdB, rest};
-    for (int i = 0; i < 17; ++i)
+    double *frees[] = {x, dy, W, A, B, ref.y, ref.dx, ref.dA, ref.dB, gy, gdx, gdA, gdB};
+    for (int i = 0; i < 13; ++i)
         free(frees[i]);
     model_destroy(m);
 }
