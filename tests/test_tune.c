@@ -7,7 +7,8 @@
  * before the reference reaching every buffer set, and llmcl-tune
  * --quick end to end: its file is valid, a context picks it up, and the launches use its
  * parameters. The tuner's kernel table and the built-in tuning files name only the kernel keys and
- * families of llmcl_kernels.h. The tools' whole-or-absent file writes (util_replace_file).
+ * families of llmcl_kernels.h. The tools' whole-or-absent file writes (util_replace_file) and
+ * the medians their timings report (util_median).
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -1048,6 +1049,23 @@ static bool write_half_then_fail(FILE *f, void *arg)
     return false;
 }
 
+/* The tools' medians: the middle of an odd count, the upper middle of an even one, whatever the
+   order and with repeats; the times left sorted. */
+static void test_median(void **state)
+{
+    (void)state;
+    double one[1] = {3.5};
+    assert_true(util_median(one, 1) == 3.5);
+    double odd[5] = {9, -1, 4, 4, 2};
+    assert_true(util_median(odd, 5) == 4);
+    const double sorted[5] = {-1, 2, 4, 4, 9};
+    assert_memory_equal(odd, sorted, sizeof sorted);
+    double even[4] = {0.25, 8, 1, 0.5};
+    assert_true(util_median(even, 4) == 1);
+    double same[3] = {7, 7, 7};
+    assert_true(util_median(same, 3) == 7);
+}
+
 static void test_replace_file(void **state)
 {
     (void)state;
@@ -1164,7 +1182,7 @@ int main(void)
         cmocka_unit_test(test_restrict_space), cmocka_unit_test(test_tool_end_to_end),
         cmocka_unit_test(test_tuner_spells_known_keys),
         cmocka_unit_test(test_builtin_files_spell_known_keys),
-        cmocka_unit_test(test_replace_file),
+        cmocka_unit_test(test_replace_file), cmocka_unit_test(test_median),
     };
     int rc = TH_RUN(tests);
     char cmd[128];

@@ -52,6 +52,23 @@ double util_now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static int by_value(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void util_sort_doubles(double *v, size_t n)
+{
+    qsort(v, n, sizeof *v, by_value);
+}
+
+double util_median(double *v, size_t n)
+{
+    util_sort_doubles(v, n);
+    return v[n / 2];
+}
+
 bool util_parse_long(const char *s, long lo, long hi, long *out)
 {
     char *end;

@@ -1,7 +1,7 @@
 /*
  * util.h: what the tests (tests/harness.c) and the tools (llmcl-bench, llmcl-tune) share and the
- * library does not: returning a failed llmcl_status, seeded random numbers, a monotonic clock,
- * the parsing of command-line numbers and replacing a file whole.
+ * library does not: returning a failed llmcl_status, seeded random numbers, a monotonic clock and
+ * medians of times, the parsing of command-line numbers and replacing a file whole.
  * Built once as the static library llmcl_util (util/meson.build); llmcl-train links it too (it is
  * no part of the library: the trainer still reaches llmcl through the public API alone).
  */
@@ -54,6 +54,12 @@ double util_bits_to_unit(uint64_t bits);
 
 /* Seconds on a monotonic clock. */
 double util_now_s(void);
+
+/* v sorted ascending, in place. */
+void util_sort_doubles(double *v, size_t n);
+
+/* The median of n > 0 times: v sorted in place, its middle element (the upper one of an even n). */
+double util_median(double *v, size_t n);
 
 /* An option's value: the whole of s a decimal integer, or a finite number, in [lo, hi]; *out is
    written only where it is. */

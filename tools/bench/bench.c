@@ -79,12 +79,6 @@ bool bench_fail(bench_env *env, const char *what, llmcl_status st)
     return false;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /*
  * Seconds of warm-up before bench_wall_time's timed runs. Its ops are the heavy ones (seconds a
  * run on a CPU, products of 4 PFLOP on a GPU), and a board's clock is not steady until its draw
@@ -157,8 +151,7 @@ static double settled_ms(bench_env *env, bench_op op, void *arg, int batch)
         }
         t[b] = 1e3 * (util_now_s() - start) / batch;
     }
-    qsort(t, SETTLED_BATCHES, sizeof t[0], cmp_double);
-    return t[SETTLED_BATCHES / 2];
+    return util_median(t, SETTLED_BATCHES);
 }
 
 double bench_time(bench_env *env, bench_op op, void *arg)
@@ -190,8 +183,7 @@ double bench_time(bench_env *env, bench_op op, void *arg)
         }
         times[i] = p.kernel_ms;
     }
-    qsort(times, (size_t)reps, sizeof times[0], cmp_double);
-    return times[reps / 2];
+    return util_median(times, (size_t)reps);
 }
 
 double bench_wall_time(bench_env *env, bench_op op, void *arg, int max_reps)
@@ -207,8 +199,7 @@ double bench_wall_time(bench_env *env, bench_op op, void *arg, int max_reps)
             return -1;
         t[i] = 1e3 * (util_now_s() - start);
     }
-    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
-    return t[reps / 2];
+    return util_median(t, (size_t)reps);
 }
 
 double bench_peak_mib(bench_env *env, bench_op op, void *arg)

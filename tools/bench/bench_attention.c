@@ -278,13 +278,7 @@ static double naive_baseline_ms(bench_env *env, attn_state *a)
     if (prog)
         clReleaseProgram(prog);
     clReleaseMemObject(sbuf);
-    for (int i = 1; i < n; ++i) /* insertion sort for the median */
-        for (int j = i; j > 0 && times[j] < times[j - 1]; --j) {
-            const double x = times[j];
-            times[j] = times[j - 1];
-            times[j - 1] = x;
-        }
-    return n ? times[n / 2] : -1;
+    return n ? util_median(times, (size_t)n) : -1;
 }
 
 /* The f32 forward at a size whose scores fit, with the naive baseline's time beside it. */

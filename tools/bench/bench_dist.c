@@ -35,6 +35,7 @@
 
 #include "bench.h"
 #include "llmcl_dist.h"
+#include "util/util.h"
 
 typedef struct dist_bench {
     bench_env *env;
@@ -57,12 +58,6 @@ typedef struct dist_bench {
 
 #define MAX_COPY_THREADS 64
 
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Median wall-clock milliseconds of env->reps runs (after warm-up), every rank in step. */
 static double wall_ms(bench_env *env, llmcl_status (*fn)(dist_bench *), dist_bench *b)
 {
@@ -77,9 +72,8 @@ static double wall_ms(bench_env *env, llmcl_status (*fn)(dist_bench *), dist_ben
         if (i >= 0)
             t[i] = (t1 - t0) * 1e3;
     }
-    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
     /* The slowest rank's median: the collective is as fast as its last rank. */
-    double med = t[reps / 2], worst;
+    double med = util_median(t, (size_t)reps), worst;
     MPI_Allreduce(&med, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return worst;
 }

@@ -480,12 +480,6 @@ static bool is_limit_error(llmcl_status st)
            st == LLMCL_ERROR_UNSUPPORTED || st == LLMCL_ERROR_INVALID_ARGUMENT;
 }
 
-static int by_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /*
  * Median kernel time of o->reps runs after o->warmup, rotating over the buffer sets. Stops early,
  * returning the minimum seen and setting *stopped (if not NULL), when three runs all exceed
@@ -521,7 +515,7 @@ static llmcl_status measure(llmcl_ctx *ctx, const tune_kernel *k, const tune_cas
             break;
         }
     }
-    qsort(t, (size_t)n, sizeof t[0], by_double);
+    util_sort_doubles(t, (size_t)n);
     *ms = n == 3 && cutoff_ms > 0 && t[0] > cutoff_ms ? t[0] : t[n / 2];
     return LLMCL_OK;
 }
