@@ -228,6 +228,37 @@ static void test_ordering_with_kernels(void **state)
     llmcl_offload_destroy(off);
 }
 
+/* Handle h (the which-th) restored into buf: every element is `want`. */
+static void expect_handle_holds(llmcl_offload *off, llmcl_offload_handle h, int which,
+                                llmcl_tensor *buf, float want)
+{
+    const int64_t n = llmcl_tensor_numel(buf);
+    float *got = th_alloc((size_t)n * sizeof *got);
+    TH_OK(llmcl_offload_prefetch_into(off, h, buf));
+    TH_OK(llmcl_offload_fence(off, h));
+    TH_OK(llmcl_tensor_download(buf, got, (size_t)n * sizeof *got));
+    for (int64_t j = 0; j < n; ++j)
+        if (got[j] != want)
+            fail_msg("handle %d: element %lld is %g, expected %g", which, (long long)j,
+                     (double)got[j], (double)want);
+    free(got);
+}
+
+/* A strided view of buf saved into h is packed first; restore gives it back contiguous. */
+static void check_strided_save_into(llmcl_offload *off, llmcl_offload_handle h, llmcl_tensor *buf)
+{
+    const int64_t vshape[] = {512, 2048}, vstrides[] = {1, 512}, flat = 512 * 2048;
+    llmcl_tensor *view = NULL;
+    TH_OK(llmcl_tensor_view(buf, 2, vshape, vstrides, 0, &view));
+    free(random_bytes(buf, 41));
+    unsigned char *want = contents(view);
+    TH_OK(llmcl_offload_save_into(off, view, h));
+    TH_OK(llmcl_fill(th_ctx(), buf, 0.0)); /* the packed copy is what is read: no fence needed */
+    assert_restores_as(off, h, LLMCL_F32, 1, &flat, want);
+    free(want);
+    llmcl_tensor_destroy(view);
+}
+
 /*
  * Six handles of state streamed through two device buffers for three rounds, as an optimizer
  * streams its moments: the next handle comes in while a kernel adds 1 to the current one, which
@@ -266,16 +297,8 @@ static void test_state_streamed_through_a_ring(void **state)
     }
     TH_OK(llmcl_memory_stats_get(ctx, &mem_after));
     assert_int_equal(mem_after.peak_bytes, mem_before.peak_bytes); /* nothing allocated */
-    float *got = th_alloc((size_t)n * sizeof *got);
-    for (int i = 0; i < HANDLES; ++i) {
-        TH_OK(llmcl_offload_prefetch_into(off, h[i], ring[0]));
-        TH_OK(llmcl_offload_fence(off, h[i]));
-        TH_OK(llmcl_tensor_download(ring[0], got, (size_t)n * sizeof *got));
-        for (int64_t j = 0; j < n; ++j)
-            if (got[j] != 10.0f * i + ROUNDS)
-                fail_msg("handle %d: element %lld is %g, expected %g", i, (long long)j,
-                         (double)got[j], 10.0 * i + ROUNDS);
-    }
+    for (int i = 0; i < HANDLES; ++i)
+        expect_handle_holds(off, h[i], i, ring[0], 10.0f * i + ROUNDS);
     TH_OK(llmcl_offload_finish(off));
     llmcl_offload_stats s;
     TH_OK(llmcl_offload_stats_get(off, &s));
@@ -286,21 +309,9 @@ static void test_state_streamed_through_a_ring(void **state)
     assert_int_equal(s.live_handles, HANDLES);
     assert_int_equal(s.copies_in_flight, 0);
     assert_true(s.save_ms >= before.save_ms && s.restore_ms > 0);
-    /* a strided view saved into a handle is packed first; restore gives it back contiguous */
-    const int64_t vshape[] = {512, 2048}, vstrides[] = {1, 512};
-    llmcl_tensor *view = NULL;
-    TH_OK(llmcl_tensor_view(ring[1], 2, vshape, vstrides, 0, &view));
-    free(random_bytes(ring[1], 41));
-    unsigned char *want = contents(view);
-    TH_OK(llmcl_offload_save_into(off, view, h[0]));
-    TH_OK(llmcl_fill(ctx, ring[1], 0.0)); /* the packed copy is what is read: no fence needed */
-    const int64_t flat = n;
-    assert_restores_as(off, h[0], LLMCL_F32, 1, &flat, want);
+    check_strided_save_into(off, h[0], ring[1]);
     for (int i = 0; i < HANDLES; ++i)
         TH_OK(llmcl_offload_release(off, h[i]));
-    free(want);
-    free(got);
-    llmcl_tensor_destroy(view);
     llmcl_tensor_destroy(one);
     llmcl_tensor_destroy(ring[0]);
     llmcl_tensor_destroy(ring[1]);
