@@ -1110,6 +1110,135 @@ static uint64_t held_with_budget(attn_case c, const char *mib, uint64_t seed)
     return held;
 }
 
+/* check_ds_parts' case and what it measures against: the pair's bytes, the rows and maps every
+   backward holds, and whether the device stores dS where a budget is set. */
+typedef struct ds_env {
+    llmcl_ctx *ctx;
+    attn_case c;
+    int d;
+    char cls[16];
+    int64_t pair;        /* a pair's query heads' dS, bytes */
+    uint64_t rows, maps; /* delta's rows and the tensor maps, bytes */
+    bool stores;
+} ds_env;
+
+/* The budgets of one to six pairs, and dK/dV's two to four slabs of dS a warpgroup (four fit
+   beside D 128's 64-query tiles, not D 64's 128-query ones): the same bits with each. */
+static void ds_parts_same_bits(ds_env *e)
+{
+    attn_bits bits = {{NULL}};
+    const int64_t parts[] = {e->pair, 2 * e->pair, 4 * e->pair + 1, 6 * e->pair};
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; ++i) {
+        e->c.opts.ds_bytes = parts[i];
+        check_case_bits(e->c, 440 + e->d, &bits);
+        if (e->stores) {
+            char used[128];
+            int launched = 0;
+            TH_OK(llmcl_tune_params_get(e->ctx, "attention_bwd_dq_ds_wgmma", LLMCL_BF16, e->cls,
+                                        used, sizeof used, &launched));
+            assert_int_equal(launched, 1);
+            th_assert_launched_with("attention_bwd_dkdv_wgmma", LLMCL_BF16, e->cls,
+                                    e->d == 128 ? "DS_SLABS=3" : "DS_SLABS=2");
+        }
+    }
+    static const char *const slabs[] = {"DS_SLABS=2", "DS_SLABS=3", "DS_SLABS=4"};
+    e->c.opts.ds_bytes = 6 * e->pair;
+    for (int i = 0; i < (e->d == 128 ? 3 : 2); ++i) {
+        TH_OK(llmcl_tune_override(e->ctx, "attention_bwd_dkdv_wgmma", LLMCL_BF16, "*", slabs[i]));
+        check_case_bits(e->c, 440 + e->d, &bits);
+        if (e->stores)
+            th_assert_launched_with("attention_bwd_dkdv_wgmma", LLMCL_BF16, e->cls, slabs[i]);
+        TH_OK(llmcl_tune_override(e->ctx, NULL, LLMCL_BF16, NULL, NULL));
+    }
+    for (int i = 0; i < 5; ++i)
+        free(bits.t[i]);
+}
+
+/* A group of eight query heads (dK/dV's four map slots a warpgroup, each made twice), and the
+   backward's peak with a budget of two pairs: the rows, the maps and (stored) the two pairs. */
+static void ds_parts_memory(ds_env *e)
+{
+    attn_case mqa = causal(dense(LLMCL_BF16, 1, 8, 1, e->d, 150, 150));
+    mqa.opts.ds_bytes = 8 * 150 * 152 * 2;
+    check_case(mqa, 444 + e->d);
+    attn_run r;
+    e->c.opts.ds_bytes = 2 * e->pair;
+    run_setup(&r, &e->c, 441);
+    TH_OK(run_forward(&r));
+    TH_OK(llmcl_memory_release_cached(e->ctx)); /* no larger buffer of the runs above to reuse */
+    const uint64_t held = held_by(run_backward, &r);
+    assert_true(held <= e->rows + e->maps + (e->stores ? 2 * (uint64_t)e->pair : 0));
+    if (e->stores)
+        assert_true(held >= 2 * (uint64_t)e->pair);
+    run_free(&r);
+}
+
+/* No stored dS (a budget below a pair's, -1, LLMCL_ATTN_DS_MIB=0, or DS_SLABS 5, no form of
+   dK/dV's, which recomputes as tuned tiles that leave no room for the slabs do): dQ's own kernel,
+   and the peak of the other kernels alone. */
+static void ds_not_stored(ds_env *e)
+{
+    for (int i = 0; i < 4; ++i) {
+        e->c.opts.ds_bytes = i == 0 ? e->pair - 1 : i == 1 ? -1 : i == 2 ? 0 : 2 * e->pair;
+        if (i == 2)
+            setenv("LLMCL_ATTN_DS_MIB", "0", 1);
+        if (i == 3)
+            TH_OK(llmcl_tune_override(e->ctx, "attention_bwd_dkdv_wgmma", LLMCL_BF16, "*",
+                                      "DS_SLABS=5"));
+        TH_OK(llmcl_tune_override(e->ctx, "attention_bwd_dq_wgmma", LLMCL_BF16, "*",
+                                  "BLOCK_M=64"));
+        attn_run r;
+        run_setup(&r, &e->c, 442);
+        TH_OK(run_forward(&r));
+        TH_OK(llmcl_memory_release_cached(e->ctx));
+        assert_true(held_by(run_backward, &r) <= e->rows + e->maps);
+        run_free(&r);
+        unsetenv("LLMCL_ATTN_DS_MIB");
+        if (on_wgmma(e->d))
+            th_assert_launched_with("attention_bwd_dq_wgmma", LLMCL_BF16, e->cls, "BLOCK_M=64");
+        TH_OK(llmcl_tune_override(e->ctx, NULL, LLMCL_BF16, NULL, NULL));
+    }
+}
+
+/* The built-in budget takes at most a quarter of what the memory cap leaves: under a cap that
+   leaves the backward two pairs' dS besides delta and the maps, none (all six pairs would not fit
+   under it). */
+static void ds_under_a_cap(ds_env *e)
+{
+    llmcl_memory_stats before, set;
+    TH_OK(llmcl_memory_release_cached(e->ctx));
+    TH_OK(llmcl_memory_stats_get(e->ctx, &before));
+    attn_run r;
+    run_setup(&r, &e->c, 445);
+    TH_OK(run_forward(&r));
+    TH_OK(llmcl_ctx_finish(e->ctx));
+    TH_OK(llmcl_memory_stats_get(e->ctx, &set));
+    TH_OK(llmcl_memory_set_limit(e->ctx,
+                                 set.current_bytes + e->rows + e->maps + 2 * (uint64_t)e->pair));
+    e->c.opts.ds_bytes = 0;
+    TH_OK(run_backward(&r));
+    TH_OK(llmcl_memory_set_limit(e->ctx, before.limit_bytes));
+    run_free(&r);
+}
+
+/* LLMCL_ATTN_DS_MIB's budget where opts leave it to the default: 1 MiB holds one pair; the
+   built-in budget's choice without it; at D 64 past 2048 keys, only the given budget's. */
+static void ds_env_budget(ds_env *e)
+{
+    e->c.opts.ds_bytes = 0;
+    attn_case wide = causal(dense(LLMCL_BF16, 1, 2, 1, e->d, 64, 2056));
+    const uint64_t wide_pair = 2 * 64 * 2056 * 2, pair = (uint64_t)e->pair;
+    for (int env = 0; env < 2; ++env) {
+        const uint64_t held_env = held_with_budget(e->c, env ? "1" : NULL, 443);
+        const bool stored = env ? e->stores : stores_ds(e->d, 150);
+        assert_true(held_env <= e->rows + e->maps + (stored ? (uint64_t)(1 << 20) : 0));
+        assert_true(stored ? held_env >= pair : held_env < pair);
+        const uint64_t held_wide = held_with_budget(wide, env ? "1" : NULL, 449);
+        const bool wide_stored = env ? e->stores : stores_ds(e->d, 2056);
+        assert_true(wide_stored ? held_wide >= wide_pair : held_wide < wide_pair);
+    }
+}
+
 /*
  * The stored dS in parts at head dim d (where the device stores it: elsewhere the same calls run
  * the other kernels and must agree all the same): a GQA batch of 2 x 3 KV heads, 2 query heads
@@ -1123,108 +1252,20 @@ static uint64_t held_with_budget(attn_case c, const char *mib, uint64_t seed)
  */
 static void check_ds_parts(int d)
 {
-    llmcl_ctx *ctx = th_ctx();
-    const llmcl_device_info *in = llmcl_ctx_device_info(ctx);
-    attn_case c = causal(dense(LLMCL_BF16, 2, 6, 3, d, 150, 150));
-    const int64_t pair = 2 * 150 * 152 * 2; /* a pair's query heads' dS, bytes */
-    const bool stores = in->has_wgmma && in->has_tma; /* with a budget set */
-    char cls[16];
-    snprintf(cls, sizeof cls, "%d", d);
-    attn_bits bits = {{NULL}};
-    const int64_t parts[] = {pair, 2 * pair, 4 * pair + 1, 6 * pair};
-    for (size_t i = 0; i < sizeof parts / sizeof *parts; ++i) {
-        c.opts.ds_bytes = parts[i];
-        check_case_bits(c, 440 + d, &bits);
-        if (stores) {
-            char used[128];
-            int launched = 0;
-            TH_OK(llmcl_tune_params_get(ctx, "attention_bwd_dq_ds_wgmma", LLMCL_BF16, cls, used,
-                                        sizeof used, &launched));
-            assert_int_equal(launched, 1);
-            th_assert_launched_with("attention_bwd_dkdv_wgmma", LLMCL_BF16, cls,
-                                    d == 128 ? "DS_SLABS=3" : "DS_SLABS=2");
-        }
-    }
-    /* dK/dV's slabs of dS a warpgroup: the same bits with each (four fit beside D 128's
-       64-query tiles, not D 64's 128-query ones) */
-    static const char *const slabs[] = {"DS_SLABS=2", "DS_SLABS=3", "DS_SLABS=4"};
-    c.opts.ds_bytes = 6 * pair;
-    for (int i = 0; i < (d == 128 ? 3 : 2); ++i) {
-        TH_OK(llmcl_tune_override(ctx, "attention_bwd_dkdv_wgmma", LLMCL_BF16, "*", slabs[i]));
-        check_case_bits(c, 440 + d, &bits);
-        if (stores)
-            th_assert_launched_with("attention_bwd_dkdv_wgmma", LLMCL_BF16, cls, slabs[i]);
-        TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_BF16, NULL, NULL));
-    }
-    for (int i = 0; i < 5; ++i)
-        free(bits.t[i]);
-    /* a group of eight query heads: dK/dV's four map slots a warpgroup, each made twice */
-    attn_case mqa = causal(dense(LLMCL_BF16, 1, 8, 1, d, 150, 150));
-    mqa.opts.ds_bytes = 8 * 150 * 152 * 2;
-    check_case(mqa, 444 + d);
-    attn_run r;
-    c.opts.ds_bytes = 2 * pair;
-    run_setup(&r, &c, 441);
-    TH_OK(run_forward(&r));
-    TH_OK(llmcl_memory_release_cached(ctx)); /* no larger buffer of the runs above to reuse */
-    const uint64_t rows = 2 * 6 * 150 * sizeof(float), maps = 64 * 1024;
-    const uint64_t held = held_by(run_backward, &r);
-    assert_true(held <= rows + maps + (stores ? 2 * (uint64_t)pair : 0));
-    if (stores)
-        assert_true(held >= 2 * (uint64_t)pair);
-    run_free(&r);
-
-    /* no stored dS (a budget below a pair's, -1, LLMCL_ATTN_DS_MIB=0, or DS_SLABS 5, no form of
-       dK/dV's, which recomputes as tuned tiles that leave no room for the slabs do): dQ's own
-       kernel, and the peak of the other kernels alone */
-    for (int i = 0; i < 4; ++i) {
-        c.opts.ds_bytes = i == 0 ? pair - 1 : i == 1 ? -1 : i == 2 ? 0 : 2 * pair;
-        if (i == 2)
-            setenv("LLMCL_ATTN_DS_MIB", "0", 1);
-        if (i == 3)
-            TH_OK(llmcl_tune_override(ctx, "attention_bwd_dkdv_wgmma", LLMCL_BF16, "*",
-                                      "DS_SLABS=5"));
-        TH_OK(llmcl_tune_override(ctx, "attention_bwd_dq_wgmma", LLMCL_BF16, "*", "BLOCK_M=64"));
-        run_setup(&r, &c, 442);
-        TH_OK(run_forward(&r));
-        TH_OK(llmcl_memory_release_cached(ctx));
-        assert_true(held_by(run_backward, &r) <= rows + maps);
-        run_free(&r);
-        unsetenv("LLMCL_ATTN_DS_MIB");
-        if (on_wgmma(d))
-            th_assert_launched_with("attention_bwd_dq_wgmma", LLMCL_BF16, cls, "BLOCK_M=64");
-        TH_OK(llmcl_tune_override(ctx, NULL, LLMCL_BF16, NULL, NULL));
-    }
-    /* The built-in budget takes at most a quarter of what the memory cap leaves: under a cap
-       that leaves the backward two pairs' dS besides delta and the maps, none (all six pairs
-       would not fit under it) */
-    llmcl_memory_stats before;
-    TH_OK(llmcl_memory_release_cached(ctx));
-    TH_OK(llmcl_memory_stats_get(ctx, &before));
-    run_setup(&r, &c, 445);
-    TH_OK(run_forward(&r));
-    TH_OK(llmcl_ctx_finish(ctx));
-    llmcl_memory_stats set;
-    TH_OK(llmcl_memory_stats_get(ctx, &set));
-    TH_OK(llmcl_memory_set_limit(ctx, set.current_bytes + rows + maps + 2 * (uint64_t)pair));
-    c.opts.ds_bytes = 0;
-    TH_OK(run_backward(&r));
-    TH_OK(llmcl_memory_set_limit(ctx, before.limit_bytes));
-    run_free(&r);
-    /* LLMCL_ATTN_DS_MIB's budget where opts leave it to the default: 1 MiB holds one pair; the
-       built-in budget's choice without it; at D 64 past 2048 keys, only the given budget's */
-    c.opts.ds_bytes = 0;
-    attn_case wide = causal(dense(LLMCL_BF16, 1, 2, 1, d, 64, 2056));
-    const uint64_t wide_pair = 2 * 64 * 2056 * 2;
-    for (int env = 0; env < 2; ++env) {
-        const uint64_t held_env = held_with_budget(c, env ? "1" : NULL, 443);
-        const bool stored = env ? stores : stores_ds(d, 150);
-        assert_true(held_env <= rows + maps + (stored ? (uint64_t)(1 << 20) : 0));
-        assert_true(stored ? held_env >= (uint64_t)pair : held_env < (uint64_t)pair);
-        const uint64_t held_wide = held_with_budget(wide, env ? "1" : NULL, 449);
-        const bool wide_stored = env ? stores : stores_ds(d, 2056);
-        assert_true(wide_stored ? held_wide >= wide_pair : held_wide < wide_pair);
-    }
+    const llmcl_device_info *in = llmcl_ctx_device_info(th_ctx());
+    ds_env e = {.ctx = th_ctx(),
+                .c = causal(dense(LLMCL_BF16, 2, 6, 3, d, 150, 150)),
+                .d = d,
+                .pair = 2 * 150 * 152 * 2,
+                .rows = 2 * 6 * 150 * sizeof(float),
+                .maps = 64 * 1024,
+                .stores = in->has_wgmma && in->has_tma}; /* with a budget set */
+    snprintf(e.cls, sizeof e.cls, "%d", d);
+    ds_parts_same_bits(&e);
+    ds_parts_memory(&e);
+    ds_not_stored(&e);
+    ds_under_a_cap(&e);
+    ds_env_budget(&e);
 }
 
 /*
