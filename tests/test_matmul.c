@@ -901,17 +901,10 @@ static void check_thin_tiles(void)
     }
 }
 
-/* The tensor-core path (NVIDIA sm_80+; wgmma on sm_90, mma.sync when the suite runs again with
-   LLMCL_WGMMA=0): every layout at sizes that cross tile edges, operands that cp.async cannot move
-   (odd leading strides), and every tile configuration shape. */
-static void test_tensor_cores(void **state)
+/* Every layout and dtype at sizes that cross tile edges, odd leading strides among them
+   (operands that cp.async cannot move). */
+static void tensor_core_layouts(void)
 {
-    (void)state;
-    if (!llmcl_ctx_device_info(th_ctx())->has_mma) {
-        print_message("no tensor cores on this device: the portable path ran the other tests\n");
-        skip();
-    }
-    const bool wgmma = llmcl_ctx_device_info(th_ctx())->has_wgmma;
     static const int64_t sizes[][3] = {{257, 129, 1000}, {128, 128, 32}, {300, 77, 77}};
     for (int d = 1; d < 3; ++d)
         for (int t = 0; t < 4; ++t)
@@ -930,10 +923,13 @@ static void test_tensor_cores(void **state)
                 if (s == 0)
                     assert_int_equal(launched, 1);
             }
-    /* Output tiles inside C: 16-bit rows 8-element aligned (C's offset is the case's plus 5),
-       where wgmma's epilogue trades pairs across each quad to store 8 columns a lane, with
-       biases and beta; 16-bit rows only 2-element aligned, f32 rows and the K split's raw sums
-       (the pairs' stores). */
+}
+
+/* Output tiles inside C: 16-bit rows 8-element aligned (C's offset is the case's plus 5), where
+   wgmma's epilogue trades pairs across each quad to store 8 columns a lane, with biases and beta;
+   16-bit rows only 2-element aligned, f32 rows and the K split's raw sums (the pairs' stores). */
+static void tensor_core_tiles_inside_c(void)
+{
     static const struct {
         int dt, f32_out, bias, split;
         double beta;
@@ -958,8 +954,12 @@ static void test_tensor_cores(void **state)
         c.addend = inside[v].addend;
         mm_check("output tiles inside C", &c, 760 + (int)v);
     }
-    /* Each set by cp.async's copies (B and C 3 and 5 elements off A), then with every operand's
-       lines and offsets on 16 bytes, where wgmma's copies are TMA's (MM_WS only runs there). */
+}
+
+/* Each tile set by cp.async's copies (B and C 3 and 5 elements off A), then with every operand's
+   lines and offsets on 16 bytes, where wgmma's copies are TMA's (MM_WS only runs there). */
+static void tensor_core_sets(bool wgmma)
+{
     const char *const *sets = wgmma ? wgmma_sets : mma_sets;
     for (size_t i = 0; i < 2 * (sizeof mma_sets / sizeof mma_sets[0]); ++i) {
         const int aligned = (int)i >= 8, set = (int)i % 8;
@@ -979,21 +979,44 @@ static void test_tensor_cores(void **state)
             th_assert_launched_with(key, LLMCL_BF16, "650", sets[set]);
         TH_OK(llmcl_tune_override(th_ctx(), key, LLMCL_BF16, "*", NULL));
     }
+}
+
+/* Tile sets past the device's shared memory or registers: refused. */
+static void tensor_core_refusals(bool wgmma)
+{
+    if (!wgmma) {
+        expect_refused("mm_mma", LLMCL_BF16, 2, "BM=256 BN=256 BK=64 WM=2 WN=2 STAGES=4");
+        return;
+    }
+    expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=256 BN=256 WG_MB=1 STAGES=3");
+    expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=256 WG_MB=1 STAGES=2");
+    expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=192 BN=256 WG_MB=1 STAGES=5"); /* 280 KiB */
+    expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=256 BN=256 WG_MB=2 STAGES=3"); /* 256 acc */
+    expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=160 WG_MB=1 STAGES=3");
+    /* three warpgroups of 128 accumulators a lane beside a producer warp: 128 registers */
+    expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=192 BN=256 WG_MB=1 STAGES=3 MM_WS=1");
+    expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=256 WG_MB=1 STAGES=4 MM_WS=2");
+}
+
+/* The tensor-core path (NVIDIA sm_80+; wgmma on sm_90, mma.sync when the suite runs again with
+   LLMCL_WGMMA=0). */
+static void test_tensor_cores(void **state)
+{
+    (void)state;
+    if (!llmcl_ctx_device_info(th_ctx())->has_mma) {
+        print_message("no tensor cores on this device: the portable path ran the other tests\n");
+        skip();
+    }
+    const bool wgmma = llmcl_ctx_device_info(th_ctx())->has_wgmma;
+    tensor_core_layouts();
+    tensor_core_tiles_inside_c();
+    tensor_core_sets(wgmma);
     if (wgmma) {
         check_tma_stores();
         check_tma_stores32();
         check_thin_tiles();
-        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=256 BN=256 WG_MB=1 STAGES=3");
-        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=256 WG_MB=1 STAGES=2");
-        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=192 BN=256 WG_MB=1 STAGES=5"); /* 280 KiB */
-        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=256 BN=256 WG_MB=2 STAGES=3"); /* 256 acc */
-        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=160 WG_MB=1 STAGES=3");
-        /* three warpgroups of 128 accumulators a lane beside a producer warp: 128 registers */
-        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=192 BN=256 WG_MB=1 STAGES=3 MM_WS=1");
-        expect_refused("mm_wgmma", LLMCL_BF16, 2, "BM=128 BN=256 WG_MB=1 STAGES=4 MM_WS=2");
-    } else {
-        expect_refused("mm_mma", LLMCL_BF16, 2, "BM=256 BN=256 BK=64 WM=2 WN=2 STAGES=4");
     }
+    tensor_core_refusals(wgmma);
 }
 
 /* sqrt of the norm of what s gathered, as the device sums it (s is then empty) */
