@@ -474,35 +474,33 @@ static void add_row(nb *s, const char *kernel, const char *dir, bench_op op, ben
         bench_add(s->env, &r);
 }
 
-/* The bench's tensors, their addresses in three lists: bf16 activations [N, H], bf16 weights [H]
-   and f32 row statistics [N]. */
-#define N_ACTS 9
-#define N_VECS 4
-#define N_STATS 4
-static void tensor_lists(nb *s, llmcl_tensor **acts[N_ACTS], llmcl_tensor **vecs[N_VECS],
-                         llmcl_tensor **stats[N_STATS])
+/* The bench's tensors by kind: bf16 activations [N, H], bf16 weights [H] and f32 row
+   statistics [N]. */
+typedef struct nb_lists {
+    llmcl_tensor **acts[9], **vecs[4], **stats[4];
+} nb_lists;
+
+static nb_lists tensor_lists(nb *s)
 {
-    llmcl_tensor **a[N_ACTS] = {&s->x, &s->res, &s->r, &s->y, &s->dy, &s->dr, &s->dx, &s->m, &s->t};
-    llmcl_tensor **v[N_VECS] = {&s->w, &s->b, &s->dw, &s->db};
-    llmcl_tensor **t[N_STATS] = {&s->rstd, &s->mean, &s->s1, &s->s2};
-    memcpy(acts, a, sizeof a);
-    memcpy(vecs, v, sizeof v);
-    memcpy(stats, t, sizeof t);
+    return (nb_lists){
+        .acts = {&s->x, &s->res, &s->r, &s->y, &s->dy, &s->dr, &s->dx, &s->m, &s->t},
+        .vecs = {&s->w, &s->b, &s->dw, &s->db},
+        .stats = {&s->rstd, &s->mean, &s->s1, &s->s2},
+    };
 }
 
 /* Every tensor, and the weights and biases viewed as [N, H] rows of stride 0. */
 static llmcl_status create_tensors(nb *s)
 {
-    llmcl_tensor **acts[N_ACTS], **vecs[N_VECS], **stats[N_STATS];
-    tensor_lists(s, acts, vecs, stats);
+    const nb_lists l = tensor_lists(s);
     const int64_t shape[2] = {s->N, s->H}, bstrides[2] = {0, 1};
     llmcl_status st = LLMCL_OK;
-    for (size_t i = 0; i < N_ACTS && st == LLMCL_OK; ++i)
-        st = llmcl_tensor_create(s->env->ctx, LLMCL_BF16, 2, shape, acts[i]);
-    for (size_t i = 0; i < N_VECS && st == LLMCL_OK; ++i)
-        st = llmcl_tensor_create(s->env->ctx, LLMCL_BF16, 1, &s->H, vecs[i]);
-    for (size_t i = 0; i < N_STATS && st == LLMCL_OK; ++i)
-        st = llmcl_tensor_create(s->env->ctx, LLMCL_F32, 1, &s->N, stats[i]);
+    for (size_t i = 0; i < 9 && st == LLMCL_OK; ++i)
+        st = llmcl_tensor_create(s->env->ctx, LLMCL_BF16, 2, shape, l.acts[i]);
+    for (size_t i = 0; i < 4 && st == LLMCL_OK; ++i)
+        st = llmcl_tensor_create(s->env->ctx, LLMCL_BF16, 1, &s->H, l.vecs[i]);
+    for (size_t i = 0; i < 4 && st == LLMCL_OK; ++i)
+        st = llmcl_tensor_create(s->env->ctx, LLMCL_F32, 1, &s->N, l.stats[i]);
     if (st == LLMCL_OK)
         st = llmcl_tensor_view(s->w, 2, shape, bstrides, 0, &s->wb);
     if (st == LLMCL_OK)
@@ -562,8 +560,7 @@ static void measure(nb *s, const host_in *h)
 
 static void release(nb *s, host_in *h)
 {
-    llmcl_tensor **acts[N_ACTS], **vecs[N_VECS], **stats[N_STATS];
-    tensor_lists(s, acts, vecs, stats);
+    const nb_lists l = tensor_lists(s);
     for (int i = 0; i < K_COUNT; ++i)
         if (s->k[i])
             clReleaseKernel(s->k[i]);
@@ -571,12 +568,12 @@ static void release(nb *s, host_in *h)
         clReleaseProgram(s->prog);
     llmcl_tensor_destroy(s->wb);
     llmcl_tensor_destroy(s->bb);
-    for (size_t i = 0; i < N_ACTS; ++i)
-        llmcl_tensor_destroy(*acts[i]);
-    for (size_t i = 0; i < N_VECS; ++i)
-        llmcl_tensor_destroy(*vecs[i]);
-    for (size_t i = 0; i < N_STATS; ++i)
-        llmcl_tensor_destroy(*stats[i]);
+    for (size_t i = 0; i < 9; ++i)
+        llmcl_tensor_destroy(*l.acts[i]);
+    for (size_t i = 0; i < 4; ++i) {
+        llmcl_tensor_destroy(*l.vecs[i]);
+        llmcl_tensor_destroy(*l.stats[i]);
+    }
     free(h->x), free(h->res), free(h->dy), free(h->dr), free(h->w), free(h->b);
 }
 
