@@ -12,7 +12,11 @@
  * short, groups that are multiples of neither); device memory after setup equals the documented
  * formulas; a stage-3 checkpoint saved on all ranks loads on 2 and 1 ranks at stages 1 and 2 with
  * the same bits and continues on the uninterrupted trajectory; corrupt, truncated and mismatched
- * checkpoints fail on every rank and leave the run bit-identical to one that never tried;
+ * checkpoints fail on every rank and leave the run bit-identical to one that never tried; the
+ * application's files of a checkpoint (llmcl_dist_save_with, llmcl_dist_load_with) are written
+ * into the temporary folder and read from the checkpoint's, and a callback failing on one rank
+ * fails the call on every rank, the previous checkpoint and the live state untouched;
+ * llmcl_dist_measure_transport reports rates and refuses bad arguments;
  * different parameter sets or chunk sizes on different ranks fail setup on every rank; destroy
  * gives back every byte and file descriptor; the transport choice (forced, automatic, by
  * LLMCL_DIST_TRANSPORT, a missing LLMCL_NCCL library) and, where NCCL runs, its results against
@@ -907,6 +911,139 @@ static void continue_on_fewer_ranks(const char *dir, const float *straight, cons
     }
 }
 
+/* What the application's file callbacks saw and do: the folder of their last call, their calls,
+   the rank that fails (-1: none) and the text rank 0 writes or every rank read. */
+typedef struct app_files {
+    char folder[600], text[32];
+    int calls, fail_rank;
+} app_files;
+
+static void app_file_path(char *out, size_t len, const char *folder_path)
+{
+    snprintf(out, len, "%s/app.txt", folder_path);
+}
+
+static llmcl_status write_app_file(const char *at, void *user)
+{
+    app_files *a = user;
+    a->calls++;
+    snprintf(a->folder, sizeof a->folder, "%s", at);
+    if (rank == a->fail_rank)
+        return LLMCL_ERROR_IO;
+    if (rank == 0) {
+        char file[700];
+        app_file_path(file, sizeof file, at);
+        FILE *f = fopen(file, "w");
+        CHECK(f && fputs(a->text, f) >= 0 && fclose(f) == 0, "%s", file);
+    }
+    return LLMCL_OK;
+}
+
+static llmcl_status read_app_file(const char *at, void *user)
+{
+    app_files *a = user;
+    a->calls++;
+    snprintf(a->folder, sizeof a->folder, "%s", at);
+    if (rank == a->fail_rank)
+        return LLMCL_ERROR_BAD_FILE;
+    char file[700];
+    app_file_path(file, sizeof file, at);
+    FILE *f = fopen(file, "r");
+    if (!f)
+        return LLMCL_ERROR_IO;
+    const size_t n = fread(a->text, 1, sizeof a->text - 1, f);
+    a->text[n] = '\0';
+    fclose(f);
+    return LLMCL_OK;
+}
+
+static void expect_app_text(const char *dir, const char *want)
+{
+    app_files a = {.fail_rank = -1};
+    const llmcl_status st = read_app_file(dir, &a);
+    CHECK(st == LLMCL_OK && strcmp(a.text, want) == 0, "%s/app.txt holds '%s', not '%s'", dir,
+          a.text, want);
+}
+
+/*
+ * The application's files in a checkpoint (llmcl_dist_save_with, llmcl_dist_load_with): written
+ * into the temporary folder before it is renamed, read from the checkpoint's folder. A callback
+ * that fails on one rank fails the call on every rank with its status: a save leaves the previous
+ * checkpoint and its file whole and no temporary folder, a load leaves the live state as it was.
+ */
+static void test_checkpoint_files(void)
+{
+    static float saved[TOTAL], got[TOTAL];
+    char dir[512], tmp[600];
+    path(dir, "ckpt_files");
+    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
+    net n;
+    net_create(&n, MPI_COMM_WORLD, 2, LLMCL_F32, LLMCL_F32);
+    for (int s = 1; s <= K1; ++s)
+        train_step(&n, s);
+    app_files w = {.text = "first", .fail_rank = -1};
+    OK(llmcl_dist_save_with(n.d, dir, write_app_file, &w));
+    CHECK(w.calls == 1 && strcmp(w.folder, tmp) == 0, "save's callback: %d calls, on '%s'",
+          w.calls, w.folder);
+    expect_app_text(dir, "first");
+    read_params(&n, saved);
+
+    train_step(&n, K1 + 1);
+    w = (app_files){.text = "second", .fail_rank = world - 1};
+    llmcl_status st = llmcl_dist_save_with(n.d, dir, write_app_file, &w);
+    CHECK(st == LLMCL_ERROR_IO, "a failed file callback's save gave %s", llmcl_status_str(st));
+    CHECK(rank != world - 1 || strstr(llmcl_last_error(ctx), "application's files"),
+          "the failing rank's message: %s", llmcl_last_error(ctx));
+    MPI_Barrier(MPI_COMM_WORLD);
+    expect_app_text(dir, "first");
+    CHECK(access(tmp, F_OK) != 0, "%s left behind", tmp);
+
+    static float before[TOTAL];
+    read_params(&n, before);
+    app_files r = {.fail_rank = world - 1};
+    llmcl_adamw_opts h = {.step = -7};
+    st = llmcl_dist_load_with(n.d, dir, &h, read_app_file, &r);
+    CHECK(st == LLMCL_ERROR_BAD_FILE && h.step == -7, "a failed file callback's load gave %s",
+          llmcl_status_str(st));
+    read_params(&n, got);
+    expect_same("parameters after a load whose file callback failed", before, got);
+
+    r = (app_files){.fail_rank = -1};
+    OK(llmcl_dist_load_with(n.d, dir, &h, read_app_file, &r));
+    CHECK(r.calls == 1 && strcmp(r.folder, dir) == 0 && strcmp(r.text, "first") == 0 &&
+              h.step == K1,
+          "load's callback: %d calls on '%s', read '%s', step %lld", r.calls, r.folder, r.text,
+          (long long)h.step);
+    read_params(&n, got);
+    expect_same("parameters loaded with the application's files", saved, got);
+    net_destroy(&n);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+/* llmcl_dist_measure_transport: rates for a buffer of 1 MiB; bad arguments refused on every
+   rank (each passes the same). */
+static void test_measure_transport(void)
+{
+    llmcl_dist *d;
+    OK(create_on(transport, &d));
+    double rs = -1, ag = -1;
+    OK(llmcl_dist_measure_transport(d, 1 << 20, 2, &rs, &ag));
+    CHECK(rs > 0 && ag > 0 && isfinite(rs) && isfinite(ag), "rates %g, %g GB/s", rs, ag);
+    static const struct {
+        uint64_t bytes;
+        int reps, outputs;
+    } bad[] = {{1 << 20, 0, 1}, {1 << 20, 1, 0}, {0, 1, 1}, {(1ull << 34) + 4, 1, 1}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; ++i) {
+        const llmcl_status st = llmcl_dist_measure_transport(
+            d, bad[i].bytes, bad[i].reps, bad[i].outputs ? &rs : NULL, &ag);
+        CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT, "measure_transport(%llu bytes, %d reps): %s",
+              (unsigned long long)bad[i].bytes, bad[i].reps, llmcl_status_str(st));
+    }
+    const llmcl_status st = llmcl_dist_measure_transport(NULL, 1 << 20, 1, &rs, &ag);
+    CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT, "a NULL dist gave %s", llmcl_status_str(st));
+    llmcl_dist_destroy(d);
+}
+
 static void test_checkpoint(void)
 {
     static float straight[TOTAL], saved[TOTAL], got[TOTAL];
@@ -1031,6 +1168,8 @@ int main(int argc, char **argv)
         test_stages(mpi_ref);
         test_get_params();
         test_checkpoint();
+        test_checkpoint_files();
+        test_measure_transport();
     }
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 0) {
