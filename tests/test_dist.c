@@ -29,6 +29,7 @@
  * every check ends the whole job through MPI_Abort instead.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -918,21 +919,22 @@ typedef struct app_files {
     int calls, fail_rank;
 } app_files;
 
-static void app_file_path(char *out, size_t len, const char *folder_path)
+/* A callback's call recorded, and app.txt's path in its folder; true where this rank fails. */
+static bool app_call(app_files *a, const char *at, char file[700])
 {
-    snprintf(out, len, "%s/app.txt", folder_path);
+    a->calls++;
+    snprintf(a->folder, sizeof a->folder, "%s", at);
+    snprintf(file, 700, "%s/app.txt", at);
+    return rank == a->fail_rank;
 }
 
 static llmcl_status write_app_file(const char *at, void *user)
 {
     app_files *a = user;
-    a->calls++;
-    snprintf(a->folder, sizeof a->folder, "%s", at);
-    if (rank == a->fail_rank)
+    char file[700];
+    if (app_call(a, at, file))
         return LLMCL_ERROR_IO;
     if (rank == 0) {
-        char file[700];
-        app_file_path(file, sizeof file, at);
         FILE *f = fopen(file, "w");
         CHECK(f && fputs(a->text, f) >= 0 && fclose(f) == 0, "%s", file);
     }
@@ -942,12 +944,9 @@ static llmcl_status write_app_file(const char *at, void *user)
 static llmcl_status read_app_file(const char *at, void *user)
 {
     app_files *a = user;
-    a->calls++;
-    snprintf(a->folder, sizeof a->folder, "%s", at);
-    if (rank == a->fail_rank)
-        return LLMCL_ERROR_BAD_FILE;
     char file[700];
-    app_file_path(file, sizeof file, at);
+    if (app_call(a, at, file))
+        return LLMCL_ERROR_BAD_FILE;
     FILE *f = fopen(file, "r");
     if (!f)
         return LLMCL_ERROR_IO;
