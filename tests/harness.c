@@ -173,6 +173,14 @@ void th_check_status(llmcl_status got, llmcl_status expected, const char *expr, 
         fail_msg("%s:%d: %s failed without a message", file, line, expr);
 }
 
+int th_launched(const char *kernel, llmcl_dtype dt, const char *cls)
+{
+    char used[256];
+    int launched = 0;
+    TH_OK(llmcl_tune_params_get(th_ctx(), kernel, dt, cls, used, sizeof used, &launched));
+    return launched;
+}
+
 void th_params_used(const char *kernel, llmcl_dtype dt, const char *cls, char *buf, size_t n)
 {
     int launched = 0;

@@ -124,6 +124,9 @@ size_t th_compare(const char *what, const double *ref, const double *got, size_t
 void th_check_status(llmcl_status got, llmcl_status expected, const char *expr, const char *file,
                      int line);
 
+/* Whether kernel has launched at (dtype, class or size key cls): 0 or 1. */
+int th_launched(const char *kernel, llmcl_dtype dt, const char *cls);
+
 /* The parameters of kernel's last launch at (dtype, class or size key cls) into buf; asserts it
    launched. */
 void th_params_used(const char *kernel, llmcl_dtype dt, const char *cls, char *buf, size_t n);

@@ -414,14 +414,12 @@ static void test_softcap_scale(void **state)
 static int attn_kernels_ran(const char *suffix, llmcl_dtype dt, int d)
 {
     static const char *const keys[3] = {"attention_fwd", "attention_bwd_dq", "attention_bwd_dkdv"};
-    char key[64], cls[16], used[256];
+    char key[64], cls[16];
     snprintf(cls, sizeof cls, "%d", d);
     int ran = 0;
     for (int i = 0; i < 3; ++i) {
-        int launched = 0;
         snprintf(key, sizeof key, "%s%s", keys[i], suffix);
-        TH_OK(llmcl_tune_params_get(th_ctx(), key, dt, cls, used, sizeof used, &launched));
-        ran += launched;
+        ran += th_launched(key, dt, cls);
     }
     return ran;
 }
@@ -799,7 +797,7 @@ static const char *const *fast_keys(int d, char cls[16])
 }
 
 /* The shapes that reach every edge of the tiles, on the kernels the defaults pick. */
-static void fast_path_cases(llmcl_ctx *ctx, llmcl_dtype dt, int d, int di)
+static void fast_path_cases(llmcl_dtype dt, int d, int di)
 {
     static const int32_t cu[] = {0, 0, 1, 71, 72, 140};
     char cls[16];
@@ -824,19 +822,10 @@ static void fast_path_cases(llmcl_ctx *ctx, llmcl_dtype dt, int d, int di)
     check_forward_case(scaled(causal(dense(dt, 1, 2, 1, d, 200, 200)), 1.0f), 380 + di);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
         check_both(cases[i], 300 + 10 * di + i);
-        for (int kk = 0; kk < 3; ++kk) {
-            int launched = 0;
-            char used[128];
-            TH_OK(llmcl_tune_params_get(ctx, keys[kk], dt, cls, used, sizeof used, &launched));
-            assert_int_equal(launched, on_tensor_cores(dt));
-        }
-        if (stores_ds(d, cases[i].Tk)) {
-            int launched = 0;
-            char used[128];
-            TH_OK(llmcl_tune_params_get(ctx, "attention_bwd_dq_ds_wgmma", dt, cls, used,
-                                        sizeof used, &launched));
-            assert_int_equal(launched, 1);
-        }
+        for (int kk = 0; kk < 3; ++kk)
+            assert_int_equal(th_launched(keys[kk], dt, cls), on_tensor_cores(dt));
+        if (stores_ds(d, cases[i].Tk))
+            assert_int_equal(th_launched("attention_bwd_dq_ds_wgmma", dt, cls), 1);
     }
 }
 
@@ -978,7 +967,7 @@ static void test_fast_path(void **state)
         for (int f16 = 0; f16 < (mma ? 2 : 1); ++f16) {
             const llmcl_dtype dt = f16 ? LLMCL_F16 : LLMCL_BF16;
             const int d = dims[di];
-            fast_path_cases(ctx, dt, d, di);
+            fast_path_cases(dt, d, di);
             fast_path_forced_tiles(ctx, dt, d, di);
             if (on_wgmma(d) && tma && d <= 128)
                 fast_path_three_buffers(ctx, dt, d, di);
@@ -1132,11 +1121,7 @@ static void ds_parts_same_bits(ds_env *e)
         e->c.opts.ds_bytes = parts[i];
         check_case_bits(e->c, 440 + e->d, &bits);
         if (e->stores) {
-            char used[128];
-            int launched = 0;
-            TH_OK(llmcl_tune_params_get(e->ctx, "attention_bwd_dq_ds_wgmma", LLMCL_BF16, e->cls,
-                                        used, sizeof used, &launched));
-            assert_int_equal(launched, 1);
+            assert_int_equal(th_launched("attention_bwd_dq_ds_wgmma", LLMCL_BF16, e->cls), 1);
             th_assert_launched_with("attention_bwd_dkdv_wgmma", LLMCL_BF16, e->cls,
                                     e->d == 128 ? "DS_SLABS=3" : "DS_SLABS=2");
         }

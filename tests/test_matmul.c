@@ -563,10 +563,8 @@ static void test_tiled_tunables(void **state)
         c.b_col = (int)(i >> 1) & 1;
         mm_check(sets[i], &c, 600 + i);
         char buf[128], got[136], want[16];
-        int launched = 0, tile = 0;
-        TH_OK(llmcl_tune_params_get(th_ctx(), "mm_tiled", LLMCL_F32, "45", buf, sizeof buf,
-                                    &launched));
-        assert_int_equal(launched, 1);
+        int tile = 0;
+        th_params_used("mm_tiled", LLMCL_F32, "45", buf, sizeof buf);
         sscanf(sets[i], "T=%d", &tile);
         snprintf(want, sizeof want, " T=%d ", tile);
         snprintf(got, sizeof got, " %s ", buf);
@@ -836,10 +834,7 @@ static void test_thin_class(void **state)
         c.a_batched = c.b_batched = 1;
         mm_check("thin class", &c, 640 + i);
         char buf[128], got[136];
-        int launched = 0;
-        TH_OK(llmcl_tune_params_get(th_ctx(), "mm_tiled", LLMCL_F32, i == 0 ? "16" : "8192", buf,
-                                    sizeof buf, &launched));
-        assert_int_equal(launched, 1);
+        th_params_used("mm_tiled", LLMCL_F32, i == 0 ? "16" : "8192", buf, sizeof buf);
         snprintf(got, sizeof got, " %s ", buf);
         if (i == 0)
             assert_null(strstr(got, " T=16 "));
@@ -916,12 +911,8 @@ static void tensor_core_layouts(void)
                 c.pad = s == 2 ? 3 : 0;
                 c.split_k = 1;
                 mm_check("tensor cores", &c, 700 + 100 * d + 10 * t + s);
-                char buf[160];
-                int launched = 0;
-                TH_OK(llmcl_tune_params_get(th_ctx(), mma_key(c.trans_a), c.dt, "257", buf,
-                                            sizeof buf, &launched));
                 if (s == 0)
-                    assert_int_equal(launched, 1);
+                    assert_int_equal(th_launched(mma_key(c.trans_a), c.dt, "257"), 1);
             }
 }
 
@@ -1196,15 +1187,8 @@ static void test_k_ext(void **state)
         c.alpha = v == 2 ? 0.5 : 1.0;
         mm_check(forward ? "K extension, LoRA's forward" : "K extension, LoRA's dx", &c,
                  1360 + v);
-        if (info->has_wgmma && info->has_tma && c.dt == LLMCL_BF16) {
-            char launched[256];
-            int ran = 0;
-            TH_OK(llmcl_tune_params_get(th_ctx(), mma_key(c.trans_a), c.dt,
-                                        many ? "8192" : "304", launched, sizeof launched, &ran));
-            if (!ran || !strstr(launched, "MM_EXT=1"))
-                fail_msg("K extension %d: mm_wgmma did not take the second pair (%s)", v,
-                         launched);
-        }
+        if (info->has_wgmma && info->has_tma && c.dt == LLMCL_BF16)
+            th_assert_launched_with(mma_key(c.trans_a), c.dt, many ? "8192" : "304", "MM_EXT=1");
     }
 }
 

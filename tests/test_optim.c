@@ -315,11 +315,7 @@ static void test_tuned_chunking(void **state)
     set s = set_make(LLMCL_BF16, LLMCL_F32, true, true);
     run_steps(&s, true, 31);
     set_free(&s);
-    char used[128];
-    int launched = 0;
-    TH_OK(llmcl_tune_params_get(ctx, "adamw", LLMCL_BF16, "5212", used, sizeof used, &launched));
-    assert_int_equal(launched, 1);
-    assert_non_null(strstr(used, "UNROLL=2"));
+    th_assert_launched_with("adamw", LLMCL_BF16, "5212", "UNROLL=2");
     s = set_make(LLMCL_BF16, LLMCL_F32, false, false);
     run_steps(&s, false, 32);
     set_free(&s);
