@@ -1369,8 +1369,9 @@ LLMCL_API llmcl_status llmcl_safetensors_writer_add_tensor(llmcl_safetensors_wri
 /*
  * Writes the file as the reference writer does: tensors ordered by falling dtype alignment, then
  * name; compact JSON with "__metadata__" first; the header padded with spaces to a multiple of 8
- * bytes; then the data. It goes to "<path>.tmp", is flushed to disk, then renamed onto path, so
- * path holds either the old file or the whole new one; on failure the temporary file is removed. A
+ * bytes; then the data. It goes to a temporary file of its own beside path ("<path>.tmp.<pid>.<n>"),
+ * is flushed to disk, then renamed onto path, so path holds either the old file or a whole new one,
+ * also while other processes or threads write it; on failure the temporary file is removed. A
  * writer finishes once.
  */
 LLMCL_API llmcl_status llmcl_safetensors_writer_finish(llmcl_safetensors_writer *w);

@@ -6,10 +6,12 @@
  * f16; and every malformed file and bad argument fails with its status and a message naming the
  * problem.
  */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -22,6 +24,19 @@ static const char *tmp_path(const char *name)
     static char path[512];
     snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
     return path;
+}
+
+/* Asserts no temporary file of name's writers (name.tmp.*) is left in the folder. */
+static void expect_no_temporary(const char *name)
+{
+    char prefix[256];
+    snprintf(prefix, sizeof prefix, "%s.tmp", name);
+    DIR *d = opendir(tmp_dir);
+    assert_non_null(d);
+    for (struct dirent *e = readdir(d); e; e = readdir(d))
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0)
+            fail_msg("%s/%s is left", tmp_dir, e->d_name);
+    closedir(d);
 }
 
 /* Asserts a reader or writer call succeeded; their errors are in llmcl_last_error(NULL). */
@@ -247,7 +262,7 @@ static void test_reference_layout(void **state)
                            "\"a\":{\"dtype\":\"BF16\",\"shape\":[1,2],\"data_offsets\":[8,12]},"
                            "\"b\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[12,16]}}",
                            data, sizeof data);
-    assert_int_equal(access(tmp_path("ref.safetensors.tmp"), F_OK), -1);
+    expect_no_temporary("ref.safetensors");
 }
 
 /* ---- round trips ---- */
@@ -512,6 +527,70 @@ static void test_load_and_find_errors(void **state)
                  "not a readable regular file", NULL);
 }
 
+enum { SHARED_N = 1 << 18 };
+
+/* path written with one f32 tensor "x" of SHARED_N copies of value; whether finish succeeded. */
+static bool write_filled(const char *path, float value)
+{
+    float *x = th_alloc(SHARED_N * sizeof *x);
+    for (int i = 0; i < SHARED_N; ++i)
+        x[i] = value;
+    llmcl_safetensors_writer *w = NULL;
+    const int64_t shape[1] = {SHARED_N};
+    bool ok = llmcl_safetensors_writer_create(path, &w) == LLMCL_OK &&
+              llmcl_safetensors_writer_add_host(w, "x", LLMCL_F32, 1, shape, x) == LLMCL_OK &&
+              llmcl_safetensors_writer_finish(w) == LLMCL_OK;
+    llmcl_safetensors_writer_destroy(w);
+    free(x);
+    return ok;
+}
+
+/* Asserts path holds one writer's file whole: its size, and "x" all 1s or all 2s. */
+static void expect_one_writer_whole(const char *path)
+{
+    llmcl_safetensors *st = NULL;
+    ST_OK(llmcl_safetensors_open(path, &st));
+    llmcl_safetensors_info info;
+    ST_OK(llmcl_safetensors_find(st, "x", &info));
+    llmcl_safetensors_close(st);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    float *x = th_alloc(SHARED_N * sizeof *x);
+    assert_int_equal(fseek(f, -(long)(SHARED_N * sizeof *x), SEEK_END), 0);
+    assert_int_equal(fread(x, sizeof *x, SHARED_N, f), SHARED_N);
+    assert_int_equal(fgetc(f), EOF);
+    fclose(f);
+    assert_true(x[0] == 1.0f || x[0] == 2.0f);
+    for (int i = 0; i < SHARED_N; ++i)
+        if (x[i] != x[0])
+            fail_msg("x[%d] = %g in a file whose x[0] is %g: two writers mixed", i, x[i], x[0]);
+    free(x);
+}
+
+/* Two processes finishing writers of one path again and again: every finish succeeds and the file
+   is always one of them whole, as each writes a temporary file of its own. */
+static void test_concurrent_writers(void **state)
+{
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s", tmp_path("shared.safetensors"));
+    const pid_t child = fork();
+    assert_true(child >= 0);
+    bool ok = true;
+    for (int i = 0; i < 40 && ok; ++i)
+        ok = write_filled(path, child == 0 ? 1.0f : 2.0f);
+    if (child == 0)
+        _exit(ok ? 0 : 1);
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    if (!ok)
+        fail_msg("a finish failed beside another process's: %s", llmcl_last_error(NULL));
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    expect_one_writer_whole(path);
+    expect_no_temporary("shared.safetensors");
+}
+
 static void test_writer_errors(void **state)
 {
     (void)state;
@@ -689,7 +768,8 @@ static int teardown(void **state)
 {
     static const char *files[] = {"ref.safetensors", "host.safetensors", "device.safetensors",
                                   "convert.safetensors", "errors.safetensors", "writer.safetensors",
-                                  "bad.safetensors", "cut.safetensors", "foreign.safetensors"};
+                                  "bad.safetensors", "cut.safetensors", "foreign.safetensors",
+                                  "shared.safetensors"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; ++i)
         unlink(tmp_path(files[i]));
     rmdir(tmp_dir);
@@ -706,6 +786,7 @@ int main(void)
         cmocka_unit_test(test_pieces),
         cmocka_unit_test(test_load_converts),
         cmocka_unit_test(test_load_and_find_errors),
+        cmocka_unit_test(test_concurrent_writers),
         cmocka_unit_test(test_writer_errors),
         cmocka_unit_test(test_malformed_files),
         cmocka_unit_test(test_foreign_files),

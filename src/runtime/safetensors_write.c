@@ -2,12 +2,13 @@
  * safetensors_write.c: the safetensors writer. Adding a tensor records its name, dtype, shape and
  * where its bytes are (host memory or a device tensor, both borrowed); finish lays the file out as
  * the reference writer does, builds the header with jansson and streams the data into a temporary
- * file that is renamed into place, so no more than one bounded piece of a device tensor is ever in
- * host memory at once.
+ * file of its own that is renamed into place, so no more than one bounded piece of a device tensor
+ * is ever in host memory at once.
  */
 #include "src/runtime/safetensors.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -282,10 +283,15 @@ llmcl_status llmcl_safetensors_writer_finish(llmcl_safetensors_writer *w)
         w->items[i].begin = offset;
         offset += w->items[i].bytes;
     }
-    char *header = NULL, *tmp = malloc(strlen(w->path) + 5);
+    /* A temporary file of this finish's own: writers of one path in other processes or threads
+       each rename a whole file, the last one's staying. */
+    static atomic_uint finishes;
+    const size_t tmp_len = strlen(w->path) + 48;
+    char *header = NULL, *tmp = malloc(tmp_len);
     size_t header_len = 0;
     LLMCL__REQUIRE(NULL, tmp, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "temporary path");
-    sprintf(tmp, "%s.tmp", w->path);
+    snprintf(tmp, tmp_len, "%s.tmp.%ld.%u", w->path, (long)getpid(),
+             atomic_fetch_add(&finishes, 1u));
     llmcl_status status = header_text(w, &header, &header_len);
     if (status != LLMCL_OK) {
         free(tmp);
