@@ -1,6 +1,7 @@
 /* harness.c: the shared test helpers declared in harness.h. */
 #include "harness.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -209,6 +210,17 @@ void th_assert_launched_with(const char *kernel, llmcl_dtype dt, const char *cls
     for (char *tok = strtok(want, " "); tok; tok = strtok(NULL, " "))
         if (strstr(used, tok) == NULL)
             fail_msg("%s launched with %s, not %s", kernel, used, set);
+}
+
+int th_files_starting(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
 }
 
 void th_poison(llmcl_tensor *t)

@@ -134,6 +134,9 @@ void th_params_used(const char *kernel, llmcl_dtype dt, const char *cls, char *b
 /* Asserts kernel's last launch at (dtype, cls) was built with every NAME=VALUE of set. */
 void th_assert_launched_with(const char *kernel, llmcl_dtype dt, const char *cls, const char *set);
 
+/* How many entries of folder dir have names that start with prefix. */
+int th_files_starting(const char *dir, const char *prefix);
+
 /* Loads a tuning file of the given JSON text into the shared context (through a temporary file). */
 void th_tune_db_load_text(const char *json);
 

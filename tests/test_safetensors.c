@@ -6,7 +6,6 @@
  * f16; and every malformed file and bad argument fails with its status and a message naming the
  * problem.
  */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,19 +23,6 @@ static const char *tmp_path(const char *name)
     static char path[512];
     snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
     return path;
-}
-
-/* Asserts no temporary file of name's writers (name.tmp.*) is left in the folder. */
-static void expect_no_temporary(const char *name)
-{
-    char prefix[256];
-    snprintf(prefix, sizeof prefix, "%s.tmp", name);
-    DIR *d = opendir(tmp_dir);
-    assert_non_null(d);
-    for (struct dirent *e = readdir(d); e; e = readdir(d))
-        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0)
-            fail_msg("%s/%s is left", tmp_dir, e->d_name);
-    closedir(d);
 }
 
 /* Asserts a reader or writer call succeeded; their errors are in llmcl_last_error(NULL). */
@@ -262,7 +248,7 @@ static void test_reference_layout(void **state)
                            "\"a\":{\"dtype\":\"BF16\",\"shape\":[1,2],\"data_offsets\":[8,12]},"
                            "\"b\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[12,16]}}",
                            data, sizeof data);
-    expect_no_temporary("ref.safetensors");
+    assert_int_equal(th_files_starting(tmp_dir, "ref.safetensors.tmp"), 0);
 }
 
 /* ---- round trips ---- */
@@ -588,7 +574,7 @@ static void test_concurrent_writers(void **state)
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
     expect_one_writer_whole(path);
-    expect_no_temporary("shared.safetensors");
+    assert_int_equal(th_files_starting(tmp_dir, "shared.safetensors.tmp"), 0);
 }
 
 static void test_writer_errors(void **state)

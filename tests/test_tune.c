@@ -1023,18 +1023,6 @@ static const char *read_text(const char *path)
     return buf;
 }
 
-/* Files of tmp_dir whose names start with prefix. */
-static int files_starting(const char *prefix)
-{
-    DIR *d = opendir(tmp_dir);
-    assert_non_null(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;)
-        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
-    closedir(d);
-    return n;
-}
-
 static bool write_new(FILE *f, void *arg)
 {
     (void)arg;
@@ -1074,14 +1062,14 @@ static void test_replace_file(void **state)
     write_text(path, "old");
     assert_true(util_replace_file(path, write_new, NULL, why, sizeof why));
     assert_string_equal(read_text(path), "new");
-    assert_int_equal(files_starting("replaced.json"), 1);
+    assert_int_equal(th_files_starting(tmp_dir, "replaced.json"), 1);
 
     /* A writer that fails leaves the last good file, and nothing beside it. */
     why[0] = '\0';
     assert_false(util_replace_file(path, write_half_then_fail, NULL, why, sizeof why));
     assert_string_equal(read_text(path), "new");
     assert_non_null(strstr(why, "cannot write"));
-    assert_int_equal(files_starting("replaced.json"), 1);
+    assert_int_equal(th_files_starting(tmp_dir, "replaced.json"), 1);
 
     /* A folder in the way: the rename fails, and the new file is removed. */
     const char *dir = tmp_path("a_folder.json");
@@ -1089,7 +1077,7 @@ static void test_replace_file(void **state)
     write_text(tmp_path("a_folder.json/inside"), "x");
     assert_false(util_replace_file(dir, write_new, NULL, why, sizeof why));
     assert_non_null(strstr(why, "cannot rename"));
-    assert_int_equal(files_starting("a_folder.json"), 1);
+    assert_int_equal(th_files_starting(tmp_dir, "a_folder.json"), 1);
 
     /* No folder to write in. */
     assert_false(util_replace_file(tmp_path("missing/x.json"), write_new, NULL, why, sizeof why));
