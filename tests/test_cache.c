@@ -1,12 +1,14 @@
 /*
  * test_cache.c: the two-level program cache. Each test uses its own LLMCL_CACHE_DIR and fresh
  * contexts: a build writes an entry, a new context loads it, other options build anew, truncated,
- * corrupt and foreign entries are ignored and rebuilt, and "off" writes nothing. These run with
+ * corrupt and foreign entries are ignored and rebuilt, "off" writes nothing, and contexts on
+ * several threads at once (one each, as llmcl.h asks) build and store one program. These run with
  * PoCL's own kernel cache off, where llmcl keeps PoCL's binaries too.
  * With --pocl-kernel-cache (the suite's cache_pocl), PoCL's cache on as it is by default: llmcl
  * stores nothing and each kernel launched is compiled once (skipped on other platforms).
  */
 #include <dirent.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,6 +107,57 @@ static void test_hit_after_build(void **state)
     s = run_fill(LLMCL_BF16);
     assert_int_equal(s.builds, 1);
     assert_int_equal(list_entries(names, 4), 2);
+    remove_cache_dir();
+}
+
+enum { THREADS = 4 };
+
+/* One thread's fresh context: a fill of 1000 f32 with 3, checked; what failed, or NULL. */
+static void *fill_on_thread(void *why)
+{
+    llmcl_ctx *ctx = NULL;
+    llmcl_tensor *t = NULL;
+    const int64_t shape[] = {1000};
+    float got[1000];
+    const char *failed = NULL;
+    if (llmcl_ctx_create(&ctx) != LLMCL_OK)
+        failed = "llmcl_ctx_create";
+    else if (llmcl_tensor_create(ctx, LLMCL_F32, 1, shape, &t) != LLMCL_OK ||
+             llmcl_fill(ctx, t, 3.0) != LLMCL_OK ||
+             llmcl_tensor_download(t, got, sizeof got) != LLMCL_OK)
+        failed = "a fill";
+    for (int i = 0; failed == NULL && i < 1000; ++i)
+        if (got[i] != 3.0f)
+            failed = "a wrong value";
+    if (failed)
+        snprintf(why, 512, "%s: %s", failed, ctx ? llmcl_last_error(ctx) : llmcl_last_error(NULL));
+    llmcl_tensor_destroy(t);
+    llmcl_ctx_destroy(ctx);
+    return failed ? why : NULL;
+}
+
+/* Contexts on THREADS threads build the same program into an empty cache at once: each runs, the
+   cache holds its one entry whole (no temporary file is left), and the next context loads it. */
+static void test_contexts_on_threads(void **state)
+{
+    (void)state;
+    make_cache_dir();
+    pthread_t threads[THREADS];
+    char why[THREADS][512];
+    for (int i = 0; i < THREADS; ++i)
+        assert_int_equal(pthread_create(&threads[i], NULL, fill_on_thread, why[i]), 0);
+    for (int i = 0; i < THREADS; ++i) {
+        void *failed = NULL;
+        assert_int_equal(pthread_join(threads[i], &failed), 0);
+        if (failed)
+            fail_msg("thread %d: %s", i, (const char *)failed);
+    }
+    char names[4][512];
+    assert_int_equal(list_entries(names, 4), 1);
+    llmcl_cache_stats s = run_fill(LLMCL_F32);
+    assert_int_equal(s.builds, 0);
+    assert_int_equal(s.disk_hits, 1);
+    assert_int_equal(s.disk_rejects, 0);
     remove_cache_dir();
 }
 
@@ -300,6 +353,7 @@ int main(int argc, char **argv)
     setenv("POCL_KERNEL_CACHE", "0", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hit_after_build),
+        cmocka_unit_test(test_contexts_on_threads),
         cmocka_unit_test(test_bad_entries_are_rebuilt),
         cmocka_unit_test(test_disabled),
         cmocka_unit_test(test_default_location),
