@@ -125,6 +125,18 @@ static inline void llmcl__copy_text(char *dst, size_t cap, const char *src)
     dst[n] = '\0';
 }
 
+/* ---- files ---- */
+
+/* The longest suffix llmcl__temp_path adds to a path, with its terminator. */
+#define LLMCL__TEMP_SUFFIX_MAX 40
+
+/*
+ * path's temporary sibling for a write that is renamed into place, "<path>.tmp.<pid>.<n>" with n
+ * counting the process's calls, so that writers of one path in other processes or threads never
+ * share one; into out[cap], cut to fit.
+ */
+void llmcl__temp_path(char *out, size_t cap, const char *path);
+
 /* ---- environment ---- */
 
 /* The variable's value, or NULL when unset or empty. */

@@ -1,10 +1,12 @@
-/* log.c: opt-in logging to stderr (LLMCL_LOG=1) and environment access. */
+/* log.c: opt-in logging to stderr (LLMCL_LOG=1), environment access and temporary file names. */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -81,4 +83,10 @@ void llmcl__log(const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
+}
+
+void llmcl__temp_path(char *out, size_t cap, const char *path)
+{
+    static atomic_uint calls;
+    snprintf(out, cap, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&calls, 1u));
 }

@@ -13,12 +13,10 @@
  * no binaries there while it is on (keeps_binaries).
  */
 #include <errno.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include "embedded.h"
@@ -381,11 +379,9 @@ static void make_dirs(const char *dir)
 
 static void disk_write(const llmcl_ctx *ctx, const disk_key *k, const unsigned char *bin, size_t len)
 {
-    static atomic_uint counter; /* contexts on other threads may write at the same time */
     make_dirs(ctx->cache_dir);
     char tmp[1300];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", k->path, (long)getpid(),
-             atomic_fetch_add(&counter, 1u));
+    llmcl__temp_path(tmp, sizeof tmp, k->path);
     FILE *f = fopen(tmp, "wb");
     if (!f)
         return;

@@ -8,7 +8,6 @@
 #include "src/runtime/safetensors.h"
 
 #include <errno.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,15 +282,11 @@ llmcl_status llmcl_safetensors_writer_finish(llmcl_safetensors_writer *w)
         w->items[i].begin = offset;
         offset += w->items[i].bytes;
     }
-    /* A temporary file of this finish's own: writers of one path in other processes or threads
-       each rename a whole file, the last one's staying. */
-    static atomic_uint finishes;
-    const size_t tmp_len = strlen(w->path) + 48;
+    const size_t tmp_len = strlen(w->path) + LLMCL__TEMP_SUFFIX_MAX;
     char *header = NULL, *tmp = malloc(tmp_len);
     size_t header_len = 0;
     LLMCL__REQUIRE(NULL, tmp, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "temporary path");
-    snprintf(tmp, tmp_len, "%s.tmp.%ld.%u", w->path, (long)getpid(),
-             atomic_fetch_add(&finishes, 1u));
+    llmcl__temp_path(tmp, tmp_len, w->path);
     llmcl_status status = header_text(w, &header, &header_len);
     if (status != LLMCL_OK) {
         free(tmp);
