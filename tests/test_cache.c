@@ -112,7 +112,8 @@ static void test_hit_after_build(void **state)
 
 enum { THREADS = 4 };
 
-/* One thread's fresh context: a fill of 1000 f32 with 3, checked; what failed, or NULL. */
+/* One thread's fresh context: a fill of 1000 f32 with 3, checked; what failed, or NULL. run_fill's
+   work without its asserts, which belong to cmocka's thread. */
 static void *fill_on_thread(void *why)
 {
     llmcl_ctx *ctx = NULL;
