@@ -1590,7 +1590,10 @@ static void test_bad_inputs(void **state)
     run_free(&r);
 }
 
-/* Varlen offsets that decrease, do not start at 0, or exceed / miss the packed length. */
+/*
+ * Varlen offsets that decrease, do not start at 0, or exceed / miss the packed length, and offsets
+ * that are not contiguous.
+ */
 static void test_bad_varlen(void **state)
 {
     (void)state;
@@ -1638,6 +1641,18 @@ static void test_bad_varlen(void **state)
     TH_FAILS(llmcl_attention_forward(ctx, r.q_.t, r.k_.t, r.v_.t, &o3, r.o_.t, r.lse),
              LLMCL_ERROR_INVALID_ARGUMENT);
     llmcl_tensor_destroy(c2);
+    /* every other element of {0, 99, 5, 99, 9, 99, 16, 99}: good offsets that the kernels, which
+       read them one after another, would see as 0, 99, 5, 99 */
+    static const int32_t spread[] = {0, 99, 5, 99, 9, 99, 16, 99};
+    llmcl_tensor *wide = cu_tensor(spread, 7), *every2;
+    const int64_t four[1] = {4}, two_apart[1] = {2};
+    TH_OK(llmcl_tensor_view(wide, 1, four, two_apart, 0, &every2));
+    o3 = r.c.opts;
+    o3.cu_seqlens_q = o3.cu_seqlens_k = every2;
+    TH_FAILS(llmcl_attention_forward(ctx, r.q_.t, r.k_.t, r.v_.t, &o3, r.o_.t, r.lse),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "cu_seqlens_q must be contiguous"));
+    llmcl_tensor_destroy(every2), llmcl_tensor_destroy(wide);
     assert_same_bits(r.o_.t, o_before, "o after failed varlen calls");
     free(o_before);
     run_free(&r);

@@ -97,6 +97,9 @@ static llmcl_status attn_check_cu(llmcl_ctx *ctx, const llmcl_tensor *cu, const 
     LLMCL__REQUIRE(ctx, cu->shape[0] == batch + 1, LLMCL_ERROR_SHAPE_MISMATCH,
                    "attention: %s has %lld offsets; cu_seqlens_q has %lld (both B + 1)", name,
                    (long long)cu->shape[0], (long long)(batch + 1));
+    /* the kernels index the offsets from the view's start, one after another */
+    LLMCL__REQUIRE(ctx, llmcl_tensor_is_contiguous(cu), LLMCL_ERROR_INVALID_ARGUMENT,
+                   "attention: %s must be contiguous", name);
     int32_t *h = malloc(sizeof(int32_t) * (size_t)cu->shape[0]);
     LLMCL__REQUIRE(ctx, h, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "attention: %s: no host memory", name);
     llmcl_status st = LLMCL_OK;
