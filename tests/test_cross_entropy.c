@@ -504,6 +504,18 @@ static void test_ce_bad_args(void **state)
     llmcl_tensor *ty3 = th_tensor(LLMCL_I64, 1, (const int64_t[]){3});
     TH_FAILS(llmcl_cross_entropy_forward(ctx, tx3, ty3, NULL, tl, NULL, NULL, shifted),
              LLMCL_ERROR_INVALID_ARGUMENT);
+    /* class weights inside dlogits or lse, which later rows would read after their writes */
+    llmcl_tensor *dl = th_tensor(LLMCL_F32, 2, shape), *row0, *lse_in_row0;
+    TH_OK(llmcl_tensor_view(dl, 1, (const int64_t[]){10}, NULL, 0, &row0));
+    TH_OK(llmcl_tensor_view(dl, 1, &n, NULL, 2, &lse_in_row0));
+    o = (llmcl_ce_options){.weight = row0};
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, &o, tl, NULL, NULL, dl),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "dlogits overlaps opts->weight"));
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, &o, tl, NULL, lse_in_row0, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "opts->weight"));
+    llmcl_tensor_destroy(row0), llmcl_tensor_destroy(lse_in_row0), llmcl_tensor_destroy(dl);
     /* grad_scale */
     TH_FAILS(llmcl_cross_entropy_grad_scale(ctx, tl2, tx), LLMCL_ERROR_SHAPE_MISMATCH);
     TH_FAILS(llmcl_cross_entropy_grad_scale(ctx, tl, ty), LLMCL_ERROR_UNSUPPORTED_DTYPE);
@@ -1293,6 +1305,16 @@ static void test_linear_bad_args(void **state)
     TH_FAILS(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, &half,
                                                 g.dh, g.dw, g.db),
              LLMCL_ERROR_INVALID_ARGUMENT);
+    /* class weights that are a gradient output, which later chunks would read after its writes */
+    const llmcl_ce_options in_dbias = {.weight = g.db, .chunk_rows = 2};
+    TH_FAILS(llmcl_linear_cross_entropy_forward(ctx, p.th, p.tw, p.tb, p.ty, &in_dbias, tl, NULL,
+                                                NULL, NULL, g.db),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "dbias overlaps opts->weight"));
+    TH_FAILS(llmcl_fused_cross_entropy_backward(ctx, p.th, p.tw, p.tb, p.ty, tlse, NULL, &in_dbias,
+                                                g.dh, g.dw, g.db),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(ctx), "dbias overlaps opts->weight"));
     /* out-of-range labels: every form refuses and writes nothing */
     p.y[3] = 20;
     llmcl_tensor *ybad = labels_tensor(LLMCL_I64, p.y, p.n);

@@ -90,7 +90,6 @@ static llmcl_status check_options(llmcl_ctx *ctx, const llmcl_ce_options *opts, 
     return LLMCL_OK;
 }
 
-/* A contiguous tensor of `dtypes` with exactly n elements. */
 /* loss and z_loss: f32 with 1 element (mean, sum) or n (none); outputs must not alias inputs. */
 static llmcl_status check_outputs(llmcl_ctx *ctx, const llmcl_ce_options *o, int64_t n,
                                   const llmcl_tensor *loss, const llmcl_tensor *z_loss,
@@ -462,9 +461,14 @@ llmcl_status llmcl_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tensor *log
         LLMCL__TRY(llmcl__check_vec(ctx, lse, "lse", 1u << LLMCL_F32, xr.n_rows));
         LLMCL__REQUIRE(ctx,
                        !llmcl__overlaps(lse, logits) && !llmcl__overlaps(lse, labels) &&
-                           (!dlogits || !llmcl__overlaps(lse, dlogits)),
-                       LLMCL_ERROR_INVALID_ARGUMENT, "lse overlaps logits, labels or dlogits");
+                           (!dlogits || !llmcl__overlaps(lse, dlogits)) &&
+                           (!r.o.weight || !llmcl__overlaps(lse, r.o.weight)),
+                       LLMCL_ERROR_INVALID_ARGUMENT,
+                       "lse overlaps logits, labels, dlogits or opts->weight");
     }
+    /* later rows still read the class weights */
+    LLMCL__REQUIRE(ctx, !dlogits || !r.o.weight || !llmcl__overlaps(dlogits, r.o.weight),
+                   LLMCL_ERROR_INVALID_ARGUMENT, "dlogits overlaps opts->weight");
     llmcl__rows dr = xr;
     if (dlogits && !llmcl__same_view(logits, dlogits)) {
         LLMCL__TRY(
@@ -536,10 +540,14 @@ typedef struct ce_linear {
     llmcl__rows h, w, dh, dw;
 } ce_linear;
 
-/* hidden [N, H], weight [V, H] and bias [V] of one float dtype; gradient outputs f32. */
+/*
+ * hidden [N, H], weight [V, H] and bias [V] of one float dtype; gradient outputs f32, apart from
+ * the inputs and opts->weight (a later chunk still reads the class weights).
+ */
 static llmcl_status check_linear(llmcl_ctx *ctx, const llmcl_tensor *hidden,
                                  const llmcl_tensor *weight, const llmcl_tensor *bias,
-                                 const llmcl_tensor *labels, const llmcl_tensor *dhidden,
+                                 const llmcl_tensor *labels, const llmcl_ce_options *opts,
+                                 const llmcl_tensor *dhidden,
                                  const llmcl_tensor *dweight, const llmcl_tensor *dbias,
                                  ce_linear *out)
 {
@@ -556,8 +564,8 @@ static llmcl_status check_linear(llmcl_ctx *ctx, const llmcl_tensor *hidden,
     if (bias)
         LLMCL__TRY(llmcl__check_vec(ctx, bias, "bias", 1u << hidden->dtype, out->w.n_rows));
     LLMCL__TRY(llmcl__check_vec(ctx, labels, "labels", LLMCL__INT_DTYPES, out->h.n_rows));
-    const llmcl_tensor *ins[] = {hidden, weight, bias, labels};
-    const char *in_names[] = {"hidden", "weight", "bias", "labels"};
+    const llmcl_tensor *ins[] = {hidden, weight, bias, labels, opts ? opts->weight : NULL};
+    const char *in_names[] = {"hidden", "weight", "bias", "labels", "opts->weight"};
     const llmcl_tensor *outs[] = {dhidden, dweight, dbias};
     const char *out_names[] = {"dhidden", "dweight", "dbias"};
     if (dhidden)
@@ -569,7 +577,7 @@ static llmcl_status check_linear(llmcl_ctx *ctx, const llmcl_tensor *hidden,
     for (int i = 0; i < 3; ++i) {
         if (!outs[i])
             continue;
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < 5; ++j)
             LLMCL__REQUIRE(ctx, !ins[j] || !llmcl__overlaps(outs[i], ins[j]),
                            LLMCL_ERROR_INVALID_ARGUMENT, "%s overlaps %s", out_names[i],
                            in_names[j]);
@@ -818,7 +826,8 @@ llmcl_status llmcl_linear_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tens
 {
     LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
     ce_linear lin;
-    LLMCL__TRY(check_linear(ctx, hidden, weight, bias, labels, dhidden, dweight, dbias, &lin));
+    LLMCL__TRY(
+        check_linear(ctx, hidden, weight, bias, labels, opts, dhidden, dweight, dbias, &lin));
     const int64_t n = lin.h.n_rows, v = lin.w.n_rows;
     ce_run r = {.ctx = ctx};
     LLMCL__TRY(check_options(ctx, opts, v, hidden->dtype, &r.o));
@@ -841,7 +850,8 @@ llmcl_status llmcl__linear_ce_hooked(llmcl_ctx *ctx, const llmcl_tensor *hidden,
                                      llmcl_tensor *dweight, llmcl_tensor *dbias)
 {
     ce_linear lin;
-    LLMCL__TRY(check_linear(ctx, hidden, weight, bias, labels, dhidden, dweight, dbias, &lin));
+    LLMCL__TRY(
+        check_linear(ctx, hidden, weight, bias, labels, opts, dhidden, dweight, dbias, &lin));
     ce_run r = {.ctx = ctx};
     LLMCL__TRY(check_options(ctx, opts, lin.w.n_rows, hidden->dtype, &r.o));
     r.o.reduction = LLMCL_CE_NONE;
@@ -1560,7 +1570,7 @@ llmcl_status llmcl_fused_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tenso
 {
     LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
     ce_linear lin;
-    LLMCL__TRY(check_linear(ctx, hidden, weight, bias, labels, NULL, NULL, NULL, &lin));
+    LLMCL__TRY(check_linear(ctx, hidden, weight, bias, labels, opts, NULL, NULL, NULL, &lin));
     const int64_t n = lin.h.n_rows, v = lin.w.n_rows;
     ce_run r = {0};
     LLMCL__TRY(check_options(ctx, opts, v, LLMCL_F32, &r.o));
@@ -1680,7 +1690,8 @@ llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tens
 {
     LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
     ce_linear lin;
-    LLMCL__TRY(check_linear(ctx, hidden, weight, bias, labels, dhidden, dweight, dbias, &lin));
+    LLMCL__TRY(
+        check_linear(ctx, hidden, weight, bias, labels, opts, dhidden, dweight, dbias, &lin));
     const int64_t n = lin.h.n_rows, v = lin.w.n_rows;
     ce_run r = {0};
     LLMCL__TRY(check_options(ctx, opts, v, LLMCL_F32, &r.o));
@@ -1693,10 +1704,8 @@ llmcl_status llmcl_fused_cross_entropy_backward(llmcl_ctx *ctx, const llmcl_tens
     for (int i = 0; i < 3; ++i)
         LLMCL__REQUIRE(ctx,
                        !outs[i] || ((!grad_loss || !llmcl__overlaps(outs[i], grad_loss)) &&
-                                    !llmcl__overlaps(outs[i], lse) &&
-                                    (!r.o.weight || !llmcl__overlaps(outs[i], r.o.weight))),
-                       LLMCL_ERROR_INVALID_ARGUMENT, "%s overlaps lse, grad_loss or opts->weight",
-                       out_names[i]);
+                                    !llmcl__overlaps(outs[i], lse)),
+                       LLMCL_ERROR_INVALID_ARGUMENT, "%s overlaps lse or grad_loss", out_names[i]);
 
     bool chunked;
     LLMCL__TRY(fused_path(&r, ctx, hidden->dtype, n, v, lin.h.row_len, &chunked));
