@@ -773,6 +773,26 @@ static void test_bad_inputs(void **state)
     TH_FAILS(llmcl_fill(NULL, a, 1.0), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_fill(ctx, NULL, 1.0), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_fill(ctx, i32, 1e30), LLMCL_ERROR_INVALID_ARGUMENT);
+    /* the integer dtype's own range, after truncation toward zero; outside it the tensor stays */
+    const double i32_fits[] = {2147483647.9, -2147483648.9}, i32_not[] = {2147483648.0, 3e9,
+                                                                          -2147483649.0, NAN};
+    for (int i = 0; i < 2; ++i) {
+        TH_OK(llmcl_fill(ctx, i32, i32_fits[i]));
+        for (size_t k = 0; k < 4; ++k) {
+            TH_FAILS(llmcl_fill(ctx, i32, i32_not[k]), LLMCL_ERROR_INVALID_ARGUMENT);
+            assert_non_null(strstr(llmcl_last_error(ctx), "does not fit in i32"));
+        }
+        int32_t got[4];
+        TH_OK(llmcl_tensor_download(i32, got, sizeof got));
+        assert_int_equal(got[3], i == 0 ? INT32_MAX : INT32_MIN);
+    }
+    llmcl_tensor *i64 = th_tensor(LLMCL_I64, 1, s4);
+    TH_OK(llmcl_fill(ctx, i64, -0x1p63));
+    TH_FAILS(llmcl_fill(ctx, i64, 0x1p63), LLMCL_ERROR_INVALID_ARGUMENT);
+    int64_t got64[4];
+    TH_OK(llmcl_tensor_download(i64, got64, sizeof got64));
+    assert_true(got64[0] == INT64_MIN);
+    llmcl_tensor_destroy(i64);
     TH_FAILS(llmcl_copy(ctx, a, b), LLMCL_ERROR_SHAPE_MISMATCH);
     TH_FAILS(llmcl_copy(ctx, a, h), LLMCL_ERROR_UNSUPPORTED_DTYPE);
     TH_FAILS(llmcl_copy(ctx, v1, v2), LLMCL_ERROR_INVALID_ARGUMENT); /* partial overlap */

@@ -2,6 +2,7 @@
  * elementwise.c: host launchers of elementwise.cl (fill, copy, cast, axpy, mul, sum_rows).
  * Contiguous operands take the vectorised kernels; any other layout takes the strided ones.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -131,7 +132,8 @@ llmcl_status llmcl_fill(llmcl_ctx *ctx, llmcl_tensor *t, double value)
     LLMCL__REQUIRE(NULL, ctx, LLMCL_ERROR_INVALID_ARGUMENT, "ctx must not be NULL");
     LLMCL__TRY(llmcl__check_tensor(ctx, t, "t", LLMCL__ALL_DTYPES, 0, LLMCL_MAX_DIMS));
     const bool is_int = (LLMCL__INT_DTYPES >> t->dtype) & 1u;
-    LLMCL__REQUIRE(ctx, !is_int || (value >= -9.2e18 && value <= 9.2e18), LLMCL_ERROR_INVALID_ARGUMENT,
+    const double limit = t->dtype == LLMCL_I32 ? 0x1p31 : 0x1p63, whole = trunc(value);
+    LLMCL__REQUIRE(ctx, !is_int || (whole >= -limit && whole < limit), LLMCL_ERROR_INVALID_ARGUMENT,
                    "fill value %g does not fit in %s", value, llmcl_dtype_name(t->dtype));
     const bool contig = llmcl_tensor_is_contiguous(t);
     const int64_t n = llmcl_tensor_numel(t);
