@@ -21,7 +21,11 @@ refused (--data-format text reads it as text), and so is a folder given as --dat
 Tokenized examples in JSON Lines train the same whichever of labels and the masks marks what they
 learn, with the same step loss under accumulation, resume bit for bit, and are refused by line
 when malformed.
-Output paths that cannot be written, and a missing --resume, fail before the first step; an
+Output paths that cannot be written or that name one place, held-out data too short for a batch,
+options that need another (--lora-alpha, --export-dtype, --packing on tokens), values beyond range
+(--min-lr above 1, --lr beyond a float) and a missing --resume fail before the first step; a
+checkpoint's step or data position out of range is refused; --preset=NAME and abbreviations
+apply the preset; an
 unknown option fails in one line (status 2); a model or batch that does not fit says which
 buffer, its size, the device's limit and what to change.
 The output: the first step's line gives its time instead of a speed and ETA; the peak is never
@@ -949,15 +953,23 @@ def examples(p):
         "a label beyond the vocabulary": ([{"input_ids": [1, 2, 3], "labels": [1, 2, 99]}],
                                           "example 1 learns 99, outside"),
         "blank lines only": (["", "  "], "holds no examples"),
+        # a zero-filled stretch (a file cut short by a crash) is no blank line
+        "a line of NUL bytes": (["{\"input_ids\": [1, 2]}", "\0" * 64], ":2: not valid JSON"),
     }
     for what, (rows, needle) in bad.items():
         write_jsonl(p("sft_bad.jsonl"), rows)
         expect_error(f"examples: {what}", TINY + ["--vocab", "64", "--data", p("sft_bad.jsonl")],
                      needle)
+    # the vocabulary that the ids bound, from the largest id a file may hold (it overflowed)
+    write_jsonl(p("sft_bad.jsonl"), [{"input_ids": [1, 2**31 - 1]}, {"input_ids": [2, 3]}])
+    expect_error("examples: a token of 2^31 - 1 without --vocab", TINY + ["--data",
+                                                                         p("sft_bad.jsonl")],
+                 "holds token 2147483647, outside the model's vocabulary of 2147483647")
     write_jsonl(p("sft_one.jsonl"), [{"input_ids": [1, 2, 3]}])
-    expect_error("one example: none held out", TINY + ["--vocab", "64", "--eval-every", "1",
-                                                       "--data", p("sft_one.jsonl")],
-                 "no examples left for this split")
+    r = run(TINY + ["--vocab", "64", "--eval-every", "1", "--data", p("sft_one.jsonl")])
+    check(f"one example: none held out, refused before the first step: {r.stderr.strip()[:120]}",
+          r.returncode == 1 and "the held-out end of" in r.stderr and
+          "no examples left for this split" in r.stderr and "step" not in r.stdout)
     expect_ok("one example with --val", TINY + ["--vocab", "64", "--steps", "1", "--data",
                                                 p("sft_one.jsonl"), "--val", p("sft_one.jsonl")])
     expect_error("--data-format jsonl on a pattern", TINY + ["--data", p("sft_*.jsonl"),
@@ -1256,7 +1268,33 @@ def start_up(p):
               "exists and is not a folder"),
              ("--save under --zero naming a folder of other files",
               ["--zero", "1", "--save", os.path.dirname(p("x"))],
-              "holds files but no manifest.json: it is no checkpoint folder")]
+              "holds files but no manifest.json: it is no checkpoint folder"),
+             # outputs that would overwrite each other, or the checkpoint resumed
+             ("--save and --dump-logits of one file",
+              ["--save", p("one.st"), "--dump-logits", p("./one.st")],
+              "--save and --dump-logits both name"),
+             ("--dump-logits over --resume's checkpoint",
+              ["--resume", p("text.txt"), "--dump-logits", p("text.txt")],
+              "--dump-logits and --resume both name"),
+             # options that shape what the run does not do
+             ("--lora-alpha without LoRA", ["--lora-alpha", "32"], "give --lora R"),
+             ("--lora-targets without LoRA", ["--lora-targets", "q"], "give --lora R"),
+             ("--lora-dtype without LoRA", ["--lora-dtype", "bf16"], "give --lora R"),
+             ("--export-dtype without --export", ["--export-dtype", "f32"], "give --export DIR"),
+             ("--export-shard-gb without --export", ["--export-shard-gb", "1"],
+              "give --export DIR"),
+             ("--packing on a stream of tokens", ["--packing", "greedy"],
+              "--packing packs the examples of a JSON Lines file"),
+             ("--min-lr above 1", ["--min-lr", "5"], "--min-lr 5: expected a number in [0, 1]"),
+             ("--lr beyond a float", ["--lr", "1e39"], "--lr 1e39: expected a number >= 0"),
+             ("--preset=NAME of no preset", ["--preset=bogus"], "unknown --preset bogus"),
+             # held-out data too short for a batch: found at the start, not at the first
+             # evaluation after the training (600 bytes hold 30 held-out tokens, 33 needed)
+             ("held-out data shorter than a batch",
+              ["--data", p("six_hundred.txt"), "--eval-every", "1"],
+              "the held-out end of " + p("six_hundred.txt") + " holds 30 tokens")]
+    with open(p("six_hundred.txt"), "w") as f:
+        f.write("abcdefghij" * 60)
     for what, args, needle in cases:
         r = run(TINY + ["--steps", "1"] + args)
         ok = r.returncode == 1 and needle in r.stderr and "step" not in r.stdout
@@ -1340,6 +1378,9 @@ def main():
                               ("llama-8b", ["--lr", "1e-3"], "1.00e-03"), ("tiny", [], "3.00e-03")):
         r = expect_ok(f"--preset {preset} {' '.join(extra)}", ["--preset", preset] + small + extra)
         check(f"--preset {preset} {' '.join(extra)}: lr {lr}", f"| lr {lr} |" in r.stdout)
+    for spelled in (["--preset=llama-1b"], ["--pres", "llama-1b"]):  # as getopt_long takes them
+        r = expect_ok(" ".join(spelled), spelled + small)
+        check(f"{' '.join(spelled)}: the preset's lr", "| lr 3.00e-04 |" in r.stdout)
     expect_error("missing data file", TINY + ["--data", p("missing.txt")], "cannot open")
     with open(p("short.txt"), "w") as f:
         f.write("too short for a batch")
@@ -1389,10 +1430,13 @@ def main():
     # found by tests/fuzz/fuzz_checkpoint: a step or data position with trailing garbage ("3x")
     # resumed at step 3 instead of being refused
     meta, tensors = read_st(p("half.st"))
-    for key, value in (("step", "3x"), ("data_pos", "")):
+    for key, value, needle in (("step", "3x", "lacks its step or data position"),
+                               ("data_pos", "", "lacks its step or data position"),
+                               ("step", "4294967297", "at step 4294967297, beyond any run's"),
+                               ("data_pos", str(2**63 - 1), "lies beyond the training data")):
         write_st(p("garbled.st"), tensors, dict(meta, **{key: value}))
         expect_error(f"a checkpoint whose {key} is '{value}'", flat + ["--resume", p("garbled.st")],
-                     "lacks its step or data position")
+                     needle)
     offload_optimizer(p, flat, straight)
     recompute_forms(p)
     recompute_auto()

@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -400,11 +401,17 @@ static llmcl_status open_file(const char *path, llmcl_safetensors **st)
 static llmcl_status read_state(const llmcl_safetensors *st, const char *path, train_state *s)
 {
     *s = (train_state){meta_int(st, "step"), meta_int(st, "data_pos")};
-    if (s->step >= 0 && s->data_pos >= 0)
-        return LLMCL_OK;
     /* why_buf holds 512 bytes: the path is cut to fit (GCC warns of a --zero folder's 4200) */
-    snprintf(why_buf, sizeof why_buf, "%.400s lacks its step or data position", path);
-    return LLMCL_ERROR_INVALID_ARGUMENT;
+    if (s->step < 0 || s->data_pos < 0) {
+        snprintf(why_buf, sizeof why_buf, "%.400s lacks its step or data position", path);
+        return LLMCL_ERROR_INVALID_ARGUMENT;
+    }
+    if (s->step > INT_MAX) { /* --steps is an int */
+        snprintf(why_buf, sizeof why_buf, "%.400s is at step %lld, beyond any run's --steps", path,
+                 (long long)s->step);
+        return LLMCL_ERROR_INVALID_ARGUMENT;
+    }
+    return LLMCL_OK;
 }
 
 #ifdef LLMCL_TRAIN_MPI

@@ -351,14 +351,16 @@ void data_builtin(uint64_t seed, int64_t bytes, token_data *out)
 
 void data_split(token_data *d, double fraction, token_data *val)
 {
+    *val = *d;
+    val->owns = false;
+    /* the messages about the held-out part name it as such, not as the training data */
+    snprintf(val->source, sizeof val->source, "the held-out end of %.200s", d->source);
     if (d->targets) {
         const int64_t per = d->pairs ? 2 : 1, units = d->n_examples / per; /* pairs whole */
         int64_t nval = (int64_t)((double)units * fraction);
         if (nval == 0 && units > 1)
             nval = 1;
         nval *= per;
-        *val = *d;
-        val->owns = false;
         val->ex_begin = d->ex_begin + d->n_examples - nval;
         val->n_examples = nval;
         d->n_examples -= nval;
@@ -368,8 +370,6 @@ void data_split(token_data *d, double fraction, token_data *val)
         return;
     }
     const int64_t nval = (int64_t)((double)d->n * fraction);
-    *val = *d;
-    val->owns = false;
     val->begin = d->begin + d->n - nval;
     val->n = nval;
     d->n -= nval;
@@ -605,7 +605,16 @@ static int64_t unit_span(const loader *l) { return l->d->targets ? l->b : (int64
 
 int64_t loader_tell(const loader *l) { return l->pos - l->rank * unit_span(l); }
 
-void loader_seek(loader *l, int64_t pos) { l->pos = pos + l->rank * unit_span(l); }
+bool loader_seek(loader *l, int64_t pos)
+{
+    /* a stream's position lies within its tokens; the examples' rows repeat, so theirs only stays
+       far enough below int64's end for the steps that add to it */
+    const int64_t limit = l->d->targets ? INT64_MAX / 4 : l->d->n;
+    if (pos < 0 || pos > limit)
+        return false;
+    l->pos = pos + l->rank * unit_span(l);
+    return true;
+}
 
 int64_t loader_counted_ahead(const loader *l, int micro)
 {

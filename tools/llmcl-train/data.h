@@ -166,8 +166,9 @@ void loader_next(loader *l, token_batch *out);
    supervised term's). */
 int64_t loader_counted_ahead(const loader *l, int micro);
 
-/* The whole job's position (rank 0's), which a checkpoint stores, and a seek to one. */
+/* The whole job's position (rank 0's), which a checkpoint stores, and a seek to one: false,
+   without moving, for a position that this data's loader never tells. */
 int64_t loader_tell(const loader *l);
-void loader_seek(loader *l, int64_t pos);
+bool loader_seek(loader *l, int64_t pos);
 
 #endif

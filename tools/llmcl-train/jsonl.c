@@ -23,7 +23,7 @@ void jsonl_each(const char *path, int fd, int64_t len,
         const size_t n = (size_t)((nl ? nl : end) - line);
         ++at.line;
         size_t blank = 0;
-        while (blank < n && strchr(" \t\r", line[blank]))
+        while (blank < n && memchr(" \t\r", line[blank], 3)) /* NUL is no blank */
             ++blank;
         if (blank < n) { /* blank lines are skipped, as JSON Lines readers do */
             json_error_t err;
@@ -101,5 +101,8 @@ void jsonl_seqs_finish(jsonl_seqs *s, const char *path, const char *what, token_
     if (s->count == 0)
         die("%s holds no %s", path, what);
     s->starts[s->count] = s->n;
-    data_set_examples(out, path, s->ids, s->targets, s->n, s->starts, s->count, s->max_id + 1);
+    /* the ids bound the vocabulary; one of 2^31 - 1 leaves no int above it, and is refused as
+       outside the largest */
+    const int vocab = s->max_id < INT32_MAX ? s->max_id + 1 : INT32_MAX;
+    data_set_examples(out, path, s->ids, s->targets, s->n, s->starts, s->count, vocab);
 }

@@ -10,6 +10,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <getopt.h>
 #include <math.h>
 #include <signal.h>
@@ -85,6 +86,8 @@ typedef struct options {
     double pref_beta, pref_gamma, pref_smoothing, pref_nll; /* --pref-*: NAN where not given */
     llmcl_dtype export_dtype;
     double export_shard_gb;
+    bool export_opts_given; /* --export-dtype or --export-shard-gb, which need --export */
+    bool lora_dtype_given;
     int lora_merge;
     int max_positions;     /* config.json's max_position_embeddings; 0: the run's --seq */
     const char *save, *resume;
@@ -365,12 +368,15 @@ static long parse_int(const char *name, const char *s, long lo, long hi)
     return v;
 }
 
-static double parse_num(const char *name, const char *s, double lo)
+/* A number in [lo, hi]; hi at most FLT_MAX, since most options' values end up in a float. */
+static double parse_num(const char *name, const char *s, double lo, double hi)
 {
     double v;
-    if (!util_parse_double(s, lo, HUGE_VAL, &v))
-        die("--%s %s: expected a number >= %g", name, s, lo);
-    return v;
+    if (util_parse_double(s, lo, hi, &v))
+        return v;
+    if (hi == FLT_MAX)
+        die("--%s %s: expected a number >= %g (and below %g)", name, s, lo, hi);
+    die("--%s %s: expected a number in [%g, %g]", name, s, lo, hi);
 }
 
 /* --zero-group-layers: auto or a count of layers. */
@@ -423,6 +429,18 @@ __attribute__((noreturn)) static void bad_option(const char *arg)
 }
 
 /* The files a run writes, checked before it trains (util.h), and --resume's checkpoint found. */
+/* Outputs that would overwrite each other, or the checkpoint a run resumes (which only --save may
+   replace), refused. */
+static void check_paths_apart(const options *o)
+{
+    const char *option[] = {"--save", "--export", "--dump-logits", "--resume"};
+    const char *path[] = {o->save, o->export_dir, o->dump_logits, o->resume};
+    for (int i = 0; i < 3; ++i)
+        for (int j = i + 1; j < 4; ++j)
+            if (path[i] && path[j] && !(i == 0 && j == 3) && same_place(path[i], path[j]))
+                die("%s and %s both name %s", option[i], option[j], path[j]);
+}
+
 static void check_paths(const options *o)
 {
     const bool zero = o->model.zero_stage > 0;
@@ -432,6 +450,7 @@ static void check_paths(const options *o)
         check_output_path("--export", o->export_dir, OUTPUT_FOLDER_FILLED);
     if (o->dump_logits)
         check_output_path("--dump-logits", o->dump_logits, OUTPUT_FILE);
+    check_paths_apart(o);
     if (!o->resume || access(o->resume, F_OK) == 0)
         return;
     const int err = errno;
@@ -554,7 +573,7 @@ static int given_int(options *o, int opt, const char *name, long lo, long hi)
 static double given_num(options *o, int opt, const char *name, double lo)
 {
     o->given |= 1u << opt;
-    return parse_num(name, optarg, lo);
+    return parse_num(name, optarg, lo, FLT_MAX);
 }
 
 /* One option from getopt_long (c, with optarg) into o; 'C' may look at the next argument. */
@@ -571,24 +590,27 @@ static void apply_option(options *o, int c, int argc, char **argv)
         o->model.pref.loss = parse_pref_loss(optarg);
         o->model.preference = 1;
         break;
-    case LONG_PREF_BETA: o->pref_beta = parse_num("pref-beta", optarg, 0); break;
-    case LONG_PREF_GAMMA: o->pref_gamma = parse_num("pref-gamma", optarg, 0); break;
+    case LONG_PREF_BETA: o->pref_beta = parse_num("pref-beta", optarg, 0, FLT_MAX); break;
+    case LONG_PREF_GAMMA: o->pref_gamma = parse_num("pref-gamma", optarg, 0, FLT_MAX); break;
     case LONG_PREF_LABEL_SMOOTHING:
-        o->pref_smoothing = parse_num("pref-label-smoothing", optarg, 0);
+        o->pref_smoothing = parse_num("pref-label-smoothing", optarg, 0, FLT_MAX);
         break;
-    case LONG_PREF_NLL_WEIGHT: o->pref_nll = parse_num("pref-nll-weight", optarg, 0); break;
+    case LONG_PREF_NLL_WEIGHT:
+        o->pref_nll = parse_num("pref-nll-weight", optarg, 0, FLT_MAX);
+        break;
     case LONG_REF: o->ref = optarg; break;
     case LONG_TEACHER: o->teacher = optarg; break;
     case LONG_DISTILL_ALPHA:
-        o->model.distill_alpha = (float)parse_num("distill-alpha", optarg, 0);
+        o->model.distill_alpha = (float)parse_num("distill-alpha", optarg, 0, FLT_MAX);
         if (!o->model.distill_alpha)
             die("--distill-alpha 0 leaves nothing to distill: give A in (0, 1]");
         break;
     case LONG_DISTILL_BETA:
-        o->model.distill_beta = (float)parse_num("distill-beta", optarg, 0);
+        o->model.distill_beta = (float)parse_num("distill-beta", optarg, 0, FLT_MAX);
         break;
     case LONG_DISTILL_TEMPERATURE:
-        o->model.distill_temperature = (float)parse_num("distill-temperature", optarg, 0);
+        o->model.distill_temperature =
+            (float)parse_num("distill-temperature", optarg, 0, FLT_MAX);
         if (!o->model.distill_temperature)
             die("--distill-temperature must be > 0");
         break;
@@ -609,7 +631,8 @@ static void apply_option(options *o, int c, int argc, char **argv)
         o->model.sliding_window = given_int(o, OPT_WINDOW, "sliding-window", 0, 1 << 30);
         break;
     case LONG_EXPORT_SHARD_GB:
-        o->export_shard_gb = parse_num("export-shard-gb", optarg, 1e-9);
+        o->export_shard_gb = parse_num("export-shard-gb", optarg, 1e-9, FLT_MAX);
+        o->export_opts_given = true;
         break;
     case LONG_ZERO_REDUCE_DTYPE:
         o->model.zero_reduce_dtype = parse_dtype("zero-reduce-dtype", optarg, false);
@@ -634,14 +657,20 @@ static void apply_option(options *o, int c, int argc, char **argv)
     case 't': o->model.dtype = parse_dtype("dtype", optarg, true); break;
     case 'i': o->init_from = optarg; break;
     case 'x': o->export_dir = optarg; break;
-    case 'X': o->export_dtype = parse_dtype("export-dtype", optarg, false); break;
+    case 'X':
+        o->export_dtype = parse_dtype("export-dtype", optarg, false);
+        o->export_opts_given = true;
+        break;
     case 'k': o->model.lora_rank = given_int(o, OPT_LORA, "lora", 0, 1 << 16); break;
     case 'A': o->model.lora_alpha = (float)given_num(o, OPT_LORA_ALPHA, "lora-alpha", 0); break;
     case 'G':
         o->model.lora_targets = parse_targets(optarg);
         o->given |= 1u << OPT_LORA_TARGETS;
         break;
-    case 'U': o->model.lora_dtype = parse_dtype("lora-dtype", optarg, false); break;
+    case 'U':
+        o->model.lora_dtype = parse_dtype("lora-dtype", optarg, false);
+        o->lora_dtype_given = true;
+        break;
     case 'M': o->lora_merge = 1; break;
     case 'J': o->dump_logits = optarg; break;
     case 'z': o->model.zero_stage = (int)parse_int("zero", optarg, 1, 3); break;
@@ -649,20 +678,22 @@ static void apply_option(options *o, int c, int argc, char **argv)
     case 's': o->seq = (int)parse_int("seq", optarg, 1, 1 << 22); break;
     case 'a': o->accum = (int)parse_int("accum", optarg, 1, 1 << 20); break;
     case 'n': o->steps = (int)parse_int("steps", optarg, 0, 1 << 30); break;
-    case 'l': o->lr = (float)parse_num("lr", optarg, 0); break;
-    case 'm': o->min_lr_frac = (float)parse_num("min-lr", optarg, 0); break;
+    case 'l': o->lr = (float)parse_num("lr", optarg, 0, FLT_MAX); break;
+    case 'm': o->min_lr_frac = (float)parse_num("min-lr", optarg, 0, 1); break;
     case 'w': o->warmup = (int)parse_int("warmup", optarg, 0, 1 << 30); break;
-    case 'W': o->weight_decay = (float)parse_num("weight-decay", optarg, 0); break;
-    case 'c': o->clip = (float)parse_num("clip", optarg, 0); break;
-    case '1': o->beta1 = (float)parse_num("beta1", optarg, 0); break;
-    case '2': o->beta2 = (float)parse_num("beta2", optarg, 0); break;
-    case 'e': o->eps = (float)parse_num("eps", optarg, 0); break;
+    case 'W': o->weight_decay = (float)parse_num("weight-decay", optarg, 0, FLT_MAX); break;
+    case 'c': o->clip = (float)parse_num("clip", optarg, 0, FLT_MAX); break;
+    case '1': o->beta1 = (float)parse_num("beta1", optarg, 0, FLT_MAX); break;
+    case '2': o->beta2 = (float)parse_num("beta2", optarg, 0, FLT_MAX); break;
+    case 'e': o->eps = (float)parse_num("eps", optarg, 0, FLT_MAX); break;
     case 'C':
         o->recompute = parse_recompute(optarg, optind < argc ? argv[optind] : NULL);
         break;
     case 'O': o->offload = 1; break;
     case 'f': o->offload_optimizer = 1; break;
-    case 'N': o->offload_chunk_mib = parse_num("offload-chunk-mib", optarg, 0.001); break;
+    case 'N':
+        o->offload_chunk_mib = parse_num("offload-chunk-mib", optarg, 0.001, FLT_MAX);
+        break;
     case 'Q': o->profile = 1; break;
     case 'j': o->model.fused_ce = 1; break;
     case 'q':
@@ -675,7 +706,7 @@ static void apply_option(options *o, int c, int argc, char **argv)
     case 'g': o->log_every = (int)parse_int("log-every", optarg, 1, 1 << 30); break;
     case 'o': o->sample_tokens = (int)parse_int("sample", optarg, 0, 1 << 20); break;
     case 'p': o->prompt = optarg; break;
-    case 'T': o->peak_tflops = parse_num("peak-tflops", optarg, 0); break;
+    case 'T': o->peak_tflops = parse_num("peak-tflops", optarg, 0, FLT_MAX); break;
     case 'Y': o->save = optarg; break;
     case 'y': o->save_every = (int)parse_int("save-every", optarg, 0, 1 << 30); break;
     case 'I': o->save_on_interrupt = 1; break;
@@ -711,8 +742,13 @@ static void check_options(options *o)
     check_preference(o);
     if ((o->save_every || o->save_on_interrupt) && !o->save)
         die("--save-every and --save-on-interrupt need --save FILE");
-    if (o->lora_merge && !o->model.lora_rank && !o->init_adapter)
-        die("--lora-merge merges LoRA adapters: give --lora R or --init-adapter DIR");
+    const bool lora_opts =
+        o->lora_dtype_given || (o->given & (1u << OPT_LORA_ALPHA | 1u << OPT_LORA_TARGETS));
+    if ((o->lora_merge || lora_opts) && !o->model.lora_rank && !o->init_adapter)
+        die("--lora-merge, --lora-alpha, --lora-targets and --lora-dtype concern LoRA adapters: "
+            "give --lora R or --init-adapter DIR");
+    if (o->export_opts_given && !o->export_dir)
+        die("--export-dtype and --export-shard-gb shape an export: give --export DIR");
     if (o->model.lora_rank && o->model.lora_alpha == 0)
         o->model.lora_alpha = (float)o->model.lora_rank;
     o->model.max_seq = o->seq;
@@ -761,14 +797,16 @@ static void parse_options(int argc, char **argv, options *o)
         {"pref-label-smoothing", 1, 0, LONG_PREF_LABEL_SMOOTHING},
         {"pref-nll-weight", 1, 0, LONG_PREF_NLL_WEIGHT}, {"ref", 1, 0, LONG_REF},
         {0, 0, 0, 0}};
-    /* a preset first, so that the other options refine it whatever their order */
-    for (int i = 1; i + 1 < argc; ++i)
-        if (strcmp(argv[i], "--preset") == 0)
-            preset(o, argv[i + 1]);
+    opterr = 0; /* bad_option says it in one line */
+    int c;
+    /* a preset first, so that the other options refine it whatever their order; read as the
+       second pass reads it (--preset=NAME, an abbreviation) */
+    while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1)
+        if (c == 'P')
+            preset(o, optarg);
+    optind = 0; /* a new scan (glibc, musl) */
     o->model.lora_targets = LORA_ALL_TARGETS;
     o->model.lora_dtype = LLMCL_F32;
-    int c;
-    opterr = 0; /* bad_option says it in one line */
     while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1)
         apply_option(o, c, argc, argv);
     if (optind < argc)
@@ -935,6 +973,9 @@ static void load_data(trainer *tr)
         o->model.vocab = tr->train.vocab;
     data_check_vocab(&tr->train, o->model.vocab);
     data_check_vocab(&tr->val, o->model.vocab);
+    if (o->packing_given && !tr->train.targets)
+        die("--packing packs the examples of a JSON Lines file; %s is a stream of tokens",
+            tr->train.source);
     tr->train.packing = tr->val.packing = o->packing;
 }
 
@@ -1749,6 +1790,11 @@ static char *setup_run(trainer *tr, int *argc, char ***argv, char *peak_what, si
        the job cleanly, one that exits after it while others still run gets them killed */
     join_job(tr, argc, argv);
     loader_init(&tr->tl, &tr->train, o->batch, o->seq, tr->rank, tr->world);
+    if (o->eval_every || o->dump_logits) { /* short held-out data fails now, not after training */
+        loader held;
+        loader_init(&held, &tr->val, o->batch, o->seq, tr->rank, tr->world);
+        loader_free(&held);
+    }
     if (o->steps > 0 && o->warmup >= o->steps)
         o->warmup = o->steps / 10;
 
@@ -1825,7 +1871,10 @@ static int resume_step(trainer *tr)
     const char *from, *why;
     if (checkpoint_load(tr->m, resume, &s, &from, &why) != LLMCL_OK)
         die_finally(finalize_mpi, "cannot resume: %s", why);
-    loader_seek(&tr->tl, s.data_pos);
+    if (!loader_seek(&tr->tl, s.data_pos))
+        die_finally(finalize_mpi, "cannot resume: %s's data position %lld lies beyond the "
+                    "training data (%s: other data than the run it continues?)", from,
+                    (long long)s.data_pos, tr->train.source);
     printf("resumed from %s at step %d%s\n", from, (int)s.step,
            from != resume ? " (a save stopped between moving the old checkpoint aside and "
                             "renaming the new one into place)" : "");

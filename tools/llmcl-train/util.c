@@ -222,6 +222,16 @@ void check_output_path(const char *option, const char *path, output_kind kind)
     check_folder_writable(option, path, dirname(parent));
 }
 
+bool same_place(const char *a, const char *b)
+{
+    char da[4096], db[4096], ba[4096], bb[4096]; /* dirname and basename may write into them */
+    snprintf(da, sizeof da, "%s", a), snprintf(ba, sizeof ba, "%s", a);
+    snprintf(db, sizeof db, "%s", b), snprintf(bb, sizeof bb, "%s", b);
+    struct stat fa, fb;
+    return strcmp(basename(ba), basename(bb)) == 0 && stat(dirname(da), &fa) == 0 &&
+           stat(dirname(db), &fb) == 0 && fa.st_dev == fb.st_dev && fa.st_ino == fb.st_ino;
+}
+
 void format_bytes(double bytes, char *buf, size_t len)
 {
     if (bytes >= 1073741824.0)

@@ -44,6 +44,9 @@ typedef enum output_kind { OUTPUT_FILE, OUTPUT_FOLDER_REPLACED, OUTPUT_FOLDER_FI
    that a run fails at its start rather than after its training. */
 void check_output_path(const char *option, const char *path, output_kind kind);
 
+/* Whether paths a and b name one place: one name in one folder, however each spells the folder. */
+bool same_place(const char *a, const char *b);
+
 void *xmalloc(size_t bytes);
 void *xcalloc(size_t n, size_t size);
 
