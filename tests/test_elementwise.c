@@ -812,6 +812,12 @@ static void test_bad_inputs(void **state)
     TH_FAILS(llmcl_sum_rows(ctx, rows_strided, 0.0f, two), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_sum_rows(ctx, m, 0.0f, inside), LLMCL_ERROR_INVALID_ARGUMENT); /* not a row */
     TH_FAILS(llmcl_sum_rows(ctx, m, 0.0f, i32), LLMCL_ERROR_UNSUPPORTED_DTYPE);
+    /* m's buffer wrapped as bf16 from its byte 8, mid row 0, though that offset (4 elements of
+       another dtype) reads as the start of m's row 1 */
+    llmcl_tensor *mid_row0 = NULL;
+    TH_OK(llmcl_tensor_wrap(ctx, llmcl_tensor_cl_mem(m), LLMCL_BF16, 1, s4, NULL, 4, &mid_row0));
+    TH_FAILS(llmcl_sum_rows(ctx, m, 0.0f, mid_row0), LLMCL_ERROR_INVALID_ARGUMENT);
+    llmcl_tensor_destroy(mid_row0);
     llmcl_tensor_destroy(inside);
     llmcl_tensor_destroy(rows_strided);
     llmcl_tensor_destroy(m);

@@ -361,11 +361,12 @@ llmcl_status llmcl_mul(llmcl_ctx *ctx, const llmcl_tensor *x, llmcl_tensor *y)
     return binary(ctx, LLMCL_KEY_MUL, 0.0f, x, y);
 }
 
-/* y is exactly one row of x, whose rows do not overlap: sum_rows may then run in place. */
+/* y is exactly one row of x, whose rows do not overlap: sum_rows may then run in place. Offsets
+   count elements of each tensor's own dtype, so only a y of x's dtype compares with them. */
 static bool is_row_of(const llmcl_tensor *x, const llmcl_tensor *y)
 {
     const int64_t d = y->offset - x->offset, stride = x->strides[0];
-    return y->mem == x->mem && stride > 0 && stride >= x->shape[1] && d >= 0 && d % stride == 0 &&
+    return y->mem == x->mem && y->dtype == x->dtype && stride > 0 && stride >= x->shape[1] && d >= 0 && d % stride == 0 &&
            d / stride < x->shape[0];
 }
 
