@@ -424,7 +424,9 @@ LLMCL_API llmcl_status llmcl_tensor_create(llmcl_ctx *ctx, llmcl_dtype dtype, in
 
 /*
  * Wraps an application's buffer (retained, not owned, not counted in memory accounting). strides are
- * in elements (NULL: contiguous); offset is in elements. The view must lie inside the buffer.
+ * in elements (NULL: contiguous); offset is in elements. The view must lie inside the buffer. A
+ * sub-buffer overlaps another of its parent, or the parent wrapped, where their bytes meet: the
+ * ops refuse such outputs as they refuse overlapping views.
  */
 LLMCL_API llmcl_status llmcl_tensor_wrap(llmcl_ctx *ctx, cl_mem buffer, llmcl_dtype dtype, int ndim,
                                          const int64_t *shape, const int64_t *strides,

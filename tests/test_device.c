@@ -241,6 +241,51 @@ static void test_bad_memory_limit_env(void **state)
     }
 }
 
+/* An application's sub-buffers of one buffer overlap where their bytes do, whatever their handles. */
+static void test_sub_buffers(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    cl_uint align_bits = 0;
+    assert_int_equal(clGetDeviceInfo(llmcl_ctx_cl_device(ctx), CL_DEVICE_MEM_BASE_ADDR_ALIGN,
+                                     sizeof align_bits, &align_bits, NULL),
+                     CL_SUCCESS);
+    const size_t align = align_bits / 8, n = 2 * align / sizeof(float);
+    cl_int err;
+    cl_mem parent = clCreateBuffer(llmcl_ctx_cl_context(ctx), CL_MEM_READ_WRITE, 4 * align, NULL,
+                                   &err);
+    assert_int_equal(err, CL_SUCCESS);
+    cl_mem sub[3];
+    llmcl_tensor *t[3];
+    const size_t origins[3] = {0, align, 2 * align}; /* 0 and 1 share bytes; 0 and 2 do not */
+    for (int i = 0; i < 3; ++i) {
+        const cl_buffer_region region = {origins[i], 2 * align};
+        sub[i] = clCreateSubBuffer(parent, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION,
+                                   &region, &err);
+        assert_int_equal(err, CL_SUCCESS);
+        TH_OK(llmcl_tensor_wrap(ctx, sub[i], LLMCL_F32, 1, (const int64_t[]){(int64_t)n}, NULL, 0,
+                                &t[i]));
+    }
+    TH_OK(llmcl_fill(ctx, t[0], 1.5));
+    TH_FAILS(llmcl_copy(ctx, t[0], t[1]), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_FAILS(llmcl_axpy(ctx, 1.0f, t[1], t[0]), LLMCL_ERROR_INVALID_ARGUMENT);
+    /* views keep their base's place: 0's float at byte `align` is 1's first */
+    llmcl_tensor *first_of_1, *same_in_0;
+    TH_OK(llmcl_tensor_view(t[1], 1, (const int64_t[]){1}, NULL, 0, &first_of_1));
+    TH_OK(llmcl_tensor_view(t[0], 1, (const int64_t[]){1}, NULL, (int64_t)(align / 4),
+                            &same_in_0));
+    TH_FAILS(llmcl_copy(ctx, same_in_0, first_of_1), LLMCL_ERROR_INVALID_ARGUMENT);
+    TH_OK(llmcl_copy(ctx, t[0], t[2]));
+    double *got = th_download_new(t[2]);
+    for (size_t i = 0; i < n; ++i)
+        assert_true(got[i] == 1.5);
+    free(got);
+    llmcl_tensor_destroy(first_of_1), llmcl_tensor_destroy(same_in_0);
+    for (int i = 0; i < 3; ++i)
+        llmcl_tensor_destroy(t[i]), clReleaseMemObject(sub[i]);
+    clReleaseMemObject(parent);
+}
+
 static void test_application_objects(void **state)
 {
     (void)state;
@@ -367,6 +412,7 @@ int main(void)
         cmocka_unit_test(test_select_platform_aliases),
         cmocka_unit_test(test_bad_memory_limit_env),
         cmocka_unit_test(test_application_objects),
+        cmocka_unit_test(test_sub_buffers),
         cmocka_unit_test(test_mma_rate),
     };
     return TH_RUN(tests);

@@ -62,6 +62,8 @@ struct llmcl_tensor {
     int64_t shape[LLMCL_MAX_DIMS];
     int64_t strides[LLMCL_MAX_DIMS];
     int64_t offset;
+    cl_mem root;       /* where mem is an application's sub-buffer, its parent; else NULL */
+    uint64_t origin;   /* mem's first byte in root */
 };
 
 /* ---- errors ---- */
@@ -384,6 +386,11 @@ llmcl_status llmcl__rows_view(const llmcl_tensor *t, const llmcl__rows *r, int64
 /* The first rows of a contiguous [*, cols] tensor (a scratch chunk) as a [rows, cols] view. */
 llmcl_status llmcl__head_view(const llmcl_tensor *t, int64_t rows, int64_t cols,
                               llmcl_tensor **out);
+
+/* The buffer that holds t's bytes, a sub-buffer's parent, and t's first byte in it: what overlap
+   checks compare, so that two sub-buffers of one buffer meet where their bytes do. */
+cl_mem llmcl__root_mem(const llmcl_tensor *t);
+uint64_t llmcl__root_byte(const llmcl_tensor *t);
 
 /* Whether two tensors may share an element: the same buffer, byte ranges that meet, and no period
    (one of a's strides) in which their elements keep apart. */

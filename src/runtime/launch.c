@@ -255,7 +255,14 @@ llmcl_status llmcl__head_view(const llmcl_tensor *t, int64_t rows, int64_t cols,
     return llmcl_tensor_view(t, 2, shape, NULL, t->offset, out);
 }
 
-/* The byte range [lo, hi) a view spans in its buffer; empty views span nothing. */
+cl_mem llmcl__root_mem(const llmcl_tensor *t) { return t->root ? t->root : t->mem; }
+
+uint64_t llmcl__root_byte(const llmcl_tensor *t)
+{
+    return t->origin + (uint64_t)t->offset * llmcl_dtype_size(t->dtype);
+}
+
+/* The byte range [lo, hi) a view spans in its root buffer; empty views span nothing. */
 static void byte_span(const llmcl_tensor *t, uint64_t *lo, uint64_t *hi)
 {
     const size_t es = llmcl_dtype_size(t->dtype);
@@ -271,8 +278,8 @@ static void byte_span(const llmcl_tensor *t, uint64_t *lo, uint64_t *hi)
         else
             last += reach;
     }
-    *lo = (uint64_t)first * es;
-    *hi = (uint64_t)(last + 1) * es;
+    *lo = t->origin + (uint64_t)first * es;
+    *hi = t->origin + (uint64_t)(last + 1) * es;
 }
 
 /*
@@ -293,14 +300,14 @@ static bool span_in_period(const llmcl_tensor *t, int64_t period, int64_t *lo, i
         if (stride < period)
             reach += (t->shape[i] - 1) * stride;
     }
-    *lo = t->offset * es % period;
+    *lo = (int64_t)(llmcl__root_byte(t) % (uint64_t)period);
     *hi = *lo + reach;
     return *hi <= period;
 }
 
 bool llmcl__overlaps(const llmcl_tensor *a, const llmcl_tensor *b)
 {
-    if (a->mem != b->mem)
+    if (llmcl__root_mem(a) != llmcl__root_mem(b))
         return false;
     uint64_t alo, ahi, blo, bhi;
     byte_span(a, &alo, &ahi);

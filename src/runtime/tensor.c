@@ -172,15 +172,27 @@ llmcl_status llmcl_tensor_wrap(llmcl_ctx *ctx, cl_mem buffer, llmcl_dtype dtype,
     LLMCL__CL(ctx, clGetMemObjectInfo(buffer, CL_MEM_CONTEXT, sizeof owner, &owner, NULL));
     LLMCL__REQUIRE(ctx, owner == ctx->context, LLMCL_ERROR_DEVICE_MISMATCH,
                    "buffer belongs to another OpenCL context");
-    return make_view(ctx, buffer, size, dtype, ndim, shape, strides, offset, out);
+    cl_mem parent = NULL;
+    size_t origin = 0;
+    LLMCL__CL(ctx, clGetMemObjectInfo(buffer, CL_MEM_ASSOCIATED_MEMOBJECT, sizeof parent, &parent,
+                                      NULL));
+    if (parent)
+        LLMCL__CL(ctx, clGetMemObjectInfo(buffer, CL_MEM_OFFSET, sizeof origin, &origin, NULL));
+    LLMCL__TRY(make_view(ctx, buffer, size, dtype, ndim, shape, strides, offset, out));
+    (*out)->root = parent;
+    (*out)->origin = origin;
+    return LLMCL_OK;
 }
 
 llmcl_status llmcl_tensor_view(const llmcl_tensor *base, int ndim, const int64_t *shape,
                                const int64_t *strides, int64_t offset, llmcl_tensor **out)
 {
     LLMCL__REQUIRE(NULL, base, LLMCL_ERROR_INVALID_ARGUMENT, "base must not be NULL");
-    return make_view(base->ctx, base->mem, base->capacity, base->dtype, ndim, shape, strides,
-                     offset, out);
+    LLMCL__TRY(make_view(base->ctx, base->mem, base->capacity, base->dtype, ndim, shape, strides,
+                         offset, out));
+    (*out)->root = base->root;
+    (*out)->origin = base->origin;
+    return LLMCL_OK;
 }
 
 void llmcl_tensor_destroy(llmcl_tensor *t)

@@ -227,8 +227,8 @@ static void span_add(span *s, int *n, const llmcl_tensor *t, bool writes, const 
     if (numel == 0)
         return;
     span *p = &s[(*n)++];
-    p->mem = t->mem;
-    p->lo = (uint64_t)t->offset * es;
+    p->mem = llmcl__root_mem(t);
+    p->lo = llmcl__root_byte(t);
     p->hi = p->lo + numel * es;
     p->writes = writes;
     snprintf(p->name, sizeof p->name, "%s", name);
