@@ -37,8 +37,10 @@ llmcl_status checkpoint_save(model *m, const train_state *s, const char *path, c
 /*
  * Loads path into m, which must have the checkpoint's shape: a missing or malformed file, another
  * format, or a model of another shape fails with a message naming the difference (in *why, static
- * storage) and leaves m untouched. *from names what was read: path, or under --zero path.old when
- * a save into path was stopped between its renames (llmcl_dist_load).
+ * storage) and leaves m untouched. Those checks come before the first tensor is read, so only a
+ * read that fails after them (the file cut short under it, the device) leaves m part-loaded.
+ * *from names what was read: path, or under --zero path.old when a save into path was stopped
+ * between its renames (llmcl_dist_load).
  */
 llmcl_status checkpoint_load(model *m, const char *path, train_state *s, const char **from,
                              const char **why);
