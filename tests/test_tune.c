@@ -8,7 +8,8 @@
  * --quick end to end: its file is valid, a context picks it up, and the launches use its
  * parameters. The tuner's kernel table and the built-in tuning files name only the kernel keys and
  * families of llmcl_kernels.h. The tools' whole-or-absent file writes (util_replace_file) and
- * the medians their timings report (util_median).
+ * the medians their timings report (util_median), and their text appended to a buffer, cut at its
+ * end (util_appendf).
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -1054,6 +1055,28 @@ static void test_median(void **state)
     assert_true(util_median(same, 3) == 7);
 }
 
+/* Appended text stops at the buffer's end, and appends after it write nothing: each one's size
+   once wrapped around past the end (llmcl-train's shape_text wrote past its buffer). */
+static void test_appendf(void **state)
+{
+    (void)state;
+    char buf[16];
+    memset(buf, 'x', sizeof buf);
+    size_t at = 0;
+    util_appendf(buf, 8, &at, "[%d", 12);
+    assert_string_equal(buf, "[12");
+    assert_int_equal(at, 3);
+    util_appendf(buf, 8, &at, ", %s", "3456789");
+    assert_string_equal(buf, "[12, 34");
+    assert_int_equal(at, 7);
+    util_appendf(buf, 8, &at, "]");
+    assert_string_equal(buf, "[12, 34");
+    assert_int_equal(at, 7);
+    assert_true(buf[8] == 'x'); /* nothing past the 8 bytes given */
+    util_appendf(buf, 0, &at, "y"); /* no bytes: nothing written */
+    assert_int_equal(at, 7);
+}
+
 static void test_replace_file(void **state)
 {
     (void)state;
@@ -1171,6 +1194,7 @@ int main(void)
         cmocka_unit_test(test_tuner_spells_known_keys),
         cmocka_unit_test(test_builtin_files_spell_known_keys),
         cmocka_unit_test(test_replace_file), cmocka_unit_test(test_median),
+        cmocka_unit_test(test_appendf),
     };
     int rc = TH_RUN(tests);
     char cmd[128];

@@ -1,11 +1,12 @@
 /*
- * util.c: seeded random numbers, a monotonic clock and command-line numbers for the tests and the
- * tools (util.h).
+ * util.c: seeded random numbers, a monotonic clock, command-line numbers, appended text and whole
+ * files for the tests and the tools (util.h).
  */
 #include "util/util.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -87,6 +88,20 @@ bool util_parse_double(const char *s, double lo, double hi, double *out)
         return false;
     *out = v;
     return true;
+}
+
+void util_appendf(char *buf, size_t len, size_t *at, const char *fmt, ...)
+{
+    if (*at >= len) /* a buffer of no bytes */
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    const int n = vsnprintf(buf + *at, len - *at, fmt, ap);
+    va_end(ap);
+    if (n < 0) /* an encoding error: the text as it was */
+        buf[*at] = '\0';
+    else
+        *at = (size_t)n < len - *at ? *at + (size_t)n : len - 1;
 }
 
 bool util_replace_file(const char *path, bool (*write)(FILE *f, void *arg), void *arg, char *why,

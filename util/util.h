@@ -1,7 +1,8 @@
 /*
  * util.h: what the tests (tests/harness.c) and the tools (llmcl-bench, llmcl-tune) share and the
  * library does not: returning a failed llmcl_status, seeded random numbers, a monotonic clock and
- * medians of times, the parsing of command-line numbers and replacing a file whole.
+ * medians of times, the parsing of command-line numbers, text appended to a buffer and replacing a
+ * file whole.
  * Built once as the static library llmcl_util (util/meson.build); llmcl-train links it too (it is
  * no part of the library: the trainer still reaches llmcl through the public API alone).
  */
@@ -65,6 +66,14 @@ double util_median(double *v, size_t n);
    written only where it is. */
 bool util_parse_long(const char *s, long lo, long hi, long *out);
 bool util_parse_double(const char *s, double lo, double hi, double *out);
+
+/*
+ * Appends printf's text for fmt to the string buf of len bytes at *at (its length so far), cut at
+ * the buffer's end, and moves *at to the new end: never past len - 1, where `at += snprintf(...)`
+ * adds the length the text would have had, and the next append's size len - at wraps around.
+ */
+void util_appendf(char *buf, size_t len, size_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /*
  * Writes path whole or not at all: write(f, arg) fills a new file beside it (path.tmp.<pid>),
