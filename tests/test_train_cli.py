@@ -249,6 +249,14 @@ def hugging_face(p):
     expect_error("a tensor of another shape", TINY + ["--ffn", "128", "--init-from",
                                                       p("e1/model.safetensors")],
                  "gate_proj.weight is [96, 64] there, the model expects [128, 64]")
+    # a crafted file: an empty tensor of eight huge dimensions, whose shape's text once ran past
+    # its 64-byte buffer on the stack (ASan: stack-buffer-overflow); now named whole
+    huge = dict(tensors)
+    huge["model.embed_tokens.weight"] = ("BF16", [0] + [10 ** 18] * 7, b"")
+    write_st(p("huge_dims.safetensors"), huge)
+    expect_error("a tensor of eight huge dimensions", TINY + ["--init-from",
+                                                             p("huge_dims.safetensors")],
+                 "embed_tokens.weight is [0" + ", 1000000000000000000" * 7 + "] there")
     expect_error("an option that contradicts config.json", TINY + ["--dim", "128", "--init-from",
                                                                    p("e1")],
                  "--dim 128 conflicts with hidden_size = 64")

@@ -418,12 +418,17 @@ void hf_read_adapter_config(const hf_checkpoint *c, model_config *cfg)
 
 /* ---- loading ---- */
 
+/* Room for the longest shape a file may hold: "[", then each dimension's 20 characters and ", ",
+   then "]". */
+#define SHAPE_TEXT (LLMCL_SAFETENSORS_MAX_DIMS * 22 + 2)
+
 static void shape_text(int ndim, const int64_t *shape, char *buf, size_t len)
 {
-    int at = snprintf(buf, len, "[");
+    size_t at = 0;
+    util_appendf(buf, len, &at, "[");
     for (int i = 0; i < ndim; ++i)
-        at += snprintf(buf + at, len - (size_t)at, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    snprintf(buf + at, len - (size_t)at, "]");
+        util_appendf(buf, len, &at, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    util_appendf(buf, len, &at, "]");
 }
 
 /* The file of c holding name, or -1. */
@@ -444,7 +449,7 @@ static void load_param(model *m, const hf_checkpoint *c, const model_param *p, f
     const int f = find(c, p->name, &info);
     if (f < 0)
         die_finally(c->refused, "%s %s: missing tensor %s", option(c), c->path, p->name);
-    char want[64], got[64];
+    char want[SHAPE_TEXT], got[SHAPE_TEXT];
     shape_text(p->ndim, p->shape, want, sizeof want);
     shape_text(info.ndim, info.shape, got, sizeof got);
     if (strcmp(want, got) != 0)
