@@ -223,10 +223,10 @@ static void print_table(const tune_result *res, int n)
         char rejected[128] = "";
         static const char *names[TUNE_REJ_COUNT] = {"limits", "build", "wrong", "adjusted",
                                                     "error"};
-        for (int j = 0, len = 0; j < TUNE_REJ_COUNT; ++j)
+        size_t len = 0;
+        for (int j = 0; j < TUNE_REJ_COUNT; ++j)
             if (r->rejected[j])
-                len += snprintf(rejected + len, sizeof rejected - (size_t)len, " %s %d", names[j],
-                                r->rejected[j]);
+                util_appendf(rejected, sizeof rejected, &len, " %s %d", names[j], r->rejected[j]);
         printf("%-16s %-5s %-18s %-5s %-22s %10.4f %-22s %10.4f %7.2fx  %d/%d;%s\n", r->kernel->key,
                llmcl_dtype_name(r->dtype), r->shape, r->shape_class, r->default_params,
                r->default_ms,

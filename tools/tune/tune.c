@@ -665,7 +665,7 @@ static bool candidate_params(const space *sp, long index, const char *defaults, 
                              char *full, size_t size)
 {
     snprintf(full, size, "%s", defaults);
-    int len = 0;
+    size_t len = 0;
     bool is_default = true;
     for (long i = 0, rest = index; i < sp->n; ++i) {
         c->values[i] = sp->values[i][rest % sp->counts[i]];
@@ -674,8 +674,8 @@ static bool candidate_params(const space *sp, long index, const char *defaults, 
         text_get(defaults, sp->names[i], &dv);
         is_default = is_default && dv == c->values[i];
         text_set(full, size, sp->names[i], c->values[i]);
-        len += snprintf(c->params_text + len, sizeof c->params_text - (size_t)len, "%s%s=%ld",
-                        len ? " " : "", sp->names[i], c->values[i]);
+        util_appendf(c->params_text, sizeof c->params_text, &len, "%s%s=%ld", len ? " " : "",
+                     sp->names[i], c->values[i]);
     }
     return !is_default;
 }
