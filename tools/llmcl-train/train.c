@@ -873,18 +873,18 @@ static void apply_adapter_config(options *o, const hf_checkpoint *ad)
 /* What the model has beside a Llama model's layers, for the start-up line ("" for Llama's). */
 static void describe_arch(const model_config *c, char *buf, size_t len)
 {
-    int n = 0;
+    size_t n = 0;
     buf[0] = '\0';
     if (c->arch != ARCH_LLAMA)
-        n += snprintf(buf + n, len - n, ", %s", model_arch_name(c->arch));
+        util_appendf(buf, len, &n, ", %s", model_arch_name(c->arch));
     if (c->head_dim && c->head_dim * c->heads != c->dim)
-        n += snprintf(buf + n, len - n, ", head dim %d", c->head_dim);
+        util_appendf(buf, len, &n, ", head dim %d", c->head_dim);
     if (c->qkv_bias || c->o_bias)
-        n += snprintf(buf + n, len - n, ", %s biases", c->o_bias ? "q, k, v and o" : "q, k and v");
+        util_appendf(buf, len, &n, ", %s biases", c->o_bias ? "q, k, v and o" : "q, k and v");
     if (c->qk_norm)
-        n += snprintf(buf + n, len - n, ", q and k norms");
+        util_appendf(buf, len, &n, ", q and k norms");
     if (c->sliding_window)
-        snprintf(buf + n, len - n, ", sliding window %d", c->sliding_window);
+        util_appendf(buf, len, &n, ", sliding window %d", c->sliding_window);
 }
 
 /* ---- the learning rate: linear warmup, then cosine down to min_lr_frac * lr ---- */
@@ -1324,11 +1324,12 @@ static void progress(trainer *tr, int step, double loss, double norm, double ste
     char speed[128] = "", eta_s[32];
     if (step_s > 0) {
         const double tps = (double)batch_rows(o) * o->seq * o->accum * tr->world / step_s;
-        int at = snprintf(speed, sizeof speed, "%.1fk tok/s | ", tps / 1e3);
+        size_t at = 0;
+        util_appendf(speed, sizeof speed, &at, "%.1fk tok/s | ", tps / 1e3);
         if (tr->peak_tflops > 0)
-            at += snprintf(speed + at, sizeof speed - (size_t)at, "MFU %.1f%% | ",
-                           100.0 * tps * model_flops_per_token(tr->m, o->seq) /
-                               (tr->peak_tflops * 1e12 * tr->world));
+            util_appendf(speed, sizeof speed, &at, "MFU %.1f%% | ",
+                         100.0 * tps * model_flops_per_token(tr->m, o->seq) /
+                             (tr->peak_tflops * 1e12 * tr->world));
         format_eta(step_s * (o->steps - step - 1), eta_s, sizeof eta_s);
     } else {
         snprintf(speed, sizeof speed, "first step %.1f s (includes building the kernels) | ",
