@@ -4,8 +4,9 @@ files and bad options fail with a clear message and status 1 (2 for unknown opti
 files train; a run resumed from a checkpoint ends with the same bits as an uninterrupted one;
 models of head dim 16 and 8 train.
 Ctrl-C with --save-on-interrupt writes a checkpoint and exits 130. Hugging Face checkpoints: an f32
-export read back by --init-from (one file or shards) exports the same bytes; missing tensors, wrong
-shapes, configs that contradict the options fail naming them; LoRA runs resume bit for bit, only on
+export read back by --init-from (one file or shards) exports the same bytes, and one that fails
+part-way leaves the earlier export as it was; missing tensors, wrong shapes, configs that contradict
+the options fail naming them; LoRA runs resume bit for bit, only on
 their own base, and export PEFT's files or the merged model; PEFT adapters load with --init-adapter
 (the logits and files of the run that exported them, bit for bit), and configs or tensors the
 model cannot express are refused by name. --offload-optimizer: the losses and
@@ -45,6 +46,7 @@ forward, and bad values, combinations and lines are refused.
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import struct
@@ -320,6 +322,37 @@ def hugging_face(p):
     print(f"{'ok  ' if ok else 'FAIL'} --dump-logits writes logits [2, 16, 256], tokens and loss")
     if not ok:
         failures.append("dump-logits")
+
+
+def file_size_limit(size):
+    """A child's limit on the size of any file it writes, past which a write fails with EFBIG
+    (SIGXFSZ ignored, which would kill it), as a full disk fails one."""
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return limit
+
+
+def folder_bytes(folder):
+    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder))}
+
+
+def failed_export(p):
+    """An export that fails part-way leaves the earlier export in its folder as it was: its
+    fourth shard of 4 MiB fails under a 3 MiB limit on files, after the first three were written
+    (each had been renamed into place at once, beside the old shards and index: a mixed model that
+    loaded), and no temporary file stays behind."""
+    args = TINY + ["--ffn", "16384", "--steps", "0", "--export", p("whole"), "--export-dtype",
+                   "f32", "--export-shard-gb", "0.00003"]
+    expect_ok("a sharded export of 4 MiB tensors", args)
+    before = folder_bytes(p("whole"))
+    r = subprocess.run([TRAIN] + args + ["--seed", "2"], capture_output=True, text=True,
+                       timeout=300, preexec_fn=file_size_limit(3 << 20))
+    check("an export over it fails writing its fourth shard",
+          r.returncode == 1 and "model-00004-of-00007.safetensors" in r.stderr and
+          "File too large" in r.stderr)
+    check("the earlier export is left whole, with nothing beside it",
+          folder_bytes(p("whole")) == before)
 
 
 def architectures(p):
@@ -1467,6 +1500,7 @@ def main():
         failures.append("interrupt")
 
     hugging_face(p)
+    failed_export(p)
     architectures(p)
     lora(p)
     peft_adapter(p)

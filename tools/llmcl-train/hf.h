@@ -100,10 +100,11 @@ typedef struct hf_export_opts {
  * Writes m into the folder dir (created if needed): model.safetensors and config.json (or, past
  * o->shard_bytes, model-00001-of-0000N.safetensors ... and model.safetensors.index.json, as
  * save_pretrained shards; an earlier export's files of the other form are removed once these are
- * whole), or with
+ * in place), or with
  * LoRA and no merge adapter_model.safetensors and adapter_config.json (PEFT's names; the base is
- * whatever --init-from gave, so base_model_name_or_path is null). Under --zero collective: every
- * rank calls it, and o->rank 0 writes.
+ * whatever --init-from gave, so base_model_name_or_path is null). The files are renamed into place
+ * only once all are written: a failure leaves an earlier export as it was (hf_export.c's staged
+ * files). Under --zero collective: every rank calls it, and o->rank 0 writes.
  */
 void hf_export(model *m, const char *dir, const hf_export_opts *o);
 

@@ -17,6 +17,70 @@
 #include "offload_state.h"
 #include "util.h"
 
+/*
+ * An export's files are written under temporary names beside their places (NAME.tmp.PID) and
+ * renamed into place only once every one is whole, in the order written: the model's files, the
+ * index, the config. So a failure while writing (a full disk, a write error) leaves an earlier
+ * export in the folder as it was, and the temporary files are removed as the program exits. The
+ * renames are one after another, not one atomic step: a reader at that moment, or a run killed
+ * between them, may find some files new and some old. (A new folder swapped in whole, as
+ * llmcl_dist's checkpoint is, would drop whatever else the user keeps in the folder, a tokenizer
+ * say, and would need its parent to be writable.)
+ */
+typedef struct staged_files {
+    char **tmp, **final; /* each file's temporary path and its place */
+    int n;
+} staged_files;
+
+static staged_files staged;
+
+/* The temporary files not renamed into place (a failed export's), as the program exits. */
+static void remove_staged(void)
+{
+    for (int i = 0; i < staged.n; ++i)
+        unlink(staged.tmp[i]);
+}
+
+static char *path_in(const char *dir, const char *name, const char *suffix)
+{
+    const size_t len = strlen(dir) + strlen(name) + strlen(suffix) + 2;
+    char *path = xmalloc(len);
+    snprintf(path, len, "%s/%s%s", dir, name, suffix);
+    return path;
+}
+
+/* The temporary path to write dir/name at, which commit_staged renames into place. */
+static const char *stage(const char *dir, const char *name)
+{
+    static bool at_exit;
+    if (!at_exit)
+        at_exit = atexit(remove_staged) == 0;
+    char suffix[32];
+    snprintf(suffix, sizeof suffix, ".tmp.%ld", (long)getpid());
+    staged.tmp = realloc(staged.tmp, (size_t)(staged.n + 1) * sizeof *staged.tmp);
+    staged.final = realloc(staged.final, (size_t)(staged.n + 1) * sizeof *staged.final);
+    if (!staged.tmp || !staged.final)
+        die("out of host memory");
+    staged.tmp[staged.n] = path_in(dir, name, suffix);
+    staged.final[staged.n] = path_in(dir, name, "");
+    return staged.tmp[staged.n++];
+}
+
+/* Every staged file, each whole, into its place. */
+static void commit_staged(void)
+{
+    for (int i = 0; i < staged.n; ++i)
+        if (rename(staged.tmp[i], staged.final[i]) != 0)
+            die("--export: cannot rename %s to %s: %s (the files before it are this export's, "
+                "those after it an earlier one's: export again)", staged.tmp[i],
+                staged.final[i], strerror(errno));
+    for (int i = 0; i < staged.n; ++i)
+        free(staged.tmp[i]), free(staged.final[i]);
+    free(staged.tmp);
+    free(staged.final);
+    staged = (staged_files){0};
+}
+
 /* The tensors of one file, their host data freed after the writer finishes. */
 typedef struct export_file {
     llmcl_safetensors_writer *w;
@@ -102,13 +166,12 @@ static bool dump_json(FILE *f, void *root)
     return json_dumpf(root, f, JSON_INDENT(2) | JSON_REAL_PRECISION(15)) == 0;
 }
 
-/* root as dir/name, whole or not at all (util_replace_file). */
+/* root as dir/name, staged (whole or not at all: util_replace_file). */
 static void write_json(json_t *root, const char *dir, const char *name)
 {
-    char path[2200], why[2600];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (!util_replace_file(path, dump_json, root, why, sizeof why))
-        die("%s", why);
+    char why[2600];
+    if (!util_replace_file(stage(dir, name), dump_json, root, why, sizeof why))
+        die("--export: %s", why);
     json_decref(root);
 }
 
@@ -212,12 +275,11 @@ static void write_adapter_config(const model *m, const char *dir, const char *ba
     write_json(r, dir, "adapter_config.json");
 }
 
+/* A writer of dir/name, staged. */
 static void writer(export_file *f, const char *dir, const char *name)
 {
-    char path[2200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
     *f = (export_file){0};
-    CHECK(llmcl_safetensors_writer_create(path, &f->w), NULL);
+    CHECK(llmcl_safetensors_writer_create(stage(dir, name), &f->w), NULL);
 }
 
 /*
@@ -272,8 +334,8 @@ static void write_index(const model *m, const char *dir, const int *shard, int f
     write_json(root, dir, "model.safetensors.index.json");
 }
 
-/* Removes what an earlier export of the other form left in dir, once this one is whole: its one
-   model.safetensors, or its index and shards (those of another count). */
+/* Removes what an earlier export of the other form left in dir, once this one is in place: its
+   one model.safetensors, or its index and shards (those of another count). */
 static void remove_stale(const char *dir, int files)
 {
     char path[2200];
@@ -391,11 +453,12 @@ void hf_export(model *m, const char *dir, const hf_export_opts *o)
     finish(&w.f);
     if (w.files > 1)
         write_index(m, dir, w.shard, w.files, total);
-    if (!w.adapters)
-        remove_stale(dir, w.files);
-    free(w.shard);
     if (w.adapters)
         write_adapter_config(m, dir, o->base);
     else
         write_config(m, dir, o);
+    commit_staged();
+    if (!w.adapters)
+        remove_stale(dir, w.files);
+    free(w.shard);
 }
