@@ -277,6 +277,14 @@ def hugging_face(p):
     shutil.copy(p("e1/model.safetensors"), p("yarn/model.safetensors"))
     expect_error("an unsupported rope_scaling", TINY + ["--init-from", p("yarn")],
                  "rope_scaling of a type other than default or llama3 is not supported")
+    # a Llama 3 factor whose export's max_position_embeddings (8192 times it) passes an int's
+    # range: config.json had "max_position_embeddings": -2147483648
+    config["rope_scaling"] = {"rope_type": "llama3", "factor": 1e9}
+    json.dump(config, open(p("yarn/config.json"), "w"))
+    for what, args in (("config.json's", ["--init-from", p("yarn")]),
+                       ("--rope-llama3's", ["--rope-llama3", "1e9"])):
+        expect_error(f"{what} Llama 3 RoPE factor of 1e9", TINY + args + [
+            "--steps", "0", "--export", p("huge_factor")], "must be from 0 (off) to 131072")
     # found with tests/fuzz/fuzz_hf_config: these were accepted (NaN training from an eps of 1e105
     # or a theta of 0; a signed overflow of head_dim x num_attention_heads under UBSan, whose
     # config TINY's --heads now contradicts first)

@@ -87,7 +87,8 @@ static const char *shape_error(const model_config *c)
     return NULL;
 }
 
-/* The architecture, with the layers its config.json can describe, and the dtype. */
+/* The architecture, with the layers and RoPE scaling its config.json can describe, and the
+   dtype. */
 static const char *layers_error(const model_config *c)
 {
     if ((unsigned)c->arch >= ARCH_COUNT || c->sliding_window < 0)
@@ -102,6 +103,11 @@ static const char *layers_error(const model_config *c)
         return "the layers differ from the architecture's: llama has biases on q, k, v and o or "
                "none and no sliding window; mistral no biases; qwen2 biases on q, k and v; qwen3 "
                "q and k norms and biases on q, k, v and o or none";
+    /* an export writes max_position_embeddings as 8192 times it (an int), which --init-from
+       reads up to 2^30 */
+    if (!(c->rope_llama3_factor >= 0 && c->rope_llama3_factor <= 131072))
+        return "the Llama 3 RoPE factor (--rope-llama3, config.json's rope_scaling.factor) must "
+               "be from 0 (off) to 131072: an export's max_position_embeddings is 8192 times it";
     if (c->dtype != LLMCL_F32 && c->dtype != LLMCL_BF16 && c->dtype != LLMCL_F16)
         return "dtype must be f32, bf16 or f16";
     return NULL;
