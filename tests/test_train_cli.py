@@ -209,6 +209,17 @@ def hugging_face(p):
                                           p("e3"), "--export-dtype", "f32"])
     same_files("sharded --init-from exports the same bytes",
                p("e1/model.safetensors"), p("e3/model.safetensors"))
+    # a tensor in a shard other than weight_map's (here a second copy, of zeros) was read from
+    # whichever shard was opened first
+    shutil.copytree(p("shards"), p("two_copies"))
+    second = {n: tensors[n] for n in halves["model-00002-of-00002.safetensors"]}
+    dtype, shape, blob = tensors["model.embed_tokens.weight"]
+    second["model.embed_tokens.weight"] = (dtype, shape, bytes(len(blob)))
+    write_st(p("two_copies/model-00002-of-00002.safetensors"), second, meta)
+    expect_error("a tensor in a shard that weight_map does not put it in",
+                 TINY + ["--init-from", p("two_copies")],
+                 "model-00002-of-00002.safetensors holds model.embed_tokens.weight, which "
+                 "weight_map puts in model-00001-of-00002.safetensors")
     # past --export-shard-gb: shards and Hugging Face's index, read back as the one file, and an
     # export of the other form into the folder removes them once it is whole
     expect_ok("a sharded export", TINY + ["--steps", "0", "--init-from", p("e1"), "--export",

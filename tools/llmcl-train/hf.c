@@ -56,6 +56,25 @@ static json_t *load_json(const char *path)
     return root;
 }
 
+/* Dies unless every tensor of the shards is in the one that weight_map puts it in: a name in two
+   shards, or in a shard that weight_map does not give it, would load from whichever shard was
+   opened first (a stale shard of another export beside the new ones, say). */
+static void check_index(const hf_checkpoint *c, const char *dir, const char *index,
+                        const json_t *map)
+{
+    for (int f = 0; f < c->n_files; ++f)
+        for (int64_t i = 0; i < llmcl_safetensors_count(c->files[f]); ++i) {
+            const char *name = llmcl_safetensors_name(c->files[f], i);
+            const json_t *file = json_object_get(map, name);
+            char path[2200];
+            if (file)
+                snprintf(path, sizeof path, "%s/%s", dir, json_string_value(file));
+            if (!file || strcmp(path, c->file_names[f]) != 0)
+                die("%s: %s holds %.160s, which weight_map %s%s", index, c->file_names[f], name,
+                    file ? "puts in " : "does not name", file ? json_string_value(file) : "");
+        }
+}
+
 /* The shards that model.safetensors.index.json's weight_map names, each opened once. */
 static void open_index(hf_checkpoint *c, const char *dir, const char *index)
 {
@@ -74,6 +93,7 @@ static void open_index(hf_checkpoint *c, const char *dir, const char *index)
     }
     if (c->n_files == 0) /* else every tensor would be reported missing, not the index */
         die("%s: weight_map names no tensors", index);
+    check_index(c, dir, index, map);
     json_decref(root);
 }
 

@@ -35,7 +35,9 @@ typedef struct hf_checkpoint {
                                every rank reads the same files and refuses alike, leaving MPI */
 } hf_checkpoint;
 
-/* Opens path: a .safetensors file (no config: the options give the shape) or a folder. */
+/* Opens path: a .safetensors file (no config: the options give the shape) or a folder. A
+   folder's index must put each tensor of its shards in the shard that holds it, and no other
+   shard may hold it too (else it dies naming both). */
 void hf_open(const char *path, hf_checkpoint *out);
 void hf_close(hf_checkpoint *c);
 
