@@ -213,7 +213,7 @@ static llmcl_status header_text(const llmcl_safetensors_writer *w, char **out, s
 static llmcl_status write_bytes(const llmcl_safetensors_writer *w, FILE *f, const void *p, size_t n)
 {
     LLMCL__REQUIRE(NULL, n == 0 || fwrite(p, 1, n, f) == n, LLMCL_ERROR_IO,
-                   "cannot write '%s.tmp': %s", w->path, strerror(errno));
+                   "cannot write '%s' (its temporary file): %s", w->path, strerror(errno));
     return LLMCL_OK;
 }
 
@@ -268,7 +268,7 @@ static llmcl_status write_file(const llmcl_safetensors_writer *w, FILE *f, const
                               : write_bytes(w, f, it->host, (size_t)it->bytes));
     }
     LLMCL__REQUIRE(NULL, fflush(f) == 0 && fsync(fileno(f)) == 0, LLMCL_ERROR_IO,
-                   "cannot write '%s.tmp': %s", w->path, strerror(errno));
+                   "cannot write '%s' (its temporary file): %s", w->path, strerror(errno));
     return LLMCL_OK;
 }
 
