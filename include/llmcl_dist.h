@@ -272,7 +272,8 @@ LLMCL_API llmcl_status llmcl_dist_zero_grads(llmcl_dist *d);
  * the shard (master, m, v and the compute copy, with opts->grad_norm replaced by the global norm);
  * then stages 1 and 2 all-gather the updated parameters (under the compute: starting with the first
  * two groups, the rest as the next forward's gather calls come). opts->step is remembered for
- * llmcl_dist_save. *grad_norm (may be NULL) receives the norm of the scaled gradients.
+ * llmcl_dist_save. *grad_norm (may be NULL) receives the norm of the scaled gradients. Refused
+ * while a stage-3 group is gathered: release it first.
  */
 LLMCL_API llmcl_status llmcl_dist_step(llmcl_dist *d, const llmcl_adamw_opts *opts,
                                        float *grad_norm);
@@ -342,6 +343,8 @@ LLMCL_API llmcl_status llmcl_dist_save_with(llmcl_dist *d, const char *dir,
  * mismatched checkpoint fails on every rank (LLMCL_ERROR_BAD_FILE, LLMCL_ERROR_IO or
  * LLMCL_ERROR_INVALID_ARGUMENT) with the live state untouched. hyper (may be NULL) receives the
  * saved step and hyperparameters (lr, beta1, beta2, eps, weight_decay, grad_scale, max_grad_norm).
+ * Refused in the same way (LLMCL_ERROR_INVALID_ARGUMENT, nothing read) while a stage-3 group is
+ * gathered (between llmcl_dist_gather and llmcl_dist_release), as llmcl_dist_step is.
  */
 LLMCL_API llmcl_status llmcl_dist_load(llmcl_dist *d, const char *dir, llmcl_adamw_opts *hyper);
 

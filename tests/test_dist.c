@@ -15,7 +15,8 @@
  * checkpoints fail on every rank and leave the run bit-identical to one that never tried; the
  * application's files of a checkpoint (llmcl_dist_save_with, llmcl_dist_load_with) are written
  * into the temporary folder and read from the checkpoint's, and a callback failing on one rank
- * fails the call on every rank, the previous checkpoint and the live state untouched;
+ * fails the call on every rank, the previous checkpoint and the live state untouched; a load
+ * while a stage-3 group is gathered is refused, the state untouched;
  * llmcl_dist_measure_transport reports rates and refuses bad arguments;
  * different parameter sets or chunk sizes on different ranks fail setup on every rank; destroy
  * gives back every byte and file descriptor; the transport choice (forced, automatic, by
@@ -1021,6 +1022,34 @@ static void test_checkpoint_files(void)
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+/*
+ * Stage 3 with group 0 gathered: a load is refused on every rank, the state as it was (it would
+ * forget the gather buffers, and the release that follows free the buffer of no group); after the
+ * release the same load runs.
+ */
+static void test_while_gathered(void)
+{
+    static float saved[TOTAL], got[TOTAL];
+    char dir[512];
+    path(dir, "ckpt_gathered");
+    net n;
+    net_create(&n, MPI_COMM_WORLD, 3, LLMCL_F32, LLMCL_F32);
+    train_step(&n, 1);
+    OK(llmcl_dist_save(n.d, dir));
+    read_params(&n, saved);
+    train_step(&n, 2);
+    OK(llmcl_dist_gather(n.d, 0));
+    expect_refused(&n, dir, LLMCL_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(llmcl_last_error(ctx), "group 0 is still gathered"), "load while gathered: %s",
+          llmcl_last_error(ctx));
+    OK(llmcl_dist_release(n.d, 0));
+    OK(llmcl_dist_load(n.d, dir, NULL));
+    read_params(&n, got);
+    expect_same("loaded after the release", saved, got);
+    net_destroy(&n);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 /* llmcl_dist_measure_transport: rates for a buffer of 1 MiB; bad arguments refused on every
    rank (each passes the same). */
 static void test_measure_transport(void)
@@ -1170,6 +1199,7 @@ int main(int argc, char **argv)
         test_get_params();
         test_checkpoint();
         test_checkpoint_files();
+        test_while_gathered();
         test_measure_transport();
     }
     MPI_Barrier(MPI_COMM_WORLD);

@@ -118,6 +118,10 @@ llmcl_status llmcl__dist_finish_reduce(llmcl_dist *d, int bucket);
 /* Waits for all communication and folds every pending reduction in. */
 llmcl_status llmcl__dist_drain(llmcl_dist *d);
 
+/* Stage 3: the first group between gather and release, -1 if none. The calls that replace the
+   shards (step, load) refuse while one is: they forget which gather buffer holds which group. */
+int llmcl__dist_gathered(const llmcl_dist *d);
+
 /* Rebuilds the compute copy from the master shard (after init or load). */
 llmcl_status llmcl__dist_refresh_params(llmcl_dist *d);
 

@@ -464,6 +464,14 @@ static llmcl_status gather_all(llmcl_dist *d)
     return d->overlap ? LLMCL_OK : gather_until(d, d->n_groups - 1);
 }
 
+int llmcl__dist_gathered(const llmcl_dist *d)
+{
+    for (int k = 0; k < d->n_groups; ++k)
+        if (d->groups[k].gathered)
+            return k;
+    return -1;
+}
+
 /* Stage 3: gathered copies are stale once the shards change. */
 static void forget_slots(llmcl_dist *d)
 {
@@ -491,9 +499,9 @@ static llmcl_status step(llmcl_dist *d, const llmcl_adamw_opts *opts, float *gra
 {
     LLMCL__REQUIRE(d->ctx, d->ready && opts, LLMCL_ERROR_INVALID_ARGUMENT,
                    "call llmcl_dist_setup first; opts must not be NULL");
-    for (int k = 0; k < d->n_groups; ++k)
-        LLMCL__REQUIRE(d->ctx, !d->groups[k].gathered, LLMCL_ERROR_INVALID_ARGUMENT,
-                       "group %d is still gathered: release it before the step", k);
+    const int held = llmcl__dist_gathered(d);
+    LLMCL__REQUIRE(d->ctx, held < 0, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "group %d is still gathered: release it before the step", held);
     if (d->opts.stage == 1)
         LLMCL__TRY(reduce_all(d));
     LLMCL__TRY(llmcl__dist_drain(d));
