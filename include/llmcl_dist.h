@@ -199,7 +199,9 @@ LLMCL_API llmcl_status llmcl_dist_info_get(const llmcl_dist *d, llmcl_dist_info 
  * values and keeps its shard (master exact, the compute copy rounded to nearest even). Stage 3
  * reads only the values of the rank's own part of the parameter (its elements in [r, r + 1) x
  * padded / world of the group, llmcl_dist_setup's layout), so a rank may leave the rest unset;
- * stages 1-2 read them all. Not collective; blocks until uploaded.
+ * stages 1-2 read them all. Not collective; blocks until uploaded. Stage 3: refused
+ * (LLMCL_ERROR_INVALID_ARGUMENT, nothing changed) while the parameter's group is gathered; the
+ * next gather after its release brings the new values.
  */
 LLMCL_API llmcl_status llmcl_dist_init_param(llmcl_dist *d, const char *name,
                                              const float *values);

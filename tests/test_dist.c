@@ -15,8 +15,9 @@
  * checkpoints fail on every rank and leave the run bit-identical to one that never tried; the
  * application's files of a checkpoint (llmcl_dist_save_with, llmcl_dist_load_with) are written
  * into the temporary folder and read from the checkpoint's, and a callback failing on one rank
- * fails the call on every rank, the previous checkpoint and the live state untouched; a load
- * while a stage-3 group is gathered is refused, the state untouched;
+ * fails the call on every rank, the previous checkpoint and the live state untouched; a load,
+ * and init_param of the group's parameter, while a stage-3 group is gathered are refused, the
+ * state untouched;
  * llmcl_dist_measure_transport reports rates and refuses bad arguments;
  * different parameter sets or chunk sizes on different ranks fail setup on every rank; destroy
  * gives back every byte and file descriptor; the transport choice (forced, automatic, by
@@ -1024,8 +1025,9 @@ static void test_checkpoint_files(void)
 
 /*
  * Stage 3 with group 0 gathered: a load is refused on every rank, the state as it was (it would
- * forget the gather buffers, and the release that follows free the buffer of no group); after the
- * release the same load runs.
+ * forget the gather buffers, and the release that follows free the buffer of no group), and so is
+ * init_param of a parameter of the group (its view would keep the old values); after the release
+ * init_param runs and the next gather shows its values, and the same load runs.
  */
 static void test_while_gathered(void)
 {
@@ -1042,7 +1044,20 @@ static void test_while_gathered(void)
     expect_refused(&n, dir, LLMCL_ERROR_INVALID_ARGUMENT);
     CHECK(strstr(llmcl_last_error(ctx), "group 0 is still gathered"), "load while gathered: %s",
           llmcl_last_error(ctx));
+    float *x = malloc((size_t)numels[0] * sizeof *x), *seen = malloc((size_t)numels[0] * 4);
+    fill(x, numels[0], 77, 1.0f);
+    const llmcl_status st = llmcl_dist_init_param(n.d, names[0], x);
+    CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT && strstr(llmcl_last_error(ctx), "is gathered"),
+          "init_param while its group is gathered: %s: %s", llmcl_status_str(st),
+          llmcl_last_error(ctx));
     OK(llmcl_dist_release(n.d, 0));
+    OK(llmcl_dist_init_param(n.d, names[0], x));
+    OK(llmcl_dist_gather(n.d, 0));
+    OK(llmcl_tensor_download(param(&n, 0), seen, (size_t)numels[0] * 4));
+    OK(llmcl_dist_release(n.d, 0));
+    CHECK(memcmp(x, seen, (size_t)numels[0] * 4) == 0, "the gather after init_param");
+    free(x);
+    free(seen);
     OK(llmcl_dist_load(n.d, dir, NULL));
     read_params(&n, got);
     expect_same("loaded after the release", saved, got);

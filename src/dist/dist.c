@@ -559,6 +559,10 @@ llmcl_status llmcl_dist_init_param(llmcl_dist *d, const char *name, const float 
     dist_param *p;
     LLMCL__TRY(llmcl__dist_lookup(d, name, values, &p));
     const dist_group *g = &d->groups[p->group];
+    /* A gathered group's views are in use: they would keep the old values until the next step. */
+    LLMCL__REQUIRE(d->ctx, !g->gathered, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "'%s': its group %d is gathered: release it before llmcl_dist_init_param",
+                   name, p->group);
     LLMCL__TRY(llmcl__dist_drain(d));
     if (d->opts.stage < 3)
         LLMCL__TRY(upload_part(d, g->params, p->offset, values, p->numel));
@@ -570,7 +574,7 @@ llmcl_status llmcl_dist_init_param(llmcl_dist *d, const char *name, const float 
             LLMCL__TRY(upload_part(d, d->param_shard, at, values + (lo - p->offset), hi - lo));
     }
     /* Gathered copies of the old values are stale now. */
-    if (g->slot >= 0 && !g->gathered) {
+    if (g->slot >= 0) {
         d->slot_group[g->slot] = -1;
         d->groups[p->group].slot = -1;
     }
