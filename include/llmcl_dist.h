@@ -208,7 +208,8 @@ LLMCL_API llmcl_status llmcl_dist_init_param(llmcl_dist *d, const char *name,
 
 /*
  * Copies a parameter's f32 master values, gathered from every rank, into values (numel floats).
- * Collective (one all-gather of the parameter's group).
+ * Collective (one all-gather of the parameter's group). A rank that needs none may pass NULL
+ * values; the group is gathered all the same.
  */
 LLMCL_API llmcl_status llmcl_dist_get_param(llmcl_dist *d, const char *name, float *values);
 
@@ -269,13 +270,15 @@ LLMCL_API llmcl_status llmcl_dist_zero_grads(llmcl_dist *d);
 
 /*
  * One optimizer step (collective): finishes the reductions (stage 1 reduce-scatters now); with
- * opts->max_grad_norm > 0 or grad_norm not NULL, the global gradient norm (llmcl_grad_norm squared
- * on each shard, gathered and summed in rank order: the same on every rank); llmcl_adamw_step on
- * the shard (master, m, v and the compute copy, with opts->grad_norm replaced by the global norm);
- * then stages 1 and 2 all-gather the updated parameters (under the compute: starting with the first
- * two groups, the rest as the next forward's gather calls come). opts->step is remembered for
- * llmcl_dist_save. *grad_norm (may be NULL) receives the norm of the scaled gradients. Refused
- * while a stage-3 group is gathered: release it first.
+ * opts->max_grad_norm > 0 or grad_norm not NULL on some rank (without clipping, one MPI_Allreduce
+ * of an int finds out), the global gradient norm (llmcl_grad_norm squared on each shard, gathered
+ * and summed in rank order: the same on every rank); llmcl_adamw_step on the shard (master, m, v
+ * and the compute copy, with opts->grad_norm replaced by the global norm); then stages 1 and 2
+ * all-gather the updated parameters (under the compute: starting with the first two groups, the
+ * rest as the next forward's gather calls come). opts->step is remembered for llmcl_dist_save.
+ * *grad_norm receives the norm of the scaled gradients; it may be NULL on any rank, whatever the
+ * others pass (rank 0 alone logging the norm, say). Refused while a stage-3 group is gathered:
+ * release it first.
  */
 LLMCL_API llmcl_status llmcl_dist_step(llmcl_dist *d, const llmcl_adamw_opts *opts,
                                        float *grad_norm);

@@ -17,7 +17,8 @@
  * into the temporary folder and read from the checkpoint's, and a callback failing on one rank
  * fails the call on every rank, the previous checkpoint and the live state untouched; a load,
  * and init_param of the group's parameter, while a stage-3 group is gathered are refused, the
- * state untouched;
+ * state untouched; the step's norm asked for on rank 0 alone and get_param's values NULL on odd
+ * ranks (every rank joins the collectives all the same);
  * llmcl_dist_measure_transport reports rates and refuses bad arguments;
  * different parameter sets or chunk sizes on different ranks fail setup on every rank; destroy
  * gives back every byte and file descriptor; the transport choice (forced, automatic, by
@@ -1065,6 +1066,39 @@ static void test_while_gathered(void)
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+/*
+ * Outputs that some ranks leave NULL while the others do not: the step's norm without clipping
+ * wanted on rank 0 alone (the same number and step as where every rank asks), and get_param's
+ * values on odd ranks. Every rank must still join the collectives, or the others wait in them.
+ */
+static void test_outputs_on_some_ranks(void)
+{
+    static float params[2][TOTAL], got[TOTAL];
+    float norm[2] = {-1.0f, -1.0f};
+    llmcl_adamw_opts o = hyper(1);
+    o.max_grad_norm = 0.0f;
+    net n;
+    for (int every = 0; every < 2; ++every) {
+        net_create(&n, MPI_COMM_WORLD, 2, LLMCL_F32, LLMCL_F32);
+        micro_batch(&n, 1, 0);
+        OK(llmcl_dist_step(n.d, &o, every || rank == 0 ? &norm[every] : NULL));
+        read_params(&n, params[every]);
+        if (!every)
+            net_destroy(&n);
+    }
+    CHECK(rank != 0 || (isfinite(norm[0]) && norm[0] > 0.0f && norm[0] == norm[1]),
+          "rank 0's norm %g asked alone, %g asked by every rank", norm[0], norm[1]);
+    expect_same("a step with the norm asked on rank 0 alone", params[0], params[1]);
+    int64_t at = 0;
+    for (int i = 0; i < NP; ++i) {
+        OK(llmcl_dist_get_param(n.d, names[i], rank % 2 ? NULL : got + at));
+        at += numels[i];
+    }
+    CHECK(rank % 2 || memcmp(got, params[1], (size_t)total_numel() * 4) == 0,
+          "get_param with NULL values on odd ranks gave other values");
+    net_destroy(&n);
+}
+
 /* llmcl_dist_measure_transport: rates for a buffer of 1 MiB; bad arguments refused on every
    rank (each passes the same). */
 static void test_measure_transport(void)
@@ -1215,6 +1249,7 @@ int main(int argc, char **argv)
         test_checkpoint();
         test_checkpoint_files();
         test_while_gathered();
+        test_outputs_on_some_ranks();
         test_measure_transport();
     }
     MPI_Barrier(MPI_COMM_WORLD);

@@ -597,10 +597,10 @@ static llmcl_status gather_master(llmcl_dist *d, const dist_group *g, float *hos
     return llmcl__dist_agree(d, st);
 }
 
+/* values may be NULL on a rank (get_params' rule): refusing it there would leave the others in
+   the gather. */
 llmcl_status llmcl_dist_get_param(llmcl_dist *d, const char *name, float *values)
 {
-    dist_param *p;
-    LLMCL__TRY(llmcl__dist_lookup(d, name, values, &p));
     return llmcl_dist_get_params(d, 1, &name, &values);
 }
 

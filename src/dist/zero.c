@@ -495,6 +495,25 @@ static llmcl_status reduce_all(llmcl_dist *d)
     return LLMCL_OK;
 }
 
+/*
+ * Whether the step computes the global norm (its all-gather is collective): for clipping, which
+ * every rank asks for alike, or where any rank wants the number, as a rank's grad_norm may be NULL
+ * where another's is not (rank 0 alone logging it).
+ */
+static llmcl_status norm_wanted(llmcl_dist *d, const llmcl_adamw_opts *opts,
+                                const float *grad_norm, bool *out)
+{
+    *out = opts->max_grad_norm > 0.0f;
+    if (*out)
+        return LLMCL_OK;
+    int mine = grad_norm != NULL, any = 0;
+    LLMCL__REQUIRE(d->ctx,
+                   MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, d->comm) == MPI_SUCCESS,
+                   LLMCL_ERROR_MPI, "MPI_Allreduce of the ranks' wish for the gradient norm");
+    *out = any != 0;
+    return LLMCL_OK;
+}
+
 static llmcl_status step(llmcl_dist *d, const llmcl_adamw_opts *opts, float *grad_norm)
 {
     LLMCL__REQUIRE(d->ctx, d->ready && opts, LLMCL_ERROR_INVALID_ARGUMENT,
@@ -507,7 +526,9 @@ static llmcl_status step(llmcl_dist *d, const llmcl_adamw_opts *opts, float *gra
     LLMCL__TRY(llmcl__dist_drain(d));
     llmcl_adamw_opts o = *opts;
     o.grad_norm = NULL;
-    if (opts->max_grad_norm > 0.0f || grad_norm) {
+    bool want_norm;
+    LLMCL__TRY(norm_wanted(d, opts, grad_norm, &want_norm));
+    if (want_norm) {
         float norm;
         LLMCL__TRY(global_norm(d, &norm));
         if (opts->max_grad_norm > 0.0f)
