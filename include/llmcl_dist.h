@@ -332,9 +332,11 @@ typedef llmcl_status (*llmcl_dist_files_fn)(const char *folder, void *user);
  * llmcl_dist_save, with files(tmp, user) called on every rank once the shards and manifest are in
  * the temporary folder and before it is renamed into place, so that the application's files
  * (a trainer's step and data position, say) are part of the same atomic step. files writes its
- * files complete (rank 0 flushes every file of the folder before the rename; on other ranks,
- * where another node may hold the disk, files must flush its own: llmcl_safetensors_writer_finish
- * does) and names none of them manifest.json or shard-*.safetensors. files may be NULL.
+ * files complete, in sub-folders if it likes (rank 0 flushes every file and folder under the
+ * temporary folder before the rename; on other ranks, where another node may hold the disk, files
+ * must flush its own: llmcl_safetensors_writer_finish does) and names none of them manifest.json
+ * or shard-*.safetensors. A later save removes the whole folder it replaces, sub-folders too.
+ * files may be NULL.
  */
 LLMCL_API llmcl_status llmcl_dist_save_with(llmcl_dist *d, const char *dir,
                                             llmcl_dist_files_fn files, void *user);

@@ -15,7 +15,8 @@
  * checkpoints fail on every rank and leave the run bit-identical to one that never tried; the
  * application's files of a checkpoint (llmcl_dist_save_with, llmcl_dist_load_with) are written
  * into the temporary folder and read from the checkpoint's, and a callback failing on one rank
- * fails the call on every rank, the previous checkpoint and the live state untouched; a load,
+ * fails the call on every rank, the previous checkpoint and the live state untouched, and saves
+ * in a row whose application's files include a sub-folder each replace the last; a load,
  * and init_param of the group's parameter, while a stage-3 group is gathered are refused, the
  * state untouched; the step's norm asked for on rank 0 alone and get_param's values NULL on odd
  * ranks (every rank joins the collectives all the same);
@@ -37,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -924,10 +926,11 @@ static void continue_on_fewer_ranks(const char *dir, const float *straight, cons
 }
 
 /* What the application's file callbacks saw and do: the folder of their last call, their calls,
-   the rank that fails (-1: none) and the text rank 0 writes or every rank read. */
+   the rank that fails (-1: none), the text rank 0 writes or every rank read, and whether the
+   file is app.txt in the folder or in its sub-folder app. */
 typedef struct app_files {
     char folder[600], text[32];
-    int calls, fail_rank;
+    int calls, fail_rank, sub;
 } app_files;
 
 /* A callback's call recorded, and app.txt's path in its folder; true where this rank fails. */
@@ -935,7 +938,7 @@ static bool app_call(app_files *a, const char *at, char file[700])
 {
     a->calls++;
     snprintf(a->folder, sizeof a->folder, "%s", at);
-    snprintf(file, 700, "%s/app.txt", at);
+    snprintf(file, 700, "%s/%s", at, a->sub ? "app/app.txt" : "app.txt");
     return rank == a->fail_rank;
 }
 
@@ -946,6 +949,9 @@ static llmcl_status write_app_file(const char *at, void *user)
     if (app_call(a, at, file))
         return LLMCL_ERROR_IO;
     if (rank == 0) {
+        char sub[700];
+        snprintf(sub, sizeof sub, "%s/app", at);
+        CHECK(!a->sub || mkdir(sub, 0755) == 0, "%s", sub);
         FILE *f = fopen(file, "w");
         CHECK(f && fputs(a->text, f) >= 0 && fclose(f) == 0, "%s", file);
     }
@@ -1020,6 +1026,35 @@ static void test_checkpoint_files(void)
           (long long)h.step);
     read_params(&n, got);
     expect_same("parameters loaded with the application's files", saved, got);
+    net_destroy(&n);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+/*
+ * The application's files in a sub-folder of the checkpoint: saves in a row each replace the
+ * previous checkpoint, sub-folder and all, leaving no dir.old or dir.tmp, and the load reads the
+ * last one's.
+ */
+static void test_checkpoint_subfolder(void)
+{
+    char dir[512], side[600];
+    path(dir, "ckpt_sub");
+    net n;
+    net_create(&n, MPI_COMM_WORLD, 1, LLMCL_F32, LLMCL_F32);
+    app_files w = {.fail_rank = -1, .sub = 1};
+    for (int s = 1; s <= 3; ++s) {
+        train_step(&n, s);
+        snprintf(w.text, sizeof w.text, "save %d", s);
+        OK(llmcl_dist_save_with(n.d, dir, write_app_file, &w));
+    }
+    static const char *const sides[] = {"tmp", "old"};
+    for (int i = 0; i < 2; ++i) {
+        snprintf(side, sizeof side, "%s.%s", dir, sides[i]);
+        CHECK(access(side, F_OK) != 0, "%s left behind", side);
+    }
+    app_files r = {.fail_rank = -1, .sub = 1};
+    OK(llmcl_dist_load_with(n.d, dir, NULL, read_app_file, &r));
+    CHECK(strcmp(r.text, "save 3") == 0, "the load read '%s'", r.text);
     net_destroy(&n);
     MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -1248,6 +1283,7 @@ int main(int argc, char **argv)
         test_get_params();
         test_checkpoint();
         test_checkpoint_files();
+        test_checkpoint_subfolder();
         test_while_gathered();
         test_outputs_on_some_ranks();
         test_measure_transport();

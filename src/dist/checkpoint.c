@@ -7,9 +7,11 @@
  * A load validates and reads everything into host buffers on every rank, then the ranks agree,
  * and only then is device state replaced: a bad checkpoint changes nothing.
  */
+#define _XOPEN_SOURCE 700 /* nftw */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <libgen.h>
 #include <limits.h>
@@ -35,52 +37,72 @@ static void shard_path(char *out, const char *dir, int rank)
     snprintf(out, PATH_LEN, "%s/shard-%05d.safetensors", dir, rank);
 }
 
-/* Removes a folder of plain files (a checkpoint's). Missing is fine. */
-static void remove_folder(const char *dir)
+static int remove_entry(const char *path, const struct stat *sb, int type, struct FTW *at)
 {
-    DIR *dp = opendir(dir);
-    if (!dp)
-        return;
-    char path[PATH_LEN];
-    for (struct dirent *e; (e = readdir(dp));) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        remove(path);
-    }
-    closedir(dp);
-    rmdir(dir);
+    (void)sb, (void)type, (void)at;
+    remove(path);
+    return 0;
 }
 
-/* Flushes a file's or a folder's contents to disk (a folder's: the names in it). */
-static llmcl_status sync_path(llmcl_ctx *ctx, const char *path)
+/* Removes a folder and everything in it, the application's sub-folders too (FTW_DEPTH: a
+   folder's contents before the folder; FTW_PHYS: links removed, not followed). Missing is fine. */
+static void remove_folder(const char *dir)
+{
+    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* Flushes a file's or a folder's contents to disk (a folder's: the names in it): 0 or errno. */
+static int flush(const char *path)
 {
     const int fd = open(path, O_RDONLY);
-    LLMCL__REQUIRE(ctx, fd >= 0, LLMCL_ERROR_IO, "cannot open '%s' to flush it: %s", path,
-                   strerror(errno));
-    const int rc = fsync(fd);
-    const int err = errno;
+    if (fd < 0)
+        return errno;
+    const int err = fsync(fd) == 0 ? 0 : errno;
     close(fd);
-    LLMCL__REQUIRE(ctx, rc == 0, LLMCL_ERROR_IO, "cannot flush '%s' to disk: %s", path,
+    return err;
+}
+
+static llmcl_status sync_path(llmcl_ctx *ctx, const char *path)
+{
+    const int err = flush(path);
+    LLMCL__REQUIRE(ctx, err == 0, LLMCL_ERROR_IO, "cannot flush '%s' to disk: %s", path,
                    strerror(err));
     return LLMCL_OK;
 }
 
-/* Every file of a folder, then the folder, flushed to disk: whatever the application added too. */
+/* nftw's callbacks take no argument of the caller's: where sync_entry failed, and why. */
+static _Thread_local char sync_failed[PATH_LEN];
+static _Thread_local int sync_errno;
+
+/* Flushes a file, or a folder once its contents are (FTW_DEPTH). Links (FTW_PHYS: not followed)
+   and special files hold no data of the checkpoint, and a FIFO's open would block. */
+static int sync_entry(const char *path, const struct stat *sb, int type, struct FTW *at)
+{
+    (void)at;
+    int err = 0;
+    if (type == FTW_NS || type == FTW_DNR)
+        err = errno ? errno : EACCES;
+    else if (S_ISREG(sb->st_mode) || S_ISDIR(sb->st_mode))
+        err = flush(path);
+    if (err) {
+        snprintf(sync_failed, sizeof sync_failed, "%s", path);
+        sync_errno = err;
+    }
+    return err;
+}
+
+/* Every file of a folder and of its sub-folders, then each folder, flushed to disk: whatever the
+   application added too. */
 static llmcl_status sync_folder(llmcl_ctx *ctx, const char *dir)
 {
-    DIR *dp = opendir(dir);
-    LLMCL__REQUIRE(ctx, dp, LLMCL_ERROR_IO, "cannot open '%s': %s", dir, strerror(errno));
-    char path[PATH_LEN + 256]; /* a folder's path, a name of up to 255 bytes */
-    llmcl_status st = LLMCL_OK;
-    for (struct dirent *e; st == LLMCL_OK && (e = readdir(dp));) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        st = sync_path(ctx, path);
-    }
-    closedir(dp);
-    return st == LLMCL_OK ? sync_path(ctx, dir) : st;
+    sync_errno = 0;
+    const int rc = nftw(dir, sync_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (rc == 0)
+        return LLMCL_OK;
+    if (sync_errno == 0) /* nftw's own failure, dir itself unreadable say */
+        return LLMCL__FAIL(ctx, LLMCL_ERROR_IO, "cannot open '%s': %s", dir, strerror(errno));
+    return LLMCL__FAIL(ctx, LLMCL_ERROR_IO, "cannot flush '%s' to disk: %s", sync_failed,
+                       strerror(sync_errno));
 }
 
 /* dir without its trailing slashes ("ck/" names ck, whose siblings are ck.tmp and ck.old);
