@@ -159,9 +159,11 @@ LLMCL_API llmcl_status llmcl_dist_add_param(llmcl_dist *d, const char *name, int
  * parameter set (names, shapes, groups, weight decay flags), the stage, the dtypes and the chunk
  * size is compared
  * across ranks with one MPI_Allgather: a difference fails setup on every rank with
- * LLMCL_ERROR_INVALID_ARGUMENT naming the ranks. Device memory, all through llmcl_tensor_create (so
- * llmcl_memory_stats_get counts it), with S the rank's shard, F the padded total, G the largest
- * padded group (llmcl_dist_info), p the param dtype's size and w the reduce dtype's:
+ * LLMCL_ERROR_INVALID_ARGUMENT naming the ranks. A layout that passes 2^63 - 1 elements, or a
+ * group whose shard passes 2^31 - 1 (MPI's counts), fails with LLMCL_ERROR_OVERFLOW. Device
+ * memory, all through llmcl_tensor_create (so llmcl_memory_stats_get counts it), with S the
+ * rank's shard, F the padded total, G the largest padded group (llmcl_dist_info), p the param
+ * dtype's size and w the reduce dtype's:
  *   every stage: master, m, v 12 S; the global norm 4 bytes; with bf16 reduction, 2 x 2 G (wire)
  *   stage 1: params p F; gradients 4 F
  *   stage 2: params p F; gradient shard w S; two f32 gradient buckets 2 x 4 G

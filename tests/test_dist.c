@@ -21,7 +21,8 @@
  * state untouched; the step's norm asked for on rank 0 alone and get_param's values NULL on odd
  * ranks (every rank joins the collectives all the same);
  * llmcl_dist_measure_transport reports rates and refuses bad arguments;
- * different parameter sets or chunk sizes on different ranks fail setup on every rank; destroy
+ * different parameter sets or chunk sizes on different ranks fail setup on every rank, and so does
+ * a layout past 2^63 - 1 elements (LLMCL_ERROR_OVERFLOW); destroy
  * gives back every byte and file descriptor; the transport choice (forced, automatic, by
  * LLMCL_DIST_TRANSPORT, a missing LLMCL_NCCL library) and, where NCCL runs, its results against
  * MPI's (f32: within 1e-6 + 1e-5 |MPI|; they differ only in the order of the sums). With
@@ -773,6 +774,27 @@ static void test_mismatch(void)
     }
 }
 
+/*
+ * Parameter sets whose layout passes 2^63 - 1 elements (add_param takes up to INT64_MAX a
+ * parameter): setup fails with LLMCL_ERROR_OVERFLOW on every rank, where the sums wrapped before.
+ */
+static void test_overflow(void)
+{
+    static const int64_t huge[][2] = {{INT64_MAX, 0}, {(int64_t)1 << 62, (int64_t)1 << 62}};
+    for (size_t c = 0; c < sizeof huge / sizeof *huge; ++c) {
+        llmcl_dist *d;
+        const llmcl_dist_opts o = {.stage = 2};
+        OK(llmcl_dist_create(ctx, MPI_COMM_WORLD, &o, &d));
+        for (int i = 0; i < 2 && huge[c][i]; ++i)
+            OK(llmcl_dist_add_param(d, names[i], 0, 1, &huge[c][i], 0));
+        const llmcl_status st = llmcl_dist_setup(d);
+        CHECK(st == LLMCL_ERROR_OVERFLOW && strstr(llmcl_last_error(ctx), "2^63"),
+              "setup of %lld + %lld elements: %s: %s", (long long)huge[c][0],
+              (long long)huge[c][1], llmcl_status_str(st), llmcl_last_error(ctx));
+        llmcl_dist_destroy(d);
+    }
+}
+
 static char folder[256];
 
 static void path(char *out, const char *name)
@@ -1272,6 +1294,7 @@ int main(int argc, char **argv)
     if (rank == 0)
         printf("test_dist on %d ranks\n", world);
     test_mismatch();
+    test_overflow();
     static float mpi_ref[3][TOTAL];
     const int nccl = test_transport_choice();
     for (int t = 0; t <= nccl; ++t) {

@@ -359,7 +359,26 @@ llmcl_status llmcl_dist_add_param(llmcl_dist *d, const char *name, int group, in
     return LLMCL_OK;
 }
 
-/* Offsets of the parameters in their groups and of the groups in the full and shard layouts. */
+/* *sum += add (both non-negative); false where the sum would pass INT64_MAX (and UB). */
+static bool add_checked(int64_t *sum, int64_t add)
+{
+    if (add > INT64_MAX - *sum)
+        return false;
+    *sum += add;
+    return true;
+}
+
+/* *n rounded up to a multiple of unit (both positive); false where that would pass INT64_MAX. */
+static bool round_up_checked(int64_t *n, int64_t unit)
+{
+    if (*n > INT64_MAX - (unit - 1))
+        return false;
+    *n = llmcl__div_up(*n, unit) * unit;
+    return true;
+}
+
+/* Offsets of the parameters in their groups and of the groups in the full and shard layouts.
+   add_param takes up to INT64_MAX elements a parameter: every sum is checked. */
 static llmcl_status layout(llmcl_dist *d)
 {
     d->n_groups = d->n_params ? d->params[d->n_params - 1].group + 1 : 0;
@@ -372,17 +391,25 @@ static llmcl_status layout(llmcl_dist *d)
         if (g->count++ == 0)
             g->first = i;
         p->offset = g->numel;
-        g->numel += llmcl__div_up(p->numel, DIST_ALIGN) * DIST_ALIGN;
-        d->numel += p->numel;
+        int64_t aligned = p->numel;
+        LLMCL__REQUIRE(d->ctx,
+                       round_up_checked(&aligned, DIST_ALIGN) && add_checked(&g->numel, aligned) &&
+                           add_checked(&d->numel, p->numel),
+                       LLMCL_ERROR_OVERFLOW,
+                       "'%s' (%" PRId64 " elements): its group or all the parameters, padded, "
+                       "pass 2^63 - 1 elements", p->name, p->numel);
     }
     for (int k = 0; k < d->n_groups; ++k) {
         dist_group *g = &d->groups[k];
-        g->numel = llmcl__div_up(g->numel, quantum) * quantum;
+        LLMCL__REQUIRE(d->ctx, round_up_checked(&g->numel, quantum) &&
+                                   add_checked(&d->padded, g->numel),
+                       LLMCL_ERROR_OVERFLOW,
+                       "group %d padded to a multiple of %" PRId64 " elements, or all the groups, "
+                       "pass 2^63 - 1 elements", k, quantum);
         g->shard = g->numel / d->world;
         g->shard_off = d->shard;
         g->slot = g->bucket = -1;
-        d->padded += g->numel;
-        d->shard += g->shard;
+        d->shard += g->shard; /* at most padded / world */
         if (g->numel > d->max_group)
             d->max_group = g->numel;
     }
