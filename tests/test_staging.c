@@ -3,8 +3,10 @@
  * with NCCL run, checked here on its own over ranks, element sizes, exchanges, chunk sizes, piece
  * sizes and shards: the chunks cover every block exactly once, none crosses a piece or overlaps
  * another, chunk_bytes bounds them, and a smaller shard's layout fits in a larger one's staging;
- * and the slice rule that the MPI transport's chunks follow too.
+ * the slice rule that the MPI transport's chunks follow too; and the MPI transport's pieces for
+ * llmcl_dist_measure_transport, in ints of units up to 16 GiB.
  */
+#include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -127,6 +129,35 @@ static void test_slice(void **state)
     assert_int_equal(staging_slice(0, 4, 2, 0, ALIGN), 1);
 }
 
+/* llmcl_dist_measure_transport's pieces under MPI: whole pieces in ints of units, no unit
+   larger than it must be, from a few bytes to 16 GiB on one rank. */
+static void test_measure_piece(void **state)
+{
+    (void)state;
+    static const struct {
+        uint64_t bytes;
+        int world;
+        uint64_t unit;
+        int count;
+    } cases[] = {
+        {64, 2, 1, 32},
+        {(uint64_t)INT_MAX * 2, 2, 1, INT_MAX},
+        {(uint64_t)INT_MAX + 1, 1, 2, (int)(((uint64_t)INT_MAX + 1) / 2)},
+        {(uint64_t)1 << 34, 1, 9, (int)(((uint64_t)1 << 34) / 9)},
+        {((uint64_t)1 << 34) + 3, 3, 3, (int)((((uint64_t)1 << 34) + 3) / 3 / 3)},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
+        uint64_t unit;
+        int count;
+        staging_measure_piece(cases[i].bytes, cases[i].world, &unit, &count);
+        assert_int_equal(unit, cases[i].unit);
+        assert_int_equal(count, cases[i].count);
+        const uint64_t piece = cases[i].bytes / (uint64_t)cases[i].world;
+        assert_true(unit * (uint64_t)count <= piece && piece - unit * (uint64_t)count < unit);
+        assert_true(unit == 1 || piece / (unit - 1) > INT_MAX);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -135,6 +166,7 @@ int main(void)
         cmocka_unit_test(test_pieces),
         cmocka_unit_test(test_small_chunks),
         cmocka_unit_test(test_slice),
+        cmocka_unit_test(test_measure_piece),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,8 @@
 /*
  * staging.c: the NCCL transport's staging layout, chunk by chunk (staging.h).
  */
+#include <limits.h>
+
 #include "staging.h"
 
 size_t staging_slice(uint64_t chunk_bytes, size_t es, int world, size_t cap, size_t align)
@@ -41,4 +43,11 @@ size_t staging_chunk_at(const staging_layout *l, size_t k)
 size_t staging_bytes(const staging_layout *l)
 {
     return staging_chunk_at(l, l->n - 1) + l->unit * staging_chunk_len(l, l->n - 1);
+}
+
+void staging_measure_piece(uint64_t bytes, int world, uint64_t *unit, int *count)
+{
+    const uint64_t piece = bytes / (uint64_t)world;
+    *unit = piece <= INT_MAX ? 1 : (piece + INT_MAX - 1) / INT_MAX;
+    *count = (int)(piece / *unit);
 }

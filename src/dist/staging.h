@@ -4,7 +4,8 @@
  * goes chunk by chunk, a chunk inside one piece, so that no NCCL call crosses a piece: chunk k
  * holds the k-th slice of every rank's block, back to back in rank order, and for an exchange
  * as many slices received after them. A slice's length follows staging_slice, the rule by which
- * the MPI transport sizes its chunks too. Pure arithmetic, tested on its own
+ * the MPI transport sizes its chunks too, and staging_measure_piece how its
+ * llmcl_dist_measure_transport counts a rank's piece. Pure arithmetic, tested on its own
  * (tests/test_staging.c).
  */
 #ifndef LLMCL_DIST_STAGING_H
@@ -48,5 +49,13 @@ size_t staging_chunk_at(const staging_layout *l, size_t k);
 
 /* The bytes of staging the layout needs; a smaller shard's layout needs no more. */
 size_t staging_bytes(const staging_layout *l);
+
+/*
+ * A rank's piece of bytes over world ranks (bytes / world, rounded down) for the MPI transport's
+ * llmcl_dist_measure_transport, as *count elements of *unit bytes each, since MPI's counts are
+ * ints: unit 1 where the piece is at most INT_MAX bytes, else the fewest bytes that bring count
+ * within INT_MAX (the piece then rounded down to whole units, a few bytes of gigabytes).
+ */
+void staging_measure_piece(uint64_t bytes, int world, uint64_t *unit, int *count);
 
 #endif /* LLMCL_DIST_STAGING_H */

@@ -493,26 +493,35 @@ static int mpi_busy(const llmcl_dist *d, int kind, int channel)
 }
 
 /* Bare MPI on host memory: an all-to-all of bytes / P a pair (the exchange of a reduce-scatter of
-   bytes) and an all-gather of bytes / P a rank. */
+   bytes) and an all-gather of bytes / P a rank, each piece count elements of a contiguous type of
+   unit bytes (staging_measure_piece: 16 GiB over few ranks passes an int's count of bytes). */
 static llmcl_status mpi_measure(llmcl_dist *d, uint64_t bytes, int reps, double *reduce_gbs,
                                 double *gather_gbs)
 {
-    const int piece = (int)(bytes / (uint64_t)d->world);
-    char *send = calloc(2, (size_t)piece * (size_t)d->world);
+    uint64_t unit;
+    int count;
+    staging_measure_piece(bytes, d->world, &unit, &count);
+    const size_t piece = (size_t)unit * (size_t)count;
+    char *send = calloc(2, piece * (size_t)d->world);
     LLMCL__REQUIRE(d->ctx, send, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "%llu bytes",
                    (unsigned long long)bytes);
-    char *recv = send + (size_t)piece * (size_t)d->world;
+    char *recv = send + piece * (size_t)d->world;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    int rc = MPI_Type_contiguous((int)unit, MPI_BYTE, &type);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Type_commit(&type);
     double t[2] = {0.0, 0.0};
-    int rc = MPI_SUCCESS;
     for (int i = -1; i < reps && rc == MPI_SUCCESS; ++i)
         for (int k = 0; k < 2 && rc == MPI_SUCCESS; ++k) {
             MPI_Barrier(d->comm);
             const double t0 = MPI_Wtime();
-            rc = k == 0 ? MPI_Alltoall(send, piece, MPI_BYTE, recv, piece, MPI_BYTE, d->comm)
-                        : MPI_Allgather(send, piece, MPI_BYTE, recv, piece, MPI_BYTE, d->comm);
+            rc = k == 0 ? MPI_Alltoall(send, count, type, recv, count, type, d->comm)
+                        : MPI_Allgather(send, count, type, recv, count, type, d->comm);
             if (i >= 0)
                 t[k] += MPI_Wtime() - t0;
         }
+    if (type != MPI_DATATYPE_NULL)
+        MPI_Type_free(&type);
     free(send);
     LLMCL__REQUIRE(d->ctx, rc == MPI_SUCCESS, LLMCL_ERROR_MPI, "MPI failed (%d)", rc);
     *reduce_gbs = (double)bytes * reps / t[0] * 1e-9;
