@@ -137,25 +137,33 @@ static void save_stage(const char *stage)
         raise(SIGKILL);
 }
 
-/* The size and xxHash64 of a whole file. */
+/* The size and xxHash64 of a whole file. The buffer is the call's own: saves and loads of other
+   dists may hash on other threads. */
 static llmcl_status file_hash(llmcl_ctx *ctx, const char *path, uint64_t *bytes, uint64_t *hash)
 {
+    enum { BUF_BYTES = 1 << 16 };
     FILE *f = fopen(path, "rb");
     LLMCL__REQUIRE(ctx, f, LLMCL_ERROR_IO, "cannot open '%s': %s", path, strerror(errno));
     XXH64_state_t *s = XXH64_createState();
-    XXH64_reset(s, 0);
-    static char buf[1 << 16];
-    *bytes = 0;
-    for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) {
-        XXH64_update(s, buf, n);
-        *bytes += n;
+    char *buf = malloc(BUF_BYTES);
+    llmcl_status st = s && buf ? LLMCL_OK
+                               : LLMCL__FAIL(ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "hashing '%s'",
+                                             path);
+    if (st == LLMCL_OK) {
+        XXH64_reset(s, 0);
+        *bytes = 0;
+        for (size_t n; (n = fread(buf, 1, BUF_BYTES, f)) > 0;) {
+            XXH64_update(s, buf, n);
+            *bytes += n;
+        }
+        *hash = XXH64_digest(s);
+        if (ferror(f))
+            st = LLMCL__FAIL(ctx, LLMCL_ERROR_IO, "cannot read '%s'", path);
     }
-    const bool bad = ferror(f);
     fclose(f);
-    *hash = XXH64_digest(s);
+    free(buf);
     XXH64_freeState(s);
-    LLMCL__REQUIRE(ctx, !bad, LLMCL_ERROR_IO, "cannot read '%s'", path);
-    return LLMCL_OK;
+    return st;
 }
 
 /* ---- save ---- */

@@ -421,9 +421,10 @@ static llmcl_status layout(llmcl_dist *d)
 }
 
 /* A hash of everything that must agree across ranks. */
-static uint64_t set_hash(const llmcl_dist *d)
+static llmcl_status set_hash(const llmcl_dist *d, uint64_t *out)
 {
     XXH64_state_t *s = XXH64_createState();
+    LLMCL__REQUIRE(d->ctx, s, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "a hash state");
     XXH64_reset(s, 0);
     /* The chunk size too: it sets every chunk's MPI call. */
     const int64_t head[4] = {d->opts.stage, d->opts.param_dtype, d->opts.reduce_dtype,
@@ -436,21 +437,23 @@ static uint64_t set_hash(const llmcl_dist *d)
         XXH64_update(s, fields, sizeof fields);
         XXH64_update(s, p->shape, (size_t)p->ndim * sizeof *p->shape);
     }
-    const uint64_t h = XXH64_digest(s);
+    *out = XXH64_digest(s);
     XXH64_freeState(s);
-    return h;
+    return LLMCL_OK;
 }
 
 /* One all-gather of every rank's hash; every rank sees the same list, so all decide alike. */
 static llmcl_status check_same_set(llmcl_dist *d)
 {
-    uint64_t mine = set_hash(d);
-    uint64_t *all = malloc((size_t)d->world * sizeof *all);
-    if (!all) /* out of host memory on one rank: the job cannot continue in step */
-        return llmcl__dist_fault(d, "llmcl_dist_setup",
-                                 LLMCL__FAIL(d->ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "hashes"));
-    llmcl_status st = LLMCL_OK;
-    if (MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, d->comm) != MPI_SUCCESS)
+    uint64_t mine = 0;
+    llmcl_status st = set_hash(d, &mine);
+    uint64_t *all = st == LLMCL_OK ? malloc((size_t)d->world * sizeof *all) : NULL;
+    if (st == LLMCL_OK && !all)
+        st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "hashes");
+    /* A rank without its hash or the table says so before the gather, which the others join. */
+    st = llmcl__dist_agree(d, st);
+    if (st == LLMCL_OK &&
+        MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, d->comm) != MPI_SUCCESS)
         st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_MPI, "MPI_Allgather of the parameter set hashes");
     for (int r = 1; st == LLMCL_OK && r < d->world; ++r)
         if (all[r] != all[0])
