@@ -27,9 +27,11 @@ static llmcl_status plan(llmcl_ctx *ctx, const shared_api *api, size_t bytes, sh
     memset(r, 0, sizeof *r);
     const size_t unit = api->granularity;
     r->bytes = (bytes + unit - 1) / unit * unit;
-    r->n = (int)((r->bytes + SHARED_PIECE_BYTES - 1) / SHARED_PIECE_BYTES);
-    r->piece = calloc((size_t)r->n, sizeof *r->piece);
-    LLMCL__REQUIRE(ctx, r->piece, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "%d pieces", r->n);
+    const int n = (int)((r->bytes + SHARED_PIECE_BYTES - 1) / SHARED_PIECE_BYTES);
+    r->piece = calloc((size_t)n, sizeof *r->piece);
+    /* n only once the table exists: shared_range_destroy walks n pieces */
+    LLMCL__REQUIRE(ctx, r->piece, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "%d pieces", n);
+    r->n = n;
     for (int i = 0; i < r->n; ++i) {
         shared_piece *p = &r->piece[i];
         p->at = (size_t)i * SHARED_PIECE_BYTES;
