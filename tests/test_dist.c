@@ -1153,6 +1153,12 @@ static void test_outputs_on_some_ranks(void)
     }
     CHECK(rank % 2 || memcmp(got, params[1], (size_t)total_numel() * 4) == 0,
           "get_param with NULL values on odd ranks gave other values");
+    /* a name unknown on the last rank alone: every rank fails, none waits in a gather */
+    const char *asked = rank == world - 1 ? "no such parameter" : names[0];
+    float *into = got;
+    const llmcl_status st = llmcl_dist_get_params(n.d, 1, &asked, &into);
+    CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT, "get_params with a name unknown on rank %d: %s",
+          world - 1, llmcl_status_str(st));
     net_destroy(&n);
 }
 

@@ -666,12 +666,15 @@ llmcl_status llmcl_dist_get_params(llmcl_dist *d, int count, const char *const *
                    "call llmcl_dist_setup first; names and values must not be NULL (count %d)",
                    count);
     dist_param **ps = calloc((size_t)count + 1, sizeof *ps);
-    LLMCL__REQUIRE(d->ctx, ps, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "%d parameters", count);
-    llmcl_status st = LLMCL_OK;
+    llmcl_status st = ps ? LLMCL_OK
+                         : LLMCL__FAIL(d->ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "%d parameters",
+                                       count);
     for (int i = 0; i < count && st == LLMCL_OK; ++i)
         if (!(ps[i] = llmcl__dist_find(d, names[i])))
             st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_INVALID_ARGUMENT, "no parameter '%s'",
                              names[i] ? names[i] : "(null)");
+    /* a rank that cannot take part says so before the group gathers, which the others join */
+    st = llmcl__dist_agree(d, st);
     for (int i = 0; i < count && st == LLMCL_OK; ++i)
         if (ps[i])
             st = get_group(d, ps[i]->group, i, count, ps, values);

@@ -503,8 +503,15 @@ static llmcl_status mpi_measure(llmcl_dist *d, uint64_t bytes, int reps, double 
     staging_measure_piece(bytes, d->world, &unit, &count);
     const size_t piece = (size_t)unit * (size_t)count;
     char *send = calloc(2, piece * (size_t)d->world);
-    LLMCL__REQUIRE(d->ctx, send, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "%llu bytes",
-                   (unsigned long long)bytes);
+    /* every rank learns of one without its buffers before the barriers the others wait in */
+    const llmcl_status st = llmcl__dist_agree(
+        d, send ? LLMCL_OK
+                : LLMCL__FAIL(d->ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "%llu bytes",
+                              (unsigned long long)bytes));
+    if (st != LLMCL_OK) {
+        free(send);
+        return st;
+    }
     char *recv = send + piece * (size_t)d->world;
     MPI_Datatype type = MPI_DATATYPE_NULL;
     int rc = MPI_Type_contiguous((int)unit, MPI_BYTE, &type);

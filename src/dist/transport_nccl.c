@@ -707,8 +707,18 @@ static llmcl_status nccl_measure(llmcl_dist *d, uint64_t bytes, int reps, double
     nccl_transport *t = nccl_of(d);
     const size_t count = (size_t)(bytes / 4 / (uint64_t)d->world);
     shared_range b;
-    LLMCL__TRY(shared_range_create(d->ctx, &t->api, (size_t)bytes, &b));
-    LLMCL__CL(d->ctx, clFinish(d->ctx->queue));
+    llmcl_status st = shared_range_create(d->ctx, &t->api, (size_t)bytes, &b);
+    const bool made = st == LLMCL_OK;
+    const cl_int done = made ? clFinish(d->ctx->queue) : CL_SUCCESS;
+    if (done != CL_SUCCESS)
+        st = llmcl__fail_cl(d->ctx, done, "clFinish", __FILE__, __LINE__);
+    /* a rank without its buffers says so before the barriers that the others wait in */
+    st = llmcl__dist_agree(d, st);
+    if (st != LLMCL_OK) {
+        if (made)
+            shared_range_destroy(d->ctx, &t->api, &b);
+        return st;
+    }
     double secs[2] = {0.0, 0.0};
     int nr = NCCL_OK;
     const bool entered = enter(t);
@@ -887,7 +897,9 @@ static llmcl_status all_sides(llmcl_dist *d, nccl_transport *t, bool ok, char *w
         t->cu.device_attribute(&mine.pci[2], CU_ATTR_PCI_DEVICE, t->api.device);
     }
     rank_report *all = calloc((size_t)d->world, sizeof *all);
-    LLMCL__REQUIRE(d->ctx, all, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "rank reports");
+    /* a rank without the table says so before the gather, which the others join */
+    LLMCL__TRY(llmcl__dist_agree(
+        d, all ? LLMCL_OK : LLMCL__FAIL(d->ctx, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "rank reports")));
     if (MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all, sizeof mine, MPI_BYTE, d->comm) !=
         MPI_SUCCESS) {
         free(all);
@@ -926,9 +938,18 @@ static llmcl_status init_comm(llmcl_dist *d, nccl_transport *t, char *why, size_
     if (MPI_Bcast(&msg, sizeof msg, MPI_BYTE, 0, d->comm) != MPI_SUCCESS)
         return LLMCL__FAIL(d->ctx, LLMCL_ERROR_MPI, "MPI_Bcast of NCCL's unique id");
     int r = msg.status;
+    const bool entered = r == NCCL_OK && enter(t);
+    /* NCCL's init waits for every rank: one that cannot enter its CUDA context says so first */
+    const llmcl_status in = llmcl__dist_agree(
+        d, r != NCCL_OK || entered
+               ? LLMCL_OK
+               : LLMCL__FAIL(d->ctx, LLMCL_ERROR_NCCL, "cuCtxPushCurrent failed"));
+    if (in != LLMCL_OK) {
+        if (entered)
+            leave(t);
+        return in;
+    }
     if (r == NCCL_OK) {
-        if (!enter(t))
-            return LLMCL__FAIL(d->ctx, LLMCL_ERROR_NCCL, "cuCtxPushCurrent failed");
         enum { UNDEF = INT_MIN }; /* NCCL_CONFIG_UNDEF_INT: NCCL's default */
         nccl_config config = {
             .size = sizeof config, .magic = 0xcafebeef, .version = NCCL_CE_VERSION,
