@@ -470,7 +470,8 @@ LLMCL_API float llmcl_f16_to_f32(uint16_t x);
 /* ---------------------------------------------------------------------------------------------- */
 /* Elementwise kernels. Any shape and strides; outputs may not overlap inputs unless identical.  */
 
-/* t[...] = value, converted to t's dtype (integers truncate toward zero). */
+/* t[...] = value, converted to t's dtype (integers truncate toward zero; a value whose truncation
+   lies outside an integer dtype's range is refused, LLMCL_ERROR_INVALID_ARGUMENT). */
 LLMCL_API llmcl_status llmcl_fill(llmcl_ctx *ctx, llmcl_tensor *t, double value);
 
 /* dst = src; same dtype and shape. */
@@ -746,11 +747,11 @@ LLMCL_API llmcl_status llmcl_activation_backward(llmcl_ctx *ctx, llmcl_activatio
  * query that sees no key (causal with tq > tk, or a narrow window) gets O = 0, LSE = -inf and
  * zero gradients.
  *
- * Varlen (cu_seqlens_q and cu_seqlens_k both set, i32 [B + 1], FlashAttention's varlen API):
- * sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] of a packed Q [total_q, Hq, D] and
- * rows cu_seqlens_k[b] .. cu_seqlens_k[b+1] of K, V [total_k, Hkv, D]; each sequence attends only
- * within itself. The offsets must start at 0, never decrease (empty sequences are allowed) and end
- * at total_q (total_k). They are read back to the host to be validated, so varlen calls wait for
+ * Varlen (cu_seqlens_q and cu_seqlens_k both set, i32 [B + 1] and contiguous, FlashAttention's
+ * varlen API): sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] of a packed Q
+ * [total_q, Hq, D] and rows cu_seqlens_k[b] .. cu_seqlens_k[b+1] of K, V [total_k, Hkv, D]; each
+ * sequence attends only within itself. The offsets must start at 0, never decrease (empty
+ * sequences are allowed) and end at total_q (total_k). They are read back to the host to be validated, so varlen calls wait for
  * the queue up to that point, unless the caller also gives them in host memory
  * (cu_seqlens_q_host and cu_seqlens_k_host, B + 1 each): those are validated instead and nothing
  * waits. The two copies must then hold the same offsets, as a training loop that uploads its own
@@ -1009,7 +1010,8 @@ typedef struct llmcl_ce_options {
  * for mean and sum, N for none, contiguous); optionally z_loss (same layout as loss), lse (f32, N
  * elements: each row's logsumexp of the capped logits, ignored rows included) and dlogits (the
  * gradient, in logits' dtype: either logits itself, same view, for in place, or a separate tensor
- * of the same shape that does not overlap it). Reads logits once for the LSE and once more for the
+ * of the same shape that does not overlap it). No output may overlap an input, opts->weight
+ * included (LLMCL_ERROR_INVALID_ARGUMENT). Reads logits once for the LSE and once more for the
  * gradient; extra memory is O(N) (O(N x splits) when the vocabulary is split).
  */
 LLMCL_API llmcl_status llmcl_cross_entropy_forward(llmcl_ctx *ctx, const llmcl_tensor *logits,
