@@ -375,6 +375,9 @@ static void test_bad_inputs(void **state)
     llmcl_offload_stats s;
     TH_FAILS(llmcl_offload_create(NULL, 1, &none), LLMCL_ERROR_INVALID_ARGUMENT);
     TH_FAILS(llmcl_offload_create(ctx, 0, &none), LLMCL_ERROR_INVALID_ARGUMENT);
+    /* a size past any host's memory (an underflowed one, say): its chunk count wrapped to 0 */
+    TH_FAILS(llmcl_offload_create(ctx, UINT64_MAX, &none), LLMCL_ERROR_OUT_OF_HOST_MEMORY);
+    assert_non_null(strstr(llmcl_last_error(ctx), "this host has"));
     TH_FAILS(llmcl_offload_create(ctx, 1, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
     assert_null(none);
     TH_FAILS(llmcl_offload_save(NULL, t, &h), LLMCL_ERROR_INVALID_ARGUMENT);

@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -413,8 +414,14 @@ static llmcl_status add_chunks(llmcl_offload *off, uint64_t pool_bytes)
 {
     llmcl_ctx *ctx = off->ctx;
     const uint64_t max_chunk = ctx->info.max_alloc_bytes / POOL_ALIGN * POOL_ALIGN;
-    const uint32_t n = (uint32_t)llmcl__div_up((int64_t)pool_bytes, (int64_t)max_chunk);
-    off->chunks = calloc(n, sizeof *off->chunks);
+    /* pinned memory beyond the host's can never be had; the bound also keeps the count of
+       chunks and the bookkeeping's sizes in range */
+    const uint64_t host = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    LLMCL__REQUIRE(ctx, pool_bytes <= host, LLMCL_ERROR_OUT_OF_HOST_MEMORY,
+                   "an offload pool of %llu bytes: this host has %llu",
+                   (unsigned long long)pool_bytes, (unsigned long long)host);
+    const uint64_t n = (pool_bytes - 1) / max_chunk + 1; /* pool_bytes > 0 */
+    off->chunks = calloc((size_t)n, sizeof *off->chunks);
     /* one free block per gap between blocks in use, and a block per live handle at most */
     const uint64_t most_blocks = pool_bytes / POOL_ALIGN < MAX_SLOTS ? pool_bytes / POOL_ALIGN
                                                                      : MAX_SLOTS;
