@@ -1,7 +1,8 @@
 /*
  * test_cache.c: the two-level program cache. Each test uses its own LLMCL_CACHE_DIR and fresh
  * contexts: a build writes an entry, a new context loads it, other options build anew, truncated,
- * corrupt and foreign entries are ignored and rebuilt, "off" writes nothing, and contexts on
+ * corrupt and foreign entries are ignored and rebuilt, "off" writes nothing, binaries off
+ * (LLMCL_CACHE_BINARIES=0) keep none, and contexts on
  * several threads at once (one each, as llmcl.h asks) build and store one program. These run with
  * PoCL's own kernel cache off, where llmcl keeps PoCL's binaries too.
  * With --pocl-kernel-cache (the suite's cache_pocl), PoCL's cache on as it is by default: llmcl
@@ -267,6 +268,37 @@ static void test_disabled(void **state)
     remove_cache_dir();
 }
 
+/* LLMCL_CACHE_BINARIES=0 (the tuner's setting): the folder stays in use (its tuning files load)
+   but keeps no programs; values other than 0 and 1 fail the context, as does a folder's name too
+   long to hold. */
+static void test_binaries_off(void **state)
+{
+    (void)state;
+    make_cache_dir();
+    setenv("LLMCL_CACHE_BINARIES", "0", 1);
+    llmcl_ctx *ctx = NULL;
+    TH_OK(llmcl_ctx_create(&ctx));
+    assert_string_equal(llmcl_cache_dir(ctx), cache_dir);
+    llmcl_ctx_destroy(ctx);
+    llmcl_cache_stats s = run_fill(LLMCL_F32);
+    s = run_fill(LLMCL_F32);
+    assert_int_equal(s.builds, 1);
+    assert_int_equal(s.disk_hits, 0);
+    char names[4][512];
+    assert_int_equal(list_entries(names, 4), 0);
+    setenv("LLMCL_CACHE_BINARIES", "yes", 1);
+    assert_int_equal(llmcl_ctx_create(&ctx), LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(NULL), "LLMCL_CACHE_BINARIES"));
+    unsetenv("LLMCL_CACHE_BINARIES");
+    char longer[1100];
+    memset(longer, 'd', sizeof longer - 1);
+    longer[0] = '/', longer[sizeof longer - 1] = '\0';
+    setenv("LLMCL_CACHE_DIR", longer, 1);
+    assert_int_equal(llmcl_ctx_create(&ctx), LLMCL_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(llmcl_last_error(NULL), "the cache folder from LLMCL_CACHE_DIR"));
+    remove_cache_dir();
+}
+
 static void test_default_location(void **state)
 {
     (void)state;
@@ -357,6 +389,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_contexts_on_threads),
         cmocka_unit_test(test_bad_entries_are_rebuilt),
         cmocka_unit_test(test_disabled),
+        cmocka_unit_test(test_binaries_off),
         cmocka_unit_test(test_default_location),
     };
     return TH_RUN(tests);

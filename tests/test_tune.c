@@ -388,6 +388,21 @@ static void test_env_and_cache_dir(void **state)
                         ""); /* other devices' files are normal there */
     llmcl_ctx_destroy(ctx);
 
+    /* every file of a folder, in name order: the last of 300 wins (only 256 were read, in the
+       order readdir gave) */
+    snprintf(sub, sizeof sub, "%s/many", tmp_dir);
+    mkdir(sub, 0700);
+    for (int i = 0; i < 300; ++i) {
+        char name[64], entry[96];
+        snprintf(name, sizeof name, "many/tuning-%03d.json", i);
+        snprintf(entry, sizeof entry, "{\"kernel\": \"tst\", \"params\": {\"WG\": %d}}",
+                 i + 1);
+        write_db(name, this_device(), entry);
+    }
+    ctx = ctx_with_env("LLMCL_CACHE_DIR", sub);
+    ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p4", "WG=300");
+    llmcl_ctx_destroy(ctx);
+
     /* LLMCL_TUNE_DB=off: no database at all, not even the built-in one. */
     ctx = ctx_with_env("LLMCL_TUNE_DB", "off");
     ASSERT_PARAMS(ctx, "copy", LLMCL_F32, "p22", "");
@@ -955,6 +970,19 @@ static void expect_copy_launched_with(const char *file, json_t *copy)
 }
 
 /* --merge keeps the entries of the file that were not retuned: copy and axpy beside mul. */
+/* The text of a small file, or "" where it cannot be read. */
+static const char *read_text(const char *path)
+{
+    static char buf[256];
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (f) {
+        buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
+        fclose(f);
+    }
+    return buf;
+}
+
 static void check_merge(const char *exe, const char *out, const char *log)
 {
     char cmd[1024];
@@ -974,6 +1002,19 @@ static void check_merge(const char *exe, const char *out, const char *log)
     }
     assert_int_equal(seen, 7);
     json_decref(root);
+    /* a file --merge would overwrite without keeping it (not JSON, another device's) is refused
+       before the tuning and left as it was */
+    const char *bad[] = {"{\"entries\": [",
+                         "{\"device\": {\"name\": \"Some Other GPU\"}, \"entries\": []}"};
+    for (int i = 0; i < 2; ++i) {
+        const char *path = tmp_path("merge-into.json");
+        write_text(path, bad[i]);
+        snprintf(cmd, sizeof cmd, "'%s' --quick --kernel mul --merge --output '%s' >'%s' 2>&1",
+                 exe, path, log);
+        assert_int_not_equal(system(cmd), 0);
+        assert_string_equal(read_text(path), bad[i]);
+        assert_non_null(strstr(read_text(log), "cannot merge into"));
+    }
 }
 
 static void test_tool_end_to_end(void **state)
@@ -1009,19 +1050,6 @@ static void test_tool_end_to_end(void **state)
     expect_copy_launched_with(edited, copy);
     json_decref(root);
     check_merge(exe, out, log);
-}
-
-/* The text of a small file, or "" where it cannot be read. */
-static const char *read_text(const char *path)
-{
-    static char buf[256];
-    buf[0] = '\0';
-    FILE *f = fopen(path, "r");
-    if (f) {
-        buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
-        fclose(f);
-    }
-    return buf;
 }
 
 static bool write_new(FILE *f, void *arg)

@@ -268,9 +268,13 @@ static int parse_valued(cli *c, const char *a, char *v)
         if (c->n_filters == MAX_FILTERS)
             return bad_usage(false, "at most %d --kernel options", MAX_FILTERS);
         c->filters[c->n_filters++] = v;
-    } else if (strcmp(a, "--shape") == 0)
+    } else if (strcmp(a, "--shape") == 0) {
+        const size_t most = sizeof ((plan_case *)0)->shape - 1;
+        for (const char *s = v; *s; s += strcspn(s, ";") + (s[strcspn(s, ";")] == ';'))
+            if (strcspn(s, ";") > most) /* cut, it would parse as another shape */
+                return bad_usage(false, "--shape: a shape of more than %zu characters", most);
         c->shape = v;
-    else if (strcmp(a, "--output") == 0)
+    } else if (strcmp(a, "--output") == 0)
         c->output = v;
     else if (strcmp(a, "--dtype") == 0) {
         if (!parse_dtypes(v, &c->dtype_mask))
@@ -419,8 +423,9 @@ int main(int argc, char **argv)
     const int rc_cli = parse_cli(argc, argv, &c);
     if (rc_cli >= 0)
         return rc_cli;
-    /* Candidates would fill the program cache with binaries nobody reuses. */
-    setenv("LLMCL_CACHE_DIR", "off", 1);
+    /* Candidates would fill the program cache with binaries nobody reuses; the folder's tuning
+       files still load, as they do for the runs that the tuner's "now" stands for. */
+    setenv("LLMCL_CACHE_BINARIES", "0", 1);
     llmcl_ctx *ctx = NULL;
     llmcl_status st = llmcl_ctx_create(&ctx);
     if (st != LLMCL_OK) {
@@ -437,6 +442,12 @@ int main(int argc, char **argv)
         llmcl_ctx_destroy(ctx);
         return 2;
     }
+    char why[512];
+    if (c.output && c.merge && !tune_merge_check(c.output, ctx, &o, why, sizeof why)) {
+        fprintf(stderr, "llmcl-tune: %s\n", why); /* before the tuning, not after */
+        llmcl_ctx_destroy(ctx);
+        return 1;
+    }
     printf("llmcl-tune %s on %s (%s, driver %s): %d cases%s\n", llmcl_version(), info->name,
            info->platform_name, info->driver_version, n, c.quick ? ", quick" : "");
     fflush(stdout);
@@ -445,7 +456,6 @@ int main(int argc, char **argv)
     print_table(results, done);
     int rc = failed ? 1 : 0;
     if (c.output) {
-        char why[512];
         if (tune_write_json(c.output, ctx, results, done, &o, c.merge, why, sizeof why))
             printf("\nwrote %s (use it with LLMCL_TUNE_DB=%s)\n", c.output, c.output);
         else {

@@ -9,21 +9,33 @@
 #include "internal.h"
 #include "tune_db.h"
 
-static void choose_cache_dir(llmcl_ctx *ctx)
+/* The cache folder from the environment; one too long for cache_dir fails rather than being cut
+   to another folder's name. */
+static llmcl_status choose_cache_dir(llmcl_ctx *ctx)
 {
     const char *dir = llmcl__getenv("LLMCL_CACHE_DIR");
     const char *xdg = llmcl__getenv("XDG_CACHE_HOME");
     const char *home = llmcl__getenv("HOME");
+    int n = 0;
     if (dir && strcmp(dir, "off") == 0)
         ctx->cache_dir[0] = '\0';
     else if (dir)
-        snprintf(ctx->cache_dir, sizeof ctx->cache_dir, "%s", dir);
+        n = snprintf(ctx->cache_dir, sizeof ctx->cache_dir, "%s", dir);
     else if (xdg)
-        snprintf(ctx->cache_dir, sizeof ctx->cache_dir, "%s/llmcl", xdg);
+        n = snprintf(ctx->cache_dir, sizeof ctx->cache_dir, "%s/llmcl", xdg);
     else if (home)
-        snprintf(ctx->cache_dir, sizeof ctx->cache_dir, "%s/.cache/llmcl", home);
+        n = snprintf(ctx->cache_dir, sizeof ctx->cache_dir, "%s/.cache/llmcl", home);
     else
         ctx->cache_dir[0] = '\0';
+    LLMCL__REQUIRE(ctx, n < (int)sizeof ctx->cache_dir, LLMCL_ERROR_INVALID_ARGUMENT,
+                   "the cache folder from %s is %d bytes long; at most %d",
+                   dir ? "LLMCL_CACHE_DIR" : xdg ? "XDG_CACHE_HOME" : "HOME", n,
+                   (int)sizeof ctx->cache_dir - 1);
+    int64_t binaries = 1;
+    LLMCL__TRY(llmcl__env_int(ctx, "LLMCL_CACHE_BINARIES", 0, 1, false, "0 or 1", &binaries,
+                              NULL));
+    ctx->cache_binaries = binaries == 1;
+    return LLMCL_OK;
 }
 
 static llmcl_status ctx_init(llmcl_ctx *ctx, cl_platform_id platform)
@@ -31,7 +43,7 @@ static llmcl_status ctx_init(llmcl_ctx *ctx, cl_platform_id platform)
     cl_command_queue_properties props = 0;
     LLMCL__CL(ctx, clGetCommandQueueInfo(ctx->queue, CL_QUEUE_PROPERTIES, sizeof props, &props, NULL));
     ctx->queue_profiling = (props & CL_QUEUE_PROFILING_ENABLE) != 0;
-    choose_cache_dir(ctx);
+    LLMCL__TRY(choose_cache_dir(ctx));
     int64_t limit = 0; /* none */
     LLMCL__TRY(llmcl__env_int(ctx, "LLMCL_MEMORY_LIMIT", 0, INT64_MAX, true,
                               "a byte count such as 1073741824 or 1G", &limit, NULL));

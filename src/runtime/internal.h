@@ -29,6 +29,8 @@ struct llmcl_ctx {
 
     llmcl__program *programs; /* in-memory program cache, a list */
     char cache_dir[1024];     /* "" when the disk cache is off */
+    bool cache_binaries;      /* LLMCL_CACHE_BINARIES: the folder keeps programs (else only its
+                                 tuning files are read) */
     llmcl_cache_stats cache_stats;
 
     llmcl_memory_stats memory;

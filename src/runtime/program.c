@@ -303,6 +303,8 @@ typedef struct disk_key {
  */
 static bool keeps_binaries(const llmcl_ctx *ctx)
 {
+    if (!ctx->cache_binaries)
+        return false;
     const char *pocl_cache = llmcl__getenv("POCL_KERNEL_CACHE");
     return ctx->info.vendor_id != LLMCL_VENDOR_POCL || (pocl_cache && pocl_cache[0] != '1');
 }

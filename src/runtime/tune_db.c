@@ -556,30 +556,65 @@ static int by_string(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+static void free_names(char **names, size_t n)
+{
+    for (size_t i = 0; i < n; ++i)
+        free(names[i]);
+    free(names);
+}
+
+/* The names of dir's files `prefix*.json`, sorted, into *names (*n of them); false when out of host
+   memory, with nothing listed: a part would depend on the order readdir gave. */
+static bool list_json(DIR *d, const char *prefix, char ***names, size_t *n)
+{
+    size_t cap = 0;
+    bool ok = true;
+    *names = NULL;
+    *n = 0;
+    for (struct dirent *de; ok && (de = readdir(d)) != NULL;) {
+        const size_t len = strlen(de->d_name);
+        if (strncmp(de->d_name, prefix, strlen(prefix)) != 0 || len <= 5 ||
+            strcmp(de->d_name + len - 5, ".json") != 0)
+            continue;
+        if (*n == cap) {
+            char **more = realloc(*names, (cap ? 2 * cap : 64) * sizeof **names);
+            ok = more != NULL;
+            *names = more ? more : *names;
+            cap = more ? (cap ? 2 * cap : 64) : cap;
+        }
+        if (ok && (ok = ((*names)[*n] = strdup(de->d_name)) != NULL))
+            ++*n;
+    }
+    if (!ok) {
+        free_names(*names, *n);
+        *names = NULL;
+        *n = 0;
+        return false;
+    }
+    if (*n > 1)
+        qsort(*names, *n, sizeof **names, by_string);
+    return true;
+}
+
 /* Loads dir/<prefix>*.json in name order, with warnings for bad files. */
 static void load_dir(llmcl_ctx *ctx, const char *dir, const char *prefix, bool foreign_ok)
 {
     DIR *d = opendir(dir);
     if (d == NULL)
         return;
-    char *names[256];
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL && n < 256) {
-        size_t len = strlen(de->d_name);
-        if (strncmp(de->d_name, prefix, strlen(prefix)) == 0 && len > 5 &&
-            strcmp(de->d_name + len - 5, ".json") == 0 && (names[n] = strdup(de->d_name)))
-            ++n;
-    }
+    char **names;
+    size_t n;
+    const bool listed = list_json(d, prefix, &names, &n);
     closedir(d);
-    qsort(names, (size_t)n, sizeof names[0], by_string);
-    for (int i = 0; i < n; ++i) {
+    if (!listed)
+        warn(ctx->tune_db, "%s: out of host memory listing its tuning files; none read", dir);
+    for (size_t i = 0; i < n; ++i) {
         char path[2048], why[512];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
         if (load_file(ctx, path, foreign_ok, why, sizeof why) != LLMCL_OK)
             warn(ctx->tune_db, "%s ignored: %s", path, why);
-        free(names[i]);
     }
+    free_names(names, n);
 }
 
 /* A path from LLMCL_TUNE_DB: a file, or a folder whose *.json files are read. */

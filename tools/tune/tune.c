@@ -7,12 +7,15 @@
  */
 #include "tune.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -91,9 +94,9 @@ long tune_space_size(const tune_kernel *k)
     space s;
     if (!parse_space(k->params, &s))
         return -1;
-    long total = 1;
+    long total = 1; /* at most TUNE_MAX_VALUES ^ TUNE_MAX_PARAMS = 2^48 */
     for (int i = 0; i < s.n; ++i)
-        total = total > MAX_SPACE ? total : total * s.counts[i];
+        total *= s.counts[i];
     return total;
 }
 
@@ -566,10 +569,50 @@ static bool is_wg_name(const char *n)
 }
 
 /* The sampled candidate indices: all, or a fixed-seed sample of max of them. */
+/* Whether the open-addressed set of cap slots (-1: empty) holds v; adds it where it does not. */
+static bool seen_before(long *set, long cap, long v)
+{
+    long at = (long)((uint64_t)v * 0x9E3779B97F4A7C15ull % (uint64_t)cap);
+    for (; set[at] >= 0; at = (at + 1) % cap)
+        if (set[at] == v)
+            return true;
+    set[at] = v;
+    return false;
+}
+
+/* max of a space too large to enumerate, drawn without repeats (Floyd's sampling). */
+static long *sample_order(long total, int max)
+{
+    const long cap = 2L * max + 1;
+    long *idx = malloc((size_t)max * sizeof *idx), *set = malloc((size_t)cap * sizeof *set);
+    if (idx && set) {
+        uint64_t seed = 7;
+        for (long i = 0; i < cap; ++i)
+            set[i] = -1;
+        for (long j = total - max, n = 0; j < total; ++j, ++n) {
+            const long t = (long)(util_splitmix64(&seed) % (uint64_t)(j + 1));
+            idx[n] = seen_before(set, cap, t) ? j : t;
+            if (idx[n] == j)
+                seen_before(set, cap, j);
+        }
+    } else {
+        free(idx);
+        idx = NULL;
+    }
+    free(set);
+    return idx;
+}
+
+/* The candidates to try, in order, by a fixed seed: the whole space shuffled, or max of it (the
+   only way past MAX_SPACE candidates). NULL when out of host memory. */
 static long *candidate_order(long total, int max, long *count)
 {
-    if (total < 1 || total > MAX_SPACE)
+    if (total < 1)
         return NULL;
+    if (total > MAX_SPACE) {
+        *count = max < total ? max : total;
+        return sample_order(total, (int)*count);
+    }
     long *idx = malloc((size_t)total * sizeof *idx);
     if (idx == NULL)
         return NULL;
@@ -747,7 +790,12 @@ static llmcl_status search_space(llmcl_ctx *ctx, const tune_kernel *k, tune_case
                                  const space *sp, const tune_options *o, tune_result *r)
 {
     long count;
-    long *order = candidate_order(tune_space_size(k), o->max_candidates, &count);
+    const long total = tune_space_size(k);
+    if (total > MAX_SPACE && o->max_candidates <= 0)
+        return fail(r, LLMCL_ERROR_INVALID_ARGUMENT,
+                    "the space holds more than 100000 candidates%s: give --max-candidates N to "
+                    "sample N of them, or a narrower --space", "");
+    long *order = candidate_order(total, o->max_candidates, &count);
     if (order == NULL)
         return fail(r, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory%s", "");
     r->candidates = (int)count;
@@ -863,10 +911,73 @@ static bool dump_json(FILE *f, void *root)
     return json_dumpf(root, f, JSON_INDENT(2) | JSON_REAL_PRECISION(6)) == 0;
 }
 
+/*
+ * The entries of the file at path that a merge keeps: *old NULL where there is no file. False
+ * with why where the file is not a tuning file of this device's, whose entries an overwrite would
+ * lose (the runtime matches device names ignoring case, and so does this).
+ */
+static bool merge_base(const char *path, const llmcl_device_info *info, const tune_options *o,
+                       json_t **old, char *why, size_t why_len)
+{
+    *old = NULL;
+    if (access(path, F_OK) != 0 && errno == ENOENT)
+        return true;
+    json_error_t err;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!root) {
+        snprintf(why, why_len, "cannot merge into %s: line %d: %s", path, err.line, err.text);
+        return false;
+    }
+    const char *name = json_string_value(json_object_get(json_object_get(root, "device"), "name"));
+    const char *want = o->for_platform ? "*" : info->name;
+    if (!name || strcasecmp(name, want) != 0 || !json_is_array(json_object_get(root, "entries"))) {
+        snprintf(why, why_len,
+                 "cannot merge into %s: it holds %s%s%s, not entries for '%s' (write another file)",
+                 path, name ? "the tuning of '" : "no tuning file's device and entries",
+                 name ? name : "", name ? "'" : "", want);
+        json_decref(root);
+        return false;
+    }
+    *old = root;
+    return true;
+}
+
+bool tune_merge_check(const char *path, llmcl_ctx *ctx, const tune_options *o, char *why,
+                      size_t why_len)
+{
+    json_t *old;
+    const bool ok = merge_base(path, llmcl_ctx_device_info(ctx), o, &old, why, why_len);
+    json_decref(old);
+    return ok;
+}
+
+/* Held from reading the file to renaming its successor over it: two tuners merging into one file
+   at once would otherwise each keep the other's entries out. PATH.lock stays, as lock files do. */
+static int merge_lock(const char *path, char *why, size_t why_len)
+{
+    char lock_path[4200];
+    snprintf(lock_path, sizeof lock_path, "%s.lock", path);
+    const int fd = open(lock_path, O_RDWR | O_CREAT, 0644);
+    struct flock whole = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if (fd >= 0 && fcntl(fd, F_SETLKW, &whole) == 0)
+        return fd;
+    snprintf(why, why_len, "cannot lock %s: %s", lock_path, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
+
 bool tune_write_json(const char *path, llmcl_ctx *ctx, const tune_result *results, int n,
                      const tune_options *o, bool merge, char *why, size_t why_len)
 {
     const llmcl_device_info *info = llmcl_ctx_device_info(ctx);
+    const int lock = merge ? merge_lock(path, why, why_len) : -1;
+    json_t *old = NULL;
+    if (merge && (lock < 0 || !merge_base(path, info, o, &old, why, why_len))) {
+        if (lock >= 0)
+            close(lock);
+        return false;
+    }
     json_t *entries = json_array();
     for (int i = 0; i < n; ++i) {
         const tune_result *r = &results[i];
@@ -897,26 +1008,17 @@ bool tune_write_json(const char *path, llmcl_ctx *ctx, const tune_result *result
         json_object_set_new(e, "rejected", rej);
         json_array_append_new(entries, e);
     }
-    if (merge) {
-        json_t *old = json_load_file(path, 0, NULL);
-        json_t *odev = json_object_get(old, "device");
-        const char *oname = json_string_value(json_object_get(odev, "name"));
-        json_t *oentries = json_object_get(old, "entries");
-        const char *want = o->for_platform ? "*" : info->name;
-        if (oname && strcmp(oname, want) == 0 && json_is_array(oentries)) {
-            size_t i;
-            json_t *e;
-            json_array_foreach(oentries, i, e)
-            {
-                bool retuned = false;
-                for (int j = 0; j < n && !retuned; ++j)
-                    retuned = results[j].ok && same_entry(e, &results[j]);
-                if (!retuned)
-                    json_array_append(entries, e);
-            }
-        }
-        json_decref(old);
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(old, "entries"), i, e)
+    {
+        bool retuned = false;
+        for (int j = 0; j < n && !retuned; ++j)
+            retuned = results[j].ok && same_entry(e, &results[j]);
+        if (!retuned)
+            json_array_append(entries, e);
     }
+    json_decref(old);
     char date[32];
     time_t t = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
@@ -951,5 +1053,7 @@ bool tune_write_json(const char *path, llmcl_ctx *ctx, const tune_result *result
     json_object_set_new(root, "entries", entries);
     const bool ok = util_replace_file(path, dump_json, root, why, why_len);
     json_decref(root);
+    if (lock >= 0)
+        close(lock);
     return ok;
 }
