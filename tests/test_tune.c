@@ -388,19 +388,26 @@ static void test_env_and_cache_dir(void **state)
                         ""); /* other devices' files are normal there */
     llmcl_ctx_destroy(ctx);
 
-    /* every file of a folder, in name order: the last of 300 wins (only 256 were read, in the
-       order readdir gave) */
+    /* every file of a folder (only 256 were read, those readdir gave first), in name order: the
+       last of 300 wins where all set one key */
     snprintf(sub, sizeof sub, "%s/many", tmp_dir);
     mkdir(sub, 0700);
     for (int i = 0; i < 300; ++i) {
-        char name[64], entry[96];
+        char name[64], entries[160];
         snprintf(name, sizeof name, "many/tuning-%03d.json", i);
-        snprintf(entry, sizeof entry, "{\"kernel\": \"tst\", \"params\": {\"WG\": %d}}",
-                 i + 1);
-        write_db(name, this_device(), entry);
+        snprintf(entries, sizeof entries,
+                 "{\"kernel\": \"tst\", \"params\": {\"WG\": %d}}, "
+                 "{\"kernel\": \"own%03d\", \"params\": {\"VEC\": 2}}",
+                 i + 1, i);
+        write_db(name, this_device(), entries);
     }
     ctx = ctx_with_env("LLMCL_CACHE_DIR", sub);
     ASSERT_PARAMS(ctx, "tst", LLMCL_F32, "p4", "WG=300");
+    for (int i = 0; i < 300; ++i) {
+        char own[16];
+        snprintf(own, sizeof own, "own%03d", i);
+        ASSERT_PARAMS(ctx, own, LLMCL_F32, "p4", "VEC=2");
+    }
     llmcl_ctx_destroy(ctx);
 
     /* LLMCL_TUNE_DB=off: no database at all, not even the built-in one. */
