@@ -3,7 +3,9 @@
 files and bad options fail with a clear message and status 1 (2 for unknown options); llm.c token
 files train; a run resumed from a checkpoint ends with the same bits as an uninterrupted one;
 models of head dim 16 and 8 train.
-Ctrl-C with --save-on-interrupt writes a checkpoint and exits 130. Hugging Face checkpoints: an f32
+Ctrl-C with --save-on-interrupt, pressed once or twice, writes a checkpoint and exits 130; the
+last step is saved once under --save-every; a given --warmup stands; --profile's steps come after
+the sample. ORPO refuses completions that --seq cuts whole. Hugging Face checkpoints: an f32
 export read back by --init-from (one file or shards) exports the same bytes, and one that fails
 part-way leaves the earlier export as it was; missing tensors, wrong shapes, configs that contradict
 the options fail naming them; LoRA runs resume bit for bit, only on
@@ -1291,7 +1293,11 @@ def preference(p):
              "must be in [0, 0.5]"),
             ("--pref-beta 0", dpo + ["--pref-beta", "0"], "--pref-beta must be > 0"),
             ("a --ref of another vocabulary", dpo + ["--ref", p("teacher")],
-             "the reference model's vocabulary has 256 tokens, the policy's 64")):
+             "the reference model's vocabulary has 256 tokens, the policy's 64"),
+            # a completion cut whole by --seq: ORPO's loss would be inf or NaN
+            ("ORPO with completions past --seq", ["--preference", "orpo", "--data",
+                                                  p("pairs.jsonl"), "--seq", "4"],
+             "which makes ORPO's odds infinite: raise --seq")):
         expect_error(what, TINY + ["--vocab", "64"] + extra, needle)
     good = {"prompt_input_ids": [3, 4], "chosen_input_ids": [5], "rejected_input_ids": [6]}
     bad = {
@@ -1502,21 +1508,41 @@ def main():
     recompute_auto()
     optimizer_in_backward(p)
 
-    # Ctrl-C with --save-on-interrupt
-    proc = subprocess.Popen([TRAIN] + TINY + ["--steps", "1000000", "--save", p("int.st"),
-                                              "--save-on-interrupt"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    while True:
-        line = proc.stdout.readline()
-        if not line or line.startswith("step"):
-            break
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    ok = proc.returncode == 130 and os.path.exists(p("int.st")) and "interrupted" in out
-    print(f"{'ok  ' if ok else 'FAIL'} Ctrl-C saves and exits 130: status {proc.returncode}")
-    if not ok:
-        print(out[-1000:], err[-1000:])
-        failures.append("interrupt")
+    # Ctrl-C with --save-on-interrupt, pressed once and twice (the handler stays: System V's
+    # signal() dropped it after the first, and the second killed the run before its save)
+    for presses in (1, 2):
+        proc = subprocess.Popen([TRAIN] + TINY + ["--steps", "1000000", "--save", p("int.st"),
+                                                  "--save-on-interrupt"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while True:
+            line = proc.stdout.readline()
+            if not line or line.startswith("step"):
+                break
+        for _ in range(presses):
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        ok = proc.returncode == 130 and os.path.exists(p("int.st")) and "interrupted" in out
+        check(f"Ctrl-C pressed {presses}x saves and exits 130: status {proc.returncode}", ok)
+        if os.path.exists(p("int.st")):
+            os.remove(p("int.st"))
+    # --save-every that divides --steps: the last step saved once
+    r = expect_ok("--save-every 2 of 4 steps", TINY + ["--steps", "4", "--save", p("every.st"),
+                                                        "--save-every", "2"])
+    check("--save-every: the last step saved once",
+          r.stdout.count("at step 4") == 1 and r.stdout.count("at step 2") == 1)
+    # a given --warmup stands, even as long as the run (the default's 20 becomes a tenth of a
+    # shorter run)
+    r = expect_ok("--warmup 4 of 4 steps", TINY + ["--steps", "4", "--warmup", "4"])
+    check(f"--warmup 4: the first step's lr a quarter of 3e-3: {losses(r.stdout)[:1]}",
+          "| lr 7.50e-04 |" in r.stdout)
+    # the sample comes from the model the run ends with, before --profile's steps train on
+    plain, profiled = (expect_ok(f"a sample{what}", TINY + ["--steps", "3", "--sample", "24"] +
+                                 extra).stdout for what, extra in (("", []),
+                                                                   (" with --profile",
+                                                                    ["--profile"])))
+    sample_of = lambda out: out[out.find("sample (greedy"):].splitlines()[:2]
+    check("--profile leaves the sample as it was", sample_of(plain) == sample_of(profiled) and
+          len(sample_of(plain)) == 2)
 
     hugging_face(p)
     failed_export(p)

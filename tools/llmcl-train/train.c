@@ -68,7 +68,7 @@ typedef struct options {
     data_format data_format;
     data_packing packing;
     bool packing_given;    /* --packing was given (--preference packs nothing) */
-    int batch, seq, accum, steps, warmup;
+    int batch, seq, accum, steps, warmup; /* warmup -1 until set: not given */
     float lr, min_lr_frac, weight_decay, clip, beta1, beta2, eps;
     int eval_every, eval_batches, log_every, sample_tokens;
     const char *prompt;
@@ -194,7 +194,8 @@ static void usage(FILE *f)
           "  --batch B --seq T    micro-batch of B sequences of T tokens\n"
           "  --accum K            micro-batches per step (gradient accumulation)\n"
           "  --steps N --lr X --min-lr F (fraction of lr at the end) --warmup N\n"
-          "                       (lr default 3e-3; the llama presets 3e-4)\n"
+          "                       (lr default 3e-3; the llama presets 3e-4; warmup default 20,\n"
+          "                       a tenth of --steps for runs of 20 steps or fewer)\n"
           "  --weight-decay X --clip X (global gradient norm; 0: off) --beta1 X --beta2 X --eps X\n"
           "  --recompute[=FORM]   activation checkpointing: the backward recomputes what the\n"
           "                       forward did not keep. full (the default): each layer keeps\n"
@@ -757,7 +758,7 @@ static void check_options(options *o)
 
 static void parse_options(int argc, char **argv, options *o)
 {
-    *o = (options){.accum = 1, .steps = 200, .warmup = 20, .lr = 3e-3f, .min_lr_frac = 0.1f,
+    *o = (options){.accum = 1, .steps = 200, .warmup = -1, .lr = 3e-3f, .min_lr_frac = 0.1f,
                    .weight_decay = 0.1f, .clip = 1.0f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                    .eval_every = 50, .eval_batches = 4, .log_every = 10, .sample_tokens = 200,
                    .prompt = "The cat", .seed = 1337, .export_dtype = LLMCL_BF16,
@@ -923,6 +924,7 @@ typedef struct trainer {
     double peak_tflops;
     int rank, world;       /* the MPI job under --zero; 0 and 1 otherwise */
     bool stop;             /* under --zero: some rank was interrupted, as of the last all-reduce */
+    int saved_at;          /* the step of the last save, -1 before the first */
 } trainer;
 
 static volatile sig_atomic_t interrupted;
@@ -931,6 +933,15 @@ static void on_sigint(int sig)
 {
     (void)sig;
     interrupted = 1;
+}
+
+/* Ctrl-C sets interrupted, every time (a second one during the save must not kill it), and the
+   calls it lands in resume. signal() would be System V's here, reset after the first. */
+static void catch_sigint(void)
+{
+    struct sigaction sa = {.sa_handler = on_sigint, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
 }
 
 /*
@@ -1476,6 +1487,7 @@ static void save(trainer *tr, int steps_done)
     if (checkpoint_save(tr->m, &s, tr->o.save, &why) != LLMCL_OK)
         die_finally(finalize_mpi, "cannot save %s: %s", tr->o.save, why);
     printf("saved %s at step %d\n", tr->o.save, steps_done);
+    tr->saved_at = steps_done;
 }
 
 /*
@@ -1756,6 +1768,16 @@ static void print_zero(const trainer *tr)
 #endif
 }
 
+/* ORPO's odds are infinite for a completion that scores nothing (llmcl.h): its loss would be inf
+   or NaN, so such pairs are refused rather than trained on. */
+static void check_orpo_scored(const options *o, const loader *l)
+{
+    if (o->model.preference && o->model.pref.loss == LLMCL_PREF_ORPO && l->unscored)
+        die("--preference orpo: %lld sequences of %s have no completion token within --seq %d, "
+            "which makes ORPO's odds infinite: raise --seq, or leave those pairs out",
+            (long long)l->unscored, l->d->source, o->seq);
+}
+
 /*
  * Everything before the first step: the checkpoints to start from, the data, the MPI job, the
  * context with its peak rate (where that came from into peak_what), the model with its activations
@@ -1791,13 +1813,15 @@ static char *setup_run(trainer *tr, int *argc, char ***argv, char *peak_what, si
        the job cleanly, one that exits after it while others still run gets them killed */
     join_job(tr, argc, argv);
     loader_init(&tr->tl, &tr->train, o->batch, o->seq, tr->rank, tr->world);
+    check_orpo_scored(o, &tr->tl);
     if (o->eval_every || o->dump_logits) { /* short held-out data fails now, not after training */
         loader held;
         loader_init(&held, &tr->val, o->batch, o->seq, tr->rank, tr->world);
+        check_orpo_scored(o, &held);
         loader_free(&held);
     }
-    if (o->steps > 0 && o->warmup >= o->steps)
-        o->warmup = o->steps / 10;
+    if (o->warmup < 0) /* not given: a given one stands, even past the last step */
+        o->warmup = o->steps > 20 ? 20 : o->steps / 10;
 
     CHECK(create_context(tr, &tr->ctx), NULL);
     tr->peak_tflops = peak_rate(tr->ctx, o, peak_what, len);
@@ -1938,31 +1962,37 @@ static int train_steps(trainer *tr, int first)
     return step;
 }
 
-/* After the steps: the last save, the export, the logits dump, memory, the profile, the sample. */
-static void finish_run(trainer *tr, int step, bool stopped)
+/*
+ * After the steps: the last save (unless it was --save-every's), the export and the logits dump of
+ * a run whose steps all ran, memory, then the sample of the model saved and the profile (its steps
+ * train on), which a Ctrl-C skips. cut: the steps were cut short.
+ */
+static void finish_run(trainer *tr, int step, bool cut)
 {
     const options *o = &tr->o;
-    if (o->save && (!stopped || o->save_on_interrupt))
+    if (o->save && tr->saved_at != step && (!cut || o->save_on_interrupt))
         save(tr, step);
-    if (o->export_dir && !stopped)
+    if (o->export_dir && !cut)
         export_model(tr);
-    if (o->dump_logits && !stopped)
+    if (o->dump_logits && !cut)
         dump_logits(tr);
     llmcl_memory_stats ms;
     CHECK(llmcl_memory_stats_get(tr->ctx, &ms), tr->ctx);
     printf("device memory: peak %.2f MiB in use, %.2f MiB with the ops' cached scratch (llmcl's "
            "accounting)\n",
            (double)ms.peak_bytes / 1048576.0, (double)ms.peak_reserved_bytes / 1048576.0);
-    if (o->profile && !stopped)
+    if (o->sample_tokens > 0 && !cut && !stopping(tr))
+        sample(tr); /* every rank: under stage 3 the forward gathers */
+    if (o->profile && !cut && !stopping(tr))
         profile_run(tr, step);
     if (tr->m->off)
         offload_summary("offload", tr->m->off);
     if (tr->m->trainable.offloaded)
         offload_summary("optimizer offload", offload_state_engine(tr->m->trainable.offloaded));
-    if (stopped)
+    if (cut)
         printf("interrupted at step %d\n", step);
-    else if (o->sample_tokens > 0)
-        sample(tr); /* every rank: under stage 3 the forward gathers */
+    else if (stopping(tr) && (o->sample_tokens > 0 || o->profile))
+        printf("interrupted after the last step: no sample or profile\n");
     if (!o->save && !o->export_dir)
         next_steps(o);
 }
@@ -1983,16 +2013,16 @@ static void teardown(trainer *tr)
 
 int main(int argc, char **argv)
 {
-    trainer tr = {0};
+    trainer tr = {.saved_at = -1};
     parse_options(argc, argv, &tr.o);
     char peak_what[1200];
     char *adapter_base = setup_run(&tr, &argc, &argv, peak_what, sizeof peak_what);
     print_run(&tr, peak_what);
     const int first = resume_step(&tr);
-    signal(SIGINT, on_sigint);
+    catch_sigint();
     const int step = train_steps(&tr, first);
+    finish_run(&tr, step, step < tr.o.steps);
     const bool stopped = stopping(&tr);
-    finish_run(&tr, step, stopped);
     teardown(&tr);
     free(adapter_base);
     return stopped ? 130 : 0;
