@@ -877,6 +877,7 @@ static bool local_side(llmcl_dist *d, nccl_transport *t, char *why, size_t why_l
 /* What each rank tells the others. */
 typedef struct rank_report {
     int ok, ce;
+    int version; /* NCCL's, which picks the calls every rank must make alike */
     int pci[3]; /* domain, bus, device of its GPU */
     uint64_t host;
     char why[224];
@@ -886,7 +887,7 @@ typedef struct rank_report {
 static llmcl_status all_sides(llmcl_dist *d, nccl_transport *t, bool ok, char *why,
                               size_t why_len)
 {
-    rank_report mine = {.ok = ok, .ce = t->ce};
+    rank_report mine = {.ok = ok, .ce = t->ce, .version = ok ? t->nc.version : 0};
     char host[256] = "";
     gethostname(host, sizeof host - 1);
     mine.host = XXH64(host, strlen(host), 0);
@@ -911,6 +912,11 @@ static llmcl_status all_sides(llmcl_dist *d, nccl_transport *t, bool ok, char *w
     for (int r = 0; r < d->world && st == LLMCL_OK; ++r) {
         if (!all[r].ok) {
             snprintf(why, why_len, "rank %d: %s", r, all[r].why);
+            st = LLMCL_ERROR_UNSUPPORTED;
+        } else if (all[r].version != all[0].version && all[0].ok) {
+            snprintf(why, why_len, "rank %d runs NCCL %d, rank 0 NCCL %d: every rank needs one "
+                     "version (the calls it makes depend on it)", r, all[r].version,
+                     all[0].version);
             st = LLMCL_ERROR_UNSUPPORTED;
         }
         for (int q = 0; q < r && st == LLMCL_OK; ++q)
