@@ -55,6 +55,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 TRAIN = sys.argv[1]
 TINY = ["--dim", "64", "--heads", "2", "--kv-heads", "1", "--ffn", "96", "--layers", "1",
@@ -1510,15 +1511,20 @@ def main():
 
     # Ctrl-C with --save-on-interrupt, pressed once and twice (the handler stays: System V's
     # signal() dropped it after the first, and the second killed the run before its save)
+    # A model whose steps take about a second on two cores, so that the second press, 0.2 s after
+    # the first (two at once merge into one signal), lands while a step still runs
+    slow = TINY + ["--dim", "256", "--heads", "4", "--kv-heads", "2", "--ffn", "512", "--layers",
+                   "4", "--batch", "8", "--seq", "128"]
     for presses in (1, 2):
-        proc = subprocess.Popen([TRAIN] + TINY + ["--steps", "1000000", "--save", p("int.st"),
+        proc = subprocess.Popen([TRAIN] + slow + ["--steps", "1000000", "--save", p("int.st"),
                                                   "--save-on-interrupt"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         while True:
             line = proc.stdout.readline()
             if not line or line.startswith("step"):
                 break
-        for _ in range(presses):
+        for press in range(presses):
+            time.sleep(0.2 if press else 0)
             proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
         ok = proc.returncode == 130 and os.path.exists(p("int.st")) and "interrupted" in out
