@@ -751,8 +751,9 @@ LLMCL_API llmcl_status llmcl_activation_backward(llmcl_ctx *ctx, llmcl_activatio
  * varlen API): sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] of a packed Q
  * [total_q, Hq, D] and rows cu_seqlens_k[b] .. cu_seqlens_k[b+1] of K, V [total_k, Hkv, D]; each
  * sequence attends only within itself. The offsets must start at 0, never decrease (empty
- * sequences are allowed) and end at total_q (total_k). They are read back to the host to be validated, so varlen calls wait for
- * the queue up to that point, unless the caller also gives them in host memory
+ * sequences are allowed) and end at total_q (total_k). They are read back to the host to be
+ * validated, so varlen calls wait for the queue up to that point, unless the caller also gives
+ * them in host memory
  * (cu_seqlens_q_host and cu_seqlens_k_host, B + 1 each): those are validated instead and nothing
  * waits. The two copies must then hold the same offsets, as a training loop that uploads its own
  * does; the kernels read the device's.

@@ -580,13 +580,13 @@ llmcl_status llmcl_dist_load_with(llmcl_dist *d, const char *dir, llmcl_adamw_op
     LLMCL__REQUIRE(NULL, d, LLMCL_ERROR_INVALID_ARGUMENT, "d must not be NULL");
     llmcl_status st = LLMCL_OK;
     char name[DIR_LEN], old[DIR_LEN + 8];
+    const int held = llmcl__dist_gathered(d);
     if (!d->ready || !folder_path(dir, name))
         st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_INVALID_ARGUMENT,
                          "llmcl_dist_load needs a set-up dist and a folder path");
-    else if (llmcl__dist_gathered(d) >= 0) /* the load forgets the gather buffers (stage 3) */
+    else if (held >= 0) /* the load forgets the gather buffers (stage 3) */
         st = LLMCL__FAIL(d->ctx, LLMCL_ERROR_INVALID_ARGUMENT,
-                         "llmcl_dist_load: group %d is still gathered: release it first",
-                         llmcl__dist_gathered(d));
+                         "llmcl_dist_load: group %d is still gathered: release it first", held);
     const char *folder = st == LLMCL_OK ? checkpoint_folder(name, old) : NULL;
     if (st == LLMCL_OK && files) {
         st = files(folder, user);

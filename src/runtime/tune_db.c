@@ -577,12 +577,14 @@ static bool list_json(DIR *d, const char *prefix, char ***names, size_t *n)
             strcmp(de->d_name + len - 5, ".json") != 0)
             continue;
         if (*n == cap) {
-            char **more = realloc(*names, (cap ? 2 * cap : 64) * sizeof **names);
-            ok = more != NULL;
-            *names = more ? more : *names;
-            cap = more ? (cap ? 2 * cap : 64) : cap;
+            const size_t grown = cap ? 2 * cap : 64;
+            char **more = realloc(*names, grown * sizeof **names);
+            if (!(ok = more != NULL))
+                break;
+            *names = more;
+            cap = grown;
         }
-        if (ok && (ok = ((*names)[*n] = strdup(de->d_name)) != NULL))
+        if ((ok = ((*names)[*n] = strdup(de->d_name)) != NULL))
             ++*n;
     }
     if (!ok) {

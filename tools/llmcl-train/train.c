@@ -429,7 +429,6 @@ __attribute__((noreturn)) static void bad_option(const char *arg)
     exit(2);
 }
 
-/* The files a run writes, checked before it trains (util.h), and --resume's checkpoint found. */
 /* Outputs that would overwrite each other, or the checkpoint a run resumes (which only --save may
    replace), refused. */
 static void check_paths_apart(const options *o)
@@ -442,6 +441,7 @@ static void check_paths_apart(const options *o)
                 die("%s and %s both name %s", option[i], option[j], path[j]);
 }
 
+/* The files a run writes, checked before it trains (util.h), and --resume's checkpoint found. */
 static void check_paths(const options *o)
 {
     const bool zero = o->model.zero_stage > 0;

@@ -568,7 +568,6 @@ static bool is_wg_name(const char *n)
            (len > 3 && strcmp(n + len - 3, "_WG") == 0);
 }
 
-/* The sampled candidate indices: all, or a fixed-seed sample of max of them. */
 /* Whether the open-addressed set of cap slots (-1: empty) holds v; adds it where it does not. */
 static bool seen_before(long *set, long cap, long v)
 {
@@ -590,10 +589,12 @@ static long *sample_order(long total, int max)
         for (long i = 0; i < cap; ++i)
             set[i] = -1;
         for (long j = total - max, n = 0; j < total; ++j, ++n) {
-            const long t = (long)(util_splitmix64(&seed) % (uint64_t)(j + 1));
-            idx[n] = seen_before(set, cap, t) ? j : t;
-            if (idx[n] == j)
+            long pick = (long)(util_splitmix64(&seed) % (uint64_t)(j + 1));
+            if (seen_before(set, cap, pick)) { /* then j, which no earlier draw could reach */
+                pick = j;
                 seen_before(set, cap, j);
+            }
+            idx[n] = pick;
         }
     } else {
         free(idx);
@@ -791,10 +792,12 @@ static llmcl_status search_space(llmcl_ctx *ctx, const tune_kernel *k, tune_case
 {
     long count;
     const long total = tune_space_size(k);
-    if (total > MAX_SPACE && o->max_candidates <= 0)
-        return fail(r, LLMCL_ERROR_INVALID_ARGUMENT,
-                    "the space holds more than 100000 candidates%s: give --max-candidates N to "
-                    "sample N of them, or a narrower --space", "");
+    if (total > MAX_SPACE && o->max_candidates <= 0) {
+        snprintf(r->error, sizeof r->error,
+                 "the space holds more than %d candidates: give --max-candidates N to sample N "
+                 "of them, or a narrower --space", MAX_SPACE);
+        return LLMCL_ERROR_INVALID_ARGUMENT;
+    }
     long *order = candidate_order(total, o->max_candidates, &count);
     if (order == NULL)
         return fail(r, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory%s", "");

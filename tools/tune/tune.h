@@ -169,6 +169,10 @@ long tune_space_size(const tune_kernel *k);
 llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dtype,
                            const char *shape, const tune_options *o, tune_result *r);
 
+/* Whether --merge could add to path: no file, or a tuning file of ctx's device (else why). */
+bool tune_merge_check(const char *path, llmcl_ctx *ctx, const tune_options *o, char *why,
+                      size_t why_len);
+
 /*
  * Writes results as a tuning file for ctx's device (format in docs/TUNING.md). With merge, entries
  * of an existing file at path for the same device are kept unless retuned, under a lock
@@ -176,10 +180,6 @@ llmcl_status tune_run_case(llmcl_ctx *ctx, const tune_kernel *k, llmcl_dtype dty
  * refused, not replaced. Writes a temporary file and renames it. Returns false with why on
  * failure.
  */
-/* Whether --merge could add to path: no file, or a tuning file of ctx's device (else why). */
-bool tune_merge_check(const char *path, llmcl_ctx *ctx, const tune_options *o, char *why,
-                      size_t why_len);
-
 bool tune_write_json(const char *path, llmcl_ctx *ctx, const tune_result *results, int n,
                      const tune_options *o, bool merge, char *why, size_t why_len);
 

@@ -366,8 +366,8 @@ llmcl_status llmcl_mul(llmcl_ctx *ctx, const llmcl_tensor *x, llmcl_tensor *y)
 static bool is_row_of(const llmcl_tensor *x, const llmcl_tensor *y)
 {
     const int64_t d = y->offset - x->offset, stride = x->strides[0];
-    return y->mem == x->mem && y->dtype == x->dtype && stride > 0 && stride >= x->shape[1] && d >= 0 && d % stride == 0 &&
-           d / stride < x->shape[0];
+    return y->mem == x->mem && y->dtype == x->dtype && stride > 0 && stride >= x->shape[1] &&
+           d >= 0 && d % stride == 0 && d / stride < x->shape[0];
 }
 
 /* local is one contiguous row of x's dtype and length, and y overlaps it only by being it. */
