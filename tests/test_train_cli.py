@@ -881,6 +881,11 @@ def shards(p):
           held(one.stdout) == held(many.stdout) and len(held(one.stdout)) == 2)
     check("the data line names the pattern and its files",
           "part_*.bin (3 files), 2850 training and 150 held-out tokens" in many.stdout)
+    capped = expect_ok("--eval-batches past the held-out data's 4 micro-batches",
+                       args + ["--data", p("shards_data/all.bin"), "--eval-batches", "9"])
+    check("an evaluation reads the held-out data once, however many batches are asked",
+          "--eval-batches 9: the held-out data holds 4 micro-batches" in capped.stdout and
+          held(capped.stdout) == held(one.stdout))
     expect_ok("--val as a pattern", args + ["--data", p("shards_data/all.bin"), "--val",
                                             p("shards_data/part_00[02].bin")])
     expect_error("a pattern that matches nothing", TINY + ["--data", p("shards_data/none_*.bin")],

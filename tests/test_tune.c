@@ -1090,6 +1090,59 @@ static void test_median(void **state)
     assert_true(util_median(same, 3) == 7);
 }
 
+static int compare_longs(const void *a, const void *b)
+{
+    const long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+/* Whether order holds n distinct candidates of [0, total). */
+static bool distinct_within(const long *order, long n, long total)
+{
+    long *sorted = th_alloc((size_t)n * sizeof *sorted);
+    memcpy(sorted, order, (size_t)n * sizeof *sorted);
+    qsort(sorted, (size_t)n, sizeof *sorted, compare_longs);
+    bool ok = sorted[0] >= 0 && sorted[n - 1] < total;
+    for (long i = 1; i < n && ok; ++i)
+        ok = sorted[i] != sorted[i - 1];
+    free(sorted);
+    return ok;
+}
+
+/*
+ * A space the tuner enumerates is shuffled whole, of which --max-candidates takes the first; one
+ * past TUNE_MAX_SPACE is sampled without repeats, by a fixed seed, up to a draw of all of it, and
+ * refused without a count to draw.
+ */
+static void test_candidate_order(void **state)
+{
+    (void)state;
+    long count = -1;
+    long *all = tune_candidate_order(10, 0, &count);
+    assert_non_null(all);
+    assert_int_equal(count, 10);
+    assert_true(distinct_within(all, 10, 10));
+    long *some = tune_candidate_order(10, 4, &count);
+    assert_int_equal(count, 4);
+    assert_memory_equal(some, all, 4 * sizeof *some);
+    free(all), free(some);
+    assert_null(tune_candidate_order(0, 4, &count));
+    assert_null(tune_candidate_order(TUNE_MAX_SPACE + 1, 0, &count));
+
+    const long huge = 1L << 40;
+    long *drawn = tune_candidate_order(huge, 5000, &count);
+    assert_int_equal(count, 5000);
+    assert_true(distinct_within(drawn, count, huge));
+    long *again = tune_candidate_order(huge, 5000, &count);
+    assert_memory_equal(drawn, again, 5000 * sizeof *drawn);
+    free(drawn), free(again);
+    const long just_past = TUNE_MAX_SPACE + 1;
+    long *every = tune_candidate_order(just_past, (int)just_past, &count);
+    assert_int_equal(count, just_past);
+    assert_true(distinct_within(every, count, just_past));
+    free(every);
+}
+
 /* Appended text stops at the buffer's end, and appends after it write nothing: each one's size
    once wrapped around past the end (llmcl-train's shape_text wrote past its buffer). */
 static void test_appendf(void **state)
@@ -1225,7 +1278,7 @@ int main(void)
         cmocka_unit_test(test_tuner_rejects_planted),
         cmocka_unit_test(test_tuner_tolerates_sums),
         cmocka_unit_test(test_tuner_derives_inputs),
-        cmocka_unit_test(test_restrict_space), cmocka_unit_test(test_tool_end_to_end),
+        cmocka_unit_test(test_restrict_space), cmocka_unit_test(test_candidate_order), cmocka_unit_test(test_tool_end_to_end),
         cmocka_unit_test(test_tuner_spells_known_keys),
         cmocka_unit_test(test_builtin_files_spell_known_keys),
         cmocka_unit_test(test_replace_file), cmocka_unit_test(test_median),

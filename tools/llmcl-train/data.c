@@ -616,6 +616,14 @@ bool loader_seek(loader *l, int64_t pos)
     return true;
 }
 
+int64_t loader_micro_batches(const loader *l)
+{
+    const int64_t per_batch = unit_span(l) * l->world;
+    if (l->d->targets)
+        return (l->n_rows + per_batch - 1) / per_batch;
+    return (l->d->n - 1) / per_batch;
+}
+
 int64_t loader_counted_ahead(const loader *l, int micro)
 {
     const int64_t rows = (int64_t)micro * l->b * l->world, at = loader_tell(l);

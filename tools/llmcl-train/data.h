@@ -166,6 +166,10 @@ void loader_next(loader *l, token_batch *out);
    supervised term's). */
 int64_t loader_counted_ahead(const loader *l, int micro);
 
+/* The whole job's micro-batches that read the data once before it repeats: a stream's whole
+   windows, or as many as cover every row of examples or every pair (the last may repeat some). */
+int64_t loader_micro_batches(const loader *l);
+
 /* The whole job's position (rank 0's), which a checkpoint stores, and a seek to one: false,
    without moving, for a position that this data's loader never tells. */
 int64_t loader_tell(const loader *l);

@@ -231,7 +231,8 @@ static void usage(FILE *f)
           "                       bytes; the ranks' bf16 parts summed in f32, and stages 2-3\n"
           "                       keep their gradient shard in bf16)\n"
           "output:\n"
-          "  --eval-every N --eval-batches N --log-every N\n"
+          "  --eval-every N --eval-batches N (default 4; at most the held-out data's, which\n"
+          "                       each evaluation reads once) --log-every N\n"
           "  --sample N           greedy tokens generated at the end (0: none)\n"
           "  --prompt TEXT        the sample's start (byte-level data)\n"
           "  --peak-tflops X      the device peak for MFU (default: measured)\n"
@@ -1818,6 +1819,12 @@ static char *setup_run(trainer *tr, int *argc, char ***argv, char *peak_what, si
         loader held;
         loader_init(&held, &tr->val, o->batch, o->seq, tr->rank, tr->world);
         check_orpo_scored(o, &held);
+        const int64_t once = loader_micro_batches(&held);
+        if (o->eval_every && o->eval_batches > once) { /* more would count some targets twice */
+            printf("--eval-batches %d: the held-out data holds %lld micro-batches of the job; an "
+                   "evaluation reads those\n", o->eval_batches, (long long)once);
+            o->eval_batches = (int)once;
+        }
         loader_free(&held);
     }
     if (o->warmup < 0) /* not given: a given one stands, even past the last step */

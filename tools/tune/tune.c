@@ -21,7 +21,6 @@
 
 #include "util/util.h"
 
-#define MAX_SPACE 100000
 #define MAX_SETS 8
 
 /* ---- parsing the table's strings ---- */
@@ -604,14 +603,12 @@ static long *sample_order(long total, int max)
     return idx;
 }
 
-/* The candidates to try, in order, by a fixed seed: the whole space shuffled, or max of it (the
-   only way past MAX_SPACE candidates). NULL when out of host memory. */
-static long *candidate_order(long total, int max, long *count)
+long *tune_candidate_order(long total, int max, long *count)
 {
-    if (total < 1)
+    if (total < 1 || (total > TUNE_MAX_SPACE && max < 1))
         return NULL;
-    if (total > MAX_SPACE) {
-        *count = max < total ? max : total;
+    if (total > TUNE_MAX_SPACE) {
+        *count = max;
         return sample_order(total, (int)*count);
     }
     long *idx = malloc((size_t)total * sizeof *idx);
@@ -792,13 +789,13 @@ static llmcl_status search_space(llmcl_ctx *ctx, const tune_kernel *k, tune_case
 {
     long count;
     const long total = tune_space_size(k);
-    if (total > MAX_SPACE && o->max_candidates <= 0) {
+    if (total > TUNE_MAX_SPACE && o->max_candidates <= 0) {
         snprintf(r->error, sizeof r->error,
                  "the space holds more than %d candidates: give --max-candidates N to sample N "
-                 "of them, or a narrower --space", MAX_SPACE);
+                 "of them, or a narrower --space", TUNE_MAX_SPACE);
         return LLMCL_ERROR_INVALID_ARGUMENT;
     }
-    long *order = candidate_order(total, o->max_candidates, &count);
+    long *order = tune_candidate_order(total, o->max_candidates, &count);
     if (order == NULL)
         return fail(r, LLMCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory%s", "");
     r->candidates = (int)count;

@@ -19,6 +19,7 @@
 
 #define TUNE_MAX_PARAMS 12
 #define TUNE_MAX_VALUES 16
+#define TUNE_MAX_SPACE 100000 /* candidates of a space that are enumerated; past it, sampled */
 #define TUNE_MAX_TENSORS 6
 #define TUNE_MAX_DIMS 8
 #define TUNE_TEXT 256
@@ -160,6 +161,14 @@ const tune_kernel *tune_find(const tune_kernel *table, const char *key);
 
 /* Number of candidates of a kernel's space (before sampling), or -1 when params is malformed. */
 long tune_space_size(const tune_kernel *k);
+
+/*
+ * The candidates of a space of total to try, in order, by a fixed seed: the whole space shuffled,
+ * of which the first *count (max where 0 < max < total, else total) run; past TUNE_MAX_SPACE, max
+ * of them drawn without repeats (max >= 1), the only way to search such a space. The caller frees
+ * the order; NULL when total < 1, max < 1 past TUNE_MAX_SPACE or out of host memory.
+ */
+long *tune_candidate_order(long total, int max, long *count);
 
 /*
  * Tunes kernel k at dtype and shape ("R=4096,C=4096") on ctx. Clears ctx's database first so the
