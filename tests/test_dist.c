@@ -20,7 +20,8 @@
  * and init_param of the group's parameter, while a stage-3 group is gathered are refused, the
  * state untouched; the step's norm asked for on rank 0 alone and get_param's values NULL on odd
  * ranks (every rank joins the collectives all the same);
- * llmcl_dist_measure_transport reports rates and refuses bad arguments;
+ * llmcl_dist_measure_transport reports rates and refuses bad arguments, and fails on every rank
+ * where the last has no host memory for its buffers (MPI);
  * different parameter sets or chunk sizes on different ranks fail setup on every rank, and so does
  * a layout past 2^63 - 1 elements (LLMCL_ERROR_OVERFLOW); destroy
  * gives back every byte and file descriptor; the transport choice (forced, automatic, by
@@ -39,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1162,8 +1164,46 @@ static void test_outputs_on_some_ranks(void)
     net_destroy(&n);
 }
 
+/* The process's address space now, from /proc (0 where it cannot be read). */
+static uint64_t address_space_bytes(void)
+{
+    unsigned long long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f && fscanf(f, "%llu", &pages) != 1)
+        pages = 0;
+    if (f)
+        fclose(f);
+    return (uint64_t)pages * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* The last rank without room for MPI's buffers of 512 MiB (its address space capped 64 MiB above
+   what it holds): every rank fails, none is left waiting in the exchange, and the last says
+   why. The others' buffers are small enough to be touched (glibc's calloc clears them under
+   Meson's MALLOC_PERTURB_). */
+static void measure_without_memory(llmcl_dist *d)
+{
+    struct rlimit was;
+    CHECK(getrlimit(RLIMIT_AS, &was) == 0, "getrlimit");
+    const uint64_t now = address_space_bytes();
+    CHECK(now > 0, "no /proc/self/statm");
+    if (rank == world - 1) {
+        const struct rlimit cap = {.rlim_cur = now + (64ull << 20), .rlim_max = was.rlim_max};
+        CHECK(cap.rlim_cur < was.rlim_max && setrlimit(RLIMIT_AS, &cap) == 0, "setrlimit");
+    }
+    double rs, ag;
+    const llmcl_status st = llmcl_dist_measure_transport(d, 256ull << 20, 1, &rs, &ag);
+    if (rank == world - 1)
+        CHECK(setrlimit(RLIMIT_AS, &was) == 0, "setrlimit back");
+    CHECK(st == LLMCL_ERROR_OUT_OF_HOST_MEMORY, "measure_transport of 256 MiB, no room on rank %d: "
+          "%s", world - 1, llmcl_status_str(st));
+    /* another rank may lack the room as well: the host's overcommit decides */
+    const char *msg = llmcl_last_error(ctx);
+    CHECK(strstr(msg, "268435456 bytes") || (rank < world - 1 && strstr(msg, "another rank")),
+          "message: %s", msg);
+}
+
 /* llmcl_dist_measure_transport: rates for a buffer of 1 MiB; bad arguments refused on every
-   rank (each passes the same). */
+   rank (each passes the same); the last rank out of host memory fails it on every rank. */
 static void test_measure_transport(void)
 {
     llmcl_dist *d;
@@ -1183,6 +1223,8 @@ static void test_measure_transport(void)
     }
     const llmcl_status st = llmcl_dist_measure_transport(NULL, 1 << 20, 1, &rs, &ag);
     CHECK(st == LLMCL_ERROR_INVALID_ARGUMENT, "a NULL dist gave %s", llmcl_status_str(st));
+    if (transport == LLMCL_DIST_TRANSPORT_MPI)
+        measure_without_memory(d);
     llmcl_dist_destroy(d);
 }
 
