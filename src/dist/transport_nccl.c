@@ -19,7 +19,9 @@
  * The helper thread polls the events in issue order (one stream: they complete in that order),
  * and watches NCCL: an asynchronous error, or an op that takes longer than LLMCL_NCCL_TIMEOUT
  * seconds (default 600), aborts the communicator, fails the user events (the compute queue is
- * released, its commands fail) and the next dist call reports it.
+ * released, its commands fail) and the next dist call reports it. The abort frees the
+ * communicator, so it waits for the calling thread's NCCL calls in flight (a lock), after which
+ * no call is made on it.
  *
  * NVIDIA's OpenCL runs its kernels in a CUDA context of its own, and kernels of two contexts take
  * turns on the GPU, so NCCL's kernels cannot run beside llmcl's. NCCL 2.28's collectives on the
@@ -208,6 +210,9 @@ typedef struct nccl_transport {
     bool thread_started;
     pthread_mutex_t lock;
     pthread_cond_t wake, drained;
+    /* held while the calling thread issues NCCL calls: the helper's abort, which frees the
+       communicator, falls between them, never under one that has passed the failure check */
+    pthread_mutex_t issue;
     pending queue[PENDING_CAP];
     uint64_t head, tail; /* queue[head % CAP] is the oldest */
     bool stop;
@@ -253,13 +258,32 @@ static llmcl_status nccl_fail(llmcl_dist *d, const char *what, int r)
 
 /* ---- the helper thread ---- */
 
-/* Records the first failure and aborts the communicator, which ends NCCL's kernels. */
+/* Records the first failure and aborts the communicator, which ends NCCL's kernels. A caller
+   stuck inside an NCCL call past ABORT_WAIT_S (a peer gone while it connects) holds the issue
+   lock; the abort goes ahead without it, since NCCL's abort flag is what unblocks that call. */
+#define ABORT_WAIT_S 10
 static void fail_async(nccl_transport *t, const char *fmt, const char *detail)
 {
     if (atomic_exchange(&t->failed, 1))
         return;
     snprintf(t->failure, sizeof t->failure, fmt, detail);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += ABORT_WAIT_S;
+    const bool held = pthread_mutex_timedlock(&t->issue, &until) == 0;
     t->nc.comm_abort(t->comm);
+    if (held)
+        pthread_mutex_unlock(&t->issue);
+}
+
+/* Takes the issue lock unless the communicator has failed (then false, the lock not held). */
+static bool issue_begin(nccl_transport *t)
+{
+    pthread_mutex_lock(&t->issue);
+    if (!atomic_load(&t->failed))
+        return true;
+    pthread_mutex_unlock(&t->issue);
+    return false;
 }
 
 /* CL_COMPLETE once e's CUDA event has completed; negative after a failure. */
@@ -518,7 +542,15 @@ static llmcl_status start(llmcl_dist *d, int kind, int channel, int group,
     cl_event landed = clCreateUserEvent(d->ctx->context, &err);
     LLMCL__CL(d->ctx, err);
     pending e = {.landed = landed, .since = now_s()};
-    LLMCL__REQUIRE(d->ctx, enter(t), LLMCL_ERROR_NCCL, "cuCtxPushCurrent failed");
+    const bool issuing = issue_begin(t);
+    if (!issuing || !enter(t)) {
+        if (issuing)
+            pthread_mutex_unlock(&t->issue);
+        clSetUserEventStatus(landed, -1);
+        clReleaseEvent(landed);
+        return issuing ? LLMCL__FAIL(d->ctx, LLMCL_ERROR_NCCL, "cuCtxPushCurrent failed")
+                       : nccl_progress(d);
+    }
     CUresult r = t->cu.stream_wait_value32(t->stream, t->flag.base, seq, CU_STREAM_WAIT_VALUE_GEQ);
     const int nr = r == CUDA_OK ? nccl_calls(d, op, s, &l) : NCCL_OK;
     if (r == CUDA_OK && nr == NCCL_OK)
@@ -526,6 +558,7 @@ static llmcl_status start(llmcl_dist *d, int kind, int channel, int group,
     if (r == CUDA_OK && nr == NCCL_OK)
         r = t->cu.event_record(e.done, t->stream);
     leave(t);
+    pthread_mutex_unlock(&t->issue);
     if (r != CUDA_OK || nr != NCCL_OK) {
         clSetUserEventStatus(landed, -1);
         clReleaseEvent(landed);
@@ -582,19 +615,24 @@ static int nccl_busy(const llmcl_dist *d, int kind, int channel)
 static llmcl_status register_windows(llmcl_dist *d, shared_range *r)
 {
     nccl_transport *t = nccl_of(d);
-    LLMCL__REQUIRE(d->ctx, enter(t), LLMCL_ERROR_NCCL, "cuCtxPushCurrent failed");
+    if (!issue_begin(t))
+        return nccl_progress(d);
+    const bool entered = enter(t);
     int nr = NCCL_OK;
-    for (int i = 0; i < r->n && nr == NCCL_OK; ++i)
+    for (int i = 0; i < r->n && nr == NCCL_OK && entered; ++i)
         nr = t->nc.window_register(t->comm, (void *)(r->base + (CUdeviceptr)r->piece[i].at),
                                    r->piece[i].bytes, &r->piece[i].window,
                                    NCCL_WIN_COLL_SYMMETRIC);
-    leave(t);
+    if (entered)
+        leave(t);
+    pthread_mutex_unlock(&t->issue);
+    LLMCL__REQUIRE(d->ctx, entered, LLMCL_ERROR_NCCL, "cuCtxPushCurrent failed");
     return nr == NCCL_OK ? LLMCL_OK : nccl_fail(d, "ncclCommWindowRegister", nr);
 }
 
 static void deregister_windows(nccl_transport *t, shared_range *r)
 {
-    const bool live = !atomic_load(&t->failed) && enter(t);
+    const bool issuing = issue_begin(t), live = issuing && enter(t);
     for (int i = 0; i < r->n; ++i) {
         if (r->piece[i].window && live)
             t->nc.window_deregister(t->comm, r->piece[i].window);
@@ -602,6 +640,8 @@ static void deregister_windows(nccl_transport *t, shared_range *r)
     }
     if (live)
         leave(t);
+    if (issuing)
+        pthread_mutex_unlock(&t->issue);
 }
 
 /* Staging for the largest group on every channel; the ranks agree before registering it. */
@@ -687,6 +727,7 @@ static void teardown(llmcl_dist *d, nccl_transport *t)
     t->nc.so = NULL;
     llmcl__cuda_close(&t->cu);
     pthread_mutex_destroy(&t->lock);
+    pthread_mutex_destroy(&t->issue);
     pthread_cond_destroy(&t->wake);
     pthread_cond_destroy(&t->drained);
 }
@@ -707,12 +748,16 @@ static llmcl_status nccl_measure(llmcl_dist *d, uint64_t bytes, int reps, double
     nccl_transport *t = nccl_of(d);
     const size_t count = (size_t)(bytes / 4 / (uint64_t)d->world);
     shared_range b;
-    llmcl_status st = shared_range_create(d->ctx, &t->api, (size_t)bytes, &b);
+    /* a communicator that failed was aborted, and freed with it */
+    llmcl_status st = nccl_progress(d);
+    if (st == LLMCL_OK)
+        st = shared_range_create(d->ctx, &t->api, (size_t)bytes, &b);
     const bool made = st == LLMCL_OK;
     const cl_int done = made ? clFinish(d->ctx->queue) : CL_SUCCESS;
     if (done != CL_SUCCESS)
         st = llmcl__fail_cl(d->ctx, done, "clFinish", __FILE__, __LINE__);
-    /* a rank without its buffers says so before the barriers that the others wait in */
+    /* a rank without its buffers or its communicator says so before the barriers that the others
+       wait in */
     st = llmcl__dist_agree(d, st);
     if (st != LLMCL_OK) {
         if (made)
@@ -996,6 +1041,7 @@ llmcl_status llmcl__dist_nccl_create(llmcl_dist *d, char *why, size_t why_len)
     const char *ce = llmcl__getenv("LLMCL_NCCL_CE"); /* checked by llmcl_dist_create */
     t->ce = !ce || strcmp(ce, "0") != 0;
     pthread_mutex_init(&t->lock, NULL);
+    pthread_mutex_init(&t->issue, NULL);
     pthread_cond_init(&t->wake, NULL);
     pthread_cond_init(&t->drained, NULL);
     atomic_init(&t->failed, 0);
