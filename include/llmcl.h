@@ -123,15 +123,15 @@ typedef struct llmcl_device_info {
  * or a case-insensitive substring of the name; a platform substring is tried on every platform's
  * name, then its vendor, then its version string (so "pocl" finds "Portable Computing Language",
  * "mesa" finds rusticl, "cuda" finds "NVIDIA CUDA"). Without them, the first GPU, else the first
- * device. LLMCL_ERROR_NO_DEVICE when nothing matches; llmcl_last_error(NULL) then lists what exists
+ * device; with LLMCL_PLATFORM alone, that platform's first device. LLMCL_ERROR_NO_DEVICE when nothing matches; llmcl_last_error(NULL) then lists what exists
  * with the strings that were tried.
  */
 LLMCL_API llmcl_status llmcl_device_select(cl_platform_id *platform, cl_device_id *device);
 
 /*
  * As llmcl_device_select, but where LLMCL_DEVICE is unset, the device is number (index mod N) of
- * the N devices of the same platform and kind (GPUs, or else all devices) as the one it picks: for
- * one process a GPU, index is the process's rank on its node. index must be >= 0.
+ * the N devices of the same platform and kind (GPUs, or else the other devices) as the one it
+ * picks: for one process a GPU, index is the process's rank on its node. index must be >= 0.
  */
 LLMCL_API llmcl_status llmcl_device_select_local(int index, cl_platform_id *platform,
                                                  cl_device_id *device);
@@ -885,7 +885,8 @@ typedef struct llmcl_matmul_opts {
  *
  * a and b share one dtype: f32, bf16 or f16. c is f32 or a's dtype; the bias (opts->bias, bias_mode
  * picks its length N or M) is f32 or a's dtype. Reads a, b, the bias and (beta != 0) c or c_in;
- * writes c, which must not overlap a, b, the bias or a separate c_in (LLMCL_ERROR_INVALID_ARGUMENT),
+ * writes c, which must not overlap a, b, a_ext, b_ext, the bias or a separate c_in
+ * (LLMCL_ERROR_INVALID_ARGUMENT),
  * nor itself (no stride 0).
  *
  * Paths: on NVIDIA devices of compute capability 8.0 and later, bf16 and f16 run on tensor cores:

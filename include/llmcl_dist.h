@@ -298,7 +298,8 @@ LLMCL_API llmcl_status llmcl_dist_measure_transport(llmcl_dist *d, uint64_t byte
 
 /*
  * Saves the optimizer state to the folder dir (collective): every rank writes
- * shard-RANK.safetensors with "master", "m" and "v", its flat f32 shard; rank 0 writes
+ * shard-NNNNN.safetensors (its rank in five digits) with "master", "m" and "v", its flat f32
+ * shard; rank 0 writes
  * manifest.json (format, world size, stage, dtypes, step and AdamW hyperparameters of the last
  * llmcl_dist_step, the parameters with their shapes, groups and offsets, the groups' padded sizes,
  * and every shard file's size and xxHash64). The compute copy is not saved: it is the master
