@@ -1389,8 +1389,8 @@ LLMCL_API void llmcl_safetensors_writer_destroy(llmcl_safetensors_writer *w);
 /* Embeddings (embedding.cl).                                                                     */
 
 /*
- * out[i, :] = weight[ids[i], :]: ids (I32 or I64, N elements, any stride), weight [V, H] and out
- * [N, H] of one dtype (f32, bf16, f16; unit stride along H). An id outside [0, V) fails the call
+ * out[i, :] = weight[ids[i], :]: ids (I32 or I64, N elements: 1-D with any stride, or contiguous
+ * of any shape), weight [V, H] and out [N, H] of one dtype (f32, bf16, f16; unit stride along H). An id outside [0, V) fails the call
  * with LLMCL_ERROR_INVALID_ARGUMENT naming the first such position, checked on the device before
  * out is written (the call then waits for its kernels).
  */
