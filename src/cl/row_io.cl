@@ -1,8 +1,8 @@
 /*
  * row_io.cl: 8-element aligned loads and stores (16-byte accesses) of f32, bf16 and f16 rows, with
  * the horizontal reductions of eight lanes: a prelude of the families that walk vocabulary rows
- * (cross_entropy.cl, distill.cl; src/runtime/program.c's family table). Their own, not
- * vec_io.cl's: with vec_io's bf16 load (a uint8 built, then bitcast) the H200 ran the
+ * (cross_entropy.cl, distill.cl, preference.cl; src/runtime/program.c's family table). Their
+ * own, not vec_io.cl's: with vec_io's bf16 load (a uint8 built, then bitcast) the H200 ran the
  * cross-entropy's forward on logits at 1.23 ms where this one (the floats built one by one) runs
  * 0.77.
  */

@@ -363,24 +363,6 @@ llmcl_status llmcl__check_label_stat(llmcl_ctx *ctx, cl_mem stats, size_t at,
  */
 int64_t llmcl__chunk_tokens(int64_t n, int64_t forced, uint64_t budget, uint64_t per_token);
 
-/*
- * The chunked linear cross-entropy (llmcl_linear_cross_entropy_forward's path, reduction none)
- * for losses whose rows' upstream gradients depend on other rows' cross-entropies (the preference
- * losses: a sequence's sum): per chunk of tokens, whole multiples of align rows, after the
- * logits and each row's LSE and cross-entropy (ce[row], f32, indexed by the call's row), the
- * hook writes the chunk's upstream gradients g[r0 .. r0 + rows); then the dlogits, dbias,
- * dhidden and dweight as that form writes them. Without gradients the hook gets g NULL and only
- * reads the chunk's cross-entropies. A bad label fails before the first chunk.
- */
-typedef llmcl_status (*llmcl__ce_rows_hook)(void *user, const llmcl_tensor *ce, llmcl_tensor *g,
-                                            int64_t r0, int64_t rows);
-llmcl_status llmcl__linear_ce_hooked(llmcl_ctx *ctx, const llmcl_tensor *hidden,
-                                     const llmcl_tensor *weight, const llmcl_tensor *bias,
-                                     const llmcl_tensor *labels, const llmcl_ce_options *opts,
-                                     int64_t align, llmcl__ce_rows_hook hook, void *user,
-                                     llmcl_tensor *g, llmcl_tensor *dhidden,
-                                     llmcl_tensor *dweight, llmcl_tensor *dbias);
-
 /* A 2-D view of rows [r0, r0 + rows) of t seen as the rows r. */
 llmcl_status llmcl__rows_view(const llmcl_tensor *t, const llmcl__rows *r, int64_t r0,
                               int64_t rows, llmcl_tensor **out);
@@ -482,6 +464,26 @@ typedef struct llmcl__mm_ce {
    (the backward; the forward ignores it). */
 llmcl_status llmcl__matmul_ce(llmcl_ctx *ctx, const llmcl_tensor *a, const llmcl_tensor *b,
                               const llmcl_tensor *bias, llmcl_tensor *c, const llmcl__mm_ce *ce);
+
+/* ---- cross_entropy's seam: the chunked linear form with a hook (for preference.c) ---- */
+
+/*
+ * The chunked linear cross-entropy (llmcl_linear_cross_entropy_forward's path, reduction none)
+ * for losses whose rows' upstream gradients depend on other rows' cross-entropies (the preference
+ * losses: a sequence's sum): per chunk of tokens, whole multiples of align rows, after the
+ * logits and each row's LSE and cross-entropy (ce[row], f32, indexed by the call's row), the
+ * hook writes the chunk's upstream gradients g[r0 .. r0 + rows); then the dlogits, dbias,
+ * dhidden and dweight as that form writes them. Without gradients the hook gets g NULL and only
+ * reads the chunk's cross-entropies. A bad label fails before the first chunk.
+ */
+typedef llmcl_status (*llmcl__ce_rows_hook)(void *user, const llmcl_tensor *ce, llmcl_tensor *g,
+                                            int64_t r0, int64_t rows);
+llmcl_status llmcl__linear_ce_hooked(llmcl_ctx *ctx, const llmcl_tensor *hidden,
+                                     const llmcl_tensor *weight, const llmcl_tensor *bias,
+                                     const llmcl_tensor *labels, const llmcl_ce_options *opts,
+                                     int64_t align, llmcl__ce_rows_hook hook, void *user,
+                                     llmcl_tensor *g, llmcl_tensor *dhidden,
+                                     llmcl_tensor *dweight, llmcl_tensor *dbias);
 
 /* ---- the accumulator of squares (optim.c) ---- */
 
