@@ -967,47 +967,40 @@ static int merge_lock(const char *path, char *why, size_t why_len)
     return -1;
 }
 
-bool tune_write_json(const char *path, llmcl_ctx *ctx, const tune_result *results, int n,
-                     const tune_options *o, bool merge, char *why, size_t why_len)
+/* A tuned case as the file's entry. */
+static json_t *entry_json(const tune_result *r)
 {
-    const llmcl_device_info *info = llmcl_ctx_device_info(ctx);
-    const int lock = merge ? merge_lock(path, why, why_len) : -1;
-    json_t *old = NULL;
-    if (merge && (lock < 0 || !merge_base(path, info, o, &old, why, why_len))) {
-        if (lock >= 0)
-            close(lock);
-        return false;
+    json_t *e = json_object();
+    json_object_set_new(e, "kernel", json_string(r->kernel->key));
+    json_object_set_new(e, "dtype", json_string(llmcl_dtype_name(r->dtype)));
+    json_object_set_new(e, "shape_class", json_string(r->shape_class));
+    json_object_set_new(e, "shape", json_string(r->shape));
+    json_object_set_new(e, "params", params_json(r->best_params));
+    json_object_set_new(e, "time_ms", json_real(r->best_ms));
+    json_object_set_new(e, "default_params", params_json(r->default_params));
+    json_object_set_new(e, "default_ms", json_real(r->default_ms));
+    json_object_set_new(e, "speedup", json_real(r->best_ms > 0 ? r->default_ms / r->best_ms : 1));
+    if (strcmp(r->now_params, r->default_params) != 0 && r->now_ms > 0) {
+        json_object_set_new(e, "now_params", params_json(r->now_params));
+        json_object_set_new(e, "now_ms", json_real(r->now_ms));
     }
+    json_object_set_new(e, "candidates", json_integer(r->candidates));
+    json_object_set_new(e, "timed", json_integer(r->timed));
+    json_t *rej = json_object();
+    static const char *names[TUNE_REJ_COUNT] = {"limits", "build", "wrong", "adjusted", "error"};
+    for (int j = 0; j < TUNE_REJ_COUNT; ++j)
+        json_object_set_new(rej, names[j], json_integer(r->rejected[j]));
+    json_object_set_new(e, "rejected", rej);
+    return e;
+}
+
+/* The entries of the cases that ran, then those of old (a merge's file) that none retuned. */
+static json_t *entries_json(const tune_result *results, int n, const json_t *old)
+{
     json_t *entries = json_array();
-    for (int i = 0; i < n; ++i) {
-        const tune_result *r = &results[i];
-        if (!r->ok)
-            continue;
-        json_t *e = json_object();
-        json_object_set_new(e, "kernel", json_string(r->kernel->key));
-        json_object_set_new(e, "dtype", json_string(llmcl_dtype_name(r->dtype)));
-        json_object_set_new(e, "shape_class", json_string(r->shape_class));
-        json_object_set_new(e, "shape", json_string(r->shape));
-        json_object_set_new(e, "params", params_json(r->best_params));
-        json_object_set_new(e, "time_ms", json_real(r->best_ms));
-        json_object_set_new(e, "default_params", params_json(r->default_params));
-        json_object_set_new(e, "default_ms", json_real(r->default_ms));
-        json_object_set_new(e, "speedup",
-                            json_real(r->best_ms > 0 ? r->default_ms / r->best_ms : 1));
-        if (strcmp(r->now_params, r->default_params) != 0 && r->now_ms > 0) {
-            json_object_set_new(e, "now_params", params_json(r->now_params));
-            json_object_set_new(e, "now_ms", json_real(r->now_ms));
-        }
-        json_object_set_new(e, "candidates", json_integer(r->candidates));
-        json_object_set_new(e, "timed", json_integer(r->timed));
-        json_t *rej = json_object();
-        static const char *names[TUNE_REJ_COUNT] = {"limits", "build", "wrong", "adjusted",
-                                                    "error"};
-        for (int j = 0; j < TUNE_REJ_COUNT; ++j)
-            json_object_set_new(rej, names[j], json_integer(r->rejected[j]));
-        json_object_set_new(e, "rejected", rej);
-        json_array_append_new(entries, e);
-    }
+    for (int i = 0; i < n; ++i)
+        if (results[i].ok)
+            json_array_append_new(entries, entry_json(&results[i]));
     size_t i;
     json_t *e;
     json_array_foreach(json_object_get(old, "entries"), i, e)
@@ -1018,7 +1011,13 @@ bool tune_write_json(const char *path, llmcl_ctx *ctx, const tune_result *result
         if (!retuned)
             json_array_append(entries, e);
     }
-    json_decref(old);
+    return entries;
+}
+
+/* The file's header: the device it matches (a class under --for-platform), the library, the
+   date and how the tuner ran. */
+static json_t *header_json(const llmcl_device_info *info, const tune_options *o)
+{
     char date[32];
     time_t t = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
@@ -1050,7 +1049,23 @@ bool tune_write_json(const char *path, llmcl_ctx *ctx, const tune_result *result
     json_object_set_new(tuner, "reps", json_integer(o->reps));
     json_object_set_new(tuner, "max_candidates", json_integer(o->max_candidates));
     json_object_set_new(root, "tuner", tuner);
-    json_object_set_new(root, "entries", entries);
+    return root;
+}
+
+bool tune_write_json(const char *path, llmcl_ctx *ctx, const tune_result *results, int n,
+                     const tune_options *o, bool merge, char *why, size_t why_len)
+{
+    const llmcl_device_info *info = llmcl_ctx_device_info(ctx);
+    const int lock = merge ? merge_lock(path, why, why_len) : -1;
+    json_t *old = NULL;
+    if (merge && (lock < 0 || !merge_base(path, info, o, &old, why, why_len))) {
+        if (lock >= 0)
+            close(lock);
+        return false;
+    }
+    json_t *root = header_json(info, o);
+    json_object_set_new(root, "entries", entries_json(results, n, old));
+    json_decref(old);
     const bool ok = util_replace_file(path, dump_json, root, why, why_len);
     json_decref(root);
     if (lock >= 0)
