@@ -962,6 +962,14 @@ def examples(p):
         r"examples: 114 training and 6 held-out, packed best fit decreasing into \d+ rows of 32 "
         r"tokens "
         r"\([\d.]+% tokens, the rest padding\), each attending only to itself", base) is not None)
+    # 6 held-out examples fill fewer than 4 micro-batches of 2 rows: an evaluation reads them once
+    once = re.search(r"--eval-batches 4: the held-out data holds ([123]) micro-batches", base)
+    check("the held-out examples' micro-batches, said once", once is not None)
+    exact = expect_ok("--eval-batches as many as the held-out examples fill",
+                      args + ["--data", p("sft_labels.jsonl"), "--eval-batches", once.group(1)]
+                      if once else args)
+    check("the same held-out losses as the default's, read once",
+          held(exact.stdout) == held(base) and "--eval-batches" not in exact.stdout)
     # the loss is the mean over the step's targets that learn, whatever the micro-batches
     one = numbers(expect_ok("4 rows a micro-batch", args + ["--batch", "4", "--data",
                                                             p("sft_labels.jsonl")]).stdout)
