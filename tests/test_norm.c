@@ -199,6 +199,50 @@ static void test_rmsnorm_in_place(void **state)
         run_rms(&cs[i]);
 }
 
+/*
+ * Llama casting rounds x * rstd to bf16 before the weight: a difference of at most one bf16 unit
+ * from rounding once, inside tol_for. Every y must be the reference's bits, but for the few that
+ * f32's rstd may move across a rounding boundary; and the two castings must differ on enough
+ * elements for that to tell them apart.
+ */
+static void test_rmsnorm_llama_cast_bits(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    th_rng rng = th_rng_new(4242);
+    const int64_t n = 16, H = 512, shape[2] = {n, H};
+    const size_t N = (size_t)(n * H);
+    double *x = th_new_normal(&rng, N, 1.0, LLMCL_BF16);
+    double *w = th_new_uniform(&rng, (size_t)H, 0.5, 1.5, LLMCL_BF16);
+    llmcl_tensor *tx = th_tensor_from(LLMCL_BF16, 2, shape, x);
+    llmcl_tensor *tw = th_tensor_from(LLMCL_BF16, 1, &H, w);
+    llmcl_tensor *ty = th_tensor(LLMCL_BF16, 2, shape);
+    llmcl_tensor *trs = th_tensor(LLMCL_F32, 1, &n);
+    const llmcl_rmsnorm_options o = {.eps = 1e-5f, .casting = LLMCL_RMSNORM_CAST_LLAMA};
+    TH_OK(llmcl_rmsnorm_forward(ctx, tx, tw, ty, trs, &o));
+
+    double *llama = th_alloc(N * sizeof(double)), *gemma = th_alloc(N * sizeof(double));
+    double *rs = th_alloc((size_t)n * sizeof(double));
+    norm_ref_rmsnorm_fwd(x, NULL, NULL, w, llama, rs, n, H, 1e-5, 0.0, 1, LLMCL_BF16);
+    norm_ref_rmsnorm_fwd(x, NULL, NULL, w, gemma, rs, n, H, 1e-5, 0.0, 0, LLMCL_BF16);
+    th_round_all(LLMCL_BF16, llama, N); /* y as stored */
+    th_round_all(LLMCL_BF16, gemma, N);
+    double *y = get(ty, N);
+    size_t off = 0, apart = 0;
+    for (size_t i = 0; i < N; ++i) {
+        off += y[i] != llama[i];
+        apart += gemma[i] != llama[i];
+    }
+    if (apart < N / 20)
+        fail_msg("the castings differ on only %zu of %zu elements", apart, N);
+    if (off > N / 200)
+        fail_msg("llama casting: %zu of %zu y differ from the reference's bits (castings differ "
+                 "on %zu)", off, N, apart);
+    llmcl_tensor_destroy(tx), llmcl_tensor_destroy(tw), llmcl_tensor_destroy(ty);
+    llmcl_tensor_destroy(trs);
+    free(x), free(w), free(llama), free(gemma), free(rs), free(y);
+}
+
 /* A 3-D input with rstd shaped like the leading dimensions, and defaults from NULL options. */
 static void test_rmsnorm_3d_defaults(void **state)
 {
@@ -889,6 +933,7 @@ int main(void)
         cmocka_unit_test(test_rmsnorm_strided),
         cmocka_unit_test(test_rmsnorm_long_rows),
         cmocka_unit_test(test_rmsnorm_in_place),
+        cmocka_unit_test(test_rmsnorm_llama_cast_bits),
         cmocka_unit_test(test_rmsnorm_3d_defaults),
         cmocka_unit_test(test_rmsnorm_dw_deterministic),
         cmocka_unit_test(test_residual_rmsnorm),
