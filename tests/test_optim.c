@@ -266,6 +266,44 @@ static void test_adamw_combinations(void **state)
             }
 }
 
+/*
+ * Hyperparameters away from the defaults that every other test uses: beta1 below 0.5 (m's lerp
+ * from its other end), an eps that matters against sqrt(v) at step 1 (where it is added after the
+ * bias correction). f32 throughout, every tensor of the set, one step each.
+ */
+static void test_adamw_hyperparameters(void **state)
+{
+    (void)state;
+    const int64_t one = 1;
+    llmcl_tensor *norm = th_tensor(LLMCL_F32, 1, &one);
+    const struct {
+        float beta1, beta2, eps;
+        int64_t step;
+        double max_over_norm; /* 0: no clipping */
+    } cases[] = {{0.3f, 0.99f, 1e-8f, 2, 0.0}, /* 1 - beta1 >= 0.5 */
+                 {0.9f, 0.999f, 1e-2f, 1, 0.0}}; /* eps against sqrt(v) / sqrt(1 - beta2) */
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
+        set s = set_make(LLMCL_F32, LLMCL_F32, false, false);
+        set_init(&s, 500 + c);
+        set_grads(&s, 600 + c);
+        llmcl_adamw_opts o = base_opts(cases[c].step);
+        o.beta1 = cases[c].beta1;
+        o.beta2 = cases[c].beta2;
+        o.eps = cases[c].eps;
+        double coef = 1.0;
+        if (cases[c].max_over_norm > 0.0) {
+            const double nd = device_norm(&s, norm, 0);
+            o.grad_norm = norm;
+            o.max_grad_norm = (float)(cases[c].max_over_norm * SCALE * nd);
+            coef = ref_clip_coef(SCALE * nd, o.max_grad_norm);
+            assert_true(coef == 1.0);
+        }
+        check_step(&s, &o, coef);
+        set_free(&s);
+    }
+    llmcl_tensor_destroy(norm);
+}
+
 /* Views of flat buffers (one launch, unaligned offsets) give the bits of separate buffers. */
 static void test_flat_matches_separate(void **state)
 {
@@ -714,6 +752,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw_combinations),
+        cmocka_unit_test(test_adamw_hyperparameters),
         cmocka_unit_test(test_flat_matches_separate),
         cmocka_unit_test(test_tuned_chunking),
         cmocka_unit_test(test_loop_limit),
