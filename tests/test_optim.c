@@ -269,7 +269,8 @@ static void test_adamw_combinations(void **state)
 /*
  * Hyperparameters away from the defaults that every other test uses: beta1 below 0.5 (m's lerp
  * from its other end), an eps that matters against sqrt(v) at step 1 (where it is added after the
- * bias correction). f32 throughout, every tensor of the set, one step each.
+ * bias correction), and clipping enabled with a max norm above the norm (the coefficient is then 1,
+ * not max / norm). f32 throughout, every tensor of the set, one step each.
  */
 static void test_adamw_hyperparameters(void **state)
 {
@@ -281,7 +282,8 @@ static void test_adamw_hyperparameters(void **state)
         int64_t step;
         double max_over_norm; /* 0: no clipping */
     } cases[] = {{0.3f, 0.99f, 1e-8f, 2, 0.0}, /* 1 - beta1 >= 0.5 */
-                 {0.9f, 0.999f, 1e-2f, 1, 0.0}}; /* eps against sqrt(v) / sqrt(1 - beta2) */
+                 {0.9f, 0.999f, 1e-2f, 1, 0.0}, /* eps against sqrt(v) / sqrt(1 - beta2) */
+                 {0.9f, 0.999f, 1e-8f, 3, 4.0}}; /* clipping on, not binding */
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
         set s = set_make(LLMCL_F32, LLMCL_F32, false, false);
         set_init(&s, 500 + c);
