@@ -392,6 +392,22 @@ static void test_window(void **state)
         check_case(cases[i], 20 + i);
 }
 
+/*
+ * The last key a tile of queries sees starting a key tile of its own: the key range's end (and the
+ * query range's, for dK and dV) one past it. Causal with Tk = Tq + 1 and a window of one each side
+ * put that key at a multiple of any tile size, for the first query tiles' last rows.
+ */
+static void test_tile_edge_ranges(void **state)
+{
+    (void)state;
+    const attn_case cases[] = {
+        causal(dense(LLMCL_F32, 1, 2, 2, 64, 100, 101)),
+        windowed(dense(LLMCL_F32, 1, 2, 2, 64, 130, 130), 1, 1),
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i)
+        check_case(cases[i], 30 + i);
+}
+
 static void test_softcap_scale(void **state)
 {
     (void)state;
@@ -1665,6 +1681,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_full),
         cmocka_unit_test(test_causal),
         cmocka_unit_test(test_window),
+        cmocka_unit_test(test_tile_edge_ranges),
         cmocka_unit_test(test_fast_path),
         cmocka_unit_test(test_softcap_scale),
         cmocka_unit_test(test_head_dims),
