@@ -444,6 +444,31 @@ static void test_ce_bad_labels(void **state)
     free(x);
 }
 
+/*
+ * The first bad row where one work-item of ce_prepare meets several: bad labels at rows 5 + k WG
+ * for every power-of-two WG up to 1024, so that some work-item sees row 5 and later ones.
+ */
+static void test_ce_first_bad_label(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const int64_t n = 1100, v = 10, shape[2] = {n, v}, one = 1;
+    th_rng rng = th_rng_new(19);
+    double *x = th_new_uniform(&rng, (size_t)(n * v), -2, 2, LLMCL_F32);
+    llmcl_tensor *tx = th_tensor_from(LLMCL_F32, 2, shape, x), *tl = th_tensor(LLMCL_F32, 1, &one);
+    int64_t *y = make_labels(&rng, n, v, 0, -100);
+    for (int64_t k = 0; 5 + k < n; k += 32)
+        if ((k & (k - 1)) == 0) /* 0, 32, 64, ..., 1024 */
+            y[5 + k] = v;
+    llmcl_tensor *ty = labels_tensor(LLMCL_I64, y, n);
+    TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, NULL, tl, NULL, NULL, NULL),
+             LLMCL_ERROR_INVALID_ARGUMENT);
+    if (!strstr(llmcl_last_error(ctx), "labels[5]"))
+        fail_msg("expected the first bad row, labels[5]: %s", llmcl_last_error(ctx));
+    llmcl_tensor_destroy(tx), llmcl_tensor_destroy(tl), llmcl_tensor_destroy(ty);
+    free(x), free(y);
+}
+
 static void test_ce_bad_args(void **state)
 {
     (void)state;
@@ -1346,6 +1371,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ce_ninf),         cmocka_unit_test(test_ce_ninf_zero_weight),
         cmocka_unit_test(test_ce_tunables),
         cmocka_unit_test(test_ce_strided_rows), cmocka_unit_test(test_ce_bad_labels),
+        cmocka_unit_test(test_ce_first_bad_label),
         cmocka_unit_test(test_ce_bad_args),     cmocka_unit_test(test_ce_grad_scale),
         cmocka_unit_test(test_linear_ce),       cmocka_unit_test(test_linear_logits16),
         cmocka_unit_test(test_fused_ce),        cmocka_unit_test(test_opts_grad_scale),
