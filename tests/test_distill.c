@@ -307,6 +307,36 @@ static void test_distill_hard_labels(void **state)
 }
 
 /*
+ * The first bad row where one work-item of distill_count meets several: bad labels at rows 5 + k
+ * WG for every power-of-two WG up to 1024, so that some work-item sees row 5 and later ones.
+ */
+static void test_distill_first_bad_label(void **state)
+{
+    (void)state;
+    llmcl_ctx *ctx = th_ctx();
+    const int64_t n = 1100, v = 10, shape[2] = {n, v};
+    th_rng rng = th_rng_new(13);
+    double *s = th_new_normal(&rng, (size_t)(n * v), 1.0, LLMCL_F32);
+    double *y = th_alloc((size_t)n * sizeof *y);
+    for (int64_t i = 0; i < n; ++i)
+        y[i] = (double)th_randint(&rng, 0, v);
+    for (int64_t k = 0; 5 + k < n; k += 32)
+        if ((k & (k - 1)) == 0) /* 0, 32, 64, ..., 1024 */
+            y[5 + k] = (double)v;
+    llmcl_tensor *st = th_tensor_from(LLMCL_F32, 2, shape, s), *tt = th_tensor_from(LLMCL_F32, 2, shape, s);
+    llmcl_tensor *lab = th_tensor_from(LLMCL_I64, 1, &n, y);
+    llmcl_distill_options o = opts_of(0.5, 1.0, 0, 1.0);
+    o.ce_weight = 0.5f;
+    llmcl_tensor *loss = loss_tensor(&o, n);
+    TH_FAILS(llmcl_distill_forward(ctx, st, tt, lab, &o, loss, NULL), LLMCL_ERROR_INVALID_ARGUMENT);
+    if (!strstr(llmcl_last_error(ctx), "labels[5] = 10"))
+        fail_msg("expected the first bad row, labels[5] = 10: %s", llmcl_last_error(ctx));
+    llmcl_tensor_destroy(st), llmcl_tensor_destroy(tt), llmcl_tensor_destroy(lab);
+    llmcl_tensor_destroy(loss);
+    free(s), free(y);
+}
+
+/*
  * Rows of a wider buffer, at element offsets that leave them unaligned (the scalar chunks) and
  * aligned: student columns [1, 1 + v) of [n, v + 9], teacher [0, v) of [n, v + 8], the gradient
  * into a third view; the padding must stay poisoned.
@@ -740,7 +770,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ref_gradient),        cmocka_unit_test(test_distill_cases),
         cmocka_unit_test(test_distill_edges),       cmocka_unit_test(test_distill_ninf),
-        cmocka_unit_test(test_distill_hard_labels), cmocka_unit_test(test_distill_strided),
+        cmocka_unit_test(test_distill_hard_labels),
+        cmocka_unit_test(test_distill_first_bad_label), cmocka_unit_test(test_distill_strided),
         cmocka_unit_test(test_distill_repeat),      cmocka_unit_test(test_distill_loop_limit),
         cmocka_unit_test(test_distill_bad_args),    cmocka_unit_test(test_linear_distill),
         cmocka_unit_test(test_linear_repeat),       cmocka_unit_test(test_linear_bad_args),
