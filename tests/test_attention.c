@@ -3,7 +3,8 @@
  * attention in double (ref/attention_ref.c), for every option: causal with Tq = Tk, Tq < Tk
  * and Tq > Tk, sliding windows (narrow, one-sided, wider than T, with causal), softcap, custom
  * scale, GQA and MQA, both layouts, every head dim (the multiples of 8 from 8 to 256), T = 1,
- * varlen batches with sequences of length 1, f32 / bf16 / f16 storage; plus determinism, extra
+ * varlen batches with sequences of length 1, a causal or windowed key range that ends on a key
+ * tile's first key, f32 / bf16 / f16 storage; plus determinism, extra
  * memory, tuning overrides and files, and every bad-input path. Sequence lengths span several
  * tiles on every device, but in the loop over every head dim.
  */

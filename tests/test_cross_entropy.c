@@ -2,7 +2,8 @@
  * test_cross_entropy.c: the three cross-entropy forms against double references for every option
  * and reduction (materialised logits, chunked linear with CLBlast, fully fused tiles), their edge
  * cases (all tokens ignored, logits of +-1e4, -inf logits, V not a multiple of a tile, N = 1,
- * V = 1, bad labels), agreement between the forms, memory bounds, and the bad-argument paths.
+ * V = 1, bad labels, the first of several bad labels named), agreement between the forms, memory
+ * bounds, and the bad-argument paths.
  */
 #include <math.h>
 #include <stdio.h>

@@ -5,7 +5,8 @@
  * cross-entropy; the edge cases (every row ignored, -inf classes and labels, logits of +-1e4),
  * repeatability, the loop budget of devices that cut loops short, the linear form over several
  * chunks with and without gradients and its repeated bits, log-probabilities as inputs, and
- * every bad argument (out-of-range labels leaving every output as it was).
+ * every bad argument (out-of-range labels leaving every output as it was, the first of several
+ * named).
  */
 #include <math.h>
 #include <stdio.h>

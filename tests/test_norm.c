@@ -2,7 +2,8 @@
  * test_norm.c: RMSNorm, fused residual + RMSNorm and LayerNorm against the double references in
  * ref/norm_ref.c: every dtype pairing, both casting modes, offsets 0 and 1, odd row lengths
  * (1, 7, 4097), rows padded and misaligned, per-head rows (two levels of row strides, each tensor
- * its own), rows longer than the register cache, in-place variants, bitwise determinism of the
+ * its own), rows longer than the register cache, in-place variants, llama casting's y bit for
+ * bit (the stored rounding of x times rstd), bitwise determinism of the
  * weight gradients, row slots within a device's loop limit, and every rejected argument.
  */
 #include <math.h>

@@ -2,7 +2,8 @@
  * test_optim.c: llmcl_adamw_step and llmcl_grad_norm against double references. Five tensors of
  * odd sizes go through each call: every param and grad dtype with and without master weights,
  * weight decay on some tensors, a gradient scale, clipping by a norm computed on the device, three
- * consecutive steps; stochastic rounding (neighbours, bias, repeatability); separate buffers
+ * consecutive steps; beta1 below 0.5, an eps that matters and clipping that does not bind;
+ * stochastic rounding (neighbours, bias, repeatability); separate buffers
  * against views of one flat buffer per operand; tuned chunkings; grids widened where the device cuts
  * loops short; and every bad input.
  */
