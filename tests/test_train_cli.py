@@ -1524,8 +1524,9 @@ def main():
 
     # Ctrl-C with --save-on-interrupt, pressed once and twice (the handler stays: System V's
     # signal() dropped it after the first, and the second killed the run before its save)
-    # A model whose steps take about a second on two cores, so that the second press, 0.2 s after
-    # the first (two at once merge into one signal), lands while a step still runs
+    # A model whose steps take about a second on two cores under PoCL (70 s under rusticl's
+    # llvmpipe), so that the second press, 0.2 s after the first (two at once merge into one
+    # signal), lands while a step still runs
     slow = TINY + ["--dim", "256", "--heads", "4", "--kv-heads", "2", "--ffn", "512", "--layers",
                    "4", "--batch", "8", "--seq", "128"]
     for presses in (1, 2):
