@@ -1141,6 +1141,10 @@ static void test_candidate_order(void **state)
     assert_int_equal(count, just_past);
     assert_true(distinct_within(every, count, just_past));
     free(every);
+    every = tune_candidate_order(just_past, (int)just_past + 5, &count); /* more asked than held */
+    assert_int_equal(count, just_past);
+    assert_true(distinct_within(every, count, just_past));
+    free(every);
 }
 
 /* Appended text stops at the buffer's end, and appends after it write nothing: each one's size
@@ -1278,7 +1282,8 @@ int main(void)
         cmocka_unit_test(test_tuner_rejects_planted),
         cmocka_unit_test(test_tuner_tolerates_sums),
         cmocka_unit_test(test_tuner_derives_inputs),
-        cmocka_unit_test(test_restrict_space), cmocka_unit_test(test_candidate_order), cmocka_unit_test(test_tool_end_to_end),
+        cmocka_unit_test(test_restrict_space), cmocka_unit_test(test_candidate_order),
+        cmocka_unit_test(test_tool_end_to_end),
         cmocka_unit_test(test_tuner_spells_known_keys),
         cmocka_unit_test(test_builtin_files_spell_known_keys),
         cmocka_unit_test(test_replace_file), cmocka_unit_test(test_median),

@@ -608,7 +608,7 @@ long *tune_candidate_order(long total, int max, long *count)
     if (total < 1 || (total > TUNE_MAX_SPACE && max < 1))
         return NULL;
     if (total > TUNE_MAX_SPACE) {
-        *count = max;
+        *count = max < total ? max : total;
         return sample_order(total, (int)*count);
     }
     long *idx = malloc((size_t)total * sizeof *idx);

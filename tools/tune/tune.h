@@ -164,8 +164,8 @@ long tune_space_size(const tune_kernel *k);
 
 /*
  * The candidates of a space of total to try, in order, by a fixed seed: the whole space shuffled,
- * of which the first *count (max where 0 < max < total, else total) run; past TUNE_MAX_SPACE, max
- * of them drawn without repeats (max >= 1), the only way to search such a space. The caller frees
+ * of which the first *count (max where 0 < max < total, else total) run; past TUNE_MAX_SPACE, as
+ * many drawn without repeats (max >= 1), the only way to search such a space. The caller frees
  * the order; NULL when total < 1, max < 1 past TUNE_MAX_SPACE or out of host memory.
  */
 long *tune_candidate_order(long total, int max, long *count);
