@@ -123,8 +123,9 @@ typedef struct llmcl_device_info {
  * or a case-insensitive substring of the name; a platform substring is tried on every platform's
  * name, then its vendor, then its version string (so "pocl" finds "Portable Computing Language",
  * "mesa" finds rusticl, "cuda" finds "NVIDIA CUDA"). Without them, the first GPU, else the first
- * device; with LLMCL_PLATFORM alone, that platform's first device. LLMCL_ERROR_NO_DEVICE when nothing matches; llmcl_last_error(NULL) then lists what exists
- * with the strings that were tried.
+ * device; with LLMCL_PLATFORM alone, that platform's first device. LLMCL_ERROR_NO_DEVICE when
+ * nothing matches; llmcl_last_error(NULL) then lists what exists with the strings that were
+ * tried.
  */
 LLMCL_API llmcl_status llmcl_device_select(cl_platform_id *platform, cl_device_id *device);
 
@@ -1390,9 +1391,10 @@ LLMCL_API void llmcl_safetensors_writer_destroy(llmcl_safetensors_writer *w);
 
 /*
  * out[i, :] = weight[ids[i], :]: ids (I32 or I64, N elements: 1-D with any stride, or contiguous
- * of any shape), weight [V, H] and out [N, H] of one dtype (f32, bf16, f16; unit stride along H). An id outside [0, V) fails the call
- * with LLMCL_ERROR_INVALID_ARGUMENT naming the first such position, checked on the device before
- * out is written (the call then waits for its kernels).
+ * of any shape), weight [V, H] and out [N, H] of one dtype (f32, bf16, f16; unit stride along
+ * H). An id outside [0, V) fails the call with LLMCL_ERROR_INVALID_ARGUMENT naming the first
+ * such position, checked on the device before out is written (the call then waits for its
+ * kernels).
  */
 LLMCL_API llmcl_status llmcl_embedding_forward(llmcl_ctx *ctx, const llmcl_tensor *ids,
                                                const llmcl_tensor *weight, llmcl_tensor *out);

@@ -458,9 +458,8 @@ static void test_ce_first_bad_label(void **state)
     double *x = th_new_uniform(&rng, (size_t)(n * v), -2, 2, LLMCL_F32);
     llmcl_tensor *tx = th_tensor_from(LLMCL_F32, 2, shape, x), *tl = th_tensor(LLMCL_F32, 1, &one);
     int64_t *y = make_labels(&rng, n, v, 0, -100);
-    for (int64_t k = 0; 5 + k < n; k += 32)
-        if ((k & (k - 1)) == 0) /* 0, 32, 64, ..., 1024 */
-            y[5 + k] = v;
+    for (int64_t k = 0; 5 + k < n; k = k ? 2 * k : 32) /* 0, 32, 64, ..., 1024 */
+        y[5 + k] = v;
     llmcl_tensor *ty = labels_tensor(LLMCL_I64, y, n);
     TH_FAILS(llmcl_cross_entropy_forward(ctx, tx, ty, NULL, tl, NULL, NULL, NULL),
              LLMCL_ERROR_INVALID_ARGUMENT);

@@ -321,10 +321,10 @@ static void test_distill_first_bad_label(void **state)
     double *y = th_alloc((size_t)n * sizeof *y);
     for (int64_t i = 0; i < n; ++i)
         y[i] = (double)th_randint(&rng, 0, v);
-    for (int64_t k = 0; 5 + k < n; k += 32)
-        if ((k & (k - 1)) == 0) /* 0, 32, 64, ..., 1024 */
-            y[5 + k] = (double)v;
-    llmcl_tensor *st = th_tensor_from(LLMCL_F32, 2, shape, s), *tt = th_tensor_from(LLMCL_F32, 2, shape, s);
+    for (int64_t k = 0; 5 + k < n; k = k ? 2 * k : 32) /* 0, 32, 64, ..., 1024 */
+        y[5 + k] = (double)v;
+    llmcl_tensor *st = th_tensor_from(LLMCL_F32, 2, shape, s);
+    llmcl_tensor *tt = th_tensor_from(LLMCL_F32, 2, shape, s);
     llmcl_tensor *lab = th_tensor_from(LLMCL_I64, 1, &n, y);
     llmcl_distill_options o = opts_of(0.5, 1.0, 0, 1.0);
     o.ce_weight = 0.5f;
